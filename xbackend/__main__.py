@@ -1,0 +1,5 @@
+import sys
+
+from xbackend.cli import main
+
+sys.exit(main())

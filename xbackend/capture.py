@@ -1,0 +1,58 @@
+"""Captures on disk: one run's tensors in an .npz, read back one tensor at a time."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+
+import numpy as np
+
+__all__ = ["CaptureFile", "capture_sha256", "save_capture"]
+
+
+def _key(i: int) -> str:
+    # Tensor names may hold '/', ':' and other characters zip members dislike.
+    return f"t{i:06d}"
+
+
+def save_capture(path: str | os.PathLike[str], names: Sequence[str], tensors: Mapping[str, np.ndarray]) -> None:
+    np.savez(str(path), **{_key(i): tensors[n] for i, n in enumerate(names)})
+
+
+def capture_sha256(names: Iterable[str], tensors: Mapping[str, np.ndarray]) -> str:
+    """Hash of names, dtypes, shapes and bytes of the given tensors, in the given order."""
+    h = hashlib.sha256()
+    for n in names:
+        a = np.ascontiguousarray(tensors[n])
+        h.update(f"{n}|{a.dtype}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+class CaptureFile:
+    """Read-only view of a saved capture; arrays load lazily, one per access."""
+
+    def __init__(self, path: str | os.PathLike[str], names: Sequence[str]) -> None:
+        self._npz = np.load(str(path), allow_pickle=False)
+        self._index = {n: i for i, n in enumerate(names)}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._index)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return np.asarray(self._npz[_key(self._index[name])])
+
+    def close(self) -> None:
+        self._npz.close()
+
+    def __enter__(self) -> CaptureFile:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,136 @@
+"""Command line: parse, call the library, print. No logic lives here.
+
+Exit codes: 0 ran and nothing failed; 1 a backend was nondeterministic, a
+cross-backend difference exceeded --max-ulp, or a backend failed while others
+ran; 2 usage or input error; 3 every backend failed; 4 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from xbackend.errors import EXIT_INTERNAL, XbackendError
+from xbackend.inputs import parse_shape
+from xbackend.results import DEFAULT_BACKENDS, DEFAULT_MAX_ULP, CompareOptions
+
+__all__ = ["main"]
+
+
+def _set_option(text: str) -> tuple[str, str, str]:
+    key, sep, value = text.partition("=")
+    backend, dot, name = key.partition(".")
+    if not sep or not dot or not backend or not name:
+        raise argparse.ArgumentTypeError(f"expected BACKEND.OPTION=VALUE (e.g. ort-cpu.threads=1), got {text!r}")
+    return backend, name, value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="xbackend", description="Does your model give the same bits everywhere it runs?")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compare", help="run a model on several backends and compare, per layer, in ULPs")
+    c.add_argument("model", help="path to an .onnx file")
+    c.add_argument("--backends", default=",".join(DEFAULT_BACKENDS),
+                   help="comma-separated runner names (default: %(default)s); see `xbackend backends`")
+    c.add_argument("--reference", default=None,
+                   help="backend every other is compared against (default: 'reference' if listed, else the first)")
+    c.add_argument("--runs", type=int, default=3, help="runs per session (default: %(default)s)")
+    c.add_argument("--builds", type=int, default=1, help="fresh sessions, each in a fresh process (default: %(default)s)")
+    c.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default: %(default)s)")
+    c.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
+                   help="shape for an input with dynamic dimensions (repeatable)")
+    c.add_argument("--inputs", metavar="FILE.npz", help="real input data, keyed by input name")
+    c.add_argument("--max-ulp", type=float, default=DEFAULT_MAX_ULP,
+                   help="cross-backend tolerance in scaled ULP (default: %(default)g)")
+    c.add_argument("--outputs-only", action="store_true", help="compare graph outputs only")
+    c.add_argument("--timeout", type=float, default=600.0, help="seconds per backend build (default: %(default)g)")
+    c.add_argument("--set", dest="sets", action="append", default=[], type=_set_option,
+                   metavar="BACKEND.OPTION=VALUE", help="runner option, e.g. ort-cpu.threads=1 (repeatable)")
+    c.add_argument("--report", metavar="OUT.md", help="write the Markdown report here")
+    c.add_argument("--json", metavar="OUT.json", help="write the JSON report here")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    sub.add_parser("backends", help="list every registered backend, available or not, and why")
+    return p
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from xbackend.compare import compare_with_options
+    from xbackend.progress import NullProgress, ProgressSink, RichProgress
+    from xbackend.report import to_json, to_markdown, write_atomic
+
+    opts = CompareOptions.create(
+        backends=args.backends, reference=args.reference, runs=args.runs, builds=args.builds,
+        seed=args.seed, shapes=tuple(parse_shape(s) for s in args.shape), inputs=args.inputs,
+        max_ulp=args.max_ulp, outputs_only=args.outputs_only, timeout=args.timeout,
+        runner_options=tuple(args.sets),
+    )
+    progress: ProgressSink = NullProgress() if args.no_progress or not sys.stderr.isatty() else RichProgress()
+    result = compare_with_options(args.model, opts, progress)
+    if args.report:
+        write_atomic(args.report, to_markdown(result))
+    if args.json:
+        write_atomic(args.json, to_json(result))
+    _print_summary(result)
+    return result.exit_code
+
+
+def _print_summary(result: object) -> None:
+    from xbackend.results import Result
+
+    assert isinstance(result, Result)
+    for line in result.verdict():
+        print(line)
+    for b in result.backends:
+        if not b.ok:
+            print(f"  {b.name}: {b.status} ({b.reason})")
+            continue
+        det = "deterministic" if b.deterministic else f"NONDETERMINISTIC ({b.distinct_outputs} distinct outputs)"
+        print(f"  {b.name}: {det} over {b.runs} run(s) x {b.builds} build(s)")
+    for c in result.cross_backend:
+        if c.status != "ok":
+            print(f"  {c.backend} vs {c.reference}: not compared ({c.reason})")
+            continue
+        print(f"  {c.backend} vs {c.reference}: bitwise {'equal' if c.bitwise_equal else 'different'}, "
+              f"max ULP {c.max_ulp}, scaled ULP {c.scaled_ulp if c.scaled_ulp is None else f'{c.scaled_ulp:.3g}'}"
+              f" at outputs; first divergence {c.first_divergence or 'none'}")
+
+
+def _backends() -> int:
+    from xbackend.runners.registry import get_runner, list_runners
+
+    for e in list_runners():
+        state = f"available ({e.availability.version})" if e.availability.available else (
+            f"unavailable: {e.availability.reason}")
+        print(f"{e.name:12s} {state}")
+        if e.description:
+            print(f"{'':12s} {e.description}")
+        try:
+            specs = get_runner(e.name).option_specs
+        except XbackendError:
+            specs = ()
+        for s in specs:
+            choices = f" [{'|'.join(s.choices)}]" if s.choices else ""
+            print(f"{'':12s}   --set {e.name}.{s.name}=...{choices}  {s.help}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "backends":
+            return _backends()
+        return _compare(args)
+    except XbackendError as e:
+        print(f"xbackend: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("xbackend: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug in xbackend, not in the user's input
+        print(f"xbackend: internal error: {type(e).__name__}: {e}; please report it", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Per-tensor difference metrics between two arrays, in the dtype's own bits.
+
+ULP distance maps IEEE bits (sign-magnitude) to a monotonic signed integer and
+subtracts in a wider integer. NaN, Inf and flush-to-zero mismatches are
+classified first and counted apart, never as huge ULP numbers. Integer, bool and
+string tensors compare exactly.
+
+The scale-aware figure ("scaled ULP") is the largest absolute error expressed in
+units of the ULP of the reference tensor's largest finite magnitude: raw max ULP
+explodes near zero (a sign flip across 0 is ~1e9 ULP for fp32) even when the
+error is tiny relative to the tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+__all__ = [
+    "FLOAT_BITS",
+    "TensorDiff",
+    "classify",
+    "is_float_dtype",
+    "ordered_bits",
+    "ulp_at",
+    "ulp_distance",
+]
+
+# numpy dtype name -> (storage bits, mantissa bits)
+FLOAT_BITS: dict[str, tuple[int, int]] = {
+    "float64": (64, 52),
+    "float32": (32, 23),
+    "float16": (16, 10),
+    "bfloat16": (16, 7),
+    "float8_e4m3fn": (8, 3),
+    "float8_e4m3fnuz": (8, 3),
+    "float8_e5m2": (8, 2),
+    "float8_e5m2fnuz": (8, 2),
+}
+_UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+
+
+def is_float_dtype(dtype: np.dtype[np.generic]) -> bool:
+    return str(dtype) in FLOAT_BITS
+
+
+def _finfo(dtype: np.dtype[np.generic]) -> tuple[int, int]:
+    """(minimum normal exponent, mantissa bits) for a float dtype."""
+    name = str(dtype)
+    if name in ("float64", "float32", "float16"):
+        fi = np.finfo(dtype)
+        return int(fi.minexp), int(fi.nmant)
+    import ml_dtypes
+
+    mfi = ml_dtypes.finfo(dtype)
+    return int(mfi.minexp), int(mfi.nmant)
+
+
+def ordered_bits(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sign, magnitude) of each element's bit pattern, as (bool, uint) arrays."""
+    width = FLOAT_BITS[str(a.dtype)][0]
+    bits = np.ascontiguousarray(a).view(_UINT[width])
+    sign = (bits >> (width - 1)).astype(bool)
+    mag = bits & _UINT[width]((1 << (width - 1)) - 1)
+    return sign, mag
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise ULP distance of two same-dtype float arrays (uint64); +0 and -0 are 0 apart.
+
+    Only meaningful on elements that are finite on both sides (see `classify`).
+    """
+    sa, ma = ordered_bits(a)
+    sb, mb = ordered_bits(b)
+    ma64 = ma.astype(np.uint64)
+    mb64 = mb.astype(np.uint64)
+    same = sa == sb
+    # Same sign: |ma - mb|. Opposite signs: ma + mb (the path crosses zero).
+    # For fp64 the sum of two finite magnitudes is < 2**64, so uint64 never wraps.
+    diff_same = np.where(ma64 >= mb64, ma64 - mb64, mb64 - ma64)
+    return np.where(same, diff_same, ma64 + mb64)
+
+
+@dataclass(frozen=True)
+class Classes:
+    """Element classes for a pair of float arrays (boolean masks, flattened)."""
+
+    nan_both: np.ndarray
+    nan_mismatch: np.ndarray
+    inf_mismatch: np.ndarray
+    ftz_mismatch: np.ndarray
+    comparable: np.ndarray  # finite on both sides and not a flush-to-zero pair
+
+
+def classify(a: np.ndarray, b: np.ndarray) -> Classes:
+    """Split elements into NaN, Inf, flush-to-zero and comparable classes."""
+    fa = a.astype(np.float64).ravel()
+    fb = b.astype(np.float64).ravel()
+    na, nb = np.isnan(fa), np.isnan(fb)
+    ia, ib = np.isinf(fa), np.isinf(fb)
+    any_nan = na | nb
+    any_inf = (ia | ib) & ~any_nan
+    with np.errstate(invalid="ignore"):
+        inf_mismatch = any_inf & (fa != fb)
+    minexp, _ = _finfo(a.dtype)
+    tiny = math.ldexp(1.0, minexp)
+    sub_a = (fa != 0) & (np.abs(fa) < tiny)
+    sub_b = (fb != 0) & (np.abs(fb) < tiny)
+    ftz = (sub_a & (fb == 0)) | (sub_b & (fa == 0))
+    return Classes(
+        nan_both=na & nb,
+        nan_mismatch=na ^ nb,
+        inf_mismatch=inf_mismatch,
+        ftz_mismatch=ftz,
+        comparable=~any_nan & ~(ia | ib) & ~ftz,
+    )
+
+
+def ulp_at(x: float, dtype: np.dtype[np.generic]) -> float:
+    """Size of one ULP of `dtype` at magnitude |x| (the smallest subnormal step at 0)."""
+    minexp, nmant = _finfo(dtype)
+    ax = abs(float(x))
+    exp = minexp if ax == 0 or not math.isfinite(ax) else max(math.frexp(ax)[1] - 1, minexp)
+    return math.ldexp(1.0, exp - nmant)
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """How one tensor differs between a candidate (a) and a reference (b)."""
+
+    name: str
+    op_type: str
+    dtype: str
+    shape: tuple[int, ...]
+    status: str  # "ok" | "shape_mismatch" | "dtype_mismatch" | "missing"
+    bitwise_equal: bool
+    elements: int
+    mismatches: int
+    mismatch_fraction: float
+    max_ulp: int | None
+    scaled_ulp: float | None
+    max_abs: float
+    max_rel: float
+    p99_abs: float
+    v_ermv: float
+    nan_mismatch: int = 0
+    inf_mismatch: int = 0
+    ftz_mismatch: int = 0
+    detail: str = ""
+
+    @classmethod
+    def from_arrays(cls, name: str, a: np.ndarray, b: np.ndarray, op_type: str = "") -> TensorDiff:
+        if a.dtype != b.dtype:
+            return cls.mismatch(name, op_type, "dtype_mismatch", f"{a.dtype} vs {b.dtype}", a, b)
+        if a.shape != b.shape:
+            return cls.mismatch(name, op_type, "shape_mismatch", f"{list(a.shape)} vs {list(b.shape)}", a, b)
+        base = cls._equal(name, op_type, a)
+        if a.dtype.kind == "O" or a.dtype.kind in "US":
+            return _exact_object(base, a, b)
+        a = np.ascontiguousarray(a)
+        b = np.ascontiguousarray(b)
+        if a.tobytes() == b.tobytes():
+            return base
+        if a.dtype.kind == "c":
+            real = a.real.dtype
+            return replace(cls.from_arrays(name, a.view(real), b.view(real), op_type), dtype=str(a.dtype), shape=base.shape)
+        if is_float_dtype(a.dtype):
+            return _float_diff(base, a, b)
+        return _exact_diff(base, a, b)
+
+    @classmethod
+    def _equal(cls, name: str, op_type: str, a: np.ndarray) -> TensorDiff:
+        return cls(name, op_type, str(a.dtype), tuple(int(d) for d in a.shape), "ok", True,
+                   int(a.size), 0, 0.0, 0 if is_float_dtype(a.dtype) else None,
+                   0.0 if is_float_dtype(a.dtype) else None, 0.0, 0.0, 0.0, 0.0)
+
+    @classmethod
+    def mismatch(cls, name: str, op_type: str, status: str, detail: str,
+                 a: np.ndarray | None = None, b: np.ndarray | None = None) -> TensorDiff:
+        """A tensor that cannot be compared element by element."""
+        ref = b if b is not None else a
+        dtype = str(ref.dtype) if ref is not None else ""
+        shape = tuple(int(d) for d in ref.shape) if ref is not None else ()
+        n = int(ref.size) if ref is not None else 0
+        return cls(name, op_type, dtype, shape, status, False, n, n, 1.0, None, None,
+                   math.inf, math.inf, math.inf, math.inf, detail=detail)
+
+    @property
+    def comparable(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def special_mismatches(self) -> int:
+        return self.nan_mismatch + self.inf_mismatch + self.ftz_mismatch
+
+    def exceeds(self, max_ulp: float) -> bool:
+        """Past the tolerance: scaled ULP above max_ulp, any NaN/Inf mismatch, or incomparable."""
+        if not self.comparable or self.nan_mismatch or self.inf_mismatch:
+            return True
+        if self.scaled_ulp is None:  # exact types: any difference is a violation
+            return not self.bitwise_equal
+        return self.scaled_ulp > max_ulp
+
+    def severity(self) -> tuple[int, float, int]:
+        """Sort key: incomparable first, then scaled ULP, then mismatch count."""
+        return (0 if self.comparable else 1, self.scaled_ulp or self.max_abs, self.mismatches)
+
+    def worse(self, other: TensorDiff) -> TensorDiff:
+        return other if other.severity() > self.severity() else self
+
+
+def _exact_object(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
+    neq = int(np.count_nonzero(a != b))
+    return _with_counts(base, neq) if neq else base
+
+
+def _with_counts(base: TensorDiff, mismatches: int, **kw: object) -> TensorDiff:
+    frac = mismatches / base.elements if base.elements else 0.0
+    return replace(base, bitwise_equal=False, mismatches=mismatches, mismatch_fraction=frac, **kw)  # type: ignore[arg-type]
+
+
+def _exact_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
+    """Integers and bools: exact comparison; abs/rel from the integer difference."""
+    if a.dtype == np.bool_:
+        neq = int(np.count_nonzero(a != b))
+        return _with_counts(base, neq, max_abs=1.0 if neq else 0.0)
+    wide = np.uint64 if a.dtype.kind == "u" else np.int64
+    aw, bw = a.astype(wide).ravel(), b.astype(wide).ravel()
+    d = np.where(aw >= bw, aw - bw, bw - aw).astype(np.float64)
+    neq = int(np.count_nonzero(d))
+    denom = np.abs(bw.astype(np.float64))
+    rel = d[denom > 0] / denom[denom > 0]
+    return _with_counts(base, neq, max_abs=float(d.max(initial=0.0)),
+                        max_rel=float(rel.max(initial=0.0)), p99_abs=float(np.percentile(d, 99)),
+                        v_ermv=float(rel.mean()) if rel.size else 0.0)
+
+
+def _float_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
+    cls_ = classify(a, b)
+    af, bf = a.ravel(), b.ravel()
+    uint = _UINT[FLOAT_BITS[str(a.dtype)][0]]
+    neq = int(np.count_nonzero(af.view(uint) != bf.view(uint)))
+    m = cls_.comparable
+    ca, cb = af[m], bf[m]
+    ulps = ulp_distance(ca, cb)
+    max_ulp = int(ulps.max(initial=0))
+    fa, fb = ca.astype(np.float64), cb.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        err = np.abs(fa - fb)
+    finite_ref = bf.astype(np.float64)[np.isfinite(bf.astype(np.float64))]
+    scale = float(np.abs(finite_ref).max(initial=0.0))
+    nz = fb != 0
+    rel = err[nz] / np.abs(fb[nz])
+    max_abs = float(err.max(initial=0.0))
+    return _with_counts(
+        base, neq, max_ulp=max_ulp, scaled_ulp=max_abs / ulp_at(scale, a.dtype), max_abs=max_abs,
+        max_rel=float(rel.max(initial=0.0)),
+        p99_abs=float(np.percentile(err, 99)) if err.size else 0.0,
+        v_ermv=float(rel.mean()) if rel.size else 0.0,
+        nan_mismatch=int(cls_.nan_mismatch.sum()), inf_mismatch=int(cls_.inf_mismatch.sum()),
+        ftz_mismatch=int(cls_.ftz_mismatch.sum()),
+    )

@@ -1,0 +1,380 @@
+"""Load and check an ONNX model; describe it as a ModelSpec; expose intermediates.
+
+Nothing here imports a backend. The IR-version downgrade lives here because
+several backends read older IR versions than onnx writes by default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from xbackend.errors import ModelLoadError
+
+__all__ = [
+    "ModelSpec",
+    "NodeTensor",
+    "TensorSpec",
+    "downgrade_blockers",
+    "downgrade_ir",
+    "instrument",
+    "load_model",
+    "load_proto",
+    "model_sha256",
+    "np_dtype",
+]
+
+Dim = int | str | None
+
+# IR version that introduced each element type (onnx.proto's IR changelog).
+_DTYPE_MIN_IR: dict[str, int] = {
+    "FLOAT8E4M3FN": 9,
+    "FLOAT8E4M3FNUZ": 9,
+    "FLOAT8E5M2": 9,
+    "FLOAT8E5M2FNUZ": 9,
+    "UINT4": 10,
+    "INT4": 10,
+    "FLOAT4E2M1": 11,
+    "FLOAT8E8M0": 12,
+    "UINT2": 13,
+    "INT2": 13,
+    "FLOAT6E2M3": 14,
+    "FLOAT6E3M2": 14,
+}
+_DTYPE_ATTRS = frozenset({"to", "dtype", "output_dtype"})
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A graph input or output: name, numpy dtype name and shape (str = symbolic, None = unknown)."""
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...] | None
+
+    @classmethod
+    def from_value_info(cls, vi: onnx.ValueInfoProto) -> TensorSpec:
+        tt = vi.type.tensor_type
+        dtype = _dtype_name(tt.elem_type) if vi.type.HasField("tensor_type") else "unknown"
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            return cls(vi.name, dtype, None)
+        dims: list[Dim] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        return cls(vi.name, dtype, tuple(dims))
+
+    @property
+    def dynamic_dims(self) -> list[int]:
+        """Indices of dimensions that are not fixed numbers."""
+        if self.shape is None:
+            return []
+        return [i for i, d in enumerate(self.shape) if not isinstance(d, int)]
+
+    def shape_str(self) -> str:
+        if self.shape is None:
+            return "?"
+        return "[" + ",".join("?" if d is None else str(d) for d in self.shape) + "]"
+
+
+@dataclass(frozen=True)
+class NodeTensor:
+    """A tensor produced by a top-level node, with its position in topological order."""
+
+    name: str
+    op_type: str
+    node: str
+    index: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What xbackend needs to know about a model; built once, read by every later stage."""
+
+    path: str
+    sha256: str
+    ir_version: int
+    opsets: tuple[tuple[str, int], ...]
+    producer: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    tensors: tuple[NodeTensor, ...]
+    external_data: bool
+    metadata: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def from_proto(cls, proto: onnx.ModelProto, path: str, sha256: str) -> ModelSpec:
+        g = proto.graph
+        init_names = {t.name for t in g.initializer}
+        return cls(
+            path=path,
+            sha256=sha256,
+            ir_version=int(proto.ir_version),
+            opsets=tuple(sorted((o.domain or "ai.onnx", int(o.version)) for o in proto.opset_import)),
+            producer=f"{proto.producer_name} {proto.producer_version}".strip(),
+            inputs=tuple(TensorSpec.from_value_info(v) for v in g.input if v.name not in init_names),
+            outputs=tuple(TensorSpec.from_value_info(v) for v in g.output),
+            tensors=tuple(_node_tensors(g)),
+            external_data=_uses_external_data(proto),
+            metadata=tuple(sorted((p.key, p.value) for p in proto.metadata_props)),
+        )
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    def op_types(self) -> dict[str, str]:
+        """Tensor name -> op type of the node that produced it."""
+        return {t.name: t.op_type for t in self.tensors}
+
+    def opset(self, domain: str = "ai.onnx") -> int | None:
+        return dict(self.opsets).get(domain)
+
+    def tensor_order(self, outputs_only: bool = False) -> tuple[str, ...]:
+        """Names to capture, in topological order; graph outputs last if not produced by a node."""
+        if outputs_only:
+            order = {t.name: t.index for t in self.tensors}
+            return tuple(sorted(self.output_names, key=lambda n: order.get(n, len(order))))
+        names = [t.name for t in self.tensors]
+        seen = set(names)
+        return tuple(names + [n for n in self.output_names if n not in seen])
+
+
+def _dtype_name(elem_type: int) -> str:
+    if elem_type == TensorProto.UNDEFINED:
+        return "unknown"
+    try:
+        return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
+    except (KeyError, TypeError, ValueError):
+        return TensorProto.DataType.Name(elem_type).lower()
+
+
+def np_dtype(name: str) -> np.dtype[np.generic]:
+    """numpy dtype for a dtype name (ml_dtypes names included)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def _node_tensors(graph: onnx.GraphProto) -> Iterator[NodeTensor]:
+    index = 0
+    for i, node in enumerate(graph.node):
+        for out in node.output:
+            if out:
+                yield NodeTensor(out, node.op_type, node.name or f"{node.op_type}_{i}", index)
+                index += 1
+
+
+def _uses_external_data(proto: onnx.ModelProto) -> bool:
+    return any(
+        t.data_location == TensorProto.EXTERNAL for t in _all_tensors(proto.graph)
+    )
+
+
+def _all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _all_tensors(sub)
+
+
+def _external_files(proto: onnx.ModelProto) -> list[str]:
+    files = set()
+    for t in _all_tensors(proto.graph):
+        if t.data_location == TensorProto.EXTERNAL:
+            files.update(e.value for e in t.external_data if e.key == "location")
+    return sorted(files)
+
+
+def model_sha256(path: Path, proto: onnx.ModelProto | None = None) -> str:
+    """sha256 over the model file and, in name order, every external data file it uses."""
+    h = hashlib.sha256()
+    h.update(path.read_bytes())
+    if proto is not None:
+        for rel in _external_files(proto):
+            ext = path.parent / rel
+            h.update(rel.encode())
+            if ext.is_file():
+                h.update(ext.read_bytes())
+    return h.hexdigest()
+
+
+def load_proto(path: str | os.PathLike[str], load_external: bool = True) -> onnx.ModelProto:
+    """Parse the model file; one-line ModelLoadError for every way that can fail."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"model file not found: {p}; check the path")
+    if not p.is_file():
+        raise ModelLoadError(f"{p} is not a file; pass the path of an .onnx model file")
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except Exception as e:
+        raise ModelLoadError(
+            f"{p} is not a readable ONNX model ({type(e).__name__}: {_first_line(e)}); "
+            "pass a .onnx file written by onnx.save or an exporter"
+        ) from e
+    if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.node:
+        raise ModelLoadError(
+            f"{p} parsed as protobuf but holds no ONNX graph (ir_version={proto.ir_version}, "
+            f"{len(proto.graph.node)} nodes); pass a .onnx model file"
+        )
+    if load_external and _uses_external_data(proto):
+        missing = [f for f in _external_files(proto) if not (p.parent / f).is_file()]
+        if missing:
+            raise ModelLoadError(
+                f"{p} stores weights in external data file(s) {', '.join(missing)} that are not "
+                f"next to it in {p.parent}; copy them there"
+            )
+        try:
+            onnx.load_external_data_for_model(proto, str(p.parent))
+        except Exception as e:
+            raise ModelLoadError(f"cannot read external data of {p}: {_first_line(e)}") from e
+    return proto
+
+
+def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto]:
+    """Load, check and describe a model. The proto has its external data loaded."""
+    p = Path(path)
+    proto = load_proto(p)
+    _check(proto, p)
+    return ModelSpec.from_proto(proto, str(path), model_sha256(p, proto)), proto
+
+
+def _check(proto: onnx.ModelProto, path: Path) -> None:
+    if proto.ir_version > onnx.IR_VERSION:
+        raise ModelLoadError(
+            f"{path} has IR version {proto.ir_version}, newer than this onnx {onnx.__version__} "
+            f"reads (at most {onnx.IR_VERSION}); upgrade onnx or re-export the model"
+        )
+    try:
+        if proto.ByteSize() > 2**31 - 1:
+            onnx.checker.check_model(str(path))
+        else:
+            onnx.checker.check_model(proto)
+    except Exception as e:
+        raise ModelLoadError(
+            f"{path} is not a valid ONNX model: {_first_line(e)}; fix the model or re-export it"
+        ) from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
+
+
+# --- exposing intermediates -------------------------------------------------------------
+
+
+def instrument(proto: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """Copy of the model with every name in `names` also a graph output, in that order.
+
+    Types come from shape inference where it succeeds; ONNX Runtime accepts outputs
+    without a type, so an untyped output is still exposed.
+    """
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    known = {o.name for o in out.graph.output}
+    types = _inferred_types(proto)
+    for name in names:
+        if name in known:
+            continue
+        vi = types.get(name)
+        if vi is None:
+            vi = onnx.ValueInfoProto(name=name)
+        out.graph.output.append(vi)
+        known.add(name)
+    return out
+
+
+def _inferred_types(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception:  # inference is a nicety here; untyped outputs still work
+        inferred = proto
+    vis = list(inferred.graph.value_info) + list(inferred.graph.output)
+    return {v.name: v for v in vis if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
+
+
+# --- IR version downgrade -------------------------------------------------------------
+
+
+def _max_opset_for_ir(ir: int) -> int:
+    return max((row[2] for row in helper.VERSION_TABLE if row[1] <= ir), default=1)
+
+
+def _elem_types(graph: onnx.GraphProto) -> Iterator[int]:
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.type.HasField("tensor_type"):
+            yield vi.type.tensor_type.elem_type
+    for t in graph.initializer:
+        yield t.data_type
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.name in _DTYPE_ATTRS and attr.type == onnx.AttributeProto.INT:
+                yield int(attr.i)
+            if attr.HasField("t"):
+                yield attr.t.data_type
+            if attr.HasField("g"):
+                yield from _elem_types(attr.g)
+            for sub in attr.graphs:
+                yield from _elem_types(sub)
+
+
+def _uses_opaque(graph: onnx.GraphProto) -> bool:
+    return any(vi.type.HasField("opaque_type") for vi in [*graph.input, *graph.output, *graph.value_info])
+
+
+def downgrade_blockers(proto: onnx.ModelProto, target_ir: int) -> list[str]:
+    """What in the model needs an IR version above `target_ir` (empty: downgrade is safe)."""
+    blockers: list[str] = []
+    max_opset = _max_opset_for_ir(target_ir)
+    for o in proto.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version > max_opset:
+            blockers.append(f"opset ai.onnx {o.version} (IR {target_ir} allows at most {max_opset})")
+    used = {TensorProto.DataType.Name(t) for t in set(_elem_types(proto.graph)) if t}
+    for name in sorted(used):
+        need = _DTYPE_MIN_IR.get(name, 0)
+        if need > target_ir:
+            blockers.append(f"element type {name} (needs IR {need})")
+    if target_ir < 14 and _uses_opaque(proto.graph):
+        blockers.append("TypeProto.Opaque outside ONNX-ML (needs IR 14)")
+    return blockers
+
+
+def downgrade_ir(proto: onnx.ModelProto, target_ir: int) -> onnx.ModelProto:
+    """The model restamped with IR `target_ir`; ModelLoadError if it uses something newer."""
+    blockers = downgrade_blockers(proto, target_ir)
+    if blockers:
+        raise ModelLoadError(
+            f"model has IR version {proto.ir_version} and uses {'; '.join(blockers)}, so it "
+            f"cannot be safely downgraded to IR {target_ir}; re-export it with an older opset "
+            "or upgrade the backend"
+        )
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    out.ir_version = target_ir
+    return out

@@ -1,0 +1,72 @@
+"""Progress over the whole plan of builds and runs, drawn on stderr with rich."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Protocol
+
+__all__ = ["NullProgress", "ProgressSink", "RichProgress"]
+
+
+class ProgressSink(Protocol):
+    def start(self, total: int) -> None: ...
+    def describe(self, text: str) -> None: ...
+    def advance(self, steps: int = 1) -> None: ...
+    def stop(self) -> None: ...
+
+
+class NullProgress:
+    """Draws nothing (the Python API's default)."""
+
+    def start(self, total: int) -> None:
+        pass
+
+    def describe(self, text: str) -> None:
+        pass
+
+    def advance(self, steps: int = 1) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class RichProgress:
+    """A rich progress bar with elapsed and remaining time, on stderr only."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TimeRemainingColumn(),
+            console=Console(stderr=True), transient=True,
+        )
+        self._task = self._progress.add_task("starting", total=None)
+
+    def start(self, total: int) -> None:
+        self._progress.update(self._task, total=total)
+        self._progress.start()
+
+    def describe(self, text: str) -> None:
+        self._progress.update(self._task, description=text)
+
+    def advance(self, steps: int = 1) -> None:
+        self._progress.advance(self._task, steps)
+
+    def stop(self) -> None:
+        self._progress.stop()
+
+    def __enter__(self) -> RichProgress:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,30 @@
+"""Atomic writes: a reader never sees half a report."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from xbackend.errors import ReportError
+
+__all__ = ["write_atomic"]
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to a temp file beside `path`, fsync, then rename over it."""
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as e:
+        raise ReportError(f"cannot write report {p}: {e.strerror}; check the directory") from e
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise ReportError(f"cannot write report {p}: {e.strerror}") from e

@@ -1,0 +1,172 @@
+"""The runner contract every backend implements.
+
+Public methods check the contract (state, feeds, results) and call the `*_impl`
+hooks that subclasses write. Runner modules import their engine only inside
+`prepare_impl`, so listing and validating runners stays cheap.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from xbackend.errors import RunnerFailedError, UsageError
+
+__all__ = ["Availability", "BuildFingerprint", "OptionSpec", "Runner"]
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a runner can run here, and if not, why."""
+
+    available: bool
+    reason: str = ""
+    version: str = ""
+
+    @classmethod
+    def ok(cls, version: str = "") -> Availability:
+        return cls(True, "", version)
+
+    @classmethod
+    def missing(cls, reason: str) -> Availability:
+        return cls(False, reason, "")
+
+
+@dataclass(frozen=True)
+class BuildFingerprint:
+    """What an engine decided when it was built: a digest plus per-layer items."""
+
+    backend: str
+    digest: str
+    layers: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_items(cls, backend: str, items: Sequence[tuple[str, str]]) -> BuildFingerprint:
+        h = hashlib.sha256()
+        for k, v in items:
+            h.update(f"{k}\x00{v}\x00".encode())
+        return cls(backend, h.hexdigest(), tuple(items))
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One runner option: its type, default, allowed values and help."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] = field(default=())
+
+    def parse(self, runner: str, raw: str) -> Any:
+        if self.choices:
+            if raw not in self.choices:
+                raise UsageError(
+                    f"{runner} option {self.name}={raw!r} is not one of {', '.join(self.choices)}"
+                )
+            return raw
+        if self.kind is bool:
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise UsageError(f"{runner} option {self.name} expects true or false, got {raw!r}")
+            return raw.lower() in ("1", "true", "yes", "on")
+        try:
+            value = self.kind(raw)
+        except ValueError as e:
+            raise UsageError(
+                f"{runner} option {self.name} expects {self.kind.__name__}, got {raw!r}"
+            ) from e
+        if self.kind is int and value < 0:
+            raise UsageError(f"{runner} option {self.name} must be >= 0, got {value}")
+        return value
+
+
+class Runner(abc.ABC):
+    """One backend configuration. Lives in its own worker process.
+
+    Life cycle: ``prepare`` once, ``run`` any number of times, ``close``.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    option_specs: ClassVar[Sequence[OptionSpec]] = ()
+
+    def __init__(self, options: Mapping[str, str] | None = None) -> None:
+        self.options: dict[str, Any] = self.resolve_options(options or {})
+        self._tensors: tuple[str, ...] = ()
+        self._inputs: tuple[str, ...] | None = None
+        self._prepared = False
+
+    # --- class-level queries (no engine import needed) --------------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def availability(cls) -> Availability:
+        """Available here, or why not (never raises)."""
+
+    @classmethod
+    def resolve_options(cls, raw: Mapping[str, str]) -> dict[str, Any]:
+        """Defaults overridden by `raw`; UsageError naming the valid keys for a wrong one."""
+        specs = {s.name: s for s in cls.option_specs}
+        unknown = sorted(set(raw) - set(specs))
+        if unknown:
+            valid = ", ".join(sorted(specs)) or "none"
+            raise UsageError(f"{cls.name} has no option {', '.join(unknown)}; its options are: {valid}")
+        out = {n: s.default() if callable(s.default) else s.default for n, s in specs.items()}
+        out.update({k: specs[k].parse(cls.name, v) for k, v in raw.items()})
+        return out
+
+    @classmethod
+    def process_env(cls, options: Mapping[str, Any]) -> dict[str, str]:
+        """Environment variables the worker process needs before any import."""
+        return {}
+
+    @classmethod
+    def max_ir_version(cls) -> int | None:
+        """Highest ONNX IR version the engine loads; None when it reads whatever onnx reads."""
+        return None
+
+    # --- instance life cycle -------------------------------------------------------------
+
+    def prepare(self, model_path: str, tensors: Sequence[str], inputs: Sequence[str] = ()) -> BuildFingerprint:
+        """Build the engine for `model_path`, exposing `tensors` where it can."""
+        if self._prepared:
+            raise RunnerFailedError(f"{self.name}: prepare() called twice; make a new runner")
+        self._tensors = tuple(tensors)
+        self._inputs = tuple(inputs) or None
+        fp = self.prepare_impl(model_path, self._tensors)
+        self._prepared = True
+        return fp
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Host copies of every exposed tensor for one inference on `feeds`."""
+        if not self._prepared:
+            raise RunnerFailedError(f"{self.name}: run() before prepare()")
+        if self._inputs is not None and set(feeds) != set(self._inputs):
+            raise RunnerFailedError(
+                f"{self.name}: feeds {sorted(feeds)} do not match model inputs {sorted(self._inputs)}"
+            )
+        out = self.run_impl(feeds)
+        wanted = set(self._tensors)
+        return {k: np.asarray(v) for k, v in out.items() if k in wanted}
+
+    def not_exposed(self) -> dict[str, str]:
+        """Requested tensors this backend cannot expose, with the reason."""
+        return {}
+
+    def info(self) -> dict[str, str]:
+        """Versions, precision and flags actually in force."""
+        return {k: str(v) for k, v in sorted(self.options.items())}
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine."""
+
+    @abc.abstractmethod
+    def prepare_impl(self, model_path: str, tensors: tuple[str, ...]) -> BuildFingerprint: ...
+
+    @abc.abstractmethod
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]: ...

@@ -1,0 +1,89 @@
+"""onnx.reference.ReferenceEvaluator: numpy kernels, every intermediate available.
+
+Its MatMul goes through the BLAS numpy links against, whose results move with
+the BLAS thread count, so the worker pins BLAS threads (1 by default) before
+numpy is imported.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from xbackend.errors import RunnerFailedError
+from xbackend.model import load_proto
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
+
+__all__ = ["ReferenceRunner", "blas_info"]
+
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def blas_info() -> str:
+    """Name and version of the BLAS numpy was built against."""
+    try:
+        cfg: Any = np.show_config(mode="dicts")  # type: ignore[call-arg]
+        blas = cfg["Build Dependencies"]["blas"]
+        return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:  # numpy < 1.25 has no dict mode
+        return "unknown"
+
+
+class ReferenceRunner(Runner):
+    name = "reference"
+    description = "onnx.reference.ReferenceEvaluator (numpy), BLAS threads pinned"
+    option_specs = (OptionSpec("threads", int, 1, "BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS)"),)
+
+    def __init__(self, options: Mapping[str, str] | None = None) -> None:
+        super().__init__(options)
+        self._evaluator: Any = None
+        self._missing: dict[str, str] = {}
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return Availability.ok(importlib.metadata.version("onnx"))
+
+    @classmethod
+    def process_env(cls, options: Mapping[str, Any]) -> dict[str, str]:
+        return {var: str(max(1, int(options["threads"]))) for var in BLAS_THREAD_VARS}
+
+    def prepare_impl(self, model_path: str, tensors: tuple[str, ...]) -> BuildFingerprint:
+        from onnx.reference import ReferenceEvaluator
+
+        proto = load_proto(model_path)
+        try:
+            self._evaluator = ReferenceEvaluator(proto)
+        except Exception as e:
+            raise RunnerFailedError(f"the reference evaluator rejected the model: {_msg(e)}") from e
+        return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            results = self._evaluator.run(None, dict(feeds), intermediate=True)
+        except Exception as e:
+            raise RunnerFailedError(f"the reference evaluator failed while running: {_msg(e)}") from e
+        self._missing = {
+            t: "not produced by the reference evaluator" for t in self._tensors if t not in results
+        }
+        return {t: results[t] for t in self._tensors if t in results}
+
+    def not_exposed(self) -> dict[str, str]:
+        return dict(self._missing)
+
+    def info(self) -> dict[str, str]:
+        out = super().info()
+        out["onnx"] = importlib.metadata.version("onnx")
+        out["numpy"] = np.__version__
+        out["blas"] = blas_info()
+        return dict(sorted(out.items()))
+
+    def close(self) -> None:
+        self._evaluator = None
+
+
+def _msg(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return f"{type(e).__name__}: {text[:300]}"

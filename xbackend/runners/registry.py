@@ -1,0 +1,85 @@
+"""Name -> runner class registry, filtered by importability.
+
+Built-in runners are listed here; third-party hardware registers a
+``module:Class`` under the ``xbackend.runners`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from dataclasses import dataclass
+
+from xbackend.errors import BackendUnavailableError
+from xbackend.runners.base import Availability, Runner
+
+__all__ = ["RunnerEntry", "get_runner", "list_runners", "runner_names"]
+
+ENTRY_POINT_GROUP = "xbackend.runners"
+
+_BUILTIN: dict[str, str] = {
+    "ort-cpu": "xbackend.runners.ort_cpu:OrtCpuRunner",
+    "reference": "xbackend.runners.reference:ReferenceRunner",
+}
+
+
+@dataclass(frozen=True)
+class RunnerEntry:
+    """A registered runner: its name, where it lives and whether it can run here."""
+
+    name: str
+    target: str
+    availability: Availability
+    description: str = ""
+
+
+def _targets() -> dict[str, str]:
+    targets = dict(_BUILTIN)
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        targets.setdefault(ep.name, ep.value)
+    return targets
+
+
+def runner_names() -> list[str]:
+    return sorted(_targets())
+
+
+def _load(name: str, target: str) -> type[Runner]:
+    module, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Runner)):
+        raise TypeError(f"{target} is not a xbackend Runner subclass")
+    return cls
+
+
+def _entry(name: str, target: str) -> RunnerEntry:
+    try:
+        cls = _load(name, target)
+    except Exception as e:  # a broken plugin is reported, not fatal
+        return RunnerEntry(name, target, Availability.missing(f"cannot import {target}: {e}"))
+    try:
+        avail = cls.availability()
+    except Exception as e:
+        avail = Availability.missing(f"availability check failed: {e}")
+    return RunnerEntry(name, target, avail, cls.description)
+
+
+def list_runners() -> list[RunnerEntry]:
+    """Every registered runner, available or not, sorted by name."""
+    return [_entry(n, t) for n, t in sorted(_targets().items())]
+
+
+def get_runner(name: str) -> type[Runner]:
+    """The runner class for `name`; BackendUnavailableError listing the known ones otherwise."""
+    targets = _targets()
+    if name not in targets:
+        known = []
+        for e in list_runners():
+            known.append(e.name if e.availability.available else f"{e.name} (unavailable: {e.availability.reason})")
+        raise BackendUnavailableError(
+            f"unknown backend {name!r}; known backends: {', '.join(known)}"
+        )
+    try:
+        return _load(name, targets[name])
+    except Exception as e:
+        raise BackendUnavailableError(f"backend {name!r} cannot be imported: {e}") from e

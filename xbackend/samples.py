@@ -1,0 +1,164 @@
+"""Small sample models built in code, each with what it is known to do.
+
+`models/build.py` writes them to models/; tests build them in memory. Weights
+come from fixed seeds, so the same onnx version writes the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = ["SAMPLES", "Sample", "build"]
+
+OPSET = 17
+IR_VERSION = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 would write 14
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    builder: Callable[[], onnx.ModelProto]
+    known: str
+
+
+class _Graph:
+    """Tiny helper to add nodes and seeded initializers with readable names."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+
+    def weight(self, name: str, shape: tuple[int, ...], scale: float | None = None) -> str:
+        fan_in = shape[0] if len(shape) == 2 else int(np.prod(shape[1:]))
+        s = scale if scale is not None else 1.0 / np.sqrt(max(1, fan_in))
+        self.inits.append(numpy_helper.from_array((self.rng.standard_normal(shape) * s).astype(np.float32), name))
+        return name
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(value, name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], output: str, **attrs: object) -> str:
+        self.nodes.append(helper.make_node(op_type, inputs, [output], name=output, **attrs))
+        return output
+
+    def model(self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+              doc: str) -> onnx.ModelProto:
+        g = helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="xbackend-samples", producer_version="1")
+        m.ir_version = IR_VERSION
+        m.doc_string = doc
+        onnx.checker.check_model(m)
+        return m
+
+
+def _layernorm(g: _Graph, x: str, width: int, prefix: str) -> str:
+    scale = g.const(f"{prefix}.gamma", (1.0 + 0.1 * g.rng.standard_normal(width)).astype(np.float32))
+    bias = g.const(f"{prefix}.beta", (0.1 * g.rng.standard_normal(width)).astype(np.float32))
+    return g.op("LayerNormalization", [x, scale, bias], f"{prefix}.out", axis=-1, epsilon=1e-5)
+
+
+def _linear(g: _Graph, x: str, n_in: int, n_out: int, prefix: str) -> str:
+    w = g.weight(f"{prefix}.weight", (n_in, n_out))
+    b = g.const(f"{prefix}.bias", (0.02 * g.rng.standard_normal(n_out)).astype(np.float32))
+    return g.op("Add", [g.op("MatMul", [x, w], f"{prefix}.matmul"), b], f"{prefix}.out")
+
+
+def mlp_layernorm(blocks: int = 6, width: int = 64, hidden: int = 128, seq: int = 16,
+                  batch: int | str = 1) -> onnx.ModelProto:
+    """Pre-norm residual MLP stack: x + W2·SiLU(W1·LN(x)), then a final LayerNorm."""
+    g = _Graph(seed=1)
+    x = "x"
+    for i in range(blocks):
+        h = _layernorm(g, x, width, f"block{i}.ln")
+        h = _linear(g, h, width, hidden, f"block{i}.fc1")
+        h = g.op("Mul", [h, g.op("Sigmoid", [h], f"block{i}.sigmoid")], f"block{i}.silu")
+        h = _linear(g, h, hidden, width, f"block{i}.fc2")
+        x = g.op("Add", [x, h], f"block{i}.residual")
+    g.op("LayerNormalization", [x, g.const("final.gamma", np.ones(width, np.float32)),
+                                g.const("final.beta", np.zeros(width, np.float32))], "y", axis=-1)
+    return g.model("mlp_layernorm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, width])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, width])],
+                   f"residual MLP + LayerNorm stack, {blocks} blocks, width {width}")
+
+
+def convnet() -> onnx.ModelProto:
+    """Two 3x3 convolutions, global average pool and a classifier; dynamic batch 'N'."""
+    g = _Graph(seed=2)
+    h = g.op("Conv", ["image", g.weight("conv1.weight", (16, 3, 3, 3)), g.weight("conv1.bias", (16,), 0.05)],
+             "conv1", pads=[1, 1, 1, 1])
+    h = g.op("Relu", [h], "relu1")
+    h = g.op("Conv", [h, g.weight("conv2.weight", (32, 16, 3, 3)), g.weight("conv2.bias", (32,), 0.05)],
+             "conv2", pads=[1, 1, 1, 1], strides=[2, 2])
+    h = g.op("Relu", [h], "relu2")
+    h = g.op("Flatten", [g.op("GlobalAveragePool", [h], "pool")], "flatten")
+    g.op("Gemm", [h, g.weight("fc.weight", (32, 10)), g.weight("fc.bias", (10,), 0.05)], "logits")
+    return g.model("convnet", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 32, 32])],
+                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+                   "small conv net with a dynamic batch dimension")
+
+
+def attention(seq: int = 32, width: int = 64, heads: int = 4) -> onnx.ModelProto:
+    """One pre-norm multi-head self-attention block with a residual connection."""
+    g = _Graph(seed=3)
+    dh = width // heads
+    h = _layernorm(g, "x", width, "ln")
+    shape = g.const("heads_shape", np.array([1, seq, heads, dh], np.int64))
+    qkv = {}
+    for name in ("q", "k", "v"):
+        p = _linear(g, h, width, width, name)
+        qkv[name] = g.op("Transpose", [g.op("Reshape", [p, shape], f"{name}.heads")], f"{name}.t",
+                         perm=[0, 2, 1, 3])
+    kt = g.op("Transpose", [qkv["k"]], "k.tt", perm=[0, 1, 3, 2])
+    scores = g.op("Mul", [g.op("MatMul", [qkv["q"], kt], "scores.raw"),
+                          g.const("scale", np.array(1.0 / np.sqrt(dh), np.float32))], "scores")
+    probs = g.op("Softmax", [scores], "probs", axis=-1)
+    ctx = g.op("Transpose", [g.op("MatMul", [probs, qkv["v"]], "context")], "context.t", perm=[0, 2, 1, 3])
+    merged = g.op("Reshape", [ctx, g.const("merge_shape", np.array([1, seq, width], np.int64))], "context.merged")
+    out = _linear(g, merged, width, width, "proj")
+    g.op("Add", ["x", out], "y")
+    return g.model("attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, width])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, width])],
+                   "multi-head self-attention block")
+
+
+def scatter_add(points: int = 256, width: int = 4096, cells: int = 2) -> onnx.ModelProto:
+    """Per-point features summed into a few cells with ScatterND(reduction='add').
+
+    ONNX Runtime's CPU kernel splits the updates across intra-op threads and adds
+    into shared cells without ordering, so with 2+ threads results vary run to run.
+    """
+    g = _Graph(seed=4)
+    feats = g.op("MatMul", ["points", g.weight("proj.weight", (8, width))], "features")
+    idx = g.const("cell_index", (np.arange(points) % cells).astype(np.int64).reshape(points, 1))
+    zeros = g.const("cells_init", np.zeros((cells, width), np.float32))
+    pooled = g.op("ScatterND", [zeros, idx, feats], "pooled", reduction="add")
+    g.op("Relu", [pooled], "y")
+    return g.model("scatter_add", [helper.make_tensor_value_info("points", TensorProto.FLOAT, [points, 8])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [cells, width])],
+                   "scatter-add pooling; nondeterministic on ONNX Runtime CPU with 2+ threads")
+
+
+SAMPLES: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        Sample("mlp_layernorm", mlp_layernorm,
+               "deterministic on ort-cpu and reference; ort-cpu differs from reference by a few ULPs"),
+        Sample("convnet", convnet, "dynamic batch 'N': needs --shape image=N,3,32,32"),
+        Sample("attention", attention, "deterministic on ort-cpu; Softmax/MatMul differ from reference"),
+        Sample("scatter_add", scatter_add,
+               "nondeterministic run to run on ort-cpu with 2 threads (ScatterND add race)"),
+    )
+}
+
+
+def build(name: str) -> onnx.ModelProto:
+    """Build the sample model called `name`."""
+    return SAMPLES[name].builder()
