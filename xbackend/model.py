@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -242,26 +242,35 @@ def load_proto(path: str | os.PathLike[str], load_external: bool = True) -> onnx
             f"{p} parsed as protobuf but holds no ONNX graph (ir_version={proto.ir_version}, "
             f"{len(proto.graph.node)} nodes); pass a .onnx model file"
         )
-    if load_external and _uses_external_data(proto):
-        missing = [f for f in _external_files(proto) if not (p.parent / f).is_file()]
-        if missing:
-            raise ModelLoadError(
-                f"{p} stores weights in external data file(s) {', '.join(missing)} that are not "
-                f"next to it in {p.parent}; copy them there"
-            )
-        try:
-            onnx.load_external_data_for_model(proto, str(p.parent))
-        except Exception as e:
-            raise ModelLoadError(f"cannot read external data of {p}: {_first_line(e)}") from e
+    if load_external:
+        _load_external(proto, p)
     return proto
+
+
+def _load_external(proto: onnx.ModelProto, p: Path) -> None:
+    if not _uses_external_data(proto):
+        return
+    missing = [f for f in _external_files(proto) if not (p.parent / f).is_file()]
+    if missing:
+        raise ModelLoadError(
+            f"{p} stores weights in external data file(s) {', '.join(missing)} that are not "
+            f"next to it in {p.parent}; copy them there"
+        )
+    try:
+        onnx.load_external_data_for_model(proto, str(p.parent))
+    except Exception as e:
+        raise ModelLoadError(f"cannot read external data of {p}: {_first_line(e)}") from e
 
 
 def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto]:
     """Load, check and describe a model. The proto has its external data loaded."""
     p = Path(path)
-    proto = load_proto(p)
+    proto = load_proto(p, load_external=False)
+    external = _uses_external_data(proto)
+    sha = model_sha256(p, proto)  # before loading: it needs the external file names
+    _load_external(proto, p)
     _check(proto, p)
-    return ModelSpec.from_proto(proto, str(path), model_sha256(p, proto)), proto
+    return replace(ModelSpec.from_proto(proto, str(path), sha), external_data=external), proto
 
 
 def _check(proto: onnx.ModelProto, path: Path) -> None:

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+import pytest
+
+from xbackend.samples import build
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+PLUGINS = {
+    "test-nudge": "plugin_runners:NudgeRunner",
+    "test-outputs-only": "plugin_runners:OutputsOnlyRunner",
+    "test-crash": "plugin_runners:CrashRunner",
+    "test-hang": "plugin_runners:HangRunner",
+    "test-missing": "plugin_runners:MissingRunner",
+}
+
+
+@pytest.fixture(scope="session")
+def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A dist-info that registers the test runners under the real entry-point group."""
+    root = tmp_path_factory.mktemp("plugins")
+    info = root / "xbackend_testrunners-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: xbackend-testrunners\nVersion: 0.0\n")
+    lines = ["[xbackend.runners]", *[f"{k} = {v}" for k, v in PLUGINS.items()]]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture
+def plugins(plugin_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Make the test runners visible here and in worker processes."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.syspath_prepend(str(plugin_path))
+    old = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(plugin_path), str(TESTS), old) if p))
+    yield
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every sample model written once per session."""
+    out = tmp_path_factory.mktemp("models")
+    paths = {}
+    for name in ("mlp_layernorm", "convnet", "attention", "scatter_add"):
+        paths[name] = out / f"{name}.onnx"
+        onnx.save(build(name), str(paths[name]))
+    return paths

@@ -1,0 +1,89 @@
+"""Test-only runners, registered through the real `xbackend.runners` entry-point group.
+
+Each one does one known thing, so tests can assert exact outcomes that real
+engines cannot promise across machines.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+
+import numpy as np
+
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
+from xbackend.runners.reference import ReferenceRunner
+
+
+class NudgeRunner(ReferenceRunner):
+    """The reference evaluator, with one tensor moved up by exactly `ulps` ULPs."""
+
+    name = "test-nudge"
+    description = "reference + a known ULP nudge on one tensor"
+    option_specs = (
+        *ReferenceRunner.option_specs,
+        OptionSpec("tensor", str, "", "tensor to nudge"),
+        OptionSpec("ulps", int, 3, "ULPs to add"),
+    )
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().run_impl(feeds)
+        name = self.options["tensor"]
+        if name in out:
+            a = np.array(out[name], copy=True)
+            for _ in range(int(self.options["ulps"])):
+                a = np.nextafter(a, np.array(np.inf, a.dtype))
+            out[name] = a
+        return out
+
+
+class OutputsOnlyRunner(ReferenceRunner):
+    """Exposes graph outputs only, like an engine that fuses everything."""
+
+    name = "test-outputs-only"
+    description = "reference that exposes only graph outputs"
+
+    def prepare_impl(self, model_path: str, tensors: tuple[str, ...]) -> BuildFingerprint:
+        import onnx
+
+        self._graph_outputs = {o.name for o in onnx.load(model_path, load_external_data=False).graph.output}
+        return super().prepare_impl(model_path, tensors)
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: v for k, v in super().run_impl(feeds).items() if k in self._graph_outputs}
+
+    def not_exposed(self) -> dict[str, str]:
+        return {t: "fused away" for t in self._tensors if t not in self._graph_outputs}
+
+
+class CrashRunner(ReferenceRunner):
+    """Aborts the process while preparing, like a segfaulting engine."""
+
+    name = "test-crash"
+    description = "aborts in prepare"
+
+    def prepare_impl(self, model_path: str, tensors: tuple[str, ...]) -> BuildFingerprint:
+        os.abort()
+
+
+class HangRunner(ReferenceRunner):
+    """Never returns from run()."""
+
+    name = "test-hang"
+    description = "hangs in run"
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        while True:
+            time.sleep(1)
+
+
+class MissingRunner(ReferenceRunner):
+    """A backend whose library is not installed here."""
+
+    name = "test-missing"
+    description = "never available"
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return Availability.missing("libtest.so not installed")

@@ -1,0 +1,101 @@
+"""Seeded feeds, --shape and --inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from xbackend.errors import InputError
+from xbackend.inputs import generate_feeds, load_feeds, parse_shape
+from xbackend.model import ModelSpec
+from xbackend.samples import build
+
+
+def spec_of(m: onnx.ModelProto) -> ModelSpec:
+    return ModelSpec.from_proto(m, "m.onnx", "0" * 64)
+
+
+def mixed() -> ModelSpec:
+    """Inputs of every kind of dtype."""
+    ins = [
+        helper.make_tensor_value_info("f", TensorProto.FLOAT, [2, 3]),
+        helper.make_tensor_value_info("h", TensorProto.FLOAT16, [4]),
+        helper.make_tensor_value_info("b16", TensorProto.BFLOAT16, [4]),
+        helper.make_tensor_value_info("i", TensorProto.INT64, [5]),
+        helper.make_tensor_value_info("u", TensorProto.UINT8, [5]),
+        helper.make_tensor_value_info("m", TensorProto.BOOL, [6]),
+    ]
+    nodes = [helper.make_node("Identity", [i.name], [f"{i.name}_out"]) for i in ins]
+    outs = [helper.make_tensor_value_info(f"{i.name}_out", i.type.tensor_type.elem_type, None) for i in ins]
+    return spec_of(helper.make_model(helper.make_graph(nodes, "mixed", ins, outs)))
+
+
+def test_every_dtype_is_generated_and_seeded() -> None:
+    spec = mixed()
+    a = generate_feeds(spec, seed=7)
+    assert {k: str(v.dtype) for k, v in a.arrays.items()} == {
+        "f": "float32", "h": "float16", "b16": "bfloat16", "i": "int64", "u": "uint8", "m": "bool"}
+    assert a.arrays["i"].min() >= 0 and a.arrays["i"].max() < 16
+    assert a.arrays["m"].any() and not a.arrays["m"].all()
+    b = generate_feeds(spec, seed=7)
+    assert a.sha256 == b.sha256
+    assert generate_feeds(spec, seed=8).sha256 != a.sha256
+
+
+def test_known_hash_of_seed_0() -> None:
+    feeds = generate_feeds(spec_of(build("mlp_layernorm")), seed=0)
+    assert feeds.arrays["x"].shape == (1, 16, 64)
+    assert float(feeds.arrays["x"].ravel()[0]) == pytest.approx(float(feeds.arrays["x"].ravel()[0]))
+    again = generate_feeds(spec_of(build("mlp_layernorm")), seed=0)
+    assert np.array_equal(feeds.arrays["x"], again.arrays["x"]) and len(feeds.sha256) == 64
+
+
+def test_dynamic_dims_need_shape() -> None:
+    spec = spec_of(build("convnet"))
+    with pytest.raises(InputError, match=r"input 'image' has dynamic dimension\(s\) N .*--shape image=1,3,32,32"):
+        generate_feeds(spec)
+    feeds = generate_feeds(spec, shapes={"image": (2, 3, 32, 32)})
+    assert feeds.arrays["image"].shape == (2, 3, 32, 32)
+
+
+def test_shape_must_match_fixed_dims() -> None:
+    spec = spec_of(build("convnet"))
+    with pytest.raises(InputError, match=r"shape \[2, 4, 32, 32\], but the model expects \[N,3,32,32\]"):
+        generate_feeds(spec, shapes={"image": (2, 4, 32, 32)})
+    with pytest.raises(InputError, match="names 'img', which the model does not take; its inputs are image"):
+        generate_feeds(spec, shapes={"img": (1, 3, 32, 32)})
+
+
+@pytest.mark.parametrize("text", ["x", "=1,2", "x=1,a", "x=-1"])
+def test_parse_shape_errors(text: str) -> None:
+    with pytest.raises(InputError, match="--shape"):
+        parse_shape(text)
+
+
+def test_parse_shape() -> None:
+    assert parse_shape("input.1=1,3,224,224") == ("input.1", (1, 3, 224, 224))
+
+
+def test_npz_inputs(tmp_path: Path) -> None:
+    spec = spec_of(build("convnet"))
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    np.savez(tmp_path / "ok.npz", image=x)
+    feeds = load_feeds(tmp_path / "ok.npz", spec)
+    assert feeds.source.endswith("ok.npz") and feeds.seed is None
+    assert np.array_equal(feeds.arrays["image"], x)
+    np.savez(tmp_path / "f64.npz", image=x.astype(np.float64))
+    with pytest.raises(InputError, match=r"'image' is float64, the model expects float32; save it with .astype\('float32'\)"):
+        load_feeds(tmp_path / "f64.npz", spec)
+    np.savez(tmp_path / "extra.npz", image=x, other=x)
+    with pytest.raises(InputError, match="names 'other', which the model does not take"):
+        load_feeds(tmp_path / "extra.npz", spec)
+    np.savez(tmp_path / "empty.npz")
+    with pytest.raises(InputError, match=r"lacks input\(s\) image"):
+        load_feeds(tmp_path / "empty.npz", spec)
+    (tmp_path / "junk.npz").write_text("junk")
+    with pytest.raises(InputError, match="is not a readable .npz"):
+        load_feeds(tmp_path / "junk.npz", spec)

@@ -1,0 +1,104 @@
+"""Model loading, checking, IR downgrade and instrumentation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from xbackend.errors import ModelLoadError
+from xbackend.model import downgrade_blockers, downgrade_ir, instrument, load_model
+from xbackend.samples import build
+
+
+def tiny(opset: int = 21, ir: int | None = None, dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"], name="relu"), helper.make_node("Neg", ["a"], ["y"], name="neg")],
+        "tiny", [helper.make_tensor_value_info("x", dtype, ["batch", 4])],
+        [helper.make_tensor_value_info("y", dtype, ["batch", 4])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    if ir is not None:
+        m.ir_version = ir
+    return m
+
+
+def test_spec_describes_the_model(tmp_path: Path) -> None:
+    p = tmp_path / "m.onnx"
+    onnx.save(build("mlp_layernorm"), str(p))
+    spec, _ = load_model(p)
+    assert spec.ir_version == 10 and spec.opset() == 17
+    assert [i.name for i in spec.inputs] == ["x"] and spec.inputs[0].shape == (1, 16, 64)
+    assert spec.output_names == ("y",)
+    assert spec.tensors[0].name == "block0.ln.out" and spec.tensors[0].op_type == "LayerNormalization"
+    assert spec.tensor_order()[-1] == "y" and spec.tensor_order(outputs_only=True) == ("y",)
+    assert len(spec.sha256) == 64 and not spec.external_data
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ModelLoadError, match=r"model file not found: nope\.onnx; check the path"):
+        load_model("nope.onnx")
+
+
+def test_corrupt_file(tmp_path: Path) -> None:
+    p = tmp_path / "bad.onnx"
+    p.write_bytes(b"\x08\x07this is not a protobuf\xff\xff\xff")
+    with pytest.raises(ModelLoadError, match=r"not a readable ONNX model|holds no ONNX graph"):
+        load_model(p)
+
+
+def test_text_file_is_not_a_model(tmp_path: Path) -> None:
+    p = tmp_path / "notes.onnx"
+    p.write_text("hello")
+    with pytest.raises(ModelLoadError, match="pass a .onnx"):
+        load_model(p)
+
+
+def test_invalid_graph_is_rejected(tmp_path: Path) -> None:
+    m = tiny(opset=17, ir=10)
+    m.graph.node[1].input[0] = "undefined_tensor"
+    p = tmp_path / "invalid.onnx"
+    onnx.save(m, str(p))
+    with pytest.raises(ModelLoadError, match="is not a valid ONNX model"):
+        load_model(p)
+
+
+def test_external_data_round_trip(tmp_path: Path) -> None:
+    p = tmp_path / "ext.onnx"
+    onnx.save(build("mlp_layernorm"), str(p), save_as_external_data=True, location="weights.bin",
+              size_threshold=0)
+    spec, proto = load_model(p)
+    assert spec.external_data
+    assert proto.graph.initializer[0].raw_data  # weights were read from weights.bin
+    (tmp_path / "weights.bin").rename(tmp_path / "moved.bin")
+    with pytest.raises(ModelLoadError, match=r"external data file\(s\) weights.bin .*copy them there"):
+        load_model(p)
+
+
+def test_ir14_with_old_opset_downgrades_safely() -> None:
+    m = tiny(opset=21)
+    assert m.ir_version == 14  # what onnx 1.23 writes by default
+    assert downgrade_blockers(m, 13) == []
+    assert downgrade_ir(m, 13).ir_version == 13
+
+
+def test_ir14_with_new_opset_cannot_downgrade() -> None:
+    m = tiny(opset=28)
+    assert downgrade_blockers(m, 13) == ["opset ai.onnx 28 (IR 13 allows at most 27)"]
+    with pytest.raises(ModelLoadError, match=r"cannot be safely downgraded to IR 13; re-export"):
+        downgrade_ir(m, 13)
+
+
+def test_new_dtype_blocks_downgrade() -> None:
+    m = tiny(opset=21, dtype=TensorProto.FLOAT4E2M1)
+    assert downgrade_blockers(m, 10) == ["element type FLOAT4E2M1 (needs IR 11)"]
+
+
+def test_instrument_exposes_every_node_output_in_order() -> None:
+    m = tiny(opset=17, ir=10)
+    inst = instrument(m, ["a", "y"])
+    assert [o.name for o in inst.graph.output] == ["y", "a"]
+    assert inst.graph.output[1].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert [o.name for o in m.graph.output] == ["y"]  # the original is untouched
