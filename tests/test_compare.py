@@ -28,15 +28,20 @@ def test_mlp_is_deterministic_and_close_to_reference(models: dict[str, Path]) ->
     assert cross.first_violation is None
     assert cross.scaled_ulp is not None and 1 <= cross.scaled_ulp <= 32
     assert r.exit_code == 0 and r.verdict()[0].startswith("PASS")
-    assert dict(ort.options) == {"deterministic_compute": "False", "inter_op_threads": "1",
-                                 "opt_level": "all", "threads": str(physical_cores())}
+    assert dict(ort.options) == {
+        "deterministic_compute": "False",
+        "inter_op_threads": "1",
+        "opt_level": "all",
+        "threads": str(physical_cores()),
+    }
     assert dict(ort.info)["providers"] == "CPUExecutionProvider"
     assert dict(ref.info)["threads"] == "1"
 
 
 def test_scatter_add_is_nondeterministic_on_ort_with_two_threads(models: dict[str, Path]) -> None:
-    r = xbackend.compare(models["scatter_add"], backends=["ort-cpu"], runs=8,
-                         runner_options={"ort-cpu": {"threads": "2"}})
+    r = xbackend.compare(
+        models["scatter_add"], backends=["ort-cpu"], runs=8, runner_options={"ort-cpu": {"threads": "2"}}
+    )
     ort = r.backend("ort-cpu")
     assert ort.deterministic is False
     assert ort.distinct_outputs >= 2
@@ -47,8 +52,7 @@ def test_scatter_add_is_nondeterministic_on_ort_with_two_threads(models: dict[st
 
 
 def test_scatter_add_is_deterministic_with_one_thread(models: dict[str, Path]) -> None:
-    r = xbackend.compare(models["scatter_add"], runs=4,
-                         runner_options={"ort-cpu": {"threads": "1"}})
+    r = xbackend.compare(models["scatter_add"], runs=4, runner_options={"ort-cpu": {"threads": "1"}})
     assert r.backend("ort-cpu").deterministic
     assert r.backend("ort-cpu").distinct_outputs == 1
     cross = r.cross("ort-cpu")
@@ -57,8 +61,12 @@ def test_scatter_add_is_deterministic_with_one_thread(models: dict[str, Path]) -
 
 
 def test_known_ulp_nudge_is_found_at_the_right_tensor(models: dict[str, Path], plugins: None) -> None:
-    r = xbackend.compare(models["mlp_layernorm"], backends=["test-nudge", "reference"], runs=1,
-                         runner_options={"test-nudge": {"tensor": "block2.fc1.out", "ulps": "3"}})
+    r = xbackend.compare(
+        models["mlp_layernorm"],
+        backends=["test-nudge", "reference"],
+        runs=1,
+        runner_options={"test-nudge": {"tensor": "block2.fc1.out", "ulps": "3"}},
+    )
     c = r.cross("test-nudge")
     assert c.first_divergence == "block2.fc1.out"
     nudged = next(d for d in c.tensors if d.name == "block2.fc1.out")
@@ -69,8 +77,13 @@ def test_known_ulp_nudge_is_found_at_the_right_tensor(models: dict[str, Path], p
 
 
 def test_nudge_past_tolerance_at_the_output(models: dict[str, Path], plugins: None) -> None:
-    r = xbackend.compare(models["mlp_layernorm"], backends=["test-nudge", "reference"], runs=1,
-                         max_ulp=2, runner_options={"test-nudge": {"tensor": "y", "ulps": "5"}})
+    r = xbackend.compare(
+        models["mlp_layernorm"],
+        backends=["test-nudge", "reference"],
+        runs=1,
+        max_ulp=2,
+        runner_options={"test-nudge": {"tensor": "y", "ulps": "5"}},
+    )
     c = r.cross("test-nudge")
     assert c.max_ulp == 5 and c.first_violation == "y" and c.violates
     assert r.exit_code == 1
@@ -79,8 +92,12 @@ def test_nudge_past_tolerance_at_the_output(models: dict[str, Path], plugins: No
 def test_a_crash_a_hang_and_a_missing_library_do_not_stop_the_others(
     models: dict[str, Path], plugins: None
 ) -> None:
-    r = xbackend.compare(models["attention"], backends=["ort-cpu", "test-crash", "test-hang", "test-missing", "reference"],
-                         runs=1, timeout=20)
+    r = xbackend.compare(
+        models["attention"],
+        backends=["ort-cpu", "test-crash", "test-hang", "test-missing", "reference"],
+        runs=1,
+        timeout=20,
+    )
     crash, hang, missing = r.backend("test-crash"), r.backend("test-hang"), r.backend("test-missing")
     assert crash.status == "failed" and "crashed with SIGABRT" in crash.reason
     assert hang.status == "failed" and "timed out after 20 s" in hang.reason
@@ -112,9 +129,12 @@ def test_outputs_only(models: dict[str, Path]) -> None:
 
 
 def test_ir14_model_is_downgraded_for_ort_and_says_so(tmp_path: Path) -> None:
-    g = helper.make_graph([helper.make_node("Sqrt", ["x"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])])
+    g = helper.make_graph(
+        [helper.make_node("Sqrt", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
     assert m.ir_version == 14
     p = tmp_path / "ir14.onnx"
@@ -123,15 +143,20 @@ def test_ir14_model_is_downgraded_for_ort_and_says_so(tmp_path: Path) -> None:
     r = xbackend.compare(p, runs=1, inputs=tmp_path / "in.npz")
     assert r.backend("ort-cpu").ok
     assert dict(r.backend("ort-cpu").info)["ir_version"].startswith("14 -> 13")
-    assert r.notes == ("ort-cpu: model IR version 14 was downgraded to 13 for this backend; "
-                       "the model uses nothing newer, so the graph is unchanged",)
+    assert r.notes == (
+        "ort-cpu: model IR version 14 was downgraded to 13 for this backend; "
+        "the model uses nothing newer, so the graph is unchanged",
+    )
     assert r.cross("ort-cpu").bitwise_equal  # sqrt is correctly rounded on both
 
 
 def test_ir14_model_with_new_opset_is_refused(tmp_path: Path) -> None:
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])])
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])],
+    )
     p = tmp_path / "ir14.onnx"
     onnx.save(helper.make_model(g), str(p))
     with pytest.raises(ModelLoadError, match=r"ort-cpu reads ONNX IR version <= 13 .* opset ai.onnx 28"):
@@ -140,9 +165,12 @@ def test_ir14_model_with_new_opset_is_refused(tmp_path: Path) -> None:
 
 def test_engine_rejecting_the_model_is_a_failed_backend(tmp_path: Path) -> None:
     # Opset 27 is valid for IR 13 but newer than onnxruntime 1.31 supports.
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])])
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 27)])
     m.ir_version = 13
     p = tmp_path / "opset27.onnx"
@@ -157,25 +185,37 @@ def test_engine_rejecting_the_model_is_a_failed_backend(tmp_path: Path) -> None:
 
 def test_external_data_model_runs(tmp_path: Path, models: dict[str, Path]) -> None:
     p = tmp_path / "ext.onnx"
-    onnx.save(onnx.load(str(models["attention"])), str(p), save_as_external_data=True,
-              location="attention.bin", size_threshold=0)
+    onnx.save(
+        onnx.load(str(models["attention"])),
+        str(p),
+        save_as_external_data=True,
+        location="attention.bin",
+        size_threshold=0,
+    )
     r = xbackend.compare(p, runs=1)
     assert r.model.external_data and r.backend("ort-cpu").ok and r.backend("reference").ok
     assert r.cross("ort-cpu").first_divergence is not None
 
 
 def test_unknown_backend_lists_the_known_ones(models: dict[str, Path], plugins: None) -> None:
-    with pytest.raises(BackendUnavailableError,
-                       match=r"unknown backend 'tensorrt'; known backends: ort-cpu, reference, .*"
-                             r"test-missing \(unavailable: libtest.so not installed\)"):
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"unknown backend 'tensorrt'; known backends: ort-cpu, reference, .*"
+        r"test-missing \(unavailable: libtest.so not installed\)",
+    ):
         xbackend.compare(models["attention"], backends=["tensorrt"])
 
 
 def test_bad_options(models: dict[str, Path]) -> None:
-    with pytest.raises(UsageError, match="ort-cpu has no option thread; its options are: deterministic_compute, "
-                                         "inter_op_threads, opt_level, threads"):
+    with pytest.raises(
+        UsageError,
+        match="ort-cpu has no option thread; its options are: deterministic_compute, "
+        "inter_op_threads, opt_level, threads",
+    ):
         xbackend.compare(models["attention"], runner_options={"ort-cpu": {"thread": "1"}})
-    with pytest.raises(UsageError, match=r"opt_level='max' is not one of disable, basic, extended, layout, all"):
+    with pytest.raises(
+        UsageError, match=r"opt_level='max' is not one of disable, basic, extended, layout, all"
+    ):
         xbackend.compare(models["attention"], runner_options={"ort-cpu": {"opt_level": "max"}})
     with pytest.raises(UsageError, match="unknown compare option"):
         xbackend.compare(models["attention"], rusn=3)

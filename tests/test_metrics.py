@@ -88,8 +88,14 @@ def _rank_distance(dtype: object, a: float, b: float) -> int:
 
 @pytest.mark.parametrize(
     "dtype",
-    [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2,
-     ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2fnuz, np.float16],
+    [
+        ml_dtypes.bfloat16,
+        ml_dtypes.float8_e4m3fn,
+        ml_dtypes.float8_e5m2,
+        ml_dtypes.float8_e4m3fnuz,
+        ml_dtypes.float8_e5m2fnuz,
+        np.float16,
+    ],
 )
 @pytest.mark.parametrize("a,b", [(1.0, 1.5), (-0.5, 0.25), (0.0, 0.001), (-3.0, -2.0), (-100.0, 100.0)])
 def test_small_formats_match_rank_order(dtype: object, a: float, b: float) -> None:
@@ -156,7 +162,9 @@ def test_integers_and_bools_compare_exactly() -> None:
     d = TensorDiff.from_arrays("i", np.array([1, 2, 3], np.int64), np.array([1, 7, 3], np.int64))
     assert d.max_ulp is None and d.scaled_ulp is None
     assert d.mismatches == 1 and d.max_abs == 5.0 and d.exceeds(1e9)
-    d = TensorDiff.from_arrays("u", np.array([0, 2**64 - 1], np.uint64), np.array([2**64 - 1, 2**64 - 1], np.uint64))
+    d = TensorDiff.from_arrays(
+        "u", np.array([0, 2**64 - 1], np.uint64), np.array([2**64 - 1, 2**64 - 1], np.uint64)
+    )
     assert d.max_abs == float(2**64 - 1)
     d = TensorDiff.from_arrays("b", np.array([True, False]), np.array([True, True]))
     assert d.mismatches == 1

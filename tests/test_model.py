@@ -15,8 +15,12 @@ from xbackend.samples import build
 
 def tiny(opset: int = 21, ir: int | None = None, dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
     g = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["a"], name="relu"), helper.make_node("Neg", ["a"], ["y"], name="neg")],
-        "tiny", [helper.make_tensor_value_info("x", dtype, ["batch", 4])],
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="relu"),
+            helper.make_node("Neg", ["a"], ["y"], name="neg"),
+        ],
+        "tiny",
+        [helper.make_tensor_value_info("x", dtype, ["batch", 4])],
         [helper.make_tensor_value_info("y", dtype, ["batch", 4])],
     )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
@@ -52,7 +56,7 @@ def test_corrupt_file(tmp_path: Path) -> None:
 def test_text_file_is_not_a_model(tmp_path: Path) -> None:
     p = tmp_path / "notes.onnx"
     p.write_text("hello")
-    with pytest.raises(ModelLoadError, match="pass a .onnx"):
+    with pytest.raises(ModelLoadError, match=r"pass a \.onnx"):
         load_model(p)
 
 
@@ -67,8 +71,9 @@ def test_invalid_graph_is_rejected(tmp_path: Path) -> None:
 
 def test_external_data_round_trip(tmp_path: Path) -> None:
     p = tmp_path / "ext.onnx"
-    onnx.save(build("mlp_layernorm"), str(p), save_as_external_data=True, location="weights.bin",
-              size_threshold=0)
+    onnx.save(
+        build("mlp_layernorm"), str(p), save_as_external_data=True, location="weights.bin", size_threshold=0
+    )
     spec, proto = load_model(p)
     assert spec.external_data
     assert proto.graph.initializer[0].raw_data  # weights were read from weights.bin

@@ -6,6 +6,7 @@ import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
@@ -17,8 +18,11 @@ def _key(i: int) -> str:
     return f"t{i:06d}"
 
 
-def save_capture(path: str | os.PathLike[str], names: Sequence[str], tensors: Mapping[str, np.ndarray]) -> None:
-    np.savez(str(path), **{_key(i): tensors[n] for i, n in enumerate(names)})
+def save_capture(
+    path: str | os.PathLike[str], names: Sequence[str], tensors: Mapping[str, np.ndarray]
+) -> None:
+    arrays: dict[str, Any] = {_key(i): tensors[n] for i, n in enumerate(names)}
+    np.savez(str(path), **arrays)
 
 
 def capture_sha256(names: Iterable[str], tensors: Mapping[str, np.ndarray]) -> str:
@@ -54,5 +58,7 @@ class CaptureFile:
     def __enter__(self) -> CaptureFile:
         return self
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()

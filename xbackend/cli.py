@@ -22,31 +22,61 @@ def _set_option(text: str) -> tuple[str, str, str]:
     key, sep, value = text.partition("=")
     backend, dot, name = key.partition(".")
     if not sep or not dot or not backend or not name:
-        raise argparse.ArgumentTypeError(f"expected BACKEND.OPTION=VALUE (e.g. ort-cpu.threads=1), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected BACKEND.OPTION=VALUE (e.g. ort-cpu.threads=1), got {text!r}"
+        )
     return backend, name, value
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="xbackend", description="Does your model give the same bits everywhere it runs?")
+    p = argparse.ArgumentParser(
+        prog="xbackend", description="Does your model give the same bits everywhere it runs?"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compare", help="run a model on several backends and compare, per layer, in ULPs")
     c.add_argument("model", help="path to an .onnx file")
-    c.add_argument("--backends", default=",".join(DEFAULT_BACKENDS),
-                   help="comma-separated runner names (default: %(default)s); see `xbackend backends`")
-    c.add_argument("--reference", default=None,
-                   help="backend every other is compared against (default: 'reference' if listed, else the first)")
+    c.add_argument(
+        "--backends",
+        default=",".join(DEFAULT_BACKENDS),
+        help="comma-separated runner names (default: %(default)s); see `xbackend backends`",
+    )
+    c.add_argument(
+        "--reference",
+        default=None,
+        help="backend every other is compared against (default: 'reference' if listed, else the first)",
+    )
     c.add_argument("--runs", type=int, default=3, help="runs per session (default: %(default)s)")
-    c.add_argument("--builds", type=int, default=1, help="fresh sessions, each in a fresh process (default: %(default)s)")
+    c.add_argument(
+        "--builds", type=int, default=1, help="fresh sessions, each in a fresh process (default: %(default)s)"
+    )
     c.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default: %(default)s)")
-    c.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2,...",
-                   help="shape for an input with dynamic dimensions (repeatable)")
+    c.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=D1,D2,...",
+        help="shape for an input with dynamic dimensions (repeatable)",
+    )
     c.add_argument("--inputs", metavar="FILE.npz", help="real input data, keyed by input name")
-    c.add_argument("--max-ulp", type=float, default=DEFAULT_MAX_ULP,
-                   help="cross-backend tolerance in scaled ULP (default: %(default)g)")
+    c.add_argument(
+        "--max-ulp",
+        type=float,
+        default=DEFAULT_MAX_ULP,
+        help="cross-backend tolerance in scaled ULP (default: %(default)g)",
+    )
     c.add_argument("--outputs-only", action="store_true", help="compare graph outputs only")
-    c.add_argument("--timeout", type=float, default=600.0, help="seconds per backend build (default: %(default)g)")
-    c.add_argument("--set", dest="sets", action="append", default=[], type=_set_option,
-                   metavar="BACKEND.OPTION=VALUE", help="runner option, e.g. ort-cpu.threads=1 (repeatable)")
+    c.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds per backend build (default: %(default)g)"
+    )
+    c.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        type=_set_option,
+        metavar="BACKEND.OPTION=VALUE",
+        help="runner option, e.g. ort-cpu.threads=1 (repeatable)",
+    )
     c.add_argument("--report", metavar="OUT.md", help="write the Markdown report here")
     c.add_argument("--json", metavar="OUT.json", help="write the JSON report here")
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -60,9 +90,16 @@ def _compare(args: argparse.Namespace) -> int:
     from xbackend.report import to_json, to_markdown, write_atomic
 
     opts = CompareOptions.create(
-        backends=args.backends, reference=args.reference, runs=args.runs, builds=args.builds,
-        seed=args.seed, shapes=tuple(parse_shape(s) for s in args.shape), inputs=args.inputs,
-        max_ulp=args.max_ulp, outputs_only=args.outputs_only, timeout=args.timeout,
+        backends=args.backends,
+        reference=args.reference,
+        runs=args.runs,
+        builds=args.builds,
+        seed=args.seed,
+        shapes=tuple(parse_shape(s) for s in args.shape),
+        inputs=args.inputs,
+        max_ulp=args.max_ulp,
+        outputs_only=args.outputs_only,
+        timeout=args.timeout,
         runner_options=tuple(args.sets),
     )
     progress: ProgressSink = NullProgress() if args.no_progress or not sys.stderr.isatty() else RichProgress()
@@ -85,23 +122,36 @@ def _print_summary(result: object) -> None:
         if not b.ok:
             print(f"  {b.name}: {b.status} ({b.reason})")
             continue
-        det = "deterministic" if b.deterministic else f"NONDETERMINISTIC ({b.distinct_outputs} distinct outputs)"
+        det = (
+            "deterministic"
+            if b.deterministic
+            else f"NONDETERMINISTIC ({b.distinct_outputs} distinct outputs)"
+        )
         print(f"  {b.name}: {det} over {b.runs} run(s) x {b.builds} build(s)")
     for c in result.cross_backend:
         if c.status != "ok":
             print(f"  {c.backend} vs {c.reference}: not compared ({c.reason})")
             continue
-        print(f"  {c.backend} vs {c.reference}: bitwise {'equal' if c.bitwise_equal else 'different'}, "
-              f"max ULP {c.max_ulp}, scaled ULP {c.scaled_ulp if c.scaled_ulp is None else f'{c.scaled_ulp:.3g}'}"
-              f" at outputs; first divergence {c.first_divergence or 'none'}")
+        print(
+            f"  {c.backend} vs {c.reference}: bitwise {'equal' if c.bitwise_equal else 'different'}, "
+            f"max ULP {c.max_ulp}, scaled ULP {_fmt(c.scaled_ulp)}"
+            f" at outputs; first divergence {c.first_divergence or 'none'}"
+        )
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
 
 
 def _backends() -> int:
     from xbackend.runners.registry import get_runner, list_runners
 
     for e in list_runners():
-        state = f"available ({e.availability.version})" if e.availability.available else (
-            f"unavailable: {e.availability.reason}")
+        state = (
+            f"available ({e.availability.version})"
+            if e.availability.available
+            else (f"unavailable: {e.availability.reason}")
+        )
         print(f"{e.name:12s} {state}")
         if e.description:
             print(f"{'':12s} {e.description}")

@@ -66,7 +66,9 @@ def compare_with_options(
     model: str | os.PathLike[str], opts: CompareOptions, progress: ProgressSink | None = None
 ) -> Result:
     spec, proto = load_model(model)
-    feeds = load_feeds(opts.inputs, spec) if opts.inputs else generate_feeds(spec, opts.seed, dict(opts.shapes))
+    feeds = (
+        load_feeds(opts.inputs, spec) if opts.inputs else generate_feeds(spec, opts.seed, dict(opts.shapes))
+    )
     planned = [_plan(name, opts) for name in opts.backends]
     notes = _preflight(spec, proto, planned)
     del proto
@@ -82,8 +84,9 @@ def compare_with_options(
             bar.stop()
         backends = tuple(_summarize(builds[p.name], spec, opts) for p in planned)
         cross = tuple(_cross_all(builds, backends, spec, opts))
-    return Result(spec, _feeds_info(feeds), opts, backends, cross,
-                  tuple(collect_environment().items()), tuple(notes))
+    return Result(
+        spec, _feeds_info(feeds), opts, backends, cross, tuple(collect_environment().items()), tuple(notes)
+    )
 
 
 def _feeds_info(feeds: Feeds) -> FeedsInfo:
@@ -127,17 +130,27 @@ def _preflight(spec: ModelSpec, proto: onnx.ModelProto, planned: Sequence[_Plann
     return notes
 
 
-def _job(p: _Planned, spec: ModelSpec, opts: CompareOptions, job_dir: Path, feeds: Path, capture: Path) -> dict[str, Any]:
+def _job(
+    p: _Planned, spec: ModelSpec, opts: CompareOptions, job_dir: Path, feeds: Path, capture: Path
+) -> dict[str, Any]:
     return {
-        "backend": p.name, "options": p.raw_options, "model": str(Path(spec.path).resolve()),
-        "tensors": list(spec.tensor_order(opts.outputs_only)), "inputs": list(spec.input_names),
-        "outputs": list(spec.output_names), "op_types": spec.op_types(), "runs": opts.runs,
-        "feeds": str(feeds), "capture": str(capture), "result": str(job_dir / "result.json"),
+        "backend": p.name,
+        "options": p.raw_options,
+        "model": str(Path(spec.path).resolve()),
+        "tensors": list(spec.tensor_order(opts.outputs_only)),
+        "inputs": list(spec.input_names),
+        "outputs": list(spec.output_names),
+        "op_types": spec.op_types(),
+        "runs": opts.runs,
+        "feeds": str(feeds),
+        "capture": str(capture),
+        "result": str(job_dir / "result.json"),
     }
 
 
-def _run_builds(p: _Planned, spec: ModelSpec, opts: CompareOptions, work: Path,
-                feeds: Path, bar: ProgressSink) -> _Builds:
+def _run_builds(
+    p: _Planned, spec: ModelSpec, opts: CompareOptions, work: Path, feeds: Path, bar: ProgressSink
+) -> _Builds:
     if p.cls is None:
         return _Builds(p, (), ())
     env = p.cls.process_env(p.options)
@@ -147,8 +160,9 @@ def _run_builds(p: _Planned, spec: ModelSpec, opts: CompareOptions, work: Path,
         job_dir.mkdir()
         capture = job_dir / "capture.npz"
         bar.describe(f"{p.name} build {k + 1}/{opts.builds}")
-        outcome = run_worker(_job(p, spec, opts, job_dir, feeds, capture), job_dir, opts.timeout,
-                             env, bar.advance)
+        outcome = run_worker(
+            _job(p, spec, opts, job_dir, feeds, capture), job_dir, opts.timeout, env, bar.advance
+        )
         done = len(outcome.result.get("output_hashes", ()))
         bar.advance(opts.runs + 1 - done)  # prepare step, plus runs a failure skipped
         outcomes.append(outcome)
@@ -176,21 +190,32 @@ def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResu
     first = b.outcomes[0].result
     names = first["capture_names"]
     order = {n: i for i, n in enumerate(names)}
-    run_diffs = _worst_per_tensor([_diff_from_dict(d) for o in b.outcomes for d in o.result["run_diffs"]], order)
+    run_diffs = _worst_per_tensor(
+        [_diff_from_dict(d) for o in b.outcomes for d in o.result["run_diffs"]], order
+    )
     build_diffs = _build_diffs(b, names, spec)
     out_hashes = [h for o in b.outcomes for h in o.result["output_hashes"]]
     cap_hashes = [h for o in b.outcomes for h in o.result["capture_hashes"]]
     return BackendResult(
-        name=p.name, status="ok", options=options, info=tuple(sorted(first.get("info", {}).items())),
-        runs=opts.runs, builds=len(b.outcomes), deterministic=len(set(cap_hashes)) == 1,
+        name=p.name,
+        status="ok",
+        options=options,
+        info=tuple(sorted(first.get("info", {}).items())),
+        runs=opts.runs,
+        builds=len(b.outcomes),
+        deterministic=len(set(cap_hashes)) == 1,
         distinct_outputs=len(set(out_hashes)),
         distinct_run_outputs=max(len(set(o.result["output_hashes"])) for o in b.outcomes),
         distinct_build_outputs=len({o.result["output_hashes"][0] for o in b.outcomes}),
-        exposed=len(names), not_exposed=tuple(sorted(first.get("not_exposed", {}).items())),
-        run_diffs=tuple(run_diffs), build_diffs=tuple(build_diffs),
+        exposed=len(names),
+        not_exposed=tuple(sorted(first.get("not_exposed", {}).items())),
+        run_diffs=tuple(run_diffs),
+        build_diffs=tuple(build_diffs),
         fingerprints=tuple(o.result["fingerprint"]["digest"] for o in b.outcomes),
-        timings=(("prepare_s", float(first["prepare_s"])),
-                 ("run_s", float(sum(first["run_s"]) / max(1, len(first["run_s"]))))),
+        timings=(
+            ("prepare_s", float(first["prepare_s"])),
+            ("run_s", float(sum(first["run_s"]) / max(1, len(first["run_s"])))),
+        ),
     )
 
 
@@ -215,7 +240,9 @@ def _build_diffs(b: _Builds, names: Sequence[str], spec: ModelSpec) -> list[Tens
     return _worst_per_tensor(diffs, order)
 
 
-def _diff_captures(a: CaptureFile, b: CaptureFile, names: Sequence[str], ops: dict[str, str]) -> list[TensorDiff]:
+def _diff_captures(
+    a: CaptureFile, b: CaptureFile, names: Sequence[str], ops: dict[str, str]
+) -> list[TensorDiff]:
     out = []
     for n in names:
         if n in a and n in b:
@@ -225,8 +252,9 @@ def _diff_captures(a: CaptureFile, b: CaptureFile, names: Sequence[str], ops: di
     return out
 
 
-def _cross_all(builds: dict[str, _Builds], results: Sequence[BackendResult], spec: ModelSpec,
-               opts: CompareOptions) -> list[CrossBackendResult]:
+def _cross_all(
+    builds: dict[str, _Builds], results: Sequence[BackendResult], spec: ModelSpec, opts: CompareOptions
+) -> list[CrossBackendResult]:
     ref = opts.reference_name
     by_name = {r.name: r for r in results}
     out = []
@@ -250,5 +278,6 @@ def _cross_one(a: _Builds, b: _Builds, spec: ModelSpec, opts: CompareOptions) ->
         diffs = _diff_captures(ca, cb, common, spec.op_types())
     only_a = sorted(set(a_names) - set(b_names))
     only_b = sorted(set(b_names) - set(a_names))
-    return CrossBackendResult.from_diffs(a.planned.name, b.planned.name, diffs, spec.output_names,
-                                         only_a, only_b, opts.max_ulp)
+    return CrossBackendResult.from_diffs(
+        a.planned.name, b.planned.name, diffs, spec.output_names, only_a, only_b, opts.max_ulp
+    )

@@ -14,21 +14,66 @@ import sys
 __all__ = ["DETERMINISM_ENV_PREFIXES", "ISA_FLAGS", "collect_environment"]
 
 ISA_FLAGS = (
-    "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw",
-    "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_bf16",
-    "amx_int8", "amx_tile", "asimd", "sve", "bf16", "i8mm",
+    "sse4_1",
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512dq",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "amx_bf16",
+    "amx_int8",
+    "amx_tile",
+    "asimd",
+    "sve",
+    "bf16",
+    "i8mm",
 )
 DETERMINISM_ENV_PREFIXES = (
-    "OMP_", "MKL_", "OPENBLAS_", "BLIS_", "KMP_", "GOMP_", "ORT_", "CUBLAS_", "CUDA_",
-    "CUDNN_", "NVIDIA_TF32", "TF_DETERMINISTIC", "TF_CUDNN_", "TF_ENABLE_ONEDNN", "TORCH_",
-    "PYTORCH_", "OV_", "ONEDNN_", "DNNL_", "PYTHONHASHSEED",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "BLIS_",
+    "KMP_",
+    "GOMP_",
+    "ORT_",
+    "CUBLAS_",
+    "CUDA_",
+    "CUDNN_",
+    "NVIDIA_TF32",
+    "TF_DETERMINISTIC",
+    "TF_CUDNN_",
+    "TF_ENABLE_ONEDNN",
+    "TORCH_",
+    "PYTORCH_",
+    "OV_",
+    "ONEDNN_",
+    "DNNL_",
+    "PYTHONHASHSEED",
 )
-PACKAGES = ("xbackend", "numpy", "ml-dtypes", "onnx", "onnxruntime", "openvino", "torch",
-            "tensorrt", "polygraphy")
+PACKAGES = (
+    "xbackend",
+    "numpy",
+    "ml-dtypes",
+    "onnx",
+    "onnxruntime",
+    "openvino",
+    "torch",
+    "tensorrt",
+    "polygraphy",
+)
 
 
 def _cpuinfo() -> tuple[str, list[str]]:
-    model, flags = platform.processor() or platform.machine(), []
+    model: str = platform.processor() or platform.machine()
+    flags: list[str] = []
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

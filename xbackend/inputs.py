@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,8 @@ class Feeds:
         return {k: tuple(int(d) for d in v.shape) for k, v in self.arrays.items()}
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        np.savez(str(path), **dict(self.arrays))
+        arrays: dict[str, Any] = dict(self.arrays)
+        np.savez(str(path), **arrays)
 
 
 def feeds_sha256(arrays: Mapping[str, np.ndarray]) -> str:
@@ -122,9 +124,7 @@ def _random_array(spec: TensorSpec, shape: Shape, seed: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(dt)
 
 
-def generate_feeds(
-    spec: ModelSpec, seed: int = 0, shapes: Mapping[str, Shape] | None = None
-) -> Feeds:
+def generate_feeds(spec: ModelSpec, seed: int = 0, shapes: Mapping[str, Shape] | None = None) -> Feeds:
     """Seeded random feeds for every model input."""
     shapes = dict(shapes or {})
     _check_known(spec, shapes.keys(), "--shape")

@@ -6,6 +6,7 @@ WorkerOutcome with a one-line reason, so the comparison goes on with the others.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -97,8 +98,11 @@ def run_worker(
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "xbackend.worker", str(job_path)],
-            stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-            env=_env(env), start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=_env(env),
+            start_new_session=True,
         )
         try:
             finished = _pump(proc, start + timeout, on_progress)
@@ -107,16 +111,15 @@ def run_worker(
             raise
         if not finished:
             _kill(proc)
-            return WorkerOutcome("failed", f"timed out after {timeout:g} s (raise --timeout)",
-                                 {}, time.monotonic() - start)
+            return WorkerOutcome(
+                "failed", f"timed out after {timeout:g} s (raise --timeout)", {}, time.monotonic() - start
+            )
     return _outcome(proc.returncode, result_path, err_path, time.monotonic() - start)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
 
 
@@ -132,8 +135,5 @@ def _outcome(code: int, result_path: Path, err_path: Path, elapsed: float) -> Wo
     if result.get("reason"):
         return WorkerOutcome("failed", f"{result.get('stage', '?')}: {result['reason']}", result, elapsed)
     tail = _stderr_tail(err_path)
-    if code < 0:
-        why = f"crashed with {_signal_name(code)}"
-    else:
-        why = f"worker exited with code {code}"
+    why = f"crashed with {_signal_name(code)}" if code < 0 else f"worker exited with code {code}"
     return WorkerOutcome("failed", f"{why}: {tail}" if tail else why, result, elapsed)

@@ -50,11 +50,11 @@ def _finfo(dtype: np.dtype[np.generic]) -> tuple[int, int]:
     """(minimum normal exponent, mantissa bits) for a float dtype."""
     name = str(dtype)
     if name in ("float64", "float32", "float16"):
-        fi = np.finfo(dtype)
+        fi = np.finfo(np.dtype(name))
         return int(fi.minexp), int(fi.nmant)
     import ml_dtypes
 
-    mfi = ml_dtypes.finfo(dtype)
+    mfi = ml_dtypes.finfo(dtype)  # type: ignore[no-untyped-call]
     return int(mfi.minexp), int(mfi.nmant)
 
 
@@ -165,27 +165,68 @@ class TensorDiff:
             return base
         if a.dtype.kind == "c":
             real = a.real.dtype
-            return replace(cls.from_arrays(name, a.view(real), b.view(real), op_type), dtype=str(a.dtype), shape=base.shape)
+            return replace(
+                cls.from_arrays(name, a.view(real), b.view(real), op_type),
+                dtype=str(a.dtype),
+                shape=base.shape,
+            )
         if is_float_dtype(a.dtype):
             return _float_diff(base, a, b)
         return _exact_diff(base, a, b)
 
     @classmethod
     def _equal(cls, name: str, op_type: str, a: np.ndarray) -> TensorDiff:
-        return cls(name, op_type, str(a.dtype), tuple(int(d) for d in a.shape), "ok", True,
-                   int(a.size), 0, 0.0, 0 if is_float_dtype(a.dtype) else None,
-                   0.0 if is_float_dtype(a.dtype) else None, 0.0, 0.0, 0.0, 0.0)
+        return cls(
+            name,
+            op_type,
+            str(a.dtype),
+            tuple(int(d) for d in a.shape),
+            "ok",
+            True,
+            int(a.size),
+            0,
+            0.0,
+            0 if is_float_dtype(a.dtype) else None,
+            0.0 if is_float_dtype(a.dtype) else None,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+        )
 
     @classmethod
-    def mismatch(cls, name: str, op_type: str, status: str, detail: str,
-                 a: np.ndarray | None = None, b: np.ndarray | None = None) -> TensorDiff:
+    def mismatch(
+        cls,
+        name: str,
+        op_type: str,
+        status: str,
+        detail: str,
+        a: np.ndarray | None = None,
+        b: np.ndarray | None = None,
+    ) -> TensorDiff:
         """A tensor that cannot be compared element by element."""
         ref = b if b is not None else a
         dtype = str(ref.dtype) if ref is not None else ""
         shape = tuple(int(d) for d in ref.shape) if ref is not None else ()
         n = int(ref.size) if ref is not None else 0
-        return cls(name, op_type, dtype, shape, status, False, n, n, 1.0, None, None,
-                   math.inf, math.inf, math.inf, math.inf, detail=detail)
+        return cls(
+            name,
+            op_type,
+            dtype,
+            shape,
+            status,
+            False,
+            n,
+            n,
+            1.0,
+            None,
+            None,
+            math.inf,
+            math.inf,
+            math.inf,
+            math.inf,
+            detail=detail,
+        )
 
     @property
     def comparable(self) -> bool:
@@ -232,9 +273,14 @@ def _exact_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
     neq = int(np.count_nonzero(d))
     denom = np.abs(bw.astype(np.float64))
     rel = d[denom > 0] / denom[denom > 0]
-    return _with_counts(base, neq, max_abs=float(d.max(initial=0.0)),
-                        max_rel=float(rel.max(initial=0.0)), p99_abs=float(np.percentile(d, 99)),
-                        v_ermv=float(rel.mean()) if rel.size else 0.0)
+    return _with_counts(
+        base,
+        neq,
+        max_abs=float(d.max(initial=0.0)),
+        max_rel=float(rel.max(initial=0.0)),
+        p99_abs=float(np.percentile(d, 99)),
+        v_ermv=float(rel.mean()) if rel.size else 0.0,
+    )
 
 
 def _float_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
@@ -255,10 +301,15 @@ def _float_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
     rel = err[nz] / np.abs(fb[nz])
     max_abs = float(err.max(initial=0.0))
     return _with_counts(
-        base, neq, max_ulp=max_ulp, scaled_ulp=max_abs / ulp_at(scale, a.dtype), max_abs=max_abs,
+        base,
+        neq,
+        max_ulp=max_ulp,
+        scaled_ulp=max_abs / ulp_at(scale, a.dtype),
+        max_abs=max_abs,
         max_rel=float(rel.max(initial=0.0)),
         p99_abs=float(np.percentile(err, 99)) if err.size else 0.0,
         v_ermv=float(rel.mean()) if rel.size else 0.0,
-        nan_mismatch=int(cls_.nan_mismatch.sum()), inf_mismatch=int(cls_.inf_mismatch.sum()),
+        nan_mismatch=int(cls_.nan_mismatch.sum()),
+        inf_mismatch=int(cls_.inf_mismatch.sum()),
         ftz_mismatch=int(cls_.ftz_mismatch.sum()),
     )

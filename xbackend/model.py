@@ -159,7 +159,8 @@ def _dtype_name(elem_type: int) -> str:
     if elem_type == TensorProto.UNDEFINED:
         return "unknown"
     try:
-        return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
+        dt: np.dtype[np.generic] = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+        return str(dt.name)
     except (KeyError, TypeError, ValueError):
         return TensorProto.DataType.Name(elem_type).lower()
 
@@ -171,7 +172,8 @@ def np_dtype(name: str) -> np.dtype[np.generic]:
     except TypeError:
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, name))
+        dt: np.dtype[np.generic] = np.dtype(getattr(ml_dtypes, name))
+        return dt
 
 
 def _node_tensors(graph: onnx.GraphProto) -> Iterator[NodeTensor]:
@@ -184,9 +186,7 @@ def _node_tensors(graph: onnx.GraphProto) -> Iterator[NodeTensor]:
 
 
 def _uses_external_data(proto: onnx.ModelProto) -> bool:
-    return any(
-        t.data_location == TensorProto.EXTERNAL for t in _all_tensors(proto.graph)
-    )
+    return any(t.data_location == TensorProto.EXTERNAL for t in _all_tensors(proto.graph))
 
 
 def _all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
@@ -203,7 +203,7 @@ def _all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
 
 
 def _external_files(proto: onnx.ModelProto) -> list[str]:
-    files = set()
+    files: set[str] = set()
     for t in _all_tensors(proto.graph):
         if t.data_location == TensorProto.EXTERNAL:
             files.update(e.value for e in t.external_data if e.key == "location")

@@ -51,7 +51,9 @@ class CompareOptions:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
-            raise UsageError(f"unknown compare option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+            raise UsageError(
+                f"unknown compare option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}"
+            )
         kw = dict(kwargs)
         if isinstance(kw.get("backends"), str):
             kw["backends"] = [b for b in kw["backends"].split(",") if b]
@@ -87,7 +89,7 @@ class CompareOptions:
             raise UsageError(f"--set names backend(s) {', '.join(stray)} that are not in --backends")
 
     def with_reference(self) -> CompareOptions:
-        """Reference resolved: the explicit one (added to backends), else 'reference' if listed, else the first."""
+        """Resolve the reference: the explicit one (added to backends), else 'reference', else the first."""
         from dataclasses import replace
 
         if self.reference is None:
@@ -106,10 +108,23 @@ class CompareOptions:
 
     def command(self, model_path: str) -> str:
         """The CLI command that reproduces this comparison."""
-        parts = ["xbackend", "compare", model_path, "--backends", ",".join(self.backends),
-                 "--reference", self.reference_name, "--runs", str(self.runs),
-                 "--builds", str(self.builds), "--max-ulp", f"{self.max_ulp:g}",
-                 "--timeout", f"{self.timeout:g}"]
+        parts = [
+            "xbackend",
+            "compare",
+            model_path,
+            "--backends",
+            ",".join(self.backends),
+            "--reference",
+            self.reference_name,
+            "--runs",
+            str(self.runs),
+            "--builds",
+            str(self.builds),
+            "--max-ulp",
+            f"{self.max_ulp:g}",
+            "--timeout",
+            f"{self.timeout:g}",
+        ]
         if self.inputs:
             parts += ["--inputs", self.inputs]
         else:
@@ -189,11 +204,27 @@ class CrossBackendResult:
     max_ulp_tolerance: float = DEFAULT_MAX_ULP
 
     @classmethod
-    def from_diffs(cls, backend: str, reference: str, diffs: Sequence[TensorDiff],
-                   outputs: Iterable[str], only_a: Iterable[str], only_b: Iterable[str],
-                   tolerance: float) -> CrossBackendResult:
-        return cls(backend, reference, "ok", "", tuple(diffs), tuple(outputs),
-                   tuple(only_a), tuple(only_b), tolerance)
+    def from_diffs(
+        cls,
+        backend: str,
+        reference: str,
+        diffs: Sequence[TensorDiff],
+        outputs: Iterable[str],
+        only_a: Iterable[str],
+        only_b: Iterable[str],
+        tolerance: float,
+    ) -> CrossBackendResult:
+        return cls(
+            backend,
+            reference,
+            "ok",
+            "",
+            tuple(diffs),
+            tuple(outputs),
+            tuple(only_a),
+            tuple(only_b),
+            tolerance,
+        )
 
     @property
     def bitwise_equal(self) -> bool:
@@ -288,7 +319,8 @@ class Result:
         for c in self.violations:
             lines.append(
                 f"FAIL: {c.backend} differs from {c.reference} beyond {c.max_ulp_tolerance:g} scaled ULP "
-                f"at the outputs (worst {_fmt(c.scaled_ulp)}); first tensor past tolerance {c.first_violation}"
+                f"at the outputs (worst {_fmt(c.scaled_ulp)}); "
+                f"first tensor past tolerance {c.first_violation}"
             )
         for b in self.failed:
             lines.append(f"FAIL: {b.name} {b.status}: {b.reason}")

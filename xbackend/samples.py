@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -37,22 +38,29 @@ class _Graph:
     def weight(self, name: str, shape: tuple[int, ...], scale: float | None = None) -> str:
         fan_in = shape[0] if len(shape) == 2 else int(np.prod(shape[1:]))
         s = scale if scale is not None else 1.0 / np.sqrt(max(1, fan_in))
-        self.inits.append(numpy_helper.from_array((self.rng.standard_normal(shape) * s).astype(np.float32), name))
+        self.inits.append(
+            numpy_helper.from_array((self.rng.standard_normal(shape) * s).astype(np.float32), name)
+        )
         return name
 
     def const(self, name: str, value: np.ndarray) -> str:
         self.inits.append(numpy_helper.from_array(value, name))
         return name
 
-    def op(self, op_type: str, inputs: list[str], output: str, **attrs: object) -> str:
+    def op(self, op_type: str, inputs: list[str], output: str, **attrs: Any) -> str:
         self.nodes.append(helper.make_node(op_type, inputs, [output], name=output, **attrs))
         return output
 
-    def model(self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
-              doc: str) -> onnx.ModelProto:
+    def model(
+        self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto], doc: str
+    ) -> onnx.ModelProto:
         g = helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="xbackend-samples", producer_version="1")
+        m = helper.make_model(
+            g,
+            opset_imports=[helper.make_opsetid("", OPSET)],
+            producer_name="xbackend-samples",
+            producer_version="1",
+        )
         m.ir_version = IR_VERSION
         m.doc_string = doc
         onnx.checker.check_model(m)
@@ -71,8 +79,9 @@ def _linear(g: _Graph, x: str, n_in: int, n_out: int, prefix: str) -> str:
     return g.op("Add", [g.op("MatMul", [x, w], f"{prefix}.matmul"), b], f"{prefix}.out")
 
 
-def mlp_layernorm(blocks: int = 6, width: int = 64, hidden: int = 128, seq: int = 16,
-                  batch: int | str = 1) -> onnx.ModelProto:
+def mlp_layernorm(
+    blocks: int = 6, width: int = 64, hidden: int = 128, seq: int = 16, batch: int | str = 1
+) -> onnx.ModelProto:
     """Pre-norm residual MLP stack: x + W2·SiLU(W1·LN(x)), then a final LayerNorm."""
     g = _Graph(seed=1)
     x = "x"
@@ -82,27 +91,50 @@ def mlp_layernorm(blocks: int = 6, width: int = 64, hidden: int = 128, seq: int 
         h = g.op("Mul", [h, g.op("Sigmoid", [h], f"block{i}.sigmoid")], f"block{i}.silu")
         h = _linear(g, h, hidden, width, f"block{i}.fc2")
         x = g.op("Add", [x, h], f"block{i}.residual")
-    g.op("LayerNormalization", [x, g.const("final.gamma", np.ones(width, np.float32)),
-                                g.const("final.beta", np.zeros(width, np.float32))], "y", axis=-1)
-    return g.model("mlp_layernorm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, width])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, width])],
-                   f"residual MLP + LayerNorm stack, {blocks} blocks, width {width}")
+    g.op(
+        "LayerNormalization",
+        [
+            x,
+            g.const("final.gamma", np.ones(width, np.float32)),
+            g.const("final.beta", np.zeros(width, np.float32)),
+        ],
+        "y",
+        axis=-1,
+    )
+    return g.model(
+        "mlp_layernorm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, width])],
+        f"residual MLP + LayerNorm stack, {blocks} blocks, width {width}",
+    )
 
 
 def convnet() -> onnx.ModelProto:
     """Two 3x3 convolutions, global average pool and a classifier; dynamic batch 'N'."""
     g = _Graph(seed=2)
-    h = g.op("Conv", ["image", g.weight("conv1.weight", (16, 3, 3, 3)), g.weight("conv1.bias", (16,), 0.05)],
-             "conv1", pads=[1, 1, 1, 1])
+    h = g.op(
+        "Conv",
+        ["image", g.weight("conv1.weight", (16, 3, 3, 3)), g.weight("conv1.bias", (16,), 0.05)],
+        "conv1",
+        pads=[1, 1, 1, 1],
+    )
     h = g.op("Relu", [h], "relu1")
-    h = g.op("Conv", [h, g.weight("conv2.weight", (32, 16, 3, 3)), g.weight("conv2.bias", (32,), 0.05)],
-             "conv2", pads=[1, 1, 1, 1], strides=[2, 2])
+    h = g.op(
+        "Conv",
+        [h, g.weight("conv2.weight", (32, 16, 3, 3)), g.weight("conv2.bias", (32,), 0.05)],
+        "conv2",
+        pads=[1, 1, 1, 1],
+        strides=[2, 2],
+    )
     h = g.op("Relu", [h], "relu2")
     h = g.op("Flatten", [g.op("GlobalAveragePool", [h], "pool")], "flatten")
     g.op("Gemm", [h, g.weight("fc.weight", (32, 10)), g.weight("fc.bias", (10,), 0.05)], "logits")
-    return g.model("convnet", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 32, 32])],
-                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
-                   "small conv net with a dynamic batch dimension")
+    return g.model(
+        "convnet",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        "small conv net with a dynamic batch dimension",
+    )
 
 
 def attention(seq: int = 32, width: int = 64, heads: int = 4) -> onnx.ModelProto:
@@ -114,19 +146,31 @@ def attention(seq: int = 32, width: int = 64, heads: int = 4) -> onnx.ModelProto
     qkv = {}
     for name in ("q", "k", "v"):
         p = _linear(g, h, width, width, name)
-        qkv[name] = g.op("Transpose", [g.op("Reshape", [p, shape], f"{name}.heads")], f"{name}.t",
-                         perm=[0, 2, 1, 3])
+        qkv[name] = g.op(
+            "Transpose", [g.op("Reshape", [p, shape], f"{name}.heads")], f"{name}.t", perm=[0, 2, 1, 3]
+        )
     kt = g.op("Transpose", [qkv["k"]], "k.tt", perm=[0, 1, 3, 2])
-    scores = g.op("Mul", [g.op("MatMul", [qkv["q"], kt], "scores.raw"),
-                          g.const("scale", np.array(1.0 / np.sqrt(dh), np.float32))], "scores")
+    scores = g.op(
+        "Mul",
+        [
+            g.op("MatMul", [qkv["q"], kt], "scores.raw"),
+            g.const("scale", np.array(1.0 / np.sqrt(dh), np.float32)),
+        ],
+        "scores",
+    )
     probs = g.op("Softmax", [scores], "probs", axis=-1)
     ctx = g.op("Transpose", [g.op("MatMul", [probs, qkv["v"]], "context")], "context.t", perm=[0, 2, 1, 3])
-    merged = g.op("Reshape", [ctx, g.const("merge_shape", np.array([1, seq, width], np.int64))], "context.merged")
+    merged = g.op(
+        "Reshape", [ctx, g.const("merge_shape", np.array([1, seq, width], np.int64))], "context.merged"
+    )
     out = _linear(g, merged, width, width, "proj")
     g.op("Add", ["x", out], "y")
-    return g.model("attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, width])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, width])],
-                   "multi-head self-attention block")
+    return g.model(
+        "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, width])],
+        "multi-head self-attention block",
+    )
 
 
 def scatter_add(points: int = 256, width: int = 4096, cells: int = 2) -> onnx.ModelProto:
@@ -141,20 +185,29 @@ def scatter_add(points: int = 256, width: int = 4096, cells: int = 2) -> onnx.Mo
     zeros = g.const("cells_init", np.zeros((cells, width), np.float32))
     pooled = g.op("ScatterND", [zeros, idx, feats], "pooled", reduction="add")
     g.op("Relu", [pooled], "y")
-    return g.model("scatter_add", [helper.make_tensor_value_info("points", TensorProto.FLOAT, [points, 8])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [cells, width])],
-                   "scatter-add pooling; nondeterministic on ONNX Runtime CPU with 2+ threads")
+    return g.model(
+        "scatter_add",
+        [helper.make_tensor_value_info("points", TensorProto.FLOAT, [points, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [cells, width])],
+        "scatter-add pooling; nondeterministic on ONNX Runtime CPU with 2+ threads",
+    )
 
 
 SAMPLES: dict[str, Sample] = {
     s.name: s
     for s in (
-        Sample("mlp_layernorm", mlp_layernorm,
-               "deterministic on ort-cpu and reference; ort-cpu differs from reference by a few ULPs"),
+        Sample(
+            "mlp_layernorm",
+            mlp_layernorm,
+            "deterministic on ort-cpu and reference; ort-cpu differs from reference by a few ULPs",
+        ),
         Sample("convnet", convnet, "dynamic batch 'N': needs --shape image=N,3,32,32"),
         Sample("attention", attention, "deterministic on ort-cpu; Softmax/MatMul differ from reference"),
-        Sample("scatter_add", scatter_add,
-               "nondeterministic run to run on ort-cpu with 2 threads (ScatterND add race)"),
+        Sample(
+            "scatter_add",
+            scatter_add,
+            "nondeterministic run to run on ort-cpu with 2 threads (ScatterND add race)",
+        ),
     )
 }
 

@@ -8,6 +8,7 @@ stdout as tagged lines; the outcome goes to the result JSON named in the job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -96,25 +97,26 @@ def execute(job: Mapping[str, Any]) -> dict[str, Any]:
             del capture
             print(f"{PROGRESS_TAG} run {i + 1} {job['runs']}", flush=True)
         result.update(
-            status="ok", stage="done", run_s=run_s, capture_names=tracker.names,
-            output_hashes=tracker.output_hashes, capture_hashes=tracker.capture_hashes,
+            status="ok",
+            stage="done",
+            run_s=run_s,
+            capture_names=tracker.names,
+            output_hashes=tracker.output_hashes,
+            capture_hashes=tracker.capture_hashes,
             run_diffs=[asdict(d) for d in tracker.worst.values()],
-            not_exposed=runner.not_exposed(), info=runner.info(),
+            not_exposed=runner.not_exposed(),
+            info=runner.info(),
         )
     except BaseException as e:  # the worker reports every failure, even KeyboardInterrupt
         result["reason"] = _one_line(e)
         result["error_type"] = type(e).__name__
         if runner is not None:
-            try:
+            with contextlib.suppress(Exception):
                 result["info"] = runner.info()
-            except Exception:
-                pass
     finally:
         if runner is not None:
-            try:
+            with contextlib.suppress(Exception):
                 runner.close()
-            except Exception:
-                pass
     return result
 
 

@@ -33,57 +33,86 @@ def _tensor(d: TensorDiff) -> dict[str, Any]:
 
 def _backend(b: BackendResult) -> dict[str, Any]:
     return {
-        "name": b.name, "status": b.status, "reason": b.reason, "deterministic": b.deterministic,
-        "runs": b.runs, "builds": b.builds, "distinct_outputs": b.distinct_outputs,
+        "name": b.name,
+        "status": b.status,
+        "reason": b.reason,
+        "deterministic": b.deterministic,
+        "runs": b.runs,
+        "builds": b.builds,
+        "distinct_outputs": b.distinct_outputs,
         "distinct_run_outputs": b.distinct_run_outputs,
         "distinct_build_outputs": b.distinct_build_outputs,
         "first_nondeterministic": b.first_nondeterministic,
         "exposed_tensors": b.exposed,
         "not_exposed": [{"tensor": t, "reason": r} for t, r in b.not_exposed],
-        "options": dict(b.options), "info": dict(b.info), "fingerprints": list(b.fingerprints),
+        "options": dict(b.options),
+        "info": dict(b.info),
+        "fingerprints": list(b.fingerprints),
         "varying_tensors": [_tensor(d) for d in b.varying()],
     }
 
 
 def _cross(c: CrossBackendResult) -> dict[str, Any]:
     return {
-        "backend": c.backend, "reference": c.reference, "status": c.status, "reason": c.reason,
+        "backend": c.backend,
+        "reference": c.reference,
+        "status": c.status,
+        "reason": c.reason,
         "bitwise_equal": c.bitwise_equal if c.status == "ok" else None,
-        "max_ulp": c.max_ulp, "scaled_ulp": c.scaled_ulp, "max_ulp_tolerance": c.max_ulp_tolerance,
+        "max_ulp": c.max_ulp,
+        "scaled_ulp": c.scaled_ulp,
+        "max_ulp_tolerance": c.max_ulp_tolerance,
         "within_tolerance": (not c.violates) if c.status == "ok" else None,
-        "first_divergence": c.first_divergence, "first_violation": c.first_violation,
-        "only_in_backend": list(c.only_in_backend), "only_in_reference": list(c.only_in_reference),
+        "first_divergence": c.first_divergence,
+        "first_violation": c.first_violation,
+        "only_in_backend": list(c.only_in_backend),
+        "only_in_reference": list(c.only_in_reference),
         "tensors": [_tensor(d) for d in c.tensors],
     }
 
 
 def to_dict(r: Result) -> dict[str, Any]:
     m = r.model
-    return _clean({
-        "schema": SCHEMA,
-        "verdict": {"exit_code": r.exit_code, "lines": r.verdict()},
-        "model": {
-            "path": m.path, "sha256": m.sha256, "ir_version": m.ir_version,
-            "opsets": dict(m.opsets), "producer": m.producer, "external_data": m.external_data,
-            "inputs": [asdict(i) for i in m.inputs], "outputs": [asdict(o) for o in m.outputs],
-            "tensors": len(m.tensors), "metadata": dict(m.metadata),
-        },
-        "inputs": {
-            "sha256": r.feeds.sha256, "seed": r.feeds.seed, "source": r.feeds.source,
-            "tensors": [{"name": n, "dtype": d, "shape": list(s)} for n, d, s in r.feeds.shapes],
-        },
-        "options": {
-            "backends": list(r.options.backends), "reference": r.options.reference_name,
-            "runs": r.options.runs, "builds": r.options.builds, "max_ulp": r.options.max_ulp,
-            "outputs_only": r.options.outputs_only, "timeout_s": r.options.timeout,
-        },
-        "command": r.command,
-        "backends": [_backend(b) for b in r.backends],
-        "cross_backend": [_cross(c) for c in r.cross_backend],
-        "notes": list(r.notes),
-        "metrics": dict(METRIC_DEFINITIONS),
-        "environment": dict(r.environment),
-    })
+    out: dict[str, Any] = _clean(
+        {
+            "schema": SCHEMA,
+            "verdict": {"exit_code": r.exit_code, "lines": r.verdict()},
+            "model": {
+                "path": m.path,
+                "sha256": m.sha256,
+                "ir_version": m.ir_version,
+                "opsets": dict(m.opsets),
+                "producer": m.producer,
+                "external_data": m.external_data,
+                "inputs": [asdict(i) for i in m.inputs],
+                "outputs": [asdict(o) for o in m.outputs],
+                "tensors": len(m.tensors),
+                "metadata": dict(m.metadata),
+            },
+            "inputs": {
+                "sha256": r.feeds.sha256,
+                "seed": r.feeds.seed,
+                "source": r.feeds.source,
+                "tensors": [{"name": n, "dtype": d, "shape": list(s)} for n, d, s in r.feeds.shapes],
+            },
+            "options": {
+                "backends": list(r.options.backends),
+                "reference": r.options.reference_name,
+                "runs": r.options.runs,
+                "builds": r.options.builds,
+                "max_ulp": r.options.max_ulp,
+                "outputs_only": r.options.outputs_only,
+                "timeout_s": r.options.timeout,
+            },
+            "command": r.command,
+            "backends": [_backend(b) for b in r.backends],
+            "cross_backend": [_cross(c) for c in r.cross_backend],
+            "notes": list(r.notes),
+            "metrics": dict(METRIC_DEFINITIONS),
+            "environment": dict(r.environment),
+        }
+    )
+    return out
 
 
 def to_json(r: Result) -> str:

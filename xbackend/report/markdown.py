@@ -35,7 +35,7 @@ def _cell(text: object) -> str:
 def _table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return out + [""]
+    return [*out, ""]
 
 
 def _yes(b: bool | None) -> str:
@@ -43,8 +43,7 @@ def _yes(b: bool | None) -> str:
 
 
 def _verdict(r: Result) -> list[str]:
-    return ["## Verdict", "", *[f"- {line}" for line in r.verdict()], "",
-            f"Exit code {r.exit_code}.", ""]
+    return ["## Verdict", "", *[f"- {line}" for line in r.verdict()], "", f"Exit code {r.exit_code}.", ""]
 
 
 def _backend_rows(r: Result) -> list[list[object]]:
@@ -52,9 +51,21 @@ def _backend_rows(r: Result) -> list[list[object]]:
     cross = {c.backend: c for c in r.cross_backend}
     for b in r.backends:
         c = cross.get(b.name)
-        vs = ["reference", "–", "–", "–", "–"] if b.name == r.options.reference_name else (
-            [_yes(c.bitwise_equal), _num(c.max_ulp), _num(c.scaled_ulp), c.first_divergence or "–",
-             c.first_violation or "–"] if c is not None and c.status == "ok" else ["–"] * 5)
+        vs = (
+            ["reference", "–", "–", "–", "–"]
+            if b.name == r.options.reference_name
+            else (
+                [
+                    _yes(c.bitwise_equal),
+                    _num(c.max_ulp),
+                    _num(c.scaled_ulp),
+                    c.first_divergence or "–",
+                    c.first_violation or "–",
+                ]
+                if c is not None and c.status == "ok"
+                else ["–"] * 5
+            )
+        )
         status = b.status if b.ok else f"**{b.status}**: {b.reason}"
         det = _yes(b.deterministic)
         runs = f"{b.runs} x {b.builds}" if b.ok else "–"
@@ -64,9 +75,18 @@ def _backend_rows(r: Result) -> list[list[object]]:
 
 
 def _backends(r: Result) -> list[str]:
-    header = ["backend", "status", "deterministic", "runs x builds", "distinct outputs",
-              f"bitwise = {r.options.reference_name}", "max ULP (outputs)", "scaled ULP (outputs)",
-              "first divergence", f"first past {r.options.max_ulp:g} scaled ULP"]
+    header = [
+        "backend",
+        "status",
+        "deterministic",
+        "runs x builds",
+        "distinct outputs",
+        f"bitwise = {r.options.reference_name}",
+        "max ULP (outputs)",
+        "scaled ULP (outputs)",
+        "first divergence",
+        f"first past {r.options.max_ulp:g} scaled ULP",
+    ]
     return ["## Backends", "", *_table(header, _backend_rows(r))]
 
 
@@ -74,25 +94,54 @@ def _diff_row(d: TensorDiff, mark: str = "") -> list[object]:
     name = f"**{d.name}** {mark}".strip() if mark else d.name
     special = f"{d.nan_mismatch}/{d.inf_mismatch}/{d.ftz_mismatch}"
     status = d.status if d.comparable else f"**{d.status}** ({d.detail})"
-    return [name, d.op_type or "–", d.dtype, status, _yes(d.bitwise_equal), _num(d.mismatch_fraction),
-            _num(d.max_ulp), _num(d.scaled_ulp), _num(d.max_abs), _num(d.max_rel), _num(d.v_ermv), special]
+    return [
+        name,
+        d.op_type or "–",
+        d.dtype,
+        status,
+        _yes(d.bitwise_equal),
+        _num(d.mismatch_fraction),
+        _num(d.max_ulp),
+        _num(d.scaled_ulp),
+        _num(d.max_abs),
+        _num(d.max_rel),
+        _num(d.v_ermv),
+        special,
+    ]
 
 
-_DIFF_HEADER = ["tensor", "op", "dtype", "status", "bitwise", "V_c", "max ULP", "scaled ULP",
-                "max abs", "max rel", "V_ermv", "NaN/Inf/FTZ"]
+_DIFF_HEADER = [
+    "tensor",
+    "op",
+    "dtype",
+    "status",
+    "bitwise",
+    "V_c",
+    "max ULP",
+    "scaled ULP",
+    "max abs",
+    "max rel",
+    "V_ermv",
+    "NaN/Inf/FTZ",
+]
 
 
 def _layer_tables(c: CrossBackendResult) -> list[str]:
     out = [f"### {c.backend} vs {c.reference}", ""]
     if c.status != "ok":
         return [*out, f"Not compared: {c.reason}.", ""]
-    out.append(f"{len(c.tensors)} tensors compared. First divergence: "
-               f"**{c.first_divergence or 'none'}**; first past tolerance: "
-               f"**{c.first_violation or 'none'}**.")
+    out.append(
+        f"{len(c.tensors)} tensors compared. First divergence: "
+        f"**{c.first_divergence or 'none'}**; first past tolerance: "
+        f"**{c.first_violation or 'none'}**."
+    )
     out.append("")
     if c.only_in_backend or c.only_in_reference:
-        out += [f"Exposed only by {c.backend}: {', '.join(c.only_in_backend) or 'none'}; "
-                f"only by {c.reference}: {', '.join(c.only_in_reference) or 'none'}.", ""]
+        out += [
+            f"Exposed only by {c.backend}: {', '.join(c.only_in_backend) or 'none'}; "
+            f"only by {c.reference}: {', '.join(c.only_in_reference) or 'none'}.",
+            "",
+        ]
     worst = sorted((d for d in c.tensors if not d.bitwise_equal), key=lambda d: d.severity(), reverse=True)
     if worst:
         out += [f"Worst {min(WORST_LAYERS, len(worst))} layers:", ""]
@@ -112,8 +161,7 @@ def _marks(c: CrossBackendResult) -> dict[str, str]:
 def _full_table(c: CrossBackendResult) -> list[str]:
     marks = _marks(c)
     rows = [_diff_row(d, marks.get(d.name, "")) for d in c.tensors[:FULL_TABLE_LIMIT]]
-    out = ["<details><summary>All layers in topological order</summary>", "",
-           *_table(_DIFF_HEADER, rows)]
+    out = ["<details><summary>All layers in topological order</summary>", "", *_table(_DIFF_HEADER, rows)]
     if len(c.tensors) > FULL_TABLE_LIMIT:
         out += [f"({len(c.tensors) - FULL_TABLE_LIMIT} more tensors in the JSON report.)", ""]
     return [*out, "</details>", ""]
@@ -132,9 +180,11 @@ def _run_to_run(b: BackendResult) -> list[str]:
     out = [f"### {b.name}", ""]
     if not b.ok:
         return [*out, f"{b.status}: {b.reason}", ""]
-    out.append(f"{b.runs} run(s) in each of {b.builds} build(s): {b.distinct_outputs} distinct "
-               f"output(s) (within a session: {b.distinct_run_outputs}; across builds: "
-               f"{b.distinct_build_outputs}). {b.exposed} tensors captured.")
+    out.append(
+        f"{b.runs} run(s) in each of {b.builds} build(s): {b.distinct_outputs} distinct "
+        f"output(s) (within a session: {b.distinct_run_outputs}; across builds: "
+        f"{b.distinct_build_outputs}). {b.exposed} tensors captured."
+    )
     out.append("")
     varying = b.varying()
     if not varying:
@@ -159,9 +209,15 @@ def _exposure(r: Result) -> list[str]:
 
 def _model(r: Result) -> list[str]:
     m = r.model
-    rows = [["path", m.path], ["sha256", f"`{m.sha256}`"], ["IR version", m.ir_version],
-            ["opsets", ", ".join(f"{d} {v}" for d, v in m.opsets)], ["producer", m.producer or "–"],
-            ["external data", "yes" if m.external_data else "no"], ["node outputs", len(m.tensors)]]
+    rows: list[list[object]] = [
+        ["path", m.path],
+        ["sha256", f"`{m.sha256}`"],
+        ["IR version", m.ir_version],
+        ["opsets", ", ".join(f"{d} {v}" for d, v in m.opsets)],
+        ["producer", m.producer or "–"],
+        ["external data", "yes" if m.external_data else "no"],
+        ["node outputs", len(m.tensors)],
+    ]
     rows += [[f"metadata {k}", v] for k, v in m.metadata]
     return ["## Model", "", *_table(["", ""], rows)]
 
@@ -170,17 +226,26 @@ def _inputs(r: Result) -> list[str]:
     f = r.feeds
     src = f"generated with seed {f.seed}" if f.source == "generated" else f"loaded from {f.source}"
     rows = [[n, d, "[" + ",".join(map(str, s)) + "]"] for n, d, s in f.shapes]
-    return ["## Inputs", "", f"{src}; sha256 `{f.sha256}`. The same bytes went to every backend "
-            "and every run.", "", *_table(["input", "dtype", "shape"], rows)]
+    return [
+        "## Inputs",
+        "",
+        f"{src}; sha256 `{f.sha256}`. The same bytes went to every backend and every run.",
+        "",
+        *_table(["input", "dtype", "shape"], rows),
+    ]
 
 
 def _options(r: Result) -> list[str]:
     o = r.options
-    out = ["## Options in force", "",
-           f"Reference: {o.reference_name}. Runs per build: {o.runs}. Builds (fresh processes): "
-           f"{o.builds}. Tolerance: {o.max_ulp:g} scaled ULP. Compared: "
-           f"{'graph outputs only' if o.outputs_only else 'every node output'}. Timeout: {o.timeout:g} s "
-           "per build.", ""]
+    out = [
+        "## Options in force",
+        "",
+        f"Reference: {o.reference_name}. Runs per build: {o.runs}. Builds (fresh processes): "
+        f"{o.builds}. Tolerance: {o.max_ulp:g} scaled ULP. Compared: "
+        f"{'graph outputs only' if o.outputs_only else 'every node output'}. Timeout: {o.timeout:g} s "
+        "per build.",
+        "",
+    ]
     rows = [[b.name, "option", k, v] for b in r.backends for k, v in b.options]
     rows += [[b.name, "info", k, v] for b in r.backends for k, v in b.info if (k, v) not in b.options]
     out += _table(["backend", "kind", "key", "value"], rows)
@@ -190,8 +255,13 @@ def _options(r: Result) -> list[str]:
 
 
 def _environment(r: Result) -> list[str]:
-    return ["## Environment", "", "Determinism is only promised for an identical environment; diff "
-            "this table between two reports.", "", *_table(["key", "value"], r.environment)]
+    return [
+        "## Environment",
+        "",
+        "Determinism is only promised for an identical environment; diff this table between two reports.",
+        "",
+        *_table(["key", "value"], r.environment),
+    ]
 
 
 def _metrics() -> list[str]:
@@ -201,7 +271,24 @@ def _metrics() -> list[str]:
 def to_markdown(r: Result) -> str:
     """The whole report as Markdown text; same Result, same bytes."""
     title = PurePath(r.model.path).name
-    parts = [f"# xbackend report: {title}", "", *_verdict(r), *_backends(r), *_cross(r), *_runs(r),
-             *_exposure(r), *_model(r), *_inputs(r), *_options(r), *_environment(r), *_metrics(),
-             "## Reproduce", "", "```sh", r.command, "```", ""]
+    parts = [
+        f"# xbackend report: {title}",
+        "",
+        *_verdict(r),
+        *_backends(r),
+        *_cross(r),
+        *_runs(r),
+        *_exposure(r),
+        *_model(r),
+        *_inputs(r),
+        *_options(r),
+        *_environment(r),
+        *_metrics(),
+        "## Reproduce",
+        "",
+        "```sh",
+        r.command,
+        "```",
+        "",
+    ]
     return "\n".join(parts)

@@ -77,9 +77,7 @@ class OptionSpec:
         try:
             value = self.kind(raw)
         except ValueError as e:
-            raise UsageError(
-                f"{runner} option {self.name} expects {self.kind.__name__}, got {raw!r}"
-            ) from e
+            raise UsageError(f"{runner} option {self.name} expects {self.kind.__name__}, got {raw!r}") from e
         if self.kind is int and value < 0:
             raise UsageError(f"{runner} option {self.name} must be >= 0, got {value}")
         return value
@@ -132,7 +130,9 @@ class Runner(abc.ABC):
 
     # --- instance life cycle -------------------------------------------------------------
 
-    def prepare(self, model_path: str, tensors: Sequence[str], inputs: Sequence[str] = ()) -> BuildFingerprint:
+    def prepare(
+        self, model_path: str, tensors: Sequence[str], inputs: Sequence[str] = ()
+    ) -> BuildFingerprint:
         """Build the engine for `model_path`, exposing `tensors` where it can."""
         if self._prepared:
             raise RunnerFailedError(f"{self.name}: prepare() called twice; make a new runner")

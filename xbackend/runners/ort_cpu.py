@@ -53,7 +53,8 @@ def _probe_max_ir() -> int | None:
     from onnx import TensorProto, helper
 
     g = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])], "probe",
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "probe",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
     )
@@ -104,7 +105,9 @@ class OrtCpuRunner(Runner):
             if self.options["inter_op_threads"] <= 1
             else ort.ExecutionMode.ORT_PARALLEL
         )
-        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_ENUM[self.options["opt_level"]])
+        so.graph_optimization_level = getattr(
+            ort.GraphOptimizationLevel, _OPT_ENUM[self.options["opt_level"]]
+        )
         so.use_deterministic_compute = bool(self.options["deterministic_compute"])
         so.log_severity_level = 3
         return so

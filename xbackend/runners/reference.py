@@ -25,7 +25,7 @@ BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 def blas_info() -> str:
     """Name and version of the BLAS numpy was built against."""
     try:
-        cfg: Any = np.show_config(mode="dicts")  # type: ignore[call-arg]
+        cfg: Any = np.show_config(mode="dicts")
         blas = cfg["Build Dependencies"]["blas"]
         return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
     except Exception:  # numpy < 1.25 has no dict mode

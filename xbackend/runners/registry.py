@@ -75,10 +75,10 @@ def get_runner(name: str) -> type[Runner]:
     if name not in targets:
         known = []
         for e in list_runners():
-            known.append(e.name if e.availability.available else f"{e.name} (unavailable: {e.availability.reason})")
-        raise BackendUnavailableError(
-            f"unknown backend {name!r}; known backends: {', '.join(known)}"
-        )
+            known.append(
+                e.name if e.availability.available else f"{e.name} (unavailable: {e.availability.reason})"
+            )
+        raise BackendUnavailableError(f"unknown backend {name!r}; known backends: {', '.join(known)}")
     try:
         return _load(name, targets[name])
     except Exception as e:

@@ -1,0 +1,145 @@
+"""The command line: exit codes, one-line errors on stderr, reports written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xbackend.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err: str, pattern: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("xbackend: error: ")
+    assert pattern in lines[0], lines[0]
+
+
+def test_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "compare", "missing.onnx")
+    assert code == 2 and out == ""
+    one_line_error(err, "model file not found: missing.onnx; check the path")
+
+
+def test_corrupt_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\x01garbage" * 10)
+    code, _, err = run(capsys, "compare", str(bad))
+    assert code == 2
+    one_line_error(err, "bad.onnx")
+
+
+def test_dynamic_dims_without_shape_exit_2(
+    models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "compare", str(models["convnet"]))
+    assert code == 2
+    one_line_error(err, "pass --shape image=1,3,32,32")
+
+
+def test_bad_set_syntax_exits_2(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["compare", str(models["attention"]), "--set", "threads=1"])
+    assert e.value.code == 2
+    assert "expected BACKEND.OPTION=VALUE" in capsys.readouterr().err
+
+
+def test_unknown_backend_exits_2(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "compare", str(models["attention"]), "--backends", "ort-gpu")
+    assert code == 2
+    one_line_error(err, "unknown backend 'ort-gpu'; known backends: ort-cpu, reference")
+
+
+@pytest.mark.slow
+def test_compare_writes_reports_and_exits_0(
+    models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    md, js = tmp_path / "out" / "r.md", tmp_path / "out" / "r.json"
+    code, out, err = run(
+        capsys,
+        "compare",
+        str(models["convnet"]),
+        "--shape",
+        "image=2,3,32,32",
+        "--runs",
+        "2",
+        "--report",
+        str(md),
+        "--json",
+        str(js),
+    )
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("PASS")
+    data = json.loads(js.read_text())
+    assert data["schema"] == "xbackend.report/1"
+    assert data["inputs"]["tensors"] == [{"name": "image", "dtype": "float32", "shape": [2, 3, 32, 32]}]
+    assert "--shape image=2,3,32,32" in data["command"]
+    assert md.read_text().startswith("# xbackend report: convnet.onnx\n\n## Verdict\n\n- PASS")
+
+
+@pytest.mark.slow
+def test_nondeterministic_backend_exits_1(
+    models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(
+        capsys,
+        "compare",
+        str(models["scatter_add"]),
+        "--backends",
+        "ort-cpu",
+        "--runs",
+        "6",
+        "--set",
+        "ort-cpu.threads=2",
+    )
+    assert code == 1
+    assert out.startswith("FAIL: ort-cpu is nondeterministic")
+
+
+@pytest.mark.slow
+def test_all_failed_exits_3(
+    models: dict[str, Path], plugins: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "compare", str(models["attention"]), "--backends", "test-crash", "--runs", "1")
+    assert code == 3
+    assert "test-crash: failed (prepare: crashed with SIGABRT" in out or "crashed with SIGABRT" in out
+
+
+def test_backends_lists_available_and_unavailable(plugins: None, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "backends")
+    assert code == 0
+    lines = out.splitlines()
+    assert any(ln.startswith("ort-cpu") and "available (1.31.1)" in ln for ln in lines)
+    assert any(
+        ln.startswith("test-missing") and "unavailable: libtest.so not installed" in ln for ln in lines
+    )
+    assert "--set ort-cpu.opt_level=... [disable|basic|extended|layout|all]" in out
+
+
+@pytest.mark.slow
+def test_console_script_keeps_stdout_clean(models: dict[str, Path], tmp_path: Path) -> None:
+    exe = shutil.which("xbackend", path=str(Path(sys.executable).parent))
+    assert exe is not None, "the xbackend console script is not installed in this environment"
+    p = subprocess.run(
+        [exe, "compare", str(models["attention"]), "--runs", "1", "--json", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""  # no progress bar when stderr is not a terminal, no warnings
+    assert p.stdout.startswith("PASS")
+    p = subprocess.run([exe, "compare", "nope.onnx"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr == "xbackend: error: model file not found: nope.onnx; check the path\n"
