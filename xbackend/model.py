@@ -162,7 +162,7 @@ def _dtype_name(elem_type: int) -> str:
         dt: np.dtype[np.generic] = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
         return str(dt.name)
     except (KeyError, TypeError, ValueError):
-        return TensorProto.DataType.Name(elem_type).lower()
+        return str(TensorProto.DataType.Name(elem_type)).lower()
 
 
 def np_dtype(name: str) -> np.dtype[np.generic]:
