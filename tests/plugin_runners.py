@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from xbackend.model import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
 from xbackend.runners.reference import ReferenceRunner
 
@@ -44,11 +45,9 @@ class OutputsOnlyRunner(ReferenceRunner):
     name = "test-outputs-only"
     description = "reference that exposes only graph outputs"
 
-    def prepare_impl(self, model_path: str, tensors: tuple[str, ...]) -> BuildFingerprint:
-        import onnx
-
-        self._graph_outputs = {o.name for o in onnx.load(model_path, load_external_data=False).graph.output}
-        return super().prepare_impl(model_path, tensors)
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        self._graph_outputs = set(model.outputs)
+        return super().prepare_impl(model, tensors)
 
     def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: v for k, v in super().run_impl(feeds).items() if k in self._graph_outputs}
@@ -63,7 +62,7 @@ class CrashRunner(ReferenceRunner):
     name = "test-crash"
     description = "aborts in prepare"
 
-    def prepare_impl(self, model_path: str, tensors: tuple[str, ...]) -> BuildFingerprint:
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         os.abort()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +136,8 @@ def _job(
     return {
         "backend": p.name,
         "options": p.raw_options,
-        "model": str(Path(spec.path).resolve()),
+        "model": asdict(spec.ref()),
         "tensors": list(spec.tensor_order(opts.outputs_only)),
-        "inputs": list(spec.input_names),
         "outputs": list(spec.output_names),
         "op_types": spec.op_types(),
         "runs": opts.runs,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,6 +20,7 @@ from onnx import TensorProto, helper
 from xbackend.errors import ModelLoadError
 
 __all__ = [
+    "ModelRef",
     "ModelSpec",
     "NodeTensor",
     "TensorSpec",
@@ -29,6 +31,8 @@ __all__ = [
     "load_proto",
     "model_sha256",
     "np_dtype",
+    "parse_model",
+    "read_model_bytes",
 ]
 
 Dim = int | str | None
@@ -99,6 +103,27 @@ class NodeTensor:
 
 
 @dataclass(frozen=True)
+class ModelRef:
+    """What a runner is told about the model it prepares, so it need not parse it again."""
+
+    path: str
+    ir_version: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    external_data: bool
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelRef:
+        return cls(
+            str(d["path"]),
+            int(d["ir_version"]),
+            tuple(d["inputs"]),
+            tuple(d["outputs"]),
+            bool(d["external_data"]),
+        )
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What xbackend needs to know about a model; built once, read by every later stage."""
 
@@ -128,6 +153,16 @@ class ModelSpec:
             tensors=tuple(_node_tensors(g)),
             external_data=_uses_external_data(proto),
             metadata=tuple(sorted((p.key, p.value) for p in proto.metadata_props)),
+        )
+
+    def ref(self) -> ModelRef:
+        """The runner's view: absolute path and I/O names."""
+        return ModelRef(
+            str(Path(self.path).resolve()),
+            self.ir_version,
+            self.input_names,
+            self.output_names,
+            self.external_data,
         )
 
     @property
@@ -210,10 +245,10 @@ def _external_files(proto: onnx.ModelProto) -> list[str]:
     return sorted(files)
 
 
-def model_sha256(path: Path, proto: onnx.ModelProto | None = None) -> str:
+def model_sha256(path: Path, proto: onnx.ModelProto | None = None, data: bytes | None = None) -> str:
     """sha256 over the model file and, in name order, every external data file it uses."""
     h = hashlib.sha256()
-    h.update(path.read_bytes())
+    h.update(path.read_bytes() if data is None else data)
     if proto is not None:
         for rel in _external_files(proto):
             ext = path.parent / rel
@@ -223,15 +258,23 @@ def model_sha256(path: Path, proto: onnx.ModelProto | None = None) -> str:
     return h.hexdigest()
 
 
-def load_proto(path: str | os.PathLike[str], load_external: bool = True) -> onnx.ModelProto:
-    """Parse the model file; one-line ModelLoadError for every way that can fail."""
+def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The model file's bytes; ModelLoadError if it is missing or not a file."""
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"model file not found: {p}; check the path")
     if not p.is_file():
         raise ModelLoadError(f"{p} is not a file; pass the path of an .onnx model file")
     try:
-        proto = onnx.load(str(p), load_external_data=False)
+        return p.read_bytes()
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {p}: {e.strerror}") from e
+
+
+def parse_model(data: bytes, p: Path) -> onnx.ModelProto:
+    """Parse model bytes read from `p` (external data not loaded)."""
+    try:
+        proto = onnx.load_model_from_string(data)
     except Exception as e:
         raise ModelLoadError(
             f"{p} is not a readable ONNX model ({type(e).__name__}: {_first_line(e)}); "
@@ -242,6 +285,13 @@ def load_proto(path: str | os.PathLike[str], load_external: bool = True) -> onnx
             f"{p} parsed as protobuf but holds no ONNX graph (ir_version={proto.ir_version}, "
             f"{len(proto.graph.node)} nodes); pass a .onnx model file"
         )
+    return proto
+
+
+def load_proto(path: str | os.PathLike[str], load_external: bool = True) -> onnx.ModelProto:
+    """Parse the model file; one-line ModelLoadError for every way that can fail."""
+    p = Path(path)
+    proto = parse_model(read_model_bytes(p), p)
     if load_external:
         _load_external(proto, p)
     return proto
@@ -250,27 +300,35 @@ def load_proto(path: str | os.PathLike[str], load_external: bool = True) -> onnx
 def _load_external(proto: onnx.ModelProto, p: Path) -> None:
     if not _uses_external_data(proto):
         return
-    missing = [f for f in _external_files(proto) if not (p.parent / f).is_file()]
-    if missing:
-        raise ModelLoadError(
-            f"{p} stores weights in external data file(s) {', '.join(missing)} that are not "
-            f"next to it in {p.parent}; copy them there"
-        )
+    _check_external_files(proto, p)
     try:
         onnx.load_external_data_for_model(proto, str(p.parent))
     except Exception as e:
         raise ModelLoadError(f"cannot read external data of {p}: {_first_line(e)}") from e
 
 
+def _check_external_files(proto: onnx.ModelProto, p: Path) -> None:
+    missing = [f for f in _external_files(proto) if not (p.parent / f).is_file()]
+    if missing:
+        raise ModelLoadError(
+            f"{p} stores weights in external data file(s) {', '.join(missing)} that are not "
+            f"next to it in {p.parent}; copy them there"
+        )
+
+
 def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto]:
-    """Load, check and describe a model. The proto has its external data loaded."""
+    """Load, check and describe a model.
+
+    The returned proto holds the graph but not external weights: the parent
+    process only plans; each backend loads weights in its own process.
+    """
     p = Path(path)
-    proto = load_proto(p, load_external=False)
-    external = _uses_external_data(proto)
-    sha = model_sha256(p, proto)  # before loading: it needs the external file names
-    _load_external(proto, p)
+    data = read_model_bytes(p)
+    proto = parse_model(data, p)
+    if _uses_external_data(proto):
+        _check_external_files(proto, p)
     _check(proto, p)
-    return replace(ModelSpec.from_proto(proto, str(path), sha), external_data=external), proto
+    return ModelSpec.from_proto(proto, str(path), model_sha256(p, proto, data)), proto
 
 
 def _check(proto: onnx.ModelProto, path: Path) -> None:
@@ -280,10 +338,8 @@ def _check(proto: onnx.ModelProto, path: Path) -> None:
             f"reads (at most {onnx.IR_VERSION}); upgrade onnx or re-export the model"
         )
     try:
-        if proto.ByteSize() > 2**31 - 1:
-            onnx.checker.check_model(str(path))
-        else:
-            onnx.checker.check_model(proto)
+        # From the path: the C++ checker reads the file itself (no 2 GiB limit, no re-serialization).
+        onnx.checker.check_model(str(path))
     except Exception as e:
         raise ModelLoadError(
             f"{path} is not a valid ONNX model: {_first_line(e)}; fix the model or re-export it"

@@ -22,6 +22,7 @@ import numpy as np
 from xbackend.capture import capture_sha256, save_capture
 from xbackend.errors import XbackendError
 from xbackend.metrics import TensorDiff
+from xbackend.model import ModelRef
 
 PROGRESS_TAG = "xbackend-progress"
 
@@ -79,7 +80,7 @@ def execute(job: Mapping[str, Any]) -> dict[str, Any]:
         runner = get_runner(job["backend"])(job["options"])
         result["stage"] = "prepare"
         t0 = time.perf_counter()
-        fp = runner.prepare(job["model"], job["tensors"], job["inputs"])
+        fp = runner.prepare(ModelRef.from_dict(job["model"]), job["tensors"])
         result["prepare_s"] = time.perf_counter() - t0
         result["fingerprint"] = asdict(fp)
         with np.load(job["feeds"], allow_pickle=False) as z:

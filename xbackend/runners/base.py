@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbackend.errors import RunnerFailedError, UsageError
+from xbackend.model import ModelRef
 
 __all__ = ["Availability", "BuildFingerprint", "OptionSpec", "Runner"]
 
@@ -130,15 +131,13 @@ class Runner(abc.ABC):
 
     # --- instance life cycle -------------------------------------------------------------
 
-    def prepare(
-        self, model_path: str, tensors: Sequence[str], inputs: Sequence[str] = ()
-    ) -> BuildFingerprint:
-        """Build the engine for `model_path`, exposing `tensors` where it can."""
+    def prepare(self, model: ModelRef, tensors: Sequence[str]) -> BuildFingerprint:
+        """Build the engine for `model`, exposing `tensors` where it can."""
         if self._prepared:
             raise RunnerFailedError(f"{self.name}: prepare() called twice; make a new runner")
         self._tensors = tuple(tensors)
-        self._inputs = tuple(inputs) or None
-        fp = self.prepare_impl(model_path, self._tensors)
+        self._inputs = tuple(model.inputs)
+        fp = self.prepare_impl(model, self._tensors)
         self._prepared = True
         return fp
 
@@ -166,7 +165,7 @@ class Runner(abc.ABC):
         """Release the engine."""
 
     @abc.abstractmethod
-    def prepare_impl(self, model_path: str, tensors: tuple[str, ...]) -> BuildFingerprint: ...
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint: ...
 
     @abc.abstractmethod
     def run_impl(self, feeds: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]: ...

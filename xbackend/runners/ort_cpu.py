@@ -7,15 +7,15 @@ import importlib.metadata
 import importlib.util
 import os
 import re
-import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
-from xbackend.errors import ModelLoadError, RunnerFailedError
-from xbackend.model import downgrade_ir, instrument, load_proto
+from xbackend.errors import RunnerFailedError
+from xbackend.model import ModelRef, downgrade_ir, load_proto, read_model_bytes
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 
 __all__ = ["OrtCpuRunner", "ort_message"]
@@ -28,7 +28,6 @@ _OPT_ENUM = {
     "layout": "ORT_ENABLE_LAYOUT",
     "all": "ORT_ENABLE_ALL",
 }
-_PROTOBUF_LIMIT = 2**31 - 1
 
 
 def physical_cores() -> int:
@@ -112,42 +111,42 @@ class OrtCpuRunner(Runner):
         so.log_severity_level = 3
         return so
 
-    def _loadable(self, model_path: str) -> onnx.ModelProto:
-        proto = load_proto(model_path)
-        max_ir = self.max_ir_version()
-        if max_ir is not None and proto.ir_version > max_ir:
-            old = proto.ir_version
-            proto = downgrade_ir(proto, max_ir)
-            self._notes["ir_version"] = f"{old} -> {max_ir} (downgraded: the model uses nothing newer)"
-        return proto
+    def _suffix(self, model: ModelRef, tensors: tuple[str, ...]) -> bytes:
+        """Serialized fields appended to the model bytes: protobuf merges them into the model.
 
-    def prepare_impl(self, model_path: str, tensors: tuple[str, ...]) -> BuildFingerprint:
+        Appending a ModelProto whose graph holds only extra outputs exposes the
+        intermediates without parsing and re-serializing the whole model.
+        """
+        have = set(model.outputs)
+        extra = onnx.ModelProto(
+            graph=onnx.GraphProto(output=[onnx.ValueInfoProto(name=t) for t in tensors if t not in have])
+        )
+        suffix: bytes = extra.SerializeToString()
+        max_ir = self.max_ir_version()
+        if max_ir is not None and model.ir_version > max_ir:
+            downgrade_ir(load_proto(model.path, load_external=False), max_ir)  # raises if unsafe
+            self._notes["ir_version"] = (
+                f"{model.ir_version} -> {max_ir} (downgraded: the model uses nothing newer)"
+            )
+            suffix += onnx.ModelProto(ir_version=max_ir).SerializeToString()
+        return suffix
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         import onnxruntime as ort
 
-        proto = instrument(self._loadable(model_path), tensors)
+        data = read_model_bytes(model.path) + self._suffix(model, tensors)
         so = self.session_options()
+        if model.external_data:
+            # Bytes carry no directory: tell ORT where the external data lives.
+            folder = str(Path(model.path).parent)
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         try:
-            if proto.ByteSize() <= _PROTOBUF_LIMIT:
-                self._session = ort.InferenceSession(
-                    proto.SerializeToString(), so, providers=["CPUExecutionProvider"]
-                )
-            else:
-                self._session = self._session_from_file(proto, so)
-        except ModelLoadError:
-            raise
+            self._session = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         except Exception as e:
             raise RunnerFailedError(f"onnxruntime rejected the model: {ort_message(e)}") from e
         names = {o.name for o in self._session.get_outputs()}
         self._outputs = [t for t in tensors if t in names]
         return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
-
-    def _session_from_file(self, proto: onnx.ModelProto, so: Any) -> Any:
-        import onnxruntime as ort
-
-        with tempfile.TemporaryDirectory(prefix="xbackend-ort-") as tmp:
-            path = os.path.join(tmp, "model.onnx")
-            onnx.save(proto, path, save_as_external_data=True, location="model.data")
-            return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
     def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from xbackend.errors import RunnerFailedError
-from xbackend.model import load_proto
+from xbackend.model import ModelRef, load_proto
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 
 __all__ = ["ReferenceRunner", "blas_info"]
@@ -50,10 +50,10 @@ class ReferenceRunner(Runner):
     def process_env(cls, options: Mapping[str, Any]) -> dict[str, str]:
         return {var: str(max(1, int(options["threads"]))) for var in BLAS_THREAD_VARS}
 
-    def prepare_impl(self, model_path: str, tensors: tuple[str, ...]) -> BuildFingerprint:
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         from onnx.reference import ReferenceEvaluator
 
-        proto = load_proto(model_path)
+        proto = load_proto(model.path)
         try:
             self._evaluator = ReferenceEvaluator(proto)
         except Exception as e:
