@@ -43,7 +43,10 @@ def _yes(b: bool | None) -> str:
 
 
 def _verdict(r: Result) -> list[str]:
-    return ["## Verdict", "", *[f"- {line}" for line in r.verdict()], "", f"Exit code {r.exit_code}.", ""]
+    out = ["## Verdict", "", *[f"- {line}" for line in r.verdict()], "", f"Exit code {r.exit_code}.", ""]
+    if r.notes:
+        out += ["Notes:", "", *[f"- {n}" for n in r.notes], ""]
+    return out
 
 
 def _backend_rows(r: Result) -> list[list[object]]:
@@ -246,11 +249,11 @@ def _options(r: Result) -> list[str]:
         "per build.",
         "",
     ]
-    rows = [[b.name, "option", k, v] for b in r.backends for k, v in b.options]
-    rows += [[b.name, "info", k, v] for b in r.backends for k, v in b.info if (k, v) not in b.options]
+    rows: list[list[object]] = []
+    for b in r.backends:
+        rows += [[b.name, "option", k, v] for k, v in b.options]
+        rows += [[b.name, "info", k, v] for k, v in b.info if (k, v) not in b.options]
     out += _table(["backend", "kind", "key", "value"], rows)
-    if r.notes:
-        out += ["Notes:", "", *[f"- {n}" for n in r.notes], ""]
     return out
 
 

@@ -8,6 +8,7 @@ numpy is imported.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,6 +79,7 @@ class ReferenceRunner(Runner):
         out["onnx"] = importlib.metadata.version("onnx")
         out["numpy"] = np.__version__
         out["blas"] = blas_info()
+        out.update({f"env.{v}": os.environ.get(v, "unset") for v in BLAS_THREAD_VARS})
         return dict(sorted(out.items()))
 
     def close(self) -> None:
