@@ -17,6 +17,7 @@ Usage: python benchmarks/vs_polygraphy.py [--repeat 3] [--blocks 20]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import statistics
 import subprocess
@@ -53,10 +54,8 @@ def measure(cmd: list[str]) -> tuple[float, int, int]:
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            try:
+            with contextlib.suppress(psutil.Error):
                 peak = max(peak, tree_rss(ps))
-            except psutil.Error:
-                pass
             time.sleep(0.01)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -88,10 +87,31 @@ def main() -> None:
         onnx.save(mlp_layernorm(blocks=args.blocks, width=768, hidden=3072, seq=128), str(model))
         size_mb = model.stat().st_size / 2**20
         tensors = len(onnx.load(str(model), load_external_data=False).graph.node)
-        print(f"model: {args.blocks} blocks, width 768, hidden 3072, seq 128; {size_mb:.0f} MiB, {tensors} tensors")
+        print(
+            f"model: {args.blocks} blocks, width 768, hidden 3072, seq 128; "
+            f"{size_mb:.0f} MiB, {tensors} tensors"
+        )
         cmds = {
-            "xbackend --runs 2": [xb, "compare", str(model), "--backends", "ort-cpu", "--runs", "2", "--no-progress"],
-            "xbackend --runs 10": [xb, "compare", str(model), "--backends", "ort-cpu", "--runs", "10", "--no-progress"],
+            "xbackend --runs 2": [
+                xb,
+                "compare",
+                str(model),
+                "--backends",
+                "ort-cpu",
+                "--runs",
+                "2",
+                "--no-progress",
+            ],
+            "xbackend --runs 10": [
+                xb,
+                "compare",
+                str(model),
+                "--backends",
+                "ort-cpu",
+                "--runs",
+                "10",
+                "--no-progress",
+            ],
             "polygraphy": [pg, "run", str(model), "--onnxrt", "--onnxrt", "--onnx-outputs", "*"],
         }
         results: dict[str, tuple[float, float]] = {}
