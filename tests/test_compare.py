@@ -36,6 +36,7 @@ def test_mlp_is_deterministic_and_close_to_reference(models: dict[str, Path]) ->
     }
     assert dict(ort.info)["providers"] == "CPUExecutionProvider"
     assert dict(ref.info)["threads"] == "1"
+    assert dict(ref.info)["env.OPENBLAS_NUM_THREADS"] == "1"  # pinned in its own process
 
 
 def test_scatter_add_is_nondeterministic_on_ort_with_two_threads(models: dict[str, Path]) -> None:
