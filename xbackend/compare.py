@@ -28,12 +28,15 @@ from xbackend.results import (
     CompareOptions,
     CrossBackendResult,
     FeedsInfo,
+    PairResult,
     Result,
 )
 from xbackend.runners.base import Runner
 from xbackend.runners.registry import get_runner
 
-__all__ = ["compare", "compare_with_options"]
+__all__ = ["ORACLE", "compare", "compare_with_options"]
+
+ORACLE = "oracle"
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,10 @@ def compare_with_options(
             bar.stop()
         backends = tuple(_summarize(builds[p.name], spec, opts) for p in planned)
         cross = tuple(_cross_all(builds, backends, spec, opts))
-    return Result(
-        spec, _feeds_info(feeds), opts, backends, cross, tuple(collect_environment().items()), tuple(notes)
-    )
+        pairs = tuple(_pairs(builds, backends, spec))
+        oracle = tuple(_oracle_errors(builds, backends, spec, opts))
+    env = tuple(collect_environment().items())
+    return Result(spec, _feeds_info(feeds), opts, backends, cross, env, tuple(notes), pairs, oracle)
 
 
 def _feeds_info(feeds: Feeds) -> FeedsInfo:
@@ -185,7 +189,7 @@ def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResu
     failed = next((o for o in b.outcomes if o.status != "ok"), None)
     if failed is not None:
         info = tuple(sorted(failed.result.get("info", {}).items()))
-        return BackendResult(p.name, "failed", failed.reason, options, info, opts.runs, len(b.outcomes))
+        return BackendResult(p.name, failed.status, failed.reason, options, info, opts.runs, len(b.outcomes))
     first = b.outcomes[0].result
     names = first["capture_names"]
     order = {n: i for i, n in enumerate(names)}
@@ -269,12 +273,42 @@ def _cross_all(
     return out
 
 
+def _compare_first_runs(a: _Builds, b: _Builds, spec: ModelSpec, order: Sequence[str]) -> list[TensorDiff]:
+    """Tensors both exposed, in `order`: a's first run against b's."""
+    a_names = a.outcomes[0].result["capture_names"]
+    b_names = b.outcomes[0].result["capture_names"]
+    common = [n for n in order if n in set(a_names) & set(b_names)]
+    with CaptureFile(a.captures[0], a_names) as ca, CaptureFile(b.captures[0], b_names) as cb:
+        return _diff_captures(ca, cb, common, spec.op_types())
+
+
+def _pairs(builds: dict[str, _Builds], results: Sequence[BackendResult], spec: ModelSpec) -> list[PairResult]:
+    """Every pair of backends that ran, at the graph outputs."""
+    ok = [r.name for r in results if r.ok]
+    out = []
+    for i, a in enumerate(ok):
+        for b in ok[i + 1 :]:
+            diffs = _compare_first_runs(builds[a], builds[b], spec, spec.output_names)
+            out.append(PairResult.from_diffs(a, b, diffs))
+    return out
+
+
+def _oracle_errors(
+    builds: dict[str, _Builds], results: Sequence[BackendResult], spec: ModelSpec, opts: CompareOptions
+) -> list[CrossBackendResult]:
+    """Every backend that ran against the float64 oracle, when the oracle ran."""
+    by_name = {r.name: r for r in results}
+    if ORACLE not in by_name or not by_name[ORACLE].ok:
+        return []
+    return [
+        _cross_one(builds[r.name], builds[ORACLE], spec, opts) for r in results if r.ok and r.name != ORACLE
+    ]
+
+
 def _cross_one(a: _Builds, b: _Builds, spec: ModelSpec, opts: CompareOptions) -> CrossBackendResult:
     a_names = a.outcomes[0].result["capture_names"]
     b_names = b.outcomes[0].result["capture_names"]
-    common = [n for n in spec.tensor_order(opts.outputs_only) if n in set(a_names) & set(b_names)]
-    with CaptureFile(a.captures[0], a_names) as ca, CaptureFile(b.captures[0], b_names) as cb:
-        diffs = _diff_captures(ca, cb, common, spec.op_types())
+    diffs = _compare_first_runs(a, b, spec, spec.tensor_order(opts.outputs_only))
     only_a = sorted(set(a_names) - set(b_names))
     only_b = sorted(set(b_names) - set(a_names))
     return CrossBackendResult.from_diffs(

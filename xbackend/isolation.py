@@ -30,7 +30,7 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 class WorkerOutcome:
     """What a worker process left behind."""
 
-    status: str  # "ok" | "failed"
+    status: str  # "ok" | "failed" | "unavailable" (the backend cannot take this model)
     reason: str
     result: Mapping[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
@@ -132,6 +132,8 @@ def _outcome(code: int, result_path: Path, err_path: Path, elapsed: float) -> Wo
             result = {}
     if result.get("status") == "ok" and code == 0:
         return WorkerOutcome("ok", "", result, elapsed)
+    if result.get("status") == "unavailable":
+        return WorkerOutcome("unavailable", str(result.get("reason", "")), result, elapsed)
     if result.get("reason"):
         return WorkerOutcome("failed", f"{result.get('stage', '?')}: {result['reason']}", result, elapsed)
     tail = _stderr_tail(err_path)

@@ -18,6 +18,7 @@ __all__ = [
     "CompareOptions",
     "CrossBackendResult",
     "FeedsInfo",
+    "PairResult",
     "Result",
 ]
 
@@ -259,6 +260,32 @@ class CrossBackendResult:
 
 
 @dataclass(frozen=True)
+class PairResult:
+    """Two backends against each other at the graph outputs."""
+
+    a: str
+    b: str
+    bitwise_equal: bool
+    max_ulp: int | None
+    scaled_ulp: float | None
+    max_rel: float
+
+    @classmethod
+    def from_diffs(cls, a: str, b: str, diffs: Sequence[TensorDiff]) -> PairResult:
+        ulps = [d.max_ulp for d in diffs if d.max_ulp is not None]
+        scaled = [d.scaled_ulp for d in diffs if d.scaled_ulp is not None]
+        rel = max((d.max_rel for d in diffs), default=0.0)
+        return cls(
+            a,
+            b,
+            all(d.bitwise_equal for d in diffs),
+            max(ulps) if ulps else None,
+            max(scaled) if scaled else None,
+            rel,
+        )
+
+
+@dataclass(frozen=True)
 class Result:
     """The whole comparison: what ran, on what, and what differed."""
 
@@ -269,6 +296,8 @@ class Result:
     cross_backend: tuple[CrossBackendResult, ...]
     environment: tuple[tuple[str, str], ...]
     notes: tuple[str, ...] = ()
+    pairs: tuple[PairResult, ...] = ()
+    oracle_error: tuple[CrossBackendResult, ...] = ()
 
     @property
     def command(self) -> str:
@@ -278,6 +307,19 @@ class Result:
         for b in self.backends:
             if b.name == name:
                 return b
+        raise KeyError(name)
+
+    def pair(self, a: str, b: str) -> PairResult:
+        for p in self.pairs:
+            if {p.a, p.b} == {a, b}:
+                return p
+        raise KeyError((a, b))
+
+    def oracle(self, name: str) -> CrossBackendResult:
+        """`name`'s error against the float64 oracle."""
+        for c in self.oracle_error:
+            if c.backend == name:
+                return c
         raise KeyError(name)
 
     def cross(self, name: str) -> CrossBackendResult:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from xbackend.capture import capture_sha256, save_capture
-from xbackend.errors import XbackendError
+from xbackend.errors import BackendUnavailableError, XbackendError
 from xbackend.metrics import TensorDiff
 from xbackend.model import ModelRef
 
@@ -109,6 +109,8 @@ def execute(job: Mapping[str, Any]) -> dict[str, Any]:
             info=runner.info(),
         )
     except BaseException as e:  # the worker reports every failure, even KeyboardInterrupt
+        if isinstance(e, BackendUnavailableError):
+            result["status"] = "unavailable"
         result["reason"] = _one_line(e)
         result["error_type"] = type(e).__name__
         if runner is not None:

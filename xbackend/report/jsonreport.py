@@ -9,7 +9,7 @@ from typing import Any
 
 from xbackend.metrics import TensorDiff
 from xbackend.report.text import METRIC_DEFINITIONS
-from xbackend.results import BackendResult, CrossBackendResult, Result
+from xbackend.results import BackendResult, CrossBackendResult, PairResult, Result
 
 __all__ = ["SCHEMA", "to_dict", "to_json"]
 
@@ -71,6 +71,30 @@ def _cross(c: CrossBackendResult) -> dict[str, Any]:
     }
 
 
+def _pair(p: PairResult) -> dict[str, Any]:
+    return {
+        "a": p.a,
+        "b": p.b,
+        "bitwise_equal": p.bitwise_equal,
+        "max_ulp": p.max_ulp,
+        "scaled_ulp": p.scaled_ulp,
+        "max_rel": p.max_rel,
+    }
+
+
+def _oracle(c: CrossBackendResult) -> dict[str, Any]:
+    outs = c.output_diffs()
+    return {
+        "backend": c.backend,
+        "max_ulp": c.max_ulp,
+        "scaled_ulp": c.scaled_ulp,
+        "max_rel": max((d.max_rel for d in outs), default=0.0),
+        "bitwise_equal": c.bitwise_equal,
+        "first_divergence": c.first_divergence,
+        "tensors": [_tensor(d) for d in c.tensors],
+    }
+
+
 def to_dict(r: Result) -> dict[str, Any]:
     m = r.model
     out: dict[str, Any] = _clean(
@@ -107,6 +131,8 @@ def to_dict(r: Result) -> dict[str, Any]:
             "command": r.command,
             "backends": [_backend(b) for b in r.backends],
             "cross_backend": [_cross(c) for c in r.cross_backend],
+            "pairs": [_pair(p) for p in r.pairs],
+            "oracle_error": [_oracle(c) for c in r.oracle_error],
             "notes": list(r.notes),
             "metrics": dict(METRIC_DEFINITIONS),
             "environment": dict(r.environment),

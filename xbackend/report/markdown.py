@@ -179,6 +179,70 @@ def _cross(r: Result) -> list[str]:
     return out
 
 
+def _matrix(r: Result) -> list[str]:
+    """Backend x backend: scaled ULP at the graph outputs ('=' where bitwise equal)."""
+    names = [b.name for b in r.backends if b.ok]
+    if len(names) < 2:
+        return []
+    cell = {}
+    for p in r.pairs:
+        text = "=" if p.bitwise_equal else _num(p.scaled_ulp)
+        cell[(p.a, p.b)] = cell[(p.b, p.a)] = text
+    rows = [[a, *["·" if a == b else cell.get((a, b), "–") for b in names]] for a in names]
+    return [
+        "## All pairs at the outputs",
+        "",
+        "Scaled ULP between every two backends at the graph outputs ('=' means bitwise equal).",
+        "",
+        *_table(["", *names], rows),
+    ]
+
+
+def _oracle(r: Result) -> list[str]:
+    if not r.oracle_error:
+        return []
+    rows = []
+    for c in sorted(r.oracle_error, key=lambda c: (c.scaled_ulp or 0.0, c.backend)):
+        outs = c.output_diffs()
+        rows.append(
+            [
+                c.backend,
+                _num(c.max_ulp),
+                _num(c.scaled_ulp),
+                _num(max((d.max_rel for d in outs), default=0.0)),
+                c.first_violation or "–",
+            ]
+        )
+    out = [
+        "## Error against the float64 oracle",
+        "",
+        "Each backend against the model evaluated in float64 and rounded to each tensor's dtype; "
+        "smaller is more accurate. Most accurate first.",
+        "",
+        *_table(
+            [
+                "backend",
+                "max ULP (outputs)",
+                "scaled ULP (outputs)",
+                "max rel (outputs)",
+                f"first past {r.options.max_ulp:g} scaled ULP",
+            ],
+            rows,
+        ),
+    ]
+    for c in r.oracle_error:
+        worst = sorted(
+            (d for d in c.tensors if not d.bitwise_equal), key=lambda d: d.severity(), reverse=True
+        )
+        if worst:
+            out += [
+                f"Worst layers of {c.backend} against the oracle:",
+                "",
+                *_table(_DIFF_HEADER, [_diff_row(d) for d in worst[:WORST_LAYERS]]),
+            ]
+    return out
+
+
 def _run_to_run(b: BackendResult) -> list[str]:
     out = [f"### {b.name}", ""]
     if not b.ok:
@@ -279,6 +343,8 @@ def to_markdown(r: Result) -> str:
         "",
         *_verdict(r),
         *_backends(r),
+        *_matrix(r),
+        *_oracle(r),
         *_cross(r),
         *_runs(r),
         *_exposure(r),

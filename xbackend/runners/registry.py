@@ -20,6 +20,9 @@ ENTRY_POINT_GROUP = "xbackend.runners"
 _BUILTIN: dict[str, str] = {
     "ort-cpu": "xbackend.runners.ort_cpu:OrtCpuRunner",
     "reference": "xbackend.runners.reference:ReferenceRunner",
+    "oracle": "xbackend.runners.oracle:OracleRunner",
+    "openvino-cpu": "xbackend.runners.openvino_cpu:OpenVinoCpuRunner",
+    "openvino-cpu-default": "xbackend.runners.openvino_cpu:OpenVinoCpuDefaultRunner",
 }
 
 

@@ -1,0 +1,155 @@
+"""OpenVINO, CPU plugin, reading the ONNX file directly.
+
+Only the runtime API is used (Core.read_model / compile_model); the model
+converter (openvino.tools.ovc), the only part that sends telemetry, is never
+imported, and the worker checks that.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from xbackend.errors import RunnerFailedError
+from xbackend.model import ModelRef
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
+
+__all__ = ["OpenVinoCpuDefaultRunner", "OpenVinoCpuRunner"]
+
+PRECISIONS = ("f32", "bf16", "f16", "default")
+EXECUTION_MODES = ("default", "performance", "accuracy")
+_SKIP_TYPES = frozenset({"Parameter", "Result", "Constant"})
+
+
+def _msg(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    # OpenVINO prefixes errors with source locations; the last lines carry the reason.
+    useful = [ln for ln in lines if not ln.startswith(("Exception from", "Check '"))] or lines
+    return " ".join(useful)[:400] or type(e).__name__
+
+
+class OpenVinoCpuRunner(Runner):
+    name = "openvino-cpu"
+    description = "OpenVINO CPU plugin, fp32 inference precision (INFERENCE_PRECISION_HINT=f32)"
+    default_precision = "f32"
+    option_specs = (
+        OptionSpec(
+            "precision", str, "f32", "INFERENCE_PRECISION_HINT; 'default' = the CPU's own", PRECISIONS
+        ),
+        OptionSpec("threads", int, 0, "INFERENCE_NUM_THREADS (0 = OpenVINO's default)"),
+        OptionSpec("execution_mode", str, "default", "EXECUTION_MODE_HINT", EXECUTION_MODES),
+    )
+
+    def __init__(self, options: Mapping[str, str] | None = None) -> None:
+        super().__init__(options)
+        self._compiled: Any = None
+        self._request: Any = None
+        self._ports: list[tuple[int, list[str]]] = []
+        self._missing: dict[str, str] = {}
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if importlib.util.find_spec("openvino") is None:
+            return Availability.missing("openvino not installed (pip install openvino)")
+        return Availability.ok(importlib.metadata.version("openvino"))
+
+    def config(self) -> dict[str, str]:
+        """The compile_model properties these options ask for."""
+        cfg: dict[str, str] = {}
+        if self.options["precision"] != "default":
+            cfg["INFERENCE_PRECISION_HINT"] = self.options["precision"]
+        if self.options["threads"]:
+            cfg["INFERENCE_NUM_THREADS"] = str(self.options["threads"])
+        if self.options["execution_mode"] != "default":
+            cfg["EXECUTION_MODE_HINT"] = self.options["execution_mode"].upper()
+        return cfg
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        import openvino as ov
+
+        core = ov.Core()
+        try:
+            ov_model = core.read_model(model.path)
+        except Exception as e:
+            raise RunnerFailedError(f"OpenVINO cannot read the model: {_msg(e)}") from e
+        self._expose(ov_model, tensors)
+        try:
+            self._compiled = core.compile_model(ov_model, "CPU", self.config())
+        except Exception as e:
+            raise RunnerFailedError(f"OpenVINO cannot compile the model: {_msg(e)}") from e
+        self._request = self._compiled.create_infer_request()
+        wanted = set(tensors)
+        self._ports = [(i, sorted(set(o.get_names()) & wanted)) for i, o in enumerate(self._compiled.outputs)]
+        return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
+
+    def _expose(self, ov_model: Any, tensors: tuple[str, ...]) -> None:
+        """Add a model output for every requested ONNX tensor name OpenVINO still carries."""
+        wanted = set(tensors)
+        have = {n for o in ov_model.outputs for n in o.get_names()}
+        found: set[str] = set(have & wanted)
+        extra = []
+        for op in ov_model.get_ordered_ops():
+            if op.get_type_name() in _SKIP_TYPES:
+                continue
+            for out in op.outputs():
+                names = set(out.get_names()) & wanted
+                if names - found:
+                    extra.append(out)
+                    found |= names
+        if extra:
+            ov_model.add_outputs(extra)
+        self._missing = {
+            t: "no OpenVINO tensor carries this name (folded or fused when the ONNX model was read)"
+            for t in tensors
+            if t not in found
+        }
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            self._request.infer(dict(feeds))
+        except Exception as e:
+            raise RunnerFailedError(f"OpenVINO failed while running: {_msg(e)}") from e
+        out: dict[str, np.ndarray] = {}
+        for i, names in self._ports:
+            data = np.array(self._request.get_output_tensor(i).data, copy=True)
+            for n in names:
+                out[n] = data
+        return out
+
+    def not_exposed(self) -> dict[str, str]:
+        return dict(self._missing)
+
+    def info(self) -> dict[str, str]:
+        out = super().info()
+        out["openvino"] = importlib.metadata.version("openvino")
+        out["telemetry"] = (
+            "off (runtime API only; openvino_telemetry not imported)"
+            if "openvino_telemetry" not in sys.modules
+            else "openvino_telemetry was imported"
+        )
+        if self._compiled is not None:
+            for prop in ("INFERENCE_PRECISION_HINT", "EXECUTION_MODE_HINT", "INFERENCE_NUM_THREADS"):
+                out[f"in_force.{prop}"] = str(self._compiled.get_property(prop))
+        return dict(sorted(out.items()))
+
+    def close(self) -> None:
+        self._request = None
+        self._compiled = None
+
+
+class OpenVinoCpuDefaultRunner(OpenVinoCpuRunner):
+    """What users get out of the box: the CPU's default inference precision (bf16 on many CPUs)."""
+
+    name = "openvino-cpu-default"
+    description = "OpenVINO CPU plugin at its default precision (bf16 on avx512_bf16/AMX CPUs)"
+    option_specs = (
+        OptionSpec(
+            "precision", str, "default", "INFERENCE_PRECISION_HINT; 'default' = the CPU's own", PRECISIONS
+        ),
+        *OpenVinoCpuRunner.option_specs[1:],
+    )

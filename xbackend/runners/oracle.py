@@ -1,0 +1,170 @@
+"""A float64 accuracy oracle: the model promoted to double, run by the reference evaluator.
+
+Every floating-point input, initializer, Constant, Cast target and dtype
+attribute is promoted to float64; results are rounded (to nearest even) back to
+each tensor's original dtype, so every fp32 engine can be measured against the
+correctly-rounded-as-far-as-float64-goes answer.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from xbackend.errors import BackendUnavailableError, RunnerFailedError
+from xbackend.model import ModelRef, load_proto, np_dtype
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
+from xbackend.runners.reference import BLAS_THREAD_VARS, blas_info
+
+__all__ = ["PROMOTED", "OracleRunner", "promote_to_float64"]
+
+PROMOTED = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
+_DTYPE_ATTRS = frozenset({"to", "dtype", "output_dtype"})
+
+
+def _promote_tensor(t: TensorProto) -> TensorProto:
+    if t.data_type not in PROMOTED:
+        return t
+    arr = numpy_helper.to_array(t).astype(np.float64)
+    out = numpy_helper.from_array(arr, t.name)
+    return out
+
+
+def _value_infos(g: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
+    yield from g.input
+    yield from g.output
+    yield from g.value_info
+
+
+def _promote_graph(g: onnx.GraphProto) -> None:
+    for vi in _value_infos(g):
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.elem_type in PROMOTED:
+            tt.elem_type = TensorProto.DOUBLE
+    promoted = [_promote_tensor(t) for t in g.initializer]
+    del g.initializer[:]
+    g.initializer.extend(promoted)
+    for node in g.node:
+        for attr in node.attribute:
+            if attr.name in _DTYPE_ATTRS and attr.type == onnx.AttributeProto.INT and attr.i in PROMOTED:
+                attr.i = TensorProto.DOUBLE
+            if attr.HasField("t"):
+                attr.t.CopyFrom(_promote_tensor(attr.t))
+            if attr.HasField("g"):
+                _promote_graph(attr.g)
+            for sub in attr.graphs:
+                _promote_graph(sub)
+
+
+def promote_to_float64(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A float64 copy of the model; BackendUnavailableError naming the op that cannot take doubles."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    del out.graph.value_info[:]  # stale fp32 types; re-inferred below
+    _promote_graph(out.graph)
+    try:
+        onnx.checker.check_model(out, full_check=True)
+    except Exception as e:
+        text = " ".join(str(e).split())
+        raise BackendUnavailableError(
+            f"the model cannot be promoted to float64: {text[:300]}; the oracle is unavailable for this model"
+        ) from e
+    return out
+
+
+def original_dtypes(proto: onnx.ModelProto) -> dict[str, str]:
+    """Tensor name -> numpy dtype name in the original model, from shape inference."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception:
+        inferred = proto
+    out: dict[str, str] = {}
+    for vi in _value_infos(inferred.graph):
+        et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        if et:
+            out[vi.name] = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(et)).name)
+    return out
+
+
+class OracleRunner(Runner):
+    name = "oracle"
+    description = "float64 oracle: the model promoted to double, reference evaluator, 1 BLAS thread"
+    option_specs = (OptionSpec("threads", int, 1, "BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS)"),)
+
+    def __init__(self, options: Mapping[str, str] | None = None) -> None:
+        super().__init__(options)
+        self._evaluator: Any = None
+        self._dtypes: dict[str, str] = {}
+        self._missing: dict[str, str] = {}
+        self._assumed: set[str] = set()
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return Availability.ok(importlib.metadata.version("onnx"))
+
+    @classmethod
+    def process_env(cls, options: Mapping[str, Any]) -> dict[str, str]:
+        return {var: str(max(1, int(options["threads"]))) for var in BLAS_THREAD_VARS}
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        from onnx.reference import ReferenceEvaluator
+
+        proto = load_proto(model.path)
+        self._dtypes = original_dtypes(proto)
+        promoted = promote_to_float64(proto)
+        try:
+            self._evaluator = ReferenceEvaluator(promoted)
+        except Exception as e:
+            raise RunnerFailedError(f"the reference evaluator rejected the float64 model: {e}") from e
+        return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        wide = {
+            k: v.astype(np.float64) if v.dtype.kind == "f" or str(v.dtype) == "bfloat16" else v
+            for k, v in feeds.items()
+        }
+        try:
+            results = self._evaluator.run(None, wide, intermediate=True)
+        except Exception as e:
+            raise RunnerFailedError(
+                f"the float64 oracle failed while running: {type(e).__name__}: {e}"
+            ) from e
+        out: dict[str, np.ndarray] = {}
+        self._missing = {}
+        for t in self._tensors:
+            if t not in results:
+                self._missing[t] = "not produced by the reference evaluator"
+            else:
+                out[t] = self._round(t, np.asarray(results[t]))
+        return out
+
+    def _round(self, name: str, value: np.ndarray) -> np.ndarray:
+        """Back to the tensor's original dtype (round to nearest even); float32 where unknown."""
+        if value.dtype != np.float64:
+            return value
+        target = self._dtypes.get(name)
+        if target is None:
+            self._assumed.add(name)
+            return value.astype(np.float32)
+        return value if target == "float64" else value.astype(np_dtype(target))
+
+    def not_exposed(self) -> dict[str, str]:
+        return dict(self._missing)
+
+    def info(self) -> dict[str, str]:
+        out = super().info()
+        out["onnx"] = importlib.metadata.version("onnx")
+        out["numpy"] = np.__version__
+        out["blas"] = blas_info()
+        out["precision"] = "float64, rounded to each tensor's original dtype"
+        if self._assumed:
+            out["dtype_assumed_float32"] = str(len(self._assumed))
+        return dict(sorted(out.items()))
+
+    def close(self) -> None:
+        self._evaluator = None
