@@ -80,7 +80,41 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--report", metavar="OUT.md", help="write the Markdown report here")
     c.add_argument("--json", metavar="OUT.json", help="write the JSON report here")
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    c.add_argument(
+        "--torch-module",
+        metavar="MODULE_SPEC",
+        help="source nn.Module for the torch backend (path/to/file.py:factory or pkg.mod:factory)",
+    )
     sub.add_parser("backends", help="list every registered backend, available or not, and why")
+    e = sub.add_parser("export", help="export a framework model to ONNX")
+    esub = e.add_subparsers(dest="framework", required=True)
+    t = esub.add_parser("torch", help="export a PyTorch nn.Module (records its source in the ONNX metadata)")
+    t.add_argument("module", metavar="MODULE_SPEC", help="path/to/file.py:factory or package.module:factory")
+    t.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=D1,D2,...[:DTYPE]",
+        required=True,
+        help="example input, in forward() order (repeatable); dtype defaults to float32",
+    )
+    t.add_argument("-o", "--output", required=True, metavar="OUT.onnx")
+    t.add_argument("--opset", type=int, default=18, help="ONNX opset (default: %(default)s)")
+    t.add_argument(
+        "--dynamic",
+        action="append",
+        default=[],
+        metavar="NAME=AXIS:DIMNAME",
+        help="make an input axis dynamic, e.g. x=0:batch (repeatable)",
+    )
+    t.add_argument("--seed", type=int, default=0, help="seed for the example inputs")
+    t.add_argument(
+        "--output-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="name for the graph output(s), in order (default: the exporter's)",
+    )
     return p
 
 
@@ -100,7 +134,8 @@ def _compare(args: argparse.Namespace) -> int:
         max_ulp=args.max_ulp,
         outputs_only=args.outputs_only,
         timeout=args.timeout,
-        runner_options=tuple(args.sets),
+        runner_options=tuple(args.sets)
+        + ((("torch", "module", args.torch_module),) if args.torch_module else ()),
     )
     progress: ProgressSink = NullProgress() if args.no_progress or not sys.stderr.isatty() else RichProgress()
     result = compare_with_options(args.model, opts, progress)
@@ -143,6 +178,26 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3g}"
 
 
+def _export(args: argparse.Namespace) -> int:
+    from xbackend.torch_export import InputDecl, export_torch, parse_dynamic
+
+    res = export_torch(
+        args.module,
+        [InputDecl.parse(i) for i in args.input],
+        args.output,
+        opset=args.opset,
+        dynamic=parse_dynamic(args.dynamic),
+        seed=args.seed,
+        output_names=args.output_name,
+    )
+    print(
+        f"wrote {res.path}: opset {res.opset}, torch {res.torch_version}, inputs "
+        f"{', '.join(i.name for i in res.inputs)}, outputs {', '.join(res.outputs)}; "
+        f"{len(res.module_outputs)} module outputs mapped to ONNX tensors"
+    )
+    return 0
+
+
 def _backends() -> int:
     from xbackend.runners.registry import get_runner, list_runners
 
@@ -170,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "backends":
             return _backends()
+        if args.command == "export":
+            return _export(args)
         return _compare(args)
     except XbackendError as e:
         print(f"xbackend: error: {e}", file=sys.stderr)

@@ -8,11 +8,16 @@ from pathlib import Path
 
 from xbackend.errors import ReportError
 
-__all__ = ["write_atomic"]
+__all__ = ["write_atomic", "write_atomic_bytes"]
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` to a temp file beside `path`, fsync, then rename over it."""
+    """Write `text` (UTF-8) to a temp file beside `path`, fsync, then rename over it."""
+    write_atomic_bytes(path, text.encode("utf-8"))
+
+
+def write_atomic_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to a temp file beside `path`, fsync, then rename over it."""
     p = Path(path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -20,10 +25,11 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     except OSError as e:
         raise ReportError(f"cannot write report {p}: {e.strerror}; check the directory") from e
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; reports are meant to be shared
         os.replace(tmp, p)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)

@@ -23,6 +23,7 @@ _BUILTIN: dict[str, str] = {
     "oracle": "xbackend.runners.oracle:OracleRunner",
     "openvino-cpu": "xbackend.runners.openvino_cpu:OpenVinoCpuRunner",
     "openvino-cpu-default": "xbackend.runners.openvino_cpu:OpenVinoCpuDefaultRunner",
+    "torch": "xbackend.runners.torch_eager:TorchRunner",
 }
 
 
