@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from xbackend.samples import build
+from xbackend.samples import SAMPLES, build
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -47,7 +47,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every sample model written once per session."""
     out = tmp_path_factory.mktemp("models")
     paths = {}
-    for name in ("mlp_layernorm", "convnet", "attention", "scatter_add"):
+    for name in SAMPLES:
         paths[name] = out / f"{name}.onnx"
         onnx.save(build(name), str(paths[name]))
     return paths

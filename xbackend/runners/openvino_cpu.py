@@ -1,12 +1,14 @@
 """OpenVINO, CPU plugin, reading the ONNX file directly.
 
-Only the runtime API is used (Core.read_model / compile_model); the model
-converter (openvino.tools.ovc), the only part that sends telemetry, is never
-imported, and the worker checks that.
+`import openvino` also imports the model converter (openvino.tools.ovc), which
+starts openvino_telemetry and sends an "import" event unless the user opted out.
+Only the runtime API is needed here, so the worker process refuses those two
+imports before openvino loads (openvino tolerates a missing converter).
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.metadata
 import importlib.util
 import sys
@@ -24,6 +26,24 @@ __all__ = ["OpenVinoCpuDefaultRunner", "OpenVinoCpuRunner"]
 PRECISIONS = ("f32", "bf16", "f16", "default")
 EXECUTION_MODES = ("default", "performance", "accuracy")
 _SKIP_TYPES = frozenset({"Parameter", "Result", "Constant"})
+
+
+_BLOCKED = ("openvino.tools.ovc", "openvino_telemetry")
+
+
+class _TelemetryBlocker(importlib.abc.MetaPathFinder):
+    """Refuses the converter and telemetry packages in this (worker) process."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.startswith(_BLOCKED):
+            raise ImportError(f"{name} is disabled by xbackend (telemetry stays off)")
+        return None
+
+
+def block_telemetry() -> None:
+    """Install the blocker once; call before the first `import openvino`."""
+    if not any(isinstance(f, _TelemetryBlocker) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TelemetryBlocker())
 
 
 def _msg(e: BaseException) -> str:
@@ -70,6 +90,7 @@ class OpenVinoCpuRunner(Runner):
         return cfg
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        block_telemetry()
         import openvino as ov
 
         core = ov.Core()
@@ -128,9 +149,9 @@ class OpenVinoCpuRunner(Runner):
         out = super().info()
         out["openvino"] = importlib.metadata.version("openvino")
         out["telemetry"] = (
-            "off (runtime API only; openvino_telemetry not imported)"
-            if "openvino_telemetry" not in sys.modules
-            else "openvino_telemetry was imported"
+            "off (openvino.tools.ovc and openvino_telemetry not loaded)"
+            if not any(m.startswith(_BLOCKED) for m in sys.modules)
+            else "ON: openvino_telemetry was loaded"
         )
         if self._compiled is not None:
             for prop in ("INFERENCE_PRECISION_HINT", "EXECUTION_MODE_HINT", "INFERENCE_NUM_THREADS"):

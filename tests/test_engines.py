@@ -1,0 +1,179 @@
+"""OpenVINO and the float64 oracle against ONNX Runtime, on bundled models."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import xbackend
+from xbackend.environment import collect_environment
+from xbackend.errors import BackendUnavailableError
+from xbackend.runners.oracle import promote_to_float64
+from xbackend.samples import build
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="openvino not installed"),
+]
+
+ENV = collect_environment()
+# Exact ULP figures below were measured on this ISA; elsewhere only their relations are checked.
+MEASURED_ISA = "sse4_1 sse4_2 avx avx2 fma f16c"
+SAME_ISA = ENV["cpu.isa"] == MEASURED_ISA
+HAS_BF16 = any(f in ENV["cpu.isa"].split() for f in ("avx512_bf16", "amx_bf16"))
+CPU_ENGINES = ["ort-cpu", "openvino-cpu", "reference", "oracle"]
+
+
+@pytest.fixture(scope="module")
+def mlp(models: dict[str, Path]) -> xbackend.Result:
+    return xbackend.compare(models["mlp_layernorm"], backends=CPU_ENGINES, runs=2)
+
+
+@pytest.fixture(scope="module")
+def dots(models: dict[str, Path]) -> xbackend.Result:
+    return xbackend.compare(models["dot_products"], backends=CPU_ENGINES, runs=1)
+
+
+def test_openvino_exposes_every_layer_in_f32(mlp: xbackend.Result) -> None:
+    ov = mlp.backend("openvino-cpu")
+    assert ov.ok and ov.deterministic
+    assert ov.exposed == 49 and ov.not_exposed == ()
+    info = dict(ov.info)
+    assert info["in_force.INFERENCE_PRECISION_HINT"] == "<Type: 'float32'>"
+    assert info["precision"] == "f32"
+    assert info["telemetry"].startswith("off")
+
+
+def test_ort_vs_openvino_known_ulp(mlp: xbackend.Result, models: dict[str, Path]) -> None:
+    pair = mlp.pair("ort-cpu", "openvino-cpu")
+    assert not pair.bitwise_equal and pair.max_ulp and pair.max_ulp > 0
+    again = xbackend.compare(models["mlp_layernorm"], backends=["ort-cpu", "openvino-cpu"], runs=1)
+    assert again.pair("ort-cpu", "openvino-cpu").max_ulp == pair.max_ulp  # stable on this machine
+    if SAME_ISA:
+        assert (pair.max_ulp, pair.scaled_ulp) == (1388, 5.5)
+
+
+def test_oracle_error_is_smaller_than_engines_disagreement(dots: xbackend.Result) -> None:
+    between = dots.pair("ort-cpu", "openvino-cpu").scaled_ulp
+    ort_err = dots.oracle("ort-cpu").scaled_ulp
+    ov_err = dots.oracle("openvino-cpu").scaled_ulp
+    assert between is not None and ort_err is not None and ov_err is not None
+    assert ort_err < between and ov_err < between
+    if SAME_ISA:
+        assert (between, ort_err, ov_err) == (11.0, 4.5, 8.5)
+    if SAME_ISA:
+        ranking = [c.backend for c in sorted(dots.oracle_error, key=lambda c: c.scaled_ulp or 0.0)]
+        assert ranking == ["reference", "ort-cpu", "openvino-cpu"]
+
+
+def test_pairs_and_oracle_error_in_json(dots: xbackend.Result) -> None:
+    import json
+
+    data = json.loads(xbackend.to_json(dots))
+    pairs = {(p["a"], p["b"]) for p in data["pairs"]}
+    assert pairs == {
+        ("ort-cpu", "openvino-cpu"),
+        ("ort-cpu", "reference"),
+        ("ort-cpu", "oracle"),
+        ("openvino-cpu", "reference"),
+        ("openvino-cpu", "oracle"),
+        ("reference", "oracle"),
+    }
+    assert {o["backend"] for o in data["oracle_error"]} == {"ort-cpu", "openvino-cpu", "reference"}
+    ort = next(o for o in data["oracle_error"] if o["backend"] == "ort-cpu")
+    assert ort["tensors"][0]["name"] == "y" and ort["max_rel"] > 0
+    md = xbackend.to_markdown(dots)
+    assert "## All pairs at the outputs" in md and "## Error against the float64 oracle" in md
+
+
+def test_oracle_rounds_to_the_original_dtype(dots: xbackend.Result) -> None:
+    # The oracle's float32 output is float64 rounded once, so it is within 0.5 ULP of the truth:
+    # the reference evaluator's fp32 MatMul can only be farther away.
+    ref = dots.oracle("reference")
+    assert ref.tensors[0].dtype == "float32"
+    assert ref.max_ulp is not None and ref.max_ulp >= 1
+
+
+def test_promotion_to_float64() -> None:
+    p = promote_to_float64(build("attention"))
+    assert p.graph.input[0].type.tensor_type.elem_type == TensorProto.DOUBLE
+    assert {t.data_type for t in p.graph.initializer} == {TensorProto.DOUBLE, TensorProto.INT64}
+
+
+def quantize_model() -> onnx.ModelProto:
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s"], ["q"], name="quant"),
+            helper.make_node("DequantizeLinear", ["q", "s"], ["y"], name="dequant"),
+        ],
+        "q",
+        [vi("x", TensorProto.FLOAT, [8])],
+        [vi("y", TensorProto.FLOAT, [8])],
+        initializer=[onnx.numpy_helper.from_array(np.array(0.05, np.float32), "s")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    m.ir_version = 10
+    return m
+
+
+def test_oracle_unavailable_for_ops_without_float64(tmp_path: Path) -> None:
+    with pytest.raises(BackendUnavailableError, match=r"cannot be promoted to float64: .*QuantizeLinear"):
+        promote_to_float64(quantize_model())
+    p = tmp_path / "q.onnx"
+    onnx.save(quantize_model(), str(p))
+    r = xbackend.compare(p, backends=["ort-cpu", "reference", "oracle"], runs=1)
+    oracle = r.backend("oracle")
+    assert oracle.status == "unavailable" and "QuantizeLinear" in oracle.reason
+    assert r.backend("ort-cpu").ok and r.backend("reference").ok
+    assert r.oracle_error == ()
+
+
+def test_openvino_rejecting_an_op_is_a_failed_backend(tmp_path: Path) -> None:
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "x"], ["xx"]), helper.make_node("Det", ["xx"], ["y"])],
+        "det",
+        [vi("x", TensorProto.FLOAT, [3, 3])],
+        [vi("y", TensorProto.FLOAT, [])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    onnx.save(m, str(tmp_path / "det.onnx"))
+    r = xbackend.compare(tmp_path / "det.onnx", backends=["ort-cpu", "openvino-cpu", "reference"], runs=1)
+    ov = r.backend("openvino-cpu")
+    assert ov.status == "failed"
+    assert (
+        "OpenVINO cannot read the model" in ov.reason
+        and "No conversion rule found for operations: Det" in ov.reason
+    )
+    assert r.backend("ort-cpu").ok and r.cross("ort-cpu").status == "ok"
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16: OpenVINO's default is bf16 there")
+def test_default_precision_is_f32_on_a_cpu_without_bf16(models: dict[str, Path]) -> None:
+    r = xbackend.compare(
+        models["mlp_layernorm"],
+        backends=["openvino-cpu", "openvino-cpu-default"],
+        runs=1,
+        reference="openvino-cpu",
+    )
+    default = r.backend("openvino-cpu-default")
+    assert dict(default.info)["precision"] == "default"
+    assert dict(default.info)["in_force.INFERENCE_PRECISION_HINT"] == "<Type: 'float32'>"
+    assert r.cross("openvino-cpu-default").bitwise_equal
+
+
+@pytest.mark.skipif(
+    not HAS_BF16, reason="needs a CPU with avx512_bf16 or amx_bf16 (OpenVINO runs f32 otherwise)"
+)
+def test_default_precision_bf16_error_is_near_1e_2(models: dict[str, Path]) -> None:
+    r = xbackend.compare(models["mlp_layernorm"], backends=["openvino-cpu-default", "oracle"], runs=1)
+    assert "bf16" in dict(r.backend("openvino-cpu-default").info)["in_force.INFERENCE_PRECISION_HINT"]
+    rel = max(d.max_rel for d in r.oracle("openvino-cpu-default").output_diffs())
+    assert 1e-3 < rel < 1e-1

@@ -1,0 +1,120 @@
+"""PyTorch export and the eager torch runner (torch is installed by the README's commands)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+import xbackend
+from xbackend.cli import main
+from xbackend.errors import ExportError
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch") is None, reason="torch not installed: pip install 'xbackend[torch]'"
+    ),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = f"{ROOT / 'models' / 'torch_mlp.py'}:build"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from xbackend.torch_export import InputDecl, export_torch
+
+    out = tmp_path_factory.mktemp("export") / "mlp.onnx"
+    res = export_torch(SPEC, [InputDecl.parse("x=1,16,64")], out, output_names=["y"])
+    assert res.outputs == ("y",)
+    return out
+
+
+def test_export_records_its_source(exported: Path) -> None:
+    import torch
+
+    meta = {p.key: p.value for p in onnx.load(str(exported)).metadata_props}
+    assert meta["xbackend.source"] == "torch"
+    assert meta["xbackend.torch.module"] == SPEC  # outside the model's directory: stored absolute
+    assert meta["xbackend.torch.version"] == torch.__version__
+    assert json.loads(meta["xbackend.torch.inputs"]) == [
+        {"name": "x", "shape": [1, 16, 64], "dtype": "float32"}
+    ]
+    mapped = json.loads(meta["xbackend.torch.module_outputs"])
+    # Every LayerNorm, Linear and SiLU of the 6 blocks, and each block's residual sum (less the last,
+    # whose output is the final LayerNorm's input and also 'blocks'): verified numerically at export.
+    assert mapped["blocks.0.ln"] == "layer_norm" and mapped["blocks.0.fc1"] == "linear"
+    assert len(mapped) == 30
+
+
+def test_bundled_model_runs_on_every_cpu_engine() -> None:
+    r = xbackend.compare(
+        ROOT / "models" / "torch_mlp.onnx",
+        backends=["ort-cpu", "openvino-cpu", "torch", "reference", "oracle"],
+        runs=2,
+    )
+    t = r.backend("torch")
+    assert t.ok and t.deterministic
+    assert dict(t.info)["module"] == "torch_mlp.py:build"  # stored relative to the model
+    assert t.exposed == 31 and dict(t.info)["mapped_intermediates"] == "30"
+    assert all(why == "no torch module output maps to this tensor" for _, why in t.not_exposed)
+    cross = r.cross("torch")
+    assert cross.first_divergence == "layer_norm"  # the first LayerNorm already differs from numpy's
+    assert cross.scaled_ulp is not None and cross.scaled_ulp <= 8
+    assert r.oracle("torch").scaled_ulp is not None
+    assert r.exit_code == 0
+
+
+def test_torch_module_option_for_a_model_without_metadata(exported: Path, tmp_path: Path) -> None:
+    m = onnx.load(str(exported))
+    del m.metadata_props[:]
+    bare = tmp_path / "bare.onnx"
+    onnx.save(m, str(bare))
+    r = xbackend.compare(bare, backends=["torch", "ort-cpu"], runs=1, reference="ort-cpu")
+    assert r.backend("torch").status == "unavailable"
+    assert "pass --torch-module" in r.backend("torch").reason
+    r = xbackend.compare(
+        bare,
+        backends=["torch", "ort-cpu"],
+        runs=1,
+        reference="ort-cpu",
+        runner_options={"torch": {"module": SPEC}},
+    )
+    t = r.backend("torch")
+    assert t.ok and t.exposed == 1  # graph outputs only: no recorded map
+    assert [d.name for d in r.cross("torch").tensors] == ["y"]
+
+
+def test_cli_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli.onnx"
+    code = main(["export", "torch", SPEC, "--input", "x=2,16,64", "--dynamic", "x=0:batch", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert "30 module outputs mapped" in capsys.readouterr().out
+    dims = onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "batch" and dims[1].dim_value == 16
+
+
+def test_bad_module_specs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from xbackend.torch_export import InputDecl, export_torch
+
+    x = [InputDecl.parse("x=1,4")]
+    with pytest.raises(ExportError, match=r"cannot import no_such_pkg\.mod"):
+        export_torch("no_such_pkg.mod:build", x, tmp_path / "a.onnx")
+    (tmp_path / "notmod.py").write_text("def build():\n    return 42\n")
+    with pytest.raises(ExportError, match=r"returned int, expected a torch.nn.Module"):
+        export_torch(f"{tmp_path / 'notmod.py'}:build", x, tmp_path / "a.onnx")
+    with pytest.raises(ExportError, match="has no attribute 'nope'"):
+        export_torch(f"{tmp_path / 'notmod.py'}:nope", x, tmp_path / "a.onnx")
+    with pytest.raises(ExportError, match=r"must be path/to/file\.py:factory"):
+        export_torch("just_a_name", x, tmp_path / "a.onnx")
+    code = main(
+        ["export", "torch", "no_such_pkg.mod:build", "--input", "x=1,4", "-o", str(tmp_path / "b.onnx")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("xbackend: error: module spec")
+    with pytest.raises(ExportError, match="--input expects NAME=D1,D2"):
+        InputDecl.parse("1,2,3")
