@@ -13,8 +13,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/xbackend compare models/mlp_layernorm.onnx --runs 3 --builds 2 \
-		--report reports/mlp_layernorm.md --json reports/mlp_layernorm.json
+	$(BIN)/xbackend compare models/torch_mlp.onnx --runs 3 --builds 2 \
+		--backends ort-cpu,openvino-cpu,torch,reference,oracle \
+		--report reports/torch_mlp.md --json reports/torch_mlp.json
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

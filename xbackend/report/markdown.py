@@ -145,11 +145,18 @@ def _layer_tables(c: CrossBackendResult) -> list[str]:
             f"only by {c.reference}: {', '.join(c.only_in_reference) or 'none'}.",
             "",
         ]
+    return out + _worst_layers(c) + _full_table(c)
+
+
+def _worst_layers(c: CrossBackendResult) -> list[str]:
     worst = sorted((d for d in c.tensors if not d.bitwise_equal), key=lambda d: d.severity(), reverse=True)
-    if worst:
-        out += [f"Worst {min(WORST_LAYERS, len(worst))} layers:", ""]
-        out += _table(_DIFF_HEADER, [_diff_row(d) for d in worst[:WORST_LAYERS]])
-    return out + _full_table(c)
+    if not worst:
+        return ["Every compared tensor is bitwise equal.", ""]
+    return [
+        f"Worst {min(WORST_LAYERS, len(worst))} layers:",
+        "",
+        *_table(_DIFF_HEADER, [_diff_row(d) for d in worst[:WORST_LAYERS]]),
+    ]
 
 
 def _marks(c: CrossBackendResult) -> dict[str, str]:
@@ -231,15 +238,7 @@ def _oracle(r: Result) -> list[str]:
         ),
     ]
     for c in r.oracle_error:
-        worst = sorted(
-            (d for d in c.tensors if not d.bitwise_equal), key=lambda d: d.severity(), reverse=True
-        )
-        if worst:
-            out += [
-                f"Worst layers of {c.backend} against the oracle:",
-                "",
-                *_table(_DIFF_HEADER, [_diff_row(d) for d in worst[:WORST_LAYERS]]),
-            ]
+        out += [f"### {c.backend} against the oracle", "", *_worst_layers(c), *_full_table(c)]
     return out
 
 
