@@ -58,7 +58,11 @@ def test_bad_set_syntax_exits_2(models: dict[str, Path], capsys: pytest.CaptureF
 def test_unknown_backend_exits_2(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "compare", str(models["attention"]), "--backends", "ort-gpu")
     assert code == 2
-    one_line_error(err, "unknown backend 'ort-gpu'; known backends: ort-cpu, reference")
+    one_line_error(
+        err,
+        "unknown backend 'ort-gpu'; known backends: openvino-cpu, openvino-cpu-default, "
+        "oracle, ort-cpu, reference",
+    )
 
 
 @pytest.mark.slow

@@ -69,6 +69,7 @@ def test_markdown_sections_in_order(two_runs: tuple[xbackend.Result, xbackend.Re
     assert heads == [
         "## Verdict",
         "## Backends",
+        "## All pairs at the outputs",
         "## Cross-backend, per layer",
         "## Run to run and build to build",
         "## Model",
