@@ -23,6 +23,7 @@ from xbackend.capture import capture_sha256, save_capture
 from xbackend.errors import BackendUnavailableError, XbackendError
 from xbackend.metrics import TensorDiff
 from xbackend.model import ModelRef
+from xbackend.runners.base import Runner
 
 PROGRESS_TAG = "xbackend-progress"
 
@@ -70,6 +71,43 @@ def _write_json(path: str, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _load_feeds(path: str) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _runs(runner: Runner, job: Mapping[str, Any], result: dict[str, Any]) -> None:
+    """The main feed set, `runs` times; each extra feed set once; captures saved to disk."""
+    feeds = _load_feeds(job["feeds"])
+    tracker = RunTracker(job["outputs"], job["op_types"])
+    run_s = []
+    for i in range(int(job["runs"])):
+        t0 = time.perf_counter()
+        capture = runner.run(feeds)
+        run_s.append(time.perf_counter() - t0)
+        tracker.add(capture)
+        if i == 0:
+            save_capture(job["capture"], tracker.names, capture)
+            result["fingerprint"] = asdict(runner.fingerprint())
+        del capture
+        print(f"{PROGRESS_TAG} run", flush=True)
+    extra_names = []
+    for feeds_path, capture_path in job.get("extra_feeds", ()):
+        capture = runner.run(_load_feeds(feeds_path))
+        extra_names.append(list(capture))
+        save_capture(capture_path, list(capture), capture)
+        del capture
+        print(f"{PROGRESS_TAG} run", flush=True)
+    result.update(
+        run_s=run_s,
+        capture_names=tracker.names,
+        extra_capture_names=extra_names,
+        output_hashes=tracker.output_hashes,
+        capture_hashes=tracker.capture_hashes,
+        run_diffs=[asdict(d) for d in tracker.worst.values()],
+    )
+
+
 def execute(job: Mapping[str, Any]) -> dict[str, Any]:
     """Run the job; never raises: failures come back as status 'failed' with a reason."""
     from xbackend.runners.registry import get_runner
@@ -78,36 +116,20 @@ def execute(job: Mapping[str, Any]) -> dict[str, Any]:
     runner = None
     try:
         runner = get_runner(job["backend"])(job["options"])
-        result["stage"] = "prepare"
-        t0 = time.perf_counter()
-        fp = runner.prepare(ModelRef.from_dict(job["model"]), job["tensors"])
-        result["prepare_s"] = time.perf_counter() - t0
-        result["fingerprint"] = asdict(fp)
-        with np.load(job["feeds"], allow_pickle=False) as z:
-            feeds = {k: z[k] for k in z.files}
-        result["stage"] = "run"
-        tracker = RunTracker(job["outputs"], job["op_types"])
-        run_s = []
-        for i in range(int(job["runs"])):
+        runner.detailed_fingerprint = bool(job.get("fingerprint", False))
+        model = ModelRef.from_dict(job["model"])
+        if job.get("kind") == "opt-levels":
+            result["stage"] = "opt-levels"
+            result["opt_levels"] = runner.optimization_levels(model, _load_feeds(job["feeds"]))
+            print(f"{PROGRESS_TAG} run", flush=True)
+        else:
+            result["stage"] = "prepare"
             t0 = time.perf_counter()
-            capture = runner.run(feeds)
-            run_s.append(time.perf_counter() - t0)
-            tracker.add(capture)
-            if i == 0:
-                save_capture(job["capture"], tracker.names, capture)
-            del capture
-            print(f"{PROGRESS_TAG} run {i + 1} {job['runs']}", flush=True)
-        result.update(
-            status="ok",
-            stage="done",
-            run_s=run_s,
-            capture_names=tracker.names,
-            output_hashes=tracker.output_hashes,
-            capture_hashes=tracker.capture_hashes,
-            run_diffs=[asdict(d) for d in tracker.worst.values()],
-            not_exposed=runner.not_exposed(),
-            info=runner.info(),
-        )
+            runner.prepare(model, job["tensors"])
+            result["prepare_s"] = time.perf_counter() - t0
+            result["stage"] = "run"
+            _runs(runner, job, result)
+        result.update(status="ok", stage="done", not_exposed=runner.not_exposed(), info=runner.info())
     except BaseException as e:  # the worker reports every failure, even KeyboardInterrupt
         if isinstance(e, BackendUnavailableError):
             result["status"] = "unavailable"

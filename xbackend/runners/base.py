@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from xbackend.errors import RunnerFailedError, UsageError
+from xbackend.errors import BackendUnavailableError, RunnerFailedError, UsageError
 from xbackend.model import ModelRef
 
 __all__ = ["Availability", "BuildFingerprint", "OptionSpec", "Runner"]
@@ -99,6 +99,9 @@ class Runner(abc.ABC):
         self._tensors: tuple[str, ...] = ()
         self._inputs: tuple[str, ...] | None = None
         self._prepared = False
+        self._fingerprint: BuildFingerprint | None = None
+        # Set by the worker when builds are compared: worth a costlier, per-layer fingerprint.
+        self.detailed_fingerprint = False
 
     # --- class-level queries (no engine import needed) --------------------------------
 
@@ -139,7 +142,18 @@ class Runner(abc.ABC):
         self._inputs = tuple(model.inputs)
         fp = self.prepare_impl(model, self._tensors)
         self._prepared = True
+        self._fingerprint = fp
         return fp
+
+    def fingerprint(self) -> BuildFingerprint:
+        """What this build decided; runners that learn more after the first run override it."""
+        if self._fingerprint is None:
+            raise RunnerFailedError(f"{self.name}: fingerprint() before prepare()")
+        return self._fingerprint
+
+    def optimization_levels(self, model: ModelRef, feeds: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+        """Graph-optimization sensitivity probe; only engines with optimization levels implement it."""
+        raise BackendUnavailableError(f"{self.name} has no graph optimization levels to probe")
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Host copies of every exposed tensor for one inference on `feeds`."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.metadata
 import importlib.util
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -44,6 +45,27 @@ def block_telemetry() -> None:
     """Install the blocker once; call before the first `import openvino`."""
     if not any(isinstance(f, _TelemetryBlocker) for f in sys.meta_path):
         sys.meta_path.insert(0, _TelemetryBlocker())
+
+
+_COUNTER = re.compile(r"_\d+")
+
+
+def normalize_name(name: str) -> str:
+    """Drop OpenVINO's auto-generated counters ('Multiply_4187' -> 'Multiply'): they depend on
+    how many nodes the process created before, not on what the engine decided."""
+    return _COUNTER.sub("", name)
+
+
+def runtime_layers(compiled: Any) -> list[tuple[str, str]]:
+    """Per-layer implementation of a compiled model: ('index name', 'type primitive precision')."""
+    out = []
+    for i, op in enumerate(compiled.get_runtime_model().get_ordered_ops()):
+        rt = op.get_rt_info()
+        impl = " ".join(
+            str(rt[k]) if k in rt else "?" for k in ("layerType", "primitiveType", "runtimePrecision")
+        )
+        out.append((f"{i:05d} {normalize_name(op.get_friendly_name())}", impl))
+    return out
 
 
 def _msg(e: BaseException) -> str:
@@ -106,7 +128,10 @@ class OpenVinoCpuRunner(Runner):
         self._request = self._compiled.create_infer_request()
         wanted = set(tensors)
         self._ports = [(i, sorted(set(o.get_names()) & wanted)) for i, o in enumerate(self._compiled.outputs)]
-        return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
+        items = [(f"option {k}", v) for k, v in sorted(self.info().items())]
+        if self.detailed_fingerprint:
+            items = runtime_layers(self._compiled) + items
+        return BuildFingerprint.from_items(self.name, items)
 
     def _expose(self, ov_model: Any, tensors: tuple[str, ...]) -> None:
         """Add a model output for every requested ONNX tensor name OpenVINO still carries."""

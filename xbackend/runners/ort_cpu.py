@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import importlib.util
 import os
 import re
-from collections.abc import Mapping
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,56 @@ _OPT_ENUM = {
     "layout": "ORT_ENABLE_LAYOUT",
     "all": "ORT_ENABLE_ALL",
 }
+
+
+class _Captured:
+    text = ""
+
+
+@contextlib.contextmanager
+def capture_stderr() -> Iterator[_Captured]:
+    """Collect what native code writes to fd 2 (ONNX Runtime's log sink) while the block runs."""
+    out = _Captured()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.text = tmp.read().decode(errors="replace")
+
+
+_MODIFIED = re.compile(r"GraphTransformer (\S+) modified: 1")
+_PLACED = re.compile(r"(?:All nodes placed on|Node\(s\) placed on) \[(\w+)\]\. Number of nodes: (\d+)")
+
+
+def parse_placements(log: str) -> list[tuple[str, str]]:
+    """(provider, node count) pairs from ONNX Runtime's verbose 'Node placements' log."""
+    return [(m.group(1), m.group(2)) for m in _PLACED.finditer(log)]
+
+
+def parse_modified(log: str) -> list[str]:
+    """Graph transformers that changed the graph, in the order ONNX Runtime first applied them."""
+    seen: list[str] = []
+    for m in _MODIFIED.finditer(log):
+        if m.group(1) not in seen:
+            seen.append(m.group(1))
+    return seen
+
+
+def _same(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def _node_signature(n: onnx.NodeProto) -> str:
+    attrs = ",".join(
+        f"{a.name}={onnx.helper.get_attribute_value(a)!r}" for a in n.attribute if a.type != a.GRAPH
+    )
+    return f"{n.domain or 'ai.onnx'}:{n.op_type}({','.join(n.input)})->({','.join(n.output)}) {attrs}"
 
 
 def physical_cores() -> int:
@@ -79,7 +132,7 @@ class OrtCpuRunner(Runner):
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)
-        self._session: Any = None
+        self._session_obj: Any = None
         self._outputs: list[str] = []
         self._notes: dict[str, str] = {}
 
@@ -131,26 +184,100 @@ class OrtCpuRunner(Runner):
             suffix += onnx.ModelProto(ir_version=max_ir).SerializeToString()
         return suffix
 
-    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+    def _session(self, data: bytes, model: ModelRef, so: Any, disabled: Sequence[str] = ()) -> Any:
         import onnxruntime as ort
 
-        data = read_model_bytes(model.path) + self._suffix(model, tensors)
-        so = self.session_options()
         if model.external_data:
             # Bytes carry no directory: tell ORT where the external data lives.
             folder = str(Path(model.path).parent)
             so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         try:
-            self._session = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+            return ort.InferenceSession(
+                data, so, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled) or None
+            )
         except Exception as e:
             raise RunnerFailedError(f"onnxruntime rejected the model: {ort_message(e)}") from e
-        names = {o.name for o in self._session.get_outputs()}
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        data = read_model_bytes(model.path) + self._suffix(model, tensors)
+        so = self.session_options()
+        if not self.detailed_fingerprint:
+            self._session_obj = self._session(data, model, so)
+            fp = BuildFingerprint.from_items(self.name, sorted(self.info().items()))
+        else:
+            with tempfile.TemporaryDirectory(prefix="xbackend-ort-") as tmp:
+                so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+                so.add_session_config_entry(
+                    "session.optimized_model_external_initializers_file_name", "optimized.data"
+                )
+                so.log_severity_level = 0
+                with capture_stderr() as log:
+                    self._session_obj = self._session(data, model, so)
+                fp = self._detailed_fingerprint(so.optimized_model_filepath, log.text)
+        names = {o.name for o in self._session_obj.get_outputs()}
         self._outputs = [t for t in tensors if t in names]
-        return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
+        return fp
+
+    def _detailed_fingerprint(self, optimized: str, log: str) -> BuildFingerprint:
+        """The optimized graph ORT wrote, node by node, plus its node-to-provider placement."""
+        graph = onnx.load(optimized, load_external_data=False).graph
+        items = [(f"{i:05d} {n.name or n.op_type}", _node_signature(n)) for i, n in enumerate(graph.node)]
+        items += [(f"placement {k}", v) for k, v in parse_placements(log)]
+        items += [(f"option {k}", v) for k, v in sorted(self.info().items())]
+        return BuildFingerprint.from_items(self.name, items)
+
+    def _outputs_at(
+        self,
+        data: bytes,
+        model: ModelRef,
+        feeds: Mapping[str, np.ndarray],
+        level: str,
+        disabled: Sequence[str] = (),
+    ) -> tuple[dict[str, np.ndarray], list[str]]:
+        """Graph outputs of a fresh session at `level`, and the transformers that changed the graph."""
+        import onnxruntime as ort
+
+        so = self.session_options()
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_ENUM[level])
+        so.log_severity_level = 0
+        with capture_stderr() as log:
+            sess = self._session(data, model, so, disabled)
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(names, dict(feeds)), strict=True)), parse_modified(log.text)
+
+    def optimization_levels(self, model: ModelRef, feeds: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+        """Each level's graph outputs against DISABLE_ALL; for a level that changes bits, the
+        transformer(s) whose removal alone restores them. Runs the plain model (no intermediates
+        exposed), since exposing tensors blocks the fusions being measured."""
+        from xbackend.metrics import TensorDiff
+
+        data = read_model_bytes(model.path) + self._suffix(model, ())
+        base, _ = self._outputs_at(data, model, feeds, "disable")
+        rows = []
+        for level in OPT_LEVELS[1:]:
+            got, modified = self._outputs_at(data, model, feeds, level)
+            diffs = [TensorDiff.from_arrays(n, got[n], base[n]) for n in base]
+            equal = all(d.bitwise_equal for d in diffs)
+            changed_by = (
+                []
+                if equal
+                else [c for c in modified if _same(self._outputs_at(data, model, feeds, level, [c])[0], base)]
+            )
+            rows.append(
+                {
+                    "level": level,
+                    "bitwise_equal": equal,
+                    "max_ulp": max((d.max_ulp or 0 for d in diffs), default=0),
+                    "scaled_ulp": max((d.scaled_ulp or 0.0 for d in diffs), default=0.0),
+                    "changed_by": changed_by,
+                    "modified_graph": modified,
+                }
+            )
+        return rows
 
     def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
-            values = self._session.run(self._outputs, dict(feeds))
+            values = self._session_obj.run(self._outputs, dict(feeds))
         except Exception as e:
             raise RunnerFailedError(f"onnxruntime failed while running: {ort_message(e)}") from e
         return dict(zip(self._outputs, values, strict=True))
@@ -163,10 +290,10 @@ class OrtCpuRunner(Runner):
         out = super().info()
         out["onnxruntime"] = importlib.metadata.version("onnxruntime")
         out["execution_mode"] = "sequential" if self.options["inter_op_threads"] <= 1 else "parallel"
-        if self._session is not None:
-            out["providers"] = ",".join(self._session.get_providers())
+        if self._session_obj is not None:
+            out["providers"] = ",".join(self._session_obj.get_providers())
         out.update(self._notes)
         return dict(sorted(out.items()))
 
     def close(self) -> None:
-        self._session = None
+        self._session_obj = None
