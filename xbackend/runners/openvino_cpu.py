@@ -62,7 +62,7 @@ def runtime_layers(compiled: Any) -> list[tuple[str, str]]:
     for i, op in enumerate(compiled.get_runtime_model().get_ordered_ops()):
         rt = op.get_rt_info()
         impl = " ".join(
-            str(rt[k]) if k in rt else "?" for k in ("layerType", "primitiveType", "runtimePrecision")
+            rt[k].astype(str) if k in rt else "?" for k in ("layerType", "primitiveType", "runtimePrecision")
         )
         out.append((f"{i:05d} {normalize_name(op.get_friendly_name())}", impl))
     return out
