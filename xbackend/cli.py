@@ -81,6 +81,27 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", metavar="OUT.json", help="write the JSON report here")
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c.add_argument(
+        "--probes",
+        default=None,
+        metavar="LIST",
+        help="probes to run: observer,threads,opt-levels,batch, 'all' or 'none' "
+        "(default: observer,threads,opt-levels, plus batch with --batch-invariance)",
+    )
+    c.add_argument(
+        "--batch-invariance",
+        type=int,
+        default=0,
+        metavar="B",
+        help="probe batch invariance with batches of B (the model needs a dynamic batch dimension)",
+    )
+    c.add_argument(
+        "--probe-threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="thread count the thread probe compares with 1 (default: twice the logical cores)",
+    )
+    c.add_argument(
         "--torch-module",
         metavar="MODULE_SPEC",
         help="source nn.Module for the torch backend (path/to/file.py:factory or pkg.mod:factory)",
@@ -134,6 +155,9 @@ def _compare(args: argparse.Namespace) -> int:
         max_ulp=args.max_ulp,
         outputs_only=args.outputs_only,
         timeout=args.timeout,
+        probes=args.probes,
+        batch_invariance=args.batch_invariance,
+        probe_threads=args.probe_threads,
         runner_options=tuple(args.sets)
         + ((("torch", "module", args.torch_module),) if args.torch_module else ()),
     )

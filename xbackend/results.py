@@ -10,6 +10,7 @@ from typing import Any
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, UsageError
 from xbackend.metrics import TensorDiff
 from xbackend.model import ModelSpec
+from xbackend.probes import Probes, select_probes
 
 __all__ = [
     "DEFAULT_BACKENDS",
@@ -45,6 +46,9 @@ class CompareOptions:
     outputs_only: bool = False
     timeout: float = 600.0
     runner_options: tuple[tuple[str, str, str], ...] = ()
+    probes: tuple[str, ...] | None = None  # None: the cheap ones (plus batch when batch_invariance is set)
+    batch_invariance: int = 0
+    probe_threads: int = 0  # N for the thread probe; 0: twice the logical cores
 
     @classmethod
     def create(cls, **kwargs: Any) -> CompareOptions:
@@ -68,6 +72,10 @@ class CompareOptions:
             )
         if kw.get("inputs") is not None:
             kw["inputs"] = str(kw["inputs"])
+        if isinstance(kw.get("probes"), str):
+            kw["probes"] = tuple(x for x in kw["probes"].split(",") if x)
+        if kw.get("probes") is not None:
+            kw["probes"] = tuple(kw["probes"])
         opts = cls(**kw)
         opts.validate()
         return opts.with_reference()
@@ -85,6 +93,11 @@ class CompareOptions:
             raise UsageError(f"--max-ulp must be >= 0, got {self.max_ulp}")
         if self.inputs is not None and self.shapes:
             raise UsageError("--shape and --inputs exclude each other: --inputs arrays carry their shapes")
+        if self.batch_invariance == 1 or self.batch_invariance < 0:
+            raise UsageError(f"--batch-invariance needs a batch size >= 2, got {self.batch_invariance}")
+        if self.probe_threads < 0:
+            raise UsageError(f"--probe-threads must be >= 1, got {self.probe_threads}")
+        select_probes(self.probes, self.batch_invariance)  # UsageError for unknown names
         stray = sorted({b for b, _, _ in self.runner_options} - set(self.backends) - {self.reference})
         if stray:
             raise UsageError(f"--set names backend(s) {', '.join(stray)} that are not in --backends")
@@ -136,6 +149,12 @@ class CompareOptions:
             parts += ["--set", f"{b}.{k}={v}"]
         if self.outputs_only:
             parts.append("--outputs-only")
+        if self.probes is not None:
+            parts += ["--probes", ",".join(self.probes) or "none"]
+        if self.batch_invariance:
+            parts += ["--batch-invariance", str(self.batch_invariance)]
+        if self.probe_threads:
+            parts += ["--probe-threads", str(self.probe_threads)]
         return shlex.join(parts)
 
 
@@ -298,6 +317,7 @@ class Result:
     notes: tuple[str, ...] = ()
     pairs: tuple[PairResult, ...] = ()
     oracle_error: tuple[CrossBackendResult, ...] = ()
+    probes: Probes = field(default_factory=Probes)
 
     @property
     def command(self) -> str:
@@ -348,6 +368,42 @@ class Result:
             return EXIT_DIFFERENCES
         return EXIT_OK
 
+    def _probe_warnings(self) -> list[str]:
+        """Probe findings: they explain what moves the bits; they do not change the exit code."""
+        p = self.probes
+        out = [
+            f"WARN: observer effect on {o.backend}: exposing intermediates changed its graph outputs "
+            f"(max {o.max_ulp} ULP); per-layer numbers describe a differently optimized engine"
+            for o in p.observer
+            if o.outputs_changed
+        ]
+        out += [
+            f"WARN: {b.backend} builds vary: {b.distinct_fingerprints} distinct engines in {b.builds} builds"
+            f" ({len(b.varying_layers)} layers differ); outputs "
+            f"{'differ' if b.outputs_differ else 'identical'}"
+            for b in p.builds
+            if b.builds_vary
+        ]
+        out += [
+            f"WARN: {b.backend} is not batch-invariant: sample alone vs in a batch of {b.batch} differs "
+            f"from {b.first_divergence} on (max {b.max_ulp} ULP)"
+            for b in p.batch
+            if b.invariant is False
+        ]
+        out += [
+            f"WARN: {t.backend} changes with threads ({t.threads} vs 1): from {t.first_divergence} on "
+            f"(max {t.max_ulp} ULP)"
+            for t in p.threads
+            if t.invariant is False
+        ]
+        out += [
+            f"WARN: {o.backend} optimization level {o.level} changes bits (max {o.max_ulp} ULP) vs none; "
+            f"changed by {', '.join(o.changed_by) or 'a combination of ' + ', '.join(o.modified_graph)}"
+            for o in p.opt_levels
+            if not o.bitwise_equal
+        ]
+        return out
+
     def verdict(self) -> list[str]:
         """One line per finding, most important first; a single PASS line when all is well."""
         lines: list[str] = []
@@ -366,11 +422,13 @@ class Result:
             )
         for b in self.failed:
             lines.append(f"FAIL: {b.name} {b.status}: {b.reason}")
-        if not lines:
-            lines.append(
+        lines += self._probe_warnings()
+        if not any(line.startswith("FAIL") for line in lines):
+            lines.insert(
+                0,
                 f"PASS: every backend is deterministic over {self.options.runs} run(s) x "
                 f"{self.options.builds} build(s) and within {self.options.max_ulp:g} scaled ULP of "
-                f"{self.options.reference_name} at the outputs"
+                f"{self.options.reference_name} at the outputs",
             )
         return lines
 

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from xbackend.metrics import TensorDiff
+from xbackend.probes import Probes
 from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, CrossBackendResult, PairResult, Result
 
@@ -95,6 +96,77 @@ def _oracle(c: CrossBackendResult) -> dict[str, Any]:
     }
 
 
+def _probes(p: Probes) -> dict[str, Any]:
+    return {
+        "ran": list(p.ran),
+        "notes": list(p.notes),
+        "builds": [
+            {
+                "backend": b.backend,
+                "builds": b.builds,
+                "distinct_fingerprints": b.distinct_fingerprints,
+                "builds_vary": b.builds_vary,
+                "outputs_differ": b.outputs_differ,
+                "varying_layers": [{"layer": k, "implementations": list(v)} for k, v in b.varying_layers],
+            }
+            for b in p.builds
+        ],
+        "batch_invariance": [
+            {
+                "backend": b.backend,
+                "batch": b.batch,
+                "status": b.status,
+                "reason": b.reason,
+                "positions": list(b.positions),
+                "invariant": b.invariant,
+                "max_ulp": b.max_ulp,
+                "scaled_ulp": b.scaled_ulp,
+                "first_divergence": b.first_divergence,
+                "by_depth": [
+                    {"tensor": t, "depth": d, "max_ulp": u, "scaled_ulp": s} for t, d, u, s in b.by_depth
+                ],
+            }
+            for b in p.batch
+        ],
+        "thread_invariance": [
+            {
+                "backend": t.backend,
+                "threads": t.threads,
+                "status": t.status,
+                "reason": t.reason,
+                "invariant": t.invariant,
+                "max_ulp": t.max_ulp,
+                "scaled_ulp": t.scaled_ulp,
+                "first_divergence": t.first_divergence,
+            }
+            for t in p.threads
+        ],
+        "optimization_levels": [
+            {
+                "backend": o.backend,
+                "level": o.level,
+                "bitwise_equal": o.bitwise_equal,
+                "max_ulp": o.max_ulp,
+                "scaled_ulp": o.scaled_ulp,
+                "changed_by": list(o.changed_by),
+                "modified_graph": list(o.modified_graph),
+            }
+            for o in p.opt_levels
+        ],
+        "observer_effect": [
+            {
+                "backend": o.backend,
+                "status": o.status,
+                "reason": o.reason,
+                "outputs_changed": o.outputs_changed,
+                "max_ulp": o.max_ulp,
+                "scaled_ulp": o.scaled_ulp,
+            }
+            for o in p.observer
+        ],
+    }
+
+
 def to_dict(r: Result) -> dict[str, Any]:
     m = r.model
     out: dict[str, Any] = _clean(
@@ -126,6 +198,8 @@ def to_dict(r: Result) -> dict[str, Any]:
                 "builds": r.options.builds,
                 "max_ulp": r.options.max_ulp,
                 "outputs_only": r.options.outputs_only,
+                "probes": list(r.probes.ran),
+                "batch_invariance": r.options.batch_invariance,
                 "timeout_s": r.options.timeout,
             },
             "command": r.command,
@@ -133,6 +207,7 @@ def to_dict(r: Result) -> dict[str, Any]:
             "cross_backend": [_cross(c) for c in r.cross_backend],
             "pairs": [_pair(p) for p in r.pairs],
             "oracle_error": [_oracle(c) for c in r.oracle_error],
+            "probes": _probes(r.probes),
             "notes": list(r.notes),
             "metrics": dict(METRIC_DEFINITIONS),
             "environment": dict(r.environment),

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import PurePath
 
 from xbackend.metrics import TensorDiff
+from xbackend.probes import Probes
 from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, CrossBackendResult, Result
 
@@ -242,6 +243,186 @@ def _oracle(r: Result) -> list[str]:
     return out
 
 
+def _observer(p: Probes) -> list[str]:
+    if not p.observer:
+        return []
+    rows = [
+        [
+            o.backend,
+            o.status if o.status != "ok" else ("**YES**" if o.outputs_changed else "no"),
+            _num(o.max_ulp),
+            _num(o.scaled_ulp),
+        ]
+        for o in p.observer
+    ]
+    out = [
+        "### Observer effect",
+        "",
+        "Graph outputs with every intermediate exposed vs the plain model.",
+        "",
+        *_table(["backend", "outputs changed", "max ULP", "scaled ULP"], rows),
+    ]
+    changed = [o.backend for o in p.observer if o.outputs_changed]
+    if changed:
+        out += [
+            f"**Exposing intermediates changed the outputs of {', '.join(changed)}: the per-layer numbers "
+            "above describe a differently optimized engine than the one you ship.**",
+            "",
+        ]
+    return out
+
+
+def _build_variance(p: Probes) -> list[str]:
+    if not p.builds:
+        return []
+    rows = [
+        [
+            b.backend,
+            b.builds,
+            b.distinct_fingerprints,
+            "**yes**" if b.builds_vary else "no",
+            "**yes**" if b.outputs_differ else "no",
+        ]
+        for b in p.builds
+    ]
+    out = [
+        "### Engine builds",
+        "",
+        "Each build in a fresh process; its fingerprint is what the engine decided "
+        "(optimized graph and placement, per-layer kernels).",
+        "",
+        *_table(["backend", "builds", "distinct engines", "builds vary", "outputs differ"], rows),
+    ]
+    for b in p.builds:
+        if b.varying_layers:
+            out += [
+                f"Layers of {b.backend} whose implementation differs between builds:",
+                "",
+                *_table(
+                    ["layer", *[f"build {i}" for i in range(b.builds)]],
+                    [[k, *v] for k, v in b.varying_layers[:FULL_TABLE_LIMIT]],
+                ),
+            ]
+    return out
+
+
+def _threads(p: Probes) -> list[str]:
+    if not p.threads:
+        return []
+    rows = [
+        [
+            t.backend,
+            t.threads,
+            t.status if t.status != "ok" else _yes(t.invariant),
+            _num(t.max_ulp),
+            _num(t.scaled_ulp),
+            t.first_divergence or t.reason or "–",
+        ]
+        for t in p.threads
+    ]
+    return [
+        "### Thread invariance",
+        "",
+        "Each backend at other thread counts against itself at 1 thread.",
+        "",
+        *_table(
+            ["backend", "threads", "same bits as 1 thread", "max ULP", "scaled ULP", "first divergence"], rows
+        ),
+    ]
+
+
+def _opt_levels(p: Probes) -> list[str]:
+    if not p.opt_levels:
+        return []
+    rows = [
+        [
+            o.backend,
+            o.level,
+            _yes(o.bitwise_equal),
+            _num(o.max_ulp),
+            _num(o.scaled_ulp),
+            ", ".join(o.changed_by) or ("–" if o.bitwise_equal else "a combination"),
+            ", ".join(o.modified_graph) or "–",
+        ]
+        for o in p.opt_levels
+    ]
+    return [
+        "### Graph optimization levels",
+        "",
+        "Graph outputs of the plain model at each level against no "
+        "optimization; 'changed by' is the optimizer whose removal alone restores the bits.",
+        "",
+        *_table(
+            [
+                "backend",
+                "level",
+                "same bits as none",
+                "max ULP",
+                "scaled ULP",
+                "changed by",
+                "optimizers that rewrote the graph",
+            ],
+            rows,
+        ),
+    ]
+
+
+def _batch(p: Probes) -> list[str]:
+    if not p.batch:
+        return []
+    rows = [
+        [
+            b.backend,
+            b.batch,
+            ",".join(map(str, b.positions)) or "–",
+            b.status if b.status != "ok" else _yes(b.invariant),
+            _num(b.max_ulp),
+            _num(b.scaled_ulp),
+            b.first_divergence or b.reason or "–",
+        ]
+        for b in p.batch
+    ]
+    out = [
+        "### Batch invariance",
+        "",
+        "The first sample alone vs the same sample inside a batch (other rows "
+        "random, seeded), at several positions.",
+        "",
+        *_table(
+            ["backend", "batch", "positions", "same bits alone", "max ULP", "scaled ULP", "first divergence"],
+            rows,
+        ),
+    ]
+    for b in p.batch:
+        if b.invariant is False:
+            out += [
+                f"Error by depth for {b.backend} (topological index):",
+                "",
+                *_table(
+                    ["depth", "tensor", "max ULP", "scaled ULP"],
+                    [[d, t, _num(u), _num(s)] for t, d, u, s in b.by_depth[:FULL_TABLE_LIMIT]],
+                ),
+            ]
+    return out
+
+
+def _probes(r: Result) -> list[str]:
+    p = r.probes
+    body = [*_observer(p), *_build_variance(p), *_threads(p), *_opt_levels(p), *_batch(p)]
+    notes = [f"- {n}" for n in p.notes]
+    if not body and not notes:
+        return []
+    ran = ", ".join(p.ran) or "none"
+    return [
+        "## What moves the bits (probes)",
+        "",
+        f"Probes run: {ran}.",
+        "",
+        *body,
+        *([*notes, ""] if notes else []),
+    ]
+
+
 def _run_to_run(b: BackendResult) -> list[str]:
     out = [f"### {b.name}", ""]
     if not b.ok:
@@ -346,6 +527,7 @@ def to_markdown(r: Result) -> str:
         *_oracle(r),
         *_cross(r),
         *_runs(r),
+        *_probes(r),
         *_exposure(r),
         *_model(r),
         *_inputs(r),
