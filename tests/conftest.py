@@ -13,6 +13,7 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 PLUGINS = {
     "test-nudge": "plugin_runners:NudgeRunner",
+    "test-flaky-build": "plugin_runners:FlakyBuildRunner",
     "test-outputs-only": "plugin_runners:OutputsOnlyRunner",
     "test-crash": "plugin_runners:CrashRunner",
     "test-hang": "plugin_runners:HangRunner",

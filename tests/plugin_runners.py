@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
@@ -36,6 +37,40 @@ class NudgeRunner(ReferenceRunner):
             for _ in range(int(self.options["ulps"])):
                 a = np.nextafter(a, np.array(np.inf, a.dtype))
             out[name] = a
+        return out
+
+
+class FlakyBuildRunner(ReferenceRunner):
+    """Builds alternate between two 'kernels' for one layer, the way an autotuner picks by timing.
+
+    Build k (counted in a file under `state_dir`) uses kernel k % 2; kernel 1 lands one ULP
+    higher on `tensor`. Fingerprints name the kernel per layer, as a real engine's would.
+    """
+
+    name = "test-flaky-build"
+    description = "alternates kernels between builds"
+    option_specs = (
+        *ReferenceRunner.option_specs,
+        OptionSpec("state_dir", str, "", "where builds are counted"),
+        OptionSpec("tensor", str, "", "tensor computed by the alternating kernel"),
+    )
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        super().prepare_impl(model, tensors)
+        counter = Path(self.options["state_dir"]) / "builds"
+        n = int(counter.read_text()) if counter.exists() else 0
+        counter.write_text(str(n + 1))
+        self._kernel = n % 2
+        layers = [
+            (t, "kernel_b" if t == self.options["tensor"] and self._kernel else "kernel_a") for t in tensors
+        ]
+        return BuildFingerprint.from_items(self.name, layers)
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().run_impl(feeds)
+        name = self.options["tensor"]
+        if self._kernel and name in out:
+            out[name] = np.nextafter(out[name], np.array(np.inf, out[name].dtype))
         return out
 
 

@@ -72,6 +72,7 @@ def test_markdown_sections_in_order(two_runs: tuple[xbackend.Result, xbackend.Re
         "## All pairs at the outputs",
         "## Cross-backend, per layer",
         "## Run to run and build to build",
+        "## What moves the bits (probes)",
         "## Model",
         "## Inputs",
         "## Options in force",

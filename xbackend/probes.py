@@ -221,9 +221,12 @@ def batch_result(backend: str, batch: int, outcome: JobOutcome, spec: ModelSpec)
                     per_tensor.setdefault(n, []).append(
                         TensorDiff.from_arrays(n, a[pos : pos + 1], b, ops.get(n, ""))
                     )
-    worst = [max(ds, key=lambda d: d.severity()) for ds in per_tensor.values()]
-    invariant, max_ulp, scaled, first = summarize(worst)
     depth = {n: i for i, n in enumerate(spec.tensor_order())}
+    worst = sorted(
+        (max(ds, key=lambda d: d.severity()) for ds in per_tensor.values()),
+        key=lambda d: depth.get(d.name, len(depth)),
+    )
+    invariant, max_ulp, scaled, first = summarize(worst)
     by_depth = tuple((d.name, depth.get(d.name, -1), d.max_ulp, d.scaled_ulp) for d in worst)
     return BatchResult(backend, batch, "ok", "", positions, invariant, max_ulp, scaled, first, by_depth)
 

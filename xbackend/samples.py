@@ -80,9 +80,13 @@ def _linear(g: _Graph, x: str, n_in: int, n_out: int, prefix: str) -> str:
 
 
 def mlp_layernorm(
-    blocks: int = 6, width: int = 64, hidden: int = 128, seq: int = 16, batch: int | str = 1
+    blocks: int = 6, width: int = 64, hidden: int = 128, seq: int | None = 16, batch: int | str = 1
 ) -> onnx.ModelProto:
-    """Pre-norm residual MLP stack: x + W2·SiLU(W1·LN(x)), then a final LayerNorm."""
+    """Pre-norm residual MLP stack: x + W2·SiLU(W1·LN(x)), then a final LayerNorm.
+
+    With `seq=None` the input is [batch, width]: one matrix product per layer whose row
+    count is the batch size, which is where BLAS switches kernels (gemv vs gemm).
+    """
     g = _Graph(seed=1)
     x = "x"
     for i in range(blocks):
@@ -101,10 +105,11 @@ def mlp_layernorm(
         "y",
         axis=-1,
     )
+    dims = [batch, width] if seq is None else [batch, seq, width]
     return g.model(
         "mlp_layernorm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, width])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)],
         f"residual MLP + LayerNorm stack, {blocks} blocks, width {width}",
     )
 
@@ -210,6 +215,11 @@ def dot_products(k: int = 1024, n: int = 256) -> onnx.ModelProto:
     )
 
 
+def mlp_batch() -> onnx.ModelProto:
+    """A deep (12-block) residual LayerNorm/MLP stack on [batch, 128] inputs, dynamic batch."""
+    return mlp_layernorm(blocks=12, width=128, hidden=256, seq=None, batch="batch")
+
+
 SAMPLES: dict[str, Sample] = {
     s.name: s
     for s in (
@@ -224,6 +234,12 @@ SAMPLES: dict[str, Sample] = {
             "scatter_add",
             scatter_add,
             "nondeterministic run to run on ort-cpu with 2 threads (ScatterND add race)",
+        ),
+        Sample(
+            "mlp_batch",
+            mlp_batch,
+            "dynamic batch: ort-cpu and openvino-cpu are batch-invariant; reference is not, and its "
+            "error grows with depth",
         ),
         Sample(
             "dot_products",

@@ -76,6 +76,29 @@ def _same(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
     return a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
 
 
+_GENERATED = re.compile(r"_token_\d+")
+
+
+def canonical_nodes(graph: onnx.GraphProto) -> list[tuple[str, str]]:
+    """(node key, signature) for every node, independent of the order ORT serialized them in and of
+    the counters in the names it generated ('reorder_token_7')."""
+    # Keyed by what a node produces: the node names ORT invents depend on creation order.
+    pairs = sorted(
+        (
+            _GENERATED.sub("_token", f"{n.op_type}->{','.join(n.output)}"),
+            _GENERATED.sub("_token", _node_signature(n)),
+        )
+        for n in graph.node
+    )
+    seen: dict[str, int] = {}
+    out = []
+    for name, sig in pairs:
+        k = seen.get(name, 0)
+        seen[name] = k + 1
+        out.append((name if k == 0 else f"{name}#{k}", sig))
+    return out
+
+
 def _node_signature(n: onnx.NodeProto) -> str:
     attrs = ",".join(
         f"{a.name}={onnx.helper.get_attribute_value(a)!r}" for a in n.attribute if a.type != a.GRAPH
@@ -221,7 +244,7 @@ class OrtCpuRunner(Runner):
     def _detailed_fingerprint(self, optimized: str, log: str) -> BuildFingerprint:
         """The optimized graph ORT wrote, node by node, plus its node-to-provider placement."""
         graph = onnx.load(optimized, load_external_data=False).graph
-        items = [(f"{i:05d} {n.name or n.op_type}", _node_signature(n)) for i, n in enumerate(graph.node)]
+        items = canonical_nodes(graph)
         items += [(f"placement {k}", v) for k, v in parse_placements(log)]
         items += [(f"option {k}", v) for k, v in sorted(self.info().items())]
         return BuildFingerprint.from_items(self.name, items)

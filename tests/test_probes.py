@@ -1,0 +1,197 @@
+"""Probes: each on a bundled model where its answer is known on this machine."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import xbackend
+from xbackend.errors import UsageError
+from xbackend.probes import BuildVariance, select_probes
+
+pytestmark = pytest.mark.slow
+HAS_OV = importlib.util.find_spec("openvino") is not None
+
+
+def test_probe_selection() -> None:
+    assert select_probes(None, 0) == ("observer", "threads", "opt-levels")
+    assert select_probes(None, 8) == ("observer", "threads", "opt-levels", "batch")
+    assert select_probes(["batch", "observer"], 0) == ("observer", "batch")
+    assert select_probes(["none"], 0) == ()
+    assert select_probes(["all"], 0) == ("observer", "threads", "opt-levels", "batch")
+    with pytest.raises(UsageError, match=r"unknown probe.s. speed; choose from observer, threads"):
+        select_probes(["speed"], 0)
+
+
+def test_build_variance_from_fingerprints() -> None:
+    fps = [
+        {"digest": "a", "layers": [["conv", "k1"], ["relu", "r"]]},
+        {"digest": "b", "layers": [["conv", "k2"], ["relu", "r"]]},
+        {"digest": "a", "layers": [["conv", "k1"], ["relu", "r"]]},
+    ]
+    bv = BuildVariance.from_fingerprints("x", fps, outputs_differ=True)
+    assert bv.builds_vary and bv.distinct_fingerprints == 2
+    assert bv.varying_layers == (("conv", ("k1", "k2", "k1")),)
+
+
+def test_optimization_level_that_changes_a_convolution(models: dict[str, Path]) -> None:
+    r = xbackend.compare(
+        models["convnet"], shapes={"image": (2, 3, 32, 32)}, backends=["ort-cpu"], runs=1, probes="opt-levels"
+    )
+    levels = {o.level: o for o in r.probes.opt_levels}
+    assert [o.level for o in r.probes.opt_levels] == ["basic", "extended", "layout", "all"]
+    assert levels["basic"].bitwise_equal and levels["extended"].bitwise_equal
+    assert "ConvActivationFusion" in levels["extended"].modified_graph  # rewrites, same bits
+    for lvl in ("layout", "all"):
+        assert not levels[lvl].bitwise_equal
+        assert levels[lvl].changed_by == ("NchwcTransformer",)
+        assert levels[lvl].max_ulp >= 10  # tens of ULPs on a convolution
+    assert any("changed by NchwcTransformer" in line for line in r.verdict())
+    assert r.exit_code == 0  # probes explain; they do not fail the run
+
+
+def test_batch_invariance_known_engines(models: dict[str, Path]) -> None:
+    backends = ["ort-cpu", "reference"] + (["openvino-cpu"] if HAS_OV else [])
+    r = xbackend.compare(
+        models["mlp_batch"],
+        shapes={"x": (1, 128)},
+        backends=backends,
+        runs=1,
+        probes="batch",
+        batch_invariance=8,
+    )
+    res = {b.backend: b for b in r.probes.batch}
+    assert res["ort-cpu"].invariant is True and res["ort-cpu"].max_ulp == 0
+    if HAS_OV:
+        assert res["openvino-cpu"].invariant is True
+    ref = res["reference"]
+    assert ref.invariant is False and ref.positions == (0, 4, 7)
+    # numpy's BLAS uses a matrix-vector kernel for one row and a matrix-matrix one for eight:
+    # the first MatMul is where the sample parts ways with itself.
+    assert ref.first_divergence == "block0.fc1.matmul"
+    by_name = {t: (d, u, s) for t, d, u, s in ref.by_depth}
+    assert by_name["block0.ln.out"][1] == 0
+    residual = [by_name[f"block{i}.residual"][2] or 0.0 for i in range(12)]
+    assert sum(residual[-3:]) / 3 > sum(residual[:3]) / 3  # the error grows along the residual stream
+    data = json.loads(xbackend.to_json(r))["probes"]["batch_invariance"]
+    assert {d["backend"]: d["invariant"] for d in data}["reference"] is False
+    assert data[0]["by_depth"][0] == {"tensor": "block0.ln.out", "depth": 0, "max_ulp": 0, "scaled_ulp": 0.0}
+
+
+def test_batch_probe_needs_a_batch_dimension(models: dict[str, Path]) -> None:
+    r = xbackend.compare(
+        models["attention"], backends=["ort-cpu"], runs=1, probes="batch", batch_invariance=4
+    )
+    assert r.probes.batch == ()
+    assert r.probes.notes == (
+        "batch invariance not probed: no model input has a dynamic first (batch) dimension",
+    )
+
+
+def test_thread_invariance(models: dict[str, Path]) -> None:
+    r = xbackend.compare(
+        models["mlp_layernorm"], backends=["ort-cpu", "reference"], runs=1, probes="threads", probe_threads=4
+    )
+    ort = [t for t in r.probes.threads if t.backend == "ort-cpu"]
+    assert {t.threads for t in ort} >= {"4"}
+    assert all(t.invariant for t in ort)  # ONNX Runtime CPU gives the same bits at 1, default and 4 threads
+    ref = [t for t in r.probes.threads if t.backend == "reference"]
+    assert [t.threads for t in ref] == ["4"]  # its default is already 1 BLAS thread
+    data = json.loads(xbackend.to_json(r))["probes"]["thread_invariance"]
+    assert {"backend", "threads", "invariant", "max_ulp"} <= set(data[0])
+
+
+def test_thread_probe_catches_the_scatter_race(models: dict[str, Path]) -> None:
+    r = xbackend.compare(
+        models["scatter_add"],
+        backends=["ort-cpu"],
+        runs=1,
+        probes="threads",
+        probe_threads=2,
+        runner_options={"ort-cpu": {"threads": "1"}},
+    )
+    (t,) = r.probes.threads
+    assert t.threads == "2" and t.invariant is False and t.first_divergence == "pooled"
+
+
+def test_observer_effect_on_ort_from_a_blocked_fusion(models: dict[str, Path]) -> None:
+    backends = ["ort-cpu", "reference"] + (["openvino-cpu"] if HAS_OV else [])
+    r = xbackend.compare(models["mlp_layernorm"], backends=backends, runs=1, probes="observer,opt-levels")
+    obs = {o.backend: o for o in r.probes.observer}
+    # With every residual sum exposed, ONNX Runtime cannot fuse Add + LayerNormalization:
+    # the shipped (fused) engine gives different outputs than the instrumented one.
+    assert obs["ort-cpu"].outputs_changed is True and (obs["ort-cpu"].max_ulp or 0) > 0
+    assert obs["reference"].outputs_changed is False and obs["reference"].max_ulp == 0
+    if HAS_OV:
+        assert obs["openvino-cpu"].outputs_changed is False
+    extended = next(o for o in r.probes.opt_levels if o.level == "extended")
+    assert extended.changed_by == ("SkipLayerNormFusion",)
+    assert any(line.startswith("WARN: observer effect on ort-cpu") for line in r.verdict())
+    md = xbackend.to_markdown(r)
+    assert "**Exposing intermediates changed the outputs of ort-cpu" in md
+    data = json.loads(xbackend.to_json(r))["probes"]["observer_effect"]
+    assert data[1] == {
+        "backend": "reference",
+        "status": "ok",
+        "reason": "",
+        "outputs_changed": False,
+        "max_ulp": 0,
+        "scaled_ulp": 0.0,
+    }
+
+
+@pytest.mark.skipif(not HAS_OV, reason="openvino not installed")
+def test_observer_effect_on_openvino_attention(models: dict[str, Path]) -> None:
+    r = xbackend.compare(models["attention"], backends=["ort-cpu", "openvino-cpu"], runs=1, probes="observer")
+    obs = {o.backend: o.outputs_changed for o in r.probes.observer}
+    assert obs == {"ort-cpu": False, "openvino-cpu": True}
+
+
+def test_real_backends_build_the_same_engine(models: dict[str, Path]) -> None:
+    backends = ["ort-cpu"] + (["openvino-cpu"] if HAS_OV else [])
+    r = xbackend.compare(
+        models["convnet"],
+        shapes={"image": (1, 3, 32, 32)},
+        backends=backends,
+        runs=1,
+        builds=3,
+        probes="none",
+    )
+    for b in r.probes.builds:
+        assert (b.builds, b.distinct_fingerprints, b.builds_vary, b.outputs_differ) == (3, 1, False, False)
+    assert {b.backend for b in r.probes.builds} == set(backends)
+    ort_fp = r.backend("ort-cpu").fingerprints
+    assert len(set(ort_fp)) == 1 and len(ort_fp[0]) == 64
+
+
+def test_builds_that_vary_are_flagged_with_their_layers(
+    models: dict[str, Path], plugins: None, tmp_path: Path
+) -> None:
+    r = xbackend.compare(
+        models["mlp_layernorm"],
+        backends=["test-flaky-build"],
+        runs=2,
+        builds=3,
+        probes="none",
+        runner_options={"test-flaky-build": {"state_dir": str(tmp_path), "tensor": "block3.silu"}},
+    )
+    (bv,) = r.probes.builds
+    assert bv.builds_vary and bv.distinct_fingerprints == 2
+    assert bv.varying_layers == (("block3.silu", ("kernel_a", "kernel_b", "kernel_a")),)
+    assert bv.outputs_differ is False  # only an intermediate moved
+    b = r.backend("test-flaky-build")
+    assert b.deterministic is False and b.distinct_build_outputs == 1
+    assert b.first_nondeterministic == "block3.silu"
+    assert any(
+        line.startswith("WARN: test-flaky-build builds vary: 2 distinct engines in 3 builds")
+        for line in r.verdict()
+    )
+    md = xbackend.to_markdown(r)
+    assert "| block3.silu | kernel_a | kernel_b | kernel_a |" in md
+    data = json.loads(xbackend.to_json(r))["probes"]["builds"][0]
+    assert data["varying_layers"] == [
+        {"layer": "block3.silu", "implementations": ["kernel_a", "kernel_b", "kernel_a"]}
+    ]
