@@ -3,9 +3,10 @@
 Builds a 20-block residual MLP (width 768, hidden 3072, sequence 128, batch 1),
 then times, in one run of this script:
 
-  xbackend compare M --backends ort-cpu --runs 2        (every layer captured)
+  xbackend compare M --backends ort-cpu --runs 2 --probes none   (every layer captured)
   polygraphy run M --onnxrt --onnxrt --onnx-outputs '*'  (every layer captured)
 
+Probes are off because Polygraphy runs none (they spawn further engine builds).
 Peak memory is the largest sum of RSS over each command's whole process tree,
 sampled every 10 ms. xbackend is also measured at --runs 10 to show that its
 peak does not grow with the number of runs. Targets: wall time <= 0.5x
@@ -101,6 +102,8 @@ def main() -> None:
                 "--runs",
                 "2",
                 "--no-progress",
+                "--probes",
+                "none",
             ],
             "xbackend --runs 10": [
                 xb,
@@ -111,6 +114,8 @@ def main() -> None:
                 "--runs",
                 "10",
                 "--no-progress",
+                "--probes",
+                "none",
             ],
             "polygraphy": [pg, "run", str(model), "--onnxrt", "--onnxrt", "--onnx-outputs", "*"],
         }

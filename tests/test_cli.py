@@ -147,3 +147,15 @@ def test_console_script_keeps_stdout_clean(models: dict[str, Path], tmp_path: Pa
     p = subprocess.run([exe, "compare", "nope.onnx"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr == "xbackend: error: model file not found: nope.onnx; check the path\n"
+
+
+def test_unknown_probe_exits_2(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "compare", str(models["attention"]), "--probes", "observer,speed")
+    assert code == 2
+    one_line_error(err, "unknown probe(s) speed; choose from observer, threads, opt-levels, batch, all, none")
+
+
+def test_batch_of_one_exits_2(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "compare", str(models["attention"]), "--batch-invariance", "1")
+    assert code == 2
+    one_line_error(err, "--batch-invariance needs a batch size >= 2, got 1")
