@@ -92,31 +92,24 @@ def main() -> None:
             f"model: {args.blocks} blocks, width 768, hidden 3072, seq 128; "
             f"{size_mb:.0f} MiB, {tensors} tensors"
         )
+
+        def xbackend_cmd(runs: int) -> list[str]:
+            return [
+                xb,
+                "compare",
+                str(model),
+                "--backends",
+                "ort-cpu",
+                "--runs",
+                str(runs),
+                "--no-progress",
+                "--probes",
+                "none",
+            ]
+
         cmds = {
-            "xbackend --runs 2": [
-                xb,
-                "compare",
-                str(model),
-                "--backends",
-                "ort-cpu",
-                "--runs",
-                "2",
-                "--no-progress",
-                "--probes",
-                "none",
-            ],
-            "xbackend --runs 10": [
-                xb,
-                "compare",
-                str(model),
-                "--backends",
-                "ort-cpu",
-                "--runs",
-                "10",
-                "--no-progress",
-                "--probes",
-                "none",
-            ],
+            "xbackend --runs 2": xbackend_cmd(2),
+            "xbackend --runs 10": xbackend_cmd(10),
             "polygraphy": [pg, "run", str(model), "--onnxrt", "--onnxrt", "--onnx-outputs", "*"],
         }
         results: dict[str, tuple[float, float]] = {}

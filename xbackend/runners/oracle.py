@@ -8,18 +8,15 @@ correctly-rounded-as-far-as-float64-goes answer.
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from xbackend.errors import BackendUnavailableError, RunnerFailedError
-from xbackend.model import ModelRef, load_proto, np_dtype
-from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
-from xbackend.runners.reference import BLAS_THREAD_VARS, blas_info
+from xbackend.errors import BackendUnavailableError
+from xbackend.model import np_dtype
+from xbackend.runners.reference import ReferenceRunner
 
 __all__ = ["PROMOTED", "OracleRunner", "promote_to_float64"]
 
@@ -91,59 +88,26 @@ def original_dtypes(proto: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
-class OracleRunner(Runner):
+class OracleRunner(ReferenceRunner):
     name = "oracle"
     description = "float64 oracle: the model promoted to double, reference evaluator, 1 BLAS thread"
-    option_specs = (OptionSpec("threads", int, 1, "BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS)"),)
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)
-        self._evaluator: Any = None
         self._dtypes: dict[str, str] = {}
-        self._missing: dict[str, str] = {}
         self._assumed: set[str] = set()
 
-    @classmethod
-    def availability(cls) -> Availability:
-        return Availability.ok(importlib.metadata.version("onnx"))
-
-    @classmethod
-    def process_env(cls, options: Mapping[str, Any]) -> dict[str, str]:
-        return {var: str(max(1, int(options["threads"]))) for var in BLAS_THREAD_VARS}
-
-    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
-        from onnx.reference import ReferenceEvaluator
-
-        proto = load_proto(model.path)
+    def transform(self, proto: onnx.ModelProto) -> onnx.ModelProto:
         self._dtypes = original_dtypes(proto)
-        promoted = promote_to_float64(proto)
-        try:
-            self._evaluator = ReferenceEvaluator(promoted)
-        except Exception as e:
-            raise RunnerFailedError(f"the reference evaluator rejected the float64 model: {e}") from e
-        return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
+        return promote_to_float64(proto)
 
-    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        wide = {
+    def widen(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {
             k: v.astype(np.float64) if v.dtype.kind == "f" or str(v.dtype) == "bfloat16" else v
             for k, v in feeds.items()
         }
-        try:
-            results = self._evaluator.run(None, wide, intermediate=True)
-        except Exception as e:
-            raise RunnerFailedError(
-                f"the float64 oracle failed while running: {type(e).__name__}: {e}"
-            ) from e
-        out: dict[str, np.ndarray] = {}
-        self._missing = {}
-        for t in self._tensors:
-            if t not in results:
-                self._missing[t] = "not produced by the reference evaluator"
-            else:
-                out[t] = self._round(t, np.asarray(results[t]))
-        return out
 
-    def _round(self, name: str, value: np.ndarray) -> np.ndarray:
+    def narrow(self, name: str, value: np.ndarray) -> np.ndarray:
         """Back to the tensor's original dtype (round to nearest even); float32 where unknown."""
         if value.dtype != np.float64:
             return value
@@ -153,18 +117,9 @@ class OracleRunner(Runner):
             return value.astype(np.float32)
         return value if target == "float64" else value.astype(np_dtype(target))
 
-    def not_exposed(self) -> dict[str, str]:
-        return dict(self._missing)
-
     def info(self) -> dict[str, str]:
         out = super().info()
-        out["onnx"] = importlib.metadata.version("onnx")
-        out["numpy"] = np.__version__
-        out["blas"] = blas_info()
         out["precision"] = "float64, rounded to each tensor's original dtype"
         if self._assumed:
             out["dtype_assumed_float32"] = str(len(self._assumed))
         return dict(sorted(out.items()))
-
-    def close(self) -> None:
-        self._evaluator = None

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import onnx
 
 from xbackend.errors import RunnerFailedError
 from xbackend.model import ModelRef, load_proto
@@ -54,22 +55,34 @@ class ReferenceRunner(Runner):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         from onnx.reference import ReferenceEvaluator
 
-        proto = load_proto(model.path)
+        proto = self.transform(load_proto(model.path))
         try:
             self._evaluator = ReferenceEvaluator(proto)
         except Exception as e:
             raise RunnerFailedError(f"the reference evaluator rejected the model: {_msg(e)}") from e
         return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
 
+    def transform(self, proto: onnx.ModelProto) -> onnx.ModelProto:
+        """The model the evaluator runs (the oracle promotes it to float64)."""
+        return proto
+
+    def widen(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Feeds as the transformed model takes them."""
+        return dict(feeds)
+
+    def narrow(self, name: str, value: np.ndarray) -> np.ndarray:
+        """A result as the original model would type it."""
+        return value
+
     def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
-            results = self._evaluator.run(None, dict(feeds), intermediate=True)
+            results = self._evaluator.run(None, self.widen(feeds), intermediate=True)
         except Exception as e:
             raise RunnerFailedError(f"the reference evaluator failed while running: {_msg(e)}") from e
         self._missing = {
             t: "not produced by the reference evaluator" for t in self._tensors if t not in results
         }
-        return {t: results[t] for t in self._tensors if t in results}
+        return {t: self.narrow(t, np.asarray(results[t])) for t in self._tensors if t in results}
 
     def not_exposed(self) -> dict[str, str]:
         return dict(self._missing)
