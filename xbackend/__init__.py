@@ -17,8 +17,10 @@ from xbackend.inputs import Feeds, generate_feeds, load_feeds
 from xbackend.metrics import TensorDiff, ulp_distance
 from xbackend.model import ModelSpec, load_model
 from xbackend.report import to_json, to_markdown, write_atomic
-from xbackend.results import BackendResult, CompareOptions, CrossBackendResult, Result
+from xbackend.probes import Probes
+from xbackend.results import BackendResult, CompareOptions, CrossBackendResult, PairResult, Result
 from xbackend.runners import Availability, BuildFingerprint, Runner, get_runner, list_runners
+from xbackend.torch_export import InputDecl, export_torch
 
 __version__ = "0.1.0"
 
@@ -31,9 +33,12 @@ __all__ = [
     "CrossBackendResult",
     "ExportError",
     "Feeds",
+    "InputDecl",
     "InputError",
     "ModelLoadError",
     "ModelSpec",
+    "PairResult",
+    "Probes",
     "ReportError",
     "Result",
     "Runner",
@@ -44,6 +49,7 @@ __all__ = [
     "__version__",
     "compare",
     "compare_with_options",
+    "export_torch",
     "generate_feeds",
     "get_runner",
     "list_runners",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xbackend.worker import PROGRESS_TAG
+from xbackend.protocol import PROGRESS_TAG
 
 __all__ = ["WorkerOutcome", "run_worker"]
 
@@ -38,7 +38,11 @@ class WorkerOutcome:
 
 def _stderr_tail(path: Path) -> str:
     try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        lines = [
+            ln.strip()
+            for ln in path.read_text(errors="replace").splitlines()
+            if ln.strip() and "Warning" not in ln
+        ]
     except OSError:
         return ""
     return lines[-1][:300] if lines else ""

@@ -23,9 +23,8 @@ from xbackend.capture import capture_sha256, save_capture
 from xbackend.errors import BackendUnavailableError, XbackendError
 from xbackend.metrics import TensorDiff
 from xbackend.model import ModelRef
+from xbackend.protocol import PROGRESS_TAG
 from xbackend.runners.base import Runner
-
-PROGRESS_TAG = "xbackend-progress"
 
 
 class RunTracker:
