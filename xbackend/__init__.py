@@ -16,8 +16,8 @@ from xbackend.errors import (
 from xbackend.inputs import Feeds, generate_feeds, load_feeds
 from xbackend.metrics import TensorDiff, ulp_distance
 from xbackend.model import ModelSpec, load_model
-from xbackend.report import to_json, to_markdown, write_atomic
 from xbackend.probes import Probes
+from xbackend.report import to_json, to_markdown, write_atomic
 from xbackend.results import BackendResult, CompareOptions, CrossBackendResult, PairResult, Result
 from xbackend.runners import Availability, BuildFingerprint, Runner, get_runner, list_runners
 from xbackend.torch_export import InputDecl, export_torch
