@@ -1,8 +1,9 @@
 """Command line: parse, call the library, print. No logic lives here.
 
 Exit codes: 0 ran and nothing failed; 1 a backend was nondeterministic, a
-cross-backend difference exceeded --max-ulp, or a backend failed while others
-ran; 2 usage or input error; 3 every backend failed; 4 internal error.
+cross-backend difference exceeded --max-ulp, or a backend failed or was
+unavailable while others ran; 2 usage or input error; 3 every backend failed;
+4 internal error.
 """
 
 from __future__ import annotations

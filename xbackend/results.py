@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, UsageError
@@ -104,8 +104,6 @@ class CompareOptions:
 
     def with_reference(self) -> CompareOptions:
         """Resolve the reference: the explicit one (added to backends), else 'reference', else the first."""
-        from dataclasses import replace
-
         if self.reference is None:
             ref = "reference" if "reference" in self.backends else self.backends[0]
             return replace(self, reference=ref)
