@@ -34,7 +34,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="xbackend", description="Does your model give the same bits everywhere it runs?"
     )
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compare", help="run a model on several backends and compare, per layer, in ULPs")
+    c = sub.add_parser(
+        "compare",
+        help="run a model on several backends and compare, per layer, in ULPs",
+        epilog="exit codes: 0 all deterministic and within --max-ulp; 1 nondeterministic, past --max-ulp, "
+        "or a backend failed/unavailable; 2 usage or input error; 3 every backend failed; 4 internal error",
+    )
     c.add_argument("model", help="path to an .onnx file")
     c.add_argument(
         "--backends",
