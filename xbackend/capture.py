@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CaptureFile", "capture_sha256", "save_capture"]
+from xbackend.metrics import TensorDiff
+
+__all__ = ["CaptureFile", "capture_sha256", "common_names", "diff_captures", "save_capture"]
 
 
 def _key(i: int) -> str:
@@ -33,6 +35,24 @@ def capture_sha256(names: Iterable[str], tensors: Mapping[str, np.ndarray]) -> s
         h.update(f"{n}|{a.dtype}|{a.shape}|".encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+def common_names(a: CaptureFile, b: CaptureFile, names: Iterable[str]) -> list[str]:
+    """The names, in order, that both captures hold."""
+    return [n for n in names if n in a and n in b]
+
+
+def diff_captures(
+    a: CaptureFile, b: CaptureFile, names: Sequence[str], ops: Mapping[str, str]
+) -> list[TensorDiff]:
+    """a against b for each name; a name only one side holds is a 'missing' mismatch."""
+    out = []
+    for n in names:
+        if n in a and n in b:
+            out.append(TensorDiff.from_arrays(n, a[n], b[n], ops.get(n, "")))
+        else:
+            out.append(TensorDiff.mismatch(n, ops.get(n, ""), "missing", "exposed on one side only"))
+    return out
 
 
 class CaptureFile:

@@ -15,12 +15,12 @@ from typing import Any
 
 import onnx
 
-from xbackend.capture import CaptureFile
+from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.environment import collect_environment
 from xbackend.errors import ModelLoadError
 from xbackend.executor import Executor, Job, JobOutcome
 from xbackend.inputs import Feeds, generate_feeds, load_feeds
-from xbackend.metrics import TensorDiff
+from xbackend.metrics import TensorDiff, worst_per_tensor
 from xbackend.model import ModelSpec, downgrade_blockers, load_model
 from xbackend.probes import (
     BatchResult,
@@ -32,7 +32,6 @@ from xbackend.probes import (
     batch_feed_sets,
     batch_inputs,
     batch_result,
-    diff_names,
     has_opt_levels,
     has_threads,
     save_feeds,
@@ -223,7 +222,7 @@ def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResu
     first = b.outcomes[0].result
     names = first["capture_names"]
     order = {n: i for i, n in enumerate(names)}
-    run_diffs = _worst_per_tensor(
+    run_diffs = worst_per_tensor(
         [_diff_from_dict(d) for o in b.outcomes for d in o.result["run_diffs"]], order
     )
     out_hashes = [h for o in b.outcomes for h in o.result["output_hashes"]]
@@ -251,13 +250,6 @@ def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResu
     )
 
 
-def _worst_per_tensor(diffs: Sequence[TensorDiff], order: dict[str, int]) -> list[TensorDiff]:
-    worst: dict[str, TensorDiff] = {}
-    for d in diffs:
-        worst[d.name] = worst[d.name].worse(d) if d.name in worst else d
-    return sorted(worst.values(), key=lambda d: order.get(d.name, len(order)))
-
-
 def _build_diffs(b: _Builds, names: Sequence[str], spec: ModelSpec) -> list[TensorDiff]:
     """Each later build's first run against build 0's, tensor by tensor from disk."""
     if len(b.outcomes) < 2:
@@ -268,20 +260,8 @@ def _build_diffs(b: _Builds, names: Sequence[str], spec: ModelSpec) -> list[Tens
     with CaptureFile(b.outcomes[0].capture, names) as base:
         for o in b.outcomes[1:]:
             with CaptureFile(o.capture, o.names) as other:
-                diffs.extend(_diff_captures(other, base, names, ops))
-    return _worst_per_tensor(diffs, order)
-
-
-def _diff_captures(
-    a: CaptureFile, b: CaptureFile, names: Sequence[str], ops: dict[str, str]
-) -> list[TensorDiff]:
-    out = []
-    for n in names:
-        if n in a and n in b:
-            out.append(TensorDiff.from_arrays(n, a[n], b[n], ops.get(n, "")))
-        else:
-            out.append(TensorDiff.mismatch(n, ops.get(n, ""), "missing", "exposed on one side only"))
-    return out
+                diffs.extend(diff_captures(other, base, names, ops))
+    return worst_per_tensor(diffs, order)
 
 
 def _cross_all(
@@ -305,9 +285,8 @@ def _cross_all(
 def _compare_first_runs(a: _Builds, b: _Builds, spec: ModelSpec, order: Sequence[str]) -> list[TensorDiff]:
     """Tensors both exposed, in `order`: a's first run against b's."""
     a0, b0 = a.outcomes[0], b.outcomes[0]
-    common = [n for n in order if n in set(a0.names) & set(b0.names)]
     with CaptureFile(a0.capture, a0.names) as ca, CaptureFile(b0.capture, b0.names) as cb:
-        return _diff_captures(ca, cb, common, spec.op_types())
+        return diff_captures(ca, cb, common_names(ca, cb, order), spec.op_types())
 
 
 def _pairs(builds: dict[str, _Builds], results: Sequence[BackendResult], spec: ModelSpec) -> list[PairResult]:
@@ -447,7 +426,9 @@ class _ProbePlan:
             return ObserverResult(p.name, "failed", o.outcome.reason)
         main = b.outcomes[0]
         with CaptureFile(o.capture, o.names) as plain, CaptureFile(main.capture, main.names) as inst:
-            diffs = diff_names(inst, plain, self.spec.output_names, self.spec.op_types())
+            diffs = diff_captures(
+                inst, plain, common_names(inst, plain, self.spec.output_names), self.spec.op_types()
+            )
         equal, max_ulp, scaled, _ = summarize(diffs)
         return ObserverResult(p.name, "ok", "", not equal, max_ulp, scaled)
 
@@ -470,7 +451,8 @@ class _ProbePlan:
                 out.append(ThreadResult(p.name, label, "failed", o.outcome.reason))
                 continue
             with CaptureFile(o.capture, o.names) as a, CaptureFile(one.capture, one.names) as b:
-                diffs = diff_names(a, b, self.spec.tensor_order(self.opts.outputs_only), self.spec.op_types())
+                names = common_names(a, b, self.spec.tensor_order(self.opts.outputs_only))
+                diffs = diff_captures(a, b, names, self.spec.op_types())
             equal, max_ulp, scaled, first = summarize(diffs)
             out.append(ThreadResult(p.name, label, "ok", "", equal, max_ulp, scaled, first))
         return out

@@ -14,6 +14,7 @@ error is tiny relative to the tensor.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,9 +24,11 @@ __all__ = [
     "TensorDiff",
     "classify",
     "is_float_dtype",
+    "keep_worse",
     "ordered_bits",
     "ulp_at",
     "ulp_distance",
+    "worst_per_tensor",
 ]
 
 # numpy dtype name -> (storage bits, mantissa bits)
@@ -250,6 +253,19 @@ class TensorDiff:
 
     def worse(self, other: TensorDiff) -> TensorDiff:
         return other if other.severity() > self.severity() else self
+
+
+def keep_worse(worst: dict[str, TensorDiff], d: TensorDiff) -> None:
+    """Fold `d` into `worst`, keeping per tensor the more severe diff."""
+    worst[d.name] = worst[d.name].worse(d) if d.name in worst else d
+
+
+def worst_per_tensor(diffs: Iterable[TensorDiff], order: Mapping[str, int]) -> list[TensorDiff]:
+    """The most severe diff of each tensor, sorted by `order` (unknown names last)."""
+    worst: dict[str, TensorDiff] = {}
+    for d in diffs:
+        keep_worse(worst, d)
+    return sorted(worst.values(), key=lambda d: order.get(d.name, len(order)))
 
 
 def _exact_object(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:

@@ -154,12 +154,6 @@ class Probes:
 # --- shared comparison helpers --------------------------------------------------------------
 
 
-def diff_names(
-    a: CaptureFile, b: CaptureFile, names: Sequence[str], ops: Mapping[str, str]
-) -> list[TensorDiff]:
-    return [TensorDiff.from_arrays(n, a[n], b[n], ops.get(n, "")) for n in names if n in a and n in b]
-
-
 def summarize(diffs: Sequence[TensorDiff]) -> tuple[bool, int | None, float | None, str | None]:
     """(all bitwise equal, max ULP, max scaled ULP, first divergent tensor)."""
     ulps = [d.max_ulp for d in diffs if d.max_ulp is not None]

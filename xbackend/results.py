@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, UsageError
-from xbackend.metrics import TensorDiff
+from xbackend.metrics import TensorDiff, worst_per_tensor
 from xbackend.model import ModelSpec
 from xbackend.probes import Probes, select_probes
 
@@ -194,12 +194,9 @@ class BackendResult:
 
     def varying(self) -> list[TensorDiff]:
         """Tensors that differed between runs or builds, worst kept per tensor, in topological order."""
-        worst: dict[str, TensorDiff] = {}
-        for d in [*self.run_diffs, *self.build_diffs]:
-            if not d.bitwise_equal:
-                worst[d.name] = worst[d.name].worse(d) if d.name in worst else d
-        order = {d.name: i for i, d in enumerate([*self.run_diffs, *self.build_diffs])}
-        return sorted(worst.values(), key=lambda d: order[d.name])
+        diffs = [*self.run_diffs, *self.build_diffs]
+        order = {d.name: i for i, d in enumerate(diffs)}
+        return worst_per_tensor((d for d in diffs if not d.bitwise_equal), order)
 
     @property
     def first_nondeterministic(self) -> str | None:

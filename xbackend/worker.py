@@ -21,7 +21,7 @@ import numpy as np
 
 from xbackend.capture import capture_sha256, save_capture
 from xbackend.errors import BackendUnavailableError, XbackendError
-from xbackend.metrics import TensorDiff
+from xbackend.metrics import TensorDiff, keep_worse
 from xbackend.model import ModelRef
 from xbackend.protocol import PROGRESS_TAG
 from xbackend.runners.base import Runner
@@ -53,7 +53,7 @@ class RunTracker:
                 d = TensorDiff.mismatch(n, self.op_types.get(n, ""), "missing", "absent in a later run")
             else:
                 d = TensorDiff.from_arrays(n, capture[n], self.first[n], self.op_types.get(n, ""))
-            self.worst[n] = self.worst[n].worse(d) if n in self.worst else d
+            keep_worse(self.worst, d)
 
 
 def _one_line(e: BaseException) -> str:
