@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from xbackend.errors import ModelLoadError
-from xbackend.model import downgrade_blockers, downgrade_ir, instrument, load_model, load_proto
+from xbackend.model import ModelRef, downgrade_blockers, downgrade_ir, load_model, load_proto
 from xbackend.samples import build
 
 
@@ -102,9 +102,20 @@ def test_new_dtype_blocks_downgrade() -> None:
     assert downgrade_blockers(m, 10) == ["element type FLOAT4E2M1 (needs IR 11)"]
 
 
-def test_instrument_exposes_every_node_output_in_order() -> None:
-    m = tiny(opset=17, ir=10)
-    inst = instrument(m, ["a", "y"])
-    assert [o.name for o in inst.graph.output] == ["y", "a"]
-    assert inst.graph.output[1].type.tensor_type.elem_type == TensorProto.FLOAT
-    assert [o.name for o in m.graph.output] == ["y"]  # the original is untouched
+def test_appended_outputs_expose_every_node_output_in_order(tmp_path: Path) -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    from xbackend.runners.ort_cpu import OrtCpuRunner
+
+    p = tmp_path / "tiny.onnx"
+    onnx.save(tiny(opset=17, ir=10), str(p))
+    original = p.read_bytes()
+    ref = ModelRef(str(p), 10, ("x",), ("y",), False)
+    data = original + OrtCpuRunner()._suffix(ref, ("a", "y"))
+    assert [o.name for o in onnx.load_model_from_string(data).graph.output] == ["y", "a"]  # protobuf merge
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    x = np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)
+    y, a = sess.run(["y", "a"], {"x": x})
+    assert a.tolist() == [[0.0, 2.0, 0.0, 4.0]] and y.tolist() == [[-0.0, -2.0, -0.0, -4.0]]
+    assert p.read_bytes() == original  # the user's file is untouched

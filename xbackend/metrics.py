@@ -235,10 +235,6 @@ class TensorDiff:
     def comparable(self) -> bool:
         return self.status == "ok"
 
-    @property
-    def special_mismatches(self) -> int:
-        return self.nan_mismatch + self.inf_mismatch + self.ftz_mismatch
-
     def exceeds(self, max_ulp: float) -> bool:
         """Past the tolerance: scaled ULP above max_ulp, any NaN/Inf mismatch, or incomparable."""
         if not self.comparable or self.nan_mismatch or self.inf_mismatch:

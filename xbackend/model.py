@@ -1,4 +1,4 @@
-"""Load and check an ONNX model; describe it as a ModelSpec; expose intermediates.
+"""Load and check an ONNX model; describe it as a ModelSpec (and a ModelRef for runners).
 
 Nothing here imports a backend. The IR-version downgrade lives here because
 several backends read older IR versions than onnx writes by default.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,6 @@ __all__ = [
     "TensorSpec",
     "downgrade_blockers",
     "downgrade_ir",
-    "instrument",
     "load_model",
     "load_proto",
     "model_sha256",
@@ -349,39 +348,6 @@ def _check(proto: onnx.ModelProto, path: Path) -> None:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
     return text.splitlines()[0][:300]
-
-
-# --- exposing intermediates -------------------------------------------------------------
-
-
-def instrument(proto: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
-    """Copy of the model with every name in `names` also a graph output, in that order.
-
-    Types come from shape inference where it succeeds; ONNX Runtime accepts outputs
-    without a type, so an untyped output is still exposed.
-    """
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    known = {o.name for o in out.graph.output}
-    types = _inferred_types(proto)
-    for name in names:
-        if name in known:
-            continue
-        vi = types.get(name)
-        if vi is None:
-            vi = onnx.ValueInfoProto(name=name)
-        out.graph.output.append(vi)
-        known.add(name)
-    return out
-
-
-def _inferred_types(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
-    except Exception:  # inference is a nicety here; untyped outputs still work
-        inferred = proto
-    vis = list(inferred.graph.value_info) + list(inferred.graph.output)
-    return {v.name: v for v in vis if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
 
 
 # --- IR version downgrade -------------------------------------------------------------

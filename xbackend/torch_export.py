@@ -40,6 +40,7 @@ __all__ = [
     "export_torch",
     "load_module",
     "parse_dynamic",
+    "read_torch_metadata",
 ]
 
 META_SOURCE = "xbackend.source"

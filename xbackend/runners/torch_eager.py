@@ -51,9 +51,9 @@ class TorchRunner(Runner):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         import torch
 
-        from xbackend.torch_export import META_MODULE, META_MODULE_OUTPUTS, load_module
+        from xbackend.torch_export import META_MODULE, META_MODULE_OUTPUTS, load_module, read_torch_metadata
 
-        meta = {p.key: p.value for p in load_proto(model.path, load_external=False).metadata_props}
+        meta = read_torch_metadata(load_proto(model.path, load_external=False))
         self._spec = self.options["module"] or meta.get(META_MODULE, "")
         if not self._spec:
             raise BackendUnavailableError(
