@@ -97,7 +97,7 @@ class Runner(abc.ABC):
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         self.options: dict[str, Any] = self.resolve_options(options or {})
         self._tensors: tuple[str, ...] = ()
-        self._inputs: tuple[str, ...] | None = None
+        self._inputs: tuple[str, ...] = ()
         self._prepared = False
         self._fingerprint: BuildFingerprint | None = None
         # Set by the worker when builds are compared: worth a costlier, per-layer fingerprint.
@@ -159,7 +159,7 @@ class Runner(abc.ABC):
         """Host copies of every exposed tensor for one inference on `feeds`."""
         if not self._prepared:
             raise RunnerFailedError(f"{self.name}: run() before prepare()")
-        if self._inputs is not None and set(feeds) != set(self._inputs):
+        if set(feeds) != set(self._inputs):
             raise RunnerFailedError(
                 f"{self.name}: feeds {sorted(feeds)} do not match model inputs {sorted(self._inputs)}"
             )

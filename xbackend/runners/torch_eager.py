@@ -89,7 +89,7 @@ class TorchRunner(Runner):
         import torch
 
         self._captured = {}
-        args = [torch.from_numpy(np.array(feeds[n], copy=True)) for n in self._inputs or ()]
+        args = [torch.from_numpy(np.array(feeds[n], copy=True)) for n in self._inputs]
         try:
             with torch.no_grad():
                 result = self._module(*args)
