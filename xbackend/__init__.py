@@ -16,9 +16,16 @@ from xbackend.errors import (
 from xbackend.inputs import Feeds, generate_feeds, load_feeds
 from xbackend.metrics import TensorDiff, ulp_distance
 from xbackend.model import ModelSpec, load_model
-from xbackend.probes import Probes
+from xbackend.probes import ProbeResult
 from xbackend.report import to_json, to_markdown, write_atomic
-from xbackend.results import BackendResult, CompareOptions, CrossBackendResult, PairResult, Result
+from xbackend.results import (
+    BackendResult,
+    CompareOptions,
+    CrossBackendResult,
+    ObserverEffect,
+    PairResult,
+    Result,
+)
 from xbackend.runners import Availability, BuildFingerprint, Runner, get_runner, list_runners
 from xbackend.torch_export import InputDecl, export_torch
 
@@ -37,8 +44,9 @@ __all__ = [
     "InputError",
     "ModelLoadError",
     "ModelSpec",
+    "ObserverEffect",
     "PairResult",
-    "Probes",
+    "ProbeResult",
     "ReportError",
     "Result",
     "Runner",

@@ -1,54 +1,54 @@
 """Orchestration: load, feed, run every backend in isolation, compare captures, run probes.
 
 Never imports a backend: runners are found by name and run in worker
-processes. Captures are compared one tensor at a time from disk.
+processes. Never names a probe: it runs those the registry selects. Captures
+are compared one value at a time from disk.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.environment import collect_environment
-from xbackend.errors import ModelLoadError
-from xbackend.executor import Executor, Job, JobOutcome
-from xbackend.inputs import Feeds, generate_feeds, load_feeds
+from xbackend.errors import ModelLoadError, UsageError
+from xbackend.executor import Executor, Job, JobOutcome, standard_phases
+from xbackend.inputs import Feeds, generate_feeds, load_expected, load_feeds
 from xbackend.metrics import TensorDiff, worst_per_tensor
 from xbackend.model import ModelSpec, downgrade_blockers, load_model
 from xbackend.probes import (
-    BatchResult,
-    BuildVariance,
-    ObserverResult,
-    OptLevelResult,
-    Probes,
-    ThreadResult,
-    batch_feed_sets,
-    batch_inputs,
-    batch_result,
-    has_opt_levels,
-    has_threads,
-    save_feeds,
+    PROBES,
+    BackendRuns,
+    PlannedBackend,
+    Probe,
+    ProbeContext,
+    ProbeResult,
     select_probes,
-    summarize,
 )
+from xbackend.probes.base import summarize
 from xbackend.progress import NullProgress, ProgressSink
+from xbackend.protocol import PhaseResult
 from xbackend.results import (
+    EXPECTED,
     BackendResult,
     CompareOptions,
     CrossBackendResult,
     FeedsInfo,
+    ObserverEffect,
     PairResult,
     Result,
 )
-from xbackend.runners.base import Runner
 from xbackend.runners.registry import get_runner
+from xbackend.storage import save_values
+from xbackend.values import Value
 
 __all__ = ["ORACLE", "compare", "compare_with_options"]
 
@@ -56,27 +56,19 @@ ORACLE = "oracle"
 
 
 @dataclass(frozen=True)
-class _Planned:
-    name: str
-    cls: type[Runner] | None
-    options: dict[str, Any]
-    raw_options: dict[str, str]
-    unavailable: str = ""
-
-    def variant(self, **overrides: str) -> tuple[tuple[str, str], ...]:
-        return tuple(sorted({**self.raw_options, **overrides}.items()))
-
-
-@dataclass(frozen=True)
 class _Builds:
     """A backend's main jobs, one per build."""
 
-    planned: _Planned
+    planned: PlannedBackend
     outcomes: tuple[JobOutcome, ...]
 
     @property
     def ok(self) -> bool:
         return bool(self.outcomes) and all(o.ok for o in self.outcomes)
+
+    @property
+    def first(self) -> JobOutcome:
+        return self.outcomes[0]
 
 
 def compare(model: str | os.PathLike[str], progress: ProgressSink | None = None, **options: Any) -> Result:
@@ -87,102 +79,200 @@ def compare(model: str | os.PathLike[str], progress: ProgressSink | None = None,
     return compare_with_options(model, CompareOptions.create(**options), progress)
 
 
+def _feeds(spec: ModelSpec, opts: CompareOptions) -> tuple[Feeds, dict[str, Value] | None]:
+    if opts.inputs:
+        return load_feeds(opts.inputs, spec), load_expected(opts.inputs, spec)
+    ranges = {n: (lo, hi) for n, lo, hi in opts.ranges}
+    return generate_feeds(spec, opts.seed, dict(opts.shapes), ranges), None
+
+
+def _with_expected(opts: CompareOptions, expected: Mapping[str, Value] | None) -> CompareOptions:
+    if expected is None:
+        if EXPECTED in opts.backends:
+            raise UsageError(
+                f"backend {EXPECTED} compares against golden outputs: pass --inputs DIR holding "
+                "output_N.pb files beside input_N.pb"
+            )
+        return opts
+    if EXPECTED in opts.backends:
+        return opts
+    return replace(opts, backends=(*opts.backends, EXPECTED))
+
+
 def compare_with_options(
     model: str | os.PathLike[str], opts: CompareOptions, progress: ProgressSink | None = None
 ) -> Result:
     spec, proto = load_model(model)
-    feeds = (
-        load_feeds(opts.inputs, spec) if opts.inputs else generate_feeds(spec, opts.seed, dict(opts.shapes))
-    )
-    planned = [_plan(name, opts) for name in opts.backends]
-    notes = _preflight(spec, proto, planned)
-    del proto
-    probes_wanted = select_probes(opts.probes, opts.batch_invariance)
-    bar = progress or NullProgress()
+    feeds, expected = _feeds(spec, opts)
+    opts = _with_expected(opts, expected)
     with tempfile.TemporaryDirectory(prefix="xbackend-") as tmp:
         work = Path(tmp)
-        feeds_path = save_feeds(feeds, work / "feeds.npz")
-        ex = Executor(spec, work, opts.timeout, bar)
-        mains = {p.name: _main_jobs(p, spec, opts, feeds_path) for p in planned}
-        plan = _ProbePlan(spec, opts, feeds, work, probes_wanted)
-        probe_jobs = {p.name: plan.jobs(p) for p in planned}
-        bar.start(sum(j.steps for js in [*mains.values(), *probe_jobs.values()] for j in js))
-        try:
-            builds = {p.name: _run_builds(ex, p, mains[p.name]) for p in planned}
-            probe_outcomes = {
-                p.name: _run_or_skip(ex, probe_jobs[p.name], builds[p.name].ok) for p in planned
-            }
-        finally:
-            bar.stop()
-        backends = tuple(_summarize(builds[p.name], spec, opts) for p in planned)
-        cross = tuple(_cross_all(builds, backends, spec, opts))
-        pairs = tuple(_pairs(builds, backends, spec))
-        oracle = tuple(_oracle_errors(builds, backends, spec, opts))
-        probes = plan.analyze(planned, builds, probe_outcomes, backends)
+        planned = [_plan(name, opts, work, expected) for name in opts.backends]
+        planned, notes = _preflight(spec, proto, planned)
+        del proto
+        feeds_path = work / "feeds.xbv"
+        feeds.save(feeds_path)
+        ctx = ProbeContext(spec, opts, feeds, feeds_path, work)
+        wanted = select_probes(opts.probes, opts.batch_invariance)
+        probes = [PROBES[n](ctx) for n in wanted]
+        return _run(spec, opts, feeds, ctx, planned, probes, notes, progress or NullProgress())
+
+
+def _run(
+    spec: ModelSpec,
+    opts: CompareOptions,
+    feeds: Feeds,
+    ctx: ProbeContext,
+    planned: Sequence[PlannedBackend],
+    probes: Sequence[Probe],
+    notes: Sequence[str],
+    bar: ProgressSink,
+) -> Result:
+    ex = Executor(spec, ctx.work, opts.timeout, bar)
+    mains = {p.name: _main_jobs(p, spec, opts, ctx.feeds_path) for p in planned}
+    probe_jobs = {(pr.name, p.name): pr.jobs(p) for pr in probes for p in planned if p.cls is not None}
+    bar.start(sum(j.steps for js in [*mains.values(), *probe_jobs.values()] for j in js))
+    try:
+        builds = {p.name: _run_builds(ex, p, mains[p.name]) for p in planned}
+        probe_outcomes = {k: ex.run_all(js, builds[k[1]].ok) for k, js in probe_jobs.items()}
+    finally:
+        bar.stop()
+    backends = tuple(_summarize(builds[p.name], spec, opts) for p in planned)
+    ref = _effective_reference(opts, backends)
+    compared = [b for b in backends if b.name != EXPECTED]
+    cross = tuple(_cross_all(builds, compared, ref, spec, opts))
+    pairs = tuple(_pairs(builds, backends, spec))
+    oracle = tuple(_against(ORACLE, builds, compared, spec, opts))
+    expected = tuple(_against(EXPECTED, builds, compared, spec, opts, layers=False))
+    results = {b.name: b for b in backends}
+    probe_results = tuple(_analyze(pr, planned, builds, probe_outcomes, results) for pr in probes)
     env = tuple(collect_environment().items())
-    return Result(spec, _feeds_info(feeds), opts, backends, cross, env, tuple(notes), pairs, oracle, probes)
+    return Result(
+        spec,
+        _feeds_info(feeds, expected != ()),
+        opts,
+        backends,
+        cross,
+        env,
+        (*notes, *ctx.notes),
+        pairs,
+        oracle,
+        probe_results,
+        tuple(pr.name for pr in probes),
+        ref,
+        expected,
+    )
 
 
-def _feeds_info(feeds: Feeds) -> FeedsInfo:
-    shapes = tuple((k, str(v.dtype), tuple(int(d) for d in v.shape)) for k, v in sorted(feeds.arrays.items()))
-    return FeedsInfo(feeds.sha256, feeds.seed, feeds.source, shapes)
+def _analyze(
+    probe: Probe,
+    planned: Sequence[PlannedBackend],
+    builds: Mapping[str, _Builds],
+    outcomes: Mapping[tuple[str, str], Mapping[str, JobOutcome]],
+    results: Mapping[str, BackendResult],
+) -> ProbeResult:
+    runs = [
+        BackendRuns(p, builds[p.name].outcomes, outcomes.get((probe.name, p.name), {}), results[p.name])
+        for p in planned
+        if results[p.name].ok and p.name != EXPECTED
+    ]
+    try:
+        return probe.analyze(runs)
+    except Exception as e:  # a broken probe is a warning, never a silent pass or a crash
+        return _FailedProbe(probe.name, f"{type(e).__name__}: {e}")
 
 
-def _plan(name: str, opts: CompareOptions) -> _Planned:
+@dataclass(frozen=True)
+class _FailedProbe(ProbeResult):
+    probe: str
+    reason: str
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.probe
+
+    def warnings(self) -> list[str]:
+        return [f"WARN: probe {self.probe} failed: {self.reason}"]
+
+    def markdown(self) -> list[str]:
+        return [f"### Probe {self.probe}", "", f"Failed: {self.reason}.", ""]
+
+    def to_json(self) -> Any:
+        return {"status": "failed", "reason": self.reason}
+
+
+def _feeds_info(feeds: Feeds, expected: bool) -> FeedsInfo:
+    return FeedsInfo(feeds.sha256, feeds.seed, feeds.source, tuple(feeds.describe()), feeds.ranges, expected)
+
+
+def _plan(
+    name: str, opts: CompareOptions, work: Path, expected: Mapping[str, Value] | None
+) -> PlannedBackend:
     cls = get_runner(name)  # unknown name: BackendUnavailableError listing the known ones
     raw = opts.options_for(name)
+    if name == EXPECTED and expected is not None:
+        path = work / "expected.xbv"
+        save_values(path, expected)
+        raw = {**raw, "file": str(path)}
     resolved = cls.resolve_options(raw)  # bad option: UsageError before anything runs
     avail = cls.availability()
     if not avail.available:
-        return _Planned(name, None, resolved, raw, avail.reason)
-    return _Planned(name, cls, resolved, raw)
+        return PlannedBackend(name, None, resolved, raw, avail.reason)
+    return PlannedBackend(name, cls, resolved, raw)
 
 
-def _preflight(spec: ModelSpec, proto: onnx.ModelProto, planned: Sequence[_Planned]) -> list[str]:
-    """Refuse up front a model a backend cannot load because of its IR version; note downgrades."""
-    notes = []
+def _preflight(
+    spec: ModelSpec, proto: onnx.ModelProto, planned: Sequence[PlannedBackend]
+) -> tuple[list[PlannedBackend], list[str]]:
+    """Backends that cannot read the model's IR version become unavailable for this model; note
+    downgrades. Refuse the run only when no backend can load the model."""
+    out, notes, blocked = [], [], []
     for p in planned:
-        if p.cls is None:
-            continue
-        try:
-            max_ir = p.cls.max_ir_version()
-        except Exception:  # the worker will report the real problem
-            continue
-        if max_ir is None or spec.ir_version <= max_ir:
-            continue
-        blockers = downgrade_blockers(proto, max_ir)
-        if blockers:
-            raise ModelLoadError(
-                f"{p.name} reads ONNX IR version <= {max_ir} but {spec.path} is IR {spec.ir_version} "
-                f"and uses {'; '.join(blockers)}; re-export with an older opset/IR or drop {p.name} "
-                "from --backends"
-            )
-        notes.append(
-            f"{p.name}: model IR version {spec.ir_version} was downgraded to {max_ir} for this "
-            "backend; the model uses nothing newer, so the graph is unchanged"
+        why = _ir_blocker(spec, proto, p, notes)
+        if why:
+            blocked.append(f"{p.name}: {why}")
+            p = replace(p, cls=None, unavailable=why)
+        out.append(p)
+    if blocked and all(p.cls is None for p in out) and len(blocked) == len(out):
+        raise ModelLoadError(
+            f"no backend can load {spec.path}: {'; '.join(blocked)}; re-export it with an older opset/IR"
         )
-    return notes
+    return out, notes
 
 
-def _main_jobs(p: _Planned, spec: ModelSpec, opts: CompareOptions, feeds: Path) -> list[Job]:
+def _ir_blocker(spec: ModelSpec, proto: onnx.ModelProto, p: PlannedBackend, notes: list[str]) -> str:
+    if p.cls is None:
+        return ""
+    try:
+        max_ir = p.cls.max_ir_version()
+    except Exception:  # the worker will report the real problem
+        return ""
+    if max_ir is None or spec.ir_version <= max_ir:
+        return ""
+    blockers = downgrade_blockers(proto, max_ir)
+    if blockers:
+        return (
+            f"reads ONNX IR version <= {max_ir} but the model is IR {spec.ir_version} and uses "
+            f"{'; '.join(blockers)}"
+        )
+    notes.append(
+        f"{p.name}: model IR version {spec.ir_version} was downgraded to {max_ir} for this "
+        "backend; the model uses nothing newer, so the graph is unchanged"
+    )
+    return ""
+
+
+def _main_jobs(p: PlannedBackend, spec: ModelSpec, opts: CompareOptions, feeds: Path) -> list[Job]:
     if p.cls is None:
         return []
+    phases = standard_phases(p.cls, spec, opts.runs, opts.outputs_only)
     return [
-        Job(
-            f"{p.name}-build{k}",
-            p.name,
-            p.cls,
-            p.variant(),
-            spec.tensor_order(opts.outputs_only),
-            feeds,
-            runs=opts.runs,
-            fingerprint=opts.builds > 1,
-        )
+        Job(f"{p.name}-build{k}", p.name, p.cls, p.variant(), feeds, phases, fingerprint=opts.builds > 1)
         for k in range(opts.builds)
     ]
 
 
-def _run_builds(ex: Executor, p: _Planned, jobs: Sequence[Job]) -> _Builds:
+def _run_builds(ex: Executor, p: PlannedBackend, jobs: Sequence[Job]) -> _Builds:
     outcomes: list[JobOutcome] = []
     for job in jobs:
         if outcomes and not outcomes[-1].ok:
@@ -192,82 +282,111 @@ def _run_builds(ex: Executor, p: _Planned, jobs: Sequence[Job]) -> _Builds:
     return _Builds(p, tuple(outcomes))
 
 
-def _run_or_skip(ex: Executor, jobs: Sequence[Job], backend_ok: bool) -> dict[str, JobOutcome]:
-    out = {}
-    for job in jobs:
-        if backend_ok:
-            out[job.label] = ex.run(job)
-        else:
-            ex.skip(job)
-    return out
-
-
-def _diff_from_dict(d: dict[str, Any]) -> TensorDiff:
-    d = dict(d)
-    d["shape"] = tuple(d["shape"])
-    return TensorDiff(**d)
-
-
 def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResult:
     p = b.planned
-    options = tuple(sorted((k, str(v)) for k, v in p.options.items()))
+    options = tuple(sorted((k, str(v)) for k, v in p.options.items() if k != "file" or p.name != EXPECTED))
     if p.cls is None:
         return BackendResult(p.name, "unavailable", p.unavailable, options)
     failed = next((o for o in b.outcomes if not o.ok), None)
     if failed is not None:
-        info = tuple(sorted(failed.result.get("info", {}).items()))
+        info = failed.result.info
         return BackendResult(
-            p.name, failed.outcome.status, failed.outcome.reason, options, info, opts.runs, len(b.outcomes)
+            p.name, failed.outcome.status, failed.reason, options, info, opts.runs, len(b.outcomes)
         )
-    first = b.outcomes[0].result
-    names = first["capture_names"]
-    order = {n: i for i, n in enumerate(names)}
-    run_diffs = worst_per_tensor(
-        [_diff_from_dict(d) for o in b.outcomes for d in o.result["run_diffs"]], order
-    )
-    out_hashes = [h for o in b.outcomes for h in o.result["output_hashes"]]
-    cap_hashes = [h for o in b.outcomes for h in o.result["capture_hashes"]]
+    first = b.first
+    outs = [o.outputs for o in b.outcomes]
+    layers = [o.layers for o in b.outcomes if o.separate_layers]
+    shown = first.layers or first.outputs
+    order = {n: i for i, n in enumerate(spec.tensor_order())}
+    run_diffs = worst_per_tensor([d for ph in [*outs, *layers] if ph for d in ph.run_diffs], order)
+    out_hashes = [h for ph in outs for h in ph.output_hashes]
+    cap_hashes = {
+        ph.name: [h for o in b.outcomes if (x := o.phase(ph.name)) for h in x.capture_hashes]
+        for ph in first.result.phases
+    }
     return BackendResult(
         name=p.name,
         status="ok",
         options=options,
-        info=tuple(sorted(first.get("info", {}).items())),
+        info=first.outputs.info,
         runs=opts.runs,
         builds=len(b.outcomes),
-        deterministic=len(set(cap_hashes)) == 1,
+        deterministic=all(len(set(hs)) == 1 for hs in cap_hashes.values()),
         distinct_outputs=len(set(out_hashes)),
-        distinct_run_outputs=max(len(set(o.result["output_hashes"])) for o in b.outcomes),
-        distinct_build_outputs=len({o.result["output_hashes"][0] for o in b.outcomes}),
-        exposed=len(names),
-        not_exposed=tuple(sorted(first.get("not_exposed", {}).items())),
+        distinct_run_outputs=max(len(set(ph.output_hashes)) for ph in outs),
+        distinct_build_outputs=len({ph.output_hashes[0] for ph in outs}),
+        exposed=len(shown.capture_names),
+        not_exposed=shown.not_exposed,
         run_diffs=tuple(run_diffs),
-        build_diffs=tuple(_build_diffs(b, names, spec)),
-        fingerprints=tuple(o.result["fingerprint"]["digest"] for o in b.outcomes),
+        build_diffs=tuple(_build_diffs(b, spec)),
+        fingerprints=tuple(ph.fingerprint.digest for ph in outs),
         timings=(
-            ("prepare_s", float(first["prepare_s"])),
-            ("run_s", float(sum(first["run_s"]) / max(1, len(first["run_s"])))),
+            ("prepare_s", first.outputs.prepare_s),
+            ("run_s", float(sum(first.outputs.run_s) / max(1, len(first.outputs.run_s)))),
         ),
+        observer=_observer(first, spec),
+        layers_error="; ".join(f"{ph}: {why}" for ph, why in first.result.phase_errors),
+        constant_outputs=_constant_outputs(first.outputs, spec),
     )
 
 
-def _build_diffs(b: _Builds, names: Sequence[str], spec: ModelSpec) -> list[TensorDiff]:
-    """Each later build's first run against build 0's, tensor by tensor from disk."""
+def _constant_outputs(ph: PhaseResult, spec: ModelSpec) -> tuple[tuple[str, str], ...]:
+    out = []
+    with CaptureFile(ph.capture) as c:
+        for n in spec.output_names:
+            v = c.get(n, None)
+            if isinstance(v, np.ndarray) and v.size >= 2 and v.dtype != object:
+                flat = v.reshape(-1)
+                if (flat.view(np.uint8).reshape(flat.size, -1) == flat[:1].view(np.uint8)).all():
+                    out.append((n, f"all {flat[0]!s}"))
+    return tuple(out)
+
+
+def _observer(o: JobOutcome, spec: ModelSpec) -> ObserverEffect | None:
+    """Graph outputs of the instrumented build against the plain one (same process, same feeds)."""
+    if not o.separate_layers or o.layers is None:
+        return None
+    diffs = _diff_phases(o.layers, o.outputs, spec, outputs=True)
+    equal, max_ulp, scaled, first = summarize(diffs)
+    return ObserverEffect(not equal, max_ulp, scaled, first)
+
+
+def _diff_phases(a: PhaseResult, b: PhaseResult, spec: ModelSpec, outputs: bool) -> list[TensorDiff]:
+    """a's run-0 capture against b's, over the tensors both hold, in topological order."""
+    with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
+        names = common_names(ca, cb, spec.tensor_order(outputs_only=outputs))
+        return diff_captures(ca, cb, names, spec.op_types())
+
+
+def _build_diffs(b: _Builds, spec: ModelSpec) -> list[TensorDiff]:
+    """Each later build's first run against build 0's: outputs (plain) and layers (instrumented)."""
     if len(b.outcomes) < 2:
         return []
-    ops = spec.op_types()
-    order = {n: i for i, n in enumerate(names)}
+    order = {n: i for i, n in enumerate(spec.tensor_order())}
     diffs: list[TensorDiff] = []
-    with CaptureFile(b.outcomes[0].capture, names) as base:
-        for o in b.outcomes[1:]:
-            with CaptureFile(o.capture, o.names) as other:
-                diffs.extend(diff_captures(other, base, names, ops))
+    for o in b.outcomes[1:]:
+        diffs += _diff_phases(o.outputs, b.first.outputs, spec, outputs=True)
+        if o.separate_layers and b.first.layers is not None and o.layers is not None:
+            diffs += _diff_phases(o.layers, b.first.layers, spec, outputs=False)
     return worst_per_tensor(diffs, order)
 
 
-def _cross_all(
-    builds: dict[str, _Builds], results: Sequence[BackendResult], spec: ModelSpec, opts: CompareOptions
-) -> list[CrossBackendResult]:
+def _effective_reference(opts: CompareOptions, results: Sequence[BackendResult]) -> str:
+    """--reference when it ran, else the first backend in --backends order that did."""
+    by_name = {r.name: r for r in results}
     ref = opts.reference_name
+    if by_name[ref].ok:
+        return ref
+    return next((r.name for r in results if r.ok and r.name != EXPECTED), ref)
+
+
+def _cross_all(
+    builds: Mapping[str, _Builds],
+    results: Sequence[BackendResult],
+    ref: str,
+    spec: ModelSpec,
+    opts: CompareOptions,
+) -> list[CrossBackendResult]:
     by_name = {r.name: r for r in results}
     out = []
     for r in results:
@@ -282,199 +401,69 @@ def _cross_all(
     return out
 
 
-def _compare_first_runs(a: _Builds, b: _Builds, spec: ModelSpec, order: Sequence[str]) -> list[TensorDiff]:
-    """Tensors both exposed, in `order`: a's first run against b's."""
-    a0, b0 = a.outcomes[0], b.outcomes[0]
-    with CaptureFile(a0.capture, a0.names) as ca, CaptureFile(b0.capture, b0.names) as cb:
-        return diff_captures(ca, cb, common_names(ca, cb, order), spec.op_types())
-
-
-def _pairs(builds: dict[str, _Builds], results: Sequence[BackendResult], spec: ModelSpec) -> list[PairResult]:
-    """Every pair of backends that ran, at the graph outputs."""
+def _pairs(
+    builds: Mapping[str, _Builds], results: Sequence[BackendResult], spec: ModelSpec
+) -> list[PairResult]:
+    """Every pair of backends that ran, at the graph outputs of the plain builds."""
     ok = [r.name for r in results if r.ok]
     out = []
     for i, a in enumerate(ok):
         for b in ok[i + 1 :]:
-            diffs = _compare_first_runs(builds[a], builds[b], spec, spec.output_names)
+            diffs = _diff_phases(builds[a].first.outputs, builds[b].first.outputs, spec, outputs=True)
             out.append(PairResult.from_diffs(a, b, diffs))
     return out
 
 
-def _oracle_errors(
-    builds: dict[str, _Builds], results: Sequence[BackendResult], spec: ModelSpec, opts: CompareOptions
+def _against(
+    target: str,
+    builds: Mapping[str, _Builds],
+    results: Sequence[BackendResult],
+    spec: ModelSpec,
+    opts: CompareOptions,
+    layers: bool = True,
 ) -> list[CrossBackendResult]:
-    """Every backend that ran against the float64 oracle, when the oracle ran."""
+    """Every backend that ran against `target` (the oracle, the expected outputs), when it ran."""
     by_name = {r.name: r for r in results}
-    if ORACLE not in by_name or not by_name[ORACLE].ok:
+    if target not in builds or not builds[target].ok:
         return []
     return [
-        _cross_one(builds[r.name], builds[ORACLE], spec, opts) for r in results if r.ok and r.name != ORACLE
+        _cross_one(builds[r.name], builds[target], spec, opts, layers)
+        for r in by_name.values()
+        if r.ok and r.name != target
     ]
 
 
-def _cross_one(a: _Builds, b: _Builds, spec: ModelSpec, opts: CompareOptions) -> CrossBackendResult:
-    a_names, b_names = a.outcomes[0].names, b.outcomes[0].names
-    diffs = _compare_first_runs(a, b, spec, spec.tensor_order(opts.outputs_only))
-    only_a = sorted(set(a_names) - set(b_names))
-    only_b = sorted(set(b_names) - set(a_names))
+def _cross_one(
+    a: _Builds, b: _Builds, spec: ModelSpec, opts: CompareOptions, layers: bool = True
+) -> CrossBackendResult:
+    a0, b0 = a.first, b.first
+    outputs = _diff_phases(a0.outputs, b0.outputs, spec, outputs=True)
+    missing = [n for n in spec.output_names if n not in {d.name.split("[")[0].split("{")[0] for d in outputs}]
+    outputs += [
+        TensorDiff.mismatch(n, spec.op_types().get(n, ""), "missing", "not produced") for n in missing
+    ]
+    la, lb = a0.layers, b0.layers
+    note = ""
+    per_layer: list[TensorDiff] = []
+    only_a: list[str] = []
+    only_b: list[str] = []
+    if opts.outputs_only or not layers:
+        note = "graph outputs only"
+    elif la is None or lb is None:
+        who = a.planned.name if la is None else b.planned.name
+        note = f"{who} has no per-layer capture"
+    else:
+        per_layer = _diff_phases(la, lb, spec, outputs=False)
+        only_a = sorted(set(la.capture_names) - set(lb.capture_names))
+        only_b = sorted(set(lb.capture_names) - set(la.capture_names))
     return CrossBackendResult.from_diffs(
-        a.planned.name, b.planned.name, diffs, spec.output_names, only_a, only_b, opts.max_ulp
+        a.planned.name,
+        b.planned.name,
+        outputs,
+        per_layer,
+        spec.output_names,
+        only_a,
+        only_b,
+        opts.max_ulp,
+        note,
     )
-
-
-# --- probes ---------------------------------------------------------------------------------
-
-
-class _ProbePlan:
-    """Plans each backend's probe jobs up front and turns their outcomes into results."""
-
-    def __init__(
-        self, spec: ModelSpec, opts: CompareOptions, feeds: Feeds, work: Path, wanted: tuple[str, ...]
-    ) -> None:
-        self.spec, self.opts, self.feeds, self.work, self.wanted = spec, opts, feeds, work, wanted
-        self.notes: list[str] = []
-        self.batch = opts.batch_invariance or 4
-        self.n_threads = opts.probe_threads or 2 * (os.cpu_count() or 1)
-        self._batch_paths: tuple[Path, tuple[Path, ...]] | None = None
-        if "batch" in wanted:
-            self._prepare_batch()
-
-    def _prepare_batch(self) -> None:
-        if not batch_inputs(self.spec):
-            self.notes.append(
-                "batch invariance not probed: no model input has a dynamic first (batch) dimension"
-            )
-            return
-        single, batches = batch_feed_sets(self.spec, self.feeds, self.batch, self.opts.seed)
-        paths = tuple(save_feeds(f, self.work / f"batch{i}.npz") for i, f in enumerate(batches))
-        self._batch_paths = (save_feeds(single, self.work / "single.npz"), paths)
-
-    def jobs(self, p: _Planned) -> list[Job]:
-        if p.cls is None:
-            return []
-        tensors = self.spec.tensor_order(self.opts.outputs_only)
-        feeds = self.work / "feeds.npz"
-        jobs = []
-        if "observer" in self.wanted and not self.opts.outputs_only:
-            jobs.append(Job(f"{p.name}-observer", p.name, p.cls, p.variant(), self.spec.output_names, feeds))
-        if "threads" in self.wanted and has_threads(p.cls):
-            for t in self._thread_values(p):
-                jobs.append(
-                    Job(f"{p.name}-threads{t}", p.name, p.cls, p.variant(threads=str(t)), tensors, feeds)
-                )
-        if "opt-levels" in self.wanted and has_opt_levels(p.cls):
-            jobs.append(Job(f"{p.name}-opt-levels", p.name, p.cls, p.variant(), (), feeds, kind="opt-levels"))
-        if "batch" in self.wanted and self._batch_paths is not None:
-            single, batches = self._batch_paths
-            jobs.append(
-                Job(
-                    f"{p.name}-batch",
-                    p.name,
-                    p.cls,
-                    p.variant(),
-                    self.spec.tensor_order(),
-                    single,
-                    extra_feeds=batches,
-                )
-            )
-        return jobs
-
-    def _thread_values(self, p: _Planned) -> list[int]:
-        default = int(p.options["threads"])
-        return [t for t in (1, self.n_threads) if t != default]
-
-    def analyze(
-        self,
-        planned: Sequence[_Planned],
-        builds: dict[str, _Builds],
-        outcomes: dict[str, dict[str, JobOutcome]],
-        results: Sequence[BackendResult],
-    ) -> Probes:
-        ok = {r.name for r in results if r.ok}
-        run = [p for p in planned if p.name in ok]
-        return Probes(
-            ran=self.wanted,
-            builds=tuple(
-                self._builds(builds[p.name], r)
-                for p, r in zip(planned, results, strict=True)
-                if r.ok and r.builds > 1
-            ),
-            batch=tuple(
-                self._batch(p, outcomes[p.name])
-                for p in run
-                if "batch" in self.wanted and self._batch_paths is not None
-            ),
-            threads=tuple(
-                t for p in run if "threads" in self.wanted for t in self._threads(p, builds, outcomes[p.name])
-            ),
-            opt_levels=tuple(o for p in run for o in self._opt_levels(p, outcomes[p.name])),
-            observer=tuple(
-                self._observer(p, builds[p.name], outcomes[p.name])
-                for p in run
-                if "observer" in self.wanted and not self.opts.outputs_only
-            ),
-            notes=tuple(self.notes),
-        )
-
-    def _builds(self, b: _Builds, r: BackendResult) -> BuildVariance:
-        fps = [o.result["fingerprint"] for o in b.outcomes]
-        return BuildVariance.from_fingerprints(r.name, fps, r.distinct_build_outputs > 1)
-
-    def _observer(self, p: _Planned, b: _Builds, jobs: dict[str, JobOutcome]) -> ObserverResult:
-        o = jobs[f"{p.name}-observer"]
-        if not o.ok:
-            return ObserverResult(p.name, "failed", o.outcome.reason)
-        main = b.outcomes[0]
-        with CaptureFile(o.capture, o.names) as plain, CaptureFile(main.capture, main.names) as inst:
-            diffs = diff_captures(
-                inst, plain, common_names(inst, plain, self.spec.output_names), self.spec.op_types()
-            )
-        equal, max_ulp, scaled, _ = summarize(diffs)
-        return ObserverResult(p.name, "ok", "", not equal, max_ulp, scaled)
-
-    def _threads(
-        self, p: _Planned, builds: dict[str, _Builds], jobs: dict[str, JobOutcome]
-    ) -> list[ThreadResult]:
-        if p.cls is None or not has_threads(p.cls):
-            return [ThreadResult(p.name, "-", "n/a", "the backend has no thread setting")]
-        default = int(p.options["threads"])
-        one = builds[p.name].outcomes[0] if default == 1 else jobs.get(f"{p.name}-threads1")
-        variants = [(f"{default} (default)" if default else "default", builds[p.name].outcomes[0])]
-        variants += [(str(t), jobs[f"{p.name}-threads{t}"]) for t in self._thread_values(p) if t != 1]
-        if one is None or not one.ok:
-            return [ThreadResult(p.name, "1", "failed", one.outcome.reason if one else "not run")]
-        out = []
-        for label, o in variants:
-            if o is one:
-                continue
-            if not o.ok:
-                out.append(ThreadResult(p.name, label, "failed", o.outcome.reason))
-                continue
-            with CaptureFile(o.capture, o.names) as a, CaptureFile(one.capture, one.names) as b:
-                names = common_names(a, b, self.spec.tensor_order(self.opts.outputs_only))
-                diffs = diff_captures(a, b, names, self.spec.op_types())
-            equal, max_ulp, scaled, first = summarize(diffs)
-            out.append(ThreadResult(p.name, label, "ok", "", equal, max_ulp, scaled, first))
-        return out
-
-    def _opt_levels(self, p: _Planned, jobs: dict[str, JobOutcome]) -> list[OptLevelResult]:
-        o = jobs.get(f"{p.name}-opt-levels")
-        if o is None or not o.ok:
-            if o is not None:
-                self.notes.append(f"{p.name}: optimization-level probe failed: {o.outcome.reason}")
-            return []
-        return [
-            OptLevelResult(
-                p.name,
-                r["level"],
-                r["bitwise_equal"],
-                int(r["max_ulp"]),
-                float(r["scaled_ulp"]),
-                tuple(r["changed_by"]),
-                tuple(r["modified_graph"]),
-            )
-            for r in o.result["opt_levels"]
-        ]
-
-    def _batch(self, p: _Planned, jobs: dict[str, JobOutcome]) -> BatchResult:
-        return batch_result(p.name, self.batch, jobs[f"{p.name}-batch"], self.spec)

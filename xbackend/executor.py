@@ -7,36 +7,61 @@ progress bar covers all of it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from xbackend.isolation import WorkerOutcome, run_worker
 from xbackend.model import ModelSpec
 from xbackend.progress import ProgressSink
+from xbackend.protocol import LAYERS, OUTPUTS, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.runners.base import Runner
 
-__all__ = ["Executor", "Job", "JobOutcome"]
+__all__ = ["Executor", "Job", "JobOutcome", "PhaseSpec", "standard_phases"]
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """One engine build a job asks for (see xbackend.protocol.Phase)."""
+
+    name: str
+    tensors: tuple[str, ...]
+    runs: int = 1
+    extra_feeds: tuple[Path, ...] = ()
+    serves_outputs: bool = False
+
+
+def standard_phases(
+    cls: type[Runner], spec: ModelSpec, runs: int, outputs_only: bool = False, layers: bool = True
+) -> tuple[PhaseSpec, ...]:
+    """The plain model for graph outputs and, unless outputs only, the instrumented model for
+    per-layer tables; one build serves both where exposing intermediates changes nothing."""
+    outputs = spec.tensor_order(outputs_only=True)
+    if outputs_only or not layers:
+        return (PhaseSpec(OUTPUTS, outputs, runs),)
+    if not cls.instrumentation_changes_engine:
+        return (PhaseSpec(LAYERS, spec.tensor_order(), runs, serves_outputs=True),)
+    return (PhaseSpec(OUTPUTS, outputs, runs), PhaseSpec(LAYERS, spec.tensor_order(), runs))
 
 
 @dataclass(frozen=True)
 class Job:
-    """One worker process: a backend with options, the tensors to capture, the feed sets to run."""
+    """One worker process: a backend with options, its phases, the feeds to run."""
 
     label: str  # unique, used as the job's directory name
     backend: str
     cls: type[Runner]
     raw_options: tuple[tuple[str, str], ...]
-    tensors: tuple[str, ...]
     feeds: Path
-    runs: int = 1
-    extra_feeds: tuple[Path, ...] = ()
+    phases: tuple[PhaseSpec, ...] = ()
     kind: str = "main"  # "main" | "opt-levels"
     fingerprint: bool = False
 
     @property
     def steps(self) -> int:
-        return 1 + (self.runs + len(self.extra_feeds) if self.kind == "main" else 1)
+        if self.kind != "main":
+            return 2
+        return 1 + sum(p.runs + len(p.extra_feeds) for p in self.phases)
 
     def env(self) -> dict[str, str]:
         return self.cls.process_env(self.cls.resolve_options(dict(self.raw_options)))
@@ -44,27 +69,47 @@ class Job:
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """A finished job: the worker's outcome and where its captures are."""
+    """A finished job: the worker's outcome, its phases' captures and results."""
 
     job: Job
     outcome: WorkerOutcome
-    capture: Path
-    extra_captures: tuple[Path, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
         return self.outcome.status == "ok"
 
     @property
-    def result(self) -> dict[str, Any]:
-        return dict(self.outcome.result)
+    def result(self) -> WorkerResult:
+        return self.outcome.result
 
     @property
-    def names(self) -> list[str]:
-        return list(self.outcome.result.get("capture_names", []))
+    def reason(self) -> str:
+        return self.outcome.reason
 
-    def extra_names(self, i: int) -> list[str]:
-        return list(self.outcome.result.get("extra_capture_names", [])[i])
+    def phase(self, name: str) -> PhaseResult | None:
+        return self.result.phase(name)
+
+    @property
+    def outputs(self) -> PhaseResult:
+        """The phase whose graph outputs stand for the plain model users ship."""
+        p = self.phase(OUTPUTS)
+        if p is not None:
+            return p
+        p = self.phase(LAYERS)
+        if p is None or not p.serves_outputs:
+            raise LookupError(f"{self.job.label}: no phase holds the plain model's outputs")
+        return p
+
+    @property
+    def layers(self) -> PhaseResult | None:
+        """The instrumented phase (every intermediate exposed), if it ran."""
+        return self.phase(LAYERS)
+
+    @property
+    def separate_layers(self) -> bool:
+        """True when the per-layer capture comes from a different build than the outputs."""
+        layers = self.layers
+        return layers is not None and not layers.serves_outputs
 
 
 class Executor:
@@ -76,22 +121,19 @@ class Executor:
         self.timeout = timeout
         self.bar = bar
 
-    def _payload(self, job: Job, job_dir: Path) -> dict[str, Any]:
-        return {
-            "backend": job.backend,
-            "options": dict(job.raw_options),
-            "model": asdict(self.spec.ref()),
-            "tensors": list(job.tensors),
-            "outputs": list(self.spec.output_names),
-            "op_types": self.spec.op_types(),
-            "runs": job.runs,
-            "feeds": str(job.feeds),
-            "capture": str(job_dir / "capture.npz"),
-            "result": str(job_dir / "result.json"),
-            "extra_feeds": [[str(f), str(job_dir / f"extra{i}.npz")] for i, f in enumerate(job.extra_feeds)],
-            "kind": job.kind,
-            "fingerprint": job.fingerprint,
-        }
+    def _worker_job(self, job: Job, job_dir: Path) -> WorkerJob:
+        return WorkerJob(
+            backend=job.backend,
+            options=dict(job.raw_options),
+            model=self.spec.ref(),
+            outputs=self.spec.output_names,
+            op_types=self.spec.op_types(),
+            feeds=str(job.feeds),
+            result=str(job_dir / "result.json"),
+            phases=tuple(_phase(p, job_dir) for p in job.phases),
+            kind=job.kind,
+            fingerprint=job.fingerprint,
+        )
 
     def run(self, job: Job) -> JobOutcome:
         job_dir = self.work / job.label
@@ -104,11 +146,30 @@ class Executor:
             seen += 1
             self.bar.advance()
 
-        outcome = run_worker(self._payload(job, job_dir), job_dir, self.timeout, job.env(), tick)
+        outcome = run_worker(self._worker_job(job, job_dir), job_dir, self.timeout, job.env(), tick)
         self.bar.advance(max(0, job.steps - seen))
-        extras = tuple(job_dir / f"extra{i}.npz" for i in range(len(job.extra_feeds)))
-        return JobOutcome(job, outcome, job_dir / "capture.npz", extras)
+        return JobOutcome(job, outcome)
 
     def skip(self, job: Job) -> None:
         """A planned job that will not run (its backend failed): keep the bar honest."""
         self.bar.advance(job.steps)
+
+    def run_all(self, jobs: Sequence[Job], go: bool) -> dict[str, JobOutcome]:
+        out = {}
+        for job in jobs:
+            if go:
+                out[job.label] = self.run(job)
+            else:
+                self.skip(job)
+        return out
+
+
+def _phase(p: PhaseSpec, job_dir: Path) -> Phase:
+    return Phase(
+        p.name,
+        p.tensors,
+        p.runs,
+        str(job_dir / f"{p.name}.xbv"),
+        tuple((str(f), str(job_dir / f"{p.name}-extra{i}.xbv")) for i, f in enumerate(p.extra_feeds)),
+        p.serves_outputs,
+    )

@@ -6,8 +6,9 @@ Feeds are made once, hashed, and the same bytes go to every backend and run.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,42 +17,82 @@ import numpy as np
 
 from xbackend.errors import InputError
 from xbackend.model import ModelSpec, TensorSpec, np_dtype
+from xbackend.storage import save_values
+from xbackend.values import Value, describe, normalize, value_sha256
 
-__all__ = ["Feeds", "feeds_sha256", "generate_feeds", "load_feeds", "parse_shape"]
+__all__ = [
+    "Feeds",
+    "feeds_sha256",
+    "generate_feeds",
+    "load_expected",
+    "load_feeds",
+    "parse_range",
+    "parse_shape",
+]
 
 Shape = tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class Feeds:
-    """The arrays fed to every backend, their sha256 and where they came from."""
+    """The values fed to every backend, their sha256 and where they came from.
 
-    arrays: Mapping[str, np.ndarray] = field(compare=False, repr=False)
+    `arrays` maps each input name to a value (see xbackend.values): a tensor, a
+    sequence, a map or an empty optional.
+    """
+
+    arrays: Mapping[str, Value] = field(compare=False, repr=False)
     sha256: str
     seed: int | None
-    source: str  # "generated" or the .npz path
+    source: str  # "generated" or the path the data came from
+    ranges: tuple[tuple[str, str], ...] = ()  # input -> the range its generated values were drawn from
 
     @classmethod
-    def from_arrays(cls, arrays: Mapping[str, np.ndarray], seed: int | None, source: str) -> Feeds:
-        fixed = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
-        return cls(fixed, feeds_sha256(fixed), seed, source)
+    def from_arrays(
+        cls,
+        arrays: Mapping[str, Any],
+        seed: int | None,
+        source: str,
+        ranges: tuple[tuple[str, str], ...] = (),
+    ) -> Feeds:
+        fixed = {k: normalize(v) for k, v in arrays.items()}
+        return cls(fixed, feeds_sha256(fixed), seed, source, ranges)
 
     def shapes(self) -> dict[str, Shape]:
-        return {k: tuple(int(d) for d in v.shape) for k, v in self.arrays.items()}
+        return {
+            k: tuple(int(d) for d in v.shape) for k, v in self.arrays.items() if isinstance(v, np.ndarray)
+        }
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(name, dtype or kind, shape or structure) per input, sorted by name."""
+        out = []
+        for k, v in sorted(self.arrays.items()):
+            if isinstance(v, np.ndarray):
+                out.append((k, str(v.dtype), "[" + ",".join(map(str, v.shape)) + "]"))
+            else:
+                out.append((k, "value", describe(v)))
+        return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        arrays: dict[str, Any] = dict(self.arrays)
-        np.savez(str(path), **arrays)
+        save_values(path, self.arrays)
 
 
-def feeds_sha256(arrays: Mapping[str, np.ndarray]) -> str:
-    """Hash of names, dtypes, shapes and bytes, in name order."""
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
+def feeds_sha256(arrays: Mapping[str, Value]) -> str:
+    """Hash of names, structure, dtypes, shapes and bytes, in name order."""
+    return value_sha256((name, arrays[name]) for name in sorted(arrays))
+
+
+def parse_range(text: str) -> tuple[str, float, float]:
+    """'ids=0:50257' -> ('ids', 0, 50257): generated values drawn from [LO, HI)."""
+    name, sep, rest = text.rpartition("=")
+    lo_text, colon, hi_text = rest.partition(":")
+    try:
+        lo, hi = float(lo_text), float(hi_text)
+    except ValueError:
+        lo = hi = math.nan
+    if not sep or not name or not colon or not (lo < hi):
+        raise InputError(f"--range expects NAME=LO:HI with LO < HI (e.g. input_ids=0:50257), got {text!r}")
+    return name, lo, hi
 
 
 def parse_shape(text: str) -> tuple[str, Shape]:
@@ -106,30 +147,72 @@ def _seed_for(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, key])
 
 
-def _random_array(spec: TensorSpec, shape: Shape, seed: int) -> np.ndarray:
+DEFAULT_INT_RANGE = (0, 16)
+
+
+def _range_for(
+    spec: TensorSpec, ranges: Mapping[str, tuple[float, float]], bounds: Mapping[str, int]
+) -> tuple[float, float]:
+    if spec.name in ranges:
+        return ranges[spec.name]
+    if spec.name in bounds:
+        return (0, bounds[spec.name])
+    return DEFAULT_INT_RANGE
+
+
+def _cannot_generate(spec: TensorSpec, what: str) -> InputError:
+    return InputError(
+        f"input {spec.name!r} is {what}, which xbackend cannot generate; pass real data with "
+        f"--inputs DIR (ONNX test-data layout: input_0.pb, ... as TensorProto/SequenceProto/OptionalProto)"
+        + (" or --inputs FILE.npz" if spec.kind == "tensor" else "")
+    )
+
+
+def _random_array(spec: TensorSpec, shape: Shape, seed: int, lo_hi: tuple[float, float]) -> np.ndarray:
     rng = _seed_for(seed, spec.name)
+    if spec.kind not in ("tensor", "optional"):
+        raise _cannot_generate(spec, f"a {spec.type_str or spec.kind}")
     if spec.dtype in ("unknown", "object", "string"):
-        raise InputError(
-            f"input {spec.name!r} has type {spec.dtype}, which xbackend cannot generate; "
-            "pass real data with --inputs FILE.npz"
-        )
+        raise _cannot_generate(spec, f"a {spec.type_str or spec.dtype} tensor")
     dt = np_dtype(spec.dtype)
+    lo, hi = lo_hi
     if dt == np.bool_:
         return rng.random(shape) < 0.5
-    if np.issubdtype(dt, np.integer):
-        # Small non-negative values: valid as indices or ids for most embedding-style inputs.
-        return rng.integers(0, 16, size=shape).astype(dt)
+    if np.issubdtype(dt, np.integer) or str(dt) in ("int4", "uint4", "int2", "uint2"):
+        return rng.integers(math.ceil(lo), math.ceil(hi), size=shape).astype(dt)
     if dt.kind == "c":
         return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
+    if (lo, hi) != DEFAULT_INT_RANGE:
+        return rng.uniform(lo, hi, size=shape).astype(dt)
     return rng.standard_normal(shape).astype(dt)
 
 
-def generate_feeds(spec: ModelSpec, seed: int = 0, shapes: Mapping[str, Shape] | None = None) -> Feeds:
-    """Seeded random feeds for every model input."""
+def generate_feeds(
+    spec: ModelSpec,
+    seed: int = 0,
+    shapes: Mapping[str, Shape] | None = None,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+) -> Feeds:
+    """Seeded random feeds for every model input.
+
+    Integers are drawn from [0, 16), or from [0, N) for an input used directly as
+    Gather indices into an N-row table (token ids into an embedding), or from --range.
+    Floats are standard normal, or uniform in --range.
+    """
     shapes = dict(shapes or {})
+    ranges = dict(ranges or {})
     _check_known(spec, shapes.keys(), "--shape")
-    arrays = {i.name: _random_array(i, _resolve_shape(i, shapes.get(i.name)), seed) for i in spec.inputs}
-    return Feeds.from_arrays(arrays, seed, "generated")
+    _check_known(spec, ranges.keys(), "--range")
+    bounds = dict(spec.index_bounds)
+    arrays = {}
+    used: list[tuple[str, str]] = []
+    for i in spec.inputs:
+        lo_hi = _range_for(i, ranges, bounds)
+        arrays[i.name] = _random_array(i, _resolve_shape(i, shapes.get(i.name)), seed, lo_hi)
+        dt = arrays[i.name].dtype
+        if dt != np.bool_ and (dt.kind in "iu" or i.name in ranges):
+            used.append((i.name, f"[{lo_hi[0]:g}, {lo_hi[1]:g})"))
+    return Feeds.from_arrays(arrays, seed, "generated", tuple(used))
 
 
 def _check_known(spec: ModelSpec, names: object, where: str) -> None:
@@ -141,28 +224,150 @@ def _check_known(spec: ModelSpec, names: object, where: str) -> None:
         )
 
 
+def _npz_array(a: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """npz keeps ml_dtypes arrays (bfloat16, float8, int4, ...) as raw void bytes: type them back."""
+    if a.dtype.kind == "V" and spec.dtype not in ("unknown", "object"):
+        want = np_dtype(spec.dtype)
+        if want.itemsize == a.dtype.itemsize:
+            return a.view(want)
+    return a
+
+
+def _check_value(spec: TensorSpec, value: Value, where: str) -> None:
+    if spec.kind == "tensor" and not isinstance(value, np.ndarray):
+        raise InputError(f"{where}: input {spec.name!r} is a {describe(value)}, the model expects a tensor")
+    if spec.kind == "sequence" and not isinstance(value, list):
+        raise InputError(f"{where}: input {spec.name!r} is a {describe(value)}, the model expects a sequence")
+    if not isinstance(value, np.ndarray):
+        return
+    if spec.dtype != "unknown" and str(value.dtype) != spec.dtype:
+        hint = (
+            "save strings as np.array(values, dtype=str)"
+            if spec.dtype == "object"
+            else f"save it with .astype('{spec.dtype}')"
+            if not spec.dtype.startswith(
+                ("bfloat", "float8", "float4", "float6", "int4", "uint4", "int2", "uint2")
+            )
+            else f"save it with .astype(ml_dtypes.{spec.dtype})"
+        )
+        raise InputError(
+            f"{where}: input {spec.name!r} is {value.dtype}, the model expects "
+            f"{'string' if spec.dtype == 'object' else spec.dtype}; {hint}"
+        )
+    _check_shape(spec, tuple(value.shape), where)
+
+
 def load_feeds(path: str | os.PathLike[str], spec: ModelSpec) -> Feeds:
-    """Feeds from an .npz file whose keys are the model's input names."""
+    """Feeds from an .npz file keyed by input name, or from a directory in ONNX's test-data
+    layout (input_0.pb, input_1.pb, ...: TensorProto, SequenceProto, OptionalProto or MapProto,
+    matched to the model's inputs by name, else by position)."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"--inputs file not found: {p}")
+    if p.is_dir():
+        data_dir = test_data_dir(p)
+        values = _load_pb_set(data_dir, "input", spec.inputs, f"--inputs {p}")
+        source = str(data_dir)
+    elif p.is_file():
+        values = _load_npz(p, spec)
+        source = str(p)
+    else:
+        raise InputError(f"--inputs not found: {p}; pass an .npz file or a directory of input_N.pb files")
+    missing = [n for n in spec.input_names if n not in values]
+    if missing:
+        what = "input_N.pb files" if p.is_dir() else "arrays to the .npz"
+        raise InputError(f"--inputs {p} lacks input(s) {', '.join(missing)}; add them as {what}")
+    for i in spec.inputs:
+        _check_value(i, values[i.name], f"--inputs {p}")
+    return Feeds.from_arrays(values, None, source)
+
+
+def _load_npz(p: Path, spec: ModelSpec) -> dict[str, Value]:
     try:
         with np.load(p, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+            raw = {k: z[k] for k in z.files}
+    except ValueError as e:
+        if "pickle" in str(e):
+            raise InputError(
+                f"--inputs {p} holds an object array, which xbackend does not unpickle; save strings "
+                "as np.array(values, dtype=str), or use --inputs DIR with input_N.pb files"
+            ) from e
+        raise InputError(f"--inputs {p} is not a readable .npz ({e}); save it with numpy.savez") from e
     except Exception as e:
         raise InputError(
             f"--inputs {p} is not a readable .npz ({type(e).__name__}); save it with numpy.savez"
         ) from e
-    _check_known(spec, arrays.keys(), f"--inputs {p}")
-    missing = [n for n in spec.input_names if n not in arrays]
-    if missing:
-        raise InputError(f"--inputs {p} lacks input(s) {', '.join(missing)}; add them to the .npz")
-    for i in spec.inputs:
-        a = arrays[i.name]
-        if i.dtype != "unknown" and str(a.dtype) != i.dtype:
+    _check_known(spec, raw.keys(), f"--inputs {p}")
+    by_name = {i.name: i for i in spec.inputs}
+    return {k: normalize(_npz_array(v, by_name[k])) for k, v in raw.items()}
+
+
+def test_data_dir(p: Path) -> Path:
+    """`p` itself when it holds input_N.pb files, else its first test_data_set_N."""
+    if any(p.glob("input_*.pb")):
+        return p
+    sets = sorted(p.glob("test_data_set_*"), key=lambda d: _index(d.name))
+    if sets and any(sets[0].glob("input_*.pb")):
+        return sets[0]
+    raise InputError(
+        f"--inputs {p} holds no input_N.pb files (nor a test_data_set_N folder with them); "
+        "write each input with onnx.numpy_helper.from_array(...).SerializeToString()"
+    )
+
+
+def _index(name: str) -> int:
+    tail = name.rsplit("_", 1)[-1].split(".")[0]
+    return int(tail) if tail.isdigit() else 1 << 30
+
+
+def _parse_pb(data: bytes, spec: TensorSpec) -> tuple[str, Value]:
+    """(name recorded in the proto, value) for one .pb file, read as the type `spec` declares."""
+    import onnx
+    from onnx import numpy_helper
+
+    if spec.kind == "sequence":
+        seq = onnx.SequenceProto.FromString(data)
+        return seq.name, numpy_helper.to_list(seq)
+    if spec.kind == "optional":
+        opt = onnx.OptionalProto.FromString(data)
+        return opt.name, numpy_helper.to_optional(opt)
+    if spec.kind == "map":
+        mp = onnx.MapProto.FromString(data)
+        return mp.name, numpy_helper.to_dict(mp)
+    t = onnx.TensorProto.FromString(data)
+    return t.name, numpy_helper.to_array(t)
+
+
+def _load_pb_set(d: Path, prefix: str, specs: Sequence[TensorSpec], where: str) -> dict[str, Value]:
+    files = sorted(d.glob(f"{prefix}_*.pb"), key=lambda f: _index(f.name))
+    by_name = {s.name: s for s in specs}
+    out: dict[str, Value] = {}
+    for pos, f in enumerate(files):
+        data = f.read_bytes()
+        spec = specs[pos] if pos < len(specs) else None
+        try:
+            name, value = _parse_pb(data, spec or TensorSpec(f.stem, "unknown", None))
+            if name and name in by_name and (spec is None or name != spec.name):
+                spec = by_name[name]
+                name, value = _parse_pb(data, spec)
+        except Exception as e:
             raise InputError(
-                f"--inputs {p}: input {i.name!r} is {a.dtype}, the model expects {i.dtype}; "
-                f"save it with .astype('{i.dtype}')"
+                f"{where}: {f.name} is not a readable {spec.type_str if spec else 'TensorProto'} "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); write it with "
+                "onnx.numpy_helper (from_array, from_list, from_optional, from_dict)"
+            ) from e
+        if spec is None:
+            raise InputError(
+                f"{where}: {f.name} has no matching model {prefix} (the model has {len(specs)}); remove it"
             )
-        _check_shape(i, tuple(a.shape), f"--inputs {p}")
-    return Feeds.from_arrays(arrays, None, str(p))
+        out[spec.name] = normalize(value)
+    return out
+
+
+def load_expected(path: str | os.PathLike[str], spec: ModelSpec) -> dict[str, Value] | None:
+    """Expected outputs (output_N.pb) beside the inputs of an ONNX test-data directory, if any."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    d = test_data_dir(p)
+    if not any(d.glob("output_*.pb")):
+        return None
+    return _load_pb_set(d, "output", spec.outputs, f"--inputs {p}")

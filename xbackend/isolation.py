@@ -7,7 +7,6 @@ WorkerOutcome with a one-line reason, so the comparison goes on with the others.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import signal
@@ -17,9 +16,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from xbackend.protocol import PROGRESS_TAG
+from xbackend.protocol import PROGRESS_TAG, WorkerJob, WorkerResult
 
 __all__ = ["WorkerOutcome", "run_worker"]
 
@@ -32,7 +30,7 @@ class WorkerOutcome:
 
     status: str  # "ok" | "failed" | "unavailable" (the backend cannot take this model)
     reason: str
-    result: Mapping[str, Any] = field(default_factory=dict)
+    result: WorkerResult = field(default_factory=lambda: WorkerResult("failed"))
     elapsed_s: float = 0.0
 
 
@@ -87,7 +85,7 @@ def _pump(proc: subprocess.Popen[bytes], deadline: float, on_progress: Callable[
 
 
 def run_worker(
-    job: Mapping[str, Any],
+    job: WorkerJob,
     job_dir: Path,
     timeout: float,
     env: Mapping[str, str],
@@ -95,9 +93,9 @@ def run_worker(
 ) -> WorkerOutcome:
     """Start `python -m xbackend.worker` on `job`, wait at most `timeout` seconds."""
     job_path = job_dir / "job.json"
-    job_path.write_text(json.dumps(dict(job)))
+    job_path.write_text(job.to_json())
     err_path = job_dir / "stderr.txt"
-    result_path = Path(job["result"])
+    result_path = Path(job.result)
     start = time.monotonic()
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
@@ -116,7 +114,10 @@ def run_worker(
         if not finished:
             _kill(proc)
             return WorkerOutcome(
-                "failed", f"timed out after {timeout:g} s (raise --timeout)", {}, time.monotonic() - start
+                "failed",
+                f"timed out after {timeout:g} s (raise --timeout)",
+                WorkerResult("failed"),
+                time.monotonic() - start,
             )
     return _outcome(proc.returncode, result_path, err_path, time.monotonic() - start)
 
@@ -128,18 +129,18 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _outcome(code: int, result_path: Path, err_path: Path, elapsed: float) -> WorkerOutcome:
-    result: dict[str, Any] = {}
+    result = WorkerResult("failed")
     if result_path.is_file():
         try:
-            result = json.loads(result_path.read_text())
-        except ValueError:
-            result = {}
-    if result.get("status") == "ok" and code == 0:
+            result = WorkerResult.from_json(result_path.read_text())
+        except (ValueError, KeyError, TypeError):
+            result = WorkerResult("failed")
+    if result.status == "ok" and code == 0:
         return WorkerOutcome("ok", "", result, elapsed)
-    if result.get("status") == "unavailable":
-        return WorkerOutcome("unavailable", str(result.get("reason", "")), result, elapsed)
-    if result.get("reason"):
-        return WorkerOutcome("failed", f"{result.get('stage', '?')}: {result['reason']}", result, elapsed)
+    if result.status == "unavailable":
+        return WorkerOutcome("unavailable", result.reason, result, elapsed)
+    if result.reason:
+        return WorkerOutcome("failed", f"{result.stage}: {result.reason}", result, elapsed)
     tail = _stderr_tail(err_path)
     why = f"crashed with {_signal_name(code)}" if code < 0 else f"worker exited with code {code}"
     return WorkerOutcome("failed", f"{why}: {tail}" if tail else why, result, elapsed)

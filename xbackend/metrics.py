@@ -19,10 +19,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from xbackend.values import Value, describe
+
 __all__ = [
     "FLOAT_BITS",
     "TensorDiff",
     "classify",
+    "diff_values",
     "is_float_dtype",
     "keep_worse",
     "ordered_bits",
@@ -31,7 +34,8 @@ __all__ = [
     "worst_per_tensor",
 ]
 
-# numpy dtype name -> (storage bits, mantissa bits)
+# numpy dtype name -> (bits of the value, mantissa bits). Formats narrower than a byte
+# (fp4, fp6) sit in the low bits of one byte each, as ml_dtypes stores them.
 FLOAT_BITS: dict[str, tuple[int, int]] = {
     "float64": (64, 52),
     "float32": (32, 23),
@@ -41,8 +45,14 @@ FLOAT_BITS: dict[str, tuple[int, int]] = {
     "float8_e4m3fnuz": (8, 3),
     "float8_e5m2": (8, 2),
     "float8_e5m2fnuz": (8, 2),
+    "float8_e8m0fnu": (8, 0),
+    "float6_e2m3fn": (6, 3),
+    "float6_e3m2fn": (6, 2),
+    "float4_e2m1fn": (4, 1),
 }
-_UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+UNSIGNED_FLOATS = frozenset({"float8_e8m0fnu"})  # no sign bit: the bits are already ordered
+INT_LIKE = frozenset({"int4", "uint4", "int2", "uint2"})  # ml_dtypes integers (numpy kind 'V')
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def is_float_dtype(dtype: np.dtype[np.generic]) -> bool:
@@ -64,9 +74,12 @@ def _finfo(dtype: np.dtype[np.generic]) -> tuple[int, int]:
 def ordered_bits(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(sign, magnitude) of each element's bit pattern, as (bool, uint) arrays."""
     width = FLOAT_BITS[str(a.dtype)][0]
-    bits = np.ascontiguousarray(a).view(_UINT[width])
-    sign = (bits >> (width - 1)).astype(bool)
-    mag = bits & _UINT[width]((1 << (width - 1)) - 1)
+    uint = _UINT[a.dtype.itemsize]
+    bits = np.require(a, requirements="C").view(uint)
+    if str(a.dtype) in UNSIGNED_FLOATS:
+        return np.zeros(bits.shape, bool), bits
+    sign = ((bits >> (width - 1)) & 1).astype(bool)
+    mag = bits & uint((1 << (width - 1)) - 1)
     return sign, mag
 
 
@@ -137,7 +150,7 @@ class TensorDiff:
     op_type: str
     dtype: str
     shape: tuple[int, ...]
-    status: str  # "ok" | "shape_mismatch" | "dtype_mismatch" | "missing"
+    status: str  # "ok" | "shape_mismatch" | "dtype_mismatch" | "structure_mismatch" | "missing"
     bitwise_equal: bool
     elements: int
     mismatches: int
@@ -152,6 +165,9 @@ class TensorDiff:
     inf_mismatch: int = 0
     ftz_mismatch: int = 0
     detail: str = ""
+    constant: bool = False  # the reference (b) holds one value repeated: a comparison proves little
+    zero_sign_mismatch: int = 0  # +0 vs -0: bits differ, 0 ULP apart
+    nan_payload_mismatch: int = 0  # NaN on both sides with different bits
 
     @classmethod
     def from_arrays(cls, name: str, a: np.ndarray, b: np.ndarray, op_type: str = "") -> TensorDiff:
@@ -159,11 +175,11 @@ class TensorDiff:
             return cls.mismatch(name, op_type, "dtype_mismatch", f"{a.dtype} vs {b.dtype}", a, b)
         if a.shape != b.shape:
             return cls.mismatch(name, op_type, "shape_mismatch", f"{list(a.shape)} vs {list(b.shape)}", a, b)
-        base = cls._equal(name, op_type, a)
+        base = replace(cls._equal(name, op_type, a), constant=_is_constant(b))
         if a.dtype.kind == "O" or a.dtype.kind in "US":
             return _exact_object(base, a, b)
-        a = np.ascontiguousarray(a)
-        b = np.ascontiguousarray(b)
+        a = np.require(a, requirements="C")
+        b = np.require(b, requirements="C")
         if a.tobytes() == b.tobytes():
             return base
         if a.dtype.kind == "c":
@@ -196,6 +212,11 @@ class TensorDiff:
             0.0,
             0.0,
         )
+
+    @classmethod
+    def empty(cls, name: str, op_type: str) -> TensorDiff:
+        """Two empty optionals: equal, with nothing to measure."""
+        return cls(name, op_type, "optional", (), "ok", True, 0, 0, 0.0, None, None, 0.0, 0.0, 0.0, 0.0)
 
     @classmethod
     def mismatch(
@@ -247,6 +268,19 @@ class TensorDiff:
         """Sort key: incomparable first, then scaled ULP, then mismatch count."""
         return (0 if self.comparable else 1, self.scaled_ulp or self.max_abs, self.mismatches)
 
+    def zero_ulp_reason(self) -> str:
+        """Why bits differ although no element is a ULP apart ('' when that is not the case)."""
+        if self.bitwise_equal or self.max_ulp != 0 or not self.comparable:
+            return ""
+        why = []
+        if self.zero_sign_mismatch:
+            why.append(f"{self.zero_sign_mismatch} signed zero(s) (+0 vs -0)")
+        if self.nan_payload_mismatch:
+            why.append(f"{self.nan_payload_mismatch} NaN(s) with different payload bits")
+        if self.nan_mismatch or self.inf_mismatch or self.ftz_mismatch:
+            why.append("NaN/Inf/flush-to-zero mismatches")
+        return ", ".join(why) or "bit patterns that encode the same value"
+
     def worse(self, other: TensorDiff) -> TensorDiff:
         return other if other.severity() > self.severity() else self
 
@@ -276,10 +310,13 @@ def _with_counts(base: TensorDiff, mismatches: int, **kw: object) -> TensorDiff:
 
 def _exact_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
     """Integers and bools: exact comparison; abs/rel from the integer difference."""
+    if a.dtype.kind == "V" and str(a.dtype) not in INT_LIKE:  # an opaque type: bytes only
+        neq = int(np.count_nonzero(a.view(np.uint8) != b.view(np.uint8)))
+        return _with_counts(base, neq)
     if a.dtype == np.bool_:
         neq = int(np.count_nonzero(a != b))
         return _with_counts(base, neq, max_abs=1.0 if neq else 0.0)
-    wide = np.uint64 if a.dtype.kind == "u" else np.int64
+    wide = np.uint64 if a.dtype.kind == "u" or str(a.dtype) in ("uint4", "uint2") else np.int64
     aw, bw = a.astype(wide).ravel(), b.astype(wide).ravel()
     d = np.where(aw >= bw, aw - bw, bw - aw).astype(np.float64)
     neq = int(np.count_nonzero(d))
@@ -298,7 +335,7 @@ def _exact_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
 def _float_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
     cls_ = classify(a, b)
     af, bf = a.ravel(), b.ravel()
-    uint = _UINT[FLOAT_BITS[str(a.dtype)][0]]
+    uint = _UINT[a.dtype.itemsize]
     neq = int(np.count_nonzero(af.view(uint) != bf.view(uint)))
     m = cls_.comparable
     ca, cb = af[m], bf[m]
@@ -324,4 +361,39 @@ def _float_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
         nan_mismatch=int(cls_.nan_mismatch.sum()),
         inf_mismatch=int(cls_.inf_mismatch.sum()),
         ftz_mismatch=int(cls_.ftz_mismatch.sum()),
+        zero_sign_mismatch=int(np.count_nonzero((fa == 0) & (fb == 0) & (ca.view(uint) != cb.view(uint)))),
+        nan_payload_mismatch=int(np.count_nonzero(cls_.nan_both & (af.view(uint) != bf.view(uint)))),
     )
+
+
+def _is_constant(b: np.ndarray) -> bool:
+    """Every element of b is the same value (bitwise), e.g. all zeros."""
+    if b.size < 2:
+        return False
+    if b.dtype == object:
+        return bool((b == b.reshape(-1)[0]).all())
+    flat = np.require(b, requirements="C").reshape(-1)
+    raw = flat.view(_UINT[flat.dtype.itemsize]) if flat.dtype.itemsize in _UINT else flat.view(np.uint8)
+    return bool((raw == raw[0]).all())
+
+
+def diff_values(name: str, a: Value, b: Value, op_type: str = "") -> list[TensorDiff]:
+    """a against b, element by element for sequences and maps (`name[i]`, `name{key}`).
+
+    Two empty optionals are equal; a value and an empty optional, a sequence of another
+    length or a tensor against a sequence are one 'structure_mismatch' row.
+    """
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return [TensorDiff.from_arrays(name, a, b, op_type)]
+    if a is None and b is None:
+        return [TensorDiff.empty(name, op_type)]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in diff_values(f"{name}[{i}]", x, y, op_type)
+        ]
+    if isinstance(a, dict) and isinstance(b, dict) and set(a) == set(b):
+        keys = sorted(a, key=repr)
+        return [d for k in keys for d in diff_values(f"{name}{{{k!r}}}", a[k], b[k], op_type)]
+    return [TensorDiff.mismatch(name, op_type, "structure_mismatch", f"{describe(a)} vs {describe(b)}")]

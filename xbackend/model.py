@@ -6,7 +6,10 @@ several backends read older IR versions than onnx writes by default.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ __all__ = [
     "TensorSpec",
     "downgrade_blockers",
     "downgrade_ir",
+    "kind_of",
     "load_model",
     "load_proto",
     "model_sha256",
@@ -52,22 +56,49 @@ _DTYPE_MIN_IR: dict[str, int] = {
     "FLOAT6E3M2": 14,
 }
 _DTYPE_ATTRS = frozenset({"to", "dtype", "output_dtype"})
+_SHAPE_ONLY = frozenset({"Shape", "Size", "EyeLike"})  # outputs depend on input shapes only
+
+
+def kind_of(tp: onnx.TypeProto) -> tuple[str, onnx.TypeProto | None]:
+    """('tensor' | 'sequence' | 'optional' | 'map' | 'sparse_tensor' | 'unknown', innermost tensor type)."""
+    which = tp.WhichOneof("value")
+    if which == "tensor_type":
+        return "tensor", tp
+    if which == "sequence_type":
+        return "sequence", kind_of(tp.sequence_type.elem_type)[1]
+    if which == "optional_type":
+        return "optional", kind_of(tp.optional_type.elem_type)[1]
+    if which == "map_type":
+        return "map", kind_of(tp.map_type.value_type)[1]
+    if which == "sparse_tensor_type":
+        return "sparse_tensor", None
+    return "unknown", None
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A graph input or output: name, numpy dtype name and shape (str = symbolic, None = unknown)."""
+    """A graph input or output: name, numpy dtype name and shape (str = symbolic, None = unknown).
+
+    `kind` is the ONNX value kind; for sequences, optionals and maps, dtype and
+    shape describe the innermost tensor type and `type_str` the whole type.
+    """
 
     name: str
     dtype: str
     shape: tuple[Dim, ...] | None
+    kind: str = "tensor"
+    type_str: str = ""
 
     @classmethod
     def from_value_info(cls, vi: onnx.ValueInfoProto) -> TensorSpec:
-        tt = vi.type.tensor_type
-        dtype = _dtype_name(tt.elem_type) if vi.type.HasField("tensor_type") else "unknown"
-        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
-            return cls(vi.name, dtype, None)
+        kind, inner = kind_of(vi.type)
+        type_str = _type_str(vi.type)
+        if inner is None:
+            return cls(vi.name, "unknown", None, kind, type_str)
+        tt = inner.tensor_type
+        dtype = _dtype_name(tt.elem_type)
+        if not tt.HasField("shape"):
+            return cls(vi.name, dtype, None, kind, type_str)
         dims: list[Dim] = []
         for d in tt.shape.dim:
             if d.HasField("dim_value"):
@@ -76,7 +107,7 @@ class TensorSpec:
                 dims.append(d.dim_param)
             else:
                 dims.append(None)
-        return cls(vi.name, dtype, tuple(dims))
+        return cls(vi.name, dtype, tuple(dims), kind, type_str)
 
     @property
     def dynamic_dims(self) -> list[int]:
@@ -99,6 +130,9 @@ class NodeTensor:
     op_type: str
     node: str
     index: int
+    inputs: tuple[str, ...] = ()
+    module: str = ""  # source module path (e.g. 'layer4.1.bn2') where the exporter recorded it
+    subgraph: bool = False  # the node holds subgraphs (If, Loop, Scan): data flow is not visible
 
 
 @dataclass(frozen=True)
@@ -136,6 +170,7 @@ class ModelSpec:
     tensors: tuple[NodeTensor, ...]
     external_data: bool
     metadata: tuple[tuple[str, str], ...]
+    index_bounds: tuple[tuple[str, int], ...] = ()  # input -> rows of the table it indexes (Gather)
 
     @classmethod
     def from_proto(cls, proto: onnx.ModelProto, path: str, sha256: str) -> ModelSpec:
@@ -152,6 +187,7 @@ class ModelSpec:
             tensors=tuple(_node_tensors(g)),
             external_data=_uses_external_data(proto),
             metadata=tuple(sorted((p.key, p.value) for p in proto.metadata_props)),
+            index_bounds=tuple(sorted(_index_bounds(g, init_names).items())),
         )
 
     def ref(self) -> ModelRef:
@@ -179,6 +215,28 @@ class ModelSpec:
     def opset(self, domain: str = "ai.onnx") -> int | None:
         return dict(self.opsets).get(domain)
 
+    def modules(self) -> dict[str, str]:
+        """Tensor name -> source module path, from the exporter's node scopes and xbackend's
+        verified export map (which wins where both name one)."""
+        out = {t.name: t.module for t in self.tensors if t.module}
+        recorded = dict(self.metadata).get("xbackend.torch.module_outputs")
+        if recorded:
+            with contextlib.suppress(ValueError, AttributeError):
+                out.update({t: m for m, t in json.loads(recorded).items()})
+        return out
+
+    def data_dependent(self, sources: Iterator[str] | tuple[str, ...] | list[str]) -> set[str]:
+        """Node outputs whose values depend on the values of `sources` (inputs), not only on
+        their shapes: Shape and Size read shapes only, so what is computed from them (a Range
+        over the batch size, a ConstantOfShape) is shape-derived. Control flow counts as data."""
+        tainted = set(sources)
+        for t in self.tensors:
+            if t.op_type in _SHAPE_ONLY:
+                continue
+            if t.subgraph or any(i in tainted for i in t.inputs):
+                tainted.add(t.name)
+        return tainted
+
     def tensor_order(self, outputs_only: bool = False) -> tuple[str, ...]:
         """Names to capture, in topological order; graph outputs last if not produced by a node."""
         if outputs_only:
@@ -187,6 +245,40 @@ class ModelSpec:
         names = [t.name for t in self.tensors]
         seen = set(names)
         return tuple(names + [n for n in self.output_names if n not in seen])
+
+
+def _index_bounds(g: onnx.GraphProto, init_names: set[str]) -> dict[str, int]:
+    """Graph inputs used directly as Gather indices into an initializer: the table's row count
+    along the gathered axis (a token-id input's vocabulary size)."""
+    inputs = {v.name for v in g.input} - init_names
+    dims = {t.name: list(t.dims) for t in g.initializer}
+    out: dict[str, int] = {}
+    for n in g.node:
+        if n.op_type != "Gather" or len(n.input) < 2 or n.input[1] not in inputs or n.input[0] not in dims:
+            continue
+        axis = next((int(a.i) for a in n.attribute if a.name == "axis"), 0)
+        shape = dims[n.input[0]]
+        if shape and -len(shape) <= axis < len(shape):
+            rows = int(shape[axis])
+            out[n.input[1]] = min(rows, out.get(n.input[1], rows))
+    return out
+
+
+def _type_str(tp: onnx.TypeProto) -> str:
+    """'tensor(float)', 'seq(tensor(int64))', 'optional(seq(tensor(float)))', 'map(int64,tensor(float))'."""
+    which = tp.WhichOneof("value")
+    if which in ("tensor_type", "sparse_tensor_type"):
+        elem = getattr(tp, which).elem_type
+        name = TensorProto.DataType.Name(elem).lower() if elem else "undefined"
+        return f"{'sparse_' if which == 'sparse_tensor_type' else ''}tensor({name})"
+    if which == "sequence_type":
+        return f"seq({_type_str(tp.sequence_type.elem_type)})"
+    if which == "optional_type":
+        return f"optional({_type_str(tp.optional_type.elem_type)})"
+    if which == "map_type":
+        key = TensorProto.DataType.Name(tp.map_type.key_type).lower()
+        return f"map({key},{_type_str(tp.map_type.value_type)})"
+    return "unknown"
 
 
 def _dtype_name(elem_type: int) -> str:
@@ -210,12 +302,38 @@ def np_dtype(name: str) -> np.dtype[np.generic]:
         return dt
 
 
+_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+
+
+def node_module(node: onnx.NodeProto) -> str:
+    """The innermost source module the torch exporter attributed `node` to ('' if none)."""
+    for p in node.metadata_props:
+        if p.key == _NAME_SCOPES:
+            try:
+                scopes = ast.literal_eval(p.value)
+            except (ValueError, SyntaxError):
+                return ""
+            # [root '', module paths..., fx node name]
+            return str(scopes[-2]) if isinstance(scopes, list) and len(scopes) >= 3 else ""
+    return ""
+
+
 def _node_tensors(graph: onnx.GraphProto) -> Iterator[NodeTensor]:
     index = 0
     for i, node in enumerate(graph.node):
+        module = node_module(node)
+        sub = any(a.HasField("g") or len(a.graphs) for a in node.attribute)
         for out in node.output:
             if out:
-                yield NodeTensor(out, node.op_type, node.name or f"{node.op_type}_{i}", index)
+                yield NodeTensor(
+                    out,
+                    node.op_type,
+                    node.name or f"{node.op_type}_{i}",
+                    index,
+                    tuple(node.input),
+                    module,
+                    sub,
+                )
                 index += 1
 
 

@@ -1,7 +1,194 @@
-"""What a worker process prints for the parent: one tagged line per finished run."""
+"""What crosses the parent/worker process boundary: typed jobs and results with JSON round trips.
+
+A worker gets a WorkerJob (one backend configuration) and writes a WorkerResult.
+A job runs one or more phases, each a fresh engine build with its own tensors:
+the "outputs" phase builds the plain model users ship and captures its graph
+outputs; the "layers" phase builds the instrumented model (every intermediate
+exposed) for the per-layer tables. Progress goes to stdout as tagged lines.
+"""
 
 from __future__ import annotations
 
-__all__ = ["PROGRESS_TAG"]
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from xbackend.metrics import TensorDiff
+from xbackend.model import ModelRef
+from xbackend.runners.base import BuildFingerprint
+
+__all__ = [
+    "LAYERS",
+    "OUTPUTS",
+    "PROGRESS_TAG",
+    "OptLevelRow",
+    "Phase",
+    "PhaseResult",
+    "WorkerJob",
+    "WorkerResult",
+]
 
 PROGRESS_TAG = "xbackend-progress"
+OUTPUTS = "outputs"
+LAYERS = "layers"
+
+
+def diff_from_dict(d: Mapping[str, Any]) -> TensorDiff:
+    x = dict(d)
+    x["shape"] = tuple(x["shape"])
+    return TensorDiff(**x)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One engine build inside a job: the tensors it exposes, how often it runs, where run 0 goes.
+
+    `extra_feeds` are (feeds file, capture file) pairs run once each after the main runs.
+    `serves_outputs`: this phase's graph outputs stand for the plain model's (set when the
+    engine computes the same with intermediates exposed, so no separate outputs phase runs).
+    """
+
+    name: str
+    tensors: tuple[str, ...]
+    runs: int
+    capture: str
+    extra_feeds: tuple[tuple[str, str], ...] = ()
+    serves_outputs: bool = False
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Phase:
+        return cls(
+            str(d["name"]),
+            tuple(d["tensors"]),
+            int(d["runs"]),
+            str(d["capture"]),
+            tuple((str(a), str(b)) for a, b in d["extra_feeds"]),
+            bool(d["serves_outputs"]),
+        )
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    backend: str
+    options: Mapping[str, str]
+    model: ModelRef
+    outputs: tuple[str, ...]
+    op_types: Mapping[str, str]
+    feeds: str
+    result: str
+    phases: tuple[Phase, ...] = ()
+    kind: str = "main"  # "main" | "opt-levels"
+    fingerprint: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerJob:
+        d = json.loads(text)
+        return cls(
+            str(d["backend"]),
+            dict(d["options"]),
+            ModelRef.from_dict(d["model"]),
+            tuple(d["outputs"]),
+            dict(d["op_types"]),
+            str(d["feeds"]),
+            str(d["result"]),
+            tuple(Phase.from_dict(p) for p in d["phases"]),
+            str(d["kind"]),
+            bool(d["fingerprint"]),
+        )
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """One phase's outcome: what it captured, how runs differed, what the build decided."""
+
+    name: str
+    capture: str
+    capture_names: tuple[str, ...]
+    output_hashes: tuple[str, ...]
+    capture_hashes: tuple[str, ...]
+    run_diffs: tuple[TensorDiff, ...]
+    prepare_s: float
+    run_s: tuple[float, ...]
+    fingerprint: BuildFingerprint
+    not_exposed: tuple[tuple[str, str], ...] = ()
+    info: tuple[tuple[str, str], ...] = ()
+    extra_captures: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (file, names)
+    serves_outputs: bool = False
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PhaseResult:
+        fp = d["fingerprint"]
+        return cls(
+            str(d["name"]),
+            str(d["capture"]),
+            tuple(d["capture_names"]),
+            tuple(d["output_hashes"]),
+            tuple(d["capture_hashes"]),
+            tuple(diff_from_dict(x) for x in d["run_diffs"]),
+            float(d["prepare_s"]),
+            tuple(float(x) for x in d["run_s"]),
+            BuildFingerprint(str(fp["backend"]), str(fp["digest"]), tuple(map(tuple, fp["layers"]))),
+            tuple(map(tuple, d["not_exposed"])),
+            tuple(map(tuple, d["info"])),
+            tuple((str(f), tuple(n)) for f, n in d["extra_captures"]),
+            bool(d["serves_outputs"]),
+        )
+
+
+@dataclass(frozen=True)
+class OptLevelRow:
+    """One graph optimization level against none (the opt-levels job's answer)."""
+
+    level: str
+    bitwise_equal: bool
+    max_ulp: int
+    scaled_ulp: float
+    changed_by: tuple[str, ...]
+    modified_graph: tuple[str, ...]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> OptLevelRow:
+        return cls(
+            str(d["level"]),
+            bool(d["bitwise_equal"]),
+            int(d["max_ulp"]),
+            float(d["scaled_ulp"]),
+            tuple(d["changed_by"]),
+            tuple(d["modified_graph"]),
+        )
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    status: str  # "ok" | "failed" | "unavailable" (the backend cannot take this model)
+    stage: str = "load"
+    reason: str = ""
+    error_type: str = ""
+    phases: tuple[PhaseResult, ...] = ()
+    info: tuple[tuple[str, str], ...] = ()
+    opt_levels: tuple[OptLevelRow, ...] = field(default=())
+    phase_errors: tuple[tuple[str, str], ...] = ()  # later phases that failed after the first ran
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerResult:
+        d = json.loads(text)
+        return cls(
+            str(d["status"]),
+            str(d["stage"]),
+            str(d["reason"]),
+            str(d["error_type"]),
+            tuple(PhaseResult.from_dict(p) for p in d["phases"]),
+            tuple(map(tuple, d["info"])),
+            tuple(OptLevelRow.from_dict(r) for r in d["opt_levels"]),
+            tuple(map(tuple, d["phase_errors"])),
+        )
+
+    def phase(self, name: str) -> PhaseResult | None:
+        return next((p for p in self.phases if p.name == name), None)

@@ -10,11 +10,12 @@ from typing import Any
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, UsageError
 from xbackend.metrics import TensorDiff, worst_per_tensor
 from xbackend.model import ModelSpec
-from xbackend.probes import Probes, select_probes
+from xbackend.probes.base import ProbeResult
 
 __all__ = [
     "DEFAULT_BACKENDS",
     "DEFAULT_MAX_ULP",
+    "EXPECTED",
     "BackendResult",
     "CompareOptions",
     "CrossBackendResult",
@@ -24,6 +25,7 @@ __all__ = [
 ]
 
 DEFAULT_BACKENDS = ("ort-cpu", "reference")
+EXPECTED = "expected"  # golden outputs read from --inputs DIR (output_N.pb), compared like a backend
 # Scale-aware ULPs (see xbackend.metrics): engines that reorder float sums
 # legitimately differ by a few units at a tensor's own scale.
 DEFAULT_MAX_ULP = 64.0
@@ -49,6 +51,7 @@ class CompareOptions:
     probes: tuple[str, ...] | None = None  # None: the cheap ones (plus batch when batch_invariance is set)
     batch_invariance: int = 0
     probe_threads: int = 0  # N for the thread probe; 0: twice the logical cores
+    ranges: tuple[tuple[str, float, float], ...] = ()  # generated values of NAME drawn from [LO, HI)
 
     @classmethod
     def create(cls, **kwargs: Any) -> CompareOptions:
@@ -76,6 +79,8 @@ class CompareOptions:
             kw["probes"] = tuple(x for x in kw["probes"].split(",") if x)
         if kw.get("probes") is not None:
             kw["probes"] = tuple(kw["probes"])
+        if isinstance(kw.get("ranges"), Mapping):
+            kw["ranges"] = tuple((k, float(lo), float(hi)) for k, (lo, hi) in kw["ranges"].items())
         opts = cls(**kw)
         opts.validate()
         return opts.with_reference()
@@ -97,7 +102,11 @@ class CompareOptions:
             raise UsageError(f"--batch-invariance needs a batch size >= 2, got {self.batch_invariance}")
         if self.probe_threads < 0:
             raise UsageError(f"--probe-threads must be >= 1, got {self.probe_threads}")
+        from xbackend.probes import select_probes
+
         select_probes(self.probes, self.batch_invariance)  # UsageError for unknown names
+        if self.inputs is not None and self.ranges:
+            raise UsageError("--range and --inputs exclude each other: --range shapes generated inputs only")
         stray = sorted({b for b, _, _ in self.runner_options} - set(self.backends) - {self.reference})
         if stray:
             raise UsageError(f"--set names backend(s) {', '.join(stray)} that are not in --backends")
@@ -153,6 +162,8 @@ class CompareOptions:
             parts += ["--batch-invariance", str(self.batch_invariance)]
         if self.probe_threads:
             parts += ["--probe-threads", str(self.probe_threads)]
+        for name, lo, hi in self.ranges:
+            parts += ["--range", f"{name}={lo:g}:{hi:g}"]
         return shlex.join(parts)
 
 
@@ -163,12 +174,28 @@ class FeedsInfo:
     sha256: str
     seed: int | None
     source: str
-    shapes: tuple[tuple[str, str, Shape], ...]  # (name, dtype, shape)
+    shapes: tuple[tuple[str, str, str], ...]  # (name, dtype or 'value', shape or structure)
+    ranges: tuple[tuple[str, str], ...] = ()  # generated inputs: the range values were drawn from
+    expected: bool = False  # golden outputs came with the inputs
+
+
+@dataclass(frozen=True)
+class ObserverEffect:
+    """Graph outputs of the instrumented build (every intermediate exposed) vs the plain build."""
+
+    outputs_changed: bool
+    max_ulp: int | None = None
+    scaled_ulp: float | None = None
+    first: str | None = None
 
 
 @dataclass(frozen=True)
 class BackendResult:
-    """One backend configuration across its builds and runs."""
+    """One backend configuration across its builds and runs.
+
+    Determinism and every figure at the graph outputs come from the plain model (what
+    users ship); per-layer run diffs from the instrumented build.
+    """
 
     name: str
     status: str  # "ok" | "failed" | "unavailable"
@@ -187,6 +214,9 @@ class BackendResult:
     build_diffs: tuple[TensorDiff, ...] = ()
     fingerprints: tuple[str, ...] = ()
     timings: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+    observer: ObserverEffect | None = None  # None: one build serves both, or no per-layer build ran
+    layers_error: str = ""  # the instrumented build failed; graph-output figures still stand
+    constant_outputs: tuple[tuple[str, str], ...] = ()  # output -> 'all 0' when one value fills it
 
     @property
     def ok(self) -> bool:
@@ -206,71 +236,99 @@ class BackendResult:
 
 @dataclass(frozen=True)
 class CrossBackendResult:
-    """A backend against the reference, tensor by tensor in topological order."""
+    """A backend against a reference: graph outputs from the plain builds, and per layer (in
+    topological order) from the instrumented builds."""
 
     backend: str
     reference: str
     status: str  # "ok" | "skipped"
     reason: str = ""
-    tensors: tuple[TensorDiff, ...] = ()
+    tensors: tuple[TensorDiff, ...] = ()  # per layer (instrumented builds); graph outputs included
     outputs: tuple[str, ...] = ()
     only_in_backend: tuple[str, ...] = ()
     only_in_reference: tuple[str, ...] = ()
     max_ulp_tolerance: float = DEFAULT_MAX_ULP
+    output_tensors: tuple[TensorDiff, ...] = ()  # graph outputs of the plain builds
+    layers_note: str = ""  # why there is no per-layer table, when there is none
 
     @classmethod
     def from_diffs(
         cls,
         backend: str,
         reference: str,
-        diffs: Sequence[TensorDiff],
+        outputs_diffs: Sequence[TensorDiff],
+        layer_diffs: Sequence[TensorDiff],
         outputs: Iterable[str],
         only_a: Iterable[str],
         only_b: Iterable[str],
         tolerance: float,
+        layers_note: str = "",
     ) -> CrossBackendResult:
         return cls(
             backend,
             reference,
             "ok",
             "",
-            tuple(diffs),
+            tuple(layer_diffs),
             tuple(outputs),
             tuple(only_a),
             tuple(only_b),
             tolerance,
+            tuple(outputs_diffs),
+            layers_note,
         )
 
     @property
     def bitwise_equal(self) -> bool:
-        return self.status == "ok" and all(d.bitwise_equal for d in self.tensors)
+        return self.status == "ok" and all(d.bitwise_equal for d in self.output_tensors)
 
     def output_diffs(self) -> list[TensorDiff]:
-        outs = set(self.outputs)
-        return [d for d in self.tensors if d.name in outs]
+        """Graph outputs of the plain builds: what the verdict is about."""
+        return list(self.output_tensors)
+
+    def instrumented_output_diffs(self) -> list[TensorDiff]:
+        """The same graph outputs as measured in the instrumented builds."""
+        outs = {d.name.split("[")[0].split("{")[0] for d in self.output_tensors}
+        return [d for d in self.tensors if d.name.split("[")[0].split("{")[0] in outs]
+
+    @property
+    def observer_differs(self) -> bool:
+        """The instrumented builds' output figures differ from the plain builds'."""
+        inst = {d.name: (d.bitwise_equal, d.max_ulp, d.scaled_ulp) for d in self.instrumented_output_diffs()}
+        plain = {d.name: (d.bitwise_equal, d.max_ulp, d.scaled_ulp) for d in self.output_tensors}
+        return bool(inst) and any(inst.get(k, v) != v for k, v in plain.items())
 
     @property
     def max_ulp(self) -> int | None:
         """Raw max ULP over graph outputs (None if no float output was compared)."""
-        vals = [d.max_ulp for d in self.output_diffs() if d.max_ulp is not None]
+        vals = [d.max_ulp for d in self.output_tensors if d.max_ulp is not None]
         return max(vals) if vals else None
 
     @property
     def scaled_ulp(self) -> float | None:
-        vals = [d.scaled_ulp for d in self.output_diffs() if d.scaled_ulp is not None]
+        vals = [d.scaled_ulp for d in self.output_tensors if d.scaled_ulp is not None]
         return max(vals) if vals else None
 
     @property
     def first_divergence(self) -> str | None:
-        return next((d.name for d in self.tensors if not d.bitwise_equal), None)
+        layer = next((d.name for d in self.tensors if not d.bitwise_equal), None)
+        return layer or next((d.name for d in self.output_tensors if not d.bitwise_equal), None)
 
     @property
     def first_violation(self) -> str | None:
-        return next((d.name for d in self.tensors if d.exceeds(self.max_ulp_tolerance)), None)
+        layer = next((d.name for d in self.tensors if d.exceeds(self.max_ulp_tolerance)), None)
+        out = next((d.name for d in self.output_tensors if d.exceeds(self.max_ulp_tolerance)), None)
+        return (layer or out) if out is not None else layer
 
     @property
     def violates(self) -> bool:
-        return self.status == "ok" and any(d.exceeds(self.max_ulp_tolerance) for d in self.output_diffs())
+        return self.status == "ok" and any(d.exceeds(self.max_ulp_tolerance) for d in self.output_tensors)
+
+    def zero_ulp_reason(self) -> str:
+        """Why outputs' bits differ at 0 ULP ('' unless that is the case)."""
+        return "; ".join(
+            f"{d.name}: {d.zero_ulp_reason()}" for d in self.output_tensors if d.zero_ulp_reason()
+        )
 
 
 @dataclass(frozen=True)
@@ -312,11 +370,18 @@ class Result:
     notes: tuple[str, ...] = ()
     pairs: tuple[PairResult, ...] = ()
     oracle_error: tuple[CrossBackendResult, ...] = ()
-    probes: Probes = field(default_factory=Probes)
+    probes: tuple[ProbeResult, ...] = ()
+    probes_ran: tuple[str, ...] = ()
+    reference: str = ""  # the reference used: --reference, or the fallback when it did not run
+    expected_error: tuple[CrossBackendResult, ...] = ()  # each backend against golden outputs
 
     @property
     def command(self) -> str:
         return self.options.command(self.model.path)
+
+    @property
+    def reference_used(self) -> str:
+        return self.reference or self.options.reference_name
 
     def backend(self, name: str) -> BackendResult:
         for b in self.backends:
@@ -337,10 +402,23 @@ class Result:
                 return c
         raise KeyError(name)
 
+    def expected(self, name: str) -> CrossBackendResult:
+        """`name` against the expected (golden) outputs."""
+        for c in self.expected_error:
+            if c.backend == name:
+                return c
+        raise KeyError(name)
+
     def cross(self, name: str) -> CrossBackendResult:
         for c in self.cross_backend:
             if c.backend == name:
                 return c
+        raise KeyError(name)
+
+    def probe(self, name: str) -> ProbeResult:
+        for p in self.probes:
+            if p.name == name:
+                return p
         raise KeyError(name)
 
     @property
@@ -353,7 +431,7 @@ class Result:
 
     @property
     def violations(self) -> list[CrossBackendResult]:
-        return [c for c in self.cross_backend if c.violates]
+        return [c for c in (*self.cross_backend, *self.expected_error) if c.violates]
 
     @property
     def exit_code(self) -> int:
@@ -363,67 +441,79 @@ class Result:
             return EXIT_DIFFERENCES
         return EXIT_OK
 
-    def _probe_warnings(self) -> list[str]:
-        """Probe findings: they explain what moves the bits; they do not change the exit code."""
-        p = self.probes
-        out = [
-            f"WARN: observer effect on {o.backend}: exposing intermediates changed its graph outputs "
-            f"(max {o.max_ulp} ULP); per-layer numbers describe a differently optimized engine"
-            for o in p.observer
-            if o.outputs_changed
-        ]
-        out += [
-            f"WARN: {b.backend} builds vary: {b.distinct_fingerprints} distinct engines in {b.builds} builds"
-            f" ({len(b.varying_layers)} layers differ); outputs "
-            f"{'differ' if b.outputs_differ else 'identical'}"
-            for b in p.builds
-            if b.builds_vary
-        ]
-        out += [
-            f"WARN: {b.backend} is not batch-invariant: sample alone vs in a batch of {b.batch} differs "
-            f"from {b.first_divergence} on (max {b.max_ulp} ULP)"
-            for b in p.batch
-            if b.invariant is False
-        ]
-        out += [
-            f"WARN: {t.backend} changes with threads ({t.threads} vs 1): from {t.first_divergence} on "
-            f"(max {t.max_ulp} ULP)"
-            for t in p.threads
-            if t.invariant is False
-        ]
-        out += [
-            f"WARN: {o.backend} optimization level {o.level} changes bits (max {o.max_ulp} ULP) vs none; "
-            f"changed by {', '.join(o.changed_by) or 'a combination of ' + ', '.join(o.modified_graph)}"
-            for o in p.opt_levels
-            if not o.bitwise_equal
-        ]
+    @property
+    def vacuous(self) -> str:
+        """Why agreement proves little ('' when it does not): every output of the reference is
+        one value repeated (e.g. all zeros)."""
+        ref = next((b for b in self.backends if b.name == self.reference_used and b.ok), None)
+        if ref is None or not ref.constant_outputs:
+            return ""
+        if len(ref.constant_outputs) < len(self.model.outputs):
+            return ""
+        what = ", ".join(f"{n} is {v}" for n, v in ref.constant_outputs)
+        return f"every graph output of {ref.name} is constant ({what})"
+
+    def _fail_lines(self) -> list[str]:
+        lines = []
+        for b in self.nondeterministic:
+            worst = max(b.varying(), key=lambda d: d.severity(), default=None)
+            at = f" ({_fmt(worst.scaled_ulp)} scaled ULP at worst, {worst.name})" if worst else ""
+            lines.append(
+                f"FAIL: {b.name} is nondeterministic: {b.distinct_outputs} distinct outputs in "
+                f"{b.runs * b.builds} runs{at}; first varying tensor {b.first_nondeterministic}"
+            )
+        for c in self.violations:
+            against = "the expected outputs" if c.reference == EXPECTED else c.reference
+            lines.append(
+                f"FAIL: {c.backend} differs from {against} beyond {c.max_ulp_tolerance:g} scaled ULP "
+                f"at the outputs (worst {_fmt(c.scaled_ulp)} scaled ULP); "
+                f"first tensor past tolerance {c.first_violation}"
+            )
+        lines += [f"FAIL: {b.name} {b.status}: {b.reason}" for b in self.failed]
+        return lines
+
+    def _warn_lines(self) -> list[str]:
+        out = []
+        if self.reference_used != self.options.reference_name:
+            out.append(
+                f"WARN: reference {self.options.reference_name} did not run; every backend is compared "
+                f"against {self.reference_used} instead (the first backend in --backends order that ran)"
+            )
+        for b in self.backends:
+            if b.observer is not None and b.observer.outputs_changed:
+                out.append(
+                    f"WARN: observer effect on {b.name}: exposing intermediates changed its graph outputs "
+                    f"({_fmt(b.observer.scaled_ulp)} scaled ULP); output figures come from the plain model, "
+                    "per-layer tables from the instrumented one"
+                )
+            if b.layers_error:
+                out.append(
+                    f"WARN: {b.name}: the per-layer build failed ({b.layers_error}); output figures stand"
+                )
+        for p in self.probes:
+            out += p.warnings()
+        if self.vacuous:
+            out.append(
+                f"WARN: vacuous comparison: {self.vacuous}; agreement there proves little: feed inputs "
+                "that exercise the model (--inputs, --range)"
+            )
+        for c in self.cross_backend:
+            why = c.zero_ulp_reason() if c.status == "ok" else ""
+            if why:
+                out.append(f"NOTE: {c.backend} vs {c.reference}: bits differ at 0 ULP ({why})")
         return out
 
     def verdict(self) -> list[str]:
         """One line per finding, most important first; a single PASS line when all is well."""
-        lines: list[str] = []
         if not any(b.ok for b in self.backends):
-            return ["FAIL: every backend failed; nothing was compared"]
-        for b in self.nondeterministic:
-            lines.append(
-                f"FAIL: {b.name} is nondeterministic: {b.distinct_outputs} distinct outputs in "
-                f"{b.runs * b.builds} runs; first varying tensor {b.first_nondeterministic}"
-            )
-        for c in self.violations:
-            lines.append(
-                f"FAIL: {c.backend} differs from {c.reference} beyond {c.max_ulp_tolerance:g} scaled ULP "
-                f"at the outputs (worst {_fmt(c.scaled_ulp)}); "
-                f"first tensor past tolerance {c.first_violation}"
-            )
-        for b in self.failed:
-            lines.append(f"FAIL: {b.name} {b.status}: {b.reason}")
-        lines += self._probe_warnings()
+            return ["FAIL: every backend failed; nothing was compared", *self._fail_lines()]
+        lines = self._fail_lines() + self._warn_lines()
         if not any(line.startswith("FAIL") for line in lines):
             lines.insert(
                 0,
-                f"PASS: every backend is deterministic over {self.options.runs} run(s) x "
-                f"{self.options.builds} build(s) and within {self.options.max_ulp:g} scaled ULP of "
-                f"{self.options.reference_name} at the outputs",
+                f"PASS{' (vacuous)' if self.vacuous else ''}: every backend is deterministic over "
+                f"{self.options.runs} run(s) x {self.options.builds} build(s) and within "
+                f"{self.options.max_ulp:g} scaled ULP of {self.reference_used} at the outputs",
             )
         return lines
 

@@ -1,4 +1,4 @@
-"""Worker process: one backend configuration, one build, N runs.
+"""Worker process: one backend configuration, one or more phases (engine builds), N runs each.
 
 Started by xbackend.isolation as ``python -m xbackend.worker JOB.json``. It keeps
 only the first run's capture in memory and compares each later run to it as it
@@ -9,22 +9,18 @@ stdout as tagged lines; the outcome goes to the result JSON named in the job.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
-from typing import Any
-
-import numpy as np
 
 from xbackend.capture import capture_sha256, save_capture
 from xbackend.errors import BackendUnavailableError, XbackendError
-from xbackend.metrics import TensorDiff, keep_worse
-from xbackend.model import ModelRef
-from xbackend.protocol import PROGRESS_TAG
+from xbackend.metrics import TensorDiff, diff_values, keep_worse
+from xbackend.protocol import PROGRESS_TAG, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.runners.base import Runner
+from xbackend.storage import ValueFile
+from xbackend.values import Value
 
 
 class RunTracker:
@@ -33,13 +29,13 @@ class RunTracker:
     def __init__(self, outputs: Sequence[str], op_types: Mapping[str, str]) -> None:
         self.outputs = list(outputs)
         self.op_types = dict(op_types)
-        self.first: dict[str, np.ndarray] | None = None
+        self.first: dict[str, Value] | None = None
         self.names: list[str] = []
         self.worst: dict[str, TensorDiff] = {}
         self.output_hashes: list[str] = []
         self.capture_hashes: list[str] = []
 
-    def add(self, capture: dict[str, np.ndarray]) -> None:
+    def add(self, capture: dict[str, Value]) -> None:
         outs = [n for n in self.outputs if n in capture]
         self.output_hashes.append(capture_sha256(outs, capture))
         if self.first is None:
@@ -50,10 +46,13 @@ class RunTracker:
         self.capture_hashes.append(capture_sha256(self.names, capture))
         for n in self.names:
             if n not in capture:
-                d = TensorDiff.mismatch(n, self.op_types.get(n, ""), "missing", "absent in a later run")
-            else:
-                d = TensorDiff.from_arrays(n, capture[n], self.first[n], self.op_types.get(n, ""))
-            keep_worse(self.worst, d)
+                keep_worse(
+                    self.worst,
+                    TensorDiff.mismatch(n, self.op_types.get(n, ""), "missing", "absent in a later run"),
+                )
+                continue
+            for d in diff_values(n, capture[n], self.first[n], self.op_types.get(n, "")):
+                keep_worse(self.worst, d)
 
 
 def _one_line(e: BaseException) -> str:
@@ -63,94 +62,124 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"[:500]
 
 
-def _write_json(path: str, data: Mapping[str, Any]) -> None:
+def _write(path: str, text: str) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump(data, f)
+        f.write(text)
     os.replace(tmp, path)
 
 
-def _load_feeds(path: str) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+def load_feeds_file(path: str) -> dict[str, Value]:
+    with ValueFile(path) as f:
+        return f.load_all()
 
 
-def _runs(runner: Runner, job: Mapping[str, Any], result: dict[str, Any]) -> None:
-    """The main feed set, `runs` times; each extra feed set once; captures saved to disk."""
-    feeds = _load_feeds(job["feeds"])
-    tracker = RunTracker(job["outputs"], job["op_types"])
+def _tick() -> None:
+    print(f"{PROGRESS_TAG} run", flush=True)
+
+
+def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, Value]) -> PhaseResult:
+    """Prepare `runner` for the phase's tensors, run the feeds `runs` times, then each extra feed set."""
+    t0 = time.perf_counter()
+    runner.prepare(job.model, phase.tensors)
+    prepare_s = time.perf_counter() - t0
+    tracker = RunTracker(job.outputs, job.op_types)
     run_s = []
-    for i in range(int(job["runs"])):
+    fingerprint = None
+    for i in range(phase.runs):
         t0 = time.perf_counter()
         capture = runner.run(feeds)
         run_s.append(time.perf_counter() - t0)
         tracker.add(capture)
         if i == 0:
-            save_capture(job["capture"], tracker.names, capture)
-            result["fingerprint"] = asdict(runner.fingerprint())
+            save_capture(phase.capture, tracker.names, capture)
+            fingerprint = runner.fingerprint()
         del capture
-        print(f"{PROGRESS_TAG} run", flush=True)
-    extra_names = []
-    for feeds_path, capture_path in job.get("extra_feeds", ()):
-        capture = runner.run(_load_feeds(feeds_path))
-        extra_names.append(list(capture))
+        _tick()
+    extras = []
+    for feeds_path, capture_path in phase.extra_feeds:
+        capture = runner.run(load_feeds_file(feeds_path))
+        extras.append((capture_path, tuple(capture)))
         save_capture(capture_path, list(capture), capture)
         del capture
-        print(f"{PROGRESS_TAG} run", flush=True)
-    result.update(
-        run_s=run_s,
-        capture_names=tracker.names,
-        extra_capture_names=extra_names,
-        output_hashes=tracker.output_hashes,
-        capture_hashes=tracker.capture_hashes,
-        run_diffs=[asdict(d) for d in tracker.worst.values()],
+        _tick()
+    assert fingerprint is not None
+    return PhaseResult(
+        name=phase.name,
+        capture=phase.capture,
+        capture_names=tuple(tracker.names),
+        output_hashes=tuple(tracker.output_hashes),
+        capture_hashes=tuple(tracker.capture_hashes),
+        run_diffs=tuple(tracker.worst.values()),
+        prepare_s=prepare_s,
+        run_s=tuple(run_s),
+        fingerprint=fingerprint,
+        not_exposed=tuple(sorted(runner.not_exposed().items())),
+        info=tuple(sorted(runner.info().items())),
+        extra_captures=tuple(extras),
+        serves_outputs=phase.serves_outputs,
     )
 
 
-def execute(job: Mapping[str, Any]) -> dict[str, Any]:
-    """Run the job; never raises: failures come back as status 'failed' with a reason."""
+def _new_runner(job: WorkerJob) -> Runner:
     from xbackend.runners.registry import get_runner
 
-    result: dict[str, Any] = {"status": "failed", "stage": "load", "reason": ""}
-    runner = None
+    runner = get_runner(job.backend)(job.options)
+    runner.detailed_fingerprint = job.fingerprint
+    return runner
+
+
+def execute(job: WorkerJob) -> WorkerResult:
+    """Run the job; never raises: failures come back as status 'failed' with a reason."""
+    stage = "load"
+    phases: list[PhaseResult] = []
+    runner: Runner | None = None
     try:
-        runner = get_runner(job["backend"])(job["options"])
-        runner.detailed_fingerprint = bool(job.get("fingerprint", False))
-        model = ModelRef.from_dict(job["model"])
-        if job.get("kind") == "opt-levels":
-            result["stage"] = "opt-levels"
-            result["opt_levels"] = runner.optimization_levels(model, _load_feeds(job["feeds"]))
-            print(f"{PROGRESS_TAG} run", flush=True)
-        else:
-            result["stage"] = "prepare"
-            t0 = time.perf_counter()
-            runner.prepare(model, job["tensors"])
-            result["prepare_s"] = time.perf_counter() - t0
-            result["stage"] = "run"
-            _runs(runner, job, result)
-        result.update(status="ok", stage="done", not_exposed=runner.not_exposed(), info=runner.info())
+        if job.kind == "opt-levels":
+            stage = "opt-levels"
+            runner = _new_runner(job)
+            rows = runner.optimization_levels(job.model, load_feeds_file(job.feeds))
+            _tick()
+            return WorkerResult(
+                "ok", "done", info=tuple(sorted(runner.info().items())), opt_levels=tuple(rows)
+            )
+        feeds = load_feeds_file(job.feeds)
+        errors: list[tuple[str, str]] = []
+        for k, phase in enumerate(job.phases):
+            stage = phase.name
+            runner = _new_runner(job)
+            try:
+                phases.append(run_phase(runner, job, phase, feeds))
+            except Exception as e:
+                if k == 0:
+                    raise
+                # The engine users ship ran; only the instrumented build failed: keep the verdict.
+                errors.append((phase.name, _one_line(e)))
+            runner.close()
+            runner = None
+        return WorkerResult(
+            "ok", "done", phases=tuple(phases), info=phases[0].info, phase_errors=tuple(errors)
+        )
     except BaseException as e:  # the worker reports every failure, even KeyboardInterrupt
-        if isinstance(e, BackendUnavailableError):
-            result["status"] = "unavailable"
-        result["reason"] = _one_line(e)
-        result["error_type"] = type(e).__name__
+        info: tuple[tuple[str, str], ...] = ()
         if runner is not None:
             with contextlib.suppress(Exception):
-                result["info"] = runner.info()
+                info = tuple(sorted(runner.info().items()))
+        status = "unavailable" if isinstance(e, BackendUnavailableError) else "failed"
+        return WorkerResult(status, stage, _one_line(e), type(e).__name__, tuple(phases), info)
     finally:
         if runner is not None:
             with contextlib.suppress(Exception):
                 runner.close()
-    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     with open(args[0]) as f:
-        job = json.load(f)
+        job = WorkerJob.from_json(f.read())
     result = execute(job)
-    _write_json(job["result"], result)
-    return 0 if result["status"] == "ok" else 1
+    _write(job.result, result.to_json())
+    return 0 if result.status == "ok" else 1
 
 
 if __name__ == "__main__":

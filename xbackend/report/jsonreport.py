@@ -8,7 +8,6 @@ from dataclasses import asdict
 from typing import Any
 
 from xbackend.metrics import TensorDiff
-from xbackend.probes import Probes
 from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, CrossBackendResult, PairResult, Result
 
@@ -28,8 +27,10 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def _tensor(d: TensorDiff) -> dict[str, Any]:
-    return asdict(d)
+def _tensor(d: TensorDiff, modules: dict[str, str] | None = None) -> dict[str, Any]:
+    out = asdict(d)
+    out["module"] = (modules or {}).get(d.name.split("[")[0].split("{")[0], "")
+    return out
 
 
 def _backend(b: BackendResult) -> dict[str, Any]:
@@ -50,10 +51,13 @@ def _backend(b: BackendResult) -> dict[str, Any]:
         "info": dict(b.info),
         "fingerprints": list(b.fingerprints),
         "varying_tensors": [_tensor(d) for d in b.varying()],
+        "observer_effect": asdict(b.observer) if b.observer is not None else None,
+        "layers_error": b.layers_error,
+        "constant_outputs": [{"tensor": t, "value": v} for t, v in b.constant_outputs],
     }
 
 
-def _cross(c: CrossBackendResult) -> dict[str, Any]:
+def _cross(c: CrossBackendResult, modules: dict[str, str]) -> dict[str, Any]:
     return {
         "backend": c.backend,
         "reference": c.reference,
@@ -68,7 +72,10 @@ def _cross(c: CrossBackendResult) -> dict[str, Any]:
         "first_violation": c.first_violation,
         "only_in_backend": list(c.only_in_backend),
         "only_in_reference": list(c.only_in_reference),
-        "tensors": [_tensor(d) for d in c.tensors],
+        "outputs": [_tensor(d, modules) for d in c.output_tensors],
+        "instrumented_outputs_differ": c.observer_differs,
+        "layers_note": c.layers_note,
+        "tensors": [_tensor(d, modules) for d in c.tensors],
     }
 
 
@@ -83,7 +90,7 @@ def _pair(p: PairResult) -> dict[str, Any]:
     }
 
 
-def _oracle(c: CrossBackendResult) -> dict[str, Any]:
+def _oracle(c: CrossBackendResult, modules: dict[str, str]) -> dict[str, Any]:
     outs = c.output_diffs()
     return {
         "backend": c.backend,
@@ -92,83 +99,14 @@ def _oracle(c: CrossBackendResult) -> dict[str, Any]:
         "max_rel": max((d.max_rel for d in outs), default=0.0),
         "bitwise_equal": c.bitwise_equal,
         "first_divergence": c.first_divergence,
-        "tensors": [_tensor(d) for d in c.tensors],
-    }
-
-
-def _probes(p: Probes) -> dict[str, Any]:
-    return {
-        "ran": list(p.ran),
-        "notes": list(p.notes),
-        "builds": [
-            {
-                "backend": b.backend,
-                "builds": b.builds,
-                "distinct_fingerprints": b.distinct_fingerprints,
-                "builds_vary": b.builds_vary,
-                "outputs_differ": b.outputs_differ,
-                "varying_layers": [{"layer": k, "implementations": list(v)} for k, v in b.varying_layers],
-            }
-            for b in p.builds
-        ],
-        "batch_invariance": [
-            {
-                "backend": b.backend,
-                "batch": b.batch,
-                "status": b.status,
-                "reason": b.reason,
-                "positions": list(b.positions),
-                "invariant": b.invariant,
-                "max_ulp": b.max_ulp,
-                "scaled_ulp": b.scaled_ulp,
-                "first_divergence": b.first_divergence,
-                "by_depth": [
-                    {"tensor": t, "depth": d, "max_ulp": u, "scaled_ulp": s} for t, d, u, s in b.by_depth
-                ],
-            }
-            for b in p.batch
-        ],
-        "thread_invariance": [
-            {
-                "backend": t.backend,
-                "threads": t.threads,
-                "status": t.status,
-                "reason": t.reason,
-                "invariant": t.invariant,
-                "max_ulp": t.max_ulp,
-                "scaled_ulp": t.scaled_ulp,
-                "first_divergence": t.first_divergence,
-            }
-            for t in p.threads
-        ],
-        "optimization_levels": [
-            {
-                "backend": o.backend,
-                "level": o.level,
-                "bitwise_equal": o.bitwise_equal,
-                "max_ulp": o.max_ulp,
-                "scaled_ulp": o.scaled_ulp,
-                "changed_by": list(o.changed_by),
-                "modified_graph": list(o.modified_graph),
-            }
-            for o in p.opt_levels
-        ],
-        "observer_effect": [
-            {
-                "backend": o.backend,
-                "status": o.status,
-                "reason": o.reason,
-                "outputs_changed": o.outputs_changed,
-                "max_ulp": o.max_ulp,
-                "scaled_ulp": o.scaled_ulp,
-            }
-            for o in p.observer
-        ],
+        "outputs": [_tensor(d, modules) for d in c.output_tensors],
+        "tensors": [_tensor(d, modules) for d in c.tensors],
     }
 
 
 def to_dict(r: Result) -> dict[str, Any]:
     m = r.model
+    modules = m.modules()
     out: dict[str, Any] = _clean(
         {
             "schema": SCHEMA,
@@ -181,6 +119,7 @@ def to_dict(r: Result) -> dict[str, Any]:
                 "producer": m.producer,
                 "external_data": m.external_data,
                 "inputs": [asdict(i) for i in m.inputs],
+                "modules": modules,
                 "outputs": [asdict(o) for o in m.outputs],
                 "tensors": len(m.tensors),
                 "metadata": dict(m.metadata),
@@ -189,25 +128,29 @@ def to_dict(r: Result) -> dict[str, Any]:
                 "sha256": r.feeds.sha256,
                 "seed": r.feeds.seed,
                 "source": r.feeds.source,
-                "tensors": [{"name": n, "dtype": d, "shape": list(s)} for n, d, s in r.feeds.shapes],
+                "values": [{"name": n, "dtype": d, "shape": s} for n, d, s in r.feeds.shapes],
+                "ranges": dict(r.feeds.ranges),
+                "expected_outputs": r.feeds.expected,
             },
             "options": {
                 "backends": list(r.options.backends),
                 "reference": r.options.reference_name,
+                "reference_used": r.reference_used,
                 "runs": r.options.runs,
                 "builds": r.options.builds,
                 "max_ulp": r.options.max_ulp,
                 "outputs_only": r.options.outputs_only,
-                "probes": list(r.probes.ran),
+                "probes": list(r.probes_ran),
                 "batch_invariance": r.options.batch_invariance,
                 "timeout_s": r.options.timeout,
             },
             "command": r.command,
             "backends": [_backend(b) for b in r.backends],
-            "cross_backend": [_cross(c) for c in r.cross_backend],
+            "cross_backend": [_cross(c, modules) for c in r.cross_backend],
             "pairs": [_pair(p) for p in r.pairs],
-            "oracle_error": [_oracle(c) for c in r.oracle_error],
-            "probes": _probes(r.probes),
+            "oracle_error": [_oracle(c, modules) for c in r.oracle_error],
+            "expected_error": [_oracle(c, modules) for c in r.expected_error],
+            "probes": {p.name: p.to_json() for p in r.probes},
             "notes": list(r.notes),
             "metrics": dict(METRIC_DEFINITIONS),
             "environment": dict(r.environment),

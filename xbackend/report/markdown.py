@@ -2,45 +2,20 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping
 from pathlib import PurePath
 
 from xbackend.metrics import TensorDiff
-from xbackend.probes import Probes
 from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, CrossBackendResult, Result
+from xbackend.textfmt import num as _num
+from xbackend.textfmt import table as _table
+from xbackend.textfmt import yes as _yes
 
 __all__ = ["to_markdown"]
 
 WORST_LAYERS = 10
 FULL_TABLE_LIMIT = 400
-
-
-def _num(x: float | int | None) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, int) and not isinstance(x, bool):
-        return str(x)
-    if math.isinf(x) or math.isnan(x):
-        return str(x)
-    if x == 0:
-        return "0"
-    return f"{x:.3g}"
-
-
-def _cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return [*out, ""]
-
-
-def _yes(b: bool | None) -> str:
-    return "–" if b is None else ("yes" if b else "**no**")
 
 
 def _verdict(r: Result) -> list[str]:
@@ -57,7 +32,7 @@ def _backend_rows(r: Result) -> list[list[object]]:
         c = cross.get(b.name)
         vs = (
             ["reference", "–", "–", "–", "–"]
-            if b.name == r.options.reference_name
+            if b.name == r.reference_used
             else (
                 [
                     _yes(c.bitwise_equal),
@@ -85,7 +60,7 @@ def _backends(r: Result) -> list[str]:
         "deterministic",
         "runs x builds",
         "distinct outputs",
-        f"bitwise = {r.options.reference_name}",
+        f"bitwise = {r.reference_used}",
         "max ULP (outputs)",
         "scaled ULP (outputs)",
         "first divergence",
@@ -94,12 +69,16 @@ def _backends(r: Result) -> list[str]:
     return ["## Backends", "", *_table(header, _backend_rows(r))]
 
 
-def _diff_row(d: TensorDiff, mark: str = "") -> list[object]:
+def _diff_row(d: TensorDiff, modules: Mapping[str, str], mark: str = "") -> list[object]:
     name = f"**{d.name}** {mark}".strip() if mark else d.name
+    module = modules.get(d.name.split("[")[0].split("{")[0], "")
     special = f"{d.nan_mismatch}/{d.inf_mismatch}/{d.ftz_mismatch}"
     status = d.status if d.comparable else f"**{d.status}** ({d.detail})"
+    if d.zero_ulp_reason():
+        status = f"{status} (bits differ at 0 ULP: {d.zero_ulp_reason()})"
     return [
         name,
+        *([module or "–"] if modules else []),
         d.op_type or "–",
         d.dtype,
         status,
@@ -116,6 +95,7 @@ def _diff_row(d: TensorDiff, mark: str = "") -> list[object]:
 
 _DIFF_HEADER = [
     "tensor",
+    "module",
     "op",
     "dtype",
     "status",
@@ -130,12 +110,32 @@ _DIFF_HEADER = [
 ]
 
 
-def _layer_tables(c: CrossBackendResult) -> list[str]:
+def _header(modules: Mapping[str, str]) -> list[str]:
+    """The module column only for models that record source modules."""
+    return _DIFF_HEADER if modules else [h for h in _DIFF_HEADER if h != "module"]
+
+
+def _layer_tables(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
     out = [f"### {c.backend} vs {c.reference}", ""]
     if c.status != "ok":
         return [*out, f"Not compared: {c.reason}.", ""]
+    out += [
+        "Graph outputs (plain builds, the engine users ship):",
+        "",
+        *_table(_header(modules), [_diff_row(d, modules) for d in c.output_tensors]),
+    ]
+    if c.observer_differs:
+        inst = c.instrumented_output_diffs()
+        out += [
+            "**The instrumented builds (every intermediate exposed) give other figures at the outputs; "
+            "the per-layer tables below describe them:**",
+            "",
+            *_table(_header(modules), [_diff_row(d, modules) for d in inst]),
+        ]
+    if not c.tensors:
+        return [*out, f"No per-layer table: {c.layers_note or 'nothing exposed'}.", ""]
     out.append(
-        f"{len(c.tensors)} tensors compared. First divergence: "
+        f"{len(c.tensors)} tensors compared per layer. First divergence: "
         f"**{c.first_divergence or 'none'}**; first past tolerance: "
         f"**{c.first_violation or 'none'}**."
     )
@@ -146,17 +146,17 @@ def _layer_tables(c: CrossBackendResult) -> list[str]:
             f"only by {c.reference}: {', '.join(c.only_in_reference) or 'none'}.",
             "",
         ]
-    return out + _worst_layers(c) + _full_table(c)
+    return out + _worst_layers(c, modules) + _full_table(c, modules)
 
 
-def _worst_layers(c: CrossBackendResult) -> list[str]:
+def _worst_layers(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
     worst = sorted((d for d in c.tensors if not d.bitwise_equal), key=lambda d: d.severity(), reverse=True)
     if not worst:
-        return ["Every compared tensor is bitwise equal.", ""]
+        return ["Every compared tensor is bitwise equal.", ""] if c.tensors else []
     return [
         f"Worst {min(WORST_LAYERS, len(worst))} layers:",
         "",
-        *_table(_DIFF_HEADER, [_diff_row(d) for d in worst[:WORST_LAYERS]]),
+        *_table(_header(modules), [_diff_row(d, modules) for d in worst[:WORST_LAYERS]]),
     ]
 
 
@@ -169,10 +169,12 @@ def _marks(c: CrossBackendResult) -> dict[str, str]:
     return marks
 
 
-def _full_table(c: CrossBackendResult) -> list[str]:
+def _full_table(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
+    if not c.tensors:
+        return []
     marks = _marks(c)
-    rows = [_diff_row(d, marks.get(d.name, "")) for d in c.tensors[:FULL_TABLE_LIMIT]]
-    out = ["<details><summary>All layers in topological order</summary>", "", *_table(_DIFF_HEADER, rows)]
+    rows = [_diff_row(d, modules, marks.get(d.name, "")) for d in c.tensors[:FULL_TABLE_LIMIT]]
+    out = ["<details><summary>All layers in topological order</summary>", "", *_table(_header(modules), rows)]
     if len(c.tensors) > FULL_TABLE_LIMIT:
         out += [f"({len(c.tensors) - FULL_TABLE_LIMIT} more tensors in the JSON report.)", ""]
     return [*out, "</details>", ""]
@@ -182,8 +184,9 @@ def _cross(r: Result) -> list[str]:
     if not r.cross_backend:
         return ["## Cross-backend", "", "Only one backend ran; nothing to compare across backends.", ""]
     out = ["## Cross-backend, per layer", ""]
+    modules = r.model.modules()
     for c in r.cross_backend:
-        out += _layer_tables(c)
+        out += _layer_tables(c, modules)
     return out
 
 
@@ -207,10 +210,35 @@ def _matrix(r: Result) -> list[str]:
 
 
 def _oracle(r: Result) -> list[str]:
-    if not r.oracle_error:
+    return _against(
+        r,
+        r.oracle_error,
+        "Error against the float64 oracle",
+        "Each backend against the model evaluated in float64 and rounded to each tensor's dtype; "
+        "smaller is more accurate. Most accurate first.",
+        "the oracle",
+    )
+
+
+def _expected(r: Result) -> list[str]:
+    return _against(
+        r,
+        r.expected_error,
+        "Against the expected outputs",
+        "Each backend's graph outputs against the golden outputs (output_N.pb) that came with the "
+        "inputs. Closest first.",
+        "the expected outputs",
+    )
+
+
+def _against(
+    r: Result, crosses: tuple[CrossBackendResult, ...], title: str, intro: str, what: str
+) -> list[str]:
+    if not crosses:
         return []
+    modules = r.model.modules()
     rows = []
-    for c in sorted(r.oracle_error, key=lambda c: (c.scaled_ulp or 0.0, c.backend)):
+    for c in sorted(crosses, key=lambda c: (c.scaled_ulp or 0.0, c.backend)):
         outs = c.output_diffs()
         rows.append(
             [
@@ -222,10 +250,9 @@ def _oracle(r: Result) -> list[str]:
             ]
         )
     out = [
-        "## Error against the float64 oracle",
+        f"## {title}",
         "",
-        "Each backend against the model evaluated in float64 and rounded to each tensor's dtype; "
-        "smaller is more accurate. Most accurate first.",
+        intro,
         "",
         *_table(
             [
@@ -238,192 +265,58 @@ def _oracle(r: Result) -> list[str]:
             rows,
         ),
     ]
-    for c in r.oracle_error:
-        out += [f"### {c.backend} against the oracle", "", *_worst_layers(c), *_full_table(c)]
+    for c in crosses:
+        if c.tensors:
+            out += [
+                f"### {c.backend} against {what}",
+                "",
+                *_worst_layers(c, modules),
+                *_full_table(c, modules),
+            ]
     return out
 
 
-def _observer(p: Probes) -> list[str]:
-    if not p.observer:
-        return []
+def _observer(r: Result) -> list[str]:
     rows = [
         [
-            o.backend,
-            o.status if o.status != "ok" else ("**YES**" if o.outputs_changed else "no"),
-            _num(o.max_ulp),
-            _num(o.scaled_ulp),
+            b.name,
+            "**YES**" if b.observer.outputs_changed else "no",
+            _num(b.observer.max_ulp),
+            _num(b.observer.scaled_ulp),
         ]
-        for o in p.observer
+        for b in r.backends
+        if b.observer is not None
     ]
+    if not rows:
+        return []
     out = [
-        "### Observer effect",
+        "## Observer effect",
         "",
-        "Graph outputs with every intermediate exposed vs the plain model.",
+        "Graph outputs of the instrumented build (every intermediate exposed, for the per-layer tables) "
+        "against the plain build (the engine users ship), same process and feeds. Verdicts and output "
+        "figures always come from the plain build.",
         "",
         *_table(["backend", "outputs changed", "max ULP", "scaled ULP"], rows),
     ]
-    changed = [o.backend for o in p.observer if o.outputs_changed]
+    changed = [b.name for b in r.backends if b.observer is not None and b.observer.outputs_changed]
     if changed:
         out += [
-            f"**Exposing intermediates changed the outputs of {', '.join(changed)}: the per-layer numbers "
-            "above describe a differently optimized engine than the one you ship.**",
+            f"**Exposing intermediates changed the outputs of {', '.join(changed)}: its per-layer numbers "
+            "describe a differently optimized engine than the one you ship.**",
             "",
         ]
     return out
 
 
-def _build_variance(p: Probes) -> list[str]:
-    if not p.builds:
-        return []
-    rows = [
-        [
-            b.backend,
-            b.builds,
-            b.distinct_fingerprints,
-            "**yes**" if b.builds_vary else "no",
-            "**yes**" if b.outputs_differ else "no",
-        ]
-        for b in p.builds
-    ]
-    out = [
-        "### Engine builds",
-        "",
-        "Each build in a fresh process; its fingerprint is what the engine decided "
-        "(optimized graph and placement, per-layer kernels).",
-        "",
-        *_table(["backend", "builds", "distinct engines", "builds vary", "outputs differ"], rows),
-    ]
-    for b in p.builds:
-        if b.varying_layers:
-            out += [
-                f"Layers of {b.backend} whose implementation differs between builds:",
-                "",
-                *_table(
-                    ["layer", *[f"build {i}" for i in range(b.builds)]],
-                    [[k, *v] for k, v in b.varying_layers[:FULL_TABLE_LIMIT]],
-                ),
-            ]
-    return out
-
-
-def _threads(p: Probes) -> list[str]:
-    if not p.threads:
-        return []
-    rows = [
-        [
-            t.backend,
-            t.threads,
-            t.status if t.status != "ok" else _yes(t.invariant),
-            _num(t.max_ulp),
-            _num(t.scaled_ulp),
-            t.first_divergence or t.reason or "–",
-        ]
-        for t in p.threads
-    ]
-    return [
-        "### Thread invariance",
-        "",
-        "Each backend at other thread counts against itself at 1 thread.",
-        "",
-        *_table(
-            ["backend", "threads", "same bits as 1 thread", "max ULP", "scaled ULP", "first divergence"], rows
-        ),
-    ]
-
-
-def _opt_levels(p: Probes) -> list[str]:
-    if not p.opt_levels:
-        return []
-    rows = [
-        [
-            o.backend,
-            o.level,
-            _yes(o.bitwise_equal),
-            _num(o.max_ulp),
-            _num(o.scaled_ulp),
-            ", ".join(o.changed_by) or ("–" if o.bitwise_equal else "a combination"),
-            ", ".join(o.modified_graph) or "–",
-        ]
-        for o in p.opt_levels
-    ]
-    return [
-        "### Graph optimization levels",
-        "",
-        "Graph outputs of the plain model at each level against no "
-        "optimization; 'changed by' is the optimizer whose removal alone restores the bits.",
-        "",
-        *_table(
-            [
-                "backend",
-                "level",
-                "same bits as none",
-                "max ULP",
-                "scaled ULP",
-                "changed by",
-                "optimizers that rewrote the graph",
-            ],
-            rows,
-        ),
-    ]
-
-
-def _batch(p: Probes) -> list[str]:
-    if not p.batch:
-        return []
-    rows = [
-        [
-            b.backend,
-            b.batch,
-            ",".join(map(str, b.positions)) or "–",
-            b.status if b.status != "ok" else _yes(b.invariant),
-            _num(b.max_ulp),
-            _num(b.scaled_ulp),
-            b.first_divergence or b.reason or "–",
-        ]
-        for b in p.batch
-    ]
-    out = [
-        "### Batch invariance",
-        "",
-        "The first sample alone vs the same sample inside a batch (other rows "
-        "random, seeded), at several positions.",
-        "",
-        *_table(
-            ["backend", "batch", "positions", "same bits alone", "max ULP", "scaled ULP", "first divergence"],
-            rows,
-        ),
-    ]
-    for b in p.batch:
-        if b.invariant is False:
-            out += [
-                f"Error by depth for {b.backend} (topological index):",
-                "",
-                *_table(
-                    ["depth", "tensor", "max ULP", "scaled ULP"],
-                    [[d, t, _num(u), _num(s)] for t, d, u, s in b.by_depth[:FULL_TABLE_LIMIT]],
-                ),
-            ]
-    return out
-
-
 def _probes(r: Result) -> list[str]:
-    p = r.probes
-    body = [*_observer(p), *_build_variance(p), *_threads(p), *_opt_levels(p), *_batch(p)]
-    notes = [f"- {n}" for n in p.notes]
-    if not body and not notes:
+    body = [line for p in r.probes for line in p.markdown()]
+    if not body and not r.probes_ran:
         return []
-    ran = ", ".join(p.ran) or "none"
-    return [
-        "## What moves the bits (probes)",
-        "",
-        f"Probes run: {ran}.",
-        "",
-        *body,
-        *([*notes, ""] if notes else []),
-    ]
+    ran = ", ".join(r.probes_ran) or "none"
+    return ["## What moves the bits (probes)", "", f"Probes run: {ran}.", "", *body]
 
 
-def _run_to_run(b: BackendResult) -> list[str]:
+def _run_to_run(b: BackendResult, modules: Mapping[str, str]) -> list[str]:
     out = [f"### {b.name}", ""]
     if not b.ok:
         return [*out, f"{b.status}: {b.reason}", ""]
@@ -437,13 +330,14 @@ def _run_to_run(b: BackendResult) -> list[str]:
     if not varying:
         return [*out, "Every captured tensor was bitwise identical in every run and build.", ""]
     out += [f"{len(varying)} tensor(s) varied; first: **{varying[0].name}**.", ""]
-    return out + _table(_DIFF_HEADER, [_diff_row(d) for d in varying[:FULL_TABLE_LIMIT]])
+    return out + _table(_header(modules), [_diff_row(d, modules) for d in varying[:FULL_TABLE_LIMIT]])
 
 
 def _runs(r: Result) -> list[str]:
     out = ["## Run to run and build to build", ""]
+    modules = r.model.modules()
     for b in r.backends:
-        out += _run_to_run(b)
+        out += _run_to_run(b, modules)
     return out
 
 
@@ -472,13 +366,19 @@ def _model(r: Result) -> list[str]:
 def _inputs(r: Result) -> list[str]:
     f = r.feeds
     src = f"generated with seed {f.seed}" if f.source == "generated" else f"loaded from {f.source}"
-    rows = [[n, d, "[" + ",".join(map(str, s)) + "]"] for n, d, s in f.shapes]
+    ranges = dict(f.ranges)
+    rows = [[n, d, s, ranges.get(n, "–")] for n, d, s in f.shapes]
+    golden = (
+        " Expected outputs came with them and join the comparison as the backend `expected`."
+        if f.expected
+        else ""
+    )
     return [
         "## Inputs",
         "",
-        f"{src}; sha256 `{f.sha256}`. The same bytes went to every backend and every run.",
+        f"{src}; sha256 `{f.sha256}`. The same bytes went to every backend and every run.{golden}",
         "",
-        *_table(["input", "dtype", "shape"], rows),
+        *_table(["input", "dtype", "shape", "generated from"], rows),
     ]
 
 
@@ -487,7 +387,13 @@ def _options(r: Result) -> list[str]:
     out = [
         "## Options in force",
         "",
-        f"Reference: {o.reference_name}. Runs per build: {o.runs}. Builds (fresh processes): "
+        f"Reference: {r.reference_used}"
+        + (
+            f" (instead of {o.reference_name}, which did not run)"
+            if r.reference_used != o.reference_name
+            else ""
+        )
+        + f". Runs per build: {o.runs}. Builds (fresh processes): "
         f"{o.builds}. Tolerance: {o.max_ulp:g} scaled ULP. Compared: "
         f"{'graph outputs only' if o.outputs_only else 'every node output'}. Timeout: {o.timeout:g} s "
         "per build.",
@@ -524,8 +430,10 @@ def to_markdown(r: Result) -> str:
         *_verdict(r),
         *_backends(r),
         *_matrix(r),
+        *_expected(r),
         *_oracle(r),
         *_cross(r),
+        *_observer(r),
         *_runs(r),
         *_probes(r),
         *_exposure(r),

@@ -11,12 +11,14 @@ import abc
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError, UsageError
 from xbackend.model import ModelRef
+from xbackend.values import Value, normalize
+
+if TYPE_CHECKING:
+    from xbackend.protocol import OptLevelRow
 
 __all__ = ["Availability", "BuildFingerprint", "OptionSpec", "Runner"]
 
@@ -93,6 +95,9 @@ class Runner(abc.ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     option_specs: ClassVar[Sequence[OptionSpec]] = ()
+    # Exposing intermediates can change what the engine computes (it blocks fusions), so graph
+    # outputs come from a separate, plain build. Interpreters that compute node by node say False.
+    instrumentation_changes_engine: ClassVar[bool] = True
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         self.options: dict[str, Any] = self.resolve_options(options or {})
@@ -151,12 +156,13 @@ class Runner(abc.ABC):
             raise RunnerFailedError(f"{self.name}: fingerprint() before prepare()")
         return self._fingerprint
 
-    def optimization_levels(self, model: ModelRef, feeds: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+    def optimization_levels(self, model: ModelRef, feeds: Mapping[str, Value]) -> list[OptLevelRow]:
         """Graph-optimization sensitivity probe; only engines with optimization levels implement it."""
         raise BackendUnavailableError(f"{self.name} has no graph optimization levels to probe")
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Host copies of every exposed tensor for one inference on `feeds`."""
+    def run(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
+        """Host copies of every exposed value for one inference on `feeds`, normalized
+        (xbackend.values): 0-d scalars stay 0-d, sequences are lists, an empty optional is None."""
         if not self._prepared:
             raise RunnerFailedError(f"{self.name}: run() before prepare()")
         if set(feeds) != set(self._inputs):
@@ -165,7 +171,7 @@ class Runner(abc.ABC):
             )
         out = self.run_impl(feeds)
         wanted = set(self._tensors)
-        return {k: np.asarray(v) for k, v in out.items() if k in wanted}
+        return {k: normalize(v) for k, v in out.items() if k in wanted}
 
     def not_exposed(self) -> dict[str, str]:
         """Requested tensors this backend cannot expose, with the reason."""
@@ -182,4 +188,4 @@ class Runner(abc.ABC):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint: ...
 
     @abc.abstractmethod
-    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]: ...
+    def run_impl(self, feeds: Mapping[str, Value]) -> Mapping[str, Any]: ...

@@ -21,6 +21,7 @@ import numpy as np
 from xbackend.errors import RunnerFailedError
 from xbackend.model import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
+from xbackend.values import Value
 
 __all__ = ["OpenVinoCpuDefaultRunner", "OpenVinoCpuRunner"]
 
@@ -66,6 +67,15 @@ def runtime_layers(compiled: Any) -> list[tuple[str, str]]:
         )
         out.append((f"{i:05d} {normalize_name(op.get_friendly_name())}", impl))
     return out
+
+
+def plain_words(value: Any) -> str:
+    """A property as people write it: 'bf16' and 'f32', not "<Type: 'bfloat16'>"; 'ACCURACY'."""
+    if hasattr(value, "get_type_name"):  # openvino.Type
+        return str(value.get_type_name())
+    if hasattr(value, "name") and not isinstance(value, str | int):  # enums such as ExecutionMode
+        return str(value.name)
+    return str(value)
 
 
 def _msg(e: BaseException) -> str:
@@ -155,7 +165,7 @@ class OpenVinoCpuRunner(Runner):
             if t not in found
         }
 
-    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         try:
             self._request.infer(dict(feeds))
         except Exception as e:
@@ -180,7 +190,7 @@ class OpenVinoCpuRunner(Runner):
         )
         if self._compiled is not None:
             for prop in ("INFERENCE_PRECISION_HINT", "EXECUTION_MODE_HINT", "INFERENCE_NUM_THREADS"):
-                out[f"in_force.{prop}"] = str(self._compiled.get_property(prop))
+                out[f"in_force.{prop}"] = plain_words(self._compiled.get_property(prop))
         return dict(sorted(out.items()))
 
     def close(self) -> None:

@@ -15,13 +15,15 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from xbackend.errors import BackendUnavailableError
-from xbackend.model import np_dtype
+from xbackend.model import kind_of, np_dtype
 from xbackend.runners.reference import ReferenceRunner
+from xbackend.values import Value
 
 __all__ = ["PROMOTED", "OracleRunner", "promote_to_float64"]
 
 PROMOTED = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 _DTYPE_ATTRS = frozenset({"to", "dtype", "output_dtype"})
+_PROMOTED_NP = frozenset({"float32", "float16", "bfloat16"})
 
 
 def _promote_tensor(t: TensorProto) -> TensorProto:
@@ -82,10 +84,21 @@ def original_dtypes(proto: onnx.ModelProto) -> dict[str, str]:
         inferred = proto
     out: dict[str, str] = {}
     for vi in _value_infos(inferred.graph):
-        et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        inner = kind_of(vi.type)[1]
+        et = inner.tensor_type.elem_type if inner is not None else 0
         if et:
             out[vi.name] = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(et)).name)
     return out
+
+
+def _widen(v: Value) -> Value:
+    if isinstance(v, list):
+        return [_widen(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _widen(x) for k, x in v.items()}
+    if isinstance(v, np.ndarray) and str(v.dtype) in _PROMOTED_NP:
+        return v.astype(np.float64)
+    return v
 
 
 class OracleRunner(ReferenceRunner):
@@ -101,15 +114,16 @@ class OracleRunner(ReferenceRunner):
         self._dtypes = original_dtypes(proto)
         return promote_to_float64(proto)
 
-    def widen(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {
-            k: v.astype(np.float64) if v.dtype.kind == "f" or str(v.dtype) == "bfloat16" else v
-            for k, v in feeds.items()
-        }
+    def widen(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
+        return {k: _widen(v) for k, v in feeds.items()}
 
-    def narrow(self, name: str, value: np.ndarray) -> np.ndarray:
+    def narrow(self, name: str, value: Value) -> Value:
         """Back to the tensor's original dtype (round to nearest even); float32 where unknown."""
-        if value.dtype != np.float64:
+        if isinstance(value, list):
+            return [self.narrow(name, v) for v in value]
+        if isinstance(value, dict):
+            return {k: self.narrow(name, v) for k, v in value.items()}
+        if value is None or value.dtype != np.float64:
             return value
         target = self._dtypes.get(name)
         if target is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import importlib.metadata
 import importlib.util
@@ -17,9 +18,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from xbackend.errors import RunnerFailedError
+from xbackend.errors import BackendUnavailableError, ModelLoadError, RunnerFailedError
 from xbackend.model import ModelRef, downgrade_ir, load_proto, read_model_bytes
+from xbackend.protocol import OptLevelRow
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
+from xbackend.values import Value, normalize, value_sha256
 
 __all__ = ["OrtCpuRunner", "ort_message"]
 
@@ -72,8 +75,84 @@ def parse_modified(log: str) -> list[str]:
     return seen
 
 
-def _same(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
-    return a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+def _same(a: Mapping[str, Value], b: Mapping[str, Value]) -> bool:
+    return a.keys() == b.keys() and value_sha256(a) == value_sha256(b)
+
+
+# Element types ONNX Runtime's Python API hands over as numpy arrays.
+_NUMPY_TYPES = frozenset(
+    ["float", "double", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool", "string", "complex64", "complex128"]
+)
+_TENSOR = re.compile(r"^tensor\((\w+)\)$")
+
+
+def numpy_readable(ort_type: str) -> bool:
+    """False for tensor types ORT's run() cannot return (bfloat16, float8, int4, ...)."""
+    m = _TENSOR.match(ort_type)
+    return m is None or m.group(1) in _NUMPY_TYPES
+
+
+def _to_ortvalue(a: np.ndarray) -> Any:
+    import onnxruntime as ort
+    from onnx import helper
+
+    elem = helper.np_dtype_to_tensor_dtype(a.dtype)
+    raw = a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.require(raw, requirements="C"), elem)
+
+
+def _from_ortvalue(v: Any) -> np.ndarray:
+    """Copy an OrtValue tensor of any element type into a numpy (ml_dtypes) array."""
+    from onnx import helper
+
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(v.element_type()))
+    out = np.empty(tuple(v.shape()), dtype=dtype)
+    if v.tensor_size_in_bytes() != out.nbytes:
+        raise RunnerFailedError(
+            f"onnxruntime returned {v.tensor_size_in_bytes()} bytes for a {v.data_type()} of shape "
+            f"{v.shape()}; packed sub-byte types are not read back"
+        )
+    if out.nbytes:
+        ctypes.memmove(out.ctypes.data, v.data_ptr(), out.nbytes)
+    return out
+
+
+def to_ort_feeds(feeds: Mapping[str, Value]) -> dict[str, Any]:
+    """numpy cannot hand ml_dtypes arrays (bfloat16, float8, ...) to ORT: wrap those as OrtValues."""
+    return {
+        k: _to_ortvalue(v) if isinstance(v, np.ndarray) and v.dtype.kind == "V" else v
+        for k, v in feeds.items()
+    }
+
+
+def run_session(
+    sess: Any, names: Sequence[str], opaque: Sequence[str], feeds: Mapping[str, Value]
+) -> dict[str, Any]:
+    """Every named output, reading tensors of types numpy cannot take from ORT (bfloat16, float8)
+    through OrtValues instead of changing the graph."""
+    ort_feeds = to_ort_feeds(feeds)
+    if not opaque:
+        return dict(zip(names, sess.run(list(names), ort_feeds), strict=True))
+    rest = [n for n in names if n not in set(opaque)]
+    out = {
+        n: _from_ortvalue(v)
+        for n, v in zip(opaque, sess.run_with_ort_values(list(opaque), ort_feeds), strict=True)
+    }
+    if rest:
+        out.update(zip(rest, sess.run(rest, ort_feeds), strict=True))
+    return {n: out[n] for n in names}
+
+
+_CANNOT_LOAD = re.compile(
+    r"NOT_IMPLEMENTED|Could not find an implementation|Unsupported model IR version|opset \d+ is under "
+    r"development|is not (?:a )?registered|No Op registered|Unsupported ONNX opset|only \*?guarantees\*? support",
+    re.IGNORECASE,
+)
+
+
+def cannot_load(e: BaseException) -> bool:
+    """ORT's error says the model needs something this build lacks (an op, opset or IR version)."""
+    return bool(_CANNOT_LOAD.search(str(e)))
 
 
 _GENERATED = re.compile(r"_token_\d+")
@@ -157,6 +236,7 @@ class OrtCpuRunner(Runner):
         super().__init__(options)
         self._session_obj: Any = None
         self._outputs: list[str] = []
+        self._opaque: list[str] = []  # outputs whose element type numpy cannot take from ORT directly
         self._notes: dict[str, str] = {}
 
     @classmethod
@@ -200,7 +280,10 @@ class OrtCpuRunner(Runner):
         suffix: bytes = extra.SerializeToString()
         max_ir = self.max_ir_version()
         if max_ir is not None and model.ir_version > max_ir:
-            downgrade_ir(load_proto(model.path, load_external=False), max_ir)  # raises if unsafe
+            try:
+                downgrade_ir(load_proto(model.path, load_external=False), max_ir)
+            except ModelLoadError as e:
+                raise BackendUnavailableError(f"onnxruntime reads IR <= {max_ir}: {e}") from e
             self._notes["ir_version"] = (
                 f"{model.ir_version} -> {max_ir} (downgraded: the model uses nothing newer)"
             )
@@ -219,6 +302,11 @@ class OrtCpuRunner(Runner):
                 data, so, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled) or None
             )
         except Exception as e:
+            if cannot_load(e):
+                raise BackendUnavailableError(
+                    f"onnxruntime {importlib.metadata.version('onnxruntime')} cannot load this model: "
+                    f"{ort_message(e)}"
+                ) from e
             raise RunnerFailedError(f"onnxruntime rejected the model: {ort_message(e)}") from e
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
@@ -237,8 +325,9 @@ class OrtCpuRunner(Runner):
                 with capture_stderr() as log:
                     self._session_obj = self._session(data, model, so)
                 fp = self._detailed_fingerprint(so.optimized_model_filepath, log.text)
-        names = {o.name for o in self._session_obj.get_outputs()}
-        self._outputs = [t for t in tensors if t in names]
+        types = {o.name: o.type for o in self._session_obj.get_outputs()}
+        self._outputs = [t for t in tensors if t in types]
+        self._opaque = [t for t in self._outputs if not numpy_readable(types[t])]
         return fp
 
     def _detailed_fingerprint(self, optimized: str, log: str) -> BuildFingerprint:
@@ -253,10 +342,10 @@ class OrtCpuRunner(Runner):
         self,
         data: bytes,
         model: ModelRef,
-        feeds: Mapping[str, np.ndarray],
+        feeds: Mapping[str, Value],
         level: str,
         disabled: Sequence[str] = (),
-    ) -> tuple[dict[str, np.ndarray], list[str]]:
+    ) -> tuple[dict[str, Value], list[str]]:
         """Graph outputs of a fresh session at `level`, and the transformers that changed the graph."""
         import onnxruntime as ort
 
@@ -266,20 +355,22 @@ class OrtCpuRunner(Runner):
         with capture_stderr() as log:
             sess = self._session(data, model, so, disabled)
         names = [o.name for o in sess.get_outputs()]
-        return dict(zip(names, sess.run(names, dict(feeds)), strict=True)), parse_modified(log.text)
+        opaque = [o.name for o in sess.get_outputs() if not numpy_readable(o.type)]
+        out = {k: normalize(v) for k, v in run_session(sess, names, opaque, feeds).items()}
+        return out, parse_modified(log.text)
 
-    def optimization_levels(self, model: ModelRef, feeds: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+    def optimization_levels(self, model: ModelRef, feeds: Mapping[str, Value]) -> list[OptLevelRow]:
         """Each level's graph outputs against DISABLE_ALL; for a level that changes bits, the
         transformer(s) whose removal alone restores them. Runs the plain model (no intermediates
         exposed), since exposing tensors blocks the fusions being measured."""
-        from xbackend.metrics import TensorDiff
+        from xbackend.metrics import diff_values
 
         data = read_model_bytes(model.path) + self._suffix(model, ())
         base, _ = self._outputs_at(data, model, feeds, "disable")
         rows = []
         for level in OPT_LEVELS[1:]:
             got, modified = self._outputs_at(data, model, feeds, level)
-            diffs = [TensorDiff.from_arrays(n, got[n], base[n]) for n in base]
+            diffs = [d for n in base for d in diff_values(n, got[n], base[n])]
             equal = all(d.bitwise_equal for d in diffs)
             changed_by = (
                 []
@@ -287,23 +378,22 @@ class OrtCpuRunner(Runner):
                 else [c for c in modified if _same(self._outputs_at(data, model, feeds, level, [c])[0], base)]
             )
             rows.append(
-                {
-                    "level": level,
-                    "bitwise_equal": equal,
-                    "max_ulp": max((d.max_ulp or 0 for d in diffs), default=0),
-                    "scaled_ulp": max((d.scaled_ulp or 0.0 for d in diffs), default=0.0),
-                    "changed_by": changed_by,
-                    "modified_graph": modified,
-                }
+                OptLevelRow(
+                    level,
+                    equal,
+                    max((d.max_ulp or 0 for d in diffs), default=0),
+                    max((d.scaled_ulp or 0.0 for d in diffs), default=0.0),
+                    tuple(changed_by),
+                    tuple(modified),
+                )
             )
         return rows
 
-    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         try:
-            values = self._session_obj.run(self._outputs, dict(feeds))
+            return run_session(self._session_obj, self._outputs, self._opaque, feeds)
         except Exception as e:
             raise RunnerFailedError(f"onnxruntime failed while running: {ort_message(e)}") from e
-        return dict(zip(self._outputs, values, strict=True))
 
     def not_exposed(self) -> dict[str, str]:
         have = set(self._outputs)

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from xbackend.errors import RunnerFailedError
+from xbackend.errors import BackendUnavailableError, RunnerFailedError
 from xbackend.model import ModelRef, load_proto
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
+from xbackend.values import Value, normalize
 
 __all__ = ["ReferenceRunner", "blas_info"]
 
@@ -37,6 +38,7 @@ def blas_info() -> str:
 class ReferenceRunner(Runner):
     name = "reference"
     description = "onnx.reference.ReferenceEvaluator (numpy), BLAS threads pinned"
+    instrumentation_changes_engine = False  # it keeps every intermediate anyway
     option_specs = (OptionSpec("threads", int, 1, "BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS)"),)
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
@@ -59,30 +61,31 @@ class ReferenceRunner(Runner):
         try:
             self._evaluator = ReferenceEvaluator(proto)
         except Exception as e:
-            raise RunnerFailedError(f"the reference evaluator rejected the model: {_msg(e)}") from e
+            raise BackendUnavailableError(f"the reference evaluator cannot load the model: {_msg(e)}") from e
+        _name_failing_nodes(self._evaluator)
         return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
 
     def transform(self, proto: onnx.ModelProto) -> onnx.ModelProto:
         """The model the evaluator runs (the oracle promotes it to float64)."""
         return proto
 
-    def widen(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def widen(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         """Feeds as the transformed model takes them."""
         return dict(feeds)
 
-    def narrow(self, name: str, value: np.ndarray) -> np.ndarray:
+    def narrow(self, name: str, value: Value) -> Value:
         """A result as the original model would type it."""
         return value
 
-    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         try:
             results = self._evaluator.run(None, self.widen(feeds), intermediate=True)
         except Exception as e:
-            raise RunnerFailedError(f"the reference evaluator failed while running: {_msg(e)}") from e
+            raise RunnerFailedError(f"the reference evaluator failed while running {_msg(e)}") from e
         self._missing = {
             t: "not produced by the reference evaluator" for t in self._tensors if t not in results
         }
-        return {t: self.narrow(t, np.asarray(results[t])) for t in self._tensors if t in results}
+        return {t: self.narrow(t, normalize(results[t])) for t in self._tensors if t in results}
 
     def not_exposed(self) -> dict[str, str]:
         return dict(self._missing)
@@ -99,6 +102,35 @@ class ReferenceRunner(Runner):
         self._evaluator = None
 
 
+class NodeError(Exception):
+    """A node of the reference evaluator failed; says which node and op."""
+
+
+def _name_failing_nodes(evaluator: Any) -> None:
+    """Wrap each node's kernel so an exception names the node and op that raised it."""
+    for node in getattr(evaluator, "rt_nodes_", []) or []:
+        onnx_node = getattr(node, "onnx_node", None)
+        if onnx_node is None:
+            continue
+        label = f"node {onnx_node.name!r} " if onnx_node.name else ""
+        where = f"{label}(op {onnx_node.domain + '.' if onnx_node.domain else ''}{onnx_node.op_type}, " + (
+            f"output {onnx_node.output[0]!r})" if onnx_node.output else "no outputs)"
+        )
+        original = node.run
+
+        def run(*args: Any, _orig: Any = original, _where: str = where, **kwargs: Any) -> Any:
+            try:
+                return _orig(*args, **kwargs)
+            except NodeError:
+                raise
+            except Exception as e:
+                raise NodeError(f"at {_where}: {_msg(e)}") from e
+
+        node.run = run
+
+
 def _msg(e: BaseException) -> str:
     text = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, NodeError):
+        return text[:400]
     return f"{type(e).__name__}: {text[:300]}"

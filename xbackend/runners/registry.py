@@ -24,6 +24,7 @@ _BUILTIN: dict[str, str] = {
     "openvino-cpu": "xbackend.runners.openvino_cpu:OpenVinoCpuRunner",
     "openvino-cpu-default": "xbackend.runners.openvino_cpu:OpenVinoCpuDefaultRunner",
     "torch": "xbackend.runners.torch_eager:TorchRunner",
+    "expected": "xbackend.runners.expected:ExpectedRunner",
 }
 
 

@@ -1,0 +1,48 @@
+"""Probes: plug-ins that say which knob moves the bits.
+
+Each probe is one module: a Probe subclass that declares the worker jobs it
+needs per backend and turns their outcomes into a ProbeResult, which carries
+its verdict lines, report section and JSON. The orchestrator runs whatever is
+registered here and names none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xbackend.errors import UsageError
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext, ProbeResult, summarize
+from xbackend.probes.batch import BatchProbe
+from xbackend.probes.builds import BuildsProbe
+from xbackend.probes.opt_levels import OptLevelsProbe
+from xbackend.probes.threads import ThreadsProbe
+
+__all__ = [
+    "PROBES",
+    "BackendRuns",
+    "PlannedBackend",
+    "Probe",
+    "ProbeContext",
+    "ProbeResult",
+    "default_probes",
+    "select_probes",
+    "summarize",
+]
+
+# Report order.
+PROBES: dict[str, type[Probe]] = {p.name: p for p in (BuildsProbe, ThreadsProbe, OptLevelsProbe, BatchProbe)}
+
+
+def default_probes(batch: int) -> tuple[str, ...]:
+    return tuple(n for n, p in PROBES.items() if p.default or (n == "batch" and batch))
+
+
+def select_probes(requested: Sequence[str] | None, batch: int) -> tuple[str, ...]:
+    """The probes to run: the default ones (plus batch when a batch size is given), or those named."""
+    if requested is None:
+        return default_probes(batch)
+    unknown = sorted(set(requested) - set(PROBES) - {"none", "all"})
+    if unknown:
+        raise UsageError(f"unknown probe(s) {', '.join(unknown)}; choose from {', '.join(PROBES)}, all, none")
+    chosen = set(PROBES) if "all" in requested else {p for p in requested if p != "none"}
+    return tuple(n for n in PROBES if n in chosen)

@@ -1,0 +1,125 @@
+"""The probe contract: a probe plans worker jobs per backend and turns their outcomes into a result.
+
+The orchestrator runs whatever probes it is given: it asks each for its jobs,
+runs them beside the main builds, and hands each probe the outcomes. A probe's
+result carries its own verdict lines, Markdown section and JSON.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from xbackend.executor import Job, JobOutcome, PhaseSpec
+from xbackend.inputs import Feeds
+from xbackend.metrics import TensorDiff
+from xbackend.model import ModelSpec
+from xbackend.runners.base import Runner
+
+if TYPE_CHECKING:
+    from xbackend.results import BackendResult, CompareOptions
+
+__all__ = ["BackendRuns", "PlannedBackend", "Probe", "ProbeContext", "ProbeResult", "summarize"]
+
+
+@dataclass(frozen=True)
+class PlannedBackend:
+    """A backend as the user configured it (cls is None when it cannot run here)."""
+
+    name: str
+    cls: type[Runner] | None
+    options: Mapping[str, Any]
+    raw_options: Mapping[str, str]
+    unavailable: str = ""
+
+    def variant(self, **overrides: str) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted({**self.raw_options, **overrides}.items()))
+
+
+@dataclass
+class ProbeContext:
+    """What a probe may use while planning: the model, options, feeds and a work directory."""
+
+    spec: ModelSpec
+    opts: CompareOptions
+    feeds: Feeds
+    feeds_path: Path
+    work: Path
+    notes: list[str] = field(default_factory=list)
+
+    def save_feeds(self, feeds: Feeds, name: str) -> Path:
+        path = self.work / f"{name}.xbv"
+        feeds.save(path)
+        return path
+
+    def job(
+        self,
+        label: str,
+        b: PlannedBackend,
+        phases: Sequence[PhaseSpec] = (),
+        feeds: Path | None = None,
+        kind: str = "main",
+        **overrides: str,
+    ) -> Job:
+        assert b.cls is not None
+        return Job(
+            label, b.name, b.cls, b.variant(**overrides), feeds or self.feeds_path, tuple(phases), kind
+        )
+
+
+@dataclass(frozen=True)
+class BackendRuns:
+    """One backend's main builds and the outcomes of the probe's jobs for it."""
+
+    planned: PlannedBackend
+    builds: tuple[JobOutcome, ...]
+    jobs: Mapping[str, JobOutcome]
+    result: BackendResult
+
+
+class ProbeResult(abc.ABC):
+    """What a probe found; frozen dataclasses in each probe module implement it."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def warnings(self) -> list[str]:
+        """Verdict lines ('WARN: ...'): findings, and every probe job that failed."""
+
+    @abc.abstractmethod
+    def markdown(self) -> list[str]:
+        """The probe's section of the report (empty when there is nothing to show)."""
+
+    @abc.abstractmethod
+    def to_json(self) -> Any:
+        """The probe's part of the JSON report."""
+
+
+class Probe(abc.ABC):
+    """One probe; instances live for one comparison."""
+
+    name: ClassVar[str]
+    default: ClassVar[bool] = True  # in the default set
+    help: ClassVar[str] = ""
+
+    def __init__(self, ctx: ProbeContext) -> None:
+        self.ctx = ctx
+
+    def jobs(self, b: PlannedBackend) -> list[Job]:
+        """Worker jobs this probe needs for backend `b` (none by default)."""
+        return []
+
+    @abc.abstractmethod
+    def analyze(self, runs: Sequence[BackendRuns]) -> ProbeResult:
+        """Turn the outcomes of this probe's jobs (and the main builds) into its result."""
+
+
+def summarize(diffs: Sequence[TensorDiff]) -> tuple[bool, int | None, float | None, str | None]:
+    """(all bitwise equal, max ULP, max scaled ULP, first divergent tensor)."""
+    ulps = [d.max_ulp for d in diffs if d.max_ulp is not None]
+    scaled = [d.scaled_ulp for d in diffs if d.scaled_ulp is not None]
+    first = next((d.name for d in diffs if not d.bitwise_equal), None)
+    return first is None, (max(ulps) if ulps else None), (max(scaled) if scaled else None), first

@@ -1,0 +1,130 @@
+"""Graph optimization levels: which optimizer moves the bits (engines that have levels, e.g. ORT)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from xbackend.executor import Job
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult
+from xbackend.protocol import OptLevelRow
+from xbackend.runners.base import Runner
+from xbackend.textfmt import num, table, yes
+
+__all__ = ["OptLevelResult", "OptLevelsProbe", "OptLevelsResult"]
+
+
+@dataclass(frozen=True)
+class OptLevelResult:
+    """One graph optimization level against none, and what changed the bits."""
+
+    backend: str
+    level: str
+    bitwise_equal: bool
+    max_ulp: int
+    scaled_ulp: float
+    changed_by: tuple[str, ...]
+    modified_graph: tuple[str, ...]
+
+    @classmethod
+    def from_row(cls, backend: str, r: OptLevelRow) -> OptLevelResult:
+        return cls(backend, r.level, r.bitwise_equal, r.max_ulp, r.scaled_ulp, r.changed_by, r.modified_graph)
+
+
+@dataclass(frozen=True)
+class OptLevelsResult(ProbeResult):
+    name = "opt-levels"
+    rows: tuple[OptLevelResult, ...] = ()
+    failures: tuple[tuple[str, str], ...] = ()  # backend, reason
+
+    def warnings(self) -> list[str]:
+        out = [f"WARN: opt-levels probe failed on {b}: {why}" for b, why in self.failures]
+        out += [
+            f"WARN: {o.backend} optimization level {o.level} changes bits ({num(o.scaled_ulp)} scaled ULP) "
+            f"vs none; changed by "
+            f"{', '.join(o.changed_by) or 'a combination of ' + ', '.join(o.modified_graph)}"
+            for o in self.rows
+            if not o.bitwise_equal
+        ]
+        return out
+
+    def markdown(self) -> list[str]:
+        if not self.rows and not self.failures:
+            return []
+        rows = [
+            [
+                o.backend,
+                o.level,
+                yes(o.bitwise_equal),
+                num(o.max_ulp),
+                num(o.scaled_ulp),
+                ", ".join(o.changed_by) or ("–" if o.bitwise_equal else "a combination"),
+                ", ".join(o.modified_graph) or "–",
+            ]
+            for o in self.rows
+        ]
+        rows += [[b, "–", f"**failed**: {why}", "–", "–", "–", "–"] for b, why in self.failures]
+        header = [
+            "backend",
+            "level",
+            "same bits as none",
+            "max ULP",
+            "scaled ULP",
+            "changed by",
+            "optimizers that rewrote the graph",
+        ]
+        return [
+            "### Graph optimization levels",
+            "",
+            "Graph outputs of the plain model at each level against no "
+            "optimization; 'changed by' is the optimizer whose removal alone restores the bits.",
+            "",
+            *table(header, rows),
+        ]
+
+    def to_json(self) -> Any:
+        rows: list[dict[str, Any]] = [
+            {
+                "backend": o.backend,
+                "level": o.level,
+                "status": "ok",
+                "bitwise_equal": o.bitwise_equal,
+                "max_ulp": o.max_ulp,
+                "scaled_ulp": o.scaled_ulp,
+                "changed_by": list(o.changed_by),
+                "modified_graph": list(o.modified_graph),
+            }
+            for o in self.rows
+        ]
+        return rows + [{"backend": b, "status": "failed", "reason": why} for b, why in self.failures]
+
+
+def has_opt_levels(b: PlannedBackend) -> bool:
+    return b.cls is not None and b.cls.optimization_levels is not Runner.optimization_levels
+
+
+class OptLevelsProbe(Probe):
+    name = "opt-levels"
+    help = (
+        "ONNX Runtime at each graph optimization level vs none, on the plain model; for a level that "
+        "changes bits, names the optimizer whose removal restores them"
+    )
+
+    def jobs(self, b: PlannedBackend) -> list[Job]:
+        if not has_opt_levels(b):
+            return []
+        return [self.ctx.job(f"{b.name}-opt-levels", b, kind="opt-levels")]
+
+    def analyze(self, runs: Sequence[BackendRuns]) -> OptLevelsResult:
+        rows: list[OptLevelResult] = []
+        failures = []
+        for r in runs:
+            o = r.jobs.get(f"{r.planned.name}-opt-levels")
+            if o is None:
+                continue
+            if not o.ok:
+                failures.append((r.planned.name, o.reason))
+                continue
+            rows += [OptLevelResult.from_row(r.planned.name, row) for row in o.result.opt_levels]
+        return OptLevelsResult(tuple(rows), tuple(failures))

@@ -1,0 +1,164 @@
+"""xbackend's own value files: feeds and captures, every ONNX value kind, bit for bit.
+
+npz cannot hold bfloat16, the float8/float4 formats or int4/int2 (numpy reads
+them back as raw void bytes), nor strings without pickle, sequences or
+optionals. This format stores each tensor's raw bytes with its dtype name and
+shape, and a JSON index at the end:
+
+    b"XBVALUE1" | tensor bytes ... | index (UTF-8 JSON) | index offset (8 bytes LE) | b"XBVALEND"
+
+Readers seek to one value and read just its bytes, so a capture is read one
+tensor at a time whatever its size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from xbackend.model import np_dtype
+from xbackend.values import Value, normalize
+
+__all__ = ["ValueFile", "save_values"]
+
+MAGIC = b"XBVALUE1"
+END = b"XBVALEND"
+FORMAT = "xbackend.values/1"
+
+
+class _Writer:
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.offset = len(MAGIC)
+
+    def blob(self, data: bytes | memoryview) -> tuple[int, int]:
+        start = self.offset
+        self.f.write(data)
+        self.offset += len(data)
+        return start, len(data)
+
+    def record(self, value: Value) -> dict[str, Any]:
+        if value is None:
+            return {"kind": "empty"}
+        if isinstance(value, list):
+            return {"kind": "sequence", "items": [self.record(v) for v in value]}
+        if isinstance(value, dict):
+            keys = sorted(value, key=repr)
+            return {
+                "kind": "map",
+                "keys": [k if isinstance(k, int | str) else repr(k) for k in keys],
+                "values": [self.record(value[k]) for k in keys],
+            }
+        a = value
+        if a.dtype == object:
+            text = json.dumps([str(x) for x in a.reshape(-1)], ensure_ascii=False)
+            off, n = self.blob(text.encode("utf-8", "surrogateescape"))
+            return {"kind": "strings", "shape": list(a.shape), "offset": off, "nbytes": n}
+        data = np.require(a, requirements="C")
+        off, n = self.blob(memoryview(data.reshape(-1).view(np.uint8)) if data.size else b"")
+        return {"kind": "tensor", "dtype": str(a.dtype), "shape": list(a.shape), "offset": off, "nbytes": n}
+
+
+def save_values(
+    path: str | os.PathLike[str], values: Mapping[str, Any], names: Sequence[str] | None = None
+) -> None:
+    """Write `values` (in `names` order, default the mapping's) to `path`."""
+    order = list(values) if names is None else list(names)
+    with open(path, "wb") as f:
+        f.write(MAGIC)
+        w = _Writer(f)
+        entries = [[n, w.record(normalize(values[n]))] for n in order]
+        index = json.dumps({"format": FORMAT, "entries": entries}, ensure_ascii=False).encode()
+        f.write(index)
+        f.write(w.offset.to_bytes(8, "little"))
+        f.write(END)
+
+
+class ValueFile:
+    """Read-only view of a value file; each value is read from disk when asked for."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._f = open(self.path, "rb")  # noqa: SIM115 - closed by close()/__exit__
+        try:
+            self._index = self._read_index()
+        except Exception:
+            self._f.close()
+            raise
+
+    def _read_index(self) -> dict[str, Any]:
+        size = self._f.seek(0, os.SEEK_END)
+        self._f.seek(0)
+        if size < len(MAGIC) + 16 or self._f.read(len(MAGIC)) != MAGIC:
+            raise ValueError(f"{self.path} is not an xbackend value file")
+        self._f.seek(size - 16)
+        tail = self._f.read(16)
+        if tail[8:] != END:
+            raise ValueError(f"{self.path} is truncated")
+        start = int.from_bytes(tail[:8], "little")
+        self._f.seek(start)
+        index = json.loads(self._f.read(size - 16 - start))
+        return {n: rec for n, rec in index["entries"]}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._index)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    def __iter__(self) -> Iterable[str]:
+        return iter(self._index)
+
+    def __getitem__(self, name: str) -> Value:
+        return self._value(self._index[name])
+
+    def get(self, name: str, default: Value = None) -> Value:
+        return self[name] if name in self._index else default
+
+    def kind(self, name: str) -> str:
+        return str(self._index[name]["kind"])
+
+    def _bytes(self, rec: Mapping[str, Any]) -> bytes:
+        self._f.seek(int(rec["offset"]))
+        return self._f.read(int(rec["nbytes"]))
+
+    def _value(self, rec: Mapping[str, Any]) -> Value:
+        kind = rec["kind"]
+        if kind == "empty":
+            return None
+        if kind == "sequence":
+            return [self._value(r) for r in rec["items"]]
+        if kind == "map":
+            return {k: self._value(r) for k, r in zip(rec["keys"], rec["values"], strict=True)}
+        shape = tuple(int(d) for d in rec["shape"])
+        if kind == "strings":
+            items = json.loads(self._bytes(rec).decode("utf-8", "surrogateescape"))
+            out = np.empty(len(items), dtype=object)
+            out[:] = items
+            return out.reshape(shape)
+        out = np.empty(shape, dtype=np_dtype(rec["dtype"]))
+        self._f.seek(int(rec["offset"]))
+        if out.size and self._f.readinto(memoryview(out.reshape(-1).view(np.uint8))) != int(rec["nbytes"]):
+            raise ValueError(f"{self.path} is truncated")
+        return out
+
+    def load_all(self) -> dict[str, Value]:
+        return {n: self[n] for n in self._index}
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> ValueFile:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
