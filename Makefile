@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/xbackend compare models/torch_mlp.onnx --runs 3 --builds 2 \
-		--backends ort-cpu,openvino-cpu,torch,reference,oracle \
+		--backends ort-cpu,openvino-cpu,torch,reference,oracle --torch-module models/torch_mlp.py:build \
 		--report reports/torch_mlp.md --json reports/torch_mlp.json
 
 test: $(STAMP)

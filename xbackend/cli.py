@@ -12,8 +12,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from xbackend.errors import EXIT_INTERNAL, XbackendError
-from xbackend.inputs import parse_shape
+from xbackend.errors import EXIT_INTERNAL, UsageError, XbackendError
+from xbackend.inputs import parse_range, parse_shape
 from xbackend.results import DEFAULT_BACKENDS, DEFAULT_MAX_ULP, CompareOptions
 
 __all__ = ["main"]
@@ -63,7 +63,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME=D1,D2,...",
         help="shape for an input with dynamic dimensions (repeatable)",
     )
-    c.add_argument("--inputs", metavar="FILE.npz", help="real input data, keyed by input name")
+    c.add_argument(
+        "--inputs",
+        metavar="FILE.npz|DIR",
+        help="real input data: an .npz keyed by input name, or a directory in ONNX's test-data layout "
+        "(input_N.pb; output_N.pb beside them join the comparison as the backend 'expected')",
+    )
+    c.add_argument(
+        "--range",
+        dest="ranges",
+        action="append",
+        default=[],
+        metavar="NAME=LO:HI",
+        help="draw generated values of input NAME from [LO, HI), e.g. input_ids=0:50257 (repeatable)",
+    )
     c.add_argument(
         "--max-ulp",
         type=float,
@@ -90,8 +103,8 @@ def _parser() -> argparse.ArgumentParser:
         "--probes",
         default=None,
         metavar="LIST",
-        help="probes to run: observer,threads,opt-levels,batch, 'all' or 'none' "
-        "(default: observer,threads,opt-levels, plus batch with --batch-invariance)",
+        help="probes to run: builds,threads,opt-levels,batch, 'all' or 'none' "
+        "(default: builds,threads,opt-levels, plus batch with --batch-invariance)",
     )
     c.add_argument(
         "--batch-invariance",
@@ -111,6 +124,12 @@ def _parser() -> argparse.ArgumentParser:
         "--torch-module",
         metavar="MODULE_SPEC",
         help="source nn.Module for the torch backend (path/to/file.py:factory or pkg.mod:factory)",
+    )
+    c.add_argument(
+        "--trust-model-code",
+        action="store_true",
+        help="let the torch backend import the Python file the model's metadata names (off: a model "
+        "never makes xbackend run code)",
     )
     sub.add_parser("backends", help="list every registered backend, available or not, and why")
     e = sub.add_parser("export", help="export a framework model to ONNX")
@@ -164,8 +183,8 @@ def _compare(args: argparse.Namespace) -> int:
         probes=args.probes,
         batch_invariance=args.batch_invariance,
         probe_threads=args.probe_threads,
-        runner_options=tuple(args.sets)
-        + ((("torch", "module", args.torch_module),) if args.torch_module else ()),
+        ranges=tuple(parse_range(r) for r in args.ranges),
+        runner_options=tuple(args.sets) + _torch_options(args),
     )
     progress: ProgressSink = NullProgress() if args.no_progress or not sys.stderr.isatty() else RichProgress()
     result = compare_with_options(args.model, opts, progress)
@@ -175,6 +194,18 @@ def _compare(args: argparse.Namespace) -> int:
         write_atomic(args.json, to_json(result))
     _print_summary(result)
     return result.exit_code
+
+
+def _torch_options(args: argparse.Namespace) -> tuple[tuple[str, str, str], ...]:
+    out: tuple[tuple[str, str, str], ...] = ()
+    if (args.torch_module or args.trust_model_code) and "torch" not in args.backends.split(","):
+        flag = "--torch-module" if args.torch_module else "--trust-model-code"
+        raise UsageError(f"{flag} applies to the torch backend; add torch to --backends")
+    if args.torch_module:
+        out += (("torch", "module", args.torch_module),)
+    if args.trust_model_code:
+        out += (("torch", "trust_model_code", "true"),)
+    return out
 
 
 def _print_summary(result: object) -> None:

@@ -226,7 +226,9 @@ def _preflight(
 ) -> tuple[list[PlannedBackend], list[str]]:
     """Backends that cannot read the model's IR version become unavailable for this model; note
     downgrades. Refuse the run only when no backend can load the model."""
-    out, notes, blocked = [], [], []
+    out: list[PlannedBackend] = []
+    notes: list[str] = []
+    blocked: list[str] = []
     for p in planned:
         why = _ir_blocker(spec, proto, p, notes)
         if why:

@@ -285,7 +285,7 @@ def _load_npz(p: Path, spec: ModelSpec) -> dict[str, Value]:
         with np.load(p, allow_pickle=False) as z:
             raw = {k: z[k] for k in z.files}
     except ValueError as e:
-        if "pickle" in str(e):
+        if "Object arrays" in str(e):
             raise InputError(
                 f"--inputs {p} holds an object array, which xbackend does not unpickle; save strings "
                 "as np.array(values, dtype=str), or use --inputs DIR with input_N.pb files"

@@ -61,7 +61,7 @@ class _Writer:
             off, n = self.blob(text.encode("utf-8", "surrogateescape"))
             return {"kind": "strings", "shape": list(a.shape), "offset": off, "nbytes": n}
         data = np.require(a, requirements="C")
-        off, n = self.blob(memoryview(data.reshape(-1).view(np.uint8)) if data.size else b"")
+        off, n = self.blob(data.reshape(-1).view(np.uint8).data if data.size else b"")
         return {"kind": "tensor", "dtype": str(a.dtype), "shape": list(a.shape), "offset": off, "nbytes": n}
 
 
@@ -145,7 +145,7 @@ class ValueFile:
             return out.reshape(shape)
         out = np.empty(shape, dtype=np_dtype(rec["dtype"]))
         self._f.seek(int(rec["offset"]))
-        if out.size and self._f.readinto(memoryview(out.reshape(-1).view(np.uint8))) != int(rec["nbytes"]):
+        if out.size and self._f.readinto(out.reshape(-1).view(np.uint8).data) != int(rec["nbytes"]):
             raise ValueError(f"{self.path} is truncated")
         return out
 

@@ -121,7 +121,7 @@ def _torch() -> Any:
     return torch
 
 
-def _factory(spec: str, base_dir: Path | None) -> Any:
+def _factory(spec: str, base_dir: Path | None, search_cwd: bool = True) -> Any:
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise ExportError(f"module spec {spec!r} must be path/to/file.py:factory or package.module:factory")
@@ -129,7 +129,7 @@ def _factory(spec: str, base_dir: Path | None) -> Any:
         candidates = (
             [Path(target)]
             if Path(target).is_absolute()
-            else [*([base_dir / target] if base_dir else []), Path.cwd() / target]
+            else [*([base_dir / target] if base_dir else []), *([Path.cwd() / target] if search_cwd else [])]
         )
         path = next((c for c in candidates if c.is_file()), None)
         if path is None:
@@ -159,10 +159,12 @@ def _factory(spec: str, base_dir: Path | None) -> Any:
     return getattr(module, attr)
 
 
-def load_module(spec: str, base_dir: Path | None = None) -> Any:
-    """Call the factory named by `spec` and check it returns an nn.Module (in eval mode)."""
+def load_module(spec: str, base_dir: Path | None = None, search_cwd: bool = True) -> Any:
+    """Call the factory named by `spec` and check it returns an nn.Module (in eval mode).
+
+    A file spec is looked up in `base_dir` (and the working directory when `search_cwd`)."""
     torch = _torch()
-    factory = _factory(spec, base_dir)
+    factory = _factory(spec, base_dir, search_cwd)
     try:
         module = factory() if callable(factory) and not isinstance(factory, torch.nn.Module) else factory
     except Exception as e:
@@ -172,6 +174,46 @@ def load_module(spec: str, base_dir: Path | None = None) -> Any:
             f"module spec {spec!r} returned {type(module).__name__}, expected a torch.nn.Module"
         )
     return module.eval()
+
+
+def flatten_outputs(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(path, leaf) for a module's output in the order torch's exporter flattens it: tensors,
+    tuples and lists in order, dicts and model-output dataclasses by their keys (None skipped)."""
+    import dataclasses
+
+    if out is None:
+        return []
+    if isinstance(out, Mapping):  # dicts and HuggingFace ModelOutput (an OrderedDict)
+        items = [(str(k), v) for k, v in out.items()]
+    elif isinstance(out, list | tuple) and not hasattr(out, "_fields"):
+        items = [(str(i), v) for i, v in enumerate(out)]
+    elif hasattr(out, "_fields"):  # namedtuple
+        items = [(str(k), getattr(out, k)) for k in out._fields]
+    elif dataclasses.is_dataclass(out) and not isinstance(out, type):
+        items = [(f.name, getattr(out, f.name)) for f in dataclasses.fields(out)]
+    else:
+        return [(prefix, out)]
+    return [leaf for k, v in items for leaf in flatten_outputs(v, f"{prefix}.{k}" if prefix else k)]
+
+
+def output_names_of(out: Any) -> list[str]:
+    """Graph output names a module's output structure suggests: dict keys (nested with '.'); none
+    for a plain tensor or tuple, where the exporter's names stay."""
+    if not _has_keys(out):
+        return []
+    return [path for path, _ in flatten_outputs(out)]
+
+
+def _has_keys(out: Any) -> bool:
+    import dataclasses
+
+    if isinstance(out, Mapping) or hasattr(out, "_fields"):
+        return True
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        return True
+    if isinstance(out, list | tuple):
+        return any(_has_keys(v) for v in out)
+    return False
 
 
 def _stored_spec(spec: str, output: Path) -> str:
@@ -265,12 +307,76 @@ def _verify(
     kept = {}
     for mod, tensor in candidates.items():
         a, b = eager.get(mod), onnx_vals.get(tensor)
-        if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
+        if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
             continue
         scale = float(np.abs(b).max()) if b.size and b.dtype.kind == "f" else 1.0
         if b.dtype.kind != "f" or np.allclose(a, b, rtol=1e-3, atol=1e-4 * max(scale, 1e-6)):
             kept[mod] = tensor
     return dict(sorted(kept.items()))
+
+
+def _check_dynamic(
+    proto: onnx.ModelProto,
+    path: Path,
+    dynamic: Mapping[str, Mapping[int, str]],
+    inputs: Sequence[InputDecl],
+    seed: int,
+) -> None:
+    """Every --dynamic axis is symbolic in the exported model and really takes another size."""
+    if not dynamic:
+        return
+    by_name = {vi.name: vi for vi in proto.graph.input}
+    for name, axes in dynamic.items():
+        if name not in by_name:
+            raise ExportError(
+                f"--dynamic names {name!r}, which is not an --input; inputs: "
+                f"{', '.join(i.name for i in inputs)}"
+            )
+        dims = by_name[name].type.tensor_type.shape.dim
+        for axis in axes:
+            if axis >= len(dims) or not dims[axis].HasField("dim_param"):
+                fixed = dims[axis].dim_value if axis < len(dims) else "absent"
+                raise ExportError(
+                    f"the exporter fixed axis {axis} of {name!r} to {fixed} although --dynamic {name}={axis}:"
+                    f"{axes[axis]} asked for it dynamic (the module specializes on that size); give an "
+                    "example size >= 2 on that axis in --input, or make the module size-agnostic"
+                )
+    _run_resized(path, proto, dynamic, inputs, seed)
+
+
+def _run_resized(
+    path: Path,
+    proto: onnx.ModelProto,
+    dynamic: Mapping[str, Mapping[int, str]],
+    inputs: Sequence[InputDecl],
+    seed: int,
+) -> None:
+    """Run the exported model with every dynamic axis one larger: a size baked into the graph
+    (a Reshape to a literal batch) fails here, not on a user's first real batch."""
+    from xbackend.runners.ort_cpu import OrtCpuRunner
+
+    resized = []
+    for i in inputs:
+        shape = list(i.shape)
+        for axis in dynamic.get(i.name, {}):
+            shape[axis] += 1
+        resized.append(InputDecl(i.name, tuple(shape), i.dtype))
+    feeds = {i.name: i.example(seed) for i in resized}
+    runner = OrtCpuRunner({"threads": "1"})
+    outputs = tuple(o.name for o in proto.graph.output)
+    try:
+        runner.prepare(ModelRef(str(path), proto.ir_version, tuple(feeds), outputs, False), outputs)
+        runner.run(feeds)
+    except Exception as e:
+        axes = ", ".join(f"{n}={a}:{d}" for n, ax in dynamic.items() for a, d in ax.items())
+        raise ExportError(
+            f"the exported model declares --dynamic {axes} but fails at another size "
+            f"({' '.join(str(e).split())[:200]}); the module bakes that size into the graph"
+        ) from e
+    finally:
+        runner.close()
 
 
 def export_torch(
@@ -291,6 +397,9 @@ def export_torch(
     module = load_module(spec)
     examples = {i.name: i.example(seed) for i in inputs}
     args = tuple(torch.from_numpy(examples[i.name]) for i in inputs)
+    if not output_names:
+        with torch.no_grad():
+            output_names = output_names_of(module(*args))
     with warnings.catch_warnings(), _quiet_torch_logs():
         warnings.simplefilter("ignore")
         try:
@@ -313,6 +422,7 @@ def export_torch(
         program.save(str(raw), external_data=False)
         proto = onnx.load(str(raw))
         outputs = tuple(o.name for o in proto.graph.output)
+        _check_dynamic(proto, raw, dynamic or {}, inputs, seed)
         candidates = {m: t for m, t in candidates.items() if t not in outputs}
         mapped = _verify(raw, proto.ir_version, candidates, module, inputs, examples, outputs)
     stored = _stored_spec(spec, out_path)

@@ -169,7 +169,9 @@ def batch_feed_sets(spec: ModelSpec, feeds: Feeds, batch: int, seed: int) -> tup
     for pos in batch_positions(batch):
         arrays = {k: np.array(v, copy=True) for k, v in others.arrays.items() if isinstance(v, np.ndarray)}
         for k in names:
-            arrays[k][pos] = single[k][0]
+            sample = single[k]
+            assert isinstance(sample, np.ndarray)
+            arrays[k][pos] = sample[0]
         batches.append(Feeds.from_arrays({**single, **arrays}, seed + 1, f"batch position {pos}"))
     return Feeds.from_arrays(single, feeds.seed, "first sample"), batches
 

@@ -52,8 +52,9 @@ class BuildsResult(ProbeResult):
 
     def warnings(self) -> list[str]:
         return [
-            f"WARN: {b.backend} builds vary: {b.distinct_fingerprints} distinct engines in {b.builds} builds"
-            f" ({len(b.varying_layers)} layers differ); outputs {'differ' if b.outputs_differ else 'identical'}"
+            f"WARN: {b.backend} builds vary: {b.distinct_fingerprints} distinct engines in "
+            f"{b.builds} builds ({len(b.varying_layers)} layers differ); outputs "
+            f"{'differ' if b.outputs_differ else 'identical'}"
             for b in self.backends
             if b.builds_vary
         ]

@@ -42,8 +42,8 @@ class ThreadsResult(ProbeResult):
                 out.append(f"WARN: threads probe failed on {t.backend} at {t.threads} thread(s): {t.reason}")
             elif t.invariant is False:
                 out.append(
-                    f"WARN: {t.backend} changes with threads ({t.threads} vs 1): from {t.first_divergence} on "
-                    f"({num(t.scaled_ulp)} scaled ULP at worst)"
+                    f"WARN: {t.backend} changes with threads ({t.threads} vs 1): from "
+                    f"{t.first_divergence} on ({num(t.scaled_ulp)} scaled ULP at worst)"
                 )
         return out
 

@@ -170,7 +170,7 @@ class OpenVinoCpuRunner(Runner):
             self._request.infer(dict(feeds))
         except Exception as e:
             raise RunnerFailedError(f"OpenVINO failed while running: {_msg(e)}") from e
-        out: dict[str, np.ndarray] = {}
+        out: dict[str, Value] = {}
         for i, names in self._ports:
             data = np.array(self._request.get_output_tensor(i).data, copy=True)
             for n in names:

@@ -81,7 +81,23 @@ def _same(a: Mapping[str, Value], b: Mapping[str, Value]) -> bool:
 
 # Element types ONNX Runtime's Python API hands over as numpy arrays.
 _NUMPY_TYPES = frozenset(
-    ["float", "double", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool", "string", "complex64", "complex128"]
+    [
+        "float",
+        "double",
+        "float16",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+        "string",
+        "complex64",
+        "complex128",
+    ]
 )
 _TENSOR = re.compile(r"^tensor\((\w+)\)$")
 
@@ -145,7 +161,8 @@ def run_session(
 
 _CANNOT_LOAD = re.compile(
     r"NOT_IMPLEMENTED|Could not find an implementation|Unsupported model IR version|opset \d+ is under "
-    r"development|is not (?:a )?registered|No Op registered|Unsupported ONNX opset|only \*?guarantees\*? support",
+    r"development|is not (?:a )?registered|No Op registered|Unsupported ONNX opset|"
+    r"only \*?guarantees\*? support",
     re.IGNORECASE,
 )
 

@@ -21,6 +21,7 @@ from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedEr
 from xbackend.model import ModelRef, load_proto
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.ort_cpu import physical_cores
+from xbackend.values import Value
 
 __all__ = ["TorchRunner"]
 
@@ -28,10 +29,20 @@ __all__ = ["TorchRunner"]
 class TorchRunner(Runner):
     name = "torch"
     description = "PyTorch eager on CPU: the module the ONNX model was exported from"
+    instrumentation_changes_engine = False  # forward hooks read outputs; eager computes the same
     option_specs = (
-        OptionSpec("module", str, "", "MODULE_SPEC (default: the one recorded at export)"),
+        OptionSpec(
+            "module", str, "", "MODULE_SPEC (default: the one recorded at export, with trust_model_code)"
+        ),
+        OptionSpec(
+            "trust_model_code",
+            bool,
+            False,
+            "import the Python file the model's metadata names (--trust-model-code)",
+        ),
         OptionSpec("threads", int, physical_cores, "torch.set_num_threads"),
         OptionSpec("deterministic", bool, False, "torch.use_deterministic_algorithms"),
+        OptionSpec("check_weights", bool, True, "refuse a module whose weights differ from the model's"),
     )
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
@@ -41,6 +52,7 @@ class TorchRunner(Runner):
         self._outputs: tuple[str, ...] = ()
         self._captured: dict[str, np.ndarray] = {}
         self._spec = ""
+        self._weights = ""
 
     @classmethod
     def availability(cls) -> Availability:
@@ -48,27 +60,46 @@ class TorchRunner(Runner):
             return Availability.missing("torch not installed (pip install 'xbackend[torch]')")
         return Availability.ok(importlib.metadata.version("torch"))
 
-    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
-        import torch
+    def _load(self, model: ModelRef, recorded: str) -> Any:
+        from xbackend.torch_export import load_module
 
-        from xbackend.torch_export import META_MODULE, META_MODULE_OUTPUTS, load_module, read_torch_metadata
-
-        meta = read_torch_metadata(load_proto(model.path, load_external=False))
-        self._spec = self.options["module"] or meta.get(META_MODULE, "")
-        if not self._spec:
+        if self.options["module"]:
+            return load_module(self.options["module"])
+        if not recorded:
             raise BackendUnavailableError(
                 "the model records no source module (it was not exported by `xbackend export torch`); "
                 "pass --torch-module path/to/file.py:factory"
             )
+        if not self.options["trust_model_code"]:
+            raise BackendUnavailableError(
+                f"the model names its source module {recorded!r}; xbackend never runs code a model points "
+                f"to on its own: pass --torch-module {_suggest(recorded, model)} (once you trust that file) "
+                "or --trust-model-code"
+            )
+        # A recorded file path is relative to the model file, never to the working directory.
+        return load_module(recorded, base_dir=Path(model.path).parent, search_cwd=False)
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        import torch
+
+        from xbackend.torch_export import META_MODULE, META_MODULE_OUTPUTS, read_torch_metadata
+
+        proto = load_proto(model.path, load_external=True)
+        meta = read_torch_metadata(proto)
+        recorded = meta.get(META_MODULE, "")
+        self._spec = self.options["module"] or recorded
         torch.set_num_threads(int(self.options["threads"]))
         torch.use_deterministic_algorithms(bool(self.options["deterministic"]))
         try:
-            self._module = load_module(self._spec, base_dir=Path(model.path).parent)
+            self._module = self._load(model, recorded)
         except ExportError as e:
-            raise RunnerFailedError(str(e)) from e
+            raise RunnerFailedError(f"{e} (set the module with --torch-module)") from e
+        if self.options["check_weights"]:
+            self._weights = check_weights(self._module, proto)
+        del proto
         wanted = set(tensors)
-        recorded = json.loads(meta.get(META_MODULE_OUTPUTS, "{}")) if not self.options["module"] else {}
-        self._map = {m: t for m, t in recorded.items() if t in wanted}
+        mapped = json.loads(meta.get(META_MODULE_OUTPUTS, "{}")) if self._spec == recorded else {}
+        self._map = {m: t for m, t in mapped.items() if t in wanted}
         self._outputs = model.outputs
         self._hook()
         return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
@@ -85,24 +116,30 @@ class TorchRunner(Runner):
 
                 sub.register_forward_hook(hook)
 
-    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         import torch
 
+        from xbackend.torch_export import flatten_outputs
+
         self._captured = {}
-        args = [torch.from_numpy(np.array(feeds[n], copy=True)) for n in self._inputs]
+        args = [_to_torch(feeds[n]) for n in self._inputs]
         try:
             with torch.no_grad():
                 result = self._module(*args)
         except Exception as e:
             raise RunnerFailedError(f"the torch module failed: {type(e).__name__}: {e}") from e
-        flat = list(result) if isinstance(result, tuple | list) else [result]
+        flat = flatten_outputs(result)
         if len(flat) != len(self._outputs):
+            paths = ", ".join(p or "(tensor)" for p, _ in flat)
             raise RunnerFailedError(
-                f"the torch module returned {len(flat)} output(s), the ONNX model has {len(self._outputs)}"
+                f"the torch module returned {len(flat)} value(s) ({paths}), the ONNX model has "
+                f"{len(self._outputs)} output(s) ({', '.join(self._outputs)})"
             )
-        out = dict(self._captured)
-        for name, value in zip(self._outputs, flat, strict=True):
-            out[name] = value.detach().cpu().numpy().copy()
+        out: dict[str, Value] = dict(self._captured)
+        for name, (_, value) in zip(self._outputs, flat, strict=True):
+            out[name] = (
+                value.detach().cpu().numpy().copy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            )
         return out
 
     def not_exposed(self) -> dict[str, str]:
@@ -114,7 +151,83 @@ class TorchRunner(Runner):
         out["torch"] = importlib.metadata.version("torch")
         out["module"] = self._spec
         out["mapped_intermediates"] = str(len(self._map))
+        if self._weights:
+            out["weights_checked"] = self._weights
         return dict(sorted(out.items()))
 
     def close(self) -> None:
         self._module = None
+
+
+def _to_torch(v: Value) -> Any:
+    import torch
+
+    if isinstance(v, list):
+        return [_to_torch(x) for x in v]
+    if v is None or not isinstance(v, np.ndarray):
+        return v
+    return torch.from_numpy(np.array(v, copy=True))
+
+
+def _suggest(recorded: str, model: ModelRef) -> str:
+    """The recorded spec as a path that works from the working directory."""
+    target, _, attr = recorded.rpartition(":")
+    if not target.endswith(".py") or Path(target).is_absolute():
+        return recorded
+    path = Path(model.path).parent / target
+    try:
+        path = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        path = path.resolve()
+    return f"{path}:{attr}"
+
+
+def _digests(a: np.ndarray) -> set[bytes]:
+    import hashlib
+
+    out = {hashlib.sha256(np.require(a, requirements="C").tobytes()).digest()}
+    if a.ndim == 2:
+        out.add(hashlib.sha256(np.require(a.T, requirements="C").tobytes()).digest())
+    return out
+
+
+def check_weights(module: Any, proto: Any) -> str:
+    """Compare the module's parameters and buffers with the model's initializers.
+
+    By name where the exporter kept the name (biases, norms), else by content (a transposed
+    Linear weight): a module whose weights differ from the model's cannot explain the model.
+    Returns a one-line account; raises RunnerFailedError on a mismatch.
+    """
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in proto.graph.initializer}
+    named, differ, content_hits, floats = 0, [], 0, 0
+    digests: set[bytes] = set()
+    for t in inits.values():
+        digests |= _digests(numpy_helper.to_array(t))
+    for name, tensor in module.state_dict().items():
+        value = tensor.detach().cpu().numpy()
+        if value.dtype.kind == "f" and value.size > 1:
+            floats += 1
+            content_hits += bool(_digests(value) & digests)
+        if name not in inits:
+            continue
+        named += 1
+        onnx_value = numpy_helper.to_array(inits[name])
+        if onnx_value.tobytes() != np.require(value, requirements="C").tobytes() and not (
+            onnx_value.ndim == 2 and onnx_value.shape == value.T.shape and np.array_equal(onnx_value, value.T)
+        ):
+            differ.append(name)
+    if differ or (floats and not content_hits):
+        which = (
+            f"{len(differ)} of {named} parameters/buffers named like the model's initializers differ "
+            f"(first: {differ[0]})"
+            if differ
+            else f"none of its {floats} float parameters appears among the model's initializers"
+        )
+        raise RunnerFailedError(
+            f"the torch module's weights differ from the model's: {which}; the module is not the one "
+            "this model was exported from (a factory without a seed makes new random weights on every "
+            "call: seed it or load the trained state_dict), so torch is not to blame"
+        )
+    return f"{named} by name, {content_hits} of {floats} float tensors by content; all equal"
