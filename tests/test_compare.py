@@ -125,7 +125,9 @@ def test_partial_exposure_compares_common_tensors(models: dict[str, Path], plugi
 
 def test_outputs_only(models: dict[str, Path]) -> None:
     r = xbackend.compare(models["attention"], runs=1, outputs_only=True)
-    assert [d.name for d in r.cross("ort-cpu").tensors] == ["y"]
+    c = r.cross("ort-cpu")
+    assert [d.name for d in c.output_tensors] == ["y"] and c.tensors == ()
+    assert c.layers_note == "graph outputs only"
     assert r.backend("ort-cpu").exposed == 1
 
 

@@ -44,7 +44,7 @@ def test_openvino_exposes_every_layer_in_f32(mlp: xbackend.Result) -> None:
     assert ov.ok and ov.deterministic
     assert ov.exposed == 49 and ov.not_exposed == ()
     info = dict(ov.info)
-    assert info["in_force.INFERENCE_PRECISION_HINT"] == "<Type: 'float32'>"
+    assert info["in_force.INFERENCE_PRECISION_HINT"] == "f32"  # plain words, on every CPU (f32 asked)
     assert info["precision"] == "f32"
     assert info["telemetry"].startswith("off")
 
@@ -134,7 +134,7 @@ def test_oracle_unavailable_for_ops_without_float64(tmp_path: Path) -> None:
     assert r.oracle_error == ()
 
 
-def test_openvino_rejecting_an_op_is_a_failed_backend(tmp_path: Path) -> None:
+def test_openvino_lacking_an_op_is_unavailable_for_the_model(tmp_path: Path) -> None:
     vi = helper.make_tensor_value_info
     g = helper.make_graph(
         [helper.make_node("MatMul", ["x", "x"], ["xx"]), helper.make_node("Det", ["xx"], ["y"])],
@@ -147,7 +147,7 @@ def test_openvino_rejecting_an_op_is_a_failed_backend(tmp_path: Path) -> None:
     onnx.save(m, str(tmp_path / "det.onnx"))
     r = xbackend.compare(tmp_path / "det.onnx", backends=["ort-cpu", "openvino-cpu", "reference"], runs=1)
     ov = r.backend("openvino-cpu")
-    assert ov.status == "failed"
+    assert ov.status == "unavailable"  # for this model: the others run
     assert (
         "OpenVINO cannot read the model" in ov.reason
         and "No conversion rule found for operations: Det" in ov.reason
@@ -165,7 +165,7 @@ def test_default_precision_is_f32_on_a_cpu_without_bf16(models: dict[str, Path])
     )
     default = r.backend("openvino-cpu-default")
     assert dict(default.info)["precision"] == "default"
-    assert dict(default.info)["in_force.INFERENCE_PRECISION_HINT"] == "<Type: 'float32'>"
+    assert dict(default.info)["in_force.INFERENCE_PRECISION_HINT"] == "f32"
     assert r.cross("openvino-cpu-default").bitwise_equal
 
 
@@ -174,6 +174,6 @@ def test_default_precision_is_f32_on_a_cpu_without_bf16(models: dict[str, Path])
 )
 def test_default_precision_bf16_error_is_near_1e_2(models: dict[str, Path]) -> None:
     r = xbackend.compare(models["mlp_layernorm"], backends=["openvino-cpu-default", "oracle"], runs=1)
-    assert "bf16" in dict(r.backend("openvino-cpu-default").info)["in_force.INFERENCE_PRECISION_HINT"]
+    assert dict(r.backend("openvino-cpu-default").info)["in_force.INFERENCE_PRECISION_HINT"] == "bf16"
     rel = max(d.max_rel for d in r.oracle("openvino-cpu-default").output_diffs())
     assert 1e-3 < rel < 1e-1

@@ -56,6 +56,7 @@ def test_bundled_model_runs_on_every_cpu_engine() -> None:
         ROOT / "models" / "torch_mlp.onnx",
         backends=["ort-cpu", "openvino-cpu", "torch", "reference", "oracle"],
         runs=2,
+        runner_options={"torch": {"trust_model_code": "true"}},
     )
     t = r.backend("torch")
     assert t.ok and t.deterministic
@@ -86,7 +87,7 @@ def test_torch_module_option_for_a_model_without_metadata(exported: Path, tmp_pa
     )
     t = r.backend("torch")
     assert t.ok and t.exposed == 1  # graph outputs only: no recorded map
-    assert [d.name for d in r.cross("torch").tensors] == ["y"]
+    assert [d.name for d in r.cross("torch").output_tensors] == ["y"]
 
 
 def test_cli_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -230,7 +230,7 @@ def _print_summary(result: object) -> None:
             continue
         print(
             f"  {c.backend} vs {c.reference}: bitwise {'equal' if c.bitwise_equal else 'different'}, "
-            f"max ULP {c.max_ulp}, scaled ULP {_fmt(c.scaled_ulp)}"
+            f"{_fmt(c.scaled_ulp)} scaled ULP (raw max ULP {c.max_ulp})"
             f" at outputs; first divergence {c.first_divergence or 'none'}"
         )
 

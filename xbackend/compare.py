@@ -22,7 +22,7 @@ from xbackend.environment import collect_environment
 from xbackend.errors import ModelLoadError, UsageError
 from xbackend.executor import Executor, Job, JobOutcome, standard_phases
 from xbackend.inputs import Feeds, generate_feeds, load_expected, load_feeds
-from xbackend.metrics import TensorDiff, worst_per_tensor
+from xbackend.metrics import TensorDiff, is_constant, worst_per_tensor
 from xbackend.model import ModelSpec, downgrade_blockers, load_model
 from xbackend.probes import (
     PROBES,
@@ -337,10 +337,8 @@ def _constant_outputs(ph: PhaseResult, spec: ModelSpec) -> tuple[tuple[str, str]
     with CaptureFile(ph.capture) as c:
         for n in spec.output_names:
             v = c.get(n, None)
-            if isinstance(v, np.ndarray) and v.size >= 2 and v.dtype != object:
-                flat = v.reshape(-1)
-                if (flat.view(np.uint8).reshape(flat.size, -1) == flat[:1].view(np.uint8)).all():
-                    out.append((n, f"all {flat[0]!s}"))
+            if isinstance(v, np.ndarray) and v.size >= 2 and is_constant(v):
+                out.append((n, f"all {v.reshape(-1)[0]!s}"))
     return tuple(out)
 
 

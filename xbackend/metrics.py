@@ -175,7 +175,7 @@ class TensorDiff:
             return cls.mismatch(name, op_type, "dtype_mismatch", f"{a.dtype} vs {b.dtype}", a, b)
         if a.shape != b.shape:
             return cls.mismatch(name, op_type, "shape_mismatch", f"{list(a.shape)} vs {list(b.shape)}", a, b)
-        base = replace(cls._equal(name, op_type, a), constant=_is_constant(b))
+        base = replace(cls._equal(name, op_type, a), constant=is_constant(b))
         if a.dtype.kind == "O" or a.dtype.kind in "US":
             return _exact_object(base, a, b)
         a = np.require(a, requirements="C")
@@ -366,15 +366,15 @@ def _float_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
     )
 
 
-def _is_constant(b: np.ndarray) -> bool:
-    """Every element of b is the same value (bitwise), e.g. all zeros."""
+def is_constant(b: np.ndarray) -> bool:
+    """Every element of b equals the first (numerically: +0 and -0 alike), e.g. all zeros."""
     if b.size < 2:
         return False
-    if b.dtype == object:
-        return bool((b == b.reshape(-1)[0]).all())
-    flat = np.require(b, requirements="C").reshape(-1)
-    raw = flat.view(_UINT[flat.dtype.itemsize]) if flat.dtype.itemsize in _UINT else flat.view(np.uint8)
-    return bool((raw == raw[0]).all())
+    flat = b.reshape(-1)
+    if b.dtype.kind == "V" and not is_float_dtype(b.dtype) and str(b.dtype) not in INT_LIKE:
+        raw = flat.view(np.uint8).reshape(flat.size, -1)
+        return bool((raw == raw[:1]).all())
+    return bool((flat == flat[0]).all())
 
 
 def diff_values(name: str, a: Value, b: Value, op_type: str = "") -> list[TensorDiff]:

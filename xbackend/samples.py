@@ -220,6 +220,185 @@ def mlp_batch() -> onnx.ModelProto:
     return mlp_layernorm(blocks=12, width=128, hidden=256, seq=None, batch="batch")
 
 
+def _vi(name: str, elem: int, shape: list[Any] | None) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _small(
+    name: str,
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    inits: list[onnx.TensorProto] | None = None,
+    opset: int = OPSET,
+    ir: int = IR_VERSION,
+) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, name, inputs, outputs, initializer=inits or [])
+    m = helper.make_model(
+        g,
+        opset_imports=[helper.make_opsetid("", opset)],
+        producer_name="xbackend-samples",
+        producer_version="1",
+    )
+    m.ir_version = ir
+    onnx.checker.check_model(m)
+    return m
+
+
+def scalar_scale() -> onnx.ModelProto:
+    """y = x * s + 1 with a 0-d scalar input s."""
+    nodes = [
+        helper.make_node("Mul", ["x", "s"], ["scaled"], name="scaled"),
+        helper.make_node("Add", ["scaled", "one"], ["y"], name="y"),
+    ]
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    return _small(
+        "scalar_scale",
+        nodes,
+        [_vi("x", TensorProto.FLOAT, [4, 8]), _vi("s", TensorProto.FLOAT, [])],
+        [_vi("y", TensorProto.FLOAT, [4, 8])],
+        [one],
+    )
+
+
+def bf16_chain() -> onnx.ModelProto:
+    """float32 -> bfloat16 (an intermediate and an output) -> float32: ORT's run() cannot return bf16."""
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["scaled"], name="scaled"),
+        helper.make_node("Cast", ["scaled"], ["as_bf16"], name="as_bf16", to=TensorProto.BFLOAT16),
+        helper.make_node("Cast", ["as_bf16"], ["back"], name="back", to=TensorProto.FLOAT),
+        helper.make_node("Relu", ["back"], ["y"], name="y"),
+        helper.make_node("Cast", ["y"], ["y_bf16"], name="y_bf16", to=TensorProto.BFLOAT16),
+    ]
+    w = numpy_helper.from_array(np.linspace(-2, 2, 16, dtype=np.float32).reshape(1, 16), "w")
+    return _small(
+        "bf16_chain",
+        nodes,
+        [_vi("x", TensorProto.FLOAT, [2, 16])],
+        [_vi("y", TensorProto.FLOAT, [2, 16]), _vi("y_bf16", TensorProto.BFLOAT16, [2, 16])],
+        [w],
+    )
+
+
+def fp8_chain() -> onnx.ModelProto:
+    """float32 -> float8 e4m3fn (saturating) -> float32, and the float8 tensor as an output."""
+    nodes = [
+        helper.make_node("Cast", ["x"], ["q"], name="q", to=TensorProto.FLOAT8E4M3FN),
+        helper.make_node("Cast", ["q"], ["y"], name="y", to=TensorProto.FLOAT),
+    ]
+    return _small(
+        "fp8_chain",
+        nodes,
+        [_vi("x", TensorProto.FLOAT, [3, 8])],
+        [_vi("y", TensorProto.FLOAT, [3, 8]), _vi("q", TensorProto.FLOAT8E4M3FN, [3, 8])],
+        opset=19,
+    )
+
+
+def strings() -> onnx.ModelProto:
+    """Lower-cases and filters a string tensor (StringNormalizer): string input and output."""
+    node = helper.make_node(
+        "StringNormalizer",
+        ["words"],
+        ["normalized"],
+        name="normalized",
+        case_change_action="LOWER",
+        stopwords=["the"],
+    )
+    return _small(
+        "strings",
+        [node],
+        [_vi("words", TensorProto.STRING, [5])],
+        [_vi("normalized", TensorProto.STRING, ["n"])],
+    )
+
+
+def split_sequence() -> onnx.ModelProto:
+    """Splits rows into a sequence output (compared element by element) and counts them."""
+    nodes = [
+        helper.make_node("Tanh", ["x"], ["t"], name="t"),
+        helper.make_node("SplitToSequence", ["t"], ["rows"], name="rows", axis=0, keepdims=0),
+        helper.make_node("SequenceLength", ["rows"], ["count"], name="count"),
+    ]
+    seq = helper.make_value_info(
+        "rows", helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None))
+    )
+    return _small(
+        "split_sequence",
+        nodes,
+        [_vi("x", TensorProto.FLOAT, [3, 5])],
+        [seq, _vi("count", TensorProto.INT64, [])],
+    )
+
+
+def zeros_out() -> onnx.ModelProto:
+    """Multiplies by zero: every output element is 0 whatever the input (a vacuous comparison)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="h"),
+        helper.make_node("Mul", ["h", "zero"], ["y"], name="y"),
+    ]
+    w = numpy_helper.from_array(np.random.default_rng(7).standard_normal((8, 4)).astype(np.float32), "w")
+    zero = numpy_helper.from_array(np.array(0.0, np.float32), "zero")
+    return _small(
+        "zeros_out",
+        nodes,
+        [_vi("x", TensorProto.FLOAT, [2, 8])],
+        [_vi("y", TensorProto.FLOAT, [2, 4])],
+        [w, zero],
+    )
+
+
+def opset_future() -> onnx.ModelProto:
+    """A tiny model stamped with the newest opset onnx knows (28 with onnx 1.23), IR 14."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="y")]
+    return _small(
+        "opset_future",
+        nodes,
+        [_vi("x", TensorProto.FLOAT, [4])],
+        [_vi("y", TensorProto.FLOAT, [4])],
+        opset=onnx.defs.onnx_opset_version(),
+        ir=onnx.IR_VERSION,
+    )
+
+
+def gpt_batch(vocab: int = 64, width: int = 32, seq: int = 8) -> onnx.ModelProto:
+    """Token + position embeddings, a causal self-attention score, and a per-row index made by a
+    Range over the batch size (a shape-derived tensor that follows the batch, not the sample).
+
+    Inputs: ids [batch, seq] int64 in [0, vocab)."""
+    g = _Graph(seed=8)
+    tok = g.weight("tok_emb", (vocab, width), 0.5)
+    pos = g.weight("pos_emb", (seq, width), 0.5)
+    g.op("Shape", ["ids"], "ids_shape")
+    zero = g.const("zero_i", np.array(0, np.int64))
+    one = g.const("one_i", np.array(1, np.int64))
+    g.op("Gather", ["ids_shape", zero], "batch_size", axis=0)
+    g.op("Gather", ["ids_shape", one], "seq_len", axis=0)
+    g.op("Range", [zero, "batch_size", one], "row_index")
+    g.op("Range", [zero, "seq_len", one], "positions")
+    g.op("Gather", [tok, "ids"], "tok")
+    g.op("Gather", [pos, "positions"], "pos")
+    h = g.op("Add", ["tok", "pos"], "embed")
+    row = g.op("Cast", ["row_index"], "row_f", to=TensorProto.FLOAT)
+    row = g.op("Unsqueeze", [row, g.const("axes12", np.array([1, 2], np.int64))], "row_f3")
+    row = g.op("Mul", [row, g.const("zero_f", np.array(0.0, np.float32))], "row_zero")
+    h = g.op("Add", [h, row], "embed_rows")
+    ln = _layernorm(g, h, width, "ln")
+    q = _linear(g, ln, width, width, "q")
+    k = _linear(g, ln, width, width, "k")
+    kt = g.op("Transpose", [k], "k_t", perm=[0, 2, 1])
+    scores = g.op("MatMul", [q, kt], "scores")
+    probs = g.op("Softmax", [scores], "probs", axis=-1)
+    ctx_ = g.op("MatMul", [probs, ln], "context")
+    g.op("MatMul", [ctx_, g.weight("head", (width, vocab))], "logits")
+    return g.model(
+        "gpt_batch",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", seq])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", seq, vocab])],
+        "GPT-style embeddings and attention with a Range over the batch size",
+    )
+
+
 SAMPLES: dict[str, Sample] = {
     s.name: s
     for s in (
@@ -245,6 +424,26 @@ SAMPLES: dict[str, Sample] = {
             "dot_products",
             dot_products,
             "ort-cpu and openvino-cpu differ more from each other than from the float64 oracle",
+        ),
+        Sample("scalar_scale", scalar_scale, "a 0-d scalar input: fed with shape (), not [1]"),
+        Sample(
+            "bf16_chain",
+            bf16_chain,
+            "bfloat16 intermediate and output: ort-cpu reads them through OrtValues; equals the reference",
+        ),
+        Sample("fp8_chain", fp8_chain, "float8 e4m3fn output: stored and compared bit for bit"),
+        Sample("strings", strings, "string input and output (StringNormalizer): compared exactly"),
+        Sample("split_sequence", split_sequence, "a sequence output, compared element by element (rows[i])"),
+        Sample("zeros_out", zeros_out, "every output is 0: agreement is vacuous and the verdict says so"),
+        Sample(
+            "opset_future",
+            opset_future,
+            "stamped with onnx's newest opset: ONNX Runtime cannot load it, the reference evaluator runs it",
+        ),
+        Sample(
+            "gpt_batch",
+            gpt_batch,
+            "dynamic batch; a Range over the batch size is shape-derived: the batch probe leaves it out",
         ),
     )
 }

@@ -45,4 +45,4 @@ def select_probes(requested: Sequence[str] | None, batch: int) -> tuple[str, ...
     if unknown:
         raise UsageError(f"unknown probe(s) {', '.join(unknown)}; choose from {', '.join(PROBES)}, all, none")
     chosen = set(PROBES) if "all" in requested else {p for p in requested if p != "none"}
-    return tuple(n for n in PROBES if n in chosen)
+    return tuple(n for n, p in PROBES.items() if n in chosen or p.always)

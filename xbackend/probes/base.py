@@ -103,6 +103,7 @@ class Probe(abc.ABC):
 
     name: ClassVar[str]
     default: ClassVar[bool] = True  # in the default set
+    always: ClassVar[bool] = False  # spawns no jobs: runs whatever --probes says
     help: ClassVar[str] = ""
 
     def __init__(self, ctx: ProbeContext) -> None:

@@ -101,6 +101,7 @@ class BuildsResult(ProbeResult):
 
 class BuildsProbe(Probe):
     name = "builds"
+    always = True
     help = "with --builds K >= 2: fingerprints every build and names the layers whose implementation differs"
 
     def analyze(self, runs: Sequence[BackendRuns]) -> BuildsResult:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from xbackend.errors import RunnerFailedError
+from xbackend.errors import BackendUnavailableError, RunnerFailedError
 from xbackend.model import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.values import Value
@@ -129,7 +129,7 @@ class OpenVinoCpuRunner(Runner):
         try:
             ov_model = core.read_model(model.path)
         except Exception as e:
-            raise RunnerFailedError(f"OpenVINO cannot read the model: {_msg(e)}") from e
+            raise BackendUnavailableError(f"OpenVINO cannot read the model: {_msg(e)}") from e
         self._expose(ov_model, tensors)
         try:
             self._compiled = core.compile_model(ov_model, "CPU", self.config())

@@ -150,9 +150,22 @@ def run_session(
     if not opaque:
         return dict(zip(names, sess.run(list(names), ort_feeds), strict=True))
     rest = [n for n in names if n not in set(opaque)]
+    import onnxruntime as ort
+
+    # run_with_ort_values takes OrtValues only; sequences and optionals go through run().
+    as_values = {
+        k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(v)
+        for k, v in ort_feeds.items()
+        if isinstance(v, ort.OrtValue | np.ndarray)
+    }
+    if len(as_values) != len(ort_feeds):
+        raise RunnerFailedError(
+            "onnxruntime cannot return these outputs' element types through run(), and "
+            "run_with_ort_values takes no sequence or optional inputs"
+        )
     out = {
         n: _from_ortvalue(v)
-        for n, v in zip(opaque, sess.run_with_ort_values(list(opaque), ort_feeds), strict=True)
+        for n, v in zip(opaque, sess.run_with_ort_values(list(opaque), as_values), strict=True)
     }
     if rest:
         out.update(zip(rest, sess.run(rest, ort_feeds), strict=True))
