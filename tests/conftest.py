@@ -18,6 +18,7 @@ PLUGINS = {
     "test-crash": "plugin_runners:CrashRunner",
     "test-hang": "plugin_runners:HangRunner",
     "test-missing": "plugin_runners:MissingRunner",
+    "test-threads-crash": "plugin_runners:ThreadsCrashRunner",
 }
 
 

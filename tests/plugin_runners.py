@@ -121,3 +121,15 @@ class MissingRunner(ReferenceRunner):
     @classmethod
     def availability(cls) -> Availability:
         return Availability.missing("libtest.so not installed")
+
+
+class ThreadsCrashRunner(ReferenceRunner):
+    """The reference evaluator, except that it aborts at any BLAS thread count but 1."""
+
+    name = "test-threads-crash"
+    description = "aborts unless threads=1"
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        if int(self.options["threads"]) != 1:
+            os.abort()
+        return super().prepare_impl(model, tensors)

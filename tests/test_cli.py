@@ -60,7 +60,7 @@ def test_unknown_backend_exits_2(models: dict[str, Path], capsys: pytest.Capture
     assert code == 2
     one_line_error(
         err,
-        "unknown backend 'ort-gpu'; known backends: openvino-cpu, openvino-cpu-default, "
+        "unknown backend 'ort-gpu'; known backends: expected, openvino-cpu, openvino-cpu-default, "
         "oracle, ort-cpu, reference",
     )
 
@@ -87,7 +87,7 @@ def test_compare_writes_reports_and_exits_0(
     assert out.splitlines()[0].startswith("PASS")
     data = json.loads(js.read_text())
     assert data["schema"] == "xbackend.report/1"
-    assert data["inputs"]["tensors"] == [{"name": "image", "dtype": "float32", "shape": [2, 3, 32, 32]}]
+    assert data["inputs"]["values"] == [{"name": "image", "dtype": "float32", "shape": "[2,3,32,32]"}]
     assert "--shape image=2,3,32,32" in data["command"]
     assert md.read_text().startswith("# xbackend report: convnet.onnx\n\n## Verdict\n\n- PASS")
 

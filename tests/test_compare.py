@@ -73,7 +73,7 @@ def test_known_ulp_nudge_is_found_at_the_right_tensor(models: dict[str, Path], p
     nudged = next(d for d in c.tensors if d.name == "block2.fc1.out")
     assert nudged.max_ulp == 3 and nudged.mismatch_fraction == 1.0
     assert sum(not d.bitwise_equal for d in c.tensors) == 1
-    assert c.bitwise_equal is False and c.max_ulp == 0  # outputs untouched
+    assert c.bitwise_equal is True and c.max_ulp == 0  # outputs (what bitwise_equal is about) untouched
     assert r.exit_code == 0
 
 
@@ -110,7 +110,10 @@ def test_a_crash_a_hang_and_a_missing_library_do_not_stop_the_others(
 
 def test_every_backend_failing_exits_3(models: dict[str, Path], plugins: None) -> None:
     r = xbackend.compare(models["attention"], backends=["test-crash"], runs=1)
-    assert r.exit_code == 3 and r.verdict() == ["FAIL: every backend failed; nothing was compared"]
+    assert r.exit_code == 3 and r.verdict() == [
+        "FAIL: every backend failed; nothing was compared",
+        "FAIL: test-crash failed: crashed with SIGABRT",
+    ]
 
 
 def test_partial_exposure_compares_common_tensors(models: dict[str, Path], plugins: None) -> None:
@@ -162,11 +165,20 @@ def test_ir14_model_with_new_opset_is_refused(tmp_path: Path) -> None:
     )
     p = tmp_path / "ir14.onnx"
     onnx.save(helper.make_model(g), str(p))
-    with pytest.raises(ModelLoadError, match=r"ort-cpu reads ONNX IR version <= 13 .* opset ai.onnx 28"):
-        xbackend.compare(p)
+    # Only ort-cpu asked for: nothing can load it, so the run is refused.
+    with pytest.raises(
+        ModelLoadError,
+        match=r"no backend can load .*ort-cpu: reads ONNX IR version <= 13 .* opset ai.onnx 28",
+    ):
+        xbackend.compare(p, backends=["ort-cpu"])
+    # With the reference evaluator beside it, ort-cpu is unavailable for this model and the rest runs.
+    r = xbackend.compare(p, runs=1, probes="none")
+    assert r.backend("ort-cpu").status == "unavailable"
+    assert "opset ai.onnx 28 (IR 13 allows at most 27)" in r.backend("ort-cpu").reason
+    assert r.backend("reference").ok and r.exit_code == 1
 
 
-def test_engine_rejecting_the_model_is_a_failed_backend(tmp_path: Path) -> None:
+def test_opset_newer_than_the_engine_makes_it_unavailable_for_the_model(tmp_path: Path) -> None:
     # Opset 27 is valid for IR 13 but newer than onnxruntime 1.31 supports.
     g = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],
@@ -180,9 +192,10 @@ def test_engine_rejecting_the_model_is_a_failed_backend(tmp_path: Path) -> None:
     onnx.save(m, str(p))
     r = xbackend.compare(p, runs=1)
     ort = r.backend("ort-cpu")
-    assert ort.status == "failed"
-    assert ort.reason.startswith("prepare: onnxruntime rejected the model:")
+    assert ort.status == "unavailable"
+    assert ort.reason.startswith("onnxruntime 1.31.1 cannot load this model:")
     assert "support for domain ai.onnx is till opset 26" in ort.reason
+    assert r.backend("reference").ok
     assert r.backend("reference").ok and r.exit_code == 1
 
 
@@ -203,7 +216,7 @@ def test_external_data_model_runs(tmp_path: Path, models: dict[str, Path]) -> No
 def test_unknown_backend_lists_the_known_ones(models: dict[str, Path], plugins: None) -> None:
     with pytest.raises(
         BackendUnavailableError,
-        match=r"unknown backend 'tensorrt'; known backends: openvino-cpu, openvino-cpu-default, oracle, "
+        match=r"unknown backend 'tensorrt'; known backends: expected, openvino-cpu, openvino-cpu-default, oracle, "
         r"ort-cpu, reference, .*"
         r"test-missing \(unavailable: libtest.so not installed\)",
     ):

@@ -55,7 +55,7 @@ def test_ort_vs_openvino_known_ulp(mlp: xbackend.Result, models: dict[str, Path]
     again = xbackend.compare(models["mlp_layernorm"], backends=["ort-cpu", "openvino-cpu"], runs=1)
     assert again.pair("ort-cpu", "openvino-cpu").max_ulp == pair.max_ulp  # stable on this machine
     if SAME_ISA:
-        assert (pair.max_ulp, pair.scaled_ulp) == (1388, 5.5)
+        assert (pair.max_ulp, pair.scaled_ulp) == (1390, 5.5)  # plain builds (ORT fuses Add+LayerNorm)
 
 
 def test_oracle_error_is_smaller_than_engines_disagreement(dots: xbackend.Result) -> None:

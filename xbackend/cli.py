@@ -230,8 +230,12 @@ def _print_summary(result: object) -> None:
             continue
         print(
             f"  {c.backend} vs {c.reference}: bitwise {'equal' if c.bitwise_equal else 'different'}, "
-            f"{_fmt(c.scaled_ulp)} scaled ULP (raw max ULP {c.max_ulp})"
-            f" at outputs; first divergence {c.first_divergence or 'none'}"
+            + (
+                f"{_fmt(c.scaled_ulp)} scaled ULP (raw max ULP {c.max_ulp})"
+                if c.scaled_ulp is not None
+                else "compared exactly"
+            )
+            + f" at outputs; first divergence {c.first_divergence or 'none'}"
         )
 
 

@@ -366,7 +366,7 @@ def _build_diffs(b: _Builds, spec: ModelSpec) -> list[TensorDiff]:
     diffs: list[TensorDiff] = []
     for o in b.outcomes[1:]:
         diffs += _diff_phases(o.outputs, b.first.outputs, spec, outputs=True)
-        if o.separate_layers and b.first.layers is not None and o.layers is not None:
+        if b.first.layers is not None and o.layers is not None:
             diffs += _diff_phases(o.layers, b.first.layers, spec, outputs=False)
     return worst_per_tensor(diffs, order)
 

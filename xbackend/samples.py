@@ -304,6 +304,7 @@ def strings() -> onnx.ModelProto:
         name="normalized",
         case_change_action="LOWER",
         stopwords=["the"],
+        locale="C",
     )
     return _small(
         "strings",

@@ -15,6 +15,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -414,8 +415,17 @@ def export_torch(
                 verbose=False,
             )
         except Exception as e:
-            text = " ".join(str(e).split())[:400]
-            raise ExportError(f"torch.onnx.export failed for {spec!r}: {type(e).__name__}: {text}") from e
+            text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(e)).split())[:400]
+            hint = ""
+            if dynamic:
+                axes = " ".join(f"--dynamic {n}={a}:{d}" for n, ax in dynamic.items() for a, d in ax.items())
+                hint = (
+                    f" (asked for {axes}: the module may fix that size, e.g. a reshape to a literal; "
+                    "make it size-agnostic or export without --dynamic)"
+                )
+            raise ExportError(
+                f"torch.onnx.export failed for {spec!r}{hint}: {type(e).__name__}: {text}"
+            ) from e
     candidates = _scope_outputs(program)
     with tempfile.TemporaryDirectory(prefix="xbackend-export-") as tmp:
         raw = Path(tmp) / "model.onnx"
