@@ -121,7 +121,9 @@ def test_thread_probe_catches_the_scatter_race(models: dict[str, Path]) -> None:
         runner_options={"ort-cpu": {"threads": "1"}},
     )
     (t,) = r.probe("threads").rows  # type: ignore[attr-defined]
-    assert t.threads == "2" and t.invariant is False and t.first_divergence == "pooled"
+    # The race shows at the scatter ('pooled') in the per-layer build, or only at the output the
+    # plain build computes from it ('y') when the per-layer build's single run happened to agree.
+    assert t.threads == "2" and t.invariant is False and t.first_divergence in ("pooled", "y")
 
 
 def test_observer_effect_on_ort_from_a_blocked_fusion(models: dict[str, Path]) -> None:

@@ -71,6 +71,7 @@ def test_markdown_sections_in_order(two_runs: tuple[xbackend.Result, xbackend.Re
         "## Backends",
         "## All pairs at the outputs",
         "## Cross-backend, per layer",
+        "## Observer effect",
         "## Run to run and build to build",
         "## What moves the bits (probes)",
         "## Model",

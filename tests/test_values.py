@@ -58,7 +58,7 @@ def test_every_value_kind_survives_storage_bit_for_bit(tmp_path: Path) -> None:
     assert back["scalar"].shape == () and float(back["scalar"]) == 2.5  # type: ignore[union-attr,arg-type]
     assert back["empty"].shape == (0, 4) and str(back["empty"].dtype) == "float16"  # type: ignore[union-attr]
     assert list(back["strings"]) == ["a", "bé", ""]  # type: ignore[arg-type]
-    assert list(back["raw_bytes"])[0].encode("utf-8", "surrogateescape") == b"\xff\xfe"  # type: ignore[arg-type]
+    assert next(iter(back["raw_bytes"])).encode("utf-8", "surrogateescape") == b"\xff\xfe"  # type: ignore[arg-type]
     assert back["optional"] is None and back["nested"][1] == []  # type: ignore[index]
     assert list(back["mapping"]) == [1, 3]  # type: ignore[arg-type]
     assert value_sha256(back) == value_sha256(vals)
