@@ -46,9 +46,12 @@ def test_scatter_add_is_nondeterministic_on_ort_with_two_threads(models: dict[st
     ort = r.backend("ort-cpu")
     assert ort.deterministic is False
     assert ort.distinct_outputs >= 2
-    assert ort.first_nondeterministic == "pooled"  # features (MatMul) before it stay identical
+    # The race shows at the scatter ('pooled') and what follows it; features (MatMul) before it
+    # stay identical. Races are random per build: the plain build's outputs may race while the
+    # instrumented build's runs happen to agree, so the first varying tensor is 'pooled' or 'y'.
+    assert ort.first_nondeterministic in ("pooled", "y")
     varying = {d.name for d in ort.varying()}
-    assert varying == {"pooled", "y"}
+    assert "y" in varying and varying <= {"pooled", "y"}
     assert r.exit_code == 1 and "ort-cpu is nondeterministic" in r.verdict()[0]
 
 
