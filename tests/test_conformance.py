@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-import conformance  # noqa: E402
+import conformance
 
 pytestmark = pytest.mark.slow
 
