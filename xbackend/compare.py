@@ -48,7 +48,7 @@ from xbackend.results import (
 )
 from xbackend.runners.registry import get_runner
 from xbackend.storage import save_values
-from xbackend.values import Value
+from xbackend.values import Value, value_name
 
 __all__ = ["ORACLE", "compare", "compare_with_options"]
 
@@ -438,7 +438,7 @@ def _cross_one(
 ) -> CrossBackendResult:
     a0, b0 = a.first, b.first
     outputs = _diff_phases(a0.outputs, b0.outputs, spec, outputs=True)
-    missing = [n for n in spec.output_names if n not in {d.name.split("[")[0].split("{")[0] for d in outputs}]
+    missing = [n for n in spec.output_names if n not in {value_name(d.name) for d in outputs}]
     outputs += [
         TensorDiff.mismatch(n, spec.op_types().get(n, ""), "missing", "not produced") for n in missing
     ]

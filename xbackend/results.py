@@ -11,6 +11,7 @@ from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, UsageErr
 from xbackend.metrics import TensorDiff, worst_per_tensor
 from xbackend.model import ModelSpec
 from xbackend.probes.base import ProbeResult
+from xbackend.values import value_name
 
 __all__ = [
     "DEFAULT_BACKENDS",
@@ -288,8 +289,8 @@ class CrossBackendResult:
 
     def instrumented_output_diffs(self) -> list[TensorDiff]:
         """The same graph outputs as measured in the instrumented builds."""
-        outs = {d.name.split("[")[0].split("{")[0] for d in self.output_tensors}
-        return [d for d in self.tensors if d.name.split("[")[0].split("{")[0] in outs]
+        outs = {value_name(d.name) for d in self.output_tensors}
+        return [d for d in self.tensors if value_name(d.name) in outs]
 
     @property
     def observer_differs(self) -> bool:

@@ -23,6 +23,7 @@ __all__ = [
     "describe",
     "is_tensor",
     "normalize",
+    "value_name",
     "value_sha256",
     "walk",
 ]
@@ -99,6 +100,11 @@ def walk(name: str, value: Value) -> Iterator[tuple[str, Value]]:
     elif isinstance(value, dict):
         for k in sorted(value, key=repr):
             yield from walk(f"{name}{{{k!r}}}", value[k])
+
+
+def value_name(path: str) -> str:
+    """The top-level value a `walk` path belongs to: 'rows[1]' -> 'rows', 'm{3}' -> 'm'."""
+    return path.split("[")[0].split("{")[0]
 
 
 def _update(h: Any, value: Value) -> None:

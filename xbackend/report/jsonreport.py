@@ -10,6 +10,7 @@ from typing import Any
 from xbackend.metrics import TensorDiff
 from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, CrossBackendResult, PairResult, Result
+from xbackend.values import value_name
 
 __all__ = ["SCHEMA", "to_dict", "to_json"]
 
@@ -29,7 +30,7 @@ def _clean(x: Any) -> Any:
 
 def _tensor(d: TensorDiff, modules: dict[str, str] | None = None) -> dict[str, Any]:
     out = asdict(d)
-    out["module"] = (modules or {}).get(d.name.split("[")[0].split("{")[0], "")
+    out["module"] = (modules or {}).get(value_name(d.name), "")
     return out
 
 

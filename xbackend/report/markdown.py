@@ -11,6 +11,7 @@ from xbackend.results import BackendResult, CrossBackendResult, Result
 from xbackend.textfmt import num as _num
 from xbackend.textfmt import table as _table
 from xbackend.textfmt import yes as _yes
+from xbackend.values import value_name
 
 __all__ = ["to_markdown"]
 
@@ -71,7 +72,7 @@ def _backends(r: Result) -> list[str]:
 
 def _diff_row(d: TensorDiff, modules: Mapping[str, str], mark: str = "") -> list[object]:
     name = f"**{d.name}** {mark}".strip() if mark else d.name
-    module = modules.get(d.name.split("[")[0].split("{")[0], "")
+    module = modules.get(value_name(d.name), "")
     special = f"{d.nan_mismatch}/{d.inf_mismatch}/{d.ftz_mismatch}"
     status = d.status if d.comparable else f"**{d.status}** ({d.detail})"
     if d.zero_ulp_reason():
