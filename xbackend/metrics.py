@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from xbackend import streamdiff
 from xbackend.values import Value, describe
 
 __all__ = [
@@ -178,20 +179,13 @@ class TensorDiff:
         base = replace(cls._equal(name, op_type, a), constant=is_constant(b))
         if a.dtype.kind == "O" or a.dtype.kind in "US":
             return _exact_object(base, a, b)
-        a = np.require(a, requirements="C")
-        b = np.require(b, requirements="C")
-        if a.tobytes() == b.tobytes():
-            return base
         if a.dtype.kind == "c":
             real = a.real.dtype
-            return replace(
-                cls.from_arrays(name, a.view(real), b.view(real), op_type),
-                dtype=str(a.dtype),
-                shape=base.shape,
-            )
-        if is_float_dtype(a.dtype):
-            return _float_diff(base, a, b)
-        return _exact_diff(base, a, b)
+            a, b = np.require(a, requirements="C"), np.require(b, requirements="C")
+            # measured per real component: elements counts both parts
+            d = cls.from_arrays(name, a.view(real), b.view(real), op_type)
+            return replace(d, dtype=str(a.dtype), shape=base.shape)
+        return _streamed(base, a, b)
 
     @classmethod
     def _equal(cls, name: str, op_type: str, a: np.ndarray) -> TensorDiff:
@@ -308,61 +302,49 @@ def _with_counts(base: TensorDiff, mismatches: int, **kw: object) -> TensorDiff:
     return replace(base, bitwise_equal=False, mismatches=mismatches, mismatch_fraction=frac, **kw)  # type: ignore[arg-type]
 
 
-def _exact_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
-    """Integers and bools: exact comparison; abs/rel from the integer difference."""
-    if a.dtype.kind == "V" and str(a.dtype) not in INT_LIKE:  # an opaque type: bytes only
-        neq = int(np.count_nonzero(a.view(np.uint8) != b.view(np.uint8)))
-        return _with_counts(base, neq)
-    if a.dtype == np.bool_:
-        neq = int(np.count_nonzero(a != b))
-        return _with_counts(base, neq, max_abs=1.0 if neq else 0.0)
-    wide = np.uint64 if a.dtype.kind == "u" or str(a.dtype) in ("uint4", "uint2") else np.int64
-    aw, bw = a.astype(wide).ravel(), b.astype(wide).ravel()
-    d = np.where(aw >= bw, aw - bw, bw - aw).astype(np.float64)
-    neq = int(np.count_nonzero(d))
-    denom = np.abs(bw.astype(np.float64))
-    rel = d[denom > 0] / denom[denom > 0]
-    return _with_counts(
-        base,
-        neq,
-        max_abs=float(d.max(initial=0.0)),
-        max_rel=float(rel.max(initial=0.0)),
-        p99_abs=float(np.percentile(d, 99)),
-        v_ermv=float(rel.mean()) if rel.size else 0.0,
-    )
+def _kernel(dtype: np.dtype[np.generic]) -> streamdiff.Kernel | None:
+    name = str(dtype)
+    if name in FLOAT_BITS:
+        minexp, _ = _finfo(dtype)
+        return streamdiff.FloatKernel(dtype, FLOAT_BITS[name][0], minexp, signed=name not in UNSIGNED_FLOATS)
+    if dtype == np.bool_:
+        return streamdiff.BoolKernel()
+    if dtype.kind in "iu" or name in INT_LIKE:
+        return streamdiff.IntKernel(dtype, unsigned=dtype.kind == "u" or name in ("uint4", "uint2"))
+    return None  # an opaque type: bytes only
 
 
-def _float_diff(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
-    cls_ = classify(a, b)
-    af, bf = a.ravel(), b.ravel()
-    uint = _UINT[a.dtype.itemsize]
-    neq = int(np.count_nonzero(af.view(uint) != bf.view(uint)))
-    m = cls_.comparable
-    ca, cb = af[m], bf[m]
-    ulps = ulp_distance(ca, cb)
-    max_ulp = int(ulps.max(initial=0))
-    fa, fb = ca.astype(np.float64), cb.astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        err = np.abs(fa - fb)
-    finite_ref = bf.astype(np.float64)[np.isfinite(bf.astype(np.float64))]
-    scale = float(np.abs(finite_ref).max(initial=0.0))
-    nz = fb != 0
-    rel = err[nz] / np.abs(fb[nz])
-    max_abs = float(err.max(initial=0.0))
+def _streamed(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
+    """One pass, measuring only the elements whose bits differ (see streamdiff)."""
+    if str(a.dtype) in streamdiff.IEEE:
+        t = streamdiff.scan_ieee(a, b)
+    else:
+        kernel = _kernel(a.dtype)
+        if kernel is None:
+            neq = sum(
+                int(np.count_nonzero(x.view(np.uint8) != y.view(np.uint8)))
+                for x, y in zip(streamdiff.chunks(a), streamdiff.chunks(b), strict=True)
+            )
+            return _with_counts(base, neq) if neq else base
+        t = streamdiff.scan(a, b, kernel)
+        if isinstance(kernel, streamdiff.BoolKernel) and t is not None:
+            return _with_counts(base, t.mismatches, max_abs=1.0)
+    if t is None:
+        return base
+    common = {"max_abs": t.max_abs, "max_rel": t.max_rel, "p99_abs": t.p99_abs, "v_ermv": t.v_ermv}
+    if not is_float_dtype(a.dtype):
+        return _with_counts(base, t.mismatches, **common)
     return _with_counts(
         base,
-        neq,
-        max_ulp=max_ulp,
-        scaled_ulp=max_abs / ulp_at(scale, a.dtype),
-        max_abs=max_abs,
-        max_rel=float(rel.max(initial=0.0)),
-        p99_abs=float(np.percentile(err, 99)) if err.size else 0.0,
-        v_ermv=float(rel.mean()) if rel.size else 0.0,
-        nan_mismatch=int(cls_.nan_mismatch.sum()),
-        inf_mismatch=int(cls_.inf_mismatch.sum()),
-        ftz_mismatch=int(cls_.ftz_mismatch.sum()),
-        zero_sign_mismatch=int(np.count_nonzero((fa == 0) & (fb == 0) & (ca.view(uint) != cb.view(uint)))),
-        nan_payload_mismatch=int(np.count_nonzero(cls_.nan_both & (af.view(uint) != bf.view(uint)))),
+        t.differing,
+        max_ulp=t.max_ulp,
+        scaled_ulp=t.max_abs / ulp_at(t.ref_max_finite, a.dtype),
+        nan_mismatch=t.nan_mismatch,
+        inf_mismatch=t.inf_mismatch,
+        ftz_mismatch=t.ftz_mismatch,
+        zero_sign_mismatch=t.zero_sign_mismatch,
+        nan_payload_mismatch=t.nan_payload_mismatch,
+        **common,
     )
 
 
@@ -370,11 +352,18 @@ def is_constant(b: np.ndarray) -> bool:
     """Every element of b equals the first (numerically: +0 and -0 alike), e.g. all zeros."""
     if b.size < 2:
         return False
-    flat = b.reshape(-1)
-    if b.dtype.kind == "V" and not is_float_dtype(b.dtype) and str(b.dtype) not in INT_LIKE:
-        raw = flat.view(np.uint8).reshape(flat.size, -1)
-        return bool((raw == raw[:1]).all())
-    return bool((flat == flat[0]).all())
+    opaque = b.dtype.kind == "V" and not is_float_dtype(b.dtype) and str(b.dtype) not in INT_LIKE
+    first = b.reshape(-1)[:1]
+    if opaque:
+        first = first.view(np.uint8)
+    for chunk in streamdiff.chunks(b):  # stops at the first chunk that varies
+        if opaque:
+            raw = chunk.view(np.uint8).reshape(chunk.size, -1)
+            if not (raw == first).all():
+                return False
+        elif not (chunk == first).all():
+            return False
+    return True
 
 
 def diff_values(name: str, a: Value, b: Value, op_type: str = "") -> list[TensorDiff]:
