@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit
 
 BLOCK = 2048  # elements; a multiple of every elements-per-word count
+SUPER = 16 * BLOCK  # the reference is folded this far ahead, while the data is in cache
 
 # int64 counters (REF_* over every element, DIFF_REF_* over the differing ones)
 DIFFERING, NON_COMPARABLE, REF_NONFINITE, REF_NONZERO_FINITE, DIFF_REF_NONFINITE, DIFF_REF_NZF = range(6)
@@ -45,33 +46,37 @@ def first_difference(wa: np.ndarray, wb: np.ndarray, per: int) -> int:
 
 
 @njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
-def ref_stats(ub: np.ndarray, start: int, stop: int, mag_mask: Any, inf_bits: Any, counts: np.ndarray) -> None:
-    """Fold the reference figures of ub[start:stop] into counts; vectorized when all is finite.
+def _ref_exact(ub: np.ndarray, s: int, e: int, mag_mask: Any, inf_bits: Any, counts: np.ndarray) -> Any:
+    """A block with a NaN or Inf: count exactly; returns its largest finite magnitude."""
+    zero = mag_mask ^ mag_mask
+    top = zero
+    for i in range(s, e):
+        mag = ub[i] & mag_mask
+        if mag >= inf_bits:
+            counts[REF_NONFINITE] += 1
+        else:
+            top = mag if mag > top else top
+            counts[REF_NONZERO_FINITE] += mag != zero
+    return top
 
-    (Kept in one function: a call per block stops the loop from vectorizing.)
-    """
+
+@njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
+def ref_stats(ub: np.ndarray, start: int, stop: int, mag_mask: Any, inf_bits: Any, counts: np.ndarray) -> None:
+    """Fold the reference figures of ub[start:stop] into counts; vectorized when all is finite."""
     t = ub.dtype.type
     zero = t(0)
     for s in range(start, stop, BLOCK):
         e = min(s + BLOCK, stop)
         top = zero
         count = t(0)  # narrow: a block has fewer elements than any lane type's range
-        for i in range(s, e):
+        for i in range(np.uint64(s), np.uint64(e)):  # unsigned: no negative-index checks
             mag = t(ub[i] & mag_mask)
             top = mag if mag > top else top  # a select, not max(): vectorizes
             count = t(count + t(mag != zero))
-        nonzero = np.int64(count)
-        if top >= inf_bits:  # a NaN or Inf in this block: count exactly
-            top = zero
-            nonzero = 0
-            for i in range(s, e):
-                mag = t(ub[i] & mag_mask)
-                if mag >= inf_bits:
-                    counts[REF_NONFINITE] += 1
-                else:
-                    top = mag if mag > top else top
-                    nonzero += mag != zero
-        counts[REF_NONZERO_FINITE] += nonzero
+        if top >= inf_bits:
+            top = t(_ref_exact(ub, s, e, mag_mask, inf_bits, counts))
+        else:
+            counts[REF_NONZERO_FINITE] += np.int64(count)
         if np.int64(top) > counts[REF_MAX_MAG]:
             counts[REF_MAX_MAG] = np.int64(top)
 
@@ -117,11 +122,12 @@ def measure(
 ) -> int:
     """Measure ua against ub from element `start` (a block start) to the end.
 
-    The reference's own figures are not folded here (see ref_stats). wa/wb are the same
-    memory as 64-bit words. Values come from `table[bits]` when the table is not empty
-    (16-bit types), else from the float views fa/fb. Errors above `floor` go to `errs`;
-    relative errors are summed exactly into `sum_bins` (see add_exact). Returns where it
-    stopped (a block start, when `errs` has no room for another block), or len(ua).
+    The reference's figures are folded too (ref_stats), a super-block at a time. wa/wb
+    are the same memory as 64-bit words. Values come from `table[bits]` when the table
+    is not empty (16-bit types), else from the float views fa/fb. Errors above `floor`
+    go to `errs`; relative errors are summed exactly into `sum_bins` (see add_exact).
+    Returns where it stopped (a super-block start, when `errs` has no room for another
+    super-block), or len(ua).
     """
     t = ub.dtype.type
     zero = t(0)
@@ -139,16 +145,13 @@ def measure(
     max_rel = figures[MAX_REL]
     stopped = n
     for s in range(start, n, BLOCK):
-        if fill + BLOCK > cap:
-            stopped = s
-            break
+        if (s - start) % SUPER == 0:
+            if fill + SUPER > cap:  # stop only here: the reference is folded a super-block ahead
+                stopped = s
+                break
+            ref_stats(ub, s, min(s + SUPER, n), mag_mask, inf_bits, counts)
         e = min(s + BLOCK, n)
         # indices are unsigned below: numba then drops its negative-index checks
-        acc = np.uint64(0)
-        for w in range(s // per, e // per):
-            acc |= wa[np.uint64(w)] ^ wb[np.uint64(w)]
-        if acc == 0:
-            continue
         k = np.uint64(0)
         for ww in range(s // per, e // per):
             w = np.uint64(ww)

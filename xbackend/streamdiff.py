@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 
 CHUNK_BYTES = 1 << 18  # per side, for the numpy kernels: both sides and the mask fit in L2
-JIT_CHUNK = 1 << 18  # elements per compiled call: its two passes mostly hit cache
+JIT_CHUNK = 1 << 20  # elements per compiled call (bounds copies of non-contiguous inputs)
 HOLD_MAX = 1 << 20  # explicit errors held for the percentile (8 MiB, 16 MiB while growing)
 _Q99 = np.true_divide(99, 100)  # as np.percentile computes q
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -232,7 +232,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     max_ulp = np.zeros(1, np.uint64)
     total = ExactSum()
     top = TopErrors(n)
-    errs = np.empty(min(2 * top.k, 2 * HOLD_MAX) + jd.BLOCK, np.float64)
+    errs = np.empty(min(2 * top.k, 2 * HOLD_MAX) + jd.SUPER, np.float64)
 
     def run(xa: np.ndarray, xb: np.ndarray, pos: int, state: np.ndarray, floor: float, out: np.ndarray) -> int:
         fa, fb = (table, table) if width == 16 else (xa.view(a.dtype), xb.view(a.dtype))
@@ -254,7 +254,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
             found = True
             for s0 in range(0, s, JIT_CHUNK):  # the reference figures of the identical part so far
                 jd.ref_stats(piece(get_b, s0), 0, JIT_CHUNK, mag_mask, inf_bits, counts)
-        jd.ref_stats(xb, 0, xb.size, mag_mask, inf_bits, counts)
+            jd.ref_stats(xb, 0, pos, mag_mask, inf_bits, counts)  # measure folds the rest
         while pos < xa.size:
             pos = run(xa, xb, pos, counts, top.floor, errs)
             if pos < xa.size:  # the error buffer is full: keep the largest
@@ -270,7 +270,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     rel_count = int(counts[jd.REF_NONZERO_FINITE] - counts[jd.DIFF_REF_NZF] + counts[jd.REL_COUNT])
 
     def all_errs() -> Iterator[np.ndarray]:
-        out = np.empty(JIT_CHUNK + jd.BLOCK, np.float64)
+        out = np.empty(JIT_CHUNK + jd.SUPER, np.float64)
         saved = figures.copy(), max_ulp.copy(), total.bins.copy()
         for s in range(0, n, JIT_CHUNK):
             state = np.zeros(jd.COUNTERS, np.int64)
