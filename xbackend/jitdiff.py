@@ -107,12 +107,13 @@ def measure(
     ub: np.ndarray,
     fa: np.ndarray,
     fb: np.ndarray,
-    table: np.ndarray,
+    table: np.ndarray | None,
     start: int,
     mag_mask: Any,
     inf_bits: Any,
     sub_limit: Any,
     sign_shift: Any,
+    mant_bits: int,
     floor: float,
     counts: np.ndarray,
     figures: np.ndarray,
@@ -133,10 +134,26 @@ def measure(
     zero = t(0)
     one = t(1)
     finite_top = t(inf_bits - one)
+    normal_span = t(inf_bits - sub_limit)
     n = ua.size
     per = n // wa.size
     cap = errs.size
     rels = np.empty(BLOCK, np.float64)
+    errb = np.empty(BLOCK, np.float64)
+    block_bins = np.zeros(2048, np.uint64)
+    wide_a = np.empty(BLOCK, np.uint64)
+    wide_b = np.empty(BLOCK, np.uint64)
+    vals_a = wide_a.view(np.float64)
+    vals_b = wide_b.view(np.float64)
+    mant = np.uint64(mant_bits)
+    exp_bits = np.int64(sign_shift) - mant_bits
+    exp_adjust = np.uint64(1023 - ((1 << (exp_bits - 1)) - 1))  # float64 bias - own bias
+    exp_mask = np.uint64((1 << exp_bits) - 1)
+    frac_mask = np.uint64((1 << mant_bits) - 1)
+    shift64 = np.uint64(sign_shift)
+    top_bit = np.uint64(63)
+    f64_mant = np.uint64(52)
+    frac_shift = np.uint64(52 - mant_bits)
     # hot counters live in locals (array slots would be reloaded after every store)
     differing = explicit = rel_count = diff_nonfinite = diff_nzf = 0
     fill = counts[FILL]
@@ -152,6 +169,79 @@ def measure(
             ref_stats(ub, s, min(s + SUPER, n), mag_mask, inf_bits, counts)
         e = min(s + BLOCK, n)
         # indices are unsigned below: numba then drops its negative-index checks
+        us, ue = np.uint64(s), np.uint64(e)
+        # census (vectorized): how many differ, and whether any differing pair has a zero/NaN/Inf
+        nw = 0
+        for w in range(us // np.uint64(per), ue // np.uint64(per)):
+            nw += wa[w] != wb[w]
+        if nw == 0:
+            continue
+        nd = special = 0
+        if nw * 4 * per >= e - s:  # many differ: see whether the straight-line path applies
+            nd_t = special_t = zero  # narrow counters (BLOCK fits every lane type): vectorizes
+            for i in range(us, ue):
+                xa = ua[i]
+                xb = ub[i]
+                d = t(xa != xb)
+                # normal and finite on both sides (zero and subnormals wrap to the top)
+                plain_a = t(t(t(xa & mag_mask) - sub_limit) < normal_span)
+                plain_b = t(t(t(xb & mag_mask) - sub_limit) < normal_span)
+                nd_t = t(nd_t + d)
+                special_t = t(special_t + (d & (one ^ (plain_a & plain_b))))
+            nd = np.int64(nd_t)
+            special = np.int64(special_t)
+        if special == 0 and nd * 4 >= e - s:
+            # dense and plain: straight-line loops over the whole block (identical elements add 0)
+            for i in range(us, ue):
+                xa = ua[i]
+                xb = ub[i]
+                ma = t(xa & mag_mask)
+                mb = t(xb & mag_mask)
+                same = np.uint64(abs(np.int64(ma) - np.int64(mb)))
+                across = np.uint64(ma) + np.uint64(mb)
+                ulp = same if t(xa >> sign_shift) == t(xb >> sign_shift) else across
+                top_ulp = ulp if ulp > top_ulp else top_ulp
+            if table is not None:  # widen 16-bit floats bit by bit (vectorizes; a lookup does not)
+                for i in range(us, ue):
+                    xa64 = np.uint64(ua[i])
+                    xb64 = np.uint64(ub[i])
+                    wide_a[i - us] = (
+                        ((xa64 >> shift64) << top_bit)
+                        | ((((xa64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
+                        | ((xa64 & frac_mask) << frac_shift)
+                    )
+                    wide_b[i - us] = (
+                        ((xb64 >> shift64) << top_bit)
+                        | ((((xb64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
+                        | ((xb64 & frac_mask) << frac_shift)
+                    )
+            block_max = 0.0
+            for i in range(us, ue):
+                j = i - us
+                if table is None:
+                    va = np.float64(fa[i])
+                    vb = np.float64(fb[i])
+                else:
+                    va = vals_a[j]
+                    vb = vals_b[j]
+                err = abs(va - vb)
+                block_max = err if err > block_max else block_max
+                rel = err / abs(vb) if vb != 0.0 else 0.0
+                max_rel = rel if rel > max_rel else max_rel
+                rels[j] = rel
+                errb[j] = err
+            if block_max > floor:  # keep the candidates for the percentile (a separate, scalar loop)
+                for i in range(us, ue):
+                    err = errb[i - us]
+                    errs[np.uint64(fill)] = err
+                    fill += (err > floor) & (ua[i] != ub[i])
+            max_abs = block_max if block_max > max_abs else max_abs
+            differing += nd
+            explicit += nd
+            diff_nzf += nd
+            rel_count += nd
+            _sum_exact(rels, e - s, sum_bins, block_bins)
+            continue
         k = np.uint64(0)
         for ww in range(s // per, e // per):
             w = np.uint64(ww)
@@ -184,12 +274,12 @@ def measure(
                 across = np.uint64(ma) + np.uint64(mb)
                 ulp = same if t(xa >> sign_shift) == t(xb >> sign_shift) else across
                 top_ulp = ulp if ulp > top_ulp else top_ulp
-                if table.size:
-                    va = table[xa]
-                    vb = table[xb]
-                else:
+                if table is None:
                     va = np.float64(fa[i])
                     vb = np.float64(fb[i])
+                else:
+                    va = table[xa]
+                    vb = table[xb]
                 err = abs(va - vb)
                 explicit += 1
                 max_abs = err if err > max_abs else max_abs
@@ -204,21 +294,7 @@ def measure(
                 max_rel = rel if rel > max_rel else max_rel
                 rels[k] = rel
                 k += np.uint64(1)
-        # the exact sum of this block's relative errors (see add_exact), inlined: a call costs more
-        bits = rels.view(np.uint64)
-        for j in range(k):
-            b = bits[np.uint64(j)]
-            ex = np.int64(b >> np.uint64(52))
-            frac = np.int64(b & np.uint64(0xFFFFFFFFFFFFF))
-            if ex == 2047:
-                sum_bins[2, 0] += 1
-                continue
-            if ex == 0:
-                ex = 1
-            else:
-                frac |= np.int64(1) << 52
-            sum_bins[0, ex] += frac >> 26
-            sum_bins[1, ex] += frac & 67108863
+        _sum_exact(rels, k, sum_bins, block_bins)
         rel_count += np.int64(k)
     counts[DIFFERING] += differing
     counts[EXPLICIT] += explicit
@@ -233,6 +309,38 @@ def measure(
 
 
 @njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
+def _sum_exact(values: np.ndarray, count: Any, sum_bins: np.ndarray, block_bins: np.ndarray) -> None:
+    """Add values[:count] (at most BLOCK of them) exactly into sum_bins (see add_exact).
+
+    Whole 53-bit mantissas go to uint64 bins first (BLOCK of them cannot overflow), and
+    only the exponents touched are split into sum_bins.
+    """
+    bits = values.view(np.uint64)
+    lo = np.uint64(2047)
+    hi = np.uint64(0)
+    implicit = np.uint64(1) << np.uint64(52)
+    for j in range(np.uint64(count)):
+        b = bits[j]
+        ex = b >> np.uint64(52)
+        frac = b & np.uint64(0xFFFFFFFFFFFFF)
+        frac = frac | implicit if ex != 0 else frac
+        ex = ex if ex != 0 else np.uint64(1)  # subnormals share the scale of exponent 1
+        block_bins[ex] += frac
+        lo = ex if ex < lo else lo
+        hi = ex if ex > hi else hi
+    if hi == 2047:  # an infinite relative error
+        sum_bins[2, 0] += 1
+        block_bins[2047] = 0
+        hi = np.uint64(2046)
+    for ex in range(lo, hi + np.uint64(1)):
+        v = block_bins[ex]
+        if v:
+            sum_bins[0, ex] += np.int64(v >> np.uint64(26))
+            sum_bins[1, ex] += np.int64(v & np.uint64(67108863))
+            block_bins[ex] = 0
+
+
+@njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
 def add_exact(values: np.ndarray, sum_bins: np.ndarray) -> None:
     """Add non-negative float64 values exactly: 53-bit mantissas summed per binary exponent.
 
@@ -240,17 +348,7 @@ def add_exact(values: np.ndarray, sum_bins: np.ndarray) -> None:
     bits of values whose exponent field is E (subnormals with E = 1, without the implicit
     bit); sum_bins[2, 0] counts infinities. int64 holds 2**36 additions per bin.
     """
-    bits = values.view(np.uint64)
-    for i in range(bits.size):
-        b = bits[i]
-        ex = np.int64(b >> np.uint64(52))
-        frac = np.int64(b & np.uint64(0xFFFFFFFFFFFFF))
-        if ex == 2047:
-            sum_bins[2, 0] += 1
-            continue
-        if ex == 0:
-            ex = 1
-        else:
-            frac |= np.int64(1) << 52
-        sum_bins[0, ex] += frac >> 26
-        sum_bins[1, ex] += frac & 67108863
+    block = np.zeros(2048, np.uint64)
+    for s in range(0, values.size, BLOCK):
+        part = values[s : s + BLOCK]
+        _sum_exact(part, part.size, sum_bins, block)

@@ -216,7 +216,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     mag_mask = uint((1 << (width - 1)) - 1)
     inf_bits = uint(((1 << (width - 1 - mant)) - 1) << mant)
     sub_limit, sign_shift = uint(1 << mant), uint(width - 1)
-    table = _table(a.dtype) if width == 16 else np.empty(0, np.float64)
+    table = _table(a.dtype) if width == 16 else None
     n = a.size
     get_a, get_b = _flat(a), _flat(b)
 
@@ -235,11 +235,11 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     errs = np.empty(min(2 * top.k, 2 * HOLD_MAX) + jd.SUPER, np.float64)
 
     def run(xa: np.ndarray, xb: np.ndarray, pos: int, state: np.ndarray, floor: float, out: np.ndarray) -> int:
-        fa, fb = (table, table) if width == 16 else (xa.view(a.dtype), xb.view(a.dtype))
+        fa, fb = (xa, xb) if table is not None else (xa.view(a.dtype), xb.view(a.dtype))
         return int(
             jd.measure(
                 xa.view(np.uint64), xb.view(np.uint64), xa, xb, fa, fb, table, pos, mag_mask, inf_bits,
-                sub_limit, sign_shift, floor, state, figures, max_ulp, total.bins, out,
+                sub_limit, sign_shift, mant, floor, state, figures, max_ulp, total.bins, out,
             )
         )  # fmt: skip
 
