@@ -30,7 +30,7 @@ COUNTERS = 15  # REF_MAX_MAG: the bits of the largest finite reference magnitude
 MAX_ABS, MAX_REL = 0, 1
 
 
-@njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
+@njit(cache=True, nogil=True)
 def first_difference(wa: np.ndarray, wb: np.ndarray, per: int) -> int:
     """Element index of the start of the first block whose bits differ, or len(wa) * per."""
     n = wa.size
@@ -45,7 +45,7 @@ def first_difference(wa: np.ndarray, wb: np.ndarray, per: int) -> int:
     return n * per
 
 
-@njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
+@njit(cache=True, nogil=True)
 def _ref_exact(ub: np.ndarray, s: int, e: int, mag_mask: Any, inf_bits: Any, counts: np.ndarray) -> Any:
     """A block with a NaN or Inf: count exactly; returns its largest finite magnitude."""
     zero = mag_mask ^ mag_mask
@@ -60,8 +60,10 @@ def _ref_exact(ub: np.ndarray, s: int, e: int, mag_mask: Any, inf_bits: Any, cou
     return top
 
 
-@njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
-def ref_stats(ub: np.ndarray, start: int, stop: int, mag_mask: Any, inf_bits: Any, counts: np.ndarray) -> None:
+@njit(cache=True, nogil=True)
+def ref_stats(
+    ub: np.ndarray, start: int, stop: int, mag_mask: Any, inf_bits: Any, counts: np.ndarray
+) -> None:
     """Fold the reference figures of ub[start:stop] into counts; vectorized when all is finite."""
     t = ub.dtype.type
     zero = t(0)
@@ -84,7 +86,7 @@ def ref_stats(ub: np.ndarray, start: int, stop: int, mag_mask: Any, inf_bits: An
 COMPARABLE = 0
 
 
-@njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
+@njit(cache=True, nogil=True)
 def _special(ma: Any, mb: Any, inf_bits: Any, sub_limit: Any) -> int:
     """For a differing pair with a zero, NaN or Inf: the counter it goes to, or COMPARABLE."""
     nan_a = ma > inf_bits
@@ -99,7 +101,7 @@ def _special(ma: Any, mb: Any, inf_bits: Any, sub_limit: Any) -> int:
     return COMPARABLE
 
 
-@njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
+@njit(cache=True, nogil=True)
 def measure(
     wa: np.ndarray,
     wb: np.ndarray,
@@ -133,11 +135,14 @@ def measure(
     t = ub.dtype.type
     zero = t(0)
     one = t(1)
-    finite_top = t(inf_bits - one)
     normal_span = t(inf_bits - sub_limit)
     n = ua.size
     per = n // wa.size
+    uper = np.uint64(per)
     cap = errs.size
+    idx = np.empty(BLOCK, np.int64)  # the differing elements of a block: positions and bits
+    ga = np.empty(BLOCK, ub.dtype)
+    gb = np.empty(BLOCK, ub.dtype)
     rels = np.empty(BLOCK, np.float64)
     errb = np.empty(BLOCK, np.float64)
     block_bins = np.zeros(2048, np.uint64)
@@ -145,6 +150,7 @@ def measure(
     wide_b = np.empty(BLOCK, np.uint64)
     vals_a = wide_a.view(np.float64)
     vals_b = wide_b.view(np.float64)
+    # widening a normal, finite value's bits to float64: sign, rebased exponent, mantissa
     mant = np.uint64(mant_bits)
     exp_bits = np.int64(sign_shift) - mant_bits
     exp_adjust = np.uint64(1023 - ((1 << (exp_bits - 1)) - 1))  # float64 bias - own bias
@@ -168,134 +174,135 @@ def measure(
                 break
             ref_stats(ub, s, min(s + SUPER, n), mag_mask, inf_bits, counts)
         e = min(s + BLOCK, n)
-        # indices are unsigned below: numba then drops its negative-index checks
+        # indices are unsigned: numba then drops its negative-index checks
         us, ue = np.uint64(s), np.uint64(e)
-        # census (vectorized): how many differ, and whether any differing pair has a zero/NaN/Inf
-        nw = 0
-        for w in range(us // np.uint64(per), ue // np.uint64(per)):
-            nw += wa[w] != wb[w]
-        if nw == 0:
+        words = 0
+        for w in range(us // uper, ue // uper):
+            words += wa[w] != wb[w]
+        if words == 0:
             continue
-        nd = special = 0
-        if nw * 4 * per >= e - s:  # many differ: see whether the straight-line path applies
-            nd_t = special_t = zero  # narrow counters (BLOCK fits every lane type): vectorizes
+        # gather the differing elements: word by word when sparse, element by element when not
+        m = np.uint64(0)
+        if words * per == e - s:  # every word differs: perhaps every element (a plain copy, then)
+            same_count = zero
             for i in range(us, ue):
-                xa = ua[i]
-                xb = ub[i]
-                d = t(xa != xb)
-                # normal and finite on both sides (zero and subnormals wrap to the top)
-                plain_a = t(t(t(xa & mag_mask) - sub_limit) < normal_span)
-                plain_b = t(t(t(xb & mag_mask) - sub_limit) < normal_span)
-                nd_t = t(nd_t + d)
-                special_t = t(special_t + (d & (one ^ (plain_a & plain_b))))
-            nd = np.int64(nd_t)
-            special = np.int64(special_t)
-        if special == 0 and nd * 4 >= e - s:
-            # dense and plain: straight-line loops over the whole block (identical elements add 0)
+                same_count = t(same_count + t(ua[i] == ub[i]))
+            if same_count == zero:
+                m = ue - us
+                for j in range(m):
+                    idx[j] = us + j
+                    ga[j] = ua[us + j]
+                    gb[j] = ub[us + j]
+        if m:
+            pass
+        elif words * 8 < (e - s) // per:
+            for w in range(us // uper, ue // uper):
+                if wa[w] != wb[w]:
+                    for i in range(w * uper, w * uper + uper):
+                        idx[m] = i
+                        ga[m] = ua[i]
+                        gb[m] = ub[i]
+                        m += np.uint64(ua[i] != ub[i])
+        else:
             for i in range(us, ue):
-                xa = ua[i]
-                xb = ub[i]
+                idx[m] = i
+                ga[m] = ua[i]
+                gb[m] = ub[i]
+                m += np.uint64(ua[i] != ub[i])
+        differing += np.int64(m)
+        # normal and finite on both sides? (zero and subnormals wrap to the top); narrow counter
+        special = zero
+        for j in range(m):
+            plain_a = t(t(t(ga[j] & mag_mask) - sub_limit) < normal_span)
+            plain_b = t(t(t(gb[j] & mag_mask) - sub_limit) < normal_span)
+            special = t(special + (one ^ (plain_a & plain_b)))
+        if special == zero:
+            # the usual case, in straight-line loops that vectorize
+            block_ulp = zero  # in the lane type: magnitudes are below half its range, so sums fit
+            for j in range(m):
+                xa = ga[j]
+                xb = gb[j]
                 ma = t(xa & mag_mask)
                 mb = t(xb & mag_mask)
-                same = np.uint64(abs(np.int64(ma) - np.int64(mb)))
-                across = np.uint64(ma) + np.uint64(mb)
+                same = t((ma if ma > mb else mb) - (mb if ma > mb else ma))
+                across = t(ma + mb)  # a path across zero
                 ulp = same if t(xa >> sign_shift) == t(xb >> sign_shift) else across
-                top_ulp = ulp if ulp > top_ulp else top_ulp
-            if table is not None:  # widen 16-bit floats bit by bit (vectorizes; a lookup does not)
-                for i in range(us, ue):
-                    xa64 = np.uint64(ua[i])
-                    xb64 = np.uint64(ub[i])
-                    wide_a[i - us] = (
-                        ((xa64 >> shift64) << top_bit)
-                        | ((((xa64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
-                        | ((xa64 & frac_mask) << frac_shift)
-                    )
-                    wide_b[i - us] = (
-                        ((xb64 >> shift64) << top_bit)
-                        | ((((xb64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
-                        | ((xb64 & frac_mask) << frac_shift)
-                    )
+                block_ulp = ulp if ulp > block_ulp else block_ulp
+            top_ulp = np.uint64(block_ulp) if np.uint64(block_ulp) > top_ulp else top_ulp
+            for j in range(m):
+                xa64 = np.uint64(ga[j])
+                xb64 = np.uint64(gb[j])
+                wide_a[j] = (
+                    ((xa64 >> shift64) << top_bit)
+                    | ((((xa64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
+                    | ((xa64 & frac_mask) << frac_shift)
+                )
+                wide_b[j] = (
+                    ((xb64 >> shift64) << top_bit)
+                    | ((((xb64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
+                    | ((xb64 & frac_mask) << frac_shift)
+                )
             block_max = 0.0
-            for i in range(us, ue):
-                j = i - us
-                if table is None:
-                    va = np.float64(fa[i])
-                    vb = np.float64(fb[i])
-                else:
-                    va = vals_a[j]
-                    vb = vals_b[j]
-                err = abs(va - vb)
+            for j in range(m):
+                err = abs(vals_a[j] - vals_b[j])
                 block_max = err if err > block_max else block_max
-                rel = err / abs(vb) if vb != 0.0 else 0.0
+                rel = err / abs(vals_b[j])
                 max_rel = rel if rel > max_rel else max_rel
                 rels[j] = rel
                 errb[j] = err
-            if block_max > floor:  # keep the candidates for the percentile (a separate, scalar loop)
-                for i in range(us, ue):
-                    err = errb[i - us]
-                    errs[np.uint64(fill)] = err
-                    fill += (err > floor) & (ua[i] != ub[i])
             max_abs = block_max if block_max > max_abs else max_abs
-            differing += nd
-            explicit += nd
-            diff_nzf += nd
-            rel_count += nd
-            _sum_exact(rels, e - s, sum_bins, block_bins)
+            if block_max > floor:  # candidates for the percentile
+                for j in range(m):
+                    errs[np.uint64(fill)] = errb[j]
+                    fill += errb[j] > floor
+            explicit += np.int64(m)
+            diff_nzf += np.int64(m)
+            rel_count += np.int64(m)
+            _sum_block(rels, m, sum_bins, block_bins)
             continue
+        # a zero, subnormal, NaN or Inf among them: element by element
         k = np.uint64(0)
-        for ww in range(s // per, e // per):
-            w = np.uint64(ww)
-            if wa[w] == wb[w]:
+        for j in range(m):
+            i = idx[j]
+            xa = ga[j]
+            xb = gb[j]
+            ma = t(xa & mag_mask)
+            mb = t(xb & mag_mask)
+            if mb >= inf_bits:
+                diff_nonfinite += 1
+            elif mb != zero:
+                diff_nzf += 1
+            kind = _special(ma, mb, inf_bits, sub_limit)
+            if kind != COMPARABLE:
+                counts[NON_COMPARABLE] += 1
+                counts[kind] += 1
                 continue
-            for ii in range(ww * per, ww * per + per):
-                i = np.uint64(ii)
-                xa = ua[i]
-                xb = ub[i]
-                if xa == xb:
-                    continue
-                differing += 1
-                ma = t(xa & mag_mask)
-                mb = t(xb & mag_mask)
-                # one unsigned test for "zero, NaN or Inf on either side" (zero wraps to the top)
-                if t(ma - one) >= finite_top or t(mb - one) >= finite_top:
-                    if mb >= inf_bits:
-                        diff_nonfinite += 1
-                    elif mb != zero:
-                        diff_nzf += 1
-                    kind = _special(ma, mb, inf_bits, sub_limit)
-                    if kind != COMPARABLE:
-                        counts[NON_COMPARABLE] += 1
-                        counts[kind] += 1
-                        continue
-                else:
-                    diff_nzf += 1
-                # ULP distance on the magnitudes; a path across zero adds them (< 2**64 even for float64)
-                same = np.uint64(abs(np.int64(ma) - np.int64(mb)))
-                across = np.uint64(ma) + np.uint64(mb)
-                ulp = same if t(xa >> sign_shift) == t(xb >> sign_shift) else across
-                top_ulp = ulp if ulp > top_ulp else top_ulp
-                if table is None:
-                    va = np.float64(fa[i])
-                    vb = np.float64(fb[i])
-                else:
-                    va = table[xa]
-                    vb = table[xb]
-                err = abs(va - vb)
-                explicit += 1
-                max_abs = err if err > max_abs else max_abs
-                if err > floor:
-                    errs[np.uint64(fill)] = err
-                    fill += 1
-                if mb == zero:
-                    if ma == zero:
-                        counts[ZERO_SIGN] += 1
-                    continue
-                rel = err / abs(vb)
-                max_rel = rel if rel > max_rel else max_rel
-                rels[k] = rel
-                k += np.uint64(1)
-        _sum_exact(rels, k, sum_bins, block_bins)
+            same = np.uint64(abs(np.int64(ma) - np.int64(mb)))
+            across = np.uint64(ma) + np.uint64(mb)
+            ulp = same if t(xa >> sign_shift) == t(xb >> sign_shift) else across
+            top_ulp = ulp if ulp > top_ulp else top_ulp
+            if table is None:
+                va = np.float64(fa[i])
+                vb = np.float64(fb[i])
+            else:
+                va = table[xa]
+                vb = table[xb]
+            err = abs(va - vb)
+            explicit += 1
+            max_abs = err if err > max_abs else max_abs
+            if err > floor:
+                errs[np.uint64(fill)] = err
+                fill += 1
+            if mb == zero:
+                if ma == zero:
+                    counts[ZERO_SIGN] += 1
+                continue
+            rel = err / abs(vb)
+            max_rel = rel if rel > max_rel else max_rel
+            rels[k] = rel
+            k += np.uint64(1)
         rel_count += np.int64(k)
+        _sum_exact(rels, k, sum_bins, block_bins)
     counts[DIFFERING] += differing
     counts[EXPLICIT] += explicit
     counts[REL_COUNT] += rel_count
@@ -308,13 +315,26 @@ def measure(
     return stopped
 
 
-@njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
-def _sum_exact(values: np.ndarray, count: Any, sum_bins: np.ndarray, block_bins: np.ndarray) -> None:
-    """Add values[:count] (at most BLOCK of them) exactly into sum_bins (see add_exact).
+# Exact sums of non-negative float64 values: acc[p] counts units of 2**(p - ACC_BIAS), every
+# addition below 2**26, so int64 holds 2**37 of them per slot; acc[ACC_INF] counts infinities.
+ACC_BIAS = 1075 + 128
+ACC_INF = 2048 + 256
+ACC_SIZE = ACC_INF + 1
 
-    Whole 53-bit mantissas go to uint64 bins first (BLOCK of them cannot overflow), and
-    only the exponents touched are split into sum_bins.
-    """
+
+@njit(cache=True, nogil=True)
+def _acc_add(acc: np.ndarray, p: Any, v: Any) -> None:
+    """acc += v * 2**(p - ACC_BIAS), v < 2**64, in 26-bit parts."""
+    m26 = np.uint64(67108863)
+    acc[p] += np.int64(v & m26)
+    acc[p + 26] += np.int64((v >> np.uint64(26)) & m26)
+    acc[p + 52] += np.int64(v >> np.uint64(52))
+
+
+@njit(cache=True, nogil=True)
+def _sum_exact(values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.ndarray) -> None:
+    """Add values[:count] (at most BLOCK of them) exactly: whole 53-bit mantissas into
+    uint64 bins per exponent (BLOCK of them cannot overflow), then the touched bins to acc."""
     bits = values.view(np.uint64)
     lo = np.uint64(2047)
     hi = np.uint64(0)
@@ -329,26 +349,77 @@ def _sum_exact(values: np.ndarray, count: Any, sum_bins: np.ndarray, block_bins:
         lo = ex if ex < lo else lo
         hi = ex if ex > hi else hi
     if hi == 2047:  # an infinite relative error
-        sum_bins[2, 0] += 1
+        acc[ACC_INF] += 1
         block_bins[2047] = 0
         hi = np.uint64(2046)
     for ex in range(lo, hi + np.uint64(1)):
         v = block_bins[ex]
         if v:
-            sum_bins[0, ex] += np.int64(v >> np.uint64(26))
-            sum_bins[1, ex] += np.int64(v & np.uint64(67108863))
+            _acc_add(acc, ex + np.uint64(128), v)
             block_bins[ex] = 0
 
 
-@njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
-def add_exact(values: np.ndarray, sum_bins: np.ndarray) -> None:
-    """Add non-negative float64 values exactly: 53-bit mantissas summed per binary exponent.
+@njit(cache=True, nogil=True)
+def _sum_block(values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.ndarray) -> None:
+    """Add values[:count] exactly, in 128-bit fixed point below the largest (vectorizes).
 
-    sum_bins[0, E] and sum_bins[1, E] hold the sums of the high 27 and low 26 mantissa
-    bits of values whose exponent field is E (subnormals with E = 1, without the implicit
-    bit); sum_bins[2, 0] counts infinities. int64 holds 2**36 additions per bin.
+    Each value is frac * 2**(64 - shift) units of the block's top exponent less 64, cut
+    into three 42-bit parts summed apart; values over 2**64 times smaller than the
+    largest (rare) go through _sum_exact.
     """
+    bits = values.view(np.uint64)
+    n = np.uint64(count)
+    top = np.uint64(0)
+    for j in range(n):
+        ex = bits[j] >> np.uint64(52)
+        top = ex if ex > top else top
+    if top == 2047:
+        _sum_exact(values, count, acc, block_bins)
+        return
+    top = top if top != 0 else np.uint64(1)
+    implicit = np.uint64(1) << np.uint64(52)
+    m42 = np.uint64((1 << 42) - 1)
+    zero = np.uint64(0)
+    s0 = s1 = s2 = zero
+    far = 0
+    for j in range(n):
+        b = bits[j]
+        ex = b >> np.uint64(52)
+        frac = b & np.uint64(0xFFFFFFFFFFFFF)
+        frac = frac | implicit if ex != 0 else frac
+        ex = ex if ex != 0 else np.uint64(1)
+        shift = top - ex
+        near = shift <= 64
+        far += (frac != 0) & ~near
+        sh = shift if near else np.uint64(64)  # shifts >= 64 are undefined: clamp, then select
+        up = np.uint64(64) - sh
+        c0 = (frac << (up & np.uint64(63))) & m42 if (sh != 0 and near) else zero
+        c1 = ((frac << (np.uint64(22) - sh)) if sh <= 22 else (frac >> (sh - np.uint64(22)))) & m42
+        c1 = c1 if near else zero
+        c2 = frac >> (sh + np.uint64(20)) if sh + 20 < 64 else zero
+        c2 = c2 if near else zero
+        s0 += c0
+        s1 += c1
+        s2 += c2
+    p = top + np.uint64(64)
+    _acc_add(acc, p, s0)
+    _acc_add(acc, p + np.uint64(42), s1)
+    _acc_add(acc, p + np.uint64(84), s2)
+    if far:
+        for j in range(n):
+            b = bits[j]
+            ex = b >> np.uint64(52)
+            ex1 = ex if ex != 0 else np.uint64(1)
+            if top - ex1 > 64 and (b & np.uint64(0xFFFFFFFFFFFFF) or ex != 0):
+                frac = b & np.uint64(0xFFFFFFFFFFFFF)
+                frac = frac | implicit if ex != 0 else frac
+                _acc_add(acc, ex1 + np.uint64(128), frac)
+
+
+@njit(cache=True, nogil=True)
+def add_exact(values: np.ndarray, acc: np.ndarray) -> None:
+    """Add non-negative float64 values exactly into acc (see ACC_BIAS)."""
     block = np.zeros(2048, np.uint64)
     for s in range(0, values.size, BLOCK):
         part = values[s : s + BLOCK]
-        _sum_exact(part, part.size, sum_bins, block)
+        _sum_block(part, part.size, acc, block)

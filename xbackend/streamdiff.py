@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ CHUNK_BYTES = 1 << 18  # per side, for the numpy kernels: both sides and the mas
 JIT_CHUNK = 1 << 20  # elements per compiled call (bounds copies of non-contiguous inputs)
 HOLD_MAX = 1 << 20  # explicit errors held for the percentile (8 MiB, 16 MiB while growing)
 _Q99 = np.true_divide(99, 100)  # as np.percentile computes q
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_UINT: dict[int, type[np.unsignedinteger[Any]]] = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 @dataclass
@@ -60,7 +61,7 @@ def _flat(x: np.ndarray) -> Callable[[int, int], np.ndarray]:
         flat = x.reshape(-1)
         return lambda s, e: flat[s:e]
     it = x.flat
-    return lambda s, e: it[s:e]  # type: ignore[no-any-return]
+    return lambda s, e: it[s:e]
 
 
 def chunks(x: np.ndarray) -> Iterator[np.ndarray]:
@@ -74,7 +75,9 @@ class ExactSum:
     """An exact sum of non-negative float64 values (see jitdiff.add_exact)."""
 
     def __init__(self) -> None:
-        self.bins = np.zeros((3, 2048), np.int64)
+        from xbackend import jitdiff
+
+        self.bins = np.zeros(jitdiff.ACC_SIZE, np.int64)
 
     def add(self, values: np.ndarray) -> None:
         from xbackend import jitdiff
@@ -82,13 +85,14 @@ class ExactSum:
         jitdiff.add_exact(np.ascontiguousarray(values, np.float64), self.bins)
 
     def value(self) -> float:
-        if self.bins[2, 0]:
+        from xbackend import jitdiff
+
+        if self.bins[jitdiff.ACC_INF]:
             return math.inf
-        total = Fraction(0)
-        for e in np.flatnonzero(self.bins[0] | self.bins[1]):
-            whole = (int(self.bins[0, e]) << 26) + int(self.bins[1, e])
-            total += Fraction(whole) * Fraction(2) ** (int(e) - 1075)
-        return float(total)  # correctly rounded, as math.fsum
+        whole = 0
+        for p in np.flatnonzero(self.bins[: jitdiff.ACC_INF]):
+            whole += int(self.bins[p]) << int(p)
+        return float(Fraction(whole, 1 << jitdiff.ACC_BIAS))  # correctly rounded, as math.fsum
 
 
 class TopErrors:
@@ -234,7 +238,9 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     top = TopErrors(n)
     errs = np.empty(min(2 * top.k, 2 * HOLD_MAX) + jd.SUPER, np.float64)
 
-    def run(xa: np.ndarray, xb: np.ndarray, pos: int, state: np.ndarray, floor: float, out: np.ndarray) -> int:
+    def run(
+        xa: np.ndarray, xb: np.ndarray, pos: int, state: np.ndarray, floor: float, out: np.ndarray
+    ) -> int:
         fa, fb = (xa, xb) if table is not None else (xa.view(a.dtype), xb.view(a.dtype))
         return int(
             jd.measure(
@@ -257,10 +263,16 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
             jd.ref_stats(xb, 0, pos, mag_mask, inf_bits, counts)  # measure folds the rest
         while pos < xa.size:
             pos = run(xa, xb, pos, counts, top.floor, errs)
-            if pos < xa.size:  # the error buffer is full: keep the largest
-                keep = top.prune(errs[: counts[jd.FILL]].copy()) if not top.overflow else errs[:0]
-                errs[: keep.size] = keep
-                counts[jd.FILL] = keep.size
+            if pos < xa.size:  # the error buffer is full: keep the k largest, in place
+                fill = int(counts[jd.FILL])
+                if top.overflow:
+                    counts[jd.FILL] = 0
+                    continue
+                held = errs[:fill]
+                held.partition(fill - top.k)
+                errs[: top.k] = held[fill - top.k :].copy()
+                top.floor = float(errs[: top.k].min())
+                counts[jd.FILL] = top.k
     if not found:
         return None
     if not top.overflow:
