@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from xbackend.metrics import FLOAT_BITS, INT_LIKE, UNSIGNED_FLOATS, ulp_at
+from xbackend.metrics import FLOAT_BITS, UNSIGNED_FLOATS, ulp_at
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -32,7 +32,12 @@ def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if str(x.dtype) in UNSIGNED_FLOATS:
             out.append((np.zeros(bits.shape, bool), bits.astype(np.uint64)))
         else:
-            out.append((((bits >> (width - 1)) & 1).astype(bool), (bits & uint((1 << (width - 1)) - 1)).astype(np.uint64)))
+            out.append(
+                (
+                    ((bits >> (width - 1)) & 1).astype(bool),
+                    (bits & uint((1 << (width - 1)) - 1)).astype(np.uint64),
+                )
+            )
     (sa, ma), (sb, mb) = out
     return np.where(sa == sb, np.where(ma >= mb, ma - mb, mb - ma), ma + mb)
 
@@ -101,6 +106,8 @@ def _float(a: np.ndarray, b: np.ndarray) -> dict[str, object]:
         "nan_mismatch": int(np.count_nonzero(na ^ nb)),
         "inf_mismatch": int(np.count_nonzero(inf_mismatch)),
         "ftz_mismatch": int(np.count_nonzero(ftz)),
-        "zero_sign_mismatch": int(np.count_nonzero((cfa == 0) & (cfb == 0) & (ca.view(uint) != cb.view(uint)))),
+        "zero_sign_mismatch": int(
+            np.count_nonzero((cfa == 0) & (cfb == 0) & (ca.view(uint) != cb.view(uint)))
+        ),
         "nan_payload_mismatch": int(np.count_nonzero(na & nb & (a.view(uint) != b.view(uint)))),
     }
