@@ -236,7 +236,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     max_ulp = np.zeros(1, np.uint64)
     total = ExactSum()
     top = TopErrors(n)
-    errs = np.empty(min(2 * top.k, 2 * HOLD_MAX) + jd.SUPER, np.float64)
+    errs = np.empty(0, np.float64)  # allocated at the first difference
 
     def run(
         xa: np.ndarray, xb: np.ndarray, pos: int, state: np.ndarray, floor: float, out: np.ndarray
@@ -258,6 +258,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
             if pos == xa.size:
                 continue
             found = True
+            errs = np.empty(min(2 * top.k, 2 * HOLD_MAX) + jd.SUPER, np.float64)
             for s0 in range(0, s, JIT_CHUNK):  # the reference figures of the identical part so far
                 jd.ref_stats(piece(get_b, s0), 0, JIT_CHUNK, mag_mask, inf_bits, counts)
             jd.ref_stats(xb, 0, pos, mag_mask, inf_bits, counts)  # measure folds the rest
