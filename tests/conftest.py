@@ -19,6 +19,7 @@ PLUGINS = {
     "test-hang": "plugin_runners:HangRunner",
     "test-missing": "plugin_runners:MissingRunner",
     "test-threads-crash": "plugin_runners:ThreadsCrashRunner",
+    "test-shared": "plugin_runners:SharedProcessRunner",
 }
 
 

@@ -133,3 +133,29 @@ class ThreadsCrashRunner(ReferenceRunner):
         if int(self.options["threads"]) != 1:
             os.abort()
         return super().prepare_impl(model, tensors)
+
+
+class SharedProcessRunner(ReferenceRunner):
+    """The reference evaluator, declared to share a process between variants: it notes each
+    build's thread count and process id under `state_dir`, and aborts at `crash_threads`."""
+
+    name = "test-shared"
+    description = "probe variants share a process"
+    shares_process = True
+    option_specs = (
+        *ReferenceRunner.option_specs,
+        OptionSpec("state_dir", str, "", "where builds are noted"),
+        OptionSpec("crash_threads", int, -1, "abort when built with this many threads"),
+    )
+
+    @classmethod
+    def process_env(cls, options: Mapping[str, object]) -> dict[str, str]:
+        return {}  # no process-wide thread setting: variants may share a process
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        threads = int(self.options["threads"])
+        with open(Path(self.options["state_dir"]) / "builds", "a") as f:
+            f.write(f"{threads} {os.getpid()}\n")
+        if threads == int(self.options["crash_threads"]):
+            os.abort()
+        return super().prepare_impl(model, tensors)

@@ -349,3 +349,48 @@ def test_dynamic_axis_the_module_bakes_in_is_an_export_error(tmp_path: Path) -> 
             tmp_path / "f.onnx",
             dynamic=parse_dynamic(["x=0:batch"]),
         )
+
+
+def _builds(state: Path) -> list[tuple[int, int]]:
+    return [(int(t), int(p)) for t, p in (ln.split() for ln in (state / "builds").read_text().splitlines())]
+
+
+def test_probe_variants_share_one_process_when_the_runner_allows(
+    models: dict[str, Path], plugins: None, tmp_path: Path
+) -> None:
+    opts = {"test-shared": {"state_dir": str(tmp_path), "threads": "2"}}
+    r = xbackend.compare(
+        models["attention"],
+        backends=["test-shared"],
+        runs=1,
+        probes="threads",
+        probe_threads=3,
+        runner_options=opts,
+    )
+    (main_t, main_pid), (t1, pid1), (t3, pid3) = _builds(tmp_path)
+    assert (main_t, t1, t3) == (2, 1, 3)
+    assert pid1 == pid3 != main_pid  # both variants in one fresh process, apart from the main build
+    assert [(row.threads, row.status) for row in r.probe("threads").rows] == [
+        ("2 (default)", "ok"),
+        ("3", "ok"),
+    ]
+
+
+def test_a_crash_in_a_shared_process_costs_only_that_variant(
+    models: dict[str, Path], plugins: None, tmp_path: Path
+) -> None:
+    opts = {"test-shared": {"state_dir": str(tmp_path), "threads": "2", "crash_threads": "1"}}
+    r = xbackend.compare(
+        models["attention"],
+        backends=["test-shared"],
+        runs=1,
+        probes="threads",
+        probe_threads=3,
+        runner_options=opts,
+    )
+    (_, main_pid), (t1, pid1), (t3, pid3) = _builds(tmp_path)
+    assert (t1, t3) == (1, 3) and len(
+        {main_pid, pid1, pid3}
+    ) == 3  # the variant after the crash: a new process
+    assert "WARN: threads probe failed on test-shared at 1 thread(s): crashed with SIGABRT" in r.verdict()
+    assert r.backend("test-shared").ok

@@ -134,7 +134,7 @@ def _run(
     bar.start(sum(j.steps for js in [*mains.values(), *probe_jobs.values()] for j in js))
     try:
         builds = {p.name: _run_builds(ex, p, mains[p.name]) for p in planned}
-        probe_outcomes = {k: ex.run_all(js, builds[k[1]].ok) for k, js in probe_jobs.items()}
+        probe_outcomes = _run_probe_jobs(ex, planned, probe_jobs, builds)
     finally:
         bar.stop()
     backends = tuple(_summarize(builds[p.name], spec, opts) for p in planned)
@@ -162,6 +162,22 @@ def _run(
         ref,
         expected,
     )
+
+
+def _run_probe_jobs(
+    ex: Executor,
+    planned: Sequence[PlannedBackend],
+    probe_jobs: Mapping[tuple[str, str], Sequence[Job]],
+    builds: Mapping[str, _Builds],
+) -> dict[tuple[str, str], dict[str, JobOutcome]]:
+    """Every probe's jobs for a backend in one go (variants that can share a process do)."""
+    out: dict[tuple[str, str], dict[str, JobOutcome]] = {k: {} for k in probe_jobs}
+    for p in planned:
+        keys = [k for k in probe_jobs if k[1] == p.name]
+        done = ex.run_all([j for k in keys for j in probe_jobs[k]], builds[p.name].ok)
+        for k in keys:
+            out[k] = {j.label: done[j.label] for j in probe_jobs[k] if j.label in done}
+    return out
 
 
 def _analyze(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from xbackend.isolation import WorkerOutcome, run_worker
+from xbackend.isolation import WorkerOutcome, run_batch
 from xbackend.model import ModelSpec
 from xbackend.progress import ProgressSink
 from xbackend.protocol import LAYERS, OUTPUTS, Phase, PhaseResult, WorkerJob, WorkerResult
@@ -136,9 +136,16 @@ class Executor:
         )
 
     def run(self, job: Job) -> JobOutcome:
-        job_dir = self.work / job.label
-        job_dir.mkdir(parents=True)
-        self.bar.describe(job.label)
+        return self.run_together([job])[0]
+
+    def run_together(self, jobs: Sequence[Job]) -> list[JobOutcome]:
+        """Jobs one after another in one worker process (see Runner.shares_process)."""
+        dirs = []
+        for job in jobs:
+            job_dir = self.work / job.label
+            job_dir.mkdir(parents=True)
+            dirs.append(job_dir)
+        self.bar.describe(", ".join(j.label for j in jobs))
         seen = 0
 
         def tick() -> None:
@@ -146,22 +153,32 @@ class Executor:
             seen += 1
             self.bar.advance()
 
-        outcome = run_worker(self._worker_job(job, job_dir), job_dir, self.timeout, job.env(), tick)
-        self.bar.advance(max(0, job.steps - seen))
-        return JobOutcome(job, outcome)
+        batch = [(self._worker_job(j, d), d) for j, d in zip(jobs, dirs, strict=True)]
+        outcomes = run_batch(batch, self.timeout, jobs[0].env(), tick)
+        self.bar.advance(max(0, sum(j.steps for j in jobs) - seen))
+        return [JobOutcome(j, o) for j, o in zip(jobs, outcomes, strict=True)]
 
     def skip(self, job: Job) -> None:
         """A planned job that will not run (its backend failed): keep the bar honest."""
         self.bar.advance(job.steps)
 
     def run_all(self, jobs: Sequence[Job], go: bool) -> dict[str, JobOutcome]:
-        out = {}
-        for job in jobs:
-            if go:
-                out[job.label] = self.run(job)
-            else:
+        """Run `jobs`; consecutive variants of a backend that shares a process run in one."""
+        if not go:
+            for job in jobs:
                 self.skip(job)
-        return out
+            return {}
+        groups: list[list[Job]] = []
+        for job in jobs:
+            if groups and _same_process(groups[-1][0], job):
+                groups[-1].append(job)
+            else:
+                groups.append([job])
+        return {o.job.label: o for g in groups for o in self.run_together(g)}
+
+
+def _same_process(a: Job, b: Job) -> bool:
+    return a.cls is b.cls and a.cls.shares_process and a.env() == b.env()
 
 
 def _phase(p: PhaseSpec, job_dir: Path) -> Phase:

@@ -13,13 +13,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from xbackend.protocol import PROGRESS_TAG, WorkerJob, WorkerResult
 
-__all__ = ["WorkerOutcome", "run_worker"]
+__all__ = ["WorkerOutcome", "run_batch", "run_worker"]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -60,12 +60,22 @@ def _env(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _pump(proc: subprocess.Popen[bytes], deadline: float, on_progress: Callable[[], None]) -> bool:
-    """Forward progress lines until the process ends; False if the deadline passed first."""
+def _pump(
+    proc: subprocess.Popen[bytes],
+    timeout: float,
+    on_progress: Callable[[], None],
+    on_job: Callable[[], None] = lambda: None,
+) -> bool:
+    """Forward progress lines until the process ends; False if `timeout` seconds passed first.
+
+    The clock restarts whenever the worker reports a finished job (several jobs, one process).
+    """
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
     buf = b""
+    run_tag, job_tag = f"{PROGRESS_TAG} run".encode(), f"{PROGRESS_TAG} job".encode()
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -80,8 +90,11 @@ def _pump(proc: subprocess.Popen[bytes], deadline: float, on_progress: Callable[
         buf += chunk
         *lines, buf = buf.split(b"\n")
         for line in lines:
-            if line.startswith(PROGRESS_TAG.encode()):
+            if line.startswith(run_tag):
                 on_progress()
+            elif line.startswith(job_tag):
+                deadline = time.monotonic() + timeout
+                on_job()
 
 
 def run_worker(
@@ -92,14 +105,32 @@ def run_worker(
     on_progress: Callable[[], None] = lambda: None,
 ) -> WorkerOutcome:
     """Start `python -m xbackend.worker` on `job`, wait at most `timeout` seconds."""
-    job_path = job_dir / "job.json"
-    job_path.write_text(job.to_json())
-    err_path = job_dir / "stderr.txt"
-    result_path = Path(job.result)
+    return run_batch([(job, job_dir)], timeout, env, on_progress)[0]
+
+
+def run_batch(
+    jobs: Sequence[tuple[WorkerJob, Path]],
+    timeout: float,
+    env: Mapping[str, str],
+    on_progress: Callable[[], None] = lambda: None,
+) -> list[WorkerOutcome]:
+    """Run jobs one after another in one worker process, each with `timeout` seconds.
+
+    A crash or hang fails the job it happened in (its stderr names why); the jobs after
+    it start again in a process of their own, so one job's failure costs no other.
+    """
+    if not jobs:
+        return []
+    paths = []
+    for job, job_dir in jobs:
+        (job_dir / "job.json").write_text(job.to_json())
+        paths.append(str(job_dir / "job.json"))
+    err_path = jobs[0][1] / "stderr.txt"
     start = time.monotonic()
+    ends: list[float] = []
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "xbackend.worker", str(job_path)],
+            [sys.executable, "-m", "xbackend.worker", *paths],
             stdout=subprocess.PIPE,
             stderr=err,
             stdin=subprocess.DEVNULL,
@@ -107,19 +138,26 @@ def run_worker(
             start_new_session=True,
         )
         try:
-            finished = _pump(proc, start + timeout, on_progress)
+            finished = _pump(proc, timeout, on_progress, lambda: ends.append(time.monotonic()))
         except BaseException:
             _kill(proc)
             raise
         if not finished:
             _kill(proc)
-            return WorkerOutcome(
-                "failed",
-                f"timed out after {timeout:g} s (raise --timeout)",
-                WorkerResult("failed"),
-                time.monotonic() - start,
-            )
-    return _outcome(proc.returncode, result_path, err_path, time.monotonic() - start)
+    outcomes: list[WorkerOutcome] = []
+    for i, (job, _) in enumerate(jobs):
+        began = ends[i - 1] if 0 < i <= len(ends) else start
+        took = (ends[i] if i < len(ends) else time.monotonic()) - began
+        if i < len(ends):  # it finished: its result file says how
+            outcomes.append(_outcome(0, Path(job.result), err_path, took))
+            continue
+        if not finished:
+            why = f"timed out after {timeout:g} s (raise --timeout)"
+            outcomes.append(WorkerOutcome("failed", why, WorkerResult("failed"), took))
+        else:
+            outcomes.append(_outcome(proc.returncode or 1, Path(job.result), err_path, took))
+        return outcomes + run_batch(jobs[i + 1 :], timeout, env, on_progress)
+    return outcomes
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

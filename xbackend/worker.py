@@ -1,8 +1,8 @@
 """Worker process: one backend configuration, one or more phases (engine builds), N runs each.
 
-Started by xbackend.isolation as ``python -m xbackend.worker JOB.json``. It keeps
-only the first run's capture in memory and compares each later run to it as it
-arrives, so memory does not grow with the number of runs. Progress goes to
+Started by xbackend.isolation as ``python -m xbackend.worker JOB.json``. It saves
+the first run's capture to disk and compares each later run to that file as it
+arrives, tensor by tensor, so memory stays at one run's worth whatever the runs. Progress goes to
 stdout as tagged lines; the outcome goes to the result JSON named in the job.
 """
 
@@ -24,12 +24,14 @@ from xbackend.values import Value
 
 
 class RunTracker:
-    """Keeps run 0's capture; folds each later run into worst-per-tensor diffs and hashes."""
+    """Saves run 0's capture to `path`; compares each later run against that file, one tensor
+    at a time, so a worker holds one run's values (as the engine does), never two."""
 
-    def __init__(self, outputs: Sequence[str], op_types: Mapping[str, str]) -> None:
+    def __init__(self, outputs: Sequence[str], op_types: Mapping[str, str], path: str) -> None:
         self.outputs = list(outputs)
         self.op_types = dict(op_types)
-        self.first: dict[str, Value] | None = None
+        self.path = path
+        self.saved = False
         self.names: list[str] = []
         self.worst: dict[str, TensorDiff] = {}
         self.output_hashes: list[str] = []
@@ -38,21 +40,23 @@ class RunTracker:
     def add(self, capture: dict[str, Value]) -> None:
         outs = [n for n in self.outputs if n in capture]
         self.output_hashes.append(capture_sha256(outs, capture))
-        if self.first is None:
-            self.first = capture
+        if not self.saved:
             self.names = list(capture)
             self.capture_hashes.append(capture_sha256(self.names, capture))
+            save_capture(self.path, self.names, capture)
+            self.saved = True
             return
         self.capture_hashes.append(capture_sha256(self.names, capture))
-        for n in self.names:
-            if n not in capture:
-                keep_worse(
-                    self.worst,
-                    TensorDiff.mismatch(n, self.op_types.get(n, ""), "missing", "absent in a later run"),
-                )
-                continue
-            for d in diff_values(n, capture[n], self.first[n], self.op_types.get(n, "")):
-                keep_worse(self.worst, d)
+        with ValueFile(self.path) as first:
+            for n in self.names:
+                if n not in capture:
+                    keep_worse(
+                        self.worst,
+                        TensorDiff.mismatch(n, self.op_types.get(n, ""), "missing", "absent in a later run"),
+                    )
+                    continue
+                for d in diff_values(n, capture[n], first[n], self.op_types.get(n, "")):
+                    keep_worse(self.worst, d)
 
 
 def _one_line(e: BaseException) -> str:
@@ -83,7 +87,7 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
     t0 = time.perf_counter()
     runner.prepare(job.model, phase.tensors)
     prepare_s = time.perf_counter() - t0
-    tracker = RunTracker(job.outputs, job.op_types)
+    tracker = RunTracker(job.outputs, job.op_types, phase.capture)
     run_s = []
     fingerprint = None
     for i in range(phase.runs):
@@ -92,7 +96,6 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
         run_s.append(time.perf_counter() - t0)
         tracker.add(capture)
         if i == 0:
-            save_capture(phase.capture, tracker.names, capture)
             fingerprint = runner.fingerprint()
         del capture
         _tick()
@@ -174,12 +177,21 @@ def execute(job: WorkerJob) -> WorkerResult:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run each job file named, in order, in this process; write each one's result as it ends.
+
+    Several files: variants of a backend whose differences are per engine (see
+    Runner.shares_process), sharing one process's start-up and imports.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
-    with open(args[0]) as f:
-        job = WorkerJob.from_json(f.read())
-    result = execute(job)
-    _write(job.result, result.to_json())
-    return 0 if result.status == "ok" else 1
+    code = 0
+    for path in args:
+        with open(path) as f:
+            job = WorkerJob.from_json(f.read())
+        result = execute(job)
+        _write(job.result, result.to_json())
+        print(f"{PROGRESS_TAG} job", flush=True)
+        code = code or (0 if result.status == "ok" else 1)
+    return code
 
 
 if __name__ == "__main__":

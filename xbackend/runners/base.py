@@ -98,6 +98,9 @@ class Runner(abc.ABC):
     # Exposing intermediates can change what the engine computes (it blocks fusions), so graph
     # outputs come from a separate, plain build. Interpreters that compute node by node say False.
     instrumentation_changes_engine: ClassVar[bool] = True
+    # Variants differ only in per-engine state (e.g. ORT session options), so probe variants may
+    # run one after another in one process. False where a knob is process-wide (torch threads).
+    shares_process: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         self.options: dict[str, Any] = self.resolve_options(options or {})
