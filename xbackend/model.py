@@ -455,12 +455,59 @@ def _check(proto: onnx.ModelProto, path: Path) -> None:
             f"reads (at most {onnx.IR_VERSION}); upgrade onnx or re-export the model"
         )
     try:
-        # From the path: the C++ checker reads the file itself (no 2 GiB limit, no re-serialization).
-        onnx.checker.check_model(str(path))
+        if _uses_external_data(proto):
+            # From the path: the C++ checker finds the external files next to it.
+            onnx.checker.check_model(str(path))
+        else:
+            onnx.checker.check_model(_without_large_weights(proto, path))
+    except ModelLoadError:
+        raise
     except Exception as e:
         raise ModelLoadError(
             f"{path} is not a valid ONNX model: {_first_line(e)}; fix the model or re-export it"
         ) from e
+
+
+def _without_large_weights(proto: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """A copy for the checker, which serializes what it checks: large raw initializers emptied
+    once their byte counts are checked against their shapes here."""
+    light = onnx.ModelProto()
+    light.CopyFrom(proto)
+    for t in light.graph.initializer:
+        n = len(t.raw_data)
+        if n <= _CHECK_INLINE:
+            continue
+        want = _raw_size(t)
+        if want is not None and want != n:
+            raise ModelLoadError(
+                f"{path} is not a valid ONNX model: initializer {t.name!r} holds {n} bytes, "
+                f"its shape {list(t.dims)} needs {want}; fix the model or re-export it"
+            )
+        t.ClearField("raw_data")
+        del t.dims[:]
+        t.dims.append(0)
+    return light
+
+
+_CHECK_INLINE = 1 << 16
+
+
+def _raw_size(t: onnx.TensorProto) -> int | None:
+    """Bytes a raw initializer of this type and shape holds (None for types without a fixed size)."""
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    if t.data_type in _PACKED:
+        return None  # 4-bit and 2-bit types pack several elements per byte
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
+
+
+_PACKED = {
+    getattr(onnx.TensorProto, n)
+    for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(onnx.TensorProto, n)
+}
 
 
 def _first_line(e: BaseException) -> str:
