@@ -22,6 +22,13 @@ NARROW = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3f
 SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 6e-8, 1.0, -1.0, 3.0, 65504.0])
 
 
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: IEEE floats through the compiled kernels, and through numpy (small tensors)."""
+    monkeypatch.setattr(streamdiff, "SMALL", 0 if request.param == "compiled" else 1 << 40)
+    return str(request.param)
+
+
 def assert_same(a: np.ndarray, b: np.ndarray) -> TensorDiff:
     d = TensorDiff.from_arrays("t", a, b)
     want = oracle(a, b)

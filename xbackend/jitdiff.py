@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from xbackend.streamdiff import ACC_INF  # the exact-sum layout (streamdiff.ExactSum)
+
 BLOCK = 2048  # elements; a multiple of every elements-per-word count
 SUPER = 16 * BLOCK  # the reference is folded this far ahead, while the data is in cache
 
@@ -128,7 +130,7 @@ def measure(
     The reference's figures are folded too (ref_stats), a super-block at a time. wa/wb
     are the same memory as 64-bit words. Values come from `table[bits]` when the table
     is not empty (16-bit types), else from the float views fa/fb. Errors above `floor`
-    go to `errs`; relative errors are summed exactly into `sum_bins` (see add_exact).
+    go to `errs`; relative errors are summed exactly into `sum_bins` (streamdiff.ExactSum's layout).
     Returns where it stopped (a super-block start, when `errs` has no room for another
     super-block), or len(ua).
     """
@@ -315,13 +317,6 @@ def measure(
     return stopped
 
 
-# Exact sums of non-negative float64 values: acc[p] counts units of 2**(p - ACC_BIAS), every
-# addition below 2**26, so int64 holds 2**37 of them per slot; acc[ACC_INF] counts infinities.
-ACC_BIAS = 1075 + 128
-ACC_INF = 2048 + 256
-ACC_SIZE = ACC_INF + 1
-
-
 @njit(cache=True, nogil=True)
 def _acc_add(acc: np.ndarray, p: Any, v: Any) -> None:
     """acc += v * 2**(p - ACC_BIAS), v < 2**64, in 26-bit parts."""
@@ -333,8 +328,9 @@ def _acc_add(acc: np.ndarray, p: Any, v: Any) -> None:
 
 @njit(cache=True, nogil=True)
 def _sum_exact(values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.ndarray) -> None:
-    """Add values[:count] (at most BLOCK of them) exactly: whole 53-bit mantissas into
-    uint64 bins per exponent (BLOCK of them cannot overflow), then the touched bins to acc."""
+    """Add values[:count] (at most BLOCK of them) exactly into acc (streamdiff.ExactSum's layout):
+    whole 53-bit mantissas into uint64 bins per exponent (BLOCK of them cannot overflow), then
+    the touched bins to acc."""
     bits = values.view(np.uint64)
     lo = np.uint64(2047)
     hi = np.uint64(0)
@@ -414,12 +410,3 @@ def _sum_block(values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.n
                 frac = b & np.uint64(0xFFFFFFFFFFFFF)
                 frac = frac | implicit if ex != 0 else frac
                 _acc_add(acc, ex1 + np.uint64(128), frac)
-
-
-@njit(cache=True, nogil=True)
-def add_exact(values: np.ndarray, acc: np.ndarray) -> None:
-    """Add non-negative float64 values exactly into acc (see ACC_BIAS)."""
-    block = np.zeros(2048, np.uint64)
-    for s in range(0, values.size, BLOCK):
-        part = values[s : s + BLOCK]
-        _sum_block(part, part.size, acc, block)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 CHUNK_BYTES = 1 << 18  # per side, for the numpy kernels: both sides and the mask fit in L2
+SMALL = 1 << 18  # elements: smaller tensors that differ go through the numpy kernels
 JIT_CHUNK = 1 << 20  # elements per compiled call (bounds copies of non-contiguous inputs)
 HOLD_MAX = 1 << 20  # explicit errors held for the percentile (8 MiB, 16 MiB while growing)
 _Q99 = np.true_divide(99, 100)  # as np.percentile computes q
@@ -71,28 +72,42 @@ def chunks(x: np.ndarray) -> Iterator[np.ndarray]:
         yield get(s, s + size)
 
 
+# Exact sums of non-negative float64 values: acc[p] counts units of 2**(p - ACC_BIAS), every
+# addition below 2**26, so int64 holds 2**37 of them per slot; acc[ACC_INF] counts infinities.
+# (jitdiff's kernels add into the same layout.)
+ACC_BIAS = 1075 + 128
+ACC_INF = 2048 + 256
+ACC_SIZE = ACC_INF + 1
+
+
 class ExactSum:
-    """An exact sum of non-negative float64 values (see jitdiff.add_exact)."""
+    """An exact sum of non-negative float64 values; value() rounds it once, as math.fsum."""
 
     def __init__(self) -> None:
-        from xbackend import jitdiff
-
-        self.bins = np.zeros(jitdiff.ACC_SIZE, np.int64)
+        self.bins = np.zeros(ACC_SIZE, np.int64)
 
     def add(self, values: np.ndarray) -> None:
-        from xbackend import jitdiff
-
-        jitdiff.add_exact(np.ascontiguousarray(values, np.float64), self.bins)
+        """numpy, for the chunked kernels (the compiled ones add into `bins` themselves)."""
+        v = np.ascontiguousarray(values[values > 0], np.float64)
+        for s in range(0, v.size, 1 << 24):  # float64 bincount sums of < 2**26 each stay exact
+            bits = v[s : s + (1 << 24)].view(np.uint64)
+            ex = (bits >> np.uint64(52)).astype(np.int64)
+            inf = ex == 2047
+            self.bins[ACC_INF] += int(np.count_nonzero(inf))
+            frac = bits & np.uint64((1 << 52) - 1)
+            frac = np.where(ex != 0, frac | np.uint64(1 << 52), frac)[~inf]
+            p = np.maximum(ex, 1)[~inf] + 128  # subnormals share the scale of exponent 1
+            for shift in (0, 26, 52):
+                part = ((frac >> np.uint64(shift)) & np.uint64((1 << 26) - 1)).astype(np.float64)
+                self.bins += np.bincount(p + shift, weights=part, minlength=ACC_SIZE).astype(np.int64)
 
     def value(self) -> float:
-        from xbackend import jitdiff
-
-        if self.bins[jitdiff.ACC_INF]:
+        if self.bins[ACC_INF]:
             return math.inf
         whole = 0
-        for p in np.flatnonzero(self.bins[: jitdiff.ACC_INF]):
+        for p in np.flatnonzero(self.bins[:ACC_INF]):
             whole += int(self.bins[p]) << int(p)
-        return float(Fraction(whole, 1 << jitdiff.ACC_BIAS))  # correctly rounded, as math.fsum
+        return float(Fraction(whole, 1 << ACC_BIAS))  # correctly rounded, as math.fsum
 
 
 class TopErrors:
@@ -201,6 +216,12 @@ IEEE = {"float16": (16, 10), "bfloat16": (16, 7), "float32": (32, 23), "float64"
 _TABLES: dict[str, np.ndarray] = {}
 
 
+def _minexp(dtype: np.dtype[np.generic]) -> int:
+    import ml_dtypes
+
+    return int(ml_dtypes.finfo(dtype).minexp)  # type: ignore[no-untyped-call]
+
+
 def _table(dtype: np.dtype[np.generic]) -> np.ndarray:
     """float64 value of every 16-bit pattern (faster than converting float16 in numpy)."""
     name = str(dtype)
@@ -225,6 +246,8 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     """Compare IEEE-layout floats a and b (same dtype and shape); None when their bits are identical."""
     if _identical(a, b):  # the usual run-to-run case: no compiled kernel (nor numba's import) needed
         return None
+    if a.size <= SMALL:  # numpy is quick enough, and spares a process numba's import
+        return scan(a, b, FloatKernel(a.dtype, IEEE[str(a.dtype)][0], _minexp(a.dtype), signed=True))
     from xbackend import jitdiff as jd
 
     width, mant = IEEE[str(a.dtype)]
