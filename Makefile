@@ -28,6 +28,7 @@ models: $(STAMP)
 	$(BIN)/python models/build.py
 
 bench: $(STAMP)
+	$(BIN)/python benchmarks/comparator.py
 	$(BIN)/python benchmarks/vs_polygraphy.py
 
 clean:
