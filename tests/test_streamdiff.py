@@ -179,3 +179,15 @@ def test_extra_memory_is_bounded(frac: float) -> None:
     tracemalloc.stop()
     assert d.mismatches >= n * frac * 0.99
     assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB"
+
+
+def test_large_array_with_specials_across_chunks() -> None:
+    # 3 Mi elements: several compiled chunks (the last one padded), specials sprinkled in
+    cand, ref = perturbed(np.float32, 3 * 2**20 + 5, 0.05, seed=21)
+    rng = np.random.default_rng(22)
+    with np.errstate(all="ignore"):
+        for x in (cand, ref):
+            at = rng.choice(x.size, 300, replace=False)
+            x[at] = rng.choice(SPECIALS, 300).astype(np.float32)
+    d = assert_same(cand, ref)
+    assert d.p99_abs > 0 and d.nan_mismatch > 0 and d.inf_mismatch > 0

@@ -128,3 +128,12 @@ def test_constant_tensors() -> None:
     assert not is_constant(np.array([0.0, 1.0], np.float32))
     assert not is_constant(np.array([1.0], np.float32))  # one element proves nothing either way
     assert TensorDiff.from_arrays("z", np.zeros(4), np.zeros(4)).constant
+
+
+def test_the_package_names_stay_the_api_after_submodule_imports() -> None:
+    import xbackend
+    import xbackend.compare  # binds the submodule on the package, as any import would
+
+    assert callable(xbackend.compare) and xbackend.compare.__name__ == "compare"
+    assert xbackend.TensorDiff.__name__ == "TensorDiff"
+    assert set(xbackend.__all__) - {"__version__"} == set(xbackend._WHERE)

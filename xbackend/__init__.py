@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -65,6 +67,17 @@ _WHERE = {
     ),
     **dict.fromkeys(("InputDecl", "export_torch"), "xbackend.torch_export"),
 }
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Importing the submodule xbackend.compare binds it here; the public name stays the function.
+        if name == "compare" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
