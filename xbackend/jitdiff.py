@@ -230,10 +230,8 @@ def measure(
                 across = t(ma + mb)  # a path across zero
                 ulp = same if t(xa >> sign_shift) == t(xb >> sign_shift) else across
                 block_ulp = ulp if ulp > block_ulp else block_ulp
-            top_ulp = np.uint64(block_ulp) if np.uint64(block_ulp) > top_ulp else top_ulp
-            for j in range(m):
-                xa64 = np.uint64(ga[j])
-                xb64 = np.uint64(gb[j])
+                xa64 = np.uint64(xa)
+                xb64 = np.uint64(xb)
                 wide_a[j] = (
                     ((xa64 >> shift64) << top_bit)
                     | ((((xa64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
@@ -244,14 +242,17 @@ def measure(
                     | ((((xb64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
                     | ((xb64 & frac_mask) << frac_shift)
                 )
+            top_ulp = np.uint64(block_ulp) if np.uint64(block_ulp) > top_ulp else top_ulp
             block_max = 0.0
+            block_rel = 0.0
             for j in range(m):
                 err = abs(vals_a[j] - vals_b[j])
                 block_max = err if err > block_max else block_max
                 rel = err / abs(vals_b[j])
-                max_rel = rel if rel > max_rel else max_rel
+                block_rel = rel if rel > block_rel else block_rel
                 rels[j] = rel
                 errb[j] = err
+            max_rel = block_rel if block_rel > max_rel else max_rel
             max_abs = block_max if block_max > max_abs else max_abs
             if block_max > floor:  # candidates for the percentile
                 for j in range(m):
@@ -260,7 +261,7 @@ def measure(
             explicit += np.int64(m)
             diff_nzf += np.int64(m)
             rel_count += np.int64(m)
-            _sum_block(rels, m, sum_bins, block_bins)
+            _sum_block(rels, m, sum_bins, block_bins, block_rel)
             continue
         # a zero, subnormal, NaN or Inf among them: element by element
         k = np.uint64(0)
@@ -356,8 +357,10 @@ def _sum_exact(values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.n
 
 
 @njit(cache=True, nogil=True)
-def _sum_block(values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.ndarray) -> None:
-    """Add values[:count] exactly, in 128-bit fixed point below the largest (vectorizes).
+def _sum_block(
+    values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.ndarray, largest: float
+) -> None:
+    """Add values[:count] exactly, in 128-bit fixed point below the largest (`largest`).
 
     Each value is frac * 2**(64 - shift) units of the block's top exponent less 64, cut
     into three 42-bit parts summed apart; values over 2**64 times smaller than the
@@ -365,10 +368,9 @@ def _sum_block(values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.n
     """
     bits = values.view(np.uint64)
     n = np.uint64(count)
-    top = np.uint64(0)
-    for j in range(n):
-        ex = bits[j] >> np.uint64(52)
-        top = ex if ex > top else top
+    big = np.empty(1, np.float64)
+    big[0] = largest  # the block's largest value: its exponent is the top one
+    top = big.view(np.uint64)[0] >> np.uint64(52)
     if top == 2047:
         _sum_exact(values, count, acc, block_bins)
         return
