@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import tracemalloc
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -191,3 +192,14 @@ def test_large_array_with_specials_across_chunks() -> None:
             x[at] = rng.choice(SPECIALS, 300).astype(np.float32)
     d = assert_same(cand, ref)
     assert d.p99_abs > 0 and d.nan_mismatch > 0 and d.inf_mismatch > 0
+
+
+def test_compiled_kernels_cache_somewhere_writable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from xbackend import jitdiff
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    assert jitdiff.cache_dir(package_writable=True) is None  # numba's default: next to the package
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert jitdiff.cache_dir(package_writable=False) == str(tmp_path / "xbackend" / "numba")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "/elsewhere")
+    assert jitdiff.cache_dir(package_writable=False) is None  # the user's choice stands

@@ -2,24 +2,51 @@
 
 numpy alone cannot stream these at memory speed: converting float16 to float64 costs
 about 1 ns per element, and every further whole-chunk operation is another pass. Numba
-fuses the work: a vectorized pass folds the reference's figures (largest finite
-magnitude, non-finite and nonzero counts); then, per block, 64-bit words of both sides
-are XORed, and only words with a difference are measured element by element. The loop is
-resumable, so the buffer of largest errors (for the exact 99th percentile) can be
-pruned between calls.
+fuses the work. A vectorized pass folds the reference's figures (largest finite
+magnitude, non-finite and nonzero counts) a super-block ahead; then, per block, the
+64-bit words of both sides that differ are counted, the differing elements gathered
+(word by word when few), and measured in straight-line loops that vectorize, or one by
+one when a zero, subnormal, NaN or Inf is among them. The loop is resumable, so the
+buffer of largest errors (for the exact 99th percentile) can be pruned between calls.
 
 Arithmetic on narrow unsigned types is cast back to the array's own type (numba widens
-it to 64 bits otherwise, which keeps the loops from vectorizing on 16-bit lanes).
+it to 64 bits otherwise, which keeps the loops from vectorizing on 16-bit lanes), and
+indices are unsigned (numba then drops its negative-index checks).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
-import numpy as np
-from numba import njit
 
-from xbackend.streamdiff import ACC_INF  # the exact-sum layout (streamdiff.ExactSum)
+def cache_dir(package_writable: bool) -> str | None:
+    """Where numba keeps the compiled kernels when the package folder is read-only (an
+    installed wheel): the user's cache folder, else a per-user temporary one."""
+    if package_writable or "NUMBA_CACHE_DIR" in os.environ:
+        return None
+    for base in (os.environ.get("XDG_CACHE_HOME"), str(Path.home() / ".cache")):
+        if base:
+            target = Path(base) / "xbackend" / "numba"
+            try:
+                target.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                continue
+            if os.access(target, os.W_OK):
+                return str(target)
+    return str(Path(tempfile.gettempdir()) / f"xbackend-numba-{os.getuid()}")
+
+
+_where = cache_dir(os.access(Path(__file__).parent, os.W_OK))
+if _where is not None:
+    os.environ["NUMBA_CACHE_DIR"] = _where  # read by numba when it is imported, just below
+
+import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
+
+from xbackend.streamdiff import ACC_INF  # noqa: E402  (the exact-sum layout: streamdiff.ExactSum)
 
 BLOCK = 2048  # elements; a multiple of every elements-per-word count
 SUPER = 16 * BLOCK  # the reference is folded this far ahead, while the data is in cache
