@@ -212,14 +212,15 @@ def measure(
             continue
         # gather the differing elements: word by word when sparse, element by element when not
         m = np.uint64(0)
+        whole = False
         if words * per == e - s:  # every word differs: perhaps every element (a plain copy, then)
             same_count = zero
             for i in range(us, ue):
                 same_count = t(same_count + t(ua[i] == ub[i]))
             if same_count == zero:
                 m = ue - us
+                whole = True  # positions are us + j: no index list (its stores stall the copy)
                 for j in range(m):
-                    idx[j] = us + j
                     ga[j] = ua[us + j]
                     gb[j] = ub[us + j]
         if m:
@@ -293,7 +294,7 @@ def measure(
         # a zero, subnormal, NaN or Inf among them: element by element
         k = np.uint64(0)
         for j in range(m):
-            i = idx[j]
+            i = us + j if whole else np.uint64(idx[j])
             xa = ga[j]
             xb = gb[j]
             ma = t(xa & mag_mask)
