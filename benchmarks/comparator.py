@@ -5,7 +5,9 @@ elements differing, times `TensorDiff.from_arrays` and prints:
 
   GB/s     bytes of both inputs per second (best of --repeat)
   extra    peak memory the compare allocates (tracemalloc: numpy's allocations)
-  vs copy  the time of copying one input (the memory-speed floor), as a ratio
+  vs copy  the time of copying one input (the memory-speed floor), as a ratio; the
+           machine's copy speed at that moment is printed too (memory bandwidth varies
+           on shared machines, and every figure here moves with it)
   vs old   the whole-array comparator it replaced (tests/oracle_diff.py), as a speed-up
 
 Targets (issue 8): >= 10 GB/s identical, >= 5 GB/s at 1%, >= 1 GB/s when all differ;
@@ -63,8 +65,8 @@ def main() -> None:
 
     n = args.elements
     print(f"{n} elements per side, one core ({os.cpu_count()} on the machine)")
-    head = ("dtype", "differ", "GB/s", "target", "extra MiB", "vs copy", "vs old")
-    print("{:8s} {:>6s} {:>7s} {:>10s} {:>9s} {:>8s} {:>8s}".format(*head))
+    head = ("dtype", "differ", "GB/s", "target", "extra MiB", "vs copy", "copy GB/s", "vs old")
+    print("{:8s} {:>6s} {:>7s} {:>10s} {:>9s} {:>8s} {:>9s} {:>8s}".format(*head))
     targets = {0.0: 10.0, 0.01: 5.0, 1.0: 1.0}
     for dtype in (np.float32, np.float16):
         for frac, target in targets.items():
@@ -82,7 +84,7 @@ def main() -> None:
             mark = "ok" if gbs >= target else "MISS"
             print(
                 f"{np.dtype(dtype).name:8s} {frac:6.0%} {gbs:7.2f} {target:5.1f} {mark:>4s}"
-                f" {peak / 2**20:9.1f} {secs / copy:7.1f}x {old:>8s}"
+                f" {peak / 2**20:9.1f} {secs / copy:7.1f}x {2 * ref.nbytes / copy / 1e9:9.1f} {old:>8s}"
             )
 
 
