@@ -137,7 +137,8 @@ class ThreadsCrashRunner(ReferenceRunner):
 
 class SharedProcessRunner(ReferenceRunner):
     """The reference evaluator, declared to share a process between variants: it notes each
-    build's thread count and process id under `state_dir`, and aborts at `crash_threads`."""
+    build's thread count and process id under `state_dir`, aborts at `crash_threads` and
+    hangs at `hang_threads`."""
 
     name = "test-shared"
     description = "probe variants share a process"
@@ -146,6 +147,7 @@ class SharedProcessRunner(ReferenceRunner):
         *ReferenceRunner.option_specs,
         OptionSpec("state_dir", str, "", "where builds are noted"),
         OptionSpec("crash_threads", int, -1, "abort when built with this many threads"),
+        OptionSpec("hang_threads", int, -1, "hang when built with this many threads"),
     )
 
     @classmethod
@@ -158,4 +160,6 @@ class SharedProcessRunner(ReferenceRunner):
             f.write(f"{threads} {os.getpid()}\n")
         if threads == int(self.options["crash_threads"]):
             os.abort()
+        while threads == int(self.options["hang_threads"]):
+            time.sleep(1)
         return super().prepare_impl(model, tensors)

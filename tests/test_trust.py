@@ -394,3 +394,24 @@ def test_a_crash_in_a_shared_process_costs_only_that_variant(
     ) == 3  # the variant after the crash: a new process
     assert "WARN: threads probe failed on test-shared at 1 thread(s): crashed with SIGABRT" in r.verdict()
     assert r.backend("test-shared").ok
+
+
+def test_a_hang_in_a_shared_process_times_out_that_variant_only(
+    models: dict[str, Path], plugins: None, tmp_path: Path
+) -> None:
+    opts = {"test-shared": {"state_dir": str(tmp_path), "threads": "2", "hang_threads": "1"}}
+    r = xbackend.compare(
+        models["attention"],
+        backends=["test-shared"],
+        runs=1,
+        probes="threads",
+        probe_threads=3,
+        runner_options=opts,
+        timeout=8,
+    )
+    (_, main_pid), (t1, pid1), (t3, pid3) = _builds(tmp_path)
+    assert (t1, t3) == (1, 3) and len({main_pid, pid1, pid3}) == 3
+    assert (
+        "WARN: threads probe failed on test-shared at 1 thread(s): timed out after 8 s (raise --timeout)"
+        in (r.verdict())
+    )
