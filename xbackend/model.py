@@ -32,6 +32,7 @@ __all__ = [
     "kind_of",
     "load_model",
     "load_proto",
+    "model_file",
     "model_sha256",
     "np_dtype",
     "parse_model",
@@ -375,13 +376,19 @@ def model_sha256(path: Path, proto: onnx.ModelProto | None = None, data: bytes |
     return h.hexdigest()
 
 
-def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
-    """The model file's bytes; ModelLoadError if it is missing or not a file."""
+def model_file(path: str | os.PathLike[str]) -> Path:
+    """The model's path; ModelLoadError if it is missing or not a file."""
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"model file not found: {p}; check the path")
     if not p.is_file():
         raise ModelLoadError(f"{p} is not a file; pass the path of an .onnx model file")
+    return p
+
+
+def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The model file's bytes; ModelLoadError if it is missing or not a file."""
+    p = model_file(path)
     try:
         return p.read_bytes()
     except OSError as e:

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from xbackend.errors import BackendUnavailableError, ModelLoadError, RunnerFailedError
-from xbackend.model import ModelRef, downgrade_ir, load_proto, read_model_bytes
+from xbackend.model import ModelRef, downgrade_ir, load_proto, model_file, read_model_bytes
 from xbackend.protocol import OptLevelRow
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.values import Value, normalize, value_sha256
@@ -338,8 +338,7 @@ class OrtCpuRunner(Runner):
         per process to a temporary file (ORT builds from a path in about half the time it takes
         from bytes). Models with external data go as bytes: their data is found by folder."""
         if not suffix:
-            read_model_bytes(model.path)  # the usual one-line error for a missing model
-            return model.path
+            return str(model_file(model.path))  # checked: the usual one-line error if missing
         if model.external_data:
             return read_model_bytes(model.path) + suffix
         st = os.stat(model.path)
