@@ -53,7 +53,6 @@ FLOAT_BITS: dict[str, tuple[int, int]] = {
 }
 UNSIGNED_FLOATS = frozenset({"float8_e8m0fnu"})  # no sign bit: the bits are already ordered
 INT_LIKE = frozenset({"int4", "uint4", "int2", "uint2"})  # ml_dtypes integers (numpy kind 'V')
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def is_float_dtype(dtype: np.dtype[np.generic]) -> bool:
@@ -75,7 +74,7 @@ def _finfo(dtype: np.dtype[np.generic]) -> tuple[int, int]:
 def ordered_bits(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(sign, magnitude) of each element's bit pattern, as (bool, uint) arrays."""
     width = FLOAT_BITS[str(a.dtype)][0]
-    uint = _UINT[a.dtype.itemsize]
+    uint = streamdiff.UINT[a.dtype.itemsize]
     bits = np.require(a, requirements="C").view(uint)
     if str(a.dtype) in UNSIGNED_FLOATS:
         return np.zeros(bits.shape, bool), bits
@@ -302,11 +301,52 @@ def _with_counts(base: TensorDiff, mismatches: int, **kw: object) -> TensorDiff:
     return replace(base, bitwise_equal=False, mismatches=mismatches, mismatch_fraction=frac, **kw)  # type: ignore[arg-type]
 
 
+class _FloatKernel(streamdiff.Kernel):
+    """Floats in numpy (the ml_dtypes formats, and IEEE ones up to streamdiff.SMALL elements):
+    the differing elements are classified and measured by `classify` and `ulp_distance`."""
+
+    def __init__(self, dtype: np.dtype[np.generic]) -> None:
+        self.dtype = dtype
+        self.uint = streamdiff.UINT[dtype.itemsize]
+
+    def ref_stats(self, xb: np.ndarray) -> tuple[int, int, float]:
+        f = xb.view(self.dtype).astype(np.float64)
+        fin = np.isfinite(f)
+        nonfinite = f.size - int(np.count_nonzero(fin))
+        finite = np.abs(f[fin]) if nonfinite else np.abs(f)
+        return nonfinite, int(np.count_nonzero(finite)), float(finite.max(initial=0.0))
+
+    def part(self, da: np.ndarray, db: np.ndarray) -> streamdiff.Part:
+        a, b = da.view(self.dtype), db.view(self.dtype)
+        c = classify(a, b)
+        m = c.comparable
+        fb = b.astype(np.float64)
+        cfa, cfb = a[m].astype(np.float64), fb[m]
+        nz = cfb != 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            err = np.abs(cfa - cfb)
+            rel = err[nz] / np.abs(cfb[nz])
+        fin_b = np.isfinite(fb)
+        return streamdiff.Part(
+            err=err,
+            rel=rel,
+            mismatches=da.size,
+            max_ulp=int(ulp_distance(a[m], b[m]).max(initial=0)),
+            non_comparable=da.size - int(np.count_nonzero(m)),
+            ref_nonfinite=da.size - int(np.count_nonzero(fin_b)),
+            ref_nonzero_finite=int(np.count_nonzero(fin_b & (fb != 0))),
+            nan_mismatch=int(np.count_nonzero(c.nan_mismatch)),
+            inf_mismatch=int(np.count_nonzero(c.inf_mismatch)),
+            ftz_mismatch=int(np.count_nonzero(c.ftz_mismatch)),
+            zero_sign_mismatch=int(np.count_nonzero((cfa == 0) & (cfb == 0))),  # bits differ: +0 vs -0
+            nan_payload_mismatch=int(np.count_nonzero(c.nan_both)),  # bits differ: other payloads
+        )
+
+
 def _kernel(dtype: np.dtype[np.generic]) -> streamdiff.Kernel | None:
     name = str(dtype)
     if name in FLOAT_BITS:
-        minexp, _ = _finfo(dtype)
-        return streamdiff.FloatKernel(dtype, FLOAT_BITS[name][0], minexp, signed=name not in UNSIGNED_FLOATS)
+        return _FloatKernel(dtype)
     if dtype == np.bool_:
         return streamdiff.BoolKernel()
     if dtype.kind in "iu" or name in INT_LIKE:
@@ -316,8 +356,8 @@ def _kernel(dtype: np.dtype[np.generic]) -> streamdiff.Kernel | None:
 
 def _streamed(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
     """One pass, measuring only the elements whose bits differ (see streamdiff)."""
-    if str(a.dtype) in streamdiff.IEEE:
-        t = streamdiff.scan_ieee(a, b)
+    if str(a.dtype) in streamdiff.IEEE and a.size > streamdiff.SMALL:
+        t = streamdiff.scan_ieee(a, b)  # compiled; smaller tensors spare a process numba's import
     else:
         kernel = _kernel(a.dtype)
         if kernel is None:

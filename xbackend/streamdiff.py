@@ -30,7 +30,7 @@ SMALL = 1 << 18  # elements: smaller tensors that differ go through the numpy ke
 JIT_CHUNK = 1 << 20  # elements per compiled call (bounds copies of non-contiguous inputs)
 HOLD_MAX = 1 << 20  # explicit errors held for the percentile (8 MiB, 16 MiB while growing)
 _Q99 = np.true_divide(99, 100)  # as np.percentile computes q
-_UINT: dict[int, type[np.unsignedinteger[Any]]] = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+UINT: dict[int, type[np.unsignedinteger[Any]]] = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 @dataclass
@@ -216,12 +216,6 @@ IEEE = {"float16": (16, 10), "bfloat16": (16, 7), "float32": (32, 23), "float64"
 _TABLES: dict[str, np.ndarray] = {}
 
 
-def _minexp(dtype: np.dtype[np.generic]) -> int:
-    import ml_dtypes
-
-    return int(ml_dtypes.finfo(dtype).minexp)  # type: ignore[no-untyped-call]
-
-
 def _table(dtype: np.dtype[np.generic]) -> np.ndarray:
     """float64 value of every 16-bit pattern (faster than converting float16 in numpy)."""
     name = str(dtype)
@@ -233,7 +227,7 @@ def _table(dtype: np.dtype[np.generic]) -> np.ndarray:
 
 def _identical(a: np.ndarray, b: np.ndarray) -> bool:
     """Bits equal everywhere; numpy, chunk by chunk, stopping at the first chunk that differs."""
-    uint = _UINT[a.dtype.itemsize]
+    uint = UINT[a.dtype.itemsize]
     get_a, get_b = _flat(a), _flat(b)
     size = max(1, (4 * CHUNK_BYTES) // a.dtype.itemsize)  # one streaming compare: larger chunks pay
     return all(
@@ -246,12 +240,10 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     """Compare IEEE-layout floats a and b (same dtype and shape); None when their bits are identical."""
     if _identical(a, b):  # the usual run-to-run case: no compiled kernel (nor numba's import) needed
         return None
-    if a.size <= SMALL:  # numpy is quick enough, and spares a process numba's import
-        return scan(a, b, FloatKernel(a.dtype, IEEE[str(a.dtype)][0], _minexp(a.dtype), signed=True))
     from xbackend import jitdiff as jd
 
     width, mant = IEEE[str(a.dtype)]
-    uint = _UINT[a.dtype.itemsize]
+    uint = UINT[a.dtype.itemsize]
     per = 8 // a.dtype.itemsize  # elements per 64-bit word
     mag_mask = uint((1 << (width - 1)) - 1)
     inf_bits = uint(((1 << (width - 1 - mant)) - 1) << mant)
@@ -471,75 +463,12 @@ def scan(a: np.ndarray, b: np.ndarray, kernel: Kernel) -> Summary | None:
     )
 
 
-class FloatKernel(Kernel):
-    """ml_dtypes floats other than bfloat16 (fp8, fp6, fp4, e8m0): ULPs in the dtype's own bits."""
-
-    def __init__(self, dtype: np.dtype[np.generic], width: int, minexp: int, signed: bool) -> None:
-        self.dtype = dtype
-        self.uint = _UINT[dtype.itemsize]
-        self.width = width
-        self.signed = signed
-        self.tiny = math.ldexp(1.0, minexp)
-        self.mag_mask = self.uint((1 << (width - 1)) - 1) if signed else self.uint((1 << width) - 1)
-
-    def ref_stats(self, xb: np.ndarray) -> tuple[int, int, float]:
-        f = xb.view(self.dtype).astype(np.float64)
-        fin = np.isfinite(f)
-        nonfinite = f.size - int(np.count_nonzero(fin))
-        finite = np.abs(f[fin]) if nonfinite else np.abs(f)
-        return nonfinite, int(np.count_nonzero(finite)), float(finite.max(initial=0.0))
-
-    def _ulp(self, da: np.ndarray, db: np.ndarray) -> int:
-        """Largest ULP distance; magnitudes stay below half their uint range, so sums cannot wrap."""
-        if not da.size:
-            return 0
-        ma, mb = da & self.mag_mask, db & self.mag_mask
-        dist = np.maximum(ma, mb)
-        dist -= np.minimum(ma, mb)
-        if self.signed:
-            signs = (da ^ db) & self.uint(1 << (self.width - 1))  # fp4/fp6 sit in the low bits
-            if signs.any():  # a path across zero
-                np.add(ma, mb, out=dist, where=signs != 0)
-        return int(dist.max())
-
-    def part(self, da: np.ndarray, db: np.ndarray) -> Part:
-        fa, fb = da.view(self.dtype).astype(np.float64), db.view(self.dtype).astype(np.float64)
-        na, nb = np.isnan(fa), np.isnan(fb)
-        ia, ib = np.isinf(fa), np.isinf(fb)
-        any_nan = na | nb
-        any_inf = (ia | ib) & ~any_nan  # bits differ, so an Inf here never equals the other side
-        sub_a = (fa != 0) & (np.abs(fa) < self.tiny)
-        sub_b = (fb != 0) & (np.abs(fb) < self.tiny)
-        ftz = (sub_a & (fb == 0)) | (sub_b & (fa == 0))
-        m = ~any_nan & ~(ia | ib) & ~ftz
-        cfa, cfb = fa[m], fb[m]
-        nz = cfb != 0
-        with np.errstate(over="ignore", invalid="ignore"):
-            err = np.abs(cfa - cfb)
-            rel = err[nz] / np.abs(cfb[nz])
-        fin_b = np.isfinite(fb)
-        return Part(
-            err=err,
-            rel=rel,
-            mismatches=da.size,
-            max_ulp=self._ulp(da[m], db[m]),
-            non_comparable=da.size - int(np.count_nonzero(m)),
-            ref_nonfinite=da.size - int(np.count_nonzero(fin_b)),
-            ref_nonzero_finite=int(np.count_nonzero(fin_b & (fb != 0))),
-            nan_mismatch=int(np.count_nonzero(na ^ nb)),
-            inf_mismatch=int(np.count_nonzero(any_inf)),
-            ftz_mismatch=int(np.count_nonzero(ftz)),
-            zero_sign_mismatch=int(np.count_nonzero((cfa == 0) & (cfb == 0))),
-            nan_payload_mismatch=int(np.count_nonzero(na & nb)),
-        )
-
-
 class IntKernel(Kernel):
     """Integers (numpy and ml_dtypes int4/int2): exact; abs/rel from the integer difference."""
 
     def __init__(self, dtype: np.dtype[np.generic], unsigned: bool) -> None:
         self.dtype = dtype
-        self.uint = _UINT[dtype.itemsize]
+        self.uint = UINT[dtype.itemsize]
         self.wide = np.uint64 if unsigned else np.int64
 
     def ref_stats(self, xb: np.ndarray) -> tuple[int, int, float]:
