@@ -137,6 +137,7 @@ def test_results_do_not_depend_on_chunking(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_first_difference_in_a_late_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(streamdiff, "JIT_CHUNK", 4096)
+    monkeypatch.setattr(streamdiff, "CHUNK_BYTES", 4096)  # chunks before the difference are skipped
     ref = np.random.default_rng(0).standard_normal(30_001).astype(np.float32)
     ref[100] = np.inf  # the reference figures of the skipped chunks still count
     cand = ref.copy()

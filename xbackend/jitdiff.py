@@ -60,21 +60,6 @@ MAX_ABS, MAX_REL = 0, 1
 
 
 @njit(cache=True, nogil=True)
-def first_difference(wa: np.ndarray, wb: np.ndarray, per: int) -> int:
-    """Element index of the start of the first block whose bits differ, or len(wa) * per."""
-    n = wa.size
-    step = BLOCK // per
-    for s in range(0, n, step):
-        e = min(s + step, n)
-        acc = np.uint64(0)
-        for i in range(s, e):
-            acc |= wa[i] ^ wb[i]
-        if acc != 0:
-            return s * per
-    return n * per
-
-
-@njit(cache=True, nogil=True)
 def _ref_exact(ub: np.ndarray, s: int, e: int, mag_mask: Any, inf_bits: Any, counts: np.ndarray) -> Any:
     """A block with a NaN or Inf: count exactly; returns its largest finite magnitude."""
     zero = mag_mask ^ mag_mask

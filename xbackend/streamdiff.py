@@ -128,13 +128,17 @@ class TopErrors:
         self.held.append(err)
         self.size += err.size
         if self.size > 2 * self.k:
-            self.prune(np.concatenate(self.held))
+            held = np.concatenate(self.held)
+            self.size = self.keep(held)
+            self.held = [held[: self.size].copy()]
 
-    def prune(self, values: np.ndarray) -> np.ndarray:
-        """Keep the k largest of `values`; returns them."""
-        keep = np.partition(values, values.size - self.k)[values.size - self.k :].copy()
-        self.held, self.size, self.floor = [keep], keep.size, float(keep.min())
-        return keep
+    def keep(self, buf: np.ndarray) -> int:
+        """Move the k largest of `buf` to its front, in place, and raise the floor to the
+        smallest of them; returns k."""
+        buf.partition(buf.size - self.k)
+        buf[: self.k] = buf[buf.size - self.k :].copy()
+        self.floor = float(buf[: self.k].min())
+        return self.k
 
     def descending(self) -> np.ndarray:
         if not self.held:
@@ -225,20 +229,21 @@ def _table(dtype: np.dtype[np.generic]) -> np.ndarray:
     return _TABLES[name]
 
 
-def _identical(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bits equal everywhere; numpy, chunk by chunk, stopping at the first chunk that differs."""
+def _first_difference(a: np.ndarray, b: np.ndarray) -> int | None:
+    """Start of the first chunk whose bits differ (None: identical); numpy, stopping there."""
     uint = UINT[a.dtype.itemsize]
     get_a, get_b = _flat(a), _flat(b)
     size = max(1, (4 * CHUNK_BYTES) // a.dtype.itemsize)  # one streaming compare: larger chunks pay
-    return all(
-        np.array_equal(get_a(s, s + size).view(uint), get_b(s, s + size).view(uint))
-        for s in range(0, a.size, size)
-    )
+    for s in range(0, a.size, size):
+        if not np.array_equal(get_a(s, s + size).view(uint), get_b(s, s + size).view(uint)):
+            return s
+    return None
 
 
 def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     """Compare IEEE-layout floats a and b (same dtype and shape); None when their bits are identical."""
-    if _identical(a, b):  # the usual run-to-run case: no compiled kernel (nor numba's import) needed
+    start = _first_difference(a, b)
+    if start is None:  # the usual run-to-run case: no compiled kernel (nor numba's import) needed
         return None
     from xbackend import jitdiff as jd
 
@@ -264,7 +269,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     max_ulp = np.zeros(1, np.uint64)
     total = ExactSum()
     top = TopErrors(n)
-    errs = np.empty(0, np.float64)  # allocated at the first difference
+    errs = np.empty(min(2 * top.k, 2 * HOLD_MAX) + jd.SUPER, np.float64)
 
     def run(
         xa: np.ndarray, xb: np.ndarray, pos: int, state: np.ndarray, floor: float, out: np.ndarray
@@ -277,33 +282,18 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
             )
         )  # fmt: skip
 
-    found = False
     for s in range(0, n, JIT_CHUNK):
-        xa, xb = piece(get_a, s), piece(get_b, s)
-        pos = 0
-        if not found:
-            pos = int(jd.first_difference(xa.view(np.uint64), xb.view(np.uint64), per))
-            if pos == xa.size:
-                continue
-            found = True
-            errs = np.empty(min(2 * top.k, 2 * HOLD_MAX) + jd.SUPER, np.float64)
-            for s0 in range(0, s, JIT_CHUNK):  # the reference figures of the identical part so far
-                jd.ref_stats(piece(get_b, s0), 0, JIT_CHUNK, mag_mask, inf_bits, counts)
-            jd.ref_stats(xb, 0, pos, mag_mask, inf_bits, counts)  # measure folds the rest
+        xb = piece(get_b, s)
+        if s + xb.size <= start:  # identical: only the reference's figures
+            jd.ref_stats(xb, 0, xb.size, mag_mask, inf_bits, counts)
+            continue
+        xa = piece(get_a, s)
+        pos = max(0, start - s) // jd.BLOCK * jd.BLOCK
+        jd.ref_stats(xb, 0, pos, mag_mask, inf_bits, counts)  # measure folds the rest
         while pos < xa.size:
             pos = run(xa, xb, pos, counts, top.floor, errs)
-            if pos < xa.size:  # the error buffer is full: keep the k largest, in place
-                fill = int(counts[jd.FILL])
-                if top.overflow:
-                    counts[jd.FILL] = 0
-                    continue
-                held = errs[:fill]
-                held.partition(fill - top.k)
-                errs[: top.k] = held[fill - top.k :].copy()
-                top.floor = float(errs[: top.k].min())
-                counts[jd.FILL] = top.k
-    if not found:
-        return None
+            if pos < xa.size:  # the error buffer is full: keep the largest
+                counts[jd.FILL] = 0 if top.overflow else top.keep(errs[: counts[jd.FILL]])
     if not top.overflow:
         top.held, top.size = [errs[: counts[jd.FILL]].copy()], int(counts[jd.FILL])
     identical_nonfinite = int(counts[jd.REF_NONFINITE] - counts[jd.DIFF_REF_NONFINITE])
