@@ -351,23 +351,30 @@ def test_dynamic_axis_the_module_bakes_in_is_an_export_error(tmp_path: Path) -> 
         )
 
 
-def _builds(state: Path) -> list[tuple[int, int]]:
-    return [(int(t), int(p)) for t, p in (ln.split() for ln in (state / "builds").read_text().splitlines())]
-
-
-def test_probe_variants_share_one_process_when_the_runner_allows(
-    models: dict[str, Path], plugins: None, tmp_path: Path
-) -> None:
-    opts = {"test-shared": {"state_dir": str(tmp_path), "threads": "2"}}
+def _shared(
+    model: Path, state: Path, timeout: float = 600, **options: str
+) -> tuple[xbackend.Result, list[tuple[int, int]]]:
+    """The threads probe (1 and 3 threads) on `test-shared` at 2 threads by default; the result,
+    and each build's (threads, process id) in the order they were built."""
+    opts = {"test-shared": {"state_dir": str(state), "threads": "2", **options}}
     r = xbackend.compare(
-        models["attention"],
+        model,
         backends=["test-shared"],
         runs=1,
         probes="threads",
         probe_threads=3,
         runner_options=opts,
+        timeout=timeout,
     )
-    (main_t, main_pid), (t1, pid1), (t3, pid3) = _builds(tmp_path)
+    lines = (state / "builds").read_text().splitlines()
+    return r, [(int(t), int(p)) for t, p in (ln.split() for ln in lines)]
+
+
+def test_probe_variants_share_one_process_when_the_runner_allows(
+    models: dict[str, Path], plugins: None, tmp_path: Path
+) -> None:
+    r, builds = _shared(models["attention"], tmp_path)
+    (main_t, main_pid), (t1, pid1), (t3, pid3) = builds
     assert (main_t, t1, t3) == (2, 1, 3)
     assert pid1 == pid3 != main_pid  # both variants in one fresh process, apart from the main build
     assert [(row.threads, row.status) for row in r.probe("threads").rows] == [
@@ -379,19 +386,10 @@ def test_probe_variants_share_one_process_when_the_runner_allows(
 def test_a_crash_in_a_shared_process_costs_only_that_variant(
     models: dict[str, Path], plugins: None, tmp_path: Path
 ) -> None:
-    opts = {"test-shared": {"state_dir": str(tmp_path), "threads": "2", "crash_threads": "1"}}
-    r = xbackend.compare(
-        models["attention"],
-        backends=["test-shared"],
-        runs=1,
-        probes="threads",
-        probe_threads=3,
-        runner_options=opts,
-    )
-    (_, main_pid), (t1, pid1), (t3, pid3) = _builds(tmp_path)
-    assert (t1, t3) == (1, 3) and len(
-        {main_pid, pid1, pid3}
-    ) == 3  # the variant after the crash: a new process
+    r, builds = _shared(models["attention"], tmp_path, crash_threads="1")
+    (_, main_pid), (t1, pid1), (t3, pid3) = builds
+    assert (t1, t3) == (1, 3)
+    assert len({main_pid, pid1, pid3}) == 3  # the variant after the crash: a new process
     assert "WARN: threads probe failed on test-shared at 1 thread(s): crashed with SIGABRT" in r.verdict()
     assert r.backend("test-shared").ok
 
@@ -399,19 +397,11 @@ def test_a_crash_in_a_shared_process_costs_only_that_variant(
 def test_a_hang_in_a_shared_process_times_out_that_variant_only(
     models: dict[str, Path], plugins: None, tmp_path: Path
 ) -> None:
-    opts = {"test-shared": {"state_dir": str(tmp_path), "threads": "2", "hang_threads": "1"}}
-    r = xbackend.compare(
-        models["attention"],
-        backends=["test-shared"],
-        runs=1,
-        probes="threads",
-        probe_threads=3,
-        runner_options=opts,
-        timeout=8,
-    )
-    (_, main_pid), (t1, pid1), (t3, pid3) = _builds(tmp_path)
-    assert (t1, t3) == (1, 3) and len({main_pid, pid1, pid3}) == 3
-    assert (
+    r, builds = _shared(models["attention"], tmp_path, timeout=8, hang_threads="1")
+    (_, main_pid), (t1, pid1), (t3, pid3) = builds
+    assert (t1, t3) == (1, 3)
+    assert len({main_pid, pid1, pid3}) == 3
+    timed_out = (
         "WARN: threads probe failed on test-shared at 1 thread(s): timed out after 8 s (raise --timeout)"
-        in (r.verdict())
     )
+    assert timed_out in r.verdict()
