@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import onnx
@@ -10,7 +11,7 @@ from onnx import TensorProto, helper
 
 from xbackend.errors import ModelLoadError
 from xbackend.model import ModelRef, downgrade_blockers, downgrade_ir, load_model, load_proto
-from xbackend.samples import build
+from xbackend.samples import build, mlp_layernorm
 
 
 def tiny(opset: int = 21, ir: int | None = None, dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
@@ -66,6 +67,21 @@ def test_invalid_graph_is_rejected(tmp_path: Path) -> None:
     p = tmp_path / "invalid.onnx"
     onnx.save(m, str(p))
     with pytest.raises(ModelLoadError, match="is not a valid ONNX model"):
+        load_model(p)
+
+
+def test_large_weight_of_the_wrong_size_is_rejected(tmp_path: Path) -> None:
+    # the checker sees large weights emptied, so their byte counts are checked beforehand
+    m = mlp_layernorm(blocks=1, width=128, hidden=256)
+    w = next(t for t in m.graph.initializer if len(t.raw_data) > 65536)
+    dims = list(w.dims)
+    w.raw_data = w.raw_data[:-4]
+    p = tmp_path / "short.onnx"
+    onnx.save(m, str(p))
+    want = (
+        f"initializer '{w.name}' holds {len(w.raw_data)} bytes, its shape {dims} needs {len(w.raw_data) + 4}"
+    )
+    with pytest.raises(ModelLoadError, match=re.escape(want)):
         load_model(p)
 
 

@@ -449,26 +449,24 @@ def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto
     p = Path(path)
     data = read_model_bytes(p)
     proto = parse_model(data, p)
-    if _uses_external_data(proto):
+    external = _uses_external_data(proto)
+    if external:
         _check_external_files(proto, p)
-    _check(proto, p)
+    _check(proto, p, external)
     return ModelSpec.from_proto(proto, str(path), model_sha256(p, proto, data)), proto
 
 
-def _check(proto: onnx.ModelProto, path: Path) -> None:
+def _check(proto: onnx.ModelProto, path: Path, external: bool) -> None:
     if proto.ir_version > onnx.IR_VERSION:
         raise ModelLoadError(
             f"{path} has IR version {proto.ir_version}, newer than this onnx {onnx.__version__} "
             f"reads (at most {onnx.IR_VERSION}); upgrade onnx or re-export the model"
         )
+    # From the path when weights live in files beside it (the C++ checker finds them there);
+    # else a copy without the large weights, whose byte counts are checked on the way.
+    target: str | onnx.ModelProto = str(path) if external else _without_large_weights(proto, path)
     try:
-        if _uses_external_data(proto):
-            # From the path: the C++ checker finds the external files next to it.
-            onnx.checker.check_model(str(path))
-        else:
-            onnx.checker.check_model(_without_large_weights(proto, path))
-    except ModelLoadError:
-        raise
+        onnx.checker.check_model(target)
     except Exception as e:
         raise ModelLoadError(
             f"{path} is not a valid ONNX model: {_first_line(e)}; fix the model or re-export it"
