@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from xbackend.executor import Job
@@ -16,20 +16,14 @@ __all__ = ["OptLevelResult", "OptLevelsProbe", "OptLevelsResult"]
 
 
 @dataclass(frozen=True)
-class OptLevelResult:
-    """One graph optimization level against none, and what changed the bits."""
+class OptLevelResult(OptLevelRow):
+    """One backend's graph optimization level against none (the job's row, with its backend)."""
 
-    backend: str
-    level: str
-    bitwise_equal: bool
-    max_ulp: int
-    scaled_ulp: float
-    changed_by: tuple[str, ...]
-    modified_graph: tuple[str, ...]
+    backend: str = ""
 
     @classmethod
     def from_row(cls, backend: str, r: OptLevelRow) -> OptLevelResult:
-        return cls(backend, r.level, r.bitwise_equal, r.max_ulp, r.scaled_ulp, r.changed_by, r.modified_graph)
+        return cls(**{f.name: getattr(r, f.name) for f in fields(r)}, backend=backend)
 
 
 @dataclass(frozen=True)
