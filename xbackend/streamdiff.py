@@ -198,6 +198,20 @@ def radix_select(ranks: tuple[int, int], zeros: int, errs: Callable[[], Iterator
     return out
 
 
+def _population(
+    n: int, ref: tuple[int, int], differing_ref: tuple[int, int], non_comparable: int, rel_measured: int
+) -> tuple[int, int]:
+    """(elements whose error counts, elements with a relative error) over the whole tensor.
+
+    `ref` is (non-finite, finite nonzero) over every reference element, `differing_ref` the
+    same over the differing ones. An identical element is comparable unless non-finite (then
+    on both sides), and adds a relative error of 0 where its reference is finite and nonzero.
+    """
+    identical_nonfinite = ref[0] - differing_ref[0]
+    identical_nonzero = ref[1] - differing_ref[1]
+    return n - identical_nonfinite - non_comparable, identical_nonzero + rel_measured
+
+
 def _p99(comparable: int, explicit: int, top: TopErrors, errs: Callable[[], Iterator[np.ndarray]]) -> float:
     if not comparable:
         return 0.0
@@ -296,9 +310,14 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
                 counts[jd.FILL] = 0 if top.overflow else top.keep(errs[: counts[jd.FILL]])
     if not top.overflow:
         top.held, top.size = [errs[: counts[jd.FILL]].copy()], int(counts[jd.FILL])
-    identical_nonfinite = int(counts[jd.REF_NONFINITE] - counts[jd.DIFF_REF_NONFINITE])
-    comparable = n - identical_nonfinite - int(counts[jd.NON_COMPARABLE])
-    rel_count = int(counts[jd.REF_NONZERO_FINITE] - counts[jd.DIFF_REF_NZF] + counts[jd.REL_COUNT])
+    c = [int(counts[i]) for i in range(jd.COUNTERS)]
+    comparable, rel_count = _population(
+        n,
+        (c[jd.REF_NONFINITE], c[jd.REF_NONZERO_FINITE]),
+        (c[jd.DIFF_REF_NONFINITE], c[jd.DIFF_REF_NZF]),
+        c[jd.NON_COMPARABLE],
+        c[jd.REL_COUNT],
+    )
 
     def all_errs() -> Iterator[np.ndarray]:
         out = np.empty(JIT_CHUNK + jd.SUPER, np.float64)
@@ -426,8 +445,13 @@ def scan(a: np.ndarray, b: np.ndarray, kernel: Kernel) -> Summary | None:
         top.add(p.err, mx)
     if not found:
         return None
-    comparable = n - (ref["nonfinite"] - counted["ref_nonfinite"]) - counted["non_comparable"]
-    rel_count = ref["nonzero_finite"] - counted["ref_nonzero_finite"] + rel_size
+    comparable, rel_count = _population(
+        n,
+        (ref["nonfinite"], ref["nonzero_finite"]),
+        (counted["ref_nonfinite"], counted["ref_nonzero_finite"]),
+        counted["non_comparable"],
+        rel_size,
+    )
 
     def all_errs() -> Iterator[np.ndarray]:
         for s in range(0, n, size):
