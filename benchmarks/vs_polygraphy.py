@@ -112,7 +112,7 @@ def write_model(path: Path, blocks: int, seq: int) -> str:
 
     m = mlp_layernorm(blocks=blocks, width=768, hidden=3072, seq=seq)
     onnx.save(m, str(path))
-    per_row = sum(3072 * 4 + 768 * 4 for _ in range(blocks))  # fc1, bias, sigmoid, mul; fc2, bias, add, ln
+    per_row = blocks * (3072 * 4 + 768 * 4)  # per block: fc1, bias, sigmoid, mul; fc2, bias, add, ln
     return (
         f"{blocks} blocks, seq {seq}: {len(m.graph.node)} tensors, about {per_row * 4 * seq / 2**30:.1f} GiB"
     )
