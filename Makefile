@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/xbackend compare models/torch_mlp.onnx --runs 3 --builds 2 \
 		--backends ort-cpu,openvino-cpu,torch,reference,oracle --torch-module models/torch_mlp.py:build \
+		--probes builds,threads,opt-levels \
 		--report reports/torch_mlp.md --json reports/torch_mlp.json
 
 test: $(STAMP)

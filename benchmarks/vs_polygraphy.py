@@ -8,8 +8,8 @@ Overhead, at sequence 128 (161 tensors):
   floor       a plain script: ONNX Runtime with every tensor exposed, run twice, compared
               with numpy.array_equal (this file with --floor)
   none        xbackend compare M --backends ort-cpu --runs 2 --probes none
-  default     xbackend compare M --backends ort-cpu (default probes: builds, threads,
-              opt-levels)
+  default     xbackend compare M --backends ort-cpu (default probes: builds, threads)
+  opt-levels  the same plus the opt-in opt-levels probe (--probes builds,threads,opt-levels)
   polygraphy  polygraphy run M --onnxrt --onnxrt --onnx-outputs '*'
   Targets (issue 8): none <= 1.5x floor; default <= 0.6x polygraphy.
 
@@ -151,12 +151,16 @@ def main() -> None:
             "xbackend --probes none", xbackend(model, "--runs", "2", "--probes", "none"), args.repeat
         )
         dflt = timed("xbackend default probes", xbackend(model), args.repeat)
+        opt = timed(
+            "xbackend + opt-levels", xbackend(model, "--probes", "builds,threads,opt-levels"), args.repeat
+        )
         poly = timed(
             "polygraphy", [pg, "run", str(model), "--onnxrt", "--onnxrt", "--onnx-outputs", "*"], args.repeat
         )
         print(f"  --probes none / floor:        {none[0] / fl[0]:.2f}x  (target <= 1.5x)")
         print(f"  default probes / polygraphy:  {dflt[0] / poly[0]:.2f}x  (target <= 0.6x)")
         print(f"  --probes none / polygraphy:   {none[0] / poly[0]:.2f}x")
+        print(f"  + opt-levels / polygraphy:    {opt[0] / poly[0]:.2f}x")
         if args.long_seq:
             print(f"memory: {write_model(model, args.blocks, args.long_seq)}")
             eng = timed("engine (one inference)", [*me, str(model), "--runs", "1"], 1)

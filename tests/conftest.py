@@ -20,6 +20,7 @@ PLUGINS = {
     "test-missing": "plugin_runners:MissingRunner",
     "test-threads-crash": "plugin_runners:ThreadsCrashRunner",
     "test-shared": "plugin_runners:SharedProcessRunner",
+    "test-drift": "plugin_runners:ThreadDriftRunner",
 }
 
 

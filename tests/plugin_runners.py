@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from xbackend.model import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
@@ -163,3 +164,40 @@ class SharedProcessRunner(ReferenceRunner):
         while threads == int(self.options["hang_threads"]):
             time.sleep(1)
         return super().prepare_impl(model, tensors)
+
+
+class ThreadDriftRunner(SharedProcessRunner):
+    """`test-shared` as an engine whose instrumented build is a separate one (as ONNX Runtime's
+    is), noting how many tensors each build exposes; at `drift_threads` every float tensor from
+    `drift_from` on (in the model's order) comes out one ULP higher."""
+
+    name = "test-drift"
+    description = "separate instrumented builds; drifts at a known thread count"
+    instrumentation_changes_engine = True
+    option_specs = (
+        *SharedProcessRunner.option_specs,
+        OptionSpec("drift_threads", int, -1, "drift when built with this many threads"),
+        OptionSpec("drift_from", str, "", "first tensor that drifts"),
+    )
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        with open(Path(self.options["state_dir"]) / "exposed", "a") as f:
+            f.write(f"{self.options['threads']} {len(tensors)}\n")
+        graph = onnx.load(model.path, load_external_data=False).graph
+        self._order = [
+            o for n in graph.node for o in n.output
+        ]  # what drifts does not hang on what is exposed
+        return super().prepare_impl(model, tensors)
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().run_impl(feeds)
+        if int(self.options["threads"]) != int(self.options["drift_threads"]):
+            return out
+        start = self.options["drift_from"]
+        drifting = False
+        for name in self._order:
+            drifting = drifting or name == start
+            a = out.get(name)
+            if drifting and isinstance(a, np.ndarray) and a.dtype.kind == "f":
+                out[name] = np.nextafter(a, np.array(np.inf, a.dtype))
+        return out

@@ -21,8 +21,8 @@ ISA = collect_environment()["cpu.isa"].split()
 
 
 def test_probe_selection() -> None:
-    assert select_probes(None, 0) == ("builds", "threads", "opt-levels")
-    assert select_probes(None, 8) == ("builds", "threads", "opt-levels", "batch")
+    assert select_probes(None, 0) == ("builds", "threads")  # opt-levels explains a gap: opt-in
+    assert select_probes(None, 8) == ("builds", "threads", "batch")
     assert select_probes(["batch", "threads"], 0) == ("builds", "threads", "batch")
     assert select_probes(["none"], 0) == ("builds",)  # it spawns no jobs: always on
     assert select_probes(["all"], 0) == ("builds", "threads", "opt-levels", "batch")

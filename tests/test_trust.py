@@ -405,3 +405,43 @@ def test_a_hang_in_a_shared_process_times_out_that_variant_only(
         "WARN: threads probe failed on test-shared at 1 thread(s): timed out after 8 s (raise --timeout)"
     )
     assert timed_out in r.verdict()
+
+
+def _drift(model: Path, state: Path, **options: str) -> tuple[xbackend.Result, list[tuple[int, int]]]:
+    """The threads probe (1 and 3 threads) on `test-drift` at 2 threads by default; the result, and
+    each build's (threads, tensors exposed) in the order they were built."""
+    opts = {"test-drift": {"state_dir": str(state), "threads": "2", **options}}
+    r = xbackend.compare(
+        model, backends=["test-drift"], runs=1, probes="threads", probe_threads=3, runner_options=opts
+    )
+    lines = (state / "exposed").read_text().splitlines()
+    return r, [(int(t), int(n)) for t, n in (ln.split() for ln in lines)]
+
+
+def test_threads_probe_builds_no_per_layer_engines_when_outputs_agree(
+    models: dict[str, Path], plugins: None, tmp_path: Path
+) -> None:
+    r, builds = _drift(models["attention"], tmp_path)
+    # main: plain (1 output) and per-layer (23 tensors); the variants at 1 and 3: plain only
+    assert builds == [(2, 1), (2, 23), (1, 1), (3, 1)]
+    assert [(t.threads, t.invariant, t.first_divergence) for t in r.probe("threads").rows] == [  # type: ignore[attr-defined]
+        ("2 (default)", True, None),
+        ("3", True, None),
+    ]
+
+
+def test_threads_probe_locates_a_divergence_with_per_layer_builds(
+    models: dict[str, Path], plugins: None, tmp_path: Path
+) -> None:
+    r, builds = _drift(models["attention"], tmp_path, drift_threads="3", drift_from="scores")
+    # the outputs at 3 threads moved: a second round builds per-layer engines at 1 and 3 threads
+    assert builds == [(2, 1), (2, 23), (1, 1), (3, 1), (1, 23), (3, 23)]
+    rows = r.probe("threads").rows  # type: ignore[attr-defined]
+    assert [(t.threads, t.invariant, t.max_ulp, t.first_divergence) for t in rows] == [
+        ("2 (default)", True, 0, None),
+        ("3", False, 1, "scores"),
+    ]
+    assert (
+        "WARN: test-drift changes with threads (3 vs 1): from scores on (1 scaled ULP at worst)"
+        in r.verdict()
+    )

@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="LIST",
         help="probes to run: builds,threads,opt-levels,batch, 'all' or 'none' "
-        "(default: builds,threads,opt-levels, plus batch with --batch-invariance)",
+        "(default: builds,threads, plus batch with --batch-invariance)",
     )
     c.add_argument(
         "--batch-invariance",

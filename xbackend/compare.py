@@ -135,17 +135,23 @@ def _run(
     try:
         builds = {p.name: _run_builds(ex, p, mains[p.name]) for p in planned}
         probe_outcomes = _run_probe_jobs(ex, planned, probe_jobs, builds)
+        backends = tuple(_summarize(builds[p.name], spec, opts) for p in planned)
+        results = {b.name: b for b in backends}
+        broken = _run_followups(ex, probes, planned, builds, probe_outcomes, results, bar)
     finally:
         bar.stop()
-    backends = tuple(_summarize(builds[p.name], spec, opts) for p in planned)
     ref = _effective_reference(opts, backends)
     compared = [b for b in backends if b.name != EXPECTED]
     cross = tuple(_cross_all(builds, compared, ref, spec, opts))
     pairs = tuple(_pairs(builds, backends, spec))
     oracle = tuple(_against(ORACLE, builds, compared, spec, opts))
     expected = tuple(_against(EXPECTED, builds, compared, spec, opts, layers=False))
-    results = {b.name: b for b in backends}
-    probe_results = tuple(_analyze(pr, planned, builds, probe_outcomes, results) for pr in probes)
+    probe_results = tuple(
+        _FailedProbe(pr.name, broken[pr.name])
+        if pr.name in broken
+        else _analyze(pr, planned, builds, probe_outcomes, results)
+        for pr in probes
+    )
     env = tuple(collect_environment().items())
     return Result(
         spec,
@@ -180,6 +186,51 @@ def _run_probe_jobs(
     return out
 
 
+def _backend_runs(
+    probe: Probe,
+    planned: Sequence[PlannedBackend],
+    builds: Mapping[str, _Builds],
+    outcomes: Mapping[tuple[str, str], Mapping[str, JobOutcome]],
+    results: Mapping[str, BackendResult],
+) -> list[BackendRuns]:
+    return [
+        BackendRuns(p, builds[p.name].outcomes, outcomes.get((probe.name, p.name), {}), results[p.name])
+        for p in planned
+        if results[p.name].ok and p.name != EXPECTED
+    ]
+
+
+def _run_followups(
+    ex: Executor,
+    probes: Sequence[Probe],
+    planned: Sequence[PlannedBackend],
+    builds: Mapping[str, _Builds],
+    outcomes: dict[tuple[str, str], dict[str, JobOutcome]],
+    results: Mapping[str, BackendResult],
+    bar: ProgressSink,
+) -> dict[str, str]:
+    """The second round: jobs a probe asks for after reading the first round's outcomes, all of
+    a backend's together; they join that probe's outcomes. Returns the probes that failed to
+    plan it, with the reason."""
+    wanted: dict[str, list[tuple[str, Job]]] = {}
+    broken: dict[str, str] = {}
+    for pr in probes:
+        for r in _backend_runs(pr, planned, builds, outcomes, results):
+            try:
+                jobs = pr.followup_jobs(r)
+            except Exception as e:  # a broken probe is a warning, never a silent pass
+                broken.setdefault(pr.name, f"{type(e).__name__}: {e}")
+                continue
+            wanted.setdefault(r.planned.name, []).extend((pr.name, j) for j in jobs)
+    bar.grow(sum(j.steps for js in wanted.values() for _, j in js))
+    for backend, planned_jobs in wanted.items():
+        done = ex.run_all([j for _, j in planned_jobs], True)
+        for probe, j in planned_jobs:
+            if j.label in done:
+                outcomes.setdefault((probe, backend), {})[j.label] = done[j.label]
+    return broken
+
+
 def _analyze(
     probe: Probe,
     planned: Sequence[PlannedBackend],
@@ -187,13 +238,8 @@ def _analyze(
     outcomes: Mapping[tuple[str, str], Mapping[str, JobOutcome]],
     results: Mapping[str, BackendResult],
 ) -> ProbeResult:
-    runs = [
-        BackendRuns(p, builds[p.name].outcomes, outcomes.get((probe.name, p.name), {}), results[p.name])
-        for p in planned
-        if results[p.name].ok and p.name != EXPECTED
-    ]
     try:
-        return probe.analyze(runs)
+        return probe.analyze(_backend_runs(probe, planned, builds, outcomes, results))
     except Exception as e:  # a broken probe is a warning, never a silent pass or a crash
         return _FailedProbe(probe.name, f"{type(e).__name__}: {e}")
 

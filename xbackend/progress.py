@@ -10,6 +10,7 @@ __all__ = ["NullProgress", "ProgressSink", "RichProgress"]
 
 class ProgressSink(Protocol):
     def start(self, total: int) -> None: ...
+    def grow(self, steps: int) -> None: ...
     def describe(self, text: str) -> None: ...
     def advance(self, steps: int = 1) -> None: ...
     def stop(self) -> None: ...
@@ -19,6 +20,9 @@ class NullProgress:
     """Draws nothing (the Python API's default)."""
 
     def start(self, total: int) -> None:
+        pass
+
+    def grow(self, steps: int) -> None:
         pass
 
     def describe(self, text: str) -> None:
@@ -55,10 +59,17 @@ class RichProgress:
             transient=True,
         )
         self._task = self._progress.add_task("starting", total=None)
+        self._total = 0
 
     def start(self, total: int) -> None:
+        self._total = total
         self._progress.update(self._task, total=total)
         self._progress.start()
+
+    def grow(self, steps: int) -> None:
+        """Work planned late (follow-up probe jobs) joins the total."""
+        self._total += steps
+        self._progress.update(self._task, total=self._total)
 
     def describe(self, text: str) -> None:
         self._progress.update(self._task, description=text)

@@ -113,6 +113,11 @@ class Probe(abc.ABC):
         """Worker jobs this probe needs for backend `b` (none by default)."""
         return []
 
+    def followup_jobs(self, r: BackendRuns) -> list[Job]:
+        """Jobs that only the first round's outcomes call for (e.g. locating a divergence the
+        graph outputs showed); they join `r.jobs` before `analyze`. None by default."""
+        return []
+
     @abc.abstractmethod
     def analyze(self, runs: Sequence[BackendRuns]) -> ProbeResult:
         """Turn the outcomes of this probe's jobs (and the main builds) into its result."""

@@ -100,6 +100,9 @@ def has_opt_levels(b: PlannedBackend) -> bool:
 
 class OptLevelsProbe(Probe):
     name = "opt-levels"
+    # Opt-in: it explains a gap (which optimizer moves the bits) rather than testing the engine
+    # users ship, and costs five or more engine builds per backend.
+    default = False
     help = (
         "ONNX Runtime at each graph optimization level vs none, on the plain model; for a level that "
         "changes bits, names the optimizer whose removal restores them"

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from xbackend.capture import CaptureFile, common_names, diff_captures
-from xbackend.executor import Job, standard_phases
+from xbackend.executor import Job, JobOutcome, PhaseSpec, standard_phases
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult, summarize
-from xbackend.protocol import PhaseResult
+from xbackend.protocol import LAYERS, PhaseResult
 from xbackend.textfmt import num, table, yes
 
 __all__ = ["ThreadResult", "ThreadsProbe", "ThreadsResult"]
@@ -65,7 +65,8 @@ class ThreadsResult(ProbeResult):
         return [
             "### Thread invariance",
             "",
-            "Each backend at other thread counts against itself at 1 thread.",
+            "Each backend at other thread counts against itself at 1 thread: graph outputs of plain "
+            "builds; where they differ, per-layer builds name the first divergent layer.",
             "",
             *table(header, rows),
         ]
@@ -103,33 +104,74 @@ class ThreadsProbe(Probe):
         return [t for t in (1, n) if t != default]
 
     def jobs(self, b: PlannedBackend) -> list[Job]:
+        """Plain builds only: graph outputs decide invariance; layers are captured in a second
+        round, and only for a variant whose outputs moved (see followup_jobs)."""
         if not has_threads(b) or b.cls is None:
             return []
-        phases = standard_phases(b.cls, self.ctx.spec, 1, self.ctx.opts.outputs_only)
+        layers = not b.cls.instrumentation_changes_engine  # one build gives both: take them
+        phases = standard_phases(b.cls, self.ctx.spec, 1, self.ctx.opts.outputs_only, layers=layers)
         return [self.ctx.job(f"{b.name}-threads{t}", b, phases, threads=str(t)) for t in self._counts(b)]
+
+    def followup_jobs(self, r: BackendRuns) -> list[Job]:
+        """Per-layer builds at 1 thread and at each count whose graph outputs differ from it, to
+        name the first divergent layer."""
+        b = r.planned
+        if not has_threads(b) or b.cls is None or self.ctx.opts.outputs_only:
+            return []
+        one = self._one(r)
+        if one is None or not one.ok:
+            return []
+        moved = [t for t, o in self._variants(r) if o is not one and o.ok and not self._outputs_equal(o, one)]
+        want = [t for t in moved if self._layers(r, t) is None]
+        if moved and self._layers(r, 1) is None:
+            want.insert(0, 1)
+        phase = PhaseSpec(LAYERS, self.ctx.spec.tensor_order(), 1)
+        return [self.ctx.job(f"{b.name}-threads{t}-layers", b, [phase], threads=str(t)) for t in want]
 
     def analyze(self, runs: Sequence[BackendRuns]) -> ThreadsResult:
         return ThreadsResult(tuple(row for r in runs if has_threads(r.planned) for row in self._rows(r)))
 
+    def _default(self, r: BackendRuns) -> int:
+        return int(r.planned.options["threads"])
+
+    def _one(self, r: BackendRuns) -> JobOutcome | None:
+        return r.builds[0] if self._default(r) == 1 else r.jobs.get(f"{r.planned.name}-threads1")
+
+    def _variants(self, r: BackendRuns) -> list[tuple[int, JobOutcome]]:
+        """(thread count, outcome) of the default (the main build) and each probed count but 1."""
+        out = [(self._default(r), r.builds[0])]
+        return out + [(t, r.jobs[f"{r.planned.name}-threads{t}"]) for t in self._counts(r.planned) if t != 1]
+
+    def _layers(self, r: BackendRuns, t: int) -> PhaseResult | None:
+        """The per-layer capture at `t` threads: from the main build, the variant's own build, or
+        a second-round per-layer build."""
+        own = r.builds[0] if t == self._default(r) else r.jobs.get(f"{r.planned.name}-threads{t}")
+        if own is not None and own.ok and own.layers is not None:
+            return own.layers
+        extra = r.jobs.get(f"{r.planned.name}-threads{t}-layers")
+        return extra.layers if extra is not None and extra.ok else None
+
+    def _outputs_equal(self, a: JobOutcome, b: JobOutcome) -> bool:
+        return summarize(self._diff(a.outputs, b.outputs, True))[0]
+
     def _rows(self, r: BackendRuns) -> list[ThreadResult]:
         b = r.planned
-        default = int(b.options["threads"])
-        main = r.builds[0]
-        one = main if default == 1 else r.jobs.get(f"{b.name}-threads1")
+        one = self._one(r)
         if one is None or not one.ok:
             return [ThreadResult(b.name, "1", "failed", one.reason if one else "not run")]
-        variants = [(f"{default} (default)" if default else "default", main)]
-        variants += [(str(t), r.jobs[f"{b.name}-threads{t}"]) for t in self._counts(b) if t != 1]
+        one_layers = self._layers(r, 1)
         out = []
-        for label, o in variants:
+        for t, o in self._variants(r):
             if o is one:
                 continue
+            label = (f"{t} (default)" if t else "default") if o is r.builds[0] else str(t)
             if not o.ok:
                 out.append(ThreadResult(b.name, label, "failed", o.reason))
                 continue
             equal, max_ulp, scaled, first = summarize(self._diff(o.outputs, one.outputs, True))
-            if o.layers is not None and one.layers is not None:
-                first_layer = summarize(self._diff(o.layers, one.layers, False))[3]
+            layers = self._layers(r, t)
+            if layers is not None and one_layers is not None:
+                first_layer = summarize(self._diff(layers, one_layers, False))[3]
                 equal, first = equal and first_layer is None, first_layer or first
             out.append(ThreadResult(b.name, label, "ok", "", equal, max_ulp, scaled, first))
         return out

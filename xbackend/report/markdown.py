@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import PurePath
 
 from xbackend.metrics import TensorDiff
+from xbackend.probes import PROBES
 from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, CrossBackendResult, Result
 from xbackend.textfmt import num as _num
@@ -314,7 +315,9 @@ def _probes(r: Result) -> list[str]:
     if not body and not r.probes_ran:
         return []
     ran = ", ".join(r.probes_ran) or "none"
-    return ["## What moves the bits (probes)", "", f"Probes run: {ran}.", "", *body]
+    rest = [n for n in PROBES if n not in r.probes_ran]
+    more = f" Not run: {', '.join(rest)} (name them in `--probes`, or `--probes all`)." if rest else ""
+    return ["## What moves the bits (probes)", "", f"Probes run: {ran}.{more}", "", *body]
 
 
 def _run_to_run(b: BackendResult, modules: Mapping[str, str]) -> list[str]:
