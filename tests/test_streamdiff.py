@@ -128,6 +128,23 @@ def test_v_ermv_is_the_exact_mean(monkeypatch: pytest.MonkeyPatch) -> None:
     assert d.v_ermv == pytest.approx(float(rel.mean()), rel=4e-16)  # numpy's pairwise mean, to rounding
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_v_ermv_exact_for_narrow_and_wide_ranges_of_relative_error(dtype: type) -> None:
+    """Blocks whose relative errors lie within 11 binades are summed as single integers; wider
+    ones in three parts: both exact."""
+    rng = np.random.default_rng(3)
+    ref = (rng.standard_normal(10_000) * 3).astype(dtype)
+    one_ulp = np.nextafter(ref, np.array(np.inf, dtype))  # relative errors within 2 binades
+    mant = {np.float16: 10, np.float32: 23, np.float64: 52}.get(dtype, 7)
+    scale = np.exp2(-rng.integers(1, mant, ref.size).astype(np.float64))  # spread over every binade
+    wide = (ref.astype(np.float64) * (1 + scale)).astype(dtype)
+    for cand in (one_ulp, wide):
+        d = assert_same(cand, ref)
+        c, r = cand.astype(np.float64), ref.astype(np.float64)
+        keep = (c != r) & (r != 0)
+        assert d.v_ermv == math.fsum(np.abs(c - r)[keep] / np.abs(r[keep])) / (r != 0).sum()
+
+
 def test_results_do_not_depend_on_chunking(monkeypatch: pytest.MonkeyPatch) -> None:
     cand, ref = perturbed(np.float16, 50_003, 0.4, seed=9)  # odd size: the last chunk is padded
     whole = TensorDiff.from_arrays("t", cand, ref)

@@ -44,7 +44,10 @@ if _where is not None:
     os.environ["NUMBA_CACHE_DIR"] = _where  # read by numba when it is imported, just below
 
 import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
 from numba import njit  # noqa: E402
+from numba.core import config, types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
 
 from xbackend.streamdiff import ACC_INF  # noqa: E402  (the exact-sum layout: streamdiff.ExactSum)
 
@@ -57,6 +60,36 @@ NAN, INF, FTZ, ZERO_SIGN, NAN_PAYLOAD, REL_COUNT, EXPLICIT, FILL, REF_MAX_MAG = 
 COUNTERS = 15  # REF_MAX_MAG: the bits of the largest finite reference magnitude
 # float64 figures
 MAX_ABS, MAX_REL = 0, 1
+
+
+def _half_in_hardware() -> bool:
+    """Whether the code numba generates converts float16 with an instruction (F16C) rather
+    than a library call it may not link."""
+    if config.CPU_NAME:  # a named target (e.g. generic, for portable caches): only its features
+        return "+f16c" in (config.CPU_FEATURES or "")
+    import llvmlite.binding as llvm
+
+    return bool(llvm.get_host_cpu_features().get("f16c"))
+
+
+HALF_IN_HARDWARE = _half_in_hardware()  # a constant to numba: the branch is compiled away
+
+_FLOATS = {types.uint16: ir.HalfType(), types.uint32: ir.FloatType(), types.uint64: ir.DoubleType()}
+
+
+@intrinsic
+def _to_f64(typingctx: Any, bits: Any) -> Any:
+    """The float64 value of IEEE half (uint16), single (uint32) or double (uint64) bits: exact,
+    and one vectorized conversion (vcvtph2ps, vcvtps2pd) rather than bit surgery."""
+    if bits not in _FLOATS:
+        return None
+    src = _FLOATS[bits]
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        v = builder.bitcast(args[0], src)
+        return v if isinstance(src, ir.DoubleType) else builder.fpext(v, ir.DoubleType())
+
+    return types.float64(bits), codegen
 
 
 @njit(cache=True, nogil=True)
@@ -174,6 +207,7 @@ def measure(
     top_bit = np.uint64(63)
     f64_mant = np.uint64(52)
     frac_shift = np.uint64(52 - mant_bits)
+    sixteen = np.uint32(16)
     # hot counters live in locals (array slots would be reloaded after every store)
     differing = explicit = rel_count = diff_nonfinite = diff_nzf = 0
     fill = counts[FILL]
@@ -204,10 +238,8 @@ def measure(
                 same_count = t(same_count + t(ua[i] == ub[i]))
             if same_count == zero:
                 m = ue - us
-                whole = True  # positions are us + j: no index list (its stores stall the copy)
-                for j in range(m):
-                    ga[j] = ua[us + j]
-                    gb[j] = ub[us + j]
+                whole = True  # positions are us + j: no index list, and no copy
+        da, db = (ua[us:ue], ub[us:ue]) if whole else (ga, gb)
         if m:
             pass
         elif words * 8 < (e - s) // per:
@@ -225,44 +257,57 @@ def measure(
                 gb[m] = ub[i]
                 m += np.uint64(ua[i] != ub[i])
         differing += np.int64(m)
-        # normal and finite on both sides? (zero and subnormals wrap to the top); narrow counter
+        # normal and finite on both sides (zero and subnormals wrap to the top)? And the ULP
+        # distance, in the lane type: magnitudes are below half its range, so sums fit
         special = zero
+        block_ulp = zero
         for j in range(m):
-            plain_a = t(t(t(ga[j] & mag_mask) - sub_limit) < normal_span)
-            plain_b = t(t(t(gb[j] & mag_mask) - sub_limit) < normal_span)
+            xa = da[j]
+            xb = db[j]
+            ma = t(xa & mag_mask)
+            mb = t(xb & mag_mask)
+            plain_a = t(t(ma - sub_limit) < normal_span)
+            plain_b = t(t(mb - sub_limit) < normal_span)
             special = t(special + (one ^ (plain_a & plain_b)))
+            same = t((ma if ma > mb else mb) - (mb if ma > mb else ma))
+            across = t(ma + mb)  # a path across zero
+            ulp = same if t(xa >> sign_shift) == t(xb >> sign_shift) else across
+            block_ulp = ulp if ulp > block_ulp else block_ulp
         if special == zero:
-            # the usual case, in straight-line loops that vectorize
-            block_ulp = zero  # in the lane type: magnitudes are below half its range, so sums fit
-            for j in range(m):
-                xa = ga[j]
-                xb = gb[j]
-                ma = t(xa & mag_mask)
-                mb = t(xb & mag_mask)
-                same = t((ma if ma > mb else mb) - (mb if ma > mb else ma))
-                across = t(ma + mb)  # a path across zero
-                ulp = same if t(xa >> sign_shift) == t(xb >> sign_shift) else across
-                block_ulp = ulp if ulp > block_ulp else block_ulp
-                xa64 = np.uint64(xa)
-                xb64 = np.uint64(xb)
-                wide_a[j] = (
-                    ((xa64 >> shift64) << top_bit)
-                    | ((((xa64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
-                    | ((xa64 & frac_mask) << frac_shift)
-                )
-                wide_b[j] = (
-                    ((xb64 >> shift64) << top_bit)
-                    | ((((xb64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
-                    | ((xb64 & frac_mask) << frac_shift)
-                )
+            # the usual case, in straight-line loops that vectorize (the conversion apart: in
+            # the error loop it keeps that loop from vectorizing)
             top_ulp = np.uint64(block_ulp) if np.uint64(block_ulp) > top_ulp else top_ulp
+            if mant_bits == 7:  # bfloat16: the top half of a float32
+                for j in range(m):
+                    vals_a[j] = _to_f64(np.uint32(np.uint32(da[j]) << sixteen))
+                    vals_b[j] = _to_f64(np.uint32(np.uint32(db[j]) << sixteen))
+            elif HALF_IN_HARDWARE or mant_bits != 10:
+                for j in range(m):
+                    vals_a[j] = _to_f64(da[j])
+                    vals_b[j] = _to_f64(db[j])
+            else:  # float16 with no conversion instruction: sign, rebased exponent, mantissa
+                for j in range(m):
+                    xa64 = np.uint64(da[j])
+                    xb64 = np.uint64(db[j])
+                    wide_a[j] = (
+                        ((xa64 >> shift64) << top_bit)
+                        | ((((xa64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
+                        | ((xa64 & frac_mask) << frac_shift)
+                    )
+                    wide_b[j] = (
+                        ((xb64 >> shift64) << top_bit)
+                        | ((((xb64 >> mant) & exp_mask) + exp_adjust) << f64_mant)
+                        | ((xb64 & frac_mask) << frac_shift)
+                    )
             block_max = 0.0
             block_rel = 0.0
+            least_rel = np.inf
             for j in range(m):
                 err = abs(vals_a[j] - vals_b[j])
                 block_max = err if err > block_max else block_max
                 rel = err / abs(vals_b[j])
                 block_rel = rel if rel > block_rel else block_rel
+                least_rel = rel if rel < least_rel else least_rel
                 rels[j] = rel
                 errb[j] = err
             max_rel = block_rel if block_rel > max_rel else max_rel
@@ -274,14 +319,14 @@ def measure(
             explicit += np.int64(m)
             diff_nzf += np.int64(m)
             rel_count += np.int64(m)
-            _sum_block(rels, m, sum_bins, block_bins, block_rel)
+            _sum_block(rels, m, sum_bins, block_bins, block_rel, least_rel)
             continue
         # a zero, subnormal, NaN or Inf among them: element by element
         k = np.uint64(0)
         for j in range(m):
             i = us + j if whole else np.uint64(idx[j])
-            xa = ga[j]
-            xb = gb[j]
+            xa = da[j]
+            xb = db[j]
             ma = t(xa & mag_mask)
             mb = t(xb & mag_mask)
             if mb >= inf_bits:
@@ -371,9 +416,10 @@ def _sum_exact(values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.n
 
 @njit(cache=True, nogil=True)
 def _sum_block(
-    values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.ndarray, largest: float
+    values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.ndarray, largest: float, smallest: float
 ) -> None:
-    """Add values[:count] exactly, in 128-bit fixed point below the largest (`largest`).
+    """Add values[:count] exactly, in 128-bit fixed point below the largest (`largest`;
+    `smallest` is the smallest).
 
     Each value is frac * 2**(64 - shift) units of the block's top exponent less 64, cut
     into three 42-bit parts summed apart; values over 2**64 times smaller than the
@@ -381,14 +427,30 @@ def _sum_block(
     """
     bits = values.view(np.uint64)
     n = np.uint64(count)
-    big = np.empty(1, np.float64)
+    big = np.empty(2, np.float64)
     big[0] = largest  # the block's largest value: its exponent is the top one
+    big[1] = smallest
     top = big.view(np.uint64)[0] >> np.uint64(52)
+    low = big.view(np.uint64)[1] >> np.uint64(52)
     if top == 2047:
         _sum_exact(values, count, acc, block_bins)
         return
-    top = top if top != 0 else np.uint64(1)
     implicit = np.uint64(1) << np.uint64(52)
+    if low != 0 and top - low <= 11:
+        # all within 11 binades (relative errors often are): each value is one 64-bit integer
+        # in units of 2**-11 of the top binade's, summed as two 32-bit halves
+        m32 = np.uint64(0xFFFFFFFF)
+        eleven = np.uint64(11)
+        hi = lo = np.uint64(0)
+        for j in range(n):
+            b = bits[j]
+            v = ((b & np.uint64(0xFFFFFFFFFFFFF)) | implicit) << (eleven - (top - (b >> np.uint64(52))))
+            hi += v >> np.uint64(32)
+            lo += v & m32
+        _acc_add(acc, top + np.uint64(117), lo)
+        _acc_add(acc, top + np.uint64(149), hi)
+        return
+    top = top if top != 0 else np.uint64(1)
     m42 = np.uint64((1 << 42) - 1)
     zero = np.uint64(0)
     s0 = s1 = s2 = zero
