@@ -477,10 +477,12 @@ def _without_large_weights(proto: onnx.ModelProto, path: Path) -> onnx.ModelProt
     """A copy for the checker, which serializes what it checks: large raw initializers emptied
     once their byte counts are checked against their shapes here."""
     light = onnx.ModelProto()
-    light.CopyFrom(proto)
-    for t in light.graph.initializer:
+    _copy_fields(proto, light, "graph")  # field by field: a whole copy costs 0.2 s per 100 MiB
+    _copy_fields(proto.graph, light.graph, "initializer")
+    for t in proto.graph.initializer:
         n = len(t.raw_data)
         if n <= _CHECK_INLINE:
+            light.graph.initializer.add().CopyFrom(t)
             continue
         want = _raw_size(t)
         if want is not None and want != n:
@@ -488,10 +490,25 @@ def _without_large_weights(proto: onnx.ModelProto, path: Path) -> onnx.ModelProt
                 f"{path} is not a valid ONNX model: initializer {t.name!r} holds {n} bytes, "
                 f"its shape {list(t.dims)} needs {want}; fix the model or re-export it"
             )
-        t.ClearField("raw_data")
-        del t.dims[:]
-        t.dims.append(0)
+        _copy_fields(t, light.graph.initializer.add(), "raw_data", "dims").dims.append(0)
     return light
+
+
+def _copy_fields(src: Any, dst: Any, *skip: str) -> Any:
+    """dst gets every field of src that is set, but those named in `skip`."""
+    for fd, value in src.ListFields():
+        if fd.name in skip:
+            continue
+        repeated = (
+            fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+        )  # protobuf < 6
+        if repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+    return dst
 
 
 _CHECK_INLINE = 1 << 16
