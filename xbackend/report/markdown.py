@@ -316,7 +316,7 @@ def _probes(r: Result) -> list[str]:
         return []
     ran = ", ".join(r.probes_ran) or "none"
     rest = [n for n in PROBES if n not in r.probes_ran]
-    more = f" Not run: {', '.join(rest)} (name them in `--probes`, or `--probes all`)." if rest else ""
+    more = f" Not run: {', '.join(rest)} (add to `--probes`, or `--probes all`)." if rest else ""
     return ["## What moves the bits (probes)", "", f"Probes run: {ran}.{more}", "", *body]
 
 
