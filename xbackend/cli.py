@@ -196,15 +196,22 @@ def _compare(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+TORCH_BACKENDS = ("torch", "torch-compile", "torch-compile-autotune")
+
+
 def _torch_options(args: argparse.Namespace) -> tuple[tuple[str, str, str], ...]:
     out: tuple[tuple[str, str, str], ...] = ()
-    if (args.torch_module or args.trust_model_code) and "torch" not in args.backends.split(","):
+    chosen = [b for b in args.backends.split(",") if b in TORCH_BACKENDS]
+    if (args.torch_module or args.trust_model_code) and not chosen:
         flag = "--torch-module" if args.torch_module else "--trust-model-code"
-        raise UsageError(f"{flag} applies to the torch backend; add torch to --backends")
-    if args.torch_module:
-        out += (("torch", "module", args.torch_module),)
-    if args.trust_model_code:
-        out += (("torch", "trust_model_code", "true"),)
+        raise UsageError(
+            f"{flag} applies to the torch backends; add torch (or {TORCH_BACKENDS[1]}) to --backends"
+        )
+    for b in chosen:
+        if args.torch_module:
+            out += ((b, "module", args.torch_module),)
+        if args.trust_model_code:
+            out += ((b, "trust_model_code", "true"),)
     return out
 
 

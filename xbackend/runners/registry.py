@@ -24,6 +24,8 @@ _BUILTIN: dict[str, str] = {
     "openvino-cpu": "xbackend.runners.openvino_cpu:OpenVinoCpuRunner",
     "openvino-cpu-default": "xbackend.runners.openvino_cpu:OpenVinoCpuDefaultRunner",
     "torch": "xbackend.runners.torch_eager:TorchRunner",
+    "torch-compile": "xbackend.runners.torch_compile:TorchCompileRunner",
+    "torch-compile-autotune": "xbackend.runners.torch_compile:TorchCompileAutotuneRunner",
     "expected": "xbackend.runners.expected:ExpectedRunner",
 }
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class TorchRunner(Runner):
     name = "torch"
     description = "PyTorch eager on CPU: the module the ONNX model was exported from"
     instrumentation_changes_engine = False  # forward hooks read outputs; eager computes the same
-    option_specs = (
+    option_specs: ClassVar[Sequence[OptionSpec]] = (
         OptionSpec(
             "module", str, "", "MODULE_SPEC (default: the one recorded at export, with trust_model_code)"
         ),
@@ -123,11 +123,7 @@ class TorchRunner(Runner):
 
         self._captured = {}
         args = [_to_torch(feeds[n]) for n in self._inputs]
-        try:
-            with torch.no_grad():
-                result = self._module(*args)
-        except Exception as e:
-            raise RunnerFailedError(f"the torch module failed: {type(e).__name__}: {e}") from e
+        result = self._forward(args)
         flat = flatten_outputs(result)
         if len(flat) != len(self._outputs):
             paths = ", ".join(p or "(tensor)" for p, _ in flat)
@@ -141,6 +137,15 @@ class TorchRunner(Runner):
                 value.detach().cpu().numpy().copy() if isinstance(value, torch.Tensor) else np.asarray(value)
             )
         return out
+
+    def _forward(self, args: list[Any]) -> Any:
+        import torch
+
+        try:
+            with torch.no_grad():
+                return self._module(*args)
+        except Exception as e:
+            raise RunnerFailedError(f"the torch module failed: {type(e).__name__}: {e}") from e
 
     def not_exposed(self) -> dict[str, str]:
         have = set(self._map.values()) | set(self._outputs)

@@ -1,0 +1,182 @@
+"""TorchInductor runners and autotune pinning: the mechanism, deterministically.
+
+Which kernel a timing-driven build picks is left to chance (benchmarks/autotune_variance.py
+measures that); here pin files decide, so every outcome is known.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xbackend
+from xbackend.capture import CaptureFile
+from xbackend.executor import Executor, Job, JobOutcome, standard_phases
+from xbackend.inductor_pin import choice_names, code_digest, module_path
+from xbackend.inputs import generate_feeds
+from xbackend.model import load_model
+from xbackend.probes.builds import BuildVariance
+from xbackend.progress import NullProgress
+from xbackend.runners.registry import get_runner
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch") is None, reason="torch not installed: pip install 'xbackend[torch]'"
+    ),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = f"{Path(__file__).resolve().parent / 'wide_mlp.py'}:build"
+OP = "packed_linear(64x512) -> 64x1024 float32 #0"  # the first Linear, module path 0.0
+
+
+class Builder:
+    """Builds of torch-compile-autotune on torch_mlp in fresh worker processes, as compare does."""
+
+    def __init__(self, work: Path) -> None:
+        from xbackend.torch_export import InputDecl, export_torch
+
+        model = work / "wide_mlp.onnx"
+        export_torch(SPEC, [InputDecl.parse("x=64,512")], model, output_names=["y"])
+        self.model = model
+        self.spec, _ = load_model(model)
+        self.work = work
+        self.feeds = work / "feeds.xbv"
+        generate_feeds(self.spec, 0).save(self.feeds)
+        self.ex = Executor(self.spec, work / "jobs", 600, NullProgress())
+        self.n = 0
+
+    def build(self, backend: str = "torch-compile-autotune", **options: str) -> JobOutcome:
+        cls = get_runner(backend)
+        self.n += 1
+        raw = tuple(sorted({"module": SPEC, **options}.items()))
+        phases = standard_phases(cls, self.spec, 1, outputs_only=True)
+        return self.ex.run(Job(f"build{self.n}", backend, cls, raw, self.feeds, phases, fingerprint=True))
+
+
+def output(o: JobOutcome) -> np.ndarray:
+    with CaptureFile(o.outputs.capture) as c:
+        return np.asarray(c["y"])
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Builder, dict, JobOutcome]:
+    """One autotuned build that records its choices."""
+    b = Builder(tmp_path_factory.mktemp("autotune"))
+    pin = b.work / "recorded.json"
+    o = b.build(pin=str(pin))
+    assert o.ok, o.reason
+    return b, json.loads(pin.read_text()), o
+
+
+def write(path: Path, pin: dict) -> str:
+    path.write_text(json.dumps(pin))
+    return str(path)
+
+
+def test_first_build_records_every_tuned_op_with_its_module_and_timings(recorded: tuple) -> None:
+    _, pin, o = recorded
+    assert pin["version"] == 1
+    # 2 blocks x 2 Linears, each a packed_linear tuned between the C++ micro-GEMM and MKL
+    assert [(c["op"], c["module"]) for c in pin["choices"]] == [
+        (OP, "0.0"),
+        ("packed_linear(64x1024) -> 64x512 float32 #0", "0.2"),
+        ("packed_linear(64x512) -> 64x1024 float32 #1", "1.0"),
+        ("packed_linear(64x1024) -> 64x512 float32 #1", "1.2"),
+    ]
+    first = pin["choices"][0]
+    assert first["op"] == OP
+    assert set(first["timings_ms"]) == {"_mkl_linear", "cpp_CppMicroGemmFP32Vec"}
+    assert first["chosen"] == min(first["timings_ms"], key=first["timings_ms"].get)
+    items = dict(o.outputs.fingerprint.layers)
+    assert items[f"tuned {OP} (0.0)"] == first["chosen"]
+    assert dict(o.result.info)["pin_state"].startswith("recorded to ")
+
+
+def test_pins_decide_the_kernels_and_the_bits(recorded: tuple, tmp_path: Path) -> None:
+    b, pin, _ = recorded
+    cpp = {**pin, "choices": [{**c, "chosen": "cpp_CppMicroGemmFP32Vec"} for c in pin["choices"]]}
+    mkl_first = {**cpp, "choices": [{**cpp["choices"][0], "chosen": "_mkl_linear"}, *cpp["choices"][1:]]}
+    a1 = b.build(pin=write(tmp_path / "cpp.json", cpp))
+    a2 = b.build(pin=write(tmp_path / "cpp.json", cpp))
+    m = b.build(pin=write(tmp_path / "mkl_first.json", mkl_first))
+    assert a1.ok and a2.ok and m.ok, (a1.reason, a2.reason, m.reason)
+    # K pinned builds: the same engine and the same bits
+    assert a1.outputs.fingerprint.digest == a2.outputs.fingerprint.digest
+    assert np.array_equal(output(a1), output(a2))
+    assert dict(a1.result.info)["pin_state"].startswith("replayed from ")
+    # one op's kernel changed: the fingerprint names it (and the code it generated), the bits move
+    v = BuildVariance.from_fingerprints("t", [a1.outputs.fingerprint, m.outputs.fingerprint], True)
+    assert [k for k, _ in v.varying_layers] == ["generated code", f"tuned {OP} (0.0)"]
+    assert dict(v.varying_layers)[f"tuned {OP} (0.0)"] == ("cpp_CppMicroGemmFP32Vec", "_mkl_linear")
+    assert not np.array_equal(output(a1), output(m))
+
+
+def test_a_pin_without_the_op_fails_the_build_and_says_what_to_do(recorded: tuple, tmp_path: Path) -> None:
+    b, pin, _ = recorded
+    short = {**pin, "choices": pin["choices"][1:]}
+    path = write(tmp_path / "short.json", short)
+    o = b.build(pin=path)
+    assert not o.ok
+    assert o.reason == (  # the phase that failed, then the reason
+        f"outputs: the pin file {path} records no kernel for {OP}; it was recorded for another model or "
+        "shape: delete it and build once to record it again"
+    )
+    gone = {**pin, "choices": [{**pin["choices"][0], "chosen": "cpp_Retired"}, *pin["choices"][1:]]}
+    o = b.build(pin=write(tmp_path / "gone.json", gone))
+    assert not o.ok and "chose 'cpp_Retired' for packed_linear" in o.reason
+
+
+def test_a_corrupt_pin_file_is_one_line(recorded: tuple, tmp_path: Path) -> None:
+    b, _, _ = recorded
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    o = b.build(pin=str(path))
+    assert not o.ok
+    assert o.reason.startswith(f"outputs: cannot read the pin file {path}: ")
+    assert o.reason.endswith("delete it and build once to record it again")
+
+
+def test_autotune_off_builds_are_stable(recorded: tuple) -> None:
+    b, _, _ = recorded
+    r = xbackend.compare(
+        b.model,
+        backends=["torch-compile"],
+        runs=2,
+        builds=2,
+        runner_options={"torch-compile": {"module": SPEC}},
+    )
+    t = r.backend("torch-compile")
+    assert t.ok and t.deterministic, t.reason
+    (v,) = r.probe("builds").backends  # type: ignore[attr-defined]
+    assert v.distinct_fingerprints == 1 and not v.outputs_differ
+    assert dict(t.info)["tuned_ops"] == "0"  # the default mode benchmarks nothing
+    assert all("graph outputs only" in why for _, why in t.not_exposed)
+
+
+def test_choice_names_drop_counters_and_keep_what_tells_candidates_apart() -> None:
+    class C:
+        def __init__(self, name: str, description: str = "") -> None:
+            self.name, self.description = name, description
+
+    names = choice_names([C("cpp_CppMicroGemmFP32Vec_3"), C("_mkl_linear"), C("triton_mm_17", "BLOCK_M=64")])
+    assert names == ["cpp_CppMicroGemmFP32Vec", "_mkl_linear", "triton_mm [BLOCK_M=64]"]
+    assert choice_names([C("cpp_A_1"), C("cpp_A_2")]) == ["cpp_A #0", "cpp_A #1"]
+
+
+def test_module_paths_read_as_named_modules_writes_them() -> None:
+    assert module_path("L['self'].blocks[0].fc1") == "blocks.0.fc1"
+    assert module_path("L['fn'][0][2]") == "0.2"
+    assert module_path("L['self']._modules['blocks']._modules['3'].ln") == "blocks.3.ln"
+
+
+def test_code_digest_ignores_cache_paths_hashes_addresses_and_counters() -> None:
+    a = "# /tmp/c1/ab/cabcdefabcdefabcdefabcdef.py\nbuf3 = x  # 7fdfd1952670\ncpp_fused_add_4(buf3)\n"
+    b = "# /tmp/c2/ab/czyxwvzyxwvzyxwvzyxwvzyxw.py\nbuf7 = x  # 7f0000aa0000\ncpp_fused_add_9(buf7)\n"
+    assert code_digest("/tmp/c1", [a]) == code_digest("/tmp/c2", [b])
+    assert code_digest("/tmp/c1", [a]) != code_digest("/tmp/c2", [b.replace("add", "mul")])

@@ -1,0 +1,237 @@
+"""TorchInductor's autotuning choices: record them, replay them (pin), fingerprint them.
+
+With `mode="max-autotune"` Inductor benchmarks each tunable op (a frozen Linear's
+`packed_linear`, `mm`, `addmm`, convolutions) between candidate kernels (C++ micro-GEMM
+templates, ATen/MKL, Triton configs on GPU) and keeps the fastest: timing noise picks
+different kernels on different builds, and different kernels give different bits.
+
+Every selection goes through `AlgorithmSelectorCache.do_autotuning`, which returns each
+candidate's time; the caller keeps the minimum. `Tuning.install()` wraps it:
+
+- recording: the candidates are benchmarked as usual; the op, the chosen kernel and every
+  candidate's time are noted;
+- replaying (a pin file): nothing is benchmarked; the recorded kernel gets time 0 and every
+  other candidate infinity, so Inductor keeps the recorded one. An op the file does not
+  record, or a recorded kernel that is not among the candidates, fails the build (PinMiss),
+  as TensorRT's editable timing cache does with error-on-miss.
+
+Kernel names carry per-build counters (`cpp_CppMicroGemmFP32Vec_3`): a choice is named by
+its kernel name without the counter, plus Inductor's description of it (Triton's block
+sizes), plus its rank among same-named candidates when that is still ambiguous.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xbackend.errors import RunnerFailedError
+
+__all__ = ["PIN_VERSION", "Choice", "PinMiss", "Tuning", "code_digest", "load_pin", "write_pin"]
+
+PIN_VERSION = 1
+_COUNTER = re.compile(r"_\d+$")
+
+
+class PinMiss(RunnerFailedError):
+    """A pinned build met an op (or a kernel) its pin file does not record."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One tuned op: where it is, what was chosen, and every candidate's time (ms; None when
+    replayed from a pin file, which benchmarks nothing)."""
+
+    op: str  # e.g. "packed_linear(64x512) -> 64x1024 float32 #0"
+    module: str  # nn.Module path of the op, "" when Inductor did not keep it
+    chosen: str
+    timings_ms: tuple[tuple[str, float | None], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "module": self.module,
+            "chosen": self.chosen,
+            "timings_ms": {k: v for k, v in self.timings_ms},
+        }
+
+
+def choice_names(choices: Sequence[Any]) -> list[str]:
+    """A stable name per candidate of one op (see the module docstring)."""
+    bases = []
+    for c in choices:
+        base = _COUNTER.sub("", str(getattr(c, "name", type(c).__name__)))
+        desc = str(getattr(c, "description", "") or "").strip()
+        bases.append(f"{base} [{desc}]" if desc else base)
+    out, seen = [], dict.fromkeys(bases, 0)
+    for b in bases:
+        out.append(b if bases.count(b) == 1 else f"{b} #{seen[b]}")
+        seen[b] += 1
+    return out
+
+
+def _op_key(name: str, input_nodes: Sequence[Any], layout: Any) -> str:
+    """The op, its first input's and its output's shapes: not the other inputs', which can be
+    weights in a library's packed format whose size depends on the CPU."""
+
+    def shape(x: Any) -> str:
+        try:
+            return "x".join(str(d) for d in (x.get_size() if hasattr(x, "get_size") else x.size))
+        except Exception:  # symbolic or sizeless: still a stable key
+            return "?"
+
+    first = input_nodes[0] if input_nodes else None
+    try:
+        dtype = str(layout.dtype).replace("torch.", "")
+    except Exception:
+        dtype = "?"
+    return f"{name}({shape(first) if first is not None else ''}) -> {shape(layout)} {dtype}"
+
+
+def _module_path() -> str:
+    """nn.Module path of the FX node being lowered (Inductor keeps Dynamo's module stack)."""
+    try:
+        from torch._inductor.virtualized import V
+
+        node = V.graph.current_node
+        stack = node.meta.get("nn_module_stack") if node is not None else None
+    except Exception:
+        return ""
+    if not stack:
+        return ""
+    return module_path(str(list(stack.values())[-1][0]))
+
+
+def module_path(raw: str) -> str:
+    """Dynamo's source for a submodule ("L['self'].blocks[0].fc1", "L['fn']._modules['0']")
+    as the dotted path named_modules() uses ("blocks.0.fc1", "0")."""
+    path = re.sub(r"^L\['[^']*'\]", "", raw)
+    path = re.sub(
+        r"\._modules\['([^']+)'\]|\['([^']+)'\]|\[(\d+)\]",
+        lambda m: "." + next(g for g in m.groups() if g),
+        path,
+    )
+    return path.strip(".")
+
+
+@dataclass
+class Tuning:
+    """Records every autotuning decision of this process; replays `pin` when given."""
+
+    pin: dict[str, str] | None = None  # op -> chosen kernel
+    pin_path: str = ""
+    choices: list[Choice] = field(default_factory=list)
+    _seen: dict[str, int] = field(default_factory=dict)
+
+    def install(self) -> None:
+        from torch._inductor import select_algorithm as sa
+
+        original = sa.AlgorithmSelectorCache.do_autotuning
+        tuning = self
+
+        def do_autotuning(
+            selector: Any, name: str, input_nodes: Any, layout: Any, input_gen_fns: Any, inputs_key: Any,
+            choices: Any, *args: Any, **kwargs: Any,
+        ) -> Any:  # fmt: skip
+            key = _op_key(name, input_nodes, layout)
+            index = tuning._seen.get(key, 0)
+            tuning._seen[key] = index + 1
+            op = f"{key} #{index}"
+            names = choice_names(choices)
+            if tuning.pin is not None:
+                return tuning._replay(op, choices, names)
+            timings = original(
+                selector, name, input_nodes, layout, input_gen_fns, inputs_key, choices, *args, **kwargs
+            )
+            tuning._record(op, choices, names, timings)
+            return timings
+
+        sa.AlgorithmSelectorCache.do_autotuning = do_autotuning  # type: ignore[method-assign,assignment]
+
+    def _record(
+        self, op: str, choices: Sequence[Any], names: Sequence[str], timings: dict[Any, float]
+    ) -> None:
+        by_choice = {id(c): n for c, n in zip(choices, names, strict=True)}
+        measured = {by_choice[id(c)]: float(t) for c, t in timings.items() if id(c) in by_choice}
+        chosen = min(measured, key=measured.__getitem__) if measured else (names[0] if names else "")
+        self.choices.append(Choice(op, _module_path(), chosen, tuple(sorted(measured.items()))))
+
+    def _replay(self, op: str, choices: Sequence[Any], names: Sequence[str]) -> dict[Any, float]:
+        assert self.pin is not None
+        want = self.pin.get(op)
+        if want is None:
+            raise PinMiss(
+                f"the pin file {self.pin_path} records no kernel for {op}; it was recorded for another "
+                "model or shape: delete it and build once to record it again"
+            )
+        if want not in names:
+            raise PinMiss(
+                f"the pin file {self.pin_path} chose {want!r} for {op}, which this build does not offer "
+                f"(another torch or CPU; candidates: {', '.join(names)}); delete it and build once to "
+                "record it again"
+            )
+        self.choices.append(Choice(op, _module_path(), want, tuple((n, None) for n in names)))
+        return {c: (0.0 if n == want else float("inf")) for c, n in zip(choices, names, strict=True)}
+
+
+def load_pin(path: str) -> dict[str, str]:
+    """op -> kernel from a pin file; a one-line RunnerFailedError for a file that is not one."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if data.get("version") != PIN_VERSION:
+            raise ValueError(f"version {data.get('version')!r}, this xbackend reads {PIN_VERSION}")
+        return {str(c["op"]): str(c["chosen"]) for c in data["choices"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RunnerFailedError(
+            f"cannot read the pin file {path}: {e}; delete it and build once to record it again"
+        ) from e
+
+
+def write_pin(path: str, choices: Iterable[Choice], torch_version: str) -> None:
+    """The choices as plain, diffable JSON, written atomically."""
+    data = {
+        "version": PIN_VERSION,
+        "torch": torch_version,
+        "choices": [c.to_json() for c in choices],
+    }
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, target)
+
+
+_HASHES = re.compile(r"\b[a-z0-9]{20,}\b")
+_NUMBERED = re.compile(
+    r"\b(buf|arg|primals|tangents|_frozen_param|cpp_fused_\w+?|triton_\w+?|kernel)_?(\d+)\b"
+)
+
+
+def code_digest(cache_dir: str, sources: Iterable[str]) -> str:
+    """sha256 of the generated code, with the cache folder, content hashes and per-build counters
+    normalized, so that two builds making the same decisions give the same digest."""
+    h = hashlib.sha256()
+    for text in sorted(_normalize(s, cache_dir) for s in sources):
+        h.update(text.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+_ADDRESSES = re.compile(r"\b(?:0x)?[0-9a-f]{12}\b")
+
+
+def _normalize(text: str, cache_dir: str) -> str:
+    if cache_dir:
+        text = text.replace(cache_dir, "<cache>")
+    text = _ADDRESSES.sub("<addr>", text)  # data pointers in comments
+    text = _HASHES.sub("<hash>", text)
+    return _NUMBERED.sub(lambda m: f"{m.group(1)}<n>", text)
