@@ -131,25 +131,32 @@ class Tuning:
     _seen: dict[str, int] = field(default_factory=dict)
 
     def install(self) -> None:
+        """Wrap Inductor's selection; RunnerFailedError when this torch selects some other way."""
+        import inspect
+
         from torch._inductor import select_algorithm as sa
 
-        original = sa.AlgorithmSelectorCache.do_autotuning
+        original: Any = getattr(sa.AlgorithmSelectorCache, "do_autotuning", None)
+        params = set(inspect.signature(original).parameters) if callable(original) else set()
+        if not {"name", "input_nodes", "layout", "choices"} <= params:
+            raise RunnerFailedError(
+                "this torch's Inductor has no AlgorithmSelectorCache.do_autotuning(name, input_nodes, "
+                "layout, choices, ...) to record kernel choices from; use torch 2.11 to 2.13"
+            )
+        signature = inspect.signature(original)
         tuning = self
 
-        def do_autotuning(
-            selector: Any, name: str, input_nodes: Any, layout: Any, input_gen_fns: Any, inputs_key: Any,
-            choices: Any, *args: Any, **kwargs: Any,
-        ) -> Any:  # fmt: skip
-            key = _op_key(name, input_nodes, layout)
+        def do_autotuning(selector: Any, *args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(selector, *args, **kwargs).arguments
+            choices = bound["choices"]
+            key = _op_key(bound["name"], bound["input_nodes"], bound["layout"])
             index = tuning._seen.get(key, 0)
             tuning._seen[key] = index + 1
             op = f"{key} #{index}"
             names = choice_names(choices)
             if tuning.pin is not None:
                 return tuning._replay(op, choices, names)
-            timings = original(
-                selector, name, input_nodes, layout, input_gen_fns, inputs_key, choices, *args, **kwargs
-            )
+            timings = original(selector, *args, **kwargs)
             tuning._record(op, choices, names, timings)
             return timings
 

@@ -1,0 +1,92 @@
+"""Does autotuning make builds differ, here? K fresh builds each of TorchInductor with autotune
+off, on, and on with a pin file, side by side in one run.
+
+Each build is a fresh worker process with an empty Inductor cache, as `xbackend compare
+--builds K` makes them. Prints, per configuration: distinct outputs and distinct fingerprints
+over the K builds, the tuned ops whose kernel choice moved (with their module paths), the
+largest scaled ULP between build 0 and the others, and the seconds each build took.
+
+Usage: python benchmarks/autotune_variance.py [--builds 4] [--device cpu|cuda]
+           [--module tests/wide_mlp.py:build --input x=64,512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from xbackend.capture import CaptureFile, diff_captures
+from xbackend.executor import Executor, Job, standard_phases
+from xbackend.inputs import generate_feeds
+from xbackend.model import load_model
+from xbackend.probes.builds import BuildVariance
+from xbackend.progress import NullProgress
+from xbackend.runners.registry import get_runner
+from xbackend.torch_export import InputDecl, export_torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--builds", type=int, default=4)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--module", default=f"{ROOT / 'tests' / 'wide_mlp.py'}:build")
+    ap.add_argument("--input", default="x=64,512", help="NAME=D1,D2,... for the export")
+    ap.add_argument("--timeout", type=float, default=1200)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="xbackend-autotune-") as tmp:
+        work = Path(tmp)
+        model = work / "model.onnx"
+        export_torch(args.module, [InputDecl.parse(args.input)], model, output_names=["y"])
+        spec, _ = load_model(model)
+        feeds = work / "feeds.xbv"
+        generate_feeds(spec, 0).save(feeds)
+        ex = Executor(spec, work / "jobs", args.timeout, NullProgress())
+        pin = work / "pin.json"
+        configs = [
+            ("autotune off", "torch-compile", {}),
+            ("autotune on", "torch-compile-autotune", {}),
+            ("autotune on, pinned", "torch-compile-autotune", {"pin": str(pin)}),
+        ]
+        print(f"{args.module} ({args.input}) on {args.device}, {args.builds} fresh builds each")
+        n = 0
+        for label, backend, extra in configs:
+            cls = get_runner(backend)
+            raw = tuple(sorted({"module": args.module, "device": args.device, **extra}.items()))
+            phases = standard_phases(cls, spec, 1, outputs_only=True)
+            outs = []
+            for _ in range(args.builds):
+                n += 1
+                o = ex.run(Job(f"b{n}", backend, cls, raw, feeds, phases, fingerprint=True))
+                if not o.ok:
+                    sys.exit(f"{label}: build failed: {o.reason}")
+                outs.append(o)
+            fps = [o.outputs.fingerprint for o in outs]
+            hashes = {o.outputs.output_hashes[0] for o in outs}
+            v = BuildVariance.from_fingerprints(backend, fps, len(hashes) > 1)
+            moved = [k.removeprefix("tuned ") for k, _ in v.varying_layers if k.startswith("tuned ")]
+            worst = 0.0
+            with CaptureFile(outs[0].outputs.capture) as first:
+                for o in outs[1:]:
+                    with CaptureFile(o.outputs.capture) as other:
+                        for d in diff_captures(other, first, first.names, {}):
+                            worst = max(worst, d.scaled_ulp or 0.0)
+            seconds = [o.outcome.elapsed_s for o in outs]
+            tuned = dict(outs[0].result.info).get("tuned_ops", "?")
+            print(
+                f"  {label:22s} distinct outputs {len(hashes)}/{args.builds}  distinct fingerprints "
+                f"{v.distinct_fingerprints}/{args.builds}  tuned ops {tuned}  worst scaled ULP between "
+                f"builds {worst:g}  build s median {statistics.median(seconds):.1f} "
+                f"(min {min(seconds):.1f}, max {max(seconds):.1f})"
+            )
+            for op in moved:
+                choices = dict(v.varying_layers)[f"tuned {op}"]
+                print(f"      choice moved: {op}: {' | '.join(choices)}")
+
+
+if __name__ == "__main__":
+    main()
