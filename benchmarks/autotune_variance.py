@@ -83,6 +83,9 @@ def main() -> None:
                 f"builds {worst:g}  build s median {statistics.median(seconds):.1f} "
                 f"(min {min(seconds):.1f}, max {max(seconds):.1f})"
             )
+            others = [k for k, _ in v.varying_layers if not k.startswith("tuned ")]
+            if others:
+                print(f"      also differs between builds: {', '.join(others)}")
             for op in moved:
                 choices = dict(v.varying_layers)[f"tuned {op}"]
                 print(f"      choice moved: {op}: {' | '.join(choices)}")

@@ -15,6 +15,10 @@ candidate's time; the caller keeps the minimum. `Tuning.install()` wraps it:
   record, or a recorded kernel that is not among the candidates, fails the build (PinMiss),
   as TensorRT's editable timing cache does with error-on-miss.
 
+The fingerprint's code digest covers the output code of the compiled graphs (their kernels
+are inline in it), not the candidate kernels compiled only to be timed, which a replayed
+build never compiles.
+
 Kernel names carry per-build counters (`cpp_CppMicroGemmFP32Vec_3`): a choice is named by
 its kernel name without the counter, plus Inductor's description of it (Triton's block
 sizes), plus its rank among same-named candidates when that is still ambiguous.
@@ -128,6 +132,8 @@ class Tuning:
     pin: dict[str, str] | None = None  # op -> chosen kernel
     pin_path: str = ""
     choices: list[Choice] = field(default_factory=list)
+    # the compiled graphs' output code (kernels inline), not the candidates built to be timed
+    modules: list[str] = field(default_factory=list)
     _seen: dict[str, int] = field(default_factory=dict)
 
     def install(self) -> None:
@@ -161,6 +167,19 @@ class Tuning:
             return timings
 
         sa.AlgorithmSelectorCache.do_autotuning = do_autotuning  # type: ignore[method-assign,assignment]
+
+        from torch._inductor.graph import GraphLowering
+
+        compile_to_module = GraphLowering.compile_to_module
+
+        def collect(graph: Any) -> Any:
+            mod = compile_to_module(graph)
+            path = getattr(mod, "__file__", None)
+            if path:
+                tuning.modules.append(str(path))
+            return mod
+
+        GraphLowering.compile_to_module = collect  # type: ignore[method-assign,assignment]
 
     def _record(
         self, op: str, choices: Sequence[Any], names: Sequence[str], timings: dict[Any, float]

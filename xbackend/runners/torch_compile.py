@@ -84,7 +84,12 @@ class TorchCompileRunner(TorchRunner):
             self._pin_state = f"recorded to {pin}"
         self._tuning.install()
         self._module = self._module.to(device).eval()
-        self._compiled = torch.compile(self._module, mode=self.mode)
+        options = dict(torch._inductor.list_mode_options(self.mode))
+        if pin:
+            # Timing-driven choices a pin file does not record: with them off, the recorded kernel
+            # choices are the only ones timings make, in the recording build and every replay.
+            options.update(coordinate_descent_tuning=False, benchmark_epilogue_fusion=False)
+        self._compiled = torch.compile(self._module, options=options or None)
         return fp
 
     def _hook(self) -> None:
@@ -107,7 +112,7 @@ class TorchCompileRunner(TorchRunner):
             raise RunnerFailedError(f"torch.compile failed: {type(e).__name__}: {_first_line(e)}") from e
         if first:  # the first call compiles (and tunes)
             self._build_s = time.perf_counter() - start
-            self._code = code_digest(self._cache, _generated_code())
+            self._code = code_digest(self._cache, _read(self._tuning.modules))
             if self.options["pin"] and self._tuning.pin is None:
                 write_pin(self.options["pin"], self._tuning.choices, importlib.metadata.version("torch"))
         return out
@@ -168,12 +173,5 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
-def _generated_code() -> list[str]:
-    from torch._inductor.codecache import PyCodeCache
-
-    out = []
-    for mod in list(PyCodeCache.modules):
-        path = getattr(mod, "__file__", None)
-        if path and os.path.exists(path):
-            out.append(Path(path).read_text(errors="replace"))
-    return out
+def _read(paths: list[str]) -> list[str]:
+    return [Path(p).read_text(errors="replace") for p in paths if os.path.exists(p)]
