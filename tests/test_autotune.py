@@ -159,6 +159,37 @@ def test_autotune_off_builds_are_stable(recorded: tuple) -> None:
     assert all("graph outputs only" in why for _, why in t.not_exposed)
 
 
+def test_autotune_probe_tables_off_on_and_pinned(recorded: tuple) -> None:
+    b, _, _ = recorded
+    r = xbackend.compare(
+        b.model,
+        backends=["torch-compile-autotune"],
+        runs=1,
+        builds=2,
+        probes="autotune",
+        runner_options={"torch-compile-autotune": {"module": SPEC}},
+    )
+    rows = {row.variant: row for row in r.probe("autotune").rows}  # type: ignore[attr-defined]
+    assert [(v, row.runner, row.status, row.builds) for v, row in rows.items()] == [
+        ("off", "torch-compile", "ok", 2),
+        ("on", "torch-compile-autotune", "ok", 2),
+        ("pinned", "torch-compile-autotune", "ok", 2),
+    ]
+    for v in ("off", "pinned"):  # no timing decides anything in a second build
+        assert (rows[v].distinct_outputs, rows[v].distinct_fingerprints, rows[v].moved) == (1, 1, ())
+        assert rows[v].scaled_ulp == 0
+    # 'on' re-tunes in each build: whether a kernel moves is up to the timings (see the benchmark),
+    # but every op that moved is a tuned Linear, and moved outputs come with a nonzero distance
+    on = rows["on"]
+    assert all(op.startswith("packed_linear(") for op, _ in on.moved)
+    assert (on.distinct_outputs > 1) == ((on.scaled_ulp or 0) > 0)
+    md = "\n".join(r.probe("autotune").markdown())
+    assert (
+        "### Autotune variance" in md
+        and "| torch-compile-autotune | pinned (torch-compile-autotune) | 2 | 1 | 1 | 0 | 0 |" in md
+    )
+
+
 def test_choice_names_drop_counters_and_keep_what_tells_candidates_apart() -> None:
     class C:
         def __init__(self, name: str, description: str = "") -> None:

@@ -152,7 +152,9 @@ def test_console_script_keeps_stdout_clean(models: dict[str, Path], tmp_path: Pa
 def test_unknown_probe_exits_2(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "compare", str(models["attention"]), "--probes", "threads,speed")
     assert code == 2
-    one_line_error(err, "unknown probe(s) speed; choose from builds, threads, opt-levels, batch, all, none")
+    one_line_error(
+        err, "unknown probe(s) speed; choose from builds, threads, opt-levels, batch, autotune, all, none"
+    )
 
 
 def test_batch_of_one_exits_2(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,7 +25,7 @@ def test_probe_selection() -> None:
     assert select_probes(None, 8) == ("builds", "threads", "batch")
     assert select_probes(["batch", "threads"], 0) == ("builds", "threads", "batch")
     assert select_probes(["none"], 0) == ("builds",)  # it spawns no jobs: always on
-    assert select_probes(["all"], 0) == ("builds", "threads", "opt-levels", "batch")
+    assert select_probes(["all"], 0) == ("builds", "threads", "opt-levels", "batch", "autotune")
     with pytest.raises(UsageError, match=r"unknown probe.s. speed; choose from builds, threads"):
         select_probes(["speed"], 0)
 

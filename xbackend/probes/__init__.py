@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from xbackend.errors import UsageError
+from xbackend.probes.autotune import AutotuneProbe
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext, ProbeResult, summarize
 from xbackend.probes.batch import BatchProbe
 from xbackend.probes.builds import BuildsProbe
@@ -30,7 +31,9 @@ __all__ = [
 ]
 
 # Report order.
-PROBES: dict[str, type[Probe]] = {p.name: p for p in (BuildsProbe, ThreadsProbe, OptLevelsProbe, BatchProbe)}
+PROBES: dict[str, type[Probe]] = {
+    p.name: p for p in (BuildsProbe, ThreadsProbe, OptLevelsProbe, BatchProbe, AutotuneProbe)
+}
 
 
 def default_probes(batch: int) -> tuple[str, ...]:

@@ -136,6 +136,12 @@ class Runner(abc.ABC):
         return {}
 
     @classmethod
+    def autotune_family(cls, pin_path: str) -> dict[str, tuple[str, dict[str, str]]]:
+        """For an engine that autotunes: the backend and options with autotuning "off", "on" and
+        "pinned" (recording to and replaying from `pin_path`); empty for the rest."""
+        return {}
+
+    @classmethod
     def max_ir_version(cls) -> int | None:
         """Highest ONNX IR version the engine loads; None when it reads whatever onnx reads."""
         return None

@@ -156,6 +156,14 @@ class TorchCompileAutotuneRunner(TorchCompileRunner):
     description = "TorchInductor, mode max-autotune, frozen weights: kernels chosen by timing, per build"
     mode = "max-autotune"
 
+    @classmethod
+    def autotune_family(cls, pin_path: str) -> dict[str, tuple[str, dict[str, str]]]:
+        return {
+            "off": (TorchCompileRunner.name, {"pin": ""}),
+            "on": (cls.name, {"pin": ""}),
+            "pinned": (cls.name, {"pin": pin_path}),
+        }
+
 
 def _pin_miss(e: BaseException) -> PinMiss | None:
     seen: set[int] = set()

@@ -1,0 +1,192 @@
+"""Autotune variance: a backend family with autotuning off, on, and on with a pin file, each
+over K fresh builds, in one table.
+
+A runner opts in with `Runner.autotune_family()`: the backend and options for each of
+"off", "on" and "pinned" (TorchInductor now). Every build is a fresh process, so "on"
+re-tunes each time; "pinned" records its choices in the first build and replays them after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from xbackend.capture import CaptureFile, diff_captures
+from xbackend.executor import Job, JobOutcome, standard_phases
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult
+from xbackend.probes.builds import BuildVariance
+from xbackend.runners.registry import get_runner
+from xbackend.textfmt import num, table
+
+__all__ = ["AutotuneProbe", "AutotuneResult", "AutotuneRow"]
+
+DEFAULT_BUILDS = 3
+VARIANTS = ("off", "on", "pinned")
+
+
+@dataclass(frozen=True)
+class AutotuneRow:
+    """One variant of a backend family over its builds."""
+
+    backend: str  # the family, as planned
+    variant: str  # off | on | pinned
+    runner: str  # the backend that ran it
+    status: str  # ok | failed
+    reason: str = ""
+    builds: int = 0
+    distinct_outputs: int = 0
+    distinct_fingerprints: int = 0
+    moved: tuple[tuple[str, tuple[str, ...]], ...] = ()  # tuned op, its choice in each build
+    scaled_ulp: float | None = None  # largest between build 0 and the others, at the outputs
+    build_s: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class AutotuneResult(ProbeResult):
+    name = "autotune"
+    rows: tuple[AutotuneRow, ...] = ()
+
+    def warnings(self) -> list[str]:
+        out = []
+        for r in self.rows:
+            if r.status != "ok":
+                out.append(f"WARN: autotune probe failed on {r.backend} ({r.variant}): {r.reason}")
+            elif r.distinct_outputs > 1:
+                out.append(
+                    f"WARN: {r.backend} with autotune {r.variant}: {r.distinct_outputs} distinct outputs in "
+                    f"{r.builds} builds ({num(r.scaled_ulp)} scaled ULP at worst); "
+                    f"{len(r.moved)} tuned op(s) changed kernel"
+                )
+        return out
+
+    def markdown(self) -> list[str]:
+        if not self.rows:
+            return []
+        rows = [
+            [
+                r.backend,
+                f"{r.variant} ({r.runner})",
+                r.builds,
+                r.distinct_outputs if r.status == "ok" else f"**failed**: {r.reason}",
+                r.distinct_fingerprints if r.status == "ok" else "–",
+                len(r.moved) if r.status == "ok" else "–",
+                num(r.scaled_ulp),
+            ]
+            for r in self.rows
+        ]
+        header = ["backend", "autotune", "builds", "distinct outputs", "distinct engines", "ops moved",
+                  "max scaled ULP between builds"]  # fmt: skip
+        out = [
+            "### Autotune variance",
+            "",
+            "Fresh builds with autotuning off, on, and on with a pin file (recorded by the first build, "
+            "replayed by the others).",
+            "",
+            *table(header, rows),
+        ]
+        for r in self.rows:
+            if r.moved:
+                out += [
+                    f"Tuned ops whose kernel changed between builds of {r.backend} (autotune {r.variant}):",
+                    "",
+                    *table(
+                        ["op (module)", *[f"build {i}" for i in range(r.builds)]],
+                        [[k, *v] for k, v in r.moved],
+                    ),
+                ]
+        return out
+
+    def to_json(self) -> Any:
+        return [
+            {
+                "backend": r.backend,
+                "variant": r.variant,
+                "runner": r.runner,
+                "status": r.status,
+                "reason": r.reason,
+                "builds": r.builds,
+                "distinct_outputs": r.distinct_outputs,
+                "distinct_fingerprints": r.distinct_fingerprints,
+                "moved": [{"op": k, "choices": list(v)} for k, v in r.moved],
+                "max_scaled_ulp": r.scaled_ulp,
+            }
+            for r in self.rows
+        ]
+
+
+class AutotuneProbe(Probe):
+    name = "autotune"
+    default = False  # 3 x K compiles from scratch: minutes
+    help = (
+        "backends that autotune (torch-compile-autotune): K fresh builds (--builds K, at least 2, else 3) "
+        "each with autotune off, on and pinned; distinct outputs and engines, the ops whose kernel moved"
+    )
+
+    def _builds(self) -> int:
+        return self.ctx.opts.builds if self.ctx.opts.builds >= 2 else DEFAULT_BUILDS
+
+    def _family(self, b: PlannedBackend) -> dict[str, tuple[str, dict[str, str]]]:
+        if b.cls is None:
+            return {}
+        return b.cls.autotune_family(str(self.ctx.work / f"{b.name}-autotune-pin.json"))
+
+    def jobs(self, b: PlannedBackend) -> list[Job]:
+        out = []
+        for variant, (runner, extra) in self._family(b).items():
+            cls = get_runner(runner)
+            raw = {k: v for k, v in b.raw_options.items() if k in {s.name for s in cls.option_specs}}
+            options = tuple(sorted({**raw, **extra}.items()))
+            phases = standard_phases(cls, self.ctx.spec, 1, outputs_only=True)
+            out += [
+                Job(
+                    f"{b.name}-autotune-{variant}{k}",
+                    runner,
+                    cls,
+                    options,
+                    self.ctx.feeds_path,
+                    phases,
+                    fingerprint=True,
+                )
+                for k in range(self._builds())
+            ]
+        return out
+
+    def analyze(self, runs: Sequence[BackendRuns]) -> AutotuneResult:
+        rows = []
+        for r in runs:
+            for variant, (runner, _) in self._family(r.planned).items():
+                outcomes = [
+                    r.jobs.get(f"{r.planned.name}-autotune-{variant}{k}") for k in range(self._builds())
+                ]
+                rows.append(self._row(r.planned.name, variant, runner, outcomes))
+        return AutotuneResult(tuple(rows))
+
+    def _row(self, backend: str, variant: str, runner: str, outcomes: list[JobOutcome | None]) -> AutotuneRow:
+        failed = next((o for o in outcomes if o is None or not o.ok), None)
+        if failed is not None or not outcomes:
+            why = failed.reason if failed is not None else "not run"
+            return AutotuneRow(backend, variant, runner, "failed", why, len(outcomes))
+        done = [o for o in outcomes if o is not None]
+        v = BuildVariance.from_fingerprints(runner, [o.outputs.fingerprint for o in done], False)
+        moved = tuple((k.removeprefix("tuned "), c) for k, c in v.varying_layers if k.startswith("tuned "))
+        worst = 0.0
+        order = self.ctx.spec.tensor_order(outputs_only=True)
+        with CaptureFile(done[0].outputs.capture) as first:
+            for o in done[1:]:
+                with CaptureFile(o.outputs.capture) as other:
+                    names = [n for n in order if n in first and n in other]
+                    for d in diff_captures(other, first, names, self.ctx.spec.op_types()):
+                        worst = max(worst, d.scaled_ulp or 0.0)
+        return AutotuneRow(
+            backend,
+            variant,
+            runner,
+            "ok",
+            builds=len(done),
+            distinct_outputs=len({o.outputs.output_hashes[0] for o in done}),
+            distinct_fingerprints=v.distinct_fingerprints,
+            moved=moved,
+            scaled_ulp=worst,
+            build_s=tuple(o.outcome.elapsed_s for o in done),
+        )
