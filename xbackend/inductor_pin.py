@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,8 +228,8 @@ def write_pin(path: str, choices: Iterable[Choice], torch_version: str) -> None:
     }
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # open(): the umask's mode, to commit
+    with open(tmp, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
         f.write("\n")
     os.replace(tmp, target)
