@@ -98,3 +98,16 @@ def test_unwritable_report_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(ReportError, match="cannot write report"):
         write_atomic(blocker / "r.md", "x")
+
+
+def test_build_times_only_on_request(models: dict[str, Path]) -> None:
+    r = xbackend.compare(models["mlp_layernorm"], backends=["ort-cpu"], runs=1, builds=2, probes="none")
+    assert "## Build times" not in to_markdown(r) and "build_seconds" not in json.loads(to_json(r))
+    timed = xbackend.compare(
+        models["mlp_layernorm"], backends=["ort-cpu"], runs=1, builds=2, probes="none", timings=True
+    )
+    seconds = json.loads(to_json(timed))["build_seconds"]["ort-cpu"]
+    assert len(seconds) == 2 and all(0 < s < 600 for s in seconds)
+    md = to_markdown(timed)
+    assert "## Build times" in md and f"| ort-cpu | 1 | {timed.backend('ort-cpu').build_s[1]:.1f} |" in md
+    assert timed.command.endswith(" --timings")

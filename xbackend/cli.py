@@ -121,6 +121,12 @@ def _parser() -> argparse.ArgumentParser:
         help="thread count the thread probe compares with 1 (default: twice the logical cores)",
     )
     c.add_argument(
+        "--timings",
+        action="store_true",
+        help="put each build's wall time in the reports (off by default: times would make the "
+        "reports of two identical comparisons differ)",
+    )
+    c.add_argument(
         "--torch-module",
         metavar="MODULE_SPEC",
         help="source nn.Module for the torch backend (path/to/file.py:factory or pkg.mod:factory)",
@@ -183,6 +189,7 @@ def _compare(args: argparse.Namespace) -> int:
         probes=args.probes,
         batch_invariance=args.batch_invariance,
         probe_threads=args.probe_threads,
+        timings=args.timings,
         ranges=tuple(parse_range(r) for r in args.ranges),
         runner_options=tuple(args.sets) + _torch_options(args),
     )

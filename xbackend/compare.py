@@ -384,6 +384,7 @@ def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResu
         run_diffs=tuple(run_diffs),
         build_diffs=tuple(_build_diffs(b, spec)),
         fingerprints=tuple(ph.fingerprint.digest for ph in outs),
+        build_s=tuple(o.outcome.elapsed_s for o in b.outcomes),
         timings=(
             ("prepare_s", first.outputs.prepare_s),
             ("run_s", float(sum(first.outputs.run_s) / max(1, len(first.outputs.run_s)))),

@@ -53,6 +53,7 @@ class CompareOptions:
     batch_invariance: int = 0
     probe_threads: int = 0  # N for the thread probe; 0: twice the logical cores
     ranges: tuple[tuple[str, float, float], ...] = ()  # generated values of NAME drawn from [LO, HI)
+    timings: bool = False  # wall times in the reports (off: identical runs give identical bytes)
 
     @classmethod
     def create(cls, **kwargs: Any) -> CompareOptions:
@@ -165,6 +166,8 @@ class CompareOptions:
             parts += ["--probe-threads", str(self.probe_threads)]
         for name, lo, hi in self.ranges:
             parts += ["--range", f"{name}={lo:g}:{hi:g}"]
+        if self.timings:
+            parts.append("--timings")
         return shlex.join(parts)
 
 
@@ -215,6 +218,7 @@ class BackendResult:
     build_diffs: tuple[TensorDiff, ...] = ()
     fingerprints: tuple[str, ...] = ()
     timings: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+    build_s: tuple[float, ...] = field(default=(), compare=False)  # each build's worker, wall seconds
     observer: ObserverEffect | None = None  # None: one build serves both, or no per-layer build ran
     layers_error: str = ""  # the instrumented build failed; graph-output figures still stand
     constant_outputs: tuple[tuple[str, str], ...] = ()  # output -> 'all 0' when one value fills it

@@ -157,6 +157,8 @@ def to_dict(r: Result) -> dict[str, Any]:
             "environment": dict(r.environment),
         }
     )
+    if r.options.timings:  # only on request: times differ between identical comparisons
+        out["build_seconds"] = {b.name: [round(t, 3) for t in b.build_s] for b in r.backends}
     return out
 
 

@@ -411,6 +411,26 @@ def _options(r: Result) -> list[str]:
     return out
 
 
+def _timings(r: Result) -> list[str]:
+    if not r.options.timings:
+        return []
+    rows = [[b.name, i, f"{t:.1f}"] for b in r.backends for i, t in enumerate(b.build_s)]
+    rows += [
+        [f"{row.backend} (autotune {row.variant})", i, f"{t:.1f}"]
+        for p in r.probes
+        for row in getattr(p, "rows", ())
+        for i, t in enumerate(getattr(row, "build_s", ()))
+    ]
+    return [
+        "## Build times",
+        "",
+        "Wall seconds of each build's worker process: imports, the engine build (for torch-compile "
+        "backends, the compile and tuning in the first run), the runs and their captures (`--timings`).",
+        "",
+        *_table(["backend", "build", "seconds"], rows),
+    ]
+
+
 def _environment(r: Result) -> list[str]:
     return [
         "## Environment",
@@ -440,6 +460,7 @@ def to_markdown(r: Result) -> str:
         *_observer(r),
         *_runs(r),
         *_probes(r),
+        *_timings(r),
         *_exposure(r),
         *_model(r),
         *_inputs(r),
