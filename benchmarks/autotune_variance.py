@@ -18,10 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from xbackend.capture import CaptureFile, diff_captures
 from xbackend.executor import Executor, Job, standard_phases
 from xbackend.inputs import generate_feeds
 from xbackend.model import load_model
+from xbackend.probes.autotune import variant_row
 from xbackend.probes.builds import BuildVariance
 from xbackend.progress import NullProgress
 from xbackend.runners.registry import get_runner
@@ -65,29 +65,20 @@ def main() -> None:
                 if not o.ok:
                     sys.exit(f"{label}: build failed: {o.reason}")
                 outs.append(o)
-            fps = [o.outputs.fingerprint for o in outs]
-            hashes = {o.outputs.output_hashes[0] for o in outs}
-            v = BuildVariance.from_fingerprints(backend, fps, len(hashes) > 1)
-            moved = [k.removeprefix("tuned ") for k, _ in v.varying_layers if k.startswith("tuned ")]
-            worst = 0.0
-            with CaptureFile(outs[0].outputs.capture) as first:
-                for o in outs[1:]:
-                    with CaptureFile(o.outputs.capture) as other:
-                        for d in diff_captures(other, first, first.names, {}):
-                            worst = max(worst, d.scaled_ulp or 0.0)
-            seconds = [o.outcome.elapsed_s for o in outs]
+            row = variant_row(spec, backend, label, backend, outs)
+            seconds = row.build_s
             tuned = dict(outs[0].result.info).get("tuned_ops", "?")
             print(
-                f"  {label:22s} distinct outputs {len(hashes)}/{args.builds}  distinct fingerprints "
-                f"{v.distinct_fingerprints}/{args.builds}  tuned ops {tuned}  worst scaled ULP between "
-                f"builds {worst:g}  build s median {statistics.median(seconds):.1f} "
+                f"  {label:22s} distinct outputs {row.distinct_outputs}/{args.builds}  distinct fingerprints "
+                f"{row.distinct_fingerprints}/{args.builds}  tuned ops {tuned}  worst scaled ULP between "
+                f"builds {row.scaled_ulp:g}  build s median {statistics.median(seconds):.1f} "
                 f"(min {min(seconds):.1f}, max {max(seconds):.1f})"
             )
+            v = BuildVariance.from_fingerprints(backend, [o.outputs.fingerprint for o in outs], False)
             others = [k for k, _ in v.varying_layers if not k.startswith("tuned ")]
             if others:
                 print(f"      also differs between builds: {', '.join(others)}")
-            for op in moved:
-                choices = dict(v.varying_layers)[f"tuned {op}"]
+            for op, choices in row.moved:
                 print(f"      choice moved: {op}: {' | '.join(choices)}")
 
 

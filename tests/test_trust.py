@@ -351,23 +351,30 @@ def test_dynamic_axis_the_module_bakes_in_is_an_export_error(tmp_path: Path) -> 
         )
 
 
-def _shared(
-    model: Path, state: Path, timeout: float = 600, **options: str
+def _threads_probe(
+    backend: str, log: str, model: Path, state: Path, timeout: float = 600, **options: str
 ) -> tuple[xbackend.Result, list[tuple[int, int]]]:
-    """The threads probe (1 and 3 threads) on `test-shared` at 2 threads by default; the result,
-    and each build's (threads, process id) in the order they were built."""
-    opts = {"test-shared": {"state_dir": str(state), "threads": "2", **options}}
+    """The threads probe (1 and 3 threads) on a state-noting test runner at 2 threads by default;
+    the result, and the two numbers each build noted in `state/log`, in build order."""
+    opts = {backend: {"state_dir": str(state), "threads": "2", **options}}
     r = xbackend.compare(
         model,
-        backends=["test-shared"],
+        backends=[backend],
         runs=1,
         probes="threads",
         probe_threads=3,
         runner_options=opts,
         timeout=timeout,
     )
-    lines = (state / "builds").read_text().splitlines()
-    return r, [(int(t), int(p)) for t, p in (ln.split() for ln in lines)]
+    lines = (state / log).read_text().splitlines()
+    return r, [(int(a), int(b)) for a, b in (ln.split() for ln in lines)]
+
+
+def _shared(
+    model: Path, state: Path, timeout: float = 600, **options: str
+) -> tuple[xbackend.Result, list[tuple[int, int]]]:
+    """`test-shared`: each build's (threads, process id)."""
+    return _threads_probe("test-shared", "builds", model, state, timeout, **options)
 
 
 def test_probe_variants_share_one_process_when_the_runner_allows(
@@ -408,14 +415,8 @@ def test_a_hang_in_a_shared_process_times_out_that_variant_only(
 
 
 def _drift(model: Path, state: Path, **options: str) -> tuple[xbackend.Result, list[tuple[int, int]]]:
-    """The threads probe (1 and 3 threads) on `test-drift` at 2 threads by default; the result, and
-    each build's (threads, tensors exposed) in the order they were built."""
-    opts = {"test-drift": {"state_dir": str(state), "threads": "2", **options}}
-    r = xbackend.compare(
-        model, backends=["test-drift"], runs=1, probes="threads", probe_threads=3, runner_options=opts
-    )
-    lines = (state / "exposed").read_text().splitlines()
-    return r, [(int(t), int(n)) for t, n in (ln.split() for ln in lines)]
+    """`test-drift`: each build's (threads, tensors exposed)."""
+    return _threads_probe("test-drift", "exposed", model, state, **options)
 
 
 def test_threads_probe_builds_no_per_layer_engines_when_outputs_agree(

@@ -212,22 +212,17 @@ def _run_followups(
     """The second round: jobs a probe asks for after reading the first round's outcomes, all of
     a backend's together; they join that probe's outcomes. Returns the probes that failed to
     plan it, with the reason."""
-    wanted: dict[str, list[tuple[str, Job]]] = {}
+    wanted: dict[tuple[str, str], list[Job]] = {}
     broken: dict[str, str] = {}
     for pr in probes:
         for r in _backend_runs(pr, planned, builds, outcomes, results):
             try:
-                jobs = pr.followup_jobs(r)
+                wanted[(pr.name, r.planned.name)] = pr.followup_jobs(r)
             except Exception as e:  # a broken probe is a warning, never a silent pass
                 broken.setdefault(pr.name, f"{type(e).__name__}: {e}")
-                continue
-            wanted.setdefault(r.planned.name, []).extend((pr.name, j) for j in jobs)
-    bar.grow(sum(j.steps for js in wanted.values() for _, j in js))
-    for backend, planned_jobs in wanted.items():
-        done = ex.run_all([j for _, j in planned_jobs], True)
-        for probe, j in planned_jobs:
-            if j.label in done:
-                outcomes.setdefault((probe, backend), {})[j.label] = done[j.label]
+    bar.grow(sum(j.steps for js in wanted.values() for j in js))
+    for key, done in _run_probe_jobs(ex, planned, wanted, builds).items():
+        outcomes.setdefault(key, {}).update(done)
     return broken
 
 

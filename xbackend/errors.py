@@ -15,6 +15,7 @@ __all__ = [
     "RunnerFailedError",
     "UsageError",
     "XbackendError",
+    "first_line",
 ]
 
 EXIT_OK = 0
@@ -58,3 +59,9 @@ class ExportError(XbackendError):
 
 class ReportError(XbackendError):
     """A report could not be written."""
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message cut to its first line (300 characters at most), for one-line errors."""
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -226,13 +225,9 @@ def write_pin(path: str, choices: Iterable[Choice], torch_version: str) -> None:
         "torch": torch_version,
         "choices": [c.to_json() for c in choices],
     }
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # open(): the umask's mode, to commit
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, target)
+    from xbackend.report.write import write_atomic
+
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", "pin file")
 
 
 _HASHES = re.compile(r"\b[a-z0-9]{20,}\b")

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from xbackend.errors import ModelLoadError
+from xbackend.errors import ModelLoadError, first_line
 
 __all__ = [
     "ModelRef",
@@ -401,7 +401,7 @@ def parse_model(data: bytes, p: Path) -> onnx.ModelProto:
         proto = onnx.load_model_from_string(data)
     except Exception as e:
         raise ModelLoadError(
-            f"{p} is not a readable ONNX model ({type(e).__name__}: {_first_line(e)}); "
+            f"{p} is not a readable ONNX model ({type(e).__name__}: {first_line(e)}); "
             "pass a .onnx file written by onnx.save or an exporter"
         ) from e
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.node:
@@ -428,7 +428,7 @@ def _load_external(proto: onnx.ModelProto, p: Path) -> None:
     try:
         onnx.load_external_data_for_model(proto, str(p.parent))
     except Exception as e:
-        raise ModelLoadError(f"cannot read external data of {p}: {_first_line(e)}") from e
+        raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
 
 
 def _check_external_files(proto: onnx.ModelProto, p: Path) -> None:
@@ -469,7 +469,7 @@ def _check(proto: onnx.ModelProto, path: Path, external: bool) -> None:
         onnx.checker.check_model(target)
     except Exception as e:
         raise ModelLoadError(
-            f"{path} is not a valid ONNX model: {_first_line(e)}; fix the model or re-export it"
+            f"{path} is not a valid ONNX model: {first_line(e)}; fix the model or re-export it"
         ) from e
 
 
@@ -530,11 +530,6 @@ _PACKED = {
     for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
     if hasattr(onnx.TensorProto, n)
 }
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:300]
 
 
 # --- IR version downgrade -------------------------------------------------------------

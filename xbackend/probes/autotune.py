@@ -14,12 +14,13 @@ from typing import Any
 
 from xbackend.capture import CaptureFile, diff_captures
 from xbackend.executor import Job, JobOutcome, standard_phases
+from xbackend.model import ModelSpec
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult
 from xbackend.probes.builds import BuildVariance
 from xbackend.runners.registry import get_runner
 from xbackend.textfmt import num, table
 
-__all__ = ["AutotuneProbe", "AutotuneResult", "AutotuneRow"]
+__all__ = ["AutotuneProbe", "AutotuneResult", "AutotuneRow", "variant_row"]
 
 DEFAULT_BUILDS = 3
 VARIANTS = ("off", "on", "pinned")
@@ -97,6 +98,9 @@ class AutotuneResult(ProbeResult):
                 ]
         return out
 
+    def build_times(self) -> list[tuple[str, tuple[float, ...]]]:
+        return [(f"{r.backend} (autotune {r.variant})", r.build_s) for r in self.rows]
+
     def to_json(self) -> Any:
         return [
             {
@@ -159,34 +163,40 @@ class AutotuneProbe(Probe):
                 outcomes = [
                     r.jobs.get(f"{r.planned.name}-autotune-{variant}{k}") for k in range(self._builds())
                 ]
-                rows.append(self._row(r.planned.name, variant, runner, outcomes))
+                rows.append(variant_row(self.ctx.spec, r.planned.name, variant, runner, outcomes))
         return AutotuneResult(tuple(rows))
 
-    def _row(self, backend: str, variant: str, runner: str, outcomes: list[JobOutcome | None]) -> AutotuneRow:
-        failed = next((o for o in outcomes if o is None or not o.ok), None)
-        if failed is not None or not outcomes:
-            why = failed.reason if failed is not None else "not run"
-            return AutotuneRow(backend, variant, runner, "failed", why, len(outcomes))
-        done = [o for o in outcomes if o is not None]
-        v = BuildVariance.from_fingerprints(runner, [o.outputs.fingerprint for o in done], False)
-        moved = tuple((k.removeprefix("tuned "), c) for k, c in v.varying_layers if k.startswith("tuned "))
-        worst = 0.0
-        order = self.ctx.spec.tensor_order(outputs_only=True)
-        with CaptureFile(done[0].outputs.capture) as first:
-            for o in done[1:]:
-                with CaptureFile(o.outputs.capture) as other:
-                    names = [n for n in order if n in first and n in other]
-                    for d in diff_captures(other, first, names, self.ctx.spec.op_types()):
-                        worst = max(worst, d.scaled_ulp or 0.0)
-        return AutotuneRow(
-            backend,
-            variant,
-            runner,
-            "ok",
-            builds=len(done),
-            distinct_outputs=len({o.outputs.output_hashes[0] for o in done}),
-            distinct_fingerprints=v.distinct_fingerprints,
-            moved=moved,
-            scaled_ulp=worst,
-            build_s=tuple(o.outcome.elapsed_s for o in done),
-        )
+
+def variant_row(
+    spec: ModelSpec, backend: str, variant: str, runner: str, outcomes: Sequence[JobOutcome | None]
+) -> AutotuneRow:
+    """One variant's builds compared: distinct outputs and engines, the tuned ops whose kernel
+    moved, the largest scaled ULP between build 0 and the others at the graph outputs."""
+    done = [o for o in outcomes if o is not None]
+    if not done or len(done) < len(outcomes):
+        return AutotuneRow(backend, variant, runner, "failed", "not run", len(outcomes))
+    failed = next((o for o in done if not o.ok), None)
+    if failed is not None:
+        return AutotuneRow(backend, variant, runner, "failed", failed.reason, len(outcomes))
+    v = BuildVariance.from_fingerprints(runner, [o.outputs.fingerprint for o in done], False)
+    moved = tuple((k.removeprefix("tuned "), c) for k, c in v.varying_layers if k.startswith("tuned "))
+    worst = 0.0
+    order = spec.tensor_order(outputs_only=True)
+    with CaptureFile(done[0].outputs.capture) as first:
+        for o in done[1:]:
+            with CaptureFile(o.outputs.capture) as other:
+                names = [n for n in order if n in first and n in other]
+                for d in diff_captures(other, first, names, spec.op_types()):
+                    worst = max(worst, d.scaled_ulp or 0.0)
+    return AutotuneRow(
+        backend,
+        variant,
+        runner,
+        "ok",
+        builds=len(done),
+        distinct_outputs=len({o.outputs.output_hashes[0] for o in done}),
+        distinct_fingerprints=v.distinct_fingerprints,
+        moved=moved,
+        scaled_ulp=worst,
+        build_s=tuple(o.outcome.elapsed_s for o in done),
+    )

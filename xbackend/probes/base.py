@@ -97,6 +97,11 @@ class ProbeResult(abc.ABC):
     def to_json(self) -> Any:
         """The probe's part of the JSON report."""
 
+    def build_times(self) -> list[tuple[str, tuple[float, ...]]]:
+        """(what was built, each build's wall seconds) for the report's build times (--timings);
+        none for probes whose builds are not the point."""
+        return []
+
 
 class Probe(abc.ABC):
     """One probe; instances live for one comparison."""

@@ -416,10 +416,7 @@ def _timings(r: Result) -> list[str]:
         return []
     rows = [[b.name, i, f"{t:.1f}"] for b in r.backends for i, t in enumerate(b.build_s)]
     rows += [
-        [f"{row.backend} (autotune {row.variant})", i, f"{t:.1f}"]
-        for p in r.probes
-        for row in getattr(p, "rows", ())
-        for i, t in enumerate(getattr(row, "build_s", ()))
+        [what, i, f"{t:.1f}"] for p in r.probes for what, ts in p.build_times() for i, t in enumerate(ts)
     ]
     return [
         "## Build times",

@@ -17,12 +17,11 @@ import importlib.metadata
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from xbackend.errors import RunnerFailedError
+from xbackend.errors import RunnerFailedError, first_line
 from xbackend.inductor_pin import PinMiss, Tuning, code_digest, load_pin, write_pin
 from xbackend.model import ModelRef
 from xbackend.runners.base import BuildFingerprint, OptionSpec
@@ -57,8 +56,7 @@ class TorchCompileRunner(TorchRunner):
         self._cache = ""
         self._tuning = Tuning()
         self._pin_state = "none"
-        self._build_s: float | None = None
-        self._code = ""
+        self._code = ""  # the generated code's digest, once the first run has compiled
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         # An empty cache of its own: a build that found kernels (or tuning results) on disk
@@ -100,8 +98,7 @@ class TorchCompileRunner(TorchRunner):
 
         device = self.options["device"]
         args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
-        first = self._build_s is None
-        start = time.perf_counter()
+        first = not self._code
         try:
             with torch.no_grad():
                 out = self._compiled(*args)
@@ -109,9 +106,8 @@ class TorchCompileRunner(TorchRunner):
             miss = _pin_miss(e)
             if miss is not None:
                 raise miss from None
-            raise RunnerFailedError(f"torch.compile failed: {type(e).__name__}: {_first_line(e)}") from e
+            raise RunnerFailedError(f"torch.compile failed: {type(e).__name__}: {first_line(e)}") from e
         if first:  # the first call compiles (and tunes)
-            self._build_s = time.perf_counter() - start
             self._code = code_digest(self._cache, _read(self._tuning.modules))
             if self.options["pin"] and self._tuning.pin is None:
                 write_pin(self.options["pin"], self._tuning.choices, importlib.metadata.version("torch"))
@@ -120,7 +116,7 @@ class TorchCompileRunner(TorchRunner):
     def fingerprint(self) -> BuildFingerprint:
         """Per tuned op, the kernel chosen; plus a digest of the generated code. Complete once the
         first run has compiled the module."""
-        if self._build_s is None:
+        if not self._code:
             return super().fingerprint()
         items = [
             (f"tuned {c.op}" + (f" ({c.module})" if c.module else ""), c.chosen) for c in self._tuning.choices
@@ -130,17 +126,18 @@ class TorchCompileRunner(TorchRunner):
         return BuildFingerprint.from_items(self.name, items)
 
     def not_exposed(self) -> dict[str, str]:
+        outputs = set(self._outputs)
         return {
             t: f"{self.name} compares graph outputs only (hooks in a compiled module change what it compiles)"
             for t in self._tensors
-            if t not in set(self._outputs)
+            if t not in outputs
         }
 
     def info(self) -> dict[str, str]:
         out = super().info()
         out["inductor_mode"] = self.mode
         out["pin_state"] = self._pin_state
-        if self._build_s is not None:
+        if self._code:
             out["tuned_ops"] = str(len(self._tuning.choices))
         return dict(sorted(out.items()))
 
@@ -175,10 +172,6 @@ def _pin_miss(e: BaseException) -> PinMiss | None:
         cur = cur.__cause__ or cur.__context__
     inner = getattr(e, "inner_exception", None)  # torch._dynamo's BackendCompilerFailed
     return inner if isinstance(inner, PinMiss) else None
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def _read(paths: list[str]) -> list[str]:
