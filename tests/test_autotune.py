@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import xbackend
-from xbackend.capture import CaptureFile
+from xbackend.capture import CaptureFile, diff_captures
 from xbackend.executor import Executor, Job, JobOutcome, standard_phases
 from xbackend.inductor_pin import choice_names, code_digest, module_path
 from xbackend.inputs import generate_feeds
@@ -51,11 +51,14 @@ class Builder:
         self.ex = Executor(self.spec, work / "jobs", 600, NullProgress())
         self.n = 0
 
-    def build(self, backend: str = "torch-compile-autotune", **options: str) -> JobOutcome:
+    def build(
+        self, backend: str = "torch-compile-autotune", layers: bool = False, **options: str
+    ) -> JobOutcome:
+        """One build; with `layers`, the instrumented build (every mapped module output) after it."""
         cls = get_runner(backend)
         self.n += 1
         raw = tuple(sorted({"module": SPEC, **options}.items()))
-        phases = standard_phases(cls, self.spec, 1, outputs_only=True)
+        phases = standard_phases(cls, self.spec, 1, outputs_only=not layers, options=dict(raw))
         return self.ex.run(Job(f"build{self.n}", backend, cls, raw, self.feeds, phases, fingerprint=True))
 
 
@@ -156,7 +159,73 @@ def test_autotune_off_builds_are_stable(recorded: tuple) -> None:
     (v,) = r.probe("builds").backends  # type: ignore[attr-defined]
     assert v.distinct_fingerprints == 1 and not v.outputs_differ
     assert dict(t.info)["tuned_ops"] == "0"  # the default mode benchmarks nothing
-    assert all("graph outputs only" in why for _, why in t.not_exposed)
+    # per layer from the instrumented compiles, stable across builds too: 5 mapped module outputs
+    assert t.exposed == 6 and t.observer is not None
+    assert t.varying() == [] and len(t.build_diffs) == 6
+
+
+LAYERS = {"linear": "0.0", "gelu": "0.1", "linear_1": "0.2", "linear_2": "1.0", "gelu_1": "1.1"}
+
+
+def test_instrumented_build_returns_module_outputs_with_the_plain_builds_kernels(
+    recorded: tuple, tmp_path: Path
+) -> None:
+    b, pin, _ = recorded
+    path = write(tmp_path / "both.json", pin)  # the plain section only, as an --outputs-only run left it
+    o = b.build(pin=path, layers=True)
+    assert o.ok and o.separate_layers and o.layers is not None, o.reason
+    assert sorted(o.layers.capture_names) == sorted([*LAYERS, "y"])
+    plain, inst = dict(o.outputs.fingerprint.layers), dict(o.layers.fingerprint.layers)
+    # the same tuned ops (module paths of the user's module, not the wrapper's), the same kernels:
+    # the instrumented compile carried the plain one's choices over; its generated code differs
+    assert {k: v for k, v in inst.items() if k.startswith("tuned ")} == {
+        k: v for k, v in plain.items() if k.startswith("tuned ")
+    }
+    assert len([k for k in inst if k.startswith("tuned ")]) == 4
+    assert inst["generated code"] != plain["generated code"]
+    saved = json.loads(Path(path).read_text())
+    assert saved["choices"] == pin["choices"]  # the plain section is never rewritten
+    assert [(c["op"], c["module"], c["chosen"]) for c in saved["instrumented"]] == [
+        (c["op"], c["module"], c["chosen"]) for c in pin["choices"]
+    ]
+    assert dict(o.layers.info)["pin_state"] == f"recorded to {path} (instrumented section)"
+    # the next build replays both sections: the same engines, the same bits at every layer
+    again = b.build(pin=path, layers=True)
+    assert again.ok and again.layers is not None, again.reason
+    assert dict(again.layers.info)["pin_state"] == f"replayed from {path} (instrumented section)"
+    assert again.layers.fingerprint.digest == o.layers.fingerprint.digest
+    assert again.layers.capture_hashes == o.layers.capture_hashes
+    # the captured layers are the module's: a few ULP from eager torch at each
+    eager = b.build("torch", layers=True)
+    assert eager.ok and eager.layers is not None
+    with CaptureFile(o.layers.capture) as c, CaptureFile(eager.layers.capture) as e:
+        diffs = diff_captures(c, e, list(LAYERS), b.spec.op_types())
+    assert [d.name for d in diffs] == list(LAYERS)
+    assert all(d.scaled_ulp is not None and d.scaled_ulp <= 16 for d in diffs), [d.scaled_ulp for d in diffs]
+
+
+def test_observer_effect_of_an_instrumented_half_precision_compile(tmp_path: Path) -> None:
+    from xbackend.torch_export import InputDecl, export_torch
+
+    spec = f"{Path(__file__).resolve().parent / 'half_chain.py'}:build"
+    model = tmp_path / "half.onnx"
+    res = export_torch(spec, [InputDecl.parse("x=32,64:float16")], model, output_names=["y"])
+    assert sorted(res.module_outputs) == ["act", "act2", "fc"]
+    r = xbackend.compare(
+        model,
+        backends=["torch", "torch-compile"],
+        runs=1,
+        probes="none",
+        runner_options={"torch": {"module": spec}, "torch-compile": {"module": spec}},
+    )
+    t = r.backend("torch-compile")
+    assert t.ok and t.exposed == 4, t.reason
+    # Returning the GELU output makes Inductor round it to half before the LayerNorm, which the
+    # fused compile does in float32 (tests/half_chain.py): the outputs move, and the report says so
+    assert t.observer is not None and t.observer.outputs_changed
+    assert t.observer.scaled_ulp is not None and t.observer.scaled_ulp >= 0.5
+    assert any(w.startswith("WARN: observer effect on torch-compile") for w in r.verdict())
+    assert r.backend("torch").observer is None  # eager: one run serves both
 
 
 def test_autotune_probe_tables_off_on_and_pinned(recorded: tuple) -> None:

@@ -7,7 +7,7 @@ progress bar covers all of it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from xbackend.progress import ProgressSink
 from xbackend.protocol import LAYERS, OUTPUTS, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.runners.base import Runner
 
-__all__ = ["Executor", "Job", "JobOutcome", "PhaseSpec", "standard_phases"]
+__all__ = ["Executor", "Job", "JobOutcome", "PhaseSpec", "separate_layers", "standard_phases"]
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,27 @@ class PhaseSpec:
 
 
 def standard_phases(
-    cls: type[Runner], spec: ModelSpec, runs: int, outputs_only: bool = False, layers: bool = True
+    cls: type[Runner],
+    spec: ModelSpec,
+    runs: int,
+    outputs_only: bool = False,
+    layers: bool = True,
+    options: Mapping[str, str] | None = None,
 ) -> tuple[PhaseSpec, ...]:
     """The plain model for graph outputs and, unless outputs only, the instrumented model for
     per-layer tables; one build serves both where exposing intermediates changes nothing."""
     outputs = spec.tensor_order(outputs_only=True)
     if outputs_only or not layers:
         return (PhaseSpec(OUTPUTS, outputs, runs),)
-    if not cls.instrumentation_changes_engine:
+    if not separate_layers(cls, spec, options or {}):
         return (PhaseSpec(LAYERS, spec.tensor_order(), runs, serves_outputs=True),)
     return (PhaseSpec(OUTPUTS, outputs, runs), PhaseSpec(LAYERS, spec.tensor_order(), runs))
+
+
+def separate_layers(cls: type[Runner], spec: ModelSpec, options: Mapping[str, str]) -> bool:
+    """Whether this backend's per-layer capture of this model is a build of its own."""
+    resolved = cls.resolve_options(options)
+    return cls.instruments(dict(spec.metadata), Path(spec.path).resolve().parent, resolved)
 
 
 @dataclass(frozen=True)

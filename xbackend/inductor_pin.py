@@ -36,7 +36,17 @@ from typing import Any
 
 from xbackend.errors import RunnerFailedError
 
-__all__ = ["PIN_VERSION", "Choice", "PinMiss", "Tuning", "code_digest", "load_pin", "write_pin"]
+__all__ = [
+    "INSTRUMENTED",
+    "PIN_VERSION",
+    "PLAIN",
+    "Choice",
+    "PinMiss",
+    "Tuning",
+    "code_digest",
+    "load_pin",
+    "write_pin",
+]
 
 PIN_VERSION = 1
 _COUNTER = re.compile(r"_\d+$")
@@ -125,59 +135,48 @@ def module_path(raw: str) -> str:
 
 @dataclass
 class Tuning:
-    """Records every autotuning decision of this process; replays `pin` when given."""
+    """Records the autotuning decisions of one compile; replays `pin` when given.
+
+    strict: an op or kernel `pin` lacks fails the build (a pin file); otherwise it is tuned as
+    usual (`pin` then only carries another compile's choices over, where they apply).
+    module_prefix: the attribute path of the user's module inside the compiled one, dropped
+    from module paths.
+    """
 
     pin: dict[str, str] | None = None  # op -> chosen kernel
     pin_path: str = ""
+    strict: bool = True
+    module_prefix: str = ""
     choices: list[Choice] = field(default_factory=list)
     # the compiled graphs' output code (kernels inline), not the candidates built to be timed
     modules: list[str] = field(default_factory=list)
     _seen: dict[str, int] = field(default_factory=dict)
 
     def install(self) -> None:
-        """Wrap Inductor's selection; RunnerFailedError when this torch selects some other way."""
-        import inspect
+        """Make this the tuning Inductor's selections go through, from now on in this process;
+        RunnerFailedError when this torch selects some other way."""
+        global _ACTIVE
+        _patch()
+        _ACTIVE = self
 
-        from torch._inductor import select_algorithm as sa
+    def _select(self, original: Any, bound: dict[str, Any], args: Any, kwargs: Any) -> Any:
+        choices = bound["choices"]
+        key = _op_key(bound["name"], bound["input_nodes"], bound["layout"])
+        index = self._seen.get(key, 0)
+        self._seen[key] = index + 1
+        op = f"{key} #{index}"
+        names = choice_names(choices)
+        if self.pin is not None and (self.strict or self.pin.get(op) in names):
+            return self._replay(op, choices, names)
+        timings = original(*args, **kwargs)
+        self._record(op, choices, names, timings)
+        return timings
 
-        original: Any = getattr(sa.AlgorithmSelectorCache, "do_autotuning", None)
-        params = set(inspect.signature(original).parameters) if callable(original) else set()
-        if not {"name", "input_nodes", "layout", "choices"} <= params:
-            raise RunnerFailedError(
-                "this torch's Inductor has no AlgorithmSelectorCache.do_autotuning(name, input_nodes, "
-                "layout, choices, ...) to record kernel choices from; use torch 2.11 to 2.13"
-            )
-        signature = inspect.signature(original)
-        tuning = self
-
-        def do_autotuning(selector: Any, *args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(selector, *args, **kwargs).arguments
-            choices = bound["choices"]
-            key = _op_key(bound["name"], bound["input_nodes"], bound["layout"])
-            index = tuning._seen.get(key, 0)
-            tuning._seen[key] = index + 1
-            op = f"{key} #{index}"
-            names = choice_names(choices)
-            if tuning.pin is not None:
-                return tuning._replay(op, choices, names)
-            timings = original(selector, *args, **kwargs)
-            tuning._record(op, choices, names, timings)
-            return timings
-
-        sa.AlgorithmSelectorCache.do_autotuning = do_autotuning  # type: ignore[method-assign,assignment]
-
-        from torch._inductor.graph import GraphLowering
-
-        compile_to_module = GraphLowering.compile_to_module
-
-        def collect(graph: Any) -> Any:
-            mod = compile_to_module(graph)
-            path = getattr(mod, "__file__", None)
-            if path:
-                tuning.modules.append(str(path))
-            return mod
-
-        GraphLowering.compile_to_module = collect  # type: ignore[method-assign,assignment]
+    def _module(self) -> str:
+        path = _module_path()
+        if self.module_prefix and (path + ".").startswith(self.module_prefix + "."):
+            path = path[len(self.module_prefix) + 1 :]
+        return path
 
     def _record(
         self, op: str, choices: Sequence[Any], names: Sequence[str], timings: dict[Any, float]
@@ -185,7 +184,7 @@ class Tuning:
         by_choice = {id(c): n for c, n in zip(choices, names, strict=True)}
         measured = {by_choice[id(c)]: float(t) for c, t in timings.items() if id(c) in by_choice}
         chosen = min(measured, key=measured.__getitem__) if measured else (names[0] if names else "")
-        self.choices.append(Choice(op, _module_path(), chosen, tuple(sorted(measured.items()))))
+        self.choices.append(Choice(op, self._module(), chosen, tuple(sorted(measured.items()))))
 
     def _replay(self, op: str, choices: Sequence[Any], names: Sequence[str]) -> dict[Any, float]:
         assert self.pin is not None
@@ -201,30 +200,94 @@ class Tuning:
                 f"(another torch or CPU; candidates: {', '.join(names)}); delete it and build once to "
                 "record it again"
             )
-        self.choices.append(Choice(op, _module_path(), want, tuple((n, None) for n in names)))
+        self.choices.append(Choice(op, self._module(), want, tuple((n, None) for n in names)))
         return {c: (0.0 if n == want else float("inf")) for c, n in zip(choices, names, strict=True)}
 
 
-def load_pin(path: str) -> dict[str, str]:
-    """op -> kernel from a pin file; a one-line RunnerFailedError for a file that is not one."""
+_ACTIVE: Tuning | None = None
+_PATCHED = False
+
+
+def _patch() -> None:
+    """Route Inductor's kernel selection and output-code compiles through the active Tuning;
+    once per process, so builds made one after another in it never stack wrappers."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    import inspect
+
+    from torch._inductor import select_algorithm as sa
+    from torch._inductor.graph import GraphLowering
+
+    original: Any = getattr(sa.AlgorithmSelectorCache, "do_autotuning", None)
+    params = set(inspect.signature(original).parameters) if callable(original) else set()
+    if not {"name", "input_nodes", "layout", "choices"} <= params:
+        raise RunnerFailedError(
+            "this torch's Inductor has no AlgorithmSelectorCache.do_autotuning(name, input_nodes, "
+            "layout, choices, ...) to record kernel choices from; use torch 2.11 to 2.13"
+        )
+    signature = inspect.signature(original)
+
+    def do_autotuning(*args: Any, **kwargs: Any) -> Any:
+        if _ACTIVE is None:
+            return original(*args, **kwargs)
+        return _ACTIVE._select(original, signature.bind(*args, **kwargs).arguments, args, kwargs)
+
+    compile_to_module = GraphLowering.compile_to_module
+
+    def collect(graph: Any) -> Any:
+        mod = compile_to_module(graph)
+        path = getattr(mod, "__file__", None)
+        if path and _ACTIVE is not None:
+            _ACTIVE.modules.append(str(path))
+        return mod
+
+    sa.AlgorithmSelectorCache.do_autotuning = do_autotuning  # type: ignore[method-assign]
+    GraphLowering.compile_to_module = collect  # type: ignore[method-assign,assignment]
+    _PATCHED = True
+
+
+# A pin file's sections: the plain compile users ship, and the instrumented compile that also
+# returns the mapped submodules' outputs (its own graph, so its own choices).
+PLAIN, INSTRUMENTED = "choices", "instrumented"
+
+
+def load_pin(path: str, section: str = PLAIN) -> dict[str, str] | None:
+    """op -> kernel from a pin file's section (None when the file has no instrumented section);
+    a one-line RunnerFailedError for a file that is not a pin file."""
+    data = _read_pin(path)
+    try:
+        if section not in data and section != PLAIN:
+            return None
+        return {str(c["op"]): str(c["chosen"]) for c in data[section]}
+    except (KeyError, TypeError, AttributeError) as e:
+        raise RunnerFailedError(
+            f"cannot read the pin file {path}: no valid {section!r} list ({type(e).__name__}: {e}); "
+            "delete it and build once to record it again"
+        ) from e
+
+
+def _read_pin(path: str) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
         if data.get("version") != PIN_VERSION:
             raise ValueError(f"version {data.get('version')!r}, this xbackend reads {PIN_VERSION}")
-        return {str(c["op"]): str(c["chosen"]) for c in data["choices"]}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return data
+    except (OSError, ValueError) as e:
         raise RunnerFailedError(
             f"cannot read the pin file {path}: {e}; delete it and build once to record it again"
         ) from e
 
 
-def write_pin(path: str, choices: Iterable[Choice], torch_version: str) -> None:
-    """The choices as plain, diffable JSON, written atomically."""
-    data = {
-        "version": PIN_VERSION,
-        "torch": torch_version,
-        "choices": [c.to_json() for c in choices],
-    }
+def write_pin(path: str, choices: Iterable[Choice], torch_version: str, section: str = PLAIN) -> None:
+    """The choices as plain, diffable JSON, written atomically. The plain section starts a new
+    file; the instrumented section is added to the file the plain one recorded."""
+    data: dict[str, Any] = (
+        {"version": PIN_VERSION, "torch": torch_version} if section == PLAIN else _read_pin(path)
+    )
+    data[section] = [c.to_json() for c in choices]
     from xbackend.report.write import write_atomic
 
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", "pin file")

@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 
 from xbackend.errors import ExportError
+from xbackend.metrics import is_float_dtype
 from xbackend.model import ModelRef, np_dtype
 from xbackend.report.write import write_atomic_bytes
 
@@ -160,6 +161,32 @@ def _factory(spec: str, base_dir: Path | None, search_cwd: bool = True) -> Any:
     return getattr(module, attr)
 
 
+# Types numpy holds through ml_dtypes and torch natively: they cross as raw bits.
+_BIT_TYPES = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+
+
+def to_tensor(a: np.ndarray) -> Any:
+    """A torch tensor holding a copy of `a`, bfloat16 and float8 included."""
+    torch = _torch()
+    if a.dtype.name in _BIT_TYPES:
+        bits = np.array(a, copy=True).view(np.int16 if a.dtype.itemsize == 2 else np.int8)
+        return torch.from_numpy(bits).view(getattr(torch, a.dtype.name))
+    return torch.from_numpy(np.array(a, copy=True))
+
+
+def to_numpy(t: Any) -> np.ndarray:
+    """A host copy of tensor `t`, bfloat16 and float8 as ml_dtypes arrays."""
+    torch = _torch()
+    t = t.detach().cpu()
+    name = str(t.dtype).removeprefix("torch.")
+    if name in _BIT_TYPES:
+        import ml_dtypes
+
+        bits = t.view(torch.int16 if t.element_size() == 2 else torch.int8).numpy()
+        return np.array(bits.view(getattr(ml_dtypes, name)), copy=True)
+    return np.array(t.numpy(), copy=True)
+
+
 def load_module(spec: str, base_dir: Path | None = None, search_cwd: bool = True) -> Any:
     """Call the factory named by `spec` and check it returns an nn.Module (in eval mode).
 
@@ -271,7 +298,7 @@ def _hooked_outputs(module: Any, names: set[str], args: tuple[Any, ...]) -> dict
 
             def hook(_m: Any, _i: Any, out: Any, name: str = name) -> None:
                 if isinstance(out, torch.Tensor):
-                    captured[name] = out.detach().cpu().numpy().copy()
+                    captured[name] = to_numpy(out)
 
             handles.append(sub.register_forward_hook(hook))
     try:
@@ -292,19 +319,30 @@ def _verify(
     examples: dict[str, np.ndarray],
     outputs: Sequence[str],
 ) -> dict[str, str]:
-    """Keep only the module -> tensor pairs whose values agree when both are computed."""
-    from xbackend.runners.ort_cpu import OrtCpuRunner
+    """Keep only the module -> tensor pairs whose values agree when both are computed: ONNX
+    Runtime computes the ONNX side, or ONNX's reference evaluator where ONNX Runtime has no
+    kernel (bfloat16 Gemm on CPU)."""
+    import ml_dtypes
 
-    torch = _torch()
-    args = tuple(torch.from_numpy(examples[i.name]) for i in inputs)
+    from xbackend.errors import XbackendError
+    from xbackend.runners.ort_cpu import OrtCpuRunner
+    from xbackend.runners.reference import ReferenceRunner
+
+    if not candidates:
+        return {}
+    args = tuple(to_tensor(examples[i.name]) for i in inputs)
     eager = _hooked_outputs(module, set(candidates), args)
-    runner = OrtCpuRunner({"threads": "1"})
-    runner.prepare(
-        ModelRef(str(path), ir_version, tuple(i.name for i in inputs), tuple(outputs), False),
-        sorted(set(candidates.values())),
-    )
-    onnx_vals = runner.run(examples)
-    runner.close()
+    ref = ModelRef(str(path), ir_version, tuple(i.name for i in inputs), tuple(outputs), False)
+    onnx_vals: Mapping[str, Any] = {}
+    for runner in (OrtCpuRunner({"threads": "1"}), ReferenceRunner()):
+        try:
+            runner.prepare(ref, sorted(set(candidates.values())))
+            onnx_vals = runner.run(examples)
+            break
+        except XbackendError:
+            continue
+        finally:
+            runner.close()
     kept = {}
     for mod, tensor in candidates.items():
         a, b = eager.get(mod), onnx_vals.get(tensor)
@@ -312,8 +350,14 @@ def _verify(
             continue
         if a.shape != b.shape or a.dtype != b.dtype:
             continue
-        scale = float(np.abs(b).max()) if b.size and b.dtype.kind == "f" else 1.0
-        if b.dtype.kind != "f" or np.allclose(a, b, rtol=1e-3, atol=1e-4 * max(scale, 1e-6)):
+        if not is_float_dtype(b.dtype):
+            if np.array_equal(a, b):
+                kept[mod] = tensor
+            continue
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        scale = float(np.abs(b64).max()) if b.size else 1.0
+        tol = max(1e-3, float(ml_dtypes.finfo(b.dtype).eps) * 8)  # type: ignore[no-untyped-call]  # bfloat16 rounds at 4e-3
+        if np.allclose(a64, b64, rtol=tol, atol=tol * 0.1 * max(scale, 1e-6)):
             kept[mod] = tensor
     return dict(sorted(kept.items()))
 
@@ -397,7 +441,7 @@ def export_torch(
     out_path = Path(output)
     module = load_module(spec)
     examples = {i.name: i.example(seed) for i in inputs}
-    args = tuple(torch.from_numpy(examples[i.name]) for i in inputs)
+    args = tuple(to_tensor(examples[i.name]) for i in inputs)
     if not output_names:
         with torch.no_grad():
             output_names = output_names_of(module(*args))
@@ -446,6 +490,28 @@ def export_torch(
     onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **meta})
     write_atomic_bytes(out_path, proto.SerializeToString())
     return ExportResult(str(out_path), stored, str(torch.__version__), opset, tuple(inputs), outputs, mapped)
+
+
+def module_map(metadata: Mapping[str, str], given: str, model_dir: Path) -> dict[str, str]:
+    """The export's verified module -> tensor map, when the module in use is the one recorded:
+    `given` (--torch-module, relative to the working directory) empty or naming the same file
+    and factory as the recorded spec (relative to the model's folder)."""
+    recorded = metadata.get(META_MODULE, "")
+    if not recorded or (given and _canonical(given, Path.cwd()) != _canonical(recorded, model_dir)):
+        return {}
+    try:
+        mapped = json.loads(metadata.get(META_MODULE_OUTPUTS, "{}"))
+    except ValueError:
+        return {}
+    return {str(m): str(t) for m, t in mapped.items()} if isinstance(mapped, dict) else {}
+
+
+def _canonical(spec: str, base: Path) -> str:
+    target, _, attr = spec.rpartition(":")
+    if not target.endswith(".py"):
+        return spec
+    path = Path(target) if Path(target).is_absolute() else base / target
+    return f"{path.resolve()}:{attr}"
 
 
 def read_torch_metadata(proto: onnx.ModelProto) -> dict[str, str]:

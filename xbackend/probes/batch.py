@@ -208,7 +208,7 @@ class BatchProbe(Probe):
         single, batches = self.paths
         phases = [
             PhaseSpec(p.name, p.tensors, 1, batches, p.serves_outputs)
-            for p in standard_phases(b.cls, self.ctx.spec, 1)
+            for p in standard_phases(b.cls, self.ctx.spec, 1, options=b.raw_options)
         ]
         return [self.ctx.job(f"{b.name}-batch", b, phases, feeds=single)]
 

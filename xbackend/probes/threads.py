@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xbackend.capture import CaptureFile, common_names, diff_captures
-from xbackend.executor import Job, JobOutcome, PhaseSpec, standard_phases
+from xbackend.executor import Job, JobOutcome, PhaseSpec, separate_layers, standard_phases
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult, summarize
 from xbackend.protocol import LAYERS, PhaseResult
 from xbackend.textfmt import num, table, yes
@@ -108,8 +108,10 @@ class ThreadsProbe(Probe):
         round, and only for a variant whose outputs moved (see followup_jobs)."""
         if not has_threads(b) or b.cls is None:
             return []
-        layers = not b.cls.instrumentation_changes_engine  # one build gives both: take them
-        phases = standard_phases(b.cls, self.ctx.spec, 1, self.ctx.opts.outputs_only, layers=layers)
+        layers = not separate_layers(b.cls, self.ctx.spec, b.raw_options)  # one build gives both: take them
+        phases = standard_phases(
+            b.cls, self.ctx.spec, 1, self.ctx.opts.outputs_only, layers=layers, options=b.raw_options
+        )
         return [self.ctx.job(f"{b.name}-threads{t}", b, phases, threads=str(t)) for t in self._counts(b)]
 
     def followup_jobs(self, r: BackendRuns) -> list[Job]:

@@ -11,6 +11,7 @@ import abc
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError, UsageError
@@ -134,6 +135,13 @@ class Runner(abc.ABC):
     def process_env(cls, options: Mapping[str, Any]) -> dict[str, str]:
         """Environment variables the worker process needs before any import."""
         return {}
+
+    @classmethod
+    def instruments(cls, metadata: Mapping[str, str], model_dir: Path, options: Mapping[str, Any]) -> bool:
+        """Whether this model's per-layer capture needs a build of its own (see
+        instrumentation_changes_engine); runners that expose nothing beyond the graph outputs for
+        some models say False for those, so no second build runs for nothing."""
+        return cls.instrumentation_changes_engine
 
     @classmethod
     def autotune_family(cls, pin_path: str) -> dict[str, tuple[str, dict[str, str]]]:

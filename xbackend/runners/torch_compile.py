@@ -7,8 +7,14 @@ candidate kernels and the fastest kept, so builds can differ). Both freeze the w
 
 Every build is a fresh process with its own, empty Inductor cache folder, so it compiles
 and tunes from scratch. `pin=FILE` records the first build's choices to FILE and replays
-them in every later build (see xbackend.inductor_pin). Graph outputs only: forward hooks
-inside a compiled module would change what Inductor compiles.
+them in every later build (see xbackend.inductor_pin).
+
+Per-layer capture: where the model records which submodule output is which ONNX tensor (an
+`xbackend export torch` export), a second build compiles a wrapper that also returns those
+submodules' outputs. Returning them keeps values Inductor would fuse away, so that compile is
+another engine: graph outputs come from the plain build, and the observer effect measures the
+difference. The instrumented compile reuses the plain compile's kernel choices where its tuned
+ops match, so its layers explain the plain build rather than a re-tuned one.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from xbackend.errors import RunnerFailedError, first_line
-from xbackend.inductor_pin import PinMiss, Tuning, code_digest, load_pin, write_pin
+from xbackend.inductor_pin import INSTRUMENTED, PinMiss, Tuning, code_digest, load_pin, write_pin
 from xbackend.model import ModelRef
 from xbackend.runners.base import BuildFingerprint, OptionSpec
 from xbackend.runners.torch_eager import TorchRunner
+from xbackend.torch_export import to_numpy
 
 __all__ = ["TorchCompileAutotuneRunner", "TorchCompileRunner"]
 
@@ -36,7 +43,7 @@ class TorchCompileRunner(TorchRunner):
     name = "torch-compile"
     description = "TorchInductor (torch.compile), default mode, frozen weights: no autotuning"
     mode: ClassVar[str] = "default"
-    instrumentation_changes_engine = False  # one build: graph outputs only (hooks would recompile)
+    instrumentation_changes_engine = True  # returning intermediates changes what Inductor fuses
     option_specs = (
         *TorchRunner.option_specs,
         OptionSpec("device", str, "cpu", "where the compiled module runs (cuda: Triton kernels)", DEVICES),
@@ -49,6 +56,12 @@ class TorchCompileRunner(TorchRunner):
             "(an op it does not record fails the build)",
         ),
     )
+
+    @classmethod
+    def instruments(cls, metadata: Mapping[str, str], model_dir: Path, options: Mapping[str, Any]) -> bool:
+        from xbackend.torch_export import module_map
+
+        return bool(module_map(metadata, str(options.get("module", "")), model_dir))
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)
@@ -73,25 +86,40 @@ class TorchCompileRunner(TorchRunner):
         device = self.options["device"]
         if device == "cuda" and not torch.cuda.is_available():
             raise RunnerFailedError("device=cuda but torch sees no CUDA device here; use device=cpu")
+        torch._dynamo.reset()  # a second phase in this process compiles from nothing, too
         fp = super().prepare_impl(model, tensors)
-        pin = self.options["pin"]
-        if pin and Path(pin).exists():
-            self._tuning = Tuning(load_pin(pin), pin)
-            self._pin_state = f"replayed from {pin}"
-        elif pin:
-            self._pin_state = f"recorded to {pin}"
+        self._tuning = self._new_tuning(self.options["pin"])
         self._tuning.install()
         self._module = self._module.to(device).eval()
+        target = _instrumented(self._module, tuple(self._map)) if self._map else self._module
         options = dict(torch._inductor.list_mode_options(self.mode))
-        if pin:
+        if self.options["pin"]:
             # Timing-driven choices a pin file does not record: with them off, the recorded kernel
             # choices are the only ones timings make, in the recording build and every replay.
             options.update(coordinate_descent_tuning=False, benchmark_epilogue_fusion=False)
-        self._compiled = torch.compile(self._module, options=options or None)
+        self._compiled = torch.compile(target, options=options or None)
         return fp
 
+    def _new_tuning(self, pin: str) -> Tuning:
+        """The plain compile replays the pin file, or records to it. The instrumented one
+        replays the file's instrumented section, or else (recording it) carries over the plain
+        compile's choices made earlier in this process, where its ops match."""
+        if not self._map:
+            if pin and Path(pin).exists():
+                self._pin_state = f"replayed from {pin}"
+                return Tuning(load_pin(pin), pin)
+            self._pin_state = f"recorded to {pin}" if pin else "none"
+            return Tuning()
+        if pin and Path(pin).exists():
+            recorded = load_pin(pin, INSTRUMENTED)
+            if recorded is not None:
+                self._pin_state = f"replayed from {pin} (instrumented section)"
+                return Tuning(recorded, pin, module_prefix=_INNER)
+        self._pin_state = f"recorded to {pin} (instrumented section)" if pin else "none"
+        return Tuning(dict(_PLAIN_CHOICES), pin, strict=False, module_prefix=_INNER)
+
     def _hook(self) -> None:
-        self._map = {}  # graph outputs only
+        pass  # the instrumented wrapper returns the mapped outputs instead (see prepare_impl)
 
     def _forward(self, args: list[Any]) -> Any:
         import torch
@@ -107,11 +135,25 @@ class TorchCompileRunner(TorchRunner):
             if miss is not None:
                 raise miss from None
             raise RunnerFailedError(f"torch.compile failed: {type(e).__name__}: {first_line(e)}") from e
+        if self._map:
+            out, layers = out
+            for tensor, value in zip(self._map.values(), layers, strict=True):
+                if isinstance(value, torch.Tensor):
+                    self._captured[tensor] = to_numpy(value)
         if first:  # the first call compiles (and tunes)
-            self._code = code_digest(self._cache, _read(self._tuning.modules))
-            if self.options["pin"] and self._tuning.pin is None:
-                write_pin(self.options["pin"], self._tuning.choices, importlib.metadata.version("torch"))
+            self._compiled_once()
         return out
+
+    def _compiled_once(self) -> None:
+        self._code = code_digest(self._cache, _read(self._tuning.modules))
+        pin, t = self.options["pin"], self._tuning
+        if not self._map:
+            _PLAIN_CHOICES.clear()
+            _PLAIN_CHOICES.update((c.op, c.chosen) for c in t.choices)
+            if pin and t.pin is None:
+                write_pin(pin, t.choices, importlib.metadata.version("torch"))
+        elif pin and not t.strict and Path(pin).exists():
+            write_pin(pin, t.choices, importlib.metadata.version("torch"), INSTRUMENTED)
 
     def fingerprint(self) -> BuildFingerprint:
         """Per tuned op, the kernel chosen; plus a digest of the generated code. Complete once the
@@ -124,14 +166,6 @@ class TorchCompileRunner(TorchRunner):
         items.append(("generated code", self._code))
         items += [(f"option {k}", v) for k, v in sorted(self.info().items()) if k not in ("pin_state", "pin")]
         return BuildFingerprint.from_items(self.name, items)
-
-    def not_exposed(self) -> dict[str, str]:
-        outputs = set(self._outputs)
-        return {
-            t: f"{self.name} compares graph outputs only (hooks in a compiled module change what it compiles)"
-            for t in self._tensors
-            if t not in outputs
-        }
 
     def info(self) -> dict[str, str]:
         out = super().info()
@@ -160,6 +194,41 @@ class TorchCompileAutotuneRunner(TorchCompileRunner):
             "on": (cls.name, {"pin": ""}),
             "pinned": (cls.name, {"pin": pin_path}),
         }
+
+
+_INNER = "inner"  # the user's module inside the instrumented wrapper
+# The plain compile's choices, for the instrumented compile that follows it in this process.
+_PLAIN_CHOICES: dict[str, str] = {}
+
+
+def _instrumented(module: Any, names: tuple[str, ...]) -> Any:
+    """`module`, returning (its output, the outputs of the submodules `names`, in order).
+
+    Forward hooks stash each output and forward returns them: Dynamo traces the hooks into the
+    graph, so they become graph outputs (a hook that copied to numpy would break the graph)."""
+    import torch
+
+    class Instrumented(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module
+            self.names = names
+            self.stash: dict[str, Any] = {}
+            subs = dict(module.named_modules())
+            for n in names:
+                subs[n].register_forward_hook(self._keep(n))
+
+        def _keep(self, name: str) -> Any:
+            def hook(_m: Any, _i: Any, out: Any) -> None:
+                self.stash[name] = out
+
+            return hook
+
+        def forward(self, *args: Any) -> Any:
+            out = self.inner(*args)
+            return out, tuple(self.stash.pop(n, None) for n in self.names)
+
+    return Instrumented().eval()
 
 
 def _pin_miss(e: BaseException) -> PinMiss | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,6 +20,7 @@ from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedEr
 from xbackend.model import ModelRef, load_proto
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.ort_cpu import physical_cores
+from xbackend.torch_export import to_numpy, to_tensor
 from xbackend.values import Value
 
 __all__ = ["TorchRunner"]
@@ -53,6 +53,7 @@ class TorchRunner(Runner):
         self._captured: dict[str, np.ndarray] = {}
         self._spec = ""
         self._weights = ""
+        self._unmapped = "no torch module output maps to this tensor"
 
     @classmethod
     def availability(cls) -> Availability:
@@ -82,7 +83,7 @@ class TorchRunner(Runner):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         import torch
 
-        from xbackend.torch_export import META_MODULE, META_MODULE_OUTPUTS, read_torch_metadata
+        from xbackend.torch_export import META_MODULE, META_MODULE_OUTPUTS, module_map, read_torch_metadata
 
         proto = load_proto(model.path, load_external=True)
         meta = read_torch_metadata(proto)
@@ -98,8 +99,14 @@ class TorchRunner(Runner):
             self._weights = check_weights(self._module, proto)
         del proto
         wanted = set(tensors)
-        mapped = json.loads(meta.get(META_MODULE_OUTPUTS, "{}")) if self._spec == recorded else {}
-        self._map = {m: t for m, t in mapped.items() if t in wanted}
+        mapped = module_map(meta, self.options["module"], Path(model.path).parent)
+        self._unmapped = (
+            "no torch module output maps to this tensor"
+            if mapped or not meta.get(META_MODULE_OUTPUTS)
+            else "the torch module (--torch-module) is not the one the model records, so no module "
+            "output is mapped to this tensor (leave --torch-module out, with --trust-model-code)"
+        )
+        self._map = {m: t for m, t in mapped.items() if t in wanted and t not in model.outputs}
         self._outputs = model.outputs
         self._hook()
         return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
@@ -112,7 +119,7 @@ class TorchRunner(Runner):
 
                 def hook(_m: Any, _i: Any, out: Any, tensor: str = self._map[name]) -> None:
                     if isinstance(out, torch.Tensor):
-                        self._captured[tensor] = out.detach().cpu().numpy().copy()
+                        self._captured[tensor] = to_numpy(out)
 
                 sub.register_forward_hook(hook)
 
@@ -133,9 +140,7 @@ class TorchRunner(Runner):
             )
         out: dict[str, Value] = dict(self._captured)
         for name, (_, value) in zip(self._outputs, flat, strict=True):
-            out[name] = (
-                value.detach().cpu().numpy().copy() if isinstance(value, torch.Tensor) else np.asarray(value)
-            )
+            out[name] = to_numpy(value) if isinstance(value, torch.Tensor) else np.asarray(value)
         return out
 
     def _forward(self, args: list[Any]) -> Any:
@@ -149,7 +154,7 @@ class TorchRunner(Runner):
 
     def not_exposed(self) -> dict[str, str]:
         have = set(self._map.values()) | set(self._outputs)
-        return {t: "no torch module output maps to this tensor" for t in self._tensors if t not in have}
+        return {t: self._unmapped for t in self._tensors if t not in have}
 
     def info(self) -> dict[str, str]:
         out = super().info()
@@ -165,13 +170,12 @@ class TorchRunner(Runner):
 
 
 def _to_torch(v: Value) -> Any:
-    import torch
 
     if isinstance(v, list):
         return [_to_torch(x) for x in v]
     if v is None or not isinstance(v, np.ndarray):
         return v
-    return torch.from_numpy(np.array(v, copy=True))
+    return to_tensor(v)
 
 
 def _suggest(recorded: str, model: ModelRef) -> str:
@@ -216,7 +220,7 @@ def check_weights(module: Any, proto: Any) -> str:
                 digests |= _digests(numpy_helper.to_array(a.t))
     candidates, found = 0, 0
     for tensor in module.state_dict().values():
-        value = tensor.detach().cpu().numpy()
+        value = to_numpy(tensor)
         flat = value.reshape(-1)
         if value.dtype.kind != "f" or value.size < 2 or bool((flat == flat[0]).all()):
             continue  # constant tensors (LayerNorm's ones, zero biases) match any seed
