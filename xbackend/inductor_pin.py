@@ -158,6 +158,7 @@ class Tuning:
         global _ACTIVE
         _patch()
         _ACTIVE = self
+        _LOWERED_AT.clear()
 
     def _select(self, original: Any, bound: dict[str, Any], args: Any, kwargs: Any) -> Any:
         choices = bound["choices"]
@@ -166,27 +167,30 @@ class Tuning:
         self._seen[key] = index + 1
         op = f"{key} #{index}"
         names = choice_names(choices)
+        module = self._module(bound["input_nodes"])
         if self.pin is not None and (self.strict or self.pin.get(op) in names):
-            return self._replay(op, choices, names)
+            return self._replay(op, module, choices, names)
         timings = original(*args, **kwargs)
-        self._record(op, choices, names, timings)
+        self._record(op, module, choices, names, timings)
         return timings
 
-    def _module(self) -> str:
-        path = _module_path()
+    def _module(self, input_nodes: Any) -> str:
+        # Selection can be deferred (epilogue-fusion benchmarks on GPU) until the scheduler runs,
+        # where no FX node is current: then the path noted when the op was lowered stands.
+        path = _module_path() or _LOWERED_AT.get(id(input_nodes), (None, ""))[1]
         if self.module_prefix and (path + ".").startswith(self.module_prefix + "."):
             path = path[len(self.module_prefix) + 1 :]
         return path
 
     def _record(
-        self, op: str, choices: Sequence[Any], names: Sequence[str], timings: dict[Any, float]
+        self, op: str, module: str, choices: Sequence[Any], names: Sequence[str], timings: dict[Any, float]
     ) -> None:
         by_choice = {id(c): n for c, n in zip(choices, names, strict=True)}
         measured = {by_choice[id(c)]: float(t) for c, t in timings.items() if id(c) in by_choice}
         chosen = min(measured, key=measured.__getitem__) if measured else (names[0] if names else "")
-        self.choices.append(Choice(op, self._module(), chosen, tuple(sorted(measured.items()))))
+        self.choices.append(Choice(op, module, chosen, tuple(sorted(measured.items()))))
 
-    def _replay(self, op: str, choices: Sequence[Any], names: Sequence[str]) -> dict[Any, float]:
+    def _replay(self, op: str, module: str, choices: Sequence[Any], names: Sequence[str]) -> dict[Any, float]:
         assert self.pin is not None
         want = self.pin.get(op)
         if want is None:
@@ -200,12 +204,14 @@ class Tuning:
                 f"(another torch or CPU; candidates: {', '.join(names)}); delete it and build once to "
                 "record it again"
             )
-        self.choices.append(Choice(op, self._module(), want, tuple((n, None) for n in names)))
+        self.choices.append(Choice(op, module, want, tuple((n, None) for n in names)))
         return {c: (0.0 if n == want else float("inf")) for c, n in zip(choices, names, strict=True)}
 
 
 _ACTIVE: Tuning | None = None
 _PATCHED = False
+# id(input_nodes) -> (input_nodes, module path) for each selection, noted when its op is lowered
+_LOWERED_AT: dict[int, tuple[Any, str]] = {}
 
 
 def _patch() -> None:
@@ -233,6 +239,17 @@ def _patch() -> None:
             return original(*args, **kwargs)
         return _ACTIVE._select(original, signature.bind(*args, **kwargs).arguments, args, kwargs)
 
+    call = sa.AlgorithmSelectorCache.__call__
+    call_signature = inspect.signature(call)
+
+    def select(*args: Any, **kwargs: Any) -> Any:
+        try:
+            nodes = call_signature.bind(*args, **kwargs).arguments["input_nodes"]
+            _LOWERED_AT[id(nodes)] = (nodes, _module_path())  # the list keeps its id while held
+        except (TypeError, KeyError):
+            pass
+        return call(*args, **kwargs)
+
     compile_to_module = GraphLowering.compile_to_module
 
     def collect(graph: Any) -> Any:
@@ -243,6 +260,7 @@ def _patch() -> None:
         return mod
 
     sa.AlgorithmSelectorCache.do_autotuning = do_autotuning  # type: ignore[method-assign]
+    sa.AlgorithmSelectorCache.__call__ = select  # type: ignore[method-assign]
     GraphLowering.compile_to_module = collect  # type: ignore[method-assign,assignment]
     _PATCHED = True
 
