@@ -119,3 +119,51 @@ def test_bad_module_specs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert code == 2 and err.count("\n") == 1 and err.startswith("xbackend: error: module spec")
     with pytest.raises(ExportError, match="--input expects NAME=D1,D2"):
         InputDecl.parse("1,2,3")
+
+
+def test_module_map_applies_to_the_recorded_module_however_it_is_named(
+    exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xbackend.executor import separate_layers
+    from xbackend.model import load_model
+    from xbackend.runners.torch_compile import TorchCompileRunner
+    from xbackend.torch_export import module_map
+
+    spec, _ = load_model(exported)
+    meta = dict(spec.metadata)
+    monkeypatch.chdir(ROOT)
+    # the recorded file, named relative to the working directory: still the recorded module
+    assert len(module_map(meta, "models/torch_mlp.py:build", exported.parent)) == 30
+    assert separate_layers(TorchCompileRunner, spec, {"module": "models/torch_mlp.py:build"})
+    # a copy of it is another module as far as the map goes: no instrumented compile is planned
+    copy = tmp_path / "copy.py"
+    copy.write_text((ROOT / "models" / "torch_mlp.py").read_text())
+    assert module_map(meta, f"{copy}:build", exported.parent) == {}
+    assert not separate_layers(TorchCompileRunner, spec, {"module": f"{copy}:build"})
+    r = xbackend.compare(
+        exported, backends=["torch"], runs=1, runner_options={"torch": {"module": f"{copy}:build"}}
+    )
+    t = r.backend("torch")
+    assert t.ok and t.exposed == 1, t.reason
+    (why,) = {w for _, w in t.not_exposed}
+    assert why.startswith("the torch module (--torch-module) is not the one the model records")
+
+
+def test_bfloat16_module_exports_maps_and_runs(tmp_path: Path) -> None:
+    spec = f"{ROOT / 'tests' / 'half_chain.py'}:build_bf16"
+    out = tmp_path / "bf16.onnx"
+    from xbackend.torch_export import InputDecl, export_torch
+
+    # ONNX Runtime has no bfloat16 Gemm on CPU: the map is verified with ONNX's reference evaluator
+    res = export_torch(spec, [InputDecl.parse("x=32,64:bfloat16")], out, output_names=["y"])
+    assert sorted(res.module_outputs) == ["act", "act2", "fc"]
+    r = xbackend.compare(
+        out, backends=["torch", "reference"], runs=1, reference="torch", probes="none",
+        runner_options={"torch": {"module": spec}},
+    )  # fmt: skip
+    t = r.backend("torch")
+    assert t.ok and t.exposed == 4, t.reason
+    cross = r.cross("reference")
+    assert [d.dtype for d in cross.output_tensors] == ["bfloat16"]
+    # the reference evaluator's bfloat16 Gemm rounds differently from torch's: the first layer differs
+    assert cross.first_divergence == "linear"

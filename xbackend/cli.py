@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from xbackend.errors import EXIT_INTERNAL, UsageError, XbackendError
 from xbackend.inputs import parse_range, parse_shape
+from xbackend.probes import PROBES
 from xbackend.results import DEFAULT_BACKENDS, DEFAULT_MAX_ULP, CompareOptions
 
 __all__ = ["main"]
@@ -103,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         "--probes",
         default=None,
         metavar="LIST",
-        help="probes to run: builds,threads,opt-levels,batch, 'all' or 'none' "
+        help=f"probes to run: {','.join(PROBES)}, 'all' or 'none' "
         "(default: builds,threads, plus batch with --batch-invariance)",
     )
     c.add_argument(
@@ -129,12 +130,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--torch-module",
         metavar="MODULE_SPEC",
-        help="source nn.Module for the torch backend (path/to/file.py:factory or pkg.mod:factory)",
+        help="source nn.Module for the torch backends (path/to/file.py:factory or pkg.mod:factory)",
     )
     c.add_argument(
         "--trust-model-code",
         action="store_true",
-        help="let the torch backend import the Python file the model's metadata names (off: a model "
+        help="let the torch backends import the Python file the model's metadata names (off: a model "
         "never makes xbackend run code)",
     )
     sub.add_parser("backends", help="list every registered backend, available or not, and why")
