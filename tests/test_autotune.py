@@ -21,6 +21,7 @@ from xbackend.inputs import generate_feeds
 from xbackend.model import load_model
 from xbackend.probes.builds import BuildVariance
 from xbackend.progress import NullProgress
+from xbackend.report.jsonreport import to_json
 from xbackend.runners.registry import get_runner
 
 pytestmark = [
@@ -237,7 +238,12 @@ def test_autotune_probe_tables_off_on_and_pinned(recorded: tuple) -> None:
         builds=2,
         probes="autotune",
         runner_options={"torch-compile-autotune": {"module": SPEC}},
+        timings=True,
     )
+    seconds = json.loads(to_json(r))["probe_build_seconds"]
+    assert {k: len(v) for k, v in seconds.items()} == {
+        f"autotune: torch-compile-autotune (autotune {v})": 2 for v in ("off", "on", "pinned")
+    }
     rows = {row.variant: row for row in r.probe("autotune").rows}  # type: ignore[attr-defined]
     assert [(v, row.runner, row.status, row.builds) for v, row in rows.items()] == [
         ("off", "torch-compile", "ok", 2),

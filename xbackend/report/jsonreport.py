@@ -159,6 +159,11 @@ def to_dict(r: Result) -> dict[str, Any]:
     )
     if r.options.timings:  # only on request: times differ between identical comparisons
         out["build_seconds"] = {b.name: [round(t, 3) for t in b.build_s] for b in r.backends}
+        out["probe_build_seconds"] = {
+            f"{p.name}: {label}": [round(t, 3) for t in times]
+            for p in r.probes
+            for label, times in p.build_times()
+        }
     return out
 
 
