@@ -135,9 +135,21 @@ class AutotuneProbe(Probe):
             return {}
         return b.cls.autotune_family(str(self.ctx.work / f"{b.name}-autotune-pin.json"))
 
+    def _main(self, b: PlannedBackend) -> str:
+        """The variant the backend's main builds already are (same runner, same options, K
+        builds), so its builds are not made twice; "" when none is."""
+        if b.cls is None or self.ctx.opts.builds != self._builds():
+            return ""
+        for variant, (runner, extra) in self._family(b).items():
+            if runner == b.cls.name and b.cls.resolve_options({**b.raw_options, **extra}) == dict(b.options):
+                return variant
+        return ""
+
     def jobs(self, b: PlannedBackend) -> list[Job]:
         out = []
         for variant, (runner, extra) in self._family(b).items():
+            if variant == self._main(b):
+                continue
             cls = get_runner(runner)
             raw = {k: v for k, v in b.raw_options.items() if k in {s.name for s in cls.option_specs}}
             options = tuple(sorted({**raw, **extra}.items()))
@@ -160,9 +172,13 @@ class AutotuneProbe(Probe):
         rows = []
         for r in runs:
             for variant, (runner, _) in self._family(r.planned).items():
-                outcomes = [
-                    r.jobs.get(f"{r.planned.name}-autotune-{variant}{k}") for k in range(self._builds())
-                ]
+                outcomes: Sequence[JobOutcome | None] = (
+                    r.builds
+                    if variant == self._main(r.planned)
+                    else [
+                        r.jobs.get(f"{r.planned.name}-autotune-{variant}{k}") for k in range(self._builds())
+                    ]
+                )
                 rows.append(variant_row(self.ctx.spec, r.planned.name, variant, runner, outcomes))
         return AutotuneResult(tuple(rows))
 
