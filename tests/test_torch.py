@@ -163,6 +163,8 @@ def test_bfloat16_module_exports_maps_and_runs(tmp_path: Path) -> None:
     )  # fmt: skip
     t = r.backend("torch")
     assert t.ok and t.exposed == 4, t.reason
+    # the Linear's weight and bias, found among the model's bfloat16 initializers
+    assert dict(t.info)["weights_checked"] == "2 of 2 non-constant float tensors found in the model"
     cross = r.cross("reference")
     assert [d.dtype for d in cross.output_tensors] == ["bfloat16"]
     # the reference evaluator's bfloat16 Gemm rounds differently from torch's: the first layer differs

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedError
+from xbackend.metrics import is_float_dtype
 from xbackend.model import ModelRef, load_proto
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.ort_cpu import physical_cores
@@ -83,7 +84,7 @@ class TorchRunner(Runner):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         import torch
 
-        from xbackend.torch_export import META_MODULE, META_MODULE_OUTPUTS, module_map, read_torch_metadata
+        from xbackend.torch_export import META_MODULE, module_map, read_torch_metadata
 
         proto = load_proto(model.path, load_external=True)
         meta = read_torch_metadata(proto)
@@ -99,12 +100,15 @@ class TorchRunner(Runner):
             self._weights = check_weights(self._module, proto)
         del proto
         wanted = set(tensors)
-        mapped = module_map(meta, self.options["module"], Path(model.path).parent)
+        model_dir = Path(model.path).parent
+        mapped = module_map(meta, self.options["module"], model_dir)
+        # only a --torch-module other than the recorded file loses a map the model has
+        other_module = not mapped and bool(self.options["module"]) and bool(module_map(meta, "", model_dir))
         self._unmapped = (
-            "no torch module output maps to this tensor"
-            if mapped or not meta.get(META_MODULE_OUTPUTS)
-            else "the torch module (--torch-module) is not the one the model records, so no module "
+            "the torch module (--torch-module) is not the one the model records, so no module "
             "output is mapped to this tensor (leave --torch-module out, with --trust-model-code)"
+            if other_module
+            else "no torch module output maps to this tensor"
         )
         self._map = {m: t for m, t in mapped.items() if t in wanted and t not in model.outputs}
         self._outputs = model.outputs
@@ -170,7 +174,6 @@ class TorchRunner(Runner):
 
 
 def _to_torch(v: Value) -> Any:
-
     if isinstance(v, list):
         return [_to_torch(x) for x in v]
     if v is None or not isinstance(v, np.ndarray):
@@ -222,7 +225,7 @@ def check_weights(module: Any, proto: Any) -> str:
     for tensor in module.state_dict().values():
         value = to_numpy(tensor)
         flat = value.reshape(-1)
-        if value.dtype.kind != "f" or value.size < 2 or bool((flat == flat[0]).all()):
+        if not is_float_dtype(value.dtype) or value.size < 2 or bool((flat == flat[0]).all()):
             continue  # constant tensors (LayerNorm's ones, zero biases) match any seed
         candidates += 1
         found += bool(_digests(value) & digests)
