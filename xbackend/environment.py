@@ -118,6 +118,9 @@ def collect_environment() -> dict[str, str]:
     except ImportError:
         pass
     env.update(_versions())
+    from xbackend.gpu import gpu_environment
+
+    env.update(gpu_environment())
     for k in sorted(os.environ):
         if k.startswith(DETERMINISM_ENV_PREFIXES):
             env[f"env.{k}"] = os.environ[k]

@@ -16,6 +16,7 @@ from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContex
 from xbackend.probes.batch import BatchProbe
 from xbackend.probes.builds import BuildsProbe
 from xbackend.probes.opt_levels import OptLevelsProbe
+from xbackend.probes.tf32 import Tf32Probe
 from xbackend.probes.threads import ThreadsProbe
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
 
 # Report order.
 PROBES: dict[str, type[Probe]] = {
-    p.name: p for p in (BuildsProbe, ThreadsProbe, OptLevelsProbe, BatchProbe, AutotuneProbe)
+    p.name: p for p in (BuildsProbe, ThreadsProbe, OptLevelsProbe, BatchProbe, AutotuneProbe, Tf32Probe)
 }
 
 

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -27,7 +27,7 @@ from xbackend.protocol import OptLevelRow
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.values import Value, normalize, value_sha256
 
-__all__ = ["OrtCpuRunner", "ort_message"]
+__all__ = ["OrtCpuRunner", "ort_message", "ort_version"]
 
 OPT_LEVELS = ("disable", "basic", "extended", "layout", "all")
 _OPT_ENUM = {
@@ -226,6 +226,25 @@ def _node_signature(n: onnx.NodeProto) -> str:
     return f"{n.domain or 'ai.onnx'}:{n.op_type}({','.join(n.input)})->({','.join(n.output)}) {attrs}"
 
 
+def ort_version() -> str:
+    """The version of the onnxruntime that imports: package metadata would name the CPU build
+    when onnxruntime and onnxruntime-gpu are both installed."""
+    import onnxruntime as ort
+
+    return str(ort.__version__)
+
+
+def ort_dist_version() -> str:
+    """The installed onnxruntime distribution's version, without importing it (the GPU build is
+    another distribution, onnxruntime-gpu, of the same import package)."""
+    for dist in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
 def physical_cores() -> int:
     """What ONNX Runtime uses by default for intra-op threads."""
     import psutil
@@ -268,7 +287,7 @@ class OrtCpuRunner(Runner):
     name = "ort-cpu"
     description = "ONNX Runtime, CPU execution provider"
     shares_process = True  # threads and optimization level are SessionOptions: per session
-    option_specs = (
+    option_specs: ClassVar[Sequence[OptionSpec]] = (
         OptionSpec("threads", int, physical_cores, "intra-op threads (default: physical cores)"),
         OptionSpec("inter_op_threads", int, 1, "inter-op threads (1 = sequential execution)"),
         OptionSpec("opt_level", str, "all", "graph optimization level", OPT_LEVELS),
@@ -286,11 +305,15 @@ class OrtCpuRunner(Runner):
     def availability(cls) -> Availability:
         if importlib.util.find_spec("onnxruntime") is None:
             return Availability.missing("onnxruntime not installed (pip install onnxruntime)")
-        return Availability.ok(importlib.metadata.version("onnxruntime"))
+        return Availability.ok(ort_dist_version())
 
     @classmethod
     def max_ir_version(cls) -> int | None:
         return _probe_max_ir()
+
+    def providers(self) -> list[Any]:
+        """The execution providers a session gets, with their options."""
+        return ["CPUExecutionProvider"]
 
     def session_options(self) -> Any:
         import onnxruntime as ort
@@ -361,13 +384,12 @@ class OrtCpuRunner(Runner):
             so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         try:
             return ort.InferenceSession(
-                data, so, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled) or None
+                data, so, providers=self.providers(), disabled_optimizers=list(disabled) or None
             )
         except Exception as e:
             if cannot_load(e):
                 raise BackendUnavailableError(
-                    f"onnxruntime {importlib.metadata.version('onnxruntime')} cannot load this model: "
-                    f"{ort_message(e)}"
+                    f"onnxruntime {ort_version()} cannot load this model: {ort_message(e)}"
                 ) from e
             raise RunnerFailedError(f"onnxruntime rejected the model: {ort_message(e)}") from e
 
@@ -469,7 +491,7 @@ class OrtCpuRunner(Runner):
 
     def info(self) -> dict[str, str]:
         out = super().info()
-        out["onnxruntime"] = importlib.metadata.version("onnxruntime")
+        out["onnxruntime"] = ort_version()
         out["execution_mode"] = "sequential" if self.options["inter_op_threads"] <= 1 else "parallel"
         if self._session_obj is not None:
             out["providers"] = ",".join(self._session_obj.get_providers())

@@ -19,6 +19,11 @@ ENTRY_POINT_GROUP = "xbackend.runners"
 
 _BUILTIN: dict[str, str] = {
     "ort-cpu": "xbackend.runners.ort_cpu:OrtCpuRunner",
+    "ort-cuda": "xbackend.runners.ort_cuda:OrtCudaRunner",
+    "ort-trt": "xbackend.runners.ort_trt:OrtTrtRunner",
+    "trt-autotune": "xbackend.runners.tensorrt:TrtAutotuneRunner",
+    "trt-pinned": "xbackend.runners.tensorrt:TrtPinnedRunner",
+    "torch-cuda": "xbackend.runners.torch_cuda:TorchCudaRunner",
     "reference": "xbackend.runners.reference:ReferenceRunner",
     "oracle": "xbackend.runners.oracle:OracleRunner",
     "openvino-cpu": "xbackend.runners.openvino_cpu:OpenVinoCpuRunner",

@@ -48,6 +48,7 @@ class TorchCompileRunner(TorchRunner):
         *TorchRunner.option_specs,
         OptionSpec("device", str, "cpu", "where the compiled module runs (cuda: Triton kernels)", DEVICES),
         OptionSpec("freezing", bool, True, "torch._inductor.config.freezing (weights as constants)"),
+        OptionSpec("tf32", bool, False, "device=cuda: TF32 for matmuls and convolutions (Triton and cuBLAS)"),
         OptionSpec(
             "pin",
             str,
@@ -86,6 +87,8 @@ class TorchCompileRunner(TorchRunner):
         device = self.options["device"]
         if device == "cuda" and not torch.cuda.is_available():
             raise RunnerFailedError("device=cuda but torch sees no CUDA device here; use device=cpu")
+        torch.backends.cuda.matmul.allow_tf32 = bool(self.options["tf32"])
+        torch.backends.cudnn.allow_tf32 = bool(self.options["tf32"])
         torch._dynamo.reset()  # a second phase in this process compiles from nothing, too
         fp = super().prepare_impl(model, tensors)
         self._tuning = self._new_tuning(self.options["pin"])
@@ -170,6 +173,8 @@ class TorchCompileRunner(TorchRunner):
     def info(self) -> dict[str, str]:
         out = super().info()
         out["inductor_mode"] = self.mode
+        if self.options["device"] != "cuda":
+            out["tf32"] = "n/a (cpu)"
         out["pin_state"] = self._pin_state
         if self._code:
             out["tuned_ops"] = str(len(self._tuning.choices))

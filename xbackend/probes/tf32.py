@@ -1,0 +1,139 @@
+"""TF32: each GPU backend with TF32 math on against itself with it off.
+
+TF32 keeps float32's range but rounds the multiplicands of matmuls and convolutions to 10
+mantissa bits. Engines differ in their default (ONNX Runtime CUDA and TensorRT on, PyTorch on
+for convolutions only); xbackend's GPU runners turn it off unless `tf32=true`, and this probe
+measures what turning it on costs in bits. A runner opts in with a `tf32` option; runners with
+a `device` option take part only on cuda.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from xbackend.capture import CaptureFile, common_names, diff_captures
+from xbackend.executor import Job, separate_layers, standard_phases
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult, summarize
+from xbackend.protocol import PhaseResult
+from xbackend.textfmt import num, table, yes
+
+__all__ = ["Tf32Probe", "Tf32Result", "Tf32Row", "on_gpu_with_tf32"]
+
+
+@dataclass(frozen=True)
+class Tf32Row:
+    """A backend with TF32 flipped against its main builds."""
+
+    backend: str
+    tf32: bool  # what the probe build had
+    status: str  # ok | failed
+    reason: str = ""
+    same_bits: bool | None = None
+    max_ulp: int | None = None
+    scaled_ulp: float | None = None
+    first_divergence: str | None = None
+
+
+@dataclass(frozen=True)
+class Tf32Result(ProbeResult):
+    name = "tf32"
+    rows: tuple[Tf32Row, ...] = ()
+
+    def warnings(self) -> list[str]:
+        out = []
+        for r in self.rows:
+            if r.status != "ok":
+                out.append(f"WARN: tf32 probe failed on {r.backend}: {r.reason}")
+            elif r.same_bits is False:
+                out.append(
+                    f"WARN: {r.backend} with TF32 {'on' if r.tf32 else 'off'} changes bits from "
+                    f"{r.first_divergence} on ({num(r.scaled_ulp)} scaled ULP at worst)"
+                )
+        return out
+
+    def markdown(self) -> list[str]:
+        if not self.rows:
+            return []
+        rows = [
+            [
+                r.backend,
+                "on" if r.tf32 else "off",
+                yes(r.same_bits) if r.status == "ok" else f"**failed**: {r.reason}",
+                num(r.max_ulp),
+                num(r.scaled_ulp),
+                r.first_divergence or "–",
+            ]
+            for r in self.rows
+        ]
+        return [
+            "### TF32",
+            "",
+            "Each GPU backend with TF32 flipped (the main builds run it off unless `tf32=true`) against "
+            "its main build.",
+            "",
+            *table(["backend", "TF32", "same bits", "max ULP", "scaled ULP", "first divergence"], rows),
+        ]
+
+    def to_json(self) -> Any:
+        return [
+            {
+                "backend": r.backend,
+                "tf32": r.tf32,
+                "status": r.status,
+                "reason": r.reason,
+                "same_bits": r.same_bits,
+                "max_ulp": r.max_ulp,
+                "scaled_ulp": r.scaled_ulp,
+                "first_divergence": r.first_divergence,
+            }
+            for r in self.rows
+        ]
+
+
+def on_gpu_with_tf32(b: PlannedBackend) -> bool:
+    """A backend that has a TF32 switch and runs on a GPU."""
+    if b.cls is None or "tf32" not in {s.name for s in b.cls.option_specs}:
+        return False
+    return str(b.options.get("device", "cuda")) == "cuda"
+
+
+class Tf32Probe(Probe):
+    name = "tf32"
+    help = "GPU backends (ort-cuda, trt-*, torch-cuda, torch-compile device=cuda): TF32 on vs off"
+
+    def _label(self, b: PlannedBackend) -> str:
+        return f"{b.name}-tf32-{'off' if b.options['tf32'] else 'on'}"
+
+    def jobs(self, b: PlannedBackend) -> list[Job]:
+        if not on_gpu_with_tf32(b) or b.cls is None:
+            return []
+        layers = not separate_layers(b.cls, self.ctx.spec, b.raw_options)  # one build gives both
+        phases = standard_phases(
+            b.cls, self.ctx.spec, 1, self.ctx.opts.outputs_only, layers=layers, options=b.raw_options
+        )
+        flipped = "false" if b.options["tf32"] else "true"
+        return [self.ctx.job(self._label(b), b, phases, tf32=flipped)]
+
+    def analyze(self, runs: Sequence[BackendRuns]) -> Tf32Result:
+        return Tf32Result(tuple(self._row(r) for r in runs if on_gpu_with_tf32(r.planned)))
+
+    def _row(self, r: BackendRuns) -> Tf32Row:
+        b = r.planned
+        flipped = not b.options["tf32"]
+        main, probe = r.builds[0] if r.builds else None, r.jobs.get(self._label(b))
+        for o in (main, probe):
+            if o is None or not o.ok:
+                return Tf32Row(b.name, flipped, "failed", o.reason if o else "not run")
+        assert main is not None and probe is not None
+        equal, max_ulp, scaled, first = summarize(self._diff(probe.outputs, main.outputs, True))
+        if main.layers is not None and probe.layers is not None:
+            first_layer = summarize(self._diff(probe.layers, main.layers, False))[3]
+            equal, first = equal and first_layer is None, first_layer or first
+        return Tf32Row(b.name, flipped, "ok", "", equal, max_ulp, scaled, first)
+
+    def _diff(self, a: PhaseResult, b: PhaseResult, outputs: bool) -> list[Any]:
+        order = self.ctx.spec.tensor_order(outputs_only=outputs)
+        with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
+            return diff_captures(ca, cb, common_names(ca, cb, order), self.ctx.spec.op_types())

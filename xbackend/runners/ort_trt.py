@@ -1,0 +1,135 @@
+"""ONNX Runtime's TensorRT execution provider (nodes TensorRT cannot take fall to CUDA, then CPU).
+
+Its caches map onto the autotune variants:
+
+- on: no timing cache, no engine cache: each session times TensorRT's tactics afresh;
+- off: `trt_builder_optimization_level=0`: the first tactic that works, no timing;
+- pinned: the timing cache and the engine cache in `cache` (a folder): the first session
+  records both, later sessions load the engine it built (and time nothing).
+
+FP16 stays off. ONNX Runtime's TensorRT provider has no TF32 switch: TensorRT's default (on)
+applies to what it runs, which `info()` says; the CUDA fallback's TF32 follows `tf32`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from xbackend.model import ModelRef
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
+from xbackend.runners.ort_cpu import ort_dist_version
+from xbackend.runners.ort_cuda import OrtCudaRunner, cuda_provider_options
+
+__all__ = ["OrtTrtRunner", "trt_provider_options"]
+
+PROVIDER = "TensorrtExecutionProvider"
+TRT_LIB = "libnvinfer.so.10"  # what onnxruntime-gpu 1.31 links against
+
+
+def trt_provider_options(options: Mapping[str, Any], cache_dir: str) -> dict[str, str]:
+    """The TensorRT provider's options for runner `options`; `cache_dir` holds pinned caches."""
+    out = {
+        "device_id": str(int(options["device_id"])),
+        "trt_fp16_enable": "False",
+        "trt_builder_optimization_level": "0"
+        if options["autotune"] == "off"
+        else str(int(options["opt_level"])),
+        "trt_detailed_build_log": "True",
+    }
+    pinned = options["autotune"] == "pinned"
+    for k in ("timing_cache", "engine_cache"):
+        out[f"trt_{k}_enable"] = str(pinned)
+        if pinned:
+            out[f"trt_{k}_path"] = cache_dir
+    return out
+
+
+class OrtTrtRunner(OrtCudaRunner):
+    name = "ort-trt"
+    description = "ONNX Runtime, TensorRT execution provider (timing and engine caches as the pin)"
+    provider = PROVIDER
+    reported = ("trt_fp16_enable", "trt_builder_optimization_level", "trt_timing_cache_enable",
+                "trt_engine_cache_enable", "trt_timing_cache_path", "trt_engine_cache_path")  # fmt: skip
+    option_specs: ClassVar[Sequence[OptionSpec]] = (
+        *OrtCudaRunner.option_specs[:-2],  # threads, opt level, ... and device_id
+        OptionSpec(
+            "autotune",
+            str,
+            "on",
+            "on = no caches (tactics timed per session), off = builder optimization level 0, pinned = "
+            "timing and engine caches in `cache`",
+            ("on", "off", "pinned"),
+        ),
+        OptionSpec(
+            "tf32", bool, False, "TF32 of the CUDA fallback (TensorRT's own stays at its default, on)"
+        ),
+        OptionSpec("trt_opt_level", int, 3, "trt_builder_optimization_level when autotune is on or pinned"),
+        OptionSpec(
+            "cache",
+            str,
+            "",
+            "pinned: the folder for the timing and engine caches (default: per model under "
+            "~/.cache/xbackend/ort-trt)",
+        ),
+    )
+
+    def __init__(self, options: Mapping[str, str] | None = None) -> None:
+        super().__init__(options)
+        self._cache_dir = ""
+
+    @classmethod
+    def availability(cls) -> Availability:
+        from xbackend import gpu
+
+        package = gpu.ort_gpu_problem(PROVIDER)
+        lib = ""
+        if not package and not gpu.find_library(TRT_LIB):
+            lib = (
+                f"{TRT_LIB} not found: onnxruntime-gpu's TensorRT provider needs TensorRT 10 for CUDA 13 "
+                "(NVIDIA's container, see docker/Dockerfile.gpu)"
+            )
+        problem = gpu.problems(package, lib, gpu.cuda_problem())
+        if problem:
+            return Availability.missing(problem)
+        return Availability.ok(ort_dist_version())
+
+    @classmethod
+    def autotune_family(cls, pin_path: str) -> dict[str, tuple[str, dict[str, str]]]:
+        cache = pin_path.removesuffix(".json") + "-ort-trt"
+        return {
+            "off": (cls.name, {"autotune": "off"}),
+            "on": (cls.name, {"autotune": "on"}),
+            "pinned": (cls.name, {"autotune": "pinned", "cache": cache}),
+        }
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        if self.options["autotune"] == "pinned":
+            self._cache_dir = self.options["cache"] or _default_cache(model.path)
+            os.makedirs(self._cache_dir, exist_ok=True)
+        return super().prepare_impl(model, tensors)
+
+    def providers(self) -> list[Any]:
+        trt = trt_provider_options(
+            {**self.options, "opt_level": self.options["trt_opt_level"]}, self._cache_dir
+        )
+        cuda = cuda_provider_options({**self.options, "autotune": "on"})
+        return [(PROVIDER, trt), ("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+
+    def info(self) -> dict[str, str]:
+        out = super().info()
+        out["tensorrt_tf32"] = "TensorRT's default (on): ONNX Runtime's TensorRT provider has no switch"
+        if self._cache_dir:
+            out["cache_dir"] = self._cache_dir
+        return dict(sorted(out.items()))
+
+
+def _default_cache(model_path: str) -> str:
+    h = hashlib.sha256()
+    with open(model_path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "xbackend", "ort-trt", h.hexdigest()[:16])

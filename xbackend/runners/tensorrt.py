@@ -1,0 +1,648 @@
+"""TensorRT through its native Python API (10.x and 11.x): `trt-autotune` and `trt-pinned`.
+
+A TensorRT build times candidate tactics per layer and keeps the fastest, so two builds of
+one model can differ. Both runners parse the ONNX model, build a strongly typed network
+(precision follows the model's types, as TensorRT 11 always does), clear TF32 unless
+`tf32=true`, and build with detailed profiling so the engine inspector names each layer's
+tactic.
+
+- trt-autotune: a fresh, empty timing cache per build: every build times every tactic.
+  `opt_level=0` is autotuning off: the builder takes the first tactic that works and ignores
+  the timing cache.
+- trt-pinned: the first build records a timing cache to `cache` (an editable cache where
+  TensorRT has them, 10.8+); later builds replay it with ERROR_ON_TIMING_CACHE_MISS. The cache's
+  SHA-256 is hashed before and after each build: a replayed cache that changed means misses
+  leaked through (seen in TensorRT 11.0), and builds that still differ show in the builds probe.
+
+Per-layer capture: unfused debug tensors (`mark_unfused_tensors_as_debug_tensors`, 10.12+)
+where supported, since they do not prevent fusion; else each wanted tensor is marked as a
+network output, which does, so those come from a build of their own. `info()` says which.
+
+The parts that need no GPU (builder-config calls, inspector JSON, timing-cache keys, the pin
+decision) are plain functions, tested without TensorRT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from xbackend.errors import BackendUnavailableError, RunnerFailedError
+from xbackend.model import ModelRef
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
+from xbackend.values import Value
+
+__all__ = [
+    "ConfigCall",
+    "TrtAutotuneRunner",
+    "TrtLayer",
+    "TrtPinnedRunner",
+    "capture_method",
+    "config_calls",
+    "default_cache_path",
+    "format_timing_key",
+    "parse_engine_json",
+    "parse_layer",
+    "parse_timing_key",
+    "parse_version",
+    "pin_mode",
+]
+
+INSTALL_HINT = (
+    "install NVIDIA TensorRT 10 or 11 for CUDA 13 (NVIDIA's container, see docker/Dockerfile.gpu, or "
+    "pip install tensorrt-cu13 on a host that reaches pypi.nvidia.com)"
+)
+OPT_LEVELS = range(6)
+CAPTURE = ("auto", "debug", "outputs")
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """(major, minor) of a TensorRT version string ("10.13.3.9" -> (10, 13))."""
+    m = re.match(r"(\d+)\.(\d+)", text)
+    if m is None:
+        raise ValueError(f"not a TensorRT version: {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass(frozen=True)
+class ConfigCall:
+    """One builder-config call, by name: enum integers move between TensorRT versions."""
+
+    op: str  # set_flag | clear_flag | set
+    name: str
+    value: Any = None
+
+    def __str__(self) -> str:
+        return f"{self.op}({self.name})" if self.op != "set" else f"{self.name}={self.value}"
+
+
+def pin_mode(pinned: bool, cache_path: str, exists: bool) -> str:
+    """What a build does with its timing cache: "fresh" (a new, empty one: autotuning), "record"
+    (fresh, then saved to `cache_path`) or "replay" (the saved one, misses are errors)."""
+    if not pinned:
+        return "fresh"
+    if not cache_path:
+        raise BackendUnavailableError("trt-pinned needs a timing cache path (--set trt-pinned.cache=FILE)")
+    return "replay" if exists else "record"
+
+
+def config_calls(options: Mapping[str, Any], mode: str, version: tuple[int, int]) -> list[ConfigCall]:
+    """The builder-config calls for runner `options`, pin `mode` and TensorRT `version`."""
+    level = int(options["opt_level"])
+    if level not in OPT_LEVELS:
+        raise RunnerFailedError(f"opt_level={level}: TensorRT's builder_optimization_level is 0 to 5")
+    calls = [
+        ConfigCall("set", "profiling_verbosity", "DETAILED"),
+        ConfigCall("set", "builder_optimization_level", level),
+        ConfigCall("set_flag" if options["tf32"] else "clear_flag", "TF32"),
+    ]
+    if int(options.get("workspace_mb", 0)):
+        calls.append(ConfigCall("set", "workspace_bytes", int(options["workspace_mb"]) << 20))
+    if mode in ("record", "replay") and version >= (10, 8):
+        calls.append(ConfigCall("set_flag", "EDITABLE_TIMING_CACHE"))
+    if mode == "replay":
+        calls.append(ConfigCall("set_flag", "ERROR_ON_TIMING_CACHE_MISS"))
+    return calls
+
+
+def apply_calls(config: Any, trt: Any, calls: Sequence[ConfigCall]) -> None:
+    for c in calls:
+        if c.op == "set":
+            if c.name == "profiling_verbosity":
+                config.profiling_verbosity = getattr(trt.ProfilingVerbosity, c.value)
+            elif c.name == "workspace_bytes":
+                config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, c.value)
+            else:
+                setattr(config, c.name, c.value)
+            continue
+        flag = getattr(trt.BuilderFlag, c.name, None)
+        if flag is None:
+            raise BackendUnavailableError(f"TensorRT {trt.__version__} has no BuilderFlag.{c.name}")
+        (config.set_flag if c.op == "set_flag" else config.clear_flag)(flag)
+
+
+@dataclass(frozen=True)
+class TrtLayer:
+    """One engine layer as the inspector describes it."""
+
+    name: str
+    type: str = ""
+    tactic: str = ""
+
+
+def parse_layer(entry: Any) -> TrtLayer:
+    """A layer from the engine inspector's JSON: a bare name (profiling verbosity below DETAILED)
+    or an object with Name, LayerType and TacticName or TacticValue."""
+    if isinstance(entry, str):
+        return TrtLayer(entry)
+    if not isinstance(entry, dict) or "Name" not in entry:
+        raise ValueError(f"not an engine-inspector layer: {str(entry)[:80]}")
+    tactic = entry.get("TacticName") or entry.get("TacticValue") or ""
+    return TrtLayer(str(entry["Name"]), str(entry.get("LayerType", "")), str(tactic))
+
+
+def parse_engine_json(text: str) -> tuple[list[TrtLayer], list[str]]:
+    """(layers, I/O tensor names) from `IEngineInspector.get_engine_information(JSON)`. TensorRT
+    10 lists the I/O tensors under "Bindings", 11 under "I/O Tensors"."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"the engine inspector's JSON does not parse: {e}") from e
+    layers = [parse_layer(x) for x in doc.get("Layers", [])]
+    io = doc.get("I/O Tensors", doc.get("Bindings", []))
+    names = [x if isinstance(x, str) else str(x.get("Name", "")) for x in io]
+    return layers, names
+
+
+def parse_timing_key(text: str) -> bytes:
+    """A timing-cache key's 16 bytes from its string form, "0x" and 32 hex digits."""
+    t = text.strip()
+    if not re.fullmatch(r"0x[0-9a-fA-F]{32}", t):
+        raise ValueError(f"not a TensorRT timing-cache key (0x and 32 hex digits): {text!r}")
+    return bytes.fromhex(t[2:])
+
+
+def format_timing_key(data: bytes) -> str:
+    if len(data) != 16:
+        raise ValueError(f"a timing-cache key has 16 bytes, not {len(data)}")
+    return "0x" + data.hex()
+
+
+def capture_method(requested: str, version: tuple[int, int], has_unfused: bool) -> str:
+    """ "debug" (unfused debug tensors: same engine) or "outputs" (marked network outputs: another
+    engine) for the user's `capture` option on this TensorRT."""
+    supported = has_unfused and version >= (10, 12)
+    if requested == "debug" and not supported:
+        raise BackendUnavailableError(
+            f"TensorRT {version[0]}.{version[1]} has no mark_unfused_tensors_as_debug_tensors (10.12+): "
+            "use capture=outputs or capture=auto"
+        )
+    if requested == "outputs":
+        return "outputs"
+    return "debug" if supported else "outputs"
+
+
+def default_cache_path(model_sha256: str, trt_version: str, gpu: str) -> str:
+    """Where trt-pinned keeps a model's timing cache when no `cache` is given: per model, TensorRT
+    version and GPU (a cache is valid for those alone)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", gpu).strip("-") or "gpu"
+    return os.path.join(
+        base, "xbackend", "tensorrt", f"{model_sha256[:16]}-trt{trt_version}-{slug}.timing-cache"
+    )
+
+
+def _np_dtype(trt_dtype: Any) -> np.dtype:
+    import ml_dtypes
+
+    name = str(trt_dtype).rsplit(".", 1)[-1]
+    table = {
+        "FLOAT": np.float32,
+        "HALF": np.float16,
+        "BF16": ml_dtypes.bfloat16,
+        "FP8": ml_dtypes.float8_e4m3fn,
+        "INT8": np.int8,
+        "UINT8": np.uint8,
+        "INT32": np.int32,
+        "INT64": np.int64,
+        "BOOL": np.bool_,
+    }
+    if name not in table:
+        raise RunnerFailedError(f"TensorRT tensor type {name} is not read back by xbackend")
+    dtype: np.dtype = np.dtype(table[name])
+    return dtype
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".xbackend-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class TrtAutotuneRunner(Runner):
+    name = "trt-autotune"
+    description = "TensorRT (native API), a fresh timing cache per build: tactics chosen by timing"
+    pinned: ClassVar[bool] = False
+    option_specs: ClassVar[Sequence[OptionSpec]] = (
+        OptionSpec("tf32", bool, False, "BuilderFlag.TF32 (TensorRT's default is on; off compares float32)"),
+        OptionSpec(
+            "opt_level", int, 3, "builder_optimization_level 0-5 (0: first tactic that works, no timing)"
+        ),
+        OptionSpec("workspace_mb", int, 0, "workspace memory pool limit in MiB (0: TensorRT's default)"),
+        OptionSpec("device_id", int, 0, "CUDA device"),
+        OptionSpec(
+            "capture",
+            str,
+            "auto",
+            "per-layer capture: debug (unfused debug tensors, 10.12+: same engine), outputs (marked "
+            "outputs: another engine), auto (debug where supported)",
+            CAPTURE,
+        ),
+    )
+
+    def __init__(self, options: Mapping[str, str] | None = None) -> None:
+        super().__init__(options)
+        self._model: ModelRef | None = None
+        self._trt: Any = None
+        self._logger: Any = None
+        self._engine: Any = None
+        self._context: Any = None
+        self._stream: Any = None
+        self._method = "outputs"
+        self._mode = "fresh"
+        self._cache_path = ""
+        self._notes: dict[str, str] = {}
+        self._layers: list[TrtLayer] = []
+        self._plan_sha = ""
+        self._io: list[str] = []
+        self._missing: dict[str, str] = {}
+        self._debug: dict[str, np.ndarray] = {}
+        self._listener: Any = None
+        self._shapes: dict[str, tuple[int, ...]] = {}
+
+    @classmethod
+    def availability(cls) -> Availability:
+        from xbackend import gpu
+
+        version = gpu.tensorrt_version()
+        cudart = gpu.find_library("libcudart.so.13") or gpu.find_library("libcudart.so.12")
+        problem = gpu.problems(
+            "" if version else f"TensorRT is not installed: {INSTALL_HINT}",
+            "" if cudart else "libcudart not found: pip install nvidia-cuda-runtime (CUDA 13)",
+            gpu.cuda_problem(),
+        )
+        return Availability.missing(problem) if problem else Availability.ok(version)
+
+    @classmethod
+    def instruments(cls, metadata: Mapping[str, str], model_dir: Path, options: Mapping[str, Any]) -> bool:
+        if importlib.util.find_spec("tensorrt") is None:
+            return True
+        import tensorrt as trt
+
+        try:
+            method = capture_method(
+                str(options.get("capture", "auto")),
+                parse_version(trt.__version__),
+                hasattr(trt.INetworkDefinition, "mark_unfused_tensors_as_debug_tensors"),
+            )
+        except BackendUnavailableError:
+            return True
+        return method == "outputs"
+
+    @classmethod
+    def autotune_family(cls, pin_path: str) -> dict[str, tuple[str, dict[str, str]]]:
+        return {
+            "off": (TrtAutotuneRunner.name, {"opt_level": "0"}),
+            "on": (TrtAutotuneRunner.name, {}),
+            "pinned": (TrtPinnedRunner.name, {"cache": pin_path.removesuffix(".json") + ".timing-cache"}),
+        }
+
+    # --- build ------------------------------------------------------------------------------
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        import tensorrt as trt
+
+        self._trt = trt
+        self._model = model
+        version = parse_version(trt.__version__)
+        self._method = capture_method(
+            self.options["capture"],
+            version,
+            hasattr(trt.INetworkDefinition, "mark_unfused_tensors_as_debug_tensors"),
+        )
+        if self.pinned:
+            self._cache_path = self._cache_option(model)
+        self._mode = pin_mode(
+            self.pinned, self._cache_path, bool(self._cache_path) and os.path.exists(self._cache_path)
+        )
+        # the engine is built at the first run: dynamic inputs take the feeds' shapes as their profile
+        return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
+
+    def _cache_option(self, model: ModelRef) -> str:
+        return ""
+
+    def _logger_obj(self) -> Any:
+        trt = self._trt
+
+        class Logger(trt.ILogger):  # type: ignore[misc, name-defined]
+            def __init__(self) -> None:
+                trt.ILogger.__init__(self)
+                self.errors: list[str] = []
+
+            def log(self, severity: Any, msg: str) -> None:
+                if severity in (trt.ILogger.Severity.ERROR, trt.ILogger.Severity.INTERNAL_ERROR):
+                    self.errors.append(" ".join(msg.split()))
+
+        return Logger()
+
+    def _fail(self, what: str) -> RunnerFailedError:
+        last = (
+            self._logger.errors[-1] if self._logger is not None and self._logger.errors else "no error logged"
+        )
+        return RunnerFailedError(f"TensorRT {what}: {last[:300]}")
+
+    def _build(self, feeds: Mapping[str, Value]) -> None:
+        trt = self._trt
+        assert self._model is not None
+        self._logger = self._logger_obj()
+        builder = trt.Builder(self._logger)
+        flags = 0
+        if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+            flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+        network = builder.create_network(flags)
+        parser = trt.OnnxParser(network, self._logger)
+        if not parser.parse_from_file(str(self._model.path)):
+            errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+            raise BackendUnavailableError(
+                f"TensorRT's ONNX parser rejected the model: {'; '.join(errors)[:400]}"
+            )
+        self._expose(network)
+        config = builder.create_builder_config()
+        apply_calls(config, trt, config_calls(self.options, self._mode, parse_version(trt.__version__)))
+        self._profile(builder, network, config, feeds)
+        cache, before = self._timing_cache(config)
+        plan = builder.build_serialized_network(network, config)
+        if plan is None:
+            if self._mode == "replay":
+                raise RunnerFailedError(
+                    f"TensorRT could not build from the pinned timing cache {self._cache_path} "
+                    f"({self._last_error()}); if the model, GPU or TensorRT changed, delete it and build "
+                    "once to record it again"
+                )
+            raise self._fail("failed to build the engine")
+        data = bytes(plan)
+        self._plan_sha = _sha256(data)
+        self._after_build(cache, before)
+        runtime = trt.Runtime(self._logger)
+        self._engine = runtime.deserialize_cuda_engine(data)
+        if self._engine is None:
+            raise self._fail("could not load the engine it built")
+        inspector = self._engine.create_engine_inspector()
+        self._layers, _ = parse_engine_json(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+        self._context = self._engine.create_execution_context()
+        self._io = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
+        if self._method == "debug":
+            self._attach_listener()
+
+    def _last_error(self) -> str:
+        return self._logger.errors[-1][:200] if self._logger.errors else "no error logged"
+
+    def _expose(self, network: Any) -> None:
+        """Make the wanted intermediates readable: debug tensors or marked outputs."""
+        assert self._model is not None
+        wanted = [t for t in self._tensors if t not in self._model.outputs]
+        if not wanted:
+            return
+        if self._method == "debug":
+            network.mark_unfused_tensors_as_debug_tensors()
+            return
+        by_name = {}
+        for i in range(network.num_layers):
+            layer = network.get_layer(i)
+            for j in range(layer.num_outputs):
+                t = layer.get_output(j)
+                by_name[t.name] = t
+        for name in wanted:
+            t = by_name.get(name)
+            if t is None:
+                self._missing[name] = "not a tensor of TensorRT's network (its ONNX parser folded it)"
+            elif not t.is_network_output:
+                network.mark_output(t)
+
+    def _profile(self, builder: Any, network: Any, config: Any, feeds: Mapping[str, Value]) -> None:
+        """Dynamic inputs get a profile of exactly the feeds' shapes."""
+        profile = None
+        for i in range(network.num_inputs):
+            t = network.get_input(i)
+            feed = feeds.get(t.name)
+            shape = tuple(feed.shape) if isinstance(feed, np.ndarray) else ()
+            self._shapes[t.name] = shape
+            if any(d < 0 for d in t.shape):
+                profile = profile or builder.create_optimization_profile()
+                profile.set_shape(t.name, shape, shape, shape)
+        if profile is not None:
+            config.add_optimization_profile(profile)
+
+    def _timing_cache(self, config: Any) -> tuple[Any, str]:
+        if self._mode == "replay":
+            data = Path(self._cache_path).read_bytes()
+            cache = config.create_timing_cache(data)
+            if not config.set_timing_cache(cache, False):
+                raise RunnerFailedError(
+                    f"the timing cache {self._cache_path} was recorded by another TensorRT version or GPU: "
+                    "delete it and build once to record it again"
+                )
+            return cache, _sha256(data)
+        cache = config.create_timing_cache(b"")
+        config.set_timing_cache(cache, False)
+        return cache, ""
+
+    def _after_build(self, cache: Any, before: str) -> None:
+        data = bytes(cache.serialize())
+        after = _sha256(data)
+        self._notes["timing_cache_entries"] = str(len(self._entries(cache)))
+        if self._mode == "record":
+            _write_atomic(self._cache_path, data)
+            self._notes["timing_cache_sha256"] = after
+        elif self._mode == "replay":
+            self._notes["timing_cache_sha256"] = before
+            self._notes["timing_cache_after_build"] = (
+                "unchanged"
+                if after == before
+                else f"CHANGED ({after[:12]}): entries were added despite ERROR_ON_TIMING_CACHE_MISS"
+            )
+
+    def _entries(self, cache: Any) -> list[str]:
+        """Timing-cache keys, where TensorRT lists them (10.8+)."""
+        try:
+            return sorted(str(k) for k in cache.queryKeys())
+        except (AttributeError, RuntimeError):
+            return []
+
+    # --- per-layer capture through the debug listener ------------------------------------------
+
+    def _attach_listener(self) -> None:
+        trt = self._trt
+        runner = self
+
+        class Listener(trt.IDebugListener):  # type: ignore[misc, name-defined]
+            def __init__(self) -> None:
+                trt.IDebugListener.__init__(self)
+
+            def process_debug_tensor(
+                self, addr: int, location: Any, dtype: Any, shape: Any, name: str, stream: int
+            ) -> bool:
+                from xbackend.cudart import download
+
+                # the buffer is valid only during this callback: copy it now
+                out = np.empty(tuple(shape), dtype=_np_dtype(dtype))
+                runner._debug[name] = download(int(addr), out, stream)
+                return True
+
+        self._listener = Listener()
+        self._context.set_debug_listener(self._listener)
+        wanted = set(self._tensors) - set(self._io)
+        for name in wanted:
+            if self._engine.is_debug_tensor(name):
+                self._context.set_tensor_debug_state(name, True)
+            else:
+                self._missing[name] = "fused away by TensorRT (not among the unfused tensors it can expose)"
+
+    # --- run -----------------------------------------------------------------------------------
+
+    def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
+        from xbackend.cudart import DeviceBuffer, Stream
+
+        if self._engine is None:
+            self._build(feeds)
+        trt = self._trt
+        if self._stream is None:
+            self._stream = Stream()
+        buffers: list[DeviceBuffer] = []
+        try:
+            for name in self._io:
+                if self._engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
+                    a = np.asarray(feeds[name], dtype=_np_dtype(self._engine.get_tensor_dtype(name)))
+                    if not self._context.set_input_shape(name, a.shape):
+                        raise RunnerFailedError(f"TensorRT rejected input {name} of shape {a.shape}")
+                    buf = DeviceBuffer(a.nbytes)
+                    buf.upload(a, self._stream)
+                    buffers.append(buf)
+                    self._context.set_tensor_address(name, buf.ptr)
+            outputs = {}
+            for name in self._io:
+                if self._engine.get_tensor_mode(name) != trt.TensorIOMode.OUTPUT:
+                    continue
+                shape = tuple(self._context.get_tensor_shape(name))
+                if any(d < 0 for d in shape):
+                    raise RunnerFailedError(
+                        f"output {name} has a data-dependent shape {shape}; xbackend reads fixed-shape "
+                        "outputs only"
+                    )
+                out = np.empty(shape, dtype=_np_dtype(self._engine.get_tensor_dtype(name)))
+                buf = DeviceBuffer(out.nbytes)
+                buffers.append(buf)
+                self._context.set_tensor_address(name, buf.ptr)
+                outputs[name] = (out, buf)
+            self._debug = {}
+            if not self._context.execute_async_v3(self._stream.ptr):
+                raise self._fail("failed to run the engine")
+            self._stream.synchronize()
+            result: dict[str, Value] = {
+                n: buf.download(out, self._stream) for n, (out, buf) in outputs.items()
+            }
+        finally:
+            for b in buffers:
+                b.close()
+        if self._method == "debug" and self._listener is not None:
+            wanted = [t for t in self._tensors if t not in result and t not in self._missing]
+            if wanted and not self._debug:
+                # NVIDIA/TensorRT#4456: the listener is never called
+                for t in wanted:
+                    self._missing[t] = (
+                        f"TensorRT {trt.__version__} never called the debug listener (NVIDIA/TensorRT#4456); "
+                        "use capture=outputs"
+                    )
+            result.update({k: v for k, v in self._debug.items() if k in set(self._tensors)})
+        return result
+
+    def not_exposed(self) -> dict[str, str]:
+        return {t: why for t, why in self._missing.items() if t in set(self._tensors)}
+
+    def fingerprint(self) -> BuildFingerprint:
+        """The plan's digest and each layer's tactic; complete once the first run has built."""
+        if not self._plan_sha:
+            return super().fingerprint()
+        items = [(f"layer {x.name}", f"{x.type} {x.tactic}".strip()) for x in self._layers]
+        items.append(("plan sha256", self._plan_sha))
+        items += [
+            (f"option {k}", v) for k, v in sorted(self.info().items()) if not k.startswith("timing_cache")
+        ]
+        return BuildFingerprint.from_items(self.name, items)
+
+    def info(self) -> dict[str, str]:
+        out = super().info()
+        if self._trt is not None:
+            out["tensorrt"] = str(self._trt.__version__)
+            out["builder_config"] = ", ".join(
+                str(c) for c in config_calls(self.options, self._mode, parse_version(self._trt.__version__))
+            )
+        out["per_layer_capture"] = (
+            "unfused debug tensors (same engine)"
+            if self._method == "debug"
+            else "marked outputs (another engine)"
+        )
+        out["timing_cache"] = {"fresh": "fresh per build", "record": f"recorded to {self._cache_path}",
+                               "replay": f"replayed from {self._cache_path}"}[self._mode]  # fmt: skip
+        if self._layers:
+            out["engine_layers"] = str(len(self._layers))
+        from xbackend import gpu
+
+        info = gpu.driver_info()
+        device = int(self.options["device_id"])
+        if device < len(info.devices):
+            out["gpu"] = info.devices[device]
+        out.update(self._notes)
+        return dict(sorted(out.items()))
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        self._context = None
+        self._engine = None
+
+
+class TrtPinnedRunner(TrtAutotuneRunner):
+    name = "trt-pinned"
+    description = "TensorRT (native API), timing cache recorded once and replayed with error-on-miss"
+    pinned = True
+    option_specs = (
+        *TrtAutotuneRunner.option_specs,
+        OptionSpec(
+            "cache",
+            str,
+            "",
+            "timing cache FILE: recorded by the first build, replayed by later ones (default: per model, "
+            "TensorRT version and GPU under ~/.cache/xbackend/tensorrt)",
+        ),
+    )
+
+    def _cache_option(self, model: ModelRef) -> str:
+        if self.options["cache"]:
+            return str(self.options["cache"])
+        from xbackend import gpu
+
+        devices = gpu.driver_info().devices
+        device = int(self.options["device_id"])
+        name = devices[device] if device < len(devices) else "gpu"
+        h = hashlib.sha256()
+        with open(model.path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        return default_cache_path(h.hexdigest(), str(self._trt.__version__), name)
