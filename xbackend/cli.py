@@ -204,7 +204,7 @@ def _compare(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-TORCH_BACKENDS = ("torch", "torch-compile", "torch-compile-autotune")
+TORCH_BACKENDS = ("torch", "torch-compile", "torch-compile-autotune", "torch-cuda")
 
 
 def _torch_options(args: argparse.Namespace) -> tuple[tuple[str, str, str], ...]:

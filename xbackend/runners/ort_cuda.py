@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from xbackend.errors import RunnerFailedError
 from xbackend.model import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
-from xbackend.runners.ort_cpu import OrtCpuRunner, ort_dist_version
+from xbackend.runners.ort_cpu import OrtCpuRunner, ort_version
 
 __all__ = ["CONV_ALGO_SEARCH", "OrtCudaRunner", "cuda_provider_options", "preload_cuda_libraries"]
 
@@ -105,7 +105,7 @@ class OrtCudaRunner(OrtCpuRunner):
         problem = gpu.problems(package, libs, gpu.cuda_problem())
         if problem:
             return Availability.missing(problem)
-        return Availability.ok(ort_dist_version())
+        return Availability.ok(ort_version())
 
     @classmethod
     def autotune_family(cls, pin_path: str) -> dict[str, tuple[str, dict[str, str]]]:

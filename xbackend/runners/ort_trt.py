@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from xbackend.model import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
-from xbackend.runners.ort_cpu import ort_dist_version
+from xbackend.runners.ort_cpu import ort_version
 from xbackend.runners.ort_cuda import OrtCudaRunner, cuda_provider_options
 
 __all__ = ["OrtTrtRunner", "trt_provider_options"]
@@ -94,7 +94,7 @@ class OrtTrtRunner(OrtCudaRunner):
         problem = gpu.problems(package, lib, gpu.cuda_problem())
         if problem:
             return Availability.missing(problem)
-        return Availability.ok(ort_dist_version())
+        return Availability.ok(ort_version())
 
     @classmethod
     def autotune_family(cls, pin_path: str) -> dict[str, tuple[str, dict[str, str]]]:

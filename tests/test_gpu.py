@@ -1,0 +1,136 @@
+"""GPU backends on a real GPU. Each test skips, with the reason, where its backend cannot run
+(`xbackend backends` gives the same reason); tests of what needs no GPU are in
+test_gpu_options.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import xbackend
+from xbackend import gpu
+from xbackend.runners.registry import get_runner
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP_SPEC = f"{ROOT / 'models' / 'torch_mlp.py'}:build"
+
+
+def needs(backend: str) -> Any:
+    avail = get_runner(backend).availability()
+    return pytest.mark.skipif(not avail.available, reason=f"{backend} unavailable here: {avail.reason}")
+
+
+@needs("ort-cuda")
+def test_ort_cuda_runs_convnet_with_tf32_off_and_the_probe_measures_tf32(models: dict[str, Path]) -> None:
+    r = xbackend.compare(
+        models["convnet"],
+        backends=["ort-cpu", "ort-cuda"],
+        runs=2,
+        shapes=(("image", (8, 3, 32, 32)),),
+        probes="tf32,autotune",
+    )
+    b = r.backend("ort-cuda")
+    assert b.ok and b.deterministic, b.reason
+    info = dict(b.info)
+    # read back from the session, not assumed
+    assert info["in_force.use_tf32"] == "0"
+    assert info["in_force.cudnn_conv_algo_search"] == "EXHAUSTIVE"
+    assert info["providers"].startswith("CUDAExecutionProvider")
+    assert info["gpu"] == gpu.driver_info().devices[0]
+    env = dict(r.environment)
+    assert env["gpu.driver"] == gpu.driver_info().driver and env["gpu.cudnn"] != "not found"
+    cross = next(c for c in r.cross_backend if c.backend == "ort-cuda")
+    assert cross.status == "ok" and all(d.scaled_ulp is not None for d in cross.output_tensors)
+
+    tf32 = r.probe("tf32").rows  # type: ignore[attr-defined]
+    assert [(t.backend, t.tf32, t.status) for t in tf32] == [("ort-cuda", True, "ok")]
+    # TF32 rounds the convolutions' multiplicands to 10 mantissa bits
+    assert tf32[0].same_bits is False and tf32[0].scaled_ulp > 1
+
+    rows = {row.variant: row for row in r.probe("autotune").rows}  # type: ignore[attr-defined]
+    assert set(rows) == {"off", "on", "pinned"}
+    assert all(row.status == "ok" for row in rows.values()), [row.reason for row in rows.values()]
+    assert rows["pinned"].distinct_outputs == 1
+
+
+@needs("torch-cuda")
+def test_torch_cuda_maps_layers_and_reads_back_its_switches(tmp_path: Path) -> None:
+    model = ROOT / "models" / "torch_mlp.onnx"
+    r = xbackend.compare(
+        model,
+        backends=["ort-cpu", "torch-cuda"],
+        runs=2,
+        probes="tf32,autotune",
+        runner_options={"torch-cuda": {"module": MLP_SPEC}},
+    )
+    b = r.backend("torch-cuda")
+    assert b.ok and b.deterministic, b.reason
+    info = dict(b.info)
+    assert info["torch.backends.cuda.matmul.allow_tf32"] == "False"
+    assert info["torch.backends.cudnn.allow_tf32"] == "False"
+    assert info["torch.backends.cudnn.benchmark"] == "False"
+    assert int(info["mapped_intermediates"]) > 0
+    cross = next(c for c in r.cross_backend if c.backend == "torch-cuda")
+    assert cross.status == "ok" and len(cross.tensors) > len(cross.output_tensors)
+
+    tf32 = r.probe("tf32").rows  # type: ignore[attr-defined]
+    assert tf32[0].status == "ok" and tf32[0].same_bits is False
+    rows = {row.variant: row for row in r.probe("autotune").rows}  # type: ignore[attr-defined]
+    assert all(row.status == "ok" for row in rows.values()), [row.reason for row in rows.values()]
+
+
+@needs("ort-trt")
+def test_ort_trt_pinned_reuses_its_engine(models: dict[str, Path], tmp_path: Path) -> None:
+    cache = tmp_path / "ort-trt-cache"
+    r = xbackend.compare(
+        models["convnet"],
+        backends=["ort-trt"],
+        runs=1,
+        builds=2,
+        shapes=(("image", (8, 3, 32, 32)),),
+        probes="none",
+        runner_options={"ort-trt": {"autotune": "pinned", "cache": str(cache)}},
+    )
+    b = r.backend("ort-trt")
+    assert b.ok and b.distinct_build_outputs == 1, b.reason
+    assert any(p.suffix == ".engine" for p in cache.iterdir())
+
+
+@needs("trt-pinned")
+def test_trt_pinned_records_then_replays_its_timing_cache(models: dict[str, Path], tmp_path: Path) -> None:
+    cache = tmp_path / "convnet.timing-cache"
+    opts = {"trt-pinned": {"cache": str(cache)}}
+    shapes = (("image", (8, 3, 32, 32)),)
+    first = xbackend.compare(
+        models["convnet"], backends=["trt-pinned"], runs=1, shapes=shapes, probes="none", runner_options=opts
+    )
+    assert first.backend("trt-pinned").ok, first.backend("trt-pinned").reason
+    assert cache.exists()
+    again = xbackend.compare(
+        models["convnet"], backends=["trt-pinned"], runs=1, builds=2, shapes=shapes, probes="none",
+        runner_options=opts,
+    )  # fmt: skip
+    b = again.backend("trt-pinned")
+    info = dict(b.info)
+    assert info["timing_cache"] == f"replayed from {cache}"
+    assert info["timing_cache_after_build"] == "unchanged"
+    assert b.distinct_build_outputs == 1
+
+
+@needs("trt-autotune")
+def test_trt_autotune_names_each_layers_tactic(models: dict[str, Path]) -> None:
+    r = xbackend.compare(
+        models["convnet"],
+        backends=["trt-autotune"],
+        runs=1,
+        builds=2,
+        shapes=(("image", (8, 3, 32, 32)),),
+        probes="builds,tf32",
+    )
+    b = r.backend("trt-autotune")
+    assert b.ok, b.reason
+    info = dict(b.info)
+    assert "clear_flag(TF32)" in info["builder_config"]
+    assert int(info["engine_layers"]) > 0
