@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint models bench clean
+.PHONY: demo test lint models bench clean gpu
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,18 @@ demo: $(STAMP)
 		--backends ort-cpu,openvino-cpu,torch,reference,oracle --torch-module models/torch_mlp.py:build \
 		--probes builds,threads,opt-levels \
 		--report reports/torch_mlp.md --json reports/torch_mlp.json
+
+# A GPU host's environment (README, "GPU hosts"): torch for CUDA 13, then onnxruntime-gpu's files
+# over the CPU build's (the two share one import package).
+gpu:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet 'torch==2.13.0' --index-url https://download.pytorch.org/whl/cu130
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch,gpu]'
+	$(BIN)/python -m pip uninstall --quiet -y onnxruntime
+	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps 'onnxruntime-gpu==1.31.1'
+	touch $(STAMP)
+	$(BIN)/xbackend backends
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -236,7 +236,7 @@ def test_pin_mode_records_once_then_replays() -> None:
     assert pin_mode(False, "/x", True) == "fresh"  # trt-autotune never reads a cache
     assert pin_mode(True, "/x", False) == "record"
     assert pin_mode(True, "/x", True) == "replay"
-    with pytest.raises(BackendUnavailableError, match="--set trt-pinned.cache=FILE"):
+    with pytest.raises(BackendUnavailableError, match=r"--set trt-pinned\.cache=FILE"):
         pin_mode(True, "", False)
 
 
@@ -246,7 +246,7 @@ def test_capture_method_prefers_unfused_debug_tensors_where_supported() -> None:
     assert capture_method("auto", (10, 9), True) == "outputs"  # 10.9: the listener is never called
     assert capture_method("auto", (10, 13), False) == "outputs"
     assert capture_method("outputs", (11, 1), True) == "outputs"
-    with pytest.raises(BackendUnavailableError, match="10.12"):
+    with pytest.raises(BackendUnavailableError, match=r"10\.12"):
         capture_method("debug", (10, 9), False)
 
 

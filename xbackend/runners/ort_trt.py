@@ -106,6 +106,7 @@ class OrtTrtRunner(OrtCudaRunner):
         }
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        _preload_tensorrt()
         if self.options["autotune"] == "pinned":
             self._cache_dir = self.options["cache"] or _default_cache(model.path)
             os.makedirs(self._cache_dir, exist_ok=True)
@@ -124,6 +125,19 @@ class OrtTrtRunner(OrtCudaRunner):
         if self._cache_dir:
             out["cache_dir"] = self._cache_dir
         return dict(sorted(out.items()))
+
+
+def _preload_tensorrt() -> None:
+    """Load TensorRT's libraries from where xbackend found them (pip's tensorrt_libs included),
+    globally, so the provider library's own dlopen finds them by soname."""
+    import ctypes
+
+    from xbackend import gpu
+
+    for soname in (TRT_LIB, "libnvinfer_plugin.so.10", "libnvonnxparser.so.10"):
+        path = gpu.find_library(soname)
+        if path:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 
 
 def _default_cache(model_path: str) -> str:
