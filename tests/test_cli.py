@@ -61,8 +61,9 @@ def test_unknown_backend_exits_2(models: dict[str, Path], capsys: pytest.Capture
     one_line_error(
         err,
         "unknown backend 'ort-gpu'; known backends: expected, openvino-cpu, openvino-cpu-default, "
-        "oracle, ort-cpu, reference",
+        "oracle, ort-cpu, ort-cuda",
     )
+    assert err.rstrip().endswith("(`xbackend backends` says why one is unavailable)")
 
 
 @pytest.mark.slow

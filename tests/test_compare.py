@@ -221,8 +221,8 @@ def test_unknown_backend_lists_the_known_ones(models: dict[str, Path], plugins: 
         BackendUnavailableError,
         match=r"unknown backend 'tensorrt'; known backends: expected, openvino-cpu, openvino-cpu-default, "
         r"oracle, "
-        r"ort-cpu, reference, .*"
-        r"test-missing \(unavailable: libtest.so not installed\)",
+        r"ort-cpu, .*reference, .*"
+        r"test-missing \(unavailable\).*`xbackend backends` says why",
     ):
         xbackend.compare(models["attention"], backends=["tensorrt"])
 

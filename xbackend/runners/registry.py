@@ -85,12 +85,11 @@ def get_runner(name: str) -> type[Runner]:
     """The runner class for `name`; BackendUnavailableError listing the known ones otherwise."""
     targets = _targets()
     if name not in targets:
-        known = []
-        for e in list_runners():
-            known.append(
-                e.name if e.availability.available else f"{e.name} (unavailable: {e.availability.reason})"
-            )
-        raise BackendUnavailableError(f"unknown backend {name!r}; known backends: {', '.join(known)}")
+        known = [e.name if e.availability.available else f"{e.name} (unavailable)" for e in list_runners()]
+        raise BackendUnavailableError(
+            f"unknown backend {name!r}; known backends: {', '.join(known)} (`xbackend backends` says why "
+            "one is unavailable)"
+        )
     try:
         return _load(name, targets[name])
     except Exception as e:
