@@ -21,11 +21,12 @@ ISA = collect_environment()["cpu.isa"].split()
 
 
 def test_probe_selection() -> None:
-    assert select_probes(None, 0) == ("builds", "threads")  # opt-levels explains a gap: opt-in
-    assert select_probes(None, 8) == ("builds", "threads", "batch")
+    # opt-levels explains a gap: opt-in; tf32 plans nothing without a GPU backend
+    assert select_probes(None, 0) == ("builds", "threads", "tf32")
+    assert select_probes(None, 8) == ("builds", "threads", "batch", "tf32")
     assert select_probes(["batch", "threads"], 0) == ("builds", "threads", "batch")
     assert select_probes(["none"], 0) == ("builds",)  # it spawns no jobs: always on
-    assert select_probes(["all"], 0) == ("builds", "threads", "opt-levels", "batch", "autotune")
+    assert select_probes(["all"], 0) == ("builds", "threads", "opt-levels", "batch", "autotune", "tf32")
     with pytest.raises(UsageError, match=r"unknown probe.s. speed; choose from builds, threads"):
         select_probes(["speed"], 0)
 

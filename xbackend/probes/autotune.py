@@ -2,7 +2,7 @@
 over K fresh builds, in one table.
 
 A runner opts in with `Runner.autotune_family()`: the backend and options for each of
-"off", "on" and "pinned" (TorchInductor now). Every build is a fresh process, so "on"
+"off", "on" and "pinned" (TorchInductor, ONNX Runtime CUDA and TensorRT, cuDNN through torch). Every build is a fresh process, so "on"
 re-tunes each time; "pinned" records its choices in the first build and replays them after.
 """
 
@@ -123,7 +123,8 @@ class AutotuneProbe(Probe):
     name = "autotune"
     default = False  # 3 x K compiles from scratch: minutes
     help = (
-        "backends that autotune (torch-compile-autotune): K fresh builds (--builds K, at least 2, else 3) "
+        "backends that autotune (torch-compile-autotune, ort-cuda, ort-trt, trt-autotune, torch-cuda): "
+        "K fresh builds (--builds K, at least 2, else 3) "
         "each with autotune off, on and pinned; distinct outputs and engines, the ops whose kernel moved"
     )
 
