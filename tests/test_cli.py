@@ -154,7 +154,8 @@ def test_unknown_probe_exits_2(models: dict[str, Path], capsys: pytest.CaptureFi
     code, _, err = run(capsys, "compare", str(models["attention"]), "--probes", "threads,speed")
     assert code == 2
     one_line_error(
-        err, "unknown probe(s) speed; choose from builds, threads, opt-levels, batch, autotune, tf32, all, none"
+        err,
+        "unknown probe(s) speed; choose from builds, threads, opt-levels, batch, autotune, tf32, all, none",
     )
 
 
