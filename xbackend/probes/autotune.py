@@ -3,7 +3,8 @@ over K fresh builds, in one table.
 
 A runner opts in with `Runner.autotune_family()`: the backend and options for each of
 "off", "on" and "pinned" (TorchInductor, ONNX Runtime CUDA and TensorRT, cuDNN through
-torch). Every build is a fresh process, so "on" re-tunes each time; "pinned" records its choices in the first build and replays them after.
+torch). Every build is a fresh process, so "on" re-tunes each time; "pinned" records its
+choices in the first build and replays them after.
 """
 
 from __future__ import annotations
