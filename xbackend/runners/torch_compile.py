@@ -87,8 +87,9 @@ class TorchCompileRunner(TorchRunner):
         device = self.options["device"]
         if device == "cuda" and not torch.cuda.is_available():
             raise RunnerFailedError("device=cuda but torch sees no CUDA device here; use device=cpu")
-        torch.backends.cuda.matmul.allow_tf32 = bool(self.options["tf32"])
-        torch.backends.cudnn.allow_tf32 = bool(self.options["tf32"])
+        if self.options["device"] == "cuda":  # CPU compiles keep torch's global switches untouched
+            torch.backends.cuda.matmul.allow_tf32 = bool(self.options["tf32"])
+            torch.backends.cudnn.allow_tf32 = bool(self.options["tf32"])
         torch._dynamo.reset()  # a second phase in this process compiles from nothing, too
         fp = super().prepare_impl(model, tensors)
         self._tuning = self._new_tuning(self.options["pin"])
