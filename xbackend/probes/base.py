@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.executor import Job, JobOutcome, PhaseSpec
 from xbackend.inputs import Feeds
 from xbackend.metrics import TensorDiff
 from xbackend.model import ModelSpec
+from xbackend.protocol import PhaseResult
 from xbackend.runners.base import Runner
 
 if TYPE_CHECKING:
@@ -68,6 +70,24 @@ class ProbeContext:
         return Job(
             label, b.name, b.cls, b.variant(**overrides), feeds or self.feeds_path, tuple(phases), kind
         )
+
+    def diff_phases(self, a: PhaseResult, b: PhaseResult, outputs: bool) -> list[TensorDiff]:
+        """`a` against `b` at the tensors both captured, in model order (graph outputs only, or
+        every tensor)."""
+        order = self.spec.tensor_order(outputs_only=outputs)
+        with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
+            return diff_captures(ca, cb, common_names(ca, cb, order), self.spec.op_types())
+
+    def compare_builds(
+        self, a: JobOutcome, b: JobOutcome, a_layers: PhaseResult | None, b_layers: PhaseResult | None
+    ) -> tuple[bool, int | None, float | None, str | None]:
+        """summarize() of `a` against `b` at the graph outputs; where both have per-layer
+        captures, equality and the first divergence come from every layer."""
+        equal, max_ulp, scaled, first = summarize(self.diff_phases(a.outputs, b.outputs, True))
+        if a_layers is not None and b_layers is not None:
+            first_layer = summarize(self.diff_phases(a_layers, b_layers, False))[3]
+            equal, first = equal and first_layer is None, first_layer or first
+        return equal, max_ulp, scaled, first
 
 
 @dataclass(frozen=True)

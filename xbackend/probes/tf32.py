@@ -13,10 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.executor import Job, separate_layers, standard_phases
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult, summarize
-from xbackend.protocol import PhaseResult
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult
 from xbackend.textfmt import num, table, yes
 
 __all__ = ["Tf32Probe", "Tf32Result", "Tf32Row", "on_gpu_with_tf32"]
@@ -127,13 +125,5 @@ class Tf32Probe(Probe):
             if o is None or not o.ok:
                 return Tf32Row(b.name, flipped, "failed", o.reason if o else "not run")
         assert main is not None and probe is not None
-        equal, max_ulp, scaled, first = summarize(self._diff(probe.outputs, main.outputs, True))
-        if main.layers is not None and probe.layers is not None:
-            first_layer = summarize(self._diff(probe.layers, main.layers, False))[3]
-            equal, first = equal and first_layer is None, first_layer or first
+        equal, max_ulp, scaled, first = self.ctx.compare_builds(probe, main, probe.layers, main.layers)
         return Tf32Row(b.name, flipped, "ok", "", equal, max_ulp, scaled, first)
-
-    def _diff(self, a: PhaseResult, b: PhaseResult, outputs: bool) -> list[Any]:
-        order = self.ctx.spec.tensor_order(outputs_only=outputs)
-        with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
-            return diff_captures(ca, cb, common_names(ca, cb, order), self.ctx.spec.op_types())

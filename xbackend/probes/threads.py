@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.executor import Job, JobOutcome, PhaseSpec, separate_layers, standard_phases
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult, summarize
 from xbackend.protocol import LAYERS, PhaseResult
@@ -154,7 +153,7 @@ class ThreadsProbe(Probe):
         return extra.layers if extra is not None and extra.ok else None
 
     def _outputs_equal(self, a: JobOutcome, b: JobOutcome) -> bool:
-        return summarize(self._diff(a.outputs, b.outputs, True))[0]
+        return summarize(self.ctx.diff_phases(a.outputs, b.outputs, True))[0]
 
     def _rows(self, r: BackendRuns) -> list[ThreadResult]:
         b = r.planned
@@ -170,15 +169,6 @@ class ThreadsProbe(Probe):
             if not o.ok:
                 out.append(ThreadResult(b.name, label, "failed", o.reason))
                 continue
-            equal, max_ulp, scaled, first = summarize(self._diff(o.outputs, one.outputs, True))
-            layers = self._layers(r, t)
-            if layers is not None and one_layers is not None:
-                first_layer = summarize(self._diff(layers, one_layers, False))[3]
-                equal, first = equal and first_layer is None, first_layer or first
+            equal, max_ulp, scaled, first = self.ctx.compare_builds(o, one, self._layers(r, t), one_layers)
             out.append(ThreadResult(b.name, label, "ok", "", equal, max_ulp, scaled, first))
         return out
-
-    def _diff(self, a: PhaseResult, b: PhaseResult, outputs: bool) -> list[Any]:
-        order = self.ctx.spec.tensor_order(outputs_only=outputs)
-        with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
-            return diff_captures(ca, cb, common_names(ca, cb, order), self.ctx.spec.op_types())
