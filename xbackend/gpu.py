@@ -21,6 +21,7 @@ __all__ = [
     "cuda_problem",
     "cudart_version",
     "cudnn_version",
+    "device_name",
     "driver_info",
     "find_library",
     "gpu_environment",
@@ -82,6 +83,13 @@ def driver_info() -> DriverInfo:
     return info
 
 
+def device_name(index: int) -> str:
+    """CUDA device `index` as NVML names it ("NVIDIA H100 80GB HBM3 (sm_90)"); "" when there is
+    no such device."""
+    devices = driver_info().devices
+    return devices[index] if 0 <= index < len(devices) else ""
+
+
 def _nvidia_dirs() -> list[str]:
     """Library folders of NVIDIA's pip packages (nvidia-cudnn-cu13, nvidia-cuda-runtime, ...)."""
     out = []
@@ -120,6 +128,7 @@ def _load(soname: str) -> ctypes.CDLL | None:
         return None
 
 
+@functools.cache
 def cudart_version(major: int = 13) -> str:
     """The CUDA runtime library's version ("13.0"), or "" when libcudart is not found."""
     lib = _load(f"libcudart.so.{major}")
@@ -131,6 +140,7 @@ def cudart_version(major: int = 13) -> str:
     return _cuda_version(v.value)
 
 
+@functools.cache
 def cudnn_version(major: int = 9) -> str:
     """cuDNN's version ("9.10.2"), or "" when libcudnn is not found."""
     lib = _load(f"libcudnn.so.{major}")

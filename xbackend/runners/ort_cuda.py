@@ -142,10 +142,9 @@ class OrtCudaRunner(OrtCpuRunner):
         for k in self.reported:
             if k in self._in_force:
                 out[f"in_force.{k}"] = self._in_force[k]
-        info = gpu.driver_info()
-        device = int(self.options["device_id"])
-        if device < len(info.devices):
-            out["gpu"] = info.devices[device]
+        name = gpu.device_name(int(self.options["device_id"]))
+        if name:
+            out["gpu"] = name
         out["cudnn"] = gpu.cudnn_version() or "not found"
         out["cuda_runtime"] = gpu.cudart_version() or "not found"
         return dict(sorted(out.items()))

@@ -13,15 +13,16 @@ applies to what it runs, which `info()` says; the CUDA fallback's TF32 follows `
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
-from xbackend.model import ModelRef
+from xbackend.model import ModelRef, model_sha256
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
 from xbackend.runners.ort_cpu import ort_version
 from xbackend.runners.ort_cuda import OrtCudaRunner, cuda_provider_options
+from xbackend.runners.tensorrt import cache_home
 
 __all__ = ["OrtTrtRunner", "trt_provider_options"]
 
@@ -108,7 +109,9 @@ class OrtTrtRunner(OrtCudaRunner):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         _preload_tensorrt()
         if self.options["autotune"] == "pinned":
-            self._cache_dir = self.options["cache"] or _default_cache(model.path)
+            self._cache_dir = self.options["cache"] or os.path.join(
+                cache_home(), "ort-trt", model_sha256(Path(model.path))[:16]
+            )
             os.makedirs(self._cache_dir, exist_ok=True)
         return super().prepare_impl(model, tensors)
 
@@ -138,12 +141,3 @@ def _preload_tensorrt() -> None:
         path = gpu.find_library(soname)
         if path:
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-
-
-def _default_cache(model_path: str) -> str:
-    h = hashlib.sha256()
-    with open(model_path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "xbackend", "ort-trt", h.hexdigest()[:16])

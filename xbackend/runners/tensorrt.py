@@ -29,7 +29,6 @@ import importlib.util
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
-from xbackend.model import ModelRef
+from xbackend.model import ModelRef, model_sha256
+from xbackend.report.write import write_atomic_bytes
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.values import Value
 
@@ -192,14 +192,17 @@ def capture_method(requested: str, version: tuple[int, int], has_unfused: bool) 
     return "debug" if supported else "outputs"
 
 
-def default_cache_path(model_sha256: str, trt_version: str, gpu: str) -> str:
+def cache_home() -> str:
+    """xbackend's folder for caches kept between runs (pinned TensorRT caches)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "xbackend")
+
+
+def default_cache_path(model_digest: str, trt_version: str, gpu: str) -> str:
     """Where trt-pinned keeps a model's timing cache when no `cache` is given: per model, TensorRT
     version and GPU (a cache is valid for those alone)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", gpu).strip("-") or "gpu"
-    return os.path.join(
-        base, "xbackend", "tensorrt", f"{model_sha256[:16]}-trt{trt_version}-{slug}.timing-cache"
-    )
+    return os.path.join(cache_home(), "tensorrt", f"{model_digest[:16]}-trt{trt_version}-{slug}.timing-cache")
 
 
 def _np_dtype(trt_dtype: Any) -> np.dtype:
@@ -225,23 +228,6 @@ def _np_dtype(trt_dtype: Any) -> np.dtype:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".xbackend-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class TrtAutotuneRunner(Runner):
@@ -467,7 +453,7 @@ class TrtAutotuneRunner(Runner):
         after = _sha256(data)
         self._notes["timing_cache_entries"] = str(len(self._entries(cache)))
         if self._mode == "record":
-            _write_atomic(self._cache_path, data)
+            write_atomic_bytes(self._cache_path, data, "timing cache")
             self._notes["timing_cache_sha256"] = after
         elif self._mode == "replay":
             self._notes["timing_cache_sha256"] = before
@@ -603,10 +589,9 @@ class TrtAutotuneRunner(Runner):
             out["engine_layers"] = str(len(self._layers))
         from xbackend import gpu
 
-        info = gpu.driver_info()
-        device = int(self.options["device_id"])
-        if device < len(info.devices):
-            out["gpu"] = info.devices[device]
+        name = gpu.device_name(int(self.options["device_id"]))
+        if name:
+            out["gpu"] = name
         out.update(self._notes)
         return dict(sorted(out.items()))
 
@@ -638,11 +623,5 @@ class TrtPinnedRunner(TrtAutotuneRunner):
             return str(self.options["cache"])
         from xbackend import gpu
 
-        devices = gpu.driver_info().devices
-        device = int(self.options["device_id"])
-        name = devices[device] if device < len(devices) else "gpu"
-        h = hashlib.sha256()
-        with open(model.path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-        return default_cache_path(h.hexdigest(), str(self._trt.__version__), name)
+        name = gpu.device_name(int(self.options["device_id"]))
+        return default_cache_path(model_sha256(Path(model.path)), str(self._trt.__version__), name)
