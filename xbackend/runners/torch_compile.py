@@ -87,7 +87,7 @@ class TorchCompileRunner(TorchRunner):
         device = self.options["device"]
         if device == "cuda" and not torch.cuda.is_available():
             raise RunnerFailedError("device=cuda but torch sees no CUDA device here; use device=cpu")
-        if self.options["device"] == "cuda":  # CPU compiles keep torch's global switches untouched
+        if device == "cuda":  # CPU compiles keep torch's global switches untouched
             torch.backends.cuda.matmul.allow_tf32 = bool(self.options["tf32"])
             torch.backends.cudnn.allow_tf32 = bool(self.options["tf32"])
         torch._dynamo.reset()  # a second phase in this process compiles from nothing, too
