@@ -12,14 +12,14 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
 
 from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.environment import collect_environment
-from xbackend.errors import ModelLoadError, UsageError
+from xbackend.errors import InputError, ModelLoadError, UsageError
 from xbackend.executor import Executor, Job, JobOutcome, standard_phases
 from xbackend.inputs import Feeds, generate_feeds, load_expected, load_feeds
 from xbackend.metrics import TensorDiff, is_constant, worst_per_tensor
@@ -35,40 +35,57 @@ from xbackend.probes import (
 )
 from xbackend.probes.base import summarize
 from xbackend.progress import NullProgress, ProgressSink
-from xbackend.protocol import PhaseResult
+from xbackend.baseline import Baseline, load_baseline
+from xbackend.protocol import LAYERS, OUTPUTS, PhaseResult
 from xbackend.results import (
     EXPECTED,
     BackendResult,
     CompareOptions,
     CrossBackendResult,
+    Drift,
     FeedsInfo,
     ObserverEffect,
     PairResult,
     Result,
 )
+from xbackend.portable import LoadedCapture, load_capture, write_capture
 from xbackend.runners.registry import get_runner
 from xbackend.storage import save_values
-from xbackend.values import Value, value_name
+from xbackend.values import Value, value_name, value_sha256
 
 __all__ = ["ORACLE", "compare", "compare_with_options"]
 
 ORACLE = "oracle"
 
 
+class _FirstRun(Protocol):
+    """What comparisons read of a backend: build 0's phases (a live job, or a loaded capture)."""
+
+    @property
+    def outputs(self) -> PhaseResult: ...
+
+    @property
+    def layers(self) -> PhaseResult | None: ...
+
+    @property
+    def separate_layers(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class _Builds:
-    """A backend's main jobs, one per build."""
+    """A backend's main jobs, one per build; or a capture loaded in their place."""
 
     planned: PlannedBackend
     outcomes: tuple[JobOutcome, ...]
+    loaded: LoadedCapture | None = None
 
     @property
     def ok(self) -> bool:
-        return bool(self.outcomes) and all(o.ok for o in self.outcomes)
+        return self.loaded is not None or (bool(self.outcomes) and all(o.ok for o in self.outcomes))
 
     @property
-    def first(self) -> JobOutcome:
-        return self.outcomes[0]
+    def first(self) -> _FirstRun:
+        return self.loaded.run if self.loaded is not None else self.outcomes[0]
 
 
 def compare(model: str | os.PathLike[str], progress: ProgressSink | None = None, **options: Any) -> Result:
@@ -100,10 +117,15 @@ def _with_expected(opts: CompareOptions, expected: Mapping[str, Value] | None) -
 
 
 def compare_with_options(
-    model: str | os.PathLike[str], opts: CompareOptions, progress: ProgressSink | None = None
+    model: str | os.PathLike[str],
+    opts: CompareOptions,
+    progress: ProgressSink | None = None,
+    capture_to: str | os.PathLike[str] | None = None,
 ) -> Result:
+    """`capture_to`: write the first backend's portable capture to this folder (xbackend capture)."""
     spec, proto = load_model(model)
-    feeds, expected = _feeds(spec, opts)
+    loaded = _load_captures(spec, opts)
+    feeds, expected = _feeds_for(spec, opts, loaded)
     opts = _with_expected(opts, expected)
     with tempfile.TemporaryDirectory(prefix="xbackend-") as tmp:
         work = Path(tmp)
@@ -115,7 +137,42 @@ def compare_with_options(
         ctx = ProbeContext(spec, opts, feeds, feeds_path, work)
         wanted = select_probes(opts.probes, opts.batch_invariance)
         probes = [PROBES[n](ctx) for n in wanted]
-        return _run(spec, opts, feeds, ctx, planned, probes, notes, progress or NullProgress())
+        return _run(
+            spec, opts, feeds, ctx, planned, probes, notes, progress or NullProgress(), loaded, capture_to
+        )
+
+
+def _load_captures(spec: ModelSpec, opts: CompareOptions) -> list[LoadedCapture]:
+    out = []
+    for name, path in opts.loads:
+        cap = load_capture(path, name)
+        if cap.model_sha256 != spec.sha256:
+            raise InputError(
+                f"capture {path} was made from another model ({cap.model_name}, sha256 "
+                f"{cap.model_sha256[:12]}; {Path(spec.path).name} is {spec.sha256[:12]}): load it with that "
+                "model, or pass it as --baseline to measure drift between the two"
+            )
+        out.append(cap)
+    return out
+
+
+def _feeds_for(
+    spec: ModelSpec, opts: CompareOptions, loaded: Sequence[LoadedCapture]
+) -> tuple[Feeds, dict[str, Value] | None]:
+    """The comparison's feeds; with --load, the first capture's inputs unless others were asked for,
+    and every capture must have been fed the same bytes."""
+    if loaded and not (opts.inputs or opts.shapes or opts.ranges or opts.seed):
+        feeds, expected = load_feeds(loaded[0].path, spec), None
+    else:
+        feeds, expected = _feeds(spec, opts)
+    for cap in loaded:
+        if cap.feeds.sha256 != feeds.sha256:
+            raise InputError(
+                f"capture {cap.path} was fed other inputs (sha256 {cap.feeds.sha256[:12]}) than this "
+                f"comparison (sha256 {feeds.sha256[:12]}); pass --inputs {cap.path} to feed every "
+                "backend the capture's inputs"
+            )
+    return feeds, expected
 
 
 def _run(
@@ -127,6 +184,8 @@ def _run(
     probes: Sequence[Probe],
     notes: Sequence[str],
     bar: ProgressSink,
+    loaded: Sequence[LoadedCapture] = (),
+    capture_to: str | os.PathLike[str] | None = None,
 ) -> Result:
     ex = Executor(spec, ctx.work, opts.timeout, bar)
     mains = {p.name: _main_jobs(p, spec, opts, ctx.feeds_path) for p in planned}
@@ -140,6 +199,12 @@ def _run(
         broken = _run_followups(ex, probes, planned, builds, probe_outcomes, results, bar)
     finally:
         bar.stop()
+    for cap in loaded:
+        builds[cap.name] = _Builds(PlannedBackend(cap.name, None, {}, {}), (), cap)
+        backends += (replace(cap.backend, loaded_from=str(cap.path)),)
+    env = tuple(collect_environment().items())
+    _save_captures(opts, spec, feeds, ctx.feeds_path, builds, backends, env, capture_to)
+    drift, baseline_env = _baseline(opts, spec, feeds, builds, backends)
     ref = _effective_reference(opts, backends)
     compared = [b for b in backends if b.name != EXPECTED]
     cross = tuple(_cross_all(builds, compared, ref, spec, opts))
@@ -152,7 +217,6 @@ def _run(
         else _analyze(pr, planned, builds, probe_outcomes, results)
         for pr in probes
     )
-    env = tuple(collect_environment().items())
     return Result(
         spec,
         _feeds_info(feeds, expected != ()),
@@ -167,6 +231,8 @@ def _run(
         tuple(pr.name for pr in probes),
         ref,
         expected,
+        drift,
+        baseline_env,
     )
 
 
@@ -352,7 +418,7 @@ def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResu
         return BackendResult(
             p.name, failed.outcome.status, failed.reason, options, info, opts.runs, len(b.outcomes)
         )
-    first = b.first
+    first = b.outcomes[0]
     outs = [o.outputs for o in b.outcomes]
     layers = [o.layers for o in b.outcomes if o.separate_layers]
     shown = first.layers or first.outputs
@@ -387,7 +453,106 @@ def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResu
         observer=_observer(first, spec),
         layers_error="; ".join(f"{ph}: {why}" for ph, why in first.result.phase_errors),
         constant_outputs=_constant_outputs(first.outputs, spec),
+        output_digests=_digests(first.outputs, spec.output_names),
+        layer_digests=_digests(first.layers),
     )
+
+
+def _digests(ph: PhaseResult | None, names: Sequence[str] | None = None) -> tuple[tuple[str, str], ...]:
+    """Each captured tensor's digest (64 bits of its value hash): enough to tell, in a later
+    release's report, which tensors moved."""
+    if ph is None:
+        return ()
+    keep = ph.capture_names if names is None else [n for n in ph.capture_names if n in set(names)]
+    with CaptureFile(ph.capture) as c:
+        return tuple((n, value_sha256({n: c[n]})[:16]) for n in keep if n in c)
+
+
+def _save_captures(
+    opts: CompareOptions,
+    spec: ModelSpec,
+    feeds: Feeds,
+    feeds_path: Path,
+    builds: Mapping[str, _Builds],
+    backends: Sequence[BackendResult],
+    env: Sequence[tuple[str, str]],
+    capture_to: str | os.PathLike[str] | None,
+) -> None:
+    """Portable captures: `capture_to` for the first backend (xbackend capture), and one folder per
+    backend that ran under --save-captures."""
+    from xbackend import __version__
+
+    todo: list[tuple[Path, BackendResult]] = []
+    ran = [b for b in backends if b.ok and not b.loaded_from and b.name != EXPECTED]
+    if capture_to is not None and ran and ran[0].name == opts.backends[0]:
+        todo.append((Path(capture_to), ran[0]))
+    if opts.save_captures:
+        todo += [(Path(opts.save_captures) / b.name, b) for b in ran]
+    model = {"name": Path(spec.path).name, "sha256": spec.sha256}
+    info = _feeds_info(feeds, False)
+    for dest, b in todo:
+        first = builds[b.name].first
+        phases = {OUTPUTS: first.outputs} if first.outputs.name == OUTPUTS else {}
+        if first.layers is not None:
+            phases[LAYERS] = first.layers
+        write_capture(dest, b, model, info, feeds_path, phases, dict(env), __version__)
+
+
+def _baseline(
+    opts: CompareOptions,
+    spec: ModelSpec,
+    feeds: Feeds,
+    builds: Mapping[str, _Builds],
+    backends: Sequence[BackendResult],
+) -> tuple[tuple[Drift, ...], tuple[tuple[str, str], ...]]:
+    if opts.baseline is None:
+        return (), ()
+    base = load_baseline(opts.baseline)
+    out = []
+    for b in backends:
+        if not b.ok or b.name == EXPECTED:
+            continue
+        out.append(_drift(b, builds[b.name], base, spec, feeds))
+    return tuple(out), base.environment
+
+
+def _drift(b: BackendResult, mine: _Builds, base: Baseline, spec: ModelSpec, feeds: Feeds) -> Drift:
+    theirs = base.match(b.name)
+    if theirs is None:
+        return Drift(b.name, base.source, "no-baseline", f"the baseline has no {b.name.split('@')[0]}")
+    label = f"{theirs.name} in {base.source}"
+    if theirs.feeds_sha256 != feeds.sha256:
+        return Drift(
+            b.name,
+            label,
+            "not-comparable",
+            f"the baseline was fed other inputs (sha256 {theirs.feeds_sha256[:12]}, now {feeds.sha256[:12]}); "
+            + (
+                f"pass --inputs {theirs.capture.path} to feed the baseline's inputs"
+                if theirs.capture is not None
+                else "compare with the baseline's inputs (--seed, --shape, --range, --inputs)"
+            ),
+        )
+    order = spec.tensor_order()
+    rank = {n: i for i, n in enumerate(order)}
+    if theirs.capture is not None:
+        run = theirs.capture.run
+        outs = _diff_phases(mine.first.outputs, run.outputs, spec, outputs=True)
+        layers: list[TensorDiff] = []
+        if mine.first.layers is not None and run.layers is not None:
+            layers = _diff_phases(mine.first.layers, run.layers, spec, outputs=False)
+        moved = [d.name for d in (layers or outs) if not d.bitwise_equal]
+        moved += [d.name for d in outs if not d.bitwise_equal and d.name not in moved]
+        moved.sort(key=lambda n: rank.get(value_name(n), len(rank)))
+        status = "drifted" if moved else "identical"
+        return Drift(b.name, label, status, "", True, tuple(outs), tuple(layers), tuple(moved))
+    mine_d = {**dict(b.layer_digests), **dict(b.output_digests)}
+    theirs_d = {**dict(theirs.result.layer_digests), **dict(theirs.result.output_digests)}
+    if not theirs_d:
+        return Drift(b.name, label, "not-comparable", "the baseline report records no tensor digests")
+    common = [n for n in mine_d if n in theirs_d]
+    moved = sorted((n for n in common if mine_d[n] != theirs_d[n]), key=lambda n: rank.get(n, len(rank)))
+    return Drift(b.name, label, "drifted" if moved else "identical", "", False, (), (), tuple(moved))
 
 
 def _constant_outputs(ph: PhaseResult, spec: ModelSpec) -> tuple[tuple[str, str], ...]:

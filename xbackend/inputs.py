@@ -17,7 +17,7 @@ import numpy as np
 
 from xbackend.errors import InputError
 from xbackend.model import ModelSpec, TensorSpec, np_dtype
-from xbackend.storage import save_values
+from xbackend.storage import ValueFile, save_values
 from xbackend.values import Value, describe, normalize, value_sha256
 
 __all__ = [
@@ -262,7 +262,12 @@ def load_feeds(path: str | os.PathLike[str], spec: ModelSpec) -> Feeds:
     layout (input_0.pb, input_1.pb, ...: TensorProto, SequenceProto, OptionalProto or MapProto,
     matched to the model's inputs by name, else by position)."""
     p = Path(path)
-    if p.is_dir():
+    if p.is_dir() and (p / "capture.json").is_file():
+        return _load_capture_feeds(p, spec)
+    if p.is_file() and p.suffix == ".xbv":
+        values = _load_xbv(p, spec)
+        source = str(p)
+    elif p.is_dir():
         data_dir = test_data_dir(p)
         values = _load_pb_set(data_dir, "input", spec.inputs, f"--inputs {p}")
         source = str(data_dir)
@@ -270,7 +275,9 @@ def load_feeds(path: str | os.PathLike[str], spec: ModelSpec) -> Feeds:
         values = _load_npz(p, spec)
         source = str(p)
     else:
-        raise InputError(f"--inputs not found: {p}; pass an .npz file or a directory of input_N.pb files")
+        raise InputError(
+            f"--inputs not found: {p}; pass an .npz file, a directory of input_N.pb files, or a capture"
+        )
     missing = [n for n in spec.input_names if n not in values]
     if missing:
         what = "input_N.pb files" if p.is_dir() else "arrays to the .npz"
@@ -278,6 +285,30 @@ def load_feeds(path: str | os.PathLike[str], spec: ModelSpec) -> Feeds:
     for i in spec.inputs:
         _check_value(i, values[i.name], f"--inputs {p}")
     return Feeds.from_arrays(values, None, source)
+
+
+def _load_capture_feeds(p: Path, spec: ModelSpec) -> Feeds:
+    """A capture's inputs (checked against its checksums), with the seed and ranges it records."""
+    from xbackend.portable import load_capture
+
+    cap = load_capture(p)
+    values = _load_xbv(cap.inputs_path, spec)
+    for i in spec.inputs:
+        _check_value(i, values[i.name], f"--inputs {p}")
+    return Feeds.from_arrays(values, cap.feeds.seed, f"capture {p}", cap.feeds.ranges)
+
+
+def _load_xbv(p: Path, spec: ModelSpec) -> dict[str, Value]:
+    try:
+        with ValueFile(p) as f:
+            values = f.load_all()
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"--inputs {p} is not a readable xbackend value file ({e}); capture it again") from e
+    _check_known(spec, values.keys(), f"--inputs {p}")
+    missing = [n for n in spec.input_names if n not in values]
+    if missing:
+        raise InputError(f"--inputs {p} lacks input(s) {', '.join(missing)}; it was made for another model")
+    return values
 
 
 def _load_npz(p: Path, spec: ModelSpec) -> dict[str, Value]:
@@ -365,7 +396,7 @@ def _load_pb_set(d: Path, prefix: str, specs: Sequence[TensorSpec], where: str) 
 def load_expected(path: str | os.PathLike[str], spec: ModelSpec) -> dict[str, Value] | None:
     """Expected outputs (output_N.pb) beside the inputs of an ONNX test-data directory, if any."""
     p = Path(path)
-    if not p.is_dir():
+    if not p.is_dir() or (p / "capture.json").is_file():
         return None
     d = test_data_dir(p)
     if not any(d.glob("output_*.pb")):

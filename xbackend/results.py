@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, UsageError
+from xbackend.gating import Gate, evaluate
 from xbackend.metrics import TensorDiff, worst_per_tensor
 from xbackend.model import ModelSpec
 from xbackend.probes.base import ProbeResult
@@ -54,6 +55,10 @@ class CompareOptions:
     probe_threads: int = 0  # N for the thread probe; 0: twice the logical cores
     ranges: tuple[tuple[str, float, float], ...] = ()  # generated values of NAME drawn from [LO, HI)
     timings: bool = False  # wall times in the reports (off: identical runs give identical bytes)
+    loads: tuple[tuple[str, str], ...] = ()  # (name, capture folder): backends that ran elsewhere
+    save_captures: str | None = None  # folder: a portable capture per backend that ran
+    baseline: str | None = None  # a previous capture, capture folder set or JSON report
+    fail_on: tuple[str, ...] = ()  # --fail-on policies (xbackend.gating); () keeps the default gate
 
     @classmethod
     def create(cls, **kwargs: Any) -> CompareOptions:
@@ -81,6 +86,18 @@ class CompareOptions:
             kw["probes"] = tuple(x for x in kw["probes"].split(",") if x)
         if kw.get("probes") is not None:
             kw["probes"] = tuple(kw["probes"])
+        if isinstance(kw.get("fail_on"), str):
+            kw["fail_on"] = tuple(x for x in kw["fail_on"].split(",") if x)
+        if kw.get("fail_on") is not None:
+            kw["fail_on"] = tuple(kw["fail_on"])
+        if isinstance(kw.get("loads"), Mapping):
+            kw["loads"] = tuple((str(k), str(v)) for k, v in kw["loads"].items())
+        elif kw.get("loads") is not None:
+            kw["loads"] = tuple(_load_spec(x) if isinstance(x, str) else (str(x[0]), str(x[1]))
+                                for x in kw["loads"])
+        for k in ("save_captures", "baseline"):
+            if kw.get(k) is not None:
+                kw[k] = str(kw[k])
         if isinstance(kw.get("ranges"), Mapping):
             kw["ranges"] = tuple((k, float(lo), float(hi)) for k, (lo, hi) in kw["ranges"].items())
         opts = cls(**kw)
@@ -109,6 +126,15 @@ class CompareOptions:
         select_probes(self.probes, self.batch_invariance)  # UsageError for unknown names
         if self.inputs is not None and self.ranges:
             raise UsageError("--range and --inputs exclude each other: --range shapes generated inputs only")
+        from xbackend.gating import parse_policies
+
+        parse_policies(self.fail_on)  # UsageError for unknown policies
+        loaded = [n for n, _ in self.loads]
+        if len(set(loaded)) != len(loaded) or set(loaded) & set(self.backends):
+            raise UsageError(
+                f"--load names clash ({', '.join(loaded)} with --backends {','.join(self.backends)}); "
+                "name each capture: --load NAME=DIR"
+            )
         stray = sorted({b for b, _, _ in self.runner_options} - set(self.backends) - {self.reference})
         if stray:
             raise UsageError(f"--set names backend(s) {', '.join(stray)} that are not in --backends")
@@ -118,9 +144,13 @@ class CompareOptions:
         if self.reference is None:
             ref = "reference" if "reference" in self.backends else self.backends[0]
             return replace(self, reference=ref)
-        if self.reference not in self.backends:
+        if self.reference not in self.backends and self.reference not in self.loaded_names:
             return replace(self, backends=(*self.backends, self.reference))
         return self
+
+    @property
+    def loaded_names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.loads)
 
     @property
     def reference_name(self) -> str:
@@ -168,7 +198,25 @@ class CompareOptions:
             parts += ["--range", f"{name}={lo:g}:{hi:g}"]
         if self.timings:
             parts.append("--timings")
+        for name, path in self.loads:
+            parts += ["--load", f"{name}={path}"]
+        if self.baseline:
+            parts += ["--baseline", self.baseline]
+        if self.fail_on:
+            parts += ["--fail-on", ",".join(self.fail_on)]
+        if self.save_captures:
+            parts += ["--save-captures", self.save_captures]
         return shlex.join(parts)
+
+
+def _load_spec(text: str) -> tuple[str, str]:
+    """--load [NAME=]DIR; without NAME the capture is named BACKEND@FOLDER."""
+    from xbackend.portable import default_name
+
+    name, sep, path = text.partition("=")
+    if sep and name and "/" not in name and path:
+        return name, path
+    return default_name(text), text
 
 
 @dataclass(frozen=True)
@@ -222,6 +270,9 @@ class BackendResult:
     observer: ObserverEffect | None = None  # None: one build serves both, or no per-layer build ran
     layers_error: str = ""  # the instrumented build failed; graph-output figures still stand
     constant_outputs: tuple[tuple[str, str], ...] = ()  # output -> 'all 0' when one value fills it
+    output_digests: tuple[tuple[str, str], ...] = ()  # graph output -> digest, plain build 0, run 0
+    layer_digests: tuple[tuple[str, str], ...] = ()  # captured tensor -> digest, instrumented build 0
+    loaded_from: str = ""  # a capture folder: this backend ran on the host its capture records
 
     @property
     def ok(self) -> bool:
@@ -363,6 +414,43 @@ class PairResult:
 
 
 @dataclass(frozen=True)
+class Drift:
+    """A backend against the same backend in a baseline (a previous release's capture or report)."""
+
+    backend: str
+    baseline: str  # the baseline's backend, and where it came from
+    status: str  # "identical" | "drifted" | "no-baseline" | "not-comparable"
+    reason: str = ""
+    measured: bool = False  # values were compared (ULP figures); else digests only
+    outputs: tuple[TensorDiff, ...] = ()  # graph outputs, when measured
+    tensors: tuple[TensorDiff, ...] = ()  # every tensor both captured, model order, when measured
+    moved: tuple[str, ...] = ()  # tensors whose bits moved, model order
+
+    @property
+    def drifted(self) -> bool:
+        return self.status == "drifted"
+
+    @property
+    def first_moved(self) -> str | None:
+        return self.moved[0] if self.moved else None
+
+    @property
+    def outputs_moved(self) -> tuple[str, ...]:
+        outs = {value_name(d.name) for d in self.outputs}
+        return tuple(m for m in self.moved if value_name(m) in outs) if self.measured else ()
+
+    @property
+    def max_ulp(self) -> int | None:
+        vals = [d.max_ulp for d in self.outputs if d.max_ulp is not None]
+        return max(vals) if vals else None
+
+    @property
+    def scaled_ulp(self) -> float | None:
+        vals = [d.scaled_ulp for d in self.outputs if d.scaled_ulp is not None]
+        return max(vals) if vals else None
+
+
+@dataclass(frozen=True)
 class Result:
     """The whole comparison: what ran, on what, and what differed."""
 
@@ -379,6 +467,8 @@ class Result:
     probes_ran: tuple[str, ...] = ()
     reference: str = ""  # the reference used: --reference, or the fallback when it did not run
     expected_error: tuple[CrossBackendResult, ...] = ()  # each backend against golden outputs
+    baseline: tuple[Drift, ...] = ()  # each backend against --baseline
+    baseline_environment: tuple[tuple[str, str], ...] = ()  # the baseline's, when it records one
 
     @property
     def command(self) -> str:
@@ -438,13 +528,24 @@ class Result:
     def violations(self) -> list[CrossBackendResult]:
         return [c for c in (*self.cross_backend, *self.expected_error) if c.violates]
 
+    def gates(self) -> list[Gate]:
+        """The --fail-on policies that fire, lowest exit code first (none without --fail-on)."""
+        return evaluate(self, self.options.fail_on) if self.options.fail_on else []
+
     @property
     def exit_code(self) -> int:
         if not any(b.ok for b in self.backends):
             return EXIT_ALL_FAILED
+        if self.options.fail_on:
+            gates = self.gates()
+            return gates[0].exit_code if gates else EXIT_OK
         if self.failed or self.nondeterministic or self.violations:
             return EXIT_DIFFERENCES
         return EXIT_OK
+
+    @property
+    def drifted(self) -> list[Drift]:
+        return [d for d in self.baseline if d.drifted]
 
     @property
     def vacuous(self) -> str:
@@ -508,11 +609,37 @@ class Result:
                 out.append(f"NOTE: {c.backend} vs {c.reference}: bits differ at 0 ULP ({why})")
         return out
 
+    def _drift_lines(self) -> list[str]:
+        out = []
+        for d in self.baseline:
+            if d.drifted:
+                size = (
+                    f": {_fmt(d.scaled_ulp)} scaled ULP (raw {d.max_ulp}) at the outputs"
+                    if d.measured and d.outputs_moved
+                    else (": the outputs are bit-identical, intermediates moved" if d.measured else "")
+                )
+                module = self.model.modules().get(value_name(d.first_moved or ""), "")
+                at = f" ({module})" if module else ""
+                out.append(f"DRIFT: {d.backend} moved from the baseline{size}; first moved tensor "
+                           f"{d.first_moved}{at}")
+            elif d.status == "not-comparable":
+                out.append(f"DRIFT: {d.backend} cannot be compared with the baseline: {d.reason}")
+        return out
+
+    def _gate_lines(self) -> list[str]:
+        if not self.options.fail_on:
+            return []
+        gates = self.gates()
+        policies = ",".join(self.options.fail_on)
+        if not gates:
+            return [f"GATE: pass (--fail-on {policies})"]
+        return [f"GATE: {g.policy} fired (exit {g.exit_code}): {g.reason}" for g in gates]
+
     def verdict(self) -> list[str]:
         """One line per finding, most important first; a single PASS line when all is well."""
         if not any(b.ok for b in self.backends):
             return ["FAIL: every backend failed; nothing was compared", *self._fail_lines()]
-        lines = self._fail_lines() + self._warn_lines()
+        lines = self._fail_lines() + self._drift_lines() + self._warn_lines()
         if not any(line.startswith("FAIL") for line in lines):
             lines.insert(
                 0,
@@ -520,7 +647,7 @@ class Result:
                 f"{self.options.runs} run(s) x {self.options.builds} build(s) and within "
                 f"{self.options.max_ulp:g} scaled ULP of {self.reference_used} at the outputs",
             )
-        return lines
+        return self._gate_lines() + lines
 
 
 def _fmt(x: float | None) -> str:

@@ -1,20 +1,30 @@
-"""The JSON twin of the Markdown report (schema "xbackend.report/1")."""
+"""The JSON twin of the Markdown report (schema "xbackend.report/2").
+
+Readable sections for machines and people (verdict, backends, cross_backend, ...)
+and, under "result", the whole Result losslessly (xbackend.codec): what
+`xbackend report` renders the Markdown from, and what baselines and `xbackend diff`
+read back.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
+from xbackend.codec import CodecError, decode, encode
+from xbackend.errors import InputError
 from xbackend.metrics import TensorDiff
 from xbackend.report.text import METRIC_DEFINITIONS
-from xbackend.results import BackendResult, CrossBackendResult, PairResult, Result
+from xbackend.results import BackendResult, CrossBackendResult, Drift, PairResult, Result
 from xbackend.values import value_name
 
-__all__ = ["SCHEMA", "to_dict", "to_json"]
+__all__ = ["SCHEMA", "from_json", "read_result", "to_dict", "to_json"]
 
-SCHEMA = "xbackend.report/1"
+SCHEMA = "xbackend.report/2"
 
 
 def _clean(x: Any) -> Any:
@@ -55,6 +65,24 @@ def _backend(b: BackendResult) -> dict[str, Any]:
         "observer_effect": asdict(b.observer) if b.observer is not None else None,
         "layers_error": b.layers_error,
         "constant_outputs": [{"tensor": t, "value": v} for t, v in b.constant_outputs],
+        "loaded_from": b.loaded_from,
+    }
+
+
+def _drift(d: Drift, modules: dict[str, str]) -> dict[str, Any]:
+    return {
+        "backend": d.backend,
+        "baseline": d.baseline,
+        "status": d.status,
+        "reason": d.reason,
+        "measured": d.measured,
+        "bit_identical": d.status == "identical",
+        "max_ulp": d.max_ulp,
+        "scaled_ulp": d.scaled_ulp,
+        "first_moved": d.first_moved,
+        "first_moved_module": modules.get(value_name(d.first_moved or ""), ""),
+        "moved": list(d.moved),
+        "outputs": [_tensor(x, modules) for x in d.outputs],
     }
 
 
@@ -152,11 +180,14 @@ def to_dict(r: Result) -> dict[str, Any]:
             "oracle_error": [_oracle(c, modules) for c in r.oracle_error],
             "expected_error": [_oracle(c, modules) for c in r.expected_error],
             "probes": {p.name: p.to_json() for p in r.probes},
+            "baseline": [_drift(d, modules) for d in r.baseline],
+            "gates": [asdict(g) for g in r.gates()],
             "notes": list(r.notes),
             "metrics": dict(METRIC_DEFINITIONS),
             "environment": dict(r.environment),
         }
     )
+    out["result"] = encode(r, times=r.options.timings)
     if r.options.timings:  # only on request: times differ between identical comparisons
         out["build_seconds"] = {b.name: [round(t, 3) for t in b.build_s] for b in r.backends}
         out["probe_build_seconds"] = {
@@ -170,3 +201,33 @@ def to_dict(r: Result) -> dict[str, Any]:
 def to_json(r: Result) -> str:
     """Stable text: sorted keys, fixed indentation, trailing newline."""
     return json.dumps(to_dict(r), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def from_json(text: str, what: str = "report") -> Result:
+    """The Result a JSON report holds; InputError (one line) when it holds none this version reads."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise InputError(f"{what} is not JSON ({e}); pass a report written by `xbackend compare --json`") from e
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != SCHEMA or "result" not in data:
+        raise InputError(
+            f"{what} has schema {schema!r}, this xbackend reads {SCHEMA!r}; re-run the comparison with "
+            "this version (`xbackend compare ... --json OUT.json`)"
+        )
+    try:
+        return decode(Result, data["result"])  # type: ignore[no-any-return]
+    except CodecError as e:
+        raise InputError(f"{what} is damaged or was edited: {e}; re-run the comparison") from e
+
+
+def read_result(path: str | os.PathLike[str], flag: str = "") -> Result:
+    p = Path(path)
+    what = f"{flag} {p}".strip()
+    try:
+        text = p.read_text("utf-8")
+    except FileNotFoundError as e:
+        raise InputError(f"{what} not found; pass a JSON report written by `xbackend compare --json`") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{what} cannot be read ({type(e).__name__}); pass a JSON report") from e
+    return from_json(text, what)

@@ -1,0 +1,160 @@
+"""Lossless JSON for xbackend's frozen result dataclasses, read back by their type hints.
+
+`encode` turns a dataclass tree into JSON values; `decode(cls, data)` rebuilds it.
+Floats survive exactly (JSON text holds repr()); non-finite floats travel as the
+strings "nan", "inf", "-inf". Subclasses of a field's declared class (probe
+results) carry their class name, and are looked up only among the subclasses
+xbackend defines: a JSON file never names code to run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from functools import cache
+from typing import Any, TypeVar
+
+__all__ = ["CodecError", "decode", "encode"]
+
+T = TypeVar("T")
+CLASS_KEY = "__class__"
+TIME_FIELDS = frozenset({"build_s", "timings"})  # wall times: left out unless asked for (byte-stable)
+
+
+class CodecError(ValueError):
+    """The JSON does not match the dataclass it should rebuild."""
+
+
+def encode(obj: Any, times: bool = True) -> Any:
+    """JSON values for `obj`; `times=False` leaves wall-time fields at their defaults."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out: dict[str, Any] = {}
+        if _tagged(type(obj)):
+            out[CLASS_KEY] = type(obj).__name__
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if not times and f.name in TIME_FIELDS:
+                v = () if isinstance(v, tuple) else v
+            out[f.name] = encode(v, times)
+        return out
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if isinstance(obj, list | tuple):
+        return [encode(v, times) for v in obj]
+    if isinstance(obj, Mapping):
+        return {str(k): encode(v, times) for k, v in obj.items()}
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    raise CodecError(f"cannot encode {type(obj).__name__}")
+
+
+def _tagged(cls: type) -> bool:
+    from xbackend.probes.base import ProbeResult
+
+    return issubclass(cls, ProbeResult)
+
+
+@cache
+def _subclasses(base: type) -> dict[str, type]:
+    import xbackend.compare  # noqa: F401 - defines the failed-probe result
+    import xbackend.probes  # noqa: F401 - registers every probe result
+
+    out: dict[str, type] = {}
+    todo = [base]
+    while todo:
+        c = todo.pop()
+        out[c.__name__] = c
+        todo += c.__subclasses__()
+    return out
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def decode(tp: Any, data: Any, where: str = "result") -> Any:
+    """Rebuild a value of type `tp` from `encode`'s output; CodecError names the bad path."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return data
+    if origin in (typing.Union, types.UnionType):
+        if data is None and type(None) in args:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return decode(rest[0], data, where)
+        for a in rest:
+            try:
+                return decode(a, data, where)
+            except CodecError:
+                continue
+        raise CodecError(f"{where}: {data!r} matches none of {tp}")
+    if origin is tuple:
+        if not isinstance(data, list):
+            raise CodecError(f"{where}: expected a list, got {type(data).__name__}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+        if len(args) != len(data):
+            raise CodecError(f"{where}: expected {len(args)} items, got {len(data)}")
+        return tuple(decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True)))
+    if origin in (dict, Mapping) or tp in (dict, Mapping):
+        if not isinstance(data, dict):
+            raise CodecError(f"{where}: expected an object, got {type(data).__name__}")
+        vt = args[1] if len(args) == 2 else Any
+        return {k: decode(vt, v, f"{where}.{k}") for k, v in data.items()}
+    if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or _tagged(tp)):
+        return _decode_dataclass(tp, data, where)
+    return _scalar(tp, data, where)
+
+
+def _decode_dataclass(tp: type[T], data: Any, where: str) -> T:
+    if not isinstance(data, dict):
+        raise CodecError(f"{where}: expected an object, got {type(data).__name__}")
+    cls: type = tp
+    if CLASS_KEY in data:
+        known = _subclasses(typing.cast(type, tp))
+        if data[CLASS_KEY] not in known:
+            raise CodecError(f"{where}: unknown result class {data[CLASS_KEY]!r}")
+        cls = known[data[CLASS_KEY]]
+    if not dataclasses.is_dataclass(cls):
+        raise CodecError(f"{where}: missing {CLASS_KEY!r} naming the result class")
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = decode(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise CodecError(f"{where}: missing field {f.name!r}")
+    return typing.cast(T, cls(**kwargs))
+
+
+def _scalar(tp: Any, data: Any, where: str) -> Any:
+    if tp is float:
+        if isinstance(data, str) and data in ("nan", "inf", "-inf"):
+            return float(data)
+        if isinstance(data, int | float) and not isinstance(data, bool):
+            return float(data)
+    elif tp is bool:
+        if isinstance(data, bool):
+            return data
+    elif tp is int:
+        if isinstance(data, int) and not isinstance(data, bool):
+            return data
+    elif tp is str:
+        if isinstance(data, str):
+            return data
+    elif tp is type(None):
+        if data is None:
+            return None
+    else:
+        raise CodecError(f"{where}: cannot decode type {tp}")
+    raise CodecError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {data!r}")

@@ -1,0 +1,165 @@
+"""--fail-on: release gates, each with its own exit code so CI can tell them apart.
+
+Without --fail-on the default gate holds (exit 1 on nondeterminism, a difference past
+--max-ulp, or a backend that failed). With it, only the named policies gate; when
+several fire, the lowest exit code wins. Every backend failing is exit 3 whatever
+the policies.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from xbackend.errors import UsageError
+
+if TYPE_CHECKING:
+    from xbackend.results import Result
+
+__all__ = ["POLICIES", "Gate", "Policy", "evaluate", "parse_policies"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    exit_code: int
+    help: str
+
+
+POLICIES = (
+    Policy("nondeterminism", 10, "a backend's outputs changed from run to run within one session"),
+    Policy(
+        "build-variance",
+        11,
+        "fresh builds of a backend differ: outputs, build fingerprints, or layer implementations",
+    ),
+    Policy("ulp>N", 12, "a backend is more than N scaled ULP from the reference at the graph outputs"),
+    Policy(
+        "baseline-drift",
+        13,
+        "a backend's outputs moved from --baseline's, or could not be compared with it",
+    ),
+    Policy("probe-warning", 14, "a probe warned (thread count, batch, TF32, observer effect, ...)"),
+    Policy("failure", 15, "a backend failed or was unavailable while others ran"),
+    Policy("any", 0, "every policy above, with N = --max-ulp (the exit code is the policy that fired)"),
+)
+_BY_NAME = {p.name: p for p in POLICIES}
+_ULP = re.compile(r"^ulp>(\d+(?:\.\d+)?)$")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A policy that fired, why, and its exit code."""
+
+    policy: str
+    exit_code: int
+    reason: str
+
+
+def parse_policies(names: Iterable[str], max_ulp: float = 64.0) -> list[tuple[str, float | None]]:
+    """(policy, threshold) pairs; UsageError naming the valid policies for anything else."""
+    out: list[tuple[str, float | None]] = []
+    for raw in names:
+        name = raw.strip()
+        m = _ULP.match(name)
+        if m:
+            out.append(("ulp>N", float(m.group(1))))
+        elif name == "any":
+            out += [(p.name, max_ulp if p.name == "ulp>N" else None) for p in POLICIES if p.name != "any"]
+        elif name in _BY_NAME and name != "ulp>N":
+            out.append((name, None))
+        else:
+            valid = ", ".join(p.name for p in POLICIES)
+            raise UsageError(f"unknown --fail-on policy {raw!r}; valid: {valid} (e.g. --fail-on ulp>8)")
+    return out
+
+
+def evaluate(r: Result, names: Sequence[str]) -> list[Gate]:
+    """The policies that fire on `r`, lowest exit code first."""
+    gates = []
+    for name, n in parse_policies(names, r.options.max_ulp):
+        why = _CHECKS[name](r, n)
+        if why:
+            label = f"ulp>{n:g}" if name == "ulp>N" else name
+            gates.append(Gate(label, _BY_NAME[name].exit_code, why))
+    unique = {g.policy: g for g in gates}
+    return sorted(unique.values(), key=lambda g: g.exit_code)
+
+
+def _nondeterminism(r: Result, _: float | None) -> str:
+    bad = [b for b in r.backends if b.ok and (b.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in b.run_diffs))]
+    return "; ".join(
+        f"{b.name}: {b.distinct_run_outputs} distinct outputs within a session"
+        + (f", first varying {b.first_nondeterministic}" if b.first_nondeterministic else "")
+        for b in bad
+    )
+
+
+def _build_variance(r: Result, _: float | None) -> str:
+    out = []
+    for b in r.backends:
+        if not b.ok:
+            continue
+        why = []
+        if b.distinct_build_outputs > 1 or any(not d.bitwise_equal for d in b.build_diffs):
+            why.append(f"{b.distinct_build_outputs} distinct outputs over {b.builds} builds")
+        if len(set(b.fingerprints)) > 1:
+            why.append(f"{len(set(b.fingerprints))} distinct build fingerprints")
+        if why:
+            out.append(f"{b.name}: {', '.join(why)}")
+    for p in r.probes:
+        if p.name == "builds":
+            out += [w.removeprefix("WARN: ") for w in p.warnings()]
+    return "; ".join(dict.fromkeys(out))
+
+
+def _ulp(r: Result, n: float | None) -> str:
+    limit = r.options.max_ulp if n is None else n
+    out = []
+    for c in (*r.cross_backend, *r.expected_error):
+        if c.status != "ok":
+            continue
+        worst = [d for d in c.output_tensors if d.exceeds(limit)]
+        if worst:
+            out.append(
+                f"{c.backend} vs {c.reference}: {_fmt(c.scaled_ulp)} scaled ULP at the outputs "
+                f"(first past {limit:g}: {worst[0].name})"
+            )
+    return "; ".join(out)
+
+
+def _baseline(r: Result, _: float | None) -> str:
+    if r.options.baseline is None:
+        return ""
+    out = []
+    for d in r.baseline:
+        if d.drifted:
+            size = f", {_fmt(d.scaled_ulp)} scaled ULP at the outputs" if d.measured else ""
+            out.append(f"{d.backend} moved from the baseline{size}; first moved {d.first_moved}")
+        elif d.status == "not-comparable":
+            out.append(f"{d.backend} not comparable with the baseline: {d.reason}")
+    return "; ".join(out)
+
+
+def _probe_warning(r: Result, _: float | None) -> str:
+    return "; ".join(w.removeprefix("WARN: ") for p in r.probes for w in p.warnings())
+
+
+def _failure(r: Result, _: float | None) -> str:
+    return "; ".join(f"{b.name} {b.status}: {b.reason}" for b in r.failed)
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+_CHECKS = {
+    "nondeterminism": _nondeterminism,
+    "build-variance": _build_variance,
+    "ulp>N": _ulp,
+    "baseline-drift": _baseline,
+    "probe-warning": _probe_warning,
+    "failure": _failure,
+}
