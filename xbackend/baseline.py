@@ -66,9 +66,7 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
             )
         return _from_captures(str(p), found)
     if not p.is_file():
-        raise InputError(
-            f"--baseline {p} not found; pass a previous release's JSON report or capture folder"
-        )
+        raise InputError(f"--baseline {p} not found; pass a previous release's JSON report or capture folder")
     r = read_result(p, "--baseline")
     caps: dict[str, LoadedCapture] = {}
     if r.options.save_captures:

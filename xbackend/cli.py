@@ -1,284 +1,366 @@
-"""Command line: parse, call the library, print. No logic lives here.
+"""Command line (typer): parse, call the library, print. No logic lives here.
 
 Exit codes: 0 ran and nothing failed; 1 a backend was nondeterministic, a
 cross-backend difference exceeded --max-ulp, or a backend failed or was
-unavailable while others ran; 2 usage or input error; 3 every backend failed;
-4 internal error.
+unavailable while others ran (`diff`: the two reports differ); 2 usage or input
+error; 3 every backend failed; 4 internal error; 10-15 the --fail-on policy that
+fired (xbackend.gating); 130 interrupted.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
+from typing import Annotated, Any
 
-from xbackend.errors import EXIT_INTERNAL, UsageError, XbackendError
+import typer
+
+from xbackend.errors import EXIT_INTERNAL, EXIT_USAGE, UsageError, XbackendError
+from xbackend.gating import POLICIES
 from xbackend.inputs import parse_range, parse_shape
 from xbackend.probes import PROBES
 from xbackend.results import DEFAULT_BACKENDS, DEFAULT_MAX_ULP, CompareOptions
 
-__all__ = ["main"]
+__all__ = ["app", "main"]
+
+_GATES = "; ".join(f"{p.exit_code} {p.name}" for p in POLICIES if p.exit_code)
+EXIT_CODES = (
+    "Exit codes: 0 all deterministic and within --max-ulp; 1 nondeterministic, past --max-ulp, or a backend "
+    f"failed/unavailable; 2 usage or input error; 3 every backend failed; 4 internal error; with --fail-on: "
+    f"{_GATES}."
+)
+
+app = typer.Typer(
+    name="xbackend",
+    help="Does your model give the same bits everywhere it runs?",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+export_app = typer.Typer(help="Export a framework model to ONNX.", no_args_is_help=True)
+app.add_typer(export_app, name="export")
 
 
 def _set_option(text: str) -> tuple[str, str, str]:
     key, sep, value = text.partition("=")
     backend, dot, name = key.partition(".")
     if not sep or not dot or not backend or not name:
-        raise argparse.ArgumentTypeError(
-            f"expected BACKEND.OPTION=VALUE (e.g. ort-cpu.threads=1), got {text!r}"
-        )
+        raise UsageError(f"--set: expected BACKEND.OPTION=VALUE (e.g. ort-cpu.threads=1), got {text!r}")
     return backend, name, value
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="xbackend", description="Does your model give the same bits everywhere it runs?"
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser(
-        "compare",
-        help="run a model on several backends and compare, per layer, in ULPs",
-        epilog="exit codes: 0 all deterministic and within --max-ulp; 1 nondeterministic, past --max-ulp, "
-        "or a backend failed/unavailable; 2 usage or input error; 3 every backend failed; 4 internal error",
-    )
-    c.add_argument("model", help="path to an .onnx file")
-    c.add_argument(
-        "--backends",
-        default=",".join(DEFAULT_BACKENDS),
-        help="comma-separated runner names (default: %(default)s); see `xbackend backends`",
-    )
-    c.add_argument(
-        "--reference",
-        default=None,
-        help="backend every other is compared against (default: 'reference' if listed, else the first)",
-    )
-    c.add_argument("--runs", type=int, default=3, help="runs per session (default: %(default)s)")
-    c.add_argument(
-        "--builds", type=int, default=1, help="fresh sessions, each in a fresh process (default: %(default)s)"
-    )
-    c.add_argument("--seed", type=int, default=0, help="seed for generated inputs (default: %(default)s)")
-    c.add_argument(
-        "--shape",
-        action="append",
-        default=[],
-        metavar="NAME=D1,D2,...",
-        help="shape for an input with dynamic dimensions (repeatable)",
-    )
-    c.add_argument(
-        "--inputs",
-        metavar="FILE.npz|DIR",
-        help="real input data: an .npz keyed by input name, or a directory in ONNX's test-data layout "
-        "(input_N.pb; output_N.pb beside them join the comparison as the backend 'expected')",
-    )
-    c.add_argument(
-        "--range",
-        dest="ranges",
-        action="append",
-        default=[],
-        metavar="NAME=LO:HI",
-        help="draw generated values of input NAME from [LO, HI), e.g. input_ids=0:50257 (repeatable)",
-    )
-    c.add_argument(
-        "--max-ulp",
-        type=float,
-        default=DEFAULT_MAX_ULP,
-        help="cross-backend tolerance in scaled ULP (default: %(default)g)",
-    )
-    c.add_argument("--outputs-only", action="store_true", help="compare graph outputs only")
-    c.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds per backend build (default: %(default)g)"
-    )
-    c.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        type=_set_option,
-        metavar="BACKEND.OPTION=VALUE",
-        help="runner option, e.g. ort-cpu.threads=1 (repeatable)",
-    )
-    c.add_argument("--report", metavar="OUT.md", help="write the Markdown report here")
-    c.add_argument("--json", metavar="OUT.json", help="write the JSON report here")
-    c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    c.add_argument(
-        "--probes",
-        default=None,
-        metavar="LIST",
-        help=f"probes to run: {','.join(PROBES)}, 'all' or 'none' "
-        "(default: builds,threads, plus batch with --batch-invariance)",
-    )
-    c.add_argument(
-        "--batch-invariance",
-        type=int,
-        default=0,
-        metavar="B",
-        help="probe batch invariance with batches of B (the model needs a dynamic batch dimension)",
-    )
-    c.add_argument(
-        "--probe-threads",
-        type=int,
-        default=0,
-        metavar="N",
-        help="thread count the thread probe compares with 1 (default: twice the logical cores)",
-    )
-    c.add_argument(
-        "--timings",
-        action="store_true",
-        help="put each build's wall time in the reports (off by default: times would make the "
-        "reports of two identical comparisons differ)",
-    )
-    c.add_argument(
-        "--torch-module",
-        metavar="MODULE_SPEC",
-        help="source nn.Module for the torch backends (path/to/file.py:factory or pkg.mod:factory)",
-    )
-    c.add_argument(
-        "--trust-model-code",
-        action="store_true",
-        help="let the torch backends import the Python file the model's metadata names (off: a model "
-        "never makes xbackend run code)",
-    )
-    sub.add_parser("backends", help="list every registered backend, available or not, and why")
-    e = sub.add_parser("export", help="export a framework model to ONNX")
-    esub = e.add_subparsers(dest="framework", required=True)
-    t = esub.add_parser("torch", help="export a PyTorch nn.Module (records its source in the ONNX metadata)")
-    t.add_argument("module", metavar="MODULE_SPEC", help="path/to/file.py:factory or package.module:factory")
-    t.add_argument(
-        "--input",
-        action="append",
-        default=[],
-        metavar="NAME=D1,D2,...[:DTYPE]",
-        required=True,
-        help="example input, in forward() order (repeatable); dtype defaults to float32",
-    )
-    t.add_argument("-o", "--output", required=True, metavar="OUT.onnx")
-    t.add_argument("--opset", type=int, default=18, help="ONNX opset (default: %(default)s)")
-    t.add_argument(
-        "--dynamic",
-        action="append",
-        default=[],
-        metavar="NAME=AXIS:DIMNAME",
-        help="make an input axis dynamic, e.g. x=0:batch (repeatable)",
-    )
-    t.add_argument("--seed", type=int, default=0, help="seed for the example inputs")
-    t.add_argument(
-        "--output-name",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="name for the graph output(s), in order (default: the exporter's)",
-    )
-    return p
-
-
-def _compare(args: argparse.Namespace) -> int:
-    from xbackend.compare import compare_with_options
-    from xbackend.progress import NullProgress, ProgressSink, RichProgress
-    from xbackend.report import to_json, to_markdown, write_atomic
-
-    opts = CompareOptions.create(
-        backends=args.backends,
-        reference=args.reference,
-        runs=args.runs,
-        builds=args.builds,
-        seed=args.seed,
-        shapes=tuple(parse_shape(s) for s in args.shape),
-        inputs=args.inputs,
-        max_ulp=args.max_ulp,
-        outputs_only=args.outputs_only,
-        timeout=args.timeout,
-        probes=args.probes,
-        batch_invariance=args.batch_invariance,
-        probe_threads=args.probe_threads,
-        timings=args.timings,
-        ranges=tuple(parse_range(r) for r in args.ranges),
-        runner_options=tuple(args.sets) + _torch_options(args),
-    )
-    progress: ProgressSink = NullProgress() if args.no_progress or not sys.stderr.isatty() else RichProgress()
-    result = compare_with_options(args.model, opts, progress)
-    if args.report:
-        write_atomic(args.report, to_markdown(result))
-    if args.json:
-        write_atomic(args.json, to_json(result))
-    _print_summary(result)
-    return result.exit_code
 
 
 TORCH_BACKENDS = ("torch", "torch-compile", "torch-compile-autotune", "torch-cuda")
 
 
-def _torch_options(args: argparse.Namespace) -> tuple[tuple[str, str, str], ...]:
+def _torch_options(backends: str, torch_module: str | None, trust: bool) -> tuple[tuple[str, str, str], ...]:
     out: tuple[tuple[str, str, str], ...] = ()
-    chosen = [b for b in args.backends.split(",") if b in TORCH_BACKENDS]
-    if (args.torch_module or args.trust_model_code) and not chosen:
-        flag = "--torch-module" if args.torch_module else "--trust-model-code"
+    chosen = [b for b in backends.split(",") if b in TORCH_BACKENDS]
+    if (torch_module or trust) and not chosen:
+        flag = "--torch-module" if torch_module else "--trust-model-code"
         raise UsageError(
             f"{flag} applies to the torch backends; add torch (or {TORCH_BACKENDS[1]}) to --backends"
         )
     for b in chosen:
-        if args.torch_module:
-            out += ((b, "module", args.torch_module),)
-        if args.trust_model_code:
+        if torch_module:
+            out += ((b, "module", torch_module),)
+        if trust:
             out += ((b, "trust_model_code", "true"),)
     return out
 
 
-def _print_summary(result: object) -> None:
-    from xbackend.results import Result
+# Options shared by compare and capture, declared once.
+ModelArg = Annotated[str, typer.Argument(help="path to an .onnx file", show_default=False)]
+Runs = Annotated[int, typer.Option(help="runs per session")]
+Builds = Annotated[int, typer.Option(help="fresh sessions, each in a fresh process")]
+Seed = Annotated[int, typer.Option(help="seed for generated inputs")]
+Shapes = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--shape", metavar="NAME=D1,D2,...", help="shape for an input with dynamic dimensions (repeatable)"
+    ),
+]
+Inputs = Annotated[
+    str | None,
+    typer.Option(
+        metavar="FILE.npz|DIR",
+        help="real input data: an .npz keyed by input name, a directory in ONNX's test-data layout "
+        "(input_N.pb; output_N.pb beside them join the comparison as the backend 'expected'), or a "
+        "capture folder (its inputs)",
+    ),
+]
+Ranges = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--range",
+        metavar="NAME=LO:HI",
+        help="draw generated values of input NAME from [LO, HI), e.g. input_ids=0:50257 (repeatable)",
+    ),
+]
+OutputsOnly = Annotated[bool, typer.Option("--outputs-only", help="compare graph outputs only")]
+Timeout = Annotated[float, typer.Option(help="seconds per backend build")]
+Sets = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set", metavar="BACKEND.OPTION=VALUE", help="runner option, e.g. ort-cpu.threads=1 (repeatable)"
+    ),
+]
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress bar on stderr")]
+TorchModule = Annotated[
+    str | None,
+    typer.Option(
+        metavar="MODULE_SPEC",
+        help="source nn.Module for the torch backends (path/to/file.py:factory or pkg.mod:factory)",
+    ),
+]
+TrustCode = Annotated[
+    bool,
+    typer.Option(
+        "--trust-model-code",
+        help="let the torch backends import the Python file the model's metadata names (off: a model "
+        "never makes xbackend run code)",
+    ),
+]
 
-    assert isinstance(result, Result)
-    for line in result.verdict():
-        print(line)
-    for b in result.backends:
-        if not b.ok:
-            print(f"  {b.name}: {b.status} ({b.reason})")
-            continue
-        det = (
-            "deterministic"
-            if b.deterministic
-            else f"NONDETERMINISTIC ({b.distinct_outputs} distinct outputs)"
-        )
-        print(f"  {b.name}: {det} over {b.runs} run(s) x {b.builds} build(s)")
-    for c in result.cross_backend:
-        if c.status != "ok":
-            print(f"  {c.backend} vs {c.reference}: not compared ({c.reason})")
-            continue
-        print(
-            f"  {c.backend} vs {c.reference}: bitwise {'equal' if c.bitwise_equal else 'different'}, "
-            + (
-                f"{_fmt(c.scaled_ulp)} scaled ULP (raw max ULP {c.max_ulp})"
-                if c.scaled_ulp is not None
-                else "compared exactly"
-            )
-            + f" at outputs; first divergence {c.first_divergence or 'none'}"
-        )
+
+def _progress(no_progress: bool) -> Any:
+    from xbackend.progress import NullProgress, RichProgress
+
+    return NullProgress() if no_progress or not sys.stderr.isatty() else RichProgress()
 
 
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
+@app.command(epilog=EXIT_CODES)
+def compare(
+    model: ModelArg,
+    backends: Annotated[
+        str, typer.Option(help="comma-separated runner names; see `xbackend backends`")
+    ] = ",".join(DEFAULT_BACKENDS),
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            help="backend every other is compared against (default: 'reference' if listed, else the first)"
+        ),
+    ] = None,
+    runs: Runs = 3,
+    builds: Builds = 1,
+    seed: Seed = 0,
+    shape: Shapes = None,
+    inputs: Inputs = None,
+    ranges: Ranges = None,
+    max_ulp: Annotated[float, typer.Option(help="cross-backend tolerance in scaled ULP")] = DEFAULT_MAX_ULP,
+    outputs_only: OutputsOnly = False,
+    timeout: Timeout = 600.0,
+    sets: Sets = None,
+    report: Annotated[
+        str | None,
+        typer.Option(
+            metavar="OUT.md", help="write the Markdown report here, its figures and layer CSV beside it"
+        ),
+    ] = None,
+    json: Annotated[
+        str | None, typer.Option("--json", metavar="OUT.json", help="write the JSON report here")
+    ] = None,
+    no_progress: NoProgress = False,
+    probes: Annotated[
+        str | None,
+        typer.Option(
+            metavar="LIST",
+            help=f"probes to run: {','.join(PROBES)}, 'all' or 'none' "
+            f"(default: {','.join(n for n, p in PROBES.items() if p.default)}, plus batch with --batch-invariance)",
+        ),
+    ] = None,
+    batch_invariance: Annotated[
+        int,
+        typer.Option(
+            metavar="B", help="probe batch invariance with batches of B (needs a dynamic batch dimension)"
+        ),
+    ] = 0,
+    probe_threads: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            help="thread count the thread probe compares with 1 (default: twice the logical cores)",
+        ),
+    ] = 0,
+    timings: Annotated[
+        bool,
+        typer.Option(
+            "--timings",
+            help="put each build's wall time in the reports (off by default: times would make the reports of "
+            "two identical comparisons differ)",
+        ),
+    ] = False,
+    torch_module: TorchModule = None,
+    trust_model_code: TrustCode = False,
+    load: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="[NAME=]DIR",
+            help="a capture from another host (xbackend capture) compared beside the live backends, named "
+            "BACKEND@FOLDER unless NAME is given (repeatable)",
+        ),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            metavar="PATH",
+            help="a previous release's JSON report, capture folder, or folder of captures: per backend, "
+            "whether the outputs moved, by how much and from which layer",
+        ),
+    ] = None,
+    fail_on: Annotated[
+        str | None,
+        typer.Option(
+            metavar="POLICIES",
+            help="gate on these, comma-separated: " + ", ".join(p.name for p in POLICIES) + " (e.g. ulp>8); "
+            "each has its own exit code (below)",
+        ),
+    ] = None,
+    save_captures: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DIR",
+            help="write a portable capture of every backend that ran to DIR/BACKEND (a later --baseline or --load)",
+        ),
+    ] = None,
+) -> int:
+    """Run a model on several backends and compare, per layer, in ULPs."""
+    from xbackend.compare import compare_with_options
 
-
-def _export(args: argparse.Namespace) -> int:
-    from xbackend.torch_export import InputDecl, export_torch, parse_dynamic
-
-    res = export_torch(
-        args.module,
-        [InputDecl.parse(i) for i in args.input],
-        args.output,
-        opset=args.opset,
-        dynamic=parse_dynamic(args.dynamic),
-        seed=args.seed,
-        output_names=args.output_name,
+    opts = CompareOptions.create(
+        backends=backends,
+        reference=reference,
+        runs=runs,
+        builds=builds,
+        seed=seed,
+        shapes=tuple(parse_shape(s) for s in shape or ()),
+        inputs=inputs,
+        max_ulp=max_ulp,
+        outputs_only=outputs_only,
+        timeout=timeout,
+        probes=probes,
+        batch_invariance=batch_invariance,
+        probe_threads=probe_threads,
+        timings=timings,
+        ranges=tuple(parse_range(r) for r in ranges or ()),
+        runner_options=tuple(_set_option(s) for s in sets or ())
+        + _torch_options(backends, torch_module, trust_model_code),
+        loads=list(load or ()),
+        baseline=baseline,
+        fail_on=fail_on,
+        save_captures=save_captures,
     )
+    result = compare_with_options(model, opts, _progress(no_progress))
+    _write_reports(result, report, json)
+    _print_summary(result)
+    return result.exit_code
+
+
+def _write_reports(result: Any, md: str | None, js: str | None) -> None:
+    from xbackend.report import to_json, write_atomic, write_markdown_bundle
+
+    if md:
+        write_markdown_bundle(result, md)
+    if js:
+        write_atomic(js, to_json(result))
+
+
+@app.command(
+    epilog="Exit codes: 0 captured; 1 captured, but the backend was nondeterministic; 2 usage or "
+    "input error; 3 the backend failed (nothing written); 4 internal error."
+)
+def capture(
+    model: ModelArg,
+    backend: Annotated[str, typer.Option(help="the runner to capture; see `xbackend backends`")],
+    output: Annotated[str, typer.Option("-o", "--output", metavar="DIR", help="capture folder to write")],
+    runs: Runs = 3,
+    builds: Builds = 1,
+    seed: Seed = 0,
+    shape: Shapes = None,
+    inputs: Inputs = None,
+    ranges: Ranges = None,
+    outputs_only: OutputsOnly = False,
+    timeout: Timeout = 600.0,
+    sets: Sets = None,
+    no_progress: NoProgress = False,
+    torch_module: TorchModule = None,
+    trust_model_code: TrustCode = False,
+) -> int:
+    """Run one backend and write a portable capture: inputs, outputs, every layer, fingerprints, environment."""
+    from xbackend.compare import compare_with_options
+    from xbackend.errors import RunnerFailedError
+
+    if "," in backend:
+        raise UsageError(f"--backend takes one runner, got {backend!r}; capture each into its own folder")
+    opts = CompareOptions.create(
+        backends=[backend],
+        runs=runs,
+        builds=builds,
+        seed=seed,
+        shapes=tuple(parse_shape(s) for s in shape or ()),
+        inputs=inputs,
+        outputs_only=outputs_only,
+        timeout=timeout,
+        probes="none",
+        ranges=tuple(parse_range(r) for r in ranges or ()),
+        runner_options=tuple(_set_option(s) for s in sets or ())
+        + _torch_options(backend, torch_module, trust_model_code),
+    )
+    result = compare_with_options(model, opts, _progress(no_progress), capture_to=output)
+    b = result.backend(backend)
+    if not b.ok:
+        raise RunnerFailedError(f"{backend} {b.status}: {b.reason}; nothing was captured")
+    det = "deterministic" if b.deterministic else f"NONDETERMINISTIC ({b.distinct_outputs} distinct outputs)"
     print(
-        f"wrote {res.path}: opset {res.opset}, torch {res.torch_version}, inputs "
-        f"{', '.join(i.name for i in res.inputs)}, outputs {', '.join(res.outputs)}; "
-        f"{len(res.module_outputs)} module outputs mapped to ONNX tensors"
+        f"wrote {output}: {backend}, {det} over {b.runs} run(s) x {b.builds} build(s), "
+        f"{b.exposed} tensors; compare it elsewhere with `xbackend compare MODEL --load {output}`"
     )
+    return 0 if b.deterministic else 1
+
+
+@app.command(
+    epilog="Exit codes: 0 written; 2 the JSON is missing, damaged, or from another schema; 4 internal error."
+)
+def report(
+    result_json: Annotated[str, typer.Argument(metavar="RESULT.json", help="a JSON report (compare --json)")],
+    output: Annotated[str, typer.Option("-o", "--output", metavar="OUT.md", help="Markdown to write")],
+) -> int:
+    """Re-render the Markdown report (figures and layer CSV too) from a JSON report, running no engine."""
+    from xbackend.report import write_markdown_bundle
+    from xbackend.report.jsonreport import read_result
+
+    write_markdown_bundle(read_result(result_json), output)
+    print(f"wrote {output}")
     return 0
 
 
-def _backends() -> int:
+@app.command(
+    epilog="Exit codes: 0 nothing moved; 1 outputs, layers, verdicts or the environment differ; "
+    "2 a report is missing or unreadable; 4 internal error."
+)
+def diff(
+    old: Annotated[str, typer.Argument(metavar="OLD.json", help="the earlier JSON report")],
+    new: Annotated[str, typer.Argument(metavar="NEW.json", help="the later JSON report")],
+    output: Annotated[
+        str | None, typer.Option("-o", "--output", metavar="OUT.md", help="also write the diff here")
+    ] = None,
+) -> int:
+    """Compare two JSON reports: environment, options, verdicts, and the first layer that moved."""
+    from xbackend.report import write_atomic
+    from xbackend.report.diff import diff_results
+    from xbackend.report.jsonreport import read_result
+
+    d = diff_results(read_result(old, "OLD.json"), read_result(new, "NEW.json"))
+    text = d.markdown(old, new)
+    print(text, end="")
+    if output:
+        write_atomic(output, text)
+    return 1 if d.changed else 0
+
+
+@app.command()
+def backends() -> int:
+    """List every registered backend, available or not, and why."""
     from xbackend.runners.registry import get_runner, list_runners
 
     for e in list_runners():
@@ -300,23 +382,118 @@ def _backends() -> int:
     return 0
 
 
+@export_app.command("torch")
+def export_torch_cmd(
+    module: Annotated[
+        str, typer.Argument(metavar="MODULE_SPEC", help="path/to/file.py:factory or package.module:factory")
+    ],
+    input: Annotated[
+        list[str],
+        typer.Option(
+            "--input",
+            metavar="NAME=D1,D2,...[:DTYPE]",
+            help="example input, in forward() order (repeatable); dtype defaults to float32",
+        ),
+    ],
+    output: Annotated[str, typer.Option("-o", "--output", metavar="OUT.onnx", help="ONNX file to write")],
+    opset: Annotated[int, typer.Option(help="ONNX opset")] = 18,
+    dynamic: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME=AXIS:DIMNAME", help="make an input axis dynamic, e.g. x=0:batch (repeatable)"
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="seed for the example inputs")] = 0,
+    output_name: Annotated[
+        list[str] | None,
+        typer.Option(metavar="NAME", help="name for the graph output(s), in order (default: the exporter's)"),
+    ] = None,
+) -> int:
+    """Export a PyTorch nn.Module (records its source in the ONNX metadata)."""
+    from xbackend.torch_export import InputDecl, export_torch, parse_dynamic
+
+    res = export_torch(
+        module,
+        [InputDecl.parse(i) for i in input],
+        output,
+        opset=opset,
+        dynamic=parse_dynamic(dynamic or []),
+        seed=seed,
+        output_names=output_name or [],
+    )
+    print(
+        f"wrote {res.path}: opset {res.opset}, torch {res.torch_version}, inputs "
+        f"{', '.join(i.name for i in res.inputs)}, outputs {', '.join(res.outputs)}; "
+        f"{len(res.module_outputs)} module outputs mapped to ONNX tensors"
+    )
+    return 0
+
+
+def _print_summary(result: Any) -> None:
+    for line in result.verdict():
+        print(line)
+    for b in result.backends:
+        if not b.ok:
+            print(f"  {b.name}: {b.status} ({b.reason})")
+            continue
+        det = (
+            "deterministic"
+            if b.deterministic
+            else f"NONDETERMINISTIC ({b.distinct_outputs} distinct outputs)"
+        )
+        where = f" (loaded from {b.loaded_from})" if b.loaded_from else ""
+        print(f"  {b.name}: {det} over {b.runs} run(s) x {b.builds} build(s){where}")
+    for c in result.cross_backend:
+        if c.status != "ok":
+            print(f"  {c.backend} vs {c.reference}: not compared ({c.reason})")
+            continue
+        print(
+            f"  {c.backend} vs {c.reference}: bitwise {'equal' if c.bitwise_equal else 'different'}, "
+            + (
+                f"{_fmt(c.scaled_ulp)} scaled ULP (raw max ULP {c.max_ulp})"
+                if c.scaled_ulp is not None
+                else "compared exactly"
+            )
+            + f" at outputs; first divergence {c.first_divergence or 'none'}"
+        )
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
     try:
-        if args.command == "backends":
-            return _backends()
-        if args.command == "export":
-            return _export(args)
-        return _compare(args)
+        code = app(
+            args=list(sys.argv[1:] if argv is None else argv), prog_name="xbackend", standalone_mode=False
+        )
+        return int(code or 0)
     except XbackendError as e:
         print(f"xbackend: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
+    except typer.Exit as e:
+        return int(e.exit_code)
+    except (KeyboardInterrupt, typer.Abort):
         print("xbackend: interrupted", file=sys.stderr)
         return 130
+    except typer.TyperException as e:  # typer's own usage errors: unknown option, missing argument
+        msg = e.format_message() if hasattr(e, "format_message") else str(e)
+        hint = _help_hint(argv)
+        print(f"xbackend: error: {' '.join(msg.split()).rstrip('.')}; see `{hint}`", file=sys.stderr)
+        return int(getattr(e, "exit_code", EXIT_USAGE))
     except Exception as e:  # a bug in xbackend, not in the user's input
         print(f"xbackend: internal error: {type(e).__name__}: {e}; please report it", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _help_hint(argv: Sequence[str] | None) -> str:
+    args = list(sys.argv[1:] if argv is None else argv)
+    cmds = {"compare", "capture", "report", "diff", "backends", "export"}
+    first = next((a for a in args if not a.startswith("-")), None)
+    if first in cmds:
+        sub = " torch" if first == "export" and "torch" in args else ""
+        return f"xbackend {first}{sub} --help"
+    return "xbackend --help"
 
 
 if __name__ == "__main__":

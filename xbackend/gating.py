@@ -89,7 +89,11 @@ def evaluate(r: Result, names: Sequence[str]) -> list[Gate]:
 
 
 def _nondeterminism(r: Result, _: float | None) -> str:
-    bad = [b for b in r.backends if b.ok and (b.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in b.run_diffs))]
+    bad = [
+        b
+        for b in r.backends
+        if b.ok and (b.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in b.run_diffs))
+    ]
     return "; ".join(
         f"{b.name}: {b.distinct_run_outputs} distinct outputs within a session"
         + (f", first varying {b.first_nondeterministic}" if b.first_nondeterministic else "")

@@ -146,8 +146,9 @@ def _manifest(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         raise InputError(f"capture {path} not found; pass a folder written by `xbackend capture`")
     if not (path / MANIFEST).is_file():
-        raise InputError(f"{path} is not an xbackend capture (no {MANIFEST}); pass a folder written by "
-                         "`xbackend capture`")
+        raise InputError(
+            f"{path} is not an xbackend capture (no {MANIFEST}); pass a folder written by `xbackend capture`"
+        )
     try:
         manifest = json.loads((path / MANIFEST).read_text("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:

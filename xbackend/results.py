@@ -88,13 +88,15 @@ class CompareOptions:
             kw["probes"] = tuple(kw["probes"])
         if isinstance(kw.get("fail_on"), str):
             kw["fail_on"] = tuple(x for x in kw["fail_on"].split(",") if x)
-        if kw.get("fail_on") is not None:
-            kw["fail_on"] = tuple(kw["fail_on"])
+        kw["fail_on"] = tuple(kw.get("fail_on") or ())
+        if kw.get("loads") is None:
+            kw.pop("loads", None)
         if isinstance(kw.get("loads"), Mapping):
             kw["loads"] = tuple((str(k), str(v)) for k, v in kw["loads"].items())
-        elif kw.get("loads") is not None:
-            kw["loads"] = tuple(_load_spec(x) if isinstance(x, str) else (str(x[0]), str(x[1]))
-                                for x in kw["loads"])
+        elif kw.get("loads"):
+            kw["loads"] = tuple(
+                _load_spec(x) if isinstance(x, str) else (str(x[0]), str(x[1])) for x in kw["loads"]
+            )
         for k in ("save_captures", "baseline"):
             if kw.get(k) is not None:
                 kw[k] = str(kw[k])
@@ -620,8 +622,10 @@ class Result:
                 )
                 module = self.model.modules().get(value_name(d.first_moved or ""), "")
                 at = f" ({module})" if module else ""
-                out.append(f"DRIFT: {d.backend} moved from the baseline{size}; first moved tensor "
-                           f"{d.first_moved}{at}")
+                out.append(
+                    f"DRIFT: {d.backend} moved from the baseline{size}; first moved tensor "
+                    f"{d.first_moved}{at}"
+                )
             elif d.status == "not-comparable":
                 out.append(f"DRIFT: {d.backend} cannot be compared with the baseline: {d.reason}")
         return out

@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
-from xbackend.report.jsonreport import SCHEMA, to_dict, to_json
+from xbackend.report.bundle import bundle_files, write_markdown_bundle
+from xbackend.report.jsonreport import SCHEMA, from_json, read_result, to_dict, to_json
 from xbackend.report.markdown import to_markdown
 from xbackend.report.write import write_atomic
 
-__all__ = ["SCHEMA", "to_dict", "to_json", "to_markdown", "write_atomic"]
+__all__ = [
+    "SCHEMA",
+    "bundle_files",
+    "from_json",
+    "read_result",
+    "to_dict",
+    "to_json",
+    "to_markdown",
+    "write_atomic",
+    "write_markdown_bundle",
+]

@@ -208,7 +208,9 @@ def from_json(text: str, what: str = "report") -> Result:
     try:
         data = json.loads(text)
     except ValueError as e:
-        raise InputError(f"{what} is not JSON ({e}); pass a report written by `xbackend compare --json`") from e
+        raise InputError(
+            f"{what} is not JSON ({e}); pass a report written by `xbackend compare --json`"
+        ) from e
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema != SCHEMA or "result" not in data:
         raise InputError(

@@ -17,14 +17,116 @@ from xbackend.values import value_name
 __all__ = ["to_markdown"]
 
 WORST_LAYERS = 10
-FULL_TABLE_LIMIT = 400
+FULL_TABLE_LIMIT = 50  # rows of a folded per-layer table; the rest is in the CSV (and the JSON)
+VERDICT_LINES = 10  # findings shown before the first fold; the rest are folded under "All findings"
 
 
 def _verdict(r: Result) -> list[str]:
-    out = ["## Verdict", "", *[f"- {line}" for line in r.verdict()], "", f"Exit code {r.exit_code}.", ""]
+    lines = r.verdict()
+    shown = lines[:VERDICT_LINES]
+    more = len(lines) - len(shown)
+    out = ["## Verdict", "", *[f"- {line}" for line in shown]]
+    if more:
+        out.append(f"- … and {more} more finding(s), under *All findings* below.")
+    return [*out, "", f"Exit code {r.exit_code}.", ""]
+
+
+def _findings(r: Result) -> list[str]:
+    lines = r.verdict()
+    if len(lines) <= VERDICT_LINES and not r.notes:
+        return []
+    body = [f"- {line}" for line in lines]
     if r.notes:
-        out += ["Notes:", "", *[f"- {n}" for n in r.notes], ""]
+        body += ["", "Notes:", "", *[f"- {n}" for n in r.notes]]
+    return _fold("All findings", f"{len(lines)} finding(s), {len(r.notes)} note(s)", [*body, ""])
+
+
+def _fold(title: str, summary: str, body: list[str]) -> list[str]:
+    """A section whose body is folded: the heading stays visible for navigation."""
+    return [f"## {title}", "", f"<details><summary>{summary}</summary>", "", *body, "</details>", ""]
+
+
+def _modules_note(r: Result, tensor: str | None) -> str:
+    if not tensor:
+        return "–"
+    module = r.model.modules().get(value_name(tensor), "")
+    return f"{tensor} ({module})" if module else tensor
+
+
+def _summary(r: Result) -> list[str]:
+    """One paragraph: what ran, what held, where the largest difference starts."""
+    ok = [b for b in r.backends if b.ok]
+    bad = [b for b in r.backends if not b.ok]
+    parts = [
+        f"{len(ok)} of {len(r.backends)} backends ran ({', '.join(b.name for b in ok) or 'none'})"
+        + (f"; {', '.join(f'{b.name} {b.status}' for b in bad)}" if bad else "")
+        + f", {r.options.runs} run(s) x {r.options.builds} build(s) each, on the same "
+        f"{'inputs loaded from ' + r.feeds.source if r.feeds.source != 'generated' else 'generated inputs'}."
+    ]
+    nondet = r.nondeterministic
+    parts.append(
+        f"Nondeterministic: {', '.join(b.name for b in nondet)}."
+        if nondet
+        else "Every backend that ran was deterministic."
+    )
+    crosses = [c for c in r.cross_backend if c.status == "ok" and c.scaled_ulp is not None]
+    if crosses:
+        worst = max(crosses, key=lambda c: (c.scaled_ulp or 0.0, c.backend))
+        if worst.bitwise_equal:
+            parts.append(f"Every backend matches {r.reference_used} bit for bit at the outputs.")
+        else:
+            parts.append(
+                f"Largest difference from {r.reference_used} at the outputs: {worst.backend}, "
+                f"{_num(worst.scaled_ulp)} scaled ULP (raw max {_num(worst.max_ulp)}), first diverging at "
+                f"{_modules_note(r, worst.first_divergence)}."
+            )
+    if r.oracle_error:
+        best = min(r.oracle_error, key=lambda c: (c.scaled_ulp or 0.0, c.backend))
+        parts.append(f"Closest to the float64 oracle: {best.backend} ({_num(best.scaled_ulp)} scaled ULP).")
+    warns = sum(len(p.warnings()) for p in r.probes)
+    if r.probes_ran:
+        parts.append(f"Probes run: {', '.join(r.probes_ran)}; {warns} warning(s).")
+    if r.baseline:
+        moved = [d.backend for d in r.baseline if d.drifted]
+        parts.append(
+            f"Against the baseline: {', '.join(moved)} moved."
+            if moved
+            else "Against the baseline: no backend moved."
+        )
+    env = dict(r.environment)
+    host = env.get("cpu.model", "unknown CPU") + (f", {env['gpu.model']}" if env.get("gpu.model") else "")
+    parts.append(f"Host: {host}.")
+    return ["## Summary", "", " ".join(parts), ""]
+
+
+def _figures(r: Result, stem: str | None) -> list[str]:
+    from xbackend.report.figures import planned_figures
+
+    if stem is None:
+        return []
+    figs = planned_figures(r)
+    out = ["## Figures", ""]
+    if not figs:
+        return [*out, "No per-layer data to plot (graph outputs only, or nothing compared).", ""]
+    for f in figs:
+        out += [f"![{f.title}]({stem}.{f.slug}.png)", ""]
     return out
+
+
+def _how_to_read(stem: str | None) -> list[str]:
+    csv = f" The full per-layer table is [{stem}.layers.csv]({stem}.layers.csv)." if stem else ""
+    return [
+        "## How to read this",
+        "",
+        "- **ULP**: units in the last place; **scaled ULP** measures each tensor at its own scale, so a few "
+        "units are normal when engines sum in another order, and hundreds are not.",
+        "- **Deterministic** means identical bits in every run and every fresh build; **first divergence** is "
+        "the first tensor, in model order, whose bits differ from the reference: look there first.",
+        "- Output figures come from the model you ship; per-layer figures from a build with every "
+        "intermediate exposed (see *Observer effect* when they differ).",
+        f"- Sections below are folded: click to open.{csv} The JSON twin holds everything.",
+        "",
+    ]
 
 
 def _backend_rows(r: Result) -> list[list[object]]:
@@ -40,7 +142,7 @@ def _backend_rows(r: Result) -> list[list[object]]:
                     _yes(c.bitwise_equal),
                     _num(c.max_ulp),
                     _num(c.scaled_ulp),
-                    c.first_divergence or "–",
+                    _modules_note(r, c.first_divergence),
                     c.first_violation or "–",
                 ]
                 if c is not None and c.status == "ok"
@@ -48,11 +150,26 @@ def _backend_rows(r: Result) -> list[list[object]]:
             )
         )
         status = b.status if b.ok else f"**{b.status}**: {b.reason}"
+        drift = _drift_cell(r, b.name)
+        if b.loaded_from:
+            status = f"{status} (capture {b.loaded_from})"
         det = _yes(b.deterministic)
         runs = f"{b.runs} x {b.builds}" if b.ok else "–"
         distinct = f"{b.distinct_outputs}" if b.ok else "–"
-        rows.append([b.name, status, det, runs, distinct, *vs])
+        rows.append([b.name, status, det, runs, distinct, *vs, *([drift] if r.baseline else [])])
     return rows
+
+
+def _drift_cell(r: Result, name: str) -> str:
+    d = next((x for x in r.baseline if x.backend == name), None)
+    if d is None:
+        return "–"
+    if d.status == "identical":
+        return "bit-identical"
+    if d.status != "drifted":
+        return d.status
+    size = f"{_num(d.scaled_ulp)} scaled ULP, " if d.measured and d.outputs_moved else ""
+    return f"moved: {size}from {_modules_note(r, d.first_moved)}"
 
 
 def _backends(r: Result) -> list[str]:
@@ -67,6 +184,7 @@ def _backends(r: Result) -> list[str]:
         "scaled ULP (outputs)",
         "first divergence",
         f"first past {r.options.max_ulp:g} scaled ULP",
+        *(["baseline"] if r.baseline else []),
     ]
     return ["## Backends", "", *_table(header, _backend_rows(r))]
 
@@ -121,6 +239,17 @@ def _layer_tables(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str
     out = [f"### {c.backend} vs {c.reference}", ""]
     if c.status != "ok":
         return [*out, f"Not compared: {c.reason}.", ""]
+    first = c.first_divergence
+    where = f"{first} ({modules[value_name(first)]})" if first and modules.get(value_name(first)) else first
+    summary = (
+        f"{len(c.tensors)} tensors; outputs {'bitwise equal' if c.bitwise_equal else _num(c.scaled_ulp) + ' scaled ULP'}"
+        f"; first divergence {where or 'none'}"
+    )
+    return [*out, f"<details><summary>{summary}</summary>", "", *_layer_body(c, modules), "</details>", ""]
+
+
+def _layer_body(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
+    out: list[str] = []
     out += [
         "Graph outputs (plain builds, the engine users ship):",
         "",
@@ -176,9 +305,16 @@ def _full_table(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
         return []
     marks = _marks(c)
     rows = [_diff_row(d, modules, marks.get(d.name, "")) for d in c.tensors[:FULL_TABLE_LIMIT]]
-    out = ["<details><summary>All layers in topological order</summary>", "", *_table(_header(modules), rows)]
+    out = [
+        f"<details><summary>All layers in topological order ({len(c.tensors)})</summary>",
+        "",
+        *_table(_header(modules), rows),
+    ]
     if len(c.tensors) > FULL_TABLE_LIMIT:
-        out += [f"({len(c.tensors) - FULL_TABLE_LIMIT} more tensors in the JSON report.)", ""]
+        out += [
+            f"({len(c.tensors) - FULL_TABLE_LIMIT} more tensors in the layer CSV and the JSON report.)",
+            "",
+        ]
     return [*out, "</details>", ""]
 
 
@@ -276,6 +412,65 @@ def _against(
                 *_full_table(c, modules),
             ]
     return out
+
+
+def _baseline(r: Result) -> list[str]:
+    if not r.baseline:
+        return []
+    modules = r.model.modules()
+    rows = []
+    for d in r.baseline:
+        rows.append(
+            [
+                d.backend,
+                d.status if not d.reason else f"{d.status}: {d.reason}",
+                "values" if d.measured else "digests",
+                _num(d.max_ulp) if d.measured else "–",
+                _num(d.scaled_ulp) if d.measured else "–",
+                _modules_note(r, d.first_moved),
+                len(d.moved),
+            ]
+        )
+    body = [
+        f"Each backend against the same backend in the baseline ({r.options.baseline}): by values when the "
+        "baseline kept captures, else by per-tensor digests (which say whether and where, not how much).",
+        "",
+        *_table(
+            [
+                "backend",
+                "status",
+                "compared by",
+                "max ULP (outputs)",
+                "scaled ULP (outputs)",
+                "first moved",
+                "tensors moved",
+            ],
+            rows,
+        ),
+    ]
+    for d in r.baseline:
+        if d.measured and d.drifted and d.tensors:
+            worst = sorted(
+                (x for x in d.tensors if not x.bitwise_equal), key=lambda x: x.severity(), reverse=True
+            )
+            body += [
+                f"{d.backend}: worst {min(WORST_LAYERS, len(worst))} moved tensors:",
+                "",
+                *_table(_header(modules), [_diff_row(x, modules) for x in worst[:WORST_LAYERS]]),
+            ]
+    body += _env_changes(r)
+    moved = sum(1 for d in r.baseline if d.drifted)
+    return _fold("Against the baseline", f"{moved} of {len(r.baseline)} backend(s) moved", body)
+
+
+def _env_changes(r: Result) -> list[str]:
+    if not r.baseline_environment:
+        return []
+    old, new = dict(r.baseline_environment), dict(r.environment)
+    rows = [[k, old.get(k, "–"), new.get(k, "–")] for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
+    if not rows:
+        return ["The environment is the same as the baseline's.", ""]
+    return ["Environment changes since the baseline:", "", *_table(["key", "baseline", "now"], rows)]
 
 
 def _observer(r: Result) -> list[str]:
@@ -442,33 +637,49 @@ def _metrics() -> list[str]:
     return ["## Metrics", "", *[f"- **{k}**: {v}." for k, v in METRIC_DEFINITIONS], ""]
 
 
-def to_markdown(r: Result) -> str:
-    """The whole report as Markdown text; same Result, same bytes."""
+def _folded(lines: list[str], summary: str) -> list[str]:
+    """Fold a section made as ["## Title", "", *body]."""
+    if not lines:
+        return []
+    return _fold(lines[0].removeprefix("## "), summary, lines[2:])
+
+
+def _reproduce(r: Result) -> list[str]:
+    return ["## Reproduce", "", "```sh", r.command, "```", ""]
+
+
+def to_markdown(r: Result, stem: str | None = None) -> str:
+    """The whole report as Markdown text; same Result, same bytes.
+
+    Verdict, summary, backend table, figures and how to read it come first (about 60 lines
+    whatever the model's size); every other section is folded. `stem` names the files beside the
+    report (STEM.SLUG.png figures, STEM.layers.csv); None links none.
+    """
     title = PurePath(r.model.path).name
     parts = [
         f"# xbackend report: {title}",
         "",
         *_verdict(r),
+        *_summary(r),
         *_backends(r),
-        *_matrix(r),
-        *_expected(r),
-        *_oracle(r),
+        *_figures(r, stem),
+        *_how_to_read(stem),
+        *_findings(r),
+        *_baseline(r),
+        *_folded(_matrix(r), "scaled ULP between every two backends"),
+        *_folded(_expected(r), "each backend against the golden outputs"),
+        *_folded(_oracle(r), "each backend against the float64 oracle"),
         *_cross(r),
-        *_observer(r),
-        *_runs(r),
-        *_probes(r),
-        *_timings(r),
-        *_exposure(r),
-        *_model(r),
-        *_inputs(r),
-        *_options(r),
-        *_environment(r),
-        *_metrics(),
-        "## Reproduce",
-        "",
-        "```sh",
-        r.command,
-        "```",
-        "",
+        *_folded(_observer(r), "instrumented vs plain builds"),
+        *_folded(_runs(r), f"{len(r.nondeterministic)} nondeterministic backend(s)"),
+        *_folded(_probes(r), f"{len(r.probes_ran)} probe(s) run"),
+        *_folded(_timings(r), "wall seconds per build"),
+        *_folded(_exposure(r), "tensors some backend could not expose"),
+        *_folded(_model(r), r.model.sha256[:12]),
+        *_folded(_inputs(r), f"sha256 {r.feeds.sha256[:12]}"),
+        *_folded(_options(r), "options and what each engine reported"),
+        *_folded(_environment(r), f"{len(r.environment)} facts"),
+        *_folded(_metrics(), "what each column means"),
+        *_reproduce(r),
     ]
     return "\n".join(parts)

@@ -1,0 +1,38 @@
+"""The report folder: Markdown, its figures and the full layer CSV, each written atomically."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from xbackend.report.figures import planned_figures, render
+from xbackend.report.layers_csv import to_csv
+from xbackend.report.markdown import to_markdown
+from xbackend.report.write import write_atomic, write_atomic_bytes
+from xbackend.results import Result
+
+__all__ = ["bundle_files", "write_markdown_bundle"]
+
+
+def bundle_files(r: Result, md_path: str | os.PathLike[str]) -> dict[Path, bytes]:
+    """Every file of the report folder for `md_path`, by path: OUT.md, OUT.SLUG.png, OUT.layers.csv."""
+    p = Path(md_path)
+    stem = p.stem
+    files = {
+        p: to_markdown(r, stem).encode("utf-8"),
+        p.with_name(f"{stem}.layers.csv"): to_csv(r).encode("utf-8"),
+    }
+    for f in planned_figures(r):
+        files[p.with_name(f"{stem}.{f.slug}.png")] = render(f)
+    return files
+
+
+def write_markdown_bundle(r: Result, md_path: str | os.PathLike[str]) -> list[Path]:
+    """Write the report folder; the Markdown goes last, so its links never point at missing files."""
+    files = bundle_files(r, md_path)
+    md = Path(md_path)
+    for path, data in files.items():
+        if path != md:
+            write_atomic_bytes(path, data)
+    write_atomic(md, files[md].decode("utf-8"))
+    return list(files)

@@ -1,0 +1,220 @@
+"""Figures beside the Markdown report: PNGs drawn with matplotlib's Agg canvas (no display, no
+pyplot state), from the Result alone, so `xbackend report` redraws the same bytes.
+
+Each PNG records the series it draws (name and colour) in its "Description" text chunk.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xbackend.metrics import TensorDiff
+from xbackend.results import CrossBackendResult, Result
+
+__all__ = ["COLORS", "Figure", "planned_figures", "render"]
+
+COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+BINS = (
+    (0.0, 0.0, "0"),
+    (0.0, 1.0, "(0,1]"),
+    (1.0, 4.0, "(1,4]"),
+    (4.0, 16.0, "(4,16]"),
+    (16.0, 64.0, "(16,64]"),
+    (64.0, 256.0, "(64,256]"),
+    (256.0, math.inf, ">256"),
+)
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Figure:
+    slug: str  # file name part: STEM.SLUG.png
+    title: str
+    caption: str
+    xlabel: str
+    ylabel: str
+    series: tuple[Series, ...]
+    kind: str = "line"  # "line" | "bars" (x holds bin indexes)
+    xticks: tuple[str, ...] = ()
+
+
+def _points(tensors: Sequence[TensorDiff]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    xs, ys = [], []
+    for i, d in enumerate(tensors):
+        if d.scaled_ulp is not None and math.isfinite(d.scaled_ulp):
+            xs.append(float(i))
+            ys.append(float(d.scaled_ulp))
+    return tuple(xs), tuple(ys)
+
+
+def _depth_series(crosses: Sequence[CrossBackendResult]) -> tuple[Series, ...]:
+    out = []
+    for c in crosses:
+        if c.status != "ok" or not c.tensors:
+            continue
+        x, y = _points(c.tensors)
+        if x:
+            out.append(Series(c.backend, x, y))
+    return tuple(out[: len(COLORS)])
+
+
+def _error_depth(r: Result) -> Figure | None:
+    oracle = _depth_series(r.oracle_error)
+    series, against = (
+        (oracle, "the float64 oracle") if oracle else (_depth_series(r.cross_backend), r.reference_used)
+    )
+    if not series:
+        return None
+    return Figure(
+        "error-depth",
+        f"Error growth with depth, against {against}",
+        f"Scaled ULP of every tensor against {against}, in model order (symlog scale): where error enters "
+        "and how it grows layer by layer.",
+        "tensor index (model order)",
+        "scaled ULP",
+        series,
+    )
+
+
+def _distribution(r: Result) -> Figure | None:
+    series = []
+    for c in r.cross_backend:
+        vals = [d.scaled_ulp for d in (c.tensors or c.output_tensors) if d.scaled_ulp is not None]
+        if c.status != "ok" or not vals:
+            continue
+        counts = [0] * len(BINS)
+        for v in vals:
+            counts[_bin(v)] += 1
+        series.append(
+            Series(c.backend, tuple(float(i) for i in range(len(BINS))), tuple(float(n) for n in counts))
+        )
+    if not series:
+        return None
+    return Figure(
+        "ulp-distribution",
+        f"Scaled-ULP distribution against {r.reference_used}",
+        f"How many tensors fall in each scaled-ULP range against {r.reference_used}, per backend.",
+        "scaled ULP",
+        "tensors",
+        tuple(series[: len(COLORS)]),
+        "bars",
+        tuple(b[2] for b in BINS),
+    )
+
+
+def _bin(v: float) -> int:
+    if v == 0:
+        return 0
+    return next(i for i, (lo, hi, _) in enumerate(BINS) if i and lo < v <= hi)
+
+
+def _batch(r: Result) -> Figure | None:
+    rows = []
+    for p in r.probes:
+        if p.name == "batch":
+            rows = list(getattr(p, "rows", ()))
+    series = []
+    for row in rows:
+        pts = [(float(depth), float(s)) for _, depth, _, s in row.by_depth if s is not None]
+        if row.status == "ok" and pts:
+            pts.sort()
+            series.append(
+                Series(
+                    f"{row.backend} (batch {row.batch})", tuple(x for x, _ in pts), tuple(y for _, y in pts)
+                )
+            )
+    if not series:
+        return None
+    return Figure(
+        "batch-invariance",
+        "Batch invariance: a sample alone vs inside a batch",
+        "Scaled ULP between a sample run alone and the same sample inside a batch, by layer depth.",
+        "layer depth",
+        "scaled ULP",
+        tuple(series[: len(COLORS)]),
+    )
+
+
+def _builds(r: Result) -> Figure | None:
+    series = []
+    for b in r.backends:
+        if not b.ok or b.builds < 2 or not b.build_diffs:
+            continue
+        x, y = _points(b.build_diffs)
+        if x:
+            series.append(Series(b.name, x, y))
+    if not series:
+        return None
+    return Figure(
+        "build-variance",
+        "Build variance per layer",
+        "Largest scaled ULP between fresh builds of the same backend, per tensor in model order; a flat zero "
+        "line means every build computed the same bits.",
+        "tensor index (model order)",
+        "scaled ULP",
+        tuple(series[: len(COLORS)]),
+    )
+
+
+def planned_figures(r: Result) -> list[Figure]:
+    """The figures this result has data for, in report order."""
+    return [f for f in (_error_depth(r), _distribution(r), _batch(r), _builds(r)) if f is not None]
+
+
+def render(fig: Figure) -> bytes:
+    """The figure as PNG bytes: same figure, same matplotlib, same bytes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure as MplFigure
+
+    f = MplFigure(figsize=(8, 4.5), dpi=100)
+    FigureCanvasAgg(f)
+    ax = f.add_subplot()
+    n = len(fig.series)
+    for i, s in enumerate(fig.series):
+        color = COLORS[i]
+        if fig.kind == "bars":
+            width = 0.8 / max(1, n)
+            ax.bar([x - 0.4 + width * (i + 0.5) for x in s.x], s.y, width, color=color, label=s.name)
+        else:
+            ax.plot(s.x, s.y, color=color, label=s.name, linewidth=1.5, marker="o", markersize=3)
+    if fig.kind == "bars":
+        ax.set_xticks(range(len(fig.xticks)), fig.xticks)
+    else:
+        ax.set_yscale("symlog", linthresh=1.0)
+        top = max((v for s in fig.series for v in s.y), default=1.0)
+        ticks = [0.0, 1.0]
+        while ticks[-1] < top:
+            ticks.append(ticks[-1] * 4)
+        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+        ax.set_ylim(bottom=0, top=ticks[-1])
+    ax.set_title(fig.title)
+    ax.set_xlabel(fig.xlabel)
+    ax.set_ylabel(fig.ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", fontsize="small")
+    f.tight_layout()
+    desc = json.dumps({"series": [{"name": s.name, "color": COLORS[i]} for i, s in enumerate(fig.series)]})
+    buf = io.BytesIO()
+    f.savefig(buf, format="png", metadata={"Software": None, "Title": fig.title, "Description": desc})
+    return buf.getvalue()
