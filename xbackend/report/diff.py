@@ -1,0 +1,170 @@
+"""`xbackend diff OLD.json NEW.json`: what changed between two comparisons.
+
+Environments and options key by key, the model and inputs, and per backend: status,
+determinism, whether the outputs kept their bits (per-tensor digests), the first
+tensor that moved (with its module), and the scaled ULP against the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from xbackend.results import BackendResult, Result
+from xbackend.textfmt import num, table
+from xbackend.values import value_name
+
+__all__ = ["ReportDiff", "diff_results"]
+
+
+@dataclass(frozen=True)
+class BackendChange:
+    backend: str
+    old: str  # "ok, deterministic" ... or "absent"
+    new: str
+    outputs_identical: bool | None  # None: not comparable (a side did not run, no digests, other inputs)
+    first_moved: str | None
+    moved: int
+    ulp_old: float | None
+    ulp_new: float | None
+
+    @property
+    def changed(self) -> bool:
+        return (
+            self.old != self.new
+            or self.outputs_identical is False
+            or self.moved > 0
+            or self.ulp_old != self.ulp_new
+        )
+
+
+@dataclass(frozen=True)
+class ReportDiff:
+    environment: tuple[tuple[str, str, str], ...]  # key, old, new ('–' when absent)
+    options: tuple[tuple[str, str, str], ...]
+    model: tuple[tuple[str, str, str], ...]
+    backends: tuple[BackendChange, ...]
+    modules: dict[str, str]
+    same_inputs: bool
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.environment or self.options or self.model) or any(b.changed for b in self.backends)
+
+    def markdown(self, old: str, new: str) -> str:
+        out = [f"# xbackend diff: {old} -> {new}", ""]
+        moved = [b for b in self.backends if b.first_moved]
+        if not self.changed:
+            out += ["Nothing changed: same environment, options, verdicts and bits.", ""]
+        for b in moved:
+            module = self.modules.get(value_name(b.first_moved or ""), "")
+            at = f" ({module})" if module else ""
+            what = "outputs moved" if b.outputs_identical is False else "outputs kept their bits"
+            out.append(
+                f"- {b.backend}: {what}; first tensor that moved: {b.first_moved}{at} ({b.moved} moved)"
+            )
+        if moved:
+            out.append("")
+        if not self.same_inputs:
+            out += ["The two comparisons were fed different inputs: their bits cannot be compared.", ""]
+        for title, rows in (
+            ("Model and inputs", self.model),
+            ("Environment", self.environment),
+            ("Options", self.options),
+        ):
+            if rows:
+                out += [f"## {title}", "", *table(["key", "old", "new"], [list(r) for r in rows])]
+        rows = [
+            [
+                b.backend,
+                b.old,
+                b.new,
+                {True: "yes", False: "**no**", None: "–"}[b.outputs_identical],
+                b.first_moved or "–",
+                num(b.ulp_old),
+                num(b.ulp_new),
+            ]
+            for b in self.backends
+        ]
+        out += [
+            "## Backends",
+            "",
+            *table(
+                [
+                    "backend",
+                    "old",
+                    "new",
+                    "outputs bit-identical",
+                    "first moved",
+                    "scaled ULP old",
+                    "scaled ULP new",
+                ],
+                rows,
+            ),
+        ]
+        return "\n".join(out)
+
+
+def _changes(old: dict[str, str], new: dict[str, str]) -> tuple[tuple[str, str, str], ...]:
+    return tuple(
+        (k, old.get(k, "–"), new.get(k, "–")) for k in sorted({*old, *new}) if old.get(k) != new.get(k)
+    )
+
+
+def _state(b: BackendResult | None) -> str:
+    if b is None:
+        return "absent"
+    if not b.ok:
+        return b.status
+    return "deterministic" if b.deterministic else f"NONDETERMINISTIC ({b.distinct_outputs} outputs)"
+
+
+def _backend(a: Result, b: Result, name: str, order: dict[str, int]) -> BackendChange:
+    ob = next((x for x in a.backends if x.name == name), None)
+    nb = next((x for x in b.backends if x.name == name), None)
+    identical: bool | None = None
+    first: str | None = None
+    moved = 0
+    if ob is not None and nb is not None and ob.ok and nb.ok and a.feeds.sha256 == b.feeds.sha256:
+        od, nd = dict(ob.output_digests), dict(nb.output_digests)
+        if od and nd:
+            identical = all(od.get(k) == v for k, v in nd.items()) and od.keys() == nd.keys()
+        ol = {**dict(ob.layer_digests), **od}
+        nl = {**dict(nb.layer_digests), **nd}
+        names = sorted((k for k in nl if k in ol and ol[k] != nl[k]), key=lambda k: order.get(k, len(order)))
+        moved = len(names)
+        first = names[0] if names else None
+    ulp = [
+        next((c.scaled_ulp for c in r.cross_backend if c.backend == name and c.status == "ok"), None)
+        for r in (a, b)
+    ]
+    return BackendChange(name, _state(ob), _state(nb), identical, first, moved, ulp[0], ulp[1])
+
+
+def _options(r: Result) -> dict[str, str]:
+    o = r.options
+    out = {
+        f.name: str(getattr(o, f.name))
+        for f in fields(o)
+        if f.name not in ("loads", "save_captures", "baseline")
+    }
+    for b in r.backends:
+        out.update({f"{b.name}.option.{k}": v for k, v in b.options})
+        out.update({f"{b.name}.info.{k}": v for k, v in b.info if (k, v) not in b.options})
+    return out
+
+
+def diff_results(a: Result, b: Result) -> ReportDiff:
+    order = {n: i for i, n in enumerate(b.model.tensor_order())}
+    names = list(dict.fromkeys([*(x.name for x in a.backends), *(x.name for x in b.backends)]))
+    model = _changes(
+        {"model.sha256": a.model.sha256, "inputs.sha256": a.feeds.sha256, "inputs.source": a.feeds.source},
+        {"model.sha256": b.model.sha256, "inputs.sha256": b.feeds.sha256, "inputs.source": b.feeds.source},
+    )
+    return ReportDiff(
+        _changes(dict(a.environment), dict(b.environment)),
+        _changes(_options(a), _options(b)),
+        model,
+        tuple(_backend(a, b, n, order) for n in names),
+        b.model.modules(),
+        a.feeds.sha256 == b.feeds.sha256,
+    )
