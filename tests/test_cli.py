@@ -49,10 +49,23 @@ def test_dynamic_dims_without_shape_exit_2(
 
 
 def test_bad_set_syntax_exits_2(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as e:
-        main(["compare", str(models["attention"]), "--set", "threads=1"])
-    assert e.value.code == 2
-    assert "expected BACKEND.OPTION=VALUE" in capsys.readouterr().err
+    code, out, err = run(capsys, "compare", str(models["attention"]), "--set", "threads=1")
+    assert code == 2 and out == ""
+    one_line_error(err, "--set: expected BACKEND.OPTION=VALUE (e.g. ort-cpu.threads=1), got 'threads=1'")
+
+
+def test_typer_usage_errors_are_one_line_with_a_pointer_to_help(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "compare", "m.onnx", "--runz", "2")
+    assert code == 2 and out == ""
+    one_line_error(err, "No such option: --runz")
+    assert err.rstrip().endswith("see `xbackend compare --help`")
+    code, _, err = run(capsys, "capture", "m.onnx", "-o", "out")
+    assert code == 2
+    one_line_error(err, "Missing option '--backend'; see `xbackend capture --help`")
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    for command in ("compare", "capture", "report", "diff", "backends", "export"):
+        assert command in out
 
 
 def test_unknown_backend_exits_2(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,10 +100,11 @@ def test_compare_writes_reports_and_exits_0(
     assert code == 0, err
     assert out.splitlines()[0].startswith("PASS")
     data = json.loads(js.read_text())
-    assert data["schema"] == "xbackend.report/1"
+    assert data["schema"] == "xbackend.report/2"
     assert data["inputs"]["values"] == [{"name": "image", "dtype": "float32", "shape": "[2,3,32,32]"}]
     assert "--shape image=2,3,32,32" in data["command"]
-    assert md.read_text().startswith("# xbackend report: convnet.onnx\n\n## Verdict\n\n- PASS")
+    assert md.read_text("utf-8").startswith("# xbackend report: convnet.onnx\n\n## Verdict\n\n- PASS")
+    assert (md.parent / "r.layers.csv").is_file() and (md.parent / "r.error-depth.png").is_file()
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ def test_same_inputs_give_byte_identical_reports(two_runs: tuple[xbackend.Result
 def test_json_schema(two_runs: tuple[xbackend.Result, xbackend.Result]) -> None:
     r = two_runs[0]
     data = json.loads(to_json(r))
-    assert data["schema"] == "xbackend.report/1"
+    assert data["schema"] == "xbackend.report/2"
     assert data["model"]["sha256"] == r.model.sha256 and data["model"]["path"].endswith("attention.onnx")
     assert data["inputs"]["seed"] == 0 and len(data["inputs"]["sha256"]) == 64
     names = [b["name"] for b in data["backends"]]
@@ -68,7 +68,9 @@ def test_markdown_sections_in_order(two_runs: tuple[xbackend.Result, xbackend.Re
     heads = [ln for ln in md.splitlines() if ln.startswith("## ")]
     assert heads == [
         "## Verdict",
+        "## Summary",
         "## Backends",
+        "## How to read this",
         "## All pairs at the outputs",
         "## Cross-backend, per layer",
         "## Observer effect",
