@@ -233,7 +233,8 @@ def test_fail_on_policies_have_their_exit_codes(
     assert code == 15 and "GATE: failure fired (exit 15): test-crash failed" in out
     drift = [
         "compare", str(models["attention"]), "--runs", "1", "--backends", "test-drift", "--probes", "threads",
-        "--probe-threads", "3", "--set", f"test-drift.state_dir={tmp_path}", "--set", "test-drift.drift_threads=3",
+        "--probe-threads", "3", "--set", f"test-drift.state_dir={tmp_path}",
+        "--set", "test-drift.drift_threads=3",
         "--set", "test-drift.drift_from=scores",
     ]  # fmt: skip
     code, out, _ = run(capsys, *drift, "--fail-on", "probe-warning")
@@ -357,7 +358,8 @@ def test_diff_names_what_changed(
     other = tmp_path / "other.json"
     assert main(["compare", str(TORCH_MLP), "--backends", "reference", "--runs", "1", "--probes", "none",
                  "--json", str(tmp_path / "v1.json")]) == 0  # fmt: skip
-    assert main(["compare", str(_nudged(tmp_path)), "--backends", "reference", "--runs", "1", "--probes", "none",
+    nudged = str(_nudged(tmp_path))
+    assert main(["compare", nudged, "--backends", "reference", "--runs", "1", "--probes", "none",
                  "--json", str(other)]) == 0  # fmt: skip
     capsys.readouterr()
     code, out, _ = run(capsys, "diff", str(tmp_path / "v1.json"), str(other), "-o", str(tmp_path / "d.md"))

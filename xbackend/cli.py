@@ -166,7 +166,8 @@ def compare(
         typer.Option(
             metavar="LIST",
             help=f"probes to run: {','.join(PROBES)}, 'all' or 'none' "
-            f"(default: {','.join(n for n, p in PROBES.items() if p.default)}, plus batch with --batch-invariance)",
+            f"(default: {','.join(n for n, p in PROBES.items() if p.default)}, "
+            "plus batch with --batch-invariance)",
         ),
     ] = None,
     batch_invariance: Annotated[
@@ -220,7 +221,8 @@ def compare(
         str | None,
         typer.Option(
             metavar="DIR",
-            help="write a portable capture of every backend that ran to DIR/BACKEND (a later --baseline or --load)",
+            help="write a portable capture of every backend that ran to DIR/BACKEND "
+            "(for a later --baseline or --load)",
         ),
     ] = None,
 ) -> int:
@@ -286,7 +288,7 @@ def capture(
     torch_module: TorchModule = None,
     trust_model_code: TrustCode = False,
 ) -> int:
-    """Run one backend and write a portable capture: inputs, outputs, every layer, fingerprints, environment."""
+    """Run one backend and write a portable capture: inputs, outputs, layers, fingerprints, environment."""
     from xbackend.compare import compare_with_options
     from xbackend.errors import RunnerFailedError
 

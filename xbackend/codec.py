@@ -63,7 +63,7 @@ def _tagged(cls: type) -> bool:
 
 @cache
 def _subclasses(base: type) -> dict[str, type]:
-    import xbackend.compare  # noqa: F401 - defines the failed-probe result
+    import xbackend.compare
     import xbackend.probes  # noqa: F401 - registers every probe result
 
     out: dict[str, type] = {}

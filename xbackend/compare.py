@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 
+from xbackend.baseline import Baseline, load_baseline
 from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.environment import collect_environment
 from xbackend.errors import InputError, ModelLoadError, UsageError
@@ -24,6 +25,7 @@ from xbackend.executor import Executor, Job, JobOutcome, standard_phases
 from xbackend.inputs import Feeds, generate_feeds, load_expected, load_feeds
 from xbackend.metrics import TensorDiff, is_constant, worst_per_tensor
 from xbackend.model import ModelSpec, downgrade_blockers, load_model
+from xbackend.portable import LoadedCapture, load_capture, write_capture
 from xbackend.probes import (
     PROBES,
     BackendRuns,
@@ -35,7 +37,6 @@ from xbackend.probes import (
 )
 from xbackend.probes.base import summarize
 from xbackend.progress import NullProgress, ProgressSink
-from xbackend.baseline import Baseline, load_baseline
 from xbackend.protocol import LAYERS, OUTPUTS, PhaseResult
 from xbackend.results import (
     EXPECTED,
@@ -48,7 +49,6 @@ from xbackend.results import (
     PairResult,
     Result,
 )
-from xbackend.portable import LoadedCapture, load_capture, write_capture
 from xbackend.runners.registry import get_runner
 from xbackend.storage import save_values
 from xbackend.values import Value, value_name, value_sha256
@@ -526,7 +526,8 @@ def _drift(b: BackendResult, mine: _Builds, base: Baseline, spec: ModelSpec, fee
             b.name,
             label,
             "not-comparable",
-            f"the baseline was fed other inputs (sha256 {theirs.feeds_sha256[:12]}, now {feeds.sha256[:12]}); "
+            f"the baseline was fed other inputs (sha256 {theirs.feeds_sha256[:12]}, "
+            f"now {feeds.sha256[:12]}); "
             + (
                 f"pass --inputs {theirs.capture.path} to feed the baseline's inputs"
                 if theirs.capture is not None

@@ -153,12 +153,13 @@ def _manifest(path: Path) -> dict[str, Any]:
         manifest = json.loads((path / MANIFEST).read_text("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise _bad(path, f"has a damaged {MANIFEST} ({type(e).__name__})") from e
-    fmt = manifest.get("format") if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict):
+        raise _bad(path, f"has a damaged {MANIFEST} (not an object)")
+    fmt = manifest.get("format")
     if fmt != FORMAT:
         raise InputError(
             f"capture {path} has format {fmt!r}; this xbackend reads {FORMAT!r}: load it with the "
-            f"xbackend version that wrote it ({manifest.get('xbackend', '?') if isinstance(manifest, dict) else '?'}),"
-            " or capture again with this one"
+            f"xbackend version that wrote it ({manifest.get('xbackend', '?')}), or capture again"
         )
     return dict(manifest)
 

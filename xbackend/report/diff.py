@@ -66,13 +66,13 @@ class ReportDiff:
             out.append("")
         if not self.same_inputs:
             out += ["The two comparisons were fed different inputs: their bits cannot be compared.", ""]
-        for title, rows in (
+        for title, changes in (
             ("Model and inputs", self.model),
             ("Environment", self.environment),
             ("Options", self.options),
         ):
-            if rows:
-                out += [f"## {title}", "", *table(["key", "old", "new"], [list(r) for r in rows])]
+            if changes:
+                out += [f"## {title}", "", *table(["key", "old", "new"], [list(r) for r in changes])]
         rows = [
             [
                 b.backend,
@@ -151,6 +151,12 @@ def _options(r: Result) -> dict[str, str]:
         out.update({f"{b.name}.option.{k}": v for k, v in b.options})
         out.update({f"{b.name}.info.{k}": v for k, v in b.info if (k, v) not in b.options})
     return out
+
+
+def _text(v: object) -> str:
+    if isinstance(v, tuple):
+        return ", ".join(_text(x) if not isinstance(x, tuple) else "=".join(map(str, x)) for x in v) or "–"
+    return "–" if v is None else str(v)
 
 
 def diff_results(a: Result, b: Result) -> ReportDiff:

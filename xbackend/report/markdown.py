@@ -120,8 +120,8 @@ def _how_to_read(stem: str | None) -> list[str]:
         "",
         "- **ULP**: units in the last place; **scaled ULP** measures each tensor at its own scale, so a few "
         "units are normal when engines sum in another order, and hundreds are not.",
-        "- **Deterministic** means identical bits in every run and every fresh build; **first divergence** is "
-        "the first tensor, in model order, whose bits differ from the reference: look there first.",
+        "- **Deterministic** means identical bits in every run and every fresh build; **first divergence** "
+        "is the first tensor, in model order, whose bits differ from the reference: look there first.",
         "- Output figures come from the model you ship; per-layer figures from a build with every "
         "intermediate exposed (see *Observer effect* when they differ).",
         f"- Sections below are folded: click to open.{csv} The JSON twin holds everything.",
@@ -241,10 +241,8 @@ def _layer_tables(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str
         return [*out, f"Not compared: {c.reason}.", ""]
     first = c.first_divergence
     where = f"{first} ({modules[value_name(first)]})" if first and modules.get(value_name(first)) else first
-    summary = (
-        f"{len(c.tensors)} tensors; outputs {'bitwise equal' if c.bitwise_equal else _num(c.scaled_ulp) + ' scaled ULP'}"
-        f"; first divergence {where or 'none'}"
-    )
+    outs = "bitwise equal" if c.bitwise_equal else f"{_num(c.scaled_ulp)} scaled ULP"
+    summary = f"{len(c.tensors)} tensors; outputs {outs}; first divergence {where or 'none'}"
     return [*out, f"<details><summary>{summary}</summary>", "", *_layer_body(c, modules), "</details>", ""]
 
 
