@@ -9,11 +9,12 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from xbackend.metrics import TensorDiff
 from xbackend.results import CrossBackendResult, Result
+from xbackend.values import value_name
 
 __all__ = ["COLORS", "Figure", "planned_figures", "render"]
 
@@ -59,30 +60,39 @@ class Figure:
     xticks: tuple[str, ...] = ()
 
 
-def _points(tensors: Sequence[TensorDiff]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    xs, ys = [], []
-    for i, d in enumerate(tensors):
-        if d.scaled_ulp is not None and math.isfinite(d.scaled_ulp):
-            xs.append(float(i))
-            ys.append(float(d.scaled_ulp))
-    return tuple(xs), tuple(ys)
+def _points(
+    tensors: Sequence[TensorDiff], rank: Mapping[str, int]
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(position in the model's order, scaled ULP): backends that expose different tensors (torch
+    maps only module outputs) still line up by layer."""
+    pts = sorted(
+        (float(rank.get(value_name(d.name), len(rank))), float(d.scaled_ulp))
+        for d in tensors
+        if d.scaled_ulp is not None and math.isfinite(d.scaled_ulp)
+    )
+    return tuple(x for x, _ in pts), tuple(y for _, y in pts)
 
 
-def _depth_series(crosses: Sequence[CrossBackendResult]) -> tuple[Series, ...]:
+def _rank(r: Result) -> dict[str, int]:
+    return {n: i for i, n in enumerate(r.model.tensor_order())}
+
+
+def _depth_series(crosses: Sequence[CrossBackendResult], rank: Mapping[str, int]) -> tuple[Series, ...]:
     out = []
     for c in crosses:
         if c.status != "ok" or not c.tensors:
             continue
-        x, y = _points(c.tensors)
+        x, y = _points(c.tensors, rank)
         if x:
             out.append(Series(c.backend, x, y))
     return tuple(out[: len(COLORS)])
 
 
 def _error_depth(r: Result) -> Figure | None:
-    oracle = _depth_series(r.oracle_error)
+    rank = _rank(r)
+    oracle = _depth_series(r.oracle_error, rank)
     series, against = (
-        (oracle, "the float64 oracle") if oracle else (_depth_series(r.cross_backend), r.reference_used)
+        (oracle, "the float64 oracle") if oracle else (_depth_series(r.cross_backend, rank), r.reference_used)
     )
     if not series:
         return None
@@ -158,10 +168,11 @@ def _batch(r: Result) -> Figure | None:
 
 def _builds(r: Result) -> Figure | None:
     series = []
+    rank = _rank(r)
     for b in r.backends:
         if not b.ok or b.builds < 2 or not b.build_diffs:
             continue
-        x, y = _points(b.build_diffs)
+        x, y = _points(b.build_diffs, rank)
         if x:
             series.append(Series(b.name, x, y))
     if not series:
