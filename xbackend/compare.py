@@ -22,7 +22,7 @@ from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.environment import collect_environment
 from xbackend.errors import InputError, ModelLoadError, UsageError
 from xbackend.executor import Executor, Job, JobOutcome, standard_phases
-from xbackend.inputs import Feeds, generate_feeds, load_expected, load_feeds
+from xbackend.inputs import Feeds, capture_feeds, generate_feeds, load_expected, load_feeds
 from xbackend.metrics import TensorDiff, is_constant, worst_per_tensor
 from xbackend.model import ModelSpec, downgrade_blockers, load_model
 from xbackend.portable import LoadedCapture, load_capture, write_capture
@@ -162,7 +162,7 @@ def _feeds_for(
     """The comparison's feeds; with --load, the first capture's inputs unless others were asked for,
     and every capture must have been fed the same bytes."""
     if loaded and not (opts.inputs or opts.shapes or opts.ranges or opts.seed):
-        feeds, expected = load_feeds(loaded[0].path, spec), None
+        feeds, expected = capture_feeds(loaded[0], spec), None  # already checked: not hashed again
     else:
         feeds, expected = _feeds(spec, opts)
     for cap in loaded:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,8 +20,12 @@ from xbackend.model import ModelSpec, TensorSpec, np_dtype
 from xbackend.storage import ValueFile, save_values
 from xbackend.values import Value, describe, normalize, value_sha256
 
+if TYPE_CHECKING:
+    from xbackend.portable import LoadedCapture
+
 __all__ = [
     "Feeds",
+    "capture_feeds",
     "feeds_sha256",
     "generate_feeds",
     "load_expected",
@@ -263,7 +267,9 @@ def load_feeds(path: str | os.PathLike[str], spec: ModelSpec) -> Feeds:
     matched to the model's inputs by name, else by position)."""
     p = Path(path)
     if p.is_dir() and (p / "capture.json").is_file():
-        return _load_capture_feeds(p, spec)
+        from xbackend.portable import load_capture
+
+        return capture_feeds(load_capture(p), spec)
     if p.is_file() and p.suffix == ".xbv":
         values = _load_xbv(p, spec)
         source = str(p)
@@ -287,15 +293,12 @@ def load_feeds(path: str | os.PathLike[str], spec: ModelSpec) -> Feeds:
     return Feeds.from_arrays(values, None, source)
 
 
-def _load_capture_feeds(p: Path, spec: ModelSpec) -> Feeds:
-    """A capture's inputs (checked against its checksums), with the seed and ranges it records."""
-    from xbackend.portable import load_capture
-
-    cap = load_capture(p)
+def capture_feeds(cap: LoadedCapture, spec: ModelSpec) -> Feeds:
+    """A checked capture's inputs, with the seed and ranges it records."""
     values = _load_xbv(cap.inputs_path, spec)
     for i in spec.inputs:
-        _check_value(i, values[i.name], f"--inputs {p}")
-    return Feeds.from_arrays(values, cap.feeds.seed, f"capture {p}", cap.feeds.ranges)
+        _check_value(i, values[i.name], f"--inputs {cap.path}")
+    return Feeds.from_arrays(values, cap.feeds.seed, f"capture {cap.path}", cap.feeds.ranges)
 
 
 def _load_xbv(p: Path, spec: ModelSpec) -> dict[str, Value]:
