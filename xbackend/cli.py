@@ -20,6 +20,7 @@ from xbackend.gating import POLICIES
 from xbackend.inputs import parse_range, parse_shape
 from xbackend.probes import PROBES
 from xbackend.results import DEFAULT_BACKENDS, DEFAULT_MAX_ULP, CompareOptions
+from xbackend.textfmt import short
 
 __all__ = ["app", "main"]
 
@@ -452,16 +453,12 @@ def _print_summary(result: Any) -> None:
         print(
             f"  {c.backend} vs {c.reference}: bitwise {'equal' if c.bitwise_equal else 'different'}, "
             + (
-                f"{_fmt(c.scaled_ulp)} scaled ULP (raw max ULP {c.max_ulp})"
+                f"{short(c.scaled_ulp)} scaled ULP (raw max ULP {c.max_ulp})"
                 if c.scaled_ulp is not None
                 else "compared exactly"
             )
             + f" at outputs; first divergence {c.first_divergence or 'none'}"
         )
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

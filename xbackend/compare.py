@@ -547,12 +547,9 @@ def _drift(b: BackendResult, mine: _Builds, base: Baseline, spec: ModelSpec, fee
         moved.sort(key=lambda n: rank.get(value_name(n), len(rank)))
         status = "drifted" if moved else "identical"
         return Drift(b.name, label, status, "", True, tuple(outs), tuple(layers), tuple(moved))
-    mine_d = {**dict(b.layer_digests), **dict(b.output_digests)}
-    theirs_d = {**dict(theirs.result.layer_digests), **dict(theirs.result.output_digests)}
-    if not theirs_d:
+    if not theirs.result.digests():
         return Drift(b.name, label, "not-comparable", "the baseline report records no tensor digests")
-    common = [n for n in mine_d if n in theirs_d]
-    moved = sorted((n for n in common if mine_d[n] != theirs_d[n]), key=lambda n: rank.get(n, len(rank)))
+    moved = b.moved_since(theirs.result, rank)
     return Drift(b.name, label, "drifted" if moved else "identical", "", False, (), (), tuple(moved))
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from xbackend.errors import UsageError
+from xbackend.textfmt import short
 
 if TYPE_CHECKING:
     from xbackend.results import Result
@@ -128,7 +129,7 @@ def _ulp(r: Result, n: float | None) -> str:
         worst = [d for d in c.output_tensors if d.exceeds(limit)]
         if worst:
             out.append(
-                f"{c.backend} vs {c.reference}: {_fmt(c.scaled_ulp)} scaled ULP at the outputs "
+                f"{c.backend} vs {c.reference}: {short(c.scaled_ulp)} scaled ULP at the outputs "
                 f"(first past {limit:g}: {worst[0].name})"
             )
     return "; ".join(out)
@@ -140,7 +141,7 @@ def _baseline(r: Result, _: float | None) -> str:
     out = []
     for d in r.baseline:
         if d.drifted:
-            size = f", {_fmt(d.scaled_ulp)} scaled ULP at the outputs" if d.measured else ""
+            size = f", {short(d.scaled_ulp)} scaled ULP at the outputs" if d.measured else ""
             out.append(f"{d.backend} moved from the baseline{size}; first moved {d.first_moved}")
         elif d.status == "not-comparable":
             out.append(f"{d.backend} not comparable with the baseline: {d.reason}")
@@ -153,10 +154,6 @@ def _probe_warning(r: Result, _: float | None) -> str:
 
 def _failure(r: Result, _: float | None) -> str:
     return "; ".join(f"{b.name} {b.status}: {b.reason}" for b in r.failed)
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
 
 
 _CHECKS = {

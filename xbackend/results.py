@@ -12,6 +12,7 @@ from xbackend.gating import Gate, evaluate
 from xbackend.metrics import TensorDiff, worst_per_tensor
 from xbackend.model import ModelSpec
 from xbackend.probes.base import ProbeResult
+from xbackend.textfmt import short, with_module
 from xbackend.values import value_name
 
 __all__ = [
@@ -291,6 +292,16 @@ class BackendResult:
         v = self.varying()
         return v[0].name if v else None
 
+    def digests(self) -> dict[str, str]:
+        """Every captured tensor's digest; graph outputs as the plain build (what users ship) gave them."""
+        return {**dict(self.layer_digests), **dict(self.output_digests)}
+
+    def moved_since(self, old: BackendResult, order: Mapping[str, int]) -> list[str]:
+        """Tensors both captured whose digests differ from `old`'s, in `order` (model order)."""
+        mine, theirs = self.digests(), old.digests()
+        moved = (n for n in mine if n in theirs and mine[n] != theirs[n])
+        return sorted(moved, key=lambda n: order.get(n, len(order)))
+
 
 @dataclass(frozen=True)
 class CrossBackendResult:
@@ -565,7 +576,7 @@ class Result:
         lines = []
         for b in self.nondeterministic:
             worst = max(b.varying(), key=lambda d: d.severity(), default=None)
-            at = f" ({_fmt(worst.scaled_ulp)} scaled ULP at worst, {worst.name})" if worst else ""
+            at = f" ({short(worst.scaled_ulp)} scaled ULP at worst, {worst.name})" if worst else ""
             lines.append(
                 f"FAIL: {b.name} is nondeterministic: {b.distinct_outputs} distinct outputs in "
                 f"{b.runs * b.builds} runs{at}; first varying tensor {b.first_nondeterministic}"
@@ -574,7 +585,7 @@ class Result:
             against = "the expected outputs" if c.reference == EXPECTED else c.reference
             lines.append(
                 f"FAIL: {c.backend} differs from {against} beyond {c.max_ulp_tolerance:g} scaled ULP "
-                f"at the outputs (worst {_fmt(c.scaled_ulp)} scaled ULP); "
+                f"at the outputs (worst {short(c.scaled_ulp)} scaled ULP); "
                 f"first tensor past tolerance {c.first_violation}"
             )
         lines += [f"FAIL: {b.name} {b.status}: {b.reason}" for b in self.failed]
@@ -591,7 +602,7 @@ class Result:
             if b.observer is not None and b.observer.outputs_changed:
                 out.append(
                     f"WARN: observer effect on {b.name}: exposing intermediates changed its graph outputs "
-                    f"({_fmt(b.observer.scaled_ulp)} scaled ULP); output figures come from the plain model, "
+                    f"({short(b.observer.scaled_ulp)} scaled ULP); output figures come from the plain model, "
                     "per-layer tables from the instrumented one"
                 )
             if b.layers_error:
@@ -616,16 +627,12 @@ class Result:
         for d in self.baseline:
             if d.drifted:
                 size = (
-                    f": {_fmt(d.scaled_ulp)} scaled ULP (raw {d.max_ulp}) at the outputs"
+                    f": {short(d.scaled_ulp)} scaled ULP (raw {d.max_ulp}) at the outputs"
                     if d.measured and d.outputs_moved
                     else (": the outputs are bit-identical, intermediates moved" if d.measured else "")
                 )
-                module = self.model.modules().get(value_name(d.first_moved or ""), "")
-                at = f" ({module})" if module else ""
-                out.append(
-                    f"DRIFT: {d.backend} moved from the baseline{size}; first moved tensor "
-                    f"{d.first_moved}{at}"
-                )
+                first = with_module(d.first_moved or "", self.model.modules())
+                out.append(f"DRIFT: {d.backend} moved from the baseline{size}; first moved tensor {first}")
             elif d.status == "not-comparable":
                 out.append(f"DRIFT: {d.backend} cannot be compared with the baseline: {d.reason}")
         return out
@@ -652,7 +659,3 @@ class Result:
                 f"{self.options.max_ulp:g} scaled ULP of {self.reference_used} at the outputs",
             )
         return self._gate_lines() + lines
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"

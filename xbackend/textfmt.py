@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-__all__ = ["cell", "num", "table", "yes"]
+from xbackend.values import value_name
+
+__all__ = ["cell", "num", "short", "table", "with_module", "yes"]
 
 
 def num(x: float | int | None) -> str:
@@ -18,6 +20,17 @@ def num(x: float | int | None) -> str:
     if x == 0:
         return "0"
     return f"{x:.3g}"
+
+
+def short(x: float | None) -> str:
+    """Three significant digits for prose; 'n/a' when there is no figure."""
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def with_module(tensor: str, modules: Mapping[str, str]) -> str:
+    """`tensor (module)` where the model records the tensor's source module, else `tensor`."""
+    module = modules.get(value_name(tensor), "")
+    return f"{tensor} ({module})" if module else tensor
 
 
 def cell(text: object) -> str:

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from xbackend.results import BackendResult, Result
-from xbackend.textfmt import num, table
-from xbackend.values import value_name
+from xbackend.textfmt import num, table, with_module
 
 __all__ = ["ReportDiff", "diff_results"]
 
@@ -56,12 +55,9 @@ class ReportDiff:
         if not self.changed:
             out += ["Nothing changed: same environment, options, verdicts and bits.", ""]
         for b in moved:
-            module = self.modules.get(value_name(b.first_moved or ""), "")
-            at = f" ({module})" if module else ""
             what = "outputs moved" if b.outputs_identical is False else "outputs kept their bits"
-            out.append(
-                f"- {b.backend}: {what}; first tensor that moved: {b.first_moved}{at} ({b.moved} moved)"
-            )
+            first = with_module(b.first_moved or "", self.modules)
+            out.append(f"- {b.backend}: {what}; first tensor that moved: {first} ({b.moved} moved)")
         if moved:
             out.append("")
         if not self.same_inputs:
@@ -128,9 +124,7 @@ def _backend(a: Result, b: Result, name: str, order: dict[str, int]) -> BackendC
         od, nd = dict(ob.output_digests), dict(nb.output_digests)
         if od and nd:
             identical = all(od.get(k) == v for k, v in nd.items()) and od.keys() == nd.keys()
-        ol = {**dict(ob.layer_digests), **od}
-        nl = {**dict(nb.layer_digests), **nd}
-        names = sorted((k for k in nl if k in ol and ol[k] != nl[k]), key=lambda k: order.get(k, len(order)))
+        names = nb.moved_since(ob, order)
         moved = len(names)
         first = names[0] if names else None
     ulp = [

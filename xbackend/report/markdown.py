@@ -11,6 +11,7 @@ from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, CrossBackendResult, Result
 from xbackend.textfmt import num as _num
 from xbackend.textfmt import table as _table
+from xbackend.textfmt import with_module
 from xbackend.textfmt import yes as _yes
 from xbackend.values import value_name
 
@@ -47,10 +48,7 @@ def _fold(title: str, summary: str, body: list[str]) -> list[str]:
 
 
 def _modules_note(r: Result, tensor: str | None) -> str:
-    if not tensor:
-        return "–"
-    module = r.model.modules().get(value_name(tensor), "")
-    return f"{tensor} ({module})" if module else tensor
+    return with_module(tensor, r.model.modules()) if tensor else "–"
 
 
 def _summary(r: Result) -> list[str]:
@@ -240,7 +238,7 @@ def _layer_tables(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str
     if c.status != "ok":
         return [*out, f"Not compared: {c.reason}.", ""]
     first = c.first_divergence
-    where = f"{first} ({modules[value_name(first)]})" if first and modules.get(value_name(first)) else first
+    where = with_module(first, modules) if first else None
     outs = "bitwise equal" if c.bitwise_equal else f"{_num(c.scaled_ulp)} scaled ULP"
     summary = f"{len(c.tensors)} tensors; outputs {outs}; first divergence {where or 'none'}"
     return [*out, f"<details><summary>{summary}</summary>", "", *_layer_body(c, modules), "</details>", ""]
