@@ -9,21 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from xbackend.cli import main
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(err: str, pattern: str) -> None:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("xbackend: error: ")
-    assert pattern in lines[0], lines[0]
+from cli_helpers import one_line_error, run
 
 
 def test_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

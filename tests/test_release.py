@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from cli_helpers import one_line_error, run
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 from PIL import Image
@@ -27,18 +28,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_MLP = ROOT / "models" / "torch_mlp.onnx"
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(err: str, pattern: str) -> None:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("xbackend: error: "), err
-    assert pattern in lines[0], lines[0]
 
 
 def _bits(v: object) -> object:

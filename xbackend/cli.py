@@ -70,6 +70,27 @@ def _torch_options(backends: str, torch_module: str | None, trust: bool) -> tupl
     return out
 
 
+def _run_inputs(
+    backends: str,
+    seed: int,
+    shape: list[str] | None,
+    inputs: str | None,
+    ranges: list[str] | None,
+    sets: list[str] | None,
+    torch_module: str | None,
+    trust: bool,
+) -> dict[str, Any]:
+    """The CompareOptions fields compare and capture share: what is fed and how runners are set."""
+    return {
+        "seed": seed,
+        "shapes": tuple(parse_shape(s) for s in shape or ()),
+        "inputs": inputs,
+        "ranges": tuple(parse_range(r) for r in ranges or ()),
+        "runner_options": tuple(_set_option(s) for s in sets or ())
+        + _torch_options(backends, torch_module, trust),
+    }
+
+
 # Options shared by compare and capture, declared once.
 ModelArg = Annotated[str, typer.Argument(help="path to an .onnx file", show_default=False)]
 Runs = Annotated[int, typer.Option(help="runs per session")]
@@ -235,9 +256,6 @@ def compare(
         reference=reference,
         runs=runs,
         builds=builds,
-        seed=seed,
-        shapes=tuple(parse_shape(s) for s in shape or ()),
-        inputs=inputs,
         max_ulp=max_ulp,
         outputs_only=outputs_only,
         timeout=timeout,
@@ -245,9 +263,7 @@ def compare(
         batch_invariance=batch_invariance,
         probe_threads=probe_threads,
         timings=timings,
-        ranges=tuple(parse_range(r) for r in ranges or ()),
-        runner_options=tuple(_set_option(s) for s in sets or ())
-        + _torch_options(backends, torch_module, trust_model_code),
+        **_run_inputs(backends, seed, shape, inputs, ranges, sets, torch_module, trust_model_code),
         loads=list(load or ()),
         baseline=baseline,
         fail_on=fail_on,
@@ -299,15 +315,10 @@ def capture(
         backends=[backend],
         runs=runs,
         builds=builds,
-        seed=seed,
-        shapes=tuple(parse_shape(s) for s in shape or ()),
-        inputs=inputs,
         outputs_only=outputs_only,
         timeout=timeout,
         probes="none",
-        ranges=tuple(parse_range(r) for r in ranges or ()),
-        runner_options=tuple(_set_option(s) for s in sets or ())
-        + _torch_options(backend, torch_module, trust_model_code),
+        **_run_inputs(backend, seed, shape, inputs, ranges, sets, torch_module, trust_model_code),
     )
     result = compare_with_options(model, opts, _progress(no_progress), capture_to=output)
     b = result.backend(backend)

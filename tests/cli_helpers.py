@@ -1,0 +1,20 @@
+"""Running the CLI in-process from tests, and the one-line error every failure must give."""
+
+from __future__ import annotations
+
+import pytest
+
+from xbackend.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err: str, pattern: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("xbackend: error: ")
+    assert pattern in lines[0], lines[0]
