@@ -45,7 +45,7 @@ app.add_typer(export_app, name="export")
 
 def _set_option(text: str) -> tuple[str, str, str]:
     key, sep, value = text.partition("=")
-    backend, dot, name = key.partition(".")
+    backend, dot, name = key.rpartition(".")  # a label may hold dots (ort-cpu@1.20.threads)
     if not sep or not dot or not backend or not name:
         raise UsageError(f"--set: expected BACKEND.OPTION=VALUE (e.g. ort-cpu.threads=1), got {text!r}")
     return backend, name, value
@@ -56,7 +56,7 @@ TORCH_BACKENDS = ("torch", "torch-compile", "torch-compile-autotune", "torch-cud
 
 def _torch_options(backends: str, torch_module: str | None, trust: bool) -> tuple[tuple[str, str, str], ...]:
     out: tuple[tuple[str, str, str], ...] = ()
-    chosen = [b for b in backends.split(",") if b in TORCH_BACKENDS]
+    chosen = [b for b in backends.split(",") if b.partition("@")[0] in TORCH_BACKENDS]
     if (torch_module or trust) and not chosen:
         flag = "--torch-module" if torch_module else "--trust-model-code"
         raise UsageError(

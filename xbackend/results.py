@@ -111,7 +111,15 @@ class CompareOptions:
         if not self.backends:
             raise UsageError("no backends given; pass --backends, e.g. --backends ort-cpu,reference")
         if len(set(self.backends)) != len(self.backends):
-            raise UsageError(f"--backends lists a backend twice: {','.join(self.backends)}")
+            twice = next(b for b in self.backends if self.backends.count(b) > 1)
+            raise UsageError(
+                f"--backends lists {twice} twice; to run it under other settings list it again under "
+                f"a label, e.g. {twice.partition('@')[0]}@other, and --set {twice.partition('@')[0]}@other.OPTION=VALUE"
+            )
+        from xbackend.runners.registry import split_instance
+
+        for b in self.backends:
+            split_instance(b)  # UsageError for a malformed label
         if self.runs < 1 or self.builds < 1:
             raise UsageError(f"--runs and --builds must be >= 1 (got runs={self.runs}, builds={self.builds})")
         if self.timeout <= 0:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import re
 from dataclasses import dataclass
 
-from xbackend.errors import BackendUnavailableError
+from xbackend.errors import BackendUnavailableError, UsageError
 from xbackend.runners.base import Availability, Runner
 
-__all__ = ["RunnerEntry", "get_runner", "list_runners", "runner_names"]
+__all__ = ["RunnerEntry", "get_runner", "list_runners", "runner_names", "split_instance"]
 
 ENTRY_POINT_GROUP = "xbackend.runners"
 
@@ -81,8 +82,30 @@ def list_runners() -> list[RunnerEntry]:
     return [_entry(n, t) for n, t in sorted(_targets().items())]
 
 
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+def split_instance(name: str) -> tuple[str, str]:
+    """'ort-cpu@1t' -> ('ort-cpu', '1t'); a plain name has the label ''."""
+    base, at, label = name.partition("@")
+    if at and not _LABEL.match(label):
+        raise UsageError(
+            f"backend {name!r}: a label after @ is letters, digits, '_', '.', '+' or '-' (e.g. ort-cpu@1t)"
+        )
+    return base, label
+
+
+def runner_target(name: str) -> str:
+    """'module:Class' of the runner `name` (an instance's base runner)."""
+    base, _ = split_instance(name)
+    get_runner(base)
+    return _targets()[base]
+
+
 def get_runner(name: str) -> type[Runner]:
-    """The runner class for `name`; BackendUnavailableError listing the known ones otherwise."""
+    """The runner class for `name` (or the runner an instance NAME@LABEL is of);
+    BackendUnavailableError listing the known ones otherwise."""
+    name, _ = split_instance(name)
     targets = _targets()
     if name not in targets:
         known = [e.name if e.availability.available else f"{e.name} (unavailable)" for e in list_runners()]
