@@ -387,7 +387,7 @@ def backends() -> int:
         if e.description:
             print(f"{'':12s} {e.description}")
         try:
-            specs = get_runner(e.name).option_specs
+            specs = get_runner(e.name).all_option_specs()
         except XbackendError:
             specs = ()
         for s in specs:

@@ -22,6 +22,7 @@ from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.environment import collect_environment
 from xbackend.errors import InputError, ModelLoadError, UsageError
 from xbackend.executor import Executor, Job, JobOutcome, standard_phases
+from xbackend.foreign import probe_interpreter
 from xbackend.inputs import Feeds, capture_feeds, generate_feeds, load_expected, load_feeds
 from xbackend.metrics import TensorDiff, is_constant, worst_per_tensor
 from xbackend.model import ModelSpec, downgrade_blockers, load_model
@@ -49,7 +50,8 @@ from xbackend.results import (
     PairResult,
     Result,
 )
-from xbackend.runners.registry import get_runner
+from xbackend.runners.base import PYTHON_OPTION
+from xbackend.runners.registry import get_runner, runner_target
 from xbackend.storage import save_values
 from xbackend.values import Value, value_name, value_sha256
 
@@ -187,7 +189,8 @@ def _run(
     loaded: Sequence[LoadedCapture] = (),
     capture_to: str | os.PathLike[str] | None = None,
 ) -> Result:
-    ex = Executor(spec, ctx.work, opts.timeout, bar)
+    max_ir = {p.interpreter.path: p.interpreter.max_ir for p in planned if p.interpreter}
+    ex = Executor(spec, ctx.work, opts.timeout, bar, max_ir)
     mains = {p.name: _main_jobs(p, spec, opts, ctx.feeds_path) for p in planned}
     probe_jobs = {(pr.name, p.name): pr.jobs(p) for pr in probes for p in planned if p.cls is not None}
     bar.start(sum(j.steps for js in [*mains.values(), *probe_jobs.values()] for j in js))
@@ -338,6 +341,11 @@ def _plan(
         save_values(path, expected)
         raw = {**raw, "file": str(path)}
     resolved = cls.resolve_options(raw)  # bad option: UsageError before anything runs
+    if resolved[PYTHON_OPTION.name]:  # another environment: ask it, not this one
+        it = probe_interpreter(resolved[PYTHON_OPTION.name], runner_target(name))
+        if not it.available:
+            return PlannedBackend(name, None, resolved, raw, it.reason, it)
+        return PlannedBackend(name, cls, resolved, raw, interpreter=it)
     avail = cls.availability()
     if not avail.available:
         return PlannedBackend(name, None, resolved, raw, avail.reason)
@@ -369,7 +377,7 @@ def _ir_blocker(spec: ModelSpec, proto: onnx.ModelProto, p: PlannedBackend, note
     if p.cls is None:
         return ""
     try:
-        max_ir = p.cls.max_ir_version()
+        max_ir = p.interpreter.max_ir if p.interpreter else p.cls.max_ir_version()
     except Exception:  # the worker will report the real problem
         return ""
     if max_ir is None or spec.ir_version <= max_ir:
@@ -411,10 +419,10 @@ def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResu
     p = b.planned
     options = tuple(sorted((k, str(v)) for k, v in p.options.items() if k != "file" or p.name != EXPECTED))
     if p.cls is None:
-        return BackendResult(p.name, "unavailable", p.unavailable, options)
+        return BackendResult(p.name, "unavailable", p.unavailable, options, p.interpreter_info())
     failed = next((o for o in b.outcomes if not o.ok), None)
     if failed is not None:
-        info = failed.result.info
+        info = tuple(sorted({**dict(failed.result.info), **dict(p.interpreter_info())}.items()))
         return BackendResult(
             p.name, failed.outcome.status, failed.reason, options, info, opts.runs, len(b.outcomes)
         )
@@ -433,7 +441,7 @@ def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResu
         name=p.name,
         status="ok",
         options=options,
-        info=first.outputs.info,
+        info=tuple(sorted({**dict(first.outputs.info), **dict(p.interpreter_info())}.items())),
         runs=opts.runs,
         builds=len(b.outcomes),
         deterministic=all(len(set(hs)) == 1 for hs in cap_hashes.values()),

@@ -8,14 +8,16 @@ progress bar covers all of it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from xbackend.foreign import stage_model
 from xbackend.isolation import WorkerOutcome, run_batch
 from xbackend.model import ModelSpec
 from xbackend.progress import ProgressSink
 from xbackend.protocol import LAYERS, OUTPUTS, Phase, PhaseResult, WorkerJob, WorkerResult
-from xbackend.runners.base import Runner
+from xbackend.runners.base import PYTHON_OPTION, Runner
+from xbackend.runners.registry import runner_target
 
 __all__ = ["Executor", "Job", "JobOutcome", "PhaseSpec", "separate_layers", "standard_phases"]
 
@@ -67,6 +69,11 @@ class Job:
     phases: tuple[PhaseSpec, ...] = ()
     kind: str = "main"  # "main" | "opt-levels"
     fingerprint: bool = False
+
+    @property
+    def python(self) -> str:
+        """The interpreter the worker runs under ('' for this one): the runner option python."""
+        return str(self.cls.resolve_options(dict(self.raw_options))[PYTHON_OPTION.name])
 
     @property
     def steps(self) -> int:
@@ -126,24 +133,41 @@ class JobOutcome:
 class Executor:
     """Runs jobs in worker processes under one work directory, advancing one progress bar."""
 
-    def __init__(self, spec: ModelSpec, work: Path, timeout: float, bar: ProgressSink) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        work: Path,
+        timeout: float,
+        bar: ProgressSink,
+        max_ir: Mapping[str, int | None] | None = None,
+    ) -> None:
         self.spec = spec
         self.work = work
         self.timeout = timeout
         self.bar = bar
+        # interpreter -> the highest IR its engine reads, for models staged for foreign workers
+        self.max_ir = dict(max_ir or {})
 
     def _worker_job(self, job: Job, job_dir: Path) -> WorkerJob:
+        model = self.spec.ref()
+        phases = tuple(_phase(p, job_dir) for p in job.phases)
+        if job.python:  # the worker has no onnx: models are prepared here, per phase
+            max_ir = self.max_ir.get(job.python)
+            staged = self.work / "staged-models"
+            phases = tuple(replace(p, model=stage_model(model, p.tensors, max_ir, staged)) for p in phases)
+            model = stage_model(model, (), max_ir, staged)
         return WorkerJob(
             backend=job.backend,
             options=dict(job.raw_options),
-            model=self.spec.ref(),
+            model=model,
             outputs=self.spec.output_names,
             op_types=self.spec.op_types(),
             feeds=str(job.feeds),
             result=str(job_dir / "result.json"),
-            phases=tuple(_phase(p, job_dir) for p in job.phases),
+            phases=phases,
             kind=job.kind,
             fingerprint=job.fingerprint,
+            target=runner_target(job.backend),
         )
 
     def run(self, job: Job) -> JobOutcome:
@@ -165,7 +189,7 @@ class Executor:
             self.bar.advance()
 
         batch = [(self._worker_job(j, d), d) for j, d in zip(jobs, dirs, strict=True)]
-        outcomes = run_batch(batch, self.timeout, jobs[0].env(), tick)
+        outcomes = run_batch(batch, self.timeout, jobs[0].env(), tick, jobs[0].python)
         self.bar.advance(max(0, sum(j.steps for j in jobs) - seen))
         return [JobOutcome(j, o) for j, o in zip(jobs, outcomes, strict=True)]
 
@@ -189,7 +213,7 @@ class Executor:
 
 
 def _same_process(a: Job, b: Job) -> bool:
-    return a.cls is b.cls and a.cls.shares_process and a.env() == b.env()
+    return a.cls is b.cls and a.cls.shares_process and a.env() == b.env() and a.python == b.python
 
 
 def _phase(p: PhaseSpec, job_dir: Path) -> Phase:

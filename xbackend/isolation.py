@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xbackend.foreign import foreign_env, worker_path
 from xbackend.protocol import PROGRESS_TAG, WorkerJob, WorkerResult
 
 __all__ = ["WorkerOutcome", "run_batch", "run_worker"]
@@ -103,9 +104,10 @@ def run_worker(
     timeout: float,
     env: Mapping[str, str],
     on_progress: Callable[[], None] = lambda: None,
+    python: str = "",
 ) -> WorkerOutcome:
     """Start `python -m xbackend.worker` on `job`, wait at most `timeout` seconds."""
-    return run_batch([(job, job_dir)], timeout, env, on_progress)[0]
+    return run_batch([(job, job_dir)], timeout, env, on_progress, python)[0]
 
 
 def run_batch(
@@ -113,8 +115,10 @@ def run_batch(
     timeout: float,
     env: Mapping[str, str],
     on_progress: Callable[[], None] = lambda: None,
+    python: str = "",
 ) -> list[WorkerOutcome]:
-    """Run jobs one after another in one worker process, each with `timeout` seconds.
+    """Run jobs one after another in one worker process, each with `timeout` seconds; under
+    the interpreter `python` when given (another environment: see xbackend.foreign).
 
     A crash or hang fails the job it happened in (its stderr names why); the jobs after
     it start again in a process of their own, so one job's failure costs no other.
@@ -130,11 +134,12 @@ def run_batch(
     ends: list[float] = []
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "xbackend.worker", *paths],
+            [python or sys.executable, "-m", "xbackend.worker", *paths],
             stdout=subprocess.PIPE,
             stderr=err,
             stdin=subprocess.DEVNULL,
-            env=_env(env),
+            env=foreign_env(env) if python else _env(env),
+            cwd=worker_path() if python else None,  # `-m` puts the folder it starts in first on sys.path
             start_new_session=True,
         )
         try:
@@ -156,7 +161,7 @@ def run_batch(
             outcomes.append(WorkerOutcome("failed", why, WorkerResult("failed"), took))
         else:
             outcomes.append(_outcome(proc.returncode or 1, Path(job.result), err_path, took))
-        return outcomes + run_batch(jobs[i + 1 :], timeout, env, on_progress)
+        return outcomes + run_batch(jobs[i + 1 :], timeout, env, on_progress, python)
     return outcomes
 
 

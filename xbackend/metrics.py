@@ -363,7 +363,7 @@ def _streamed(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
         if kernel is None:
             neq = sum(
                 int(np.count_nonzero(x.view(np.uint8) != y.view(np.uint8)))
-                for x, y in zip(streamdiff.chunks(a), streamdiff.chunks(b), strict=True)
+                for x, y in zip(streamdiff.chunks(a), streamdiff.chunks(b))
             )
             return _with_counts(base, neq) if neq else base
         t = streamdiff.scan(a, b, kernel)
@@ -417,11 +417,7 @@ def diff_values(name: str, a: Value, b: Value, op_type: str = "") -> list[Tensor
     if a is None and b is None:
         return [TensorDiff.empty(name, op_type)]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [
-            d
-            for i, (x, y) in enumerate(zip(a, b, strict=True))
-            for d in diff_values(f"{name}[{i}]", x, y, op_type)
-        ]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff_values(f"{name}[{i}]", x, y, op_type)]
     if isinstance(a, dict) and isinstance(b, dict) and set(a) == set(b):
         keys = sorted(a, key=repr)
         return [d for k in keys for d in diff_values(f"{name}{{{k!r}}}", a[k], b[k], op_type)]

@@ -21,6 +21,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from xbackend.errors import ModelLoadError, first_line
+from xbackend.modelref import ModelRef, model_file, np_dtype, read_model_bytes
 
 __all__ = [
     "ModelRef",
@@ -134,27 +135,6 @@ class NodeTensor:
     inputs: tuple[str, ...] = ()
     module: str = ""  # source module path (e.g. 'layer4.1.bn2') where the exporter recorded it
     subgraph: bool = False  # the node holds subgraphs (If, Loop, Scan): data flow is not visible
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """What a runner is told about the model it prepares, so it need not parse it again."""
-
-    path: str
-    ir_version: int
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    external_data: bool
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelRef:
-        return cls(
-            str(d["path"]),
-            int(d["ir_version"]),
-            tuple(d["inputs"]),
-            tuple(d["outputs"]),
-            bool(d["external_data"]),
-        )
 
 
 @dataclass(frozen=True)
@@ -292,17 +272,6 @@ def _dtype_name(elem_type: int) -> str:
         return str(TensorProto.DataType.Name(elem_type)).lower()
 
 
-def np_dtype(name: str) -> np.dtype[np.generic]:
-    """numpy dtype for a dtype name (ml_dtypes names included)."""
-    try:
-        return np.dtype(name)
-    except TypeError:
-        import ml_dtypes
-
-        dt: np.dtype[np.generic] = np.dtype(getattr(ml_dtypes, name))
-        return dt
-
-
 _NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 
 
@@ -374,25 +343,6 @@ def model_sha256(path: Path, proto: onnx.ModelProto | None = None, data: bytes |
             if ext.is_file():
                 h.update(ext.read_bytes())
     return h.hexdigest()
-
-
-def model_file(path: str | os.PathLike[str]) -> Path:
-    """The model's path; ModelLoadError if it is missing or not a file."""
-    p = Path(path)
-    if not p.exists():
-        raise ModelLoadError(f"model file not found: {p}; check the path")
-    if not p.is_file():
-        raise ModelLoadError(f"{p} is not a file; pass the path of an .onnx model file")
-    return p
-
-
-def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
-    """The model file's bytes; ModelLoadError if it is missing or not a file."""
-    p = model_file(path)
-    try:
-        return p.read_bytes()
-    except OSError as e:
-        raise ModelLoadError(f"cannot read {p}: {e.strerror}") from e
 
 
 def parse_model(data: bytes, p: Path) -> onnx.ModelProto:

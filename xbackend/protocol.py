@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xbackend.metrics import TensorDiff
-from xbackend.model import ModelRef
+from xbackend.modelref import ModelRef
 from xbackend.runners.base import BuildFingerprint
 
 __all__ = [
@@ -55,6 +55,9 @@ class Phase:
     capture: str
     extra_feeds: tuple[tuple[str, str], ...] = ()
     serves_outputs: bool = False
+    # A model file prepared for this phase in xbackend's process (tensors exposed, IR lowered),
+    # for a worker in another interpreter that has no onnx package; None: the job's model.
+    model: ModelRef | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Phase:
@@ -65,6 +68,7 @@ class Phase:
             str(d["capture"]),
             tuple((str(a), str(b)) for a, b in d["extra_feeds"]),
             bool(d["serves_outputs"]),
+            ModelRef.from_dict(d["model"]) if d.get("model") else None,
         )
 
 
@@ -80,6 +84,7 @@ class WorkerJob:
     phases: tuple[Phase, ...] = ()
     kind: str = "main"  # "main" | "opt-levels"
     fingerprint: bool = False
+    target: str = ""  # 'module:Class' of the runner, imported directly (no registry lookup)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -98,6 +103,7 @@ class WorkerJob:
             tuple(Phase.from_dict(p) for p in d["phases"]),
             str(d["kind"]),
             bool(d["fingerprint"]),
+            str(d.get("target", "")),
         )
 
 

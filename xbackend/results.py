@@ -112,9 +112,10 @@ class CompareOptions:
             raise UsageError("no backends given; pass --backends, e.g. --backends ort-cpu,reference")
         if len(set(self.backends)) != len(self.backends):
             twice = next(b for b in self.backends if self.backends.count(b) > 1)
+            other = f"{twice.partition('@')[0]}@other"
             raise UsageError(
                 f"--backends lists {twice} twice; to run it under other settings list it again under "
-                f"a label, e.g. {twice.partition('@')[0]}@other, and --set {twice.partition('@')[0]}@other.OPTION=VALUE"
+                f"a label, e.g. {other}, and --set {other}.OPTION=VALUE"
             )
         from xbackend.runners.registry import split_instance
 

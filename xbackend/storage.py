@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from xbackend.model import np_dtype
+from xbackend.modelref import np_dtype
 from xbackend.values import Value, normalize
 
 __all__ = ["ValueFile", "save_values"]
@@ -52,7 +52,7 @@ class _Writer:
             keys = sorted(value, key=repr)
             return {
                 "kind": "map",
-                "keys": [k if isinstance(k, int | str) else repr(k) for k in keys],
+                "keys": [k if isinstance(k, (int, str)) else repr(k) for k in keys],
                 "values": [self.record(value[k]) for k in keys],
             }
         a = value
@@ -136,7 +136,7 @@ class ValueFile:
         if kind == "sequence":
             return [self._value(r) for r in rec["items"]]
         if kind == "map":
-            return {k: self._value(r) for k, r in zip(rec["keys"], rec["values"], strict=True)}
+            return {k: self._value(r) for k, r in zip(rec["keys"], rec["values"])}
         shape = tuple(int(d) for d in rec["shape"])
         if kind == "strings":
             items = json.loads(self._bytes(rec).decode("utf-8", "surrogateescape"))

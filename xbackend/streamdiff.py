@@ -217,7 +217,7 @@ def _p99(comparable: int, explicit: int, top: TopErrors, errs: Callable[[], Iter
         return 0.0
     if top.overflow and explicit > top.k:
         ranks = neighbour_ranks(comparable)
-        values = dict(zip(ranks, radix_select(ranks, comparable - explicit, errs), strict=True))
+        values = dict(zip(ranks, radix_select(ranks, comparable - explicit, errs)))
         return percentile99(comparable, values.__getitem__)
     desc = top.descending()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,11 +28,16 @@ __all__ = [
     "walk",
 ]
 
-Value: TypeAlias = "np.ndarray | list[Any] | dict[Any, Any] | None"
+if TYPE_CHECKING:
+    from typing import TypeAlias  # novermin (type checking only)
+
+    Value: TypeAlias = "np.ndarray | list[Any] | dict[Any, Any] | None"
+else:  # typing.TypeAlias is Python >= 3.10; the worker also runs under 3.8
+    Value = Any
 
 
 def _text(x: object) -> str:
-    if isinstance(x, bytes | np.bytes_):
+    if isinstance(x, (bytes, np.bytes_)):
         return bytes(x).decode("utf-8", "surrogateescape")
     return str(x)
 
@@ -58,9 +63,9 @@ def normalize(value: Any) -> Value:
         return _tensor(np.asarray(value))
     if isinstance(value, Mapping):
         return {_key(k): normalize(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return [normalize(v) for v in value]
-    if isinstance(value, int | float | bool | complex | str | bytes):
+    if isinstance(value, (int, float, bool, complex, str, bytes)):
         return _tensor(np.asarray(value))
     raise TypeError(f"cannot take a {type(value).__name__} as an ONNX value")
 

@@ -85,7 +85,7 @@ def _tick() -> None:
 def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, Value]) -> PhaseResult:
     """Prepare `runner` for the phase's tensors, run the feeds `runs` times, then each extra feed set."""
     t0 = time.perf_counter()
-    runner.prepare(job.model, phase.tensors)
+    runner.prepare(phase.model or job.model, phase.tensors)
     prepare_s = time.perf_counter() - t0
     tracker = RunTracker(job.outputs, job.op_types, phase.capture)
     run_s = []
@@ -124,10 +124,22 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
     )
 
 
-def _new_runner(job: WorkerJob) -> Runner:
-    from xbackend.runners.registry import get_runner
+def _runner_class(job: WorkerJob) -> type[Runner]:
+    if not job.target:
+        from xbackend.runners.registry import get_runner
 
-    runner = get_runner(job.backend)(job.options)
+        return get_runner(job.backend)
+    import importlib
+
+    module, _, attr = job.target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Runner)):
+        raise TypeError(f"{job.target} is not a xbackend Runner subclass")
+    return cls
+
+
+def _new_runner(job: WorkerJob) -> Runner:
+    runner = _runner_class(job)(job.options)
     runner.detailed_fingerprint = job.fingerprint
     return runner
 

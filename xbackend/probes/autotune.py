@@ -153,7 +153,7 @@ class AutotuneProbe(Probe):
             if variant == self._main(b):
                 continue
             cls = get_runner(runner)
-            raw = {k: v for k, v in b.raw_options.items() if k in {s.name for s in cls.option_specs}}
+            raw = {k: v for k, v in b.raw_options.items() if k in {s.name for s in cls.all_option_specs()}}
             options = tuple(sorted({**raw, **extra}.items()))
             phases = standard_phases(cls, self.ctx.spec, 1, outputs_only=True)
             out += [

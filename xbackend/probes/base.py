@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.executor import Job, JobOutcome, PhaseSpec
+from xbackend.foreign import Interpreter
 from xbackend.inputs import Feeds
 from xbackend.metrics import TensorDiff
 from xbackend.model import ModelSpec
@@ -36,6 +37,10 @@ class PlannedBackend:
     options: Mapping[str, Any]
     raw_options: Mapping[str, str]
     unavailable: str = ""
+    interpreter: Interpreter | None = None  # python=PATH: another environment, as probed
+
+    def interpreter_info(self) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(self.interpreter.info().items())) if self.interpreter else ()
 
     def variant(self, **overrides: str) -> tuple[tuple[str, str], ...]:
         return tuple(sorted({**self.raw_options, **overrides}.items()))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError, UsageError
-from xbackend.model import ModelRef
+from xbackend.modelref import ModelRef
 from xbackend.values import Value, normalize
 
 if TYPE_CHECKING:
@@ -87,6 +87,16 @@ class OptionSpec:
         return value
 
 
+PYTHON_OPTION = OptionSpec(
+    "python",
+    str,
+    "",
+    "run the worker under this interpreter (another virtual environment's python): it needs "
+    "Python >= 3.8, numpy and the engine",
+)
+COMMON_OPTIONS = (PYTHON_OPTION,)
+
+
 class Runner(abc.ABC):
     """One backend configuration. Lives in its own worker process.
 
@@ -120,9 +130,15 @@ class Runner(abc.ABC):
         """Available here, or why not (never raises)."""
 
     @classmethod
+    def all_option_specs(cls) -> tuple[OptionSpec, ...]:
+        """The runner's own options and those every runner takes (its own win a clash)."""
+        own = {s.name for s in cls.option_specs}
+        return (*cls.option_specs, *(s for s in COMMON_OPTIONS if s.name not in own))
+
+    @classmethod
     def resolve_options(cls, raw: Mapping[str, str]) -> dict[str, Any]:
         """Defaults overridden by `raw`; UsageError naming the valid keys for a wrong one."""
-        specs = {s.name: s for s in cls.option_specs}
+        specs = {s.name: s for s in cls.all_option_specs()}
         unknown = sorted(set(raw) - set(specs))
         if unknown:
             valid = ", ".join(sorted(specs)) or "none"
@@ -196,7 +212,7 @@ class Runner(abc.ABC):
 
     def info(self) -> dict[str, str]:
         """Versions, precision and flags actually in force."""
-        return {k: str(v) for k, v in sorted(self.options.items())}
+        return {k: str(v) for k, v in sorted(self.options.items()) if v != "" or k != PYTHON_OPTION.name}
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine."""

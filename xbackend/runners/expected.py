@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from xbackend.errors import UsageError
-from xbackend.model import ModelRef
+from xbackend.modelref import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.storage import ValueFile
 from xbackend.values import Value, value_sha256

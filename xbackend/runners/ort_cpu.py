@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import onnx
 
 from xbackend.errors import BackendUnavailableError, ModelLoadError, RunnerFailedError
-from xbackend.model import ModelRef, downgrade_ir, load_proto, model_file, read_model_bytes
+from xbackend.modelref import ModelRef, model_file, read_model_bytes
 from xbackend.protocol import OptLevelRow
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.values import Value, normalize, value_sha256
@@ -144,7 +143,7 @@ def to_ort_feeds(feeds: Mapping[str, Value]) -> dict[str, Any]:
     }
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None)
 def _scratch_dir() -> str:
     """A per-process folder for instrumented model copies, removed at exit."""
     path = tempfile.mkdtemp(prefix="xbackend-ort-models-")
@@ -159,7 +158,7 @@ def run_session(
     through OrtValues instead of changing the graph."""
     ort_feeds = to_ort_feeds(feeds)
     if not opaque:
-        return dict(zip(names, sess.run(list(names), ort_feeds), strict=True))
+        return dict(zip(names, sess.run(list(names), ort_feeds)))
     rest = [n for n in names if n not in set(opaque)]
     import onnxruntime as ort
 
@@ -167,19 +166,16 @@ def run_session(
     as_values = {
         k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(v)
         for k, v in ort_feeds.items()
-        if isinstance(v, ort.OrtValue | np.ndarray)
+        if isinstance(v, (ort.OrtValue, np.ndarray))
     }
     if len(as_values) != len(ort_feeds):
         raise RunnerFailedError(
             "onnxruntime cannot return these outputs' element types through run(), and "
             "run_with_ort_values takes no sequence or optional inputs"
         )
-    out = {
-        n: _from_ortvalue(v)
-        for n, v in zip(opaque, sess.run_with_ort_values(list(opaque), as_values), strict=True)
-    }
+    out = {n: _from_ortvalue(v) for n, v in zip(opaque, sess.run_with_ort_values(list(opaque), as_values))}
     if rest:
-        out.update(zip(rest, sess.run(rest, ort_feeds), strict=True))
+        out.update(zip(rest, sess.run(rest, ort_feeds)))
     return {n: out[n] for n in names}
 
 
@@ -199,7 +195,7 @@ def cannot_load(e: BaseException) -> bool:
 _GENERATED = re.compile(r"_token_\d+")
 
 
-def canonical_nodes(graph: onnx.GraphProto) -> list[tuple[str, str]]:
+def canonical_nodes(graph: Any) -> list[tuple[str, str]]:
     """(node key, signature) for every node, independent of the order ORT serialized them in and of
     the counters in the names it generated ('reorder_token_7')."""
     # Keyed by what a node produces: the node names ORT invents depend on creation order.
@@ -219,7 +215,9 @@ def canonical_nodes(graph: onnx.GraphProto) -> list[tuple[str, str]]:
     return out
 
 
-def _node_signature(n: onnx.NodeProto) -> str:
+def _node_signature(n: Any) -> str:
+    import onnx
+
     attrs = ",".join(
         f"{a.name}={onnx.helper.get_attribute_value(a)!r}" for a in n.attribute if a.type != a.GRAPH
     )
@@ -247,9 +245,27 @@ def ort_dist_version() -> str:
 
 def physical_cores() -> int:
     """What ONNX Runtime uses by default for intra-op threads."""
-    import psutil
-
+    try:
+        import psutil
+    except ImportError:  # another interpreter with only numpy and the engine
+        return _cpuinfo_cores() or os.cpu_count() or 1
     return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+
+
+def _cpuinfo_cores() -> int:
+    """Distinct (physical id, core id) pairs in /proc/cpuinfo; 0 where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            blocks = f.read().split("\n\n")
+    except OSError:
+        return 0
+    cores = set()
+    for b in blocks:
+        fields = dict(ln.split(":", 1) for ln in b.splitlines() if ":" in ln)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        if "core id" in fields:
+            cores.add((fields.get("physical id", "0"), fields["core id"]))
+    return len(cores)
 
 
 def ort_message(e: BaseException) -> str:
@@ -262,21 +278,40 @@ def ort_message(e: BaseException) -> str:
 
 
 @functools.lru_cache(maxsize=1)
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+# ModelProto fields written by hand, so a worker with no onnx package (another interpreter) can
+# still expose intermediates: ModelProto.ir_version = 1, .graph = 7, .opset_import = 8;
+# GraphProto.node = 1, .output = 12; NodeProto.input = 1, .output = 2, .op_type = 4;
+# ValueInfoProto.name = 1; OperatorSetIdProto.version = 2.
+def _ir_version_field(ir: int) -> bytes:
+    return _varint(1 << 3) + _varint(ir)
+
+
+def _graph_outputs_field(names: Sequence[str]) -> bytes:
+    return _field(7, b"".join(_field(12, _field(1, n.encode())) for n in names)) if names else b""
+
+
 def _probe_max_ir() -> int | None:
     # ORT exposes no constant for this; loading an impossible IR makes it say.
     import onnxruntime as ort
-    from onnx import TensorProto, helper
 
-    g = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])],
-        "probe",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 1000
+    node = _field(1, b"x") + _field(2, b"y") + _field(4, b"Identity")
+    probe = _ir_version_field(1000) + _field(7, _field(1, node)) + _field(8, _varint(2 << 3) + _varint(13))
     try:
-        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        ort.InferenceSession(probe, providers=["CPUExecutionProvider"])
     except Exception as e:
         found = re.search(r"max supported IR version:\s*(\d+)", str(e))
         return int(found.group(1)) if found else None
@@ -340,12 +375,11 @@ class OrtCpuRunner(Runner):
         intermediates without parsing and re-serializing the whole model.
         """
         have = set(model.outputs)
-        exposed = [onnx.ValueInfoProto(name=t) for t in tensors if t not in have]
-        suffix: bytes = (
-            onnx.ModelProto(graph=onnx.GraphProto(output=exposed)).SerializeToString() if exposed else b""
-        )
+        suffix = _graph_outputs_field([t for t in tensors if t not in have])
         max_ir = self.max_ir_version()
         if max_ir is not None and model.ir_version > max_ir:
+            from xbackend.model import downgrade_ir, load_proto
+
             try:
                 downgrade_ir(load_proto(model.path, load_external=False), max_ir)
             except ModelLoadError as e:
@@ -353,7 +387,7 @@ class OrtCpuRunner(Runner):
             self._notes["ir_version"] = (
                 f"{model.ir_version} -> {max_ir} (downgraded: the model uses nothing newer)"
             )
-            suffix += onnx.ModelProto(ir_version=max_ir).SerializeToString()
+            suffix += _ir_version_field(max_ir)
         return suffix
 
     def _source(self, model: ModelRef, suffix: bytes) -> str | bytes:
@@ -416,8 +450,13 @@ class OrtCpuRunner(Runner):
 
     def _detailed_fingerprint(self, optimized: str, log: str) -> BuildFingerprint:
         """The optimized graph ORT wrote, node by node, plus its node-to-provider placement."""
-        graph = onnx.load(optimized, load_external_data=False).graph
-        items = canonical_nodes(graph)
+        try:
+            import onnx
+        except ImportError:  # an interpreter with only the engine: the graph's bytes stand in
+            with open(optimized, "rb") as f:
+                items = [("optimized graph sha256", hashlib.sha256(f.read()).hexdigest())]
+        else:
+            items = canonical_nodes(onnx.load(optimized, load_external_data=False).graph)
         items += [(f"placement {k}", v) for k, v in parse_placements(log)]
         items += [(f"option {k}", v) for k, v in sorted(self.info().items())]
         return BuildFingerprint.from_items(self.name, items)

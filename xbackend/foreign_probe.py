@@ -1,0 +1,68 @@
+"""Run in another interpreter (python=PATH): what that Python has, and whether a runner is
+available there. Prints one tagged JSON line. Python >= 3.8; imports nothing of xbackend's
+beyond the runner named on the command line."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import platform
+import sys
+
+TAG = "@@xbackend-probe "
+
+
+def _packages() -> list[list[str]]:
+    from importlib import metadata
+
+    seen: dict[str, str] = {}
+    for d in metadata.distributions():
+        name = d.metadata["Name"]
+        if name:
+            seen.setdefault(name.lower().replace("_", "-"), d.version)
+    return [[n, seen[n]] for n in sorted(seen)]
+
+
+def probe(target: str) -> dict[str, object]:
+    out: dict[str, object] = {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+    }
+    if sys.version_info < (3, 8):
+        out["error"] = f"Python {out['python']} is too old; xbackend's worker needs Python >= 3.8"
+        return out
+    try:
+        import numpy
+
+        out["numpy"] = numpy.__version__
+    except ImportError:
+        out["error"] = f"numpy is not installed there ({sys.executable} -m pip install numpy)"
+        return out
+    out["packages"] = _packages()
+    module, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+        avail = cls.availability()
+    except Exception as e:
+        out["error"] = f"cannot import {target} there: {type(e).__name__}: {e}"
+        return out
+    out["available"] = bool(avail.available)
+    out["reason"] = avail.reason
+    out["version"] = avail.version
+    if avail.available:
+        try:
+            out["max_ir"] = cls.max_ir_version()
+        except Exception as e:
+            out["max_ir_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def main() -> int:
+    print(TAG + json.dumps(probe(sys.argv[1])), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
