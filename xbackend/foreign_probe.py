@@ -49,7 +49,8 @@ def probe(target: str) -> dict[str, object]:
         out["error"] = f"cannot import {target} there: {type(e).__name__}: {e}"
         return out
     out["available"] = bool(avail.available)
-    out["reason"] = avail.reason
+    # an install hint must name this interpreter's pip, not the one on PATH
+    out["reason"] = avail.reason.replace("(pip install ", "(" + sys.executable + " -m pip install ")
     out["version"] = avail.version
     if avail.available:
         try:

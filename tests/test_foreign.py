@@ -1,0 +1,178 @@
+"""Runner instances (NAME@LABEL) and workers in another Python environment (python=PATH)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import one_line_error, run
+from tests.foreign_env import OLD_ORT, old_ort_python
+from xbackend import compare
+from xbackend.environment import collect_environment
+from xbackend.errors import UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+ISA = collect_environment()["cpu.isa"]
+# Which layer first differs between two onnxruntime releases depends on the MLAS kernels the CPU
+# selects; it was measured on this instruction set.
+MEASURED_ISA = "sse4_1 sse4_2 avx avx2 fma f16c"
+# The worker's import chain: what another interpreter (down to Python 3.8) must be able to run.
+WORKER_MODULES = [
+    "worker",
+    "capture",
+    "errors",
+    "metrics",
+    "streamdiff",
+    "protocol",
+    "modelref",
+    "storage",
+    "values",
+    "foreign_probe",
+    "runners/__init__",
+    "runners/base",
+    "runners/registry",
+    "runners/ort_cpu",
+]
+
+
+def test_instances_run_one_runner_under_two_settings(models: dict[str, Path]) -> None:
+    r = compare(
+        models["scatter_add"],
+        backends=["ort-cpu@1t", "ort-cpu@2t"],
+        runner_options={"ort-cpu@1t": {"threads": "1"}, "ort-cpu@2t": {"threads": "2"}},
+        runs=8,
+        probes=["none"],
+        outputs_only=True,
+    )
+    by = {b.name: b for b in r.backends}
+    assert dict(by["ort-cpu@1t"].options)["threads"] == "1"
+    assert dict(by["ort-cpu@2t"].options)["threads"] == "2"
+    # ScatterND with reduction=add races across threads: only the 1-thread instance is stable
+    assert by["ort-cpu@1t"].deterministic is True
+    assert by["ort-cpu@2t"].deterministic is False
+
+
+def test_instance_errors_are_one_line(capsys: pytest.CaptureFixture[str], models: dict[str, Path]) -> None:
+    code, _, err = run(capsys, "compare", str(models["mlp_layernorm"]), "--backends", "ort-cpu,ort-cpu")
+    assert code == 2
+    one_line_error(err, "list it again under a label, e.g. ort-cpu@other")
+    code, _, err = run(capsys, "compare", str(models["mlp_layernorm"]), "--backends", "ort-cpu@a b")
+    assert code == 2
+    one_line_error(err, "a label after @ is letters, digits")
+    code, _, err = run(
+        capsys,
+        "compare",
+        str(models["mlp_layernorm"]),
+        "--backends",
+        "ort-cpu@x",
+        "--set",
+        "ort-cpu@y.threads=1",
+    )
+    assert code == 2
+    one_line_error(err, "--set names backend(s) ort-cpu@y that are not in --backends")
+    with pytest.raises(UsageError, match="ort-cpu has no option nope"):
+        compare(models["mlp_layernorm"], backends=["ort-cpu@x"], runner_options={"ort-cpu@x": {"nope": "1"}})
+
+
+def test_worker_modules_run_under_python_3_8() -> None:
+    """The modules another interpreter imports use nothing newer than Python 3.8."""
+    files = [str(ROOT / "xbackend" / f"{m}.py") for m in WORKER_MODULES]
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "vermin"), "-t=3.8-", "--no-tips", "--violations", *files],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Minimum required versions: 3.8" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_two_onnxruntime_releases_layer_by_layer(models: dict[str, Path]) -> None:
+    old = old_ort_python()
+    model = ROOT / "models" / "torch_mlp.onnx"
+    r = compare(
+        model,
+        backends=["ort-cpu", "ort-cpu@old"],
+        runner_options={"ort-cpu@old": {"python": str(old)}},
+        runs=2,
+        probes=["none"],
+    )
+    by = {b.name: b for b in r.backends}
+    new_info, old_info = dict(by["ort-cpu"].info), dict(by["ort-cpu@old"].info)
+    assert by["ort-cpu@old"].ok, by["ort-cpu@old"].reason
+    # the worker really ran there: the engine reports its own version
+    assert old_info["onnxruntime"] == OLD_ORT
+    assert new_info["onnxruntime"] == "1.31.1"
+    assert old_info["interpreter.package.onnxruntime"] == OLD_ORT
+    assert old_info["interpreter"] == str(old)
+    assert old_info["interpreter.python"].startswith("3.")
+    assert "interpreter" not in new_info
+    x = r.cross("ort-cpu@old")
+    assert x.status == "ok"
+    # every layer compared (49 ONNX tensors of the 4-block MLP), not only the outputs
+    assert len(x.tensors) == len(by["ort-cpu"].layer_digests) > 40
+    if ISA == MEASURED_ISA:
+        assert not x.bitwise_equal
+        assert x.first_divergence == "layer_norm"
+        assert x.scaled_ulp == 4.0
+    # each release is deterministic with itself
+    assert by["ort-cpu"].deterministic and by["ort-cpu@old"].deterministic
+
+
+@pytest.mark.slow
+def test_foreign_engine_gets_a_model_it_can_read(models: dict[str, Path], tmp_path: Path) -> None:
+    """IR 13 (onnxruntime 1.31's limit) is lowered in this process to 1.20's IR 10; the worker there
+    has no onnx package to do it."""
+    import onnx
+
+    proto = onnx.load(models["mlp_layernorm"])
+    proto.ir_version = 13
+    path = tmp_path / "ir13.onnx"
+    onnx.save(proto, path)
+    r = compare(
+        path,
+        backends=["ort-cpu", "ort-cpu@old"],
+        runner_options={"ort-cpu@old": {"python": str(old_ort_python())}},
+        runs=1,
+        probes=["none"],
+    )
+    by = {b.name: b for b in r.backends}
+    assert by["ort-cpu@old"].ok, by["ort-cpu@old"].reason
+    assert any("ort-cpu@old: model IR version 13 was downgraded to 10" in n for n in r.notes)
+    assert "ort-cpu: model IR version" not in " ".join(r.notes)
+
+
+@pytest.mark.slow
+def test_unusable_interpreters_are_reported_and_the_rest_runs(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "bare")], check=True)
+    bare = tmp_path / "bare" / "bin" / "python"  # pip, and no numpy
+    r = compare(
+        models["mlp_layernorm"],
+        backends=["ort-cpu", "ort-cpu@gone", "ort-cpu@bare"],
+        runner_options={
+            "ort-cpu@gone": {"python": str(tmp_path / "nope" / "python")},
+            "ort-cpu@bare": {"python": str(bare)},
+        },
+        runs=1,
+        probes=["none"],
+    )
+    by = {b.name: b for b in r.backends}
+    assert by["ort-cpu"].ok
+    assert by["ort-cpu@gone"].status == "unavailable"
+    assert "no such interpreter; give the path of a Python" in by["ort-cpu@gone"].reason
+    assert by["ort-cpu@bare"].status == "unavailable"
+    assert f"numpy is not installed there ({bare} -m pip install numpy)" in by["ort-cpu@bare"].reason
+    # the suggestion works
+    subprocess.run([str(bare), "-m", "pip", "install", "-q", "numpy"], check=True)
+    from xbackend.foreign import probe_interpreter
+
+    probe_interpreter.cache_clear()
+    it = probe_interpreter(str(bare), "xbackend.runners.ort_cpu:OrtCpuRunner")
+    assert it.numpy and not it.available
+    assert f"onnxruntime not installed ({bare} -m pip install onnxruntime)" in it.reason
