@@ -21,6 +21,7 @@ PLUGINS = {
     "test-threads-crash": "plugin_runners:ThreadsCrashRunner",
     "test-shared": "plugin_runners:SharedProcessRunner",
     "test-drift": "plugin_runners:ThreadDriftRunner",
+    "test-promising": "plugin_runners:PromisingOrtRunner",
 }
 
 

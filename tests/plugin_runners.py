@@ -16,6 +16,7 @@ import onnx
 
 from xbackend.model import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
+from xbackend.runners.ort_cpu import OrtCpuRunner
 from xbackend.runners.reference import ReferenceRunner
 
 
@@ -201,3 +202,12 @@ class ThreadDriftRunner(SharedProcessRunner):
             if drifting and isinstance(a, np.ndarray) and a.dtype.kind == "f":
                 out[name] = np.nextafter(a, np.array(np.inf, a.dtype))
         return out
+
+
+class PromisingOrtRunner(OrtCpuRunner):
+    """onnxruntime CPU declaring what deterministic hardware promises: the checks are real, and
+    on the ScatterND race (threads > 1) it breaks them."""
+
+    name = "test-promising"
+    description = "ONNX Runtime CPU that promises run-to-run, build-to-build and thread-count determinism"
+    promises = frozenset({"run-to-run", "build-to-build", "thread-count"})

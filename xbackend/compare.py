@@ -20,7 +20,7 @@ import onnx
 from xbackend.baseline import Baseline, load_baseline
 from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.environment import collect_environment
-from xbackend.errors import InputError, ModelLoadError, UsageError
+from xbackend.errors import BackendUnavailableError, InputError, ModelLoadError, UsageError
 from xbackend.executor import Executor, Job, JobOutcome, standard_phases
 from xbackend.foreign import probe_interpreter
 from xbackend.inputs import Feeds, capture_feeds, generate_feeds, load_expected, load_feeds
@@ -38,6 +38,7 @@ from xbackend.probes import (
 )
 from xbackend.probes.base import summarize
 from xbackend.progress import NullProgress, ProgressSink
+from xbackend.promises import PROPERTIES, validate
 from xbackend.protocol import LAYERS, OUTPUTS, PhaseResult
 from xbackend.results import (
     EXPECTED,
@@ -419,12 +420,21 @@ def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResu
     p = b.planned
     options = tuple(sorted((k, str(v)) for k, v in p.options.items() if k != "file" or p.name != EXPECTED))
     if p.cls is None:
-        return BackendResult(p.name, "unavailable", p.unavailable, options, p.interpreter_info())
+        return BackendResult(
+            p.name, "unavailable", p.unavailable, options, p.interpreter_info(), promises=_promises(p.name)
+        )
     failed = next((o for o in b.outcomes if not o.ok), None)
     if failed is not None:
         info = tuple(sorted({**dict(failed.result.info), **dict(p.interpreter_info())}.items()))
         return BackendResult(
-            p.name, failed.outcome.status, failed.reason, options, info, opts.runs, len(b.outcomes)
+            p.name,
+            failed.outcome.status,
+            failed.reason,
+            options,
+            info,
+            opts.runs,
+            len(b.outcomes),
+            promises=_promises(p.name),
         )
     first = b.outcomes[0]
     outs = [o.outputs for o in b.outcomes]
@@ -463,7 +473,17 @@ def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResu
         constant_outputs=_constant_outputs(first.outputs, spec),
         output_digests=_digests(first.outputs, spec.output_names),
         layer_digests=_digests(first.layers),
+        promises=_promises(p.name),
     )
+
+
+def _promises(name: str) -> tuple[str, ...]:
+    try:
+        cls = get_runner(name)
+    except BackendUnavailableError:
+        return ()
+    validate(cls.promises, cls.name)
+    return tuple(p for p in PROPERTIES if p in cls.promises)
 
 
 def _digests(ph: PhaseResult | None, names: Sequence[str] | None = None) -> tuple[tuple[str, str], ...]:

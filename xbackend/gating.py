@@ -44,6 +44,12 @@ POLICIES = (
     ),
     Policy("probe-warning", 14, "a probe warned (thread count, batch, TF32, observer effect, ...)"),
     Policy("failure", 15, "a backend failed or was unavailable while others ran"),
+    Policy(
+        "promise",
+        16,
+        "a runner that promises a determinism property (deterministic hardware) broke it; "
+        "enforced with or without --fail-on",
+    ),
     Policy("any", 0, "every policy above, with N = --max-ulp (the exit code is the policy that fired)"),
 )
 _BY_NAME = {p.name: p for p in POLICIES}
@@ -80,7 +86,7 @@ def parse_policies(names: Iterable[str], max_ulp: float = 64.0) -> list[tuple[st
 def evaluate(r: Result, names: Sequence[str]) -> list[Gate]:
     """The policies that fire on `r`, lowest exit code first."""
     gates = []
-    for name, n in parse_policies(names, r.options.max_ulp):
+    for name, n in [*parse_policies(names, r.options.max_ulp), ("promise", None)]:
         why = _CHECKS[name](r, n)
         if why:
             label = f"ulp>{n:g}" if name == "ulp>N" else name
@@ -156,6 +162,13 @@ def _failure(r: Result, _: float | None) -> str:
     return "; ".join(f"{b.name} {b.status}: {b.reason}" for b in r.failed)
 
 
+def _promise(r: Result, _: float | None) -> str:
+    return "; ".join(
+        f"{c.backend} broke {c.name}: {c.evidence}" + (f", first at {c.first_layer}" if c.first_layer else "")
+        for c in r.broken_promises
+    )
+
+
 _CHECKS = {
     "nondeterminism": _nondeterminism,
     "build-variance": _build_variance,
@@ -163,4 +176,5 @@ _CHECKS = {
     "baseline-drift": _baseline,
     "probe-warning": _probe_warning,
     "failure": _failure,
+    "promise": _promise,
 }

@@ -12,6 +12,7 @@ from xbackend.gating import Gate, evaluate
 from xbackend.metrics import TensorDiff, worst_per_tensor
 from xbackend.model import ModelSpec
 from xbackend.probes.base import ProbeResult
+from xbackend.promises import EXIT_PROMISE, PromiseCheck, check_promises
 from xbackend.textfmt import short, with_module
 from xbackend.values import value_name
 
@@ -285,6 +286,7 @@ class BackendResult:
     output_digests: tuple[tuple[str, str], ...] = ()  # graph output -> digest, plain build 0, run 0
     layer_digests: tuple[tuple[str, str], ...] = ()  # captured tensor -> digest, instrumented build 0
     loaded_from: str = ""  # a capture folder: this backend ran on the host its capture records
+    promises: tuple[str, ...] = ()  # what the runner promises (deterministic hardware)
 
     @property
     def ok(self) -> bool:
@@ -550,6 +552,14 @@ class Result:
     def violations(self) -> list[CrossBackendResult]:
         return [c for c in (*self.cross_backend, *self.expected_error) if c.violates]
 
+    def promise_checks(self) -> list[PromiseCheck]:
+        """Each promise a backend's runner declared, held or broken as this run observed it."""
+        return check_promises(self)
+
+    @property
+    def broken_promises(self) -> list[PromiseCheck]:
+        return [c for c in self.promise_checks() if c.broken]
+
     def gates(self) -> list[Gate]:
         """The --fail-on policies that fire, lowest exit code first (none without --fail-on)."""
         return evaluate(self, self.options.fail_on) if self.options.fail_on else []
@@ -561,6 +571,8 @@ class Result:
         if self.options.fail_on:
             gates = self.gates()
             return gates[0].exit_code if gates else EXIT_OK
+        if self.broken_promises:
+            return EXIT_PROMISE
         if self.failed or self.nondeterministic or self.violations:
             return EXIT_DIFFERENCES
         return EXIT_OK
@@ -646,6 +658,17 @@ class Result:
                 out.append(f"DRIFT: {d.backend} cannot be compared with the baseline: {d.reason}")
         return out
 
+    def _promise_lines(self) -> list[str]:
+        return [
+            f"FAIL: {c.backend} broke its promise of {c.name} determinism: {c.evidence}"
+            + (
+                f"; first broke at {with_module(c.first_layer, self.model.modules())}"
+                if c.first_layer
+                else ""
+            )
+            for c in self.broken_promises
+        ]
+
     def _gate_lines(self) -> list[str]:
         if not self.options.fail_on:
             return []
@@ -659,7 +682,7 @@ class Result:
         """One line per finding, most important first; a single PASS line when all is well."""
         if not any(b.ok for b in self.backends):
             return ["FAIL: every backend failed; nothing was compared", *self._fail_lines()]
-        lines = self._fail_lines() + self._drift_lines() + self._warn_lines()
+        lines = self._promise_lines() + self._fail_lines() + self._drift_lines() + self._warn_lines()
         if not any(line.startswith("FAIL") for line in lines):
             lines.insert(
                 0,

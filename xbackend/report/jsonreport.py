@@ -49,6 +49,7 @@ def _backend(b: BackendResult) -> dict[str, Any]:
         "name": b.name,
         "status": b.status,
         "reason": b.reason,
+        "promises": list(b.promises),
         "deterministic": b.deterministic,
         "runs": b.runs,
         "builds": b.builds,
@@ -140,6 +141,7 @@ def to_dict(r: Result) -> dict[str, Any]:
         {
             "schema": SCHEMA,
             "verdict": {"exit_code": r.exit_code, "lines": r.verdict()},
+            "promises": [asdict(c) for c in r.promise_checks()],
             "model": {
                 "path": m.path,
                 "sha256": m.sha256,

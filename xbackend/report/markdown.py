@@ -154,7 +154,8 @@ def _backend_rows(r: Result) -> list[list[object]]:
         det = _yes(b.deterministic)
         runs = f"{b.runs} x {b.builds}" if b.ok else "–"
         distinct = f"{b.distinct_outputs}" if b.ok else "–"
-        rows.append([b.name, status, det, runs, distinct, *vs, *([drift] if r.baseline else [])])
+        name = f"{b.name} (promises {', '.join(b.promises)})" if b.promises else b.name
+        rows.append([name, status, det, runs, distinct, *vs, *([drift] if r.baseline else [])])
     return rows
 
 
@@ -185,6 +186,31 @@ def _backends(r: Result) -> list[str]:
         *(["baseline"] if r.baseline else []),
     ]
     return ["## Backends", "", *_table(header, _backend_rows(r))]
+
+
+def _promises(r: Result) -> list[str]:
+    """Runners that promise determinism (deterministic hardware): each promise, kept or not."""
+    checks = r.promise_checks()
+    if not checks:
+        return []
+    rows = [
+        [
+            c.backend,
+            c.name,
+            "**BROKEN**" if c.broken else c.status,
+            c.evidence,
+            _modules_note(r, c.first_layer or None),
+        ]
+        for c in checks
+    ]
+    return [
+        "## Promises",
+        "",
+        "These runners promise determinism properties; a broken promise fails the run (exit 16).",
+        "",
+        *_table(["backend", "promise", "status", "evidence", "first layer that broke"], rows),
+        "",
+    ]
 
 
 def _diff_row(d: TensorDiff, modules: Mapping[str, str], mark: str = "") -> list[object]:
@@ -658,6 +684,7 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *_verdict(r),
         *_summary(r),
         *_backends(r),
+        *_promises(r),
         *_figures(r, stem),
         *_how_to_read(stem),
         *_findings(r),

@@ -112,6 +112,9 @@ class Runner(abc.ABC):
     # Variants differ only in per-engine state (e.g. ORT session options), so probe variants may
     # run one after another in one process. False where a knob is process-wide (torch threads).
     shares_process: ClassVar[bool] = False
+    # Determinism properties the hardware promises (xbackend.promises.PROPERTIES): every
+    # comparison checks them, and one seen broken is a failure (exit 16).
+    promises: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         self.options: dict[str, Any] = self.resolve_options(options or {})
