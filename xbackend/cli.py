@@ -24,11 +24,11 @@ from xbackend.textfmt import short
 
 __all__ = ["app", "main"]
 
-_GATES = "; ".join(f"{p.exit_code} {p.name}" for p in POLICIES if p.exit_code)
+_GATES = "; ".join(f"{p.exit_code} {p.name}" for p in POLICIES if p.exit_code and p.name != "promise")
 EXIT_CODES = (
     "Exit codes: 0 all deterministic and within --max-ulp; 1 nondeterministic, past --max-ulp, or a backend "
-    f"failed/unavailable; 2 usage or input error; 3 every backend failed; 4 internal error; with --fail-on: "
-    f"{_GATES}."
+    "failed/unavailable; 2 usage or input error; 3 every backend failed; 4 internal error; 16 a runner "
+    f"broke a determinism property it promises; with --fail-on: {_GATES}."
 )
 
 app = typer.Typer(
@@ -330,6 +330,80 @@ def capture(
         f"{b.exposed} tensors; compare it elsewhere with `xbackend compare MODEL --load {output}`"
     )
     return 0 if b.deterministic else 1
+
+
+@app.command(
+    epilog="Exit codes: 0 granted (every property held, or does not apply); 16 a property broke (it names "
+    "itself and the first layer where it broke); 2 usage or input error; 3 the backend failed; "
+    "4 internal error."
+)
+def certify(
+    model: ModelArg,
+    backend: Annotated[str, typer.Option(help="the runner to certify (NAME or NAME@LABEL)")],
+    output: Annotated[
+        str, typer.Option("-o", "--output", metavar="STEM", help="writes STEM.json and STEM.md")
+    ] = "certificate",
+    runs: Annotated[int, typer.Option(help="runs per session")] = 5,
+    builds: Annotated[int, typer.Option(help="fresh builds, each in a fresh process")] = 3,
+    batch: Annotated[int, typer.Option(help="batch size for the sample-alone vs in-a-batch check")] = 4,
+    seed: Seed = 0,
+    shape: Shapes = None,
+    inputs: Inputs = None,
+    ranges: Ranges = None,
+    timeout: Timeout = 600.0,
+    sets: Sets = None,
+    no_progress: NoProgress = False,
+    torch_module: TorchModule = None,
+    trust_model_code: TrustCode = False,
+) -> int:
+    """Certify one backend's determinism: run to run, build to build, batch position, thread count."""
+    from xbackend.certify import certify as run_certify
+    from xbackend.certify import write_certificate
+
+    cert = run_certify(
+        model,
+        backend,
+        runs,
+        builds,
+        batch,
+        _progress(no_progress),
+        timeout=timeout,
+        **_run_inputs(backend, seed, shape, inputs, ranges, sets, torch_module, trust_model_code),
+    )
+    js, md = write_certificate(cert, output)
+    body = cert.body
+    if body["backend"]["status"] != "ok":
+        print(f"{backend} {body['backend']['status']}: {body['backend']['reason']}", file=sys.stderr)
+    for p in body["properties"]:
+        first = f"; first broke at {p['first_layer']}" if p["first_layer"] else ""
+        print(f"  {p['name']}: {p['status']} ({p['evidence']}{first})")
+    verdict = "GRANTED" if cert.granted else "REFUSED"
+    print(f"{verdict}: wrote {js} and {md}; check it with `xbackend verify {js}`")
+    return cert.exit_code
+
+
+@app.command(
+    epilog="Exit codes: 0 the outputs match the certificate bit for bit and no property broke; 1 they "
+    "differ, or a property the certificate holds broke here; 2 the certificate is missing, modified, or "
+    "of another model or inputs; 4 internal error."
+)
+def verify(
+    certificate: Annotated[
+        str, typer.Argument(metavar="CERT.json", help="a certificate from xbackend certify")
+    ],
+    model: Annotated[
+        str | None, typer.Option(help="the certified model, when it is not at the path the certificate names")
+    ] = None,
+    inputs: Inputs = None,
+    no_progress: NoProgress = False,
+) -> int:
+    """Re-run what a certificate claims on this machine; compare outputs bit for bit and the environment."""
+    from xbackend.certify import verify as run_verify
+
+    v = run_verify(certificate, model, inputs, _progress(no_progress))
+    for line in v.lines():
+        print(line)
+    return v.exit_code
 
 
 @app.command(

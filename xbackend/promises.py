@@ -105,9 +105,7 @@ def _batch_position(r: Result, b: BackendResult) -> tuple[str, str, str]:
     if row is None or row.status != "ok" or row.invariant is None:
         why = row.reason if row is not None else "; ".join(probe.notes) or "no batch dimension to vary"
         return "unchecked", f"the batch probe could not check it: {why}", ""
-    where = (
-        f"each sample alone vs at positions {', '.join(map(str, row.positions))} of a batch of {row.batch}"
-    )
+    where = f"the first sample alone vs at positions {', '.join(map(str, row.positions))} of a batch of {row.batch}"
     if row.invariant:
         return "held", f"bit-identical, {where} ({row.compared} tensors)", ""
     return "broken", f"bits differ, {where}", row.first_divergence or ""
