@@ -35,6 +35,7 @@ WORKER_MODULES = [
     "runners/base",
     "runners/registry",
     "runners/ort_cpu",
+    "runners/groq",
 ]
 
 

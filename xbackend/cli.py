@@ -449,14 +449,20 @@ def diff(
 @app.command()
 def backends() -> int:
     """List every registered backend, available or not, and why."""
+    from xbackend.foreign import probe_interpreter
+    from xbackend.runners.base import PYTHON_OPTION, Availability
     from xbackend.runners.registry import get_runner, list_runners
 
     for e in list_runners():
-        state = (
-            f"available ({e.availability.version})"
-            if e.availability.available
-            else (f"unavailable: {e.availability.reason}")
-        )
+        avail, where = e.availability, ""
+        try:
+            python = get_runner(e.name).resolve_options({})[PYTHON_OPTION.name]
+        except XbackendError:
+            python = ""
+        if python:  # its own interpreter by default (e.g. $XBACKEND_GROQ_PYTHON): ask that one
+            it = probe_interpreter(python, e.target)
+            avail, where = Availability(it.available, it.reason, it.version), f" in python={python}"
+        state = f"available{where} ({avail.version})" if avail.available else f"unavailable: {avail.reason}"
         print(f"{e.name:12s} {state}")
         if e.description:
             print(f"{'':12s} {e.description}")
@@ -572,7 +578,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _help_hint(argv: Sequence[str] | None) -> str:
     args = list(sys.argv[1:] if argv is None else argv)
-    cmds = {"compare", "capture", "report", "diff", "backends", "export"}
+    cmds = {"compare", "capture", "certify", "verify", "report", "diff", "backends", "export"}
     first = next((a for a in args if not a.startswith("-")), None)
     if first in cmds:
         sub = " torch" if first == "export" and "torch" in args else ""

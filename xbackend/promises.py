@@ -105,7 +105,8 @@ def _batch_position(r: Result, b: BackendResult) -> tuple[str, str, str]:
     if row is None or row.status != "ok" or row.invariant is None:
         why = row.reason if row is not None else "; ".join(probe.notes) or "no batch dimension to vary"
         return "unchecked", f"the batch probe could not check it: {why}", ""
-    where = f"the first sample alone vs at positions {', '.join(map(str, row.positions))} of a batch of {row.batch}"
+    positions = ", ".join(map(str, row.positions))
+    where = f"the first sample alone vs at positions {positions} of a batch of {row.batch}"
     if row.invariant:
         return "held", f"bit-identical, {where} ({row.compared} tensors)", ""
     return "broken", f"bits differ, {where}", row.first_divergence or ""

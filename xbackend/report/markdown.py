@@ -154,7 +154,9 @@ def _backend_rows(r: Result) -> list[list[object]]:
         det = _yes(b.deterministic)
         runs = f"{b.runs} x {b.builds}" if b.ok else "–"
         distinct = f"{b.distinct_outputs}" if b.ok else "–"
-        name = f"{b.name} (promises {', '.join(b.promises)})" if b.promises else b.name
+        notes = [f"precision {dict(b.info)['precision']}"] if "precision" in dict(b.info) else []
+        notes += [f"promises {', '.join(b.promises)}"] if b.promises else []
+        name = f"{b.name} ({'; '.join(notes)})" if notes else b.name
         rows.append([name, status, det, runs, distinct, *vs, *([drift] if r.baseline else [])])
     return rows
 

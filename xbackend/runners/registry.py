@@ -33,6 +33,7 @@ _BUILTIN: dict[str, str] = {
     "torch-compile": "xbackend.runners.torch_compile:TorchCompileRunner",
     "torch-compile-autotune": "xbackend.runners.torch_compile:TorchCompileAutotuneRunner",
     "expected": "xbackend.runners.expected:ExpectedRunner",
+    "groq": "xbackend.runners.groq:GroqRunner",
 }
 
 

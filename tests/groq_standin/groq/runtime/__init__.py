@@ -1,0 +1,1 @@
+"""Stand-in for groq-runtime (tests only)."""

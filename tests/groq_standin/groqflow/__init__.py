@@ -1,0 +1,3 @@
+"""Stand-in for GroqFlow 4.3.1 (tests only)."""
+
+from groqflow.justgroqit.groqit import groqit  # noqa: F401

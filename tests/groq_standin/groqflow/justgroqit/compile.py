@@ -1,0 +1,9 @@
+from onnxflow.justbuildit.stage import Stage
+
+
+class CompileOnnx(Stage):
+    pass
+
+
+class Assemble(Stage):
+    pass

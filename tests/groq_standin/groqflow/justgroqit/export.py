@@ -1,0 +1,5 @@
+from onnxflow.justbuildit.stage import Stage
+
+
+class CheckOnnxCompatibility(Stage):
+    pass
