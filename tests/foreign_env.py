@@ -44,3 +44,19 @@ def venv(name: str, *requirements: str) -> Path:
 
 def old_ort_python() -> Path:
     return venv(f"ort-{OLD_ORT}", f"onnxruntime=={OLD_ORT}")
+
+
+STANDIN = Path(__file__).resolve().parent / "groq_standin"
+
+
+def groq_standin_python() -> Path:
+    """A GroqFlow environment made of the stand-in (tests/groq_standin) and onnxruntime 1.20.1."""
+    python = venv("groq-standin", f"onnxruntime=={OLD_ORT}")
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(site) / "groq_standin.pth").write_text(f"{STANDIN}\n")
+    return python

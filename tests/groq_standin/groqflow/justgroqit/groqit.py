@@ -7,12 +7,12 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
-import onnxruntime as ort
-
 import onnxflow.justbuildit.export as of_export
+import onnxruntime as ort
+from onnxflow.justbuildit.stage import Sequence
+
 from groqflow.justgroqit import compile as gf_compile
 from groqflow.justgroqit import export as gf_export
-from onnxflow.justbuildit.stage import Sequence
 
 DEFAULT_CACHE_DIR = os.path.expanduser("~/.cache/groqflow")
 DEFAULT_COMPILER_FLAGS = ["--large-program"]
