@@ -151,8 +151,8 @@ class Executor:
     def _worker_job(self, job: Job, job_dir: Path) -> WorkerJob:
         model = self.spec.ref()
         phases = tuple(_phase(p, job_dir) for p in job.phases)
-        if job.python:  # the worker has no onnx: models are prepared here, per phase
-            max_ir = self.max_ir.get(job.python)
+        if job.python or job.cls.stages_model:  # the worker needs no onnx: models are prepared here
+            max_ir = self.max_ir.get(job.python) if job.python else job.cls.max_ir_version()
             staged = self.work / "staged-models"
             phases = tuple(replace(p, model=stage_model(model, p.tensors, max_ir, staged)) for p in phases)
             model = stage_model(model, (), max_ir, staged)

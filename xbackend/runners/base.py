@@ -115,6 +115,10 @@ class Runner(abc.ABC):
     # Determinism properties the hardware promises (xbackend.promises.PROPERTIES): every
     # comparison checks them, and one seen broken is a failure (exit 16).
     promises: ClassVar[frozenset[str]] = frozenset()
+    # True: xbackend exposes the requested tensors as graph outputs (and lowers the IR) in its
+    # own process, and the runner loads `model.path` as it is: a plugin needs no onnx package.
+    # Workers in another interpreter (python=) always get staged models.
+    stages_model: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         self.options: dict[str, Any] = self.resolve_options(options or {})

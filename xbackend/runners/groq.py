@@ -123,6 +123,7 @@ class GroqRunner(Runner):
         "Groq LPU through GroqFlow's groqit() (its own interpreter: python= or XBACKEND_GROQ_PYTHON)"
     )
     promises: ClassVar[frozenset[str]] = frozenset({"run-to-run", "build-to-build"})
+    stages_model = True
     option_specs: ClassVar[Sequence[OptionSpec]] = (
         OptionSpec(
             "precision",
