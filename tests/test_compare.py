@@ -219,7 +219,8 @@ def test_external_data_model_runs(tmp_path: Path, models: dict[str, Path]) -> No
 def test_unknown_backend_lists_the_known_ones(models: dict[str, Path], plugins: None) -> None:
     with pytest.raises(
         BackendUnavailableError,
-        match=r"unknown backend 'tensorrt'; known backends: expected, openvino-cpu, openvino-cpu-default, "
+        match=r"unknown backend 'tensorrt'; known backends: expected, groq \(unavailable\), openvino-cpu, "
+        r"openvino-cpu-default, "
         r"oracle, "
         r"ort-cpu, .*reference, .*"
         r"test-missing \(unavailable\).*`xbackend backends` says why",
@@ -231,7 +232,7 @@ def test_bad_options(models: dict[str, Path]) -> None:
     with pytest.raises(
         UsageError,
         match="ort-cpu has no option thread; its options are: deterministic_compute, "
-        "inter_op_threads, opt_level, threads",
+        "inter_op_threads, opt_level, python, threads",
     ):
         xbackend.compare(models["attention"], runner_options={"ort-cpu": {"thread": "1"}})
     with pytest.raises(

@@ -418,7 +418,13 @@ def _run_builds(ex: Executor, p: PlannedBackend, jobs: Sequence[Job]) -> _Builds
 
 def _summarize(b: _Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResult:
     p = b.planned
-    options = tuple(sorted((k, str(v)) for k, v in p.options.items() if k != "file" or p.name != EXPECTED))
+    options = tuple(
+        sorted(
+            (k, str(v))
+            for k, v in p.options.items()
+            if (k != "file" or p.name != EXPECTED) and (k != PYTHON_OPTION.name or v)
+        )
+    )
     if p.cls is None:
         return BackendResult(
             p.name, "unavailable", p.unavailable, options, p.interpreter_info(), promises=_promises(p.name)
