@@ -356,8 +356,8 @@ def _markdown(c: Mapping[str, Any]) -> list[str]:
     bat = c["battery"]
     out += [
         "",
-        f"Battery: {bat['runs']} runs in each of {bat['builds']} fresh builds; each sample alone vs in a "
-        f"batch of {bat['batch']}; 1 thread vs the runner's other thread counts.",
+        f"Battery: {bat['runs']} runs in each of {bat['builds']} fresh builds; the first sample alone vs "
+        f"in a batch of {bat['batch']}; 1 thread vs the runner's other thread counts.",
         "",
         "## Properties",
         "",
