@@ -22,6 +22,7 @@ PLUGINS = {
     "test-shared": "plugin_runners:SharedProcessRunner",
     "test-drift": "plugin_runners:ThreadDriftRunner",
     "test-promising": "plugin_runners:PromisingOrtRunner",
+    "test-kill-job": "plugin_runners:KillJobRunner",
 }
 
 

@@ -211,3 +211,25 @@ class PromisingOrtRunner(OrtCpuRunner):
     name = "test-promising"
     description = "ONNX Runtime CPU that promises run-to-run, build-to-build and thread-count determinism"
     promises = frozenset({"run-to-run", "build-to-build", "thread-count"})
+
+
+class KillJobRunner(ReferenceRunner):
+    """Kills the process that started its worker (a sweep job, or a Ray worker) the first `times`
+    builds it is asked for, counted in `marker`: a node or worker lost mid-way through a job."""
+
+    name = "test-kill-job"
+    description = "kills its job's process mid-way, then behaves"
+    option_specs = (
+        *ReferenceRunner.option_specs,
+        OptionSpec("marker", str, "", "file counting the kills so far"),
+        OptionSpec("times", int, 1, "how many builds kill their job"),
+    )
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        marker = Path(self.options["marker"])
+        kills = int(marker.read_text()) if marker.is_file() else 0
+        if kills < int(self.options["times"]):
+            marker.write_text(str(kills + 1))
+            os.kill(os.getppid(), 9)
+            os._exit(1)
+        return super().prepare_impl(model, tensors)

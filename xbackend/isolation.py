@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xbackend.foreign import foreign_env, worker_path
-from xbackend.protocol import PROGRESS_TAG, WorkerJob, WorkerResult
+from xbackend.protocol import PARENT_ENV, PROGRESS_TAG, WorkerJob, WorkerResult
 
 __all__ = ["WorkerOutcome", "run_batch", "run_worker"]
 
@@ -138,7 +138,7 @@ def run_batch(
             stdout=subprocess.PIPE,
             stderr=err,
             stdin=subprocess.DEVNULL,
-            env=foreign_env(env) if python else _env(env),
+            env={**(foreign_env(env) if python else _env(env)), PARENT_ENV: str(os.getpid())},
             cwd=worker_path() if python else None,  # `-m` puts the folder it starts in first on sys.path
             start_new_session=True,
         )

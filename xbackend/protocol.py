@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 PROGRESS_TAG = "xbackend-progress"
+PARENT_ENV = "XBACKEND_PARENT_PID"  # the worker dies with the process that started it
 OUTPUTS = "outputs"
 LAYERS = "layers"
 

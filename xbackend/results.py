@@ -109,7 +109,7 @@ class CompareOptions:
         return opts.with_reference()
 
     def validate(self) -> None:
-        if not self.backends:
+        if not self.backends and not self.loads:
             raise UsageError("no backends given; pass --backends, e.g. --backends ort-cpu,reference")
         if len(set(self.backends)) != len(self.backends):
             twice = next(b for b in self.backends if self.backends.count(b) > 1)
@@ -155,7 +155,8 @@ class CompareOptions:
     def with_reference(self) -> CompareOptions:
         """Resolve the reference: the explicit one (added to backends), else 'reference', else the first."""
         if self.reference is None:
-            ref = "reference" if "reference" in self.backends else self.backends[0]
+            names = (*self.backends, *self.loaded_names)
+            ref = "reference" if "reference" in names else names[0]
             return replace(self, reference=ref)
         if self.reference not in self.backends and self.reference not in self.loaded_names:
             return replace(self, backends=(*self.backends, self.reference))
@@ -167,7 +168,7 @@ class CompareOptions:
 
     @property
     def reference_name(self) -> str:
-        return self.reference or self.backends[0]
+        return self.reference or (*self.backends, *self.loaded_names)[0]
 
     def options_for(self, backend: str) -> dict[str, str]:
         return {k: v for b, k, v in self.runner_options if b == backend}

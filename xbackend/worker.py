@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from xbackend.capture import capture_sha256, save_capture
 from xbackend.errors import BackendUnavailableError, XbackendError
 from xbackend.metrics import TensorDiff, diff_values, keep_worse
-from xbackend.protocol import PROGRESS_TAG, Phase, PhaseResult, WorkerJob, WorkerResult
+from xbackend.protocol import PARENT_ENV, PROGRESS_TAG, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.runners.base import Runner
 from xbackend.storage import ValueFile
 from xbackend.values import Value
@@ -188,12 +188,31 @@ def execute(job: WorkerJob) -> WorkerResult:
                 runner.close()
 
 
+def _die_with_parent() -> None:
+    """A worker outlives nothing: when the process that started it dies (a sweep job killed at its
+    timeout, a lost Ray worker), the kernel kills it too (Linux; elsewhere it ends at its pipe)."""
+    parent = os.environ.get(PARENT_ENV, "")
+    if not sys.platform.startswith("linux") or not parent.isdigit():
+        return
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run each job file named, in order, in this process; write each one's result as it ends.
 
     Several files: variants of a backend whose differences are per engine (see
     Runner.shares_process), sharing one process's start-up and imports.
     """
+    if argv is None:
+        _die_with_parent()
     args = list(sys.argv[1:] if argv is None else argv)
     code = 0
     for path in args:

@@ -1,0 +1,440 @@
+"""Where a sweep's jobs run: this machine (a process per job), or a Ray cluster (a task per job).
+
+Both leave the same job folders under OUT/jobs and the same records, so the comparison that
+follows cannot tell them apart. Failure handling is the same too:
+
+- a job whose process (or Ray worker, or node) dies is run again, up to `retries` more times;
+- a job that runs past `timeout` seconds is killed and failed, not retried (a hang would hang again);
+- a job that needs what no node has fails at once, naming what is missing;
+- a backend that fails or is unavailable fails its job (a record says why); nothing is retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xbackend.errors import UsageError
+from xbackend.sweep.fleet import FleetJob, FleetProgress, node_label
+from xbackend.sweep.node import job_to_json, read_record
+from xbackend.sweep.spec import JobSpec, Requirements
+
+__all__ = ["RAY_PIN", "LocalExecutor", "RayExecutor", "label_matches", "node_feasible", "placement"]
+
+RAY_PIN = "ray==2.60.0"
+
+
+def _finished(job: JobSpec, folder: Path, attempts: int, fallback_node: Mapping[str, Any]) -> FleetJob:
+    rec = read_record(folder)
+    if rec is None:
+        return FleetJob(job, "failed", "the job left no record", fallback_node, attempts)
+    return FleetJob(job, str(rec["status"]), str(rec.get("reason", "")), rec.get("node", {}), attempts, rec)
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+@dataclass
+class LocalExecutor:
+    """Each job in its own process on this machine, one after another."""
+
+    name: str = "local"
+
+    def run(
+        self, jobs: Sequence[JobSpec], jobs_dir: Path, progress: FleetProgress, timeout: float, retries: int
+    ) -> list[FleetJob]:
+        host = {"hostname": socket.gethostname()}
+        out = []
+        for job in jobs:
+            progress.started(job.id, node_label(host))
+            fj = self._one(job, jobs_dir / job.folder, host, timeout, retries)
+            progress.finished(job.id, fj.node_name, fj.status)
+            out.append(fj)
+        return out
+
+    def _one(
+        self, job: JobSpec, folder: Path, host: Mapping[str, Any], timeout: float, retries: int
+    ) -> FleetJob:
+        died: list[str] = []
+        for attempt in range(1, retries + 2):
+            with tempfile.TemporaryDirectory(prefix="xbackend-job-") as tmp:
+                spec = Path(tmp) / "job.json"
+                spec.write_text(json.dumps(job_to_json(job)))
+                err = Path(tmp) / "stderr"
+                with open(err, "wb") as ef:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "xbackend.sweep.node", str(spec), str(folder)],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=ef,
+                        start_new_session=True,  # a timeout kills the job's workers with it
+                    )
+                    try:
+                        code = proc.wait(timeout)
+                    except subprocess.TimeoutExpired:
+                        _kill_group(proc)
+                        return FleetJob(
+                            job, "failed", f"timed out after {timeout:g} s (job_timeout)", host, attempt
+                        )
+                if code == 0:
+                    return _finished(job, folder, attempt, host)
+                why = f"job process died ({_signal_name(code)})" if code < 0 else f"job process exited {code}"
+                tail = _tail(err)
+                died.append(f"attempt {attempt}: {why}{': ' + tail if tail else ''}")
+            if code > 0:  # an error, not a death: running it again gives the same
+                break
+        return FleetJob(job, "failed", "; ".join(died), host, len(died))
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+# --- Ray ----------------------------------------------------------------------------------------
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise UsageError(
+            f"--executor ray needs Ray: pip install 'xbackend[ray]' (installs {RAY_PIN}), "
+            "or run the sweep with --executor local"
+        ) from e
+    return ray
+
+
+def placement(req: Requirements) -> dict[str, Any]:
+    """Ray task options for a backend's requirements."""
+    opts: dict[str, Any] = {"num_cpus": req.num_cpus, "num_gpus": req.num_gpus}
+    if req.accelerator_type:
+        opts["accelerator_type"] = req.accelerator_type
+    if req.resources:
+        opts["resources"] = dict(req.resources)
+    if req.labels:
+        opts["label_selector"] = dict(req.labels)
+    return opts
+
+
+def label_matches(selector: str, value: str | None) -> bool:
+    """Ray's label selector values: 'v', '!v', 'in(a,b)', '!in(a,b)'."""
+    neg = selector.startswith("!")
+    sel = selector[1:] if neg else selector
+    if sel.startswith("in(") and sel.endswith(")"):
+        hit = value is not None and value in [x.strip() for x in sel[3:-1].split(",")]
+    else:
+        hit = value == sel
+    return hit != neg
+
+
+def node_feasible(req: Requirements, node: Mapping[str, Any]) -> str:
+    """'' when `node` (an entry of ray.nodes()) could ever run a job needing `req`, else what it lacks."""
+    res = node.get("Resources", {})
+    labels = node.get("Labels", {})
+    want = {"CPU": req.num_cpus, "GPU": req.num_gpus, **dict(req.resources)}
+    if req.accelerator_type:
+        want[f"accelerator_type:{req.accelerator_type}"] = 0.001
+    for k, v in want.items():
+        if v and res.get(k, 0.0) < v:
+            return f"{k} {res.get(k, 0.0):g} < {v:g}"
+    for k, sel in req.labels:
+        if not label_matches(sel, labels.get(k)):
+            return f"label {k}={labels.get(k)!r} does not match {sel!r}"
+    return ""
+
+
+def _materialize(bundle: Mapping[str, Any] | None) -> dict[str, str]:
+    """Write a job's shipped files (model, external data, inputs) on this node, at a path that
+    depends only on their content, so every sweep on this node reads the same paths."""
+    if not bundle:
+        return {}
+    import hashlib
+
+    paths = {}
+    for role, files in bundle.items():
+        digest = hashlib.sha256()
+        for rel, data in sorted(files["files"].items()):
+            digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+        root = Path(tempfile.gettempdir()) / "xbackend-sweep" / digest.hexdigest()[:24]
+        for rel, data in files["files"].items():
+            dest = root / rel
+            if dest.is_file() and dest.stat().st_size == len(data):
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, dest)
+        paths[role] = str(root / files["main"])
+    return paths
+
+
+def _bundle(job: JobSpec) -> dict[str, Any]:
+    """The files a job needs on a node without shared storage: the model with its external data,
+    and its inputs when they are files."""
+    from xbackend.model import _external_files, load_proto
+
+    model = Path(job.model_path)
+    files = {model.name: model.read_bytes()}
+    for rel in _external_files(load_proto(model, load_external=False)):
+        if (model.parent / rel).is_file():
+            files[rel] = (model.parent / rel).read_bytes()
+    out: dict[str, Any] = {"model": {"main": model.name, "files": files}}
+    inputs = job.compare.get("inputs")
+    if inputs:
+        p = Path(inputs)
+        if p.is_dir():
+            out["inputs"] = {
+                "main": p.name,
+                "files": {
+                    f"{p.name}/{f.relative_to(p)}": f.read_bytes()
+                    for f in sorted(p.rglob("*"))
+                    if f.is_file()
+                },
+            }
+        elif p.is_file():
+            out["inputs"] = {"main": p.name, "files": {p.name: p.read_bytes()}}
+    return out
+
+
+def _ray_job(
+    job_json: Mapping[str, Any], bundle: Mapping[str, Any] | None, dest: str | None, tracker: Any, job_id: str
+) -> tuple[dict[str, Any], dict[str, bytes] | None]:
+    """The Ray task: run one job on this node; its files come back through the object store
+    unless `dest` is on storage the driver shares."""
+    from xbackend.sweep.node import job_from_json, node_identity, run_job
+
+    tracker.started.remote(job_id, node_identity())
+    _undo_ray_thread_cap()
+    job = job_from_json(job_json)
+    paths = _materialize(bundle)
+    if dest is not None:
+        return run_job(job, dest, paths.get("model"), paths.get("inputs")), None
+    with tempfile.TemporaryDirectory(prefix="xbackend-job-") as tmp:
+        folder = Path(tmp) / "job"
+        rec = run_job(job, folder, paths.get("model"), paths.get("inputs"))
+        files = {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+    return rec, files
+
+
+def _undo_ray_thread_cap() -> None:
+    """Ray sets OMP_NUM_THREADS to a task's num_cpus when the node's environment does not set it;
+    engines would then run other thread counts than outside Ray. The variable is dropped when the
+    worker was not started with it (its initial environment, /proc/self/environ on Linux)."""
+    try:
+        initial = Path("/proc/self/environ").read_bytes().split(b"\0")
+    except OSError:
+        return
+    if not any(e.startswith(b"OMP_NUM_THREADS=") for e in initial):
+        os.environ.pop("OMP_NUM_THREADS", None)
+
+
+class _Tracker:
+    """A Ray actor the tasks tell when and where they start (for timeouts and progress)."""
+
+    def __init__(self) -> None:
+        self.starts: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def started(self, job_id: str, node: dict[str, Any]) -> None:
+        self.starts[job_id] = (time.time(), node)
+
+    def snapshot(self) -> dict[str, tuple[float, dict[str, Any]]]:
+        return dict(self.starts)
+
+
+def _write_files(folder: Path, files: Mapping[str, bytes]) -> None:
+    """A job folder from the object store, replaced whole (a reader never sees half of one)."""
+    part = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(part, ignore_errors=True)
+    for rel, data in files.items():
+        dest = part / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(part, folder)
+
+
+@dataclass
+class _Pending:
+    job: JobSpec
+    attempt: int
+    ref: Any
+    died: list[str] = field(default_factory=list)
+    cancelled: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.job.id}#{self.attempt}"
+
+
+@dataclass
+class RayExecutor:
+    """Each job a Ray task, placed by its backend's requirements. `address`: an existing cluster
+    ('auto', 'ray://HOST:10001', ...); None: the one this process is connected to, else a local
+    instance started for the sweep and stopped after it. `shared_storage`: the sweep's output folder
+    is mounted at the same path on every node, so jobs write there instead of returning their files
+    through the object store."""
+
+    address: str | None = None
+    shared_storage: bool = False
+    poll_s: float = 0.5
+    name: str = "ray"
+    init_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def run(
+        self, jobs: Sequence[JobSpec], jobs_dir: Path, progress: FleetProgress, timeout: float, retries: int
+    ) -> list[FleetJob]:
+        ray = _import_ray()
+        started_here = False
+        if not ray.is_initialized():
+            try:
+                ray.init(
+                    address=self.address,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level="ERROR",
+                    **self.init_options,
+                )
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                where = self.address or "a local instance"
+                raise UsageError(
+                    f"cannot start or reach Ray at {where} ({str(e).splitlines()[0][:200]}); check --address "
+                    "(e.g. auto, or ray://HEAD:10001), or run with --executor local"
+                ) from e
+            started_here = True
+        try:
+            return self._run(ray, jobs, jobs_dir.resolve(), progress, timeout, retries)
+        finally:
+            if started_here:
+                ray.shutdown()
+
+    def _run(
+        self,
+        ray: Any,
+        jobs: Sequence[JobSpec],
+        jobs_dir: Path,
+        progress: FleetProgress,
+        timeout: float,
+        retries: int,
+    ) -> list[FleetJob]:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        task = ray.remote(_ray_job)
+        tracker = ray.remote(_Tracker).options(num_cpus=0).remote()
+        bundles: dict[str, Any] = {}
+        out: list[FleetJob] = []
+        pending: list[_Pending] = []
+
+        def submit(job: JobSpec, attempt: int, died: list[str]) -> None:
+            bundle = None
+            if not self.shared_storage:
+                if job.model not in bundles:
+                    bundles[job.model] = ray.put(_bundle(job))
+                bundle = bundles[job.model]
+            dest = None if not self.shared_storage else str(jobs_dir / job.folder)
+            opts = {**placement(job.requires), "max_retries": 0, "retry_exceptions": False}
+            ref = task.options(**opts).remote(job_to_json(job), bundle, dest, tracker, f"{job.id}#{attempt}")
+            pending.append(_Pending(job, attempt, ref, died))
+
+        for job in jobs:
+            why = _infeasible(job.requires, nodes)
+            if why:
+                fj = FleetJob(job, "failed", why, {}, 0)
+                progress.finished(job.id, "-", fj.status)
+                out.append(fj)
+            else:
+                submit(job, 1, [])
+        seen: set[str] = set()
+        while pending:
+            ready, _ = ray.wait([p.ref for p in pending], num_returns=1, timeout=self.poll_s)
+            starts = ray.get(tracker.snapshot.remote())
+            now = time.time()
+            for p in pending:
+                t0, node = starts.get(p.key, (None, {}))
+                if t0 is None:
+                    continue
+                if p.key not in seen:
+                    seen.add(p.key)
+                    progress.started(p.job.id, node_label(node))
+                if not p.cancelled and now - t0 > timeout:
+                    p.cancelled = f"timed out after {timeout:g} s (job_timeout)"
+                    ray.cancel(p.ref, force=True)
+            for p in [p for p in pending if p.ref in ready]:
+                pending.remove(p)
+                node = starts.get(p.key, (0.0, {}))[1]
+                got = self._collect(ray, p, node, jobs_dir, retries)
+                if got is None:  # the process or node died: again, while retries last
+                    submit(p.job, p.attempt + 1, p.died)
+                    continue
+                progress.finished(p.job.id, got.node_name or "-", got.status)
+                out.append(got)
+        return out
+
+    def _collect(
+        self, ray: Any, p: _Pending, node: Mapping[str, Any], jobs_dir: Path, retries: int
+    ) -> FleetJob | None:
+        from ray.exceptions import RayError, RayTaskError, TaskCancelledError
+
+        try:
+            rec, files = ray.get(p.ref)
+        except TaskCancelledError:
+            return FleetJob(p.job, "failed", p.cancelled or "cancelled", node, p.attempt)
+        except RayTaskError as e:  # xbackend raised on the node: the same again on a retry
+            return FleetJob(p.job, "failed", f"the job raised on its node: {_first(e)}", node, p.attempt)
+        except RayError as e:
+            if p.cancelled:
+                return FleetJob(p.job, "failed", p.cancelled, node, p.attempt)
+            where = f" on {node_label(node)}" if node else ""
+            p.died.append(f"attempt {p.attempt}: {type(e).__name__}{where}: {_first(e)}")
+            if len(p.died) <= retries:
+                return None
+            return FleetJob(p.job, "failed", "; ".join(p.died), node, p.attempt)
+        if files is not None:
+            _write_files(jobs_dir / p.job.folder, files)
+        return FleetJob(
+            p.job, str(rec["status"]), str(rec.get("reason", "")), rec.get("node", {}), p.attempt, rec
+        )
+
+
+def _first(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    lines = [ln.strip() for ln in text if ln.strip()]
+    return (lines[-1] if lines else type(e).__name__)[:300]
+
+
+def _infeasible(req: Requirements, nodes: Sequence[Mapping[str, Any]]) -> str:
+    if not nodes:
+        return "the Ray cluster has no live node"
+    lacks = [node_feasible(req, n) for n in nodes]
+    if all(lacks):
+        per = "; ".join(
+            f"{n.get('NodeManagerHostname', '?')} ({n.get('NodeManagerAddress', '?')}): {why}"
+            for n, why in zip(nodes, lacks, strict=True)
+        )
+        return f"no node in the Ray cluster has {req.describe()} ({per})"
+    return ""

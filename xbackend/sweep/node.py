@@ -1,0 +1,154 @@
+"""What runs on a node: one model on one backend, as `compare` runs it, into a job folder.
+
+A job folder holds:
+
+    capture/      the backend's portable capture (xbackend.portable), when it ran
+    report.md     the job's own report: its determinism and its probes (threads, batch, ...)
+    report.json
+    job.json      the record: status, reason, node, verdict lines; written last
+
+Each backend build still runs in its own worker process (xbackend.isolation), so an engine
+that crashes fails its job, not the node's task. The local executor runs this module as a
+process per job (`python -m xbackend.sweep.node JOB.json DEST`); on Ray a task calls
+`run_job` on its node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["JOB_FILE", "job_from_json", "job_to_json", "node_identity", "read_record", "run_job"]
+
+JOB_FILE = "job.json"
+RECORD_FORMAT = "xbackend.sweep-job/1"
+
+
+def job_to_json(job: Any) -> dict[str, Any]:
+    return {
+        "model": job.model,
+        "model_path": job.model_path,
+        "model_sha256": job.model_sha256,
+        "backend": job.backend,
+        "compare": dict(job.compare),
+        "requires": job.requires.to_json(),
+    }
+
+
+def job_from_json(d: Mapping[str, Any]) -> Any:
+    from xbackend.sweep.spec import JobSpec, Requirements
+
+    r = d["requires"]
+    req = Requirements(
+        float(r["num_cpus"]),
+        float(r["num_gpus"]),
+        str(r["accelerator_type"]),
+        tuple(sorted((str(k), float(v)) for k, v in r["resources"].items())),
+        tuple(sorted((str(k), str(v)) for k, v in r["labels"].items())),
+    )
+    return JobSpec(
+        str(d["model"]), str(d["model_path"]), str(d["model_sha256"]), str(d["backend"]), d["compare"], req
+    )
+
+
+def node_identity() -> dict[str, Any]:
+    """Which node this is, in terms that stay the same from one sweep to the next (no Ray ids)."""
+    ident: dict[str, Any] = {"hostname": socket.gethostname()}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ctx = ray.get_runtime_context()
+            ident["address"] = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+            labels = ctx.get_node_labels() if hasattr(ctx, "get_node_labels") else {}
+            ident["labels"] = {k: v for k, v in sorted(labels.items()) if k != "ray.io/node-id"}
+            assigned = ctx.get_assigned_resources()  # type: ignore[no-untyped-call]
+            ident["assigned"] = {k: float(v) for k, v in sorted(assigned.items())}
+    except ImportError:
+        pass
+    return ident
+
+
+def _record(job: Any, status: str, reason: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "format": RECORD_FORMAT,
+        "id": job.id,
+        "key": job.key,
+        "model": job.model,
+        "backend": job.backend,
+        "status": status,
+        "reason": reason,
+        "node": node_identity(),
+        **extra,
+    }
+
+
+def run_job(
+    job: Any, dest: str | os.PathLike[str], model_path: str | None = None, inputs_path: str | None = None
+) -> dict[str, Any]:
+    """Run `job` and leave its folder at `dest` (replaced whole); returns the record. Backend
+    trouble is a failed record, never an exception. `model_path`, `inputs_path`: where this node
+    holds the job's files, when they were shipped to it."""
+    from xbackend.compare import compare_with_options
+    from xbackend.environment import collect_environment
+    from xbackend.errors import XbackendError, first_line
+    from xbackend.report import to_json, to_markdown, write_atomic
+    from xbackend.sweep.fleet import environment_sha256
+
+    out = Path(dest)
+    part = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    env = collect_environment()
+    common = {"environment": env, "environment_sha256": environment_sha256(env)}
+    opts = job.options()
+    if inputs_path is not None:
+        opts = replace(opts, inputs=inputs_path)
+    try:
+        result = compare_with_options(model_path or job.model_path, opts, None, part / "capture")
+    except XbackendError as e:
+        rec = _record(job, "failed", first_line(e), **common)
+    else:
+        b = result.backend(job.backend)
+        status = "ok" if b.ok else ("unavailable" if b.status == "unavailable" else "failed")
+        write_atomic(part / "report.md", to_markdown(result))
+        write_atomic(part / "report.json", to_json(result))
+        rec = _record(
+            job,
+            status,
+            "" if b.ok else b.reason,
+            verdict=result.verdict(),
+            exit_code=result.exit_code,
+            **common,
+        )
+    write_atomic(part / JOB_FILE, json.dumps(rec, indent=2, sort_keys=True) + "\n", "job record")
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(part, out)
+    return rec
+
+
+def read_record(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The job record in `folder`, or None when there is none (never ran, or interrupted)."""
+    try:
+        rec = json.loads((Path(folder) / JOB_FILE).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and rec.get("format") == RECORD_FORMAT else None
+
+
+def main(argv: list[str]) -> int:
+    """`python -m xbackend.sweep.node JOB.json DEST`: the local executor's process per job."""
+    job = job_from_json(json.loads(Path(argv[0]).read_text("utf-8")))
+    run_job(job, argv[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
