@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch,ray]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,7 +24,7 @@ gpu:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet 'torch==2.13.0' --index-url https://download.pytorch.org/whl/cu130
-	$(BIN)/python -m pip install --quiet -e '.[dev,torch,gpu]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch,ray,gpu]'
 	$(BIN)/python -m pip uninstall --quiet -y onnxruntime
 	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps 'onnxruntime-gpu==1.31.1'
 	touch $(STAMP)

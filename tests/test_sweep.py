@@ -220,9 +220,14 @@ def test_a_rerun_resumes_and_writes_the_same_bytes(
     stamp = (out / "jobs" / "mlp" / "reference" / "job.json").stat().st_mtime_ns
     # damage one capture: that job alone runs again
     (out / "jobs" / "scatter" / "ort-cpu@1t" / "capture" / "outputs.xbv").write_bytes(b"damaged")
-    code, stdout, _ = run(capsys, "sweep", str(folder / "zoo.toml"), "--no-progress")
+    code, stdout, err = run(capsys, "sweep", str(folder / "zoo.toml"))
     assert code == 1
     assert "5 resumed from earlier captures" in stdout
+    # stderr is no terminal here: a line per job instead of a bar
+    assert err.splitlines() == [
+        "xbackend: sweep: 5 of 6 jobs already done, resuming",
+        f"xbackend: [6/6] scatter/ort-cpu@1t: ok on {os.uname().nodename}",
+    ]
     assert (out / "jobs" / "mlp" / "reference" / "job.json").stat().st_mtime_ns == stamp
     assert {p: p.read_bytes() for p in before} == before
 
