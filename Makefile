@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint models bench clean gpu
+.PHONY: demo test lint models bench clean gpu fleet
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ gpu:
 	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps 'onnxruntime-gpu==1.31.1'
 	touch $(STAMP)
 	$(BIN)/xbackend backends
+
+# The sample models over this machine's CPU engines: reports/zoo-fleet/fleet.md
+fleet: $(STAMP)
+	$(BIN)/xbackend sweep models/zoo.sweep.toml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

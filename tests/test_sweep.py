@@ -346,3 +346,24 @@ def test_ray_only_flags_need_the_ray_executor(
 def test_usage_error_type() -> None:
     with pytest.raises(UsageError, match="not found"):
         load_sweep("/nonexistent/zoo.toml")
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_readme_sweep_file_and_the_bundled_one_load(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Fleet sweeps")[1].split("```toml\n")[1].split("```")[0]
+    path = write_sweep(tmp_path, block.replace('path = "models/', f'path = "{ROOT}/models/'))
+    spec = load_sweep(path)
+    jobs = {j.id: j for j in spec.jobs({m.name: "0" * 64 for m in spec.models})}
+    assert len(jobs) == 4 + 3
+    h100 = jobs["convnet/ort-cuda@h100"]
+    assert h100.options().options_for("ort-cuda@h100") == {"tf32": "true"}
+    assert h100.options().runs == 5 and h100.options().shapes == (("image", (4, 3, 32, 32)),)
+    assert placement(h100.requires) == {"num_cpus": 1.0, "num_gpus": 1.0, "accelerator_type": "H100"}
+    assert placement(jobs["torch_mlp/groq"].requires)["resources"] == {"groq": 1.0}
+    assert spec.output == tmp_path / "fleet"
+    bundled = load_sweep(ROOT / "models" / "zoo.sweep.toml")
+    assert len(bundled.jobs({m.name: "0" * 64 for m in bundled.models})) == 15
+    assert bundled.output == ROOT / "reports" / "zoo-fleet"

@@ -392,6 +392,7 @@ def load_sweep(path: str | os.PathLike[str], output: str | os.PathLike[str] | No
     if job_timeout <= 0 or retries < 0:
         raise _bad(p, "sweep", "job_timeout must be > 0 seconds and retries >= 0")
     out = Path(output) if output is not None else p.parent / str(sweep.get("output", f"{p.stem}-fleet"))
+    out = Path(os.path.normpath(out))
     spec = SweepSpec(
         path=p,
         name=str(sweep.get("name", p.stem)),
