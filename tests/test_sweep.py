@@ -251,7 +251,7 @@ def test_failing_jobs_do_not_stop_the_sweep(
 [sweep]
 runs = 2
 probes = "none"
-job_timeout = 20
+job_timeout = 30
 retries = 1
 
 [[models]]
@@ -294,7 +294,7 @@ name = "test-missing"
     always = jobs["mlp_batch/test-kill-job@always"]
     assert always["status"] == "failed" and always["attempts"] == 2
     assert always["reason"] == "attempt 1: job process died (SIGKILL); attempt 2: job process died (SIGKILL)"
-    assert jobs["mlp_batch/test-hang"]["reason"] == "timed out after 20 s (job_timeout)"
+    assert jobs["mlp_batch/test-hang"]["reason"] == "timed out after 30 s (job_timeout)"
     assert jobs["mlp_batch/test-missing"]["status"] == "unavailable"
     assert jobs["broken/reference"]["reason"].startswith("model not run: ")
     assert jobs["noshape/reference"]["reason"] == (
@@ -303,7 +303,7 @@ name = "test-missing"
     )
     assert fleet["matrix"]["mlp_batch"]["test-kill-job@once"]["verdict"] == "pass"
     assert fleet["matrix"]["mlp_batch"]["test-hang"]["kind"] == "timed out"
-    assert "FAIL: job mlp_batch/test-hang failed: timed out after 20 s (job_timeout)" in stdout
+    assert "FAIL: job mlp_batch/test-hang failed: timed out after 30 s (job_timeout)" in stdout
     # the hung worker died with its job: nothing of it is left running
     left = subprocess.run(["pgrep", "-f", "xbackend.worker"], capture_output=True, text=True).stdout
     assert left.strip() == ""

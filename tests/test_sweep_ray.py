@@ -143,7 +143,7 @@ def test_placement_lost_workers_and_timeouts(cluster: None, models: dict[str, Pa
 [sweep]
 runs = 2
 probes = "none"
-job_timeout = 15
+job_timeout = 30
 retries = 1
 
 [[models]]
@@ -202,7 +202,7 @@ name = "test-hang"
     assert (always["status"], always["attempts"]) == ("failed", 2)
     assert always["reason"].startswith("attempt 1: WorkerCrashedError on ")
     assert "; attempt 2: WorkerCrashedError on " in always["reason"]
-    assert jobs["test-hang"]["reason"] == "timed out after 15 s (job_timeout)"
+    assert jobs["test-hang"]["reason"] == "timed out after 30 s (job_timeout)"
     assert fleet["summary"] == {"backends": 8, "failed": 4, "jobs": 8, "models": 1, "ok": 4}
     assert r.exit_code == 1
     left = subprocess.run(["pgrep", "-f", "xbackend.worker"], capture_output=True, text=True).stdout
