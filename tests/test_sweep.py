@@ -95,6 +95,14 @@ set = {{ threads = 2 }}
             "sweep: runs must be int",
         ),
         ("[sweep\n", "is not valid TOML"),
+        (
+            "[[backends]]\nname = 'ort-gpu'\n[[models]]\npath = 'MODEL'\nshapes = { x = [1, 128] }\n",
+            "backend ort-gpu (model mlp_batch): unknown backend 'ort-gpu'; known backends: ",
+        ),
+        (
+            "[[backends]]\nname = 'ort-cpu'\nset = { thread = 1 }\n[[models]]\npath = 'MODEL'\n",
+            "backend ort-cpu (model mlp_batch): ort-cpu has no option thread; its options are: ",
+        ),
     ],
 )
 def test_a_bad_sweep_file_is_one_line_naming_file_and_key(

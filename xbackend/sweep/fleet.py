@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, InputError, XbackendError, first_line
 from xbackend.results import CompareOptions, Result
-from xbackend.sweep.spec import JobSpec, ModelEntry, SweepSpec, safe_name
+from xbackend.sweep.spec import JobSpec, ModelEntry, SweepSpec, check_backends, safe_name
 
 __all__ = [
     "FleetJob",
@@ -220,6 +220,8 @@ def run_sweep(
     from xbackend.sweep.executors import LocalExecutor
 
     ex = executor or LocalExecutor()
+    if ex.name == "local":  # unknown runners and options fail here, before any job
+        check_backends(spec)
     bar = progress or NullFleetProgress()
     jobs_dir = spec.output / JOBS
     models = _load_models(spec)

@@ -408,3 +408,16 @@ def load_sweep(path: str | os.PathLike[str], output: str | os.PathLike[str] | No
         except UsageError as e:
             raise _bad(p, f"model {job.model} on {job.backend}", str(e)) from e
     return spec
+
+
+def check_backends(spec: SweepSpec) -> None:
+    """Every backend name and option, checked against the runners installed here (for a sweep run
+    here; a cluster's nodes may have runners this machine lacks)."""
+    from xbackend.errors import BackendUnavailableError
+    from xbackend.runners.registry import get_runner
+
+    for job in spec.jobs({m.name: "" for m in spec.models}):
+        try:
+            get_runner(job.backend).resolve_options(job.options().options_for(job.backend))
+        except (BackendUnavailableError, UsageError) as e:
+            raise _bad(spec.path, f"backend {job.backend} (model {job.model})", str(e)) from e
