@@ -375,3 +375,16 @@ def test_the_readme_sweep_file_and_the_bundled_one_load(tmp_path: Path) -> None:
     bundled = load_sweep(ROOT / "models" / "zoo.sweep.toml")
     assert len(bundled.jobs({m.name: "0" * 64 for m in bundled.models})) == 15
     assert bundled.output == ROOT / "reports" / "zoo-fleet"
+
+
+def test_progress_counts_jobs_per_node() -> None:
+    from xbackend.sweep.progress import _Counts
+
+    c = _Counts()
+    c.start(5, 1)
+    c.started("a/x", "gpu-1 (10.0.0.7)")
+    c.started("a/y", "gpu-1 (10.0.0.7)")
+    c.started("b/x", "cpu-1 (10.0.0.9)")
+    c.finished("a/x", "failed")
+    assert (c.done, c.failed) == (2, 1)
+    assert c.text() == "1 failed, 1 resumed; running on cpu-1 (10.0.0.9): 1, gpu-1 (10.0.0.7): 1"
