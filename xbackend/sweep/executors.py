@@ -92,6 +92,9 @@ class LocalExecutor:
                         return FleetJob(
                             job, "failed", f"timed out after {timeout:g} s (job_timeout)", host, attempt
                         )
+                    except BaseException:  # interrupted: the job goes with the sweep
+                        _kill_group(proc)
+                        raise
                 if code == 0:
                     return _finished(job, folder, attempt, host)
                 why = f"job process died ({_signal_name(code)})" if code < 0 else f"job process exited {code}"
@@ -370,29 +373,34 @@ class RayExecutor:
             else:
                 submit(job, 1, [])
         seen: set[str] = set()
-        while pending:
-            ready, _ = ray.wait([p.ref for p in pending], num_returns=1, timeout=self.poll_s)
-            starts = ray.get(tracker.snapshot.remote())
-            now = time.time()
+        try:
+            while pending:
+                ready, _ = ray.wait([p.ref for p in pending], num_returns=1, timeout=self.poll_s)
+                starts = ray.get(tracker.snapshot.remote())
+                now = time.time()
+                for p in pending:
+                    t0, node = starts.get(p.key, (None, {}))
+                    if t0 is None:
+                        continue
+                    if p.key not in seen:
+                        seen.add(p.key)
+                        progress.started(p.job.id, node_label(node))
+                    if not p.cancelled and now - t0 > timeout:
+                        p.cancelled = f"timed out after {timeout:g} s (job_timeout)"
+                        ray.cancel(p.ref, force=True)
+                for p in [p for p in pending if p.ref in ready]:
+                    pending.remove(p)
+                    node = starts.get(p.key, (0.0, {}))[1]
+                    got = self._collect(ray, p, node, jobs_dir, retries)
+                    if got is None:  # the process or node died: again, while retries last
+                        submit(p.job, p.attempt + 1, p.died)
+                        continue
+                    progress.finished(p.job.id, got.node_name or "-", got.status)
+                    out.append(got)
+        except BaseException:  # interrupted: a cluster's tasks go with the sweep
             for p in pending:
-                t0, node = starts.get(p.key, (None, {}))
-                if t0 is None:
-                    continue
-                if p.key not in seen:
-                    seen.add(p.key)
-                    progress.started(p.job.id, node_label(node))
-                if not p.cancelled and now - t0 > timeout:
-                    p.cancelled = f"timed out after {timeout:g} s (job_timeout)"
-                    ray.cancel(p.ref, force=True)
-            for p in [p for p in pending if p.ref in ready]:
-                pending.remove(p)
-                node = starts.get(p.key, (0.0, {}))[1]
-                got = self._collect(ray, p, node, jobs_dir, retries)
-                if got is None:  # the process or node died: again, while retries last
-                    submit(p.job, p.attempt + 1, p.died)
-                    continue
-                progress.finished(p.job.id, got.node_name or "-", got.status)
-                out.append(got)
+                ray.cancel(p.ref, force=True)
+            raise
         return out
 
     def _collect(
