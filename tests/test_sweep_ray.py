@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_sweep import write_sweep
+from tests.test_sweep import orphaned_workers, write_sweep
 from xbackend.sweep import load_sweep, run_sweep
 from xbackend.sweep.executors import LocalExecutor, RayExecutor
 
@@ -205,8 +205,7 @@ name = "test-hang"
     assert jobs["test-hang"]["reason"] == "timed out after 30 s (job_timeout)"
     assert fleet["summary"] == {"backends": 8, "failed": 4, "jobs": 8, "models": 1, "ok": 4}
     assert r.exit_code == 1
-    left = subprocess.run(["pgrep", "-f", "xbackend.worker"], capture_output=True, text=True).stdout
-    assert left.strip() == "", "a cancelled job left its worker running"
+    assert orphaned_workers() == [], "a cancelled job left its worker running"
 
 
 def test_shared_storage_jobs_write_in_place(cluster: None, models: dict[str, Path], tmp_path: Path) -> None:
