@@ -26,7 +26,7 @@ def orphaned_workers() -> list[str]:
     out = []
     for pid in pids:
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text("utf-8", errors="replace")
         except OSError:
             continue
         if stat.rsplit(")", 1)[1].split()[1] == "1":
@@ -37,7 +37,7 @@ def orphaned_workers() -> list[str]:
 def write_sweep(folder: Path, text: str, name: str = "zoo.toml") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    path.write_text(text)
+    path.write_text(text, "utf-8")
     return path
 
 
@@ -207,7 +207,7 @@ def zoo_run(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
 def test_local_sweep_reports_every_model_and_backend(zoo_run: tuple[Path, object]) -> None:
     folder, _ = zoo_run
     out = folder / "zoo-fleet"
-    fleet = json.loads((out / "fleet.json").read_text())
+    fleet = json.loads((out / "fleet.json").read_text("utf-8"))
     assert fleet["schema"] == "xbackend.fleet/1" and fleet["executor"] == "local"
     assert fleet["summary"] == {"backends": 3, "failed": 0, "jobs": 6, "models": 2, "ok": 6}
     m = fleet["matrix"]
@@ -220,12 +220,12 @@ def test_local_sweep_reports_every_model_and_backend(zoo_run: tuple[Path, object
     assert m["mlp"]["ort-cpu@1t"]["scaled_ulp"] is not None
     assert fleet["exit_code"] == 1
     assert any(v.startswith("FAIL: scatter: ort-cpu@2t is nondeterministic") for v in fleet["verdict"])
-    md = (out / "fleet.md").read_text()
+    md = (out / "fleet.md").read_text("utf-8")
     assert "| [scatter](models/scatter.md) |" in md and "NONDET" in md
     assert (out / "models" / "mlp.md").is_file() and (out / "models" / "scatter.json").is_file()
     assert (out / "jobs" / "mlp" / "ort-cpu@1t" / "capture" / "SHA256SUMS").is_file()
     assert (out / "jobs" / "mlp" / "ort-cpu@1t" / "report.md").is_file()
-    per_model = json.loads((out / "models" / "scatter.json").read_text())
+    per_model = json.loads((out / "models" / "scatter.json").read_text("utf-8"))
     assert per_model["options"]["reference"] == "reference"
     assert [b["name"] for b in per_model["backends"]] == ["reference", "ort-cpu@1t", "ort-cpu@2t"]
     jobs = {j["id"]: j for j in fleet["jobs"]}
@@ -308,7 +308,7 @@ name = "test-missing"
 """
     code, stdout, _ = run(capsys, "sweep", str(write_sweep(tmp_path, text)), "--no-progress")
     assert code == 1
-    fleet = json.loads((tmp_path / "zoo-fleet" / "fleet.json").read_text())
+    fleet = json.loads((tmp_path / "zoo-fleet" / "fleet.json").read_text("utf-8"))
     jobs = {j["id"]: j for j in fleet["jobs"]}
     assert jobs["mlp_batch/reference"]["status"] == "ok"
     once = jobs["mlp_batch/test-kill-job@once"]
@@ -373,7 +373,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_readme_sweep_file_and_the_bundled_one_load(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text("utf-8")
     block = readme.split("## Fleet sweeps")[1].split("```toml\n")[1].split("```")[0]
     path = write_sweep(tmp_path, block.replace('path = "models/', f'path = "{ROOT}/models/'))
     spec = load_sweep(path)

@@ -73,7 +73,7 @@ def test_cli_starts_and_stops_its_own_ray_instance(models: dict[str, Path], tmp_
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith("PASS: 4 job(s) on 2 model(s) ran")
-    fleet = json.loads((tmp_path / "zoo-fleet" / "fleet.json").read_text())
+    fleet = json.loads((tmp_path / "zoo-fleet" / "fleet.json").read_text("utf-8"))
     assert fleet["executor"] == "ray" and fleet["summary"]["ok"] == 4
     assert all(j["assigned"] == {"CPU": 1.0} for j in fleet["jobs"])
     assert _raylets() == "", "the sweep left its Ray instance running"
@@ -119,8 +119,8 @@ def test_ray_gives_the_same_figures_and_bits_as_local(
 ) -> None:
     local = run_sweep(load_sweep(write_sweep(tmp_path / "local", zoo(models))), LocalExecutor())
     remote = run_sweep(load_sweep(write_sweep(tmp_path / "ray", zoo(models))), RayExecutor())
-    a = json.loads((local.spec.output / "fleet.json").read_text())
-    b = json.loads((remote.spec.output / "fleet.json").read_text())
+    a = json.loads((local.spec.output / "fleet.json").read_text("utf-8"))
+    b = json.loads((remote.spec.output / "fleet.json").read_text("utf-8"))
     assert a["summary"]["ok"] == b["summary"]["ok"] == 6
     assert _figures(a) == _figures(b)
     assert a["matrix"]["mlp"]["ort-cpu@1t"]["scaled_ulp"] is not None
@@ -182,7 +182,7 @@ set = {{ marker = "{tmp_path / "always"}", times = 9 }}
 name = "test-hang"
 """
     r = run_sweep(load_sweep(write_sweep(tmp_path, text)), RayExecutor())
-    fleet = json.loads((r.spec.output / "fleet.json").read_text())
+    fleet = json.loads((r.spec.output / "fleet.json").read_text("utf-8"))
     jobs = {j["backend"]: j for j in fleet["jobs"]}
     assert jobs["reference@cpu-pool"]["status"] == "ok"
     assert jobs["reference@groq"]["assigned"] == {"CPU": 1.0, "groq": 1.0}
