@@ -41,12 +41,13 @@ def write_sweep(folder: Path, text: str, name: str = "zoo.toml") -> Path:
     return path
 
 
-def zoo(models: dict[str, Path], extra: str = "", sweep: str = "") -> str:
-    """Two sample models on ort-cpu at 1 and 2 threads and the reference evaluator."""
+def zoo(
+    models: dict[str, Path], second: str = "scatter_add", name: str = "scatter", sweep: str = "runs = 3"
+) -> str:
+    """mlp_batch and a second sample model, on ort-cpu at 1 and 2 threads and the reference evaluator."""
     return f"""
 [sweep]
 name = "zoo"
-runs = 3
 probes = "none"
 {sweep}
 
@@ -56,8 +57,8 @@ name = "mlp"
 shapes = {{ x = [4, 128] }}
 
 [[models]]
-path = "{models["scatter_add"]}"
-name = "scatter"
+path = "{models[second]}"
+name = "{name}"
 
 [[backends]]
 name = "reference"
@@ -69,7 +70,6 @@ set = {{ threads = 1 }}
 [[backends]]
 name = "ort-cpu@2t"
 set = {{ threads = 2 }}
-{extra}
 """
 
 
@@ -130,7 +130,7 @@ def test_a_bad_sweep_file_is_one_line_naming_file_and_key(
 
 
 def test_sweep_options_reach_each_job(models: dict[str, Path], tmp_path: Path) -> None:
-    text = zoo(models, sweep="builds = 2").replace(
+    text = zoo(models, sweep="runs = 3\nbuilds = 2").replace(
         'name = "scatter"',
         'name = "scatter"\nruns = 4\nbackends = ["reference", "ort-cpu@2t"]\n'
         'set = { "ort-cpu@2t.threads" = 4 }',

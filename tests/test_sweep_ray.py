@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.test_sweep import orphaned_workers, write_sweep
+from tests.test_sweep import zoo as sweep_zoo
 from xbackend.sweep import load_sweep, run_sweep
 from xbackend.sweep.executors import LocalExecutor, RayExecutor
 
@@ -33,33 +34,7 @@ def _raylets() -> str:
 
 def zoo(models: dict[str, Path]) -> str:
     """Two models whose backends are deterministic here, so two sweeps must agree bit for bit."""
-    return f"""
-[sweep]
-name = "zoo"
-runs = 2
-builds = 2
-probes = "none"
-
-[[models]]
-path = "{models["mlp_batch"]}"
-name = "mlp"
-shapes = {{ x = [4, 128] }}
-
-[[models]]
-path = "{models["mlp_layernorm"]}"
-name = "ln"
-
-[[backends]]
-name = "reference"
-
-[[backends]]
-name = "ort-cpu@1t"
-set = {{ threads = 1 }}
-
-[[backends]]
-name = "ort-cpu@2t"
-set = {{ threads = 2 }}
-"""
+    return sweep_zoo(models, "mlp_layernorm", "ln", "runs = 2\nbuilds = 2")
 
 
 def test_cli_starts_and_stops_its_own_ray_instance(models: dict[str, Path], tmp_path: Path) -> None:

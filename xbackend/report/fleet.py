@@ -35,7 +35,7 @@ def _failure_kind(reason: str) -> str:
 
 def _job_warnings(m: ModelOutcome, j: FleetJob) -> list[str]:
     """The job's own findings (its probes) that the model's comparison does not repeat."""
-    seen = set(m.result.verdict()) if m.result is not None else set()
+    seen = set(m.verdict)
     return [w for w in j.warnings if w not in seen]
 
 
@@ -101,10 +101,7 @@ def _matrix(r: FleetResult) -> dict[str, dict[str, dict[str, Any]]]:
     for m in r.models:
         row = {}
         for b in m.entry.backends:
-            e = _entry(m, r.job(m.entry.name, b))
-            if m.result is not None and "reference" in e:
-                e["reference"] = m.result.reference_used
-            row[b] = e
+            row[b] = _entry(m, r.job(m.entry.name, b))
         out[m.entry.name] = row
     return out
 
@@ -201,7 +198,7 @@ def fleet_verdict(r: FleetResult) -> list[str]:
         if m.result is not None:
             lines += [
                 f"{v.split(':', 1)[0]}: {m.entry.name}:{v.split(':', 1)[1]}"
-                for v in m.result.verdict()
+                for v in m.verdict
                 if not v.startswith(("PASS", "NOTE"))
             ]
         if m.note:
@@ -264,16 +261,18 @@ def _model_json(m: ModelOutcome) -> dict[str, Any]:
         "note": m.note,
         "report": m.report if res else None,
         "exit_code": res.exit_code if res else None,
-        "verdict": res.verdict() if res else [],
+        "verdict": list(m.verdict),
     }
 
 
-def fleet_json(r: FleetResult) -> str:
-    return json.dumps(to_dict(r), indent=2, sort_keys=True, allow_nan=False) + "\n"
+def fleet_json(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
+    """`d`: to_dict(r), when the caller has it already."""
+    return json.dumps(d or to_dict(r), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
-def fleet_markdown(r: FleetResult) -> str:
-    d = to_dict(r)
+def fleet_markdown(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
+    """`d`: to_dict(r), when the caller has it already."""
+    d = d or to_dict(r)
     s = d["summary"]
     backends = [b.name for b in r.spec.backends]
     lines = [f"# xbackend fleet report: {r.spec.name}", ""]

@@ -11,11 +11,9 @@ follows cannot tell them apart. Failure handling is the same too:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.errors import UsageError
+from xbackend.isolation import _kill, _signal_name
 from xbackend.sweep.fleet import FleetJob, FleetProgress, node_label
 from xbackend.sweep.node import job_to_json, read_record
 from xbackend.sweep.spec import JobSpec, Requirements
@@ -41,13 +40,6 @@ def _finished(job: JobSpec, folder: Path, attempts: int, fallback_node: Mapping[
     if rec is None:
         return FleetJob(job, "failed", "the job left no record", fallback_node, attempts)
     return FleetJob(job, str(rec["status"]), str(rec.get("reason", "")), rec.get("node", {}), attempts, rec)
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
 
 
 @dataclass
@@ -88,12 +80,12 @@ class LocalExecutor:
                     try:
                         code = proc.wait(timeout)
                     except subprocess.TimeoutExpired:
-                        _kill_group(proc)
+                        _kill(proc)
                         return FleetJob(
                             job, "failed", f"timed out after {timeout:g} s (job_timeout)", host, attempt
                         )
                     except BaseException:  # interrupted: the job goes with the sweep
-                        _kill_group(proc)
+                        _kill(proc)
                         raise
                 if code == 0:
                     return _finished(job, folder, attempt, host)
@@ -103,12 +95,6 @@ class LocalExecutor:
             if code > 0:  # an error, not a death: running it again gives the same
                 break
         return FleetJob(job, "failed", "; ".join(died), host, len(died))
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _tail(path: Path) -> str:

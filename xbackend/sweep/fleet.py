@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -121,6 +122,11 @@ class ModelOutcome:
     def report(self) -> str:
         return f"{MODELS}/{safe_name(self.entry.name)}.md"
 
+    @cached_property
+    def verdict(self) -> tuple[str, ...]:
+        """The comparison's verdict lines (computed once: the fleet report reads them per job)."""
+        return tuple(self.result.verdict()) if self.result is not None else ()
+
 
 @dataclass(frozen=True)
 class FleetResult:
@@ -176,7 +182,7 @@ def _sweep_hint(message: str, model: str) -> str:
 def _load_models(spec: SweepSpec) -> dict[str, ModelOutcome]:
     """Each model read, and its inputs made, once here: a model that cannot be read or fed fails its
     own jobs at once (not on every node), and the sweep goes on."""
-    from xbackend.inputs import generate_feeds, load_feeds
+    from xbackend.compare import _feeds
     from xbackend.model import load_model
 
     out = {}
@@ -184,10 +190,7 @@ def _load_models(spec: SweepSpec) -> dict[str, ModelOutcome]:
         opts = CompareOptions.create(**{**m.compare, "backends": ["reference"]})
         try:
             ms, _ = load_model(m.path)
-            if opts.inputs:
-                load_feeds(opts.inputs, ms)
-            else:
-                generate_feeds(ms, opts.seed, dict(opts.shapes), {n: (lo, hi) for n, lo, hi in opts.ranges})
+            _feeds(ms, opts)  # the inputs compare will make on each node
         except XbackendError as e:
             out[m.name] = ModelOutcome(m, error=_sweep_hint(first_line(e), m.name))
             continue
@@ -291,7 +294,7 @@ def _compare_model(m: ModelOutcome, done: Mapping[str, FleetJob], jobs_dir: Path
 def write_fleet(r: FleetResult) -> None:
     """Per-model reports, then fleet.json and fleet.md last (each written atomically)."""
     from xbackend.report import to_json, write_atomic, write_markdown_bundle
-    from xbackend.report.fleet import fleet_json, fleet_markdown
+    from xbackend.report.fleet import fleet_json, fleet_markdown, to_dict
 
     out = r.spec.output
     for m in r.models:
@@ -299,8 +302,9 @@ def write_fleet(r: FleetResult) -> None:
             md = out / m.report
             write_markdown_bundle(m.result, md)
             write_atomic(md.with_suffix(".json"), to_json(m.result))
-    write_atomic(out / "fleet.json", fleet_json(r), "fleet report")
-    write_atomic(out / "fleet.md", fleet_markdown(r), "fleet report")
+    d = to_dict(r)
+    write_atomic(out / "fleet.json", fleet_json(r, d), "fleet report")
+    write_atomic(out / "fleet.md", fleet_markdown(r, d), "fleet report")
 
 
 def relpath(path: str | os.PathLike[str], start: Path) -> str:
