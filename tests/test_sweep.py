@@ -12,9 +12,9 @@ import pytest
 
 from tests.cli_helpers import one_line_error, run
 from xbackend.errors import UsageError
-from xbackend.report.fleet import cell_for
 from xbackend.sweep import load_sweep, run_sweep
 from xbackend.sweep.executors import label_matches, node_feasible, placement
+from xbackend.sweep.report import cell_for
 from xbackend.sweep.spec import Requirements
 
 pytestmark = pytest.mark.slow

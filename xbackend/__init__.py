@@ -28,8 +28,9 @@ from xbackend.results import (
 )
 from xbackend.runners import Availability, BuildFingerprint, Runner, get_runner, list_runners
 from xbackend.torch_export import InputDecl, export_torch
+from xbackend.version import VERSION
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "Availability",

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from xbackend.capturedir import is_capture, recorded_name
 from xbackend.errors import InputError
-from xbackend.portable import LoadedCapture, is_capture, load_capture, recorded_name
+from xbackend.portable import LoadedCapture, load_capture
+from xbackend.reportfile import read_result
+from xbackend.results import BackendResult
 
 __all__ = ["Baseline", "BaselineBackend", "load_baseline"]
 
@@ -16,7 +18,7 @@ __all__ = ["Baseline", "BaselineBackend", "load_baseline"]
 @dataclass(frozen=True)
 class BaselineBackend:
     name: str
-    result: Any  # xbackend.results.BackendResult
+    result: BackendResult
     feeds_sha256: str
     capture: LoadedCapture | None  # values, when the baseline kept them
 
@@ -52,8 +54,6 @@ def _captures_in(folder: Path) -> list[Path]:
 def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     """A capture folder, a folder of captures (--save-captures), or a JSON report (with the
     captures it names beside it, when they are there)."""
-    from xbackend.report.jsonreport import read_result
-
     p = Path(path)
     if p.is_dir():
         if is_capture(p):

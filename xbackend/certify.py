@@ -145,7 +145,7 @@ def _property(c: PromiseCheck, modules: Mapping[str, str]) -> dict[str, Any]:
 def _body(r: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, str]) -> dict[str, Any]:
     b = r.backend(backend)
     modules = r.model.modules()
-    props = [_property(c, modules) for c in check(r, b)] if b.ok else []
+    props = [_property(c, modules) for c in check(b, r.probes)] if b.ok else []
     granted = b.ok and all(p["status"] in ("held", "not applicable") for p in props)
     granted = granted and all(p["status"] == "held" for p in props if p["name"] in REQUIRED)
     env = dict(r.environment)

@@ -3,8 +3,9 @@
 `encode` turns a dataclass tree into JSON values; `decode(cls, data)` rebuilds it.
 Floats survive exactly (JSON text holds repr()); non-finite floats travel as the
 strings "nan", "inf", "-inf". Subclasses of a field's declared class (probe
-results) carry their class name, and are looked up only among the subclasses
-xbackend defines: a JSON file never names code to run.
+results) carry their tag (the class name), and are looked up only among the subclasses
+registered here with `register_subclass` (each probe's result registers itself when its
+module is imported): a JSON file never names code to run.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any, TypeVar
 
-__all__ = ["CodecError", "decode", "encode"]
+__all__ = ["CodecError", "decode", "encode", "register_subclass"]
 
 T = TypeVar("T")
 CLASS_KEY = "__class__"
 TIME_FIELDS = frozenset({"build_s", "timings"})  # wall times: left out unless asked for (byte-stable)
+# Polymorphic bases -> {tag: subclass}; filled by register_subclass.
+_SUBCLASSES: dict[type, dict[str, type]] = {}
 
 
 class CodecError(ValueError):
@@ -33,7 +36,7 @@ def encode(obj: Any, times: bool = True) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out: dict[str, Any] = {}
         if _tagged(type(obj)):
-            out[CLASS_KEY] = type(obj).__name__
+            out[CLASS_KEY] = _tag(type(obj))
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)
             if not times and f.name in TIME_FIELDS:
@@ -55,24 +58,22 @@ def encode(obj: Any, times: bool = True) -> Any:
     raise CodecError(f"cannot encode {type(obj).__name__}")
 
 
+def _tag(cls: type) -> str:
+    """The name a subclass travels under: `codec_tag` where a class keeps an older name."""
+    return str(getattr(cls, "codec_tag", cls.__name__))
+
+
+def register_subclass(base: type, cls: type) -> None:
+    """Let values declared as `base` be `cls` in JSON (tagged with its name)."""
+    _SUBCLASSES.setdefault(base, {base.__name__: base})[_tag(cls)] = cls
+
+
 def _tagged(cls: type) -> bool:
-    from xbackend.probes.base import ProbeResult
-
-    return issubclass(cls, ProbeResult)
+    return any(issubclass(cls, base) for base in _SUBCLASSES)
 
 
-@cache
 def _subclasses(base: type) -> dict[str, type]:
-    import xbackend.compare
-    import xbackend.probes  # noqa: F401 - registers every probe result
-
-    out: dict[str, type] = {}
-    todo = [base]
-    while todo:
-        c = todo.pop()
-        out[c.__name__] = c
-        todo += c.__subclasses__()
-    return out
+    return {t: c for t, c in _SUBCLASSES.get(base, {}).items() if issubclass(c, base)}
 
 
 @cache

@@ -186,9 +186,9 @@ def stage_model(source: ModelRef, tensors: Sequence[str], max_ir: int | None, fo
 
 
 def _link_external(proto: object, src: Path, dest: Path) -> None:
-    from xbackend.model import _external_files
+    from xbackend.model import external_files
 
-    for rel in _external_files(proto):  # type: ignore[arg-type]
+    for rel in external_files(proto):  # type: ignore[arg-type]
         link = dest / rel
         if not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)

@@ -9,17 +9,18 @@ the policies.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from xbackend.errors import UsageError
+from xbackend.promises import PromiseCheck
+from xbackend.results.backend import BackendResult
+from xbackend.results.comparisons import CrossBackendResult, Drift
+from xbackend.results.probe import ProbeResult
 from xbackend.textfmt import short
 
-if TYPE_CHECKING:
-    from xbackend.results import Result
-
-__all__ = ["POLICIES", "Gate", "Policy", "evaluate", "parse_policies"]
+__all__ = ["POLICIES", "Gate", "Gated", "Policy", "evaluate", "parse_policies"]
 
 
 @dataclass(frozen=True)
@@ -83,11 +84,39 @@ def parse_policies(names: Iterable[str], max_ulp: float = 64.0) -> list[tuple[st
     return out
 
 
-def evaluate(r: Result, names: Sequence[str]) -> list[Gate]:
-    """The policies that fire on `r`, lowest exit code first."""
+class Gated(Protocol):
+    """What the gates read of a comparison (a xbackend.results.Result)."""
+
+    @property
+    def backends(self) -> Sequence[BackendResult]: ...
+    @property
+    def cross_backend(self) -> Sequence[CrossBackendResult]: ...
+    @property
+    def expected_error(self) -> Sequence[CrossBackendResult]: ...
+    @property
+    def probes(self) -> Sequence[ProbeResult]: ...
+    @property
+    def baseline(self) -> Sequence[Drift]: ...
+    @property
+    def failed(self) -> list[BackendResult]: ...
+    @property
+    def broken_promises(self) -> list[PromiseCheck]: ...
+
+
+@dataclass(frozen=True)
+class _Context:
+    r: Gated
+    max_ulp: float
+    has_baseline: bool
+
+
+def evaluate(r: Gated, names: Sequence[str], max_ulp: float, has_baseline: bool) -> list[Gate]:
+    """The policies that fire on `r`, lowest exit code first; `max_ulp` is ulp>N's default N
+    (for `any`), `has_baseline` whether a baseline was given (drift is gated only then)."""
+    ctx = _Context(r, max_ulp, has_baseline)
     gates = []
-    for name, n in [*parse_policies(names, r.options.max_ulp), ("promise", None)]:
-        why = _CHECKS[name](r, n)
+    for name, n in [*parse_policies(names, max_ulp), ("promise", None)]:
+        why = _CHECKS[name](ctx, n)
         if why:
             label = f"ulp>{n:g}" if name == "ulp>N" else name
             gates.append(Gate(label, _BY_NAME[name].exit_code, why))
@@ -95,7 +124,8 @@ def evaluate(r: Result, names: Sequence[str]) -> list[Gate]:
     return sorted(unique.values(), key=lambda g: g.exit_code)
 
 
-def _nondeterminism(r: Result, _: float | None) -> str:
+def _nondeterminism(c: _Context, _: float | None) -> str:
+    r = c.r
     bad = [
         b
         for b in r.backends
@@ -108,7 +138,8 @@ def _nondeterminism(r: Result, _: float | None) -> str:
     )
 
 
-def _build_variance(r: Result, _: float | None) -> str:
+def _build_variance(c: _Context, _: float | None) -> str:
+    r = c.r
     out = []
     for b in r.backends:
         if not b.ok:
@@ -121,13 +152,13 @@ def _build_variance(r: Result, _: float | None) -> str:
         if why:
             out.append(f"{b.name}: {', '.join(why)}")
     for p in r.probes:
-        if p.name == "builds":
-            out += [w.removeprefix("WARN: ") for w in p.warnings()]
+        out += p.build_variance()
     return "; ".join(dict.fromkeys(out))
 
 
-def _ulp(r: Result, n: float | None) -> str:
-    limit = r.options.max_ulp if n is None else n
+def _ulp(ctx: _Context, n: float | None) -> str:
+    r = ctx.r
+    limit = ctx.max_ulp if n is None else n
     out = []
     for c in (*r.cross_backend, *r.expected_error):
         if c.status != "ok":
@@ -141,8 +172,9 @@ def _ulp(r: Result, n: float | None) -> str:
     return "; ".join(out)
 
 
-def _baseline(r: Result, _: float | None) -> str:
-    if r.options.baseline is None:
+def _baseline(c: _Context, _: float | None) -> str:
+    r = c.r
+    if not c.has_baseline:
         return ""
     out = []
     for d in r.baseline:
@@ -154,22 +186,25 @@ def _baseline(r: Result, _: float | None) -> str:
     return "; ".join(out)
 
 
-def _probe_warning(r: Result, _: float | None) -> str:
+def _probe_warning(c: _Context, _: float | None) -> str:
+    r = c.r
     return "; ".join(w.removeprefix("WARN: ") for p in r.probes for w in p.warnings())
 
 
-def _failure(r: Result, _: float | None) -> str:
+def _failure(c: _Context, _: float | None) -> str:
+    r = c.r
     return "; ".join(f"{b.name} {b.status}: {b.reason}" for b in r.failed)
 
 
-def _promise(r: Result, _: float | None) -> str:
+def _promise(c: _Context, _: float | None) -> str:
+    r = c.r
     return "; ".join(
         f"{c.backend} broke {c.name}: {c.evidence}" + (f", first at {c.first_layer}" if c.first_layer else "")
         for c in r.broken_promises
     )
 
 
-_CHECKS = {
+_CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
     "nondeterminism": _nondeterminism,
     "build-variance": _build_variance,
     "ulp>N": _ulp,

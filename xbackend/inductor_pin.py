@@ -306,7 +306,7 @@ def write_pin(path: str, choices: Iterable[Choice], torch_version: str, section:
         {"version": PIN_VERSION, "torch": torch_version} if section == PLAIN else _read_pin(path)
     )
     data[section] = [c.to_json() for c in choices]
-    from xbackend.report.write import write_atomic
+    from xbackend.atomic import write_atomic
 
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", "pin file")
 

@@ -11,17 +11,15 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from xbackend.capturedir import CapturedInputs, captured_inputs, is_capture
 from xbackend.errors import InputError
 from xbackend.model import ModelSpec, TensorSpec, np_dtype
 from xbackend.storage import ValueFile, save_values
 from xbackend.values import Value, describe, normalize, value_sha256
-
-if TYPE_CHECKING:
-    from xbackend.portable import LoadedCapture
 
 __all__ = [
     "Feeds",
@@ -266,10 +264,8 @@ def load_feeds(path: str | os.PathLike[str], spec: ModelSpec) -> Feeds:
     layout (input_0.pb, input_1.pb, ...: TensorProto, SequenceProto, OptionalProto or MapProto,
     matched to the model's inputs by name, else by position)."""
     p = Path(path)
-    if p.is_dir() and (p / "capture.json").is_file():
-        from xbackend.portable import load_capture
-
-        return capture_feeds(load_capture(p), spec)
+    if p.is_dir() and is_capture(p):
+        return capture_feeds(captured_inputs(p), spec)
     if p.is_file() and p.suffix == ".xbv":
         values = _load_xbv(p, spec)
         source = str(p)
@@ -293,12 +289,12 @@ def load_feeds(path: str | os.PathLike[str], spec: ModelSpec) -> Feeds:
     return Feeds.from_arrays(values, None, source)
 
 
-def capture_feeds(cap: LoadedCapture, spec: ModelSpec) -> Feeds:
+def capture_feeds(cap: CapturedInputs, spec: ModelSpec) -> Feeds:
     """A checked capture's inputs, with the seed and ranges it records."""
-    values = _load_xbv(cap.inputs_path, spec)
+    values = _load_xbv(cap.path, spec)
     for i in spec.inputs:
-        _check_value(i, values[i.name], f"--inputs {cap.path}")
-    return Feeds.from_arrays(values, cap.feeds.seed, f"capture {cap.path}", cap.feeds.ranges)
+        _check_value(i, values[i.name], f"--inputs {cap.folder}")
+    return Feeds.from_arrays(values, cap.seed, f"capture {cap.folder}", cap.ranges)
 
 
 def _load_xbv(p: Path, spec: ModelSpec) -> dict[str, Value]:
@@ -399,7 +395,7 @@ def _load_pb_set(d: Path, prefix: str, specs: Sequence[TensorSpec], where: str) 
 def load_expected(path: str | os.PathLike[str], spec: ModelSpec) -> dict[str, Value] | None:
     """Expected outputs (output_N.pb) beside the inputs of an ONNX test-data directory, if any."""
     p = Path(path)
-    if not p.is_dir() or (p / "capture.json").is_file():
+    if not p.is_dir() or is_capture(p):
         return None
     d = test_data_dir(p)
     if not any(d.glob("output_*.pb")):

@@ -20,7 +20,7 @@ from pathlib import Path
 from xbackend.foreign import foreign_env, worker_path
 from xbackend.protocol import PARENT_ENV, PROGRESS_TAG, WorkerJob, WorkerResult
 
-__all__ = ["WorkerOutcome", "run_batch", "run_worker"]
+__all__ = ["WorkerOutcome", "kill_group", "run_batch", "run_worker", "signal_name"]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -47,7 +47,7 @@ def _stderr_tail(path: Path) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def _signal_name(code: int) -> str:
+def signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
     except ValueError:
@@ -145,10 +145,10 @@ def run_batch(
         try:
             finished = _pump(proc, timeout, on_progress, lambda: ends.append(time.monotonic()))
         except BaseException:
-            _kill(proc)
+            kill_group(proc)
             raise
         if not finished:
-            _kill(proc)
+            kill_group(proc)
     outcomes: list[WorkerOutcome] = []
     for i, (job, _) in enumerate(jobs):
         began = ends[i - 1] if 0 < i <= len(ends) else start
@@ -165,7 +165,7 @@ def run_batch(
     return outcomes
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -185,5 +185,5 @@ def _outcome(code: int, result_path: Path, err_path: Path, elapsed: float) -> Wo
     if result.reason:
         return WorkerOutcome("failed", f"{result.stage}: {result.reason}", result, elapsed)
     tail = _stderr_tail(err_path)
-    why = f"crashed with {_signal_name(code)}" if code < 0 else f"worker exited with code {code}"
+    why = f"crashed with {signal_name(code)}" if code < 0 else f"worker exited with code {code}"
     return WorkerOutcome("failed", f"{why}: {tail}" if tail else why, result, elapsed)

@@ -49,7 +49,7 @@ from numba import njit  # noqa: E402
 from numba.core import config, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from xbackend.streamdiff import ACC_INF  # noqa: E402  (the exact-sum layout: streamdiff.ExactSum)
+from xbackend.exactsum import ACC_INF  # noqa: E402
 
 BLOCK = 2048  # elements; a multiple of every elements-per-word count
 SUPER = 16 * BLOCK  # the reference is folded this far ahead, while the data is in cache
@@ -175,7 +175,7 @@ def measure(
     The reference's figures are folded too (ref_stats), a super-block at a time. wa/wb
     are the same memory as 64-bit words. Values come from `table[bits]` when the table
     is not empty (16-bit types), else from the float views fa/fb. Errors above `floor`
-    go to `errs`; relative errors are summed exactly into `sum_bins` (streamdiff.ExactSum's layout).
+    go to `errs`; relative errors are summed exactly into `sum_bins` (exactsum.ExactSum's layout).
     Returns where it stopped (a super-block start, when `errs` has no room for another
     super-block), or len(ua).
     """
@@ -387,7 +387,7 @@ def _acc_add(acc: np.ndarray, p: Any, v: Any) -> None:
 
 @njit(cache=True, nogil=True)
 def _sum_exact(values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.ndarray) -> None:
-    """Add values[:count] (at most BLOCK of them) exactly into acc (streamdiff.ExactSum's layout):
+    """Add values[:count] (at most BLOCK of them) exactly into acc (exactsum.ExactSum's layout):
     whole 53-bit mantissas into uint64 bins per exponent (BLOCK of them cannot overflow), then
     the touched bins to acc."""
     bits = values.view(np.uint64)

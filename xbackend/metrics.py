@@ -14,7 +14,7 @@ error is tiny relative to the tensor.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,6 +23,7 @@ from xbackend import streamdiff
 from xbackend.values import Value, describe
 
 __all__ = [
+    "DEFAULT_MAX_ULP",
     "FLOAT_BITS",
     "TensorDiff",
     "classify",
@@ -30,6 +31,7 @@ __all__ = [
     "is_float_dtype",
     "keep_worse",
     "ordered_bits",
+    "summarize",
     "ulp_at",
     "ulp_distance",
     "worst_per_tensor",
@@ -51,6 +53,10 @@ FLOAT_BITS: dict[str, tuple[int, int]] = {
     "float6_e3m2fn": (6, 2),
     "float4_e2m1fn": (4, 1),
 }
+# Scale-aware ULPs: engines that reorder float sums legitimately differ by a few units at a
+# tensor's own scale; the default cross-backend tolerance.
+DEFAULT_MAX_ULP = 64.0
+
 UNSIGNED_FLOATS = frozenset({"float8_e8m0fnu"})  # no sign bit: the bits are already ordered
 INT_LIKE = frozenset({"int4", "uint4", "int2", "uint2"})  # ml_dtypes integers (numpy kind 'V')
 
@@ -289,6 +295,14 @@ def worst_per_tensor(diffs: Iterable[TensorDiff], order: Mapping[str, int]) -> l
     for d in diffs:
         keep_worse(worst, d)
     return sorted(worst.values(), key=lambda d: order.get(d.name, len(order)))
+
+
+def summarize(diffs: Sequence[TensorDiff]) -> tuple[bool, int | None, float | None, str | None]:
+    """(all bitwise equal, max ULP, max scaled ULP, first divergent tensor)."""
+    ulps = [d.max_ulp for d in diffs if d.max_ulp is not None]
+    scaled = [d.scaled_ulp for d in diffs if d.scaled_ulp is not None]
+    first = next((d.name for d in diffs if not d.bitwise_equal), None)
+    return first is None, (max(ulps) if ulps else None), (max(scaled) if scaled else None), first
 
 
 def _exact_object(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:

@@ -30,6 +30,7 @@ __all__ = [
     "TensorSpec",
     "downgrade_blockers",
     "downgrade_ir",
+    "external_files",
     "kind_of",
     "load_model",
     "load_proto",
@@ -324,7 +325,7 @@ def _all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
                 yield from _all_tensors(sub)
 
 
-def _external_files(proto: onnx.ModelProto) -> list[str]:
+def external_files(proto: onnx.ModelProto) -> list[str]:
     files: set[str] = set()
     for t in _all_tensors(proto.graph):
         if t.data_location == TensorProto.EXTERNAL:
@@ -337,7 +338,7 @@ def model_sha256(path: Path, proto: onnx.ModelProto | None = None, data: bytes |
     h = hashlib.sha256()
     h.update(path.read_bytes() if data is None else data)
     if proto is not None:
-        for rel in _external_files(proto):
+        for rel in external_files(proto):
             ext = path.parent / rel
             h.update(rel.encode())
             if ext.is_file():
@@ -382,7 +383,7 @@ def _load_external(proto: onnx.ModelProto, p: Path) -> None:
 
 
 def _check_external_files(proto: onnx.ModelProto, p: Path) -> None:
-    missing = [f for f in _external_files(proto) if not (p.parent / f).is_file()]
+    missing = [f for f in external_files(proto) if not (p.parent / f).is_file()]
     if missing:
         raise ModelLoadError(
             f"{p} stores weights in external data file(s) {', '.join(missing)} that are not "

@@ -2,20 +2,21 @@
 
 A runner class declares the properties it promises (`Runner.promises`); every comparison checks
 them from what it measured, and a broken promise is a failure with its own exit code (16).
-`xbackend certify` checks all four on one backend, whatever it promises.
+`xbackend certify` checks all four on one backend, whatever it promises. Run-to-run and
+build-to-build are checked here from the backend's own runs; the others by the probe that
+measures them (`ProbeResult.measures` and `ProbeResult.promise`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from xbackend.errors import UsageError
+from xbackend.results.backend import BackendResult
+from xbackend.results.probe import ProbeResult, PromiseEvidence
 
-if TYPE_CHECKING:
-    from xbackend.results import BackendResult, Result
-
-__all__ = ["EXIT_PROMISE", "PROPERTIES", "PromiseCheck", "check", "check_promises", "validate"]
+__all__ = ["EXIT_PROMISE", "MEASURED_BY", "PROPERTIES", "PromiseCheck", "check", "check_promises", "validate"]
 
 EXIT_PROMISE = 16
 
@@ -25,6 +26,8 @@ PROPERTIES: dict[str, str] = {
     "batch-position": "a sample's bits do not depend on the batch around it or its position in it",
     "thread-count": "the same bits whatever the number of host threads",
 }
+# The probe whose measurements check a property (the others come from a backend's own runs).
+MEASURED_BY = {"batch-position": "batch", "thread-count": "threads"}
 
 
 def validate(promises: frozenset[str], runner: str) -> None:
@@ -51,22 +54,33 @@ class PromiseCheck:
         return self.status == "broken"
 
 
-def check_promises(r: Result) -> list[PromiseCheck]:
+def check_promises(backends: Sequence[BackendResult], probes: Sequence[ProbeResult]) -> list[PromiseCheck]:
     """Each promise each backend that ran declared, as this comparison observed it."""
-    return [c for b in r.backends if b.ok and b.promises for c in check(r, b, b.promises)]
+    return [c for b in backends if b.ok and b.promises for c in check(b, probes, b.promises)]
 
 
-def check(r: Result, b: BackendResult, properties: tuple[str, ...] | None = None) -> list[PromiseCheck]:
-    """`properties` (default: all four) of backend `b` from what `r` measured."""
+def check(
+    b: BackendResult, probes: Sequence[ProbeResult], properties: tuple[str, ...] | None = None
+) -> list[PromiseCheck]:
+    """`properties` (default: all four) of backend `b` from its runs and the probes that ran."""
     wanted = properties if properties is not None else tuple(PROPERTIES)
     out = []
     for prop in wanted:
-        status, evidence, first = _CHECKS[prop](r, b)
+        own = _OWN_CHECKS.get(prop)
+        status, evidence, first = own(b) if own is not None else _by_probe(prop, b, probes)
         out.append(PromiseCheck(b.name, prop, status, evidence, first, prop in b.promises))
     return out
 
 
-def _run_to_run(r: Result, b: BackendResult) -> tuple[str, str, str]:
+def _by_probe(prop: str, b: BackendResult, probes: Sequence[ProbeResult]) -> PromiseEvidence:
+    probe = next((p for p in probes if prop in p.measures), None)
+    if probe is None:
+        name = MEASURED_BY[prop]
+        return "unchecked", f"the {name} probe did not run: pass --probes {name}", ""
+    return probe.promise(prop, b.name)
+
+
+def _run_to_run(b: BackendResult) -> PromiseEvidence:
     varying = next((d.name for d in b.run_diffs if not d.bitwise_equal), "")
     if b.distinct_run_outputs > 1 or varying:
         return (
@@ -84,7 +98,7 @@ def _run_to_run(r: Result, b: BackendResult) -> tuple[str, str, str]:
     )
 
 
-def _build_to_build(r: Result, b: BackendResult) -> tuple[str, str, str]:
+def _build_to_build(b: BackendResult) -> PromiseEvidence:
     first = next((d.name for d in b.build_diffs if not d.bitwise_equal), "")
     if b.distinct_build_outputs > 1 or first:
         return "broken", f"{b.distinct_build_outputs} distinct outputs over {b.builds} fresh builds", first
@@ -95,44 +109,7 @@ def _build_to_build(r: Result, b: BackendResult) -> tuple[str, str, str]:
     return "held", f"bit-identical over {b.builds} fresh builds (fresh processes){note}", ""
 
 
-def _batch_position(r: Result, b: BackendResult) -> tuple[str, str, str]:
-    from xbackend.probes.batch import BatchResults
-
-    probe = next((p for p in r.probes if isinstance(p, BatchResults)), None)
-    if probe is None:
-        return "unchecked", "the batch probe did not run: pass --probes batch", ""
-    row = next((x for x in probe.rows if x.backend == b.name), None)
-    if row is None or row.status != "ok" or row.invariant is None:
-        why = row.reason if row is not None else "; ".join(probe.notes) or "no batch dimension to vary"
-        return "unchecked", f"the batch probe could not check it: {why}", ""
-    positions = ", ".join(map(str, row.positions))
-    where = f"the first sample alone vs at positions {positions} of a batch of {row.batch}"
-    if row.invariant:
-        return "held", f"bit-identical, {where} ({row.compared} tensors)", ""
-    return "broken", f"bits differ, {where}", row.first_divergence or ""
-
-
-def _thread_count(r: Result, b: BackendResult) -> tuple[str, str, str]:
-    from xbackend.probes.threads import ThreadsResult
-
-    probe = next((p for p in r.probes if isinstance(p, ThreadsResult)), None)
-    if probe is None:
-        return "unchecked", "the threads probe did not run: pass --probes threads", ""
-    rows = [x for x in probe.rows if x.backend == b.name]
-    checked = [x for x in rows if x.status == "ok" and x.invariant is not None]
-    if not checked:
-        why = "; ".join(x.reason for x in rows) or "the runner has no thread-count option"
-        return "unchecked", f"not measured: {why}", ""
-    bad = next((x for x in checked if not x.invariant), None)
-    if bad is not None:
-        return "broken", f"{bad.threads} threads differ from 1 thread", bad.first_divergence or ""
-    counts = ", ".join(x.threads for x in checked)
-    return "held", f"bit-identical at 1 thread and at {counts} threads", ""
-
-
-_CHECKS = {
+_OWN_CHECKS: dict[str, Callable[[BackendResult], PromiseEvidence]] = {
     "run-to-run": _run_to_run,
     "build-to-build": _build_to_build,
-    "batch-position": _batch_position,
-    "thread-count": _thread_count,
 }

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from xbackend.buildinfo import BuildFingerprint, OptLevelRow
 from xbackend.metrics import TensorDiff
 from xbackend.modelref import ModelRef
-from xbackend.runners.base import BuildFingerprint
 
 __all__ = [
     "LAYERS",
@@ -143,29 +143,6 @@ class PhaseResult:
             tuple(map(tuple, d["info"])),
             tuple((str(f), tuple(n)) for f, n in d["extra_captures"]),
             bool(d["serves_outputs"]),
-        )
-
-
-@dataclass(frozen=True)
-class OptLevelRow:
-    """One graph optimization level against none (the opt-levels job's answer)."""
-
-    level: str
-    bitwise_equal: bool
-    max_ulp: int
-    scaled_ulp: float
-    changed_by: tuple[str, ...]
-    modified_graph: tuple[str, ...]
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> OptLevelRow:
-        return cls(
-            str(d["level"]),
-            bool(d["bitwise_equal"]),
-            int(d["max_ulp"]),
-            float(d["scaled_ulp"]),
-            tuple(d["changed_by"]),
-            tuple(d["modified_graph"]),
         )
 
 

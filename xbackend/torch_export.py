@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import onnx
 
+from xbackend.atomic import write_atomic_bytes
 from xbackend.errors import ExportError
 from xbackend.metrics import is_float_dtype
 from xbackend.model import ModelRef, np_dtype
-from xbackend.report.write import write_atomic_bytes
 
 __all__ = [
     "META_INPUTS",

@@ -2,22 +2,16 @@
 
 Each probe is one module: a Probe subclass that declares the worker jobs it
 needs per backend and turns their outcomes into a ProbeResult, which carries
-its verdict lines, report section and JSON. The orchestrator runs whatever is
-registered here and names none of them.
+its verdict lines, report section, JSON and the promise checks it measures.
+The orchestrator runs whatever `registry.PROBES` holds and names none of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from xbackend.errors import UsageError
-from xbackend.probes.autotune import AutotuneProbe
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext, ProbeResult, summarize
-from xbackend.probes.batch import BatchProbe
-from xbackend.probes.builds import BuildsProbe
-from xbackend.probes.opt_levels import OptLevelsProbe
-from xbackend.probes.tf32 import Tf32Probe
-from xbackend.probes.threads import ThreadsProbe
+from xbackend.metrics import summarize
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext
+from xbackend.probes.registry import PROBES, default_probes, select_probes
+from xbackend.results import ProbeResult
 
 __all__ = [
     "PROBES",
@@ -30,23 +24,3 @@ __all__ = [
     "select_probes",
     "summarize",
 ]
-
-# Report order.
-PROBES: dict[str, type[Probe]] = {
-    p.name: p for p in (BuildsProbe, ThreadsProbe, OptLevelsProbe, BatchProbe, AutotuneProbe, Tf32Probe)
-}
-
-
-def default_probes(batch: int) -> tuple[str, ...]:
-    return tuple(n for n, p in PROBES.items() if p.default or (n == "batch" and batch))
-
-
-def select_probes(requested: Sequence[str] | None, batch: int) -> tuple[str, ...]:
-    """The probes to run: the default ones (plus batch when a batch size is given), or those named."""
-    if requested is None:
-        return default_probes(batch)
-    unknown = sorted(set(requested) - set(PROBES) - {"none", "all"})
-    if unknown:
-        raise UsageError(f"unknown probe(s) {', '.join(unknown)}; choose from {', '.join(PROBES)}, all, none")
-    chosen = set(PROBES) if "all" in requested else {p for p in requested if p != "none"}
-    return tuple(n for n, p in PROBES.items() if n in chosen or p.always)

@@ -16,8 +16,9 @@ from typing import Any
 from xbackend.capture import CaptureFile, diff_captures
 from xbackend.executor import Job, JobOutcome, standard_phases
 from xbackend.model import ModelSpec
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
 from xbackend.probes.builds import BuildVariance
+from xbackend.results.probe import ProbeResult
 from xbackend.runners.registry import get_runner
 from xbackend.textfmt import num, table
 

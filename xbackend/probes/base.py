@@ -11,19 +11,17 @@ import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.executor import Job, JobOutcome, PhaseSpec
 from xbackend.foreign import Interpreter
 from xbackend.inputs import Feeds
-from xbackend.metrics import TensorDiff
+from xbackend.metrics import TensorDiff, summarize
 from xbackend.model import ModelSpec
 from xbackend.protocol import PhaseResult
+from xbackend.results import BackendResult, CompareOptions, ProbeResult
 from xbackend.runners.base import Runner
-
-if TYPE_CHECKING:
-    from xbackend.results import BackendResult, CompareOptions
 
 __all__ = ["BackendRuns", "PlannedBackend", "Probe", "ProbeContext", "ProbeResult", "summarize"]
 
@@ -105,29 +103,6 @@ class BackendRuns:
     result: BackendResult
 
 
-class ProbeResult(abc.ABC):
-    """What a probe found; frozen dataclasses in each probe module implement it."""
-
-    name: ClassVar[str]
-
-    @abc.abstractmethod
-    def warnings(self) -> list[str]:
-        """Verdict lines ('WARN: ...'): findings, and every probe job that failed."""
-
-    @abc.abstractmethod
-    def markdown(self) -> list[str]:
-        """The probe's section of the report (empty when there is nothing to show)."""
-
-    @abc.abstractmethod
-    def to_json(self) -> Any:
-        """The probe's part of the JSON report."""
-
-    def build_times(self) -> list[tuple[str, tuple[float, ...]]]:
-        """(what was built, each build's wall seconds) for the report's build times (--timings);
-        none for probes whose builds are not the point."""
-        return []
-
-
 class Probe(abc.ABC):
     """One probe; instances live for one comparison."""
 
@@ -151,11 +126,3 @@ class Probe(abc.ABC):
     @abc.abstractmethod
     def analyze(self, runs: Sequence[BackendRuns]) -> ProbeResult:
         """Turn the outcomes of this probe's jobs (and the main builds) into its result."""
-
-
-def summarize(diffs: Sequence[TensorDiff]) -> tuple[bool, int | None, float | None, str | None]:
-    """(all bitwise equal, max ULP, max scaled ULP, first divergent tensor)."""
-    ulps = [d.max_ulp for d in diffs if d.max_ulp is not None]
-    scaled = [d.scaled_ulp for d in diffs if d.scaled_ulp is not None]
-    first = next((d.name for d in diffs if not d.bitwise_equal), None)
-    return first is None, (max(ulps) if ulps else None), (max(scaled) if scaled else None), first

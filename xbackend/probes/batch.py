@@ -18,10 +18,11 @@ import numpy as np
 from xbackend.capture import CaptureFile
 from xbackend.executor import Job, PhaseSpec, standard_phases
 from xbackend.inputs import Feeds, generate_feeds
-from xbackend.metrics import TensorDiff
+from xbackend.metrics import TensorDiff, summarize
 from xbackend.model import ModelSpec
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext, ProbeResult, summarize
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext
 from xbackend.protocol import PhaseResult
+from xbackend.results.probe import ProbeResult, PromiseEvidence
 from xbackend.textfmt import num, table, yes
 
 __all__ = ["BatchProbe", "BatchResult", "BatchResults", "batch_inputs", "batch_positions"]
@@ -51,8 +52,21 @@ class BatchResult:
 @dataclass(frozen=True)
 class BatchResults(ProbeResult):
     name = "batch"
+    measures = ("batch-position",)
     rows: tuple[BatchResult, ...] = ()
     notes: tuple[str, ...] = ()
+
+    def promise(self, prop: str, backend: str) -> PromiseEvidence:
+        """Batch position: the first sample alone against it at each position of a batch."""
+        row = next((x for x in self.rows if x.backend == backend), None)
+        if row is None or row.status != "ok" or row.invariant is None:
+            why = row.reason if row is not None else "; ".join(self.notes) or "no batch dimension to vary"
+            return "unchecked", f"the batch probe could not check it: {why}", ""
+        positions = ", ".join(map(str, row.positions))
+        where = f"the first sample alone vs at positions {positions} of a batch of {row.batch}"
+        if row.invariant:
+            return "held", f"bit-identical, {where} ({row.compared} tensors)", ""
+        return "broken", f"bits differ, {where}", row.first_divergence or ""
 
     def warnings(self) -> list[str]:
         out = []

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xbackend.probes.base import BackendRuns, Probe, ProbeResult
+from xbackend.probes.base import BackendRuns, Probe
+from xbackend.results.probe import ProbeResult
 from xbackend.runners.base import BuildFingerprint
 from xbackend.textfmt import table, yes
 
@@ -49,6 +50,9 @@ class BuildVariance:
 class BuildsResult(ProbeResult):
     name = "builds"
     backends: tuple[BuildVariance, ...] = ()
+
+    def build_variance(self) -> list[str]:
+        return [w.removeprefix("WARN: ") for w in self.warnings()]
 
     def warnings(self) -> list[str]:
         return [

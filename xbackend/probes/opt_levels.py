@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from xbackend.buildinfo import OptLevelRow
 from xbackend.executor import Job
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult
-from xbackend.protocol import OptLevelRow
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
+from xbackend.results.probe import ProbeResult
 from xbackend.runners.base import Runner
 from xbackend.textfmt import num, table, yes
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from xbackend.executor import Job, separate_layers, standard_phases
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
+from xbackend.results.probe import ProbeResult
 from xbackend.textfmt import num, table, yes
 
 __all__ = ["Tf32Probe", "Tf32Result", "Tf32Row", "on_gpu_with_tf32"]

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from xbackend.executor import Job, JobOutcome, PhaseSpec, separate_layers, standard_phases
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeResult, summarize
+from xbackend.metrics import summarize
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
 from xbackend.protocol import LAYERS, PhaseResult
+from xbackend.results.probe import ProbeResult, PromiseEvidence
 from xbackend.textfmt import num, table, yes
 
 __all__ = ["ThreadResult", "ThreadsProbe", "ThreadsResult"]
@@ -32,7 +34,21 @@ class ThreadResult:
 @dataclass(frozen=True)
 class ThreadsResult(ProbeResult):
     name = "threads"
+    measures = ("thread-count",)
     rows: tuple[ThreadResult, ...] = ()
+
+    def promise(self, prop: str, backend: str) -> PromiseEvidence:
+        """Thread count: every other thread count against 1 thread."""
+        rows = [x for x in self.rows if x.backend == backend]
+        checked = [x for x in rows if x.status == "ok" and x.invariant is not None]
+        if not checked:
+            why = "; ".join(x.reason for x in rows) or "the runner has no thread-count option"
+            return "unchecked", f"not measured: {why}", ""
+        bad = next((x for x in checked if not x.invariant), None)
+        if bad is not None:
+            return "broken", f"{bad.threads} threads differ from 1 thread", bad.first_divergence or ""
+        counts = ", ".join(x.threads for x in checked)
+        return "held", f"bit-identical at 1 thread and at {counts} threads", ""
 
     def warnings(self) -> list[str]:
         out = []

@@ -3,28 +3,24 @@
 Readable sections for machines and people (verdict, backends, cross_backend, ...)
 and, under "result", the whole Result losslessly (xbackend.codec): what
 `xbackend report` renders the Markdown from, and what baselines and `xbackend diff`
-read back.
+read back (xbackend.reportfile).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from xbackend.codec import CodecError, decode, encode
-from xbackend.errors import InputError
+from xbackend.codec import encode
 from xbackend.metrics import TensorDiff
 from xbackend.report.text import METRIC_DEFINITIONS
+from xbackend.reportfile import SCHEMA
 from xbackend.results import BackendResult, CrossBackendResult, Drift, PairResult, Result
 from xbackend.values import value_name
 
-__all__ = ["SCHEMA", "from_json", "read_result", "to_dict", "to_json"]
-
-SCHEMA = "xbackend.report/2"
+__all__ = ["to_dict", "to_json"]
 
 
 def _clean(x: Any) -> Any:
@@ -203,35 +199,3 @@ def to_dict(r: Result) -> dict[str, Any]:
 def to_json(r: Result) -> str:
     """Stable text: sorted keys, fixed indentation, trailing newline."""
     return json.dumps(to_dict(r), indent=2, sort_keys=True, allow_nan=False) + "\n"
-
-
-def from_json(text: str, what: str = "report") -> Result:
-    """The Result a JSON report holds; InputError (one line) when it holds none this version reads."""
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise InputError(
-            f"{what} is not JSON ({e}); pass a report written by `xbackend compare --json`"
-        ) from e
-    schema = data.get("schema") if isinstance(data, dict) else None
-    if schema != SCHEMA or "result" not in data:
-        raise InputError(
-            f"{what} has schema {schema!r}, this xbackend reads {SCHEMA!r}; re-run the comparison with "
-            "this version (`xbackend compare ... --json OUT.json`)"
-        )
-    try:
-        return decode(Result, data["result"])  # type: ignore[no-any-return]
-    except CodecError as e:
-        raise InputError(f"{what} is damaged or was edited: {e}; re-run the comparison") from e
-
-
-def read_result(path: str | os.PathLike[str], flag: str = "") -> Result:
-    p = Path(path)
-    what = f"{flag} {p}".strip()
-    try:
-        text = p.read_text("utf-8")
-    except FileNotFoundError as e:
-        raise InputError(f"{what} not found; pass a JSON report written by `xbackend compare --json`") from e
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{what} cannot be read ({type(e).__name__}); pass a JSON report") from e
-    return from_json(text, what)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import PurePath
 
 from xbackend.metrics import TensorDiff
-from xbackend.probes import PROBES
+from xbackend.probes.registry import PROBES
 from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, CrossBackendResult, Result
 from xbackend.textfmt import num as _num

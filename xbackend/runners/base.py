@@ -8,18 +8,15 @@ hooks that subclasses write. Runner modules import their engine only inside
 from __future__ import annotations
 
 import abc
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
+from xbackend.buildinfo import BuildFingerprint, OptLevelRow
 from xbackend.errors import BackendUnavailableError, RunnerFailedError, UsageError
 from xbackend.modelref import ModelRef
 from xbackend.values import Value, normalize
-
-if TYPE_CHECKING:
-    from xbackend.protocol import OptLevelRow
 
 __all__ = ["Availability", "BuildFingerprint", "OptionSpec", "Runner"]
 
@@ -39,22 +36,6 @@ class Availability:
     @classmethod
     def missing(cls, reason: str) -> Availability:
         return cls(False, reason, "")
-
-
-@dataclass(frozen=True)
-class BuildFingerprint:
-    """What an engine decided when it was built: a digest plus per-layer items."""
-
-    backend: str
-    digest: str
-    layers: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def from_items(cls, backend: str, items: Sequence[tuple[str, str]]) -> BuildFingerprint:
-        h = hashlib.sha256()
-        for k, v in items:
-            h.update(f"{k}\x00{v}\x00".encode())
-        return cls(backend, h.hexdigest(), tuple(items))
 
 
 @dataclass(frozen=True)

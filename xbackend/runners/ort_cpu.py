@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from xbackend.buildinfo import OptLevelRow
 from xbackend.errors import BackendUnavailableError, ModelLoadError, RunnerFailedError
 from xbackend.modelref import ModelRef, model_file, read_model_bytes
-from xbackend.protocol import OptLevelRow
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.values import Value, normalize, value_sha256
 

@@ -36,9 +36,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from xbackend.atomic import write_atomic_bytes
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
 from xbackend.model import ModelRef, model_sha256
-from xbackend.report.write import write_atomic_bytes
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.values import Value
 

@@ -11,6 +11,7 @@ follows cannot tell them apart. Failure handling is the same too:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -25,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.errors import UsageError
-from xbackend.isolation import _kill, _signal_name
-from xbackend.sweep.fleet import FleetJob, FleetProgress, node_label
-from xbackend.sweep.node import job_to_json, read_record
+from xbackend.isolation import kill_group, signal_name
+from xbackend.model import external_files, load_proto
+from xbackend.sweep.node import job_from_json, job_to_json, node_identity, read_record, run_job
+from xbackend.sweep.outcomes import FleetJob, FleetProgress, node_label
 from xbackend.sweep.spec import JobSpec, Requirements
 
 __all__ = ["RAY_PIN", "LocalExecutor", "RayExecutor", "label_matches", "node_feasible", "placement"]
@@ -80,16 +82,16 @@ class LocalExecutor:
                     try:
                         code = proc.wait(timeout)
                     except subprocess.TimeoutExpired:
-                        _kill(proc)
+                        kill_group(proc)
                         return FleetJob(
                             job, "failed", f"timed out after {timeout:g} s (job_timeout)", host, attempt
                         )
                     except BaseException:  # interrupted: the job goes with the sweep
-                        _kill(proc)
+                        kill_group(proc)
                         raise
                 if code == 0:
                     return _finished(job, folder, attempt, host)
-                why = f"job process died ({_signal_name(code)})" if code < 0 else f"job process exited {code}"
+                why = f"job process died ({signal_name(code)})" if code < 0 else f"job process exited {code}"
                 tail = _tail(err)
                 died.append(f"attempt {attempt}: {why}{': ' + tail if tail else ''}")
             if code > 0:  # an error, not a death: running it again gives the same
@@ -110,7 +112,7 @@ def _tail(path: Path) -> str:
 
 def _import_ray() -> Any:
     try:
-        import ray
+        import ray  # optional: the ray extra, only for --executor ray
     except ImportError as e:
         raise UsageError(
             f"--executor ray needs Ray: pip install 'xbackend[ray]' (installs {RAY_PIN}), "
@@ -163,8 +165,6 @@ def _materialize(bundle: Mapping[str, Any] | None) -> dict[str, str]:
     depends only on their content, so every sweep on this node reads the same paths."""
     if not bundle:
         return {}
-    import hashlib
-
     paths = {}
     for role, files in bundle.items():
         digest = hashlib.sha256()
@@ -186,11 +186,9 @@ def _materialize(bundle: Mapping[str, Any] | None) -> dict[str, str]:
 def _bundle(job: JobSpec) -> dict[str, Any]:
     """The files a job needs on a node without shared storage: the model with its external data,
     and its inputs when they are files."""
-    from xbackend.model import _external_files, load_proto
-
     model = Path(job.model_path)
     files = {model.name: model.read_bytes()}
-    for rel in _external_files(load_proto(model, load_external=False)):
+    for rel in external_files(load_proto(model, load_external=False)):
         if (model.parent / rel).is_file():
             files[rel] = (model.parent / rel).read_bytes()
     out: dict[str, Any] = {"model": {"main": model.name, "files": files}}
@@ -216,8 +214,6 @@ def _ray_job(
 ) -> tuple[dict[str, Any], dict[str, bytes] | None]:
     """The Ray task: run one job on this node; its files come back through the object store
     unless `dest` is on storage the driver shares."""
-    from xbackend.sweep.node import job_from_json, node_identity, run_job
-
     tracker.started.remote(job_id, node_identity())
     _undo_ray_thread_cap()
     job = job_from_json(job_json)
@@ -392,7 +388,7 @@ class RayExecutor:
     def _collect(
         self, ray: Any, p: _Pending, node: Mapping[str, Any], jobs_dir: Path, retries: int
     ) -> FleetJob | None:
-        from ray.exceptions import RayError, RayTaskError, TaskCancelledError
+        from ray.exceptions import RayError, RayTaskError, TaskCancelledError  # optional: the ray extra
 
         try:
             rec, files = ray.get(p.ref)

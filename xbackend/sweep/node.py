@@ -25,13 +25,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from xbackend.compare import compare_with_options
+from xbackend.environment import collect_environment
+from xbackend.errors import XbackendError, first_line
+from xbackend.report import to_json, to_markdown, write_atomic
+from xbackend.sweep.outcomes import environment_sha256
+from xbackend.sweep.spec import JobSpec, Requirements
+
 __all__ = ["JOB_FILE", "job_from_json", "job_to_json", "node_identity", "read_record", "run_job"]
 
 JOB_FILE = "job.json"
 RECORD_FORMAT = "xbackend.sweep-job/1"
 
 
-def job_to_json(job: Any) -> dict[str, Any]:
+def job_to_json(job: JobSpec) -> dict[str, Any]:
     return {
         "model": job.model,
         "model_path": job.model_path,
@@ -42,9 +49,7 @@ def job_to_json(job: Any) -> dict[str, Any]:
     }
 
 
-def job_from_json(d: Mapping[str, Any]) -> Any:
-    from xbackend.sweep.spec import JobSpec, Requirements
-
+def job_from_json(d: Mapping[str, Any]) -> JobSpec:
     r = d["requires"]
     req = Requirements(
         float(r["num_cpus"]),
@@ -62,7 +67,7 @@ def node_identity() -> dict[str, Any]:
     """Which node this is, in terms that stay the same from one sweep to the next (no Ray ids)."""
     ident: dict[str, Any] = {"hostname": socket.gethostname()}
     try:
-        import ray
+        import ray  # optional: only on a Ray worker
 
         if ray.is_initialized():
             ctx = ray.get_runtime_context()
@@ -76,7 +81,7 @@ def node_identity() -> dict[str, Any]:
     return ident
 
 
-def _record(job: Any, status: str, reason: str, **extra: Any) -> dict[str, Any]:
+def _record(job: JobSpec, status: str, reason: str, **extra: Any) -> dict[str, Any]:
     return {
         "format": RECORD_FORMAT,
         "id": job.id,
@@ -91,17 +96,11 @@ def _record(job: Any, status: str, reason: str, **extra: Any) -> dict[str, Any]:
 
 
 def run_job(
-    job: Any, dest: str | os.PathLike[str], model_path: str | None = None, inputs_path: str | None = None
+    job: JobSpec, dest: str | os.PathLike[str], model_path: str | None = None, inputs_path: str | None = None
 ) -> dict[str, Any]:
     """Run `job` and leave its folder at `dest` (replaced whole); returns the record. Backend
     trouble is a failed record, never an exception. `model_path`, `inputs_path`: where this node
     holds the job's files, when they were shipped to it."""
-    from xbackend.compare import compare_with_options
-    from xbackend.environment import collect_environment
-    from xbackend.errors import XbackendError, first_line
-    from xbackend.report import to_json, to_markdown, write_atomic
-    from xbackend.sweep.fleet import environment_sha256
-
     out = Path(dest)
     part = out.with_name(f".{out.name}.partial")
     shutil.rmtree(part, ignore_errors=True)

@@ -42,6 +42,7 @@ from typing import Any
 
 from xbackend.errors import UsageError
 from xbackend.results import DEFAULT_MAX_ULP, CompareOptions
+from xbackend.version import VERSION
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -157,13 +158,11 @@ class JobSpec:
     def key(self) -> str:
         """sha256 of everything that decides the job's figures: a capture made under another key
         is stale and runs again."""
-        from xbackend import __version__
-
         body = {
             "model_sha256": self.model_sha256,
             "backend": self.backend,
             "compare": dict(self.compare),
-            "xbackend": __version__,
+            "xbackend": VERSION,
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 

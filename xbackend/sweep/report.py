@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from xbackend.results import Result
-from xbackend.sweep.fleet import FleetJob, FleetResult, ModelOutcome, node_label, relpath
+from xbackend.sweep.outcomes import FleetJob, FleetResult, ModelOutcome, node_label, relpath
 from xbackend.textfmt import short, table, with_module
 
 __all__ = ["FLEET_SCHEMA", "cell_for", "fleet_json", "fleet_markdown", "fleet_verdict"]

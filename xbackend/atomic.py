@@ -1,4 +1,4 @@
-"""Atomic writes: a reader never sees half a report."""
+"""Atomic writes: a reader never sees half a file (reports, captures, pins, engines)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,133 @@
+"""certify, verify, report and diff: what a release attaches and checks."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from xbackend.certify import certify as run_certify
+from xbackend.certify import verify as run_verify
+from xbackend.certify import write_certificate
+from xbackend.cli.app import app, progress
+from xbackend.cli.params import (
+    Inputs,
+    ModelArg,
+    NoProgress,
+    Ranges,
+    Seed,
+    Sets,
+    Shapes,
+    Timeout,
+    TorchModule,
+    TrustCode,
+    run_inputs,
+)
+from xbackend.report import write_atomic, write_markdown_bundle
+from xbackend.report.diff import diff_results
+from xbackend.reportfile import read_result
+
+__all__ = ["certify", "diff", "report", "verify"]
+
+
+@app.command(
+    epilog="Exit codes: 0 granted (every property held, or does not apply); 16 a property broke (it names "
+    "itself and the first layer where it broke); 2 usage or input error; 3 the backend failed; "
+    "4 internal error."
+)
+def certify(
+    model: ModelArg,
+    backend: Annotated[str, typer.Option(help="the runner to certify (NAME or NAME@LABEL)")],
+    output: Annotated[
+        str, typer.Option("-o", "--output", metavar="STEM", help="writes STEM.json and STEM.md")
+    ] = "certificate",
+    runs: Annotated[int, typer.Option(help="runs per session")] = 5,
+    builds: Annotated[int, typer.Option(help="fresh builds, each in a fresh process")] = 3,
+    batch: Annotated[int, typer.Option(help="batch size for the sample-alone vs in-a-batch check")] = 4,
+    seed: Seed = 0,
+    shape: Shapes = None,
+    inputs: Inputs = None,
+    ranges: Ranges = None,
+    timeout: Timeout = 600.0,
+    sets: Sets = None,
+    no_progress: NoProgress = False,
+    torch_module: TorchModule = None,
+    trust_model_code: TrustCode = False,
+) -> int:
+    """Certify one backend's determinism: run to run, build to build, batch position, thread count."""
+    cert = run_certify(
+        model,
+        backend,
+        runs,
+        builds,
+        batch,
+        progress(no_progress),
+        timeout=timeout,
+        **run_inputs(backend, seed, shape, inputs, ranges, sets, torch_module, trust_model_code),
+    )
+    js, md = write_certificate(cert, output)
+    body = cert.body
+    if body["backend"]["status"] != "ok":
+        print(f"{backend} {body['backend']['status']}: {body['backend']['reason']}", file=sys.stderr)
+    for p in body["properties"]:
+        first = f"; first broke at {p['first_layer']}" if p["first_layer"] else ""
+        print(f"  {p['name']}: {p['status']} ({p['evidence']}{first})")
+    verdict = "GRANTED" if cert.granted else "REFUSED"
+    print(f"{verdict}: wrote {js} and {md}; check it with `xbackend verify {js}`")
+    return cert.exit_code
+
+
+@app.command(
+    epilog="Exit codes: 0 the outputs match the certificate bit for bit and no property broke; 1 they "
+    "differ, or a property the certificate holds broke here; 2 the certificate is missing, modified, or "
+    "of another model or inputs; 4 internal error."
+)
+def verify(
+    certificate: Annotated[
+        str, typer.Argument(metavar="CERT.json", help="a certificate from xbackend certify")
+    ],
+    model: Annotated[
+        str | None, typer.Option(help="the certified model, when it is not at the path the certificate names")
+    ] = None,
+    inputs: Inputs = None,
+    no_progress: NoProgress = False,
+) -> int:
+    """Re-run what a certificate claims on this machine; compare outputs bit for bit and the environment."""
+    v = run_verify(certificate, model, inputs, progress(no_progress))
+    for line in v.lines():
+        print(line)
+    return v.exit_code
+
+
+@app.command(
+    epilog="Exit codes: 0 written; 2 the JSON is missing, damaged, or from another schema; 4 internal error."
+)
+def report(
+    result_json: Annotated[str, typer.Argument(metavar="RESULT.json", help="a JSON report (compare --json)")],
+    output: Annotated[str, typer.Option("-o", "--output", metavar="OUT.md", help="Markdown to write")],
+) -> int:
+    """Re-render the Markdown report (figures and layer CSV too) from a JSON report, running no engine."""
+    write_markdown_bundle(read_result(result_json), output)
+    print(f"wrote {output}")
+    return 0
+
+
+@app.command(
+    epilog="Exit codes: 0 nothing moved; 1 outputs, layers, verdicts or the environment differ; "
+    "2 a report is missing or unreadable; 4 internal error."
+)
+def diff(
+    old: Annotated[str, typer.Argument(metavar="OLD.json", help="the earlier JSON report")],
+    new: Annotated[str, typer.Argument(metavar="NEW.json", help="the later JSON report")],
+    output: Annotated[
+        str | None, typer.Option("-o", "--output", metavar="OUT.md", help="also write the diff here")
+    ] = None,
+) -> int:
+    """Compare two JSON reports: environment, options, verdicts, and the first layer that moved."""
+    d = diff_results(read_result(old, "OLD.json"), read_result(new, "NEW.json"))
+    text = d.markdown(old, new)
+    print(text, end="")
+    if output:
+        write_atomic(output, text)
+    return 1 if d.changed else 0

@@ -1,0 +1,87 @@
+"""backends and export: what this machine can run, and getting a model into ONNX."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from xbackend.cli.app import app, export_app
+from xbackend.errors import XbackendError
+from xbackend.foreign import probe_interpreter
+from xbackend.runners.base import PYTHON_OPTION, Availability
+from xbackend.runners.registry import get_runner, list_runners
+from xbackend.torch_export import InputDecl, export_torch, parse_dynamic
+
+__all__ = ["backends", "export_torch_cmd"]
+
+
+@app.command()
+def backends() -> int:
+    """List every registered backend, available or not, and why."""
+    for e in list_runners():
+        avail, where = e.availability, ""
+        try:
+            python = get_runner(e.name).resolve_options({})[PYTHON_OPTION.name]
+        except XbackendError:
+            python = ""
+        if python:  # its own interpreter by default (e.g. $XBACKEND_GROQ_PYTHON): ask that one
+            it = probe_interpreter(python, e.target)
+            avail, where = Availability(it.available, it.reason, it.version), f" in python={python}"
+        state = f"available{where} ({avail.version})" if avail.available else f"unavailable: {avail.reason}"
+        print(f"{e.name:12s} {state}")
+        if e.description:
+            print(f"{'':12s} {e.description}")
+        try:
+            specs = get_runner(e.name).all_option_specs()
+        except XbackendError:
+            specs = ()
+        for s in specs:
+            choices = f" [{'|'.join(s.choices)}]" if s.choices else ""
+            print(f"{'':12s}   --set {e.name}.{s.name}=...{choices}  {s.help}")
+    return 0
+
+
+@export_app.command("torch")
+def export_torch_cmd(
+    module: Annotated[
+        str, typer.Argument(metavar="MODULE_SPEC", help="path/to/file.py:factory or package.module:factory")
+    ],
+    input: Annotated[
+        list[str],
+        typer.Option(
+            "--input",
+            metavar="NAME=D1,D2,...[:DTYPE]",
+            help="example input, in forward() order (repeatable); dtype defaults to float32",
+        ),
+    ],
+    output: Annotated[str, typer.Option("-o", "--output", metavar="OUT.onnx", help="ONNX file to write")],
+    opset: Annotated[int, typer.Option(help="ONNX opset")] = 18,
+    dynamic: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME=AXIS:DIMNAME", help="make an input axis dynamic, e.g. x=0:batch (repeatable)"
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="seed for the example inputs")] = 0,
+    output_name: Annotated[
+        list[str] | None,
+        typer.Option(metavar="NAME", help="name for the graph output(s), in order (default: the exporter's)"),
+    ] = None,
+) -> int:
+    """Export a PyTorch nn.Module (records its source in the ONNX metadata)."""
+    res = export_torch(
+        module,
+        [InputDecl.parse(i) for i in input],
+        output,
+        opset=opset,
+        dynamic=parse_dynamic(dynamic or []),
+        seed=seed,
+        output_names=output_name or [],
+    )
+    print(
+        f"wrote {res.path}: opset {res.opset}, torch {res.torch_version}, inputs "
+        f"{', '.join(i.name for i in res.inputs)}, outputs {', '.join(res.outputs)}; "
+        f"{len(res.module_outputs)} module outputs mapped to ONNX tensors"
+    )
+    return 0

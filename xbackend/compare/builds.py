@@ -1,0 +1,64 @@
+"""A backend's main builds as compare reads them: live worker outcomes or a loaded capture."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from xbackend.capture import CaptureFile, common_names, diff_captures
+from xbackend.executor import Executor, Job, JobOutcome
+from xbackend.metrics import TensorDiff
+from xbackend.model import ModelSpec
+from xbackend.portable import LoadedCapture
+from xbackend.probes.base import PlannedBackend
+from xbackend.protocol import PhaseResult
+
+__all__ = ["Builds", "FirstRun", "diff_phases", "run_builds"]
+
+
+class FirstRun(Protocol):
+    """What comparisons read of a backend: build 0's phases (a live job, or a loaded capture)."""
+
+    @property
+    def outputs(self) -> PhaseResult: ...
+
+    @property
+    def layers(self) -> PhaseResult | None: ...
+
+    @property
+    def separate_layers(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Builds:
+    """A backend's main jobs, one per build; or a capture loaded in their place."""
+
+    planned: PlannedBackend
+    outcomes: tuple[JobOutcome, ...]
+    loaded: LoadedCapture | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.loaded is not None or (bool(self.outcomes) and all(o.ok for o in self.outcomes))
+
+    @property
+    def first(self) -> FirstRun:
+        return self.loaded.run if self.loaded is not None else self.outcomes[0]
+
+
+def run_builds(ex: Executor, p: PlannedBackend, jobs: Sequence[Job]) -> Builds:
+    outcomes: list[JobOutcome] = []
+    for job in jobs:
+        if outcomes and not outcomes[-1].ok:
+            ex.skip(job)  # a backend that fails to build once is failed; don't spend K timeouts on it
+            continue
+        outcomes.append(ex.run(job))
+    return Builds(p, tuple(outcomes))
+
+
+def diff_phases(a: PhaseResult, b: PhaseResult, spec: ModelSpec, outputs: bool) -> list[TensorDiff]:
+    """a's run-0 capture against b's, over the tensors both hold, in topological order."""
+    with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
+        names = common_names(ca, cb, spec.tensor_order(outputs_only=outputs))
+        return diff_captures(ca, cb, names, spec.op_types())

@@ -1,0 +1,112 @@
+"""Backends against each other: each against the reference, every pair, and each against a
+target (the float64 oracle, the expected outputs)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from xbackend.compare.builds import Builds, diff_phases
+from xbackend.metrics import TensorDiff
+from xbackend.model import ModelSpec
+from xbackend.results import EXPECTED, BackendResult, CompareOptions, CrossBackendResult, PairResult
+from xbackend.values import value_name
+
+__all__ = ["against", "cross_all", "effective_reference", "pairs"]
+
+
+def effective_reference(opts: CompareOptions, results: Sequence[BackendResult]) -> str:
+    """--reference when it ran, else the first backend in --backends order that did."""
+    by_name = {r.name: r for r in results}
+    ref = opts.reference_name
+    if by_name[ref].ok:
+        return ref
+    return next((r.name for r in results if r.ok and r.name != EXPECTED), ref)
+
+
+def cross_all(
+    builds: Mapping[str, Builds],
+    results: Sequence[BackendResult],
+    ref: str,
+    spec: ModelSpec,
+    opts: CompareOptions,
+) -> list[CrossBackendResult]:
+    by_name = {r.name: r for r in results}
+    out = []
+    for r in results:
+        if r.name == ref:
+            continue
+        if not r.ok:
+            out.append(CrossBackendResult(r.name, ref, "skipped", f"{r.name} {r.status}"))
+        elif not by_name[ref].ok:
+            out.append(CrossBackendResult(r.name, ref, "skipped", f"reference {ref} {by_name[ref].status}"))
+        else:
+            out.append(_cross_one(builds[r.name], builds[ref], spec, opts))
+    return out
+
+
+def pairs(
+    builds: Mapping[str, Builds], results: Sequence[BackendResult], spec: ModelSpec
+) -> list[PairResult]:
+    """Every pair of backends that ran, at the graph outputs of the plain builds."""
+    ok = [r.name for r in results if r.ok]
+    out = []
+    for i, a in enumerate(ok):
+        for b in ok[i + 1 :]:
+            diffs = diff_phases(builds[a].first.outputs, builds[b].first.outputs, spec, outputs=True)
+            out.append(PairResult.from_diffs(a, b, diffs))
+    return out
+
+
+def against(
+    target: str,
+    builds: Mapping[str, Builds],
+    results: Sequence[BackendResult],
+    spec: ModelSpec,
+    opts: CompareOptions,
+    layers: bool = True,
+) -> list[CrossBackendResult]:
+    """Every backend that ran against `target` (the oracle, the expected outputs), when it ran."""
+    by_name = {r.name: r for r in results}
+    if target not in builds or not builds[target].ok:
+        return []
+    return [
+        _cross_one(builds[r.name], builds[target], spec, opts, layers)
+        for r in by_name.values()
+        if r.ok and r.name != target
+    ]
+
+
+def _cross_one(
+    a: Builds, b: Builds, spec: ModelSpec, opts: CompareOptions, layers: bool = True
+) -> CrossBackendResult:
+    a0, b0 = a.first, b.first
+    outputs = diff_phases(a0.outputs, b0.outputs, spec, outputs=True)
+    missing = [n for n in spec.output_names if n not in {value_name(d.name) for d in outputs}]
+    outputs += [
+        TensorDiff.mismatch(n, spec.op_types().get(n, ""), "missing", "not produced") for n in missing
+    ]
+    la, lb = a0.layers, b0.layers
+    note = ""
+    per_layer: list[TensorDiff] = []
+    only_a: list[str] = []
+    only_b: list[str] = []
+    if opts.outputs_only or not layers:
+        note = "graph outputs only"
+    elif la is None or lb is None:
+        who = a.planned.name if la is None else b.planned.name
+        note = f"{who} has no per-layer capture"
+    else:
+        per_layer = diff_phases(la, lb, spec, outputs=False)
+        only_a = sorted(set(la.capture_names) - set(lb.capture_names))
+        only_b = sorted(set(lb.capture_names) - set(la.capture_names))
+    return CrossBackendResult.from_diffs(
+        a.planned.name,
+        b.planned.name,
+        outputs,
+        per_layer,
+        spec.output_names,
+        only_a,
+        only_b,
+        opts.max_ulp,
+        note,
+    )

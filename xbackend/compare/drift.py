@@ -1,0 +1,71 @@
+"""Each backend against the same backend in --baseline: values where the baseline kept them,
+else digests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from xbackend.baseline import Baseline, load_baseline
+from xbackend.compare.builds import Builds, diff_phases
+from xbackend.inputs import Feeds
+from xbackend.metrics import TensorDiff
+from xbackend.model import ModelSpec
+from xbackend.results import EXPECTED, BackendResult, CompareOptions, Drift
+from xbackend.values import value_name
+
+__all__ = ["baseline_drifts"]
+
+
+def baseline_drifts(
+    opts: CompareOptions,
+    spec: ModelSpec,
+    feeds: Feeds,
+    builds: Mapping[str, Builds],
+    backends: Sequence[BackendResult],
+) -> tuple[tuple[Drift, ...], tuple[tuple[str, str], ...]]:
+    if opts.baseline is None:
+        return (), ()
+    base = load_baseline(opts.baseline)
+    out = []
+    for b in backends:
+        if not b.ok or b.name == EXPECTED:
+            continue
+        out.append(_drift(b, builds[b.name], base, spec, feeds))
+    return tuple(out), base.environment
+
+
+def _drift(b: BackendResult, mine: Builds, base: Baseline, spec: ModelSpec, feeds: Feeds) -> Drift:
+    theirs = base.match(b.name)
+    if theirs is None:
+        return Drift(b.name, base.source, "no-baseline", f"the baseline has no {b.name.split('@')[0]}")
+    label = f"{theirs.name} in {base.source}"
+    if theirs.feeds_sha256 != feeds.sha256:
+        return Drift(
+            b.name,
+            label,
+            "not-comparable",
+            f"the baseline was fed other inputs (sha256 {theirs.feeds_sha256[:12]}, "
+            f"now {feeds.sha256[:12]}); "
+            + (
+                f"pass --inputs {theirs.capture.path} to feed the baseline's inputs"
+                if theirs.capture is not None
+                else "compare with the baseline's inputs (--seed, --shape, --range, --inputs)"
+            ),
+        )
+    order = spec.tensor_order()
+    rank = {n: i for i, n in enumerate(order)}
+    if theirs.capture is not None:
+        run = theirs.capture.run
+        outs = diff_phases(mine.first.outputs, run.outputs, spec, outputs=True)
+        layers: list[TensorDiff] = []
+        if mine.first.layers is not None and run.layers is not None:
+            layers = diff_phases(mine.first.layers, run.layers, spec, outputs=False)
+        moved = [d.name for d in (layers or outs) if not d.bitwise_equal]
+        moved += [d.name for d in outs if not d.bitwise_equal and d.name not in moved]
+        moved.sort(key=lambda n: rank.get(value_name(n), len(rank)))
+        status = "drifted" if moved else "identical"
+        return Drift(b.name, label, status, "", True, tuple(outs), tuple(layers), tuple(moved))
+    if not theirs.result.digests():
+        return Drift(b.name, label, "not-comparable", "the baseline report records no tensor digests")
+    moved = b.moved_since(theirs.result, rank)
+    return Drift(b.name, label, "drifted" if moved else "identical", "", False, (), (), tuple(moved))

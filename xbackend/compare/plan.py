@@ -1,0 +1,164 @@
+"""Before anything runs: captures to load, feeds, and each backend planned (or why it cannot run)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import onnx
+
+from xbackend.errors import InputError, ModelLoadError, UsageError
+from xbackend.executor import Job, standard_phases
+from xbackend.foreign import probe_interpreter
+from xbackend.inputs import Feeds, capture_feeds, generate_feeds, load_expected, load_feeds
+from xbackend.model import ModelSpec, downgrade_blockers
+from xbackend.portable import LoadedCapture, load_capture
+from xbackend.probes.base import PlannedBackend
+from xbackend.results import EXPECTED, CompareOptions, FeedsInfo
+from xbackend.runners.base import PYTHON_OPTION
+from xbackend.runners.registry import get_runner, runner_target
+from xbackend.storage import save_values
+from xbackend.values import Value
+
+__all__ = [
+    "feeds_for",
+    "feeds_info",
+    "load_captures",
+    "main_jobs",
+    "make_feeds",
+    "plan_backend",
+    "preflight",
+    "with_expected",
+]
+
+
+def make_feeds(spec: ModelSpec, opts: CompareOptions) -> tuple[Feeds, dict[str, Value] | None]:
+    if opts.inputs:
+        return load_feeds(opts.inputs, spec), load_expected(opts.inputs, spec)
+    ranges = {n: (lo, hi) for n, lo, hi in opts.ranges}
+    return generate_feeds(spec, opts.seed, dict(opts.shapes), ranges), None
+
+
+def with_expected(opts: CompareOptions, expected: Mapping[str, Value] | None) -> CompareOptions:
+    if expected is None:
+        if EXPECTED in opts.backends:
+            raise UsageError(
+                f"backend {EXPECTED} compares against golden outputs: pass --inputs DIR holding "
+                "output_N.pb files beside input_N.pb"
+            )
+        return opts
+    if EXPECTED in opts.backends:
+        return opts
+    return replace(opts, backends=(*opts.backends, EXPECTED))
+
+
+def load_captures(spec: ModelSpec, opts: CompareOptions) -> list[LoadedCapture]:
+    out = []
+    for name, path in opts.loads:
+        cap = load_capture(path, name)
+        if cap.model_sha256 != spec.sha256:
+            raise InputError(
+                f"capture {path} was made from another model ({cap.model_name}, sha256 "
+                f"{cap.model_sha256[:12]}; {Path(spec.path).name} is {spec.sha256[:12]}): load it with that "
+                "model, or pass it as --baseline to measure drift between the two"
+            )
+        out.append(cap)
+    return out
+
+
+def feeds_for(
+    spec: ModelSpec, opts: CompareOptions, loaded: Sequence[LoadedCapture]
+) -> tuple[Feeds, dict[str, Value] | None]:
+    """The comparison's feeds; with --load, the first capture's inputs unless others were asked for,
+    and every capture must have been fed the same bytes."""
+    if loaded and not (opts.inputs or opts.shapes or opts.ranges or opts.seed):
+        feeds, expected = capture_feeds(loaded[0].inputs, spec), None  # already checked: not hashed again
+    else:
+        feeds, expected = make_feeds(spec, opts)
+    for cap in loaded:
+        if cap.feeds.sha256 != feeds.sha256:
+            raise InputError(
+                f"capture {cap.path} was fed other inputs (sha256 {cap.feeds.sha256[:12]}) than this "
+                f"comparison (sha256 {feeds.sha256[:12]}); pass --inputs {cap.path} to feed every "
+                "backend the capture's inputs"
+            )
+    return feeds, expected
+
+
+def feeds_info(feeds: Feeds, expected: bool) -> FeedsInfo:
+    return FeedsInfo(feeds.sha256, feeds.seed, feeds.source, tuple(feeds.describe()), feeds.ranges, expected)
+
+
+def plan_backend(
+    name: str, opts: CompareOptions, work: Path, expected: Mapping[str, Value] | None
+) -> PlannedBackend:
+    cls = get_runner(name)  # unknown name: BackendUnavailableError listing the known ones
+    raw = opts.options_for(name)
+    if name == EXPECTED and expected is not None:
+        path = work / "expected.xbv"
+        save_values(path, expected)
+        raw = {**raw, "file": str(path)}
+    resolved = cls.resolve_options(raw)  # bad option: UsageError before anything runs
+    if resolved[PYTHON_OPTION.name]:  # another environment: ask it, not this one
+        it = probe_interpreter(resolved[PYTHON_OPTION.name], runner_target(name))
+        if not it.available:
+            return PlannedBackend(name, None, resolved, raw, it.reason, it)
+        return PlannedBackend(name, cls, resolved, raw, interpreter=it)
+    avail = cls.availability()
+    if not avail.available:
+        return PlannedBackend(name, None, resolved, raw, avail.reason)
+    return PlannedBackend(name, cls, resolved, raw)
+
+
+def preflight(
+    spec: ModelSpec, proto: onnx.ModelProto, planned: Sequence[PlannedBackend]
+) -> tuple[list[PlannedBackend], list[str]]:
+    """Backends that cannot read the model's IR version become unavailable for this model; note
+    downgrades. Refuse the run only when no backend can load the model."""
+    out: list[PlannedBackend] = []
+    notes: list[str] = []
+    blocked: list[str] = []
+    for p in planned:
+        why = _ir_blocker(spec, proto, p, notes)
+        if why:
+            blocked.append(f"{p.name}: {why}")
+            p = replace(p, cls=None, unavailable=why)
+        out.append(p)
+    if blocked and all(p.cls is None for p in out) and len(blocked) == len(out):
+        raise ModelLoadError(
+            f"no backend can load {spec.path}: {'; '.join(blocked)}; re-export it with an older opset/IR"
+        )
+    return out, notes
+
+
+def _ir_blocker(spec: ModelSpec, proto: onnx.ModelProto, p: PlannedBackend, notes: list[str]) -> str:
+    if p.cls is None:
+        return ""
+    try:
+        max_ir = p.interpreter.max_ir if p.interpreter else p.cls.max_ir_version()
+    except Exception:  # the worker will report the real problem
+        return ""
+    if max_ir is None or spec.ir_version <= max_ir:
+        return ""
+    blockers = downgrade_blockers(proto, max_ir)
+    if blockers:
+        return (
+            f"reads ONNX IR version <= {max_ir} but the model is IR {spec.ir_version} and uses "
+            f"{'; '.join(blockers)}"
+        )
+    notes.append(
+        f"{p.name}: model IR version {spec.ir_version} was downgraded to {max_ir} for this "
+        "backend; the model uses nothing newer, so the graph is unchanged"
+    )
+    return ""
+
+
+def main_jobs(p: PlannedBackend, spec: ModelSpec, opts: CompareOptions, feeds: Path) -> list[Job]:
+    if p.cls is None:
+        return []
+    phases = standard_phases(p.cls, spec, opts.runs, opts.outputs_only, options=p.raw_options)
+    return [
+        Job(f"{p.name}-build{k}", p.name, p.cls, p.variant(), feeds, phases, fingerprint=opts.builds > 1)
+        for k in range(opts.builds)
+    ]

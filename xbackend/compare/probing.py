@@ -1,0 +1,82 @@
+"""Probes' jobs: the first round beside the main builds, follow-ups, and each probe's analysis."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from xbackend.compare.builds import Builds
+from xbackend.executor import Executor, Job, JobOutcome
+from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
+from xbackend.progress import ProgressSink
+from xbackend.results import EXPECTED, BackendResult, FailedProbe, ProbeResult
+
+__all__ = ["analyze_probe", "backend_runs", "run_followups", "run_probe_jobs"]
+
+
+def run_probe_jobs(
+    ex: Executor,
+    planned: Sequence[PlannedBackend],
+    probe_jobs: Mapping[tuple[str, str], Sequence[Job]],
+    builds: Mapping[str, Builds],
+) -> dict[tuple[str, str], dict[str, JobOutcome]]:
+    """Every probe's jobs for a backend in one go (variants that can share a process do)."""
+    out: dict[tuple[str, str], dict[str, JobOutcome]] = {k: {} for k in probe_jobs}
+    for p in planned:
+        keys = [k for k in probe_jobs if k[1] == p.name]
+        done = ex.run_all([j for k in keys for j in probe_jobs[k]], builds[p.name].ok)
+        for k in keys:
+            out[k] = {j.label: done[j.label] for j in probe_jobs[k] if j.label in done}
+    return out
+
+
+def backend_runs(
+    probe: Probe,
+    planned: Sequence[PlannedBackend],
+    builds: Mapping[str, Builds],
+    outcomes: Mapping[tuple[str, str], Mapping[str, JobOutcome]],
+    results: Mapping[str, BackendResult],
+) -> list[BackendRuns]:
+    return [
+        BackendRuns(p, builds[p.name].outcomes, outcomes.get((probe.name, p.name), {}), results[p.name])
+        for p in planned
+        if results[p.name].ok and p.name != EXPECTED
+    ]
+
+
+def run_followups(
+    ex: Executor,
+    probes: Sequence[Probe],
+    planned: Sequence[PlannedBackend],
+    builds: Mapping[str, Builds],
+    outcomes: dict[tuple[str, str], dict[str, JobOutcome]],
+    results: Mapping[str, BackendResult],
+    bar: ProgressSink,
+) -> dict[str, str]:
+    """The second round: jobs a probe asks for after reading the first round's outcomes, all of
+    a backend's together; they join that probe's outcomes. Returns the probes that failed to
+    plan it, with the reason."""
+    wanted: dict[tuple[str, str], list[Job]] = {}
+    broken: dict[str, str] = {}
+    for pr in probes:
+        for r in backend_runs(pr, planned, builds, outcomes, results):
+            try:
+                wanted[(pr.name, r.planned.name)] = pr.followup_jobs(r)
+            except Exception as e:  # a broken probe is a warning, never a silent pass
+                broken.setdefault(pr.name, f"{type(e).__name__}: {e}")
+    bar.grow(sum(j.steps for js in wanted.values() for j in js))
+    for key, done in run_probe_jobs(ex, planned, wanted, builds).items():
+        outcomes.setdefault(key, {}).update(done)
+    return broken
+
+
+def analyze_probe(
+    probe: Probe,
+    planned: Sequence[PlannedBackend],
+    builds: Mapping[str, Builds],
+    outcomes: Mapping[tuple[str, str], Mapping[str, JobOutcome]],
+    results: Mapping[str, BackendResult],
+) -> ProbeResult:
+    try:
+        return probe.analyze(backend_runs(probe, planned, builds, outcomes, results))
+    except Exception as e:  # a broken probe is a warning, never a silent pass or a crash
+        return FailedProbe(probe.name, f"{type(e).__name__}: {e}")

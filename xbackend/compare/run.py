@@ -1,0 +1,168 @@
+"""Orchestration: load, feed, run every backend in isolation, compare captures, run probes.
+
+Never imports a backend: runners are found by name and run in worker processes. Never
+names a probe: it runs those the registry selects. Captures are compared one value at a
+time from disk. Each step is a module of this package; this one puts them in order.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from xbackend.compare.builds import Builds, run_builds
+from xbackend.compare.captures import save_captures
+from xbackend.compare.cross import against, cross_all, effective_reference, pairs
+from xbackend.compare.drift import baseline_drifts
+from xbackend.compare.plan import (
+    feeds_for,
+    feeds_info,
+    load_captures,
+    main_jobs,
+    plan_backend,
+    preflight,
+    with_expected,
+)
+from xbackend.compare.probing import analyze_probe, run_followups, run_probe_jobs
+from xbackend.compare.summary import summarize_backend
+from xbackend.environment import collect_environment
+from xbackend.executor import Executor, Job, JobOutcome
+from xbackend.model import ModelSpec, load_model
+from xbackend.portable import LoadedCapture
+from xbackend.probes.base import PlannedBackend, Probe, ProbeContext
+from xbackend.probes.registry import PROBES, select_probes
+from xbackend.progress import NullProgress, ProgressSink
+from xbackend.results import EXPECTED, BackendResult, CompareOptions, FailedProbe, ProbeResult, Result
+
+__all__ = ["ORACLE", "compare", "compare_with_options"]
+
+ORACLE = "oracle"
+
+
+def compare(model: str | os.PathLike[str], progress: ProgressSink | None = None, **options: Any) -> Result:
+    """Compare `model` across backends; keyword options are CompareOptions fields.
+
+    Example: ``xbackend.compare("model.onnx", backends=["ort-cpu", "reference"], runs=5)``.
+    """
+    return compare_with_options(model, CompareOptions.create(**options), progress)
+
+
+def compare_with_options(
+    model: str | os.PathLike[str],
+    opts: CompareOptions,
+    progress: ProgressSink | None = None,
+    capture_to: str | os.PathLike[str] | None = None,
+) -> Result:
+    """`capture_to`: write the first backend's portable capture to this folder (xbackend capture)."""
+    wanted = select_probes(opts.probes, opts.batch_invariance)  # unknown names: UsageError, first
+    spec, proto = load_model(model)
+    loaded = load_captures(spec, opts)
+    feeds, expected = feeds_for(spec, opts, loaded)
+    opts = with_expected(opts, expected)
+    with tempfile.TemporaryDirectory(prefix="xbackend-") as tmp:
+        work = Path(tmp)
+        planned = [plan_backend(name, opts, work, expected) for name in opts.backends]
+        planned, notes = preflight(spec, proto, planned)
+        del proto
+        feeds_path = work / "feeds.xbv"
+        feeds.save(feeds_path)
+        ctx = ProbeContext(spec, opts, feeds, feeds_path, work)
+        probes = [PROBES[n](ctx) for n in wanted]
+        done = _execute(spec, opts, ctx, planned, probes, progress or NullProgress())
+        return _result(ctx, planned, probes, (*notes, *ctx.notes), done, loaded, capture_to)
+
+
+@dataclass(frozen=True)
+class _Executed:
+    """Everything the worker processes produced, summarized per backend."""
+
+    builds: Mapping[str, Builds]
+    backends: tuple[BackendResult, ...]
+    probe_outcomes: Mapping[tuple[str, str], Mapping[str, JobOutcome]]
+    broken_probes: Mapping[str, str]  # probe -> why it failed to plan its follow-ups
+
+
+def _execute(
+    spec: ModelSpec,
+    opts: CompareOptions,
+    ctx: ProbeContext,
+    planned: Sequence[PlannedBackend],
+    probes: Sequence[Probe],
+    bar: ProgressSink,
+) -> _Executed:
+    """Every backend's builds, every probe's jobs, then the follow-ups they ask for, under one bar."""
+    max_ir = {p.interpreter.path: p.interpreter.max_ir for p in planned if p.interpreter}
+    ex = Executor(spec, ctx.work, opts.timeout, bar, max_ir)
+    mains = {p.name: main_jobs(p, spec, opts, ctx.feeds_path) for p in planned}
+    probe_jobs = {(pr.name, p.name): pr.jobs(p) for pr in probes for p in planned if p.cls is not None}
+    bar.start(_steps([*mains.values(), *probe_jobs.values()]))
+    try:
+        builds = {p.name: run_builds(ex, p, mains[p.name]) for p in planned}
+        outcomes = run_probe_jobs(ex, planned, probe_jobs, builds)
+        backends = tuple(summarize_backend(builds[p.name], spec, opts) for p in planned)
+        results = {b.name: b for b in backends}
+        broken = run_followups(ex, probes, planned, builds, outcomes, results, bar)
+    finally:
+        bar.stop()
+    return _Executed(builds, backends, outcomes, broken)
+
+
+def _steps(jobs: Sequence[Sequence[Job]]) -> int:
+    return sum(j.steps for js in jobs for j in js)
+
+
+def _result(
+    ctx: ProbeContext,
+    planned: Sequence[PlannedBackend],
+    probes: Sequence[Probe],
+    notes: tuple[str, ...],
+    done: _Executed,
+    loaded: Sequence[LoadedCapture],
+    capture_to: str | os.PathLike[str] | None,
+) -> Result:
+    """Loaded captures join the backends that ran; then every comparison between them."""
+    spec, opts, feeds = ctx.spec, ctx.opts, ctx.feeds
+    builds = dict(done.builds)
+    backends = done.backends
+    for cap in loaded:
+        builds[cap.name] = Builds(PlannedBackend(cap.name, None, {}, {}), (), cap)
+        backends += (replace(cap.backend, loaded_from=str(cap.path)),)
+    env = tuple(collect_environment().items())
+    save_captures(opts, spec, feeds, ctx.feeds_path, builds, backends, env, capture_to)
+    drift, baseline_env = baseline_drifts(opts, spec, feeds, builds, backends)
+    ref = effective_reference(opts, backends)
+    compared = [b for b in backends if b.name != EXPECTED]
+    expected = tuple(against(EXPECTED, builds, compared, spec, opts, layers=False))
+    return Result(
+        spec,
+        feeds_info(feeds, expected != ()),
+        opts,
+        backends,
+        tuple(cross_all(builds, compared, ref, spec, opts)),
+        env,
+        notes,
+        tuple(pairs(builds, backends, spec)),
+        tuple(against(ORACLE, builds, compared, spec, opts)),
+        _probe_results(probes, planned, done),
+        tuple(pr.name for pr in probes),
+        ref,
+        expected,
+        drift,
+        baseline_env,
+    )
+
+
+def _probe_results(
+    probes: Sequence[Probe], planned: Sequence[PlannedBackend], done: _Executed
+) -> tuple[ProbeResult, ...]:
+    results = {b.name: b for b in done.backends}
+    return tuple(
+        FailedProbe(pr.name, done.broken_probes[pr.name])
+        if pr.name in done.broken_probes
+        else analyze_probe(pr, planned, done.builds, done.probe_outcomes, results)
+        for pr in probes
+    )

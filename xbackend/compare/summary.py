@@ -1,0 +1,168 @@
+"""A backend's builds summarized: determinism, run and build diffs, digests, observer effect."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from xbackend.capture import CaptureFile
+from xbackend.compare.builds import Builds, diff_phases
+from xbackend.errors import BackendUnavailableError
+from xbackend.executor import JobOutcome
+from xbackend.metrics import TensorDiff, is_constant, summarize, worst_per_tensor
+from xbackend.model import ModelSpec
+from xbackend.promises import PROPERTIES, validate
+from xbackend.protocol import PhaseResult
+from xbackend.results import EXPECTED, BackendResult, CompareOptions, ObserverEffect
+from xbackend.runners.base import PYTHON_OPTION
+from xbackend.runners.registry import get_runner
+from xbackend.values import value_sha256
+
+__all__ = ["build_diffs", "promised", "summarize_backend"]
+
+
+def summarize_backend(b: Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResult:
+    """The backend's result: unavailable, failed (at its first failed build), or what it ran."""
+    p = b.planned
+    options = _shown_options(b)
+    if p.cls is None:
+        return BackendResult(
+            p.name, "unavailable", p.unavailable, options, p.interpreter_info(), promises=promised(p.name)
+        )
+    failed = next((o for o in b.outcomes if not o.ok), None)
+    if failed is not None:
+        return BackendResult(
+            p.name,
+            failed.outcome.status,
+            failed.reason,
+            options,
+            _info(b, failed),
+            opts.runs,
+            len(b.outcomes),
+            promises=promised(p.name),
+        )
+    return _ran(b, spec, opts, options)
+
+
+def _ran(
+    b: Builds, spec: ModelSpec, opts: CompareOptions, options: tuple[tuple[str, str], ...]
+) -> BackendResult:
+    first = b.outcomes[0]
+    outs = [o.outputs for o in b.outcomes]
+    shown = first.layers or first.outputs
+    return BackendResult(
+        name=b.planned.name,
+        status="ok",
+        options=options,
+        info=_info(b, first),
+        runs=opts.runs,
+        builds=len(b.outcomes),
+        deterministic=_deterministic(b),
+        distinct_outputs=len({h for ph in outs for h in ph.output_hashes}),
+        distinct_run_outputs=max(len(set(ph.output_hashes)) for ph in outs),
+        distinct_build_outputs=len({ph.output_hashes[0] for ph in outs}),
+        exposed=len(shown.capture_names),
+        not_exposed=shown.not_exposed,
+        run_diffs=tuple(_run_diffs(b, spec)),
+        build_diffs=tuple(build_diffs(b, spec)),
+        fingerprints=tuple(ph.fingerprint.digest for ph in outs),
+        build_s=tuple(o.outcome.elapsed_s for o in b.outcomes),
+        timings=_timings(first.outputs),
+        observer=_observer(first, spec),
+        layers_error="; ".join(f"{ph}: {why}" for ph, why in first.result.phase_errors),
+        constant_outputs=_constant_outputs(first.outputs, spec),
+        output_digests=_digests(first.outputs, spec.output_names),
+        layer_digests=_digests(first.layers),
+        promises=promised(b.planned.name),
+    )
+
+
+def _shown_options(b: Builds) -> tuple[tuple[str, str], ...]:
+    """The options the report shows: not the expected outputs' file, not an unset python=."""
+    p = b.planned
+    return tuple(
+        sorted(
+            (k, str(v))
+            for k, v in p.options.items()
+            if (k != "file" or p.name != EXPECTED) and (k != PYTHON_OPTION.name or v)
+        )
+    )
+
+
+def _info(b: Builds, o: JobOutcome) -> tuple[tuple[str, str], ...]:
+    """What the runner reported in force, plus the foreign interpreter's description."""
+    ran = o.outputs.info if o.ok else o.result.info
+    return tuple(sorted({**dict(ran), **dict(b.planned.interpreter_info())}.items()))
+
+
+def _deterministic(b: Builds) -> bool:
+    """Every phase captured the same bits on every run of every build."""
+    cap_hashes = {
+        ph.name: [h for o in b.outcomes if (x := o.phase(ph.name)) for h in x.capture_hashes]
+        for ph in b.outcomes[0].result.phases
+    }
+    return all(len(set(hs)) == 1 for hs in cap_hashes.values())
+
+
+def _run_diffs(b: Builds, spec: ModelSpec) -> list[TensorDiff]:
+    """Within each session, later runs against run 0: the worst per tensor, in model order."""
+    outs = [o.outputs for o in b.outcomes]
+    layers = [o.layers for o in b.outcomes if o.separate_layers]
+    order = {n: i for i, n in enumerate(spec.tensor_order())}
+    return worst_per_tensor([d for ph in [*outs, *layers] if ph for d in ph.run_diffs], order)
+
+
+def _timings(ph: PhaseResult) -> tuple[tuple[str, float], ...]:
+    return (("prepare_s", ph.prepare_s), ("run_s", float(sum(ph.run_s) / max(1, len(ph.run_s)))))
+
+
+def promised(name: str) -> tuple[str, ...]:
+    try:
+        cls = get_runner(name)
+    except BackendUnavailableError:
+        return ()
+    validate(cls.promises, cls.name)
+    return tuple(p for p in PROPERTIES if p in cls.promises)
+
+
+def _digests(ph: PhaseResult | None, names: Sequence[str] | None = None) -> tuple[tuple[str, str], ...]:
+    """Each captured tensor's digest (64 bits of its value hash): enough to tell, in a later
+    release's report, which tensors moved."""
+    if ph is None:
+        return ()
+    keep = ph.capture_names if names is None else [n for n in ph.capture_names if n in set(names)]
+    with CaptureFile(ph.capture) as c:
+        return tuple((n, value_sha256({n: c[n]})[:16]) for n in keep if n in c)
+
+
+def _constant_outputs(ph: PhaseResult, spec: ModelSpec) -> tuple[tuple[str, str], ...]:
+    out = []
+    with CaptureFile(ph.capture) as c:
+        for n in spec.output_names:
+            v = c.get(n, None)
+            if isinstance(v, np.ndarray) and v.size >= 2 and is_constant(v):
+                out.append((n, f"all {v.reshape(-1)[0]!s}"))
+    return tuple(out)
+
+
+def _observer(o: JobOutcome, spec: ModelSpec) -> ObserverEffect | None:
+    """Graph outputs of the instrumented build against the plain one (same process, same feeds)."""
+    if not o.separate_layers or o.layers is None:
+        return None
+    diffs = diff_phases(o.layers, o.outputs, spec, outputs=True)
+    equal, max_ulp, scaled, first = summarize(diffs)
+    return ObserverEffect(not equal, max_ulp, scaled, first)
+
+
+def build_diffs(b: Builds, spec: ModelSpec) -> list[TensorDiff]:
+    """Each later build's first run against build 0's: outputs (plain) and layers (instrumented)."""
+    if len(b.outcomes) < 2:
+        return []
+    order = {n: i for i, n in enumerate(spec.tensor_order())}
+    diffs: list[TensorDiff] = []
+    for o in b.outcomes[1:]:
+        diffs += diff_phases(o.outputs, b.first.outputs, spec, outputs=True)
+        if b.first.layers is not None and o.layers is not None:
+            diffs += diff_phases(o.layers, b.first.layers, spec, outputs=False)
+    return worst_per_tensor(diffs, order)

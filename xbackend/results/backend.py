@@ -1,0 +1,92 @@
+"""One backend's outcome across its builds and runs, and what it was fed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from xbackend.metrics import TensorDiff, worst_per_tensor
+
+__all__ = ["BackendResult", "FeedsInfo", "ObserverEffect"]
+
+
+@dataclass(frozen=True)
+class FeedsInfo:
+    """What was fed: hash, seed, source and shapes (the arrays themselves stay out of results)."""
+
+    sha256: str
+    seed: int | None
+    source: str
+    shapes: tuple[tuple[str, str, str], ...]  # (name, dtype or 'value', shape or structure)
+    ranges: tuple[tuple[str, str], ...] = ()  # generated inputs: the range values were drawn from
+    expected: bool = False  # golden outputs came with the inputs
+
+
+@dataclass(frozen=True)
+class ObserverEffect:
+    """Graph outputs of the instrumented build (every intermediate exposed) vs the plain build."""
+
+    outputs_changed: bool
+    max_ulp: int | None = None
+    scaled_ulp: float | None = None
+    first: str | None = None
+
+
+@dataclass(frozen=True)
+class BackendResult:
+    """One backend configuration across its builds and runs.
+
+    Determinism and every figure at the graph outputs come from the plain model (what
+    users ship); per-layer run diffs from the instrumented build.
+    """
+
+    name: str
+    status: str  # "ok" | "failed" | "unavailable"
+    reason: str = ""
+    options: tuple[tuple[str, str], ...] = ()
+    info: tuple[tuple[str, str], ...] = ()
+    runs: int = 0
+    builds: int = 0
+    deterministic: bool | None = None
+    distinct_outputs: int = 0
+    distinct_run_outputs: int = 0
+    distinct_build_outputs: int = 0
+    exposed: int = 0
+    not_exposed: tuple[tuple[str, str], ...] = ()
+    run_diffs: tuple[TensorDiff, ...] = ()
+    build_diffs: tuple[TensorDiff, ...] = ()
+    fingerprints: tuple[str, ...] = ()
+    timings: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+    build_s: tuple[float, ...] = field(default=(), compare=False)  # each build's worker, wall seconds
+    observer: ObserverEffect | None = None  # None: one build serves both, or no per-layer build ran
+    layers_error: str = ""  # the instrumented build failed; graph-output figures still stand
+    constant_outputs: tuple[tuple[str, str], ...] = ()  # output -> 'all 0' when one value fills it
+    output_digests: tuple[tuple[str, str], ...] = ()  # graph output -> digest, plain build 0, run 0
+    layer_digests: tuple[tuple[str, str], ...] = ()  # captured tensor -> digest, instrumented build 0
+    loaded_from: str = ""  # a capture folder: this backend ran on the host its capture records
+    promises: tuple[str, ...] = ()  # what the runner promises (deterministic hardware)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def varying(self) -> list[TensorDiff]:
+        """Tensors that differed between runs or builds, worst kept per tensor, in topological order."""
+        diffs = [*self.run_diffs, *self.build_diffs]
+        order = {d.name: i for i, d in enumerate(diffs)}
+        return worst_per_tensor((d for d in diffs if not d.bitwise_equal), order)
+
+    @property
+    def first_nondeterministic(self) -> str | None:
+        v = self.varying()
+        return v[0].name if v else None
+
+    def digests(self) -> dict[str, str]:
+        """Every captured tensor's digest; graph outputs as the plain build (what users ship) gave them."""
+        return {**dict(self.layer_digests), **dict(self.output_digests)}
+
+    def moved_since(self, old: BackendResult, order: Mapping[str, int]) -> list[str]:
+        """Tensors both captured whose digests differ from `old`'s, in `order` (model order)."""
+        mine, theirs = self.digests(), old.digests()
+        moved = (n for n in mine if n in theirs and mine[n] != theirs[n])
+        return sorted(moved, key=lambda n: order.get(n, len(order)))

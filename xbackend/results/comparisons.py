@@ -1,0 +1,171 @@
+"""Captures set against each other: a backend against a reference, two backends, a baseline."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from xbackend.metrics import DEFAULT_MAX_ULP, TensorDiff
+from xbackend.values import value_name
+
+__all__ = ["CrossBackendResult", "Drift", "PairResult"]
+
+
+@dataclass(frozen=True)
+class CrossBackendResult:
+    """A backend against a reference: graph outputs from the plain builds, and per layer (in
+    topological order) from the instrumented builds."""
+
+    backend: str
+    reference: str
+    status: str  # "ok" | "skipped"
+    reason: str = ""
+    tensors: tuple[TensorDiff, ...] = ()  # per layer (instrumented builds); graph outputs included
+    outputs: tuple[str, ...] = ()
+    only_in_backend: tuple[str, ...] = ()
+    only_in_reference: tuple[str, ...] = ()
+    max_ulp_tolerance: float = DEFAULT_MAX_ULP
+    output_tensors: tuple[TensorDiff, ...] = ()  # graph outputs of the plain builds
+    layers_note: str = ""  # why there is no per-layer table, when there is none
+
+    @classmethod
+    def from_diffs(
+        cls,
+        backend: str,
+        reference: str,
+        outputs_diffs: Sequence[TensorDiff],
+        layer_diffs: Sequence[TensorDiff],
+        outputs: Iterable[str],
+        only_a: Iterable[str],
+        only_b: Iterable[str],
+        tolerance: float,
+        layers_note: str = "",
+    ) -> CrossBackendResult:
+        return cls(
+            backend,
+            reference,
+            "ok",
+            "",
+            tuple(layer_diffs),
+            tuple(outputs),
+            tuple(only_a),
+            tuple(only_b),
+            tolerance,
+            tuple(outputs_diffs),
+            layers_note,
+        )
+
+    @property
+    def bitwise_equal(self) -> bool:
+        return self.status == "ok" and all(d.bitwise_equal for d in self.output_tensors)
+
+    def output_diffs(self) -> list[TensorDiff]:
+        """Graph outputs of the plain builds: what the verdict is about."""
+        return list(self.output_tensors)
+
+    def instrumented_output_diffs(self) -> list[TensorDiff]:
+        """The same graph outputs as measured in the instrumented builds."""
+        outs = {value_name(d.name) for d in self.output_tensors}
+        return [d for d in self.tensors if value_name(d.name) in outs]
+
+    @property
+    def observer_differs(self) -> bool:
+        """The instrumented builds' output figures differ from the plain builds'."""
+        inst = {d.name: (d.bitwise_equal, d.max_ulp, d.scaled_ulp) for d in self.instrumented_output_diffs()}
+        plain = {d.name: (d.bitwise_equal, d.max_ulp, d.scaled_ulp) for d in self.output_tensors}
+        return bool(inst) and any(inst.get(k, v) != v for k, v in plain.items())
+
+    @property
+    def max_ulp(self) -> int | None:
+        """Raw max ULP over graph outputs (None if no float output was compared)."""
+        vals = [d.max_ulp for d in self.output_tensors if d.max_ulp is not None]
+        return max(vals) if vals else None
+
+    @property
+    def scaled_ulp(self) -> float | None:
+        vals = [d.scaled_ulp for d in self.output_tensors if d.scaled_ulp is not None]
+        return max(vals) if vals else None
+
+    @property
+    def first_divergence(self) -> str | None:
+        layer = next((d.name for d in self.tensors if not d.bitwise_equal), None)
+        return layer or next((d.name for d in self.output_tensors if not d.bitwise_equal), None)
+
+    @property
+    def first_violation(self) -> str | None:
+        layer = next((d.name for d in self.tensors if d.exceeds(self.max_ulp_tolerance)), None)
+        out = next((d.name for d in self.output_tensors if d.exceeds(self.max_ulp_tolerance)), None)
+        return (layer or out) if out is not None else layer
+
+    @property
+    def violates(self) -> bool:
+        return self.status == "ok" and any(d.exceeds(self.max_ulp_tolerance) for d in self.output_tensors)
+
+    def zero_ulp_reason(self) -> str:
+        """Why outputs' bits differ at 0 ULP ('' unless that is the case)."""
+        return "; ".join(
+            f"{d.name}: {d.zero_ulp_reason()}" for d in self.output_tensors if d.zero_ulp_reason()
+        )
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """Two backends against each other at the graph outputs."""
+
+    a: str
+    b: str
+    bitwise_equal: bool
+    max_ulp: int | None
+    scaled_ulp: float | None
+    max_rel: float
+
+    @classmethod
+    def from_diffs(cls, a: str, b: str, diffs: Sequence[TensorDiff]) -> PairResult:
+        ulps = [d.max_ulp for d in diffs if d.max_ulp is not None]
+        scaled = [d.scaled_ulp for d in diffs if d.scaled_ulp is not None]
+        rel = max((d.max_rel for d in diffs), default=0.0)
+        return cls(
+            a,
+            b,
+            all(d.bitwise_equal for d in diffs),
+            max(ulps) if ulps else None,
+            max(scaled) if scaled else None,
+            rel,
+        )
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A backend against the same backend in a baseline (a previous release's capture or report)."""
+
+    backend: str
+    baseline: str  # the baseline's backend, and where it came from
+    status: str  # "identical" | "drifted" | "no-baseline" | "not-comparable"
+    reason: str = ""
+    measured: bool = False  # values were compared (ULP figures); else digests only
+    outputs: tuple[TensorDiff, ...] = ()  # graph outputs, when measured
+    tensors: tuple[TensorDiff, ...] = ()  # every tensor both captured, model order, when measured
+    moved: tuple[str, ...] = ()  # tensors whose bits moved, model order
+
+    @property
+    def drifted(self) -> bool:
+        return self.status == "drifted"
+
+    @property
+    def first_moved(self) -> str | None:
+        return self.moved[0] if self.moved else None
+
+    @property
+    def outputs_moved(self) -> tuple[str, ...]:
+        outs = {value_name(d.name) for d in self.outputs}
+        return tuple(m for m in self.moved if value_name(m) in outs) if self.measured else ()
+
+    @property
+    def max_ulp(self) -> int | None:
+        vals = [d.max_ulp for d in self.outputs if d.max_ulp is not None]
+        return max(vals) if vals else None
+
+    @property
+    def scaled_ulp(self) -> float | None:
+        vals = [d.scaled_ulp for d in self.outputs if d.scaled_ulp is not None]
+        return max(vals) if vals else None

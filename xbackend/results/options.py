@@ -1,0 +1,208 @@
+"""What a comparison is asked to do: CompareOptions, the one place every flag lands."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from xbackend.capturedir import default_name
+from xbackend.errors import UsageError
+from xbackend.gating import parse_policies
+from xbackend.metrics import DEFAULT_MAX_ULP
+from xbackend.runners.registry import split_instance
+
+__all__ = ["DEFAULT_BACKENDS", "DEFAULT_MAX_ULP", "EXPECTED", "CompareOptions", "Shape", "load_spec"]
+
+DEFAULT_BACKENDS = ("ort-cpu", "reference")
+EXPECTED = "expected"  # golden outputs read from --inputs DIR (output_N.pb), compared like a backend
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """Everything that decides what a comparison does; the CLI maps flags 1:1 onto it."""
+
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
+    reference: str | None = None
+    runs: int = 3
+    builds: int = 1
+    seed: int = 0
+    shapes: tuple[tuple[str, Shape], ...] = ()
+    inputs: str | None = None
+    max_ulp: float = DEFAULT_MAX_ULP
+    outputs_only: bool = False
+    timeout: float = 600.0
+    runner_options: tuple[tuple[str, str, str], ...] = ()
+    probes: tuple[str, ...] | None = None  # None: the cheap ones (plus batch when batch_invariance is set)
+    batch_invariance: int = 0
+    probe_threads: int = 0  # N for the thread probe; 0: twice the logical cores
+    ranges: tuple[tuple[str, float, float], ...] = ()  # generated values of NAME drawn from [LO, HI)
+    timings: bool = False  # wall times in the reports (off: identical runs give identical bytes)
+    loads: tuple[tuple[str, str], ...] = ()  # (name, capture folder): backends that ran elsewhere
+    save_captures: str | None = None  # folder: a portable capture per backend that ran
+    baseline: str | None = None  # a previous capture, capture folder set or JSON report
+    fail_on: tuple[str, ...] = ()  # --fail-on policies (xbackend.gating); () keeps the default gate
+
+    @classmethod
+    def create(cls, **kwargs: Any) -> CompareOptions:
+        """Build from friendly Python values (lists, dicts, comma strings) and validate."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise UsageError(
+                f"unknown compare option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}"
+            )
+        kw = dict(kwargs)
+        if isinstance(kw.get("backends"), str):
+            kw["backends"] = [b for b in kw["backends"].split(",") if b]
+        if "backends" in kw:
+            kw["backends"] = tuple(kw["backends"])
+        if isinstance(kw.get("shapes"), Mapping):
+            kw["shapes"] = tuple((k, tuple(v)) for k, v in kw["shapes"].items())
+        if isinstance(kw.get("runner_options"), Mapping):
+            kw["runner_options"] = tuple(
+                (b, k, str(v)) for b, opts in kw["runner_options"].items() for k, v in opts.items()
+            )
+        if kw.get("inputs") is not None:
+            kw["inputs"] = str(kw["inputs"])
+        if isinstance(kw.get("probes"), str):
+            kw["probes"] = tuple(x for x in kw["probes"].split(",") if x)
+        if kw.get("probes") is not None:
+            kw["probes"] = tuple(kw["probes"])
+        if isinstance(kw.get("fail_on"), str):
+            kw["fail_on"] = tuple(x for x in kw["fail_on"].split(",") if x)
+        kw["fail_on"] = tuple(kw.get("fail_on") or ())
+        if kw.get("loads") is None:
+            kw.pop("loads", None)
+        if isinstance(kw.get("loads"), Mapping):
+            kw["loads"] = tuple((str(k), str(v)) for k, v in kw["loads"].items())
+        elif kw.get("loads"):
+            kw["loads"] = tuple(
+                load_spec(x) if isinstance(x, str) else (str(x[0]), str(x[1])) for x in kw["loads"]
+            )
+        for k in ("save_captures", "baseline"):
+            if kw.get(k) is not None:
+                kw[k] = str(kw[k])
+        if isinstance(kw.get("ranges"), Mapping):
+            kw["ranges"] = tuple((k, float(lo), float(hi)) for k, (lo, hi) in kw["ranges"].items())
+        opts = cls(**kw)
+        opts.validate()
+        return opts.with_reference()
+
+    def validate(self) -> None:
+        if not self.backends and not self.loads:
+            raise UsageError("no backends given; pass --backends, e.g. --backends ort-cpu,reference")
+        if len(set(self.backends)) != len(self.backends):
+            twice = next(b for b in self.backends if self.backends.count(b) > 1)
+            other = f"{twice.partition('@')[0]}@other"
+            raise UsageError(
+                f"--backends lists {twice} twice; to run it under other settings list it again under "
+                f"a label, e.g. {other}, and --set {other}.OPTION=VALUE"
+            )
+        for b in self.backends:
+            split_instance(b)  # UsageError for a malformed label
+        if self.runs < 1 or self.builds < 1:
+            raise UsageError(f"--runs and --builds must be >= 1 (got runs={self.runs}, builds={self.builds})")
+        if self.timeout <= 0:
+            raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout}")
+        if self.max_ulp < 0:
+            raise UsageError(f"--max-ulp must be >= 0, got {self.max_ulp}")
+        if self.inputs is not None and self.shapes:
+            raise UsageError("--shape and --inputs exclude each other: --inputs arrays carry their shapes")
+        if self.batch_invariance == 1 or self.batch_invariance < 0:
+            raise UsageError(f"--batch-invariance needs a batch size >= 2, got {self.batch_invariance}")
+        if self.probe_threads < 0:
+            raise UsageError(f"--probe-threads must be >= 1, got {self.probe_threads}")
+        if self.inputs is not None and self.ranges:
+            raise UsageError("--range and --inputs exclude each other: --range shapes generated inputs only")
+        parse_policies(self.fail_on)  # UsageError for unknown policies
+        loaded = [n for n, _ in self.loads]
+        if len(set(loaded)) != len(loaded) or set(loaded) & set(self.backends):
+            raise UsageError(
+                f"--load names clash ({', '.join(loaded)} with --backends {','.join(self.backends)}); "
+                "name each capture: --load NAME=DIR"
+            )
+        stray = sorted({b for b, _, _ in self.runner_options} - set(self.backends) - {self.reference})
+        if stray:
+            raise UsageError(f"--set names backend(s) {', '.join(stray)} that are not in --backends")
+
+    def with_reference(self) -> CompareOptions:
+        """Resolve the reference: the explicit one (added to backends), else 'reference', else the first."""
+        if self.reference is None:
+            names = (*self.backends, *self.loaded_names)
+            ref = "reference" if "reference" in names else names[0]
+            return replace(self, reference=ref)
+        if self.reference not in self.backends and self.reference not in self.loaded_names:
+            return replace(self, backends=(*self.backends, self.reference))
+        return self
+
+    @property
+    def loaded_names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.loads)
+
+    @property
+    def reference_name(self) -> str:
+        return self.reference or (*self.backends, *self.loaded_names)[0]
+
+    def options_for(self, backend: str) -> dict[str, str]:
+        return {k: v for b, k, v in self.runner_options if b == backend}
+
+    def command(self, model_path: str) -> str:
+        """The CLI command that reproduces this comparison."""
+        parts = [
+            "xbackend",
+            "compare",
+            model_path,
+            "--backends",
+            ",".join(self.backends),
+            "--reference",
+            self.reference_name,
+            "--runs",
+            str(self.runs),
+            "--builds",
+            str(self.builds),
+            "--max-ulp",
+            f"{self.max_ulp:g}",
+            "--timeout",
+            f"{self.timeout:g}",
+        ]
+        if self.inputs:
+            parts += ["--inputs", self.inputs]
+        else:
+            parts += ["--seed", str(self.seed)]
+        for name, shape in self.shapes:
+            parts += ["--shape", f"{name}={','.join(map(str, shape))}"]
+        for b, k, v in self.runner_options:
+            parts += ["--set", f"{b}.{k}={v}"]
+        if self.outputs_only:
+            parts.append("--outputs-only")
+        if self.probes is not None:
+            parts += ["--probes", ",".join(self.probes) or "none"]
+        if self.batch_invariance:
+            parts += ["--batch-invariance", str(self.batch_invariance)]
+        if self.probe_threads:
+            parts += ["--probe-threads", str(self.probe_threads)]
+        for name, lo, hi in self.ranges:
+            parts += ["--range", f"{name}={lo:g}:{hi:g}"]
+        if self.timings:
+            parts.append("--timings")
+        for name, path in self.loads:
+            parts += ["--load", f"{name}={path}"]
+        if self.baseline:
+            parts += ["--baseline", self.baseline]
+        if self.fail_on:
+            parts += ["--fail-on", ",".join(self.fail_on)]
+        if self.save_captures:
+            parts += ["--save-captures", self.save_captures]
+        return shlex.join(parts)
+
+
+def load_spec(text: str) -> tuple[str, str]:
+    """--load [NAME=]DIR; without NAME the capture is named BACKEND@FOLDER."""
+    name, sep, path = text.partition("=")
+    if sep and name and "/" not in name and path:
+        return name, path
+    return default_name(text), text

@@ -1,0 +1,77 @@
+"""What a probe found: the interface every probe's result implements, and a probe that failed.
+
+Each probe module defines its result as a frozen dataclass subclassing ProbeResult; defining
+it registers it with the codec, so a JSON report can name it (and only it) to be rebuilt.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from xbackend.codec import register_subclass
+
+__all__ = ["FailedProbe", "ProbeResult", "PromiseEvidence"]
+
+# A promise as a probe observed it: (status "held" | "broken" | "unchecked", evidence, first layer)
+PromiseEvidence = tuple[str, str, str]
+
+
+class ProbeResult(abc.ABC):
+    """What a probe found; frozen dataclasses in each probe module implement it."""
+
+    name: ClassVar[str]
+    # Determinism properties (xbackend.promises.PROPERTIES) this probe's measurements check.
+    measures: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        register_subclass(ProbeResult, cls)
+
+    @abc.abstractmethod
+    def warnings(self) -> list[str]:
+        """Verdict lines ('WARN: ...'): findings, and every probe job that failed."""
+
+    @abc.abstractmethod
+    def markdown(self) -> list[str]:
+        """The probe's section of the report (empty when there is nothing to show)."""
+
+    @abc.abstractmethod
+    def to_json(self) -> Any:
+        """The probe's part of the JSON report."""
+
+    def build_times(self) -> list[tuple[str, tuple[float, ...]]]:
+        """(what was built, each build's wall seconds) for the report's build times (--timings);
+        none for probes whose builds are not the point."""
+        return []
+
+    def build_variance(self) -> list[str]:
+        """Findings that fresh builds differ (the build-variance gate reads them); none by default."""
+        return []
+
+    def promise(self, prop: str, backend: str) -> PromiseEvidence:
+        """Property `prop` (one of `measures`) of `backend`, as this probe measured it."""
+        return "unchecked", f"the {self.name} probe does not measure {prop}", ""
+
+
+@dataclass(frozen=True)
+class FailedProbe(ProbeResult):
+    """A probe that raised while planning or analyzing: a warning, never a silent pass."""
+
+    codec_tag: ClassVar[str] = "_FailedProbe"  # the name JSON reports have always carried
+    probe: str
+    reason: str
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.probe
+
+    def warnings(self) -> list[str]:
+        return [f"WARN: probe {self.probe} failed: {self.reason}"]
+
+    def markdown(self) -> list[str]:
+        return [f"### Probe {self.probe}", "", f"Failed: {self.reason}.", ""]
+
+    def to_json(self) -> Any:
+        return {"status": "failed", "reason": self.reason}

@@ -1,0 +1,238 @@
+"""The whole comparison (Result), its verdict lines and its exit code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK
+from xbackend.gating import Gate, evaluate
+from xbackend.model import ModelSpec
+from xbackend.promises import EXIT_PROMISE, PromiseCheck, check_promises
+from xbackend.results.backend import BackendResult, FeedsInfo
+from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
+from xbackend.results.options import EXPECTED, CompareOptions
+from xbackend.results.probe import ProbeResult
+from xbackend.textfmt import short, with_module
+
+__all__ = ["Result"]
+
+
+@dataclass(frozen=True)
+class Result:
+    """The whole comparison: what ran, on what, and what differed."""
+
+    model: ModelSpec
+    feeds: FeedsInfo
+    options: CompareOptions
+    backends: tuple[BackendResult, ...]
+    cross_backend: tuple[CrossBackendResult, ...]
+    environment: tuple[tuple[str, str], ...]
+    notes: tuple[str, ...] = ()
+    pairs: tuple[PairResult, ...] = ()
+    oracle_error: tuple[CrossBackendResult, ...] = ()
+    probes: tuple[ProbeResult, ...] = ()
+    probes_ran: tuple[str, ...] = ()
+    reference: str = ""  # the reference used: --reference, or the fallback when it did not run
+    expected_error: tuple[CrossBackendResult, ...] = ()  # each backend against golden outputs
+    baseline: tuple[Drift, ...] = ()  # each backend against --baseline
+    baseline_environment: tuple[tuple[str, str], ...] = ()  # the baseline's, when it records one
+
+    @property
+    def command(self) -> str:
+        return self.options.command(self.model.path)
+
+    @property
+    def reference_used(self) -> str:
+        return self.reference or self.options.reference_name
+
+    def backend(self, name: str) -> BackendResult:
+        for b in self.backends:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def pair(self, a: str, b: str) -> PairResult:
+        for p in self.pairs:
+            if {p.a, p.b} == {a, b}:
+                return p
+        raise KeyError((a, b))
+
+    def oracle(self, name: str) -> CrossBackendResult:
+        """`name`'s error against the float64 oracle."""
+        for c in self.oracle_error:
+            if c.backend == name:
+                return c
+        raise KeyError(name)
+
+    def expected(self, name: str) -> CrossBackendResult:
+        """`name` against the expected (golden) outputs."""
+        for c in self.expected_error:
+            if c.backend == name:
+                return c
+        raise KeyError(name)
+
+    def cross(self, name: str) -> CrossBackendResult:
+        for c in self.cross_backend:
+            if c.backend == name:
+                return c
+        raise KeyError(name)
+
+    def probe(self, name: str) -> ProbeResult:
+        for p in self.probes:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    @property
+    def failed(self) -> list[BackendResult]:
+        return [b for b in self.backends if not b.ok]
+
+    @property
+    def nondeterministic(self) -> list[BackendResult]:
+        return [b for b in self.backends if b.ok and b.deterministic is False]
+
+    @property
+    def violations(self) -> list[CrossBackendResult]:
+        return [c for c in (*self.cross_backend, *self.expected_error) if c.violates]
+
+    def promise_checks(self) -> list[PromiseCheck]:
+        """Each promise a backend's runner declared, held or broken as this run observed it."""
+        return check_promises(self.backends, self.probes)
+
+    @property
+    def broken_promises(self) -> list[PromiseCheck]:
+        return [c for c in self.promise_checks() if c.broken]
+
+    def gates(self) -> list[Gate]:
+        """The --fail-on policies that fire, lowest exit code first (none without --fail-on)."""
+        if not self.options.fail_on:
+            return []
+        return evaluate(self, self.options.fail_on, self.options.max_ulp, self.options.baseline is not None)
+
+    @property
+    def exit_code(self) -> int:
+        if not any(b.ok for b in self.backends):
+            return EXIT_ALL_FAILED
+        if self.options.fail_on:
+            gates = self.gates()
+            return gates[0].exit_code if gates else EXIT_OK
+        if self.broken_promises:
+            return EXIT_PROMISE
+        if self.failed or self.nondeterministic or self.violations:
+            return EXIT_DIFFERENCES
+        return EXIT_OK
+
+    @property
+    def drifted(self) -> list[Drift]:
+        return [d for d in self.baseline if d.drifted]
+
+    @property
+    def vacuous(self) -> str:
+        """Why agreement proves little ('' when it does not): every output of the reference is
+        one value repeated (e.g. all zeros)."""
+        ref = next((b for b in self.backends if b.name == self.reference_used and b.ok), None)
+        if ref is None or not ref.constant_outputs:
+            return ""
+        if len(ref.constant_outputs) < len(self.model.outputs):
+            return ""
+        what = ", ".join(f"{n} is {v}" for n, v in ref.constant_outputs)
+        return f"every graph output of {ref.name} is constant ({what})"
+
+    def _fail_lines(self) -> list[str]:
+        lines = []
+        for b in self.nondeterministic:
+            worst = max(b.varying(), key=lambda d: d.severity(), default=None)
+            at = f" ({short(worst.scaled_ulp)} scaled ULP at worst, {worst.name})" if worst else ""
+            lines.append(
+                f"FAIL: {b.name} is nondeterministic: {b.distinct_outputs} distinct outputs in "
+                f"{b.runs * b.builds} runs{at}; first varying tensor {b.first_nondeterministic}"
+            )
+        for c in self.violations:
+            against = "the expected outputs" if c.reference == EXPECTED else c.reference
+            lines.append(
+                f"FAIL: {c.backend} differs from {against} beyond {c.max_ulp_tolerance:g} scaled ULP "
+                f"at the outputs (worst {short(c.scaled_ulp)} scaled ULP); "
+                f"first tensor past tolerance {c.first_violation}"
+            )
+        lines += [f"FAIL: {b.name} {b.status}: {b.reason}" for b in self.failed]
+        return lines
+
+    def _warn_lines(self) -> list[str]:
+        out = []
+        if self.reference_used != self.options.reference_name:
+            out.append(
+                f"WARN: reference {self.options.reference_name} did not run; every backend is compared "
+                f"against {self.reference_used} instead (the first backend in --backends order that ran)"
+            )
+        for b in self.backends:
+            if b.observer is not None and b.observer.outputs_changed:
+                out.append(
+                    f"WARN: observer effect on {b.name}: exposing intermediates changed its graph outputs "
+                    f"({short(b.observer.scaled_ulp)} scaled ULP); output figures come from the plain model, "
+                    "per-layer tables from the instrumented one"
+                )
+            if b.layers_error:
+                out.append(
+                    f"WARN: {b.name}: the per-layer build failed ({b.layers_error}); output figures stand"
+                )
+        for p in self.probes:
+            out += p.warnings()
+        if self.vacuous:
+            out.append(
+                f"WARN: vacuous comparison: {self.vacuous}; agreement there proves little: feed inputs "
+                "that exercise the model (--inputs, --range)"
+            )
+        for c in self.cross_backend:
+            why = c.zero_ulp_reason() if c.status == "ok" else ""
+            if why:
+                out.append(f"NOTE: {c.backend} vs {c.reference}: bits differ at 0 ULP ({why})")
+        return out
+
+    def _drift_lines(self) -> list[str]:
+        out = []
+        for d in self.baseline:
+            if d.drifted:
+                size = (
+                    f": {short(d.scaled_ulp)} scaled ULP (raw {d.max_ulp}) at the outputs"
+                    if d.measured and d.outputs_moved
+                    else (": the outputs are bit-identical, intermediates moved" if d.measured else "")
+                )
+                first = with_module(d.first_moved or "", self.model.modules())
+                out.append(f"DRIFT: {d.backend} moved from the baseline{size}; first moved tensor {first}")
+            elif d.status == "not-comparable":
+                out.append(f"DRIFT: {d.backend} cannot be compared with the baseline: {d.reason}")
+        return out
+
+    def _promise_lines(self) -> list[str]:
+        return [
+            f"FAIL: {c.backend} broke its promise of {c.name} determinism: {c.evidence}"
+            + (
+                f"; first broke at {with_module(c.first_layer, self.model.modules())}"
+                if c.first_layer
+                else ""
+            )
+            for c in self.broken_promises
+        ]
+
+    def _gate_lines(self) -> list[str]:
+        if not self.options.fail_on:
+            return []
+        gates = self.gates()
+        policies = ",".join(self.options.fail_on)
+        if not gates:
+            return [f"GATE: pass (--fail-on {policies})"]
+        return [f"GATE: {g.policy} fired (exit {g.exit_code}): {g.reason}" for g in gates]
+
+    def verdict(self) -> list[str]:
+        """One line per finding, most important first; a single PASS line when all is well."""
+        if not any(b.ok for b in self.backends):
+            return ["FAIL: every backend failed; nothing was compared", *self._fail_lines()]
+        lines = self._promise_lines() + self._fail_lines() + self._drift_lines() + self._warn_lines()
+        if not any(line.startswith("FAIL") for line in lines):
+            lines.insert(
+                0,
+                f"PASS{' (vacuous)' if self.vacuous else ''}: every backend is deterministic over "
+                f"{self.options.runs} run(s) x {self.options.builds} build(s) and within "
+                f"{self.options.max_ulp:g} scaled ULP of {self.reference_used} at the outputs",
+            )
+        return self._gate_lines() + lines

@@ -1,0 +1,170 @@
+"""What a sweep produced: how each job ended, each model's comparison, and the fleet as a whole.
+
+Plain data the sweep's driver fills and its report reads; the progress and executor contracts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol
+
+from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK
+from xbackend.promises import EXIT_PROMISE
+from xbackend.results import Result
+from xbackend.sweep.spec import JobSpec, ModelEntry, SweepSpec, safe_name
+
+__all__ = [
+    "JOBS",
+    "MODELS",
+    "FleetJob",
+    "FleetProgress",
+    "FleetResult",
+    "ModelOutcome",
+    "NullFleetProgress",
+    "SweepExecutor",
+    "environment_sha256",
+    "node_label",
+    "relpath",
+]
+
+JOBS = "jobs"
+MODELS = "models"
+
+
+def environment_sha256(env: Mapping[str, str]) -> str:
+    return hashlib.sha256("".join(f"{k}={v}\n" for k, v in sorted(env.items())).encode()).hexdigest()
+
+
+class FleetProgress(Protocol):
+    def start(self, total: int, resumed: int) -> None: ...
+    def started(self, job: str, node: str) -> None: ...
+    def finished(self, job: str, node: str, status: str) -> None: ...
+    def describe(self, text: str) -> None: ...
+    def stop(self) -> None: ...
+
+
+class NullFleetProgress:
+    def start(self, total: int, resumed: int) -> None:
+        pass
+
+    def started(self, job: str, node: str) -> None:
+        pass
+
+    def finished(self, job: str, node: str, status: str) -> None:
+        pass
+
+    def describe(self, text: str) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class FleetJob:
+    """How one job ended, wherever it ran."""
+
+    job: JobSpec
+    status: str  # "ok" | "failed" | "unavailable"
+    reason: str = ""
+    node: Mapping[str, Any] = field(default_factory=dict)
+    attempts: int = 1
+    record: Mapping[str, Any] | None = None  # the job's job.json, when it wrote one
+    resumed: bool = False  # an earlier sweep's valid capture, not run again
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def node_name(self) -> str:
+        return node_label(self.node)
+
+    @property
+    def warnings(self) -> list[str]:
+        """The job's own WARN and FAIL lines (its probes: threads, batch, ...)."""
+        if not self.record:
+            return []
+        return [v for v in self.record.get("verdict", []) if v.startswith(("WARN", "FAIL"))]
+
+
+def node_label(node: Mapping[str, Any]) -> str:
+    host = str(node.get("hostname", "?"))
+    addr = node.get("address")
+    return f"{host} ({addr})" if addr else host
+
+
+class SweepExecutor(Protocol):
+    name: str
+
+    def run(
+        self, jobs: Sequence[JobSpec], jobs_dir: Path, progress: FleetProgress, timeout: float, retries: int
+    ) -> list[FleetJob]: ...
+
+
+@dataclass(frozen=True)
+class ModelOutcome:
+    entry: ModelEntry
+    sha256: str = ""
+    error: str = ""  # the model could not be loaded: none of its jobs ran
+    result: Result | None = None  # the comparison of its captures
+    reference: str = ""
+    note: str = ""
+
+    @property
+    def report(self) -> str:
+        return f"{MODELS}/{safe_name(self.entry.name)}.md"
+
+    @cached_property
+    def verdict(self) -> tuple[str, ...]:
+        """The comparison's verdict lines (computed once: the fleet report reads them per job)."""
+        return tuple(self.result.verdict()) if self.result is not None else ()
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    spec: SweepSpec
+    executor: str
+    jobs: tuple[FleetJob, ...]
+    models: tuple[ModelOutcome, ...]
+
+    def job(self, model: str, backend: str) -> FleetJob:
+        for j in self.jobs:
+            if j.job.model == model and j.job.backend == backend:
+                return j
+        raise KeyError((model, backend))
+
+    def model(self, name: str) -> ModelOutcome:
+        for m in self.models:
+            if m.entry.name == name:
+                return m
+        raise KeyError(name)
+
+    @property
+    def failed(self) -> list[FleetJob]:
+        return [j for j in self.jobs if not j.ok]
+
+    @property
+    def exit_code(self) -> int:
+        """0 every job ran and every comparison passed; 16 a promise broke; 1 any other finding or
+        a failed job; 3 no job ran at all."""
+        if not any(j.ok for j in self.jobs):
+            return EXIT_ALL_FAILED
+        codes = {m.result.exit_code for m in self.models if m.result is not None}
+        if EXIT_PROMISE in codes:
+            return EXIT_PROMISE
+        if self.failed or any(m.error for m in self.models) or codes - {EXIT_OK}:
+            return EXIT_DIFFERENCES
+        return EXIT_OK
+
+
+def relpath(path: str | os.PathLike[str], start: Path) -> str:
+    try:
+        return os.path.relpath(path, start)
+    except ValueError:  # another drive
+        return str(path)
