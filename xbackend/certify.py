@@ -17,11 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from xbackend.compare import compare_with_options
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, InputError, UsageError
+from xbackend.model import load_model
+from xbackend.portable import load_capture
 from xbackend.progress import ProgressSink
 from xbackend.promises import EXIT_PROMISE, PROPERTIES, PromiseCheck, check
+from xbackend.report import write_atomic
 from xbackend.results import CompareOptions, Result
+from xbackend.storage import ValueFile
 from xbackend.textfmt import table, with_module
+from xbackend.values import value_sha256
 
 __all__ = [
     "SCHEMA",
@@ -94,8 +100,6 @@ def certify(
 ) -> Certificate:
     """Run the battery on `backend`; `inputs` are CompareOptions fields (seed, shapes, inputs,
     ranges, runner_options, timeout)."""
-    from xbackend.compare import compare_with_options
-
     if "," in backend:
         raise UsageError(f"--backend takes one runner, got {backend!r}; certify each on its own")
     if runs < 2 or builds < 2:
@@ -116,9 +120,6 @@ def _output_hashes(capture: Path, r: Result) -> dict[str, str]:
     """Full sha256 of each graph output (run 0 of build 0 of the plain model)."""
     if not (capture / "SHA256SUMS").is_file():
         return {}
-    from xbackend.portable import load_capture
-    from xbackend.storage import ValueFile
-    from xbackend.values import value_sha256
 
     cap = load_capture(capture)
     with ValueFile(cap.run.outputs.capture) as f:
@@ -191,8 +192,6 @@ def _body(r: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, s
 
 def write_certificate(cert: Certificate, stem: str | os.PathLike[str]) -> tuple[Path, Path]:
     """STEM.json and STEM.md, each written atomically (the JSON is what verify reads)."""
-    from xbackend.report import write_atomic
-
     base = Path(stem)
     if base.suffix in (".json", ".md"):
         base = base.with_suffix("")
@@ -304,7 +303,6 @@ def verify(
     """Re-run the certificate's battery here on the same model and inputs."""
     c = read_certificate(cert_path)
     path = Path(model) if model is not None else Path(c["model"]["path"])
-    from xbackend.model import load_model
 
     spec, _ = load_model(path)
     if spec.sha256 != c["model"]["sha256"]:

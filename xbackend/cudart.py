@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from xbackend.errors import RunnerFailedError
+from xbackend.gpu import find_library
 
 __all__ = ["DeviceBuffer", "Stream", "runtime"]
 
@@ -21,8 +22,6 @@ _H2D, _D2H = 1, 2
 
 @functools.cache
 def runtime() -> ctypes.CDLL:
-    from xbackend.gpu import find_library
-
     for major in (13, 12):
         path = find_library(f"libcudart.so.{major}")
         if path:

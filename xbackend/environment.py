@@ -11,6 +11,10 @@ import os
 import platform
 import sys
 
+import psutil
+
+from xbackend.gpu import gpu_environment
+
 __all__ = ["DETERMINISM_ENV_PREFIXES", "ISA_FLAGS", "collect_environment"]
 
 ISA_FLAGS = (
@@ -111,14 +115,8 @@ def collect_environment() -> dict[str, str]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "python.byteorder": sys.byteorder,
     }
-    try:
-        import psutil
-
-        env["cpu.physical_cores"] = str(psutil.cpu_count(logical=False))
-    except ImportError:
-        pass
+    env["cpu.physical_cores"] = str(psutil.cpu_count(logical=False))
     env.update(_versions())
-    from xbackend.gpu import gpu_environment
 
     env.update(gpu_environment())
     for k in sorted(os.environ):

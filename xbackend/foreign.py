@@ -21,8 +21,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnx import ValueInfoProto
+
 from xbackend.errors import ModelLoadError
 from xbackend.foreign_probe import TAG
+from xbackend.model import downgrade_ir, external_files, load_proto
 from xbackend.modelref import ModelRef
 
 __all__ = ["Interpreter", "probe_interpreter", "stage_model", "worker_path"]
@@ -158,9 +161,6 @@ def probe_interpreter(path: str, target: str) -> Interpreter:
 def stage_model(source: ModelRef, tensors: Sequence[str], max_ir: int | None, folder: Path) -> ModelRef:
     """The model with `tensors` exposed as graph outputs and its IR lowered to `max_ir`, written
     once under `folder`; external data is linked beside it."""
-    from onnx import ValueInfoProto
-
-    from xbackend.model import downgrade_ir, load_proto
 
     extra = [t for t in tensors if t not in set(source.outputs)]
     ir = source.ir_version if max_ir is None else min(source.ir_version, max_ir)
@@ -186,8 +186,6 @@ def stage_model(source: ModelRef, tensors: Sequence[str], max_ir: int | None, fo
 
 
 def _link_external(proto: object, src: Path, dest: Path) -> None:
-    from xbackend.model import external_files
-
     for rel in external_files(proto):  # type: ignore[arg-type]
         link = dest / rel
         if not link.exists():

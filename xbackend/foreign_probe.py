@@ -13,7 +13,7 @@ TAG = "@@xbackend-probe "
 
 
 def _packages() -> list[list[str]]:
-    from importlib import metadata
+    from importlib import metadata  # Python >= 3.8: the probe reports older ones first
 
     seen: dict[str, str] = {}
     for d in metadata.distributions():
@@ -34,7 +34,7 @@ def probe(target: str) -> dict[str, object]:
         out["error"] = f"Python {out['python']} is too old; xbackend's worker needs Python >= 3.8"
         return out
     try:
-        import numpy
+        import numpy  # optional: the other environment may lack numpy (reported)
 
         out["numpy"] = numpy.__version__
     except ImportError:

@@ -199,7 +199,7 @@ def ort_gpu_problem(provider: str) -> str:
             pass
     if importlib.util.find_spec("onnxruntime") is None:
         return f"onnxruntime-gpu is not installed ({ORT_GPU_INSTALL})"
-    import onnxruntime as ort
+    import onnxruntime as ort  # engine: onnxruntime
 
     if provider not in ort.get_available_providers():
         if "onnxruntime-gpu" in dists and "onnxruntime" in dists:

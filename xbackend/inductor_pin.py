@@ -27,6 +27,7 @@ sizes), plus its rank among same-named candidates when that is still ambiguous.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xbackend.atomic import write_atomic
 from xbackend.errors import RunnerFailedError
 
 __all__ = [
@@ -110,7 +112,7 @@ def _op_key(name: str, input_nodes: Sequence[Any], layout: Any) -> str:
 def _module_path() -> str:
     """nn.Module path of the FX node being lowered (Inductor keeps Dynamo's module stack)."""
     try:
-        from torch._inductor.virtualized import V
+        from torch._inductor.virtualized import V  # heavy: torch
 
         node = V.graph.current_node
         stack = node.meta.get("nn_module_stack") if node is not None else None
@@ -220,10 +222,9 @@ def _patch() -> None:
     global _PATCHED
     if _PATCHED:
         return
-    import inspect
 
-    from torch._inductor import select_algorithm as sa
-    from torch._inductor.graph import GraphLowering
+    from torch._inductor import select_algorithm as sa  # heavy: torch
+    from torch._inductor.graph import GraphLowering  # heavy: torch
 
     original: Any = getattr(sa.AlgorithmSelectorCache, "do_autotuning", None)
     params = set(inspect.signature(original).parameters) if callable(original) else set()
@@ -306,7 +307,6 @@ def write_pin(path: str, choices: Iterable[Choice], torch_version: str, section:
         {"version": PIN_VERSION, "torch": torch_version} if section == PLAIN else _read_pin(path)
     )
     data[section] = [c.to_json() for c in choices]
-    from xbackend.atomic import write_atomic
 
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", "pin file")
 

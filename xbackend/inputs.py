@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 
 from xbackend.capturedir import CapturedInputs, captured_inputs, is_capture
 from xbackend.errors import InputError
@@ -350,9 +352,6 @@ def _index(name: str) -> int:
 
 def _parse_pb(data: bytes, spec: TensorSpec) -> tuple[str, Value]:
     """(name recorded in the proto, value) for one .pb file, read as the type `spec` declares."""
-    import onnx
-    from onnx import numpy_helper
-
     if spec.kind == "sequence":
         seq = onnx.SequenceProto.FromString(data)
         return seq.name, numpy_helper.to_list(seq)

@@ -43,6 +43,7 @@ _where = cache_dir(os.access(Path(__file__).parent, os.W_OK))
 if _where is not None:
     os.environ["NUMBA_CACHE_DIR"] = _where  # read by numba when it is imported, just below
 
+import llvmlite.binding as llvm  # noqa: E402
 import numpy as np  # noqa: E402
 from llvmlite import ir  # noqa: E402
 from numba import njit  # noqa: E402
@@ -67,7 +68,6 @@ def _half_in_hardware() -> bool:
     than a library call it may not link."""
     if config.CPU_NAME:  # a named target (e.g. generic, for portable caches): only its features
         return "+f16c" in (config.CPU_FEATURES or "")
-    import llvmlite.binding as llvm
 
     return bool(llvm.get_host_cpu_features().get("f16c"))
 

@@ -71,7 +71,7 @@ def _finfo(dtype: np.dtype[np.generic]) -> tuple[int, int]:
     if name in ("float64", "float32", "float16"):
         fi = np.finfo(np.dtype(name))
         return int(fi.minexp), int(fi.nmant)
-    import ml_dtypes
+    import ml_dtypes  # optional: a foreign environment may lack ml_dtypes
 
     mfi = ml_dtypes.finfo(dtype)  # type: ignore[no-untyped-call]
     return int(mfi.minexp), int(mfi.nmant)

@@ -41,7 +41,7 @@ def np_dtype(name: str) -> np.dtype[np.generic]:
     try:
         return np.dtype(name)
     except TypeError:
-        import ml_dtypes
+        import ml_dtypes  # optional: a foreign environment may lack ml_dtypes
 
         dt: np.dtype[np.generic] = np.dtype(getattr(ml_dtypes, name))
         return dt

@@ -5,6 +5,16 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Protocol
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
 __all__ = ["NullProgress", "ProgressSink", "RichProgress"]
 
 
@@ -39,16 +49,6 @@ class RichProgress:
     """A rich progress bar with elapsed and remaining time, on stderr only."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),

@@ -222,7 +222,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     start = _first_difference(a, b)
     if start is None:  # the usual run-to-run case: no compiled kernel (nor numba's import) needed
         return None
-    from xbackend import jitdiff as jd
+    from xbackend import jitdiff as jd  # heavy: numba compiles the kernels, only for tensors that differ
 
     width, mant = IEEE[str(a.dtype)]
     uint = UINT[a.dtype.itemsize]

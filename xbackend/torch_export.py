@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -24,13 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnx
 
 from xbackend.atomic import write_atomic_bytes
-from xbackend.errors import ExportError
+from xbackend.errors import ExportError, XbackendError
 from xbackend.metrics import is_float_dtype
 from xbackend.model import ModelRef, np_dtype
+from xbackend.runners.ort_cpu import OrtCpuRunner
+from xbackend.runners.reference import ReferenceRunner
 
 __all__ = [
     "META_INPUTS",
@@ -117,7 +121,7 @@ class ExportResult:
 
 def _torch() -> Any:
     try:
-        import torch
+        import torch  # heavy: torch
     except ImportError as e:
         raise ExportError("torch is not installed; install it with: pip install 'xbackend[torch]'") from e
     return torch
@@ -180,8 +184,6 @@ def to_numpy(t: Any) -> np.ndarray:
     t = t.detach().cpu()
     name = str(t.dtype).removeprefix("torch.")
     if name in _BIT_TYPES:
-        import ml_dtypes
-
         bits = t.view(torch.int16 if t.element_size() == 2 else torch.int8).numpy()
         return np.array(bits.view(getattr(ml_dtypes, name)), copy=True)
     return np.array(t.numpy(), copy=True)
@@ -207,8 +209,6 @@ def load_module(spec: str, base_dir: Path | None = None, search_cwd: bool = True
 def flatten_outputs(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
     """(path, leaf) for a module's output in the order torch's exporter flattens it: tensors,
     tuples and lists in order, dicts and model-output dataclasses by their keys (None skipped)."""
-    import dataclasses
-
     if out is None:
         return []
     if isinstance(out, Mapping):  # dicts and HuggingFace ModelOutput (an OrderedDict)
@@ -233,8 +233,6 @@ def output_names_of(out: Any) -> list[str]:
 
 
 def _has_keys(out: Any) -> bool:
-    import dataclasses
-
     if isinstance(out, Mapping) or hasattr(out, "_fields"):
         return True
     if dataclasses.is_dataclass(out) and not isinstance(out, type):
@@ -322,11 +320,6 @@ def _verify(
     """Keep only the module -> tensor pairs whose values agree when both are computed: ONNX
     Runtime computes the ONNX side, or ONNX's reference evaluator where ONNX Runtime has no
     kernel (bfloat16 Gemm on CPU)."""
-    import ml_dtypes
-
-    from xbackend.errors import XbackendError
-    from xbackend.runners.ort_cpu import OrtCpuRunner
-    from xbackend.runners.reference import ReferenceRunner
 
     if not candidates:
         return {}
@@ -400,8 +393,6 @@ def _run_resized(
 ) -> None:
     """Run the exported model with every dynamic axis one larger: a size baked into the graph
     (a Reshape to a literal batch) fails here, not on a user's first real batch."""
-    from xbackend.runners.ort_cpu import OrtCpuRunner
-
     resized = []
     for i in inputs:
         shape = list(i.shape)

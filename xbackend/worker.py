@@ -9,7 +9,10 @@ stdout as tagged lines; the outcome goes to the result JSON named in the job.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import importlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +22,7 @@ from xbackend.errors import BackendUnavailableError, XbackendError
 from xbackend.metrics import TensorDiff, diff_values, keep_worse
 from xbackend.protocol import PARENT_ENV, PROGRESS_TAG, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.runners.base import Runner
+from xbackend.runners.registry import get_runner
 from xbackend.storage import ValueFile
 from xbackend.values import Value
 
@@ -126,10 +130,7 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
 
 def _runner_class(job: WorkerJob) -> type[Runner]:
     if not job.target:
-        from xbackend.runners.registry import get_runner
-
         return get_runner(job.backend)
-    import importlib
 
     module, _, attr = job.target.partition(":")
     cls = getattr(importlib.import_module(module), attr)
@@ -195,9 +196,6 @@ def _die_with_parent() -> None:
     if not sys.platform.startswith("linux") or not parent.isdigit():
         return
     try:
-        import ctypes
-        import signal
-
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return

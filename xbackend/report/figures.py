@@ -195,8 +195,9 @@ def planned_figures(r: Result) -> list[Figure]:
 
 def render(fig: Figure) -> bytes:
     """The figure as PNG bytes: same figure, same matplotlib, same bytes."""
+    # heavy: matplotlib, only when figures are drawn
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure as MplFigure
+    from matplotlib.figure import Figure as MplFigure  # heavy: matplotlib, only when figures are drawn
 
     f = MplFigure(figsize=(8, 4.5), dpi=100)
     FigureCanvasAgg(f)

@@ -7,6 +7,7 @@ from pathlib import PurePath
 
 from xbackend.metrics import TensorDiff
 from xbackend.probes.registry import PROBES
+from xbackend.report.figures import planned_figures
 from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, CrossBackendResult, Result
 from xbackend.textfmt import num as _num
@@ -98,8 +99,6 @@ def _summary(r: Result) -> list[str]:
 
 
 def _figures(r: Result, stem: str | None) -> list[str]:
-    from xbackend.report.figures import planned_figures
-
     if stem is None:
         return []
     figs = planned_figures(r)

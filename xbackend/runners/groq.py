@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -161,7 +162,6 @@ class GroqRunner(Runner):
         missing = missing_parts()
         if missing:
             return Availability.missing("; ".join(missing))
-        from importlib import metadata
 
         try:
             return Availability.ok(metadata.version("groqflow"))
@@ -186,7 +186,7 @@ class GroqRunner(Runner):
         return kw
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
-        from groqflow import groqit
+        from groqflow import groqit  # optional: GroqFlow, in its own interpreter
 
         missing = [t for t in tensors if t not in model.outputs]
         if missing:

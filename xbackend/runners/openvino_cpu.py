@@ -123,7 +123,7 @@ class OpenVinoCpuRunner(Runner):
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         block_telemetry()
-        import openvino as ov
+        import openvino as ov  # engine: openvino
 
         core = ov.Core()
         try:

@@ -22,6 +22,7 @@ import numpy as np
 
 from xbackend.buildinfo import OptLevelRow
 from xbackend.errors import BackendUnavailableError, ModelLoadError, RunnerFailedError
+from xbackend.metrics import diff_values
 from xbackend.modelref import ModelRef, model_file, read_model_bytes
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.values import Value, normalize, value_sha256
@@ -111,8 +112,8 @@ def numpy_readable(ort_type: str) -> bool:
 
 
 def _to_ortvalue(a: np.ndarray) -> Any:
-    import onnxruntime as ort
-    from onnx import helper
+    import onnxruntime as ort  # engine: onnxruntime
+    from onnx import helper  # onnx in workers: a foreign environment may lack onnx
 
     elem = helper.np_dtype_to_tensor_dtype(a.dtype)
     raw = a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
@@ -121,7 +122,7 @@ def _to_ortvalue(a: np.ndarray) -> Any:
 
 def _from_ortvalue(v: Any) -> np.ndarray:
     """Copy an OrtValue tensor of any element type into a numpy (ml_dtypes) array."""
-    from onnx import helper
+    from onnx import helper  # onnx in workers: a foreign environment may lack onnx
 
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(v.element_type()))
     out = np.empty(tuple(v.shape()), dtype=dtype)
@@ -160,7 +161,7 @@ def run_session(
     if not opaque:
         return dict(zip(names, sess.run(list(names), ort_feeds)))
     rest = [n for n in names if n not in set(opaque)]
-    import onnxruntime as ort
+    import onnxruntime as ort  # engine: onnxruntime
 
     # run_with_ort_values takes OrtValues only; sequences and optionals go through run().
     as_values = {
@@ -216,7 +217,7 @@ def canonical_nodes(graph: Any) -> list[tuple[str, str]]:
 
 
 def _node_signature(n: Any) -> str:
-    import onnx
+    import onnx  # onnx in workers: a foreign environment may lack onnx
 
     attrs = ",".join(
         f"{a.name}={onnx.helper.get_attribute_value(a)!r}" for a in n.attribute if a.type != a.GRAPH
@@ -227,7 +228,7 @@ def _node_signature(n: Any) -> str:
 def ort_version() -> str:
     """The version of the onnxruntime that imports: package metadata would name the CPU build
     when onnxruntime and onnxruntime-gpu are both installed."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # engine: onnxruntime
 
     return str(ort.__version__)
 
@@ -246,7 +247,7 @@ def ort_dist_version() -> str:
 def physical_cores() -> int:
     """What ONNX Runtime uses by default for intra-op threads."""
     try:
-        import psutil
+        import psutil  # optional: a foreign environment may lack psutil
     except ImportError:  # another interpreter with only numpy and the engine
         return _cpuinfo_cores() or os.cpu_count() or 1
     return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
@@ -351,7 +352,7 @@ class OrtCpuRunner(Runner):
         return ["CPUExecutionProvider"]
 
     def session_options(self) -> Any:
-        import onnxruntime as ort
+        import onnxruntime as ort  # engine: onnxruntime
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = int(self.options["threads"])
@@ -378,6 +379,7 @@ class OrtCpuRunner(Runner):
         suffix = _graph_outputs_field([t for t in tensors if t not in have])
         max_ir = self.max_ir_version()
         if max_ir is not None and model.ir_version > max_ir:
+            # onnx in workers: a foreign environment may lack onnx
             from xbackend.model import downgrade_ir, load_proto
 
             try:
@@ -410,7 +412,7 @@ class OrtCpuRunner(Runner):
         return str(path)
 
     def _session(self, data: str | bytes, model: ModelRef, so: Any, disabled: Sequence[str] = ()) -> Any:
-        import onnxruntime as ort
+        import onnxruntime as ort  # engine: onnxruntime
 
         if model.external_data and isinstance(data, bytes):
             # Bytes carry no directory: tell ORT where the external data lives.
@@ -451,7 +453,7 @@ class OrtCpuRunner(Runner):
     def _detailed_fingerprint(self, optimized: str, log: str) -> BuildFingerprint:
         """The optimized graph ORT wrote, node by node, plus its node-to-provider placement."""
         try:
-            import onnx
+            import onnx  # onnx in workers: a foreign environment may lack onnx
         except ImportError:  # an interpreter with only the engine: the graph's bytes stand in
             with open(optimized, "rb") as f:
                 items = [("optimized graph sha256", hashlib.sha256(f.read()).hexdigest())]
@@ -470,7 +472,7 @@ class OrtCpuRunner(Runner):
         disabled: Sequence[str] = (),
     ) -> tuple[dict[str, Value], list[str]]:
         """Graph outputs of a fresh session at `level`, and the transformers that changed the graph."""
-        import onnxruntime as ort
+        import onnxruntime as ort  # engine: onnxruntime
 
         so = self.session_options()
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_ENUM[level])
@@ -486,8 +488,6 @@ class OrtCpuRunner(Runner):
         """Each level's graph outputs against DISABLE_ALL; for a level that changes bits, the
         transformer(s) whose removal alone restores them. Runs the plain model (no intermediates
         exposed), since exposing tensors blocks the fusions being measured."""
-        from xbackend.metrics import diff_values
-
         data = self._source(model, self._suffix(model, ()))
         base, _ = self._outputs_at(data, model, feeds, "disable")
         rows = []

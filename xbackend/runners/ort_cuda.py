@@ -19,6 +19,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from xbackend import gpu
 from xbackend.errors import RunnerFailedError
 from xbackend.model import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
@@ -44,7 +45,7 @@ def cuda_provider_options(options: Mapping[str, Any]) -> dict[str, str]:
 def preload_cuda_libraries() -> str:
     """Load CUDA and cuDNN from NVIDIA's pip packages (onnxruntime-gpu[cuda,cudnn]) before the
     first session, as onnxruntime.preload_dlls does; "" or why it could not."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # engine: onnxruntime
 
     preload = getattr(ort, "preload_dlls", None)
     if preload is None:
@@ -90,8 +91,6 @@ class OrtCudaRunner(OrtCpuRunner):
 
     @classmethod
     def availability(cls) -> Availability:
-        from xbackend import gpu
-
         package = gpu.ort_gpu_problem(cls.provider)
         libs = ""
         if not package:
@@ -136,8 +135,6 @@ class OrtCudaRunner(OrtCpuRunner):
         self._in_force = dict(sorted(sess.get_provider_options().get(self.provider, {}).items()))
 
     def info(self) -> dict[str, str]:
-        from xbackend import gpu
-
         out = super().info()
         for k in self.reported:
             if k in self._in_force:

@@ -13,11 +13,13 @@ applies to what it runs, which `info()` says; the CUDA fallback's TF32 follows `
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from xbackend import gpu
 from xbackend.model import ModelRef, model_sha256
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
 from xbackend.runners.ort_cpu import ort_version
@@ -83,8 +85,6 @@ class OrtTrtRunner(OrtCudaRunner):
 
     @classmethod
     def availability(cls) -> Availability:
-        from xbackend import gpu
-
         package = gpu.ort_gpu_problem(PROVIDER)
         lib = ""
         if not package and not gpu.find_library(TRT_LIB):
@@ -133,9 +133,6 @@ class OrtTrtRunner(OrtCudaRunner):
 def _preload_tensorrt() -> None:
     """Load TensorRT's libraries from where xbackend found them (pip's tensorrt_libs included),
     globally, so the provider library's own dlopen finds them by soname."""
-    import ctypes
-
-    from xbackend import gpu
 
     for soname in (TRT_LIB, "libnvinfer_plugin.so.10", "libnvonnxparser.so.10"):
         path = gpu.find_library(soname)

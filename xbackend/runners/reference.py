@@ -55,7 +55,7 @@ class ReferenceRunner(Runner):
         return {var: str(max(1, int(options["threads"]))) for var in BLAS_THREAD_VARS}
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
-        from onnx.reference import ReferenceEvaluator
+        from onnx.reference import ReferenceEvaluator  # engine: onnx's reference evaluator
 
         proto = self.transform(load_proto(model.path))
         try:

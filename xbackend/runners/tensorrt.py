@@ -34,9 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import ml_dtypes
 import numpy as np
 
+from xbackend import gpu
 from xbackend.atomic import write_atomic_bytes
+from xbackend.cudart import DeviceBuffer, Stream, download
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
 from xbackend.model import ModelRef, model_sha256
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
@@ -206,8 +209,6 @@ def default_cache_path(model_digest: str, trt_version: str, gpu: str) -> str:
 
 
 def _np_dtype(trt_dtype: Any) -> np.dtype:
-    import ml_dtypes
-
     name = str(trt_dtype).rsplit(".", 1)[-1]
     table = {
         "FLOAT": np.float32,
@@ -273,8 +274,6 @@ class TrtAutotuneRunner(Runner):
 
     @classmethod
     def availability(cls) -> Availability:
-        from xbackend import gpu
-
         version = gpu.tensorrt_version()
         cudart = gpu.find_library("libcudart.so.13") or gpu.find_library("libcudart.so.12")
         problem = gpu.problems(
@@ -288,7 +287,7 @@ class TrtAutotuneRunner(Runner):
     def instruments(cls, metadata: Mapping[str, str], model_dir: Path, options: Mapping[str, Any]) -> bool:
         if importlib.util.find_spec("tensorrt") is None:
             return True
-        import tensorrt as trt
+        import tensorrt as trt  # optional: TensorRT, GPU hosts only
 
         try:
             method = capture_method(
@@ -311,7 +310,7 @@ class TrtAutotuneRunner(Runner):
     # --- build ------------------------------------------------------------------------------
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
-        import tensorrt as trt
+        import tensorrt as trt  # optional: TensorRT, GPU hosts only
 
         self._trt = trt
         self._model = model
@@ -483,8 +482,6 @@ class TrtAutotuneRunner(Runner):
             def process_debug_tensor(
                 self, addr: int, location: Any, dtype: Any, shape: Any, name: str, stream: int
             ) -> bool:
-                from xbackend.cudart import download
-
                 # the buffer is valid only during this callback: copy it now
                 out = np.empty(tuple(shape), dtype=_np_dtype(dtype))
                 runner._debug[name] = download(int(addr), out, stream)
@@ -502,8 +499,6 @@ class TrtAutotuneRunner(Runner):
     # --- run -----------------------------------------------------------------------------------
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
-        from xbackend.cudart import DeviceBuffer, Stream
-
         if self._engine is None:
             self._build(feeds)
         trt = self._trt
@@ -587,7 +582,6 @@ class TrtAutotuneRunner(Runner):
                                "replay": f"replayed from {self._cache_path}"}[self._mode]  # fmt: skip
         if self._layers:
             out["engine_layers"] = str(len(self._layers))
-        from xbackend import gpu
 
         name = gpu.device_name(int(self.options["device_id"]))
         if name:
@@ -621,7 +615,6 @@ class TrtPinnedRunner(TrtAutotuneRunner):
     def _cache_option(self, model: ModelRef) -> str:
         if self.options["cache"]:
             return str(self.options["cache"])
-        from xbackend import gpu
 
         name = gpu.device_name(int(self.options["device_id"]))
         return default_cache_path(model_sha256(Path(model.path)), str(self._trt.__version__), name)

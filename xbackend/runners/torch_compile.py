@@ -32,7 +32,7 @@ from xbackend.inductor_pin import INSTRUMENTED, PinMiss, Tuning, code_digest, lo
 from xbackend.model import ModelRef
 from xbackend.runners.base import BuildFingerprint, OptionSpec
 from xbackend.runners.torch_eager import TorchRunner
-from xbackend.torch_export import to_numpy
+from xbackend.torch_export import module_map, to_numpy
 
 __all__ = ["TorchCompileAutotuneRunner", "TorchCompileRunner"]
 
@@ -60,8 +60,6 @@ class TorchCompileRunner(TorchRunner):
 
     @classmethod
     def instruments(cls, metadata: Mapping[str, str], model_dir: Path, options: Mapping[str, Any]) -> bool:
-        from xbackend.torch_export import module_map
-
         return bool(module_map(metadata, str(options.get("module", "")), model_dir))
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
@@ -78,8 +76,8 @@ class TorchCompileRunner(TorchRunner):
         self._cache = tempfile.mkdtemp(prefix="xbackend-inductor-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = self._cache
         os.environ["TRITON_CACHE_DIR"] = os.path.join(self._cache, "triton")
-        import torch
-        from torch._inductor import config
+        import torch  # heavy: torch
+        from torch._inductor import config  # heavy: torch
 
         config.freezing = bool(self.options["freezing"])
         config.fx_graph_cache = False
@@ -126,7 +124,7 @@ class TorchCompileRunner(TorchRunner):
         pass  # the instrumented wrapper returns the mapped outputs instead (see prepare_impl)
 
     def _forward(self, args: list[Any]) -> Any:
-        import torch
+        import torch  # heavy: torch
 
         device = self.options["device"]
         args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
@@ -212,7 +210,7 @@ def _instrumented(module: Any, names: tuple[str, ...]) -> Any:
 
     Forward hooks stash each output and forward returns them: Dynamo traces the hooks into the
     graph, so they become graph outputs (a hook that copied to numpy would break the graph)."""
-    import torch
+    import torch  # heavy: torch
 
     class Instrumented(torch.nn.Module):
         def __init__(self) -> None:

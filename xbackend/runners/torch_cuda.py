@@ -8,9 +8,11 @@ it on for convolutions), so float32 comparisons compare float32.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from xbackend import gpu
 from xbackend.errors import RunnerFailedError
 from xbackend.model import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
@@ -34,7 +36,7 @@ def cuda_switches(options: Mapping[str, Any]) -> list[tuple[str, bool]]:
 
 
 def _attr(path: str) -> tuple[Any, str]:
-    import torch
+    import torch  # heavy: torch
 
     obj: Any = torch.backends
     *parents, last = path.split(".")
@@ -80,9 +82,7 @@ class TorchCudaRunner(TorchRunner):
         avail = super().availability()
         if not avail.available:
             return avail
-        import importlib.metadata
 
-        from xbackend import gpu
 
         version = importlib.metadata.version("torch")
         build = ""
@@ -106,7 +106,7 @@ class TorchCudaRunner(TorchRunner):
         return f"cuda:{int(self.options['device_id'])}"
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
-        import torch
+        import torch  # heavy: torch
 
         if not torch.cuda.is_available():
             raise RunnerFailedError(
@@ -118,7 +118,7 @@ class TorchCudaRunner(TorchRunner):
         return fp
 
     def _forward(self, args: list[Any]) -> Any:
-        import torch
+        import torch  # heavy: torch
 
         args = [a.to(self._device()) if isinstance(a, torch.Tensor) else a for a in args]
         return super()._forward(args)
@@ -126,7 +126,7 @@ class TorchCudaRunner(TorchRunner):
     def info(self) -> dict[str, str]:
         out = super().info()
         try:
-            import torch
+            import torch  # heavy: torch
 
             out.update(read_switches(cuda_switches(self.options)))
             if torch.cuda.is_available():

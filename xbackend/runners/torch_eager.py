@@ -8,6 +8,7 @@ recorded a verified module -> tensor map.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 from collections.abc import Mapping, Sequence
@@ -15,13 +16,22 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+from onnx import numpy_helper
 
 from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedError
 from xbackend.metrics import is_float_dtype
 from xbackend.model import ModelRef, load_proto
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.ort_cpu import physical_cores
-from xbackend.torch_export import to_numpy, to_tensor
+from xbackend.torch_export import (
+    META_MODULE,
+    flatten_outputs,
+    load_module,
+    module_map,
+    read_torch_metadata,
+    to_numpy,
+    to_tensor,
+)
 from xbackend.values import Value
 
 __all__ = ["TorchRunner"]
@@ -63,8 +73,6 @@ class TorchRunner(Runner):
         return Availability.ok(importlib.metadata.version("torch"))
 
     def _load(self, model: ModelRef, recorded: str) -> Any:
-        from xbackend.torch_export import load_module
-
         if self.options["module"]:
             return load_module(self.options["module"])
         if not recorded:
@@ -82,9 +90,8 @@ class TorchRunner(Runner):
         return load_module(recorded, base_dir=Path(model.path).parent, search_cwd=False)
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
-        import torch
+        import torch  # heavy: torch
 
-        from xbackend.torch_export import META_MODULE, module_map, read_torch_metadata
 
         proto = load_proto(model.path, load_external=True)
         meta = read_torch_metadata(proto)
@@ -116,7 +123,7 @@ class TorchRunner(Runner):
         return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
 
     def _hook(self) -> None:
-        import torch
+        import torch  # heavy: torch
 
         for name, sub in self._module.named_modules():
             if name in self._map:
@@ -128,9 +135,8 @@ class TorchRunner(Runner):
                 sub.register_forward_hook(hook)
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
-        import torch
+        import torch  # heavy: torch
 
-        from xbackend.torch_export import flatten_outputs
 
         self._captured = {}
         args = [_to_torch(feeds[n]) for n in self._inputs]
@@ -148,7 +154,7 @@ class TorchRunner(Runner):
         return out
 
     def _forward(self, args: list[Any]) -> Any:
-        import torch
+        import torch  # heavy: torch
 
         try:
             with torch.no_grad():
@@ -195,8 +201,6 @@ def _suggest(recorded: str, model: ModelRef) -> str:
 
 
 def _digests(a: np.ndarray) -> set[bytes]:
-    import hashlib
-
     out = {hashlib.sha256(np.require(a, requirements="C").tobytes()).digest()}
     if a.ndim == 2:
         out.add(hashlib.sha256(np.require(a.T, requirements="C").tobytes()).digest())
@@ -212,8 +216,6 @@ def check_weights(module: Any, proto: Any) -> str:
     float parameters appears in the model (a factory that draws new random weights on every
     call) cannot explain it. Returns a one-line account; raises RunnerFailedError on a mismatch.
     """
-    from onnx import numpy_helper
-
     digests: set[bytes] = set()
     for t in proto.graph.initializer:
         digests |= _digests(numpy_helper.to_array(t))

@@ -6,6 +6,9 @@ import sys
 from collections import Counter
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 __all__ = ["LineProgress", "RichFleetProgress"]
 
 
@@ -39,9 +42,6 @@ class RichFleetProgress:
     """A bar over the sweep's jobs, with failures and the jobs running on each node."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         self._c = _Counts()
         self._progress = Progress(
             TextColumn("jobs"),

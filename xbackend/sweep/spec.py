@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xbackend.errors import UsageError
+from xbackend.errors import BackendUnavailableError, UsageError
 from xbackend.results import DEFAULT_MAX_ULP, CompareOptions
+from xbackend.runners.registry import get_runner
 from xbackend.version import VERSION
 
 if sys.version_info >= (3, 11):
@@ -412,9 +413,6 @@ def load_sweep(path: str | os.PathLike[str], output: str | os.PathLike[str] | No
 def check_backends(spec: SweepSpec) -> None:
     """Every backend name and option, checked against the runners installed here (for a sweep run
     here; a cluster's nodes may have runners this machine lacks)."""
-    from xbackend.errors import BackendUnavailableError
-    from xbackend.runners.registry import get_runner
-
     for job in spec.jobs({m.name: "" for m in spec.models}):
         try:
             get_runner(job.backend).resolve_options(job.options().options_for(job.backend))
