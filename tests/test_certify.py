@@ -9,7 +9,7 @@ import pytest
 
 from tests.cli_helpers import one_line_error, run
 from xbackend import compare
-from xbackend.certify import SCHEMA, _seal
+from xbackend.certify import SCHEMA, seal
 
 pytestmark = pytest.mark.slow
 
@@ -162,7 +162,7 @@ def test_verify_refuses_a_tampered_certificate(
     one_line_error(err, "was modified after it was written")
     # an edited hash, resealed: the re-run shows the outputs do not match
     body = {k: v for k, v in edited.items() if k != "certificate_sha256"}
-    path.write_text(json.dumps({**body, "certificate_sha256": _seal(body)}))
+    path.write_text(json.dumps({**body, "certificate_sha256": seal(body)}))
     code, out, _ = run(capsys, "verify", str(path), "--no-progress")
     assert code == 1
     assert out.startswith(

@@ -391,9 +391,9 @@ def test_the_readme_sweep_file_and_the_bundled_one_load(tmp_path: Path) -> None:
 
 
 def test_progress_counts_jobs_per_node() -> None:
-    from xbackend.sweep.progress import _Counts
+    from xbackend.sweep.progress import Counts
 
-    c = _Counts()
+    c = Counts()
     c.start(5, 1)
     c.started("a/x", "gpu-1 (10.0.0.7)")
     c.started("a/y", "gpu-1 (10.0.0.7)")

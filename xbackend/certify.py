@@ -35,6 +35,7 @@ __all__ = [
     "Verification",
     "certify",
     "read_certificate",
+    "seal",
     "verify",
     "write_certificate",
 ]
@@ -67,7 +68,7 @@ class Certificate:
 
     def to_json(self) -> str:
         return (
-            json.dumps({**self.body, "certificate_sha256": _seal(self.body)}, indent=2, sort_keys=True) + "\n"
+            json.dumps({**self.body, "certificate_sha256": seal(self.body)}, indent=2, sort_keys=True) + "\n"
         )
 
     def to_markdown(self) -> str:
@@ -77,7 +78,7 @@ class Certificate:
         return text.rstrip() + "\n"
 
 
-def _seal(body: Mapping[str, Any]) -> str:
+def seal(body: Mapping[str, Any]) -> str:
     """sha256 of the canonical body: any later edit of the JSON shows."""
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -216,8 +217,8 @@ def read_certificate(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else None
         raise InputError(f"{p} is not an {SCHEMA} certificate (schema {got!r}); certify the model again")
-    seal = data.pop("certificate_sha256", None)
-    if seal != _seal(data):
+    recorded = data.pop("certificate_sha256", None)
+    if recorded != seal(data):
         raise InputError(
             f"{p} was modified after it was written (its certificate_sha256 does not match its content); "
             "certify the model again instead of editing the certificate"
@@ -336,6 +337,26 @@ def verify(
 
 
 def _markdown(c: Mapping[str, Any]) -> list[str]:
+    """The certificate's Markdown twin: verdict, properties, hashes, environment, how to check it."""
+    return [
+        *_md_verdict(c),
+        *_md_properties(c),
+        *_md_hashes(c),
+        *_md_environment(c),
+        "## Check it",
+        "",
+        "`xbackend verify CERT.json` re-runs this battery on the machine it runs on and says whether the",
+        "outputs match these hashes bit for bit, and how its environment differs from this one.",
+    ]
+
+
+def _first_layer(p: Mapping[str, Any]) -> str:
+    return (
+        with_module(p["first_layer"], {p["first_layer"]: p["first_layer_module"]}) if p["first_layer"] else ""
+    )
+
+
+def _md_verdict(c: Mapping[str, Any]) -> list[str]:
     b = c["backend"]
     verdict = "GRANTED" if c["granted"] else "REFUSED"
     out = [f"# Determinism certificate: {c['model']['name']} on {b['name']}", "", f"**{verdict}**", ""]
@@ -343,65 +364,50 @@ def _markdown(c: Mapping[str, Any]) -> list[str]:
         out += [f"{b['name']} {b['status']}: {b['reason']}", ""]
     for p in c["properties"]:
         if p["status"] == "broken":
-            first = (
-                with_module(p["first_layer"], {p["first_layer"]: p["first_layer_module"]})
-                if p["first_layer"]
-                else ""
-            )
+            first = _first_layer(p)
             out.append(
                 f"- BROKEN: {p['name']}: {p['evidence']}" + (f"; first broke at {first}" if first else "")
             )
     bat = c["battery"]
-    out += [
+    return [
+        *out,
         "",
         f"Battery: {bat['runs']} runs in each of {bat['builds']} fresh builds; the first sample alone vs "
         f"in a batch of {bat['batch']}; 1 thread vs the runner's other thread counts.",
         "",
-        "## Properties",
-        "",
-        *table(
-            ["property", "meaning", "status", "evidence", "first layer that broke", "promised by the runner"],
-            [
-                [
-                    p["name"],
-                    p["meaning"],
-                    f"**{p['status']}**" if p["status"] == "broken" else p["status"],
-                    p["evidence"],
-                    with_module(p["first_layer"], {p["first_layer"]: p["first_layer_module"]})
-                    if p["first_layer"]
-                    else "–",
-                    "yes" if p["promised_by_runner"] else "no",
-                ]
-                for p in c["properties"]
-            ],
-        ),
-        "",
-        "## Hashes",
-        "",
-        *table(
-            ["what", "sha256"],
-            [
-                [f"model {c['model']['name']}", c["model"]["sha256"]],
-                [f"inputs ({c['inputs']['source']})", c["inputs"]["sha256"]],
-                ["outputs (all)", c["outputs"]["sha256"] or "–"],
-                *[[f"output {n}", h] for n, h in c["outputs"]["tensors"].items()],
-                ["environment", c["environment_sha256"]],
-            ],
-        ),
-        "",
-        "## Environment",
-        "",
-        *table(
-            ["key", "value"],
-            [
-                *([k, v] for k, v in sorted(c["environment"].items())),
-                *([f"runner.{k}", v] for k, v in sorted(b["info"].items())),
-            ],
-        ),
-        "",
-        "## Check it",
-        "",
-        "`xbackend verify CERT.json` re-runs this battery on the machine it runs on and says whether the",
-        "outputs match these hashes bit for bit, and how its environment differs from this one.",
     ]
-    return out
+
+
+def _md_properties(c: Mapping[str, Any]) -> list[str]:
+    rows = [
+        [
+            p["name"],
+            p["meaning"],
+            f"**{p['status']}**" if p["status"] == "broken" else p["status"],
+            p["evidence"],
+            _first_layer(p) or "–",
+            "yes" if p["promised_by_runner"] else "no",
+        ]
+        for p in c["properties"]
+    ]
+    header = ["property", "meaning", "status", "evidence", "first layer that broke", "promised by the runner"]
+    return ["## Properties", "", *table(header, rows), ""]
+
+
+def _md_hashes(c: Mapping[str, Any]) -> list[str]:
+    rows = [
+        [f"model {c['model']['name']}", c["model"]["sha256"]],
+        [f"inputs ({c['inputs']['source']})", c["inputs"]["sha256"]],
+        ["outputs (all)", c["outputs"]["sha256"] or "–"],
+        *[[f"output {n}", h] for n, h in c["outputs"]["tensors"].items()],
+        ["environment", c["environment_sha256"]],
+    ]
+    return ["## Hashes", "", *table(["what", "sha256"], rows), ""]
+
+
+def _md_environment(c: Mapping[str, Any]) -> list[str]:
+    rows = [
+        *([k, v] for k, v in sorted(c["environment"].items())),
+        *([f"runner.{k}", v] for k, v in sorted(c["backend"]["info"].items())),
+    ]
+    return ["## Environment", "", *table(["key", "value"], rows), ""]

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from xbackend.values import value_name
 
-__all__ = ["cell", "num", "short", "table", "with_module", "yes"]
+__all__ = ["cell", "fold", "module_note", "num", "short", "table", "with_module", "yes"]
 
 
 def num(x: float | int | None) -> str:
@@ -45,3 +45,13 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
 
 def yes(b: bool | None) -> str:
     return "–" if b is None else ("yes" if b else "**no**")
+
+
+def module_note(tensor: str | None, modules: Mapping[str, str]) -> str:
+    """'tensor (module)', or a dash when there is no tensor."""
+    return with_module(tensor, modules) if tensor else "–"
+
+
+def fold(title: str, summary: str, body: list[str]) -> list[str]:
+    """A section whose body is folded: the heading stays visible for navigation."""
+    return [f"## {title}", "", f"<details><summary>{summary}</summary>", "", *body, "</details>", ""]

@@ -56,4 +56,3 @@ def _help_hint(argv: Sequence[str] | None) -> str:
         sub = " torch" if first == "export" and "torch" in args else ""
         return f"xbackend {first}{sub} --help"
     return "xbackend --help"
-

@@ -24,7 +24,7 @@ from xbackend.model import ModelRef, model_sha256
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
 from xbackend.runners.ort_cpu import ort_version
 from xbackend.runners.ort_cuda import OrtCudaRunner, cuda_provider_options
-from xbackend.runners.tensorrt import cache_home
+from xbackend.runners.tensorrt_plan import cache_home
 
 __all__ = ["OrtTrtRunner", "trt_provider_options"]
 

@@ -83,7 +83,6 @@ class TorchCudaRunner(TorchRunner):
         if not avail.available:
             return avail
 
-
         version = importlib.metadata.version("torch")
         build = ""
         if "+cpu" in version:

@@ -92,7 +92,6 @@ class TorchRunner(Runner):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         import torch  # heavy: torch
 
-
         proto = load_proto(model.path, load_external=True)
         meta = read_torch_metadata(proto)
         recorded = meta.get(META_MODULE, "")
@@ -136,7 +135,6 @@ class TorchRunner(Runner):
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         import torch  # heavy: torch
-
 
         self._captured = {}
         args = [_to_torch(feeds[n]) for n in self._inputs]

@@ -38,6 +38,7 @@ from xbackend.sweep.spec import JobSpec, ModelEntry, SweepSpec, check_backends
 
 __all__ = ["run_sweep", "write_fleet"]
 
+
 def _sweep_hint(message: str, model: str) -> str:
     """An input error's CLI advice, said in the sweep file's terms."""
     shape = re.search(r"pass --shape (\S+?)=([\d,]+)", message)

@@ -9,10 +9,10 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["LineProgress", "RichFleetProgress"]
+__all__ = ["Counts", "LineProgress", "RichFleetProgress"]
 
 
-class _Counts:
+class Counts:
     def __init__(self) -> None:
         self.total = 0
         self.done = 0
@@ -42,7 +42,7 @@ class RichFleetProgress:
     """A bar over the sweep's jobs, with failures and the jobs running on each node."""
 
     def __init__(self) -> None:
-        self._c = _Counts()
+        self._c = Counts()
         self._progress = Progress(
             TextColumn("jobs"),
             BarColumn(),
@@ -82,7 +82,7 @@ class LineProgress:
     """A line per finished job, for logs (stderr is not a terminal)."""
 
     def __init__(self, stream: Any = None) -> None:
-        self._c = _Counts()
+        self._c = Counts()
         self._out = stream or sys.stderr
 
     def start(self, total: int, resumed: int) -> None:

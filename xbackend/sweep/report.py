@@ -273,84 +273,12 @@ def fleet_json(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
 def fleet_markdown(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
     """`d`: to_dict(r), when the caller has it already."""
     d = d or to_dict(r)
-    s = d["summary"]
-    backends = [b.name for b in r.spec.backends]
-    lines = [f"# xbackend fleet report: {r.spec.name}", ""]
-    lines += [f"- {v}" if not v.startswith(("PASS", "FAIL")) else f"**{v}**" for v in d["verdict"][:1]]
-    lines += [f"- {v}" for v in d["verdict"][1:]]
-    lines += [
-        "",
-        f"{s['models']} model(s) x {s['backends']} backend(s): {s['jobs']} job(s), {s['ok']} ok, "
-        f"{s['failed']} failed; executor {r.executor}; exit code {r.exit_code}.",
-        "",
-        "## Verdicts",
-        "",
-        "Each cell: the verdict; `det` (bit-identical over every run and build) or `NONDET`; the distance "
-        "from the model's reference at the graph outputs in scaled ULP (`> tol` past its max_ulp); "
-        "warnings from the job's own probes. Model names link to each model's report.",
-        "",
-    ]
-    rows = []
-    for m in r.models:
-        name = f"[{m.entry.name}]({m.report})" if m.result is not None else m.entry.name
-        row = [name]
-        for b in backends:
-            e = d["matrix"][m.entry.name].get(b)
-            row.append("–" if e is None else cell_for(e))
-        rows.append(row)
-    lines += table(["model", *backends], rows)
-    lines += ["## Worst pairs", ""]
-    if d["worst_pairs"]:
-        lines += table(
-            ["model", "pair", "scaled ULP", "max ULP", "first divergent tensor (vs reference)"],
-            [
-                [
-                    w["model"],
-                    f"{w['a']} vs {w['b']}",
-                    short(w["scaled_ulp"]),
-                    w["max_ulp"] if w["max_ulp"] is not None else "–",
-                    w["first_divergence"] or "–",
-                ]
-                for w in d["worst_pairs"]
-            ],
-        )
-    else:
-        lines += ["Every pair of backends that ran agrees bit for bit at the graph outputs.", ""]
-    lines += ["## Jobs", ""]
-    lines += table(
-        ["job", "status", "node", "attempts", "report", "reason"],
-        [
-            [
-                j["id"],
-                j["status"],
-                j["node"] or "–",
-                j["attempts"],
-                f"[report]({j['report']})" if j["report"] else "–",
-                j["reason"] or "",
-            ]
-            for j in d["jobs"]
-        ],
-    )
-    lines += ["## Nodes", ""]
-    if d["nodes"]:
-        lines += table(
-            ["node", "labels", "jobs", "python", "xbackend", "cpu", "environment sha256"],
-            [
-                [
-                    n["node"],
-                    ", ".join(f"{k}={v}" for k, v in sorted(n["labels"].items())) or "–",
-                    n["jobs"],
-                    n["environment"].get("python", "?"),
-                    n["environment"].get("package.xbackend", "?"),
-                    f"{n['environment'].get('cpu.model', '?')} ({n['environment'].get('cpu.isa', '?')})",
-                    n.get("environment_sha256", "")[:16],
-                ]
-                for n in d["nodes"]
-            ],
-        )
-    else:
-        lines += ["No job reached a node.", ""]
-    lines += [
+    lines = [
+        *_md_verdict(r, d),
+        *_md_matrix(r, d),
+        *_md_worst_pairs(d),
+        *_md_jobs(d),
+        *_md_nodes(d),
         "## Reproduce",
         "",
         "From this report's folder:",
@@ -361,3 +289,91 @@ def fleet_markdown(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _md_verdict(r: FleetResult, d: Mapping[str, Any]) -> list[str]:
+    s = d["summary"]
+    lines = [f"# xbackend fleet report: {r.spec.name}", ""]
+    lines += [f"- {v}" if not v.startswith(("PASS", "FAIL")) else f"**{v}**" for v in d["verdict"][:1]]
+    lines += [f"- {v}" for v in d["verdict"][1:]]
+    return [
+        *lines,
+        "",
+        f"{s['models']} model(s) x {s['backends']} backend(s): {s['jobs']} job(s), {s['ok']} ok, "
+        f"{s['failed']} failed; executor {r.executor}; exit code {r.exit_code}.",
+        "",
+    ]
+
+
+def _md_matrix(r: FleetResult, d: Mapping[str, Any]) -> list[str]:
+    backends = [b.name for b in r.spec.backends]
+    rows = []
+    for m in r.models:
+        name = f"[{m.entry.name}]({m.report})" if m.result is not None else m.entry.name
+        cells = [d["matrix"][m.entry.name].get(b) for b in backends]
+        rows.append([name, *("–" if e is None else cell_for(e) for e in cells)])
+    return [
+        "## Verdicts",
+        "",
+        "Each cell: the verdict; `det` (bit-identical over every run and build) or `NONDET`; the distance "
+        "from the model's reference at the graph outputs in scaled ULP (`> tol` past its max_ulp); "
+        "warnings from the job's own probes. Model names link to each model's report.",
+        "",
+        *table(["model", *backends], rows),
+    ]
+
+
+def _md_worst_pairs(d: Mapping[str, Any]) -> list[str]:
+    if not d["worst_pairs"]:
+        return [
+            "## Worst pairs",
+            "",
+            "Every pair of backends that ran agrees bit for bit at the graph outputs.",
+            "",
+        ]
+    rows = [
+        [
+            w["model"],
+            f"{w['a']} vs {w['b']}",
+            short(w["scaled_ulp"]),
+            w["max_ulp"] if w["max_ulp"] is not None else "–",
+            w["first_divergence"] or "–",
+        ]
+        for w in d["worst_pairs"]
+    ]
+    header = ["model", "pair", "scaled ULP", "max ULP", "first divergent tensor (vs reference)"]
+    return ["## Worst pairs", "", *table(header, rows)]
+
+
+def _md_jobs(d: Mapping[str, Any]) -> list[str]:
+    rows = [
+        [
+            j["id"],
+            j["status"],
+            j["node"] or "–",
+            j["attempts"],
+            f"[report]({j['report']})" if j["report"] else "–",
+            j["reason"] or "",
+        ]
+        for j in d["jobs"]
+    ]
+    return ["## Jobs", "", *table(["job", "status", "node", "attempts", "report", "reason"], rows)]
+
+
+def _md_nodes(d: Mapping[str, Any]) -> list[str]:
+    if not d["nodes"]:
+        return ["## Nodes", "", "No job reached a node.", ""]
+    rows = [
+        [
+            n["node"],
+            ", ".join(f"{k}={v}" for k, v in sorted(n["labels"].items())) or "–",
+            n["jobs"],
+            n["environment"].get("python", "?"),
+            n["environment"].get("package.xbackend", "?"),
+            f"{n['environment'].get('cpu.model', '?')} ({n['environment'].get('cpu.isa', '?')})",
+            n.get("environment_sha256", "")[:16],
+        ]
+        for n in d["nodes"]
+    ]
+    header = ["node", "labels", "jobs", "python", "xbackend", "cpu", "environment sha256"]
+    return ["## Nodes", "", *table(header, rows)]

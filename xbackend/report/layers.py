@@ -1,0 +1,251 @@
+"""The report's per-layer sections: each backend against the reference, every pair, the oracle
+and the golden outputs, with the worst layers first and the full table folded."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from xbackend.metrics import TensorDiff
+from xbackend.results import CrossBackendResult, Result
+from xbackend.textfmt import num as _num
+from xbackend.textfmt import table as _table
+from xbackend.textfmt import with_module
+from xbackend.textfmt import yes as _yes
+from xbackend.values import value_name
+
+__all__ = [
+    "FULL_TABLE_LIMIT",
+    "WORST_LAYERS",
+    "cross_section",
+    "diff_header",
+    "diff_row",
+    "expected_section",
+    "matrix_section",
+    "oracle_section",
+]
+
+WORST_LAYERS = 10
+FULL_TABLE_LIMIT = 50  # rows of a folded per-layer table; the rest is in the CSV (and the JSON)
+
+
+def diff_row(d: TensorDiff, modules: Mapping[str, str], mark: str = "") -> list[object]:
+    name = f"**{d.name}** {mark}".strip() if mark else d.name
+    module = modules.get(value_name(d.name), "")
+    special = f"{d.nan_mismatch}/{d.inf_mismatch}/{d.ftz_mismatch}"
+    status = d.status if d.comparable else f"**{d.status}** ({d.detail})"
+    if d.zero_ulp_reason():
+        status = f"{status} (bits differ at 0 ULP: {d.zero_ulp_reason()})"
+    return [
+        name,
+        *([module or "–"] if modules else []),
+        d.op_type or "–",
+        d.dtype,
+        status,
+        _yes(d.bitwise_equal),
+        _num(d.mismatch_fraction),
+        _num(d.max_ulp),
+        _num(d.scaled_ulp),
+        _num(d.max_abs),
+        _num(d.max_rel),
+        _num(d.v_ermv),
+        special,
+    ]
+
+
+_DIFF_HEADER = [
+    "tensor",
+    "module",
+    "op",
+    "dtype",
+    "status",
+    "bitwise",
+    "V_c",
+    "max ULP",
+    "scaled ULP",
+    "max abs",
+    "max rel",
+    "V_ermv",
+    "NaN/Inf/FTZ",
+]
+
+
+def diff_header(modules: Mapping[str, str]) -> list[str]:
+    """The module column only for models that record source modules."""
+    return _DIFF_HEADER if modules else [h for h in _DIFF_HEADER if h != "module"]
+
+
+def _layer_tables(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
+    out = [f"### {c.backend} vs {c.reference}", ""]
+    if c.status != "ok":
+        return [*out, f"Not compared: {c.reason}.", ""]
+    first = c.first_divergence
+    where = with_module(first, modules) if first else None
+    outs = "bitwise equal" if c.bitwise_equal else f"{_num(c.scaled_ulp)} scaled ULP"
+    summary = f"{len(c.tensors)} tensors; outputs {outs}; first divergence {where or 'none'}"
+    return [*out, f"<details><summary>{summary}</summary>", "", *_layer_body(c, modules), "</details>", ""]
+
+
+def _layer_body(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
+    out: list[str] = []
+    out += [
+        "Graph outputs (plain builds, the engine users ship):",
+        "",
+        *_table(diff_header(modules), [diff_row(d, modules) for d in c.output_tensors]),
+    ]
+    if c.observer_differs:
+        inst = c.instrumented_output_diffs()
+        out += [
+            "**The instrumented builds (every intermediate exposed) give other figures at the outputs; "
+            "the per-layer tables below describe them:**",
+            "",
+            *_table(diff_header(modules), [diff_row(d, modules) for d in inst]),
+        ]
+    if not c.tensors:
+        return [*out, f"No per-layer table: {c.layers_note or 'nothing exposed'}.", ""]
+    out.append(
+        f"{len(c.tensors)} tensors compared per layer. First divergence: "
+        f"**{c.first_divergence or 'none'}**; first past tolerance: "
+        f"**{c.first_violation or 'none'}**."
+    )
+    out.append("")
+    if c.only_in_backend or c.only_in_reference:
+        out += [
+            f"Exposed only by {c.backend}: {', '.join(c.only_in_backend) or 'none'}; "
+            f"only by {c.reference}: {', '.join(c.only_in_reference) or 'none'}.",
+            "",
+        ]
+    return out + _worst_layers(c, modules) + _full_table(c, modules)
+
+
+def _worst_layers(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
+    worst = sorted((d for d in c.tensors if not d.bitwise_equal), key=lambda d: d.severity(), reverse=True)
+    if not worst:
+        return ["Every compared tensor is bitwise equal.", ""] if c.tensors else []
+    return [
+        f"Worst {min(WORST_LAYERS, len(worst))} layers:",
+        "",
+        *_table(diff_header(modules), [diff_row(d, modules) for d in worst[:WORST_LAYERS]]),
+    ]
+
+
+def _marks(c: CrossBackendResult) -> dict[str, str]:
+    marks: dict[str, str] = {}
+    if c.first_divergence:
+        marks[c.first_divergence] = "⟵ first divergence"
+    if c.first_violation:
+        marks[c.first_violation] = (marks.get(c.first_violation, "") + " ⟵ first past tolerance").strip()
+    return marks
+
+
+def _full_table(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
+    if not c.tensors:
+        return []
+    marks = _marks(c)
+    rows = [diff_row(d, modules, marks.get(d.name, "")) for d in c.tensors[:FULL_TABLE_LIMIT]]
+    out = [
+        f"<details><summary>All layers in topological order ({len(c.tensors)})</summary>",
+        "",
+        *_table(diff_header(modules), rows),
+    ]
+    if len(c.tensors) > FULL_TABLE_LIMIT:
+        out += [
+            f"({len(c.tensors) - FULL_TABLE_LIMIT} more tensors in the layer CSV and the JSON report.)",
+            "",
+        ]
+    return [*out, "</details>", ""]
+
+
+def cross_section(r: Result) -> list[str]:
+    if not r.cross_backend:
+        return ["## Cross-backend", "", "Only one backend ran; nothing to compare across backends.", ""]
+    out = ["## Cross-backend, per layer", ""]
+    modules = r.model.modules()
+    for c in r.cross_backend:
+        out += _layer_tables(c, modules)
+    return out
+
+
+def matrix_section(r: Result) -> list[str]:
+    """Backend x backend: scaled ULP at the graph outputs ('=' where bitwise equal)."""
+    names = [b.name for b in r.backends if b.ok]
+    if len(names) < 2:
+        return []
+    cell = {}
+    for p in r.pairs:
+        text = "=" if p.bitwise_equal else _num(p.scaled_ulp)
+        cell[(p.a, p.b)] = cell[(p.b, p.a)] = text
+    rows = [[a, *["·" if a == b else cell.get((a, b), "–") for b in names]] for a in names]
+    return [
+        "## All pairs at the outputs",
+        "",
+        "Scaled ULP between every two backends at the graph outputs ('=' means bitwise equal).",
+        "",
+        *_table(["", *names], rows),
+    ]
+
+
+def oracle_section(r: Result) -> list[str]:
+    return _against(
+        r,
+        r.oracle_error,
+        "Error against the float64 oracle",
+        "Each backend against the model evaluated in float64 and rounded to each tensor's dtype; "
+        "smaller is more accurate. Most accurate first.",
+        "the oracle",
+    )
+
+
+def expected_section(r: Result) -> list[str]:
+    return _against(
+        r,
+        r.expected_error,
+        "Against the expected outputs",
+        "Each backend's graph outputs against the golden outputs (output_N.pb) that came with the "
+        "inputs. Closest first.",
+        "the expected outputs",
+    )
+
+
+def _against(
+    r: Result, crosses: tuple[CrossBackendResult, ...], title: str, intro: str, what: str
+) -> list[str]:
+    if not crosses:
+        return []
+    modules = r.model.modules()
+    rows = []
+    for c in sorted(crosses, key=lambda c: (c.scaled_ulp or 0.0, c.backend)):
+        outs = c.output_diffs()
+        rows.append(
+            [
+                c.backend,
+                _num(c.max_ulp),
+                _num(c.scaled_ulp),
+                _num(max((d.max_rel for d in outs), default=0.0)),
+                c.first_violation or "–",
+            ]
+        )
+    out = [
+        f"## {title}",
+        "",
+        intro,
+        "",
+        *_table(
+            [
+                "backend",
+                "max ULP (outputs)",
+                "scaled ULP (outputs)",
+                "max rel (outputs)",
+                f"first past {r.options.max_ulp:g} scaled ULP",
+            ],
+            rows,
+        ),
+    ]
+    for c in crosses:
+        if c.tensors:
+            out += [
+                f"### {c.backend} against {what}",
+                "",
+                *_worst_layers(c, modules),
+                *_full_table(c, modules),
+            ]
+    return out

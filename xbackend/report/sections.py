@@ -1,0 +1,251 @@
+"""The report's folded sections after the layers: baseline drift, observer effect, probes, run-to-run
+tables, exposure, model, inputs, options, build times, environment and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from xbackend.probes.registry import PROBES
+from xbackend.report.layers import FULL_TABLE_LIMIT, WORST_LAYERS, diff_header, diff_row
+from xbackend.report.text import METRIC_DEFINITIONS
+from xbackend.results import BackendResult, Result
+from xbackend.textfmt import fold, module_note
+from xbackend.textfmt import num as _num
+from xbackend.textfmt import table as _table
+
+__all__ = [
+    "baseline_section",
+    "environment_section",
+    "exposure_section",
+    "inputs_section",
+    "metrics_section",
+    "model_section",
+    "observer_section",
+    "options_section",
+    "probes_section",
+    "runs_section",
+    "timings_section",
+]
+
+
+def baseline_section(r: Result) -> list[str]:
+    if not r.baseline:
+        return []
+    modules = r.model.modules()
+    rows = []
+    for d in r.baseline:
+        rows.append(
+            [
+                d.backend,
+                d.status if not d.reason else f"{d.status}: {d.reason}",
+                "values" if d.measured else "digests",
+                _num(d.max_ulp) if d.measured else "–",
+                _num(d.scaled_ulp) if d.measured else "–",
+                module_note(d.first_moved, r.model.modules()),
+                len(d.moved),
+            ]
+        )
+    body = [
+        f"Each backend against the same backend in the baseline ({r.options.baseline}): by values when the "
+        "baseline kept captures, else by per-tensor digests (which say whether and where, not how much).",
+        "",
+        *_table(
+            [
+                "backend",
+                "status",
+                "compared by",
+                "max ULP (outputs)",
+                "scaled ULP (outputs)",
+                "first moved",
+                "tensors moved",
+            ],
+            rows,
+        ),
+    ]
+    for d in r.baseline:
+        if d.measured and d.drifted and d.tensors:
+            worst = sorted(
+                (x for x in d.tensors if not x.bitwise_equal), key=lambda x: x.severity(), reverse=True
+            )
+            body += [
+                f"{d.backend}: worst {min(WORST_LAYERS, len(worst))} moved tensors:",
+                "",
+                *_table(diff_header(modules), [diff_row(x, modules) for x in worst[:WORST_LAYERS]]),
+            ]
+    body += _env_changes(r)
+    moved = sum(1 for d in r.baseline if d.drifted)
+    return fold("Against the baseline", f"{moved} of {len(r.baseline)} backend(s) moved", body)
+
+
+def _env_changes(r: Result) -> list[str]:
+    if not r.baseline_environment:
+        return []
+    old, new = dict(r.baseline_environment), dict(r.environment)
+    rows = [[k, old.get(k, "–"), new.get(k, "–")] for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
+    if not rows:
+        return ["The environment is the same as the baseline's.", ""]
+    return ["Environment changes since the baseline:", "", *_table(["key", "baseline", "now"], rows)]
+
+
+def observer_section(r: Result) -> list[str]:
+    rows = [
+        [
+            b.name,
+            "**YES**" if b.observer.outputs_changed else "no",
+            _num(b.observer.max_ulp),
+            _num(b.observer.scaled_ulp),
+        ]
+        for b in r.backends
+        if b.observer is not None
+    ]
+    if not rows:
+        return []
+    out = [
+        "## Observer effect",
+        "",
+        "Graph outputs of the instrumented build (every intermediate exposed, for the per-layer tables) "
+        "against the plain build (the engine users ship), same process and feeds. Verdicts and output "
+        "figures always come from the plain build.",
+        "",
+        *_table(["backend", "outputs changed", "max ULP", "scaled ULP"], rows),
+    ]
+    changed = [b.name for b in r.backends if b.observer is not None and b.observer.outputs_changed]
+    if changed:
+        out += [
+            f"**Exposing intermediates changed the outputs of {', '.join(changed)}: its per-layer numbers "
+            "describe a differently optimized engine than the one you ship.**",
+            "",
+        ]
+    return out
+
+
+def probes_section(r: Result) -> list[str]:
+    body = [line for p in r.probes for line in p.markdown()]
+    if not body and not r.probes_ran:
+        return []
+    ran = ", ".join(r.probes_ran) or "none"
+    rest = [n for n in PROBES if n not in r.probes_ran]
+    more = f" Not run: {', '.join(rest)} (add to `--probes`, or `--probes all`)." if rest else ""
+    return ["## What moves the bits (probes)", "", f"Probes run: {ran}.{more}", "", *body]
+
+
+def _run_to_run(b: BackendResult, modules: Mapping[str, str]) -> list[str]:
+    out = [f"### {b.name}", ""]
+    if not b.ok:
+        return [*out, f"{b.status}: {b.reason}", ""]
+    out.append(
+        f"{b.runs} run(s) in each of {b.builds} build(s): {b.distinct_outputs} distinct "
+        f"output(s) (within a session: {b.distinct_run_outputs}; across builds: "
+        f"{b.distinct_build_outputs}). {b.exposed} tensors captured."
+    )
+    out.append("")
+    varying = b.varying()
+    if not varying:
+        return [*out, "Every captured tensor was bitwise identical in every run and build.", ""]
+    out += [f"{len(varying)} tensor(s) varied; first: **{varying[0].name}**.", ""]
+    return out + _table(diff_header(modules), [diff_row(d, modules) for d in varying[:FULL_TABLE_LIMIT]])
+
+
+def runs_section(r: Result) -> list[str]:
+    out = ["## Run to run and build to build", ""]
+    modules = r.model.modules()
+    for b in r.backends:
+        out += _run_to_run(b, modules)
+    return out
+
+
+def exposure_section(r: Result) -> list[str]:
+    rows = [[b.name, t, why] for b in r.backends for t, why in b.not_exposed]
+    if not rows:
+        return []
+    return ["## Tensors a backend could not expose", "", *_table(["backend", "tensor", "reason"], rows)]
+
+
+def model_section(r: Result) -> list[str]:
+    m = r.model
+    rows: list[list[object]] = [
+        ["path", m.path],
+        ["sha256", f"`{m.sha256}`"],
+        ["IR version", m.ir_version],
+        ["opsets", ", ".join(f"{d} {v}" for d, v in m.opsets)],
+        ["producer", m.producer or "–"],
+        ["external data", "yes" if m.external_data else "no"],
+        ["node outputs", len(m.tensors)],
+    ]
+    rows += [[f"metadata {k}", v] for k, v in m.metadata]
+    return ["## Model", "", *_table(["", ""], rows)]
+
+
+def inputs_section(r: Result) -> list[str]:
+    f = r.feeds
+    src = f"generated with seed {f.seed}" if f.source == "generated" else f"loaded from {f.source}"
+    ranges = dict(f.ranges)
+    rows = [[n, d, s, ranges.get(n, "–")] for n, d, s in f.shapes]
+    golden = (
+        " Expected outputs came with them and join the comparison as the backend `expected`."
+        if f.expected
+        else ""
+    )
+    return [
+        "## Inputs",
+        "",
+        f"{src}; sha256 `{f.sha256}`. The same bytes went to every backend and every run.{golden}",
+        "",
+        *_table(["input", "dtype", "shape", "generated from"], rows),
+    ]
+
+
+def options_section(r: Result) -> list[str]:
+    o = r.options
+    out = [
+        "## Options in force",
+        "",
+        f"Reference: {r.reference_used}"
+        + (
+            f" (instead of {o.reference_name}, which did not run)"
+            if r.reference_used != o.reference_name
+            else ""
+        )
+        + f". Runs per build: {o.runs}. Builds (fresh processes): "
+        f"{o.builds}. Tolerance: {o.max_ulp:g} scaled ULP. Compared: "
+        f"{'graph outputs only' if o.outputs_only else 'every node output'}. Timeout: {o.timeout:g} s "
+        "per build.",
+        "",
+    ]
+    rows: list[list[object]] = []
+    for b in r.backends:
+        rows += [[b.name, "option", k, v] for k, v in b.options]
+        rows += [[b.name, "info", k, v] for k, v in b.info if (k, v) not in b.options]
+    out += _table(["backend", "kind", "key", "value"], rows)
+    return out
+
+
+def timings_section(r: Result) -> list[str]:
+    if not r.options.timings:
+        return []
+    rows = [[b.name, i, f"{t:.1f}"] for b in r.backends for i, t in enumerate(b.build_s)]
+    rows += [
+        [what, i, f"{t:.1f}"] for p in r.probes for what, ts in p.build_times() for i, t in enumerate(ts)
+    ]
+    return [
+        "## Build times",
+        "",
+        "Wall seconds of each build's worker process: imports, the engine build (for torch-compile "
+        "backends, the compile and tuning in the first run), the runs and their captures (`--timings`).",
+        "",
+        *_table(["backend", "build", "seconds"], rows),
+    ]
+
+
+def environment_section(r: Result) -> list[str]:
+    return [
+        "## Environment",
+        "",
+        "Determinism is only promised for an identical environment; diff this table between two reports.",
+        "",
+        *_table(["key", "value"], r.environment),
+    ]
+
+
+def metrics_section() -> list[str]:
+    return ["## Metrics", "", *[f"- **{k}**: {v}." for k, v in METRIC_DEFINITIONS], ""]
