@@ -18,7 +18,7 @@ demo: $(STAMP)
 		--probes builds,threads,opt-levels \
 		--report reports/torch_mlp.md --json reports/torch_mlp.json
 
-# A GPU host's environment (README, "GPU hosts"): torch for CUDA 13, then onnxruntime-gpu's files
+# A GPU host's environment (docs/gpu.md): torch for CUDA 13, then onnxruntime-gpu's files
 # over the CPU build's (the two share one import package).
 gpu:
 	$(PYTHON) -m venv $(VENV)

@@ -372,9 +372,9 @@ def test_usage_error_type() -> None:
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_readme_sweep_file_and_the_bundled_one_load(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text("utf-8")
-    block = readme.split("## Fleet sweeps")[1].split("```toml\n")[1].split("```")[0]
+def test_the_documented_sweep_file_and_the_bundled_one_load(tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "fleet.md").read_text("utf-8")
+    block = page.split("# Fleet sweeps")[1].split("```toml\n")[1].split("```")[0]
     path = write_sweep(tmp_path, block.replace('path = "models/', f'path = "{ROOT}/models/'))
     spec = load_sweep(path)
     jobs = {j.id: j for j in spec.jobs({m.name: "0" * 64 for m in spec.models})}

@@ -368,7 +368,7 @@ def load_sweep(path: str | os.PathLike[str], output: str | os.PathLike[str] | No
     """Read and check a sweep file; every mistake is one UsageError naming the file and the key."""
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"sweep file {p} not found; pass a .toml file (see the README's 'Fleet sweeps')")
+        raise UsageError(f"sweep file {p} not found; pass a .toml file (see docs/fleet.md)")
     try:
         raw = tomllib.loads(p.read_text("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

@@ -1,0 +1,254 @@
+"""The house's layers, as docs/architecture.md draws them, checked against the code.
+
+Every import counts: module level, function-local and under TYPE_CHECKING.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "xbackend"
+MAP = ROOT / "docs" / "architecture.md"
+MAX_LINES = 600
+
+# Function-local imports are for heavy or optional engines only (each says which in a comment).
+HEAVY_OR_OPTIONAL = {
+    "torch",
+    "ray",
+    "tensorrt",
+    "openvino",
+    "onnxruntime",
+    "onnx",  # in the worker's modules: a foreign interpreter may lack it
+    "groqflow",
+    "matplotlib",
+    "ml_dtypes",  # likewise optional in a foreign interpreter
+    "psutil",  # likewise
+}
+# Where a module must defer one of its own or a standard import, and why.
+LOCAL_EXCEPTIONS = {
+    ("xbackend/streamdiff.py", "xbackend.jitdiff"): "numba compiles the kernels: only when tensors differ",
+    ("xbackend/runners/ort_cpu.py", "xbackend.model"): "xbackend.model imports onnx (foreign workers)",
+    ("xbackend/foreign_probe.py", "numpy"): "the other interpreter may lack numpy: reported, not raised",
+    ("xbackend/foreign_probe.py", "importlib"): "Python < 3.8 has no importlib.metadata: reported first",
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str  # module name
+    dst: str
+    file: str
+    line: int
+    local: bool  # inside a function (or a class body), not at module level
+    names: tuple[str, ...]
+    commented: bool
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _module_level(tree: ast.Module) -> set[int]:
+    """Ids of import nodes at module level, including under `if TYPE_CHECKING:` and `try:`."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.If | ast.Try):
+            out |= {id(n) for n in ast.walk(node)}
+        out.add(id(node))
+    return out
+
+
+def _edges() -> Iterator[Edge]:
+    for mod, path in MODULES.items():
+        text = path.read_text("utf-8")
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        top = _module_level(tree)
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            end = node.end_lineno or node.lineno
+            commented = "#" in lines[end - 1] or lines[node.lineno - 2].strip().startswith("#")
+            rel = str(path.relative_to(ROOT))
+            if isinstance(node, ast.Import):
+                targets = [(a.name, ()) for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    up = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                    base = ".".join([*up, base] if base else up)
+                targets = []
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    targets.append((full, ()) if full in MODULES else (base, (a.name,)))
+            for target, names in targets:
+                yield Edge(mod, target, rel, node.lineno, id(node) not in top, names, commented)
+
+
+EDGES = list(_edges())
+INTERNAL = [e for e in EDGES if e.dst.startswith("xbackend") and _resolve(e.dst) != e.src]
+
+
+def _layers() -> dict[str, int]:
+    """Module -> layer number, from the map's '## N. Title' headings and '- `path`:' bullets."""
+    layer = 0
+    out: dict[str, int] = {}
+    for line in MAP.read_text("utf-8").splitlines():
+        head = re.match(r"## (\d+)\. ", line)
+        if head:
+            layer = int(head.group(1))
+        item = re.match(r"- `(xbackend/[\w/]+\.py)`: \S", line)
+        if item:
+            path = item.group(1)
+            assert path not in {p for p, _ in out.items()}, f"{path} is listed twice in {MAP.name}"
+            out[path] = layer
+    return out
+
+
+LAYERS = _layers()
+
+
+def _path(mod: str) -> str:
+    return str(MODULES[mod].relative_to(ROOT))
+
+
+def test_every_module_is_on_the_map() -> None:
+    on_disk = {_path(m) for m in MODULES}
+    assert sorted(on_disk - set(LAYERS)) == [], f"add these to {MAP.relative_to(ROOT)}"
+    assert sorted(set(LAYERS) - on_disk) == [], f"these in {MAP.relative_to(ROOT)} no longer exist"
+    assert sorted(set(LAYERS.values())) == list(range(1, 9))
+
+
+def test_imports_point_only_to_earlier_layers() -> None:
+    wrong = []
+    for e in INTERNAL:
+        src, dst = LAYERS[_path(e.src)], LAYERS[_path(_resolve(e.dst))]
+        if dst > src:
+            wrong.append(f"{e.file}:{e.line}: layer {src} imports {_resolve(e.dst)} (layer {dst})")
+    assert wrong == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles() -> None:
+    graph: dict[str, set[str]] = {}
+    for e in INTERNAL:
+        graph.setdefault(e.src, set()).add(_resolve(e.dst))
+    assert _cycles(graph) == []
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    """The check above can fail: a planted cycle is found, with its members."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_local_imports_only_for_heavy_or_optional_engines() -> None:
+    wrong = []
+    for e in EDGES:
+        if not e.local:
+            continue
+        target = _resolve(e.dst) if e.dst.startswith("xbackend") else e.dst
+        if e.dst == "xbackend" and e.names:
+            target = f"xbackend.{e.names[0]}"
+        root = target.split(".")[0]
+        allowed = root in HEAVY_OR_OPTIONAL or any(
+            f == e.file and (target == m or target.startswith(m + ".")) for f, m in LOCAL_EXCEPTIONS
+        )
+        if not allowed:
+            wrong.append(f"{e.file}:{e.line}: function-local import of {target}")
+        elif not e.commented:
+            wrong.append(f"{e.file}:{e.line}: say which engine this local import defers, in a comment")
+    assert wrong == []
+
+
+def test_no_module_imports_private_names() -> None:
+    wrong = [
+        f"{e.file}:{e.line}: {name} from {e.dst}"
+        for e in INTERNAL
+        for name in e.names
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert wrong == []
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_module_size(mod: str) -> None:
+    lines = len(MODULES[mod].read_text("utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{_path(mod)} has {lines} lines; split it along its seams"
+
+
+def test_readme_is_short_and_links_every_page() -> None:
+    readme = (ROOT / "README.md").read_text("utf-8")
+    assert len(readme.splitlines()) <= 250
+    pages = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))
+    linked = set(re.findall(r"\]\((docs/[\w-]+\.md)(?:#[\w-]*)?\)", readme))
+    assert [p for p in pages if p not in linked] == []
+    first_block = readme.split("```")[1].splitlines()[1:]
+    assert first_block == ["make demo", "make test"], "the two commands open the README; the test one second"
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text("utf-8")):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
