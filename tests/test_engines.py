@@ -175,5 +175,7 @@ def test_default_precision_is_f32_on_a_cpu_without_bf16(models: dict[str, Path])
 def test_default_precision_bf16_error_is_near_1e_2(models: dict[str, Path]) -> None:
     r = xbackend.compare(models["mlp_layernorm"], backends=["openvino-cpu-default", "oracle"], runs=1)
     assert dict(r.backend("openvino-cpu-default").info)["in_force.INFERENCE_PRECISION_HINT"] == "bf16"
-    rel = max(d.max_rel for d in r.oracle("openvino-cpu-default").output_diffs())
-    assert 1e-3 < rel < 1e-1
+    # Error at the output's own scale (max_rel is dominated by elements near zero: 1.8 on a Zen 4
+    # EPYC): scaled ULP x 2**-23 is max |error| over the largest |value|, within a factor of 2.
+    scale = max(d.scaled_ulp or 0.0 for d in r.oracle("openvino-cpu-default").output_diffs()) * 2.0**-23
+    assert 1e-3 < scale < 1e-1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,8 @@ WORKER_MODULES = [
     "modelref",
     "storage",
     "values",
+    "buildinfo",
+    "exactsum",
     "foreign_probe",
     "runners/__init__",
     "runners/base",
@@ -76,6 +79,30 @@ def test_instance_errors_are_one_line(capsys: pytest.CaptureFixture[str], models
     one_line_error(err, "--set names backend(s) ort-cpu@y that are not in --backends")
     with pytest.raises(UsageError, match="ort-cpu has no option nope"):
         compare(models["mlp_layernorm"], backends=["ort-cpu@x"], runner_options={"ort-cpu@x": {"nope": "1"}})
+
+
+def _module_level_imports(module: str) -> set[str]:
+    """xbackend modules that `module` imports at module level (what a foreign worker loads)."""
+    tree = ast.parse((ROOT / "xbackend" / f"{module}.py").read_text("utf-8"))
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("xbackend"):
+            base = node.module.removeprefix("xbackend").lstrip(".").replace(".", "/")
+            for a in node.names:
+                sub = f"{base}/{a.name}" if base else a.name
+                out.add(sub if (ROOT / "xbackend" / f"{sub}.py").is_file() else base or "__init__")
+    return {m if (ROOT / "xbackend" / f"{m}.py").is_file() else f"{m}/__init__" for m in out}
+
+
+def test_the_worker_module_list_is_whole() -> None:
+    """Every module the worker's modules import at module level is on the list vermin checks."""
+    todo, seen = ["worker", "runners/ort_cpu", "runners/groq"], set()
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += sorted(_module_level_imports(m))
+    assert sorted(seen - set(WORKER_MODULES)) == []
 
 
 def test_worker_modules_run_under_python_3_8() -> None:

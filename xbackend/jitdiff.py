@@ -148,6 +148,8 @@ def _special(ma: Any, mb: Any, inf_bits: Any, sub_limit: Any) -> int:
     return COMPARABLE
 
 
+# One long kernel on purpose: the per-element loop keeps its counters and figures in locals;
+# helpers called per element would pass a dozen arrays each time, in the hottest loop there is.
 @njit(cache=True, nogil=True)
 def measure(
     wa: np.ndarray,

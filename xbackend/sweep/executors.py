@@ -32,6 +32,10 @@ from xbackend.sweep.node import job_from_json, job_to_json, node_identity, read_
 from xbackend.sweep.outcomes import FleetJob, FleetProgress, node_label
 from xbackend.sweep.spec import JobSpec, Requirements
 
+# A process per job; not `-m xbackend.sweep.node`, which runpy warns about once the sweep
+# package (which imports node) is loaded first.
+_JOB_MAIN = "import sys; from xbackend.sweep.node import main; sys.exit(main(sys.argv[1:]))"
+
 __all__ = ["RAY_PIN", "LocalExecutor", "RayExecutor", "label_matches", "node_feasible", "placement"]
 
 RAY_PIN = "ray==2.60.0"
@@ -73,7 +77,7 @@ class LocalExecutor:
                 err = Path(tmp) / "stderr"
                 with open(err, "wb") as ef:
                     proc = subprocess.Popen(
-                        [sys.executable, "-m", "xbackend.sweep.node", str(spec), str(folder)],
+                        [sys.executable, "-c", _JOB_MAIN, str(spec), str(folder)],
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL,
                         stderr=ef,

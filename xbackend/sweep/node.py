@@ -9,8 +9,7 @@ A job folder holds:
 
 Each backend build still runs in its own worker process (xbackend.isolation), so an engine
 that crashes fails its job, not the node's task. The local executor runs this module as a
-process per job (`python -m xbackend.sweep.node JOB.json DEST`); on Ray a task calls
-`run_job` on its node.
+process per job (`main(["JOB.json", "DEST"])`); on Ray a task calls `run_job` on its node.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import json
 import os
 import shutil
 import socket
-import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -143,11 +141,7 @@ def read_record(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m xbackend.sweep.node JOB.json DEST`: the local executor's process per job."""
+    """JOB.json DEST: the local executor's process per job."""
     job = job_from_json(json.loads(Path(argv[0]).read_text("utf-8")))
     run_job(job, argv[1])
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.errors import BackendUnavailableError, UsageError
+from xbackend.probes.registry import select_probes
 from xbackend.results import DEFAULT_MAX_ULP, CompareOptions
 from xbackend.runners.registry import get_runner
 from xbackend.version import VERSION
@@ -404,7 +405,8 @@ def load_sweep(path: str | os.PathLike[str], output: str | os.PathLike[str] | No
     )
     for job in spec.jobs({m.name: "" for m in models}):  # checked now (bad probe, bad option), not on a node
         try:
-            job.options()
+            opts = job.options()
+            select_probes(opts.probes, opts.batch_invariance)
         except UsageError as e:
             raise _bad(p, f"model {job.model} on {job.backend}", str(e)) from e
     return spec
