@@ -11,15 +11,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.foreign import stage_model
 from xbackend.isolation import WorkerOutcome, run_batch
+from xbackend.metrics import TensorDiff
 from xbackend.model import ModelSpec
 from xbackend.progress import ProgressSink
 from xbackend.protocol import LAYERS, OUTPUTS, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.runners.base import PYTHON_OPTION, Runner
 from xbackend.runners.registry import runner_target
 
-__all__ = ["Executor", "Job", "JobOutcome", "PhaseSpec", "separate_layers", "standard_phases"]
+__all__ = ["Executor", "Job", "JobOutcome", "PhaseSpec", "diff_phases", "separate_layers", "standard_phases"]
 
 
 @dataclass(frozen=True)
@@ -225,3 +227,11 @@ def _phase(p: PhaseSpec, job_dir: Path) -> Phase:
         tuple((str(f), str(job_dir / f"{p.name}-extra{i}.xbv")) for i, f in enumerate(p.extra_feeds)),
         p.serves_outputs,
     )
+
+
+def diff_phases(a: PhaseResult, b: PhaseResult, spec: ModelSpec, outputs: bool) -> list[TensorDiff]:
+    """a's run-0 capture against b's, over the tensors both hold, in model order (graph outputs
+    only, or every tensor)."""
+    with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
+        names = common_names(ca, cb, spec.tensor_order(outputs_only=outputs))
+        return diff_captures(ca, cb, names, spec.op_types())

@@ -6,15 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.executor import Executor, Job, JobOutcome
-from xbackend.metrics import TensorDiff
-from xbackend.model import ModelSpec
 from xbackend.portable import LoadedCapture
 from xbackend.probes.base import PlannedBackend
 from xbackend.protocol import PhaseResult
 
-__all__ = ["Builds", "FirstRun", "diff_phases", "run_builds"]
+__all__ = ["Builds", "FirstRun", "run_builds"]
 
 
 class FirstRun(Protocol):
@@ -55,10 +52,3 @@ def run_builds(ex: Executor, p: PlannedBackend, jobs: Sequence[Job]) -> Builds:
             continue
         outcomes.append(ex.run(job))
     return Builds(p, tuple(outcomes))
-
-
-def diff_phases(a: PhaseResult, b: PhaseResult, spec: ModelSpec, outputs: bool) -> list[TensorDiff]:
-    """a's run-0 capture against b's, over the tensors both hold, in topological order."""
-    with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
-        names = common_names(ca, cb, spec.tensor_order(outputs_only=outputs))
-        return diff_captures(ca, cb, names, spec.op_types())

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from xbackend.compare.builds import Builds, diff_phases
+from xbackend.compare.builds import Builds
+from xbackend.executor import diff_phases
 from xbackend.metrics import TensorDiff
 from xbackend.model import ModelSpec
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, CrossBackendResult, PairResult

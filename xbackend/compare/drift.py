@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from xbackend.baseline import Baseline, load_baseline
-from xbackend.compare.builds import Builds, diff_phases
+from xbackend.compare.builds import Builds
+from xbackend.executor import diff_phases
 from xbackend.inputs import Feeds
 from xbackend.metrics import TensorDiff
 from xbackend.model import ModelSpec

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from xbackend.capture import CaptureFile
-from xbackend.compare.builds import Builds, diff_phases
+from xbackend.compare.builds import Builds
 from xbackend.errors import BackendUnavailableError
-from xbackend.executor import JobOutcome
+from xbackend.executor import JobOutcome, diff_phases
 from xbackend.metrics import TensorDiff, is_constant, summarize, worst_per_tensor
 from xbackend.model import ModelSpec
 from xbackend.promises import PROPERTIES, validate

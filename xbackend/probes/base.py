@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from xbackend.capture import CaptureFile, common_names, diff_captures
-from xbackend.executor import Job, JobOutcome, PhaseSpec
+from xbackend.executor import Job, JobOutcome, PhaseSpec, diff_phases
 from xbackend.foreign import Interpreter
 from xbackend.inputs import Feeds
 from xbackend.metrics import TensorDiff, summarize
@@ -77,9 +76,7 @@ class ProbeContext:
     def diff_phases(self, a: PhaseResult, b: PhaseResult, outputs: bool) -> list[TensorDiff]:
         """`a` against `b` at the tensors both captured, in model order (graph outputs only, or
         every tensor)."""
-        order = self.spec.tensor_order(outputs_only=outputs)
-        with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
-            return diff_captures(ca, cb, common_names(ca, cb, order), self.spec.op_types())
+        return diff_phases(a, b, self.spec, outputs)
 
     def compare_builds(
         self, a: JobOutcome, b: JobOutcome, a_layers: PhaseResult | None, b_layers: PhaseResult | None
