@@ -73,7 +73,7 @@ def _tagged(cls: type) -> bool:
 
 
 def _subclasses(base: type) -> dict[str, type]:
-    return {t: c for t, c in _SUBCLASSES.get(base, {}).items() if issubclass(c, base)}
+    return _SUBCLASSES.get(base, {})
 
 
 @cache

@@ -79,10 +79,13 @@ class LoadedCapture:
     model_sha256: str
     model_name: str
     feeds: FeedsInfo  # as recorded
-    inputs_path: Path
     run: LoadedRun
     environment: tuple[tuple[str, str], ...]
     xbackend_version: str
+
+    @property
+    def inputs_path(self) -> Path:
+        return self.path / INPUTS
 
     @property
     def inputs(self) -> CapturedInputs:
@@ -130,7 +133,6 @@ def load_capture(path: str | os.PathLike[str], name: str | None = None) -> Loade
         model_sha256=str(model["sha256"]),
         model_name=str(model["name"]),
         feeds=feeds,
-        inputs_path=p / INPUTS,
         run=LoadedRun(outputs, phases.get(LAYERS)),
         environment=env,
         xbackend_version=str(m.get("xbackend", "")),
