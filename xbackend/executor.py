@@ -15,7 +15,7 @@ from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.foreign import stage_model
 from xbackend.isolation import WorkerOutcome, run_batch
 from xbackend.metrics import TensorDiff
-from xbackend.model import ModelSpec
+from xbackend.model import ModelRef, ModelSpec
 from xbackend.progress import ProgressSink
 from xbackend.protocol import LAYERS, OUTPUTS, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.runners.base import PYTHON_OPTION, Runner
@@ -33,6 +33,7 @@ class PhaseSpec:
     runs: int = 1
     extra_feeds: tuple[Path, ...] = ()
     serves_outputs: bool = False
+    model: ModelRef | None = None  # a rewrite of the model (xbackend.reorder, xbackend.sever)
 
 
 def standard_phases(
@@ -156,7 +157,9 @@ class Executor:
         if job.python or job.cls.stages_model:  # the worker needs no onnx: models are prepared here
             max_ir = self.max_ir.get(job.python) if job.python else job.cls.max_ir_version()
             staged = self.work / "staged-models"
-            phases = tuple(replace(p, model=stage_model(model, p.tensors, max_ir, staged)) for p in phases)
+            phases = tuple(
+                replace(p, model=stage_model(p.model or model, p.tensors, max_ir, staged)) for p in phases
+            )
             model = stage_model(model, (), max_ir, staged)
         return WorkerJob(
             backend=job.backend,
@@ -226,6 +229,7 @@ def _phase(p: PhaseSpec, job_dir: Path) -> Phase:
         str(job_dir / f"{p.name}.xbv"),
         tuple((str(f), str(job_dir / f"{p.name}-extra{i}.xbv")) for i, f in enumerate(p.extra_feeds)),
         p.serves_outputs,
+        p.model,
     )
 
 

@@ -25,7 +25,7 @@ from onnx import ValueInfoProto
 
 from xbackend.errors import ModelLoadError
 from xbackend.foreign_probe import TAG
-from xbackend.model import downgrade_ir, external_files, load_proto
+from xbackend.model import downgrade_ir, link_external, load_proto
 from xbackend.modelref import ModelRef
 
 __all__ = ["Interpreter", "probe_interpreter", "stage_model", "worker_path"]
@@ -178,16 +178,8 @@ def stage_model(source: ModelRef, tensors: Sequence[str], max_ir: int | None, fo
             except ModelLoadError as e:
                 raise ModelLoadError(f"the other interpreter's engine reads IR <= {ir}: {e}") from e
         if source.external_data:
-            _link_external(proto, Path(source.path).parent, folder)
+            link_external(proto, Path(source.path).parent, folder)
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(proto.SerializeToString())
         os.replace(tmp, path)
     return ModelRef(str(path), ir, source.inputs, (*source.outputs, *extra), source.external_data)
-
-
-def _link_external(proto: object, src: Path, dest: Path) -> None:
-    for rel in external_files(proto):  # type: ignore[arg-type]
-        link = dest / rel
-        if not link.exists():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to((src / rel).resolve())

@@ -17,6 +17,7 @@ from xbackend.errors import UsageError
 from xbackend.promises import PromiseCheck
 from xbackend.results.backend import BackendResult
 from xbackend.results.comparisons import CrossBackendResult, Drift
+from xbackend.results.explanation import Explanation
 from xbackend.results.probe import ProbeResult
 from xbackend.textfmt import short
 
@@ -50,6 +51,17 @@ POLICIES = (
         16,
         "a runner that promises a determinism property (deterministic hardware) broke it; "
         "enforced with or without --fail-on",
+    ),
+    Policy(
+        "unexplained",
+        17,
+        "a backend has an origin: a node whose own error (fed the reference's inputs) is beyond "
+        "reordering and rounding",
+    ),
+    Policy(
+        "ill-conditioned",
+        18,
+        "a tensor is ill-conditioned: reorderings of sums alone move it past half its precision",
     ),
     Policy("any", 0, "every policy above, with N = --max-ulp (the exit code is the policy that fired)"),
 )
@@ -101,6 +113,8 @@ class Gated(Protocol):
     def failed(self) -> list[BackendResult]: ...
     @property
     def broken_promises(self) -> list[PromiseCheck]: ...
+    @property
+    def explanation(self) -> Explanation: ...
 
 
 @dataclass(frozen=True)
@@ -204,6 +218,25 @@ def _promise(c: _Context, _: float | None) -> str:
     )
 
 
+def _unexplained(c: _Context, _: float | None) -> str:
+    out = []
+    for x in c.r.cross_backend:
+        if x.status == "ok" and x.origins:
+            o = x.origins[0]
+            out.append(
+                f"{x.backend}: {len(x.origins)} origin(s), first {o.tensor} ({o.op_type}): local error "
+                f"{short(o.local_scaled_ulp)} scaled ULP where {short(o.allowed_scaled_ulp)} is allowed"
+            )
+    return "; ".join(out)
+
+
+def _ill_conditioned(c: _Context, _: float | None) -> str:
+    return "; ".join(
+        f"{t.tensor}: reorderings alone move it by {short(t.floor_scaled_ulp)} scaled ULP ({t.cause})"
+        for t in c.r.explanation.ill_conditioned
+    )
+
+
 _CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
     "nondeterminism": _nondeterminism,
     "build-variance": _build_variance,
@@ -212,4 +245,6 @@ _CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
     "probe-warning": _probe_warning,
     "failure": _failure,
     "promise": _promise,
+    "unexplained": _unexplained,
+    "ill-conditioned": _ill_conditioned,
 }

@@ -32,6 +32,7 @@ __all__ = [
     "downgrade_ir",
     "external_files",
     "kind_of",
+    "link_external",
     "load_model",
     "load_proto",
     "model_file",
@@ -39,6 +40,7 @@ __all__ = [
     "np_dtype",
     "parse_model",
     "read_model_bytes",
+    "write_rewritten",
 ]
 
 Dim = int | str | None
@@ -331,6 +333,25 @@ def external_files(proto: onnx.ModelProto) -> list[str]:
         if t.data_location == TensorProto.EXTERNAL:
             files.update(e.value for e in t.external_data if e.key == "location")
     return sorted(files)
+
+
+def link_external(proto: onnx.ModelProto, src: Path, dest: Path) -> None:
+    """Symlink each external data file `proto` names from folder `src` into folder `dest`."""
+    for rel in external_files(proto):
+        link = dest / rel
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to((src / rel).resolve())
+
+
+def write_rewritten(proto: onnx.ModelProto, source: str | os.PathLike[str], path: Path) -> None:
+    """Write a rewrite of the model at `source` (weights left external) to `path`, atomically,
+    its external data linked beside it: the weights are never serialized into one proto."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    link_external(proto, Path(source).parent, path.parent)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(proto.SerializeToString())
+    os.replace(tmp, path)
 
 
 def model_sha256(path: Path, proto: onnx.ModelProto | None = None, data: bytes | None = None) -> str:

@@ -125,6 +125,14 @@ class ValueFile:
     def kind(self, name: str) -> str:
         return str(self._index[name]["kind"])
 
+    def tensors(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """name -> (dtype name, shape) of every plain tensor, read from the index alone."""
+        return {
+            n: (str(r["dtype"]), tuple(int(d) for d in r["shape"]))
+            for n, r in self._index.items()
+            if r["kind"] == "tensor"
+        }
+
     def _bytes(self, rec: Mapping[str, Any]) -> bytes:
         self._f.seek(int(rec["offset"]))
         return self._f.read(int(rec["nbytes"]))

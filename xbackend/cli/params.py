@@ -123,7 +123,23 @@ Reference = Annotated[
         help="backend every other is compared against (default: 'reference' if listed, else the first)"
     ),
 ]
-MaxUlp = Annotated[float, typer.Option(help="cross-backend tolerance in scaled ULP")]
+MaxUlp = Annotated[
+    str,
+    typer.Option(
+        metavar="auto|N",
+        help="cross-backend tolerance: auto (default) gives each tensor its noise floor x a margin and "
+        "fails a backend with an origin (a node whose own error is beyond reordering and rounding); "
+        "N: N scaled ULP at the outputs",
+    ),
+]
+NoiseSamples = Annotated[
+    int,
+    typer.Option(
+        metavar="K",
+        help="random orders of every reduction the noise floor is measured over (0: no floor, no "
+        "origins; --max-ulp auto then falls back to 64)",
+    ),
+]
 ReportOut = Annotated[
     str | None,
     typer.Option(

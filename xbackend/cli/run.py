@@ -18,6 +18,7 @@ from xbackend.cli.params import (
     Loads,
     MaxUlp,
     ModelArg,
+    NoiseSamples,
     NoProgress,
     OutputsOnly,
     Probes,
@@ -39,7 +40,7 @@ from xbackend.cli.params import (
 from xbackend.compare import compare_with_options
 from xbackend.errors import RunnerFailedError, UsageError
 from xbackend.report import to_json, write_atomic, write_markdown_bundle
-from xbackend.results import DEFAULT_BACKENDS, DEFAULT_MAX_ULP, CompareOptions, Result
+from xbackend.results import DEFAULT_BACKENDS, CompareOptions, Result
 from xbackend.textfmt import short
 
 __all__ = ["capture", "compare"]
@@ -58,7 +59,8 @@ def compare(
     shape: Shapes = None,
     inputs: Inputs = None,
     ranges: Ranges = None,
-    max_ulp: MaxUlp = DEFAULT_MAX_ULP,
+    max_ulp: MaxUlp = "auto",
+    noise_samples: NoiseSamples = 8,
     outputs_only: OutputsOnly = False,
     timeout: Timeout = 600.0,
     sets: Sets = None,
@@ -83,6 +85,7 @@ def compare(
         runs=runs,
         builds=builds,
         max_ulp=max_ulp,
+        noise_samples=noise_samples,
         outputs_only=outputs_only,
         timeout=timeout,
         probes=probes,

@@ -108,6 +108,6 @@ def _cross_one(
         spec.output_names,
         only_a,
         only_b,
-        opts.max_ulp,
+        opts.fixed_ulp,
         note,
     )

@@ -18,6 +18,7 @@ from xbackend.compare.builds import Builds, run_builds
 from xbackend.compare.captures import save_captures
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.drift import baseline_drifts
+from xbackend.compare.explain import attach, explain
 from xbackend.compare.plan import (
     feeds_for,
     feeds_info,
@@ -37,6 +38,7 @@ from xbackend.probes.base import PlannedBackend, Probe, ProbeContext
 from xbackend.probes.registry import PROBES, select_probes
 from xbackend.progress import NullProgress, ProgressSink
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, FailedProbe, ProbeResult, Result
+from xbackend.results.explanation import Explanation
 
 __all__ = ["ORACLE", "compare", "compare_with_options"]
 
@@ -72,18 +74,20 @@ def compare_with_options(
         feeds.save(feeds_path)
         ctx = ProbeContext(spec, opts, feeds, feeds_path, work)
         probes = [PROBES[n](ctx) for n in wanted]
-        done = _execute(spec, opts, ctx, planned, probes, progress or NullProgress())
-        return _result(ctx, planned, probes, (*notes, *ctx.notes), done, loaded, capture_to)
+        done = _execute(spec, opts, ctx, planned, probes, loaded, progress or NullProgress())
+        return _result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to)
 
 
 @dataclass(frozen=True)
 class _Executed:
     """Everything the worker processes produced, summarized per backend."""
 
-    builds: Mapping[str, Builds]
-    backends: tuple[BackendResult, ...]
+    builds: Mapping[str, Builds]  # loaded captures included
+    backends: tuple[BackendResult, ...]  # loaded captures included
     probe_outcomes: Mapping[tuple[str, str], Mapping[str, JobOutcome]]
     broken_probes: Mapping[str, str]  # probe -> why it failed to plan its follow-ups
+    reference: str
+    explanation: Explanation
 
 
 def _execute(
@@ -92,9 +96,11 @@ def _execute(
     ctx: ProbeContext,
     planned: Sequence[PlannedBackend],
     probes: Sequence[Probe],
+    loaded: Sequence[LoadedCapture],
     bar: ProgressSink,
 ) -> _Executed:
-    """Every backend's builds, every probe's jobs, then the follow-ups they ask for, under one bar."""
+    """Every backend's builds, every probe's jobs, the follow-ups they ask for, then the
+    explanation (floor and local errors), under one bar."""
     max_ir = {p.interpreter.path: p.interpreter.max_ir for p in planned if p.interpreter}
     ex = Executor(spec, ctx.work, opts.timeout, bar, max_ir)
     mains = {p.name: main_jobs(p, spec, opts, ctx.feeds_path) for p in planned}
@@ -106,9 +112,14 @@ def _execute(
         backends = tuple(summarize_backend(builds[p.name], spec, opts) for p in planned)
         results = {b.name: b for b in backends}
         broken = run_followups(ex, probes, planned, builds, outcomes, results, bar)
+        for cap in loaded:
+            builds[cap.name] = Builds(PlannedBackend(cap.name, None, {}, {}), (), cap)
+            backends += (replace(cap.backend, loaded_from=str(cap.path)),)
+        ref = effective_reference(opts, backends)
+        explanation = explain(ex, ctx, planned, builds, {b.name: b for b in backends}, ref, bar)
     finally:
         bar.stop()
-    return _Executed(builds, backends, outcomes, broken)
+    return _Executed(builds, backends, outcomes, broken, ref, explanation)
 
 
 def _steps(jobs: Sequence[Sequence[Job]]) -> int:
@@ -121,28 +132,25 @@ def _result(
     probes: Sequence[Probe],
     notes: tuple[str, ...],
     done: _Executed,
-    loaded: Sequence[LoadedCapture],
     capture_to: str | os.PathLike[str] | None,
 ) -> Result:
-    """Loaded captures join the backends that ran; then every comparison between them."""
+    """Every comparison between the backends that ran and the captures loaded."""
     spec, opts, feeds = ctx.spec, ctx.opts, ctx.feeds
-    builds = dict(done.builds)
-    backends = done.backends
-    for cap in loaded:
-        builds[cap.name] = Builds(PlannedBackend(cap.name, None, {}, {}), (), cap)
-        backends += (replace(cap.backend, loaded_from=str(cap.path)),)
+    builds, backends, ref = done.builds, done.backends, done.reference
     env = tuple(collect_environment().items())
     save_captures(opts, spec, feeds, ctx.feeds_path, builds, backends, env, capture_to)
     drift, baseline_env = baseline_drifts(opts, spec, feeds, builds, backends)
-    ref = effective_reference(opts, backends)
     compared = [b for b in backends if b.name != EXPECTED]
+    cross = attach(
+        cross_all(builds, compared, ref, spec, opts), done.explanation, spec.op_types(), opts.auto_tolerance
+    )
     expected = tuple(against(EXPECTED, builds, compared, spec, opts, layers=False))
     return Result(
         spec,
         feeds_info(feeds, expected != ()),
         opts,
         backends,
-        tuple(cross_all(builds, compared, ref, spec, opts)),
+        cross,
         env,
         notes,
         tuple(pairs(builds, backends, spec)),
@@ -153,6 +161,7 @@ def _result(
         expected,
         drift,
         baseline_env,
+        done.explanation,
     )
 
 

@@ -165,7 +165,7 @@ def to_dict(r: Result) -> dict[str, Any]:
                 "reference_used": r.reference_used,
                 "runs": r.options.runs,
                 "builds": r.options.builds,
-                "max_ulp": r.options.max_ulp,
+                "max_ulp": r.options.tolerance_text if r.options.max_ulp is None else r.options.max_ulp,
                 "outputs_only": r.options.outputs_only,
                 "probes": list(r.probes_ran),
                 "batch_invariance": r.options.batch_invariance,

@@ -235,7 +235,7 @@ def _against(
                 "max ULP (outputs)",
                 "scaled ULP (outputs)",
                 "max rel (outputs)",
-                f"first past {r.options.max_ulp:g} scaled ULP",
+                f"first past {r.options.tolerance_text} scaled ULP",
             ],
             rows,
         ),

@@ -185,7 +185,7 @@ def _backends(r: Result) -> list[str]:
         "max ULP (outputs)",
         "scaled ULP (outputs)",
         "first divergence",
-        f"first past {r.options.max_ulp:g} scaled ULP",
+        f"first past {r.options.tolerance_text} scaled ULP",
         *(["baseline"] if r.baseline else []),
     ]
     return ["## Backends", "", *_table(header, _backend_rows(r))]

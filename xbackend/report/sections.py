@@ -207,7 +207,7 @@ def options_section(r: Result) -> list[str]:
             else ""
         )
         + f". Runs per build: {o.runs}. Builds (fresh processes): "
-        f"{o.builds}. Tolerance: {o.max_ulp:g} scaled ULP. Compared: "
+        f"{o.builds}. Tolerance: {o.tolerance_text} scaled ULP. Compared: "
         f"{'graph outputs only' if o.outputs_only else 'every node output'}. Timeout: {o.timeout:g} s "
         "per build.",
         "",

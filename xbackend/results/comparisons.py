@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from xbackend.metrics import DEFAULT_MAX_ULP, TensorDiff
+from xbackend.results.explanation import Origin
 from xbackend.values import value_name
 
 __all__ = ["CrossBackendResult", "Drift", "PairResult"]
@@ -27,6 +28,10 @@ class CrossBackendResult:
     max_ulp_tolerance: float = DEFAULT_MAX_ULP
     output_tensors: tuple[TensorDiff, ...] = ()  # graph outputs of the plain builds
     layers_note: str = ""  # why there is no per-layer table, when there is none
+    # --max-ulp auto: each tensor's tolerance from its noise floor (max_ulp_tolerance elsewhere)
+    tolerances: tuple[tuple[str, float], ...] = ()
+    explained: bool | None = None  # no origin among its local errors; None: not measured
+    origins: tuple[Origin, ...] = ()
 
     @classmethod
     def from_diffs(
@@ -91,15 +96,35 @@ class CrossBackendResult:
         layer = next((d.name for d in self.tensors if not d.bitwise_equal), None)
         return layer or next((d.name for d in self.output_tensors if not d.bitwise_equal), None)
 
+    def tolerance(self, tensor: str) -> float:
+        """The scaled ULP `tensor` may differ by: its floor-based tolerance under --max-ulp auto,
+        else --max-ulp."""
+        if self.tolerances:
+            return dict(self.tolerances).get(value_name(tensor), self.max_ulp_tolerance)
+        return self.max_ulp_tolerance
+
+    def exceeds(self, d: TensorDiff) -> bool:
+        return d.exceeds(self.tolerance(d.name))
+
     @property
     def first_violation(self) -> str | None:
-        layer = next((d.name for d in self.tensors if d.exceeds(self.max_ulp_tolerance)), None)
-        out = next((d.name for d in self.output_tensors if d.exceeds(self.max_ulp_tolerance)), None)
+        layer = next((d.name for d in self.tensors if self.exceeds(d)), None)
+        out = next((d.name for d in self.output_tensors if self.exceeds(d)), None)
         return (layer or out) if out is not None else layer
 
     @property
+    def exceeds_tolerance(self) -> bool:
+        return self.status == "ok" and any(self.exceeds(d) for d in self.output_tensors)
+
+    @property
     def violates(self) -> bool:
-        return self.status == "ok" and any(d.exceeds(self.max_ulp_tolerance) for d in self.output_tensors)
+        """Under --max-ulp auto with local errors measured: an origin (the backend made an error
+        beyond reordering and rounding). Else: an output past its tolerance."""
+        if self.status != "ok":
+            return False
+        if self.tolerances and self.explained is not None:
+            return not self.explained
+        return self.exceeds_tolerance
 
     def zero_ulp_reason(self) -> str:
         """Why outputs' bits differ at 0 ULP ('' unless that is the case)."""

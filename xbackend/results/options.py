@@ -13,7 +13,15 @@ from xbackend.gating import parse_policies
 from xbackend.metrics import DEFAULT_MAX_ULP
 from xbackend.runners.registry import split_instance
 
-__all__ = ["DEFAULT_BACKENDS", "DEFAULT_MAX_ULP", "EXPECTED", "CompareOptions", "Shape", "load_spec"]
+__all__ = [
+    "DEFAULT_BACKENDS",
+    "DEFAULT_MAX_ULP",
+    "EXPECTED",
+    "CompareOptions",
+    "Shape",
+    "load_spec",
+    "parse_max_ulp",
+]
 
 DEFAULT_BACKENDS = ("ort-cpu", "reference")
 EXPECTED = "expected"  # golden outputs read from --inputs DIR (output_N.pb), compared like a backend
@@ -32,7 +40,7 @@ class CompareOptions:
     seed: int = 0
     shapes: tuple[tuple[str, Shape], ...] = ()
     inputs: str | None = None
-    max_ulp: float = DEFAULT_MAX_ULP
+    max_ulp: float | None = None  # None: auto, each tensor's noise floor x a margin
     outputs_only: bool = False
     timeout: float = 600.0
     runner_options: tuple[tuple[str, str, str], ...] = ()
@@ -45,6 +53,7 @@ class CompareOptions:
     save_captures: str | None = None  # folder: a portable capture per backend that ran
     baseline: str | None = None  # a previous capture, capture folder set or JSON report
     fail_on: tuple[str, ...] = ()  # --fail-on policies (xbackend.gating); () keeps the default gate
+    noise_samples: int = 8  # K random orders of every reduction for the noise floor; 0: none
 
     @classmethod
     def create(cls, **kwargs: Any) -> CompareOptions:
@@ -68,6 +77,8 @@ class CompareOptions:
             )
         if kw.get("inputs") is not None:
             kw["inputs"] = str(kw["inputs"])
+        if "max_ulp" in kw:
+            kw["max_ulp"] = parse_max_ulp(kw["max_ulp"])
         if isinstance(kw.get("probes"), str):
             kw["probes"] = tuple(x for x in kw["probes"].split(",") if x)
         if kw.get("probes") is not None:
@@ -108,8 +119,10 @@ class CompareOptions:
             raise UsageError(f"--runs and --builds must be >= 1 (got runs={self.runs}, builds={self.builds})")
         if self.timeout <= 0:
             raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout}")
-        if self.max_ulp < 0:
-            raise UsageError(f"--max-ulp must be >= 0, got {self.max_ulp}")
+        if self.max_ulp is not None and self.max_ulp < 0:
+            raise UsageError(f"--max-ulp must be >= 0 or auto, got {self.max_ulp:g}")
+        if self.noise_samples < 0:
+            raise UsageError(f"--noise-samples must be >= 0 (0: no noise floor), got {self.noise_samples}")
         if self.inputs is not None and self.shapes:
             raise UsageError("--shape and --inputs exclude each other: --inputs arrays carry their shapes")
         if self.batch_invariance == 1 or self.batch_invariance < 0:
@@ -140,6 +153,20 @@ class CompareOptions:
         return self
 
     @property
+    def auto_tolerance(self) -> bool:
+        """--max-ulp auto: each tensor's tolerance comes from its noise floor."""
+        return self.max_ulp is None
+
+    @property
+    def fixed_ulp(self) -> float:
+        """--max-ulp N, or the fixed default that stands in where auto has no floor."""
+        return DEFAULT_MAX_ULP if self.max_ulp is None else self.max_ulp
+
+    @property
+    def tolerance_text(self) -> str:
+        return "auto" if self.max_ulp is None else f"{self.max_ulp:g}"
+
+    @property
     def loaded_names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.loads)
 
@@ -165,7 +192,7 @@ class CompareOptions:
             "--builds",
             str(self.builds),
             "--max-ulp",
-            f"{self.max_ulp:g}",
+            self.tolerance_text,
             "--timeout",
             f"{self.timeout:g}",
         ]
@@ -197,7 +224,19 @@ class CompareOptions:
             parts += ["--fail-on", ",".join(self.fail_on)]
         if self.save_captures:
             parts += ["--save-captures", self.save_captures]
+        if self.noise_samples != 8:
+            parts += ["--noise-samples", str(self.noise_samples)]
         return shlex.join(parts)
+
+
+def parse_max_ulp(value: object) -> float | None:
+    """--max-ulp: 'auto' (None) or a number of scaled ULP."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise UsageError(f"--max-ulp takes a number of scaled ULP or auto, got {value!r}") from None
 
 
 def load_spec(text: str) -> tuple[str, str]:

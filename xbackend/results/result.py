@@ -10,6 +10,7 @@ from xbackend.model import ModelSpec
 from xbackend.promises import EXIT_PROMISE, PromiseCheck, check_promises
 from xbackend.results.backend import BackendResult, FeedsInfo
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
+from xbackend.results.explanation import NOT_MEASURED, Explanation
 from xbackend.results.options import EXPECTED, CompareOptions
 from xbackend.results.probe import ProbeResult
 from xbackend.textfmt import short, with_module
@@ -36,6 +37,7 @@ class Result:
     expected_error: tuple[CrossBackendResult, ...] = ()  # each backend against golden outputs
     baseline: tuple[Drift, ...] = ()  # each backend against --baseline
     baseline_environment: tuple[tuple[str, str], ...] = ()  # the baseline's, when it records one
+    explanation: Explanation = NOT_MEASURED
 
     @property
     def command(self) -> str:
@@ -107,7 +109,7 @@ class Result:
         """The --fail-on policies that fire, lowest exit code first (none without --fail-on)."""
         if not self.options.fail_on:
             return []
-        return evaluate(self, self.options.fail_on, self.options.max_ulp, self.options.baseline is not None)
+        return evaluate(self, self.options.fail_on, self.options.fixed_ulp, self.options.baseline is not None)
 
     @property
     def exit_code(self) -> int:
@@ -147,15 +149,77 @@ class Result:
                 f"FAIL: {b.name} is nondeterministic: {b.distinct_outputs} distinct outputs in "
                 f"{b.runs * b.builds} runs{at}; first varying tensor {b.first_nondeterministic}"
             )
+        modules = self.model.modules()
         for c in self.violations:
             against = "the expected outputs" if c.reference == EXPECTED else c.reference
+            if c.origins and c.explained is False:
+                lines.append(f"FAIL: {self._origins_line(c)}")
+                continue
+            tol = "its noise floor's tolerance" if c.tolerances else f"{c.max_ulp_tolerance:g} scaled ULP"
+            first = with_module(c.first_violation or "", modules)
             lines.append(
-                f"FAIL: {c.backend} differs from {against} beyond {c.max_ulp_tolerance:g} scaled ULP "
-                f"at the outputs (worst {short(c.scaled_ulp)} scaled ULP); "
-                f"first tensor past tolerance {c.first_violation}"
+                f"FAIL: {c.backend} differs from {against} beyond {tol} at the outputs (worst "
+                f"{short(c.scaled_ulp)} scaled ULP); first tensor past tolerance {first}"
             )
         lines += [f"FAIL: {b.name} {b.status}: {b.reason}" for b in self.failed]
         return lines
+
+    def _origins_line(self, c: CrossBackendResult) -> str:
+        o = c.origins[0]
+        what = (
+            f"local error {short(o.local_scaled_ulp)} scaled ULP where reordering and rounding allow "
+            f"{short(o.allowed_scaled_ulp)}"
+            if o.local_scaled_ulp is not None and not o.detail
+            else o.detail
+        )
+        n = len(c.origins)
+        return (
+            f"{c.backend}: {n} origin{'s' if n > 1 else ''} (nodes whose own error is beyond reordering "
+            f"and rounding), first {with_module(o.tensor, self.model.modules())} ({o.op_type}): {what}"
+        )
+
+    def explanation_lines(self) -> list[str]:
+        """What each difference is: reordering and rounding (explained), a backend's own error
+        (origins), or the model's conditioning."""
+        ex = self.explanation
+        if not ex.ok:
+            return [f"NOTE: no explanation of the differences: {ex.reason}"] if ex.reason else []
+        modules = self.model.modules()
+        out = []
+        for t in ex.ill_conditioned:
+            out.append(
+                f"WARN: {with_module(t.tensor, modules)}: ill-conditioned — reorderings alone move it by "
+                f"{short(t.floor_scaled_ulp)} scaled ULP ({t.cause}); differences at and after it are "
+                "the model's, not the engines'"
+            )
+        for c in self.cross_backend:
+            le = ex.local_for(c.backend)
+            if c.status != "ok" or le is None:
+                continue
+            if le.status != "ok":
+                out.append(f"NOTE: {c.backend}: origins not measured: {le.reason}")
+            elif le.origins:
+                if not (c.tolerances and c in self.violations):  # a FAIL line says it already
+                    out.append(f"NOTE: {self._origins_line(c)}")
+            else:
+                worst = max(
+                    (
+                        (d.scaled_ulp / max(ex.floor(d.name) or 0.0, 1.0), d.name)
+                        for d in c.tensors
+                        if d.scaled_ulp is not None
+                    ),
+                    default=None,
+                )
+                at = (
+                    f" (largest {worst[0]:.2g}x the floor, at {with_module(worst[1], modules)})"
+                    if worst
+                    else ""
+                )
+                out.append(
+                    f"EXPLAINED: {c.backend}: every difference from {c.reference} is within reordering "
+                    f"and rounding{at}"
+                )
+        return out
 
     def _warn_lines(self) -> list[str]:
         out = []
@@ -228,11 +292,18 @@ class Result:
         if not any(b.ok for b in self.backends):
             return ["FAIL: every backend failed; nothing was compared", *self._fail_lines()]
         lines = self._promise_lines() + self._fail_lines() + self._drift_lines() + self._warn_lines()
+        lines += self.explanation_lines()
         if not any(line.startswith("FAIL") for line in lines):
+            ref = self.reference_used
+            within = (
+                f"no backend makes an error of its own against {ref} (every node within reordering "
+                "and rounding)"
+                if self.options.auto_tolerance and self.explanation.ok
+                else f"within {self.options.fixed_ulp:g} scaled ULP of {ref} at the outputs"
+            )
             lines.insert(
                 0,
                 f"PASS{' (vacuous)' if self.vacuous else ''}: every backend is deterministic over "
-                f"{self.options.runs} run(s) x {self.options.builds} build(s) and within "
-                f"{self.options.max_ulp:g} scaled ULP of {self.reference_used} at the outputs",
+                f"{self.options.runs} run(s) x {self.options.builds} build(s) and {within}",
             )
         return self._gate_lines() + lines

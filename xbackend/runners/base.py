@@ -100,6 +100,9 @@ class Runner(abc.ABC):
     # own process, and the runner loads `model.path` as it is: a plugin needs no onnx package.
     # Workers in another interpreter (python=) always get staged models.
     stages_model: ClassVar[bool] = False
+    # False: the runner computes from a source of its own (a torch module), not the ONNX graph
+    # it is given, so rewrites of that graph (the severed model for local errors) mean nothing.
+    executes_graph: ClassVar[bool] = True
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         self.options: dict[str, Any] = self.resolve_options(options or {})

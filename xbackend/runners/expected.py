@@ -22,6 +22,7 @@ class ExpectedRunner(Runner):
     name = "expected"
     description = "the expected outputs (output_N.pb) that came with --inputs DIR; added automatically"
     instrumentation_changes_engine = False
+    executes_graph = False
     option_specs = (OptionSpec("file", str, "", "value file holding the expected outputs (set by xbackend)"),)
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:

@@ -41,6 +41,7 @@ class TorchRunner(Runner):
     name = "torch"
     description = "PyTorch eager on CPU: the module the ONNX model was exported from"
     instrumentation_changes_engine = False  # forward hooks read outputs; eager computes the same
+    executes_graph = False
     option_specs: ClassVar[Sequence[OptionSpec]] = (
         OptionSpec(
             "module", str, "", "MODULE_SPEC (default: the one recorded at export, with trust_model_code)"

@@ -1,0 +1,373 @@
+"""Explanations: the noise floor, each backend's local errors, and ill-conditioned tensors.
+
+Both measurements rewrite the model and run it on real engines, so they cost engine runs,
+never a float evaluator of our own:
+- the floor: the model with every reduction gathered through a permutation (xbackend.reorder)
+  is built once on the floor engine (ort-cpu) and run with the identity and K random orders;
+- local errors: the severed model (xbackend.sever) is built once per backend and run once,
+  fed the reference's values of every tensor a node reads.
+Captures stay on disk and are compared one tensor at a time, as the comparator's are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from onnx import helper
+
+from xbackend.capture import CaptureFile, diff_captures
+from xbackend.compare.builds import Builds
+from xbackend.compare.plan import plan_backend
+from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
+from xbackend.model import ModelRef, ModelSpec, NodeTensor, load_proto, write_rewritten
+from xbackend.modelref import np_dtype
+from xbackend.probes.base import PlannedBackend, ProbeContext
+from xbackend.progress import ProgressSink
+from xbackend.reorder import Reordered, index_feeds, reorder
+from xbackend.results import EXPECTED, BackendResult, CrossBackendResult
+from xbackend.results.explanation import (
+    MARGIN,
+    Explanation,
+    IllConditioned,
+    LocalErrors,
+    conditioning_limit,
+    find_origins,
+)
+from xbackend.sever import SEVERED, sever
+from xbackend.storage import save_values
+from xbackend.values import Value, value_name
+
+__all__ = ["FLOOR_ENGINE", "attach", "explain"]
+
+FLOOR_ENGINE = "ort-cpu"
+_FLOOR_PHASE = "floor"
+_LOCAL_PHASE = "local"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    floor_job: Job | None
+    local_jobs: dict[str, Job]
+    not_measured: dict[str, str]
+    reordered: Reordered | None
+    extra: tuple[Path, ...]
+    order: tuple[str, ...]  # backends in --backends order
+
+
+def explain(
+    ex: Executor,
+    ctx: ProbeContext,
+    planned: Sequence[PlannedBackend],
+    builds: Mapping[str, Builds],
+    results: Mapping[str, BackendResult],
+    ref: str,
+    bar: ProgressSink,
+) -> Explanation:
+    """The floor and every backend's local errors against `ref`; never raises: a step that
+    cannot run makes the explanation unavailable, with the reason."""
+    opts = ctx.opts
+    if opts.noise_samples == 0:
+        return Explanation("unavailable", "--noise-samples 0: no floor was measured")
+    others = [n for n, b in builds.items() if n not in (ref, EXPECTED) and b.ok]
+    if not others:
+        return Explanation("unavailable")  # nothing is compared with the reference
+    rb = builds.get(ref)
+    if rb is None or not rb.ok:
+        return Explanation("unavailable", f"the reference {ref} did not run")
+    layers = rb.first.layers
+    if layers is None:
+        why = "--outputs-only" if opts.outputs_only else f"{ref} has no per-layer capture"
+        return Explanation("unavailable", f"floors and origins need every tensor of the reference ({why})")
+    try:
+        plan = _plan(ctx, planned, builds, results, ref, layers.capture)
+    except Exception as e:  # an explanation that cannot be planned is reported, never fatal
+        return Explanation("unavailable", f"the rewrites failed: {type(e).__name__}: {e}")
+    jobs = [*([plan.floor_job] if plan.floor_job else []), *plan.local_jobs.values()]
+    bar.grow(sum(j.steps for j in jobs))
+    done = ex.run_all(jobs, True)
+    return _analyze(ctx, plan, done, layers.capture, ref)
+
+
+def _floor_backend(ctx: ProbeContext, planned: Sequence[PlannedBackend]) -> PlannedBackend | None:
+    """ort-cpu as the user configured it, else with its defaults; None when it cannot run."""
+    mine = next((p for p in planned if p.cls is not None and p.cls.name == FLOOR_ENGINE), None)
+    if mine is not None and mine.interpreter is None:
+        return mine
+    p = plan_backend(FLOOR_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
+    return p if p.cls is not None else None
+
+
+def _plan(
+    ctx: ProbeContext,
+    planned: Sequence[PlannedBackend],
+    builds: Mapping[str, Builds],
+    results: Mapping[str, BackendResult],
+    ref: str,
+    ref_capture: str,
+) -> _Plan:
+    spec, opts = ctx.spec, ctx.opts
+    folder = ctx.work / "explain"
+    folder.mkdir(parents=True, exist_ok=True)
+    proto = load_proto(spec.path, load_external=False)
+    with CaptureFile(ref_capture) as cap:
+        held = cap.tensors()
+    shapes = {n: s for n, (_, s) in held.items()}
+    shapes.update({n: tuple(v.shape) for n, v in ctx.feeds.arrays.items() if isinstance(v, np.ndarray)})
+    tensors = spec.tensor_order()
+
+    floor_job = None
+    reordered = None
+    extra: tuple[Path, ...] = ()
+    engine = _floor_backend(ctx, planned)
+    if engine is not None and engine.cls is not None:
+        reordered = reorder(proto, shapes)
+        path = folder / "reordered.onnx"
+        write_rewritten(reordered.proto, spec.path, path)
+        names = tuple(index_feeds(reordered, None))
+        model = _ref(spec, path, names)
+        base = folder / "order-0.xbv"
+        save_values(base, {**ctx.feeds.arrays, **index_feeds(reordered, None)})
+        paths = []
+        for k in range(1, opts.noise_samples + 1):
+            p = folder / f"order-{k}.xbv"
+            rng = np.random.default_rng([opts.seed, k])
+            save_values(p, {**ctx.feeds.arrays, **index_feeds(reordered, rng)})
+            paths.append(p)
+        extra = tuple(paths)
+        phase = PhaseSpec(_FLOOR_PHASE, tensors, 1, extra, model=model)
+        floor_job = Job("explain-floor", engine.name, engine.cls, engine.variant(), base, (phase,))
+
+    available = {
+        n: (helper.np_dtype_to_tensor_dtype(np_dtype(d)), s)
+        for n, (d, s) in held.items()
+        if not n.startswith(SEVERED)
+    }
+    severed = sever(proto, available)
+    del proto
+    spath = folder / "severed.onnx"
+    write_rewritten(severed.proto, spec.path, spath)
+    smodel = _ref(spec, spath, tuple(SEVERED + n for n in severed.inputs))
+    sfeeds = folder / "severed.xbv"
+    with CaptureFile(ref_capture) as cap:
+        save_values(sfeeds, _SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs))
+    local_jobs: dict[str, Job] = {}
+    not_measured: dict[str, str] = {}
+    live = {b.name: b for b in planned}
+    for name, r in results.items():
+        b = live.get(name)
+        if name in (ref, EXPECTED) or not r.ok:
+            continue
+        if b is None or b.cls is None:
+            not_measured[name] = "loaded from a capture: its engine did not run here"
+        elif not b.cls.executes_graph:
+            not_measured[name] = f"{b.cls.name} computes from its own source, not the ONNX graph"
+        else:
+            phase = PhaseSpec(_LOCAL_PHASE, tensors, 1, model=smodel)
+            local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
+    return _Plan(floor_job, local_jobs, not_measured, reordered, extra, tuple(results))
+
+
+def _ref(spec: ModelSpec, path: Path, extra_inputs: tuple[str, ...]) -> ModelRef:
+    inputs = (*spec.input_names, *extra_inputs)
+    return ModelRef(str(path), spec.ir_version, inputs, spec.output_names, spec.external_data)
+
+
+class _SeveredFeeds(Mapping[str, Value]):
+    """The feeds plus the reference's captured values under severed names, read one at a time."""
+
+    def __init__(self, feeds: Mapping[str, Value], cap: CaptureFile, severed: Sequence[str]) -> None:
+        self.feeds = feeds
+        self.cap = cap
+        self.severed = {SEVERED + n: n for n in severed}
+
+    def __getitem__(self, key: str) -> Value:
+        return self.cap[self.severed[key]] if key in self.severed else self.feeds[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.feeds
+        yield from self.severed
+
+    def __len__(self) -> int:
+        return len(self.feeds) + len(self.severed)
+
+
+def _analyze(
+    ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str, ref: str
+) -> Explanation:
+    spec = ctx.spec
+    ops = spec.op_types()
+    if plan.floor_job is None or plan.reordered is None:
+        return Explanation("unavailable", f"{FLOOR_ENGINE} cannot run here, and it measures the floor")
+    fo = done.get(plan.floor_job.label)
+    if fo is None or not fo.ok or fo.phase(_FLOOR_PHASE) is None:
+        why = fo.reason if fo is not None else "it did not run"
+        return Explanation("unavailable", f"the permuted model failed on {FLOOR_ENGINE}: {why}")
+    phase = fo.phase(_FLOOR_PHASE)
+    assert phase is not None
+    floors = _floors(phase.capture, [c for c, _ in phase.extra_captures], spec)
+    modules = spec.modules()
+    local = []
+    for name, why in plan.not_measured.items():
+        local.append(LocalErrors(name, "not-measured", why))
+    for name, job in plan.local_jobs.items():
+        o = done.get(job.label)
+        lp = o.phase(_LOCAL_PHASE) if o is not None and o.ok else None
+        if lp is None:
+            why = o.reason if o is not None else "it did not run"
+            local.append(LocalErrors(name, "not-measured", f"the severed model failed: {why}"))
+            continue
+        with CaptureFile(lp.capture) as a, CaptureFile(ref_capture) as b:
+            produced = [t.name for t in spec.tensors if t.name in a and t.name in b]
+            diffs = diff_captures(a, b, produced, ops)
+        local.append(find_origins(name, diffs, floors, modules, MARGIN))
+    local.sort(key=lambda x: plan.order.index(x.backend))
+    ill = _ill_conditioned(spec, floors, ref_capture)
+    return Explanation(
+        "ok",
+        engine=plan.floor_job.backend,
+        samples=len(plan.extra),
+        floors=tuple((t, floors[t]) for t in spec.tensor_order() if t in floors),
+        permuted=len(plan.reordered.sites),
+        skipped=plan.reordered.skipped,
+        local=tuple(local),
+        ill_conditioned=ill,
+    )
+
+
+def _floors(base: str, samples: Sequence[str], spec: ModelSpec) -> dict[str, float]:
+    """Per float tensor, the largest scaled ULP any order moved it from the original order."""
+    ops = spec.op_types()
+    out: dict[str, float] = {}
+    with CaptureFile(base) as b:
+        names = [n for n in spec.tensor_order() if n in b]
+        for path in samples:
+            with CaptureFile(path) as a:
+                for d in diff_captures(a, b, [n for n in names if n in a], ops):
+                    if d.scaled_ulp is not None:
+                        t = value_name(d.name)
+                        out[t] = max(out.get(t, 0.0), d.scaled_ulp)
+    return out
+
+
+def _ill_conditioned(
+    spec: ModelSpec, floors: Mapping[str, float], ref_capture: str
+) -> tuple[IllConditioned, ...]:
+    """Where conditioning is lost: tensors past their dtype's limit whose inputs are not."""
+    by_name = {t.name: t for t in spec.tensors}
+    modules = spec.modules()
+    out = []
+    with CaptureFile(ref_capture) as cap:
+        dtypes = {n: d for n, (d, _) in cap.tensors().items()}
+        for t in spec.tensors:
+            f = floors.get(t.name)
+            limit = conditioning_limit(dtypes.get(t.name, "float32"))
+            if f is None or f <= limit:
+                continue
+            if any(floors.get(i, 0.0) > conditioning_limit(dtypes.get(i, "float32")) for i in t.inputs):
+                continue
+            out.append(IllConditioned(t.name, modules.get(t.name, ""), f, _cause(t, by_name, floors, cap)))
+    return tuple(out)
+
+
+_PASS_THROUGH = frozenset({"Mul", "Pow", "Div", "Cast", "Identity", "Sqrt", "Neg", "Reshape", "Unsqueeze"})
+_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "MatMul", "Gemm", "Einsum"})
+
+
+def _reaches(name: str, by_name: Mapping[str, NodeTensor], want: frozenset[str], hops: int = 4) -> set[str]:
+    """Op types in `want` reached going up from `name` through at most `hops` simple ops."""
+    t = by_name.get(name)
+    if t is None or hops == 0:
+        return set()
+    if t.op_type in want:
+        return {t.op_type} | ({"square"} if _squares(t, by_name) else set())
+    if t.op_type not in _PASS_THROUGH:
+        return set()
+    found = {"square"} if _is_square(t) else set()
+    for i in t.inputs:
+        found |= _reaches(i, by_name, want, hops - 1)
+    return found
+
+
+def _is_square(t: NodeTensor) -> bool:
+    return (t.op_type == "Mul" and len(set(t.inputs)) == 1) or t.op_type == "Pow"
+
+
+def _squares(t: NodeTensor, by_name: Mapping[str, NodeTensor]) -> bool:
+    if t.op_type == "ReduceSumSquare":
+        return True
+    src = by_name.get(t.inputs[0]) if t.inputs else None
+    return src is not None and _is_square(src)
+
+
+def _cause(
+    t: NodeTensor, by_name: Mapping[str, NodeTensor], floors: Mapping[str, float], cap: CaptureFile
+) -> str:
+    grow = max((floors.get(i, 0.0) for i in t.inputs), default=0.0)
+    if t.op_type == "Sub" and len(t.inputs) == 2:
+        a, b = (_reaches(i, by_name, _REDUCTIONS) for i in t.inputs)
+        if a - {"square"} and b - {"square"}:
+            if "square" in a | b:
+                return (
+                    "E[x²]−E[x]² cancels: compute the variance two-pass (the mean first, then the mean "
+                    "of squared deviations) or with Welford's algorithm"
+                )
+            return "a subtraction of two nearly equal reductions cancels"
+        return "a subtraction of nearly equal values cancels"
+    if t.op_type in ("Softmax", "LogSoftmax") and t.inputs and t.inputs[0] in cap:
+        x = np.asarray(cap[t.inputs[0]], dtype=np.float64)
+        span = float(np.nanmax(x) - np.nanmin(x)) if x.size else 0.0
+        return f"a softmax over logits spanning {span:.3g}: exp of their differences loses the small terms"
+    if t.op_type in ("LayerNormalization", "GroupNormalization", "InstanceNormalization") and t.inputs:
+        ratio = _mean_over_spread(cap, t.inputs[0], last=t.op_type == "LayerNormalization")
+        if ratio is not None:
+            return f"a normalization over rows whose mean is {ratio:.3g}x their spread"
+    if grow > 0:
+        return f"{t.op_type} amplifies the reordering of its inputs {floors[t.name] / grow:.3g}x"
+    return f"{t.op_type}'s own reductions are sensitive to their order"
+
+
+def _mean_over_spread(cap: CaptureFile, name: str, last: bool) -> float | None:
+    if name not in cap:
+        return None
+    x = np.asarray(cap[name], dtype=np.float64)
+    if x.ndim < 2:
+        return None
+    rows = x.reshape(-1, x.shape[-1]) if last else x.reshape(x.shape[0] * x.shape[1], -1)
+    mean = np.abs(rows.mean(axis=1))
+    std = rows.std(axis=1)
+    ok = std > 0
+    return float((mean[ok] / std[ok]).max()) if ok.any() else None
+
+
+def attach(
+    cross: Sequence[CrossBackendResult], ex: Explanation, op_types: Mapping[str, str], auto: bool
+) -> tuple[CrossBackendResult, ...]:
+    """Each comparison with its backend's local errors and, under --max-ulp auto, each tensor's
+    tolerance from its floor."""
+    if not ex.ok:
+        return tuple(cross)
+    tol = tuple(ex.tolerances(op_types).items()) if auto else ()
+    out = []
+    for c in cross:
+        le = ex.local_for(c.backend)
+        explained = le.explained if le is not None else None
+        origins = le.origins if le is not None else ()
+        out.append(replace(c, tolerances=tol, explained=explained, origins=origins))
+    return tuple(out)
+
+
+def worst_ratio(c: CrossBackendResult, ex: Explanation) -> tuple[float, str] | None:
+    """The largest difference of `c` relative to its tensor's floor (or rounding bound)."""
+    best: tuple[float, str] | None = None
+    floors = ex.floor_map()
+    for d in (*c.tensors, *c.output_tensors):
+        if d.scaled_ulp is None:
+            continue
+        allowed = max(floors.get(value_name(d.name), 0.0), 1.0)
+        r = d.scaled_ulp / allowed
+        if best is None or r > best[0]:
+            best = (r, value_name(d.name))
+    return best

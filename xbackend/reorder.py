@@ -1,0 +1,376 @@
+"""Reductions summed in another order: the graph rewrite behind the noise floor.
+
+A reduction's result depends on the order of its terms, and every engine picks
+its own. To measure how far legitimate orders move each tensor, the model is
+rewritten so the engine itself sums in a permuted order: the reduced axis of
+every operand is gathered through a permutation (and the output gathered back
+where the reduced axis survives, as in a softmax). The permutations are graph
+inputs, so one build runs any number of orders; feeding the identity runs the
+rewritten graph in its original order.
+
+The rewrite keeps weights where they are (an initializer is gathered by a node,
+never copied), so models past 2 GiB stay external. Covered: MatMul, Gemm, Conv,
+ConvTranspose, Einsum, the summing Reduce* ops, Softmax/LogSoftmax,
+LayerNormalization, Group/InstanceNormalization and Attention; every reduction
+left as it is comes back in `Reordered.skipped` with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = ["PREFIX", "Reordered", "Site", "index_feeds", "reorder", "static_shapes"]
+
+PREFIX = "xb.perm."  # graph inputs and tensors the rewrite adds
+Shape = tuple[int, ...]
+
+_SUMMING_REDUCE = frozenset(
+    {
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceProd",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Site:
+    """One reduction whose terms the rewrite permutes.
+
+    `indices`: the index inputs it added, each (graph input, "perm" | "inverse", groups): a
+    permutation q of `length` terms, or its inverse, repeated for each of `groups` blocks."""
+
+    node: str
+    op_type: str
+    output: str
+    length: int
+    indices: tuple[tuple[str, str, int], ...]
+
+
+@dataclass(frozen=True)
+class Reordered:
+    """The rewritten model, the reductions it permutes and those it leaves (node, op, why)."""
+
+    proto: onnx.ModelProto
+    sites: tuple[Site, ...]
+    skipped: tuple[tuple[str, str, str], ...]
+
+
+def static_shapes(proto: onnx.ModelProto) -> dict[str, Shape]:
+    """Shapes the model states with every dimension known: initializers, inputs, value_info."""
+    g = proto.graph
+    out: dict[str, Shape] = {t.name: tuple(int(d) for d in t.dims) for t in g.initializer}
+    for vi in (*g.input, *g.value_info, *g.output):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            continue
+        dims = tt.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            out.setdefault(vi.name, tuple(int(d.dim_value) for d in dims))
+    return out
+
+
+def index_feeds(r: Reordered, rng: np.random.Generator | None) -> dict[str, np.ndarray]:
+    """Values for the rewrite's index inputs: one random order per site (the identity when
+    `rng` is None)."""
+    out: dict[str, np.ndarray] = {}
+    for s in r.sites:
+        q = np.arange(s.length, dtype=np.int64) if rng is None else rng.permutation(s.length)
+        inv = np.empty_like(q)
+        inv[q] = np.arange(s.length, dtype=np.int64)
+        for name, kind, groups in s.indices:
+            base = q if kind == "perm" else inv
+            out[name] = np.concatenate([base + g * s.length for g in range(groups)]).astype(np.int64)
+    return out
+
+
+class _Rewriter:
+    def __init__(self, proto: onnx.ModelProto, shapes: Mapping[str, Shape]) -> None:
+        self.proto = proto
+        self.g = proto.graph
+        self.shapes = dict(shapes)
+        self.opset = next(
+            (o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
+            onnx.defs.onnx_opset_version(),
+        )
+        self.consts = {t.name: t for t in self.g.initializer}
+        for n in self.g.node:
+            if n.op_type == "Constant" and n.output and n.attribute and n.attribute[0].name == "value":
+                self.consts[n.output[0]] = n.attribute[0].t
+        self.sites: list[Site] = []
+        self.skipped: list[tuple[str, str, str]] = []
+        self.nodes: list[onnx.NodeProto] = []
+        self.count = 0
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def rank(self, name: str) -> int | None:
+        s = self.shapes.get(name)
+        return None if s is None else len(s)
+
+    def dim(self, name: str, axis: int) -> int | None:
+        s = self.shapes.get(name)
+        if s is None or not -len(s) <= axis < len(s):
+            return None
+        return s[axis]
+
+    def _new_site(self, node: onnx.NodeProto, length: int) -> tuple[str, list[tuple[str, str, int]]]:
+        self.count += 1
+        return f"{PREFIX}{self.count}", []
+
+    def _index(self, base: str, idx: list[tuple[str, str, int]], kind: str, groups: int, n: int) -> str:
+        name = f"{base}.{kind}" + (f".g{groups}" if groups > 1 else "")
+        if all(i[0] != name for i in idx):
+            idx.append((name, kind, groups))
+            self.g.input.append(helper.make_tensor_value_info(name, TensorProto.INT64, [groups * n]))
+        return name
+
+    def _gather(self, src: str, index: str, axis: int) -> str:
+        out = f"{index}.of.{src}.a{axis}"
+        self.nodes.append(helper.make_node("Gather", [src, index], [out], axis=axis, name=f"{out}.gather"))
+        return out
+
+    def _finish(self, node: onnx.NodeProto, base: str, n: int, idx: list[tuple[str, str, int]]) -> None:
+        self.sites.append(Site(node.name, node.op_type, node.output[0] if node.output else "", n, tuple(idx)))
+
+    def skip(self, node: onnx.NodeProto, why: str) -> None:
+        self.skipped.append((node.name, node.op_type, why))
+        self.nodes.append(node)
+
+    def permute_inputs(self, node: onnx.NodeProto, axes: Mapping[int, tuple[int, int]], n: int) -> None:
+        """Gather input i of `node` on axes[i] = (axis, groups) through one permutation of n terms."""
+        base, idx = self._new_site(node, n)
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        for i, (axis, groups) in axes.items():
+            index = self._index(base, idx, "perm", groups, n)
+            new.input[i] = self._gather(node.input[i], index, axis)
+        self.nodes.append(new)
+        self._finish(node, base, n, idx)
+
+    def permute_through(self, node: onnx.NodeProto, axes: Mapping[int, int], out_axis: int, n: int) -> None:
+        """Gather the inputs named in `axes` along their axis, then output 0 back along out_axis."""
+        base, idx = self._new_site(node, n)
+        perm = self._index(base, idx, "perm", 1, n)
+        inv = self._index(base, idx, "inverse", 1, n)
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        for i, axis in axes.items():
+            new.input[i] = self._gather(node.input[i], perm, axis)
+        y = node.output[0]
+        new.output[0] = f"{base}.out.{y}"
+        self.nodes.append(new)
+        self.nodes.append(
+            helper.make_node("Gather", [new.output[0], inv], [y], axis=out_axis, name=f"{base}.back")
+        )
+        self._finish(node, base, n, idx)
+
+    # -- one op each ---------------------------------------------------------------------------
+
+    def matmul(self, node: onnx.NodeProto) -> None:
+        a, b = node.input[0], node.input[1]
+        ra, rb = self.rank(a), self.rank(b)
+        if ra is None or rb is None:
+            return self.skip(node, "operand shapes unknown")
+        n = self.dim(a, -1)
+        if not n or n < 2:
+            return self.skip(node, "fewer than 2 terms")
+        self.permute_inputs(node, {0: (ra - 1, 1), 1: (rb - 2 if rb >= 2 else 0, 1)}, n)
+
+    def gemm(self, node: onnx.NodeProto) -> None:
+        at = {a.name: a.i for a in node.attribute}
+        a_axis = 0 if at.get("transA", 0) else 1
+        b_axis = 1 if at.get("transB", 0) else 0
+        n = self.dim(node.input[0], a_axis)
+        if not n or n < 2:
+            return self.skip(node, "operand shapes unknown" if n is None else "fewer than 2 terms")
+        self.permute_inputs(node, {0: (a_axis, 1), 1: (b_axis, 1)}, n)
+
+    def conv(self, node: onnx.NodeProto, transpose: bool) -> None:
+        groups = next((a.i for a in node.attribute if a.name == "group"), 1)
+        c = self.dim(node.input[0], 1)
+        if c is None or self.rank(node.input[1]) is None:
+            return self.skip(node, "operand shapes unknown")
+        per_group = c // groups
+        if per_group < 2:
+            return self.skip(node, "one input channel per group: the sum over kernel taps is not gathered")
+        w_axis, w_groups = (0, groups) if transpose else (1, 1)
+        self.permute_inputs(node, {0: (1, groups), 1: (w_axis, w_groups)}, per_group)
+
+    def einsum(self, node: onnx.NodeProto) -> None:
+        eq = next((a.s.decode() for a in node.attribute if a.name == "equation"), "").replace(" ", "")
+        if "..." in eq:
+            return self.skip(node, "an equation with an ellipsis")
+        lhs, _, rhs = eq.partition("->")
+        terms = lhs.split(",")
+        if not _:
+            letters = "".join(terms)
+            rhs = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+        summed = [c for c in dict.fromkeys("".join(terms)) if c not in rhs]
+        if not summed or any(t.count(summed[0]) > 1 for t in terms):
+            return self.skip(node, "no contracted index" if not summed else "a repeated index")
+        c = summed[0]
+        axes = {i: (t.index(c), 1) for i, t in enumerate(terms) if c in t}
+        i0, (ax0, _g) = next(iter(axes.items()))
+        n = self.dim(node.input[i0], ax0)
+        if not n or n < 2:
+            return self.skip(node, "operand shapes unknown" if n is None else "fewer than 2 terms")
+        self.permute_inputs(node, axes, n)
+
+    def reduce(self, node: onnx.NodeProto) -> None:
+        x = node.input[0]
+        r = self.rank(x)
+        if r is None:
+            return self.skip(node, "input shape unknown")
+        attrs = {a.name: a for a in node.attribute}
+        if len(node.input) > 1 and node.input[1]:
+            t = self.consts.get(node.input[1])
+            if t is None:
+                return self.skip(node, "axes computed at run time")
+            axes = [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
+        else:
+            axes = list(attrs["axes"].ints) if "axes" in attrs else []
+        if not axes:
+            if "noop_with_empty_axes" in attrs and attrs["noop_with_empty_axes"].i:
+                return self.skip(node, "no axes: the op reduces nothing")
+            axes = list(range(r))
+        long = [a % r for a in axes if (self.dim(x, a) or 0) >= 2]
+        if not long:
+            return self.skip(node, "fewer than 2 terms")
+        # One permutation per reduced axis: chain a site per axis through the same node.
+        current = node
+        for k, axis in enumerate(long):
+            n = self.dim(x, axis)
+            assert n is not None
+            base, idx = self._new_site(node, n)
+            index = self._index(base, idx, "perm", 1, n)
+            new = onnx.NodeProto()
+            new.CopyFrom(current)
+            new.input[0] = self._gather(current.input[0], index, axis)
+            current = new
+            self._finish(node, base, n, idx)
+            if k == len(long) - 1:
+                self.nodes.append(new)
+
+    def softmax(self, node: onnx.NodeProto) -> None:
+        x = node.input[0]
+        r = self.rank(x)
+        if r is None:
+            return self.skip(node, "input shape unknown")
+        default = -1 if self.opset >= 13 else 1
+        axis = next((a.i for a in node.attribute if a.name == "axis"), default)
+        axis = axis % r if self.opset >= 13 else r - 1  # before 13: every axis from `axis` on; the last
+        n = self.dim(x, axis)
+        if not n or n < 2:
+            return self.skip(node, "fewer than 2 terms")
+        self.permute_through(node, {0: axis}, axis, n)
+
+    def layer_norm(self, node: onnx.NodeProto) -> None:
+        x = node.input[0]
+        r = self.rank(x)
+        n = self.dim(x, -1)
+        if r is None or not n or n < 2:
+            return self.skip(node, "input shape unknown" if r is None else "fewer than 2 terms")
+        axes = {0: r - 1}
+        for i in (1, 2):  # scale and bias follow the normalized axes (or broadcast along them)
+            if len(node.input) > i and node.input[i]:
+                ri = self.rank(node.input[i])
+                if ri is None:
+                    return self.skip(node, "scale or bias shape unknown")
+                if self.dim(node.input[i], -1) == n:
+                    axes[i] = ri - 1
+        self.permute_through(node, axes, r - 1, n)
+
+    def spatial_norm(self, node: onnx.NodeProto) -> None:
+        x = node.input[0]
+        r = self.rank(x)
+        n = self.dim(x, 2) if r and r >= 3 else None
+        if not n or n < 2:
+            return self.skip(node, "no spatial axis of 2 or more")
+        self.permute_through(node, {0: 2}, 2, n)
+
+    def attention(self, node: onnx.NodeProto) -> None:
+        ins = list(node.input)
+        if (len(ins) > 4 and any(ins[4:])) or any(node.output[1:]):
+            return self.skip(node, "a key/value cache or extra outputs")
+        q, k, v = ins[:3]
+        if any(self.rank(t) != 4 for t in (q, k, v)):
+            return self.skip(node, "3-D (packed heads) operands")
+        causal = any(a.name == "is_causal" and a.i for a in node.attribute)
+        d = self.dim(q, 3)
+        if not d or d < 2:
+            return self.skip(node, "fewer than 2 terms")
+        # Q.K over the head dimension; then (without causal masking) the keys of softmax and P.V.
+        base, idx = self._new_site(node, d)
+        pd = self._index(base, idx, "perm", 1, d)
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        new.input[0] = self._gather(q, pd, 3)
+        new.input[1] = self._gather(k, pd, 3)
+        self._finish(node, base, d, idx)
+        keys = self.dim(k, 2)
+        mask = ins[3] if len(ins) > 3 else ""
+        if not causal and keys and keys >= 2 and (not mask or self.dim(mask, -1) == keys):
+            base, idx = self._new_site(node, keys)
+            pk = self._index(base, idx, "perm", 1, keys)
+            new.input[1] = self._gather(new.input[1], pk, 2)
+            new.input[2] = self._gather(v, pk, 2)
+            if mask:
+                mr = self.rank(mask)
+                assert mr is not None
+                new.input[3] = self._gather(mask, pk, mr - 1)
+            self._finish(node, base, keys, idx)
+        elif causal:
+            self.skipped.append((node.name, node.op_type, "causal: the keys' order is the mask"))
+        self.nodes.append(new)
+
+
+def reorder(proto: onnx.ModelProto, shapes: Mapping[str, Shape]) -> Reordered:
+    """`proto` (top-level graph; subgraphs stay as they are) with every reduction it can permute
+    gathered through index inputs; `shapes` holds the run's tensor shapes (a capture's)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    rw = _Rewriter(out, {**static_shapes(proto), **shapes})
+    for i, node in enumerate(out.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{i}"
+        domain = node.domain or "ai.onnx"
+        op = node.op_type
+        if domain != "ai.onnx":
+            if any(w in op for w in ("Attention", "MatMul", "Norm", "Softmax", "Gemm", "Conv")):
+                rw.skip(node, f"{domain} op: its reduction is not gathered")
+            else:
+                rw.nodes.append(node)
+        elif op == "MatMul":
+            rw.matmul(node)
+        elif op == "Gemm":
+            rw.gemm(node)
+        elif op in ("Conv", "ConvTranspose"):
+            rw.conv(node, op == "ConvTranspose")
+        elif op == "Einsum":
+            rw.einsum(node)
+        elif op in _SUMMING_REDUCE:
+            rw.reduce(node)
+        elif op in ("Softmax", "LogSoftmax"):
+            rw.softmax(node)
+        elif op == "LayerNormalization":
+            rw.layer_norm(node)
+        elif op in ("GroupNormalization", "InstanceNormalization"):
+            rw.spatial_norm(node)
+        elif op == "Attention":
+            rw.attention(node)
+        else:
+            rw.nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(rw.nodes)
+    return Reordered(out, tuple(rw.sites), tuple(rw.skipped))

@@ -1,0 +1,176 @@
+"""Judgments on differences: the noise floor per tensor, each backend's origins, and the
+tensors the model itself leaves ill-conditioned.
+
+- The noise floor of a tensor: the largest scaled ULP by which K random orders of every
+  reduction (run on one engine, see xbackend.reorder) move it from the original order.
+- A node's local error: its output on a backend fed the reference's values of its inputs
+  (xbackend.sever), against the reference's output. It is allowed MARGIN times the larger of
+  the floor at the node and the rounding bound of its op (xbackend.rounding). A node past that
+  is an origin; a backend without origins is explained.
+- A tensor is ill-conditioned when reorderings alone move it past `conditioning_limit`:
+  fewer than half of its dtype's significand bits survive a change of sum order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from xbackend.metrics import TensorDiff, ulp_at
+from xbackend.modelref import np_dtype
+from xbackend.rounding import allowed_scaled, bound_for
+from xbackend.values import value_name
+
+__all__ = [
+    "MARGIN",
+    "NOT_MEASURED",
+    "Explanation",
+    "IllConditioned",
+    "LocalErrors",
+    "Origin",
+    "conditioning_limit",
+    "find_origins",
+]
+
+# Calibrated on the bundled models and the ONNX node tests (README, "Explanations"): the
+# largest local error of ORT, OpenVINO f32 and torch eager was below 0.5x of what MARGIN=1
+# allows; 4 leaves a factor of 8 before a correct engine is called an origin.
+MARGIN = 4.0
+
+
+def conditioning_limit(dtype: str) -> float:
+    """Scaled ULP past which reorderings alone leave fewer than half the significand bits:
+    2^(p/2) for a p-bit significand (float32: 4096)."""
+    try:
+        p = np.finfo(np_dtype(dtype)).nmant + 1  # type: ignore[type-var]
+    except (TypeError, ValueError):
+        return math.inf
+    return float(2.0 ** (p / 2))
+
+
+@dataclass(frozen=True)
+class Origin:
+    """A node whose own error exceeds what reordering and rounding allow."""
+
+    tensor: str
+    module: str
+    op_type: str
+    local_scaled_ulp: float | None  # None: not a float difference (see detail)
+    allowed_scaled_ulp: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class LocalErrors:
+    """One backend's local errors, node by node, against the reference."""
+
+    backend: str
+    status: str  # "ok" | "not-measured"
+    reason: str = ""
+    origins: tuple[Origin, ...] = ()
+    compared: int = 0  # nodes whose local error was measured
+    largest_ratio: float | None = None  # largest local error / allowed, over the nodes
+    largest_at: str = ""
+
+    @property
+    def explained(self) -> bool | None:
+        return None if self.status != "ok" else not self.origins
+
+
+@dataclass(frozen=True)
+class IllConditioned:
+    """A tensor where the model, not the engines, decides the accuracy: where it starts."""
+
+    tensor: str
+    module: str
+    floor_scaled_ulp: float
+    cause: str
+    criterion: str = "reorderings"  # "reorderings" | "far from float64"
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The noise floor, each backend's local errors, and ill-conditioned tensors."""
+
+    status: str  # "ok" | "unavailable"
+    reason: str = ""
+    engine: str = ""  # the engine whose permuted runs measured the floor
+    samples: int = 0
+    margin: float = MARGIN
+    floors: tuple[tuple[str, float], ...] = ()  # tensor -> floor (scaled ULP), model order
+    permuted: int = 0  # reductions permuted
+    skipped: tuple[tuple[str, str, str], ...] = ()  # (node, op, why) reductions left in order
+    local: tuple[LocalErrors, ...] = ()
+    ill_conditioned: tuple[IllConditioned, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def floor_map(self) -> dict[str, float]:
+        return dict(self.floors)
+
+    def floor(self, tensor: str) -> float | None:
+        return self.floor_map().get(value_name(tensor))
+
+    def tolerances(self, op_types: Mapping[str, str]) -> dict[str, float]:
+        """Each tensor's tolerance: MARGIN x the larger of its floor, its op's rounding bound
+        and 1 ULP."""
+        return {t: self.margin * max(f, bound_for(op_types.get(t, ""))[0], 1.0) for t, f in self.floors}
+
+    def local_for(self, backend: str) -> LocalErrors | None:
+        return next((x for x in self.local if x.backend == backend), None)
+
+
+def _allowed(d: TensorDiff, floor: float, margin: float) -> float:
+    """What reordering and rounding allow at this node, in its scaled ULP."""
+    ref_ulp = d.max_abs / d.scaled_ulp if d.scaled_ulp else None
+    one = ulp_at(1.0, np_dtype(d.dtype)) if d.dtype else None
+    rounding = allowed_scaled(d.op_type, ref_ulp, one or 0.0) if one else bound_for(d.op_type)[0]
+    return margin * max(floor, rounding)
+
+
+def find_origins(
+    backend: str,
+    local: Sequence[TensorDiff],
+    floors: Mapping[str, float],
+    modules: Mapping[str, str],
+    margin: float,
+) -> LocalErrors:
+    """Origins among `local` (each node's output, fed the reference's inputs, against the
+    reference's), in model order."""
+    origins = []
+    worst: tuple[float, str] = (-1.0, "")
+    for d in local:
+        t = value_name(d.name)
+        if d.bitwise_equal:
+            continue
+        allowed = _allowed(d, floors.get(t, 0.0), margin)
+        module = modules.get(t, "")
+        if d.scaled_ulp is None or not d.comparable or d.nan_mismatch or d.inf_mismatch:
+            why = d.detail or (
+                "NaN/Inf where the reference has a number"
+                if d.nan_mismatch or d.inf_mismatch
+                else "exact values differ"
+            )
+            origins.append(Origin(t, module, d.op_type, d.scaled_ulp, allowed, why))
+            continue
+        ratio = d.scaled_ulp / allowed if allowed else math.inf
+        if ratio > worst[0]:
+            worst = (ratio, t)
+        if ratio > 1:
+            origins.append(Origin(t, module, d.op_type, d.scaled_ulp, allowed))
+    return LocalErrors(
+        backend,
+        "ok",
+        origins=tuple(origins),
+        compared=len({value_name(d.name) for d in local}),
+        largest_ratio=worst[0] if worst[0] >= 0 else None,
+        largest_at=worst[1],
+    )
+
+
+NOT_MEASURED = Explanation("unavailable", "not measured")

@@ -1,0 +1,48 @@
+"""The severed model: every node reads its inputs from graph inputs, so one run of it on an
+engine, fed the reference's values of those inputs, gives each node's own (local) error.
+
+A node's output keeps its name, so the severed run's capture lines up with the
+reference's tensor by tensor. Each computed tensor a node reads becomes a graph
+input named `SEVERED + tensor`. Subgraphs (If, Loop, Scan) still read the
+outer tensors their parents compute; a tensor the reference did not capture
+stays connected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import onnx
+from onnx import helper
+
+__all__ = ["SEVERED", "Severed", "sever"]
+
+SEVERED = "xb.in."
+
+
+@dataclass(frozen=True)
+class Severed:
+    """The severed model and the tensors it reads as inputs (original names, model order)."""
+
+    proto: onnx.ModelProto
+    inputs: tuple[str, ...]
+
+
+def sever(proto: onnx.ModelProto, available: Mapping[str, tuple[int, tuple[int, ...]]]) -> Severed:
+    """`proto` with each node input that another node computes, and that `available` holds
+    (name -> (ONNX element type, shape)), read from a graph input instead."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    g = out.graph
+    computed = {o for n in g.node for o in n.output if o}
+    fed: dict[str, None] = {}
+    for node in g.node:
+        for i, name in enumerate(node.input):
+            if name in computed and name in available:
+                node.input[i] = SEVERED + name
+                fed[name] = None
+    for name in fed:
+        elem, shape = available[name]
+        g.input.append(helper.make_tensor_value_info(SEVERED + name, elem, list(shape)))
+    return Severed(out, tuple(fed))
