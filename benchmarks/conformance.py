@@ -47,6 +47,9 @@ class CaseOutcome:
     reasons: tuple[str, str]
     compared: bool  # ort-cpu and reference compared at the outputs
     verdict: str  # first verdict line, or the error
+    explained: bool | None = None  # ort-cpu has no origin against the reference
+    largest: float | None = None  # ort-cpu's largest local error / what MARGIN=1 allows
+    origins: str = ""  # ort-cpu's origins: tensor (op) local/allowed
 
     def category(self, i: int) -> str:
         direct, ok = self.direct[i], self.status[i] == "ok"
@@ -153,7 +156,17 @@ def run_case(case: Any, timeout: float = 120.0) -> CaseOutcome:
     reasons = tuple(r.backend(b).reason for b in BACKENDS)
     cross = [c for c in r.cross_backend if c.backend == "ort-cpu" and c.reference == "reference"]
     compared = bool(cross) and cross[0].status == "ok"
-    return CaseOutcome(case.name, direct, status, reasons, compared, r.verdict()[0])  # type: ignore[arg-type]
+    le = r.explanation.local_for("ort-cpu")
+    margin = r.explanation.margin
+    largest = le.largest_ratio * margin if le is not None and le.largest_ratio is not None else None
+    origins = ", ".join(
+        f"{o.tensor} ({o.op_type}) {o.local_scaled_ulp or 0:.3g}/{o.allowed_scaled_ulp / margin:.3g}"
+        for o in (le.origins if le is not None else ())
+    )
+    explained = le.explained if le is not None else None
+    return CaseOutcome(  # type: ignore[arg-type]
+        case.name, direct, status, reasons, compared, r.verdict()[0], explained, largest, origins
+    )
 
 
 def _run_one(case: Any) -> CaseOutcome:
@@ -184,6 +197,18 @@ def summarize(outcomes: list[CaseOutcome]) -> str:
     for o in lost:
         which = [b for i, b in enumerate(BACKENDS) if o.category(i) == "LOST"]
         lines.append(f"  LOST {o.name} ({', '.join(which)}): {' | '.join(o.reasons)}"[:300])
+    measured = [o for o in outcomes if o.explained is not None]
+    explained = [o for o in measured if o.explained]
+    top = sorted((o for o in explained if o.largest is not None), key=lambda o: -(o.largest or 0))[:5]
+    lines += [
+        "",
+        f"calibration: ort-cpu's local errors measured on {len(measured)} cases; explained on "
+        f"{len(explained)}; largest local error / rounding-and-floor bound among them: "
+        + ", ".join(f"{o.name} {o.largest:.2f}" for o in top),
+    ]
+    for o in measured:
+        if not o.explained:
+            lines.append(f"  ORIGIN {o.name}: {o.origins}"[:300])
     verdicts = Counter(o.verdict.split(":")[0] for o in outcomes)
     lines.append("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items())))
     return "\n".join(lines)

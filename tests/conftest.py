@@ -23,6 +23,7 @@ PLUGINS = {
     "test-drift": "plugin_runners:ThreadDriftRunner",
     "test-promising": "plugin_runners:PromisingOrtRunner",
     "test-kill-job": "plugin_runners:KillJobRunner",
+    "test-fast-gelu": "plugin_runners:FastGeluRunner",
 }
 
 

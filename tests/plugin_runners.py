@@ -7,8 +7,10 @@ engines cannot promise across machines.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +235,21 @@ class KillJobRunner(ReferenceRunner):
             os.kill(os.getppid(), 9)
             os._exit(1)
         return super().prepare_impl(model, tensors)
+
+
+class FastGeluRunner(OrtCpuRunner):
+    """onnxruntime CPU with every exact GELU swapped for its tanh approximation, as engines with a
+    "fast GELU" do: a real precision change, made at the Gelu nodes and nowhere else."""
+
+    name = "test-fast-gelu"
+    description = "ONNX Runtime CPU with GELU's tanh approximation"
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        proto = onnx.load(model.path)
+        for node in proto.graph.node:
+            if node.op_type == "Gelu":
+                node.attribute.append(onnx.helper.make_attribute("approximate", "tanh"))
+        self._fast = tempfile.TemporaryDirectory(prefix="xbackend-fastgelu-")
+        path = os.path.join(self._fast.name, "fast.onnx")
+        onnx.save(proto, path)
+        return super().prepare_impl(replace(model, path=path, external_data=False), tensors)

@@ -11,7 +11,8 @@ rewritten graph in its original order.
 The rewrite keeps weights where they are (an initializer is gathered by a node,
 never copied), so models past 2 GiB stay external. Covered: MatMul, Gemm, Conv,
 ConvTranspose, Einsum, the summing Reduce* ops, Softmax/LogSoftmax,
-LayerNormalization, Group/InstanceNormalization and Attention; every reduction
+LayerNormalization, Group/InstanceNormalization, Attention and the scatters that add or
+multiply colliding updates; every reduction
 left as it is comes back in `Reordered.skipped` with the reason.
 """
 
@@ -299,6 +300,17 @@ class _Rewriter:
             return self.skip(node, "no spatial axis of 2 or more")
         self.permute_through(node, {0: 2}, 2, n)
 
+    def scatter(self, node: onnx.NodeProto) -> None:
+        """Colliding updates are summed in the order they come: permute the updates (and their
+        indices) along their first axis."""
+        red = next((a.s.decode() for a in node.attribute if a.name == "reduction"), "none")
+        if red not in ("add", "mul"):
+            return self.nodes.append(node)
+        n = self.dim(node.input[2], 0)
+        if not n or n < 2 or self.rank(node.input[1]) is None:
+            return self.skip(node, "updates shape unknown" if n is None else "fewer than 2 updates")
+        self.permute_inputs(node, {1: (0, 1), 2: (0, 1)}, n)
+
     def attention(self, node: onnx.NodeProto) -> None:
         ins = list(node.input)
         if (len(ins) > 4 and any(ins[4:])) or any(node.output[1:]):
@@ -369,6 +381,8 @@ def reorder(proto: onnx.ModelProto, shapes: Mapping[str, Shape]) -> Reordered:
             rw.spatial_norm(node)
         elif op == "Attention":
             rw.attention(node)
+        elif op in ("ScatterND", "ScatterElements"):
+            rw.scatter(node)
         else:
             rw.nodes.append(node)
     del out.graph.node[:]

@@ -52,12 +52,17 @@ class _Graph:
         return output
 
     def model(
-        self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto], doc: str
+        self,
+        name: str,
+        inputs: list[onnx.ValueInfoProto],
+        outputs: list[onnx.ValueInfoProto],
+        doc: str,
+        opset: int = OPSET,
     ) -> onnx.ModelProto:
         g = helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits)
         m = helper.make_model(
             g,
-            opset_imports=[helper.make_opsetid("", OPSET)],
+            opset_imports=[helper.make_opsetid("", opset)],
             producer_name="xbackend-samples",
             producer_version="1",
         )
@@ -400,6 +405,56 @@ def gpt_batch(vocab: int = 64, width: int = 32, seq: int = 8) -> onnx.ModelProto
     )
 
 
+def gelu_mlp(rows: int = 16, width: int = 64, blocks: int = 3) -> onnx.ModelProto:
+    """Linear layers with exact (erf) GELU between them: opset 20's Gelu op."""
+    g = _Graph(7)
+    x = "x"
+    for i in range(blocks):
+        x = g.op("Gelu", [_linear(g, x, width, width, f"l{i}")], f"l{i}.gelu")
+    y = g.op("Identity", [_linear(g, x, width, width, "head")], "y")
+    f = TensorProto.FLOAT
+    return g.model(
+        "gelu_mlp",
+        [helper.make_tensor_value_info("x", f, [rows, width])],
+        [helper.make_tensor_value_info(y, f, [rows, width])],
+        gelu_mlp.__doc__ or "",
+        opset=20,
+    )
+
+
+def _variance(two_pass: bool) -> onnx.ModelProto:
+    g = _Graph(11)
+    x = g.op("Add", ["x", g.const("offset", np.array(1000.0, np.float32))], "shifted")
+    mean = g.op("ReduceMean", [x], "mean", axes=[-1], keepdims=1)
+    if two_pass:
+        d = g.op("Sub", [x, mean], "centered")
+        var = g.op("ReduceMean", [g.op("Mul", [d, d], "centered.sq")], "var", axes=[-1], keepdims=1)
+    else:
+        sq = g.op("ReduceMean", [g.op("Mul", [x, x], "x.sq")], "mean.sq", axes=[-1], keepdims=1)
+        var = g.op("Sub", [sq, g.op("Mul", [mean, mean], "mean.squared")], "var")
+    eps = g.const("eps", np.array(1e-5, np.float32))
+    inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [var, eps], "var.eps")], "std")], "inv.std")
+    y = g.op("Mul", [g.op("Sub", [x, mean], "x.centered"), inv], "y")
+    f = TensorProto.FLOAT
+    name = "variance_two_pass" if two_pass else "variance_naive"
+    return g.model(
+        name,
+        [helper.make_tensor_value_info("x", f, [32, 256])],
+        [helper.make_tensor_value_info(y, f, [32, 256]), helper.make_tensor_value_info(var, f, [32, 1])],
+        f"{name}: rows of mean 1000 normalized",
+    )
+
+
+def variance_naive() -> onnx.ModelProto:
+    """Normalizes rows of mean ~1000 with the variance computed as E[x²]−E[x]² (cancels)."""
+    return _variance(two_pass=False)
+
+
+def variance_two_pass() -> onnx.ModelProto:
+    """The same normalization with the variance computed two-pass: E[(x−E[x])²]."""
+    return _variance(two_pass=True)
+
+
 SAMPLES: dict[str, Sample] = {
     s.name: s
     for s in (
@@ -440,6 +495,17 @@ SAMPLES: dict[str, Sample] = {
             "opset_future",
             opset_future,
             "stamped with onnx's newest opset: ONNX Runtime cannot load it, the reference evaluator runs it",
+        ),
+        Sample(
+            "gelu_mlp", gelu_mlp, "exact GELU: a tanh-approximating engine has its origins at the Gelu nodes"
+        ),
+        Sample(
+            "variance_naive",
+            variance_naive,
+            "E[x²]−E[x]² on rows of mean 1000: ill-conditioned at var on every engine",
+        ),
+        Sample(
+            "variance_two_pass", variance_two_pass, "the two-pass twin of variance_naive: well conditioned"
         ),
         Sample(
             "gpt_batch",

@@ -162,8 +162,15 @@ def _plan(
             continue
         if b is None or b.cls is None:
             not_measured[name] = "loaded from a capture: its engine did not run here"
+        elif not b.cls.executes_graph and b.cls.severs_by_feeds:
+            plain = _ref(spec, Path(spec.path), smodel.inputs[len(spec.input_names) :])
+            phase = PhaseSpec(_LOCAL_PHASE, tensors, 1, model=plain)
+            local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
         elif not b.cls.executes_graph:
-            not_measured[name] = f"{b.cls.name} computes from its own source, not the ONNX graph"
+            not_measured[name] = (
+                f"{b.cls.name} computes from its own source, not the ONNX graph, and cannot be fed "
+                "the reference's values step by step"
+            )
         else:
             phase = PhaseSpec(_LOCAL_PHASE, tensors, 1, model=smodel)
             local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))

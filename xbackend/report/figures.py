@@ -58,6 +58,7 @@ class Figure:
     series: tuple[Series, ...]
     kind: str = "line"  # "line" | "bars" (x holds bin indexes)
     xticks: tuple[str, ...] = ()
+    band: Series | None = None  # drawn as a shaded band from 0 (the noise floor)
 
 
 def _points(
@@ -96,14 +97,26 @@ def _error_depth(r: Result) -> Figure | None:
     )
     if not series:
         return None
+    ex = r.explanation
+    band = None
+    if ex.ok and ex.floors:
+        pts = sorted((float(rank.get(t, len(rank))), f) for t, f in ex.floors)
+        name = f"noise floor ({ex.samples} orders on {ex.engine})"
+        band = Series(name, tuple(x for x, _ in pts), tuple(y for _, y in pts))
+    shaded = (
+        " The shaded band is the noise floor: how far legitimate orders of every sum move each tensor."
+        if band
+        else ""
+    )
     return Figure(
         "error-depth",
         f"Error growth with depth, against {against}",
         f"Scaled ULP of every tensor against {against}, in model order (symlog scale): where error enters "
-        "and how it grows layer by layer.",
+        f"and how it grows layer by layer.{shaded}",
         "tensor index (model order)",
         "scaled ULP",
         series,
+        band=band,
     )
 
 
@@ -203,6 +216,9 @@ def render(fig: Figure) -> bytes:
     FigureCanvasAgg(f)
     ax = f.add_subplot()
     n = len(fig.series)
+    if fig.band is not None:
+        b = fig.band
+        ax.fill_between(b.x, [0.0] * len(b.x), b.y, color="#bbbbbb", alpha=0.5, step="mid", label=b.name)
     for i, s in enumerate(fig.series):
         color = COLORS[i]
         if fig.kind == "bars":
@@ -214,7 +230,7 @@ def render(fig: Figure) -> bytes:
         ax.set_xticks(range(len(fig.xticks)), fig.xticks)
     else:
         ax.set_yscale("symlog", linthresh=1.0)
-        top = max((v for s in fig.series for v in s.y), default=1.0)
+        top = max((v for s in (*fig.series, *(b for b in [fig.band] if b)) for v in s.y), default=1.0)
         ticks = [0.0, 1.0]
         while ticks[-1] < top:
             ticks.append(ticks[-1] * 4)

@@ -83,7 +83,12 @@ def _drift(d: Drift, modules: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _cross(c: CrossBackendResult, modules: dict[str, str]) -> dict[str, Any]:
+def _with_floor(t: dict[str, Any], floors: dict[str, float], tol: CrossBackendResult) -> dict[str, Any]:
+    name = value_name(t["name"])
+    return {**t, "noise_floor": floors.get(name), "tolerance": tol.tolerance(name)}
+
+
+def _cross(c: CrossBackendResult, modules: dict[str, str], floors: dict[str, float]) -> dict[str, Any]:
     return {
         "backend": c.backend,
         "reference": c.reference,
@@ -101,7 +106,43 @@ def _cross(c: CrossBackendResult, modules: dict[str, str]) -> dict[str, Any]:
         "outputs": [_tensor(d, modules) for d in c.output_tensors],
         "instrumented_outputs_differ": c.observer_differs,
         "layers_note": c.layers_note,
-        "tensors": [_tensor(d, modules) for d in c.tensors],
+        "tensors": [_with_floor(_tensor(d, modules), floors, c) for d in c.tensors],
+        "explained": c.explained,
+        "origins": [
+            {
+                "tensor": o.tensor,
+                "module": o.module,
+                "op_type": o.op_type,
+                "local_scaled_ulp": o.local_scaled_ulp,
+                "allowed_scaled_ulp": o.allowed_scaled_ulp,
+                "detail": o.detail,
+            }
+            for o in c.origins
+        ],
+    }
+
+
+def _explanation(r: Result) -> dict[str, Any]:
+    ex = r.explanation
+    return {
+        "status": ex.status,
+        "reason": ex.reason,
+        "floor_engine": ex.engine,
+        "noise_samples": ex.samples,
+        "margin": ex.margin,
+        "reductions_permuted": ex.permuted,
+        "reductions_left_in_order": [{"node": n, "op_type": o, "why": w} for n, o, w in ex.skipped],
+        "local_errors": [
+            {
+                "backend": x.backend,
+                "status": x.status,
+                "reason": x.reason,
+                "nodes_compared": x.compared,
+                "largest_ratio": x.largest_ratio,
+                "largest_at": x.largest_at,
+            }
+            for x in ex.local
+        ],
     }
 
 
@@ -173,7 +214,17 @@ def to_dict(r: Result) -> dict[str, Any]:
             },
             "command": r.command,
             "backends": [_backend(b) for b in r.backends],
-            "cross_backend": [_cross(c, modules) for c in r.cross_backend],
+            "cross_backend": [_cross(c, modules, r.explanation.floor_map()) for c in r.cross_backend],
+            "explanation": _explanation(r),
+            "ill_conditioned": [
+                {
+                    "tensor": t.tensor,
+                    "module": t.module,
+                    "floor_scaled_ulp": t.floor_scaled_ulp,
+                    "cause": t.cause,
+                }
+                for t in r.explanation.ill_conditioned
+            ],
             "pairs": [_pair(p) for p in r.pairs],
             "oracle_error": [_oracle(c, modules) for c in r.oracle_error],
             "expected_error": [_oracle(c, modules) for c in r.expected_error],

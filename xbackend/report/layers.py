@@ -28,7 +28,9 @@ WORST_LAYERS = 10
 FULL_TABLE_LIMIT = 50  # rows of a folded per-layer table; the rest is in the CSV (and the JSON)
 
 
-def diff_row(d: TensorDiff, modules: Mapping[str, str], mark: str = "") -> list[object]:
+def diff_row(
+    d: TensorDiff, modules: Mapping[str, str], mark: str = "", floors: Mapping[str, float] | None = None
+) -> list[object]:
     name = f"**{d.name}** {mark}".strip() if mark else d.name
     module = modules.get(value_name(d.name), "")
     special = f"{d.nan_mismatch}/{d.inf_mismatch}/{d.ftz_mismatch}"
@@ -49,7 +51,16 @@ def diff_row(d: TensorDiff, modules: Mapping[str, str], mark: str = "") -> list[
         _num(d.max_rel),
         _num(d.v_ermv),
         special,
+        *([_times_floor(d, floors)] if floors is not None else []),
     ]
+
+
+def _times_floor(d: TensorDiff, floors: Mapping[str, float]) -> str:
+    """The difference in units of the tensor's noise floor (a floor under 1 ULP counts as 1)."""
+    f = floors.get(value_name(d.name))
+    if f is None or d.scaled_ulp is None:
+        return "–"
+    return f"{d.scaled_ulp / max(f, 1.0):.2g}"
 
 
 _DIFF_HEADER = [
@@ -69,12 +80,15 @@ _DIFF_HEADER = [
 ]
 
 
-def diff_header(modules: Mapping[str, str]) -> list[str]:
-    """The module column only for models that record source modules."""
-    return _DIFF_HEADER if modules else [h for h in _DIFF_HEADER if h != "module"]
+def diff_header(modules: Mapping[str, str], floors: bool = False) -> list[str]:
+    """The module column only for models that record source modules; × floor where floors exist."""
+    head = _DIFF_HEADER if modules else [h for h in _DIFF_HEADER if h != "module"]
+    return [*head, "× floor"] if floors else head
 
 
-def _layer_tables(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
+def _layer_tables(
+    c: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None
+) -> list[str]:
     out = [f"### {c.backend} vs {c.reference}", ""]
     if c.status != "ok":
         return [*out, f"Not compared: {c.reason}.", ""]
@@ -82,10 +96,13 @@ def _layer_tables(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str
     where = with_module(first, modules) if first else None
     outs = "bitwise equal" if c.bitwise_equal else f"{_num(c.scaled_ulp)} scaled ULP"
     summary = f"{len(c.tensors)} tensors; outputs {outs}; first divergence {where or 'none'}"
-    return [*out, f"<details><summary>{summary}</summary>", "", *_layer_body(c, modules), "</details>", ""]
+    body = _layer_body(c, modules, floors)
+    return [*out, f"<details><summary>{summary}</summary>", "", *body, "</details>", ""]
 
 
-def _layer_body(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
+def _layer_body(
+    c: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None
+) -> list[str]:
     out: list[str] = []
     out += [
         "Graph outputs (plain builds, the engine users ship):",
@@ -114,17 +131,22 @@ def _layer_body(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
             f"only by {c.reference}: {', '.join(c.only_in_reference) or 'none'}.",
             "",
         ]
-    return out + _worst_layers(c, modules) + _full_table(c, modules)
+    return out + _worst_layers(c, modules, floors) + _full_table(c, modules, floors)
 
 
-def _worst_layers(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
+def _worst_layers(
+    c: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None = None
+) -> list[str]:
     worst = sorted((d for d in c.tensors if not d.bitwise_equal), key=lambda d: d.severity(), reverse=True)
     if not worst:
         return ["Every compared tensor is bitwise equal.", ""] if c.tensors else []
     return [
         f"Worst {min(WORST_LAYERS, len(worst))} layers:",
         "",
-        *_table(diff_header(modules), [diff_row(d, modules) for d in worst[:WORST_LAYERS]]),
+        *_table(
+            diff_header(modules, floors is not None),
+            [diff_row(d, modules, "", floors) for d in worst[:WORST_LAYERS]],
+        ),
     ]
 
 
@@ -137,15 +159,17 @@ def _marks(c: CrossBackendResult) -> dict[str, str]:
     return marks
 
 
-def _full_table(c: CrossBackendResult, modules: Mapping[str, str]) -> list[str]:
+def _full_table(
+    c: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None = None
+) -> list[str]:
     if not c.tensors:
         return []
     marks = _marks(c)
-    rows = [diff_row(d, modules, marks.get(d.name, "")) for d in c.tensors[:FULL_TABLE_LIMIT]]
+    rows = [diff_row(d, modules, marks.get(d.name, ""), floors) for d in c.tensors[:FULL_TABLE_LIMIT]]
     out = [
         f"<details><summary>All layers in topological order ({len(c.tensors)})</summary>",
         "",
-        *_table(diff_header(modules), rows),
+        *_table(diff_header(modules, floors is not None), rows),
     ]
     if len(c.tensors) > FULL_TABLE_LIMIT:
         out += [
@@ -160,8 +184,15 @@ def cross_section(r: Result) -> list[str]:
         return ["## Cross-backend", "", "Only one backend ran; nothing to compare across backends.", ""]
     out = ["## Cross-backend, per layer", ""]
     modules = r.model.modules()
+    floors = r.explanation.floor_map() if r.explanation.ok else None
+    if floors is not None:
+        out += [
+            "× floor: the difference in units of the tensor's noise floor (how far legitimate orders "
+            "of every sum move it; a floor under 1 ULP counts as 1).",
+            "",
+        ]
     for c in r.cross_backend:
-        out += _layer_tables(c, modules)
+        out += _layer_tables(c, modules, floors)
     return out
 
 

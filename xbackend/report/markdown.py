@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
+from xbackend.report.explanation import explanation_section
 from xbackend.report.figures import planned_figures
 from xbackend.report.layers import cross_section, expected_section, matrix_section, oracle_section
 from xbackend.report.sections import (
@@ -242,6 +243,7 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *_summary(r),
         *_backends(r),
         *_promises(r),
+        *explanation_section(r),
         *_figures(r, stem),
         *_how_to_read(stem),
         *_findings(r),

@@ -103,6 +103,9 @@ class Runner(abc.ABC):
     # False: the runner computes from a source of its own (a torch module), not the ONNX graph
     # it is given, so rewrites of that graph (the severed model for local errors) mean nothing.
     executes_graph: ClassVar[bool] = True
+    # For such a runner: it takes the reference's values of the tensors its steps read as extra
+    # feeds (named xbackend.sever.SEVERED + tensor) and computes each step from them instead.
+    severs_by_feeds: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         self.options: dict[str, Any] = self.resolve_options(options or {})

@@ -44,6 +44,7 @@ class TorchCompileRunner(TorchRunner):
     description = "TorchInductor (torch.compile), default mode, frozen weights: no autotuning"
     mode: ClassVar[str] = "default"
     instrumentation_changes_engine = True  # returning intermediates changes what Inductor fuses
+    severs_by_feeds = False  # compiled: a hook cannot hand a kernel another module's output
     option_specs = (
         *TorchRunner.option_specs,
         OptionSpec("device", str, "cpu", "where the compiled module runs (cuda: Triton kernels)", DEVICES),

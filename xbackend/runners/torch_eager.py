@@ -23,6 +23,7 @@ from xbackend.metrics import is_float_dtype
 from xbackend.model import ModelRef, load_proto
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.ort_cpu import physical_cores
+from xbackend.sever import SEVERED
 from xbackend.torch_export import (
     META_MODULE,
     flatten_outputs,
@@ -42,6 +43,7 @@ class TorchRunner(Runner):
     description = "PyTorch eager on CPU: the module the ONNX model was exported from"
     instrumentation_changes_engine = False  # forward hooks read outputs; eager computes the same
     executes_graph = False
+    severs_by_feeds = True  # forward hooks hand each module's successors the reference's output
     option_specs: ClassVar[Sequence[OptionSpec]] = (
         OptionSpec(
             "module", str, "", "MODULE_SPEC (default: the one recorded at export, with trust_model_code)"
@@ -63,6 +65,7 @@ class TorchRunner(Runner):
         self._map: dict[str, str] = {}  # module name -> ONNX tensor
         self._outputs: tuple[str, ...] = ()
         self._captured: dict[str, np.ndarray] = {}
+        self._severed: dict[str, Value] = {}  # tensor -> the reference's value, handed on instead
         self._spec = ""
         self._weights = ""
         self._unmapped = "no torch module output maps to this tensor"
@@ -128,9 +131,13 @@ class TorchRunner(Runner):
         for name, sub in self._module.named_modules():
             if name in self._map:
 
-                def hook(_m: Any, _i: Any, out: Any, tensor: str = self._map[name]) -> None:
+                def hook(_m: Any, _i: Any, out: Any, tensor: str = self._map[name]) -> Any:
                     if isinstance(out, torch.Tensor):
                         self._captured[tensor] = to_numpy(out)
+                        ref = self._severed.get(tensor)
+                        if isinstance(ref, np.ndarray) and ref.shape == tuple(out.shape):
+                            return to_tensor(ref).to(dtype=out.dtype, device=out.device)
+                    return None
 
                 sub.register_forward_hook(hook)
 
@@ -138,7 +145,8 @@ class TorchRunner(Runner):
         import torch  # heavy: torch
 
         self._captured = {}
-        args = [_to_torch(feeds[n]) for n in self._inputs]
+        self._severed = {n[len(SEVERED) :]: v for n, v in feeds.items() if n.startswith(SEVERED)}
+        args = [_to_torch(feeds[n]) for n in self._inputs if not n.startswith(SEVERED)]
         result = self._forward(args)
         flat = flatten_outputs(result)
         if len(flat) != len(self._outputs):

@@ -1,0 +1,68 @@
+"""What the explanation costs: the noise floor (K permuted runs) and the local errors (one
+severed run per backend), against one plain build-and-run of the fastest engine, side by side
+in one run.
+
+For each model it times, in this order:
+  plain    `compare --backends ort-cpu --runs 1 --outputs-only --probes none --noise-samples 0`:
+           one worker that builds ort-cpu and runs the model once (the unit)
+  compare  `compare --backends ort-cpu,reference --runs 1 --probes none --noise-samples 0`
+  explain  the same with --noise-samples K: the difference is what the floor and the local
+           errors cost
+and prints explain - compare in units of plain, beside the target K + 2. Peak memory of this
+process and its workers is printed from resource.getrusage (max RSS of any child).
+
+Usage: python benchmarks/explain_cost.py [--samples 8] [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+import xbackend
+from xbackend.samples import mlp_layernorm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _time(model: Path, repeat: int, **kw: object) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        xbackend.compare(model, runs=1, probes=[], **kw)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=1)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = Path(tmp) / "residual_stack_20x768.onnx"
+        onnx.save(mlp_layernorm(blocks=20, width=768, hidden=768, seq=128), str(stack))
+        models = [ROOT / "models" / "torch_mlp.onnx", stack]
+        print(f"K = {a.samples}; target: explain - compare <= {a.samples + 2} x plain")
+        print(f"{'model':32s} {'plain s':>8s} {'compare s':>10s} {'explain s':>10s} {'cost / plain':>13s}")
+        worst = 0.0
+        for m in models:
+            plain = _time(m, a.repeat, backends="ort-cpu", outputs_only=True, noise_samples=0)
+            base = _time(m, a.repeat, backends="ort-cpu,reference", noise_samples=0)
+            full = _time(m, a.repeat, backends="ort-cpu,reference", noise_samples=a.samples)
+            ratio = (full - base) / plain
+            worst = max(worst, ratio)
+            print(f"{m.name:32s} {plain:8.2f} {base:10.2f} {full:10.2f} {ratio:13.2f}")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"largest worker peak RSS: {peak:.0f} MiB")
+    return 0 if worst <= a.samples + 2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Explanations: the noise floor (permuted reductions), origins (the severed model), and
+ill-conditioned tensors, on real engines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import xbackend
+from xbackend.reorder import index_feeds, reorder
+from xbackend.rounding import EXACT, bound_for
+from xbackend.samples import build
+from xbackend.sever import SEVERED, sever
+
+ROOT = Path(__file__).resolve().parent.parent
+D = TensorProto.DOUBLE
+
+
+def _one_node(node: onnx.NodeProto, inputs: dict[str, np.ndarray], out_shape: list[int], opset: int = 21):
+    g = helper.make_graph(
+        [node],
+        "one",
+        [helper.make_tensor_value_info(k, D, list(v.shape)) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(node.output[0], D, out_shape)],
+    )
+    return helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _run(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.asarray(s.run(None, feeds)[0])
+
+
+_R = np.random.default_rng(0)
+CASES = {
+    "MatMul": (helper.make_node("MatMul", ["a", "b"], ["y"]), {"a": (3, 4, 16), "b": (16, 5)}, [3, 4, 5]),
+    "Gemm transB": (
+        helper.make_node("Gemm", ["a", "b", "c"], ["y"], transB=1),
+        {"a": (4, 16), "b": (5, 16), "c": (5,)},
+        [4, 5],
+    ),
+    "Conv groups": (
+        helper.make_node("Conv", ["x", "w"], ["y"], group=2, pads=[1, 1, 1, 1]),
+        {"x": (1, 8, 5, 5), "w": (6, 4, 3, 3)},
+        [1, 6, 5, 5],
+    ),
+    "ConvTranspose groups": (
+        helper.make_node("ConvTranspose", ["x", "w"], ["y"], group=2),
+        {"x": (1, 8, 4, 4), "w": (8, 3, 3, 3)},
+        [1, 6, 6, 6],
+    ),
+    "Einsum": (
+        helper.make_node("Einsum", ["a", "b"], ["y"], equation="bij,bjk->bik"),
+        {"a": (2, 3, 12), "b": (2, 12, 4)},
+        [2, 3, 4],
+    ),
+    "ReduceSum two axes": (
+        helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0),
+        {"x": (3, 7, 9)},
+        [3],
+    ),
+    "Softmax": (helper.make_node("Softmax", ["x"], ["y"], axis=1), {"x": (4, 10, 3)}, [4, 10, 3]),
+    "LayerNormalization": (
+        helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1),
+        {"x": (4, 12), "s": (12,), "b": (12,)},
+        [4, 12],
+    ),
+    "InstanceNormalization": (
+        helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"]),
+        {"x": (2, 3, 6, 5), "s": (3,), "b": (3,)},
+        [2, 3, 6, 5],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_permuted_reduction_computes_the_same_sum(case: str) -> None:
+    """In float64 the rewritten node equals the original to rounding (the same terms, another
+    order), and a float32 order moves bits: the rewrite permutes terms, nothing else."""
+    node, shapes, out = CASES[case]
+    feeds = {k: _R.standard_normal(s) for k, s in shapes.items()}
+    m = _one_node(node, feeds, out)
+    if case == "ReduceSum two axes":
+        m.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 2], np.int64), "axes"))
+    r = reorder(m, {k: v.shape for k, v in feeds.items()})
+    assert r.skipped == ()
+    assert len(r.sites) == (2 if case == "ReduceSum two axes" else 1)
+    want = _run(m, feeds)
+    same = _run(r.proto, {**feeds, **index_feeds(r, None)})
+    assert np.array_equal(same, want)  # the identity order: the original's bits
+    for k in range(3):
+        got = _run(r.proto, {**feeds, **index_feeds(r, np.random.default_rng(k))})
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_reorder_names_what_it_leaves_in_order() -> None:
+    x = {"x": (1, 4, 5, 5), "w": (4, 1, 3, 3)}
+    node = helper.make_node("Conv", ["x", "w"], ["y"], group=4)
+    m = _one_node(node, {k: np.zeros(s) for k, s in x.items()}, [1, 4, 3, 3])
+    r = reorder(m, x)
+    assert r.sites == ()
+    assert r.skipped == ((node.name or "Conv_0", "Conv", r.skipped[0][2]),)
+    assert "one input channel per group" in r.skipped[0][2]
+
+
+def test_severed_model_reads_every_computed_input_from_a_graph_input() -> None:
+    m = build("mlp_layernorm")
+    produced = {o for n in m.graph.node for o in n.output}
+    avail = {t: (TensorProto.FLOAT, (1,)) for t in produced}
+    s = sever(m, avail)
+    for node in s.proto.graph.node:
+        for i in node.input:
+            assert i not in produced, f"{node.name} still reads {i}"
+    assert set(s.inputs) == {i for n in m.graph.node for i in n.input if i in produced}
+    names = {i.name for i in s.proto.graph.input}
+    assert {SEVERED + t for t in s.inputs} <= names
+    assert [o.name for o in s.proto.graph.output] == [o.name for o in m.graph.output]
+
+
+def test_rounding_bounds_have_sources() -> None:
+    assert bound_for("Relu") == (0.0, bound_for("Relu")[1]) and "Relu" in EXACT
+    b, src = bound_for("Gelu")
+    assert b == 32 and "measured" in src
+    assert bound_for("NoSuchOp")[0] == 32 and "no stated bound" in bound_for("NoSuchOp")[1]
+
+
+def _model(tmp_path: Path, name: str) -> Path:
+    p = tmp_path / f"{name}.onnx"
+    onnx.save(build(name), str(p))
+    return p
+
+
+@pytest.mark.usefixtures("plugins")
+def test_fast_gelu_origins_are_the_gelu_nodes_and_nothing_else(tmp_path: Path) -> None:
+    m = _model(tmp_path, "gelu_mlp")
+    r = xbackend.compare(m, backends="test-fast-gelu,ort-cpu,reference", runs=1)
+    fast, plain = r.cross("test-fast-gelu"), r.cross("ort-cpu")
+    assert [o.tensor for o in fast.origins] == ["l0.gelu", "l1.gelu", "l2.gelu"]
+    assert all(
+        o.op_type == "Gelu" and o.local_scaled_ulp > 100 * o.allowed_scaled_ulp / 4 for o in fast.origins
+    )
+    assert fast.explained is False and fast.violates
+    assert plain.explained is True and not plain.violates
+    assert r.exit_code == 1
+    line = next(v for v in r.verdict() if v.startswith("FAIL"))
+    assert line.startswith("FAIL: test-fast-gelu: 3 origins") and "first l0.gelu (Gelu)" in line
+    # --fail-on unexplained is its own exit code; --max-ulp N keeps the fixed tolerance
+    gated = xbackend.compare(m, backends="test-fast-gelu,reference", runs=1, fail_on="unexplained")
+    assert gated.exit_code == 17
+    fixed = xbackend.compare(m, backends="test-fast-gelu,reference", runs=1, max_ulp=1e9)
+    assert fixed.exit_code == 0 and fixed.cross("test-fast-gelu").origins
+
+
+def test_naive_variance_is_ill_conditioned_and_its_two_pass_twin_is_not(tmp_path: Path) -> None:
+    naive = xbackend.compare(_model(tmp_path, "variance_naive"), runs=1)
+    ill = naive.explanation.ill_conditioned
+    assert [t.tensor for t in ill] == ["var"]
+    assert ill[0].floor_scaled_ulp > 4096 and "E[x²]−E[x]² cancels" in ill[0].cause
+    assert naive.cross("ort-cpu").explained is True  # the engines are not to blame
+    assert any(v.startswith("WARN: var: ill-conditioned") for v in naive.verdict())
+    gated = xbackend.compare(_model(tmp_path, "variance_naive"), runs=1, fail_on="ill-conditioned")
+    assert gated.exit_code == 18
+    twin = xbackend.compare(_model(tmp_path, "variance_two_pass"), runs=1)
+    assert twin.explanation.ill_conditioned == ()
+    assert twin.cross("ort-cpu").explained is True
+
+
+BUNDLED = {
+    "mlp_layernorm.onnx": {},
+    "attention.onnx": {},
+    "convnet.onnx": {"image": (2, 3, 32, 32)},
+    "dot_products.onnx": {},
+    "mlp_batch.onnx": {"x": (4, 128)},
+    "torch_mlp.onnx": {},
+    "scatter_add.onnx": {},
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUNDLED))
+def test_engines_are_explained_on_every_bundled_model(name: str) -> None:
+    backends = "ort-cpu,openvino-cpu,reference"
+    r = xbackend.compare(ROOT / "models" / name, backends=backends, runs=1, shapes=BUNDLED[name])
+    assert r.explanation.ok, r.explanation.reason
+    for c in r.cross_backend:
+        assert c.explained is True, (c.backend, c.origins)
+
+
+def test_noise_samples_zero_falls_back_to_the_fixed_tolerance(tmp_path: Path) -> None:
+    r = xbackend.compare(_model(tmp_path, "mlp_layernorm"), runs=1, noise_samples=0)
+    assert not r.explanation.ok and "--noise-samples 0" in r.explanation.reason
+    c = r.cross("ort-cpu")
+    assert c.tolerances == () and c.explained is None and c.max_ulp_tolerance == 64
+
+
+def test_json_carries_floors_origins_and_ill_conditioned(tmp_path: Path) -> None:
+    r = xbackend.compare(_model(tmp_path, "variance_naive"), runs=1)
+    doc = json.loads(xbackend.report.to_json(r))
+    c = doc["cross_backend"][0]
+    assert c["explained"] is True and c["origins"] == []
+    floors = {t["name"]: t["noise_floor"] for t in c["tensors"]}
+    assert floors["var"] > 4096
+    assert doc["ill_conditioned"][0]["tensor"] == "var"
+    assert set(doc["ill_conditioned"][0]) == {"tensor", "module", "floor_scaled_ulp", "cause"}
