@@ -22,12 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 D = TensorProto.DOUBLE
 
 
-def _one_node(node: onnx.NodeProto, inputs: dict[str, np.ndarray], out_shape: list[int], opset: int = 21):
+def _one_node(
+    node: onnx.NodeProto, inputs: dict[str, np.ndarray], out_shape: list[int], opset: int = 21, elem: int = D
+) -> onnx.ModelProto:
     g = helper.make_graph(
         [node],
         "one",
-        [helper.make_tensor_value_info(k, D, list(v.shape)) for k, v in inputs.items()],
-        [helper.make_tensor_value_info(node.output[0], D, out_shape)],
+        [helper.make_tensor_value_info(k, elem, list(v.shape)) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(node.output[0], elem, out_shape)],
     )
     return helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", opset)])
 
@@ -79,13 +81,19 @@ CASES = {
 }
 
 
+SINGLE = {"Conv", "ConvTranspose", "LayerNormalization", "InstanceNormalization", "Einsum"}
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_permuted_reduction_computes_the_same_sum(case: str) -> None:
-    """In float64 the rewritten node equals the original to rounding (the same terms, another
-    order), and a float32 order moves bits: the rewrite permutes terms, nothing else."""
+    """The rewritten node equals the original to rounding (the same terms in another order; in
+    float64 where ONNX Runtime has the kernel), and the identity order gives the original's bits:
+    the rewrite permutes terms, nothing else."""
     node, shapes, out = CASES[case]
-    feeds = {k: _R.standard_normal(s) for k, s in shapes.items()}
-    m = _one_node(node, feeds, out)
+    single = node.op_type in SINGLE  # ONNX Runtime has no float64 kernel: float32, looser check
+    dtype, tol = (np.float32, 1e-5) if single else (np.float64, 1e-12)
+    feeds = {k: _R.standard_normal(s).astype(dtype) for k, s in shapes.items()}
+    m = _one_node(node, feeds, out, elem=TensorProto.FLOAT if single else D)
     if case == "ReduceSum two axes":
         m.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 2], np.int64), "axes"))
     r = reorder(m, {k: v.shape for k, v in feeds.items()})
@@ -96,7 +104,7 @@ def test_a_permuted_reduction_computes_the_same_sum(case: str) -> None:
     assert np.array_equal(same, want)  # the identity order: the original's bits
     for k in range(3):
         got = _run(r.proto, {**feeds, **index_feeds(r, np.random.default_rng(k))})
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
 def test_reorder_names_what_it_leaves_in_order() -> None:
@@ -142,8 +150,8 @@ def test_fast_gelu_origins_are_the_gelu_nodes_and_nothing_else(tmp_path: Path) -
     r = xbackend.compare(m, backends="test-fast-gelu,ort-cpu,reference", runs=1)
     fast, plain = r.cross("test-fast-gelu"), r.cross("ort-cpu")
     assert [o.tensor for o in fast.origins] == ["l0.gelu", "l1.gelu", "l2.gelu"]
-    assert all(
-        o.op_type == "Gelu" and o.local_scaled_ulp > 100 * o.allowed_scaled_ulp / 4 for o in fast.origins
+    assert all(o.op_type == "Gelu" and o.local_scaled_ulp > 8 * o.allowed_scaled_ulp for o in fast.origins), (
+        fast.origins
     )
     assert fast.explained is False and fast.violates
     assert plain.explained is True and not plain.violates

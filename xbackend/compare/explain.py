@@ -71,9 +71,12 @@ def explain(
     opts = ctx.opts
     if opts.noise_samples == 0:
         return Explanation("unavailable", "--noise-samples 0: no floor was measured")
-    others = [n for n, b in builds.items() if n not in (ref, EXPECTED) and b.ok]
+    others = [b for n, b in builds.items() if n not in (ref, EXPECTED) and b.ok]
     if not others:
         return Explanation("unavailable")  # nothing is compared with the reference
+    if all(b.loaded is not None for b in others):
+        why = "every backend compared with the reference was loaded from a capture"
+        return Explanation("unavailable", f"{why}; --max-ulp auto stands at {opts.fixed_ulp:g}")
     rb = builds.get(ref)
     if rb is None or not rb.ok:
         return Explanation("unavailable", f"the reference {ref} did not run")
