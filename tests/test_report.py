@@ -70,6 +70,7 @@ def test_markdown_sections_in_order(two_runs: tuple[xbackend.Result, xbackend.Re
         "## Verdict",
         "## Summary",
         "## Backends",
+        "## What the differences are",
         "## How to read this",
         "## All pairs at the outputs",
         "## Cross-backend, per layer",

@@ -22,6 +22,7 @@ from xbackend.capture import CaptureFile, diff_captures
 from xbackend.compare.builds import Builds
 from xbackend.compare.plan import plan_backend
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
+from xbackend.metrics import diff_values, ulp_at
 from xbackend.model import ModelRef, ModelSpec, NodeTensor, load_proto, write_rewritten
 from xbackend.modelref import np_dtype
 from xbackend.probes.base import PlannedBackend, ProbeContext
@@ -255,11 +256,40 @@ def _floors(base: str, samples: Sequence[str], spec: ModelSpec) -> dict[str, flo
         names = [n for n in spec.tensor_order() if n in b]
         for path in samples:
             with CaptureFile(path) as a:
-                for d in diff_captures(a, b, [n for n in names if n in a], ops):
-                    if d.scaled_ulp is not None:
-                        t = value_name(d.name)
-                        out[t] = max(out.get(t, 0.0), d.scaled_ulp)
+                for n in names:
+                    if n not in a:
+                        continue
+                    for t, s in _scaled(n, a[n], b[n], ops.get(n, "")):
+                        out[t] = max(out.get(t, 0.0), s)
     return out
+
+
+_IEEE = (np.float16, np.float32, np.float64)
+
+
+def _plain_ieee(a: Value, b: Value) -> bool:
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+        return False
+    return a.dtype == b.dtype and a.shape == b.shape and a.dtype.type in _IEEE
+
+
+def _scaled(name: str, a: Value, b: Value, op: str) -> list[tuple[str, float]]:
+    """The scaled ULP of `a` against `b` (finite elements only: the floor is about rounding);
+    the full comparison only for values other than plain IEEE tensors of one shape."""
+    if _plain_ieee(a, b):
+        assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+        if a.size == 0:
+            return [(name, 0.0)]
+        x, y = a.astype(np.float64), b.astype(np.float64)
+        ok = np.isfinite(x) & np.isfinite(y)
+        if not ok.any():
+            return []
+        scale = float(np.abs(y[ok]).max())
+        err = float(np.abs(x[ok] - y[ok]).max())
+        return [(name, err / ulp_at(scale, a.dtype) if err else 0.0)]
+    return [
+        (value_name(d.name), d.scaled_ulp) for d in diff_values(name, a, b, op) if d.scaled_ulp is not None
+    ]
 
 
 def _ill_conditioned(
