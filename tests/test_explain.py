@@ -128,7 +128,9 @@ def test_severed_model_reads_every_computed_input_from_a_graph_input() -> None:
     assert set(s.inputs) == {i for n in m.graph.node for i in n.input if i in produced}
     names = {i.name for i in s.proto.graph.input}
     assert {SEVERED + t for t in s.inputs} <= names
-    assert [o.name for o in s.proto.graph.output] == [o.name for o in m.graph.output]
+    outs = [o.name for o in s.proto.graph.output]
+    assert outs[: len(m.graph.output)] == [o.name for o in m.graph.output]
+    assert set(outs) == produced  # nothing left for an engine to prune as dead code
 
 
 def test_rounding_bounds_have_sources() -> None:
@@ -188,15 +190,33 @@ BUNDLED = {
     "torch_mlp.onnx": {},
     "scatter_add.onnx": {},
 }
+# ONNX Runtime's ScatterND add races on 2+ threads and loses updates: one thread is deterministic.
+ONE_THREAD = {"scatter_add.onnx"}
 
 
 @pytest.mark.parametrize("name", sorted(BUNDLED))
 def test_engines_are_explained_on_every_bundled_model(name: str) -> None:
-    backends = "ort-cpu,openvino-cpu,reference"
-    r = xbackend.compare(ROOT / "models" / name, backends=backends, runs=1, shapes=BUNDLED[name])
+    backends = "ort-cpu,openvino-cpu,reference" + (",torch" if name == "torch_mlp.onnx" else "")
+    options = {"torch": {"trust_model_code": "true"}} if "torch" in backends else {}
+    if name in ONE_THREAD:
+        options["ort-cpu"] = {"threads": "1"}
+    r = xbackend.compare(
+        ROOT / "models" / name, backends=backends, runs=1, shapes=BUNDLED[name], runner_options=options
+    )
     assert r.explanation.ok, r.explanation.reason
     for c in r.cross_backend:
         assert c.explained is True, (c.backend, c.origins)
+        assert r.explanation.local_for(c.backend).compared >= len(c.tensors) // 2  # nodes really measured
+
+
+def test_a_scatter_race_is_an_origin_not_reordering() -> None:
+    """On two threads ONNX Runtime's ScatterND add can lose updates: when the race shows (it may
+    not, on a loaded machine), the origin is the scatter; the floor, measured on one thread, stays
+    small, so the model is not called ill-conditioned."""
+    r = xbackend.compare(ROOT / "models" / "scatter_add.onnx", backends="ort-cpu,reference", runs=1)
+    assert [o.tensor for o in r.cross("ort-cpu").origins] in ([], ["pooled"])
+    assert r.explanation.ill_conditioned == ()
+    assert max(f for _, f in r.explanation.floors) < 64
 
 
 def test_noise_samples_zero_falls_back_to_the_fixed_tolerance(tmp_path: Path) -> None:

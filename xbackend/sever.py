@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
-__all__ = ["SEVERED", "Severed", "sever"]
+__all__ = ["SEVERED", "Severed", "computed_in_order", "sever"]
 
 SEVERED = "xb.in."
 
@@ -45,4 +45,12 @@ def sever(proto: onnx.ModelProto, available: Mapping[str, tuple[int, tuple[int, 
     for name in fed:
         elem, shape = available[name]
         g.input.append(helper.make_tensor_value_info(SEVERED + name, elem, list(shape)))
+    # Every computed tensor an output: a node whose output nothing reads any more would be
+    # dropped as dead code by engines that prune on import (OpenVINO).
+    have = {o.name for o in g.output}
+    g.output.extend(onnx.ValueInfoProto(name=n) for n in computed_in_order(g) if n not in have)
     return Severed(out, tuple(fed))
+
+
+def computed_in_order(g: onnx.GraphProto) -> list[str]:
+    return [o for n in g.node for o in n.output if o]

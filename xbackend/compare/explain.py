@@ -142,7 +142,9 @@ def _plan(
             paths.append(p)
         extra = tuple(paths)
         phase = PhaseSpec(_FLOOR_PHASE, tensors, 1, extra, model=model)
-        floor_job = Job("explain-floor", engine.name, engine.cls, engine.variant(), base, (phase,))
+        # One thread: a race between threads (a scatter's lost updates) must not pass for reordering.
+        variant = engine.variant(threads="1")
+        floor_job = Job("explain-floor", engine.name, engine.cls, variant, base, (phase,))
 
     available = {
         n: (helper.np_dtype_to_tensor_dtype(np_dtype(d)), s)
@@ -154,6 +156,7 @@ def _plan(
     spath = folder / "severed.onnx"
     write_rewritten(severed.proto, spec.path, spath)
     smodel = _ref(spec, spath, tuple(SEVERED + n for n in severed.inputs))
+    smodel = replace(smodel, outputs=tuple(o.name for o in severed.proto.graph.output))
     sfeeds = folder / "severed.xbv"
     with CaptureFile(ref_capture) as cap:
         save_values(sfeeds, _SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs))
