@@ -336,12 +336,18 @@ def external_files(proto: onnx.ModelProto) -> list[str]:
 
 
 def link_external(proto: onnx.ModelProto, src: Path, dest: Path) -> None:
-    """Symlink each external data file `proto` names from folder `src` into folder `dest`."""
+    """Link each external data file `proto` names from folder `src` into folder `dest`: a hard
+    link where the file system allows (ONNX Runtime refuses a symlink that leaves the model's
+    folder), else a symlink."""
     for rel in external_files(proto):
         link = dest / rel
         if not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to((src / rel).resolve())
+            target = (src / rel).resolve()
+            try:
+                os.link(target, link)
+            except OSError:
+                link.symlink_to(target)
 
 
 def write_rewritten(proto: onnx.ModelProto, source: str | os.PathLike[str], path: Path) -> None:
