@@ -45,10 +45,13 @@ def sever(proto: onnx.ModelProto, available: Mapping[str, tuple[int, tuple[int, 
     for name in fed:
         elem, shape = available[name]
         g.input.append(helper.make_tensor_value_info(SEVERED + name, elem, list(shape)))
-    # Every computed tensor an output: a node whose output nothing reads any more would be
-    # dropped as dead code by engines that prune on import (OpenVINO).
+    # Every computed tensor the reference holds an output: a node whose output nothing reads any
+    # more would be dropped as dead code by engines that prune on import (OpenVINO).
     have = {o.name for o in g.output}
-    g.output.extend(onnx.ValueInfoProto(name=n) for n in computed_in_order(g) if n not in have)
+    for n in computed_in_order(g):
+        if n not in have and n in available:  # typed: checkers (the oracle's) want a type
+            elem, shape = available[n]
+            g.output.append(helper.make_tensor_value_info(n, elem, list(shape)))
     return Severed(out, tuple(fed))
 
 

@@ -266,7 +266,7 @@ def _against(
                 "max ULP (outputs)",
                 "scaled ULP (outputs)",
                 "max rel (outputs)",
-                f"first past {r.options.tolerance_text} scaled ULP",
+                _past(r),
             ],
             rows,
         ),
@@ -280,3 +280,11 @@ def _against(
                 *_full_table(c, modules),
             ]
     return out
+
+
+def _past(r: Result) -> str:
+    return (
+        "first past its floor's tolerance"
+        if r.options.max_ulp is None
+        else f"first past {r.options.max_ulp:g} scaled ULP"
+    )

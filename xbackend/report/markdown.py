@@ -186,7 +186,7 @@ def _backends(r: Result) -> list[str]:
         "max ULP (outputs)",
         "scaled ULP (outputs)",
         "first divergence",
-        f"first past {r.options.tolerance_text} scaled ULP",
+        _past(r),
         *(["baseline"] if r.baseline else []),
     ]
     return ["## Backends", "", *_table(header, _backend_rows(r))]
@@ -265,3 +265,11 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *_reproduce(r),
     ]
     return "\n".join(parts)
+
+
+def _past(r: Result) -> str:
+    return (
+        "first past its floor's tolerance"
+        if r.options.max_ulp is None
+        else f"first past {r.options.max_ulp:g} scaled ULP"
+    )
