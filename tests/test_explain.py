@@ -234,4 +234,32 @@ def test_json_carries_floors_origins_and_ill_conditioned(tmp_path: Path) -> None
     floors = {t["name"]: t["noise_floor"] for t in c["tensors"]}
     assert floors["var"] > 4096
     assert doc["ill_conditioned"][0]["tensor"] == "var"
-    assert set(doc["ill_conditioned"][0]) == {"tensor", "module", "floor_scaled_ulp", "cause"}
+    assert set(doc["ill_conditioned"][0]) == {"tensor", "module", "floor_scaled_ulp", "cause", "criterion"}
+    assert doc["ill_conditioned"][0]["criterion"] == "reorderings"
+
+
+def test_a_cancellation_no_order_can_fix_is_ill_conditioned_against_float64(tmp_path: Path) -> None:
+    """(x + 1e6) - 1e6 keeps x to 1/16 in float32 on every engine, bit for bit: no sum to
+    reorder (the floor is 0), yet float64 keeps x whole. The onset is the subtraction; the scaling
+    after it inherits the loss and is not listed."""
+    f = TensorProto.FLOAT
+    big = onnx.numpy_helper.from_array(np.array(1e6, np.float32), "big")
+    nodes = [
+        helper.make_node("Add", ["x", "big"], ["shifted"], name="shift"),
+        helper.make_node("Sub", ["shifted", "big"], ["back"], name="unshift"),
+        helper.make_node("Add", ["back", "back"], ["y"], name="double"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "cancel",
+        [helper.make_tensor_value_info("x", f, [256])],
+        [helper.make_tensor_value_info("y", f, [256])],
+        [big],
+    )
+    m = tmp_path / "cancel.onnx"
+    onnx.save(helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]), str(m))
+    r = xbackend.compare(m, backends="ort-cpu,reference,oracle", runs=1)
+    ill = r.explanation.ill_conditioned
+    assert [(t.tensor, t.criterion) for t in ill] == [("back", "far from float64")]
+    assert "subtraction" in ill[0].cause and ill[0].floor_scaled_ulp == 0.0
+    assert r.oracle("ort-cpu").scaled_ulp > 4096 and r.cross("ort-cpu").bitwise_equal

@@ -134,3 +134,20 @@ def test_trt_autotune_names_each_layers_tactic(models: dict[str, Path]) -> None:
     info = dict(b.info)
     assert "clear_flag(TF32)" in info["builder_config"]
     assert int(info["engine_layers"]) > 0
+
+
+@needs("ort-cuda")
+def test_tf32_makes_origins_at_the_matmuls_and_convs_and_off_is_explained(models: dict[str, Path]) -> None:
+    """TF32 rounds the multiplicands of every float32 MatMul and Conv to 10 mantissa bits: a
+    real precision change, made at those nodes; with TF32 off, cuBLAS and cuDNN only reorder."""
+    r = xbackend.compare(
+        models["convnet"],
+        backends=["ort-cuda@tf32", "ort-cuda", "reference"],
+        runner_options={"ort-cuda@tf32": {"tf32": "true"}},
+        runs=1,
+        shapes=(("image", (8, 3, 32, 32)),),
+        probes="none",
+    )
+    on, off = r.cross("ort-cuda@tf32"), r.cross("ort-cuda")
+    assert on.origins and {o.op_type for o in on.origins} <= {"Conv", "MatMul", "Gemm"}, on.origins
+    assert off.explained is True, off.origins

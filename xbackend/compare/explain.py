@@ -41,7 +41,7 @@ from xbackend.sever import SEVERED, sever
 from xbackend.storage import save_values
 from xbackend.values import Value, value_name
 
-__all__ = ["FLOOR_ENGINE", "attach", "explain"]
+__all__ = ["FLOOR_ENGINE", "attach", "explain", "far_from_float64"]
 
 FLOOR_ENGINE = "ort-cpu"
 _FLOOR_PHASE = "floor"
@@ -313,6 +313,52 @@ def _ill_conditioned(
                 continue
             out.append(IllConditioned(t.name, modules.get(t.name, ""), f, _cause(t, by_name, floors, cap)))
     return tuple(out)
+
+
+def far_from_float64(
+    ex: Explanation,
+    spec: ModelSpec,
+    cross: Sequence[CrossBackendResult],
+    oracle: Sequence[CrossBackendResult],
+    ref_capture: str | None,
+) -> Explanation:
+    """The second kind of ill-conditioned tensor: every engine is past its dtype's conditioning
+    limit from the float64 oracle while they agree with the reference within their tolerance, so
+    no order of the float computation does better (the first place where that starts)."""
+    if not ex.ok or ref_capture is None:
+        return ex
+    engines = [c for c in oracle if c.status == "ok" and c.tensors]
+    if len(engines) < 2:  # one engine agreeing with itself proves nothing
+        return ex
+    far: set[str] | None = None
+    for c in engines:
+        names = {
+            value_name(d.name)
+            for d in c.tensors
+            if d.scaled_ulp is not None and d.scaled_ulp > conditioning_limit(d.dtype)
+        }
+        far = names if far is None else far & names
+    if not far:
+        return ex
+    disagree = {value_name(d.name) for c in cross if c.status == "ok" for d in c.tensors if c.exceeds(d)}
+    known = {t.tensor for t in ex.ill_conditioned}
+    floors = ex.floor_map()
+    by_name = {t.name: t for t in spec.tensors}
+    modules = spec.modules()
+    found = []
+    with CaptureFile(ref_capture) as cap:
+        for t in spec.tensors:
+            if t.name not in far or t.name in disagree or t.name in known:
+                continue
+            if any(i in far for i in t.inputs):
+                continue  # inherited: the onset is upstream
+            cause = _cause(t, by_name, floors, cap)
+            found.append(
+                IllConditioned(
+                    t.name, modules.get(t.name, ""), floors.get(t.name, 0.0), cause, "far from float64"
+                )
+            )
+    return replace(ex, ill_conditioned=(*ex.ill_conditioned, *found)) if found else ex
 
 
 _PASS_THROUGH = frozenset({"Mul", "Pow", "Div", "Cast", "Identity", "Sqrt", "Neg", "Reshape", "Unsqueeze"})

@@ -18,7 +18,7 @@ from xbackend.compare.builds import Builds, run_builds
 from xbackend.compare.captures import save_captures
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.drift import baseline_drifts
-from xbackend.compare.explain import attach, explain
+from xbackend.compare.explain import attach, explain, far_from_float64
 from xbackend.compare.plan import (
     feeds_for,
     feeds_info,
@@ -141,6 +141,9 @@ def _result(
     save_captures(opts, spec, feeds, ctx.feeds_path, builds, backends, env, capture_to)
     drift, baseline_env = baseline_drifts(opts, spec, feeds, builds, backends)
     compared = [b for b in backends if b.name != EXPECTED]
+    oracle = tuple(against(ORACLE, builds, compared, spec, opts))
+    ref_layers = builds[ref].first.layers if ref in builds and builds[ref].ok else None
+    ref_capture = ref_layers.capture if ref_layers is not None else None
     cross = attach(
         cross_all(builds, compared, ref, spec, opts), done.explanation, spec.op_types(), opts.auto_tolerance
     )
@@ -154,14 +157,16 @@ def _result(
         env,
         notes,
         tuple(pairs(builds, backends, spec)),
-        tuple(against(ORACLE, builds, compared, spec, opts)),
+        oracle,
         _probe_results(probes, planned, done),
         tuple(pr.name for pr in probes),
         ref,
         expected,
         drift,
         baseline_env,
-        done.explanation,
+        far_from_float64(
+            done.explanation, spec, [c for c in cross if c.backend != ORACLE], oracle, ref_capture
+        ),
     )
 
 

@@ -72,13 +72,17 @@ def explanation_section(r: Result) -> list[str]:
     if ex.ill_conditioned:
         out += [
             "Where reorderings alone move a tensor past "
-            f"{num(conditioning_limit('float32'))} scaled ULP (float32; 2^(p/2) for a p-bit significand): "
+            f"{num(conditioning_limit('float32'))} scaled ULP (float32; 2^(p/2) for a p-bit significand), "
+            "or where every engine is that far from the float64 oracle while they agree with each other: "
             "the model, not the engines, decides its accuracy. Differences at and after these are the "
             "model's.",
             "",
             *table(
-                ["tensor", "module", "floor (scaled ULP)", "cause"],
-                [[t.tensor, t.module or "–", num(t.floor_scaled_ulp), t.cause] for t in ex.ill_conditioned],
+                ["tensor", "module", "floor (scaled ULP)", "found by", "cause"],
+                [
+                    [t.tensor, t.module or "–", num(t.floor_scaled_ulp), t.criterion, t.cause]
+                    for t in ex.ill_conditioned
+                ],
             ),
         ]
     else:

@@ -222,6 +222,7 @@ def to_dict(r: Result) -> dict[str, Any]:
                     "module": t.module,
                     "floor_scaled_ulp": t.floor_scaled_ulp,
                     "cause": t.cause,
+                    "criterion": t.criterion,
                 }
                 for t in r.explanation.ill_conditioned
             ],
