@@ -214,14 +214,67 @@ def summarize(outcomes: list[CaseOutcome]) -> str:
     return "\n".join(lines)
 
 
+def calibrate_one(args: tuple[Any, str]) -> tuple[str, str, float | None, str]:
+    """(case, 'explained' | 'origin' | why not measured, largest local error / MARGIN=1 bound,
+    origins) for ENGINE against the reference evaluator."""
+    import xbackend
+
+    case, engine = args
+    with tempfile.TemporaryDirectory(prefix="xbackend-cal-") as tmp:
+        model, data = write_case(case, Path(tmp))
+        try:
+            r = xbackend.compare(model, backends=[engine, "reference"], inputs=data, runs=1, probes="none")
+        except Exception as e:
+            return case.name, f"refused: {e}"[:120], None, ""
+    le = r.explanation.local_for(engine)
+    if le is None or le.status != "ok":
+        why = (
+            r.backend(engine).reason
+            if not r.backend(engine).ok
+            else (le.reason if le else r.explanation.reason)
+        )
+        return case.name, f"not measured: {why}"[:120], None, ""
+    m = r.explanation.margin
+    origins = ", ".join(
+        f"{o.tensor} ({o.op_type}) {o.local_scaled_ulp or 0:.3g}/{o.allowed_scaled_ulp / m:.3g} {o.detail}"
+        for o in le.origins
+    )
+    largest = le.largest_ratio * m if le.largest_ratio is not None else None
+    return case.name, "origin" if le.origins else "explained", largest, origins
+
+
+def calibrate(cases: list[Any], engine: str, jobs: int) -> None:
+    """How ENGINE's local errors sit against the rounding-and-floor bound on the node tests."""
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        rows = list(pool.map(calibrate_one, [(c, engine) for c in cases]))
+    measured = [r for r in rows if r[1] in ("explained", "origin")]
+    explained = [r for r in measured if r[1] == "explained"]
+    top = sorted((r for r in explained if r[2] is not None), key=lambda r: -(r[2] or 0.0))[:5]
+    n, m, e = len(cases), len(measured), len(explained)
+    print(f"{engine}: {n} cases, local errors measured on {m}, explained on {e}")
+    print(
+        "largest local error / bound (MARGIN=1) among the explained: "
+        + ", ".join(f"{n} {x:.2f}" for n, _, x, _ in top)
+    )
+    for n, what, _, origins in rows:
+        if what == "origin":
+            print(f"  ORIGIN {n}: {origins}"[:300])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--every", type=int, default=1, help="take every N-th case (sorted by name)")
     ap.add_argument("--match", default="", help="only cases whose name contains this")
     ap.add_argument("--limit", type=int, default=0, help="at most this many cases")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cases run side by side")
+    ap.add_argument(
+        "--calibrate", metavar="ENGINE", default="", help="only ENGINE's local errors vs reference"
+    )
     args = ap.parse_args()
     cases = load_cases(args.match, args.every, args.limit)
+    if args.calibrate:
+        calibrate(cases, args.calibrate, args.jobs)
+        return
     start = time.monotonic()
     outcomes = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
