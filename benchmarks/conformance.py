@@ -156,17 +156,26 @@ def run_case(case: Any, timeout: float = 120.0) -> CaseOutcome:
     reasons = tuple(r.backend(b).reason for b in BACKENDS)
     cross = [c for c in r.cross_backend if c.backend == "ort-cpu" and c.reference == "reference"]
     compared = bool(cross) and cross[0].status == "ok"
-    le = r.explanation.local_for("ort-cpu")
-    margin = r.explanation.margin
-    largest = le.largest_ratio * margin if le is not None and le.largest_ratio is not None else None
-    origins = ", ".join(
-        f"{o.tensor} ({o.op_type}) {o.local_scaled_ulp or 0:.3g}/{o.allowed_scaled_ulp / margin:.3g}"
-        for o in (le.origins if le is not None else ())
-    )
-    explained = le.explained if le is not None else None
+    explained, largest, origins = local_summary(r, "ort-cpu")
     return CaseOutcome(  # type: ignore[arg-type]
         case.name, direct, status, reasons, compared, r.verdict()[0], explained, largest, origins
     )
+
+
+def local_summary(r: Any, engine: str) -> tuple[bool | None, float | None, str]:
+    """ENGINE's local errors in a Result: explained, its largest local error over what MARGIN=1
+    allows, and its origins as 'tensor (op) local/allowed detail'."""
+    le = r.explanation.local_for(engine)
+    if le is None:
+        return None, None, ""
+    m = r.explanation.margin
+    largest = le.largest_ratio * m if le.largest_ratio is not None else None
+    origins = ", ".join(
+        f"{o.tensor} ({o.op_type}) {o.local_scaled_ulp or 0:.3g}/{o.allowed_scaled_ulp / m:.3g} "
+        f"{o.detail}".rstrip()
+        for o in le.origins
+    )
+    return le.explained, largest, origins
 
 
 def _run_one(case: Any) -> CaseOutcome:
@@ -234,12 +243,7 @@ def calibrate_one(args: tuple[Any, str]) -> tuple[str, str, float | None, str]:
             else (le.reason if le else r.explanation.reason)
         )
         return case.name, f"not measured: {why}"[:120], None, ""
-    m = r.explanation.margin
-    origins = ", ".join(
-        f"{o.tensor} ({o.op_type}) {o.local_scaled_ulp or 0:.3g}/{o.allowed_scaled_ulp / m:.3g} {o.detail}"
-        for o in le.origins
-    )
-    largest = le.largest_ratio * m if le.largest_ratio is not None else None
+    _, largest, origins = local_summary(r, engine)
     return case.name, "origin" if le.origins else "explained", largest, origins
 
 

@@ -25,7 +25,7 @@ from onnx import ValueInfoProto
 
 from xbackend.errors import ModelLoadError
 from xbackend.foreign_probe import TAG
-from xbackend.model import downgrade_ir, link_external, load_proto
+from xbackend.model import downgrade_ir, load_proto, write_rewritten
 from xbackend.modelref import ModelRef
 
 __all__ = ["Interpreter", "probe_interpreter", "stage_model", "worker_path"]
@@ -177,9 +177,5 @@ def stage_model(source: ModelRef, tensors: Sequence[str], max_ir: int | None, fo
                 proto = downgrade_ir(proto, ir)
             except ModelLoadError as e:
                 raise ModelLoadError(f"the other interpreter's engine reads IR <= {ir}: {e}") from e
-        if source.external_data:
-            link_external(proto, Path(source.path).parent, folder)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(proto.SerializeToString())
-        os.replace(tmp, path)
+        write_rewritten(proto, source.path, path)
     return ModelRef(str(path), ir, source.inputs, (*source.outputs, *extra), source.external_data)

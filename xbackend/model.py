@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from xbackend.atomic import write_atomic_bytes
 from xbackend.errors import ModelLoadError, first_line
 from xbackend.modelref import ModelRef, model_file, np_dtype, read_model_bytes
 
@@ -32,7 +33,6 @@ __all__ = [
     "downgrade_ir",
     "external_files",
     "kind_of",
-    "link_external",
     "load_model",
     "load_proto",
     "model_file",
@@ -335,7 +335,7 @@ def external_files(proto: onnx.ModelProto) -> list[str]:
     return sorted(files)
 
 
-def link_external(proto: onnx.ModelProto, src: Path, dest: Path) -> None:
+def _link_external(proto: onnx.ModelProto, src: Path, dest: Path) -> None:
     """Link each external data file `proto` names from folder `src` into folder `dest`: a hard
     link where the file system allows (ONNX Runtime refuses a symlink that leaves the model's
     folder), else a symlink."""
@@ -354,10 +354,8 @@ def write_rewritten(proto: onnx.ModelProto, source: str | os.PathLike[str], path
     """Write a rewrite of the model at `source` (weights left external) to `path`, atomically,
     its external data linked beside it: the weights are never serialized into one proto."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    link_external(proto, Path(source).parent, path.parent)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(proto.SerializeToString())
-    os.replace(tmp, path)
+    _link_external(proto, Path(source).parent, path.parent)
+    write_atomic_bytes(path, proto.SerializeToString(), "rewritten model")
 
 
 def model_sha256(path: Path, proto: onnx.ModelProto | None = None, data: bytes | None = None) -> str:

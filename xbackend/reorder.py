@@ -125,7 +125,8 @@ class _Rewriter:
             return None
         return s[axis]
 
-    def _new_site(self, node: onnx.NodeProto, length: int) -> tuple[str, list[tuple[str, str, int]]]:
+    def _new_site(self) -> tuple[str, list[tuple[str, str, int]]]:
+        """A fresh name prefix for one site's index inputs, and the list they go into."""
         self.count += 1
         return f"{PREFIX}{self.count}", []
 
@@ -141,7 +142,7 @@ class _Rewriter:
         self.nodes.append(helper.make_node("Gather", [src, index], [out], axis=axis, name=f"{out}.gather"))
         return out
 
-    def _finish(self, node: onnx.NodeProto, base: str, n: int, idx: list[tuple[str, str, int]]) -> None:
+    def _finish(self, node: onnx.NodeProto, n: int, idx: list[tuple[str, str, int]]) -> None:
         self.sites.append(Site(node.name, node.op_type, node.output[0] if node.output else "", n, tuple(idx)))
 
     def skip(self, node: onnx.NodeProto, why: str) -> None:
@@ -150,18 +151,18 @@ class _Rewriter:
 
     def permute_inputs(self, node: onnx.NodeProto, axes: Mapping[int, tuple[int, int]], n: int) -> None:
         """Gather input i of `node` on axes[i] = (axis, groups) through one permutation of n terms."""
-        base, idx = self._new_site(node, n)
+        base, idx = self._new_site()
         new = onnx.NodeProto()
         new.CopyFrom(node)
         for i, (axis, groups) in axes.items():
             index = self._index(base, idx, "perm", groups, n)
             new.input[i] = self._gather(node.input[i], index, axis)
         self.nodes.append(new)
-        self._finish(node, base, n, idx)
+        self._finish(node, n, idx)
 
     def permute_through(self, node: onnx.NodeProto, axes: Mapping[int, int], out_axis: int, n: int) -> None:
         """Gather the inputs named in `axes` along their axis, then output 0 back along out_axis."""
-        base, idx = self._new_site(node, n)
+        base, idx = self._new_site()
         perm = self._index(base, idx, "perm", 1, n)
         inv = self._index(base, idx, "inverse", 1, n)
         new = onnx.NodeProto()
@@ -174,7 +175,7 @@ class _Rewriter:
         self.nodes.append(
             helper.make_node("Gather", [new.output[0], inv], [y], axis=out_axis, name=f"{base}.back")
         )
-        self._finish(node, base, n, idx)
+        self._finish(node, n, idx)
 
     # -- one op each ---------------------------------------------------------------------------
 
@@ -253,13 +254,13 @@ class _Rewriter:
         for k, axis in enumerate(long):
             n = self.dim(x, axis)
             assert n is not None
-            base, idx = self._new_site(node, n)
+            base, idx = self._new_site()
             index = self._index(base, idx, "perm", 1, n)
             new = onnx.NodeProto()
             new.CopyFrom(current)
             new.input[0] = self._gather(current.input[0], index, axis)
             current = new
-            self._finish(node, base, n, idx)
+            self._finish(node, n, idx)
             if k == len(long) - 1:
                 self.nodes.append(new)
 
@@ -323,17 +324,17 @@ class _Rewriter:
         if not d or d < 2:
             return self.skip(node, "fewer than 2 terms")
         # Q.K over the head dimension; then (without causal masking) the keys of softmax and P.V.
-        base, idx = self._new_site(node, d)
+        base, idx = self._new_site()
         pd = self._index(base, idx, "perm", 1, d)
         new = onnx.NodeProto()
         new.CopyFrom(node)
         new.input[0] = self._gather(q, pd, 3)
         new.input[1] = self._gather(k, pd, 3)
-        self._finish(node, base, d, idx)
+        self._finish(node, d, idx)
         keys = self.dim(k, 2)
         mask = ins[3] if len(ins) > 3 else ""
         if not causal and keys and keys >= 2 and (not mask or self.dim(mask, -1) == keys):
-            base, idx = self._new_site(node, keys)
+            base, idx = self._new_site()
             pk = self._index(base, idx, "perm", 1, keys)
             new.input[1] = self._gather(new.input[1], pk, 2)
             new.input[2] = self._gather(v, pk, 2)
@@ -341,7 +342,7 @@ class _Rewriter:
                 mr = self.rank(mask)
                 assert mr is not None
                 new.input[3] = self._gather(mask, pk, mr - 1)
-            self._finish(node, base, keys, idx)
+            self._finish(node, keys, idx)
         elif causal:
             self.skipped.append((node.name, node.op_type, "causal: the keys' order is the mask"))
         self.nodes.append(new)

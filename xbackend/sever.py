@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
-__all__ = ["SEVERED", "Severed", "computed_in_order", "sever"]
+__all__ = ["SEVERED", "Severed", "sever"]
 
 SEVERED = "xb.in."
 
@@ -35,7 +35,8 @@ def sever(proto: onnx.ModelProto, available: Mapping[str, tuple[int, tuple[int, 
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     g = out.graph
-    computed = {o for n in g.node for o in n.output if o}
+    order = [o for n in g.node for o in n.output if o]
+    computed = set(order)
     fed: dict[str, None] = {}
     for node in g.node:
         for i, name in enumerate(node.input):
@@ -48,12 +49,8 @@ def sever(proto: onnx.ModelProto, available: Mapping[str, tuple[int, tuple[int, 
     # Every computed tensor the reference holds an output: a node whose output nothing reads any
     # more would be dropped as dead code by engines that prune on import (OpenVINO).
     have = {o.name for o in g.output}
-    for n in computed_in_order(g):
+    for n in order:
         if n not in have and n in available:  # typed: checkers (the oracle's) want a type
             elem, shape = available[n]
             g.output.append(helper.make_tensor_value_info(n, elem, list(shape)))
     return Severed(out, tuple(fed))
-
-
-def computed_in_order(g: onnx.GraphProto) -> list[str]:
-    return [o for n in g.node for o in n.output if o]

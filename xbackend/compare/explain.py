@@ -92,7 +92,7 @@ def explain(
     jobs = [*([plan.floor_job] if plan.floor_job else []), *plan.local_jobs.values()]
     bar.grow(sum(j.steps for j in jobs))
     done = ex.run_all(jobs, True)
-    return _analyze(ctx, plan, done, layers.capture, ref)
+    return _analyze(ctx, plan, done, layers.capture)
 
 
 def _floor_backend(ctx: ProbeContext, planned: Sequence[PlannedBackend]) -> PlannedBackend | None:
@@ -130,10 +130,10 @@ def _plan(
         reordered = reorder(proto, shapes)
         path = folder / "reordered.onnx"
         write_rewritten(reordered.proto, spec.path, path)
-        names = tuple(index_feeds(reordered, None))
-        model = _ref(spec, path, names)
+        identity = index_feeds(reordered, None)
+        model = _ref(spec, path, tuple(identity))
         base = folder / "order-0.xbv"
-        save_values(base, {**ctx.feeds.arrays, **index_feeds(reordered, None)})
+        save_values(base, {**ctx.feeds.arrays, **identity})
         paths = []
         for k in range(1, opts.noise_samples + 1):
             p = folder / f"order-{k}.xbv"
@@ -169,18 +169,18 @@ def _plan(
             continue
         if b is None or b.cls is None:
             not_measured[name] = "loaded from a capture: its engine did not run here"
-        elif not b.cls.executes_graph and b.cls.severs_by_feeds:
-            plain = _ref(spec, Path(spec.path), smodel.inputs[len(spec.input_names) :])
-            phase = PhaseSpec(_LOCAL_PHASE, tensors, 1, model=plain)
-            local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
-        elif not b.cls.executes_graph:
+            continue
+        if not b.cls.executes_graph and not b.cls.severs_by_feeds:
             not_measured[name] = (
                 f"{b.cls.name} computes from its own source, not the ONNX graph, and cannot be fed "
                 "the reference's values step by step"
             )
-        else:
-            phase = PhaseSpec(_LOCAL_PHASE, tensors, 1, model=smodel)
-            local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
+            continue
+        # A runner of its own source keeps its model and takes the reference's values as feeds.
+        own = replace(smodel, path=spec.path, outputs=spec.output_names)
+        model = smodel if b.cls.executes_graph else own
+        phase = PhaseSpec(_LOCAL_PHASE, tensors, 1, model=model)
+        local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
     return _Plan(floor_job, local_jobs, not_measured, reordered, extra, tuple(results))
 
 
@@ -208,9 +208,7 @@ class _SeveredFeeds(Mapping[str, Value]):
         return len(self.feeds) + len(self.severed)
 
 
-def _analyze(
-    ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str, ref: str
-) -> Explanation:
+def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str) -> Explanation:
     spec = ctx.spec
     ops = spec.op_types()
     if plan.floor_job is None or plan.reordered is None:
@@ -446,17 +444,3 @@ def attach(
         origins = le.origins if le is not None else ()
         out.append(replace(c, tolerances=tol, explained=explained, origins=origins))
     return tuple(out)
-
-
-def worst_ratio(c: CrossBackendResult, ex: Explanation) -> tuple[float, str] | None:
-    """The largest difference of `c` relative to its tensor's floor (or rounding bound)."""
-    best: tuple[float, str] | None = None
-    floors = ex.floor_map()
-    for d in (*c.tensors, *c.output_tensors):
-        if d.scaled_ulp is None:
-            continue
-        allowed = max(floors.get(value_name(d.name), 0.0), 1.0)
-        r = d.scaled_ulp / allowed
-        if best is None or r > best[0]:
-            best = (r, value_name(d.name))
-    return best

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from xbackend.metrics import TensorDiff
 from xbackend.results import CrossBackendResult, Result
+from xbackend.results.explanation import times_floor
 from xbackend.textfmt import num as _num
 from xbackend.textfmt import table as _table
 from xbackend.textfmt import with_module
@@ -60,7 +61,7 @@ def _times_floor(d: TensorDiff, floors: Mapping[str, float]) -> str:
     f = floors.get(value_name(d.name))
     if f is None or d.scaled_ulp is None:
         return "–"
-    return f"{d.scaled_ulp / max(f, 1.0):.2g}"
+    return f"{times_floor(d.scaled_ulp, f):.2g}"
 
 
 _DIFF_HEADER = [

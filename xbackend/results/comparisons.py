@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -99,9 +100,11 @@ class CrossBackendResult:
     def tolerance(self, tensor: str) -> float:
         """The scaled ULP `tensor` may differ by: its floor-based tolerance under --max-ulp auto,
         else --max-ulp."""
-        if self.tolerances:
-            return dict(self.tolerances).get(value_name(tensor), self.max_ulp_tolerance)
-        return self.max_ulp_tolerance
+        return self._tolerance_index.get(value_name(tensor), self.max_ulp_tolerance)
+
+    @functools.cached_property
+    def _tolerance_index(self) -> dict[str, float]:  # built once: tolerance() is asked per tensor
+        return dict(self.tolerances)
 
     def exceeds(self, d: TensorDiff) -> bool:
         return d.exceeds(self.tolerance(d.name))

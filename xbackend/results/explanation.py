@@ -13,6 +13,7 @@ tensors the model itself leaves ill-conditioned.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ __all__ = [
     "Origin",
     "conditioning_limit",
     "find_origins",
+    "times_floor",
 ]
 
 # Calibrated on the bundled models and the ONNX node tests (docs/explanations.md): the largest
@@ -111,10 +113,14 @@ class Explanation:
         return self.status == "ok"
 
     def floor_map(self) -> dict[str, float]:
+        return dict(self._floor_index)
+
+    @functools.cached_property
+    def _floor_index(self) -> dict[str, float]:  # built once: floor() is asked per tensor
         return dict(self.floors)
 
     def floor(self, tensor: str) -> float | None:
-        return self.floor_map().get(value_name(tensor))
+        return self._floor_index.get(value_name(tensor))
 
     def tolerances(self, op_types: Mapping[str, str]) -> dict[str, float]:
         """Each tensor's tolerance: MARGIN x the larger of its floor, its op's rounding bound
@@ -123,6 +129,11 @@ class Explanation:
 
     def local_for(self, backend: str) -> LocalErrors | None:
         return next((x for x in self.local if x.backend == backend), None)
+
+
+def times_floor(scaled_ulp: float, floor: float) -> float:
+    """A difference in units of its tensor's noise floor (a floor under 1 ULP counts as 1)."""
+    return scaled_ulp / max(floor, 1.0)
 
 
 def _allowed(d: TensorDiff, floor: float, margin: float) -> float:

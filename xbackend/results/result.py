@@ -10,7 +10,7 @@ from xbackend.model import ModelSpec
 from xbackend.promises import EXIT_PROMISE, PromiseCheck, check_promises
 from xbackend.results.backend import BackendResult, FeedsInfo
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
-from xbackend.results.explanation import NOT_MEASURED, Explanation
+from xbackend.results.explanation import NOT_MEASURED, Explanation, times_floor
 from xbackend.results.options import EXPECTED, CompareOptions
 from xbackend.results.probe import ProbeResult
 from xbackend.textfmt import short, with_module
@@ -204,7 +204,7 @@ class Result:
             else:
                 worst = max(
                     (
-                        (d.scaled_ulp / max(ex.floor(d.name) or 0.0, 1.0), d.name)
+                        (times_floor(d.scaled_ulp, ex.floor(d.name) or 0.0), d.name)
                         for d in c.tensors
                         if d.scaled_ulp is not None
                     ),
