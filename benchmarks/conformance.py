@@ -223,9 +223,52 @@ def summarize(outcomes: list[CaseOutcome]) -> str:
     return "\n".join(lines)
 
 
+def engine_outputs(case: Any, engine: str, model: Path) -> list[Any]:
+    """ENGINE's outputs on the case's data, through the engine's own API (no xbackend)."""
+    feeds = _direct_feeds(case)
+    if engine == "ort-cpu":
+        import onnxruntime as ort
+
+        m = onnx.ModelProto()
+        m.CopyFrom(case.model)
+        m.ir_version = min(m.ir_version, ORT_MAX_IR)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return list(sess.run(None, feeds))
+    if engine == "openvino-cpu":
+        import openvino as ov
+
+        compiled = ov.Core().compile_model(str(model), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        out = compiled(feeds)
+        return [out[o] for o in compiled.outputs]
+    raise ValueError(f"no direct path for {engine}")
+
+
+def against_expected(case: Any, engine: str, model: Path) -> str:
+    """Whether ENGINE passes the node test itself: its outputs against the test's expected
+    outputs, with ONNX's backend-test tolerances (rtol 1e-3, atol 1e-7)."""
+    try:
+        got = engine_outputs(case, engine, model)
+    except Exception as e:
+        return f"{engine} direct: {type(e).__name__}"
+    for g, want in zip(got, case.data_sets[0][1], strict=False):
+        w = numpy_helper.to_array(want) if isinstance(want, onnx.TensorProto) else np.asarray(want)
+        g = np.asarray(g)
+        if g.shape != w.shape:
+            return f"fails the node test: shape {list(g.shape)} where {list(w.shape)} is expected"
+        if g.dtype.kind in "fc" and not np.allclose(g, w, rtol=1e-3, atol=1e-7, equal_nan=True):
+            worst = float(np.nanmax(np.abs(g.astype(np.float64) - w.astype(np.float64))))
+            return f"fails the node test: off its expected output by up to {worst:.3g}"
+        if g.dtype.kind not in "fc" and not np.array_equal(g, w):
+            return "fails the node test: integer output differs from the expected"
+    return "passes the node test (its expected output)"
+
+
 def calibrate_one(args: tuple[Any, str]) -> tuple[str, str, float | None, str]:
     """(case, 'explained' | 'origin' | why not measured, largest local error / MARGIN=1 bound,
-    origins) for ENGINE against the reference evaluator."""
+    origins) for ENGINE against the reference evaluator; an origin says whether ENGINE passes
+    the node test on its own."""
     import xbackend
 
     case, engine = args
@@ -235,6 +278,7 @@ def calibrate_one(args: tuple[Any, str]) -> tuple[str, str, float | None, str]:
             r = xbackend.compare(model, backends=[engine, "reference"], inputs=data, runs=1, probes="none")
         except Exception as e:
             return case.name, f"refused: {e}"[:120], None, ""
+        verdict = against_expected(case, engine, model)
     le = r.explanation.local_for(engine)
     if le is None or le.status != "ok":
         why = (
@@ -244,13 +288,18 @@ def calibrate_one(args: tuple[Any, str]) -> tuple[str, str, float | None, str]:
         )
         return case.name, f"not measured: {why}"[:120], None, ""
     _, largest, origins = local_summary(r, engine)
-    return case.name, "origin" if le.origins else "explained", largest, origins
+    if le.origins:
+        return case.name, "origin", largest, f"{origins}; {engine} {verdict}"
+    return case.name, "explained", largest, origins
 
 
 def calibrate(cases: list[Any], engine: str, jobs: int) -> None:
     """How ENGINE's local errors sit against the rounding-and-floor bound on the node tests."""
+    rows = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        rows = list(pool.map(calibrate_one, [(c, engine) for c in cases]))
+        for i, row in enumerate(pool.map(calibrate_one, [(c, engine) for c in cases]), 1):
+            rows.append(row)
+            print(f"[{i}/{len(cases)}] {row[0]}: {row[1]}"[:200], file=sys.stderr, flush=True)
     measured = [r for r in rows if r[1] in ("explained", "origin")]
     explained = [r for r in measured if r[1] == "explained"]
     top = sorted((r for r in explained if r[2] is not None), key=lambda r: -(r[2] or 0.0))[:5]
@@ -262,7 +311,9 @@ def calibrate(cases: list[Any], engine: str, jobs: int) -> None:
     )
     for n, what, _, origins in rows:
         if what == "origin":
-            print(f"  ORIGIN {n}: {origins}"[:300])
+            print(f"  ORIGIN {n}: {origins}"[:400])
+    why = Counter(what.split(":")[0] for _, what, _, _ in rows if what not in ("explained", "origin"))
+    print("not measured: " + ", ".join(f"{k} {v}" for k, v in sorted(why.items())))
 
 
 def main() -> None:

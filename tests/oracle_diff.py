@@ -76,20 +76,27 @@ def _float(a: np.ndarray, b: np.ndarray) -> dict[str, object]:
     na, nb = np.isnan(fa), np.isnan(fb)
     ia, ib = np.isinf(fa), np.isinf(fb)
     any_nan = na | nb
+    # saturated fill: the reference at +-finfo.max, in the formats that have an Inf
+    ieee = str(a.dtype) in ("float16", "bfloat16", "float32", "float64")
+    import ml_dtypes
+
+    big = float(ml_dtypes.finfo(a.dtype).max)
+    saturated = (np.abs(fb) == big) if ieee else np.zeros(fb.shape, bool)
+    fill = saturated & ~any_nan
     with np.errstate(invalid="ignore"):
-        inf_mismatch = (ia | ib) & ~any_nan & (fa != fb)
+        inf_mismatch = (ia | ib) & ~any_nan & ~fill & (fa != fb)
     tiny = math.ldexp(1.0, _minexp(a.dtype))
     sub_a = (fa != 0) & (np.abs(fa) < tiny)
     sub_b = (fb != 0) & (np.abs(fb) < tiny)
     ftz = (sub_a & (fb == 0)) | (sub_b & (fa == 0))
-    m = ~any_nan & ~(ia | ib) & ~ftz
+    m = ~any_nan & ~(ia | ib) & ~ftz & ~fill
     uint = _UINT[a.dtype.itemsize]
     ca, cb = a[m], b[m]
     ulps = _ulps(ca, cb)
     cfa, cfb = fa[m], fb[m]
     with np.errstate(over="ignore", invalid="ignore"):
         err = np.abs(cfa - cfb)
-    finite = fb[np.isfinite(fb)]
+    finite = fb[np.isfinite(fb) & ~saturated]
     scale = float(np.abs(finite).max(initial=0.0))
     nz = cfb != 0
     rel = err[nz] / np.abs(cfb[nz])
@@ -110,4 +117,5 @@ def _float(a: np.ndarray, b: np.ndarray) -> dict[str, object]:
             np.count_nonzero((cfa == 0) & (cfb == 0) & (ca.view(uint) != cb.view(uint)))
         ),
         "nan_payload_mismatch": int(np.count_nonzero(na & nb & (a.view(uint) != b.view(uint)))),
+        "fill_mismatch": int(np.count_nonzero(fill & (a.view(uint) != b.view(uint)))),
     }

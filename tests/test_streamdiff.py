@@ -20,7 +20,26 @@ from xbackend.metrics import TensorDiff
 
 FLOATS = [np.float32, np.float16, np.float64, ml_dtypes.bfloat16]
 NARROW = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float4_e2m1fn]
-SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 6e-8, 1.0, -1.0, 3.0, 65504.0])
+F32_MAX = float(np.finfo(np.float32).max)  # float16's and float32's largest: saturated fill
+SPECIALS = np.array(
+    [
+        0.0,
+        -0.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        1e-40,
+        -1e-40,
+        6e-8,
+        1.0,
+        -1.0,
+        3.0,
+        65504.0,
+        -65504.0,
+        F32_MAX,
+        -F32_MAX,
+    ]
+)
 
 
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])
@@ -75,6 +94,40 @@ def test_known_special_counts() -> None:
     d = assert_same(cand_bits.view(f4), ref)
     assert (d.nan_mismatch, d.inf_mismatch, d.ftz_mismatch) == (1, 1, 1)
     assert (d.zero_sign_mismatch, d.nan_payload_mismatch, d.max_ulp, d.mismatches) == (1, 1, 1, 6)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_masked_scores_are_fill_not_scale(dtype: type) -> None:
+    """Attention scores with an additive mask of finfo.min (transformers' convention): the
+    fill is compared for equality and left out of the scale, so the scaled ULP is the one of
+    the unmasked elements alone."""
+    rng = np.random.default_rng(3)
+    lo = ml_dtypes.finfo(dtype).min
+    ref = (rng.standard_normal((4, 64, 64)) * 4).astype(dtype)
+    ref[:, np.triu_indices(64, 1)[0], np.triu_indices(64, 1)[1]] = lo  # causal mask
+    cand = ref.copy()
+    live = ref != lo
+    eps = float(ml_dtypes.finfo(dtype).eps)
+    wobble = 1 + 8 * eps * rng.standard_normal(int(live.sum()))
+    cand[live] = (ref[live].astype(np.float64) * wobble).astype(dtype)
+    d = assert_same(cand, ref)
+    alone = TensorDiff.from_arrays("t", cand[live], ref[live])
+    assert d.scaled_ulp == alone.scaled_ulp and d.scaled_ulp > 1
+    assert d.fill_mismatch == 0 and not d.exceeds(2 * d.scaled_ulp)
+    cand[0, 0, 63] = -np.inf  # a fill of -Inf where the reference used finfo.min
+    cand[0, 0, 62] = lo / 2
+    d = assert_same(cand, ref)
+    assert (d.fill_mismatch, d.inf_mismatch, d.scaled_ulp) == (2, 0, alone.scaled_ulp)
+    assert d.exceeds(1e30)  # a fill that differs is a violation whatever the tolerance
+
+
+def test_float8_saturation_is_a_value() -> None:
+    """float8 has no Inf: its casts saturate at finfo.max, a real value, compared as one."""
+    f8 = ml_dtypes.float8_e4m3fn
+    ref = np.array([448.0, 1.0], f8)
+    cand = np.array([416.0, 1.0], f8)
+    d = assert_same(cand, ref)
+    assert (d.fill_mismatch, d.max_ulp, d.scaled_ulp) == (0, 1, 1.0)
 
 
 def test_sign_flip_is_the_sum_of_magnitudes_in_every_width() -> None:

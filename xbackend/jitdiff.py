@@ -57,8 +57,10 @@ SUPER = 16 * BLOCK  # the reference is folded this far ahead, while the data is 
 
 # int64 counters (REF_* over every element, DIFF_REF_* over the differing ones)
 DIFFERING, NON_COMPARABLE, REF_NONFINITE, REF_NONZERO_FINITE, DIFF_REF_NONFINITE, DIFF_REF_NZF = range(6)
-NAN, INF, FTZ, ZERO_SIGN, NAN_PAYLOAD, REL_COUNT, EXPLICIT, FILL, REF_MAX_MAG = range(6, 15)
-COUNTERS = 15  # REF_MAX_MAG: the bits of the largest finite reference magnitude
+NAN, INF, FTZ, ZERO_SIGN, NAN_PAYLOAD, REL_COUNT, EXPLICIT, FILL, REF_MAX_MAG, FILL_MISMATCH = range(6, 16)
+COUNTERS = 16  # REF_MAX_MAG: the bits of the largest finite reference magnitude
+# A reference element at the largest finite magnitude (inf_bits - 1) is saturated fill (an
+# additive mask of finfo.min): counted with the non-finite ones, compared for equality only.
 # float64 figures
 MAX_ABS, MAX_REL = 0, 1
 
@@ -94,12 +96,14 @@ def _to_f64(typingctx: Any, bits: Any) -> Any:
 
 @njit(cache=True, nogil=True)
 def _ref_exact(ub: np.ndarray, s: int, e: int, mag_mask: Any, inf_bits: Any, counts: np.ndarray) -> Any:
-    """A block with a NaN or Inf: count exactly; returns its largest finite magnitude."""
+    """A block with a NaN, Inf or saturated fill: count exactly; returns its largest finite
+    magnitude below the fill."""
     zero = mag_mask ^ mag_mask
+    fill_bits = inf_bits - (mag_mask & 1)
     top = zero
     for i in range(s, e):
         mag = ub[i] & mag_mask
-        if mag >= inf_bits:
+        if mag >= fill_bits:
             counts[REF_NONFINITE] += 1
         else:
             top = mag if mag > top else top
@@ -114,6 +118,7 @@ def ref_stats(
     """Fold the reference figures of ub[start:stop] into counts; vectorized when all is finite."""
     t = ub.dtype.type
     zero = t(0)
+    fill_bits = t(inf_bits - t(1))
     for s in range(start, stop, BLOCK):
         e = min(s + BLOCK, stop)
         top = zero
@@ -122,7 +127,7 @@ def ref_stats(
             mag = t(ub[i] & mag_mask)
             top = mag if mag > top else top  # a select, not max(): vectorizes
             count = t(count + t(mag != zero))
-        if top >= inf_bits:
+        if top >= fill_bits:
             top = t(_ref_exact(ub, s, e, mag_mask, inf_bits, counts))
         else:
             counts[REF_NONZERO_FINITE] += np.int64(count)
@@ -134,12 +139,15 @@ COMPARABLE = 0
 
 
 @njit(cache=True, nogil=True)
-def _special(ma: Any, mb: Any, inf_bits: Any, sub_limit: Any) -> int:
-    """For a differing pair with a zero, NaN or Inf: the counter it goes to, or COMPARABLE."""
+def _special(ma: Any, mb: Any, inf_bits: Any, sub_limit: Any, fill_bits: Any) -> int:
+    """For a differing pair with a zero, NaN, Inf or saturated fill: the counter it goes to,
+    or COMPARABLE."""
     nan_a = ma > inf_bits
     nan_b = mb > inf_bits
     if nan_a or nan_b:
         return NAN if nan_a != nan_b else NAN_PAYLOAD
+    if mb == fill_bits:
+        return FILL_MISMATCH
     if ma == inf_bits or mb == inf_bits:
         return INF
     zero = ma ^ ma
@@ -184,7 +192,8 @@ def measure(
     t = ub.dtype.type
     zero = t(0)
     one = t(1)
-    normal_span = t(inf_bits - sub_limit)
+    fill_bits = t(inf_bits - one)
+    normal_span = t(fill_bits - sub_limit)  # the largest finite magnitude is special too
     n = ua.size
     per = n // wa.size
     uper = np.uint64(per)
@@ -323,7 +332,7 @@ def measure(
             rel_count += np.int64(m)
             _sum_block(rels, m, sum_bins, block_bins, block_rel, least_rel)
             continue
-        # a zero, subnormal, NaN or Inf among them: element by element
+        # a zero, subnormal, NaN, Inf or saturated fill among them: element by element
         k = np.uint64(0)
         for j in range(m):
             i = us + j if whole else np.uint64(idx[j])
@@ -331,11 +340,11 @@ def measure(
             xb = db[j]
             ma = t(xa & mag_mask)
             mb = t(xb & mag_mask)
-            if mb >= inf_bits:
+            if mb >= fill_bits:
                 diff_nonfinite += 1
             elif mb != zero:
                 diff_nzf += 1
-            kind = _special(ma, mb, inf_bits, sub_limit)
+            kind = _special(ma, mb, inf_bits, sub_limit, fill_bits)
             if kind != COMPARABLE:
                 counts[NON_COMPARABLE] += 1
                 counts[kind] += 1

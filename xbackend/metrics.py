@@ -9,6 +9,12 @@ The scale-aware figure ("scaled ULP") is the largest absolute error expressed in
 units of the ULP of the reference tensor's largest finite magnitude: raw max ULP
 explodes near zero (a sign flip across 0 is ~1e9 ULP for fp32) even when the
 error is tiny relative to the tensor.
+
+A reference element at ±finfo(dtype).max in a format with infinities is saturated fill
+(an additive attention mask of finfo.min, the transformers convention): like Inf it is
+compared for equality, counted apart (`fill_mismatch`) and left out of the scale, else
+the scale would be the fill's and no error elsewhere could ever show. Formats without
+Inf (float8) saturate their casts at finfo.max, a real value: there it is compared as one.
 """
 
 from __future__ import annotations
@@ -28,9 +34,11 @@ __all__ = [
     "TensorDiff",
     "classify",
     "diff_values",
+    "fill_value",
     "is_float_dtype",
     "keep_worse",
     "ordered_bits",
+    "saturated_fill",
     "summarize",
     "ulp_at",
     "ulp_distance",
@@ -113,17 +121,19 @@ class Classes:
     nan_mismatch: np.ndarray
     inf_mismatch: np.ndarray
     ftz_mismatch: np.ndarray
-    comparable: np.ndarray  # finite on both sides and not a flush-to-zero pair
+    fill_mismatch: np.ndarray  # the reference is saturated fill, the candidate another value
+    comparable: np.ndarray  # finite on both sides, not a flush-to-zero pair nor fill
 
 
 def classify(a: np.ndarray, b: np.ndarray) -> Classes:
-    """Split elements into NaN, Inf, flush-to-zero and comparable classes."""
+    """Split elements into NaN, saturated fill, Inf, flush-to-zero and comparable classes."""
     fa = a.astype(np.float64).ravel()
     fb = b.astype(np.float64).ravel()
     na, nb = np.isnan(fa), np.isnan(fb)
     ia, ib = np.isinf(fa), np.isinf(fb)
     any_nan = na | nb
-    any_inf = (ia | ib) & ~any_nan
+    fill = saturated_fill(fb, a.dtype) & ~any_nan
+    any_inf = (ia | ib) & ~any_nan & ~fill
     with np.errstate(invalid="ignore"):
         inf_mismatch = any_inf & (fa != fb)
     minexp, _ = _finfo(a.dtype)
@@ -136,8 +146,31 @@ def classify(a: np.ndarray, b: np.ndarray) -> Classes:
         nan_mismatch=na ^ nb,
         inf_mismatch=inf_mismatch,
         ftz_mismatch=ftz,
-        comparable=~any_nan & ~(ia | ib) & ~ftz,
+        fill_mismatch=fill & (_bits(a) != _bits(b)),
+        comparable=~any_nan & ~(ia | ib) & ~ftz & ~fill,
     )
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return np.require(x, requirements="C").reshape(-1).view(streamdiff.UINT[x.dtype.itemsize])
+
+
+def saturated_fill(fb: np.ndarray, dtype: np.dtype[np.generic]) -> np.ndarray:
+    """Elements of the reference (as float64) at ±finfo(dtype).max, in a format with Inf."""
+    if str(dtype) not in streamdiff.IEEE:
+        return np.zeros(fb.shape, bool)
+    out: np.ndarray = np.abs(fb) == fill_value(dtype)
+    return out
+
+
+def fill_value(dtype: np.dtype[np.generic]) -> float:
+    """finfo(dtype).max as a float."""
+    name = str(dtype)
+    if name in ("float64", "float32", "float16"):
+        return float(np.finfo(np.dtype(name)).max)
+    import ml_dtypes  # optional: a foreign environment may lack ml_dtypes
+
+    return float(ml_dtypes.finfo(dtype).max)  # type: ignore[no-untyped-call]
 
 
 def ulp_at(x: float, dtype: np.dtype[np.generic]) -> float:
@@ -174,6 +207,7 @@ class TensorDiff:
     constant: bool = False  # the reference (b) holds one value repeated: a comparison proves little
     zero_sign_mismatch: int = 0  # +0 vs -0: bits differ, 0 ULP apart
     nan_payload_mismatch: int = 0  # NaN on both sides with different bits
+    fill_mismatch: int = 0  # the reference holds saturated fill (±finfo.max), the candidate not
 
     @classmethod
     def from_arrays(cls, name: str, a: np.ndarray, b: np.ndarray, op_type: str = "") -> TensorDiff:
@@ -257,7 +291,7 @@ class TensorDiff:
 
     def exceeds(self, max_ulp: float) -> bool:
         """Past the tolerance: scaled ULP above max_ulp, any NaN/Inf mismatch, or incomparable."""
-        if not self.comparable or self.nan_mismatch or self.inf_mismatch:
+        if not self.comparable or self.nan_mismatch or self.inf_mismatch or self.fill_mismatch:
             return True
         if self.scaled_ulp is None:  # exact types: any difference is a violation
             return not self.bitwise_equal
@@ -276,8 +310,8 @@ class TensorDiff:
             why.append(f"{self.zero_sign_mismatch} signed zero(s) (+0 vs -0)")
         if self.nan_payload_mismatch:
             why.append(f"{self.nan_payload_mismatch} NaN(s) with different payload bits")
-        if self.nan_mismatch or self.inf_mismatch or self.ftz_mismatch:
-            why.append("NaN/Inf/flush-to-zero mismatches")
+        if self.nan_mismatch or self.inf_mismatch or self.ftz_mismatch or self.fill_mismatch:
+            why.append("NaN/Inf/flush-to-zero/fill mismatches")
         return ", ".join(why) or "bit patterns that encode the same value"
 
     def worse(self, other: TensorDiff) -> TensorDiff:
@@ -325,7 +359,7 @@ class _FloatKernel(streamdiff.Kernel):
 
     def ref_stats(self, xb: np.ndarray) -> tuple[int, int, float]:
         f = xb.view(self.dtype).astype(np.float64)
-        fin = np.isfinite(f)
+        fin = np.isfinite(f) & ~saturated_fill(f, self.dtype)
         nonfinite = f.size - int(np.count_nonzero(fin))
         finite = np.abs(f[fin]) if nonfinite else np.abs(f)
         return nonfinite, int(np.count_nonzero(finite)), float(finite.max(initial=0.0))
@@ -340,7 +374,7 @@ class _FloatKernel(streamdiff.Kernel):
         with np.errstate(over="ignore", invalid="ignore"):
             err = np.abs(cfa - cfb)
             rel = err[nz] / np.abs(cfb[nz])
-        fin_b = np.isfinite(fb)
+        fin_b = np.isfinite(fb) & ~saturated_fill(fb, self.dtype)
         return streamdiff.Part(
             err=err,
             rel=rel,
@@ -354,6 +388,7 @@ class _FloatKernel(streamdiff.Kernel):
             ftz_mismatch=int(np.count_nonzero(c.ftz_mismatch)),
             zero_sign_mismatch=int(np.count_nonzero((cfa == 0) & (cfb == 0))),  # bits differ: +0 vs -0
             nan_payload_mismatch=int(np.count_nonzero(c.nan_both)),  # bits differ: other payloads
+            fill_mismatch=int(np.count_nonzero(c.fill_mismatch)),
         )
 
 
@@ -398,6 +433,7 @@ def _streamed(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
         ftz_mismatch=t.ftz_mismatch,
         zero_sign_mismatch=t.zero_sign_mismatch,
         nan_payload_mismatch=t.nan_payload_mismatch,
+        fill_mismatch=t.fill_mismatch,
         **common,
     )
 

@@ -45,12 +45,13 @@ class Summary:
     max_rel: float
     p99_abs: float
     v_ermv: float
-    ref_max_finite: float  # largest finite |b|
+    ref_max_finite: float  # largest finite |b| below saturated fill
     nan_mismatch: int = 0
     inf_mismatch: int = 0
     ftz_mismatch: int = 0
     zero_sign_mismatch: int = 0
     nan_payload_mismatch: int = 0
+    fill_mismatch: int = 0  # the reference is saturated fill (±finfo.max), the candidate differs
 
 
 def chunk_elements(dtype: np.dtype[np.generic]) -> int:
@@ -308,6 +309,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
         ftz_mismatch=int(counts[jd.FTZ]),
         zero_sign_mismatch=int(counts[jd.ZERO_SIGN]),
         nan_payload_mismatch=int(counts[jd.NAN_PAYLOAD]),
+        fill_mismatch=int(counts[jd.FILL_MISMATCH]),
     )
 
 
@@ -323,13 +325,14 @@ class Part:
     mismatches: int
     max_ulp: int = 0
     non_comparable: int = 0  # differing elements left out of err
-    ref_nonfinite: int = 0  # differing elements whose reference is NaN/Inf
+    ref_nonfinite: int = 0  # differing elements whose reference is NaN/Inf (or saturated fill)
     ref_nonzero_finite: int = 0  # differing elements whose reference is finite and nonzero
     nan_mismatch: int = 0
     inf_mismatch: int = 0
     ftz_mismatch: int = 0
     zero_sign_mismatch: int = 0
     nan_payload_mismatch: int = 0
+    fill_mismatch: int = 0
 
 
 _COUNTED = (
@@ -342,6 +345,7 @@ _COUNTED = (
     "ftz_mismatch",
     "zero_sign_mismatch",
     "nan_payload_mismatch",
+    "fill_mismatch",
 )
 
 
@@ -355,7 +359,8 @@ class Kernel:
         raise NotImplementedError
 
     def ref_stats(self, xb: np.ndarray) -> tuple[int, int, float]:
-        """(non-finite, finite nonzero, largest finite magnitude) of reference bits xb."""
+        """(non-finite or saturated fill, finite nonzero, largest finite magnitude below the
+        fill) of reference bits xb."""
         return 0, 0, 0.0
 
 
@@ -437,6 +442,7 @@ def scan(a: np.ndarray, b: np.ndarray, kernel: Kernel) -> Summary | None:
         ftz_mismatch=counted["ftz_mismatch"],
         zero_sign_mismatch=counted["zero_sign_mismatch"],
         nan_payload_mismatch=counted["nan_payload_mismatch"],
+        fill_mismatch=counted["fill_mismatch"],
     )
 
 

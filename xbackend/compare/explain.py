@@ -22,7 +22,7 @@ from xbackend.capture import CaptureFile, diff_captures
 from xbackend.compare.builds import Builds
 from xbackend.compare.plan import plan_backend
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
-from xbackend.metrics import diff_values, ulp_at
+from xbackend.metrics import diff_values, saturated_fill, ulp_at
 from xbackend.model import ModelRef, ModelSpec, NodeTensor, load_proto, write_rewritten
 from xbackend.modelref import np_dtype
 from xbackend.probes.base import PlannedBackend, ProbeContext
@@ -275,14 +275,15 @@ def _plain_ieee(a: Value, b: Value) -> bool:
 
 
 def _scaled(name: str, a: Value, b: Value, op: str) -> list[tuple[str, float]]:
-    """The scaled ULP of `a` against `b` (finite elements only: the floor is about rounding);
-    the full comparison only for values other than plain IEEE tensors of one shape."""
+    """The scaled ULP of `a` against `b` (finite elements short of saturated fill only: the
+    floor is about rounding); the full comparison only for values other than plain IEEE
+    tensors of one shape."""
     if _plain_ieee(a, b):
         assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
         if a.size == 0:
             return [(name, 0.0)]
         x, y = a.astype(np.float64), b.astype(np.float64)
-        ok = np.isfinite(x) & np.isfinite(y)
+        ok = np.isfinite(x) & np.isfinite(y) & ~saturated_fill(x, a.dtype) & ~saturated_fill(y, b.dtype)
         if not ok.any():
             return []
         scale = float(np.abs(y[ok]).max())

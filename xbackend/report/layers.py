@@ -34,7 +34,7 @@ def diff_row(
 ) -> list[object]:
     name = f"**{d.name}** {mark}".strip() if mark else d.name
     module = modules.get(value_name(d.name), "")
-    special = f"{d.nan_mismatch}/{d.inf_mismatch}/{d.ftz_mismatch}"
+    special = f"{d.nan_mismatch}/{d.inf_mismatch}/{d.ftz_mismatch}/{d.fill_mismatch}"
     status = d.status if d.comparable else f"**{d.status}** ({d.detail})"
     if d.zero_ulp_reason():
         status = f"{status} (bits differ at 0 ULP: {d.zero_ulp_reason()})"
@@ -77,7 +77,7 @@ _DIFF_HEADER = [
     "max abs",
     "max rel",
     "V_ermv",
-    "NaN/Inf/FTZ",
+    "NaN/Inf/FTZ/fill",
 ]
 
 

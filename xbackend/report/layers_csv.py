@@ -31,6 +31,7 @@ HEADER = (
     "nan_mismatch",
     "inf_mismatch",
     "ftz_mismatch",
+    "fill_mismatch",
 )
 
 
@@ -90,6 +91,7 @@ def to_csv(r: Result) -> str:
                         d.nan_mismatch,
                         d.inf_mismatch,
                         d.ftz_mismatch,
+                        d.fill_mismatch,
                     )
                 ]
             )

@@ -26,10 +26,12 @@ METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
         "mean of |a - b| / |b| over comparable elements with b != 0 (elementwise relative mean variability)",
     ),
     (
-        "nan_mismatch / inf_mismatch / ftz_mismatch",
+        "nan_mismatch / inf_mismatch / ftz_mismatch / fill_mismatch",
         "elements where exactly one side is NaN, where "
-        "an infinity differs, or where one side is subnormal and the other zero (flush-to-zero); "
-        "counted apart and never turned into ULP figures",
+        "an infinity differs, where one side is subnormal and the other zero (flush-to-zero), or "
+        "where the reference holds saturated fill (±finfo.max, e.g. an additive attention mask) and "
+        "the candidate another value; counted apart and never turned into ULP figures. Fill is "
+        "left out of the scale of scaled ULP",
     ),
     ("first_divergence", "first tensor in topological order whose bits differ"),
     (

@@ -161,10 +161,12 @@ def find_origins(
             continue
         allowed = _allowed(d, floors.get(t, 0.0), margin)
         module = modules.get(t, "")
-        if d.scaled_ulp is None or not d.comparable or d.nan_mismatch or d.inf_mismatch:
+        if d.scaled_ulp is None or not d.comparable or d.nan_mismatch or d.inf_mismatch or d.fill_mismatch:
             why = d.detail or (
                 "NaN/Inf where the reference has a number"
                 if d.nan_mismatch or d.inf_mismatch
+                else "another value where the reference has saturated fill (±finfo.max)"
+                if d.fill_mismatch
                 else "exact values differ"
             )
             origins.append(Origin(t, module, d.op_type, d.scaled_ulp, allowed, why))
