@@ -24,6 +24,7 @@ PLUGINS = {
     "test-promising": "plugin_runners:PromisingOrtRunner",
     "test-kill-job": "plugin_runners:KillJobRunner",
     "test-fast-gelu": "plugin_runners:FastGeluRunner",
+    "test-batch-nudge": "plugin_runners:BatchNudgeRunner",
 }
 
 

@@ -253,3 +253,27 @@ class FastGeluRunner(OrtCpuRunner):
         path = os.path.join(self._fast.name, "fast.onnx")
         onnx.save(proto, path)
         return super().prepare_impl(replace(model, path=path, external_data=False), tensors)
+
+
+class BatchNudgeRunner(ReferenceRunner):
+    """The reference evaluator, with one tensor moved up by `ulps` ULPs only when the batch
+    (any input's first dimension) is larger than 1: a known batch variance at a known tensor."""
+
+    name = "test-batch-nudge"
+    description = "reference + a ULP nudge on one tensor in batched runs only"
+    option_specs = (
+        *ReferenceRunner.option_specs,
+        OptionSpec("tensor", str, "", "tensor to nudge"),
+        OptionSpec("ulps", int, 3, "ULPs to add"),
+    )
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().run_impl(feeds)
+        name = self.options["tensor"]
+        batched = any(np.ndim(v) and np.shape(v)[0] > 1 for v in feeds.values())
+        if batched and name in out:
+            a = np.array(out[name], copy=True)
+            for _ in range(int(self.options["ulps"])):
+                a = np.nextafter(a, np.array(np.inf, a.dtype))
+            out[name] = a
+        return out

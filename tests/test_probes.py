@@ -87,6 +87,77 @@ def test_batch_invariance_known_engines(models: dict[str, Path]) -> None:
     assert data[0]["by_depth"][0] == {"tensor": "block0.ln.out", "depth": 0, "max_ulp": 0, "scaled_ulp": 0.0}
 
 
+def _rows_model(path: Path) -> Path:
+    """x [B, 4, 8] viewed as rows [B*4, 8] for a MatMul, viewed back; and a branch that
+    transposes the batch behind the sequence before merging ([4*B, 8]: interleaved)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32), "w")
+    flat = numpy_helper.from_array(np.array([-1, 8], np.int64), "flat")
+    back = numpy_helper.from_array(np.array([-1, 4, 6], np.int64), "back_shape")
+    nodes = [
+        helper.make_node("Reshape", ["x", "flat"], ["rows"], name="rows"),
+        helper.make_node("MatMul", ["rows", "w"], ["mm"], name="mm"),
+        helper.make_node("Reshape", ["mm", "back_shape"], ["back"], name="back"),
+        helper.make_node("Relu", ["back"], ["y"], name="y"),
+        helper.make_node("Transpose", ["x"], ["xt"], name="xt", perm=[1, 0, 2]),
+        helper.make_node("Reshape", ["xt", "flat"], ["trows"], name="trows"),
+        helper.make_node("MatMul", ["trows", "w"], ["z"], name="z"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "rows",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 6]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["rows", 6]),
+        ],
+        initializer=[w, flat, back],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    onnx.save(m, path)
+    return path
+
+
+def test_batch_probe_follows_the_batch_through_reshapes(tmp_path: Path, plugins: None) -> None:
+    """HF GPT-2 runs its MLP on [B*T, C] rows: the probe compares the sample's rows there and
+    blames the MatMul that made the bits, not the Reshape after it."""
+    model = _rows_model(tmp_path / "rows.onnx")
+    r = xbackend.compare(
+        model,
+        backends=["test-batch-nudge", "ort-cpu"],
+        reference="ort-cpu",
+        runs=1,
+        probes="batch",
+        batch_invariance=4,
+        shapes={"x": (1, 4, 8)},
+        runner_options={"test-batch-nudge": {"tensor": "mm", "ulps": "2"}},
+    )
+    row = {b.backend: b for b in r.probe("batch").rows}["test-batch-nudge"]  # type: ignore[attr-defined]
+    compared = {t: u for t, _, u, _ in row.by_depth}
+    assert row.invariant is False and row.first_divergence == "mm" and row.seen_at == ""
+    # the nudge moves the captured mm only; back is computed from the true one
+    assert compared["rows"] == 0 and compared["mm"] == 2 and compared["back"] == 0
+    assert compared["xt"] == 0  # the batch moved to axis 1: still compared
+    interleaved = "from trows (Reshape) on, the batch is interleaved with another axis"
+    assert dict(row.left_out) == {"trows": interleaved, "z": interleaved}
+    assert any("differs from mm on" in line for line in r.verdict())
+
+
+def test_a_view_is_not_blamed_for_bits_it_copied(tmp_path: Path) -> None:
+    from xbackend.model import load_model
+    from xbackend.probes.batchaxis import computed_by
+
+    spec, _ = load_model(_rows_model(tmp_path / "rows.onnx"))
+    # the MatMul was not compared (not exposed): the Reshape after it only copied its bits
+    assert computed_by(spec, "back", {"x", "rows"}) == "mm"
+    # the MatMul was compared and agreed: the view itself changed the bits
+    assert computed_by(spec, "back", {"x", "rows", "mm"}) == "back"
+
+
 def test_batch_probe_needs_a_batch_dimension(models: dict[str, Path]) -> None:
     r = xbackend.compare(
         models["attention"], backends=["ort-cpu"], runs=1, probes="batch", batch_invariance=4

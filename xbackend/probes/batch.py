@@ -1,9 +1,10 @@
 """Batch invariance: the first sample alone vs the same sample inside a batch, per layer.
 
 Only tensors that carry the sample are compared: those whose values depend on the
-batched inputs' values (not just their shapes) and whose leading dimension is the
-batch. Shape-derived tensors (a Range over the batch size, a ConstantOfShape) change
-with the batch by construction; they are left out and listed.
+batched inputs' values (not just their shapes), where the sample's elements can be found
+(`batchaxis`: a batch axis of its own, or rows of a `[B*T, C]` view). Every other tensor
+is listed with the reason: shape-derived ones (a Range over the batch size, a
+ConstantOfShape) change with the batch by construction, some mix the samples.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from xbackend.inputs import Feeds, generate_feeds
 from xbackend.metrics import TensorDiff, summarize
 from xbackend.model import ModelSpec
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext
+from xbackend.probes.batchaxis import Layout, batch_layouts, computed_by, sample
 from xbackend.protocol import PhaseResult
 from xbackend.results.probe import ProbeResult, PromiseEvidence
 from xbackend.textfmt import num, table, yes
@@ -47,6 +49,14 @@ class BatchResult:
     by_depth: tuple[tuple[str, int, int | None, float | None], ...] = ()  # tensor, depth, max ULP, scaled
     shape_derived: tuple[str, ...] = ()  # left out: they change with the batch size by construction
     compared: int = 0
+    left_out: tuple[tuple[str, str], ...] = ()  # every exposed tensor not compared, with why
+    seen_at: str = ""  # a view whose bits first differed, when first_divergence computed them
+    module: str = ""  # first_divergence's source module
+
+    def where(self) -> str:
+        """The first divergence with its module, and the view it was first seen at."""
+        out = f"{self.first_divergence} ({self.module})" if self.module else f"{self.first_divergence}"
+        return f"{out}, first seen at {self.seen_at}" if self.seen_at else out
 
 
 @dataclass(frozen=True)
@@ -76,7 +86,7 @@ class BatchResults(ProbeResult):
             elif b.invariant is False:
                 out.append(
                     f"WARN: {b.backend} is not batch-invariant: sample alone vs in a batch of {b.batch} "
-                    f"differs from {b.first_divergence} on ({num(b.scaled_ulp)} scaled ULP at worst)"
+                    f"differs from {b.where()} on ({num(b.scaled_ulp)} scaled ULP at worst)"
                 )
         return out
 
@@ -92,7 +102,7 @@ class BatchResults(ProbeResult):
                 yes(b.invariant) if b.status == "ok" else f"**{b.status}**: {b.reason}",
                 num(b.max_ulp),
                 num(b.scaled_ulp),
-                b.first_divergence or "–",
+                b.where() if b.first_divergence else "–",
             ]
             for b in self.rows
         ]
@@ -110,18 +120,22 @@ class BatchResults(ProbeResult):
             "### Batch invariance",
             "",
             "The first sample alone vs the same sample inside a batch (other rows random, seeded), at "
-            "several positions. Only tensors that carry the sample are compared.",
+            "several positions. Only tensors that carry the sample are compared; a tensor whose "
+            "batch was merged into rows (`[B*T, C]`) is compared on the sample's rows.",
             "",
             *table(header, rows),
             *[f"- {n}" for n in self.notes],
             *([""] if self.notes else []),
         ]
-        derived = next((b.shape_derived for b in self.rows if b.shape_derived), ())
-        if derived:
-            shown = ", ".join(derived[:LISTED]) + (
-                f" and {len(derived) - LISTED} more" if len(derived) > LISTED else ""
+        left_out = next((b.left_out for b in self.rows if b.left_out), ())
+        by_reason: dict[str, list[str]] = {}
+        for t, why in left_out:
+            by_reason.setdefault(why, []).append(t)
+        for why, names in by_reason.items():
+            shown = ", ".join(names[:LISTED]) + (
+                f" and {len(names) - LISTED} more" if len(names) > LISTED else ""
             )
-            out += [f"Left out as shape-derived (they follow the batch size, not the sample): {shown}.", ""]
+            out += [f"Left out, {why}: {shown}.", ""]
         for b in self.rows:
             if b.invariant is False:
                 out += [
@@ -148,6 +162,9 @@ class BatchResults(ProbeResult):
                 "first_divergence": b.first_divergence,
                 "compared": b.compared,
                 "shape_derived": list(b.shape_derived),
+                "left_out": [{"tensor": t, "reason": why} for t, why in b.left_out],
+                "first_divergence_module": b.module,
+                "first_seen_at": b.seen_at,
                 "by_depth": [
                     {"tensor": t, "depth": d, "max_ulp": u, "scaled_ulp": s} for t, d, u, s in b.by_depth
                 ],
@@ -242,17 +259,33 @@ class BatchProbe(Probe):
     def _result(self, backend: str, phase: PhaseResult, plain: PhaseResult) -> BatchResult:
         spec = self.ctx.spec
         carries = spec.data_dependent(batch_inputs(spec))
+        phases = list({phase.name: phase, plain.name: plain}.values())
+        single: dict[str, tuple[int, ...]] = {}
+        batched: dict[str, tuple[int, ...]] = {}
+        others: set[str] = set()
+        for p in phases:
+            with CaptureFile(p.capture) as f:
+                single.update({n: s for n, (_, s) in f.tensors().items()})
+                others.update(n for n in f.names if f.kind(n) != "tensor")
+            with CaptureFile(p.extra_captures[0][0]) as f:
+                batched.update({n: s for n, (_, s) in f.tensors().items()})
+        layouts, left_out = batch_layouts(spec, single, batched, self.batch, carries)
+        left_out.update({n: "not a plain tensor" for n in others})
         per_tensor: dict[str, list[TensorDiff]] = {}
-        derived: set[str] = set()
-        for p in {phase.name: phase, plain.name: plain}.values():
-            self._compare(p, carries, per_tensor, derived)
+        for p in phases:
+            self._compare(p, layouts, per_tensor)
         depth = {n: i for i, n in enumerate(spec.tensor_order())}
         worst = sorted(
             (max(ds, key=lambda d: d.severity()) for ds in per_tensor.values()),
             key=lambda d: depth.get(d.name, len(depth)),
         )
         invariant, max_ulp, scaled, first = summarize(worst)
+        seen_at = ""
+        if first is not None:
+            maker = computed_by(spec, first, set(per_tensor))
+            first, seen_at = maker, (first if maker != first else "")
         by_depth = tuple((d.name, depth.get(d.name, -1), d.max_ulp, d.scaled_ulp) for d in worst)
+        ranked = sorted(left_out.items(), key=lambda kv: depth.get(kv[0], len(depth)))
         return BatchResult(
             backend,
             self.batch,
@@ -264,12 +297,15 @@ class BatchProbe(Probe):
             scaled,
             first,
             by_depth,
-            tuple(sorted(derived, key=lambda n: depth.get(n, len(depth)))),
+            tuple(n for n, why in ranked if why.startswith("shape-derived")),
             len(worst),
+            tuple(ranked),
+            seen_at,
+            spec.modules().get(first, "") if first else "",
         )
 
     def _compare(
-        self, phase: PhaseResult, carries: set[str], out: dict[str, list[TensorDiff]], derived: set[str]
+        self, phase: PhaseResult, layouts: dict[str, Layout], out: dict[str, list[TensorDiff]]
     ) -> None:
         ops = self.ctx.spec.op_types()
         positions = batch_positions(self.batch)
@@ -277,20 +313,10 @@ class BatchProbe(Probe):
             for pos, (path, names) in zip(positions, phase.extra_captures, strict=True):
                 with CaptureFile(path) as batched:
                     for n in names:
-                        if n not in single:
+                        if n not in single or n not in layouts:
                             continue
                         a, b = batched[n], single[n]
                         if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
                             continue
-                        follows_batch = (
-                            a.ndim > 0 and b.ndim > 0 and a.shape[0] == self.batch and b.shape[0] == 1
-                        )
-                        if n not in carries:
-                            if a.shape != b.shape:
-                                derived.add(n)
-                            continue
-                        if not follows_batch:
-                            continue
-                        out.setdefault(n, []).append(
-                            TensorDiff.from_arrays(n, a[pos : pos + 1], b, ops.get(n, ""))
-                        )
+                        d = TensorDiff.from_arrays(n, sample(a, layouts[n], pos), b, ops.get(n, ""))
+                        out.setdefault(n, []).append(d)

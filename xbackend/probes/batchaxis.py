@@ -1,0 +1,154 @@
+"""Where one sample sits in each tensor of a batched run, for the batch probe.
+
+A sample's elements are found by shape: the batched tensor equals the single-sample one
+except along one axis, B times longer. There sample i is the block [i*n, (i+1)*n) of that
+axis: n = 1 for a batch axis of its own, n = T where a view merged the batch with the next
+axis (HF GPT-2 runs its MLP on `[B*T, C]` rows). Transposes move the axis; elementwise ops,
+matmuls and normalizations keep it.
+
+Shapes alone cannot tell batch-major rows from interleaved ones (`[T, B, C]` reshaped to
+`[T*B, C]`), nor a concat along the batch from a merge. So the graph is followed: a Reshape
+or Flatten keeps the sample's elements in blocks only when it keeps the number of elements
+before the batch axis; any other op may change the block only to 1. Past a node that breaks
+this rule, the probe cannot locate the sample: those tensors are listed with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from xbackend.model import ModelSpec
+
+__all__ = ["VIEWS", "Layout", "batch_layouts", "computed_by", "sample"]
+
+# Ops that only move or copy bits: a difference in their output was made upstream.
+VIEWS = frozenset(
+    {
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Identity",
+        "Split",
+        "Slice",
+        "Concat",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Expand",
+        "Tile",
+        "Pad",
+        "DepthToSpace",
+        "SpaceToDepth",
+    }
+)
+_MERGING = frozenset({"Reshape", "Flatten"})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Sample i is the block [i*block, (i+1)*block) along `axis` of the batched tensor."""
+
+    axis: int
+    block: int
+
+
+def _axis(single: tuple[int, ...], batched: tuple[int, ...], batch: int) -> Layout | None:
+    """The one axis along which `batched` is `batch` times `single`, the rest equal."""
+    if len(single) != len(batched) or batch < 2:
+        return None
+    for k, (s, b) in enumerate(zip(single, batched, strict=True)):
+        if s > 0 and b == batch * s and single[:k] == batched[:k] and single[k + 1 :] == batched[k + 1 :]:
+            return Layout(k, s)
+    return None
+
+
+def batch_layouts(
+    spec: ModelSpec,
+    single: Mapping[str, tuple[int, ...]],
+    batched: Mapping[str, tuple[int, ...]],
+    batch: int,
+    carries: set[str],
+) -> tuple[dict[str, Layout], dict[str, str]]:
+    """(tensor -> where the sample sits, tensor -> why the probe cannot compare it) for every
+    tensor captured on both sides; graph inputs in `carries` have the batch on axis 0."""
+    layouts: dict[str, Layout] = {i: Layout(0, 1) for i in spec.input_names if i in carries}
+    downstream = set(carries)  # computed from the batched inputs at all, their shapes included
+    for t in spec.tensors:
+        if t.subgraph or any(i in downstream for i in t.inputs):
+            downstream.add(t.name)
+    lost: dict[str, str] = {}  # tensors past a node that broke the sample's blocks: why
+    left_out: dict[str, str] = {}
+    for t in spec.tensors:
+        n = t.name
+        data_in = [i for i in t.inputs if i in carries]
+        broken = next((lost[i] for i in data_in if i in lost), None)
+        if n not in single or n not in batched:
+            if broken is not None:
+                lost[n] = broken
+            continue
+        s, b = single[n], batched[n]
+        if n not in carries:
+            left_out[n] = (
+                "shape-derived: follows the batch size, not the sample"
+                if n in downstream
+                else "does not depend on the batched inputs"
+            )
+            continue
+        if broken is not None:
+            lost[n] = left_out[n] = broken
+            continue
+        lay = _axis(s, b, batch)
+        if lay is None:
+            left_out[n] = (
+                f"no axis holds the batch ({list(s)} alone, {list(b)} batched): samples mixed or selected"
+            )
+            continue
+        known = [(i, layouts[i]) for i in data_in if i in layouts]
+        if known and not _keeps_blocks(t.op_type, lay, b, known, batched):
+            why = f"from {n} ({t.op_type}) on, the batch is interleaved with another axis"
+            lost[n] = left_out[n] = why
+            continue
+        layouts[n] = lay
+    return layouts, left_out
+
+
+def _keeps_blocks(
+    op: str,
+    out: Layout,
+    out_shape: tuple[int, ...],
+    inputs: list[tuple[str, Layout]],
+    batched: Mapping[str, tuple[int, ...]],
+) -> bool:
+    if op in _MERGING:
+        name, lay = inputs[0]
+        if name not in batched:
+            return True
+        # flat order is kept: the blocks line up when the elements before the batch axis do
+        return math.prod(batched[name][: lay.axis]) == math.prod(out_shape[: out.axis])
+    return out.block == 1 or any(lay.block == out.block for _, lay in inputs)
+
+
+def sample(a: np.ndarray, lay: Layout, pos: int) -> np.ndarray:
+    """The block of sample `pos` in batched `a` (a view)."""
+    idx: list[slice] = [slice(None)] * a.ndim
+    idx[lay.axis] = slice(pos * lay.block, (pos + 1) * lay.block)
+    return a[tuple(idx)]
+
+
+def computed_by(spec: ModelSpec, name: str, compared: set[str]) -> str:
+    """The tensor whose op computed the bits of `name`: up through views whose input the
+    probe did not compare (a view copies bits; the difference was made where they came from)."""
+    producer = {t.name: t for t in spec.tensors}
+    x = name
+    while x in producer and producer[x].op_type in VIEWS and producer[x].inputs:
+        up = producer[x].inputs[0]
+        if up in compared or up not in producer:
+            break
+        x = up
+    return x
