@@ -278,3 +278,22 @@ def test_builds_that_vary_are_flagged_with_their_layers(
     assert data["varying_layers"] == [
         {"layer": "block3.silu", "implementations": ["kernel_a", "kernel_b", "kernel_a"]}
     ]
+
+
+def test_threads_probe_warns_only_when_outputs_move() -> None:
+    """As docs/probes.md says: graph outputs that move are a WARN; intermediates alone, a NOTE."""
+    from xbackend.probes.threads import ThreadResult, ThreadsResult
+
+    inner = ThreadResult("ort-cpu", "4", "ok", "", False, 1, 0.5, "val_49", outputs_equal=True)
+    outer = ThreadResult("openvino-cpu", "4", "ok", "", False, 3, 2.0, "val_7", outputs_equal=False)
+    res = ThreadsResult((inner, outer))
+    modules = {"val_49": "blocks.3.mlp", "val_7": "blocks.0.attn"}
+    assert res.warnings(modules) == [
+        "WARN: openvino-cpu changes with threads (4 vs 1): from val_7 (blocks.0.attn) on "
+        "(2 scaled ULP at worst at the outputs)"
+    ]
+    assert res.note_lines(modules) == [
+        "NOTE: ort-cpu at 4 vs 1 thread(s): graph outputs bit-identical; intermediates move from "
+        "val_49 (blocks.3.mlp) on"
+    ]
+    assert res.promise("thread-count", "ort-cpu")[0] == "broken"  # bits moved: the promise is about bits

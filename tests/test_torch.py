@@ -86,8 +86,70 @@ def test_torch_module_option_for_a_model_without_metadata(exported: Path, tmp_pa
         runner_options={"torch": {"module": SPEC}},
     )
     t = r.backend("torch")
-    assert t.ok and t.exposed == 1  # graph outputs only: no recorded map
+    # no recorded map: the exporter's name scopes on the nodes map the module outputs instead
+    info = dict(t.info)
+    assert t.ok and info["mapped_from"] == "the exporter's name scopes (unverified)"
+    assert int(info["mapped_intermediates"]) >= 24 and t.exposed == int(info["mapped_intermediates"]) + 1
     assert [d.name for d in r.cross("torch").output_tensors] == ["y"]
+    ln = next(d for d in r.cross("torch").tensors if d.name == "layer_norm")
+    assert ln.scaled_ulp is not None and ln.scaled_ulp < 16  # the mapped tensor is the module's output
+
+
+CONV_BN = """
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        self.relu = torch.nn.ReLU()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.relu(self.bn1(self.conv1(x))).mean((2, 3)))
+
+
+def make():
+    torch.manual_seed(0)
+    net = Net().eval()
+    net.bn1.running_mean.uniform_(-1, 1)
+    net.bn1.running_var.uniform_(0.5, 2)
+    return net
+"""
+
+
+def test_plain_dynamo_export_fused_labels_and_torch_map(tmp_path: Path) -> None:
+    """A model from a plain torch.onnx.export(dynamo=True): the Conv that absorbed the BatchNorm
+    is labelled conv1+bn1, and --torch-module maps the torch intermediates by name scope."""
+    import sys
+
+    import torch
+
+    (tmp_path / "convbn.py").write_text(CONV_BN)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import convbn  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path))
+    path = tmp_path / "convbn.onnx"
+    torch.onnx.export(convbn.make(), (torch.randn(2, 3, 16, 16),), str(path), dynamo=True, input_names=["x"])
+    spec, _ = xbackend.load_model(path)
+    conv = next(t for t in spec.tensors if t.op_type == "Conv")
+    assert conv.module == "conv1+bn1"  # fused by the exporter's optimizer (FuseBatchNormIntoConv)
+    relu = next(t for t in spec.tensors if t.op_type == "Relu")
+    assert relu.module == "relu"
+    r = xbackend.compare(
+        path,
+        backends=["torch", "reference"],
+        runs=1,
+        runner_options={"torch": {"module": f"{tmp_path / 'convbn.py'}:make"}},
+    )
+    t = r.cross("torch")
+    compared = {d.name for d in t.tensors if d.comparable}
+    assert {conv.name, relu.name} <= compared  # bn1's and relu's hooks map onto the ONNX tensors
+    assert t.explained is True, r.verdict()
 
 
 def test_cli_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

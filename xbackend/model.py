@@ -276,25 +276,31 @@ def _dtype_name(elem_type: int) -> str:
 
 
 _NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+_REWRITE_RULE = "pkg.onnxscript.rewriter.rule_name"  # the optimizer rules that rewrote a node
 
 
-def node_module(node: onnx.NodeProto) -> str:
-    """The innermost source module the torch exporter attributed `node` to ('' if none)."""
-    for p in node.metadata_props:
-        if p.key == _NAME_SCOPES:
-            try:
-                scopes = ast.literal_eval(p.value)
-            except (ValueError, SyntaxError):
-                return ""
-            # [root '', module paths..., fx node name]
-            return str(scopes[-2]) if isinstance(scopes, list) and len(scopes) >= 3 else ""
-    return ""
+def node_module(node: onnx.NodeProto, params: frozenset[str] = frozenset()) -> str:
+    """The innermost source module the torch exporter attributed `node` to ('' if none). A node
+    an optimizer fused (a Conv that absorbed a BatchNorm keeps only the BatchNorm's scope) is
+    labelled with every module whose parameters it reads, too: `conv1+bn1`."""
+    meta = {p.key: p.value for p in node.metadata_props}
+    try:
+        scopes = ast.literal_eval(meta.get(_NAME_SCOPES, "[]"))
+    except (ValueError, SyntaxError):
+        return ""
+    # [root '', module paths..., fx node name]
+    own = str(scopes[-2]) if isinstance(scopes, list) and len(scopes) >= 3 else ""
+    if not own or "Fuse" not in meta.get(_REWRITE_RULE, ""):
+        return own
+    owners = [name.rpartition(".")[0] for name in node.input if name in params and "." in name]
+    return "+".join(dict.fromkeys([*owners, own]))
 
 
 def _node_tensors(graph: onnx.GraphProto) -> Iterator[NodeTensor]:
     index = 0
+    params = frozenset(t.name for t in graph.initializer)
     for i, node in enumerate(graph.node):
-        module = node_module(node)
+        module = node_module(node, params)
         sub = any(a.HasField("g") or len(a.graphs) for a in node.attribute)
         for out in node.output:
             if out:
@@ -398,13 +404,37 @@ def load_proto(path: str | os.PathLike[str], load_external: bool = True) -> onnx
 
 
 def _load_external(proto: onnx.ModelProto, p: Path) -> None:
+    """Read every external tensor's bytes into the proto. Not onnx's loader: it refuses a data
+    file with more than one hard link, and write_rewritten hard-links the weights of every
+    rewritten model (the user's own file among them, while a rewrite exists)."""
     if not _uses_external_data(proto):
         return
     _check_external_files(proto, p)
     try:
-        onnx.load_external_data_for_model(proto, str(p.parent))
-    except Exception as e:
+        for t in _all_tensors(proto.graph):
+            if t.data_location == TensorProto.EXTERNAL:
+                _read_external(t, p.parent)
+    except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
+
+
+def _read_external(t: TensorProto, base: Path) -> None:
+    info = {e.key: e.value for e in t.external_data}
+    rel = info.get("location", "")
+    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise ValueError(f"tensor {t.name}: external data location {rel!r} is not a file beside the model")
+    offset, length = int(info.get("offset", 0)), info.get("length")
+    with open(base / rel, "rb") as f:
+        f.seek(offset)
+        data = f.read(int(length)) if length is not None else f.read()
+    if length is not None and len(data) != int(length):
+        raise ValueError(
+            f"tensor {t.name}: {rel} holds {len(data)} of its {length} bytes at offset {offset} "
+            "(a truncated file?)"
+        )
+    t.raw_data = data
+    del t.external_data[:]
+    t.data_location = TensorProto.DEFAULT
 
 
 def _check_external_files(proto: onnx.ModelProto, p: Path) -> None:

@@ -20,7 +20,7 @@ import re
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ __all__ = [
     "load_module",
     "parse_dynamic",
     "read_torch_metadata",
+    "scope_map",
 ]
 
 META_SOURCE = "xbackend.source"
@@ -54,6 +55,7 @@ META_MODULE = "xbackend.torch.module"
 META_TORCH_VERSION = "xbackend.torch.version"
 META_INPUTS = "xbackend.torch.inputs"
 META_MODULE_OUTPUTS = "xbackend.torch.module_outputs"
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # torch.onnx (dynamo) records each node's module path
 DEFAULT_OPSET = 18  # the lowest opset torch's exporter implements directly
 
 
@@ -268,17 +270,36 @@ def _quiet_torch_logs() -> Iterator[None]:
 
 def _scope_outputs(program: Any) -> dict[str, str]:
     """Module name -> output of the last node the exporter attributed to that module."""
+    return _last_in_scope(
+        (node.metadata_props.get(NAME_SCOPES), node.outputs[0].name)
+        for node in program.model.graph
+        if node.outputs
+    )
+
+
+def scope_map(proto: onnx.ModelProto) -> dict[str, str]:
+    """Module name -> tensor, from the name scopes torch.onnx.export(dynamo=True) records on every
+    node: the output of the last node each module computed (unverified, unlike an export's map)."""
+    return _last_in_scope(
+        (next((p.value for p in n.metadata_props if p.key == NAME_SCOPES), None), n.output[0])
+        for n in proto.graph.node
+        if n.output and n.output[0]
+    )
+
+
+def _last_in_scope(nodes: Iterable[tuple[str | None, str]]) -> dict[str, str]:
     last: dict[str, str] = {}
-    for node in program.model.graph:
-        raw = node.metadata_props.get("pkg.torch.onnx.name_scopes")
-        if not raw or not node.outputs:
+    for raw, output in nodes:
+        if not raw:
             continue
         try:
             scopes = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             continue
+        if not isinstance(scopes, list):
+            continue
         for scope in scopes[1:-1]:  # [root, modules..., fx node]
-            last[scope] = node.outputs[0].name
+            last[str(scope)] = output
     # A tensor reached by several nested modules belongs to the innermost one.
     by_tensor: dict[str, str] = {}
     for module_name, tensor in last.items():

@@ -71,7 +71,8 @@ def certify(
     if body["backend"]["status"] != "ok":
         print(f"{backend} {body['backend']['status']}: {body['backend']['reason']}", file=sys.stderr)
     for p in body["properties"]:
-        first = f"; first broke at {p['first_layer']}" if p["first_layer"] else ""
+        where = f"{p['first_layer']} ({p['first_layer_module']})" if p.get("first_layer_module") else ""
+        first = f"; first broke at {where or p['first_layer']}" if p["first_layer"] else ""
         print(f"  {p['name']}: {p['status']} ({p['evidence']}{first})")
     verdict = "GRANTED" if cert.granted else "REFUSED"
     print(f"{verdict}: wrote {js} and {md}; check it with `xbackend verify {js}`")

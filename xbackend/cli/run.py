@@ -41,7 +41,7 @@ from xbackend.compare import compare_with_options
 from xbackend.errors import RunnerFailedError, UsageError
 from xbackend.report import to_json, write_atomic, write_markdown_bundle
 from xbackend.results import DEFAULT_BACKENDS, CompareOptions, Result
-from xbackend.textfmt import short
+from xbackend.textfmt import short, with_module
 
 __all__ = ["capture", "compare"]
 
@@ -157,6 +157,7 @@ def capture(
 
 
 def _print_summary(result: Result) -> None:
+    modules = result.model.modules()
     for line in result.verdict():
         print(line)
     for b in result.backends:
@@ -181,5 +182,5 @@ def _print_summary(result: Result) -> None:
                 if c.scaled_ulp is not None
                 else "compared exactly"
             )
-            + f" at outputs; first divergence {c.first_divergence or 'none'}"
+            + f" at outputs; first divergence {with_module(c.first_divergence or 'none', modules)}"
         )

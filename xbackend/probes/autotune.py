@@ -9,7 +9,7 @@ choices in the first build and replays them after.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,7 @@ class AutotuneResult(ProbeResult):
     name = "autotune"
     rows: tuple[AutotuneRow, ...] = ()
 
-    def warnings(self) -> list[str]:
+    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
         out = []
         for r in self.rows:
             if r.status != "ok":
@@ -63,7 +63,7 @@ class AutotuneResult(ProbeResult):
                 )
         return out
 
-    def markdown(self) -> list[str]:
+    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
         if not self.rows:
             return []
         rows = [

@@ -9,7 +9,7 @@ ConstantOfShape) change with the batch by construction, some mix the samples.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContex
 from xbackend.probes.batchaxis import Layout, batch_layouts, computed_by, sample
 from xbackend.protocol import PhaseResult
 from xbackend.results.probe import ProbeResult, PromiseEvidence
-from xbackend.textfmt import num, table, yes
+from xbackend.textfmt import num, table, with_module, yes
 
 __all__ = ["BatchProbe", "BatchResult", "BatchResults", "batch_inputs", "batch_positions"]
 
@@ -78,7 +78,7 @@ class BatchResults(ProbeResult):
             return "held", f"bit-identical, {where} ({row.compared} tensors)", ""
         return "broken", f"bits differ, {where}", row.first_divergence or ""
 
-    def warnings(self) -> list[str]:
+    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
         out = []
         for b in self.rows:
             if b.status != "ok":
@@ -90,7 +90,7 @@ class BatchResults(ProbeResult):
                 )
         return out
 
-    def markdown(self) -> list[str]:
+    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
         if not self.rows and not self.notes:
             return []
         rows = [
@@ -143,7 +143,10 @@ class BatchResults(ProbeResult):
                     "",
                     *table(
                         ["depth", "tensor", "max ULP", "scaled ULP"],
-                        [[d, t, num(u), num(s)] for t, d, u, s in b.by_depth[:400]],
+                        [
+                            [d, with_module(t, modules or {}), num(u), num(s)]
+                            for t, d, u, s in b.by_depth[:400]
+                        ],
                     ),
                 ]
         return out

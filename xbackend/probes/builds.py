@@ -5,14 +5,14 @@ Needs no jobs of its own: it reads the fingerprints of the main builds (`--build
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from xbackend.probes.base import BackendRuns, Probe
 from xbackend.results.probe import ProbeResult
 from xbackend.runners.base import BuildFingerprint
-from xbackend.textfmt import table, yes
+from xbackend.textfmt import table, with_module, yes
 
 __all__ = ["BuildVariance", "BuildsProbe", "BuildsResult"]
 
@@ -54,7 +54,7 @@ class BuildsResult(ProbeResult):
     def build_variance(self) -> list[str]:
         return [w.removeprefix("WARN: ") for w in self.warnings()]
 
-    def warnings(self) -> list[str]:
+    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
         return [
             f"WARN: {b.backend} builds vary: {b.distinct_fingerprints} distinct engines in "
             f"{b.builds} builds ({len(b.varying_layers)} layers differ); outputs "
@@ -63,7 +63,7 @@ class BuildsResult(ProbeResult):
             if b.builds_vary
         ]
 
-    def markdown(self) -> list[str]:
+    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
         if not self.backends:
             return []
         rows = [
@@ -84,7 +84,7 @@ class BuildsResult(ProbeResult):
                     "",
                     *table(
                         ["layer", *[f"build {i}" for i in range(b.builds)]],
-                        [[k, *v] for k, v in b.varying_layers[:200]],
+                        [[with_module(k, modules or {}), *v] for k, v in b.varying_layers[:200]],
                     ),
                 ]
         return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -33,7 +33,7 @@ class OptLevelsResult(ProbeResult):
     rows: tuple[OptLevelResult, ...] = ()
     failures: tuple[tuple[str, str], ...] = ()  # backend, reason
 
-    def warnings(self) -> list[str]:
+    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
         out = [f"WARN: opt-levels probe failed on {b}: {why}" for b, why in self.failures]
         out += [
             f"WARN: {o.backend} optimization level {o.level} changes bits ({num(o.scaled_ulp)} scaled ULP) "
@@ -44,7 +44,7 @@ class OptLevelsResult(ProbeResult):
         ]
         return out
 
-    def markdown(self) -> list[str]:
+    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
         if not self.rows and not self.failures:
             return []
         rows = [

@@ -9,14 +9,14 @@ a `device` option take part only on cuda.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from xbackend.executor import Job, separate_layers, standard_phases
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
 from xbackend.results.probe import ProbeResult
-from xbackend.textfmt import num, table, yes
+from xbackend.textfmt import num, table, with_module, yes
 
 __all__ = ["Tf32Probe", "Tf32Result", "Tf32Row", "on_gpu_with_tf32"]
 
@@ -40,7 +40,7 @@ class Tf32Result(ProbeResult):
     name = "tf32"
     rows: tuple[Tf32Row, ...] = ()
 
-    def warnings(self) -> list[str]:
+    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
         out = []
         for r in self.rows:
             if r.status != "ok":
@@ -48,11 +48,12 @@ class Tf32Result(ProbeResult):
             elif r.same_bits is False:
                 out.append(
                     f"WARN: {r.backend} with TF32 {'on' if r.tf32 else 'off'} changes bits from "
-                    f"{r.first_divergence} on ({num(r.scaled_ulp)} scaled ULP at worst)"
+                    f"{with_module(r.first_divergence or '', modules or {})} on "
+                    f"({num(r.scaled_ulp)} scaled ULP at worst)"
                 )
         return out
 
-    def markdown(self) -> list[str]:
+    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
         if not self.rows:
             return []
         rows = [
@@ -62,7 +63,7 @@ class Tf32Result(ProbeResult):
                 yes(r.same_bits) if r.status == "ok" else f"**failed**: {r.reason}",
                 num(r.max_ulp),
                 num(r.scaled_ulp),
-                r.first_divergence or "–",
+                with_module(r.first_divergence, modules or {}) if r.first_divergence else "–",
             ]
             for r in self.rows
         ]

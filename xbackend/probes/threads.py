@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +12,7 @@ from xbackend.metrics import summarize
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
 from xbackend.protocol import LAYERS, PhaseResult
 from xbackend.results.probe import ProbeResult, PromiseEvidence
-from xbackend.textfmt import num, table, yes
+from xbackend.textfmt import num, table, with_module, yes
 
 __all__ = ["ThreadResult", "ThreadsProbe", "ThreadsResult"]
 
@@ -29,6 +29,10 @@ class ThreadResult:
     max_ulp: int | None = None
     scaled_ulp: float | None = None
     first_divergence: str | None = None
+    outputs_equal: bool | None = None  # the graph outputs alone (None: reports before this field)
+
+    def moved_outputs(self) -> bool:
+        return self.invariant is False and self.outputs_equal is not True
 
 
 @dataclass(frozen=True)
@@ -50,19 +54,29 @@ class ThreadsResult(ProbeResult):
         counts = ", ".join(x.threads for x in checked)
         return "held", f"bit-identical at 1 thread and at {counts} threads", ""
 
-    def warnings(self) -> list[str]:
+    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
+        """Graph outputs that move with the thread count; intermediates alone are a note."""
         out = []
         for t in self.rows:
             if t.status != "ok":
                 out.append(f"WARN: threads probe failed on {t.backend} at {t.threads} thread(s): {t.reason}")
-            elif t.invariant is False:
+            elif t.moved_outputs():
                 out.append(
                     f"WARN: {t.backend} changes with threads ({t.threads} vs 1): from "
-                    f"{t.first_divergence} on ({num(t.scaled_ulp)} scaled ULP at worst)"
+                    f"{with_module(t.first_divergence or '', modules or {})} on "
+                    f"({num(t.scaled_ulp)} scaled ULP at worst at the outputs)"
                 )
         return out
 
-    def markdown(self) -> list[str]:
+    def note_lines(self, modules: Mapping[str, str] | None = None) -> list[str]:
+        return [
+            f"NOTE: {t.backend} at {t.threads} vs 1 thread(s): graph outputs bit-identical; "
+            f"intermediates move from {with_module(t.first_divergence or '', modules or {})} on"
+            for t in self.rows
+            if t.status == "ok" and t.invariant is False and not t.moved_outputs()
+        ]
+
+    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
         if not self.rows:
             return []
         rows = [
@@ -72,7 +86,7 @@ class ThreadsResult(ProbeResult):
                 yes(t.invariant) if t.status == "ok" else f"**{t.status}**: {t.reason}",
                 num(t.max_ulp),
                 num(t.scaled_ulp),
-                t.first_divergence or "–",
+                with_module(t.first_divergence, modules or {}) if t.first_divergence else "–",
             ]
             for t in self.rows
         ]
@@ -97,6 +111,7 @@ class ThreadsResult(ProbeResult):
                 "max_ulp": t.max_ulp,
                 "scaled_ulp": t.scaled_ulp,
                 "first_divergence": t.first_divergence,
+                "outputs_equal": t.outputs_equal,
             }
             for t in self.rows
         ]
@@ -186,5 +201,6 @@ class ThreadsProbe(Probe):
                 out.append(ThreadResult(b.name, label, "failed", o.reason))
                 continue
             equal, max_ulp, scaled, first = self.ctx.compare_builds(o, one, self._layers(r, t), one_layers)
-            out.append(ThreadResult(b.name, label, "ok", "", equal, max_ulp, scaled, first))
+            outputs = self._outputs_equal(o, one)
+            out.append(ThreadResult(b.name, label, "ok", "", equal, max_ulp, scaled, first, outputs))
         return out

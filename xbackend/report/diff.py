@@ -75,7 +75,7 @@ class ReportDiff:
                 b.old,
                 b.new,
                 {True: "yes", False: "**no**", None: "–"}[b.outputs_identical],
-                b.first_moved or "–",
+                with_module(b.first_moved, self.modules) if b.first_moved else "–",
                 num(b.ulp_old),
                 num(b.ulp_new),
             ]

@@ -120,7 +120,8 @@ def observer_section(r: Result) -> list[str]:
 
 
 def probes_section(r: Result) -> list[str]:
-    body = [line for p in r.probes for line in p.markdown()]
+    modules = r.model.modules()
+    body = [line for p in r.probes for line in p.markdown(modules)]
     if not body and not r.probes_ran:
         return []
     ran = ", ".join(r.probes_ran) or "none"

@@ -7,6 +7,7 @@ it registers it with the codec, so a JSON report can name it (and only it) to be
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -30,11 +31,16 @@ class ProbeResult(abc.ABC):
         register_subclass(ProbeResult, cls)
 
     @abc.abstractmethod
-    def warnings(self) -> list[str]:
-        """Verdict lines ('WARN: ...'): findings, and every probe job that failed."""
+    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
+        """Verdict lines ('WARN: ...'): findings, and every probe job that failed. `modules`
+        maps tensors to their source module, to name them as `tensor (module)`."""
+
+    def note_lines(self, modules: Mapping[str, str] | None = None) -> list[str]:
+        """Verdict lines ('NOTE: ...'): findings below a warning; none by default."""
+        return []
 
     @abc.abstractmethod
-    def markdown(self) -> list[str]:
+    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
         """The probe's section of the report (empty when there is nothing to show)."""
 
     @abc.abstractmethod
@@ -67,10 +73,10 @@ class FailedProbe(ProbeResult):
     def name(self) -> str:  # type: ignore[override]
         return self.probe
 
-    def warnings(self) -> list[str]:
+    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
         return [f"WARN: probe {self.probe} failed: {self.reason}"]
 
-    def markdown(self) -> list[str]:
+    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
         return [f"### Probe {self.probe}", "", f"Failed: {self.reason}.", ""]
 
     def to_json(self) -> Any:

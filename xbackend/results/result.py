@@ -142,14 +142,19 @@ class Result:
 
     def _fail_lines(self) -> list[str]:
         lines = []
+        modules = self.model.modules()
         for b in self.nondeterministic:
             worst = max(b.varying(), key=lambda d: d.severity(), default=None)
-            at = f" ({short(worst.scaled_ulp)} scaled ULP at worst, {worst.name})" if worst else ""
+            at = (
+                f" ({short(worst.scaled_ulp)} scaled ULP at worst, {with_module(worst.name, modules)})"
+                if worst
+                else ""
+            )
             lines.append(
                 f"FAIL: {b.name} is nondeterministic: {b.distinct_outputs} distinct outputs in "
-                f"{b.runs * b.builds} runs{at}; first varying tensor {b.first_nondeterministic}"
+                f"{b.runs * b.builds} runs{at}; first varying tensor "
+                f"{with_module(b.first_nondeterministic or '', modules)}"
             )
-        modules = self.model.modules()
         for c in self.violations:
             against = "the expected outputs" if c.reference == EXPECTED else c.reference
             if c.origins and c.explained is False:
@@ -239,13 +244,16 @@ class Result:
                 out.append(
                     f"WARN: {b.name}: the per-layer build failed ({b.layers_error}); output figures stand"
                 )
+        modules = self.model.modules()
         for p in self.probes:
-            out += p.warnings()
+            out += p.warnings(modules)
         if self.vacuous:
             out.append(
                 f"WARN: vacuous comparison: {self.vacuous}; agreement there proves little: feed inputs "
                 "that exercise the model (--inputs, --range)"
             )
+        for p in self.probes:
+            out += p.note_lines(modules)
         for c in self.cross_backend:
             why = c.zero_ulp_reason() if c.status == "ok" else ""
             if why:

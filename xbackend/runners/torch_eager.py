@@ -30,6 +30,7 @@ from xbackend.torch_export import (
     load_module,
     module_map,
     read_torch_metadata,
+    scope_map,
     to_numpy,
     to_tensor,
 )
@@ -69,6 +70,7 @@ class TorchRunner(Runner):
         self._spec = ""
         self._weights = ""
         self._unmapped = "no torch module output maps to this tensor"
+        self._map_source = ""
 
     @classmethod
     def availability(cls) -> Availability:
@@ -108,10 +110,13 @@ class TorchRunner(Runner):
             raise RunnerFailedError(f"{e} (set the module with --torch-module)") from e
         if self.options["check_weights"]:
             self._weights = check_weights(self._module, proto)
-        del proto
         wanted = set(tensors)
         model_dir = Path(model.path).parent
         mapped = module_map(meta, self.options["module"], model_dir)
+        if not mapped and not recorded:  # a plain torch.onnx export: its nodes' name scopes
+            mapped = scope_map(proto)
+            self._map_source = "the exporter's name scopes (unverified)" if mapped else ""
+        del proto
         # only a --torch-module other than the recorded file loses a map the model has
         other_module = not mapped and bool(self.options["module"]) and bool(module_map(meta, "", model_dir))
         self._unmapped = (
@@ -178,6 +183,8 @@ class TorchRunner(Runner):
         out["torch"] = importlib.metadata.version("torch")
         out["module"] = self._spec
         out["mapped_intermediates"] = str(len(self._map))
+        if self._map_source:
+            out["mapped_from"] = self._map_source
         if self._weights:
             out["weights_checked"] = self._weights
         return dict(sorted(out.items()))
