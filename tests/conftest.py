@@ -25,6 +25,7 @@ PLUGINS = {
     "test-kill-job": "plugin_runners:KillJobRunner",
     "test-fast-gelu": "plugin_runners:FastGeluRunner",
     "test-batch-nudge": "plugin_runners:BatchNudgeRunner",
+    "test-racy": "plugin_runners:RacyRunner",
 }
 
 

@@ -10,6 +10,7 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
+from typing import Any
 from dataclasses import replace
 from pathlib import Path
 
@@ -276,4 +277,44 @@ class BatchNudgeRunner(ReferenceRunner):
             for _ in range(int(self.options["ulps"])):
                 a = np.nextafter(a, np.array(np.inf, a.dtype))
             out[name] = a
+        return out
+
+
+class RacyRunner(ReferenceRunner):
+    """The reference evaluator with an injected, certain race: at `race_threads` threads or more,
+    run k of each build lands `tensor` and the graph outputs k + 1 ULPs higher (every run differs
+    from every other; the first runs of two builds agree). Below that, or in a model without
+    `tensor`, it is the reference. Tests of what xbackend says
+    about a race use it: a real race may not show on a loaded machine."""
+
+    name = "test-racy"
+    description = "reference + a race at 2+ threads on one tensor"
+    option_specs = (
+        *ReferenceRunner.option_specs,
+        OptionSpec("tensor", str, "pooled", "tensor the race lands on"),
+        OptionSpec("race_threads", int, 2, "thread count from which it races"),
+    )
+
+    @classmethod
+    def process_env(cls, options: Mapping[str, Any]) -> dict[str, str]:
+        """BLAS stays on one thread: the race is the only thing `threads` changes."""
+        return super().process_env({**options, "threads": 1})
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        self._runs = 0
+        graph = onnx.load(model.path, load_external_data=False).graph
+        racy = any(self.options["tensor"] in n.output for n in graph.node)
+        self._targets = (self.options["tensor"], *model.outputs) if racy else ()
+        return super().prepare_impl(model, tensors)
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().run_impl(feeds)
+        if int(self.options["threads"]) >= int(self.options["race_threads"]):
+            for name in self._targets:
+                a = out.get(name)
+                if isinstance(a, np.ndarray) and a.dtype.kind == "f":
+                    for _ in range(self._runs + 1):
+                        a = np.nextafter(a, np.array(np.inf, a.dtype))
+                    out[name] = a
+        self._runs += 1
         return out

@@ -103,7 +103,7 @@ def test_certify_grants_one_thread_and_verify_matches(
 
 
 def test_certify_refuses_two_threads_on_the_scatter_race(
-    models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    models: dict[str, Path], tmp_path: Path, plugins: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     stem = tmp_path / "race"
     code, out, _ = run(
@@ -111,9 +111,9 @@ def test_certify_refuses_two_threads_on_the_scatter_race(
         "certify",
         str(models["scatter_add"]),
         "--backend",
-        "ort-cpu",
+        "test-racy",
         "--set",
-        "ort-cpu.threads=2",
+        "test-racy.threads=2",
         "--runs",
         "4",
         "--builds",

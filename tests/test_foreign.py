@@ -42,21 +42,21 @@ WORKER_MODULES = [
 ]
 
 
-def test_instances_run_one_runner_under_two_settings(models: dict[str, Path]) -> None:
+def test_instances_run_one_runner_under_two_settings(models: dict[str, Path], plugins: None) -> None:
     r = compare(
         models["scatter_add"],
-        backends=["ort-cpu@1t", "ort-cpu@2t"],
-        runner_options={"ort-cpu@1t": {"threads": "1"}, "ort-cpu@2t": {"threads": "2"}},
-        runs=8,
+        backends=["test-racy@1t", "test-racy@2t"],
+        runner_options={"test-racy@1t": {"threads": "1"}, "test-racy@2t": {"threads": "2"}},
+        runs=4,
         probes=["none"],
         outputs_only=True,
     )
     by = {b.name: b for b in r.backends}
-    assert dict(by["ort-cpu@1t"].options)["threads"] == "1"
-    assert dict(by["ort-cpu@2t"].options)["threads"] == "2"
-    # ScatterND with reduction=add races across threads: only the 1-thread instance is stable
-    assert by["ort-cpu@1t"].deterministic is True
-    assert by["ort-cpu@2t"].deterministic is False
+    assert dict(by["test-racy@1t"].options)["threads"] == "1"
+    assert dict(by["test-racy@2t"].options)["threads"] == "2"
+    # the injected race runs at 2 threads: only the 1-thread instance is stable
+    assert by["test-racy@1t"].deterministic is True
+    assert by["test-racy@2t"].deterministic is False and by["test-racy@2t"].distinct_outputs == 4
 
 
 def test_instance_errors_are_one_line(capsys: pytest.CaptureFixture[str], models: dict[str, Path]) -> None:

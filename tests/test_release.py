@@ -237,12 +237,14 @@ def test_fail_on_policies_have_their_exit_codes(
     one_line_error(err, "unknown --fail-on policy 'ulp>x'; valid: nondeterminism, build-variance, ulp>N")
 
 
-def test_nondeterminism_gate_exits_10(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_nondeterminism_gate_exits_10(
+    models: dict[str, Path], plugins: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = run(
-        capsys, "compare", str(models["scatter_add"]), "--backends", "ort-cpu", "--runs", "6",
-        "--set", "ort-cpu.threads=2", "--probes", "none", "--fail-on", "nondeterminism",
+        capsys, "compare", str(models["scatter_add"]), "--backends", "test-racy", "--runs", "6",
+        "--set", "test-racy.threads=2", "--probes", "none", "--fail-on", "nondeterminism",
     )  # fmt: skip
-    assert code == 10 and out.startswith("GATE: nondeterminism fired (exit 10): ort-cpu: ")
+    assert code == 10 and out.startswith("GATE: nondeterminism fired (exit 10): test-racy: ")
 
 
 @pytest.fixture(scope="module")

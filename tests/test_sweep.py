@@ -42,10 +42,17 @@ def write_sweep(folder: Path, text: str, name: str = "zoo.toml") -> Path:
 
 
 def zoo(
-    models: dict[str, Path], second: str = "scatter_add", name: str = "scatter", sweep: str = "runs = 3"
+    models: dict[str, Path],
+    second: str = "scatter_add",
+    name: str = "scatter",
+    sweep: str = "runs = 3",
+    racy: bool = False,
 ) -> str:
-    """mlp_batch and a second sample model, on ort-cpu at 1 and 2 threads and the reference evaluator."""
-    return f"""
+    """mlp_batch and a second sample model, on ort-cpu at 1 and 2 threads and the reference
+    evaluator (and test-racy at 2 threads, a certain race on the scatter, with `racy`)."""
+    extra = '\n[[backends]]\nname = "test-racy@2t"\nset = { threads = 2 }\n' if racy else ""
+    return (
+        f"""
 [sweep]
 name = "zoo"
 probes = "none"
@@ -71,6 +78,8 @@ set = {{ threads = 1 }}
 name = "ort-cpu@2t"
 set = {{ threads = 2 }}
 """
+        + extra
+    )
 
 
 # --- the sweep file ----------------------------------------------------------------------------
@@ -198,10 +207,17 @@ def test_cells_say_the_verdict_in_a_few_words() -> None:
 
 
 @pytest.fixture(scope="module")
-def zoo_run(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+def zoo_run(
+    models: dict[str, Path], plugin_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, object]:
     folder = tmp_path_factory.mktemp("zoo")
-    spec = load_sweep(write_sweep(folder, zoo(models)))
-    return folder, run_sweep(spec)
+    with pytest.MonkeyPatch.context() as mp:  # the test runners, here and in the sweep's workers
+        paths = (str(plugin_path), str(Path(__file__).parent))
+        for p in paths:
+            mp.syspath_prepend(p)
+        mp.setenv("PYTHONPATH", os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
+        spec = load_sweep(write_sweep(folder, zoo(models, racy=True)))
+        return folder, run_sweep(spec)
 
 
 def test_local_sweep_reports_every_model_and_backend(zoo_run: tuple[Path, object]) -> None:
@@ -209,17 +225,21 @@ def test_local_sweep_reports_every_model_and_backend(zoo_run: tuple[Path, object
     out = folder / "zoo-fleet"
     fleet = json.loads((out / "fleet.json").read_text("utf-8"))
     assert fleet["schema"] == "xbackend.fleet/1" and fleet["executor"] == "local"
-    assert fleet["summary"] == {"backends": 3, "failed": 0, "jobs": 6, "models": 2, "ok": 6}
+    assert fleet["summary"] == {"backends": 4, "failed": 0, "jobs": 8, "models": 2, "ok": 8}
     m = fleet["matrix"]
-    # ScatterND with duplicate indices on 2 threads races; on 1 thread it does not
-    assert m["scatter"]["ort-cpu@2t"]["deterministic"] is False
-    assert m["scatter"]["ort-cpu@2t"]["verdict"] == "fail"
+    # the injected race at 2 threads lands on the scatter; on 1 thread ORT's ScatterND is stable
+    assert m["scatter"]["test-racy@2t"]["deterministic"] is False
+    assert m["scatter"]["test-racy@2t"]["verdict"] == "fail"
+    assert m["mlp"]["test-racy@2t"]["deterministic"] is True
     assert m["scatter"]["ort-cpu@1t"]["deterministic"] is True
     assert m["mlp"]["ort-cpu@1t"]["deterministic"] is True and m["mlp"]["ort-cpu@2t"]["deterministic"] is True
     assert m["mlp"]["reference"]["reference"] == "reference" and "scaled_ulp" not in m["mlp"]["reference"]
     assert m["mlp"]["ort-cpu@1t"]["scaled_ulp"] is not None
     assert fleet["exit_code"] == 1
-    assert any(v.startswith("FAIL: scatter: ort-cpu@2t is nondeterministic") for v in fleet["verdict"])
+    assert any(
+        v.startswith("FAIL: scatter: test-racy@2t: nondeterministic run to run: 3 distinct outputs in 3 runs")
+        for v in fleet["verdict"]
+    ), fleet["verdict"]
     md = (out / "fleet.md").read_text("utf-8")
     assert "| [scatter](models/scatter.md) |" in md and "NONDET" in md
     assert (out / "models" / "mlp.md").is_file() and (out / "models" / "scatter.json").is_file()
@@ -227,14 +247,19 @@ def test_local_sweep_reports_every_model_and_backend(zoo_run: tuple[Path, object
     assert (out / "jobs" / "mlp" / "ort-cpu@1t" / "report.md").is_file()
     per_model = json.loads((out / "models" / "scatter.json").read_text("utf-8"))
     assert per_model["options"]["reference"] == "reference"
-    assert [b["name"] for b in per_model["backends"]] == ["reference", "ort-cpu@1t", "ort-cpu@2t"]
+    assert [b["name"] for b in per_model["backends"]] == [
+        "reference",
+        "ort-cpu@1t",
+        "ort-cpu@2t",
+        "test-racy@2t",
+    ]
     jobs = {j["id"]: j for j in fleet["jobs"]}
     assert jobs["scatter/ort-cpu@2t"]["node"] == os.uname().nodename
     assert fleet["nodes"][0]["environment"]["package.xbackend"]
 
 
 def test_a_rerun_resumes_and_writes_the_same_bytes(
-    zoo_run: tuple[Path, object], capsys: pytest.CaptureFixture[str]
+    zoo_run: tuple[Path, object], plugins: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder, _ = zoo_run
     out = folder / "zoo-fleet"
@@ -244,11 +269,11 @@ def test_a_rerun_resumes_and_writes_the_same_bytes(
     (out / "jobs" / "scatter" / "ort-cpu@1t" / "capture" / "outputs.xbv").write_bytes(b"damaged")
     code, stdout, err = run(capsys, "sweep", str(folder / "zoo.toml"))
     assert code == 1
-    assert "5 resumed from earlier captures" in stdout
+    assert "7 resumed from earlier captures" in stdout
     # stderr is no terminal here: a line per job instead of a bar
     assert err.splitlines() == [
-        "xbackend: sweep: 5 of 6 jobs already done, resuming",
-        f"xbackend: [6/6] scatter/ort-cpu@1t: ok on {os.uname().nodename}",
+        "xbackend: sweep: 7 of 8 jobs already done, resuming",
+        f"xbackend: [8/8] scatter/ort-cpu@1t: ok on {os.uname().nodename}",
     ]
     assert (out / "jobs" / "mlp" / "reference" / "job.json").stat().st_mtime_ns == stamp
     assert {p: p.read_bytes() for p in before} == before

@@ -164,13 +164,11 @@ def _print_summary(result: Result) -> None:
         if not b.ok:
             print(f"  {b.name}: {b.status} ({b.reason})")
             continue
-        det = (
-            "deterministic"
-            if b.deterministic
-            else f"NONDETERMINISTIC ({b.distinct_outputs} distinct outputs)"
-        )
         where = f" (loaded from {b.loaded_from})" if b.loaded_from else ""
-        print(f"  {b.name}: {det} over {b.runs} run(s) x {b.builds} build(s){where}")
+        if b.deterministic:
+            print(f"  {b.name}: deterministic over {b.runs} run(s) x {b.builds} build(s){where}")
+        else:
+            print(f"  {b.name}: {b.variance_words()}{where}")
     for c in result.cross_backend:
         if c.status != "ok":
             print(f"  {c.backend} vs {c.reference}: not compared ({c.reason})")

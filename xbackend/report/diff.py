@@ -111,7 +111,7 @@ def _state(b: BackendResult | None) -> str:
         return "absent"
     if not b.ok:
         return b.status
-    return "deterministic" if b.deterministic else f"NONDETERMINISTIC ({b.distinct_outputs} outputs)"
+    return "deterministic" if b.deterministic else b.variance_words()
 
 
 def _backend(a: Result, b: Result, name: str, order: dict[str, int]) -> BackendChange:

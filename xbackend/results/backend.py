@@ -76,6 +76,18 @@ class BackendResult:
         order = {d.name: i for i, d in enumerate(diffs)}
         return worst_per_tensor((d for d in diffs if not d.bitwise_equal), order)
 
+    def variance_words(self) -> str:
+        """What varied, in the words of what was measured: runs of one build, or fresh builds."""
+        runs = self.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in self.run_diffs)
+        builds = self.distinct_build_outputs > 1 or any(not d.bitwise_equal for d in self.build_diffs)
+        across = f"{self.distinct_build_outputs} distinct outputs over {self.builds} builds"
+        within = f"{self.distinct_run_outputs} distinct outputs in {self.runs} runs of one build"
+        if builds and not runs:
+            return f"builds differ: {across}; each build deterministic over {self.runs} runs"
+        if runs and not builds:
+            return f"nondeterministic run to run: {within}"
+        return f"nondeterministic: {within}, and {across}"
+
     @property
     def first_nondeterministic(self) -> str | None:
         v = self.varying()

@@ -150,11 +150,8 @@ class Result:
                 if worst
                 else ""
             )
-            lines.append(
-                f"FAIL: {b.name} is nondeterministic: {b.distinct_outputs} distinct outputs in "
-                f"{b.runs * b.builds} runs{at}; first varying tensor "
-                f"{with_module(b.first_nondeterministic or '', modules)}"
-            )
+            first = with_module(b.first_nondeterministic or "", modules)
+            lines.append(f"FAIL: {b.name}: {b.variance_words()}{at}; first varying tensor {first}")
         for c in self.violations:
             against = "the expected outputs" if c.reference == EXPECTED else c.reference
             if c.origins and c.explained is False:
