@@ -21,7 +21,7 @@ PLUGINS = {
     "test-threads-crash": "plugin_runners:ThreadsCrashRunner",
     "test-shared": "plugin_runners:SharedProcessRunner",
     "test-drift": "plugin_runners:ThreadDriftRunner",
-    "test-promising": "plugin_runners:PromisingOrtRunner",
+    "test-promising": "plugin_runners:PromisingRunner",
     "test-kill-job": "plugin_runners:KillJobRunner",
     "test-fast-gelu": "plugin_runners:FastGeluRunner",
     "test-batch-nudge": "plugin_runners:BatchNudgeRunner",

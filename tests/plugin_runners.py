@@ -10,9 +10,9 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
-from typing import Any
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -207,15 +207,6 @@ class ThreadDriftRunner(SharedProcessRunner):
         return out
 
 
-class PromisingOrtRunner(OrtCpuRunner):
-    """onnxruntime CPU declaring what deterministic hardware promises: the checks are real, and
-    on the ScatterND race (threads > 1) it breaks them."""
-
-    name = "test-promising"
-    description = "ONNX Runtime CPU that promises run-to-run, build-to-build and thread-count determinism"
-    promises = frozenset({"run-to-run", "build-to-build", "thread-count"})
-
-
 class KillJobRunner(ReferenceRunner):
     """Kills the process that started its worker (a sweep job, or a Ray worker) the first `times`
     builds it is asked for, counted in `marker`: a node or worker lost mid-way through a job."""
@@ -318,3 +309,14 @@ class RacyRunner(ReferenceRunner):
                     out[name] = a
         self._runs += 1
         return out
+
+
+class PromisingRunner(RacyRunner):
+    """An engine declaring what deterministic hardware promises: the checks are real, and at its
+    default of 2 threads it races on the scatter ('pooled'), breaking them."""
+
+    name = "test-promising"
+    description = "promises run-to-run, build-to-build and thread-count determinism"
+    promises = frozenset({"run-to-run", "build-to-build", "thread-count"})
+    option_specs = tuple(replace(o, default=2) if o.name == "threads" else o for o in RacyRunner.option_specs)
+

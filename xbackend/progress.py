@@ -1,7 +1,10 @@
-"""Progress over the whole plan of builds and runs, drawn on stderr with rich."""
+"""Progress over the whole plan of builds and runs, on stderr: a rich bar on a terminal, a
+line per finished build elsewhere (a CI log, a pipe)."""
 
 from __future__ import annotations
 
+import sys
+import time
 from types import TracebackType
 from typing import Protocol
 
@@ -15,7 +18,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["NullProgress", "ProgressSink", "RichProgress"]
+__all__ = ["LineProgress", "NullProgress", "ProgressSink", "RichProgress"]
 
 
 class ProgressSink(Protocol):
@@ -87,3 +90,38 @@ class RichProgress:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class LineProgress:
+    """A line on stderr per finished build (each worker job): what a log keeps of a bar."""
+
+    def __init__(self) -> None:
+        self._total = self._done = 0
+        self._current = ""
+        self._since = 0.0
+
+    def start(self, total: int) -> None:
+        self._total = total
+
+    def grow(self, steps: int) -> None:
+        self._total += steps
+
+    def describe(self, text: str) -> None:
+        self._finish()
+        self._current, self._since = text, time.monotonic()
+
+    def advance(self, steps: int = 1) -> None:
+        self._done += steps
+
+    def stop(self) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._current:
+            took = time.monotonic() - self._since
+            print(
+                f"xbackend: [{self._done}/{self._total}] {self._current}: done in {took:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        self._current = ""

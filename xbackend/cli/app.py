@@ -7,7 +7,7 @@ import sys
 import typer
 
 from xbackend.gating import POLICIES
-from xbackend.progress import NullProgress, ProgressSink, RichProgress
+from xbackend.progress import LineProgress, NullProgress, ProgressSink, RichProgress
 
 __all__ = ["EXIT_CODES", "app", "export_app", "progress"]
 
@@ -32,5 +32,8 @@ app.add_typer(export_app, name="export")
 
 
 def progress(no_progress: bool) -> ProgressSink:
-    """A bar on stderr when it is a terminal and not switched off."""
-    return NullProgress() if no_progress or not sys.stderr.isatty() else RichProgress()
+    """A bar on stderr when it is a terminal, a line per finished build when it is not;
+    nothing with --no-progress."""
+    if no_progress:
+        return NullProgress()
+    return RichProgress() if sys.stderr.isatty() else LineProgress()

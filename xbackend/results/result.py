@@ -270,6 +270,13 @@ class Result:
                 out.append(f"DRIFT: {d.backend} moved from the baseline{size}; first moved tensor {first}")
             elif d.status == "not-comparable":
                 out.append(f"DRIFT: {d.backend} cannot be compared with the baseline: {d.reason}")
+            elif d.status == "identical":
+                what = f"{len(d.tensors)} tensors compared" if d.measured else "digests compared"
+                out.append(f"BASELINE: {d.backend}: bit-identical to {d.baseline} ({what})")
+            elif d.status == "no-baseline":
+                out.append(
+                    f"BASELINE: {d.backend}: not in the baseline{f' ({d.reason})' if d.reason else ''}"
+                )
         return out
 
     def _promise_lines(self) -> list[str]:
