@@ -319,4 +319,3 @@ class PromisingRunner(RacyRunner):
     description = "promises run-to-run, build-to-build and thread-count determinism"
     promises = frozenset({"run-to-run", "build-to-build", "thread-count"})
     option_specs = tuple(replace(o, default=2) if o.name == "threads" else o for o in RacyRunner.option_specs)
-

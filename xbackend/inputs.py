@@ -113,6 +113,62 @@ def parse_shape(text: str) -> tuple[str, Shape]:
     return name, shape
 
 
+def _named_dims(spec: ModelSpec) -> dict[str, list[str]]:
+    """Symbolic dimension name -> the inputs that use it (e.g. 'batch' -> input_ids, attention_mask)."""
+    out: dict[str, list[str]] = {}
+    for i in spec.inputs:
+        for d in i.shape or ():
+            if isinstance(d, str) and d and i.name not in out.get(d, []):
+                out.setdefault(d, []).append(i.name)
+    return out
+
+
+def _split_shapes(spec: ModelSpec, shapes: Mapping[str, Shape]) -> tuple[dict[str, Shape], dict[str, int]]:
+    """(input -> shape, dimension name -> size): `--shape batch=2` sets a named dimension every
+    input that uses it shares; an input's own name wins."""
+    named = _named_dims(spec)
+    inputs, dims = {}, {}
+    for name, shape in shapes.items():
+        if name in spec.input_names or name not in named:
+            inputs[name] = shape
+        elif len(shape) != 1:
+            raise InputError(
+                f"--shape {name}={','.join(map(str, shape))}: {name!r} is a dynamic dimension (of "
+                f"{', '.join(named[name])}), so it takes one size, e.g. --shape {name}=2"
+            )
+        else:
+            dims[name] = shape[0]
+    return inputs, dims
+
+
+def _fill_dims(spec: TensorSpec, dims: Mapping[str, int]) -> Shape | None:
+    """The input's shape from named dimension sizes, when they settle every dynamic dimension."""
+    if spec.shape is None or not spec.dynamic_dims:
+        return None
+    if not all(isinstance(spec.shape[i], str) and spec.shape[i] in dims for i in spec.dynamic_dims):
+        return None
+    return tuple(d if isinstance(d, int) else dims[str(d)] for d in spec.shape)
+
+
+def _unset_dims(spec: ModelSpec, shapes: Mapping[str, Shape], dims: Mapping[str, int]) -> InputError | None:
+    """One error for every named dimension left unset, naming the inputs that share it."""
+    missing: dict[str, list[str]] = {}
+    for i in spec.inputs:
+        if i.name in shapes or i.shape is None or _fill_dims(i, dims) is not None:
+            continue
+        syms = [i.shape[k] for k in i.dynamic_dims]
+        if not all(isinstance(s, str) and s for s in syms):
+            return None  # an unnamed dimension: the per-input error says what to pass
+        for s in syms:
+            if s not in dims:
+                missing.setdefault(str(s), []).append(i.name)
+    if not missing:
+        return None
+    flags = " ".join(f"--shape {d}=1" for d in missing)
+    users = "; ".join(f"{d} (of {', '.join(names)})" for d, names in missing.items())
+    return InputError(f"dynamic dimension(s) {users} unset; pass {flags}, or a --shape per input")
+
+
 def _resolve_shape(spec: TensorSpec, override: Shape | None) -> Shape:
     if spec.shape is None:
         if override is None:
@@ -203,28 +259,35 @@ def generate_feeds(
     Gather indices into an N-row table (token ids into an embedding), or from --range.
     Floats are standard normal, or uniform in --range.
     """
-    shapes = dict(shapes or {})
+    shapes, dims = _split_shapes(spec, dict(shapes or {}))
     ranges = dict(ranges or {})
-    _check_known(spec, shapes.keys(), "--shape")
+    _check_known(spec, shapes.keys(), "--shape", _named_dims(spec))
     _check_known(spec, ranges.keys(), "--range")
+    unset = _unset_dims(spec, shapes, dims)
+    if unset is not None:
+        raise unset
     bounds = dict(spec.index_bounds)
     arrays = {}
     used: list[tuple[str, str]] = []
     for i in spec.inputs:
         lo_hi = _range_for(i, ranges, bounds)
-        arrays[i.name] = _random_array(i, _resolve_shape(i, shapes.get(i.name)), seed, lo_hi)
+        shape = shapes.get(i.name) or _fill_dims(i, dims)
+        arrays[i.name] = _random_array(i, _resolve_shape(i, shape), seed, lo_hi)
         dt = arrays[i.name].dtype
         if dt != np.bool_ and (dt.kind in "iu" or i.name in ranges):
             used.append((i.name, f"[{lo_hi[0]:g}, {lo_hi[1]:g})"))
     return Feeds.from_arrays(arrays, seed, "generated", tuple(used))
 
 
-def _check_known(spec: ModelSpec, names: object, where: str) -> None:
+def _check_known(
+    spec: ModelSpec, names: object, where: str, dims: Mapping[str, object] | None = None
+) -> None:
     unknown = sorted(set(names) - set(spec.input_names))  # type: ignore[call-overload]
     if unknown:
+        named = f"; its named dynamic dimensions are {', '.join(dims)}" if dims else ""
         raise InputError(
             f"{where} names {', '.join(map(repr, unknown))}, which the model does not take; "
-            f"its inputs are {', '.join(spec.input_names)}"
+            f"its inputs are {', '.join(spec.input_names)}{named}"
         )
 
 

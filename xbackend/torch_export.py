@@ -28,11 +28,13 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import onnx
+import onnx.numpy_helper
 
 from xbackend.atomic import write_atomic_bytes
-from xbackend.errors import ExportError, XbackendError
+from xbackend.errors import ExportError, XbackendError, first_line
+from xbackend.export_inputs import InputDecl, parse_dynamic, read_examples, with_data
 from xbackend.metrics import is_float_dtype
-from xbackend.model import ModelRef, np_dtype
+from xbackend.model import ModelRef
 from xbackend.runners.ort_cpu import OrtCpuRunner
 from xbackend.runners.reference import ReferenceRunner
 
@@ -46,6 +48,7 @@ __all__ = [
     "export_torch",
     "load_module",
     "parse_dynamic",
+    "read_examples",
     "read_torch_metadata",
     "scope_map",
 ]
@@ -57,55 +60,6 @@ META_INPUTS = "xbackend.torch.inputs"
 META_MODULE_OUTPUTS = "xbackend.torch.module_outputs"
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # torch.onnx (dynamo) records each node's module path
 DEFAULT_OPSET = 18  # the lowest opset torch's exporter implements directly
-
-
-@dataclass(frozen=True)
-class InputDecl:
-    """One example input: NAME=D1,D2,...[:DTYPE]."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-
-    @classmethod
-    def parse(cls, text: str) -> InputDecl:
-        name, sep, rest = text.partition("=")
-        if not sep or not name:
-            raise ExportError(
-                f"--input expects NAME=D1,D2,...[:DTYPE] (e.g. x=1,16,64:float32), got {text!r}"
-            )
-        dims, _, dtype = rest.partition(":")
-        try:
-            shape = tuple(int(d) for d in dims.split(",") if d.strip())
-        except ValueError as e:
-            raise ExportError(f"--input {text!r}: dimensions must be integers") from e
-        dtype = dtype or "float32"
-        try:
-            np_dtype(dtype)
-        except TypeError as e:
-            raise ExportError(f"--input {text!r}: unknown dtype {dtype!r} (e.g. float32, int64, bool)") from e
-        return cls(name, shape, dtype)
-
-    def example(self, seed: int) -> np.ndarray:
-        rng = np.random.default_rng([seed, len(self.name), sum(map(ord, self.name))])
-        dt = np_dtype(self.dtype)
-        if dt == np.bool_:
-            return rng.random(self.shape) < 0.5
-        if np.issubdtype(dt, np.integer):
-            return rng.integers(0, 16, size=self.shape).astype(dt)
-        return rng.standard_normal(self.shape).astype(dt)
-
-
-def parse_dynamic(items: Sequence[str]) -> dict[str, dict[int, str]]:
-    """['x=0:batch', 'x=1:seq'] -> {'x': {0: 'batch', 1: 'seq'}}."""
-    out: dict[str, dict[int, str]] = {}
-    for text in items:
-        name, sep, rest = text.partition("=")
-        axis, colon, dim = rest.partition(":")
-        if not sep or not colon or not axis.strip().isdigit() or not dim:
-            raise ExportError(f"--dynamic expects NAME=AXIS:DIMNAME (e.g. x=0:batch), got {text!r}")
-        out.setdefault(name, {})[int(axis)] = dim
-    return out
 
 
 @dataclass(frozen=True)
@@ -382,6 +336,8 @@ def _check_dynamic(
     dynamic: Mapping[str, Mapping[int, str]],
     inputs: Sequence[InputDecl],
     seed: int,
+    ranges: Mapping[str, tuple[float, float]],
+    examples: Mapping[str, np.ndarray],
 ) -> None:
     """Every --dynamic axis is symbolic in the exported model and really takes another size."""
     if not dynamic:
@@ -402,7 +358,7 @@ def _check_dynamic(
                     f"{axes[axis]} asked for it dynamic (the module specializes on that size); give an "
                     "example size >= 2 on that axis in --input, or make the module size-agnostic"
                 )
-    _run_resized(path, proto, dynamic, inputs, seed)
+    _run_resized(path, proto, dynamic, inputs, seed, ranges, examples)
 
 
 def _run_resized(
@@ -411,16 +367,22 @@ def _run_resized(
     dynamic: Mapping[str, Mapping[int, str]],
     inputs: Sequence[InputDecl],
     seed: int,
+    ranges: Mapping[str, tuple[float, float]],
+    examples: Mapping[str, np.ndarray],
 ) -> None:
     """Run the exported model with every dynamic axis one larger: a size baked into the graph
-    (a Reshape to a literal batch) fails here, not on a user's first real batch."""
-    resized = []
+    (a Reshape to a literal batch) fails here, not on a user's first real batch. Values come
+    from the same ranges as the examples (real examples: their own span)."""
+    feeds = {}
     for i in inputs:
         shape = list(i.shape)
         for axis in dynamic.get(i.name, {}):
             shape[axis] += 1
-        resized.append(InputDecl(i.name, tuple(shape), i.dtype))
-    feeds = {i.name: i.example(seed) for i in resized}
+        lo_hi = ranges.get(i.name)
+        a = examples[i.name]
+        if i.given and a.dtype.kind in "iu" and a.size:
+            lo_hi = (float(a.min()), float(a.max()) + 1)
+        feeds[i.name] = InputDecl(i.name, tuple(shape), i.dtype).example(seed, lo_hi)
     runner = OrtCpuRunner({"threads": "1"})
     outputs = tuple(o.name for o in proto.graph.output)
     try:
@@ -436,6 +398,24 @@ def _run_resized(
         runner.close()
 
 
+def _culprit(module: Any, inputs: Sequence[InputDecl], examples: Mapping[str, np.ndarray]) -> str | None:
+    """The generated integer input whose values the module rejects: the first that, set to 0,
+    lets forward run (an index past an embedding table, most often)."""
+    torch = _torch()
+    for i in inputs:
+        a = examples[i.name]
+        if i.given or a.dtype.kind not in "iu":
+            continue
+        trial = {**examples, i.name: np.zeros_like(a)}
+        try:
+            with torch.no_grad():
+                module(*(to_tensor(trial[x.name]) for x in inputs))
+        except Exception:
+            continue
+        return i.name
+    return None
+
+
 def export_torch(
     spec: str,
     inputs: Sequence[InputDecl],
@@ -445,18 +425,48 @@ def export_torch(
     dynamic: Mapping[str, Mapping[int, str]] | None = None,
     seed: int = 0,
     output_names: Sequence[str] = (),
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+    data: Mapping[str, np.ndarray] | None = None,
 ) -> ExportResult:
-    """Export the module built by `spec` to `output`; ExportError with a one-line reason on failure."""
+    """Export the module built by `spec` to `output`; ExportError with a one-line reason on failure.
+
+    `data` holds real example inputs (--inputs); `inputs` declares the rest (or orders them)."""
     torch = _torch()
-    if not inputs:
-        raise ExportError("give at least one --input NAME=D1,D2,...[:DTYPE]")
-    out_path = Path(output)
+    ranges = dict(ranges or {})
+    data = dict(data or {})
     module = load_module(spec)
-    examples = {i.name: i.example(seed) for i in inputs}
+    inputs = with_data(list(inputs), data, module)
+    if not inputs:
+        raise ExportError("give at least one --input NAME=D1,D2,...[:DTYPE], or real ones with --inputs")
+    unknown = sorted(set(ranges) - {i.name for i in inputs})
+    if unknown:
+        raise ExportError(
+            f"--range names {', '.join(unknown)}, which is not an input (inputs: "
+            f"{', '.join(i.name for i in inputs)})"
+        )
+    out_path = Path(output)
+    examples = {i.name: data[i.name] if i.given else i.example(seed, ranges.get(i.name)) for i in inputs}
     args = tuple(to_tensor(examples[i.name]) for i in inputs)
-    if not output_names:
+    try:
         with torch.no_grad():
-            output_names = output_names_of(module(*args))
+            result = module(*args)
+    except Exception as e:
+        culprit = _culprit(module, inputs, examples)
+        if culprit is not None:
+            i = next(x for x in inputs if x.name == culprit)
+            raise ExportError(
+                f"the module's forward failed on input {i.describe(ranges.get(culprit))} "
+                f"({type(e).__name__}: {first_line(e)[:160]}) and runs with {culprit} at 0: give it "
+                f"its valid values with --range {culprit}=LO:HI, or real ones with --inputs FILE.npz"
+            ) from e
+        fed = ", ".join(i.describe(ranges.get(i.name)) for i in inputs)
+        raise ExportError(
+            f"the module's forward failed on the example inputs {fed}: {type(e).__name__}: "
+            f"{first_line(e)[:200]}; give integer inputs their valid values with --range NAME=LO:HI "
+            "(e.g. token_type_ids=0:2), or real ones with --inputs FILE.npz"
+        ) from e
+    if not output_names:
+        output_names = output_names_of(result)
     with warnings.catch_warnings(), _quiet_torch_logs():
         warnings.simplefilter("ignore")
         try:
@@ -488,7 +498,7 @@ def export_torch(
         program.save(str(raw), external_data=False)
         proto = onnx.load(str(raw))
         outputs = tuple(o.name for o in proto.graph.output)
-        _check_dynamic(proto, raw, dynamic or {}, inputs, seed)
+        _check_dynamic(proto, raw, dynamic or {}, inputs, seed, ranges, examples)
         candidates = {m: t for m, t in candidates.items() if t not in outputs}
         mapped = _verify(raw, proto.ir_version, candidates, module, inputs, examples, outputs)
     stored = _stored_spec(spec, out_path)

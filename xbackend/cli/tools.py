@@ -11,7 +11,8 @@ from xbackend.errors import XbackendError
 from xbackend.foreign import probe_interpreter
 from xbackend.runners.base import PYTHON_OPTION, Availability
 from xbackend.runners.registry import get_runner, list_runners
-from xbackend.torch_export import InputDecl, export_torch, parse_dynamic
+from xbackend.inputs import parse_range
+from xbackend.torch_export import InputDecl, export_torch, parse_dynamic, read_examples
 
 __all__ = ["backends", "export_torch_cmd"]
 
@@ -47,15 +48,32 @@ def export_torch_cmd(
     module: Annotated[
         str, typer.Argument(metavar="MODULE_SPEC", help="path/to/file.py:factory or package.module:factory")
     ],
+    output: Annotated[str, typer.Option("-o", "--output", metavar="OUT.onnx", help="ONNX file to write")],
     input: Annotated[
-        list[str],
+        list[str] | None,
         typer.Option(
             "--input",
             metavar="NAME=D1,D2,...[:DTYPE]",
-            help="example input, in forward() order (repeatable); dtype defaults to float32",
+            help="example input, in forward() order (repeatable); dtype defaults to float32; NAME "
+            "alone takes shape and dtype from --inputs",
         ),
-    ],
-    output: Annotated[str, typer.Option("-o", "--output", metavar="OUT.onnx", help="ONNX file to write")],
+    ] = None,
+    inputs: Annotated[
+        str | None,
+        typer.Option(
+            "--inputs",
+            metavar="FILE.npz|DIR",
+            help="real example inputs: an .npz keyed by input name, or a folder of input_N.pb",
+        ),
+    ] = None,
+    ranges: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--range",
+            metavar="NAME=LO:HI",
+            help="draw the example values of input NAME from [LO, HI), e.g. token_type_ids=0:2 (repeatable)",
+        ),
+    ] = None,
     opset: Annotated[int, typer.Option(help="ONNX opset")] = 18,
     dynamic: Annotated[
         list[str] | None,
@@ -70,14 +88,17 @@ def export_torch_cmd(
     ] = None,
 ) -> int:
     """Export a PyTorch nn.Module (records its source in the ONNX metadata)."""
+    data = read_examples(inputs) if inputs else None
     res = export_torch(
         module,
-        [InputDecl.parse(i) for i in input],
+        [InputDecl.parse(i, data) for i in input or ()],
         output,
         opset=opset,
         dynamic=parse_dynamic(dynamic or []),
         seed=seed,
         output_names=output_name or [],
+        ranges={name: (lo, hi) for name, lo, hi in (parse_range(r) for r in ranges or ())},
+        data=data,
     )
     print(
         f"wrote {res.path}: opset {res.opset}, torch {res.torch_version}, inputs "

@@ -366,7 +366,7 @@ class OrtCpuRunner(Runner):
             ort.GraphOptimizationLevel, _OPT_ENUM[self.options["opt_level"]]
         )
         so.use_deterministic_compute = bool(self.options["deterministic_compute"])
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # errors reach us as exceptions: ORT's log would print them twice
         return so
 
     def _suffix(self, model: ModelRef, tensors: tuple[str, ...]) -> bytes:

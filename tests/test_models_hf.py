@@ -1,0 +1,119 @@
+"""Real model families as a user brings them: transformers BERT and GPT-2 (random init from
+their configs), exported by xbackend's own exporter, through the README's recipe."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import xbackend
+from tests.cli_helpers import one_line_error, run
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None,
+        reason="transformers not installed: pip install 'xbackend[torch,models]'",
+    ),
+]
+FACTORIES = Path(__file__).resolve().parent / "hf_models.py"
+SEQ_DIMS = ["--dynamic", "input_ids=0:batch", "--dynamic", "input_ids=1:sequence"]
+MASK_DIMS = ["--dynamic", "attention_mask=0:batch", "--dynamic", "attention_mask=1:sequence"]
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bert") / "bert.onnx"
+    from xbackend.export_inputs import InputDecl
+    from xbackend.torch_export import export_torch
+
+    shape = (2, 16)
+    export_torch(
+        f"{FACTORIES}:bert",
+        [InputDecl(n, shape, "int64") for n in ("input_ids", "attention_mask", "token_type_ids")],
+        out,
+        dynamic={n: {0: "batch", 1: "sequence"} for n in ("input_ids", "attention_mask", "token_type_ids")},
+        ranges={"input_ids": (0, 512), "attention_mask": (0, 2), "token_type_ids": (0, 2)},
+    )
+    return out
+
+
+def test_export_names_the_input_the_module_rejects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BERT's 2-row token_type_ids table rejects the default example values [0, 16): exit 2,
+    naming that input and the flag that fixes it; the flag then works."""
+    base = ["export", "torch", f"{FACTORIES}:bert", "-o", str(tmp_path / "b.onnx")]
+    ids = ["--input", "input_ids=2,8:int64", "--input", "attention_mask=2,8:int64"]
+    code, _, err = run(capsys, *base, *ids, "--input", "token_type_ids=2,8:int64")
+    assert code == 2
+    one_line_error(err, "forward failed on input token_type_ids (integers in [0, 16))")
+    assert "--range token_type_ids=LO:HI" in err
+    code, out, _ = run(
+        capsys, *base, *ids, "--input", "token_type_ids=2,8:int64", "--range", "token_type_ids=0:2"
+    )
+    assert code == 0 and out.startswith("wrote ")
+
+
+def test_bert_on_every_cpu_engine_is_explained_with_module_paths(bert: Path) -> None:
+    r = xbackend.compare(
+        bert,
+        backends=["ort-cpu", "torch", "reference"],
+        shapes={"batch": (2,), "sequence": (16,)},  # one size per named dimension, for all inputs
+        ranges={"attention_mask": (0, 2), "token_type_ids": (0, 2)},
+        runs=1,
+        runner_options={"torch": {"trust_model_code": "true"}},
+    )
+    assert r.exit_code == 0, r.verdict()
+    for b in ("ort-cpu", "torch"):
+        c = r.cross(b)
+        assert c.explained is True
+        # the additive attention mask (finfo.min) is fill, not the scale: no meaningless 1e-38
+        assert all(d.scaled_ulp is None or d.bitwise_equal or d.scaled_ulp > 1e-6 for d in c.tensors)
+    lines = [ln for ln in r.verdict() if ln.startswith("EXPLAINED: ort-cpu")]
+    assert lines and "(model." in lines[0]  # the tensor is named with its module path
+
+
+def test_named_dimensions_are_set_once(bert: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "compare", str(bert), "--backends", "ort-cpu", "--runs", "1")
+    assert code == 2
+    one_line_error(err, "dynamic dimension(s) batch (of input_ids, attention_mask, token_type_ids)")
+    assert "pass --shape batch=1 --shape sequence=1" in err
+
+
+def test_gpt2_batch_probe_follows_rows_through_views(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HF GPT-2 runs its projections on [B*T, C] rows (view, then addmm): the probe compares
+    those Gemms and names every tensor it leaves out."""
+    path = tmp_path / "gpt2.onnx"
+    code, _, _ = run(
+        capsys, "export", "torch", f"{FACTORIES}:gpt2", "-o", str(path),
+        "--input", "input_ids=2,16:int64", "--input", "attention_mask=2,16:int64",
+        "--range", "input_ids=0:512", "--range", "attention_mask=1:2", *SEQ_DIMS, *MASK_DIMS,
+    )  # fmt: skip
+    assert code == 0
+    r = xbackend.compare(
+        path,
+        backends=["reference"],
+        shapes={"batch": (1,), "sequence": (16,)},
+        ranges={"attention_mask": (1, 2)},
+        runs=1,
+        probes="batch",
+        batch_invariance=3,
+    )
+    (row,) = r.probe("batch").rows  # type: ignore[attr-defined]
+    compared = {t for t, *_ in row.by_depth}
+    left_out = dict(row.left_out)
+    gemms = [t.name for t in r.model.tensors if t.op_type == "Gemm"]
+    assert gemms and set(gemms) <= compared  # the [B*T, C] rows, sample by sample
+    exposed = {t.name for t in r.model.tensors}
+    assert exposed <= compared | set(left_out)  # compared, or listed with the reason
+    if row.invariant is False:  # numpy's BLAS may block 16 and 48 rows differently
+        ops = r.model.op_types()
+        assert ops[row.first_divergence] not in ("Reshape", "Transpose", "Slice", "Concat")
+    data = json.loads(xbackend.to_json(r))["probes"]["batch"][0]
+    assert {x["tensor"] for x in data["left_out"]} == set(left_out)
