@@ -78,11 +78,25 @@ def plain_words(value: Any) -> str:
     return str(value)
 
 
+_UNSUPPORTED_TYPE = re.compile(r"Unsupported value_info type: (\S+)")
+_NO_RULE = re.compile(r"No conversion rule found for operations: (.+?)(?: -- |$)")
+
+
 def _msg(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     # OpenVINO prefixes errors with source locations; the last lines carry the reason.
     useful = [ln for ln in lines if not ln.startswith(("Exception from", "Check '"))] or lines
-    return " ".join(useful)[:400] or type(e).__name__
+    text = " ".join(useful)
+    kind = _UNSUPPORTED_TYPE.search(text)
+    if kind:
+        return (
+            f"{kind.group(1)} is a sequence or map (e.g. ZipMap's class probabilities), and OpenVINO "
+            "takes tensors only; export without it (skl2onnx: options={'zipmap': False})"
+        )
+    rule = _NO_RULE.search(text)
+    if rule:
+        return f"OpenVINO has no conversion for {rule.group(1).strip()}"
+    return text[:400] or type(e).__name__
 
 
 class OpenVinoCpuRunner(Runner):

@@ -105,6 +105,26 @@ _NUMPY_TYPES = frozenset(
 _TENSOR = re.compile(r"^tensor\((\w+)\)$")
 
 
+_MAP_VALUES = re.compile(r"map\(\w+,\s*tensor\((\w+)\)\)")
+_MAP_DTYPES = {"float": "float32", "double": "float64", "int64": "int64"}
+
+
+def map_value_dtype(ort_type: str) -> str | None:
+    """The numpy dtype a map's values are declared as ('seq(map(int64,tensor(float)))' ->
+    float32): ORT hands map values back as Python numbers, which carry no width."""
+    m = _MAP_VALUES.search(ort_type)
+    return _MAP_DTYPES.get(m.group(1)) if m else None
+
+
+def typed_map_values(value: Any, dtype: str) -> Any:
+    """Map values (in a sequence of maps, or one map) as 0-d arrays of their declared dtype."""
+    if isinstance(value, dict):
+        return {k: np.asarray(v, dtype=dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [typed_map_values(v, dtype) for v in value]
+    return value
+
+
 def numpy_readable(ort_type: str) -> bool:
     """False for tensor types ORT's run() cannot return (bfloat16, float8, int4, ...)."""
     m = _TENSOR.match(ort_type)
@@ -335,6 +355,7 @@ class OrtCpuRunner(Runner):
         self._session_obj: Any = None
         self._outputs: list[str] = []
         self._opaque: list[str] = []  # outputs whose element type numpy cannot take from ORT directly
+        self._map_dtypes: dict[str, str] = {}  # map outputs: their values' declared dtype
         self._notes: dict[str, str] = {}
 
     @classmethod
@@ -448,6 +469,7 @@ class OrtCpuRunner(Runner):
         types = {o.name: o.type for o in self._session_obj.get_outputs()}
         self._outputs = [t for t in tensors if t in types]
         self._opaque = [t for t in self._outputs if not numpy_readable(types[t])]
+        self._map_dtypes = {t: d for t in self._outputs if (d := map_value_dtype(types[t])) is not None}
         return fp
 
     def _detailed_fingerprint(self, optimized: str, log: str) -> BuildFingerprint:
@@ -520,9 +542,12 @@ class OrtCpuRunner(Runner):
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         try:
-            return run_session(self._session_obj, self._outputs, self._opaque, feeds)
+            out = run_session(self._session_obj, self._outputs, self._opaque, feeds)
         except Exception as e:
             raise RunnerFailedError(f"onnxruntime failed while running: {ort_message(e)}") from e
+        for name, dtype in self._map_dtypes.items():
+            out[name] = typed_map_values(out[name], dtype)
+        return out
 
     def not_exposed(self) -> dict[str, str]:
         have = set(self._outputs)

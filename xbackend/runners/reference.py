@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,9 +58,11 @@ class ReferenceRunner(Runner):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         from onnx.reference import ReferenceEvaluator  # engine: onnx's reference evaluator
 
+        from xbackend.runners.mlops import ML_OPS  # engine: onnx's reference evaluator (its op base)
+
         proto = self.transform(load_proto(model.path))
         try:
-            self._evaluator = ReferenceEvaluator(proto)
+            self._evaluator = ReferenceEvaluator(proto, new_ops=ML_OPS)
         except Exception as e:
             raise BackendUnavailableError(f"the reference evaluator cannot load the model: {_msg(e)}") from e
         _name_failing_nodes(self._evaluator)
@@ -129,8 +132,15 @@ def _name_failing_nodes(evaluator: Any) -> None:
         node.run = run
 
 
+_NO_OP = re.compile(r"No registered implementation for operator '([^']+)' and domain '([^']*)'")
+
+
 def _msg(e: BaseException) -> str:
     text = " ".join(str(e).split()) or type(e).__name__
     if isinstance(e, NodeError):
         return text[:400]
+    lacks = _NO_OP.search(text)
+    if lacks:  # not the evaluator's list of every op it has
+        op, domain = lacks.group(1), lacks.group(2) or "ai.onnx"
+        return f"it has no implementation of {domain} {op}"
     return f"{type(e).__name__}: {text[:300]}"
