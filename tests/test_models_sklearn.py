@@ -100,3 +100,37 @@ def test_openvino_refuses_zipmap_in_one_plain_line(tmp_path: Path) -> None:
         "probabilities), and OpenVINO takes tensors only; export without it (skl2onnx: "
         "options={'zipmap': False})"
     )
+
+
+def test_category_mapper_both_ways() -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    def model(strings_in: bool) -> onnx.ModelProto:
+        node = helper.make_node(
+            "CategoryMapper", ["x"], ["y"], domain="ai.onnx.ml",
+            cats_strings=["cat", "dog"], cats_int64s=[7, 9], default_int64=-5, default_string="none",
+        )  # fmt: skip
+        x_t, y_t = (
+            (TensorProto.STRING, TensorProto.INT64) if strings_in else (TensorProto.INT64, TensorProto.STRING)
+        )
+        g = helper.make_graph(
+            [node],
+            "cm",
+            [helper.make_tensor_value_info("x", x_t, [3])],
+            [helper.make_tensor_value_info("y", y_t, [3])],
+        )
+        return helper.make_model(
+            g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+        )
+
+    from onnx.reference import ReferenceEvaluator
+
+    from xbackend.runners.mlops import ml_ops
+
+    to_int = ReferenceEvaluator(model(True), new_ops=ml_ops()).run(
+        None, {"x": np.array(["dog", "cow", "cat"])}
+    )
+    assert to_int[0].tolist() == [9, -5, 7]
+    to_str = ReferenceEvaluator(model(False), new_ops=ml_ops()).run(None, {"x": np.array([7, 8, 9])})
+    assert to_str[0].tolist() == ["cat", "none", "dog"]

@@ -19,6 +19,7 @@ import onnx
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
 from xbackend.model import ModelRef, load_proto
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
+from xbackend.runners.mlops import ml_ops
 from xbackend.values import Value, normalize
 
 __all__ = ["ReferenceRunner", "blas_info"]
@@ -58,11 +59,9 @@ class ReferenceRunner(Runner):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         from onnx.reference import ReferenceEvaluator  # engine: onnx's reference evaluator
 
-        from xbackend.runners.mlops import ML_OPS  # engine: onnx's reference evaluator (its op base)
-
         proto = self.transform(load_proto(model.path))
         try:
-            self._evaluator = ReferenceEvaluator(proto, new_ops=ML_OPS)
+            self._evaluator = ReferenceEvaluator(proto, new_ops=ml_ops())
         except Exception as e:
             raise BackendUnavailableError(f"the reference evaluator cannot load the model: {_msg(e)}") from e
         _name_failing_nodes(self._evaluator)
