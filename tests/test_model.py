@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from xbackend.errors import ModelLoadError
 from xbackend.model import ModelRef, downgrade_blockers, downgrade_ir, load_model, load_proto
@@ -135,3 +136,27 @@ def test_appended_outputs_expose_every_node_output_in_order(tmp_path: Path) -> N
     y, a = sess.run(["y", "a"], {"x": x})
     assert a.tolist() == [[0.0, 2.0, 0.0, 4.0]] and y.tolist() == [[-0.0, -2.0, -0.0, -4.0]]
     assert p.read_bytes() == original  # the user's file is untouched
+
+
+def test_a_truncated_external_data_file_is_a_one_line_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.cli_helpers import one_line_error, run
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    m = helper.make_model(
+        helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w])
+    )
+    m.ir_version = 9
+    path = tmp_path / "m.onnx"
+    onnx.save(
+        m, path, save_as_external_data=True, all_tensors_to_one_file=True, location="m.data", size_threshold=0
+    )
+    data = tmp_path / "m.data"
+    data.write_bytes(data.read_bytes()[:1000])
+    code, out, err = run(capsys, "compare", str(path), "--runs", "1")
+    assert code == 2 and out == ""
+    one_line_error(err, "external data file m.data ends at byte 1000, but weight 'w' needs bytes up to 16384")
+    assert "copy it again in full" in err

@@ -121,11 +121,23 @@ def test_a_damaged_capture_is_refused_in_one_line(
     (future / "capture.json").write_text(json.dumps(m))
     interrupted = broken("interrupted")
     (interrupted / "SHA256SUMS").unlink()
+    resummed = broken("resummed")  # the value file's JSON index edited, then its sha256 recomputed
+    data = bytearray((resummed / "outputs.xbv").read_bytes())
+    at = data.rfind(b'"nbytes"')
+    data[at : at + 8] = b'"nbyteX"'
+    (resummed / "outputs.xbv").write_bytes(bytes(data))
+    sums = (resummed / "SHA256SUMS").read_text("utf-8").splitlines()
+    fixed = [
+        f"{hashlib.sha256((resummed / n).read_bytes()).hexdigest()}  {n}"
+        for n in (ln.split("  ")[1] for ln in sums)
+    ]
+    (resummed / "SHA256SUMS").write_text("\n".join(fixed) + "\n", "utf-8")
     cases = {
         tampered: "outputs.xbv does not match its sha256 in SHA256SUMS",
         truncated: "is truncated: layers.xbv has 1000 bytes",
         future: "has format 'xbackend.capture/9'; this xbackend reads 'xbackend.capture/1'",
         interrupted: "has no SHA256SUMS (its write was interrupted)",
+        resummed: "has a damaged value file outputs.xbv",
     }
     for path, why in cases.items():
         code, out, err = run(capsys, "compare", str(TORCH_MLP), "--backends", "ort-cpu", "--load", str(path))

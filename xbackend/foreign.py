@@ -24,8 +24,9 @@ from pathlib import Path
 from onnx import ValueInfoProto
 
 from xbackend.errors import ModelLoadError
+from xbackend.extdata import write_rewritten
 from xbackend.foreign_probe import TAG
-from xbackend.model import downgrade_ir, load_proto, write_rewritten
+from xbackend.model import downgrade_ir, load_proto
 from xbackend.modelref import ModelRef
 
 __all__ = ["Interpreter", "probe_interpreter", "stage_model", "worker_path"]

@@ -20,8 +20,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from xbackend.atomic import write_atomic_bytes
 from xbackend.errors import ModelLoadError, first_line
+from xbackend.extdata import check_external_files, external_files, raw_size, uses_external_data
+from xbackend.extdata import load_external as read_weights
 from xbackend.modelref import ModelRef, model_file, np_dtype, read_model_bytes
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "TensorSpec",
     "downgrade_blockers",
     "downgrade_ir",
-    "external_files",
     "kind_of",
     "load_model",
     "load_proto",
@@ -40,7 +40,6 @@ __all__ = [
     "np_dtype",
     "parse_model",
     "read_model_bytes",
-    "write_rewritten",
 ]
 
 Dim = int | str | None
@@ -169,7 +168,7 @@ class ModelSpec:
             inputs=tuple(TensorSpec.from_value_info(v) for v in g.input if v.name not in init_names),
             outputs=tuple(TensorSpec.from_value_info(v) for v in g.output),
             tensors=tuple(_node_tensors(g)),
-            external_data=_uses_external_data(proto),
+            external_data=uses_external_data(proto),
             metadata=tuple(sorted((p.key, p.value) for p in proto.metadata_props)),
             index_bounds=tuple(sorted(_index_bounds(g, init_names).items())),
         )
@@ -316,54 +315,6 @@ def _node_tensors(graph: onnx.GraphProto) -> Iterator[NodeTensor]:
                 index += 1
 
 
-def _uses_external_data(proto: onnx.ModelProto) -> bool:
-    return any(t.data_location == TensorProto.EXTERNAL for t in _all_tensors(proto.graph))
-
-
-def _all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from _all_tensors(attr.g)
-            for sub in attr.graphs:
-                yield from _all_tensors(sub)
-
-
-def external_files(proto: onnx.ModelProto) -> list[str]:
-    files: set[str] = set()
-    for t in _all_tensors(proto.graph):
-        if t.data_location == TensorProto.EXTERNAL:
-            files.update(e.value for e in t.external_data if e.key == "location")
-    return sorted(files)
-
-
-def _link_external(proto: onnx.ModelProto, src: Path, dest: Path) -> None:
-    """Link each external data file `proto` names from folder `src` into folder `dest`: a hard
-    link where the file system allows (ONNX Runtime refuses a symlink that leaves the model's
-    folder), else a symlink."""
-    for rel in external_files(proto):
-        link = dest / rel
-        if not link.exists():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            target = (src / rel).resolve()
-            try:
-                os.link(target, link)
-            except OSError:
-                link.symlink_to(target)
-
-
-def write_rewritten(proto: onnx.ModelProto, source: str | os.PathLike[str], path: Path) -> None:
-    """Write a rewrite of the model at `source` (weights left external) to `path`, atomically,
-    its external data linked beside it: the weights are never serialized into one proto."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _link_external(proto, Path(source).parent, path.parent)
-    write_atomic_bytes(path, proto.SerializeToString(), "rewritten model")
-
-
 def model_sha256(path: Path, proto: onnx.ModelProto | None = None, data: bytes | None = None) -> str:
     """sha256 over the model file and, in name order, every external data file it uses."""
     h = hashlib.sha256()
@@ -399,51 +350,8 @@ def load_proto(path: str | os.PathLike[str], load_external: bool = True) -> onnx
     p = Path(path)
     proto = parse_model(read_model_bytes(p), p)
     if load_external:
-        _load_external(proto, p)
+        read_weights(proto, p)
     return proto
-
-
-def _load_external(proto: onnx.ModelProto, p: Path) -> None:
-    """Read every external tensor's bytes into the proto. Not onnx's loader: it refuses a data
-    file with more than one hard link, and write_rewritten hard-links the weights of every
-    rewritten model (the user's own file among them, while a rewrite exists)."""
-    if not _uses_external_data(proto):
-        return
-    _check_external_files(proto, p)
-    try:
-        for t in _all_tensors(proto.graph):
-            if t.data_location == TensorProto.EXTERNAL:
-                _read_external(t, p.parent)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
-
-
-def _read_external(t: TensorProto, base: Path) -> None:
-    info = {e.key: e.value for e in t.external_data}
-    rel = info.get("location", "")
-    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise ValueError(f"tensor {t.name}: external data location {rel!r} is not a file beside the model")
-    offset, length = int(info.get("offset", 0)), info.get("length")
-    with open(base / rel, "rb") as f:
-        f.seek(offset)
-        data = f.read(int(length)) if length is not None else f.read()
-    if length is not None and len(data) != int(length):
-        raise ValueError(
-            f"tensor {t.name}: {rel} holds {len(data)} of its {length} bytes at offset {offset} "
-            "(a truncated file?)"
-        )
-    t.raw_data = data
-    del t.external_data[:]
-    t.data_location = TensorProto.DEFAULT
-
-
-def _check_external_files(proto: onnx.ModelProto, p: Path) -> None:
-    missing = [f for f in external_files(proto) if not (p.parent / f).is_file()]
-    if missing:
-        raise ModelLoadError(
-            f"{p} stores weights in external data file(s) {', '.join(missing)} that are not "
-            f"next to it in {p.parent}; copy them there"
-        )
 
 
 def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto]:
@@ -455,9 +363,9 @@ def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto
     p = Path(path)
     data = read_model_bytes(p)
     proto = parse_model(data, p)
-    external = _uses_external_data(proto)
+    external = uses_external_data(proto)
     if external:
-        _check_external_files(proto, p)
+        check_external_files(proto, p)
     _check(proto, p, external)
     return ModelSpec.from_proto(proto, str(path), model_sha256(p, proto, data)), proto
 
@@ -479,6 +387,9 @@ def _check(proto: onnx.ModelProto, path: Path, external: bool) -> None:
         ) from e
 
 
+_CHECK_INLINE = 1 << 16
+
+
 def _without_large_weights(proto: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     """A copy for the checker, which serializes what it checks: large raw initializers emptied
     once their byte counts are checked against their shapes here."""
@@ -490,7 +401,7 @@ def _without_large_weights(proto: onnx.ModelProto, path: Path) -> onnx.ModelProt
         if n <= _CHECK_INLINE:
             light.graph.initializer.add().CopyFrom(t)
             continue
-        want = _raw_size(t)
+        want = raw_size(t)
         if want is not None and want != n:
             raise ModelLoadError(
                 f"{path} is not a valid ONNX model: initializer {t.name!r} holds {n} bytes, "
@@ -515,27 +426,6 @@ def _copy_fields(src: Any, dst: Any, *skip: str) -> Any:
         else:
             setattr(dst, fd.name, value)
     return dst
-
-
-_CHECK_INLINE = 1 << 16
-
-
-def _raw_size(t: onnx.TensorProto) -> int | None:
-    """Bytes a raw initializer of this type and shape holds (None for types without a fixed size)."""
-    try:
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    except (KeyError, TypeError, ValueError):
-        return None
-    if t.data_type in _PACKED:
-        return None  # 4-bit and 2-bit types pack several elements per byte
-    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
-
-
-_PACKED = {
-    getattr(onnx.TensorProto, n)
-    for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
-    if hasattr(onnx.TensorProto, n)
-}
 
 
 # --- IR version downgrade -------------------------------------------------------------

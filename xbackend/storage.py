@@ -80,6 +80,31 @@ def save_values(
         f.write(END)
 
 
+_KINDS = ("empty", "sequence", "map", "strings", "tensor")
+
+
+def _check_record(rec: Any, limit: int) -> None:
+    """One index entry has what reading it needs, its bytes inside the data region."""
+    kind = rec["kind"]
+    if kind not in _KINDS:
+        raise ValueError(f"unknown kind {kind!r}")
+    if kind == "sequence":
+        for r in rec["items"]:
+            _check_record(r, limit)
+    elif kind == "map":
+        if len(rec["keys"]) != len(rec["values"]):
+            raise ValueError("a map with unequal keys and values")
+        for r in rec["values"]:
+            _check_record(r, limit)
+    elif kind != "empty":
+        [int(d) for d in rec["shape"]]
+        offset, nbytes = int(rec["offset"]), int(rec["nbytes"])
+        if offset < 0 or nbytes < 0 or offset + nbytes > limit:
+            raise ValueError(f"bytes {offset}..{offset + nbytes} lie outside the data")
+        if kind == "tensor":
+            np_dtype(str(rec["dtype"]))
+
+
 class ValueFile:
     """Read-only view of a value file; each value is read from disk when asked for."""
 
@@ -102,9 +127,17 @@ class ValueFile:
         if tail[8:] != END:
             raise ValueError(f"{self.path} is truncated")
         start = int.from_bytes(tail[:8], "little")
+        if not len(MAGIC) <= start <= size - 16:
+            raise ValueError(f"{self.path} has a damaged index (its offset points outside the file)")
         self._f.seek(start)
-        index = json.loads(self._f.read(size - 16 - start))
-        return {n: rec for n, rec in index["entries"]}
+        try:
+            index = json.loads(self._f.read(size - 16 - start))
+            entries = {str(n): rec for n, rec in index["entries"]}
+            for rec in entries.values():
+                _check_record(rec, start)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{self.path} has a damaged index ({type(e).__name__}: {e})") from e
+        return entries
 
     @property
     def names(self) -> list[str]:

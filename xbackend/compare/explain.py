@@ -22,8 +22,9 @@ from xbackend.capture import CaptureFile, diff_captures
 from xbackend.compare.builds import Builds
 from xbackend.compare.plan import plan_backend
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
+from xbackend.extdata import write_rewritten
 from xbackend.metrics import diff_values, saturated_fill, ulp_at
-from xbackend.model import ModelRef, ModelSpec, NodeTensor, load_proto, write_rewritten
+from xbackend.model import ModelRef, ModelSpec, NodeTensor, load_proto
 from xbackend.modelref import np_dtype
 from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.progress import ProgressSink

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.errors import UsageError
+from xbackend.extdata import external_files
 from xbackend.isolation import kill_group, signal_name
-from xbackend.model import external_files, load_proto
+from xbackend.model import load_proto
 from xbackend.sweep.node import job_from_json, job_to_json, node_identity, read_record, run_job
 from xbackend.sweep.outcomes import FleetJob, FleetProgress, node_label
 from xbackend.sweep.spec import JobSpec, Requirements

@@ -1,0 +1,149 @@
+"""Weights in external data files: finding them, checking they are whole, reading them, and
+linking them beside rewritten models (never serializing them into one proto)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from xbackend.atomic import write_atomic_bytes
+from xbackend.errors import ModelLoadError, first_line
+
+__all__ = [
+    "all_tensors",
+    "check_external_files",
+    "external_files",
+    "load_external",
+    "raw_size",
+    "uses_external_data",
+    "write_rewritten",
+]
+
+
+def uses_external_data(proto: onnx.ModelProto) -> bool:
+    return any(t.data_location == TensorProto.EXTERNAL for t in all_tensors(proto.graph))
+
+
+def all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from all_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from all_tensors(sub)
+
+
+def external_files(proto: onnx.ModelProto) -> list[str]:
+    files: set[str] = set()
+    for t in all_tensors(proto.graph):
+        if t.data_location == TensorProto.EXTERNAL:
+            files.update(e.value for e in t.external_data if e.key == "location")
+    return sorted(files)
+
+
+def _link_external(proto: onnx.ModelProto, src: Path, dest: Path) -> None:
+    """Link each external data file `proto` names from folder `src` into folder `dest`: a hard
+    link where the file system allows (ONNX Runtime refuses a symlink that leaves the model's
+    folder), else a symlink."""
+    for rel in external_files(proto):
+        link = dest / rel
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            target = (src / rel).resolve()
+            try:
+                os.link(target, link)
+            except OSError:
+                link.symlink_to(target)
+
+
+def write_rewritten(proto: onnx.ModelProto, source: str | os.PathLike[str], path: Path) -> None:
+    """Write a rewrite of the model at `source` (weights left external) to `path`, atomically,
+    its external data linked beside it: the weights are never serialized into one proto."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _link_external(proto, Path(source).parent, path.parent)
+    write_atomic_bytes(path, proto.SerializeToString(), "rewritten model")
+
+
+def load_external(proto: onnx.ModelProto, p: Path) -> None:
+    """Read every external tensor's bytes into the proto. Not onnx's loader: it refuses a data
+    file with more than one hard link, and write_rewritten hard-links the weights of every
+    rewritten model (the user's own file among them, while a rewrite exists)."""
+    if not uses_external_data(proto):
+        return
+    check_external_files(proto, p)
+    try:
+        for t in all_tensors(proto.graph):
+            if t.data_location == TensorProto.EXTERNAL:
+                _read_external(t, p.parent)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
+
+
+def _read_external(t: TensorProto, base: Path) -> None:
+    info = {e.key: e.value for e in t.external_data}
+    rel = info.get("location", "")
+    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise ValueError(f"tensor {t.name}: external data location {rel!r} is not a file beside the model")
+    offset, length = int(info.get("offset", 0)), info.get("length")
+    with open(base / rel, "rb") as f:
+        f.seek(offset)
+        data = f.read(int(length)) if length is not None else f.read()
+    if length is not None and len(data) != int(length):
+        raise ValueError(
+            f"tensor {t.name}: {rel} holds {len(data)} of its {length} bytes at offset {offset} "
+            "(a truncated file?)"
+        )
+    t.raw_data = data
+    del t.external_data[:]
+    t.data_location = TensorProto.DEFAULT
+
+
+def check_external_files(proto: onnx.ModelProto, p: Path) -> None:
+    """Every external data file beside the model, and long enough for every tensor it holds."""
+    missing = [f for f in external_files(proto) if not (p.parent / f).is_file()]
+    if missing:
+        raise ModelLoadError(
+            f"{p} stores weights in external data file(s) {', '.join(missing)} that are not "
+            f"next to it in {p.parent}; copy them there"
+        )
+    sizes: dict[str, int] = {}
+    for t in all_tensors(proto.graph):
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        rel = info.get("location", "")
+        if rel not in sizes:
+            sizes[rel] = (p.parent / rel).stat().st_size
+        end = int(info.get("offset", 0)) + int(info.get("length", raw_size(t) or 0))
+        if end > sizes[rel]:
+            raise ModelLoadError(
+                f"{p}: external data file {rel} ends at byte {sizes[rel]}, but weight {t.name!r} "
+                f"needs bytes up to {end}: the file is truncated; copy it again in full"
+            )
+
+
+def raw_size(t: onnx.TensorProto) -> int | None:
+    """Bytes a raw initializer of this type and shape holds (None for types without a fixed size)."""
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    if t.data_type in _PACKED:
+        return None  # 4-bit and 2-bit types pack several elements per byte
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
+
+
+_PACKED = {
+    getattr(onnx.TensorProto, n)
+    for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(onnx.TensorProto, n)
+}
