@@ -172,3 +172,38 @@ def test_verify_refuses_a_tampered_certificate(
     code, _, err = run(capsys, "verify", str(tmp_path / "cert.json"), "--model", str(models["convnet"]))
     assert code == 2
     one_line_error(err, "is not the certified model")
+
+
+def test_verify_from_another_directory(
+    models: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The certificate records the model relative to itself: verify works from any directory,
+    and a moved model is one line naming --model."""
+    import shutil
+
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    shutil.copy(models["mlp_layernorm"], work / "m.onnx")
+    monkeypatch.chdir(work)
+    code, _, _ = run(
+        capsys, "certify", "m.onnx", "--backend", "ort-cpu", "--runs", "2", "--builds", "2",
+        "--batch", "0", "-o", "certs/c", "--no-progress",
+    )  # fmt: skip
+    assert code == 0
+    assert json.loads((work / "certs" / "c.json").read_text("utf-8"))["model"]["path"] == "../m.onnx"
+    monkeypatch.chdir(elsewhere)
+    code, out, _ = run(capsys, "verify", str(work / "certs" / "c.json"), "--no-progress")
+    assert code == 0 and out.startswith("VERIFIED: ort-cpu on m.onnx")
+    (work / "m.onnx").rename(work / "moved.onnx")
+    code, _, err = run(capsys, "verify", str(work / "certs" / "c.json"), "--no-progress")
+    assert code == 2
+    one_line_error(err, "the certified model m.onnx is not at")
+    assert "pass --model PATH" in err
+    code, out, _ = run(
+        capsys, "verify", str(work / "certs" / "c.json"), "--model", str(work / "moved.onnx"), "--no-progress"
+    )
+    assert code == 0 and out.startswith("VERIFIED")

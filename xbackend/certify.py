@@ -197,6 +197,10 @@ def write_certificate(cert: Certificate, stem: str | os.PathLike[str]) -> tuple[
     if base.suffix in (".json", ".md"):
         base = base.with_suffix("")
     js, md = base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
+    # the model's path relative to the certificate: verify then works from any directory
+    model = dict(cert.body["model"])
+    model["path"] = os.path.relpath(Path(model["path"]).resolve(), js.parent.resolve())
+    cert = Certificate({**cert.body, "model": model})
     write_atomic(js, cert.to_json(), "certificate")
     write_atomic(md, cert.to_markdown().replace("CERT.json", js.name), "certificate")
     return js, md
@@ -303,7 +307,7 @@ def verify(
 ) -> Verification:
     """Re-run the certificate's battery here on the same model and inputs."""
     c = read_certificate(cert_path)
-    path = Path(model) if model is not None else Path(c["model"]["path"])
+    path = Path(model) if model is not None else _certified_path(c, Path(cert_path))
 
     spec, _ = load_model(path)
     if spec.sha256 != c["model"]["sha256"]:
@@ -334,6 +338,21 @@ def verify(
             f"({given['sha256'][:12]}); pass --inputs with the certified file"
         )
     return Verification(c, rerun)
+
+
+def _certified_path(c: Mapping[str, Any], cert: Path) -> Path:
+    """The model the certificate names: its path is relative to the certificate (certificates
+    written before that recorded it relative to the working directory of certify)."""
+    recorded = Path(c["model"]["path"])
+    here = recorded if recorded.is_absolute() else cert.parent / recorded
+    if here.is_file():
+        return here
+    if recorded.is_file():
+        return recorded
+    raise InputError(
+        f"the certified model {c['model']['name']} is not at {here} (where the certificate records "
+        "it, relative to itself); pass --model PATH to the model file"
+    )
 
 
 def _markdown(c: Mapping[str, Any]) -> list[str]:
