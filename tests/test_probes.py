@@ -164,9 +164,12 @@ def test_batch_probe_needs_a_batch_dimension(models: dict[str, Path]) -> None:
     )
     batch = r.probe("batch")
     assert batch.rows == ()  # type: ignore[attr-defined]
-    assert batch.notes == (  # type: ignore[attr-defined]
-        "batch invariance not probed: no model input has a dynamic first (batch) dimension",
+    why = (
+        "batch invariance not probed: no model input has a dynamic first (batch) dimension "
+        "(x [1,32,64]); export the model with a dynamic batch axis to probe it"
     )
+    assert batch.notes == (why,)  # type: ignore[attr-defined]
+    assert f"WARN: {why}" in r.verdict()  # asked for and not run: a warning, not silence
 
 
 def test_thread_invariance(models: dict[str, Path]) -> None:

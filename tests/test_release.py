@@ -317,6 +317,12 @@ def test_report_reads_verdict_first_and_folds_the_rest(release: tuple[Path, Path
     r = from_json((release[0] / "report.json").read_text("utf-8"))
     per_layer = len(r.cross("ort-cpu").tensors)
     assert sum(1 for row in csv if row.startswith("ort-cpu vs reference,")) == per_layer
+    # position is model order for every comparison: a tensor has one position in all of them
+    where: dict[str, set[str]] = {}
+    for row in csv[1:]:
+        fields = row.split(",")
+        where.setdefault(fields[2], set()).add(fields[1])
+    assert all(len(p) == 1 for p in where.values()), {t: p for t, p in where.items() if len(p) > 1}
     # the folded per-layer table is capped; the CSV has every row
     assert per_layer > 50 and f"({per_layer - 50} more tensors in the layer CSV" in md
 

@@ -86,7 +86,9 @@ def test_opset_ort_lacks_leaves_the_reference_running_and_falls_back(models: dic
     assert r.reference_used == "reference"
     assert r.cross("oracle").reference == "reference" and r.cross("oracle").status == "ok"
     assert any(
-        line.startswith("WARN: reference ort-cpu did not run; every backend is compared against reference")
+        line.startswith(
+            "WARN: the reference (ort-cpu) did not run; every backend is compared against reference"
+        )
         for line in r.verdict()
     )
 
@@ -443,6 +445,6 @@ def test_threads_probe_locates_a_divergence_with_per_layer_builds(
         ("3", False, 1, "scores"),
     ]
     assert (
-        "WARN: test-drift changes with threads (3 vs 1): from scores on (1 scaled ULP at worst)"
+        "WARN: test-drift changes with threads (3 vs 1): from scores on (1 scaled ULP at worst at the outputs)"
         in r.verdict()
     )

@@ -39,7 +39,9 @@ def cross_all(
         if not r.ok:
             out.append(CrossBackendResult(r.name, ref, "skipped", f"{r.name} {r.status}"))
         elif not by_name[ref].ok:
-            out.append(CrossBackendResult(r.name, ref, "skipped", f"reference {ref} {by_name[ref].status}"))
+            out.append(
+                CrossBackendResult(r.name, ref, "skipped", f"the reference ({ref}) {by_name[ref].status}")
+            )
         else:
             out.append(_cross_one(builds[r.name], builds[ref], spec, opts))
     return out

@@ -81,7 +81,7 @@ def explain(
         return Explanation("unavailable", f"{why}; --max-ulp auto stands at {opts.fixed_ulp:g}")
     rb = builds.get(ref)
     if rb is None or not rb.ok:
-        return Explanation("unavailable", f"the reference {ref} did not run")
+        return Explanation("unavailable", f"the reference ({ref}) did not run")
     layers = rb.first.layers
     if layers is None:
         why = "--outputs-only" if opts.outputs_only else f"{ref} has no per-layer capture"

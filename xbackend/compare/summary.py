@@ -141,7 +141,9 @@ def _constant_outputs(ph: PhaseResult, spec: ModelSpec) -> tuple[tuple[str, str]
     with CaptureFile(ph.capture) as c:
         for n in spec.output_names:
             v = c.get(n, None)
-            if isinstance(v, np.ndarray) and v.size >= 2 and is_constant(v):
+            if isinstance(v, np.ndarray) and v.size == 0:
+                out.append((n, f"empty (shape {list(v.shape)})"))  # a batch of 0: nothing compared
+            elif isinstance(v, np.ndarray) and v.size >= 2 and is_constant(v):
                 out.append((n, f"all {v.reshape(-1)[0]!s}"))
     return tuple(out)
 

@@ -79,7 +79,7 @@ class BatchResults(ProbeResult):
         return "broken", f"bits differ, {where}", row.first_divergence or ""
 
     def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
-        out = []
+        out = [f"WARN: {n}" for n in self.notes if n.startswith("batch invariance not probed")]
         for b in self.rows:
             if b.status != "ok":
                 out.append(f"WARN: batch probe failed on {b.backend}: {b.reason}")
@@ -225,7 +225,9 @@ class BatchProbe(Probe):
         self.notes: list[str] = []
         if not batch_inputs(ctx.spec):
             self.notes.append(
-                "batch invariance not probed: no model input has a dynamic first (batch) dimension"
+                "batch invariance not probed: no model input has a dynamic first (batch) dimension "
+                f"({', '.join(f'{i.name} {i.shape_str()}' for i in ctx.spec.inputs)}); export the "
+                "model with a dynamic batch axis to probe it"
             )
             return
         if ctx.opts.inputs:

@@ -64,17 +64,18 @@ def layer_rows(r: Result) -> Iterator[tuple[str, list[TensorDiff]]]:
 
 def to_csv(r: Result) -> str:
     modules = r.model.modules()
+    position = {n: i for i, n in enumerate(r.model.tensor_order())}  # model order, whatever the backend
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(HEADER)
     for what, tensors in layer_rows(r):
-        for i, d in enumerate(tensors):
+        for d in tensors:
             w.writerow(
                 [
                     _cell(x)
                     for x in (
                         what,
-                        i,
+                        position.get(value_name(d.name)),
                         d.name,
                         modules.get(value_name(d.name), ""),
                         d.op_type,

@@ -131,14 +131,17 @@ class Result:
     @property
     def vacuous(self) -> str:
         """Why agreement proves little ('' when it does not): every output of the reference is
-        one value repeated (e.g. all zeros)."""
+        one value repeated (e.g. all zeros), or empty (a batch of 0)."""
         ref = next((b for b in self.backends if b.name == self.reference_used and b.ok), None)
         if ref is None or not ref.constant_outputs:
             return ""
         if len(ref.constant_outputs) < len(self.model.outputs):
             return ""
         what = ", ".join(f"{n} is {v}" for n, v in ref.constant_outputs)
-        return f"every graph output of {ref.name} is constant ({what})"
+        if all(v.startswith("empty") for _, v in ref.constant_outputs):
+            return f"every graph output of {ref.name} is empty ({what}): no element was compared"
+        empty = any(v.startswith("empty") for _, v in ref.constant_outputs)
+        return f"every graph output of {ref.name} is constant{' or empty' if empty else ''} ({what})"
 
     def _fail_lines(self) -> list[str]:
         lines = []
@@ -227,7 +230,7 @@ class Result:
         out = []
         if self.reference_used != self.options.reference_name:
             out.append(
-                f"WARN: reference {self.options.reference_name} did not run; every backend is compared "
+                f"WARN: the reference ({self.options.reference_name}) did not run; every backend is compared "
                 f"against {self.reference_used} instead (the first backend in --backends order that ran)"
             )
         for b in self.backends:

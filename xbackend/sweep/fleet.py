@@ -123,7 +123,7 @@ def _reference(m: ModelEntry, ok: Sequence[str]) -> tuple[str, str]:
     wanted = m.reference or ("reference" if "reference" in m.backends else m.backends[0])
     if wanted in ok:
         return wanted, ""
-    return ok[0], f"reference {wanted} has no capture (its job failed); compared against {ok[0]}"
+    return ok[0], f"the reference ({wanted}) has no capture (its job failed); compared against {ok[0]}"
 
 
 def _compare_model(m: ModelOutcome, done: Mapping[str, FleetJob], jobs_dir: Path) -> ModelOutcome:
