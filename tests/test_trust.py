@@ -445,6 +445,7 @@ def test_threads_probe_locates_a_divergence_with_per_layer_builds(
         ("3", False, 1, "scores"),
     ]
     assert (
-        "WARN: test-drift changes with threads (3 vs 1): from scores on (1 scaled ULP at worst at the outputs)"
+        "WARN: test-drift changes with threads (3 vs 1): from scores on "
+        "(1 scaled ULP at worst at the outputs)"
         in r.verdict()
     )
