@@ -446,6 +446,5 @@ def test_threads_probe_locates_a_divergence_with_per_layer_builds(
     ]
     assert (
         "WARN: test-drift changes with threads (3 vs 1): from scores on "
-        "(1 scaled ULP at worst at the outputs)"
-        in r.verdict()
+        "(1 scaled ULP at worst at the outputs)" in r.verdict()
     )

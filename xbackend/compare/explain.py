@@ -222,6 +222,9 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
     assert phase is not None
     floors = _floors(phase.capture, [c for c, _ in phase.extra_captures], spec)
     modules = spec.modules()
+    terms: dict[str, int] = {}
+    for site in plan.reordered.sites:  # a reduction over several axes: one site per axis
+        terms[site.output] = terms.get(site.output, 1) * site.length
     local = []
     for name, why in plan.not_measured.items():
         local.append(LocalErrors(name, "not-measured", why))
@@ -235,7 +238,7 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
         with CaptureFile(lp.capture) as a, CaptureFile(ref_capture) as b:
             produced = [t.name for t in spec.tensors if t.name in a and t.name in b]
             diffs = diff_captures(a, b, produced, ops)
-        local.append(find_origins(name, diffs, floors, modules, MARGIN))
+        local.append(find_origins(name, diffs, floors, modules, MARGIN, terms))
     local.sort(key=lambda x: plan.order.index(x.backend))
     ill = _ill_conditioned(spec, floors, ref_capture)
     return Explanation(

@@ -22,7 +22,7 @@ import numpy as np
 
 from xbackend.metrics import TensorDiff, ulp_at
 from xbackend.modelref import np_dtype
-from xbackend.rounding import allowed_scaled, bound_for
+from xbackend.rounding import allowed_scaled, bound_for, summation_bound
 from xbackend.values import value_name
 
 __all__ = [
@@ -136,12 +136,13 @@ def times_floor(scaled_ulp: float, floor: float) -> float:
     return scaled_ulp / max(floor, 1.0)
 
 
-def _allowed(d: TensorDiff, floor: float, margin: float) -> float:
-    """What reordering and rounding allow at this node, in its scaled ULP."""
+def _allowed(d: TensorDiff, floor: float, margin: float, terms: int = 0) -> float:
+    """What reordering and rounding allow at this node, in its scaled ULP: the floor, the op's
+    rounding bound, and for a reduction of `terms` terms sqrt(terms) (summation_bound)."""
     ref_ulp = d.max_abs / d.scaled_ulp if d.scaled_ulp else None
     one = ulp_at(1.0, np_dtype(d.dtype)) if d.dtype else None
     rounding = allowed_scaled(d.op_type, ref_ulp, one or 0.0) if one else bound_for(d.op_type)[0]
-    return margin * max(floor, rounding)
+    return margin * max(floor, rounding, summation_bound(terms))
 
 
 def find_origins(
@@ -150,16 +151,17 @@ def find_origins(
     floors: Mapping[str, float],
     modules: Mapping[str, str],
     margin: float,
+    terms: Mapping[str, int] | None = None,
 ) -> LocalErrors:
     """Origins among `local` (each node's output, fed the reference's inputs, against the
-    reference's), in model order."""
+    reference's), in model order; `terms`: each reduction's number of terms."""
     origins = []
     worst: tuple[float, str] = (-1.0, "")
     for d in local:
         t = value_name(d.name)
         if d.bitwise_equal:
             continue
-        allowed = _allowed(d, floors.get(t, 0.0), margin)
+        allowed = _allowed(d, floors.get(t, 0.0), margin, (terms or {}).get(t, 0))
         module = modules.get(t, "")
         if d.scaled_ulp is None or not d.comparable or d.nan_mismatch or d.inf_mismatch or d.fill_mismatch:
             why = d.detail or (
