@@ -38,6 +38,7 @@ WORKER_MODULES = [
     "runners/base",
     "runners/registry",
     "runners/ort_cpu",
+    "runners/ort_values",
     "runners/groq",
 ]
 
