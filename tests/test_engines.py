@@ -149,8 +149,7 @@ def test_openvino_lacking_an_op_is_unavailable_for_the_model(tmp_path: Path) -> 
     ov = r.backend("openvino-cpu")
     assert ov.status == "unavailable"  # for this model: the others run
     assert (
-        "OpenVINO cannot read the model" in ov.reason
-        and "OpenVINO has no conversion for Det-18" in ov.reason
+        "OpenVINO cannot read the model" in ov.reason and "OpenVINO has no conversion for Det-18" in ov.reason
     )
     assert r.backend("ort-cpu").ok and r.cross("ort-cpu").status == "ok"
 
@@ -219,3 +218,21 @@ def test_int4_feeds_reach_onnx_runtime_packed(tmp_path: Path) -> None:
     )
     c = r.cross("ort-cpu")
     assert c.bitwise_equal and c.explained is not False, r.verdict()  # unpacked feeds: 8e6 scaled ULP
+
+
+def test_an_optional_sequence_from_an_if_is_one_sequence_on_the_reference(tmp_path: Path) -> None:
+    """onnx's evaluator returns the optional sequence ONNX's node test test_if_opt builds as
+    [[tensor]]; the reference backend gives what the model declares, and agrees with ORT."""
+    import io
+    from contextlib import redirect_stderr
+
+    from onnx.backend.test.loader import load_node_model_tests
+
+    with redirect_stderr(io.StringIO()):
+        case = next(c for c in load_node_model_tests() if c.name == "test_if_opt")
+    model = tmp_path / "m.onnx"
+    model.write_bytes(case.model.SerializeToString())
+    np.savez(tmp_path / "x.npz", cond=case.data_sets[0][0][0])
+    r = xbackend.compare(model, backends=["ort-cpu", "reference"], inputs=str(tmp_path / "x.npz"), runs=1)
+    c = r.cross("ort-cpu")
+    assert c.bitwise_equal and [d.name for d in c.tensors] == ["sequence[0]"], c.tensors

@@ -47,6 +47,7 @@ class ReferenceRunner(Runner):
         super().__init__(options)
         self._evaluator: Any = None
         self._missing: dict[str, str] = {}
+        self._tensor_seqs: set[str] = set()  # outputs declared a sequence of tensors
 
     @classmethod
     def availability(cls) -> Availability:
@@ -60,6 +61,7 @@ class ReferenceRunner(Runner):
         from onnx.reference import ReferenceEvaluator  # engine: onnx's reference evaluator
 
         proto = self.transform(load_proto(model.path))
+        self._tensor_seqs = {o.name for o in proto.graph.output if _sequence_of_tensors(o.type)}
         try:
             self._evaluator = ReferenceEvaluator(proto, new_ops=ml_ops())
         except Exception as e:
@@ -87,7 +89,11 @@ class ReferenceRunner(Runner):
         self._missing = {
             t: "not produced by the reference evaluator" for t in self._tensors if t not in results
         }
-        return {t: self.narrow(t, normalize(results[t])) for t in self._tensors if t in results}
+        return {
+            t: self.narrow(t, normalize(_unnest(results[t]) if t in self._tensor_seqs else results[t]))
+            for t in self._tensors
+            if t in results
+        }
 
     def not_exposed(self) -> dict[str, str]:
         return dict(self._missing)
@@ -129,6 +135,21 @@ def _name_failing_nodes(evaluator: Any) -> None:
                 raise NodeError(f"at {_where}: {_msg(e)}") from e
 
         node.run = run
+
+
+def _sequence_of_tensors(tp: onnx.TypeProto) -> bool:
+    """A sequence of tensors, optional or not."""
+    if tp.HasField("optional_type"):
+        tp = tp.optional_type.elem_type
+    return bool(tp.HasField("sequence_type") and tp.sequence_type.elem_type.HasField("tensor_type"))
+
+
+def _unnest(v: Any) -> Any:
+    """The evaluator returns an optional sequence an If branch builds as [[t, ...]]: a
+    sequence of tensors is one list (what the model declares, and ONNX's node tests expect)."""
+    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list):
+        return v[0]
+    return v
 
 
 _NO_OP = re.compile(r"No registered implementation for operator '([^']+)' and domain '([^']*)'")
