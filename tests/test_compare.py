@@ -54,7 +54,8 @@ def test_scatter_add_is_nondeterministic_on_ort_with_several_threads(tmp_path: P
             break
     ort = r.backend("ort-cpu")
     assert ort.deterministic is False
-    assert ort.distinct_outputs >= 2
+    # the race may land in the per-layer build's runs only: then the outputs agree
+    assert ort.distinct_outputs >= 2 or ort.first_nondeterministic == "pooled"
     # The race shows at the scatter ('pooled') and what follows it; features (MatMul) before it
     # stay identical. Races are random per build: the plain build's outputs may race while the
     # instrumented build's runs happen to agree, so the first varying tensor is 'pooled' or 'y'.

@@ -162,8 +162,8 @@ def _unset_dims(spec: ModelSpec, shapes: Mapping[str, Shape], dims: Mapping[str,
         for s in syms:
             if s not in dims:
                 missing.setdefault(str(s), []).append(i.name)
-    if not missing:
-        return None
+    if not any(len(names) > 1 for names in missing.values()):
+        return None  # no dimension shared: the per-input error names the input's own --shape
     flags = " ".join(f"--shape {d}=1" for d in missing)
     users = "; ".join(f"{d} (of {', '.join(names)})" for d, names in missing.items())
     return InputError(f"dynamic dimension(s) {users} unset; pass {flags}, or a --shape per input")
