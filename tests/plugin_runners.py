@@ -23,6 +23,13 @@ from xbackend.runners.ort_cpu import OrtCpuRunner
 from xbackend.runners.reference import ReferenceRunner
 
 
+def ulps_up(a: np.ndarray, ulps: int) -> np.ndarray:
+    """`a` moved up by exactly `ulps` ULPs, element by element."""
+    for _ in range(ulps):
+        a = np.nextafter(a, np.array(np.inf, a.dtype))
+    return a
+
+
 class NudgeRunner(ReferenceRunner):
     """The reference evaluator, with one tensor moved up by exactly `ulps` ULPs."""
 
@@ -34,14 +41,15 @@ class NudgeRunner(ReferenceRunner):
         OptionSpec("ulps", int, 3, "ULPs to add"),
     )
 
+    def nudges(self, feeds: Mapping[str, np.ndarray]) -> bool:
+        """Whether this run is nudged (every run)."""
+        return True
+
     def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = super().run_impl(feeds)
         name = self.options["tensor"]
-        if name in out:
-            a = np.array(out[name], copy=True)
-            for _ in range(int(self.options["ulps"])):
-                a = np.nextafter(a, np.array(np.inf, a.dtype))
-            out[name] = a
+        if name in out and self.nudges(feeds):
+            out[name] = ulps_up(np.asarray(out[name]), int(self.options["ulps"]))
         return out
 
 
@@ -247,28 +255,15 @@ class FastGeluRunner(OrtCpuRunner):
         return super().prepare_impl(replace(model, path=path, external_data=False), tensors)
 
 
-class BatchNudgeRunner(ReferenceRunner):
-    """The reference evaluator, with one tensor moved up by `ulps` ULPs only when the batch
-    (any input's first dimension) is larger than 1: a known batch variance at a known tensor."""
+class BatchNudgeRunner(NudgeRunner):
+    """`test-nudge` only when the batch (any input's first dimension) is larger than 1: a known
+    batch variance at a known tensor."""
 
     name = "test-batch-nudge"
     description = "reference + a ULP nudge on one tensor in batched runs only"
-    option_specs = (
-        *ReferenceRunner.option_specs,
-        OptionSpec("tensor", str, "", "tensor to nudge"),
-        OptionSpec("ulps", int, 3, "ULPs to add"),
-    )
 
-    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = super().run_impl(feeds)
-        name = self.options["tensor"]
-        batched = any(np.ndim(v) and np.shape(v)[0] > 1 for v in feeds.values())
-        if batched and name in out:
-            a = np.array(out[name], copy=True)
-            for _ in range(int(self.options["ulps"])):
-                a = np.nextafter(a, np.array(np.inf, a.dtype))
-            out[name] = a
-        return out
+    def nudges(self, feeds: Mapping[str, np.ndarray]) -> bool:
+        return any(np.ndim(v) and np.shape(v)[0] > 1 for v in feeds.values())
 
 
 class RacyRunner(ReferenceRunner):
@@ -304,9 +299,7 @@ class RacyRunner(ReferenceRunner):
             for name in self._targets:
                 a = out.get(name)
                 if isinstance(a, np.ndarray) and a.dtype.kind == "f":
-                    for _ in range(self._runs + 1):
-                        a = np.nextafter(a, np.array(np.inf, a.dtype))
-                    out[name] = a
+                    out[name] = ulps_up(a, self._runs + 1)
         self._runs += 1
         return out
 

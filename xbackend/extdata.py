@@ -88,20 +88,21 @@ def load_external(proto: onnx.ModelProto, p: Path) -> None:
         raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
 
 
-def _read_external(t: TensorProto, base: Path) -> None:
+def _where(t: TensorProto) -> tuple[str, int, int | None]:
+    """(file, offset, length or None for the rest of the file) of an external tensor."""
     info = {e.key: e.value for e in t.external_data}
-    rel = info.get("location", "")
+    length = info.get("length")
+    return info.get("location", ""), int(info.get("offset", 0)), int(length) if length is not None else None
+
+
+def _read_external(t: TensorProto, base: Path) -> None:
+    """The tensor's bytes into raw_data (check_external_files has checked the file is whole)."""
+    rel, offset, length = _where(t)
     if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
         raise ValueError(f"tensor {t.name}: external data location {rel!r} is not a file beside the model")
-    offset, length = int(info.get("offset", 0)), info.get("length")
     with open(base / rel, "rb") as f:
         f.seek(offset)
-        data = f.read(int(length)) if length is not None else f.read()
-    if length is not None and len(data) != int(length):
-        raise ValueError(
-            f"tensor {t.name}: {rel} holds {len(data)} of its {length} bytes at offset {offset} "
-            "(a truncated file?)"
-        )
+        data = f.read(length) if length is not None else f.read()
     t.raw_data = data
     del t.external_data[:]
     t.data_location = TensorProto.DEFAULT
@@ -119,11 +120,10 @@ def check_external_files(proto: onnx.ModelProto, p: Path) -> None:
     for t in all_tensors(proto.graph):
         if t.data_location != TensorProto.EXTERNAL:
             continue
-        info = {e.key: e.value for e in t.external_data}
-        rel = info.get("location", "")
+        rel, offset, length = _where(t)
         if rel not in sizes:
             sizes[rel] = (p.parent / rel).stat().st_size
-        end = int(info.get("offset", 0)) + int(info.get("length", raw_size(t) or 0))
+        end = offset + (length if length is not None else raw_size(t) or 0)
         if end > sizes[rel]:
             raise ModelLoadError(
                 f"{p}: external data file {rel} ends at byte {sizes[rel]}, but weight {t.name!r} "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,6 @@ __all__ = [
     "TensorDiff",
     "classify",
     "diff_values",
-    "fill_value",
     "is_float_dtype",
     "keep_worse",
     "ordered_bits",
@@ -73,16 +73,20 @@ def is_float_dtype(dtype: np.dtype[np.generic]) -> bool:
     return str(dtype) in FLOAT_BITS
 
 
-def _finfo(dtype: np.dtype[np.generic]) -> tuple[int, int]:
-    """(minimum normal exponent, mantissa bits) for a float dtype."""
+def _info(dtype: np.dtype[np.generic]) -> Any:
+    """numpy's finfo for its own float types, ml_dtypes' for the rest."""
     name = str(dtype)
     if name in ("float64", "float32", "float16"):
-        fi = np.finfo(np.dtype(name))
-        return int(fi.minexp), int(fi.nmant)
+        return np.finfo(np.dtype(name))
     import ml_dtypes  # optional: a foreign environment may lack ml_dtypes
 
-    mfi = ml_dtypes.finfo(dtype)  # type: ignore[no-untyped-call]
-    return int(mfi.minexp), int(mfi.nmant)
+    return ml_dtypes.finfo(dtype)  # type: ignore[no-untyped-call]
+
+
+def _finfo(dtype: np.dtype[np.generic]) -> tuple[int, int]:
+    """(minimum normal exponent, mantissa bits) for a float dtype."""
+    fi = _info(dtype)
+    return int(fi.minexp), int(fi.nmant)
 
 
 def ordered_bits(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -159,18 +163,8 @@ def saturated_fill(fb: np.ndarray, dtype: np.dtype[np.generic]) -> np.ndarray:
     """Elements of the reference (as float64) at ±finfo(dtype).max, in a format with Inf."""
     if str(dtype) not in streamdiff.IEEE:
         return np.zeros(fb.shape, bool)
-    out: np.ndarray = np.abs(fb) == fill_value(dtype)
+    out: np.ndarray = np.abs(fb) == float(_info(dtype).max)
     return out
-
-
-def fill_value(dtype: np.dtype[np.generic]) -> float:
-    """finfo(dtype).max as a float."""
-    name = str(dtype)
-    if name in ("float64", "float32", "float16"):
-        return float(np.finfo(np.dtype(name)).max)
-    import ml_dtypes  # optional: a foreign environment may lack ml_dtypes
-
-    return float(ml_dtypes.finfo(dtype).max)  # type: ignore[no-untyped-call]
 
 
 def ulp_at(x: float, dtype: np.dtype[np.generic]) -> float:
