@@ -22,7 +22,9 @@ __all__ = ["CodecError", "decode", "encode", "register_subclass"]
 
 T = TypeVar("T")
 CLASS_KEY = "__class__"
-TIME_FIELDS = frozenset({"build_s", "timings"})  # wall times: left out unless asked for (byte-stable)
+TIME_FIELDS = frozenset(
+    {"build_s", "timings", "latency"}
+)  # wall times: left out unless asked for (byte-stable)
 # Polymorphic bases -> {tag: subclass}; filled by register_subclass.
 _SUBCLASSES: dict[type, dict[str, type]] = {}
 
@@ -40,7 +42,7 @@ def encode(obj: Any, times: bool = True) -> Any:
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)
             if not times and f.name in TIME_FIELDS:
-                v = () if isinstance(v, tuple) else v
+                v = () if isinstance(v, tuple) else None
             out[f.name] = encode(v, times)
         return out
     if isinstance(obj, float):

@@ -43,15 +43,18 @@ def standard_phases(
     outputs_only: bool = False,
     layers: bool = True,
     options: Mapping[str, str] | None = None,
+    timed_runs: int = 0,
 ) -> tuple[PhaseSpec, ...]:
     """The plain model for graph outputs and, unless outputs only, the instrumented model for
-    per-layer tables; one build serves both where exposing intermediates changes nothing."""
+    per-layer tables; one build serves both where exposing intermediates changes nothing.
+    `timed_runs` more runs go to the phase that serves the outputs: timed and compared alike."""
     outputs = spec.tensor_order(outputs_only=True)
+    plain = runs + timed_runs
     if outputs_only or not layers:
-        return (PhaseSpec(OUTPUTS, outputs, runs),)
+        return (PhaseSpec(OUTPUTS, outputs, plain),)
     if not separate_layers(cls, spec, options or {}):
-        return (PhaseSpec(LAYERS, spec.tensor_order(), runs, serves_outputs=True),)
-    return (PhaseSpec(OUTPUTS, outputs, runs), PhaseSpec(LAYERS, spec.tensor_order(), runs))
+        return (PhaseSpec(LAYERS, spec.tensor_order(), plain, serves_outputs=True),)
+    return (PhaseSpec(OUTPUTS, outputs, plain), PhaseSpec(LAYERS, spec.tensor_order(), runs))
 
 
 def separate_layers(cls: type[Runner], spec: ModelSpec, options: Mapping[str, str]) -> bool:

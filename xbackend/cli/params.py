@@ -117,6 +117,32 @@ TrustCode = Annotated[
 
 # compare's own options
 Backends = Annotated[str, typer.Option(help="comma-separated runner names; see `xbackend backends`")]
+OptionalBackends = Annotated[
+    str | None,
+    typer.Option(
+        "--backends",
+        help="comma-separated runner names; see `xbackend backends` (default: ort-cpu,reference, or only "
+        "the --modes families)",
+        show_default=False,
+    ),
+]
+Modes = Annotated[
+    str | None,
+    typer.Option(
+        metavar="RUNNERS",
+        help="run each of these runners under its default and each determinism mode it declares "
+        "(NAME, NAME@det, ...; `xbackend backends` lists them), timed, with a Cost of determinism table",
+    ),
+]
+TimedRuns = Annotated[
+    int | None,
+    typer.Option(
+        metavar="N",
+        help="N more runs of the model users ship per build, timed and compared like the others; puts "
+        "latency in the reports (default: 0, or 10 with --modes)",
+        show_default=False,
+    ),
+]
 Reference = Annotated[
     str | None,
     typer.Option(

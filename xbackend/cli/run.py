@@ -8,7 +8,6 @@ import typer
 
 from xbackend.cli.app import EXIT_CODES, app, progress
 from xbackend.cli.params import (
-    Backends,
     Baseline,
     BatchInvariance,
     Builds,
@@ -18,8 +17,10 @@ from xbackend.cli.params import (
     Loads,
     MaxUlp,
     ModelArg,
+    Modes,
     NoiseSamples,
     NoProgress,
+    OptionalBackends,
     OutputsOnly,
     Probes,
     ProbeThreads,
@@ -31,6 +32,7 @@ from xbackend.cli.params import (
     Seed,
     Sets,
     Shapes,
+    TimedRuns,
     Timeout,
     Timings,
     TorchModule,
@@ -41,6 +43,7 @@ from xbackend.compare import compare_with_options
 from xbackend.errors import RunnerFailedError, UsageError
 from xbackend.report import to_json, write_atomic, write_markdown_bundle
 from xbackend.results import DEFAULT_BACKENDS, CompareOptions, Result
+from xbackend.results.options import MODES_TIMED_RUNS, expand_modes
 from xbackend.textfmt import short, with_module
 
 __all__ = ["capture", "compare"]
@@ -51,7 +54,9 @@ _DEFAULT_BACKENDS = ",".join(DEFAULT_BACKENDS)
 @app.command(epilog=EXIT_CODES)
 def compare(
     model: ModelArg,
-    backends: Backends = _DEFAULT_BACKENDS,
+    backends: OptionalBackends = None,
+    modes: Modes = None,
+    timed_runs: TimedRuns = None,
     reference: Reference = None,
     runs: Runs = 3,
     builds: Builds = 1,
@@ -79,8 +84,16 @@ def compare(
     save_captures: SaveCaptures = None,
 ) -> int:
     """Run a model on several backends and compare, per layer, in ULPs."""
+    families = tuple(m for m in (modes or "").split(",") if m)
+    given = tuple(b for b in (backends or ("" if families else _DEFAULT_BACKENDS)).split(",") if b)
+    listed, mode_sets = expand_modes(given, families)
+    inputs_kw = run_inputs(
+        ",".join(listed), seed, shape, inputs, ranges, sets, torch_module, trust_model_code
+    )
+    inputs_kw["runner_options"] = mode_sets + inputs_kw["runner_options"]  # a --set overrides a mode
     opts = CompareOptions.create(
-        backends=backends,
+        backends=listed,
+        timed_runs=timed_runs if timed_runs is not None else (MODES_TIMED_RUNS if families else 0),
         reference=reference,
         runs=runs,
         builds=builds,
@@ -92,7 +105,7 @@ def compare(
         batch_invariance=batch_invariance,
         probe_threads=probe_threads,
         timings=timings,
-        **run_inputs(backends, seed, shape, inputs, ranges, sets, torch_module, trust_model_code),
+        **inputs_kw,
         loads=list(load or ()),
         baseline=baseline,
         fail_on=fail_on,

@@ -157,7 +157,9 @@ def _ir_blocker(spec: ModelSpec, proto: onnx.ModelProto, p: PlannedBackend, note
 def main_jobs(p: PlannedBackend, spec: ModelSpec, opts: CompareOptions, feeds: Path) -> list[Job]:
     if p.cls is None:
         return []
-    phases = standard_phases(p.cls, spec, opts.runs, opts.outputs_only, options=p.raw_options)
+    phases = standard_phases(
+        p.cls, spec, opts.runs, opts.outputs_only, options=p.raw_options, timed_runs=opts.timed_runs
+    )
     return [
         Job(f"{p.name}-build{k}", p.name, p.cls, p.variant(), feeds, phases, fingerprint=opts.builds > 1)
         for k in range(opts.builds)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -14,12 +15,12 @@ from xbackend.metrics import TensorDiff, is_constant, summarize, worst_per_tenso
 from xbackend.model import ModelSpec
 from xbackend.promises import PROPERTIES, validate
 from xbackend.protocol import PhaseResult
-from xbackend.results import EXPECTED, BackendResult, CompareOptions, ObserverEffect
+from xbackend.results import EXPECTED, BackendResult, CompareOptions, Latency, ObserverEffect
 from xbackend.runners.base import PYTHON_OPTION
 from xbackend.runners.registry import get_runner
 from xbackend.values import value_sha256
 
-__all__ = ["build_diffs", "promised", "summarize_backend"]
+__all__ = ["build_diffs", "latency", "promised", "summarize_backend"]
 
 
 def summarize_backend(b: Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResult:
@@ -28,7 +29,12 @@ def summarize_backend(b: Builds, spec: ModelSpec, opts: CompareOptions) -> Backe
     options = _shown_options(b)
     if p.cls is None:
         return BackendResult(
-            p.name, "unavailable", p.unavailable, options, p.interpreter_info(), promises=promised(p.name)
+            p.name,
+            "unavailable",
+            p.unavailable,
+            options,
+            p.interpreter_info(),
+            promises=promised(p.name, p.options),
         )
     failed = next((o for o in b.outcomes if not o.ok), None)
     if failed is not None:
@@ -40,7 +46,7 @@ def summarize_backend(b: Builds, spec: ModelSpec, opts: CompareOptions) -> Backe
             _info(b, failed),
             opts.runs,
             len(b.outcomes),
-            promises=promised(p.name),
+            promises=promised(p.name, p.options),
         )
     return _ran(b, spec, opts, options)
 
@@ -56,7 +62,7 @@ def _ran(
         status="ok",
         options=options,
         info=_info(b, first),
-        runs=opts.runs,
+        runs=len(first.outputs.run_s),
         builds=len(b.outcomes),
         deterministic=_deterministic(b),
         distinct_outputs=len({h for ph in outs for h in ph.output_hashes}),
@@ -74,8 +80,17 @@ def _ran(
         constant_outputs=_constant_outputs(first.outputs, spec),
         output_digests=_digests(first.outputs, spec.output_names),
         layer_digests=_digests(first.layers),
-        promises=promised(b.planned.name),
+        promises=promised(b.planned.name, b.planned.options),
+        latency=latency(b),
     )
+
+
+def latency(b: Builds) -> Latency | None:
+    """One inference's wall time over every build's runs of the model users ship, each build's
+    first run (warm-up: lazy compiles, autotuning, allocations) left out."""
+    first = b.outcomes[0].outputs
+    seconds = [s for o in b.outcomes for s in o.outputs.run_s[1:]]
+    return Latency.of(seconds, len(first.capture_names))
 
 
 def _shown_options(b: Builds) -> tuple[tuple[str, str], ...]:
@@ -117,13 +132,15 @@ def _timings(ph: PhaseResult) -> tuple[tuple[str, float], ...]:
     return (("prepare_s", ph.prepare_s), ("run_s", float(sum(ph.run_s) / max(1, len(ph.run_s)))))
 
 
-def promised(name: str) -> tuple[str, ...]:
+def promised(name: str, options: Mapping[str, Any]) -> tuple[str, ...]:
+    """What backend `name` promises under its resolved `options` (its hardware's and its modes')."""
     try:
         cls = get_runner(name)
     except BackendUnavailableError:
         return ()
-    validate(cls.promises, cls.name)
-    return tuple(p for p in PROPERTIES if p in cls.promises)
+    promises = cls.promises_for(options)
+    validate(promises, cls.name)
+    return tuple(p for p in PROPERTIES if p in promises)
 
 
 def _digests(ph: PhaseResult | None, names: Sequence[str] | None = None) -> tuple[tuple[str, str], ...]:

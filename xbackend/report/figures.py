@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from xbackend.metrics import TensorDiff
-from xbackend.results import CrossBackendResult, Result
+from xbackend.results import CrossBackendResult, ModeRow, Result
 from xbackend.values import value_name
 
 __all__ = ["COLORS", "Figure", "planned_figures", "render"]
@@ -46,6 +46,7 @@ class Series:
     name: str
     x: tuple[float, ...]
     y: tuple[float, ...]
+    spread: tuple[tuple[float, float], ...] = ()  # bars: (low, high) per bar, drawn as error bars
 
 
 @dataclass(frozen=True)
@@ -201,9 +202,49 @@ def _builds(r: Result) -> Figure | None:
     )
 
 
+def _costs(r: Result) -> list[Figure]:
+    """Per family of modes: each mode's median latency against the default's (times shown only)."""
+    if not r.options.shows_times:
+        return []
+    out = []
+    for fam in r.cost_of_determinism():
+        rows = [m for m in fam.rows if m.ratio is not None]
+        if len(rows) < 2:
+            continue
+        ticks = tuple(f"{m.backend.partition('@')[2] or 'default'}\n{_outputs_note(m)}" for m in rows)
+        base = next(m for m in fam.rows if m.backend == fam.default).latency
+        scale = base.median_ms if base is not None else 1.0
+        series = Series(
+            "median latency / default's (bars: min to max)",
+            tuple(float(i) for i in range(len(rows))),
+            tuple(float(m.ratio or 0.0) for m in rows),
+            tuple((m.latency.min_ms / scale, m.latency.max_ms / scale) for m in rows if m.latency),
+        )
+        out.append(
+            Figure(
+                f"cost-{fam.runner}",
+                f"Cost of determinism: {fam.runner}",
+                f"Median latency of each mode of {fam.runner} as a ratio of the default mode's "
+                f"({fam.default}), with each mode's distinct outputs (runs / builds) under its name.",
+                "mode",
+                "latency / default",
+                (series,),
+                "bars",
+                ticks,
+            )
+        )
+    return out
+
+
+def _outputs_note(m: ModeRow) -> str:
+    broken = "".join(f"\n{p} BROKEN" for p in m.broken)
+    return f"{m.distinct_run_outputs} / {m.distinct_build_outputs} outputs{broken}"
+
+
 def planned_figures(r: Result) -> list[Figure]:
     """The figures this result has data for, in report order."""
-    return [f for f in (_error_depth(r), _distribution(r), _batch(r), _builds(r)) if f is not None]
+    figs = [_error_depth(r), _distribution(r), _batch(r), _builds(r), *_costs(r)]
+    return [f for f in figs if f is not None]
 
 
 def render(fig: Figure) -> bytes:
@@ -223,7 +264,12 @@ def render(fig: Figure) -> bytes:
         color = COLORS[i]
         if fig.kind == "bars":
             width = 0.8 / max(1, n)
-            ax.bar([x - 0.4 + width * (i + 0.5) for x in s.x], s.y, width, color=color, label=s.name)
+            xs = [x - 0.4 + width * (i + 0.5) for x in s.x]
+            ax.bar(xs, s.y, width, color=color, label=s.name)
+            if s.spread:
+                below = [y - lo for y, (lo, _) in zip(s.y, s.spread, strict=True)]
+                above = [hi - y for y, (_, hi) in zip(s.y, s.spread, strict=True)]
+                ax.errorbar(xs, s.y, yerr=[below, above], fmt="none", ecolor="#333333", capsize=4)
         else:
             ax.plot(s.x, s.y, color=color, label=s.name, linewidth=1.5, marker="o", markersize=3)
     if fig.kind == "bars":

@@ -40,8 +40,9 @@ def _tensor(d: TensorDiff, modules: dict[str, str] | None = None) -> dict[str, A
     return out
 
 
-def _backend(b: BackendResult) -> dict[str, Any]:
+def _backend(b: BackendResult, times: bool) -> dict[str, Any]:
     return {
+        "latency": b.latency.to_json() if times and b.latency else None,
         "name": b.name,
         "status": b.status,
         "reason": b.reason,
@@ -213,7 +214,8 @@ def to_dict(r: Result) -> dict[str, Any]:
                 "timeout_s": r.options.timeout,
             },
             "command": r.command,
-            "backends": [_backend(b) for b in r.backends],
+            "backends": [_backend(b, r.options.shows_times) for b in r.backends],
+            "cost_of_determinism": [f.to_json(r.options.shows_times) for f in r.cost_of_determinism()],
             "cross_backend": [_cross(c, modules, r.explanation.floor_map()) for c in r.cross_backend],
             "explanation": _explanation(r),
             "ill_conditioned": [
@@ -237,8 +239,8 @@ def to_dict(r: Result) -> dict[str, Any]:
             "environment": dict(r.environment),
         }
     )
-    out["result"] = encode(r, times=r.options.timings)
-    if r.options.timings:  # only on request: times differ between identical comparisons
+    out["result"] = encode(r, times=r.options.shows_times)
+    if r.options.shows_times:  # only on request: times differ between identical comparisons
         out["build_seconds"] = {b.name: [round(t, 3) for t in b.build_s] for b in r.backends}
         out["probe_build_seconds"] = {
             f"{p.name}: {label}": [round(t, 3) for t in times]

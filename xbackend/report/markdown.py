@@ -12,7 +12,9 @@ from xbackend.report.explanation import explanation_section
 from xbackend.report.figures import planned_figures
 from xbackend.report.layers import cross_section, expected_section, matrix_section, oracle_section
 from xbackend.report.sections import (
+    LATENCY_HIDDEN,
     baseline_section,
+    cost_section,
     environment_section,
     exposure_section,
     inputs_section,
@@ -159,7 +161,8 @@ def _backend_rows(r: Result) -> list[list[object]]:
         notes = [f"precision {dict(b.info)['precision']}"] if "precision" in dict(b.info) else []
         notes += [f"promises {', '.join(b.promises)}"] if b.promises else []
         name = f"{b.name} ({'; '.join(notes)})" if notes else b.name
-        rows.append([name, status, det, runs, distinct, *vs, *([drift] if r.baseline else [])])
+        lat = ([b.latency.words() if b.latency else "–"]) if r.options.shows_times else []
+        rows.append([name, status, det, runs, distinct, *lat, *vs, *([drift] if r.baseline else [])])
     return rows
 
 
@@ -182,6 +185,7 @@ def _backends(r: Result) -> list[str]:
         "deterministic",
         "runs x builds",
         "distinct outputs",
+        *(["latency (median)"] if r.options.shows_times else []),
         f"bitwise = {r.reference_used}",
         "max ULP (outputs)",
         "scaled ULP (outputs)",
@@ -189,7 +193,8 @@ def _backends(r: Result) -> list[str]:
         _past(r),
         *(["baseline"] if r.baseline else []),
     ]
-    return ["## Backends", "", *_table(header, _backend_rows(r))]
+    hidden = [] if r.options.shows_times else ["", f"Latency: {LATENCY_HIDDEN}"]
+    return ["## Backends", "", *_table(header, _backend_rows(r)), *hidden]
 
 
 def _promises(r: Result) -> list[str]:
@@ -243,6 +248,7 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *_summary(r),
         *_backends(r),
         *_promises(r),
+        *cost_section(r),
         *explanation_section(r),
         *_figures(r, stem),
         *_how_to_read(stem),

@@ -14,7 +14,9 @@ from xbackend.textfmt import num as _num
 from xbackend.textfmt import table as _table
 
 __all__ = [
+    "LATENCY_HIDDEN",
     "baseline_section",
+    "cost_section",
     "environment_section",
     "exposure_section",
     "inputs_section",
@@ -221,8 +223,55 @@ def options_section(r: Result) -> list[str]:
     return out
 
 
+LATENCY_HIDDEN = (
+    "Every run is timed, but reports leave times out unless asked for (they differ between identical "
+    "comparisons, and reports are otherwise byte-reproducible): pass `--timed-runs N` or `--timings`."
+)
+
+
+def cost_section(r: Result) -> list[str]:
+    """Each runner run under several modes: promises as observed, distinct outputs, latency."""
+    fams = r.cost_of_determinism()
+    if not fams:
+        return []
+    times = r.options.shows_times
+    rows = []
+    for f in fams:
+        for m in f.rows:
+            distinct = f"{m.distinct_run_outputs} / {m.distinct_build_outputs}" if m.status == "ok" else "–"
+            lat = m.latency.words() if times and m.latency else ("–" if times else "not shown")
+            ratio = f"{m.ratio:.2f}x" if times and m.ratio is not None else "–"
+            mode = m.mode if m.status == "ok" else f"{m.mode} (**{m.status}**)"
+            rows.append([f.runner, f"{mode} ({m.backend})", m.promise_words(), distinct, lat, ratio])
+    how = (
+        "One inference's wall time over the runs whose bits were compared (the model users ship; "
+        "each build's first run left out as warm-up), as a ratio of the default mode's median."
+        if times
+        else LATENCY_HIDDEN
+    )
+    return [
+        "## Cost of determinism",
+        "",
+        "Each runner run here under several modes: what each mode promises and whether it held, its "
+        f"distinct outputs within one session and over fresh builds, and its latency. {how}",
+        "",
+        *_table(
+            [
+                "runner",
+                "mode (backend)",
+                "promises",
+                "distinct outputs (runs / builds)",
+                "latency",
+                "x default",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
 def timings_section(r: Result) -> list[str]:
-    if not r.options.timings:
+    if not r.options.shows_times:
         return []
     rows = [[b.name, i, f"{t:.1f}"] for b in r.backends for i, t in enumerate(b.build_s)]
     rows += [

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from xbackend.metrics import TensorDiff, worst_per_tensor
 
-__all__ = ["BackendResult", "FeedsInfo", "ObserverEffect"]
+__all__ = ["BackendResult", "FeedsInfo", "Latency", "ObserverEffect"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,45 @@ class ObserverEffect:
     max_ulp: int | None = None
     scaled_ulp: float | None = None
     first: str | None = None
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Wall time of one inference, from the runs the comparison made (the first run of each build
+    is warm-up and left out): the runs whose bits were compared are the runs that were timed."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    runs: int  # timed runs, over every build
+    exposed: int = 0  # tensors each timed run handed back (more than the outputs: instrumented)
+
+    @classmethod
+    def of(cls, seconds: Sequence[float], exposed: int = 0) -> Latency | None:
+        """From run times in seconds; None when there are none (one run per build: pass
+        --timed-runs N)."""
+        if not seconds:
+            return None
+        ms = sorted(1000.0 * s for s in seconds)
+        n = len(ms)
+        median = ms[n // 2] if n % 2 else (ms[n // 2 - 1] + ms[n // 2]) / 2
+        return cls(median, ms[0], ms[-1], n, exposed)
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "median_ms": self.median_ms,
+            "min_ms": self.min_ms,
+            "max_ms": self.max_ms,
+            "runs": self.runs,
+            "tensors_exposed": self.exposed,
+        }
+
+    def words(self) -> str:
+        return f"{_ms(self.median_ms)} ms (min {_ms(self.min_ms)}, max {_ms(self.max_ms)}; {self.runs} runs)"
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
 
 
 @dataclass(frozen=True)
@@ -64,7 +103,9 @@ class BackendResult:
     output_digests: tuple[tuple[str, str], ...] = ()  # graph output -> digest, plain build 0, run 0
     layer_digests: tuple[tuple[str, str], ...] = ()  # captured tensor -> digest, instrumented build 0
     loaded_from: str = ""  # a capture folder: this backend ran on the host its capture records
-    promises: tuple[str, ...] = ()  # what the runner promises (deterministic hardware)
+    promises: tuple[str, ...] = ()  # what the runner promises: its hardware's and its modes'
+    # one inference's wall time (left out of reports unless times are asked for: byte-stable)
+    latency: Latency | None = field(default=None, compare=False)
 
     @property
     def ok(self) -> bool:

@@ -11,14 +11,16 @@ from xbackend.capturedir import default_name
 from xbackend.errors import UsageError
 from xbackend.gating import parse_policies
 from xbackend.metrics import DEFAULT_MAX_ULP
-from xbackend.runners.registry import split_instance
+from xbackend.runners.registry import get_runner, split_instance
 
 __all__ = [
     "DEFAULT_BACKENDS",
     "DEFAULT_MAX_ULP",
     "EXPECTED",
+    "MODES_TIMED_RUNS",
     "CompareOptions",
     "Shape",
+    "expand_modes",
     "load_spec",
     "parse_max_ulp",
 ]
@@ -27,6 +29,31 @@ DEFAULT_BACKENDS = ("ort-cpu", "reference")
 EXPECTED = "expected"  # golden outputs read from --inputs DIR (output_N.pb), compared like a backend
 
 Shape = tuple[int, ...]
+# --modes asks what each mode costs: its runs are timed unless --timed-runs says otherwise
+MODES_TIMED_RUNS = 10
+
+
+def expand_modes(
+    backends: tuple[str, ...], modes: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]:
+    """`backends` plus each runner in `modes` under its default and each determinism mode it
+    declares (NAME, NAME@LABEL...), and the options that set each mode."""
+    out = list(backends)
+    sets: list[tuple[str, str, str]] = []
+    for name in modes:
+        cls = get_runner(name)
+        declared = cls.determinism_modes()
+        if not declared:
+            raise UsageError(
+                f"{name} declares no determinism modes; compare its settings as instances instead, "
+                f"e.g. --backends {name},{name}@other --set {name}@other.OPTION=VALUE"
+            )
+        for label, options in {"": {}, **declared}.items():
+            instance = f"{name}@{label}" if label else name
+            if instance not in out:
+                out.append(instance)
+            sets += [(instance, k, v) for k, v in options.items()]
+    return tuple(out), tuple(sets)
 
 
 @dataclass(frozen=True)
@@ -54,27 +81,40 @@ class CompareOptions:
     baseline: str | None = None  # a previous capture, capture folder set or JSON report
     fail_on: tuple[str, ...] = ()  # --fail-on policies (xbackend.gating); () keeps the default gate
     noise_samples: int = 8  # K random orders of every reduction for the noise floor; 0: none
+    timed_runs: int = 0  # more runs of the model users ship, timed (and compared) like the others
+
+    @property
+    def shows_times(self) -> bool:
+        """Wall times go in the reports: asked for with --timings, or by asking for timed runs."""
+        return self.timings or self.timed_runs > 0
 
     @classmethod
     def create(cls, **kwargs: Any) -> CompareOptions:
         """Build from friendly Python values (lists, dicts, comma strings) and validate."""
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} | {"modes"}
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise UsageError(
                 f"unknown compare option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}"
             )
         kw = dict(kwargs)
+        modes = kw.pop("modes", None) or ()
+        if isinstance(modes, str):
+            modes = [m for m in modes.split(",") if m]
         if isinstance(kw.get("backends"), str):
             kw["backends"] = [b for b in kw["backends"].split(",") if b]
         if "backends" in kw:
             kw["backends"] = tuple(kw["backends"])
+        if modes:
+            given: tuple[str, ...] = tuple(kw.get("backends") or ())
+            kw["backends"], sets = expand_modes(given, tuple(modes))
+            kw["runner_options"] = sets + tuple(_pairs(kw.get("runner_options")))  # a --set overrides
+        if kw.get("timed_runs") is None:
+            kw["timed_runs"] = MODES_TIMED_RUNS if modes else 0
         if isinstance(kw.get("shapes"), Mapping):
             kw["shapes"] = tuple((k, tuple(v)) for k, v in kw["shapes"].items())
-        if isinstance(kw.get("runner_options"), Mapping):
-            kw["runner_options"] = tuple(
-                (b, k, str(v)) for b, opts in kw["runner_options"].items() for k, v in opts.items()
-            )
+        if kw.get("runner_options") is not None:
+            kw["runner_options"] = tuple(_pairs(kw["runner_options"]))
         if kw.get("inputs") is not None:
             kw["inputs"] = str(kw["inputs"])
         if "max_ulp" in kw:
@@ -121,6 +161,8 @@ class CompareOptions:
             raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout}")
         if self.max_ulp is not None and self.max_ulp < 0:
             raise UsageError(f"--max-ulp must be >= 0 or auto, got {self.max_ulp:g}")
+        if self.timed_runs < 0:
+            raise UsageError(f"--timed-runs must be >= 0, got {self.timed_runs}")
         if self.noise_samples < 0:
             raise UsageError(f"--noise-samples must be >= 0 (0: no noise floor), got {self.noise_samples}")
         if self.inputs is not None and self.shapes:
@@ -226,7 +268,18 @@ class CompareOptions:
             parts += ["--save-captures", self.save_captures]
         if self.noise_samples != 8:
             parts += ["--noise-samples", str(self.noise_samples)]
+        if self.timed_runs:
+            parts += ["--timed-runs", str(self.timed_runs)]
         return shlex.join(parts)
+
+
+def _pairs(options: object) -> list[tuple[str, str, str]]:
+    """runner_options as (backend, key, value): from {backend: {key: value}} or triples."""
+    if options is None:
+        return []
+    if isinstance(options, Mapping):
+        return [(b, k, str(v)) for b, opts in options.items() for k, v in opts.items()]
+    return [(str(b), str(k), str(v)) for b, k, v in options]  # type: ignore[attr-defined]
 
 
 def parse_max_ulp(value: object) -> float | None:

@@ -10,6 +10,7 @@ from xbackend.model import ModelSpec
 from xbackend.promises import EXIT_PROMISE, PromiseCheck, check_promises
 from xbackend.results.backend import BackendResult, FeedsInfo
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
+from xbackend.results.cost import Family, families
 from xbackend.results.explanation import NOT_MEASURED, Explanation, times_floor
 from xbackend.results.options import EXPECTED, CompareOptions
 from xbackend.results.probe import ProbeResult
@@ -100,6 +101,10 @@ class Result:
     def promise_checks(self) -> list[PromiseCheck]:
         """Each promise a backend's runner declared, held or broken as this run observed it."""
         return check_promises(self.backends, self.probes)
+
+    def cost_of_determinism(self) -> list[Family]:
+        """Each runner run under several modes here: what each promised, held, and cost."""
+        return families(self.backends, self.promise_checks())
 
     @property
     def broken_promises(self) -> list[PromiseCheck]:

@@ -160,6 +160,18 @@ class Runner(abc.ABC):
         return {}
 
     @classmethod
+    def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
+        """What this configuration promises (xbackend.promises.PROPERTIES): the hardware's
+        (`promises`), plus what the determinism modes its resolved `options` turn on promise."""
+        return cls.promises
+
+    @classmethod
+    def determinism_modes(cls) -> dict[str, dict[str, str]]:
+        """The engine's determinism modes as instance label -> options (`--modes NAME`); the
+        default configuration is the runner itself, under no label."""
+        return {}
+
+    @classmethod
     def max_ir_version(cls) -> int | None:
         """Highest ONNX IR version the engine loads; None when it reads whatever onnx reads."""
         return None

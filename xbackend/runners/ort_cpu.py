@@ -272,7 +272,12 @@ class OrtCpuRunner(Runner):
         OptionSpec("threads", int, physical_cores, "intra-op threads (default: physical cores)"),
         OptionSpec("inter_op_threads", int, 1, "inter-op threads (1 = sequential execution)"),
         OptionSpec("opt_level", str, "all", "graph optimization level", OPT_LEVELS),
-        OptionSpec("deterministic_compute", bool, False, "SessionOptions.use_deterministic_compute"),
+        OptionSpec(
+            "deterministic_compute",
+            bool,
+            False,
+            "SessionOptions.use_deterministic_compute (promises run-to-run)",
+        ),
     )
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
@@ -292,6 +297,15 @@ class OrtCpuRunner(Runner):
     @classmethod
     def max_ir_version(cls) -> int | None:
         return _probe_max_ir()
+
+    @classmethod
+    def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
+        own = frozenset({"run-to-run"}) if options.get("deterministic_compute") else frozenset()
+        return super().promises_for(options) | own
+
+    @classmethod
+    def determinism_modes(cls) -> dict[str, dict[str, str]]:
+        return {"det": {"deterministic_compute": "true"}}
 
     def providers(self) -> list[Any]:
         """The execution providers a session gets, with their options."""
@@ -484,6 +498,9 @@ class OrtCpuRunner(Runner):
         out["execution_mode"] = "sequential" if self.options["inter_op_threads"] <= 1 else "parallel"
         if self._session_obj is not None:
             out["providers"] = ",".join(self._session_obj.get_providers())
+            with contextlib.suppress(AttributeError):  # read back from the session, where ORT can
+                so = self._session_obj.get_session_options()
+                out["in_force.use_deterministic_compute"] = str(bool(so.use_deterministic_compute))
         out.update(self._notes)
         return dict(sorted(out.items()))
 

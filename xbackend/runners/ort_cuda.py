@@ -90,6 +90,17 @@ class OrtCudaRunner(OrtCpuRunner):
         self._in_force: dict[str, str] = {}
 
     @classmethod
+    def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
+        # pinned: the same algorithm in every session (cuDNN's default, or ORT-TRT's caches)
+        pinned = frozenset({"build-to-build"}) if options.get("autotune") == "pinned" else frozenset()
+        return super().promises_for(options) | pinned
+
+    @classmethod
+    def determinism_modes(cls) -> dict[str, dict[str, str]]:
+        det = {"deterministic_compute": "true"}
+        return {"det": det, "pinned": {"autotune": "pinned"}, "det-pinned": {**det, "autotune": "pinned"}}
+
+    @classmethod
     def availability(cls) -> Availability:
         package = gpu.ort_gpu_problem(cls.provider)
         libs = ""

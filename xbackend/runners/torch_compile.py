@@ -34,7 +34,7 @@ from xbackend.runners.base import BuildFingerprint, OptionSpec
 from xbackend.runners.torch_eager import TorchRunner
 from xbackend.torch_export import module_map, to_numpy
 
-__all__ = ["TorchCompileAutotuneRunner", "TorchCompileRunner"]
+__all__ = ["INDUCTOR_SWITCHES", "TorchCompileAutotuneRunner", "TorchCompileRunner", "inductor_in_force"]
 
 DEVICES = ("cpu", "cuda")
 
@@ -51,6 +51,13 @@ class TorchCompileRunner(TorchRunner):
         OptionSpec("freezing", bool, True, "torch._inductor.config.freezing (weights as constants)"),
         OptionSpec("tf32", bool, False, "device=cuda: TF32 for matmuls and convolutions (Triton and cuBLAS)"),
         OptionSpec(
+            "batch_invariant",
+            bool,
+            False,
+            "torch._inductor.config.batch_invariant: a sample's kernels do not depend on the batch "
+            "size (implies deterministic; promises batch-position too)",
+        ),
+        OptionSpec(
             "pin",
             str,
             "",
@@ -63,6 +70,27 @@ class TorchCompileRunner(TorchRunner):
     def instruments(cls, metadata: Mapping[str, str], model_dir: Path, options: Mapping[str, Any]) -> bool:
         return bool(module_map(metadata, str(options.get("module", "")), model_dir))
 
+    @classmethod
+    def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
+        """deterministic (Inductor's mode: no benchmarking that changes numerics, and
+        torch.use_deterministic_algorithms) promises the same bits in every run and every build;
+        batch_invariant implies it and promises batch-position; a pin promises build-to-build."""
+        out = set(super().promises_for(options))
+        if options.get("deterministic") or options.get("batch_invariant"):
+            out |= {"run-to-run", "build-to-build"}
+        if options.get("batch_invariant"):
+            out.add("batch-position")
+        if options.get("pin"):
+            out.add("build-to-build")
+        return frozenset(out)
+
+    @classmethod
+    def determinism_modes(cls) -> dict[str, dict[str, str]]:
+        return {"det": {"deterministic": "true"}, "bi": {"batch_invariant": "true"}}
+
+    def _deterministic_algorithms(self) -> bool:
+        return bool(self.options["deterministic"] or self.options["batch_invariant"])
+
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)
         self._compiled: Any = None
@@ -70,6 +98,7 @@ class TorchCompileRunner(TorchRunner):
         self._tuning = Tuning()
         self._pin_state = "none"
         self._code = ""  # the generated code's digest, once the first run has compiled
+        self._compile_options: dict[str, Any] = {}
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         # An empty cache of its own: a build that found kernels (or tuning results) on disk
@@ -81,6 +110,8 @@ class TorchCompileRunner(TorchRunner):
         from torch._inductor import config  # heavy: torch
 
         config.freezing = bool(self.options["freezing"])
+        config.deterministic = self._deterministic_algorithms()
+        config.batch_invariant = bool(self.options["batch_invariant"])
         config.fx_graph_cache = False
         config.autotune_local_cache = False
         device = self.options["device"]
@@ -100,6 +131,7 @@ class TorchCompileRunner(TorchRunner):
             # Timing-driven choices a pin file does not record: with them off, the recorded kernel
             # choices are the only ones timings make, in the recording build and every replay.
             options.update(coordinate_descent_tuning=False, benchmark_epilogue_fusion=False)
+        self._compile_options = options
         self._compiled = torch.compile(target, options=options or None)
         return fp
 
@@ -173,6 +205,8 @@ class TorchCompileRunner(TorchRunner):
     def info(self) -> dict[str, str]:
         out = super().info()
         out["inductor_mode"] = self.mode
+        if self._compiled is not None:  # read back from Inductor's config, not assumed
+            out.update(inductor_in_force(self._compile_options))
         if self.options["device"] != "cuda":
             out["tf32"] = "n/a (cpu)"
         out["pin_state"] = self._pin_state
@@ -234,6 +268,27 @@ def _instrumented(module: Any, names: tuple[str, ...]) -> Any:
             return out, tuple(self.stash.pop(n, None) for n in self.names)
 
     return Instrumented().eval()
+
+
+def inductor_in_force(compile_options: Mapping[str, Any]) -> dict[str, str]:
+    """The Inductor settings that decide determinism, as the compile ran with them: its options
+    over Inductor's config as it holds them now."""
+    from torch._inductor import config  # heavy: torch
+
+    return {
+        f"in_force.inductor.{k}": str(compile_options.get(k, getattr(config, k, "absent")))
+        for k in INDUCTOR_SWITCHES
+    }
+
+
+# Inductor's settings that change which kernels run or how they are chosen.
+INDUCTOR_SWITCHES = (
+    "deterministic",
+    "batch_invariant",
+    "freezing",
+    "max_autotune",
+    "coordinate_descent_tuning",
+)
 
 
 def _pin_miss(e: BaseException) -> PinMiss | None:

@@ -9,6 +9,7 @@ it on for convolutions), so float32 comparisons compare float32.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -101,6 +102,16 @@ class TorchCudaRunner(TorchRunner):
     def autotune_family(cls, pin_path: str) -> dict[str, tuple[str, dict[str, str]]]:
         return {v: (cls.name, {"autotune": v}) for v in ("off", "on", "pinned")}
 
+    @classmethod
+    def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
+        # cudnn.deterministic: the same algorithm in every process, so every build computes alike
+        pinned = frozenset({"build-to-build"}) if options.get("autotune") == "pinned" else frozenset()
+        return super().promises_for(options) | pinned
+
+    @classmethod
+    def determinism_modes(cls) -> dict[str, dict[str, str]]:
+        return {**super().determinism_modes(), "pinned": {"autotune": "pinned"}}
+
     def _device(self) -> str:
         return f"cuda:{int(self.options['device_id'])}"
 
@@ -128,6 +139,7 @@ class TorchCudaRunner(TorchRunner):
             import torch  # heavy: torch
 
             out.update(read_switches(cuda_switches(self.options)))
+            out["in_force.CUBLAS_WORKSPACE_CONFIG"] = os.environ.get("CUBLAS_WORKSPACE_CONFIG", "unset")
             if torch.cuda.is_available():
                 out["gpu"] = torch.cuda.get_device_name(int(self.options["device_id"]))
                 out["cuda_runtime"] = str(torch.version.cuda)

@@ -56,7 +56,13 @@ class TorchRunner(Runner):
             "import the Python file the model's metadata names (--trust-model-code)",
         ),
         OptionSpec("threads", int, physical_cores, "torch.set_num_threads"),
-        OptionSpec("deterministic", bool, False, "torch.use_deterministic_algorithms"),
+        OptionSpec(
+            "deterministic",
+            bool,
+            False,
+            "torch.use_deterministic_algorithms (promises run-to-run; an op without a deterministic "
+            "implementation fails the build)",
+        ),
         OptionSpec("check_weights", bool, True, "refuse a module whose weights differ from the model's"),
     )
 
@@ -95,6 +101,18 @@ class TorchRunner(Runner):
         # A recorded file path is relative to the model file, never to the working directory.
         return load_module(recorded, base_dir=Path(model.path).parent, search_cwd=False)
 
+    @classmethod
+    def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
+        own = frozenset({"run-to-run"}) if options.get("deterministic") else frozenset()
+        return super().promises_for(options) | own
+
+    @classmethod
+    def determinism_modes(cls) -> dict[str, dict[str, str]]:
+        return {"det": {"deterministic": "true"}}
+
+    def _deterministic_algorithms(self) -> bool:
+        return bool(self.options["deterministic"])
+
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         import torch  # heavy: torch
 
@@ -103,7 +121,7 @@ class TorchRunner(Runner):
         recorded = meta.get(META_MODULE, "")
         self._spec = self.options["module"] or recorded
         torch.set_num_threads(int(self.options["threads"]))
-        torch.use_deterministic_algorithms(bool(self.options["deterministic"]))
+        torch.use_deterministic_algorithms(self._deterministic_algorithms())
         try:
             self._module = self._load(model, recorded)
         except ExportError as e:
@@ -182,6 +200,10 @@ class TorchRunner(Runner):
         out = super().info()
         out["torch"] = importlib.metadata.version("torch")
         out["module"] = self._spec
+        if self._module is not None:  # read back from torch, not assumed from the option
+            import torch  # heavy: torch
+
+            out["in_force.use_deterministic_algorithms"] = str(torch.are_deterministic_algorithms_enabled())
         out["mapped_intermediates"] = str(len(self._map))
         if self._map_source:
             out["mapped_from"] = self._map_source
