@@ -15,6 +15,12 @@ candidate's time; the caller keeps the minimum. `Tuning.install()` wraps it:
   record, or a recorded kernel that is not among the candidates, fails the build (PinMiss),
   as TensorRT's editable timing cache does with error-on-miss.
 
+On a GPU, Triton's own runtime autotuner makes choices too: the first launch of a kernel with
+several configurations (block sizes, warps) times each and keeps the fastest
+(`CachingAutotuner.autotune_to_one_config`). Those choices are recorded and replayed the same way,
+as ops named `triton KIND KERNEL [size hints]`: a reduction's block size changes its order of
+summation, so two builds that chose differently compute different bits under one generated code.
+
 The fingerprint's code digest covers the output code of the compiled graphs (their kernels
 are inline in it), not the candidate kernels compiled only to be timed, which a replayed
 build never compiles.
@@ -47,6 +53,9 @@ __all__ = [
     "Tuning",
     "code_digest",
     "load_pin",
+    "triton_config_name",
+    "triton_key",
+    "triton_recording",
     "write_pin",
 ]
 
@@ -193,6 +202,12 @@ class Tuning:
         self.choices.append(Choice(op, module, chosen, tuple(sorted(measured.items()))))
 
     def _replay(self, op: str, module: str, choices: Sequence[Any], names: Sequence[str]) -> dict[Any, float]:
+        want = self._pinned(op, names)
+        self.choices.append(Choice(op, module, want, tuple((n, None) for n in names)))
+        return {c: (0.0 if n == want else float("inf")) for c, n in zip(choices, names, strict=True)}
+
+    def _pinned(self, op: str, names: Sequence[str]) -> str:
+        """The pin file's choice for `op`, which must be among `names`; PinMiss otherwise."""
         assert self.pin is not None
         want = self.pin.get(op)
         if want is None:
@@ -203,15 +218,61 @@ class Tuning:
         if want not in names:
             raise PinMiss(
                 f"the pin file {self.pin_path} chose {want!r} for {op}, which this build does not offer "
-                f"(another torch or CPU; candidates: {', '.join(names)}); delete it and build once to "
+                f"(another torch or GPU; candidates: {', '.join(names)}); delete it and build once to "
                 "record it again"
             )
-        self.choices.append(Choice(op, module, want, tuple((n, None) for n in names)))
-        return {c: (0.0 if n == want else float("inf")) for c, n in zip(choices, names, strict=True)}
+        return want
+
+    def select_triton(self, tuner: Any, original: Any, args: Any, kwargs: Any) -> Any:
+        """Triton's runtime choice among one kernel's configurations (block sizes, warps), made at
+        the kernel's first launch by timing each: recorded, or replayed from the pin without
+        timing anything (see `triton_key`)."""
+        key = triton_key(tuner)
+        index = self._seen.get(key, 0)
+        self._seen[key] = index + 1
+        op = f"{key} #{index}"
+        names = [triton_config_name(launcher.config) for launcher in tuner.launchers]
+        if self.pin is not None and (self.strict or self.pin.get(op) in names):
+            want = self._pinned(op, names)
+            tuner.launchers = [tuner.launchers[names.index(want)]]
+            self.choices.append(Choice(op, "", want, tuple((n, None) for n in names)))
+            return None
+        out = original(tuner, *args, **kwargs)
+        timed = getattr(tuner, TIMINGS_ATTR, {})
+        measured = tuple(sorted((triton_config_name(k.config), float(v)) for k, v in timed.items()))
+        self.choices.append(Choice(op, "", triton_config_name(tuner.launchers[0].config), measured))
+        return out
 
 
+def triton_key(tuner: Any) -> str:
+    """A Triton kernel as a pin file names it: its kind, its name (Inductor numbers kernels in
+    the order it generates them, the same in every compile of one graph) and its size hints."""
+    kind = getattr(getattr(tuner, "heuristic_type", None), "name", "kernel").lower()
+    meta = getattr(tuner, "inductor_meta", None) or {}
+    name = meta.get("kernel_name") or getattr(getattr(tuner, "fn", None), "__name__", "?")
+    hints = getattr(tuner, "size_hints", None) or {}
+    sizes = (
+        ",".join(f"{k}={v}" for k, v in sorted(dict(hints).items()))
+        if isinstance(hints, dict)
+        else str(hints)
+    )
+    return f"triton {kind} {name} [{sizes}]"
+
+
+def triton_config_name(config: Any) -> str:
+    """A Triton configuration by its block sizes and launch parameters, in a fixed order."""
+    kwargs = dict(getattr(config, "kwargs", {}) or {})
+    parts = [f"{k}={v}" for k, v in sorted(kwargs.items())]
+    for attr in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
+        if getattr(config, attr, None) is not None:
+            parts.append(f"{attr}={getattr(config, attr)}")
+    return ", ".join(parts) or str(config)
+
+
+TIMINGS_ATTR = "_xbackend_timings"  # a kernel's measured configurations, for the record
 _ACTIVE: Tuning | None = None
 _PATCHED = False
+TRITON_RECORDING = ""  # why Triton's choices cannot be recorded in this torch ("" once they can)
 # id(input_nodes) -> (input_nodes, module path) for each selection, noted when its op is lowered
 _LOWERED_AT: dict[int, tuple[Any, str]] = {}
 
@@ -260,10 +321,48 @@ def _patch() -> None:
             _ACTIVE.modules.append(str(path))
         return mod
 
+    _patch_triton()
     sa.AlgorithmSelectorCache.do_autotuning = do_autotuning  # type: ignore[method-assign]
     sa.AlgorithmSelectorCache.__call__ = select  # type: ignore[method-assign]
     GraphLowering.compile_to_module = collect  # type: ignore[method-assign,assignment]
     _PATCHED = True
+
+
+def triton_recording() -> str:
+    """Why Triton's configuration choices are not recorded in this process; "" when they are."""
+    return TRITON_RECORDING if _PATCHED else "no compile has installed the recording yet"
+
+
+def _patch_triton() -> None:
+    """Route Triton's runtime configuration choice (CachingAutotuner.autotune_to_one_config, the
+    one place it times configurations and keeps the fastest) through the active Tuning."""
+    global TRITON_RECORDING
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner  # heavy: torch
+    except Exception as e:  # a torch without Triton support: CPU compiles never need it
+        TRITON_RECORDING = f"torch has no Triton autotuner to record from ({type(e).__name__})"
+        return
+    choose = getattr(CachingAutotuner, "autotune_to_one_config", None)
+    bench = getattr(CachingAutotuner, "benchmark_all_configs", None)
+    if not callable(choose) or not callable(bench):
+        TRITON_RECORDING = (
+            "this torch's CachingAutotuner has no autotune_to_one_config/benchmark_all_configs: "
+            "Triton's configuration choices are not recorded (use torch 2.11 to 2.13)"
+        )
+        return
+
+    def autotune_to_one_config(tuner: Any, *args: Any, **kwargs: Any) -> Any:
+        if _ACTIVE is None:
+            return choose(tuner, *args, **kwargs)
+        return _ACTIVE.select_triton(tuner, choose, args, kwargs)
+
+    def benchmark_all_configs(tuner: Any, *args: Any, **kwargs: Any) -> Any:
+        timings = bench(tuner, *args, **kwargs)
+        setattr(tuner, TIMINGS_ATTR, dict(timings))
+        return timings
+
+    CachingAutotuner.autotune_to_one_config = autotune_to_one_config  # type: ignore[method-assign,assignment]
+    CachingAutotuner.benchmark_all_configs = benchmark_all_configs  # type: ignore[method-assign,assignment]
 
 
 # A pin file's sections: the plain compile users ship, and the instrumented compile that also

@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from xbackend.errors import RunnerFailedError, first_line
-from xbackend.inductor_pin import INSTRUMENTED, PinMiss, Tuning, code_digest, load_pin, write_pin
+from xbackend.inductor_pin import (
+    INSTRUMENTED,
+    PinMiss,
+    Tuning,
+    code_digest,
+    load_pin,
+    triton_recording,
+    write_pin,
+)
 from xbackend.model import ModelRef
 from xbackend.runners.base import BuildFingerprint, OptionSpec
 from xbackend.runners.torch_eager import TorchRunner
@@ -209,6 +217,8 @@ class TorchCompileRunner(TorchRunner):
             out.update(inductor_in_force(self._compile_options))
         if self.options["device"] != "cuda":
             out["tf32"] = "n/a (cpu)"
+        elif self._compiled is not None:
+            out["triton_choices"] = triton_recording() or "recorded: in the fingerprint and the pin file"
         out["pin_state"] = self._pin_state
         if self._code:
             out["tuned_ops"] = str(len(self._tuning.choices))
