@@ -26,6 +26,7 @@ PLUGINS = {
     "test-fast-gelu": "plugin_runners:FastGeluRunner",
     "test-batch-nudge": "plugin_runners:BatchNudgeRunner",
     "test-racy": "plugin_runners:RacyRunner",
+    "test-moded": "plugin_runners:ModedRunner",
 }
 
 

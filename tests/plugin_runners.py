@@ -312,3 +312,30 @@ class PromisingRunner(RacyRunner):
     description = "promises run-to-run, build-to-build and thread-count determinism"
     promises = frozenset({"run-to-run", "build-to-build", "thread-count"})
     option_specs = tuple(replace(o, default=2) if o.name == "threads" else o for o in RacyRunner.option_specs)
+
+
+class ModedRunner(RacyRunner):
+    """An engine with determinism modes, as real engines declare them: at its default of 2 threads
+    it races on the scatter ('pooled'). Mode det (`deterministic`) promises run-to-run and keeps
+    it: the race is off. Mode hollow promises the same but, with `keeps` off, races anyway."""
+
+    name = "test-moded"
+    description = "modes: det keeps its run-to-run promise, hollow breaks it"
+    option_specs = (
+        *(replace(o, default=2) if o.name == "threads" else o for o in RacyRunner.option_specs),
+        OptionSpec("deterministic", bool, False, "promises run-to-run"),
+        OptionSpec("keeps", bool, True, "whether deterministic mode really stops the race"),
+    )
+
+    @classmethod
+    def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
+        return frozenset({"run-to-run"}) if options.get("deterministic") else frozenset()
+
+    @classmethod
+    def determinism_modes(cls) -> dict[str, dict[str, str]]:
+        return {"det": {"deterministic": "true"}, "hollow": {"deterministic": "true", "keeps": "false"}}
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.options["deterministic"] and self.options["keeps"]:
+            return ReferenceRunner.run_impl(self, feeds)
+        return super().run_impl(feeds)

@@ -290,3 +290,33 @@ def test_code_digest_ignores_cache_paths_hashes_addresses_and_counters() -> None
     b = "# /tmp/c2/ab/czyxwvzyxwvzyxwvzyxwvzyxw.py\nbuf7 = x  # 7f0000aa0000\ncpp_fused_add_9(buf7)\n"
     assert code_digest("/tmp/c1", [a]) == code_digest("/tmp/c2", [b])
     assert code_digest("/tmp/c1", [a]) != code_digest("/tmp/c2", [b.replace("add", "mul")])
+
+
+def test_deterministic_mode_times_nothing_and_is_read_back(recorded: tuple) -> None:
+    """Inductor's deterministic mode picks each tuned op's kernel without timing it, so two fresh
+    builds decide the same; what was in force is read back from Inductor and torch."""
+    b, _, default = recorded
+    info = dict(default.result.info)
+    assert info["in_force.inductor.deterministic"] == "False" and info["tuned_ops"] == "4"
+    assert info["in_force.inductor.max_autotune"] == "True"
+    assert info["in_force.use_deterministic_algorithms"] == "False"
+    o1, o2 = b.build(deterministic="true"), b.build(deterministic="true")
+    assert o1.ok and o2.ok, (o1.reason, o2.reason)
+    info = dict(o1.result.info)
+    assert info["in_force.inductor.deterministic"] == "True"
+    assert info["in_force.inductor.batch_invariant"] == "False"
+    assert info["in_force.use_deterministic_algorithms"] == "True"
+    assert info["in_force.inductor.max_autotune"] == "True"
+    assert info["tuned_ops"] == "0"  # no op went through timing
+    assert o1.outputs.fingerprint.digest == o2.outputs.fingerprint.digest
+    assert np.array_equal(output(o1), output(o2))
+
+
+def test_batch_invariant_mode_implies_deterministic_and_is_read_back(recorded: tuple) -> None:
+    b, _, _ = recorded
+    o = b.build(batch_invariant="true")
+    assert o.ok, o.reason
+    info = dict(o.result.info)
+    assert info["in_force.inductor.batch_invariant"] == "True"
+    assert info["in_force.inductor.deterministic"] == "True"
+    assert info["in_force.use_deterministic_algorithms"] == "True"

@@ -79,12 +79,15 @@ def test_certify_grants_one_thread_and_verify_matches(
         "3",
         "--builds",
         "2",
+        "--timed-runs",
+        "2",
         "-o",
         str(stem),
         "--no-progress",
     )
     assert code == 0, out
     assert "GRANTED" in out
+    assert "  latency: median " in out
     cert = json.loads((tmp_path / "cert.json").read_text("utf-8"))
     assert cert["schema"] == SCHEMA and cert["granted"] is True
     status = {p["name"]: p["status"] for p in cert["properties"]}
@@ -93,13 +96,22 @@ def test_certify_grants_one_thread_and_verify_matches(
     assert cert["model"]["sha256"] and cert["inputs"]["sha256"]
     assert list(cert["outputs"]["tensors"]) == ["y"]
     assert cert["environment"]["package.onnxruntime"] == "1.31.1"
+    # the certified runs themselves, timed: (3 + 2 timed - 1 warm-up) x 2 builds
+    lat = cert["latency"]
+    assert lat["runs"] == 8 and 0 < lat["min_ms"] <= lat["median_ms"] <= lat["max_ms"]
+    assert cert["battery"]["timed_runs"] == 2
     md = (tmp_path / "cert.md").read_text("utf-8")
     assert "**GRANTED**" in md and cert["outputs"]["sha256"] in md and "`xbackend verify cert.json`" in md
+    assert "Latency of the certified configuration on this machine: median " in md
+    assert "Battery: 3 runs (and 2 timed runs) in each of 2 fresh builds" in md
     # verify re-runs it here: the same bits, the same environment
     code, out, _ = run(capsys, "verify", str(tmp_path / "cert.json"), "--no-progress")
     assert code == 0, out
     assert out.splitlines()[0].startswith("VERIFIED: ort-cpu on mlp_batch.onnx: the outputs match")
     assert "ENVIRONMENT: the same as the certificate's" in out
+    assert "ms in the certificate (" in next(
+        line for line in out.splitlines() if line.startswith("LATENCY: ")
+    )
 
 
 def test_certify_refuses_two_threads_on_the_scatter_race(

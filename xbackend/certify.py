@@ -163,8 +163,11 @@ def _body(r: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, s
             "info": info,
             "promises": list(b.promises),
         },
+        # what this configuration costs here: the certified runs themselves, timed
+        "latency": b.latency.to_json() if b.ok and b.latency else None,
         "battery": {
             "runs": opts.runs,
+            "timed_runs": opts.timed_runs,
             "builds": opts.builds,
             "batch": opts.batch_invariance,
             "probes": list(CERT_PROBES),
@@ -290,6 +293,7 @@ class Verification:
             ]
         for name, old, new in self.property_changes():
             out.append(f"PROPERTY: {name} was {old} in the certificate, {new} here")
+        out += _latency_line(c.get("latency"), r.get("latency"))
         env = self.environment_changes()
         if not env:
             out.append("ENVIRONMENT: the same as the certificate's")
@@ -297,6 +301,21 @@ class Verification:
             out.append(f"ENVIRONMENT: {len(env)} difference(s) from the certificate's:")
             out += [f"  {k}: {old} -> {new}" for k, old, new in env]
         return out
+
+
+def _latency_line(certified: Mapping[str, Any] | None, here: Mapping[str, Any] | None) -> list[str]:
+    """Latency is reported, never judged: times move with load and machine."""
+    if not certified or not here:
+        return []
+    ratio = here["median_ms"] / certified["median_ms"] if certified["median_ms"] > 0 else float("nan")
+    return [
+        f"LATENCY: median {_ms(here['median_ms'])} ms here, {_ms(certified['median_ms'])} ms in the "
+        f"certificate ({ratio:.2f}x; reported, not judged)"
+    ]
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3g}"
 
 
 def verify(
@@ -330,6 +349,7 @@ def verify(
         battery["batch"],
         progress,
         runner_options=tuple(tuple(t) for t in battery["runner_options"]),
+        timed_runs=int(battery.get("timed_runs", 0)),
         **feeds,
     ).body
     if rerun["inputs"]["sha256"] != given["sha256"]:
@@ -388,12 +408,25 @@ def _md_verdict(c: Mapping[str, Any]) -> list[str]:
                 f"- BROKEN: {p['name']}: {p['evidence']}" + (f"; first broke at {first}" if first else "")
             )
     bat = c["battery"]
+    timed = f" (and {bat['timed_runs']} timed runs)" if bat.get("timed_runs") else ""
+    lat = c.get("latency")
+    cost = (
+        [
+            f"Latency of the certified configuration on this machine: median {_ms(lat['median_ms'])} ms "
+            f"(min {_ms(lat['min_ms'])}, max {_ms(lat['max_ms'])}) over {lat['runs']} of the certified "
+            "runs (each build's first run left out as warm-up).",
+            "",
+        ]
+        if lat
+        else []
+    )
     return [
         *out,
         "",
-        f"Battery: {bat['runs']} runs in each of {bat['builds']} fresh builds; the first sample alone vs "
-        f"in a batch of {bat['batch']}; 1 thread vs the runner's other thread counts.",
+        f"Battery: {bat['runs']} runs{timed} in each of {bat['builds']} fresh builds; the first sample alone "
+        f"vs in a batch of {bat['batch']}; 1 thread vs the runner's other thread counts.",
         "",
+        *cost,
     ]
 
 

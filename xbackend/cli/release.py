@@ -45,6 +45,9 @@ def certify(
     runs: Annotated[int, typer.Option(help="runs per session")] = 5,
     builds: Annotated[int, typer.Option(help="fresh builds, each in a fresh process")] = 3,
     batch: Annotated[int, typer.Option(help="batch size for the sample-alone vs in-a-batch check")] = 4,
+    timed_runs: Annotated[
+        int, typer.Option(metavar="N", help="N more runs per build, timed and checked like the others")
+    ] = 0,
     seed: Seed = 0,
     shape: Shapes = None,
     inputs: Inputs = None,
@@ -64,6 +67,7 @@ def certify(
         batch,
         progress(no_progress),
         timeout=timeout,
+        timed_runs=timed_runs,
         **run_inputs(backend, seed, shape, inputs, ranges, sets, torch_module, trust_model_code),
     )
     js, md = write_certificate(cert, output)
@@ -74,6 +78,9 @@ def certify(
         where = f"{p['first_layer']} ({p['first_layer_module']})" if p.get("first_layer_module") else ""
         first = f"; first broke at {where or p['first_layer']}" if p["first_layer"] else ""
         print(f"  {p['name']}: {p['status']} ({p['evidence']}{first})")
+    lat = body.get("latency")
+    if lat:
+        print(f"  latency: median {lat['median_ms']:.3g} ms over {lat['runs']} runs")
     verdict = "GRANTED" if cert.granted else "REFUSED"
     print(f"{verdict}: wrote {js} and {md}; check it with `xbackend verify {js}`")
     return cert.exit_code

@@ -10,6 +10,7 @@ from xbackend.cli.app import app, export_app
 from xbackend.errors import XbackendError
 from xbackend.foreign import probe_interpreter
 from xbackend.inputs import parse_range
+from xbackend.promises import PROPERTIES
 from xbackend.runners.base import PYTHON_OPTION, Availability
 from xbackend.runners.registry import get_runner, list_runners
 from xbackend.torch_export import InputDecl, export_torch, parse_dynamic, read_examples
@@ -34,12 +35,18 @@ def backends() -> int:
         if e.description:
             print(f"{'':12s} {e.description}")
         try:
-            specs = get_runner(e.name).all_option_specs()
+            cls = get_runner(e.name)
+            specs, modes = cls.all_option_specs(), cls.determinism_modes()
         except XbackendError:
-            specs = ()
+            specs, modes = (), {}
         for s in specs:
             choices = f" [{'|'.join(s.choices)}]" if s.choices else ""
             print(f"{'':12s}   --set {e.name}.{s.name}=...{choices}  {s.help}")
+        for label, opts in modes.items():
+            promises = cls.promises_for(cls.resolve_options(opts))
+            promised = ", ".join(p for p in PROPERTIES if p in promises) or "nothing"
+            sets = ", ".join(f"{k}={v}" for k, v in opts.items())
+            print(f"{'':12s}   mode {e.name}@{label} ({sets}): promises {promised}  [--modes {e.name}]")
     return 0
 
 

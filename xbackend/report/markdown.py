@@ -193,7 +193,11 @@ def _backends(r: Result) -> list[str]:
         _past(r),
         *(["baseline"] if r.baseline else []),
     ]
-    hidden = [] if r.options.shows_times else ["", f"Latency: {LATENCY_HIDDEN}"]
+    hidden = (
+        []
+        if r.options.shows_times
+        else ["", "Latency is left out (times differ between identical runs): pass `--timed-runs N` for it."]
+    )
     return ["## Backends", "", *_table(header, _backend_rows(r)), *hidden]
 
 
