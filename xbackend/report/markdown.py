@@ -12,7 +12,6 @@ from xbackend.report.explanation import explanation_section
 from xbackend.report.figures import planned_figures
 from xbackend.report.layers import cross_section, expected_section, matrix_section, oracle_section
 from xbackend.report.sections import (
-    LATENCY_HIDDEN,
     baseline_section,
     cost_section,
     environment_section,
