@@ -151,3 +151,82 @@ def test_tf32_makes_origins_at_the_matmuls_and_convs_and_off_is_explained(models
     on, off = r.cross("ort-cuda@tf32"), r.cross("ort-cuda")
     assert on.origins and {o.op_type for o in on.origins} <= {"Conv", "MatMul", "Gemm"}, on.origins
     assert off.explained is True, off.origins
+
+
+def _mode_rows(r: Any) -> dict[str, Any]:
+    (fam,) = r.cost_of_determinism()
+    return {m.backend: m for m in fam.rows}
+
+
+@needs("ort-cuda")
+def test_scatter_add_atomics_on_ort_cuda_and_what_deterministic_compute_costs(
+    models: dict[str, Path],
+) -> None:
+    """ScatterND(reduction=add) with 128 points per cell: CUDA atomics. Whether
+    use_deterministic_compute covers it is what this measures; either way the promise is
+    checked, a break is exit 16 at the scatter, and every mode is timed."""
+    r = xbackend.compare(models["scatter_add"], modes="ort-cuda", runs=10, timed_runs=10, probes=["none"])
+    rows = _mode_rows(r)
+    assert set(rows) == {"ort-cuda", "ort-cuda@det", "ort-cuda@pinned", "ort-cuda@det-pinned"}
+    det = rows["ort-cuda@det"]
+    assert det.promised == ("run-to-run",)
+    if det.broken:
+        assert r.exit_code == 16
+        broken = next(c for c in r.broken_promises if c.backend == "ort-cuda@det")
+        assert broken.first_layer == "pooled"
+    else:
+        assert det.held == ("run-to-run",) and det.distinct_run_outputs == 1
+    assert all(m.latency is not None and m.latency.runs == 10 and m.ratio for m in rows.values())
+
+
+@needs("torch-cuda")
+def test_index_add_on_torch_cuda_is_deterministic_in_deterministic_mode() -> None:
+    """torch documents index_add_ on CUDA among the ops use_deterministic_algorithms(True) makes
+    deterministic; the default uses atomics."""
+    model = ROOT / "models" / "torch_index_add.onnx"
+    trust = {"trust_model_code": "true"}
+    r = xbackend.compare(
+        model,
+        modes="torch-cuda",
+        runs=10,
+        timed_runs=10,
+        probes=["none"],
+        runner_options={b: trust for b in ("torch-cuda", "torch-cuda@det", "torch-cuda@pinned")},
+    )
+    rows = _mode_rows(r)
+    det = rows["torch-cuda@det"]
+    assert det.held == ("run-to-run",) and det.distinct_run_outputs == 1
+    assert dict(r.backend("torch-cuda@det").info)["in_force.CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert dict(r.backend("torch-cuda@det").info)["in_force.use_deterministic_algorithms"] == "True"
+    assert all(m.latency is not None and m.ratio for m in rows.values())
+
+
+@needs("torch-cuda")
+def test_batch_probe_on_cuda_with_and_without_batch_invariant(tmp_path: Path) -> None:
+    """The batch probe on torch-cuda and on Inductor's CUDA kernels, default and batch-invariant:
+    the batch-invariant mode's promise is checked by the probe, not assumed."""
+    from xbackend.torch_export import InputDecl, export_torch
+
+    model = tmp_path / "mlp.onnx"
+    spec = f"{ROOT / 'tests' / 'wide_mlp.py'}:build"
+    export_torch(spec, [InputDecl.parse("x=4,512")], model, output_names=["y"], dynamic={"x": {0: "batch"}})
+    cuda = {"module": spec, "device": "cuda"}
+    r = xbackend.compare(
+        model,
+        backends=["torch-cuda", "torch-compile", "torch-compile@bi"],
+        runner_options={
+            "torch-cuda": {"module": spec},
+            "torch-compile": cuda,
+            "torch-compile@bi": {**cuda, "batch_invariant": "true"},
+        },
+        shapes=(("x", (4, 512)),),
+        batch_invariance=4,
+        probes=["batch"],
+        runs=2,
+    )
+    rows = {row.backend: row for row in r.probe("batch").rows}  # type: ignore[attr-defined]
+    assert set(rows) == {"torch-cuda", "torch-compile", "torch-compile@bi"}
+    assert all(row.status == "ok" for row in rows.values()), [row.reason for row in rows.values()]
+    (check,) = [c for c in r.promise_checks() if c.name == "batch-position"]
+    assert check.backend == "torch-compile@bi" and check.status in ("held", "broken")
+    assert (check.status == "broken") == (r.exit_code == 16)
