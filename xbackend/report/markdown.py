@@ -195,7 +195,7 @@ def _backends(r: Result) -> list[str]:
     hidden = (
         []
         if r.options.shows_times
-        else ["", "Latency is left out (times differ between identical runs): pass `--timed-runs N` for it."]
+        else ["Latency is left out (times differ between identical runs): pass `--timed-runs N` for it.", ""]
     )
     return ["## Backends", "", *_table(header, _backend_rows(r)), *hidden]
 
