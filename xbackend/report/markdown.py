@@ -221,7 +221,6 @@ def _promises(r: Result) -> list[str]:
         "These runners promise determinism properties; a broken promise fails the run (exit 16).",
         "",
         *_table(["backend", "promise", "status", "evidence", "first layer that broke"], rows),
-        "",
     ]
 
 

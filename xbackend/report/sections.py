@@ -266,7 +266,6 @@ def cost_section(r: Result) -> list[str]:
             ],
             rows,
         ),
-        "",
     ]
 
 
