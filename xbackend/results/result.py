@@ -324,6 +324,7 @@ class Result:
             lines.insert(
                 0,
                 f"PASS{' (vacuous)' if self.vacuous else ''}: every backend is deterministic over "
-                f"{self.options.runs} run(s) x {self.options.builds} build(s) and {within}",
+                f"{self.options.runs + self.options.timed_runs} run(s) x {self.options.builds} build(s) "
+                f"and {within}",
             )
         return self._gate_lines() + lines
