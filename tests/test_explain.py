@@ -289,3 +289,20 @@ def test_a_long_sum_is_allowed_its_algorithm_not_only_its_order(tmp_path: Path) 
     r = xbackend.compare(model, backends=["ort-cpu", "reference"], inputs=str(tmp_path / "x.npz"), runs=1)
     le = r.explanation.local_for("ort-cpu")
     assert le is not None and le.status == "ok" and le.explained, [o for o in le.origins]
+
+
+def test_a_node_run_from_above_its_inputs_is_allowed_what_the_nodes_above_it_are() -> None:
+    """A Reshape whose input the reference did not capture is computed from the Gemm above it
+    in the local run: its error is allowed the Gemm's sqrt(n) for n terms, not a Reshape's 0."""
+    from xbackend.metrics import TensorDiff
+    from xbackend.results.explanation import find_origins
+
+    b = np.ones((4, 8), np.float32)
+    a = b.copy()
+    a[0, 0] = np.float32(1 + 8 * 2.0**-23)  # 8 ULP at 1.0
+    d = TensorDiff.from_arrays("view", a, b, "Reshape")
+    assert d.scaled_ulp == 8.0
+    alone = find_origins("ort-cpu", [d], {}, {}, 4.0)
+    assert [o.tensor for o in alone.origins] == ["view"]
+    ran_from_above = find_origins("ort-cpu", [d], {}, {}, 4.0, {"addmm": 256}, {"view": (("Gemm", "addmm"),)})
+    assert ran_from_above.origins == () and ran_from_above.largest_ratio == pytest.approx(8.0 / (4 * 16))

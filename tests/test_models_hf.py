@@ -117,3 +117,23 @@ def test_gpt2_batch_probe_follows_rows_through_views(
         assert ops[row.first_divergence] not in ("Reshape", "Transpose", "Slice", "Concat")
     data = json.loads(xbackend.to_json(r))["probes"]["batch"][0]
     assert {x["tensor"] for x in data["left_out"]} == set(left_out)
+
+
+def test_torch_as_the_reference_explains_what_it_does_not_expose(bert: Path) -> None:
+    """torch exposes module outputs only: the nodes between them run from the last tensor it
+    holds, so a node's local error covers the Gemms above it and is allowed what they are; the
+    floor's reductions take their shapes from ort-cpu's capture. Before, this was 'origins at
+    Reshape, allowed 0'."""
+    r = xbackend.compare(
+        bert,
+        backends=["torch", "ort-cpu"],
+        shapes={"batch": (2,), "sequence": (16,)},
+        ranges={"attention_mask": (0, 2), "token_type_ids": (0, 2)},
+        runs=1,
+        probes="none",
+        runner_options={"torch": {"trust_model_code": "true"}},
+    )
+    assert r.reference_used == "torch"
+    assert r.explanation.ok and r.explanation.permuted > 0, r.explanation.reason
+    assert not r.explanation.skipped or all("unknown" not in why for *_, why in r.explanation.skipped)
+    assert r.cross("ort-cpu").explained is True, r.verdict()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 from onnx import helper
 
 from xbackend.capture import CaptureFile, diff_captures
@@ -57,6 +58,9 @@ class _Plan:
     reordered: Reordered | None
     extra: tuple[Path, ...]
     order: tuple[str, ...]  # backends in --backends order
+    # tensor -> the nodes above it that its local run also computes, as (op type, output):
+    # those whose inputs the reference did not capture (torch exposes module outputs only)
+    upstream: Mapping[str, tuple[tuple[str, str], ...]]
 
 
 def explain(
@@ -119,7 +123,7 @@ def _plan(
     proto = load_proto(spec.path, load_external=False)
     with CaptureFile(ref_capture) as cap:
         held = cap.tensors()
-    shapes = {n: s for n, (_, s) in held.items()}
+    shapes = _shapes(builds, held)
     shapes.update({n: tuple(v.shape) for n, v in ctx.feeds.arrays.items() if isinstance(v, np.ndarray)})
     tensors = spec.tensor_order()
 
@@ -153,6 +157,7 @@ def _plan(
         if not n.startswith(SEVERED)
     }
     severed = sever(proto, available)
+    upstream = _upstream(proto, set(available))
     del proto
     spath = folder / "severed.onnx"
     write_rewritten(severed.proto, spec.path, spath)
@@ -182,7 +187,44 @@ def _plan(
         model = smodel if b.cls.executes_graph else own
         phase = PhaseSpec(_LOCAL_PHASE, tensors, 1, model=model)
         local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
-    return _Plan(floor_job, local_jobs, not_measured, reordered, extra, tuple(results))
+    return _Plan(floor_job, local_jobs, not_measured, reordered, extra, tuple(results), upstream)
+
+
+def _shapes(
+    builds: Mapping[str, Builds], held: Mapping[str, tuple[str, tuple[int, ...]]]
+) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape: the reference's, then any other live backend's per-layer capture
+    for the tensors the reference does not hold (the permuted model needs each reduction's)."""
+    shapes = {n: s for n, (_, s) in held.items()}
+    for b in builds.values():
+        layers = b.first.layers if b.ok and b.loaded is None else None
+        if layers is None:
+            continue
+        with CaptureFile(layers.capture) as cap:
+            for n, (_, s) in cap.tensors().items():
+                shapes.setdefault(n, s)
+    return shapes
+
+
+def _upstream(proto: onnx.ModelProto, available: set[str]) -> dict[str, tuple[tuple[str, str], ...]]:
+    """For each node output, the nodes above it its severed run computes too: up every input
+    the reference did not capture, to the inputs it did (or the model's inputs and weights)."""
+    producer = {o: n for n in proto.graph.node for o in n.output if o}
+    out: dict[str, tuple[tuple[str, str], ...]] = {}
+    for node in proto.graph.node:
+        seen: dict[str, tuple[str, str]] = {}
+        stack = [i for i in node.input if i in producer and i not in available]
+        while stack and len(seen) < 64:  # a long unexposed chain: its first 64 nodes
+            t = stack.pop()
+            if t in seen:
+                continue
+            up = producer[t]
+            seen[t] = (up.op_type, t)
+            stack += [i for i in up.input if i in producer and i not in available]
+        if seen:
+            for o in node.output:
+                out[o] = tuple(seen.values())
+    return out
 
 
 def _ref(spec: ModelSpec, path: Path, extra_inputs: tuple[str, ...]) -> ModelRef:
@@ -238,7 +280,7 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
         with CaptureFile(lp.capture) as a, CaptureFile(ref_capture) as b:
             produced = [t.name for t in spec.tensors if t.name in a and t.name in b]
             diffs = diff_captures(a, b, produced, ops)
-        local.append(find_origins(name, diffs, floors, modules, MARGIN, terms))
+        local.append(find_origins(name, diffs, floors, modules, MARGIN, terms, plan.upstream))
     local.sort(key=lambda x: plan.order.index(x.backend))
     ill = _ill_conditioned(spec, floors, ref_capture)
     return Explanation(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -152,16 +152,23 @@ def find_origins(
     modules: Mapping[str, str],
     margin: float,
     terms: Mapping[str, int] | None = None,
+    upstream: Mapping[str, Sequence[tuple[str, str]]] | None = None,
 ) -> LocalErrors:
     """Origins among `local` (each node's output, fed the reference's inputs, against the
-    reference's), in model order; `terms`: each reduction's number of terms."""
+    reference's), in model order; `terms`: each reduction's number of terms; `upstream`: for a
+    node whose inputs the reference did not capture, the nodes above it its run computed too
+    (op type, output): it is allowed the most any of them is."""
     origins = []
     worst: tuple[float, str] = (-1.0, "")
+    n_terms = terms or {}
     for d in local:
         t = value_name(d.name)
         if d.bitwise_equal:
             continue
-        allowed = _allowed(d, floors.get(t, 0.0), margin, (terms or {}).get(t, 0))
+        allowed = _allowed(d, floors.get(t, 0.0), margin, n_terms.get(t, 0))
+        for op, u in (upstream or {}).get(t, ()):
+            mine = replace(d, op_type=op)
+            allowed = max(allowed, _allowed(mine, floors.get(u, 0.0), margin, n_terms.get(u, 0)))
         module = modules.get(t, "")
         if d.scaled_ulp is None or not d.comparable or d.nan_mismatch or d.inf_mismatch or d.fill_mismatch:
             why = d.detail or (
