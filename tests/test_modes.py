@@ -305,3 +305,13 @@ def test_cli_modes_time_the_runs_and_reproduce(models: dict[str, Path], tmp_path
     )
     modes = data["cost_of_determinism"][0]["modes"]
     assert modes[1]["promises_held"] == ["run-to-run"] and modes[1]["latency_ratio"] > 0
+
+
+def test_the_cost_table_re_renders_from_the_json(moded: Any) -> None:
+    """`xbackend report` draws the same bytes from the JSON twin, latency included."""
+    from xbackend.report import from_json
+
+    again = from_json(to_json(moded))
+    assert again.backend("test-moded").latency == moded.backend("test-moded").latency
+    assert to_markdown(again, "rep") == to_markdown(moded, "rep")
+    assert to_json(again) == to_json(moded)
