@@ -358,7 +358,7 @@ def test_compare_goes_on_without_the_gpu_backends(models: dict[str, Path], tmp_p
     assert "| ort-cpu | ok | yes |" in text
     assert (
         "| ort-cuda | **unavailable**: " in text
-        and "| trt-pinned | **unavailable**: TensorRT is not installed" in text
+        and "| trt-pinned (promises build-to-build) | **unavailable**: TensorRT is not installed" in text
     )
 
 
