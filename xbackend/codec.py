@@ -42,7 +42,7 @@ def encode(obj: Any, times: bool = True) -> Any:
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)
             if not times and f.name in TIME_FIELDS:
-                v = () if isinstance(v, tuple) else None
+                v = f.default if f.default is not dataclasses.MISSING else v
             out[f.name] = encode(v, times)
         return out
     if isinstance(obj, float):
