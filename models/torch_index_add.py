@@ -1,7 +1,8 @@
 """Per-point features summed into a few cells with `index_add_`: on a GPU, atomic adds whose
 order changes from run to run unless torch's deterministic algorithms are on.
 
-Export: xbackend export torch models/torch_index_add.py:build --input x=2048,256 -o models/torch_index_add.onnx
+Export:
+    xbackend export torch models/torch_index_add.py:build --input x=2048,256 -o models/torch_index_add.onnx
 """
 
 from __future__ import annotations

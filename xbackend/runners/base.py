@@ -18,7 +18,7 @@ from xbackend.errors import BackendUnavailableError, RunnerFailedError, UsageErr
 from xbackend.modelref import ModelRef
 from xbackend.values import Value, normalize
 
-__all__ = ["Availability", "BuildFingerprint", "OptionSpec", "Runner"]
+__all__ = ["Availability", "BuildFingerprint", "OptionSpec", "Runner", "promised_if"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,11 @@ class OptionSpec:
         if self.kind is int and value < 0:
             raise UsageError(f"{runner} option {self.name} must be >= 0, got {value}")
         return value
+
+
+def promised_if(condition: object, *properties: str) -> frozenset[str]:
+    """`properties` when a mode's `condition` (its option) holds, else none."""
+    return frozenset(properties) if condition else frozenset()
 
 
 PYTHON_OPTION = OptionSpec(

@@ -23,7 +23,7 @@ from xbackend.buildinfo import OptLevelRow
 from xbackend.errors import BackendUnavailableError, ModelLoadError, RunnerFailedError
 from xbackend.metrics import diff_values
 from xbackend.modelref import ModelRef, model_file, read_model_bytes
-from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner, promised_if
 from xbackend.runners.ort_values import (
     from_ortvalue,
     map_value_dtype,
@@ -300,8 +300,7 @@ class OrtCpuRunner(Runner):
 
     @classmethod
     def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
-        own = frozenset({"run-to-run"}) if options.get("deterministic_compute") else frozenset()
-        return super().promises_for(options) | own
+        return super().promises_for(options) | promised_if(options.get("deterministic_compute"), "run-to-run")
 
     @classmethod
     def determinism_modes(cls) -> dict[str, dict[str, str]]:

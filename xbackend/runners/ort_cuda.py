@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from xbackend import gpu
 from xbackend.errors import RunnerFailedError
 from xbackend.model import ModelRef
-from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, promised_if
 from xbackend.runners.ort_cpu import OrtCpuRunner, ort_version
 
 __all__ = ["CONV_ALGO_SEARCH", "OrtCudaRunner", "cuda_provider_options", "preload_cuda_libraries"]
@@ -92,7 +92,7 @@ class OrtCudaRunner(OrtCpuRunner):
     @classmethod
     def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
         # pinned: the same algorithm in every session (cuDNN's default, or ORT-TRT's caches)
-        pinned = frozenset({"build-to-build"}) if options.get("autotune") == "pinned" else frozenset()
+        pinned = promised_if(options.get("autotune") == "pinned", "build-to-build")
         return super().promises_for(options) | pinned
 
     @classmethod

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from xbackend import gpu
 from xbackend.errors import RunnerFailedError
 from xbackend.model import ModelRef
-from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, promised_if
 from xbackend.runners.torch_eager import TorchRunner
 
 __all__ = ["CUBLAS_WORKSPACE", "TorchCudaRunner", "apply_switches", "cuda_switches", "read_switches"]
@@ -105,7 +105,7 @@ class TorchCudaRunner(TorchRunner):
     @classmethod
     def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
         # cudnn.deterministic: the same algorithm in every process, so every build computes alike
-        pinned = frozenset({"build-to-build"}) if options.get("autotune") == "pinned" else frozenset()
+        pinned = promised_if(options.get("autotune") == "pinned", "build-to-build")
         return super().promises_for(options) | pinned
 
     @classmethod

@@ -21,7 +21,7 @@ from onnx import numpy_helper
 from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedError
 from xbackend.metrics import is_float_dtype
 from xbackend.model import ModelRef, load_proto
-from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner, promised_if
 from xbackend.runners.ort_cpu import physical_cores
 from xbackend.sever import SEVERED
 from xbackend.torch_export import (
@@ -103,8 +103,7 @@ class TorchRunner(Runner):
 
     @classmethod
     def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
-        own = frozenset({"run-to-run"}) if options.get("deterministic") else frozenset()
-        return super().promises_for(options) | own
+        return super().promises_for(options) | promised_if(options.get("deterministic"), "run-to-run")
 
     @classmethod
     def determinism_modes(cls) -> dict[str, dict[str, str]]:
