@@ -251,3 +251,56 @@ def test_bad_options(models: dict[str, Path]) -> None:
         xbackend.compare(models["attention"], runner_options={"ort-cpu": {"opt_level": "max"}})
     with pytest.raises(UsageError, match="unknown compare option"):
         xbackend.compare(models["attention"], rusn=3)
+
+
+def test_reference_and_oracle_map_external_weights_and_compute_the_same(
+    tmp_path: Path, models: dict[str, Path]
+) -> None:
+    """The reference and the oracle read weights in external files (one file per weight here)
+    as read-only maps, the oracle's promoted to float64 into files of its own: the same bits as
+    the same model with its weights inline."""
+    inline = tmp_path / "inline" / "m.onnx"
+    ext = tmp_path / "ext" / "m.onnx"
+    for p in (inline, ext):
+        p.parent.mkdir()
+    proto = onnx.load(str(models["mlp_layernorm"]))
+    onnx.save(proto, str(inline))
+    onnx.save(proto, str(ext), save_as_external_data=True, all_tensors_to_one_file=False, size_threshold=0)
+    assert len(list(ext.parent.iterdir())) > 3  # a file per weight
+    got = {}
+    for p in (inline, ext):
+        r = xbackend.compare(p, backends=["reference", "oracle"], runs=1, probes="none", noise_samples=0)
+        assert r.backend("reference").ok and r.backend("oracle").ok, r.verdict()
+        got[p] = {b.name: b.digests() for b in r.backends}
+    assert got[inline] == got[ext]
+
+
+def test_map_external_maps_plain_weights_and_reads_the_rest(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    from xbackend.extdata import IN_MEMORY, map_external
+    from xbackend.model import load_proto
+
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    packed = helper.make_tensor("q", TensorProto.INT4, [4], bytes([0xE1, 0xC3]), raw=True)  # 1,-2,3,-4
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Identity", ["q"], ["z"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(w, "w"), packed],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(
+        helper.make_model(g), str(path), save_as_external_data=True, location="m.data", size_threshold=0
+    )
+    proto = load_proto(path, load_external=False)
+    assert all(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
+    weights = map_external(proto, path)
+    (key,) = weights
+    assert key.startswith(IN_MEMORY) and isinstance(weights[key], np.memmap)
+    assert not weights[key].flags.writeable and np.array_equal(weights[key], w)
+    by = {t.name: t for t in proto.graph.initializer}
+    assert [e.value for e in by["w"].external_data if e.key == "location"] == [key]
+    # 4-bit weights pack two to a byte: read into the proto as before
+    assert by["q"].data_location == TensorProto.DEFAULT and by["q"].raw_data == bytes([0xE1, 0xC3])

@@ -4,6 +4,7 @@ linking them beside rewritten models (never serializing them into one proto)."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +16,12 @@ from xbackend.atomic import write_atomic_bytes
 from xbackend.errors import ModelLoadError, first_line
 
 __all__ = [
+    "IN_MEMORY",
     "all_tensors",
     "check_external_files",
     "external_files",
     "load_external",
+    "map_external",
     "raw_size",
     "uses_external_data",
     "write_rewritten",
@@ -88,6 +91,64 @@ def load_external(proto: onnx.ModelProto, p: Path) -> None:
         raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
 
 
+IN_MEMORY = "#"  # an external location held in memory (onnx.model_container's convention)
+
+
+def map_external(proto: onnx.ModelProto, p: Path) -> dict[str, np.ndarray]:
+    """The main graph's external weights memory-mapped from their files, read-only: each
+    initializer's location becomes IN_MEMORY + its name, the key of its array in the dict
+    returned (an onnx ModelContainer's large initializers). Nothing is copied: pages are read
+    as the engine touches them, and the kernel can drop them again. Weights of other types
+    (packed 4-bit, strings) and those in subgraphs are read into the proto as load_external
+    does."""
+    if not uses_external_data(proto):
+        return {}
+    check_external_files(proto, p)
+    out: dict[str, np.ndarray] = {}
+    try:
+        mapped = set()
+        for t in proto.graph.initializer:
+            if t.data_location != TensorProto.EXTERNAL:
+                continue
+            arr = _mapped(t, p.parent)
+            if arr is None:
+                continue
+            key = f"{IN_MEMORY}{len(out)}:{t.name}"
+            out[key] = arr
+            del t.external_data[:]
+            t.external_data.add(key="location", value=key)
+            mapped.add(t.name)
+        for t in all_tensors(proto.graph):
+            if t.data_location == TensorProto.EXTERNAL and t.name not in mapped:
+                _read_external(t, p.parent)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
+    return out
+
+
+def _mapped(t: TensorProto, base: Path) -> np.ndarray | None:
+    """A read-only map of the tensor's bytes, or None for a type numpy cannot map one to one."""
+    if t.data_type in _PACKED or sys.byteorder != "little":  # ONNX's raw bytes are little-endian
+        return None
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if dtype.kind == "O":
+        return None
+    rel, offset, _ = _where(t)
+    _safe(t, rel)
+    shape = tuple(int(d) for d in t.dims)
+    if int(np.prod(shape, dtype=np.int64)) == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(base / rel, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def _safe(t: TensorProto, rel: str) -> None:
+    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise ValueError(f"tensor {t.name}: external data location {rel!r} is not a file beside the model")
+
+
 def _where(t: TensorProto) -> tuple[str, int, int | None]:
     """(file, offset, length or None for the rest of the file) of an external tensor."""
     info = {e.key: e.value for e in t.external_data}
@@ -98,8 +159,7 @@ def _where(t: TensorProto) -> tuple[str, int, int | None]:
 def _read_external(t: TensorProto, base: Path) -> None:
     """The tensor's bytes into raw_data (check_external_files has checked the file is whole)."""
     rel, offset, length = _where(t)
-    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise ValueError(f"tensor {t.name}: external data location {rel!r} is not a file beside the model")
+    _safe(t, rel)
     with open(base / rel, "rb") as f:
         f.seek(offset)
         data = f.read(length) if length is not None else f.read()

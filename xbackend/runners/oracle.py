@@ -8,18 +8,22 @@ correctly-rounded-as-far-as-float64-goes answer.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
 from xbackend.errors import BackendUnavailableError
+from xbackend.extdata import IN_MEMORY
 from xbackend.model import kind_of, np_dtype
 from xbackend.runners.reference import ReferenceRunner
 from xbackend.values import Value
 
-__all__ = ["PROMOTED", "OracleRunner", "promote_to_float64"]
+__all__ = ["PROMOTED", "OracleRunner", "promote_to_float64", "promote_weights"]
 
 PROMOTED = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 _DTYPE_ATTRS = frozenset({"to", "dtype", "output_dtype"})
@@ -41,12 +45,22 @@ def _value_infos(g: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
     yield from g.value_info
 
 
+def _in_memory(t: TensorProto) -> bool:
+    """An initializer whose bytes are a mapped array beside the proto (xbackend.extdata)."""
+    return t.data_location == TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value.startswith(IN_MEMORY) for e in t.external_data
+    )
+
+
 def _promote_graph(g: onnx.GraphProto) -> None:
     for vi in _value_infos(g):
         tt = vi.type.tensor_type
         if vi.type.HasField("tensor_type") and tt.elem_type in PROMOTED:
             tt.elem_type = TensorProto.DOUBLE
-    promoted = [_promote_tensor(t) for t in g.initializer]
+    for t in g.initializer:
+        if _in_memory(t) and t.data_type in PROMOTED:  # its array: promote_weights
+            t.data_type = TensorProto.DOUBLE
+    promoted = [t if _in_memory(t) else _promote_tensor(t) for t in g.initializer]
     del g.initializer[:]
     g.initializer.extend(promoted)
     for node in g.node:
@@ -61,8 +75,36 @@ def _promote_graph(g: onnx.GraphProto) -> None:
                 _promote_graph(sub)
 
 
+# float64 weights are written this many elements at a time: one weight is never held twice
+_CHUNK = 1 << 22
+
+
+def promote_weights(weights: Mapping[str, np.ndarray], folder: Path) -> dict[str, np.ndarray]:
+    """The mapped floating-point weights (xbackend.extdata.map_external) promoted to float64,
+    one at a time, each into a file of its own in `folder`, mapped back read-only (their
+    initializers say DOUBLE once promote_to_float64 ran). A model past protobuf's 2 GiB stays
+    so: the proto never holds a weight."""
+    out = dict(weights)
+    for k, (key, src) in enumerate(weights.items()):
+        if str(src.dtype) not in _PROMOTED_NP:
+            continue
+        path = folder / f"{k}.f64"
+        if src.size == 0:
+            out[key] = np.zeros(src.shape, np.float64)
+        else:
+            dst = np.memmap(path, dtype=np.float64, mode="w+", shape=src.shape)
+            flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
+            for i in range(0, flat_src.size, _CHUNK):
+                flat_dst[i : i + _CHUNK] = flat_src[i : i + _CHUNK]
+            dst.flush()
+            del dst, flat_dst
+            out[key] = np.memmap(path, dtype=np.float64, mode="r", shape=src.shape)
+    return out
+
+
 def promote_to_float64(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """A float64 copy of the model; BackendUnavailableError naming the op that cannot take doubles."""
+    """A float64 copy of the model (mapped weights stay where they are: see promote_weights);
+    BackendUnavailableError naming the op that cannot take doubles."""
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     del out.graph.value_info[:]  # stale fp32 types; re-inferred below
@@ -114,10 +156,21 @@ class OracleRunner(ReferenceRunner):
         self._dtypes: dict[str, str] = {}
         self._assumed: set[str] = set()
         self._narrow: set[str] = set()  # float tensors the evaluator computed below float64
+        self._folder = ""  # the float64 weights' files
 
-    def transform(self, proto: onnx.ModelProto) -> onnx.ModelProto:
+    def transform(
+        self, proto: onnx.ModelProto, weights: dict[str, np.ndarray]
+    ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         self._dtypes = original_dtypes(proto)
-        return promote_to_float64(proto)
+        self._folder = tempfile.mkdtemp(prefix="xbackend-oracle-")
+        promoted = promote_to_float64(proto)
+        return promoted, promote_weights(weights, Path(self._folder))
+
+    def close(self) -> None:
+        super().close()
+        if self._folder:
+            shutil.rmtree(self._folder, ignore_errors=True)  # mapped files stay readable until unmapped
+            self._folder = ""
 
     def widen(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         return {k: _widen(v) for k, v in feeds.items()}

@@ -11,12 +11,14 @@ import importlib.metadata
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
+from xbackend.extdata import map_external
 from xbackend.model import ModelRef, load_proto
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.mlops import ml_ops
@@ -58,20 +60,30 @@ class ReferenceRunner(Runner):
         return {var: str(max(1, int(options["threads"]))) for var in BLAS_THREAD_VARS}
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        from onnx.model_container import ModelContainer  # engine: onnx's reference evaluator
         from onnx.reference import ReferenceEvaluator  # engine: onnx's reference evaluator
 
-        proto = self.transform(load_proto(model.path))
+        proto = load_proto(model.path, load_external=False)
+        # weights mapped from their files, not copied into the proto and again into numpy
+        weights = map_external(proto, Path(model.path))
+        proto, weights = self.transform(proto, weights)
         self._tensor_seqs = {o.name for o in proto.graph.output if _sequence_of_tensors(o.type)}
+        container = ModelContainer()
+        container.model_proto = proto
+        container.set_large_initializers(weights)
         try:
-            self._evaluator = ReferenceEvaluator(proto, new_ops=ml_ops())
+            self._evaluator = ReferenceEvaluator(container, new_ops=ml_ops())
         except Exception as e:
             raise BackendUnavailableError(f"the reference evaluator cannot load the model: {_msg(e)}") from e
         _name_failing_nodes(self._evaluator)
         return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
 
-    def transform(self, proto: onnx.ModelProto) -> onnx.ModelProto:
-        """The model the evaluator runs (the oracle promotes it to float64)."""
-        return proto
+    def transform(
+        self, proto: onnx.ModelProto, weights: dict[str, np.ndarray]
+    ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+        """The model the evaluator runs and its mapped weights (the oracle promotes both to
+        float64)."""
+        return proto, weights
 
     def widen(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         """Feeds as the transformed model takes them."""
