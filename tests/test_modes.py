@@ -164,6 +164,8 @@ def test_a_mode_that_breaks_its_promise_fails_and_the_cost_table_says_so(moded: 
     for b in r.backends:
         assert b.latency is not None and b.latency.runs == 2 * 4
         assert b.latency.min_ms <= b.latency.median_ms <= b.latency.max_ms
+        # a worker imports numpy and onnx: tens of MiB at least, and far below this machine's memory
+        assert 20 * 2**20 < b.peak_rss_bytes < 8 * 2**30
     (fam,) = r.cost_of_determinism()
     rows = {m.backend: m for m in fam.rows}
     assert (
@@ -181,11 +183,13 @@ def test_a_mode_that_breaks_its_promise_fails_and_the_cost_table_says_so(moded: 
         in md
     )
     assert "![Cost of determinism: test-moded](rep.cost-test-moded.png)" in md
-    assert "| latency (median) |" in md  # the backend table's column, times being asked for
+    assert "| latency (median) | peak memory |" in md  # the backend table's columns, times being asked for
+    assert " MiB |" in md
 
     js = json.loads(to_json(r))
     lat = js["backends"][0]["latency"]
     assert set(lat) == {"median_ms", "min_ms", "max_ms", "runs", "tensors_exposed"} and lat["runs"] == 8
+    assert js["backends"][0]["peak_rss_bytes"] == r.backends[0].peak_rss_bytes
     modes = js["cost_of_determinism"][0]["modes"]
     assert [m["backend"] for m in modes] == ["test-moded", "test-moded@det", "test-moded@hollow"]
     assert modes[2]["promises_broken"] == ["run-to-run"] and modes[0]["latency_ratio"] == 1.0
@@ -196,11 +200,11 @@ def test_reports_leave_latency_out_unless_asked(moded: Any) -> None:
 
     quiet = replace(moded, options=replace(moded.options, timed_runs=0, timings=False))
     js = json.loads(to_json(quiet))
-    assert all(b["latency"] is None for b in js["backends"])
+    assert all(b["latency"] is None and b["peak_rss_bytes"] is None for b in js["backends"])
     assert all(m["latency"] is None for m in js["cost_of_determinism"][0]["modes"])
     assert "latency" not in json.dumps(js["result"]["backends"][0]).replace('"latency": null', "")
     md = to_markdown(quiet, "rep")
-    assert "| latency (median) |" not in md and "pass `--timed-runs N` or `--timings`" in md
+    assert "| latency (median) |" not in md and "pass `--timed-runs N` or `--timings` for them" in md
     assert "cost-test-moded.png" not in md  # no figure without times
 
 

@@ -156,6 +156,7 @@ class WorkerResult:
     info: tuple[tuple[str, str], ...] = ()
     opt_levels: tuple[OptLevelRow, ...] = field(default=())
     phase_errors: tuple[tuple[str, str], ...] = ()  # later phases that failed after the first ran
+    peak_rss_bytes: int = 0  # the worker process's peak resident memory (0: not measurable here)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -172,6 +173,7 @@ class WorkerResult:
             tuple(map(tuple, d["info"])),
             tuple(OptLevelRow.from_dict(r) for r in d["opt_levels"]),
             tuple(map(tuple, d["phase_errors"])),
+            int(d.get("peak_rss_bytes", 0)),
         )
 
     def phase(self, name: str) -> PhaseResult | None:

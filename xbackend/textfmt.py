@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from xbackend.values import value_name
 
-__all__ = ["cell", "fold", "module_note", "num", "short", "table", "with_module", "yes"]
+__all__ = ["cell", "fold", "gib", "module_note", "num", "short", "table", "with_module", "yes"]
 
 
 def num(x: float | int | None) -> str:
@@ -41,6 +41,11 @@ def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return [*out, ""]
+
+
+def gib(n: int) -> str:
+    """Bytes as GiB (MiB below one GiB), three significant digits."""
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
 
 
 def yes(b: bool | None) -> str:

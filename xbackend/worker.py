@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from xbackend.capture import capture_sha256, save_capture
 from xbackend.errors import BackendUnavailableError, XbackendError
@@ -189,6 +190,16 @@ def execute(job: WorkerJob) -> WorkerResult:
                 runner.close()
 
 
+def peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes; 0 where the OS does not say."""
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return 0
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux counts KiB, macOS bytes
+
+
 def _die_with_parent() -> None:
     """A worker outlives nothing: when the process that started it dies (a sweep job killed at its
     timeout, a lost Ray worker), the kernel kills it too (Linux; elsewhere it ends at its pipe)."""
@@ -216,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in args:
         with open(path) as f:
             job = WorkerJob.from_json(f.read())
-        result = execute(job)
+        result = replace(execute(job), peak_rss_bytes=peak_rss())
         _write(job.result, result.to_json())
         print(f"{PROGRESS_TAG} job", flush=True)
         code = code or (0 if result.status == "ok" else 1)

@@ -198,8 +198,8 @@ Timings = Annotated[
     bool,
     typer.Option(
         "--timings",
-        help="put each build's wall time in the reports (off by default: times would make the reports of "
-        "two identical comparisons differ)",
+        help="put wall times, latency and each backend's peak memory in the reports (off by default: they "
+        "would make the reports of two identical comparisons differ)",
     ),
 ]
 Loads = Annotated[

@@ -82,6 +82,7 @@ def _ran(
         layer_digests=_digests(first.layers),
         promises=promised(b.planned.name, b.planned.options),
         latency=latency(b),
+        peak_rss_bytes=max(o.result.peak_rss_bytes for o in b.outcomes),
     )
 
 

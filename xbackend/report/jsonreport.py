@@ -43,6 +43,7 @@ def _tensor(d: TensorDiff, modules: dict[str, str] | None = None) -> dict[str, A
 def _backend(b: BackendResult, times: bool) -> dict[str, Any]:
     return {
         "latency": b.latency.to_json() if times and b.latency else None,
+        "peak_rss_bytes": b.peak_rss_bytes if times and b.peak_rss_bytes else None,
         "name": b.name,
         "status": b.status,
         "reason": b.reason,

@@ -26,7 +26,7 @@ from xbackend.report.sections import (
     timings_section,
 )
 from xbackend.results import Result
-from xbackend.textfmt import fold, module_note
+from xbackend.textfmt import fold, gib, module_note
 from xbackend.textfmt import num as _num
 from xbackend.textfmt import table as _table
 from xbackend.textfmt import yes as _yes
@@ -160,7 +160,11 @@ def _backend_rows(r: Result) -> list[list[object]]:
         notes = [f"precision {dict(b.info)['precision']}"] if "precision" in dict(b.info) else []
         notes += [f"promises {', '.join(b.promises)}"] if b.promises else []
         name = f"{b.name} ({'; '.join(notes)})" if notes else b.name
-        lat = ([b.latency.words() if b.latency else "–"]) if r.options.shows_times else []
+        lat = (
+            [b.latency.words() if b.latency else "–", gib(b.peak_rss_bytes) if b.peak_rss_bytes else "–"]
+            if r.options.shows_times
+            else []
+        )
         rows.append([name, status, det, runs, distinct, *lat, *vs, *([drift] if r.baseline else [])])
     return rows
 
@@ -184,7 +188,7 @@ def _backends(r: Result) -> list[str]:
         "deterministic",
         "runs x builds",
         "distinct outputs",
-        *(["latency (median)"] if r.options.shows_times else []),
+        *(["latency (median)", "peak memory"] if r.options.shows_times else []),
         f"bitwise = {r.reference_used}",
         "max ULP (outputs)",
         "scaled ULP (outputs)",
@@ -195,7 +199,11 @@ def _backends(r: Result) -> list[str]:
     hidden = (
         []
         if r.options.shows_times
-        else ["Latency is left out (times differ between identical runs): pass `--timed-runs N` for it.", ""]
+        else [
+            "Latency and peak memory are left out (they differ between identical runs): pass "
+            "`--timed-runs N` or `--timings` for them.",
+            "",
+        ]
     )
     return ["## Backends", "", *_table(header, _backend_rows(r)), *hidden]
 

@@ -106,6 +106,8 @@ class BackendResult:
     promises: tuple[str, ...] = ()  # what the runner promises: its hardware's and its modes'
     # one inference's wall time (left out of reports unless times are asked for: byte-stable)
     latency: Latency | None = field(default=None, compare=False)
+    # the largest peak resident memory of its build processes (reported with the times)
+    peak_rss_bytes: int = field(default=0, compare=False)
 
     @property
     def ok(self) -> bool:
