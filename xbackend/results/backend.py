@@ -64,7 +64,8 @@ class Latency:
         }
 
     def words(self) -> str:
-        return f"{_ms(self.median_ms)} ms (min {_ms(self.min_ms)}, max {_ms(self.max_ms)}; {self.runs} runs)"
+        runs = f"{self.runs} run{'s' if self.runs != 1 else ''}"
+        return f"{_ms(self.median_ms)} ms (min {_ms(self.min_ms)}, max {_ms(self.max_ms)}; {runs})"
 
 
 def _ms(x: float) -> str:
