@@ -18,6 +18,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+try:
+    import resource as _resource  # POSIX only
+except ImportError:  # Windows: no peak memory to report
+    _resource = None  # type: ignore[assignment]
+
 from xbackend.capture import capture_sha256, save_capture
 from xbackend.errors import BackendUnavailableError, XbackendError
 from xbackend.metrics import TensorDiff, diff_values, keep_worse
@@ -192,11 +197,9 @@ def execute(job: WorkerJob) -> WorkerResult:
 
 def peak_rss() -> int:
     """This process's peak resident memory so far, in bytes; 0 where the OS does not say."""
-    try:
-        import resource  # POSIX only
-    except ImportError:
+    if _resource is None:
         return 0
-    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    peak = int(_resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss)
     return peak if sys.platform == "darwin" else peak * 1024  # Linux counts KiB, macOS bytes
 
 
