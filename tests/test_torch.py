@@ -51,6 +51,31 @@ def test_export_records_its_source(exported: Path) -> None:
     assert len(mapped) == 30
 
 
+def test_export_past_the_proto_limit_keeps_weights_external(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Weights past 2 GiB: torch saves them as external data; the export moves that file beside
+    the output by rename and never serializes the weights into one proto. The size at which torch
+    switches is lowered here so that a small module takes the same path."""
+    import torch.onnx._internal.exporter._onnx_program as program
+
+    from xbackend.torch_export import InputDecl, export_torch
+
+    monkeypatch.setattr(program, "_LARGE_MODEL_THRESHOLD", 0)
+    out = tmp_path / "big" / "mlp.onnx"
+    export_torch(SPEC, [InputDecl.parse("x=1,16,64")], out, output_names=["y"])
+    assert sorted(p.name for p in out.parent.iterdir()) == ["mlp.onnx", "mlp.onnx.data"]
+    proto = onnx.load(str(out), load_external_data=False)
+    external = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert len(external) == 18  # per block: both (transposed) weights and fc1's bias; the rest stays inline
+    assert {e.value for t in external for e in t.external_data if e.key == "location"} == {"mlp.onnx.data"}
+    assert out.stat().st_size < 100_000
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert len(json.loads(meta["xbackend.torch.module_outputs"])) == 30  # verified as the inline export
+    r = xbackend.compare(out, backends=["ort-cpu", "reference"], runs=1)
+    assert r.backend("ort-cpu").ok and r.backend("reference").ok
+
+
 def test_bundled_model_runs_on_every_cpu_engine() -> None:
     r = xbackend.compare(
         ROOT / "models" / "torch_mlp.onnx",

@@ -17,6 +17,7 @@ from xbackend.errors import ModelLoadError, first_line
 
 __all__ = [
     "IN_MEMORY",
+    "adopt_external",
     "all_tensors",
     "check_external_files",
     "external_files",
@@ -66,6 +67,20 @@ def _link_external(proto: onnx.ModelProto, src: Path, dest: Path) -> None:
                 os.link(target, link)
             except OSError:
                 link.symlink_to(target)
+
+
+def adopt_external(proto: onnx.ModelProto, src: Path, out: Path) -> None:
+    """Move the external data files `proto` names, from folder `src` (on `out`'s file system)
+    to sit beside `out` named after it (`out.onnx.data`, or `.data0`, `.data1`... for several),
+    and point the proto at them."""
+    files = external_files(proto)
+    names = {rel: f"{out.name}.data" + (str(k) if len(files) > 1 else "") for k, rel in enumerate(files)}
+    for rel, new in names.items():
+        os.replace(src / rel, out.parent / new)
+    for t in all_tensors(proto.graph):
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = names[e.value]
 
 
 def write_rewritten(proto: onnx.ModelProto, source: str | os.PathLike[str], path: Path) -> None:

@@ -33,8 +33,9 @@ import onnx.numpy_helper
 from xbackend.atomic import write_atomic_bytes
 from xbackend.errors import ExportError, XbackendError, first_line
 from xbackend.export_inputs import InputDecl, parse_dynamic, read_examples, with_data
+from xbackend.extdata import adopt_external, uses_external_data
 from xbackend.metrics import is_float_dtype
-from xbackend.model import ModelRef
+from xbackend.model import ModelRef, load_proto
 from xbackend.runners.ort_cpu import OrtCpuRunner
 from xbackend.runners.reference import ReferenceRunner
 
@@ -285,7 +286,7 @@ def _hooked_outputs(module: Any, names: set[str], args: tuple[Any, ...]) -> dict
 
 def _verify(
     path: Path,
-    ir_version: int,
+    proto: onnx.ModelProto,
     candidates: dict[str, str],
     module: Any,
     inputs: Sequence[InputDecl],
@@ -300,7 +301,9 @@ def _verify(
         return {}
     args = tuple(to_tensor(examples[i.name]) for i in inputs)
     eager = _hooked_outputs(module, set(candidates), args)
-    ref = ModelRef(str(path), ir_version, tuple(i.name for i in inputs), tuple(outputs), False)
+    ref = ModelRef(
+        str(path), proto.ir_version, tuple(i.name for i in inputs), tuple(outputs), uses_external_data(proto)
+    )
     onnx_vals: Mapping[str, Any] = {}
     for runner in (OrtCpuRunner({"threads": "1"}), ReferenceRunner()):
         try:
@@ -386,7 +389,8 @@ def _run_resized(
     runner = OrtCpuRunner({"threads": "1"})
     outputs = tuple(o.name for o in proto.graph.output)
     try:
-        runner.prepare(ModelRef(str(path), proto.ir_version, tuple(feeds), outputs, False), outputs)
+        ref = ModelRef(str(path), proto.ir_version, tuple(feeds), outputs, uses_external_data(proto))
+        runner.prepare(ref, outputs)
         runner.run(feeds)
     except Exception as e:
         axes = ", ".join(f"{n}={a}:{d}" for n, ax in dynamic.items() for a, d in ax.items())
@@ -493,24 +497,30 @@ def export_torch(
                 f"torch.onnx.export failed for {spec!r}{hint}: {type(e).__name__}: {text}"
             ) from e
     candidates = _scope_outputs(program)
-    with tempfile.TemporaryDirectory(prefix="xbackend-export-") as tmp:
+    stored = _stored_spec(spec, out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    # Beside the output, so that weights past 2 GiB (saved by torch as external data, since one
+    # proto cannot hold them) move into place by rename, never through memory.
+    with tempfile.TemporaryDirectory(prefix=".xbackend-export-", dir=out_path.parent) as tmp:
         raw = Path(tmp) / "model.onnx"
-        program.save(str(raw), external_data=False)
-        proto = onnx.load(str(raw))
+        program.save(str(raw))
+        proto = load_proto(raw, load_external=False)
         outputs = tuple(o.name for o in proto.graph.output)
         _check_dynamic(proto, raw, dynamic or {}, inputs, seed, ranges, examples)
         candidates = {m: t for m, t in candidates.items() if t not in outputs}
-        mapped = _verify(raw, proto.ir_version, candidates, module, inputs, examples, outputs)
-    stored = _stored_spec(spec, out_path)
-    meta = {
-        META_SOURCE: "torch",
-        META_MODULE: stored,
-        META_TORCH_VERSION: str(torch.__version__),
-        META_INPUTS: json.dumps([{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in inputs]),
-        META_MODULE_OUTPUTS: json.dumps(mapped, sort_keys=True),
-    }
-    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **meta})
-    write_atomic_bytes(out_path, proto.SerializeToString())
+        mapped = _verify(raw, proto, candidates, module, inputs, examples, outputs)
+        meta = {
+            META_SOURCE: "torch",
+            META_MODULE: stored,
+            META_TORCH_VERSION: str(torch.__version__),
+            META_INPUTS: json.dumps(
+                [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in inputs]
+            ),
+            META_MODULE_OUTPUTS: json.dumps(mapped, sort_keys=True),
+        }
+        onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **meta})
+        adopt_external(proto, Path(tmp), out_path)
+        write_atomic_bytes(out_path, proto.SerializeToString())
     return ExportResult(str(out_path), stored, str(torch.__version__), opset, tuple(inputs), outputs, mapped)
 
 
