@@ -154,6 +154,9 @@ class ModelSpec:
     external_data: bool
     metadata: tuple[tuple[str, str], ...]
     index_bounds: tuple[tuple[str, int], ...] = ()  # input -> rows of the table it indexes (Gather)
+    # --tensors: the names exposed (None: every tensor) and the selection that chose them
+    exposed: tuple[str, ...] | None = None
+    selection: str = "all"
 
     @classmethod
     def from_proto(cls, proto: onnx.ModelProto, path: str, sha256: str) -> ModelSpec:
@@ -202,11 +205,15 @@ class ModelSpec:
         """Tensor name -> source module path, from the exporter's node scopes and xbackend's
         verified export map (which wins where both name one)."""
         out = {t.name: t.module for t in self.tensors if t.module}
-        recorded = dict(self.metadata).get("xbackend.torch.module_outputs")
-        if recorded:
-            with contextlib.suppress(ValueError, AttributeError):
-                out.update({t: m for m, t in json.loads(recorded).items()})
+        out.update({t: m for m, t in self.verified_modules().items()})
         return out
+
+    def verified_modules(self) -> dict[str, str]:
+        """Module path -> the tensor `xbackend export torch` verified as its output."""
+        recorded = dict(self.metadata).get("xbackend.torch.module_outputs")
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            return {str(m): str(t) for m, t in json.loads(recorded or "{}").items()}
+        return {}
 
     def data_dependent(self, sources: Iterator[str] | tuple[str, ...] | list[str]) -> set[str]:
         """Node outputs whose values depend on the values of `sources` (inputs), not only on
@@ -221,10 +228,17 @@ class ModelSpec:
         return tainted
 
     def tensor_order(self, outputs_only: bool = False) -> tuple[str, ...]:
-        """Names to capture, in topological order; graph outputs last if not produced by a node."""
+        """Names to capture (those --tensors selected), in topological order; graph outputs last
+        if not produced by a node."""
         if outputs_only:
             order = {t.name: t.index for t in self.tensors}
             return tuple(sorted(self.output_names, key=lambda n: order.get(n, len(order))))
+        if self.exposed is not None:
+            return self.exposed
+        return self.all_tensors()
+
+    def all_tensors(self) -> tuple[str, ...]:
+        """Every tensor, in topological order, whatever --tensors selected."""
         names = [t.name for t in self.tensors]
         seen = set(names)
         return tuple(names + [n for n in self.output_names if n not in seen])

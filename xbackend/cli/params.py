@@ -91,6 +91,15 @@ Ranges = Annotated[
     ),
 ]
 OutputsOnly = Annotated[bool, typer.Option("--outputs-only", help="compare graph outputs only")]
+Tensors = Annotated[
+    str,
+    typer.Option(
+        "--tensors",
+        metavar="all|modules|outputs|GLOB",
+        help="tensors to expose: every one; module boundaries (the module map); graph outputs; or "
+        "globs over module paths or tensor names, e.g. 'm.transformer.h.3.*' (graph outputs always)",
+    ),
+]
 Timeout = Annotated[float, typer.Option(help="seconds per backend build")]
 Sets = Annotated[
     list[str] | None,

@@ -39,6 +39,7 @@ from xbackend.probes.registry import PROBES, select_probes
 from xbackend.progress import NullProgress, ProgressSink
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, FailedProbe, ProbeResult, Result
 from xbackend.results.explanation import Explanation
+from xbackend.selection import with_selection
 
 __all__ = ["ORACLE", "compare", "compare_with_options"]
 
@@ -62,6 +63,7 @@ def compare_with_options(
     """`capture_to`: write the first backend's portable capture to this folder (xbackend capture)."""
     wanted = select_probes(opts.probes, opts.batch_invariance)  # unknown names: UsageError, first
     spec, proto = load_model(model)
+    spec = with_selection(spec, opts.tensors)
     loaded = load_captures(spec, opts)
     feeds, expected = feeds_for(spec, opts, loaded)
     opts = with_expected(opts, expected)

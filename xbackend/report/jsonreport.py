@@ -192,6 +192,7 @@ def to_dict(r: Result) -> dict[str, Any]:
                 "modules": modules,
                 "outputs": [asdict(o) for o in m.outputs],
                 "tensors": len(m.tensors),
+                "exposed": len(m.tensor_order(r.options.outputs_only)),
                 "metadata": dict(m.metadata),
             },
             "inputs": {
@@ -210,6 +211,7 @@ def to_dict(r: Result) -> dict[str, Any]:
                 "builds": r.options.builds,
                 "max_ulp": r.options.tolerance_text if r.options.max_ulp is None else r.options.max_ulp,
                 "outputs_only": r.options.outputs_only,
+                "tensors": r.options.tensors,
                 "probes": list(r.probes_ran),
                 "batch_invariance": r.options.batch_invariance,
                 "timeout_s": r.options.timeout,

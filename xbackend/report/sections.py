@@ -211,7 +211,7 @@ def options_section(r: Result) -> list[str]:
         )
         + f". Runs per build: {o.runs}. Builds (fresh processes): "
         f"{o.builds}. Tolerance: {o.tolerance_text} scaled ULP. Compared: "
-        f"{'graph outputs only' if o.outputs_only else 'every node output'}. Timeout: {o.timeout:g} s "
+        f"{_compared(r)}. Timeout: {o.timeout:g} s "
         "per build.",
         "",
     ]
@@ -298,3 +298,16 @@ def environment_section(r: Result) -> list[str]:
 
 def metrics_section() -> list[str]:
     return ["## Metrics", "", *[f"- **{k}**: {v}." for k, v in METRIC_DEFINITIONS], ""]
+
+
+def _compared(r: Result) -> str:
+    """What was exposed: every node output, graph outputs, or what --tensors selected."""
+    if r.options.outputs_only:
+        return "graph outputs only"
+    if r.model.exposed is None:
+        return "every node output"
+    what = "module boundaries" if r.model.selection == "modules" else f"tensors matching {r.model.selection}"
+    return (
+        f"{what} (--tensors), {len(r.model.exposed)} of {len(r.model.all_tensors())} tensors, "
+        "graph outputs among them"
+    )

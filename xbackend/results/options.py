@@ -82,6 +82,7 @@ class CompareOptions:
     fail_on: tuple[str, ...] = ()  # --fail-on policies (xbackend.gating); () keeps the default gate
     noise_samples: int = 8  # K random orders of every reduction for the noise floor; 0: none
     timed_runs: int = 0  # more runs of the model users ship, timed (and compared) like the others
+    tensors: str = "all"  # --tensors: all | modules | outputs | GLOB[,GLOB] over module paths or names
 
     @property
     def shows_times(self) -> bool:
@@ -139,6 +140,12 @@ class CompareOptions:
                 kw[k] = str(kw[k])
         if isinstance(kw.get("ranges"), Mapping):
             kw["ranges"] = tuple((k, float(lo), float(hi)) for k, (lo, hi) in kw["ranges"].items())
+        if kw.get("tensors") is not None:
+            kw["tensors"] = str(kw["tensors"]).strip() or "all"
+            if kw["tensors"] == "outputs":
+                kw["outputs_only"] = True
+        else:
+            kw.pop("tensors", None)
         opts = cls(**kw)
         opts.validate()
         return opts.with_reference()
@@ -248,6 +255,8 @@ class CompareOptions:
             parts += ["--set", f"{b}.{k}={v}"]
         if self.outputs_only:
             parts.append("--outputs-only")
+        elif self.tensors != "all":
+            parts += ["--tensors", self.tensors]
         if self.probes is not None:
             parts += ["--probes", ",".join(self.probes) or "none"]
         if self.batch_invariance:

@@ -1,0 +1,183 @@
+"""Time and peak memory against model size and sequence length, on GPT-2-style models.
+
+Exports random-init GPT-2 language models (transformers, seed 0, `xbackend export torch` with a
+dynamic sequence axis; weights past 2 GiB go to external data) and measures, in one run of this
+script, wall time and peak memory (the largest sum of RSS over each command's process tree,
+sampled every 10 ms) of:
+
+  floor       a plain script: ONNX Runtime with every tensor exposed, run twice, compared
+              with numpy.array_equal (this file with --floor)
+  ort-cpu     xbackend compare M --backends ort-cpu --runs 2 --probes none (per layer)
+  reference   the same with --backends reference (onnx's evaluator)
+  oracle      the same with --backends oracle (float64)
+  polygraphy  polygraphy run M --onnxrt --onnxrt --onnx-outputs '*' (where it runs at all)
+
+Two sweeps: sequence length (64/256/1024) at GPT-2 small (12 layers, width 768), and model
+size (2/12 layers at width 768, and GPT-2 large: 36 layers, width 1280, 3.1 GB) at sequence 64.
+Each backend's own peak (`backends[].peak_rss_bytes`, measured in its worker) is printed
+beside the whole run's. Targets (issue 28): ort-cpu per layer at T=1024 <= 1.5x the floor;
+each backend within 1.3x its weights + one run's activations + 1 GiB.
+
+Usage: python benchmarks/scale.py [--seqs 64,256,1024] [--sizes 2,12,36] [--backends ...]
+                                  [--skip-polygraphy] [--workdir DIR] [--table FILE.md]
+       python benchmarks/scale.py --floor MODEL --seq T [--runs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vs_polygraphy import measure, tool
+
+SIZES = {2: (2, 768, 12), 12: (12, 768, 12), 36: (36, 1280, 20)}  # layers: (layers, width, heads)
+
+FACTORY = """
+import torch, transformers
+
+class LM(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids):
+        return self.m(input_ids=input_ids, use_cache=False).logits
+
+def build():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer={layers}, n_embd={width}, n_head={heads}, n_positions=1024, attn_implementation="eager"
+    )
+    return LM(transformers.GPT2LMHeadModel(cfg).eval())
+"""
+
+
+def floor(model: str, seq: int, runs: int) -> int:
+    """What a user would write: expose every node output, run, compare with array_equal. The
+    model is rewritten beside the original so that its external data stays where it is."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    m = onnx.load(model, load_external_data=False)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(
+        onnx.ValueInfoProto(name=o) for n in m.graph.node for o in n.output if o and o not in have
+    )
+    exposed = str(Path(model).with_suffix(".floor.onnx"))
+    with open(exposed, "wb") as f:
+        f.write(m.SerializeToString())
+    del m
+    try:
+        sess = ort.InferenceSession(exposed, providers=["CPUExecutionProvider"])
+    finally:
+        os.unlink(exposed)
+    names = [o.name for o in sess.get_outputs()]
+    ids = np.random.default_rng(0).integers(0, 50257, (1, seq), dtype=np.int64)
+    first = sess.run(names, {"input_ids": ids})
+    same = True
+    for _ in range(runs - 1):
+        again = sess.run(names, {"input_ids": ids})
+        same = same and all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+        del again
+    return 0 if same else 1
+
+
+def export(workdir: Path, layers: int) -> tuple[Path, int]:
+    """The GPT-2-style model with `layers` layers (cached in workdir) and its weight bytes."""
+    n, width, heads = SIZES[layers]
+    model = workdir / f"gpt2-{n}x{width}" / "model.onnx"
+    if not model.exists():
+        model.parent.mkdir(parents=True, exist_ok=True)
+        factory = model.parent / "factory.py"
+        factory.write_text(FACTORY.format(layers=n, width=width, heads=heads))
+        t = time.perf_counter()
+        subprocess.run(
+            [tool("xbackend"), "export", "torch", f"{factory}:build", "-o", str(model),
+             "--input", "input_ids=1,8:int64", "--range", "input_ids=0:50257",
+             "--dynamic", "input_ids=1:sequence"],
+            check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        print(f"  (exported {model.parent.name} in {time.perf_counter() - t:.0f} s)", flush=True)
+    weights = sum(p.stat().st_size for p in model.parent.iterdir() if p.name != "factory.py")
+    return model, weights
+
+
+def xbackend_row(model: Path, seq: int, backend: str, tmp: Path) -> tuple[float, int, int, int]:
+    """(wall s, whole-run peak, the backend's own peak, exit code) of one per-layer compare."""
+    js = tmp / "r.json"
+    cmd = [
+        tool("xbackend"), "compare", str(model), "--backends", backend, "--runs", "2",
+        "--probes", "none", "--shape", f"sequence={seq}", "--range", "input_ids=0:50257",
+        "--timings", "--no-progress", "--json", str(js),
+    ]  # fmt: skip
+    wall, peak, code = measure(cmd)
+    own = 0
+    if js.exists():
+        for b in json.loads(js.read_text()).get("backends", []):
+            own = max(own, int(b.get("peak_rss_bytes") or 0))
+        js.unlink()
+    return wall, peak, own, code
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seqs", default="64,256,1024", help="sequence lengths at 12 layers")
+    ap.add_argument("--sizes", default="2,12,36", help="layer counts at sequence 64 (of 2, 12, 36)")
+    ap.add_argument("--backends", default="ort-cpu,reference,oracle")
+    ap.add_argument("--skip-polygraphy", action="store_true")
+    ap.add_argument("--workdir", help="where exported models are kept between runs (default: a temp dir)")
+    ap.add_argument("--table", help="also write the table as Markdown to FILE")
+    ap.add_argument("--floor", metavar="MODEL", help="run the plain-script floor on MODEL and exit")
+    ap.add_argument("--seq", type=int, default=64, help="with --floor: sequence length")
+    ap.add_argument("--runs", type=int, default=2, help="with --floor: inferences")
+    args = ap.parse_args()
+    if args.floor:
+        sys.exit(floor(args.floor, args.seq, args.runs))
+    backends = [b for b in args.backends.split(",") if b]
+    cases = [(12, int(s)) for s in args.seqs.split(",") if s]
+    cases += [(int(n), 64) for n in args.sizes.split(",") if n and (int(n), 64) not in cases]
+    rows: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="xbackend-scale-") as t:
+        tmp = Path(t)
+        workdir = Path(args.workdir) if args.workdir else tmp
+        for layers, seq in sorted(cases, key=lambda c: (c[0], c[1])):
+            model, weights = export(workdir, layers)
+            name = f"{model.parent.name} T={seq}"
+            print(f"{name} ({weights / 2**30:.2f} GiB of weights)", flush=True)
+            fl = measure([sys.executable, __file__, "--floor", str(model), "--seq", str(seq)])
+            print(f"  floor       {fl[0]:7.1f} s  peak {fl[1] / 2**30:5.2f} GiB  exit {fl[2]}", flush=True)
+            cells = [f"{fl[0]:.1f} s, {fl[1] / 2**30:.2f} GiB" if fl[2] == 0 else f"failed ({fl[2]})"]
+            for b in backends:
+                wall, peak, own, code = xbackend_row(model, seq, b, tmp)
+                ratio = f"  {wall / fl[0]:.2f}x floor" if b == "ort-cpu" and fl[2] == 0 else ""
+                print(
+                    f"  {b:11s} {wall:7.1f} s  peak {peak / 2**30:5.2f} GiB (backend "
+                    f"{own / 2**30:5.2f} GiB)  exit {code}{ratio}",
+                    flush=True,
+                )
+                cells.append(f"{wall:.1f} s, {own / 2**30:.2f} GiB" if code in (0, 1) else f"failed ({code})")
+            if not args.skip_polygraphy:
+                pg = measure(
+                    [tool("polygraphy"), "run", str(model), "--onnxrt", "--onnxrt", "--onnx-outputs", "*",
+                     "--input-shapes", f"input_ids:[1,{seq}]", "--val-range", "input_ids:[0,50256]"]
+                )  # fmt: skip
+                print(f"  polygraphy  {pg[0]:7.1f} s  peak {pg[1] / 2**30:5.2f} GiB  exit {pg[2]}")
+                cells.append(f"{pg[0]:.1f} s, {pg[1] / 2**30:.2f} GiB" if pg[2] == 0 else "fails")
+            rows.append(f"| {name} | {weights / 2**30:.2f} GiB | " + " | ".join(cells) + " |")
+    head = ["model", "weights", "floor", *backends] + ([] if args.skip_polygraphy else ["polygraphy"])
+    table = "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows])
+    print(table)
+    if args.table:
+        Path(args.table).write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
