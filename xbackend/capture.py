@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -9,7 +10,14 @@ from xbackend.metrics import TensorDiff, diff_values
 from xbackend.storage import ValueFile, save_values
 from xbackend.values import Value, value_sha256
 
-__all__ = ["CaptureFile", "capture_sha256", "common_names", "diff_captures", "save_capture"]
+__all__ = [
+    "CaptureFile",
+    "combined_digest",
+    "common_names",
+    "diff_captures",
+    "save_capture",
+    "tensor_digest",
+]
 
 CaptureFile = ValueFile
 
@@ -18,9 +26,18 @@ def save_capture(path: str | os.PathLike[str], names: Sequence[str], values: Map
     save_values(path, values, names)
 
 
-def capture_sha256(names: Iterable[str], values: Mapping[str, Value]) -> str:
-    """Hash of names, structure, dtypes, shapes and bytes of the given values, in the given order."""
-    return value_sha256((n, values[n]) for n in names)
+def tensor_digest(name: str, value: Value) -> str:
+    """One value's hash: its name, structure, dtype, shape and bytes (value_sha256 of it alone)."""
+    return value_sha256(((name, value),))
+
+
+def combined_digest(digests: Iterable[tuple[str, str]]) -> str:
+    """A hash of many values from their tensor_digests, in the given order: a worker hashes
+    each tensor once and combines, never hashing a whole capture again."""
+    h = hashlib.sha256()
+    for name, digest in digests:
+        h.update(f"{name}|{digest}|".encode())
+    return h.hexdigest()
 
 
 def common_names(a: ValueFile, b: ValueFile, names: Iterable[str]) -> list[str]:

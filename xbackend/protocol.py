@@ -125,6 +125,7 @@ class PhaseResult:
     info: tuple[tuple[str, str], ...] = ()
     extra_captures: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (file, names)
     serves_outputs: bool = False
+    digests: tuple[tuple[str, str], ...] = ()  # run 0's per-tensor digests (value_sha256, 16 hex)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PhaseResult:
@@ -143,6 +144,7 @@ class PhaseResult:
             tuple(map(tuple, d["info"])),
             tuple((str(f), tuple(n)) for f, n in d["extra_captures"]),
             bool(d["serves_outputs"]),
+            tuple(map(tuple, d.get("digests", ()))),
         )
 
 

@@ -122,7 +122,7 @@ def _update(h: Any, value: Value) -> None:
                 b = str(x).encode("utf-8", "surrogateescape")
                 h.update(len(b).to_bytes(8, "little") + b)
         else:
-            h.update(np.require(value, requirements="C").tobytes())
+            h.update(np.require(value, requirements="C").reshape(-1).view(np.uint8))  # no copy
     elif isinstance(value, list):
         h.update(f"S|{len(value)}|".encode())
         for v in value:

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 try:
@@ -23,7 +24,7 @@ try:
 except ImportError:  # Windows: no peak memory to report
     _resource = None  # type: ignore[assignment]
 
-from xbackend.capture import capture_sha256, save_capture
+from xbackend.capture import combined_digest, save_capture, tensor_digest
 from xbackend.errors import BackendUnavailableError, XbackendError
 from xbackend.metrics import TensorDiff, diff_values, keep_worse
 from xbackend.protocol import PARENT_ENV, PROGRESS_TAG, Phase, PhaseResult, WorkerJob, WorkerResult
@@ -34,8 +35,10 @@ from xbackend.values import Value
 
 
 class RunTracker:
-    """Saves run 0's capture to `path`; compares each later run against that file, one tensor
-    at a time, so a worker holds one run's values (as the engine does), never two."""
+    """Saves run 0's capture to `path`, hashing each tensor while it is written; compares each
+    later run against that file, one tensor at a time, so a worker holds one run's values (as the
+    engine does), never two. A later run's tensor that equals run 0's bit for bit takes run 0's
+    digest: only tensors that moved are hashed again."""
 
     def __init__(self, outputs: Sequence[str], op_types: Mapping[str, str], path: str) -> None:
         self.outputs = list(outputs)
@@ -43,20 +46,23 @@ class RunTracker:
         self.path = path
         self.saved = False
         self.names: list[str] = []
+        self.digests: dict[str, str] = {}  # run 0's, per tensor
         self.worst: dict[str, TensorDiff] = {}
         self.output_hashes: list[str] = []
         self.capture_hashes: list[str] = []
 
     def add(self, capture: dict[str, Value]) -> None:
-        outs = [n for n in self.outputs if n in capture]
-        self.output_hashes.append(capture_sha256(outs, capture))
         if not self.saved:
             self.names = list(capture)
-            self.capture_hashes.append(capture_sha256(self.names, capture))
-            save_capture(self.path, self.names, capture)
+            # hashing runs beside the write (both release the GIL on large buffers)
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                pending = [(n, pool.submit(tensor_digest, n, capture[n])) for n in self.names]
+                save_capture(self.path, self.names, capture)
+                self.digests = {n: f.result() for n, f in pending}
+            self._hashes(self.digests)
             self.saved = True
             return
-        self.capture_hashes.append(capture_sha256(self.names, capture))
+        digests: dict[str, str] = {}
         with ValueFile(self.path) as first:
             for n in self.names:
                 if n not in capture:
@@ -64,9 +70,18 @@ class RunTracker:
                         self.worst,
                         TensorDiff.mismatch(n, self.op_types.get(n, ""), "missing", "absent in a later run"),
                     )
+                    digests[n] = "absent"
                     continue
-                for d in diff_values(n, capture[n], first[n], self.op_types.get(n, "")):
+                diffs = diff_values(n, capture[n], first[n], self.op_types.get(n, ""))
+                for d in diffs:
                     keep_worse(self.worst, d)
+                same = all(d.bitwise_equal for d in diffs)
+                digests[n] = self.digests[n] if same else tensor_digest(n, capture[n])
+        self._hashes(digests)
+
+    def _hashes(self, digests: Mapping[str, str]) -> None:
+        self.output_hashes.append(combined_digest((n, digests[n]) for n in self.outputs if n in digests))
+        self.capture_hashes.append(combined_digest((n, digests[n]) for n in self.names))
 
 
 def _one_line(e: BaseException) -> str:
@@ -124,6 +139,7 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
         output_hashes=tuple(tracker.output_hashes),
         capture_hashes=tuple(tracker.capture_hashes),
         run_diffs=tuple(tracker.worst.values()),
+        digests=tuple((n, d[:16]) for n, d in tracker.digests.items()),
         prepare_s=prepare_s,
         run_s=tuple(run_s),
         fingerprint=fingerprint,

@@ -150,6 +150,9 @@ def _digests(ph: PhaseResult | None, names: Sequence[str] | None = None) -> tupl
     if ph is None:
         return ()
     keep = ph.capture_names if names is None else [n for n in ph.capture_names if n in set(names)]
+    if ph.digests:  # hashed by the worker as it saved the capture
+        have = dict(ph.digests)
+        return tuple((n, have[n]) for n in keep if n in have)
     with CaptureFile(ph.capture) as c:
         return tuple((n, value_sha256({n: c[n]})[:16]) for n in keep if n in c)
 
