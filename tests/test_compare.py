@@ -70,7 +70,11 @@ def test_scatter_add_is_deterministic_with_one_thread(models: dict[str, Path]) -
     assert r.backend("ort-cpu").deterministic
     assert r.backend("ort-cpu").distinct_outputs == 1
     cross = r.cross("ort-cpu")
-    assert cross.first_divergence == "features"
+    # Whether MLAS's MatMul and numpy's OpenBLAS sgemm agree bit for bit depends on the kernel
+    # OpenBLAS picks for the CPU (numpy 2.4.6's OpenBLAS 0.3.31 agrees on Zen 4, earlier builds
+    # did not); with one thread the scatter adds in index order, as the reference does, so
+    # nothing diverges first after the MatMul.
+    assert cross.first_divergence in (None, "features")
     assert cross.first_violation is None
 
 

@@ -70,3 +70,79 @@ def test_compare_exposes_the_selection(tmp_path: Path) -> None:
     assert js["options"]["tensors"] == "blocks.2.*"
     md = xbackend.to_markdown(r)
     assert "tensors matching blocks.2.* (--tensors), 9 of 49 tensors" in md
+
+
+def test_windows_are_consecutive_and_within_the_budget() -> None:
+    from xbackend.footprint import plan_windows
+
+    sizes = {"a": 40, "b": 30, "c": 50, "d": 10}
+    fp = plan_windows(["a", "b", "c", "d", "e"], sizes, 80, "raise it")
+    # e is unsized: counted at the largest size (50)
+    assert fp.windows == (("a", "b"), ("c", "d"), ("e",))
+    assert fp.run_bytes == 180 and fp.unsized == 1
+    with pytest.raises(UsageError, match=r"tensor c alone takes .* more than .*; raise it"):
+        plan_windows(["a", "c"], sizes, 45, "raise it")
+
+
+def test_sizes_come_from_shape_inference_with_the_feeds() -> None:
+    from xbackend.footprint import tensor_bytes
+
+    spec, proto = load_model(MLP)
+    sizes = tensor_bytes(proto, {"x": (1, 16, 64)})
+    assert sizes["y"] == 16 * 64 * 4 and sizes["linear"] == 16 * 128 * 4  # fc1 widens 64 -> 128
+    assert sum(sizes[t] for t in spec.tensor_order()) == 299008  # every exposed tensor sized
+
+
+def test_parse_size() -> None:
+    from xbackend.footprint import parse_size
+
+    assert parse_size("3GiB") == 3 * 2**30 and parse_size("512MB") == 512 * 10**6
+    assert parse_size("1.5g") == 3 * 2**29 and parse_size("4096") == 4096
+    with pytest.raises(UsageError, match=r"--max-memory takes a size such as 3GiB"):
+        parse_size("lots")
+
+
+def test_max_memory_windows_compare_every_tensor_as_one_build_would(tmp_path: Path) -> None:
+    from xbackend.compare.memory import OVERHEAD
+    from xbackend.extdata import all_tensors, raw_size
+    from xbackend.footprint import tensor_bytes
+
+    spec, proto = load_model(MLP)
+    sizes = tensor_bytes(proto, {"x": (1, 16, 64)})
+    per_run = sum(sizes[t] for t in spec.tensor_order())
+    weights = sum(raw_size(t) or 0 for t in all_tensors(proto.graph))
+    budget = OVERHEAD + 2 * weights + per_run // 3  # ort-cpu holds the weights about twice
+    kw = dict(backends=["ort-cpu", "reference"], runs=2, probes=())
+    whole = xbackend.compare(MLP, **kw)  # type: ignore[arg-type]
+    cut = xbackend.compare(MLP, max_memory=budget, **kw)  # type: ignore[arg-type]
+    note = next(n for n in cut.notes if "windows" in n)
+    assert note.startswith("ort-cpu: its 49 per-layer tensors") and "(--max-memory)" in note
+    n_windows = int(note.split(" windows")[0].rsplit(" ", 1)[1])
+    assert 3 <= n_windows <= 5
+    assert not any("windows" in n for n in whole.notes)
+    a, b = whole.cross("ort-cpu"), cut.cross("ort-cpu")
+    assert [d.name for d in b.tensors] == [d.name for d in a.tensors] and len(b.tensors) == 49
+    moved = [d.name for d, e in zip(a.tensors, b.tensors, strict=True) if d != e]
+    # Each window is its own instrumented build: ORT fuses the final LayerNorm when few tensors
+    # are exposed around it, as in the plain model, so y moves and nothing else does.
+    assert moved == ["y"]
+    assert any(v.startswith("WARN: observer effect on ort-cpu") for v in whole.verdict())
+    assert not any(v.startswith("WARN: observer effect") for v in cut.verdict())
+    assert cut.backend("ort-cpu").deterministic and cut.exit_code == whole.exit_code == 0
+    assert cut.verdict()[0] == whole.verdict()[0]
+
+
+def test_a_budget_the_whole_run_cannot_fit_is_one_line_saying_what_to_do() -> None:
+    from xbackend.compare.memory import OVERHEAD
+    from xbackend.extdata import raw_size
+
+    weights = sum(raw_size(t) or 0 for t in load_model(MLP)[1].graph.initializer)
+    # the reference keeps every tensor of a run (about 0.3 MiB here) besides its one copy of the weights
+    with pytest.raises(
+        UsageError, match=r"reference holds every tensor of a run at once .* raise --max-memory"
+    ):
+        xbackend.compare(
+            MLP, backends=["reference"], runs=1, probes=(), max_memory=OVERHEAD + weights + 100_000
+        )
+    with pytest.raises(UsageError, match=r"ort-cpu holds the weights about 2 times .* raise --max-memory"):
+        xbackend.compare(MLP, backends=["ort-cpu"], runs=1, probes=(), max_memory=OVERHEAD)

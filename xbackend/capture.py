@@ -28,7 +28,7 @@ def save_capture(path: str | os.PathLike[str], names: Sequence[str], values: Map
 
 def tensor_digest(name: str, value: Value) -> str:
     """One value's hash: its name, structure, dtype, shape and bytes (value_sha256 of it alone)."""
-    return value_sha256(((name, value),))
+    return value_sha256({name: value})
 
 
 def combined_digest(digests: Iterable[tuple[str, str]]) -> str:

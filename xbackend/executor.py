@@ -34,6 +34,7 @@ class PhaseSpec:
     extra_feeds: tuple[Path, ...] = ()
     serves_outputs: bool = False
     model: ModelRef | None = None  # a rewrite of the model (xbackend.reorder, xbackend.sever)
+    windows: tuple[tuple[str, ...], ...] = ()  # --max-memory: tensors exposed window by window
 
 
 def standard_phases(
@@ -44,6 +45,7 @@ def standard_phases(
     layers: bool = True,
     options: Mapping[str, str] | None = None,
     timed_runs: int = 0,
+    windows: tuple[tuple[str, ...], ...] = (),
 ) -> tuple[PhaseSpec, ...]:
     """The plain model for graph outputs and, unless outputs only, the instrumented model for
     per-layer tables; one build serves both where exposing intermediates changes nothing.
@@ -53,8 +55,8 @@ def standard_phases(
     if outputs_only or not layers:
         return (PhaseSpec(OUTPUTS, outputs, plain),)
     if not separate_layers(cls, spec, options or {}):
-        return (PhaseSpec(LAYERS, spec.tensor_order(), plain, serves_outputs=True),)
-    return (PhaseSpec(OUTPUTS, outputs, plain), PhaseSpec(LAYERS, spec.tensor_order(), runs))
+        return (PhaseSpec(LAYERS, spec.tensor_order(), plain, serves_outputs=True, windows=windows),)
+    return (PhaseSpec(OUTPUTS, outputs, plain), PhaseSpec(LAYERS, spec.tensor_order(), runs, windows=windows))
 
 
 def separate_layers(cls: type[Runner], spec: ModelSpec, options: Mapping[str, str]) -> bool:
@@ -85,7 +87,7 @@ class Job:
     def steps(self) -> int:
         if self.kind != "main":
             return 2
-        return 1 + sum(p.runs + len(p.extra_feeds) for p in self.phases)
+        return 1 + sum(p.runs * max(1, len(p.windows)) + len(p.extra_feeds) for p in self.phases)
 
     def env(self) -> dict[str, str]:
         return self.cls.process_env(self.cls.resolve_options(dict(self.raw_options)))
@@ -233,6 +235,7 @@ def _phase(p: PhaseSpec, job_dir: Path) -> Phase:
         tuple((str(f), str(job_dir / f"{p.name}-extra{i}.xbv")) for i, f in enumerate(p.extra_feeds)),
         p.serves_outputs,
         p.model,
+        p.windows,
     )
 
 

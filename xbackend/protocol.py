@@ -59,6 +59,8 @@ class Phase:
     # A model file prepared for this phase in xbackend's process (tensors exposed, IR lowered),
     # for a worker in another interpreter that has no onnx package; None: the job's model.
     model: ModelRef | None = None
+    # --max-memory: the tensors cut into windows, each its own build and runs; () for one window
+    windows: tuple[tuple[str, ...], ...] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Phase:
@@ -70,6 +72,7 @@ class Phase:
             tuple((str(a), str(b)) for a, b in d["extra_feeds"]),
             bool(d["serves_outputs"]),
             ModelRef.from_dict(d["model"]) if d.get("model") else None,
+            tuple(tuple(w) for w in d.get("windows", ())),
         )
 
 
@@ -126,6 +129,7 @@ class PhaseResult:
     extra_captures: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (file, names)
     serves_outputs: bool = False
     digests: tuple[tuple[str, str], ...] = ()  # run 0's per-tensor digests (value_sha256, 16 hex)
+    windows: int = 1  # builds the tensors were exposed in (--max-memory)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PhaseResult:
@@ -145,6 +149,7 @@ class PhaseResult:
             tuple((str(f), tuple(n)) for f, n in d["extra_captures"]),
             bool(d["serves_outputs"]),
             tuple(map(tuple, d.get("digests", ()))),
+            int(d.get("windows", 1)),
         )
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from xbackend.modelref import np_dtype
 from xbackend.values import Value, normalize
 
-__all__ = ["ValueFile", "save_values"]
+__all__ = ["ValueFile", "ValueWriter", "save_values"]
 
 MAGIC = b"XBVALUE1"
 END = b"XBVALEND"
@@ -69,15 +69,55 @@ def save_values(
     path: str | os.PathLike[str], values: Mapping[str, Any], names: Sequence[str] | None = None
 ) -> None:
     """Write `values` (in `names` order, default the mapping's) to `path`."""
-    order = list(values) if names is None else list(names)
-    with open(path, "wb") as f:
-        f.write(MAGIC)
-        w = _Writer(f)
-        entries = [[n, w.record(normalize(values[n]))] for n in order]
-        index = json.dumps({"format": FORMAT, "entries": entries}, ensure_ascii=False).encode()
-        f.write(index)
-        f.write(w.offset.to_bytes(8, "little"))
-        f.write(END)
+    with ValueWriter(path) as w:
+        for n in list(values) if names is None else list(names):
+            w.add(n, values[n])
+
+
+class ValueWriter:
+    """A value file written one value at a time (a capture that arrives in windows), whose values
+    can be read back before it is finished."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._f = open(self.path, "wb")  # noqa: SIM115 - closed by close()/__exit__
+        self._f.write(MAGIC)
+        self._w = _Writer(self._f)
+        self.entries: dict[str, dict[str, Any]] = {}
+        self._reader: ValueFile | None = None
+
+    def add(self, name: str, value: Value) -> None:
+        self.entries[name] = self._w.record(normalize(value))
+
+    def read(self, name: str) -> Value:
+        """A value written before, read back from the file."""
+        self._f.flush()
+        if self._reader is None:
+            self._reader = ValueFile.unfinished(self.path, self.entries)
+        return self._reader[name]
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._f.closed:
+            return
+        entries = [[n, rec] for n, rec in self.entries.items()]
+        self._f.write(json.dumps({"format": FORMAT, "entries": entries}, ensure_ascii=False).encode())
+        self._f.write(self._w.offset.to_bytes(8, "little"))
+        self._f.write(END)
+        self._f.close()
+
+    def __enter__(self) -> ValueWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 _KINDS = ("empty", "sequence", "map", "strings", "tensor")
@@ -116,6 +156,15 @@ class ValueFile:
         except Exception:
             self._f.close()
             raise
+
+    @classmethod
+    def unfinished(cls, path: str | os.PathLike[str], entries: dict[str, Any]) -> ValueFile:
+        """A file a ValueWriter is still writing, read through the writer's index so far."""
+        self = cls.__new__(cls)
+        self.path = Path(path)
+        self._f = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        self._index = entries  # the writer's own index: values it adds later are found too
+        return self
 
     def _read_index(self) -> dict[str, Any]:
         size = self._f.seek(0, os.SEEK_END)

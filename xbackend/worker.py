@@ -24,13 +24,14 @@ try:
 except ImportError:  # Windows: no peak memory to report
     _resource = None  # type: ignore[assignment]
 
+from xbackend.buildinfo import BuildFingerprint
 from xbackend.capture import combined_digest, save_capture, tensor_digest
 from xbackend.errors import BackendUnavailableError, XbackendError
 from xbackend.metrics import TensorDiff, diff_values, keep_worse
 from xbackend.protocol import PARENT_ENV, PROGRESS_TAG, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.runners.base import Runner
 from xbackend.runners.registry import get_runner
-from xbackend.storage import ValueFile
+from xbackend.storage import ValueFile, ValueWriter
 from xbackend.values import Value
 
 
@@ -38,50 +39,60 @@ class RunTracker:
     """Saves run 0's capture to `path`, hashing each tensor while it is written; compares each
     later run against that file, one tensor at a time, so a worker holds one run's values (as the
     engine does), never two. A later run's tensor that equals run 0's bit for bit takes run 0's
-    digest: only tensors that moved are hashed again."""
+    digest: only tensors that moved are hashed again. Runs arrive window by window (each window
+    is one build exposing some of the tensors): run 0 of a window, then its later runs."""
 
     def __init__(self, outputs: Sequence[str], op_types: Mapping[str, str], path: str) -> None:
         self.outputs = list(outputs)
         self.op_types = dict(op_types)
-        self.path = path
-        self.saved = False
-        self.names: list[str] = []
-        self.digests: dict[str, str] = {}  # run 0's, per tensor
+        self.writer = ValueWriter(path)
+        self.names: list[str] = []  # run 0's, every window's in order
+        self.window: list[str] = []  # run 0's names in the current window
+        self.run_digests: list[dict[str, str]] = []
         self.worst: dict[str, TensorDiff] = {}
         self.output_hashes: list[str] = []
         self.capture_hashes: list[str] = []
 
-    def add(self, capture: dict[str, Value]) -> None:
-        if not self.saved:
-            self.names = list(capture)
+    @property
+    def digests(self) -> dict[str, str]:
+        return self.run_digests[0] if self.run_digests else {}
+
+    def add(self, run: int, capture: dict[str, Value]) -> None:
+        while len(self.run_digests) <= run:
+            self.run_digests.append({})
+        digests = self.run_digests[run]
+        if run == 0:
+            self.window = list(capture)
+            self.names += self.window
             # hashing runs beside the write (both release the GIL on large buffers)
             with ThreadPoolExecutor(max_workers=1) as pool:
-                pending = [(n, pool.submit(tensor_digest, n, capture[n])) for n in self.names]
-                save_capture(self.path, self.names, capture)
-                self.digests = {n: f.result() for n, f in pending}
-            self._hashes(self.digests)
-            self.saved = True
+                pending = [(n, pool.submit(tensor_digest, n, capture[n])) for n in self.window]
+                for n in self.window:
+                    self.writer.add(n, capture[n])
+                digests.update((n, f.result()) for n, f in pending)
             return
-        digests: dict[str, str] = {}
-        with ValueFile(self.path) as first:
-            for n in self.names:
-                if n not in capture:
-                    keep_worse(
-                        self.worst,
-                        TensorDiff.mismatch(n, self.op_types.get(n, ""), "missing", "absent in a later run"),
-                    )
-                    digests[n] = "absent"
-                    continue
-                diffs = diff_values(n, capture[n], first[n], self.op_types.get(n, ""))
-                for d in diffs:
-                    keep_worse(self.worst, d)
-                same = all(d.bitwise_equal for d in diffs)
-                digests[n] = self.digests[n] if same else tensor_digest(n, capture[n])
-        self._hashes(digests)
+        first = self.run_digests[0]
+        for n in self.window:
+            if n not in capture:
+                keep_worse(
+                    self.worst,
+                    TensorDiff.mismatch(n, self.op_types.get(n, ""), "missing", "absent in a later run"),
+                )
+                continue
+            diffs = diff_values(n, capture[n], self.writer.read(n), self.op_types.get(n, ""))
+            for d in diffs:
+                keep_worse(self.worst, d)
+            same = all(d.bitwise_equal for d in diffs)
+            digests[n] = first[n] if same else tensor_digest(n, capture[n])
 
-    def _hashes(self, digests: Mapping[str, str]) -> None:
-        self.output_hashes.append(combined_digest((n, digests[n]) for n in self.outputs if n in digests))
-        self.capture_hashes.append(combined_digest((n, digests[n]) for n in self.names))
+    def finish(self) -> None:
+        """Close the capture file; each run's hashes from its tensors' digests."""
+        self.writer.close()
+        for digests in self.run_digests:
+            self.output_hashes.append(
+                combined_digest((n, digests.get(n, "absent")) for n in self.outputs if n in self.names)
+            )
+            self.capture_hashes.append(combined_digest((n, digests.get(n, "absent")) for n in self.names))
 
 
 def _one_line(e: BaseException) -> str:
@@ -108,30 +119,46 @@ def _tick() -> None:
 
 
 def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, Value]) -> PhaseResult:
-    """Prepare `runner` for the phase's tensors, run the feeds `runs` times, then each extra feed set."""
-    t0 = time.perf_counter()
-    runner.prepare(phase.model or job.model, phase.tensors)
-    prepare_s = time.perf_counter() - t0
+    """Prepare `runner` for the phase's tensors, run the feeds `runs` times, then each extra feed
+    set. A phase cut into windows (--max-memory) builds a fresh runner for each later window."""
+    windows = phase.windows or (phase.tensors,)
     tracker = RunTracker(job.outputs, job.op_types, phase.capture)
-    run_s = []
-    fingerprint = None
-    for i in range(phase.runs):
-        t0 = time.perf_counter()
-        capture = runner.run(feeds)
-        run_s.append(time.perf_counter() - t0)
-        tracker.add(capture)
-        if i == 0:
-            fingerprint = runner.fingerprint()
-        del capture
-        _tick()
+    run_s = [0.0] * phase.runs
+    prepare_s = 0.0
+    fingerprints = []
+    not_exposed: dict[str, str] = {}
+    info: dict[str, str] = {}
     extras = []
-    for feeds_path, capture_path in phase.extra_feeds:
-        capture = runner.run(load_feeds_file(feeds_path))
-        extras.append((capture_path, tuple(capture)))
-        save_capture(capture_path, list(capture), capture)
-        del capture
-        _tick()
-    assert fingerprint is not None
+    try:
+        for w, tensors in enumerate(windows):
+            if w:
+                runner = _new_runner(job)
+            try:
+                t0 = time.perf_counter()
+                runner.prepare(phase.model or job.model, tensors)
+                prepare_s += time.perf_counter() - t0
+                for i in range(phase.runs):
+                    t0 = time.perf_counter()
+                    capture = runner.run(feeds)
+                    run_s[i] += time.perf_counter() - t0
+                    tracker.add(i, capture)
+                    if i == 0:
+                        fingerprints.append(runner.fingerprint())
+                    del capture
+                    _tick()
+                not_exposed.update(runner.not_exposed())
+                info = info or runner.info()
+                for feeds_path, capture_path in phase.extra_feeds:  # never windowed (see plan)
+                    capture = runner.run(load_feeds_file(feeds_path))
+                    extras.append((capture_path, tuple(capture)))
+                    save_capture(capture_path, list(capture), capture)
+                    del capture
+                    _tick()
+            finally:
+                if w:
+                    runner.close()
+    finally:
+        tracker.finish()
     return PhaseResult(
         name=phase.name,
         capture=phase.capture,
@@ -139,15 +166,28 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
         output_hashes=tuple(tracker.output_hashes),
         capture_hashes=tuple(tracker.capture_hashes),
         run_diffs=tuple(tracker.worst.values()),
-        digests=tuple((n, d[:16]) for n, d in tracker.digests.items()),
         prepare_s=prepare_s,
         run_s=tuple(run_s),
-        fingerprint=fingerprint,
-        not_exposed=tuple(sorted(runner.not_exposed().items())),
-        info=tuple(sorted(runner.info().items())),
+        fingerprint=_combined(fingerprints),
+        not_exposed=tuple(sorted(not_exposed.items())),
+        info=tuple(sorted(info.items())),
         extra_captures=tuple(extras),
         serves_outputs=phase.serves_outputs,
+        digests=tuple((n, d[:16]) for n, d in tracker.digests.items()),
+        windows=len(windows),
     )
+
+
+def _combined(fingerprints: Sequence[BuildFingerprint]) -> BuildFingerprint:
+    """One build's fingerprint, or the windows' builds' together."""
+    if len(fingerprints) == 1:
+        return fingerprints[0]
+    items = [
+        (f"window {k} {key}", value)
+        for k, fp in enumerate(fingerprints)
+        for key, value in (fp.layers or (("digest", fp.digest),))
+    ]
+    return BuildFingerprint.from_items(fingerprints[0].backend, items)
 
 
 def _runner_class(job: WorkerJob) -> type[Runner]:

@@ -91,6 +91,15 @@ Ranges = Annotated[
     ),
 ]
 OutputsOnly = Annotated[bool, typer.Option("--outputs-only", help="compare graph outputs only")]
+MaxMemory = Annotated[
+    str | None,
+    typer.Option(
+        "--max-memory",
+        metavar="SIZE",
+        help="memory per backend process, e.g. 3GiB: per-layer tensors are exposed in windows that "
+        "fit (default: 80% of the memory available at the start)",
+    ),
+]
 Tensors = Annotated[
     str,
     typer.Option(

@@ -154,11 +154,23 @@ def _ir_blocker(spec: ModelSpec, proto: onnx.ModelProto, p: PlannedBackend, note
     return ""
 
 
-def main_jobs(p: PlannedBackend, spec: ModelSpec, opts: CompareOptions, feeds: Path) -> list[Job]:
+def main_jobs(
+    p: PlannedBackend,
+    spec: ModelSpec,
+    opts: CompareOptions,
+    feeds: Path,
+    windows: tuple[tuple[str, ...], ...] = (),
+) -> list[Job]:
     if p.cls is None:
         return []
     phases = standard_phases(
-        p.cls, spec, opts.runs, opts.outputs_only, options=p.raw_options, timed_runs=opts.timed_runs
+        p.cls,
+        spec,
+        opts.runs,
+        opts.outputs_only,
+        options=p.raw_options,
+        timed_runs=opts.timed_runs,
+        windows=windows,
     )
     return [
         Job(f"{p.name}-build{k}", p.name, p.cls, p.variant(), feeds, phases, fingerprint=opts.builds > 1)

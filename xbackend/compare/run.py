@@ -19,6 +19,7 @@ from xbackend.compare.captures import save_captures
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.drift import baseline_drifts
 from xbackend.compare.explain import attach, explain, far_from_float64
+from xbackend.compare.memory import memory_plan, window_note
 from xbackend.compare.plan import (
     feeds_for,
     feeds_info,
@@ -71,12 +72,15 @@ def compare_with_options(
         work = Path(tmp)
         planned = [plan_backend(name, opts, work, expected) for name in opts.backends]
         planned, notes = preflight(spec, proto, planned)
+        memory = memory_plan(spec, proto, feeds, opts)
         del proto
+        windows = {p.name: memory.windows(p, spec, opts) for p in planned if not opts.outputs_only}
+        notes += [window_note(p, w, spec, opts, memory) for p, w in windows.items() if w]
         feeds_path = work / "feeds.xbv"
         feeds.save(feeds_path)
         ctx = ProbeContext(spec, opts, feeds, feeds_path, work)
         probes = [PROBES[n](ctx) for n in wanted]
-        done = _execute(spec, opts, ctx, planned, probes, loaded, progress or NullProgress())
+        done = _execute(spec, opts, ctx, planned, probes, loaded, progress or NullProgress(), windows)
         return _result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to)
 
 
@@ -100,12 +104,13 @@ def _execute(
     probes: Sequence[Probe],
     loaded: Sequence[LoadedCapture],
     bar: ProgressSink,
+    windows: Mapping[str, tuple[tuple[str, ...], ...]],
 ) -> _Executed:
     """Every backend's builds, every probe's jobs, the follow-ups they ask for, then the
     explanation (floor and local errors), under one bar."""
     max_ir = {p.interpreter.path: p.interpreter.max_ir for p in planned if p.interpreter}
     ex = Executor(spec, ctx.work, opts.timeout, bar, max_ir)
-    mains = {p.name: main_jobs(p, spec, opts, ctx.feeds_path) for p in planned}
+    mains = {p.name: main_jobs(p, spec, opts, ctx.feeds_path, windows.get(p.name, ())) for p in planned}
     probe_jobs = {(pr.name, p.name): pr.jobs(p) for pr in probes for p in planned if p.cls is not None}
     bar.start(_steps([*mains.values(), *probe_jobs.values()]))
     try:

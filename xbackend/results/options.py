@@ -9,6 +9,7 @@ from typing import Any
 
 from xbackend.capturedir import default_name
 from xbackend.errors import UsageError
+from xbackend.footprint import parse_size
 from xbackend.gating import parse_policies
 from xbackend.metrics import DEFAULT_MAX_ULP
 from xbackend.runners.registry import get_runner, split_instance
@@ -83,6 +84,7 @@ class CompareOptions:
     noise_samples: int = 8  # K random orders of every reduction for the noise floor; 0: none
     timed_runs: int = 0  # more runs of the model users ship, timed (and compared) like the others
     tensors: str = "all"  # --tensors: all | modules | outputs | GLOB[,GLOB] over module paths or names
+    max_memory: int | None = None  # --max-memory, bytes per backend process; None: a share of what is free
 
     @property
     def shows_times(self) -> bool:
@@ -146,6 +148,8 @@ class CompareOptions:
                 kw["outputs_only"] = True
         else:
             kw.pop("tensors", None)
+        if isinstance(kw.get("max_memory"), str):
+            kw["max_memory"] = parse_size(kw["max_memory"])
         opts = cls(**kw)
         opts.validate()
         return opts.with_reference()
@@ -168,6 +172,8 @@ class CompareOptions:
             raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout}")
         if self.max_ulp is not None and self.max_ulp < 0:
             raise UsageError(f"--max-ulp must be >= 0 or auto, got {self.max_ulp:g}")
+        if self.max_memory is not None and self.max_memory <= 0:
+            raise UsageError(f"--max-memory must be a positive size such as 3GiB, got {self.max_memory}")
         if self.timed_runs < 0:
             raise UsageError(f"--timed-runs must be >= 0, got {self.timed_runs}")
         if self.noise_samples < 0:
@@ -279,6 +285,8 @@ class CompareOptions:
             parts += ["--noise-samples", str(self.noise_samples)]
         if self.timed_runs:
             parts += ["--timed-runs", str(self.timed_runs)]
+        if self.max_memory is not None:
+            parts += ["--max-memory", f"{self.max_memory}B"]
         return shlex.join(parts)
 
 

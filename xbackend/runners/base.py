@@ -98,6 +98,12 @@ class Runner(abc.ABC):
     # Variants differ only in per-engine state (e.g. ORT session options), so probe variants may
     # run one after another in one process. False where a knob is process-wide (torch threads).
     shares_process: ClassVar[bool] = False
+    # Memory (--max-memory). windowed: the engine holds only the tensors it exposes, so they can
+    # be exposed in windows, one build each. holds_every_intermediate: it keeps every tensor of a
+    # run whatever it exposes. weight_copies: the weights' bytes it holds per byte stored.
+    windowed: ClassVar[bool] = False
+    holds_every_intermediate: ClassVar[bool] = False
+    weight_copies: ClassVar[float] = 2.0
     # Determinism properties the hardware promises (xbackend.promises.PROPERTIES): every
     # comparison checks them, and one seen broken is a failure (exit 16).
     promises: ClassVar[frozenset[str]] = frozenset()

@@ -150,6 +150,7 @@ def _widen(v: Value) -> Value:
 class OracleRunner(ReferenceRunner):
     name = "oracle"
     description = "float64 oracle: the model promoted to double, reference evaluator, 1 BLAS thread"
+    weight_copies = 2.0  # float64 copies of float32 weights, memory-mapped
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)

@@ -268,6 +268,7 @@ class OrtCpuRunner(Runner):
     name = "ort-cpu"
     description = "ONNX Runtime, CPU execution provider"
     shares_process = True  # threads and optimization level are SessionOptions: per session
+    windowed = True  # a build allocates only the graph outputs it exposes
     option_specs: ClassVar[Sequence[OptionSpec]] = (
         OptionSpec("threads", int, physical_cores, "intra-op threads (default: physical cores)"),
         OptionSpec("inter_op_threads", int, 1, "inter-op threads (1 = sequential execution)"),

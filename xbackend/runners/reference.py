@@ -43,6 +43,8 @@ class ReferenceRunner(Runner):
     name = "reference"
     description = "onnx.reference.ReferenceEvaluator (numpy), BLAS threads pinned"
     instrumentation_changes_engine = False  # it keeps every intermediate anyway
+    holds_every_intermediate = True  # the evaluator keeps every result of a run
+    weight_copies = 1.0  # memory-mapped from the model's files
     option_specs = (OptionSpec("threads", int, 1, "BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS)"),)
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
