@@ -190,7 +190,8 @@ class Executor:
             job_dir = self.work / job.label
             job_dir.mkdir(parents=True)
             dirs.append(job_dir)
-        self.bar.describe(", ".join(j.label for j in jobs))
+        label = ", ".join(j.label for j in jobs)
+        self.bar.describe(label)
         seen = 0
 
         def tick() -> None:
@@ -199,7 +200,14 @@ class Executor:
             self.bar.advance()
 
         batch = [(self._worker_job(j, d), d) for j, d in zip(jobs, dirs, strict=True)]
-        outcomes = run_batch(batch, self.timeout, jobs[0].env(), tick, jobs[0].python)
+        outcomes = run_batch(
+            batch,
+            self.timeout,
+            jobs[0].env(),
+            tick,
+            jobs[0].python,
+            lambda text: self.bar.detail(f"{label}: {text}"),
+        )
         self.bar.advance(max(0, sum(j.steps for j in jobs) - seen))
         return [JobOutcome(j, o) for j, o in zip(jobs, outcomes, strict=True)]
 

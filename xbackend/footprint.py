@@ -55,9 +55,10 @@ def available_memory() -> int | None:
 
 
 def tensor_bytes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
-    """Bytes of each tensor whose type and shape onnx's shape inference finds with the inputs at
-    `shapes`; tensors it cannot size are absent. Large weights become typed inputs first, so the
-    proto inferred holds no weight (and never serializes past 2 GiB)."""
+    """Bytes of each tensor whose type and rank onnx's shape inference finds with the inputs at
+    `shapes`; a dimension it leaves symbolic (a Range over the sequence length, say) counts as
+    the largest input dimension; tensors of unknown rank are absent. Large weights become typed
+    inputs first, so the proto inferred holds no weight (and never serializes past 2 GiB)."""
     g = proto.graph
     light = helper.make_graph(
         list(g.node),
@@ -83,9 +84,10 @@ def tensor_bytes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # an op onnx cannot infer stops nothing: those tensors stay unsized
         inferred = model
+    unknown = max((int(d) for shape in shapes.values() for d in shape), default=1)
     out: dict[str, int] = {}
     for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
-        n = _nbytes(vi.type)
+        n = _nbytes(vi.type, max(unknown, 1))
         if n is not None:
             out[vi.name] = n
     return out
@@ -97,18 +99,16 @@ def _fixed(vi: onnx.ValueInfoProto, shape: Sequence[int] | None) -> onnx.ValueIn
     return helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, list(shape))
 
 
-def _nbytes(tp: onnx.TypeProto) -> int | None:
+def _nbytes(tp: onnx.TypeProto, unknown: int) -> int | None:
     if not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
         return None
-    dims = tp.tensor_type.shape.dim
-    if any(not d.HasField("dim_value") for d in dims):
-        return None
+    dims = [d.dim_value if d.HasField("dim_value") else unknown for d in tp.tensor_type.shape.dim]
     try:
         elem = int(tp.tensor_type.elem_type)
         bits = _PACKED_BITS.get(elem) or 8 * helper.tensor_dtype_to_np_dtype(elem).itemsize
     except (KeyError, TypeError, ValueError):
         return None
-    return int((math.prod(d.dim_value for d in dims) * bits + 7) // 8)
+    return int((math.prod(dims) * bits + 7) // 8)
 
 
 @dataclass(frozen=True)

@@ -179,4 +179,6 @@ def stage_model(source: ModelRef, tensors: Sequence[str], max_ir: int | None, fo
             except ModelLoadError as e:
                 raise ModelLoadError(f"the other interpreter's engine reads IR <= {ir}: {e}") from e
         write_rewritten(proto, source.path, path)
-    return ModelRef(str(path), ir, source.inputs, (*source.outputs, *extra), source.external_data)
+    return ModelRef(
+        str(path), ir, source.inputs, (*source.outputs, *extra), source.external_data, source.weight_bytes
+    )

@@ -66,6 +66,7 @@ def _pump(
     timeout: float,
     on_progress: Callable[[], None],
     on_job: Callable[[], None] = lambda: None,
+    on_stage: Callable[[str], None] = lambda text: None,
 ) -> bool:
     """Forward progress lines until the process ends; False if `timeout` seconds passed first.
 
@@ -77,6 +78,7 @@ def _pump(
     deadline = time.monotonic() + timeout
     buf = b""
     run_tag, job_tag = f"{PROGRESS_TAG} run".encode(), f"{PROGRESS_TAG} job".encode()
+    stage_tag = f"{PROGRESS_TAG} stage ".encode()
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -91,7 +93,9 @@ def _pump(
         buf += chunk
         *lines, buf = buf.split(b"\n")
         for line in lines:
-            if line.startswith(run_tag):
+            if line.startswith(stage_tag):
+                on_stage(line[len(stage_tag) :].decode(errors="replace"))
+            elif line.startswith(run_tag):
                 on_progress()
             elif line.startswith(job_tag):
                 deadline = time.monotonic() + timeout
@@ -116,6 +120,7 @@ def run_batch(
     env: Mapping[str, str],
     on_progress: Callable[[], None] = lambda: None,
     python: str = "",
+    on_stage: Callable[[str], None] = lambda text: None,
 ) -> list[WorkerOutcome]:
     """Run jobs one after another in one worker process, each with `timeout` seconds; under
     the interpreter `python` when given (another environment: see xbackend.foreign).
@@ -143,7 +148,7 @@ def run_batch(
             start_new_session=True,
         )
         try:
-            finished = _pump(proc, timeout, on_progress, lambda: ends.append(time.monotonic()))
+            finished = _pump(proc, timeout, on_progress, lambda: ends.append(time.monotonic()), on_stage)
         except BaseException:
             kill_group(proc)
             raise
@@ -161,7 +166,7 @@ def run_batch(
             outcomes.append(WorkerOutcome("failed", why, WorkerResult("failed"), took))
         else:
             outcomes.append(_outcome(proc.returncode or 1, Path(job.result), err_path, took))
-        return outcomes + run_batch(jobs[i + 1 :], timeout, env, on_progress, python)
+        return outcomes + run_batch(jobs[i + 1 :], timeout, env, on_progress, python, on_stage)
     return outcomes
 
 

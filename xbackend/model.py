@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from xbackend.errors import ModelLoadError, first_line
-from xbackend.extdata import check_external_files, external_files, raw_size, uses_external_data
+from xbackend.extdata import all_tensors, check_external_files, external_files, raw_size, uses_external_data
 from xbackend.extdata import load_external as read_weights
 from xbackend.modelref import ModelRef, model_file, np_dtype, read_model_bytes
 
@@ -157,6 +157,7 @@ class ModelSpec:
     # --tensors: the names exposed (None: every tensor) and the selection that chose them
     exposed: tuple[str, ...] | None = None
     selection: str = "all"
+    weight_bytes: int = 0  # the initializers' bytes as stored (external data included)
 
     @classmethod
     def from_proto(cls, proto: onnx.ModelProto, path: str, sha256: str) -> ModelSpec:
@@ -174,6 +175,7 @@ class ModelSpec:
             external_data=uses_external_data(proto),
             metadata=tuple(sorted((p.key, p.value) for p in proto.metadata_props)),
             index_bounds=tuple(sorted(_index_bounds(g, init_names).items())),
+            weight_bytes=sum(raw_size(t) or 0 for t in all_tensors(g)),
         )
 
     def ref(self) -> ModelRef:
@@ -184,6 +186,7 @@ class ModelSpec:
             self.input_names,
             self.output_names,
             self.external_data,
+            self.weight_bytes,
         )
 
     @property

@@ -24,6 +24,7 @@ class ModelRef:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     external_data: bool
+    weight_bytes: int = 0  # for progress ("loading 3.1 GiB of weights"); 0: not known
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelRef:
@@ -33,6 +34,7 @@ class ModelRef:
             tuple(d["inputs"]),
             tuple(d["outputs"]),
             bool(d["external_data"]),
+            int(d.get("weight_bytes", 0)),
         )
 
 

@@ -18,13 +18,16 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["LineProgress", "NullProgress", "ProgressSink", "RichProgress"]
+__all__ = ["QUIET_S", "LineProgress", "NullProgress", "ProgressSink", "RichProgress"]
+
+QUIET_S = 15.0  # a log line at most this often while one job works through its stages
 
 
 class ProgressSink(Protocol):
     def start(self, total: int) -> None: ...
     def grow(self, steps: int) -> None: ...
     def describe(self, text: str) -> None: ...
+    def detail(self, text: str) -> None: ...
     def advance(self, steps: int = 1) -> None: ...
     def stop(self) -> None: ...
 
@@ -39,6 +42,9 @@ class NullProgress:
         pass
 
     def describe(self, text: str) -> None:
+        pass
+
+    def detail(self, text: str) -> None:
         pass
 
     def advance(self, steps: int = 1) -> None:
@@ -77,6 +83,10 @@ class RichProgress:
     def describe(self, text: str) -> None:
         self._progress.update(self._task, description=text)
 
+    def detail(self, text: str) -> None:
+        """What the job described last does now (loading, building, a run, a window)."""
+        self._progress.update(self._task, description=text)
+
     def advance(self, steps: int = 1) -> None:
         self._progress.advance(self._task, steps)
 
@@ -98,7 +108,7 @@ class LineProgress:
     def __init__(self) -> None:
         self._total = self._done = 0
         self._current = ""
-        self._since = 0.0
+        self._since = self._said = 0.0
 
     def start(self, total: int) -> None:
         self._total = total
@@ -109,6 +119,19 @@ class LineProgress:
     def describe(self, text: str) -> None:
         self._finish()
         self._current, self._since = text, time.monotonic()
+        self._said = self._since
+
+    def detail(self, text: str) -> None:
+        """A stage of a long job, once it has gone QUIET_S without a line: a log never sits
+        silent for long, and short jobs stay one line each."""
+        now = time.monotonic()
+        if now - self._said >= QUIET_S:
+            print(
+                f"xbackend: [{self._done}/{self._total}] {text} ({now - self._since:.0f} s in)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._said = now
 
     def advance(self, steps: int = 1) -> None:
         self._done += steps

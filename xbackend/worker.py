@@ -118,6 +118,15 @@ def _tick() -> None:
     print(f"{PROGRESS_TAG} run", flush=True)
 
 
+def _stage(text: str) -> None:
+    """What the worker does now, for the progress bar (long loads, builds and runs say so)."""
+    print(f"{PROGRESS_TAG} stage {text}", flush=True)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
 def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, Value]) -> PhaseResult:
     """Prepare `runner` for the phase's tensors, run the feeds `runs` times, then each extra feed
     set. A phase cut into windows (--max-memory) builds a fresh runner for each later window."""
@@ -131,16 +140,24 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
     extras = []
     try:
         for w, tensors in enumerate(windows):
+            where = f"{phase.name}" + (f", window {w + 1}/{len(windows)}" if len(windows) > 1 else "")
             if w:
                 runner = _new_runner(job)
             try:
+                model = phase.model or job.model
+                weights = f"loading {_size(model.weight_bytes)} of weights, " if model.weight_bytes else ""
+                _stage(f"{where}: {weights}building ({len(tensors)} tensors exposed)")
                 t0 = time.perf_counter()
-                runner.prepare(phase.model or job.model, tensors)
+                runner.prepare(model, tensors)
                 prepare_s += time.perf_counter() - t0
                 for i in range(phase.runs):
+                    _stage(f"{where}: run {i + 1}/{phase.runs}")
                     t0 = time.perf_counter()
                     capture = runner.run(feeds)
                     run_s[i] += time.perf_counter() - t0
+                    held = sum(getattr(v, "nbytes", 0) for v in capture.values())
+                    what = "saving" if i == 0 else "comparing with run 1:"
+                    _stage(f"{where}: run {i + 1}/{phase.runs}: {what} {len(capture)} tensors, {_size(held)}")
                     tracker.add(i, capture)
                     if i == 0:
                         fingerprints.append(runner.fingerprint())

@@ -229,7 +229,9 @@ def _upstream(proto: onnx.ModelProto, available: set[str]) -> dict[str, tuple[tu
 
 def _ref(spec: ModelSpec, path: Path, extra_inputs: tuple[str, ...]) -> ModelRef:
     inputs = (*spec.input_names, *extra_inputs)
-    return ModelRef(str(path), spec.ir_version, inputs, spec.output_names, spec.external_data)
+    return ModelRef(
+        str(path), spec.ir_version, inputs, spec.output_names, spec.external_data, spec.weight_bytes
+    )
 
 
 class _SeveredFeeds(Mapping[str, Value]):

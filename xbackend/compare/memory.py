@@ -10,7 +10,6 @@ import numpy as np
 import onnx
 
 from xbackend.errors import UsageError
-from xbackend.extdata import all_tensors, raw_size
 from xbackend.footprint import DEFAULT_SHARE, available_memory, plan_windows, tensor_bytes
 from xbackend.inputs import Feeds
 from xbackend.model import ModelSpec
@@ -90,7 +89,7 @@ def memory_plan(spec: ModelSpec, proto: onnx.ModelProto, feeds: Feeds, opts: Com
         free = available_memory()
         budget = int(free * DEFAULT_SHARE) if free else None
     shapes = {k: v.shape for k, v in feeds.arrays.items() if isinstance(v, np.ndarray)}
-    weights = sum(raw_size(t) or 0 for t in all_tensors(proto.graph))
+    weights = spec.weight_bytes
     sizes = tensor_bytes(proto, shapes) if budget is not None else {}
     return MemoryPlan(budget, explicit, weights, sizes)
 

@@ -188,6 +188,7 @@ def to_dict(r: Result) -> dict[str, Any]:
                 "opsets": dict(m.opsets),
                 "producer": m.producer,
                 "external_data": m.external_data,
+                "weight_bytes": m.weight_bytes,
                 "inputs": [asdict(i) for i in m.inputs],
                 "modules": modules,
                 "outputs": [asdict(o) for o in m.outputs],

@@ -9,7 +9,7 @@ from xbackend.probes.registry import PROBES
 from xbackend.report.layers import FULL_TABLE_LIMIT, WORST_LAYERS, diff_header, diff_row
 from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, Result
-from xbackend.textfmt import fold, module_note
+from xbackend.textfmt import fold, gib, module_note
 from xbackend.textfmt import num as _num
 from xbackend.textfmt import table as _table
 
@@ -172,7 +172,7 @@ def model_section(r: Result) -> list[str]:
         ["IR version", m.ir_version],
         ["opsets", ", ".join(f"{d} {v}" for d, v in m.opsets)],
         ["producer", m.producer or "–"],
-        ["external data", "yes" if m.external_data else "no"],
+        ["weights", gib(m.weight_bytes) + (", external data" if m.external_data else "")],
         ["node outputs", len(m.tensors)],
     ]
     rows += [[f"metadata {k}", v] for k, v in m.metadata]
