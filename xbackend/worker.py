@@ -172,7 +172,7 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
                     del capture
                     _tick()
             finally:
-                if w:
+                if len(windows) > 1:  # a window's engine goes before the next is built
                     runner.close()
     finally:
         tracker.finish()
