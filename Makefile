@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint models bench clean gpu fleet
+.PHONY: demo test test-scale lint models bench clean gpu fleet
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ fleet: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# A 2.25 GiB model through every path that builds or rewrites a model (a few minutes, ~10 GB of disk)
+test-scale: $(STAMP)
+	$(BIN)/python -m pytest -q -m scale
 
 lint: $(STAMP)
 	$(BIN)/ruff check xbackend tests models benchmarks

@@ -20,7 +20,9 @@ each backend within 1.3x its weights + one run's activations + 1 GiB.
 
 Usage: python benchmarks/scale.py [--seqs 64,256,1024] [--sizes 2,12,36] [--backends ...]
                                   [--skip-polygraphy] [--workdir DIR] [--table FILE.md]
+                                  [--plot FILE.png] [--log FILE]
        python benchmarks/scale.py --floor MODEL --seq T [--runs 2]
+       python benchmarks/scale.py --replot LOG --plot FILE.png   (the figure from a run's log)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -106,7 +109,7 @@ def export(workdir: Path, layers: int) -> tuple[Path, int]:
             check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         print(f"  (exported {model.parent.name} in {time.perf_counter() - t:.0f} s)", flush=True)
-    weights = sum(p.stat().st_size for p in model.parent.iterdir() if p.name != "factory.py")
+    weights = sum(p.stat().st_size for p in model.parent.glob("model.onnx*"))  # the proto and its data
     return model, weights
 
 
@@ -127,6 +130,50 @@ def xbackend_row(model: Path, seq: int, backend: str, tmp: Path) -> tuple[float,
     return wall, peak, own, code
 
 
+LINE = re.compile(r"^  (\S+)\s+([\d.]+) s  peak\s+([\d.]+) GiB(?: \(backend\s+([\d.]+) GiB\))?  exit (-?\d+)")
+
+
+def parse_log(text: str) -> list[tuple[str, str, float, float, int]]:
+    """(case, tool, wall s, peak GiB, exit) from the lines this script prints; a backend's own
+    peak where it was measured, else the whole command's."""
+    rows, case = [], ""
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and " T=" in line:
+            case = line.split(" (")[0]
+        elif m := LINE.match(line):
+            tool_, wall, peak, own, code = m.groups()
+            rows.append((case, tool_, float(wall), float(own or peak), int(code)))
+    return rows
+
+
+def plot(rows: list[tuple[str, str, float, float, int]], png: str) -> None:
+    """Wall time and peak memory per tool, one point per case (model size, then sequence)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    cases = list(dict.fromkeys(r[0] for r in rows))
+    tools = list(dict.fromkeys(r[1] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, col, label in ((axes[0], 2, "wall time (s)"), (axes[1], 3, "peak memory (GiB)")):
+        for t in tools:
+            pts = [(cases.index(r[0]), r[col]) for r in rows if r[1] == t and r[4] in (0, 1)]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=t)
+        ax.set_xticks(range(len(cases)), [c.replace("gpt2-", "").replace(" T=", "\nT=") for c in cases])
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("xbackend per layer (2 runs) against the floor script and Polygraphy, GPT-2-style models")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110, metadata={"Software": None})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seqs", default="64,256,1024", help="sequence lengths at 12 layers")
@@ -138,30 +185,42 @@ def main() -> None:
     ap.add_argument("--floor", metavar="MODEL", help="run the plain-script floor on MODEL and exit")
     ap.add_argument("--seq", type=int, default=64, help="with --floor: sequence length")
     ap.add_argument("--runs", type=int, default=2, help="with --floor: inferences")
+    ap.add_argument("--plot", help="draw wall time and peak memory per tool to FILE.png")
+    ap.add_argument(
+        "--replot", metavar="LOG", help="with --plot: draw from the printed log of an earlier run"
+    )
     args = ap.parse_args()
     if args.floor:
         sys.exit(floor(args.floor, args.seq, args.runs))
+    if args.replot:
+        plot(parse_log(Path(args.replot).read_text()), args.plot or "scale.png")
+        return
     backends = [b for b in args.backends.split(",") if b]
     cases = [(12, int(s)) for s in args.seqs.split(",") if s]
     cases += [(int(n), 64) for n in args.sizes.split(",") if n and (int(n), 64) not in cases]
     rows: list[str] = []
+    printed: list[str] = []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        printed.append(text)
+
     with tempfile.TemporaryDirectory(prefix="xbackend-scale-") as t:
         tmp = Path(t)
         workdir = Path(args.workdir) if args.workdir else tmp
         for layers, seq in sorted(cases, key=lambda c: (c[0], c[1])):
             model, weights = export(workdir, layers)
             name = f"{model.parent.name} T={seq}"
-            print(f"{name} ({weights / 2**30:.2f} GiB of weights)", flush=True)
+            say(f"{name} ({weights / 2**30:.2f} GiB of weights)")
             fl = measure([sys.executable, __file__, "--floor", str(model), "--seq", str(seq)])
-            print(f"  floor       {fl[0]:7.1f} s  peak {fl[1] / 2**30:5.2f} GiB  exit {fl[2]}", flush=True)
+            say(f"  floor       {fl[0]:7.1f} s  peak {fl[1] / 2**30:5.2f} GiB  exit {fl[2]}")
             cells = [f"{fl[0]:.1f} s, {fl[1] / 2**30:.2f} GiB" if fl[2] == 0 else f"failed ({fl[2]})"]
             for b in backends:
                 wall, peak, own, code = xbackend_row(model, seq, b, tmp)
                 ratio = f"  {wall / fl[0]:.2f}x floor" if b == "ort-cpu" and fl[2] == 0 else ""
-                print(
+                say(
                     f"  {b:11s} {wall:7.1f} s  peak {peak / 2**30:5.2f} GiB (backend "
-                    f"{own / 2**30:5.2f} GiB)  exit {code}{ratio}",
-                    flush=True,
+                    f"{own / 2**30:5.2f} GiB)  exit {code}{ratio}"
                 )
                 cells.append(f"{wall:.1f} s, {own / 2**30:.2f} GiB" if code in (0, 1) else f"failed ({code})")
             if not args.skip_polygraphy:
@@ -169,7 +228,7 @@ def main() -> None:
                     [tool("polygraphy"), "run", str(model), "--onnxrt", "--onnxrt", "--onnx-outputs", "*",
                      "--input-shapes", f"input_ids:[1,{seq}]", "--val-range", "input_ids:[0,50256]"]
                 )  # fmt: skip
-                print(f"  polygraphy  {pg[0]:7.1f} s  peak {pg[1] / 2**30:5.2f} GiB  exit {pg[2]}")
+                say(f"  polygraphy  {pg[0]:7.1f} s  peak {pg[1] / 2**30:5.2f} GiB  exit {pg[2]}")
                 cells.append(f"{pg[0]:.1f} s, {pg[1] / 2**30:.2f} GiB" if pg[2] == 0 else "fails")
             rows.append(f"| {name} | {weights / 2**30:.2f} GiB | " + " | ".join(cells) + " |")
     head = ["model", "weights", "floor", *backends] + ([] if args.skip_polygraphy else ["polygraphy"])
@@ -177,6 +236,8 @@ def main() -> None:
     print(table)
     if args.table:
         Path(args.table).write_text(table + "\n")
+    if args.plot:
+        plot(parse_log("\n".join(printed)), args.plot)
 
 
 if __name__ == "__main__":

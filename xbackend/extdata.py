@@ -115,17 +115,16 @@ def map_external(proto: onnx.ModelProto, p: Path) -> dict[str, np.ndarray]:
     returned (an onnx ModelContainer's large initializers). Nothing is copied: pages are read
     as the engine touches them, and the kernel can drop them again. Weights of other types
     (packed 4-bit, strings) and those in subgraphs are read into the proto as load_external
-    does."""
-    if not uses_external_data(proto):
-        return {}
-    check_external_files(proto, p)
+    does. Large weights stored in the proto itself move out of it the same way (one copy held,
+    not the proto's and the engine's)."""
+    external = uses_external_data(proto)
+    if external:
+        check_external_files(proto, p)
     out: dict[str, np.ndarray] = {}
     try:
         mapped = set()
         for t in proto.graph.initializer:
-            if t.data_location != TensorProto.EXTERNAL:
-                continue
-            arr = _mapped(t, p.parent)
+            arr = _mapped(t, p.parent) if t.data_location == TensorProto.EXTERNAL else _lifted(t)
             if arr is None:
                 continue
             key = f"{IN_MEMORY}{len(out)}:{t.name}"
@@ -133,12 +132,34 @@ def map_external(proto: onnx.ModelProto, p: Path) -> dict[str, np.ndarray]:
             del t.external_data[:]
             t.external_data.add(key="location", value=key)
             mapped.add(t.name)
-        for t in all_tensors(proto.graph):
+        for t in all_tensors(proto.graph) if external else ():
             if t.data_location == TensorProto.EXTERNAL and t.name not in mapped:
                 _read_external(t, p.parent)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
     return out
+
+
+_LIFT_BYTES = 1 << 16  # inline weights from this size on leave the proto (shape tensors stay)
+
+
+def _lifted(t: TensorProto) -> np.ndarray | None:
+    """An inline weight's bytes as an array of their own, cleared from the proto; None where it
+    is small or of a type numpy cannot hold one to one."""
+    if not t.HasField("raw_data") or len(t.raw_data) < _LIFT_BYTES or sys.byteorder != "little":
+        return None
+    if t.data_type in _PACKED:
+        return None
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if dtype.kind == "O":
+        return None
+    arr = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(int(d) for d in t.dims))
+    t.ClearField("raw_data")
+    t.data_location = TensorProto.EXTERNAL
+    return arr
 
 
 def _mapped(t: TensorProto, base: Path) -> np.ndarray | None:

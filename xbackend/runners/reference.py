@@ -68,6 +68,8 @@ class ReferenceRunner(Runner):
         proto = load_proto(model.path, load_external=False)
         # weights mapped from their files, not copied into the proto and again into numpy
         weights = map_external(proto, Path(model.path))
+        if weights:  # a fresh proto: the old one's arena still holds the bytes of lifted weights
+            proto = onnx.load_from_string(proto.SerializeToString())
         proto, weights = self.transform(proto, weights)
         self._tensor_seqs = {o.name for o in proto.graph.output if _sequence_of_tensors(o.type)}
         container = ModelContainer()
