@@ -79,11 +79,12 @@ def test_probes_that_rewrite_the_model_keep_the_weights_external(big: tuple[Path
         outputs_only=True,
         noise_samples=0,
     )
-    for name in ("opt-levels", "batch"):
-        probe = r.probe(name)
-        assert probe.status == "ok", (name, probe)
-    batch = {row.backend: row for row in r.probe("batch").rows}  # type: ignore[attr-defined]
-    assert batch["ort-cpu"].invariant is not None
+    opt = r.probe("opt-levels")
+    assert opt.failures == () and len(opt.rows) >= 4  # type: ignore[attr-defined]
+    (row,) = r.probe("batch").rows  # type: ignore[attr-defined]
+    assert row.status == "ok", row.reason
+    # one sample alone vs inside a batch of 3: a real comparison of the graph output
+    assert row.invariant is not None and row.compared >= 1
 
 
 def test_certify_and_verify(
