@@ -146,3 +146,18 @@ def test_a_budget_the_whole_run_cannot_fit_is_one_line_saying_what_to_do() -> No
         )
     with pytest.raises(UsageError, match=r"ort-cpu holds the weights about 2 times .* raise --max-memory"):
         xbackend.compare(MLP, backends=["ort-cpu"], runs=1, probes=(), max_memory=OVERHEAD)
+
+
+def test_the_oracle_is_planned_at_float64() -> None:
+    from xbackend.compare.memory import OVERHEAD
+    from xbackend.extdata import raw_size
+    from xbackend.footprint import tensor_bytes
+
+    spec, proto = load_model(MLP)
+    weights = sum(raw_size(t) or 0 for t in proto.graph.initializer)
+    run = sum(tensor_bytes(proto, {"x": (1, 16, 64)})[t] for t in spec.all_tensors())
+    budget = OVERHEAD + 2 * weights + run + run // 2  # the run fits in float32, not in float64
+    r = xbackend.compare(MLP, backends=["reference"], runs=1, probes=(), max_memory=budget)
+    assert r.backend("reference").status == "ok"
+    with pytest.raises(UsageError, match=r"oracle holds every tensor of a run at once \(about 0\.5"):
+        xbackend.compare(MLP, backends=["oracle"], runs=1, probes=(), max_memory=budget)

@@ -58,7 +58,7 @@ class MemoryPlan:
         if not cls.windowed:
             counted = spec.all_tensors() if cls.holds_every_intermediate else tensors
             largest = max((self.sizes[t] for t in counted if t in self.sizes), default=0)
-            need = sum(self.sizes.get(t, largest) for t in counted)
+            need = int(cls.value_width * sum(self.sizes.get(t, largest) for t in counted))
             if need > room:
                 what = "every tensor of a run" if cls.holds_every_intermediate else "the tensors it exposes"
                 raise UsageError(

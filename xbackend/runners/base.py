@@ -100,10 +100,12 @@ class Runner(abc.ABC):
     shares_process: ClassVar[bool] = False
     # Memory (--max-memory). windowed: the engine holds only the tensors it exposes, so they can
     # be exposed in windows, one build each. holds_every_intermediate: it keeps every tensor of a
-    # run whatever it exposes. weight_copies: the weights' bytes it holds per byte stored.
+    # run whatever it exposes. weight_copies: the weights' bytes it holds per byte stored;
+    # value_width: the bytes it holds per byte of a tensor as the model types it.
     windowed: ClassVar[bool] = False
     holds_every_intermediate: ClassVar[bool] = False
     weight_copies: ClassVar[float] = 2.0
+    value_width: ClassVar[float] = 1.0
     # Determinism properties the hardware promises (xbackend.promises.PROPERTIES): every
     # comparison checks them, and one seen broken is a failure (exit 16).
     promises: ClassVar[frozenset[str]] = frozenset()

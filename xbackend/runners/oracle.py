@@ -151,6 +151,7 @@ class OracleRunner(ReferenceRunner):
     name = "oracle"
     description = "float64 oracle: the model promoted to double, reference evaluator, 1 BLAS thread"
     weight_copies = 2.0  # float64 copies of float32 weights, memory-mapped
+    value_width = 2.0  # every result in float64
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)
