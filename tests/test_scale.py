@@ -161,3 +161,21 @@ def test_the_oracle_is_planned_at_float64() -> None:
     assert r.backend("reference").status == "ok"
     with pytest.raises(UsageError, match=r"oracle holds every tensor of a run at once \(about 0\.5"):
         xbackend.compare(MLP, backends=["oracle"], runs=1, probes=(), max_memory=budget)
+
+
+def test_one_backend_alone_compares_its_layers_by_digest(models: dict[str, Path], plugins: None) -> None:
+    """Nothing reads a lone backend's per-layer tensors in another process: the worker writes the
+    graph outputs only, compares the rest by digest, and measures a tensor that moved with two
+    more runs. test-racy moves 'pooled' and 'y' up by (run + 1) ULPs in each run."""
+    kw = dict(backends=["test-racy"], runs=3, probes=(), runner_options={"test-racy": {"threads": "2"}})
+    alone = xbackend.compare(models["scatter_add"], **kw)  # type: ignore[arg-type]
+    b = alone.backend("test-racy")
+    assert b.deterministic is False and b.distinct_outputs == 3
+    assert b.first_nondeterministic == "pooled"
+    worst = {d.name: d.max_ulp for d in b.varying()}
+    # y (an output, written) against run 0: runs 1 and 2 are 1 and 2 ULP away; pooled (compared
+    # by digest) measured between the two extra runs: 1 ULP
+    assert worst == {"pooled": 1, "y": 2}
+    # two builds: the build-to-build comparison reads the per-layer capture, so it is all written
+    two = xbackend.compare(models["scatter_add"], builds=2, **kw)  # type: ignore[arg-type]
+    assert {d.name: d.max_ulp for d in two.backend("test-racy").varying()} == {"pooled": 2, "y": 2}

@@ -35,6 +35,7 @@ class PhaseSpec:
     serves_outputs: bool = False
     model: ModelRef | None = None  # a rewrite of the model (xbackend.reorder, xbackend.sever)
     windows: tuple[tuple[str, ...], ...] = ()  # --max-memory: tensors exposed window by window
+    spill: bool = True  # False: only the graph outputs of this phase's capture are written
 
 
 def standard_phases(
@@ -46,6 +47,7 @@ def standard_phases(
     options: Mapping[str, str] | None = None,
     timed_runs: int = 0,
     windows: tuple[tuple[str, ...], ...] = (),
+    spill: bool = True,
 ) -> tuple[PhaseSpec, ...]:
     """The plain model for graph outputs and, unless outputs only, the instrumented model for
     per-layer tables; one build serves both where exposing intermediates changes nothing.
@@ -55,8 +57,13 @@ def standard_phases(
     if outputs_only or not layers:
         return (PhaseSpec(OUTPUTS, outputs, plain),)
     if not separate_layers(cls, spec, options or {}):
-        return (PhaseSpec(LAYERS, spec.tensor_order(), plain, serves_outputs=True, windows=windows),)
-    return (PhaseSpec(OUTPUTS, outputs, plain), PhaseSpec(LAYERS, spec.tensor_order(), runs, windows=windows))
+        return (
+            PhaseSpec(LAYERS, spec.tensor_order(), plain, serves_outputs=True, windows=windows, spill=spill),
+        )
+    return (
+        PhaseSpec(OUTPUTS, outputs, plain),
+        PhaseSpec(LAYERS, spec.tensor_order(), runs, windows=windows, spill=spill),
+    )
 
 
 def separate_layers(cls: type[Runner], spec: ModelSpec, options: Mapping[str, str]) -> bool:
@@ -244,6 +251,7 @@ def _phase(p: PhaseSpec, job_dir: Path) -> Phase:
         p.serves_outputs,
         p.model,
         p.windows,
+        p.spill,
     )
 
 

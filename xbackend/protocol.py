@@ -61,6 +61,9 @@ class Phase:
     model: ModelRef | None = None
     # --max-memory: the tensors cut into windows, each its own build and runs; () for one window
     windows: tuple[tuple[str, ...], ...] = ()
+    # False: no other process reads this phase's capture beyond the graph outputs, so the rest
+    # is compared run to run by digest and never written (a tensor that moves is measured apart)
+    spill: bool = True
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Phase:
@@ -73,6 +76,7 @@ class Phase:
             bool(d["serves_outputs"]),
             ModelRef.from_dict(d["model"]) if d.get("model") else None,
             tuple(tuple(w) for w in d.get("windows", ())),
+            bool(d.get("spill", True)),
         )
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib
 import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -40,11 +41,19 @@ class RunTracker:
     later run against that file, one tensor at a time, so a worker holds one run's values (as the
     engine does), never two. A later run's tensor that equals run 0's bit for bit takes run 0's
     digest: only tensors that moved are hashed again. Runs arrive window by window (each window
-    is one build exposing some of the tensors): run 0 of a window, then its later runs."""
+    is one build exposing some of the tensors): run 0 of a window, then its later runs.
 
-    def __init__(self, outputs: Sequence[str], op_types: Mapping[str, str], path: str) -> None:
+    With spill=False only the graph outputs are written; the other tensors are compared by
+    digest, and those that moved are listed in `moved` for measure() to compare apart."""
+
+    def __init__(
+        self, outputs: Sequence[str], op_types: Mapping[str, str], path: str, spill: bool = True
+    ) -> None:
         self.outputs = list(outputs)
         self.op_types = dict(op_types)
+        self.spill = spill
+        self._output_set = set(outputs)
+        self.moved: list[str] = []  # unspilled tensors whose digest changed, in this window
         self.writer = ValueWriter(path)
         self.names: list[str] = []  # run 0's, every window's in order
         self.window: list[str] = []  # run 0's names in the current window
@@ -64,15 +73,26 @@ class RunTracker:
         if run == 0:
             self.window = list(capture)
             self.names += self.window
+            self.moved = []
             # hashing runs beside the write (both release the GIL on large buffers)
-            with ThreadPoolExecutor(max_workers=1) as pool:
+            with ThreadPoolExecutor(max_workers=1 if self.spill else 2) as pool:
                 pending = [(n, pool.submit(tensor_digest, n, capture[n])) for n in self.window]
                 for n in self.window:
-                    self.writer.add(n, capture[n])
+                    if self._spilled(n):
+                        self.writer.add(n, capture[n])
                 digests.update((n, f.result()) for n, f in pending)
             return
         first = self.run_digests[0]
+        unspilled = [n for n in self.window if n in capture and not self._spilled(n)]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            hashed = dict(zip(unspilled, pool.map(lambda n: tensor_digest(n, capture[n]), unspilled)))
+        for n, h in hashed.items():
+            digests[n] = h
+            if h != first[n] and n not in self.moved:
+                self.moved.append(n)
         for n in self.window:
+            if n in hashed:
+                continue
             if n not in capture:
                 keep_worse(
                     self.worst,
@@ -84,6 +104,26 @@ class RunTracker:
                 keep_worse(self.worst, d)
             same = all(d.bitwise_equal for d in diffs)
             digests[n] = first[n] if same else tensor_digest(n, capture[n])
+
+    def _spilled(self, name: str) -> bool:
+        return self.spill or name in self._output_set
+
+    def measure(self, run: Callable[[], dict[str, Value]], path: str) -> None:
+        """How far the moved tensors move, when their digests said only that they did: two more
+        runs, the first's moved tensors written to `path`, the second's compared with them."""
+        with ValueWriter(path) as side:
+            first = run()
+            for n in self.moved:
+                if n in first:
+                    side.add(n, first[n])
+            del first
+            again = run()
+            for n in self.moved:
+                if n in again and n in side.entries:
+                    for d in diff_values(n, again[n], side.read(n), self.op_types.get(n, "")):
+                        keep_worse(self.worst, d)
+            del again
+        os.unlink(path)
 
     def finish(self) -> None:
         """Close the capture file; each run's hashes from its tensors' digests."""
@@ -131,7 +171,7 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
     """Prepare `runner` for the phase's tensors, run the feeds `runs` times, then each extra feed
     set. A phase cut into windows (--max-memory) builds a fresh runner for each later window."""
     windows = phase.windows or (phase.tensors,)
-    tracker = RunTracker(job.outputs, job.op_types, phase.capture)
+    tracker = RunTracker(job.outputs, job.op_types, phase.capture, phase.spill)
     run_s = [0.0] * phase.runs
     prepare_s = 0.0
     fingerprints = []
@@ -163,6 +203,11 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
                         fingerprints.append(runner.fingerprint())
                     del capture
                     _tick()
+                if tracker.moved:
+                    _stage(
+                        f"{where}: {len(tracker.moved)} tensors moved run to run; two more runs measure them"
+                    )
+                    tracker.measure(functools.partial(runner.run, feeds), f"{phase.capture}.moved")
                 not_exposed.update(runner.not_exposed())
                 info = info or runner.info()
                 for feeds_path, capture_path in phase.extra_feeds:  # never windowed (see plan)

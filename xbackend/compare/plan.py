@@ -160,6 +160,7 @@ def main_jobs(
     opts: CompareOptions,
     feeds: Path,
     windows: tuple[tuple[str, ...], ...] = (),
+    spill: bool = True,
 ) -> list[Job]:
     if p.cls is None:
         return []
@@ -171,6 +172,7 @@ def main_jobs(
         options=p.raw_options,
         timed_runs=opts.timed_runs,
         windows=windows,
+        spill=spill,
     )
     return [
         Job(f"{p.name}-build{k}", p.name, p.cls, p.variant(), feeds, phases, fingerprint=opts.builds > 1)

@@ -80,7 +80,12 @@ def compare_with_options(
         feeds.save(feeds_path)
         ctx = ProbeContext(spec, opts, feeds, feeds_path, work)
         probes = [PROBES[n](ctx) for n in wanted]
-        done = _execute(spec, opts, ctx, planned, probes, loaded, progress or NullProgress(), windows)
+        # One backend, one build, nothing saved or compared after: its per-layer tensors cross no
+        # process, so the worker compares them run to run by digest and writes the outputs only.
+        running = [pr for pr in probes if not pr.always]  # the builds probe reads fingerprints only
+        alone = len(planned) == 1 and opts.builds == 1 and not (running or loaded or opts.baseline)
+        spill = not (alone and capture_to is None and not opts.save_captures)
+        done = _execute(spec, opts, ctx, planned, probes, loaded, progress or NullProgress(), windows, spill)
         return _result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to)
 
 
@@ -105,12 +110,15 @@ def _execute(
     loaded: Sequence[LoadedCapture],
     bar: ProgressSink,
     windows: Mapping[str, tuple[tuple[str, ...], ...]],
+    spill: bool = True,
 ) -> _Executed:
     """Every backend's builds, every probe's jobs, the follow-ups they ask for, then the
     explanation (floor and local errors), under one bar."""
     max_ir = {p.interpreter.path: p.interpreter.max_ir for p in planned if p.interpreter}
     ex = Executor(spec, ctx.work, opts.timeout, bar, max_ir)
-    mains = {p.name: main_jobs(p, spec, opts, ctx.feeds_path, windows.get(p.name, ())) for p in planned}
+    mains = {
+        p.name: main_jobs(p, spec, opts, ctx.feeds_path, windows.get(p.name, ()), spill) for p in planned
+    }
     probe_jobs = {(pr.name, p.name): pr.jobs(p) for pr in probes for p in planned if p.cls is not None}
     bar.start(_steps([*mains.values(), *probe_jobs.values()]))
     try:
