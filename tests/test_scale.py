@@ -179,3 +179,21 @@ def test_one_backend_alone_compares_its_layers_by_digest(models: dict[str, Path]
     # two builds: the build-to-build comparison reads the per-layer capture, so it is all written
     two = xbackend.compare(models["scatter_add"], builds=2, **kw)  # type: ignore[arg-type]
     assert {d.name: d.max_ulp for d in two.backend("test-racy").varying()} == {"pooled": 2, "y": 2}
+
+
+def test_an_explanation_past_the_budget_is_skipped_with_the_reason() -> None:
+    from xbackend.compare.memory import OVERHEAD
+    from xbackend.extdata import raw_size
+    from xbackend.footprint import tensor_bytes
+
+    spec, proto = load_model(MLP)
+    weights = sum(raw_size(t) or 0 for t in proto.graph.initializer)
+    run = sum(tensor_bytes(proto, {"x": (1, 16, 64)})[t] for t in spec.all_tensors())
+    # both backends fit (ORT: its weights twice and one run), the severed model's two runs do not
+    budget = OVERHEAD + 2 * weights + run + run // 2
+    r = xbackend.compare(MLP, backends=["ort-cpu", "reference"], runs=1, probes=(), max_memory=budget)
+    assert [b.status for b in r.backends] == ["ok", "ok"]
+    ex = r.explanation
+    assert ex.status == "unavailable"
+    assert ex.reason.startswith("floors and origins were not measured: its builds hold every tensor")
+    assert ex.reason.endswith("raise --max-memory, or narrow the comparison with --tensors")

@@ -71,15 +71,19 @@ def explain(
     results: Mapping[str, BackendResult],
     ref: str,
     bar: ProgressSink,
+    too_big: str = "",
 ) -> Explanation:
     """The floor and every backend's local errors against `ref`; never raises: a step that
-    cannot run makes the explanation unavailable, with the reason."""
+    cannot run makes the explanation unavailable, with the reason (`too_big`: why its builds
+    would not fit the memory budget)."""
     opts = ctx.opts
     if opts.noise_samples == 0:
         return Explanation("unavailable", "--noise-samples 0: no floor was measured")
     others = [b for n, b in builds.items() if n not in (ref, EXPECTED) and b.ok]
     if not others:
         return Explanation("unavailable")  # nothing is compared with the reference
+    if too_big:
+        return Explanation("unavailable", f"floors and origins were not measured: {too_big}")
     if all(b.loaded is not None for b in others):
         why = "every backend compared with the reference was loaded from a capture"
         return Explanation("unavailable", f"{why}; --max-ulp auto stands at {opts.fixed_ulp:g}")

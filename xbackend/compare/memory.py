@@ -75,6 +75,21 @@ class MemoryPlan:
         )
         return plan.windows if len(plan.windows) > 1 else ()
 
+    def explanation_blocker(self, spec: ModelSpec) -> str:
+        """Why the explanation's ONNX Runtime builds cannot run within the budget ('' when they
+        can): the severed model takes every tensor of a run in and gives every one out."""
+        if self.budget is None:
+            return ""
+        largest = max(self.sizes.values(), default=0)
+        need = 2 * sum(self.sizes.get(t, largest) for t in spec.all_tensors())
+        held = 2 * self.weights + OVERHEAD
+        if need + held <= self.budget:
+            return ""
+        return (
+            f"its builds hold every tensor of a run twice (about {gib(need)}) beside the weights, more than "
+            f"the {self.describe()}; {self._raise_it()}, or narrow the comparison with --tensors"
+        )
+
     def _raise_it(self) -> str:
         return "raise --max-memory" if self.explicit else "free memory, or set --max-memory higher"
 

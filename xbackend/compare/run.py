@@ -85,7 +85,18 @@ def compare_with_options(
         running = [pr for pr in probes if not pr.always]  # the builds probe reads fingerprints only
         alone = len(planned) == 1 and opts.builds == 1 and not (running or loaded or opts.baseline)
         spill = not (alone and capture_to is None and not opts.save_captures)
-        done = _execute(spec, opts, ctx, planned, probes, loaded, progress or NullProgress(), windows, spill)
+        done = _execute(
+            spec,
+            opts,
+            ctx,
+            planned,
+            probes,
+            loaded,
+            progress or NullProgress(),
+            windows,
+            spill,
+            memory.explanation_blocker(spec),
+        )
         return _result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to)
 
 
@@ -111,6 +122,7 @@ def _execute(
     bar: ProgressSink,
     windows: Mapping[str, tuple[tuple[str, ...], ...]],
     spill: bool = True,
+    too_big: str = "",
 ) -> _Executed:
     """Every backend's builds, every probe's jobs, the follow-ups they ask for, then the
     explanation (floor and local errors), under one bar."""
@@ -131,7 +143,7 @@ def _execute(
             builds[cap.name] = Builds(PlannedBackend(cap.name, None, {}, {}), (), cap)
             backends += (replace(cap.backend, loaded_from=str(cap.path)),)
         ref = effective_reference(opts, backends)
-        explanation = explain(ex, ctx, planned, builds, {b.name: b for b in backends}, ref, bar)
+        explanation = explain(ex, ctx, planned, builds, {b.name: b for b in backends}, ref, bar, too_big)
     finally:
         bar.stop()
     return _Executed(builds, backends, outcomes, broken, ref, explanation)
