@@ -146,15 +146,10 @@ _LIFT_BYTES = 1 << 16  # inline weights from this size on leave the proto (shape
 def _lifted(t: TensorProto) -> np.ndarray | None:
     """An inline weight's bytes as an array of their own, cleared from the proto; None where it
     is small or of a type numpy cannot hold one to one."""
-    if not t.HasField("raw_data") or len(t.raw_data) < _LIFT_BYTES or sys.byteorder != "little":
+    if not t.HasField("raw_data") or len(t.raw_data) < _LIFT_BYTES:
         return None
-    if t.data_type in _PACKED:
-        return None
-    try:
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
-    except (KeyError, TypeError, ValueError):
-        return None
-    if dtype.kind == "O":
+    dtype = _plain_dtype(t)
+    if dtype is None:
         return None
     arr = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(int(d) for d in t.dims))
     t.ClearField("raw_data")
@@ -162,15 +157,22 @@ def _lifted(t: TensorProto) -> np.ndarray | None:
     return arr
 
 
-def _mapped(t: TensorProto, base: Path) -> np.ndarray | None:
-    """A read-only map of the tensor's bytes, or None for a type numpy cannot map one to one."""
-    if t.data_type in _PACKED or sys.byteorder != "little":  # ONNX's raw bytes are little-endian
+def _plain_dtype(t: TensorProto) -> np.dtype[np.generic] | None:
+    """The numpy dtype whose bytes are the tensor's raw bytes one to one, or None (packed 4- and
+    2-bit types, strings, a big-endian host: ONNX's raw bytes are little-endian)."""
+    if t.data_type in _PACKED or sys.byteorder != "little":
         return None
     try:
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
     except (KeyError, TypeError, ValueError):
         return None
-    if dtype.kind == "O":
+    return None if dtype.kind == "O" else dtype
+
+
+def _mapped(t: TensorProto, base: Path) -> np.ndarray | None:
+    """A read-only map of the tensor's bytes, or None for a type numpy cannot map one to one."""
+    dtype = _plain_dtype(t)
+    if dtype is None:
         return None
     rel, offset, _ = _where(t)
     _safe(t, rel)

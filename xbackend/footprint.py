@@ -15,7 +15,15 @@ from xbackend.errors import UsageError
 from xbackend.extdata import raw_size
 from xbackend.textfmt import gib
 
-__all__ = ["DEFAULT_SHARE", "Footprint", "available_memory", "parse_size", "plan_windows", "tensor_bytes"]
+__all__ = [
+    "DEFAULT_SHARE",
+    "Footprint",
+    "available_memory",
+    "parse_size",
+    "plan_windows",
+    "tensor_bytes",
+    "total_bytes",
+]
 
 DEFAULT_SHARE = 0.8  # of the memory available when a comparison starts
 _GiB = 2**30
@@ -121,10 +129,20 @@ class Footprint:
     unsized: int  # exposed tensors shape inference could not size
 
 
+def total_bytes(tensors: Sequence[str], sizes: Mapping[str, int]) -> int:
+    """Bytes of `tensors`, one shape inference could not size counted at the largest it could."""
+    largest = _largest(tensors, sizes)
+    return sum(sizes.get(t, largest) for t in tensors)
+
+
+def _largest(tensors: Sequence[str], sizes: Mapping[str, int]) -> int:
+    return max((sizes[t] for t in tensors if t in sizes), default=0)
+
+
 def plan_windows(tensors: Sequence[str], sizes: Mapping[str, int], budget: int, what_to_do: str) -> Footprint:
     """Consecutive windows of `tensors` (model order) whose bytes stay within `budget`. A tensor
     shape inference could not size counts at the size of the largest that it could."""
-    largest = max((sizes[t] for t in tensors if t in sizes), default=0)
+    largest = _largest(tensors, sizes)
     windows: list[tuple[str, ...]] = []
     current: list[str] = []
     used = 0
@@ -142,5 +160,6 @@ def plan_windows(tensors: Sequence[str], sizes: Mapping[str, int], budget: int, 
         used += n
     if current:
         windows.append(tuple(current))
-    total = sum(sizes.get(t, largest) for t in tensors)
-    return Footprint(tuple(windows), budget, total, sum(1 for t in tensors if t not in sizes))
+    return Footprint(
+        tuple(windows), budget, total_bytes(tensors, sizes), sum(1 for t in tensors if t not in sizes)
+    )

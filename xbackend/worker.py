@@ -196,7 +196,7 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
                     capture = runner.run(feeds)
                     run_s[i] += time.perf_counter() - t0
                     held = sum(getattr(v, "nbytes", 0) for v in capture.values())
-                    what = "saving" if i == 0 else "comparing with run 1:"
+                    what = "comparing with run 1:" if i else ("saving" if phase.spill else "hashing")
                     _stage(f"{where}: run {i + 1}/{phase.runs}: {what} {len(capture)} tensors, {_size(held)}")
                     tracker.add(i, capture)
                     if i == 0:

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 
 from xbackend.errors import UsageError
-from xbackend.footprint import DEFAULT_SHARE, available_memory, plan_windows, tensor_bytes
+from xbackend.footprint import DEFAULT_SHARE, available_memory, plan_windows, tensor_bytes, total_bytes
 from xbackend.inputs import Feeds
 from xbackend.model import ModelSpec
 from xbackend.probes.base import PlannedBackend
@@ -57,8 +57,7 @@ class MemoryPlan:
             )
         if not cls.windowed:
             counted = spec.all_tensors() if cls.holds_every_intermediate else tensors
-            largest = max((self.sizes[t] for t in counted if t in self.sizes), default=0)
-            need = int(cls.value_width * sum(self.sizes.get(t, largest) for t in counted))
+            need = int(cls.value_width * total_bytes(counted, self.sizes))
             if need > room:
                 what = "every tensor of a run" if cls.holds_every_intermediate else "the tensors it exposes"
                 raise UsageError(
