@@ -24,6 +24,7 @@ PLUGINS = {
     "test-promising": "plugin_runners:PromisingRunner",
     "test-kill-job": "plugin_runners:KillJobRunner",
     "test-fast-gelu": "plugin_runners:FastGeluRunner",
+    "test-plant": "plugin_runners:PlantRunner",
     "test-batch-nudge": "plugin_runners:BatchNudgeRunner",
     "test-racy": "plugin_runners:RacyRunner",
     "test-moded": "plugin_runners:ModedRunner",

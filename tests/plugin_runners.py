@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -339,3 +339,188 @@ class ModedRunner(RacyRunner):
         if self.options["deterministic"] and self.options["keeps"]:
             return ReferenceRunner.run_impl(self, feeds)
         return super().run_impl(feeds)
+
+
+class PlantRunner(OrtCpuRunner):
+    """onnxruntime CPU with a known precision loss planted at every node of one op type (or at
+    the node outputs named by `at`), each rewrite keeping the planted node's output name, so
+    its origins must be exactly those nodes:
+
+    - softmax-recip14: Softmax normalized by a reciprocal rounded to 14 bits (relative 2^-15);
+    - erf-as: Erf by Abramowitz & Stegun 7.1.25 (|error| <= 2.5e-5);
+    - tf32: MatMul operands rounded to 11 significant bits, as TF32 tensor cores do;
+    - bf16-acc: MatMul summed in chunks of 32 into a bfloat16 accumulator (where the inner
+      dimension is known from the model: a weight's);
+    - onepass-var: LayerNormalization with its variance as E[x²] - E[x]².
+    """
+
+    name = "test-plant"
+    description = "ONNX Runtime CPU with a planted precision loss"
+    option_specs = (
+        *OrtCpuRunner.option_specs,
+        OptionSpec(
+            "plant",
+            str,
+            "softmax-recip14",
+            "the loss",
+            choices=("softmax-recip14", "erf-as", "tf32", "bf16-acc", "onepass-var"),
+        ),
+        OptionSpec("at", str, "", "comma-separated node outputs to plant at (default: every node of the op)"),
+    )
+    OPS: ClassVar[dict[str, str]] = {
+        "softmax-recip14": "Softmax",
+        "erf-as": "Erf",
+        "tf32": "MatMul",
+        "bf16-acc": "MatMul",
+        "onepass-var": "LayerNormalization",
+    }
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        proto = onnx.load(model.path)
+        plant = str(self.options["plant"])
+        at = {s for s in str(self.options["at"]).split(",") if s}
+        shapes = _shapes_of(proto)
+        nodes: list[onnx.NodeProto] = []
+        inits: list[onnx.TensorProto] = []
+        self.planted: list[str] = []
+        for node in proto.graph.node:
+            if node.op_type == self.OPS[plant] and (not at or node.output[0] in at):
+                new, consts = _PLANTS[plant](node, shapes)
+                nodes += new
+                inits += consts
+                if new != [node]:
+                    self.planted.append(node.output[0])
+            else:
+                nodes.append(node)
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes)
+        proto.graph.initializer.extend(inits)
+        self._planted = tempfile.TemporaryDirectory(prefix="xbackend-plant-")
+        path = os.path.join(self._planted.name, "planted.onnx")
+        onnx.save(proto, path)
+        return super().prepare_impl(replace(model, path=path, external_data=False), tensors)
+
+    def info(self) -> dict[str, str]:
+        return {**super().info(), "planted": ",".join(getattr(self, "planted", []))}
+
+
+def _shapes_of(proto: onnx.ModelProto) -> dict[str, list[int | str]]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except Exception:
+        inferred = proto
+    out: dict[str, list[int | str]] = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        dims = vi.type.tensor_type.shape.dim
+        out[vi.name] = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims]
+    for t in proto.graph.initializer:
+        out[t.name] = list(t.dims)
+    return out
+
+
+class _G:
+    """Nodes under names unique to one planted node."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.k = 0
+
+    def op(self, op: str, *ins: str, out: str = "", **attrs: Any) -> str:
+        self.k += 1
+        o = out or f"{self.prefix}/plant{self.k}"
+        self.nodes.append(onnx.helper.make_node(op, list(ins), [o], **attrs))
+        return o
+
+    def const(self, v: Any, dtype: Any = np.float32) -> str:
+        self.k += 1
+        name = f"{self.prefix}/const{self.k}"
+        self.inits.append(onnx.numpy_helper.from_array(np.asarray(v, dtype), name))
+        return name
+
+    def split(self, x: str, keep: int) -> str:
+        """x rounded to `keep` significant bits (Veltkamp: c = x·(2^s + 1), hi = c - (c - x))."""
+        c = self.op("Mul", x, self.const(2.0 ** (24 - keep) + 1))
+        return self.op("Sub", c, self.op("Sub", c, x))
+
+
+def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _softmax_recip14(
+    node: onnx.NodeProto, shapes: Any
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    g = _G(node.output[0])
+    axes = g.const([_attr(node, "axis", -1)], np.int64)
+    x = node.input[0]
+    e = g.op("Exp", g.op("Sub", x, g.op("ReduceMax", x, axes, keepdims=1)))
+    r = g.split(g.op("Reciprocal", g.op("ReduceSum", e, axes, keepdims=1)), 14)
+    g.op("Mul", e, r, out=node.output[0])
+    return g.nodes, g.inits
+
+
+def _erf_as(node: onnx.NodeProto, shapes: Any) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    g = _G(node.output[0])
+    z = node.input[0]
+    az = g.op("Abs", z)
+    t = g.op("Reciprocal", g.op("Add", g.const(1.0), g.op("Mul", az, g.const(0.47047))))
+    poly = g.op("Add", g.const(-0.0958798), g.op("Mul", t, g.const(0.7478556)))
+    poly = g.op("Mul", t, g.op("Add", g.const(0.3480242), g.op("Mul", t, poly)))
+    e = g.op("Sub", g.const(1.0), g.op("Mul", poly, g.op("Exp", g.op("Neg", g.op("Mul", z, z)))))
+    g.op("Mul", g.op("Sign", z), e, out=node.output[0])
+    return g.nodes, g.inits
+
+
+def _tf32(node: onnx.NodeProto, shapes: Any) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    g = _G(node.output[0])
+    g.op("MatMul", g.split(node.input[0], 11), g.split(node.input[1], 11), out=node.output[0])
+    return g.nodes, g.inits
+
+
+def _bf16_acc(node: onnx.NodeProto, shapes: Any) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    g = _G(node.output[0])
+    a, b = node.input
+    k = shapes.get(b, [None, None])[-2] if len(shapes.get(b, [])) >= 2 else None
+    if not isinstance(k, int) or k <= 0:  # an inner dimension known only at run time: left as it is
+        return [node], []
+    acc = ""
+    chunk = 32
+    for k0 in range(0, k, chunk):
+        k1 = min(k, k0 + chunk)
+        sa = g.op("Slice", a, g.const([k0], np.int64), g.const([k1], np.int64), g.const([-1], np.int64))
+        sb = g.op("Slice", b, g.const([k0], np.int64), g.const([k1], np.int64), g.const([-2], np.int64))
+        part = g.op("MatMul", sa, sb)
+        total = part if not acc else g.op("Add", acc, part)
+        last = k1 == k
+        acc = g.op("Cast", g.op("Cast", total, to=onnx.TensorProto.BFLOAT16), to=onnx.TensorProto.FLOAT,
+                   out=node.output[0] if last else "")  # fmt: skip
+    return g.nodes, g.inits
+
+
+def _onepass_var(node: onnx.NodeProto, shapes: Any) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    g = _G(node.output[0])
+    x, scale = node.input[0], node.input[1]
+    rank = len(shapes.get(x, [])) or 2
+    axis = _attr(node, "axis", -1) % rank
+    axes = g.const(list(range(axis, rank)), np.int64)
+    mu = g.op("ReduceMean", x, axes, keepdims=1)
+    q = g.op("ReduceMean", g.op("Mul", x, x), axes, keepdims=1)
+    var = g.op("Sub", q, g.op("Mul", mu, mu))
+    sd = g.op("Sqrt", g.op("Add", var, g.const(_attr(node, "epsilon", 1e-5))))
+    y = g.op("Mul", g.op("Div", g.op("Sub", x, mu), sd), scale)
+    if len(node.input) > 2 and node.input[2]:
+        g.op("Add", y, node.input[2], out=node.output[0])
+    else:
+        g.op("Identity", y, out=node.output[0])
+    return g.nodes, g.inits
+
+
+_PLANTS = {
+    "softmax-recip14": _softmax_recip14,
+    "erf-as": _erf_as,
+    "tf32": _tf32,
+    "bf16-acc": _bf16_acc,
+    "onepass-var": _onepass_var,
+}

@@ -35,6 +35,7 @@ __all__ = [
     "TensorDiff",
     "classify",
     "diff_values",
+    "float_info",
     "is_float_dtype",
     "keep_worse",
     "ordered_bits",
@@ -73,7 +74,7 @@ def is_float_dtype(dtype: np.dtype[np.generic]) -> bool:
     return str(dtype) in FLOAT_BITS
 
 
-def _info(dtype: np.dtype[np.generic]) -> Any:
+def float_info(dtype: np.dtype[np.generic]) -> Any:
     """numpy's finfo for its own float types, ml_dtypes' for the rest."""
     name = str(dtype)
     if name in ("float64", "float32", "float16"):
@@ -81,6 +82,9 @@ def _info(dtype: np.dtype[np.generic]) -> Any:
     import ml_dtypes  # optional: a foreign environment may lack ml_dtypes
 
     return ml_dtypes.finfo(dtype)  # type: ignore[no-untyped-call]
+
+
+_info = float_info
 
 
 def _finfo(dtype: np.dtype[np.generic]) -> tuple[int, int]:

@@ -5,22 +5,25 @@ never a float evaluator of our own:
 - the floor: the model with every reduction gathered through a permutation (xbackend.reorder)
   is built once on the floor engine (ort-cpu) and run with the identity and K random orders;
 - local errors: the severed model (xbackend.sever) is built once per backend and run once,
-  fed the reference's values of every tensor a node reads.
+  fed the reference's values of every tensor a node reads, and judged element by element
+  against the float64 value of each node on those same inputs (xbackend.compare.judge: the
+  severed model evaluated in float64 by the oracle, with each node's operand magnitudes).
 Captures stay on disk and are compared one tensor at a time, as the comparator's are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from xbackend.capture import CaptureFile, diff_captures
+from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
+from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model
 from xbackend.compare.plan import plan_backend
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
 from xbackend.extdata import write_rewritten
@@ -32,12 +35,10 @@ from xbackend.progress import ProgressSink
 from xbackend.reorder import Reordered, index_feeds, reorder
 from xbackend.results import EXPECTED, BackendResult, CrossBackendResult
 from xbackend.results.explanation import (
-    MARGIN,
     Explanation,
     IllConditioned,
     LocalErrors,
     conditioning_limit,
-    find_origins,
 )
 from xbackend.sever import SEVERED, sever
 from xbackend.storage import save_values
@@ -46,8 +47,18 @@ from xbackend.values import Value, value_name
 __all__ = ["FLOOR_ENGINE", "attach", "explain", "far_from_float64"]
 
 FLOOR_ENGINE = "ort-cpu"
+JUDGE_ENGINE = "oracle"
 _FLOOR_PHASE = "floor"
 _LOCAL_PHASE = "local"
+
+
+@dataclass(frozen=True)
+class _Judge:
+    """One float64 evaluation of a severed model, or why it cannot run."""
+
+    job: Job | None
+    judged: Judged | None
+    unavailable: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,9 @@ class _Plan:
     # tensor -> the nodes above it that its local run also computes, as (op type, output):
     # those whose inputs the reference did not capture (torch exposes module outputs only)
     upstream: Mapping[str, tuple[tuple[str, str], ...]]
+    reference: str = ""
+    judges: Mapping[str, _Judge] = field(default_factory=dict)  # "" : the reference's granularity
+    judge_of: Mapping[str, str] = field(default_factory=dict)  # backend -> its judge's key
 
 
 def explain(
@@ -98,7 +112,11 @@ def explain(
         plan = _plan(ctx, planned, builds, results, ref, layers.capture)
     except Exception as e:  # an explanation that cannot be planned is reported, never fatal
         return Explanation("unavailable", f"the rewrites failed: {type(e).__name__}: {e}")
-    jobs = [*([plan.floor_job] if plan.floor_job else []), *plan.local_jobs.values()]
+    jobs = [
+        *([plan.floor_job] if plan.floor_job else []),
+        *(j.job for j in plan.judges.values() if j.job is not None),
+        *plan.local_jobs.values(),
+    ]
     bar.grow(sum(j.steps for j in jobs))
     done = ex.run_all(jobs, True)
     return _analyze(ctx, plan, done, layers.capture)
@@ -162,7 +180,6 @@ def _plan(
     }
     severed = sever(proto, available)
     upstream = _upstream(proto, set(available))
-    del proto
     spath = folder / "severed.onnx"
     write_rewritten(severed.proto, spec.path, spath)
     smodel = _ref(spec, spath, tuple(SEVERED + n for n in severed.inputs))
@@ -170,6 +187,9 @@ def _plan(
     sfeeds = folder / "severed.xbv"
     with CaptureFile(ref_capture) as cap:
         save_values(sfeeds, _SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs))
+    captured = {n: d for n, (d, _) in held.items() if not n.startswith(SEVERED)}
+    judges = {"": _judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "")}
+    judge_of: dict[str, str] = {}
     local_jobs: dict[str, Job] = {}
     not_measured: dict[str, str] = {}
     live = {b.name: b for b in planned}
@@ -186,12 +206,84 @@ def _plan(
                 "the reference's values step by step"
             )
             continue
-        # A runner of its own source keeps its model and takes the reference's values as feeds.
+        # A runner of its own source keeps its model and takes the reference's values as feeds:
+        # it computes each part it exposes from the part's inputs, so it is judged at that grain.
+        if not b.cls.executes_graph:
+            judges[name] = _own_grain(
+                ctx, proto, builds[name], available, shapes, captured, ref_capture, name
+            )
+            judge_of[name] = name
         own = replace(smodel, path=spec.path, outputs=spec.output_names)
         model = smodel if b.cls.executes_graph else own
         phase = PhaseSpec(_LOCAL_PHASE, tensors, 1, model=model)
         local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
-    return _Plan(floor_job, local_jobs, not_measured, reordered, extra, tuple(results), upstream)
+    del proto
+    return _Plan(
+        floor_job,
+        local_jobs,
+        not_measured,
+        reordered,
+        extra,
+        tuple(results),
+        upstream,
+        ref,
+        judges,
+        judge_of,
+    )
+
+
+def _judge_job(
+    ctx: ProbeContext,
+    severed: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]],
+    captured: Mapping[str, str],
+    spath: Path,
+    sfeeds: Path,
+    key: str,
+) -> _Judge:
+    """The severed model with each node's operand magnitudes, evaluated in float64 without
+    rounding back (the oracle, narrow=false); or why it cannot run."""
+    oracle = plan_backend(JUDGE_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
+    if oracle.cls is None:
+        return _Judge(
+            None, None, f"the float64 evaluator ({JUDGE_ENGINE}) cannot run here: {oracle.unavailable}"
+        )
+    judged = judged_model(severed, shapes, captured)
+    jpath = spath.with_name(f"judged{'-' + key if key else ''}.onnx")
+    write_rewritten(judged.proto, ctx.spec.path, jpath)
+    inputs = tuple(i.name for i in severed.graph.input if i.name.startswith(SEVERED))
+    model = replace(_ref(ctx.spec, jpath, inputs), outputs=tuple(o.name for o in judged.proto.graph.output))
+    phase = PhaseSpec(JUDGE_PHASE, judged.tensors, 1, model=model)
+    label = f"explain-judge{'-' + key if key else ''}"
+    job = Job(label, JUDGE_ENGINE, oracle.cls, oracle.variant(narrow="false"), sfeeds, (phase,))
+    return _Judge(job, judged)
+
+
+def _own_grain(
+    ctx: ProbeContext,
+    proto: onnx.ModelProto,
+    b: Builds,
+    available: Mapping[str, tuple[int, tuple[int, ...]]],
+    shapes: Mapping[str, tuple[int, ...]],
+    captured: Mapping[str, str],
+    ref_capture: str,
+    name: str,
+) -> _Judge:
+    """A backend that computes each tensor it exposes from the tensors it exposes above it (torch:
+    module outputs): the model severed at those, judged in float64."""
+    layers = b.first.layers if b.ok else None
+    mine: set[str] = set()
+    if layers is not None:
+        with CaptureFile(layers.capture) as cap:
+            mine = set(cap.names)
+    grain = {n: available[n] for n in available if n in mine}
+    severed = sever(proto, grain)
+    spath = ctx.work / "explain" / f"severed-{name}.onnx"
+    sfeeds = spath.with_suffix(".xbv")
+    with CaptureFile(ref_capture) as cap:
+        save_values(sfeeds, _SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs))
+    own = {n: d for n, d in captured.items() if n in grain}
+    return _judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name)
 
 
 def _shapes(
@@ -259,7 +351,6 @@ class _SeveredFeeds(Mapping[str, Value]):
 
 def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str) -> Explanation:
     spec = ctx.spec
-    ops = spec.op_types()
     if plan.floor_job is None or plan.reordered is None:
         return Explanation("unavailable", f"{FLOOR_ENGINE} cannot run here, and it measures the floor")
     fo = done.get(plan.floor_job.label)
@@ -269,25 +360,8 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
     phase = fo.phase(_FLOOR_PHASE)
     assert phase is not None
     floors = _floors(phase.capture, [c for c, _ in phase.extra_captures], spec)
-    modules = spec.modules()
-    terms: dict[str, int] = {}
-    for site in plan.reordered.sites:  # a reduction over several axes: one site per axis
-        terms[site.output] = terms.get(site.output, 1) * site.length
-    local = []
-    for name, why in plan.not_measured.items():
-        local.append(LocalErrors(name, "not-measured", why))
-    for name, job in plan.local_jobs.items():
-        o = done.get(job.label)
-        lp = o.phase(_LOCAL_PHASE) if o is not None and o.ok else None
-        if lp is None:
-            why = o.reason if o is not None else "it did not run"
-            local.append(LocalErrors(name, "not-measured", f"the severed model failed: {why}"))
-            continue
-        with CaptureFile(lp.capture) as a, CaptureFile(ref_capture) as b:
-            produced = [t.name for t in spec.tensors if t.name in a and t.name in b]
-            diffs = diff_captures(a, b, produced, ops)
-        local.append(find_origins(name, diffs, floors, modules, MARGIN, terms, plan.upstream))
-    local.sort(key=lambda x: plan.order.index(x.backend))
+    local = _judge_all(spec, plan, done, ref_capture)
+    local.sort(key=lambda x: plan.order.index(x.backend) if x.backend in plan.order else -1)
     ill = _ill_conditioned(spec, floors, ref_capture)
     return Explanation(
         "ok",
@@ -299,6 +373,38 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
         local=tuple(local),
         ill_conditioned=ill,
     )
+
+
+def _judge_all(
+    spec: ModelSpec, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str
+) -> list[LocalErrors]:
+    """Every backend's local errors against the float64 judge, the reference's own included (its
+    capture is its severed run: it was fed its own values)."""
+    local = [LocalErrors(name, "not-measured", why) for name, why in plan.not_measured.items()]
+    modules = spec.modules()
+    order = spec.tensor_order()
+    captures = {plan.reference: ref_capture}
+    for name, job in plan.local_jobs.items():
+        o = done.get(job.label)
+        lp = o.phase(_LOCAL_PHASE) if o is not None and o.ok else None
+        if lp is None:
+            why = o.reason if o is not None else "it did not run"
+            local.append(LocalErrors(name, "not-measured", f"the severed model failed: {why}"))
+            continue
+        captures[name] = lp.capture
+    for name, capture in captures.items():
+        judge = plan.judges.get(plan.judge_of.get(name, ""))
+        o = done.get(judge.job.label) if judge is not None and judge.job is not None else None
+        jp = o.phase(JUDGE_PHASE) if o is not None and o.ok else None
+        if judge is None or judge.judged is None or jp is None:
+            failed = o.reason if o is not None else "it did not run"
+            why = (
+                judge.unavailable if judge else ""
+            ) or f"the float64 evaluation of each node failed: {failed}"
+            local.append(LocalErrors(name, "not-measured", why))
+            continue
+        local.append(judge_backend(name, capture, jp.capture, judge.judged, order, modules))
+    return local
 
 
 def _floors(base: str, samples: Sequence[str], spec: ModelSpec) -> dict[str, float]:

@@ -31,6 +31,7 @@ __all__ = [
     "Explanation",
     "IllConditioned",
     "LocalErrors",
+    "NodeJudgment",
     "Origin",
     "conditioning_limit",
     "find_origins",
@@ -63,6 +64,27 @@ class Origin:
     local_scaled_ulp: float | None  # None: not a float difference (see detail)
     allowed_scaled_ulp: float
     detail: str = ""
+    element: tuple[int, ...] = ()  # where the error is largest against its allowance
+    rule: str = ""  # the allowance's formula (xbackend.bounds.NodeBound.describe)
+    certain: bool = False  # past the deterministic bound too: an error at any confidence
+
+    @property
+    def ratio(self) -> float:
+        if self.local_scaled_ulp is None:
+            return math.inf
+        return self.local_scaled_ulp / self.allowed_scaled_ulp if self.allowed_scaled_ulp else math.inf
+
+
+@dataclass(frozen=True)
+class NodeJudgment:
+    """One node output on one backend against its float64 value: at the element where the error
+    is largest against its allowance, both in ULP of the tensor's largest float64 magnitude."""
+
+    tensor: str
+    op_type: str
+    local_scaled_ulp: float | None  # None: not a float value, and it differs
+    allowed_scaled_ulp: float
+    ratio: float
 
 
 @dataclass(frozen=True)
@@ -76,6 +98,14 @@ class LocalErrors:
     compared: int = 0  # nodes whose local error was measured
     largest_ratio: float | None = None  # largest local error / allowed, over the nodes
     largest_at: str = ""
+    nodes: tuple[NodeJudgment, ...] = ()  # every judged node output, model order
+
+    def node(self, tensor: str) -> NodeJudgment | None:
+        return self._node_index.get(value_name(tensor))
+
+    @functools.cached_property
+    def _node_index(self) -> dict[str, NodeJudgment]:
+        return {n.tensor: n for n in self.nodes}
 
     @property
     def explained(self) -> bool | None:

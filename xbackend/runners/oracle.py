@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import onnx
@@ -20,6 +21,7 @@ from onnx import TensorProto, numpy_helper
 from xbackend.errors import BackendUnavailableError
 from xbackend.extdata import IN_MEMORY
 from xbackend.model import kind_of, np_dtype
+from xbackend.runners.base import OptionSpec
 from xbackend.runners.reference import ReferenceRunner
 from xbackend.values import Value
 
@@ -152,6 +154,12 @@ class OracleRunner(ReferenceRunner):
     description = "float64 oracle: the model promoted to double, reference evaluator, 1 BLAS thread"
     weight_copies = 2.0  # float64 copies of float32 weights, memory-mapped
     value_width = 2.0  # every result in float64
+    option_specs: ClassVar[Sequence[OptionSpec]] = (
+        *ReferenceRunner.option_specs,
+        OptionSpec(
+            "narrow", bool, True, "round results to each tensor's original dtype (false: keep float64)"
+        ),
+    )
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)
@@ -185,7 +193,7 @@ class OracleRunner(ReferenceRunner):
             return {k: self.narrow(name, v) for k, v in value.items()}
         if value is not None and str(value.dtype) in _PROMOTED_NP:
             self._narrow.add(name)  # e.g. TreeEnsemble*: the evaluator sums trees in float32
-        if value is None or value.dtype != np.float64:
+        if value is None or value.dtype != np.float64 or not self.options["narrow"]:
             return value
         target = self._dtypes.get(name)
         if target is None:

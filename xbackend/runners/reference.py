@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -45,7 +45,9 @@ class ReferenceRunner(Runner):
     instrumentation_changes_engine = False  # it keeps every intermediate anyway
     holds_every_intermediate = True  # the evaluator keeps every result of a run
     weight_copies = 1.0  # memory-mapped from the model's files
-    option_specs = (OptionSpec("threads", int, 1, "BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS)"),)
+    option_specs: ClassVar[Sequence[OptionSpec]] = (
+        OptionSpec("threads", int, 1, "BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS)"),
+    )
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)

@@ -1,0 +1,331 @@
+"""Each node judged against its own float64 value, element by element.
+
+The severed model (xbackend.sever) reads every node's inputs from graph inputs, fed the
+reference's captured values. The judged model is that graph plus, per node, the float nodes
+that compute its operands' magnitude (xbackend.bounds.aux_nodes); the oracle runner evaluates
+it in float64 without rounding back (narrow=false). So each node's float64 value is computed on
+exactly the float inputs every backend's severed run was given, and every backend (the
+reference included: its own capture is its severed run, since it was fed itself) is judged by
+the same per-element allowance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from xbackend.bounds import (
+    AUX,
+    PROP,
+    Builder,
+    NodeBound,
+    allowance,
+    node_bound,
+    own_allowance,
+    propagate,
+    secondary_bound,
+    unit_roundoff,
+)
+from xbackend.capture import CaptureFile
+from xbackend.metrics import float_info, ulp_at
+from xbackend.results.explanation import LocalErrors, NodeJudgment, Origin
+from xbackend.sever import SEVERED
+from xbackend.values import Value
+
+__all__ = ["JUDGE_PHASE", "Judged", "judge_backend", "judged_model"]
+
+JUDGE_PHASE = "judge"
+_FLOATS = frozenset({"float16", "float32", "float64", "bfloat16"})
+
+
+@dataclass(frozen=True)
+class Judged:
+    """The judged model and how each node output is judged."""
+
+    proto: onnx.ModelProto
+    bounds: Mapping[str, NodeBound]  # node output -> its bound
+    tensors: tuple[str, ...]  # node outputs and magnitudes the judge run exposes
+    composed: Mapping[str, str] = field(default_factory=dict)  # node output -> how it inherits
+
+
+def _opset(proto: onnx.ModelProto) -> int:
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def judged_model(
+    severed: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]],
+    captured: Mapping[str, str],
+) -> Judged:
+    """`severed` with every node's magnitude as an extra output (AUX + output), and each node
+    output's bound (`shapes`: tensor shapes by original name, as captured; `captured`: the
+    tensors the reference holds, and their dtypes, which the severed model is fed).
+
+    A node that reads a tensor the reference did not capture (torch exposes module outputs)
+    runs from above it: the errors allowed to the uncaptured nodes are propagated to first order
+    through them (xbackend.bounds.propagate) and added to its allowance (output PROP + output)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(severed)
+    g = out.graph
+    opset = _opset(out)
+    known = dict(shapes)
+    known.update({SEVERED + n: s for n, s in shapes.items()})
+    read = {i for n in g.node for i in n.input}
+    floats = _float_tensors(severed)
+    bounds: dict[str, NodeBound] = {}
+    composed: dict[str, str] = {}
+    extra_nodes: list[onnx.NodeProto] = []
+    tensors: list[str] = []
+    err: dict[str, str] = {}  # an uncaptured tensor -> its whole allowance
+    for node in list(g.node):
+        outs = [o for o in node.output if o]
+        if not outs:
+            continue
+        bound, nodes, inits = node_bound(node, known, opset)
+        bounds[outs[0]] = bound
+        tensors.append(outs[0])
+        for o in outs[1:]:
+            bounds[o] = secondary_bound(node.op_type)
+            tensors.append(o)
+        if nodes:
+            extra_nodes.extend(nodes)
+            g.initializer.extend(inits)
+            tensors.append(AUX + outs[0])
+            g.output.append(_typed(AUX + outs[0], known.get(outs[0])))
+        inherited = {i: err[i] for i in node.input if i in err}
+        if not floats.get(outs[0], False):
+            if inherited:  # an index, mask or shape computed from inexact values
+                composed[outs[0]] = "its inputs' errors cannot be carried into a non-float output"
+            continue
+        bld = Builder(PROP + outs[0], opset)
+        prop = None
+        if inherited:
+            prop, assumption = propagate(node, inherited, bld, opset)
+            composed[outs[0]] = (
+                assumption or f"{len(inherited)} uncaptured input(s), propagated to first order"
+            )
+        if outs[0] in captured and prop is not None:
+            bld.nodes.append(helper.make_node("Identity", [prop], [PROP + outs[0]]))
+            tensors.append(PROP + outs[0])
+            g.output.append(_typed(PROP + outs[0], known.get(outs[0])))
+        elif outs[0] in read:  # read as it is by the nodes below: they inherit its error
+            u = unit_roundoff(captured.get(outs[0], "float32"))
+            mine = own_allowance(bound, outs[0], u, bool(nodes), bld)
+            err[outs[0]] = bld.op("Add", mine, prop) if prop is not None else mine
+        extra_nodes.extend(bld.nodes)
+        g.initializer.extend(bld.inits)
+    g.node.extend(extra_nodes)
+    return Judged(out, bounds, tuple(tensors), composed)
+
+
+_FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
+
+
+def _float_tensors(proto: onnx.ModelProto) -> dict[str, bool]:
+    """Whether each tensor is a float tensor, by shape inference (unknown: left out)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception:  # a model shape inference cannot type: no composition where unknown
+        inferred = proto
+    g = inferred.graph
+    out = {}
+    for vi in [*g.value_info, *g.input, *g.output]:
+        if vi.type.HasField("tensor_type"):
+            out[vi.name] = vi.type.tensor_type.elem_type in _FLOAT_TYPES
+    out.update({t.name: t.data_type in _FLOAT_TYPES for t in g.initializer})
+    return out
+
+
+def _typed(name: str, shape: tuple[int, ...] | None) -> onnx.ValueInfoProto:
+    """A float output of the node output's shape (symbolic dimensions where it is not known: the
+    checker wants a shape on every graph output)."""
+    if shape is None:
+        vi = onnx.ValueInfoProto()
+        vi.name = name
+        vi.type.tensor_type.elem_type = TensorProto.FLOAT
+        vi.type.tensor_type.shape.SetInParent()
+        return vi
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def _plain_float(v: Value) -> bool:
+    return isinstance(v, np.ndarray) and str(v.dtype) in _FLOATS
+
+
+def _tiny(dtype: np.dtype[np.generic]) -> float:
+    """Flushing results below the smallest normal to zero is an engine's right."""
+    return float(float_info(dtype).tiny)
+
+
+def _max(dtype: np.dtype[np.generic]) -> float:
+    return float(float_info(dtype).max)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """One node output on one backend, against its float64 value."""
+
+    ratio: float  # the largest error / allowance over the elements
+    local_scaled: float | None  # at that element, in ULP of the tensor's largest float64 magnitude
+    allowed_scaled: float
+    element: tuple[int, ...]
+    certain: bool  # past the deterministic bound too
+    detail: str = ""
+
+
+def _measure(
+    y: np.ndarray, v: np.ndarray, mag: np.ndarray | None, bound: NodeBound, inherited: np.ndarray | None
+) -> _Measured:
+    dtype = y.dtype
+    if v.shape != y.shape:
+        return _Measured(math.inf, None, 0.0, (), False, f"shape {y.shape} where float64 gives {v.shape}")
+    if y.size == 0:
+        return _Measured(0.0, 0.0, 0.0, (), False)
+    if mag is not None and mag.shape != v.shape:
+        try:
+            mag = np.broadcast_to(mag, v.shape)
+        except ValueError:
+            mag = None
+    yv = y.astype(np.float64)
+    u = unit_roundoff(dtype)
+    allow = allowance(bound, v, mag, u)
+    if not bound.exact:  # v is itself rounded to float64 along its evaluation
+        allow = allow * (1 + 2.0**-20) + _tiny(dtype)
+    if inherited is not None:
+        allow = allow + np.nan_to_num(np.abs(np.broadcast_to(inherited, allow.shape)), nan=np.inf)
+    top = _max(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(yv - v)
+        # a float64 value past the dtype's range rounds to the infinity of its sign
+        overflow = (np.abs(v) > top) & np.isinf(yv) & (np.sign(yv) == np.sign(v))
+        both_nan = np.isnan(yv) & np.isnan(v)
+        err = np.where(overflow | both_nan | (yv == v), 0.0, err)
+    if np.isnan(err).any():
+        i = np.unravel_index(int(np.argmax(np.isnan(err))), err.shape)
+        detail = "NaN where float64 gives a number" if np.isnan(yv[i]) else "a number where float64 gives NaN"
+        return _Measured(math.inf, None, 0.0, tuple(int(k) for k in i), True, detail)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(err == 0, 0.0, err / allow)
+    flat = int(np.argmax(ratio))
+    i = np.unravel_index(flat, ratio.shape)
+    finite = np.abs(v[np.isfinite(v)])
+    scale = ulp_at(float(finite.max()) if finite.size else 0.0, dtype)
+    e, a = float(err[i]), float(allow[i])
+    certain = False
+    if bound.deterministic_b and ratio[i] > 1 and mag is not None:
+        det = u * (bound.a * abs(float(v[i])) + bound.deterministic_b * abs(float(mag[i])) + bound.c)
+        certain = e > det
+    elif ratio[i] > 1:
+        certain = bound.kind in ("exact", "elementwise")
+    detail = "Inf where float64 gives a number" if math.isinf(e) else ""
+    return _Measured(float(ratio[i]), e / scale, a / scale, tuple(int(k) for k in i), certain, detail)
+
+
+def _rule(bound: NodeBound, composed: str) -> str:
+    return bound.describe() + (f" + inherited ({composed})" if composed else "")
+
+
+def _exact_differs(y: Value, v: Value) -> str:
+    """For values other than float tensors: '' when equal, else why not."""
+    if isinstance(y, np.ndarray) and isinstance(v, np.ndarray):
+        if y.shape != v.shape:
+            return f"shape {y.shape} where float64 gives {v.shape}"
+        if y.dtype.kind in "fc" or v.dtype.kind in "fc":
+            same = np.array_equal(y.astype(np.float64), v.astype(np.float64), equal_nan=True)
+        else:
+            same = np.array_equal(y, v)
+        return "" if same else "exact values differ"
+    if isinstance(y, list) and isinstance(v, list):
+        if len(y) != len(v):
+            return "a sequence of another length"
+        return next((w for a, b in zip(y, v, strict=True) if (w := _exact_differs(a, b))), "")
+    if y is None and v is None:
+        return ""
+    if isinstance(y, dict) and isinstance(v, dict):
+        if set(y) != set(v):
+            return "a map with other keys"
+        return next((w for k in y if (w := _exact_differs(y[k], v[k]))), "")
+    return "another kind of value"
+
+
+def judge_backend(
+    backend: str,
+    local_capture: str,
+    judge_capture: str,
+    judged: Judged,
+    order: Sequence[str],
+    modules: Mapping[str, str],
+) -> LocalErrors:
+    """`backend`'s local errors (its severed run's capture) against the float64 judge, in model
+    order: origins where an element is past its allowance. A node run from above its inputs
+    (the reference did not capture them) is allowed its own bound plus the largest allowance of
+    each node above it that its run also computed."""
+    origins: list[Origin] = []
+    nodes: list[NodeJudgment] = []
+    worst: tuple[float, str] = (-1.0, "")
+    with CaptureFile(local_capture) as a, CaptureFile(judge_capture) as j:
+        for t in order:
+            bound = judged.bounds.get(t)
+            if bound is None or t not in a or t not in j:
+                continue
+            y, v = a[t], j[t]
+            module = modules.get(t, "")
+            if not (_plain_float(y) and isinstance(v, np.ndarray) and v.dtype == np.float64):
+                why = _exact_differs(y, v)
+                nodes.append(
+                    NodeJudgment(t, bound.op, 0.0 if not why else None, 0.0, 0.0 if not why else math.inf)
+                )
+                if why:
+                    origins.append(
+                        Origin(
+                            t,
+                            module,
+                            bound.op,
+                            None,
+                            0.0,
+                            why,
+                            rule=_rule(bound, judged.composed.get(t, "")),
+                            certain=True,
+                        )
+                    )
+                continue
+            assert isinstance(y, np.ndarray)
+            mag, prop = j.get(AUX + t), j.get(PROP + t)
+            m = _measure(
+                y,
+                v,
+                mag if isinstance(mag, np.ndarray) else None,
+                bound,
+                prop if isinstance(prop, np.ndarray) else None,
+            )
+            nodes.append(NodeJudgment(t, bound.op, m.local_scaled, m.allowed_scaled, m.ratio))
+            if m.ratio > worst[0] and not bound.exact:
+                worst = (m.ratio, t)
+            if m.ratio > 1:
+                origins.append(
+                    Origin(
+                        t,
+                        module,
+                        bound.op,
+                        m.local_scaled,
+                        m.allowed_scaled,
+                        m.detail,
+                        element=m.element,
+                        rule=_rule(bound, judged.composed.get(t, "")),
+                        certain=m.certain,
+                    )
+                )
+    return LocalErrors(
+        backend,
+        "ok",
+        origins=tuple(origins),
+        compared=len(nodes),
+        largest_ratio=worst[0] if worst[0] >= 0 else None,
+        largest_at=worst[1],
+        nodes=tuple(nodes),
+    )
