@@ -349,8 +349,7 @@ class PlantRunner(OrtCpuRunner):
     - softmax-recip14: Softmax normalized by a reciprocal rounded to 14 bits (relative 2^-15);
     - erf-as: Erf by Abramowitz & Stegun 7.1.25 (|error| <= 2.5e-5);
     - tf32: MatMul operands rounded to 11 significant bits, as TF32 tensor cores do;
-    - bf16-acc: MatMul summed in chunks of 32 into a bfloat16 accumulator (where the inner
-      dimension is known from the model: a weight's);
+    - bf16-acc: MatMul by a weight, summed in chunks of 32 into a bfloat16 accumulator;
     - onepass-var: LayerNormalization with its variance as E[x²] - E[x]².
     """
 
@@ -380,6 +379,7 @@ class PlantRunner(OrtCpuRunner):
         plant = str(self.options["plant"])
         at = {s for s in str(self.options["at"]).split(",") if s}
         shapes = _shapes_of(proto)
+        _G.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 21)
         nodes: list[onnx.NodeProto] = []
         inits: list[onnx.TensorProto] = []
         self.planted: list[str] = []
@@ -415,11 +415,14 @@ def _shapes_of(proto: onnx.ModelProto) -> dict[str, list[int | str]]:
         out[vi.name] = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims]
     for t in proto.graph.initializer:
         out[t.name] = list(t.dims)
+        out[("init", t.name)] = list(t.dims)  # type: ignore[index]
     return out
 
 
 class _G:
     """Nodes under names unique to one planted node."""
+
+    opset = 21
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -439,6 +442,12 @@ class _G:
         self.inits.append(onnx.numpy_helper.from_array(np.asarray(v, dtype), name))
         return name
 
+    def reduce(self, op: str, x: str, axes: list[int]) -> str:
+        """A Reduce* over `axes` (an input from opset 13 for ReduceSum, from 18 for the rest)."""
+        if self.opset < (13 if op == "ReduceSum" else 18):
+            return self.op(op, x, axes=axes, keepdims=1)
+        return self.op(op, x, self.const(axes, np.int64), keepdims=1)
+
     def split(self, x: str, keep: int) -> str:
         """x rounded to `keep` significant bits (Veltkamp: c = x·(2^s + 1), hi = c - (c - x))."""
         c = self.op("Mul", x, self.const(2.0 ** (24 - keep) + 1))
@@ -453,10 +462,10 @@ def _softmax_recip14(
     node: onnx.NodeProto, shapes: Any
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     g = _G(node.output[0])
-    axes = g.const([_attr(node, "axis", -1)], np.int64)
+    axes = [_attr(node, "axis", -1)]
     x = node.input[0]
-    e = g.op("Exp", g.op("Sub", x, g.op("ReduceMax", x, axes, keepdims=1)))
-    r = g.split(g.op("Reciprocal", g.op("ReduceSum", e, axes, keepdims=1)), 14)
+    e = g.op("Exp", g.op("Sub", x, g.reduce("ReduceMax", x, axes)))
+    r = g.split(g.op("Reciprocal", g.reduce("ReduceSum", e, axes)), 14)
     g.op("Mul", e, r, out=node.output[0])
     return g.nodes, g.inits
 
@@ -482,8 +491,9 @@ def _tf32(node: onnx.NodeProto, shapes: Any) -> tuple[list[onnx.NodeProto], list
 def _bf16_acc(node: onnx.NodeProto, shapes: Any) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     g = _G(node.output[0])
     a, b = node.input
-    k = shapes.get(b, [None, None])[-2] if len(shapes.get(b, [])) >= 2 else None
-    if not isinstance(k, int) or k <= 0:  # an inner dimension known only at run time: left as it is
+    weight = shapes.get(("init", b))
+    k = weight[-2] if weight is not None and len(weight) >= 2 else None
+    if not isinstance(k, int) or k <= 0:  # not a product by a weight: left as it is
         return [node], []
     acc = ""
     chunk = 32
@@ -504,9 +514,9 @@ def _onepass_var(node: onnx.NodeProto, shapes: Any) -> tuple[list[onnx.NodeProto
     x, scale = node.input[0], node.input[1]
     rank = len(shapes.get(x, [])) or 2
     axis = _attr(node, "axis", -1) % rank
-    axes = g.const(list(range(axis, rank)), np.int64)
-    mu = g.op("ReduceMean", x, axes, keepdims=1)
-    q = g.op("ReduceMean", g.op("Mul", x, x), axes, keepdims=1)
+    axes = list(range(axis, rank))
+    mu = g.reduce("ReduceMean", x, axes)
+    q = g.reduce("ReduceMean", g.op("Mul", x, x), axes)
     var = g.op("Sub", q, g.op("Mul", mu, mu))
     sd = g.op("Sqrt", g.op("Add", var, g.const(_attr(node, "epsilon", 1e-5))))
     y = g.op("Mul", g.op("Div", g.op("Sub", x, mu), sd), scale)

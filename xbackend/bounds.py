@@ -149,6 +149,17 @@ class NodeBound:
     def exact(self) -> bool:
         return self.kind == "exact"
 
+    def general(self) -> str:
+        """The rule for the op, without this node's n and λ."""
+        if self.exact or self.kind == "default":
+            return self.describe()
+        parts = [f"{self.a:g}·|v|"] if self.a and not self.terms else (["a·|v|"] if self.a else [])
+        if self.b:
+            parts.append("(λ·sqrt(n+1) + 1)·M" if self.kind == "reduction" else f"{self.b:g}·M")
+        if self.c:
+            parts.append(f"{self.c:g}")
+        return "u·(" + " + ".join(parts) + ")"
+
     def describe(self) -> str:
         """The rule in words, for reports."""
         if self.exact:

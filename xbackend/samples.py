@@ -455,6 +455,22 @@ def variance_two_pass() -> onnx.ModelProto:
     return _variance(two_pass=True)
 
 
+def layernorm_offset(rows: int = 32, width: int = 256, offset: float = 300.0) -> onnx.ModelProto:
+    """LayerNormalization over rows whose mean (300) is 300x their spread, between two Linears: a
+    one-pass variance (E[x²]−E[x]²) loses most of its digits there, a two-pass one does not."""
+    g = _Graph(13)
+    h = g.op("Add", ["x", g.const("offset", np.array(offset, np.float32))], "shifted")
+    h = _layernorm(g, h, width, "ln")
+    y = g.op("Identity", [_linear(g, h, width, width, "head")], "y")
+    f = TensorProto.FLOAT
+    return g.model(
+        "layernorm_offset",
+        [helper.make_tensor_value_info("x", f, [rows, width])],
+        [helper.make_tensor_value_info(y, f, [rows, width])],
+        layernorm_offset.__doc__ or "",
+    )
+
+
 SAMPLES: dict[str, Sample] = {
     s.name: s
     for s in (
@@ -506,6 +522,11 @@ SAMPLES: dict[str, Sample] = {
         ),
         Sample(
             "variance_two_pass", variance_two_pass, "the two-pass twin of variance_naive: well conditioned"
+        ),
+        Sample(
+            "layernorm_offset",
+            layernorm_offset,
+            "LayerNormalization over rows of mean 300x their spread: a one-pass variance is an origin there",
         ),
         Sample(
             "gpt_batch",

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from xbackend.bounds import DELTA
 from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
 from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model
@@ -365,6 +366,8 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
     ill = _ill_conditioned(spec, floors, ref_capture)
     return Explanation(
         "ok",
+        rules=_rules(plan),
+        confidence=1 - DELTA,
         engine=plan.floor_job.backend,
         samples=len(plan.extra),
         floors=tuple((t, floors[t]) for t in spec.tensor_order() if t in floors),
@@ -373,6 +376,15 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
         local=tuple(local),
         ill_conditioned=ill,
     )
+
+
+def _rules(plan: _Plan) -> tuple[tuple[str, str, str], ...]:
+    """Each op's allowance and its source, as the judged models used them."""
+    seen: dict[str, tuple[str, str, str]] = {}
+    for j in plan.judges.values():
+        for b in j.judged.bounds.values() if j.judged is not None else ():
+            seen.setdefault(b.op, (b.op, b.general(), b.source))
+    return tuple(seen[k] for k in sorted(seen))
 
 
 def _judge_all(
@@ -592,14 +604,18 @@ def attach(
     cross: Sequence[CrossBackendResult], ex: Explanation, op_types: Mapping[str, str], auto: bool
 ) -> tuple[CrossBackendResult, ...]:
     """Each comparison with its backend's local errors and, under --max-ulp auto, each tensor's
-    tolerance from its floor."""
+    tolerance: the allowance its node's local error is judged by, where the backend was judged
+    against float64; MARGIN x the floor where it could not be (a loaded capture, a failed run)."""
     if not ex.ok:
         return tuple(cross)
-    tol = tuple(ex.tolerances(op_types).items()) if auto else ()
+    floor_tol = tuple(ex.tolerances(op_types).items()) if auto else ()
     out = []
     for c in cross:
         le = ex.local_for(c.backend)
-        explained = le.explained if le is not None else None
-        origins = le.origins if le is not None else ()
-        out.append(replace(c, tolerances=tol, explained=explained, origins=origins))
+        if le is None or le.status != "ok":
+            out.append(replace(c, tolerances=floor_tol))
+            continue
+        tol = tuple((n.tensor, n.allowed_scaled_ulp) for n in le.nodes) if auto else ()
+        local = tuple((n.tensor, n.local_scaled_ulp) for n in le.nodes)
+        out.append(replace(c, tolerances=tol, explained=le.explained, origins=le.origins, local_errors=local))
     return tuple(out)

@@ -1,14 +1,25 @@
-"""The report's explanation section: what each difference is (reordering and rounding, a
-backend's own error, or the model's conditioning), where it was made, and the bounds used."""
+"""The report's explanation section: what each difference is (rounding, a backend's own error,
+or the model's conditioning), where it was made, and the per-element allowances used."""
 
 from __future__ import annotations
 
 from xbackend.results import Result
-from xbackend.results.explanation import conditioning_limit
-from xbackend.rounding import DEFAULT_BOUND, ROUNDING
+from xbackend.results.explanation import LocalErrors, conditioning_limit
 from xbackend.textfmt import num, table, with_module
 
 __all__ = ["explanation_section"]
+
+
+def _row(name: str, le: LocalErrors | None, modules: dict[str, str]) -> list[str]:
+    if le is None:
+        return [name, "not judged", "–", "–"]
+    if le.status != "ok":
+        return [name, "not judged", le.reason, "–"]
+    if le.origins:
+        o = le.origins[0]
+        return [name, f"**{len(le.origins)} origin(s)**", with_module(o.tensor, modules), num(o.ratio)]
+    where = with_module(le.largest_at, modules) if le.largest_at else "–"
+    return [name, "explained", where, num(le.largest_ratio)]
 
 
 def explanation_section(r: Result) -> list[str]:
@@ -19,50 +30,55 @@ def explanation_section(r: Result) -> list[str]:
     out = [
         "## What the differences are",
         "",
+        "Local error: each node run on each backend, fed the reference's values of its inputs (the "
+        "severed model), against the float64 value of the same node on the same inputs (the severed "
+        "model evaluated in float64). Each element is allowed what rounding allows it, from its own "
+        "operands (the rules below); a node with any element past its allowance is an **origin**. A "
+        "backend without origins is **explained**: every difference it shows is rounding carried "
+        f"through the model. Reductions are judged at {ex.confidence:.6g} confidence per node "
+        "(Higham & Mary's probabilistic bound); an origin past the deterministic bound too is an error "
+        "at any confidence. The reference is judged like every backend.",
+        "",
         f"Noise floor: every reduction of the model ({ex.permuted} of them) summed in {ex.samples} random "
-        f"orders on {ex.engine}; a tensor's floor is the largest scaled ULP an order moved it. Local "
-        "error: each node run on the backend, fed the reference's values of its inputs (the severed "
-        f"model), against the reference's output. A node is an **origin** when its local error exceeds "
-        f"{ex.margin:g}x the larger of its floor and its op's rounding bound; a backend without origins "
-        "is **explained**: all its differences come from reordering and rounding.",
+        f"orders on {ex.engine}; a tensor's floor is the largest scaled ULP an order moved it (an "
+        "empirical figure beside the bounds; it decides only for backends that could not be judged).",
         "",
     ]
-    rows = []
-    for c in r.cross_backend:
-        le = ex.local_for(c.backend)
-        if le is None or c.status != "ok":
-            continue
-        if le.status != "ok":
-            rows.append([c.backend, "not measured", le.reason, "–"])
-        elif le.origins:
-            o = le.origins[0]
-            rows.append([c.backend, f"**{len(le.origins)} origin(s)**", with_module(o.tensor, modules), "–"])
-        else:
-            where = with_module(le.largest_at, modules) if le.largest_at else "–"
-            rows.append([c.backend, "explained", where, num(le.largest_ratio)])
-    out += [
-        *table(
-            ["backend", "verdict", "first origin, or largest local error at", "largest local / allowed"], rows
-        ),
-    ]
-    origins = [(c.backend, o) for c in r.cross_backend for o in c.origins]
+    names = [r.reference_used, *(c.backend for c in r.cross_backend if c.status == "ok")]
+    rows = [_row(n, ex.local_for(n), modules) for n in names]
+    out += table(["backend", "verdict", "first origin, or closest call at", "local error / allowance"], rows)
+    origins = [(le.backend, o) for le in ex.local if le.status == "ok" for o in le.origins]
     if origins:
         out += [
             "### Origins",
             "",
-            "Nodes whose own error is beyond reordering and rounding; everything downstream inherits it.",
+            "Nodes whose own error is past what rounding allows against their float64 value; everything "
+            "downstream inherits it. Both figures are in ULP of the tensor's largest float64 magnitude, at "
+            "the element where the error is largest against its allowance.",
             "",
             *table(
-                ["backend", "tensor", "module", "op", "local scaled ULP", "allowed", "detail"],
+                [
+                    "backend",
+                    "tensor",
+                    "module",
+                    "op",
+                    "element",
+                    "local scaled ULP",
+                    "allowed",
+                    "rule",
+                    "detail",
+                ],
                 [
                     [
                         b,
                         o.tensor,
                         o.module or "–",
                         o.op_type,
+                        ",".join(map(str, o.element)) or "–",
                         num(o.local_scaled_ulp),
                         num(o.allowed_scaled_ulp),
-                        o.detail or "–",
+                        o.rule or "–",
+                        o.detail or ("past the deterministic bound too" if o.certain else "–"),
                     ]
                     for b, o in origins
                 ],
@@ -95,10 +111,11 @@ def explanation_section(r: Result) -> list[str]:
             + ".",
             "",
         ]
-    bounds = "; ".join(f"{op} {b:g}" for op, (b, _) in sorted(ROUNDING.items()))
-    out += [
-        f"Rounding bounds (ULP): {bounds}; exact ops 0; any other op {DEFAULT_BOUND[0]:g}. Sources: "
-        "xbackend/rounding.py (math functions measured by benchmarks/elementwise_bounds.py).",
-        "",
-    ]
+    if ex.rules:
+        out += [
+            "Allowances per element (u: the unit roundoff of the output's dtype; v: the float64 value; "
+            "M: the operands' magnitude, e.g. Σ|a||b|; n: the terms summed; xbackend/bounds.py):",
+            "",
+            *table(["op", "allowed", "source"], [list(x) for x in ex.rules]),
+        ]
     return out

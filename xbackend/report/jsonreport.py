@@ -85,9 +85,12 @@ def _drift(d: Drift, modules: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _with_floor(t: dict[str, Any], floors: dict[str, float], tol: CrossBackendResult) -> dict[str, Any]:
+def _with_floor(t: dict[str, Any], floors: dict[str, float], c: CrossBackendResult) -> dict[str, Any]:
     name = value_name(t["name"])
-    return {**t, "noise_floor": floors.get(name), "tolerance": tol.tolerance(name)}
+    out = {**t, "noise_floor": floors.get(name), "tolerance": c.tolerance(name)}
+    if c.judged:  # the tolerance is the allowance of this node's local error against float64
+        out["local_scaled_ulp"] = c.local_error(name)
+    return out
 
 
 def _cross(c: CrossBackendResult, modules: dict[str, str], floors: dict[str, float]) -> dict[str, Any]:
@@ -118,6 +121,9 @@ def _cross(c: CrossBackendResult, modules: dict[str, str], floors: dict[str, flo
                 "local_scaled_ulp": o.local_scaled_ulp,
                 "allowed_scaled_ulp": o.allowed_scaled_ulp,
                 "detail": o.detail,
+                "element": list(o.element),
+                "rule": o.rule,
+                "past_deterministic_bound": o.certain,
             }
             for o in c.origins
         ],

@@ -29,10 +29,13 @@ class CrossBackendResult:
     max_ulp_tolerance: float = DEFAULT_MAX_ULP
     output_tensors: tuple[TensorDiff, ...] = ()  # graph outputs of the plain builds
     layers_note: str = ""  # why there is no per-layer table, when there is none
-    # --max-ulp auto: each tensor's tolerance from its noise floor (max_ulp_tolerance elsewhere)
+    # --max-ulp auto: each tensor's tolerance (max_ulp_tolerance elsewhere). Judged against float64
+    # (explained is not None): the allowance of the backend's local error at the tensor's node, the
+    # one figure that decides; else MARGIN x its noise floor, applied to the difference itself.
     tolerances: tuple[tuple[str, float], ...] = ()
     explained: bool | None = None  # no origin among its local errors; None: not measured
     origins: tuple[Origin, ...] = ()
+    local_errors: tuple[tuple[str, float | None], ...] = ()  # tensor -> its local error (scaled ULP)
 
     @classmethod
     def from_diffs(
@@ -106,11 +109,28 @@ class CrossBackendResult:
     def _tolerance_index(self) -> dict[str, float]:  # built once: tolerance() is asked per tensor
         return dict(self.tolerances)
 
+    @property
+    def judged(self) -> bool:
+        """Under --max-ulp auto with every node judged against float64: a tensor violates its
+        tolerance exactly when its node is an origin."""
+        return bool(self.tolerances) and self.explained is not None
+
+    @functools.cached_property
+    def _origin_names(self) -> frozenset[str]:
+        return frozenset(o.tensor for o in self.origins)
+
+    def local_error(self, tensor: str) -> float | None:
+        return dict(self.local_errors).get(value_name(tensor))
+
     def exceeds(self, d: TensorDiff) -> bool:
+        if self.judged:
+            return value_name(d.name) in self._origin_names
         return d.exceeds(self.tolerance(d.name))
 
     @property
     def first_violation(self) -> str | None:
+        if self.judged:
+            return self.origins[0].tensor if self.origins else None
         layer = next((d.name for d in self.tensors if self.exceeds(d)), None)
         out = next((d.name for d in self.output_tensors if self.exceeds(d)), None)
         return (layer or out) if out is not None else layer
@@ -125,7 +145,7 @@ class CrossBackendResult:
         beyond reordering and rounding). Else: an output past its tolerance."""
         if self.status != "ok":
             return False
-        if self.tolerances and self.explained is not None:
+        if self.judged:
             return not self.explained
         return self.exceeds_tolerance
 

@@ -34,7 +34,9 @@ __all__ = [
     "NodeJudgment",
     "Origin",
     "conditioning_limit",
+    "explained_words",
     "find_origins",
+    "origins_line",
     "times_floor",
 ]
 
@@ -137,6 +139,8 @@ class Explanation:
     skipped: tuple[tuple[str, str, str], ...] = ()  # (node, op, why) reductions left in order
     local: tuple[LocalErrors, ...] = ()
     ill_conditioned: tuple[IllConditioned, ...] = ()
+    rules: tuple[tuple[str, str, str], ...] = ()  # (op, allowance per element, source), by op
+    confidence: float = 0.0  # per node: the chance a correct engine's rounding stays within
 
     @property
     def ok(self) -> bool:
@@ -226,3 +230,49 @@ def find_origins(
 
 
 NOT_MEASURED = Explanation("unavailable", "not measured")
+
+
+def _modname(tensor: str, modules: Mapping[str, str]) -> str:
+    m = modules.get(tensor, "")
+    return f"{tensor} ({m})" if m else tensor
+
+
+def _ulp(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x:.3g}"
+
+
+def origins_line(backend: str, origins: Sequence[Origin], modules: Mapping[str, str]) -> str:
+    """`backend: N origins (...), first T (module) (Op): local error X scaled ULP at [i] where
+    rounding allows Y (rule)`: the allowance printed is the one that decided."""
+    o = origins[0]
+    n = len(origins)
+    if o.local_scaled_ulp is None or o.detail:
+        what = o.detail or "exact values differ"
+    else:
+        where = f" at [{', '.join(map(str, o.element))}]" if o.element else ""
+        what = (
+            f"local error {_ulp(o.local_scaled_ulp)} scaled ULP{where} where rounding allows "
+            f"{_ulp(o.allowed_scaled_ulp)} ({o.rule})"
+        )
+        if o.certain:
+            what += "; past the deterministic bound too"
+    return (
+        f"{backend}: {n} origin{'s' if n > 1 else ''} (nodes past what rounding allows against their own "
+        f"float64 value), first {_modname(o.tensor, modules)} ({o.op_type}): {what}"
+    )
+
+
+def explained_words(le: LocalErrors, modules: Mapping[str, str]) -> str:
+    """Why a backend without origins is explained, naming its closest call."""
+    at = ""
+    if le.largest_ratio is not None and le.largest_at:
+        node = le.node(le.largest_at)
+        op = f" ({node.op_type})" if node is not None else ""
+        where = _modname(le.largest_at, modules)
+        at = f" (largest local error {le.largest_ratio:.3g} of its allowance, at {where}{op})"
+    return (
+        f"every node is within rounding of its own float64 value{at}; its differences are those "
+        "errors carried through the model"
+    )

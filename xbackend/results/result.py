@@ -11,7 +11,7 @@ from xbackend.promises import EXIT_PROMISE, PromiseCheck, check_promises
 from xbackend.results.backend import BackendResult, FeedsInfo
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
 from xbackend.results.cost import Family, families
-from xbackend.results.explanation import NOT_MEASURED, Explanation, times_floor
+from xbackend.results.explanation import NOT_MEASURED, Explanation, LocalErrors, explained_words, origins_line
 from xbackend.results.options import EXPECTED, CompareOptions
 from xbackend.results.probe import ProbeResult
 from xbackend.textfmt import short, with_module
@@ -125,9 +125,15 @@ class Result:
             return gates[0].exit_code if gates else EXIT_OK
         if self.broken_promises:
             return EXIT_PROMISE
-        if self.failed or self.nondeterministic or self.violations:
+        if self.failed or self.nondeterministic or self.violations or self.reference_fails:
             return EXIT_DIFFERENCES
         return EXIT_OK
+
+    @property
+    def reference_fails(self) -> bool:
+        """Under --max-ulp auto, the reference has an origin of its own against float64."""
+        ref = self.reference_judgment
+        return self.options.auto_tolerance and ref is not None and bool(ref.origins)
 
     @property
     def drifted(self) -> list[Drift]:
@@ -160,6 +166,9 @@ class Result:
             )
             first = with_module(b.first_nondeterministic or "", modules)
             lines.append(f"FAIL: {b.name}: {b.variance_words()}{at}; first varying tensor {first}")
+        ref = self.reference_judgment
+        if ref is not None and ref.origins and self.options.auto_tolerance:
+            lines.append(f"FAIL: {origins_line(ref.backend, ref.origins, modules)}")
         for c in self.violations:
             against = "the expected outputs" if c.reference == EXPECTED else c.reference
             if c.origins and c.explained is False:
@@ -175,25 +184,23 @@ class Result:
         return lines
 
     def _origins_line(self, c: CrossBackendResult) -> str:
-        o = c.origins[0]
-        what = (
-            f"local error {short(o.local_scaled_ulp)} scaled ULP where reordering and rounding allow "
-            f"{short(o.allowed_scaled_ulp)}"
-            if o.local_scaled_ulp is not None and not o.detail
-            else o.detail
-        )
-        n = len(c.origins)
-        return (
-            f"{c.backend}: {n} origin{'s' if n > 1 else ''} (nodes whose own error is beyond reordering "
-            f"and rounding), first {with_module(o.tensor, self.model.modules())} ({o.op_type}): {what}"
-        )
+        return origins_line(c.backend, c.origins, self.model.modules())
+
+    @property
+    def reference_judgment(self) -> LocalErrors | None:
+        """The reference's own nodes against float64 (it is judged like any backend)."""
+        le = self.explanation.local_for(self.reference_used) if self.explanation.ok else None
+        return le if le is not None and le.status == "ok" else None
 
     def explanation_lines(self) -> list[str]:
-        """What each difference is: reordering and rounding (explained), a backend's own error
-        (origins), or the model's conditioning."""
+        """What each difference is: rounding (explained), a backend's own error (origins), or the
+        model's conditioning; a judgment that could not be made is a WARN with the reason."""
         ex = self.explanation
         if not ex.ok:
-            return [f"NOTE: no explanation of the differences: {ex.reason}"] if ex.reason else []
+            if not ex.reason:
+                return []
+            kind = "NOTE" if ex.reason.startswith("--noise-samples 0") else "WARN"
+            return [f"{kind}: no explanation of the differences: {ex.reason}"]
         modules = self.model.modules()
         out = []
         for t in ex.ill_conditioned:
@@ -202,33 +209,23 @@ class Result:
                 f"{short(t.floor_scaled_ulp)} scaled ULP ({t.cause}); differences at and after it are "
                 "the model's, not the engines'"
             )
+        ref = self.reference_judgment
+        if ref is not None and ref.origins and not self.options.auto_tolerance:
+            out.append(f"NOTE: {origins_line(ref.backend, ref.origins, modules)}")
         for c in self.cross_backend:
             le = ex.local_for(c.backend)
             if c.status != "ok" or le is None:
                 continue
             if le.status != "ok":
-                out.append(f"NOTE: {c.backend}: origins not measured: {le.reason}")
+                out.append(
+                    f"WARN: {c.backend}: not judged against float64: {le.reason}; its outputs are held to "
+                    "the noise floor's tolerance instead"
+                )
             elif le.origins:
-                if not (c.tolerances and c in self.violations):  # a FAIL line says it already
+                if not (c.judged and c in self.violations):  # a FAIL line says it already
                     out.append(f"NOTE: {self._origins_line(c)}")
             else:
-                worst = max(
-                    (
-                        (times_floor(d.scaled_ulp, ex.floor(d.name) or 0.0), d.name)
-                        for d in c.tensors
-                        if d.scaled_ulp is not None
-                    ),
-                    default=None,
-                )
-                at = (
-                    f" (largest {worst[0]:.2g}x the floor, at {with_module(worst[1], modules)})"
-                    if worst
-                    else ""
-                )
-                out.append(
-                    f"EXPLAINED: {c.backend}: every difference from {c.reference} is within reordering "
-                    f"and rounding{at}"
-                )
+                out.append(f"EXPLAINED: {c.backend}: {explained_words(le, modules)}")
         return out
 
     def _warn_lines(self) -> list[str]:
@@ -307,6 +304,19 @@ class Result:
             return [f"GATE: pass (--fail-on {policies})"]
         return [f"GATE: {g.policy} fired (exit {g.exit_code}): {g.reason}" for g in gates]
 
+    def _pass_words(self, ref: str) -> str:
+        judged = [c for c in self.cross_backend if c.status == "ok" and c.judged]
+        others = [c for c in self.cross_backend if c.status == "ok" and not c.judged]
+        if not (self.options.auto_tolerance and judged):
+            return f"within {self.options.fixed_ulp:g} scaled ULP of {ref} at the outputs"
+        names = ", ".join([ref, *(c.backend for c in judged)])
+        words = f"every node of {names} is within rounding of its float64 value"
+        if others:
+            words += (
+                f"; {', '.join(c.backend for c in others)} within the noise floor's tolerance at the outputs"
+            )
+        return words
+
     def verdict(self) -> list[str]:
         """One line per finding, most important first; a single PASS line when all is well."""
         if not any(b.ok for b in self.backends):
@@ -315,12 +325,7 @@ class Result:
         lines += self.explanation_lines()
         if not any(line.startswith("FAIL") for line in lines):
             ref = self.reference_used
-            within = (
-                f"no backend makes an error of its own against {ref} (every node within reordering "
-                "and rounding)"
-                if self.options.auto_tolerance and self.explanation.ok
-                else f"within {self.options.fixed_ulp:g} scaled ULP of {ref} at the outputs"
-            )
+            within = self._pass_words(ref)
             lines.insert(
                 0,
                 f"PASS{' (vacuous)' if self.vacuous else ''}: every backend is deterministic over "
