@@ -271,7 +271,8 @@ def explained_words(le: LocalErrors, modules: Mapping[str, str]) -> str:
         node = le.node(le.largest_at)
         op = f" ({node.op_type})" if node is not None else ""
         where = _modname(le.largest_at, modules)
-        at = f" (largest local error {le.largest_ratio:.3g} of its allowance, at {where}{op})"
+        ratio = math.floor(le.largest_ratio * 1000) / 1000  # never rounded up to the allowance
+        at = f" (largest local error {ratio:.3g} of its allowance, at {where}{op})"
     return (
         f"every node is within rounding of its own float64 value{at}; its differences are those "
         "errors carried through the model"

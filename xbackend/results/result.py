@@ -308,6 +308,8 @@ class Result:
         judged = [c for c in self.cross_backend if c.status == "ok" and c.judged]
         others = [c for c in self.cross_backend if c.status == "ok" and not c.judged]
         if not (self.options.auto_tolerance and judged):
+            if self.options.auto_tolerance and any(c.tolerances for c in others):
+                return f"within the noise floor's tolerance of {ref} at the outputs"
             return f"within {self.options.fixed_ulp:g} scaled ULP of {ref} at the outputs"
         names = ", ".join([ref, *(c.backend for c in judged)])
         words = f"every node of {names} is within rounding of its float64 value"

@@ -8,11 +8,12 @@ correctly-rounded-as-far-as-float64-goes answer.
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -104,24 +105,109 @@ def promote_weights(weights: Mapping[str, np.ndarray], folder: Path) -> dict[str
     return out
 
 
-def promote_to_float64(proto: onnx.ModelProto) -> onnx.ModelProto:
+_FLOAT_ELEMS = {
+    "float32": TensorProto.FLOAT,
+    "float16": TensorProto.FLOAT16,
+    "bfloat16": TensorProto.BFLOAT16,
+}
+_CAST = "/xb.cast"
+
+
+def _allowed(schema: Any, params: Any, index: int) -> list[str] | None:
+    """The types formal parameter `index` takes (the last one for variadic tails)."""
+    if not params:
+        return None
+    p = params[min(index, len(params) - 1)]
+    for c in schema.type_constraints:
+        if c.type_param_str == p.type_str:
+            return list(c.allowed_type_strs)
+    return [p.type_str]
+
+
+def _schema(node: onnx.NodeProto, opsets: Mapping[str, int]) -> Any:
+    domain = node.domain or ""
+    try:
+        return onnx.defs.get_schema(node.op_type, opsets.get(domain, opsets.get("ai.onnx", 1)), domain)
+    except Exception:  # a custom op: no schema to fit
+        return None
+
+
+def _fit_schemas(g: onnx.GraphProto, original: Mapping[str, str], opsets: Mapping[str, int]) -> list[str]:
+    """Casts back where an op's schema takes no double (Resize's scales; ai.onnx.ml outputs):
+    each such input is cast to its original float type, each such output computed in it and
+    cast to float64 after. Returns those outputs: the oracle computes them below float64."""
+    nodes: list[onnx.NodeProto] = []
+    below: list[str] = []
+    cast: set[str] = set()  # inputs already cast back (one Cast each, however many read it)
+    for node in g.node:
+        schema = _schema(node, opsets)
+        if schema is None:
+            nodes.append(node)
+            continue
+        for i, name in enumerate(node.input):
+            allowed = _allowed(schema, schema.inputs, i)
+            elem = _FLOAT_ELEMS.get(original.get(name, ""))
+            if name and allowed and "tensor(double)" not in allowed and elem is not None:
+                node.input[i] = name + _CAST
+                if name not in cast:
+                    cast.add(name)
+                    nodes.append(onnx.helper.make_node("Cast", [name], [name + _CAST], to=elem))
+        nodes.append(node)
+        for k, name in enumerate(node.output):
+            allowed = _allowed(schema, schema.outputs, k)
+            fixed = allowed == ["tensor(float)"]
+            float_typed = original.get(name) in _FLOAT_ELEMS
+            if name and allowed and "tensor(double)" not in allowed and (fixed or float_typed):
+                node.output[k] = name + _CAST
+                nodes.append(onnx.helper.make_node("Cast", [name + _CAST], [name], to=TensorProto.DOUBLE))
+                below.append(name)
+    del g.node[:]
+    g.node.extend(nodes)
+    return below
+
+
+def _shape_error(text: str) -> str:
+    """The op a checker's message names, in words (never its raw text)."""
+    op = re.search(r"op_type:\s*([\w.]+)", text)
+    node = re.search(r"node name:\s*([^)\s]+)", text)
+    if op is None:
+        return "its graph does not check in float64"
+    where = f"node {node.group(1)} ({op.group(1)})" if node else f"a {op.group(1)} node"
+    return f"{where} does not take float64 values"
+
+
+def promote_to_float64(proto: onnx.ModelProto, below: list[str] | None = None) -> onnx.ModelProto:
     """A float64 copy of the model (mapped weights stay where they are: see promote_weights);
-    BackendUnavailableError naming the op that cannot take doubles."""
+    BackendUnavailableError naming the op that cannot take doubles. `below` collects the outputs
+    computed below float64 (ops whose schema takes no double)."""
+    original = original_dtypes(proto)
+    original.update({t.name: _np_name(t.data_type) for t in proto.graph.initializer})
+    opsets = {o.domain or "": o.version for o in proto.opset_import}
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     del out.graph.value_info[:]  # stale fp32 types; re-inferred below
     _promote_graph(out.graph)
+    narrow = _fit_schemas(out.graph, original, opsets)
+    if below is not None:
+        below.extend(narrow)
     # ai.onnx.ml ops declare float outputs only, so type inference refuses their doubles; the
     # evaluator computes them in numpy all the same: for those, the structure is checked.
     ml = sorted({n.op_type for n in out.graph.node if n.domain == ML_DOMAIN})
     try:
         onnx.checker.check_model(out, full_check=not ml)
     except Exception as e:
-        text = " ".join(str(e).split())
         raise BackendUnavailableError(
-            f"the model cannot be promoted to float64: {text[:300]}; the oracle is unavailable for this model"
+            f"the model cannot be evaluated in float64: {_shape_error(str(e))}; the oracle is unavailable "
+            "for this model"
         ) from e
     return out
+
+
+def _np_name(elem: int) -> str:
+    try:
+        return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name)
+    except Exception:  # a type numpy has no name for
+        return ""
 
 
 def original_dtypes(proto: onnx.ModelProto) -> dict[str, str]:
@@ -173,7 +259,9 @@ class OracleRunner(ReferenceRunner):
     ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         self._dtypes = original_dtypes(proto)
         self._folder = tempfile.mkdtemp(prefix="xbackend-oracle-")
-        promoted = promote_to_float64(proto)
+        below: list[str] = []
+        promoted = promote_to_float64(proto, below)
+        self._narrow.update(below)
         return promoted, promote_weights(weights, Path(self._folder))
 
     def close(self) -> None:
@@ -208,4 +296,7 @@ class OracleRunner(ReferenceRunner):
             out["dtype_assumed_float32"] = str(len(self._assumed))
         if self._narrow:
             out["computed_below_float64"] = ", ".join(sorted(self._narrow))
+            out["precision"] = (
+                "float64, except the tensors in computed_below_float64 (their ops take no double)"
+            )
         return dict(sorted(out.items()))
