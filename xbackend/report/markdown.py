@@ -84,8 +84,14 @@ def _summary(r: Result) -> list[str]:
                 f"{module_note(worst.first_divergence, r.model.modules())}."
             )
     if r.oracle_error:
-        best = min(r.oracle_error, key=lambda c: (c.scaled_ulp or 0.0, c.backend))
-        parts.append(f"Closest to the float64 oracle: {best.backend} ({_num(best.scaled_ulp)} scaled ULP).")
+        ranking = r.oracle_ranking()
+        below = r.oracle_below_float64
+        if ranking:
+            name, ulp = ranking[0]
+            rest = f", outputs other than {', '.join(below)}" if below else ""
+            parts.append(f"Closest to the float64 oracle: {name} ({_num(ulp)} scaled ULP{rest}).")
+        else:
+            parts.append(f"Not ranked against the oracle: it computes {', '.join(below)} in float32.")
     warns = sum(len(p.warnings()) for p in r.probes)
     if r.probes_ran:
         parts.append(f"Probes run: {', '.join(r.probes_ran)}; {warns} warning(s).")

@@ -15,6 +15,7 @@ from xbackend.results.explanation import NOT_MEASURED, Explanation, LocalErrors,
 from xbackend.results.options import EXPECTED, CompareOptions
 from xbackend.results.probe import ProbeResult
 from xbackend.textfmt import short, with_module
+from xbackend.values import value_name
 
 __all__ = ["Result"]
 
@@ -128,6 +129,32 @@ class Result:
         if self.failed or self.nondeterministic or self.violations or self.reference_fails:
             return EXIT_DIFFERENCES
         return EXIT_OK
+
+    @property
+    def oracle_below_float64(self) -> tuple[str, ...]:
+        """Graph outputs the oracle computed below float64 (ops with no float64 form there)."""
+        oracle = next((b for b in self.backends if b.name == "oracle" and b.ok), None)
+        below = dict(oracle.info).get("computed_below_float64", "") if oracle is not None else ""
+        names = {n.strip() for n in below.split(",") if n.strip()}
+        for t in self.model.tensors:  # model order: what is computed from them is below too
+            if any(i in names for i in t.inputs):
+                names.add(t.name)
+        return tuple(o for o in self.model.output_names if o in names)
+
+    def oracle_ranking(self) -> list[tuple[str, float]]:
+        """Each backend's largest scaled ULP from the oracle over the outputs it computed in
+        float64, closest first (none when it computed none so)."""
+        below = set(self.oracle_below_float64)
+        out = []
+        for c in self.oracle_error:
+            vals = [
+                d.scaled_ulp
+                for d in c.output_tensors
+                if d.scaled_ulp is not None and value_name(d.name) not in below
+            ]
+            if vals:
+                out.append((c.backend, max(vals)))
+        return sorted(out, key=lambda x: (x[1], x[0]))
 
     @property
     def reference_fails(self) -> bool:
@@ -247,6 +274,12 @@ class Result:
                     f"WARN: {b.name}: the per-layer build failed ({b.layers_error}); output figures stand"
                 )
         modules = self.model.modules()
+        below = self.oracle_below_float64
+        if below:
+            out.append(
+                f"NOTE: oracle: {', '.join(below)} computed in float32 (their ops have no float64 form in "
+                "onnx's evaluator); the oracle is not ranked there"
+            )
         for p in self.probes:
             out += p.warnings(modules)
         if self.vacuous:

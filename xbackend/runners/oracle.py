@@ -155,6 +155,8 @@ def _fit_schemas(g: onnx.GraphProto, original: Mapping[str, str], opsets: Mappin
         nodes.append(node)
         for k, name in enumerate(node.output):
             allowed = _allowed(schema, schema.outputs, k)
+            if not allowed or not all(a.startswith("tensor(") for a in allowed):
+                continue  # a sequence or map (ZipMap's): its values keep their type
             fixed = allowed == ["tensor(float)"]
             float_typed = original.get(name) in _FLOAT_ELEMS
             if name and allowed and "tensor(double)" not in allowed and (fixed or float_typed):
@@ -253,6 +255,7 @@ class OracleRunner(ReferenceRunner):
         self._assumed: set[str] = set()
         self._narrow: set[str] = set()  # float tensors the evaluator computed below float64
         self._folder = ""  # the float64 weights' files
+        self._cast_back: set[str] = set()  # outputs of ops whose schema makes them float only
 
     def transform(
         self, proto: onnx.ModelProto, weights: dict[str, np.ndarray]
@@ -261,7 +264,7 @@ class OracleRunner(ReferenceRunner):
         self._folder = tempfile.mkdtemp(prefix="xbackend-oracle-")
         below: list[str] = []
         promoted = promote_to_float64(proto, below)
-        self._narrow.update(below)
+        self._cast_back = set(below)
         return promoted, promote_weights(weights, Path(self._folder))
 
     def close(self) -> None:
@@ -272,6 +275,14 @@ class OracleRunner(ReferenceRunner):
 
     def widen(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         return {k: _widen(v) for k, v in feeds.items()}
+
+    def inspect(self, results: Mapping[str, Value]) -> None:
+        """An op whose schema makes float only: whether the evaluator computed it so (a tree
+        ensemble sums in float32) or in float64 all the same (a linear classifier)."""
+        for name in self._cast_back:
+            v = results.get(name + _CAST)
+            if isinstance(v, np.ndarray) and str(v.dtype) in _PROMOTED_NP:
+                self._narrow.add(name)
 
     def narrow(self, name: str, value: Value) -> Value:
         """Back to the tensor's original dtype (round to nearest even); float32 where unknown."""

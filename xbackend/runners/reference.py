@@ -99,11 +99,15 @@ class ReferenceRunner(Runner):
         """A result as the original model would type it."""
         return value
 
+    def inspect(self, results: Mapping[str, Value]) -> None:
+        """Every result of a run, before any is narrowed (the oracle checks what it computed)."""
+
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         try:
             results = self._evaluator.run(None, self.widen(feeds), intermediate=True)
         except Exception as e:
             raise RunnerFailedError(f"the reference evaluator failed while running {_msg(e)}") from e
+        self.inspect(results)
         self._missing = {
             t: "not produced by the reference evaluator" for t in self._tensors if t not in results
         }
