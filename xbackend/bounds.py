@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -441,25 +441,43 @@ def _log_softmax(n: _Node, bld: Builder) -> NodeBound | None:
     )
 
 
-def _normalization(n: _Node, bld: Builder, axes: list[int], scale: str, bias: str) -> NodeBound:
+def _normalization(
+    n: _Node,
+    bld: Builder,
+    axes: list[int],
+    scale: str,
+    bias: str,
+    x: str = "",
+    simplified: bool = False,
+    carried: str = "",
+) -> NodeBound:
     """(x - μ)/σ·γ + β over `axes`, as a stable (two-pass) algorithm computes it: z = (x - μ)/σ
     is off by u·(|z|·(λ·sqrt(n)/2 + 3) + (λ·sqrt(n) + 2)·mean|x|/σ) (the mean's error, the
     variance's relative error halved by the square root, the subtraction and division), then
-    scaled by |γ|, plus the rounding of z·γ + β."""
+    scaled by |γ|, plus the rounding of z·γ + β. `carried`: an error the input already holds
+    (in units of u; a fused residual add's), propagated to first order: (e + mean e + |z|·mean|z|e)/σ.
+    `simplified`: RMS normalization (no mean)."""
     sx = n.shape(0)
     assert sx is not None
     terms = int(np.prod([sx[a] for a in axes]))
-    eps = float(n.attr("epsilon", 1e-5))
-    x = n.node.input[0]
-    mu = bld.reduce("ReduceMean", x, axes)
-    d = bld.op("Sub", x, mu)
+    eps = float(n.attr("epsilon", 1e-12 if n.node.domain == "com.microsoft" else 1e-5))
+    x = x or n.node.input[0]
+    d = x if simplified else bld.op("Sub", x, bld.reduce("ReduceMean", x, axes))
     var = bld.reduce("ReduceMean", bld.op("Mul", d, d), axes)
     sigma = bld.op("Sqrt", bld.op("Add", var, bld.const(eps)))
     z = bld.abs(bld.op("Div", d, sigma))
-    ma = bld.op("Div", bld.reduce("ReduceMean", bld.abs(x), axes), sigma)
     lm = lam(terms, n.out_elements)
     k1, k2 = lm * math.sqrt(terms) / 2 + 3, lm * math.sqrt(terms) + 2
-    dz = bld.op("Add", bld.op("Mul", z, bld.const(k1)), bld.op("Mul", ma, bld.const(k2)))
+    dz = bld.op("Mul", z, bld.const(k1))
+    if not simplified:
+        ma = bld.op("Div", bld.reduce("ReduceMean", bld.abs(x), axes), sigma)
+        dz = bld.op("Add", dz, bld.op("Mul", ma, bld.const(k2)))
+    if carried:
+        spread = bld.reduce("ReduceMean", bld.op("Mul", z, carried), axes)
+        e = bld.op(
+            "Add", bld.op("Add", carried, bld.reduce("ReduceMean", carried, axes)), bld.op("Mul", z, spread)
+        )
+        dz = bld.op("Add", dz, bld.op("Div", e, sigma))
     g = bld.abs(scale) if scale else bld.const(1.0)
     total = bld.op("Add", bld.op("Mul", dz, g), bld.op("Mul", z, g))
     if bias:
@@ -570,6 +588,81 @@ def _scatter(n: _Node, bld: Builder) -> NodeBound | None:
     return _red(n, int(np.prod(su)) + 1)
 
 
+def _skip_norm(n: _Node, bld: Builder) -> NodeBound | None:
+    """ONNX Runtime's SkipLayerNormalization: LayerNormalization of s = input + skip (+ bias);
+    the adds' rounding (u·|s| each) is carried through the normalization."""
+    sx = n.shape(0)
+    if sx is None:
+        return None
+    simplified = n.node.op_type == "SkipSimplifiedLayerNormalization"
+    ins = [*n.node.input, "", "", ""]
+    gamma, beta, bias = (ins[2], "", ins[3]) if simplified else (ins[2], ins[3], ins[4])
+    s = bld.op("Add", ins[0], ins[1])
+    adds = 1.0
+    if bias:
+        s, adds = bld.op("Add", s, bias), 2.0
+    carried = bld.op("Mul", bld.abs(s), bld.const(adds))
+    axes = [len(sx) - 1]
+    found = _normalization(n, bld, axes, gamma, beta, x=s, simplified=simplified, carried=carried)
+    source = "composed: the residual add's rounding carried through a LayerNormalization's bound"
+    return replace(found, source=source)
+
+
+def _fused_matmul(n: _Node, bld: Builder) -> NodeBound | None:
+    sa = n.shape(0)
+    if sa is None or n.attr("transBatchA", 0) or n.attr("transBatchB", 0):
+        return None
+    k = int(sa[-2] if n.attr("transA", 0) else sa[-1])
+    attrs = {"alpha": abs(float(n.attr("alpha", 1.0))), "transA": int(n.attr("transA", 0)),
+             "transB": int(n.attr("transB", 0))}  # fmt: skip
+    bld.final(
+        "FusedMatMul", bld.abs(n.node.input[0]), bld.abs(n.node.input[1]), domain="com.microsoft", **attrs
+    )
+    return _red(n, k)
+
+
+# an activation fused after a Gemm: (its own relative rounding a, absolute c); each is 1-Lipschitz
+_ACTIVATIONS = {"": (0.0, 0.0), "Relu": (0.0, 0.0), "LeakyRelu": (1.0, 0.0), "Tanh": (16.0, 0.0),
+                "Sigmoid": (16.0, 8.0), "HardSigmoid": (2.0, 0.0)}  # fmt: skip
+
+
+def _fused_gemm(n: _Node, bld: Builder) -> NodeBound | None:
+    act = n.attr("activation", b"")
+    act = act.decode() if isinstance(act, bytes) else str(act)
+    if act not in _ACTIVATIONS:
+        return None
+    found = _gemm(n, bld)
+    if found is None:
+        return None
+    a, c = _ACTIVATIONS[act]
+    then = f"{_HM}; then {act or 'no activation'} (1-Lipschitz) and its rounding"
+    return replace(found, op=n.node.op_type, a=found.a + a, c=c, source=then)
+
+
+def _gelu_like(b: float, a: float, source: str, bias: bool = False) -> Callable[[_Node, Builder], NodeBound]:
+    def rule(n: _Node, bld: Builder) -> NodeBound:
+        x = n.node.input[0]
+        if bias and len(n.node.input) > 1 and n.node.input[1]:
+            x = bld.op("Add", x, n.node.input[1])
+        bld.final("Abs", x)
+        return NodeBound(n.node.op_type, "elementwise", a=a, b=b, source=source)
+
+    return rule
+
+
+_CONTRIB: dict[str, Callable[[_Node, Builder], NodeBound | None]] = {
+    "SkipLayerNormalization": _skip_norm,
+    "SkipSimplifiedLayerNormalization": _skip_norm,
+    "FusedMatMul": _fused_matmul,
+    "FusedGemm": _fused_gemm,
+    # the tanh form: Tanh's measured bound (16) beside Gelu's cancellation for x < 0 (16·|x|)
+    "FastGelu": _gelu_like(32.0, 16.0, "as Gelu and Tanh (measured)", bias=True),
+    # x·sigmoid(1.702·x): Sigmoid's relative 16 and absolute 8, the latter times |x|
+    "QuickGelu": _gelu_like(8.0, 17.0, "as Sigmoid (measured), times x"),
+    # Gelu(a + b): the add's rounding carried with gain at most 1.13, beside Gelu's own
+    "BiasGelu": _gelu_like(18.0, 1.0, "as Gelu (measured), after an add", bias=True),
+}
+
 _RULES: dict[str, Callable[[_Node, Builder], NodeBound | None]] = {
     "MatMul": _matmul,
     "Gemm": _gemm,
@@ -609,7 +702,13 @@ def node_bound(
     out = node.output[0] if node.output else ""
     if domain in ("", "ai.onnx") and op in EXACT:
         return NodeBound(op, "exact", source="exact: the op moves, selects or compares values"), [], []
-    rule = _RULES.get(op) if domain in ("", "ai.onnx") else None
+    rule = (
+        _RULES.get(op)
+        if domain in ("", "ai.onnx")
+        else _CONTRIB.get(op)
+        if domain == "com.microsoft"
+        else None
+    )
     if rule is not None:
         bld = Builder(out, opset)
         try:

@@ -26,6 +26,7 @@ from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
 from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model
 from xbackend.compare.plan import plan_backend
+from xbackend.compare.shipped import shipped_job, shipped_plan
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
 from xbackend.extdata import write_rewritten
 from xbackend.metrics import diff_values, saturated_fill, ulp_at
@@ -76,6 +77,12 @@ class _Plan:
     reference: str = ""
     judges: Mapping[str, _Judge] = field(default_factory=dict)  # "" : the reference's granularity
     judge_of: Mapping[str, str] = field(default_factory=dict)  # backend -> its judge's key
+    # backends whose optimized graph is written first (round 1), then severed and judged (round 2)
+    optimized: Mapping[str, tuple[Job, Path]] = field(default_factory=dict)
+    available: Mapping[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    graphs: Mapping[str, str] = field(default_factory=dict)  # backend -> the graph its nodes were judged on
+    covers: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
 
 
 def explain(
@@ -116,11 +123,77 @@ def explain(
     jobs = [
         *([plan.floor_job] if plan.floor_job else []),
         *(j.job for j in plan.judges.values() if j.job is not None),
-        *plan.local_jobs.values(),
+        *(j for n, j in plan.local_jobs.items() if n not in plan.optimized),
+        *(j for j, _ in plan.optimized.values()),
     ]
     bar.grow(sum(j.steps for j in jobs))
-    done = ex.run_all(jobs, True)
+    done = dict(ex.run_all(jobs, True))
+    if plan.optimized:
+        plan = _ship(ctx, plan, done, layers.capture)
+        second = [plan.local_jobs[n] for n in plan.optimized]
+        second += [
+            j for n in plan.optimized if (j := plan.judges[n].job if n in plan.judges else None) is not None
+        ]
+        bar.grow(sum(j.steps for j in second))
+        done.update(ex.run_all(second, True))
     return _analyze(ctx, plan, done, layers.capture)
+
+
+def _ship(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str) -> _Plan:
+    """Round 2: each optimized graph severed at the reference's tensors, its local job and judge;
+    where it cannot be judged, the unfused severed model's local job stands, and the reason."""
+    original = load_proto(ctx.spec.path, load_external=False)
+    folder = ctx.work / "explain"
+    local = dict(plan.local_jobs)
+    judges = dict(plan.judges)
+    judge_of = dict(plan.judge_of)
+    graphs = dict(plan.graphs)
+    covers = dict(plan.covers)
+    for name, (job, path) in plan.optimized.items():
+        got = shipped_plan(
+            name,
+            done.get(job.label),
+            path,
+            ctx.spec,
+            original,
+            plan.available,
+            ctx.feeds.arrays,
+            ref_capture,
+            folder,
+        )
+        if isinstance(got, str):
+            graphs[name] = f"the unfused graph: {got}"
+            continue
+        old = local[name]
+        phase = PhaseSpec(_LOCAL_PHASE, got.tensors, 1, model=got.model)
+        options = tuple(sorted({**dict(old.raw_options), "opt_level": "disable"}.items()))
+        local[name] = replace(old, raw_options=options, feeds=got.feeds, phases=(phase,))
+        grain = {n for n in plan.available if n in set(got.tensors)}
+        captured = {n: np_name for n, np_name in _captured(plan).items() if n in grain}
+        shapes = {**plan.shapes, **_inferred_shapes(got.severed)}
+        judges[name] = _judge_job(ctx, got.severed, shapes, captured, got.path, got.feeds, name)
+        judge_of[name] = name
+        graphs[name] = got.described
+        covers[name] = got.covers
+    return replace(plan, local_jobs=local, judges=judges, judge_of=judge_of, graphs=graphs, covers=covers)
+
+
+def _captured(plan: _Plan) -> dict[str, str]:
+    return {n: str(np.dtype(helper.tensor_dtype_to_np_dtype(e))) for n, (e, _) in plan.available.items()}
+
+
+def _inferred_shapes(proto: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes shape inference finds in a severed graph (its inputs are concrete)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception:  # fused kernels have no schema: what inference reaches is enough
+        return {}
+    out = {}
+    for vi in inferred.graph.value_info:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            out[vi.name] = tuple(int(d.dim_value) for d in dims)
+    return out
 
 
 def _floor_backend(ctx: ProbeContext, planned: Sequence[PlannedBackend]) -> PlannedBackend | None:
@@ -191,6 +264,7 @@ def _plan(
     captured = {n: d for n, (d, _) in held.items() if not n.startswith(SEVERED)}
     judges = {"": _judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "")}
     judge_of: dict[str, str] = {}
+    optimized: dict[str, tuple[Job, Path]] = {}
     local_jobs: dict[str, Job] = {}
     not_measured: dict[str, str] = {}
     live = {b.name: b for b in planned}
@@ -207,6 +281,8 @@ def _plan(
                 "the reference's values step by step"
             )
             continue
+        if b.cls.executes_graph and b.cls.saves_optimized_graph and b.interpreter is None:
+            optimized[name] = shipped_job(name, b.cls, b.variant(), spec, ctx.feeds_path, folder)
         # A runner of its own source keeps its model and takes the reference's values as feeds:
         # it computes each part it exposes from the part's inputs, so it is judged at that grain.
         if not b.cls.executes_graph:
@@ -230,6 +306,9 @@ def _plan(
         ref,
         judges,
         judge_of,
+        optimized,
+        available,
+        shapes,
     )
 
 
@@ -394,7 +473,6 @@ def _judge_all(
     capture is its severed run: it was fed its own values)."""
     local = [LocalErrors(name, "not-measured", why) for name, why in plan.not_measured.items()]
     modules = spec.modules()
-    order = spec.tensor_order()
     captures = {plan.reference: ref_capture}
     for name, job in plan.local_jobs.items():
         o = done.get(job.label)
@@ -415,7 +493,7 @@ def _judge_all(
             ) or f"the float64 evaluation of each node failed: {failed}"
             local.append(LocalErrors(name, "not-measured", why))
             continue
-        local.append(judge_backend(name, capture, jp.capture, judge.judged, order, modules))
+        local.append(judge_backend(name, capture, jp.capture, judge.judged, judge.judged.order, modules))
     return local
 
 

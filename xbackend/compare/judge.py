@@ -52,6 +52,11 @@ class Judged:
     tensors: tuple[str, ...]  # node outputs and magnitudes the judge run exposes
     composed: Mapping[str, str] = field(default_factory=dict)  # node output -> how it inherits
 
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The node outputs judged, in graph order."""
+        return tuple(t for t in self.tensors if t in self.bounds)
+
 
 def _opset(proto: onnx.ModelProto) -> int:
     return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)

@@ -119,6 +119,9 @@ class Runner(abc.ABC):
     # For such a runner: it takes the reference's values of the tensors its steps read as extra
     # feeds (named xbackend.sever.SEVERED + tensor) and computes each step from them instead.
     severs_by_feeds: ClassVar[bool] = False
+    # It can write the graph it really runs (option save_optimized=PATH: ONNX Runtime's optimized
+    # model), so the explanation judges the kernels users ship rather than the unfused graph.
+    saves_optimized_graph: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         self.options: dict[str, Any] = self.resolve_options(options or {})

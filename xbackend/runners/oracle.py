@@ -192,9 +192,10 @@ def promote_to_float64(proto: onnx.ModelProto, below: list[str] | None = None) -
     narrow = _fit_schemas(out.graph, original, opsets)
     if below is not None:
         below.extend(narrow)
-    # ai.onnx.ml ops declare float outputs only, so type inference refuses their doubles; the
-    # evaluator computes them in numpy all the same: for those, the structure is checked.
-    ml = sorted({n.op_type for n in out.graph.node if n.domain == ML_DOMAIN})
+    # ai.onnx.ml ops declare float outputs only, so type inference refuses their doubles, and
+    # ONNX Runtime's fused kernels (com.microsoft) have no schema in onnx; the evaluator computes
+    # them in numpy all the same: for those, the structure is checked.
+    ml = sorted({n.op_type for n in out.graph.node if n.domain not in ("", "ai.onnx")})
     try:
         onnx.checker.check_model(out, full_check=not ml)
     except Exception as e:

@@ -279,7 +279,11 @@ class OrtCpuRunner(Runner):
             False,
             "SessionOptions.use_deterministic_compute (promises run-to-run)",
         ),
+        OptionSpec(
+            "save_optimized", str, "", "write the graph the session runs (its optimized model) to this path"
+        ),
     )
+    saves_optimized_graph = True
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)
@@ -398,7 +402,16 @@ class OrtCpuRunner(Runner):
             # (GPT-2 T=1024: 1 GiB more). Allocation only: the kernels and their bits are the same.
             so.enable_cpu_mem_arena = False
             self._notes["cpu_mem_arena"] = "off (intermediates exposed: freed as compared)"
-        if not self.detailed_fingerprint:
+        if self.options["save_optimized"]:
+            # the graph users' sessions run: fused kernels and all (xbackend.compare.explain judges it)
+            so.optimized_model_filepath = str(self.options["save_optimized"])
+            so.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name",
+                os.path.basename(so.optimized_model_filepath) + ".data",
+            )
+            self._session_obj = self._session(data, model, so)
+            fp = BuildFingerprint.from_items(self.name, sorted(self.info().items()))
+        elif not self.detailed_fingerprint:
             self._session_obj = self._session(data, model, so)
             fp = BuildFingerprint.from_items(self.name, sorted(self.info().items()))
         else:

@@ -56,6 +56,7 @@ class OrtTrtRunner(OrtCudaRunner):
     provider = PROVIDER
     reported = ("trt_fp16_enable", "trt_builder_optimization_level", "trt_timing_cache_enable",
                 "trt_engine_cache_enable", "trt_timing_cache_path", "trt_engine_cache_path")  # fmt: skip
+    saves_optimized_graph = False  # TensorRT's engines are not in ORT's optimized model
     option_specs: ClassVar[Sequence[OptionSpec]] = (
         *OrtCudaRunner.option_specs[:-2],  # threads, opt level, ... and device_id
         OptionSpec(

@@ -21,6 +21,7 @@ from xbackend.errors import BackendUnavailableError, RunnerFailedError
 from xbackend.extdata import map_external
 from xbackend.model import ModelRef, load_proto
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
+from xbackend.runners.contrib import contrib_ops
 from xbackend.runners.mlops import ml_ops
 from xbackend.values import Value, normalize
 
@@ -78,7 +79,7 @@ class ReferenceRunner(Runner):
         container.model_proto = proto
         container.set_large_initializers(weights)
         try:
-            self._evaluator = ReferenceEvaluator(container, new_ops=ml_ops())
+            self._evaluator = ReferenceEvaluator(container, new_ops=[*ml_ops(), *contrib_ops()])
         except Exception as e:
             raise BackendUnavailableError(f"the reference evaluator cannot load the model: {_msg(e)}") from e
         _name_failing_nodes(self._evaluator)

@@ -1,0 +1,175 @@
+"""ONNX Runtime's fused kernels (domain com.microsoft) for onnx's reference evaluator, computed
+from their definitions in ONNX Runtime's ContribOperators.md, in whatever precision they are fed:
+float64 on the oracle, so the graph ORT really runs (its optimized model) can be judged node by
+node against float64.
+
+Only the fusions ONNX Runtime's CPU graph optimizer makes by default are here; `CONTRIB_OPS`
+names them, and a graph holding any other com.microsoft op is judged on its unfused form.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CONTRIB_DOMAIN", "CONTRIB_OPS", "contrib_ops"]
+
+CONTRIB_DOMAIN = "com.microsoft"
+CONTRIB_OPS = frozenset(
+    {
+        "SkipLayerNormalization",
+        "SkipSimplifiedLayerNormalization",
+        "FusedMatMul",
+        "FusedGemm",
+        "FastGelu",
+        "QuickGelu",
+        "BiasGelu",
+    }
+)
+
+
+def _layer_norm(s: np.ndarray, gamma: Any, beta: Any, eps: float, simplified: bool) -> Any:
+    if simplified:
+        rms = np.sqrt(np.mean(s * s, axis=-1, keepdims=True) + eps)
+        y = s / rms * gamma
+    else:
+        mu = np.mean(s, axis=-1, keepdims=True)
+        d = s - mu
+        y = d / np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + eps) * gamma
+    return y if beta is None else y + beta
+
+
+def _stats(s: np.ndarray, eps: float, simplified: bool) -> tuple[np.ndarray, np.ndarray]:
+    mu = np.zeros((*s.shape[:-1], 1), s.dtype) if simplified else np.mean(s, axis=-1, keepdims=True)
+    d = s - mu
+    return mu, 1 / np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + eps)
+
+
+def _erf(x: np.ndarray) -> Any:
+    return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x
+
+
+def _activation(y: np.ndarray, name: str, alpha: float | None, beta: float | None) -> Any:
+    if not name:
+        return y
+    if name == "Relu":
+        return np.maximum(y, 0)
+    if name == "LeakyRelu":
+        return np.where(y >= 0, y, (0.01 if alpha is None else alpha) * y)
+    if name == "Sigmoid":
+        return 1 / (1 + np.exp(-y))
+    if name == "Tanh":
+        return np.tanh(y)
+    if name == "HardSigmoid":
+        return np.clip((0.2 if alpha is None else alpha) * y + (0.5 if beta is None else beta), 0, 1)
+    raise ValueError(f"activation {name} is not implemented in xbackend's float64 FusedGemm")
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v or "")
+
+
+def contrib_ops() -> list[type]:
+    """The op classes, for ReferenceEvaluator(new_ops=...); built on first use, since their base
+    class loads the evaluator."""
+    from onnx.reference.op_run import OpRun  # engine: onnx's reference evaluator
+
+    class SkipLayerNormalization(OpRun):
+        op_domain = CONTRIB_DOMAIN
+
+        def _run(
+            self, x: Any, skip: Any, gamma: Any, beta: Any = None, bias: Any = None, epsilon: Any = None
+        ) -> Any:
+            eps = 1e-12 if epsilon is None else float(epsilon)
+            s = x + skip + (0 if bias is None else bias)
+            y = _layer_norm(s, gamma, beta, eps, False)
+            return (y, *_stats(s, eps, False), s)[: len(self.onnx_node.output)]
+
+    class SkipSimplifiedLayerNormalization(OpRun):
+        op_domain = CONTRIB_DOMAIN
+
+        def _run(self, x: Any, skip: Any, gamma: Any, bias: Any = None, epsilon: Any = None) -> Any:
+            eps = 1e-12 if epsilon is None else float(epsilon)
+            s = x + skip + (0 if bias is None else bias)
+            y = _layer_norm(s, gamma, None, eps, True)
+            return (y, *_stats(s, eps, True), s)[: len(self.onnx_node.output)]
+
+    class FusedMatMul(OpRun):
+        op_domain = CONTRIB_DOMAIN
+
+        def _run(
+            self,
+            a: Any,
+            b: Any,
+            alpha: Any = None,
+            transA: Any = None,
+            transB: Any = None,
+            transBatchA: Any = None,
+            transBatchB: Any = None,
+        ) -> Any:
+            if transBatchA or transBatchB:
+                raise ValueError(
+                    "FusedMatMul with transBatchA/B is not implemented in xbackend's float64 kernels"
+                )
+            if transA:
+                a = np.swapaxes(a, -1, -2)
+            if transB:
+                b = np.swapaxes(b, -1, -2)
+            return (np.matmul(a, b) * (1.0 if alpha is None else float(alpha)),)
+
+    class FusedGemm(OpRun):
+        op_domain = CONTRIB_DOMAIN
+
+        def _run(
+            self,
+            a: Any,
+            b: Any,
+            c: Any = None,
+            alpha: Any = None,
+            beta: Any = None,
+            transA: Any = None,
+            transB: Any = None,
+            activation: Any = None,
+            activation_alpha: Any = None,
+            activation_beta: Any = None,
+            activation_gamma: Any = None,
+        ) -> Any:
+            a = a.T if transA else a
+            b = b.T if transB else b
+            y = (1.0 if alpha is None else float(alpha)) * (a @ b)
+            if c is not None:
+                y = y + (1.0 if beta is None else float(beta)) * c
+            return (_activation(y, _text(activation), activation_alpha, activation_beta),)
+
+    class FastGelu(OpRun):
+        op_domain = CONTRIB_DOMAIN
+
+        def _run(self, x: Any, bias: Any = None) -> Any:
+            v = x if bias is None else x + bias
+            return (0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))),)
+
+    class QuickGelu(OpRun):
+        op_domain = CONTRIB_DOMAIN
+
+        def _run(self, x: Any, alpha: Any = None) -> Any:
+            a = 1.702 if alpha is None else float(alpha)
+            return (x / (1 + np.exp(-a * x)),)
+
+    class BiasGelu(OpRun):
+        op_domain = CONTRIB_DOMAIN
+
+        def _run(self, a: Any, b: Any) -> Any:
+            v = a + b
+            return (0.5 * v * (1 + _erf(v / math.sqrt(2))),)
+
+    return [
+        SkipLayerNormalization,
+        SkipSimplifiedLayerNormalization,
+        FusedMatMul,
+        FusedGemm,
+        FastGelu,
+        QuickGelu,
+        BiasGelu,
+    ]
