@@ -37,6 +37,7 @@ from xbackend.progress import ProgressSink
 from xbackend.reorder import Reordered, index_feeds, reorder
 from xbackend.results import EXPECTED, BackendResult, CrossBackendResult
 from xbackend.results.explanation import (
+    UNFUSED,
     Explanation,
     IllConditioned,
     LocalErrors,
@@ -162,7 +163,7 @@ def _ship(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_ca
             folder,
         )
         if isinstance(got, str):
-            graphs[name] = f"the unfused graph: {got}"
+            graphs[name] = f"{UNFUSED}: {got}"
             continue
         old = local[name]
         phase = PhaseSpec(_LOCAL_PHASE, got.tensors, 1, model=got.model)
@@ -466,6 +467,12 @@ def _rules(plan: _Plan) -> tuple[tuple[str, str, str], ...]:
     return tuple(seen[k] for k in sorted(seen))
 
 
+def _grain_words(name: str, plan: _Plan) -> str:
+    if plan.judge_of.get(name):
+        return "its own parts (the model severed at the tensors it exposes)"
+    return "the model's graph"
+
+
 def _judge_all(
     spec: ModelSpec, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str
 ) -> list[LocalErrors]:
@@ -493,7 +500,13 @@ def _judge_all(
             ) or f"the float64 evaluation of each node failed: {failed}"
             local.append(LocalErrors(name, "not-measured", why))
             continue
-        local.append(judge_backend(name, capture, jp.capture, judge.judged, judge.judged.order, modules))
+        graph = plan.graphs.get(name) or _grain_words(name, plan)
+        judged = judge.judged
+        local.append(
+            judge_backend(
+                name, capture, jp.capture, judged, judged.order, modules, plan.covers.get(name), graph
+            )
+        )
     return local
 
 

@@ -51,6 +51,8 @@ class Judged:
     bounds: Mapping[str, NodeBound]  # node output -> its bound
     tensors: tuple[str, ...]  # node outputs and magnitudes the judge run exposes
     composed: Mapping[str, str] = field(default_factory=dict)  # node output -> how it inherits
+    # an exact op's output that carries an uncaptured node's error -> (that node's op, its output)
+    blame: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -87,6 +89,8 @@ def judged_model(
     extra_nodes: list[onnx.NodeProto] = []
     tensors: list[str] = []
     err: dict[str, str] = {}  # an uncaptured tensor -> its whole allowance
+    made_by: dict[str, tuple[str, str]] = {}  # an uncaptured tensor -> the inexact node that made it
+    blame: dict[str, tuple[str, str]] = {}
     for node in list(g.node):
         outs = [o for o in node.output if o]
         if not outs:
@@ -103,6 +107,10 @@ def judged_model(
             tensors.append(AUX + outs[0])
             g.output.append(_typed(AUX + outs[0], known.get(outs[0])))
         inherited = {i: err[i] for i in node.input if i in err}
+        maker = next((made_by[i] for i in node.input if i in made_by), None)
+        if bound.exact and maker is not None:
+            blame[outs[0]] = maker
+        made_by[outs[0]] = maker if bound.exact and maker is not None else (node.op_type, outs[0])
         if not floats.get(outs[0], False):
             if inherited:  # an index, mask or shape computed from inexact values
                 composed[outs[0]] = "its inputs' errors cannot be carried into a non-float output"
@@ -125,7 +133,7 @@ def judged_model(
         extra_nodes.extend(bld.nodes)
         g.initializer.extend(bld.inits)
     g.node.extend(extra_nodes)
-    return Judged(out, bounds, tuple(tensors), composed)
+    return Judged(out, bounds, tuple(tensors), composed, blame)
 
 
 _FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
@@ -265,6 +273,8 @@ def judge_backend(
     judged: Judged,
     order: Sequence[str],
     modules: Mapping[str, str],
+    covers: Mapping[str, tuple[str, ...]] | None = None,
+    graph: str = "",
 ) -> LocalErrors:
     """`backend`'s local errors (its severed run's capture) against the float64 judge, in model
     order: origins where an element is past its allowance. A node run from above its inputs
@@ -312,14 +322,19 @@ def judge_backend(
             if m.ratio > worst[0] and not bound.exact:
                 worst = (m.ratio, t)
             if m.ratio > 1:
+                op, detail = bound.op, m.detail
+                if t in judged.blame:  # an exact op carries it: name the kernel that made it
+                    op, made = judged.blame[t]
+                    detail = detail or f"made by {op} at {made}, carried by {bound.op}"
                 origins.append(
                     Origin(
                         t,
-                        module,
-                        bound.op,
+                        modules.get(t, "") or module,
+                        op,
                         m.local_scaled,
                         m.allowed_scaled,
-                        m.detail,
+                        detail,
+                        covers=(covers or {}).get(t, ()),
                         element=m.element,
                         rule=_rule(bound, judged.composed.get(t, "")),
                         certain=m.certain,
@@ -333,4 +348,5 @@ def judge_backend(
         largest_ratio=worst[0] if worst[0] >= 0 else None,
         largest_at=worst[1],
         nodes=tuple(nodes),
+        graph=graph,
     )

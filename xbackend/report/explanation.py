@@ -12,14 +12,15 @@ __all__ = ["explanation_section"]
 
 def _row(name: str, le: LocalErrors | None, modules: dict[str, str]) -> list[str]:
     if le is None:
-        return [name, "not judged", "–", "–"]
+        return [name, "not judged", "–", "–", "–"]
     if le.status != "ok":
-        return [name, "not judged", le.reason, "–"]
+        return [name, "not judged", "–", le.reason, "–"]
+    graph = le.graph or "–"
     if le.origins:
         o = le.origins[0]
-        return [name, f"**{len(le.origins)} origin(s)**", with_module(o.tensor, modules), num(o.ratio)]
+        return [name, f"**{len(le.origins)} origin(s)**", graph, with_module(o.tensor, modules), num(o.ratio)]
     where = with_module(le.largest_at, modules) if le.largest_at else "–"
-    return [name, "explained", where, num(le.largest_ratio)]
+    return [name, "explained", graph, where, num(le.largest_ratio)]
 
 
 def explanation_section(r: Result) -> list[str]:
@@ -46,7 +47,8 @@ def explanation_section(r: Result) -> list[str]:
     ]
     names = [r.reference_used, *(c.backend for c in r.cross_backend if c.status == "ok")]
     rows = [_row(n, ex.local_for(n), modules) for n in names]
-    out += table(["backend", "verdict", "first origin, or closest call at", "local error / allowance"], rows)
+    head = ["backend", "verdict", "judged on", "first origin, or closest call at", "local error / allowance"]
+    out += table(head, rows)
     origins = [(le.backend, o) for le in ex.local if le.status == "ok" for o in le.origins]
     if origins:
         out += [

@@ -28,6 +28,7 @@ from xbackend.values import value_name
 __all__ = [
     "MARGIN",
     "NOT_MEASURED",
+    "UNFUSED",
     "Explanation",
     "IllConditioned",
     "LocalErrors",
@@ -69,6 +70,7 @@ class Origin:
     element: tuple[int, ...] = ()  # where the error is largest against its allowance
     rule: str = ""  # the allowance's formula (xbackend.bounds.NodeBound.describe)
     certain: bool = False  # past the deterministic bound too: an error at any confidence
+    covers: tuple[str, ...] = ()  # a fused kernel: the original nodes' outputs it computes
 
     @property
     def ratio(self) -> float:
@@ -101,6 +103,7 @@ class LocalErrors:
     largest_ratio: float | None = None  # largest local error / allowed, over the nodes
     largest_at: str = ""
     nodes: tuple[NodeJudgment, ...] = ()  # every judged node output, model order
+    graph: str = ""  # the graph its nodes were judged on (ONNX Runtime's optimized one, its modules, ...)
 
     def node(self, tensor: str) -> NodeJudgment | None:
         return self._node_index.get(value_name(tensor))
@@ -230,6 +233,7 @@ def find_origins(
 
 
 NOT_MEASURED = Explanation("unavailable", "not measured")
+UNFUSED = "the unfused graph"  # LocalErrors.graph of an engine whose own graph could not be judged
 
 
 def _modname(tensor: str, modules: Mapping[str, str]) -> str:
@@ -258,9 +262,12 @@ def origins_line(backend: str, origins: Sequence[Origin], modules: Mapping[str, 
         )
         if o.certain:
             what += "; past the deterministic bound too"
+    kernel = o.op_type
+    if o.covers and o.covers != (o.tensor,):
+        kernel += f", fusing {', '.join(_modname(c, modules) for c in o.covers[:6])}"
     return (
         f"{backend}: {n} origin{'s' if n > 1 else ''} (nodes past what rounding allows against their own "
-        f"float64 value), first {_modname(o.tensor, modules)} ({o.op_type}): {what}"
+        f"float64 value), first {_modname(o.tensor, modules)} ({kernel}): {what}"
     )
 
 

@@ -11,7 +11,14 @@ from xbackend.promises import EXIT_PROMISE, PromiseCheck, check_promises
 from xbackend.results.backend import BackendResult, FeedsInfo
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
 from xbackend.results.cost import Family, families
-from xbackend.results.explanation import NOT_MEASURED, Explanation, LocalErrors, explained_words, origins_line
+from xbackend.results.explanation import (
+    NOT_MEASURED,
+    UNFUSED,
+    Explanation,
+    LocalErrors,
+    explained_words,
+    origins_line,
+)
 from xbackend.results.options import EXPECTED, CompareOptions
 from xbackend.results.probe import ProbeResult
 from xbackend.textfmt import short, with_module
@@ -253,6 +260,8 @@ class Result:
                     out.append(f"NOTE: {self._origins_line(c)}")
             else:
                 out.append(f"EXPLAINED: {c.backend}: {explained_words(le, modules)}")
+            if le.status == "ok" and le.graph.startswith(UNFUSED):
+                out.append(f"WARN: {c.backend}: its kernels were judged on {le.graph}")
         return out
 
     def _warn_lines(self) -> list[str]:
