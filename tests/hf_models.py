@@ -41,3 +41,78 @@ def gpt2() -> torch.nn.Module:
         vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0
     )
     return LastHidden(transformers.AutoModel.from_config(cfg)).eval()
+
+
+class UNetNoise(torch.nn.Module):
+    """A diffusers UNet's predicted noise as one plain tensor."""
+
+    def __init__(self, unet: Any) -> None:
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, sample: Any, timestep: Any, encoder_hidden_states: Any) -> Any:
+        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
+
+
+def unet() -> torch.nn.Module:
+    """diffusers' UNet2DConditionModel, random init: 2 blocks (one with cross-attention), 8x8 latents."""
+    import diffusers
+
+    torch.manual_seed(0)
+    model = diffusers.UNet2DConditionModel(
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(32, 64),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        norm_num_groups=8,
+    )
+    return UNetNoise(model).eval()
+
+
+def llama() -> torch.nn.Module:
+    """A Llama-style decoder (rotary embeddings, RMSNorm, SwiGLU), 2 layers of width 64."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        attn_implementation="eager",
+    )
+    return LastHidden(transformers.AutoModel.from_config(cfg)).eval()
+
+
+class WhisperEncoder(torch.nn.Module):
+    """A Whisper-style audio encoder (two convolutions, sinusoidal positions, pre-norm blocks)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features: Any) -> Any:
+        return self.model(input_features).last_hidden_state
+
+
+def whisper() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.WhisperConfig(
+        num_mel_bins=16,
+        d_model=64,
+        encoder_layers=2,
+        encoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_layers=1,
+        decoder_attention_heads=4,
+        decoder_ffn_dim=128,
+        max_source_positions=32,
+        attn_implementation="eager",
+    )
+    return WhisperEncoder(transformers.WhisperModel(cfg).get_encoder()).eval()

@@ -501,7 +501,7 @@ def _instance_norm(n: _Node, bld: Builder) -> NodeBound | None:
     if sx is None or len(sx) < 3:
         return None
     axes = list(range(2, len(sx)))
-    spread = bld.const(axes, ints=True)
+    spread = bld.const(list(range(1, len(sx) - 1)), ints=True)  # [C] -> [C, 1, ...] against [N, C, ...]
     scale = bld.op("Unsqueeze", n.node.input[1], spread) if bld.opset >= 13 else ""
     bias = bld.op("Unsqueeze", n.node.input[2], spread) if bld.opset >= 13 else ""
     if not scale:

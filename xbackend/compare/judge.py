@@ -82,6 +82,7 @@ def judged_model(
     opset = _opset(out)
     known = dict(shapes)
     known.update({SEVERED + n: s for n, s in shapes.items()})
+    known.update({t.name: tuple(int(d) for d in t.dims) for t in g.initializer})
     read = {i for n in g.node for i in n.input}
     floats = _float_tensors(severed)
     bounds: dict[str, NodeBound] = {}

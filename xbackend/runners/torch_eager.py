@@ -73,6 +73,10 @@ class TorchRunner(Runner):
         self._outputs: tuple[str, ...] = ()
         self._captured: dict[str, np.ndarray] = {}
         self._severed: dict[str, Value] = {}  # tensor -> the reference's value, handed on instead
+        self._calls: dict[str, int] = {}  # module -> its calls in this forward
+        self._repeated: dict[str, int] = {}  # modules called more than once in one forward
+        self._counting = False
+        self._counted = False
         self._spec = ""
         self._weights = ""
         self._unmapped = "no torch module output maps to this tensor"
@@ -153,15 +157,28 @@ class TorchRunner(Runner):
         for name, sub in self._module.named_modules():
             if name in self._map:
 
-                def hook(_m: Any, _i: Any, out: Any, tensor: str = self._map[name]) -> Any:
-                    if isinstance(out, torch.Tensor):
-                        self._captured[tensor] = to_numpy(out)
-                        ref = self._severed.get(tensor)
-                        if isinstance(ref, np.ndarray) and ref.shape == tuple(out.shape):
-                            return to_tensor(ref).to(dtype=out.dtype, device=out.device)
+                def hook(_m: Any, _i: Any, out: Any, tensor: str = self._map[name], name: str = name) -> Any:
+                    self._calls[name] = self._calls.get(name, 0) + 1
+                    if self._counting or name in self._repeated or not isinstance(out, torch.Tensor):
+                        return None
+                    self._captured[tensor] = to_numpy(out)
+                    ref = self._severed.get(tensor)
+                    if isinstance(ref, np.ndarray) and ref.shape == tuple(out.shape):
+                        return to_tensor(ref).to(dtype=out.dtype, device=out.device)
                     return None
 
                 sub.register_forward_hook(hook)
+
+    def _count_calls(self, args: list[Any]) -> None:
+        """Modules called more than once in one forward (diffusers' ResnetBlock2D calls its one
+        SiLU on several tensors): one tensor cannot stand for their calls, so they are neither
+        captured nor fed the reference's values. Counted by a forward that changes nothing."""
+        self._counting, self._calls = True, {}
+        try:
+            self._forward(args)
+        finally:
+            self._counting = False
+        self._repeated = {m: n for m, n in self._calls.items() if n > 1}
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         import torch  # heavy: torch
@@ -169,6 +186,10 @@ class TorchRunner(Runner):
         self._captured = {}
         self._severed = {n[len(SEVERED) :]: v for n, v in feeds.items() if n.startswith(SEVERED)}
         args = [_to_torch(feeds[n]) for n in self._inputs if not n.startswith(SEVERED)]
+        if self._map and self.severs_by_feeds and not self._counted:
+            self._count_calls(args)
+            self._counted = True
+        self._calls = {}
         result = self._forward(args)
         flat = flatten_outputs(result)
         if len(flat) != len(self._outputs):
@@ -192,8 +213,15 @@ class TorchRunner(Runner):
             raise RunnerFailedError(f"the torch module failed: {type(e).__name__}: {e}") from e
 
     def not_exposed(self) -> dict[str, str]:
-        have = set(self._map.values()) | set(self._outputs)
-        return {t: self._unmapped for t in self._tensors if t not in have}
+        repeated = {self._map[m]: n for m, n in self._repeated.items() if m in self._map}
+        have = (set(self._map.values()) - set(repeated)) | set(self._outputs)
+        out = {t: self._unmapped for t in self._tensors if t not in have and t not in repeated}
+        for t, n in repeated.items():
+            if t in self._tensors and t not in self._outputs:
+                out[t] = (
+                    f"its module is called {n} times in one forward: one tensor cannot stand for its calls"
+                )
+        return out
 
     def info(self) -> dict[str, str]:
         out = super().info()
