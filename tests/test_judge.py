@@ -14,7 +14,8 @@ import pytest
 from onnx import helper
 
 import xbackend
-from xbackend.bounds import DELTA, allowance, lam, node_bound, unit_roundoff
+from xbackend.bound_rules import node_bound
+from xbackend.bounds import DELTA, allowance, lam, unit_roundoff
 from xbackend.report.jsonreport import to_json
 from xbackend.samples import build
 

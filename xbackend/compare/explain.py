@@ -24,13 +24,14 @@ from onnx import helper
 from xbackend.bounds import DELTA
 from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
+from xbackend.compare.conditioning import ill_conditioned
 from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import shipped_job, shipped_plan
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
 from xbackend.extdata import write_rewritten
 from xbackend.metrics import diff_values, saturated_fill, ulp_at
-from xbackend.model import ModelRef, ModelSpec, NodeTensor, load_proto
+from xbackend.model import ModelRef, ModelSpec, load_proto
 from xbackend.modelref import np_dtype
 from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.progress import ProgressSink
@@ -39,15 +40,13 @@ from xbackend.results import EXPECTED, BackendResult, CrossBackendResult
 from xbackend.results.explanation import (
     UNFUSED,
     Explanation,
-    IllConditioned,
     LocalErrors,
-    conditioning_limit,
 )
 from xbackend.sever import SEVERED, sever
 from xbackend.storage import save_values
 from xbackend.values import Value, value_name
 
-__all__ = ["FLOOR_ENGINE", "attach", "explain", "far_from_float64"]
+__all__ = ["FLOOR_ENGINE", "attach", "explain"]
 
 FLOOR_ENGINE = "ort-cpu"
 JUDGE_ENGINE = "oracle"
@@ -443,7 +442,7 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
     floors = _floors(phase.capture, [c for c, _ in phase.extra_captures], spec)
     local = _judge_all(spec, plan, done, ref_capture)
     local.sort(key=lambda x: plan.order.index(x.backend) if x.backend in plan.order else -1)
-    ill = _ill_conditioned(spec, floors, ref_capture)
+    ill = ill_conditioned(spec, floors, ref_capture)
     return Explanation(
         "ok",
         rules=_rules(plan),
@@ -553,142 +552,6 @@ def _scaled(name: str, a: Value, b: Value, op: str) -> list[tuple[str, float]]:
     return [
         (value_name(d.name), d.scaled_ulp) for d in diff_values(name, a, b, op) if d.scaled_ulp is not None
     ]
-
-
-def _ill_conditioned(
-    spec: ModelSpec, floors: Mapping[str, float], ref_capture: str
-) -> tuple[IllConditioned, ...]:
-    """Where conditioning is lost: tensors past their dtype's limit whose inputs are not."""
-    by_name = {t.name: t for t in spec.tensors}
-    modules = spec.modules()
-    out = []
-    with CaptureFile(ref_capture) as cap:
-        dtypes = {n: d for n, (d, _) in cap.tensors().items()}
-        for t in spec.tensors:
-            f = floors.get(t.name)
-            limit = conditioning_limit(dtypes.get(t.name, "float32"))
-            if f is None or f <= limit:
-                continue
-            if any(floors.get(i, 0.0) > conditioning_limit(dtypes.get(i, "float32")) for i in t.inputs):
-                continue
-            out.append(IllConditioned(t.name, modules.get(t.name, ""), f, _cause(t, by_name, floors, cap)))
-    return tuple(out)
-
-
-def far_from_float64(
-    ex: Explanation,
-    spec: ModelSpec,
-    cross: Sequence[CrossBackendResult],
-    oracle: Sequence[CrossBackendResult],
-    ref_capture: str | None,
-) -> Explanation:
-    """The second kind of ill-conditioned tensor: every engine is past its dtype's conditioning
-    limit from the float64 oracle while they agree with the reference within their tolerance, so
-    no order of the float computation does better (the first place where that starts)."""
-    if not ex.ok or ref_capture is None:
-        return ex
-    engines = [c for c in oracle if c.status == "ok" and c.tensors]
-    if len(engines) < 2:  # one engine agreeing with itself proves nothing
-        return ex
-    far: set[str] | None = None
-    for c in engines:
-        names = {
-            value_name(d.name)
-            for d in c.tensors
-            if d.scaled_ulp is not None and d.scaled_ulp > conditioning_limit(d.dtype)
-        }
-        far = names if far is None else far & names
-    if not far:
-        return ex
-    disagree = {value_name(d.name) for c in cross if c.status == "ok" for d in c.tensors if c.exceeds(d)}
-    known = {t.tensor for t in ex.ill_conditioned}
-    floors = ex.floor_map()
-    by_name = {t.name: t for t in spec.tensors}
-    modules = spec.modules()
-    found = []
-    with CaptureFile(ref_capture) as cap:
-        for t in spec.tensors:
-            if t.name not in far or t.name in disagree or t.name in known:
-                continue
-            if any(i in far for i in t.inputs):
-                continue  # inherited: the onset is upstream
-            cause = _cause(t, by_name, floors, cap)
-            found.append(
-                IllConditioned(
-                    t.name, modules.get(t.name, ""), floors.get(t.name, 0.0), cause, "far from float64"
-                )
-            )
-    return replace(ex, ill_conditioned=(*ex.ill_conditioned, *found)) if found else ex
-
-
-_PASS_THROUGH = frozenset({"Mul", "Pow", "Div", "Cast", "Identity", "Sqrt", "Neg", "Reshape", "Unsqueeze"})
-_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "MatMul", "Gemm", "Einsum"})
-
-
-def _reaches(name: str, by_name: Mapping[str, NodeTensor], want: frozenset[str], hops: int = 4) -> set[str]:
-    """Op types in `want` reached going up from `name` through at most `hops` simple ops."""
-    t = by_name.get(name)
-    if t is None or hops == 0:
-        return set()
-    if t.op_type in want:
-        return {t.op_type} | ({"square"} if _squares(t, by_name) else set())
-    if t.op_type not in _PASS_THROUGH:
-        return set()
-    found = {"square"} if _is_square(t) else set()
-    for i in t.inputs:
-        found |= _reaches(i, by_name, want, hops - 1)
-    return found
-
-
-def _is_square(t: NodeTensor) -> bool:
-    return (t.op_type == "Mul" and len(set(t.inputs)) == 1) or t.op_type == "Pow"
-
-
-def _squares(t: NodeTensor, by_name: Mapping[str, NodeTensor]) -> bool:
-    if t.op_type == "ReduceSumSquare":
-        return True
-    src = by_name.get(t.inputs[0]) if t.inputs else None
-    return src is not None and _is_square(src)
-
-
-def _cause(
-    t: NodeTensor, by_name: Mapping[str, NodeTensor], floors: Mapping[str, float], cap: CaptureFile
-) -> str:
-    grow = max((floors.get(i, 0.0) for i in t.inputs), default=0.0)
-    if t.op_type == "Sub" and len(t.inputs) == 2:
-        a, b = (_reaches(i, by_name, _REDUCTIONS) for i in t.inputs)
-        if a - {"square"} and b - {"square"}:
-            if "square" in a | b:
-                return (
-                    "E[x²]−E[x]² cancels: compute the variance two-pass (the mean first, then the mean "
-                    "of squared deviations) or with Welford's algorithm"
-                )
-            return "a subtraction of two nearly equal reductions cancels"
-        return "a subtraction of nearly equal values cancels"
-    if t.op_type in ("Softmax", "LogSoftmax") and t.inputs and t.inputs[0] in cap:
-        x = np.asarray(cap[t.inputs[0]], dtype=np.float64)
-        span = float(np.nanmax(x) - np.nanmin(x)) if x.size else 0.0
-        return f"a softmax over logits spanning {span:.3g}: exp of their differences loses the small terms"
-    if t.op_type in ("LayerNormalization", "GroupNormalization", "InstanceNormalization") and t.inputs:
-        ratio = _mean_over_spread(cap, t.inputs[0], last=t.op_type == "LayerNormalization")
-        if ratio is not None:
-            return f"a normalization over rows whose mean is {ratio:.3g}x their spread"
-    if grow > 0:
-        return f"{t.op_type} amplifies the reordering of its inputs {floors[t.name] / grow:.3g}x"
-    return f"{t.op_type}'s own reductions are sensitive to their order"
-
-
-def _mean_over_spread(cap: CaptureFile, name: str, last: bool) -> float | None:
-    if name not in cap:
-        return None
-    x = np.asarray(cap[name], dtype=np.float64)
-    if x.ndim < 2:
-        return None
-    rows = x.reshape(-1, x.shape[-1]) if last else x.reshape(x.shape[0] * x.shape[1], -1)
-    mean = np.abs(rows.mean(axis=1))
-    std = rows.std(axis=1)
-    ok = std > 0
-    return float((mean[ok] / std[ok]).max()) if ok.any() else None
 
 
 def attach(

@@ -19,20 +19,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from xbackend.bounds import (
-    AUX,
-    PROP,
-    Builder,
-    NodeBound,
-    allowance,
-    node_bound,
-    own_allowance,
-    propagate,
-    secondary_bound,
-    unit_roundoff,
-)
+from xbackend.bound_rules import node_bound, secondary_bound
+from xbackend.bounds import AUX, Builder, NodeBound, allowance, unit_roundoff
 from xbackend.capture import CaptureFile
 from xbackend.metrics import float_info, ulp_at
+from xbackend.propagation import PROP, own_allowance, propagate
 from xbackend.results.explanation import LocalErrors, NodeJudgment, Origin
 from xbackend.sever import SEVERED
 from xbackend.values import Value

@@ -16,9 +16,10 @@ from typing import Any
 
 from xbackend.compare.builds import Builds, run_builds
 from xbackend.compare.captures import save_captures
+from xbackend.compare.conditioning import far_from_float64
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.drift import baseline_drifts
-from xbackend.compare.explain import attach, explain, far_from_float64
+from xbackend.compare.explain import attach, explain
 from xbackend.compare.memory import memory_plan, window_note
 from xbackend.compare.plan import (
     feeds_for,
