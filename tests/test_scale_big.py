@@ -55,7 +55,7 @@ def test_compare_per_layer_on_every_cpu_engine_within_the_memory_bound(big: tupl
     assert cross.status == "ok" and len(cross.tensors) == 108
     assert r.cross("oracle").status == "ok"
     # ORT's blocked sgemm and numpy's differ in rounding from the first MatMul on, and that is
-    # all it is: every difference within reordering and rounding
+    # all it is: every node within rounding of its float64 value
     assert cross.first_divergence == "mm0"
     assert cross.explained is True and r.exit_code == 0
     # Bound (issue 28): 1.3x the weights as the backend holds them (float64 for the oracle),

@@ -16,13 +16,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from xbackend.metrics import TensorDiff, ulp_at
 from xbackend.modelref import np_dtype
-from xbackend.rounding import allowed_scaled, bound_for, summation_bound
+from xbackend.rounding import bound_for
 from xbackend.values import value_name
 
 __all__ = [
@@ -36,7 +35,6 @@ __all__ = [
     "Origin",
     "conditioning_limit",
     "explained_words",
-    "find_origins",
     "origins_line",
     "times_floor",
 ]
@@ -171,65 +169,6 @@ class Explanation:
 def times_floor(scaled_ulp: float, floor: float) -> float:
     """A difference in units of its tensor's noise floor (a floor under 1 ULP counts as 1)."""
     return scaled_ulp / max(floor, 1.0)
-
-
-def _allowed(d: TensorDiff, floor: float, margin: float, terms: int = 0) -> float:
-    """What reordering and rounding allow at this node, in its scaled ULP: the floor, the op's
-    rounding bound, and for a reduction of `terms` terms sqrt(terms) (summation_bound)."""
-    ref_ulp = d.max_abs / d.scaled_ulp if d.scaled_ulp else None
-    one = ulp_at(1.0, np_dtype(d.dtype)) if d.dtype else None
-    rounding = allowed_scaled(d.op_type, ref_ulp, one or 0.0) if one else bound_for(d.op_type)[0]
-    return margin * max(floor, rounding, summation_bound(terms))
-
-
-def find_origins(
-    backend: str,
-    local: Sequence[TensorDiff],
-    floors: Mapping[str, float],
-    modules: Mapping[str, str],
-    margin: float,
-    terms: Mapping[str, int] | None = None,
-    upstream: Mapping[str, Sequence[tuple[str, str]]] | None = None,
-) -> LocalErrors:
-    """Origins among `local` (each node's output, fed the reference's inputs, against the
-    reference's), in model order; `terms`: each reduction's number of terms; `upstream`: for a
-    node whose inputs the reference did not capture, the nodes above it its run computed too
-    (op type, output): it is allowed the most any of them is."""
-    origins = []
-    worst: tuple[float, str] = (-1.0, "")
-    n_terms = terms or {}
-    for d in local:
-        t = value_name(d.name)
-        if d.bitwise_equal:
-            continue
-        allowed = _allowed(d, floors.get(t, 0.0), margin, n_terms.get(t, 0))
-        for op, u in (upstream or {}).get(t, ()):
-            mine = replace(d, op_type=op)
-            allowed = max(allowed, _allowed(mine, floors.get(u, 0.0), margin, n_terms.get(u, 0)))
-        module = modules.get(t, "")
-        if d.scaled_ulp is None or not d.comparable or d.nan_mismatch or d.inf_mismatch or d.fill_mismatch:
-            why = d.detail or (
-                "NaN/Inf where the reference has a number"
-                if d.nan_mismatch or d.inf_mismatch
-                else "another value where the reference has saturated fill (±finfo.max)"
-                if d.fill_mismatch
-                else "exact values differ"
-            )
-            origins.append(Origin(t, module, d.op_type, d.scaled_ulp, allowed, why))
-            continue
-        ratio = d.scaled_ulp / allowed if allowed else math.inf
-        if ratio > worst[0]:
-            worst = (ratio, t)
-        if ratio > 1:
-            origins.append(Origin(t, module, d.op_type, d.scaled_ulp, allowed))
-    return LocalErrors(
-        backend,
-        "ok",
-        origins=tuple(origins),
-        compared=len({value_name(d.name) for d in local}),
-        largest_ratio=worst[0] if worst[0] >= 0 else None,
-        largest_at=worst[1],
-    )
 
 
 NOT_MEASURED = Explanation("unavailable", "not measured")
