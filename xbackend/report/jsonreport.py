@@ -148,9 +148,14 @@ def _explanation(r: Result) -> dict[str, Any]:
                 "nodes_compared": x.compared,
                 "largest_ratio": x.largest_ratio,
                 "largest_at": x.largest_at,
+                "judged_on": x.graph,
+                "explained": x.explained,
+                "origins": [o.tensor for o in x.origins],
             }
             for x in ex.local
         ],
+        "confidence_per_node": ex.confidence,
+        "rules": [{"op_type": op, "allowed": rule, "source": src} for op, rule, src in ex.rules],
     }
 
 
