@@ -171,9 +171,8 @@ MaxUlp = Annotated[
     str,
     typer.Option(
         metavar="auto|N",
-        help="cross-backend tolerance: auto (default) gives each tensor its noise floor x a margin and "
-        "fails a backend with an origin (a node whose own error is beyond reordering and rounding); "
-        "N: N scaled ULP at the outputs",
+        help="cross-backend tolerance: auto (default) judges each node against its own float64 value and "
+        "fails a backend with an origin (a node past what rounding allows); N: N scaled ULP at the outputs",
     ),
 ]
 NoiseSamples = Annotated[

@@ -25,7 +25,7 @@ from xbackend.bounds import DELTA
 from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
 from xbackend.compare.conditioning import ill_conditioned
-from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model
+from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model, reorder_check
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import shipped_job, shipped_plan
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
@@ -41,8 +41,9 @@ from xbackend.results.explanation import (
     UNFUSED,
     Explanation,
     LocalErrors,
+    ReorderCheck,
 )
-from xbackend.sever import SEVERED, sever
+from xbackend.sever import SEVERED, Severed, sever
 from xbackend.storage import save_values
 from xbackend.values import Value, value_name
 
@@ -51,6 +52,7 @@ __all__ = ["FLOOR_ENGINE", "attach", "explain"]
 FLOOR_ENGINE = "ort-cpu"
 JUDGE_ENGINE = "oracle"
 _FLOOR_PHASE = "floor"
+_NODE_FLOOR_PHASE = "node-floor"
 _LOCAL_PHASE = "local"
 
 
@@ -83,6 +85,7 @@ class _Plan:
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     graphs: Mapping[str, str] = field(default_factory=dict)  # backend -> the graph its nodes were judged on
     covers: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    node_floor_job: Job | None = None  # the severed model's sums in K orders: the per-node check
 
 
 def explain(
@@ -122,6 +125,7 @@ def explain(
         return Explanation("unavailable", f"the rewrites failed: {type(e).__name__}: {e}")
     jobs = [
         *([plan.floor_job] if plan.floor_job else []),
+        *([plan.node_floor_job] if plan.node_floor_job else []),
         *(j.job for j in plan.judges.values() if j.job is not None),
         *(j for n, j in plan.local_jobs.items() if n not in plan.optimized),
         *(j for j, _ in plan.optimized.values()),
@@ -265,6 +269,9 @@ def _plan(
     judges = {"": _judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "")}
     judge_of: dict[str, str] = {}
     optimized: dict[str, tuple[Job, Path]] = {}
+    node_floor = (
+        _node_floor_job(ctx, engine, severed, shapes, ref_capture, folder) if engine is not None else None
+    )
     local_jobs: dict[str, Job] = {}
     not_measured: dict[str, str] = {}
     live = {b.name: b for b in planned}
@@ -309,7 +316,43 @@ def _plan(
         optimized,
         available,
         shapes,
+        node_floor_job=node_floor,
     )
+
+
+def _node_floor_job(
+    ctx: ProbeContext,
+    engine: PlannedBackend,
+    severed: Severed,
+    shapes: Mapping[str, tuple[int, ...]],
+    ref_capture: str,
+    folder: Path,
+) -> Job | None:
+    """The severed model with every reduction permuted, fed the reference's values, run in K
+    random orders on the floor engine: how far legitimate orders move each node on its own."""
+    if engine.cls is None or not ctx.opts.noise_samples:
+        return None
+    rs = reorder(severed.proto, {**shapes, **{SEVERED + n: s for n, s in shapes.items()}})
+    if not rs.sites:
+        return None
+    path = folder / "reordered-severed.onnx"
+    write_rewritten(rs.proto, ctx.spec.path, path)
+    identity = index_feeds(rs, None)
+    inputs = (*(SEVERED + n for n in severed.inputs), *identity)
+    model = replace(_ref(ctx.spec, path, inputs), outputs=tuple(o.name for o in rs.proto.graph.output))
+    base = folder / "node-order-0.xbv"
+    paths = []
+    with CaptureFile(ref_capture) as cap:
+        save_values(base, _SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs, identity))
+        for k in range(1, ctx.opts.noise_samples + 1):
+            p = folder / f"node-order-{k}.xbv"
+            order = index_feeds(rs, np.random.default_rng([ctx.opts.seed, 1000 + k]))
+            save_values(p, _SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs, order))
+            paths.append(p)
+    tensors = tuple(o for n in severed.proto.graph.node for o in n.output if o)
+    phase = PhaseSpec(_NODE_FLOOR_PHASE, tensors, 1, tuple(paths), model=model)
+    # one thread, as the floor: a race must not pass for reordering
+    return Job("explain-node-floor", engine.name, engine.cls, engine.variant(threads="1"), base, (phase,))
 
 
 def _judge_job(
@@ -411,22 +454,33 @@ def _ref(spec: ModelSpec, path: Path, extra_inputs: tuple[str, ...]) -> ModelRef
 
 
 class _SeveredFeeds(Mapping[str, Value]):
-    """The feeds plus the reference's captured values under severed names, read one at a time."""
+    """The feeds plus the reference's captured values under severed names, read one at a time
+    (and `extra` values: a permuted model's index inputs)."""
 
-    def __init__(self, feeds: Mapping[str, Value], cap: CaptureFile, severed: Sequence[str]) -> None:
+    def __init__(
+        self,
+        feeds: Mapping[str, Value],
+        cap: CaptureFile,
+        severed: Sequence[str],
+        extra: Mapping[str, Value] | None = None,
+    ) -> None:
         self.feeds = feeds
         self.cap = cap
         self.severed = {SEVERED + n: n for n in severed}
+        self.extra = dict(extra or {})
 
     def __getitem__(self, key: str) -> Value:
+        if key in self.extra:
+            return self.extra[key]
         return self.cap[self.severed[key]] if key in self.severed else self.feeds[key]
 
     def __iter__(self) -> Iterator[str]:
+        yield from self.extra
         yield from self.feeds
         yield from self.severed
 
     def __len__(self) -> int:
-        return len(self.feeds) + len(self.severed)
+        return len(self.extra) + len(self.feeds) + len(self.severed)
 
 
 def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str) -> Explanation:
@@ -441,12 +495,14 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
     assert phase is not None
     floors = _floors(phase.capture, [c for c, _ in phase.extra_captures], spec)
     local = _judge_all(spec, plan, done, ref_capture)
+    check = _reorder_check(plan, done)
     local.sort(key=lambda x: plan.order.index(x.backend) if x.backend in plan.order else -1)
     ill = ill_conditioned(spec, floors, ref_capture)
     return Explanation(
         "ok",
         rules=_rules(plan),
         confidence=1 - DELTA,
+        reorder_check=check,
         engine=plan.floor_job.backend,
         samples=len(plan.extra),
         floors=tuple((t, floors[t]) for t in spec.tensor_order() if t in floors),
@@ -454,6 +510,23 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
         skipped=plan.reordered.skipped,
         local=tuple(local),
         ill_conditioned=ill,
+    )
+
+
+def _reorder_check(plan: _Plan, done: Mapping[str, JobOutcome]) -> ReorderCheck:
+    """The per-node floor against the allowances of the reference's grain."""
+    job, judge = plan.node_floor_job, plan.judges.get("")
+    if job is None or judge is None or judge.job is None or judge.judged is None:
+        return ReorderCheck("unavailable", "no reduction to permute" if judge is not None else "")
+    fo, jo = done.get(job.label), done.get(judge.job.label)
+    phase = fo.phase(_NODE_FLOOR_PHASE) if fo is not None and fo.ok else None
+    jp = jo.phase(JUDGE_PHASE) if jo is not None and jo.ok else None
+    if phase is None or jp is None:
+        return ReorderCheck(
+            "unavailable", fo.reason if fo is not None and not fo.ok else "the float64 judge failed"
+        )
+    return reorder_check(
+        judge.judged, jp.capture, phase.capture, [c for c, _ in phase.extra_captures], job.backend
     )
 
 

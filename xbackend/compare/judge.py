@@ -24,11 +24,11 @@ from xbackend.bounds import AUX, Builder, NodeBound, allowance, unit_roundoff
 from xbackend.capture import CaptureFile
 from xbackend.metrics import float_info, ulp_at
 from xbackend.propagation import PROP, own_allowance, propagate
-from xbackend.results.explanation import LocalErrors, NodeJudgment, Origin
+from xbackend.results.explanation import LocalErrors, NodeJudgment, Origin, ReorderCheck
 from xbackend.sever import SEVERED
 from xbackend.values import Value
 
-__all__ = ["JUDGE_PHASE", "Judged", "judge_backend", "judged_model"]
+__all__ = ["JUDGE_PHASE", "Judged", "judge_backend", "judged_model", "reorder_check"]
 
 JUDGE_PHASE = "judge"
 _FLOATS = frozenset({"float16", "float32", "float64", "bfloat16"})
@@ -341,4 +341,53 @@ def judge_backend(
         largest_at=worst[1],
         nodes=tuple(nodes),
         graph=graph,
+    )
+
+
+def reorder_check(
+    judged: Judged, judge_capture: str, base: str, samples: Sequence[str], engine: str
+) -> ReorderCheck:
+    """Per node, the largest spread of the K orders (against the identity order) over its
+    allowance, element by element: a correct engine's own reorderings must stay within."""
+    worst: tuple[float, str] = (-1.0, "")
+    over: list[str] = []
+    with CaptureFile(judge_capture) as j, CaptureFile(base) as b:
+        caps = [CaptureFile(p) for p in samples]
+        try:
+            for t in judged.order:
+                bound = judged.bounds[t]
+                y0, v = b.get(t), j.get(t)
+                if not (isinstance(y0, np.ndarray) and _plain_float(y0) and isinstance(v, np.ndarray)):
+                    continue
+                if v.shape != y0.shape:
+                    continue
+                spread = np.zeros(y0.shape)
+                for c in caps:
+                    yk = c.get(t)
+                    if isinstance(yk, np.ndarray) and yk.shape == y0.shape:
+                        with np.errstate(invalid="ignore"):
+                            d = np.abs(yk.astype(np.float64) - y0.astype(np.float64))
+                        spread = np.fmax(spread, np.nan_to_num(d, nan=0.0))
+                if not spread.any():
+                    continue
+                mag = j.get(AUX + t)
+                allow = allowance(
+                    bound, v, mag if isinstance(mag, np.ndarray) else None, unit_roundoff(y0.dtype)
+                )
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = float(np.max(np.where(spread == 0, 0.0, spread / (allow + _tiny(y0.dtype)))))
+                if ratio > worst[0]:
+                    worst = (ratio, t)
+                if ratio > 1:
+                    over.append(t)
+        finally:
+            for c in caps:
+                c.close()
+    return ReorderCheck(
+        "ok",
+        engine=engine,
+        samples=len(samples),
+        largest_ratio=worst[0] if worst[0] >= 0 else 0.0,
+        largest_at=worst[1],
+        over=tuple(over),
     )

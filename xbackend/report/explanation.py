@@ -45,6 +45,17 @@ def explanation_section(r: Result) -> list[str]:
         "empirical figure beside the bounds; it decides only for backends that could not be judged).",
         "",
     ]
+    rc = ex.reorder_check
+    if rc.status == "ok":
+        at = f", at {with_module(rc.largest_at, modules)}" if rc.largest_at else ""
+        out += [
+            f"Check of the bounds against legitimate orders: each node of the severed model summed in "
+            f"{rc.samples} random orders on {rc.engine}, fed the reference's values, moves at most "
+            f"{num(rc.largest_ratio)} of its allowance{at} (the largest of {rc.samples} orders is above the "
+            f"{rc.quantile:.2f}-quantile of one order's spread with probability 0.9)."
+            + (f" **Past it at {', '.join(rc.over)}.**" if rc.over else ""),
+            "",
+        ]
     names = [r.reference_used, *(c.backend for c in r.cross_backend if c.status == "ok")]
     rows = [_row(n, ex.local_for(n), modules) for n in names]
     head = ["backend", "verdict", "judged on", "first origin, or closest call at", "local error / allowance"]

@@ -155,6 +155,15 @@ def _explanation(r: Result) -> dict[str, Any]:
             for x in ex.local
         ],
         "confidence_per_node": ex.confidence,
+        "reorder_check": {
+            "status": ex.reorder_check.status,
+            "reason": ex.reorder_check.reason,
+            "engine": ex.reorder_check.engine,
+            "orders": ex.reorder_check.samples,
+            "largest_ratio": ex.reorder_check.largest_ratio,
+            "largest_at": ex.reorder_check.largest_at,
+            "past_allowance": list(ex.reorder_check.over),
+        },
         "rules": [{"op_type": op, "allowed": rule, "source": src} for op, rule, src in ex.rules],
     }
 

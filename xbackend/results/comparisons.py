@@ -141,8 +141,8 @@ class CrossBackendResult:
 
     @property
     def violates(self) -> bool:
-        """Under --max-ulp auto with local errors measured: an origin (the backend made an error
-        beyond reordering and rounding). Else: an output past its tolerance."""
+        """Under --max-ulp auto with every node judged against float64: an origin. Else: an
+        output past its tolerance."""
         if self.status != "ok":
             return False
         if self.judged:

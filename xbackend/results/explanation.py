@@ -33,6 +33,7 @@ __all__ = [
     "LocalErrors",
     "NodeJudgment",
     "Origin",
+    "ReorderCheck",
     "conditioning_limit",
     "explained_words",
     "origins_line",
@@ -127,6 +128,26 @@ class IllConditioned:
 
 
 @dataclass(frozen=True)
+class ReorderCheck:
+    """The allowances checked against the floor engine's own sums in K random orders, node by node
+    (each fed the reference's values): legitimate orders must stay within them."""
+
+    status: str  # "ok" | "unavailable"
+    reason: str = ""
+    engine: str = ""
+    samples: int = 0
+    largest_ratio: float | None = None  # the largest spread / allowance over the nodes' elements
+    largest_at: str = ""
+    over: tuple[str, ...] = ()  # nodes whose reorderings pass their allowance: a rule too tight
+
+    @property
+    def quantile(self) -> float:
+        """q such that the largest of the K spreads is above the q-quantile of one order's spread
+        with probability 0.9: 1 - q^K = 0.9."""
+        return 0.1 ** (1 / self.samples) if self.samples else 0.0
+
+
+@dataclass(frozen=True)
 class Explanation:
     """The noise floor, each backend's local errors, and ill-conditioned tensors."""
 
@@ -142,6 +163,7 @@ class Explanation:
     ill_conditioned: tuple[IllConditioned, ...] = ()
     rules: tuple[tuple[str, str, str], ...] = ()  # (op, allowance per element, source), by op
     confidence: float = 0.0  # per node: the chance a correct engine's rounding stays within
+    reorder_check: ReorderCheck = ReorderCheck("unavailable")
 
     @property
     def ok(self) -> bool:

@@ -243,6 +243,14 @@ class Result:
                 f"{short(t.floor_scaled_ulp)} scaled ULP ({t.cause}); differences at and after it are "
                 "the model's, not the engines'"
             )
+        rc = ex.reorder_check
+        if rc.status == "ok" and rc.over:
+            where = ", ".join(with_module(t, modules) for t in rc.over[:5])
+            out.append(
+                f"WARN: {rc.engine}'s own sums, reordered, pass their allowance at {where} "
+                f"({short(rc.largest_ratio)}x at worst): the bound there is tighter than legitimate orders, "
+                "so an origin there is not proof of an error"
+            )
         ref = self.reference_judgment
         if ref is not None and ref.origins and not self.options.auto_tolerance:
             out.append(f"NOTE: {origins_line(ref.backend, ref.origins, modules)}")
