@@ -5,18 +5,28 @@ range, a normalization of rows far from zero)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
 
 from xbackend.capture import CaptureFile
+from xbackend.metrics import ulp_at
 from xbackend.model import ModelSpec, NodeTensor
 from xbackend.results import CrossBackendResult
-from xbackend.results.explanation import Explanation, IllConditioned, conditioning_limit
+from xbackend.results.explanation import Amplifier, Explanation, IllConditioned, conditioning_limit
 from xbackend.values import value_name
 
-__all__ = ["far_from_float64", "ill_conditioned"]
+__all__ = ["AMPLIFYING", "amplifiers", "far_from_float64", "ill_conditioned"]
+
+# f'(x) of the math functions whose input rounding they amplify most: |x| large for sin, cos, exp
+AMPLIFYING: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "Sin": np.cos,
+    "Cos": np.sin,
+    "Tan": lambda x: 1 / np.cos(x) ** 2,
+    "Exp": np.exp,
+}
+AMPLIFIER_NOTE = 16.0  # scaled ULP: a gain past this is named in the verdict
 
 
 def ill_conditioned(
@@ -153,3 +163,30 @@ def _mean_over_spread(cap: CaptureFile, name: str, last: bool) -> float | None:
     std = rows.std(axis=1)
     ok = std > 0
     return float((mean[ok] / std[ok]).max()) if ok.any() else None
+
+
+def amplifiers(spec: ModelSpec, ref_capture: str) -> tuple[Amplifier, ...]:
+    """Math nodes where half an ULP of the input, the rounding it already carries, moves the
+    output by more than AMPLIFIER_NOTE scaled ULP: max |f'(x)|·ulp(x)/2 in ULP of max |f(x)|.
+    Rotary embeddings' cos and sin of float32 angles up to the sequence length are the common
+    case: float64 keeps the angle's digits, float32 engines do not, and neither is an error."""
+    out = []
+    modules = spec.modules()
+    with CaptureFile(ref_capture) as cap:
+        for t in spec.tensors:
+            f = AMPLIFYING.get(t.op_type)
+            if f is None or not t.inputs or t.inputs[0] not in cap or t.name not in cap:
+                continue
+            x, y = cap[t.inputs[0]], cap[t.name]
+            if not (
+                isinstance(x, np.ndarray) and isinstance(y, np.ndarray) and x.dtype == np.float32 and x.size
+            ):
+                continue
+            with np.errstate(over="ignore", invalid="ignore"):
+                moved = np.abs(f(x.astype(np.float64))) * np.spacing(np.abs(x)).astype(np.float64) / 2
+            top = float(np.nanmax(np.abs(y.astype(np.float64)))) if y.size else 0.0
+            gain = float(np.nanmax(moved)) / ulp_at(top, y.dtype) if top else 0.0
+            if gain > AMPLIFIER_NOTE:
+                span = float(np.nanmax(np.abs(x)))
+                out.append(Amplifier(t.name, modules.get(t.name, ""), t.op_type, gain, span))
+    return tuple(out)

@@ -24,7 +24,7 @@ from onnx import helper
 from xbackend.bounds import DELTA
 from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
-from xbackend.compare.conditioning import ill_conditioned
+from xbackend.compare.conditioning import amplifiers, ill_conditioned
 from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model, reorder_check
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import shipped_job, shipped_plan
@@ -503,6 +503,7 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
         rules=_rules(plan),
         confidence=1 - DELTA,
         reorder_check=check,
+        amplifiers=amplifiers(spec, ref_capture),
         engine=plan.floor_job.backend,
         samples=len(plan.extra),
         floors=tuple((t, floors[t]) for t in spec.tensor_order() if t in floors),

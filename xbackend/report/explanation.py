@@ -116,6 +116,20 @@ def explanation_section(r: Result) -> list[str]:
         ]
     else:
         out += ["None: reorderings keep every tensor within half its precision.", ""]
+    if ex.amplifiers:
+        out += [
+            "Amplifiers: math nodes where half an ULP of the input (the rounding it already carries) moves "
+            "the output by more than 16 scaled ULP. Ill-conditioned in the model's dtype, not an error: a "
+            "backend that keeps more of the input's digits differs there by up to that much.",
+            "",
+            *table(
+                ["tensor", "module", "op", "inputs up to", "half an input ULP moves it by (scaled ULP)"],
+                [
+                    [a.tensor, a.module or "–", a.op_type, f"{a.input_max:.4g}", num(a.gain_scaled_ulp)]
+                    for a in ex.amplifiers
+                ],
+            ),
+        ]
     if ex.skipped:
         out += [
             f"Reductions left in their order ({len(ex.skipped)}): "

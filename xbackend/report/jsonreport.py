@@ -155,6 +155,16 @@ def _explanation(r: Result) -> dict[str, Any]:
             for x in ex.local
         ],
         "confidence_per_node": ex.confidence,
+        "amplifiers": [
+            {
+                "tensor": a.tensor,
+                "module": a.module,
+                "op_type": a.op_type,
+                "gain_scaled_ulp": a.gain_scaled_ulp,
+                "input_max": a.input_max,
+            }
+            for a in ex.amplifiers
+        ],
         "reorder_check": {
             "status": ex.reorder_check.status,
             "reason": ex.reorder_check.reason,

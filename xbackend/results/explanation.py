@@ -28,6 +28,7 @@ __all__ = [
     "MARGIN",
     "NOT_MEASURED",
     "UNFUSED",
+    "Amplifier",
     "Explanation",
     "IllConditioned",
     "LocalErrors",
@@ -128,6 +129,18 @@ class IllConditioned:
 
 
 @dataclass(frozen=True)
+class Amplifier:
+    """A math node that turns the rounding its input already carries (half an ULP) into more:
+    cos and sin of large float32 angles. Ill-conditioned in float32, not noise and not an error."""
+
+    tensor: str
+    module: str
+    op_type: str
+    gain_scaled_ulp: float  # how far half an ULP of the input moves the output, at most
+    input_max: float
+
+
+@dataclass(frozen=True)
 class ReorderCheck:
     """The allowances checked against the floor engine's own sums in K random orders, node by node
     (each fed the reference's values): legitimate orders must stay within them."""
@@ -164,6 +177,7 @@ class Explanation:
     rules: tuple[tuple[str, str, str], ...] = ()  # (op, allowance per element, source), by op
     confidence: float = 0.0  # per node: the chance a correct engine's rounding stays within
     reorder_check: ReorderCheck = ReorderCheck("unavailable")
+    amplifiers: tuple[Amplifier, ...] = ()
 
     @property
     def ok(self) -> bool:
