@@ -122,16 +122,36 @@ def quantize_model() -> onnx.ModelProto:
     return m
 
 
-def test_oracle_unavailable_for_ops_without_float64(tmp_path: Path) -> None:
-    with pytest.raises(BackendUnavailableError, match=r"cannot be promoted to float64: .*QuantizeLinear"):
-        promote_to_float64(quantize_model())
+def test_oracle_computes_an_op_without_float64_in_float32_and_says_so(tmp_path: Path) -> None:
+    """QuantizeLinear takes no double: its input is cast back to float32 (computed as the model
+    would), its output is recorded as computed below float64, and the oracle is not ranked there."""
+    below: list[str] = []
+    promoted = promote_to_float64(quantize_model(), below)
+    assert any(n.op_type == "Cast" and n.output[0].endswith("/xb.cast") for n in promoted.graph.node)
     p = tmp_path / "q.onnx"
     onnx.save(quantize_model(), str(p))
     r = xbackend.compare(p, backends=["ort-cpu", "reference", "oracle"], runs=1)
     oracle = r.backend("oracle")
-    assert oracle.status == "unavailable" and "QuantizeLinear" in oracle.reason
-    assert r.backend("ort-cpu").ok and r.backend("reference").ok
-    assert r.oracle_error == ()
+    assert oracle.ok and set(below) <= set(dict(oracle.info)["computed_below_float64"].split(", "))
+    assert r.oracle_below_float64 == tuple(r.model.output_names)
+    assert any(v.startswith("NOTE: oracle: ") and "not ranked there" in v for v in r.verdict())
+
+
+def test_a_model_that_cannot_check_in_float64_names_the_op_not_the_checker(tmp_path: Path) -> None:
+    """Raw shape-inference text never reaches the user."""
+    g = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["i"], to=TensorProto.INT64),
+            helper.make_node("Add", ["i", "x"], ["y"]),
+        ],
+        "bad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    m = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(BackendUnavailableError, match=r"evaluated in float64: .*Add") as e:
+        promote_to_float64(m)
+    assert "ShapeInferenceError" not in str(e.value) and "TypeInferenceError" not in str(e.value)
 
 
 def test_openvino_lacking_an_op_is_unavailable_for_the_model(tmp_path: Path) -> None:

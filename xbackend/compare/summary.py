@@ -16,7 +16,7 @@ from xbackend.model import ModelSpec
 from xbackend.promises import PROPERTIES, validate
 from xbackend.protocol import PhaseResult
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, Latency, ObserverEffect
-from xbackend.runners.base import PYTHON_OPTION
+from xbackend.runners.base import QUIET_WHEN_UNSET
 from xbackend.runners.registry import get_runner
 from xbackend.values import value_sha256
 
@@ -95,13 +95,14 @@ def latency(b: Builds) -> Latency | None:
 
 
 def _shown_options(b: Builds) -> tuple[tuple[str, str], ...]:
-    """The options the report shows: not the expected outputs' file, not an unset python=."""
+    """The options the report shows: not the expected outputs' file, not an unset python= or
+    save_optimized=."""
     p = b.planned
     return tuple(
         sorted(
             (k, str(v))
             for k, v in p.options.items()
-            if (k != "file" or p.name != EXPECTED) and (k != PYTHON_OPTION.name or v)
+            if (k != "file" or p.name != EXPECTED) and (k not in QUIET_WHEN_UNSET or v)
         )
     )
 

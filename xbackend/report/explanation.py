@@ -3,6 +3,8 @@ or the model's conditioning), where it was made, and the per-element allowances 
 
 from __future__ import annotations
 
+import math
+
 from xbackend.results import Result
 from xbackend.results.explanation import LocalErrors, conditioning_limit
 from xbackend.textfmt import num, table, with_module
@@ -20,7 +22,8 @@ def _row(name: str, le: LocalErrors | None, modules: dict[str, str]) -> list[str
         o = le.origins[0]
         return [name, f"**{len(le.origins)} origin(s)**", graph, with_module(o.tensor, modules), num(o.ratio)]
     where = with_module(le.largest_at, modules) if le.largest_at else "–"
-    return [name, "explained", graph, where, num(le.largest_ratio)]
+    below = math.floor(le.largest_ratio * 1000) / 1000 if le.largest_ratio is not None else None
+    return [name, "explained", graph, where, num(below)]  # never rounded up to the allowance
 
 
 def explanation_section(r: Result) -> list[str]:
@@ -140,9 +143,13 @@ def explanation_section(r: Result) -> list[str]:
         ]
     if ex.rules:
         out += [
-            "Allowances per element (u: the unit roundoff of the output's dtype; v: the float64 value; "
-            "M: the operands' magnitude, e.g. Σ|a||b|; n: the terms summed; xbackend/bounds.py):",
+            f"<details><summary>Allowances per element, for the {len(ex.rules)} ops of this model</summary>",
+            "",
+            "u: the unit roundoff of the output's dtype; v: the float64 value; M: the operands' magnitude "
+            "(Σ|a||b| for a product); n: the terms summed (xbackend/bound_rules.py).",
             "",
             *table(["op", "allowed", "source"], [list(x) for x in ex.rules]),
+            "</details>",
+            "",
         ]
     return out

@@ -23,6 +23,7 @@ __all__ = [
     "expected_section",
     "matrix_section",
     "oracle_section",
+    "past_header",
 ]
 
 WORST_LAYERS = 10
@@ -267,7 +268,7 @@ def _against(
                 "max ULP (outputs)",
                 "scaled ULP (outputs)",
                 "max rel (outputs)",
-                _past(r),
+                past_header(r),
             ],
             rows,
         ),
@@ -283,9 +284,11 @@ def _against(
     return out
 
 
-def _past(r: Result) -> str:
+def past_header(r: Result) -> str:
+    """The column of the first tensor past its tolerance: under auto, a judged backend's first
+    origin (its node past its allowance against float64), else past the floor's tolerance."""
     return (
-        "first past its floor's tolerance"
+        "first past its tolerance"
         if r.options.max_ulp is None
         else f"first past {r.options.max_ulp:g} scaled ULP"
     )

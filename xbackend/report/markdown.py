@@ -10,7 +10,13 @@ from pathlib import PurePath
 
 from xbackend.report.explanation import explanation_section
 from xbackend.report.figures import planned_figures
-from xbackend.report.layers import cross_section, expected_section, matrix_section, oracle_section
+from xbackend.report.layers import (
+    cross_section,
+    expected_section,
+    matrix_section,
+    oracle_section,
+    past_header,
+)
 from xbackend.report.sections import (
     baseline_section,
     cost_section,
@@ -199,7 +205,7 @@ def _backends(r: Result) -> list[str]:
         "max ULP (outputs)",
         "scaled ULP (outputs)",
         "first divergence",
-        _past(r),
+        past_header(r),
         *(["baseline"] if r.baseline else []),
     ]
     hidden = (
@@ -287,11 +293,3 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *_reproduce(r),
     ]
     return "\n".join(parts)
-
-
-def _past(r: Result) -> str:
-    return (
-        "first past its floor's tolerance"
-        if r.options.max_ulp is None
-        else f"first past {r.options.max_ulp:g} scaled ULP"
-    )

@@ -81,6 +81,8 @@ PYTHON_OPTION = OptionSpec(
     "Python >= 3.8, numpy and the engine",
 )
 COMMON_OPTIONS = (PYTHON_OPTION,)
+# Options a report leaves out while unset: where the worker runs, where a graph is written.
+QUIET_WHEN_UNSET = frozenset({PYTHON_OPTION.name, "save_optimized"})
 
 
 class Runner(abc.ABC):
@@ -234,7 +236,7 @@ class Runner(abc.ABC):
 
     def info(self) -> dict[str, str]:
         """Versions, precision and flags actually in force."""
-        return {k: str(v) for k, v in sorted(self.options.items()) if v != "" or k != PYTHON_OPTION.name}
+        return {k: str(v) for k, v in sorted(self.options.items()) if v != "" or k not in QUIET_WHEN_UNSET}
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine."""

@@ -144,15 +144,20 @@ def _fit_schemas(g: onnx.GraphProto, original: Mapping[str, str], opsets: Mappin
         if schema is None:
             nodes.append(node)
             continue
+        data_cast = False
         for i, name in enumerate(node.input):
             allowed = _allowed(schema, schema.inputs, i)
             elem = _FLOAT_ELEMS.get(original.get(name, ""))
             if name and allowed and "tensor(double)" not in allowed and elem is not None:
                 node.input[i] = name + _CAST
+                # a parameter of one fixed type (Resize's scales) is exact; data (QuantizeLinear's x) is not
+                data_cast = data_cast or allowed != ["tensor(float)"]
                 if name not in cast:
                     cast.add(name)
                     nodes.append(onnx.helper.make_node("Cast", [name], [name + _CAST], to=elem))
         nodes.append(node)
+        if data_cast:
+            below.extend(o for o in node.output if o)
         for k, name in enumerate(node.output):
             allowed = _allowed(schema, schema.outputs, k)
             if not allowed or not all(a.startswith("tensor(") for a in allowed):
@@ -282,7 +287,9 @@ class OracleRunner(ReferenceRunner):
         ensemble sums in float32) or in float64 all the same (a linear classifier)."""
         for name in self._cast_back:
             v = results.get(name + _CAST)
-            if isinstance(v, np.ndarray) and str(v.dtype) in _PROMOTED_NP:
+            if name + _CAST not in results or (
+                isinstance(v, np.ndarray) and str(v.dtype) in _PROMOTED_NP
+            ):  # computed from a data input cast back to float32
                 self._narrow.add(name)
 
     def narrow(self, name: str, value: Value) -> Value:
