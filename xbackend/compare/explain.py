@@ -13,7 +13,7 @@ Captures stay on disk and are compared one tensor at a time, as the comparator's
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -25,12 +25,12 @@ from xbackend.bounds import DELTA
 from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
 from xbackend.compare.conditioning import amplifiers, ill_conditioned
+from xbackend.compare.floors import SeveredFeeds, floors_of
 from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model, reorder_check
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import shipped_job, shipped_plan
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
 from xbackend.extdata import write_rewritten
-from xbackend.metrics import diff_values, saturated_fill, ulp_at
 from xbackend.model import ModelRef, ModelSpec, load_proto
 from xbackend.modelref import np_dtype
 from xbackend.probes.base import PlannedBackend, ProbeContext
@@ -45,7 +45,6 @@ from xbackend.results.explanation import (
 )
 from xbackend.sever import SEVERED, Severed, sever
 from xbackend.storage import save_values
-from xbackend.values import Value, value_name
 
 __all__ = ["FLOOR_ENGINE", "attach", "explain"]
 
@@ -73,9 +72,6 @@ class _Plan:
     reordered: Reordered | None
     extra: tuple[Path, ...]
     order: tuple[str, ...]  # backends in --backends order
-    # tensor -> the nodes above it that its local run also computes, as (op type, output):
-    # those whose inputs the reference did not capture (torch exposes module outputs only)
-    upstream: Mapping[str, tuple[tuple[str, str], ...]]
     reference: str = ""
     judges: Mapping[str, _Judge] = field(default_factory=dict)  # "" : the reference's granularity
     judge_of: Mapping[str, str] = field(default_factory=dict)  # backend -> its judge's key
@@ -257,14 +253,13 @@ def _plan(
         if not n.startswith(SEVERED)
     }
     severed = sever(proto, available)
-    upstream = _upstream(proto, set(available))
     spath = folder / "severed.onnx"
     write_rewritten(severed.proto, spec.path, spath)
     smodel = _ref(spec, spath, tuple(SEVERED + n for n in severed.inputs))
     smodel = replace(smodel, outputs=tuple(o.name for o in severed.proto.graph.output))
     sfeeds = folder / "severed.xbv"
     with CaptureFile(ref_capture) as cap:
-        save_values(sfeeds, _SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs))
+        save_values(sfeeds, SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs))
     captured = {n: d for n, (d, _) in held.items() if not n.startswith(SEVERED)}
     judges = {"": _judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "")}
     judge_of: dict[str, str] = {}
@@ -309,7 +304,6 @@ def _plan(
         reordered,
         extra,
         tuple(results),
-        upstream,
         ref,
         judges,
         judge_of,
@@ -343,11 +337,11 @@ def _node_floor_job(
     base = folder / "node-order-0.xbv"
     paths = []
     with CaptureFile(ref_capture) as cap:
-        save_values(base, _SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs, identity))
+        save_values(base, SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs, identity))
         for k in range(1, ctx.opts.noise_samples + 1):
             p = folder / f"node-order-{k}.xbv"
             order = index_feeds(rs, np.random.default_rng([ctx.opts.seed, 1000 + k]))
-            save_values(p, _SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs, order))
+            save_values(p, SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs, order))
             paths.append(p)
     tensors = tuple(o for n in severed.proto.graph.node for o in n.output if o)
     phase = PhaseSpec(_NODE_FLOOR_PHASE, tensors, 1, tuple(paths), model=model)
@@ -404,7 +398,7 @@ def _own_grain(
     spath = ctx.work / "explain" / f"severed-{name}.onnx"
     sfeeds = spath.with_suffix(".xbv")
     with CaptureFile(ref_capture) as cap:
-        save_values(sfeeds, _SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs))
+        save_values(sfeeds, SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs))
     own = {n: d for n, d in captured.items() if n in grain}
     return _judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name)
 
@@ -425,62 +419,11 @@ def _shapes(
     return shapes
 
 
-def _upstream(proto: onnx.ModelProto, available: set[str]) -> dict[str, tuple[tuple[str, str], ...]]:
-    """For each node output, the nodes above it its severed run computes too: up every input
-    the reference did not capture, to the inputs it did (or the model's inputs and weights)."""
-    producer = {o: n for n in proto.graph.node for o in n.output if o}
-    out: dict[str, tuple[tuple[str, str], ...]] = {}
-    for node in proto.graph.node:
-        seen: dict[str, tuple[str, str]] = {}
-        stack = [i for i in node.input if i in producer and i not in available]
-        while stack and len(seen) < 64:  # a long unexposed chain: its first 64 nodes
-            t = stack.pop()
-            if t in seen:
-                continue
-            up = producer[t]
-            seen[t] = (up.op_type, t)
-            stack += [i for i in up.input if i in producer and i not in available]
-        if seen:
-            for o in node.output:
-                out[o] = tuple(seen.values())
-    return out
-
-
 def _ref(spec: ModelSpec, path: Path, extra_inputs: tuple[str, ...]) -> ModelRef:
     inputs = (*spec.input_names, *extra_inputs)
     return ModelRef(
         str(path), spec.ir_version, inputs, spec.output_names, spec.external_data, spec.weight_bytes
     )
-
-
-class _SeveredFeeds(Mapping[str, Value]):
-    """The feeds plus the reference's captured values under severed names, read one at a time
-    (and `extra` values: a permuted model's index inputs)."""
-
-    def __init__(
-        self,
-        feeds: Mapping[str, Value],
-        cap: CaptureFile,
-        severed: Sequence[str],
-        extra: Mapping[str, Value] | None = None,
-    ) -> None:
-        self.feeds = feeds
-        self.cap = cap
-        self.severed = {SEVERED + n: n for n in severed}
-        self.extra = dict(extra or {})
-
-    def __getitem__(self, key: str) -> Value:
-        if key in self.extra:
-            return self.extra[key]
-        return self.cap[self.severed[key]] if key in self.severed else self.feeds[key]
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self.extra
-        yield from self.feeds
-        yield from self.severed
-
-    def __len__(self) -> int:
-        return len(self.extra) + len(self.feeds) + len(self.severed)
 
 
 def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str) -> Explanation:
@@ -493,7 +436,7 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
         return Explanation("unavailable", f"the permuted model failed on {FLOOR_ENGINE}: {why}")
     phase = fo.phase(_FLOOR_PHASE)
     assert phase is not None
-    floors = _floors(phase.capture, [c for c, _ in phase.extra_captures], spec)
+    floors = floors_of(phase.capture, [c for c, _ in phase.extra_captures], spec)
     local = _judge_all(spec, plan, done, ref_capture)
     check = _reorder_check(plan, done)
     local.sort(key=lambda x: plan.order.index(x.backend) if x.backend in plan.order else -1)
@@ -581,51 +524,6 @@ def _judge_all(
             )
         )
     return local
-
-
-def _floors(base: str, samples: Sequence[str], spec: ModelSpec) -> dict[str, float]:
-    """Per float tensor, the largest scaled ULP any order moved it from the original order."""
-    ops = spec.op_types()
-    out: dict[str, float] = {}
-    with CaptureFile(base) as b:
-        names = [n for n in spec.tensor_order() if n in b]
-        for path in samples:
-            with CaptureFile(path) as a:
-                for n in names:
-                    if n not in a:
-                        continue
-                    for t, s in _scaled(n, a[n], b[n], ops.get(n, "")):
-                        out[t] = max(out.get(t, 0.0), s)
-    return out
-
-
-_IEEE = (np.float16, np.float32, np.float64)
-
-
-def _plain_ieee(a: Value, b: Value) -> bool:
-    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
-        return False
-    return a.dtype == b.dtype and a.shape == b.shape and a.dtype.type in _IEEE
-
-
-def _scaled(name: str, a: Value, b: Value, op: str) -> list[tuple[str, float]]:
-    """The scaled ULP of `a` against `b` (finite elements short of saturated fill only: the
-    floor is about rounding); the full comparison only for values other than plain IEEE
-    tensors of one shape."""
-    if _plain_ieee(a, b):
-        assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-        if a.size == 0:
-            return [(name, 0.0)]
-        x, y = a.astype(np.float64), b.astype(np.float64)
-        ok = np.isfinite(x) & np.isfinite(y) & ~saturated_fill(x, a.dtype) & ~saturated_fill(y, b.dtype)
-        if not ok.any():
-            return []
-        scale = float(np.abs(y[ok]).max())
-        err = float(np.abs(x[ok] - y[ok]).max())
-        return [(name, err / ulp_at(scale, a.dtype) if err else 0.0)]
-    return [
-        (value_name(d.name), d.scaled_ulp) for d in diff_values(name, a, b, op) if d.scaled_ulp is not None
-    ]
 
 
 def attach(

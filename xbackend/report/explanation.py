@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 
 from xbackend.results import Result
-from xbackend.results.explanation import LocalErrors, conditioning_limit
+from xbackend.results.explanation import LocalErrors, ReorderCheck, conditioning_limit
 from xbackend.textfmt import num, table, with_module
 
-__all__ = ["explanation_section"]
+__all__ = ["allowances_section", "explanation_section"]
 
 
 def _row(name: str, le: LocalErrors | None, modules: dict[str, str]) -> list[str]:
@@ -26,6 +26,18 @@ def _row(name: str, le: LocalErrors | None, modules: dict[str, str]) -> list[str
     return [name, "explained", graph, where, num(below)]  # never rounded up to the allowance
 
 
+def _check_words(rc: ReorderCheck, modules: dict[str, str]) -> str:
+    if rc.status != "ok":
+        return ""
+    at = f", at {with_module(rc.largest_at, modules)}" if rc.largest_at else ""
+    past = f" **Past it at {', '.join(rc.over)}.**" if rc.over else ""
+    return (
+        f" Per node, fed the reference's values, those orders move it by at most {num(rc.largest_ratio)} "
+        f"of its allowance{at} (the largest of {rc.samples} orders is above the {rc.quantile:.2f}-quantile "
+        f"of one order's spread with probability 0.9).{past}"
+    )
+
+
 def explanation_section(r: Result) -> list[str]:
     ex = r.explanation
     if not ex.ok:
@@ -37,28 +49,18 @@ def explanation_section(r: Result) -> list[str]:
         "Local error: each node run on each backend, fed the reference's values of its inputs (the "
         "severed model), against the float64 value of the same node on the same inputs (the severed "
         "model evaluated in float64). Each element is allowed what rounding allows it, from its own "
-        "operands (the rules below); a node with any element past its allowance is an **origin**. A "
-        "backend without origins is **explained**: every difference it shows is rounding carried "
+        "operands (the rules are folded below); a node with any element past its allowance is an "
+        "**origin**. A backend without origins is **explained**: every difference it shows is rounding carried "
         f"through the model. Reductions are judged at {ex.confidence:.6g} confidence per node "
         "(Higham & Mary's probabilistic bound); an origin past the deterministic bound too is an error "
         "at any confidence. The reference is judged like every backend.",
         "",
         f"Noise floor: every reduction of the model ({ex.permuted} of them) summed in {ex.samples} random "
         f"orders on {ex.engine}; a tensor's floor is the largest scaled ULP an order moved it (an "
-        "empirical figure beside the bounds; it decides only for backends that could not be judged).",
+        "empirical figure beside the bounds; it decides only for backends that could not be judged)."
+        + _check_words(ex.reorder_check, modules),
         "",
     ]
-    rc = ex.reorder_check
-    if rc.status == "ok":
-        at = f", at {with_module(rc.largest_at, modules)}" if rc.largest_at else ""
-        out += [
-            f"Check of the bounds against legitimate orders: each node of the severed model summed in "
-            f"{rc.samples} random orders on {rc.engine}, fed the reference's values, moves at most "
-            f"{num(rc.largest_ratio)} of its allowance{at} (the largest of {rc.samples} orders is above the "
-            f"{rc.quantile:.2f}-quantile of one order's spread with probability 0.9)."
-            + (f" **Past it at {', '.join(rc.over)}.**" if rc.over else ""),
-            "",
-        ]
     names = [r.reference_used, *(c.backend for c in r.cross_backend if c.status == "ok")]
     rows = [_row(n, ex.local_for(n), modules) for n in names]
     head = ["backend", "verdict", "judged on", "first origin, or closest call at", "local error / allowance"]
@@ -141,15 +143,19 @@ def explanation_section(r: Result) -> list[str]:
             + ".",
             "",
         ]
-    if ex.rules:
-        out += [
-            f"<details><summary>Allowances per element, for the {len(ex.rules)} ops of this model</summary>",
-            "",
-            "u: the unit roundoff of the output's dtype; v: the float64 value; M: the operands' magnitude "
-            "(Σ|a||b| for a product); n: the terms summed (xbackend/bound_rules.py).",
-            "",
-            *table(["op", "allowed", "source"], [list(x) for x in ex.rules]),
-            "</details>",
-            "",
-        ]
     return out
+
+
+def allowances_section(r: Result) -> list[str]:
+    """Each op's per-element allowance, as the judged models used them, with its source."""
+    ex = r.explanation
+    if not ex.ok or not ex.rules:
+        return []
+    return [
+        "## Allowances per element",
+        "",
+        "u: the unit roundoff of the output's dtype; v: the float64 value; M: the operands' magnitude "
+        "(Σ|a||b| for a product); n: the terms summed (xbackend/bound_rules.py).",
+        "",
+        *table(["op", "allowed", "source"], [list(x) for x in ex.rules]),
+    ]

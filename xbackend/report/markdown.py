@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from xbackend.report.explanation import explanation_section
+from xbackend.report.explanation import allowances_section, explanation_section
 from xbackend.report.figures import planned_figures
 from xbackend.report.layers import (
     cross_section,
@@ -279,6 +279,7 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *_folded(matrix_section(r), "scaled ULP between every two backends"),
         *_folded(expected_section(r), "each backend against the golden outputs"),
         *_folded(oracle_section(r), "each backend against the float64 oracle"),
+        *_folded(allowances_section(r), f"what rounding allows each of the {len(r.explanation.rules)} ops"),
         *cross_section(r),
         *_folded(observer_section(r), "instrumented vs plain builds"),
         *_folded(runs_section(r), f"{len(r.nondeterministic)} nondeterministic backend(s)"),
