@@ -50,8 +50,8 @@ def explanation_section(r: Result) -> list[str]:
         "severed model), against the float64 value of the same node on the same inputs (the severed "
         "model evaluated in float64). Each element is allowed what rounding allows it, from its own "
         "operands (the rules are folded below); a node with any element past its allowance is an "
-        "**origin**. A backend without origins is **explained**: every difference it shows is rounding carried "
-        f"through the model. Reductions are judged at {ex.confidence:.6g} confidence per node "
+        "**origin**. A backend without origins is **explained**: every difference it shows is rounding "
+        f"carried through the model. Reductions are judged at {ex.confidence:.6g} confidence per node "
         "(Higham & Mary's probabilistic bound); an origin past the deterministic bound too is an error "
         "at any confidence. The reference is judged like every backend.",
         "",
