@@ -8,8 +8,10 @@ For each model it times, in this order:
   compare  `compare --backends ort-cpu,reference --runs 1 --probes none --noise-samples 0`
   explain  the same with --noise-samples K: the difference is what the floor and the local
            errors cost
-and prints explain - compare in units of plain, beside the target K + 2. Peak memory of this
-process and its workers is printed from resource.getrusage (max RSS of any child).
+and prints explain - compare in units of plain, beside the target K + 2, and explain / compare,
+beside the target 1.5 (the explanation judges every node against float64, on the graph ORT runs,
+and checks the bounds against K orders per node). Peak memory of this process and its workers is
+printed from resource.getrusage (max RSS of any child).
 
 Usage: python benchmarks/explain_cost.py [--samples 8] [--repeat 1]
 """
@@ -49,19 +51,26 @@ def main() -> int:
         stack = Path(tmp) / "residual_stack_20x768.onnx"
         onnx.save(mlp_layernorm(blocks=20, width=768, hidden=768, seq=128), str(stack))
         models = [ROOT / "models" / "torch_mlp.onnx", stack]
-        print(f"K = {a.samples}; target: explain - compare <= {a.samples + 2} x plain")
-        print(f"{'model':32s} {'plain s':>8s} {'compare s':>10s} {'explain s':>10s} {'cost / plain':>13s}")
+        print(
+            f"K = {a.samples}; targets: explain - compare <= {a.samples + 2} x plain; explain <= 1.5 x compare"
+        )
+        print(
+            f"{'model':32s} {'plain s':>8s} {'compare s':>10s} {'explain s':>10s} {'cost / plain':>13s}"
+            f" {'explain / compare':>18s}"
+        )
         worst = 0.0
+        worst_share = 0.0
         for m in models:
             plain = _time(m, a.repeat, backends="ort-cpu", outputs_only=True, noise_samples=0)
             base = _time(m, a.repeat, backends="ort-cpu,reference", noise_samples=0)
             full = _time(m, a.repeat, backends="ort-cpu,reference", noise_samples=a.samples)
             ratio = (full - base) / plain
             worst = max(worst, ratio)
-            print(f"{m.name:32s} {plain:8.2f} {base:10.2f} {full:10.2f} {ratio:13.2f}")
+            worst_share = max(worst_share, full / base)
+            print(f"{m.name:32s} {plain:8.2f} {base:10.2f} {full:10.2f} {ratio:13.2f} {full / base:18.2f}")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"largest worker peak RSS: {peak:.0f} MiB")
-    return 0 if worst <= a.samples + 2 else 1
+    return 0 if worst <= a.samples + 2 and worst_share <= 1.5 else 1
 
 
 if __name__ == "__main__":
