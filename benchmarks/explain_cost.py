@@ -51,9 +51,8 @@ def main() -> int:
         stack = Path(tmp) / "residual_stack_20x768.onnx"
         onnx.save(mlp_layernorm(blocks=20, width=768, hidden=768, seq=128), str(stack))
         models = [ROOT / "models" / "torch_mlp.onnx", stack]
-        print(
-            f"K = {a.samples}; targets: explain - compare <= {a.samples + 2} x plain; explain <= 1.5 x compare"
-        )
+        target = f"explain - compare <= {a.samples + 2} x plain, explain <= 1.5 x compare"
+        print(f"K = {a.samples}; targets: {target}")
         print(
             f"{'model':32s} {'plain s':>8s} {'compare s':>10s} {'explain s':>10s} {'cost / plain':>13s}"
             f" {'explain / compare':>18s}"
