@@ -25,6 +25,7 @@ PLUGINS = {
     "test-kill-job": "plugin_runners:KillJobRunner",
     "test-fast-gelu": "plugin_runners:FastGeluRunner",
     "test-plant": "plugin_runners:PlantRunner",
+    "test-ort-nudge": "plugin_runners:OrtNudgeRunner",
     "test-batch-nudge": "plugin_runners:BatchNudgeRunner",
     "test-racy": "plugin_runners:RacyRunner",
     "test-moded": "plugin_runners:ModedRunner",

@@ -538,3 +538,23 @@ _PLANTS = {
     "bf16-acc": _bf16_acc,
     "onepass-var": _onepass_var,
 }
+
+
+class OrtNudgeRunner(OrtCpuRunner):
+    """onnxruntime CPU with one tensor moved up by `ulps` ULPs after each run: an error made
+    inside whichever kernel computes it (in the optimized graph, possibly a fused one)."""
+
+    name = "test-ort-nudge"
+    description = "ONNX Runtime CPU + a known ULP nudge on one tensor"
+    option_specs = (
+        *OrtCpuRunner.option_specs,
+        OptionSpec("tensor", str, "", "tensor to nudge"),
+        OptionSpec("ulps", int, 3, "ULPs to add"),
+    )
+
+    def run_impl(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        out = super().run_impl(feeds)
+        name = str(self.options["tensor"])
+        if name in out:
+            out[name] = ulps_up(np.asarray(out[name]), int(self.options["ulps"]))
+        return out

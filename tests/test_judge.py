@@ -224,3 +224,62 @@ def test_cos_of_large_angles_is_named_as_conditioning_not_an_error(tmp_path: Pat
     assert any(
         v.startswith("NOTE: y: Cos of inputs up to 510.5 is ill-conditioned in float32") for v in r.verdict()
     )
+
+
+def _skip_norm_output(bert: Path, tmp_path: Path) -> tuple[str, list[str]]:
+    """A SkipLayerNormalization's output in ORT's optimized BERT, and the original nodes it fuses."""
+    import onnxruntime as ort
+
+    from xbackend.compare.shipped import covered_nodes
+
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(bert), so, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
+    node = next(n for n in optimized.graph.node if n.op_type == "SkipLayerNormalization")
+    return node.output[0], list(covered_nodes(onnx.load(str(bert)), optimized)[node.output[0]])
+
+
+@pytest.mark.usefixtures("plugins")
+def test_ort_is_judged_on_the_graph_its_sessions_run(bert: Path, tmp_path: Path) -> None:
+    """ORT's sessions run fused kernels an unfused graph never shows: they are judged, and an error
+    made inside one is an origin naming the kernel and the nodes and modules it fuses."""
+    target, fused = _skip_norm_output(bert, tmp_path)
+    r = xbackend.compare(
+        bert,
+        backends="ort-cpu,test-ort-nudge,reference",
+        runs=1,
+        shapes=BERT_SHAPES,
+        ranges=BERT_RANGES,
+        runner_options={"test-ort-nudge": {"tensor": target, "ulps": "64"}},
+    )
+    ort_le = r.explanation.local_for("ort-cpu")
+    judged_ops = {n.op_type for n in ort_le.nodes}
+    assert {"SkipLayerNormalization", "FusedMatMul"} <= judged_ops
+    assert (
+        ort_le.graph.startswith("ONNX Runtime's optimized graph") and "SkipLayerNormalization" in ort_le.graph
+    )
+    assert ort_le.origins == ()
+    bad = r.explanation.local_for("test-ort-nudge")
+    assert [o.tensor for o in bad.origins] == [target]
+    o = bad.origins[0]
+    assert o.op_type == "SkipLayerNormalization" and o.covers == tuple(fused) and len(fused) >= 2
+    line = next(v for v in r.verdict() if v.startswith("FAIL: test-ort-nudge"))
+    assert "(SkipLayerNormalization, fusing " in line and r.exit_code == 1
+
+
+def test_an_optimized_graph_that_cannot_be_evaluated_is_judged_unfused_and_says_why() -> None:
+    """ONNX Runtime lays a convnet out in NCHWc blocks (com.microsoft.nchwc): not evaluable in
+    float64 here, so its unfused graph is judged, and a WARN names the kernels."""
+    r = xbackend.compare(
+        TESTS.parent / "models" / "convnet.onnx",
+        backends="ort-cpu,reference",
+        runs=1,
+        shapes={"image": (2, 3, 32, 32)},
+    )
+    le = r.explanation.local_for("ort-cpu")
+    assert le.status == "ok" and le.origins == () and le.graph.startswith("the unfused graph: ")
+    assert "com.microsoft.nchwc.Conv" in le.graph
+    assert any(
+        v.startswith("WARN: ort-cpu: its kernels were judged on the unfused graph") for v in r.verdict()
+    )

@@ -91,6 +91,8 @@ ELEMENTWISE: dict[str, tuple[float, float, float, str]] = {
     "PRelu": (1, 0, 0, _IEEE),
     "DequantizeLinear": (2, 0, 0, _IEEE),
     "HardSigmoid": (2, 0, 0, _IEEE),
+    # start + i·delta: a multiply and an add (exact for integers, which are compared exactly)
+    "Range": (2, 0, 0, _IEEE),
     "HardSwish": (4, 0, 0, _IEEE),
     "Elu": (16, 4, 0, "as Exp"),
     "Selu": (16, 4, 0, "as Exp"),
@@ -114,7 +116,7 @@ EXACT = frozenset(
         "Abs", "ArgMax", "ArgMin", "BitShift", "Ceil", "Clip", "Compress", "Concat",
         "ConstantOfShape", "Constant", "DepthToSpace", "Equal", "Expand", "Flatten", "Floor",
         "Gather", "GatherElements", "GatherND", "Greater", "GreaterOrEqual", "Identity", "Less",
-        "LessOrEqual", "Max", "MaxPool", "Min", "Neg", "NonZero", "Not", "OneHot", "Pad", "Range",
+        "LessOrEqual", "Max", "MaxPool", "Min", "Neg", "NonZero", "Not", "OneHot", "Pad",
         "Relu", "Reshape", "Round", "Shape", "Sign", "Size", "Slice", "SpaceToDepth", "Split",
         "Squeeze", "Tile", "TopK", "Transpose", "Trilu", "Unsqueeze", "Where", "And", "Or", "Xor",
         "ReduceMax", "ReduceMin", "GlobalMaxPool", "Dropout", "Mod", "IsNaN", "IsInf",
