@@ -283,3 +283,58 @@ def test_an_optimized_graph_that_cannot_be_evaluated_is_judged_unfused_and_says_
     assert any(
         v.startswith("WARN: ort-cpu: its kernels were judged on the unfused graph") for v in r.verdict()
     )
+
+
+def _export_family(name: str, out: Path) -> dict[str, object]:
+    """Export a random-init model of the family `name`; the compare keywords it needs."""
+    from xbackend.export_inputs import InputDecl
+    from xbackend.torch_export import export_torch
+
+    factory = f"{TESTS / 'hf_models.py'}:{name}"
+    if name == "unet":
+        decls = [
+            InputDecl("sample", (1, 4, 8, 8), "float32"),
+            InputDecl("timestep", (1,), "int64"),
+            InputDecl("encoder_hidden_states", (1, 6, 32), "float32"),
+        ]
+        export_torch(factory, decls, out, ranges={"timestep": (0, 1000)})
+        return {"ranges": {"timestep": (0, 1000)}}
+    if name == "whisper":
+        export_torch(factory, [InputDecl("input_features", (1, 16, 64), "float32")], out)
+        return {}
+    names = ("input_ids", "attention_mask")
+    export_torch(
+        factory,
+        [InputDecl(n, (1, 16), "int64") for n in names],
+        out,
+        dynamic={n: {0: "batch", 1: "sequence"} for n in names},
+        ranges={"input_ids": (0, 512), "attention_mask": (1, 2)},
+    )
+    return {"shapes": {"batch": (1,), "sequence": (16,)}, "ranges": {"attention_mask": (1, 2)}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt2", "whisper", "llama", "unet"])
+def test_correct_engines_are_explained_on_every_family(family: str, tmp_path: Path) -> None:
+    """ONNX Runtime (on its optimized graph, or unfused where it uses NCHWc), OpenVINO f32, the
+    reference, the float64 oracle and torch eager (at its module grain; diffusers' ResnetBlock2D
+    calls one SiLU three times) are explained with no origin, and the oracle runs on each."""
+    pytest.importorskip("diffusers" if family == "unet" else "transformers")
+    model = tmp_path / f"{family}.onnx"
+    extra = _export_family(family, model)
+    r = xbackend.compare(
+        model,
+        backends="ort-cpu,openvino-cpu,reference,oracle,torch",
+        runs=1,
+        runner_options={"torch": {"trust_model_code": "true"}},
+        **extra,  # type: ignore[arg-type]
+    )
+    assert r.backend("oracle").ok, r.backend("oracle").reason
+    for name in ("ort-cpu", "openvino-cpu", "reference", "oracle", "torch"):
+        le = r.explanation.local_for(name)
+        assert le is not None and le.status == "ok" and le.origins == (), (
+            name,
+            le and le.reason,
+            le and le.origins,
+        )
+    assert r.exit_code == 0, r.verdict()

@@ -73,6 +73,7 @@ def test_markdown_sections_in_order(two_runs: tuple[xbackend.Result, xbackend.Re
         "## What the differences are",
         "## How to read this",
         "## All pairs at the outputs",
+        "## Allowances per element",
         "## Cross-backend, per layer",
         "## Observer effect",
         "## Run to run and build to build",

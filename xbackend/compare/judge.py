@@ -114,11 +114,11 @@ def judged_model(
             composed[outs[0]] = (
                 assumption or f"{len(inherited)} uncaptured input(s), propagated to first order"
             )
-        if outs[0] in captured and prop is not None:
+        if prop is not None:  # judged with it wherever a backend hands this tensor over
             bld.nodes.append(helper.make_node("Identity", [prop], [PROP + outs[0]]))
             tensors.append(PROP + outs[0])
             g.output.append(_typed(PROP + outs[0], known.get(outs[0])))
-        elif outs[0] in read:  # read as it is by the nodes below: they inherit its error
+        if outs[0] not in captured and outs[0] in read:  # the nodes below read it: they inherit its error
             u = unit_roundoff(captured.get(outs[0], "float32"))
             mine = own_allowance(bound, outs[0], u, bool(nodes), bld)
             err[outs[0]] = bld.op("Add", mine, prop) if prop is not None else mine
@@ -131,18 +131,40 @@ def judged_model(
 _FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
 
 
+# ops whose outputs are not float whatever their inputs (indices, shapes, masks)
+_NON_FLOAT = frozenset(
+    {
+        "Shape", "Size", "ArgMax", "ArgMin", "NonZero", "Equal", "Less", "LessOrEqual", "Greater",
+        "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf", "QuantizeLinear", "TopK@1",
+    }
+)  # fmt: skip
+
+
 def _float_tensors(proto: onnx.ModelProto) -> dict[str, bool]:
-    """Whether each tensor is a float tensor, by shape inference (unknown: left out)."""
+    """Whether each tensor is a float tensor: shape inference's answer where it has one, else
+    (past a kernel onnx has no schema for: ORT's fused ones) a float input makes a float output,
+    but for ops that make indices, shapes or masks, and casts to other types."""
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
-    except Exception:  # a model shape inference cannot type: no composition where unknown
+    except Exception:  # a model shape inference cannot type: the rules below
         inferred = proto
     g = inferred.graph
-    out = {}
+    out: dict[str, bool] = {}
     for vi in [*g.value_info, *g.input, *g.output]:
-        if vi.type.HasField("tensor_type"):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             out[vi.name] = vi.type.tensor_type.elem_type in _FLOAT_TYPES
     out.update({t.name: t.data_type in _FLOAT_TYPES for t in g.initializer})
+    for node in proto.graph.node:
+        for k, o in enumerate(node.output):
+            if not o or o in out:
+                continue
+            if node.op_type in ("Cast", "CastLike"):
+                to = next((a.i for a in node.attribute if a.name == "to"), 0)
+                out[o] = to in _FLOAT_TYPES if node.op_type == "Cast" else out.get(node.input[1], False)
+            elif node.op_type in _NON_FLOAT or (node.op_type == "TopK" and k == 1):
+                out[o] = False
+            else:
+                out[o] = any(out.get(i, False) for i in node.input if i)
     return out
 
 
@@ -370,10 +392,12 @@ def reorder_check(
                         spread = np.fmax(spread, np.nan_to_num(d, nan=0.0))
                 if not spread.any():
                     continue
-                mag = j.get(AUX + t)
+                mag, prop = j.get(AUX + t), j.get(PROP + t)
                 allow = allowance(
                     bound, v, mag if isinstance(mag, np.ndarray) else None, unit_roundoff(y0.dtype)
                 )
+                if isinstance(prop, np.ndarray):  # what it inherits from uncaptured nodes above it
+                    allow = allow + np.nan_to_num(np.abs(np.broadcast_to(prop, allow.shape)), nan=np.inf)
                 with np.errstate(divide="ignore", invalid="ignore"):
                     ratio = float(np.max(np.where(spread == 0, 0.0, spread / (allow + _tiny(y0.dtype)))))
                 if ratio > worst[0]:
