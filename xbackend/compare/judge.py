@@ -117,7 +117,7 @@ def judged_model(
         if prop is not None:  # judged with it wherever a backend hands this tensor over
             bld.nodes.append(helper.make_node("Identity", [prop], [PROP + outs[0]]))
             tensors.append(PROP + outs[0])
-            g.output.append(_typed(PROP + outs[0], known.get(outs[0])))
+            g.output.append(_typed(PROP + outs[0], known.get(outs[0]), symbolic=True))
         if outs[0] not in captured and outs[0] in read:  # the nodes below read it: they inherit its error
             u = unit_roundoff(captured.get(outs[0], "float32"))
             mine = own_allowance(bound, outs[0], u, bool(nodes), bld)
@@ -168,9 +168,13 @@ def _float_tensors(proto: onnx.ModelProto) -> dict[str, bool]:
     return out
 
 
-def _typed(name: str, shape: tuple[int, ...] | None) -> onnx.ValueInfoProto:
-    """A float output of the node output's shape (symbolic dimensions where it is not known: the
-    checker wants a shape on every graph output)."""
+def _typed(name: str, shape: tuple[int, ...] | None, symbolic: bool = False) -> onnx.ValueInfoProto:
+    """A float output of the node output's shape (the checker wants a shape on every graph output);
+    `symbolic`: its rank only (an inherited error may broadcast from a smaller operand)."""
+    if shape is not None and symbolic:
+        return helper.make_tensor_value_info(
+            name, TensorProto.FLOAT, [f"{name}:{k}" for k in range(len(shape))]
+        )
     if shape is None:
         vi = onnx.ValueInfoProto()
         vi.name = name
