@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import psutil
 from onnx import helper
 
 from xbackend.bounds import DELTA
@@ -119,12 +120,13 @@ def explain(
         plan = _plan(ctx, planned, builds, results, ref, layers.capture)
     except Exception as e:  # an explanation that cannot be planned is reported, never fatal
         return Explanation("unavailable", f"the rewrites failed: {type(e).__name__}: {e}")
+    # the floor engine's jobs next to each other: consecutive jobs of one engine share a process
     jobs = [
         *([plan.floor_job] if plan.floor_job else []),
         *([plan.node_floor_job] if plan.node_floor_job else []),
-        *(j.job for j in plan.judges.values() if j.job is not None),
-        *(j for n, j in plan.local_jobs.items() if n not in plan.optimized),
         *(j for j, _ in plan.optimized.values()),
+        *(j for n, j in plan.local_jobs.items() if n not in plan.optimized),
+        *(j.job for j in plan.judges.values() if j.job is not None),
     ]
     bar.grow(sum(j.steps for j in jobs))
     done = dict(ex.run_all(jobs, True))
@@ -372,7 +374,9 @@ def _judge_job(
     model = replace(_ref(ctx.spec, jpath, inputs), outputs=tuple(o.name for o in judged.proto.graph.output))
     phase = PhaseSpec(JUDGE_PHASE, judged.tensors, 1, model=model)
     label = f"explain-judge{'-' + key if key else ''}"
-    job = Job(label, JUDGE_ENGINE, oracle.cls, oracle.variant(narrow="false"), sfeeds, (phase,))
+    # every BLAS thread: the jobs run one at a time, and a bound's last float64 bits do not matter
+    variant = oracle.variant(narrow="false", threads=str(psutil.cpu_count(logical=False) or 1))
+    job = Job(label, JUDGE_ENGINE, oracle.cls, variant, sfeeds, (phase,))
     return _Judge(job, judged)
 
 
