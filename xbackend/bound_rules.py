@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from xbackend.bounds import (
     DEFAULT,
@@ -75,7 +75,7 @@ def _conv(n: NodeView, bld: Builder) -> NodeBound | None:
             return None
         terms = int(sx[1] // group * np.prod(sw[2:]))
     ins = [bld.abs(i) if i else "" for i in n.node.input]
-    attrs = {a.name: helper.get_attribute_value(a) for a in n.node.attribute}
+    attrs = n.attrs
     bld.final(n.node.op_type, *ins, **attrs)
     return _red(n, terms + (1 if len(n.node.input) > 2 and n.node.input[2] else 0))
 
@@ -120,7 +120,7 @@ def _reduce_sum(n: NodeView, bld: Builder) -> NodeBound | None:
     if terms is None:
         return None
     op = n.node.op_type
-    attrs = {a.name: helper.get_attribute_value(a) for a in n.node.attribute}
+    attrs = n.attrs
     if op in ("ReduceSumSquare", "ReduceL2"):  # positive terms: the magnitude is the value
         lm = lam(terms, n.out_elements)
         a = lm * math.sqrt(terms + 1) + 2
@@ -140,7 +140,7 @@ def _pool(n: NodeView, bld: Builder) -> NodeBound | None:
         terms = int(np.prod(sx[2:]))
     else:
         terms = int(np.prod(n.attr("kernel_shape", [1])))
-    attrs = {a.name: helper.get_attribute_value(a) for a in n.node.attribute}
+    attrs = n.attrs
     bld.final(n.node.op_type, bld.abs(n.node.input[0]), **attrs)
     return _red(n, terms, a=2.0)
 
@@ -309,7 +309,7 @@ def _cumsum(n: NodeView, bld: Builder) -> NodeBound | None:
     sx = n.shape(0)
     if sx is None:
         return None
-    attrs = {a.name: helper.get_attribute_value(a) for a in n.node.attribute}
+    attrs = n.attrs
     bld.final("CumSum", bld.abs(n.node.input[0]), n.node.input[1], **attrs)
     return _red(n, max(sx) if sx else 1)
 
@@ -319,7 +319,7 @@ def _resize(n: NodeView, bld: Builder) -> NodeBound | None:
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode == "nearest":
         return NodeBound("Resize", "exact", source="nearest: selects values")
-    attrs = {a.name: helper.get_attribute_value(a) for a in n.node.attribute}
+    attrs = n.attrs
     bld.final("Resize", bld.abs(n.node.input[0]), *n.node.input[1:], **attrs)
     taps = 16 if mode == "cubic" else 4
     return NodeBound(
@@ -340,7 +340,7 @@ def _scatter(n: NodeView, bld: Builder) -> NodeBound | None:
     su = n.shape(2)
     if red != "add" or su is None:
         return None
-    attrs = {a.name: helper.get_attribute_value(a) for a in n.node.attribute}
+    attrs = n.attrs
     bld.final(n.node.op_type, bld.abs(n.node.input[0]), n.node.input[1], bld.abs(n.node.input[2]), **attrs)
     return _red(n, int(np.prod(su)) + 1)
 

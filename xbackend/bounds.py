@@ -50,6 +50,7 @@ __all__ = [
     "NodeBound",
     "NodeView",
     "allowance",
+    "attributes",
     "lam",
     "unit_roundoff",
 ]
@@ -201,6 +202,11 @@ def allowance(bound: NodeBound, v: np.ndarray, mag: np.ndarray | None, u: float)
     return np.asarray(u * out, np.float64)
 
 
+def attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    """A node's attributes by name, as Python values."""
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
 class Builder:
     """Adds float nodes (promoted to float64 with the judged graph) under unique names."""
 
@@ -256,10 +262,12 @@ class NodeView:
         return self.shapes.get(self.node.input[i])
 
     def attr(self, name: str, default: Any = None) -> Any:
-        for a in self.node.attribute:
-            if a.name == name:
-                return helper.get_attribute_value(a)
-        return default
+        return self.attrs.get(name, default)
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The node's attributes, to copy onto the same op over other inputs."""
+        return attributes(self.node)
 
     @property
     def out_elements(self) -> int:

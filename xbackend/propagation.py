@@ -9,9 +9,8 @@ import math
 from collections.abc import Mapping, Sequence
 
 import onnx
-from onnx import helper
 
-from xbackend.bounds import AUX, Builder, NodeBound
+from xbackend.bounds import AUX, Builder, NodeBound, attributes
 
 __all__ = ["ERR", "PROP", "own_allowance", "propagate"]
 
@@ -71,7 +70,7 @@ def propagate(
     x = ins[0] if ins else ""
     v = node.output[0]
     if op in _MOVE and e and e[0]:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attributes(node)
         if op in ("Cast", "CastLike"):
             return e[0], ""
         if op == "Pad":
@@ -103,7 +102,7 @@ def propagate(
         return _sum(bld, [bld.op("MatMul", e[0], bld.abs(ins[1])) if e[0] else "",
                           bld.op("MatMul", bld.abs(ins[0]), e[1]) if e[1] else ""]), ""  # fmt: skip
     if op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin") and e[0]:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attributes(node)
         base = "ReduceMax" if op in ("ReduceMax", "ReduceMin") else op
         if base == "ReduceMax" and len(ins) > 1 and opset < 18:
             return None, "ReduceMax with axes as an input"

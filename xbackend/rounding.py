@@ -1,21 +1,22 @@
 """What rounding allows a node to differ by between two correct engines, per op type, in ULP
-of the result, each bound with its source.
+of the result, each bound with its source: the noise floor's tolerance (4x the larger of the
+floor and this bound) for a backend that could not be judged against float64. A judged backend's
+nodes are held to xbackend.bounds and xbackend.bound_rules instead.
 
 A node fed the same inputs on two engines may still differ: the engines evaluate its math
 functions with different approximations, and reductions sum in different orders (the
 noise floor measures that part). The bounds below are the elementwise part. Those of the
-math functions are measured by benchmarks/elementwise_bounds.py (each engine against the
+math functions were measured by an earlier form of benchmarks/elementwise_bounds.py (each engine against the
 correctly rounded float64 result over 2^18 inputs, in ULP of the result or of 1.0 for
 smaller results; the bound is the two largest engines' errors added, doubled for other
-instruction sets, rounded up to a power of 2); the rest follow from IEEE 754. A tensor whose
-largest element is below 1 is allowed the same absolute error (see `allowed_scaled`).
+instruction sets, rounded up to a power of 2); the rest follow from IEEE 754.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["DEFAULT_BOUND", "EXACT", "ROUNDING", "allowed_scaled", "bound_for", "summation_bound"]
+__all__ = ["DEFAULT_BOUND", "EXACT", "ROUNDING", "bound_for", "summation_bound"]
 
 _MEASURED = "measured: numpy, ONNX Runtime and OpenVINO against the correctly rounded result"
 _IEEE = "IEEE 754: correctly rounded; 1 ULP more for an engine that fuses or reassociates"
@@ -85,15 +86,6 @@ def bound_for(op_type: str) -> tuple[float, str]:
     if op_type in EXACT:
         return 0.0, "exact: the op moves, selects or compares values"
     return ROUNDING.get(op_type, DEFAULT_BOUND)
-
-
-def allowed_scaled(op_type: str, ref_ulp: float | None, one_ulp: float) -> float:
-    """`bound_for(op_type)` in scaled ULP of a tensor whose largest element's ULP is `ref_ulp`
-    (`one_ulp`: the ULP of 1.0 in its dtype); below 1 the absolute error stays that at 1."""
-    bound = bound_for(op_type)[0]
-    if ref_ulp is None or ref_ulp <= 0 or ref_ulp >= one_ulp:
-        return bound
-    return bound * one_ulp / ref_ulp
 
 
 def summation_bound(terms: int) -> float:

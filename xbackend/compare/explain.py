@@ -26,7 +26,7 @@ from xbackend.bounds import DELTA
 from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
 from xbackend.compare.conditioning import amplifiers, ill_conditioned
-from xbackend.compare.floors import SeveredFeeds, floors_of
+from xbackend.compare.floors import floors_of, save_severed_feeds
 from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model, reorder_check
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import shipped_job, shipped_plan
@@ -79,6 +79,7 @@ class _Plan:
     # backends whose optimized graph is written first (round 1), then severed and judged (round 2)
     optimized: Mapping[str, tuple[Job, Path]] = field(default_factory=dict)
     available: Mapping[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    captured: Mapping[str, str] = field(default_factory=dict)  # tensor -> dtype, as the reference holds it
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     graphs: Mapping[str, str] = field(default_factory=dict)  # backend -> the graph its nodes were judged on
     covers: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
@@ -170,32 +171,13 @@ def _ship(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_ca
         phase = PhaseSpec(_LOCAL_PHASE, got.tensors, 1, model=got.model)
         options = tuple(sorted({**dict(old.raw_options), "opt_level": "disable"}.items()))
         local[name] = replace(old, raw_options=options, feeds=got.feeds, phases=(phase,))
-        grain = {n for n in plan.available if n in set(got.tensors)}
-        captured = {n: np_name for n, np_name in _captured(plan).items() if n in grain}
-        shapes = {**plan.shapes, **_inferred_shapes(got.severed)}
-        judges[name] = _judge_job(ctx, got.severed, shapes, captured, got.path, got.feeds, name)
+        computed = set(got.tensors)
+        captured = {n: d for n, d in plan.captured.items() if n in computed}
+        judges[name] = _judge_job(ctx, got.severed, plan.shapes, captured, got.path, got.feeds, name, True)
         judge_of[name] = name
         graphs[name] = got.described
         covers[name] = got.covers
     return replace(plan, local_jobs=local, judges=judges, judge_of=judge_of, graphs=graphs, covers=covers)
-
-
-def _captured(plan: _Plan) -> dict[str, str]:
-    return {n: str(np.dtype(helper.tensor_dtype_to_np_dtype(e))) for n, (e, _) in plan.available.items()}
-
-
-def _inferred_shapes(proto: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    """Concrete shapes shape inference finds in a severed graph (its inputs are concrete)."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
-    except Exception:  # fused kernels have no schema: what inference reaches is enough
-        return {}
-    out = {}
-    for vi in inferred.graph.value_info:
-        dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            out[vi.name] = tuple(int(d.dim_value) for d in dims)
-    return out
 
 
 def _floor_backend(ctx: ProbeContext, planned: Sequence[PlannedBackend]) -> PlannedBackend | None:
@@ -260,8 +242,7 @@ def _plan(
     smodel = _ref(spec, spath, tuple(SEVERED + n for n in severed.inputs))
     smodel = replace(smodel, outputs=tuple(o.name for o in severed.proto.graph.output))
     sfeeds = folder / "severed.xbv"
-    with CaptureFile(ref_capture) as cap:
-        save_values(sfeeds, SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs))
+    save_severed_feeds(sfeeds, ctx.feeds.arrays, ref_capture, severed.inputs)
     captured = {n: d for n, (d, _) in held.items() if not n.startswith(SEVERED)}
     judges = {"": _judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "")}
     judge_of: dict[str, str] = {}
@@ -311,6 +292,7 @@ def _plan(
         judge_of,
         optimized,
         available,
+        captured,
         shapes,
         node_floor_job=node_floor,
     )
@@ -338,13 +320,12 @@ def _node_floor_job(
     model = replace(_ref(ctx.spec, path, inputs), outputs=tuple(o.name for o in rs.proto.graph.output))
     base = folder / "node-order-0.xbv"
     paths = []
-    with CaptureFile(ref_capture) as cap:
-        save_values(base, SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs, identity))
-        for k in range(1, ctx.opts.noise_samples + 1):
-            p = folder / f"node-order-{k}.xbv"
-            order = index_feeds(rs, np.random.default_rng([ctx.opts.seed, 1000 + k]))
-            save_values(p, SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs, order))
-            paths.append(p)
+    save_severed_feeds(base, ctx.feeds.arrays, ref_capture, severed.inputs, identity)
+    for k in range(1, ctx.opts.noise_samples + 1):
+        p = folder / f"node-order-{k}.xbv"
+        order = index_feeds(rs, np.random.default_rng([ctx.opts.seed, 1000 + k]))
+        save_severed_feeds(p, ctx.feeds.arrays, ref_capture, severed.inputs, order)
+        paths.append(p)
     tensors = tuple(o for n in severed.proto.graph.node for o in n.output if o)
     phase = PhaseSpec(_NODE_FLOOR_PHASE, tensors, 1, tuple(paths), model=model)
     # one thread, as the floor: a race must not pass for reordering
@@ -359,6 +340,7 @@ def _judge_job(
     spath: Path,
     sfeeds: Path,
     key: str,
+    fill_shapes: bool = False,
 ) -> _Judge:
     """The severed model with each node's operand magnitudes, evaluated in float64 without
     rounding back (the oracle, narrow=false); or why it cannot run."""
@@ -367,7 +349,7 @@ def _judge_job(
         return _Judge(
             None, None, f"the float64 evaluator ({JUDGE_ENGINE}) cannot run here: {oracle.unavailable}"
         )
-    judged = judged_model(severed, shapes, captured)
+    judged = judged_model(severed, shapes, captured, fill_shapes)
     jpath = spath.with_name(f"judged{'-' + key if key else ''}.onnx")
     write_rewritten(judged.proto, ctx.spec.path, jpath)
     inputs = tuple(i.name for i in severed.graph.input if i.name.startswith(SEVERED))
@@ -401,8 +383,7 @@ def _own_grain(
     severed = sever(proto, grain)
     spath = ctx.work / "explain" / f"severed-{name}.onnx"
     sfeeds = spath.with_suffix(".xbv")
-    with CaptureFile(ref_capture) as cap:
-        save_values(sfeeds, SeveredFeeds(ctx.feeds.arrays, cap, severed.inputs))
+    save_severed_feeds(sfeeds, ctx.feeds.arrays, ref_capture, severed.inputs)
     own = {n: d for n, d in captured.items() if n in grain}
     return _judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name)
 

@@ -8,6 +8,7 @@ read one at a time from its capture.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -15,9 +16,10 @@ from xbackend.capture import CaptureFile
 from xbackend.metrics import diff_values, saturated_fill, ulp_at
 from xbackend.model import ModelSpec
 from xbackend.sever import SEVERED
+from xbackend.storage import save_values
 from xbackend.values import Value, value_name
 
-__all__ = ["SeveredFeeds", "floors_of"]
+__all__ = ["SeveredFeeds", "floors_of", "save_severed_feeds"]
 
 
 class SeveredFeeds(Mapping[str, Value]):
@@ -48,6 +50,19 @@ class SeveredFeeds(Mapping[str, Value]):
 
     def __len__(self) -> int:
         return len(self.extra) + len(self.feeds) + len(self.severed)
+
+
+def save_severed_feeds(
+    path: Path,
+    feeds: Mapping[str, Value],
+    ref_capture: str,
+    severed: Sequence[str],
+    extra: Mapping[str, Value] | None = None,
+) -> None:
+    """Write a severed model's feeds to `path`: the model's feeds, the reference's captured
+    values of `severed` under severed names (streamed from its capture), and `extra`."""
+    with CaptureFile(ref_capture) as cap:
+        save_values(path, SeveredFeeds(feeds, cap, severed, extra))
 
 
 def floors_of(base: str, samples: Sequence[str], spec: ModelSpec) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 The severed model (xbackend.sever) reads every node's inputs from graph inputs, fed the
 reference's captured values. The judged model is that graph plus, per node, the float nodes
-that compute its operands' magnitude (xbackend.bounds.aux_nodes); the oracle runner evaluates
+that compute its operands' magnitude (xbackend.bound_rules.node_bound); the oracle runner evaluates
 it in float64 without rounding back (narrow=false). So each node's float64 value is computed on
 exactly the float inputs every backend's severed run was given, and every backend (the
 reference included: its own capture is its severed run, since it was fed itself) is judged by
@@ -20,7 +20,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from xbackend.bound_rules import node_bound, secondary_bound
-from xbackend.bounds import AUX, Builder, NodeBound, allowance, unit_roundoff
+from xbackend.bounds import AUX, U32, Builder, NodeBound, allowance, unit_roundoff
 from xbackend.capture import CaptureFile
 from xbackend.metrics import float_info, ulp_at
 from xbackend.propagation import PROP, own_allowance, propagate
@@ -59,23 +59,27 @@ def judged_model(
     severed: onnx.ModelProto,
     shapes: Mapping[str, tuple[int, ...]],
     captured: Mapping[str, str],
+    fill_shapes: bool = False,
 ) -> Judged:
     """`severed` with every node's magnitude as an extra output (AUX + output), and each node
     output's bound (`shapes`: tensor shapes by original name, as captured; `captured`: the
-    tensors the reference holds, and their dtypes, which the severed model is fed).
+    tensors the reference holds, and their dtypes, which the severed model is fed;
+    `fill_shapes`: shape inference's concrete shapes take precedence, for a graph whose own
+    tensors the captures do not name: ORT's optimized one).
 
     A node that reads a tensor the reference did not capture (torch exposes module outputs)
     runs from above it: the errors allowed to the uncaptured nodes are propagated to first order
-    through them (xbackend.bounds.propagate) and added to its allowance (output PROP + output)."""
+    through them (xbackend.propagation.propagate) and added to its allowance (output PROP + output)."""
     out = onnx.ModelProto()
     out.CopyFrom(severed)
     g = out.graph
     opset = _opset(out)
-    known = dict(shapes)
-    known.update({SEVERED + n: s for n, s in shapes.items()})
+    floats, inferred = _inferred(severed)
+    base = {**shapes, **inferred} if fill_shapes else dict(shapes)
+    known = dict(base)
+    known.update({SEVERED + n: s for n, s in base.items()})
     known.update({t.name: tuple(int(d) for d in t.dims) for t in g.initializer})
     read = {i for n in g.node for i in n.input}
-    floats = _float_tensors(severed)
     bounds: dict[str, NodeBound] = {}
     composed: dict[str, str] = {}
     extra_nodes: list[onnx.NodeProto] = []
@@ -119,8 +123,8 @@ def judged_model(
             tensors.append(PROP + outs[0])
             g.output.append(_typed(PROP + outs[0], known.get(outs[0]), symbolic=True))
         if outs[0] not in captured and outs[0] in read:  # the nodes below read it: they inherit its error
-            u = unit_roundoff(captured.get(outs[0], "float32"))
-            mine = own_allowance(bound, outs[0], u, bool(nodes), bld)
+            # uncaptured, so no dtype of its own was seen: float32's unit roundoff
+            mine = own_allowance(bound, outs[0], U32, bool(nodes), bld)
             err[outs[0]] = bld.op("Add", mine, prop) if prop is not None else mine
         extra_nodes.extend(bld.nodes)
         g.initializer.extend(bld.inits)
@@ -135,15 +139,16 @@ _FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BF
 _NON_FLOAT = frozenset(
     {
         "Shape", "Size", "ArgMax", "ArgMin", "NonZero", "Equal", "Less", "LessOrEqual", "Greater",
-        "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf", "QuantizeLinear", "TopK@1",
+        "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf", "QuantizeLinear",
     }
 )  # fmt: skip
 
 
-def _float_tensors(proto: onnx.ModelProto) -> dict[str, bool]:
-    """Whether each tensor is a float tensor: shape inference's answer where it has one, else
-    (past a kernel onnx has no schema for: ORT's fused ones) a float input makes a float output,
-    but for ops that make indices, shapes or masks, and casts to other types."""
+def _inferred(proto: onnx.ModelProto) -> tuple[dict[str, bool], dict[str, tuple[int, ...]]]:
+    """One shape inference: whether each tensor is a float tensor, and the concrete shapes it
+    finds. Where it has no answer (past a kernel onnx has no schema for: ORT's fused ones) a float
+    input makes a float output, but for ops that make indices, shapes or masks, and casts to
+    other types."""
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
     except Exception:  # a model shape inference cannot type: the rules below
@@ -165,7 +170,12 @@ def _float_tensors(proto: onnx.ModelProto) -> dict[str, bool]:
                 out[o] = False
             else:
                 out[o] = any(out.get(i, False) for i in node.input if i)
-    return out
+    shapes = {}
+    for vi in g.value_info:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
+    return out, shapes
 
 
 def _typed(name: str, shape: tuple[int, ...] | None, symbolic: bool = False) -> onnx.ValueInfoProto:
@@ -209,6 +219,34 @@ class _Measured:
     detail: str = ""
 
 
+def _fit(mag: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A magnitude broadcast to its node output's shape (None where it cannot be)."""
+    if mag is None or mag.shape == shape:
+        return mag
+    try:
+        return np.broadcast_to(mag, shape)
+    except ValueError:
+        return None
+
+
+def element_allowance(
+    bound: NodeBound,
+    v: np.ndarray,
+    mag: np.ndarray | None,
+    inherited: np.ndarray | None,
+    dtype: np.dtype[np.generic],
+) -> np.ndarray:
+    """What decides, per element of a node output of `dtype` around its float64 value `v`: the
+    bound (`mag`: its operands' magnitude M), flushed subnormals and v's own float64 rounding for
+    an inexact op, and what the node inherits from uncaptured nodes above it."""
+    allow = allowance(bound, v, _fit(mag, v.shape), unit_roundoff(dtype))
+    if not bound.exact:  # v is itself rounded to float64 along its evaluation
+        allow = allow * (1 + 2.0**-20) + _tiny(dtype)
+    if inherited is not None:
+        allow = allow + np.nan_to_num(np.abs(np.broadcast_to(inherited, allow.shape)), nan=np.inf)
+    return allow
+
+
 def _measure(
     y: np.ndarray, v: np.ndarray, mag: np.ndarray | None, bound: NodeBound, inherited: np.ndarray | None
 ) -> _Measured:
@@ -217,18 +255,10 @@ def _measure(
         return _Measured(math.inf, None, 0.0, (), False, f"shape {y.shape} where float64 gives {v.shape}")
     if y.size == 0:
         return _Measured(0.0, 0.0, 0.0, (), False)
-    if mag is not None and mag.shape != v.shape:
-        try:
-            mag = np.broadcast_to(mag, v.shape)
-        except ValueError:
-            mag = None
+    mag = _fit(mag, v.shape)
     yv = y.astype(np.float64)
     u = unit_roundoff(dtype)
-    allow = allowance(bound, v, mag, u)
-    if not bound.exact:  # v is itself rounded to float64 along its evaluation
-        allow = allow * (1 + 2.0**-20) + _tiny(dtype)
-    if inherited is not None:
-        allow = allow + np.nan_to_num(np.abs(np.broadcast_to(inherited, allow.shape)), nan=np.inf)
+    allow = element_allowance(bound, v, mag, inherited, dtype)
     top = _max(dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(yv - v)
@@ -294,10 +324,10 @@ def judge_backend(
     covers: Mapping[str, tuple[str, ...]] | None = None,
     graph: str = "",
 ) -> LocalErrors:
-    """`backend`'s local errors (its severed run's capture) against the float64 judge, in model
-    order: origins where an element is past its allowance. A node run from above its inputs
-    (the reference did not capture them) is allowed its own bound plus the largest allowance of
-    each node above it that its run also computed."""
+    """`backend`'s local errors (its severed run's capture) against the float64 judge, in `order`:
+    origins where an element is past its allowance (element_allowance: a node run from above
+    inputs the reference did not capture adds what it inherits, PROP). `covers`: a fused kernel's
+    output -> the original nodes it computes."""
     origins: list[Origin] = []
     nodes: list[NodeJudgment] = []
     worst: tuple[float, str] = (-1.0, "")
@@ -347,7 +377,7 @@ def judge_backend(
                 origins.append(
                     Origin(
                         t,
-                        modules.get(t, "") or module,
+                        module,
                         op,
                         m.local_scaled,
                         m.allowed_scaled,
@@ -397,13 +427,15 @@ def reorder_check(
                 if not spread.any():
                     continue
                 mag, prop = j.get(AUX + t), j.get(PROP + t)
-                allow = allowance(
-                    bound, v, mag if isinstance(mag, np.ndarray) else None, unit_roundoff(y0.dtype)
+                allow = element_allowance(
+                    bound,
+                    v,
+                    mag if isinstance(mag, np.ndarray) else None,
+                    prop if isinstance(prop, np.ndarray) else None,
+                    y0.dtype,
                 )
-                if isinstance(prop, np.ndarray):  # what it inherits from uncaptured nodes above it
-                    allow = allow + np.nan_to_num(np.abs(np.broadcast_to(prop, allow.shape)), nan=np.inf)
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    ratio = float(np.max(np.where(spread == 0, 0.0, spread / (allow + _tiny(y0.dtype)))))
+                    ratio = float(np.max(np.where(spread == 0, 0.0, spread / allow)))
                 if ratio > worst[0]:
                     worst = (ratio, t)
                 if ratio > 1:

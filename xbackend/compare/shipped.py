@@ -20,14 +20,14 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from xbackend.capture import CaptureFile
+from xbackend.compare.floors import save_severed_feeds
 from xbackend.executor import Job, JobOutcome, PhaseSpec
 from xbackend.extdata import write_rewritten
 from xbackend.model import ModelRef, ModelSpec, load_proto
 from xbackend.protocol import OUTPUTS
 from xbackend.runners.contrib import CONTRIB_DOMAIN, CONTRIB_OPS
 from xbackend.sever import SEVERED, sever
-from xbackend.storage import save_values
+from xbackend.values import Value
 
 __all__ = ["Shipped", "covered_nodes", "shipped_job", "shipped_plan"]
 
@@ -105,7 +105,7 @@ def shipped_plan(
     spec: ModelSpec,
     original: onnx.ModelProto,
     available: Mapping[str, tuple[int, tuple[int, ...]]],
-    feeds: Mapping[str, object],
+    feeds: Mapping[str, Value],
     ref_capture: str,
     folder: Path,
 ) -> Shipped | str:
@@ -123,16 +123,14 @@ def shipped_plan(
     spath = folder / f"severed-optimized-{name}.onnx"
     write_rewritten(severed.proto, path, spath)
     sfeeds = spath.with_suffix(".xbv")
-    with CaptureFile(ref_capture) as cap:
-        values = dict(feeds)
-        values.update({SEVERED + n: cap[n] for n in severed.inputs})
-        save_values(sfeeds, values)
+    save_severed_feeds(sfeeds, feeds, ref_capture, severed.inputs)
     inputs = (*(i.name for i in proto.graph.input), *(SEVERED + n for n in severed.inputs))
+    declared = {x.name for x in severed.proto.graph.input}
     external = any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
     model = ModelRef(
         str(spath),
         spec.ir_version,
-        tuple(i for i in inputs if i in {x.name for x in severed.proto.graph.input}),
+        tuple(i for i in inputs if i in declared),
         tuple(o.name for o in severed.proto.graph.output),
         external,
         spec.weight_bytes,

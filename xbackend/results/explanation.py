@@ -4,9 +4,10 @@ tensors the model itself leaves ill-conditioned.
 - The noise floor of a tensor: the largest scaled ULP by which K random orders of every
   reduction (run on one engine, see xbackend.reorder) move it from the original order.
 - A node's local error: its output on a backend fed the reference's values of its inputs
-  (xbackend.sever), against the reference's output. It is allowed MARGIN times the larger of
-  the floor at the node and the rounding bound of its op (xbackend.rounding). A node past that
-  is an origin; a backend without origins is explained.
+  (xbackend.sever), against the float64 value of the node on those inputs, element by element
+  (xbackend.compare.judge, allowances from xbackend.bounds). A node past its allowance is an
+  origin; a backend without origins is explained. A backend that could not be judged is held to
+  MARGIN times the larger of the floor and its op's rounding bound (xbackend.rounding).
 - A tensor is ill-conditioned when reorderings alone move it past `conditioning_limit`:
   fewer than half of its dtype's significand bits survive a change of sum order.
 """
