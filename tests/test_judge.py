@@ -338,3 +338,17 @@ def test_correct_engines_are_explained_on_every_family(family: str, tmp_path: Pa
             le and le.origins,
         )
     assert r.exit_code == 0, r.verdict()
+
+
+def test_the_optimized_graph_path_cannot_come_from_outside(tmp_path: Path) -> None:
+    """save_optimized writes a file: only xbackend's own explanation jobs set it. From the command
+    line (or a replayed certificate's runner options) it is refused before anything runs, and the
+    file it names is left as it was."""
+    model = TESTS.parent / "models" / "mlp_layernorm.onnx"
+    victim = tmp_path / "precious.onnx"
+    victim.write_bytes(b"not to be overwritten")
+    with pytest.raises(xbackend.UsageError, match="save_optimized is set by xbackend itself"):
+        xbackend.compare(
+            model, backends="ort-cpu,reference", runner_options={"ort-cpu": {"save_optimized": str(victim)}}
+        )
+    assert victim.read_bytes() == b"not to be overwritten"

@@ -16,7 +16,7 @@ from xbackend.model import ModelSpec, downgrade_blockers
 from xbackend.portable import LoadedCapture, load_capture
 from xbackend.probes.base import PlannedBackend
 from xbackend.results import EXPECTED, CompareOptions, FeedsInfo
-from xbackend.runners.base import PYTHON_OPTION
+from xbackend.runners.base import INTERNAL_OPTIONS, PYTHON_OPTION
 from xbackend.runners.registry import get_runner, runner_target
 from xbackend.storage import save_values
 from xbackend.values import Value
@@ -95,6 +95,12 @@ def plan_backend(
 ) -> PlannedBackend:
     cls = get_runner(name)  # unknown name: BackendUnavailableError listing the known ones
     raw = opts.options_for(name)
+    internal = sorted(set(raw) & INTERNAL_OPTIONS)
+    if internal:
+        raise UsageError(
+            f"{name} option {', '.join(internal)} is set by xbackend itself (it writes the graph the "
+            "explanation judges); leave it out"
+        )
     if name == EXPECTED and expected is not None:
         path = work / "expected.xbv"
         save_values(path, expected)

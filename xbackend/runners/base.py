@@ -83,6 +83,9 @@ PYTHON_OPTION = OptionSpec(
 COMMON_OPTIONS = (PYTHON_OPTION,)
 # Options a report leaves out while unset: where the worker runs, where a graph is written.
 QUIET_WHEN_UNSET = frozenset({PYTHON_OPTION.name, "save_optimized"})
+# Options only xbackend sets, on jobs of its own: they write files (a command line or a replayed
+# certificate naming one could overwrite any file, the model included).
+INTERNAL_OPTIONS = frozenset({"save_optimized"})
 
 
 class Runner(abc.ABC):

@@ -280,7 +280,10 @@ class OrtCpuRunner(Runner):
             "SessionOptions.use_deterministic_compute (promises run-to-run)",
         ),
         OptionSpec(
-            "save_optimized", str, "", "write the graph the session runs (its optimized model) to this path"
+            "save_optimized",
+            str,
+            "",
+            "set by xbackend's explanation only: write the graph the session runs (its optimized model) here",
         ),
     )
     saves_optimized_graph = True
