@@ -153,6 +153,39 @@ def test_tf32_makes_origins_at_the_matmuls_and_convs_and_off_is_explained(models
     assert off.explained is True, off.origins
 
 
+@needs("ort-cuda")
+@needs("torch-cuda")
+def test_cuda_engines_are_judged_per_node_on_attention_and_an_mlp() -> None:
+    """Each CUDA engine's nodes against float64 on the graph it runs: ORT CUDA's optimized graph
+    (or the unfused one, with the reason), torch-cuda at its modules. TF32 off only reorders, so
+    every node is within its allowance; TF32 on is a real loss, caught at the matrix products."""
+    r = xbackend.compare(
+        ROOT / "models" / "attention.onnx",
+        backends=["ort-cuda@tf32", "ort-cuda", "reference"],
+        runner_options={"ort-cuda@tf32": {"tf32": "true"}},
+        runs=1,
+        probes="none",
+    )
+    off, on = r.explanation.local_for("ort-cuda"), r.explanation.local_for("ort-cuda@tf32")
+    assert off is not None and off.status == "ok" and off.origins == (), (
+        off and off.reason,
+        off and off.origins,
+    )
+    assert on is not None and on.origins, on and on.reason
+    assert {o.op_type for o in on.origins} <= {"MatMul", "Gemm", "FusedMatMul"}, on.origins
+    print("ort-cuda judged on:", off.graph)
+    t = xbackend.compare(
+        ROOT / "models" / "torch_mlp.onnx",
+        backends=["torch-cuda", "reference"],
+        runs=1,
+        probes="none",
+        runner_options={"torch-cuda": {"module": MLP_SPEC}},
+    )
+    le = t.explanation.local_for("torch-cuda")
+    assert le is not None and le.status == "ok" and le.origins == (), (le and le.reason, le and le.origins)
+    assert t.exit_code == 0, t.verdict()
+
+
 def _mode_rows(r: Any) -> dict[str, Any]:
     (fam,) = r.cost_of_determinism()
     return {m.backend: m for m in fam.rows}

@@ -2,35 +2,106 @@
 
 from __future__ import annotations
 
-from xbackend.compare import compare, compare_with_options
-from xbackend.errors import (
-    BackendUnavailableError,
-    ExportError,
-    InputError,
-    ModelLoadError,
-    ReportError,
-    RunnerFailedError,
-    UsageError,
-    XbackendError,
-)
-from xbackend.inputs import Feeds, generate_feeds, load_feeds
-from xbackend.metrics import TensorDiff, ulp_distance
-from xbackend.model import ModelSpec, load_model
-from xbackend.probes import ProbeResult
-from xbackend.report import to_json, to_markdown, write_atomic
-from xbackend.results import (
-    BackendResult,
-    CompareOptions,
-    CrossBackendResult,
-    ObserverEffect,
-    PairResult,
-    Result,
-)
-from xbackend.runners import Availability, BuildFingerprint, Runner, get_runner, list_runners
-from xbackend.torch_export import InputDecl, export_torch
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
 from xbackend.version import VERSION
 
+if TYPE_CHECKING:
+    from xbackend.compare import compare, compare_with_options
+    from xbackend.errors import (
+        BackendUnavailableError,
+        ExportError,
+        InputError,
+        ModelLoadError,
+        ReportError,
+        RunnerFailedError,
+        UsageError,
+        XbackendError,
+    )
+    from xbackend.inputs import Feeds, generate_feeds, load_feeds
+    from xbackend.metrics import TensorDiff, ulp_distance
+    from xbackend.model import ModelSpec, load_model
+    from xbackend.probes import ProbeResult
+    from xbackend.report import to_json, to_markdown, write_atomic
+    from xbackend.results import (
+        BackendResult,
+        CompareOptions,
+        CrossBackendResult,
+        ObserverEffect,
+        PairResult,
+        Result,
+    )
+    from xbackend.runners import Availability, BuildFingerprint, Runner, get_runner, list_runners
+    from xbackend.torch_export import InputDecl, export_torch
+
 __version__ = VERSION
+
+# name -> the module that defines it. Imported on first use: a worker process (python -m
+# xbackend.worker) imports this package too, and needs none of the comparator's modules.
+_WHERE = {
+    "compare_with_options": "xbackend.compare",
+    **dict.fromkeys(
+        (
+            "BackendUnavailableError",
+            "ExportError",
+            "InputError",
+            "ModelLoadError",
+            "ReportError",
+            "RunnerFailedError",
+            "UsageError",
+            "XbackendError",
+        ),
+        "xbackend.errors",
+    ),
+    **dict.fromkeys(("Feeds", "generate_feeds", "load_feeds"), "xbackend.inputs"),
+    **dict.fromkeys(("TensorDiff", "ulp_distance"), "xbackend.metrics"),
+    **dict.fromkeys(("ModelSpec", "load_model"), "xbackend.model"),
+    "ProbeResult": "xbackend.probes",
+    **dict.fromkeys(("to_json", "to_markdown", "write_atomic"), "xbackend.report"),
+    **dict.fromkeys(
+        ("BackendResult", "CompareOptions", "CrossBackendResult", "ObserverEffect", "PairResult", "Result"),
+        "xbackend.results",
+    ),
+    **dict.fromkeys(
+        ("Availability", "BuildFingerprint", "Runner", "get_runner", "list_runners"), "xbackend.runners"
+    ),
+    **dict.fromkeys(("InputDecl", "export_torch"), "xbackend.torch_export"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'xbackend' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE, "compare"})
+
+
+class _Package(types.ModuleType):
+    """`xbackend.compare` is the function, as it always was, though the subpackage of that name
+    is imported later: the import system's binding of the subpackage is ignored."""
+
+    @property
+    def compare(self) -> Any:
+        from xbackend.compare import compare
+
+        return compare
+
+    @compare.setter
+    def compare(self, value: Any) -> None:
+        pass
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 __all__ = [
     "Availability",

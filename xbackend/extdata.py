@@ -91,6 +91,22 @@ def write_rewritten(proto: onnx.ModelProto, source: str | os.PathLike[str], path
     write_atomic_bytes(path, proto.SerializeToString(), "rewritten model")
 
 
+def externalize(proto: onnx.ModelProto, folder: Path, name: str = "weights.bin") -> bool:
+    """Move the proto's inline weights (past 1 KiB each) into one file `name` in `folder`, written
+    once, the proto pointing at it: every rewrite of it then serializes without its weights, as a
+    model with external data does. False (nothing moved) where the weights are external already
+    or under 1 MiB in all."""
+    from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
+
+    if uses_external_data(proto) or sum(len(t.raw_data) for t in proto.graph.initializer) < 1 << 20:
+        return False
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).unlink(missing_ok=True)  # written by append: a file left from an earlier run goes
+    convert_model_to_external_data(proto, True, name, 1024, False)
+    write_external_data_tensors(proto, str(folder))
+    return True
+
+
 def load_external(proto: onnx.ModelProto, p: Path) -> None:
     """Read every external tensor's bytes into the proto. Not onnx's loader: it refuses a data
     file with more than one hard link, and write_rewritten hard-links the weights of every

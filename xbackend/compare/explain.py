@@ -29,9 +29,9 @@ from xbackend.compare.conditioning import amplifiers, ill_conditioned
 from xbackend.compare.floors import floors_of, save_severed_feeds
 from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model, reorder_check
 from xbackend.compare.plan import plan_backend
-from xbackend.compare.shipped import shipped_job, shipped_plan
+from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
-from xbackend.extdata import write_rewritten
+from xbackend.extdata import externalize, uses_external_data, write_rewritten
 from xbackend.model import ModelRef, ModelSpec, load_proto
 from xbackend.modelref import np_dtype
 from xbackend.probes.base import PlannedBackend, ProbeContext
@@ -84,6 +84,7 @@ class _Plan:
     graphs: Mapping[str, str] = field(default_factory=dict)  # backend -> the graph its nodes were judged on
     covers: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     node_floor_job: Job | None = None  # the severed model's sums in K orders: the per-node check
+    rewrites: ModelSpec | None = None  # the model whose folder holds the rewrites' weights
 
 
 def explain(
@@ -121,25 +122,46 @@ def explain(
         plan = _plan(ctx, planned, builds, results, ref, layers.capture)
     except Exception as e:  # an explanation that cannot be planned is reported, never fatal
         return Explanation("unavailable", f"the rewrites failed: {type(e).__name__}: {e}")
-    # the floor engine's jobs next to each other: consecutive jobs of one engine share a process
-    jobs = [
-        *([plan.floor_job] if plan.floor_job else []),
-        *([plan.node_floor_job] if plan.node_floor_job else []),
-        *(j for j, _ in plan.optimized.values()),
-        *(j for n, j in plan.local_jobs.items() if n not in plan.optimized),
-        *(j.job for j in plan.judges.values() if j.job is not None),
-    ]
-    bar.grow(sum(j.steps for j in jobs))
-    done = dict(ex.run_all(jobs, True))
+    # Two lanes side by side where cores and memory allow: the floor engine's runs are
+    # single-threaded. In a lane, consecutive jobs of one engine share a process.
+    first = (
+        [*([plan.floor_job] if plan.floor_job else []), *(j.job for j in plan.judges.values() if j.job)],
+        [
+            *([plan.node_floor_job] if plan.node_floor_job else []),
+            *(j for j, _ in plan.optimized.values()),
+            *(j for n, j in plan.local_jobs.items() if n not in plan.optimized),
+        ],
+    )
+    bar.grow(sum(j.steps for lane in first for j in lane))
+    done = _run(ex, ctx, first)
     if plan.optimized:
         plan = _ship(ctx, plan, done, layers.capture)
-        second = [plan.local_jobs[n] for n in plan.optimized]
-        second += [
-            j for n in plan.optimized if (j := plan.judges[n].job if n in plan.judges else None) is not None
-        ]
-        bar.grow(sum(j.steps for j in second))
-        done.update(ex.run_all(second, True))
+        second = (
+            [plan.local_jobs[n] for n in plan.optimized],
+            [
+                j
+                for n in plan.optimized
+                if (j := plan.judges[n].job if n in plan.judges else None) is not None
+            ],
+        )
+        bar.grow(sum(j.steps for lane in second for j in lane))
+        done.update(_run(ex, ctx, second))
     return _analyze(ctx, plan, done, layers.capture)
+
+
+# each lane holds the model's weights about this many times over (the float64 judge: twice, and
+# its magnitudes; the floor engine: once, and its permuted copy)
+_LANE_COPIES = 6
+
+
+def _run(ex: Executor, ctx: ProbeContext, lanes: tuple[list[Job], list[Job]]) -> dict[str, JobOutcome]:
+    """The lanes side by side where there are two physical cores and the memory for both, else
+    one after the other."""
+    cores = psutil.cpu_count(logical=False) or 1
+    fits = len(lanes) * _LANE_COPIES * ctx.spec.weight_bytes < psutil.virtual_memory().available // 2
+    if cores >= 2 and fits and ctx.opts.max_memory is None:
+        return ex.run_lanes(lanes)
+    return ex.run_all([j for lane in lanes for j in lane], True)
 
 
 def _ship(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str) -> _Plan:
@@ -152,28 +174,34 @@ def _ship(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_ca
     judge_of = dict(plan.judge_of)
     graphs = dict(plan.graphs)
     covers = dict(plan.covers)
+    src = plan.rewrites or ctx.spec
+    model = load_proto(src.path, load_external=False)
     for name, (job, path) in plan.optimized.items():
-        got = shipped_plan(
-            name,
-            done.get(job.label),
-            path,
-            ctx.spec,
-            original,
-            plan.available,
-            ctx.feeds.arrays,
-            ref_capture,
-            folder,
+        old = local[name]
+        runtime = old.cls.optimized_format == "runtime"
+        args = (plan.available, ctx.feeds.arrays, ref_capture, folder)
+        got = (
+            runtime_plan(name, done.get(job.label), path, ctx.spec, model, src.path, *args)
+            if runtime
+            else shipped_plan(name, done.get(job.label), path, ctx.spec, original, *args)
         )
         if isinstance(got, str):
             graphs[name] = f"{UNFUSED}: {got}"
             continue
-        old = local[name]
         phase = PhaseSpec(_LOCAL_PHASE, got.tensors, 1, model=got.model)
-        options = tuple(sorted({**dict(old.raw_options), "opt_level": "disable"}.items()))
+        # ONNX Runtime runs its optimized graph as saved; OpenVINO fuses each piece as it ships it
+        options = (
+            old.raw_options
+            if runtime
+            else tuple(sorted({**dict(old.raw_options), "opt_level": "disable"}.items()))
+        )
         local[name] = replace(old, raw_options=options, feeds=got.feeds, phases=(phase,))
         computed = set(got.tensors)
         captured = {n: d for n, d in plan.captured.items() if n in computed}
-        judges[name] = _judge_job(ctx, got.severed, plan.shapes, captured, got.path, got.feeds, name, True)
+        source = src.path if runtime else got.path
+        judges[name] = _judge_job(
+            ctx, got.severed, plan.shapes, captured, got.path, got.feeds, name, source, not runtime
+        )
         judge_of[name] = name
         graphs[name] = got.described
         covers[name] = got.covers
@@ -201,6 +229,12 @@ def _plan(
     folder = ctx.work / "explain"
     folder.mkdir(parents=True, exist_ok=True)
     proto = load_proto(spec.path, load_external=False)
+    # Inline weights are written once, beside the rewrites, which then point at them: five
+    # rewrites otherwise serialize (and their workers parse) five copies.
+    src = spec
+    if externalize(proto, folder):
+        src = replace(spec, path=str(folder / "model.onnx"), external_data=True)
+        write_rewritten(proto, src.path, Path(src.path))
     with CaptureFile(ref_capture) as cap:
         held = cap.tensors()
     shapes = _shapes(builds, held)
@@ -214,9 +248,9 @@ def _plan(
     if engine is not None and engine.cls is not None:
         reordered = reorder(proto, shapes)
         path = folder / "reordered.onnx"
-        write_rewritten(reordered.proto, spec.path, path)
+        write_rewritten(reordered.proto, src.path, path)
         identity = index_feeds(reordered, None)
-        model = _ref(spec, path, tuple(identity))
+        model = _ref(src, path, tuple(identity))
         base = folder / "order-0.xbv"
         save_values(base, {**ctx.feeds.arrays, **identity})
         paths = []
@@ -238,17 +272,19 @@ def _plan(
     }
     severed = sever(proto, available)
     spath = folder / "severed.onnx"
-    write_rewritten(severed.proto, spec.path, spath)
-    smodel = _ref(spec, spath, tuple(SEVERED + n for n in severed.inputs))
+    write_rewritten(severed.proto, src.path, spath)
+    smodel = _ref(src, spath, tuple(SEVERED + n for n in severed.inputs))
     smodel = replace(smodel, outputs=tuple(o.name for o in severed.proto.graph.output))
     sfeeds = folder / "severed.xbv"
     save_severed_feeds(sfeeds, ctx.feeds.arrays, ref_capture, severed.inputs)
     captured = {n: d for n, (d, _) in held.items() if not n.startswith(SEVERED)}
-    judges = {"": _judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "")}
+    judges = {"": _judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "", src.path)}
     judge_of: dict[str, str] = {}
     optimized: dict[str, tuple[Job, Path]] = {}
     node_floor = (
-        _node_floor_job(ctx, engine, severed, shapes, ref_capture, folder) if engine is not None else None
+        _node_floor_job(ctx, src, engine, severed, shapes, ref_capture, folder)
+        if engine is not None
+        else None
     )
     local_jobs: dict[str, Job] = {}
     not_measured: dict[str, str] = {}
@@ -272,10 +308,10 @@ def _plan(
         # it computes each part it exposes from the part's inputs, so it is judged at that grain.
         if not b.cls.executes_graph:
             judges[name] = _own_grain(
-                ctx, proto, builds[name], available, shapes, captured, ref_capture, name
+                ctx, proto, builds[name], available, shapes, captured, ref_capture, name, src.path
             )
             judge_of[name] = name
-        own = replace(smodel, path=spec.path, outputs=spec.output_names)
+        own = replace(spec.ref(), inputs=smodel.inputs)
         model = smodel if b.cls.executes_graph else own
         phase = PhaseSpec(_LOCAL_PHASE, tensors, 1, model=model)
         local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
@@ -295,11 +331,13 @@ def _plan(
         captured,
         shapes,
         node_floor_job=node_floor,
+        rewrites=src,
     )
 
 
 def _node_floor_job(
     ctx: ProbeContext,
+    src: ModelSpec,
     engine: PlannedBackend,
     severed: Severed,
     shapes: Mapping[str, tuple[int, ...]],
@@ -314,10 +352,10 @@ def _node_floor_job(
     if not rs.sites:
         return None
     path = folder / "reordered-severed.onnx"
-    write_rewritten(rs.proto, ctx.spec.path, path)
+    write_rewritten(rs.proto, src.path, path)
     identity = index_feeds(rs, None)
     inputs = (*(SEVERED + n for n in severed.inputs), *identity)
-    model = replace(_ref(ctx.spec, path, inputs), outputs=tuple(o.name for o in rs.proto.graph.output))
+    model = replace(_ref(src, path, inputs), outputs=tuple(o.name for o in rs.proto.graph.output))
     base = folder / "node-order-0.xbv"
     paths = []
     save_severed_feeds(base, ctx.feeds.arrays, ref_capture, severed.inputs, identity)
@@ -340,6 +378,7 @@ def _judge_job(
     spath: Path,
     sfeeds: Path,
     key: str,
+    source: str | Path,
     fill_shapes: bool = False,
 ) -> _Judge:
     """The severed model with each node's operand magnitudes, evaluated in float64 without
@@ -351,9 +390,12 @@ def _judge_job(
         )
     judged = judged_model(severed, shapes, captured, fill_shapes)
     jpath = spath.with_name(f"judged{'-' + key if key else ''}.onnx")
-    write_rewritten(judged.proto, ctx.spec.path, jpath)
+    write_rewritten(judged.proto, source, jpath)
     inputs = tuple(i.name for i in severed.graph.input if i.name.startswith(SEVERED))
-    model = replace(_ref(ctx.spec, jpath, inputs), outputs=tuple(o.name for o in judged.proto.graph.output))
+    model = replace(
+        _ref(ctx.spec, jpath, inputs, uses_external_data(judged.proto)),
+        outputs=tuple(o.name for o in judged.proto.graph.output),
+    )
     phase = PhaseSpec(JUDGE_PHASE, judged.tensors, 1, model=model)
     label = f"explain-judge{'-' + key if key else ''}"
     # every BLAS thread: the jobs run one at a time, and a bound's last float64 bits do not matter
@@ -371,6 +413,7 @@ def _own_grain(
     captured: Mapping[str, str],
     ref_capture: str,
     name: str,
+    source: str,
 ) -> _Judge:
     """A backend that computes each tensor it exposes from the tensors it exposes above it (torch:
     module outputs): the model severed at those, judged in float64."""
@@ -385,7 +428,7 @@ def _own_grain(
     sfeeds = spath.with_suffix(".xbv")
     save_severed_feeds(sfeeds, ctx.feeds.arrays, ref_capture, severed.inputs)
     own = {n: d for n, d in captured.items() if n in grain}
-    return _judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name)
+    return _judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name, source)
 
 
 def _shapes(
@@ -404,11 +447,12 @@ def _shapes(
     return shapes
 
 
-def _ref(spec: ModelSpec, path: Path, extra_inputs: tuple[str, ...]) -> ModelRef:
+def _ref(
+    spec: ModelSpec, path: Path, extra_inputs: tuple[str, ...], external: bool | None = None
+) -> ModelRef:
     inputs = (*spec.input_names, *extra_inputs)
-    return ModelRef(
-        str(path), spec.ir_version, inputs, spec.output_names, spec.external_data, spec.weight_bytes
-    )
+    external = spec.external_data if external is None else external
+    return ModelRef(str(path), spec.ir_version, inputs, spec.output_names, external, spec.weight_bytes)
 
 
 def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str) -> Explanation:

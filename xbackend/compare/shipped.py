@@ -8,10 +8,18 @@ tensors the reference captured, run on the engine as saved (opt_level=disable: n
 fused again), and judged against its float64 value (xbackend.runners.contrib evaluates the
 fused kernels from their definitions). A graph holding a kernel xbackend cannot evaluate in
 float64 (ORT's NCHWc layout ops) is judged in its unfused form instead, and the report says why.
+
+OpenVINO writes no model but its runtime graph (runtime_plan): the kernels the CPU plugin runs,
+each with the ONNX nodes it computes. The ONNX graph is severed at the kernels' outputs only, so
+each piece between them is one kernel's work (a FullyConnected with its bias and activation, a
+normalization whose scale went into the next kernel's weights); OpenVINO runs the pieces, fusing
+them as it ships them, and each piece is judged against its float64 value with its nodes' bounds
+composed (xbackend.propagation).
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +37,7 @@ from xbackend.runners.contrib import CONTRIB_DOMAIN, CONTRIB_OPS
 from xbackend.sever import SEVERED, sever
 from xbackend.values import Value
 
-__all__ = ["Shipped", "covered_nodes", "shipped_job", "shipped_plan"]
+__all__ = ["Shipped", "covered_nodes", "runtime_plan", "shipped_job", "shipped_plan"]
 
 STANDARD = frozenset({"", "ai.onnx"})
 
@@ -138,3 +146,97 @@ def shipped_plan(
     tensors = tuple(o for n in severed.proto.graph.node for o in n.output if o)
     return Shipped(severed.proto, spath, sfeeds, model, tensors, covered_nodes(original, proto),
                    _describe(proto, original))  # fmt: skip
+
+
+def _kernels(path: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """(kernel type, the names of the nodes it computes) for each runtime node the file lists;
+    raises ValueError for anything else."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, list):
+        raise ValueError("not a list of nodes")
+    out = []
+    for r in data:
+        if not isinstance(r, dict) or not isinstance(r.get("original"), list):
+            raise ValueError("a node without its original names")
+        out.append((str(r.get("type", "?")), tuple(str(x) for x in r["original"])))
+    return out
+
+
+def _pieces(proto: onnx.ModelProto, grain: set[str]) -> dict[str, tuple[str, ...]]:
+    """Each grain tensor -> the node outputs its piece computes (upstream of it, up to other grain
+    tensors and the graph's inputs), where that is more than its own node."""
+    producer = {o: n for n in proto.graph.node for o in n.output if o}
+    out = {}
+    for t in grain:
+        seen: list[str] = []
+        stack = [t]
+        while stack and len(seen) < 256:
+            x = stack.pop()
+            if x in seen or x not in producer:
+                continue
+            seen.append(x)
+            stack += [i for i in producer[x].input if i and i not in grain and i in producer]
+        if len(seen) > 1:
+            order = {o: k for k, o in enumerate(producer)}
+            out[t] = tuple(sorted(seen, key=order.__getitem__))
+    return out
+
+
+def runtime_plan(
+    name: str,
+    outcome: JobOutcome | None,
+    path: Path,
+    spec: ModelSpec,
+    proto: onnx.ModelProto,
+    source: str,
+    available: Mapping[str, tuple[int, tuple[int, ...]]],
+    feeds: Mapping[str, Value],
+    ref_capture: str,
+    folder: Path,
+) -> Shipped | str:
+    """`proto` (the model, its weights beside `source`) severed at the outputs of the kernels
+    OpenVINO's runtime graph at `path` runs, or why it cannot be."""
+    if outcome is None or not outcome.ok or not path.exists():
+        why = outcome.reason if outcome is not None else "it did not run"
+        return f"its runtime graph could not be read ({why})"
+    try:
+        kernels = _kernels(path)
+    except (OSError, ValueError) as e:
+        return f"its runtime graph could not be read ({type(e).__name__}: {e})"
+    by_name: dict[str, onnx.NodeProto] = {}
+    for n in proto.graph.node:
+        by_name[n.name or (n.output[0] if n.output else "")] = n
+    grain: set[str] = {o.name for o in proto.graph.output if o.name in available}
+    fusing: Counter[str] = Counter()
+    for kind, names in kernels:
+        members = [by_name[x] for x in names if x in by_name]
+        reads = {i for m in members for i in m.input}
+        grain |= {o for m in members for o in m.output if o and o not in reads and o in available}
+        if len(members) > 1:
+            fusing[kind] += 1
+    if not grain:
+        return "no kernel of its runtime graph names a node of the model"
+    severed = sever(proto, {n: available[n] for n in grain})
+    spath = folder / f"severed-runtime-{name}.onnx"
+    write_rewritten(severed.proto, source, spath)
+    sfeeds = spath.with_suffix(".xbv")
+    save_severed_feeds(sfeeds, feeds, ref_capture, severed.inputs)
+    declared = {x.name for x in severed.proto.graph.input}
+    inputs = (*spec.input_names, *(SEVERED + n for n in severed.inputs))
+    external = any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
+    model = ModelRef(
+        str(spath),
+        spec.ir_version,
+        tuple(i for i in inputs if i in declared),
+        tuple(o.name for o in severed.proto.graph.output),
+        external,
+        spec.weight_bytes,
+    )
+    tensors = tuple(o for n in proto.graph.node for o in n.output if o in grain)
+    parts = ", ".join(f"{k} {kind}" for kind, k in sorted(fusing.items()))
+    described = (
+        f"OpenVINO's runtime graph: {len(kernels)} kernels"
+        + (f" ({parts} fusing several nodes)" if parts else "")
+        + f", judged at {len(tensors)} kernel outputs"
+    )
+    return Shipped(severed.proto, spath, sfeeds, model, tensors, _pieces(proto, grain), described)

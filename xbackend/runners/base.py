@@ -127,6 +127,9 @@ class Runner(abc.ABC):
     # It can write the graph it really runs (option save_optimized=PATH: ONNX Runtime's optimized
     # model), so the explanation judges the kernels users ship rather than the unfused graph.
     saves_optimized_graph: ClassVar[bool] = False
+    # What save_optimized writes: "onnx" (a model: ONNX Runtime), or "runtime" (OpenVINO: its
+    # runtime graph's nodes as JSON, each with the ONNX nodes it fuses; see runtime_graph below).
+    optimized_format: ClassVar[str] = "onnx"
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         self.options: dict[str, Any] = self.resolve_options(options or {})

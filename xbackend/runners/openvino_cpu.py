@@ -11,19 +11,22 @@ from __future__ import annotations
 import importlib.abc
 import importlib.metadata
 import importlib.util
+import json
 import re
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from xbackend.atomic import write_atomic_bytes
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
 from xbackend.model import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.values import Value
 
-__all__ = ["OpenVinoCpuDefaultRunner", "OpenVinoCpuRunner"]
+__all__ = ["OpenVinoCpuDefaultRunner", "OpenVinoCpuRunner", "runtime_graph"]
 
 PRECISIONS = ("f32", "bf16", "f16", "default")
 EXECUTION_MODES = ("default", "performance", "accuracy")
@@ -69,6 +72,32 @@ def runtime_layers(compiled: Any) -> list[tuple[str, str]]:
     return out
 
 
+def runtime_graph(compiled: Any) -> list[dict[str, Any]]:
+    """The nodes the CPU plugin executes, in order: each one's kernel type, precision, the nodes
+    of the model it was read from that it computes (rt_info originalLayersNames: ONNX node names,
+    or OpenVINO's own for ops a transformation made) and the runtime nodes it reads."""
+    out = []
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        rt = op.get_rt_info()
+
+        def text(key: str, rt: Any = rt) -> str:
+            return str(rt[key].astype(str)) if key in rt else ""
+
+        kind = text("layerType")
+        if kind in ("Const", "Input", "Output"):
+            continue
+        out.append(
+            {
+                "name": op.get_friendly_name(),
+                "type": kind,
+                "precision": text("runtimePrecision"),
+                "original": [n for n in text("originalLayersNames").split(",") if n],
+                "inputs": [v.get_node().get_friendly_name() for v in op.input_values()],
+            }
+        )
+    return out
+
+
 def plain_words(value: Any) -> str:
     """A property as people write it: 'bf16' and 'f32', not "<Type: 'bfloat16'>"; 'ACCURACY'."""
     if hasattr(value, "get_type_name"):  # openvino.Type
@@ -109,7 +138,15 @@ class OpenVinoCpuRunner(Runner):
         ),
         OptionSpec("threads", int, 0, "INFERENCE_NUM_THREADS (0 = OpenVINO's default)"),
         OptionSpec("execution_mode", str, "default", "EXECUTION_MODE_HINT", EXECUTION_MODES),
+        OptionSpec(
+            "save_optimized",
+            str,
+            "",
+            "set by xbackend's explanation only: write the runtime graph the CPU plugin runs here (JSON)",
+        ),
     )
+    saves_optimized_graph = True
+    optimized_format = "runtime"
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)
@@ -150,6 +187,12 @@ class OpenVinoCpuRunner(Runner):
         except Exception as e:
             raise RunnerFailedError(f"OpenVINO cannot compile the model: {_msg(e)}") from e
         self._request = self._compiled.create_infer_request()
+        if self.options["save_optimized"]:
+            write_atomic_bytes(
+                Path(self.options["save_optimized"]),
+                json.dumps(runtime_graph(self._compiled), indent=1).encode(),
+                "OpenVINO runtime graph",
+            )
         wanted = set(tensors)
         self._ports = [(i, sorted(set(o.get_names()) & wanted)) for i, o in enumerate(self._compiled.outputs)]
         items = [(f"option {k}", v) for k, v in sorted(self.info().items())]

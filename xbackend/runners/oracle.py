@@ -80,20 +80,23 @@ def _promote_graph(g: onnx.GraphProto) -> None:
 
 # float64 weights are written this many elements at a time: one weight is never held twice
 _CHUNK = 1 << 22
+_IN_MEMORY = 256 << 20  # float64 weights up to this size are held in memory, not written to files
 
 
 def promote_weights(weights: Mapping[str, np.ndarray], folder: Path) -> dict[str, np.ndarray]:
-    """The mapped floating-point weights (xbackend.extdata.map_external) promoted to float64,
-    one at a time, each into a file of its own in `folder`, mapped back read-only (their
+    """The mapped floating-point weights (xbackend.extdata.map_external) promoted to float64:
+    in memory up to 256 MiB in all, else one at a time, each into a file of its own in `folder`,
+    mapped back read-only (their
     initializers say DOUBLE once promote_to_float64 ran). A model past protobuf's 2 GiB stays
     so: the proto never holds a weight."""
     out = dict(weights)
+    promoted = sum(v.size for v in weights.values() if str(v.dtype) in _PROMOTED_NP) * 8
     for k, (key, src) in enumerate(weights.items()):
         if str(src.dtype) not in _PROMOTED_NP:
             continue
         path = folder / f"{k}.f64"
-        if src.size == 0:
-            out[key] = np.zeros(src.shape, np.float64)
+        if src.size == 0 or promoted <= _IN_MEMORY:
+            out[key] = src.astype(np.float64)
         else:
             dst = np.memmap(path, dtype=np.float64, mode="w+", shape=src.shape)
             flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
