@@ -330,6 +330,7 @@ def test_correct_engines_are_explained_on_every_family(family: str, tmp_path: Pa
         **extra,  # type: ignore[arg-type]
     )
     assert r.backend("oracle").ok, r.backend("oracle").reason
+    assert r.explanation.local_for("openvino-cpu").graph.startswith("OpenVINO's runtime graph: ")
     for name in ("ort-cpu", "openvino-cpu", "reference", "oracle", "torch"):
         le = r.explanation.local_for(name)
         assert le is not None and le.status == "ok" and le.origins == (), (
@@ -352,3 +353,57 @@ def test_the_optimized_graph_path_cannot_come_from_outside(tmp_path: Path) -> No
             model, backends="ort-cpu,reference", runner_options={"ort-cpu": {"save_optimized": str(victim)}}
         )
     assert victim.read_bytes() == b"not to be overwritten"
+
+
+# torch_mlp's FullyConnected kernels on OpenVINO's CPU plugin: fc1 with its bias and SiLU (out
+# silu_k), fc2 with its bias (out linear_{2k+1}); the LayerNorm's scale and shift go into fc1's weights
+_FC_OUTPUTS = {f"silu_{k}" if k else "silu" for k in range(6)} | {f"linear_{2 * k + 1}" for k in range(6)}
+
+
+@pytest.mark.slow
+def test_openvino_is_judged_on_its_runtime_graph_and_bf16_is_caught_at_its_kernels() -> None:
+    """OpenVINO's own kernels, not the ONNX nodes: the model is severed at the outputs of the
+    kernels its runtime graph runs. In f32 every kernel is within its composed allowance. At
+    precision bf16, where the CPU computes in bf16 (avx512_bf16 or AMX; elsewhere OpenVINO keeps
+    f32 and says so), the error is made at the matrix products: every FullyConnected kernel's
+    output is an origin, and nothing else is."""
+    model = TESTS.parent / "models" / "torch_mlp.onnx"
+    r = xbackend.compare(
+        model,
+        backends="openvino-cpu,openvino-cpu@bf16,reference",
+        runner_options={"openvino-cpu@bf16": {"precision": "bf16"}},
+        runs=1,
+        probes="none",
+    )
+    f32, bf16 = r.explanation.local_for("openvino-cpu"), r.explanation.local_for("openvino-cpu@bf16")
+    assert f32 is not None and f32.status == "ok" and f32.origins == (), f32 and f32.origins
+    assert f32.graph.startswith("OpenVINO's runtime graph: ") and "FullyConnected" in f32.graph, f32.graph
+    judged = {n.tensor for n in f32.nodes}
+    assert judged >= _FC_OUTPUTS and "val_3" not in judged  # fc1's MatMul is inside its kernel
+    in_force = dict(r.backend("openvino-cpu@bf16").info)["in_force.INFERENCE_PRECISION_HINT"]
+    assert bf16 is not None and bf16.status == "ok"
+    if in_force == "bf16":
+        assert {o.tensor for o in bf16.origins} == _FC_OUTPUTS, bf16.origins
+        # the kernel that ends at silu computes the LayerNorm, fc1's MatMul and bias, and the SiLU
+        silu = next(o for o in bf16.origins if o.tensor == "silu")
+        assert {"layer_norm", "val_3", "linear", "val_4", "silu"} <= set(silu.covers), silu.covers
+        assert r.exit_code != 0
+    else:  # no bf16 arithmetic on this CPU: OpenVINO computes in f32
+        assert in_force == "f32" and bf16.origins == (), bf16.origins
+
+
+def test_the_explanation_is_the_same_with_its_jobs_side_by_side_or_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The floor engine's jobs and the float64 judge run in two lanes where two cores allow: the
+    report cannot depend on it."""
+    from xbackend.compare import explain
+
+    model = TESTS.parent / "models" / "torch_mlp.onnx"
+    reports = []
+    for lanes in (True, False):
+        monkeypatch.setattr(explain, "side_by_side", lambda ctx, n, lanes=lanes: lanes)
+        r = xbackend.compare(model, backends="ort-cpu,openvino-cpu,reference", runs=1, probes="none")
+        assert r.explanation.ok and r.explanation.local_for("ort-cpu").nodes
+        reports.append(xbackend.to_json(r))
+    assert reports[0] == reports[1]

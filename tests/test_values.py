@@ -130,6 +130,19 @@ def test_constant_tensors() -> None:
     assert TensorDiff.from_arrays("z", np.zeros(4), np.zeros(4)).constant
 
 
+def test_a_worker_imports_none_of_the_comparator() -> None:
+    """Each worker process starts with `import xbackend`: the package's names load on first use,
+    so a worker does not pay for the comparator, onnx or the report writers."""
+    import subprocess
+    import sys
+
+    code = "import sys, xbackend, xbackend.worker; print(sorted(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = set(eval(out))
+    assert "xbackend.worker" in loaded
+    assert not loaded & {"xbackend.compare", "xbackend.report", "onnx", "xbackend.torch_export"}
+
+
 def test_the_package_names_stay_the_api_after_submodule_imports() -> None:
     import xbackend
     import xbackend.compare  # binds the submodule on the package, as any import would

@@ -47,7 +47,7 @@ from xbackend.results.explanation import (
 from xbackend.sever import SEVERED, Severed, sever
 from xbackend.storage import save_values
 
-__all__ = ["FLOOR_ENGINE", "attach", "explain"]
+__all__ = ["FLOOR_ENGINE", "attach", "explain", "side_by_side"]
 
 FLOOR_ENGINE = "ort-cpu"
 JUDGE_ENGINE = "oracle"
@@ -154,12 +154,17 @@ def explain(
 _LANE_COPIES = 6
 
 
-def _run(ex: Executor, ctx: ProbeContext, lanes: tuple[list[Job], list[Job]]) -> dict[str, JobOutcome]:
-    """The lanes side by side where there are two physical cores and the memory for both, else
-    one after the other."""
+def side_by_side(ctx: ProbeContext, lanes: int) -> bool:
+    """Whether `lanes` worker processes may run at once: a physical core each, and the memory for
+    all of them (--max-memory is a per-process budget: then one at a time)."""
     cores = psutil.cpu_count(logical=False) or 1
-    fits = len(lanes) * _LANE_COPIES * ctx.spec.weight_bytes < psutil.virtual_memory().available // 2
-    if cores >= 2 and fits and ctx.opts.max_memory is None:
+    fits = lanes * _LANE_COPIES * ctx.spec.weight_bytes < psutil.virtual_memory().available // 2
+    return cores >= lanes and fits and ctx.opts.max_memory is None
+
+
+def _run(ex: Executor, ctx: ProbeContext, lanes: tuple[list[Job], list[Job]]) -> dict[str, JobOutcome]:
+    """The lanes side by side where side_by_side allows, else one after the other."""
+    if side_by_side(ctx, len(lanes)):
         return ex.run_lanes(lanes)
     return ex.run_all([j for lane in lanes for j in lane], True)
 
