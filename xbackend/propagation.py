@@ -9,10 +9,11 @@ import math
 from collections.abc import Mapping, Sequence
 
 import onnx
+from onnx import helper
 
 from xbackend.bounds import AUX, Builder, NodeBound, attributes
 
-__all__ = ["ERR", "PROP", "own_allowance", "propagate"]
+__all__ = ["ERR", "PROP", "own_allowance", "propagate", "propagate_rest"]
 
 
 PROP = "xb.prop."  # the judged graph's propagated allowance of node output t: PROP + t
@@ -69,6 +70,8 @@ def propagate(
     e = [err.get(i, "") for i in ins]
     x = ins[0] if ins else ""
     v = node.output[0]
+    if op == "Split" and e and e[0]:
+        return _first_part(node, e[0], bld), ""
     if op in _MOVE and e and e[0]:
         attrs = attributes(node)
         if op in ("Cast", "CastLike"):
@@ -121,6 +124,32 @@ def propagate(
     return bld.op(
         "Add", bld.op("Mul", bld.abs(v), bld.const(0.0)), total
     ), f"{op}: inherited errors passed with gain 1"
+
+
+def _first_part(node: onnx.NodeProto, e0: str, bld: Builder) -> str:
+    """A Split's first part of its input's error `e0`."""
+    names = [bld.name() for _ in node.output]
+    bld.nodes.append(helper.make_node("Split", [e0, *node.input[1:]], names, **attributes(node)))
+    return names[0]
+
+
+def propagate_rest(node: onnx.NodeProto, err: Mapping[str, str], bld: Builder) -> dict[str, tuple[str, str]]:
+    """What the errors of `node`'s inputs bring to each of its outputs after the first (a Split's
+    parts, LayerNormalization's mean): output -> (its error tensor, '' or why it is an assumption)."""
+    rest = [o for o in node.output[1:] if o]
+    present = [err[i] for i in node.input if i in err]
+    if not rest or not present:
+        return {}
+    if node.op_type == "Split" and node.input[0] in err:  # each part holds its slice of the error
+        names = [bld.name() for _ in node.output]
+        bld.nodes.append(
+            helper.make_node("Split", [err[node.input[0]], *node.input[1:]], names, **attributes(node))
+        )
+        return {o: (n, "") for o, n in zip(node.output, names, strict=True) if o in rest}
+    tops = _sum(bld, [bld.op("ReduceMax", p, keepdims=0) for p in present])
+    assert tops is not None
+    why = f"{node.op_type}: inherited errors passed with gain 1"
+    return {o: (bld.op("Add", bld.op("Mul", bld.abs(o), bld.const(0.0)), tops), why) for o in rest}
 
 
 def _derivative(op: str, x: str, v: str, bld: Builder) -> str | None:

@@ -23,7 +23,7 @@ from xbackend.bound_rules import node_bound, secondary_bound
 from xbackend.bounds import AUX, U32, Builder, NodeBound, allowance, unit_roundoff
 from xbackend.capture import CaptureFile
 from xbackend.metrics import float_info, ulp_at
-from xbackend.propagation import PROP, own_allowance, propagate
+from xbackend.propagation import PROP, own_allowance, propagate, propagate_rest
 from xbackend.results.explanation import LocalErrors, NodeJudgment, Origin, ReorderCheck
 from xbackend.sever import SEVERED
 from xbackend.values import Value
@@ -126,6 +126,16 @@ def judged_model(
             # uncaptured, so no dtype of its own was seen: float32's unit roundoff
             mine = own_allowance(bound, outs[0], U32, bool(nodes), bld)
             err[outs[0]] = bld.op("Add", mine, prop) if prop is not None else mine
+        for o, (rest, why) in (propagate_rest(node, inherited, bld) if inherited else {}).items():
+            if not floats.get(o, False):
+                continue
+            composed[o] = why or f"{len(inherited)} uncaptured input(s), propagated to first order"
+            bld.nodes.append(helper.make_node("Identity", [rest], [PROP + o]))
+            tensors.append(PROP + o)
+            g.output.append(_typed(PROP + o, known.get(o), symbolic=True))
+            if o not in captured and o in read:
+                mine = own_allowance(bounds[o], o, U32, False, bld)
+                err[o] = bld.op("Add", mine, rest)
         extra_nodes.extend(bld.nodes)
         g.initializer.extend(bld.inits)
     g.node.extend(extra_nodes)
