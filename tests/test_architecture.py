@@ -252,3 +252,27 @@ def test_every_relative_link_resolves() -> None:
             if not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert broken == []
+
+
+def test_every_module_imports_on_its_own() -> None:
+    """The package's and results' names load on first use (a worker imports neither the comparator
+    nor the judgment), so no module may rely on another having been imported first: each one is
+    imported first, in a fresh set of xbackend modules."""
+    import subprocess
+    import sys
+
+    names = sorted(m for m in MODULES if m != "xbackend.__main__")
+    code = (
+        "import importlib, sys\n"
+        "bad = []\n"
+        f"for m in {names!r}:\n"
+        "    for k in [k for k in sys.modules if k == 'xbackend' or k.startswith('xbackend.')]:\n"
+        "        del sys.modules[k]\n"
+        "    try:\n"
+        "        importlib.import_module(m)\n"
+        "    except Exception as e:\n"
+        "        bad.append(f'{m}: {type(e).__name__}: {e}')\n"
+        "print('\\n'.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == ""

@@ -91,9 +91,7 @@ class _Package(types.ModuleType):
 
     @property
     def compare(self) -> Any:
-        from xbackend.compare import compare
-
-        return compare
+        return importlib.import_module("xbackend.compare").compare
 
     @compare.setter
     def compare(self, value: Any) -> None:

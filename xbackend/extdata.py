@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
 
 from xbackend.atomic import write_atomic_bytes
 from xbackend.errors import ModelLoadError, first_line
@@ -96,8 +97,6 @@ def externalize(proto: onnx.ModelProto, folder: Path, name: str = "weights.bin")
     once, the proto pointing at it: every rewrite of it then serializes without its weights, as a
     model with external data does. False (nothing moved) where the weights are external already
     or under 1 MiB in all."""
-    from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
-
     if uses_external_data(proto) or sum(len(t.raw_data) for t in proto.graph.initializer) < 1 << 20:
         return False
     folder.mkdir(parents=True, exist_ok=True)
