@@ -392,3 +392,24 @@ def test_autotune_families_of_the_gpu_backends() -> None:
         {"autotune": "pinned", "cache": "/w/p-ort-trt"},
     )
     assert set(get_runner("torch-cuda").autotune_family("")) == {"off", "on", "pinned"}
+
+
+def test_inductor_switches_are_feature_detected() -> None:
+    """torch 2.11 (the GPU hosts' image) has no torch._inductor.config.batch_invariant: setting it
+    unasked made every torch-compile build fail there (measured on an H100). Unasked, a missing
+    switch is left alone; asked, the build is unavailable and says why."""
+    import types
+
+    from xbackend.errors import BackendUnavailableError
+    from xbackend.runners.torch_compile import set_switches
+
+    old = types.SimpleNamespace(deterministic=False)
+    set_switches(old, {"deterministic": True, "batch_invariant": False}, "2.11.0")
+    assert old.deterministic is True and not hasattr(old, "batch_invariant")
+    with pytest.raises(
+        BackendUnavailableError, match=r"torch 2.11.0 has no torch._inductor.config.batch_invariant"
+    ):
+        set_switches(old, {"batch_invariant": True}, "2.11.0")
+    new = types.SimpleNamespace(deterministic=False, batch_invariant=True)
+    set_switches(new, {"deterministic": False, "batch_invariant": False}, "2.13.0")
+    assert new.batch_invariant is False

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from xbackend.errors import RunnerFailedError, first_line
+from xbackend.errors import BackendUnavailableError, RunnerFailedError, first_line
 from xbackend.inductor_pin import (
     INSTRUMENTED,
     PinMiss,
@@ -42,7 +42,13 @@ from xbackend.runners.base import BuildFingerprint, OptionSpec
 from xbackend.runners.torch_eager import TorchRunner
 from xbackend.torch_export import module_map, to_numpy
 
-__all__ = ["INDUCTOR_SWITCHES", "TorchCompileAutotuneRunner", "TorchCompileRunner", "inductor_in_force"]
+__all__ = [
+    "INDUCTOR_SWITCHES",
+    "TorchCompileAutotuneRunner",
+    "TorchCompileRunner",
+    "inductor_in_force",
+    "set_switches",
+]
 
 DEVICES = ("cpu", "cuda")
 
@@ -118,8 +124,11 @@ class TorchCompileRunner(TorchRunner):
         from torch._inductor import config  # heavy: torch
 
         config.freezing = bool(self.options["freezing"])
-        config.deterministic = self._deterministic_algorithms()
-        config.batch_invariant = bool(self.options["batch_invariant"])
+        wanted = {
+            "deterministic": self._deterministic_algorithms(),
+            "batch_invariant": bool(self.options["batch_invariant"]),
+        }
+        set_switches(config, wanted, str(torch.__version__))
         config.fx_graph_cache = False
         config.autotune_local_cache = False
         device = self.options["device"]
@@ -278,6 +287,19 @@ def _instrumented(module: Any, names: tuple[str, ...]) -> Any:
             return out, tuple(self.stash.pop(n, None) for n in self.names)
 
     return Instrumented().eval()
+
+
+def set_switches(config: Any, wanted: Mapping[str, bool], version: str) -> None:
+    """Inductor's switches as asked, feature-detected: a torch without one (batch_invariant is
+    new; the GPU hosts' images carry an older torch) compiles without it unless it is asked for."""
+    for key, want in wanted.items():
+        if hasattr(config, key):
+            setattr(config, key, want)
+        elif want:
+            raise BackendUnavailableError(
+                f"torch {version} has no torch._inductor.config.{key}: "
+                f"{key}=true needs a torch that has it (xbackend pins 2.13.0)"
+            )
 
 
 def inductor_in_force(compile_options: Mapping[str, Any]) -> dict[str, str]:
