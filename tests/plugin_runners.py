@@ -351,7 +351,9 @@ class PlantRunner(OrtCpuRunner):
     - erf-as: Erf by Abramowitz & Stegun 7.1.25 (|error| <= 2.5e-5);
     - tf32: MatMul operands rounded to 11 significant bits, as TF32 tensor cores do;
     - bf16-acc: MatMul by a weight, summed in chunks of 32 into a bfloat16 accumulator;
-    - onepass-var: LayerNormalization with its variance as E[x²] - E[x]².
+    - onepass-var: LayerNormalization with its variance as E[x²] - E[x]²;
+    - affine-bf16: AffineGrid's output rounded to bfloat16 (an op onnx's evaluator computes in
+      float32 only, so its float64 value is not one).
     """
 
     name = "test-plant"
@@ -366,7 +368,7 @@ class PlantRunner(OrtCpuRunner):
             str,
             "softmax-recip14",
             "the loss",
-            choices=("softmax-recip14", "erf-as", "tf32", "bf16-acc", "onepass-var"),
+            choices=("softmax-recip14", "erf-as", "tf32", "bf16-acc", "onepass-var", "affine-bf16"),
         ),
         OptionSpec("at", str, "", "comma-separated node outputs to plant at (default: every node of the op)"),
     )
@@ -376,6 +378,7 @@ class PlantRunner(OrtCpuRunner):
         "tf32": "MatMul",
         "bf16-acc": "MatMul",
         "onepass-var": "LayerNormalization",
+        "affine-bf16": "AffineGrid",
     }
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
@@ -531,7 +534,23 @@ def _onepass_var(node: onnx.NodeProto, shapes: Any) -> tuple[list[onnx.NodeProto
     return g.nodes, g.inits
 
 
+def _bf16_out(
+    node: onnx.NodeProto, shapes: dict[str, list[int | str]]
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """The node's float32 output rounded to bfloat16 (relative 2^-9) and widened back."""
+    out = node.output[0]
+    inner = onnx.NodeProto()
+    inner.CopyFrom(node)
+    inner.output[0] = out + "/xb.plant.raw"
+    down = onnx.helper.make_node(
+        "Cast", [inner.output[0]], [out + "/xb.plant.bf16"], to=onnx.TensorProto.BFLOAT16
+    )
+    up = onnx.helper.make_node("Cast", [down.output[0]], [out], to=onnx.TensorProto.FLOAT)
+    return [inner, down, up], []
+
+
 _PLANTS = {
+    "affine-bf16": _bf16_out,
     "softmax-recip14": _softmax_recip14,
     "erf-as": _erf_as,
     "tf32": _tf32,

@@ -449,3 +449,42 @@ def test_each_part_of_a_split_inherits_its_slice_of_an_uncaptured_error() -> Non
     for k, p in enumerate(("p0", "p1", "p2")):
         # rtol: the judged graph holds the rule's constants (u·b) as float32
         np.testing.assert_allclose(got[PROP + p], expected[:, 2 * k : 2 * k + 2], rtol=1e-7)
+
+
+def _affine_grid(path: Path) -> None:
+    """AffineGrid (opset 20): onnx's reference kernel computes it in float32 whatever its input."""
+    g = helper.make_graph(
+        [helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=1)],
+        "affine",
+        [helper.make_tensor_value_info("theta", onnx.TensorProto.FLOAT, [2, 2, 3])],
+        [helper.make_tensor_value_info("grid", onnx.TensorProto.FLOAT, [2, 16, 16, 2])],
+        [onnx.numpy_helper.from_array(np.array([2, 3, 16, 16], np.int64), "size")],
+    )
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    proto.ir_version = 10
+    onnx.save(proto, str(path))
+
+
+@pytest.mark.usefixtures("plugins")
+def test_an_op_the_evaluator_computes_in_float32_is_judged_with_its_rounding_added(tmp_path: Path) -> None:
+    """onnx's AffineGrid kernel computes in float32: its 'float64' value is a float32 one. Correct
+    engines are judged against it with 32 ULP of its largest element added (they were exact-
+    compared, and failed, before); a bf16 rounding of its output is still an origin there."""
+    model = tmp_path / "affine.onnx"
+    _affine_grid(model)
+    r = xbackend.compare(
+        model,
+        backends="test-plant,ort-cpu,reference",
+        runner_options={"test-plant": {"plant": "affine-bf16"}},
+        runs=1,
+        probes="none",
+    )
+    assert dict(r.backend("test-plant").info)["planted"] == "grid"
+    for name in ("ort-cpu", "reference"):
+        le = r.explanation.local_for(name)
+        assert le is not None and le.status == "ok" and le.origins == (), (name, le and le.origins)
+    planted = r.explanation.local_for("test-plant")
+    assert [o.tensor for o in planted.origins] == ["grid"]
+    (o,) = planted.origins
+    assert "its float64 value was computed in float32: 32 ULP added" in o.rule
+    assert 4 < o.ratio < 1000, o.ratio  # bf16 keeps 8 bits: about 2^15 ULP of float32 at worst
