@@ -48,7 +48,7 @@ class CaseOutcome:
     compared: bool  # ort-cpu and reference compared at the outputs
     verdict: str  # first verdict line, or the error
     explained: bool | None = None  # ort-cpu has no origin against the reference
-    largest: float | None = None  # ort-cpu's largest local error / what MARGIN=1 allows
+    largest: float | None = None  # ort-cpu's largest local error / its allowance
     origins: str = ""  # ort-cpu's origins: tensor (op) local/allowed
 
     def category(self, i: int) -> str:
@@ -163,19 +163,18 @@ def run_case(case: Any, timeout: float = 120.0) -> CaseOutcome:
 
 
 def local_summary(r: Any, engine: str) -> tuple[bool | None, float | None, str]:
-    """ENGINE's local errors in a Result: explained, its largest local error over what MARGIN=1
-    allows, and its origins as 'tensor (op) local/allowed detail'."""
+    """ENGINE's local errors in a Result: explained, its largest local error over its node's
+    allowance (the judgment's own ratio: 1 is the allowance), and its origins as
+    'tensor (op) local/allowed detail'."""
     le = r.explanation.local_for(engine)
     if le is None:
         return None, None, ""
-    m = r.explanation.margin
-    largest = le.largest_ratio * m if le.largest_ratio is not None else None
     origins = ", ".join(
-        f"{o.tensor} ({o.op_type}) {o.local_scaled_ulp or 0:.3g}/{o.allowed_scaled_ulp / m:.3g} "
+        f"{o.tensor} ({o.op_type}) {o.local_scaled_ulp or 0:.3g}/{o.allowed_scaled_ulp:.3g} "
         f"{o.detail}".rstrip()
         for o in le.origins
     )
-    return le.explained, largest, origins
+    return le.explained, le.largest_ratio, origins
 
 
 def _run_one(case: Any) -> CaseOutcome:
@@ -212,7 +211,7 @@ def summarize(outcomes: list[CaseOutcome]) -> str:
     lines += [
         "",
         f"calibration: ort-cpu's local errors measured on {len(measured)} cases; explained on "
-        f"{len(explained)}; largest local error / rounding-and-floor bound among them: "
+        f"{len(explained)}; largest local error / its allowance among them: "
         + ", ".join(f"{o.name} {o.largest:.2f}" for o in top),
     ]
     for o in measured:
@@ -273,7 +272,7 @@ def _check_expected(got: list[Any], expected: list[Any]) -> str:
 
 
 def calibrate_one(args: tuple[Any, str]) -> tuple[str, str, float | None, str]:
-    """(case, 'explained' | 'origin' | why not measured, largest local error / MARGIN=1 bound,
+    """(case, 'explained' | 'origin' | why not measured, largest local error / its allowance,
     origins) for ENGINE against the reference evaluator; an origin says whether ENGINE passes
     the node test on its own."""
     import xbackend
@@ -301,7 +300,7 @@ def calibrate_one(args: tuple[Any, str]) -> tuple[str, str, float | None, str]:
 
 
 def calibrate(cases: list[Any], engine: str, jobs: int) -> None:
-    """How ENGINE's local errors sit against the rounding-and-floor bound on the node tests."""
+    """How ENGINE's local errors sit against their allowances on the node tests."""
     rows = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
         for i, row in enumerate(pool.map(calibrate_one, [(c, engine) for c in cases]), 1):
@@ -313,7 +312,7 @@ def calibrate(cases: list[Any], engine: str, jobs: int) -> None:
     n, m, e = len(cases), len(measured), len(explained)
     print(f"{engine}: {n} cases, local errors measured on {m}, explained on {e}")
     print(
-        "largest local error / bound (MARGIN=1) among the explained: "
+        "largest local error / its allowance among the explained: "
         + ", ".join(f"{n} {x:.2f}" for n, _, x, _ in top)
     )
     for n, what, _, origins in rows:
