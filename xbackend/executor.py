@@ -8,7 +8,8 @@ progress bar covers all of it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -238,21 +239,58 @@ class Executor:
                 groups.append([job])
         return {o.job.label: o for g in groups for o in self.run_together(g)}
 
-    def run_lanes(self, lanes: Sequence[Sequence[Job]]) -> dict[str, JobOutcome]:
-        """Each lane's jobs in order (as run_all), the lanes side by side: one worker process per
-        lane at a time. The caller answers for the lanes' jobs being independent of each other
-        and fitting in memory together."""
-        lanes = [lane for lane in lanes if lane]
-        if len(lanes) <= 1:
-            return self.run_all([j for lane in lanes for j in lane], True)
+    def run_queue(
+        self,
+        queue: Sequence[Sequence[Job]],
+        lanes: int,
+        then: Callable[[JobOutcome], Sequence[Sequence[Job]]] = lambda _: (),
+    ) -> dict[str, JobOutcome]:
+        """Run each batch of `queue` in a worker process of its own (a batch's jobs share it), up
+        to `lanes` processes at a time, in queue order; `then(outcome)` may return batches that
+        outcome made possible, which go to the front of the queue. The caller answers for
+        batches running side by side being independent and fitting in memory together."""
+        pending: deque[list[Job]] = deque(list(b) for b in queue if b)
+        done: dict[str, JobOutcome] = {}
+        lock = threading.Condition()
+        running = 0
+
+        def lane() -> None:
+            nonlocal running
+            while True:
+                with lock:
+                    while not pending and running:
+                        lock.wait()
+                    if not pending:
+                        lock.notify_all()
+                        return
+                    batch = pending.popleft()
+                    running += 1
+                outcomes: list[JobOutcome] = []
+                follow: list[list[Job]] = []
+                try:
+                    outcomes = self.run_together(batch)
+                    follow = [list(b) for o in outcomes for b in then(o) if b]
+                finally:  # in one step: a lane must not see the queue empty before these are in
+                    with lock:
+                        running -= 1
+                        done.update((o.job.label, o) for o in outcomes)
+                        for b in reversed(follow):
+                            self.bar.grow(sum(j.steps for j in b))
+                            pending.appendleft(b)
+                        lock.notify_all()
+
         bar = self.bar
-        self.bar = _Locked(bar)
+        self.bar = _Locked(bar) if lanes > 1 else bar
         try:
-            with ThreadPoolExecutor(len(lanes), thread_name_prefix="xbackend-lane") as pool:
-                done = list(pool.map(lambda lane: self.run_all(lane, True), lanes))
+            if lanes <= 1:
+                lane()
+            else:
+                with ThreadPoolExecutor(lanes, thread_name_prefix="xbackend-lane") as pool:
+                    for f in [pool.submit(lane) for _ in range(lanes)]:
+                        f.result()
         finally:
             self.bar = bar
-        return {label: o for d in done for label, o in d.items()}
+        return done
 
 
 class _Locked:

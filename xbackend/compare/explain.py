@@ -13,6 +13,7 @@ Captures stay on disk and are compared one tensor at a time, as the comparator's
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -122,31 +123,36 @@ def explain(
         plan = _plan(ctx, planned, builds, results, ref, layers.capture)
     except Exception as e:  # an explanation that cannot be planned is reported, never fatal
         return Explanation("unavailable", f"the rewrites failed: {type(e).__name__}: {e}")
-    # Two lanes side by side where cores and memory allow: the floor engine's runs are
-    # single-threaded. In a lane, consecutive jobs of one engine share a process.
-    first = (
-        [*([plan.floor_job] if plan.floor_job else []), *(j.job for j in plan.judges.values() if j.job)],
-        [
-            *([plan.node_floor_job] if plan.node_floor_job else []),
-            *(j for j, _ in plan.optimized.values()),
-            *(j for n, j in plan.local_jobs.items() if n not in plan.optimized),
-        ],
-    )
-    bar.grow(sum(j.steps for lane in first for j in lane))
-    done = _run(ex, ctx, first)
-    if plan.optimized:
-        plan = _ship(ctx, plan, done, layers.capture)
-        second = (
-            [plan.local_jobs[n] for n in plan.optimized],
-            [
-                j
-                for n in plan.optimized
-                if (j := plan.judges[n].job if n in plan.judges else None) is not None
-            ],
-        )
-        bar.grow(sum(j.steps for lane in second for j in lane))
-        done.update(_run(ex, ctx, second))
-    return _analyze(ctx, plan, done, layers.capture)
+    # One queue, two lanes where cores and memory allow (the floor engine's runs are
+    # single-threaded): each optimized graph first, since its severed run and float64 judge
+    # join the queue's front the moment it is written; the floors and the judge meanwhile.
+    queue = [
+        *([j] for j, _ in plan.optimized.values()),
+        *([j] for j in (plan.floor_job, plan.node_floor_job) if j is not None),
+        [j.job for j in plan.judges.values() if j.job is not None],
+        *([j] for n, j in plan.local_jobs.items() if n not in plan.optimized),
+    ]
+    bar.grow(sum(j.steps for batch in queue for j in batch))
+    state = {"plan": plan}
+    lock = threading.Lock()
+    shipping = {job.label: name for name, (job, _) in plan.optimized.items()}
+
+    def then(o: JobOutcome) -> list[list[Job]]:
+        name = shipping.get(o.job.label)
+        if name is None:
+            return []
+        with lock:
+            try:
+                state["plan"] = _ship(ctx, state["plan"], {o.job.label: o}, layers.capture, name)
+            except Exception as e:  # judged unfused instead, and the report says why
+                why = f"{UNFUSED}: its graph could not be severed ({type(e).__name__}: {e})"
+                state["plan"] = replace(state["plan"], graphs={**state["plan"].graphs, name: why})
+            p = state["plan"]
+        judge = p.judges[name].job if name in p.judges else None
+        return [[p.local_jobs[name]], *([[judge]] if judge is not None else [])]
+
+    done = ex.run_queue(queue, 2 if side_by_side(ctx, 2) else 1, then)
+    return _analyze(ctx, state["plan"], done, layers.capture)
 
 
 # each lane holds the model's weights about this many times over (the float64 judge: twice, and
@@ -162,16 +168,11 @@ def side_by_side(ctx: ProbeContext, lanes: int) -> bool:
     return cores >= lanes and fits and ctx.opts.max_memory is None
 
 
-def _run(ex: Executor, ctx: ProbeContext, lanes: tuple[list[Job], list[Job]]) -> dict[str, JobOutcome]:
-    """The lanes side by side where side_by_side allows, else one after the other."""
-    if side_by_side(ctx, len(lanes)):
-        return ex.run_lanes(lanes)
-    return ex.run_all([j for lane in lanes for j in lane], True)
-
-
-def _ship(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str) -> _Plan:
-    """Round 2: each optimized graph severed at the reference's tensors, its local job and judge;
-    where it cannot be judged, the unfused severed model's local job stands, and the reason."""
+def _ship(
+    ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str, only: str
+) -> _Plan:
+    """Backend `only`'s optimized graph, written: severed at the reference's tensors, its local job
+    and judge; where it cannot be judged, the unfused severed model's local job stands, and why."""
     original = load_proto(ctx.spec.path, load_external=False)
     folder = ctx.work / "explain"
     local = dict(plan.local_jobs)
@@ -182,6 +183,8 @@ def _ship(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_ca
     src = plan.rewrites or ctx.spec
     model = load_proto(src.path, load_external=False)
     for name, (job, path) in plan.optimized.items():
+        if name != only:
+            continue
         old = local[name]
         runtime = old.cls.optimized_format == "runtime"
         args = (plan.available, ctx.feeds.arrays, ref_capture, folder)
@@ -403,8 +406,9 @@ def _judge_job(
     )
     phase = PhaseSpec(JUDGE_PHASE, judged.tensors, 1, model=model)
     label = f"explain-judge{'-' + key if key else ''}"
-    # every BLAS thread: the jobs run one at a time, and a bound's last float64 bits do not matter
-    variant = oracle.variant(narrow="false", threads=str(psutil.cpu_count(logical=False) or 1))
+    # one BLAS thread: the explanation's jobs run side by side, a core each (its products are
+    # a small part of an evaluation that is mostly numpy's elementwise work)
+    variant = oracle.variant(narrow="false", threads="1")
     job = Job(label, JUDGE_ENGINE, oracle.cls, variant, sfeeds, (phase,))
     return _Judge(job, judged)
 
