@@ -191,7 +191,7 @@ def _ship(
         got = (
             runtime_plan(name, done.get(job.label), path, ctx.spec, model, src.path, *args)
             if runtime
-            else shipped_plan(name, done.get(job.label), path, ctx.spec, original, *args)
+            else shipped_plan(name, done.get(job.label), path, ctx.spec, original, *args, model)
         )
         if isinstance(got, str):
             graphs[name] = f"{UNFUSED}: {got}"
@@ -206,9 +206,18 @@ def _ship(
         local[name] = replace(old, raw_options=options, feeds=got.feeds, phases=(phase,))
         computed = set(got.tensors)
         captured = {n: d for n, d in plan.captured.items() if n in computed}
-        source = src.path if runtime else got.path
+        # the model's own pieces (OpenVINO; ORT's kernels it cannot evaluate), else the graph as saved
+        pieces = runtime or got.judged_on is not None
         judges[name] = _judge_job(
-            ctx, got.severed, plan.shapes, captured, got.path, got.feeds, name, source, not runtime
+            ctx,
+            got.judged_on if got.judged_on is not None else got.severed,
+            plan.shapes,
+            captured,
+            got.path,
+            got.feeds,
+            name,
+            src.path if pieces else got.path,
+            not pieces,
         )
         judge_of[name] = name
         graphs[name] = got.described

@@ -97,7 +97,7 @@ def judged_model(
         for o in outs[1:]:
             bounds[o] = secondary_bound(node.op_type)
             tensors.append(o)
-        if nodes:
+        if nodes and floats.get(outs[0], False):  # an integer result is compared exactly: no magnitude
             extra_nodes.extend(nodes)
             g.initializer.extend(inits)
             tensors.append(AUX + outs[0])

@@ -37,7 +37,7 @@ from xbackend.runners.contrib import CONTRIB_DOMAIN, CONTRIB_OPS
 from xbackend.sever import SEVERED, sever
 from xbackend.values import Value
 
-__all__ = ["Shipped", "covered_nodes", "runtime_plan", "shipped_job", "shipped_plan"]
+__all__ = ["Shipped", "coinciding", "covered_nodes", "runtime_plan", "shipped_job", "shipped_plan"]
 
 STANDARD = frozenset({"", "ai.onnx"})
 
@@ -53,6 +53,9 @@ class Shipped:
     tensors: tuple[str, ...]  # node outputs, graph order
     covers: Mapping[str, tuple[str, ...]]  # fused node output -> the original node outputs it covers
     described: str  # e.g. "ONNX Runtime's optimized graph: 4 SkipLayerNormalization, 2 FusedMatMul"
+    # What the float64 judge evaluates, where not `severed` itself: the model severed at the same
+    # tensors (its kernels cannot be evaluated in float64, or it is no model: OpenVINO's)
+    judged_on: onnx.ModelProto | None = None
 
 
 def shipped_job(name: str, cls: type, variant: tuple[tuple[str, str], ...], spec: ModelSpec, feeds: Path,
@@ -116,17 +119,23 @@ def shipped_plan(
     feeds: Mapping[str, Value],
     ref_capture: str,
     folder: Path,
+    model: onnx.ModelProto | None = None,
 ) -> Shipped | str:
-    """The severed optimized graph of `name`, or why it cannot be judged."""
+    """The severed optimized graph of `name`, or why it cannot be judged. A graph holding kernels
+    xbackend cannot evaluate in float64 is judged at its tensors of `model` (the model, its
+    weights beside the rewrites) where that is given; else it cannot be."""
     if outcome is None or not outcome.ok or not path.exists():
         why = outcome.reason if outcome is not None else "it did not run"
         return f"its optimized graph could not be written ({why})"
     proto = load_proto(str(path), load_external=False)
     odd = _unevaluable(proto)
-    if odd:
-        return f"its optimized graph holds {', '.join(odd)}, which xbackend cannot evaluate in float64"
     names = {o for n in proto.graph.node for o in n.output if o}
     grain = {n: available[n] for n in available if n in names}
+    if odd and model is None:
+        return f"its optimized graph holds {', '.join(odd)}, which xbackend cannot evaluate in float64"
+    if odd and model is not None:
+        keep = coinciding(proto, model, set(grain))
+        grain = {n: s for n, s in grain.items() if n in keep}
     severed = sever(proto, grain)
     spath = folder / f"severed-optimized-{name}.onnx"
     write_rewritten(severed.proto, path, spath)
@@ -135,7 +144,7 @@ def shipped_plan(
     inputs = (*(i.name for i in proto.graph.input), *(SEVERED + n for n in severed.inputs))
     declared = {x.name for x in severed.proto.graph.input}
     external = any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
-    model = ModelRef(
+    ref = ModelRef(
         str(spath),
         spec.ir_version,
         tuple(i for i in inputs if i in declared),
@@ -143,9 +152,57 @@ def shipped_plan(
         external,
         spec.weight_bytes,
     )
+    if odd and model is not None:
+        # Its kernels (ONNX Runtime's NCHWc convolutions) are judged as the nodes they replace:
+        # the model severed at the tensors this graph computes under the model's names, each
+        # piece between them against its float64 value, its nodes' bounds composed.
+        pieces = sever(model, grain).proto
+        tensors = tuple(o for n in model.graph.node for o in n.output if o in grain)
+        described = (
+            f"{_describe(proto, original)}, judged at its {len(tensors)} tensors of the model's: "
+            f"{', '.join(odd)} evaluated as the nodes they replace"
+        )
+        return Shipped(
+            severed.proto, spath, sfeeds, ref, tensors, _pieces(model, set(grain)), described, pieces
+        )
     tensors = tuple(o for n in severed.proto.graph.node for o in n.output if o)
-    return Shipped(severed.proto, spath, sfeeds, model, tensors, covered_nodes(original, proto),
+    return Shipped(severed.proto, spath, sfeeds, ref, tensors, covered_nodes(original, proto),
                    _describe(proto, original))  # fmt: skip
+
+
+def _upstream(proto: onnx.ModelProto, grain: set[str]) -> dict[str, set[str]]:
+    """Each grain tensor -> the grain tensors and graph inputs its value is computed from, the
+    graph severed at the grain (its piece's inputs)."""
+    producer = {o: n for n in proto.graph.node for o in n.output if o}
+    memo: dict[str, frozenset[str]] = {}
+
+    def reads(t: str) -> frozenset[str]:  # what the producer of t reads, up to the grain
+        if t in memo:
+            return memo[t]
+        memo[t] = frozenset()  # a cycle cannot be, but a guard costs nothing
+        out: set[str] = set()
+        for i in producer[t].input if t in producer else ():
+            if not i:
+                continue
+            out |= {i} if i in grain or i not in producer else reads(i)
+        memo[t] = frozenset(out)
+        return memo[t]
+
+    return {t: set(reads(t)) for t in grain if t in producer}
+
+
+def coinciding(optimized: onnx.ModelProto, model: onnx.ModelProto, grain: set[str]) -> set[str]:
+    """The largest part of `grain` at which both graphs' pieces read the same tensors: where the
+    optimized graph computes a piece from further up (its kernels read a copy of a tensor in
+    their own layout, not the tensor by its name), the model is not severed there either, so
+    the engine's piece and the one judged are the same computation."""
+    grain = set(grain)
+    while True:
+        mine, theirs = _upstream(optimized, grain), _upstream(model, grain)
+        drop = {s for t in grain for s in theirs.get(t, set()) - mine.get(t, set())} & grain
+        if not drop:
+            return grain
+        grain -= drop
 
 
 def _kernels(path: Path) -> list[tuple[str, tuple[str, ...]]]:
