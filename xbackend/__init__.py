@@ -7,6 +7,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from xbackend.facade import lazy_names
 from xbackend.version import VERSION
 
 if TYPE_CHECKING:
@@ -72,17 +73,11 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module 'xbackend' has no attribute {name!r}")
-    value = getattr(importlib.import_module(where), name)
-    globals()[name] = value
-    return value
+__getattr__, _names = lazy_names(__name__, _WHERE, globals())
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE, "compare"})
+    return sorted({*_names(), "compare"})
 
 
 class _Package(types.ModuleType):

@@ -173,56 +173,52 @@ def _ship(
 ) -> _Plan:
     """Backend `only`'s optimized graph, written: severed at the reference's tensors, its local job
     and judge; where it cannot be judged, the unfused severed model's local job stands, and why."""
-    original = load_proto(ctx.spec.path, load_external=False)
     folder = ctx.work / "explain"
-    local = dict(plan.local_jobs)
-    judges = dict(plan.judges)
-    judge_of = dict(plan.judge_of)
-    graphs = dict(plan.graphs)
-    covers = dict(plan.covers)
     src = plan.rewrites or ctx.spec
+    # the model's nodes (its weights beside the rewrites: covers and pieces need no weight)
     model = load_proto(src.path, load_external=False)
-    for name, (job, path) in plan.optimized.items():
-        if name != only:
-            continue
-        old = local[name]
-        runtime = old.cls.optimized_format == "runtime"
-        args = (plan.available, ctx.feeds.arrays, ref_capture, folder)
-        got = (
-            runtime_plan(name, done.get(job.label), path, ctx.spec, model, src.path, *args)
-            if runtime
-            else shipped_plan(name, done.get(job.label), path, ctx.spec, original, *args, model)
-        )
-        if isinstance(got, str):
-            graphs[name] = f"{UNFUSED}: {got}"
-            continue
-        phase = PhaseSpec(_LOCAL_PHASE, got.tensors, 1, model=got.model)
-        # ONNX Runtime runs its optimized graph as saved; OpenVINO fuses each piece as it ships it
-        options = (
-            old.raw_options
-            if runtime
-            else tuple(sorted({**dict(old.raw_options), "opt_level": "disable"}.items()))
-        )
-        local[name] = replace(old, raw_options=options, feeds=got.feeds, phases=(phase,))
-        computed = set(got.tensors)
-        captured = {n: d for n, d in plan.captured.items() if n in computed}
-        # the model's own pieces (OpenVINO; ORT's kernels it cannot evaluate), else the graph as saved
-        pieces = runtime or got.judged_on is not None
-        judges[name] = _judge_job(
-            ctx,
-            got.judged_on if got.judged_on is not None else got.severed,
-            plan.shapes,
-            captured,
-            got.path,
-            got.feeds,
-            name,
-            src.path if pieces else got.path,
-            not pieces,
-        )
-        judge_of[name] = name
-        graphs[name] = got.described
-        covers[name] = got.covers
-    return replace(plan, local_jobs=local, judges=judges, judge_of=judge_of, graphs=graphs, covers=covers)
+    name, (job, path) = only, plan.optimized[only]
+    old = plan.local_jobs[name]
+    runtime = old.cls.optimized_format == "runtime"
+    args = (plan.available, ctx.feeds.arrays, ref_capture, folder)
+    got = (
+        runtime_plan(name, done.get(job.label), path, ctx.spec, model, src.path, *args)
+        if runtime
+        else shipped_plan(name, done.get(job.label), path, ctx.spec, model, *args)
+    )
+    if isinstance(got, str):
+        return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {got}"})
+    phase = PhaseSpec(_LOCAL_PHASE, got.tensors, 1, model=got.model)
+    # ONNX Runtime runs its optimized graph as saved; OpenVINO fuses each piece as it ships it
+    options = (
+        old.raw_options
+        if runtime
+        else tuple(sorted({**dict(old.raw_options), "opt_level": "disable"}.items()))
+    )
+    mine = replace(old, raw_options=options, feeds=got.feeds, phases=(phase,))
+    computed = set(got.tensors)
+    captured = {n: d for n, d in plan.captured.items() if n in computed}
+    # the model's own pieces (OpenVINO; ORT's kernels it cannot evaluate), else the graph as saved
+    pieces = runtime or got.judged_on is not None
+    judge = _judge_job(
+        ctx,
+        got.judged_on if got.judged_on is not None else got.severed,
+        plan.shapes,
+        captured,
+        got.path,
+        got.feeds,
+        name,
+        src.path if pieces else got.path,
+        not pieces,
+    )
+    return replace(
+        plan,
+        local_jobs={**plan.local_jobs, name: mine},
+        judges={**plan.judges, name: judge},
+        judge_of={**plan.judge_of, name: name},
+        graphs={**plan.graphs, name: got.described},
+        covers={**plan.covers, name: got.covers},
+    )
 
 
 def _floor_backend(ctx: ProbeContext, planned: Sequence[PlannedBackend]) -> PlannedBackend | None:

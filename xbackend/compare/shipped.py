@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,16 +89,22 @@ def covered_nodes(original: onnx.ModelProto, optimized: onnx.ModelProto) -> dict
                 continue
             if node.domain in STANDARD and producer[t].op_type == node.op_type:
                 continue  # the same op as before: not a fusion
-            seen: list[str] = []
-            stack = [t]
-            while stack and len(seen) < 64:
-                x = stack.pop()
-                if x in seen or x not in producer:
-                    continue
-                seen.append(x)
-                stack += [i for i in producer[x].input if i and i not in kept and i in producer]
-            out[t] = tuple(reversed(seen))
+            out[t] = tuple(reversed(_above(producer, t, kept, 64)))
     return out
+
+
+def _above(producer: Mapping[str, onnx.NodeProto], t: str, stop: set[str], limit: int) -> list[str]:
+    """`t` and the node outputs it is computed from, up to the tensors in `stop` and the graph's
+    inputs (at most `limit`), nearest first."""
+    seen: list[str] = []
+    stack = [t]
+    while stack and len(seen) < limit:
+        x = stack.pop()
+        if x in seen or x not in producer:
+            continue
+        seen.append(x)
+        stack += [i for i in producer[x].input if i and i not in stop and i in producer]
+    return seen
 
 
 def _describe(proto: onnx.ModelProto, original: onnx.ModelProto) -> str:
@@ -109,21 +115,50 @@ def _describe(proto: onnx.ModelProto, original: onnx.ModelProto) -> str:
     return "ONNX Runtime's optimized graph" + (f" ({parts})" if parts else " (nothing fused)")
 
 
+def _severed_run(
+    proto: onnx.ModelProto,
+    grain: Mapping[str, tuple[int, tuple[int, ...]]],
+    source: str | Path,
+    spath: Path,
+    spec: ModelSpec,
+    feeds: Mapping[str, Value],
+    ref_capture: str,
+    fed: Sequence[str],
+) -> tuple[onnx.ModelProto, Path, ModelRef]:
+    """`proto` (its weights beside `source`) severed at `grain`, written to `spath` with its feeds
+    (the model's, named `fed`, and the reference's values of what it severs): the engine's local
+    run."""
+    severed = sever(proto, grain)
+    write_rewritten(severed.proto, source, spath)
+    sfeeds = spath.with_suffix(".xbv")
+    save_severed_feeds(sfeeds, feeds, ref_capture, severed.inputs)
+    inputs = (*fed, *(SEVERED + n for n in severed.inputs))
+    declared = {x.name for x in severed.proto.graph.input}
+    ref = ModelRef(
+        str(spath),
+        spec.ir_version,
+        tuple(i for i in inputs if i in declared),
+        tuple(o.name for o in severed.proto.graph.output),
+        any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer),
+        spec.weight_bytes,
+    )
+    return severed.proto, sfeeds, ref
+
+
 def shipped_plan(
     name: str,
     outcome: JobOutcome | None,
     path: Path,
     spec: ModelSpec,
-    original: onnx.ModelProto,
+    model: onnx.ModelProto,
     available: Mapping[str, tuple[int, tuple[int, ...]]],
     feeds: Mapping[str, Value],
     ref_capture: str,
     folder: Path,
-    model: onnx.ModelProto | None = None,
 ) -> Shipped | str:
-    """The severed optimized graph of `name`, or why it cannot be judged. A graph holding kernels
-    xbackend cannot evaluate in float64 is judged at its tensors of `model` (the model, its
-    weights beside the rewrites) where that is given; else it cannot be."""
+    """The severed optimized graph of `name`, or why it cannot be judged (`model`: the model, its
+    weights beside the rewrites). A graph holding kernels xbackend cannot evaluate in float64 is
+    judged at its tensors of the model."""
     if outcome is None or not outcome.ok or not path.exists():
         why = outcome.reason if outcome is not None else "it did not run"
         return f"its optimized graph could not be written ({why})"
@@ -131,43 +166,25 @@ def shipped_plan(
     odd = _unevaluable(proto)
     names = {o for n in proto.graph.node for o in n.output if o}
     grain = {n: available[n] for n in available if n in names}
-    if odd and model is None:
-        return f"its optimized graph holds {', '.join(odd)}, which xbackend cannot evaluate in float64"
-    if odd and model is not None:
+    if odd:
         keep = coinciding(proto, model, set(grain))
         grain = {n: s for n, s in grain.items() if n in keep}
-    severed = sever(proto, grain)
     spath = folder / f"severed-optimized-{name}.onnx"
-    write_rewritten(severed.proto, path, spath)
-    sfeeds = spath.with_suffix(".xbv")
-    save_severed_feeds(sfeeds, feeds, ref_capture, severed.inputs)
-    inputs = (*(i.name for i in proto.graph.input), *(SEVERED + n for n in severed.inputs))
-    declared = {x.name for x in severed.proto.graph.input}
-    external = any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
-    ref = ModelRef(
-        str(spath),
-        spec.ir_version,
-        tuple(i for i in inputs if i in declared),
-        tuple(o.name for o in severed.proto.graph.output),
-        external,
-        spec.weight_bytes,
-    )
-    if odd and model is not None:
+    fed = [i.name for i in proto.graph.input]
+    severed, sfeeds, ref = _severed_run(proto, grain, path, spath, spec, feeds, ref_capture, fed)
+    if odd:
         # Its kernels (ONNX Runtime's NCHWc convolutions) are judged as the nodes they replace:
         # the model severed at the tensors this graph computes under the model's names, each
         # piece between them against its float64 value, its nodes' bounds composed.
         pieces = sever(model, grain).proto
         tensors = tuple(o for n in model.graph.node for o in n.output if o in grain)
         described = (
-            f"{_describe(proto, original)}, judged at its {len(tensors)} tensors of the model's: "
+            f"{_describe(proto, model)}, judged at its {len(tensors)} tensors of the model's: "
             f"{', '.join(odd)} evaluated as the nodes they replace"
         )
-        return Shipped(
-            severed.proto, spath, sfeeds, ref, tensors, _pieces(model, set(grain)), described, pieces
-        )
-    tensors = tuple(o for n in severed.proto.graph.node for o in n.output if o)
-    return Shipped(severed.proto, spath, sfeeds, ref, tensors, covered_nodes(original, proto),
-                   _describe(proto, original))  # fmt: skip
+        return Shipped(severed, spath, sfeeds, ref, tensors, _pieces(model, set(grain)), described, pieces)
+    tensors = tuple(o for n in severed.graph.node for o in n.output if o)
+    return Shipped(severed, spath, sfeeds, ref, tensors, covered_nodes(model, proto), _describe(proto, model))
 
 
 def _upstream(proto: onnx.ModelProto, grain: set[str]) -> dict[str, set[str]]:
@@ -223,18 +240,11 @@ def _pieces(proto: onnx.ModelProto, grain: set[str]) -> dict[str, tuple[str, ...
     """Each grain tensor -> the node outputs its piece computes (upstream of it, up to other grain
     tensors and the graph's inputs), where that is more than its own node."""
     producer = {o: n for n in proto.graph.node for o in n.output if o}
+    order = {o: k for k, o in enumerate(producer)}
     out = {}
     for t in grain:
-        seen: list[str] = []
-        stack = [t]
-        while stack and len(seen) < 256:
-            x = stack.pop()
-            if x in seen or x not in producer:
-                continue
-            seen.append(x)
-            stack += [i for i in producer[x].input if i and i not in grain and i in producer]
+        seen = _above(producer, t, grain, 256)
         if len(seen) > 1:
-            order = {o: k for k, o in enumerate(producer)}
             out[t] = tuple(sorted(seen, key=order.__getitem__))
     return out
 
@@ -273,22 +283,9 @@ def runtime_plan(
             fusing[kind] += 1
     if not grain:
         return "no kernel of its runtime graph names a node of the model"
-    severed = sever(proto, {n: available[n] for n in grain})
     spath = folder / f"severed-runtime-{name}.onnx"
-    write_rewritten(severed.proto, source, spath)
-    sfeeds = spath.with_suffix(".xbv")
-    save_severed_feeds(sfeeds, feeds, ref_capture, severed.inputs)
-    declared = {x.name for x in severed.proto.graph.input}
-    inputs = (*spec.input_names, *(SEVERED + n for n in severed.inputs))
-    external = any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
-    model = ModelRef(
-        str(spath),
-        spec.ir_version,
-        tuple(i for i in inputs if i in declared),
-        tuple(o.name for o in severed.proto.graph.output),
-        external,
-        spec.weight_bytes,
-    )
+    cut = {n: available[n] for n in grain}
+    severed, sfeeds, ref = _severed_run(proto, cut, source, spath, spec, feeds, ref_capture, spec.input_names)
     tensors = tuple(o for n in proto.graph.node for o in n.output if o in grain)
     parts = ", ".join(f"{k} {kind}" for kind, k in sorted(fusing.items()))
     described = (
@@ -296,4 +293,4 @@ def runtime_plan(
         + (f" ({parts} fusing several nodes)" if parts else "")
         + f", judged at {len(tensors)} kernel outputs"
     )
-    return Shipped(severed.proto, spath, sfeeds, model, tensors, _pieces(proto, grain), described)
+    return Shipped(severed, spath, sfeeds, ref, tensors, _pieces(proto, grain), described)

@@ -9,8 +9,9 @@ The facade's names load on first use: a lower layer imports its submodule
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from xbackend.facade import lazy_names
 
 if TYPE_CHECKING:
     from xbackend.metrics import DEFAULT_MAX_ULP
@@ -32,18 +33,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module 'xbackend.results' has no attribute {name!r}")
-    value = getattr(importlib.import_module(where), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
-
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, globals())
 
 __all__ = [
     "DEFAULT_BACKENDS",
