@@ -219,7 +219,8 @@ def _ray_job(
 ) -> tuple[dict[str, Any], dict[str, bytes] | None]:
     """The Ray task: run one job on this node; its files come back through the object store
     unless `dest` is on storage the driver shares."""
-    tracker.started.remote(job_id, node_identity())
+    # waited on: a job that dies at once must still have said where it ran
+    _import_ray().get(tracker.started.remote(job_id, node_identity()))
     _undo_ray_thread_cap()
     job = job_from_json(job_json)
     paths = _materialize(bundle)
