@@ -337,3 +337,30 @@ def test_a_node_run_from_above_its_inputs_is_allowed_what_the_nodes_above_it_are
     own = u * (matmul.a * np.abs(run["mm"]) + matmul.b * run[AUX + "mm"])
     # the rule's constants are float32 initializers: equal to their 7 digits
     np.testing.assert_allclose(run[PROP + "view"], own.reshape(32), rtol=1e-6)
+
+
+def test_spread_holds_each_order_against_the_first_as_it_arrives() -> None:
+    """The worker's floor arithmetic (xbackend.spread): per tensor the largest scaled ULP any
+    order moved it, element by element the largest move; a move between nans is none, a 0-d
+    tensor stays an array, an integer tensor has no spread."""
+    from xbackend.spread import Spread
+
+    base = np.array([4.0, 1.0, -2.0], np.float32)
+    one = base.copy()
+    one[1] = np.float32(1.0 + 3 * 2.0**-23)  # 3 ULP at 1.0: 0.75 ULP of the largest, 4
+    two = base.copy()
+    two[0] = np.nextafter(np.float32(4.0), np.float32(8.0))  # 1 ULP at 4
+    s = Spread({})
+    s.add("t", one, base)
+    assert s.floors["t"] == 0.75
+    s.add("t", two, base)
+    assert s.floors["t"] == 1.0
+    assert s.spread["t"].dtype == np.float32
+    assert s.spread["t"].tolist() == [2.0**-21, 3 * 2.0**-23, 0.0]
+    nan = np.array([np.nan, 1.0], np.float32)
+    s.add("n", nan, nan.copy())
+    assert s.floors["n"] == 0.0 and s.spread["n"].tolist() == [0.0, 0.0]
+    s.add("z", np.array(np.nextafter(np.float32(1), np.float32(2))), np.array(np.float32(1)))
+    assert s.floors["z"] == 1.0 and s.spread["z"].shape == ()
+    s.add("i", np.array([1, 3]), np.array([1, 2]))
+    assert "i" not in s.spread

@@ -7,9 +7,10 @@ progress bar covers all of it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,6 +40,7 @@ class PhaseSpec:
     model: ModelRef | None = None  # a rewrite of the model (xbackend.reorder, xbackend.sever)
     windows: tuple[tuple[str, ...], ...] = ()  # --max-memory: tensors exposed window by window
     spill: bool = True  # False: only the graph outputs of this phase's capture are written
+    extras: str = "captures"  # "spread": extra feeds are orders of a permuted model (Phase)
 
 
 def standard_phases(
@@ -165,6 +167,7 @@ class Executor:
         self.bar = bar
         # interpreter -> the highest IR its engine reads, for models staged for foreign workers
         self.max_ir = dict(max_ir or {})
+        self.cancelled = threading.Event()  # set: queues start nothing more (the caller is stopping)
 
     def _worker_job(self, job: Job, job_dir: Path) -> WorkerJob:
         model = self.spec.ref()
@@ -244,23 +247,27 @@ class Executor:
         queue: Sequence[Sequence[Job]],
         lanes: int,
         then: Callable[[JobOutcome], Sequence[Sequence[Job]]] = lambda _: (),
+        late: threading.Event | None = None,
     ) -> dict[str, JobOutcome]:
         """Run each batch of `queue` in a worker process of its own (a batch's jobs share it), up
         to `lanes` processes at a time, in queue order; `then(outcome)` may return batches that
         outcome made possible, which go to the front of the queue. The caller answers for
-        batches running side by side being independent and fitting in memory together."""
+        batches running side by side being independent and fitting in memory together. `late`:
+        lanes past the first wait for it (the cores are busy with other work until then)."""
         pending: deque[list[Job]] = deque(list(b) for b in queue if b)
         done: dict[str, JobOutcome] = {}
         lock = threading.Condition()
         running = 0
 
-        def lane() -> None:
+        def lane(i: int) -> None:
             nonlocal running
+            if i and late is not None:
+                late.wait()
             while True:
                 with lock:
                     while not pending and running:
                         lock.wait()
-                    if not pending:
+                    if not pending or self.cancelled.is_set():
                         lock.notify_all()
                         return
                     batch = pending.popleft()
@@ -280,17 +287,27 @@ class Executor:
                         lock.notify_all()
 
         bar = self.bar
-        self.bar = _Locked(bar) if lanes > 1 else bar
+        self.bar = _Locked(bar) if lanes > 1 and not isinstance(bar, _Locked) else bar
         try:
             if lanes <= 1:
-                lane()
+                lane(0)
             else:
                 with ThreadPoolExecutor(lanes, thread_name_prefix="xbackend-lane") as pool:
-                    for f in [pool.submit(lane) for _ in range(lanes)]:
+                    for f in [pool.submit(lane, i) for i in range(lanes)]:
                         f.result()
         finally:
             self.bar = bar
         return done
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[ProgressSink]:
+        """While work runs from several threads: the bar they all advance, one call at a time."""
+        bar = self.bar
+        self.bar = bar if isinstance(bar, _Locked) else _Locked(bar)
+        try:
+            yield self.bar
+        finally:
+            self.bar = bar
 
 
 class _Locked:
@@ -340,6 +357,7 @@ def _phase(p: PhaseSpec, job_dir: Path) -> Phase:
         p.model,
         p.windows,
         p.spill,
+        p.extras,
     )
 
 

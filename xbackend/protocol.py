@@ -64,6 +64,10 @@ class Phase:
     # False: no other process reads this phase's capture beyond the graph outputs, so the rest
     # is compared run to run by digest and never written (a tensor that moves is measured apart)
     spill: bool = True
+    # "spread": the extra feeds are other orders of a permuted model (xbackend.spread); each
+    # is held against run 0 as it runs and one spread file, at the first extra's capture path,
+    # stands for them all
+    extras: str = "captures"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Phase:
@@ -77,6 +81,7 @@ class Phase:
             ModelRef.from_dict(d["model"]) if d.get("model") else None,
             tuple(tuple(w) for w in d.get("windows", ())),
             bool(d.get("spill", True)),
+            str(d.get("extras", "captures")),
         )
 
 
@@ -134,6 +139,7 @@ class PhaseResult:
     serves_outputs: bool = False
     digests: tuple[tuple[str, str], ...] = ()  # run 0's per-tensor digests (value_sha256, 16 hex)
     windows: int = 1  # builds the tensors were exposed in (--max-memory)
+    floors: tuple[tuple[str, float], ...] = ()  # extras="spread": per tensor, the largest move
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PhaseResult:
@@ -154,6 +160,7 @@ class PhaseResult:
             bool(d["serves_outputs"]),
             tuple(map(tuple, d.get("digests", ()))),
             int(d.get("windows", 1)),
+            tuple((str(n), float(f)) for n, f in d.get("floors", ())),
         )
 
 

@@ -32,6 +32,7 @@ from xbackend.metrics import TensorDiff, diff_values, keep_worse
 from xbackend.protocol import PARENT_ENV, PROGRESS_TAG, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.runners.base import Runner
 from xbackend.runners.registry import get_runner
+from xbackend.spread import Spread
 from xbackend.storage import ValueFile, ValueWriter
 from xbackend.values import Value
 
@@ -178,6 +179,7 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
     not_exposed: dict[str, str] = {}
     info: dict[str, str] = {}
     extras = []
+    floors: tuple[tuple[str, float], ...] = ()
     try:
         for w, tensors in enumerate(windows):
             where = f"{phase.name}" + (f", window {w + 1}/{len(windows)}" if len(windows) > 1 else "")
@@ -210,12 +212,24 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
                     tracker.measure(functools.partial(runner.run, feeds), f"{phase.capture}.moved")
                 not_exposed.update(runner.not_exposed())
                 info = info or runner.info()
-                for feeds_path, capture_path in phase.extra_feeds:  # never windowed (see plan)
-                    capture = runner.run(load_feeds_file(feeds_path))
-                    extras.append((capture_path, tuple(capture)))
-                    save_capture(capture_path, list(capture), capture)
+                spread = Spread(job.op_types) if phase.extras == "spread" else None
+                for k, (feeds_path, capture_path) in enumerate(phase.extra_feeds):  # never windowed
+                    _stage(f"{where}: extra feeds {k + 1}/{len(phase.extra_feeds)}")
+                    # an extra feeds file holds what differs from the job's feeds
+                    capture = runner.run({**feeds, **load_feeds_file(feeds_path)})
+                    if spread is None:
+                        extras.append((capture_path, tuple(capture)))
+                        save_capture(capture_path, list(capture), capture)
+                    else:
+                        for n in [n for n in capture if n in tracker.writer.entries]:
+                            spread.add(n, capture.pop(n), tracker.writer.read(n))
                     del capture
                     _tick()
+                if spread is not None and phase.extra_feeds:
+                    path = phase.extra_feeds[0][1]
+                    save_capture(path, list(spread.spread), spread.spread)
+                    extras.append((path, tuple(spread.spread)))
+                    floors = tuple(spread.floors.items())
             finally:
                 if len(windows) > 1:  # a window's engine goes before the next is built
                     runner.close()
@@ -237,6 +251,7 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
         serves_outputs=phase.serves_outputs,
         digests=tuple((n, d[:16]) for n, d in tracker.digests.items()),
         windows=len(windows),
+        floors=floors,
     )
 
 

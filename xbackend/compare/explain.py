@@ -27,7 +27,7 @@ from xbackend.bounds import DELTA
 from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
 from xbackend.compare.conditioning import amplifiers, ill_conditioned
-from xbackend.compare.floors import floors_of, save_severed_feeds
+from xbackend.compare.floors import save_severed_feeds
 from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model, reorder_check
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
@@ -97,10 +97,11 @@ def explain(
     ref: str,
     bar: ProgressSink,
     too_big: str = "",
+    late: threading.Event | None = None,
 ) -> Explanation:
     """The floor and every backend's local errors against `ref`; never raises: a step that
     cannot run makes the explanation unavailable, with the reason (`too_big`: why its builds
-    would not fit the memory budget)."""
+    would not fit the memory budget; `late`: set once other work stops using the second core)."""
     opts = ctx.opts
     if opts.noise_samples == 0:
         return Explanation("unavailable", "--noise-samples 0: no floor was measured")
@@ -151,7 +152,7 @@ def explain(
         judge = p.judges[name].job if name in p.judges else None
         return [[p.local_jobs[name]], *([[judge]] if judge is not None else [])]
 
-    done = ex.run_queue(queue, 2 if side_by_side(ctx, 2) else 1, then)
+    done = ex.run_queue(queue, 2 if side_by_side(ctx, 2) else 1, then, late)
     return _analyze(ctx, state["plan"], done, layers.capture)
 
 
@@ -267,13 +268,12 @@ def _plan(
         base = folder / "order-0.xbv"
         save_values(base, {**ctx.feeds.arrays, **identity})
         paths = []
-        for k in range(1, opts.noise_samples + 1):
+        for k in range(1, opts.noise_samples + 1):  # an order's file: its permutations alone
             p = folder / f"order-{k}.xbv"
-            rng = np.random.default_rng([opts.seed, k])
-            save_values(p, {**ctx.feeds.arrays, **index_feeds(reordered, rng)})
+            save_values(p, index_feeds(reordered, np.random.default_rng([opts.seed, k])))
             paths.append(p)
         extra = tuple(paths)
-        phase = PhaseSpec(_FLOOR_PHASE, tensors, 1, extra, model=model)
+        phase = PhaseSpec(_FLOOR_PHASE, tensors, 1, extra, model=model, extras="spread")
         # One thread: a race between threads (a scatter's lost updates) must not pass for reordering.
         variant = engine.variant(threads="1")
         floor_job = Job("explain-floor", engine.name, engine.cls, variant, base, (phase,))
@@ -372,13 +372,12 @@ def _node_floor_job(
     base = folder / "node-order-0.xbv"
     paths = []
     save_severed_feeds(base, ctx.feeds.arrays, ref_capture, severed.inputs, identity)
-    for k in range(1, ctx.opts.noise_samples + 1):
+    for k in range(1, ctx.opts.noise_samples + 1):  # an order's file: its permutations alone
         p = folder / f"node-order-{k}.xbv"
-        order = index_feeds(rs, np.random.default_rng([ctx.opts.seed, 1000 + k]))
-        save_severed_feeds(p, ctx.feeds.arrays, ref_capture, severed.inputs, order)
+        save_values(p, index_feeds(rs, np.random.default_rng([ctx.opts.seed, 1000 + k])))
         paths.append(p)
     tensors = tuple(o for n in severed.proto.graph.node for o in n.output if o)
-    phase = PhaseSpec(_NODE_FLOOR_PHASE, tensors, 1, tuple(paths), model=model)
+    phase = PhaseSpec(_NODE_FLOOR_PHASE, tensors, 1, tuple(paths), model=model, extras="spread")
     # one thread, as the floor: a race must not pass for reordering
     return Job("explain-node-floor", engine.name, engine.cls, engine.variant(threads="1"), base, (phase,))
 
@@ -479,7 +478,7 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
         return Explanation("unavailable", f"the permuted model failed on {FLOOR_ENGINE}: {why}")
     phase = fo.phase(_FLOOR_PHASE)
     assert phase is not None
-    floors = floors_of(phase.capture, [c for c, _ in phase.extra_captures], spec)
+    floors = dict(phase.floors)
     local = _judge_all(spec, plan, done, ref_capture)
     check = _reorder_check(plan, done)
     local.sort(key=lambda x: plan.order.index(x.backend) if x.backend in plan.order else -1)
@@ -512,9 +511,9 @@ def _reorder_check(plan: _Plan, done: Mapping[str, JobOutcome]) -> ReorderCheck:
         return ReorderCheck(
             "unavailable", fo.reason if fo is not None and not fo.ok else "the float64 judge failed"
         )
-    return reorder_check(
-        judge.judged, jp.capture, phase.capture, [c for c, _ in phase.extra_captures], job.backend
-    )
+    spread = phase.extra_captures[0][0] if phase.extra_captures else None
+    samples = len(job.phases[0].extra_feeds)
+    return reorder_check(judge.judged, jp.capture, phase.capture, spread, samples, job.backend)
 
 
 def _rules(plan: _Plan) -> tuple[tuple[str, str, str], ...]:

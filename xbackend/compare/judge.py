@@ -23,6 +23,7 @@ from xbackend.bound_rules import node_bound, secondary_bound
 from xbackend.bounds import AUX, U32, Builder, NodeBound, allowance, unit_roundoff
 from xbackend.capture import CaptureFile
 from xbackend.metrics import float_info, ulp_at
+from xbackend.modelref import np_dtype
 from xbackend.propagation import PROP, own_allowance, propagate, propagate_rest
 from xbackend.results.explanation import LocalErrors, NodeJudgment, Origin, ReorderCheck
 from xbackend.sever import SEVERED
@@ -438,52 +439,44 @@ def judge_backend(
 
 
 def reorder_check(
-    judged: Judged, judge_capture: str, base: str, samples: Sequence[str], engine: str
+    judged: Judged, judge_capture: str, base: str, spread: str | None, samples: int, engine: str
 ) -> ReorderCheck:
-    """Per node, the largest spread of the K orders (against the identity order) over its
-    allowance, element by element: a correct engine's own reorderings must stay within."""
+    """Per node, the largest spread of the K orders (against the identity order, element by
+    element: xbackend.spread) over its allowance: a correct engine's own reorderings must stay
+    within."""
     worst: tuple[float, str] = (-1.0, "")
     over: list[str] = []
-    with CaptureFile(judge_capture) as j, CaptureFile(base) as b:
-        caps = [CaptureFile(p) for p in samples]
-        try:
-            for t in judged.order:
-                bound = judged.bounds[t]
-                y0, v = b.get(t), j.get(t)
-                if not (isinstance(y0, np.ndarray) and _plain_float(y0) and isinstance(v, np.ndarray)):
-                    continue
-                if v.shape != y0.shape:
-                    continue
-                spread = np.zeros(y0.shape)
-                for c in caps:
-                    yk = c.get(t)
-                    if isinstance(yk, np.ndarray) and yk.shape == y0.shape:
-                        with np.errstate(invalid="ignore"):
-                            d = np.abs(yk.astype(np.float64) - y0.astype(np.float64))
-                        spread = np.fmax(spread, np.nan_to_num(d, nan=0.0))
-                if not spread.any():
-                    continue
-                mag, prop = j.get(AUX + t), j.get(PROP + t)
-                allow = element_allowance(
-                    bound,
-                    v,
-                    mag if isinstance(mag, np.ndarray) else None,
-                    prop if isinstance(prop, np.ndarray) else None,
-                    y0.dtype,
-                )
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    ratio = float(np.max(np.where(spread == 0, 0.0, spread / allow)))
-                if ratio > worst[0]:
-                    worst = (ratio, t)
-                if ratio > 1:
-                    over.append(t)
-        finally:
-            for c in caps:
-                c.close()
+    if spread is None:
+        return ReorderCheck("ok", engine=engine, samples=samples, largest_ratio=0.0)
+    with CaptureFile(judge_capture) as j, CaptureFile(base) as b, CaptureFile(spread) as sp:
+        held = b.tensors()
+        for t in judged.order:
+            bound = judged.bounds[t]
+            d = sp.get(t)
+            if t not in held or not isinstance(d, np.ndarray) or not d.any():
+                continue
+            dtype, shape = held[t]
+            v = j.get(t)
+            if not isinstance(v, np.ndarray) or v.shape != shape or d.shape != shape:
+                continue
+            mag, prop = j.get(AUX + t), j.get(PROP + t)
+            allow = element_allowance(
+                bound,
+                v,
+                mag if isinstance(mag, np.ndarray) else None,
+                prop if isinstance(prop, np.ndarray) else None,
+                np_dtype(dtype),
+            )
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = float(np.max(np.where(d == 0, 0.0, d / allow)))
+            if ratio > worst[0]:
+                worst = (ratio, t)
+            if ratio > 1:
+                over.append(t)
     return ReorderCheck(
         "ok",
         engine=engine,
-        samples=len(samples),
+        samples=samples,
         largest_ratio=worst[0] if worst[0] >= 0 else 0.0,
         largest_at=worst[1],
         over=tuple(over),

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from xbackend.compare.captures import save_captures
 from xbackend.compare.conditioning import far_from_float64
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.drift import baseline_drifts
-from xbackend.compare.explain import attach, explain
+from xbackend.compare.explain import attach, explain, side_by_side
 from xbackend.compare.memory import memory_plan, window_note
 from xbackend.compare.plan import (
     feeds_for,
@@ -136,18 +138,36 @@ def _execute(
     bar.start(_steps([*mains.values(), *probe_jobs.values()]))
     try:
         builds = {p.name: run_builds(ex, p, mains[p.name]) for p in planned}
-        outcomes = run_probe_jobs(ex, planned, probe_jobs, builds)
         backends = tuple(summarize_backend(builds[p.name], spec, opts) for p in planned)
         results = {b.name: b for b in backends}
-        broken = run_followups(ex, probes, planned, builds, outcomes, results, bar)
+        everything = dict(builds)
         for cap in loaded:
-            builds[cap.name] = Builds(PlannedBackend(cap.name, None, {}, {}), (), cap)
+            everything[cap.name] = Builds(PlannedBackend(cap.name, None, {}, {}), (), cap)
             backends += (replace(cap.backend, loaded_from=str(cap.path)),)
         ref = effective_reference(opts, backends)
-        explanation = explain(ex, ctx, planned, builds, {b.name: b for b in backends}, ref, bar, too_big)
+        named = {b.name: b for b in backends}
+        # The explanation needs only the builds: it starts beside the probes when a second lane
+        # fits, with one lane until they end (their workers leave cores idle while they start).
+        beside = bool(probe_jobs) and opts.noise_samples > 0 and side_by_side(ctx, 2)
+        late = threading.Event()
+        with ex.shared() as shared, ThreadPoolExecutor(1, thread_name_prefix="xbackend-explain") as pool:
+            later = pool.submit(
+                explain, ex, ctx, planned, everything, named, ref, shared, too_big, late if beside else None
+            )
+            if not beside:
+                later.result()
+            try:
+                outcomes = run_probe_jobs(ex, planned, probe_jobs, builds)
+                broken = run_followups(ex, probes, planned, builds, outcomes, results, shared)
+            except BaseException:  # interrupted: the explanation starts nothing more
+                ex.cancelled.set()
+                raise
+            finally:
+                late.set()
+            explanation = later.result()
     finally:
         bar.stop()
-    return _Executed(builds, backends, outcomes, broken, ref, explanation)
+    return _Executed(everything, backends, outcomes, broken, ref, explanation)
 
 
 def _steps(jobs: Sequence[Sequence[Job]]) -> int:
