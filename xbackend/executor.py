@@ -247,22 +247,18 @@ class Executor:
         queue: Sequence[Sequence[Job]],
         lanes: int,
         then: Callable[[JobOutcome], Sequence[Sequence[Job]]] = lambda _: (),
-        late: threading.Event | None = None,
     ) -> dict[str, JobOutcome]:
         """Run each batch of `queue` in a worker process of its own (a batch's jobs share it), up
         to `lanes` processes at a time, in queue order; `then(outcome)` may return batches that
         outcome made possible, which go to the front of the queue. The caller answers for
-        batches running side by side being independent and fitting in memory together. `late`:
-        lanes past the first wait for it (the cores are busy with other work until then)."""
+        batches running side by side being independent and fitting in memory together."""
         pending: deque[list[Job]] = deque(list(b) for b in queue if b)
         done: dict[str, JobOutcome] = {}
         lock = threading.Condition()
         running = 0
 
-        def lane(i: int) -> None:
+        def lane() -> None:
             nonlocal running
-            if i and late is not None:
-                late.wait()
             while True:
                 with lock:
                     while not pending and running:
@@ -290,10 +286,10 @@ class Executor:
         self.bar = _Locked(bar) if lanes > 1 and not isinstance(bar, _Locked) else bar
         try:
             if lanes <= 1:
-                lane(0)
+                lane()
             else:
                 with ThreadPoolExecutor(lanes, thread_name_prefix="xbackend-lane") as pool:
-                    for f in [pool.submit(lane, i) for i in range(lanes)]:
+                    for f in [pool.submit(lane) for _ in range(lanes)]:
                         f.result()
         finally:
             self.bar = bar

@@ -97,11 +97,10 @@ def explain(
     ref: str,
     bar: ProgressSink,
     too_big: str = "",
-    late: threading.Event | None = None,
 ) -> Explanation:
     """The floor and every backend's local errors against `ref`; never raises: a step that
     cannot run makes the explanation unavailable, with the reason (`too_big`: why its builds
-    would not fit the memory budget; `late`: set once other work stops using the second core)."""
+    would not fit the memory budget)."""
     opts = ctx.opts
     if opts.noise_samples == 0:
         return Explanation("unavailable", "--noise-samples 0: no floor was measured")
@@ -152,7 +151,7 @@ def explain(
         judge = p.judges[name].job if name in p.judges else None
         return [[p.local_jobs[name]], *([[judge]] if judge is not None else [])]
 
-    done = ex.run_queue(queue, 2 if side_by_side(ctx, 2) else 1, then, late)
+    done = ex.run_queue(queue, 2 if side_by_side(ctx, 2) else 1, then)
     return _analyze(ctx, state["plan"], done, layers.capture)
 
 
@@ -161,12 +160,13 @@ def explain(
 _LANE_COPIES = 6
 
 
-def side_by_side(ctx: ProbeContext, lanes: int) -> bool:
-    """Whether `lanes` worker processes may run at once: a physical core each, and the memory for
-    all of them (--max-memory is a per-process budget: then one at a time)."""
+def side_by_side(ctx: ProbeContext, lanes: int, processes: int = 0) -> bool:
+    """Whether `lanes` worker processes may run at once, a physical core each, with the memory
+    for `processes` of them (at least `lanes`: work beside them may hold more); --max-memory is
+    a per-process budget: then one at a time."""
     cores = psutil.cpu_count(logical=False) or 1
-    fits = lanes * _LANE_COPIES * ctx.spec.weight_bytes < psutil.virtual_memory().available // 2
-    return cores >= lanes and fits and ctx.opts.max_memory is None
+    held = max(lanes, processes) * _LANE_COPIES * ctx.spec.weight_bytes
+    return cores >= lanes and held < psutil.virtual_memory().available // 2 and ctx.opts.max_memory is None
 
 
 def _ship(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -146,14 +145,11 @@ def _execute(
             backends += (replace(cap.backend, loaded_from=str(cap.path)),)
         ref = effective_reference(opts, backends)
         named = {b.name: b for b in backends}
-        # The explanation needs only the builds: it starts beside the probes when a second lane
-        # fits, with one lane until they end (their workers leave cores idle while they start).
-        beside = bool(probe_jobs) and opts.noise_samples > 0 and side_by_side(ctx, 2)
-        late = threading.Event()
+        # The explanation needs only the builds: it runs beside the probes where memory holds
+        # both (their workers leave cores idle while they start and write).
+        beside = bool(probe_jobs) and opts.noise_samples > 0 and side_by_side(ctx, 2, processes=3)
         with ex.shared() as shared, ThreadPoolExecutor(1, thread_name_prefix="xbackend-explain") as pool:
-            later = pool.submit(
-                explain, ex, ctx, planned, everything, named, ref, shared, too_big, late if beside else None
-            )
+            later = pool.submit(explain, ex, ctx, planned, everything, named, ref, shared, too_big)
             if not beside:
                 later.result()
             try:
@@ -162,8 +158,6 @@ def _execute(
             except BaseException:  # interrupted: the explanation starts nothing more
                 ex.cancelled.set()
                 raise
-            finally:
-                late.set()
             explanation = later.result()
     finally:
         bar.stop()
