@@ -30,6 +30,7 @@ WORKER_MODULES = [
     "protocol",
     "modelref",
     "storage",
+    "spread",
     "values",
     "buildinfo",
     "exactsum",
