@@ -222,6 +222,7 @@ class Executor:
             lambda text: self.bar.detail(f"{label}: {text}"),
         )
         self.bar.advance(max(0, sum(j.steps for j in jobs) - seen))
+        self.bar.done(label)
         return [JobOutcome(j, o) for j, o in zip(jobs, outcomes, strict=True)]
 
     def skip(self, job: Job) -> None:
@@ -328,6 +329,10 @@ class _Locked:
     def detail(self, text: str) -> None:
         with self._lock:
             self._bar.detail(text)
+
+    def done(self, text: str) -> None:
+        with self._lock:
+            self._bar.done(text)
 
     def advance(self, steps: int = 1) -> None:
         with self._lock:

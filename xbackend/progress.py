@@ -28,6 +28,7 @@ class ProgressSink(Protocol):
     def grow(self, steps: int) -> None: ...
     def describe(self, text: str) -> None: ...
     def detail(self, text: str) -> None: ...
+    def done(self, text: str) -> None: ...
     def advance(self, steps: int = 1) -> None: ...
     def stop(self) -> None: ...
 
@@ -45,6 +46,9 @@ class NullProgress:
         pass
 
     def detail(self, text: str) -> None:
+        pass
+
+    def done(self, text: str) -> None:
         pass
 
     def advance(self, steps: int = 1) -> None:
@@ -87,6 +91,9 @@ class RichProgress:
         """What the job described last does now (loading, building, a run, a window)."""
         self._progress.update(self._task, description=text)
 
+    def done(self, text: str) -> None:
+        pass
+
     def advance(self, steps: int = 1) -> None:
         self._progress.advance(self._task, steps)
 
@@ -103,12 +110,13 @@ class RichProgress:
 
 
 class LineProgress:
-    """A line on stderr per finished build (each worker job): what a log keeps of a bar."""
+    """A line on stderr per finished build (each worker job): what a log keeps of a bar. Jobs may
+    run side by side: each is timed from its own start."""
 
     def __init__(self) -> None:
         self._total = self._done = 0
-        self._current = ""
-        self._since = self._said = 0.0
+        self._started: dict[str, float] = {}
+        self._said = 0.0
 
     def start(self, total: int) -> None:
         self._total = total
@@ -117,34 +125,31 @@ class LineProgress:
         self._total += steps
 
     def describe(self, text: str) -> None:
-        self._finish()
-        self._current, self._since = text, time.monotonic()
-        self._said = self._since
+        self._started[text] = self._said = time.monotonic()
 
     def detail(self, text: str) -> None:
         """A stage of a long job, once it has gone QUIET_S without a line: a log never sits
         silent for long, and short jobs stay one line each."""
         now = time.monotonic()
         if now - self._said >= QUIET_S:
+            since = next((t for job, t in self._started.items() if text.startswith(job)), now)
             print(
-                f"xbackend: [{self._done}/{self._total}] {text} ({now - self._since:.0f} s in)",
+                f"xbackend: [{self._done}/{self._total}] {text} ({now - since:.0f} s in)",
                 file=sys.stderr,
                 flush=True,
             )
             self._said = now
 
+    def done(self, text: str) -> None:
+        took = time.monotonic() - self._started.pop(text, time.monotonic())
+        print(
+            f"xbackend: [{self._done}/{self._total}] {text}: done in {took:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
     def advance(self, steps: int = 1) -> None:
         self._done += steps
 
     def stop(self) -> None:
-        self._finish()
-
-    def _finish(self) -> None:
-        if self._current:
-            took = time.monotonic() - self._since
-            print(
-                f"xbackend: [{self._done}/{self._total}] {self._current}: done in {took:.1f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-        self._current = ""
+        pass
