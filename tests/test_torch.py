@@ -6,6 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -256,3 +257,32 @@ def test_bfloat16_module_exports_maps_and_runs(tmp_path: Path) -> None:
     assert [d.dtype for d in cross.output_tensors] == ["bfloat16"]
     # the reference evaluator's bfloat16 Gemm rounds differently from torch's: the first layer differs
     assert cross.first_divergence == "linear"
+
+
+def test_export_ranges_reach_compare(tmp_path: Path) -> None:
+    """--range at export is kept in the model (xbackend.input_ranges), and compare's generated
+    ids come from it, not from the embedding's 50 rows."""
+    from xbackend.inputs import META_RANGES, generate_feeds
+    from xbackend.model import load_model
+    from xbackend.torch_export import InputDecl, export_torch
+
+    src = tmp_path / "emb.py"
+    src.write_text(
+        "import torch\n\n"
+        "class E(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.emb = torch.nn.Embedding(50, 8)\n\n"
+        "    def forward(self, ids):\n"
+        "        return self.emb(ids).sum(-1)\n\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    return E()\n"
+    )
+    out = tmp_path / "emb.onnx"
+    export_torch(f"{src}:build", [InputDecl.parse("ids=2,6:int64")], out, ranges={"ids": (3.0, 5.0)})
+    spec, _ = load_model(out)
+    assert dict(spec.metadata)[META_RANGES] == '{"ids": [3.0, 5.0]}'
+    feeds = generate_feeds(spec)
+    assert set(np.unique(feeds.arrays["ids"])) == {3, 4}
+    assert dict(feeds.made)["ids"] == "integers in [3, 5) (the range given at export, kept in the model)"

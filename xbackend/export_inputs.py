@@ -140,5 +140,15 @@ def parse_dynamic(items: Sequence[str]) -> dict[str, dict[int, str]]:
         axis, colon, dim = rest.partition(":")
         if not sep or not colon or not axis.strip().isdigit() or not dim:
             raise ExportError(f"--dynamic expects NAME=AXIS:DIMNAME (e.g. x=0:batch), got {text!r}")
+        if not dim.isidentifier():
+            hint = ""
+            if "," in rest:  # x=0:batch,1:seq: one --dynamic per axis
+                hint = "; one axis per --dynamic: " + " ".join(
+                    f"--dynamic {name}={part}" for part in rest.split(",") if part
+                )
+            raise ExportError(
+                f"--dynamic {text!r}: the dimension name {dim!r} must be an identifier (letters, digits "
+                f"and _, e.g. x=0:batch){hint}"
+            )
         out.setdefault(name, {})[int(axis)] = dim
     return out

@@ -6,6 +6,7 @@ Feeds are made once, hashed, and the same bytes go to every backend and run.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from xbackend.storage import ValueFile, save_values
 from xbackend.values import Value, describe, normalize, value_sha256
 
 __all__ = [
+    "META_RANGES",
     "Feeds",
     "capture_feeds",
     "feeds_sha256",
@@ -32,6 +34,7 @@ __all__ = [
     "load_feeds",
     "parse_range",
     "parse_shape",
+    "recorded_ranges",
 ]
 
 Shape = tuple[int, ...]
@@ -50,6 +53,7 @@ class Feeds:
     seed: int | None
     source: str  # "generated" or the path the data came from
     ranges: tuple[tuple[str, str], ...] = ()  # input -> the range its generated values were drawn from
+    made: tuple[tuple[str, str], ...] = ()  # input -> how it was made, in words (generated feeds)
 
     @classmethod
     def from_arrays(
@@ -58,9 +62,10 @@ class Feeds:
         seed: int | None,
         source: str,
         ranges: tuple[tuple[str, str], ...] = (),
+        made: tuple[tuple[str, str], ...] = (),
     ) -> Feeds:
         fixed = {k: normalize(v) for k, v in arrays.items()}
-        return cls(fixed, feeds_sha256(fixed), seed, source, ranges)
+        return cls(fixed, feeds_sha256(fixed), seed, source, ranges, made)
 
     def shapes(self) -> dict[str, Shape]:
         return {
@@ -208,16 +213,53 @@ def _seed_for(seed: int, name: str) -> np.random.Generator:
 
 
 DEFAULT_INT_RANGE = (0, 16)
+# Ranges given at export (xbackend export torch --range), kept in the model for compare
+META_RANGES = "xbackend.input_ranges"
+TIMESTEPS = 1000  # diffusers' num_train_timesteps default: a timestep's plausible span
+_POSITIONS = frozenset({"position_ids", "pos_ids", "positions", "position", "cache_position"})
 
 
-def _range_for(
-    spec: TensorSpec, ranges: Mapping[str, tuple[float, float]], bounds: Mapping[str, int]
-) -> tuple[float, float]:
-    if spec.name in ranges:
-        return ranges[spec.name]
-    if spec.name in bounds:
-        return (0, bounds[spec.name])
-    return DEFAULT_INT_RANGE
+def recorded_ranges(spec: ModelSpec) -> tuple[dict[str, tuple[float, float]], str]:
+    """The ranges an export recorded in the model's metadata, and why they were ignored if they
+    were (the model is someone else's file: anything but NAME: [LO, HI] pairs is not used)."""
+    text = dict(spec.metadata).get(META_RANGES)
+    if text is None:
+        return {}, ""
+    names = {i.name for i in spec.inputs}
+    try:
+        raw = json.loads(text) if len(text) <= 1 << 16 else None
+        pairs = raw.items() if isinstance(raw, dict) else ()
+        out = {str(k): (float(v[0]), float(v[1])) for k, v in pairs if str(k) in names and len(v) == 2}
+        if not isinstance(raw, dict) or len(out) != len(raw):
+            raise ValueError("not NAME: [LO, HI] pairs naming inputs")
+        if not all(math.isfinite(lo) and math.isfinite(hi) and lo < hi for lo, hi in out.values()):
+            raise ValueError("a range is not finite with LO < HI")
+    except (ValueError, TypeError, AttributeError) as e:
+        return {}, f"the model's {META_RANGES} metadata was ignored ({e})"
+    return out, ""
+
+
+def _conventional(
+    spec: TensorSpec, shape: Shape, seed: int
+) -> tuple[np.ndarray, str, tuple[float, float] | None] | None:
+    """Inputs whose name says what they hold get what a model sees, not noise: a mask of ones,
+    positions 0..N-1, a timestep in a diffusion schedule's span. (values, how, range drawn from)."""
+    if spec.kind != "tensor" or spec.dtype in ("unknown", "object", "string"):
+        return None
+    dt = np_dtype(spec.dtype)
+    integer = dt == np.bool_ or np.issubdtype(dt, np.integer)
+    name = spec.name.lower()
+    if integer and "mask" in name:
+        return np.ones(shape, dt), "ones (a mask: no position padded)", None
+    if integer and dt != np.bool_ and (name in _POSITIONS or name.endswith("position_ids")) and shape:
+        values = np.broadcast_to(np.arange(shape[-1], dtype=dt), shape).copy()
+        return values, f"0, 1, ..., {shape[-1] - 1} along the last axis (positions)", None
+    if "timestep" in name and dt != np.bool_:
+        lo_hi = (0.0, float(TIMESTEPS))
+        values = _random_array(spec, shape, seed, lo_hi)
+        kind = "integers" if integer else "uniform"
+        return values, f"{kind} in [0, {TIMESTEPS}) (a diffusion timestep)", lo_hi
+    return None
 
 
 def _cannot_generate(spec: TensorSpec, what: str) -> InputError:
@@ -255,9 +297,11 @@ def generate_feeds(
 ) -> Feeds:
     """Seeded random feeds for every model input.
 
-    Integers are drawn from [0, 16), or from [0, N) for an input used directly as
-    Gather indices into an N-row table (token ids into an embedding), or from --range.
-    Floats are standard normal, or uniform in --range.
+    Each input's values come from the first that applies: --range; the range given at export
+    (the model's xbackend.input_ranges metadata); its name (an integer *mask* is ones, position
+    ids are 0..N-1, a *timestep* lies in [0, 1000)); for an input used directly as Gather indices
+    into an N-row table (token ids into an embedding), [0, N); otherwise integers from [0, 16)
+    and floats standard normal (uniform in a range where one was given).
     """
     shapes, dims = _split_shapes(spec, dict(shapes or {}))
     ranges = dict(ranges or {})
@@ -266,17 +310,41 @@ def generate_feeds(
     unset = _unset_dims(spec, shapes, dims)
     if unset is not None:
         raise unset
+    recorded, ignored = recorded_ranges(spec)
     bounds = dict(spec.index_bounds)
     arrays = {}
     used: list[tuple[str, str]] = []
+    made: list[tuple[str, str]] = []
     for i in spec.inputs:
-        lo_hi = _range_for(i, ranges, bounds)
-        shape = shapes.get(i.name) or _fill_dims(i, dims)
-        arrays[i.name] = _random_array(i, _resolve_shape(i, shape), seed, lo_hi)
+        shape = _resolve_shape(i, shapes.get(i.name) or _fill_dims(i, dims))
+        conv = None if i.name in ranges or i.name in recorded else _conventional(i, shape, seed)
+        if conv is not None:
+            arrays[i.name], how, drawn = conv
+            made.append((i.name, how))
+            if drawn is not None:
+                used.append((i.name, f"[{drawn[0]:g}, {drawn[1]:g})"))
+            continue
+        if i.name in ranges:
+            lo_hi, why = ranges[i.name], "--range"
+        elif i.name in recorded:
+            lo_hi, why = recorded[i.name], "the range given at export, kept in the model"
+        elif i.name in bounds:
+            lo_hi, why = (0, bounds[i.name]), f"indices into a table of {bounds[i.name]} rows"
+        else:
+            lo_hi, why = DEFAULT_INT_RANGE, "the default"
+        if ignored and i.name not in ranges:
+            why += f"; {ignored}"
+        arrays[i.name] = _random_array(i, shape, seed, lo_hi)
         dt = arrays[i.name].dtype
-        if dt != np.bool_ and (dt.kind in "iu" or i.name in ranges):
-            used.append((i.name, f"[{lo_hi[0]:g}, {lo_hi[1]:g})"))
-    return Feeds.from_arrays(arrays, seed, "generated", tuple(used))
+        span = f"[{lo_hi[0]:g}, {lo_hi[1]:g})"
+        if dt == np.bool_:
+            made.append((i.name, "random booleans"))
+        elif dt.kind in "iu" or lo_hi != DEFAULT_INT_RANGE or i.name in ranges:
+            used.append((i.name, span))
+            made.append((i.name, f"{'integers' if dt.kind in 'iu' else 'uniform'} in {span} ({why})"))
+        else:
+            made.append((i.name, "standard normal"))
+    return Feeds.from_arrays(arrays, seed, "generated", tuple(used), tuple(made))
 
 
 def _check_known(

@@ -34,6 +34,7 @@ from xbackend.atomic import write_atomic_bytes
 from xbackend.errors import ExportError, XbackendError, first_line
 from xbackend.export_inputs import InputDecl, parse_dynamic, read_examples, with_data
 from xbackend.extdata import adopt_external, uses_external_data
+from xbackend.inputs import META_RANGES
 from xbackend.metrics import is_float_dtype
 from xbackend.model import ModelRef, load_proto
 from xbackend.runners.ort_cpu import OrtCpuRunner
@@ -518,6 +519,8 @@ def export_torch(
             ),
             META_MODULE_OUTPUTS: json.dumps(mapped, sort_keys=True),
         }
+        if ranges:  # compare draws these inputs from the same ranges
+            meta[META_RANGES] = json.dumps({k: [lo, hi] for k, (lo, hi) in sorted(ranges.items())})
         onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **meta})
         adopt_external(proto, Path(tmp), out_path)
         write_atomic_bytes(out_path, proto.SerializeToString())

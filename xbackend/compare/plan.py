@@ -87,7 +87,8 @@ def feeds_for(
 
 
 def feeds_info(feeds: Feeds, expected: bool) -> FeedsInfo:
-    return FeedsInfo(feeds.sha256, feeds.seed, feeds.source, tuple(feeds.describe()), feeds.ranges, expected)
+    shapes = tuple(feeds.describe())
+    return FeedsInfo(feeds.sha256, feeds.seed, feeds.source, shapes, feeds.ranges, expected, feeds.made)
 
 
 def plan_backend(

@@ -232,6 +232,7 @@ def to_dict(r: Result) -> dict[str, Any]:
                 "source": r.feeds.source,
                 "values": [{"name": n, "dtype": d, "shape": s} for n, d, s in r.feeds.shapes],
                 "ranges": dict(r.feeds.ranges),
+                "made": dict(r.feeds.made),
                 "expected_outputs": r.feeds.expected,
             },
             "options": {

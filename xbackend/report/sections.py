@@ -182,8 +182,8 @@ def model_section(r: Result) -> list[str]:
 def inputs_section(r: Result) -> list[str]:
     f = r.feeds
     src = f"generated with seed {f.seed}" if f.source == "generated" else f"loaded from {f.source}"
-    ranges = dict(f.ranges)
-    rows = [[n, d, s, ranges.get(n, "–")] for n, d, s in f.shapes]
+    how = {**dict(f.ranges), **dict(f.made)}
+    rows = [[n, d, s, how.get(n, "–")] for n, d, s in f.shapes]
     golden = (
         " Expected outputs came with them and join the comparison as the backend `expected`."
         if f.expected
@@ -194,7 +194,7 @@ def inputs_section(r: Result) -> list[str]:
         "",
         f"{src}; sha256 `{f.sha256}`. The same bytes went to every backend and every run.{golden}",
         "",
-        *_table(["input", "dtype", "shape", "generated from"], rows),
+        *_table(["input", "dtype", "shape", "made as"], rows),
     ]
 
 

@@ -20,6 +20,7 @@ class FeedsInfo:
     shapes: tuple[tuple[str, str, str], ...]  # (name, dtype or 'value', shape or structure)
     ranges: tuple[tuple[str, str], ...] = ()  # generated inputs: the range values were drawn from
     expected: bool = False  # golden outputs came with the inputs
+    made: tuple[tuple[str, str], ...] = ()  # generated inputs: how each was made, in words
 
 
 @dataclass(frozen=True)
