@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import onnx
 import pytest
 
 import xbackend
@@ -202,3 +203,48 @@ def test_an_explanation_past_the_budget_is_skipped_with_the_reason() -> None:
     assert ex.status == "unavailable"
     assert ex.reason.startswith("floors and origins were not measured: its builds hold every tensor")
     assert ex.reason.endswith("raise --max-memory, or narrow the comparison with --tensors")
+
+
+def _positions_model() -> onnx.ModelProto:
+    """x [batch, seq] -> positions 0..seq/64-1 (Range over a computed length), their outer
+    product [seq/64, seq/64], and NonZero(x), whose size only running it can tell."""
+    from onnx import TensorProto as T
+    from onnx import helper
+
+    scalar = {n: helper.make_tensor(n, T.INT64, [], [v]) for n, v in [("one", 1), ("zero", 0), ("k", 64)]}
+    ax = helper.make_tensor("ax", T.INT64, [1], [1])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["seq_len"], axis=0),
+        helper.make_node("Div", ["seq_len", "k"], ["n"]),
+        helper.make_node("Range", ["zero", "n", "one"], ["pos"]),
+        helper.make_node("Cast", ["pos"], ["posf"], to=T.FLOAT),
+        helper.make_node("Unsqueeze", ["posf", "ax"], ["col"]),
+        helper.make_node("Mul", ["col", "posf"], ["table"]),
+        helper.make_node("ReduceSum", ["table", "ax"], ["y"], keepdims=0),
+        helper.make_node("NonZero", ["x"], ["nz"]),
+    ]
+    outs = [helper.make_tensor_value_info(n, t, None) for n, t in [("y", T.FLOAT), ("nz", T.INT64)]]
+    x = helper.make_tensor_value_info("x", T.FLOAT, ["batch", "seq"])
+    graph = helper.make_graph(nodes, "positions", [x], outs, [*scalar.values(), ax])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_dynamic_shapes_are_sized_by_symbolic_inference_never_guessed() -> None:
+    """A length computed from the sequence (seq/64 positions, as rotary tables are) is sized
+    exactly: onnx's inference leaves it open, and counting it as the largest input dimension
+    made this table 4096 x 4096 (64 MiB) where it is 64 x 64. A data-dependent size stays
+    unsized, is named, and never refuses a run."""
+    from xbackend.footprint import tensor_bytes
+
+    m = _positions_model()
+    onnx_only = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    table = next(v for v in onnx_only.graph.value_info if v.name == "table")
+    assert not table.type.tensor_type.shape.dim[0].HasField("dim_value")  # onnx cannot size it
+    sizes = tensor_bytes(m, {"x": (2, 4096)})
+    assert sizes["pos"] == 64 * 8 and sizes["table"] == 64 * 64 * 4 and sizes["y"] == 64 * 4
+    assert sizes.unsized == ("nz",) and "nz" not in sizes
+    assert sizes.describe() == (
+        "8 tensors sized by ONNX Runtime's symbolic shape inference, 1 not sized before running "
+        "(e.g. nz; counted at the largest sized tensor, and never the reason a run is refused)"
+    )

@@ -1,11 +1,13 @@
-"""How many bytes each tensor of one run takes, from the graph alone (onnx shape inference with
-the feeds' shapes), and the exposed tensors cut into windows that fit a memory budget."""
+"""How many bytes each tensor of one run takes, from the graph alone (ONNX Runtime's symbolic
+shape inference with the feeds' shapes, onnx's as a second opinion), and the exposed tensors
+cut into windows that fit a memory budget."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -18,6 +20,7 @@ from xbackend.textfmt import gib
 __all__ = [
     "DEFAULT_SHARE",
     "Footprint",
+    "Sizes",
     "available_memory",
     "parse_size",
     "plan_windows",
@@ -62,11 +65,42 @@ def available_memory() -> int | None:
         return None
 
 
-def tensor_bytes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
-    """Bytes of each tensor whose type and rank onnx's shape inference finds with the inputs at
-    `shapes`; a dimension it leaves symbolic (a Range over the sequence length, say) counts as
-    the largest input dimension; tensors of unknown rank are absent. Large weights become typed
-    inputs first, so the proto inferred holds no weight (and never serializes past 2 GiB)."""
+@dataclass(frozen=True)
+class Sizes(Mapping[str, int]):
+    """Bytes of each tensor of one run, sized before anything runs (tensor -> bytes), and how."""
+
+    by_tensor: Mapping[str, int]
+    symbolic: int = 0  # sized by ONNX Runtime's symbolic shape inference
+    onnx: int = 0  # sized by onnx's shape inference (data propagation) where the first could not
+    unsized: tuple[str, ...] = ()  # neither could: data-dependent, or an op they do not know
+
+    def __getitem__(self, name: str) -> int:
+        return self.by_tensor[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.by_tensor)
+
+    def __len__(self) -> int:
+        return len(self.by_tensor)
+
+    def describe(self) -> str:
+        text = f"{self.symbolic} tensors sized by ONNX Runtime's symbolic shape inference"
+        if self.onnx:
+            text += f", {self.onnx} by onnx's shape inference"
+        if self.unsized:
+            text += (
+                f", {len(self.unsized)} not sized before running (e.g. {self.unsized[0]}; counted at "
+                "the largest sized tensor, and never the reason a run is refused)"
+            )
+        return text
+
+
+def tensor_bytes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> Sizes:
+    """Bytes of each tensor with the inputs at `shapes`: ONNX Runtime's symbolic shape inference
+    first, onnx's (with data propagation) where it leaves a dimension open; a tensor neither
+    sizes is left out, never guessed. The exporter's value_info is not trusted. Large weights
+    become typed inputs first, so the proto inferred holds no weight (and never serializes past
+    2 GiB)."""
     g = proto.graph
     light = helper.make_graph(
         list(g.node),
@@ -86,16 +120,53 @@ def tensor_bytes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
         for t in g.initializer
         if t.name not in inits and t.name not in {i.name for i in g.input}
     )
+    for o in light.output:  # an output's declared shape is the exporter's word, not inferred
+        if o.type.HasField("tensor_type"):
+            o.type.tensor_type.ClearField("shape")
     model = helper.make_model(light, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
     model.functions.extend(proto.functions)
+    first = _known(_symbolic(model))
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # an op onnx cannot infer stops nothing: those tensors stay unsized
         inferred = model
-    unknown = max((int(d) for shape in shapes.values() for d in shape), default=1)
+    second = _known(inferred)
+    produced = [o for n in g.node for o in n.output if o]
+    out = {**{k: v for k, v in second.items() if k not in first}, **first}
+    return Sizes(
+        out,
+        symbolic=sum(1 for t in produced if t in first),
+        onnx=sum(1 for t in produced if t in second and t not in first),
+        unsized=tuple(t for t in produced if t not in out),
+    )
+
+
+def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """ONNX Runtime's symbolic shape inference, or None where it is absent or gives up."""
+    try:
+        # optional at this point: ONNX Runtime's tools (and sympy) load only to size a model
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except Exception:
+        return None
+    quiet = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        inferred: onnx.ModelProto = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        return inferred
+    except Exception:  # an op it does not know, a shape it cannot follow: onnx's word alone
+        return None
+    finally:
+        quiet.setLevel(level)
+
+
+def _known(model: onnx.ModelProto | None) -> dict[str, int]:
+    """Bytes of every tensor whose every dimension the inference fixed."""
+    if model is None:
+        return {}
     out: dict[str, int] = {}
-    for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
-        n = _nbytes(vi.type, max(unknown, 1))
+    for vi in [*model.graph.value_info, *model.graph.output, *model.graph.input]:
+        n = _nbytes(vi.type)
         if n is not None:
             out[vi.name] = n
     return out
@@ -107,16 +178,18 @@ def _fixed(vi: onnx.ValueInfoProto, shape: Sequence[int] | None) -> onnx.ValueIn
     return helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, list(shape))
 
 
-def _nbytes(tp: onnx.TypeProto, unknown: int) -> int | None:
+def _nbytes(tp: onnx.TypeProto) -> int | None:
     if not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
         return None
-    dims = [d.dim_value if d.HasField("dim_value") else unknown for d in tp.tensor_type.shape.dim]
+    dims = tp.tensor_type.shape.dim
+    if not all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
+        return None
     try:
         elem = int(tp.tensor_type.elem_type)
         bits = _PACKED_BITS.get(elem) or 8 * helper.tensor_dtype_to_np_dtype(elem).itemsize
     except (KeyError, TypeError, ValueError):
         return None
-    return int((math.prod(dims) * bits + 7) // 8)
+    return int((math.prod(d.dim_value for d in dims) * bits + 7) // 8)
 
 
 @dataclass(frozen=True)

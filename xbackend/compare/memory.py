@@ -3,21 +3,20 @@ cut into windows (one session run each) where the engine holds only what it expo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
 from xbackend.errors import UsageError
-from xbackend.footprint import DEFAULT_SHARE, available_memory, plan_windows, tensor_bytes, total_bytes
+from xbackend.footprint import DEFAULT_SHARE, Sizes, available_memory, plan_windows, tensor_bytes
 from xbackend.inputs import Feeds
 from xbackend.model import ModelSpec
 from xbackend.probes.base import PlannedBackend
 from xbackend.results import CompareOptions
 from xbackend.textfmt import gib
 
-__all__ = ["OVERHEAD", "MemoryPlan", "memory_plan", "window_note"]
+__all__ = ["OVERHEAD", "MemoryPlan", "memory_plan", "sizing_note", "window_note"]
 
 OVERHEAD = 2**30  # a worker's interpreter, engine libraries and arenas, beyond weights and tensors
 _GiB = 2**30
@@ -30,7 +29,7 @@ class MemoryPlan:
     budget: int | None  # bytes a backend's process may use; None: the OS does not say what is free
     explicit: bool  # --max-memory given (else a share of the memory available at the start)
     weights: int  # bytes of the model's weights, as stored
-    sizes: Mapping[str, int] = field(repr=False)  # tensor -> bytes, where shape inference knew
+    sizes: Sizes = field(repr=False)  # tensor -> bytes, where shape inference knew
 
     def describe(self) -> str:
         if self.budget is None:
@@ -57,7 +56,8 @@ class MemoryPlan:
             )
         if not cls.windowed:
             counted = spec.all_tensors() if cls.holds_every_intermediate else tensors
-            need = int(cls.value_width * total_bytes(counted, self.sizes))
+            # refused on the tensors sized before running alone: never on a guess
+            need = int(cls.value_width * sum(self.sizes.get(t, 0) for t in counted))
             if need > room:
                 what = "every tensor of a run" if cls.holds_every_intermediate else "the tensors it exposes"
                 raise UsageError(
@@ -79,8 +79,7 @@ class MemoryPlan:
         can): the severed model takes every tensor of a run in and gives every one out."""
         if self.budget is None:
             return ""
-        largest = max(self.sizes.values(), default=0)
-        need = 2 * sum(self.sizes.get(t, largest) for t in spec.all_tensors())
+        need = 2 * sum(self.sizes.get(t, 0) for t in spec.all_tensors())  # sized ones: no guess
         held = 2 * self.weights + OVERHEAD
         if need + held <= self.budget:
             return ""
@@ -104,8 +103,15 @@ def memory_plan(spec: ModelSpec, proto: onnx.ModelProto, feeds: Feeds, opts: Com
         budget = int(free * DEFAULT_SHARE) if free else None
     shapes = {k: v.shape for k, v in feeds.arrays.items() if isinstance(v, np.ndarray)}
     weights = spec.weight_bytes
-    sizes = tensor_bytes(proto, shapes) if budget is not None else {}
+    sizes = tensor_bytes(proto, shapes) if budget is not None else Sizes({})
     return MemoryPlan(budget, explicit, weights, sizes)
+
+
+def sizing_note(plan: MemoryPlan) -> str:
+    """What the report says when some tensors could not be sized before running ('' if none)."""
+    if not plan.sizes.unsized:
+        return ""
+    return f"memory plan: {plan.sizes.describe()}"
 
 
 def window_note(

@@ -21,7 +21,7 @@ from xbackend.compare.conditioning import far_from_float64
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.drift import baseline_drifts
 from xbackend.compare.explain import attach, explain, side_by_side
-from xbackend.compare.memory import memory_plan, window_note
+from xbackend.compare.memory import memory_plan, sizing_note, window_note
 from xbackend.compare.plan import (
     feeds_for,
     feeds_info,
@@ -78,6 +78,7 @@ def compare_with_options(
         del proto
         windows = {p.name: memory.windows(p, spec, opts) for p in planned if not opts.outputs_only}
         notes += [window_note(p, w, spec, opts, memory) for p, w in windows.items() if w]
+        notes += [n for n in [sizing_note(memory)] if n]
         feeds_path = work / "feeds.xbv"
         feeds.save(feeds_path)
         ctx = ProbeContext(spec, opts, feeds, feeds_path, work)
