@@ -276,3 +276,25 @@ def test_every_module_imports_on_its_own() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == ""
+
+
+def test_the_packages_documented_names_and_submodules_load_on_first_use() -> None:
+    """docs/python-api.md reads xbackend.report.* after a bare `import xbackend`; the lazy
+    facade loads a submodule read as an attribute, and `xbackend.compare` stays the function."""
+    import subprocess
+    import sys
+
+    code = (
+        "import xbackend\n"
+        "print(xbackend.report.to_json.__name__, xbackend.report.from_json.__name__,\n"
+        "      xbackend.results.Result.__name__, xbackend.compare.__name__, xbackend.Result.__name__)\n"
+        "try:\n"
+        "    xbackend.no_such_name\n"
+        "except AttributeError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.splitlines() == [
+        "to_json from_json Result compare Result",
+        "module 'xbackend' has no attribute 'no_such_name'",
+    ]

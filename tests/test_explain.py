@@ -230,6 +230,21 @@ def test_noise_samples_zero_falls_back_to_the_fixed_tolerance(tmp_path: Path) ->
     assert c.tolerances == () and c.explained is None and c.max_ulp_tolerance == 64
 
 
+def test_a_judgment_not_made_is_a_warn_null_in_the_json_and_a_gate(tmp_path: Path) -> None:
+    """--outputs-only leaves the reference without the per-layer capture the judge needs: the
+    verdict WARNs with the reason, the JSON has explained null with it, and --fail-on
+    not-judged is exit 19; --noise-samples 0 asks for no judgment and does not fire it."""
+    m = _model(tmp_path, "mlp_layernorm")
+    r = xbackend.compare(m, runs=1, outputs_only=True, probes="none", fail_on="not-judged")
+    why = "floors and origins need every tensor of the reference (--outputs-only)"
+    assert f"WARN: no explanation of the differences: {why}" in r.verdict()
+    assert r.exit_code == 19 and r.gates()[0].reason == f"no explanation: {why}"
+    c = json.loads(xbackend.report.to_json(r))["cross_backend"][0]
+    assert c["explained"] is None and c["not_judged"] == why
+    asked = xbackend.compare(m, runs=1, probes="none", noise_samples=0, fail_on="not-judged")
+    assert asked.exit_code == 0 and asked.gates() == []
+
+
 def test_json_carries_floors_origins_and_ill_conditioned(tmp_path: Path) -> None:
     r = xbackend.compare(_model(tmp_path, "variance_naive"), runs=1)
     doc = json.loads(xbackend.report.to_json(r))

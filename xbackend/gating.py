@@ -63,6 +63,12 @@ POLICIES = (
         18,
         "a tensor is ill-conditioned: reorderings of sums alone move it past half its precision",
     ),
+    Policy(
+        "not-judged",
+        19,
+        "a judgment was not made: the explanation, or a backend's local errors, could not run "
+        "(--noise-samples 0 asks for none, and does not fire it)",
+    ),
     Policy("any", 0, "every policy above, with N = --max-ulp (the exit code is the policy that fired)"),
 )
 _BY_NAME = {p.name: p for p in POLICIES}
@@ -237,6 +243,14 @@ def _ill_conditioned(c: _Context, _: float | None) -> str:
     )
 
 
+def _not_judged(c: _Context, _: float | None) -> str:
+    ex = c.r.explanation
+    if not ex.ok:
+        asked = ex.reason.startswith("--noise-samples 0") or not ex.reason
+        return "" if asked else f"no explanation: {ex.reason}"
+    return "; ".join(f"{x.backend}: {x.reason or x.status}" for x in ex.local if x.status != "ok")
+
+
 _CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
     "nondeterminism": _nondeterminism,
     "build-variance": _build_variance,
@@ -247,4 +261,5 @@ _CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
     "promise": _promise,
     "unexplained": _unexplained,
     "ill-conditioned": _ill_conditioned,
+    "not-judged": _not_judged,
 }

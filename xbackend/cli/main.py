@@ -3,8 +3,8 @@
 Exit codes: 0 ran and nothing failed; 1 a backend was nondeterministic, a
 cross-backend difference exceeded --max-ulp, or a backend failed or was
 unavailable while others ran (`diff`: the two reports differ); 2 usage or input
-error; 3 every backend failed; 4 internal error; 10-15 the --fail-on policy that
-fired (xbackend.gating); 16 a runner broke a promise; 130 interrupted.
+error; 3 every backend failed; 4 internal error; 10-15, 17-19 the --fail-on policy
+that fired (xbackend.gating); 16 a runner broke a promise; 130 interrupted.
 """
 
 from __future__ import annotations

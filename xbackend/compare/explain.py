@@ -575,13 +575,14 @@ def attach(
     tolerance: the allowance its node's local error is judged by, where the backend was judged
     against float64; MARGIN x the floor where it could not be (a loaded capture, a failed run)."""
     if not ex.ok:
-        return tuple(cross)
+        return tuple(replace(c, not_judged=ex.reason or "no explanation ran") for c in cross)
     floor_tol = tuple(ex.tolerances(op_types).items()) if auto else ()
     out = []
     for c in cross:
         le = ex.local_for(c.backend)
         if le is None or le.status != "ok":
-            out.append(replace(c, tolerances=floor_tol))
+            why = (le.reason or le.status) if le is not None else "its local errors were not measured"
+            out.append(replace(c, tolerances=floor_tol, not_judged=why))
             continue
         tol = tuple((n.tensor, n.allowed_scaled_ulp) for n in le.nodes) if auto else ()
         local = tuple((n.tensor, n.local_scaled_ulp) for n in le.nodes)

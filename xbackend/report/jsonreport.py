@@ -113,6 +113,7 @@ def _cross(c: CrossBackendResult, modules: dict[str, str], floors: dict[str, flo
         "layers_note": c.layers_note,
         "tensors": [_with_floor(_tensor(d, modules), floors, c) for d in c.tensors],
         "explained": c.explained,
+        "not_judged": c.not_judged if c.explained is None else None,
         "origins": [
             {
                 "tensor": o.tensor,

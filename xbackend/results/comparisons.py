@@ -34,6 +34,7 @@ class CrossBackendResult:
     # one figure that decides; else MARGIN x its noise floor, applied to the difference itself.
     tolerances: tuple[tuple[str, float], ...] = ()
     explained: bool | None = None  # no origin among its local errors; None: not measured
+    not_judged: str = ""  # why explained is None (the explanation or its local errors did not run)
     origins: tuple[Origin, ...] = ()
     local_errors: tuple[tuple[str, float | None], ...] = ()  # tensor -> its local error (scaled ULP)
 
