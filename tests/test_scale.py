@@ -245,6 +245,6 @@ def test_dynamic_shapes_are_sized_by_symbolic_inference_never_guessed() -> None:
     assert sizes["pos"] == 64 * 8 and sizes["table"] == 64 * 64 * 4 and sizes["y"] == 64 * 4
     assert sizes.unsized == ("nz",) and "nz" not in sizes
     assert sizes.describe() == (
-        "8 tensors sized by ONNX Runtime's symbolic shape inference, 1 not sized before running "
+        "tensors sized 8 by ONNX Runtime's symbolic shape inference, 1 not sized before running "
         "(e.g. nz; counted at the largest sized tensor, and never the reason a run is refused)"
     )

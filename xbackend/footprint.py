@@ -84,9 +84,9 @@ class Sizes(Mapping[str, int]):
         return len(self.by_tensor)
 
     def describe(self) -> str:
-        text = f"{self.symbolic} tensors sized by ONNX Runtime's symbolic shape inference"
-        if self.onnx:
-            text += f", {self.onnx} by onnx's shape inference"
+        sized = [f"{self.symbolic} by ONNX Runtime's symbolic shape inference"] if self.symbolic else []
+        sized += [f"{self.onnx} by onnx's shape inference"] if self.onnx else []
+        text = f"tensors sized {', '.join(sized) or 'by neither shape inference'}"
         if self.unsized:
             text += (
                 f", {len(self.unsized)} not sized before running (e.g. {self.unsized[0]}; counted at "
@@ -96,11 +96,11 @@ class Sizes(Mapping[str, int]):
 
 
 def tensor_bytes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> Sizes:
-    """Bytes of each tensor with the inputs at `shapes`: ONNX Runtime's symbolic shape inference
-    first, onnx's (with data propagation) where it leaves a dimension open; a tensor neither
-    sizes is left out, never guessed. The exporter's value_info is not trusted. Large weights
-    become typed inputs first, so the proto inferred holds no weight (and never serializes past
-    2 GiB)."""
+    """Bytes of each tensor with the inputs at `shapes`: onnx's shape inference (with data
+    propagation), and where it leaves a dimension open, ONNX Runtime's symbolic shape inference,
+    whose sizes then win; a tensor neither sizes is left out, never guessed. The exporter's
+    value_info is not trusted. Large weights become typed inputs first, so the proto inferred
+    holds no weight (and never serializes past 2 GiB)."""
     g = proto.graph
     light = helper.make_graph(
         list(g.node),
@@ -125,13 +125,15 @@ def tensor_bytes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
             o.type.tensor_type.ClearField("shape")
     model = helper.make_model(light, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
     model.functions.extend(proto.functions)
-    first = _known(_symbolic(model))
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # an op onnx cannot infer stops nothing: those tensors stay unsized
         inferred = model
     second = _known(inferred)
     produced = [o for n in g.node for o in n.output if o]
+    # Where onnx sizes every tensor (static shapes) the symbolic pass would agree: it runs, and
+    # its second of import time is paid, only where onnx leaves a dimension open.
+    first = _known(_symbolic(model)) if any(t not in second for t in produced) else {}
     out = {**{k: v for k, v in second.items() if k not in first}, **first}
     return Sizes(
         out,
