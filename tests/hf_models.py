@@ -43,6 +43,16 @@ def gpt2() -> torch.nn.Module:
     return LastHidden(transformers.AutoModel.from_config(cfg)).eval()
 
 
+def gpt2_long() -> torch.nn.Module:
+    """GPT-2 small's shape of block at width 64, with 1024 positions (long-sequence runs)."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=1024, bos_token_id=0, eos_token_id=0
+    )
+    cfg._attn_implementation = "eager"
+    return LastHidden(transformers.AutoModel.from_config(cfg)).eval()
+
+
 class UNetNoise(torch.nn.Module):
     """A diffusers UNet's predicted noise as one plain tensor."""
 
@@ -84,7 +94,7 @@ def llama() -> torch.nn.Module:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=1024,
         attn_implementation="eager",
     )
     return LastHidden(transformers.AutoModel.from_config(cfg)).eval()

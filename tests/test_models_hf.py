@@ -137,3 +137,84 @@ def test_torch_as_the_reference_explains_what_it_does_not_expose(bert: Path) -> 
     assert r.explanation.ok and r.explanation.permuted > 0, r.explanation.reason
     assert not r.explanation.skipped or all("unknown" not in why for *_, why in r.explanation.skipped)
     assert r.cross("ort-cpu").explained is True, r.verdict()
+
+
+def _dynamo_export(factory: str, out: Path) -> None:
+    """What a user does without xbackend: torch.onnx.export(dynamo=True) with dynamic batch and
+    sequence on every input."""
+    import importlib.util as iu
+
+    import torch
+
+    spec = iu.spec_from_file_location("hf_models_direct", FACTORIES)
+    assert spec is not None and spec.loader is not None
+    mod = iu.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    module = getattr(mod, factory)()
+    ids = torch.randint(0, 512, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    b, t = torch.export.Dim("batch"), torch.export.Dim("sequence", max=1024)
+    dims = {0: b, 1: t}
+    torch.onnx.export(
+        module,
+        (ids, mask),
+        str(out),
+        dynamo=True,
+        input_names=["input_ids", "attention_mask"],
+        dynamic_shapes={"input_ids": dims, "attention_mask": dims},
+    )
+
+
+@pytest.mark.parametrize("factory", ["gpt2_long", "llama"])
+def test_dynamic_axis_language_models_at_long_sequences(factory: str, tmp_path: Path) -> None:
+    """GPT-2- and Llama-style models exported with dynamic batch and sequence, by xbackend and by
+    torch's dynamo exporter directly, compared at sequence 512: every tensor is sized from the
+    real shapes (symbolic shape inference; the rotary and mask tables onnx's inference leaves
+    open were once counted at the largest input dimension), the mask is ones, the comparison
+    runs whole under the default budget with ONNX Runtime explained against the reference, and
+    in windows under a --max-memory that holds a third of a run."""
+    import onnx
+
+    from xbackend.compare.memory import OVERHEAD
+    from xbackend.export_inputs import InputDecl
+    from xbackend.footprint import tensor_bytes
+    from xbackend.model import load_model
+    from xbackend.torch_export import export_torch
+
+    names = ("input_ids", "attention_mask")
+    ours = tmp_path / "xbackend.onnx"
+    export_torch(
+        f"{FACTORIES}:{factory}",
+        [InputDecl(n, (2, 16), "int64") for n in names],
+        ours,
+        dynamic={n: {0: "batch", 1: "sequence"} for n in names},
+        ranges={"input_ids": (0, 512)},
+    )
+    direct = tmp_path / "dynamo.onnx"
+    _dynamo_export(factory, direct)
+    for path in (ours, direct):
+        spec, proto = load_model(path)
+        assert [d.dim_param for d in proto.graph.input[0].type.tensor_type.shape.dim] == ["batch", "sequence"]
+        sizes = tensor_bytes(proto, {n: (1, 512) for n in names})
+        assert sizes.unsized == () and set(spec.all_tensors()) <= set(sizes)
+        per_run = sum(sizes[t] for t in spec.all_tensors())
+        assert per_run < 2**30, per_run  # the guess made it several GiB
+        unsized = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+        assert any(
+            not all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)
+            for v in unsized.graph.value_info
+        )  # onnx alone leaves dimensions open on these exports
+        kw = dict(backends=["ort-cpu", "reference"], shapes={"batch": (1,), "sequence": (512,)}, runs=1)
+        whole = xbackend.compare(path, probes="none", **kw)  # type: ignore[arg-type]
+        assert whole.exit_code == 0, whole.verdict()
+        assert dict(whole.feeds.made)["attention_mask"] == "ones (a mask: no position padded)"
+        assert not any("windows" in n or "memory plan" in n for n in whole.notes), whole.notes
+        assert whole.cross("ort-cpu").explained is True
+        # a budget that holds ort-cpu's weights and a third of a run: its tensors in windows
+        budget = OVERHEAD + 3 * spec.weight_bytes + per_run // 3
+        tight = xbackend.compare(
+            path, backends=["ort-cpu"], shapes=kw["shapes"], runs=2, probes="none", max_memory=budget
+        )
+        note = next((n for n in tight.notes if "windows" in n), "")
+        assert note.startswith("ort-cpu: its ") and "every tensor was still compared" in note, tight.notes
+        assert tight.exit_code == 0 and tight.backend("ort-cpu").deterministic, tight.verdict()

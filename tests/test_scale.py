@@ -202,7 +202,21 @@ def test_an_explanation_past_the_budget_is_skipped_with_the_reason() -> None:
     ex = r.explanation
     assert ex.status == "unavailable"
     assert ex.reason.startswith("floors and origins were not measured: its builds hold every tensor")
-    assert ex.reason.endswith("raise --max-memory, or narrow the comparison with --tensors")
+    assert ex.reason.endswith("raise --max-memory, or give the inputs smaller shapes (--shape)")
+    # room for the severed runs, not for the float64 judge (every tensor in float64 with its
+    # operands' magnitudes, about JUDGE_COPIES runs): skipped with that reason, never killed
+    from xbackend.compare.memory import JUDGE_COPIES
+
+    judge = OVERHEAD + 2 * weights + (JUDGE_COPIES - 2) * run
+    r = xbackend.compare(MLP, backends=["ort-cpu", "reference"], runs=1, probes=(), max_memory=judge)
+    assert r.explanation.reason.startswith(
+        "floors and origins were not measured: its float64 judge holds every tensor of a run in float64"
+    ), r.explanation.reason
+    assert any(ln.startswith("WARN: no explanation of the differences") for ln in r.verdict())
+    # and raising --max-memory, as the reason says, runs it
+    raised = OVERHEAD + 2 * weights + (JUDGE_COPIES + 1) * run
+    r = xbackend.compare(MLP, backends=["ort-cpu", "reference"], runs=1, probes=(), max_memory=raised)
+    assert r.explanation.ok and r.cross("ort-cpu").explained is True, r.explanation.reason
 
 
 def _positions_model() -> onnx.ModelProto:

@@ -29,6 +29,7 @@ from xbackend.compare.builds import Builds
 from xbackend.compare.conditioning import amplifiers, ill_conditioned
 from xbackend.compare.floors import save_severed_feeds
 from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model, reorder_check
+from xbackend.compare.memory import JUDGE_COPIES
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
@@ -156,7 +157,8 @@ def explain(
 
 
 # each lane holds the model's weights about this many times over (the float64 judge: twice, and
-# its magnitudes; the floor engine: once, and its permuted copy)
+# its magnitudes; the floor engine: once, and its permuted copy), and a run's activations about
+# JUDGE_COPIES times (the float64 judge, the largest)
 _LANE_COPIES = 6
 
 
@@ -165,7 +167,7 @@ def side_by_side(ctx: ProbeContext, lanes: int, processes: int = 0) -> bool:
     for `processes` of them (at least `lanes`: work beside them may hold more); --max-memory is
     a per-process budget: then one at a time."""
     cores = psutil.cpu_count(logical=False) or 1
-    held = max(lanes, processes) * _LANE_COPIES * ctx.spec.weight_bytes
+    held = max(lanes, processes) * (_LANE_COPIES * ctx.spec.weight_bytes + JUDGE_COPIES * ctx.run_bytes)
     return cores >= lanes and held < psutil.virtual_memory().available // 2 and ctx.opts.max_memory is None
 
 

@@ -16,9 +16,12 @@ from xbackend.probes.base import PlannedBackend
 from xbackend.results import CompareOptions
 from xbackend.textfmt import gib
 
-__all__ = ["OVERHEAD", "MemoryPlan", "memory_plan", "sizing_note", "window_note"]
+__all__ = ["JUDGE_COPIES", "OVERHEAD", "MemoryPlan", "memory_plan", "sizing_note", "window_note"]
 
 OVERHEAD = 2**30  # a worker's interpreter, engine libraries and arenas, beyond weights and tensors
+# the float64 judge's peak in units of one run's float32 activations (measured: 8.5 on a GPT-2
+# at sequence 256 - values and magnitudes in float64, the severed inputs, the evaluator's own)
+JUDGE_COPIES = 9
 _GiB = 2**30
 
 
@@ -74,19 +77,28 @@ class MemoryPlan:
         )
         return plan.windows if len(plan.windows) > 1 else ()
 
+    def run_bytes(self, spec: ModelSpec) -> int:
+        """Every tensor of one run, those sized before running (no guess)."""
+        return sum(self.sizes.get(t, 0) for t in spec.all_tensors())
+
     def explanation_blocker(self, spec: ModelSpec) -> str:
-        """Why the explanation's ONNX Runtime builds cannot run within the budget ('' when they
-        can): the severed model takes every tensor of a run in and gives every one out."""
+        """Why the explanation's builds cannot run within the budget ('' when they can): the
+        severed model takes every tensor of a run in and gives every one out, and the float64
+        judge holds each in float64 with its operands' magnitudes (JUDGE_COPIES)."""
         if self.budget is None:
             return ""
-        need = 2 * sum(self.sizes.get(t, 0) for t in spec.all_tensors())  # sized ones: no guess
-        held = 2 * self.weights + OVERHEAD
-        if need + held <= self.budget:
+        run = self.run_bytes(spec)
+        if 2 * run + 2 * self.weights + OVERHEAD > self.budget:
+            what = f"its builds hold every tensor of a run twice (about {gib(2 * run)}) beside the weights"
+        elif JUDGE_COPIES * run + 2 * self.weights + OVERHEAD > self.budget:
+            what = (
+                "its float64 judge holds every tensor of a run in float64 with its operands' magnitudes "
+                f"(about {gib(JUDGE_COPIES * run)})"
+            )
+        else:
             return ""
-        return (
-            f"its builds hold every tensor of a run twice (about {gib(need)}) beside the weights, more than "
-            f"the {self.describe()}; {self._raise_it()}, or narrow the comparison with --tensors"
-        )
+        fix = f"{self._raise_it()}, or give the inputs smaller shapes (--shape)"
+        return f"{what}, more than the {self.describe()}; {fix}"
 
     def _raise_it(self) -> str:
         return "raise --max-memory" if self.explicit else "free memory, or set --max-memory higher"

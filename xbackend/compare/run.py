@@ -81,7 +81,7 @@ def compare_with_options(
         notes += [n for n in [sizing_note(memory)] if n]
         feeds_path = work / "feeds.xbv"
         feeds.save(feeds_path)
-        ctx = ProbeContext(spec, opts, feeds, feeds_path, work)
+        ctx = ProbeContext(spec, opts, feeds, feeds_path, work, run_bytes=memory.run_bytes(spec))
         probes = [PROBES[n](ctx) for n in wanted]
         # One backend, one build, nothing saved or compared after: its per-layer tensors cross no
         # process, so the worker compares them run to run by digest and writes the outputs only.

@@ -53,6 +53,7 @@ class ProbeContext:
     feeds_path: Path
     work: Path
     notes: list[str] = field(default_factory=list)
+    run_bytes: int = 0  # the activations of one run (every tensor sized before running)
 
     def save_feeds(self, feeds: Feeds, name: str) -> Path:
         path = self.work / f"{name}.xbv"
