@@ -14,12 +14,14 @@ sampled every 10 ms) of:
 
 Two sweeps: sequence length (64/256/1024) at GPT-2 small (12 layers, width 768), and model
 size (2/12 layers at width 768, and GPT-2 large: 36 layers, width 1280, 3.1 GB) at sequence 64.
+With --static each case is also exported at its fixed length: the memory plan's bytes per run
+for both exports, and ort-cpu on the static one, beside the dynamic one's.
 Each backend's own peak (`backends[].peak_rss_bytes`, measured in its worker) is printed
 beside the whole run's. Targets (issue 28): ort-cpu per layer at T=1024 <= 1.5x the floor;
 each backend within 1.3x its weights + one run's activations + 1 GiB.
 
 Usage: python benchmarks/scale.py [--seqs 64,256,1024] [--sizes 2,12,36] [--backends ...]
-                                  [--skip-polygraphy] [--workdir DIR] [--table FILE.md]
+                                  [--skip-polygraphy] [--static] [--workdir DIR] [--table FILE.md]
                                   [--plot FILE.png] [--log FILE]
        python benchmarks/scale.py --floor MODEL --seq T [--runs 2]
        python benchmarks/scale.py --replot LOG --plot FILE.png   (the figure from a run's log)
@@ -93,19 +95,21 @@ def floor(model: str, seq: int, runs: int) -> int:
     return 0 if same else 1
 
 
-def export(workdir: Path, layers: int) -> tuple[Path, int]:
-    """The GPT-2-style model with `layers` layers (cached in workdir) and its weight bytes."""
+def export(workdir: Path, layers: int, static: int = 0) -> tuple[Path, int]:
+    """The GPT-2-style model with `layers` layers (cached in workdir) and its weight bytes: with
+    a dynamic sequence axis, or fixed at `static` tokens."""
     n, width, heads = SIZES[layers]
-    model = workdir / f"gpt2-{n}x{width}" / "model.onnx"
+    model = workdir / f"gpt2-{n}x{width}{f'-T{static}' if static else ''}" / "model.onnx"
     if not model.exists():
         model.parent.mkdir(parents=True, exist_ok=True)
         factory = model.parent / "factory.py"
         factory.write_text(FACTORY.format(layers=n, width=width, heads=heads))
         t = time.perf_counter()
+        shape = ["--input", f"input_ids=1,{static}:int64"] if static else [
+            "--input", "input_ids=1,8:int64", "--dynamic", "input_ids=1:sequence"]  # fmt: skip
         subprocess.run(
             [tool("xbackend"), "export", "torch", f"{factory}:build", "-o", str(model),
-             "--input", "input_ids=1,8:int64", "--range", "input_ids=0:50257",
-             "--dynamic", "input_ids=1:sequence"],
+             "--range", "input_ids=0:50257", *shape],
             check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         print(f"  (exported {model.parent.name} in {time.perf_counter() - t:.0f} s)", flush=True)
@@ -113,13 +117,15 @@ def export(workdir: Path, layers: int) -> tuple[Path, int]:
     return model, weights
 
 
-def xbackend_row(model: Path, seq: int, backend: str, tmp: Path) -> tuple[float, int, int, int]:
+def xbackend_row(
+    model: Path, seq: int, backend: str, tmp: Path, dynamic: bool = True
+) -> tuple[float, int, int, int]:
     """(wall s, whole-run peak, the backend's own peak, exit code) of one per-layer compare."""
     js = tmp / "r.json"
     cmd = [
         tool("xbackend"), "compare", str(model), "--backends", backend, "--runs", "2",
-        "--probes", "none", "--shape", f"sequence={seq}", "--range", "input_ids=0:50257",
-        "--timings", "--no-progress", "--json", str(js),
+        "--probes", "none", *(["--shape", f"sequence={seq}"] if dynamic else []),
+        "--range", "input_ids=0:50257", "--timings", "--no-progress", "--json", str(js),
     ]  # fmt: skip
     wall, peak, code = measure(cmd)
     own = 0
@@ -128,6 +134,17 @@ def xbackend_row(model: Path, seq: int, backend: str, tmp: Path) -> tuple[float,
             own = max(own, int(b.get("peak_rss_bytes") or 0))
         js.unlink()
     return wall, peak, own, code
+
+
+def planned_run(model: Path, seq: int) -> int:
+    """Bytes of one run's tensors as xbackend's memory plan sizes them before running."""
+    import onnx
+
+    from xbackend.footprint import tensor_bytes
+
+    proto = onnx.load(str(model), load_external_data=False)
+    sizes = tensor_bytes(proto, {"input_ids": (1, seq)})
+    return sum(sizes.get(o, 0) for n in proto.graph.node for o in n.output if o)
 
 
 LINE = re.compile(r"^  (\S+)\s+([\d.]+) s  peak\s+([\d.]+) GiB(?: \(backend\s+([\d.]+) GiB\))?  exit (-?\d+)")
@@ -183,6 +200,11 @@ def main() -> None:
     ap.add_argument("--sizes", default="2,12,36", help="layer counts at sequence 64 (of 2, 12, 36)")
     ap.add_argument("--backends", default="ort-cpu,reference,oracle")
     ap.add_argument("--skip-polygraphy", action="store_true")
+    ap.add_argument(
+        "--static",
+        action="store_true",
+        help="also export each length statically: its plan and ort-cpu beside",
+    )
     ap.add_argument("--workdir", help="where exported models are kept between runs (default: a temp dir)")
     ap.add_argument("--table", help="also write the table as Markdown to FILE")
     ap.add_argument("--floor", metavar="MODEL", help="run the plain-script floor on MODEL and exit")
@@ -226,6 +248,18 @@ def main() -> None:
                     f"{own / 2**30:5.2f} GiB)  exit {code}{ratio}"
                 )
                 cells.append(f"{wall:.1f} s, {own / 2**30:.2f} GiB" if code in (0, 1) else f"failed ({code})")
+            if args.static:  # the same model exported at this length: the plan and ort-cpu beside
+                fixed, _ = export(workdir, layers, static=seq)
+                plans = (planned_run(model, seq), planned_run(fixed, seq))
+                dyn, fix = (f"{p / 2**30:.3f}" for p in plans)
+                say(f"  plan        {dyn} GiB per run (dynamic export), {fix} (static)")
+                wall, peak, own, code = xbackend_row(fixed, seq, "ort-cpu", tmp, dynamic=False)
+                ratio = f"  {wall / fl[0]:.2f}x floor" if fl[2] == 0 else ""
+                say(
+                    f"  static      {wall:7.1f} s  peak {peak / 2**30:5.2f} GiB (backend "
+                    f"{own / 2**30:5.2f} GiB)  exit {code}{ratio}"
+                )
+                cells.append(f"{wall:.1f} s, {own / 2**30:.2f} GiB" if code in (0, 1) else f"failed ({code})")
             if not args.skip_polygraphy:
                 pg = measure(
                     [tool("polygraphy"), "run", str(model), "--onnxrt", "--onnxrt", "--onnx-outputs", "*",
@@ -234,7 +268,8 @@ def main() -> None:
                 say(f"  polygraphy  {pg[0]:7.1f} s  peak {pg[1] / 2**30:5.2f} GiB  exit {pg[2]}")
                 cells.append(f"{pg[0]:.1f} s, {pg[1] / 2**30:.2f} GiB" if pg[2] == 0 else "fails")
             rows.append(f"| {name} | {weights / 2**30:.2f} GiB | " + " | ".join(cells) + " |")
-    head = ["model", "weights", "floor", *backends] + ([] if args.skip_polygraphy else ["polygraphy"])
+    head = ["model", "weights", "floor", *backends, *(["ort-cpu, static export"] if args.static else [])]
+    head += [] if args.skip_polygraphy else ["polygraphy"]
     table = "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows])
     print(table)
     if args.table:
