@@ -283,17 +283,12 @@ class Executor:
                             pending.appendleft(b)
                         lock.notify_all()
 
-        bar = self.bar
-        self.bar = _Locked(bar) if lanes > 1 and not isinstance(bar, _Locked) else bar
-        try:
-            if lanes <= 1:
-                lane()
-            else:
-                with ThreadPoolExecutor(lanes, thread_name_prefix="xbackend-lane") as pool:
-                    for f in [pool.submit(lane) for _ in range(lanes)]:
-                        f.result()
-        finally:
-            self.bar = bar
+        if lanes <= 1:
+            lane()
+            return done
+        with self.shared(), ThreadPoolExecutor(lanes, thread_name_prefix="xbackend-lane") as pool:
+            for f in [pool.submit(lane) for _ in range(lanes)]:
+                f.result()
         return done
 
     @contextlib.contextmanager

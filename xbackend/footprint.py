@@ -1,6 +1,6 @@
-"""How many bytes each tensor of one run takes, from the graph alone (ONNX Runtime's symbolic
-shape inference with the feeds' shapes, onnx's as a second opinion), and the exposed tensors
-cut into windows that fit a memory budget."""
+"""How many bytes each tensor of one run takes, from the graph alone (onnx's shape inference with
+the feeds' shapes, and ONNX Runtime's symbolic one where onnx's leaves a dimension open), and the
+exposed tensors cut into windows that fit a memory budget."""
 
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ class Sizes(Mapping[str, int]):
     """Bytes of each tensor of one run, sized before anything runs (tensor -> bytes), and how."""
 
     by_tensor: Mapping[str, int]
-    symbolic: int = 0  # sized by ONNX Runtime's symbolic shape inference
-    onnx: int = 0  # sized by onnx's shape inference (data propagation) where the first could not
+    symbolic: int = 0  # sized by ONNX Runtime's symbolic shape inference (where it ran, it wins)
+    onnx: int = 0  # sized by onnx's shape inference (data propagation) alone
     unsized: tuple[str, ...] = ()  # neither could: data-dependent, or an op they do not know
 
     def __getitem__(self, name: str) -> int:
@@ -82,6 +82,10 @@ class Sizes(Mapping[str, int]):
 
     def __len__(self) -> int:
         return len(self.by_tensor)
+
+    def sized(self, tensors: Sequence[str]) -> int:
+        """Bytes of `tensors`, those sized before running alone (no guess)."""
+        return sum(self.by_tensor.get(t, 0) for t in tensors)
 
     def describe(self) -> str:
         sized = [f"{self.symbolic} by ONNX Runtime's symbolic shape inference"] if self.symbolic else []

@@ -246,8 +246,7 @@ def _ill_conditioned(c: _Context, _: float | None) -> str:
 def _not_judged(c: _Context, _: float | None) -> str:
     ex = c.r.explanation
     if not ex.ok:
-        asked = ex.reason.startswith("--noise-samples 0") or not ex.reason
-        return "" if asked else f"no explanation: {ex.reason}"
+        return "" if ex.declined or not ex.reason else f"no explanation: {ex.reason}"
     return "; ".join(f"{x.backend}: {x.reason or x.status}" for x in ex.local if x.status != "ok")
 
 

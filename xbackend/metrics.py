@@ -30,6 +30,7 @@ from xbackend import streamdiff
 from xbackend.values import Value, describe
 
 __all__ = [
+    "COMPUTE_FLOATS",
     "DEFAULT_MAX_ULP",
     "FLOAT_BITS",
     "TensorDiff",
@@ -66,6 +67,8 @@ FLOAT_BITS: dict[str, tuple[int, int]] = {
 # tensor's own scale; the default cross-backend tolerance.
 DEFAULT_MAX_ULP = 64.0
 
+# the float types engines compute in: what the judge and the floors hold to rounding
+COMPUTE_FLOATS = frozenset({"float16", "float32", "float64", "bfloat16"})
 UNSIGNED_FLOATS = frozenset({"float8_e8m0fnu"})  # no sign bit: the bits are already ordered
 INT_LIKE = frozenset({"int4", "uint4", "int2", "uint2"})  # ml_dtypes integers (numpy kind 'V')
 

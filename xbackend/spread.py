@@ -13,13 +13,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from xbackend.metrics import diff_values, saturated_fill, ulp_at
+from xbackend.metrics import COMPUTE_FLOATS, diff_values, saturated_fill, ulp_at
 from xbackend.values import Value, value_name
 
 __all__ = ["Spread", "scaled"]
 
 _IEEE = (np.float16, np.float32, np.float64)
-_FLOATS = frozenset({"float16", "float32", "float64", "bfloat16"})
 
 
 def _plain_ieee(a: Value, b: Value) -> bool:
@@ -61,10 +60,9 @@ class Spread:
         self.op_types = dict(op_types)
         self.floors: dict[str, float] = {}
         self.spread: dict[str, np.ndarray] = {}  # float32 (float64 for float64 tensors)
-        self.orders = 0
 
     def add(self, name: str, value: Value, base: Value) -> None:
-        if _plain_ieee(value, base) or _same_float(value, base):
+        if _same_float(value, base):
             assert isinstance(value, np.ndarray) and isinstance(base, np.ndarray)
             self._add_float(name, value, base)
             return
@@ -99,5 +97,5 @@ def _same_float(a: Value, b: Value) -> bool:
         and isinstance(b, np.ndarray)
         and a.shape == b.shape
         and a.dtype == b.dtype
-        and str(a.dtype) in _FLOATS
+        and str(a.dtype) in COMPUTE_FLOATS
     )

@@ -41,6 +41,7 @@ from xbackend.progress import ProgressSink
 from xbackend.reorder import Reordered, index_feeds, reorder
 from xbackend.results import EXPECTED, BackendResult, CrossBackendResult
 from xbackend.results.explanation import (
+    DECLINED,
     UNFUSED,
     Explanation,
     LocalErrors,
@@ -104,7 +105,7 @@ def explain(
     would not fit the memory budget)."""
     opts = ctx.opts
     if opts.noise_samples == 0:
-        return Explanation("unavailable", "--noise-samples 0: no floor was measured")
+        return Explanation("unavailable", DECLINED)
     others = [b for n, b in builds.items() if n not in (ref, EXPECTED) and b.ok]
     if not others:
         return Explanation("unavailable")  # nothing is compared with the reference
@@ -144,7 +145,7 @@ def explain(
             return []
         with lock:
             try:
-                state["plan"] = _ship(ctx, state["plan"], {o.job.label: o}, layers.capture, name)
+                state["plan"] = _ship(ctx, state["plan"], name, o, layers.capture)
             except Exception as e:  # judged unfused instead, and the report says why
                 why = f"{UNFUSED}: its graph could not be severed ({type(e).__name__}: {e})"
                 state["plan"] = replace(state["plan"], graphs={**state["plan"].graphs, name: why})
@@ -171,23 +172,21 @@ def side_by_side(ctx: ProbeContext, lanes: int, processes: int = 0) -> bool:
     return cores >= lanes and held < psutil.virtual_memory().available // 2 and ctx.opts.max_memory is None
 
 
-def _ship(
-    ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str, only: str
-) -> _Plan:
-    """Backend `only`'s optimized graph, written: severed at the reference's tensors, its local job
-    and judge; where it cannot be judged, the unfused severed model's local job stands, and why."""
+def _ship(ctx: ProbeContext, plan: _Plan, name: str, written: JobOutcome, ref_capture: str) -> _Plan:
+    """Backend `name`'s optimized graph, `written`: severed at the reference's tensors, its local
+    job and judge; where it cannot be judged, the unfused severed model's local job stands, and why."""
     folder = ctx.work / "explain"
     src = plan.rewrites or ctx.spec
     # the model's nodes (its weights beside the rewrites: covers and pieces need no weight)
     model = load_proto(src.path, load_external=False)
-    name, (job, path) = only, plan.optimized[only]
+    path = plan.optimized[name][1]
     old = plan.local_jobs[name]
     runtime = old.cls.optimized_format == "runtime"
     args = (plan.available, ctx.feeds.arrays, ref_capture, folder)
     got = (
-        runtime_plan(name, done.get(job.label), path, ctx.spec, model, src.path, *args)
+        runtime_plan(name, written, path, ctx.spec, model, src.path, *args)
         if runtime
-        else shipped_plan(name, done.get(job.label), path, ctx.spec, model, *args)
+        else shipped_plan(name, written, path, ctx.spec, model, *args)
     )
     if isinstance(got, str):
         return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {got}"})

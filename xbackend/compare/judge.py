@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 from xbackend.bound_rules import node_bound, secondary_bound
 from xbackend.bounds import AUX, U32, Builder, NodeBound, allowance, unit_roundoff
 from xbackend.capture import CaptureFile
-from xbackend.metrics import float_info, ulp_at
+from xbackend.metrics import COMPUTE_FLOATS, float_info, ulp_at
 from xbackend.modelref import np_dtype
 from xbackend.propagation import PROP, own_allowance, propagate, propagate_rest
 from xbackend.results.explanation import LocalErrors, NodeJudgment, Origin, ReorderCheck
@@ -32,7 +32,6 @@ from xbackend.values import Value
 __all__ = ["JUDGE_PHASE", "Judged", "judge_backend", "judged_model", "reorder_check"]
 
 JUDGE_PHASE = "judge"
-_FLOATS = frozenset({"float16", "float32", "float64", "bfloat16"})
 
 
 @dataclass(frozen=True)
@@ -206,7 +205,7 @@ def _typed(name: str, shape: tuple[int, ...] | None, symbolic: bool = False) -> 
 
 
 def _plain_float(v: Value) -> bool:
-    return isinstance(v, np.ndarray) and str(v.dtype) in _FLOATS
+    return isinstance(v, np.ndarray) and str(v.dtype) in COMPUTE_FLOATS
 
 
 def _tiny(dtype: np.dtype[np.generic]) -> float:

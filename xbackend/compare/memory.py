@@ -60,7 +60,7 @@ class MemoryPlan:
         if not cls.windowed:
             counted = spec.all_tensors() if cls.holds_every_intermediate else tensors
             # refused on the tensors sized before running alone: never on a guess
-            need = int(cls.value_width * sum(self.sizes.get(t, 0) for t in counted))
+            need = int(cls.value_width * self.sizes.sized(counted))
             if need > room:
                 what = "every tensor of a run" if cls.holds_every_intermediate else "the tensors it exposes"
                 raise UsageError(
@@ -79,7 +79,7 @@ class MemoryPlan:
 
     def run_bytes(self, spec: ModelSpec) -> int:
         """Every tensor of one run, those sized before running (no guess)."""
-        return sum(self.sizes.get(t, 0) for t in spec.all_tensors())
+        return self.sizes.sized(spec.all_tensors())
 
     def explanation_blocker(self, spec: ModelSpec) -> str:
         """Why the explanation's builds cannot run within the budget ('' when they can): the

@@ -147,19 +147,18 @@ def _execute(
         ref = effective_reference(opts, backends)
         named = {b.name: b for b in backends}
         # The explanation needs only the builds: it runs beside the probes where memory holds
-        # both (their workers leave cores idle while they start and write).
+        # both (their workers leave cores idle while they start and write), else after them.
         beside = bool(probe_jobs) and opts.noise_samples > 0 and side_by_side(ctx, 2, processes=3)
         with ex.shared() as shared, ThreadPoolExecutor(1, thread_name_prefix="xbackend-explain") as pool:
-            later = pool.submit(explain, ex, ctx, planned, everything, named, ref, shared, too_big)
-            if not beside:
-                later.result()
+            args = (ex, ctx, planned, everything, named, ref, shared, too_big)
+            later = pool.submit(explain, *args) if beside else None
             try:
                 outcomes = run_probe_jobs(ex, planned, probe_jobs, builds)
                 broken = run_followups(ex, probes, planned, builds, outcomes, results, shared)
             except BaseException:  # interrupted: the explanation starts nothing more
                 ex.cancelled.set()
                 raise
-            explanation = later.result()
+            explanation = later.result() if later is not None else explain(*args)
     finally:
         bar.stop()
     return _Executed(everything, backends, outcomes, broken, ref, explanation)

@@ -26,6 +26,7 @@ from xbackend.rounding import bound_for
 from xbackend.values import value_name
 
 __all__ = [
+    "DECLINED",
     "MARGIN",
     "NOT_MEASURED",
     "UNFUSED",
@@ -184,6 +185,11 @@ class Explanation:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def declined(self) -> bool:
+        """Not run because the user asked for none (--noise-samples 0): a NOTE, never a gate."""
+        return self.reason == DECLINED
+
     def floor_map(self) -> dict[str, float]:
         return dict(self._floor_index)
 
@@ -208,6 +214,7 @@ def times_floor(scaled_ulp: float, floor: float) -> float:
     return scaled_ulp / max(floor, 1.0)
 
 
+DECLINED = "--noise-samples 0: no floor was measured"
 NOT_MEASURED = Explanation("unavailable", "not measured")
 UNFUSED = "the unfused graph"  # LocalErrors.graph of an engine whose own graph could not be judged
 

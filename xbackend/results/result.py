@@ -233,7 +233,7 @@ class Result:
         if not ex.ok:
             if not ex.reason:
                 return []
-            kind = "NOTE" if ex.reason.startswith("--noise-samples 0") else "WARN"
+            kind = "NOTE" if ex.declined else "WARN"
             return [f"{kind}: no explanation of the differences: {ex.reason}"]
         modules = self.model.modules()
         out = []
