@@ -256,3 +256,49 @@ def test_an_optional_sequence_from_an_if_is_one_sequence_on_the_reference(tmp_pa
     r = xbackend.compare(model, backends=["ort-cpu", "reference"], inputs=str(tmp_path / "x.npz"), runs=1)
     c = r.cross("ort-cpu")
     assert c.bitwise_equal and [d.name for d in c.tensors] == ["sequence[0]"], c.tensors
+
+
+def _chain(tmp_path: Path) -> Path:
+    """x -> Relu a -> Neg b -> Abs c -> Add(c, x) y, and a branch x -> Exp e (an output too)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("y", "e")]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Neg", ["a"], ["b"]),
+        helper.make_node("Abs", ["b"], ["c"]),
+        helper.make_node("Add", ["c", "x"], ["y"]),
+        helper.make_node("Exp", ["x"], ["e"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "chain", [x], outs), opset_imports=[helper.make_opsetid("", 18)]
+    )
+    path = tmp_path / "chain.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_a_reference_build_evaluates_what_its_tensors_need_and_drops_what_is_read(tmp_path: Path) -> None:
+    """A window of the reference (or of the float64 judge) evaluates only the nodes its tensors
+    need, and a run holds the tensors it exposes and those later nodes still read, not all."""
+    from xbackend.model import load_model
+    from xbackend.runners.reference import ReferenceRunner, last_uses, prune
+
+    path = _chain(tmp_path)
+    spec, proto = load_model(path)
+    pruned = onnx.ModelProto()
+    pruned.CopyFrom(proto)
+    prune(pruned, ["b"])
+    assert [n.op_type for n in pruned.graph.node] == ["Relu", "Neg"]
+    assert [o.name for o in pruned.graph.output] == []  # y and e are not made in this window
+    # a is read last by Neg (node 1), b by Abs (2), c by Add (3), x by Exp (4); y and e are exposed
+    assert last_uses(proto.graph, {"y", "e"}) == [[], ["a"], ["b"], ["c"], ["x"]]
+    feeds = {"x": np.array([-1.0, 0.5, 2.0, -3.0], np.float32)}
+    whole = ReferenceRunner()
+    whole.prepare(spec.ref(), ("a", "b", "c", "y", "e"))
+    want = whole.run(feeds)
+    window = ReferenceRunner()
+    window.prepare(spec.ref(), ("c",))
+    assert len(window._evaluator.rt_nodes_) == 3  # Relu, Neg, Abs: not Add, not Exp
+    got = window.run(feeds)
+    assert list(got) == ["c"] and got["c"].tobytes() == want["c"].tobytes()
+    assert want["y"].tobytes() == (np.abs(-np.maximum(feeds["x"], 0)) + feeds["x"]).tobytes()

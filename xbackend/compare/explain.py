@@ -20,16 +20,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import psutil
 from onnx import helper
 
-from xbackend.bounds import DELTA
+from xbackend.bounds import AUX, DELTA
 from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
 from xbackend.compare.conditioning import amplifiers, ill_conditioned
 from xbackend.compare.floors import save_severed_feeds
 from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model, reorder_check
-from xbackend.compare.memory import JUDGE_COPIES
+from xbackend.compare.memory import judge_window_note, judge_windows, side_by_side
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
@@ -38,6 +37,7 @@ from xbackend.model import ModelRef, ModelSpec, load_proto
 from xbackend.modelref import np_dtype
 from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.progress import ProgressSink
+from xbackend.propagation import PROP
 from xbackend.reorder import Reordered, index_feeds, reorder
 from xbackend.results import EXPECTED, BackendResult, CrossBackendResult
 from xbackend.results.explanation import (
@@ -50,7 +50,7 @@ from xbackend.results.explanation import (
 from xbackend.sever import SEVERED, Severed, sever
 from xbackend.storage import save_values
 
-__all__ = ["FLOOR_ENGINE", "attach", "explain", "side_by_side"]
+__all__ = ["FLOOR_ENGINE", "attach", "explain"]
 
 FLOOR_ENGINE = "ort-cpu"
 JUDGE_ENGINE = "oracle"
@@ -154,22 +154,19 @@ def explain(
         return [[p.local_jobs[name]], *([[judge]] if judge is not None else [])]
 
     done = ex.run_queue(queue, 2 if side_by_side(ctx, 2) else 1, then)
+    ctx.notes.extend(_window_notes(ctx, state["plan"]))
     return _analyze(ctx, state["plan"], done, layers.capture)
 
 
-# each lane holds the model's weights about this many times over (the float64 judge: twice, and
-# its magnitudes; the floor engine: once, and its permuted copy), and a run's activations about
-# JUDGE_COPIES times (the float64 judge, the largest)
-_LANE_COPIES = 6
-
-
-def side_by_side(ctx: ProbeContext, lanes: int, processes: int = 0) -> bool:
-    """Whether `lanes` worker processes may run at once, a physical core each, with the memory
-    for `processes` of them (at least `lanes`: work beside them may hold more); --max-memory is
-    a per-process budget: then one at a time."""
-    cores = psutil.cpu_count(logical=False) or 1
-    held = max(lanes, processes) * (_LANE_COPIES * ctx.spec.weight_bytes + JUDGE_COPIES * ctx.run_bytes)
-    return cores >= lanes and held < psutil.virtual_memory().available // 2 and ctx.opts.max_memory is None
+def _window_notes(ctx: ProbeContext, plan: _Plan) -> list[str]:
+    """What the report says of each float64 judge cut into windows to fit the budget."""
+    out = []
+    for key, j in sorted(plan.judges.items()):
+        windows = j.job.phases[0].windows if j.job is not None else ()
+        if len(windows) > 1:
+            graph = f"{key}'s graph" if key in plan.optimized else (key or "the reference's grain")
+            out.append(judge_window_note(graph, windows, ctx.budget or 0))
+    return out
 
 
 def _ship(ctx: ProbeContext, plan: _Plan, name: str, written: JobOutcome, ref_capture: str) -> _Plan:
@@ -409,7 +406,10 @@ def _judge_job(
         _ref(ctx.spec, jpath, inputs, uses_external_data(judged.proto)),
         outputs=tuple(o.name for o in judged.proto.graph.output),
     )
-    phase = PhaseSpec(JUDGE_PHASE, judged.tensors, 1, model=model)
+    windows = judge_windows(
+        judged.tensors, shapes, (AUX, PROP), ctx.run_bytes, ctx.spec.weight_bytes, ctx.budget
+    )
+    phase = PhaseSpec(JUDGE_PHASE, judged.tensors, 1, model=model, windows=windows)
     label = f"explain-judge{'-' + key if key else ''}"
     # one BLAS thread: the explanation's jobs run side by side, a core each (its products are
     # a small part of an evaluation that is mostly numpy's elementwise work)

@@ -3,25 +3,44 @@ cut into windows (one session run each) where the engine holds only what it expo
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+import psutil
 
 from xbackend.errors import UsageError
 from xbackend.footprint import DEFAULT_SHARE, Sizes, available_memory, plan_windows, tensor_bytes
 from xbackend.inputs import Feeds
 from xbackend.model import ModelSpec
-from xbackend.probes.base import PlannedBackend
+from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.results import CompareOptions
 from xbackend.textfmt import gib
 
-__all__ = ["JUDGE_COPIES", "OVERHEAD", "MemoryPlan", "memory_plan", "sizing_note", "window_note"]
+__all__ = [
+    "JUDGE_COPIES",
+    "OVERHEAD",
+    "MemoryPlan",
+    "judge_peak",
+    "judge_window_note",
+    "judge_windows",
+    "memory_plan",
+    "side_by_side",
+    "sizing_note",
+    "window_note",
+]
 
 OVERHEAD = 2**30  # a worker's interpreter, engine libraries and arenas, beyond weights and tensors
 # the float64 judge's peak in units of one run's float32 activations (measured: 8.5 on a GPT-2
 # at sequence 256 - values and magnitudes in float64, the severed inputs, the evaluator's own)
 JUDGE_COPIES = 9
+# cut into windows, the judge holds the whole run's feeds (as captured) and about this many times
+# its window's float64 tensors: values and magnitudes, their operands widened, a node's temporaries
+JUDGE_WINDOW_COPIES = 3
+# a window's build also holds the results its later nodes still read: this many of the largest
+# tensor besides the window's own
+_LIVE = 2
 _GiB = 2**30
 
 
@@ -69,6 +88,14 @@ class MemoryPlan:
                     f"{p.name} out of --backends (ort-cpu cuts its tensors into windows)"
                 )
             return ()
+        # the window's tensors as the engine holds them, and what its later nodes still read
+        largest = max((self.sizes.get(t, 0) for t in tensors), default=0)
+        room = int(room / cls.value_width) - _LIVE * largest
+        if room <= 0:
+            raise UsageError(
+                f"{p.name} needs about {gib(int(_LIVE * largest * cls.value_width))} for the tensors its "
+                f"nodes read beside its weights ({gib(held)}): more than the {self.describe()}; {raise_it}"
+            )
         plan = plan_windows(
             tensors,
             self.sizes,
@@ -83,17 +110,19 @@ class MemoryPlan:
 
     def explanation_blocker(self, spec: ModelSpec) -> str:
         """Why the explanation's builds cannot run within the budget ('' when they can): the
-        severed model takes every tensor of a run in and gives every one out, and the float64
-        judge holds each in float64 with its operands' magnitudes (JUDGE_COPIES)."""
+        severed model takes every tensor of a run in and gives every one out; the float64 judge,
+        cut into windows where it must, holds the run's feeds and a window's tensors in float64
+        with their magnitudes (the largest tensor alone at least)."""
         if self.budget is None:
             return ""
         run = self.run_bytes(spec)
+        largest = 2 * max((self.sizes.get(t, 0) for t in spec.all_tensors()), default=0)  # float64
         if 2 * run + 2 * self.weights + OVERHEAD > self.budget:
             what = f"its builds hold every tensor of a run twice (about {gib(2 * run)}) beside the weights"
-        elif JUDGE_COPIES * run + 2 * self.weights + OVERHEAD > self.budget:
+        elif run + 2 * JUDGE_WINDOW_COPIES * largest + 2 * self.weights + OVERHEAD > self.budget:
             what = (
-                "its float64 judge holds every tensor of a run in float64 with its operands' magnitudes "
-                f"(about {gib(JUDGE_COPIES * run)})"
+                "its float64 judge holds the run's feeds and, node by node, the largest tensor in "
+                f"float64 with its magnitude (about {gib(run + 2 * JUDGE_WINDOW_COPIES * largest)})"
             )
         else:
             return ""
@@ -102,6 +131,64 @@ class MemoryPlan:
 
     def _raise_it(self) -> str:
         return "raise --max-memory" if self.explicit else "free memory, or set --max-memory higher"
+
+
+def judge_peak(run: int, weights: int, budget: int | None) -> int:
+    """The float64 judge's planned peak: whole (JUDGE_COPIES runs of activations) where that
+    fits the budget, else the budget its windows are cut to fill."""
+    whole = JUDGE_COPIES * run + 2 * weights + OVERHEAD
+    return whole if budget is None or whole <= budget else budget
+
+
+def judge_windows(
+    tensors: Sequence[str],
+    shapes: Mapping[str, tuple[int, ...]],
+    prefixes: Sequence[str],
+    run: int,
+    weights: int,
+    budget: int | None,
+) -> tuple[tuple[str, ...], ...]:
+    """The judged model's tensors cut into windows whose float64 values fit the budget beside the
+    run's feeds (() for one window: the whole judge fits). Sizes are the captured shapes, never a
+    guess: a tensor named `prefix + name` has `name`'s shape; one with no shape counts as the
+    largest (the severed graph's own, which the capture does not hold)."""
+    if budget is None or judge_peak(run, weights, budget) < budget:
+        return ()
+    room = (budget - run - 2 * weights - OVERHEAD) // JUDGE_WINDOW_COPIES
+
+    def base(t: str) -> str:
+        return next((t[len(p) :] for p in prefixes if t.startswith(p)), t)
+
+    sizes = {t: 8 * int(np.prod(shapes[base(t)], dtype=np.int64)) for t in tensors if base(t) in shapes}
+    largest = max(sizes.values(), default=0)
+    full = {t: sizes.get(t, largest) for t in tensors}
+    what = "raise --max-memory or give the inputs smaller shapes (--shape)"
+    return plan_windows(tensors, full, max(room, 1), what).windows
+
+
+# each lane holds the model's weights about this many times over (the float64 judge: twice, and
+# its magnitudes; the floor engine: once, and its permuted copy), and a run's activations as the
+# float64 judge does (the largest of its jobs)
+_LANE_COPIES = 6
+
+
+def side_by_side(ctx: ProbeContext, lanes: int, processes: int = 0) -> bool:
+    """Whether `lanes` worker processes may run at once, a physical core each, with the memory
+    for `processes` of them (at least `lanes`: work beside them may hold more); --max-memory is
+    a per-process budget: then one at a time."""
+    cores = psutil.cpu_count(logical=False) or 1
+    judge = judge_peak(ctx.run_bytes, ctx.spec.weight_bytes, ctx.budget)
+    held = max(lanes, processes) * (_LANE_COPIES * ctx.spec.weight_bytes + judge)
+    return cores >= lanes and held < psutil.virtual_memory().available // 2 and ctx.opts.max_memory is None
+
+
+def judge_window_note(graph: str, windows: Sequence[Sequence[str]], budget: int) -> str:
+    """What the report says of a float64 judge cut into windows to fit the budget."""
+    return (
+        f"the float64 judge of {graph} evaluated its {sum(map(len, windows))} tensors in "
+        f"{len(windows)} windows, each its own evaluation, to stay within {gib(budget)} per "
+        "process; every node was still judged"
+    )
 
 
 def memory_plan(spec: ModelSpec, proto: onnx.ModelProto, feeds: Feeds, opts: CompareOptions) -> MemoryPlan:

@@ -20,8 +20,8 @@ from xbackend.compare.captures import save_captures
 from xbackend.compare.conditioning import far_from_float64
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.drift import baseline_drifts
-from xbackend.compare.explain import attach, explain, side_by_side
-from xbackend.compare.memory import memory_plan, sizing_note, window_note
+from xbackend.compare.explain import attach, explain
+from xbackend.compare.memory import memory_plan, side_by_side, sizing_note, window_note
 from xbackend.compare.plan import (
     feeds_for,
     feeds_info,
@@ -81,7 +81,9 @@ def compare_with_options(
         notes += [n for n in [sizing_note(memory)] if n]
         feeds_path = work / "feeds.xbv"
         feeds.save(feeds_path)
-        ctx = ProbeContext(spec, opts, feeds, feeds_path, work, run_bytes=memory.run_bytes(spec))
+        ctx = ProbeContext(
+            spec, opts, feeds, feeds_path, work, run_bytes=memory.run_bytes(spec), budget=memory.budget
+        )
         probes = [PROBES[n](ctx) for n in wanted]
         # One backend, one build, nothing saved or compared after: its per-layer tensors cross no
         # process, so the worker compares them run to run by digest and writes the outputs only.

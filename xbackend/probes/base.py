@@ -54,6 +54,7 @@ class ProbeContext:
     work: Path
     notes: list[str] = field(default_factory=list)
     run_bytes: int = 0  # the activations of one run (every tensor sized before running)
+    budget: int | None = None  # bytes a worker process may use (None: the OS does not say)
 
     def save_feeds(self, feeds: Feeds, name: str) -> Path:
         path = self.work / f"{name}.xbv"

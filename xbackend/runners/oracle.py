@@ -282,6 +282,9 @@ class OracleRunner(ReferenceRunner):
             shutil.rmtree(self._folder, ignore_errors=True)  # mapped files stay readable until unmapped
             self._folder = ""
 
+    def kept(self) -> set[str]:
+        return {name + _CAST for name in self._cast_back}
+
     def widen(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         return {k: _widen(v) for k, v in feeds.items()}
 

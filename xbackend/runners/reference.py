@@ -25,7 +25,7 @@ from xbackend.runners.contrib import contrib_ops
 from xbackend.runners.mlops import ml_ops
 from xbackend.values import Value, normalize
 
-__all__ = ["ReferenceRunner", "blas_info"]
+__all__ = ["ReferenceRunner", "blas_info", "graph_reads", "last_uses", "prune"]
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -43,8 +43,10 @@ def blas_info() -> str:
 class ReferenceRunner(Runner):
     name = "reference"
     description = "onnx.reference.ReferenceEvaluator (numpy), BLAS threads pinned"
-    instrumentation_changes_engine = False  # it keeps every intermediate anyway
-    holds_every_intermediate = True  # the evaluator keeps every result of a run
+    instrumentation_changes_engine = False  # it computes node by node whatever it exposes
+    # a build evaluates only the nodes its exposed tensors need and drops each result its last
+    # reader is done with, so a window holds its own tensors and the few still to be read
+    windowed = True
     weight_copies = 1.0  # memory-mapped from the model's files
     option_specs: ClassVar[Sequence[OptionSpec]] = (
         OptionSpec("threads", int, 1, "BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS)"),
@@ -55,6 +57,8 @@ class ReferenceRunner(Runner):
         self._evaluator: Any = None
         self._missing: dict[str, str] = {}
         self._tensor_seqs: set[str] = set()  # outputs declared a sequence of tensors
+        self._reads: set[str] = set()  # the graph inputs the pruned graph reads
+        self._dead: list[list[str]] = []  # per node: results no later node reads, none exposed
 
     @classmethod
     def availability(cls) -> Availability:
@@ -73,7 +77,12 @@ class ReferenceRunner(Runner):
         weights = map_external(proto, Path(model.path))
         if weights:  # a fresh proto: the old one's arena still holds the bytes of lifted weights
             proto = onnx.load_from_string(proto.SerializeToString())
+        prune(proto, tensors)
+        held = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
+        weights = {k: v for k, v in weights.items() if k in held}
         proto, weights = self.transform(proto, weights)
+        self._reads = {i.name for i in proto.graph.input} & (graph_reads(proto.graph) | set(tensors))
+        self._dead = last_uses(proto.graph, {*tensors, *self.kept()})
         self._tensor_seqs = {o.name for o in proto.graph.output if _sequence_of_tensors(o.type)}
         container = ModelContainer()
         container.model_proto = proto
@@ -92,6 +101,10 @@ class ReferenceRunner(Runner):
         float64)."""
         return proto, weights
 
+    def kept(self) -> set[str]:
+        """Results a run keeps beside the exposed tensors (for inspect)."""
+        return set()
+
     def widen(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         """Feeds as the transformed model takes them."""
         return dict(feeds)
@@ -105,7 +118,8 @@ class ReferenceRunner(Runner):
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         try:
-            results = self._evaluator.run(None, self.widen(feeds), intermediate=True)
+            used = {k: v for k, v in feeds.items() if k in self._reads}
+            results = _evaluate(self._evaluator, self.widen(used), self._dead)
         except Exception as e:
             raise RunnerFailedError(f"the reference evaluator failed while running {_msg(e)}") from e
         self.inspect(results)
@@ -133,6 +147,83 @@ class ReferenceRunner(Runner):
 
     def close(self) -> None:
         self._evaluator = None
+
+
+def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """The names a node's subgraphs read (from the enclosing scope, by name: If, Loop, Scan)."""
+    out: set[str] = set()
+    for a in node.attribute:
+        for sub in (a.g, *a.graphs) if a.HasField("g") else a.graphs:
+            out |= graph_reads(sub)
+    return out
+
+
+def graph_reads(g: onnx.GraphProto) -> set[str]:
+    """Every name the graph's nodes read, their subgraphs' included."""
+    out: set[str] = set()
+    for n in g.node:
+        out.update(i for i in n.input if i)
+        out |= _subgraph_reads(n)
+    return out
+
+
+def prune(proto: onnx.ModelProto, wanted: Sequence[str]) -> None:
+    """Only the nodes and weights `wanted` (and the graph outputs still made) need, in place:
+    a window of a severed graph evaluates its own nodes, not the whole model's."""
+    g = proto.graph
+    need = set(wanted)
+    keep: list[onnx.NodeProto] = []
+    for node in reversed(g.node):
+        if any(o in need for o in node.output):
+            keep.append(node)
+            need.update(i for i in node.input if i)
+            need |= _subgraph_reads(node)
+    if len(keep) == len(g.node):
+        return
+    made = {o for n in keep for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
+    outputs = [o for o in g.output if o.name in made and o.name in need]
+    inits = [t for t in g.initializer if t.name in need]
+    del g.node[:], g.output[:], g.initializer[:]
+    g.node.extend(reversed(keep))
+    g.output.extend(outputs)
+    g.initializer.extend(inits)
+
+
+def last_uses(g: onnx.GraphProto, kept: set[str]) -> list[list[str]]:
+    """Per node, the results to drop once it ran: read by no later node, not in `kept`."""
+    last: dict[str, int] = {}
+    for k, n in enumerate(g.node):
+        for name in {*(i for i in n.input if i), *_subgraph_reads(n), *(o for o in n.output if o)}:
+            last[name] = k
+    held = kept | {t.name for t in g.initializer}
+    dead: list[list[str]] = [[] for _ in g.node]
+    for name, k in sorted(last.items()):
+        if name not in held:
+            dead[k].append(name)
+    return dead
+
+
+def _evaluate(evaluator: Any, feeds: dict[str, Value], dead: list[list[str]]) -> dict[str, Value]:
+    """ReferenceEvaluator.run(intermediate=True), each result dropped after its last reader
+    (`dead`): a run holds the tensors it exposes and those still to be read, not all of them."""
+    nodes = getattr(evaluator, "rt_nodes_", None)
+    inits = getattr(evaluator, "rt_inits_", None)
+    if nodes is None or inits is None or len(nodes) != len(dead):  # another onnx: keep everything
+        return dict(evaluator.run(None, feeds, intermediate=True))
+    results: dict[str, Value] = {"": None, **inits, **feeds}
+    del feeds
+    for node, drop in zip(nodes, dead, strict=True):
+        missing = [i for i in node.input if i not in results]
+        if missing:
+            raise RuntimeError(f"{node.op_type} reads {missing[0]!r}, which is neither fed nor computed")
+        inputs = [results[i] for i in node.input]
+        outs = node.run(*inputs, context=results) if node.need_context() else node.run(*inputs)
+        del inputs
+        results.update(zip(node.output, outs, strict=False))
+        del outs
+        for name in drop:
+            results.pop(name, None)
+    return results
 
 
 class NodeError(Exception):
