@@ -23,7 +23,7 @@ __all__ = ["CodecError", "decode", "encode", "register_subclass"]
 T = TypeVar("T")
 CLASS_KEY = "__class__"
 TIME_FIELDS = frozenset(
-    {"build_s", "timings", "latency", "peak_rss_bytes"}
+    {"build_s", "timings", "latency", "peak_rss_bytes", "start_rss_bytes"}
 )  # wall times: left out unless asked for (byte-stable)
 # Polymorphic bases -> {tag: subclass}; filled by register_subclass.
 _SUBCLASSES: dict[type, dict[str, type]] = {}

@@ -175,6 +175,7 @@ class WorkerResult:
     opt_levels: tuple[OptLevelRow, ...] = field(default=())
     phase_errors: tuple[tuple[str, str], ...] = ()  # later phases that failed after the first ran
     peak_rss_bytes: int = 0  # the worker process's peak resident memory (0: not measurable here)
+    start_rss_bytes: int = 0  # its resident memory once the engine was loaded, before the model
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -192,6 +193,7 @@ class WorkerResult:
             tuple(OptLevelRow.from_dict(r) for r in d["opt_levels"]),
             tuple(map(tuple, d["phase_errors"])),
             int(d.get("peak_rss_bytes", 0)),
+            int(d.get("start_rss_bytes", 0)),
         )
 
     def phase(self, name: str) -> PhaseResult | None:

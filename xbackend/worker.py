@@ -289,7 +289,11 @@ def execute(job: WorkerJob) -> WorkerResult:
     stage = "load"
     phases: list[PhaseResult] = []
     runner: Runner | None = None
+    start = 0
     try:
+        with contextlib.suppress(Exception):  # a failed import fails the build, with its reason
+            _runner_class(job).load_engine()
+        start = current_rss()
         if job.kind == "opt-levels":
             stage = "opt-levels"
             runner = _new_runner(job)
@@ -313,7 +317,12 @@ def execute(job: WorkerJob) -> WorkerResult:
             runner.close()
             runner = None
         return WorkerResult(
-            "ok", "done", phases=tuple(phases), info=phases[0].info, phase_errors=tuple(errors)
+            "ok",
+            "done",
+            phases=tuple(phases),
+            info=phases[0].info,
+            phase_errors=tuple(errors),
+            start_rss_bytes=start,
         )
     except BaseException as e:  # the worker reports every failure, even KeyboardInterrupt
         info: tuple[tuple[str, str], ...] = ()
@@ -326,6 +335,15 @@ def execute(job: WorkerJob) -> WorkerResult:
         if runner is not None:
             with contextlib.suppress(Exception):
                 runner.close()
+
+
+def current_rss() -> int:
+    """This process's resident memory now, in bytes; 0 where the OS does not say (not Linux)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0
 
 
 def peak_rss() -> int:

@@ -41,6 +41,10 @@ JUDGE_WINDOW_COPIES = 3
 # a window's build also holds the results its later nodes still read: this many of the largest
 # tensor besides the window's own
 _LIVE = 2
+# what an engine's build takes beside its libraries whatever the model: its graph, kernels and
+# arenas while it builds (measured on a 1 MB model: 36 MiB for ONNX Runtime and onnx's
+# evaluator, 50 MiB for OpenVINO)
+BUILD_BYTES = 48 << 20
 _GiB = 2**30
 
 
@@ -103,6 +107,27 @@ class MemoryPlan:
             f"{raise_it}, or leave that tensor out with --tensors (e.g. --tensors modules)",
         )
         return plan.windows if len(plan.windows) > 1 else ()
+
+    def planned_bytes(
+        self,
+        p: PlannedBackend,
+        spec: ModelSpec,
+        opts: CompareOptions,
+        windows: Sequence[Sequence[str]],
+        feeds: int,
+    ) -> int:
+        """What `p`'s largest build holds beyond its engine loaded: the weights as it holds them,
+        its feeds, the tensors it exposes at once (a window's, where cut) as it holds them, with
+        what its later nodes still read where it does not expose every tensor, and a build's own
+        (BUILD_BYTES)."""
+        cls = p.cls
+        if cls is None:
+            return 0
+        exposed = spec.output_names if opts.outputs_only else spec.tensor_order(opts.outputs_only)
+        held = max((self.sizes.sized(w) for w in windows), default=self.sizes.sized(exposed))
+        largest = max((self.sizes.get(t, 0) for t in spec.all_tensors()), default=0)
+        live = _LIVE * largest if (windows or opts.outputs_only) else 0
+        return int(cls.weight_copies * self.weights + cls.value_width * (held + live) + feeds + BUILD_BYTES)
 
     def run_bytes(self, spec: ModelSpec) -> int:
         """Every tensor of one run, those sized before running (no guess)."""

@@ -79,6 +79,11 @@ def compare_with_options(
         windows = {p.name: memory.windows(p, spec, opts) for p in planned if not opts.outputs_only}
         notes += [window_note(p, w, spec, opts, memory) for p, w in windows.items() if w]
         notes += [n for n in [sizing_note(memory)] if n]
+        feed_bytes = sum(getattr(v, "nbytes", 0) for v in feeds.arrays.values())
+        planned = [
+            replace(p, planned_bytes=memory.planned_bytes(p, spec, opts, windows.get(p.name, ()), feed_bytes))
+            for p in planned
+        ]
         feeds_path = work / "feeds.xbv"
         feeds.save(feeds_path)
         ctx = ProbeContext(

@@ -55,6 +55,7 @@ def _ran(
     b: Builds, spec: ModelSpec, opts: CompareOptions, options: tuple[tuple[str, str], ...]
 ) -> BackendResult:
     first = b.outcomes[0]
+    top = max(b.outcomes, key=lambda o: o.result.peak_rss_bytes)
     outs = [o.outputs for o in b.outcomes]
     shown = first.layers or first.outputs
     return BackendResult(
@@ -82,7 +83,9 @@ def _ran(
         layer_digests=_digests(first.layers),
         promises=promised(b.planned.name, b.planned.options),
         latency=latency(b),
-        peak_rss_bytes=max(o.result.peak_rss_bytes for o in b.outcomes),
+        peak_rss_bytes=top.result.peak_rss_bytes,
+        start_rss_bytes=top.result.start_rss_bytes,
+        planned_bytes=b.planned.planned_bytes,
     )
 
 

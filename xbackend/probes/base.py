@@ -35,6 +35,7 @@ class PlannedBackend:
     raw_options: Mapping[str, str]
     unavailable: str = ""
     interpreter: Interpreter | None = None  # python=PATH: another environment, as probed
+    planned_bytes: int = 0  # what its largest build holds beyond its engine (the memory plan)
 
     def interpreter_info(self) -> tuple[tuple[str, str], ...]:
         return tuple(sorted(self.interpreter.info().items())) if self.interpreter else ()

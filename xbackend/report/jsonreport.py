@@ -44,6 +44,8 @@ def _backend(b: BackendResult, times: bool) -> dict[str, Any]:
     return {
         "latency": b.latency.to_json() if times and b.latency else None,
         "peak_rss_bytes": b.peak_rss_bytes if times and b.peak_rss_bytes else None,
+        "start_rss_bytes": b.start_rss_bytes if times and b.start_rss_bytes else None,
+        "planned_bytes": b.planned_bytes or None,
         "name": b.name,
         "status": b.status,
         "reason": b.reason,

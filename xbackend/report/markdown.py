@@ -31,7 +31,7 @@ from xbackend.report.sections import (
     runs_section,
     timings_section,
 )
-from xbackend.results import Result
+from xbackend.results import BackendResult, Result
 from xbackend.textfmt import fold, gib, module_note
 from xbackend.textfmt import num as _num
 from xbackend.textfmt import table as _table
@@ -172,13 +172,20 @@ def _backend_rows(r: Result) -> list[list[object]]:
         notes = [f"precision {dict(b.info)['precision']}"] if "precision" in dict(b.info) else []
         notes += [f"promises {', '.join(b.promises)}"] if b.promises else []
         name = f"{b.name} ({'; '.join(notes)})" if notes else b.name
-        lat = (
-            [b.latency.words() if b.latency else "–", gib(b.peak_rss_bytes) if b.peak_rss_bytes else "–"]
-            if r.options.shows_times
-            else []
-        )
+        lat = [b.latency.words() if b.latency else "–", _memory_cell(b)] if r.options.shows_times else []
         rows.append([name, status, det, runs, distinct, *lat, *vs, *([drift] if r.baseline else [])])
     return rows
+
+
+def _memory_cell(b: BackendResult) -> str:
+    """The measured peak beside the plan's (the engine's resident memory once loaded, measured,
+    and what the memory plan says the model adds)."""
+    if not b.peak_rss_bytes:
+        return "–"
+    if not b.planned_peak:
+        return gib(b.peak_rss_bytes)
+    ratio = b.peak_rss_bytes / b.planned_peak
+    return f"{gib(b.peak_rss_bytes)} (planned {gib(b.planned_peak)}, {ratio:.2f}x)"
 
 
 def _drift_cell(r: Result, name: str) -> str:
@@ -200,7 +207,7 @@ def _backends(r: Result) -> list[str]:
         "deterministic",
         "runs x builds",
         "distinct outputs",
-        *(["latency (median)", "peak memory"] if r.options.shows_times else []),
+        *(["latency (median)", "peak memory (planned)"] if r.options.shows_times else []),
         f"bitwise = {r.reference_used}",
         "max ULP (outputs)",
         "scaled ULP (outputs)",

@@ -108,8 +108,17 @@ class BackendResult:
     promises: tuple[str, ...] = ()  # what the runner promises: its hardware's and its modes'
     # one inference's wall time (left out of reports unless times are asked for: byte-stable)
     latency: Latency | None = field(default=None, compare=False)
-    # the largest peak resident memory of its build processes (reported with the times)
+    # the largest peak resident memory of its build processes, and that process's once its engine
+    # was loaded (reported with the times)
     peak_rss_bytes: int = field(default=0, compare=False)
+    start_rss_bytes: int = field(default=0, compare=False)
+    # what the memory plan says its largest build holds beyond its engine loaded (xbackend.compare.memory)
+    planned_bytes: int = field(default=0, compare=False)
+
+    @property
+    def planned_peak(self) -> int:
+        """The plan's peak for the process: what it measured with the engine loaded, and the plan."""
+        return self.start_rss_bytes + self.planned_bytes if self.start_rss_bytes and self.planned_bytes else 0
 
     @property
     def ok(self) -> bool:

@@ -148,6 +148,12 @@ class Runner(abc.ABC):
         """Available here, or why not (never raises)."""
 
     @classmethod
+    def load_engine(cls) -> None:
+        """Import the engine's libraries as a build would. The worker measures its resident memory
+        after this, so the memory plan is held against what the model takes, not the libraries."""
+        return None
+
+    @classmethod
     def all_option_specs(cls) -> tuple[OptionSpec, ...]:
         """The runner's own options and those every runner takes (its own win a clash)."""
         own = {s.name for s in cls.option_specs}

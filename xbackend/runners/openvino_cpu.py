@@ -156,6 +156,11 @@ class OpenVinoCpuRunner(Runner):
         self._missing: dict[str, str] = {}
 
     @classmethod
+    def load_engine(cls) -> None:
+        block_telemetry()
+        import openvino  # noqa: F401  # engine: openvino
+
+    @classmethod
     def availability(cls) -> Availability:
         if importlib.util.find_spec("openvino") is None:
             return Availability.missing("openvino not installed (pip install openvino)")

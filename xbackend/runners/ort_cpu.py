@@ -297,6 +297,10 @@ class OrtCpuRunner(Runner):
         self._notes: dict[str, str] = {}
 
     @classmethod
+    def load_engine(cls) -> None:
+        import onnxruntime  # noqa: F401  # engine: onnxruntime
+
+    @classmethod
     def availability(cls) -> Availability:
         if importlib.util.find_spec("onnxruntime") is None:
             return Availability.missing("onnxruntime not installed (pip install onnxruntime)")

@@ -61,6 +61,10 @@ class ReferenceRunner(Runner):
         self._dead: list[list[str]] = []  # per node: results no later node reads, none exposed
 
     @classmethod
+    def load_engine(cls) -> None:
+        import onnx.reference  # noqa: F401  # engine: onnx's reference evaluator
+
+    @classmethod
     def availability(cls) -> Availability:
         return Availability.ok(importlib.metadata.version("onnx"))
 

@@ -83,6 +83,10 @@ class TorchRunner(Runner):
         self._map_source = ""
 
     @classmethod
+    def load_engine(cls) -> None:
+        import torch  # noqa: F401  # heavy: torch
+
+    @classmethod
     def availability(cls) -> Availability:
         if importlib.util.find_spec("torch") is None:
             return Availability.missing("torch not installed (pip install 'xbackend[torch]')")
