@@ -379,3 +379,85 @@ def test_spread_holds_each_order_against_the_first_as_it_arrives() -> None:
     assert s.floors["z"] == 1.0 and s.spread["z"].shape == ()
     s.add("i", np.array([1, 3]), np.array([1, 2]))
     assert "i" not in s.spread
+
+
+def test_a_job_whose_files_cannot_be_written_fails_alone_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full disk (TMPDIR) while the explanation writes its jobs: the explanation is unavailable
+    and says why; the backends' own results stand and the comparison ends normally."""
+    from xbackend import executor
+
+    real = executor.run_batch
+
+    def full(jobs, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if any("explain" in str(d) for _, d in jobs):
+            raise OSError(28, "No space left on device", str(jobs[0][1] / "job.json"))
+        return real(jobs, *args, **kwargs)
+
+    monkeypatch.setattr(executor, "run_batch", full)
+    r = xbackend.compare(
+        ROOT / "models" / "torch_mlp.onnx", backends=["ort-cpu", "reference"], runs=1, probes=()
+    )
+    assert [b.status for b in r.backends] == ["ok", "ok"]
+    assert r.explanation.status == "unavailable"
+    assert "load: its files could not be written: No space left on device (" in r.explanation.reason
+    assert r.cross("ort-cpu").explained is None and r.cross("ort-cpu").not_judged
+    assert any(v.startswith("WARN: no explanation of the differences") for v in r.verdict())
+
+
+def test_a_worker_killed_by_a_full_disk_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A memory-mapped write to a full disk ends the worker with SIGBUS: the reason names the disk
+    and what to do, not only the signal; with room on the disk, the signal alone."""
+    import shutil
+    import signal
+    from collections import namedtuple
+
+    from xbackend import isolation
+
+    job = tmp_path / "explain-judge"
+    job.mkdir()
+    (job / "stderr.txt").write_text("")
+    bus = -int(signal.SIGBUS)
+    roomy = isolation._outcome(bus, job / "result.json", job / "stderr.txt", 1.0)
+    assert roomy.reason == "crashed with SIGBUS"
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10 << 30, 10 << 30, 1 << 20))
+    full = isolation._outcome(bus, job / "result.json", job / "stderr.txt", 1.0)
+    assert full.reason == (
+        f"crashed with SIGBUS: no space left on the disk that holds {tmp_path} "
+        "(set TMPDIR to a folder on a larger disk)"
+    )
+
+
+def test_an_explanation_whose_files_would_not_fit_on_disk_is_skipped_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The explanation writes about 6 runs of activations and 5 per backend compared (11 here);
+    with less free on TMPDIR's disk it is skipped, saying so, instead of failing part way."""
+    import shutil
+    from collections import namedtuple
+
+    from xbackend.compare import explain, memory
+
+    usage = namedtuple("usage", "total used free")
+    kw = dict(backends=["ort-cpu", "reference"], runs=1, probes=())
+    mlp = ROOT / "models" / "torch_mlp.onnx"
+    run = 0
+    real = memory.disk_blocker
+
+    def spy(folder: Path, run_bytes: int, backends: int) -> str:
+        nonlocal run
+        run = run_bytes
+        return real(folder, run_bytes, backends)
+
+    monkeypatch.setattr(explain, "disk_blocker", spy)
+    assert xbackend.compare(mlp, **kw).explanation.ok  # type: ignore[arg-type]
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 11 * run - 1))
+    r = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
+    assert r.explanation.reason.startswith("floors and origins were not measured: its files would take about")
+    assert r.explanation.reason.endswith(
+        "set TMPDIR to a folder on a larger disk, or give the inputs smaller shapes (--shape)"
+    )
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 11 * run))
+    assert xbackend.compare(mlp, **kw).explanation.ok  # type: ignore[arg-type]

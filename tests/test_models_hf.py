@@ -172,7 +172,8 @@ def test_dynamic_axis_language_models_at_long_sequences(factory: str, tmp_path: 
     real shapes (symbolic shape inference; the rotary and mask tables onnx's inference leaves
     open were once counted at the largest input dimension), the mask is ones, the comparison
     runs whole under the default budget with ONNX Runtime explained against the reference, and
-    in windows under a --max-memory that holds a third of a run."""
+    in windows under a --max-memory that holds a third of a run. The memory plan's peak is within
+    1.5x of the measured one."""
     import onnx
 
     from xbackend.compare.memory import OVERHEAD
@@ -205,8 +206,14 @@ def test_dynamic_axis_language_models_at_long_sequences(factory: str, tmp_path: 
             for v in unsized.graph.value_info
         )  # onnx alone leaves dimensions open on these exports
         kw = dict(backends=["ort-cpu", "reference"], shapes={"batch": (1,), "sequence": (512,)}, runs=1)
-        whole = xbackend.compare(path, probes="none", **kw)  # type: ignore[arg-type]
+        whole = xbackend.compare(path, probes="none", timings=True, **kw)  # type: ignore[arg-type]
         assert whole.exit_code == 0, whole.verdict()
+        for b in whole.backends:  # the plan's peak against the measured one (RSS, not a timing)
+            assert 1 / 1.5 <= b.peak_rss_bytes / b.planned_peak <= 1.5, (
+                b.name,
+                b.peak_rss_bytes,
+                b.planned_peak,
+            )
         assert dict(whole.feeds.made)["attention_mask"] == "ones (a mask: no position padded)"
         assert not any("windows" in n or "memory plan" in n for n in whole.notes), whole.notes
         assert whole.cross("ort-cpu").explained is True

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.foreign import stage_model
-from xbackend.isolation import WorkerOutcome, run_batch
+from xbackend.isolation import WorkerOutcome, disk_full, run_batch
 from xbackend.metrics import TensorDiff
 from xbackend.model import ModelRef, ModelSpec
 from xbackend.progress import ProgressSink
@@ -198,11 +198,6 @@ class Executor:
 
     def run_together(self, jobs: Sequence[Job]) -> list[JobOutcome]:
         """Jobs one after another in one worker process (see Runner.shares_process)."""
-        dirs = []
-        for job in jobs:
-            job_dir = self.work / job.label
-            job_dir.mkdir(parents=True)
-            dirs.append(job_dir)
         label = ", ".join(j.label for j in jobs)
         self.bar.describe(label)
         seen = 0
@@ -212,15 +207,25 @@ class Executor:
             seen += 1
             self.bar.advance()
 
-        batch = [(self._worker_job(j, d), d) for j, d in zip(jobs, dirs, strict=True)]
-        outcomes = run_batch(
-            batch,
-            self.timeout,
-            jobs[0].env(),
-            tick,
-            jobs[0].python,
-            lambda text: self.bar.detail(f"{label}: {text}"),
-        )
+        try:
+            dirs = []
+            for job in jobs:
+                job_dir = self.work / job.label
+                job_dir.mkdir(parents=True)
+                dirs.append(job_dir)
+            batch = [(self._worker_job(j, d), d) for j, d in zip(jobs, dirs, strict=True)]
+            outcomes = run_batch(
+                batch,
+                self.timeout,
+                jobs[0].env(),
+                tick,
+                jobs[0].python,
+                lambda text: self.bar.detail(f"{label}: {text}"),
+            )
+        except OSError as e:  # its files could not be written: these jobs fail, the comparison goes on
+            why = disk_full(self.work) or f"its files could not be written: {e.strerror or e} ({e.filename})"
+            failed = WorkerOutcome("failed", f"load: {why}", WorkerResult("failed", reason=why), 0.0)
+            outcomes = [failed] * len(jobs)
         self.bar.advance(max(0, sum(j.steps for j in jobs) - seen))
         self.bar.done(label)
         return [JobOutcome(j, o) for j, o in zip(jobs, outcomes, strict=True)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -191,4 +192,22 @@ def _outcome(code: int, result_path: Path, err_path: Path, elapsed: float) -> Wo
         return WorkerOutcome("failed", f"{result.stage}: {result.reason}", result, elapsed)
     tail = _stderr_tail(err_path)
     why = f"crashed with {signal_name(code)}" if code < 0 else f"worker exited with code {code}"
+    full = disk_full(err_path.parent)
+    if full:  # a memory-mapped write to a full disk ends in SIGBUS, a buffered one anywhere
+        why = f"{why}: {full}"
     return WorkerOutcome("failed", f"{why}: {tail}" if tail else why, result, elapsed)
+
+
+# below this, the disk that holds a job's files is taken to be what stopped it
+_NEARLY_FULL = 64 << 20
+
+
+def disk_full(folder: Path) -> str:
+    """Why a job's folder's disk stopped it ('' while it has room)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    if free >= _NEARLY_FULL:
+        return ""
+    return f"no space left on the disk that holds {folder.parent} (set TMPDIR to a folder on a larger disk)"

@@ -28,7 +28,7 @@ from xbackend.compare.builds import Builds
 from xbackend.compare.conditioning import amplifiers, ill_conditioned
 from xbackend.compare.floors import save_severed_feeds
 from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model, reorder_check
-from xbackend.compare.memory import judge_window_note, judge_windows, side_by_side
+from xbackend.compare.memory import disk_blocker, judge_window_note, judge_windows, side_by_side
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
@@ -109,6 +109,7 @@ def explain(
     others = [b for n, b in builds.items() if n not in (ref, EXPECTED) and b.ok]
     if not others:
         return Explanation("unavailable")  # nothing is compared with the reference
+    too_big = too_big or disk_blocker(ctx.work, ctx.run_bytes, len(others))
     if too_big:
         return Explanation("unavailable", f"floors and origins were not measured: {too_big}")
     if all(b.loaded is not None for b in others):

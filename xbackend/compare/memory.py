@@ -3,8 +3,10 @@ cut into windows (one session run each) where the engine holds only what it expo
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -22,6 +24,7 @@ __all__ = [
     "JUDGE_COPIES",
     "OVERHEAD",
     "MemoryPlan",
+    "disk_blocker",
     "judge_peak",
     "judge_window_note",
     "judge_windows",
@@ -205,6 +208,28 @@ def side_by_side(ctx: ProbeContext, lanes: int, processes: int = 0) -> bool:
     judge = judge_peak(ctx.run_bytes, ctx.spec.weight_bytes, ctx.budget)
     held = max(lanes, processes) * (_LANE_COPIES * ctx.spec.weight_bytes + judge)
     return cores >= lanes and held < psutil.virtual_memory().available // 2 and ctx.opts.max_memory is None
+
+
+# the explanation's files, in runs of activations: the severed feeds, the floor's run and spread,
+# the per-node floor's feeds, run and spread; per backend compared: its severed run and a float64
+# judge's values and magnitudes (its own graph's, or the reference grain's)
+_EXPLAIN_RUNS = 6
+_EXPLAIN_RUNS_PER_BACKEND = 5
+
+
+def disk_blocker(folder: Path, run: int, backends: int) -> str:
+    """Why the explanation's files would not fit on the disk that holds `folder` ('' if they do)."""
+    need = run * (_EXPLAIN_RUNS + _EXPLAIN_RUNS_PER_BACKEND * backends)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    if need <= free:
+        return ""
+    return (
+        f"its files would take about {gib(need)} on the disk that holds {folder.parent} ({gib(free)} "
+        "free); set TMPDIR to a folder on a larger disk, or give the inputs smaller shapes (--shape)"
+    )
 
 
 def judge_window_note(graph: str, windows: Sequence[Sequence[str]], budget: int) -> str:
