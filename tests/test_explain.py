@@ -433,7 +433,7 @@ def test_a_worker_killed_by_a_full_disk_says_so(tmp_path: Path, monkeypatch: pyt
 def test_an_explanation_whose_files_would_not_fit_on_disk_is_skipped_with_the_reason(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The explanation writes about 6 runs of activations and 5 per backend compared (11 here);
+    """The explanation writes at most 10 runs of activations and 5 per backend compared (15 here);
     with less free on TMPDIR's disk it is skipped, saying so, instead of failing part way."""
     import shutil
     from collections import namedtuple
@@ -453,11 +453,11 @@ def test_an_explanation_whose_files_would_not_fit_on_disk_is_skipped_with_the_re
 
     monkeypatch.setattr(explain, "disk_blocker", spy)
     assert xbackend.compare(mlp, **kw).explanation.ok  # type: ignore[arg-type]
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 11 * run - 1))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 15 * run - 1))
     r = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
     assert r.explanation.reason.startswith("floors and origins were not measured: its files would take about")
     assert r.explanation.reason.endswith(
         "set TMPDIR to a folder on a larger disk, or give the inputs smaller shapes (--shape)"
     )
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 11 * run))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 15 * run))
     assert xbackend.compare(mlp, **kw).explanation.ok  # type: ignore[arg-type]

@@ -124,6 +124,12 @@ class JobOutcome:
     def reason(self) -> str:
         return self.outcome.reason
 
+    def drop_captures(self) -> None:
+        """Delete the captures this job wrote, once nothing reads them (a run of activations each)."""
+        for ph in self.result.phases:
+            for path in (ph.capture, *(c for c, _ in ph.extra_captures)):
+                Path(path).unlink(missing_ok=True)
+
     def phase(self, name: str) -> PhaseResult | None:
         return self.result.phase(name)
 

@@ -141,6 +141,8 @@ def explain(
     shipping = {job.label: name for name, (job, _) in plan.optimized.items()}
 
     def then(o: JobOutcome) -> list[list[Job]]:
+        if plan.floor_job is not None and o.job.label == plan.floor_job.label:
+            o.drop_captures()  # its floors came back in its result: its captures are read no more
         name = shipping.get(o.job.label)
         if name is None:
             return []

@@ -210,15 +210,17 @@ def side_by_side(ctx: ProbeContext, lanes: int, processes: int = 0) -> bool:
     return cores >= lanes and held < psutil.virtual_memory().available // 2 and ctx.opts.max_memory is None
 
 
-# the explanation's files, in runs of activations: the severed feeds, the floor's run and spread,
-# the per-node floor's feeds, run and spread; per backend compared: its severed run and a float64
-# judge's values and magnitudes (its own graph's, or the reference grain's)
-_EXPLAIN_RUNS = 6
+# the explanation's files, in runs of activations: the severed feeds (1), the floor's run and
+# spread (2, deleted once it ends), the per-node floor's feeds, run and spread (3), the float64
+# judge's values and magnitudes (4); per backend compared: its severed run (1) and, judged on its
+# own graph, a judge of its own (4)
+_EXPLAIN_RUNS = 10
 _EXPLAIN_RUNS_PER_BACKEND = 5
 
 
 def disk_blocker(folder: Path, run: int, backends: int) -> str:
-    """Why the explanation's files would not fit on the disk that holds `folder` ('' if they do)."""
+    """Why the explanation's files would not fit on the disk that holds `folder` ('' if they do):
+    planned from the most they take, every backend judged on a graph of its own."""
     need = run * (_EXPLAIN_RUNS + _EXPLAIN_RUNS_PER_BACKEND * backends)
     try:
         free = shutil.disk_usage(folder).free
