@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -252,8 +254,9 @@ def _positions_model() -> onnx.ModelProto:
 def test_dynamic_shapes_are_sized_by_symbolic_inference_never_guessed() -> None:
     """A length computed from the sequence (seq/64 positions, as rotary tables are) is sized
     exactly: onnx's inference leaves it open, and counting it as the largest input dimension
-    made this table 4096 x 4096 (64 MiB) where it is 64 x 64. A data-dependent size stays
-    unsized, is named, and never refuses a run."""
+    made this table 4096 x 4096 (64 MiB) where it is 64 x 64. A data-dependent size is
+    measured by running the model once, exposing it alone (here, NonZero of an input with 8190
+    nonzeros: [2, 8190] int64), and the report says so."""
     from xbackend.footprint import tensor_bytes
 
     m = _positions_model()
@@ -264,8 +267,30 @@ def test_dynamic_shapes_are_sized_by_symbolic_inference_never_guessed() -> None:
     assert sizes["pos"] == 64 * 8 and sizes["table"] == 64 * 64 * 4 and sizes["y"] == 64 * 4
     assert sizes.unsized == ("nz",) and "nz" not in sizes
     assert sizes.describe() == (
-        "tensors sized 8 by ONNX Runtime's symbolic shape inference, 1 not sized before running "
+        "tensors sized 8 by ONNX Runtime's symbolic shape inference, 1 not sized "
         "(e.g. nz; counted at the largest sized tensor, and never the reason a run is refused)"
+    )
+    from xbackend.compare.memory import MemoryPlan, measure_unsized
+    from xbackend.compare.plan import plan_backend
+    from xbackend.storage import save_values
+
+    x = np.ones((2, 4096), np.float32)
+    x[0, :2] = 0  # two zeros: 8190 nonzeros
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        path = work / "positions.onnx"
+        for o, dims in zip(m.graph.output, (["n"], [2, "k"]), strict=True):  # a checked model's rank
+            o.CopyFrom(onnx.helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, dims))
+        onnx.save(m, path)
+        spec = load_model(path)[0]
+        feeds_path = work / "feeds.xbv"
+        save_values(feeds_path, {"x": x})
+        opts = xbackend.CompareOptions.create(backends=["ort-cpu"])
+        planned = [plan_backend("ort-cpu", opts, work, None)]
+        plan = measure_unsized(MemoryPlan(2**33, True, 0, sizes), spec, planned, work, feeds_path, 60.0)
+    assert plan.sizes["nz"] == 2 * 8190 * 8 and plan.sizes.unsized == ()
+    assert plan.sizes.describe() == (
+        "tensors sized 8 by ONNX Runtime's symbolic shape inference, 1 by running the model once on ort-cpu"
     )
 
 

@@ -8,7 +8,7 @@ import logging
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import onnx
 from onnx import TensorProto, helper
@@ -73,6 +73,9 @@ class Sizes(Mapping[str, int]):
     symbolic: int = 0  # sized by ONNX Runtime's symbolic shape inference (where it ran, it wins)
     onnx: int = 0  # sized by onnx's shape inference (data propagation) alone
     unsized: tuple[str, ...] = ()  # neither could: data-dependent, or an op they do not know
+    measured: int = 0  # sized by running the model once, exposing the unsized (measured_by)
+    measured_by: str = ""
+    unmeasured: str = ""  # why the unsized could not be measured
 
     def __getitem__(self, name: str) -> int:
         return self.by_tensor[name]
@@ -87,14 +90,27 @@ class Sizes(Mapping[str, int]):
         """Bytes of `tensors`, those sized before running alone (no guess)."""
         return sum(self.by_tensor.get(t, 0) for t in tensors)
 
+    def with_measured(self, measured: Mapping[str, int], by: str) -> Sizes:
+        """These sizes, the unsized tensors that `measured` holds sized as `by` ran them."""
+        got = {t: measured[t] for t in self.unsized if t in measured}
+        return replace(
+            self,
+            by_tensor={**self.by_tensor, **got},
+            unsized=tuple(t for t in self.unsized if t not in got),
+            measured=len(got),
+            measured_by=by,
+        )
+
     def describe(self) -> str:
         sized = [f"{self.symbolic} by ONNX Runtime's symbolic shape inference"] if self.symbolic else []
         sized += [f"{self.onnx} by onnx's shape inference"] if self.onnx else []
+        sized += [f"{self.measured} by running the model once on {self.measured_by}"] if self.measured else []
         text = f"tensors sized {', '.join(sized) or 'by neither shape inference'}"
         if self.unsized:
+            why = f"; measuring them failed: {self.unmeasured}" if self.unmeasured else ""
             text += (
-                f", {len(self.unsized)} not sized before running (e.g. {self.unsized[0]}; counted at "
-                "the largest sized tensor, and never the reason a run is refused)"
+                f", {len(self.unsized)} not sized (e.g. {self.unsized[0]}; counted at the largest sized "
+                f"tensor, and never the reason a run is refused{why})"
             )
         return text
 

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 import psutil
 
+from xbackend.capture import CaptureFile
 from xbackend.errors import UsageError
+from xbackend.executor import Executor, Job, PhaseSpec
 from xbackend.footprint import DEFAULT_SHARE, Sizes, available_memory, plan_windows, tensor_bytes
 from xbackend.inputs import Feeds
 from xbackend.model import ModelSpec
 from xbackend.probes.base import PlannedBackend, ProbeContext
+from xbackend.progress import NullProgress
 from xbackend.results import CompareOptions
 from xbackend.textfmt import gib
 
@@ -28,6 +31,7 @@ __all__ = [
     "judge_peak",
     "judge_window_note",
     "judge_windows",
+    "measure_unsized",
     "memory_plan",
     "side_by_side",
     "sizing_note",
@@ -258,9 +262,42 @@ def memory_plan(spec: ModelSpec, proto: onnx.ModelProto, feeds: Feeds, opts: Com
     return MemoryPlan(budget, explicit, weights, sizes)
 
 
+def measure_unsized(
+    plan: MemoryPlan,
+    spec: ModelSpec,
+    planned: Sequence[PlannedBackend],
+    work: Path,
+    feeds: Path,
+    timeout: float,
+) -> MemoryPlan:
+    """The tensors shape inference could not size, sized by running the model once on a backend
+    that holds only what it exposes (ort-cpu, the reference), exposing those alone: the plan is
+    made from what was measured, not from a guess. A failed run leaves them counted at the
+    largest sized tensor, and the report says why."""
+    sizes = plan.sizes
+    engine = next(
+        (p for p in planned if p.cls is not None and p.cls.windowed and p.interpreter is None), None
+    )
+    if not sizes.unsized or plan.budget is None or engine is None or engine.cls is None:
+        return plan
+    ex = Executor(spec, work / "sizing", timeout, NullProgress())
+    (work / "sizing").mkdir(exist_ok=True)
+    phase = PhaseSpec("sizing", sizes.unsized, 1)
+    o = ex.run(Job("sizing", engine.name, engine.cls, engine.variant(), feeds, (phase,)))
+    ph = o.phase("sizing") if o.ok else None
+    if ph is None:
+        return replace(plan, sizes=replace(sizes, unmeasured=f"{engine.name}: {o.reason}"))
+    with CaptureFile(ph.capture) as cap:
+        got = {
+            n: int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for n, (d, s) in cap.tensors().items()
+        }
+    o.drop_captures()
+    return replace(plan, sizes=sizes.with_measured(got, engine.name))
+
+
 def sizing_note(plan: MemoryPlan) -> str:
     """What the report says when some tensors could not be sized before running ('' if none)."""
-    if not plan.sizes.unsized:
+    if not plan.sizes.unsized and not plan.sizes.measured:
         return ""
     return f"memory plan: {plan.sizes.describe()}"
 

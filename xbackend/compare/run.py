@@ -21,7 +21,7 @@ from xbackend.compare.conditioning import far_from_float64
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.drift import baseline_drifts
 from xbackend.compare.explain import attach, explain
-from xbackend.compare.memory import memory_plan, side_by_side, sizing_note, window_note
+from xbackend.compare.memory import measure_unsized, memory_plan, side_by_side, sizing_note, window_note
 from xbackend.compare.plan import (
     feeds_for,
     feeds_info,
@@ -76,6 +76,9 @@ def compare_with_options(
         planned, notes = preflight(spec, proto, planned)
         memory = memory_plan(spec, proto, feeds, opts)
         del proto
+        feeds_path = work / "feeds.xbv"
+        feeds.save(feeds_path)
+        memory = measure_unsized(memory, spec, planned, work, feeds_path, opts.timeout)
         windows = {p.name: memory.windows(p, spec, opts) for p in planned if not opts.outputs_only}
         notes += [window_note(p, w, spec, opts, memory) for p, w in windows.items() if w]
         notes += [n for n in [sizing_note(memory)] if n]
@@ -84,8 +87,6 @@ def compare_with_options(
             replace(p, planned_bytes=memory.planned_bytes(p, spec, opts, windows.get(p.name, ()), feed_bytes))
             for p in planned
         ]
-        feeds_path = work / "feeds.xbv"
-        feeds.save(feeds_path)
         ctx = ProbeContext(
             spec, opts, feeds, feeds_path, work, run_bytes=memory.run_bytes(spec), budget=memory.budget
         )
