@@ -347,7 +347,16 @@ def current_rss() -> int:
 
 
 def peak_rss() -> int:
-    """This process's peak resident memory so far, in bytes; 0 where the OS does not say."""
+    """This process's peak resident memory so far, in bytes; 0 where the OS does not say. On
+    Linux, the kernel's high-water mark of this program's memory (VmHWM): getrusage's maxrss
+    survives exec, so it would count the parent's memory at the fork."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     if _resource is None:
         return 0
     peak = int(_resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss)

@@ -38,7 +38,10 @@ __all__ = [
     "window_note",
 ]
 
-OVERHEAD = 2**30  # a worker's interpreter, engine libraries and arenas, beyond weights and tensors
+# a worker's interpreter, engine libraries and a build's own, beyond weights and tensors (measured
+# at the peak on a 1 MB model: 70 MiB for ONNX Runtime and onnx's evaluator, 100 MiB for
+# OpenVINO; torch's libraries take about 400 MiB)
+OVERHEAD = 2**29
 # the float64 judge's peak in units of one run's float32 activations (measured: 8.5 on a GPT-2
 # at sequence 256 - values and magnitudes in float64, the severed inputs, the evaluator's own)
 JUDGE_COPIES = 9
@@ -48,10 +51,6 @@ JUDGE_WINDOW_COPIES = 3
 # a window's build also holds the results its later nodes still read: this many of the largest
 # tensor besides the window's own
 _LIVE = 2
-# what an engine's build takes beside its libraries whatever the model: its graph, kernels and
-# arenas while it builds (measured on a 1 MB model: 36 MiB for ONNX Runtime and onnx's
-# evaluator, 50 MiB for OpenVINO)
-BUILD_BYTES = 48 << 20
 _GiB = 2**30
 
 
@@ -126,7 +125,7 @@ class MemoryPlan:
         """What `p`'s largest build holds beyond its engine loaded: the weights as it holds them,
         its feeds, the tensors it exposes at once (a window's, where cut) as it holds them, with
         what its later nodes still read where it does not expose every tensor, and a build's own
-        (BUILD_BYTES)."""
+        (Runner.build_bytes)."""
         cls = p.cls
         if cls is None:
             return 0
@@ -134,7 +133,9 @@ class MemoryPlan:
         held = max((self.sizes.sized(w) for w in windows), default=self.sizes.sized(exposed))
         largest = max((self.sizes.get(t, 0) for t in spec.all_tensors()), default=0)
         live = _LIVE * largest if (windows or opts.outputs_only) else 0
-        return int(cls.weight_copies * self.weights + cls.value_width * (held + live) + feeds + BUILD_BYTES)
+        return int(
+            cls.weight_copies * self.weights + cls.value_width * (held + live) + feeds + cls.build_bytes
+        )
 
     def run_bytes(self, spec: ModelSpec) -> int:
         """Every tensor of one run, those sized before running (no guess)."""

@@ -155,6 +155,8 @@ class OpenVinoCpuRunner(Runner):
         self._ports: list[tuple[int, list[str]]] = []
         self._missing: dict[str, str] = {}
 
+    build_bytes = 48 << 20  # its CPU plugin loads with the first compile (measured: 47 MiB)
+
     @classmethod
     def load_engine(cls) -> None:
         block_telemetry()
