@@ -309,3 +309,24 @@ def test_the_planned_peak_is_within_one_and_a_half_times_the_measured_one() -> N
     js = {b["name"]: b for b in json.loads(xbackend.to_json(r))["backends"]}
     assert js["ort-cpu"]["planned_bytes"] == ort.planned_bytes
     assert js["ort-cpu"]["peak_rss_bytes"] == ort.peak_rss_bytes
+
+
+def test_a_backend_past_the_budget_is_unavailable_and_the_others_run() -> None:
+    """One backend that cannot fit --max-memory (the oracle holds the weights twice, in float64)
+    is unavailable with the reason; the comparison goes on with the others. Only when none fits
+    is it a one-line error."""
+    from xbackend.compare.memory import OVERHEAD
+    from xbackend.extdata import raw_size
+
+    weights = sum(raw_size(t) or 0 for t in load_model(MLP)[1].graph.initializer)
+    budget = OVERHEAD + int(1.5 * weights)  # the reference's one copy fits, the oracle's two do not
+    r = xbackend.compare(MLP, backends=["reference", "oracle"], runs=1, probes=(), max_memory=budget)
+    assert r.backend("reference").status == "ok"
+    oracle = r.backend("oracle")
+    assert oracle.status == "unavailable"
+    assert oracle.reason.startswith(
+        "it does not fit the memory budget: oracle holds the weights about 2 times"
+    )
+    assert oracle.reason.endswith("raise --max-memory")
+    with pytest.raises(UsageError, match=r"^oracle holds the weights about 2 times .* raise --max-memory$"):
+        xbackend.compare(MLP, backends=["oracle"], runs=1, probes=(), max_memory=budget)

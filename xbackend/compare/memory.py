@@ -114,6 +114,29 @@ class MemoryPlan:
         )
         return plan.windows if len(plan.windows) > 1 else ()
 
+    def plan_all(
+        self, planned: Sequence[PlannedBackend], spec: ModelSpec, opts: CompareOptions
+    ) -> tuple[list[PlannedBackend], dict[str, tuple[tuple[str, ...], ...]]]:
+        """Each backend's windows; a backend that cannot fit the budget is unavailable, with the
+        reason, and the others run; a UsageError when none of them can."""
+        windows: dict[str, tuple[tuple[str, ...], ...]] = {}
+        refused: dict[str, str] = {}
+        for p in planned:
+            try:
+                windows[p.name] = () if opts.outputs_only else self.windows(p, spec, opts)
+            except UsageError as e:
+                refused[p.name] = str(e)
+        runnable = [p for p in planned if p.cls is not None]
+        if refused and len(refused) == len(runnable):
+            raise UsageError(refused[runnable[0].name])
+        out = [
+            replace(p, cls=None, unavailable=f"it does not fit the memory budget: {refused[p.name]}")
+            if p.name in refused
+            else p
+            for p in planned
+        ]
+        return out, windows
+
     def planned_bytes(
         self,
         p: PlannedBackend,

@@ -79,7 +79,7 @@ def compare_with_options(
         feeds_path = work / "feeds.xbv"
         feeds.save(feeds_path)
         memory = measure_unsized(memory, spec, planned, work, feeds_path, opts.timeout)
-        windows = {p.name: memory.windows(p, spec, opts) for p in planned if not opts.outputs_only}
+        planned, windows = memory.plan_all(planned, spec, opts)
         notes += [window_note(p, w, spec, opts, memory) for p, w in windows.items() if w]
         notes += [n for n in [sizing_note(memory)] if n]
         feed_bytes = sum(getattr(v, "nbytes", 0) for v in feeds.arrays.values())
