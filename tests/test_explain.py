@@ -18,6 +18,7 @@ from xbackend.reorder import index_feeds, reorder
 from xbackend.rounding import EXACT, bound_for
 from xbackend.samples import build
 from xbackend.sever import SEVERED, sever
+from xbackend.textfmt import gib
 
 ROOT = Path(__file__).resolve().parent.parent
 D = TensorProto.DOUBLE
@@ -430,11 +431,13 @@ def test_a_worker_killed_by_a_full_disk_says_so(tmp_path: Path, monkeypatch: pyt
     )
 
 
-def test_an_explanation_whose_files_would_not_fit_on_disk_is_skipped_with_the_reason(
+def test_an_explanation_whose_files_would_not_fit_on_disk_is_windowed_or_skipped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The explanation writes at most 10 runs of activations and 5 per backend compared (15 here);
-    with less free on TMPDIR's disk it is skipped, saying so, instead of failing part way."""
+    """The explanation writes 6 runs of activations, 1 per backend compared, and 4 per float64
+    judge (2 here: the reference's grain and ONNX Runtime's graph): 15 runs. With less free on
+    TMPDIR's disk the judges are cut into windows, each judged and deleted in turn, and judge
+    the same; with room for less than half a run at a time, the explanation is skipped, saying so."""
     import shutil
     from collections import namedtuple
 
@@ -444,20 +447,28 @@ def test_an_explanation_whose_files_would_not_fit_on_disk_is_skipped_with_the_re
     kw = dict(backends=["ort-cpu", "reference"], runs=1, probes=())
     mlp = ROOT / "models" / "torch_mlp.onnx"
     run = 0
-    real = memory.disk_blocker
+    real = memory.explanation_disk
 
-    def spy(folder: Path, run_bytes: int, backends: int) -> str:
+    def spy(folder: Path, run_bytes: int, backends: int) -> tuple[str, int | None]:
         nonlocal run
         run = run_bytes
         return real(folder, run_bytes, backends)
 
-    monkeypatch.setattr(explain, "disk_blocker", spy)
-    assert xbackend.compare(mlp, **kw).explanation.ok  # type: ignore[arg-type]
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 15 * run - 1))
+    monkeypatch.setattr(explain, "explanation_disk", spy)
+    whole = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
+    assert whole.explanation.ok and not any(n.startswith("the float64 judge") for n in whole.notes)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 11 * run))
+    cut = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
+    notes = [n for n in cut.notes if n.startswith("the float64 judge")]
+    assert len(notes) == 2 and all("judged and deleted in turn" in n for n in notes), cut.notes
+    assert all(f"{gib(2 * run)} of files at a time" in n for n in notes)
+    assert cut.explanation.local == whole.explanation.local  # node by node, the same judgment
+    assert cut.explanation.reorder_check == whole.explanation.reorder_check
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 8 * run - 1))
     r = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
-    assert r.explanation.reason.startswith("floors and origins were not measured: its files would take about")
+    assert r.explanation.reason.startswith(
+        "floors and origins were not measured: its files would take at least"
+    )
     assert r.explanation.reason.endswith(
         "set TMPDIR to a folder on a larger disk, or give the inputs smaller shapes (--shape)"
     )
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 15 * run))
-    assert xbackend.compare(mlp, **kw).explanation.ok  # type: ignore[arg-type]

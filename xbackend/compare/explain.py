@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +27,12 @@ from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
 from xbackend.compare.conditioning import amplifiers, ill_conditioned
 from xbackend.compare.floors import save_severed_feeds
-from xbackend.compare.judge import JUDGE_PHASE, Judged, judge_backend, judged_model, reorder_check
-from xbackend.compare.memory import disk_blocker, judge_window_note, judge_windows, side_by_side
+from xbackend.compare.judge import JUDGE_PHASE, judged_model
+from xbackend.compare.judging import LOCAL_PHASE, NODE_FLOOR_PHASE, Judge, Plan, judge_all
+from xbackend.compare.memory import explanation_disk, judge_window_note, judge_windows, side_by_side
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
+from xbackend.errors import UsageError
 from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
 from xbackend.extdata import externalize, uses_external_data, write_rewritten
 from xbackend.model import ModelRef, ModelSpec, load_proto
@@ -38,14 +40,12 @@ from xbackend.modelref import np_dtype
 from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.progress import ProgressSink
 from xbackend.propagation import PROP
-from xbackend.reorder import Reordered, index_feeds, reorder
+from xbackend.reorder import index_feeds, reorder
 from xbackend.results import EXPECTED, BackendResult, CrossBackendResult
 from xbackend.results.explanation import (
     DECLINED,
     UNFUSED,
     Explanation,
-    LocalErrors,
-    ReorderCheck,
 )
 from xbackend.sever import SEVERED, Severed, sever
 from xbackend.storage import save_values
@@ -55,39 +55,6 @@ __all__ = ["FLOOR_ENGINE", "attach", "explain"]
 FLOOR_ENGINE = "ort-cpu"
 JUDGE_ENGINE = "oracle"
 _FLOOR_PHASE = "floor"
-_NODE_FLOOR_PHASE = "node-floor"
-_LOCAL_PHASE = "local"
-
-
-@dataclass(frozen=True)
-class _Judge:
-    """One float64 evaluation of a severed model, or why it cannot run."""
-
-    job: Job | None
-    judged: Judged | None
-    unavailable: str = ""
-
-
-@dataclass(frozen=True)
-class _Plan:
-    floor_job: Job | None
-    local_jobs: dict[str, Job]
-    not_measured: dict[str, str]
-    reordered: Reordered | None
-    extra: tuple[Path, ...]
-    order: tuple[str, ...]  # backends in --backends order
-    reference: str = ""
-    judges: Mapping[str, _Judge] = field(default_factory=dict)  # "" : the reference's granularity
-    judge_of: Mapping[str, str] = field(default_factory=dict)  # backend -> its judge's key
-    # backends whose optimized graph is written first (round 1), then severed and judged (round 2)
-    optimized: Mapping[str, tuple[Job, Path]] = field(default_factory=dict)
-    available: Mapping[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
-    captured: Mapping[str, str] = field(default_factory=dict)  # tensor -> dtype, as the reference holds it
-    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    graphs: Mapping[str, str] = field(default_factory=dict)  # backend -> the graph its nodes were judged on
-    covers: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
-    node_floor_job: Job | None = None  # the severed model's sums in K orders: the per-node check
-    rewrites: ModelSpec | None = None  # the model whose folder holds the rewrites' weights
 
 
 def explain(
@@ -109,7 +76,9 @@ def explain(
     others = [b for n, b in builds.items() if n not in (ref, EXPECTED) and b.ok]
     if not others:
         return Explanation("unavailable")  # nothing is compared with the reference
-    too_big = too_big or disk_blocker(ctx.work, ctx.run_bytes, len(others))
+    no_room, judge_disk = explanation_disk(ctx.work, ctx.run_bytes, len(others))
+    too_big = too_big or no_room
+    ctx = replace(ctx, judge_disk=judge_disk)  # its notes stay the caller's list
     if too_big:
         return Explanation("unavailable", f"floors and origins were not measured: {too_big}")
     if all(b.loaded is not None for b in others):
@@ -158,21 +127,21 @@ def explain(
 
     done = ex.run_queue(queue, 2 if side_by_side(ctx, 2) else 1, then)
     ctx.notes.extend(_window_notes(ctx, state["plan"]))
-    return _analyze(ctx, state["plan"], done, layers.capture)
+    return _analyze(ctx, state["plan"], done, layers.capture, ex)
 
 
-def _window_notes(ctx: ProbeContext, plan: _Plan) -> list[str]:
+def _window_notes(ctx: ProbeContext, plan: Plan) -> list[str]:
     """What the report says of each float64 judge cut into windows to fit the budget."""
     out = []
     for key, j in sorted(plan.judges.items()):
-        windows = j.job.phases[0].windows if j.job is not None else ()
-        if len(windows) > 1:
+        if j.windows:
             graph = f"{key}'s graph" if key in plan.optimized else (key or "the reference's grain")
-            out.append(judge_window_note(graph, windows, ctx.budget or 0))
+            windows = [w.phases[0].tensors for w in j.windows]
+            out.append(judge_window_note(graph, windows, ctx.budget or 0, ctx.judge_disk))
     return out
 
 
-def _ship(ctx: ProbeContext, plan: _Plan, name: str, written: JobOutcome, ref_capture: str) -> _Plan:
+def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_capture: str) -> Plan:
     """Backend `name`'s optimized graph, `written`: severed at the reference's tensors, its local
     job and judge; where it cannot be judged, the unfused severed model's local job stands, and why."""
     folder = ctx.work / "explain"
@@ -190,7 +159,7 @@ def _ship(ctx: ProbeContext, plan: _Plan, name: str, written: JobOutcome, ref_ca
     )
     if isinstance(got, str):
         return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {got}"})
-    phase = PhaseSpec(_LOCAL_PHASE, got.tensors, 1, model=got.model)
+    phase = PhaseSpec(LOCAL_PHASE, got.tensors, 1, model=got.model)
     # ONNX Runtime runs its optimized graph as saved; OpenVINO fuses each piece as it ships it
     options = (
         old.raw_options
@@ -239,7 +208,7 @@ def _plan(
     results: Mapping[str, BackendResult],
     ref: str,
     ref_capture: str,
-) -> _Plan:
+) -> Plan:
     spec, opts = ctx.spec, ctx.opts
     folder = ctx.work / "explain"
     folder.mkdir(parents=True, exist_ok=True)
@@ -327,10 +296,10 @@ def _plan(
             judge_of[name] = name
         own = replace(spec.ref(), inputs=smodel.inputs)
         model = smodel if b.cls.executes_graph else own
-        phase = PhaseSpec(_LOCAL_PHASE, tensors, 1, model=model)
+        phase = PhaseSpec(LOCAL_PHASE, tensors, 1, model=model)
         local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
     del proto
-    return _Plan(
+    return Plan(
         floor_job,
         local_jobs,
         not_measured,
@@ -378,7 +347,7 @@ def _node_floor_job(
         save_values(p, index_feeds(rs, np.random.default_rng([ctx.opts.seed, 1000 + k])))
         paths.append(p)
     tensors = tuple(o for n in severed.proto.graph.node for o in n.output if o)
-    phase = PhaseSpec(_NODE_FLOOR_PHASE, tensors, 1, tuple(paths), model=model, extras="spread")
+    phase = PhaseSpec(NODE_FLOOR_PHASE, tensors, 1, tuple(paths), model=model, extras="spread")
     # one thread, as the floor: a race must not pass for reordering
     return Job("explain-node-floor", engine.name, engine.cls, engine.variant(threads="1"), base, (phase,))
 
@@ -393,12 +362,12 @@ def _judge_job(
     key: str,
     source: str | Path,
     fill_shapes: bool = False,
-) -> _Judge:
+) -> Judge:
     """The severed model with each node's operand magnitudes, evaluated in float64 without
     rounding back (the oracle, narrow=false); or why it cannot run."""
     oracle = plan_backend(JUDGE_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
     if oracle.cls is None:
-        return _Judge(
+        return Judge(
             None, None, f"the float64 evaluator ({JUDGE_ENGINE}) cannot run here: {oracle.unavailable}"
         )
     judged = judged_model(severed, shapes, captured, fill_shapes)
@@ -409,16 +378,30 @@ def _judge_job(
         _ref(ctx.spec, jpath, inputs, uses_external_data(judged.proto)),
         outputs=tuple(o.name for o in judged.proto.graph.output),
     )
-    windows = judge_windows(
-        judged.tensors, shapes, (AUX, PROP), ctx.run_bytes, ctx.spec.weight_bytes, ctx.budget
-    )
-    phase = PhaseSpec(JUDGE_PHASE, judged.tensors, 1, model=model, windows=windows)
+    try:
+        windows = judge_windows(
+            judged.tensors,
+            shapes,
+            (AUX, PROP),
+            ctx.run_bytes,
+            ctx.spec.weight_bytes,
+            ctx.budget,
+            ctx.judge_disk,
+        )
+    except UsageError as e:  # not even one node fits: said, never killed
+        return Judge(None, None, f"the float64 judge does not fit: {e}")
     label = f"explain-judge{'-' + key if key else ''}"
     # one BLAS thread: the explanation's jobs run side by side, a core each (its products are
     # a small part of an evaluation that is mostly numpy's elementwise work)
     variant = oracle.variant(narrow="false", threads="1")
-    job = Job(label, JUDGE_ENGINE, oracle.cls, variant, sfeeds, (phase,))
-    return _Judge(job, judged)
+
+    def job(suffix: str, tensors: tuple[str, ...]) -> Job:
+        phase = PhaseSpec(JUDGE_PHASE, tensors, 1, model=model)
+        return Job(label + suffix, JUDGE_ENGINE, oracle.cls, variant, sfeeds, (phase,))  # type: ignore[arg-type]
+
+    if windows:  # each its own job, judged and deleted in turn (xbackend.compare.judging)
+        return Judge(None, judged, windows=tuple(job(f"-w{k + 1}", w) for k, w in enumerate(windows)))
+    return Judge(job("", judged.tensors), judged)
 
 
 def _own_grain(
@@ -431,7 +414,7 @@ def _own_grain(
     ref_capture: str,
     name: str,
     source: str,
-) -> _Judge:
+) -> Judge:
     """A backend that computes each tensor it exposes from the tensors it exposes above it (torch:
     module outputs): the model severed at those, judged in float64."""
     layers = b.first.layers if b.ok else None
@@ -472,7 +455,9 @@ def _ref(
     return ModelRef(str(path), spec.ir_version, inputs, spec.output_names, external, spec.weight_bytes)
 
 
-def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str) -> Explanation:
+def _analyze(
+    ctx: ProbeContext, plan: Plan, done: Mapping[str, JobOutcome], ref_capture: str, ex: Executor
+) -> Explanation:
     spec = ctx.spec
     if plan.floor_job is None or plan.reordered is None:
         return Explanation("unavailable", f"{FLOOR_ENGINE} cannot run here, and it measures the floor")
@@ -483,8 +468,7 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
     phase = fo.phase(_FLOOR_PHASE)
     assert phase is not None
     floors = dict(phase.floors)
-    local = _judge_all(spec, plan, done, ref_capture)
-    check = _reorder_check(plan, done)
+    local, check = judge_all(spec, plan, done, ref_capture, ex)
     local.sort(key=lambda x: plan.order.index(x.backend) if x.backend in plan.order else -1)
     ill = ill_conditioned(spec, floors, ref_capture)
     return Explanation(
@@ -503,73 +487,13 @@ def _analyze(ctx: ProbeContext, plan: _Plan, done: Mapping[str, JobOutcome], ref
     )
 
 
-def _reorder_check(plan: _Plan, done: Mapping[str, JobOutcome]) -> ReorderCheck:
-    """The per-node floor against the allowances of the reference's grain."""
-    job, judge = plan.node_floor_job, plan.judges.get("")
-    if job is None or judge is None or judge.job is None or judge.judged is None:
-        return ReorderCheck("unavailable", "no reduction to permute" if judge is not None else "")
-    fo, jo = done.get(job.label), done.get(judge.job.label)
-    phase = fo.phase(_NODE_FLOOR_PHASE) if fo is not None and fo.ok else None
-    jp = jo.phase(JUDGE_PHASE) if jo is not None and jo.ok else None
-    if phase is None or jp is None:
-        return ReorderCheck(
-            "unavailable", fo.reason if fo is not None and not fo.ok else "the float64 judge failed"
-        )
-    spread = phase.extra_captures[0][0] if phase.extra_captures else None
-    samples = len(job.phases[0].extra_feeds)
-    return reorder_check(judge.judged, jp.capture, phase.capture, spread, samples, job.backend)
-
-
-def _rules(plan: _Plan) -> tuple[tuple[str, str, str], ...]:
+def _rules(plan: Plan) -> tuple[tuple[str, str, str], ...]:
     """Each op's allowance and its source, as the judged models used them."""
     seen: dict[str, tuple[str, str, str]] = {}
     for j in plan.judges.values():
         for b in j.judged.bounds.values() if j.judged is not None else ():
             seen.setdefault(b.op, (b.op, b.general(), b.source))
     return tuple(seen[k] for k in sorted(seen))
-
-
-def _grain_words(name: str, plan: _Plan) -> str:
-    if plan.judge_of.get(name):
-        return "its own parts (the model severed at the tensors it exposes)"
-    return "the model's graph"
-
-
-def _judge_all(
-    spec: ModelSpec, plan: _Plan, done: Mapping[str, JobOutcome], ref_capture: str
-) -> list[LocalErrors]:
-    """Every backend's local errors against the float64 judge, the reference's own included (its
-    capture is its severed run: it was fed its own values)."""
-    local = [LocalErrors(name, "not-measured", why) for name, why in plan.not_measured.items()]
-    modules = spec.modules()
-    captures = {plan.reference: ref_capture}
-    for name, job in plan.local_jobs.items():
-        o = done.get(job.label)
-        lp = o.phase(_LOCAL_PHASE) if o is not None and o.ok else None
-        if lp is None:
-            why = o.reason if o is not None else "it did not run"
-            local.append(LocalErrors(name, "not-measured", f"the severed model failed: {why}"))
-            continue
-        captures[name] = lp.capture
-    for name, capture in captures.items():
-        judge = plan.judges.get(plan.judge_of.get(name, ""))
-        o = done.get(judge.job.label) if judge is not None and judge.job is not None else None
-        jp = o.phase(JUDGE_PHASE) if o is not None and o.ok else None
-        if judge is None or judge.judged is None or jp is None:
-            failed = o.reason if o is not None else "it did not run"
-            why = (
-                judge.unavailable if judge else ""
-            ) or f"the float64 evaluation of each node failed: {failed}"
-            local.append(LocalErrors(name, "not-measured", why))
-            continue
-        graph = plan.graphs.get(name) or _grain_words(name, plan)
-        judged = judge.judged
-        local.append(
-            judge_backend(
-                name, capture, jp.capture, judged, judged.order, modules, plan.covers.get(name), graph
-            )
-        )
-    return local
 
 
 def attach(

@@ -438,18 +438,24 @@ def judge_backend(
 
 
 def reorder_check(
-    judged: Judged, judge_capture: str, base: str, spread: str | None, samples: int, engine: str
+    judged: Judged,
+    judge_capture: str,
+    base: str,
+    spread: str | None,
+    samples: int,
+    engine: str,
+    order: Sequence[str] | None = None,
 ) -> ReorderCheck:
-    """Per node, the largest spread of the K orders (against the identity order, element by
-    element: xbackend.spread) over its allowance: a correct engine's own reorderings must stay
-    within."""
+    """Per node (of `order`: the judge's whole order by default), the largest spread of the K
+    orders (against the identity order, element by element: xbackend.spread) over its allowance:
+    a correct engine's own reorderings must stay within."""
     worst: tuple[float, str] = (-1.0, "")
     over: list[str] = []
     if spread is None:
         return ReorderCheck("ok", engine=engine, samples=samples, largest_ratio=0.0)
     with CaptureFile(judge_capture) as j, CaptureFile(base) as b, CaptureFile(spread) as sp:
         held = b.tensors()
-        for t in judged.order:
+        for t in judged.order if order is None else order:
             bound = judged.bounds[t]
             d = sp.get(t)
             if t not in held or not isinstance(d, np.ndarray) or not d.any():

@@ -27,7 +27,7 @@ __all__ = [
     "JUDGE_COPIES",
     "OVERHEAD",
     "MemoryPlan",
-    "disk_blocker",
+    "explanation_disk",
     "judge_peak",
     "judge_window_note",
     "judge_windows",
@@ -203,14 +203,20 @@ def judge_windows(
     run: int,
     weights: int,
     budget: int | None,
+    disk: int | None = None,
 ) -> tuple[tuple[str, ...], ...]:
     """The judged model's tensors cut into windows whose float64 values fit the budget beside the
-    run's feeds (() for one window: the whole judge fits). Sizes are the captured shapes, never a
-    guess: a tensor named `prefix + name` has `name`'s shape; one with no shape counts as the
-    largest (the severed graph's own, which the capture does not hold)."""
-    if budget is None or judge_peak(run, weights, budget) < budget:
+    run's feeds, and whose capture fits `disk` bytes (() for one window: the whole judge fits).
+    Sizes are the captured shapes, never a guess: a tensor named `prefix + name` has `name`'s
+    shape; one with no shape counts as the largest (the severed graph's own, which the capture
+    does not hold)."""
+    rooms = [] if budget is None else [(budget - run - 2 * weights - OVERHEAD) // JUDGE_WINDOW_COPIES]
+    if budget is not None and judge_peak(run, weights, budget) < budget:
+        rooms = []
+    rooms += [disk] if disk is not None else []
+    if not rooms:
         return ()
-    room = (budget - run - 2 * weights - OVERHEAD) // JUDGE_WINDOW_COPIES
+    room = min(rooms)
 
     def base(t: str) -> str:
         return next((t[len(p) :] for p in prefixes if t.startswith(p)), t)
@@ -218,7 +224,12 @@ def judge_windows(
     sizes = {t: 8 * int(np.prod(shapes[base(t)], dtype=np.int64)) for t in tensors if base(t) in shapes}
     largest = max(sizes.values(), default=0)
     full = {t: sizes.get(t, largest) for t in tensors}
-    what = "raise --max-memory or give the inputs smaller shapes (--shape)"
+    if sum(full.values()) <= room:
+        return ()
+    what = (
+        "raise --max-memory, set TMPDIR to a folder on a larger disk, or give the inputs smaller "
+        "shapes (--shape)"
+    )
     return plan_windows(tensors, full, max(room, 1), what).windows
 
 
@@ -239,35 +250,44 @@ def side_by_side(ctx: ProbeContext, lanes: int, processes: int = 0) -> bool:
 
 
 # the explanation's files, in runs of activations: the severed feeds (1), the floor's run and
-# spread (2, deleted once it ends), the per-node floor's feeds, run and spread (3), the float64
-# judge's values and magnitudes (4); per backend compared: its severed run (1) and, judged on its
-# own graph, a judge of its own (4)
-_EXPLAIN_RUNS = 10
-_EXPLAIN_RUNS_PER_BACKEND = 5
+# spread (2, deleted once it ends), the per-node floor's feeds, run and spread (3); per backend
+# compared, its severed run (1); each float64 judge's values and magnitudes (4), one for the
+# reference's grain and at most one per backend (its own graph)
+_EXPLAIN_RUNS = 6
+_JUDGE_RUNS = 4
 
 
-def disk_blocker(folder: Path, run: int, backends: int) -> str:
-    """Why the explanation's files would not fit on the disk that holds `folder` ('' if they do):
-    planned from the most they take, every backend judged on a graph of its own."""
-    need = run * (_EXPLAIN_RUNS + _EXPLAIN_RUNS_PER_BACKEND * backends)
+def explanation_disk(folder: Path, run: int, backends: int) -> tuple[str, int | None]:
+    """Why the explanation's files would not fit on the disk that holds `folder` ('' if they do),
+    and the bytes each float64 judge may write at once (None: whole, beside the rest): where the
+    judges' whole captures would not fit, each is cut into windows, judged and deleted in turn."""
     try:
         free = shutil.disk_usage(folder).free
     except OSError:
-        return ""
-    if need <= free:
-        return ""
+        return "", None
+    base = run * (_EXPLAIN_RUNS + backends)
+    judges = _JUDGE_RUNS * run * (1 + backends)
+    if base + judges <= free:
+        return "", None
+    room = (free - base) // 2  # half of what is left, for one window at a time
+    if room >= run // 2:
+        return "", room
     return (
-        f"its files would take about {gib(need)} on the disk that holds {folder.parent} ({gib(free)} "
-        "free); set TMPDIR to a folder on a larger disk, or give the inputs smaller shapes (--shape)"
+        f"its files would take at least {gib(base + run)} on the disk that holds {folder.parent} "
+        f"({gib(free)} free); set TMPDIR to a folder on a larger disk, or give the inputs smaller "
+        "shapes (--shape)"
+    ), None
+
+
+def judge_window_note(graph: str, windows: Sequence[Sequence[str]], budget: int, disk: int | None) -> str:
+    """What the report says of a float64 judge cut into windows to fit the budget and the disk."""
+    within = [f"{gib(budget)} per process"] + (
+        [f"{gib(disk)} of files at a time"] if disk is not None else []
     )
-
-
-def judge_window_note(graph: str, windows: Sequence[Sequence[str]], budget: int) -> str:
-    """What the report says of a float64 judge cut into windows to fit the budget."""
     return (
         f"the float64 judge of {graph} evaluated its {sum(map(len, windows))} tensors in "
-        f"{len(windows)} windows, each its own evaluation, to stay within {gib(budget)} per "
-        "process; every node was still judged"
+        f"{len(windows)} windows, each its own evaluation judged and deleted in turn, to stay "
+        f"within {' and '.join(within)}; every node was still judged"
     )
 
 

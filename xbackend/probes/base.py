@@ -56,6 +56,7 @@ class ProbeContext:
     notes: list[str] = field(default_factory=list)
     run_bytes: int = 0  # the activations of one run (every tensor sized before running)
     budget: int | None = None  # bytes a worker process may use (None: the OS does not say)
+    judge_disk: int | None = None  # bytes a float64 judge may write at once (None: no limit)
 
     def save_feeds(self, feeds: Feeds, name: str) -> Path:
         path = self.work / f"{name}.xbv"
