@@ -41,7 +41,7 @@ from xbackend.probes.base import PlannedBackend, Probe, ProbeContext
 from xbackend.probes.registry import PROBES, select_probes
 from xbackend.progress import NullProgress, ProgressSink
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, FailedProbe, ProbeResult, Result
-from xbackend.results.explanation import Explanation
+from xbackend.results.explanation import NOT_MEASURED, Explanation
 from xbackend.selection import with_selection
 
 __all__ = ["ORACLE", "compare", "compare_with_options"]
@@ -121,6 +121,7 @@ class _Executed:
     broken_probes: Mapping[str, str]  # probe -> why it failed to plan its follow-ups
     reference: str
     explanation: Explanation
+    probes: tuple[ProbeResult, ...] | None = None  # analyzed before the explanation ran (None: after)
 
 
 def _execute(
@@ -166,10 +167,17 @@ def _execute(
             except BaseException:  # interrupted: the explanation starts nothing more
                 ex.cancelled.set()
                 raise
+            analyzed = None
+            if later is None and probe_jobs:  # analyzed now, their captures deleted: room on disk
+                partial = _Executed(everything, backends, outcomes, broken, ref, NOT_MEASURED)
+                analyzed = _probe_results(probes, planned, partial)
+                for by_job in outcomes.values():
+                    for o in by_job.values():
+                        o.drop_captures()
             explanation = later.result() if later is not None else explain(*args)
     finally:
         bar.stop()
-    return _Executed(everything, backends, outcomes, broken, ref, explanation)
+    return _Executed(everything, backends, outcomes, broken, ref, explanation, analyzed)
 
 
 def _steps(jobs: Sequence[Sequence[Job]]) -> int:
@@ -208,7 +216,7 @@ def _result(
         notes,
         tuple(pairs(builds, backends, spec)),
         oracle,
-        _probe_results(probes, planned, done),
+        done.probes if done.probes is not None else _probe_results(probes, planned, done),
         tuple(pr.name for pr in probes),
         ref,
         expected,
