@@ -380,7 +380,7 @@ def _judge_job(
     )
     try:
         windows = judge_windows(
-            judged.tensors,
+            judged.groups,
             shapes,
             (AUX, PROP),
             ctx.run_bytes,

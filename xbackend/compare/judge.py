@@ -44,6 +44,9 @@ class Judged:
     composed: Mapping[str, str] = field(default_factory=dict)  # node output -> how it inherits
     # an exact op's output that carries an uncaptured node's error -> (that node's op, its output)
     blame: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # each node's tensors (its outputs, magnitude and what it inherits), in `tensors` order: a
+    # window of the judge holds whole nodes, so a node is judged with its own magnitude
+    groups: tuple[tuple[str, ...], ...] = ()
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -84,6 +87,7 @@ def judged_model(
     composed: dict[str, str] = {}
     extra_nodes: list[onnx.NodeProto] = []
     tensors: list[str] = []
+    starts: list[int] = []  # where each node's tensors begin in `tensors`
     err: dict[str, str] = {}  # an uncaptured tensor -> its whole allowance
     made_by: dict[str, tuple[str, str]] = {}  # an uncaptured tensor -> the inexact node that made it
     blame: dict[str, tuple[str, str]] = {}
@@ -91,6 +95,7 @@ def judged_model(
         outs = [o for o in node.output if o]
         if not outs:
             continue
+        starts.append(len(tensors))
         bound, nodes, inits = node_bound(node, known, opset)
         bounds[outs[0]] = bound
         tensors.append(outs[0])
@@ -139,7 +144,9 @@ def judged_model(
         extra_nodes.extend(bld.nodes)
         g.initializer.extend(bld.inits)
     g.node.extend(extra_nodes)
-    return Judged(out, bounds, tuple(tensors), composed, blame)
+    ends = [*starts[1:], len(tensors)]
+    groups = tuple(tuple(tensors[a:b]) for a, b in zip(starts, ends, strict=True))
+    return Judged(out, bounds, tuple(tensors), composed, blame, groups)
 
 
 _FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})

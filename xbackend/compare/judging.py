@@ -70,6 +70,7 @@ def judge_all(
             local.append(LocalErrors(name, "not-measured", f"the severed model failed: {why}"))
             continue
         captures[name] = lp.capture
+    ex.bar.grow(sum(w.steps for j in plan.judges.values() for w in j.windows))
     keys: dict[str, list[str]] = {}
     for name in captures:
         keys.setdefault(plan.judge_of.get(name, ""), []).append(name)
@@ -115,19 +116,19 @@ def _evaluations(
         jp = o.phase(JUDGE_PHASE) if o is not None and o.ok else None
         yield (jp.capture if jp else None), judged.order, (o.reason if o is not None else "it did not run")
         return
-    for job in judge.windows:
-        if ex.cancelled.is_set():
-            yield None, (), "interrupted"
-            return
-        ex.bar.grow(job.steps)
-        o = ex.run(job)
-        jp = o.phase(JUDGE_PHASE) if o.ok else None
+    for k, job in enumerate(judge.windows):
+        o = None if ex.cancelled.is_set() else ex.run(job)
+        jp = o.phase(JUDGE_PHASE) if o is not None and o.ok else None
+        why = o.reason if o is not None else "interrupted"
         wanted = set(job.phases[0].tensors)
         try:
-            yield (jp.capture if jp else None), tuple(t for t in judged.order if t in wanted), o.reason
+            yield (jp.capture if jp else None), tuple(t for t in judged.order if t in wanted), why
         finally:
-            o.drop_captures()
-        if jp is None:
+            if o is not None:
+                o.drop_captures()
+        if jp is None:  # the windows after it will not run: the bar says so
+            for rest in judge.windows[k + 1 :]:
+                ex.skip(rest)
             return
 
 

@@ -197,7 +197,7 @@ def judge_peak(run: int, weights: int, budget: int | None) -> int:
 
 
 def judge_windows(
-    tensors: Sequence[str],
+    groups: Sequence[Sequence[str]],
     shapes: Mapping[str, tuple[int, ...]],
     prefixes: Sequence[str],
     run: int,
@@ -205,11 +205,12 @@ def judge_windows(
     budget: int | None,
     disk: int | None = None,
 ) -> tuple[tuple[str, ...], ...]:
-    """The judged model's tensors cut into windows whose float64 values fit the budget beside the
-    run's feeds, and whose capture fits `disk` bytes (() for one window: the whole judge fits).
-    Sizes are the captured shapes, never a guess: a tensor named `prefix + name` has `name`'s
-    shape; one with no shape counts as the largest (the severed graph's own, which the capture
-    does not hold)."""
+    """The judged model's tensors, node by node (`groups`: a node's value, magnitude and what it
+    inherits, never split), cut into windows whose float64 values fit the budget beside the run's
+    feeds, and whose capture fits `disk` bytes (() for one window: the whole judge fits). Sizes
+    are the captured shapes, never a guess: a tensor named `prefix + name` has `name`'s shape;
+    one with no shape counts as the largest (the severed graph's own, which the capture does not
+    hold)."""
     rooms = [] if budget is None else [(budget - run - 2 * weights - OVERHEAD) // JUDGE_WINDOW_COPIES]
     if budget is not None and judge_peak(run, weights, budget) < budget:
         rooms = []
@@ -221,16 +222,20 @@ def judge_windows(
     def base(t: str) -> str:
         return next((t[len(p) :] for p in prefixes if t.startswith(p)), t)
 
+    tensors = [t for g in groups for t in g]
     sizes = {t: 8 * int(np.prod(shapes[base(t)], dtype=np.int64)) for t in tensors if base(t) in shapes}
     largest = max(sizes.values(), default=0)
-    full = {t: sizes.get(t, largest) for t in tensors}
-    if sum(full.values()) <= room:
+    if sum(sizes.get(t, largest) for t in tensors) <= room:
         return ()
+    # each node one item of its tensors' bytes: windows never split a node
+    nodes = {g[0]: sum(sizes.get(t, largest) for t in g) for g in groups}
     what = (
         "raise --max-memory, set TMPDIR to a folder on a larger disk, or give the inputs smaller "
         "shapes (--shape)"
     )
-    return plan_windows(tensors, full, max(room, 1), what).windows
+    members = {g[0]: tuple(g) for g in groups}
+    cut = plan_windows([g[0] for g in groups], nodes, max(room, 1), what).windows
+    return tuple(tuple(t for n in w for t in members[n]) for w in cut)
 
 
 # each lane holds the model's weights about this many times over (the float64 judge: twice, and
