@@ -67,6 +67,13 @@ class MemoryPlan:
     explicit: bool  # --max-memory given (else a share of the memory available at the start)
     weights: int  # bytes of the model's weights, as stored
     sizes: Sizes = field(repr=False)  # tensor -> bytes, where shape inference knew
+    read: frozenset[str] = field(default=frozenset(), repr=False)  # tensors some node reads
+
+    @property
+    def live(self) -> int:
+        """What a build holds for its later nodes beside the tensors it exposes: _LIVE of the
+        largest tensor a node reads (a graph output no node reads is held only when exposed)."""
+        return _LIVE * max((n for t, n in self.sizes.items() if t in self.read), default=0)
 
     def describe(self) -> str:
         if self.budget is None:
@@ -104,13 +111,18 @@ class MemoryPlan:
                 )
             return ()
         # the window's tensors as the engine holds them, and what its later nodes still read
-        largest = max((self.sizes.get(t, 0) for t in tensors), default=0)
-        room = int(room / cls.value_width) - _LIVE * largest
+        room = int(room / cls.value_width) - self.live
         if room <= 0:
             raise UsageError(
-                f"{p.name} needs about {gib(int(_LIVE * largest * cls.value_width))} for the tensors its "
+                f"{p.name} needs about {gib(int(self.live * cls.value_width))} for the tensors its "
                 f"nodes read beside its weights ({gib(held)}): more than the {self.describe()}; {raise_it}"
             )
+        for t in spec.output_names:  # an output is always compared: --tensors cannot leave it out
+            if self.sizes.get(t, 0) > room:
+                raise UsageError(
+                    f"graph output {t} alone takes {gib(self.sizes[t])}, more than the {gib(room)} "
+                    f"--max-memory leaves {p.name} for one window's tensors; {raise_it}"
+                )
         plan = plan_windows(
             tensors,
             self.sizes,
@@ -159,8 +171,7 @@ class MemoryPlan:
             return 0
         exposed = spec.output_names if opts.outputs_only else spec.tensor_order(opts.outputs_only)
         held = max((self.sizes.sized(w) for w in windows), default=self.sizes.sized(exposed))
-        largest = max((self.sizes.get(t, 0) for t in spec.all_tensors()), default=0)
-        live = _LIVE * largest if (windows or opts.outputs_only) else 0
+        live = self.live if (windows or opts.outputs_only) else 0
         return int(
             cls.weight_copies * self.weights + cls.value_width * (held + live) + feeds + cls.build_bytes
         )
@@ -317,7 +328,9 @@ def memory_plan(spec: ModelSpec, proto: onnx.ModelProto, feeds: Feeds, opts: Com
     shapes = {k: v.shape for k, v in feeds.arrays.items() if isinstance(v, np.ndarray)}
     weights = spec.weight_bytes
     sizes = tensor_bytes(proto, shapes) if budget is not None else Sizes({})
-    return MemoryPlan(budget, explicit, weights, sizes)
+    weights_read = {t.name for t in proto.graph.initializer}
+    read = frozenset(i for n in proto.graph.node for i in n.input if i and i not in weights_read)
+    return MemoryPlan(budget, explicit, weights, sizes, read)
 
 
 def measure_unsized(
