@@ -172,3 +172,39 @@ def test_batch_of_one_exits_2(models: dict[str, Path], capsys: pytest.CaptureFix
     code, _, err = run(capsys, "compare", str(models["attention"]), "--batch-invariance", "1")
     assert code == 2
     one_line_error(err, "--batch-invariance needs a batch size >= 2, got 1")
+
+
+def test_outputs_are_checked_before_anything_runs_and_destroy_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--json onto the model, one path for --report and --json, a folder, someone's file: each a
+    one-line error (exit 2) before any backend runs, the file left as it was. A report xbackend
+    wrote is overwritten, as a re-run expects."""
+    import shutil
+
+    model = tmp_path / "m.onnx"
+    shutil.copy(Path(__file__).resolve().parent.parent / "models" / "torch_mlp.onnx", model)
+    before = model.read_bytes()
+    kw = ["--backends", "reference", "--runs", "1", "--probes", "none", "--no-progress"]
+    code, out, err = run(capsys, "compare", str(model), "--json", str(model), *kw)
+    assert code == 2 and out == "" and model.read_bytes() == before
+    one_line_error(
+        err, f"--json {model} exists and is not a report xbackend wrote; xbackend never overwrites it"
+    )
+    same = tmp_path / "r.out"
+    code, _, err = run(capsys, "compare", str(model), "--report", str(same), "--json", str(same), *kw)
+    assert code == 2 and not same.exists()
+    one_line_error(err, f"--json {same} is the same file as --report {same}; give each output its own path")
+    code, _, err = run(capsys, "compare", str(model), "--report", str(tmp_path), *kw)
+    assert code == 2
+    one_line_error(err, f"--report {tmp_path} is a folder; give a file path in it")
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes\n")
+    code, _, err = run(capsys, "compare", str(model), "--report", str(notes), *kw)
+    assert code == 2 and notes.read_text() == "my notes\n"
+    one_line_error(err, "exists and is not a report xbackend wrote")
+    report, js = tmp_path / "r.md", tmp_path / "r.json"
+    for _ in range(2):  # the second run overwrites the reports the first one wrote
+        code, _, err = run(capsys, "compare", str(model), "--report", str(report), "--json", str(js), *kw)
+        assert code == 0, err
+    assert report.read_text().startswith("# xbackend report") and json.loads(js.read_text())["schema"]

@@ -351,10 +351,10 @@ def test_compare_goes_on_without_the_gpu_backends(models: dict[str, Path], tmp_p
     proc = subprocess.run(
         [sys.executable, "-m", "xbackend", "compare", str(models["mlp_layernorm"]), "--backends",
          "ort-cpu,ort-cuda,trt-pinned", "--runs", "2", "--no-progress", "--report", str(report)],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True, text=True, encoding="utf-8", cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
-    text = report.read_text()
+    text = report.read_text(encoding="utf-8")
     assert "| ort-cpu | ok | yes |" in text
     assert (
         "| ort-cuda | **unavailable**: " in text

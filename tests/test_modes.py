@@ -183,7 +183,9 @@ def test_a_mode_that_breaks_its_promise_fails_and_the_cost_table_says_so(moded: 
         in md
     )
     assert "![Cost of determinism: test-moded](rep.cost-test-moded.png)" in md
-    assert "| latency (median) | peak memory (planned) |" in md  # the backend table's columns, times being asked for
+    assert (
+        "| latency (median) | peak memory (planned) |" in md
+    )  # the backend table's columns, times being asked for
     assert " MiB |" in md
 
     js = json.loads(to_json(r))

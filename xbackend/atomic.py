@@ -4,11 +4,55 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from xbackend.errors import ReportError
+from xbackend.errors import ReportError, UsageError
 
-__all__ = ["write_atomic", "write_atomic_bytes"]
+__all__ = ["check_outputs", "write_atomic", "write_atomic_bytes"]
+
+# how a report xbackend wrote begins (Markdown), or what its last bytes hold (JSON: its keys
+# sorted, "schema" comes after the large "result")
+_OURS = (b"# xbackend report", b'"schema": "xbackend.report/')
+
+
+def _written_by_us(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            head = f.read(1 << 12)
+            f.seek(max(0, p.stat().st_size - (1 << 16)))
+            tail = f.read()
+    except OSError:
+        return False
+    return head.startswith(_OURS[0]) or _OURS[1] in tail
+
+
+def check_outputs(outputs: Sequence[tuple[str, str | os.PathLike[str] | None]]) -> None:
+    """Before anything runs: each output (flag, path) can be written and destroys nothing. It is
+    not a folder, not the same file as another output, and, if it exists, a report xbackend
+    wrote (never a model, an input or someone's notes); its folder can be written. A UsageError,
+    one line, names the flag and what to do."""
+    seen: dict[Path, str] = {}
+    for flag, path in outputs:
+        if not path:
+            continue
+        p = Path(path)
+        key = p.resolve()
+        if key in seen:
+            raise UsageError(f"{flag} {p} is the same file as {seen[key]}; give each output its own path")
+        seen[key] = f"{flag} {p}"
+        if p.is_dir():
+            raise UsageError(f"{flag} {p} is a folder; give a file path in it, such as {p / p.name}.out")
+        if p.exists() and not _written_by_us(p):
+            raise UsageError(
+                f"{flag} {p} exists and is not a report xbackend wrote; xbackend never overwrites it: "
+                "choose another path (or move that file away yourself)"
+            )
+        folder = next((a for a in (p.parent, *p.parent.parents) if a.exists()), Path("."))
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(
+                f"{flag} {p} cannot be written: {folder} is not a writable folder; choose another path"
+            )
 
 
 def write_atomic(path: str | os.PathLike[str], text: str, what: str = "report") -> None:

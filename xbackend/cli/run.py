@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from xbackend.atomic import check_outputs
 from xbackend.cli.app import EXIT_CODES, app, progress
 from xbackend.cli.params import (
     Baseline,
@@ -88,6 +89,7 @@ def compare(
     save_captures: SaveCaptures = None,
 ) -> int:
     """Run a model on several backends and compare, per layer, in ULPs."""
+    check_outputs([("--report", report), ("--json", json)])  # before anything runs
     families = tuple(m for m in (modes or "").split(",") if m)
     given = tuple(b for b in (backends or ("" if families else _DEFAULT_BACKENDS)).split(",") if b)
     listed, mode_sets = expand_modes(given, families)
