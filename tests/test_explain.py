@@ -474,3 +474,50 @@ def test_an_explanation_whose_files_would_not_fit_on_disk_is_windowed_or_skipped
     assert r.explanation.reason.endswith(
         "set TMPDIR to a folder on a larger disk, or give the inputs smaller shapes (--shape)"
     )
+
+
+def test_a_judge_window_that_fails_leaves_its_backends_not_judged_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The judge cut into windows (disk), its second window's files unwritable (a full disk): every backend it
+    judges is not measured, with that reason; the windows after it do not run; the comparison ends."""
+    import shutil
+    from collections import namedtuple
+
+    from xbackend import executor
+    from xbackend.compare import explain, memory
+
+    usage = namedtuple("usage", "total used free")
+    mlp = ROOT / "models" / "torch_mlp.onnx"
+    kw = dict(backends=["ort-cpu", "reference"], runs=1, probes=())
+    run = 0
+    real_disk, real_batch = memory.explanation_disk, executor.run_batch
+    ran: list[str] = []
+
+    def spy(folder: Path, run_bytes: int, backends: int) -> tuple[str, int | None]:
+        nonlocal run
+        run = run_bytes
+        return real_disk(folder, run_bytes, backends)
+
+    def batch(jobs, *args, **kwargs):  # type: ignore[no-untyped-def]
+        label = jobs[0][1].name
+        ran.append(label)
+        if label == "explain-judge-w2":
+            raise OSError(28, "No space left on device", str(jobs[0][1] / "job.json"))
+        return real_batch(jobs, *args, **kwargs)
+
+    monkeypatch.setattr(explain, "explanation_disk", spy)
+    xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 8 * run + 2))
+    monkeypatch.setattr(executor, "run_batch", batch)
+    r = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
+    assert "explain-judge-w1" in ran and "explain-judge-w2" in ran and "explain-judge-w3" not in ran
+    ref = next(le for le in r.explanation.local if le.backend == "reference")
+    assert ref.status == "not-measured"
+    # the disk says it is nearly full (patched): the reason names it, and what to do
+    assert ref.reason.startswith(
+        "the float64 evaluation of each node failed: load: no space left on the disk"
+    )
+    assert ref.reason.endswith("(set TMPDIR to a folder on a larger disk)")
+    assert r.explanation.reorder_check.status == "unavailable"
+    assert r.backend("reference").status == "ok" and r.backend("ort-cpu").status == "ok"

@@ -366,7 +366,8 @@ def _judge_job(
     """The severed model with each node's operand magnitudes, evaluated in float64 without
     rounding back (the oracle, narrow=false); or why it cannot run."""
     oracle = plan_backend(JUDGE_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
-    if oracle.cls is None:
+    cls = oracle.cls
+    if cls is None:
         return Judge(
             None, None, f"the float64 evaluator ({JUDGE_ENGINE}) cannot run here: {oracle.unavailable}"
         )
@@ -397,7 +398,7 @@ def _judge_job(
 
     def job(suffix: str, tensors: tuple[str, ...]) -> Job:
         phase = PhaseSpec(JUDGE_PHASE, tensors, 1, model=model)
-        return Job(label + suffix, JUDGE_ENGINE, oracle.cls, variant, sfeeds, (phase,))  # type: ignore[arg-type]
+        return Job(label + suffix, JUDGE_ENGINE, cls, variant, sfeeds, (phase,))
 
     if windows:  # each its own job, judged and deleted in turn (xbackend.compare.judging)
         return Judge(None, judged, windows=tuple(job(f"-w{k + 1}", w) for k, w in enumerate(windows)))

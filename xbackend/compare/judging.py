@@ -74,8 +74,7 @@ def judge_all(
     keys: dict[str, list[str]] = {}
     for name in captures:
         keys.setdefault(plan.judge_of.get(name, ""), []).append(name)
-    check = _floor_check(plan, done)
-    floor = check if check is not None else None
+    floor = _floor_check(plan, done)
     checks: list[ReorderCheck] = []
     for key, names in keys.items():
         judge = plan.judges.get(key)
@@ -87,9 +86,9 @@ def judge_all(
         parts: dict[str, list[LocalErrors]] = {n: [] for n in names}
         failed = ""
         for capture, order, why in _evaluations(judge, judged, done, ex):
-            if capture is None:
+            if capture is None:  # the last one: the windows after it are skipped (the bar says so)
                 failed = f"the float64 evaluation of each node failed: {why}"
-                break
+                continue
             for n in names:
                 graph = plan.graphs.get(n) or _grain_words(n, plan)
                 parts[n].append(
@@ -156,13 +155,19 @@ def _reorder_part(
     return reorder_check(judged, capture, phase.capture, spread, samples, job.backend, order)
 
 
-def _merged(parts: Sequence[LocalErrors]) -> LocalErrors:
-    """One backend's local errors over the judge's windows, in model order."""
-    first = parts[0]
+def _worst(parts: Sequence[LocalErrors] | Sequence[ReorderCheck]) -> tuple[float, str]:
+    """The largest ratio over the windows and where, the first window's on a tie; -1 for none."""
     worst: tuple[float, str] = (-1.0, "")
     for p in parts:
         if p.largest_ratio is not None and p.largest_ratio > worst[0]:
             worst = (p.largest_ratio, p.largest_at)
+    return worst
+
+
+def _merged(parts: Sequence[LocalErrors]) -> LocalErrors:
+    """One backend's local errors over the judge's windows, in model order."""
+    first = parts[0]
+    worst = _worst(parts)
     return LocalErrors(
         first.backend,
         "ok",
@@ -176,10 +181,7 @@ def _merged(parts: Sequence[LocalErrors]) -> LocalErrors:
 
 
 def _merged_check(parts: Sequence[ReorderCheck], base: ReorderCheck) -> ReorderCheck:
-    worst: tuple[float, str] = (-1.0, "")
-    for p in parts:
-        if p.largest_ratio is not None and p.largest_ratio > worst[0]:
-            worst = (p.largest_ratio, p.largest_at)
+    worst = _worst(parts)
     return ReorderCheck(
         "ok",
         engine=base.engine,

@@ -231,10 +231,9 @@ def judge_windows(
     are the captured shapes, never a guess: a tensor named `prefix + name` has `name`'s shape;
     one with no shape counts as the largest (the severed graph's own, which the capture does not
     hold)."""
-    rooms = [] if budget is None else [(budget - run - 2 * weights - OVERHEAD) // JUDGE_WINDOW_COPIES]
-    if budget is not None and judge_peak(run, weights, budget) < budget:
-        rooms = []
-    rooms += [disk] if disk is not None else []
+    rooms = [disk] if disk is not None else []
+    if budget is not None and judge_peak(run, weights, budget) >= budget:  # whole, it does not fit
+        rooms.append((budget - run - 2 * weights - OVERHEAD) // JUDGE_WINDOW_COPIES)
     if not rooms:
         return ()
     room = min(rooms)
@@ -242,13 +241,14 @@ def judge_windows(
     def base(t: str) -> str:
         return next((t[len(p) :] for p in prefixes if t.startswith(p)), t)
 
-    tensors = [t for g in groups for t in g]
-    sizes = {t: 8 * int(np.prod(shapes[base(t)], dtype=np.int64)) for t in tensors if base(t) in shapes}
+    sizes = {
+        t: 8 * int(np.prod(shapes[base(t)], dtype=np.int64)) for g in groups for t in g if base(t) in shapes
+    }
     largest = max(sizes.values(), default=0)
-    if sum(sizes.get(t, largest) for t in tensors) <= room:
-        return ()
     # each node one item of its tensors' bytes: windows never split a node
     nodes = {g[0]: sum(sizes.get(t, largest) for t in g) for g in groups}
+    if sum(nodes.values()) <= room:
+        return ()
     what = (
         "raise --max-memory, set TMPDIR to a folder on a larger disk, or give the inputs smaller "
         "shapes (--shape)"
@@ -352,7 +352,6 @@ def measure_unsized(
     if not sizes.unsized or plan.budget is None or engine is None or engine.cls is None:
         return plan
     ex = Executor(spec, work / "sizing", timeout, NullProgress())
-    (work / "sizing").mkdir(exist_ok=True)
     phase = PhaseSpec("sizing", sizes.unsized, 1)
     o = ex.run(Job("sizing", engine.name, engine.cls, engine.variant(), feeds, (phase,)))
     ph = o.phase("sizing") if o.ok else None
