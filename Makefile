@@ -32,7 +32,7 @@ gpu:
 
 # The sample models over this machine's CPU engines: reports/zoo-fleet/fleet.md
 fleet: $(STAMP)
-	$(BIN)/xbackend sweep models/zoo.sweep.toml
+	$(BIN)/xbackend sweep models/zoo.sweep.toml -o reports/zoo-fleet
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from xbackend.cli import main
@@ -14,7 +16,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def one_line_error(err: str, pattern: str) -> None:
+    """One line on stderr, holding `pattern` as text or, failing that, as a regular expression."""
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("xbackend: error: ")
-    assert pattern in lines[0], lines[0]
+    assert pattern in lines[0] or re.search(pattern, lines[0]), lines[0]

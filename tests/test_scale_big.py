@@ -4,6 +4,7 @@ Minutes, not seconds: `make test-scale` (CI runs it after `make test`)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -92,24 +93,31 @@ def test_certify_and_verify(
 ) -> None:
     path, _ = big
     stem = tmp_path / "cert"
+    assert run(capsys, "keygen", "-o", str(tmp_path / "k"))[0] == 0
     args = ["--backend", "ort-cpu", "--shape", "x=1,4096", "--runs", "2", "--builds", "2"]
-    code, out, _ = run(capsys, "certify", str(path), *args, "-o", str(stem), "--no-progress")
+    signed = ["--key", str(tmp_path / "k.key")]
+    code, out, _ = run(capsys, "certify", str(path), *args, *signed, "-o", str(stem), "--no-progress")
     assert code in (0, 16), out  # granted, or a property broken: the certificate is written either way
-    cert = json.loads((tmp_path / "cert.json").read_text("utf-8"))
-    assert cert["outputs"]["sha256"]
-    code, out, _ = run(capsys, "verify", str(tmp_path / "cert.json"), "--no-progress")
-    assert code == 0 and out.startswith("VERIFIED: ort-cpu on big.onnx"), out
+    bundle = json.loads((tmp_path / "cert.json").read_text("utf-8"))
+    stmt = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    assert stmt["predicate"]["outputs"]["sha256"]
+    assert len(stmt["subject"]) >= 2  # the model file and its external data, each with its digest
+    check = ["--key", str(tmp_path / "k.pub"), "--model", str(path), "--no-progress"]
+    code, out, _ = run(capsys, "verify", str(tmp_path / "cert.json"), *check)
+    lines = out.splitlines()
+    assert code == 0 and lines[1].startswith("VERIFIED: ort-cpu on big.onnx"), out
+    assert f"the model's {len(stmt['subject'])} file(s) match their digests" in lines[0]
 
 
 def test_sweep(big: tuple[Path, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path, _ = big
-    toml = tmp_path / "big.sweep.toml"
+    toml = path.parent / "big.sweep.toml"  # beside the model: a sweep file reads only inside its folder
     toml.write_text(
-        f'[sweep]\nname = "big"\noutput = "{tmp_path / "fleet"}"\nruns = 2\nbuilds = 1\nprobes = []\n\n'
-        f'[[models]]\npath = "{path}"\nshapes = {{ x = [2, 4096] }}\n\n'
+        '[sweep]\nname = "big"\nruns = 2\nbuilds = 1\nprobes = []\n\n'
+        f'[[models]]\npath = "{path.name}"\nshapes = {{ x = [2, 4096] }}\n\n'
         '[[backends]]\nname = "ort-cpu"\n\n[[backends]]\nname = "reference"\n'
     )
-    code, out, err = run(capsys, "sweep", str(toml), "--no-progress")
+    code, out, err = run(capsys, "sweep", str(toml), "-o", str(tmp_path / "fleet"), "--no-progress")
     assert code == 0, out + err
     fleet = json.loads((tmp_path / "fleet" / "fleet.json").read_text("utf-8"))
     assert fleet

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +37,15 @@ def orphaned_workers() -> list[str]:
 
 
 def write_sweep(folder: Path, text: str, name: str = "zoo.toml") -> Path:
+    """The sweep file in `folder`, each absolute model path in it copied beside it first: a
+    sweep file reads only inside its own folder."""
     folder.mkdir(parents=True, exist_ok=True)
+    for quoted in sorted(set(re.findall(r"[\"'](/[^\"']+\.onnx)[\"']", text))):
+        src = Path(quoted)
+        dest = folder / src.name
+        if src.is_file() and not dest.exists():
+            shutil.copyfile(src, dest)
+        text = text.replace(quoted, src.name)
     path = folder / name
     path.write_text(text, "utf-8")
     return path
@@ -412,7 +422,7 @@ def test_the_documented_sweep_file_and_the_bundled_one_load(tmp_path: Path) -> N
     assert spec.output == tmp_path / "fleet"
     bundled = load_sweep(ROOT / "models" / "zoo.sweep.toml")
     assert len(bundled.jobs({m.name: "0" * 64 for m in bundled.models})) == 15
-    assert bundled.output == ROOT / "reports" / "zoo-fleet"
+    assert bundled.output == ROOT / "models" / "zoo-fleet"  # inside its folder; make fleet passes -o
 
 
 def test_progress_counts_jobs_per_node() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -11,33 +13,53 @@ from xbackend.errors import ReportError, UsageError
 
 __all__ = ["check_outputs", "write_atomic", "write_atomic_bytes"]
 
-# how a report xbackend wrote begins (Markdown), or what its last bytes hold (JSON: its keys
+# how a Markdown file xbackend wrote begins, or what a JSON report's last bytes hold (its keys
 # sorted, "schema" comes after the large "result")
-_OURS = (b"# xbackend report", b'"schema": "xbackend.report/')
+_HEADS = (b"# xbackend report", b"# xbackend diff: ", b"# Determinism certificate: ")
+_TAIL = b'"schema": "xbackend.report/'
+_CERTIFICATE = "https://xbackend.dev/attestation/certificate/"
 
 
 def _written_by_us(p: Path) -> bool:
     try:
         with open(p, "rb") as f:
             head = f.read(1 << 12)
-            f.seek(max(0, p.stat().st_size - (1 << 16)))
+            size = p.stat().st_size
+            f.seek(max(0, size - (1 << 16)))
             tail = f.read()
     except OSError:
         return False
-    return head.startswith(_OURS[0]) or _OURS[1] in tail
+    return head.startswith(_HEADS) or _TAIL in tail or (size < (1 << 24) and _is_certificate(p))
 
 
-def check_outputs(outputs: Sequence[tuple[str, str | os.PathLike[str] | None]]) -> None:
+def _is_certificate(p: Path) -> bool:
+    """A certificate xbackend wrote: an in-toto Statement of ours, bare or signed in a bundle."""
+    try:
+        data = json.loads(p.read_bytes())
+        if isinstance(data, dict) and isinstance(data.get("dsseEnvelope"), dict):
+            data = json.loads(base64.b64decode(data["dsseEnvelope"].get("payload", "")))
+        return isinstance(data, dict) and str(data.get("predicateType", "")).startswith(_CERTIFICATE)
+    except (OSError, ValueError, RecursionError):
+        return False
+
+
+def check_outputs(
+    outputs: Sequence[tuple[str, str | os.PathLike[str] | None]],
+    inputs: Sequence[str | os.PathLike[str] | None] = (),
+) -> None:
     """Before anything runs: each output (flag, path) can be written and destroys nothing. It is
     not a folder, not the same file as another output, and, if it exists, a report xbackend
     wrote (never a model, an input or someone's notes); its folder can be written. A UsageError,
     one line, names the flag and what to do."""
     seen: dict[Path, str] = {}
+    read = {Path(i).resolve() for i in inputs if i}
     for flag, path in outputs:
         if not path:
             continue
         p = Path(path)
         key = p.resolve()
+        if key in read:
+            raise UsageError(f"{flag} {p} is an input of this command; write the output to another path")
         if key in seen:
             raise UsageError(f"{flag} {p} is the same file as {seen[key]}; give each output its own path")
         seen[key] = f"{flag} {p}"

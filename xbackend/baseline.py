@@ -11,6 +11,7 @@ from xbackend.errors import InputError
 from xbackend.portable import LoadedCapture, load_capture
 from xbackend.reportfile import read_result
 from xbackend.results import BackendResult
+from xbackend.untrusted import contained
 
 __all__ = ["Baseline", "BaselineBackend", "load_baseline"]
 
@@ -70,7 +71,13 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     r = read_result(p, "--baseline")
     caps: dict[str, LoadedCapture] = {}
     if r.options.save_captures:
-        beside = p.parent / Path(r.options.save_captures).name
+        # the captures' folder, by its name alone, beside the report and never outside its folder
+        beside = contained(
+            p.parent,
+            Path(r.options.save_captures).name,
+            f"--baseline {p}: save_captures",
+            "pass the capture folder itself as --baseline",
+        )
         for d in _captures_in(beside):
             cap = load_capture(d, recorded_name(d))
             caps[cap.name] = cap

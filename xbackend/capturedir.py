@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.atomic import write_atomic, write_atomic_bytes
-from xbackend.errors import InputError
+from xbackend.errors import InputError, UsageError
 from xbackend.storage import ValueFile
+from xbackend.untrusted import contained
 
 __all__ = [
     "FORMAT",
@@ -35,6 +36,7 @@ __all__ = [
     "CapturedInputs",
     "bad_capture",
     "captured_inputs",
+    "check_folder",
     "default_name",
     "is_capture",
     "read_manifest",
@@ -66,11 +68,13 @@ def write_folder(
 ) -> Path:
     """Copy `files` (name in the folder -> source) into `dest`, then the manifest, then the
     checksum list last, so a folder without SHA256SUMS is an interrupted write and is refused
-    on load. Value files of an earlier capture that this one lacks are removed."""
+    on load. Value files an earlier capture there listed and this one lacks are removed; no other
+    file is touched, and a non-empty folder that is not a capture is refused (check_folder)."""
     out = Path(dest)
+    earlier = check_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / SUMS).unlink(missing_ok=True)
-    for stale in {p.name for p in out.glob("*.xbv")} - set(files):
+    for stale in sorted(earlier - set(files)):
         (out / stale).unlink(missing_ok=True)
     for name, src in files.items():
         tmp = out / f".{name}.tmp"
@@ -81,6 +85,28 @@ def write_folder(
     sums = "".join(f"{_sha256(out / n)}  {n}\n" for n in sorted([*files, MANIFEST]))
     write_atomic_bytes(out / SUMS, sums.encode(), "capture checksums")
     return out
+
+
+def check_folder(out: Path) -> set[str]:
+    """Before a capture is written to `out`: it is missing, empty, or a capture xbackend wrote
+    (the value files that capture listed are returned: the only files a new one may replace)."""
+    if not out.exists():
+        return set()
+    if not out.is_dir():
+        raise UsageError(f"-o {out} is a file; give a folder for the capture (xbackend never overwrites it)")
+    if not any(out.iterdir()):
+        return set()
+    if not is_capture(out):
+        raise UsageError(
+            f"-o {out} is a non-empty folder that is not an xbackend capture; xbackend never writes into "
+            "it: give a new or empty folder"
+        )
+    try:
+        listed = json.loads((out / MANIFEST).read_text("utf-8")).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        listed = {}
+    ours = {n for n in listed if isinstance(n, str) and n == Path(n).name and n.endswith(".xbv")}
+    return {n for n in ours if (out / n).is_file() and not (out / n).is_symlink()}
 
 
 def bad_capture(path: Path, what: str) -> InputError:
@@ -118,20 +144,29 @@ def verify_folder(path: Path) -> dict[str, Any]:
     if not (path / SUMS).is_file():
         raise bad_capture(path, f"has no {SUMS} (its write was interrupted)")
     sums = {}
-    for line in (path / SUMS).read_text("utf-8").splitlines():
-        digest, _, name = line.partition("  ")
-        sums[name] = digest
-    for name, size in sorted(manifest.get("files", {}).items()):
-        f = path / name
+    try:
+        for line in (path / SUMS).read_text("utf-8").splitlines():
+            digest, _, name = line.partition("  ")
+            sums[name] = digest
+    except (OSError, UnicodeDecodeError) as e:
+        raise bad_capture(path, f"has an unreadable {SUMS} ({type(e).__name__})") from None
+    listed = manifest.get("files", {})
+    if not isinstance(listed, dict) or not all(
+        isinstance(n, str) and isinstance(v, int) and not isinstance(v, bool) for n, v in listed.items()
+    ):
+        raise bad_capture(path, f"has a damaged {MANIFEST} (files must map names to sizes)")
+    fix = f"capture it again with `xbackend capture MODEL --backend NAME -o {path}`"
+    for name, size in sorted(listed.items()):
+        f = contained(path, name, f"capture {path}'s {MANIFEST}", fix)
         if not f.is_file():
             raise bad_capture(path, f"lacks {name}")
         if f.stat().st_size != size:
             size_now = f.stat().st_size
             raise bad_capture(path, f"is truncated: {name} has {size_now} bytes, the manifest says {size}")
-    for name in sorted({*manifest.get("files", {}), MANIFEST}):
+    for name in sorted({*listed, MANIFEST}):
         if sums.get(name) != _sha256(path / name):
             raise bad_capture(path, f"was modified: {name} does not match its sha256 in {SUMS}")
-    for name in sorted(manifest.get("files", {})):
+    for name in sorted(listed):
         if name.endswith(".xbv"):  # sums recomputed over a damaged file still match
             try:
                 ValueFile(path / name).close()
@@ -173,6 +208,6 @@ def captured_inputs(folder: str | os.PathLike[str]) -> CapturedInputs:
         rec = m["inputs"]
         seed = rec["seed"]
         ranges = tuple((str(n), str(r)) for n, r in rec.get("ranges", ()))
-    except (KeyError, TypeError, ValueError) as e:
-        raise bad_capture(p, f"has a manifest this xbackend cannot read ({e})") from e
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise bad_capture(p, f"has a manifest this xbackend cannot read ({type(e).__name__})") from None
     return CapturedInputs(p, p / INPUTS, seed if isinstance(seed, int) else None, ranges)

@@ -4,12 +4,18 @@ certify runs the whole battery on one backend (N runs, K fresh builds, the sampl
 batch, 1 vs several threads) and writes what held, with the evidence, the environment and the
 hashes of the model, inputs and outputs. verify re-runs what a certificate claims on this machine
 and says whether the outputs match bit for bit, and how the environment differs.
+
+A certificate is an in-toto Statement (subject: the model's files; predicate: the body below),
+signed into a DSSE envelope with the user's key (xbackend/attest.py). It is untrusted input to
+verify: its signature is checked first, its paths must stay inside its own folder, and nothing it
+names is run: interpreters, modules and pin files come from the verifier's command line.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -17,16 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from xbackend import attest
 from xbackend.compare import compare_with_options
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, InputError, UsageError
+from xbackend.extdata import external_files
 from xbackend.model import load_model
 from xbackend.portable import load_capture
 from xbackend.progress import ProgressSink
 from xbackend.promises import EXIT_PROMISE, PROPERTIES, PromiseCheck, check
 from xbackend.report import write_atomic
+from xbackend.report.certificate import certificate_markdown
 from xbackend.results import CompareOptions, Result
+from xbackend.runners.registry import get_runner, split_instance
 from xbackend.storage import ValueFile
-from xbackend.textfmt import table, with_module
+from xbackend.untrusted import contained, field, number
 from xbackend.values import value_sha256
 
 __all__ = [
@@ -35,12 +45,12 @@ __all__ = [
     "Verification",
     "certify",
     "read_certificate",
-    "seal",
     "verify",
     "write_certificate",
 ]
 
-SCHEMA = "xbackend.certificate/1"
+SCHEMA = "xbackend.certificate/2"
+PREDICATE_TYPE = "https://xbackend.dev/attestation/certificate/v2"
 CERT_PROBES = ("builds", "threads", "batch")
 # What a certificate must show held, whatever the model: the others need a batch dimension or a
 # thread-count option, and are "not applicable" where there is none.
@@ -52,6 +62,7 @@ class Certificate:
     """The claims and the evidence, as written to CERT.json (`body`) and CERT.md."""
 
     body: dict[str, Any]
+    subjects: dict[str, str]  # the model's files (relative to its folder) -> sha256
 
     @property
     def granted(self) -> bool:
@@ -66,21 +77,16 @@ class Certificate:
     def broken(self) -> list[dict[str, Any]]:
         return [p for p in self.body["properties"] if p["status"] == "broken"]
 
-    def to_json(self) -> str:
-        return (
-            json.dumps({**self.body, "certificate_sha256": seal(self.body)}, indent=2, sort_keys=True) + "\n"
-        )
+    def statement(self) -> dict[str, Any]:
+        return attest.statement(self.subjects, PREDICATE_TYPE, self.body)
+
+    def to_json(self, key: Any | None = None) -> str:
+        """The bare Statement, or with a private key the signed bundle."""
+        data = self.statement() if key is None else attest.sign_statement(self.statement(), key)
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     def to_markdown(self) -> str:
-        text = "\n".join(_markdown(self.body))
-        while "\n\n\n" in text:
-            text = text.replace("\n\n\n", "\n\n")
-        return text.rstrip() + "\n"
-
-
-def seal(body: Mapping[str, Any]) -> str:
-    """sha256 of the canonical body: any later edit of the JSON shows."""
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        return certificate_markdown(self.body)
 
 
 def _environment_sha256(env: Mapping[str, str], runner: Mapping[str, str]) -> str:
@@ -114,7 +120,23 @@ def certify(
     with tempfile.TemporaryDirectory(prefix="xbackend-cert-") as tmp:
         result = compare_with_options(model, opts, progress, capture_to=Path(tmp) / "capture")
         outputs = _output_hashes(Path(tmp) / "capture", result)
-    return Certificate(_body(result, backend, opts, outputs))
+    return Certificate(_body(result, backend, opts, outputs), model_files(Path(result.model.path)))
+
+
+def model_files(path: Path) -> dict[str, str]:
+    """sha256 of the model file and of each external data file, named relative to its folder."""
+    import onnx  # heavy: onnx
+
+    names = [path.name, *external_files(onnx.load(str(path), load_external_data=False))]
+    return {n: _file_sha256(path.parent / n) for n in names if (path.parent / n).is_file()}
+
+
+def _file_sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _output_hashes(capture: Path, r: Result) -> dict[str, str]:
@@ -194,22 +216,39 @@ def _body(r: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, s
     }
 
 
-def write_certificate(cert: Certificate, stem: str | os.PathLike[str]) -> tuple[Path, Path]:
-    """STEM.json and STEM.md, each written atomically (the JSON is what verify reads)."""
-    base = Path(stem)
-    if base.suffix in (".json", ".md"):
-        base = base.with_suffix("")
-    js, md = base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
-    # the model's path relative to the certificate: verify then works from any directory
+def write_certificate(
+    cert: Certificate, stem: str | os.PathLike[str], key: Any | None = None
+) -> tuple[Path, Path]:
+    """STEM.json and STEM.md, each written atomically (the JSON is what verify reads); signed with
+    `key` (a private key from attest.load_private_key) when one is given."""
+    js, md = certificate_paths(stem)
+    # paths relative to the certificate: verify then works from any directory, and reads them
+    # only where they stay inside the certificate's folder
     model = dict(cert.body["model"])
     model["path"] = os.path.relpath(Path(model["path"]).resolve(), js.parent.resolve())
-    cert = Certificate({**cert.body, "model": model})
-    write_atomic(js, cert.to_json(), "certificate")
+    given = dict(cert.body["inputs"])
+    if given.get("file"):
+        given["file"] = os.path.relpath(Path(given["file"]).resolve(), js.parent.resolve())
+    body = {**cert.body, "model": model, "inputs": given}
+    body["signature"] = {"key_id": attest.key_id(key.public_key()) if key is not None else ""}
+    cert = Certificate(body, cert.subjects)
+    write_atomic(js, cert.to_json(key), "certificate")
     write_atomic(md, cert.to_markdown().replace("CERT.json", js.name), "certificate")
     return js, md
 
 
-def read_certificate(path: str | os.PathLike[str]) -> dict[str, Any]:
+def certificate_paths(stem: str | os.PathLike[str]) -> tuple[Path, Path]:
+    base = Path(stem)
+    if base.suffix in (".json", ".md"):
+        base = base.with_suffix("")
+    return base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
+
+
+def read_certificate(
+    path: str | os.PathLike[str], public_key: Any | None = None, allow_unsigned: bool = False
+) -> tuple[dict[str, Any], dict[str, str], attest.Envelope]:
+    """The certificate's body and its envelope: the signature checked first, then the body's
+    shape, so nothing in a forged or damaged file reaches a runner."""
     p = Path(path)
     try:
         data = json.loads(p.read_text("utf-8"))
@@ -217,20 +256,94 @@ def read_certificate(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise InputError(
             f"certificate not found: {p}; pass the CERT.json that `xbackend certify` wrote"
         ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise InputError(
-            f"{p} is not a certificate JSON ({e}); pass the CERT.json `xbackend certify` wrote"
-        ) from e
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        got = data.get("schema") if isinstance(data, dict) else None
-        raise InputError(f"{p} is not an {SCHEMA} certificate (schema {got!r}); certify the model again")
-    recorded = data.pop("certificate_sha256", None)
-    if recorded != seal(data):
+            f"{p} is not a certificate JSON ({str(e).splitlines()[0][:200]}); pass the CERT.json "
+            "`xbackend certify` wrote"
+        ) from None
+    if isinstance(data, dict) and "certificate_sha256" in data:
         raise InputError(
-            f"{p} was modified after it was written (its certificate_sha256 does not match its content); "
-            "certify the model again instead of editing the certificate"
+            f"{p} is an unsigned certificate from an older xbackend (sealed only by its own hash, which "
+            "anyone can recompute); certify the model again, with --key to sign it"
         )
-    return data
+    if not isinstance(data, dict):
+        raise InputError(f"{p} is not a certificate (a JSON {type(data).__name__}); certify the model again")
+    env = attest.open_attestation(data, p, public_key, allow_unsigned)
+    stmt = env.statement
+    if stmt.get("predicateType") != PREDICATE_TYPE or not isinstance(stmt.get("predicate"), dict):
+        raise InputError(
+            f"{p} does not attest an {SCHEMA} certificate (predicate "
+            f"{str(stmt.get('predicateType'))[:80]!r}); certify the model again"
+        )
+    body = stmt["predicate"]
+    check_body(body, p)
+    subjects = stmt.get("subject")
+    if not isinstance(subjects, list) or not all(
+        isinstance(x, dict) and isinstance(x.get("name"), str) and isinstance(x.get("digest"), dict)
+        for x in subjects
+    ):
+        raise InputError(
+            f"{p}: its subject is not a list of named files with digests; certify the model again"
+        )
+    return body, {x["name"]: str(x["digest"].get("sha256", "")) for x in subjects}, env
+
+
+def check_body(body: dict[str, Any], p: Path) -> None:
+    """Every field verify reads, of the type it expects: a damaged or hand-made certificate is
+    one line, never a traceback."""
+    fix = "certify the model again"
+    if body.get("schema") != SCHEMA:
+        raise InputError(
+            f"{p} is not an {SCHEMA} certificate (schema {str(body.get('schema'))[:40]!r}); {fix}"
+        )
+    parts = {
+        k: field(body, k, dict, str(p), fix) for k in ("backend", "battery", "model", "inputs", "outputs")
+    }
+    field(body, "environment", dict, str(p), fix)
+    field(body, "environment_sha256", str, str(p), fix)
+    field(body, "properties", list, str(p), fix)
+    b, bat = parts["backend"], parts["battery"]
+    field(b, "name", str, f"{p}: backend", fix)
+    field(b, "info", dict, f"{p}: backend", fix)
+    for key, lo in (("runs", 2), ("builds", 2), ("batch", 0), ("timed_runs", 0)):
+        number(bat, key, f"{p}: battery", fix, lo, 1_000_000)
+    opts = field(bat, "runner_options", list, f"{p}: battery", fix)
+    if not all(isinstance(t, list) and len(t) == 3 and all(isinstance(x, str) for x in t) for t in opts):
+        raise InputError(f"{p}: battery: runner_options must be [backend, key, value] strings; {fix}")
+    for key in ("name", "path", "sha256"):
+        field(parts["model"], key, str, f"{p}: model", fix)
+    given = parts["inputs"]
+    field(given, "sha256", str, f"{p}: inputs", fix)
+    number(given, "seed", f"{p}: inputs", fix, 0, 2**32 - 1)
+    field(given, "file", (str, type(None)), f"{p}: inputs", fix)
+    shapes, ranges = (
+        field(given, "shapes", list, f"{p}: inputs", fix),
+        field(given, "ranges", list, f"{p}: inputs", fix),
+    )
+    ok = all(
+        isinstance(x, list)
+        and len(x) == 2
+        and isinstance(x[0], str)
+        and isinstance(x[1], list)
+        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 2**31 for d in x[1])
+        for x in shapes
+    ) and all(
+        isinstance(x, list)
+        and len(x) == 3
+        and isinstance(x[0], str)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in x[1:])
+        for x in ranges
+    )
+    if not ok:
+        raise InputError(f"{p}: inputs: shapes or ranges are not [name, dims] / [name, low, high]; {fix}")
+    out = parts["outputs"]
+    field(out, "sha256", str, f"{p}: outputs", fix)
+    tensors = field(out, "tensors", dict, f"{p}: outputs", fix)
+    if not all(isinstance(v, str) for v in tensors.values()):
+        raise InputError(f"{p}: outputs: tensors must map names to sha256 strings; {fix}")
+    for prop in body["properties"]:
+        if not isinstance(prop, dict) or not all(isinstance(prop.get(k), str) for k in ("name", "status")):
+            raise InputError(f"{p}: properties must each have a name and a status; {fix}")
 
 
 @dataclass(frozen=True)
@@ -239,12 +352,14 @@ class Verification:
 
     certificate: dict[str, Any]
     rerun: dict[str, Any]
+    envelope: attest.Envelope
+    files_checked: int = 0  # the model's files whose digests matched the certificate's subject
 
     @property
     def outputs_match(self) -> bool:
-        return bool(self.certificate["outputs"]["sha256"]) and (
-            self.certificate["outputs"]["sha256"] == self.rerun["outputs"]["sha256"]
-        )
+        """Every digest the certificate records for the outputs, each tensor and all of them."""
+        old, new = self.certificate["outputs"], self.rerun["outputs"]
+        return bool(old["sha256"]) and old["sha256"] == new["sha256"] and old["tensors"] == new["tensors"]
 
     def moved_outputs(self) -> list[str]:
         old, new = self.certificate["outputs"]["tensors"], self.rerun["outputs"]["tensors"]
@@ -279,17 +394,23 @@ class Verification:
     def lines(self) -> list[str]:
         c, r = self.certificate, self.rerun
         head = f"{c['backend']['name']} on {c['model']['name']}"
+        files = (
+            f"; the model's {self.files_checked} file(s) match their digests" if self.files_checked else ""
+        )
+        sign = [self.envelope.describe() + files]
         if self.outputs_match:
             out = [
+                *sign,
                 f"VERIFIED: {head}: the outputs match the certificate bit for bit "
-                f"(sha256 {c['outputs']['sha256'][:16]})"
+                f"(sha256 {c['outputs']['sha256'][:16]}, {len(c['outputs']['tensors'])} tensor(s))",
             ]
         else:
             moved = ", ".join(self.moved_outputs()) or "all"
             out = [
+                *sign,
                 f"MISMATCH: {head}: outputs differ from the certificate ({moved}); "
                 f"certified {c['outputs']['sha256'][:16] or 'none'}, "
-                f"here {r['outputs']['sha256'][:16] or 'none'}"
+                f"here {r['outputs']['sha256'][:16] or 'none'}",
             ]
         for name, old, new in self.property_changes():
             out.append(f"PROPERTY: {name} was {old} in the certificate, {new} here")
@@ -323,11 +444,18 @@ def verify(
     model: str | os.PathLike[str] | None = None,
     inputs: str | None = None,
     progress: ProgressSink | None = None,
+    public_key: Any | None = None,
+    allow_unsigned: bool = False,
+    runner_options: tuple[tuple[str, str, str], ...] = (),
 ) -> Verification:
-    """Re-run the certificate's battery here on the same model and inputs."""
-    c = read_certificate(cert_path)
-    path = Path(model) if model is not None else _certified_path(c, Path(cert_path))
-
+    """Re-run the certificate's battery here on the same model and inputs. The signature is
+    checked before anything is read from the body; `runner_options` are the verifier's own
+    (--set, --torch-module): a certificate's interpreters, modules and files are never used."""
+    cert = Path(cert_path)
+    c, subjects, envelope = read_certificate(cert, public_key, allow_unsigned)
+    _consistent(c, cert)
+    path = Path(model) if model is not None else _certified_path(c, cert)
+    files = _check_subjects(subjects, path, c["model"]["name"])
     spec, _ = load_model(path)
     if spec.sha256 != c["model"]["sha256"]:
         raise InputError(
@@ -336,20 +464,27 @@ def verify(
         )
     battery, given = c["battery"], c["inputs"]
     feeds: dict[str, Any] = {"seed": given["seed"]}
-    if inputs or given["file"]:
-        feeds["inputs"] = inputs or given["file"]
+    if inputs:
+        feeds["inputs"] = inputs
+    elif given["file"]:
+        feeds["inputs"] = str(
+            contained(
+                cert.parent, given["file"], f"{cert}: inputs.file", "pass --inputs with the certified file"
+            )
+        )
     else:
         feeds["shapes"] = tuple((n, tuple(d)) for n, d in given["shapes"])
         feeds["ranges"] = tuple(tuple(x) for x in given["ranges"])
+    name = c["backend"]["name"]
     rerun = certify(
         path,
-        c["backend"]["name"],
+        name,
         battery["runs"],
         battery["builds"],
         battery["batch"],
         progress,
-        runner_options=tuple(tuple(t) for t in battery["runner_options"]),
-        timed_runs=int(battery.get("timed_runs", 0)),
+        runner_options=replayed_options(name, battery["runner_options"], runner_options),
+        timed_runs=battery["timed_runs"],
         **feeds,
     ).body
     if rerun["inputs"]["sha256"] != given["sha256"]:
@@ -357,109 +492,81 @@ def verify(
             f"the inputs here (sha256 {rerun['inputs']['sha256'][:12]}) are not the certified ones "
             f"({given['sha256'][:12]}); pass --inputs with the certified file"
         )
-    return Verification(c, rerun)
+    return Verification(c, rerun, envelope, files)
+
+
+def replayed_options(
+    backend: str, recorded: list[list[str]], given: tuple[tuple[str, str, str], ...]
+) -> tuple[tuple[str, str, str], ...]:
+    """The certificate's runner options that only choose among values (booleans, numbers, a
+    fixed set of choices) are replayed; a free-form one (an interpreter, a module, a pin or
+    cache file, compiler flags) must come from the verifier's command line. `given` wins."""
+    own = {(b, k) for b, k, _ in given}
+    try:
+        specs = {o.name: o for o in get_runner(split_instance(backend)[0]).all_option_specs()}
+    except Exception:  # an engine this host lacks: the runner says so when it is built
+        specs = {}
+    kept, refused = [], []
+    for b, k, v in recorded:
+        if (b, k) in own:
+            continue
+        spec = specs.get(k)
+        if b == backend and spec is not None and (spec.choices or spec.kind in (bool, int, float)):
+            kept.append((b, k, v))
+        else:
+            refused.append(f"{b}.{k}={v[:200]}")
+    if refused:
+        raise InputError(
+            f"the certificate sets {', '.join(refused)}: verify never runs or reads what a certificate "
+            "names; pass each yourself with --set (and --trust-model-code for a module)"
+        )
+    return (*kept, *given)
+
+
+def _consistent(c: Mapping[str, Any], cert: Path) -> None:
+    """The certificate's own digests agree with what it lists, before anything runs."""
+    out = c["outputs"]
+    if out["tensors"] and out["sha256"] != _combined(out["tensors"]):
+        raise InputError(
+            f"{cert}: its outputs.sha256 is not the digest of its own per-tensor digests (it was edited); "
+            "do not trust it, certify the model again"
+        )
+    if c["environment_sha256"] != _environment_sha256(c["environment"], c["backend"]["info"]):
+        raise InputError(
+            f"{cert}: its environment_sha256 does not match its own environment (it was edited); "
+            "do not trust it, certify the model again"
+        )
+
+
+def _check_subjects(subjects: Mapping[str, str], model: Path, model_name: str) -> int:
+    """The digest of each model file the certificate's subject names: the model (under whatever
+    name it has here) and its external data, beside it."""
+    for name, digest in sorted(subjects.items()):
+        p = (
+            model
+            if name == model_name
+            else contained(model.parent, name, "the certificate's subject", "certify the model again")
+        )
+        if not p.is_file():
+            raise InputError(
+                f"the certified model file {name!r} is not beside {model.name}; pass --model with the "
+                "certified model, its external data beside it"
+            )
+        if _file_sha256(p) != digest:
+            raise InputError(
+                f"{p} is not the certified {name} (its sha256 differs from the certificate's subject); "
+                "pass --model with the certified model"
+            )
+    return len(subjects)
 
 
 def _certified_path(c: Mapping[str, Any], cert: Path) -> Path:
-    """The model the certificate names: its path is relative to the certificate (certificates
-    written before that recorded it relative to the working directory of certify)."""
-    recorded = Path(c["model"]["path"])
-    here = recorded if recorded.is_absolute() else cert.parent / recorded
+    """The model the certificate names, relative to the certificate and inside its folder."""
+    fix = "pass --model PATH to the model file"
+    here = contained(cert.parent, c["model"]["path"], f"{cert}: model.path", fix)
     if here.is_file():
         return here
-    if recorded.is_file():
-        return recorded
     raise InputError(
-        f"the certified model {c['model']['name']} is not at {here} (where the certificate records "
-        "it, relative to itself); pass --model PATH to the model file"
+        f"the certified model {c['model']['name']!r} is not at {c['model']['path']!r} (where the "
+        f"certificate records it, relative to itself); {fix}"
     )
-
-
-def _markdown(c: Mapping[str, Any]) -> list[str]:
-    """The certificate's Markdown twin: verdict, properties, hashes, environment, how to check it."""
-    return [
-        *_md_verdict(c),
-        *_md_properties(c),
-        *_md_hashes(c),
-        *_md_environment(c),
-        "## Check it",
-        "",
-        "`xbackend verify CERT.json` re-runs this battery on the machine it runs on and says whether the",
-        "outputs match these hashes bit for bit, and how its environment differs from this one.",
-    ]
-
-
-def _first_layer(p: Mapping[str, Any]) -> str:
-    return (
-        with_module(p["first_layer"], {p["first_layer"]: p["first_layer_module"]}) if p["first_layer"] else ""
-    )
-
-
-def _md_verdict(c: Mapping[str, Any]) -> list[str]:
-    b = c["backend"]
-    verdict = "GRANTED" if c["granted"] else "REFUSED"
-    out = [f"# Determinism certificate: {c['model']['name']} on {b['name']}", "", f"**{verdict}**", ""]
-    if b["status"] != "ok":
-        out += [f"{b['name']} {b['status']}: {b['reason']}", ""]
-    for p in c["properties"]:
-        if p["status"] == "broken":
-            first = _first_layer(p)
-            out.append(
-                f"- BROKEN: {p['name']}: {p['evidence']}" + (f"; first broke at {first}" if first else "")
-            )
-    bat = c["battery"]
-    timed = f" (and {bat['timed_runs']} timed runs)" if bat.get("timed_runs") else ""
-    lat = c.get("latency")
-    cost = (
-        [
-            f"Latency of the certified configuration on this machine: median {_ms(lat['median_ms'])} ms "
-            f"(min {_ms(lat['min_ms'])}, max {_ms(lat['max_ms'])}) over {lat['runs']} of the certified "
-            "runs (each build's first run left out as warm-up).",
-            "",
-        ]
-        if lat
-        else []
-    )
-    return [
-        *out,
-        "",
-        f"Battery: {bat['runs']} runs{timed} in each of {bat['builds']} fresh builds; the first sample alone "
-        f"vs in a batch of {bat['batch']}; 1 thread vs the runner's other thread counts.",
-        "",
-        *cost,
-    ]
-
-
-def _md_properties(c: Mapping[str, Any]) -> list[str]:
-    rows = [
-        [
-            p["name"],
-            p["meaning"],
-            f"**{p['status']}**" if p["status"] == "broken" else p["status"],
-            p["evidence"],
-            _first_layer(p) or "–",
-            "yes" if p["promised_by_runner"] else "no",
-        ]
-        for p in c["properties"]
-    ]
-    header = ["property", "meaning", "status", "evidence", "first layer that broke", "promised by the runner"]
-    return ["## Properties", "", *table(header, rows), ""]
-
-
-def _md_hashes(c: Mapping[str, Any]) -> list[str]:
-    rows = [
-        [f"model {c['model']['name']}", c["model"]["sha256"]],
-        [f"inputs ({c['inputs']['source']})", c["inputs"]["sha256"]],
-        ["outputs (all)", c["outputs"]["sha256"] or "–"],
-        *[[f"output {n}", h] for n, h in c["outputs"]["tensors"].items()],
-        ["environment", c["environment_sha256"]],
-    ]
-    return ["## Hashes", "", *table(["what", "sha256"], rows), ""]
-
-
-def _md_environment(c: Mapping[str, Any]) -> list[str]:
-    rows = [
-        *([k, v] for k, v in sorted(c["environment"].items())),
-        *([f"runner.{k}", v] for k, v in sorted(c["backend"]["info"].items())),
-    ]
-    return ["## Environment", "", *table(["key", "value"], rows), ""]

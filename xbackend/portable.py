@@ -92,7 +92,11 @@ class LoadedCapture:
         return CapturedInputs(self.path, self.inputs_path, self.feeds.seed, self.feeds.ranges)
 
 
-def _phase(path: Path, rec: Mapping[str, Any]) -> PhaseResult:
+def _phase(path: Path, rec: Mapping[str, Any], listed: Mapping[str, Any]) -> PhaseResult:
+    if rec["file"] not in listed:  # only files the checksums cover, all inside the folder
+        raise bad_capture(
+            path, f"has a phase reading {str(rec['file'])[:80]!r}, which its manifest does not list"
+        )
     return PhaseResult(
         name=str(rec["name"]),
         capture=str(path / str(rec["file"])),
@@ -115,11 +119,13 @@ def load_capture(path: str | os.PathLike[str], name: str | None = None) -> Loade
     try:
         backend = decode(BackendResult, m["backend"], "backend")
         feeds = decode(FeedsInfo, m["inputs"], "inputs")
-        phases = {str(r["name"]): _phase(p, r) for r in m["phases"]}
+        phases = {str(r["name"]): _phase(p, r, m["files"]) for r in m["phases"]}
         model = m["model"]
         env = tuple(sorted((str(k), str(v)) for k, v in m["environment"].items()))
-    except (CodecError, KeyError, TypeError, ValueError) as e:
-        raise bad_capture(p, f"has a manifest this xbackend cannot read ({e})") from e
+    except (CodecError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise bad_capture(
+            p, f"has a manifest this xbackend cannot read ({type(e).__name__}: {str(e)[:120]})"
+        ) from None
     outputs = phases.get(OUTPUTS) or phases.get(LAYERS)
     if outputs is None:
         raise bad_capture(p, "holds no graph outputs")

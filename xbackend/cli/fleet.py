@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from xbackend.cli.app import app
-from xbackend.cli.params import NoProgress
+from xbackend.cli.params import NoProgress, Sets, set_option
 from xbackend.errors import UsageError
 from xbackend.sweep import load_sweep, run_sweep
 from xbackend.sweep.executors import LocalExecutor, RayExecutor
@@ -54,6 +54,7 @@ def sweep(
     no_resume: Annotated[
         bool, typer.Option("--no-resume", help="run every job again, even those with a valid capture")
     ] = False,
+    sets: Sets = None,
     no_progress: NoProgress = False,
 ) -> int:
     """Run every model x backend job of a sweep file, compare each model's captures, write a fleet report."""
@@ -61,7 +62,7 @@ def sweep(
         raise UsageError(f"--executor must be local or ray, got {executor!r}")
     if executor == "local" and (address or shared_storage):
         raise UsageError("--address and --shared-storage apply to --executor ray; add --executor ray")
-    spec = load_sweep(sweep_file, output)
+    spec = load_sweep(sweep_file, output, tuple(set_option(x) for x in sets or ()))
     ex = LocalExecutor() if executor == "local" else RayExecutor(address, shared_storage)
     bar: Any = (
         NullFleetProgress()

@@ -51,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _help_hint(argv: Sequence[str] | None) -> str:
     args = list(sys.argv[1:] if argv is None else argv)
     cmds = {"compare", "capture", "certify", "verify", "report", "diff", "backends", "export", "sweep"}
+    cmds.add("keygen")
     first = next((a for a in args if not a.startswith("-")), None)
     if first in cmds:
         sub = " torch" if first == "export" and "torch" in args else ""

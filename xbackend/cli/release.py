@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from xbackend import attest
+from xbackend.atomic import check_outputs
+from xbackend.certify import certificate_paths, write_certificate
 from xbackend.certify import certify as run_certify
 from xbackend.certify import verify as run_verify
-from xbackend.certify import write_certificate
 from xbackend.cli.app import app, progress
 from xbackend.cli.params import (
     Inputs,
@@ -23,12 +28,13 @@ from xbackend.cli.params import (
     TorchModule,
     TrustCode,
     run_inputs,
+    torch_options,
 )
 from xbackend.report import write_atomic, write_markdown_bundle
 from xbackend.report.diff import diff_results
 from xbackend.reportfile import read_result
 
-__all__ = ["certify", "diff", "report", "verify"]
+__all__ = ["certify", "diff", "keygen", "report", "verify"]
 
 
 @app.command(
@@ -57,8 +63,15 @@ def certify(
     no_progress: NoProgress = False,
     torch_module: TorchModule = None,
     trust_model_code: TrustCode = False,
+    key: Annotated[
+        str | None,
+        typer.Option(metavar="PRIVATE.key", help="sign the certificate with this key (xbackend keygen)"),
+    ] = None,
 ) -> int:
     """Certify one backend's determinism: run to run, build to build, batch position, thread count."""
+    js, md = certificate_paths(output)
+    check_outputs([("-o", js), ("-o", md)], [model, inputs])  # before anything runs
+    private = attest.load_private_key(key) if key else None  # a bad key is found before the battery
     cert = run_certify(
         model,
         backend,
@@ -70,7 +83,7 @@ def certify(
         timed_runs=timed_runs,
         **run_inputs(backend, seed, shape, inputs, ranges, sets, torch_module, trust_model_code),
     )
-    js, md = write_certificate(cert, output)
+    js, md = write_certificate(cert, output, private)
     body = cert.body
     if body["backend"]["status"] != "ok":
         print(f"{backend} {body['backend']['status']}: {body['backend']['reason']}", file=sys.stderr)
@@ -82,14 +95,17 @@ def certify(
     if lat:
         print(f"  latency: median {lat['median_ms']:.3g} ms over {lat['runs']} runs")
     verdict = "GRANTED" if cert.granted else "REFUSED"
-    print(f"{verdict}: wrote {js} and {md}; check it with `xbackend verify {js}`")
+    how = f"--key {Path(key).with_suffix('.pub')}" if key else "--allow-unsigned"
+    signed = "signed" if key else "unsigned (sign it with --key PRIVATE.key)"
+    print(f"{verdict}: wrote {js} ({signed}) and {md}; check it with `xbackend verify {js} {how}`")
     return cert.exit_code
 
 
 @app.command(
     epilog="Exit codes: 0 the outputs match the certificate bit for bit and no property broke; 1 they "
-    "differ, or a property the certificate holds broke here; 2 the certificate is missing, modified, or "
-    "of another model or inputs; 4 internal error."
+    "differ, or a property the certificate holds broke here; 2 the certificate is missing, unsigned "
+    "(without --allow-unsigned), not signed by --key, modified, or of another model or inputs; 4 internal "
+    "error."
 )
 def verify(
     certificate: Annotated[
@@ -99,13 +115,58 @@ def verify(
         str | None, typer.Option(help="the certified model, when it is not at the path the certificate names")
     ] = None,
     inputs: Inputs = None,
+    key: Annotated[
+        str | None,
+        typer.Option(metavar="SIGNER.pub", help="the signer's public key: the signature is checked first"),
+    ] = None,
+    allow_unsigned: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unsigned", help="verify a certificate whose signature is absent or not checked"
+        ),
+    ] = False,
+    sets: Sets = None,
+    torch_module: TorchModule = None,
+    trust_model_code: TrustCode = False,
     no_progress: NoProgress = False,
 ) -> int:
-    """Re-run what a certificate claims on this machine; compare outputs bit for bit and the environment."""
-    v = run_verify(certificate, model, inputs, progress(no_progress))
+    """Re-run what a certificate claims on this machine; compare outputs bit for bit and the environment.
+    Nothing the certificate names is run: interpreters, modules and files come from --set here."""
+    public = attest.load_public_key(key) if key else None
+    own = run_inputs("", 0, None, None, None, sets, None, False)["runner_options"]
+    if torch_module or trust_model_code:
+        own += _torch_options_for(certificate, torch_module, trust_model_code)
+    v = run_verify(certificate, model, inputs, progress(no_progress), public, allow_unsigned, own)
     for line in v.lines():
         print(line)
     return v.exit_code
+
+
+def _torch_options_for(certificate: str, module: str | None, trust: bool) -> tuple[tuple[str, str, str], ...]:
+    """--torch-module and --trust-model-code for the certified backend, read (unverified) only
+    for its name: what they grant comes from this command line."""
+
+    try:
+        data = json.loads(Path(certificate).read_text("utf-8"))
+        stmt = (
+            json.loads(base64.b64decode(data["dsseEnvelope"]["payload"])) if "dsseEnvelope" in data else data
+        )
+        backend = str(stmt["predicate"]["backend"]["name"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ()  # verify reports the damaged certificate itself
+    return torch_options(backend, module, trust)
+
+
+@app.command(epilog="Exit codes: 0 written; 2 a file of that name exists, or the folder is not writable.")
+def keygen(
+    output: Annotated[
+        str, typer.Option("-o", "--output", metavar="NAME", help="writes NAME.key (private) and NAME.pub")
+    ],
+) -> int:
+    """Make an Ed25519 key pair to sign certificates with (certify --key NAME.key, verify --key NAME.pub)."""
+    private, public = attest.generate_key(output)
+    print(f"wrote {private} (private: keep it secret; readable by you alone) and {public} (for verifiers)")
+    return 0
 
 
 @app.command(
@@ -116,6 +177,7 @@ def report(
     output: Annotated[str, typer.Option("-o", "--output", metavar="OUT.md", help="Markdown to write")],
 ) -> int:
     """Re-render the Markdown report (figures and layer CSV too) from a JSON report, running no engine."""
+    check_outputs([("-o", output)], [result_json])
     write_markdown_bundle(read_result(result_json), output)
     print(f"wrote {output}")
     return 0
@@ -133,6 +195,7 @@ def diff(
     ] = None,
 ) -> int:
     """Compare two JSON reports: environment, options, verdicts, and the first layer that moved."""
+    check_outputs([("-o", output)], [old, new])
     d = diff_results(read_result(old, "OLD.json"), read_result(new, "NEW.json"))
     text = d.markdown(old, new)
     print(text, end="")

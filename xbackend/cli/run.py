@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from xbackend.atomic import check_outputs
+from xbackend.capturedir import check_folder
 from xbackend.cli.app import EXIT_CODES, app, progress
 from xbackend.cli.params import (
     Baseline,
@@ -89,7 +91,7 @@ def compare(
     save_captures: SaveCaptures = None,
 ) -> int:
     """Run a model on several backends and compare, per layer, in ULPs."""
-    check_outputs([("--report", report), ("--json", json)])  # before anything runs
+    check_outputs([("--report", report), ("--json", json)], [model, inputs, baseline])  # before anything runs
     families = tuple(m for m in (modes or "").split(",") if m)
     given = tuple(b for b in (backends or ("" if families else _DEFAULT_BACKENDS)).split(",") if b)
     listed, mode_sets = expand_modes(given, families)
@@ -156,6 +158,7 @@ def capture(
     """Run one backend and write a portable capture: inputs, outputs, layers, fingerprints, environment."""
     if "," in backend:
         raise UsageError(f"--backend takes one runner, got {backend!r}; capture each into its own folder")
+    check_folder(Path(output))  # before anything runs: never into someone's folder
     opts = CompareOptions.create(
         backends=[backend],
         runs=runs,

@@ -43,7 +43,9 @@ from typing import Any
 from xbackend.errors import BackendUnavailableError, UsageError
 from xbackend.probes.registry import select_probes
 from xbackend.results import DEFAULT_MAX_ULP, CompareOptions
+from xbackend.runners.base import CODE_OPTIONS
 from xbackend.runners.registry import get_runner
+from xbackend.untrusted import contained
 from xbackend.version import VERSION
 
 if sys.version_info >= (3, 11):
@@ -281,8 +283,33 @@ def _set_table(path: Path, where: str, value: Any) -> dict[str, str]:
     for k, v in t.items():
         if isinstance(v, (dict, list)):
             raise _bad(path, where, f"{k} must be a single value, got {v!r}")
+        if str(k).rpartition(".")[2] in CODE_OPTIONS:
+            raise _bad(
+                path,
+                where,
+                f"{k} names code to run, which a sweep file may not (it is not trusted to); pass it on "
+                f"the command line: xbackend sweep {path} --set BACKEND.{str(k).rpartition('.')[2]}=VALUE",
+            )
         out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
     return out
+
+
+def _with_sets(
+    backends: tuple[BackendEntry, ...], sets: Sequence[tuple[str, str, str]]
+) -> tuple[BackendEntry, ...]:
+    """The command line's --set over the file's, per backend."""
+    names = [b.name for b in backends]
+    stray = sorted({b for b, _, _ in sets} - set(names))
+    if stray:
+        raise UsageError(
+            f"--set names {', '.join(stray)}, which the sweep file does not list ({', '.join(names)})"
+        )
+    out = []
+    for b in backends:
+        opts = dict(b.options)
+        opts.update({k: v for name, k, v in sets if name == b.name})
+        out.append(BackendEntry(b.name, tuple(sorted(opts.items())), b.requires))
+    return tuple(out)
 
 
 def _backends(path: Path, raw: Any) -> tuple[BackendEntry, ...]:
@@ -313,7 +340,8 @@ def _model(
     _check_keys(path, where, t, _MODEL_KEYS)
     if not isinstance(t.get("path"), str):
         raise _bad(path, where, 'needs path = "model.onnx" (relative to the sweep file)')
-    file = (path.parent / t["path"]).resolve()
+    fix = "give a path relative to the sweep file, inside its folder"
+    file = contained(path.parent, t["path"], f"{path}: {where}: path", fix).resolve()
     if not file.is_file():
         raise _bad(path, where, f"model {t['path']} not found (looked at {file})")
     name = t.get("name", file.stem)
@@ -331,7 +359,8 @@ def _model(
     if "seed" in t:
         kw["seed"] = _typed(path, where, "seed", t["seed"], int)
     if "inputs" in t:
-        kw["inputs"] = str((path.parent / _typed(path, where, "inputs", t["inputs"], str)).resolve())
+        given = _typed(path, where, "inputs", t["inputs"], str)
+        kw["inputs"] = str(contained(path.parent, given, f"{path}: {where}: inputs", fix).resolve())
     if "shapes" in t:
         shapes = _table(path, f"{where}.shapes", t["shapes"])
         for k, v in shapes.items():
@@ -365,8 +394,14 @@ def _model(
     return ModelEntry(name, file, tuple(chosen), kw, tuple(options), reference, max_ulp)
 
 
-def load_sweep(path: str | os.PathLike[str], output: str | os.PathLike[str] | None = None) -> SweepSpec:
-    """Read and check a sweep file; every mistake is one UsageError naming the file and the key."""
+def load_sweep(
+    path: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    sets: Sequence[tuple[str, str, str]] = (),
+) -> SweepSpec:
+    """Read and check a sweep file; every mistake is one UsageError naming the file and the key.
+    The file is not trusted: its paths stay inside its folder and it names no code to run;
+    `output` and `sets` come from the command line, which is."""
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"sweep file {p} not found; pass a .toml file (see docs/fleet.md)")
@@ -377,7 +412,7 @@ def load_sweep(path: str | os.PathLike[str], output: str | os.PathLike[str] | No
     _check_keys(p, "top level", raw, {"sweep", "models", "backends"})
     sweep = _table(p, "sweep", raw.get("sweep", {}))
     _check_keys(p, "sweep", sweep, _SWEEP_KEYS)
-    backends = _backends(p, raw.get("backends"))
+    backends = _with_sets(_backends(p, raw.get("backends")), sets)
     names = [b.name for b in backends]
     models_raw = raw.get("models")
     if not isinstance(models_raw, list) or not models_raw:
@@ -392,8 +427,10 @@ def load_sweep(path: str | os.PathLike[str], output: str | os.PathLike[str] | No
     retries = _typed(p, "sweep", "retries", sweep.get("retries", 1), int)
     if job_timeout <= 0 or retries < 0:
         raise _bad(p, "sweep", "job_timeout must be > 0 seconds and retries >= 0")
-    out = Path(output) if output is not None else p.parent / str(sweep.get("output", f"{p.stem}-fleet"))
-    out = Path(os.path.normpath(out))
+    if output is None:
+        named = _typed(p, "sweep", "output", sweep.get("output", f"{p.stem}-fleet"), str)
+        output = contained(p.parent, named, f"{p}: sweep: output", "or pass -o DIR on the command line")
+    out = Path(os.path.normpath(output))
     spec = SweepSpec(
         path=p,
         name=str(sweep.get("name", p.stem)),

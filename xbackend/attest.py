@@ -1,0 +1,270 @@
+"""Signed attestations: an in-toto Statement in a DSSE envelope, in a Sigstore bundle.
+
+The layout follows the OpenSSF model-signing format for a key the user holds: a Sigstore bundle
+(v0.3) whose verification material is the public key's hint and whose content is a DSSE envelope
+over an in-toto Statement. The Statement's subject is the model's files and their sha256; its
+predicate is what xbackend certifies. An unsigned certificate is the bare Statement.
+
+Keys are PEM files read by `cryptography`: Ed25519 (deterministic signatures, so a certificate's
+bytes are reproducible) or ECDSA P-256/P-384 (what model-signing and cosign make).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from xbackend.errors import InputError, UsageError
+
+__all__ = [
+    "BUNDLE_MEDIA_TYPE",
+    "PAYLOAD_TYPE",
+    "STATEMENT_TYPE",
+    "Envelope",
+    "generate_key",
+    "key_id",
+    "load_private_key",
+    "load_public_key",
+    "open_attestation",
+    "pae",
+    "sign_statement",
+    "statement",
+]
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+PASSWORD_ENV = "XBACKEND_KEY_PASSWORD"
+
+
+def statement(
+    subjects: Mapping[str, str], predicate_type: str, predicate: Mapping[str, Any]
+) -> dict[str, Any]:
+    """An in-toto Statement v1: `subjects` maps file names to their sha256."""
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": n, "digest": {"sha256": d}} for n, d in sorted(subjects.items())],
+        "predicateType": predicate_type,
+        "predicate": dict(predicate),
+    }
+
+
+def canonical(data: Mapping[str, Any]) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE's pre-authentication encoding: what is signed, so the type cannot be swapped."""
+    t = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
+
+
+def _read_key_file(path: str | os.PathLike[str], what: str) -> bytes:
+    p = Path(path)
+    try:
+        return p.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"{what} not found: {p}; make a key pair with `xbackend keygen -o NAME`") from None
+    except OSError as e:
+        raise UsageError(f"cannot read the {what} {p}: {e.strerror or e}") from None
+
+
+def load_private_key(path: str | os.PathLike[str]) -> Any:
+    """A PEM private key (Ed25519 or ECDSA); a password, when it has one, comes from the
+    environment variable XBACKEND_KEY_PASSWORD."""
+
+    ser = serialization
+    data = _read_key_file(path, "private key")
+    password = os.environ.get(PASSWORD_ENV)
+    try:
+        key = ser.load_pem_private_key(data, password.encode() if password else None)
+    except TypeError:
+        raise UsageError(f"the private key {path} is encrypted: set {PASSWORD_ENV} to its password") from None
+    except ValueError as e:
+        raise UsageError(
+            f"{path} is not a PEM private key xbackend can use ({str(e).splitlines()[0]}); "
+            "make one with `xbackend keygen -o NAME`"
+        ) from None
+    if not isinstance(key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey):
+        raise UsageError(f"{path} is a {type(key).__name__}; sign with an Ed25519 or ECDSA key")
+    return key
+
+
+def load_public_key(path: str | os.PathLike[str]) -> Any:
+
+    ser = serialization
+    data = _read_key_file(path, "public key")
+    try:
+        key = ser.load_pem_public_key(data)
+    except ValueError:
+        raise UsageError(
+            f"{path} is not a PEM public key; pass the .pub file `xbackend keygen` wrote beside the key"
+        ) from None
+    if not isinstance(key, ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey):
+        raise UsageError(f"{path} is a {type(key).__name__}; certificates are signed with Ed25519 or ECDSA")
+    return key
+
+
+def key_id(public_key: Any) -> str:
+    """sha256 of the public key's DER SubjectPublicKeyInfo: the bundle's key hint."""
+    ser = serialization
+    der = public_key.public_bytes(ser.Encoding.DER, ser.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()
+
+
+def _sign(key: Any, message: bytes) -> bytes:
+
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        return bytes(key.sign(message, ec.ECDSA(hashes.SHA256())))
+    return bytes(key.sign(message))
+
+
+def _check(key: Any, signature: bytes, message: bytes) -> bool:
+
+    try:
+        if isinstance(key, ec.EllipticCurvePublicKey):
+            key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
+        else:
+            key.verify(signature, message)
+    except InvalidSignature:
+        return False
+    return True
+
+
+def sign_statement(stmt: Mapping[str, Any], key: Any) -> dict[str, Any]:
+    """The Statement signed into a Sigstore bundle (DSSE envelope, public-key hint)."""
+    payload = canonical(stmt)
+    kid = key_id(key.public_key())
+    sig = _sign(key, pae(PAYLOAD_TYPE, payload))
+    return {
+        "mediaType": BUNDLE_MEDIA_TYPE,
+        "verificationMaterial": {"publicKey": {"hint": kid}},
+        "dsseEnvelope": {
+            "payload": base64.b64encode(payload).decode(),
+            "payloadType": PAYLOAD_TYPE,
+            "signatures": [{"sig": base64.b64encode(sig).decode(), "keyid": kid}],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A Statement as read from a file, and what is known of its signature."""
+
+    statement: dict[str, Any]
+    signed: bool  # it came in a DSSE envelope with a signature
+    verified_key: str  # the key id whose signature was checked, "" when none was
+    signer_hint: str  # the key id the bundle names
+
+    def describe(self) -> str:
+        if self.verified_key:
+            return f"SIGNED: the signature checks with key {self.verified_key[:16]}"
+        if self.signed:
+            return (
+                f"UNCHECKED: signed by key {self.signer_hint[:16] or '(unnamed)'}, but no --key was given; "
+                "the signature was not checked"
+            )
+        return (
+            "UNSIGNED: anyone could have written or edited this certificate; verified with --allow-unsigned"
+        )
+
+
+def _b64(text: object, where: str, path: Path) -> bytes:
+    try:
+        return base64.b64decode(str(text), validate=True)
+    except (binascii.Error, ValueError):
+        raise InputError(
+            f"{path}: {where} is not base64; the bundle is damaged, get the certificate again"
+        ) from None
+
+
+def open_attestation(
+    data: Mapping[str, Any], path: Path, public_key: Any | None, allow_unsigned: bool
+) -> Envelope:
+    """The Statement inside `data` (a bundle, a bare DSSE envelope or a bare Statement), its
+    signature checked against `public_key` first. Unsigned content needs allow_unsigned."""
+    env = data.get("dsseEnvelope") if "mediaType" in data else data if "payloadType" in data else None
+    if env is None:
+        if data.get("_type") != STATEMENT_TYPE:
+            raise InputError(
+                f"{path} is neither a signed bundle nor an in-toto Statement; certify the model again"
+            )
+        if public_key is not None and not allow_unsigned:
+            raise InputError(
+                f"{path} is not signed, so --key cannot check it; re-sign it with `xbackend certify "
+                "--key`, or pass --allow-unsigned to verify it unsigned"
+            )
+        if not allow_unsigned:
+            raise InputError(
+                f"{path} is not signed; pass --allow-unsigned to verify it anyway (anyone could have "
+                "edited it), or certify with --key PRIVATE.pem"
+            )
+        return Envelope(dict(data), False, "", "")
+    if not isinstance(env, Mapping) or env.get("payloadType") != PAYLOAD_TYPE:
+        raise InputError(
+            f"{path}: its DSSE envelope does not carry an in-toto Statement; certify the model again"
+        )
+    payload = _b64(env.get("payload", ""), "the payload", path)
+    sigs = env.get("signatures") or []
+    if not isinstance(sigs, list) or not all(isinstance(s, Mapping) for s in sigs):
+        raise InputError(f"{path}: its signatures are not a list; get the certificate again")
+    material = data.get("verificationMaterial") or {}
+    hint = str((material.get("publicKey") or {}).get("hint", "")) if isinstance(material, Mapping) else ""
+    verified = ""
+    if public_key is not None:
+        kid = key_id(public_key)
+        message = pae(PAYLOAD_TYPE, payload)
+        if not any(_check(public_key, _b64(s.get("sig", ""), "a signature", path), message) for s in sigs):
+            why = (
+                "it was edited after it was signed"
+                if hint == kid
+                else f"it names another signer, key {hint[:16] or '(unnamed)'}, or was edited"
+            )
+            raise InputError(
+                f"{path} does not carry a valid signature by the key {kid[:16]} ({why}); do not trust it"
+            )
+        verified = kid
+    elif not allow_unsigned:
+        raise InputError(
+            f"{path} is signed by key {hint[:16] or '(unnamed)'}: pass --key SIGNER.pub to check the "
+            "signature (or --allow-unsigned to read it without checking)"
+        )
+    try:
+        stmt = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: its payload is not JSON ({e}); get the certificate again") from None
+    if not isinstance(stmt, dict) or stmt.get("_type") != STATEMENT_TYPE:
+        raise InputError(f"{path}: its payload is not an in-toto Statement; certify the model again")
+    return Envelope(stmt, bool(sigs), verified, hint)
+
+
+def generate_key(stem: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """An Ed25519 key pair: STEM.key (owner-only) and STEM.pub. Never overwrites a file."""
+
+    ser = serialization
+    base = Path(stem)
+    private, public = base.with_name(base.name + ".key"), base.with_name(base.name + ".pub")
+    for p in (private, public):
+        if p.exists():
+            raise UsageError(f"{p} already exists; choose another -o NAME (xbackend never overwrites a key)")
+    key = ed25519.Ed25519PrivateKey.generate()
+    pem = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
+    try:
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as e:
+        raise UsageError(f"cannot write {private}: {e.strerror or e}") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
+    return private, public

@@ -1,0 +1,79 @@
+"""Reading files that come from others: paths kept inside their own folder, fields of the type
+the reader expects.
+
+Models, captures, certificates, baselines and sweep files are untrusted input. A path read from
+one resolves inside the folder that holds it (no absolute path, no `..`, no symlink out), and a
+refusal names the entry alone: nothing about a file outside is looked at or told.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from xbackend.errors import InputError
+
+__all__ = ["contained", "field", "number", "string_list"]
+
+
+def contained(folder: Path, entry: object, what: str, fix: str) -> Path:
+    """`entry` (a path written in a file in `folder`) as a path inside `folder`, or an InputError
+    naming the entry and saying what to do (`fix`)."""
+    text = entry if isinstance(entry, str) else ""
+    shown = repr(text[:120]) if text else repr(entry)[:120]
+    if not text or "\0" in text or os.path.isabs(text) or text.startswith("~"):
+        raise InputError(f"{what} names {shown}, which is not a path inside its own folder; {fix}")
+    parts = Path(text).parts
+    if ".." in parts:
+        raise InputError(f"{what} names {shown}, which leads out of its own folder; {fix}")
+    base = folder.resolve()
+    target = base / text
+    # resolve() follows symlinks: a link that leads out is refused like a `..`
+    try:
+        real = target.resolve()
+    except (OSError, RuntimeError):
+        raise InputError(f"{what} names {shown}, which cannot be resolved inside its folder; {fix}") from None
+    if real != base and base not in real.parents:
+        raise InputError(f"{what} names {shown}, which leads out of its own folder; {fix}")
+    return target
+
+
+def field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, fix: str) -> Any:
+    """data[key] of the expected type (bool is not an int here), or a one-line InputError."""
+    value = data.get(key) if isinstance(data, Mapping) else None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    is_bool = isinstance(value, bool)
+    if value is None and type(None) in kinds:
+        return value
+    if not isinstance(value, kinds) or (is_bool and bool not in kinds):
+        want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise InputError(f"{where}: {key} must be {want}, not {_shown(value)}; {fix}")
+    return value
+
+
+def number(
+    data: Mapping[str, Any], key: str, where: str, fix: str, lo: float, hi: float, integer: bool = True
+) -> Any:
+    value = field(data, key, int if integer else (int, float), where, fix)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{where}: {key} must be a finite number, not {value}; {fix}")
+    if not lo <= value <= hi:
+        raise InputError(f"{where}: {key} must be between {lo:g} and {hi:g}, not {_shown(value)}; {fix}")
+    return value
+
+
+def string_list(data: Mapping[str, Any], key: str, where: str, fix: str) -> list[str]:
+    value = field(data, key, list, where, fix)
+    if not all(isinstance(x, str) for x in value):
+        raise InputError(f"{where}: {key} must be a list of strings; {fix}")
+    return list(value)
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "missing"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
