@@ -205,8 +205,20 @@ def _safe(t: TensorProto, rel: str) -> None:
 def _where(t: TensorProto) -> tuple[str, int, int | None]:
     """(file, offset, length or None for the rest of the file) of an external tensor."""
     info = {e.key: e.value for e in t.external_data}
-    length = info.get("length")
-    return info.get("location", ""), int(info.get("offset", 0)), int(length) if length is not None else None
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if info.get("length") is not None else None
+    except ValueError:
+        raise ModelLoadError(
+            f"weight {t.name!r}: external data offset {info.get('offset')!r} / length {info.get('length')!r} "
+            "are not whole numbers; re-export the model"
+        ) from None
+    if offset < 0 or (length is not None and length < 0) or offset > 1 << 62:
+        raise ModelLoadError(
+            f"weight {t.name!r}: external data offset {offset} / length {length} are out of range; "
+            "re-export the model"
+        )
+    return info.get("location", ""), offset, length
 
 
 def _read_external(t: TensorProto, base: Path) -> None:

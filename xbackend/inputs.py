@@ -317,6 +317,7 @@ def generate_feeds(
     made: list[tuple[str, str]] = []
     for i in spec.inputs:
         shape = _resolve_shape(i, shapes.get(i.name) or _fill_dims(i, dims))
+        _check_fits(i, shape)
         conv = None if i.name in ranges or i.name in recorded else _conventional(i, shape, seed)
         if conv is not None:
             arrays[i.name], how, drawn = conv
@@ -345,6 +346,22 @@ def generate_feeds(
         else:
             made.append((i.name, "standard normal"))
     return Feeds.from_arrays(arrays, seed, "generated", tuple(used), tuple(made))
+
+
+def _check_fits(spec: TensorSpec, shape: Shape) -> None:
+    """An input too large to generate here is the shape's fault: one line, not a MemoryError."""
+    import psutil  # optional in a foreign interpreter; the parent has it
+
+    elements = math.prod(shape)
+    # generation draws float64 (or int64) first, then casts
+    need = elements * 8
+    free = psutil.virtual_memory().available
+    if need > free // 2:
+        raise InputError(
+            f"input {spec.name!r} of shape [{','.join(map(str, shape))}] has {elements:,} elements "
+            f"({need / 2**30:,.1f} GiB to generate) but this machine has {free / 2**30:.1f} GiB free; "
+            "give a smaller --shape"
+        )
 
 
 def _check_known(

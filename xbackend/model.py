@@ -387,7 +387,47 @@ def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto
     return ModelSpec.from_proto(proto, str(path), model_sha256(p, proto, data)), proto
 
 
+def _names(proto: onnx.ModelProto) -> Iterator[object]:
+    g = proto.graph
+    yield from (v.name for v in (*g.input, *g.output, *g.value_info))
+    yield from (t.name for t in g.initializer)
+    for n in g.node:
+        yield from (n.name, n.op_type, n.domain, *n.input, *n.output)
+
+
+# Op domains some engine xbackend runs implements; a model-local function may define others.
+KNOWN_DOMAINS = frozenset(
+    {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft", "com.microsoft.nchwc",
+     "com.microsoft.experimental", "pkg.onnxscript.torch_lib", "pkg.onnxscript.torch_lib.common"}
+)  # fmt: skip
+
+
+def _check_names_and_domains(proto: onnx.ModelProto, path: Path) -> None:
+    """Names that are not text (protobuf hands over invalid UTF-8 as bytes) and ops from a
+    domain no engine here implements are the model's fault: one line, before anything runs."""
+    bad = next((n for n in _names(proto) if not isinstance(n, str)), None)
+    if bad is not None:
+        raise ModelLoadError(
+            f"{path} has a tensor or node name that is not valid UTF-8 ({bad!r:.60}); rename it and save "
+            "the model again"
+        )
+    local = {(f.domain, f.name) for f in proto.functions}
+    strange = sorted(
+        {
+            f"{n.domain}:{n.op_type}"
+            for n in proto.graph.node
+            if n.domain not in KNOWN_DOMAINS and (n.domain, n.op_type) not in local
+        }
+    )
+    if strange:
+        raise ModelLoadError(
+            f"{path} uses op(s) {', '.join(strange[:5])} from a domain no backend implements (custom "
+            "ops need the engine's custom-op library); export the model with standard ONNX ops"
+        )
+
+
 def _check(proto: onnx.ModelProto, path: Path, external: bool) -> None:
+    _check_names_and_domains(proto, path)
     if proto.ir_version > onnx.IR_VERSION:
         raise ModelLoadError(
             f"{path} has IR version {proto.ir_version}, newer than this onnx {onnx.__version__} "

@@ -34,7 +34,9 @@ from xbackend.compare.plan import (
 from xbackend.compare.probing import analyze_probe, run_followups, run_probe_jobs
 from xbackend.compare.summary import summarize_backend
 from xbackend.environment import collect_environment
+from xbackend.errors import UsageError
 from xbackend.executor import Executor, Job, JobOutcome
+from xbackend.isolation import disk_full
 from xbackend.model import ModelSpec, load_model
 from xbackend.portable import LoadedCapture
 from xbackend.probes.base import PlannedBackend, Probe, ProbeContext
@@ -70,8 +72,11 @@ def compare_with_options(
     loaded = load_captures(spec, opts)
     feeds, expected = feeds_for(spec, opts, loaded)
     opts = with_expected(opts, expected)
-    with tempfile.TemporaryDirectory(prefix="xbackend-") as tmp:
+    with run_folder() as tmp:
         work = Path(tmp)
+        full = disk_full(work)
+        if full:  # before any worker starts: one line, not a failure per backend
+            raise UsageError(full)
         planned = [plan_backend(name, opts, work, expected) for name in opts.backends]
         planned, notes = preflight(spec, proto, planned)
         memory = memory_plan(spec, proto, feeds, opts)
@@ -109,6 +114,17 @@ def compare_with_options(
             memory.explanation_blocker(spec),
         )
         return _result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to)
+
+
+def run_folder() -> tempfile.TemporaryDirectory[str]:
+    """The run's temp folder (every capture lives under it; removed on exit or interrupt)."""
+    try:
+        return tempfile.TemporaryDirectory(prefix="xbackend-")
+    except OSError as e:
+        raise UsageError(
+            f"cannot make a temp folder in {tempfile.gettempdir()} ({e.strerror}); set TMPDIR to a "
+            "writable folder on a larger disk"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -32,6 +33,8 @@ EXPECTED = "expected"  # golden outputs read from --inputs DIR (output_N.pb), co
 Shape = tuple[int, ...]
 # --modes asks what each mode costs: its runs are timed unless --timed-runs says otherwise
 MODES_TIMED_RUNS = 10
+MAX_COUNT = 1_000_000  # runs, builds, samples: past this a count is a typo, not a plan
+MAX_SEED = 2**32 - 1
 
 
 def expand_modes(
@@ -168,7 +171,12 @@ class CompareOptions:
             split_instance(b)  # UsageError for a malformed label
         if self.runs < 1 or self.builds < 1:
             raise UsageError(f"--runs and --builds must be >= 1 (got runs={self.runs}, builds={self.builds})")
-        if self.timeout <= 0:
+        for flag, n in (("--runs", self.runs), ("--builds", self.builds), ("--timed-runs", self.timed_runs)):
+            if n > MAX_COUNT:
+                raise UsageError(f"{flag} must be at most {MAX_COUNT:,}, got {n:,}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise UsageError(f"--seed must be between 0 and {MAX_SEED} (numpy's seed range), got {self.seed}")
+        if math.isnan(self.timeout) or self.timeout <= 0:
             raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout}")
         if self.max_ulp is not None and self.max_ulp < 0:
             raise UsageError(f"--max-ulp must be >= 0 or auto, got {self.max_ulp:g}")
@@ -180,6 +188,10 @@ class CompareOptions:
             raise UsageError(f"--noise-samples must be >= 0 (0: no noise floor), got {self.noise_samples}")
         if self.inputs is not None and self.shapes:
             raise UsageError("--shape and --inputs exclude each other: --inputs arrays carry their shapes")
+        if self.noise_samples > MAX_COUNT or self.batch_invariance > MAX_COUNT or self.probe_threads > 4096:
+            raise UsageError(
+                "--noise-samples, --batch-invariance or --probe-threads is out of range; give a smaller count"
+            )
         if self.batch_invariance == 1 or self.batch_invariance < 0:
             raise UsageError(f"--batch-invariance needs a batch size >= 2, got {self.batch_invariance}")
         if self.probe_threads < 0:
