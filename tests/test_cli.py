@@ -188,9 +188,7 @@ def test_outputs_are_checked_before_anything_runs_and_destroy_nothing(
     kw = ["--backends", "reference", "--runs", "1", "--probes", "none", "--no-progress"]
     code, out, err = run(capsys, "compare", str(model), "--json", str(model), *kw)
     assert code == 2 and out == "" and model.read_bytes() == before
-    one_line_error(
-        err, f"--json {model} exists and is not a report xbackend wrote; xbackend never overwrites it"
-    )
+    one_line_error(err, f"--json {model} is an input of this command; write the output to another path")
     same = tmp_path / "r.out"
     code, _, err = run(capsys, "compare", str(model), "--report", str(same), "--json", str(same), *kw)
     assert code == 2 and not same.exists()

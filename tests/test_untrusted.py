@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -281,3 +286,118 @@ def test_a_sweep_file_reads_inside_its_folder_and_runs_no_code(
     (folder / "s.toml").write_text(base)
     spec = load_sweep(folder / "s.toml", tmp_path / "out", (("ort-cpu", "threads", "1"),))
     assert spec.output == tmp_path / "out" and spec.backends[0].options == (("threads", "1"),)
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
+)
+def test_a_signal_mid_run_stops_the_workers_and_leaves_no_temp_folder(
+    signum: int, code: int, tmp_path: Path, plugin_path: Path
+) -> None:
+    """A cancelled CI job (SIGTERM), a closed terminal (SIGHUP), Ctrl-C: the worker that hangs
+    is stopped, the run's temp folder with every capture is removed, and the exit says which."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": os.pathsep.join([str(plugin_path), str(tests)])}
+    model = _relu(tmp_path)
+    argv = [sys.executable, "-m", "xbackend", "compare", str(model), "--backends", "test-hang,reference",
+            "--timeout", "600", "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(tmp.glob("xbackend-*/**/job.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # waits for a state (the hanging worker's job written), not for a time
+    assert any(tmp.glob("xbackend-*/**/job.json")), "no worker started"
+    hung = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout.split()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] in (
+        f"xbackend: stopped by {signal.Signals(signum).name}; the run's temp files were removed",
+        "xbackend: interrupted; the run's temp files were removed",
+    )
+    assert list(tmp.iterdir()) == []
+    alive = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout.split()
+    assert hung and alive == []
+
+
+def test_an_interrupt_before_any_worker_leaves_no_temp_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+    import tempfile
+
+    run_module = importlib.import_module("xbackend.compare.run")
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    seen: list[Path] = []
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        seen.extend(tmp.iterdir())  # the run's folder exists, no worker has started
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(run_module, "memory_plan", interrupted)
+    code, _, err = run(capsys, "compare", str(_relu(tmp_path)), "--no-progress")
+    assert code == 143 and seen and list(tmp.iterdir()) == []
+    assert err.strip() == "xbackend: stopped by SIGTERM; the run's temp files were removed"
+
+
+HOSTILE = [
+    "<script>alert(1)</script>",
+    "</td><img src=x onerror=alert(1)>",
+    "[x](http://evil.example/t.png)",
+    "a|b",
+]
+
+
+def test_hostile_names_come_out_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Tensor and file names that hold HTML, a link, a pipe: the report shows them and builds
+    nothing from them; the JSON keeps them exactly. A line break, which would start a heading
+    of its own, is refused in a file name, a tensor name and a label."""
+    import re
+
+    nodes, prev = [], "x"
+    for i, n in enumerate(HOSTILE):
+        nodes.append(helper.make_node("Sin" if i % 2 else "Exp", [prev], [n], name=f"{n}_node"))
+        prev = n
+    nodes.append(helper.make_node("Relu", [prev], ["y"]))
+    model = tmp_path / "ev|il<img src=x>.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [X4], [Y4]), opset_imports=OPSET), model)
+    md, js = tmp_path / "r.md", tmp_path / "r.json"
+    both = ("--report", str(md), "--json", str(js), "--no-progress")
+    code, out, err = run(
+        capsys, "compare", str(model), "--backends", "ort-cpu,reference,oracle", "--runs", "2", *both
+    )
+    assert code == 0, out + err
+    text = md.read_text("utf-8")
+    assert text.startswith("# xbackend report: ev|il&lt;img src=x>.onnx\n")
+    tags = set(re.findall(r"</?([a-zA-Z]+)", text))
+    assert tags == {"details", "summary"}  # the report's own folds, and nothing a name held
+    assert "](http" not in text.replace("\\](http", "")  # no link a name made
+    assert "&lt;script>alert(1)&lt;/script>" in text
+    assert "a\\|b" in text
+    for table in re.findall(r"(?:^\|.*\n)+", text, re.M):  # a pipe in a name never adds a column
+        cols = {len(re.findall(r"(?<!\\)\|", line)) for line in table.splitlines()}
+        assert len(cols) == 1, table
+    assert set(HOSTILE) <= {
+        t["name"] for t in json.loads(js.read_text("utf-8"))["result"]["cross_backend"][0]["tensors"]
+    }
+    # a line break: refused wherever it enters
+    nl = tmp_path / "nl\n## PASS.onnx"
+    shutil.copy(_relu(tmp_path), nl)
+    code, _, err = run(capsys, "compare", str(nl), "--no-progress")
+    assert code == 2
+    one_line_error(err, "holds a line break or control character; rename the file")
+    code, _, err = run(
+        capsys, "compare", str(_relu(tmp_path)), "--backends", "ort-cpu@a\n## PASS", "--no-progress"
+    )
+    assert code == 2
+    one_line_error(err, "a label after @ is letters, digits")
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y\n## PASS"])], "g", [X4],
+                          [helper.make_tensor_value_info("y\n## PASS", TensorProto.FLOAT, [4])])  # fmt: skip
+    onnx.save(helper.make_model(g, opset_imports=OPSET), tmp_path / "n.onnx")
+    code, _, err = run(capsys, "compare", str(tmp_path / "n.onnx"), "--no-progress")
+    assert code == 2
+    one_line_error(err, "has a tensor or node name with a line break or control character")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 FORMAT = "xbackend.capture/1"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@-]*")  # a runner, a runner@label
 MANIFEST = "capture.json"
 SUMS = "SHA256SUMS"
 INPUTS = "inputs.xbv"
@@ -182,12 +184,16 @@ def recorded_name(path: str | os.PathLike[str]) -> str:
     backend = m.get("backend", {}).get("name") if isinstance(m.get("backend"), dict) else None
     if not isinstance(backend, str):
         raise bad_capture(p, "has a manifest without a backend name")
+    if not NAME.fullmatch(backend):  # a name lands in report headings and tables
+        raise bad_capture(p, f"records a backend name that is not a runner name ({backend[:60]!r})")
     return backend
 
 
 def default_name(path: str | os.PathLike[str]) -> str:
-    """BACKEND@FOLDER: what a loaded capture is called unless named."""
-    return f"{recorded_name(path)}@{Path(path).resolve().name}"
+    """BACKEND@FOLDER: what a loaded capture is called unless named (the folder's name with
+    anything but letters, digits, '_', '.', '+' and '-' made '_')."""
+    folder = re.sub(r"[^A-Za-z0-9_.+-]", "_", Path(path).resolve().name).lstrip("._+-") or "capture"
+    return f"{recorded_name(path)}@{folder}"
 
 
 @dataclass(frozen=True)

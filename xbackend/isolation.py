@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,15 @@ from pathlib import Path
 from xbackend.foreign import foreign_env, worker_path
 from xbackend.protocol import PARENT_ENV, PROGRESS_TAG, WorkerJob, WorkerResult
 
-__all__ = ["WorkerOutcome", "kill_group", "run_batch", "run_worker", "signal_name"]
+__all__ = [
+    "WorkerOutcome",
+    "cancel_all",
+    "kill_group",
+    "reset_cancel",
+    "run_batch",
+    "run_worker",
+    "signal_name",
+]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -131,6 +140,8 @@ def run_batch(
     """
     if not jobs:
         return []
+    if _CANCELLED.is_set():  # interrupted: a lane thread starts nothing new
+        raise KeyboardInterrupt
     paths = []
     for job, job_dir in jobs:
         (job_dir / "job.json").write_text(job.to_json())
@@ -148,11 +159,19 @@ def run_batch(
             cwd=worker_path() if python else None,  # `-m` puts the folder it starts in first on sys.path
             start_new_session=True,
         )
+        with _LOCK:
+            _LIVE.add(proc)
         try:
             finished = _pump(proc, timeout, on_progress, lambda: ends.append(time.monotonic()), on_stage)
         except BaseException:
             kill_group(proc)
             raise
+        finally:
+            with _LOCK:
+                _LIVE.discard(proc)
+        if _CANCELLED.is_set():
+            kill_group(proc)
+            raise KeyboardInterrupt
         if not finished:
             kill_group(proc)
     outcomes: list[WorkerOutcome] = []
@@ -169,6 +188,28 @@ def run_batch(
             outcomes.append(_outcome(proc.returncode or 1, Path(job.result), err_path, took))
         return outcomes + run_batch(jobs[i + 1 :], timeout, env, on_progress, python, on_stage)
     return outcomes
+
+
+# Workers running now, from any lane thread: an interrupt stops them all at once, so the lanes
+# return, the run's temp folder is removed and nothing is left behind.
+_LIVE: set[subprocess.Popen[bytes]] = set()
+_LOCK = threading.Lock()
+_CANCELLED = threading.Event()
+
+
+def cancel_all() -> None:
+    """Stop every running worker's process group, and start no other (an interrupt)."""
+    _CANCELLED.set()
+    with _LOCK:
+        live = list(_LIVE)
+    for proc in live:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def reset_cancel() -> None:
+    """A new command in this process may start workers again."""
+    _CANCELLED.clear()
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -378,6 +379,10 @@ def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto
     process only plans; each backend loads weights in its own process.
     """
     p = Path(path)
+    if CONTROL.search(p.name):
+        raise ModelLoadError(
+            f"the model's file name {p.name!r} holds a line break or control character; rename the file"
+        )
     data = read_model_bytes(p)
     proto = parse_model(data, p)
     external = uses_external_data(proto)
@@ -395,6 +400,7 @@ def _names(proto: onnx.ModelProto) -> Iterator[object]:
         yield from (n.name, n.op_type, n.domain, *n.input, *n.output)
 
 
+CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
 # Op domains some engine xbackend runs implements; a model-local function may define others.
 KNOWN_DOMAINS = frozenset(
     {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft", "com.microsoft.nchwc",
@@ -410,6 +416,12 @@ def _check_names_and_domains(proto: onnx.ModelProto, path: Path) -> None:
         raise ModelLoadError(
             f"{path} has a tensor or node name that is not valid UTF-8 ({bad!r:.60}); rename it and save "
             "the model again"
+        )
+    odd = next((n for n in _names(proto) if CONTROL.search(str(n))), None)
+    if odd is not None:  # a line break in a name would start a line of its own in a report
+        raise ModelLoadError(
+            f"{path} has a tensor or node name with a line break or control character ({odd!r:.60}); "
+            "rename it and save the model again"
         )
     local = {(f.domain, f.name) for f in proto.functions}
     strange = sorted(

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from xbackend.values import value_name
 
-__all__ = ["cell", "fold", "gib", "module_note", "num", "short", "table", "with_module", "yes"]
+__all__ = [
+    "cell",
+    "fold",
+    "gib",
+    "inert",
+    "module_note",
+    "num",
+    "only_our_html",
+    "short",
+    "table",
+    "with_module",
+    "yes",
+]
 
 
 def num(x: float | int | None) -> str:
@@ -28,13 +41,43 @@ def short(x: float | None) -> str:
 
 
 def with_module(tensor: str, modules: Mapping[str, str]) -> str:
-    """`tensor (module)` where the model records the tensor's source module, else `tensor`."""
+    """`tensor (module)` where the model records the tensor's source module, else `tensor`;
+    both names inert (they come from the model)."""
     module = modules.get(value_name(tensor), "")
-    return f"{tensor} ({module})" if module else tensor
+    return f"{inert(tensor)} ({inert(module)})" if module else inert(tensor)
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def inert(text: object) -> str:
+    """A name from a model, a capture or a label, as Markdown that shows it and builds nothing:
+    no line break (a heading of its own), no link or image, no HTML tag (in a table, cell()
+    keeps its pipes inside the cell)."""
+    out = _CONTROL.sub(" ", str(text))
+    return out.replace("<", "&lt;").replace("[", "\\[").replace("]", "\\]")
 
 
 def cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """One table cell: a pipe or a line break would end it, raw HTML would render."""
+    return _CONTROL.sub(" ", str(text)).replace("|", "\\|").replace("<", "&lt;")
+
+
+_OURS = re.compile(r"<(?!/?(?:details|summary)>)")
+_TARGET = re.compile(r"\]\(([^)\n]*)(\)?)")
+_LOCAL = re.compile(r"(?!/)(?!.*\.\.)[\w.@+/-]+")  # a file the report wrote beside itself
+
+
+def only_our_html(markdown: str) -> str:
+    """Whatever a name held, the only HTML in a report is the <details>/<summary> it writes
+    itself, and its only links and images point at files beside it: every other `<` and `](`
+    is made inert."""
+
+    def link(m: re.Match[str]) -> str:
+        target, closed = m.group(1), m.group(2)
+        return m.group(0) if closed and _LOCAL.fullmatch(target) else "\\](" + target + closed
+
+    return _TARGET.sub(link, _OURS.sub("&lt;", markdown))
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:

@@ -4,13 +4,17 @@ Exit codes: 0 ran and nothing failed; 1 a backend was nondeterministic, a
 cross-backend difference exceeded --max-ulp, or a backend failed or was
 unavailable while others ran (`diff`: the two reports differ); 2 usage or input
 error; 3 every backend failed; 4 internal error; 10-15, 17-19 the --fail-on policy
-that fired (xbackend.gating); 16 a runner broke a promise; 130 interrupted.
+that fired (xbackend.gating); 16 a runner broke a promise; 130 interrupted (Ctrl-C), 143
+stopped by SIGTERM, 129 by SIGHUP: the workers are stopped and the temp folders removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 import typer
 
@@ -20,24 +24,61 @@ import xbackend.cli.run
 import xbackend.cli.tools  # noqa: F401  (these four register their commands with the app)
 from xbackend.cli.app import app
 from xbackend.errors import EXIT_INTERNAL, EXIT_USAGE, XbackendError
+from xbackend.isolation import cancel_all, reset_cancel
 
 __all__ = ["app", "main"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a cancelled CI job, a closed terminal), unwound like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_RECEIVED: list[int] = []  # the signal that stopped this command (typer turns it into exit 130)
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    cancel_all()  # the workers first: lane threads waiting on them return, temp folders go
+    _RECEIVED.append(signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _handlers() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP stop the workers and unwind, so every temp folder is removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    old = {s: signal.signal(s, _on_signal) for s in wanted}
     try:
-        code = app(
-            args=list(sys.argv[1:] if argv is None else argv), prog_name="xbackend", standalone_mode=False
-        )
-        return int(code or 0)
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    reset_cancel()
+    _RECEIVED.clear()
+    try:
+        with _handlers():
+            code = app(
+                args=list(sys.argv[1:] if argv is None else argv), prog_name="xbackend", standalone_mode=False
+            )
+        return _stopped() if _RECEIVED else int(code or 0)
+    except (KeyboardInterrupt, typer.Abort):
+        return _stopped()
     except XbackendError as e:
         print(f"xbackend: error: {e}", file=sys.stderr)
         return e.exit_code
     except typer.Exit as e:
-        return int(e.exit_code)
-    except (KeyboardInterrupt, typer.Abort):
-        print("xbackend: interrupted", file=sys.stderr)
-        return 130
+        return _stopped() if _RECEIVED else int(e.exit_code)
     except typer.TyperException as e:  # typer's own usage errors: unknown option, missing argument
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
         hint = _help_hint(argv)
@@ -46,6 +87,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # a bug in xbackend, not in the user's input
         print(f"xbackend: internal error: {type(e).__name__}: {e}; please report it", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _stopped() -> int:
+    """The exit of a command a signal stopped: 128 + its number (130 for Ctrl-C)."""
+    signum = _RECEIVED[0] if _RECEIVED else signal.SIGINT
+    if signum == signal.SIGINT:
+        print("xbackend: interrupted; the run's temp files were removed", file=sys.stderr)
+    else:
+        name = signal.Signals(signum).name
+        print(f"xbackend: stopped by {name}; the run's temp files were removed", file=sys.stderr)
+    return 128 + int(signum)
 
 
 def _help_hint(argv: Sequence[str] | None) -> str:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from xbackend.textfmt import table, with_module
+from xbackend.textfmt import inert, only_our_html, table, with_module
 
 __all__ = ["certificate_markdown"]
 
 
 def certificate_markdown(c: Mapping[str, Any]) -> str:
-    text = "\n".join(_markdown(c))
+    text = only_our_html("\n".join(_markdown(c)))
     while "\n\n\n" in text:
         text = text.replace("\n\n\n", "\n\n")
     return text.rstrip() + "\n"
@@ -63,7 +63,12 @@ def _first_layer(p: Mapping[str, Any]) -> str:
 def _md_verdict(c: Mapping[str, Any]) -> list[str]:
     b = c["backend"]
     verdict = "GRANTED" if c["granted"] else "REFUSED"
-    out = [f"# Determinism certificate: {c['model']['name']} on {b['name']}", "", f"**{verdict}**", ""]
+    out = [
+        f"# Determinism certificate: {inert(c['model']['name'])} on {inert(b['name'])}",
+        "",
+        f"**{verdict}**",
+        "",
+    ]
     if b["status"] != "ok":
         out += [f"{b['name']} {b['status']}: {b['reason']}", ""]
     for p in c["properties"]:

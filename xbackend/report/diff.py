@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from xbackend.results import BackendResult, Result
-from xbackend.textfmt import num, table, with_module
+from xbackend.textfmt import num, only_our_html, table, with_module
 
 __all__ = ["ReportDiff", "diff_results"]
 
@@ -97,7 +97,7 @@ class ReportDiff:
                 rows,
             ),
         ]
-        return "\n".join(out)
+        return only_our_html("\n".join(out))
 
 
 def _changes(old: dict[str, str], new: dict[str, str]) -> tuple[tuple[str, str, str], ...]:

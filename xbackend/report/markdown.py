@@ -32,7 +32,7 @@ from xbackend.report.sections import (
     timings_section,
 )
 from xbackend.results import BackendResult, Result
-from xbackend.textfmt import fold, gib, module_note
+from xbackend.textfmt import fold, gib, inert, module_note, only_our_html
 from xbackend.textfmt import num as _num
 from xbackend.textfmt import table as _table
 from xbackend.textfmt import yes as _yes
@@ -271,7 +271,7 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
     """
     title = PurePath(r.model.path).name
     parts = [
-        f"# xbackend report: {title}",
+        f"# xbackend report: {inert(title)}",
         "",
         *_verdict(r),
         *_summary(r),
@@ -300,4 +300,4 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *_folded(metrics_section(), "what each column means"),
         *_reproduce(r),
     ]
-    return "\n".join(parts)
+    return only_our_html("\n".join(parts))

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from xbackend.capturedir import default_name
+from xbackend.capturedir import NAME, default_name
 from xbackend.errors import UsageError
 from xbackend.footprint import parse_size
 from xbackend.gating import parse_policies
@@ -200,6 +200,11 @@ class CompareOptions:
             raise UsageError("--range and --inputs exclude each other: --range shapes generated inputs only")
         parse_policies(self.fail_on)  # UsageError for unknown policies
         loaded = [n for n, _ in self.loads]
+        odd = [n for n in loaded if not NAME.fullmatch(n)]
+        if odd:
+            raise UsageError(
+                f"--load name {odd[0][:60]!r} is not a name: use letters, digits, '_', '.', '+', '-' and '@'"
+            )
         if len(set(loaded)) != len(loaded) or set(loaded) & set(self.backends):
             raise UsageError(
                 f"--load names clash ({', '.join(loaded)} with --backends {','.join(self.backends)}); "

@@ -83,13 +83,13 @@ def list_runners() -> list[RunnerEntry]:
     return [_entry(n, t) for n, t in sorted(_targets().items())]
 
 
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 
 def split_instance(name: str) -> tuple[str, str]:
     """'ort-cpu@1t' -> ('ort-cpu', '1t'); a plain name has the label ''."""
     base, at, label = name.partition("@")
-    if at and not _LABEL.match(label):
+    if at and not _LABEL.fullmatch(label):  # fullmatch: "$" would let a trailing newline in
         raise UsageError(
             f"backend {name!r}: a label after @ is letters, digits, '_', '.', '+' or '-' (e.g. ort-cpu@1t)"
         )

@@ -11,7 +11,7 @@ from typing import Any
 
 from xbackend.results import Result
 from xbackend.sweep.outcomes import FleetJob, FleetResult, ModelOutcome, node_label, relpath
-from xbackend.textfmt import short, table, with_module
+from xbackend.textfmt import only_our_html, short, table, with_module
 
 __all__ = ["FLEET_SCHEMA", "cell_for", "fleet_json", "fleet_markdown", "fleet_verdict"]
 
@@ -288,7 +288,7 @@ def fleet_markdown(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
         "```",
         "",
     ]
-    return "\n".join(lines)
+    return only_our_html("\n".join(lines))
 
 
 def _md_verdict(r: FleetResult, d: Mapping[str, Any]) -> list[str]:
