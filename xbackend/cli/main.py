@@ -11,6 +11,7 @@ stopped by SIGTERM, 129 by SIGHUP: the workers are stopped and the temp folders 
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import sys
 import threading
@@ -75,18 +76,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, typer.Abort):
         return _stopped()
     except XbackendError as e:
-        print(f"xbackend: error: {e}", file=sys.stderr)
+        print(f"xbackend: error: {_one_line(str(e))}", file=sys.stderr)
         return e.exit_code
     except typer.Exit as e:
         return _stopped() if _RECEIVED else int(e.exit_code)
     except typer.TyperException as e:  # typer's own usage errors: unknown option, missing argument
         msg = e.format_message() if hasattr(e, "format_message") else str(e)
         hint = _help_hint(argv)
-        print(f"xbackend: error: {' '.join(msg.split()).rstrip('.')}; see `{hint}`", file=sys.stderr)
+        print(
+            f"xbackend: error: {_one_line(' '.join(msg.split()).rstrip('.'))}; see `{hint}`", file=sys.stderr
+        )
         return int(getattr(e, "exit_code", EXIT_USAGE))
     except Exception as e:  # a bug in xbackend, not in the user's input
-        print(f"xbackend: internal error: {type(e).__name__}: {e}; please report it", file=sys.stderr)
+        print(
+            f"xbackend: internal error: {type(e).__name__}: {_one_line(str(e))}; please report it",
+            file=sys.stderr,
+        )
         return EXIT_INTERNAL
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def _one_line(text: str) -> str:
+    """An error is one line whatever it quotes: a control character a user or a file put in
+    it is shown escaped."""
+    return _CONTROL.sub(lambda m: repr(m.group(0))[1:-1], text.strip())
 
 
 def _stopped() -> int:
