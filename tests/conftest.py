@@ -29,6 +29,7 @@ PLUGINS = {
     "test-batch-nudge": "plugin_runners:BatchNudgeRunner",
     "test-racy": "plugin_runners:RacyRunner",
     "test-moded": "plugin_runners:ModedRunner",
+    "test-old-inductor": "plugin_runners:OldInductorRunner",
 }
 
 

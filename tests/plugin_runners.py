@@ -577,3 +577,51 @@ class OrtNudgeRunner(OrtCpuRunner):
         if name in out:
             out[name] = ulps_up(np.asarray(out[name]), int(self.options["ulps"]))
         return out
+
+
+class _Without:
+    """Inductor's config as an older torch has it: one switch missing."""
+
+    def __init__(self, config: Any, missing: str) -> None:
+        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, "_missing", missing)
+
+    def __getattr__(self, key: str) -> Any:
+        if key == self._missing:
+            raise AttributeError(key)
+        return getattr(self._config, key)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key == self._missing:
+            raise AttributeError(key)
+        setattr(self._config, key, value)
+
+
+def _old_inductor_runner() -> type:
+    from xbackend.runners import torch_compile
+
+    class OldInductorRunner(torch_compile.TorchCompileRunner):
+        """torch-compile under an Inductor without batch_invariant (torch 2.11, the GPU images')."""
+
+        name = "test-old-inductor"
+        description = "torch-compile as torch 2.11 offers it"
+
+        def prepare_impl(self, model: ModelRef, tensors: Any) -> BuildFingerprint:
+            real = torch_compile.set_switches
+
+            def older(config: Any, wanted: Mapping[str, bool], version: str) -> None:
+                real(_Without(config, "batch_invariant"), wanted, "2.11.0")
+
+            torch_compile.set_switches = older  # type: ignore[assignment]
+            try:
+                return super().prepare_impl(model, tensors)
+            finally:
+                torch_compile.set_switches = real
+
+    return OldInductorRunner
+
+
+def __getattr__(name: str) -> Any:  # the torch runner subclass is made only where torch is
+    if name == "OldInductorRunner":
+        return _old_inductor_runner()
+    raise AttributeError(name)

@@ -320,3 +320,27 @@ def test_batch_invariant_mode_implies_deterministic_and_is_read_back(recorded: t
     assert info["in_force.inductor.batch_invariant"] == "True"
     assert info["in_force.inductor.deterministic"] == "True"
     assert info["in_force.use_deterministic_algorithms"] == "True"
+
+
+def test_a_switch_the_installed_inductor_lacks_makes_that_mode_unavailable(
+    recorded: tuple, plugins: None
+) -> None:
+    """Under an Inductor without batch_invariant (torch 2.11, as GPU images carry), the @bi mode
+    is unavailable with the torch version and the reason; the other mode still runs."""
+    b, _, _ = recorded
+    module = {"module": SPEC}
+    r = xbackend.compare(
+        b.model,
+        backends=["test-old-inductor", "test-old-inductor@bi"],
+        runs=1,
+        probes="none",
+        tensors="outputs",
+        runner_options={
+            "test-old-inductor": module,
+            "test-old-inductor@bi": {**module, "batch_invariant": "true"},
+        },
+    )
+    plain, bi = r.backend("test-old-inductor"), r.backend("test-old-inductor@bi")
+    assert plain.ok, plain.reason
+    assert bi.status == "unavailable"
+    assert "unavailable in torch 2.11.0: it has no torch._inductor.config.batch_invariant" in bi.reason

@@ -407,7 +407,8 @@ def test_inductor_switches_are_feature_detected() -> None:
     set_switches(old, {"deterministic": True, "batch_invariant": False}, "2.11.0")
     assert old.deterministic is True and not hasattr(old, "batch_invariant")
     with pytest.raises(
-        BackendUnavailableError, match=r"torch 2.11.0 has no torch._inductor.config.batch_invariant"
+        BackendUnavailableError,
+        match=r"unavailable in torch 2.11.0: it has no torch._inductor.config.batch_invariant",
     ):
         set_switches(old, {"batch_invariant": True}, "2.11.0")
     new = types.SimpleNamespace(deterministic=False, batch_invariant=True)

@@ -275,6 +275,30 @@ def test_triton_choices_are_recorded_replayed_and_a_miss_fails() -> None:
         Tuning({OP: "R0_BLOCK=256, num_warps=4"}, "pin.json").select_triton(_tuner(32, 64), never, (), {})
 
 
+def test_triton_choices_carry_the_module_path_of_their_kernel() -> None:
+    """Inductor's schedule of a kernel still knows its FX nodes and their module stack: the
+    kernel is noted under the module of its first op, and Triton's choice for it carries that
+    path (as the user's module names it, without the instrumented wrapper's prefix)."""
+    from xbackend.inductor_pin import KERNEL_MODULES, schedule_module
+
+    def fx(name: str, source: str) -> Any:
+        return SimpleNamespace(name=name, meta={"nn_module_stack": {"k": (source, "LayerNorm")}})
+
+    ops = [fx("var", "L['self'].inner.blocks[1].ln"), fx("add_1", "L['self'].inner.blocks[2].fc")]
+    buf = SimpleNamespace(origins=ops)  # Inductor's is a set: read in name order
+    snode = SimpleNamespace(get_nodes=lambda: [SimpleNamespace(node=buf)])
+    marker = SimpleNamespace()  # DisableReduction / EnableReduction: no nodes
+    assert schedule_module([marker, snode]) == "inner.blocks.2.fc"  # add_1 sorts first
+    assert schedule_module([marker]) == ""
+    KERNEL_MODULES["triton_red_fused_sum_0"] = schedule_module([snode])
+    try:
+        rec = Tuning(module_prefix="inner")
+        rec.select_triton(_tuner(32, 64), lambda t: _timed_autotune(t), (), {})
+        assert rec.choices[0].module == "blocks.2.fc"
+    finally:
+        del KERNEL_MODULES["triton_red_fused_sum_0"]
+
+
 def test_ort_deterministic_compute_is_read_back_and_its_promise_checked(models: dict[str, Path]) -> None:
     r = xbackend.compare(models["mlp_layernorm"], modes="ort-cpu", runs=2, timed_runs=0, probes=["none"])
     assert dict(r.backend("ort-cpu@det").info)["in_force.use_deterministic_compute"] == "True"

@@ -188,9 +188,7 @@ class Tuning:
     def _module(self, input_nodes: Any) -> str:
         # Selection can be deferred (epilogue-fusion benchmarks on GPU) until the scheduler runs,
         # where no FX node is current: then the path noted when the op was lowered stands.
-        path = _module_path() or _LOWERED_AT.get(id(input_nodes), (None, ""))[1]
-        if self.module_prefix and (path + ".").startswith(self.module_prefix + "."):
-            path = path[len(self.module_prefix) + 1 :]
+        path = self._within(_module_path() or _LOWERED_AT.get(id(input_nodes), (None, ""))[1])
         return path
 
     def _record(
@@ -232,16 +230,53 @@ class Tuning:
         self._seen[key] = index + 1
         op = f"{key} #{index}"
         names = [triton_config_name(launcher.config) for launcher in tuner.launchers]
+        module = self._within(KERNEL_MODULES.get(_kernel_name(tuner), ""))
         if self.pin is not None and (self.strict or self.pin.get(op) in names):
             want = self._pinned(op, names)
             tuner.launchers = [tuner.launchers[names.index(want)]]
-            self.choices.append(Choice(op, "", want, tuple((n, None) for n in names)))
+            self.choices.append(Choice(op, module, want, tuple((n, None) for n in names)))
             return None
         out = original(tuner, *args, **kwargs)
         timed = getattr(tuner, TIMINGS_ATTR, {})
         measured = tuple(sorted((triton_config_name(k.config), float(v)) for k, v in timed.items()))
-        self.choices.append(Choice(op, "", triton_config_name(tuner.launchers[0].config), measured))
+        self.choices.append(Choice(op, module, triton_config_name(tuner.launchers[0].config), measured))
         return out
+
+    def _within(self, path: str) -> str:
+        """A module path inside the compiled wrapper as the user's module names it."""
+        if self.module_prefix and (path + ".").startswith(self.module_prefix + "."):
+            return path[len(self.module_prefix) + 1 :]
+        return path
+
+
+def _kernel_name(tuner: Any) -> str:
+    meta = getattr(tuner, "inductor_meta", None) or {}
+    return str(meta.get("kernel_name") or getattr(getattr(tuner, "fn", None), "__name__", ""))
+
+
+# Triton kernel name -> the nn.Module path of the first op it computes, noted when Inductor
+# defines the kernel (its schedule still knows the FX nodes); read when Triton tunes it.
+KERNEL_MODULES: dict[str, str] = {}
+
+
+def schedule_module(node_schedule: Any) -> str:
+    """The module path of the first op in a kernel's schedule that Dynamo's module stack names."""
+    for snode in node_schedule if isinstance(node_schedule, list | tuple) else ():
+        for origin in _origins(snode):
+            stack = getattr(origin, "meta", {}).get("nn_module_stack")
+            if stack:
+                return module_path(str(list(stack.values())[-1][0]))
+    return ""
+
+
+def _origins(snode: Any) -> list[Any]:
+    """The FX nodes a scheduler node computes, in a fixed order (markers have none)."""
+    nodes = snode.get_nodes() if callable(getattr(snode, "get_nodes", None)) else [snode]
+    out: list[Any] = []
+    for n in nodes:
+        origins = getattr(getattr(n, "node", None), "origins", None) or ()
+        out += sorted(origins, key=lambda o: str(getattr(o, "name", "")))
+    return out
 
 
 def triton_key(tuner: Any) -> str:
@@ -363,6 +398,27 @@ def _patch_triton() -> None:
 
     CachingAutotuner.autotune_to_one_config = autotune_to_one_config  # type: ignore[method-assign,assignment]
     CachingAutotuner.benchmark_all_configs = benchmark_all_configs  # type: ignore[method-assign,assignment]
+    _patch_define_kernel()
+
+
+def _patch_define_kernel() -> None:
+    """Note each Triton kernel's module path when Inductor names it (see KERNEL_MODULES)."""
+    try:
+        from torch._inductor.codegen.triton import TritonScheduling  # heavy: torch
+    except Exception:  # no Triton codegen in this torch: no Triton kernels to name
+        return
+    define = getattr(TritonScheduling, "define_kernel", None)
+    if not callable(define):
+        return
+
+    def define_kernel(self: Any, *args: Any, **kwargs: Any) -> Any:
+        name = define(self, *args, **kwargs)
+        path = schedule_module(args[1] if len(args) > 1 else kwargs.get("node_schedule"))
+        if path and isinstance(name, str):
+            KERNEL_MODULES[name] = path
+        return name
+
+    TritonScheduling.define_kernel = define_kernel  # type: ignore[method-assign]
 
 
 # A pin file's sections: the plain compile users ship, and the instrumented compile that also

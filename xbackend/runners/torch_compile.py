@@ -297,7 +297,7 @@ def set_switches(config: Any, wanted: Mapping[str, bool], version: str) -> None:
             setattr(config, key, want)
         elif want:
             raise BackendUnavailableError(
-                f"torch {version} has no torch._inductor.config.{key}: "
+                f"unavailable in torch {version}: it has no torch._inductor.config.{key}, and "
                 f"{key}=true needs a torch that has it (xbackend pins 2.13.0)"
             )
 
