@@ -286,6 +286,23 @@ def test_a_sweep_file_reads_inside_its_folder_and_runs_no_code(
     (folder / "s.toml").write_text(base)
     spec = load_sweep(folder / "s.toml", tmp_path / "out", (("ort-cpu", "threads", "1"),))
     assert spec.output == tmp_path / "out" and spec.backends[0].options == (("threads", "1"),)
+    # a report folder that is someone's: refused before any job, the file intact
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    code, _, err = run(capsys, "sweep", str(folder / "s.toml"), "-o", str(theirs), "--no-progress")
+    assert code == 2
+    one_line_error(err, "is a non-empty folder that a sweep did not write; xbackend never writes into it")
+    assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
+    # --save-captures: a backend's capture folder that is someone's, refused before the run
+    (theirs / "reference").mkdir()
+    (theirs / "reference" / "keep.xbv").write_text("mine")
+    code, _, err = run(
+        capsys, "compare", str(_relu(tmp_path)), "--save-captures", str(theirs), "--no-progress"
+    )
+    assert code == 2
+    one_line_error(err, "reference is a non-empty folder that is not an xbackend capture")
+    assert (theirs / "reference" / "keep.xbv").read_text() == "mine"
 
 
 @pytest.mark.parametrize(

@@ -95,12 +95,12 @@ def check_folder(out: Path) -> set[str]:
     if not out.exists():
         return set()
     if not out.is_dir():
-        raise UsageError(f"-o {out} is a file; give a folder for the capture (xbackend never overwrites it)")
+        raise UsageError(f"{out} is a file; give a folder for the capture (xbackend never overwrites it)")
     if not any(out.iterdir()):
         return set()
     if not is_capture(out):
         raise UsageError(
-            f"-o {out} is a non-empty folder that is not an xbackend capture; xbackend never writes into "
+            f"{out} is a non-empty folder that is not an xbackend capture; xbackend never writes into "
             "it: give a new or empty folder"
         )
     try:

@@ -95,6 +95,9 @@ def compare(
     families = tuple(m for m in (modes or "").split(",") if m)
     given = tuple(b for b in (backends or ("" if families else _DEFAULT_BACKENDS)).split(",") if b)
     listed, mode_sets = expand_modes(given, families)
+    if save_captures:  # a capture per backend: never into someone's folder
+        for b in listed:
+            check_folder(Path(save_captures) / b)
     inputs_kw = run_inputs(
         ",".join(listed), seed, shape, inputs, ranges, sets, torch_module, trust_model_code
     )

@@ -32,6 +32,7 @@ from xbackend.model import load_proto
 from xbackend.sweep.node import job_from_json, job_to_json, node_identity, read_record, run_job
 from xbackend.sweep.outcomes import FleetJob, FleetProgress, node_label
 from xbackend.sweep.spec import JobSpec, Requirements
+from xbackend.untrusted import contained
 
 # A process per job; not `-m xbackend.sweep.node`, which runpy warns about once the sweep
 # package (which imports node) is loaded first.
@@ -262,8 +263,11 @@ def _write_files(folder: Path, files: Mapping[str, bytes]) -> None:
     """A job folder from the object store, replaced whole (a reader never sees half of one)."""
     part = folder.with_name(f".{folder.name}.partial")
     shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
     for rel, data in files.items():
-        dest = part / rel
+        dest = contained(
+            part, rel, f"a job's file from a node ({folder.name})", "the node sent a path out of its folder"
+        )
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(data)
     shutil.rmtree(folder, ignore_errors=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.compare import compare_with_options, make_feeds
-from xbackend.errors import InputError, XbackendError, first_line
+from xbackend.errors import InputError, UsageError, XbackendError, first_line
 from xbackend.model import load_model
 from xbackend.portable import load_capture
 from xbackend.report import to_json, write_atomic, write_markdown_bundle
@@ -79,6 +79,21 @@ def _resumable(job: JobSpec, folder: Path) -> dict[str, Any] | None:
     return rec
 
 
+def check_output(out: Path) -> None:
+    """The fleet folder is new, empty, or one a sweep wrote: job folders under it are replaced
+    whole, so a user's folder is never written into."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UsageError(f"the sweep's output {out} is a file; pass -o DIR with a new or empty folder")
+    ours = (out / JOBS).is_dir() or (out / "fleet.json").is_file()
+    if any(out.iterdir()) and not ours:
+        raise UsageError(
+            f"the sweep's output {out} is a non-empty folder that a sweep did not write; xbackend never "
+            "writes into it: pass -o DIR with a new or empty folder"
+        )
+
+
 def run_sweep(
     spec: SweepSpec,
     executor: SweepExecutor | None = None,
@@ -87,6 +102,7 @@ def run_sweep(
 ) -> FleetResult:
     """Run every job not already done, compare each model's captures, write the fleet report."""
     ex = executor or LocalExecutor()
+    check_output(spec.output)
     if ex.name == "local":  # unknown runners and options fail here, before any job
         check_backends(spec)
     bar = progress or NullFleetProgress()
