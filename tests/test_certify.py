@@ -233,12 +233,14 @@ def test_signed_certificate_forgeries_are_refused_and_nothing_runs(
         assert code == 2, message
         one_line_error(err, message)
     assert not (tmp_path / "PWNED").exists()
-    # a module the certificate names is refused the same way, with or without the grant
-    forged["predicate"]["battery"]["runner_options"] = [["ort-cpu", "module", f"{tmp_path}/evil.py:build"]]
-    path.write_text(json.dumps(forged))
-    code, _, err = run(capsys, "verify", str(path), *model, "--allow-unsigned")
-    assert code == 2
-    one_line_error(err, "the certificate sets ort-cpu.module=")
+    # a module the certificate names, or the grant to import one, is refused the same way
+    for key, value in (("module", f"{tmp_path}/evil.py:build"), ("trust_model_code", "true")):
+        forged["predicate"]["backend"]["name"] = "torch"
+        forged["predicate"]["battery"]["runner_options"] = [["torch", key, value]]
+        path.write_text(json.dumps(forged))
+        code, _, err = run(capsys, "verify", str(path), *model, "--allow-unsigned")
+        assert code == 2
+        one_line_error(err, f"the certificate sets torch.{key}={value}: verify never runs")
     # zeroed per-tensor digests with their combination recomputed: the re-run shows the mismatch
     from xbackend.certify import _combined
 

@@ -34,6 +34,7 @@ from xbackend.promises import EXIT_PROMISE, PROPERTIES, PromiseCheck, check
 from xbackend.report import write_atomic
 from xbackend.report.certificate import certificate_markdown
 from xbackend.results import CompareOptions, Result
+from xbackend.runners.base import CODE_OPTIONS
 from xbackend.runners.registry import get_runner, split_instance
 from xbackend.storage import ValueFile
 from xbackend.untrusted import contained, field, number
@@ -500,7 +501,8 @@ def replayed_options(
 ) -> tuple[tuple[str, str, str], ...]:
     """The certificate's runner options that only choose among values (booleans, numbers, a
     fixed set of choices) are replayed; a free-form one (an interpreter, a module, a pin or
-    cache file, compiler flags) must come from the verifier's command line. `given` wins."""
+    cache file, compiler flags) and any grant to run code must come from the verifier's command
+    line. `given` wins."""
     own = {(b, k) for b, k, _ in given}
     try:
         specs = {o.name: o for o in get_runner(split_instance(backend)[0]).all_option_specs()}
@@ -511,7 +513,8 @@ def replayed_options(
         if (b, k) in own:
             continue
         spec = specs.get(k)
-        if b == backend and spec is not None and (spec.choices or spec.kind in (bool, int, float)):
+        value_only = spec is not None and (spec.choices or spec.kind in (bool, int, float))
+        if b == backend and value_only and k not in CODE_OPTIONS:  # trust_model_code is a bool
             kept.append((b, k, v))
         else:
             refused.append(f"{b}.{k}={v[:200]}")
