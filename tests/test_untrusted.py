@@ -312,7 +312,8 @@ def test_a_signal_mid_run_stops_the_workers_and_leaves_no_temp_folder(
     signum: int, code: int, tmp_path: Path, plugin_path: Path
 ) -> None:
     """A cancelled CI job (SIGTERM), a closed terminal (SIGHUP), Ctrl-C: the worker that hangs
-    is stopped, the run's temp folder with every capture is removed, and the exit says which."""
+    is stopped, the run's temp folder with every capture is removed, and so is the engine's own
+    temp file (the killed worker never cleans up after itself), and the exit says which."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     tests = Path(__file__).resolve().parent
@@ -322,9 +323,9 @@ def test_a_signal_mid_run_stops_the_workers_and_leaves_no_temp_folder(
             "--timeout", "600", "--no-progress"]  # fmt: skip
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not any(tmp.glob("xbackend-*/**/job.json")) and time.monotonic() < deadline:
-        time.sleep(0.2)  # waits for a state (the hanging worker's job written), not for a time
-    assert any(tmp.glob("xbackend-*/**/job.json")), "no worker started"
+    while not any(tmp.rglob("engine.bin")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # waits for a state (the hanging worker's engine file written), not a time
+    assert any(tmp.rglob("engine.bin")), "the hanging worker never ran"
     hung = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout.split()
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)

@@ -155,7 +155,13 @@ def run_batch(
             stdout=subprocess.PIPE,
             stderr=err,
             stdin=subprocess.DEVNULL,
-            env={**(foreign_env(env) if python else _env(env)), PARENT_ENV: str(os.getpid())},
+            env={
+                **(foreign_env(env) if python else _env(env)),
+                PARENT_ENV: str(os.getpid()),
+                # an engine's own temp files (caches, rewritten models) inside the run's folder:
+                # removed with it, even when the worker is killed before its own cleanup runs
+                "TMPDIR": str(_worker_tmp(jobs[0][1])),
+            },
             cwd=worker_path() if python else None,  # `-m` puts the folder it starts in first on sys.path
             start_new_session=True,
         )
@@ -210,6 +216,12 @@ def cancel_all() -> None:
 def reset_cancel() -> None:
     """A new command in this process may start workers again."""
     _CANCELLED.clear()
+
+
+def _worker_tmp(job_dir: Path) -> Path:
+    tmp = job_dir.parent / "worker-tmp"
+    tmp.mkdir(exist_ok=True)
+    return tmp
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
