@@ -46,6 +46,7 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 PASSWORD_ENV = "XBACKEND_KEY_PASSWORD"
+SIGSTORE = "sigstore"  # the signer of a bundle that carries a Fulcio certificate, not a key hint
 
 
 def statement(
@@ -88,13 +89,18 @@ def load_private_key(path: str | os.PathLike[str]) -> Any:
     data = _read_key_file(path, "private key")
     password = os.environ.get(PASSWORD_ENV)
     try:
-        key = ser.load_pem_private_key(data, password.encode() if password else None)
-    except TypeError:
-        raise UsageError(f"the private key {path} is encrypted: set {PASSWORD_ENV} to its password") from None
+        try:
+            key = ser.load_pem_private_key(data, None)
+        except TypeError:  # encrypted: its password from the environment
+            if not password:
+                raise UsageError(
+                    f"the private key {path} is encrypted: set {PASSWORD_ENV} to its password"
+                ) from None
+            key = ser.load_pem_private_key(data, password.encode())
     except ValueError as e:
         raise UsageError(
-            f"{path} is not a PEM private key xbackend can use ({str(e).splitlines()[0]}); "
-            "make one with `xbackend keygen -o NAME`"
+            f"{path} is not a PEM private key xbackend can use, or its password is wrong "
+            f"({str(e).splitlines()[0]}); make one with `xbackend keygen -o NAME`"
         ) from None
     if not isinstance(key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey):
         raise UsageError(f"{path} is a {type(key).__name__}; sign with an Ed25519 or ECDSA key")
@@ -170,6 +176,11 @@ class Envelope:
     def describe(self) -> str:
         if self.verified_key:
             return f"SIGNED: the signature checks with key {self.verified_key[:16]}"
+        if self.signed and self.signer_hint == SIGSTORE:
+            return (
+                "UNCHECKED: signed keylessly with Sigstore; xbackend did not check it (check the signer "
+                "with `sigstore verify identity`)"
+            )
         if self.signed:
             return (
                 f"UNCHECKED: signed by key {self.signer_hint[:16] or '(unnamed)'}, but no --key was given; "
@@ -202,13 +213,13 @@ def open_attestation(
             )
         if public_key is not None and not allow_unsigned:
             raise InputError(
-                f"{path} is not signed, so --key cannot check it; re-sign it with `xbackend certify "
-                "--key`, or pass --allow-unsigned to verify it unsigned"
+                f"{path} is not signed, so --key cannot check it; certify the model again with --key "
+                "PRIVATE.key, or pass --allow-unsigned to verify it unsigned"
             )
         if not allow_unsigned:
             raise InputError(
                 f"{path} is not signed; pass --allow-unsigned to verify it anyway (anyone could have "
-                "edited it), or certify with --key PRIVATE.pem"
+                "edited it), or certify with --key PRIVATE.key"
             )
         return Envelope(dict(data), False, "", "")
     if not isinstance(env, Mapping) or env.get("payloadType") != PAYLOAD_TYPE:
@@ -221,6 +232,8 @@ def open_attestation(
         raise InputError(f"{path}: its signatures are not a list; get the certificate again")
     material = data.get("verificationMaterial") or {}
     hint = str((material.get("publicKey") or {}).get("hint", "")) if isinstance(material, Mapping) else ""
+    if isinstance(material, Mapping) and ("certificate" in material or "x509CertificateChain" in material):
+        hint = SIGSTORE  # a Fulcio certificate: keyless, checked by Sigstore's own tools
     verified = ""
     if public_key is not None:
         kid = key_id(public_key)
