@@ -100,15 +100,15 @@ def test_user_errors_are_exit_2_and_one_line(
 def test_a_full_temp_disk_is_one_line_before_any_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import xbackend.isolation as isolation
-
-    real = shutil.disk_usage
+    real = os.statvfs
 
     def nearly_full(path: object) -> object:
-        u = real(path)  # type: ignore[arg-type]
-        return type(u)(u.total, u.total - (1 << 20), 1 << 20)  # 1 MiB free
+        st = real(path)  # type: ignore[arg-type]
+        fields = list(st)
+        fields[4] = (1 << 20) // st.f_frsize  # f_bavail: 1 MiB free
+        return os.statvfs_result(fields)
 
-    monkeypatch.setattr(isolation.shutil, "disk_usage", nearly_full)
+    monkeypatch.setattr(os, "statvfs", nearly_full)
     code, _, err = run(capsys, "compare", str(_relu(tmp_path)), "--no-progress")
     assert code == 2
     one_line_error(err, "no space left on the disk that holds ")

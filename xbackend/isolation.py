@@ -23,6 +23,7 @@ from xbackend.foreign import foreign_env, worker_path
 from xbackend.protocol import PARENT_ENV, PROGRESS_TAG, WorkerJob, WorkerResult
 
 __all__ = [
+    "NEARLY_FULL",
     "WorkerOutcome",
     "cancel_all",
     "kill_group",
@@ -252,7 +253,7 @@ def _outcome(code: int, result_path: Path, err_path: Path, elapsed: float) -> Wo
 
 
 # below this, the disk that holds a job's files is taken to be what stopped it
-_NEARLY_FULL = 64 << 20
+NEARLY_FULL = 64 << 20  # free bytes below which a disk counts as full
 
 
 def disk_full(folder: Path) -> str:
@@ -261,6 +262,6 @@ def disk_full(folder: Path) -> str:
         free = shutil.disk_usage(folder).free
     except OSError:
         return ""
-    if free >= _NEARLY_FULL:
+    if free >= NEARLY_FULL:
         return ""
     return f"no space left on the disk that holds {folder.parent} (set TMPDIR to a folder on a larger disk)"

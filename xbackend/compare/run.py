@@ -36,7 +36,7 @@ from xbackend.compare.summary import summarize_backend
 from xbackend.environment import collect_environment
 from xbackend.errors import UsageError
 from xbackend.executor import Executor, Job, JobOutcome
-from xbackend.isolation import disk_full
+from xbackend.isolation import NEARLY_FULL
 from xbackend.model import ModelSpec, load_model
 from xbackend.portable import LoadedCapture
 from xbackend.probes.base import PlannedBackend, Probe, ProbeContext
@@ -74,9 +74,11 @@ def compare_with_options(
     opts = with_expected(opts, expected)
     with run_folder() as tmp:
         work = Path(tmp)
-        full = disk_full(work)
-        if full:  # before any worker starts: one line, not a failure per backend
-            raise UsageError(full)
+        if _nearly_full(work):  # before any worker starts: one line, not a failure per backend
+            raise UsageError(
+                f"no space left on the disk that holds {work.parent} (set TMPDIR to a folder on a "
+                "larger disk)"
+            )
         planned = [plan_backend(name, opts, work, expected) for name in opts.backends]
         planned, notes = preflight(spec, proto, planned)
         memory = memory_plan(spec, proto, feeds, opts)
@@ -114,6 +116,16 @@ def compare_with_options(
             memory.explanation_blocker(spec),
         )
         return _result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to)
+
+
+def _nearly_full(folder: Path) -> bool:
+    """The filesystem itself, asked directly (what planning reads through shutil may be a
+    smaller budget than the disk)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < NEARLY_FULL
 
 
 def run_folder() -> tempfile.TemporaryDirectory[str]:
