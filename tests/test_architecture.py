@@ -35,6 +35,8 @@ HEAVY_OR_OPTIONAL = {
 LOCAL_EXCEPTIONS = {
     ("xbackend/streamdiff.py", "xbackend.jitdiff"): "numba compiles the kernels: only when tensors differ",
     ("xbackend/runners/ort_cpu.py", "xbackend.model"): "xbackend.model imports onnx (foreign workers)",
+    ("xbackend/runners/ort_trt.py", "xbackend.model"): "xbackend.model imports onnx (foreign workers)",
+    ("xbackend/runners/tensorrt.py", "xbackend.model"): "xbackend.model imports onnx (foreign workers)",
     ("xbackend/foreign_probe.py", "numpy"): "the other interpreter may lack numpy: reported, not raised",
     ("xbackend/foreign_probe.py", "importlib"): "Python < 3.8 has no importlib.metadata: reported first",
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,40 @@ def test_worker_modules_run_under_python_3_8() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Minimum required versions: 3.8" in proc.stdout, proc.stdout
+
+
+# Runner modules an interpreter without onnx cannot import: each reads the ONNX graph itself
+# (docs/backends.md lists them). Every other runner needs only numpy and its engine.
+NEED_ONNX = {"reference", "oracle", "torch_eager", "torch_compile", "torch_cuda"}
+
+
+@pytest.mark.slow
+def test_runners_under_another_interpreter_need_onnx_only_where_the_docs_say() -> None:
+    """Under an interpreter holding numpy and onnxruntime alone (no onnx), each runner module
+    from the staged worker package imports, or fails on its own engine; only the ones that read
+    the ONNX graph themselves fail on onnx."""
+    from xbackend.foreign import worker_path
+
+    old = old_ort_python()
+    modules = sorted(p.stem for p in (ROOT / "xbackend" / "runners").glob("*.py") if p.stem != "__init__")
+    code = (
+        "import importlib, json, sys\n"
+        "out = {}\n"
+        "for m in sys.argv[1:]:\n"
+        "    try:\n"
+        "        importlib.import_module('xbackend.runners.' + m); out[m] = ''\n"
+        "    except ImportError as e:\n"
+        "        out[m] = getattr(e, 'name', None) or str(e)\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {"PYTHONPATH": worker_path(), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([str(old), "-c", code, *modules], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    missing = json.loads(proc.stdout)
+    assert {m for m, name in missing.items() if name == "onnx"} == NEED_ONNX
+    assert missing["ort_cpu"] == "" and missing["ort_cuda"] == "" and missing["groq"] == ""
+    page = " ".join((ROOT / "docs" / "backends.md").read_text("utf-8").split())
+    assert "need onnx as well: `reference`, `oracle`, `torch`, `torch-compile`, `torch-cuda`" in page
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ import numpy as np
 
 from xbackend.atomic import write_atomic_bytes
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
-from xbackend.model import ModelRef
+from xbackend.modelref import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.values import Value
 

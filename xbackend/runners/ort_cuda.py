@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from xbackend import gpu
 from xbackend.errors import RunnerFailedError
-from xbackend.model import ModelRef
+from xbackend.modelref import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, promised_if
 from xbackend.runners.ort_cpu import OrtCpuRunner, ort_version
 

@@ -38,7 +38,7 @@ from xbackend import gpu
 from xbackend.atomic import write_atomic_bytes
 from xbackend.cudart import DeviceBuffer, Stream, download
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
-from xbackend.model import ModelRef, model_sha256
+from xbackend.modelref import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.tensorrt_plan import (
     ConfigCall,
@@ -488,6 +488,8 @@ class TrtPinnedRunner(TrtAutotuneRunner):
     def _cache_option(self, model: ModelRef) -> str:
         if self.options["cache"]:
             return str(self.options["cache"])
+
+        from xbackend.model import model_sha256  # onnx: only a pinned build's cache key needs it
 
         name = gpu.device_name(int(self.options["device_id"]))
         return default_cache_path(model_sha256(Path(model.path)), str(self._trt.__version__), name)

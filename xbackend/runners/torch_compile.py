@@ -37,7 +37,7 @@ from xbackend.inductor_pin import (
     triton_recording,
     write_pin,
 )
-from xbackend.model import ModelRef
+from xbackend.modelref import ModelRef
 from xbackend.runners.base import BuildFingerprint, OptionSpec
 from xbackend.runners.torch_eager import TorchRunner
 from xbackend.torch_export import module_map, to_numpy
