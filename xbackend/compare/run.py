@@ -235,22 +235,22 @@ def _result(
     )
     expected = tuple(against(EXPECTED, builds, compared, spec, opts, layers=False))
     return Result(
-        spec,
-        feeds_info(feeds, expected != ()),
-        opts,
-        backends,
-        cross,
-        env,
-        notes,
-        tuple(pairs(builds, backends, spec)),
-        oracle,
-        done.probes if done.probes is not None else _probe_results(probes, planned, done),
-        tuple(pr.name for pr in probes),
-        ref,
-        expected,
-        drift,
-        baseline_env,
-        far_from_float64(
+        model=spec,
+        feeds=feeds_info(feeds, expected != ()),
+        options=opts,
+        backends=backends,
+        cross_backend=cross,
+        environment=env,
+        notes=notes,
+        pairs=tuple(pairs(builds, backends, spec)),
+        oracle_error=oracle,
+        probes=done.probes if done.probes is not None else _probe_results(probes, planned, done),
+        probes_ran=tuple(pr.name for pr in probes),
+        reference=ref,
+        expected_error=expected,
+        baseline=drift,
+        baseline_environment=baseline_env,
+        explanation=far_from_float64(
             done.explanation, spec, [c for c in cross if c.backend != ORACLE], oracle, ref_capture
         ),
     )

@@ -27,7 +27,7 @@ from xbackend.values import value_name
 __all__ = ["Result"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # sixteen fields, three of one type: built by keyword only
 class Result:
     """The whole comparison: what ran, on what, and what differed."""
 
