@@ -19,28 +19,13 @@ from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.foreign import stage_model
 from xbackend.isolation import WorkerOutcome, disk_full, run_batch
 from xbackend.metrics import TensorDiff
-from xbackend.model import ModelRef, ModelSpec
+from xbackend.model import ModelSpec
 from xbackend.progress import ProgressSink
 from xbackend.protocol import LAYERS, OUTPUTS, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.runners.base import PYTHON_OPTION, Runner
 from xbackend.runners.registry import runner_target
 
-__all__ = ["Executor", "Job", "JobOutcome", "PhaseSpec", "diff_phases", "separate_layers", "standard_phases"]
-
-
-@dataclass(frozen=True)
-class PhaseSpec:
-    """One engine build a job asks for (see xbackend.protocol.Phase)."""
-
-    name: str
-    tensors: tuple[str, ...]
-    runs: int = 1
-    extra_feeds: tuple[Path, ...] = ()
-    serves_outputs: bool = False
-    model: ModelRef | None = None  # a rewrite of the model (xbackend.reorder, xbackend.sever)
-    windows: tuple[tuple[str, ...], ...] = ()  # --max-memory: tensors exposed window by window
-    spill: bool = True  # False: only the graph outputs of this phase's capture are written
-    extras: str = "captures"  # "spread": extra feeds are orders of a permuted model (Phase)
+__all__ = ["Executor", "Job", "JobOutcome", "diff_phases", "separate_layers", "standard_phases"]
 
 
 def standard_phases(
@@ -53,21 +38,23 @@ def standard_phases(
     timed_runs: int = 0,
     windows: tuple[tuple[str, ...], ...] = (),
     spill: bool = True,
-) -> tuple[PhaseSpec, ...]:
+) -> tuple[Phase, ...]:
     """The plain model for graph outputs and, unless outputs only, the instrumented model for
     per-layer tables; one build serves both where exposing intermediates changes nothing.
     `timed_runs` more runs go to the phase that serves the outputs: timed and compared alike."""
     outputs = spec.tensor_order(outputs_only=True)
     plain = runs + timed_runs
     if outputs_only or not layers:
-        return (PhaseSpec(OUTPUTS, outputs, plain),)
+        return (Phase.planned(OUTPUTS, outputs, plain),)
     if not separate_layers(cls, spec, options or {}):
         return (
-            PhaseSpec(LAYERS, spec.tensor_order(), plain, serves_outputs=True, windows=windows, spill=spill),
+            Phase.planned(
+                LAYERS, spec.tensor_order(), plain, serves_outputs=True, windows=windows, spill=spill
+            ),
         )
     return (
-        PhaseSpec(OUTPUTS, outputs, plain),
-        PhaseSpec(LAYERS, spec.tensor_order(), runs, windows=windows, spill=spill),
+        Phase.planned(OUTPUTS, outputs, plain),
+        Phase.planned(LAYERS, spec.tensor_order(), runs, windows=windows, spill=spill),
     )
 
 
@@ -86,7 +73,7 @@ class Job:
     cls: type[Runner]
     raw_options: tuple[tuple[str, str], ...]
     feeds: Path
-    phases: tuple[PhaseSpec, ...] = ()
+    phases: tuple[Phase, ...] = ()
     kind: str = "main"  # "main" | "opt-levels"
     fingerprint: bool = False
 
@@ -177,7 +164,7 @@ class Executor:
 
     def _worker_job(self, job: Job, job_dir: Path) -> WorkerJob:
         model = self.spec.ref()
-        phases = tuple(_phase(p, job_dir) for p in job.phases)
+        phases = tuple(p.placed(job_dir) for p in job.phases)
         if job.python or job.cls.stages_model:  # the worker needs no onnx: models are prepared here
             max_ir = self.max_ir.get(job.python) if job.python else job.cls.max_ir_version()
             staged = self.work / "staged-models"
@@ -351,21 +338,6 @@ class _Locked:
 
 def _same_process(a: Job, b: Job) -> bool:
     return a.cls is b.cls and a.cls.shares_process and a.env() == b.env() and a.python == b.python
-
-
-def _phase(p: PhaseSpec, job_dir: Path) -> Phase:
-    return Phase(
-        p.name,
-        p.tensors,
-        p.runs,
-        str(job_dir / f"{p.name}.xbv"),
-        tuple((str(f), str(job_dir / f"{p.name}-extra{i}.xbv")) for i, f in enumerate(p.extra_feeds)),
-        p.serves_outputs,
-        p.model,
-        p.windows,
-        p.spill,
-        p.extras,
-    )
 
 
 def diff_phases(a: PhaseResult, b: PhaseResult, spec: ModelSpec, outputs: bool) -> list[TensorDiff]:

@@ -10,8 +10,10 @@ exposed) for the per-layer tables. Progress goes to stdout as tagged lines.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from xbackend.buildinfo import BuildFingerprint, OptLevelRow
@@ -68,6 +70,31 @@ class Phase:
     # is held against run 0 as it runs and one spread file, at the first extra's capture path,
     # stands for them all
     extras: str = "captures"
+
+    @classmethod
+    def planned(
+        cls,
+        name: str,
+        tensors: Sequence[str],
+        runs: int = 1,
+        extra_feeds: Sequence[str | os.PathLike[str]] = (),
+        serves_outputs: bool = False,
+        model: ModelRef | None = None,
+        windows: tuple[tuple[str, ...], ...] = (),
+        spill: bool = True,
+        extras: str = "captures",
+    ) -> Phase:
+        """A phase as a job asks for it: its capture files are named where the job runs
+        (`placed`); `extra_feeds` are feeds files."""
+        feeds = tuple((str(f), "") for f in extra_feeds)
+        return cls(name, tuple(tensors), runs, "", feeds, serves_outputs, model, windows, spill, extras)
+
+    def placed(self, job_dir: Path) -> Phase:
+        """The phase with its capture files in `job_dir`."""
+        extra = tuple(
+            (f, str(job_dir / f"{self.name}-extra{i}.xbv")) for i, (f, _) in enumerate(self.extra_feeds)
+        )
+        return replace(self, capture=str(job_dir / f"{self.name}.xbv"), extra_feeds=extra)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Phase:

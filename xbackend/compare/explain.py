@@ -33,13 +33,14 @@ from xbackend.compare.memory import explanation_disk, judge_window_note, judge_w
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
 from xbackend.errors import UsageError
-from xbackend.executor import Executor, Job, JobOutcome, PhaseSpec
+from xbackend.executor import Executor, Job, JobOutcome
 from xbackend.extdata import externalize, uses_external_data, write_rewritten
 from xbackend.model import ModelRef, ModelSpec, load_proto
 from xbackend.modelref import np_dtype
 from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.progress import ProgressSink
 from xbackend.propagation import PROP
+from xbackend.protocol import Phase
 from xbackend.reorder import index_feeds, reorder
 from xbackend.results import EXPECTED, BackendResult, CrossBackendResult
 from xbackend.results.explanation import (
@@ -159,7 +160,7 @@ def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_cap
     )
     if isinstance(got, str):
         return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {got}"})
-    phase = PhaseSpec(LOCAL_PHASE, got.tensors, 1, model=got.model)
+    phase = Phase.planned(LOCAL_PHASE, got.tensors, 1, model=got.model)
     # ONNX Runtime runs its optimized graph as saved; OpenVINO fuses each piece as it ships it
     options = (
         old.raw_options
@@ -243,7 +244,7 @@ def _plan(
             save_values(p, index_feeds(reordered, np.random.default_rng([opts.seed, k])))
             paths.append(p)
         extra = tuple(paths)
-        phase = PhaseSpec(_FLOOR_PHASE, tensors, 1, extra, model=model, extras="spread")
+        phase = Phase.planned(_FLOOR_PHASE, tensors, 1, extra, model=model, extras="spread")
         # One thread: a race between threads (a scatter's lost updates) must not pass for reordering.
         variant = engine.variant(threads="1")
         floor_job = Job("explain-floor", engine.name, engine.cls, variant, base, (phase,))
@@ -296,7 +297,7 @@ def _plan(
             judge_of[name] = name
         own = replace(spec.ref(), inputs=smodel.inputs)
         model = smodel if b.cls.executes_graph else own
-        phase = PhaseSpec(LOCAL_PHASE, tensors, 1, model=model)
+        phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model)
         local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
     del proto
     return Plan(
@@ -347,7 +348,7 @@ def _node_floor_job(
         save_values(p, index_feeds(rs, np.random.default_rng([ctx.opts.seed, 1000 + k])))
         paths.append(p)
     tensors = tuple(o for n in severed.proto.graph.node for o in n.output if o)
-    phase = PhaseSpec(NODE_FLOOR_PHASE, tensors, 1, tuple(paths), model=model, extras="spread")
+    phase = Phase.planned(NODE_FLOOR_PHASE, tensors, 1, tuple(paths), model=model, extras="spread")
     # one thread, as the floor: a race must not pass for reordering
     return Job("explain-node-floor", engine.name, engine.cls, engine.variant(threads="1"), base, (phase,))
 
@@ -397,7 +398,7 @@ def _judge_job(
     variant = oracle.variant(narrow="false", threads="1")
 
     def job(suffix: str, tensors: tuple[str, ...]) -> Job:
-        phase = PhaseSpec(JUDGE_PHASE, tensors, 1, model=model)
+        phase = Phase.planned(JUDGE_PHASE, tensors, 1, model=model)
         return Job(label + suffix, JUDGE_ENGINE, cls, variant, sfeeds, (phase,))
 
     if windows:  # each its own job, judged and deleted in turn (xbackend.compare.judging)

@@ -14,12 +14,13 @@ import psutil
 
 from xbackend.capture import CaptureFile
 from xbackend.errors import UsageError
-from xbackend.executor import Executor, Job, PhaseSpec
+from xbackend.executor import Executor, Job
 from xbackend.footprint import DEFAULT_SHARE, Sizes, available_memory, plan_windows, tensor_bytes
 from xbackend.inputs import Feeds
 from xbackend.model import ModelSpec
 from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.progress import NullProgress
+from xbackend.protocol import Phase
 from xbackend.results import CompareOptions
 from xbackend.textfmt import gib
 
@@ -352,7 +353,7 @@ def measure_unsized(
     if not sizes.unsized or plan.budget is None or engine is None or engine.cls is None:
         return plan
     ex = Executor(spec, work / "sizing", timeout, NullProgress())
-    phase = PhaseSpec("sizing", sizes.unsized, 1)
+    phase = Phase.planned("sizing", sizes.unsized, 1)
     o = ex.run(Job("sizing", engine.name, engine.cls, engine.variant(), feeds, (phase,)))
     ph = o.phase("sizing") if o.ok else None
     if ph is None:

@@ -29,10 +29,10 @@ import onnx
 from onnx import TensorProto
 
 from xbackend.compare.floors import save_severed_feeds
-from xbackend.executor import Job, JobOutcome, PhaseSpec
+from xbackend.executor import Job, JobOutcome
 from xbackend.extdata import write_rewritten
 from xbackend.model import ModelRef, ModelSpec, load_proto
-from xbackend.protocol import OUTPUTS
+from xbackend.protocol import OUTPUTS, Phase
 from xbackend.runners.contrib import CONTRIB_DOMAIN, CONTRIB_OPS
 from xbackend.sever import SEVERED, sever
 from xbackend.values import Value
@@ -63,7 +63,7 @@ def shipped_job(name: str, cls: type, variant: tuple[tuple[str, str], ...], spec
     """The plain model built once with save_optimized: the graph users' sessions run."""
     path = folder / f"optimized-{name}.onnx"
     options = tuple(sorted({**dict(variant), "save_optimized": str(path)}.items()))
-    phase = PhaseSpec(OUTPUTS, spec.tensor_order(outputs_only=True), 1)
+    phase = Phase.planned(OUTPUTS, spec.tensor_order(outputs_only=True), 1)
     return Job(f"explain-optimized-{name}", name, cls, options, feeds, (phase,)), path
 
 

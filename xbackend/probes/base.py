@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from xbackend.executor import Job, JobOutcome, PhaseSpec, diff_phases
+from xbackend.executor import Job, JobOutcome, diff_phases
 from xbackend.foreign import Interpreter
 from xbackend.inputs import Feeds
 from xbackend.metrics import TensorDiff, summarize
 from xbackend.model import ModelSpec
-from xbackend.protocol import PhaseResult
+from xbackend.protocol import Phase, PhaseResult
 from xbackend.results import BackendResult, CompareOptions, ProbeResult
 from xbackend.runners.base import Runner
 
@@ -67,7 +67,7 @@ class ProbeContext:
         self,
         label: str,
         b: PlannedBackend,
-        phases: Sequence[PhaseSpec] = (),
+        phases: Sequence[Phase] = (),
         feeds: Path | None = None,
         kind: str = "main",
         **overrides: str,

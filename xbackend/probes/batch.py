@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 
 from xbackend.capture import CaptureFile
-from xbackend.executor import Job, PhaseSpec, standard_phases
+from xbackend.executor import Job, standard_phases
 from xbackend.inputs import Feeds, generate_feeds
 from xbackend.metrics import TensorDiff, summarize
 from xbackend.model import ModelSpec
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext
 from xbackend.probes.batchaxis import Layout, batch_layouts, computed_by, sample
-from xbackend.protocol import PhaseResult
+from xbackend.protocol import Phase, PhaseResult
 from xbackend.results.probe import ProbeResult, PromiseEvidence
 from xbackend.textfmt import num, table, with_module, yes
 
@@ -243,7 +243,7 @@ class BatchProbe(Probe):
             return []
         single, batches = self.paths
         phases = [
-            PhaseSpec(p.name, p.tensors, 1, batches, p.serves_outputs)
+            Phase.planned(p.name, p.tensors, 1, batches, p.serves_outputs)
             for p in standard_phases(b.cls, self.ctx.spec, 1, options=b.raw_options)
         ]
         return [self.ctx.job(f"{b.name}-batch", b, phases, feeds=single)]

@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xbackend.executor import Job, JobOutcome, PhaseSpec, separate_layers, standard_phases
+from xbackend.executor import Job, JobOutcome, separate_layers, standard_phases
 from xbackend.metrics import summarize
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
-from xbackend.protocol import LAYERS, PhaseResult
+from xbackend.protocol import LAYERS, Phase, PhaseResult
 from xbackend.results.probe import ProbeResult, PromiseEvidence
 from xbackend.textfmt import num, table, with_module, yes
 
@@ -157,7 +157,7 @@ class ThreadsProbe(Probe):
         want = [t for t in moved if self._layers(r, t) is None]
         if moved and self._layers(r, 1) is None:
             want.insert(0, 1)
-        phase = PhaseSpec(LAYERS, self.ctx.spec.tensor_order(), 1)
+        phase = Phase.planned(LAYERS, self.ctx.spec.tensor_order(), 1)
         return [self.ctx.job(f"{b.name}-threads{t}-layers", b, [phase], threads=str(t)) for t in want]
 
     def analyze(self, runs: Sequence[BackendRuns]) -> ThreadsResult:
