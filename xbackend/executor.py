@@ -42,7 +42,7 @@ def standard_phases(
     """The plain model for graph outputs and, unless outputs only, the instrumented model for
     per-layer tables; one build serves both where exposing intermediates changes nothing.
     `timed_runs` more runs go to the phase that serves the outputs: timed and compared alike."""
-    outputs = spec.tensor_order(outputs_only=True)
+    outputs = spec.output_order()
     plain = runs + timed_runs
     if outputs_only or not layers:
         return (Phase.planned(OUTPUTS, outputs, plain),)
@@ -344,5 +344,5 @@ def diff_phases(a: PhaseResult, b: PhaseResult, spec: ModelSpec, outputs: bool) 
     """a's run-0 capture against b's, over the tensors both hold, in model order (graph outputs
     only, or every tensor)."""
     with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
-        names = common_names(ca, cb, spec.tensor_order(outputs_only=outputs))
+        names = common_names(ca, cb, spec.output_order() if outputs else spec.tensor_order())
         return diff_captures(ca, cb, names, spec.op_types())

@@ -231,15 +231,17 @@ class ModelSpec:
                 tainted.add(t.name)
         return tainted
 
-    def tensor_order(self, outputs_only: bool = False) -> tuple[str, ...]:
-        """Names to capture (those --tensors selected), in topological order; graph outputs last
-        if not produced by a node."""
-        if outputs_only:
-            order = {t.name: t.index for t in self.tensors}
-            return tuple(sorted(self.output_names, key=lambda n: order.get(n, len(order))))
+    def tensor_order(self) -> tuple[str, ...]:
+        """Names to capture (those --tensors selected, resolved once into `exposed`), in
+        topological order; graph outputs last if not produced by a node."""
         if self.exposed is not None:
             return self.exposed
         return self.all_tensors()
+
+    def output_order(self) -> tuple[str, ...]:
+        """The graph outputs, in topological order (what a plain build captures)."""
+        order = {t.name: t.index for t in self.tensors}
+        return tuple(sorted(self.output_names, key=lambda n: order.get(n, len(order))))
 
     def all_tensors(self) -> tuple[str, ...]:
         """Every tensor, in topological order, whatever --tensors selected."""

@@ -92,7 +92,7 @@ class MemoryPlan:
             return ()
         held = int(cls.weight_copies * self.weights)
         room = self.budget - held - OVERHEAD
-        tensors = spec.tensor_order(opts.outputs_only)
+        tensors = spec.tensor_order()
         raise_it = self._raise_it()
         if room <= 0:
             raise UsageError(
@@ -170,7 +170,7 @@ class MemoryPlan:
         cls = p.cls
         if cls is None:
             return 0
-        exposed = spec.output_names if opts.outputs_only else spec.tensor_order(opts.outputs_only)
+        exposed = spec.output_names if opts.outputs_only else spec.tensor_order()
         held = max((self.sizes.sized(w) for w in windows), default=self.sizes.sized(exposed))
         live = self.live if (windows or opts.outputs_only) else 0
         return int(
@@ -377,7 +377,7 @@ def window_note(
     name: str, windows: tuple[tuple[str, ...], ...], spec: ModelSpec, opts: CompareOptions, plan: MemoryPlan
 ) -> str:
     """What the report says about a backend whose tensors were exposed in windows, and why."""
-    tensors = spec.tensor_order(opts.outputs_only)
+    tensors = spec.tensor_order()
     total = sum(plan.sizes.get(t, 0) for t in tensors)
     largest = max(sum(plan.sizes.get(t, 0) for t in w) for w in windows)
     return (

@@ -63,7 +63,7 @@ def shipped_job(name: str, cls: type, variant: tuple[tuple[str, str], ...], spec
     """The plain model built once with save_optimized: the graph users' sessions run."""
     path = folder / f"optimized-{name}.onnx"
     options = tuple(sorted({**dict(variant), "save_optimized": str(path)}.items()))
-    phase = Phase.planned(OUTPUTS, spec.tensor_order(outputs_only=True), 1)
+    phase = Phase.planned(OUTPUTS, spec.output_order(), 1)
     return Job(f"explain-optimized-{name}", name, cls, options, feeds, (phase,)), path
 
 

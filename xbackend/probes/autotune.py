@@ -200,7 +200,7 @@ def variant_row(
     v = BuildVariance.from_fingerprints(runner, [o.outputs.fingerprint for o in done], False)
     moved = tuple((k.removeprefix("tuned "), c) for k, c in v.varying_layers if k.startswith("tuned "))
     worst = 0.0
-    order = spec.tensor_order(outputs_only=True)
+    order = spec.output_order()
     with CaptureFile(done[0].outputs.capture) as first:
         for o in done[1:]:
             with CaptureFile(o.outputs.capture) as other:

@@ -226,7 +226,7 @@ def to_dict(r: Result) -> dict[str, Any]:
                 "modules": modules,
                 "outputs": [asdict(o) for o in m.outputs],
                 "tensors": len(m.tensors),
-                "exposed": len(m.tensor_order(r.options.outputs_only)),
+                "exposed": len(m.tensor_order()),
                 "metadata": dict(m.metadata),
             },
             "inputs": {

@@ -147,10 +147,16 @@ class CompareOptions:
             kw["ranges"] = tuple((k, float(lo), float(hi)) for k, (lo, hi) in kw["ranges"].items())
         if kw.get("tensors") is not None:
             kw["tensors"] = str(kw["tensors"]).strip() or "all"
-            if kw["tensors"] == "outputs":
-                kw["outputs_only"] = True
         else:
             kw.pop("tensors", None)
+        # one choice, one source: --outputs-only is the selection "outputs", resolved into the
+        # model's exposed tensors like any other (outputs_only stays as its flag for reports)
+        if kw.get("outputs_only") and kw.get("tensors", "all") not in ("all", "outputs"):
+            raise UsageError(
+                f"--outputs-only and --tensors {kw['tensors']} choose different tensors; give one of them"
+            )
+        if kw.get("outputs_only") or kw.get("tensors") == "outputs":
+            kw["outputs_only"], kw["tensors"] = True, "outputs"
         if isinstance(kw.get("max_memory"), str):
             kw["max_memory"] = parse_size(kw["max_memory"])
         opts = cls(**kw)
