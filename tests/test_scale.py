@@ -56,6 +56,21 @@ def test_a_glob_that_matches_nothing_says_what_would() -> None:
         select(spec, "block.9.*")
 
 
+def test_outputs_only_is_the_outputs_selection_resolved_once() -> None:
+    """--outputs-only and --tensors outputs are one choice: the selection, resolved into the
+    model's exposed tensors; asking for two different selections is a one-line error."""
+    from xbackend.selection import with_selection
+
+    for kw in ({"outputs_only": True}, {"tensors": "outputs"}):
+        opts = xbackend.CompareOptions.create(backends=["ort-cpu"], **kw)
+        assert (opts.outputs_only, opts.tensors) == (True, "outputs")
+        spec = with_selection(load_model(MLP)[0], opts.tensors)
+        assert spec.tensor_order() == spec.output_order() == ("y",)
+        assert opts.command("m.onnx").count("outputs") == 1  # --outputs-only, once
+    with pytest.raises(UsageError, match="--outputs-only and --tensors modules choose different tensors"):
+        xbackend.CompareOptions.create(backends=["ort-cpu"], outputs_only=True, tensors="modules")
+
+
 def test_modules_needs_module_paths() -> None:
     spec, _ = load_model(ROOT / "models" / "mlp_layernorm.onnx")
     with pytest.raises(UsageError, match=r"records none .* --tensors all"):
