@@ -8,12 +8,14 @@ progress bar covers all of it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from xbackend.capture import CaptureFile, common_names, diff_captures
 from xbackend.foreign import stage_model
@@ -77,10 +79,15 @@ class Job:
     kind: str = "main"  # "main" | "opt-levels"
     fingerprint: bool = False
 
+    @functools.cached_property
+    def options(self) -> dict[str, Any]:
+        """The runner's options, resolved once for the job (its interpreter, its environment)."""
+        return self.cls.resolve_options(dict(self.raw_options))
+
     @property
     def python(self) -> str:
         """The interpreter the worker runs under ('' for this one): the runner option python."""
-        return str(self.cls.resolve_options(dict(self.raw_options))[PYTHON_OPTION.name])
+        return str(self.options[PYTHON_OPTION.name])
 
     @property
     def steps(self) -> int:
@@ -89,7 +96,7 @@ class Job:
         return 1 + sum(p.runs * max(1, len(p.windows)) + len(p.extra_feeds) for p in self.phases)
 
     def env(self) -> dict[str, str]:
-        return self.cls.process_env(self.cls.resolve_options(dict(self.raw_options)))
+        return self.cls.process_env(self.options)
 
 
 @dataclass(frozen=True)
