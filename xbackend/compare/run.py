@@ -37,7 +37,7 @@ from xbackend.environment import collect_environment
 from xbackend.errors import UsageError
 from xbackend.executor import Executor, Job, JobOutcome
 from xbackend.isolation import NEARLY_FULL
-from xbackend.model import ModelSpec, load_model
+from xbackend.model import load_model
 from xbackend.portable import LoadedCapture
 from xbackend.probes.base import PlannedBackend, Probe, ProbeContext
 from xbackend.probes.registry import PROBES, select_probes
@@ -104,8 +104,6 @@ def compare_with_options(
         alone = len(planned) == 1 and opts.builds == 1 and not (running or loaded or opts.baseline)
         spill = not (alone and capture_to is None and not opts.save_captures)
         done = _execute(
-            spec,
-            opts,
             ctx,
             planned,
             probes,
@@ -153,8 +151,6 @@ class _Executed:
 
 
 def _execute(
-    spec: ModelSpec,
-    opts: CompareOptions,
     ctx: ProbeContext,
     planned: Sequence[PlannedBackend],
     probes: Sequence[Probe],
@@ -165,7 +161,9 @@ def _execute(
     too_big: str = "",
 ) -> _Executed:
     """Every backend's builds, every probe's jobs, the follow-ups they ask for, then the
-    explanation (floor and local errors), under one bar."""
+    explanation (floor and local errors), under one bar. The model and options are the
+    context's."""
+    spec, opts = ctx.spec, ctx.opts
     max_ir = {p.interpreter.path: p.interpreter.max_ir for p in planned if p.interpreter}
     ex = Executor(spec, ctx.work, opts.timeout, bar, max_ir)
     mains = {
