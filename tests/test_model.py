@@ -39,7 +39,7 @@ def test_spec_describes_the_model(tmp_path: Path) -> None:
     assert [i.name for i in spec.inputs] == ["x"] and spec.inputs[0].shape == (1, 16, 64)
     assert spec.output_names == ("y",)
     assert spec.tensors[0].name == "block0.ln.out" and spec.tensors[0].op_type == "LayerNormalization"
-    assert spec.tensor_order()[-1] == "y" and spec.tensor_order(outputs_only=True) == ("y",)
+    assert spec.tensor_order()[-1] == "y" and spec.output_order() == ("y",)
     assert len(spec.sha256) == 64 and not spec.external_data
 
 
