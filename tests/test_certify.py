@@ -318,3 +318,32 @@ def test_verify_from_another_directory_and_only_inside_the_certificates_folder(
     assert "pass --model PATH" in err
     code, out, _ = run(capsys, *verify, str(work / "c.json"), "--model", str(work / "moved.onnx"))
     assert code == 0 and out.splitlines()[1].startswith("VERIFIED")
+
+
+def test_verify_takes_the_module_from_its_own_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A torch certificate records the module that built the model; verify never imports it
+    from there, and runs with the one --torch-module names."""
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent / "models"
+    for name in ("torch_mlp.onnx", "torch_mlp.py"):
+        shutil.copy(root / name, tmp_path / name)
+    module = f"{tmp_path / 'torch_mlp.py'}:build"
+    code, out, err = run(
+        capsys, "certify", str(tmp_path / "torch_mlp.onnx"), "--backend", "torch", "--torch-module", module,
+        "--runs", "2", "--builds", "2", "--batch", "0", "-o", str(tmp_path / "c"), "--no-progress",
+    )  # fmt: skip
+    assert code == 0, out + err
+    cert = str(tmp_path / "c.json")
+    code, _, err = run(capsys, "verify", cert, "--allow-unsigned", "--no-progress")
+    assert code == 2
+    one_line_error(err, f"the certificate sets torch.module={module}: verify never runs")
+    code, out, _ = run(capsys, "verify", cert, "--allow-unsigned", "--torch-module", module, "--no-progress")
+    assert code == 0 and out.splitlines()[1].startswith("VERIFIED: torch on torch_mlp.onnx"), out
+    code, _, err = run(
+        capsys, "verify", cert, "--allow-unsigned", "--torch-module", module, "--set", "torch.threads=x"
+    )
+    assert code == 2
+    one_line_error(err, "torch option threads expects int")

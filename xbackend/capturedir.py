@@ -39,6 +39,7 @@ __all__ = [
     "captured_inputs",
     "check_folder",
     "default_name",
+    "file_sha256",
     "is_capture",
     "read_manifest",
     "recorded_name",
@@ -57,7 +58,8 @@ def is_capture(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in chunks (checksums of captures, digests of certified files)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -84,7 +86,7 @@ def write_folder(
         os.replace(tmp, out / name)
     body = {**manifest, "format": FORMAT, "files": {n: (out / n).stat().st_size for n in sorted(files)}}
     write_atomic(out / MANIFEST, json.dumps(body, indent=2, sort_keys=True) + "\n", "capture manifest")
-    sums = "".join(f"{_sha256(out / n)}  {n}\n" for n in sorted([*files, MANIFEST]))
+    sums = "".join(f"{file_sha256(out / n)}  {n}\n" for n in sorted([*files, MANIFEST]))
     write_atomic_bytes(out / SUMS, sums.encode(), "capture checksums")
     return out
 
@@ -166,7 +168,7 @@ def verify_folder(path: Path) -> dict[str, Any]:
             size_now = f.stat().st_size
             raise bad_capture(path, f"is truncated: {name} has {size_now} bytes, the manifest says {size}")
     for name in sorted({*listed, MANIFEST}):
-        if sums.get(name) != _sha256(path / name):
+        if sums.get(name) != file_sha256(path / name):
             raise bad_capture(path, f"was modified: {name} does not match its sha256 in {SUMS}")
     for name in sorted(listed):
         if name.endswith(".xbv"):  # sums recomputed over a damaged file still match

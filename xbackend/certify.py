@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from xbackend import attest
+from xbackend.capturedir import file_sha256
 from xbackend.compare import compare_with_options
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, InputError, UsageError
 from xbackend.extdata import external_files
@@ -129,15 +130,7 @@ def model_files(path: Path) -> dict[str, str]:
     import onnx  # heavy: onnx
 
     names = [path.name, *external_files(onnx.load(str(path), load_external_data=False))]
-    return {n: _file_sha256(path.parent / n) for n in names if (path.parent / n).is_file()}
-
-
-def _file_sha256(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+    return {n: file_sha256(path.parent / n) for n in names if (path.parent / n).is_file()}
 
 
 def _output_hashes(capture: Path, r: Result) -> dict[str, str]:
@@ -448,10 +441,13 @@ def verify(
     public_key: Any | None = None,
     allow_unsigned: bool = False,
     runner_options: tuple[tuple[str, str, str], ...] = (),
+    torch_module: str | None = None,
+    trust_model_code: bool = False,
 ) -> Verification:
     """Re-run the certificate's battery here on the same model and inputs. The signature is
-    checked before anything is read from the body; `runner_options` are the verifier's own
-    (--set, --torch-module): a certificate's interpreters, modules and files are never used."""
+    checked before anything is read from the body; `runner_options` (--set), `torch_module` and
+    `trust_model_code` are the verifier's own, for the certified backend: a certificate's
+    interpreters, modules and files are never used."""
     cert = Path(cert_path)
     c, subjects, envelope = read_certificate(cert, public_key, allow_unsigned)
     _consistent(c, cert)
@@ -484,7 +480,11 @@ def verify(
         battery["builds"],
         battery["batch"],
         progress,
-        runner_options=replayed_options(name, battery["runner_options"], runner_options),
+        runner_options=replayed_options(
+            name,
+            battery["runner_options"],
+            (*runner_options, *_own_module(name, torch_module, trust_model_code)),
+        ),
         timed_runs=battery["timed_runs"],
         **feeds,
     ).body
@@ -526,6 +526,13 @@ def replayed_options(
     return (*kept, *given)
 
 
+def _own_module(name: str, module: str | None, trust: bool) -> tuple[tuple[str, str, str], ...]:
+    """--torch-module and --trust-model-code, given to the certified backend (a runner without
+    these options says so when its options are resolved)."""
+    out: tuple[tuple[str, str, str], ...] = ((name, "module", module),) if module else ()
+    return (*out, (name, "trust_model_code", "true")) if trust else out
+
+
 def _consistent(c: Mapping[str, Any], cert: Path) -> None:
     """The certificate's own digests agree with what it lists, before anything runs."""
     out = c["outputs"]
@@ -555,7 +562,7 @@ def _check_subjects(subjects: Mapping[str, str], model: Path, model_name: str) -
                 f"the certified model file {name!r} is not beside {model.name}; pass --model with the "
                 "certified model, its external data beside it"
             )
-        if _file_sha256(p) != digest:
+        if file_sha256(p) != digest:
             raise InputError(
                 f"{p} is not the certified {name} (its sha256 differs from the certificate's subject); "
                 "pass --model with the certified model"

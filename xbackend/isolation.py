@@ -210,8 +210,7 @@ def cancel_all() -> None:
     with _LOCK:
         live = list(_LIVE)
     for proc in live:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill(proc)  # no wait here: the lane that started it reaps it
 
 
 def reset_cancel() -> None:
@@ -225,9 +224,13 @@ def _worker_tmp(job_dir: Path) -> Path:
     return tmp
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    _kill(proc)
     proc.wait()
 
 

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from xbackend.errors import ModelLoadError, first_line
 from xbackend.extdata import all_tensors, check_external_files, external_files, raw_size, uses_external_data
 from xbackend.extdata import load_external as read_weights
 from xbackend.modelref import ModelRef, model_file, np_dtype, read_model_bytes
+from xbackend.textfmt import CONTROL
 
 __all__ = [
     "ModelRef",
@@ -402,7 +402,6 @@ def _names(proto: onnx.ModelProto) -> Iterator[object]:
         yield from (n.name, n.op_type, n.domain, *n.input, *n.output)
 
 
-CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
 # Op domains some engine xbackend runs implements; a model-local function may define others.
 KNOWN_DOMAINS = frozenset(
     {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft", "com.microsoft.nchwc",

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from xbackend.values import value_name
 
 __all__ = [
+    "CONTROL",
     "cell",
     "fold",
     "gib",
@@ -47,20 +48,21 @@ def with_module(tensor: str, modules: Mapping[str, str]) -> str:
     return f"{inert(tensor)} ({inert(module)})" if module else inert(tensor)
 
 
-_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+# a line break or control character: in a name it would start a line of its own
+CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 
 def inert(text: object) -> str:
     """A name from a model, a capture or a label, as Markdown that shows it and builds nothing:
     no line break (a heading of its own), no link or image, no HTML tag (in a table, cell()
     keeps its pipes inside the cell)."""
-    out = _CONTROL.sub(" ", str(text))
+    out = CONTROL.sub(" ", str(text))
     return out.replace("<", "&lt;").replace("[", "\\[").replace("]", "\\]")
 
 
 def cell(text: object) -> str:
     """One table cell: a pipe or a line break would end it, raw HTML would render."""
-    return _CONTROL.sub(" ", str(text)).replace("|", "\\|").replace("<", "&lt;")
+    return CONTROL.sub(" ", str(text)).replace("|", "\\|").replace("<", "&lt;")
 
 
 _OURS = re.compile(r"<(?!/?(?:details|summary)>)")

@@ -16,7 +16,7 @@ from typing import Any
 
 from xbackend.errors import InputError
 
-__all__ = ["contained", "field", "number", "string_list"]
+__all__ = ["contained", "field", "number"]
 
 
 def contained(folder: Path, entry: object, what: str, fix: str) -> Path:
@@ -63,13 +63,6 @@ def number(
     if not lo <= value <= hi:
         raise InputError(f"{where}: {key} must be between {lo:g} and {hi:g}, not {_shown(value)}; {fix}")
     return value
-
-
-def string_list(data: Mapping[str, Any], key: str, where: str, fix: str) -> list[str]:
-    value = field(data, key, list, where, fix)
-    if not all(isinstance(x, str) for x in value):
-        raise InputError(f"{where}: {key} must be a list of strings; {fix}")
-    return list(value)
 
 
 def _shown(value: object) -> str:

@@ -11,7 +11,6 @@ stopped by SIGTERM, 129 by SIGHUP: the workers are stopped and the temp folders 
 from __future__ import annotations
 
 import contextlib
-import re
 import signal
 import sys
 import threading
@@ -26,16 +25,9 @@ import xbackend.cli.tools  # noqa: F401  (these four register their commands wit
 from xbackend.cli.app import app
 from xbackend.errors import EXIT_INTERNAL, EXIT_USAGE, XbackendError
 from xbackend.isolation import cancel_all, reset_cancel
+from xbackend.textfmt import CONTROL
 
 __all__ = ["app", "main"]
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (a cancelled CI job, a closed terminal), unwound like Ctrl-C."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 _RECEIVED: list[int] = []  # the signal that stopped this command (typer turns it into exit 130)
@@ -44,9 +36,7 @@ _RECEIVED: list[int] = []  # the signal that stopped this command (typer turns i
 def _on_signal(signum: int, _frame: object) -> None:
     cancel_all()  # the workers first: lane threads waiting on them return, temp folders go
     _RECEIVED.append(signum)
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise Terminated(signum)
+    raise KeyboardInterrupt  # SIGTERM and SIGHUP (a cancelled CI job, a closed terminal) unwind like Ctrl-C
 
 
 @contextlib.contextmanager
@@ -95,13 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
-
-
 def _one_line(text: str) -> str:
     """An error is one line whatever it quotes: a control character a user or a file put in
     it is shown escaped."""
-    return _CONTROL.sub(lambda m: repr(m.group(0))[1:-1], text.strip())
+    return CONTROL.sub(lambda m: repr(m.group(0))[1:-1], text.strip())
 
 
 def _stopped() -> int:

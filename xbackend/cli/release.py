@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -28,7 +26,6 @@ from xbackend.cli.params import (
     TorchModule,
     TrustCode,
     run_inputs,
-    torch_options,
 )
 from xbackend.report import write_atomic, write_markdown_bundle
 from xbackend.report.diff import diff_results
@@ -134,27 +131,20 @@ def verify(
     Nothing the certificate names is run: interpreters, modules and files come from --set here."""
     public = attest.load_public_key(key) if key else None
     own = run_inputs("", 0, None, None, None, sets, None, False)["runner_options"]
-    if torch_module or trust_model_code:
-        own += _torch_options_for(certificate, torch_module, trust_model_code)
-    v = run_verify(certificate, model, inputs, progress(no_progress), public, allow_unsigned, own)
+    v = run_verify(
+        certificate,
+        model,
+        inputs,
+        progress(no_progress),
+        public,
+        allow_unsigned,
+        own,
+        torch_module,
+        trust_model_code,
+    )
     for line in v.lines():
         print(line)
     return v.exit_code
-
-
-def _torch_options_for(certificate: str, module: str | None, trust: bool) -> tuple[tuple[str, str, str], ...]:
-    """--torch-module and --trust-model-code for the certified backend, read (unverified) only
-    for its name: what they grant comes from this command line."""
-
-    try:
-        data = json.loads(Path(certificate).read_text("utf-8"))
-        stmt = (
-            json.loads(base64.b64decode(data["dsseEnvelope"]["payload"])) if "dsseEnvelope" in data else data
-        )
-        backend = str(stmt["predicate"]["backend"]["name"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return ()  # verify reports the damaged certificate itself
-    return torch_options(backend, module, trust)
 
 
 @app.command(epilog="Exit codes: 0 written; 2 a file of that name exists, or the folder is not writable.")
