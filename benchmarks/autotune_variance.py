@@ -18,14 +18,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from xbackend.executor import Executor, Job, standard_phases
-from xbackend.inputs import generate_feeds
-from xbackend.model import load_model
+from xbackend.execution.executor import Executor, Job, standard_phases
+from xbackend.execution.progress import NullProgress
+from xbackend.export.torch_onnx import InputDecl, export_torch
+from xbackend.model.inputs import generate_feeds
+from xbackend.model.load import load_model
 from xbackend.probes.autotune import variant_row
 from xbackend.probes.builds import BuildVariance
-from xbackend.progress import NullProgress
 from xbackend.runners.registry import get_runner
-from xbackend.torch_export import InputDecl, export_torch
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xbackend.metrics import TensorDiff
+from xbackend.numerics.metrics import TensorDiff
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 

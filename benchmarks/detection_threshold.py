@@ -2,8 +2,8 @@
 
 For each op, on operands shaped and scaled as in a transformer (width 768, sequence 128, unit
 normal activations, weights of std 1/sqrt(width)), the one-node model is judged as compare judges
-it: its float64 value v and magnitude M from the judged graph (xbackend.compare.judge), the
-allowance per element from the op's rule (xbackend.bound_rules). A relative error e planted on
+it: its float64 value v and magnitude M from the judged graph (xbackend.compare.judge_nodes), the
+allowance per element from the op's rule (xbackend.bounds.rules). A relative error e planted on
 every element (y = v·(1 + e)) is an origin as soon as one element passes its allowance, so the
 threshold is min over elements of allowance / |v|; it is printed in units of u = 2^-24 and as a
 relative error, beside the planted losses of tests/test_judge.py for scale.
@@ -20,8 +20,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from xbackend.bounds import AUX, U32, allowance
-from xbackend.compare.judge import judged_model
+from xbackend.bounds.element import AUX, U32, allowance
+from xbackend.compare.judge_nodes import judged_model
 from xbackend.runners.contrib import contrib_ops
 from xbackend.runners.oracle import promote_to_float64
 

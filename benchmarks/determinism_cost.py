@@ -25,9 +25,9 @@ from typing import Any
 import onnx
 
 import xbackend
-from xbackend.progress import NullProgress
-from xbackend.samples import scatter_add
-from xbackend.torch_export import InputDecl, export_torch
+from xbackend.execution.progress import NullProgress
+from xbackend.export.torch_onnx import InputDecl, export_torch
+from xbackend.model.samples import scatter_add
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDE = f"{ROOT / 'tests' / 'wide_mlp.py'}:build"

@@ -4,7 +4,7 @@ For every op and engine (numpy through onnx's reference evaluator, ONNX Runtime,
 over 2^18 float32 inputs per range, the largest error of the float32 result against the float64
 value of the same function on the same (exact) float32 input, in units of u·|f(x)| (u = 2^-24,
 the unit roundoff of float32: a correctly rounded result is within 1 of them). This is the
-relative accuracy xbackend.bounds allows each op (the largest engine's, doubled for other
+relative accuracy xbackend.bounds.element allows each op (the largest engine's, doubled for other
 instruction sets and rounded up to a power of 2); the script fails when a measured error is
 past the bound in use. Elements where the float64 value is below float32's smallest normal
 are left out (flushing them is an engine's right).
@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from xbackend.bounds import ELEMENTWISE, U32
+from xbackend.bounds.element import ELEMENTWISE, U32
 
 N = 1 << 18
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import onnx
 
 import xbackend
-from xbackend.samples import mlp_layernorm
+from xbackend.model.samples import mlp_layernorm
 
 ROOT = Path(__file__).resolve().parent.parent
 

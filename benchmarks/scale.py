@@ -140,7 +140,7 @@ def planned_run(model: Path, seq: int) -> int:
     """Bytes of one run's tensors as xbackend's memory plan sizes them before running."""
     import onnx
 
-    from xbackend.footprint import tensor_bytes
+    from xbackend.model.footprint import tensor_bytes
 
     proto = onnx.load(str(model), load_external_data=False)
     sizes = tensor_bytes(proto, {"input_ids": (1, seq)})

@@ -108,7 +108,7 @@ def floor(model: str, runs: int) -> int:
 def write_model(path: Path, blocks: int, seq: int) -> str:
     import onnx
 
-    from xbackend.samples import mlp_layernorm
+    from xbackend.model.samples import mlp_layernorm
 
     m = mlp_layernorm(blocks=blocks, width=768, hidden=3072, seq=seq)
     onnx.save(m, str(path))

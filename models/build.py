@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnx
 
-from xbackend.samples import SAMPLES
+from xbackend.model.samples import SAMPLES
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from xbackend.samples import SAMPLES, build
+from xbackend.model.samples import SAMPLES, build
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from xbackend.metrics import FLOAT_BITS, UNSIGNED_FLOATS, ulp_at
+from xbackend.numerics.metrics import FLOAT_BITS, UNSIGNED_FLOATS, ulp_at
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 import onnx
 
-from xbackend.model import ModelRef
+from xbackend.model.load import ModelRef
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
 from xbackend.runners.ort_cpu import OrtCpuRunner
 from xbackend.runners.reference import ReferenceRunner

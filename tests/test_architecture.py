@@ -33,12 +33,30 @@ HEAVY_OR_OPTIONAL = {
 }
 # Where a module must defer one of its own or a standard import, and why.
 LOCAL_EXCEPTIONS = {
-    ("xbackend/streamdiff.py", "xbackend.jitdiff"): "numba compiles the kernels: only when tensors differ",
-    ("xbackend/runners/ort_cpu.py", "xbackend.model"): "xbackend.model imports onnx (foreign workers)",
-    ("xbackend/runners/ort_trt.py", "xbackend.model"): "xbackend.model imports onnx (foreign workers)",
-    ("xbackend/runners/tensorrt.py", "xbackend.model"): "xbackend.model imports onnx (foreign workers)",
-    ("xbackend/foreign_probe.py", "numpy"): "the other interpreter may lack numpy: reported, not raised",
-    ("xbackend/foreign_probe.py", "importlib"): "Python < 3.8 has no importlib.metadata: reported first",
+    (
+        "xbackend/numerics/streamdiff.py",
+        "xbackend.numerics.jitdiff",
+    ): "numba compiles the kernels: only when tensors differ",
+    (
+        "xbackend/runners/ort_cpu.py",
+        "xbackend.model.load",
+    ): "it imports onnx (foreign workers)",
+    (
+        "xbackend/runners/ort_trt.py",
+        "xbackend.model.load",
+    ): "it imports onnx (foreign workers)",
+    (
+        "xbackend/runners/tensorrt.py",
+        "xbackend.model.load",
+    ): "it imports onnx (foreign workers)",
+    (
+        "xbackend/execution/foreign_probe.py",
+        "numpy",
+    ): "the interpreter may lack numpy: reported",
+    (
+        "xbackend/execution/foreign_probe.py",
+        "importlib",
+    ): "Python < 3.8 lacks importlib.metadata",
 }
 
 
@@ -114,6 +132,29 @@ EDGES = list(_edges())
 INTERNAL = [e for e in EDGES if e.dst.startswith("xbackend") and _resolve(e.dst) != e.src]
 
 
+# What may sit at the package root: the API facade, the entry point, and what every layer reads.
+ROOT_MODULES = {"__init__", "__main__", "version", "errors", "facade"}
+MAX_ROOT_MODULES = 8
+
+
+def _folders() -> dict[str, int]:
+    """Folder -> layer number, from each layer's 'Folders:' line."""
+    layer = 0
+    out: dict[str, int] = {}
+    for line in MAP.read_text("utf-8").splitlines():
+        head = re.match(r"## (\d+)\. ", line)
+        if head:
+            layer = int(head.group(1))
+        if line.startswith("Folders: "):
+            for folder in re.findall(r"`(xbackend/\w+)/`", line):
+                assert folder not in out, f"{folder}/ is named by two layers in {MAP.name}"
+                out[folder] = layer
+    return out
+
+
+FOLDERS = _folders()
+
+
 def _layers() -> dict[str, int]:
     """Module -> layer number, from the map's '## N. Title' headings and '- `path`:' bullets."""
     layer = 0
@@ -142,6 +183,48 @@ def test_every_module_is_on_the_map() -> None:
     assert sorted(on_disk - set(LAYERS)) == [], f"add these to {MAP.relative_to(ROOT)}"
     assert sorted(set(LAYERS) - on_disk) == [], f"these in {MAP.relative_to(ROOT)} no longer exist"
     assert sorted(set(LAYERS.values())) == list(range(1, 9))
+
+
+def _misplaced(layers: dict[str, int], folders: dict[str, int], packages: set[str]) -> list[str]:
+    """Modules listed in a layer their folder does not belong to, and folders no layer names."""
+    wrong = []
+    for path, layer in layers.items():
+        folder = path.rpartition("/")[0]
+        if folder == "xbackend":
+            continue
+        if folder not in folders:
+            wrong.append(f"{path}: its folder {folder}/ is named by no layer's 'Folders:' line")
+        elif folders[folder] != layer:
+            wrong.append(
+                f"{path} is listed in layer {layer}, but {folder}/ belongs to layer {folders[folder]}"
+            )
+    wrong += [f"{f}/ is named by no layer" for f in sorted(packages - set(folders))]
+    wrong += [f"{f}/ is not a package on disk" for f in sorted(set(folders) - packages)]
+    return wrong
+
+
+def test_each_module_sits_in_a_folder_of_its_layer() -> None:
+    """The tree shows the layers: a module's folder is one its layer names, and every package on
+    disk belongs to exactly one layer."""
+    packages = {str(p.relative_to(ROOT)) for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert _misplaced(LAYERS, FOLDERS, packages) == []
+
+
+def test_the_folder_check_catches_a_module_in_another_layers_folder() -> None:
+    """Planted: metrics listed under compare's layer, and a package no layer names."""
+    layers = {**LAYERS, "xbackend/numerics/metrics.py": FOLDERS["xbackend/compare"]}
+    packages = {*FOLDERS, "xbackend/stray"}
+    assert _misplaced(layers, FOLDERS, packages) == [
+        f"xbackend/numerics/metrics.py is listed in layer {FOLDERS['xbackend/compare']}, "
+        f"but xbackend/numerics/ belongs to layer {FOLDERS['xbackend/numerics']}",
+        "xbackend/stray/ is named by no layer",
+    ]
+
+
+def test_only_the_api_entry_point_version_and_errors_sit_at_the_root() -> None:
+    root = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES
+    assert sorted(set(root) - ROOT_MODULES) == [], "move these into the folder of their layer"
 
 
 def test_imports_point_only_to_earlier_layers() -> None:

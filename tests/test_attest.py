@@ -11,8 +11,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from xbackend import attest
 from xbackend.errors import InputError, UsageError
+from xbackend.files import attest
 
 STMT = attest.statement({"m.onnx": "ab" * 32}, "https://example.test/p", {"x": 1})
 

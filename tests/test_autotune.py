@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 import xbackend
-from xbackend.capture import CaptureFile, diff_captures
-from xbackend.executor import Executor, Job, JobOutcome, standard_phases
-from xbackend.inductor_pin import choice_names, code_digest, module_path
-from xbackend.inputs import generate_feeds
-from xbackend.model import load_model
+from xbackend.execution.executor import Executor, Job, JobOutcome, standard_phases
+from xbackend.execution.progress import NullProgress
+from xbackend.files.run_values import CaptureFile, diff_captures
+from xbackend.model.inputs import generate_feeds
+from xbackend.model.load import load_model
 from xbackend.probes.builds import BuildVariance
-from xbackend.progress import NullProgress
 from xbackend.report.jsonreport import to_json
+from xbackend.runners.inductor_pin import choice_names, code_digest, module_path
 from xbackend.runners.registry import get_runner
 
 pytestmark = [
@@ -40,7 +40,7 @@ class Builder:
     """Builds of torch-compile-autotune on torch_mlp in fresh worker processes, as compare does."""
 
     def __init__(self, work: Path) -> None:
-        from xbackend.torch_export import InputDecl, export_torch
+        from xbackend.export.torch_onnx import InputDecl, export_torch
 
         model = work / "wide_mlp.onnx"
         export_torch(SPEC, [InputDecl.parse("x=64,512")], model, output_names=["y"])
@@ -208,7 +208,7 @@ def test_instrumented_build_returns_module_outputs_with_the_plain_builds_kernels
 
 
 def test_observer_effect_of_an_instrumented_half_precision_compile(tmp_path: Path) -> None:
-    from xbackend.torch_export import InputDecl, export_torch
+    from xbackend.export.torch_onnx import InputDecl, export_torch
 
     spec = f"{Path(__file__).resolve().parent / 'half_chain.py'}:build"
     model = tmp_path / "half.onnx"

@@ -10,7 +10,7 @@ import pytest
 
 from tests.cli_helpers import one_line_error, run
 from xbackend import compare
-from xbackend.certify import SCHEMA
+from xbackend.certificates.certify import SCHEMA
 
 pytestmark = pytest.mark.slow
 
@@ -165,7 +165,7 @@ def _statement(path: Path) -> dict:
 
 
 def _resign(stmt: dict, key: Path) -> dict:
-    from xbackend import attest
+    from xbackend.files import attest
 
     return attest.sign_statement(stmt, attest.load_private_key(key))
 
@@ -242,7 +242,7 @@ def test_signed_certificate_forgeries_are_refused_and_nothing_runs(
         assert code == 2
         one_line_error(err, f"the certificate sets torch.{key}={value}: verify never runs")
     # zeroed per-tensor digests with their combination recomputed: the re-run shows the mismatch
-    from xbackend.certify import _combined
+    from xbackend.certificates.certify import _combined
 
     zeroed["predicate"]["outputs"]["sha256"] = _combined(zeroed["predicate"]["outputs"]["tensors"])
     path.write_text(json.dumps(_resign(zeroed, tmp_path / "rel.key")))

@@ -44,7 +44,7 @@ def test_scatter_add_is_nondeterministic_on_ort_with_several_threads(tmp_path: P
     machine has cores, 8 runs, and up to 3 tries (a loaded machine may serialize the threads)."""
     import onnx
 
-    from xbackend.samples import scatter_add
+    from xbackend.model.samples import scatter_add
 
     path = tmp_path / "scatter_race.onnx"
     onnx.save(scatter_add(points=2048), path)
@@ -286,8 +286,8 @@ def test_reference_and_oracle_map_external_weights_and_compute_the_same(
 def test_map_external_maps_plain_weights_and_reads_the_rest(tmp_path: Path) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
-    from xbackend.extdata import IN_MEMORY, map_external
-    from xbackend.model import load_proto
+    from xbackend.model.extdata import IN_MEMORY, map_external
+    from xbackend.model.load import load_proto
 
     w = np.arange(12, dtype=np.float32).reshape(3, 4)
     packed = helper.make_tensor("q", TensorProto.INT4, [4], bytes([0xE1, 0xC3]), raw=True)  # 1,-2,3,-4

@@ -11,10 +11,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import xbackend
-from xbackend.environment import collect_environment
 from xbackend.errors import BackendUnavailableError
+from xbackend.host.environment import collect_environment
+from xbackend.model.samples import build
 from xbackend.runners.oracle import promote_to_float64
-from xbackend.samples import build
 
 pytestmark = [
     pytest.mark.slow,
@@ -280,7 +280,7 @@ def _chain(tmp_path: Path) -> Path:
 def test_a_reference_build_evaluates_what_its_tensors_need_and_drops_what_is_read(tmp_path: Path) -> None:
     """A window of the reference (or of the float64 judge) evaluates only the nodes its tensors
     need, and a run holds the tensors it exposes and those later nodes still read, not all."""
-    from xbackend.model import load_model
+    from xbackend.model.load import load_model
     from xbackend.runners.reference import ReferenceRunner, last_uses, prune
 
     path = _chain(tmp_path)

@@ -14,11 +14,11 @@ import pytest
 from onnx import TensorProto, helper
 
 import xbackend
-from xbackend.reorder import index_feeds, reorder
-from xbackend.rounding import EXACT, bound_for
-from xbackend.samples import build
-from xbackend.sever import SEVERED, sever
-from xbackend.textfmt import gib
+from xbackend.bounds.unjudged import EXACT, bound_for
+from xbackend.files.textfmt import gib
+from xbackend.model.reorder import index_feeds, reorder
+from xbackend.model.samples import build
+from xbackend.model.sever import SEVERED, sever
 
 ROOT = Path(__file__).resolve().parent.parent
 D = TensorProto.DOUBLE
@@ -295,7 +295,7 @@ def test_a_long_sum_is_allowed_its_algorithm_not_only_its_order(tmp_path: Path) 
 
     from onnx.backend.test.loader import load_node_model_tests
 
-    from xbackend.rounding import summation_bound
+    from xbackend.bounds.unjudged import summation_bound
 
     assert summation_bound(6480) == pytest.approx(80.5, abs=0.1) and summation_bound(1) == 0.0
     with redirect_stderr(io.StringIO()):
@@ -317,9 +317,9 @@ def test_a_node_run_from_above_its_inputs_is_allowed_what_the_nodes_above_it_are
     MatMul, and a Reshape fed its input is allowed nothing."""
     from onnx.reference import ReferenceEvaluator
 
-    from xbackend.bounds import AUX
-    from xbackend.compare.judge import judged_model
-    from xbackend.propagation import PROP
+    from xbackend.bounds.element import AUX
+    from xbackend.bounds.propagation import PROP
+    from xbackend.compare.judge_nodes import judged_model
     from xbackend.runners.oracle import promote_to_float64
 
     nodes = [
@@ -356,10 +356,10 @@ def test_a_node_run_from_above_its_inputs_is_allowed_what_the_nodes_above_it_are
 
 
 def test_spread_holds_each_order_against_the_first_as_it_arrives() -> None:
-    """The worker's floor arithmetic (xbackend.spread): per tensor the largest scaled ULP any
+    """The worker's floor arithmetic (xbackend.numerics.spread): per tensor the largest scaled ULP any
     order moved it, element by element the largest move; a move between nans is none, a 0-d
     tensor stays an array, an integer tensor has no spread."""
-    from xbackend.spread import Spread
+    from xbackend.numerics.spread import Spread
 
     base = np.array([4.0, 1.0, -2.0], np.float32)
     one = base.copy()
@@ -387,7 +387,7 @@ def test_a_job_whose_files_cannot_be_written_fails_alone_with_the_reason(
 ) -> None:
     """A full disk (TMPDIR) while the explanation writes its jobs: the explanation is unavailable
     and says why; the backends' own results stand and the comparison ends normally."""
-    from xbackend import executor
+    from xbackend.execution import executor
 
     real = executor.run_batch
 
@@ -414,7 +414,7 @@ def test_a_worker_killed_by_a_full_disk_says_so(tmp_path: Path, monkeypatch: pyt
     import signal
     from collections import namedtuple
 
-    from xbackend import isolation
+    from xbackend.execution import isolation
 
     job = tmp_path / "explain-judge"
     job.mkdir()
@@ -441,7 +441,8 @@ def test_an_explanation_whose_files_would_not_fit_on_disk_is_windowed_or_skipped
     import shutil
     from collections import namedtuple
 
-    from xbackend.compare import explain, memory
+    from xbackend.compare import explain_jobs as explain
+    from xbackend.compare import memory
 
     usage = namedtuple("usage", "total used free")
     kw = dict(backends=["ort-cpu", "reference"], runs=1, probes=())
@@ -484,8 +485,9 @@ def test_a_judge_window_that_fails_leaves_its_backends_not_judged_with_the_reaso
     import shutil
     from collections import namedtuple
 
-    from xbackend import executor
-    from xbackend.compare import explain, memory
+    from xbackend.compare import explain_jobs as explain
+    from xbackend.compare import memory
+    from xbackend.execution import executor
 
     usage = namedtuple("usage", "total used free")
     mlp = ROOT / "models" / "torch_mlp.onnx"

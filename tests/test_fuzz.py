@@ -113,7 +113,7 @@ def static(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_onnx_reader(
     relu: Path, tmp_path_factory: pytest.TempPathFactory, data: bytes, flips: list[int]
 ) -> None:
-    from xbackend.model import load_model
+    from xbackend.model.load import load_model
 
     valid = bytearray(relu.read_bytes())
     for f in flips:
@@ -140,8 +140,8 @@ def test_onnx_reader(
 def test_npz_reader(
     relu: Path, tmp_path_factory: pytest.TempPathFactory, arrays: dict[str, tuple[str, list[int]]], cut: int
 ) -> None:
-    from xbackend.inputs import load_feeds
-    from xbackend.model import load_model
+    from xbackend.model.inputs import load_feeds
+    from xbackend.model.load import load_model
 
     spec, _ = load_model(relu)
     folder = tmp_path_factory.mktemp("npz")
@@ -191,7 +191,7 @@ def test_capture_manifest_reader(
 ) -> None:
     import hashlib
 
-    from xbackend.portable import load_capture
+    from xbackend.results.capture_record import load_capture
 
     valid = json.loads((capture / "capture.json").read_text("utf-8"))
     manifest = data.draw(_mutations(valid))
@@ -239,7 +239,7 @@ def certificate(relu: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 def test_certificate_reader(
     certificate: dict[str, Any], tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
 ) -> None:
-    from xbackend.certify import _consistent, read_certificate
+    from xbackend.certificates.certify import _consistent, read_certificate
 
     stmt = data.draw(_mutations(certificate))
     path = tmp_path_factory.mktemp("c") / "c.json"
@@ -268,7 +268,7 @@ def test_certificate_reader(
 def test_report_and_baseline_reader(
     relu: Path, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
 ) -> None:
-    from xbackend.baseline import load_baseline
+    from xbackend.compare.baseline import load_baseline
 
     valid = json.loads((ROOT / "reports" / "torch_mlp.json").read_text("utf-8"))
     # the large per-tensor lists make mutations slow to draw: keep the top two levels' shape

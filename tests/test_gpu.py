@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import xbackend
-from xbackend import gpu
+from xbackend.host import gpu
 from xbackend.runners.registry import get_runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -240,7 +240,7 @@ def test_index_add_on_torch_cuda_is_deterministic_in_deterministic_mode() -> Non
 def test_batch_probe_on_cuda_with_and_without_batch_invariant(tmp_path: Path) -> None:
     """The batch probe on torch-cuda and on Inductor's CUDA kernels, default and batch-invariant:
     the batch-invariant mode's promise is checked by the probe, not assumed."""
-    from xbackend.torch_export import InputDecl, export_torch
+    from xbackend.export.torch_onnx import InputDecl, export_torch
 
     model = tmp_path / "mlp.onnx"
     spec = f"{ROOT / 'tests' / 'wide_mlp.py'}:build"

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from xbackend import gpu
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
+from xbackend.host import gpu
 from xbackend.probes.base import PlannedBackend
 from xbackend.probes.tf32 import on_gpu_with_tf32
 from xbackend.runners import get_runner

@@ -11,7 +11,7 @@ import pytest
 from tests.cli_helpers import run
 from tests.foreign_env import STANDIN, groq_standin_python, old_ort_python
 from xbackend import compare
-from xbackend.foreign import probe_interpreter
+from xbackend.execution.foreign import probe_interpreter
 from xbackend.runners.groq import GroqRunner, build_items
 
 

@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from xbackend.errors import InputError
-from xbackend.inputs import generate_feeds, load_feeds, parse_shape
-from xbackend.model import ModelSpec
-from xbackend.samples import build
+from xbackend.model.inputs import generate_feeds, load_feeds, parse_shape
+from xbackend.model.load import ModelSpec
+from xbackend.model.samples import build
 
 
 def spec_of(m: onnx.ModelProto) -> ModelSpec:
@@ -161,7 +161,7 @@ def test_ranges_given_at_export_are_kept_in_the_model_and_checked() -> None:
     """xbackend export torch --range writes xbackend.input_ranges; compare draws from it. A
     model is someone else's file: anything but NAME: [LO, HI] pairs naming inputs is ignored,
     and the feeds say so."""
-    from xbackend.inputs import META_RANGES
+    from xbackend.model.inputs import META_RANGES
 
     f = generate_feeds(_language_like({META_RANGES: '{"input_ids": [5, 7], "attention_mask": [0, 2]}'}))
     assert set(np.unique(f.arrays["input_ids"])) == {5, 6}
@@ -190,7 +190,7 @@ def test_ranges_given_at_export_are_kept_in_the_model_and_checked() -> None:
 )
 def test_dynamic_dimension_names_are_identifiers(text: str, says: str) -> None:
     from xbackend.errors import ExportError
-    from xbackend.export_inputs import parse_dynamic
+    from xbackend.export.example_inputs import parse_dynamic
 
     with pytest.raises(ExportError, match=re.escape(says)):
         parse_dynamic([text])

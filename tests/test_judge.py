@@ -15,10 +15,10 @@ import pytest
 from onnx import helper
 
 import xbackend
-from xbackend.bound_rules import node_bound
-from xbackend.bounds import DELTA, allowance, lam, unit_roundoff
+from xbackend.bounds.element import DELTA, allowance, lam, unit_roundoff
+from xbackend.bounds.rules import node_bound
+from xbackend.model.samples import build
 from xbackend.report.jsonreport import to_json
-from xbackend.samples import build
 
 TESTS = Path(__file__).resolve().parent
 BERT_SHAPES = {"batch": (2,), "sequence": (16,)}
@@ -28,8 +28,8 @@ BERT_RANGES = {"attention_mask": (0, 2), "token_type_ids": (0, 2)}
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Random-init BERT (2 layers, width 64, eager attention), dynamic batch and sequence."""
-    from xbackend.export_inputs import InputDecl
-    from xbackend.torch_export import export_torch
+    from xbackend.export.example_inputs import InputDecl
+    from xbackend.export.torch_onnx import export_torch
 
     out = tmp_path_factory.mktemp("bert") / "bert.onnx"
     names = ("input_ids", "attention_mask", "token_type_ids")
@@ -298,8 +298,8 @@ def test_kernels_xbackend_cannot_evaluate_are_judged_as_the_nodes_they_replace()
 
 def _export_family(name: str, out: Path) -> dict[str, object]:
     """Export a random-init model of the family `name`; the compare keywords it needs."""
-    from xbackend.export_inputs import InputDecl
-    from xbackend.torch_export import export_torch
+    from xbackend.export.example_inputs import InputDecl
+    from xbackend.export.torch_onnx import export_torch
 
     factory = f"{TESTS / 'hf_models.py'}:{name}"
     if name == "unet":
@@ -408,7 +408,7 @@ def test_the_explanation_is_the_same_with_its_jobs_side_by_side_or_one_at_a_time
 ) -> None:
     """The floor engine's jobs and the float64 judge run in two lanes where two cores allow: the
     report cannot depend on it."""
-    from xbackend.compare import explain
+    from xbackend.compare import explain_jobs as explain
 
     model = TESTS.parent / "models" / "torch_mlp.onnx"
     reports = []
@@ -426,8 +426,8 @@ def test_each_part_of_a_split_inherits_its_slice_of_an_uncaptured_error() -> Non
     MatMul's allowance, the parts after the first included (they were allowed nothing before)."""
     from onnx.reference import ReferenceEvaluator
 
-    from xbackend.compare.judge import judged_model
-    from xbackend.propagation import PROP
+    from xbackend.bounds.propagation import PROP
+    from xbackend.compare.judge_nodes import judged_model
     from xbackend.runners.oracle import promote_to_float64
 
     rng = np.random.default_rng(0)
@@ -501,8 +501,8 @@ def test_an_integer_result_is_compared_exactly_without_a_float_magnitude() -> No
     """CumSum and Pow on int32 (ONNX's node tests): their results are compared exactly, so no
     float magnitude is built for them (it made the judged graph invalid: the float64 evaluation
     failed and nothing was judged)."""
-    from xbackend.bounds import AUX
-    from xbackend.compare.judge import judged_model
+    from xbackend.bounds.element import AUX
+    from xbackend.compare.judge_nodes import judged_model
     from xbackend.runners.oracle import promote_to_float64
 
     g = helper.make_graph(

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from xbackend.metrics import TensorDiff, classify, ulp_at, ulp_distance
+from xbackend.numerics.metrics import TensorDiff, classify, ulp_at, ulp_distance
 
 
 def walk(start: float, k: int, dtype: type) -> np.ndarray:

@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from xbackend.errors import ModelLoadError
-from xbackend.model import ModelRef, downgrade_blockers, downgrade_ir, load_model, load_proto
-from xbackend.samples import build, mlp_layernorm
+from xbackend.model.load import ModelRef, downgrade_blockers, downgrade_ir, load_model, load_proto
+from xbackend.model.samples import build, mlp_layernorm
 
 
 def tiny(opset: int = 21, ir: int | None = None, dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:

@@ -27,8 +27,8 @@ MASK_DIMS = ["--dynamic", "attention_mask=0:batch", "--dynamic", "attention_mask
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bert") / "bert.onnx"
-    from xbackend.export_inputs import InputDecl
-    from xbackend.torch_export import export_torch
+    from xbackend.export.example_inputs import InputDecl
+    from xbackend.export.torch_onnx import export_torch
 
     shape = (2, 16)
     export_torch(
@@ -177,10 +177,10 @@ def test_dynamic_axis_language_models_at_long_sequences(factory: str, tmp_path: 
     import onnx
 
     from xbackend.compare.memory import OVERHEAD
-    from xbackend.export_inputs import InputDecl
-    from xbackend.footprint import tensor_bytes
-    from xbackend.model import load_model
-    from xbackend.torch_export import export_torch
+    from xbackend.export.example_inputs import InputDecl
+    from xbackend.export.torch_onnx import export_torch
+    from xbackend.model.footprint import tensor_bytes
+    from xbackend.model.load import load_model
 
     names = ("input_ids", "attention_mask")
     ours = tmp_path / "xbackend.onnx"

@@ -14,11 +14,11 @@ import pytest
 import xbackend
 from tests.cli_helpers import one_line_error, run
 from xbackend.errors import UsageError
-from xbackend.inductor_pin import TIMINGS_ATTR, PinMiss, Tuning, triton_config_name, triton_key
 from xbackend.report import to_json, to_markdown
 from xbackend.results import BackendResult, Latency
 from xbackend.results.cost import families
 from xbackend.results.options import MODES_TIMED_RUNS, CompareOptions, expand_modes
+from xbackend.runners.inductor_pin import TIMINGS_ATTR, PinMiss, Tuning, triton_config_name, triton_key
 from xbackend.runners.registry import get_runner
 
 # (runner, options set, what that configuration promises)
@@ -279,7 +279,7 @@ def test_triton_choices_carry_the_module_path_of_their_kernel() -> None:
     """Inductor's schedule of a kernel still knows its FX nodes and their module stack: the
     kernel is noted under the module of its first op, and Triton's choice for it carries that
     path (as the user's module names it, without the instrumented wrapper's prefix)."""
-    from xbackend.inductor_pin import KERNEL_MODULES, schedule_module
+    from xbackend.runners.inductor_pin import KERNEL_MODULES, schedule_module
 
     def fx(name: str, source: str) -> Any:
         return SimpleNamespace(name=name, meta={"nn_module_stack": {"k": (source, "LayerNorm")}})

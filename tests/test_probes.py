@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import xbackend
-from xbackend.environment import collect_environment
 from xbackend.errors import UsageError
+from xbackend.host.environment import collect_environment
 from xbackend.probes import select_probes
 from xbackend.probes.builds import BuildVariance
 from xbackend.runners.base import BuildFingerprint
@@ -148,7 +148,7 @@ def test_batch_probe_follows_the_batch_through_reshapes(tmp_path: Path, plugins:
 
 
 def test_a_view_is_not_blamed_for_bits_it_copied(tmp_path: Path) -> None:
-    from xbackend.model import load_model
+    from xbackend.model.load import load_model
     from xbackend.probes.batchaxis import computed_by
 
     spec, _ = load_model(_rows_model(tmp_path / "rows.onnx"))

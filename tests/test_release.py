@@ -17,12 +17,12 @@ from PIL import Image
 
 import xbackend
 from xbackend.cli import main
-from xbackend.inputs import generate_feeds, load_feeds
-from xbackend.model import load_model
-from xbackend.portable import load_capture
+from xbackend.files.storage import ValueFile
+from xbackend.model.inputs import generate_feeds, load_feeds
+from xbackend.model.load import load_model
 from xbackend.report import bundle_files, from_json, to_json
 from xbackend.report.figures import COLORS
-from xbackend.storage import ValueFile
+from xbackend.results.capture_record import load_capture
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +117,7 @@ def test_a_damaged_capture_is_refused_in_one_line(
     (truncated / "layers.xbv").write_bytes((truncated / "layers.xbv").read_bytes()[:1000])
     future = broken("future")
     m = json.loads((future / "capture.json").read_text("utf-8"))
-    m["format"] = "xbackend.capture/9"
+    m["format"] = "xbackend.files.run_values/9"
     (future / "capture.json").write_text(json.dumps(m))
     interrupted = broken("interrupted")
     (interrupted / "SHA256SUMS").unlink()
@@ -135,7 +135,7 @@ def test_a_damaged_capture_is_refused_in_one_line(
     cases = {
         tampered: "outputs.xbv does not match its sha256 in SHA256SUMS",
         truncated: "is truncated: layers.xbv has 1000 bytes",
-        future: "has format 'xbackend.capture/9'; this xbackend reads 'xbackend.capture/1'",
+        future: "has format 'xbackend.files.run_values/9'; this xbackend reads 'xbackend.files.run_values/1'",
         interrupted: "has no SHA256SUMS (its write was interrupted)",
         resummed: "has a damaged value file outputs.xbv",
     }
@@ -263,7 +263,7 @@ def test_nondeterminism_gate_exits_10(
 @pytest.fixture(scope="module")
 def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A 12-block model on three engines with the batch probe and two builds, twice."""
-    from xbackend.samples import build
+    from xbackend.model.samples import build
 
     root = tmp_path_factory.mktemp("release")
     model = root / "mlp_batch.onnx"

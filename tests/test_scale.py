@@ -12,9 +12,9 @@ import pytest
 
 import xbackend
 from xbackend.errors import UsageError
-from xbackend.model import load_model
-from xbackend.selection import select
-from xbackend.textfmt import gib
+from xbackend.files.textfmt import gib
+from xbackend.model.load import load_model
+from xbackend.model.selection import select
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "models" / "torch_mlp.onnx"  # 6 blocks (ln, fc1, act, fc2, residual), module map recorded
@@ -59,7 +59,7 @@ def test_a_glob_that_matches_nothing_says_what_would() -> None:
 def test_outputs_only_is_the_outputs_selection_resolved_once() -> None:
     """--outputs-only and --tensors outputs are one choice: the selection, resolved into the
     model's exposed tensors; asking for two different selections is a one-line error."""
-    from xbackend.selection import with_selection
+    from xbackend.model.selection import with_selection
 
     for kw in ({"outputs_only": True}, {"tensors": "outputs"}):
         opts = xbackend.CompareOptions.create(backends=["ort-cpu"], **kw)
@@ -92,7 +92,7 @@ def test_compare_exposes_the_selection(tmp_path: Path) -> None:
 
 
 def test_windows_are_consecutive_and_within_the_budget() -> None:
-    from xbackend.footprint import plan_windows
+    from xbackend.model.footprint import plan_windows
 
     sizes = {"a": 40, "b": 30, "c": 50, "d": 10}
     fp = plan_windows(["a", "b", "c", "d", "e"], sizes, 80, "raise it")
@@ -104,7 +104,7 @@ def test_windows_are_consecutive_and_within_the_budget() -> None:
 
 
 def test_sizes_come_from_shape_inference_with_the_feeds() -> None:
-    from xbackend.footprint import tensor_bytes
+    from xbackend.model.footprint import tensor_bytes
 
     spec, proto = load_model(MLP)
     sizes = tensor_bytes(proto, {"x": (1, 16, 64)})
@@ -113,7 +113,7 @@ def test_sizes_come_from_shape_inference_with_the_feeds() -> None:
 
 
 def test_parse_size() -> None:
-    from xbackend.footprint import parse_size
+    from xbackend.model.footprint import parse_size
 
     assert parse_size("3GiB") == 3 * 2**30 and parse_size("512MB") == 512 * 10**6
     assert parse_size("1.5g") == 3 * 2**29 and parse_size("4096") == 4096
@@ -123,8 +123,8 @@ def test_parse_size() -> None:
 
 def test_max_memory_windows_compare_every_tensor_as_one_build_would(tmp_path: Path) -> None:
     from xbackend.compare.memory import OVERHEAD
-    from xbackend.extdata import all_tensors, raw_size
-    from xbackend.footprint import tensor_bytes
+    from xbackend.model.extdata import all_tensors, raw_size
+    from xbackend.model.footprint import tensor_bytes
 
     spec, proto = load_model(MLP)
     sizes = tensor_bytes(proto, {"x": (1, 16, 64)})
@@ -159,7 +159,7 @@ def test_max_memory_windows_compare_every_tensor_as_one_build_would(tmp_path: Pa
 
 def test_a_budget_the_whole_run_cannot_fit_is_one_line_saying_what_to_do() -> None:
     from xbackend.compare.memory import OVERHEAD
-    from xbackend.extdata import raw_size
+    from xbackend.model.extdata import raw_size
 
     weights = sum(raw_size(t) or 0 for t in load_model(MLP)[1].graph.initializer)
     # the reference holds its window and what its later nodes read (twice the largest tensor,
@@ -179,8 +179,8 @@ def test_a_budget_the_whole_run_cannot_fit_is_one_line_saying_what_to_do() -> No
 
 def test_the_oracle_is_planned_at_float64_and_cut_into_windows() -> None:
     from xbackend.compare.memory import OVERHEAD
-    from xbackend.extdata import raw_size
-    from xbackend.footprint import tensor_bytes
+    from xbackend.model.extdata import raw_size
+    from xbackend.model.footprint import tensor_bytes
 
     spec, proto = load_model(MLP)
     weights = sum(raw_size(t) or 0 for t in proto.graph.initializer)
@@ -214,8 +214,8 @@ def test_one_backend_alone_compares_its_layers_by_digest(models: dict[str, Path]
 
 def test_an_explanation_past_the_budget_is_skipped_with_the_reason() -> None:
     from xbackend.compare.memory import OVERHEAD
-    from xbackend.extdata import raw_size
-    from xbackend.footprint import tensor_bytes
+    from xbackend.model.extdata import raw_size
+    from xbackend.model.footprint import tensor_bytes
 
     spec, proto = load_model(MLP)
     weights = sum(raw_size(t) or 0 for t in proto.graph.initializer)
@@ -277,7 +277,7 @@ def test_dynamic_shapes_are_sized_by_symbolic_inference_never_guessed() -> None:
     made this table 4096 x 4096 (64 MiB) where it is 64 x 64. A data-dependent size is
     measured by running the model once, exposing it alone (here, NonZero of an input with 8190
     nonzeros: [2, 8190] int64), and the report says so."""
-    from xbackend.footprint import tensor_bytes
+    from xbackend.model.footprint import tensor_bytes
 
     m = _positions_model()
     onnx_only = onnx.shape_inference.infer_shapes(m, data_prop=True)
@@ -292,7 +292,7 @@ def test_dynamic_shapes_are_sized_by_symbolic_inference_never_guessed() -> None:
     )
     from xbackend.compare.memory import MemoryPlan, measure_unsized
     from xbackend.compare.plan import plan_backend
-    from xbackend.storage import save_values
+    from xbackend.files.storage import save_values
 
     x = np.ones((2, 4096), np.float32)
     x[0, :2] = 0  # two zeros: 8190 nonzeros
@@ -336,7 +336,7 @@ def test_a_backend_past_the_budget_is_unavailable_and_the_others_run() -> None:
     is unavailable with the reason; the comparison goes on with the others. Only when none fits
     is it a one-line error."""
     from xbackend.compare.memory import OVERHEAD
-    from xbackend.extdata import raw_size
+    from xbackend.model.extdata import raw_size
 
     weights = sum(raw_size(t) or 0 for t in load_model(MLP)[1].graph.initializer)
     budget = OVERHEAD + int(1.5 * weights)  # the reference's one copy fits, the oracle's two do not

@@ -14,7 +14,7 @@ from cli_helpers import run
 
 import xbackend
 from xbackend.compare.memory import OVERHEAD
-from xbackend.model import load_model
+from xbackend.model.load import load_model
 
 pytestmark = pytest.mark.scale
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from oracle_diff import oracle
 
-from xbackend import streamdiff
-from xbackend.metrics import TensorDiff
+from xbackend.numerics import streamdiff
+from xbackend.numerics.metrics import TensorDiff
 
 FLOATS = [np.float32, np.float16, np.float64, ml_dtypes.bfloat16]
 NARROW = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float4_e2m1fn]
@@ -266,7 +266,7 @@ def test_large_array_with_specials_across_chunks() -> None:
 
 
 def test_compiled_kernels_cache_somewhere_writable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from xbackend import jitdiff
+    from xbackend.numerics import jitdiff
 
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     assert jitdiff.cache_dir(package_writable=True) is None  # numba's default: next to the package

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow
 
 def orphaned_workers() -> list[str]:
     """xbackend workers whose parent died (re-parented to init): what a killed job must not leave."""
-    pids = subprocess.run(["pgrep", "-f", "xbackend.worker"], capture_output=True, text=True).stdout.split()
+    pids = subprocess.run(
+        ["pgrep", "-f", "xbackend.execution.worker"], capture_output=True, text=True
+    ).stdout.split()
     out = []
     for pid in pids:
         try:

@@ -27,7 +27,7 @@ SPEC = f"{ROOT / 'models' / 'torch_mlp.py'}:build"
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from xbackend.torch_export import InputDecl, export_torch
+    from xbackend.export.torch_onnx import InputDecl, export_torch
 
     out = tmp_path_factory.mktemp("export") / "mlp.onnx"
     res = export_torch(SPEC, [InputDecl.parse("x=1,16,64")], out, output_names=["y"])
@@ -60,7 +60,7 @@ def test_export_past_the_proto_limit_keeps_weights_external(
     switches is lowered here so that a small module takes the same path."""
     import torch.onnx._internal.exporter._onnx_program as program
 
-    from xbackend.torch_export import InputDecl, export_torch
+    from xbackend.export.torch_onnx import InputDecl, export_torch
 
     monkeypatch.setattr(program, "_LARGE_MODEL_THRESHOLD", 0)
     out = tmp_path / "big" / "mlp.onnx"
@@ -188,7 +188,7 @@ def test_cli_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bad_module_specs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from xbackend.torch_export import InputDecl, export_torch
+    from xbackend.export.torch_onnx import InputDecl, export_torch
 
     x = [InputDecl.parse("x=1,4")]
     with pytest.raises(ExportError, match=r"cannot import no_such_pkg\.mod"):
@@ -212,10 +212,10 @@ def test_bad_module_specs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_module_map_applies_to_the_recorded_module_however_it_is_named(
     exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from xbackend.executor import separate_layers
-    from xbackend.model import load_model
+    from xbackend.execution.executor import separate_layers
+    from xbackend.export.torch_onnx import module_map
+    from xbackend.model.load import load_model
     from xbackend.runners.torch_compile import TorchCompileRunner
-    from xbackend.torch_export import module_map
 
     spec, _ = load_model(exported)
     meta = dict(spec.metadata)
@@ -240,7 +240,7 @@ def test_module_map_applies_to_the_recorded_module_however_it_is_named(
 def test_bfloat16_module_exports_maps_and_runs(tmp_path: Path) -> None:
     spec = f"{ROOT / 'tests' / 'half_chain.py'}:build_bf16"
     out = tmp_path / "bf16.onnx"
-    from xbackend.torch_export import InputDecl, export_torch
+    from xbackend.export.torch_onnx import InputDecl, export_torch
 
     # ONNX Runtime has no bfloat16 Gemm on CPU: the map is verified with ONNX's reference evaluator
     res = export_torch(spec, [InputDecl.parse("x=32,64:bfloat16")], out, output_names=["y"])
@@ -262,9 +262,9 @@ def test_bfloat16_module_exports_maps_and_runs(tmp_path: Path) -> None:
 def test_export_ranges_reach_compare(tmp_path: Path) -> None:
     """--range at export is kept in the model (xbackend.input_ranges), and compare's generated
     ids come from it, not from the embedding's 50 rows."""
-    from xbackend.inputs import META_RANGES, generate_feeds
-    from xbackend.model import load_model
-    from xbackend.torch_export import InputDecl, export_torch
+    from xbackend.export.torch_onnx import InputDecl, export_torch
+    from xbackend.model.inputs import META_RANGES, generate_feeds
+    from xbackend.model.load import load_model
 
     src = tmp_path / "emb.py"
     src.write_text(

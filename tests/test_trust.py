@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 import xbackend
 from xbackend.cli import main
 from xbackend.errors import InputError
-from xbackend.inputs import load_feeds
-from xbackend.model import load_model
+from xbackend.model.inputs import load_feeds
+from xbackend.model.load import load_model
 
 pytestmark = pytest.mark.slow
 PAIR = ["ort-cpu", "reference"]
@@ -273,7 +273,7 @@ def build():
 
 @torch_only
 def test_unseeded_factory_is_named_not_blamed_on_torch(tmp_path: Path) -> None:
-    from xbackend.torch_export import InputDecl, export_torch
+    from xbackend.export.torch_onnx import InputDecl, export_torch
 
     (tmp_path / "unseeded.py").write_text(UNSEEDED)
     spec = f"{tmp_path / 'unseeded.py'}:build"
@@ -293,7 +293,7 @@ def test_unseeded_factory_is_named_not_blamed_on_torch(tmp_path: Path) -> None:
 
 @torch_only
 def test_dict_output_module_keeps_its_key_names(tmp_path: Path) -> None:
-    from xbackend.torch_export import InputDecl, export_torch
+    from xbackend.export.torch_onnx import InputDecl, export_torch
 
     (tmp_path / "dictnet.py").write_text(DICT_OUT)
     res = export_torch(f"{tmp_path / 'dictnet.py'}:build", [InputDecl.parse("x=2,8")], tmp_path / "d.onnx")
@@ -314,7 +314,7 @@ def test_dict_output_module_keeps_its_key_names(tmp_path: Path) -> None:
 
 @torch_only
 def test_model_metadata_never_makes_xbackend_run_code(tmp_path: Path) -> None:
-    from xbackend.torch_export import InputDecl, export_torch
+    from xbackend.export.torch_onnx import InputDecl, export_torch
 
     (tmp_path / "dictnet.py").write_text(DICT_OUT)
     export_torch(f"{tmp_path / 'dictnet.py'}:build", [InputDecl.parse("x=2,8")], tmp_path / "d.onnx")
@@ -337,7 +337,7 @@ def test_model_metadata_never_makes_xbackend_run_code(tmp_path: Path) -> None:
 @torch_only
 def test_dynamic_axis_the_module_bakes_in_is_an_export_error(tmp_path: Path) -> None:
     from xbackend.errors import ExportError
-    from xbackend.torch_export import InputDecl, export_torch, parse_dynamic
+    from xbackend.export.torch_onnx import InputDecl, export_torch, parse_dynamic
 
     (tmp_path / "fixed.py").write_text(
         "import torch\nfrom torch import nn\n\nclass F(nn.Module):\n"

@@ -8,9 +8,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from xbackend.metrics import TensorDiff, diff_values, is_constant
-from xbackend.storage import ValueFile, save_values
-from xbackend.values import normalize, value_sha256
+from xbackend.files.storage import ValueFile, save_values
+from xbackend.numerics.metrics import TensorDiff, diff_values, is_constant
+from xbackend.numerics.values import normalize, value_sha256
 
 EXOTIC = [
     "bfloat16",
@@ -136,11 +136,11 @@ def test_a_worker_imports_none_of_the_comparator() -> None:
     import subprocess
     import sys
 
-    code = "import sys, xbackend, xbackend.worker; print(sorted(sys.modules))"
+    code = "import sys, xbackend, xbackend.execution.worker; print(sorted(sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = set(eval(out))
-    assert "xbackend.worker" in loaded
-    assert not loaded & {"xbackend.compare", "xbackend.report", "onnx", "xbackend.torch_export"}
+    assert "xbackend.execution.worker" in loaded
+    assert not loaded & {"xbackend.compare", "xbackend.report", "onnx", "xbackend.export.torch_onnx"}
 
 
 def test_the_package_names_stay_the_api_after_submodule_imports() -> None:

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
         UsageError,
         XbackendError,
     )
-    from xbackend.inputs import Feeds, generate_feeds, load_feeds
-    from xbackend.metrics import TensorDiff, ulp_distance
-    from xbackend.model import ModelSpec, load_model
+    from xbackend.export.torch_onnx import InputDecl, export_torch
+    from xbackend.model.inputs import Feeds, generate_feeds, load_feeds
+    from xbackend.model.load import ModelSpec, load_model
+    from xbackend.numerics.metrics import TensorDiff, ulp_distance
     from xbackend.probes import ProbeResult
     from xbackend.report import to_json, to_markdown, write_atomic
     from xbackend.results import (
@@ -36,12 +37,11 @@ if TYPE_CHECKING:
         Result,
     )
     from xbackend.runners import Availability, BuildFingerprint, Runner, get_runner, list_runners
-    from xbackend.torch_export import InputDecl, export_torch
 
 __version__ = VERSION
 
 # name -> the module that defines it. Imported on first use: a worker process (python -m
-# xbackend.worker) imports this package too, and needs none of the comparator's modules.
+# xbackend.execution.worker) imports this package too, and needs none of the comparator's modules.
 _WHERE = {
     "compare_with_options": "xbackend.compare",
     **dict.fromkeys(
@@ -57,9 +57,9 @@ _WHERE = {
         ),
         "xbackend.errors",
     ),
-    **dict.fromkeys(("Feeds", "generate_feeds", "load_feeds"), "xbackend.inputs"),
-    **dict.fromkeys(("TensorDiff", "ulp_distance"), "xbackend.metrics"),
-    **dict.fromkeys(("ModelSpec", "load_model"), "xbackend.model"),
+    **dict.fromkeys(("Feeds", "generate_feeds", "load_feeds"), "xbackend.model.inputs"),
+    **dict.fromkeys(("TensorDiff", "ulp_distance"), "xbackend.numerics.metrics"),
+    **dict.fromkeys(("ModelSpec", "load_model"), "xbackend.model.load"),
     "ProbeResult": "xbackend.probes",
     **dict.fromkeys(("to_json", "to_markdown", "write_atomic"), "xbackend.report"),
     **dict.fromkeys(
@@ -69,7 +69,7 @@ _WHERE = {
     **dict.fromkeys(
         ("Availability", "BuildFingerprint", "Runner", "get_runner", "list_runners"), "xbackend.runners"
     ),
-    **dict.fromkeys(("InputDecl", "export_torch"), "xbackend.torch_export"),
+    **dict.fromkeys(("InputDecl", "export_torch"), "xbackend.export.torch_onnx"),
 }
 
 

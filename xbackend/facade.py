@@ -1,4 +1,4 @@
-"""A package facade whose names load on first use (PEP 562): `python -m xbackend.worker` and a
+"""A package facade whose names load on first use (PEP 562): `python -m xbackend.execution.worker` and a
 lower layer importing `xbackend.results.backend` both run their package's `__init__` first, and
 must not pull in the comparator or the modules that judge results."""
 

@@ -6,8 +6,8 @@ import sys
 
 import typer
 
-from xbackend.gating import POLICIES
-from xbackend.progress import LineProgress, NullProgress, ProgressSink, RichProgress
+from xbackend.execution.progress import LineProgress, NullProgress, ProgressSink, RichProgress
+from xbackend.results.gating import POLICIES
 
 __all__ = ["EXIT_CODES", "app", "export_app", "progress"]
 

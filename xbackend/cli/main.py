@@ -4,7 +4,7 @@ Exit codes: 0 ran and nothing failed; 1 a backend was nondeterministic, a
 cross-backend difference exceeded --max-ulp, or a backend failed or was
 unavailable while others ran (`diff`: the two reports differ); 2 usage or input
 error; 3 every backend failed; 4 internal error; 10-15, 17-19 the --fail-on policy
-that fired (xbackend.gating); 16 a runner broke a promise; 130 interrupted (Ctrl-C), 143
+that fired (xbackend.results.gating); 16 a runner broke a promise; 130 interrupted (Ctrl-C), 143
 stopped by SIGTERM, 129 by SIGHUP: the workers are stopped and the temp folders removed.
 """
 
@@ -24,8 +24,8 @@ import xbackend.cli.run
 import xbackend.cli.tools  # noqa: F401  (these four register their commands with the app)
 from xbackend.cli.app import app
 from xbackend.errors import EXIT_INTERNAL, EXIT_USAGE, XbackendError
-from xbackend.isolation import cancel_all, reset_cancel
-from xbackend.textfmt import CONTROL
+from xbackend.execution.isolation import cancel_all, reset_cancel
+from xbackend.files.textfmt import CONTROL
 
 __all__ = ["app", "main"]
 

@@ -7,9 +7,9 @@ from typing import Annotated, Any
 import typer
 
 from xbackend.errors import UsageError
-from xbackend.gating import POLICIES
-from xbackend.inputs import parse_range, parse_shape
+from xbackend.model.inputs import parse_range, parse_shape
 from xbackend.probes.registry import PROBES
+from xbackend.results.gating import POLICIES
 
 __all__ = ["TORCH_BACKENDS", "run_inputs", "set_option", "torch_options"]
 

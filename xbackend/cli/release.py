@@ -8,11 +8,9 @@ from typing import Annotated
 
 import typer
 
-from xbackend import attest
-from xbackend.atomic import check_outputs
-from xbackend.certify import certificate_paths, write_certificate
-from xbackend.certify import certify as run_certify
-from xbackend.certify import verify as run_verify
+from xbackend.certificates.certify import certificate_paths, write_certificate
+from xbackend.certificates.certify import certify as run_certify
+from xbackend.certificates.certify import verify as run_verify
 from xbackend.cli.app import app, progress
 from xbackend.cli.params import (
     Inputs,
@@ -27,9 +25,11 @@ from xbackend.cli.params import (
     TrustCode,
     run_inputs,
 )
+from xbackend.compare.saved_report import read_result
+from xbackend.files import attest
+from xbackend.files.atomic import check_outputs
 from xbackend.report import write_atomic, write_markdown_bundle
 from xbackend.report.diff import diff_results
-from xbackend.reportfile import read_result
 
 __all__ = ["certify", "diff", "keygen", "report", "verify"]
 

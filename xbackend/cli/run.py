@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from xbackend.atomic import check_outputs
-from xbackend.capturedir import check_folder
 from xbackend.cli.app import EXIT_CODES, app, progress
 from xbackend.cli.params import (
     Baseline,
@@ -46,10 +44,12 @@ from xbackend.cli.params import (
 )
 from xbackend.compare import compare_with_options
 from xbackend.errors import RunnerFailedError, UsageError
+from xbackend.files.atomic import check_outputs
+from xbackend.files.capture_folder import check_folder
+from xbackend.files.textfmt import short, with_module
 from xbackend.report import to_json, write_atomic, write_markdown_bundle
 from xbackend.results import DEFAULT_BACKENDS, CompareOptions, Result
 from xbackend.results.options import MODES_TIMED_RUNS, expand_modes
-from xbackend.textfmt import short, with_module
 
 __all__ = ["capture", "compare"]
 

@@ -8,12 +8,12 @@ import typer
 
 from xbackend.cli.app import app, export_app
 from xbackend.errors import XbackendError
-from xbackend.foreign import probe_interpreter
-from xbackend.inputs import parse_range
-from xbackend.promises import PROPERTIES
+from xbackend.execution.foreign import probe_interpreter
+from xbackend.export.torch_onnx import InputDecl, export_torch, parse_dynamic, read_examples
+from xbackend.model.inputs import parse_range
+from xbackend.results.promises import PROPERTIES
 from xbackend.runners.base import PYTHON_OPTION, Availability
 from xbackend.runners.registry import get_runner, list_runners
-from xbackend.torch_export import InputDecl, export_torch, parse_dynamic, read_examples
 
 __all__ = ["backends", "export_torch_cmd"]
 

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from xbackend.executor import Executor, Job, JobOutcome
-from xbackend.portable import LoadedCapture
+from xbackend.execution.executor import Executor, Job, JobOutcome
+from xbackend.execution.protocol import PhaseResult
 from xbackend.probes.base import PlannedBackend
-from xbackend.protocol import PhaseResult
+from xbackend.results.capture_record import LoadedCapture
 
 __all__ = ["Builds", "FirstRun", "run_builds"]
 

@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from xbackend.capture import CaptureFile
-from xbackend.metrics import ulp_at
-from xbackend.model import ModelSpec, NodeTensor
+from xbackend.files.run_values import CaptureFile
+from xbackend.model.load import ModelSpec, NodeTensor
+from xbackend.numerics.metrics import ulp_at
+from xbackend.numerics.values import value_name
 from xbackend.results import CrossBackendResult
 from xbackend.results.explanation import Amplifier, Explanation, IllConditioned, conditioning_limit
-from xbackend.values import value_name
 
 __all__ = ["AMPLIFYING", "amplifiers", "far_from_float64", "ill_conditioned"]
 

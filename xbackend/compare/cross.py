@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from xbackend.compare.builds import Builds
-from xbackend.executor import diff_phases
-from xbackend.metrics import TensorDiff
-from xbackend.model import ModelSpec
+from xbackend.execution.executor import diff_phases
+from xbackend.model.load import ModelSpec
+from xbackend.numerics.metrics import TensorDiff
+from xbackend.numerics.values import value_name
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, CrossBackendResult, PairResult
-from xbackend.values import value_name
 
 __all__ = ["against", "cross_all", "effective_reference", "pairs"]
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from xbackend.baseline import Baseline, load_baseline
+from xbackend.compare.baseline import Baseline, load_baseline
 from xbackend.compare.builds import Builds
-from xbackend.executor import diff_phases
-from xbackend.inputs import Feeds
-from xbackend.metrics import TensorDiff
-from xbackend.model import ModelSpec
+from xbackend.execution.executor import diff_phases
+from xbackend.model.inputs import Feeds
+from xbackend.model.load import ModelSpec
+from xbackend.numerics.metrics import TensorDiff
+from xbackend.numerics.values import value_name
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, Drift
-from xbackend.values import value_name
 
 __all__ = ["baseline_drifts"]
 

@@ -1,15 +1,15 @@
 """The severed model's feeds: the reference's captured values under severed names, read one
-at a time from its capture (the floor's arithmetic is xbackend.spread's, in the worker)."""
+at a time from its capture (the floor's arithmetic is xbackend.numerics.spread's, in the worker)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from xbackend.capture import CaptureFile
-from xbackend.sever import SEVERED
-from xbackend.storage import save_values
-from xbackend.values import Value
+from xbackend.files.run_values import CaptureFile
+from xbackend.files.storage import save_values
+from xbackend.model.sever import SEVERED
+from xbackend.numerics.values import Value
 
 __all__ = ["SeveredFeeds", "save_severed_feeds"]
 

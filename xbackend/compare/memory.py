@@ -12,17 +12,17 @@ import numpy as np
 import onnx
 import psutil
 
-from xbackend.capture import CaptureFile
 from xbackend.errors import UsageError
-from xbackend.executor import Executor, Job
-from xbackend.footprint import DEFAULT_SHARE, Sizes, available_memory, plan_windows, tensor_bytes
-from xbackend.inputs import Feeds
-from xbackend.model import ModelSpec
+from xbackend.execution.executor import Executor, Job
+from xbackend.execution.progress import NullProgress
+from xbackend.execution.protocol import Phase
+from xbackend.files.run_values import CaptureFile
+from xbackend.files.textfmt import gib
+from xbackend.model.footprint import DEFAULT_SHARE, Sizes, available_memory, plan_windows, tensor_bytes
+from xbackend.model.inputs import Feeds
+from xbackend.model.load import ModelSpec
 from xbackend.probes.base import PlannedBackend, ProbeContext
-from xbackend.progress import NullProgress
-from xbackend.protocol import Phase
 from xbackend.results import CompareOptions
-from xbackend.textfmt import gib
 
 __all__ = [
     "JUDGE_COPIES",

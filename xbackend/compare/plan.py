@@ -9,17 +9,17 @@ from pathlib import Path
 import onnx
 
 from xbackend.errors import InputError, ModelLoadError, UsageError
-from xbackend.executor import Job, standard_phases
-from xbackend.foreign import probe_interpreter
-from xbackend.inputs import Feeds, capture_feeds, generate_feeds, load_expected, load_feeds
-from xbackend.model import ModelSpec, downgrade_blockers
-from xbackend.portable import LoadedCapture, load_capture
+from xbackend.execution.executor import Job, standard_phases
+from xbackend.execution.foreign import probe_interpreter
+from xbackend.files.storage import save_values
+from xbackend.model.inputs import Feeds, capture_feeds, generate_feeds, load_expected, load_feeds
+from xbackend.model.load import ModelSpec, downgrade_blockers
+from xbackend.numerics.values import Value
 from xbackend.probes.base import PlannedBackend
 from xbackend.results import EXPECTED, CompareOptions, FeedsInfo
+from xbackend.results.capture_record import LoadedCapture, load_capture
 from xbackend.runners.base import INTERNAL_OPTIONS, PYTHON_OPTION
 from xbackend.runners.registry import get_runner, runner_target
-from xbackend.storage import save_values
-from xbackend.values import Value
 
 __all__ = [
     "feeds_for",

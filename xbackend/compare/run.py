@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.compare.builds import Builds, run_builds
-from xbackend.compare.captures import save_captures
 from xbackend.compare.conditioning import far_from_float64
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.drift import baseline_drifts
-from xbackend.compare.explain import attach, explain
+from xbackend.compare.explain_jobs import attach, explain
 from xbackend.compare.memory import measure_unsized, memory_plan, side_by_side, sizing_note, window_note
 from xbackend.compare.plan import (
     feeds_for,
@@ -32,19 +31,20 @@ from xbackend.compare.plan import (
     with_expected,
 )
 from xbackend.compare.probing import analyze_probe, run_followups, run_probe_jobs
+from xbackend.compare.save_captures import save_captures
 from xbackend.compare.summary import summarize_backend
-from xbackend.environment import collect_environment
 from xbackend.errors import UsageError
-from xbackend.executor import Executor, Job, JobOutcome
-from xbackend.isolation import NEARLY_FULL
-from xbackend.model import load_model
-from xbackend.portable import LoadedCapture
+from xbackend.execution.executor import Executor, Job, JobOutcome
+from xbackend.execution.isolation import NEARLY_FULL
+from xbackend.execution.progress import NullProgress, ProgressSink
+from xbackend.host.environment import collect_environment
+from xbackend.model.load import load_model
+from xbackend.model.selection import with_selection
 from xbackend.probes.base import PlannedBackend, Probe, ProbeContext
 from xbackend.probes.registry import PROBES, select_probes
-from xbackend.progress import NullProgress, ProgressSink
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, FailedProbe, ProbeResult, Result
+from xbackend.results.capture_record import LoadedCapture
 from xbackend.results.explanation import NOT_MEASURED, Explanation
-from xbackend.selection import with_selection
 
 __all__ = ["ORACLE", "compare", "compare_with_options"]
 

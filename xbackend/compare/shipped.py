@@ -14,7 +14,7 @@ each with the ONNX nodes it computes. The ONNX graph is severed at the kernels' 
 each piece between them is one kernel's work (a FullyConnected with its bias and activation, a
 normalization whose scale went into the next kernel's weights); OpenVINO runs the pieces, fusing
 them as it ships them, and each piece is judged against its float64 value with its nodes' bounds
-composed (xbackend.propagation).
+composed (xbackend.bounds.propagation).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ import onnx
 from onnx import TensorProto
 
 from xbackend.compare.floors import save_severed_feeds
-from xbackend.executor import Job, JobOutcome
-from xbackend.extdata import write_rewritten
-from xbackend.model import ModelRef, ModelSpec, load_proto
-from xbackend.protocol import OUTPUTS, Phase
+from xbackend.execution.executor import Job, JobOutcome
+from xbackend.execution.protocol import OUTPUTS, Phase
+from xbackend.model.extdata import write_rewritten
+from xbackend.model.load import ModelRef, ModelSpec, load_proto
+from xbackend.model.sever import SEVERED, sever
+from xbackend.numerics.values import Value
 from xbackend.runners.contrib import CONTRIB_DOMAIN, CONTRIB_OPS
-from xbackend.sever import SEVERED, sever
-from xbackend.values import Value
 
 __all__ = ["Shipped", "coinciding", "covered_nodes", "runtime_plan", "shipped_job", "shipped_plan"]
 

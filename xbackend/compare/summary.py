@@ -7,18 +7,18 @@ from typing import Any
 
 import numpy as np
 
-from xbackend.capture import CaptureFile
 from xbackend.compare.builds import Builds
 from xbackend.errors import BackendUnavailableError
-from xbackend.executor import JobOutcome, diff_phases
-from xbackend.metrics import TensorDiff, is_constant, summarize, worst_per_tensor
-from xbackend.model import ModelSpec
-from xbackend.promises import PROPERTIES, validate
-from xbackend.protocol import PhaseResult
+from xbackend.execution.executor import JobOutcome, diff_phases
+from xbackend.execution.protocol import PhaseResult
+from xbackend.files.run_values import CaptureFile
+from xbackend.model.load import ModelSpec
+from xbackend.numerics.metrics import TensorDiff, is_constant, summarize, worst_per_tensor
+from xbackend.numerics.values import value_sha256
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, Latency, ObserverEffect
+from xbackend.results.promises import PROPERTIES, validate
 from xbackend.runners.base import QUIET_WHEN_UNSET
 from xbackend.runners.registry import get_runner
-from xbackend.values import value_sha256
 
 __all__ = ["build_diffs", "latency", "promised", "summarize_backend"]
 

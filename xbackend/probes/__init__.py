@@ -8,7 +8,7 @@ The orchestrator runs whatever `registry.PROBES` holds and names none of them.
 
 from __future__ import annotations
 
-from xbackend.metrics import summarize
+from xbackend.numerics.metrics import summarize
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext
 from xbackend.probes.registry import PROBES, default_probes, select_probes
 from xbackend.results import ProbeResult

@@ -13,14 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xbackend.capture import CaptureFile, diff_captures
-from xbackend.executor import Job, JobOutcome, standard_phases
-from xbackend.model import ModelSpec
+from xbackend.execution.executor import Job, JobOutcome, standard_phases
+from xbackend.files.run_values import CaptureFile, diff_captures
+from xbackend.files.textfmt import num, table
+from xbackend.model.load import ModelSpec
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
 from xbackend.probes.builds import BuildVariance
 from xbackend.results.probe import ProbeResult
 from xbackend.runners.registry import get_runner
-from xbackend.textfmt import num, table
 
 __all__ = ["AutotuneProbe", "AutotuneResult", "AutotuneRow", "variant_row"]
 

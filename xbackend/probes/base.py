@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from xbackend.executor import Job, JobOutcome, diff_phases
-from xbackend.foreign import Interpreter
-from xbackend.inputs import Feeds
-from xbackend.metrics import TensorDiff, summarize
-from xbackend.model import ModelSpec
-from xbackend.protocol import Phase, PhaseResult
+from xbackend.execution.executor import Job, JobOutcome, diff_phases
+from xbackend.execution.foreign import Interpreter
+from xbackend.execution.protocol import Phase, PhaseResult
+from xbackend.model.inputs import Feeds
+from xbackend.model.load import ModelSpec
+from xbackend.numerics.metrics import TensorDiff, summarize
 from xbackend.results import BackendResult, CompareOptions, ProbeResult
 from xbackend.runners.base import Runner
 

@@ -16,16 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from xbackend.capture import CaptureFile
-from xbackend.executor import Job, standard_phases
-from xbackend.inputs import Feeds, generate_feeds
-from xbackend.metrics import TensorDiff, summarize
-from xbackend.model import ModelSpec
+from xbackend.execution.executor import Job, standard_phases
+from xbackend.execution.protocol import Phase, PhaseResult
+from xbackend.files.run_values import CaptureFile
+from xbackend.files.textfmt import num, table, with_module, yes
+from xbackend.model.inputs import Feeds, generate_feeds
+from xbackend.model.load import ModelSpec
+from xbackend.numerics.metrics import TensorDiff, summarize
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext
 from xbackend.probes.batchaxis import Layout, batch_layouts, computed_by, sample
-from xbackend.protocol import Phase, PhaseResult
 from xbackend.results.probe import ProbeResult, PromiseEvidence
-from xbackend.textfmt import num, table, with_module, yes
 
 __all__ = ["BatchProbe", "BatchResult", "BatchResults", "batch_inputs", "batch_positions"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xbackend.model import ModelSpec
+from xbackend.model.load import ModelSpec
 
 __all__ = ["VIEWS", "Layout", "batch_layouts", "computed_by", "sample"]
 

@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xbackend.files.textfmt import table, with_module, yes
 from xbackend.probes.base import BackendRuns, Probe
 from xbackend.results.probe import ProbeResult
 from xbackend.runners.base import BuildFingerprint
-from xbackend.textfmt import table, with_module, yes
 
 __all__ = ["BuildVariance", "BuildsProbe", "BuildsResult"]
 

@@ -6,12 +6,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from xbackend.buildinfo import OptLevelRow
-from xbackend.executor import Job
+from xbackend.execution.buildinfo import OptLevelRow
+from xbackend.execution.executor import Job
+from xbackend.files.textfmt import num, table, yes
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
 from xbackend.results.probe import ProbeResult
 from xbackend.runners.base import Runner
-from xbackend.textfmt import num, table, yes
 
 __all__ = ["OptLevelResult", "OptLevelsProbe", "OptLevelsResult"]
 

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xbackend.executor import Job, separate_layers, standard_phases
+from xbackend.execution.executor import Job, separate_layers, standard_phases
+from xbackend.files.textfmt import num, table, with_module, yes
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
 from xbackend.results.probe import ProbeResult
-from xbackend.textfmt import num, table, with_module, yes
 
 __all__ = ["Tf32Probe", "Tf32Result", "Tf32Row", "on_gpu_with_tf32"]
 

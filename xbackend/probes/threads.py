@@ -7,12 +7,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xbackend.executor import Job, JobOutcome, separate_layers, standard_phases
-from xbackend.metrics import summarize
+from xbackend.execution.executor import Job, JobOutcome, separate_layers, standard_phases
+from xbackend.execution.protocol import LAYERS, Phase, PhaseResult
+from xbackend.files.textfmt import num, table, with_module, yes
+from xbackend.numerics.metrics import summarize
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
-from xbackend.protocol import LAYERS, Phase, PhaseResult
 from xbackend.results.probe import ProbeResult, PromiseEvidence
-from xbackend.textfmt import num, table, with_module, yes
 
 __all__ = ["ThreadResult", "ThreadsProbe", "ThreadsResult"]
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from xbackend.atomic import write_atomic
+from xbackend.compare.saved_report import SCHEMA, from_json, read_result
+from xbackend.files.atomic import write_atomic
 from xbackend.report.bundle import bundle_files, write_markdown_bundle
 from xbackend.report.jsonreport import to_dict, to_json
 from xbackend.report.markdown import to_markdown
-from xbackend.reportfile import SCHEMA, from_json, read_result
 
 __all__ = [
     "SCHEMA",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from xbackend.atomic import write_atomic, write_atomic_bytes
+from xbackend.files.atomic import write_atomic, write_atomic_bytes
 from xbackend.report.figures import planned_figures, render
 from xbackend.report.layers_csv import to_csv
 from xbackend.report.markdown import to_markdown

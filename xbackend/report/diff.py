@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from xbackend.files.textfmt import num, only_our_html, table, with_module
 from xbackend.results import BackendResult, Result
-from xbackend.textfmt import num, only_our_html, table, with_module
 
 __all__ = ["ReportDiff", "diff_results"]
 

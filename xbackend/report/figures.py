@@ -12,9 +12,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from xbackend.metrics import TensorDiff
+from xbackend.numerics.metrics import TensorDiff
+from xbackend.numerics.values import value_name
 from xbackend.results import CrossBackendResult, ModeRow, Result
-from xbackend.values import value_name
 
 __all__ = ["COLORS", "Figure", "planned_figures", "render"]
 

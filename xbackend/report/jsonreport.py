@@ -1,9 +1,9 @@
 """The JSON twin of the Markdown report (schema "xbackend.report/2").
 
 Readable sections for machines and people (verdict, backends, cross_backend, ...)
-and, under "result", the whole Result losslessly (xbackend.codec): what
+and, under "result", the whole Result losslessly (xbackend.files.codec): what
 `xbackend report` renders the Markdown from, and what baselines and `xbackend diff`
-read back (xbackend.reportfile).
+read back (xbackend.compare.saved_report).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from xbackend.codec import encode
-from xbackend.metrics import TensorDiff
+from xbackend.compare.saved_report import SCHEMA
+from xbackend.files.codec import encode
+from xbackend.numerics.metrics import TensorDiff
+from xbackend.numerics.values import value_name
 from xbackend.report.text import METRIC_DEFINITIONS
-from xbackend.reportfile import SCHEMA
 from xbackend.results import BackendResult, CrossBackendResult, Drift, PairResult, Result
-from xbackend.values import value_name
 
 __all__ = ["to_dict", "to_json"]
 

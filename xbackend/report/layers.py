@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from xbackend.metrics import TensorDiff
+from xbackend.files.textfmt import num as _num
+from xbackend.files.textfmt import table as _table
+from xbackend.files.textfmt import with_module
+from xbackend.files.textfmt import yes as _yes
+from xbackend.numerics.metrics import TensorDiff
+from xbackend.numerics.values import value_name
 from xbackend.results import CrossBackendResult, Result
 from xbackend.results.explanation import times_floor
-from xbackend.textfmt import num as _num
-from xbackend.textfmt import table as _table
-from xbackend.textfmt import with_module
-from xbackend.textfmt import yes as _yes
-from xbackend.values import value_name
 
 __all__ = [
     "FULL_TABLE_LIMIT",

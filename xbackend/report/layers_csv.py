@@ -6,9 +6,9 @@ import csv
 import io
 from collections.abc import Iterator
 
-from xbackend.metrics import TensorDiff
+from xbackend.numerics.metrics import TensorDiff
+from xbackend.numerics.values import value_name
 from xbackend.results import Result
-from xbackend.values import value_name
 
 __all__ = ["HEADER", "layer_rows", "to_csv"]
 

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from xbackend.report.explanation import allowances_section, explanation_section
+from xbackend.files.textfmt import fold, gib, inert, module_note, only_our_html
+from xbackend.files.textfmt import num as _num
+from xbackend.files.textfmt import table as _table
+from xbackend.files.textfmt import yes as _yes
+from xbackend.report.explanation_section import allowances_section, explanation_section
 from xbackend.report.figures import planned_figures
 from xbackend.report.layers import (
     cross_section,
@@ -32,10 +36,6 @@ from xbackend.report.sections import (
     timings_section,
 )
 from xbackend.results import BackendResult, Result
-from xbackend.textfmt import fold, gib, inert, module_note, only_our_html
-from xbackend.textfmt import num as _num
-from xbackend.textfmt import table as _table
-from xbackend.textfmt import yes as _yes
 
 __all__ = ["to_markdown"]
 

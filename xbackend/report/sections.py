@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from xbackend.files.textfmt import fold, gib, module_note
+from xbackend.files.textfmt import num as _num
+from xbackend.files.textfmt import table as _table
 from xbackend.probes.registry import PROBES
 from xbackend.report.layers import FULL_TABLE_LIMIT, WORST_LAYERS, diff_header, diff_row
 from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, Result
-from xbackend.textfmt import fold, gib, module_note
-from xbackend.textfmt import num as _num
-from xbackend.textfmt import table as _table
 
 __all__ = [
     "LATENCY_HIDDEN",

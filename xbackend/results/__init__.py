@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from xbackend.facade import lazy_names
 
 if TYPE_CHECKING:
-    from xbackend.metrics import DEFAULT_MAX_ULP
+    from xbackend.numerics.metrics import DEFAULT_MAX_ULP
     from xbackend.results.backend import BackendResult, FeedsInfo, Latency, ObserverEffect
     from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
     from xbackend.results.cost import Family, ModeRow
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from xbackend.results.result import Result
 
 _WHERE = {
-    "DEFAULT_MAX_ULP": "xbackend.metrics",
+    "DEFAULT_MAX_ULP": "xbackend.numerics.metrics",
     **dict.fromkeys(("BackendResult", "FeedsInfo", "Latency", "ObserverEffect"), "xbackend.results.backend"),
     **dict.fromkeys(("CrossBackendResult", "Drift", "PairResult"), "xbackend.results.comparisons"),
     **dict.fromkeys(("Family", "ModeRow"), "xbackend.results.cost"),

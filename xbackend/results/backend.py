@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from xbackend.metrics import TensorDiff, worst_per_tensor
+from xbackend.numerics.metrics import TensorDiff, worst_per_tensor
 
 __all__ = ["BackendResult", "FeedsInfo", "Latency", "ObserverEffect"]
 

@@ -6,9 +6,9 @@ import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from xbackend.metrics import DEFAULT_MAX_ULP, TensorDiff
+from xbackend.numerics.metrics import DEFAULT_MAX_ULP, TensorDiff
+from xbackend.numerics.values import value_name
 from xbackend.results.explanation import Origin
-from xbackend.values import value_name
 
 __all__ = ["CrossBackendResult", "Drift", "PairResult"]
 

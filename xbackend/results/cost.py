@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from xbackend.promises import PromiseCheck
 from xbackend.results.backend import BackendResult, Latency
+from xbackend.results.promises import PromiseCheck
 
 __all__ = ["Family", "ModeRow", "families"]
 

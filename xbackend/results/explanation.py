@@ -2,12 +2,12 @@
 tensors the model itself leaves ill-conditioned.
 
 - The noise floor of a tensor: the largest scaled ULP by which K random orders of every
-  reduction (run on one engine, see xbackend.reorder) move it from the original order.
+  reduction (run on one engine, see xbackend.model.reorder) move it from the original order.
 - A node's local error: its output on a backend fed the reference's values of its inputs
-  (xbackend.sever), against the float64 value of the node on those inputs, element by element
-  (xbackend.compare.judge, allowances from xbackend.bounds). A node past its allowance is an
+  (xbackend.model.sever), against the float64 value of the node on those inputs, element by element
+  (xbackend.compare.judge_nodes, allowances from xbackend.bounds.element). A node past its allowance is an
   origin; a backend without origins is explained. A backend that could not be judged is held to
-  MARGIN times the larger of the floor and its op's rounding bound (xbackend.rounding).
+  MARGIN times the larger of the floor and its op's rounding bound (xbackend.bounds.unjudged).
 - A tensor is ill-conditioned when reorderings alone move it past `conditioning_limit`:
   fewer than half of its dtype's significand bits survive a change of sum order.
 """
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xbackend.modelref import np_dtype
-from xbackend.rounding import bound_for
-from xbackend.values import value_name
+from xbackend.bounds.unjudged import bound_for
+from xbackend.files.modelref import np_dtype
+from xbackend.numerics.values import value_name
 
 __all__ = [
     "DECLINED",
@@ -70,7 +70,7 @@ class Origin:
     allowed_scaled_ulp: float
     detail: str = ""
     element: tuple[int, ...] = ()  # where the error is largest against its allowance
-    rule: str = ""  # the allowance's formula (xbackend.bounds.NodeBound.describe)
+    rule: str = ""  # the allowance's formula (xbackend.bounds.element.NodeBound.describe)
     certain: bool = False  # past the deterministic bound too: an error at any confidence
     covers: tuple[str, ...] = ()  # a fused kernel: the original nodes' outputs it computes
 

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from xbackend.capturedir import NAME, default_name
 from xbackend.errors import UsageError
-from xbackend.footprint import parse_size
-from xbackend.gating import parse_policies
-from xbackend.metrics import DEFAULT_MAX_ULP
+from xbackend.files.capture_folder import NAME, default_name
+from xbackend.model.footprint import parse_size
+from xbackend.numerics.metrics import DEFAULT_MAX_ULP
+from xbackend.results.gating import parse_policies
 from xbackend.runners.registry import get_runner, split_instance
 
 __all__ = [
@@ -83,7 +83,7 @@ class CompareOptions:
     loads: tuple[tuple[str, str], ...] = ()  # (name, capture folder): backends that ran elsewhere
     save_captures: str | None = None  # folder: a portable capture per backend that ran
     baseline: str | None = None  # a previous capture, capture folder set or JSON report
-    fail_on: tuple[str, ...] = ()  # --fail-on policies (xbackend.gating); () keeps the default gate
+    fail_on: tuple[str, ...] = ()  # --fail-on policies (xbackend.results.gating); () keeps the default gate
     noise_samples: int = 8  # K random orders of every reduction for the noise floor; 0: none
     timed_runs: int = 0  # more runs of the model users ship, timed (and compared) like the others
     tensors: str = "all"  # --tensors: all | modules | outputs | GLOB[,GLOB] over module paths or names

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from xbackend.codec import register_subclass
+from xbackend.files.codec import register_subclass
 
 __all__ = ["FailedProbe", "ProbeResult", "PromiseEvidence"]
 
@@ -23,7 +23,7 @@ class ProbeResult(abc.ABC):
     """What a probe found; frozen dataclasses in each probe module implement it."""
 
     name: ClassVar[str]
-    # Determinism properties (xbackend.promises.PROPERTIES) this probe's measurements check.
+    # Determinism properties (xbackend.results.promises.PROPERTIES) this probe's measurements check.
     measures: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

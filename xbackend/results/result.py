@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK
-from xbackend.gating import Gate, evaluate
-from xbackend.model import ModelSpec
-from xbackend.promises import EXIT_PROMISE, PromiseCheck, check_promises
+from xbackend.files.textfmt import short, with_module
+from xbackend.model.load import ModelSpec
+from xbackend.numerics.values import value_name
 from xbackend.results.backend import BackendResult, FeedsInfo
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
 from xbackend.results.cost import Family, families
@@ -19,10 +19,10 @@ from xbackend.results.explanation import (
     explained_words,
     origins_line,
 )
+from xbackend.results.gating import Gate, evaluate
 from xbackend.results.options import EXPECTED, CompareOptions
 from xbackend.results.probe import ProbeResult
-from xbackend.textfmt import short, with_module
-from xbackend.values import value_name
+from xbackend.results.promises import EXIT_PROMISE, PromiseCheck, check_promises
 
 __all__ = ["Result"]
 

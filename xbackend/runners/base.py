@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from xbackend.buildinfo import BuildFingerprint, OptLevelRow
 from xbackend.errors import BackendUnavailableError, RunnerFailedError, UsageError
-from xbackend.modelref import ModelRef
-from xbackend.values import Value, normalize
+from xbackend.execution.buildinfo import BuildFingerprint, OptLevelRow
+from xbackend.files.modelref import ModelRef
+from xbackend.numerics.values import Value, normalize
 
 __all__ = ["Availability", "BuildFingerprint", "OptionSpec", "Runner", "promised_if"]
 
@@ -118,7 +118,7 @@ class Runner(abc.ABC):
     # plugins), as measured at the peak on a 1 MB model: 6 to 13 MiB for ONNX Runtime and onnx's
     # evaluator
     build_bytes: ClassVar[int] = 16 << 20
-    # Determinism properties the hardware promises (xbackend.promises.PROPERTIES): every
+    # Determinism properties the hardware promises (xbackend.results.promises.PROPERTIES): every
     # comparison checks them, and one seen broken is a failure (exit 16).
     promises: ClassVar[frozenset[str]] = frozenset()
     # True: xbackend exposes the requested tensors as graph outputs (and lowers the IR) in its
@@ -129,7 +129,7 @@ class Runner(abc.ABC):
     # it is given, so rewrites of that graph (the severed model for local errors) mean nothing.
     executes_graph: ClassVar[bool] = True
     # For such a runner: it takes the reference's values of the tensors its steps read as extra
-    # feeds (named xbackend.sever.SEVERED + tensor) and computes each step from them instead.
+    # feeds (named xbackend.model.sever.SEVERED + tensor) and computes each step from them instead.
     severs_by_feeds: ClassVar[bool] = False
     # It can write the graph it really runs (option save_optimized=PATH: ONNX Runtime's optimized
     # model), so the explanation judges the kernels users ship rather than the unfused graph.
@@ -198,7 +198,7 @@ class Runner(abc.ABC):
 
     @classmethod
     def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
-        """What this configuration promises (xbackend.promises.PROPERTIES): the hardware's
+        """What this configuration promises (xbackend.results.promises.PROPERTIES): the hardware's
         (`promises`), plus what the determinism modes its resolved `options` turn on promise."""
         return cls.promises
 
@@ -238,7 +238,7 @@ class Runner(abc.ABC):
 
     def run(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         """Host copies of every exposed value for one inference on `feeds`, normalized
-        (xbackend.values): 0-d scalars stay 0-d, sequences are lists, an empty optional is None."""
+        (xbackend.numerics.values): 0-d scalars stay 0-d, sequences are lists, an empty optional is None."""
         if not self._prepared:
             raise RunnerFailedError(f"{self.name}: run() before prepare()")
         if set(feeds) != set(self._inputs):

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from xbackend.errors import UsageError
-from xbackend.modelref import ModelRef
+from xbackend.files.modelref import ModelRef
+from xbackend.files.storage import ValueFile
+from xbackend.numerics.values import Value, value_sha256
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
-from xbackend.storage import ValueFile
-from xbackend.values import Value, value_sha256
 
 __all__ = ["ExpectedRunner"]
 

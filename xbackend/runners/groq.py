@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbackend.errors import RunnerFailedError
-from xbackend.modelref import ModelRef
+from xbackend.files.modelref import ModelRef
 from xbackend.runners.base import PYTHON_OPTION, Availability, BuildFingerprint, OptionSpec, Runner
 
 __all__ = ["GroqRunner", "build_items", "missing_parts"]

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from xbackend.atomic import write_atomic_bytes
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
-from xbackend.modelref import ModelRef
+from xbackend.files.atomic import write_atomic_bytes
+from xbackend.files.modelref import ModelRef
+from xbackend.numerics.values import Value
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
-from xbackend.values import Value
 
 __all__ = ["OpenVinoCpuDefaultRunner", "OpenVinoCpuRunner", "runtime_graph"]
 

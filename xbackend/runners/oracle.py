@@ -20,11 +20,11 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from xbackend.errors import BackendUnavailableError
-from xbackend.extdata import IN_MEMORY
-from xbackend.model import kind_of, np_dtype
+from xbackend.model.extdata import IN_MEMORY
+from xbackend.model.load import kind_of, np_dtype
+from xbackend.numerics.values import Value
 from xbackend.runners.base import OptionSpec
 from xbackend.runners.reference import ReferenceRunner
-from xbackend.values import Value
 
 __all__ = ["PROMOTED", "OracleRunner", "promote_to_float64", "promote_weights"]
 
@@ -49,7 +49,7 @@ def _value_infos(g: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
 
 
 def _in_memory(t: TensorProto) -> bool:
-    """An initializer whose bytes are a mapped array beside the proto (xbackend.extdata)."""
+    """An initializer whose bytes are a mapped array beside the proto (xbackend.model.extdata)."""
     return t.data_location == TensorProto.EXTERNAL and any(
         e.key == "location" and e.value.startswith(IN_MEMORY) for e in t.external_data
     )
@@ -84,7 +84,7 @@ _IN_MEMORY = 256 << 20  # float64 weights up to this size are held in memory, no
 
 
 def promote_weights(weights: Mapping[str, np.ndarray], folder: Path) -> dict[str, np.ndarray]:
-    """The mapped floating-point weights (xbackend.extdata.map_external) promoted to float64:
+    """The mapped floating-point weights (xbackend.model.extdata.map_external) promoted to float64:
     in memory up to 256 MiB in all, else one at a time, each into a file of its own in `folder`,
     mapped back read-only (their
     initializers say DOUBLE once promote_to_float64 ran). A model past protobuf's 2 GiB stays

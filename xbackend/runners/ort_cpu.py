@@ -19,10 +19,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from xbackend.buildinfo import OptLevelRow
 from xbackend.errors import BackendUnavailableError, ModelLoadError, RunnerFailedError
-from xbackend.metrics import diff_values
-from xbackend.modelref import ModelRef, model_file, read_model_bytes
+from xbackend.execution.buildinfo import OptLevelRow
+from xbackend.files.modelref import ModelRef, model_file, read_model_bytes
+from xbackend.numerics.metrics import diff_values
+from xbackend.numerics.values import Value, normalize, value_sha256
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner, promised_if
 from xbackend.runners.ort_values import (
     from_ortvalue,
@@ -31,7 +32,6 @@ from xbackend.runners.ort_values import (
     to_ort_feeds,
     typed_map_values,
 )
-from xbackend.values import Value, normalize, value_sha256
 
 __all__ = ["OrtCpuRunner", "ort_message", "ort_version"]
 
@@ -351,7 +351,7 @@ class OrtCpuRunner(Runner):
         max_ir = self.max_ir_version()
         if max_ir is not None and model.ir_version > max_ir:
             # onnx in workers: a foreign environment may lack onnx
-            from xbackend.model import downgrade_ir, load_proto
+            from xbackend.model.load import downgrade_ir, load_proto
 
             try:
                 downgrade_ir(load_proto(model.path, load_external=False), max_ir)
@@ -410,7 +410,7 @@ class OrtCpuRunner(Runner):
             so.enable_cpu_mem_arena = False
             self._notes["cpu_mem_arena"] = "off (intermediates exposed: freed as compared)"
         if self.options["save_optimized"]:
-            # the graph users' sessions run: fused kernels and all (xbackend.compare.explain judges it)
+            # the graph users' sessions run: fused kernels and all (xbackend.compare.explain_jobs judges it)
             so.optimized_model_filepath = str(self.options["save_optimized"])
             so.add_session_config_entry(
                 "session.optimized_model_external_initializers_file_name",

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from xbackend import gpu
-from xbackend.modelref import ModelRef
+from xbackend.files.modelref import ModelRef
+from xbackend.host import gpu
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
 from xbackend.runners.ort_cpu import ort_version
 from xbackend.runners.ort_cuda import OrtCudaRunner, cuda_provider_options
@@ -110,7 +110,7 @@ class OrtTrtRunner(OrtCudaRunner):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         _preload_tensorrt()
         if self.options["autotune"] == "pinned":
-            from xbackend.model import model_sha256  # onnx: only a pinned build's cache key needs it
+            from xbackend.model.load import model_sha256  # onnx: only a pinned build's cache key needs it
 
             self._cache_dir = self.options["cache"] or os.path.join(
                 cache_home(), "ort-trt", model_sha256(Path(model.path))[:16]

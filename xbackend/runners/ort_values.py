@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from xbackend.errors import RunnerFailedError
-from xbackend.values import Value
+from xbackend.numerics.values import Value
 
 __all__ = [
     "from_ortvalue",

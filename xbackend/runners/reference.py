@@ -18,12 +18,12 @@ import numpy as np
 import onnx
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
-from xbackend.extdata import map_external
-from xbackend.model import ModelRef, load_proto
+from xbackend.model.extdata import map_external
+from xbackend.model.load import ModelRef, load_proto
+from xbackend.numerics.values import Value, normalize
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.contrib import contrib_ops
 from xbackend.runners.mlops import ml_ops
-from xbackend.values import Value, normalize
 
 __all__ = ["ReferenceRunner", "blas_info", "graph_reads", "last_uses", "prune"]
 

@@ -34,11 +34,12 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
-from xbackend import gpu
-from xbackend.atomic import write_atomic_bytes
-from xbackend.cudart import DeviceBuffer, Stream, download
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
-from xbackend.modelref import ModelRef
+from xbackend.files.atomic import write_atomic_bytes
+from xbackend.files.modelref import ModelRef
+from xbackend.host import gpu
+from xbackend.host.cudart import DeviceBuffer, Stream, download
+from xbackend.numerics.values import Value
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.tensorrt_plan import (
     ConfigCall,
@@ -54,7 +55,6 @@ from xbackend.runners.tensorrt_plan import (
     parse_version,
     pin_mode,
 )
-from xbackend.values import Value
 
 __all__ = [
     "ConfigCall",
@@ -489,7 +489,7 @@ class TrtPinnedRunner(TrtAutotuneRunner):
         if self.options["cache"]:
             return str(self.options["cache"])
 
-        from xbackend.model import model_sha256  # onnx: only a pinned build's cache key needs it
+        from xbackend.model.load import model_sha256  # onnx: only a pinned build's cache key needs it
 
         name = gpu.device_name(int(self.options["device_id"]))
         return default_cache_path(model_sha256(Path(model.path)), str(self._trt.__version__), name)

@@ -7,7 +7,7 @@ candidate kernels and the fastest kept, so builds can differ). Both freeze the w
 
 Every build is a fresh process with its own, empty Inductor cache folder, so it compiles
 and tunes from scratch. `pin=FILE` records the first build's choices to FILE and replays
-them in every later build (see xbackend.inductor_pin).
+them in every later build (see xbackend.runners.inductor_pin).
 
 Per-layer capture: where the model records which submodule output is which ONNX tensor (an
 `xbackend export torch` export), a second build compiles a wrapper that also returns those
@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError, first_line
-from xbackend.inductor_pin import (
+from xbackend.export.torch_onnx import module_map, to_numpy
+from xbackend.files.modelref import ModelRef
+from xbackend.runners.base import BuildFingerprint, OptionSpec
+from xbackend.runners.inductor_pin import (
     INSTRUMENTED,
     PinMiss,
     Tuning,
@@ -37,10 +40,7 @@ from xbackend.inductor_pin import (
     triton_recording,
     write_pin,
 )
-from xbackend.modelref import ModelRef
-from xbackend.runners.base import BuildFingerprint, OptionSpec
 from xbackend.runners.torch_eager import TorchRunner
-from xbackend.torch_export import module_map, to_numpy
 
 __all__ = [
     "INDUCTOR_SWITCHES",

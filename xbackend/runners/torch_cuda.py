@@ -13,9 +13,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from xbackend import gpu
 from xbackend.errors import RunnerFailedError
-from xbackend.modelref import ModelRef
+from xbackend.files.modelref import ModelRef
+from xbackend.host import gpu
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, promised_if
 from xbackend.runners.torch_eager import TorchRunner
 

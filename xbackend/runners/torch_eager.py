@@ -19,12 +19,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedError
-from xbackend.metrics import is_float_dtype
-from xbackend.model import ModelRef, load_proto
-from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner, promised_if
-from xbackend.runners.ort_cpu import physical_cores
-from xbackend.sever import SEVERED
-from xbackend.torch_export import (
+from xbackend.export.torch_onnx import (
     META_MODULE,
     flatten_outputs,
     load_module,
@@ -34,7 +29,12 @@ from xbackend.torch_export import (
     to_numpy,
     to_tensor,
 )
-from xbackend.values import Value
+from xbackend.model.load import ModelRef, load_proto
+from xbackend.model.sever import SEVERED
+from xbackend.numerics.metrics import is_float_dtype
+from xbackend.numerics.values import Value
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner, promised_if
+from xbackend.runners.ort_cpu import physical_cores
 
 __all__ = ["TorchRunner"]
 

@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.errors import UsageError
-from xbackend.extdata import external_files
-from xbackend.isolation import kill_group, signal_name
-from xbackend.model import load_proto
+from xbackend.execution.isolation import kill_group, signal_name
+from xbackend.files.untrusted import contained
+from xbackend.model.extdata import external_files
+from xbackend.model.load import load_proto
 from xbackend.sweep.node import job_from_json, job_to_json, node_identity, read_record, run_job
 from xbackend.sweep.outcomes import FleetJob, FleetProgress, node_label
 from xbackend.sweep.spec import JobSpec, Requirements
-from xbackend.untrusted import contained
 
 # A process per job; not `-m xbackend.sweep.node`, which runpy warns about once the sweep
 # package (which imports node) is loaded first.

@@ -18,10 +18,10 @@ from typing import Any
 
 from xbackend.compare import compare_with_options, make_feeds
 from xbackend.errors import InputError, UsageError, XbackendError, first_line
-from xbackend.model import load_model
-from xbackend.portable import load_capture
+from xbackend.model.load import load_model
 from xbackend.report import to_json, write_atomic, write_markdown_bundle
 from xbackend.results import CompareOptions
+from xbackend.results.capture_record import load_capture
 from xbackend.sweep.executors import LocalExecutor
 from xbackend.sweep.node import read_record
 from xbackend.sweep.outcomes import (

@@ -2,12 +2,12 @@
 
 A job folder holds:
 
-    capture/      the backend's portable capture (xbackend.portable), when it ran
+    capture/      the backend's portable capture (xbackend.results.capture_record), when it ran
     report.md     the job's own report: its determinism and its probes (threads, batch, ...)
     report.json
     job.json      the record: status, reason, node, verdict lines; written last
 
-Each backend build still runs in its own worker process (xbackend.isolation), so an engine
+Each backend build still runs in its own worker process (xbackend.execution.isolation), so an engine
 that crashes fails its job, not the node's task. The local executor runs this module as a
 process per job (`main(["JOB.json", "DEST"])`); on Ray a task calls `run_job` on its node.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.compare import compare_with_options
-from xbackend.environment import collect_environment
 from xbackend.errors import XbackendError, first_line
+from xbackend.host.environment import collect_environment
 from xbackend.report import to_json, to_markdown, write_atomic
 from xbackend.sweep.outcomes import environment_sha256
 from xbackend.sweep.spec import JobSpec, Requirements

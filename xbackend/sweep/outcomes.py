@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK
-from xbackend.promises import EXIT_PROMISE
 from xbackend.results import Result
+from xbackend.results.promises import EXIT_PROMISE
 from xbackend.sweep.spec import JobSpec, ModelEntry, SweepSpec, safe_name
 
 __all__ = [

@@ -9,9 +9,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from xbackend.files.textfmt import only_our_html, short, table, with_module
 from xbackend.results import Result
 from xbackend.sweep.outcomes import FleetJob, FleetResult, ModelOutcome, node_label, relpath
-from xbackend.textfmt import only_our_html, short, table, with_module
 
 __all__ = ["FLEET_SCHEMA", "cell_for", "fleet_json", "fleet_markdown", "fleet_verdict"]
 

@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.errors import BackendUnavailableError, UsageError
+from xbackend.files.untrusted import contained
 from xbackend.probes.registry import select_probes
 from xbackend.results import DEFAULT_MAX_ULP, CompareOptions
 from xbackend.runners.base import CODE_OPTIONS
 from xbackend.runners.registry import get_runner
-from xbackend.untrusted import contained
 from xbackend.version import VERSION
 
 if sys.version_info >= (3, 11):

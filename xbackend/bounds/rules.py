@@ -1,0 +1,493 @@
+"""Each op's per-element allowance (xbackend.bounds.element.NodeBound), and the float nodes that compute
+its operands' magnitude M in the judged graph: reductions by Higham & Mary's probabilistic bound,
+composites (Softmax, normalizations, Gelu) from their parts, ONNX Runtime's fused kernels
+(com.microsoft) from their definitions, exact ops at 0, and a stated default for the rest."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from xbackend.bounds.element import (
+    DEFAULT,
+    ELEMENTWISE,
+    EXACT,
+    HM,
+    U32,
+    Builder,
+    NodeBound,
+    NodeView,
+    lam,
+)
+
+__all__ = ["node_bound", "secondary_bound"]
+
+
+def _red(n: NodeView, terms: int, source: str = HM, a: float = 1.0) -> NodeBound:
+    lm = lam(terms, n.out_elements)
+    b = lm * math.sqrt(terms + 1) + 1
+    det = terms / (1 - terms * U32) + 1
+    return NodeBound(
+        n.node.op_type, "reduction", a=a, b=b, terms=terms, lam=lm, source=source, deterministic_b=det
+    )
+
+
+def _matmul(n: NodeView, bld: Builder) -> NodeBound | None:
+    sa = n.shape(0)
+    if sa is None:
+        return None
+    bld.final("MatMul", bld.abs(n.node.input[0]), bld.abs(n.node.input[1]))
+    return _red(n, int(sa[-1]))
+
+
+def _gemm(n: NodeView, bld: Builder) -> NodeBound | None:
+    sa = n.shape(0)
+    if sa is None:
+        return None
+    k = int(sa[0] if n.attr("transA", 0) else sa[-1])
+    ins = [bld.abs(i) if i else "" for i in n.node.input]
+    attrs = {
+        "transA": int(n.attr("transA", 0)),
+        "transB": int(n.attr("transB", 0)),
+        "alpha": abs(float(n.attr("alpha", 1.0))),
+        "beta": abs(float(n.attr("beta", 1.0))),
+    }
+    bld.final("Gemm", *ins, **attrs)
+    return _red(n, k + (1 if len(n.node.input) > 2 and n.node.input[2] else 0))
+
+
+def _conv(n: NodeView, bld: Builder) -> NodeBound | None:
+    sw = n.shape(1)
+    if sw is None:
+        return None
+    # Conv's weight is [M, C/group, k...]: n = C/group·prod(k); ConvTranspose's is [C, M/group, k...]
+    if n.node.op_type == "Conv":
+        terms = int(np.prod(sw[1:]))
+    else:
+        sx = n.shape(0)
+        group = int(n.attr("group", 1))
+        if sx is None:
+            return None
+        terms = int(sx[1] // group * np.prod(sw[2:]))
+    ins = [bld.abs(i) if i else "" for i in n.node.input]
+    attrs = n.attrs
+    bld.final(n.node.op_type, *ins, **attrs)
+    return _red(n, terms + (1 if len(n.node.input) > 2 and n.node.input[2] else 0))
+
+
+def _einsum(n: NodeView, bld: Builder) -> NodeBound | None:
+    eq = str(n.attr("equation", b"")).replace(" ", "")
+    if isinstance(n.attr("equation"), bytes):
+        eq = n.attr("equation").decode().replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return None
+    lhs, rhs = eq.split("->")
+    sizes: dict[str, int] = {}
+    for term, i in zip(lhs.split(","), range(len(n.node.input)), strict=False):
+        s = n.shape(i)
+        if s is None or len(s) != len(term):
+            return None
+        sizes.update(zip(term, s, strict=True))
+    terms = int(np.prod([sizes[c] for c in set(lhs) - set(rhs) - {","}] or [1]))
+    bld.final("Einsum", *(bld.abs(i) for i in n.node.input), equation=eq)
+    return _red(n, terms)
+
+
+def _axes(n: NodeView, rank: int) -> list[int] | None:
+    """The reduced axes of a Reduce* node (attribute or constant input), all when none."""
+    axes = n.attr("axes")
+    if axes is None and len(n.node.input) > 1 and n.node.input[1]:
+        return None  # axes from a tensor: resolved by the caller's shapes instead
+    if axes is None:
+        return [] if int(n.attr("noop_with_empty_axes", 0)) else list(range(rank))
+    return [int(a) % rank for a in axes]
+
+
+def _reduced_terms(n: NodeView) -> int | None:
+    sx, sy = n.shape(0), n.shapes.get(n.node.output[0])
+    if sx is None or sy is None:
+        return None
+    return max(1, int(np.prod(sx)) // max(1, int(np.prod(sy))))
+
+
+def _reduce_sum(n: NodeView, bld: Builder) -> NodeBound | None:
+    terms = _reduced_terms(n)
+    if terms is None:
+        return None
+    op = n.node.op_type
+    attrs = n.attrs
+    if op in ("ReduceSumSquare", "ReduceL2"):  # positive terms: the magnitude is the value
+        lm = lam(terms, n.out_elements)
+        a = lm * math.sqrt(terms + 1) + 2
+        return NodeBound(
+            op, "reduction", a=a / 2 + 1 if op == "ReduceL2" else a, terms=terms, lam=lm, source=HM
+        )
+    base = "ReduceSum" if op == "ReduceL1" else op
+    bld.final(base, bld.abs(n.node.input[0]), *n.node.input[1:2], **attrs)
+    return _red(n, terms, a=2.0 if op == "ReduceMean" else 1.0)
+
+
+def _pool(n: NodeView, bld: Builder) -> NodeBound | None:
+    sx = n.shape(0)
+    if sx is None:
+        return None
+    if n.node.op_type == "GlobalAveragePool":
+        terms = int(np.prod(sx[2:]))
+    else:
+        terms = int(np.prod(n.attr("kernel_shape", [1])))
+    attrs = n.attrs
+    bld.final(n.node.op_type, bld.abs(n.node.input[0]), **attrs)
+    return _red(n, terms, a=2.0)
+
+
+def _variadic_sum(n: NodeView, bld: Builder) -> NodeBound | None:
+    ins = [bld.abs(i) for i in n.node.input]
+    bld.final("Sum", *ins)
+    return _red(n, len(ins), a=2.0 if n.node.op_type == "Mean" else 1.0)
+
+
+def _softmax_axes(n: NodeView) -> list[int] | None:
+    sx = n.shape(0)
+    if sx is None:
+        return None
+    r = len(sx)
+    axis = int(n.attr("axis", -1 if n.opset >= 13 else 1)) % r
+    return [axis] if n.opset >= 13 else list(range(axis, r))
+
+
+def _softmax(n: NodeView, bld: Builder) -> NodeBound | None:
+    """y_i = exp(x_i - m) / Σ_j exp(x_j - m). Relative to y_i: exp's own error, the rounding of
+    x_i - m (|x_i - m|·u, amplified 1:1 by exp), the sum's (λ·sqrt(n)) and the terms' errors
+    weighted by the probabilities (Σ_j y_j·|x_j - m|), and the division."""
+    axes, sx = _softmax_axes(n), n.shape(0)
+    if axes is None or sx is None:
+        return None
+    terms = int(np.prod([sx[a] for a in axes]))
+    x, y = n.node.input[0], n.node.output[0]
+    m = bld.reduce("ReduceMax", x, axes)
+    s = bld.abs(bld.op("Sub", x, m))
+    r = bld.reduce("ReduceSum", bld.op("Mul", y, s), axes)
+    bld.final("Mul", bld.abs(y), bld.op("Add", s, r))
+    lm = lam(terms, n.out_elements)
+    a = ELEMENTWISE["Exp"][0] + lm * math.sqrt(terms) + 2
+    source = "composed: Exp's measured bound, the sum of n positive terms (Higham & Mary), x - max's rounding"
+    return NodeBound(n.node.op_type, "composite", a=a, b=1.0, c=0.0, terms=terms, lam=lm, source=source)
+
+
+def _log_softmax(n: NodeView, bld: Builder) -> NodeBound | None:
+    """y_i = x_i - m - log S: absolute; x_i - m's rounding, log's, and S's relative error."""
+    axes, sx = _softmax_axes(n), n.shape(0)
+    if axes is None or sx is None:
+        return None
+    terms = int(np.prod([sx[a] for a in axes]))
+    x, y = n.node.input[0], n.node.output[0]
+    m = bld.reduce("ReduceMax", x, axes)
+    s = bld.abs(bld.op("Sub", x, m))
+    p = bld.op("Exp", y)
+    r = bld.reduce("ReduceSum", bld.op("Mul", p, s), axes)
+    bld.final("Add", bld.op("Add", s, r), bld.abs(bld.op("Sub", bld.op("Sub", x, m), y)))
+    lm = lam(terms, n.out_elements)
+    c = ELEMENTWISE["Exp"][0] + lm * math.sqrt(terms) + 2
+    return NodeBound(
+        n.node.op_type, "composite", a=1.0, b=2.0, c=c, terms=terms, lam=lm, source="composed as Softmax"
+    )
+
+
+def _normalization(
+    n: NodeView,
+    bld: Builder,
+    axes: list[int],
+    scale: str,
+    bias: str,
+    x: str = "",
+    simplified: bool = False,
+    carried: str = "",
+) -> NodeBound:
+    """(x - μ)/σ·γ + β over `axes`, as a stable (two-pass) algorithm computes it: z = (x - μ)/σ
+    is off by u·(|z|·(λ·sqrt(n)/2 + 3) + (λ·sqrt(n) + 2)·mean|x|/σ) (the mean's error, the
+    variance's relative error halved by the square root, the subtraction and division), then
+    scaled by |γ|, plus the rounding of z·γ + β. `carried`: an error the input already holds
+    (in units of u; a fused residual add's), propagated to first order: (e + mean e + |z|·mean|z|e)/σ.
+    `simplified`: RMS normalization (no mean)."""
+    sx = n.shape(0)
+    assert sx is not None
+    terms = int(np.prod([sx[a] for a in axes]))
+    eps = float(n.attr("epsilon", 1e-12 if n.node.domain == "com.microsoft" else 1e-5))
+    x = x or n.node.input[0]
+    d = x if simplified else bld.op("Sub", x, bld.reduce("ReduceMean", x, axes))
+    var = bld.reduce("ReduceMean", bld.op("Mul", d, d), axes)
+    sigma = bld.op("Sqrt", bld.op("Add", var, bld.const(eps)))
+    z = bld.abs(bld.op("Div", d, sigma))
+    lm = lam(terms, n.out_elements)
+    k1, k2 = lm * math.sqrt(terms) / 2 + 3, lm * math.sqrt(terms) + 2
+    dz = bld.op("Mul", z, bld.const(k1))
+    if not simplified:
+        ma = bld.op("Div", bld.reduce("ReduceMean", bld.abs(x), axes), sigma)
+        dz = bld.op("Add", dz, bld.op("Mul", ma, bld.const(k2)))
+    if carried:
+        spread = bld.reduce("ReduceMean", bld.op("Mul", z, carried), axes)
+        e = bld.op(
+            "Add", bld.op("Add", carried, bld.reduce("ReduceMean", carried, axes)), bld.op("Mul", z, spread)
+        )
+        dz = bld.op("Add", dz, bld.op("Div", e, sigma))
+    g = bld.abs(scale) if scale else bld.const(1.0)
+    total = bld.op("Add", bld.op("Mul", dz, g), bld.op("Mul", z, g))
+    if bias:
+        total = bld.op("Add", total, bld.abs(bias))
+    bld.final("Identity", total)
+    source = "composed: a two-pass mean and variance (Higham & Mary per sum), sqrt, division, scale and shift"
+    return NodeBound(n.node.op_type, "composite", a=1.0, b=1.0, terms=terms, lam=lm, source=source)
+
+
+def _layer_norm(n: NodeView, bld: Builder) -> NodeBound | None:
+    sx = n.shape(0)
+    if sx is None:
+        return None
+    axis = int(n.attr("axis", -1)) % len(sx)
+    ins = [*n.node.input, "", ""]
+    return _normalization(n, bld, list(range(axis, len(sx))), ins[1], ins[2])
+
+
+def _instance_norm(n: NodeView, bld: Builder) -> NodeBound | None:
+    sx = n.shape(0)
+    if sx is None or len(sx) < 3:
+        return None
+    axes = list(range(2, len(sx)))
+    spread = bld.const(list(range(1, len(sx) - 1)), ints=True)  # [C] -> [C, 1, ...] against [N, C, ...]
+    scale = bld.op("Unsqueeze", n.node.input[1], spread) if bld.opset >= 13 else ""
+    bias = bld.op("Unsqueeze", n.node.input[2], spread) if bld.opset >= 13 else ""
+    if not scale:
+        return None
+    return _normalization(n, bld, axes, scale, bias)
+
+
+def _batch_norm(n: NodeView, bld: Builder) -> NodeBound | None:
+    """Inference: x·s' + (β - μ·s') with s' = γ/sqrt(var + eps), as engines fold it."""
+    sx = n.shape(0)
+    if sx is None or len(sx) < 2 or len(n.node.input) < 5:
+        return None
+    x, g, b, mu, var = n.node.input[:5]
+    eps = float(n.attr("epsilon", 1e-5))
+    spread = list(range(1, len(sx) - 1))
+    s = bld.op("Div", bld.abs(g), bld.op("Sqrt", bld.op("Add", var, bld.const(eps))))
+    if spread:
+        axes = bld.const(spread, ints=True) if bld.opset >= 13 else None
+        if axes is None:
+            return None
+        s = bld.op("Unsqueeze", s, axes)
+        mu = bld.op("Unsqueeze", mu, axes)
+        b = bld.op("Unsqueeze", b, axes)
+    total = bld.op("Add", bld.op("Mul", bld.op("Add", bld.abs(x), bld.abs(mu)), s), bld.abs(b))
+    bld.final("Identity", total)
+    return NodeBound(
+        "BatchNormalization", "composite", a=1.0, b=4.0, source="composed: a folded scale and shift"
+    )
+
+
+def _gelu(n: NodeView, bld: Builder) -> NodeBound | None:
+    bld.final("Abs", n.node.input[0])
+    a, c, b, source = ELEMENTWISE["Gelu"]
+    return NodeBound("Gelu", "elementwise", a=a, b=b, c=c, source=source)
+
+
+def _pow(n: NodeView, bld: Builder) -> NodeBound | None:
+    """x^y through exp(y·log x) in most engines: relative u·|y·log x| beside the function's own."""
+    x, y = n.node.input[0], n.node.input[1]
+    cond = bld.abs(bld.op("Mul", y, bld.op("Log", bld.abs(x))))
+    bld.final("Mul", bld.abs(n.node.output[0]), cond)
+    return NodeBound(
+        "Pow", "elementwise", a=8.0, b=2.0, source="as Exp and Log: relative u·|y·log x| beside 8"
+    )
+
+
+def _cumsum(n: NodeView, bld: Builder) -> NodeBound | None:
+    sx = n.shape(0)
+    if sx is None:
+        return None
+    attrs = n.attrs
+    bld.final("CumSum", bld.abs(n.node.input[0]), n.node.input[1], **attrs)
+    return _red(n, max(sx) if sx else 1)
+
+
+def _resize(n: NodeView, bld: Builder) -> NodeBound | None:
+    mode = n.attr("mode", b"nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode == "nearest":
+        return NodeBound("Resize", "exact", source="nearest: selects values")
+    attrs = n.attrs
+    bld.final("Resize", bld.abs(n.node.input[0]), *n.node.input[1:], **attrs)
+    taps = 16 if mode == "cubic" else 4
+    return NodeBound(
+        "Resize",
+        "reduction",
+        a=2.0,
+        b=float(taps),
+        source=f"{mode}: interpolation weights rounded, {taps}·u·Σ|w||x|",
+    )
+
+
+def _scatter(n: NodeView, bld: Builder) -> NodeBound | None:
+    """A scatter that adds (or multiplies) sums its updates into each cell; others move values."""
+    red = n.attr("reduction", b"none")
+    red = red.decode() if isinstance(red, bytes) else str(red)
+    if red in ("none", "max", "min"):
+        return NodeBound(n.node.op_type, "exact", source=f"reduction {red}: moves or selects values")
+    su = n.shape(2)
+    if red != "add" or su is None:
+        return None
+    attrs = n.attrs
+    bld.final(n.node.op_type, bld.abs(n.node.input[0]), n.node.input[1], bld.abs(n.node.input[2]), **attrs)
+    return _red(n, int(np.prod(su)) + 1)
+
+
+def _skip_norm(n: NodeView, bld: Builder) -> NodeBound | None:
+    """ONNX Runtime's SkipLayerNormalization: LayerNormalization of s = input + skip (+ bias);
+    the adds' rounding (u·|s| each) is carried through the normalization."""
+    sx = n.shape(0)
+    if sx is None:
+        return None
+    simplified = n.node.op_type == "SkipSimplifiedLayerNormalization"
+    ins = [*n.node.input, "", "", ""]
+    gamma, beta, bias = (ins[2], "", ins[3]) if simplified else (ins[2], ins[3], ins[4])
+    s = bld.op("Add", ins[0], ins[1])
+    adds = 1.0
+    if bias:
+        s, adds = bld.op("Add", s, bias), 2.0
+    carried = bld.op("Mul", bld.abs(s), bld.const(adds))
+    axes = [len(sx) - 1]
+    found = _normalization(n, bld, axes, gamma, beta, x=s, simplified=simplified, carried=carried)
+    source = "composed: the residual add's rounding carried through a LayerNormalization's bound"
+    return replace(found, source=source)
+
+
+def _fused_matmul(n: NodeView, bld: Builder) -> NodeBound | None:
+    sa = n.shape(0)
+    if sa is None or n.attr("transBatchA", 0) or n.attr("transBatchB", 0):
+        return None
+    k = int(sa[-2] if n.attr("transA", 0) else sa[-1])
+    attrs = {"alpha": abs(float(n.attr("alpha", 1.0))), "transA": int(n.attr("transA", 0)),
+             "transB": int(n.attr("transB", 0))}  # fmt: skip
+    bld.final(
+        "FusedMatMul", bld.abs(n.node.input[0]), bld.abs(n.node.input[1]), domain="com.microsoft", **attrs
+    )
+    return _red(n, k)
+
+
+# an activation fused after a Gemm: (its own relative rounding a, absolute c); each is 1-Lipschitz
+_ACTIVATIONS = {"": (0.0, 0.0), "Relu": (0.0, 0.0), "LeakyRelu": (1.0, 0.0), "Tanh": (16.0, 0.0),
+                "Sigmoid": (16.0, 8.0), "HardSigmoid": (2.0, 0.0)}  # fmt: skip
+
+
+def _fused_gemm(n: NodeView, bld: Builder) -> NodeBound | None:
+    act = n.attr("activation", b"")
+    act = act.decode() if isinstance(act, bytes) else str(act)
+    if act not in _ACTIVATIONS:
+        return None
+    found = _gemm(n, bld)
+    if found is None:
+        return None
+    a, c = _ACTIVATIONS[act]
+    then = f"{HM}; then {act or 'no activation'} (1-Lipschitz) and its rounding"
+    return replace(found, op=n.node.op_type, a=found.a + a, c=c, source=then)
+
+
+def _gelu_like(
+    b: float, a: float, source: str, bias: bool = False
+) -> Callable[[NodeView, Builder], NodeBound]:
+    def rule(n: NodeView, bld: Builder) -> NodeBound:
+        x = n.node.input[0]
+        if bias and len(n.node.input) > 1 and n.node.input[1]:
+            x = bld.op("Add", x, n.node.input[1])
+        bld.final("Abs", x)
+        return NodeBound(n.node.op_type, "elementwise", a=a, b=b, source=source)
+
+    return rule
+
+
+_CONTRIB: dict[str, Callable[[NodeView, Builder], NodeBound | None]] = {
+    "SkipLayerNormalization": _skip_norm,
+    "SkipSimplifiedLayerNormalization": _skip_norm,
+    "FusedMatMul": _fused_matmul,
+    "FusedGemm": _fused_gemm,
+    # the tanh form: Tanh's measured bound (16) beside Gelu's cancellation for x < 0 (16·|x|)
+    "FastGelu": _gelu_like(32.0, 16.0, "as Gelu and Tanh (measured)", bias=True),
+    # x·sigmoid(1.702·x): Sigmoid's relative 16 and absolute 8, the latter times |x|
+    "QuickGelu": _gelu_like(8.0, 17.0, "as Sigmoid (measured), times x"),
+    # Gelu(a + b): the add's rounding carried with gain at most 1.13, beside Gelu's own
+    "BiasGelu": _gelu_like(18.0, 1.0, "as Gelu (measured), after an add", bias=True),
+}
+
+_RULES: dict[str, Callable[[NodeView, Builder], NodeBound | None]] = {
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Conv": _conv,
+    "ConvTranspose": _conv,
+    "Einsum": _einsum,
+    "ReduceSum": _reduce_sum,
+    "ReduceMean": _reduce_sum,
+    "ReduceL1": _reduce_sum,
+    "ReduceSumSquare": _reduce_sum,
+    "ReduceL2": _reduce_sum,
+    "AveragePool": _pool,
+    "GlobalAveragePool": _pool,
+    "Sum": _variadic_sum,
+    "Mean": _variadic_sum,
+    "Softmax": _softmax,
+    "LogSoftmax": _log_softmax,
+    "LayerNormalization": _layer_norm,
+    "InstanceNormalization": _instance_norm,
+    "BatchNormalization": _batch_norm,
+    "Gelu": _gelu,
+    "Pow": _pow,
+    "CumSum": _cumsum,
+    "Resize": _resize,
+    "ScatterND": _scatter,
+    "ScatterElements": _scatter,
+}
+
+
+def node_bound(
+    node: onnx.NodeProto, shapes: Mapping[str, tuple[int, ...]], opset: int
+) -> tuple[NodeBound, list[onnx.NodeProto], list[TensorProto]]:
+    """The bound of `node`'s first output, and the nodes and constants that compute its magnitude
+    (output AUX + output) in the judged graph. Later outputs: see `secondary_bound`."""
+    op = node.op_type
+    domain = node.domain or ""
+    out = node.output[0] if node.output else ""
+    if domain in ("", "ai.onnx") and op in EXACT:
+        return NodeBound(op, "exact", source="exact: the op moves, selects or compares values"), [], []
+    rule = (
+        _RULES.get(op)
+        if domain in ("", "ai.onnx")
+        else _CONTRIB.get(op)
+        if domain == "com.microsoft"
+        else None
+    )
+    if rule is not None:
+        bld = Builder(out, opset)
+        try:
+            found = rule(NodeView(node, shapes, opset), bld)
+        except (KeyError, TypeError, ValueError, IndexError):
+            found = None
+        if found is not None:
+            return found, bld.nodes, bld.inits
+    if domain in ("", "ai.onnx") and op in ELEMENTWISE:
+        a, c, b, source = ELEMENTWISE[op]
+        if b:
+            bld = Builder(out, opset)
+            bld.final("Abs", node.input[0])
+            return NodeBound(op, "elementwise", a=a, b=b, c=c, source=source), bld.nodes, bld.inits
+        return NodeBound(op, "elementwise", a=a, c=c, source=source), [], []
+    return NodeBound(op, "default", scaled=DEFAULT[0], source=DEFAULT[1]), [], []
+
+
+def secondary_bound(op: str) -> NodeBound:
+    """A node's outputs after the first (LayerNormalization's mean, TopK's indices)."""
+    if op in EXACT:
+        return NodeBound(op, "exact", source="exact: the op moves, selects or compares values")
+    return NodeBound(op, "default", scaled=DEFAULT[0], source=DEFAULT[1])

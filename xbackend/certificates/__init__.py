@@ -1,0 +1,1 @@
+"""Determinism certificates: certify one backend, verify it on another machine."""

@@ -1,0 +1,582 @@
+"""Determinism certificates: `xbackend certify` and `xbackend verify`.
+
+certify runs the whole battery on one backend (N runs, K fresh builds, the sample alone vs in a
+batch, 1 vs several threads) and writes what held, with the evidence, the environment and the
+hashes of the model, inputs and outputs. verify re-runs what a certificate claims on this machine
+and says whether the outputs match bit for bit, and how the environment differs.
+
+A certificate is an in-toto Statement (subject: the model's files; predicate: the body below),
+signed into a DSSE envelope with the user's key (xbackend/files/attest.py). It is untrusted input to
+verify: its signature is checked first, its paths must stay inside its own folder, and nothing it
+names is run: interpreters, modules and pin files come from the verifier's command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xbackend.certificates.markdown import certificate_markdown
+from xbackend.compare import compare_with_options
+from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, InputError, UsageError
+from xbackend.execution.progress import ProgressSink
+from xbackend.files import attest
+from xbackend.files.capture_folder import file_sha256
+from xbackend.files.storage import ValueFile
+from xbackend.files.untrusted import contained, field, number
+from xbackend.model.extdata import external_files
+from xbackend.model.load import load_model
+from xbackend.numerics.values import value_sha256
+from xbackend.report import write_atomic
+from xbackend.results import CompareOptions, Result
+from xbackend.results.capture_record import load_capture
+from xbackend.results.promises import EXIT_PROMISE, PROPERTIES, PromiseCheck, check
+from xbackend.runners.base import CODE_OPTIONS
+from xbackend.runners.registry import get_runner, split_instance
+
+__all__ = [
+    "SCHEMA",
+    "Certificate",
+    "Verification",
+    "certify",
+    "read_certificate",
+    "verify",
+    "write_certificate",
+]
+
+SCHEMA = "xbackend.certificate/2"
+PREDICATE_TYPE = "https://xbackend.dev/attestation/certificate/v2"
+CERT_PROBES = ("builds", "threads", "batch")
+# What a certificate must show held, whatever the model: the others need a batch dimension or a
+# thread-count option, and are "not applicable" where there is none.
+REQUIRED = ("run-to-run", "build-to-build")
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """The claims and the evidence, as written to CERT.json (`body`) and CERT.md."""
+
+    body: dict[str, Any]
+    subjects: dict[str, str]  # the model's files (relative to its folder) -> sha256
+
+    @property
+    def granted(self) -> bool:
+        return bool(self.body["granted"])
+
+    @property
+    def exit_code(self) -> int:
+        if self.body["backend"]["status"] != "ok":
+            return EXIT_ALL_FAILED
+        return EXIT_OK if self.granted else EXIT_PROMISE
+
+    def broken(self) -> list[dict[str, Any]]:
+        return [p for p in self.body["properties"] if p["status"] == "broken"]
+
+    def statement(self) -> dict[str, Any]:
+        return attest.statement(self.subjects, PREDICATE_TYPE, self.body)
+
+    def to_json(self, key: Any | None = None) -> str:
+        """The bare Statement, or with a private key the signed bundle."""
+        data = self.statement() if key is None else attest.sign_statement(self.statement(), key)
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    def to_markdown(self) -> str:
+        return certificate_markdown(self.body)
+
+
+def _environment_sha256(env: Mapping[str, str], runner: Mapping[str, str]) -> str:
+    text = "".join(f"{k}={v}\n" for k, v in sorted(env.items())) + "".join(
+        f"runner.{k}={v}\n" for k, v in sorted(runner.items())
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def certify(
+    model: str | os.PathLike[str],
+    backend: str,
+    runs: int = 5,
+    builds: int = 3,
+    batch: int = 4,
+    progress: ProgressSink | None = None,
+    **inputs: Any,
+) -> Certificate:
+    """Run the battery on `backend`; `inputs` are CompareOptions fields (seed, shapes, inputs,
+    ranges, runner_options, timeout)."""
+    if "," in backend:
+        raise UsageError(f"--backend takes one runner, got {backend!r}; certify each on its own")
+    if runs < 2 or builds < 2:
+        raise UsageError(
+            f"a certificate needs --runs >= 2 and --builds >= 2 to show run-to-run and build-to-build "
+            f"determinism (got runs={runs}, builds={builds})"
+        )
+    opts = CompareOptions.create(
+        backends=[backend], runs=runs, builds=builds, probes=CERT_PROBES, batch_invariance=batch, **inputs
+    )
+    with tempfile.TemporaryDirectory(prefix="xbackend-cert-") as tmp:
+        result = compare_with_options(model, opts, progress, capture_to=Path(tmp) / "capture")
+        outputs = _output_hashes(Path(tmp) / "capture", result)
+    return Certificate(_body(result, backend, opts, outputs), model_files(Path(result.model.path)))
+
+
+def model_files(path: Path) -> dict[str, str]:
+    """sha256 of the model file and of each external data file, named relative to its folder."""
+    import onnx  # heavy: onnx
+
+    names = [path.name, *external_files(onnx.load(str(path), load_external_data=False))]
+    return {n: file_sha256(path.parent / n) for n in names if (path.parent / n).is_file()}
+
+
+def _output_hashes(capture: Path, r: Result) -> dict[str, str]:
+    """Full sha256 of each graph output (run 0 of build 0 of the plain model)."""
+    if not (capture / "SHA256SUMS").is_file():
+        return {}
+
+    cap = load_capture(capture)
+    with ValueFile(cap.run.outputs.capture) as f:
+        return {n: value_sha256({n: f[n]}) for n in r.model.output_names if n in f}
+
+
+def _combined(outputs: Mapping[str, str]) -> str:
+    return hashlib.sha256("".join(f"{k}={v}\n" for k, v in sorted(outputs.items())).encode()).hexdigest()
+
+
+def _property(c: PromiseCheck, modules: Mapping[str, str]) -> dict[str, Any]:
+    applicable = not (c.status == "unchecked" and c.name not in REQUIRED)
+    return {
+        "name": c.name,
+        "meaning": PROPERTIES[c.name],
+        "status": c.status if applicable else "not applicable",
+        "evidence": c.evidence,
+        "first_layer": c.first_layer,
+        "first_layer_module": modules.get(c.first_layer, "") if c.first_layer else "",
+        "promised_by_runner": c.promised,
+    }
+
+
+def _body(r: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, str]) -> dict[str, Any]:
+    b = r.backend(backend)
+    modules = r.model.modules()
+    props = [_property(c, modules) for c in check(b, r.probes)] if b.ok else []
+    granted = b.ok and all(p["status"] in ("held", "not applicable") for p in props)
+    granted = granted and all(p["status"] == "held" for p in props if p["name"] in REQUIRED)
+    env = dict(r.environment)
+    info = dict(b.info)
+    return {
+        "schema": SCHEMA,
+        "granted": granted,
+        "backend": {
+            "name": backend,
+            "status": b.status,
+            "reason": b.reason,
+            "options": dict(b.options),
+            "info": info,
+            "promises": list(b.promises),
+        },
+        # what this configuration costs here: the certified runs themselves, timed
+        "latency": b.latency.to_json() if b.ok and b.latency else None,
+        "battery": {
+            "runs": opts.runs,
+            "timed_runs": opts.timed_runs,
+            "builds": opts.builds,
+            "batch": opts.batch_invariance,
+            "probes": list(CERT_PROBES),
+            "runner_options": [list(t) for t in opts.runner_options],
+        },
+        "properties": props,
+        "model": {"name": Path(r.model.path).name, "path": r.model.path, "sha256": r.model.sha256},
+        "inputs": {
+            "sha256": r.feeds.sha256,
+            "source": r.feeds.source,
+            "seed": opts.seed,
+            "shapes": [[n, list(d)] for n, d in opts.shapes],
+            "ranges": [list(x) for x in opts.ranges],
+            "file": opts.inputs,
+            "tensors": [list(t) for t in r.feeds.shapes],
+        },
+        "outputs": {
+            "sha256": _combined(outputs) if outputs else "",
+            "tensors": dict(sorted(outputs.items())),
+        },
+        "environment": env,
+        "environment_sha256": _environment_sha256(env, info),
+        "verify": f"xbackend verify CERT.json (re-runs {backend} on {Path(r.model.path).name} here)",
+    }
+
+
+def write_certificate(
+    cert: Certificate, stem: str | os.PathLike[str], key: Any | None = None
+) -> tuple[Path, Path]:
+    """STEM.json and STEM.md, each written atomically (the JSON is what verify reads); signed with
+    `key` (a private key from attest.load_private_key) when one is given."""
+    js, md = certificate_paths(stem)
+    # paths relative to the certificate: verify then works from any directory, and reads them
+    # only where they stay inside the certificate's folder
+    model = dict(cert.body["model"])
+    model["path"] = os.path.relpath(Path(model["path"]).resolve(), js.parent.resolve())
+    given = dict(cert.body["inputs"])
+    if given.get("file"):
+        given["file"] = os.path.relpath(Path(given["file"]).resolve(), js.parent.resolve())
+    body = {**cert.body, "model": model, "inputs": given}
+    body["signature"] = {"key_id": attest.key_id(key.public_key()) if key is not None else ""}
+    cert = Certificate(body, cert.subjects)
+    write_atomic(js, cert.to_json(key), "certificate")
+    write_atomic(md, cert.to_markdown().replace("CERT.json", js.name), "certificate")
+    return js, md
+
+
+def certificate_paths(stem: str | os.PathLike[str]) -> tuple[Path, Path]:
+    base = Path(stem)
+    if base.suffix in (".json", ".md"):
+        base = base.with_suffix("")
+    return base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
+
+
+def read_certificate(
+    path: str | os.PathLike[str], public_key: Any | None = None, allow_unsigned: bool = False
+) -> tuple[dict[str, Any], dict[str, str], attest.Envelope]:
+    """The certificate's body and its envelope: the signature checked first, then the body's
+    shape, so nothing in a forged or damaged file reaches a runner."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text("utf-8"))
+    except FileNotFoundError:
+        raise InputError(
+            f"certificate not found: {p}; pass the CERT.json that `xbackend certify` wrote"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise InputError(
+            f"{p} is not a certificate JSON ({str(e).splitlines()[0][:200]}); pass the CERT.json "
+            "`xbackend certify` wrote"
+        ) from None
+    if isinstance(data, dict) and "certificate_sha256" in data:
+        raise InputError(
+            f"{p} is an unsigned certificate from an older xbackend (sealed only by its own hash, which "
+            "anyone can recompute); certify the model again, with --key to sign it"
+        )
+    if not isinstance(data, dict):
+        raise InputError(f"{p} is not a certificate (a JSON {type(data).__name__}); certify the model again")
+    env = attest.open_attestation(data, p, public_key, allow_unsigned)
+    stmt = env.statement
+    if stmt.get("predicateType") != PREDICATE_TYPE or not isinstance(stmt.get("predicate"), dict):
+        raise InputError(
+            f"{p} does not attest an {SCHEMA} certificate (predicate "
+            f"{str(stmt.get('predicateType'))[:80]!r}); certify the model again"
+        )
+    body = stmt["predicate"]
+    check_body(body, p)
+    subjects = stmt.get("subject")
+    if not isinstance(subjects, list) or not all(
+        isinstance(x, dict) and isinstance(x.get("name"), str) and isinstance(x.get("digest"), dict)
+        for x in subjects
+    ):
+        raise InputError(
+            f"{p}: its subject is not a list of named files with digests; certify the model again"
+        )
+    return body, {x["name"]: str(x["digest"].get("sha256", "")) for x in subjects}, env
+
+
+def check_body(body: dict[str, Any], p: Path) -> None:
+    """Every field verify reads, of the type it expects: a damaged or hand-made certificate is
+    one line, never a traceback."""
+    fix = "certify the model again"
+    if body.get("schema") != SCHEMA:
+        raise InputError(
+            f"{p} is not an {SCHEMA} certificate (schema {str(body.get('schema'))[:40]!r}); {fix}"
+        )
+    parts = {
+        k: field(body, k, dict, str(p), fix) for k in ("backend", "battery", "model", "inputs", "outputs")
+    }
+    field(body, "environment", dict, str(p), fix)
+    field(body, "environment_sha256", str, str(p), fix)
+    field(body, "properties", list, str(p), fix)
+    b, bat = parts["backend"], parts["battery"]
+    field(b, "name", str, f"{p}: backend", fix)
+    field(b, "info", dict, f"{p}: backend", fix)
+    for key, lo in (("runs", 2), ("builds", 2), ("batch", 0), ("timed_runs", 0)):
+        number(bat, key, f"{p}: battery", fix, lo, 1_000_000)
+    opts = field(bat, "runner_options", list, f"{p}: battery", fix)
+    if not all(isinstance(t, list) and len(t) == 3 and all(isinstance(x, str) for x in t) for t in opts):
+        raise InputError(f"{p}: battery: runner_options must be [backend, key, value] strings; {fix}")
+    for key in ("name", "path", "sha256"):
+        field(parts["model"], key, str, f"{p}: model", fix)
+    given = parts["inputs"]
+    field(given, "sha256", str, f"{p}: inputs", fix)
+    number(given, "seed", f"{p}: inputs", fix, 0, 2**32 - 1)
+    field(given, "file", (str, type(None)), f"{p}: inputs", fix)
+    shapes, ranges = (
+        field(given, "shapes", list, f"{p}: inputs", fix),
+        field(given, "ranges", list, f"{p}: inputs", fix),
+    )
+    ok = all(
+        isinstance(x, list)
+        and len(x) == 2
+        and isinstance(x[0], str)
+        and isinstance(x[1], list)
+        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 2**31 for d in x[1])
+        for x in shapes
+    ) and all(
+        isinstance(x, list)
+        and len(x) == 3
+        and isinstance(x[0], str)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in x[1:])
+        for x in ranges
+    )
+    if not ok:
+        raise InputError(f"{p}: inputs: shapes or ranges are not [name, dims] / [name, low, high]; {fix}")
+    out = parts["outputs"]
+    field(out, "sha256", str, f"{p}: outputs", fix)
+    tensors = field(out, "tensors", dict, f"{p}: outputs", fix)
+    if not all(isinstance(v, str) for v in tensors.values()):
+        raise InputError(f"{p}: outputs: tensors must map names to sha256 strings; {fix}")
+    for prop in body["properties"]:
+        if not isinstance(prop, dict) or not all(isinstance(prop.get(k), str) for k in ("name", "status")):
+            raise InputError(f"{p}: properties must each have a name and a status; {fix}")
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What re-running a certificate here showed."""
+
+    certificate: dict[str, Any]
+    rerun: dict[str, Any]
+    envelope: attest.Envelope
+    files_checked: int = 0  # the model's files whose digests matched the certificate's subject
+
+    @property
+    def outputs_match(self) -> bool:
+        """Every digest the certificate records for the outputs, each tensor and all of them."""
+        old, new = self.certificate["outputs"], self.rerun["outputs"]
+        return bool(old["sha256"]) and old["sha256"] == new["sha256"] and old["tensors"] == new["tensors"]
+
+    def moved_outputs(self) -> list[str]:
+        old, new = self.certificate["outputs"]["tensors"], self.rerun["outputs"]["tensors"]
+        return sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
+
+    def property_changes(self) -> list[tuple[str, str, str]]:
+        old = {p["name"]: p["status"] for p in self.certificate["properties"]}
+        new = {p["name"]: p["status"] for p in self.rerun["properties"]}
+        return [(n, old.get(n, "–"), new.get(n, "–")) for n in PROPERTIES if old.get(n) != new.get(n)]
+
+    def environment_changes(self) -> list[tuple[str, str, str]]:
+        def flat(body: Mapping[str, Any]) -> dict[str, str]:
+            out = dict(body["environment"])
+            out.update({f"runner.{k}": v for k, v in body["backend"]["info"].items()})
+            return out
+
+        old, new = flat(self.certificate), flat(self.rerun)
+        return [
+            (k, old.get(k, "–"), new.get(k, "–"))
+            for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k)
+        ]
+
+    @property
+    def ok(self) -> bool:
+        return self.outputs_match and not any(new == "broken" for _, _, new in self.property_changes())
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.ok else EXIT_DIFFERENCES
+
+    def lines(self) -> list[str]:
+        c, r = self.certificate, self.rerun
+        head = f"{c['backend']['name']} on {c['model']['name']}"
+        files = (
+            f"; the model's {self.files_checked} file(s) match their digests" if self.files_checked else ""
+        )
+        sign = [self.envelope.describe() + files]
+        if self.outputs_match:
+            out = [
+                *sign,
+                f"VERIFIED: {head}: the outputs match the certificate bit for bit "
+                f"(sha256 {c['outputs']['sha256'][:16]}, {len(c['outputs']['tensors'])} tensor(s))",
+            ]
+        else:
+            moved = ", ".join(self.moved_outputs()) or "all"
+            out = [
+                *sign,
+                f"MISMATCH: {head}: outputs differ from the certificate ({moved}); "
+                f"certified {c['outputs']['sha256'][:16] or 'none'}, "
+                f"here {r['outputs']['sha256'][:16] or 'none'}",
+            ]
+        for name, old, new in self.property_changes():
+            out.append(f"PROPERTY: {name} was {old} in the certificate, {new} here")
+        out += _latency_line(c.get("latency"), r.get("latency"))
+        env = self.environment_changes()
+        if not env:
+            out.append("ENVIRONMENT: the same as the certificate's")
+        else:
+            out.append(f"ENVIRONMENT: {len(env)} difference(s) from the certificate's:")
+            out += [f"  {k}: {old} -> {new}" for k, old, new in env]
+        return out
+
+
+def _latency_line(certified: Mapping[str, Any] | None, here: Mapping[str, Any] | None) -> list[str]:
+    """Latency is reported, never judged: times move with load and machine."""
+    if not certified or not here:
+        return []
+    ratio = here["median_ms"] / certified["median_ms"] if certified["median_ms"] > 0 else float("nan")
+    return [
+        f"LATENCY: median {_ms(here['median_ms'])} ms here, {_ms(certified['median_ms'])} ms in the "
+        f"certificate ({ratio:.2f}x; reported, not judged)"
+    ]
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def verify(
+    cert_path: str | os.PathLike[str],
+    model: str | os.PathLike[str] | None = None,
+    inputs: str | None = None,
+    progress: ProgressSink | None = None,
+    public_key: Any | None = None,
+    allow_unsigned: bool = False,
+    runner_options: tuple[tuple[str, str, str], ...] = (),
+    torch_module: str | None = None,
+    trust_model_code: bool = False,
+) -> Verification:
+    """Re-run the certificate's battery here on the same model and inputs. The signature is
+    checked before anything is read from the body; `runner_options` (--set), `torch_module` and
+    `trust_model_code` are the verifier's own, for the certified backend: a certificate's
+    interpreters, modules and files are never used."""
+    cert = Path(cert_path)
+    c, subjects, envelope = read_certificate(cert, public_key, allow_unsigned)
+    _consistent(c, cert)
+    path = Path(model) if model is not None else _certified_path(c, cert)
+    files = _check_subjects(subjects, path, c["model"]["name"])
+    spec, _ = load_model(path)
+    if spec.sha256 != c["model"]["sha256"]:
+        raise InputError(
+            f"{path} is not the certified model (sha256 {spec.sha256[:12]}, certified "
+            f"{c['model']['sha256'][:12]} {c['model']['name']}); pass --model with the certified file"
+        )
+    battery, given = c["battery"], c["inputs"]
+    feeds: dict[str, Any] = {"seed": given["seed"]}
+    if inputs:
+        feeds["inputs"] = inputs
+    elif given["file"]:
+        feeds["inputs"] = str(
+            contained(
+                cert.parent, given["file"], f"{cert}: inputs.file", "pass --inputs with the certified file"
+            )
+        )
+    else:
+        feeds["shapes"] = tuple((n, tuple(d)) for n, d in given["shapes"])
+        feeds["ranges"] = tuple(tuple(x) for x in given["ranges"])
+    name = c["backend"]["name"]
+    rerun = certify(
+        path,
+        name,
+        battery["runs"],
+        battery["builds"],
+        battery["batch"],
+        progress,
+        runner_options=replayed_options(
+            name,
+            battery["runner_options"],
+            (*runner_options, *_own_module(name, torch_module, trust_model_code)),
+        ),
+        timed_runs=battery["timed_runs"],
+        **feeds,
+    ).body
+    if rerun["inputs"]["sha256"] != given["sha256"]:
+        raise InputError(
+            f"the inputs here (sha256 {rerun['inputs']['sha256'][:12]}) are not the certified ones "
+            f"({given['sha256'][:12]}); pass --inputs with the certified file"
+        )
+    return Verification(c, rerun, envelope, files)
+
+
+def replayed_options(
+    backend: str, recorded: list[list[str]], given: tuple[tuple[str, str, str], ...]
+) -> tuple[tuple[str, str, str], ...]:
+    """The certificate's runner options that only choose among values (booleans, numbers, a
+    fixed set of choices) are replayed; a free-form one (an interpreter, a module, a pin or
+    cache file, compiler flags) and any grant to run code must come from the verifier's command
+    line. `given` wins."""
+    own = {(b, k) for b, k, _ in given}
+    try:
+        specs = {o.name: o for o in get_runner(split_instance(backend)[0]).all_option_specs()}
+    except Exception:  # an engine this host lacks: the runner says so when it is built
+        specs = {}
+    kept, refused = [], []
+    for b, k, v in recorded:
+        if (b, k) in own:
+            continue
+        spec = specs.get(k)
+        value_only = spec is not None and (spec.choices or spec.kind in (bool, int, float))
+        if b == backend and value_only and k not in CODE_OPTIONS:  # trust_model_code is a bool
+            kept.append((b, k, v))
+        else:
+            refused.append(f"{b}.{k}={v[:200]}")
+    if refused:
+        raise InputError(
+            f"the certificate sets {', '.join(refused)}: verify never runs or reads what a certificate "
+            "names; pass each yourself with --set (and --trust-model-code for a module)"
+        )
+    return (*kept, *given)
+
+
+def _own_module(name: str, module: str | None, trust: bool) -> tuple[tuple[str, str, str], ...]:
+    """--torch-module and --trust-model-code, given to the certified backend (a runner without
+    these options says so when its options are resolved)."""
+    out: tuple[tuple[str, str, str], ...] = ((name, "module", module),) if module else ()
+    return (*out, (name, "trust_model_code", "true")) if trust else out
+
+
+def _consistent(c: Mapping[str, Any], cert: Path) -> None:
+    """The certificate's own digests agree with what it lists, before anything runs."""
+    out = c["outputs"]
+    if out["tensors"] and out["sha256"] != _combined(out["tensors"]):
+        raise InputError(
+            f"{cert}: its outputs.sha256 is not the digest of its own per-tensor digests (it was edited); "
+            "do not trust it, certify the model again"
+        )
+    if c["environment_sha256"] != _environment_sha256(c["environment"], c["backend"]["info"]):
+        raise InputError(
+            f"{cert}: its environment_sha256 does not match its own environment (it was edited); "
+            "do not trust it, certify the model again"
+        )
+
+
+def _check_subjects(subjects: Mapping[str, str], model: Path, model_name: str) -> int:
+    """The digest of each model file the certificate's subject names: the model (under whatever
+    name it has here) and its external data, beside it."""
+    for name, digest in sorted(subjects.items()):
+        p = (
+            model
+            if name == model_name
+            else contained(model.parent, name, "the certificate's subject", "certify the model again")
+        )
+        if not p.is_file():
+            raise InputError(
+                f"the certified model file {name!r} is not beside {model.name}; pass --model with the "
+                "certified model, its external data beside it"
+            )
+        if file_sha256(p) != digest:
+            raise InputError(
+                f"{p} is not the certified {name} (its sha256 differs from the certificate's subject); "
+                "pass --model with the certified model"
+            )
+    return len(subjects)
+
+
+def _certified_path(c: Mapping[str, Any], cert: Path) -> Path:
+    """The model the certificate names, relative to the certificate and inside its folder."""
+    fix = "pass --model PATH to the model file"
+    here = contained(cert.parent, c["model"]["path"], f"{cert}: model.path", fix)
+    if here.is_file():
+        return here
+    raise InputError(
+        f"the certified model {c['model']['name']!r} is not at {c['model']['path']!r} (where the "
+        f"certificate records it, relative to itself); {fix}"
+    )

@@ -1,0 +1,520 @@
+"""Explanations: the noise floor, each backend's local errors, and ill-conditioned tensors.
+
+Both measurements rewrite the model and run it on real engines, so they cost engine runs,
+never a float evaluator of our own:
+- the floor: the model with every reduction gathered through a permutation (xbackend.model.reorder)
+  is built once on the floor engine (ort-cpu) and run with the identity and K random orders;
+- local errors: the severed model (xbackend.model.sever) is built once per backend and run once,
+  fed the reference's values of every tensor a node reads, and judged element by element
+  against the float64 value of each node on those same inputs (xbackend.compare.judge_nodes: the
+  severed model evaluated in float64 by the oracle, with each node's operand magnitudes).
+Captures stay on disk and are compared one tensor at a time, as the comparator's are.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from xbackend.bounds.element import AUX, DELTA
+from xbackend.bounds.propagation import PROP
+from xbackend.compare.builds import Builds
+from xbackend.compare.conditioning import amplifiers, ill_conditioned
+from xbackend.compare.floors import save_severed_feeds
+from xbackend.compare.judge_nodes import JUDGE_PHASE, judged_model
+from xbackend.compare.judge_plan import LOCAL_PHASE, NODE_FLOOR_PHASE, Judge, Plan, judge_all
+from xbackend.compare.memory import explanation_disk, judge_window_note, judge_windows, side_by_side
+from xbackend.compare.plan import plan_backend
+from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
+from xbackend.errors import UsageError
+from xbackend.execution.executor import Executor, Job, JobOutcome
+from xbackend.execution.progress import ProgressSink
+from xbackend.execution.protocol import Phase
+from xbackend.files.modelref import np_dtype
+from xbackend.files.run_values import CaptureFile
+from xbackend.files.storage import save_values
+from xbackend.model.extdata import externalize, uses_external_data, write_rewritten
+from xbackend.model.load import ModelRef, ModelSpec, load_proto
+from xbackend.model.reorder import index_feeds, reorder
+from xbackend.model.sever import SEVERED, Severed, sever
+from xbackend.probes.base import PlannedBackend, ProbeContext
+from xbackend.results import EXPECTED, BackendResult, CrossBackendResult
+from xbackend.results.explanation import (
+    DECLINED,
+    UNFUSED,
+    Explanation,
+)
+
+__all__ = ["FLOOR_ENGINE", "attach", "explain"]
+
+FLOOR_ENGINE = "ort-cpu"
+JUDGE_ENGINE = "oracle"
+_FLOOR_PHASE = "floor"
+
+
+def explain(
+    ex: Executor,
+    ctx: ProbeContext,
+    planned: Sequence[PlannedBackend],
+    builds: Mapping[str, Builds],
+    results: Mapping[str, BackendResult],
+    ref: str,
+    bar: ProgressSink,
+    too_big: str = "",
+) -> Explanation:
+    """The floor and every backend's local errors against `ref`; never raises: a step that
+    cannot run makes the explanation unavailable, with the reason (`too_big`: why its builds
+    would not fit the memory budget)."""
+    opts = ctx.opts
+    if opts.noise_samples == 0:
+        return Explanation("unavailable", DECLINED)
+    others = [b for n, b in builds.items() if n not in (ref, EXPECTED) and b.ok]
+    if not others:
+        return Explanation("unavailable")  # nothing is compared with the reference
+    no_room, judge_disk = explanation_disk(ctx.work, ctx.run_bytes, len(others))
+    too_big = too_big or no_room
+    ctx = replace(ctx, judge_disk=judge_disk)  # its notes stay the caller's list
+    if too_big:
+        return Explanation("unavailable", f"floors and origins were not measured: {too_big}")
+    if all(b.loaded is not None for b in others):
+        why = "every backend compared with the reference was loaded from a capture"
+        return Explanation("unavailable", f"{why}; --max-ulp auto stands at {opts.fixed_ulp:g}")
+    rb = builds.get(ref)
+    if rb is None or not rb.ok:
+        return Explanation("unavailable", f"the reference ({ref}) did not run")
+    layers = rb.first.layers
+    if layers is None:
+        why = "--outputs-only" if opts.outputs_only else f"{ref} has no per-layer capture"
+        return Explanation("unavailable", f"floors and origins need every tensor of the reference ({why})")
+    try:
+        plan = _plan(ctx, planned, builds, results, ref, layers.capture)
+    except Exception as e:  # an explanation that cannot be planned is reported, never fatal
+        return Explanation("unavailable", f"the rewrites failed: {type(e).__name__}: {e}")
+    # One queue, two lanes where cores and memory allow (the floor engine's runs are
+    # single-threaded): each optimized graph first, since its severed run and float64 judge
+    # join the queue's front the moment it is written; the floors and the judge meanwhile.
+    queue = [
+        *([j] for j, _ in plan.optimized.values()),
+        *([j] for j in (plan.floor_job, plan.node_floor_job) if j is not None),
+        [j.job for j in plan.judges.values() if j.job is not None],
+        *([j] for n, j in plan.local_jobs.items() if n not in plan.optimized),
+    ]
+    bar.grow(sum(j.steps for batch in queue for j in batch))
+    state = {"plan": plan}
+    lock = threading.Lock()
+    shipping = {job.label: name for name, (job, _) in plan.optimized.items()}
+
+    def then(o: JobOutcome) -> list[list[Job]]:
+        if plan.floor_job is not None and o.job.label == plan.floor_job.label:
+            o.drop_captures()  # its floors came back in its result: its captures are read no more
+        name = shipping.get(o.job.label)
+        if name is None:
+            return []
+        with lock:
+            try:
+                state["plan"] = _ship(ctx, state["plan"], name, o, layers.capture)
+            except Exception as e:  # judged unfused instead, and the report says why
+                why = f"{UNFUSED}: its graph could not be severed ({type(e).__name__}: {e})"
+                state["plan"] = replace(state["plan"], graphs={**state["plan"].graphs, name: why})
+            p = state["plan"]
+        judge = p.judges[name].job if name in p.judges else None
+        return [[p.local_jobs[name]], *([[judge]] if judge is not None else [])]
+
+    done = ex.run_queue(queue, 2 if side_by_side(ctx, 2) else 1, then)
+    ctx.notes.extend(_window_notes(ctx, state["plan"]))
+    return _analyze(ctx, state["plan"], done, layers.capture, ex)
+
+
+def _window_notes(ctx: ProbeContext, plan: Plan) -> list[str]:
+    """What the report says of each float64 judge cut into windows to fit the budget."""
+    out = []
+    for key, j in sorted(plan.judges.items()):
+        if j.windows:
+            graph = f"{key}'s graph" if key in plan.optimized else (key or "the reference's grain")
+            windows = [w.phases[0].tensors for w in j.windows]
+            out.append(judge_window_note(graph, windows, ctx.budget or 0, ctx.judge_disk))
+    return out
+
+
+def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_capture: str) -> Plan:
+    """Backend `name`'s optimized graph, `written`: severed at the reference's tensors, its local
+    job and judge; where it cannot be judged, the unfused severed model's local job stands, and why."""
+    folder = ctx.work / "explain"
+    src = plan.rewrites or ctx.spec
+    # the model's nodes (its weights beside the rewrites: covers and pieces need no weight)
+    model = load_proto(src.path, load_external=False)
+    path = plan.optimized[name][1]
+    old = plan.local_jobs[name]
+    runtime = old.cls.optimized_format == "runtime"
+    args = (plan.available, ctx.feeds.arrays, ref_capture, folder)
+    got = (
+        runtime_plan(name, written, path, ctx.spec, model, src.path, *args)
+        if runtime
+        else shipped_plan(name, written, path, ctx.spec, model, *args)
+    )
+    if isinstance(got, str):
+        return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {got}"})
+    phase = Phase.planned(LOCAL_PHASE, got.tensors, 1, model=got.model)
+    # ONNX Runtime runs its optimized graph as saved; OpenVINO fuses each piece as it ships it
+    options = (
+        old.raw_options
+        if runtime
+        else tuple(sorted({**dict(old.raw_options), "opt_level": "disable"}.items()))
+    )
+    mine = replace(old, raw_options=options, feeds=got.feeds, phases=(phase,))
+    computed = set(got.tensors)
+    captured = {n: d for n, d in plan.captured.items() if n in computed}
+    # the model's own pieces (OpenVINO; ORT's kernels it cannot evaluate), else the graph as saved
+    pieces = runtime or got.judged_on is not None
+    judge = _judge_job(
+        ctx,
+        got.judged_on if got.judged_on is not None else got.severed,
+        plan.shapes,
+        captured,
+        got.path,
+        got.feeds,
+        name,
+        src.path if pieces else got.path,
+        not pieces,
+    )
+    return replace(
+        plan,
+        local_jobs={**plan.local_jobs, name: mine},
+        judges={**plan.judges, name: judge},
+        judge_of={**plan.judge_of, name: name},
+        graphs={**plan.graphs, name: got.described},
+        covers={**plan.covers, name: got.covers},
+    )
+
+
+def _floor_backend(ctx: ProbeContext, planned: Sequence[PlannedBackend]) -> PlannedBackend | None:
+    """ort-cpu as the user configured it, else with its defaults; None when it cannot run."""
+    mine = next((p for p in planned if p.cls is not None and p.cls.name == FLOOR_ENGINE), None)
+    if mine is not None and mine.interpreter is None:
+        return mine
+    p = plan_backend(FLOOR_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
+    return p if p.cls is not None else None
+
+
+def _plan(
+    ctx: ProbeContext,
+    planned: Sequence[PlannedBackend],
+    builds: Mapping[str, Builds],
+    results: Mapping[str, BackendResult],
+    ref: str,
+    ref_capture: str,
+) -> Plan:
+    spec, opts = ctx.spec, ctx.opts
+    folder = ctx.work / "explain"
+    folder.mkdir(parents=True, exist_ok=True)
+    proto = load_proto(spec.path, load_external=False)
+    # Inline weights are written once, beside the rewrites, which then point at them: five
+    # rewrites otherwise serialize (and their workers parse) five copies.
+    src = spec
+    if externalize(proto, folder):
+        src = replace(spec, path=str(folder / "model.onnx"), external_data=True)
+        write_rewritten(proto, src.path, Path(src.path))
+    with CaptureFile(ref_capture) as cap:
+        held = cap.tensors()
+    shapes = _shapes(builds, held)
+    shapes.update({n: tuple(v.shape) for n, v in ctx.feeds.arrays.items() if isinstance(v, np.ndarray)})
+    tensors = spec.tensor_order()
+
+    floor_job = None
+    reordered = None
+    extra: tuple[Path, ...] = ()
+    engine = _floor_backend(ctx, planned)
+    if engine is not None and engine.cls is not None:
+        reordered = reorder(proto, shapes)
+        path = folder / "reordered.onnx"
+        write_rewritten(reordered.proto, src.path, path)
+        identity = index_feeds(reordered, None)
+        model = _ref(src, path, tuple(identity))
+        base = folder / "order-0.xbv"
+        save_values(base, {**ctx.feeds.arrays, **identity})
+        paths = []
+        for k in range(1, opts.noise_samples + 1):  # an order's file: its permutations alone
+            p = folder / f"order-{k}.xbv"
+            save_values(p, index_feeds(reordered, np.random.default_rng([opts.seed, k])))
+            paths.append(p)
+        extra = tuple(paths)
+        phase = Phase.planned(_FLOOR_PHASE, tensors, 1, extra, model=model, extras="spread")
+        # One thread: a race between threads (a scatter's lost updates) must not pass for reordering.
+        variant = engine.variant(threads="1")
+        floor_job = Job("explain-floor", engine.name, engine.cls, variant, base, (phase,))
+
+    available = {
+        n: (helper.np_dtype_to_tensor_dtype(np_dtype(d)), s)
+        for n, (d, s) in held.items()
+        if not n.startswith(SEVERED)
+    }
+    severed = sever(proto, available)
+    spath = folder / "severed.onnx"
+    write_rewritten(severed.proto, src.path, spath)
+    smodel = _ref(src, spath, tuple(SEVERED + n for n in severed.inputs))
+    smodel = replace(smodel, outputs=tuple(o.name for o in severed.proto.graph.output))
+    sfeeds = folder / "severed.xbv"
+    save_severed_feeds(sfeeds, ctx.feeds.arrays, ref_capture, severed.inputs)
+    captured = {n: d for n, (d, _) in held.items() if not n.startswith(SEVERED)}
+    judges = {"": _judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "", src.path)}
+    judge_of: dict[str, str] = {}
+    optimized: dict[str, tuple[Job, Path]] = {}
+    node_floor = (
+        _node_floor_job(ctx, src, engine, severed, shapes, ref_capture, folder)
+        if engine is not None
+        else None
+    )
+    local_jobs: dict[str, Job] = {}
+    not_measured: dict[str, str] = {}
+    live = {b.name: b for b in planned}
+    for name, r in results.items():
+        b = live.get(name)
+        if name in (ref, EXPECTED) or not r.ok:
+            continue
+        if b is None or b.cls is None:
+            not_measured[name] = "loaded from a capture: its engine did not run here"
+            continue
+        if not b.cls.executes_graph and not b.cls.severs_by_feeds:
+            not_measured[name] = (
+                f"{b.cls.name} computes from its own source, not the ONNX graph, and cannot be fed "
+                "the reference's values step by step"
+            )
+            continue
+        if b.cls.executes_graph and b.cls.saves_optimized_graph and b.interpreter is None:
+            optimized[name] = shipped_job(name, b.cls, b.variant(), spec, ctx.feeds_path, folder)
+        # A runner of its own source keeps its model and takes the reference's values as feeds:
+        # it computes each part it exposes from the part's inputs, so it is judged at that grain.
+        if not b.cls.executes_graph:
+            judges[name] = _own_grain(
+                ctx, proto, builds[name], available, shapes, captured, ref_capture, name, src.path
+            )
+            judge_of[name] = name
+        own = replace(spec.ref(), inputs=smodel.inputs)
+        model = smodel if b.cls.executes_graph else own
+        phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model)
+        local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
+    del proto
+    return Plan(
+        floor_job,
+        local_jobs,
+        not_measured,
+        reordered,
+        extra,
+        tuple(results),
+        ref,
+        judges,
+        judge_of,
+        optimized,
+        available,
+        captured,
+        shapes,
+        node_floor_job=node_floor,
+        rewrites=src,
+    )
+
+
+def _node_floor_job(
+    ctx: ProbeContext,
+    src: ModelSpec,
+    engine: PlannedBackend,
+    severed: Severed,
+    shapes: Mapping[str, tuple[int, ...]],
+    ref_capture: str,
+    folder: Path,
+) -> Job | None:
+    """The severed model with every reduction permuted, fed the reference's values, run in K
+    random orders on the floor engine: how far legitimate orders move each node on its own."""
+    if engine.cls is None or not ctx.opts.noise_samples:
+        return None
+    rs = reorder(severed.proto, {**shapes, **{SEVERED + n: s for n, s in shapes.items()}})
+    if not rs.sites:
+        return None
+    path = folder / "reordered-severed.onnx"
+    write_rewritten(rs.proto, src.path, path)
+    identity = index_feeds(rs, None)
+    inputs = (*(SEVERED + n for n in severed.inputs), *identity)
+    model = replace(_ref(src, path, inputs), outputs=tuple(o.name for o in rs.proto.graph.output))
+    base = folder / "node-order-0.xbv"
+    paths = []
+    save_severed_feeds(base, ctx.feeds.arrays, ref_capture, severed.inputs, identity)
+    for k in range(1, ctx.opts.noise_samples + 1):  # an order's file: its permutations alone
+        p = folder / f"node-order-{k}.xbv"
+        save_values(p, index_feeds(rs, np.random.default_rng([ctx.opts.seed, 1000 + k])))
+        paths.append(p)
+    tensors = tuple(o for n in severed.proto.graph.node for o in n.output if o)
+    phase = Phase.planned(NODE_FLOOR_PHASE, tensors, 1, tuple(paths), model=model, extras="spread")
+    # one thread, as the floor: a race must not pass for reordering
+    return Job("explain-node-floor", engine.name, engine.cls, engine.variant(threads="1"), base, (phase,))
+
+
+def _judge_job(
+    ctx: ProbeContext,
+    severed: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]],
+    captured: Mapping[str, str],
+    spath: Path,
+    sfeeds: Path,
+    key: str,
+    source: str | Path,
+    fill_shapes: bool = False,
+) -> Judge:
+    """The severed model with each node's operand magnitudes, evaluated in float64 without
+    rounding back (the oracle, narrow=false); or why it cannot run."""
+    oracle = plan_backend(JUDGE_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
+    cls = oracle.cls
+    if cls is None:
+        return Judge(
+            None, None, f"the float64 evaluator ({JUDGE_ENGINE}) cannot run here: {oracle.unavailable}"
+        )
+    judged = judged_model(severed, shapes, captured, fill_shapes)
+    jpath = spath.with_name(f"judged{'-' + key if key else ''}.onnx")
+    write_rewritten(judged.proto, source, jpath)
+    inputs = tuple(i.name for i in severed.graph.input if i.name.startswith(SEVERED))
+    model = replace(
+        _ref(ctx.spec, jpath, inputs, uses_external_data(judged.proto)),
+        outputs=tuple(o.name for o in judged.proto.graph.output),
+    )
+    try:
+        windows = judge_windows(
+            judged.groups,
+            shapes,
+            (AUX, PROP),
+            ctx.run_bytes,
+            ctx.spec.weight_bytes,
+            ctx.budget,
+            ctx.judge_disk,
+        )
+    except UsageError as e:  # not even one node fits: said, never killed
+        return Judge(None, None, f"the float64 judge does not fit: {e}")
+    label = f"explain-judge{'-' + key if key else ''}"
+    # one BLAS thread: the explanation's jobs run side by side, a core each (its products are
+    # a small part of an evaluation that is mostly numpy's elementwise work)
+    variant = oracle.variant(narrow="false", threads="1")
+
+    def job(suffix: str, tensors: tuple[str, ...]) -> Job:
+        phase = Phase.planned(JUDGE_PHASE, tensors, 1, model=model)
+        return Job(label + suffix, JUDGE_ENGINE, cls, variant, sfeeds, (phase,))
+
+    if windows:  # each its own job, judged and deleted in turn (xbackend.compare.judge_plan)
+        return Judge(None, judged, windows=tuple(job(f"-w{k + 1}", w) for k, w in enumerate(windows)))
+    return Judge(job("", judged.tensors), judged)
+
+
+def _own_grain(
+    ctx: ProbeContext,
+    proto: onnx.ModelProto,
+    b: Builds,
+    available: Mapping[str, tuple[int, tuple[int, ...]]],
+    shapes: Mapping[str, tuple[int, ...]],
+    captured: Mapping[str, str],
+    ref_capture: str,
+    name: str,
+    source: str,
+) -> Judge:
+    """A backend that computes each tensor it exposes from the tensors it exposes above it (torch:
+    module outputs): the model severed at those, judged in float64."""
+    layers = b.first.layers if b.ok else None
+    mine: set[str] = set()
+    if layers is not None:
+        with CaptureFile(layers.capture) as cap:
+            mine = set(cap.names)
+    grain = {n: available[n] for n in available if n in mine}
+    severed = sever(proto, grain)
+    spath = ctx.work / "explain" / f"severed-{name}.onnx"
+    sfeeds = spath.with_suffix(".xbv")
+    save_severed_feeds(sfeeds, ctx.feeds.arrays, ref_capture, severed.inputs)
+    own = {n: d for n, d in captured.items() if n in grain}
+    return _judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name, source)
+
+
+def _shapes(
+    builds: Mapping[str, Builds], held: Mapping[str, tuple[str, tuple[int, ...]]]
+) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape: the reference's, then any other live backend's per-layer capture
+    for the tensors the reference does not hold (the permuted model needs each reduction's)."""
+    shapes = {n: s for n, (_, s) in held.items()}
+    for b in builds.values():
+        layers = b.first.layers if b.ok and b.loaded is None else None
+        if layers is None:
+            continue
+        with CaptureFile(layers.capture) as cap:
+            for n, (_, s) in cap.tensors().items():
+                shapes.setdefault(n, s)
+    return shapes
+
+
+def _ref(
+    spec: ModelSpec, path: Path, extra_inputs: tuple[str, ...], external: bool | None = None
+) -> ModelRef:
+    inputs = (*spec.input_names, *extra_inputs)
+    external = spec.external_data if external is None else external
+    return ModelRef(str(path), spec.ir_version, inputs, spec.output_names, external, spec.weight_bytes)
+
+
+def _analyze(
+    ctx: ProbeContext, plan: Plan, done: Mapping[str, JobOutcome], ref_capture: str, ex: Executor
+) -> Explanation:
+    spec = ctx.spec
+    if plan.floor_job is None or plan.reordered is None:
+        return Explanation("unavailable", f"{FLOOR_ENGINE} cannot run here, and it measures the floor")
+    fo = done.get(plan.floor_job.label)
+    if fo is None or not fo.ok or fo.phase(_FLOOR_PHASE) is None:
+        why = fo.reason if fo is not None else "it did not run"
+        return Explanation("unavailable", f"the permuted model failed on {FLOOR_ENGINE}: {why}")
+    phase = fo.phase(_FLOOR_PHASE)
+    assert phase is not None
+    floors = dict(phase.floors)
+    local, check = judge_all(spec, plan, done, ref_capture, ex)
+    local.sort(key=lambda x: plan.order.index(x.backend) if x.backend in plan.order else -1)
+    ill = ill_conditioned(spec, floors, ref_capture)
+    return Explanation(
+        "ok",
+        rules=_rules(plan),
+        confidence=1 - DELTA,
+        reorder_check=check,
+        amplifiers=amplifiers(spec, ref_capture),
+        engine=plan.floor_job.backend,
+        samples=len(plan.extra),
+        floors=tuple((t, floors[t]) for t in spec.tensor_order() if t in floors),
+        permuted=len(plan.reordered.sites),
+        skipped=plan.reordered.skipped,
+        local=tuple(local),
+        ill_conditioned=ill,
+    )
+
+
+def _rules(plan: Plan) -> tuple[tuple[str, str, str], ...]:
+    """Each op's allowance and its source, as the judged models used them."""
+    seen: dict[str, tuple[str, str, str]] = {}
+    for j in plan.judges.values():
+        for b in j.judged.bounds.values() if j.judged is not None else ():
+            seen.setdefault(b.op, (b.op, b.general(), b.source))
+    return tuple(seen[k] for k in sorted(seen))
+
+
+def attach(
+    cross: Sequence[CrossBackendResult], ex: Explanation, op_types: Mapping[str, str], auto: bool
+) -> tuple[CrossBackendResult, ...]:
+    """Each comparison with its backend's local errors and, under --max-ulp auto, each tensor's
+    tolerance: the allowance its node's local error is judged by, where the backend was judged
+    against float64; MARGIN x the floor where it could not be (a loaded capture, a failed run)."""
+    if not ex.ok:
+        return tuple(replace(c, not_judged=ex.reason or "no explanation ran") for c in cross)
+    floor_tol = tuple(ex.tolerances(op_types).items()) if auto else ()
+    out = []
+    for c in cross:
+        le = ex.local_for(c.backend)
+        if le is None or le.status != "ok":
+            why = (le.reason or le.status) if le is not None else "its local errors were not measured"
+            out.append(replace(c, tolerances=floor_tol, not_judged=why))
+            continue
+        tol = tuple((n.tensor, n.allowed_scaled_ulp) for n in le.nodes) if auto else ()
+        local = tuple((n.tensor, n.local_scaled_ulp) for n in le.nodes)
+        out.append(replace(c, tolerances=tol, explained=le.explained, origins=le.origins, local_errors=local))
+    return tuple(out)

@@ -1,0 +1,198 @@
+"""The explanation's plan, and each backend judged against the float64 judge node by node: the
+judge's one evaluation, or its windows, each run and judged in turn and deleted once judged, so
+one window's float64 values are on disk at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xbackend.compare.judge_nodes import JUDGE_PHASE, Judged, judge_backend, reorder_check
+from xbackend.execution.executor import Executor, Job, JobOutcome
+from xbackend.model.load import ModelSpec
+from xbackend.model.reorder import Reordered
+from xbackend.results.explanation import LocalErrors, ReorderCheck
+
+__all__ = ["LOCAL_PHASE", "NODE_FLOOR_PHASE", "Judge", "Plan", "judge_all"]
+
+LOCAL_PHASE = "local"
+NODE_FLOOR_PHASE = "node-floor"
+
+
+@dataclass(frozen=True)
+class Judge:
+    """One float64 evaluation of a severed model, or why it cannot run."""
+
+    job: Job | None
+    judged: Judged | None
+    unavailable: str = ""
+    # cut into windows (memory or disk): a job each, run after the others, one at a time
+    windows: tuple[Job, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    floor_job: Job | None
+    local_jobs: dict[str, Job]
+    not_measured: dict[str, str]
+    reordered: Reordered | None
+    extra: tuple[Path, ...]
+    order: tuple[str, ...]  # backends in --backends order
+    reference: str = ""
+    judges: Mapping[str, Judge] = field(default_factory=dict)  # "" : the reference's granularity
+    judge_of: Mapping[str, str] = field(default_factory=dict)  # backend -> its judge's key
+    # backends whose optimized graph is written first (round 1), then severed and judged (round 2)
+    optimized: Mapping[str, tuple[Job, Path]] = field(default_factory=dict)
+    available: Mapping[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    captured: Mapping[str, str] = field(default_factory=dict)  # tensor -> dtype, as the reference holds it
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    graphs: Mapping[str, str] = field(default_factory=dict)  # backend -> the graph its nodes were judged on
+    covers: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    node_floor_job: Job | None = None  # the severed model's sums in K orders: the per-node check
+    rewrites: ModelSpec | None = None  # the model whose folder holds the rewrites' weights
+
+
+def judge_all(
+    spec: ModelSpec, plan: Plan, done: Mapping[str, JobOutcome], ref_capture: str, ex: Executor
+) -> tuple[list[LocalErrors], ReorderCheck]:
+    """Every backend's local errors against the float64 judge, the reference's own included (its
+    capture is its severed run: it was fed its own values), and the per-node floor against the
+    allowances of the reference's grain."""
+    local = [LocalErrors(name, "not-measured", why) for name, why in plan.not_measured.items()]
+    modules = spec.modules()
+    captures = {plan.reference: ref_capture}
+    for name, job in plan.local_jobs.items():
+        o = done.get(job.label)
+        lp = o.phase(LOCAL_PHASE) if o is not None and o.ok else None
+        if lp is None:
+            why = o.reason if o is not None else "it did not run"
+            local.append(LocalErrors(name, "not-measured", f"the severed model failed: {why}"))
+            continue
+        captures[name] = lp.capture
+    ex.bar.grow(sum(w.steps for j in plan.judges.values() for w in j.windows))
+    keys: dict[str, list[str]] = {}
+    for name in captures:
+        keys.setdefault(plan.judge_of.get(name, ""), []).append(name)
+    floor = _floor_check(plan, done)
+    checks: list[ReorderCheck] = []
+    for key, names in keys.items():
+        judge = plan.judges.get(key)
+        judged = judge.judged if judge is not None else None
+        if judge is None or judged is None:
+            why = (judge.unavailable if judge else "") or "the float64 evaluation of each node did not run"
+            local += [LocalErrors(n, "not-measured", why) for n in names]
+            continue
+        parts: dict[str, list[LocalErrors]] = {n: [] for n in names}
+        failed = ""
+        for capture, order, why in _evaluations(judge, judged, done, ex):
+            if capture is None:  # the last one: the windows after it are skipped (the bar says so)
+                failed = f"the float64 evaluation of each node failed: {why}"
+                continue
+            for n in names:
+                graph = plan.graphs.get(n) or _grain_words(n, plan)
+                parts[n].append(
+                    judge_backend(n, captures[n], capture, judged, order, modules, plan.covers.get(n), graph)
+                )
+            if key == "" and floor is not None and floor.status == "ok":
+                checks.append(_reorder_part(plan, done, judged, capture, order))
+        local += [LocalErrors(n, "not-measured", failed) if failed else _merged(parts[n]) for n in names]
+        if key == "" and failed:
+            floor = ReorderCheck("unavailable", "the float64 judge failed")
+    if floor is None:
+        judge = plan.judges.get("")
+        return local, ReorderCheck("unavailable", "no reduction to permute" if judge is not None else "")
+    return local, (_merged_check(checks, floor) if floor.status == "ok" else floor)
+
+
+def _evaluations(
+    judge: Judge, judged: Judged, done: Mapping[str, JobOutcome], ex: Executor
+) -> Iterator[tuple[str | None, tuple[str, ...], str]]:
+    """(capture, the judged tensors it holds, why it failed) of each evaluation of the judge: its
+    one job's, or each window's, run now and its capture deleted once judged."""
+    if judge.job is not None:
+        o = done.get(judge.job.label)
+        jp = o.phase(JUDGE_PHASE) if o is not None and o.ok else None
+        yield (jp.capture if jp else None), judged.order, (o.reason if o is not None else "it did not run")
+        return
+    for k, job in enumerate(judge.windows):
+        o = None if ex.cancelled.is_set() else ex.run(job)
+        jp = o.phase(JUDGE_PHASE) if o is not None and o.ok else None
+        why = o.reason if o is not None else "interrupted"
+        wanted = set(job.phases[0].tensors)
+        try:
+            yield (jp.capture if jp else None), tuple(t for t in judged.order if t in wanted), why
+        finally:
+            if o is not None:
+                o.drop_captures()
+        if jp is None:  # the windows after it will not run: the bar says so
+            for rest in judge.windows[k + 1 :]:
+                ex.skip(rest)
+            return
+
+
+def _floor_check(plan: Plan, done: Mapping[str, JobOutcome]) -> ReorderCheck | None:
+    """The per-node floor's state before any judging: None when there is none to check, else
+    unavailable (its job failed) or ok (the check itself is made window by window)."""
+    job, judge = plan.node_floor_job, plan.judges.get("")
+    if job is None or judge is None or judge.judged is None or (judge.job is None and not judge.windows):
+        return None
+    fo = done.get(job.label)
+    if fo is None or not fo.ok or fo.phase(NODE_FLOOR_PHASE) is None:
+        return ReorderCheck("unavailable", fo.reason if fo is not None and not fo.ok else "it did not run")
+    return ReorderCheck("ok", engine=job.backend, samples=len(job.phases[0].extra_feeds))
+
+
+def _reorder_part(
+    plan: Plan, done: Mapping[str, JobOutcome], judged: Judged, capture: str, order: Sequence[str]
+) -> ReorderCheck:
+    job = plan.node_floor_job
+    assert job is not None
+    phase = done[job.label].phase(NODE_FLOOR_PHASE)
+    assert phase is not None
+    spread = phase.extra_captures[0][0] if phase.extra_captures else None
+    samples = len(job.phases[0].extra_feeds)
+    return reorder_check(judged, capture, phase.capture, spread, samples, job.backend, order)
+
+
+def _worst(parts: Sequence[LocalErrors] | Sequence[ReorderCheck]) -> tuple[float, str]:
+    """The largest ratio over the windows and where, the first window's on a tie; -1 for none."""
+    worst: tuple[float, str] = (-1.0, "")
+    for p in parts:
+        if p.largest_ratio is not None and p.largest_ratio > worst[0]:
+            worst = (p.largest_ratio, p.largest_at)
+    return worst
+
+
+def _merged(parts: Sequence[LocalErrors]) -> LocalErrors:
+    """One backend's local errors over the judge's windows, in model order."""
+    first = parts[0]
+    worst = _worst(parts)
+    return LocalErrors(
+        first.backend,
+        "ok",
+        origins=tuple(o for p in parts for o in p.origins),
+        compared=sum(p.compared for p in parts),
+        largest_ratio=worst[0] if worst[0] >= 0 else None,
+        largest_at=worst[1],
+        nodes=tuple(n for p in parts for n in p.nodes),
+        graph=first.graph,
+    )
+
+
+def _merged_check(parts: Sequence[ReorderCheck], base: ReorderCheck) -> ReorderCheck:
+    worst = _worst(parts)
+    return ReorderCheck(
+        "ok",
+        engine=base.engine,
+        samples=base.samples,
+        largest_ratio=worst[0] if worst[0] >= 0 else 0.0,
+        largest_at=worst[1],
+        over=tuple(t for p in parts for t in p.over),
+    )
+
+
+def _grain_words(name: str, plan: Plan) -> str:
+    if plan.judge_of.get(name):
+        return "its own parts (the model severed at the tensors it exposes)"
+    return "the model's graph"

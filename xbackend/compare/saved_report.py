@@ -1,0 +1,53 @@
+"""JSON reports read back: the Result a report written by `compare --json` holds.
+
+What `xbackend report` renders, and what baselines and `xbackend diff` compare. The
+Result sits losslessly under "result" (xbackend.files.codec); probe results are rebuilt only as
+the classes the probe registry defines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import xbackend.probes.registry  # noqa: F401  (registers every probe's result class with the codec)
+from xbackend.errors import InputError
+from xbackend.files.codec import CodecError, decode
+from xbackend.results import Result
+
+__all__ = ["SCHEMA", "from_json", "read_result"]
+
+SCHEMA = "xbackend.report/2"
+
+
+def from_json(text: str, what: str = "report") -> Result:
+    """The Result a JSON report holds; InputError (one line) when it holds none this version reads."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise InputError(
+            f"{what} is not JSON ({e}); pass a report written by `xbackend compare --json`"
+        ) from e
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != SCHEMA or "result" not in data:
+        raise InputError(
+            f"{what} has schema {schema!r}, this xbackend reads {SCHEMA!r}; re-run the comparison with "
+            "this version (`xbackend compare ... --json OUT.json`)"
+        )
+    try:
+        return decode(Result, data["result"])  # type: ignore[no-any-return]
+    except CodecError as e:
+        raise InputError(f"{what} is damaged or was edited: {e}; re-run the comparison") from e
+
+
+def read_result(path: str | os.PathLike[str], flag: str = "") -> Result:
+    p = Path(path)
+    what = f"{flag} {p}".strip()
+    try:
+        text = p.read_text("utf-8")
+    except FileNotFoundError as e:
+        raise InputError(f"{what} not found; pass a JSON report written by `xbackend compare --json`") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{what} cannot be read ({type(e).__name__}); pass a JSON report") from e
+    return from_json(text, what)

@@ -1,0 +1,355 @@
+"""Worker jobs: what one worker process does, and running it with progress.
+
+Every backend configuration (a build, or a probe's variant) is one Job, run in
+its own process by xbackend.execution.isolation. The plan is known up front, so the
+progress bar covers all of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from xbackend.execution.foreign import stage_model
+from xbackend.execution.isolation import WorkerOutcome, disk_full, run_batch
+from xbackend.execution.progress import ProgressSink
+from xbackend.execution.protocol import LAYERS, OUTPUTS, Phase, PhaseResult, WorkerJob, WorkerResult
+from xbackend.files.run_values import CaptureFile, common_names, diff_captures
+from xbackend.model.load import ModelSpec
+from xbackend.numerics.metrics import TensorDiff
+from xbackend.runners.base import PYTHON_OPTION, Runner
+from xbackend.runners.registry import runner_target
+
+__all__ = ["Executor", "Job", "JobOutcome", "diff_phases", "separate_layers", "standard_phases"]
+
+
+def standard_phases(
+    cls: type[Runner],
+    spec: ModelSpec,
+    runs: int,
+    outputs_only: bool = False,
+    layers: bool = True,
+    options: Mapping[str, str] | None = None,
+    timed_runs: int = 0,
+    windows: tuple[tuple[str, ...], ...] = (),
+    spill: bool = True,
+) -> tuple[Phase, ...]:
+    """The plain model for graph outputs and, unless outputs only, the instrumented model for
+    per-layer tables; one build serves both where exposing intermediates changes nothing.
+    `timed_runs` more runs go to the phase that serves the outputs: timed and compared alike."""
+    outputs = spec.output_order()
+    plain = runs + timed_runs
+    if outputs_only or not layers:
+        return (Phase.planned(OUTPUTS, outputs, plain),)
+    if not separate_layers(cls, spec, options or {}):
+        return (
+            Phase.planned(
+                LAYERS, spec.tensor_order(), plain, serves_outputs=True, windows=windows, spill=spill
+            ),
+        )
+    return (
+        Phase.planned(OUTPUTS, outputs, plain),
+        Phase.planned(LAYERS, spec.tensor_order(), runs, windows=windows, spill=spill),
+    )
+
+
+def separate_layers(cls: type[Runner], spec: ModelSpec, options: Mapping[str, str]) -> bool:
+    """Whether this backend's per-layer capture of this model is a build of its own."""
+    resolved = cls.resolve_options(options)
+    return cls.instruments(dict(spec.metadata), Path(spec.path).resolve().parent, resolved)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One worker process: a backend with options, its phases, the feeds to run."""
+
+    label: str  # unique, used as the job's directory name
+    backend: str
+    cls: type[Runner]
+    raw_options: tuple[tuple[str, str], ...]
+    feeds: Path
+    phases: tuple[Phase, ...] = ()
+    kind: str = "main"  # "main" | "opt-levels"
+    fingerprint: bool = False
+
+    @functools.cached_property
+    def options(self) -> dict[str, Any]:
+        """The runner's options, resolved once for the job (its interpreter, its environment)."""
+        return self.cls.resolve_options(dict(self.raw_options))
+
+    @property
+    def python(self) -> str:
+        """The interpreter the worker runs under ('' for this one): the runner option python."""
+        return str(self.options[PYTHON_OPTION.name])
+
+    @property
+    def steps(self) -> int:
+        if self.kind != "main":
+            return 2
+        return 1 + sum(p.runs * max(1, len(p.windows)) + len(p.extra_feeds) for p in self.phases)
+
+    def env(self) -> dict[str, str]:
+        return self.cls.process_env(self.options)
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A finished job: the worker's outcome, its phases' captures and results."""
+
+    job: Job
+    outcome: WorkerOutcome
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome.status == "ok"
+
+    @property
+    def result(self) -> WorkerResult:
+        return self.outcome.result
+
+    @property
+    def reason(self) -> str:
+        return self.outcome.reason
+
+    def drop_captures(self) -> None:
+        """Delete the captures this job wrote, once nothing reads them (a run of activations each)."""
+        for ph in self.result.phases:
+            for path in (ph.capture, *(c for c, _ in ph.extra_captures)):
+                Path(path).unlink(missing_ok=True)
+
+    def phase(self, name: str) -> PhaseResult | None:
+        return self.result.phase(name)
+
+    @property
+    def outputs(self) -> PhaseResult:
+        """The phase whose graph outputs stand for the plain model users ship."""
+        p = self.phase(OUTPUTS)
+        if p is not None:
+            return p
+        p = self.phase(LAYERS)
+        if p is None or not p.serves_outputs:
+            raise LookupError(f"{self.job.label}: no phase holds the plain model's outputs")
+        return p
+
+    @property
+    def layers(self) -> PhaseResult | None:
+        """The instrumented phase (every intermediate exposed), if it ran."""
+        return self.phase(LAYERS)
+
+    @property
+    def separate_layers(self) -> bool:
+        """True when the per-layer capture comes from a different build than the outputs."""
+        layers = self.layers
+        return layers is not None and not layers.serves_outputs
+
+
+class Executor:
+    """Runs jobs in worker processes under one work directory, advancing one progress bar."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        work: Path,
+        timeout: float,
+        bar: ProgressSink,
+        max_ir: Mapping[str, int | None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.work = work
+        self.timeout = timeout
+        self.bar = bar
+        # interpreter -> the highest IR its engine reads, for models staged for foreign workers
+        self.max_ir = dict(max_ir or {})
+        self.cancelled = threading.Event()  # set: queues start nothing more (the caller is stopping)
+
+    def _worker_job(self, job: Job, job_dir: Path) -> WorkerJob:
+        model = self.spec.ref()
+        phases = tuple(p.placed(job_dir) for p in job.phases)
+        if job.python or job.cls.stages_model:  # the worker needs no onnx: models are prepared here
+            max_ir = self.max_ir.get(job.python) if job.python else job.cls.max_ir_version()
+            staged = self.work / "staged-models"
+            phases = tuple(
+                replace(p, model=stage_model(p.model or model, p.tensors, max_ir, staged)) for p in phases
+            )
+            model = stage_model(model, (), max_ir, staged)
+        return WorkerJob(
+            backend=job.backend,
+            options=dict(job.raw_options),
+            model=model,
+            outputs=self.spec.output_names,
+            op_types=self.spec.op_types(),
+            feeds=str(job.feeds),
+            result=str(job_dir / "result.json"),
+            phases=phases,
+            kind=job.kind,
+            fingerprint=job.fingerprint,
+            target=runner_target(job.backend),
+        )
+
+    def run(self, job: Job) -> JobOutcome:
+        return self.run_together([job])[0]
+
+    def run_together(self, jobs: Sequence[Job]) -> list[JobOutcome]:
+        """Jobs one after another in one worker process (see Runner.shares_process)."""
+        label = ", ".join(j.label for j in jobs)
+        self.bar.describe(label)
+        seen = 0
+
+        def tick() -> None:
+            nonlocal seen
+            seen += 1
+            self.bar.advance()
+
+        try:
+            dirs = []
+            for job in jobs:
+                job_dir = self.work / job.label
+                job_dir.mkdir(parents=True)
+                dirs.append(job_dir)
+            batch = [(self._worker_job(j, d), d) for j, d in zip(jobs, dirs, strict=True)]
+            outcomes = run_batch(
+                batch,
+                self.timeout,
+                jobs[0].env(),
+                tick,
+                jobs[0].python,
+                lambda text: self.bar.detail(f"{label}: {text}"),
+            )
+        except OSError as e:  # its files could not be written: these jobs fail, the comparison goes on
+            why = disk_full(self.work) or f"its files could not be written: {e.strerror or e} ({e.filename})"
+            failed = WorkerOutcome("failed", f"load: {why}", WorkerResult("failed", reason=why), 0.0)
+            outcomes = [failed] * len(jobs)
+        self.bar.advance(max(0, sum(j.steps for j in jobs) - seen))
+        self.bar.done(label)
+        return [JobOutcome(j, o) for j, o in zip(jobs, outcomes, strict=True)]
+
+    def skip(self, job: Job) -> None:
+        """A planned job that will not run (its backend failed): keep the bar honest."""
+        self.bar.advance(job.steps)
+
+    def run_all(self, jobs: Sequence[Job], go: bool) -> dict[str, JobOutcome]:
+        """Run `jobs`; consecutive variants of a backend that shares a process run in one."""
+        if not go:
+            for job in jobs:
+                self.skip(job)
+            return {}
+        groups: list[list[Job]] = []
+        for job in jobs:
+            if groups and _same_process(groups[-1][0], job):
+                groups[-1].append(job)
+            else:
+                groups.append([job])
+        return {o.job.label: o for g in groups for o in self.run_together(g)}
+
+    def run_queue(
+        self,
+        queue: Sequence[Sequence[Job]],
+        lanes: int,
+        then: Callable[[JobOutcome], Sequence[Sequence[Job]]] = lambda _: (),
+    ) -> dict[str, JobOutcome]:
+        """Run each batch of `queue` in a worker process of its own (a batch's jobs share it), up
+        to `lanes` processes at a time, in queue order; `then(outcome)` may return batches that
+        outcome made possible, which go to the front of the queue. The caller answers for
+        batches running side by side being independent and fitting in memory together."""
+        pending: deque[list[Job]] = deque(list(b) for b in queue if b)
+        done: dict[str, JobOutcome] = {}
+        lock = threading.Condition()
+        running = 0
+
+        def lane() -> None:
+            nonlocal running
+            while True:
+                with lock:
+                    while not pending and running:
+                        lock.wait()
+                    if not pending or self.cancelled.is_set():
+                        lock.notify_all()
+                        return
+                    batch = pending.popleft()
+                    running += 1
+                outcomes: list[JobOutcome] = []
+                follow: list[list[Job]] = []
+                try:
+                    outcomes = self.run_together(batch)
+                    follow = [list(b) for o in outcomes for b in then(o) if b]
+                finally:  # in one step: a lane must not see the queue empty before these are in
+                    with lock:
+                        running -= 1
+                        done.update((o.job.label, o) for o in outcomes)
+                        for b in reversed(follow):
+                            self.bar.grow(sum(j.steps for j in b))
+                            pending.appendleft(b)
+                        lock.notify_all()
+
+        if lanes <= 1:
+            lane()
+            return done
+        with self.shared(), ThreadPoolExecutor(lanes, thread_name_prefix="xbackend-lane") as pool:
+            for f in [pool.submit(lane) for _ in range(lanes)]:
+                f.result()
+        return done
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[ProgressSink]:
+        """While work runs from several threads: the bar they all advance, one call at a time."""
+        bar = self.bar
+        self.bar = bar if isinstance(bar, _Locked) else _Locked(bar)
+        try:
+            yield self.bar
+        finally:
+            self.bar = bar
+
+
+class _Locked:
+    """A progress sink that several lanes advance: one call at a time."""
+
+    def __init__(self, bar: ProgressSink) -> None:
+        self._bar = bar
+        self._lock = threading.Lock()
+
+    def start(self, total: int) -> None:
+        with self._lock:
+            self._bar.start(total)
+
+    def grow(self, steps: int) -> None:
+        with self._lock:
+            self._bar.grow(steps)
+
+    def describe(self, text: str) -> None:
+        with self._lock:
+            self._bar.describe(text)
+
+    def detail(self, text: str) -> None:
+        with self._lock:
+            self._bar.detail(text)
+
+    def done(self, text: str) -> None:
+        with self._lock:
+            self._bar.done(text)
+
+    def advance(self, steps: int = 1) -> None:
+        with self._lock:
+            self._bar.advance(steps)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._bar.stop()
+
+
+def _same_process(a: Job, b: Job) -> bool:
+    return a.cls is b.cls and a.cls.shares_process and a.env() == b.env() and a.python == b.python
+
+
+def diff_phases(a: PhaseResult, b: PhaseResult, spec: ModelSpec, outputs: bool) -> list[TensorDiff]:
+    """a's run-0 capture against b's, over the tensors both hold, in model order (graph outputs
+    only, or every tensor)."""
+    with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
+        names = common_names(ca, cb, spec.output_order() if outputs else spec.tensor_order())
+        return diff_captures(ca, cb, names, spec.op_types())

@@ -1,0 +1,1 @@
+"""PyTorch modules exported to ONNX, with their example inputs."""

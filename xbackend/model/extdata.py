@@ -1,0 +1,274 @@
+"""Weights in external data files: finding them, checking they are whole, reading them, and
+linking them beside rewritten models (never serializing them into one proto)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
+
+from xbackend.errors import ModelLoadError, first_line
+from xbackend.files.atomic import write_atomic_bytes
+
+__all__ = [
+    "IN_MEMORY",
+    "adopt_external",
+    "all_tensors",
+    "check_external_files",
+    "external_files",
+    "load_external",
+    "map_external",
+    "raw_size",
+    "uses_external_data",
+    "write_rewritten",
+]
+
+
+def uses_external_data(proto: onnx.ModelProto) -> bool:
+    return any(t.data_location == TensorProto.EXTERNAL for t in all_tensors(proto.graph))
+
+
+def all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from all_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from all_tensors(sub)
+
+
+def external_files(proto: onnx.ModelProto) -> list[str]:
+    files: set[str] = set()
+    for t in all_tensors(proto.graph):
+        if t.data_location == TensorProto.EXTERNAL:
+            files.update(e.value for e in t.external_data if e.key == "location")
+    return sorted(files)
+
+
+def _link_external(proto: onnx.ModelProto, src: Path, dest: Path) -> None:
+    """Link each external data file `proto` names from folder `src` into folder `dest`: a hard
+    link where the file system allows (ONNX Runtime refuses a symlink that leaves the model's
+    folder), else a symlink."""
+    for rel in external_files(proto):
+        link = dest / rel
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            target = (src / rel).resolve()
+            try:
+                os.link(target, link)
+            except OSError:
+                link.symlink_to(target)
+
+
+def adopt_external(proto: onnx.ModelProto, src: Path, out: Path) -> None:
+    """Move the external data files `proto` names, from folder `src` (on `out`'s file system)
+    to sit beside `out` named after it (`out.onnx.data`, or `.data0`, `.data1`... for several),
+    and point the proto at them."""
+    files = external_files(proto)
+    names = {rel: f"{out.name}.data" + (str(k) if len(files) > 1 else "") for k, rel in enumerate(files)}
+    for rel, new in names.items():
+        os.replace(src / rel, out.parent / new)
+    for t in all_tensors(proto.graph):
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = names[e.value]
+
+
+def write_rewritten(proto: onnx.ModelProto, source: str | os.PathLike[str], path: Path) -> None:
+    """Write a rewrite of the model at `source` (weights left external) to `path`, atomically,
+    its external data linked beside it: the weights are never serialized into one proto."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _link_external(proto, Path(source).parent, path.parent)
+    write_atomic_bytes(path, proto.SerializeToString(), "rewritten model")
+
+
+def externalize(proto: onnx.ModelProto, folder: Path, name: str = "weights.bin") -> bool:
+    """Move the proto's inline weights (past 1 KiB each) into one file `name` in `folder`, written
+    once, the proto pointing at it: every rewrite of it then serializes without its weights, as a
+    model with external data does. False (nothing moved) where the weights are external already
+    or under 1 MiB in all."""
+    if uses_external_data(proto) or sum(len(t.raw_data) for t in proto.graph.initializer) < 1 << 20:
+        return False
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).unlink(missing_ok=True)  # written by append: a file left from an earlier run goes
+    convert_model_to_external_data(proto, True, name, 1024, False)
+    write_external_data_tensors(proto, str(folder))
+    return True
+
+
+def load_external(proto: onnx.ModelProto, p: Path) -> None:
+    """Read every external tensor's bytes into the proto. Not onnx's loader: it refuses a data
+    file with more than one hard link, and write_rewritten hard-links the weights of every
+    rewritten model (the user's own file among them, while a rewrite exists)."""
+    if not uses_external_data(proto):
+        return
+    check_external_files(proto, p)
+    try:
+        for t in all_tensors(proto.graph):
+            if t.data_location == TensorProto.EXTERNAL:
+                _read_external(t, p.parent)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
+
+
+IN_MEMORY = "#"  # an external location held in memory (onnx.model_container's convention)
+
+
+def map_external(proto: onnx.ModelProto, p: Path) -> dict[str, np.ndarray]:
+    """The main graph's external weights memory-mapped from their files, read-only: each
+    initializer's location becomes IN_MEMORY + its name, the key of its array in the dict
+    returned (an onnx ModelContainer's large initializers). Nothing is copied: pages are read
+    as the engine touches them, and the kernel can drop them again. Weights of other types
+    (packed 4-bit, strings) and those in subgraphs are read into the proto as load_external
+    does. Large weights stored in the proto itself move out of it the same way (one copy held,
+    not the proto's and the engine's)."""
+    external = uses_external_data(proto)
+    if external:
+        check_external_files(proto, p)
+    out: dict[str, np.ndarray] = {}
+    try:
+        mapped = set()
+        for t in proto.graph.initializer:
+            arr = _mapped(t, p.parent) if t.data_location == TensorProto.EXTERNAL else _lifted(t)
+            if arr is None:
+                continue
+            key = f"{IN_MEMORY}{len(out)}:{t.name}"
+            out[key] = arr
+            del t.external_data[:]
+            t.external_data.add(key="location", value=key)
+            mapped.add(t.name)
+        for t in all_tensors(proto.graph) if external else ():
+            if t.data_location == TensorProto.EXTERNAL and t.name not in mapped:
+                _read_external(t, p.parent)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
+    return out
+
+
+_LIFT_BYTES = 1 << 16  # inline weights from this size on leave the proto (shape tensors stay)
+
+
+def _lifted(t: TensorProto) -> np.ndarray | None:
+    """An inline weight's bytes as an array of their own, cleared from the proto; None where it
+    is small or of a type numpy cannot hold one to one."""
+    if not t.HasField("raw_data") or len(t.raw_data) < _LIFT_BYTES:
+        return None
+    dtype = _plain_dtype(t)
+    if dtype is None:
+        return None
+    arr = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(int(d) for d in t.dims))
+    t.ClearField("raw_data")
+    t.data_location = TensorProto.EXTERNAL
+    return arr
+
+
+def _plain_dtype(t: TensorProto) -> np.dtype[np.generic] | None:
+    """The numpy dtype whose bytes are the tensor's raw bytes one to one, or None (packed 4- and
+    2-bit types, strings, a big-endian host: ONNX's raw bytes are little-endian)."""
+    if t.data_type in _PACKED or sys.byteorder != "little":
+        return None
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None if dtype.kind == "O" else dtype
+
+
+def _mapped(t: TensorProto, base: Path) -> np.ndarray | None:
+    """A read-only map of the tensor's bytes, or None for a type numpy cannot map one to one."""
+    dtype = _plain_dtype(t)
+    if dtype is None:
+        return None
+    rel, offset, _ = _where(t)
+    _safe(t, rel)
+    shape = tuple(int(d) for d in t.dims)
+    if int(np.prod(shape, dtype=np.int64)) == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(base / rel, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def _safe(t: TensorProto, rel: str) -> None:
+    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise ValueError(f"tensor {t.name}: external data location {rel!r} is not a file beside the model")
+
+
+def _where(t: TensorProto) -> tuple[str, int, int | None]:
+    """(file, offset, length or None for the rest of the file) of an external tensor."""
+    info = {e.key: e.value for e in t.external_data}
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if info.get("length") is not None else None
+    except ValueError:
+        raise ModelLoadError(
+            f"weight {t.name!r}: external data offset {info.get('offset')!r} / length {info.get('length')!r} "
+            "are not whole numbers; re-export the model"
+        ) from None
+    if offset < 0 or (length is not None and length < 0) or offset > 1 << 62:
+        raise ModelLoadError(
+            f"weight {t.name!r}: external data offset {offset} / length {length} are out of range; "
+            "re-export the model"
+        )
+    return info.get("location", ""), offset, length
+
+
+def _read_external(t: TensorProto, base: Path) -> None:
+    """The tensor's bytes into raw_data (check_external_files has checked the file is whole)."""
+    rel, offset, length = _where(t)
+    _safe(t, rel)
+    with open(base / rel, "rb") as f:
+        f.seek(offset)
+        data = f.read(length) if length is not None else f.read()
+    t.raw_data = data
+    del t.external_data[:]
+    t.data_location = TensorProto.DEFAULT
+
+
+def check_external_files(proto: onnx.ModelProto, p: Path) -> None:
+    """Every external data file beside the model, and long enough for every tensor it holds."""
+    missing = [f for f in external_files(proto) if not (p.parent / f).is_file()]
+    if missing:
+        raise ModelLoadError(
+            f"{p} stores weights in external data file(s) {', '.join(missing)} that are not "
+            f"next to it in {p.parent}; copy them there"
+        )
+    sizes: dict[str, int] = {}
+    for t in all_tensors(proto.graph):
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        rel, offset, length = _where(t)
+        if rel not in sizes:
+            sizes[rel] = (p.parent / rel).stat().st_size
+        end = offset + (length if length is not None else raw_size(t) or 0)
+        if end > sizes[rel]:
+            raise ModelLoadError(
+                f"{p}: external data file {rel} ends at byte {sizes[rel]}, but weight {t.name!r} "
+                f"needs bytes up to {end}: the file is truncated; copy it again in full"
+            )
+
+
+def raw_size(t: onnx.TensorProto) -> int | None:
+    """Bytes a raw initializer of this type and shape holds (None for types without a fixed size)."""
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    if t.data_type in _PACKED:
+        return None  # 4-bit and 2-bit types pack several elements per byte
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
+
+
+_PACKED = {
+    getattr(onnx.TensorProto, n)
+    for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(onnx.TensorProto, n)
+}

@@ -1,0 +1,550 @@
+"""Input feeds: seeded generation from model metadata, or loaded from an .npz file.
+
+Feeds are made once, hashed, and the same bytes go to every backend and run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from xbackend.errors import InputError
+from xbackend.files.capture_folder import CapturedInputs, captured_inputs, is_capture
+from xbackend.files.storage import ValueFile, save_values
+from xbackend.model.load import ModelSpec, TensorSpec, np_dtype
+from xbackend.numerics.values import Value, describe, normalize, value_sha256
+
+__all__ = [
+    "META_RANGES",
+    "Feeds",
+    "capture_feeds",
+    "feeds_sha256",
+    "generate_feeds",
+    "load_expected",
+    "load_feeds",
+    "parse_range",
+    "parse_shape",
+    "recorded_ranges",
+]
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Feeds:
+    """The values fed to every backend, their sha256 and where they came from.
+
+    `arrays` maps each input name to a value (see xbackend.numerics.values): a tensor, a
+    sequence, a map or an empty optional.
+    """
+
+    arrays: Mapping[str, Value] = field(compare=False, repr=False)
+    sha256: str
+    seed: int | None
+    source: str  # "generated" or the path the data came from
+    ranges: tuple[tuple[str, str], ...] = ()  # input -> the range its generated values were drawn from
+    made: tuple[tuple[str, str], ...] = ()  # input -> how it was made, in words (generated feeds)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        arrays: Mapping[str, Any],
+        seed: int | None,
+        source: str,
+        ranges: tuple[tuple[str, str], ...] = (),
+        made: tuple[tuple[str, str], ...] = (),
+    ) -> Feeds:
+        fixed = {k: normalize(v) for k, v in arrays.items()}
+        return cls(fixed, feeds_sha256(fixed), seed, source, ranges, made)
+
+    def shapes(self) -> dict[str, Shape]:
+        return {
+            k: tuple(int(d) for d in v.shape) for k, v in self.arrays.items() if isinstance(v, np.ndarray)
+        }
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(name, dtype or kind, shape or structure) per input, sorted by name."""
+        out = []
+        for k, v in sorted(self.arrays.items()):
+            if isinstance(v, np.ndarray):
+                out.append((k, str(v.dtype), "[" + ",".join(map(str, v.shape)) + "]"))
+            else:
+                out.append((k, "value", describe(v)))
+        return out
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        save_values(path, self.arrays)
+
+
+def feeds_sha256(arrays: Mapping[str, Value]) -> str:
+    """Hash of names, structure, dtypes, shapes and bytes, in name order."""
+    return value_sha256((name, arrays[name]) for name in sorted(arrays))
+
+
+def parse_range(text: str) -> tuple[str, float, float]:
+    """'ids=0:50257' -> ('ids', 0, 50257): generated values drawn from [LO, HI)."""
+    name, sep, rest = text.rpartition("=")
+    lo_text, colon, hi_text = rest.partition(":")
+    try:
+        lo, hi = float(lo_text), float(hi_text)
+    except ValueError:
+        lo = hi = math.nan
+    if not sep or not name or not colon or not (lo < hi):
+        raise InputError(f"--range expects NAME=LO:HI with LO < HI (e.g. input_ids=0:50257), got {text!r}")
+    return name, lo, hi
+
+
+def parse_shape(text: str) -> tuple[str, Shape]:
+    """'NAME=1,3,224,224' -> ('NAME', (1, 3, 224, 224))."""
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name:
+        raise InputError(f"--shape expects NAME=D1,D2,... (e.g. x=1,3,224,224), got {text!r}")
+    try:
+        shape = tuple(int(d) for d in dims.split(",") if d.strip() != "")
+    except ValueError as e:
+        raise InputError(f"--shape {text!r}: dimensions must be integers, e.g. x=1,3,224,224") from e
+    if any(d < 0 for d in shape):
+        raise InputError(f"--shape {text!r}: dimensions must be >= 0")
+    return name, shape
+
+
+def _named_dims(spec: ModelSpec) -> dict[str, list[str]]:
+    """Symbolic dimension name -> the inputs that use it (e.g. 'batch' -> input_ids, attention_mask)."""
+    out: dict[str, list[str]] = {}
+    for i in spec.inputs:
+        for d in i.shape or ():
+            if isinstance(d, str) and d and i.name not in out.get(d, []):
+                out.setdefault(d, []).append(i.name)
+    return out
+
+
+def _split_shapes(spec: ModelSpec, shapes: Mapping[str, Shape]) -> tuple[dict[str, Shape], dict[str, int]]:
+    """(input -> shape, dimension name -> size): `--shape batch=2` sets a named dimension every
+    input that uses it shares; an input's own name wins."""
+    named = _named_dims(spec)
+    inputs, dims = {}, {}
+    for name, shape in shapes.items():
+        if name in spec.input_names or name not in named:
+            inputs[name] = shape
+        elif len(shape) != 1:
+            raise InputError(
+                f"--shape {name}={','.join(map(str, shape))}: {name!r} is a dynamic dimension (of "
+                f"{', '.join(named[name])}), so it takes one size, e.g. --shape {name}=2"
+            )
+        else:
+            dims[name] = shape[0]
+    return inputs, dims
+
+
+def _fill_dims(spec: TensorSpec, dims: Mapping[str, int]) -> Shape | None:
+    """The input's shape from named dimension sizes, when they settle every dynamic dimension."""
+    if spec.shape is None or not spec.dynamic_dims:
+        return None
+    if not all(isinstance(spec.shape[i], str) and spec.shape[i] in dims for i in spec.dynamic_dims):
+        return None
+    return tuple(d if isinstance(d, int) else dims[str(d)] for d in spec.shape)
+
+
+def _unset_dims(spec: ModelSpec, shapes: Mapping[str, Shape], dims: Mapping[str, int]) -> InputError | None:
+    """One error for every named dimension left unset, naming the inputs that share it."""
+    missing: dict[str, list[str]] = {}
+    for i in spec.inputs:
+        if i.name in shapes or i.shape is None or _fill_dims(i, dims) is not None:
+            continue
+        syms = [i.shape[k] for k in i.dynamic_dims]
+        if not all(isinstance(s, str) and s for s in syms):
+            return None  # an unnamed dimension: the per-input error says what to pass
+        for s in syms:
+            if s not in dims:
+                missing.setdefault(str(s), []).append(i.name)
+    if not any(len(names) > 1 for names in missing.values()):
+        return None  # no dimension shared: the per-input error names the input's own --shape
+    flags = " ".join(f"--shape {d}=1" for d in missing)
+    users = "; ".join(f"{d} (of {', '.join(names)})" for d, names in missing.items())
+    return InputError(f"dynamic dimension(s) {users} unset; pass {flags}, or a --shape per input")
+
+
+def _resolve_shape(spec: TensorSpec, override: Shape | None) -> Shape:
+    if spec.shape is None:
+        if override is None:
+            raise InputError(
+                f"input {spec.name!r} has no shape in the model; pass --shape {spec.name}=D1,D2,..."
+            )
+        return override
+    if override is None:
+        if spec.dynamic_dims:
+            syms = ", ".join("?" if spec.shape[i] is None else str(spec.shape[i]) for i in spec.dynamic_dims)
+            example = ",".join(str(d) if isinstance(d, int) else "1" for d in spec.shape)
+            raise InputError(
+                f"input {spec.name!r} has dynamic dimension(s) {syms} in shape {spec.shape_str()}; "
+                f"pass --shape {spec.name}={example}"
+            )
+        return tuple(int(d) for d in spec.shape if isinstance(d, int))
+    _check_shape(spec, override, "--shape")
+    return override
+
+
+def _check_shape(spec: TensorSpec, shape: Shape, where: str) -> None:
+    if spec.shape is None:
+        return
+    if len(shape) != len(spec.shape) or any(
+        isinstance(d, int) and d != s for d, s in zip(spec.shape, shape, strict=True)
+    ):
+        raise InputError(
+            f"{where} gives input {spec.name!r} shape {list(shape)}, but the model expects "
+            f"{spec.shape_str()}; fixed dimensions must match and the rank must be {len(spec.shape)}"
+        )
+
+
+def _seed_for(seed: int, name: str) -> np.random.Generator:
+    # Per-input streams: adding an input to a model does not change the others' data.
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+    return np.random.default_rng([seed, key])
+
+
+DEFAULT_INT_RANGE = (0, 16)
+# Ranges given at export (xbackend export torch --range), kept in the model for compare
+META_RANGES = "xbackend.input_ranges"
+TIMESTEPS = 1000  # diffusers' num_train_timesteps default: a timestep's plausible span
+_POSITIONS = frozenset({"position_ids", "pos_ids", "positions", "position", "cache_position"})
+
+
+def recorded_ranges(spec: ModelSpec) -> tuple[dict[str, tuple[float, float]], str]:
+    """The ranges an export recorded in the model's metadata, and why they were ignored if they
+    were (the model is someone else's file: anything but NAME: [LO, HI] pairs is not used)."""
+    text = dict(spec.metadata).get(META_RANGES)
+    if text is None:
+        return {}, ""
+    names = {i.name for i in spec.inputs}
+    try:
+        raw = json.loads(text) if len(text) <= 1 << 16 else None
+        pairs = raw.items() if isinstance(raw, dict) else ()
+        out = {str(k): (float(v[0]), float(v[1])) for k, v in pairs if str(k) in names and len(v) == 2}
+        if not isinstance(raw, dict) or len(out) != len(raw):
+            raise ValueError("not NAME: [LO, HI] pairs naming inputs")
+        if not all(math.isfinite(lo) and math.isfinite(hi) and lo < hi for lo, hi in out.values()):
+            raise ValueError("a range is not finite with LO < HI")
+    except (ValueError, TypeError, AttributeError) as e:
+        return {}, f"the model's {META_RANGES} metadata was ignored ({e})"
+    return out, ""
+
+
+def _conventional(
+    spec: TensorSpec, shape: Shape, seed: int
+) -> tuple[np.ndarray, str, tuple[float, float] | None] | None:
+    """Inputs whose name says what they hold get what a model sees, not noise: a mask of ones,
+    positions 0..N-1, a timestep in a diffusion schedule's span. (values, how, range drawn from)."""
+    if spec.kind != "tensor" or spec.dtype in ("unknown", "object", "string"):
+        return None
+    dt = np_dtype(spec.dtype)
+    integer = dt == np.bool_ or np.issubdtype(dt, np.integer)
+    name = spec.name.lower()
+    if integer and "mask" in name:
+        return np.ones(shape, dt), "ones (a mask: no position padded)", None
+    if integer and dt != np.bool_ and (name in _POSITIONS or name.endswith("position_ids")) and shape:
+        values = np.broadcast_to(np.arange(shape[-1], dtype=dt), shape).copy()
+        return values, f"0, 1, ..., {shape[-1] - 1} along the last axis (positions)", None
+    if "timestep" in name and dt != np.bool_:
+        lo_hi = (0.0, float(TIMESTEPS))
+        values = _random_array(spec, shape, seed, lo_hi)
+        kind = "integers" if integer else "uniform"
+        return values, f"{kind} in [0, {TIMESTEPS}) (a diffusion timestep)", lo_hi
+    return None
+
+
+def _cannot_generate(spec: TensorSpec, what: str) -> InputError:
+    return InputError(
+        f"input {spec.name!r} is {what}, which xbackend cannot generate; pass real data with "
+        f"--inputs DIR (ONNX test-data layout: input_0.pb, ... as TensorProto/SequenceProto/OptionalProto)"
+        + (" or --inputs FILE.npz" if spec.kind == "tensor" else "")
+    )
+
+
+def _random_array(spec: TensorSpec, shape: Shape, seed: int, lo_hi: tuple[float, float]) -> np.ndarray:
+    rng = _seed_for(seed, spec.name)
+    if spec.kind not in ("tensor", "optional"):
+        raise _cannot_generate(spec, f"a {spec.type_str or spec.kind}")
+    if spec.dtype in ("unknown", "object", "string"):
+        raise _cannot_generate(spec, f"a {spec.type_str or spec.dtype} tensor")
+    dt = np_dtype(spec.dtype)
+    lo, hi = lo_hi
+    if dt == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(dt, np.integer) or str(dt) in ("int4", "uint4", "int2", "uint2"):
+        return rng.integers(math.ceil(lo), math.ceil(hi), size=shape).astype(dt)
+    if dt.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
+    if (lo, hi) != DEFAULT_INT_RANGE:
+        return rng.uniform(lo, hi, size=shape).astype(dt)
+    return rng.standard_normal(shape).astype(dt)
+
+
+def generate_feeds(
+    spec: ModelSpec,
+    seed: int = 0,
+    shapes: Mapping[str, Shape] | None = None,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+) -> Feeds:
+    """Seeded random feeds for every model input.
+
+    Each input's values come from the first that applies: --range; the range given at export
+    (the model's xbackend.input_ranges metadata); its name (an integer *mask* is ones, position
+    ids are 0..N-1, a *timestep* lies in [0, 1000)); for an input used directly as Gather indices
+    into an N-row table (token ids into an embedding), [0, N); otherwise integers from [0, 16)
+    and floats standard normal (uniform in a range where one was given).
+    """
+    shapes, dims = _split_shapes(spec, dict(shapes or {}))
+    ranges = dict(ranges or {})
+    _check_known(spec, shapes.keys(), "--shape", _named_dims(spec))
+    _check_known(spec, ranges.keys(), "--range")
+    unset = _unset_dims(spec, shapes, dims)
+    if unset is not None:
+        raise unset
+    recorded, ignored = recorded_ranges(spec)
+    bounds = dict(spec.index_bounds)
+    arrays = {}
+    used: list[tuple[str, str]] = []
+    made: list[tuple[str, str]] = []
+    for i in spec.inputs:
+        shape = _resolve_shape(i, shapes.get(i.name) or _fill_dims(i, dims))
+        _check_fits(i, shape)
+        conv = None if i.name in ranges or i.name in recorded else _conventional(i, shape, seed)
+        if conv is not None:
+            arrays[i.name], how, drawn = conv
+            made.append((i.name, how))
+            if drawn is not None:
+                used.append((i.name, f"[{drawn[0]:g}, {drawn[1]:g})"))
+            continue
+        if i.name in ranges:
+            lo_hi, why = ranges[i.name], "--range"
+        elif i.name in recorded:
+            lo_hi, why = recorded[i.name], "the range given at export, kept in the model"
+        elif i.name in bounds:
+            lo_hi, why = (0, bounds[i.name]), f"indices into a table of {bounds[i.name]} rows"
+        else:
+            lo_hi, why = DEFAULT_INT_RANGE, "the default"
+        if ignored and i.name not in ranges:
+            why += f"; {ignored}"
+        arrays[i.name] = _random_array(i, shape, seed, lo_hi)
+        dt = arrays[i.name].dtype
+        span = f"[{lo_hi[0]:g}, {lo_hi[1]:g})"
+        if dt == np.bool_:
+            made.append((i.name, "random booleans"))
+        elif dt.kind in "iu" or lo_hi != DEFAULT_INT_RANGE or i.name in ranges:
+            used.append((i.name, span))
+            made.append((i.name, f"{'integers' if dt.kind in 'iu' else 'uniform'} in {span} ({why})"))
+        else:
+            made.append((i.name, "standard normal"))
+    return Feeds.from_arrays(arrays, seed, "generated", tuple(used), tuple(made))
+
+
+def _check_fits(spec: TensorSpec, shape: Shape) -> None:
+    """An input too large to generate here is the shape's fault: one line, not a MemoryError."""
+    import psutil  # optional in a foreign interpreter; the parent has it
+
+    elements = math.prod(shape)
+    # generation draws float64 (or int64) first, then casts
+    need = elements * 8
+    free = psutil.virtual_memory().available
+    if need > free // 2:
+        raise InputError(
+            f"input {spec.name!r} of shape [{','.join(map(str, shape))}] has {elements:,} elements "
+            f"({need / 2**30:,.1f} GiB to generate) but this machine has {free / 2**30:.1f} GiB free; "
+            "give a smaller --shape"
+        )
+
+
+def _check_known(
+    spec: ModelSpec, names: object, where: str, dims: Mapping[str, object] | None = None
+) -> None:
+    unknown = sorted(set(names) - set(spec.input_names))  # type: ignore[call-overload]
+    if unknown:
+        named = f"; its named dynamic dimensions are {', '.join(dims)}" if dims else ""
+        raise InputError(
+            f"{where} names {', '.join(map(repr, unknown))}, which the model does not take; "
+            f"its inputs are {', '.join(spec.input_names)}{named}"
+        )
+
+
+def _npz_array(a: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """npz keeps ml_dtypes arrays (bfloat16, float8, int4, ...) as raw void bytes: type them back."""
+    if a.dtype.kind == "V" and spec.dtype not in ("unknown", "object"):
+        want = np_dtype(spec.dtype)
+        if want.itemsize == a.dtype.itemsize:
+            return a.view(want)
+    return a
+
+
+def _check_value(spec: TensorSpec, value: Value, where: str) -> None:
+    if spec.kind == "tensor" and not isinstance(value, np.ndarray):
+        raise InputError(f"{where}: input {spec.name!r} is a {describe(value)}, the model expects a tensor")
+    if spec.kind == "sequence" and not isinstance(value, list):
+        raise InputError(f"{where}: input {spec.name!r} is a {describe(value)}, the model expects a sequence")
+    if not isinstance(value, np.ndarray):
+        return
+    if spec.dtype != "unknown" and str(value.dtype) != spec.dtype:
+        hint = (
+            "save strings as np.array(values, dtype=str)"
+            if spec.dtype == "object"
+            else f"save it with .astype('{spec.dtype}')"
+            if not spec.dtype.startswith(
+                ("bfloat", "float8", "float4", "float6", "int4", "uint4", "int2", "uint2")
+            )
+            else f"save it with .astype(ml_dtypes.{spec.dtype})"
+        )
+        raise InputError(
+            f"{where}: input {spec.name!r} is {value.dtype}, the model expects "
+            f"{'string' if spec.dtype == 'object' else spec.dtype}; {hint}"
+        )
+    _check_shape(spec, tuple(value.shape), where)
+
+
+def load_feeds(path: str | os.PathLike[str], spec: ModelSpec) -> Feeds:
+    """Feeds from an .npz file keyed by input name, or from a directory in ONNX's test-data
+    layout (input_0.pb, input_1.pb, ...: TensorProto, SequenceProto, OptionalProto or MapProto,
+    matched to the model's inputs by name, else by position)."""
+    p = Path(path)
+    if p.is_dir() and is_capture(p):
+        return capture_feeds(captured_inputs(p), spec)
+    if p.is_file() and p.suffix == ".xbv":
+        values = _load_xbv(p, spec)
+        source = str(p)
+    elif p.is_dir():
+        data_dir = test_data_dir(p)
+        values = _load_pb_set(data_dir, "input", spec.inputs, f"--inputs {p}")
+        source = str(data_dir)
+    elif p.is_file():
+        values = _load_npz(p, spec)
+        source = str(p)
+    else:
+        raise InputError(
+            f"--inputs not found: {p}; pass an .npz file, a directory of input_N.pb files, or a capture"
+        )
+    missing = [n for n in spec.input_names if n not in values]
+    if missing:
+        what = "input_N.pb files" if p.is_dir() else "arrays to the .npz"
+        raise InputError(f"--inputs {p} lacks input(s) {', '.join(missing)}; add them as {what}")
+    for i in spec.inputs:
+        _check_value(i, values[i.name], f"--inputs {p}")
+    return Feeds.from_arrays(values, None, source)
+
+
+def capture_feeds(cap: CapturedInputs, spec: ModelSpec) -> Feeds:
+    """A checked capture's inputs, with the seed and ranges it records."""
+    values = _load_xbv(cap.path, spec)
+    for i in spec.inputs:
+        _check_value(i, values[i.name], f"--inputs {cap.folder}")
+    return Feeds.from_arrays(values, cap.seed, f"capture {cap.folder}", cap.ranges)
+
+
+def _load_xbv(p: Path, spec: ModelSpec) -> dict[str, Value]:
+    try:
+        with ValueFile(p) as f:
+            values = f.load_all()
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"--inputs {p} is not a readable xbackend value file ({e}); capture it again") from e
+    _check_known(spec, values.keys(), f"--inputs {p}")
+    missing = [n for n in spec.input_names if n not in values]
+    if missing:
+        raise InputError(f"--inputs {p} lacks input(s) {', '.join(missing)}; it was made for another model")
+    return values
+
+
+def _load_npz(p: Path, spec: ModelSpec) -> dict[str, Value]:
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            raw = {k: z[k] for k in z.files}
+    except ValueError as e:
+        if "Object arrays" in str(e):
+            raise InputError(
+                f"--inputs {p} holds an object array, which xbackend does not unpickle; save strings "
+                "as np.array(values, dtype=str), or use --inputs DIR with input_N.pb files"
+            ) from e
+        raise InputError(f"--inputs {p} is not a readable .npz ({e}); save it with numpy.savez") from e
+    except Exception as e:
+        raise InputError(
+            f"--inputs {p} is not a readable .npz ({type(e).__name__}); save it with numpy.savez"
+        ) from e
+    _check_known(spec, raw.keys(), f"--inputs {p}")
+    by_name = {i.name: i for i in spec.inputs}
+    return {k: normalize(_npz_array(v, by_name[k])) for k, v in raw.items()}
+
+
+def test_data_dir(p: Path) -> Path:
+    """`p` itself when it holds input_N.pb files, else its first test_data_set_N."""
+    if any(p.glob("input_*.pb")):
+        return p
+    sets = sorted(p.glob("test_data_set_*"), key=lambda d: _index(d.name))
+    if sets and any(sets[0].glob("input_*.pb")):
+        return sets[0]
+    raise InputError(
+        f"--inputs {p} holds no input_N.pb files (nor a test_data_set_N folder with them); "
+        "write each input with onnx.numpy_helper.from_array(...).SerializeToString()"
+    )
+
+
+def _index(name: str) -> int:
+    tail = name.rsplit("_", 1)[-1].split(".")[0]
+    return int(tail) if tail.isdigit() else 1 << 30
+
+
+def _parse_pb(data: bytes, spec: TensorSpec) -> tuple[str, Value]:
+    """(name recorded in the proto, value) for one .pb file, read as the type `spec` declares."""
+    if spec.kind == "sequence":
+        seq = onnx.SequenceProto.FromString(data)
+        return seq.name, numpy_helper.to_list(seq)
+    if spec.kind == "optional":
+        opt = onnx.OptionalProto.FromString(data)
+        return opt.name, numpy_helper.to_optional(opt)
+    if spec.kind == "map":
+        mp = onnx.MapProto.FromString(data)
+        return mp.name, numpy_helper.to_dict(mp)
+    t = onnx.TensorProto.FromString(data)
+    return t.name, numpy_helper.to_array(t)
+
+
+def _load_pb_set(d: Path, prefix: str, specs: Sequence[TensorSpec], where: str) -> dict[str, Value]:
+    files = sorted(d.glob(f"{prefix}_*.pb"), key=lambda f: _index(f.name))
+    by_name = {s.name: s for s in specs}
+    out: dict[str, Value] = {}
+    for pos, f in enumerate(files):
+        data = f.read_bytes()
+        spec = specs[pos] if pos < len(specs) else None
+        try:
+            name, value = _parse_pb(data, spec or TensorSpec(f.stem, "unknown", None))
+            if name and name in by_name and (spec is None or name != spec.name):
+                spec = by_name[name]
+                name, value = _parse_pb(data, spec)
+        except Exception as e:
+            raise InputError(
+                f"{where}: {f.name} is not a readable {spec.type_str if spec else 'TensorProto'} "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); write it with "
+                "onnx.numpy_helper (from_array, from_list, from_optional, from_dict)"
+            ) from e
+        if spec is None:
+            raise InputError(
+                f"{where}: {f.name} has no matching model {prefix} (the model has {len(specs)}); remove it"
+            )
+        out[spec.name] = normalize(value)
+    return out
+
+
+def load_expected(path: str | os.PathLike[str], spec: ModelSpec) -> dict[str, Value] | None:
+    """Expected outputs (output_N.pb) beside the inputs of an ONNX test-data directory, if any."""
+    p = Path(path)
+    if not p.is_dir() or is_capture(p):
+        return None
+    d = test_data_dir(p)
+    if not any(d.glob("output_*.pb")):
+        return None
+    return _load_pb_set(d, "output", spec.outputs, f"--inputs {p}")

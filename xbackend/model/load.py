@@ -1,0 +1,565 @@
+"""Load and check an ONNX model; describe it as a ModelSpec (and a ModelRef for runners).
+
+Nothing here imports a backend. The IR-version downgrade lives here because
+several backends read older IR versions than onnx writes by default.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from xbackend.errors import ModelLoadError, first_line
+from xbackend.files.modelref import ModelRef, model_file, np_dtype, read_model_bytes
+from xbackend.files.textfmt import CONTROL
+from xbackend.model.extdata import (
+    all_tensors,
+    check_external_files,
+    external_files,
+    raw_size,
+    uses_external_data,
+)
+from xbackend.model.extdata import load_external as read_weights
+
+__all__ = [
+    "ModelRef",
+    "ModelSpec",
+    "NodeTensor",
+    "TensorSpec",
+    "downgrade_blockers",
+    "downgrade_ir",
+    "kind_of",
+    "load_model",
+    "load_proto",
+    "model_file",
+    "model_sha256",
+    "np_dtype",
+    "parse_model",
+    "read_model_bytes",
+]
+
+Dim = int | str | None
+
+# IR version that introduced each element type (onnx.proto's IR changelog).
+_DTYPE_MIN_IR: dict[str, int] = {
+    "FLOAT8E4M3FN": 9,
+    "FLOAT8E4M3FNUZ": 9,
+    "FLOAT8E5M2": 9,
+    "FLOAT8E5M2FNUZ": 9,
+    "UINT4": 10,
+    "INT4": 10,
+    "FLOAT4E2M1": 11,
+    "FLOAT8E8M0": 12,
+    "UINT2": 13,
+    "INT2": 13,
+    "FLOAT6E2M3": 14,
+    "FLOAT6E3M2": 14,
+}
+_DTYPE_ATTRS = frozenset({"to", "dtype", "output_dtype"})
+_SHAPE_ONLY = frozenset({"Shape", "Size", "EyeLike"})  # outputs depend on input shapes only
+
+
+def kind_of(tp: onnx.TypeProto) -> tuple[str, onnx.TypeProto | None]:
+    """('tensor' | 'sequence' | 'optional' | 'map' | 'sparse_tensor' | 'unknown', innermost tensor type)."""
+    which = tp.WhichOneof("value")
+    if which == "tensor_type":
+        return "tensor", tp
+    if which == "sequence_type":
+        return "sequence", kind_of(tp.sequence_type.elem_type)[1]
+    if which == "optional_type":
+        return "optional", kind_of(tp.optional_type.elem_type)[1]
+    if which == "map_type":
+        return "map", kind_of(tp.map_type.value_type)[1]
+    if which == "sparse_tensor_type":
+        return "sparse_tensor", None
+    return "unknown", None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A graph input or output: name, numpy dtype name and shape (str = symbolic, None = unknown).
+
+    `kind` is the ONNX value kind; for sequences, optionals and maps, dtype and
+    shape describe the innermost tensor type and `type_str` the whole type.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...] | None
+    kind: str = "tensor"
+    type_str: str = ""
+
+    @classmethod
+    def from_value_info(cls, vi: onnx.ValueInfoProto) -> TensorSpec:
+        kind, inner = kind_of(vi.type)
+        type_str = _type_str(vi.type)
+        if inner is None:
+            return cls(vi.name, "unknown", None, kind, type_str)
+        tt = inner.tensor_type
+        dtype = _dtype_name(tt.elem_type)
+        if not tt.HasField("shape"):
+            return cls(vi.name, dtype, None, kind, type_str)
+        dims: list[Dim] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        return cls(vi.name, dtype, tuple(dims), kind, type_str)
+
+    @property
+    def dynamic_dims(self) -> list[int]:
+        """Indices of dimensions that are not fixed numbers."""
+        if self.shape is None:
+            return []
+        return [i for i, d in enumerate(self.shape) if not isinstance(d, int)]
+
+    def shape_str(self) -> str:
+        if self.shape is None:
+            return "?"
+        return "[" + ",".join("?" if d is None else str(d) for d in self.shape) + "]"
+
+
+@dataclass(frozen=True)
+class NodeTensor:
+    """A tensor produced by a top-level node, with its position in topological order."""
+
+    name: str
+    op_type: str
+    node: str
+    index: int
+    inputs: tuple[str, ...] = ()
+    module: str = ""  # source module path (e.g. 'layer4.1.bn2') where the exporter recorded it
+    subgraph: bool = False  # the node holds subgraphs (If, Loop, Scan): data flow is not visible
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What xbackend needs to know about a model; built once, read by every later stage."""
+
+    path: str
+    sha256: str
+    ir_version: int
+    opsets: tuple[tuple[str, int], ...]
+    producer: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    tensors: tuple[NodeTensor, ...]
+    external_data: bool
+    metadata: tuple[tuple[str, str], ...]
+    index_bounds: tuple[tuple[str, int], ...] = ()  # input -> rows of the table it indexes (Gather)
+    # --tensors: the names exposed (None: every tensor) and the selection that chose them
+    exposed: tuple[str, ...] | None = None
+    selection: str = "all"
+    weight_bytes: int = 0  # the initializers' bytes as stored (external data included)
+
+    @classmethod
+    def from_proto(cls, proto: onnx.ModelProto, path: str, sha256: str) -> ModelSpec:
+        g = proto.graph
+        init_names = {t.name for t in g.initializer}
+        return cls(
+            path=path,
+            sha256=sha256,
+            ir_version=int(proto.ir_version),
+            opsets=tuple(sorted((o.domain or "ai.onnx", int(o.version)) for o in proto.opset_import)),
+            producer=f"{proto.producer_name} {proto.producer_version}".strip(),
+            inputs=tuple(TensorSpec.from_value_info(v) for v in g.input if v.name not in init_names),
+            outputs=tuple(TensorSpec.from_value_info(v) for v in g.output),
+            tensors=tuple(_node_tensors(g)),
+            external_data=uses_external_data(proto),
+            metadata=tuple(sorted((p.key, p.value) for p in proto.metadata_props)),
+            index_bounds=tuple(sorted(_index_bounds(g, init_names).items())),
+            weight_bytes=sum(raw_size(t) or 0 for t in all_tensors(g)),
+        )
+
+    def ref(self) -> ModelRef:
+        """The runner's view: absolute path and I/O names."""
+        return ModelRef(
+            str(Path(self.path).resolve()),
+            self.ir_version,
+            self.input_names,
+            self.output_names,
+            self.external_data,
+            self.weight_bytes,
+        )
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    def op_types(self) -> dict[str, str]:
+        """Tensor name -> op type of the node that produced it."""
+        return {t.name: t.op_type for t in self.tensors}
+
+    def opset(self, domain: str = "ai.onnx") -> int | None:
+        return dict(self.opsets).get(domain)
+
+    def modules(self) -> dict[str, str]:
+        """Tensor name -> source module path, from the exporter's node scopes and xbackend's
+        verified export map (which wins where both name one)."""
+        out = {t.name: t.module for t in self.tensors if t.module}
+        out.update({t: m for m, t in self.verified_modules().items()})
+        return out
+
+    def verified_modules(self) -> dict[str, str]:
+        """Module path -> the tensor `xbackend export torch` verified as its output."""
+        recorded = dict(self.metadata).get("xbackend.torch.module_outputs")
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            return {str(m): str(t) for m, t in json.loads(recorded or "{}").items()}
+        return {}
+
+    def data_dependent(self, sources: Iterator[str] | tuple[str, ...] | list[str]) -> set[str]:
+        """Node outputs whose values depend on the values of `sources` (inputs), not only on
+        their shapes: Shape and Size read shapes only, so what is computed from them (a Range
+        over the batch size, a ConstantOfShape) is shape-derived. Control flow counts as data."""
+        tainted = set(sources)
+        for t in self.tensors:
+            if t.op_type in _SHAPE_ONLY:
+                continue
+            if t.subgraph or any(i in tainted for i in t.inputs):
+                tainted.add(t.name)
+        return tainted
+
+    def tensor_order(self) -> tuple[str, ...]:
+        """Names to capture (those --tensors selected, resolved once into `exposed`), in
+        topological order; graph outputs last if not produced by a node."""
+        if self.exposed is not None:
+            return self.exposed
+        return self.all_tensors()
+
+    def output_order(self) -> tuple[str, ...]:
+        """The graph outputs, in topological order (what a plain build captures)."""
+        order = {t.name: t.index for t in self.tensors}
+        return tuple(sorted(self.output_names, key=lambda n: order.get(n, len(order))))
+
+    def all_tensors(self) -> tuple[str, ...]:
+        """Every tensor, in topological order, whatever --tensors selected."""
+        names = [t.name for t in self.tensors]
+        seen = set(names)
+        return tuple(names + [n for n in self.output_names if n not in seen])
+
+
+def _index_bounds(g: onnx.GraphProto, init_names: set[str]) -> dict[str, int]:
+    """Graph inputs used directly as Gather indices into an initializer: the table's row count
+    along the gathered axis (a token-id input's vocabulary size)."""
+    inputs = {v.name for v in g.input} - init_names
+    dims = {t.name: list(t.dims) for t in g.initializer}
+    out: dict[str, int] = {}
+    for n in g.node:
+        if n.op_type != "Gather" or len(n.input) < 2 or n.input[1] not in inputs or n.input[0] not in dims:
+            continue
+        axis = next((int(a.i) for a in n.attribute if a.name == "axis"), 0)
+        shape = dims[n.input[0]]
+        if shape and -len(shape) <= axis < len(shape):
+            rows = int(shape[axis])
+            out[n.input[1]] = min(rows, out.get(n.input[1], rows))
+    return out
+
+
+def _type_str(tp: onnx.TypeProto) -> str:
+    """'tensor(float)', 'seq(tensor(int64))', 'optional(seq(tensor(float)))', 'map(int64,tensor(float))'."""
+    which = tp.WhichOneof("value")
+    if which in ("tensor_type", "sparse_tensor_type"):
+        elem = getattr(tp, which).elem_type
+        name = TensorProto.DataType.Name(elem).lower() if elem else "undefined"
+        return f"{'sparse_' if which == 'sparse_tensor_type' else ''}tensor({name})"
+    if which == "sequence_type":
+        return f"seq({_type_str(tp.sequence_type.elem_type)})"
+    if which == "optional_type":
+        return f"optional({_type_str(tp.optional_type.elem_type)})"
+    if which == "map_type":
+        key = TensorProto.DataType.Name(tp.map_type.key_type).lower()
+        return f"map({key},{_type_str(tp.map_type.value_type)})"
+    return "unknown"
+
+
+def _dtype_name(elem_type: int) -> str:
+    if elem_type == TensorProto.UNDEFINED:
+        return "unknown"
+    try:
+        dt: np.dtype[np.generic] = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+        return str(dt.name)
+    except (KeyError, TypeError, ValueError):
+        return str(TensorProto.DataType.Name(elem_type)).lower()
+
+
+_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+_REWRITE_RULE = "pkg.onnxscript.rewriter.rule_name"  # the optimizer rules that rewrote a node
+
+
+def node_module(node: onnx.NodeProto, params: frozenset[str] = frozenset()) -> str:
+    """The innermost source module the torch exporter attributed `node` to ('' if none). A node
+    an optimizer fused (a Conv that absorbed a BatchNorm keeps only the BatchNorm's scope) is
+    labelled with every module whose parameters it reads, too: `conv1+bn1`."""
+    meta = {p.key: p.value for p in node.metadata_props}
+    try:
+        scopes = ast.literal_eval(meta.get(_NAME_SCOPES, "[]"))
+    except (ValueError, SyntaxError):
+        return ""
+    # [root '', module paths..., fx node name]
+    own = str(scopes[-2]) if isinstance(scopes, list) and len(scopes) >= 3 else ""
+    if not own or "Fuse" not in meta.get(_REWRITE_RULE, ""):
+        return own
+    owners = [name.rpartition(".")[0] for name in node.input if name in params and "." in name]
+    return "+".join(dict.fromkeys([*owners, own]))
+
+
+def _node_tensors(graph: onnx.GraphProto) -> Iterator[NodeTensor]:
+    index = 0
+    params = frozenset(t.name for t in graph.initializer)
+    for i, node in enumerate(graph.node):
+        module = node_module(node, params)
+        sub = any(a.HasField("g") or len(a.graphs) for a in node.attribute)
+        for out in node.output:
+            if out:
+                yield NodeTensor(
+                    out,
+                    node.op_type,
+                    node.name or f"{node.op_type}_{i}",
+                    index,
+                    tuple(node.input),
+                    module,
+                    sub,
+                )
+                index += 1
+
+
+def model_sha256(path: Path, proto: onnx.ModelProto | None = None, data: bytes | None = None) -> str:
+    """sha256 over the model file and, in name order, every external data file it uses."""
+    h = hashlib.sha256()
+    h.update(path.read_bytes() if data is None else data)
+    if proto is not None:
+        for rel in external_files(proto):
+            ext = path.parent / rel
+            h.update(rel.encode())
+            if ext.is_file():
+                h.update(ext.read_bytes())
+    return h.hexdigest()
+
+
+def parse_model(data: bytes, p: Path) -> onnx.ModelProto:
+    """Parse model bytes read from `p` (external data not loaded)."""
+    try:
+        proto = onnx.load_model_from_string(data)
+    except Exception as e:
+        raise ModelLoadError(
+            f"{p} is not a readable ONNX model ({type(e).__name__}: {first_line(e)}); "
+            "pass a .onnx file written by onnx.save or an exporter"
+        ) from e
+    if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.node:
+        raise ModelLoadError(
+            f"{p} parsed as protobuf but holds no ONNX graph (ir_version={proto.ir_version}, "
+            f"{len(proto.graph.node)} nodes); pass a .onnx model file"
+        )
+    return proto
+
+
+def load_proto(path: str | os.PathLike[str], load_external: bool = True) -> onnx.ModelProto:
+    """Parse the model file; one-line ModelLoadError for every way that can fail."""
+    p = Path(path)
+    proto = parse_model(read_model_bytes(p), p)
+    if load_external:
+        read_weights(proto, p)
+    return proto
+
+
+def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto]:
+    """Load, check and describe a model.
+
+    The returned proto holds the graph but not external weights: the parent
+    process only plans; each backend loads weights in its own process.
+    """
+    p = Path(path)
+    if CONTROL.search(p.name):
+        raise ModelLoadError(
+            f"the model's file name {p.name!r} holds a line break or control character; rename the file"
+        )
+    data = read_model_bytes(p)
+    proto = parse_model(data, p)
+    external = uses_external_data(proto)
+    if external:
+        check_external_files(proto, p)
+    _check(proto, p, external)
+    return ModelSpec.from_proto(proto, str(path), model_sha256(p, proto, data)), proto
+
+
+def _names(proto: onnx.ModelProto) -> Iterator[object]:
+    g = proto.graph
+    yield from (v.name for v in (*g.input, *g.output, *g.value_info))
+    yield from (t.name for t in g.initializer)
+    for n in g.node:
+        yield from (n.name, n.op_type, n.domain, *n.input, *n.output)
+
+
+# Op domains some engine xbackend runs implements; a model-local function may define others.
+KNOWN_DOMAINS = frozenset(
+    {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft", "com.microsoft.nchwc",
+     "com.microsoft.experimental", "pkg.onnxscript.torch_lib", "pkg.onnxscript.torch_lib.common"}
+)  # fmt: skip
+
+
+def _check_names_and_domains(proto: onnx.ModelProto, path: Path) -> None:
+    """Names that are not text (protobuf hands over invalid UTF-8 as bytes) and ops from a
+    domain no engine here implements are the model's fault: one line, before anything runs."""
+    bad = next((n for n in _names(proto) if not isinstance(n, str)), None)
+    if bad is not None:
+        raise ModelLoadError(
+            f"{path} has a tensor or node name that is not valid UTF-8 ({bad!r:.60}); rename it and save "
+            "the model again"
+        )
+    odd = next((n for n in _names(proto) if CONTROL.search(str(n))), None)
+    if odd is not None:  # a line break in a name would start a line of its own in a report
+        raise ModelLoadError(
+            f"{path} has a tensor or node name with a line break or control character ({odd!r:.60}); "
+            "rename it and save the model again"
+        )
+    local = {(f.domain, f.name) for f in proto.functions}
+    strange = sorted(
+        {
+            f"{n.domain}:{n.op_type}"
+            for n in proto.graph.node
+            if n.domain not in KNOWN_DOMAINS and (n.domain, n.op_type) not in local
+        }
+    )
+    if strange:
+        raise ModelLoadError(
+            f"{path} uses op(s) {', '.join(strange[:5])} from a domain no backend implements (custom "
+            "ops need the engine's custom-op library); export the model with standard ONNX ops"
+        )
+
+
+def _check(proto: onnx.ModelProto, path: Path, external: bool) -> None:
+    _check_names_and_domains(proto, path)
+    if proto.ir_version > onnx.IR_VERSION:
+        raise ModelLoadError(
+            f"{path} has IR version {proto.ir_version}, newer than this onnx {onnx.__version__} "
+            f"reads (at most {onnx.IR_VERSION}); upgrade onnx or re-export the model"
+        )
+    # From the path when weights live in files beside it (the C++ checker finds them there);
+    # else a copy without the large weights, whose byte counts are checked on the way.
+    target: str | onnx.ModelProto = str(path) if external else _without_large_weights(proto, path)
+    try:
+        onnx.checker.check_model(target)
+    except Exception as e:
+        raise ModelLoadError(
+            f"{path} is not a valid ONNX model: {first_line(e)}; fix the model or re-export it"
+        ) from e
+
+
+_CHECK_INLINE = 1 << 16
+
+
+def _without_large_weights(proto: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """A copy for the checker, which serializes what it checks: large raw initializers emptied
+    once their byte counts are checked against their shapes here."""
+    light = onnx.ModelProto()
+    _copy_fields(proto, light, "graph")  # field by field: a whole copy costs 0.2 s per 100 MiB
+    _copy_fields(proto.graph, light.graph, "initializer")
+    for t in proto.graph.initializer:
+        n = len(t.raw_data)
+        if n <= _CHECK_INLINE:
+            light.graph.initializer.add().CopyFrom(t)
+            continue
+        want = raw_size(t)
+        if want is not None and want != n:
+            raise ModelLoadError(
+                f"{path} is not a valid ONNX model: initializer {t.name!r} holds {n} bytes, "
+                f"its shape {list(t.dims)} needs {want}; fix the model or re-export it"
+            )
+        _copy_fields(t, light.graph.initializer.add(), "raw_data", "dims").dims.append(0)
+    return light
+
+
+def _copy_fields(src: Any, dst: Any, *skip: str) -> Any:
+    """dst gets every field of src that is set, but those named in `skip`."""
+    for fd, value in src.ListFields():
+        if fd.name in skip:
+            continue
+        repeated = (
+            fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+        )  # protobuf < 6
+        if repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+    return dst
+
+
+# --- IR version downgrade -------------------------------------------------------------
+
+
+def _max_opset_for_ir(ir: int) -> int:
+    return max((row[2] for row in helper.VERSION_TABLE if row[1] <= ir), default=1)
+
+
+def _elem_types(graph: onnx.GraphProto) -> Iterator[int]:
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.type.HasField("tensor_type"):
+            yield vi.type.tensor_type.elem_type
+    for t in graph.initializer:
+        yield t.data_type
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.name in _DTYPE_ATTRS and attr.type == onnx.AttributeProto.INT:
+                yield int(attr.i)
+            if attr.HasField("t"):
+                yield attr.t.data_type
+            if attr.HasField("g"):
+                yield from _elem_types(attr.g)
+            for sub in attr.graphs:
+                yield from _elem_types(sub)
+
+
+def _uses_opaque(graph: onnx.GraphProto) -> bool:
+    return any(vi.type.HasField("opaque_type") for vi in [*graph.input, *graph.output, *graph.value_info])
+
+
+def downgrade_blockers(proto: onnx.ModelProto, target_ir: int) -> list[str]:
+    """What in the model needs an IR version above `target_ir` (empty: downgrade is safe)."""
+    blockers: list[str] = []
+    max_opset = _max_opset_for_ir(target_ir)
+    for o in proto.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version > max_opset:
+            blockers.append(f"opset ai.onnx {o.version} (IR {target_ir} allows at most {max_opset})")
+    used = {TensorProto.DataType.Name(t) for t in set(_elem_types(proto.graph)) if t}
+    for name in sorted(used):
+        need = _DTYPE_MIN_IR.get(name, 0)
+        if need > target_ir:
+            blockers.append(f"element type {name} (needs IR {need})")
+    if target_ir < 14 and _uses_opaque(proto.graph):
+        blockers.append("TypeProto.Opaque outside ONNX-ML (needs IR 14)")
+    return blockers
+
+
+def downgrade_ir(proto: onnx.ModelProto, target_ir: int) -> onnx.ModelProto:
+    """The model restamped with IR `target_ir`; ModelLoadError if it uses something newer."""
+    blockers = downgrade_blockers(proto, target_ir)
+    if blockers:
+        raise ModelLoadError(
+            f"model has IR version {proto.ir_version} and uses {'; '.join(blockers)}, so it "
+            f"cannot be safely downgraded to IR {target_ir}; re-export it with an older opset "
+            "or upgrade the backend"
+        )
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    out.ir_version = target_ir
+    return out

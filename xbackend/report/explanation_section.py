@@ -1,0 +1,161 @@
+"""The report's explanation section: what each difference is (rounding, a backend's own error,
+or the model's conditioning), where it was made, and the per-element allowances used."""
+
+from __future__ import annotations
+
+import math
+
+from xbackend.files.textfmt import num, table, with_module
+from xbackend.results import Result
+from xbackend.results.explanation import LocalErrors, ReorderCheck, conditioning_limit
+
+__all__ = ["allowances_section", "explanation_section"]
+
+
+def _row(name: str, le: LocalErrors | None, modules: dict[str, str]) -> list[str]:
+    if le is None:
+        return [name, "not judged", "–", "–", "–"]
+    if le.status != "ok":
+        return [name, "not judged", "–", le.reason, "–"]
+    graph = le.graph or "–"
+    if le.origins:
+        o = le.origins[0]
+        return [name, f"**{len(le.origins)} origin(s)**", graph, with_module(o.tensor, modules), num(o.ratio)]
+    where = with_module(le.largest_at, modules) if le.largest_at else "–"
+    below = math.floor(le.largest_ratio * 1000) / 1000 if le.largest_ratio is not None else None
+    return [name, "explained", graph, where, num(below)]  # never rounded up to the allowance
+
+
+def _check_words(rc: ReorderCheck, modules: dict[str, str]) -> str:
+    if rc.status != "ok":
+        return ""
+    at = f", at {with_module(rc.largest_at, modules)}" if rc.largest_at else ""
+    past = f" **Past it at {', '.join(rc.over)}.**" if rc.over else ""
+    return (
+        f" Per node, fed the reference's values, those orders move it by at most {num(rc.largest_ratio)} "
+        f"of its allowance{at} (the largest of {rc.samples} orders is above the {rc.quantile:.2f}-quantile "
+        f"of one order's spread with probability 0.9).{past}"
+    )
+
+
+def explanation_section(r: Result) -> list[str]:
+    ex = r.explanation
+    if not ex.ok:
+        return ["## What the differences are", "", f"Not measured: {ex.reason}.", ""] if ex.reason else []
+    modules = r.model.modules()
+    out = [
+        "## What the differences are",
+        "",
+        "Local error: each node run on each backend, fed the reference's values of its inputs (the "
+        "severed model), against the float64 value of the same node on the same inputs (the severed "
+        "model evaluated in float64). Each element is allowed what rounding allows it, from its own "
+        "operands (the rules are folded below); a node with any element past its allowance is an "
+        "**origin**. A backend without origins is **explained**: every difference it shows is rounding "
+        f"carried through the model. Reductions are judged at {ex.confidence:.6g} confidence per node "
+        "(Higham & Mary's probabilistic bound); an origin past the deterministic bound too is an error "
+        "at any confidence. The reference is judged like every backend.",
+        "",
+        f"Noise floor: every reduction of the model ({ex.permuted} of them) summed in {ex.samples} random "
+        f"orders on {ex.engine}; a tensor's floor is the largest scaled ULP an order moved it (an "
+        "empirical figure beside the bounds; it decides only for backends that could not be judged)."
+        + _check_words(ex.reorder_check, modules),
+        "",
+    ]
+    names = [r.reference_used, *(c.backend for c in r.cross_backend if c.status == "ok")]
+    rows = [_row(n, ex.local_for(n), modules) for n in names]
+    head = ["backend", "verdict", "judged on", "first origin, or closest call at", "local error / allowance"]
+    out += table(head, rows)
+    origins = [(le.backend, o) for le in ex.local if le.status == "ok" for o in le.origins]
+    if origins:
+        out += [
+            "### Origins",
+            "",
+            "Nodes whose own error is past what rounding allows against their float64 value; everything "
+            "downstream inherits it. Both figures are in ULP of the tensor's largest float64 magnitude, at "
+            "the element where the error is largest against its allowance.",
+            "",
+            *table(
+                [
+                    "backend",
+                    "tensor",
+                    "module",
+                    "op",
+                    "element",
+                    "local scaled ULP",
+                    "allowed",
+                    "rule",
+                    "detail",
+                ],
+                [
+                    [
+                        b,
+                        o.tensor,
+                        o.module or "–",
+                        o.op_type,
+                        ",".join(map(str, o.element)) or "–",
+                        num(o.local_scaled_ulp),
+                        num(o.allowed_scaled_ulp),
+                        o.rule or "–",
+                        o.detail or ("past the deterministic bound too" if o.certain else "–"),
+                    ]
+                    for b, o in origins
+                ],
+            ),
+        ]
+    out += ["### Ill-conditioned", ""]
+    if ex.ill_conditioned:
+        out += [
+            "Where reorderings alone move a tensor past "
+            f"{num(conditioning_limit('float32'))} scaled ULP (float32; 2^(p/2) for a p-bit significand), "
+            "or where every engine is that far from the float64 oracle while they agree with each other: "
+            "the model, not the engines, decides its accuracy. Differences at and after these are the "
+            "model's.",
+            "",
+            *table(
+                ["tensor", "module", "floor (scaled ULP)", "found by", "cause"],
+                [
+                    [t.tensor, t.module or "–", num(t.floor_scaled_ulp), t.criterion, t.cause]
+                    for t in ex.ill_conditioned
+                ],
+            ),
+        ]
+    else:
+        out += ["None: reorderings keep every tensor within half its precision.", ""]
+    if ex.amplifiers:
+        out += [
+            "Amplifiers: math nodes where half an ULP of the input (the rounding it already carries) moves "
+            "the output by more than 16 scaled ULP. Ill-conditioned in the model's dtype, not an error: a "
+            "backend that keeps more of the input's digits differs there by up to that much.",
+            "",
+            *table(
+                ["tensor", "module", "op", "inputs up to", "half an input ULP moves it by (scaled ULP)"],
+                [
+                    [a.tensor, a.module or "–", a.op_type, f"{a.input_max:.4g}", num(a.gain_scaled_ulp)]
+                    for a in ex.amplifiers
+                ],
+            ),
+        ]
+    if ex.skipped:
+        out += [
+            f"Reductions left in their order ({len(ex.skipped)}): "
+            + "; ".join(f"{n} ({op}: {why})" for n, op, why in ex.skipped[:20])
+            + ("; ..." if len(ex.skipped) > 20 else "")
+            + ".",
+            "",
+        ]
+    return out
+
+
+def allowances_section(r: Result) -> list[str]:
+    """Each op's per-element allowance, as the judged models used them, with its source."""
+    ex = r.explanation
+    if not ex.ok or not ex.rules:
+        return []
+    return [
+        "## Allowances per element",
+        "",
+        "u: the unit roundoff of the output's dtype; v: the float64 value; M: the operands' magnitude "
+        "(Σ|a||b| for a product); n: the terms summed (xbackend/bounds/rules.py).",
+        "",
+        *table(["op", "allowed", "source"], [list(x) for x in ex.rules]),
+    ]

@@ -1,0 +1,145 @@
+"""Portable captures: one backend's run on one host, in a folder that travels to another.
+
+The folder's layout, checksums and manifest are `xbackend.files.capture_folder`'s; this module writes
+a backend's result and phases into one, and reads them back typed (BackendResult, FeedsInfo,
+build fingerprints) once every checksum matched. Value files keep every dtype bit for bit
+(see xbackend.files.storage).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from xbackend.execution.buildinfo import BuildFingerprint
+from xbackend.execution.protocol import LAYERS, OUTPUTS, PhaseResult
+from xbackend.files.capture_folder import INPUTS, CapturedInputs, bad_capture, verify_folder, write_folder
+from xbackend.files.codec import CodecError, decode, encode
+from xbackend.results import BackendResult, FeedsInfo
+
+__all__ = ["LoadedCapture", "LoadedRun", "load_capture", "write_capture"]
+
+_FILES = {OUTPUTS: "outputs.xbv", LAYERS: "layers.xbv"}
+
+
+def _phase_record(ph: PhaseResult, file: str) -> dict[str, Any]:
+    return {
+        "name": ph.name,
+        "file": file,
+        "capture_names": list(ph.capture_names),
+        "not_exposed": [list(x) for x in ph.not_exposed],
+        "serves_outputs": ph.serves_outputs,
+        "fingerprint": encode(ph.fingerprint),
+    }
+
+
+def write_capture(
+    dest: str | os.PathLike[str],
+    backend: BackendResult,
+    model: Mapping[str, Any],
+    feeds: FeedsInfo,
+    feeds_path: Path,
+    phases: Mapping[str, PhaseResult],
+    environment: Mapping[str, str],
+    version: str,
+) -> Path:
+    """Write a capture folder at `dest` (values, manifest, checksums last)."""
+    files = {INPUTS: feeds_path, **{_FILES[name]: Path(ph.capture) for name, ph in phases.items()}}
+    manifest = {
+        "xbackend": version,
+        "backend": encode(backend, times=False),
+        "model": dict(model),
+        "inputs": encode(feeds),
+        "phases": [_phase_record(ph, _FILES[name]) for name, ph in phases.items()],
+        "environment": dict(environment),
+    }
+    return write_folder(dest, files, manifest)
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """A capture standing in for a build's first run (what cross-backend comparisons read)."""
+
+    outputs: PhaseResult
+    layers: PhaseResult | None
+
+    @property
+    def separate_layers(self) -> bool:
+        return self.layers is not None and not self.layers.serves_outputs
+
+
+@dataclass(frozen=True)
+class LoadedCapture:
+    path: Path
+    name: str  # the name it takes in a comparison
+    backend: BackendResult  # as recorded
+    model_sha256: str
+    model_name: str
+    feeds: FeedsInfo  # as recorded
+    run: LoadedRun
+    environment: tuple[tuple[str, str], ...]
+    xbackend_version: str
+
+    @property
+    def inputs_path(self) -> Path:
+        return self.path / INPUTS
+
+    @property
+    def inputs(self) -> CapturedInputs:
+        return CapturedInputs(self.path, self.inputs_path, self.feeds.seed, self.feeds.ranges)
+
+
+def _phase(path: Path, rec: Mapping[str, Any], listed: Mapping[str, Any]) -> PhaseResult:
+    if rec["file"] not in listed:  # only files the checksums cover, all inside the folder
+        raise bad_capture(
+            path, f"has a phase reading {str(rec['file'])[:80]!r}, which its manifest does not list"
+        )
+    return PhaseResult(
+        name=str(rec["name"]),
+        capture=str(path / str(rec["file"])),
+        capture_names=tuple(rec["capture_names"]),
+        output_hashes=(),
+        capture_hashes=(),
+        run_diffs=(),
+        prepare_s=0.0,
+        run_s=(),
+        fingerprint=decode(BuildFingerprint, rec["fingerprint"]),
+        not_exposed=tuple((str(a), str(b)) for a, b in rec["not_exposed"]),
+        serves_outputs=bool(rec["serves_outputs"]),
+    )
+
+
+def load_capture(path: str | os.PathLike[str], name: str | None = None) -> LoadedCapture:
+    """Check and open a capture folder; `name` defaults to BACKEND@FOLDER."""
+    p = Path(path)
+    m = verify_folder(p)
+    try:
+        backend = decode(BackendResult, m["backend"], "backend")
+        feeds = decode(FeedsInfo, m["inputs"], "inputs")
+        phases = {str(r["name"]): _phase(p, r, m["files"]) for r in m["phases"]}
+        model = m["model"]
+        env = tuple(sorted((str(k), str(v)) for k, v in m["environment"].items()))
+    except (CodecError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise bad_capture(
+            p, f"has a manifest this xbackend cannot read ({type(e).__name__}: {str(e)[:120]})"
+        ) from None
+    outputs = phases.get(OUTPUTS) or phases.get(LAYERS)
+    if outputs is None:
+        raise bad_capture(p, "holds no graph outputs")
+    label = name or f"{backend.name}@{p.resolve().name}"
+    if backend.status != "ok":
+        raise bad_capture(p, f"records a backend that {backend.status}: {backend.reason}")
+    return LoadedCapture(
+        path=p,
+        name=label,
+        backend=replace(backend, name=label),
+        model_sha256=str(model["sha256"]),
+        model_name=str(model["name"]),
+        feeds=feeds,
+        run=LoadedRun(outputs, phases.get(LAYERS)),
+        environment=env,
+        xbackend_version=str(m.get("xbackend", "")),
+    )

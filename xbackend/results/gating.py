@@ -1,0 +1,264 @@
+"""--fail-on: release gates, each with its own exit code so CI can tell them apart.
+
+Without --fail-on the default gate holds (exit 1 on nondeterminism, a difference past
+--max-ulp, or a backend that failed). With it, only the named policies gate; when
+several fire, the lowest exit code wins. Every backend failing is exit 3 whatever
+the policies.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from xbackend.errors import UsageError
+from xbackend.files.textfmt import short
+from xbackend.results.backend import BackendResult
+from xbackend.results.comparisons import CrossBackendResult, Drift
+from xbackend.results.explanation import Explanation
+from xbackend.results.probe import ProbeResult
+from xbackend.results.promises import PromiseCheck
+
+__all__ = ["POLICIES", "Gate", "Gated", "Policy", "evaluate", "parse_policies"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    exit_code: int
+    help: str
+
+
+POLICIES = (
+    Policy("nondeterminism", 10, "a backend's outputs changed from run to run within one session"),
+    Policy(
+        "build-variance",
+        11,
+        "fresh builds of a backend differ: outputs, build fingerprints, or layer implementations",
+    ),
+    Policy("ulp>N", 12, "a backend is more than N scaled ULP from the reference at the graph outputs"),
+    Policy(
+        "baseline-drift",
+        13,
+        "a backend's outputs moved from --baseline's, or could not be compared with it",
+    ),
+    Policy("probe-warning", 14, "a probe warned (thread count, batch, TF32, observer effect, ...)"),
+    Policy("failure", 15, "a backend failed or was unavailable while others ran"),
+    Policy(
+        "promise",
+        16,
+        "a runner that promises a determinism property (deterministic hardware) broke it; "
+        "enforced with or without --fail-on",
+    ),
+    Policy(
+        "unexplained",
+        17,
+        "a backend has an origin: a node whose own error (fed the reference's inputs) is beyond "
+        "reordering and rounding",
+    ),
+    Policy(
+        "ill-conditioned",
+        18,
+        "a tensor is ill-conditioned: reorderings of sums alone move it past half its precision",
+    ),
+    Policy(
+        "not-judged",
+        19,
+        "a judgment was not made: the explanation, or a backend's local errors, could not run "
+        "(--noise-samples 0 asks for none, and does not fire it)",
+    ),
+    Policy("any", 0, "every policy above, with N = --max-ulp (the exit code is the policy that fired)"),
+)
+_BY_NAME = {p.name: p for p in POLICIES}
+_ULP = re.compile(r"^ulp>(\d+(?:\.\d+)?)$")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A policy that fired, why, and its exit code."""
+
+    policy: str
+    exit_code: int
+    reason: str
+
+
+def parse_policies(names: Iterable[str], max_ulp: float = 64.0) -> list[tuple[str, float | None]]:
+    """(policy, threshold) pairs; UsageError naming the valid policies for anything else."""
+    out: list[tuple[str, float | None]] = []
+    for raw in names:
+        name = raw.strip()
+        m = _ULP.match(name)
+        if m:
+            out.append(("ulp>N", float(m.group(1))))
+        elif name == "any":
+            out += [(p.name, max_ulp if p.name == "ulp>N" else None) for p in POLICIES if p.name != "any"]
+        elif name in _BY_NAME and name != "ulp>N":
+            out.append((name, None))
+        else:
+            valid = ", ".join(p.name for p in POLICIES)
+            raise UsageError(f"unknown --fail-on policy {raw!r}; valid: {valid} (e.g. --fail-on ulp>8)")
+    return out
+
+
+class Gated(Protocol):
+    """What the gates read of a comparison (a xbackend.results.Result)."""
+
+    @property
+    def backends(self) -> Sequence[BackendResult]: ...
+    @property
+    def cross_backend(self) -> Sequence[CrossBackendResult]: ...
+    @property
+    def expected_error(self) -> Sequence[CrossBackendResult]: ...
+    @property
+    def probes(self) -> Sequence[ProbeResult]: ...
+    @property
+    def baseline(self) -> Sequence[Drift]: ...
+    @property
+    def failed(self) -> list[BackendResult]: ...
+    @property
+    def broken_promises(self) -> list[PromiseCheck]: ...
+    @property
+    def explanation(self) -> Explanation: ...
+
+
+@dataclass(frozen=True)
+class _Context:
+    r: Gated
+    max_ulp: float
+    has_baseline: bool
+
+
+def evaluate(r: Gated, names: Sequence[str], max_ulp: float, has_baseline: bool) -> list[Gate]:
+    """The policies that fire on `r`, lowest exit code first; `max_ulp` is ulp>N's default N
+    (for `any`), `has_baseline` whether a baseline was given (drift is gated only then)."""
+    ctx = _Context(r, max_ulp, has_baseline)
+    gates = []
+    for name, n in [*parse_policies(names, max_ulp), ("promise", None)]:
+        why = _CHECKS[name](ctx, n)
+        if why:
+            label = f"ulp>{n:g}" if name == "ulp>N" else name
+            gates.append(Gate(label, _BY_NAME[name].exit_code, why))
+    unique = {g.policy: g for g in gates}
+    return sorted(unique.values(), key=lambda g: g.exit_code)
+
+
+def _nondeterminism(c: _Context, _: float | None) -> str:
+    r = c.r
+    bad = [
+        b
+        for b in r.backends
+        if b.ok and (b.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in b.run_diffs))
+    ]
+    return "; ".join(
+        f"{b.name}: {b.distinct_run_outputs} distinct outputs within a session"
+        + (f", first varying {b.first_nondeterministic}" if b.first_nondeterministic else "")
+        for b in bad
+    )
+
+
+def _build_variance(c: _Context, _: float | None) -> str:
+    r = c.r
+    out = []
+    for b in r.backends:
+        if not b.ok:
+            continue
+        why = []
+        if b.distinct_build_outputs > 1 or any(not d.bitwise_equal for d in b.build_diffs):
+            why.append(f"{b.distinct_build_outputs} distinct outputs over {b.builds} builds")
+        if len(set(b.fingerprints)) > 1:
+            why.append(f"{len(set(b.fingerprints))} distinct build fingerprints")
+        if why:
+            out.append(f"{b.name}: {', '.join(why)}")
+    for p in r.probes:
+        out += p.build_variance()
+    return "; ".join(dict.fromkeys(out))
+
+
+def _ulp(ctx: _Context, n: float | None) -> str:
+    r = ctx.r
+    limit = ctx.max_ulp if n is None else n
+    out = []
+    for c in (*r.cross_backend, *r.expected_error):
+        if c.status != "ok":
+            continue
+        worst = [d for d in c.output_tensors if d.exceeds(limit)]
+        if worst:
+            out.append(
+                f"{c.backend} vs {c.reference}: {short(c.scaled_ulp)} scaled ULP at the outputs "
+                f"(first past {limit:g}: {worst[0].name})"
+            )
+    return "; ".join(out)
+
+
+def _baseline(c: _Context, _: float | None) -> str:
+    r = c.r
+    if not c.has_baseline:
+        return ""
+    out = []
+    for d in r.baseline:
+        if d.drifted:
+            size = f", {short(d.scaled_ulp)} scaled ULP at the outputs" if d.measured else ""
+            out.append(f"{d.backend} moved from the baseline{size}; first moved {d.first_moved}")
+        elif d.status == "not-comparable":
+            out.append(f"{d.backend} not comparable with the baseline: {d.reason}")
+    return "; ".join(out)
+
+
+def _probe_warning(c: _Context, _: float | None) -> str:
+    r = c.r
+    return "; ".join(w.removeprefix("WARN: ") for p in r.probes for w in p.warnings())
+
+
+def _failure(c: _Context, _: float | None) -> str:
+    r = c.r
+    return "; ".join(f"{b.name} {b.status}: {b.reason}" for b in r.failed)
+
+
+def _promise(c: _Context, _: float | None) -> str:
+    r = c.r
+    return "; ".join(
+        f"{c.backend} broke {c.name}: {c.evidence}" + (f", first at {c.first_layer}" if c.first_layer else "")
+        for c in r.broken_promises
+    )
+
+
+def _unexplained(c: _Context, _: float | None) -> str:
+    out = []
+    for x in c.r.cross_backend:
+        if x.status == "ok" and x.origins:
+            o = x.origins[0]
+            out.append(
+                f"{x.backend}: {len(x.origins)} origin(s), first {o.tensor} ({o.op_type}): local error "
+                f"{short(o.local_scaled_ulp)} scaled ULP where {short(o.allowed_scaled_ulp)} is allowed"
+            )
+    return "; ".join(out)
+
+
+def _ill_conditioned(c: _Context, _: float | None) -> str:
+    return "; ".join(
+        f"{t.tensor}: reorderings alone move it by {short(t.floor_scaled_ulp)} scaled ULP ({t.cause})"
+        for t in c.r.explanation.ill_conditioned
+    )
+
+
+def _not_judged(c: _Context, _: float | None) -> str:
+    ex = c.r.explanation
+    if not ex.ok:
+        return "" if ex.declined or not ex.reason else f"no explanation: {ex.reason}"
+    return "; ".join(f"{x.backend}: {x.reason or x.status}" for x in ex.local if x.status != "ok")
+
+
+_CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
+    "nondeterminism": _nondeterminism,
+    "build-variance": _build_variance,
+    "ulp>N": _ulp,
+    "baseline-drift": _baseline,
+    "probe-warning": _probe_warning,
+    "failure": _failure,
+    "promise": _promise,
+    "unexplained": _unexplained,
+    "ill-conditioned": _ill_conditioned,
+    "not-judged": _not_judged,
+}
