@@ -57,7 +57,7 @@ def main() -> None:
         for label, backend, extra in configs:
             cls = get_runner(backend)
             raw = tuple(sorted({"module": args.module, "device": args.device, **extra}.items()))
-            phases = standard_phases(cls, spec, 1, outputs_only=True)
+            phases = standard_phases(cls, spec, 1, layers=False)
             outs = []
             for _ in range(args.builds):
                 n += 1

@@ -59,7 +59,7 @@ class Builder:
         cls = get_runner(backend)
         self.n += 1
         raw = tuple(sorted({"module": SPEC, **options}.items()))
-        phases = standard_phases(cls, self.spec, 1, outputs_only=not layers, options=dict(raw))
+        phases = standard_phases(cls, self.spec, 1, layers=layers, options=dict(raw))
         return self.ex.run(Job(f"build{self.n}", backend, cls, raw, self.feeds, phases, fingerprint=True))
 
 

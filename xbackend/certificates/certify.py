@@ -107,8 +107,8 @@ def certify(
     progress: ProgressSink | None = None,
     **inputs: Any,
 ) -> Certificate:
-    """Run the battery on `backend`; `inputs` are CompareOptions fields (seed, shapes, inputs,
-    ranges, runner_options, timeout)."""
+    """Run the battery on `backend`; `inputs` are CompareOptions.create's keywords (seed, shapes,
+    inputs, ranges, runner_options, timeout, timed_runs, torch_module, trust_model_code)."""
     if "," in backend:
         raise UsageError(f"--backend takes one runner, got {backend!r}; certify each on its own")
     if runs < 2 or builds < 2:

@@ -8,8 +8,9 @@ from typing import Annotated, Any
 import typer
 
 from xbackend.cli.app import app
-from xbackend.cli.params import NoProgress, Sets, set_option
+from xbackend.cli.params import with_flags
 from xbackend.errors import UsageError
+from xbackend.results.flags import pairs
 from xbackend.sweep import load_sweep, run_sweep
 from xbackend.sweep.executors import LocalExecutor, RayExecutor
 from xbackend.sweep.outcomes import NullFleetProgress
@@ -24,6 +25,7 @@ __all__ = ["sweep"]
     "comparison found a nondeterministic backend or one past max_ulp; 16 a runner broke a property it "
     "promises; 3 no job ran; 2 usage error (a bad sweep file, Ray missing or unreachable); 4 internal error."
 )
+@with_flags("sweep")
 def sweep(
     sweep_file: Annotated[
         str, typer.Argument(metavar="SWEEP.toml", help="models, backends, runs, host needs")
@@ -54,19 +56,18 @@ def sweep(
     no_resume: Annotated[
         bool, typer.Option("--no-resume", help="run every job again, even those with a valid capture")
     ] = False,
-    sets: Sets = None,
-    no_progress: NoProgress = False,
+    **flags: Any,
 ) -> int:
     """Run every model x backend job of a sweep file, compare each model's captures, write a fleet report."""
     if executor not in ("local", "ray"):
         raise UsageError(f"--executor must be local or ray, got {executor!r}")
     if executor == "local" and (address or shared_storage):
         raise UsageError("--address and --shared-storage apply to --executor ray; add --executor ray")
-    spec = load_sweep(sweep_file, output, tuple(set_option(x) for x in sets or ()))
+    spec = load_sweep(sweep_file, output, pairs(flags["runner_options"]))
     ex = LocalExecutor() if executor == "local" else RayExecutor(address, shared_storage)
     bar: Any = (
         NullFleetProgress()
-        if no_progress
+        if flags["no_progress"]
         else (RichFleetProgress() if sys.stderr.isatty() else LineProgress())
     )
     result = run_sweep(spec, ex, bar, resume=not no_resume)

@@ -1,253 +1,109 @@
-"""The command line's options, declared once, and the parsing every command shares."""
+"""The command line's options, generated from their declarations (CompareOptions' fields and
+INPUT_FLAGS in xbackend.results.options, the few below that only the CLI has): `with_flags`
+gives a command the typer parameters of every option that names it."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
-from xbackend.errors import UsageError
-from xbackend.model.inputs import parse_range, parse_shape
 from xbackend.probes.registry import PROBES
+from xbackend.results import CompareOptions
+from xbackend.results.flags import COMMANDS, Flag, declared
 from xbackend.results.gating import POLICIES
+from xbackend.results.options import INPUT_FLAGS
 
-__all__ = ["TORCH_BACKENDS", "run_inputs", "set_option", "torch_options"]
+__all__ = ["CLI_FLAGS", "ModelArg", "compare_options", "flag_parameters", "with_flags"]
+
+_VERIFY = ("verify",)
+# Options only the command line has: where reports go, and the progress bar.
+CLI_FLAGS = {
+    "report": Flag(
+        "--report",
+        "write the Markdown report here, its figures and layer CSV beside it",
+        metavar="OUT.md",
+        typer_type=str | None,
+        cli_default=None,
+        name="report",
+    ),
+    "json": Flag(
+        "--json",
+        "write the JSON report here",
+        metavar="OUT.json",
+        typer_type=str | None,
+        cli_default=None,
+        name="json",
+    ),
+    "no_progress": Flag(
+        "--no-progress",
+        "no progress bar on stderr",
+        commands=(*COMMANDS, "sweep", *_VERIFY),
+        typer_type=bool,
+        cli_default=False,
+        name="no_progress",
+    ),
+}
+# Declared options verify takes too: what it feeds and how its runners are set here.
+_ALSO_VERIFY = {"inputs", "runner_options", "torch_module", "trust_model_code"}
+# Names help texts may cite, filled from the registries.
+_HELP_NAMES = {
+    "probes": ",".join(PROBES),
+    "default_probes": ",".join(n for n, p in PROBES.items() if p.default),
+    "policies": ", ".join(p.name for p in POLICIES),
+}
+
+ModelArg = Annotated[str, typer.Argument(help="path to an .onnx file", show_default=False)]
 
 
-def set_option(text: str) -> tuple[str, str, str]:
-    key, sep, value = text.partition("=")
-    backend, dot, name = key.rpartition(".")  # a label may hold dots (ort-cpu@1.20.threads)
-    if not sep or not dot or not backend or not name:
-        raise UsageError(f"--set: expected BACKEND.OPTION=VALUE (e.g. ort-cpu.threads=1), got {text!r}")
-    return backend, name, value
-
-
-TORCH_BACKENDS = ("torch", "torch-compile", "torch-compile-autotune", "torch-cuda")
-
-
-def torch_options(backends: str, torch_module: str | None, trust: bool) -> tuple[tuple[str, str, str], ...]:
-    out: tuple[tuple[str, str, str], ...] = ()
-    chosen = [b for b in backends.split(",") if b.partition("@")[0] in TORCH_BACKENDS]
-    if (torch_module or trust) and not chosen:
-        flag = "--torch-module" if torch_module else "--trust-model-code"
-        raise UsageError(
-            f"{flag} applies to the torch backends; add torch (or {TORCH_BACKENDS[1]}) to --backends"
-        )
-    for b in chosen:
-        if torch_module:
-            out += ((b, "module", torch_module),)
-        if trust:
-            out += ((b, "trust_model_code", "true"),)
+def _declarations(options: type) -> list[tuple[str, Any, Any, Flag]]:
+    """(name, type, default, flag) of every declared option, fields first."""
+    hints = get_type_hints(options)
+    out = [(f.name, hints[f.name], f.default, fl) for f, fl in declared(options)]
+    out += [(n, fl.typer_type, None, fl) for n, fl in {**INPUT_FLAGS, **CLI_FLAGS}.items()]
     return out
 
 
-def run_inputs(
-    backends: str,
-    seed: int,
-    shape: list[str] | None,
-    inputs: str | None,
-    ranges: list[str] | None,
-    sets: list[str] | None,
-    torch_module: str | None,
-    trust: bool,
-) -> dict[str, Any]:
-    """The CompareOptions fields compare and capture share: what is fed and how runners are set."""
-    return {
-        "seed": seed,
-        "shapes": tuple(parse_shape(s) for s in shape or ()),
-        "inputs": inputs,
-        "ranges": tuple(parse_range(r) for r in ranges or ()),
-        "runner_options": tuple(set_option(s) for s in sets or ())
-        + torch_options(backends, torch_module, trust),
-    }
+def flag_parameters(command: str, options: type = CompareOptions) -> list[inspect.Parameter]:
+    """The typer parameters of every option `command` takes, keyword-only, in declaration order."""
+    out = []
+    for name, tp, default, fl in _declarations(options):
+        if command not in fl.commands and not (command == "verify" and name in _ALSO_VERIFY):
+            continue
+        info = typer.Option(
+            fl.cli, metavar=fl.metavar, help=fl.help.format(**_HELP_NAMES), show_default=not fl.hidden_default
+        )
+        out.append(
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=fl.default_for(command, default),
+                annotation=Annotated[fl.typer_type or tp, info],
+            )
+        )
+    return out
 
 
-# Options shared by compare and capture, declared once.
-ModelArg = Annotated[str, typer.Argument(help="path to an .onnx file", show_default=False)]
-Runs = Annotated[int, typer.Option(help="runs per session")]
-Builds = Annotated[int, typer.Option(help="fresh sessions, each in a fresh process")]
-Seed = Annotated[int, typer.Option(help="seed for generated inputs")]
-Shapes = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--shape", metavar="NAME=D1,D2,...", help="shape for an input with dynamic dimensions (repeatable)"
-    ),
-]
-Inputs = Annotated[
-    str | None,
-    typer.Option(
-        metavar="FILE.npz|DIR",
-        help="real input data: an .npz keyed by input name, a directory in ONNX's test-data layout "
-        "(input_N.pb; output_N.pb beside them join the comparison as the backend 'expected'), or a "
-        "capture folder (its inputs)",
-    ),
-]
-Ranges = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--range",
-        metavar="NAME=LO:HI",
-        help="draw generated values of input NAME from [LO, HI), e.g. input_ids=0:50257 (repeatable)",
-    ),
-]
-OutputsOnly = Annotated[bool, typer.Option("--outputs-only", help="compare graph outputs only")]
-MaxMemory = Annotated[
-    str | None,
-    typer.Option(
-        "--max-memory",
-        metavar="SIZE",
-        help="memory per backend process, e.g. 3GiB: per-layer tensors are exposed in windows that "
-        "fit (default: 80% of the memory available at the start)",
-    ),
-]
-Tensors = Annotated[
-    str,
-    typer.Option(
-        "--tensors",
-        metavar="all|modules|outputs|GLOB",
-        help="tensors to expose: every one; module boundaries (the module map); graph outputs; or "
-        "globs over module paths or tensor names, e.g. 'm.transformer.h.3.*' (graph outputs always)",
-    ),
-]
-Timeout = Annotated[float, typer.Option(help="seconds per backend build")]
-Sets = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--set", metavar="BACKEND.OPTION=VALUE", help="runner option, e.g. ort-cpu.threads=1 (repeatable)"
-    ),
-]
-NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress bar on stderr")]
-TorchModule = Annotated[
-    str | None,
-    typer.Option(
-        metavar="MODULE_SPEC",
-        help="source nn.Module for the torch backends (path/to/file.py:factory or pkg.mod:factory)",
-    ),
-]
-TrustCode = Annotated[
-    bool,
-    typer.Option(
-        "--trust-model-code",
-        help="let the torch backends import the Python file the model's metadata names (off: a model "
-        "never makes xbackend run code)",
-    ),
-]
+F = TypeVar("F", bound=Callable[..., Any])
 
-# compare's own options
-Backends = Annotated[str, typer.Option(help="comma-separated runner names; see `xbackend backends`")]
-OptionalBackends = Annotated[
-    str | None,
-    typer.Option(
-        "--backends",
-        help="comma-separated runner names; see `xbackend backends` (default: ort-cpu,reference, or only "
-        "the --modes families)",
-        show_default=False,
-    ),
-]
-Modes = Annotated[
-    str | None,
-    typer.Option(
-        metavar="RUNNERS",
-        help="run each of these runners under its default and each determinism mode it declares "
-        "(NAME, NAME@det, ...; `xbackend backends` lists them), timed, with a Cost of determinism table",
-    ),
-]
-TimedRuns = Annotated[
-    int | None,
-    typer.Option(
-        metavar="N",
-        help="N more runs of the model users ship per build, timed and compared like the others; puts "
-        "latency in the reports (default: 0, or 10 with --modes)",
-        show_default=False,
-    ),
-]
-Reference = Annotated[
-    str | None,
-    typer.Option(
-        help="backend every other is compared against (default: 'reference' if listed, else the first)"
-    ),
-]
-MaxUlp = Annotated[
-    str,
-    typer.Option(
-        metavar="auto|N",
-        help="cross-backend tolerance: auto (default) judges each node against its own float64 value and "
-        "fails a backend with an origin (a node past what rounding allows); N: N scaled ULP at the outputs",
-    ),
-]
-NoiseSamples = Annotated[
-    int,
-    typer.Option(
-        metavar="K",
-        help="random orders of every reduction the noise floor is measured over (0: no floor, no "
-        "origins; --max-ulp auto then falls back to 64)",
-    ),
-]
-ReportOut = Annotated[
-    str | None,
-    typer.Option(
-        metavar="OUT.md", help="write the Markdown report here, its figures and layer CSV beside it"
-    ),
-]
-JsonOut = Annotated[str | None, typer.Option("--json", metavar="OUT.json", help="write the JSON report here")]
-Probes = Annotated[
-    str | None,
-    typer.Option(
-        metavar="LIST",
-        help=f"probes to run: {','.join(PROBES)}, 'all' or 'none' "
-        f"(default: {','.join(n for n, p in PROBES.items() if p.default)}, "
-        "plus batch with --batch-invariance)",
-    ),
-]
-BatchInvariance = Annotated[
-    int,
-    typer.Option(
-        metavar="B", help="probe batch invariance with batches of B (needs a dynamic batch dimension)"
-    ),
-]
-ProbeThreads = Annotated[
-    int,
-    typer.Option(
-        metavar="N", help="thread count the thread probe compares with 1 (default: twice the logical cores)"
-    ),
-]
-Timings = Annotated[
-    bool,
-    typer.Option(
-        "--timings",
-        help="put wall times, latency and each backend's peak memory in the reports (off by default: they "
-        "would make the reports of two identical comparisons differ)",
-    ),
-]
-Loads = Annotated[
-    list[str] | None,
-    typer.Option(
-        metavar="[NAME=]DIR",
-        help="a capture from another host (xbackend capture) compared beside the live backends, named "
-        "BACKEND@FOLDER unless NAME is given (repeatable)",
-    ),
-]
-Baseline = Annotated[
-    str | None,
-    typer.Option(
-        metavar="PATH",
-        help="a previous release's JSON report, capture folder, or folder of captures: per backend, "
-        "whether the outputs moved, by how much and from which layer",
-    ),
-]
-FailOn = Annotated[
-    str | None,
-    typer.Option(
-        metavar="POLICIES",
-        help="gate on these, comma-separated: " + ", ".join(p.name for p in POLICIES) + " (e.g. ulp>8); "
-        "each has its own exit code (below)",
-    ),
-]
-SaveCaptures = Annotated[
-    str | None,
-    typer.Option(
-        metavar="DIR",
-        help="write a portable capture of every backend that ran to DIR/BACKEND "
-        "(for a later --baseline or --load)",
-    ),
-]
+
+def with_flags(command: str) -> Callable[[F], F]:
+    """Give `command`'s function (its own parameters, then **flags) the declared options' typer
+    parameters; typer reads the signature, and calls the function with each by name."""
+
+    def wrap(fn: F) -> F:
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        fn.__signature__ = sig.replace(parameters=[*own, *flag_parameters(command)])  # type: ignore[attr-defined]
+        return fn
+
+    return wrap
+
+
+def compare_options(given: dict[str, Any], **fixed: Any) -> CompareOptions:
+    """CompareOptions from a command's declared options (those the CLI alone has left out),
+    with `fixed` fields the command decides itself."""
+    chosen = {k: v for k, v in given.items() if k not in CLI_FLAGS}
+    return CompareOptions.create(**{**chosen, **fixed})

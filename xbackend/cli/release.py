@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -12,24 +12,13 @@ from xbackend.certificates.certify import certificate_paths, write_certificate
 from xbackend.certificates.certify import certify as run_certify
 from xbackend.certificates.certify import verify as run_verify
 from xbackend.cli.app import app, progress
-from xbackend.cli.params import (
-    Inputs,
-    ModelArg,
-    NoProgress,
-    Ranges,
-    Seed,
-    Sets,
-    Shapes,
-    Timeout,
-    TorchModule,
-    TrustCode,
-    run_inputs,
-)
+from xbackend.cli.params import CLI_FLAGS, ModelArg, with_flags
 from xbackend.compare.saved_report import read_result
 from xbackend.files import attest
 from xbackend.files.atomic import check_outputs
 from xbackend.report import write_atomic, write_markdown_bundle
 from xbackend.report.diff import diff_results
+from xbackend.results.flags import pairs
 
 __all__ = ["certify", "diff", "keygen", "report", "verify"]
 
@@ -39,47 +28,26 @@ __all__ = ["certify", "diff", "keygen", "report", "verify"]
     "itself and the first layer where it broke); 2 usage or input error; 3 the backend failed; "
     "4 internal error."
 )
+@with_flags("certify")
 def certify(
     model: ModelArg,
     backend: Annotated[str, typer.Option(help="the runner to certify (NAME or NAME@LABEL)")],
     output: Annotated[
         str, typer.Option("-o", "--output", metavar="STEM", help="writes STEM.json and STEM.md")
     ] = "certificate",
-    runs: Annotated[int, typer.Option(help="runs per session")] = 5,
-    builds: Annotated[int, typer.Option(help="fresh builds, each in a fresh process")] = 3,
     batch: Annotated[int, typer.Option(help="batch size for the sample-alone vs in-a-batch check")] = 4,
-    timed_runs: Annotated[
-        int, typer.Option(metavar="N", help="N more runs per build, timed and checked like the others")
-    ] = 0,
-    seed: Seed = 0,
-    shape: Shapes = None,
-    inputs: Inputs = None,
-    ranges: Ranges = None,
-    timeout: Timeout = 600.0,
-    sets: Sets = None,
-    no_progress: NoProgress = False,
-    torch_module: TorchModule = None,
-    trust_model_code: TrustCode = False,
     key: Annotated[
         str | None,
         typer.Option(metavar="PRIVATE.key", help="sign the certificate with this key (xbackend keygen)"),
     ] = None,
+    **flags: Any,
 ) -> int:
     """Certify one backend's determinism: run to run, build to build, batch position, thread count."""
     js, md = certificate_paths(output)
-    check_outputs([("-o", js), ("-o", md)], [model, inputs])  # before anything runs
+    check_outputs([("-o", js), ("-o", md)], [model, flags["inputs"]])  # before anything runs
     private = attest.load_private_key(key) if key else None  # a bad key is found before the battery
-    cert = run_certify(
-        model,
-        backend,
-        runs,
-        builds,
-        batch,
-        progress(no_progress),
-        timeout=timeout,
-        timed_runs=timed_runs,
-        **run_inputs(backend, seed, shape, inputs, ranges, sets, torch_module, trust_model_code),
-    )
+    given = {k: v for k, v in flags.items() if k not in CLI_FLAGS}
+    cert = run_certify(model, backend, batch=batch, progress=progress(flags["no_progress"]), **given)
     js, md = write_certificate(cert, output, private)
     body = cert.body
     if body["backend"]["status"] != "ok":
@@ -104,6 +72,7 @@ def certify(
     "(without --allow-unsigned), not signed by --key, modified, or of another model or inputs; 4 internal "
     "error."
 )
+@with_flags("verify")
 def verify(
     certificate: Annotated[
         str, typer.Argument(metavar="CERT.json", help="a certificate from xbackend certify")
@@ -111,7 +80,6 @@ def verify(
     model: Annotated[
         str | None, typer.Option(help="the certified model, when it is not at the path the certificate names")
     ] = None,
-    inputs: Inputs = None,
     key: Annotated[
         str | None,
         typer.Option(metavar="SIGNER.pub", help="the signer's public key: the signature is checked first"),
@@ -122,25 +90,21 @@ def verify(
             "--allow-unsigned", help="verify a certificate whose signature is absent or not checked"
         ),
     ] = False,
-    sets: Sets = None,
-    torch_module: TorchModule = None,
-    trust_model_code: TrustCode = False,
-    no_progress: NoProgress = False,
+    **flags: Any,
 ) -> int:
     """Re-run what a certificate claims on this machine; compare outputs bit for bit and the environment.
     Nothing the certificate names is run: interpreters, modules and files come from --set here."""
     public = attest.load_public_key(key) if key else None
-    own = run_inputs("", 0, None, None, None, sets, None, False)["runner_options"]
     v = run_verify(
         certificate,
         model,
-        inputs,
-        progress(no_progress),
+        flags["inputs"],
+        progress(flags["no_progress"]),
         public,
         allow_unsigned,
-        own,
-        torch_module,
-        trust_model_code,
+        pairs(flags["runner_options"]),
+        flags["torch_module"],
+        flags["trust_model_code"],
     )
     for line in v.lines():
         print(line)

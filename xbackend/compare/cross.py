@@ -93,7 +93,7 @@ def _cross_one(
     per_layer: list[TensorDiff] = []
     only_a: list[str] = []
     only_b: list[str] = []
-    if opts.outputs_only or not layers:
+    if spec.outputs_only or not layers:
         note = "graph outputs only"
     elif la is None or lb is None:
         who = a.planned.name if la is None else b.planned.name

@@ -90,7 +90,7 @@ def explain(
         return Explanation("unavailable", f"the reference ({ref}) did not run")
     layers = rb.first.layers
     if layers is None:
-        why = "--outputs-only" if opts.outputs_only else f"{ref} has no per-layer capture"
+        why = "--outputs-only" if ctx.spec.outputs_only else f"{ref} has no per-layer capture"
         return Explanation("unavailable", f"floors and origins need every tensor of the reference ({why})")
     try:
         plan = _plan(ctx, planned, builds, results, ref, layers.capture)

@@ -141,7 +141,7 @@ class MemoryPlan:
         refused: dict[str, str] = {}
         for p in planned:
             try:
-                windows[p.name] = () if opts.outputs_only else self.windows(p, spec, opts)
+                windows[p.name] = () if spec.outputs_only else self.windows(p, spec, opts)
             except UsageError as e:
                 refused[p.name] = str(e)
         runnable = [p for p in planned if p.cls is not None]
@@ -170,9 +170,9 @@ class MemoryPlan:
         cls = p.cls
         if cls is None:
             return 0
-        exposed = spec.output_names if opts.outputs_only else spec.tensor_order()
+        exposed = spec.output_names if spec.outputs_only else spec.tensor_order()
         held = max((self.sizes.sized(w) for w in windows), default=self.sizes.sized(exposed))
-        live = self.live if (windows or opts.outputs_only) else 0
+        live = self.live if (windows or spec.outputs_only) else 0
         return int(
             cls.weight_copies * self.weights + cls.value_width * (held + live) + feeds + cls.build_bytes
         )

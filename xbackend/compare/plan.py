@@ -175,7 +175,6 @@ def main_jobs(
         p.cls,
         spec,
         opts.runs,
-        opts.outputs_only,
         options=p.raw_options,
         timed_runs=opts.timed_runs,
         windows=windows,

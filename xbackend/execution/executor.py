@@ -34,7 +34,6 @@ def standard_phases(
     cls: type[Runner],
     spec: ModelSpec,
     runs: int,
-    outputs_only: bool = False,
     layers: bool = True,
     options: Mapping[str, str] | None = None,
     timed_runs: int = 0,
@@ -46,7 +45,7 @@ def standard_phases(
     `timed_runs` more runs go to the phase that serves the outputs: timed and compared alike."""
     outputs = spec.output_order()
     plain = runs + timed_runs
-    if outputs_only or not layers:
+    if spec.outputs_only or not layers:
         return (Phase.planned(OUTPUTS, outputs, plain),)
     if not separate_layers(cls, spec, options or {}):
         return (

@@ -244,6 +244,11 @@ class ModelSpec:
             return self.exposed
         return self.all_tensors()
 
+    @property
+    def outputs_only(self) -> bool:
+        """--tensors outputs (or --outputs-only): only the graph outputs are exposed."""
+        return self.selection == "outputs"
+
     def output_order(self) -> tuple[str, ...]:
         """The graph outputs, in topological order (what a plain build captures)."""
         order = {t.name: t.index for t in self.tensors}

@@ -156,7 +156,7 @@ class AutotuneProbe(Probe):
             cls = get_runner(runner)
             raw = {k: v for k, v in b.raw_options.items() if k in {s.name for s in cls.all_option_specs()}}
             options = tuple(sorted({**raw, **extra}.items()))
-            phases = standard_phases(cls, self.ctx.spec, 1, outputs_only=True)
+            phases = standard_phases(cls, self.ctx.spec, 1, layers=False)
             out += [
                 Job(
                     f"{b.name}-autotune-{variant}{k}",

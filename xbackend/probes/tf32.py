@@ -111,7 +111,7 @@ class Tf32Probe(Probe):
             return []
         layers = not separate_layers(b.cls, self.ctx.spec, b.raw_options)  # one build gives both
         phases = standard_phases(
-            b.cls, self.ctx.spec, 1, self.ctx.opts.outputs_only, layers=layers, options=b.raw_options
+            b.cls, self.ctx.spec, 1, layers=layers, options=b.raw_options
         )
         flipped = "false" if b.options["tf32"] else "true"
         return [self.ctx.job(self._label(b), b, phases, tf32=flipped)]

@@ -140,7 +140,7 @@ class ThreadsProbe(Probe):
             return []
         layers = not separate_layers(b.cls, self.ctx.spec, b.raw_options)  # one build gives both: take them
         phases = standard_phases(
-            b.cls, self.ctx.spec, 1, self.ctx.opts.outputs_only, layers=layers, options=b.raw_options
+            b.cls, self.ctx.spec, 1, layers=layers, options=b.raw_options
         )
         return [self.ctx.job(f"{b.name}-threads{t}", b, phases, threads=str(t)) for t in self._counts(b)]
 
@@ -148,7 +148,7 @@ class ThreadsProbe(Probe):
         """Per-layer builds at 1 thread and at each count whose graph outputs differ from it, to
         name the first divergent layer."""
         b = r.planned
-        if not has_threads(b) or b.cls is None or self.ctx.opts.outputs_only:
+        if not has_threads(b) or b.cls is None or self.ctx.spec.outputs_only:
             return []
         one = self._one(r)
         if one is None or not one.ok:

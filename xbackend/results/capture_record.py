@@ -121,6 +121,7 @@ def load_capture(path: str | os.PathLike[str], name: str | None = None) -> Loade
         feeds = decode(FeedsInfo, m["inputs"], "inputs")
         phases = {str(r["name"]): _phase(p, r, m["files"]) for r in m["phases"]}
         model = m["model"]
+        model_sha256, model_name = str(model["sha256"]), str(model["name"])
         env = tuple(sorted((str(k), str(v)) for k, v in m["environment"].items()))
     except (CodecError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise bad_capture(
@@ -136,8 +137,8 @@ def load_capture(path: str | os.PathLike[str], name: str | None = None) -> Loade
         path=p,
         name=label,
         backend=replace(backend, name=label),
-        model_sha256=str(model["sha256"]),
-        model_name=str(model["name"]),
+        model_sha256=model_sha256,
+        model_name=model_name,
         feeds=feeds,
         run=LoadedRun(outputs, phases.get(LAYERS)),
         environment=env,

@@ -1,17 +1,30 @@
-"""What a comparison is asked to do: CompareOptions, the one place every flag lands."""
+"""What a comparison is asked to do: CompareOptions, the one place every flag lands. Each field
+declares its flag (xbackend.results.flags): the CLI's parameters, the coercion of friendly
+values, the checks and command() all come from that one declaration."""
 
 from __future__ import annotations
 
-import math
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from xbackend.errors import UsageError
 from xbackend.files.capture_folder import NAME, default_name
 from xbackend.model.footprint import parse_size
+from xbackend.model.inputs import parse_range, parse_shape
 from xbackend.numerics.metrics import DEFAULT_MAX_ULP
+from xbackend.results.flags import (
+    COMMANDS,
+    MAX_COUNT,
+    Flag,
+    at_least,
+    comma_list,
+    count,
+    declared,
+    flag,
+    pairs,
+)
 from xbackend.results.gating import parse_policies
 from xbackend.runners.registry import get_runner, split_instance
 
@@ -19,7 +32,9 @@ __all__ = [
     "DEFAULT_BACKENDS",
     "DEFAULT_MAX_ULP",
     "EXPECTED",
+    "INPUT_FLAGS",
     "MODES_TIMED_RUNS",
+    "TORCH_BACKENDS",
     "CompareOptions",
     "Shape",
     "expand_modes",
@@ -29,12 +44,13 @@ __all__ = [
 
 DEFAULT_BACKENDS = ("ort-cpu", "reference")
 EXPECTED = "expected"  # golden outputs read from --inputs DIR (output_N.pb), compared like a backend
+TORCH_BACKENDS = ("torch", "torch-compile", "torch-compile-autotune", "torch-cuda")
 
 Shape = tuple[int, ...]
 # --modes asks what each mode costs: its runs are timed unless --timed-runs says otherwise
 MODES_TIMED_RUNS = 10
-MAX_COUNT = 1_000_000  # runs, builds, samples: past this a count is a typo, not a plan
 MAX_SEED = 2**32 - 1
+_ALL = (*COMMANDS, "sweep")
 
 
 def expand_modes(
@@ -46,13 +62,13 @@ def expand_modes(
     sets: list[tuple[str, str, str]] = []
     for name in modes:
         cls = get_runner(name)
-        declared = cls.determinism_modes()
-        if not declared:
+        declared_modes = cls.determinism_modes()
+        if not declared_modes:
             raise UsageError(
                 f"{name} declares no determinism modes; compare its settings as instances instead, "
                 f"e.g. --backends {name},{name}@other --set {name}@other.OPTION=VALUE"
             )
-        for label, options in {"": {}, **declared}.items():
+        for label, options in {"": {}, **declared_modes}.items():
             instance = f"{name}@{label}" if label else name
             if instance not in out:
                 out.append(instance)
@@ -60,34 +76,293 @@ def expand_modes(
     return tuple(out), tuple(sets)
 
 
+def parse_max_ulp(value: object) -> float | None:
+    """--max-ulp: 'auto' (None) or a number of scaled ULP."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise UsageError(f"--max-ulp takes a number of scaled ULP or auto, got {value!r}") from None
+
+
+def load_spec(text: str) -> tuple[str, str]:
+    """--load [NAME=]DIR; without NAME the capture is named BACKEND@FOLDER."""
+    name, sep, path = text.partition("=")
+    if sep and name and "/" not in name and path:
+        return name, path
+    return default_name(text), text
+
+
+def _shapes(value: Any) -> tuple[tuple[str, Shape], ...]:
+    if isinstance(value, Mapping):
+        return tuple((str(k), tuple(int(d) for d in v)) for k, v in value.items())
+    return tuple(parse_shape(x) if isinstance(x, str) else (str(x[0]), tuple(x[1])) for x in value)
+
+
+def _ranges(value: Any) -> tuple[tuple[str, float, float], ...]:
+    if isinstance(value, Mapping):
+        return tuple((str(k), float(lo), float(hi)) for k, (lo, hi) in value.items())
+    return tuple(
+        parse_range(x) if isinstance(x, str) else (str(x[0]), float(x[1]), float(x[2])) for x in value
+    )
+
+
+def _loads(value: Any) -> tuple[tuple[str, str], ...]:
+    if isinstance(value, Mapping):
+        return tuple((str(k), str(v)) for k, v in value.items())
+    return tuple(load_spec(x) if isinstance(x, str) else (str(x[0]), str(x[1])) for x in value)
+
+
+def _size(value: Any) -> int | None:
+    return parse_size(value) if isinstance(value, str) else value
+
+
+def _seed(cli: str, seed: int) -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"{cli} must be between 0 and {MAX_SEED} (numpy's seed range), got {seed}")
+
+
+def _batch(cli: str, b: int) -> None:
+    if b > MAX_COUNT:
+        raise UsageError(f"{cli} must be at most {MAX_COUNT:,}, got {b:,}")
+    if b == 1 or b < 0:
+        raise UsageError(f"{cli} needs a batch size >= 2, got {b}")
+
+
+def _memory(cli: str, n: int | None) -> None:
+    if n is not None and n <= 0:
+        raise UsageError(f"{cli} must be a positive size such as 3GiB, got {n}")
+
+
+def _each(cli: str, fmt: Any) -> Any:
+    return lambda _o, v: [w for x in v for w in (cli, fmt(x))]
+
+
+_INPUTS_HELP = (
+    "real input data: an .npz keyed by input name, a directory in ONNX's test-data layout "
+    "(input_N.pb; output_N.pb beside them join the comparison as the backend 'expected'), or a "
+    "capture folder (its inputs)"
+)
+
+
 @dataclass(frozen=True)
 class CompareOptions:
-    """Everything that decides what a comparison does; the CLI maps flags 1:1 onto it."""
+    """Everything that decides what a comparison does, each field with its flag, in the order
+    command() writes them."""
 
-    backends: tuple[str, ...] = DEFAULT_BACKENDS
-    reference: str | None = None
-    runs: int = 3
-    builds: int = 1
-    seed: int = 0
-    shapes: tuple[tuple[str, Shape], ...] = ()
-    inputs: str | None = None
-    max_ulp: float | None = None  # None: auto, each tensor's noise floor x a margin
-    outputs_only: bool = False
-    timeout: float = 600.0
-    runner_options: tuple[tuple[str, str, str], ...] = ()
-    probes: tuple[str, ...] | None = None  # None: the cheap ones (plus batch when batch_invariance is set)
-    batch_invariance: int = 0
-    probe_threads: int = 0  # N for the thread probe; 0: twice the logical cores
-    ranges: tuple[tuple[str, float, float], ...] = ()  # generated values of NAME drawn from [LO, HI)
-    timings: bool = False  # wall times in the reports (off: identical runs give identical bytes)
-    loads: tuple[tuple[str, str], ...] = ()  # (name, capture folder): backends that ran elsewhere
-    save_captures: str | None = None  # folder: a portable capture per backend that ran
-    baseline: str | None = None  # a previous capture, capture folder set or JSON report
-    fail_on: tuple[str, ...] = ()  # --fail-on policies (xbackend.results.gating); () keeps the default gate
-    noise_samples: int = 8  # K random orders of every reduction for the noise floor; 0: none
-    timed_runs: int = 0  # more runs of the model users ship, timed (and compared) like the others
-    tensors: str = "all"  # --tensors: all | modules | outputs | GLOB[,GLOB] over module paths or names
-    max_memory: int | None = None  # --max-memory, bytes per backend process; None: a share of what is free
+    backends: tuple[str, ...] = flag(
+        DEFAULT_BACKENDS,
+        "--backends",
+        "comma-separated runner names; see `xbackend backends` (default: ort-cpu,reference, or only "
+        "the --modes families)",
+        typer_type=str | None,
+        cli_default=None,
+        hidden_default=True,
+        parse=comma_list,
+        show=lambda _o, v: ["--backends", ",".join(v)],
+    )
+    reference: str | None = flag(
+        None,
+        "--reference",
+        "backend every other is compared against (default: 'reference' if listed, else the first)",
+        show=lambda o, _v: ["--reference", o.reference_name],
+    )
+    runs: int = flag(
+        3,
+        "--runs",
+        "runs per session",
+        commands=COMMANDS,
+        defaults=(("certify", 5),),
+        check=count(1),
+        always=True,
+    )
+    builds: int = flag(
+        1,
+        "--builds",
+        "fresh sessions, each in a fresh process",
+        commands=COMMANDS,
+        defaults=(("certify", 3),),
+        check=count(1),
+        always=True,
+    )
+    max_ulp: float | None = flag(  # None: auto, each node judged against its float64 value
+        None,
+        "--max-ulp",
+        "cross-backend tolerance: auto (default) judges each node against its own float64 value and "
+        "fails a backend with an origin (a node past what rounding allows); N: N scaled ULP at the outputs",
+        metavar="auto|N",
+        typer_type=str,
+        cli_default="auto",
+        parse=parse_max_ulp,
+        check=at_least(0, strict=False),
+        show=lambda o, _v: ["--max-ulp", o.tolerance_text],
+    )
+    timeout: float = flag(
+        600.0,
+        "--timeout",
+        "seconds per backend build",
+        commands=COMMANDS,
+        check=at_least(0, True, " seconds"),
+        always=True,
+    )
+    inputs: str | None = flag(
+        None, "--inputs", _INPUTS_HELP, metavar="FILE.npz|DIR", commands=COMMANDS, parse=str
+    )
+    seed: int = flag(
+        0,
+        "--seed",
+        "seed for generated inputs",
+        commands=COMMANDS,
+        check=_seed,
+        show=lambda o, v: [] if o.inputs else ["--seed", str(v)],
+    )
+    shapes: tuple[tuple[str, Shape], ...] = flag(
+        (),
+        "--shape",
+        "shape for an input with dynamic dimensions (repeatable)",
+        metavar="NAME=D1,D2,...",
+        commands=COMMANDS,
+        typer_type=list[str] | None,
+        cli_default=None,
+        parse=_shapes,
+        show=_each("--shape", lambda s: f"{s[0]}={','.join(map(str, s[1]))}"),
+    )
+    runner_options: tuple[tuple[str, str, str], ...] = flag(
+        (),
+        "--set",
+        "runner option, e.g. ort-cpu.threads=1 (repeatable)",
+        metavar="BACKEND.OPTION=VALUE",
+        commands=_ALL,
+        typer_type=list[str] | None,
+        cli_default=None,
+        parse=pairs,
+        show=_each("--set", lambda t: f"{t[0]}.{t[1]}={t[2]}"),
+    )
+    # the same choice as tensors="outputs" (create() sets both); kept as the JSON twin's record
+    outputs_only: bool = flag(
+        False, "--outputs-only", "compare graph outputs only", commands=("compare", "capture")
+    )
+    tensors: str = flag(  # all | modules | outputs | GLOB[,GLOB] over module paths or names
+        "all",
+        "--tensors",
+        "tensors to expose: every one; module boundaries (the module map); graph outputs; or "
+        "globs over module paths or tensor names, e.g. 'm.transformer.h.3.*' (graph outputs always)",
+        metavar="all|modules|outputs|GLOB",
+        parse=lambda v: str(v).strip() or "all",
+        show=lambda o, v: ["--tensors", v] if v != "all" and not o.outputs_only else [],
+    )
+    probes: tuple[str, ...] | None = flag(  # None: the cheap ones (plus batch with batch_invariance)
+        None,
+        "--probes",
+        "probes to run: {probes}, 'all' or 'none' (default: {default_probes}, plus batch with "
+        "--batch-invariance)",
+        metavar="LIST",
+        typer_type=str | None,
+        parse=comma_list,
+        show=lambda _o, v: [] if v is None else ["--probes", ",".join(v) or "none"],
+    )
+    batch_invariance: int = flag(
+        0,
+        "--batch-invariance",
+        "probe batch invariance with batches of B (needs a dynamic batch dimension)",
+        metavar="B",
+        check=lambda cli, b: _batch(cli, b) if b else None,
+    )
+    probe_threads: int = flag(  # 0: twice the logical cores
+        0,
+        "--probe-threads",
+        "thread count the thread probe compares with 1 (default: twice the logical cores)",
+        metavar="N",
+        check=count(0, 4096),
+    )
+    ranges: tuple[tuple[str, float, float], ...] = flag(  # generated values of NAME drawn from [LO, HI)
+        (),
+        "--range",
+        "draw generated values of input NAME from [LO, HI), e.g. input_ids=0:50257 (repeatable)",
+        metavar="NAME=LO:HI",
+        commands=COMMANDS,
+        typer_type=list[str] | None,
+        cli_default=None,
+        parse=_ranges,
+        show=_each("--range", lambda r: f"{r[0]}={r[1]:g}:{r[2]:g}"),
+    )
+    timings: bool = flag(  # off: identical runs give identical bytes
+        False,
+        "--timings",
+        "put wall times, latency and each backend's peak memory in the reports (off by default: they "
+        "would make the reports of two identical comparisons differ)",
+    )
+    loads: tuple[tuple[str, str], ...] = flag(  # (name, capture folder): backends that ran elsewhere
+        (),
+        "--load",
+        "a capture from another host (xbackend capture) compared beside the live backends, named "
+        "BACKEND@FOLDER unless NAME is given (repeatable)",
+        metavar="[NAME=]DIR",
+        typer_type=list[str] | None,
+        cli_default=None,
+        parse=_loads,
+        show=_each("--load", lambda nv: f"{nv[0]}={nv[1]}"),
+    )
+    baseline: str | None = flag(
+        None,
+        "--baseline",
+        "a previous release's JSON report, capture folder, or folder of captures: per backend, "
+        "whether the outputs moved, by how much and from which layer",
+        metavar="PATH",
+        parse=str,
+    )
+    fail_on: tuple[str, ...] = flag(  # () keeps the default gate
+        (),
+        "--fail-on",
+        "gate on these, comma-separated: {policies} (e.g. ulp>8); each has its own exit code (below)",
+        metavar="POLICIES",
+        typer_type=str | None,
+        cli_default=None,
+        parse=comma_list,
+        check=lambda _cli, v: parse_policies(v) and None,
+        show=lambda _o, v: ["--fail-on", ",".join(v)] if v else [],
+    )
+    save_captures: str | None = flag(
+        None,
+        "--save-captures",
+        "write a portable capture of every backend that ran to DIR/BACKEND "
+        "(for a later --baseline or --load)",
+        metavar="DIR",
+        parse=str,
+    )
+    noise_samples: int = flag(
+        8,
+        "--noise-samples",
+        "random orders of every reduction the noise floor is measured over (0: no floor, no "
+        "origins; --max-ulp auto then falls back to 64)",
+        metavar="K",
+        check=count(0, what=" (0: no noise floor)"),
+    )
+    timed_runs: int = flag(  # more runs of the model users ship, timed (and compared) like the others
+        0,
+        "--timed-runs",
+        "N more runs of the model users ship per build, timed and compared like the others; puts "
+        "latency in the reports (default: 0, or 10 with --modes)",
+        metavar="N",
+        commands=("compare", "certify"),
+        typer_type=int | None,
+        cli_default=None,
+        defaults=(("certify", 0),),
+        hidden_default=True,
+        check=count(0),
+    )
+    max_memory: int | None = flag(  # bytes per backend process; None: a share of what is free
+        None,
+        "--max-memory",
+        "memory per backend process, e.g. 3GiB: per-layer tensors are exposed in windows that "
+        "fit (default: 80% of the memory available at the start)",
+        metavar="SIZE",
+        typer_type=str | None,
+        parse=_size,
+        check=_memory,
+        show=lambda _o, v: [] if v is None else ["--max-memory", f"{v}B"],
+    )
 
     @property
     def shows_times(self) -> bool:
@@ -96,74 +371,44 @@ class CompareOptions:
 
     @classmethod
     def create(cls, **kwargs: Any) -> CompareOptions:
-        """Build from friendly Python values (lists, dicts, comma strings) and validate."""
-        names = {f.name for f in fields(cls)} | {"modes"}
-        unknown = sorted(set(kwargs) - names)
+        """Build from friendly Python or command-line values (lists, dicts, comma strings; None
+        for a default) and validate. Besides the fields: modes, torch_module, trust_model_code."""
+        by_name = {f.name: (f, fl) for f, fl in declared(cls)}
+        unknown = sorted(set(kwargs) - set(by_name) - set(INPUT_FLAGS))
         if unknown:
-            raise UsageError(
-                f"unknown compare option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}"
-            )
-        kw = dict(kwargs)
-        modes = kw.pop("modes", None) or ()
-        if isinstance(modes, str):
-            modes = [m for m in modes.split(",") if m]
-        if isinstance(kw.get("backends"), str):
-            kw["backends"] = [b for b in kw["backends"].split(",") if b]
-        if "backends" in kw:
-            kw["backends"] = tuple(kw["backends"])
-        if modes:
-            given: tuple[str, ...] = tuple(kw.get("backends") or ())
-            kw["backends"], sets = expand_modes(given, tuple(modes))
-            kw["runner_options"] = sets + tuple(_pairs(kw.get("runner_options")))  # a --set overrides
-        if kw.get("timed_runs") is None:
+            valid = sorted({*by_name, *INPUT_FLAGS})
+            raise UsageError(f"unknown compare option(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+        modes = comma_list(kwargs.get("modes") or ())
+        kw: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            if name in by_name and value is not None:  # None: the field's default
+                fl = by_name[name][1]
+                kw[name] = fl.parse(value) if fl.parse is not None else value
+        if modes:  # each family under its default and its modes; a --set overrides a mode
+            given = kw.get("backends", ())
+            kw["backends"], sets = expand_modes(given, modes)
+            kw["runner_options"] = sets + kw.get("runner_options", ())
+        if kwargs.get("timed_runs") is None:
             kw["timed_runs"] = MODES_TIMED_RUNS if modes else 0
-        if isinstance(kw.get("shapes"), Mapping):
-            kw["shapes"] = tuple((k, tuple(v)) for k, v in kw["shapes"].items())
-        if kw.get("runner_options") is not None:
-            kw["runner_options"] = tuple(_pairs(kw["runner_options"]))
-        if kw.get("inputs") is not None:
-            kw["inputs"] = str(kw["inputs"])
-        if "max_ulp" in kw:
-            kw["max_ulp"] = parse_max_ulp(kw["max_ulp"])
-        if isinstance(kw.get("probes"), str):
-            kw["probes"] = tuple(x for x in kw["probes"].split(",") if x)
-        if kw.get("probes") is not None:
-            kw["probes"] = tuple(kw["probes"])
-        if isinstance(kw.get("fail_on"), str):
-            kw["fail_on"] = tuple(x for x in kw["fail_on"].split(",") if x)
-        kw["fail_on"] = tuple(kw.get("fail_on") or ())
-        if kw.get("loads") is None:
-            kw.pop("loads", None)
-        if isinstance(kw.get("loads"), Mapping):
-            kw["loads"] = tuple((str(k), str(v)) for k, v in kw["loads"].items())
-        elif kw.get("loads"):
-            kw["loads"] = tuple(
-                load_spec(x) if isinstance(x, str) else (str(x[0]), str(x[1])) for x in kw["loads"]
-            )
-        for k in ("save_captures", "baseline"):
-            if kw.get(k) is not None:
-                kw[k] = str(kw[k])
-        if isinstance(kw.get("ranges"), Mapping):
-            kw["ranges"] = tuple((k, float(lo), float(hi)) for k, (lo, hi) in kw["ranges"].items())
-        if kw.get("tensors") is not None:
-            kw["tensors"] = str(kw["tensors"]).strip() or "all"
-        else:
-            kw.pop("tensors", None)
-        # one choice, one source: --outputs-only is the selection "outputs", resolved into the
-        # model's exposed tensors like any other (outputs_only stays as its flag for reports)
+        chosen = kw.get("backends", DEFAULT_BACKENDS)
+        kw["runner_options"] = kw.get("runner_options", ()) + _torch_options(
+            chosen, kwargs.get("torch_module"), bool(kwargs.get("trust_model_code"))
+        )
+        # one choice, one source: --outputs-only is the selection "outputs"
         if kw.get("outputs_only") and kw.get("tensors", "all") not in ("all", "outputs"):
             raise UsageError(
                 f"--outputs-only and --tensors {kw['tensors']} choose different tensors; give one of them"
             )
         if kw.get("outputs_only") or kw.get("tensors") == "outputs":
             kw["outputs_only"], kw["tensors"] = True, "outputs"
-        if isinstance(kw.get("max_memory"), str):
-            kw["max_memory"] = parse_size(kw["max_memory"])
         opts = cls(**kw)
         opts.validate()
         return opts.with_reference()
 
     def validate(self) -> None:
+        for f, fl in declared(type(self)):
+            if fl.check is not None:
+                fl.check(fl.cli, getattr(self, f.name))
         if not self.backends and not self.loads:
             raise UsageError("no backends given; pass --backends, e.g. --backends ort-cpu,reference")
         if len(set(self.backends)) != len(self.backends):
@@ -175,36 +420,10 @@ class CompareOptions:
             )
         for b in self.backends:
             split_instance(b)  # UsageError for a malformed label
-        if self.runs < 1 or self.builds < 1:
-            raise UsageError(f"--runs and --builds must be >= 1 (got runs={self.runs}, builds={self.builds})")
-        for flag, n in (("--runs", self.runs), ("--builds", self.builds), ("--timed-runs", self.timed_runs)):
-            if n > MAX_COUNT:
-                raise UsageError(f"{flag} must be at most {MAX_COUNT:,}, got {n:,}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise UsageError(f"--seed must be between 0 and {MAX_SEED} (numpy's seed range), got {self.seed}")
-        if math.isnan(self.timeout) or self.timeout <= 0:
-            raise UsageError(f"--timeout must be > 0 seconds, got {self.timeout}")
-        if self.max_ulp is not None and self.max_ulp < 0:
-            raise UsageError(f"--max-ulp must be >= 0 or auto, got {self.max_ulp:g}")
-        if self.max_memory is not None and self.max_memory <= 0:
-            raise UsageError(f"--max-memory must be a positive size such as 3GiB, got {self.max_memory}")
-        if self.timed_runs < 0:
-            raise UsageError(f"--timed-runs must be >= 0, got {self.timed_runs}")
-        if self.noise_samples < 0:
-            raise UsageError(f"--noise-samples must be >= 0 (0: no noise floor), got {self.noise_samples}")
         if self.inputs is not None and self.shapes:
             raise UsageError("--shape and --inputs exclude each other: --inputs arrays carry their shapes")
-        if self.noise_samples > MAX_COUNT or self.batch_invariance > MAX_COUNT or self.probe_threads > 4096:
-            raise UsageError(
-                "--noise-samples, --batch-invariance or --probe-threads is out of range; give a smaller count"
-            )
-        if self.batch_invariance == 1 or self.batch_invariance < 0:
-            raise UsageError(f"--batch-invariance needs a batch size >= 2, got {self.batch_invariance}")
-        if self.probe_threads < 0:
-            raise UsageError(f"--probe-threads must be >= 1, got {self.probe_threads}")
         if self.inputs is not None and self.ranges:
             raise UsageError("--range and --inputs exclude each other: --range shapes generated inputs only")
-        parse_policies(self.fail_on)  # UsageError for unknown policies
         loaded = [n for n, _ in self.loads]
         odd = [n for n in loaded if not NAME.fullmatch(n)]
         if odd:
@@ -256,85 +475,59 @@ class CompareOptions:
         return {k: v for b, k, v in self.runner_options if b == backend}
 
     def command(self, model_path: str) -> str:
-        """The CLI command that reproduces this comparison."""
-        parts = [
-            "xbackend",
-            "compare",
-            model_path,
-            "--backends",
-            ",".join(self.backends),
-            "--reference",
-            self.reference_name,
-            "--runs",
-            str(self.runs),
-            "--builds",
-            str(self.builds),
-            "--max-ulp",
-            self.tolerance_text,
-            "--timeout",
-            f"{self.timeout:g}",
-        ]
-        if self.inputs:
-            parts += ["--inputs", self.inputs]
-        else:
-            parts += ["--seed", str(self.seed)]
-        for name, shape in self.shapes:
-            parts += ["--shape", f"{name}={','.join(map(str, shape))}"]
-        for b, k, v in self.runner_options:
-            parts += ["--set", f"{b}.{k}={v}"]
-        if self.outputs_only:
-            parts.append("--outputs-only")
-        elif self.tensors != "all":
-            parts += ["--tensors", self.tensors]
-        if self.probes is not None:
-            parts += ["--probes", ",".join(self.probes) or "none"]
-        if self.batch_invariance:
-            parts += ["--batch-invariance", str(self.batch_invariance)]
-        if self.probe_threads:
-            parts += ["--probe-threads", str(self.probe_threads)]
-        for name, lo, hi in self.ranges:
-            parts += ["--range", f"{name}={lo:g}:{hi:g}"]
-        if self.timings:
-            parts.append("--timings")
-        for name, path in self.loads:
-            parts += ["--load", f"{name}={path}"]
-        if self.baseline:
-            parts += ["--baseline", self.baseline]
-        if self.fail_on:
-            parts += ["--fail-on", ",".join(self.fail_on)]
-        if self.save_captures:
-            parts += ["--save-captures", self.save_captures]
-        if self.noise_samples != 8:
-            parts += ["--noise-samples", str(self.noise_samples)]
-        if self.timed_runs:
-            parts += ["--timed-runs", str(self.timed_runs)]
-        if self.max_memory is not None:
-            parts += ["--max-memory", f"{self.max_memory}B"]
+        """The CLI command that reproduces this comparison: each field's flag, in field order."""
+        parts = ["xbackend", "compare", model_path]
+        for f, fl in declared(type(self)):
+            parts += fl.words(self, getattr(self, f.name), f.default)
         return shlex.join(parts)
 
 
-def _pairs(options: object) -> list[tuple[str, str, str]]:
-    """runner_options as (backend, key, value): from {backend: {key: value}} or triples."""
-    if options is None:
-        return []
-    if isinstance(options, Mapping):
-        return [(b, k, str(v)) for b, opts in options.items() for k, v in opts.items()]
-    return [(str(b), str(k), str(v)) for b, k, v in options]  # type: ignore[attr-defined]
+def _torch_options(
+    backends: tuple[str, ...], module: str | None, trust: bool
+) -> tuple[tuple[str, str, str], ...]:
+    """--torch-module and --trust-model-code as runner options of each torch backend listed."""
+    chosen = [b for b in backends if b.partition("@")[0] in TORCH_BACKENDS]
+    if (module or trust) and not chosen:
+        flag_name = "--torch-module" if module else "--trust-model-code"
+        raise UsageError(
+            f"{flag_name} applies to the torch backends; add torch (or {TORCH_BACKENDS[1]}) to --backends"
+        )
+    out: tuple[tuple[str, str, str], ...] = ()
+    for b in chosen:
+        if module:
+            out += ((b, "module", str(module)),)
+        if trust:
+            out += ((b, "trust_model_code", "true"),)
+    return out
 
 
-def parse_max_ulp(value: object) -> float | None:
-    """--max-ulp: 'auto' (None) or a number of scaled ULP."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return None
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise UsageError(f"--max-ulp takes a number of scaled ULP or auto, got {value!r}") from None
-
-
-def load_spec(text: str) -> tuple[str, str]:
-    """--load [NAME=]DIR; without NAME the capture is named BACKEND@FOLDER."""
-    name, sep, path = text.partition("=")
-    if sep and name and "/" not in name and path:
-        return name, path
-    return default_name(text), text
+# Options create() takes besides the fields: each becomes fields (backends, runner_options).
+INPUT_FLAGS = {
+    "modes": Flag(
+        "--modes",
+        "run each of these runners under its default and each determinism mode it declares "
+        "(NAME, NAME@det, ...; `xbackend backends` lists them), timed, with a Cost of determinism table",
+        metavar="RUNNERS",
+        typer_type=str | None,
+        cli_default=None,
+        name="modes",
+    ),
+    "torch_module": Flag(
+        "--torch-module",
+        "source nn.Module for the torch backends (path/to/file.py:factory or pkg.mod:factory)",
+        metavar="MODULE_SPEC",
+        commands=COMMANDS,
+        typer_type=str | None,
+        cli_default=None,
+        name="torch_module",
+    ),
+    "trust_model_code": Flag(
+        "--trust-model-code",
+        "let the torch backends import the Python file the model's metadata names (off: a model "
+        "never makes xbackend run code)",
+        commands=COMMANDS,
+        typer_type=bool,
+        cli_default=False,
+        name="trust_model_code",
+    ),
+}

@@ -1,0 +1,112 @@
+"""Each option declared once (xbackend.results.flags): the CLI's parameters, create()'s coercion
+and checks, and command() all come from the declaration."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Any
+
+import pytest
+import typer.main
+
+from xbackend.cli import main as _registered  # noqa: F401  (registers every command with the app)
+from xbackend.cli.app import app
+from xbackend.cli.params import CLI_FLAGS, flag_parameters
+from xbackend.errors import UsageError
+from xbackend.results import CompareOptions
+from xbackend.results.flags import count, declared, flag
+from xbackend.results.options import INPUT_FLAGS
+
+
+def _cli_params(command: str) -> dict[str, Any]:
+    click_cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    return {p.name: p for p in click_cmd.params}
+
+
+def test_every_field_declares_its_flag_once() -> None:
+    fields = dataclasses.fields(CompareOptions)
+    assert [f.name for f in fields if "flag" not in f.metadata] == []
+    clis = [fl.cli for _, fl in declared(CompareOptions)] + [
+        f.cli for f in {**INPUT_FLAGS, **CLI_FLAGS}.values()
+    ]
+    assert len(clis) == len(set(clis))
+
+
+@pytest.mark.parametrize("command", ["compare", "capture", "certify", "sweep", "verify"])
+def test_each_command_takes_exactly_its_declared_options(command: str) -> None:
+    """The typer parameters the app registered are the generated ones (plus the command's own)."""
+    generated = {p.name: p for p in flag_parameters(command)}
+    registered = _cli_params(command)
+    own = {"compare": {"model"}, "capture": {"model", "backend", "output"}}.get(command)
+    if own is not None:
+        assert set(registered) == set(generated) | own
+    assert set(generated) <= set(registered)
+    cli = {f.name: fl.cli for f, fl in declared(CompareOptions)} | {
+        n: fl.cli for n, fl in {**INPUT_FLAGS, **CLI_FLAGS}.items()
+    }
+    for name, p in generated.items():
+        assert registered[name].opts == [cli[name]]
+        assert registered[name].default == p.default
+
+
+def test_defaults_are_written_once() -> None:
+    """noise_samples' 8 is the field's; the CLI and create() take it from there. certify's own
+    defaults (5 runs, 3 builds) are declared beside the field's."""
+    field = {f.name: f for f in dataclasses.fields(CompareOptions)}
+    assert _cli_params("compare")["noise_samples"].default == field["noise_samples"].default == 8
+    assert CompareOptions.create().noise_samples == 8
+    assert (_cli_params("certify")["runs"].default, _cli_params("certify")["builds"].default) == (5, 3)
+    assert (_cli_params("compare")["runs"].default, _cli_params("capture")["builds"].default) == (3, 1)
+
+
+def test_help_names_come_from_the_registries() -> None:
+    helps = {n: p.help for n, p in _cli_params("compare").items()}
+    assert "builds,threads,opt-levels" in helps["probes"] and "{" not in helps["probes"]
+    assert "not-judged" in helps["fail_on"] and "{" not in helps["fail_on"]
+
+
+def test_command_parses_back_to_the_same_options() -> None:
+    """command() writes every non-default option; typer parses it back into equal options."""
+    opts = CompareOptions.create(
+        backends="ort-cpu,reference,oracle",
+        runs=2,
+        builds=3,
+        max_ulp=16,
+        timeout=30.5,
+        shapes={"x": [2, 3]},
+        runner_options={"ort-cpu": {"threads": "1"}},
+        tensors="m.block.*",
+        probes="builds,threads",
+        batch_invariance=4,
+        probe_threads=3,
+        ranges={"ids": (0, 50257)},
+        timings=True,
+        fail_on="ulp>8",
+        noise_samples=4,
+        timed_runs=5,
+        max_memory="3GiB",
+        seed=7,
+    )
+    argv = shlex.split(opts.command("m.onnx"))[2:]
+    click_cmd = typer.main.get_command(app).commands["compare"]  # type: ignore[attr-defined]
+    params = click_cmd.make_context("compare", argv).params
+    params.pop("model")
+    again = CompareOptions.create(**{k: v for k, v in params.items() if k not in CLI_FLAGS})
+    assert again == opts
+
+
+@dataclasses.dataclass(frozen=True)
+class _WithTicks(CompareOptions):
+    """CompareOptions with one more declaration, as a new flag would add it."""
+
+    ticks: int = flag(2, "--ticks", "planted: a new option", check=count(1))
+
+
+def test_one_new_declaration_reaches_the_cli_create_and_command() -> None:
+    param = {p.name: p for p in flag_parameters("compare", _WithTicks)}["ticks"]
+    assert (param.default, param.annotation.__metadata__[0].default) == (2, "--ticks")
+    assert "--ticks" not in _WithTicks.create().command("m.onnx")  # at its default
+    assert _WithTicks.create(ticks=5).command("m.onnx").endswith("--ticks 5")
+    with pytest.raises(UsageError, match="--ticks must be >= 1, got 0"):
+        _WithTicks.create(ticks=0)

@@ -1,0 +1,133 @@
+"""Each option of a comparison declared once: a Flag carries its command-line form, help, the
+commands that take it, how a command-line or Python value becomes its value, what it must
+satisfy, and how command() writes it back. CompareOptions declares its fields with `flag()`;
+the CLI builds its typer parameters from the same declarations."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from xbackend.errors import UsageError
+
+__all__ = [
+    "COMMANDS",
+    "MAX_COUNT",
+    "Flag",
+    "at_least",
+    "comma_list",
+    "count",
+    "declared",
+    "flag",
+    "option_triple",
+    "pairs",
+]
+
+COMMANDS = ("compare", "capture", "certify")
+MAX_COUNT = 1_000_000  # runs, builds, samples: past this a count is a typo, not a plan
+_SAME = ("the field's default",)  # cli_default unset (dataclasses' MISSING would mean required)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One option: its form on a command line and everything that follows from it."""
+
+    cli: str  # "--runs"; the parameter's name is its field's (or `name`)
+    help: str
+    metavar: str | None = None
+    commands: tuple[str, ...] = ("compare",)
+    # the type typer parses, when not the field's own (e.g. list[str] | None for a tuple of pairs)
+    typer_type: Any = None
+    cli_default: Any = _SAME  # typer's default, when not the field's
+    defaults: tuple[tuple[str, Any], ...] = ()  # another default for one command: (("certify", 5),)
+    parse: Callable[[Any], Any] | None = None  # a command-line or Python value -> the field's value
+    check: Callable[[str, Any], None] | None = None  # raises UsageError for a value out of range
+    # (the options, the value) -> its words in command(); None: "CLI VALUE" when not the default
+    show: Callable[[Any, Any], Iterable[str]] | None = None
+    always: bool = False  # in command() even at its default
+    name: str = ""  # for an option that is not a CompareOptions field
+    hidden_default: bool = False  # the help shows no default (it depends on other options)
+
+    def default_for(self, command: str, field_default: Any) -> Any:
+        own = dict(self.defaults)
+        if command in own:
+            return own[command]
+        return field_default if self.cli_default is _SAME else self.cli_default
+
+    def words(self, options: Any, value: Any, default: Any) -> list[str]:
+        """This option's words in the command that reproduces a comparison."""
+        if self.show is not None:
+            return list(self.show(options, value))
+        if not self.always and value == default:
+            return []
+        if isinstance(value, bool):
+            return [self.cli] if value else []
+        if value is None:
+            return []
+        return [self.cli, f"{value:g}" if isinstance(value, float) else str(value)]
+
+
+def flag(default: Any, cli: str, help: str, **kw: Any) -> Any:
+    """A CompareOptions field declared with its Flag (dataclasses' metadata holds it)."""
+    return dataclasses.field(default=default, metadata={"flag": Flag(cli, help, **kw)})
+
+
+def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Flag]]:
+    """The fields of `cls` that declare a Flag, in field order."""
+    return [(f, f.metadata["flag"]) for f in dataclasses.fields(cls) if "flag" in f.metadata]
+
+
+def count(lo: int, hi: int = MAX_COUNT, what: str = "") -> Callable[[str, Any], None]:
+    """A whole number in [lo, hi]; `what` names the unit in the error."""
+
+    def check(cli: str, n: Any) -> None:
+        if n > hi:
+            raise UsageError(f"{cli} must be at most {hi:,}, got {n:,}")
+        if n < lo:
+            raise UsageError(f"{cli} must be >= {lo}{what}, got {n}")
+
+    return check
+
+
+def at_least(lo: float, strict: bool, unit: str = "") -> Callable[[str, Any], None]:
+    """A number above lo (strictly, or not), never NaN; None passes (a default that is chosen later)."""
+
+    def check(cli: str, x: Any) -> None:
+        if x is None:
+            return
+        if math.isnan(x) or x < lo or (strict and x == lo):
+            raise UsageError(f"{cli} must be {'>' if strict else '>='} {lo:g}{unit}, got {x}")
+
+    return check
+
+
+def comma_list(value: Any) -> tuple[str, ...]:
+    """'a,b' or ['a', 'b'] -> ('a', 'b')."""
+    if isinstance(value, str):
+        return tuple(x for x in value.split(",") if x)
+    return tuple(str(x) for x in value)
+
+
+def option_triple(text: str) -> tuple[str, str, str]:
+    """--set BACKEND.OPTION=VALUE -> (backend, option, value)."""
+    key, sep, value = text.partition("=")
+    backend, dot, name = key.rpartition(".")  # a label may hold dots (ort-cpu@1.20.threads)
+    if not sep or not dot or not backend or not name:
+        raise UsageError(f"--set: expected BACKEND.OPTION=VALUE (e.g. ort-cpu.threads=1), got {text!r}")
+    return backend, name, value
+
+
+def pairs(options: object) -> tuple[tuple[str, str, str], ...]:
+    """runner_options as (backend, key, value): from {backend: {key: value}}, triples or
+    'BACKEND.OPTION=VALUE' strings."""
+    if options is None:
+        return ()
+    if isinstance(options, Mapping):
+        return tuple((str(b), str(k), str(v)) for b, opts in options.items() for k, v in opts.items())
+    return tuple(
+        option_triple(x) if isinstance(x, str) else (str(x[0]), str(x[1]), str(x[2]))
+        for x in options  # type: ignore[attr-defined]
+    )
