@@ -110,3 +110,22 @@ def test_one_new_declaration_reaches_the_cli_create_and_command() -> None:
     assert _WithTicks.create(ticks=5).command("m.onnx").endswith("--ticks 5")
     with pytest.raises(UsageError, match="--ticks must be >= 1, got 0"):
         _WithTicks.create(ticks=0)
+
+
+def test_threads_sets_every_backend_that_has_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    """--threads, added as one declaration (INPUT_FLAGS) and the lines in create() that use it:
+    each listed backend whose runner has a threads option gets it; a --set wins over it."""
+    opts = CompareOptions.create(
+        backends="ort-cpu,reference,trt-pinned", threads=1, runner_options=["reference.threads=4"]
+    )
+    assert opts.options_for("ort-cpu") == {"threads": "1"}
+    assert opts.options_for("reference") == {"threads": "4"}
+    assert opts.options_for("trt-pinned") == {}  # TensorRT has no threads option
+    assert "--set ort-cpu.threads=1" in opts.command("m.onnx")
+    params = _cli_params("compare")
+    assert params["threads"].opts == ["--threads"] and "threads" in _cli_params("capture")
+    assert "threads" not in _cli_params("certify")  # certify checks thread counts itself
+    with pytest.raises(UsageError, match="--threads must be >= 1, got 0"):
+        CompareOptions.create(threads=0)
+    with pytest.raises(UsageError, match="none of trt-pinned has one; add ort-cpu"):
+        CompareOptions.create(backends="trt-pinned", threads=2)

@@ -384,15 +384,18 @@ class CompareOptions:
             if name in by_name and value is not None:  # None: the field's default
                 fl = by_name[name][1]
                 kw[name] = fl.parse(value) if fl.parse is not None else value
-        if modes:  # each family under its default and its modes; a --set overrides a mode
-            given = kw.get("backends", ())
-            kw["backends"], sets = expand_modes(given, modes)
-            kw["runner_options"] = sets + kw.get("runner_options", ())
+        mode_sets: tuple[tuple[str, str, str], ...] = ()
+        if modes:  # each family under its default and its modes
+            kw["backends"], mode_sets = expand_modes(kw.get("backends", ()), modes)
         if kwargs.get("timed_runs") is None:
             kw["timed_runs"] = MODES_TIMED_RUNS if modes else 0
         chosen = kw.get("backends", DEFAULT_BACKENDS)
-        kw["runner_options"] = kw.get("runner_options", ()) + _torch_options(
-            chosen, kwargs.get("torch_module"), bool(kwargs.get("trust_model_code"))
+        # the later setting wins: a mode, then --threads, then the user's --set
+        kw["runner_options"] = (
+            mode_sets
+            + _thread_options(chosen, kwargs.get("threads"))
+            + kw.get("runner_options", ())
+            + _torch_options(chosen, kwargs.get("torch_module"), bool(kwargs.get("trust_model_code")))
         )
         # one choice, one source: --outputs-only is the selection "outputs"
         if kw.get("outputs_only") and kw.get("tensors", "all") not in ("all", "outputs"):
@@ -501,6 +504,20 @@ def _torch_options(
     return out
 
 
+def _thread_options(backends: tuple[str, ...], threads: Any) -> tuple[tuple[str, str, str], ...]:
+    """--threads N as the threads option of each backend whose runner has one."""
+    if threads is None:
+        return ()
+    count(1, 4096)("--threads", int(threads))
+    chosen = [b for b in backends if any(s.name == "threads" for s in get_runner(b).option_specs)]
+    if not chosen:
+        raise UsageError(
+            f"--threads applies to backends with a threads option, and none of {','.join(backends)} has "
+            "one; add ort-cpu (or openvino-cpu, torch) to --backends"
+        )
+    return tuple((b, "threads", str(int(threads))) for b in chosen)
+
+
 # Options create() takes besides the fields: each becomes fields (backends, runner_options).
 INPUT_FLAGS = {
     "modes": Flag(
@@ -511,6 +528,15 @@ INPUT_FLAGS = {
         typer_type=str | None,
         cli_default=None,
         name="modes",
+    ),
+    "threads": Flag(
+        "--threads",
+        "thread count for every backend whose runner has a threads option (a --set overrides it)",
+        metavar="N",
+        commands=("compare", "capture"),
+        typer_type=int | None,
+        cli_default=None,
+        name="threads",
     ),
     "torch_module": Flag(
         "--torch-module",
