@@ -27,6 +27,7 @@ WORKER_MODULES = [
     "execution/worker",
     "execution/protocol",
     "execution/buildinfo",
+    "execution/decoding",
     "execution/foreign_probe",
     "files/__init__",
     "files/run_values",

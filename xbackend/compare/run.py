@@ -18,6 +18,7 @@ from typing import Any
 from xbackend.compare.builds import Builds, run_builds
 from xbackend.compare.conditioning import far_from_float64
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
+from xbackend.compare.decode import decode_backends
 from xbackend.compare.drift import baseline_drifts
 from xbackend.compare.explain_jobs import attach, explain
 from xbackend.compare.memory import measure_unsized, memory_plan, side_by_side, sizing_note, window_note
@@ -70,7 +71,8 @@ def compare_with_options(
     spec, proto = load_model(model)
     spec = with_selection(spec, opts.tensors)
     loaded = load_captures(spec, opts)
-    feeds, expected = feeds_for(spec, opts, loaded)
+    # --decode: the feeds are a decoding step's, known once every backend has decoded
+    feeds, expected = feeds_for(spec, opts, loaded) if not opts.decode else (None, None)
     opts = with_expected(opts, expected)
     with run_folder() as tmp:
         work = Path(tmp)
@@ -81,6 +83,9 @@ def compare_with_options(
             )
         planned = [plan_backend(name, opts, work, expected) for name in opts.backends]
         planned, notes = preflight(spec, proto, planned)
+        decoded = None
+        if feeds is None:
+            decoded, feeds = decode_backends(spec, opts, planned, work, progress or NullProgress())
         memory = memory_plan(spec, proto, feeds, opts)
         del proto
         feeds_path = work / "feeds.xbv"
@@ -113,7 +118,7 @@ def compare_with_options(
             spill,
             memory.explanation_blocker(spec),
         )
-        return _result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to)
+        return replace(_result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to), decode=decoded)
 
 
 def _nearly_full(folder: Path) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from xbackend.execution.decoding import DecodeTask
 from xbackend.execution.foreign import stage_model
 from xbackend.execution.isolation import WorkerOutcome, disk_full, run_batch
 from xbackend.execution.progress import ProgressSink
@@ -75,8 +76,9 @@ class Job:
     raw_options: tuple[tuple[str, str], ...]
     feeds: Path
     phases: tuple[Phase, ...] = ()
-    kind: str = "main"  # "main" | "opt-levels"
+    kind: str = "main"  # "main" | "opt-levels" | "decode"
     fingerprint: bool = False
+    decode: DecodeTask | None = None  # kind "decode": what the worker decodes
 
     @functools.cached_property
     def options(self) -> dict[str, Any]:
@@ -90,6 +92,8 @@ class Job:
 
     @property
     def steps(self) -> int:
+        if self.kind == "decode" and self.decode is not None:
+            return 2  # the build, then the decoding (its steps show as the bar's detail)
         if self.kind != "main":
             return 2
         return 1 + sum(p.runs * max(1, len(p.windows)) + len(p.extra_feeds) for p in self.phases)
@@ -190,6 +194,7 @@ class Executor:
             kind=job.kind,
             fingerprint=job.fingerprint,
             target=runner_target(job.backend),
+            decode=replace(job.decode, logits=str(job_dir / "logits.xbv")) if job.decode else None,
         )
 
     def run(self, job: Job) -> JobOutcome:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.execution.buildinfo import BuildFingerprint, OptLevelRow
+from xbackend.execution.decoding import DecodeTask, RowTrace
 from xbackend.files.modelref import ModelRef
 from xbackend.numerics.metrics import TensorDiff
 
@@ -35,6 +36,10 @@ PROGRESS_TAG = "xbackend-progress"
 PARENT_ENV = "XBACKEND_PARENT_PID"  # the worker dies with the process that started it
 OUTPUTS = "outputs"
 LAYERS = "layers"
+
+
+def _fingerprint(fp: Mapping[str, Any]) -> BuildFingerprint:
+    return BuildFingerprint(str(fp["backend"]), str(fp["digest"]), tuple(map(tuple, fp["layers"])))
 
 
 def diff_from_dict(d: Mapping[str, Any]) -> TensorDiff:
@@ -122,12 +127,15 @@ class WorkerJob:
     feeds: str
     result: str
     phases: tuple[Phase, ...] = ()
-    kind: str = "main"  # "main" | "opt-levels"
+    kind: str = "main"  # "main" | "opt-levels" | "decode"
     fingerprint: bool = False
     target: str = ""  # 'module:Class' of the runner, imported directly (no registry lookup)
+    decode: DecodeTask | None = None  # kind "decode": what to decode
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        d = asdict(self)
+        d["decode"] = self.decode.to_dict() if self.decode is not None else None
+        return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str) -> WorkerJob:
@@ -144,6 +152,7 @@ class WorkerJob:
             str(d["kind"]),
             bool(d["fingerprint"]),
             str(d.get("target", "")),
+            DecodeTask.from_dict(d["decode"]) if d.get("decode") else None,
         )
 
 
@@ -180,7 +189,7 @@ class PhaseResult:
             tuple(diff_from_dict(x) for x in d["run_diffs"]),
             float(d["prepare_s"]),
             tuple(float(x) for x in d["run_s"]),
-            BuildFingerprint(str(fp["backend"]), str(fp["digest"]), tuple(map(tuple, fp["layers"]))),
+            _fingerprint(fp),
             tuple(map(tuple, d["not_exposed"])),
             tuple(map(tuple, d["info"])),
             tuple((str(f), tuple(n)) for f, n in d["extra_captures"]),
@@ -203,9 +212,14 @@ class WorkerResult:
     phase_errors: tuple[tuple[str, str], ...] = ()  # later phases that failed after the first ran
     peak_rss_bytes: int = 0  # the worker process's peak resident memory (0: not measurable here)
     start_rss_bytes: int = 0  # its resident memory once the engine was loaded, before the model
+    decode_rows: tuple[RowTrace, ...] = ()  # kind "decode": each composition's rows
+    decode_seconds: tuple[float, ...] = ()  # kind "decode": each step of a prompt alone
+    fingerprint: BuildFingerprint | None = None  # kind "decode": what the build decided
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        d = asdict(self)
+        d["decode_rows"] = [r.to_dict() for r in self.decode_rows]
+        return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str) -> WorkerResult:
@@ -221,6 +235,9 @@ class WorkerResult:
             tuple(map(tuple, d["phase_errors"])),
             int(d.get("peak_rss_bytes", 0)),
             int(d.get("start_rss_bytes", 0)),
+            tuple(RowTrace.from_dict(r) for r in d.get("decode_rows", ())),
+            tuple(float(x) for x in d.get("decode_seconds", ())),
+            _fingerprint(d["fingerprint"]) if d.get("fingerprint") else None,
         )
 
     def phase(self, name: str) -> PhaseResult | None:

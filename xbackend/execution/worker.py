@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+import numpy as np
+
 try:
     import resource as _resource  # POSIX only
 except ImportError:  # Windows: no peak memory to report
@@ -27,9 +29,10 @@ except ImportError:  # Windows: no peak memory to report
 
 from xbackend.errors import BackendUnavailableError, XbackendError
 from xbackend.execution.buildinfo import BuildFingerprint
+from xbackend.execution.decoding import DecodeTask, decode, prompt_key
 from xbackend.execution.protocol import PARENT_ENV, PROGRESS_TAG, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.files.run_values import combined_digest, save_capture, tensor_digest
-from xbackend.files.storage import ValueFile, ValueWriter
+from xbackend.files.storage import ValueFile, ValueWriter, save_values
 from xbackend.numerics.metrics import TensorDiff, diff_values, keep_worse
 from xbackend.numerics.spread import Spread
 from xbackend.numerics.values import Value
@@ -302,6 +305,10 @@ def execute(job: WorkerJob) -> WorkerResult:
             return WorkerResult(
                 "ok", "done", info=tuple(sorted(runner.info().items())), opt_levels=tuple(rows)
             )
+        if job.kind == "decode" and job.decode is not None:
+            stage = "decode"
+            runner = _new_runner(job)
+            return _decode(runner, job, job.decode, start)
         feeds = load_feeds_file(job.feeds)
         errors: list[tuple[str, str]] = []
         for k, phase in enumerate(job.phases):
@@ -335,6 +342,29 @@ def execute(job: WorkerJob) -> WorkerResult:
         if runner is not None:
             with contextlib.suppress(Exception):
                 runner.close()
+
+
+def _decode(runner: Runner, job: WorkerJob, task: DecodeTask, start: int) -> WorkerResult:
+    """Greedy decoding of every composition on one build (xbackend.execution.decoding)."""
+    model = job.model
+    _stage(f"decode: building ({len(task.convention.outputs())} outputs)")
+    runner.prepare(model, task.convention.outputs())
+    _tick()
+    prompts = load_feeds_file(task.prompts)
+    ordered = [np.asarray(prompts[prompt_key(k)]) for k in range(len(prompts))]
+    rows, logits, seconds = decode(runner.run, task, ordered, _stage)
+    if task.logits:
+        save_values(task.logits, logits)
+    _tick()
+    return WorkerResult(
+        "ok",
+        "done",
+        info=tuple(sorted(runner.info().items())),
+        start_rss_bytes=start,
+        decode_rows=tuple(rows),
+        decode_seconds=tuple(seconds),
+        fingerprint=runner.fingerprint(),
+    )
 
 
 def current_rss() -> int:

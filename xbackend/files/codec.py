@@ -18,10 +18,12 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any, TypeVar
 
-__all__ = ["CodecError", "decode", "encode", "register_subclass"]
+__all__ = ["OMIT_DEFAULT", "CodecError", "decode", "encode", "register_subclass"]
 
 T = TypeVar("T")
 CLASS_KEY = "__class__"
+# field metadata: leave the field out while it holds its default (decode restores it)
+OMIT_DEFAULT = "codec_omit_default"
 TIME_FIELDS = frozenset(
     {"build_s", "timings", "latency", "peak_rss_bytes", "start_rss_bytes"}
 )  # wall times: left out unless asked for (byte-stable)
@@ -41,6 +43,8 @@ def encode(obj: Any, times: bool = True) -> Any:
             out[CLASS_KEY] = _tag(type(obj))
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)
+            if f.metadata.get(OMIT_DEFAULT) and v == f.default:
+                continue  # a field newer than the files it must stay byte-identical with
             if not times and f.name in TIME_FIELDS:
                 v = f.default if f.default is not dataclasses.MISSING else v
             out[f.name] = encode(v, times)

@@ -110,9 +110,7 @@ class Tf32Probe(Probe):
         if not on_gpu_with_tf32(b) or b.cls is None:
             return []
         layers = not separate_layers(b.cls, self.ctx.spec, b.raw_options)  # one build gives both
-        phases = standard_phases(
-            b.cls, self.ctx.spec, 1, layers=layers, options=b.raw_options
-        )
+        phases = standard_phases(b.cls, self.ctx.spec, 1, layers=layers, options=b.raw_options)
         flipped = "false" if b.options["tf32"] else "true"
         return [self.ctx.job(self._label(b), b, phases, tf32=flipped)]
 

@@ -139,9 +139,7 @@ class ThreadsProbe(Probe):
         if not has_threads(b) or b.cls is None:
             return []
         layers = not separate_layers(b.cls, self.ctx.spec, b.raw_options)  # one build gives both: take them
-        phases = standard_phases(
-            b.cls, self.ctx.spec, 1, layers=layers, options=b.raw_options
-        )
+        phases = standard_phases(b.cls, self.ctx.spec, 1, layers=layers, options=b.raw_options)
         return [self.ctx.job(f"{b.name}-threads{t}", b, phases, threads=str(t)) for t in self._counts(b)]
 
     def followup_jobs(self, r: BackendRuns) -> list[Job]:

@@ -57,7 +57,7 @@ class Figure:
     xlabel: str
     ylabel: str
     series: tuple[Series, ...]
-    kind: str = "line"  # "line" | "bars" (x holds bin indexes)
+    kind: str = "line"  # "line" | "log" (a log y axis) | "bars" (x holds bin indexes)
     xticks: tuple[str, ...] = ()
     band: Series | None = None  # drawn as a shaded band from 0 (the noise floor)
 
@@ -241,9 +241,42 @@ def _outputs_note(m: ModeRow) -> str:
     return f"{m.distinct_run_outputs} / {m.distinct_build_outputs} outputs{broken}"
 
 
+_FLOOR = 1e-9  # a logit difference of 0 on the log scale
+
+
+def _decode(r: Result) -> Figure | None:
+    """The reference's top-1/top-2 margin per step of one prompt beside each backend's logit
+    difference from it: a token flips where a difference reaches the margin."""
+    d = r.decode
+    if d is None or not any(b.ok for b in d.backends):
+        return None
+    prompt = d.layers_step[1] if d.layers_step else 0
+    ref = next((b for b in d.backends if b.backend == d.reference and b.ok and b.prompts), None)
+    if ref is None:
+        return None
+    margins = ref.prompts[prompt].margins
+    series = [Series(f"{d.reference}: top-1/top-2 margin", tuple(map(float, range(len(margins)))), margins)]
+    for b in d.backends:
+        if b.ok and b.backend != d.reference and b.prompts:
+            diffs = b.prompts[prompt].logit_differences
+            ys = tuple(max(v, _FLOOR) for v in diffs)
+            series.append(Series(f"{b.backend}: logit difference", tuple(map(float, range(len(ys)))), ys))
+    return Figure(
+        "decode-margins",
+        f"Greedy decoding, prompt {prompt}: margin against logit difference",
+        f"Per step: {d.reference}'s top-1 minus top-2 logit, and each backend's largest logit difference "
+        f"from it while their tokens agree (0 drawn at {_FLOOR:g}); a token flips where a difference "
+        "reaches the margin.",
+        "step",
+        "logit",
+        tuple(series[: len(COLORS)]),
+        kind="log",
+    )
+
+
 def planned_figures(r: Result) -> list[Figure]:
     """The figures this result has data for, in report order."""
-    figs = [_error_depth(r), _distribution(r), _batch(r), _builds(r), *_costs(r)]
+    figs = [_decode(r), _error_depth(r), _distribution(r), _batch(r), _builds(r), *_costs(r)]
     return [f for f in figs if f is not None]
 
 
@@ -274,6 +307,8 @@ def render(fig: Figure) -> bytes:
             ax.plot(s.x, s.y, color=color, label=s.name, linewidth=1.5, marker="o", markersize=3)
     if fig.kind == "bars":
         ax.set_xticks(range(len(fig.xticks)), fig.xticks)
+    elif fig.kind == "log":
+        ax.set_yscale("log")
     else:
         ax.set_yscale("symlog", linthresh=1.0)
         top = max((v for s in (*fig.series, *(b for b in [fig.band] if b)) for v in s.y), default=1.0)

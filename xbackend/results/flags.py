@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xbackend.errors import UsageError
+from xbackend.files.codec import OMIT_DEFAULT
 
 __all__ = [
     "COMMANDS",
@@ -70,9 +71,13 @@ class Flag:
         return [self.cli, f"{value:g}" if isinstance(value, float) else str(value)]
 
 
-def flag(default: Any, cli: str, help: str, **kw: Any) -> Any:
-    """A CompareOptions field declared with its Flag (dataclasses' metadata holds it)."""
-    return dataclasses.field(default=default, metadata={"flag": Flag(cli, help, **kw)})
+def flag(default: Any, cli: str, help: str, omit_default: bool = False, **kw: Any) -> Any:
+    """A CompareOptions field declared with its Flag (dataclasses' metadata holds it);
+    `omit_default`: the JSON leaves it out at its default (a flag newer than saved reports)."""
+    meta: dict[str, Any] = {"flag": Flag(cli, help, **kw)}
+    if omit_default:
+        meta[OMIT_DEFAULT] = True
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Flag]]:

@@ -17,6 +17,7 @@ from xbackend.errors import UsageError
 from xbackend.files.textfmt import short
 from xbackend.results.backend import BackendResult
 from xbackend.results.comparisons import CrossBackendResult, Drift
+from xbackend.results.decode import DecodeResult
 from xbackend.results.explanation import Explanation
 from xbackend.results.probe import ProbeResult
 from xbackend.results.promises import PromiseCheck
@@ -68,6 +69,12 @@ POLICIES = (
         19,
         "a judgment was not made: the explanation, or a backend's local errors, could not run "
         "(--noise-samples 0 asks for none, and does not fire it)",
+    ),
+    Policy(
+        "token-flip",
+        20,
+        "with --decode: a backend's greedy tokens leave the reference's, or a prompt's completion "
+        "depends on the batch it shares",
     ),
     Policy("any", 0, "every policy above, with N = --max-ulp (the exit code is the policy that fired)"),
 )
@@ -121,6 +128,8 @@ class Gated(Protocol):
     def broken_promises(self) -> list[PromiseCheck]: ...
     @property
     def explanation(self) -> Explanation: ...
+    @property
+    def decode(self) -> DecodeResult | None: ...
 
 
 @dataclass(frozen=True)
@@ -250,6 +259,13 @@ def _not_judged(c: _Context, _: float | None) -> str:
     return "; ".join(f"{x.backend}: {x.reason or x.status}" for x in ex.local if x.status != "ok")
 
 
+def _token_flip(c: _Context, _: float | None) -> str:
+    d = c.r.decode
+    if d is None:
+        return ""
+    return "; ".join(d.flips())
+
+
 _CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
     "nondeterminism": _nondeterminism,
     "build-variance": _build_variance,
@@ -261,4 +277,5 @@ _CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
     "unexplained": _unexplained,
     "ill-conditioned": _ill_conditioned,
     "not-judged": _not_judged,
+    "token-flip": _token_flip,
 }

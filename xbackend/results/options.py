@@ -364,6 +364,17 @@ class CompareOptions:
         show=lambda _o, v: [] if v is None else ["--max-memory", f"{v}B"],
     )
 
+    decode: int = flag(  # greedy steps per prompt; 0: no decoding
+        0,
+        "--decode",
+        "greedy-decode N tokens from each prompt on every backend (a causal LM: input_ids in, logits "
+        "out; KV cache as past_key_values.N.*/present.N.*): where each backend's tokens leave the "
+        "reference's, the margins, and with --batch-invariance B the completions over batch compositions",
+        metavar="N",
+        check=count(0, 100_000),
+        omit_default=True,
+    )
+
     @property
     def shows_times(self) -> bool:
         """Wall times go in the reports: asked for with --timings, or by asking for timed runs."""
@@ -438,6 +449,8 @@ class CompareOptions:
                 f"--load names clash ({', '.join(loaded)} with --backends {','.join(self.backends)}); "
                 "name each capture: --load NAME=DIR"
             )
+        if self.decode and self.loads:
+            raise UsageError("--decode runs every backend step by step; --load's captures cannot: drop one")
         stray = sorted({b for b, _, _ in self.runner_options} - set(self.backends) - {self.reference})
         if stray:
             raise UsageError(f"--set names backend(s) {', '.join(stray)} that are not in --backends")

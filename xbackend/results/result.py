@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK
+from xbackend.files.codec import OMIT_DEFAULT
 from xbackend.files.textfmt import short, with_module
 from xbackend.model.load import ModelSpec
 from xbackend.numerics.values import value_name
 from xbackend.results.backend import BackendResult, FeedsInfo
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
 from xbackend.results.cost import Family, families
+from xbackend.results.decode import DecodeResult
 from xbackend.results.explanation import (
     NOT_MEASURED,
     UNFUSED,
@@ -47,6 +49,7 @@ class Result:
     baseline: tuple[Drift, ...] = ()  # each backend against --baseline
     baseline_environment: tuple[tuple[str, str], ...] = ()  # the baseline's, when it records one
     explanation: Explanation = NOT_MEASURED
+    decode: DecodeResult | None = field(default=None, metadata={OMIT_DEFAULT: True})  # --decode N
 
     @property
     def command(self) -> str:
@@ -297,6 +300,8 @@ class Result:
                 out.append(
                     f"WARN: {b.name}: the per-layer build failed ({b.layers_error}); output figures stand"
                 )
+        if self.decode is not None:
+            out += self.decode.verdict_lines()
         modules = self.model.modules()
         below = self.oracle_below_float64
         if below:

@@ -1,0 +1,317 @@
+"""`--decode N`: greedy decoding of a causal language model on every backend, against the
+reference and over batch compositions; the step to compare layer by layer.
+
+Decoding runs in the backends' worker processes (xbackend.execution.decoding), each prompt alone
+and, with --batch-invariance B, inside batches of B prompts. Nothing is exposed while decoding:
+the per-layer comparison that follows is of one step, the first where a backend left the
+reference's tokens (else the reference's closest call), fed as the whole sequence so far.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from xbackend.errors import InputError, UsageError
+from xbackend.execution.decoding import Convention, DecodeTask, prompt_key
+from xbackend.execution.executor import Executor, Job, JobOutcome
+from xbackend.execution.progress import ProgressSink
+from xbackend.files.storage import ValueFile, save_values
+from xbackend.model.inputs import Feeds, load_feeds
+from xbackend.model.load import ModelSpec
+from xbackend.probes.base import PlannedBackend
+from xbackend.results import CompareOptions
+from xbackend.results.decode import BackendDecode, DecodeResult, PromptDecode, first_difference
+
+__all__ = [
+    "DEFAULT_PROMPTS",
+    "compositions",
+    "convention_of",
+    "decode_backends",
+    "make_prompts",
+    "step_feeds",
+]
+
+DEFAULT_PROMPTS = (4, 16)  # prompts, tokens: without --shape input_ids=P,T
+_PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)")
+_PRESENT = re.compile(r"present\.(\d+)\.(key|value)")
+_HOW = "see docs/decode.md for the names --decode reads, and how to rename a model's"
+
+
+def convention_of(spec: ModelSpec) -> Convention:
+    """The model's decoding I/O, by the names optimum and torch.onnx exports use."""
+    inputs = {t.name: t for t in spec.inputs}
+    outputs = {t.name: t for t in spec.outputs}
+    if "input_ids" not in inputs:
+        raise UsageError(f"--decode needs an input named input_ids [batch, sequence]; {_HOW}")
+    logits = "logits" if "logits" in outputs else ""
+    if not logits:
+        raise UsageError(f"--decode needs an output named logits [batch, sequence, vocabulary]; {_HOW}")
+    ids = inputs["input_ids"]
+    if ids.shape is not None and len(ids.shape) != 2:
+        raise UsageError(f"--decode: input_ids must be [batch, sequence], it is {list(ids.shape)}; {_HOW}")
+    past_in = {m.groups(): n for n in inputs if (m := _PAST.fullmatch(n))}
+    past_out = {m.groups(): n for n in outputs if (m := _PRESENT.fullmatch(n))}
+    if set(past_in) != set(past_out):
+        raise UsageError(
+            "--decode: the model's past_key_values.N.* inputs and present.N.* outputs do not pair up "
+            f"({len(past_in)} inputs, {len(past_out)} outputs); {_HOW}"
+        )
+    layers = sorted({int(k) for k, _ in past_in})
+    past = tuple(
+        (
+            past_in[(str(i), "key")],
+            past_in[(str(i), "value")],
+            past_out[(str(i), "key")],
+            past_out[(str(i), "value")],
+        )
+        for i in layers
+    )
+    heads = dim = 0
+    dtype = "float32"
+    if past:
+        first = inputs[past[0][0]]
+        shape = first.shape or ()
+        if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):
+            raise UsageError(
+                f"--decode: {first.name} must be [batch, heads, past, head_dim] with heads and head_dim "
+                f"fixed, it is {list(shape)}"
+            )
+        heads, dim, dtype = int(shape[1]), int(shape[3]), first.dtype
+    known = {"input_ids", "attention_mask", "position_ids", *(n for p in past for n in p[:2])}
+    other = sorted(set(inputs) - known)
+    if other:
+        raise UsageError(f"--decode cannot feed the model's input(s) {', '.join(other)}; {_HOW}")
+    return Convention(
+        input_ids="input_ids",
+        logits=logits,
+        attention_mask="attention_mask" if "attention_mask" in inputs else "",
+        position_ids="position_ids" if "position_ids" in inputs else "",
+        past=past,
+        past_heads=heads,
+        past_dim=dim,
+        past_dtype=dtype,
+        ids_dtype=ids.dtype,
+        mask_dtype=inputs["attention_mask"].dtype if "attention_mask" in inputs else "int64",
+    )
+
+
+def _vocabulary(spec: ModelSpec, opts: CompareOptions) -> tuple[int, int]:
+    given = [(lo, hi) for n, lo, hi in opts.ranges if n == "input_ids"]
+    if given:
+        return int(given[0][0]), int(given[0][1])
+    rows = dict(spec.index_bounds).get("input_ids")
+    logits = next(t for t in spec.outputs if t.name == "logits").shape or ()
+    vocab = rows or (logits[-1] if logits and isinstance(logits[-1], int) else None)
+    if not vocab:
+        raise UsageError("--decode: the vocabulary size is not in the model; pass --range input_ids=0:VOCAB")
+    return 0, int(vocab)
+
+
+def make_prompts(spec: ModelSpec, opts: CompareOptions, conv: Convention) -> list[np.ndarray]:
+    """The prompts: --inputs' input_ids rows (their attention_mask's ones), else generated from
+    the seed, --shape input_ids=P,T giving their number and longest length. Lengths differ (by
+    up to 3 tokens) where the model takes an attention mask and positions, so batches pad."""
+    if opts.inputs:
+        arrays = load_feeds(opts.inputs, spec).arrays
+        ids = np.asarray(arrays.get("input_ids"))
+        if ids.ndim != 2 or ids.size == 0:
+            raise InputError(f"--inputs {opts.inputs}: --decode needs input_ids as [prompts, tokens]")
+        mask = arrays.get(conv.attention_mask) if conv.attention_mask else None
+        keep = np.asarray(mask) > 0 if mask is not None else np.ones(ids.shape, bool)
+        return [ids[r][keep[r]].astype(conv.ids_dtype) for r in range(ids.shape[0])]
+    count, length = DEFAULT_PROMPTS
+    shapes = dict(opts.shapes)
+    if "input_ids" in shapes:
+        if len(shapes["input_ids"]) != 2:
+            raise UsageError("--decode: --shape input_ids=PROMPTS,TOKENS (two numbers)")
+        count, length = shapes["input_ids"]
+    count = max(count, opts.batch_invariance)
+    if length < 1 or count < 1:
+        raise UsageError(
+            f"--decode: --shape input_ids needs at least 1 prompt of 1 token, got {count},{length}"
+        )
+    lo, hi = _vocabulary(spec, opts)
+    rng = np.random.default_rng(opts.seed)
+    varied = bool(conv.attention_mask and conv.position_ids)
+    lengths = [max(1, length - (k * 3) % 4) if varied else length for k in range(count)]
+    return [rng.integers(lo, hi, size=n).astype(conv.ids_dtype) for n in lengths]
+
+
+def compositions(prompts: int, batch: int) -> tuple[tuple[int, ...], ...]:
+    """Each prompt alone, then with --batch-invariance B each rotation of the prompts taken B at
+    a time: every prompt sits at every batch position once, beside other prompts each time."""
+    out: list[tuple[int, ...]] = [(p,) for p in range(prompts)]
+    if batch >= 2:
+        out += [tuple((j + r) % prompts for r in range(batch)) for j in range(prompts)]
+    return tuple(out)
+
+
+def step_feeds(conv: Convention, sequence: np.ndarray) -> dict[str, np.ndarray]:
+    """One step as the whole sequence so far (an empty cache): what the per-layer comparison
+    feeds every backend."""
+    n = len(sequence)
+    out: dict[str, np.ndarray] = {conv.input_ids: sequence.astype(conv.ids_dtype)[None, :]}
+    if conv.attention_mask:
+        out[conv.attention_mask] = np.ones((1, n), dtype=conv.mask_dtype)
+    if conv.position_ids:
+        out[conv.position_ids] = np.arange(n, dtype=np.int64)[None, :]
+    empty = np.zeros((1, conv.past_heads, 0, conv.past_dim), dtype=conv.past_dtype)
+    out.update({name: empty for p in conv.past for name in p[:2]})
+    return out
+
+
+def decode_backends(
+    spec: ModelSpec,
+    opts: CompareOptions,
+    planned: Sequence[PlannedBackend],
+    work: Path,
+    bar: ProgressSink,
+) -> tuple[DecodeResult, Feeds]:
+    """Decode on every planned backend, compare with the reference, and the feeds of the step
+    the per-layer comparison is of."""
+    conv = convention_of(spec)
+    prompts = make_prompts(spec, opts, conv)
+    comps = compositions(len(prompts), opts.batch_invariance)
+    path = work / "prompts.xbv"
+    save_values(path, {prompt_key(k): p for k, p in enumerate(prompts)})
+    task = DecodeTask(conv, opts.decode, str(path), comps)
+    ex = Executor(spec, work, opts.timeout, bar)
+    jobs = {
+        p.name: Job(f"{p.name}-decode", p.name, p.cls, p.variant(), path, (), "decode", decode=task)
+        for p in planned
+        if p.cls is not None
+    }
+    bar.start(sum(j.steps for j in jobs.values()))
+    try:
+        done = {name: ex.run(job) for name, job in jobs.items()}
+    finally:
+        bar.stop()
+    result = _analyze(opts, planned, done, work, prompts)
+    layers_step, feeds = _layers_feeds(result, prompts, conv, opts)
+    return replace(result, cached=conv.cached, layers_step=layers_step), feeds
+
+
+def _logits(work: Path, o: JobOutcome) -> dict[str, np.ndarray]:
+    """Each prompt's chosen-position logits, step by step (the worker wrote them in its job folder)."""
+    with ValueFile(str(work / o.job.label / "logits.xbv")) as f:
+        return {k: np.asarray(v) for k, v in f.load_all().items()}
+
+
+def _analyze(
+    opts: CompareOptions,
+    planned: Sequence[PlannedBackend],
+    done: Mapping[str, JobOutcome],
+    work: Path,
+    prompts: Sequence[np.ndarray],
+) -> DecodeResult:
+    ref = opts.reference_name
+    ref_out = done.get(ref)
+    ref_ok = ref_out is not None and ref_out.ok
+    ref_alone = _alone(ref_out) if ref_out is not None and ref_ok else {}
+    ref_logits = _logits(work, ref_out) if ref_out is not None and ref_ok else {}
+    backends = []
+    for p in planned:
+        o = done.get(p.name)
+        if o is None or not o.ok:
+            if o is None:
+                status, reason = "unavailable", p.unavailable
+            else:
+                status, reason = o.outcome.status, o.reason
+            backends.append(BackendDecode(backend=p.name, status=status, reason=reason))
+            continue
+        alone = _alone(o)
+        logits = _logits(work, o) if ref_ok else {}
+        rows = o.result.decode_rows
+        out = []
+        for k in range(len(prompts)):
+            tokens, margins = alone[k]
+            step = first_difference(tokens, ref_alone[k][0]) if ref_ok else None
+            margin = diff = None
+            diffs: tuple[float, ...] = ()
+            if ref_ok:
+                mine_l, ref_l = logits[f"logits.{k}"], ref_logits[f"logits.{k}"]
+                upto = len(tokens) if step is None else step + 1
+                diffs = tuple(
+                    float(np.max(np.abs(mine_l[s].astype(np.float64) - ref_l[s].astype(np.float64))))
+                    for s in range(upto)
+                )
+            if step is not None:
+                margin, diff = ref_alone[k][1][step], diffs[step]
+            mine = [r for r in rows if r.prompt == k]
+            seen = [r.tokens for r in mine]
+            departs = [first_difference(t, tokens) for t in seen]
+            out.append(
+                PromptDecode(
+                    prompt=k,
+                    tokens=tokens,
+                    margins=margins,
+                    first_divergent_step=step,
+                    margin_at_divergence=margin,
+                    logit_difference=diff,
+                    logit_differences=diffs,
+                    compositions=len(seen),
+                    distinct_completions=len(set(seen)),
+                    first_batch_divergence=min((d for d in departs if d is not None), default=None),
+                    batch_logit_difference=max((r.moved for r in mine), default=0.0),
+                )
+            )
+        secs = o.result.decode_seconds
+        backends.append(
+            BackendDecode(
+                backend=p.name,
+                prompts=tuple(out),
+                step_ms=statistics.median(secs) * 1e3 if secs and opts.shows_times else None,
+            )
+        )
+    return DecodeResult(
+        steps=opts.decode,
+        cached=False,
+        reference=ref,
+        batch=opts.batch_invariance,
+        prompt_lengths=tuple(len(p) for p in prompts),
+        backends=tuple(backends),
+    )
+
+
+def _alone(o: JobOutcome) -> dict[int, tuple[tuple[int, ...], tuple[float, ...]]]:
+    return {
+        r.prompt: (r.tokens, r.margins) for r in o.result.decode_rows if len(_comp(o, r.composition)) == 1
+    }
+
+
+def _comp(o: JobOutcome, index: int) -> tuple[int, ...]:
+    assert o.job.decode is not None
+    return o.job.decode.compositions[index]
+
+
+def _layers_feeds(
+    result: DecodeResult, prompts: Sequence[np.ndarray], conv: Convention, opts: CompareOptions
+) -> tuple[tuple[str, int, int], Feeds]:
+    """The step the per-layer comparison is of: the first divergence, else the reference's
+    smallest margin; fed as the prompt and the reference's tokens before that step."""
+    diverged = [
+        (d.first_divergent_step, d.prompt, b.backend)
+        for b in result.backends
+        if b.ok and (d := b.first_divergence) is not None and d.first_divergent_step is not None
+    ]
+    ref = next((b for b in result.backends if b.backend == result.reference and b.ok), None)
+    if diverged:
+        step, prompt, who = min(diverged)
+        why = f"the first divergence: {who} at step {step} of prompt {prompt}"
+    elif ref is not None and ref.prompts:
+        margins = {(s, p.prompt): m for p in ref.prompts for s, m in enumerate(p.margins)}
+        step, prompt = min(margins, key=lambda sp: (margins[sp], sp))
+        who = result.reference
+        why = f"no backend left the reference's tokens; its closest call: step {step} of prompt {prompt}"
+    else:
+        step, prompt, who = 0, 0, result.reference
+        why = f"the reference {result.reference} did not decode: prompt 0 as given"
+    tokens = ref.prompts[prompt].tokens if ref is not None and ref.prompts else ()
+    sequence = np.concatenate([prompts[prompt], np.asarray(tokens[:step], dtype=prompts[prompt].dtype)])
+    return (who, prompt, step), Feeds.from_arrays(step_feeds(conv, sequence), opts.seed, f"--decode: {why}")

@@ -1,0 +1,255 @@
+"""Greedy decoding inside the worker: a causal language model's next token, step after step, for
+each batch composition of the prompts, on the engine the worker built.
+
+The model's convention (xbackend.execution.decoding.Convention) names its inputs and outputs:
+`input_ids` [B, T] and `logits` [B, T, V], with `attention_mask` and `position_ids` when it takes
+them; with a KV cache, `past_key_values.N.key/.value` in and `present.N.key/.value` out (the
+names optimum and torch.onnx exports use). Without a cache every step runs the whole grown
+sequence; with one, the first step runs the prompt against an empty cache and each later step
+one token against the cache the step before returned. Prompts of different lengths share a
+batch padded on the left (attention mask 0, positions counted over the real tokens only).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Convention", "DecodeTask", "RowTrace", "decode", "prompt_key"]
+
+
+def prompt_key(k: int) -> str:
+    """The name prompt k has in a prompts file."""
+    return f"prompt.{k}"
+
+
+@dataclass(frozen=True)
+class Convention:
+    """A causal language model's I/O names, and what an empty KV cache looks like."""
+
+    input_ids: str = "input_ids"
+    logits: str = "logits"
+    attention_mask: str = ""
+    position_ids: str = ""
+    # per layer: (past key in, past value in, present key out, present value out)
+    past: tuple[tuple[str, str, str, str], ...] = ()
+    past_heads: int = 0
+    past_dim: int = 0
+    past_dtype: str = "float32"
+    ids_dtype: str = "int64"
+    mask_dtype: str = "int64"
+    pad_id: int = 0
+
+    @property
+    def cached(self) -> bool:
+        return bool(self.past)
+
+    def outputs(self) -> tuple[str, ...]:
+        """What each step reads back: the logits, and the cache it hands the next step."""
+        return (self.logits, *(n for p in self.past for n in p[2:]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input_ids": self.input_ids,
+            "logits": self.logits,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+            "past": [list(p) for p in self.past],
+            "past_heads": self.past_heads,
+            "past_dim": self.past_dim,
+            "past_dtype": self.past_dtype,
+            "ids_dtype": self.ids_dtype,
+            "mask_dtype": self.mask_dtype,
+            "pad_id": self.pad_id,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Convention:
+        return cls(
+            str(d["input_ids"]),
+            str(d["logits"]),
+            str(d["attention_mask"]),
+            str(d["position_ids"]),
+            tuple((str(a), str(b), str(c), str(e)) for a, b, c, e in d["past"]),
+            int(d["past_heads"]),
+            int(d["past_dim"]),
+            str(d["past_dtype"]),
+            str(d["ids_dtype"]),
+            str(d["mask_dtype"]),
+            int(d["pad_id"]),
+        )
+
+
+@dataclass(frozen=True)
+class DecodeTask:
+    """What a decode job does: `steps` greedy tokens for each composition (a batch of prompt
+    indices; a single index is the prompt alone), the prompts in a value file."""
+
+    convention: Convention
+    steps: int
+    prompts: str
+    compositions: tuple[tuple[int, ...], ...]
+    logits: str = ""  # where each prompt's chosen-position logits go, step by step (alone only)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "convention": self.convention.to_dict(),
+            "steps": self.steps,
+            "prompts": self.prompts,
+            "compositions": [list(c) for c in self.compositions],
+            "logits": self.logits,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DecodeTask:
+        return cls(
+            Convention.from_dict(d["convention"]),
+            int(d["steps"]),
+            str(d["prompts"]),
+            tuple(tuple(int(i) for i in c) for c in d["compositions"]),
+            str(d.get("logits", "")),
+        )
+
+
+@dataclass(frozen=True)
+class RowTrace:
+    """One prompt decoded in one composition: its tokens and each step's top-1/top-2 margin."""
+
+    composition: int
+    prompt: int
+    row: int
+    tokens: tuple[int, ...]
+    margins: tuple[float, ...]
+    # in a batch: the largest |logit - the prompt alone's| while its tokens still agree
+    moved: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "composition": self.composition,
+            "prompt": self.prompt,
+            "row": self.row,
+            "tokens": list(self.tokens),
+            "margins": list(self.margins),
+            "moved": self.moved,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RowTrace:
+        return cls(
+            int(d["composition"]),
+            int(d["prompt"]),
+            int(d["row"]),
+            tuple(int(t) for t in d["tokens"]),
+            tuple(float(m) for m in d["margins"]),
+            float(d.get("moved", 0.0)),
+        )
+
+
+def _margins(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's argmax (the lowest index among ties) and top-1 minus top-2, in float64."""
+    chosen = np.argmax(rows, axis=-1)
+    x = rows.astype(np.float64)
+    top2 = (
+        np.partition(x, x.shape[-1] - 2, axis=-1)[:, -2:]
+        if x.shape[-1] > 1
+        else np.stack([x[:, 0], x[:, 0]], 1)
+    )
+    return chosen, top2[:, 1] - top2[:, 0]
+
+
+class _Batch:
+    """One composition's growing inputs."""
+
+    def __init__(self, conv: Convention, prompts: Sequence[np.ndarray]) -> None:
+        self.conv = conv
+        width = max(len(p) for p in prompts)
+        ids = np.full((len(prompts), width), conv.pad_id, dtype=conv.ids_dtype)
+        mask = np.zeros((len(prompts), width), dtype=conv.mask_dtype)
+        for r, p in enumerate(prompts):  # padded on the left: every row ends at its last token
+            ids[r, width - len(p) :] = p
+            mask[r, width - len(p) :] = 1
+        self.ids, self.mask = ids, mask
+        self.pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
+        self.past: dict[str, np.ndarray] = {}
+        if conv.cached:
+            empty = np.zeros((len(prompts), conv.past_heads, 0, conv.past_dim), dtype=conv.past_dtype)
+            self.past = {n: empty for p in conv.past for n in p[:2]}
+        self.fed = ids  # what the next step feeds as input_ids
+        self.fed_pos = self.pos
+
+    def feeds(self) -> dict[str, Any]:
+        c = self.conv
+        out: dict[str, Any] = {c.input_ids: self.fed}
+        if c.attention_mask:
+            out[c.attention_mask] = self.mask
+        if c.position_ids:
+            out[c.position_ids] = self.fed_pos.astype(np.int64)
+        out.update(self.past)
+        return out
+
+    def advance(self, chosen: np.ndarray, outputs: Mapping[str, Any]) -> None:
+        c = self.conv
+        col = chosen.astype(c.ids_dtype)[:, None]
+        self.ids = np.concatenate([self.ids, col], axis=1)
+        self.mask = np.concatenate([self.mask, np.ones_like(self.mask[:, :1])], axis=1)
+        self.pos = np.concatenate([self.pos, self.pos[:, -1:] + 1], axis=1)
+        if c.cached:
+            self.past = {}
+            for pk, pv, ok, ov in c.past:
+                self.past[pk] = np.asarray(outputs[ok])
+                self.past[pv] = np.asarray(outputs[ov])
+            self.fed, self.fed_pos = col, self.pos[:, -1:]
+        else:
+            self.fed, self.fed_pos = self.ids, self.pos
+
+
+def decode(
+    run: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+    task: DecodeTask,
+    prompts: Sequence[np.ndarray],
+    tick: Callable[[str], None] = lambda _text: None,
+) -> tuple[list[RowTrace], dict[str, np.ndarray], list[float]]:
+    """Decode every composition; returns each row's trace, each prompt's chosen-position logits
+    per step ([steps, V], from its composition alone), and the seconds of each alone step."""
+    conv = task.convention
+    rows: list[RowTrace] = []
+    logits: dict[str, np.ndarray] = {}
+    seconds: list[float] = []
+    alone_tokens: dict[int, list[int]] = {}
+    for ci, comp in enumerate(task.compositions):
+        batch = _Batch(conv, [prompts[p] for p in comp])
+        tokens: list[list[int]] = [[] for _ in comp]
+        margins: list[list[float]] = [[] for _ in comp]
+        moved = [0.0] * len(comp)
+        kept: list[np.ndarray] = []
+        for step in range(task.steps):
+            tick(f"composition {ci + 1}/{len(task.compositions)}: step {step + 1}/{task.steps}")
+            t0 = time.perf_counter()
+            out = run(batch.feeds())
+            last = np.asarray(out[conv.logits])[:, -1, :]
+            chosen, margin = _margins(last)
+            batch.advance(chosen, out)
+            if len(comp) == 1:
+                seconds.append(time.perf_counter() - t0)
+                kept.append(np.array(last[0], dtype=np.float32))
+            for r, p in enumerate(comp):
+                alone = logits.get(f"logits.{p}")
+                agree = (
+                    alone is not None and step < len(alone) and tokens[r] == alone_tokens.get(p, [])[:step]
+                )
+                if len(comp) > 1 and agree and alone is not None:
+                    diff = np.abs(last[r].astype(np.float64) - alone[step].astype(np.float64))
+                    moved[r] = max(moved[r], float(np.max(diff)))
+                tokens[r].append(int(chosen[r]))
+                margins[r].append(float(margin[r]))
+        for r, p in enumerate(comp):
+            rows.append(RowTrace(ci, p, r, tuple(tokens[r]), tuple(margins[r]), moved[r]))
+            if len(comp) == 1:
+                alone_tokens[p] = tokens[r]
+        if len(comp) == 1:
+            logits[f"logits.{comp[0]}"] = np.stack(kept) if kept else np.zeros((0, 0), np.float32)
+    return rows, logits, seconds

@@ -1,0 +1,156 @@
+"""The report's decoding section (`--decode N`): does a difference change the answer?"""
+
+from __future__ import annotations
+
+from xbackend.files.textfmt import table
+from xbackend.results import Result
+from xbackend.results.decode import BackendDecode, DecodeResult
+
+__all__ = ["decode_json", "decode_section"]
+
+_SHOWN_TOKENS = 32  # per prompt in the folded token table
+
+
+def _g(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+def _row(d: DecodeResult, b: BackendDecode) -> list[object]:
+    if not b.ok:
+        return [b.backend, f"{b.status}: {b.reason}", "", "", "", "", "", ""]
+    first = b.first_divergence
+    same = len(b.prompts) - b.flipped_prompts
+    batch = (
+        f"{b.distinct_completions} (moves logits by {_g(max(p.batch_logit_difference for p in b.prompts))})"
+        if d.batch
+        else "—"
+    )
+    return [
+        b.backend + (" (reference)" if b.backend == d.reference != "reference" else ""),
+        f"{same} of {len(b.prompts)}",
+        "none" if first is None else f"{first.first_divergent_step} (prompt {first.prompt})",
+        _g(first.margin_at_divergence) if first else "—",
+        _g(first.logit_difference) if first else "—",
+        batch,
+        _g(b.step_ms),
+        _g(min((m for p in b.prompts for m in p.margins), default=None)),
+    ]
+
+
+def decode_section(r: Result) -> list[str]:
+    d = r.decode
+    if d is None:
+        return []
+    lengths = sorted(set(d.prompt_lengths))
+    span = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
+    how = (
+        "a KV cache (past_key_values.N.* in, present.N.* out)"
+        if d.cached
+        else "no cache (each step runs the whole sequence)"
+    )
+    batch = (
+        f", alone and in batches of {d.batch} (every prompt at every batch position, beside others)"
+        if d.batch
+        else ", each alone"
+    )
+    out = [
+        f"## Does it change the answer? Greedy decoding, {d.steps} steps",
+        "",
+        f"{len(d.prompt_lengths)} prompt(s) of {span} tokens, decoded with {how}{batch}; every backend's "
+        f"tokens against {d.reference}'s.",
+        "",
+        *table(
+            [
+                "backend",
+                "prompts decoded like the reference",
+                "first divergent step",
+                "reference's margin there",
+                "logit difference there",
+                "distinct completions over batches",
+                "ms per step",
+                "smallest margin",
+            ],
+            [_row(d, b) for b in d.backends],
+        ),
+        "The margin is the reference's top-1 minus top-2 logit at that step; the logit difference is the "
+        "largest difference between the backend's logits and the reference's at that step, the tokens before "
+        "it being the same. A difference about the size of the margin flipped a near tie; the per-layer "
+        "tables and origins below say whether that difference is rounding.",
+        "",
+    ]
+    if d.layers_step is not None:
+        who, prompt, step = d.layers_step
+        what = (
+            f"the step where {who} first left the reference's tokens"
+            if who != d.reference
+            else "the reference's closest call (no backend left its tokens)"
+        )
+        out += [
+            f"The per-layer comparison in this report is of step {step} of prompt {prompt}: {what}, fed as "
+            "the prompt and the tokens before it in one sequence.",
+            "",
+        ]
+    out += ["<details><summary>tokens per prompt</summary>", "", *_tokens(d), "</details>", ""]
+    return out
+
+
+def _tokens(d: DecodeResult) -> list[str]:
+    rows: list[list[object]] = []
+    for b in d.backends:
+        if not b.ok:
+            continue
+        for p in b.prompts:
+            shown = [str(t) for t in p.tokens[:_SHOWN_TOKENS]]
+            if p.first_divergent_step is not None and p.first_divergent_step < len(shown):
+                shown[p.first_divergent_step] = f"**{shown[p.first_divergent_step]}**"
+            more = " …" if len(p.tokens) > _SHOWN_TOKENS else ""
+            rows.append([p.prompt, b.backend, " ".join(shown) + more])
+    rows.sort(key=lambda row: (row[0], str(row[1])))
+    return [
+        "Bold: the first token that differs from the reference's.",
+        "",
+        *table(["prompt", "backend", "tokens"], rows),
+    ]
+
+
+def decode_json(d: DecodeResult) -> dict[str, object]:
+    """The JSON twin's `decode` section: per backend, its tokens, first divergent step, margin
+    there and distinct completions."""
+    return {
+        "steps": d.steps,
+        "cached": d.cached,
+        "reference": d.reference,
+        "batch": d.batch,
+        "prompt_lengths": list(d.prompt_lengths),
+        "layers_step": (
+            None
+            if d.layers_step is None
+            else {"backend": d.layers_step[0], "prompt": d.layers_step[1], "step": d.layers_step[2]}
+        ),
+        "backends": {
+            b.backend: {
+                "status": b.status,
+                "reason": b.reason,
+                "tokens": [list(p.tokens) for p in b.prompts],
+                "first_divergent_step": b.first_divergent_step,
+                "margin_at_divergence": b.margin_at_divergence,
+                "distinct_completions": b.distinct_completions,
+                "prompts": [
+                    {
+                        "prompt": p.prompt,
+                        "first_divergent_step": p.first_divergent_step,
+                        "margin_at_divergence": p.margin_at_divergence,
+                        "logit_difference": p.logit_difference,
+                        "margins": list(p.margins),
+                        "logit_differences": list(p.logit_differences),
+                        "compositions": p.compositions,
+                        "distinct_completions": p.distinct_completions,
+                        "first_batch_divergence": p.first_batch_divergence,
+                        "batch_logit_difference": p.batch_logit_difference,
+                    }
+                    for p in b.prompts
+                ],
+            }
+            for b in d.backends
+        },
+    }

@@ -1,0 +1,153 @@
+"""Does a difference change the answer? Greedy decoding per backend against the reference, and
+over batch compositions (`compare --decode N`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["BackendDecode", "DecodeResult", "PromptDecode", "first_difference"]
+
+
+def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    """The first step where two token sequences differ (None: equal)."""
+    for k, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return k
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptDecode:
+    """One prompt on one backend: its tokens alone, against the reference's and over the
+    batch compositions it was decoded in."""
+
+    prompt: int
+    tokens: tuple[int, ...]
+    margins: tuple[float, ...]  # top-1 minus top-2 logit at each step (this backend)
+    first_divergent_step: int | None = None  # first step whose token differs from the reference's
+    margin_at_divergence: float | None = None  # the reference's top-1/top-2 margin at that step
+    logit_difference: float | None = None  # at that step: max |logit - the reference's logit|
+    # each step's max |logit - the reference's| while the tokens so far agree (through the divergence)
+    logit_differences: tuple[float, ...] = ()
+    compositions: int = 1  # the batches it was decoded in, alone included
+    distinct_completions: int = 1  # distinct token sequences over those compositions
+    first_batch_divergence: int | None = None  # first step where a batch departs from alone
+    batch_logit_difference: float = 0.0  # largest |logit - alone's| in a batch, while tokens agree
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendDecode:
+    """One backend's decoding of every prompt."""
+
+    backend: str
+    status: str = "ok"  # ok | failed | unavailable
+    reason: str = ""
+    prompts: tuple[PromptDecode, ...] = ()
+    step_ms: float | None = None  # median milliseconds of a step, a prompt alone
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def first_divergence(self) -> PromptDecode | None:
+        """The prompt whose tokens leave the reference's earliest (None: every token agrees)."""
+        diverged = [p for p in self.prompts if p.first_divergent_step is not None]
+        return min(diverged, key=lambda p: (p.first_divergent_step, p.prompt)) if diverged else None
+
+    @property
+    def first_divergent_step(self) -> int | None:
+        d = self.first_divergence
+        return d.first_divergent_step if d is not None else None
+
+    @property
+    def margin_at_divergence(self) -> float | None:
+        d = self.first_divergence
+        return d.margin_at_divergence if d is not None else None
+
+    @property
+    def distinct_completions(self) -> int:
+        """The most distinct completions any prompt had over its batch compositions."""
+        return max((p.distinct_completions for p in self.prompts), default=0)
+
+    @property
+    def flipped_prompts(self) -> int:
+        return sum(p.first_divergent_step is not None for p in self.prompts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeResult:
+    """`--decode N`: every backend's greedy tokens, where they leave the reference's, and how
+    batch composition moves them."""
+
+    steps: int
+    cached: bool  # the model takes a KV cache (past_key_values.N.* in, present.N.* out)
+    reference: str
+    batch: int  # 0: each prompt alone only
+    prompt_lengths: tuple[int, ...]
+    backends: tuple[BackendDecode, ...]
+    # the step the per-layer comparison below is of: (backend, prompt, step), None: the prompts
+    layers_step: tuple[str, int, int] | None = None
+
+    def backend(self, name: str) -> BackendDecode:
+        return next(b for b in self.backends if b.backend == name)
+
+    @property
+    def token_flips(self) -> tuple[str, ...]:
+        """Backends whose tokens leave the reference's on some prompt."""
+        return tuple(
+            b.backend
+            for b in self.backends
+            if b.ok and b.backend != self.reference and b.first_divergent_step is not None
+        )
+
+    @property
+    def batch_dependent(self) -> tuple[str, ...]:
+        """Backends where a prompt's completion depends on the batch it shares."""
+        return tuple(b.backend for b in self.backends if b.ok and b.distinct_completions > 1)
+
+    def verdict_lines(self) -> list[str]:
+        """WARN where a backend's tokens leave the reference's or depend on the batch; NOTE
+        where they agree; WARN for a backend that could not decode."""
+        out = []
+        for b in self.backends:
+            if not b.ok:
+                out.append(f"WARN: decode: {b.backend} {b.status}: {b.reason}")
+                continue
+            if b.backend == self.reference:
+                continue
+            d = b.first_divergence
+            if d is None:
+                out.append(
+                    f"NOTE: decode: {b.backend} chose {self.reference}'s token at every step of "
+                    f"{len(b.prompts)} prompt(s) x {self.steps} steps"
+                )
+        return out + [f"WARN: decode: {line}" for line in self.flips()]
+
+    def flips(self) -> list[str]:
+        """Each backend whose tokens leave the reference's, and each whose completions depend on
+        the batch, in words (what --fail-on token-flip reports)."""
+        out = []
+        for name in self.token_flips:
+            b = self.backend(name)
+            d = b.first_divergence
+            assert d is not None
+            out.append(
+                f"{name} leaves {self.reference}'s tokens at step {d.first_divergent_step} of prompt "
+                f"{d.prompt} ({self.reference}'s top-1/top-2 margin {_g(d.margin_at_divergence)}, logit "
+                f"difference {_g(d.logit_difference)}); {b.flipped_prompts} of {len(b.prompts)} prompt(s) "
+                "decode differently"
+            )
+        for name in self.batch_dependent:
+            b = self.backend(name)
+            worst = max(b.prompts, key=lambda p: (p.distinct_completions, -p.prompt))
+            out.append(
+                f"{name}'s completions depend on the batch: prompt {worst.prompt} has "
+                f"{worst.distinct_completions} distinct completions over {worst.compositions} compositions, "
+                f"first apart at step {worst.first_batch_divergence}"
+            )
+        return out
+
+
+def _g(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
