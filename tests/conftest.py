@@ -30,6 +30,7 @@ PLUGINS = {
     "test-racy": "plugin_runners:RacyRunner",
     "test-moded": "plugin_runners:ModedRunner",
     "test-old-inductor": "plugin_runners:OldInductorRunner",
+    "test-logit-flip": "plugin_runners:LogitFlipRunner",
 }
 
 

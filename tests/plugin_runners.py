@@ -628,3 +628,33 @@ def __getattr__(name: str) -> Any:  # the torch runner subclass is made only whe
     if name == "OldInductorRunner":
         return _old_inductor_runner()
     raise AttributeError(name)
+
+
+class LogitFlipRunner(OrtCpuRunner):
+    """onnxruntime CPU whose runner-up logit, at the last position of every row whose position id
+    there is `position`, is raised past the top one by `delta`: a planted change of known size
+    that flips greedy decoding's token at a known step of each prompt (`batched`: only in batches
+    of more than one row)."""
+
+    name = "test-logit-flip"
+    description = "ONNX Runtime CPU with the runner-up logit planted past the top one at one position"
+    option_specs = (
+        *OrtCpuRunner.option_specs,
+        OptionSpec("position", int, 20, "the position id whose token flips"),
+        OptionSpec("delta", float, 0.5, "how far past the top logit the runner-up is raised"),
+        OptionSpec("batched", bool, False, "flip only in batches of more than one row"),
+    )
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = dict(super().run_impl(feeds))
+        logits = np.array(out["logits"])
+        pos = np.asarray(feeds["position_ids"])
+        if self.options["batched"] and logits.shape[0] < 2:
+            return out
+        for r in range(logits.shape[0]):
+            if int(pos[r, -1]) == int(self.options["position"]):
+                row = logits[r, -1]
+                first, second = np.argsort(row)[::-1][:2]
+                row[second] = row[first] + np.float32(self.options["delta"])
+        out["logits"] = logits
+        return out

@@ -22,7 +22,7 @@ from xbackend.execution.decoding import Convention, DecodeTask, prompt_key
 from xbackend.execution.executor import Executor, Job, JobOutcome
 from xbackend.execution.progress import ProgressSink
 from xbackend.files.storage import ValueFile, save_values
-from xbackend.model.inputs import Feeds, load_feeds
+from xbackend.model.inputs import Feeds
 from xbackend.model.load import ModelSpec
 from xbackend.probes.base import PlannedBackend
 from xbackend.results import CompareOptions
@@ -118,13 +118,7 @@ def make_prompts(spec: ModelSpec, opts: CompareOptions, conv: Convention) -> lis
     the seed, --shape input_ids=P,T giving their number and longest length. Lengths differ (by
     up to 3 tokens) where the model takes an attention mask and positions, so batches pad."""
     if opts.inputs:
-        arrays = load_feeds(opts.inputs, spec).arrays
-        ids = np.asarray(arrays.get("input_ids"))
-        if ids.ndim != 2 or ids.size == 0:
-            raise InputError(f"--inputs {opts.inputs}: --decode needs input_ids as [prompts, tokens]")
-        mask = arrays.get(conv.attention_mask) if conv.attention_mask else None
-        keep = np.asarray(mask) > 0 if mask is not None else np.ones(ids.shape, bool)
-        return [ids[r][keep[r]].astype(conv.ids_dtype) for r in range(ids.shape[0])]
+        return _given_prompts(opts.inputs, conv)
     count, length = DEFAULT_PROMPTS
     shapes = dict(opts.shapes)
     if "input_ids" in shapes:
@@ -141,6 +135,32 @@ def make_prompts(spec: ModelSpec, opts: CompareOptions, conv: Convention) -> lis
     varied = bool(conv.attention_mask and conv.position_ids)
     lengths = [max(1, length - (k * 3) % 4) if varied else length for k in range(count)]
     return [rng.integers(lo, hi, size=n).astype(conv.ids_dtype) for n in lengths]
+
+
+def _given_prompts(path: str, conv: Convention) -> list[np.ndarray]:
+    """--inputs PROMPTS.npz: input_ids [prompts, tokens], and attention_mask marking each row's
+    tokens where rows are padded (either side)."""
+    what = "--decode reads its prompts from an .npz holding input_ids [prompts, tokens] (and attention_mask)"
+    if not path.endswith(".npz"):
+        raise InputError(f"--inputs {path}: {what}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: np.asarray(data[k]) for k in data.files}
+    except (OSError, ValueError) as e:
+        raise InputError(f"--inputs {path} is not a readable .npz ({e}); {what}") from None
+    ids = arrays.get("input_ids")
+    if ids is None or ids.ndim != 2 or ids.size == 0 or ids.dtype.kind not in "iu":
+        raise InputError(f"--inputs {path}: {what}")
+    mask = arrays.get("attention_mask")
+    if mask is not None and mask.shape != ids.shape:
+        raise InputError(
+            f"--inputs {path}: attention_mask is {list(mask.shape)}, input_ids {list(ids.shape)}"
+        )
+    keep = mask > 0 if mask is not None else np.ones(ids.shape, bool)
+    rows = [ids[r][keep[r]].astype(conv.ids_dtype) for r in range(ids.shape[0])]
+    if any(len(r) == 0 for r in rows):
+        raise InputError(f"--inputs {path}: a prompt has no tokens (its attention_mask is all 0)")
+    return rows
 
 
 def compositions(prompts: int, batch: int) -> tuple[tuple[int, ...], ...]:

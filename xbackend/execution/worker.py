@@ -352,7 +352,16 @@ def _decode(runner: Runner, job: WorkerJob, task: DecodeTask, start: int) -> Wor
     _tick()
     prompts = load_feeds_file(task.prompts)
     ordered = [np.asarray(prompts[prompt_key(k)]) for k in range(len(prompts))]
-    rows, logits, seconds = decode(runner.run, task, ordered, _stage)
+    last = [0.0]
+
+    def stage(text: str) -> None:  # a line per step would cost as much as a small model's step
+        now = time.perf_counter()
+        if now - last[0] > 0.25:
+            last[0] = now
+            _stage(f"decode: {text}")
+
+    # run_impl: the engine's own call; decoding reads tensors by name and needs no normalized copy
+    rows, logits, seconds = decode(runner.run_impl, task, ordered, stage)
     if task.logits:
         save_values(task.logits, logits)
     _tick()

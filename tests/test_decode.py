@@ -1,0 +1,200 @@
+"""compare --decode: greedy decoding on every backend, on random-init GPT-2-style and Llama-style
+models exported with dynamic axes, with and without a KV cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import xbackend
+from tests.cli_helpers import one_line_error, run
+from tests.decoder_lm import export
+from xbackend.compare.decode import compositions, convention_of, step_feeds
+from xbackend.errors import UsageError
+from xbackend.model.load import load_model
+
+STEPS = 10
+# Prompts of lengths 6, 5 and 4, left-padded in one array: what --inputs hands --decode.
+LENGTHS = (6, 5, 4)
+
+
+@pytest.fixture(scope="module")
+def lms(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Llama-style with a KV cache, GPT-2-style without; vocabulary 512, 2 layers, seed 0."""
+    out = tmp_path_factory.mktemp("lms")
+    paths = {"llama-kv": out / "llama_kv.onnx", "gpt2": out / "gpt2.onnx"}
+    export(str(paths["llama-kv"]), "llama", cache=True)
+    export(str(paths["gpt2"]), "gpt2", cache=False)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(7)
+    width = max(LENGTHS)
+    ids = np.zeros((len(LENGTHS), width), np.int64)
+    mask = np.zeros((len(LENGTHS), width), np.int64)
+    for r, n in enumerate(LENGTHS):
+        ids[r, width - n :] = rng.integers(0, 512, n)
+        mask[r, width - n :] = 1
+    path = tmp_path_factory.mktemp("prompts") / "prompts.npz"
+    np.savez(path, input_ids=ids, attention_mask=mask)
+    return path
+
+
+def _greedy(model: Path, prompt: np.ndarray, steps: int) -> tuple[list[int], list[float]]:
+    """An independent greedy loop on a plain onnxruntime session: tokens and top-1/top-2 margins."""
+    s = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [i.name for i in s.get_inputs()]
+    seq = list(prompt)
+    past: dict[str, np.ndarray] = {
+        n: np.zeros((1, 2, 0, 16), np.float32) for n in names if n.startswith("past")
+    }
+    tokens, margins = [], []
+    for _ in range(steps):
+        fed = seq if not past else (seq if not tokens else [tokens[-1]])
+        start = len(seq) - len(fed)
+        feeds = {
+            "input_ids": np.array([fed], np.int64),
+            "attention_mask": np.ones((1, len(seq)), np.int64),
+            "position_ids": np.arange(start, len(seq), dtype=np.int64)[None],
+            **past,
+        }
+        out = dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds), strict=True))
+        row = out["logits"][0, -1].astype(np.float64)
+        top = np.sort(row)[-2:]
+        tokens.append(int(np.argmax(out["logits"][0, -1])))
+        margins.append(float(top[1] - top[0]))
+        past = {n: out[n.replace("past_key_values", "present")] for n in past}
+        seq.append(tokens[-1])
+    return tokens, margins
+
+
+def _prompt_rows(path: Path) -> list[np.ndarray]:
+    data = np.load(path)
+    return [data["input_ids"][r][data["attention_mask"][r] > 0] for r in range(len(LENGTHS))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["llama-kv", "gpt2"])
+def test_ort_cpu_tokens_equal_an_independent_onnxruntime_loop(
+    which: str, lms: dict[str, Path], prompts: Path
+) -> None:
+    r = xbackend.compare(
+        lms[which], backends="ort-cpu,reference", decode=STEPS, inputs=str(prompts), probes="none", runs=1
+    )
+    assert r.decode is not None and r.decode.cached == (which == "llama-kv")
+    ort_cpu, ref = r.decode.backend("ort-cpu"), r.decode.backend("reference")
+    for k, prompt in enumerate(_prompt_rows(prompts)):
+        tokens, margins = _greedy(lms[which], prompt, STEPS)
+        assert list(ort_cpu.prompts[k].tokens) == tokens
+        assert np.allclose(ort_cpu.prompts[k].margins, margins, rtol=1e-5, atol=1e-6)
+        assert ref.prompts[k].tokens == ort_cpu.prompts[k].tokens  # float32 rounding flips no token here
+    assert r.decode.prompt_lengths == LENGTHS
+    assert r.decode.layers_step is not None and r.decode.layers_step[0] == "reference"
+    # the per-layer comparison ran on the reference's closest call, as one sequence
+    _, prompt, step = r.decode.layers_step
+    assert {n: shape for n, _, shape in r.feeds.shapes}["input_ids"] == f"[1,{LENGTHS[prompt] + step}]"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["llama-kv", "gpt2"])
+def test_a_planted_change_flips_the_token_at_its_step(
+    which: str,
+    lms: dict[str, Path],
+    prompts: Path,
+    plugins: None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """test-logit-flip raises the runner-up logit past the top one by 0.5 where the position id is
+    8: prompt k (length n) flips at step 8 - (n - 1), with a logit difference of margin + 0.5."""
+    js = tmp_path / "r.json"
+    code, out, _ = run(
+        capsys,
+        "compare", str(lms[which]), "--backends", "ort-cpu,test-logit-flip", "--reference", "ort-cpu",
+        "--decode", str(STEPS), "--inputs", str(prompts), "--probes", "none", "--runs", "1",
+        "--set", "test-logit-flip.position=8", "--fail-on", "token-flip", "--json", str(js), "--no-progress",
+    )  # fmt: skip
+    assert code == 20, out
+    d = json.loads(js.read_text())["decode"]
+    ref = d["backends"]["ort-cpu"]["prompts"]
+    flipped = d["backends"]["test-logit-flip"]
+    for k, n in enumerate(LENGTHS):
+        step = 8 - (n - 1)
+        p = flipped["prompts"][k]
+        assert p["first_divergent_step"] == step
+        assert p["margin_at_divergence"] == ref[k]["margins"][step]
+        assert p["logit_difference"] == pytest.approx(ref[k]["margins"][step] + 0.5, abs=1e-5)
+        assert p["logit_differences"][:step] == [0.0] * step  # the same engine before the plant
+    assert flipped["first_divergent_step"] == 8 - (LENGTHS[0] - 1)
+    assert d["layers_step"] == {"backend": "test-logit-flip", "prompt": 0, "step": 8 - (LENGTHS[0] - 1)}
+    assert "token-flip" in out and "test-logit-flip leaves ort-cpu's tokens at step 3 of prompt 0" in out
+
+
+@pytest.mark.slow
+def test_batch_composition_counts_distinct_completions(
+    lms: dict[str, Path], prompts: Path, plugins: None
+) -> None:
+    """A change planted only in batches: each prompt decodes alone like the reference, and differs
+    in every batch at the step its position reaches 9; the engine without it stays at one completion."""
+    r = xbackend.compare(
+        lms["gpt2"],
+        backends="ort-cpu,test-logit-flip",
+        reference="ort-cpu",
+        decode=STEPS,
+        batch_invariance=2,
+        inputs=str(prompts),
+        probes="none",
+        runs=1,
+        runner_options=["test-logit-flip.position=9", "test-logit-flip.batched=true"],
+    )
+    assert r.decode is not None
+    planted = r.decode.backend("test-logit-flip")
+    assert planted.first_divergent_step is None  # alone, it is the reference
+    for k, n in enumerate(LENGTHS):
+        p = planted.prompts[k]
+        assert p.compositions == 3  # alone, and in a batch of 2 twice
+        assert p.distinct_completions in (2, 3)  # the two batches may go on apart after the flip
+        # left-padded: the row's positions are its own; the flip is at position 9 in every batch
+        assert p.first_batch_divergence == 9 - (n - 1)
+    assert r.decode.batch_dependent == ("test-logit-flip",)
+    assert r.decode.backend("ort-cpu").distinct_completions == 1
+    assert any(
+        line.startswith("WARN: decode: test-logit-flip's completions depend on the batch")
+        for line in r.verdict()
+    )
+
+
+def test_the_convention_is_read_from_the_names(lms: dict[str, Path]) -> None:
+    kv = convention_of(load_model(lms["llama-kv"])[0])
+    assert kv.cached and (kv.past_heads, kv.past_dim) == (2, 16) and len(kv.past) == 2
+    assert kv.past[1] == (
+        "past_key_values.1.key",
+        "past_key_values.1.value",
+        "present.1.key",
+        "present.1.value",
+    )
+    plain = convention_of(load_model(lms["gpt2"])[0])
+    assert not plain.cached and (plain.attention_mask, plain.position_ids) == (
+        "attention_mask",
+        "position_ids",
+    )
+    feeds = step_feeds(kv, np.array([5, 6, 7]))
+    assert feeds["past_key_values.0.key"].shape == (1, 2, 0, 16)
+    assert feeds["position_ids"].tolist() == [[0, 1, 2]]
+    assert compositions(3, 2) == ((0,), (1,), (2,), (0, 1), (1, 2), (2, 0))
+
+
+def test_a_model_that_is_not_a_causal_lm_is_refused(
+    models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "compare", str(models["mlp_layernorm"]), "--decode", "4", "--no-progress")
+    assert code == 2
+    one_line_error(err, "--decode needs an input named input_ids [batch, sequence]; see docs/decode.md")
+    with pytest.raises(UsageError, match="--decode must be >= 0"):
+        xbackend.CompareOptions.create(decode=-1)
