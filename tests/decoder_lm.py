@@ -1,142 +1,159 @@
-"""Small causal language models in two styles (Llama: RMSNorm, RoPE, SwiGLU, grouped KV heads;
-GPT-2: LayerNorm, learned positions, GELU), with or without a KV cache, random weights from a
-seed, exported to ONNX with dynamic batch and sequence axes."""
+"""Small causal language models in two styles, random weights from a seed, exported to ONNX with
+dynamic batch and sequence axes by torch.onnx (dynamo), in the convention `--decode` reads:
+
+- Llama: RMSNorm, rotary positions, SwiGLU, grouped KV heads (4 query heads, 2 KV heads);
+- GPT-2: LayerNorm, learned positions, GELU.
+
+With `cache=True` the model takes past_key_values.N.key/.value and returns present.N.key/.value.
+"""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, d):
+    def __init__(self, d: int) -> None:
         super().__init__()
         self.w = nn.Parameter(torch.ones(d))
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
-def rope(x, pos, base=10000.0):
+def rope(x: torch.Tensor, pos: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     d = x.shape[-1]
     inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-    ang = pos[:, None, :, None].float() * inv  # [B,1,T,d/2]
+    ang = pos[:, None, :, None].float() * inv  # [B, 1, T, d/2]
     cos, sin = torch.cos(ang), torch.sin(ang)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
-class Attn(nn.Module):
-    def __init__(s, dim, heads, kv_heads, llama):
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, kv_heads: int, llama: bool) -> None:
         super().__init__()
-        s.h, s.kv, s.d, s.llama = heads, kv_heads, dim // heads, llama
-        s.q = nn.Linear(dim, heads * s.d, bias=not llama)
-        s.k = nn.Linear(dim, kv_heads * s.d, bias=not llama)
-        s.v = nn.Linear(dim, kv_heads * s.d, bias=not llama)
-        s.o = nn.Linear(heads * s.d, dim, bias=not llama)
+        self.h, self.kv, self.d, self.llama = heads, kv_heads, dim // heads, llama
+        self.q = nn.Linear(dim, heads * self.d, bias=not llama)
+        self.k = nn.Linear(dim, kv_heads * self.d, bias=not llama)
+        self.v = nn.Linear(dim, kv_heads * self.d, bias=not llama)
+        self.o = nn.Linear(heads * self.d, dim, bias=not llama)
 
-    def forward(s, x, mask, pos, pk, pv):
-        B, T, _ = x.shape
-        q = s.q(x).view(B, T, s.h, s.d).transpose(1, 2)
-        k = s.k(x).view(B, T, s.kv, s.d).transpose(1, 2)
-        v = s.v(x).view(B, T, s.kv, s.d).transpose(1, 2)
-        if s.llama:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, pk: Any, pv: Any
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.h, self.d).transpose(1, 2)
+        k = self.k(x).view(b, t, self.kv, self.d).transpose(1, 2)
+        v = self.v(x).view(b, t, self.kv, self.d).transpose(1, 2)
+        if self.llama:
             q, k = rope(q, pos), rope(k, pos)
         if pk is not None:
             k = torch.cat([pk, k], dim=2)
             v = torch.cat([pv, v], dim=2)
-        present = (k, v)
-        rep = s.h // s.kv
+        rep = self.h // self.kv
         kk = k.repeat_interleave(rep, dim=1)
         vv = v.repeat_interleave(rep, dim=1)
-        S = kk.shape[2]
-        att = (q @ kk.transpose(-1, -2)) / math.sqrt(s.d)
-        qpos = torch.arange(T) + (S - T)
-        causal = torch.arange(S)[None, :] <= qpos[:, None]  # [T,S]
+        s = kk.shape[2]
+        att = (q @ kk.transpose(-1, -2)) / math.sqrt(self.d)
+        qpos = torch.arange(t) + (s - t)
+        causal = torch.arange(s)[None, :] <= qpos[:, None]  # [T, S]
         keep = causal[None, None] & (mask[:, None, None, :] > 0)
         att = att.masked_fill(~keep, -1e9).softmax(-1)
-        y = (att @ vv).transpose(1, 2).reshape(B, T, s.h * s.d)
-        return s.o(y), present
+        y = (att @ vv).transpose(1, 2).reshape(b, t, self.h * self.d)
+        return self.o(y), (k, v)
 
 
 class Block(nn.Module):
-    def __init__(s, dim, heads, kv_heads, llama):
+    def __init__(self, dim: int, heads: int, kv_heads: int, llama: bool) -> None:
         super().__init__()
-        s.n1 = RMSNorm(dim) if llama else nn.LayerNorm(dim)
-        s.n2 = RMSNorm(dim) if llama else nn.LayerNorm(dim)
-        s.attn = Attn(dim, heads, kv_heads, llama)
-        s.llama = llama
+        self.n1 = RMSNorm(dim) if llama else nn.LayerNorm(dim)
+        self.n2 = RMSNorm(dim) if llama else nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, kv_heads, llama)
+        self.llama = llama
         if llama:
-            s.gate = nn.Linear(dim, 4 * dim, bias=False)
-            s.up = nn.Linear(dim, 4 * dim, bias=False)
-            s.down = nn.Linear(4 * dim, dim, bias=False)
+            self.gate = nn.Linear(dim, 4 * dim, bias=False)
+            self.up = nn.Linear(dim, 4 * dim, bias=False)
+            self.down = nn.Linear(4 * dim, dim, bias=False)
         else:
-            s.fc = nn.Linear(dim, 4 * dim)
-            s.proj = nn.Linear(4 * dim, dim)
+            self.fc = nn.Linear(dim, 4 * dim)
+            self.proj = nn.Linear(4 * dim, dim)
 
-    def forward(s, x, mask, pos, pk, pv):
-        a, present = s.attn(s.n1(x), mask, pos, pk, pv)
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, pk: Any, pv: Any
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        a, present = self.attn(self.n1(x), mask, pos, pk, pv)
         x = x + a
-        h = s.n2(x)
-        m = (
-            s.down(nn.functional.silu(s.gate(h)) * s.up(h))
-            if s.llama
-            else s.proj(nn.functional.gelu(s.fc(h)))
-        )
+        h = self.n2(x)
+        if self.llama:
+            m = self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+        else:
+            m = self.proj(nn.functional.gelu(self.fc(h)))
         return x + m, present
 
 
 class TinyLM(nn.Module):
     def __init__(
-        s, style="llama", vocab=512, dim=64, layers=2, heads=4, kv_heads=2, cache=False, max_pos=512
-    ):
+        self,
+        style: str = "llama",
+        vocab: int = 512,
+        dim: int = 64,
+        layers: int = 2,
+        heads: int = 4,
+        kv_heads: int = 2,
+        cache: bool = False,
+        max_pos: int = 512,
+    ) -> None:
         super().__init__()
         llama = style == "llama"
-        s.cache, s.llama, s.layers = cache, llama, layers
-        s.emb = nn.Embedding(vocab, dim)
+        self.cache, self.llama, self.layers = cache, llama, layers
+        self.emb = nn.Embedding(vocab, dim)
         if not llama:
-            s.wpe = nn.Embedding(max_pos, dim)
-        s.blocks = nn.ModuleList(
-            Block(dim, heads, kv_heads if llama else heads, llama) for _ in range(layers)
-        )
-        s.norm = RMSNorm(dim) if llama else nn.LayerNorm(dim)
-        s.head = nn.Linear(dim, vocab, bias=False)
+            self.wpe = nn.Embedding(max_pos, dim)
+        kv = kv_heads if llama else heads
+        self.blocks = nn.ModuleList(Block(dim, heads, kv, llama) for _ in range(layers))
+        self.norm = RMSNorm(dim) if llama else nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
 
-    def forward(s, input_ids, attention_mask, position_ids, *past):
-        x = s.emb(input_ids)
-        if not s.llama:
-            x = x + s.wpe(position_ids)
-        presents = []
-        for i, b in enumerate(s.blocks):
-            pk, pv = (past[2 * i], past[2 * i + 1]) if s.cache else (None, None)
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, *past: Any
+    ) -> Any:
+        x = self.emb(input_ids)
+        if not self.llama:
+            x = x + self.wpe(position_ids)
+        presents: list[torch.Tensor] = []
+        for i, b in enumerate(self.blocks):
+            pk, pv = (past[2 * i], past[2 * i + 1]) if self.cache else (None, None)
             x, p = b(x, attention_mask, position_ids, pk, pv)
             presents += list(p)
-        logits = s.head(s.norm(x))
-        return (logits, *presents) if s.cache else logits
+        logits = self.head(self.norm(x))
+        return (logits, *presents) if self.cache else logits
 
 
-def export(path, style="llama", cache=False, seed=0, **kw):
+def export(path: str, style: str = "llama", cache: bool = False, seed: int = 0, **kw: Any) -> TinyLM:
+    """Write the model to `path` (external data beside it, as the exporter writes it)."""
     torch.manual_seed(seed)
     m = TinyLM(style, cache=cache, **kw).eval()
-    B, T, P = 2, 5, 3
-    ids = torch.randint(0, 16, (B, T))
-    pos = torch.arange(P, P + T).expand(B, T) if cache else torch.arange(T).expand(B, T)
-    mask = torch.ones(B, P + T if cache else T, dtype=torch.int64)
-    hkv = m.blocks[0].attn.kv
-    d = m.blocks[0].attn.d
-    past = [torch.randn(B, hkv, P, d) for _ in range(2 * m.layers)] if cache else []
+    b, t, p = 2, 5, 3  # example sizes; every axis below is dynamic
+    ids = torch.randint(0, 16, (b, t))
+    pos = torch.arange(p, p + t).expand(b, t) if cache else torch.arange(t).expand(b, t)
+    mask = torch.ones(b, p + t if cache else t, dtype=torch.int64)
+    hkv, d = m.blocks[0].attn.kv, m.blocks[0].attn.d
+    past = [torch.randn(b, hkv, p, d) for _ in range(2 * m.layers)] if cache else []
     names = ["input_ids", "attention_mask", "position_ids"]
     outs = ["logits"]
-    b, t = torch.export.Dim("batch"), torch.export.Dim("seq")
-    shapes = [{0: b, 1: t}, {0: b, 1: (torch.export.Dim("total") if cache else t)}, {0: b, 1: t}]
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    shapes: list[Any] = [{0: batch, 1: seq}, {0: batch, 1: torch.export.Dim("total") if cache else seq}]
+    shapes.append({0: batch, 1: seq})
     if cache:
-        p = torch.export.Dim("past")
         for i in range(m.layers):
             names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
             outs += [f"present.{i}.key", f"present.{i}.value"]
-        shapes.append(tuple([{0: b, 2: p}] * (2 * m.layers)))
+        shapes.append(tuple([{0: batch, 2: torch.export.Dim("past")}] * (2 * m.layers)))
     with torch.no_grad():
         torch.onnx.export(
             m,
@@ -148,13 +165,3 @@ def export(path, style="llama", cache=False, seed=0, **kw):
             dynamic_shapes=tuple(shapes),
         )
     return m
-
-
-def gpt2_module():
-    torch.manual_seed(0)
-    return TinyLM("gpt2").eval()
-
-
-def llama_module():
-    torch.manual_seed(0)
-    return TinyLM("llama").eval()
