@@ -117,7 +117,7 @@ def test_a_damaged_capture_is_refused_in_one_line(
     (truncated / "layers.xbv").write_bytes((truncated / "layers.xbv").read_bytes()[:1000])
     future = broken("future")
     m = json.loads((future / "capture.json").read_text("utf-8"))
-    m["format"] = "xbackend.files.run_values/9"
+    m["format"] = "xbackend.capture/9"
     (future / "capture.json").write_text(json.dumps(m))
     interrupted = broken("interrupted")
     (interrupted / "SHA256SUMS").unlink()
@@ -135,7 +135,7 @@ def test_a_damaged_capture_is_refused_in_one_line(
     cases = {
         tampered: "outputs.xbv does not match its sha256 in SHA256SUMS",
         truncated: "is truncated: layers.xbv has 1000 bytes",
-        future: "has format 'xbackend.files.run_values/9'; this xbackend reads 'xbackend.files.run_values/1'",
+        future: "has format 'xbackend.capture/9'; this xbackend reads 'xbackend.capture/1'",
         interrupted: "has no SHA256SUMS (its write was interrupted)",
         resummed: "has a damaged value file outputs.xbv",
     }
@@ -388,3 +388,13 @@ def test_report_refuses_a_json_it_cannot_read(tmp_path: Path, capsys: pytest.Cap
     code, _, err = run(capsys, "report", str(old), "-o", str(tmp_path / "r.md"))
     assert code == 2
     one_line_error(err, "has schema 'xbackend.report/1', this xbackend reads 'xbackend.report/2'")
+
+
+def test_file_formats_keep_their_names() -> None:
+    """Captures and value files written by earlier releases name these formats; moving the
+    modules that write them must not rename them (docs/releases.md cites the capture's)."""
+    from xbackend.files.capture_folder import FORMAT as CAPTURE
+    from xbackend.files.storage import FORMAT as VALUES
+
+    assert (CAPTURE, VALUES) == ("xbackend.capture/1", "xbackend.values/1")
+    assert f"format `{CAPTURE}`" in (Path(__file__).resolve().parent.parent / "docs" / "releases.md").read_text()

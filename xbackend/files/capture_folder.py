@@ -47,7 +47,7 @@ __all__ = [
     "write_folder",
 ]
 
-FORMAT = "xbackend.files.run_values/1"
+FORMAT = "xbackend.capture/1"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@-]*")  # a runner, a runner@label
 MANIFEST = "capture.json"
 SUMS = "SHA256SUMS"

@@ -29,7 +29,7 @@ __all__ = ["ValueFile", "ValueWriter", "save_values"]
 
 MAGIC = b"XBVALUE1"
 END = b"XBVALEND"
-FORMAT = "xbackend.numerics.values/1"
+FORMAT = "xbackend.values/1"
 
 
 class _Writer:
