@@ -397,4 +397,5 @@ def test_file_formats_keep_their_names() -> None:
     from xbackend.files.storage import FORMAT as VALUES
 
     assert (CAPTURE, VALUES) == ("xbackend.capture/1", "xbackend.values/1")
-    assert f"format `{CAPTURE}`" in (Path(__file__).resolve().parent.parent / "docs" / "releases.md").read_text()
+    docs = Path(__file__).resolve().parent.parent / "docs" / "releases.md"
+    assert f"format `{CAPTURE}`" in docs.read_text()
