@@ -191,7 +191,7 @@ def test_capture_manifest_reader(
 ) -> None:
     import hashlib
 
-    from xbackend.results.capture_record import load_capture
+    from xbackend.results.capture_record import open_capture
 
     valid = json.loads((capture / "capture.json").read_text("utf-8"))
     manifest = data.draw(_mutations(valid))
@@ -203,7 +203,7 @@ def test_capture_manifest_reader(
     sums = [line for line in sums if not line.endswith("  capture.json")]
     sums.append(f"{hashlib.sha256(text.encode()).hexdigest()}  capture.json")
     (folder / "SHA256SUMS").write_text("\n".join(sums) + "\n")  # resealed: the reader must judge it
-    _only_clean_errors(lambda: load_capture(folder))
+    _only_clean_errors(lambda: open_capture(folder))
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from xbackend.model.inputs import generate_feeds, load_feeds
 from xbackend.model.load import load_model
 from xbackend.report import bundle_files, from_json, to_json
 from xbackend.report.figures import COLORS
-from xbackend.results.capture_record import load_capture
+from xbackend.results.capture_record import open_capture
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ def test_a_capture_round_trips_bit_exactly(
         digest, name = line.split("  ")
         assert hashlib.sha256((cap / name).read_bytes()).hexdigest() == digest
     expected = dict(zip(spec.output_names, ReferenceEvaluator(proto).run(None, dict(feeds)), strict=True))
-    loaded = load_capture(cap)
+    loaded = open_capture(cap)
     assert loaded.name == "reference@cap" and loaded.model_sha256 == spec.sha256
     with ValueFile(cap / "inputs.xbv") as f:
         assert {k: _bits(f[k]) for k in f.names} == {k: _bits(v) for k, v in feeds.items()}
@@ -399,3 +399,51 @@ def test_file_formats_keep_their_names() -> None:
     assert (CAPTURE, VALUES) == ("xbackend.capture/1", "xbackend.values/1")
     docs = Path(__file__).resolve().parent.parent / "docs" / "releases.md"
     assert f"format `{CAPTURE}`" in docs.read_text()
+
+
+def test_load_capture_and_capture_export_give_numpy_the_values(
+    models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """xbackend.load_capture and `capture export --npz` hand over the capture's inputs, graph
+    outputs and layers as plain arrays: an independent onnxruntime run on the inputs gives the
+    outputs bit for bit; the same capture exports to the same bytes; a tampered capture is refused."""
+    import onnxruntime as ort
+
+    cap = tmp_path / "cap"
+    code, _, err = run(
+        capsys, "capture", str(models["mlp_layernorm"]), "--backend", "ort-cpu", "-o", str(cap)
+    )
+    assert code == 0, err
+    arrays = xbackend.load_capture(cap)
+    spec, _ = load_model(models["mlp_layernorm"])
+    inputs = {k.removeprefix("inputs/"): v for k, v in arrays.items() if k.startswith("inputs/")}
+    assert sorted(inputs) == sorted(t.name for t in spec.inputs)
+    sess = ort.InferenceSession(str(models["mlp_layernorm"]), providers=["CPUExecutionProvider"])
+    for name, want in zip(spec.output_names, sess.run(None, inputs), strict=True):
+        assert arrays[f"outputs/{name}"].tobytes() == want.tobytes()
+        assert f"layers/{name}" in arrays  # the instrumented build's tensors too
+    assert sorted(k for k in arrays if k.startswith("outputs/")) == [
+        f"outputs/{n}" for n in sorted(spec.output_names)
+    ]
+
+    out = tmp_path / "cap.npz"
+    assert run(capsys, "capture", "export", str(cap), "--npz", str(out))[0] == 0
+    with np.load(out) as npz:
+        assert {k: npz[k].tobytes() for k in arrays} == {k: v.tobytes() for k, v in arrays.items()}
+        assert str(npz["xbackend.capture-export"]) == "cap"
+    first = out.read_bytes()
+    assert run(capsys, "capture", "export", str(cap), "--npz", str(out))[0] == 0  # its own file: replaced
+    assert out.read_bytes() == first  # same capture, same bytes
+    notes = tmp_path / "notes.npz"
+    notes.write_bytes(b"mine")
+    code, _, err = run(capsys, "capture", "export", str(cap), "--npz", str(notes))
+    assert code == 2 and notes.read_bytes() == b"mine"
+    one_line_error(err, "exists and is not a report xbackend wrote")
+    with open(cap / "outputs.xbv", "r+b") as f:  # one byte changed: the checksum no longer matches
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    code, _, err = run(capsys, "capture", "export", str(cap), "--npz", str(tmp_path / "bad.npz"))
+    assert code == 2 and not (tmp_path / "bad.npz").exists()
+    one_line_error(err, "outputs.xbv")

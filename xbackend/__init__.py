@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         PairResult,
         Result,
     )
+    from xbackend.results.capture_record import load_capture
     from xbackend.runners import Availability, BuildFingerprint, Runner, get_runner, list_runners
 
 __version__ = VERSION
@@ -70,6 +71,7 @@ _WHERE = {
         ("Availability", "BuildFingerprint", "Runner", "get_runner", "list_runners"), "xbackend.runners"
     ),
     **dict.fromkeys(("InputDecl", "export_torch"), "xbackend.export.torch_onnx"),
+    "load_capture": "xbackend.results.capture_record",
 }
 
 
@@ -126,6 +128,7 @@ __all__ = [
     "generate_feeds",
     "get_runner",
     "list_runners",
+    "load_capture",
     "load_feeds",
     "load_model",
     "to_json",

@@ -36,7 +36,7 @@ from xbackend.model.load import load_model
 from xbackend.numerics.values import value_sha256
 from xbackend.report import write_atomic
 from xbackend.results import CompareOptions, Result
-from xbackend.results.capture_record import load_capture
+from xbackend.results.capture_record import open_capture
 from xbackend.results.promises import EXIT_PROMISE, PROPERTIES, PromiseCheck, check
 from xbackend.runners.base import CODE_OPTIONS
 from xbackend.runners.registry import get_runner, split_instance
@@ -138,7 +138,7 @@ def _output_hashes(capture: Path, r: Result) -> dict[str, str]:
     if not (capture / "SHA256SUMS").is_file():
         return {}
 
-    cap = load_capture(capture)
+    cap = open_capture(capture)
     with ValueFile(cap.run.outputs.capture) as f:
         return {n: value_sha256({n: f[n]}) for n in r.model.output_names if n in f}
 

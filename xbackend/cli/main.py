@@ -60,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _handlers():
             code = app(
-                args=list(sys.argv[1:] if argv is None else argv), prog_name="xbackend", standalone_mode=False
+                args=_routed(sys.argv[1:] if argv is None else argv),
+                prog_name="xbackend",
+                standalone_mode=False,
             )
         return _stopped() if _RECEIVED else int(code or 0)
     except (KeyboardInterrupt, typer.Abort):
@@ -100,6 +102,15 @@ def _stopped() -> int:
         name = signal.Signals(signum).name
         print(f"xbackend: stopped by {name}; the run's temp files were removed", file=sys.stderr)
     return 128 + int(signum)
+
+
+def _routed(argv: Sequence[str]) -> list[str]:
+    """`capture export DIR ...` is the capture-export command (capture's first argument is a
+    model path: a model file named export is ./export)."""
+    args = list(argv)
+    if args[:2] == ["capture", "export"]:
+        return ["capture-export", *args[2:]]
+    return args
 
 
 def _help_hint(argv: Sequence[str] | None) -> str:

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import io
+import zipfile
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 
 from xbackend.cli.app import EXIT_CODES, app, progress
 from xbackend.cli.params import ModelArg, compare_options, with_flags
 from xbackend.compare import compare_with_options
 from xbackend.errors import RunnerFailedError, UsageError
-from xbackend.files.atomic import check_outputs
+from xbackend.files.atomic import NPZ_MARK, check_outputs, write_atomic_bytes
 from xbackend.files.capture_folder import check_folder
 from xbackend.files.textfmt import short, with_module
 from xbackend.report import to_json, write_atomic, write_markdown_bundle
 from xbackend.results import Result
+from xbackend.results.capture_record import load_capture
 
-__all__ = ["capture", "compare"]
+__all__ = ["capture", "capture_export", "compare"]
 
 
 @app.command(epilog=EXIT_CODES)
@@ -69,6 +73,39 @@ def capture(
         f"{b.exposed} tensors; compare it elsewhere with `xbackend compare MODEL --load {output}`"
     )
     return 0 if b.deterministic else 1
+
+
+@app.command(
+    "capture-export",
+    epilog="Also as `xbackend capture export DIR --npz OUT`. Exit codes: 0 written; 2 the folder is not a "
+    "capture, a checksum does not match, or OUT exists and xbackend did not write it; 4 internal error.",
+)
+def capture_export(
+    folder: Annotated[str, typer.Argument(metavar="DIR", help="a capture folder (xbackend capture)")],
+    npz: Annotated[str, typer.Option("--npz", metavar="OUT.npz", help="write its values here")],
+) -> int:
+    """Write a capture's values as one .npz (inputs/NAME, outputs/NAME, layers/NAME, and
+    xbackend.capture-export: the folder's name), checksums checked first: numpy alone can then
+    check any figure in a report."""
+    if not npz.endswith(".npz"):
+        raise UsageError(f"--npz takes a file name ending in .npz, got {npz!r}")
+    check_outputs([("--npz", npz)], [folder])  # before anything is read
+    arrays = load_capture(folder)
+    marked = {**arrays, NPZ_MARK: np.array(Path(folder).name)}  # lets a later export replace it
+    write_atomic_bytes(npz, _npz(marked))
+    print(f"wrote {npz}: {len(arrays)} arrays from {folder}; read them with numpy.load({npz!r})")
+    return 0
+
+
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
+    """numpy's .npz layout with fixed timestamps: the same capture gives the same bytes."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, a in arrays.items():
+            one = io.BytesIO()
+            np.lib.format.write_array(one, np.asanyarray(a), allow_pickle=False)
+            z.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), one.getvalue())
+    return buf.getvalue()
 
 
 def _print_summary(result: Result) -> None:

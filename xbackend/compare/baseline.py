@@ -11,7 +11,7 @@ from xbackend.errors import InputError
 from xbackend.files.capture_folder import is_capture, recorded_name
 from xbackend.files.untrusted import contained
 from xbackend.results import BackendResult
-from xbackend.results.capture_record import LoadedCapture, load_capture
+from xbackend.results.capture_record import LoadedCapture, open_capture
 
 __all__ = ["Baseline", "BaselineBackend", "load_baseline"]
 
@@ -40,7 +40,7 @@ class Baseline:
 
 
 def _from_captures(source: str, folders: list[Path]) -> Baseline:
-    caps = [load_capture(d, recorded_name(d)) for d in folders]
+    caps = [open_capture(d, recorded_name(d)) for d in folders]
     return Baseline(
         source,
         tuple(BaselineBackend(c.name, c.backend, c.feeds.sha256, c) for c in caps),
@@ -79,7 +79,7 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
             "pass the capture folder itself as --baseline",
         )
         for d in _captures_in(beside):
-            cap = load_capture(d, recorded_name(d))
+            cap = open_capture(d, recorded_name(d))
             caps[cap.name] = cap
     return Baseline(
         str(p),

@@ -17,7 +17,7 @@ from xbackend.model.load import ModelSpec, downgrade_blockers
 from xbackend.numerics.values import Value
 from xbackend.probes.base import PlannedBackend
 from xbackend.results import EXPECTED, CompareOptions, FeedsInfo
-from xbackend.results.capture_record import LoadedCapture, load_capture
+from xbackend.results.capture_record import LoadedCapture, open_capture
 from xbackend.runners.base import INTERNAL_OPTIONS, PYTHON_OPTION
 from xbackend.runners.registry import get_runner, runner_target
 
@@ -56,7 +56,7 @@ def with_expected(opts: CompareOptions, expected: Mapping[str, Value] | None) ->
 def load_captures(spec: ModelSpec, opts: CompareOptions) -> list[LoadedCapture]:
     out = []
     for name, path in opts.loads:
-        cap = load_capture(path, name)
+        cap = open_capture(path, name)
         if cap.model_sha256 != spec.sha256:
             raise InputError(
                 f"capture {path} was made from another model ({cap.model_name}, sha256 "

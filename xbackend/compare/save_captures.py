@@ -36,7 +36,7 @@ def save_captures(
         todo.append((Path(capture_to), ran[0]))
     if opts.save_captures:
         todo += [(Path(opts.save_captures) / b.name, b) for b in ran]
-    model = {"name": Path(spec.path).name, "sha256": spec.sha256}
+    model = {"name": Path(spec.path).name, "sha256": spec.sha256, "outputs": list(spec.output_names)}
     info = feeds_info(feeds, False)
     for dest, b in todo:
         first = builds[b.name].first

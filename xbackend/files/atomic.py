@@ -11,13 +11,15 @@ from pathlib import Path
 
 from xbackend.errors import ReportError, UsageError
 
-__all__ = ["check_outputs", "write_atomic", "write_atomic_bytes"]
+__all__ = ["NPZ_MARK", "check_outputs", "write_atomic", "write_atomic_bytes"]
 
 # how a Markdown file xbackend wrote begins, or what a JSON report's last bytes hold (its keys
 # sorted, "schema" comes after the large "result")
 _HEADS = (b"# xbackend report", b"# xbackend diff: ", b"# Determinism certificate: ")
 _TAIL = b'"schema": "xbackend.report/'
 _CERTIFICATE = "https://xbackend.dev/attestation/certificate/"
+# the array `capture export` adds to its .npz: its name is in the zip's directory, at the end
+NPZ_MARK = "xbackend.capture-export"
 
 
 def _written_by_us(p: Path) -> bool:
@@ -29,7 +31,8 @@ def _written_by_us(p: Path) -> bool:
             tail = f.read()
     except OSError:
         return False
-    return head.startswith(_HEADS) or _TAIL in tail or (size < (1 << 24) and _is_certificate(p))
+    ours = _TAIL in tail or (head.startswith(b"PK") and NPZ_MARK.encode() + b".npy" in tail)
+    return head.startswith(_HEADS) or ours or (size < (1 << 24) and _is_certificate(p))
 
 
 def _is_certificate(p: Path) -> bool:

@@ -180,7 +180,7 @@ def verify_folder(path: Path) -> dict[str, Any]:
 
 
 def recorded_name(path: str | os.PathLike[str]) -> str:
-    """The backend the capture ran, read from the manifest (fully checked later, by load_capture)."""
+    """The backend the capture ran, read from the manifest (fully checked later, by open_capture)."""
     p = Path(path)
     m = read_manifest(p)
     backend = m.get("backend", {}).get("name") if isinstance(m.get("backend"), dict) else None

@@ -14,13 +14,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from xbackend.execution.buildinfo import BuildFingerprint
 from xbackend.execution.protocol import LAYERS, OUTPUTS, PhaseResult
 from xbackend.files.capture_folder import INPUTS, CapturedInputs, bad_capture, verify_folder, write_folder
 from xbackend.files.codec import CodecError, decode, encode
+from xbackend.files.storage import ValueFile
+from xbackend.numerics.values import walk
 from xbackend.results import BackendResult, FeedsInfo
 
-__all__ = ["LoadedCapture", "LoadedRun", "load_capture", "write_capture"]
+__all__ = ["LoadedCapture", "LoadedRun", "load_capture", "open_capture", "write_capture"]
 
 _FILES = {OUTPUTS: "outputs.xbv", LAYERS: "layers.xbv"}
 
@@ -82,6 +86,7 @@ class LoadedCapture:
     run: LoadedRun
     environment: tuple[tuple[str, str], ...]
     xbackend_version: str
+    outputs: tuple[str, ...] = ()  # the model's graph outputs (captures from before 0.x: unknown)
 
     @property
     def inputs_path(self) -> Path:
@@ -112,7 +117,7 @@ def _phase(path: Path, rec: Mapping[str, Any], listed: Mapping[str, Any]) -> Pha
     )
 
 
-def load_capture(path: str | os.PathLike[str], name: str | None = None) -> LoadedCapture:
+def open_capture(path: str | os.PathLike[str], name: str | None = None) -> LoadedCapture:
     """Check and open a capture folder; `name` defaults to BACKEND@FOLDER."""
     p = Path(path)
     m = verify_folder(p)
@@ -122,6 +127,7 @@ def load_capture(path: str | os.PathLike[str], name: str | None = None) -> Loade
         phases = {str(r["name"]): _phase(p, r, m["files"]) for r in m["phases"]}
         model = m["model"]
         model_sha256, model_name = str(model["sha256"]), str(model["name"])
+        graph_outputs = tuple(str(n) for n in model.get("outputs", ()))
         env = tuple(sorted((str(k), str(v)) for k, v in m["environment"].items()))
     except (CodecError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise bad_capture(
@@ -143,4 +149,28 @@ def load_capture(path: str | os.PathLike[str], name: str | None = None) -> Loade
         run=LoadedRun(outputs, phases.get(LAYERS)),
         environment=env,
         xbackend_version=str(m.get("xbackend", "")),
+        outputs=graph_outputs,
     )
+
+
+def load_capture(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """A capture folder's values as numpy arrays, after its checksums are checked:
+    `inputs/NAME` (the feeds), `outputs/NAME` (the plain build's graph outputs) and `layers/NAME`
+    (every tensor the instrumented build captured, when it ran). A sequence or map gives one
+    array per element (`NAME[0]`, `NAME{'key'}`); an empty optional gives none."""
+    cap = open_capture(path)
+    out: dict[str, np.ndarray] = {}
+    outputs = cap.run.outputs
+    files = [("inputs", cap.inputs_path, None), ("outputs", Path(outputs.capture), set(cap.outputs) or None)]
+    if cap.run.layers is not None:
+        files.append(("layers", Path(cap.run.layers.capture), None))
+    for prefix, file, only in files:
+        with ValueFile(str(file)) as f:
+            values = f.load_all()
+        for name, value in values.items():
+            if only is not None and outputs.serves_outputs and prefix == "outputs" and name not in only:
+                continue
+            for where, v in walk(name, value):
+                if isinstance(v, np.ndarray):
+                    out[f"{prefix}/{where}"] = v
+    return out

@@ -21,7 +21,7 @@ from xbackend.errors import InputError, UsageError, XbackendError, first_line
 from xbackend.model.load import load_model
 from xbackend.report import to_json, write_atomic, write_markdown_bundle
 from xbackend.results import CompareOptions
-from xbackend.results.capture_record import load_capture
+from xbackend.results.capture_record import open_capture
 from xbackend.sweep.executors import LocalExecutor
 from xbackend.sweep.node import read_record
 from xbackend.sweep.outcomes import (
@@ -73,7 +73,7 @@ def _resumable(job: JobSpec, folder: Path) -> dict[str, Any] | None:
     if rec is None or rec.get("key") != job.key or rec.get("status") != "ok":
         return None
     try:
-        load_capture(folder / "capture", job.backend)
+        open_capture(folder / "capture", job.backend)
     except InputError:
         return None
     return rec
