@@ -31,6 +31,7 @@ PLUGINS = {
     "test-moded": "plugin_runners:ModedRunner",
     "test-old-inductor": "plugin_runners:OldInductorRunner",
     "test-logit-flip": "plugin_runners:LogitFlipRunner",
+    "test-class-flip": "plugin_runners:ClassFlipRunner",
 }
 
 

@@ -658,3 +658,28 @@ class LogitFlipRunner(OrtCpuRunner):
                 row[second] = row[first] + np.float32(self.options["delta"])
         out["logits"] = logits
         return out
+
+
+class ClassFlipRunner(OrtCpuRunner):
+    """onnxruntime CPU with one decision planted: in row `row` of `output`, the runner-up score
+    raised past the top one by `delta`."""
+
+    name = "test-class-flip"
+    description = "ONNX Runtime CPU with one top-1 choice flipped"
+    option_specs = (
+        *OrtCpuRunner.option_specs,
+        OptionSpec("output", str, "y", "the class-score output"),
+        OptionSpec("row", int, 0, "the decision to flip (an index over the leading axes, flattened)"),
+        OptionSpec("delta", float, 0.25, "how far past the top score the runner-up is raised"),
+    )
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = dict(super().run_impl(feeds))
+        name = self.options["output"]
+        scores = np.array(out[name])
+        flat = scores.reshape(-1, scores.shape[-1])
+        row = flat[int(self.options["row"])]
+        first, second = np.argsort(row)[::-1][:2]
+        row[second] = row[first] + np.float32(self.options["delta"])
+        out[name] = flat.reshape(scores.shape)
+        return out

@@ -198,3 +198,53 @@ def test_a_model_that_is_not_a_causal_lm_is_refused(
     one_line_error(err, "--decode needs an input named input_ids [batch, sequence]; see docs/decode.md")
     with pytest.raises(UsageError, match="--decode must be >= 0"):
         xbackend.CompareOptions.create(decode=-1)
+
+
+@pytest.mark.slow
+def test_decisions_find_a_planted_flip_and_its_margin(
+    plugins: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """test-class-flip raises row 5's runner-up class past its top one by 0.25: that one decision
+    of 8 flips, with the reference's margin there and a score difference of margin + 0.25; the
+    float64 reference evaluator flips none; --fail-on decision-flip exits 21."""
+    from xbackend.model.inputs import generate_feeds
+
+    convnet = Path(__file__).resolve().parent.parent / "models" / "convnet.onnx"
+    js = tmp_path / "r.json"
+    code, out, _ = run(
+        capsys,
+        "compare", str(convnet), "--shape", "image=8,3,32,32",
+        "--backends", "ort-cpu,test-class-flip,reference",
+        "--reference", "ort-cpu", "--set", "test-class-flip.output=logits", "--set", "test-class-flip.row=5",
+        "--decisions", "logits:1", "--fail-on", "decision-flip", "--probes", "none", "--runs", "1",
+        "--json", str(js), "--no-progress",
+    )  # fmt: skip
+    assert code == 21, out
+    spec, _ = load_model(convnet)
+    feeds = generate_feeds(spec, 0, {"image": (8, 3, 32, 32)}, {}).arrays
+    sess = ort.InferenceSession(str(convnet), providers=["CPUExecutionProvider"])
+    logits = sess.run(None, dict(feeds))[0].astype(np.float64)
+    top = np.sort(logits, axis=1)
+    by = {d["backend"]: d for d in json.loads(js.read_text())["decisions"]}
+    planted = by["test-class-flip"]
+    assert (planted["decisions"], planted["agree"], planted["flipped"]) == (8, 7, 1)
+    (flip,) = planted["flips"]
+    assert flip["index"] == [5] and flip["reference_class"] == int(np.argmax(logits[5]))
+    assert flip["backend_class"] == int(np.argsort(logits[5])[-2])
+    assert flip["reference_margin"] == pytest.approx(top[5, -1] - top[5, -2], abs=1e-6)
+    assert flip["score_difference"] == pytest.approx(flip["reference_margin"] + 0.25, abs=1e-5)
+    assert planted["smallest_margin"] == pytest.approx(float(np.min(top[:, -1] - top[:, -2])), abs=1e-6)
+    assert (by["reference"]["flipped"], by["reference"]["agree"]) == (0, 8)
+    assert "decision-flip" in out and "test-class-flip makes 1 of 8 choice(s) at logits otherwise" in out
+
+
+def test_decisions_name_outputs_the_model_has(
+    models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(
+        capsys, "compare", str(models["mlp_layernorm"]), "--decisions", "scores", "--no-progress"
+    )
+    assert code == 2
+    one_line_error(
+        err, "--decisions scores: the model has no output 'scores'; its outputs: y (or --decisions auto)"
+    )

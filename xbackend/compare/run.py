@@ -18,6 +18,7 @@ from typing import Any
 from xbackend.compare.builds import Builds, run_builds
 from xbackend.compare.conditioning import far_from_float64
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
+from xbackend.compare.decisions import decision_outputs, decisions_all
 from xbackend.compare.decode import decode_backends
 from xbackend.compare.drift import baseline_drifts
 from xbackend.compare.explain_jobs import attach, explain
@@ -70,6 +71,7 @@ def compare_with_options(
     wanted = select_probes(opts.probes, opts.batch_invariance)  # unknown names: UsageError, first
     spec, proto = load_model(model)
     spec = with_selection(spec, opts.tensors)
+    decision_outputs(spec, opts.decisions)  # a name the model lacks: UsageError before anything runs
     loaded = load_captures(spec, opts)
     # --decode: the feeds are a decoding step's, known once every backend has decoded
     feeds, expected = feeds_for(spec, opts, loaded) if not opts.decode else (None, None)
@@ -118,7 +120,9 @@ def compare_with_options(
             spill,
             memory.explanation_blocker(spec),
         )
-        return replace(_result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to), decode=decoded)
+        result = _result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to)
+        decided = decisions_all(spec, opts.decisions, done.builds, result.backends, result.reference_used)
+        return replace(result, decode=decoded, decisions=decided)
 
 
 def _nearly_full(folder: Path) -> bool:

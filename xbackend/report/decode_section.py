@@ -6,7 +6,7 @@ from xbackend.files.textfmt import table
 from xbackend.results import Result
 from xbackend.results.decode import BackendDecode, DecodeResult
 
-__all__ = ["decode_json", "decode_section"]
+__all__ = ["decisions_json", "decisions_section", "decode_json", "decode_section"]
 
 _SHOWN_TOKENS = 32  # per prompt in the folded token table
 
@@ -154,3 +154,100 @@ def decode_json(d: DecodeResult) -> dict[str, object]:
             for b in d.backends
         },
     }
+
+
+def decisions_section(r: Result) -> list[str]:
+    """`--decisions`: each backend's top-1 choices against the reference's, output by output."""
+    if not r.decisions:
+        return []
+    rows: list[list[object]] = []
+    for d in r.decisions:
+        if d.status != "ok":
+            rows.append([d.output, d.backend, f"not compared: {d.reason}", "", "", ""])
+            continue
+        first = d.flips[0] if d.flips else None
+        rows.append(
+            [
+                d.output,
+                d.backend,
+                f"{d.agree} of {d.decisions}",
+                _g(d.smallest_margin),
+                d.flipped,
+                "—"
+                if first is None
+                else f"[{','.join(map(str, first.index))}]: {first.reference_class} → {first.backend_class} "
+                f"(margin {_g(first.reference_margin)}, score difference {_g(first.score_difference)})",
+            ]
+        )
+    out = [
+        "## Does it change the answer? Top-1 decisions",
+        "",
+        f"Each backend's top-1 choice along each output's class axis against {r.reference_used}'s. The "
+        "margin is the reference's top-1 minus top-2 score; a flip with a score difference about that size "
+        "was a near tie.",
+        "",
+        *table(
+            ["output", "backend", "same choice", "reference's smallest margin", "flips", "closest flip"],
+            rows,
+        ),
+    ]
+    flips = [(d, f) for d in r.decisions for f in d.flips]
+    if flips:
+        out += [
+            "<details><summary>every flip kept (the closest calls first)</summary>",
+            "",
+            *table(
+                [
+                    "output",
+                    "backend",
+                    "index",
+                    "reference's class",
+                    "backend's class",
+                    "margin",
+                    "score difference",
+                ],
+                [
+                    [
+                        d.output,
+                        d.backend,
+                        ",".join(map(str, f.index)),
+                        f.reference_class,
+                        f.backend_class,
+                        _g(f.reference_margin),
+                        _g(f.score_difference),
+                    ]
+                    for d, f in flips
+                ],
+            ),
+            "</details>",
+            "",
+        ]
+    return out
+
+
+def decisions_json(r: Result) -> list[dict[str, object]]:
+    return [
+        {
+            "output": d.output,
+            "axis": d.axis,
+            "backend": d.backend,
+            "reference": d.reference,
+            "status": d.status,
+            "reason": d.reason,
+            "decisions": d.decisions,
+            "agree": d.agree,
+            "flipped": d.flipped,
+            "smallest_margin": d.smallest_margin,
+            "flips": [
+                {
+                    "index": list(f.index),
+                    "reference_class": f.reference_class,
+                    "backend_class": f.backend_class,
+                    "reference_margin": f.reference_margin,
+                    "score_difference": f.score_difference,
+                }
+                for f in d.flips
+            ],
+        }
+        for d in r.decisions
+    ]

@@ -12,7 +12,7 @@ from xbackend.files.textfmt import fold, gib, inert, module_note, only_our_html
 from xbackend.files.textfmt import num as _num
 from xbackend.files.textfmt import table as _table
 from xbackend.files.textfmt import yes as _yes
-from xbackend.report.decode_section import decode_section
+from xbackend.report.decode_section import decisions_section, decode_section
 from xbackend.report.explanation_section import allowances_section, explanation_section
 from xbackend.report.figures import planned_figures
 from xbackend.report.layers import (
@@ -280,6 +280,7 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *_promises(r),
         *cost_section(r),
         *decode_section(r),
+        *decisions_section(r),
         *explanation_section(r),
         *_figures(r, stem),
         *_how_to_read(stem),

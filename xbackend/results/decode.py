@@ -151,3 +151,38 @@ class DecodeResult:
 
 def _g(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3g}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flip:
+    """One decision a backend made differently from the reference."""
+
+    index: tuple[int, ...]  # the decision's position: the output's index without the class axis
+    reference_class: int
+    backend_class: int
+    reference_margin: float  # the reference's top-1 minus top-2 score there
+    score_difference: float  # the largest |score - the reference's| over that decision's classes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decisions:
+    """`--decisions`: one backend's top-1 choices along an output's class axis, against the
+    reference's."""
+
+    backend: str
+    reference: str
+    output: str
+    axis: int
+    decisions: int  # how many choices the output holds (its size over the class axis)
+    agree: int  # how many the backend made as the reference did
+    smallest_margin: float  # the reference's closest call over every decision
+    flips: tuple[Flip, ...] = ()  # the first FLIPS_KEPT, smallest reference margin first
+    status: str = "ok"  # ok | not-compared
+    reason: str = ""
+
+    @property
+    def flipped(self) -> int:
+        return self.decisions - self.agree
+
+
+FLIPS_KEPT = 20

@@ -76,6 +76,11 @@ POLICIES = (
         "with --decode: a backend's greedy tokens leave the reference's, or a prompt's completion "
         "depends on the batch it shares",
     ),
+    Policy(
+        "decision-flip",
+        21,
+        "with --decisions: a backend's top-1 choice along a class axis differs from the reference's",
+    ),
     Policy("any", 0, "every policy above, with N = --max-ulp (the exit code is the policy that fired)"),
 )
 _BY_NAME = {p.name: p for p in POLICIES}
@@ -130,6 +135,7 @@ class Gated(Protocol):
     def explanation(self) -> Explanation: ...
     @property
     def decode(self) -> DecodeResult | None: ...
+    def decision_flips(self) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -266,6 +272,10 @@ def _token_flip(c: _Context, _: float | None) -> str:
     return "; ".join(d.flips())
 
 
+def _decision_flip(c: _Context, _: float | None) -> str:
+    return "; ".join(c.r.decision_flips())
+
+
 _CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
     "nondeterminism": _nondeterminism,
     "build-variance": _build_variance,
@@ -278,4 +288,5 @@ _CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
     "ill-conditioned": _ill_conditioned,
     "not-judged": _not_judged,
     "token-flip": _token_flip,
+    "decision-flip": _decision_flip,
 }

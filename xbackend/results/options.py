@@ -375,6 +375,19 @@ class CompareOptions:
         omit_default=True,
     )
 
+    decisions: tuple[str, ...] = flag(  # outputs whose class axis holds decisions; (): none
+        (),
+        "--decisions",
+        "top-1 agreement with the reference along a class axis: auto (every float output's last axis), "
+        "or OUTPUT[:AXIS],...: per backend the decisions that flipped and the reference's margin there",
+        metavar="auto|OUTPUT[:AXIS]",
+        typer_type=str | None,
+        cli_default=None,
+        parse=comma_list,
+        show=lambda _o, v: ["--decisions", ",".join(v)] if v else [],
+        omit_default=True,
+    )
+
     @property
     def shows_times(self) -> bool:
         """Wall times go in the reports: asked for with --timings, or by asking for timed runs."""

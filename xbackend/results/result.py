@@ -12,7 +12,7 @@ from xbackend.numerics.values import value_name
 from xbackend.results.backend import BackendResult, FeedsInfo
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
 from xbackend.results.cost import Family, families
-from xbackend.results.decode import DecodeResult
+from xbackend.results.decode import Decisions, DecodeResult
 from xbackend.results.explanation import (
     NOT_MEASURED,
     UNFUSED,
@@ -50,6 +50,22 @@ class Result:
     baseline_environment: tuple[tuple[str, str], ...] = ()  # the baseline's, when it records one
     explanation: Explanation = NOT_MEASURED
     decode: DecodeResult | None = field(default=None, metadata={OMIT_DEFAULT: True})  # --decode N
+    decisions: tuple[Decisions, ...] = field(default=(), metadata={OMIT_DEFAULT: True})  # --decisions
+
+    def decision_flips(self) -> list[str]:
+        """Each backend and output where a top-1 choice differs from the reference's, in words
+        (what --fail-on decision-flip reports)."""
+        out = []
+        for d in self.decisions:
+            if d.status == "ok" and d.flipped:
+                f = d.flips[0]
+                at = ",".join(map(str, f.index))
+                out.append(
+                    f"{d.backend} makes {d.flipped} of {d.decisions} choice(s) at {d.output} otherwise than "
+                    f"{d.reference}; first [{at}]: class {f.backend_class} for {f.reference_class} "
+                    f"(margin {f.reference_margin:.3g}, score difference {f.score_difference:.3g})"
+                )
+        return out
 
     @property
     def command(self) -> str:
@@ -302,6 +318,15 @@ class Result:
                 )
         if self.decode is not None:
             out += self.decode.verdict_lines()
+        out += [f"WARN: decisions: {line}" for line in self.decision_flips()]
+        for d in self.decisions:
+            if d.status != "ok":
+                out.append(f"WARN: decisions: {d.backend} at {d.output} not compared: {d.reason}")
+            elif not d.flipped:
+                out.append(
+                    f"NOTE: decisions: {d.backend} makes {d.reference}'s {d.decisions} choice(s) at "
+                    f"{d.output} (the reference's smallest margin {d.smallest_margin:.3g})"
+                )
         modules = self.model.modules()
         below = self.oracle_below_float64
         if below:

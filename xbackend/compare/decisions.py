@@ -1,0 +1,123 @@
+"""`--decisions`: each backend's top-1 choices along an output's class axis (a classifier's
+logits, a detector's scores) against the reference's: agreement, the reference's smallest margin,
+and the decisions that flipped."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from xbackend.compare.builds import Builds
+from xbackend.errors import UsageError
+from xbackend.files.storage import ValueFile
+from xbackend.model.load import ModelSpec
+from xbackend.results import BackendResult
+from xbackend.results.decode import FLIPS_KEPT, Decisions, Flip
+
+__all__ = ["decision_outputs", "decisions_all"]
+
+
+def decision_outputs(spec: ModelSpec, asked: Sequence[str]) -> list[tuple[str, int]]:
+    """(output, class axis) for `--decisions`: `auto` takes every floating-point output whose last
+    axis has at least 2 entries; NAME or NAME:AXIS names one."""
+    outputs = {t.name: t for t in spec.outputs}
+    out: list[tuple[str, int]] = []
+    for item in asked:
+        if item == "auto":
+            for t in spec.outputs:
+                last = t.shape[-1] if t.shape else None
+                scores = t.kind == "tensor" and t.dtype.startswith(("float", "bfloat"))
+                if scores and t.shape and (not isinstance(last, int) or last >= 2):
+                    out.append((t.name, -1))
+            continue
+        name, _, axis = item.rpartition(":") if ":" in item else (item, "", "-1")
+        if name not in outputs:
+            raise UsageError(
+                f"--decisions {item}: the model has no output {name!r}; its outputs: {', '.join(outputs)} "
+                "(or --decisions auto)"
+            )
+        try:
+            out.append((name, int(axis)))
+        except ValueError:
+            raise UsageError(
+                f"--decisions {item}: the axis after ':' must be a number, e.g. {name}:1"
+            ) from None
+    return list(dict.fromkeys(out))
+
+
+def _values(b: Builds, name: str) -> np.ndarray | None:
+    phase = b.first.outputs
+    if name not in phase.capture_names:
+        return None
+    with ValueFile(phase.capture) as f:
+        v = f[name]
+    return v if isinstance(v, np.ndarray) else None
+
+
+def _top2(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """argmax along the last axis (the lowest index among ties), and top-1 minus top-2."""
+    x = a.astype(np.float64)
+    top = np.sort(x, axis=-1)
+    return np.argmax(a, axis=-1), top[..., -1] - top[..., -2]
+
+
+def _one(name: str, axis: int, b: Builds, ref: Builds, backend: str, reference: str) -> Decisions:
+    mine, theirs = _values(b, name), _values(ref, name)
+    why = ""
+    if mine is None or theirs is None:
+        why = "not captured"
+    elif mine.shape != theirs.shape or mine.ndim == 0:
+        why = f"shapes {list(mine.shape)} and {list(theirs.shape)}"
+    elif not -mine.ndim <= axis < mine.ndim or mine.shape[axis] < 2:
+        why = f"axis {axis} of shape {list(mine.shape)} holds no choice between classes"
+    if why or mine is None or theirs is None:
+        return Decisions(
+            backend=backend, reference=reference, output=name, axis=axis, decisions=0, agree=0,
+            smallest_margin=float("nan"), status="not-compared", reason=why,
+        )  # fmt: skip
+    a, r = np.moveaxis(mine, axis, -1), np.moveaxis(theirs, axis, -1)
+    mine_c, _ = _top2(a)
+    ref_c, margin = _top2(r)
+    diff = np.max(np.abs(a.astype(np.float64) - r.astype(np.float64)), axis=-1)
+    flipped = np.argwhere(mine_c != ref_c)
+    order = sorted((tuple(int(i) for i in idx) for idx in flipped), key=lambda i: (float(margin[i]), i))
+    flips = tuple(
+        Flip(
+            index=i,
+            reference_class=int(ref_c[i]),
+            backend_class=int(mine_c[i]),
+            reference_margin=float(margin[i]),
+            score_difference=float(diff[i]),
+        )
+        for i in order[:FLIPS_KEPT]
+    )
+    return Decisions(
+        backend=backend,
+        reference=reference,
+        output=name,
+        axis=axis,
+        decisions=int(ref_c.size),
+        agree=int(ref_c.size - len(flipped)),
+        smallest_margin=float(np.min(margin)) if margin.size else float("nan"),
+        flips=flips,
+    )
+
+
+def decisions_all(
+    spec: ModelSpec,
+    asked: Sequence[str],
+    builds: Mapping[str, Builds],
+    backends: Sequence[BackendResult],
+    ref: str,
+) -> tuple[Decisions, ...]:
+    """Every backend that ran against the reference, at each output `--decisions` names."""
+    if not asked or ref not in builds or not builds[ref].ok:
+        return ()
+    wanted = decision_outputs(spec, asked)
+    return tuple(
+        _one(name, axis, builds[b.name], builds[ref], b.name, ref)
+        for name, axis in wanted
+        for b in backends
+        if b.ok and b.name != ref and b.name in builds and builds[b.name].ok
+    )
