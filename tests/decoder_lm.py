@@ -165,3 +165,9 @@ def export(path: str, style: str = "llama", cache: bool = False, seed: int = 0, 
             dynamic_shapes=tuple(shapes),
         )
     return m
+
+
+def gpt2_module() -> TinyLM:
+    """The GPT-2-style model `export(path, "gpt2")` writes (seed 0), for the torch backends."""
+    torch.manual_seed(0)
+    return TinyLM("gpt2").eval()

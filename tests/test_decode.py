@@ -17,7 +17,7 @@ from xbackend.compare.decode import compositions, convention_of, step_feeds
 from xbackend.errors import UsageError
 from xbackend.model.load import load_model
 
-STEPS = 10
+STEPS = 24
 # Prompts of lengths 6, 5 and 4, left-padded in one array: what --inputs hands --decode.
 LENGTHS = (6, 5, 4)
 
@@ -248,3 +248,36 @@ def test_decisions_name_outputs_the_model_has(
     one_line_error(
         err, "--decisions scores: the model has no output 'scores'; its outputs: y (or --decisions auto)"
     )
+
+
+# Measured on this instruction set (AVX-512 with bf16, Zen 4): Inductor's CPU kernels for a batch
+# of 3 sum prompt 0's logits in another order than for the prompt alone; ONNX Runtime's do not.
+# Elsewhere the kernels chosen differ, and only the measurement's consistency is asserted.
+BATCH_ISA = "sse4_1 sse4_2 avx avx2 fma f16c avx512f avx512dq avx512bw avx512vl avx512_vnni avx512_bf16"
+
+
+@pytest.mark.slow
+def test_batch_composition_on_torch_compile(lms: dict[str, Path], tmp_path: Path) -> None:
+    """Equal-length prompts (no padding) decoded alone and in batches of 3: torch-compile's logits
+    move with the batch, onnxruntime's do not (here); every completion is counted."""
+    from xbackend.host.environment import collect_environment
+
+    rng = np.random.default_rng(3)
+    npz = tmp_path / "equal.npz"
+    np.savez(npz, input_ids=rng.integers(0, 512, (3, 8)).astype(np.int64))
+    module = f"{Path(__file__).resolve().parent / 'decoder_lm.py'}:gpt2_module"
+    r = xbackend.compare(
+        lms["gpt2"], backends="torch-compile,ort-cpu", reference="ort-cpu", decode=6, batch_invariance=3,
+        inputs=str(npz), torch_module=module, probes="none", noise_samples=0, outputs_only=True,
+    )  # fmt: skip
+    assert r.decode is not None
+    tc, oc = r.decode.backend("torch-compile"), r.decode.backend("ort-cpu")
+    assert tc.ok and oc.ok, (tc.reason, oc.reason)
+    for b in (tc, oc):
+        assert [p.compositions for p in b.prompts] == [4, 4, 4]  # alone, and at each of 3 positions
+        assert all(p.distinct_completions >= 1 for p in b.prompts)
+    moved = max(p.batch_logit_difference for p in tc.prompts)
+    if collect_environment()["cpu.isa"] == BATCH_ISA:
+        assert moved > 0.0 and max(p.batch_logit_difference for p in oc.prompts) == 0.0
+    else:
+        assert moved >= 0.0
