@@ -323,15 +323,16 @@ def _layers_feeds(
     ref = next((b for b in result.backends if b.backend == result.reference and b.ok), None)
     if diverged:
         step, prompt, who = min(diverged)
-        why = f"the first divergence: {who} at step {step} of prompt {prompt}"
+        why = f"where {who} first left the reference's tokens"
     elif ref is not None and ref.prompts:
         margins = {(s, p.prompt): m for p in ref.prompts for s, m in enumerate(p.margins)}
         step, prompt = min(margins, key=lambda sp: (margins[sp], sp))
         who = result.reference
-        why = f"no backend left the reference's tokens; its closest call: step {step} of prompt {prompt}"
+        why = "the reference's closest call (no backend left its tokens)"
     else:
         step, prompt, who = 0, 0, result.reference
-        why = f"the reference {result.reference} did not decode: prompt 0 as given"
+        why = f"the prompt as given ({result.reference} did not decode)"
     tokens = ref.prompts[prompt].tokens if ref is not None and ref.prompts else ()
     sequence = np.concatenate([prompts[prompt], np.asarray(tokens[:step], dtype=prompts[prompt].dtype)])
-    return (who, prompt, step), Feeds.from_arrays(step_feeds(conv, sequence), opts.seed, f"--decode: {why}")
+    source = f"--decode: step {step} of prompt {prompt}, {why}"
+    return (who, prompt, step), Feeds.from_arrays(step_feeds(conv, sequence), opts.seed, source)
