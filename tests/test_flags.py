@@ -129,3 +129,13 @@ def test_threads_sets_every_backend_that_has_the_option(capsys: pytest.CaptureFi
         CompareOptions.create(threads=0)
     with pytest.raises(UsageError, match="none of trt-pinned has one; add ort-cpu"):
         CompareOptions.create(backends="trt-pinned", threads=2)
+
+
+def test_the_python_api_page_names_every_option() -> None:
+    """docs/python-api.md lists the keywords xbackend.compare takes: every field, and the inputs
+    create() folds into fields."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "python-api.md").read_text("utf-8")
+    names = [f.name for f in dataclasses.fields(CompareOptions)] + list(INPUT_FLAGS)
+    assert [n for n in names if f"`{n}`" not in page and f"`{n}=" not in page] == []
