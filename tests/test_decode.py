@@ -134,6 +134,8 @@ def test_a_planted_change_flips_the_token_at_its_step(
     assert flipped["first_divergent_step"] == 8 - (LENGTHS[0] - 1)
     assert d["layers_step"] == {"backend": "test-logit-flip", "prompt": 0, "step": 8 - (LENGTHS[0] - 1)}
     assert "token-flip" in out and "test-logit-flip leaves ort-cpu's tokens at step 3 of prompt 0" in out
+    # that step, compared layer by layer: the planted change is an origin at the logits' MatMul
+    assert "at step 3 of prompt 0 test-logit-flip has 1 origin(s), first logits (MatMul)" in out
 
 
 @pytest.mark.slow

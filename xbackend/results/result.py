@@ -52,6 +52,28 @@ class Result:
     decode: DecodeResult | None = field(default=None, metadata={OMIT_DEFAULT: True})  # --decode N
     decisions: tuple[Decisions, ...] = field(default=(), metadata={OMIT_DEFAULT: True})  # --decisions
 
+    def _flip_cause(self) -> list[str]:
+        """At the step compared layer by layer, where a backend left the reference's tokens: was
+        the difference that flipped the token rounding (EXPLAINED) or an error (an origin)?"""
+        d = self.decode
+        if d is None or d.layers_step is None or d.layers_step[0] == d.reference:
+            return []
+        who, prompt, step = d.layers_step
+        c = next((x for x in self.cross_backend if x.backend == who and x.status == "ok"), None)
+        where = f"step {step} of prompt {prompt}"
+        if c is None or c.explained is None:
+            return [f"NOTE: decode: whether {who}'s flip at {where} is rounding was not judged"]
+        if c.explained:
+            return [
+                f"NOTE: decode: at {where} every node of {who} is within rounding of its float64 value "
+                "(EXPLAINED): rounding-sized differences flipped a near tie"
+            ]
+        o = c.origins[0]
+        return [
+            f"WARN: decode: at {where} {who} has {len(c.origins)} origin(s), first {o.tensor} ({o.op_type}): "
+            "an error beyond rounding flipped the token"
+        ]
+
     def decision_flips(self) -> list[str]:
         """Each backend and output where a top-1 choice differs from the reference's, in words
         (what --fail-on decision-flip reports)."""
@@ -318,6 +340,7 @@ class Result:
                 )
         if self.decode is not None:
             out += self.decode.verdict_lines()
+            out += self._flip_cause()
         out += [f"WARN: decisions: {line}" for line in self.decision_flips()]
         for d in self.decisions:
             if d.status != "ok":
