@@ -283,3 +283,29 @@ def test_batch_composition_on_torch_compile(lms: dict[str, Path], tmp_path: Path
         assert moved > 0.0 and max(p.batch_logit_difference for p in oc.prompts) == 0.0
     else:
         assert moved >= 0.0
+
+
+def test_a_batch_that_fails_keeps_the_prompts_alone() -> None:
+    """The worker's loop on a stand-in engine that refuses batches of 2: every prompt alone is
+    decoded, and the failed composition is named with its reason."""
+    from xbackend.execution.decoding import Convention, DecodeTask, decode
+
+    conv = Convention(attention_mask="attention_mask", position_ids="position_ids")
+
+    def engine(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids = feeds["input_ids"]
+        if ids.shape[0] > 1:
+            raise ValueError("Got invalid dimensions for input: input_ids")
+        logits = np.zeros((1, ids.shape[1], 8), np.float32)
+        logits[0, -1, (int(ids[0, -1]) + 1) % 8] = 1.0  # next token: the last one plus 1
+        return {"logits": logits}
+
+    task = DecodeTask(conv, 3, "", compositions(2, 2))
+    rows, logits, seconds, failed = decode(engine, task, [np.array([1, 2]), np.array([5])])
+    assert [(r.prompt, r.tokens) for r in rows] == [(0, (3, 4, 5)), (1, (6, 7, 0))]
+    assert [m for r in rows for m in r.margins] == [1.0] * 6
+    assert sorted(logits) == ["logits.0", "logits.1"] and len(seconds) == 6
+    assert failed == [
+        ("batch [0, 1]", "ValueError: Got invalid dimensions for input: input_ids"),
+        ("batch [1, 0]", "ValueError: Got invalid dimensions for input: input_ids"),
+    ]

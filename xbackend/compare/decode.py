@@ -197,7 +197,16 @@ def decode_backends(
     the per-layer comparison is of."""
     conv = convention_of(spec)
     prompts = make_prompts(spec, opts, conv)
-    comps = compositions(len(prompts), opts.batch_invariance)
+    warnings: list[str] = []
+    batch = opts.batch_invariance
+    fixed = next(t.shape for t in spec.inputs if t.name == conv.input_ids)
+    if batch >= 2 and fixed and isinstance(fixed[0], int) and fixed[0] < batch:
+        warnings.append(
+            f"no batch compositions: the model's {conv.input_ids} takes batches of {fixed[0]} only "
+            "(export it with a dynamic batch axis); each prompt was decoded alone"
+        )
+        batch = 0
+    comps = compositions(len(prompts), batch)
     path = work / "prompts.xbv"
     save_values(path, {prompt_key(k): p for k, p in enumerate(prompts)})
     task = DecodeTask(conv, opts.decode, str(path), comps)
@@ -214,7 +223,15 @@ def decode_backends(
         bar.stop()
     result = _analyze(opts, planned, done, work, prompts)
     layers_step, feeds = _layers_feeds(result, prompts, conv, opts)
-    return replace(result, cached=conv.cached, layers_step=layers_step), feeds
+    warnings += [
+        f"{name}: {what} failed: {why}"
+        for name, o in done.items()
+        if o.ok
+        for what, why in o.result.phase_errors
+    ]
+    return replace(
+        result, cached=conv.cached, batch=batch, layers_step=layers_step, warnings=tuple(warnings)
+    ), feeds
 
 
 def _logits(work: Path, o: JobOutcome) -> dict[str, np.ndarray]:

@@ -212,44 +212,62 @@ def decode(
     task: DecodeTask,
     prompts: Sequence[np.ndarray],
     tick: Callable[[str], None] = lambda _text: None,
-) -> tuple[list[RowTrace], dict[str, np.ndarray], list[float]]:
+) -> tuple[list[RowTrace], dict[str, np.ndarray], list[float], list[tuple[str, str]]]:
     """Decode every composition; returns each row's trace, each prompt's chosen-position logits
-    per step ([steps, V], from its composition alone), and the seconds of each alone step."""
-    conv = task.convention
+    per step ([steps, V], from its composition alone), the seconds of each alone step, and the
+    batch compositions that failed (the prompts alone still count), with the reason."""
     rows: list[RowTrace] = []
     logits: dict[str, np.ndarray] = {}
     seconds: list[float] = []
+    failed: list[tuple[str, str]] = []
     alone_tokens: dict[int, list[int]] = {}
     for ci, comp in enumerate(task.compositions):
-        batch = _Batch(conv, [prompts[p] for p in comp])
-        tokens: list[list[int]] = [[] for _ in comp]
-        margins: list[list[float]] = [[] for _ in comp]
-        moved = [0.0] * len(comp)
-        kept: list[np.ndarray] = []
-        for step in range(task.steps):
-            tick(f"composition {ci + 1}/{len(task.compositions)}: step {step + 1}/{task.steps}")
-            t0 = time.perf_counter()
-            out = run(batch.feeds())
-            last = np.asarray(out[conv.logits])[:, -1, :]
-            chosen, margin = _margins(last)
-            batch.advance(chosen, out)
+        try:
+            rows += _composition(run, task, prompts, ci, comp, logits, seconds, alone_tokens, tick)
+        except Exception as e:
             if len(comp) == 1:
-                seconds.append(time.perf_counter() - t0)
-                kept.append(np.array(last[0], dtype=np.float32))
-            for r, p in enumerate(comp):
-                alone = logits.get(f"logits.{p}")
-                agree = (
-                    alone is not None and step < len(alone) and tokens[r] == alone_tokens.get(p, [])[:step]
-                )
-                if len(comp) > 1 and agree and alone is not None:
-                    diff = np.abs(last[r].astype(np.float64) - alone[step].astype(np.float64))
-                    moved[r] = max(moved[r], float(np.max(diff)))
-                tokens[r].append(int(chosen[r]))
-                margins[r].append(float(margin[r]))
-        for r, p in enumerate(comp):
-            rows.append(RowTrace(ci, p, r, tuple(tokens[r]), tuple(margins[r]), moved[r]))
-            if len(comp) == 1:
-                alone_tokens[p] = tokens[r]
+                raise  # a prompt alone is what every comparison needs
+            failed.append((f"batch {list(comp)}", f"{type(e).__name__}: {e}".splitlines()[0][:300]))
+    return rows, logits, seconds, failed
+
+
+def _composition(
+    run: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+    task: DecodeTask,
+    prompts: Sequence[np.ndarray],
+    ci: int,
+    comp: tuple[int, ...],
+    logits: dict[str, np.ndarray],
+    seconds: list[float],
+    alone_tokens: dict[int, list[int]],
+    tick: Callable[[str], None],
+) -> list[RowTrace]:
+    """One composition decoded; a prompt alone keeps its logits and step times."""
+    conv = task.convention
+    batch = _Batch(conv, [prompts[p] for p in comp])
+    tokens: list[list[int]] = [[] for _ in comp]
+    margins: list[list[float]] = [[] for _ in comp]
+    moved = [0.0] * len(comp)
+    kept: list[np.ndarray] = []
+    for step in range(task.steps):
+        tick(f"composition {ci + 1}/{len(task.compositions)}: step {step + 1}/{task.steps}")
+        t0 = time.perf_counter()
+        out = run(batch.feeds())
+        last = np.asarray(out[conv.logits])[:, -1, :]
+        chosen, margin = _margins(last)
+        batch.advance(chosen, out)
         if len(comp) == 1:
-            logits[f"logits.{comp[0]}"] = np.stack(kept) if kept else np.zeros((0, 0), np.float32)
-    return rows, logits, seconds
+            seconds.append(time.perf_counter() - t0)
+            kept.append(np.array(last[0], dtype=np.float32))
+        for r, p in enumerate(comp):
+            alone = logits.get(f"logits.{p}")
+            agree = alone is not None and step < len(alone) and tokens[r] == alone_tokens.get(p, [])[:step]
+            if len(comp) > 1 and agree and alone is not None:
+                diff = np.abs(last[r].astype(np.float64) - alone[step].astype(np.float64))
+                moved[r] = max(moved[r], float(np.max(diff)))
+            tokens[r].append(int(chosen[r]))
+            margins[r].append(float(margin[r]))
+    if len(comp) == 1:
+        logits[f"logits.{comp[0]}"] = np.stack(kept) if kept else np.zeros((0, 0), np.float32)
+        alone_tokens[comp[0]] = tokens[0]
+    return [RowTrace(ci, p, r, tuple(tokens[r]), tuple(margins[r]), moved[r]) for r, p in enumerate(comp)]

@@ -361,7 +361,7 @@ def _decode(runner: Runner, job: WorkerJob, task: DecodeTask, start: int) -> Wor
             _stage(f"decode: {text}")
 
     # run_impl: the engine's own call; decoding reads tensors by name and needs no normalized copy
-    rows, logits, seconds = decode(runner.run_impl, task, ordered, stage)
+    rows, logits, seconds, failed = decode(runner.run_impl, task, ordered, stage)
     if task.logits:
         save_values(task.logits, logits)
     _tick()
@@ -372,6 +372,7 @@ def _decode(runner: Runner, job: WorkerJob, task: DecodeTask, start: int) -> Wor
         start_rss_bytes=start,
         decode_rows=tuple(rows),
         decode_seconds=tuple(seconds),
+        phase_errors=tuple(failed),
         fingerprint=runner.fingerprint(),
     )
 

@@ -78,6 +78,7 @@ def decode_section(r: Result) -> list[str]:
         "tables and origins below say whether that difference is rounding.",
         "",
     ]
+    out += [f"- WARN: {w}" for w in d.warnings] + ([""] if d.warnings else [])
     if d.layers_step is not None:
         who, prompt, step = d.layers_step
         what = (
@@ -122,6 +123,7 @@ def decode_json(d: DecodeResult) -> dict[str, object]:
         "reference": d.reference,
         "batch": d.batch,
         "prompt_lengths": list(d.prompt_lengths),
+        "warnings": list(d.warnings),
         "layers_step": (
             None
             if d.layers_step is None

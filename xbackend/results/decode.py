@@ -88,6 +88,7 @@ class DecodeResult:
     backends: tuple[BackendDecode, ...]
     # the step the per-layer comparison below is of: (backend, prompt, step), None: the prompts
     layers_step: tuple[str, int, int] | None = None
+    warnings: tuple[str, ...] = ()  # what could not be decoded as asked, and why
 
     def backend(self, name: str) -> BackendDecode:
         return next(b for b in self.backends if b.backend == name)
@@ -122,6 +123,7 @@ class DecodeResult:
                     f"NOTE: decode: {b.backend} chose {self.reference}'s token at every step of "
                     f"{len(b.prompts)} prompt(s) x {self.steps} steps"
                 )
+        out += [f"WARN: decode: {w}" for w in self.warnings]
         return out + [f"WARN: decode: {line}" for line in self.flips()]
 
     def flips(self) -> list[str]:
