@@ -51,6 +51,7 @@ class Flag:
     always: bool = False  # in command() even at its default
     name: str = ""  # for an option that is not a CompareOptions field
     hidden_default: bool = False  # the help shows no default (it depends on other options)
+    sweep_file: bool = False  # a sweep file may set it, for the whole sweep or one model
 
     def default_for(self, command: str, field_default: Any) -> Any:
         own = dict(self.defaults)

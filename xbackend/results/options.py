@@ -176,6 +176,7 @@ class CompareOptions:
         defaults=(("certify", 5),),
         check=count(1),
         always=True,
+        sweep_file=True,
     )
     builds: int = flag(
         1,
@@ -185,6 +186,7 @@ class CompareOptions:
         defaults=(("certify", 3),),
         check=count(1),
         always=True,
+        sweep_file=True,
     )
     max_ulp: float | None = flag(  # None: auto, each node judged against its float64 value
         None,
@@ -205,6 +207,7 @@ class CompareOptions:
         commands=COMMANDS,
         check=at_least(0, True, " seconds"),
         always=True,
+        sweep_file=True,
     )
     inputs: str | None = flag(
         None, "--inputs", _INPUTS_HELP, metavar="FILE.npz|DIR", commands=COMMANDS, parse=str
@@ -241,7 +244,11 @@ class CompareOptions:
     )
     # the same choice as tensors="outputs" (create() sets both); kept as the JSON twin's record
     outputs_only: bool = flag(
-        False, "--outputs-only", "compare graph outputs only", commands=("compare", "capture")
+        False,
+        "--outputs-only",
+        "compare graph outputs only",
+        commands=("compare", "capture"),
+        sweep_file=True,
     )
     tensors: str = flag(  # all | modules | outputs | GLOB[,GLOB] over module paths or names
         "all",
@@ -261,6 +268,7 @@ class CompareOptions:
         typer_type=str | None,
         parse=comma_list,
         show=lambda _o, v: [] if v is None else ["--probes", ",".join(v) or "none"],
+        sweep_file=True,
     )
     batch_invariance: int = flag(
         0,
@@ -268,6 +276,7 @@ class CompareOptions:
         "probe batch invariance with batches of B (needs a dynamic batch dimension)",
         metavar="B",
         check=lambda cli, b: _batch(cli, b) if b else None,
+        sweep_file=True,
     )
     probe_threads: int = flag(  # 0: twice the logical cores
         0,
@@ -275,6 +284,7 @@ class CompareOptions:
         "thread count the thread probe compares with 1 (default: twice the logical cores)",
         metavar="N",
         check=count(0, 4096),
+        sweep_file=True,
     )
     ranges: tuple[tuple[str, float, float], ...] = flag(  # generated values of NAME drawn from [LO, HI)
         (),

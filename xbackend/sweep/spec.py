@@ -38,12 +38,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from xbackend.errors import BackendUnavailableError, UsageError
 from xbackend.files.untrusted import contained
 from xbackend.probes.registry import select_probes
 from xbackend.results import DEFAULT_MAX_ULP, CompareOptions
+from xbackend.results.flags import declared
 from xbackend.runners.base import CODE_OPTIONS
 from xbackend.runners.registry import get_runner
 from xbackend.version import VERSION
@@ -55,23 +56,13 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = ["BackendEntry", "JobSpec", "ModelEntry", "Requirements", "SweepSpec", "load_sweep"]
 
-_SWEEP_KEYS = {
-    "name",
-    "output",
-    "runs",
-    "builds",
-    "probes",
-    "timeout",
-    "job_timeout",
-    "retries",
-    "reference",
-    "max_ulp",
-    "batch_invariance",
-    "probe_threads",
-    "outputs_only",
+# What a model may override, and how it maps onto CompareOptions: the fields that declare
+# sweep_file (xbackend.results.options), each checked against its type.
+_RUN_TYPES = {
+    f.name: get_type_hints(CompareOptions)[f.name] for f, fl in declared(CompareOptions) if fl.sweep_file
 }
-# What a model may override, and how it maps onto CompareOptions.
-_RUN_KEYS = {"runs", "builds", "probes", "timeout", "batch_invariance", "probe_threads", "outputs_only"}
+_RUN_KEYS = set(_RUN_TYPES)
+_SWEEP_KEYS = {"name", "output", "job_timeout", "retries", "reference", "max_ulp", *_RUN_KEYS}
 _MODEL_KEYS = {
     "path",
     "name",
@@ -233,26 +224,26 @@ def _typed(path: Path, where: str, key: str, value: Any, kind: type | tuple[type
     return value
 
 
-def _probes(path: Path, where: str, value: Any) -> str:
+def _probes(path: Path, where: str, key: str, value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, list) and all(isinstance(x, str) for x in value):
         return ",".join(value) or "none"
-    raise _bad(path, where, f"probes must be a list of names or a string, got {value!r}")
+    raise _bad(path, where, f"{key} must be a list of names or a string, got {value!r}")
 
 
 def _run_options(path: Path, where: str, table: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k in sorted(_RUN_KEYS & set(table)):
-        v = table[k]
-        if k == "probes":
-            out[k] = _probes(path, where, v)
-        elif k == "outputs_only":
+        v, kind = table[k], _RUN_TYPES[k]
+        if kind is bool:
             out[k] = _typed(path, where, k, v, bool)
-        elif k == "timeout":
+        elif kind is float:
             out[k] = float(_typed(path, where, k, v, (int, float)))
-        else:
+        elif kind is int:
             out[k] = _typed(path, where, k, v, int)
+        else:  # a list of names, or one comma-separated string (probes)
+            out[k] = _probes(path, where, k, v)
     return out
 
 
