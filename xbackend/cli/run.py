@@ -48,8 +48,9 @@ def _write_reports(result: Result, md: str | None, js: str | None) -> None:
 
 
 @app.command(
-    epilog="Exit codes: 0 captured; 1 captured, but the backend was nondeterministic; 2 usage or "
-    "input error; 3 the backend failed (nothing written); 4 internal error."
+    epilog="Its values as one .npz: `xbackend capture export DIR --npz OUT`. Exit codes: 0 captured; 1 "
+    "captured, but the backend was nondeterministic; 2 usage or input error; 3 the backend failed "
+    "(nothing written); 4 internal error."
 )
 @with_flags("capture")
 def capture(
