@@ -10,6 +10,7 @@ import numpy as np
 
 from xbackend.compare.builds import Builds
 from xbackend.errors import UsageError
+from xbackend.execution.decoding import top_two
 from xbackend.files.storage import ValueFile
 from xbackend.model.load import ModelSpec
 from xbackend.results import BackendResult
@@ -55,13 +56,6 @@ def _values(b: Builds, name: str) -> np.ndarray | None:
     return v if isinstance(v, np.ndarray) else None
 
 
-def _top2(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """argmax along the last axis (the lowest index among ties), and top-1 minus top-2."""
-    x = a.astype(np.float64)
-    top = np.sort(x, axis=-1)
-    return np.argmax(a, axis=-1), top[..., -1] - top[..., -2]
-
-
 def _one(name: str, axis: int, b: Builds, ref: Builds, backend: str, reference: str) -> Decisions:
     mine, theirs = _values(b, name), _values(ref, name)
     why = ""
@@ -77,8 +71,8 @@ def _one(name: str, axis: int, b: Builds, ref: Builds, backend: str, reference: 
             smallest_margin=float("nan"), status="not-compared", reason=why,
         )  # fmt: skip
     a, r = np.moveaxis(mine, axis, -1), np.moveaxis(theirs, axis, -1)
-    mine_c, _ = _top2(a)
-    ref_c, margin = _top2(r)
+    mine_c, _ = top_two(a)
+    ref_c, margin = top_two(r)
     diff = np.max(np.abs(a.astype(np.float64) - r.astype(np.float64)), axis=-1)
     flipped = np.argwhere(mine_c != ref_c)
     order = sorted((tuple(int(i) for i in idx) for idx in flipped), key=lambda i: (float(margin[i]), i))

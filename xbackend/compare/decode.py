@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from xbackend.compare.plan import executor_for
 from xbackend.errors import InputError, UsageError
 from xbackend.execution.decoding import Convention, DecodeTask, prompt_key
-from xbackend.execution.executor import Executor, Job, JobOutcome
+from xbackend.execution.executor import Job, JobOutcome
 from xbackend.execution.progress import ProgressSink
 from xbackend.files.storage import ValueFile, save_values
 from xbackend.model.inputs import Feeds
@@ -210,7 +211,7 @@ def decode_backends(
     path = work / "prompts.xbv"
     save_values(path, {prompt_key(k): p for k, p in enumerate(prompts)})
     task = DecodeTask(conv, opts.decode, str(path), comps)
-    ex = Executor(spec, work, opts.timeout, bar)
+    ex = executor_for(spec, work, opts.timeout, bar, planned)  # python=: the IR that engine reads
     jobs = {
         p.name: Job(f"{p.name}-decode", p.name, p.cls, p.variant(), path, (), "decode", decode=task)
         for p in planned

@@ -9,8 +9,9 @@ from pathlib import Path
 import onnx
 
 from xbackend.errors import InputError, ModelLoadError, UsageError
-from xbackend.execution.executor import Job, standard_phases
+from xbackend.execution.executor import Executor, Job, standard_phases
 from xbackend.execution.foreign import probe_interpreter
+from xbackend.execution.progress import ProgressSink
 from xbackend.files.storage import save_values
 from xbackend.model.inputs import Feeds, capture_feeds, generate_feeds, load_expected, load_feeds
 from xbackend.model.load import ModelSpec, downgrade_blockers
@@ -22,6 +23,7 @@ from xbackend.runners.base import INTERNAL_OPTIONS, PYTHON_OPTION
 from xbackend.runners.registry import get_runner, runner_target
 
 __all__ = [
+    "executor_for",
     "feeds_for",
     "feeds_info",
     "load_captures",
@@ -31,6 +33,15 @@ __all__ = [
     "preflight",
     "with_expected",
 ]
+
+
+def executor_for(
+    spec: ModelSpec, work: Path, timeout: float, bar: ProgressSink, planned: Sequence[PlannedBackend]
+) -> Executor:
+    """The executor of `planned`'s workers: a model staged for another interpreter is lowered to
+    the IR that interpreter's engine reads."""
+    max_ir = {p.interpreter.path: p.interpreter.max_ir for p in planned if p.interpreter}
+    return Executor(spec, work, timeout, bar, max_ir)
 
 
 def make_feeds(spec: ModelSpec, opts: CompareOptions) -> tuple[Feeds, dict[str, Value] | None]:

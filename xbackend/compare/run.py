@@ -24,6 +24,7 @@ from xbackend.compare.drift import baseline_drifts
 from xbackend.compare.explain_jobs import attach, explain
 from xbackend.compare.memory import measure_unsized, memory_plan, side_by_side, sizing_note, window_note
 from xbackend.compare.plan import (
+    executor_for,
     feeds_for,
     feeds_info,
     load_captures,
@@ -36,7 +37,7 @@ from xbackend.compare.probing import analyze_probe, run_followups, run_probe_job
 from xbackend.compare.save_captures import save_captures
 from xbackend.compare.summary import summarize_backend
 from xbackend.errors import UsageError
-from xbackend.execution.executor import Executor, Job, JobOutcome
+from xbackend.execution.executor import Job, JobOutcome
 from xbackend.execution.isolation import NEARLY_FULL
 from xbackend.execution.progress import NullProgress, ProgressSink
 from xbackend.host.environment import collect_environment
@@ -173,8 +174,7 @@ def _execute(
     explanation (floor and local errors), under one bar. The model and options are the
     context's."""
     spec, opts = ctx.spec, ctx.opts
-    max_ir = {p.interpreter.path: p.interpreter.max_ir for p in planned if p.interpreter}
-    ex = Executor(spec, ctx.work, opts.timeout, bar, max_ir)
+    ex = executor_for(spec, ctx.work, opts.timeout, bar, planned)
     mains = {
         p.name: main_jobs(p, spec, opts, ctx.feeds_path, windows.get(p.name, ()), spill) for p in planned
     }

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Convention", "DecodeTask", "RowTrace", "decode", "prompt_key"]
+__all__ = ["Convention", "DecodeTask", "RowTrace", "decode", "prompt_key", "top_two"]
 
 
 def prompt_key(k: int) -> str:
@@ -149,19 +149,19 @@ class RowTrace:
         )
 
 
-def _margins(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's argmax (the lowest index among ties) and top-1 minus top-2, in float64 (exact
-    for float32 scores). Two passes of max: a partition of the vocabulary cost more than a
-    small model's step."""
-    if rows.dtype not in (np.float16, np.float32, np.float64):  # bfloat16, float8, integers: widened
-        rows = rows.astype(np.float64)
-    chosen = np.argmax(rows, axis=-1)
-    picked = np.arange(rows.shape[0])
-    top = rows[picked, chosen].astype(np.float64)
-    if rows.shape[-1] < 2:
-        return chosen, np.zeros(rows.shape[0])
-    rest = np.array(rows, copy=True)
-    rest[picked, chosen] = -np.inf
+def top_two(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Along the last axis: the argmax (the lowest index among ties) and top-1 minus top-2, in
+    float64 (exact for float32 scores). Two passes of max: a partition or a sort of the
+    vocabulary cost more than a small model's step."""
+    if scores.dtype not in (np.float16, np.float32, np.float64):  # bfloat16, float8, integers: widened
+        scores = scores.astype(np.float64)
+    chosen = np.argmax(scores, axis=-1)
+    if scores.shape[-1] < 2:
+        return chosen, np.zeros(scores.shape[:-1])
+    at = chosen[..., None]
+    top = np.take_along_axis(scores, at, axis=-1)[..., 0].astype(np.float64)
+    rest = np.array(scores, copy=True)
+    np.put_along_axis(rest, at, -np.inf, axis=-1)
     return chosen, top - rest.max(axis=-1).astype(np.float64)
 
 
@@ -258,7 +258,7 @@ def _composition(
         t0 = time.perf_counter()
         out = run(batch.feeds())
         last = np.asarray(out[conv.logits])[:, -1, :]
-        chosen, margin = _margins(last)
+        chosen, margin = top_two(last)
         batch.advance(chosen, out)
         if len(comp) == 1:
             seconds.append(time.perf_counter() - t0)

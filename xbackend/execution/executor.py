@@ -92,9 +92,7 @@ class Job:
 
     @property
     def steps(self) -> int:
-        if self.kind == "decode" and self.decode is not None:
-            return 2  # the build, then the decoding (its steps show as the bar's detail)
-        if self.kind != "main":
+        if self.kind != "main":  # opt-levels, decode: the build, then the work (its steps as the detail)
             return 2
         return 1 + sum(p.runs * max(1, len(p.windows)) + len(p.extra_feeds) for p in self.phases)
 

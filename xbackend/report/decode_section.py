@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from xbackend.files.codec import encode
 from xbackend.files.textfmt import table
 from xbackend.results import Result
 from xbackend.results.decode import BackendDecode, DecodeResult
@@ -137,21 +138,8 @@ def decode_json(d: DecodeResult) -> dict[str, object]:
                 "first_divergent_step": b.first_divergent_step,
                 "margin_at_divergence": b.margin_at_divergence,
                 "distinct_completions": b.distinct_completions,
-                "prompts": [
-                    {
-                        "prompt": p.prompt,
-                        "first_divergent_step": p.first_divergent_step,
-                        "margin_at_divergence": p.margin_at_divergence,
-                        "logit_difference": p.logit_difference,
-                        "margins": list(p.margins),
-                        "logit_differences": list(p.logit_differences),
-                        "compositions": p.compositions,
-                        "distinct_completions": p.distinct_completions,
-                        "first_batch_divergence": p.first_batch_divergence,
-                        "batch_logit_difference": p.batch_logit_difference,
-                    }
-                    for p in b.prompts
-                ],
+                # each prompt's figures as the codec writes them; its tokens are listed above
+                "prompts": [{k: v for k, v in encode(p).items() if k != "tokens"} for p in b.prompts],
             }
             for b in d.backends
         },
@@ -228,28 +216,6 @@ def decisions_section(r: Result) -> list[str]:
 
 
 def decisions_json(r: Result) -> list[dict[str, object]]:
-    return [
-        {
-            "output": d.output,
-            "axis": d.axis,
-            "backend": d.backend,
-            "reference": d.reference,
-            "status": d.status,
-            "reason": d.reason,
-            "decisions": d.decisions,
-            "agree": d.agree,
-            "flipped": d.flipped,
-            "smallest_margin": d.smallest_margin,
-            "flips": [
-                {
-                    "index": list(f.index),
-                    "reference_class": f.reference_class,
-                    "backend_class": f.backend_class,
-                    "reference_margin": f.reference_margin,
-                    "score_difference": f.score_difference,
-                }
-                for f in d.flips
-            ],
-        }
-        for d in r.decisions
-    ]
+    """The JSON twin's `decisions` section: each backend and output as the codec writes it, with
+    the number of choices that flipped."""
+    return [{**encode(d), "flipped": d.flipped} for d in r.decisions]
