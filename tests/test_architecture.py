@@ -137,41 +137,29 @@ ROOT_MODULES = {"__init__", "__main__", "version", "errors", "facade"}
 MAX_ROOT_MODULES = 8
 
 
-def _folders() -> dict[str, int]:
-    """Folder -> layer number, from each layer's 'Folders:' line."""
+def _read_map() -> tuple[dict[str, int], dict[str, int]]:
+    """Module -> layer number and folder -> layer number, from the map's '## N. Title' headings,
+    '- `path`:' bullets and each layer's 'Folders:' line."""
     layer = 0
-    out: dict[str, int] = {}
+    layers: dict[str, int] = {}
+    folders: dict[str, int] = {}
     for line in MAP.read_text("utf-8").splitlines():
         head = re.match(r"## (\d+)\. ", line)
         if head:
             layer = int(head.group(1))
         if line.startswith("Folders: "):
             for folder in re.findall(r"`(xbackend/\w+)/`", line):
-                assert folder not in out, f"{folder}/ is named by two layers in {MAP.name}"
-                out[folder] = layer
-    return out
-
-
-FOLDERS = _folders()
-
-
-def _layers() -> dict[str, int]:
-    """Module -> layer number, from the map's '## N. Title' headings and '- `path`:' bullets."""
-    layer = 0
-    out: dict[str, int] = {}
-    for line in MAP.read_text("utf-8").splitlines():
-        head = re.match(r"## (\d+)\. ", line)
-        if head:
-            layer = int(head.group(1))
+                assert folder not in folders, f"{folder}/ is named by two layers in {MAP.name}"
+                folders[folder] = layer
         item = re.match(r"- `(xbackend/[\w/]+\.py)`: \S", line)
         if item:
             path = item.group(1)
-            assert path not in {p for p, _ in out.items()}, f"{path} is listed twice in {MAP.name}"
-            out[path] = layer
-    return out
+            assert path not in layers, f"{path} is listed twice in {MAP.name}"
+            layers[path] = layer
+    return layers, folders
 
 
-LAYERS = _layers()
+LAYERS, FOLDERS = _read_map()
 
 
 def _path(mod: str) -> str:
