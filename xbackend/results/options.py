@@ -407,7 +407,7 @@ class CompareOptions:
     def create(cls, **kwargs: Any) -> CompareOptions:
         """Build from friendly Python or command-line values (lists, dicts, comma strings; None
         for a default) and validate. Besides the fields: modes, torch_module, trust_model_code."""
-        by_name = {f.name: (f, fl) for f, fl in declared(cls)}
+        by_name = {f.name: fl for f, fl in declared(cls)}
         unknown = sorted(set(kwargs) - set(by_name) - set(INPUT_FLAGS))
         if unknown:
             valid = sorted({*by_name, *INPUT_FLAGS})
@@ -416,7 +416,7 @@ class CompareOptions:
         kw: dict[str, Any] = {}
         for name, value in kwargs.items():
             if name in by_name and value is not None:  # None: the field's default
-                fl = by_name[name][1]
+                fl = by_name[name]
                 kw[name] = fl.parse(value) if fl.parse is not None else value
         mode_sets: tuple[tuple[str, str, str], ...] = ()
         if modes:  # each family under its default and its modes
