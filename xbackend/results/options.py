@@ -406,7 +406,8 @@ class CompareOptions:
     @classmethod
     def create(cls, **kwargs: Any) -> CompareOptions:
         """Build from friendly Python or command-line values (lists, dicts, comma strings; None
-        for a default) and validate. Besides the fields: modes, torch_module, trust_model_code."""
+        for a default) and validate. Besides the fields, the INPUT_FLAGS: modes, threads,
+        torch_module, trust_model_code."""
         by_name = {f.name: fl for f, fl in declared(cls)}
         unknown = sorted(set(kwargs) - set(by_name) - set(INPUT_FLAGS))
         if unknown:
