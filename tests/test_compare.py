@@ -199,6 +199,42 @@ def test_ir14_model_with_new_opset_is_refused(tmp_path: Path) -> None:
     assert r.backend("reference").ok and r.exit_code == 1
 
 
+def _flex_attention(path: Path) -> Path:
+    """onnx 1.23's preview-domain FlexAttention between two standard ops: onnx's reference
+    evaluator runs it, ONNX Runtime 1.31 and OpenVINO do not."""
+    shape = [1, 2, 8, 16]
+    g = helper.make_graph(
+        [
+            helper.make_node("Mul", ["q", "two"], ["q2"]),
+            helper.make_node("FlexAttention", ["q2", "k", "v"], ["a"], domain="ai.onnx.preview"),
+            helper.make_node("Add", ["a", "q"], ["y"]),
+        ],
+        "flex",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "qkv"],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])],
+    )
+    opsets = [helper.make_opsetid("", 23), helper.make_opsetid("ai.onnx.preview", 1)]
+    m = helper.make_model(g, opset_imports=opsets)
+    m.ir_version = 11
+    onnx.save(m, str(path))
+    return path
+
+
+def test_a_preview_domain_op_runs_where_a_listed_backend_implements_it(tmp_path: Path) -> None:
+    p = _flex_attention(tmp_path / "flex.onnx")
+    r = xbackend.compare(p, backends=["ort-cpu", "openvino-cpu", "reference", "oracle"], runs=2, probes="none")
+    for engine in ("ort-cpu", "openvino-cpu"):
+        assert r.backend(engine).status == "unavailable"
+        assert r.backend(engine).reason == "it does not implement op(s) ai.onnx.preview:FlexAttention"
+    assert r.backend("reference").ok and r.backend("oracle").ok
+    oracle = r.cross("oracle")  # FlexAttention in float64 beside the reference
+    assert oracle.status == "ok" and oracle.scaled_ulp is not None and oracle.scaled_ulp <= 2
+    # Only engines without the domain listed: refused, saying what works.
+    with pytest.raises(ModelLoadError, match=r"no backend can load .*FlexAttention; add reference to --backends"):
+        xbackend.compare(p, backends=["ort-cpu"])
+
+
 def test_opset_newer_than_the_engine_makes_it_unavailable_for_the_model(tmp_path: Path) -> None:
     # Opset 27 is valid for IR 13 but newer than onnxruntime 1.31 supports.
     g = helper.make_graph(

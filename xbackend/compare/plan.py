@@ -14,7 +14,7 @@ from xbackend.execution.foreign import probe_interpreter
 from xbackend.execution.progress import ProgressSink
 from xbackend.files.storage import save_values
 from xbackend.model.inputs import Feeds, capture_feeds, generate_feeds, load_expected, load_feeds
-from xbackend.model.load import ModelSpec, downgrade_blockers
+from xbackend.model.load import ModelSpec, downgrade_blockers, used_domains
 from xbackend.numerics.values import Value
 from xbackend.probes.base import PlannedBackend
 from xbackend.results import EXPECTED, CompareOptions, FeedsInfo
@@ -137,17 +137,29 @@ def preflight(
     out: list[PlannedBackend] = []
     notes: list[str] = []
     blocked: list[str] = []
+    used = used_domains(proto)
     for p in planned:
-        why = _ir_blocker(spec, proto, p, notes)
+        why = _domain_blocker(used, p) or _ir_blocker(spec, proto, p, notes)
         if why:
             blocked.append(f"{p.name}: {why}")
             p = replace(p, cls=None, unavailable=why)
         out.append(p)
     if blocked and all(p.cls is None for p in out) and len(blocked) == len(out):
-        raise ModelLoadError(
-            f"no backend can load {spec.path}: {'; '.join(blocked)}; re-export it with an older opset/IR"
-        )
+        domains = any(_domain_blocker(used, p) for p in planned)
+        fix = "add reference to --backends" if domains else "re-export it with an older opset/IR"
+        raise ModelLoadError(f"no backend can load {spec.path}: {'; '.join(blocked)}; {fix}")
     return out, notes
+
+
+def _domain_blocker(used: Mapping[str, Sequence[str]], p: PlannedBackend) -> str:
+    """Why `p`'s engine cannot run the model's ops ('' when it can, or does not say)."""
+    domains = p.cls.domains if p.cls is not None and p.cls.executes_graph else None
+    if domains is None:
+        return ""
+    missing = [f"{d}:{op}" for d, ops in sorted(used.items()) if d not in domains for op in ops]
+    if not missing:
+        return ""
+    return f"it does not implement op(s) {', '.join(missing[:5])}"
 
 
 def _ir_blocker(spec: ModelSpec, proto: onnx.ModelProto, p: PlannedBackend, notes: list[str]) -> str:

@@ -12,7 +12,18 @@ import numpy as np
 
 from xbackend.errors import ModelLoadError
 
-__all__ = ["ModelRef", "model_file", "np_dtype", "read_model_bytes"]
+__all__ = ["ENGINE_DOMAINS", "KNOWN_DOMAINS", "ModelRef", "model_file", "np_dtype", "read_model_bytes"]
+
+# Op domains some engine xbackend runs implements; a model-local function may define others.
+# ai.onnx.preview (onnx 1.23's FlexAttention) runs on onnx's reference evaluator alone.
+PREVIEW_DOMAIN = "ai.onnx.preview"
+KNOWN_DOMAINS = frozenset(
+    {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft", "com.microsoft.nchwc",
+     "com.microsoft.experimental", "pkg.onnxscript.torch_lib", "pkg.onnxscript.torch_lib.common",
+     PREVIEW_DOMAIN}
+)  # fmt: skip
+# What ONNX Runtime and OpenVINO implement: all but the preview domain.
+ENGINE_DOMAINS = KNOWN_DOMAINS - {PREVIEW_DOMAIN}
 
 
 @dataclass(frozen=True)

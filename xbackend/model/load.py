@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from xbackend.errors import ModelLoadError, first_line
-from xbackend.files.modelref import ModelRef, model_file, np_dtype, read_model_bytes
+from xbackend.files.modelref import KNOWN_DOMAINS, ModelRef, model_file, np_dtype, read_model_bytes
 from xbackend.files.textfmt import CONTROL
 from xbackend.model.extdata import (
     all_tensors,
@@ -41,6 +41,7 @@ __all__ = [
     "downgrade_ir",
     "kind_of",
     "load_model",
+    "used_domains",
     "load_proto",
     "model_file",
     "model_sha256",
@@ -413,11 +414,14 @@ def _names(proto: onnx.ModelProto) -> Iterator[object]:
         yield from (n.name, n.op_type, n.domain, *n.input, *n.output)
 
 
-# Op domains some engine xbackend runs implements; a model-local function may define others.
-KNOWN_DOMAINS = frozenset(
-    {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft", "com.microsoft.nchwc",
-     "com.microsoft.experimental", "pkg.onnxscript.torch_lib", "pkg.onnxscript.torch_lib.common"}
-)  # fmt: skip
+def used_domains(proto: onnx.ModelProto) -> dict[str, list[str]]:
+    """Each op domain the main graph's nodes use (model-local functions aside), with its ops."""
+    local = {(f.domain, f.name) for f in proto.functions}
+    out: dict[str, list[str]] = {}
+    for n in proto.graph.node:
+        if (n.domain, n.op_type) not in local and n.op_type not in out.get(n.domain, []):
+            out.setdefault(n.domain, []).append(n.op_type)
+    return out
 
 
 def _check_names_and_domains(proto: onnx.ModelProto, path: Path) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
 from xbackend.files.atomic import write_atomic_bytes
-from xbackend.files.modelref import ModelRef
+from xbackend.files.modelref import ENGINE_DOMAINS, ModelRef
 from xbackend.numerics.values import Value
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 
@@ -147,6 +147,7 @@ class OpenVinoCpuRunner(Runner):
     )
     saves_optimized_graph = True
     optimized_format = "runtime"
+    domains = ENGINE_DOMAINS
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)

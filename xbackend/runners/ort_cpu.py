@@ -21,7 +21,7 @@ import numpy as np
 
 from xbackend.errors import BackendUnavailableError, ModelLoadError, RunnerFailedError
 from xbackend.execution.buildinfo import OptLevelRow
-from xbackend.files.modelref import ModelRef, model_file, read_model_bytes
+from xbackend.files.modelref import ENGINE_DOMAINS, ModelRef, model_file, read_model_bytes
 from xbackend.numerics.metrics import diff_values
 from xbackend.numerics.values import Value, normalize, value_sha256
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner, promised_if
@@ -287,6 +287,7 @@ class OrtCpuRunner(Runner):
         ),
     )
     saves_optimized_graph = True
+    domains = ENGINE_DOMAINS
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)

@@ -20,6 +20,7 @@ import onnx
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
 from xbackend.model.extdata import map_external
 from xbackend.model.load import ModelRef, load_proto
+from xbackend.files.modelref import KNOWN_DOMAINS
 from xbackend.numerics.values import Value, normalize
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.contrib import contrib_ops
@@ -48,6 +49,7 @@ class ReferenceRunner(Runner):
     # reader is done with, so a window holds its own tensors and the few still to be read
     windowed = True
     weight_copies = 1.0  # memory-mapped from the model's files
+    domains = KNOWN_DOMAINS
     option_specs: ClassVar[Sequence[OptionSpec]] = (
         OptionSpec("threads", int, 1, "BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS)"),
     )
