@@ -32,6 +32,7 @@ PLUGINS = {
     "test-old-inductor": "plugin_runners:OldInductorRunner",
     "test-logit-flip": "plugin_runners:LogitFlipRunner",
     "test-class-flip": "plugin_runners:ClassFlipRunner",
+    "test-dtype": "plugin_runners:ReturnedDtypeRunner",
 }
 
 

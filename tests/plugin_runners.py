@@ -683,3 +683,59 @@ class ClassFlipRunner(OrtCpuRunner):
         row[second] = row[first] + np.float32(self.options["delta"])
         out[name] = flat.reshape(scores.shape)
         return out
+
+
+class ReturnedDtypeRunner(OrtCpuRunner):
+    """onnxruntime CPU handing back another dtype than the model declares:
+
+    - float16-matmul: every MatMul computed in float16 (its operands cast down, its result cast
+      back up for the nodes after it) and handed back as float16 arrays: a precision loss at the
+      MatMuls, in the dtype it was made in;
+    - float64: every float32 tensor handed back upcast to float64: correct values, wider.
+    """
+
+    name = "test-dtype"
+    description = "ONNX Runtime CPU handing back float16 or float64 for float32 tensors"
+    saves_optimized_graph = False  # the float16 MatMul stands for a kernel inside the engine
+    option_specs = (
+        *OrtCpuRunner.option_specs,
+        OptionSpec("returned", str, "float16-matmul", "what comes back", choices=("float16-matmul", "float64")),
+    )
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        self._half: set[str] = set()
+        if self.options["returned"] != "float16-matmul":
+            return super().prepare_impl(model, tensors)
+        proto = onnx.load(model.path)
+        nodes: list[onnx.NodeProto] = []
+        f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+        for node in proto.graph.node:
+            if node.op_type != "MatMul":
+                nodes.append(node)
+                continue
+            out = node.output[0]
+            a, b = (f"{out}/half{k}" for k in (0, 1))
+            nodes += [
+                onnx.helper.make_node("Cast", [node.input[0]], [a], to=f16),
+                onnx.helper.make_node("Cast", [node.input[1]], [b], to=f16),
+                onnx.helper.make_node("MatMul", [a, b], [f"{out}/half"]),
+                onnx.helper.make_node("Cast", [f"{out}/half"], [out], to=f32),
+            ]
+            self._half.add(out)
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes)
+        self._dir = tempfile.TemporaryDirectory(prefix="xbackend-dtype-")
+        path = os.path.join(self._dir.name, "half.onnx")
+        onnx.save(proto, path)
+        return super().prepare_impl(replace(model, path=path, external_data=False), tensors)
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().run_impl(feeds)
+        for k, v in out.items():
+            if not isinstance(v, np.ndarray) or v.dtype != np.float32:
+                continue
+            if k in self._half:
+                out[k] = v.astype(np.float16)  # exact: its values are float16's
+            elif self.options["returned"] == "float64":
+                out[k] = v.astype(np.float64)
+        return out

@@ -29,7 +29,7 @@ from xbackend.numerics.metrics import COMPUTE_FLOATS, float_info, ulp_at
 from xbackend.numerics.values import Value
 from xbackend.results.explanation import LocalErrors, NodeJudgment, Origin, ReorderCheck
 
-__all__ = ["JUDGE_PHASE", "Judged", "judge_backend", "judged_model", "reorder_check"]
+__all__ = ["JUDGE_PHASE", "Judged", "at_declared", "judge_backend", "judged_model", "reorder_check"]
 
 JUDGE_PHASE = "judge"
 
@@ -47,6 +47,9 @@ class Judged:
     # each node's tensors (its outputs, magnitude and what it inherits), in `tensors` order: a
     # window of the judge holds whole nodes, so a node is judged with its own magnitude
     groups: tuple[tuple[str, ...], ...] = ()
+    # each float node output's dtype as the model declares it: the precision it is judged at,
+    # whatever dtype a backend hands back
+    declared: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -77,7 +80,7 @@ def judged_model(
     out.CopyFrom(severed)
     g = out.graph
     opset = _opset(out)
-    floats, inferred = _inferred(severed)
+    floats, inferred, declared = _inferred(severed)
     base = {**shapes, **inferred} if fill_shapes else dict(shapes)
     known = dict(base)
     known.update({SEVERED + n: s for n, s in base.items()})
@@ -146,10 +149,19 @@ def judged_model(
     g.node.extend(extra_nodes)
     ends = [*starts[1:], len(tensors)]
     groups = tuple(tuple(tensors[a:b]) for a, b in zip(starts, ends, strict=True))
-    return Judged(out, bounds, tuple(tensors), composed, blame, groups)
+    for t, d in captured.items():  # a tensor shape inference could not type: as the reference holds it
+        if floats.get(t, False) and d in COMPUTE_FLOATS:
+            declared.setdefault(t, d)
+    return Judged(out, bounds, tuple(tensors), composed, blame, groups, declared)
 
 
-_FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
+_FLOAT_NAMES = {
+    TensorProto.FLOAT: "float32",
+    TensorProto.FLOAT16: "float16",
+    TensorProto.BFLOAT16: "bfloat16",
+    TensorProto.DOUBLE: "float64",
+}
+_FLOAT_TYPES = frozenset(_FLOAT_NAMES)
 
 
 # ops whose outputs are not float whatever their inputs (indices, shapes, masks)
@@ -161,20 +173,26 @@ _NON_FLOAT = frozenset(
 )  # fmt: skip
 
 
-def _inferred(proto: onnx.ModelProto) -> tuple[dict[str, bool], dict[str, tuple[int, ...]]]:
-    """One shape inference: whether each tensor is a float tensor, and the concrete shapes it
-    finds. Where it has no answer (past a kernel onnx has no schema for: ORT's fused ones) a float
-    input makes a float output, but for ops that make indices, shapes or masks, and casts to
-    other types."""
+def _inferred(
+    proto: onnx.ModelProto,
+) -> tuple[dict[str, bool], dict[str, tuple[int, ...]], dict[str, str]]:
+    """One shape inference: whether each tensor is a float tensor, the concrete shapes it finds,
+    and each float tensor's declared dtype. Where it has no answer (past a kernel onnx has no
+    schema for: ORT's fused ones) a float input makes a float output, but for ops that make
+    indices, shapes or masks, and casts to other types."""
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
     except Exception:  # a model shape inference cannot type: the rules below
         inferred = proto
     g = inferred.graph
     out: dict[str, bool] = {}
+    declared: dict[str, str] = {}
     for vi in [*g.value_info, *g.input, *g.output]:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            out[vi.name] = vi.type.tensor_type.elem_type in _FLOAT_TYPES
+            elem = vi.type.tensor_type.elem_type
+            out[vi.name] = elem in _FLOAT_TYPES
+            if elem in _FLOAT_TYPES:
+                declared[vi.name] = _FLOAT_NAMES[elem]
     out.update({t.name: t.data_type in _FLOAT_TYPES for t in g.initializer})
     for node in proto.graph.node:
         for k, o in enumerate(node.output):
@@ -192,7 +210,7 @@ def _inferred(proto: onnx.ModelProto) -> tuple[dict[str, bool], dict[str, tuple[
         dims = vi.type.tensor_type.shape.dim
         if dims and all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
-    return out, shapes
+    return out, shapes, declared
 
 
 def _typed(name: str, shape: tuple[int, ...] | None, symbolic: bool = False) -> onnx.ValueInfoProto:
@@ -304,6 +322,18 @@ def _measure(
     return _Measured(float(ratio[i]), e / scale, a / scale, tuple(int(k) for k in i), certain, detail)
 
 
+def at_declared(y: np.ndarray, declared: str | None) -> tuple[np.ndarray, str]:
+    """`y` in the dtype the model declares, and the narrower dtype it came back in ('' if not
+    narrower): a wider return is rounded to the declared dtype, a narrower one is widened exactly
+    and judged at the declared precision."""
+    if declared is None or str(y.dtype) == declared or str(y.dtype) not in COMPUTE_FLOATS:
+        return y, ""
+    want = np_dtype(declared)
+    narrow = float_info(y.dtype).nmant < float_info(want).nmant
+    with np.errstate(over="ignore"):
+        return y.astype(want), (str(y.dtype) if narrow else "")
+
+
 def _rule(bound: NodeBound, composed: str) -> str:
     return bound.describe() + (f" + inherited ({composed})" if composed else "")
 
@@ -359,6 +389,7 @@ def judge_backend(
     origins: list[Origin] = []
     nodes: list[NodeJudgment] = []
     worst: tuple[float, str] = (-1.0, "")
+    narrowed = False
     with CaptureFile(local_capture) as a, CaptureFile(judge_capture) as j:
         for t in order:
             bound = judged.bounds.get(t)
@@ -395,6 +426,7 @@ def judge_backend(
                     )
                 continue
             assert isinstance(y, np.ndarray)
+            y, narrow = at_declared(y, judged.declared.get(t))
             mag, prop = j.get(AUX + t), j.get(PROP + t)
             if low:
                 prop = prop_low
@@ -408,8 +440,10 @@ def judge_backend(
             nodes.append(NodeJudgment(t, bound.op, m.local_scaled, m.allowed_scaled, m.ratio))
             if m.ratio > worst[0] and not bound.exact:
                 worst = (m.ratio, t)
-            if m.ratio > 1:
-                op, detail = bound.op, m.detail
+            returned = f"handed back as {narrow} where the model declares {y.dtype}" if narrow else ""
+            if m.ratio > 1 or (narrow and not narrowed):  # the first narrower return loses precision
+                narrowed = narrowed or bool(narrow)
+                op, detail = bound.op, "; ".join(w for w in (m.detail, returned) if w)
                 if t in judged.blame:  # an exact op carries it: name the kernel that made it
                     op, made = judged.blame[t]
                     detail = detail or f"made by {op} at {made}, carried by {bound.op}"
