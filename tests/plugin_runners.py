@@ -685,6 +685,9 @@ class ClassFlipRunner(OrtCpuRunner):
         return out
 
 
+RETURNS = ("float16-matmul", "float64")
+
+
 class ReturnedDtypeRunner(OrtCpuRunner):
     """onnxruntime CPU handing back another dtype than the model declares:
 
@@ -699,7 +702,9 @@ class ReturnedDtypeRunner(OrtCpuRunner):
     saves_optimized_graph = False  # the float16 MatMul stands for a kernel inside the engine
     option_specs = (
         *OrtCpuRunner.option_specs,
-        OptionSpec("returned", str, "float16-matmul", "what comes back", choices=("float16-matmul", "float64")),
+        OptionSpec(
+            "returned", str, "float16-matmul", "what comes back", choices=("float16-matmul", "float64")
+        ),
     )
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:

@@ -223,7 +223,9 @@ def _flex_attention(path: Path) -> Path:
 
 def test_a_preview_domain_op_runs_where_a_listed_backend_implements_it(tmp_path: Path) -> None:
     p = _flex_attention(tmp_path / "flex.onnx")
-    r = xbackend.compare(p, backends=["ort-cpu", "openvino-cpu", "reference", "oracle"], runs=2, probes="none")
+    r = xbackend.compare(
+        p, backends=["ort-cpu", "openvino-cpu", "reference", "oracle"], runs=2, probes="none"
+    )
     for engine in ("ort-cpu", "openvino-cpu"):
         assert r.backend(engine).status == "unavailable"
         assert r.backend(engine).reason == "it does not implement op(s) ai.onnx.preview:FlexAttention"
@@ -231,7 +233,9 @@ def test_a_preview_domain_op_runs_where_a_listed_backend_implements_it(tmp_path:
     oracle = r.cross("oracle")  # FlexAttention in float64 beside the reference
     assert oracle.status == "ok" and oracle.scaled_ulp is not None and oracle.scaled_ulp <= 2
     # Only engines without the domain listed: refused, saying what works.
-    with pytest.raises(ModelLoadError, match=r"no backend can load .*FlexAttention; add reference to --backends"):
+    with pytest.raises(
+        ModelLoadError, match=r"no backend can load .*FlexAttention; add reference to --backends"
+    ):
         xbackend.compare(p, backends=["ort-cpu"])
 
 

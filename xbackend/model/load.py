@@ -41,13 +41,13 @@ __all__ = [
     "downgrade_ir",
     "kind_of",
     "load_model",
-    "used_domains",
     "load_proto",
     "model_file",
     "model_sha256",
     "np_dtype",
     "parse_model",
     "read_model_bytes",
+    "used_domains",
 ]
 
 Dim = int | str | None

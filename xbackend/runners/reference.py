@@ -18,9 +18,9 @@ import numpy as np
 import onnx
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
+from xbackend.files.modelref import KNOWN_DOMAINS
 from xbackend.model.extdata import map_external
 from xbackend.model.load import ModelRef, load_proto
-from xbackend.files.modelref import KNOWN_DOMAINS
 from xbackend.numerics.values import Value, normalize
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.contrib import contrib_ops
