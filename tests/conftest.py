@@ -33,6 +33,7 @@ PLUGINS = {
     "test-logit-flip": "plugin_runners:LogitFlipRunner",
     "test-class-flip": "plugin_runners:ClassFlipRunner",
     "test-dtype": "plugin_runners:ReturnedDtypeRunner",
+    "test-fuse": "plugin_runners:FuseUnexposedRunner",
 }
 
 

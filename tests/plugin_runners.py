@@ -744,3 +744,64 @@ class ReturnedDtypeRunner(OrtCpuRunner):
             elif self.options["returned"] == "float64":
                 out[k] = v.astype(np.float64)
         return out
+
+
+class FuseUnexposedRunner(OrtCpuRunner):
+    """onnxruntime CPU that fuses a MatMul and the Add of its bias into one float16 kernel, but
+    only where the MatMul's output is not exposed (as engines fuse only what nobody reads):
+    the instrumented and severed runs are exact, the plain run is not. `at`: the MatMul outputs
+    it may fuse (default every one)."""
+
+    name = "test-fuse"
+    description = "ONNX Runtime CPU fusing bias + MatMul in float16 where unexposed"
+    saves_optimized_graph = False  # a kernel inside the engine: no graph of it is written
+    option_specs = (
+        *OrtCpuRunner.option_specs,
+        OptionSpec("at", str, "", "comma-separated MatMul outputs it may fuse"),
+    )
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        proto = onnx.load(model.path)
+        at = {s for s in str(self.options["at"]).split(",") if s}
+        exposed = set(tensors) | set(model.outputs)
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for n in proto.graph.node:
+            for i in n.input:
+                readers.setdefault(i, []).append(n)
+        weights = {t.name for t in proto.graph.initializer}
+        f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+        fused: dict[str, list[onnx.NodeProto]] = {}  # the Add's output -> the kernel's nodes
+        gone: set[str] = set()
+        for n in proto.graph.node:
+            r = readers.get(n.output[0], [])
+            if n.op_type != "MatMul" or (at and n.output[0] not in at) or n.output[0] in exposed:
+                continue
+            if len(r) != 1 or r[0].op_type != "Add" or not (set(r[0].input) - {n.output[0]}) <= weights:
+                continue
+            add, bias = r[0], next(i for i in r[0].input if i != n.output[0])
+            p = f"{add.output[0]}/fp16"
+            fused[add.output[0]] = [
+                *(
+                    onnx.helper.make_node("Cast", [x], [f"{p}{k}"], to=f16)
+                    for k, x in enumerate((*n.input, bias))
+                ),
+                onnx.helper.make_node("MatMul", [f"{p}0", f"{p}1"], [f"{p}mm"]),
+                onnx.helper.make_node("Add", [f"{p}mm", f"{p}2"], [f"{p}sum"]),
+                onnx.helper.make_node("Cast", [f"{p}sum"], [add.output[0]], to=f32),
+            ]
+            gone.add(n.output[0])
+        nodes: list[onnx.NodeProto] = []
+        for n in proto.graph.node:
+            if n.output[0] in gone:
+                continue
+            nodes += fused.get(n.output[0], [n])
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes)
+        self.fused = sorted(gone)
+        self._dir = tempfile.TemporaryDirectory(prefix="xbackend-fuse-")
+        path = os.path.join(self._dir.name, "fused.onnx")
+        onnx.save(proto, path)
+        return super().prepare_impl(replace(model, path=path, external_data=False), tensors)
+
+    def info(self) -> dict[str, str]:
+        return {**super().info(), "fused": ",".join(getattr(self, "fused", []))}

@@ -30,6 +30,7 @@ from xbackend.compare.floors import save_severed_feeds
 from xbackend.compare.judge_nodes import JUDGE_PHASE, judged_model
 from xbackend.compare.judge_plan import LOCAL_PHASE, NODE_FLOOR_PHASE, Judge, Plan, judge_all
 from xbackend.compare.memory import explanation_disk, judge_window_note, judge_windows, side_by_side
+from xbackend.compare.plain_judge import Shipped, judge_plain_runs
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
 from xbackend.errors import UsageError
@@ -128,7 +129,9 @@ def explain(
 
     done = ex.run_queue(queue, 2 if side_by_side(ctx, 2) else 1, then)
     ctx.notes.extend(_window_notes(ctx, state["plan"]))
-    return _analyze(ctx, state["plan"], done, layers.capture, ex)
+    oracle = plan_backend(JUDGE_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
+    shipped = Shipped(oracle, planned, results)
+    return _analyze(ctx, state["plan"], done, layers.capture, ex, shipped)
 
 
 def _window_notes(ctx: ProbeContext, plan: Plan) -> list[str]:
@@ -458,7 +461,12 @@ def _ref(
 
 
 def _analyze(
-    ctx: ProbeContext, plan: Plan, done: Mapping[str, JobOutcome], ref_capture: str, ex: Executor
+    ctx: ProbeContext,
+    plan: Plan,
+    done: Mapping[str, JobOutcome],
+    ref_capture: str,
+    ex: Executor,
+    shipped: Shipped,
 ) -> Explanation:
     spec = ctx.spec
     if plan.floor_job is None or plan.reordered is None:
@@ -471,6 +479,7 @@ def _analyze(
     assert phase is not None
     floors = dict(phase.floors)
     local, check = judge_all(spec, plan, done, ref_capture, ex)
+    local = judge_plain_runs(ctx, plan, ref_capture, ex, shipped, local)
     local.sort(key=lambda x: plan.order.index(x.backend) if x.backend in plan.order else -1)
     ill = ill_conditioned(spec, floors, ref_capture)
     return Explanation(

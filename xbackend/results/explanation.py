@@ -17,11 +17,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from xbackend.bounds.unjudged import bound_for
+from xbackend.files.codec import OMIT_DEFAULT
 from xbackend.files.modelref import np_dtype
 from xbackend.numerics.values import value_name
 
@@ -36,6 +37,7 @@ __all__ = [
     "LocalErrors",
     "NodeJudgment",
     "Origin",
+    "PlainOutputs",
     "ReorderCheck",
     "conditioning_limit",
     "explained_words",
@@ -94,6 +96,35 @@ class NodeJudgment:
 
 
 @dataclass(frozen=True)
+class PlainOutputs:
+    """A backend's plain (shipped) outputs against the float64 model, each node's allowance
+    composed to them: judged where they differ from its instrumented outputs."""
+
+    # "explained" | "unexplained" | "shipped-graph" (its own graph's kernels were judged) | "not-judged"
+    status: str
+    reason: str = ""
+    ratio: float = 0.0  # the outputs' largest error / composed allowance
+    at: str = ""  # the output where it is largest
+
+    def words(self) -> str:
+        """How the observer effect's WARN ends."""
+        if self.status == "explained":
+            ratio = math.floor(self.ratio * 1000) / 1000
+            return (
+                "its plain run, stretch by stretch as it ships, is within the bound composed from its "
+                f"nodes' allowances ({ratio:.3g} of it, at {self.at})"
+            )
+        if self.status == "unexplained":
+            return (
+                "its plain run is past the bound composed from its nodes' allowances "
+                f"({self.ratio:.3g}x, at {self.at}): see its origins"
+            )
+        if self.status == "shipped-graph":
+            return f"the plain run's kernels were judged on {self.reason}"
+        return f"its plain run was not judged: {self.reason}"
+
+
+@dataclass(frozen=True)
 class LocalErrors:
     """One backend's local errors, node by node, against the reference."""
 
@@ -106,6 +137,7 @@ class LocalErrors:
     largest_at: str = ""
     nodes: tuple[NodeJudgment, ...] = ()  # every judged node output, model order
     graph: str = ""  # the graph its nodes were judged on (ONNX Runtime's optimized one, its modules, ...)
+    plain: PlainOutputs | None = field(default=None, metadata={OMIT_DEFAULT: True})
 
     def node(self, tensor: str) -> NodeJudgment | None:
         return self._node_index.get(value_name(tensor))

@@ -329,10 +329,12 @@ class Result:
             )
         for b in self.backends:
             if b.observer is not None and b.observer.outputs_changed:
+                le = self.explanation.local_for(b.name)
+                plain = f"; {le.plain.words()}" if le is not None and le.plain is not None else ""
                 out.append(
                     f"WARN: observer effect on {b.name}: exposing intermediates changed its graph outputs "
                     f"({short(b.observer.scaled_ulp)} scaled ULP); output figures come from the plain model, "
-                    "per-layer tables from the instrumented one"
+                    f"per-layer tables from the instrumented one{plain}"
                 )
             if b.layers_error:
                 out.append(

@@ -1,0 +1,260 @@
+"""The run that ships, judged at its outputs.
+
+Engines fuse only what is not exposed, so the instrumented and severed runs are not the plain
+run. Where a backend's plain outputs differ from its instrumented ones (the observer effect) and
+its own shipped graph was not judged kernel by kernel (ONNX Runtime's optimized graph, OpenVINO's
+runtime graph are), its plain outputs are judged against the float64 model with every node's
+allowance composed to them, first order (xbackend.bounds.propagation), as for OpenVINO's pieces
+and torch's modules. Past that bound, the backend runs the model cut at its stretch boundaries
+(where one float tensor alone crosses, as between residual blocks), each stretch fusing as it
+ships, and the stretches past their composed bounds are the origin, naming their nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import onnx
+
+from xbackend.bounds.element import AUX
+from xbackend.bounds.propagation import PROP
+from xbackend.compare.floors import save_severed_feeds
+from xbackend.compare.judge_nodes import JUDGE_PHASE, Judged, judge_backend, judged_model
+from xbackend.compare.judge_plan import Plan
+from xbackend.execution.executor import Executor, Job
+from xbackend.execution.protocol import Phase
+from xbackend.model.extdata import uses_external_data, write_rewritten
+from xbackend.model.load import ModelRef, ModelSpec, load_proto
+from xbackend.model.sever import SEVERED, sever
+from xbackend.probes.base import PlannedBackend, ProbeContext
+from xbackend.results import BackendResult
+from xbackend.results.explanation import UNFUSED, LocalErrors, Origin, PlainOutputs
+
+__all__ = ["PLAIN_PHASE", "Shipped", "judge_plain_runs", "stretch_cuts", "stretch_nodes"]
+
+PLAIN_PHASE = "plain"
+MAX_STRETCHES = 16  # boundaries beyond this many would break the fusions the stretches must keep
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """What judging the plain runs reads."""
+
+    oracle: PlannedBackend
+    planned: Sequence[PlannedBackend]
+    results: Mapping[str, BackendResult]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One way of cutting the model into stretches: the backend's run and its float64 judge."""
+
+    cuts: tuple[str, ...]
+    ends: tuple[str, ...]
+    run: Job
+    judge: Job
+    judged: Judged
+
+
+def _model_ref(spec: ModelSpec, path: Path, extra: tuple[str, ...], proto: onnx.ModelProto) -> ModelRef:
+    return ModelRef(
+        str(path),
+        spec.ir_version,
+        (*spec.input_names, *extra),
+        tuple(o.name for o in proto.graph.output),
+        uses_external_data(proto),
+        spec.weight_bytes,
+    )
+
+
+def _crossing(proto: onnx.ModelProto) -> list[frozenset[str]]:
+    """After each node but the last, the activations computed so far that a later node reads."""
+    g = proto.graph
+    fixed = {t.name for t in g.initializer} | {i.name for i in g.input}
+    last: dict[str, int] = {}
+    for k, n in enumerate(g.node):
+        for i in n.input:
+            last[i] = k
+    live: set[str] = set()
+    out = []
+    for k, n in enumerate(g.node[:-1]):
+        live |= {o for o in n.output if o and o not in fixed}
+        live = {t for t in live if last.get(t, -1) > k}
+        out.append(frozenset(live))
+    return out
+
+
+def stretch_cuts(proto: onnx.ModelProto) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Two staggered cuttings of the model into stretches: where the fewest activations cross
+    (between residual blocks: one), at most MAX_STRETCHES of them spread evenly; and between each
+    two of those, where the fewest cross nearest the middle (a fusion across a cut of the first is
+    whole in a stretch of the second). Each in model order."""
+    crossing = _crossing(proto)
+    usable = [k for k, a in enumerate(crossing) if a]
+    if not usable:
+        return (), ()
+    fewest = min(len(crossing[k]) for k in usable)
+    at = [k for k in usable if len(crossing[k]) == fewest]
+    step = max(1, -(-len(at) // MAX_STRETCHES))
+    first = at[step - 1 :: step] if len(at) > MAX_STRETCHES else at
+    second = []
+    for lo, hi in zip([-1, *first], [*first, len(crossing)], strict=True):
+        inside = [k for k in usable if lo < k < hi]
+        if inside:
+            mid = (lo + hi) / 2
+            second.append(min(inside, key=lambda k: (len(crossing[k]), abs(k - mid))))
+
+    def names(ks: list[int]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t for k in ks for t in sorted(crossing[k])))
+
+    return names(first), names(second)
+
+
+def stretch_nodes(proto: onnx.ModelProto, end: str, cuts: set[str]) -> tuple[str, ...]:
+    """The node outputs of the stretch that ends at `end`: its producers back to the cuts, the
+    graph's inputs and its weights, in model order."""
+    producer = {o: n for n in proto.graph.node for o in n.output if o}
+    seen: set[str] = set()
+    todo = [end]
+    while todo:
+        t = todo.pop()
+        n = producer.get(t)
+        if n is None or t in seen:
+            continue
+        seen.add(t)
+        todo += [i for i in n.input if i and i not in cuts]
+    return tuple(o for n in proto.graph.node for o in n.output[:1] if o in seen)
+
+
+def _planned_run(
+    ctx: ProbeContext, plan: Plan, live: PlannedBackend, oracle: PlannedBackend, proto: onnx.ModelProto,
+    cuts: tuple[str, ...], ref_capture: str, key: str,
+) -> _Run:  # fmt: skip
+    """`live` on the model cut at `cuts` (fed the reference's values there), exposing only the
+    cuts and the graph outputs, and the float64 judge of those with each stretch's nodes'
+    allowances composed to its end."""
+    assert live.cls is not None and oracle.cls is not None
+    spec, folder = ctx.spec, ctx.work / "explain"
+    source = (plan.rewrites or spec).path
+    pieces = sever(proto, {t: plan.available[t] for t in cuts})
+    ends = tuple(dict.fromkeys([*cuts, *(o.name for o in proto.graph.output)]))
+    path = folder / f"stretches-{key}.onnx"
+    write_rewritten(pieces.proto, source, path)
+    feeds = path.with_suffix(".xbv")
+    save_severed_feeds(feeds, ctx.feeds.arrays, ref_capture, pieces.inputs)
+    extra = tuple(SEVERED + n for n in pieces.inputs)
+    phase = Phase.planned(PLAIN_PHASE, ends, 1, model=_model_ref(spec, path, extra, pieces.proto))
+    run = Job(f"explain-stretches-{key}", live.name, live.cls, live.variant(), feeds, (phase,))
+    judged = judged_model(pieces.proto, plan.shapes, {t: plan.captured.get(t, "") for t in cuts})
+    jpath = folder / f"judged-stretches-{key}.onnx"
+    write_rewritten(judged.proto, source, jpath)
+    held = set(judged.tensors)
+    tensors = tuple(x for t in ends for x in (t, AUX + t, PROP + t) if x in held)
+    jphase = Phase.planned(JUDGE_PHASE, tensors, 1, model=_model_ref(spec, jpath, extra, judged.proto))
+    variant = oracle.variant(narrow="false", threads="1")
+    judge = Job(f"explain-judge-stretches-{key}", oracle.name, oracle.cls, variant, feeds, (jphase,))
+    return _Run(cuts, ends, run, judge, judged)
+
+
+def _failing(r: _Run, ex: Executor, name: str, modules: Mapping[str, str]) -> tuple[LocalErrors | None, str]:
+    """The stretch ends of `r` judged (their origins), or why they could not be."""
+    ro, jo = ex.run(r.run), ex.run(r.judge)
+    try:
+        rp = ro.phase(PLAIN_PHASE) if ro.ok else None
+        jp = jo.phase(JUDGE_PHASE) if jo.ok else None
+        if rp is None or jp is None:
+            return None, (ro.reason if rp is None else jo.reason) or "it did not run"
+        order = tuple(t for t in r.judged.order if t in set(r.ends))
+        return judge_backend(name, rp.capture, jp.capture, r.judged, order, modules), ""
+    finally:
+        ro.drop_captures()
+        jo.drop_captures()
+
+
+def _plain_of(
+    ctx: ProbeContext, plan: Plan, ref_capture: str, ex: Executor, shipped: Shipped, le: LocalErrors
+) -> LocalErrors:
+    """`le`'s backend run as it ships, stretch by stretch, in two staggered cuttings (a fusion
+    across one cut is whole in the other); a stretch past its composed bound in both is an
+    origin at the nodes the two share."""
+    name = le.backend
+    live = next(p for p in shipped.planned if p.name == name)
+    proto = load_proto((plan.rewrites or ctx.spec).path, load_external=False)
+    cuttings = [c for c in (tuple(t for t in cs if t in plan.available) for cs in stretch_cuts(proto)) if c]
+    cuttings = cuttings or [()]
+    runs = [_planned_run(ctx, plan, live, shipped.oracle, proto, c, ref_capture, f"{name}-{k}")
+            for k, c in enumerate(cuttings)]  # fmt: skip
+    ex.bar.grow(sum(r.run.steps + r.judge.steps for r in runs))
+    modules = ctx.spec.modules()
+    judged: list[tuple[_Run, LocalErrors]] = []
+    for r in runs:
+        got, why = _failing(r, ex, name, modules)
+        if got is None:
+            return replace(le, plain=PlainOutputs("not-judged", f"its stretches could not be run: {why}"))
+        judged.append((r, got))
+    worst = max((x for _, j in judged for x in j.origins), key=lambda o: o.ratio, default=None)
+    if worst is None:
+        ratio = max((j.largest_ratio or 0.0 for _, j in judged), default=0.0)
+        at = max(judged, key=lambda x: x[1].largest_ratio or 0.0)[1].largest_at
+        return replace(le, plain=PlainOutputs("explained", ratio=ratio, at=at))
+    found = _origins(proto, judged)
+    plain = PlainOutputs("unexplained", ratio=worst.ratio, at=worst.tensor)
+    return replace(le, plain=plain, origins=(*le.origins, *found))
+
+
+def _origins(proto: onnx.ModelProto, judged: Sequence[tuple[_Run, LocalErrors]]) -> tuple[Origin, ...]:
+    """Each failing stretch of the first cutting, narrowed to the nodes it shares with the
+    failing stretches of the second."""
+    spans = [[(o, stretch_nodes(proto, o.tensor, set(r.cuts))) for o in le.origins] for r, le in judged]
+    other = {n for _, nodes in (spans[1] if len(spans) > 1 else []) for n in nodes}
+    out = []
+    for o, nodes in spans[0] or (spans[1] if len(spans) > 1 else []):
+        shared = tuple(n for n in nodes if n in other) if other else nodes
+        out.append(_stretch(o, shared or nodes))
+    return tuple(out)
+
+
+def _stretch(o: Origin, nodes: tuple[str, ...]) -> Origin:
+    detail = (
+        "the plain run's stretch ending here is past the bound composed from its nodes' allowances, "
+        f"as is the staggered cutting's stretch over its {len(nodes)} node(s) named: they compute "
+        "there what the instrumented run exposes (a fusion)"
+    )
+    return replace(o, op_type=f"stretch of {len(nodes)} node(s)", detail=detail, covers=nodes)
+
+
+def _changed(results: Mapping[str, BackendResult], name: str) -> bool:
+    r = results.get(name)
+    return r is not None and r.observer is not None and r.observer.outputs_changed
+
+
+def judge_plain_runs(
+    ctx: ProbeContext, plan: Plan, ref_capture: str, ex: Executor, shipped: Shipped, local: list[LocalErrors]
+) -> list[LocalErrors]:
+    """Each judged backend with an observer effect: its plain run judged stretch by stretch, or
+    the graph of its own whose kernels were judged."""
+    out = []
+    for le in local:
+        name = le.backend
+        if le.status != "ok" or not _changed(shipped.results, name) or name == plan.reference:
+            out.append(le)
+            continue
+        graph = plan.graphs.get(name, "")
+        if name in plan.optimized and not graph.startswith(UNFUSED):
+            out.append(replace(le, plain=PlainOutputs("shipped-graph", graph)))
+        elif shipped.oracle.cls is None:
+            out.append(
+                replace(
+                    le,
+                    plain=PlainOutputs("not-judged", f"no float64 evaluator: {shipped.oracle.unavailable}"),
+                )
+            )
+        else:
+            try:
+                out.append(_plain_of(ctx, plan, ref_capture, ex, shipped, le))
+            except Exception as e:  # said, never fatal
+                why = f"its stretches could not be planned ({type(e).__name__}: {e})"
+                out.append(replace(le, plain=PlainOutputs("not-judged", why)))
+    return out
