@@ -252,6 +252,7 @@ class _Measured:
     element: tuple[int, ...]
     certain: bool  # past the deterministic bound too
     detail: str = ""
+    vacuous: str = ""  # why the allowance judges nothing (not finite, or past the value's magnitude)
 
 
 def _fit(mag: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -294,6 +295,9 @@ def _measure(
     yv = y.astype(np.float64)
     u = unit_roundoff(dtype)
     allow = element_allowance(bound, v, mag, inherited, dtype)
+    empty = _vacuous(allow, v, dtype)
+    if empty:
+        return _Measured(0.0, None, 0.0, (), False, vacuous=empty)
     top = _max(dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(yv - v)
@@ -332,6 +336,21 @@ def at_declared(y: np.ndarray, declared: str | None) -> tuple[np.ndarray, str]:
     narrow = float_info(y.dtype).nmant < float_info(want).nmant
     with np.errstate(over="ignore"):
         return y.astype(want), (str(y.dtype) if narrow else "")
+
+
+def _vacuous(allow: np.ndarray, v: np.ndarray, dtype: np.dtype[np.generic]) -> str:
+    """Why an allowance judges nothing: not finite, or past the value's own largest magnitude
+    (a result off by its whole size would pass); '' where it judges."""
+    if allow.size == 0:
+        return ""
+    if not np.isfinite(allow).all():
+        return "its allowance is not finite"
+    finite = np.abs(v[np.isfinite(v)])
+    top = float(finite.max()) if finite.size else 0.0
+    widest = float(allow.max())
+    if widest > max(top, _tiny(dtype)):
+        return f"its allowance ({widest:.3g}) is larger than the value's own magnitude ({top:.3g})"
+    return ""
 
 
 def _rule(bound: NodeBound, composed: str) -> str:
@@ -437,6 +456,9 @@ def judge_backend(
                 bound,
                 prop if isinstance(prop, np.ndarray) else None,
             )
+            if m.vacuous:
+                nodes.append(NodeJudgment(t, bound.op, None, 0.0, 0.0, not_judged=m.vacuous))
+                continue
             nodes.append(NodeJudgment(t, bound.op, m.local_scaled, m.allowed_scaled, m.ratio))
             if m.ratio > worst[0] and not bound.exact:
                 worst = (m.ratio, t)
@@ -470,7 +492,7 @@ def judge_backend(
         backend,
         "ok",
         origins=tuple(origins),
-        compared=len(nodes),
+        compared=sum(1 for n in nodes if not n.not_judged),
         largest_ratio=worst[0] if worst[0] >= 0 else None,
         largest_at=worst[1],
         nodes=tuple(nodes),

@@ -96,7 +96,10 @@ def judge_all(
                 )
             if key == "" and floor is not None and floor.status == "ok":
                 checks.append(_reorder_part(plan, done, judged, capture, order))
-        local += [LocalErrors(n, "not-measured", failed) if failed else _merged(parts[n]) for n in names]
+        local += [
+            LocalErrors(n, "not-measured", failed) if failed else _merged(parts[n]).mostly_unjudged()
+            for n in names
+        ]
         if key == "" and failed:
             floor = ReorderCheck("unavailable", "the float64 judge failed")
     if floor is None:

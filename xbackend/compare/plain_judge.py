@@ -199,15 +199,22 @@ def _plain_of(
         ratio = max((j.largest_ratio or 0.0 for _, j in judged), default=0.0)
         at = max(judged, key=lambda x: x[1].largest_ratio or 0.0)[1].largest_at
         return replace(le, plain=PlainOutputs("explained", ratio=ratio, at=at))
-    found = _origins(proto, judged)
+    # a stretch holding a node already found to be an origin is that origin's error carried on
+    known = {t for o in le.origins for t in (o.tensor, *o.covers)}
+    found = _origins(proto, judged, known)
     plain = PlainOutputs("unexplained", ratio=worst.ratio, at=worst.tensor)
     return replace(le, plain=plain, origins=(*le.origins, *found))
 
 
-def _origins(proto: onnx.ModelProto, judged: Sequence[tuple[_Run, LocalErrors]]) -> tuple[Origin, ...]:
-    """Each failing stretch of the first cutting, narrowed to the nodes it shares with the
-    failing stretches of the second."""
-    spans = [[(o, stretch_nodes(proto, o.tensor, set(r.cuts))) for o in le.origins] for r, le in judged]
+def _origins(
+    proto: onnx.ModelProto, judged: Sequence[tuple[_Run, LocalErrors]], known: set[str]
+) -> tuple[Origin, ...]:
+    """Each failing stretch of the first cutting that holds no `known` origin, narrowed to the
+    nodes it shares with the failing stretches of the second."""
+    spans = []
+    for r, le in judged:
+        stretches = [(o, stretch_nodes(proto, o.tensor, set(r.cuts))) for o in le.origins]
+        spans.append([(o, nodes) for o, nodes in stretches if not known & set(nodes)])
     other = {n for _, nodes in (spans[1] if len(spans) > 1 else []) for n in nodes}
     out = []
     for o, nodes in spans[0] or (spans[1] if len(spans) > 1 else []):

@@ -150,6 +150,7 @@ def _explanation(r: Result) -> dict[str, Any]:
                 "status": x.status,
                 "reason": x.reason,
                 "nodes_compared": x.compared,
+                "nodes_not_judged": [{"tensor": n.tensor, "why": n.not_judged} for n in x.unjudged],
                 "largest_ratio": x.largest_ratio,
                 "largest_at": x.largest_at,
                 "judged_on": x.graph,

@@ -14,6 +14,7 @@ tensors the model itself leaves ill-conditioned.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -90,9 +91,10 @@ class NodeJudgment:
 
     tensor: str
     op_type: str
-    local_scaled_ulp: float | None  # None: not a float value, and it differs
+    local_scaled_ulp: float | None  # None: not a float value, and it differs (or not judged)
     allowed_scaled_ulp: float
     ratio: float
+    not_judged: str = field(default="", metadata={OMIT_DEFAULT: True})  # why its allowance judges nothing
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,30 @@ class LocalErrors:
     @property
     def explained(self) -> bool | None:
         return None if self.status != "ok" else not self.origins
+
+    @property
+    def unjudged(self) -> tuple[NodeJudgment, ...]:
+        """Nodes whose allowance judges nothing (not finite, or past the value's magnitude)."""
+        return tuple(n for n in self.nodes if n.not_judged)
+
+    def share(self) -> str:
+        """'k of n nodes' judged."""
+        return f"{self.compared} of {self.compared + len(self.unjudged)} nodes"
+
+    def mostly_unjudged(self) -> LocalErrors:
+        """Not judged overall where most of its nodes were not: 'not-measured', with the share."""
+        if (
+            self.status != "ok"
+            or len(self.unjudged) * 2 <= self.compared + len(self.unjudged)
+            or self.origins
+        ):
+            return self
+        first = self.unjudged[0]
+        why = (
+            f"only {self.share()} could be judged: the others' allowances judge nothing (first "
+            f"{first.tensor} ({first.op_type}): {first.not_judged})"
+        )
+        return dataclasses.replace(self, status="not-measured", reason=why)
 
 
 @dataclass(frozen=True)
@@ -295,7 +321,11 @@ def explained_words(le: LocalErrors, modules: Mapping[str, str]) -> str:
         where = _modname(le.largest_at, modules)
         ratio = math.floor(le.largest_ratio * 1000) / 1000  # never rounded up to the allowance
         at = f" (largest local error {ratio:.3g} of its allowance, at {where}{op})"
+    nodes = "every node"
+    if le.unjudged:
+        skipped = ", ".join(n.tensor for n in le.unjudged[:3])
+        nodes = f"every node judged ({le.share()}; not {skipped}: its allowance judges nothing)"
     return (
-        f"every node is within rounding of its own float64 value{at}; its differences are those "
+        f"{nodes} is within rounding of its own float64 value{at}; its differences are those "
         "errors carried through the model"
     )
