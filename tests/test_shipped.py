@@ -78,3 +78,66 @@ def test_a_fusion_made_only_where_unexposed_is_caught_at_its_stretch() -> None:
     shipped = r.explanation.local_for("ort-cpu").plain
     assert shipped is not None and shipped.status == "shipped-graph"
     assert r.cross("ort-cpu").explained is True
+
+
+UNMAPPED = """
+import torch
+from torch import nn
+
+from torch_mlp import build as original
+
+
+class Other(nn.Module):
+    # torch_mlp's weights in modules that compute otherwise and map to none of its nodes:
+    # LayerNorm eps 1e-3, a tanh GELU where the model has SiLU
+    def __init__(self):
+        super().__init__()
+        src = original()
+        self.layers = nn.ModuleList()
+        for b in src.blocks:
+            ln = nn.LayerNorm(64, eps=1e-3)
+            ln.load_state_dict(b.ln.state_dict())
+            self.layers.append(nn.ModuleList([ln, b.fc1, nn.GELU(approximate="tanh"), b.fc2]))
+        self.final = nn.LayerNorm(64, eps=1e-3)
+        self.final.load_state_dict(src.norm.state_dict())
+
+    def forward(self, x):
+        for ln, f1, act, f2 in self.layers:
+            x = x + f2(act(f1(ln(x))))
+        return self.final(x)
+
+
+def build():
+    return Other().eval()
+"""
+
+
+def test_an_unmapped_torch_module_is_not_judged_and_fails_at_its_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    (tmp_path / "unmapped.py").write_text(UNMAPPED)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "models"))
+    r = xbackend.compare(
+        ROOT / "models" / "torch_mlp.onnx",
+        backends="torch,reference",
+        runs=1,
+        probes="none",
+        runner_options={"torch": {"module": f"{tmp_path / 'unmapped.py'}:build"}},
+    )
+    c = r.cross("torch")
+    # one node could be compared (the output), and its composed allowance (191) is larger than
+    # the output itself (3.26): it judges nothing, so torch is not judged, never "0 of its allowance"
+    assert c.explained is None
+    assert c.not_judged.startswith("only 0 of 1 nodes could be judged")
+    assert "larger than the value's own magnitude" in c.not_judged
+    assert not any(v.startswith("EXPLAINED: torch") for v in r.verdict())
+    assert r.exit_code == 1  # held to the floor's tolerance: 1e6 scaled ULP off
+    assert xbackend.compare(
+        ROOT / "models" / "torch_mlp.onnx",
+        backends="torch,reference",
+        runs=1,
+        probes="none",
+        runner_options={"torch": {"module": f"{tmp_path / 'unmapped.py'}:build"}},
+        fail_on="not-judged",
+    ).exit_code == 19
