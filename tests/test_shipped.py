@@ -133,11 +133,56 @@ def test_an_unmapped_torch_module_is_not_judged_and_fails_at_its_outputs(
     assert "larger than the value's own magnitude" in c.not_judged
     assert not any(v.startswith("EXPLAINED: torch") for v in r.verdict())
     assert r.exit_code == 1  # held to the floor's tolerance: 1e6 scaled ULP off
-    assert xbackend.compare(
-        ROOT / "models" / "torch_mlp.onnx",
-        backends="torch,reference",
+    assert (
+        xbackend.compare(
+            ROOT / "models" / "torch_mlp.onnx",
+            backends="torch,reference",
+            runs=1,
+            probes="none",
+            runner_options={"torch": {"module": f"{tmp_path / 'unmapped.py'}:build"}},
+            fail_on="not-judged",
+        ).exit_code
+        == 19
+    )
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from test_judge import BERT_RANGES
+
+    from xbackend.export.example_inputs import InputDecl
+    from xbackend.export.torch_onnx import export_torch
+
+    out = tmp_path_factory.mktemp("bert") / "bert.onnx"
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    export_torch(
+        f"{ROOT / 'tests' / 'hf_models.py'}:bert",
+        [InputDecl(n, (2, 16), "int64") for n in names],
+        out,
+        dynamic={n: {0: "batch", 1: "sequence"} for n in names},
+        ranges={"input_ids": (0, 512), **BERT_RANGES},
+    )
+    return out
+
+
+@pytest.mark.usefixtures("plugins")
+def test_module_boundaries_are_judged_and_a_planted_softmax_is_caught_in_its_module(bert: Path) -> None:
+    from test_judge import BERT_RANGES, BERT_SHAPES
+
+    r = xbackend.compare(
+        bert,
+        backends="test-plant,ort-cpu,reference",
         runs=1,
         probes="none",
-        runner_options={"torch": {"module": f"{tmp_path / 'unmapped.py'}:build"}},
-        fail_on="not-judged",
-    ).exit_code == 19
+        tensors="modules",
+        shapes=BERT_SHAPES,
+        ranges=BERT_RANGES,
+        runner_options={"test-plant": {"plant": "softmax-recip14"}},
+    )
+    # judged at the module boundaries it captured: the reference too, and the planted Softmax
+    # is an origin in each attention module (its grain: the module, not the op)
+    assert r.explanation.local_for("reference").status == "ok"
+    c = r.cross("test-plant")
+    assert [o.module for o in c.origins] == [f"model.encoder.layer.{k}.attention.self" for k in (0, 1)]
+    assert all(o.ratio > 2 for o in c.origins)
+    assert r.cross("ort-cpu").explained is True and r.exit_code == 1

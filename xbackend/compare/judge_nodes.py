@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from xbackend.bounds.element import AUX, U32, Builder, NodeBound, allowance, unit_roundoff
 from xbackend.bounds.propagation import PROP, own_allowance, propagate, propagate_rest
@@ -81,7 +81,8 @@ def judged_model(
     g = out.graph
     opset = _opset(out)
     floats, inferred, declared = _inferred(severed)
-    base = {**shapes, **inferred} if fill_shapes else dict(shapes)
+    # the captured shapes first; shape inference's where nothing captured a tensor (--tensors)
+    base = {**shapes, **inferred} if fill_shapes else {**inferred, **shapes}
     known = dict(base)
     known.update({SEVERED + n: s for n, s in base.items()})
     known.update({t.name: tuple(int(d) for d in t.dims) for t in g.initializer})
@@ -147,6 +148,7 @@ def judged_model(
         extra_nodes.extend(bld.nodes)
         g.initializer.extend(bld.inits)
     g.node.extend(extra_nodes)
+    _flatten_unshaped(g)
     ends = [*starts[1:], len(tensors)]
     groups = tuple(tuple(tensors[a:b]) for a, b in zip(starts, ends, strict=True))
     for t, d in captured.items():  # a tensor shape inference could not type: as the reference holds it
@@ -213,6 +215,27 @@ def _inferred(
     return out, shapes, declared
 
 
+FLAT = "/whole"  # an unshaped extra output's value before it is flattened
+
+
+def _flatten_unshaped(g: onnx.GraphProto) -> None:
+    """Extra outputs whose shape nothing knows (past a node shape inference cannot follow) leave
+    flattened, rank 1: a graph output must declare a rank, and the judge reshapes them back."""
+    unshaped = {o.name for o in g.output if not o.type.tensor_type.HasField("shape")}
+    if not unshaped:
+        return
+    flat = "xb.flat"
+    g.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), flat))
+    for node in list(g.node):
+        for k, o in enumerate(node.output):
+            if o in unshaped:
+                node.output[k] = o + FLAT
+                g.node.append(helper.make_node("Reshape", [o + FLAT, flat], [o]))
+    for o in g.output:
+        if o.name in unshaped:
+            o.type.tensor_type.shape.dim.add().dim_param = f"{o.name}:flat"
+
+
 def _typed(name: str, shape: tuple[int, ...] | None, symbolic: bool = False) -> onnx.ValueInfoProto:
     """A float output of the node output's shape (the checker wants a shape on every graph output);
     `symbolic`: its rank only (an inherited error may broadcast from a smaller operand)."""
@@ -220,11 +243,10 @@ def _typed(name: str, shape: tuple[int, ...] | None, symbolic: bool = False) -> 
         return helper.make_tensor_value_info(
             name, TensorProto.FLOAT, [f"{name}:{k}" for k in range(len(shape))]
         )
-    if shape is None:
+    if shape is None:  # its rank unknown too: no shape at all (an empty one would say scalar)
         vi = onnx.ValueInfoProto()
         vi.name = name
         vi.type.tensor_type.elem_type = TensorProto.FLOAT
-        vi.type.tensor_type.shape.SetInParent()
         return vi
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
 
@@ -256,9 +278,12 @@ class _Measured:
 
 
 def _fit(mag: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
-    """A magnitude broadcast to its node output's shape (None where it cannot be)."""
+    """A magnitude broadcast to its node output's shape, or one that left flattened reshaped
+    back (None where it cannot be)."""
     if mag is None or mag.shape == shape:
         return mag
+    if mag.ndim == 1 and mag.size == math.prod(shape) and len(shape) != 1:
+        return mag.reshape(shape)
     try:
         return np.broadcast_to(mag, shape)
     except ValueError:
@@ -279,7 +304,10 @@ def element_allowance(
     if not bound.exact:  # v is itself rounded to float64 along its evaluation
         allow = allow * (1 + 2.0**-20) + _tiny(dtype)
     if inherited is not None:
-        allow = allow + np.nan_to_num(np.abs(np.broadcast_to(inherited, allow.shape)), nan=np.inf)
+        # flattened, or of a smaller operand: reshaped back, else its largest element everywhere
+        fit = _fit(inherited, allow.shape)
+        fit = fit if fit is not None else np.full(allow.shape, np.nanmax(np.abs(inherited), initial=0.0))
+        allow = allow + np.nan_to_num(np.abs(fit), nan=np.inf)
     return allow
 
 

@@ -423,8 +423,12 @@ class Result:
             if self.options.auto_tolerance and any(c.tolerances for c in others):
                 return f"within the noise floor's tolerance of {ref} at the outputs"
             return f"within {self.options.fixed_ulp:g} scaled ULP of {ref} at the outputs"
-        names = ", ".join([ref, *(c.backend for c in judged)])
+        # the reference is named only where its own nodes were judged
+        judged_ref = [ref] if self.reference_judgment is not None else []
+        names = ", ".join([*judged_ref, *(c.backend for c in judged)])
         words = f"every node of {names} is within rounding of its float64 value"
+        if self.reference_judgment is None:
+            words += f" ({ref}'s own nodes were not judged)"
         if others:
             words += (
                 f"; {', '.join(c.backend for c in others)} within the noise floor's tolerance at the outputs"

@@ -207,10 +207,8 @@ def promote_to_float64(proto: onnx.ModelProto, below: list[str] | None = None) -
     try:
         onnx.checker.check_model(out, full_check=not ml)
     except Exception as e:
-        raise BackendUnavailableError(
-            f"the model cannot be evaluated in float64: {_shape_error(str(e))}; the oracle is unavailable "
-            "for this model"
-        ) from e
+        why = _shape_error(str(e))
+        raise BackendUnavailableError(f"the graph cannot be evaluated in float64: {why}") from e
     return out
 
 
