@@ -34,6 +34,7 @@ PLUGINS = {
     "test-class-flip": "plugin_runners:ClassFlipRunner",
     "test-dtype": "plugin_runners:ReturnedDtypeRunner",
     "test-fuse": "plugin_runners:FuseUnexposedRunner",
+    "test-onnx-load": "plugin_runners:OnnxLoadRunner",
 }
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from xbackend.model.load import ModelRef
-from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec
+from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.ort_cpu import OrtCpuRunner
 from xbackend.runners.reference import ReferenceRunner
 
@@ -805,3 +805,34 @@ class FuseUnexposedRunner(OrtCpuRunner):
 
     def info(self) -> dict[str, str]:
         return {**super().info(), "fused": ",".join(getattr(self, "fused", []))}
+
+
+class OnnxLoadRunner(Runner):
+    """A plugin that reads its model with onnx.load, weights included (as many do), and runs the
+    proto it loaded on ONNX Runtime: it needs a staged model whose external data onnx accepts."""
+
+    name = "test-onnx-load"
+    description = "onnx.load, then ONNX Runtime on the loaded proto"
+    stages_model = True
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return Availability.ok(onnx.__version__)
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        import onnxruntime as ort
+
+        proto = onnx.load(model.path)  # external data read here: refused if hard-linked or a symlink
+        self.weights = sum(len(t.raw_data) for t in proto.graph.initializer)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        self.session = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        have = {o.name for o in self.session.get_outputs()}
+        self.names = [t for t in tensors if t in have]
+        return BuildFingerprint.from_items(self.name, [("onnx", onnx.__version__)])
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.names, self.session.run(self.names, dict(feeds)), strict=True))
+
+    def info(self) -> dict[str, str]:
+        return {**super().info(), "weights_loaded": str(getattr(self, "weights", 0))}

@@ -186,3 +186,27 @@ def test_module_boundaries_are_judged_and_a_planted_softmax_is_caught_in_its_mod
     assert [o.module for o in c.origins] == [f"model.encoder.layer.{k}.attention.self" for k in (0, 1)]
     assert all(o.ratio > 2 for o in c.origins)
     assert r.cross("ort-cpu").explained is True and r.exit_code == 1
+
+
+@pytest.mark.usefixtures("plugins")
+def test_a_plugin_reads_an_external_data_model_with_onnx_load(tmp_path: Path) -> None:
+    import onnx
+
+    from xbackend.model.samples import build
+
+    folder = tmp_path / "user"
+    folder.mkdir()
+    model = folder / "mlp.onnx"
+    onnx.save(
+        build("mlp_layernorm"), str(model), save_as_external_data=True, location="mlp.data", size_threshold=0
+    )
+    data = folder / "mlp.data"
+    before = data.read_bytes()
+    r = xbackend.compare(model, backends="test-onnx-load,ort-cpu", runs=1, reference="ort-cpu")
+    b = r.backend("test-onnx-load")
+    assert b.ok, b.reason
+    assert int(dict(b.info)["weights_loaded"]) == len(before)  # every weight came through onnx.load
+    assert r.cross("test-onnx-load").scaled_ulp is not None
+    # the user's file is untouched, and nothing of xbackend's is left linked to it
+    assert data.read_bytes() == before and data.stat().st_nlink == 1
+    assert sorted(p.name for p in folder.iterdir()) == ["mlp.data", "mlp.onnx"]

@@ -176,10 +176,12 @@ class Executor:
         if job.python or job.cls.stages_model:  # the worker needs no onnx: models are prepared here
             max_ir = self.max_ir.get(job.python) if job.python else job.cls.max_ir_version()
             staged = self.work / "staged-models"
+            own = job.cls.stages_model  # a plugin may read the model with onnx.load
             phases = tuple(
-                replace(p, model=stage_model(p.model or model, p.tensors, max_ir, staged)) for p in phases
+                replace(p, model=stage_model(p.model or model, p.tensors, max_ir, staged, own))
+                for p in phases
             )
-            model = stage_model(model, (), max_ir, staged)
+            model = stage_model(model, (), max_ir, staged, own)
         return WorkerJob(
             backend=job.backend,
             options=dict(job.raw_options),

@@ -161,15 +161,21 @@ def probe_interpreter(path: str, target: str) -> Interpreter:
     return it
 
 
-def stage_model(source: ModelRef, tensors: Sequence[str], max_ir: int | None, folder: Path) -> ModelRef:
+def stage_model(
+    source: ModelRef, tensors: Sequence[str], max_ir: int | None, folder: Path, own_weights: bool = False
+) -> ModelRef:
     """The model with `tensors` exposed as graph outputs and its IR lowered to `max_ir`, written
-    once under `folder`; external data is linked beside it."""
+    once under `folder`; external data is linked beside it (`own_weights`: copied, once per
+    source folder, so that onnx.load reads it: a plugin's own loader)."""
 
     extra = [t for t in tensors if t not in set(source.outputs)]
     ir = source.ir_version if max_ir is None else min(source.ir_version, max_ir)
-    if not extra and ir == source.ir_version:
+    own = own_weights and source.external_data
+    if not extra and ir == source.ir_version and not own:
         return source
     key = hashlib.sha256(json.dumps([source.path, extra, ir]).encode()).hexdigest()[:16]
+    if own:  # the models staged from one folder share one copy of its weights
+        folder = folder / hashlib.sha256(str(Path(source.path).parent).encode()).hexdigest()[:12]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{key}.onnx"
     if not path.exists():
@@ -180,7 +186,7 @@ def stage_model(source: ModelRef, tensors: Sequence[str], max_ir: int | None, fo
                 proto = downgrade_ir(proto, ir)
             except ModelLoadError as e:
                 raise ModelLoadError(f"the other interpreter's engine reads IR <= {ir}: {e}") from e
-        write_rewritten(proto, source.path, path)
+        write_rewritten(proto, source.path, path, own)
     return ModelRef(
         str(path), ir, source.inputs, (*source.outputs, *extra), source.external_data, source.weight_bytes
     )

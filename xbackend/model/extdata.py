@@ -4,6 +4,7 @@ linking them beside rewritten models (never serializing them into one proto)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,15 +56,21 @@ def external_files(proto: onnx.ModelProto) -> list[str]:
     return sorted(files)
 
 
-def _link_external(proto: onnx.ModelProto, src: Path, dest: Path) -> None:
+def _link_external(proto: onnx.ModelProto, src: Path, dest: Path, copy: bool = False) -> None:
     """Link each external data file `proto` names from folder `src` into folder `dest`: a hard
     link where the file system allows (ONNX Runtime refuses a symlink that leaves the model's
-    folder), else a symlink."""
+    folder), else a symlink; `copy`: a file of its own (onnx.load refuses a data file with more
+    than one hard link, or a symlink), written once."""
     for rel in external_files(proto):
         link = dest / rel
         if not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
             target = (src / rel).resolve()
+            if copy:
+                part = link.with_name(link.name + ".part")
+                shutil.copyfile(target, part)
+                os.replace(part, link)
+                continue
             try:
                 os.link(target, link)
             except OSError:
@@ -84,11 +91,14 @@ def adopt_external(proto: onnx.ModelProto, src: Path, out: Path) -> None:
                 e.value = names[e.value]
 
 
-def write_rewritten(proto: onnx.ModelProto, source: str | os.PathLike[str], path: Path) -> None:
+def write_rewritten(
+    proto: onnx.ModelProto, source: str | os.PathLike[str], path: Path, own_weights: bool = False
+) -> None:
     """Write a rewrite of the model at `source` (weights left external) to `path`, atomically,
-    its external data linked beside it: the weights are never serialized into one proto."""
+    its external data linked beside it (`own_weights`: copied, a file onnx.load reads): the
+    weights are never serialized into one proto."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    _link_external(proto, Path(source).parent, path.parent)
+    _link_external(proto, Path(source).parent, path.parent, own_weights)
     write_atomic_bytes(path, proto.SerializeToString(), "rewritten model")
 
 
