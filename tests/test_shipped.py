@@ -210,3 +210,39 @@ def test_a_plugin_reads_an_external_data_model_with_onnx_load(tmp_path: Path) ->
     # the user's file is untouched, and nothing of xbackend's is left linked to it
     assert data.read_bytes() == before and data.stat().st_nlink == 1
     assert sorted(p.name for p in folder.iterdir()) == ["mlp.data", "mlp.onnx"]
+
+
+def test_the_oracle_computes_erf_in_float64() -> None:
+    """onnx's evaluator rounds every Erf result to float32 (np.vectorize with otypes 'f'): the
+    oracle's value was a float32 one, 2^-24 relative off, which no dtype check sees."""
+    import math
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from xbackend.files.modelref import ModelRef
+    from xbackend.runners.oracle import OracleRunner
+
+    g = helper.make_graph(
+        [helper.make_node("Erf", ["x"], ["y"])],
+        "erf",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4096])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4096])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "erf.onnx"
+        onnx.save(m, str(p))
+        x = np.random.default_rng(0).uniform(-3, 3, 4096).astype(np.float32)
+        r = OracleRunner({"narrow": "false"})
+        r.prepare(ModelRef(str(p), 10, ("x",), ("y",), False), ("y",))
+        y = r.run({"x": x})["y"]
+        r.close()
+    exact = np.array([math.erf(float(v)) for v in x])
+    assert y.dtype == np.float64
+    assert np.array_equal(y, exact)  # not rounded to float32 (2^-25 relative apart on most elements)
+    assert not np.array_equal(exact.astype(np.float32).astype(np.float64), exact)
