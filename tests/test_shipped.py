@@ -246,3 +246,67 @@ def test_the_oracle_computes_erf_in_float64() -> None:
     assert y.dtype == np.float64
     assert np.array_equal(y, exact)  # not rounded to float32 (2^-25 relative apart on most elements)
     assert not np.array_equal(exact.astype(np.float32).astype(np.float64), exact)
+
+
+def _toposorted(m: object) -> object:
+    """ONNX Runtime's float16 tool leaves its input casts after their readers: sorted here."""
+    g = m.graph  # type: ignore[attr-defined]
+    have = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
+    todo, out = list(g.node), []
+    while todo:
+        ready = [n for n in todo if all(i in have for i in n.input)]
+        out += ready
+        for n in ready:
+            have.update(n.output)
+        todo = [n for n in todo if n not in ready]
+    del g.node[:]
+    g.node.extend(out)
+    return m
+
+
+def test_a_float16_model_is_judged_at_its_own_dtypes(tmp_path: Path) -> None:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    half = tmp_path / "mlp_fp16.onnx"
+    onnx.save(_toposorted(convert_float_to_float16(onnx.load(str(MLP)), keep_io_types=True)), str(half))
+    r = xbackend.compare(half, backends="ort-cpu,openvino-cpu,reference,oracle", runs=1, probes="none")
+    # the output Cast (float16 to float32) moves by 8192 float32 ULP per float16 ULP: not
+    # ill-conditioning, only the ratio of the two precisions
+    assert r.explanation.ill_conditioned == ()
+    for name in ("ort-cpu", "openvino-cpu", "oracle", "reference"):
+        le = r.explanation.local_for(name)
+        assert le is not None and le.status == "ok" and le.origins == (), (name, le)
+    # each float16 node is judged in float16: the reference's Add (computed in float16) is off
+    # by a quarter of a float16 ULP, allowed just over that (in float32 ULP these are ~2000)
+    node = r.explanation.local_for("reference").node("block0.fc1.out")
+    assert node is not None and node.local_scaled_ulp == 0.25 and 0.25 < node.allowed_scaled_ulp < 1
+    assert r.exit_code == 0
+
+
+def test_a_qdq_model_below_opset_19_has_a_reference_and_an_oracle(tmp_path: Path) -> None:
+    import numpy as np
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.k = 0
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            self.k += 1
+            rng = np.random.default_rng(self.k)
+            return {"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} if self.k < 5 else None
+
+    qdq = tmp_path / "mlp_qdq.onnx"
+    quantize_static(str(MLP), str(qdq), Calibration(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)  # fmt: skip
+    r = xbackend.compare(qdq, backends="ort-cpu,reference,oracle", runs=1, probes="none")
+    opsets = dict(r.model.opsets)
+    assert opsets.get("ai.onnx", opsets.get("")) == 17  # onnx's evaluator has no DequantizeLinear 17
+    assert r.backend("reference").ok and r.backend("oracle").ok
+    assert r.cross("ort-cpu").status == "ok"
+    le = r.explanation.local_for("reference")
+    assert le is not None and le.status == "ok" and le.origins == ()
+    # a quantization step is the model's resolution, and named so
+    for t in r.explanation.ill_conditioned:
+        assert t.cause.startswith("QuantizeLinear rounds to steps of its scale"), t

@@ -10,9 +10,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from xbackend.files.modelref import np_dtype
 from xbackend.files.run_values import CaptureFile
 from xbackend.model.load import ModelSpec, NodeTensor
-from xbackend.numerics.metrics import ulp_at
+from xbackend.numerics.metrics import COMPUTE_FLOATS, float_info, ulp_at
 from xbackend.numerics.values import value_name
 from xbackend.results import CrossBackendResult
 from xbackend.results.explanation import Amplifier, Explanation, IllConditioned, conditioning_limit
@@ -40,13 +41,26 @@ def ill_conditioned(
         dtypes = {n: d for n, (d, _) in cap.tensors().items()}
         for t in spec.tensors:
             f = floors.get(t.name)
-            limit = conditioning_limit(dtypes.get(t.name, "float32"))
+            limit = _limit(t, dtypes)
             if f is None or f <= limit:
                 continue
             if any(floors.get(i, 0.0) > conditioning_limit(dtypes.get(i, "float32")) for i in t.inputs):
                 continue
             out.append(IllConditioned(t.name, modules.get(t.name, ""), f, _cause(t, by_name, floors, cap)))
     return tuple(out)
+
+
+def _limit(t: NodeTensor, dtypes: Mapping[str, str]) -> float:
+    """Half the precision `t` holds, in ULP of its dtype: a widening Cast (float16 to float32)
+    holds its input's, so its limit is the input's scaled to its own ULP (8192 float32 ULP are
+    one float16 ULP, not ill-conditioning)."""
+    own = dtypes.get(t.name, "float32")
+    limit = conditioning_limit(own)
+    src = dtypes.get(t.inputs[0]) if t.op_type in ("Cast", "CastLike") and t.inputs else None
+    if src is None or src not in COMPUTE_FLOATS or own not in COMPUTE_FLOATS:
+        return limit
+    bits = float_info(np_dtype(own)).nmant - float_info(np_dtype(src)).nmant
+    return max(limit, conditioning_limit(src) * 2.0**bits) if bits > 0 else limit
 
 
 def far_from_float64(
@@ -95,7 +109,9 @@ def far_from_float64(
     return replace(ex, ill_conditioned=(*ex.ill_conditioned, *found)) if found else ex
 
 
-_PASS_THROUGH = frozenset({"Mul", "Pow", "Div", "Cast", "Identity", "Sqrt", "Neg", "Reshape", "Unsqueeze"})
+_PASS_THROUGH = frozenset(
+    {"Mul", "Pow", "Div", "Cast", "Identity", "Sqrt", "Neg", "Reshape", "Unsqueeze", "DequantizeLinear"}
+)
 _REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "MatMul", "Gemm", "Einsum"})
 
 
@@ -147,6 +163,14 @@ def _cause(
         ratio = _mean_over_spread(cap, t.inputs[0], last=t.op_type == "LayerNormalization")
         if ratio is not None:
             return f"a normalization over rows whose mean is {ratio:.3g}x their spread"
+    if (
+        "QuantizeLinear" in _reaches(t.name, by_name, frozenset({"QuantizeLinear"}))
+        or t.op_type == "QuantizeLinear"
+    ):
+        return (
+            "QuantizeLinear rounds to steps of its scale: reorderings above it move values across a "
+            "step (the quantized model's own resolution)"
+        )
     if grow > 0:
         return f"{t.op_type} amplifies the reordering of its inputs {floors[t.name] / grow:.3g}x"
     return f"{t.op_type}'s own reductions are sensitive to their order"

@@ -226,7 +226,10 @@ def _flatten_unshaped(g: onnx.GraphProto) -> None:
         return
     flat = "xb.flat"
     g.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), flat))
-    for node in list(g.node):
+    for node in list(g.node):  # the graph's nodes read the whole value; the output is its flat view
+        for k, i in enumerate(node.input):
+            if i in unshaped:
+                node.input[k] = i + FLAT
         for k, o in enumerate(node.output):
             if o in unshaped:
                 node.output[k] = o + FLAT

@@ -253,7 +253,13 @@ def _unexplained(c: _Context, _: float | None) -> str:
 
 def _ill_conditioned(c: _Context, _: float | None) -> str:
     return "; ".join(
-        f"{t.tensor}: reorderings alone move it by {short(t.floor_scaled_ulp)} scaled ULP ({t.cause})"
+        f"{t.tensor}: "
+        + (
+            f"reorderings alone move it by {short(t.floor_scaled_ulp)} scaled ULP"
+            if t.criterion == "reorderings"
+            else "every engine is past half its precision from float64"
+        )
+        + f" ({t.cause})"
         for t in c.r.explanation.ill_conditioned
     )
 

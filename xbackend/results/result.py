@@ -279,10 +279,14 @@ class Result:
         modules = self.model.modules()
         out = []
         for t in ex.ill_conditioned:
+            how = (
+                f"reorderings alone move it by {short(t.floor_scaled_ulp)} scaled ULP"
+                if t.criterion == "reorderings"
+                else "every engine is past half its precision from the float64 oracle while they agree"
+            )
             out.append(
-                f"WARN: {with_module(t.tensor, modules)}: ill-conditioned — reorderings alone move it by "
-                f"{short(t.floor_scaled_ulp)} scaled ULP ({t.cause}); differences at and after it are "
-                "the model's, not the engines'"
+                f"WARN: {with_module(t.tensor, modules)}: ill-conditioned — {how} ({t.cause}); differences "
+                "at and after it are the model's, not the engines'"
             )
         for a in ex.amplifiers:
             out.append(

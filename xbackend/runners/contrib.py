@@ -6,7 +6,9 @@ node against float64.
 Only the fusions ONNX Runtime's CPU graph optimizer makes by default are here; `CONTRIB_OPS`
 names them, and a graph holding any other com.microsoft op is judged on its unfused form.
 
-Also here: standard ops onnx's evaluator computes below the precision it is fed (its Erf rounds
+Also here: standard ops onnx's evaluator has no kernel for at the opset a model declares
+(DequantizeLinear before opset 19: QDQ models from ONNX Runtime's quantizer at opset 13 to 18);
+standard ops it computes below the precision it is fed (its Erf rounds
 every result to float32), evaluated in the dtype they are fed instead; and `BELOW_FLOAT64_OPS`,
 those it computes in float32 whatever it is fed, which the oracle names and does not rank.
 """
@@ -18,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BELOW_FLOAT64_OPS", "CONTRIB_DOMAIN", "CONTRIB_OPS", "contrib_ops"]
+__all__ = ["BELOW_FLOAT64_OPS", "CONTRIB_DOMAIN", "CONTRIB_OPS", "contrib_ops", "legacy_ops"]
 
 # onnx 1.23's evaluator computes these in float32 internally, whatever it is fed
 BELOW_FLOAT64_OPS = frozenset({"LinearAttention", "CausalConvWithState"})
@@ -187,3 +189,23 @@ def contrib_ops() -> list[type]:
         QuickGelu,
         BiasGelu,
     ]
+
+
+def legacy_ops(opset: int) -> list[type]:
+    """Kernels for the model's opset where onnx's evaluator has none: DequantizeLinear 10-18 as
+    its opset-19 kernel, whose integer inputs, per-tensor and per-axis scales are the same op (19
+    added float8 inputs, which older models cannot hold)."""
+    if opset >= 19:
+        return []
+    from onnx.reference.ops.op_dequantize_linear import (  # engine: onnx's reference evaluator
+        DequantizeLinear_19,
+    )
+
+    class DequantizeLinear(DequantizeLinear_19):
+        op_domain = ""
+
+        # the evaluator binds the newest schema's attributes; 10-18 have only axis
+        def _run(self, x: Any, x_scale: Any, x_zero_point: Any = None, axis: int = 1, **_: Any) -> Any:  # type: ignore[override]
+            return super()._run(x, x_scale, x_zero_point, axis)
+
+    return [DequantizeLinear]

@@ -23,7 +23,7 @@ from xbackend.model.extdata import map_external
 from xbackend.model.load import ModelRef, load_proto
 from xbackend.numerics.values import Value, normalize
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
-from xbackend.runners.contrib import contrib_ops
+from xbackend.runners.contrib import contrib_ops, legacy_ops
 from xbackend.runners.mlops import ml_ops
 
 __all__ = ["ReferenceRunner", "blas_info", "graph_reads", "last_uses", "prune"]
@@ -94,7 +94,9 @@ class ReferenceRunner(Runner):
         container.model_proto = proto
         container.set_large_initializers(weights)
         try:
-            self._evaluator = ReferenceEvaluator(container, new_ops=[*ml_ops(), *contrib_ops()])
+            opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+            ops = [*ml_ops(), *contrib_ops(), *legacy_ops(opset)]
+            self._evaluator = ReferenceEvaluator(container, new_ops=ops)
         except Exception as e:
             raise BackendUnavailableError(f"the reference evaluator cannot load the model: {_msg(e)}") from e
         _name_failing_nodes(self._evaluator)
