@@ -191,7 +191,8 @@ def lam(terms: int, elements: int, delta: float = DELTA) -> float:
 def allowance(bound: NodeBound, v: np.ndarray, mag: np.ndarray | None, u: float) -> np.ndarray:
     """Per element, what `bound` allows around the float64 value `v` (`mag`: its M)."""
     av = np.abs(v)
-    out = bound.a * av
+    with np.errstate(invalid="ignore"):  # 0 · inf (an exact op on a mask's -inf): nan, judged by equality
+        out = bound.a * av
     if bound.b and mag is not None:
         out = out + bound.b * np.nan_to_num(np.abs(mag), nan=0.0, posinf=np.inf)
     if bound.c:

@@ -365,6 +365,16 @@ def _skip_norm(n: NodeView, bld: Builder) -> NodeBound | None:
     return replace(found, source=source)
 
 
+def _simplified_norm(n: NodeView, bld: Builder) -> NodeBound | None:
+    """ONNX Runtime's SimplifiedLayerNormalization (RMSNorm): x / sqrt(mean(x²) + ε) · γ."""
+    sx = n.shape(0)
+    if sx is None:
+        return None
+    axis = int(n.attr("axis", -1)) % len(sx)
+    scale = n.node.input[1] if len(n.node.input) > 1 else ""
+    return _normalization(n, bld, list(range(axis, len(sx))), scale, "", simplified=True)
+
+
 def _fused_matmul(n: NodeView, bld: Builder) -> NodeBound | None:
     sa = n.shape(0)
     if sa is None or n.attr("transBatchA", 0) or n.attr("transBatchB", 0):
@@ -412,6 +422,8 @@ def _gelu_like(
 _CONTRIB: dict[str, Callable[[NodeView, Builder], NodeBound | None]] = {
     "SkipLayerNormalization": _skip_norm,
     "SkipSimplifiedLayerNormalization": _skip_norm,
+    "SimplifiedLayerNormalization": _simplified_norm,
+    "Gelu": _gelu,
     "FusedMatMul": _fused_matmul,
     "FusedGemm": _fused_gemm,
     # the tanh form: Tanh's measured bound (16) beside Gelu's cancellation for x < 0 (16·|x|)

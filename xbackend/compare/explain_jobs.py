@@ -32,7 +32,7 @@ from xbackend.compare.judge_plan import LOCAL_PHASE, NODE_FLOOR_PHASE, Judge, Pl
 from xbackend.compare.memory import explanation_disk, judge_window_note, judge_windows, side_by_side
 from xbackend.compare.plain_judge import Shipped, judge_plain_runs
 from xbackend.compare.plan import plan_backend
-from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
+from xbackend.compare.shipped import judge_copy, runtime_plan, shipped_job, shipped_plan
 from xbackend.errors import UsageError
 from xbackend.execution.executor import Executor, Job, JobOutcome
 from xbackend.execution.progress import ProgressSink
@@ -177,7 +177,7 @@ def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_cap
     pieces = runtime or got.judged_on is not None
     judge = _judge_job(
         ctx,
-        got.judged_on if got.judged_on is not None else got.severed,
+        got.judged_on if got.judged_on is not None else judge_copy(got.severed),
         plan.shapes,
         captured,
         got.path,

@@ -128,7 +128,7 @@ def judged_model(
                 assumption or f"{len(inherited)} uncaptured input(s), propagated to first order"
             )
         if prop is not None:  # judged with it wherever a backend hands this tensor over
-            bld.nodes.append(helper.make_node("Identity", [prop], [PROP + outs[0]]))
+            _broadcast_to(bld, prop, outs[0], PROP + outs[0])
             tensors.append(PROP + outs[0])
             g.output.append(_typed(PROP + outs[0], known.get(outs[0]), symbolic=True))
         if outs[0] not in captured and outs[0] in read:  # the nodes below read it: they inherit its error
@@ -139,7 +139,7 @@ def judged_model(
             if not floats.get(o, False):
                 continue
             composed[o] = why or f"{len(inherited)} uncaptured input(s), propagated to first order"
-            bld.nodes.append(helper.make_node("Identity", [rest], [PROP + o]))
+            _broadcast_to(bld, rest, o, PROP + o)
             tensors.append(PROP + o)
             g.output.append(_typed(PROP + o, known.get(o), symbolic=True))
             if o not in captured and o in read:
@@ -213,6 +213,13 @@ def _inferred(
         if dims and all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
     return out, shapes, declared
+
+
+def _broadcast_to(bld: Builder, err: str, like: str, out: str) -> None:
+    """`err` broadcast to the shape of `like` as output `out` (an inherited error of a smaller
+    operand, or a scalar, has a rank of its own; the judged graph's outputs declare `like`'s)."""
+    zero = bld.op("Mul", bld.abs(like), bld.const(0.0))
+    bld.nodes.append(helper.make_node("Add", [zero, err], [out]))
 
 
 FLAT = "/whole"  # an unshaped extra output's value before it is flattened
@@ -372,11 +379,13 @@ def at_declared(y: np.ndarray, declared: str | None) -> tuple[np.ndarray, str]:
 def _vacuous(allow: np.ndarray, v: np.ndarray, dtype: np.dtype[np.generic]) -> str:
     """Why an allowance judges nothing: not finite, or past the value's own largest magnitude
     (a result off by its whole size would pass); '' where it judges."""
+    finite_v = np.isfinite(v)  # an infinite value (a mask's -inf) is judged by equality
+    allow = allow[np.broadcast_to(finite_v, allow.shape)]
     if allow.size == 0:
         return ""
     if not np.isfinite(allow).all():
         return "its allowance is not finite"
-    finite = np.abs(v[np.isfinite(v)])
+    finite = np.abs(v[finite_v])
     top = float(finite.max()) if finite.size else 0.0
     widest = float(allow.max())
     if widest > max(top, _tiny(dtype)):

@@ -35,6 +35,8 @@ CONTRIB_OPS = frozenset(
         "FastGelu",
         "QuickGelu",
         "BiasGelu",
+        "Gelu",
+        "SimplifiedLayerNormalization",  # ONNX Runtime registers it in the ONNX domain (see compare.shipped)
     }
 )
 
@@ -90,6 +92,23 @@ def contrib_ops() -> list[type]:
 
         def _run(self, x: Any) -> Any:
             return (_erf(x),)
+
+    class SimplifiedLayerNormalization(OpRun):  # RMSNorm: x / sqrt(mean(x²) + eps) * scale
+        op_domain = CONTRIB_DOMAIN
+
+        def _run(
+            self, x: Any, scale: Any, axis: Any = None, epsilon: Any = None, stash_type: Any = None
+        ) -> Any:
+            axes = tuple(range((-1 if axis is None else int(axis)) % x.ndim, x.ndim))
+            eps = 1e-5 if epsilon is None else float(epsilon)
+            inv = 1 / np.sqrt(np.mean(x * x, axis=axes, keepdims=True) + eps)
+            return ((x * inv * scale).astype(x.dtype), inv.astype(x.dtype))[: len(self.onnx_node.output)]
+
+    class Gelu(OpRun):  # com.microsoft's: the exact (erf) form
+        op_domain = CONTRIB_DOMAIN
+
+        def _run(self, x: Any, **_: Any) -> Any:  # onnx binds the standard Gelu's approximate
+            return ((0.5 * x * (1 + _erf(x / math.sqrt(2)))).astype(x.dtype),)
 
     class SkipLayerNormalization(OpRun):
         op_domain = CONTRIB_DOMAIN
@@ -181,6 +200,8 @@ def contrib_ops() -> list[type]:
 
     return [
         Erf,
+        SimplifiedLayerNormalization,
+        Gelu,
         SkipLayerNormalization,
         SkipSimplifiedLayerNormalization,
         FusedMatMul,
@@ -197,9 +218,7 @@ def legacy_ops(opset: int) -> list[type]:
     added float8 inputs, which older models cannot hold)."""
     if opset >= 19:
         return []
-    from onnx.reference.ops.op_dequantize_linear import (  # engine: onnx's reference evaluator
-        DequantizeLinear_19,
-    )
+    from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_19  # engine: onnx's evaluator
 
     class DequantizeLinear(DequantizeLinear_19):
         op_domain = ""
