@@ -310,3 +310,113 @@ def test_a_qdq_model_below_opset_19_has_a_reference_and_an_oracle(tmp_path: Path
     # a quantization step is the model's resolution, and named so
     for t in r.explanation.ill_conditioned:
         assert t.cause.startswith("QuantizeLinear rounds to steps of its scale"), t
+
+
+def _buckets(path: Path) -> Path:
+    """T5's relative-position buckets over `n` positions, added to a float input: distances,
+    Log of distance / 8 (log 0 = -inf on the diagonal), scaled and cast to int64 (a cast of -inf,
+    which ONNX leaves undefined), Min, and a Where that keeps exact buckets for small distances
+    (discarding those) before a Gather of a bias table."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def c(name: str, v: object, dtype: object = np.float32) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.asarray(v, dtype), name)
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["len"], axis=0),
+        helper.make_node("Range", ["zero", "len", "step"], ["pos"]),
+        helper.make_node("Unsqueeze", ["pos", "ax0"], ["row"]),
+        helper.make_node("Unsqueeze", ["pos", "ax1"], ["col"]),
+        helper.make_node("Sub", ["row", "col"], ["rel"]),
+        helper.make_node("Abs", ["rel"], ["dist"]),
+        helper.make_node("Less", ["dist", "exact"], ["small"]),
+        helper.make_node("Cast", ["dist"], ["distf"], to=TensorProto.FLOAT),
+        helper.make_node("Div", ["distf", "exactf"], ["ratio"]),
+        helper.make_node("Log", ["ratio"], ["logr"]),
+        helper.make_node("Div", ["logr", "logmax"], ["frac"]),
+        helper.make_node("Mul", ["frac", "span"], ["scaled"]),
+        helper.make_node("Cast", ["scaled"], ["large0"], to=TensorProto.INT64),
+        helper.make_node("Add", ["large0", "exact"], ["large1"]),
+        helper.make_node("Min", ["large1", "top"], ["large"]),
+        helper.make_node("Where", ["small", "dist", "large"], ["bucket"]),
+        helper.make_node("Gather", ["table", "bucket"], ["bias"], axis=0),
+        helper.make_node("Add", ["x", "bias"], ["y"]),
+    ]
+    inits = [
+        c("one", 1, np.int64), c("zero", 0, np.int64), c("step", 1, np.int64), c("ax0", [0], np.int64),
+        c("ax1", [1], np.int64), c("exact", 4, np.int64), c("exactf", 4.0), c("logmax", np.log(32 / 4)),
+        c("span", 4.0), c("top", 7, np.int64),
+        c("table", np.random.default_rng(0).standard_normal(8).astype(np.float32)),
+    ]  # fmt: skip
+    g = helper.make_graph(
+        nodes,
+        "buckets",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "n"])],  # dynamic: nothing folds
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "n"])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def test_float_to_int_buckets_are_judged_on_what_onnx_defines(tmp_path: Path) -> None:
+    """The diagonal's bucket is a cast of -inf, which ONNX leaves undefined (OpenVINO gives
+    INT32_MIN, numpy INT64_MIN) and the Where then discards: those elements judge nothing, and
+    correct engines are explained (OpenVINO was an origin at the cast, the add and the min)."""
+    model = _buckets(tmp_path / "buckets.onnx")
+    r = xbackend.compare(
+        model, backends="ort-cpu,openvino-cpu,reference,oracle", runs=1, probes="none", shapes={"n": (16,)}
+    )
+    for name in ("ort-cpu", "openvino-cpu", "reference", "oracle"):
+        le = r.explanation.local_for(name)
+        assert le is not None and le.status == "ok" and le.origins == (), (name, le and le.origins)
+    # the cast is judged (its defined elements exactly), not skipped
+    node = r.explanation.local_for("openvino-cpu").node("large0")
+    assert node is not None and node.ratio == 0 and not node.not_judged
+    assert r.exit_code == 0
+
+
+def _floor_of_products(folder: Path) -> tuple[Path, Path]:
+    """y = Floor(x · w) on products whose float32 rounding lands on an integer their exact value
+    is just below (729 · 53.333332 = 38880 in float32, 38879.99907 in float64): a float32 engine's
+    floor is one more than float64's, and right."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(1, 1000, 200000).astype(np.float32)
+    w = (rng.integers(1, 1000, 200000) / rng.integers(1, 1000, 200000)).astype(np.float32)
+    p32, p64 = x * w, x.astype(np.float64) * w.astype(np.float64)
+    keep = np.nonzero(np.floor(p32) != np.floor(p64))[0][:256]
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["p"]), helper.make_node("Floor", ["p"], ["y"])],
+        "floor",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(keep)])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [len(keep)])],
+        [numpy_helper.from_array(w[keep], "w")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(folder / "floor.onnx"))
+    np.savez(folder / "x.npz", x=x[keep])
+    return folder / "floor.onnx", folder / "x.npz"
+
+
+def test_a_floor_of_inexact_operands_is_judged_by_what_they_reach(tmp_path: Path) -> None:
+    model, inputs = _floor_of_products(tmp_path)
+    r = xbackend.compare(
+        model, backends="ort-cpu,openvino-cpu,reference", runs=1, probes="none", inputs=inputs
+    )
+    # OpenVINO fuses the Mul and the Floor into one kernel: judged at y, its Floor is one more
+    # than float64's on every element, and reachable from a product within its rounding
+    ov = r.explanation.local_for("openvino-cpu")
+    assert ov is not None and ov.node("y") is not None and ov.node("y").ratio == 0
+    for name in ("ort-cpu", "openvino-cpu", "reference"):
+        le = r.explanation.local_for(name)
+        assert le is not None and le.status == "ok" and le.origins == (), (name, le and le.origins)

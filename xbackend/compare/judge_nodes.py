@@ -95,6 +95,7 @@ def judged_model(
     err: dict[str, str] = {}  # an uncaptured tensor -> its whole allowance
     made_by: dict[str, tuple[str, str]] = {}  # an uncaptured tensor -> the inexact node that made it
     blame: dict[str, tuple[str, str]] = {}
+    poison: dict[str, str] = {}  # a tensor -> where its elements are undefined (bool, in the judged graph)
     for node in list(g.node):
         outs = [o for o in node.output if o]
         if not outs:
@@ -116,8 +117,25 @@ def judged_model(
         if bound.exact and maker is not None:
             blame[outs[0]] = maker
         made_by[outs[0]] = maker if bound.exact and maker is not None else (node.op_type, outs[0])
+        undefined = _undefined(node, poison, floats, bld_u := Builder(UNDEF + outs[0], opset))
+        if undefined:  # elements ONNX leaves undefined (a cast of inf to an integer), and what they reach
+            poison[outs[0]] = undefined
+            extra_nodes.extend(bld_u.nodes)
+            g.initializer.extend(bld_u.inits)
+            extra_nodes.append(helper.make_node("Identity", [undefined], [UNDEF + outs[0]]))
+            tensors.append(UNDEF + outs[0])
+            vi = onnx.ValueInfoProto()
+            vi.name = UNDEF + outs[0]
+            vi.type.tensor_type.elem_type = TensorProto.BOOL
+            g.output.append(vi)
+        if inherited and node.op_type in REACHABLE:  # a step of inexact floats: either side may be right
+            _reachable(node, inherited, bld_r := Builder(REACH + outs[0], opset), g, floats)
+            extra_nodes.extend(bld_r.nodes)
+            g.initializer.extend(bld_r.inits)
+            tensors += [LO + outs[0], HI + outs[0]]
+            composed[outs[0]] = "judged as reachable from its operands within their inherited errors"
         if not floats.get(outs[0], False):
-            if inherited:  # an index, mask or shape computed from inexact values
+            if inherited and outs[0] not in composed:  # an index, mask or shape computed from inexact values
                 composed[outs[0]] = "its inputs' errors cannot be carried into a non-float output"
             continue
         bld = Builder(PROP + outs[0], opset)
@@ -213,6 +231,92 @@ def _inferred(
         if dims and all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
     return out, shapes, declared
+
+
+UNDEF = "xb.undef."  # where a node output's elements are undefined by ONNX: UNDEF + t
+_INT_MAX: dict[int, int] = {TensorProto.INT8: 2**7, TensorProto.INT16: 2**15, TensorProto.INT32: 2**31,
+            TensorProto.INT64: 2**63, TensorProto.UINT8: 2**8, TensorProto.UINT16: 2**16,
+            TensorProto.UINT32: 2**32, TensorProto.UINT64: 2**64}  # fmt: skip
+# ops whose every output element is computed from the same elements of its inputs (broadcast)
+_ELEMENTWISE = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Min", "Max", "Abs", "Neg", "Cast", "Clip", "Mod", "Sign", "Identity",
+     "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Not", "And", "Or"}
+)  # fmt: skip
+
+
+def _undefined(
+    node: onnx.NodeProto, poison: Mapping[str, str], floats: Mapping[str, bool], bld: Builder
+) -> str:
+    """A bool tensor of where `node`'s first output is undefined, or '': a float cast to an integer
+    type out of its range (inf, NaN: T5's log of a zero distance, which a Where then discards), and
+    elementwise results of undefined elements; a Where's, where it selects one."""
+    ins = list(node.input)
+    mine = [poison.get(i[len(SEVERED) :] if i.startswith(SEVERED) else i, "") for i in ins]
+    out = node.output[0]
+    if node.op_type == "Cast" and ins and floats.get(_bare(ins[0]), False):
+        to = int(next((a.i for a in node.attribute if a.name == "to"), 0))
+        if to in _INT_MAX:
+            x = ins[0]
+            bad = bld.op("Or", bld.op("IsNaN", x), bld.op("IsInf", x))
+            bad = bld.op("Or", bad, bld.op("Greater", bld.abs(x), bld.const(float(_INT_MAX[to]))))
+            return bld.op("Or", bad, mine[0]) if mine[0] else bad
+    if not any(mine):
+        return ""
+    none = bld.op("Less", out, out)  # False everywhere, in the output's shape
+    if node.op_type == "Where" and len(ins) == 3:
+        picked = bld.op("Where", ins[0], mine[1] or none, mine[2] or none)
+        return bld.op("Or", picked, mine[0]) if mine[0] else picked
+    if node.op_type not in _ELEMENTWISE:
+        return ""
+    total = none
+    for m in mine:
+        if m:
+            total = bld.op("Or", total, m)
+    return total
+
+
+def _bare(name: str) -> str:
+    return name[len(SEVERED) :] if name.startswith(SEVERED) else name
+
+
+# Steps of their float operands: a result an inexact operand can land on either side of.
+# Cast, Floor, Ceil, Round are monotone in their input; the comparisons in both operands.
+REACHABLE = frozenset({"Cast", "Floor", "Ceil", "Round", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
+REACH, LO, HI = "xb.reach.", "xb.lo.", "xb.hi."  # the lowest and highest result reachable
+
+
+def _reachable(
+    node: onnx.NodeProto, err: Mapping[str, str], bld: Builder, g: onnx.GraphProto, floats: Mapping[str, bool]
+) -> None:
+    """The node evaluated at the ends of its operands' error intervals (outputs LO + out and HI +
+    out): a backend's result between them is reachable from operands within their errors."""
+    out, ins = node.output[0], list(node.input)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+    def at(shift: list[str]) -> list[str]:
+        return [bld.op("Add" if sgn == "+" else "Sub", i, err[i]) if sgn and i in err else i
+                for i, sgn in zip(ins, shift, strict=False)]  # fmt: skip
+
+    if node.op_type in ("Less", "LessOrEqual"):  # a < b: least true at a high, b low
+        lo, hi = at(["+", "-"]), at(["-", "+"])
+    elif node.op_type in ("Greater", "GreaterOrEqual"):
+        lo, hi = at(["-", "+"]), at(["+", "-"])
+    else:
+        lo, hi = at(["-"]), at(["+"])
+    for name, args in ((LO + out, lo), (HI + out, hi)):
+        bld.nodes.append(helper.make_node(node.op_type, args, [name], **attrs))
+        vi = onnx.ValueInfoProto()
+        vi.name = name
+        vi.type.tensor_type.elem_type = _out_type(node, floats)
+        g.output.append(vi)
+
+
+def _out_type(node: onnx.NodeProto, floats: Mapping[str, bool]) -> int:
+    if node.op_type == "Cast":
+        return int(next(a.i for a in node.attribute if a.name == "to"))
+    if node.op_type in ("Floor", "Ceil", "Round"):
+        return TensorProto.FLOAT
+    return TensorProto.BOOL
 
 
 def _broadcast_to(bld: Builder, err: str, like: str, out: str) -> None:
@@ -321,8 +425,36 @@ def element_allowance(
     return allow
 
 
+def _reach(y: np.ndarray, lo: Value, hi: Value) -> np.ndarray | None:
+    """Per element, whether `y` lies between the lowest and highest results its operands' errors
+    reach (None where there are none)."""
+    if not (isinstance(lo, np.ndarray) and isinstance(hi, np.ndarray)) or not lo.size == hi.size == y.size:
+        return None
+    a, b, x = (z.astype(np.float64).reshape(y.shape) for z in (lo, hi, y))  # they may leave flattened
+    with np.errstate(invalid="ignore"):
+        return (a <= x) & (x <= b)
+
+
+def _defined(y: np.ndarray, v: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`y` with its undefined elements set to the judge's own values (so they compare equal)."""
+    if free.size != y.size or y.shape != v.shape or not free.any():
+        return y, v
+    mask = free.reshape(y.shape).astype(bool)
+    y = np.where(mask, v.astype(y.dtype, copy=False), y)
+    return y, np.where(mask, y.astype(v.dtype, copy=False), v)
+
+
+def _within(y: Value, lo: Value, hi: Value) -> bool:
+    return isinstance(y, np.ndarray) and (r := _reach(y, lo, hi)) is not None and bool(r.all())
+
+
 def _measure(
-    y: np.ndarray, v: np.ndarray, mag: np.ndarray | None, bound: NodeBound, inherited: np.ndarray | None
+    y: np.ndarray,
+    v: np.ndarray,
+    mag: np.ndarray | None,
+    bound: NodeBound,
+    inherited: np.ndarray | None,
+    reached: np.ndarray | None = None,
 ) -> _Measured:
     dtype = y.dtype
     if v.shape != y.shape:
@@ -343,6 +475,8 @@ def _measure(
         overflow = (np.abs(v) > top) & np.isinf(yv) & (np.sign(yv) == np.sign(v))
         both_nan = np.isnan(yv) & np.isnan(v)
         err = np.where(overflow | both_nan | (yv == v), 0.0, err)
+        if reached is not None:  # a step its operands' errors reach
+            err = np.where(reached, 0.0, err)
     if np.isnan(err).any():
         i = np.unravel_index(int(np.argmax(np.isnan(err))), err.shape)
         detail = "NaN where float64 gives a number" if np.isnan(yv[i]) else "a number where float64 gives NaN"
@@ -465,8 +599,14 @@ def judge_backend(
                 prop_low: np.ndarray | None = (p if isinstance(p, np.ndarray) else 0.0) + np.full(
                     v.shape, own
                 )
+            lo, hi = j.get(LO + t), j.get(HI + t)
+            free = j.get(UNDEF + t)
+            if isinstance(free, np.ndarray) and isinstance(y, np.ndarray) and isinstance(v, np.ndarray):
+                y, v = _defined(y, v, free)  # ONNX leaves those elements undefined: any value is right
             if not (_plain_float(y) and isinstance(v, np.ndarray) and v.dtype == np.float64):
                 why = _exact_differs(y, v)
+                if why and _within(y, lo, hi):  # a step its operands' errors reach: not an error
+                    why = ""
                 nodes.append(
                     NodeJudgment(t, bound.op, 0.0 if not why else None, 0.0, 0.0 if not why else math.inf)
                 )
@@ -495,6 +635,7 @@ def judge_backend(
                 mag if isinstance(mag, np.ndarray) else None,
                 bound,
                 prop if isinstance(prop, np.ndarray) else None,
+                _reach(y, lo, hi),
             )
             if m.vacuous:
                 nodes.append(NodeJudgment(t, bound.op, None, 0.0, 0.0, not_judged=m.vacuous))
