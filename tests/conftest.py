@@ -35,6 +35,7 @@ PLUGINS = {
     "test-dtype": "plugin_runners:ReturnedDtypeRunner",
     "test-fuse": "plugin_runners:FuseUnexposedRunner",
     "test-onnx-load": "plugin_runners:OnnxLoadRunner",
+    "test-flush": "plugin_runners:FlushRunner",
 }
 
 

@@ -836,3 +836,25 @@ class OnnxLoadRunner(Runner):
 
     def info(self) -> dict[str, str]:
         return {**super().info(), "weights_loaded": str(getattr(self, "weights", 0))}
+
+
+class FlushRunner(OrtCpuRunner):
+    """onnxruntime CPU that sets every Softmax result below `below` to zero: at 1.6e-38 what
+    OpenVINO's exp does (flush-to-zero), far above it a real loss."""
+
+    name = "test-flush"
+    description = "ONNX Runtime CPU flushing small Softmax results to zero"
+    saves_optimized_graph = False  # stands for a kernel inside the engine
+    option_specs = (*OrtCpuRunner.option_specs, OptionSpec("below", float, 1.6e-38, "the flush line"))
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        graph = onnx.load(model.path, load_external_data=False).graph
+        self._softmax = {n.output[0] for n in graph.node if n.op_type == "Softmax"}
+        return super().prepare_impl(model, tensors)
+
+    def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().run_impl(feeds)
+        for k in self._softmax & set(out):
+            v = out[k]
+            out[k] = np.where(np.abs(v) < float(self.options["below"]), np.float32(0), v)
+        return out

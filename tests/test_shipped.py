@@ -420,3 +420,54 @@ def test_a_floor_of_inexact_operands_is_judged_by_what_they_reach(tmp_path: Path
     for name in ("ort-cpu", "openvino-cpu", "reference"):
         le = r.explanation.local_for(name)
         assert le is not None and le.status == "ok" and le.origins == (), (name, le and le.origins)
+
+
+def _wide_softmax(path: Path) -> Path:
+    """Softmax over logits of std 50 (then a MatMul): many results fall near float32's smallest
+    normal, where OpenVINO's exp flushes to zero."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    g = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "s"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["p"], axis=-1),
+            helper.make_node("MatMul", ["p", "v"], ["y"]),
+        ],
+        "softmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 16])],
+        [
+            numpy_helper.from_array(np.float32(50.0), "s"),
+            numpy_helper.from_array(rng.standard_normal((256, 16)).astype(np.float32), "v"),
+        ],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+@pytest.mark.usefixtures("plugins")
+def test_flush_to_zero_is_allowed_and_said_and_a_larger_flush_is_caught(tmp_path: Path) -> None:
+    model = _wide_softmax(tmp_path / "softmax.onnx")
+    r = xbackend.compare(
+        model,
+        backends="test-flush,test-flush@far,openvino-cpu,ort-cpu,reference",
+        runs=1,
+        probes="none",
+        runner_options={"test-flush@far": {"below": 1e-30}},
+    )
+    for name in ("test-flush", "openvino-cpu", "ort-cpu", "reference"):
+        le = r.explanation.local_for(name)
+        assert le is not None and le.origins == (), (name, le and le.origins)
+    flush = r.explanation.local_for("test-flush")
+    assert flush.flushed > 0 and flush.flushed_at == "p"
+    assert r.explanation.local_for("ort-cpu").flushed == 0  # ONNX Runtime returns the subnormals
+    assert any(
+        v.startswith("NOTE: test-flush flushes results below float's normal range") for v in r.verdict()
+    )
+    # a flush far above the normal range is a loss, at the Softmax alone
+    assert [o.tensor for o in r.cross("test-flush@far").origins] == ["p"]

@@ -369,9 +369,21 @@ def _plain_float(v: Value) -> bool:
     return isinstance(v, np.ndarray) and str(v.dtype) in COMPUTE_FLOATS
 
 
+# Flushing results below the smallest normal to zero is an engine's right; OpenVINO's exp flushes
+# what its range reduction scales below 2^-126, results up to about 1.6e-38 (float32's smallest
+# normal is 1.18e-38): twice the smallest normal, absolute, is allowed.
+FLUSH = 2.0
+
+
 def _tiny(dtype: np.dtype[np.generic]) -> float:
-    """Flushing results below the smallest normal to zero is an engine's right."""
     return float(float_info(dtype).tiny)
+
+
+def _flushed(y: np.ndarray, v: np.ndarray, dtype: np.dtype[np.generic]) -> int:
+    """Elements the engine returned as zero whose value is a nonzero one below the flush line."""
+    with np.errstate(invalid="ignore"):
+        kept = v.astype(dtype) != 0  # nonzero in the dtype, subnormals included: not an underflow
+        return int(np.count_nonzero((y == 0) & kept & (np.abs(v) < FLUSH * _tiny(dtype))))
 
 
 def _max(dtype: np.dtype[np.generic]) -> float:
@@ -389,6 +401,7 @@ class _Measured:
     certain: bool  # past the deterministic bound too
     detail: str = ""
     vacuous: str = ""  # why the allowance judges nothing (not finite, or past the value's magnitude)
+    flushed: int = 0  # elements flushed to zero below the normal range
 
 
 def _fit(mag: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -416,7 +429,7 @@ def element_allowance(
     an inexact op, and what the node inherits from uncaptured nodes above it."""
     allow = allowance(bound, v, _fit(mag, v.shape), unit_roundoff(dtype))
     if not bound.exact:  # v is itself rounded to float64 along its evaluation
-        allow = allow * (1 + 2.0**-20) + _tiny(dtype)
+        allow = allow * (1 + 2.0**-20) + FLUSH * _tiny(dtype)
     if inherited is not None:
         # flattened, or of a smaller operand: reshaped back, else its largest element everywhere
         fit = _fit(inherited, allow.shape)
@@ -495,7 +508,10 @@ def _measure(
     elif ratio[i] > 1:
         certain = bound.kind in ("exact", "elementwise")
     detail = "Inf where float64 gives a number" if math.isinf(e) else ""
-    return _Measured(float(ratio[i]), e / scale, a / scale, tuple(int(k) for k in i), certain, detail)
+    flushed = _flushed(yv, v, dtype)
+    return _Measured(
+        float(ratio[i]), e / scale, a / scale, tuple(int(k) for k in i), certain, detail, flushed=flushed
+    )
 
 
 def at_declared(y: np.ndarray, declared: str | None) -> tuple[np.ndarray, str]:
@@ -583,6 +599,7 @@ def judge_backend(
     nodes: list[NodeJudgment] = []
     worst: tuple[float, str] = (-1.0, "")
     narrowed = False
+    flushed = (0, "")  # elements flushed to zero, and the first node that flushed
     with CaptureFile(local_capture) as a, CaptureFile(judge_capture) as j:
         for t in order:
             bound = judged.bounds.get(t)
@@ -641,6 +658,8 @@ def judge_backend(
                 nodes.append(NodeJudgment(t, bound.op, None, 0.0, 0.0, not_judged=m.vacuous))
                 continue
             nodes.append(NodeJudgment(t, bound.op, m.local_scaled, m.allowed_scaled, m.ratio))
+            if m.flushed:
+                flushed = (flushed[0] + m.flushed, flushed[1] or t)
             if m.ratio > worst[0] and not bound.exact:
                 worst = (m.ratio, t)
             returned = f"handed back as {narrow} where the model declares {y.dtype}" if narrow else ""
@@ -678,6 +697,8 @@ def judge_backend(
         largest_at=worst[1],
         nodes=tuple(nodes),
         graph=graph,
+        flushed=flushed[0],
+        flushed_at=flushed[1],
     )
 
 

@@ -180,6 +180,8 @@ def _merged(parts: Sequence[LocalErrors]) -> LocalErrors:
         largest_at=worst[1],
         nodes=tuple(n for p in parts for n in p.nodes),
         graph=first.graph,
+        flushed=sum(p.flushed for p in parts),
+        flushed_at=next((p.flushed_at for p in parts if p.flushed_at), ""),
     )
 
 

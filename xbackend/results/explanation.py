@@ -140,6 +140,8 @@ class LocalErrors:
     nodes: tuple[NodeJudgment, ...] = ()  # every judged node output, model order
     graph: str = ""  # the graph its nodes were judged on (ONNX Runtime's optimized one, its modules, ...)
     plain: PlainOutputs | None = field(default=None, metadata={OMIT_DEFAULT: True})
+    flushed: int = field(default=0, metadata={OMIT_DEFAULT: True})  # elements flushed to zero (FTZ)
+    flushed_at: str = field(default="", metadata={OMIT_DEFAULT: True})  # the first node that flushed
 
     def node(self, tensor: str) -> NodeJudgment | None:
         return self._node_index.get(value_name(tensor))

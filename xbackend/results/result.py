@@ -288,6 +288,13 @@ class Result:
                 f"WARN: {with_module(t.tensor, modules)}: ill-conditioned — {how} ({t.cause}); differences "
                 "at and after it are the model's, not the engines'"
             )
+        for lx in ex.local:
+            if lx.flushed:
+                out.append(
+                    f"NOTE: {lx.backend} flushes results below float's normal range to zero ({lx.flushed} "
+                    f"element(s), first at {with_module(lx.flushed_at, modules)}): flush-to-zero is an "
+                    "engine's mode, allowed"
+                )
         for a in ex.amplifiers:
             out.append(
                 f"NOTE: {with_module(a.tensor, modules)}: {a.op_type} of inputs up to {a.input_max:.4g} is "
