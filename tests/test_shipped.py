@@ -471,3 +471,22 @@ def test_flush_to_zero_is_allowed_and_said_and_a_larger_flush_is_caught(tmp_path
     )
     # a flush far above the normal range is a loss, at the Softmax alone
     assert [o.tensor for o in r.cross("test-flush@far").origins] == ["p"]
+
+
+def test_a_window_of_tensors_says_which_share_of_the_nodes_was_judged() -> None:
+    # blocks.0's tensors and the output: the output is computed from blocks.0 through five
+    # uncaptured blocks, and the allowance composed over them is past its value: not judged
+    r = xbackend.compare(
+        ROOT / "models" / "torch_mlp.onnx",
+        backends="openvino-cpu,reference",
+        runs=1,
+        probes="none",
+        tensors="blocks.0.*",
+    )
+    ov = r.explanation.local_for("openvino-cpu")
+    assert ov.status == "ok" and [n.tensor for n in ov.unjudged] == ["y"]
+    assert "larger than the value's own magnitude" in ov.unjudged[0].not_judged
+    (line,) = [v for v in r.verdict() if v.startswith("PASS")]
+    assert "every judged node of reference, openvino-cpu is within rounding" in line
+    assert f"openvino-cpu: {ov.share()}" in line
+    assert xbackend.report.to_json(r).count('"nodes_not_judged"') == 2

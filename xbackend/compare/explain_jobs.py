@@ -91,8 +91,15 @@ def explain(
         return Explanation("unavailable", f"the reference ({ref}) did not run")
     layers = rb.first.layers
     if layers is None:
-        why = "--outputs-only" if ctx.spec.outputs_only else f"{ref} has no per-layer capture"
-        return Explanation("unavailable", f"floors and origins need every tensor of the reference ({why})")
+        if ctx.spec.outputs_only:
+            why = (
+                "--outputs-only (--tensors outputs) captures no tensor a node reads, so no node can be fed "
+                "its inputs; pass --tensors modules or all to judge them"
+            )
+            return Explanation("unavailable", f"not judged: {why}")
+        return Explanation(
+            "unavailable", f"floors and origins need the reference's tensors ({ref} has no per-layer capture)"
+        )
     try:
         plan = _plan(ctx, planned, builds, results, ref, layers.capture)
     except Exception as e:  # an explanation that cannot be planned is reported, never fatal

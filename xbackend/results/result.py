@@ -437,7 +437,16 @@ class Result:
         # the reference is named only where its own nodes were judged
         judged_ref = [ref] if self.reference_judgment is not None else []
         names = ", ".join([*judged_ref, *(c.backend for c in judged)])
+        partial = [
+            f"{le.backend}: {le.share()}"
+            for le in self.explanation.local
+            if le.status == "ok" and le.unjudged and le.backend in names.split(", ")
+        ]
         words = f"every node of {names} is within rounding of its float64 value"
+        if partial:  # some nodes' allowances judge nothing: say how many were judged
+            words = (
+                f"every judged node of {names} is within rounding of its float64 value ({'; '.join(partial)})"
+            )
         if self.reference_judgment is None:
             words += f" ({ref}'s own nodes were not judged)"
         if others:
