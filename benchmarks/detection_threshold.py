@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from xbackend.bounds.element import AUX, U32, allowance
-from xbackend.compare.judge_nodes import judged_model
+from xbackend.compare.judged_graph import judged_model
 from xbackend.runners.contrib import contrib_ops
 from xbackend.runners.oracle import promote_to_float64
 

@@ -427,7 +427,7 @@ def test_each_part_of_a_split_inherits_its_slice_of_an_uncaptured_error() -> Non
     from onnx.reference import ReferenceEvaluator
 
     from xbackend.bounds.propagation import PROP
-    from xbackend.compare.judge_nodes import judged_model
+    from xbackend.compare.judged_graph import judged_model
     from xbackend.runners.oracle import promote_to_float64
 
     rng = np.random.default_rng(0)
@@ -502,7 +502,7 @@ def test_an_integer_result_is_compared_exactly_without_a_float_magnitude() -> No
     float magnitude is built for them (it made the judged graph invalid: the float64 evaluation
     failed and nothing was judged)."""
     from xbackend.bounds.element import AUX
-    from xbackend.compare.judge_nodes import judged_model
+    from xbackend.compare.judged_graph import judged_model
     from xbackend.runners.oracle import promote_to_float64
 
     g = helper.make_graph(

@@ -277,10 +277,11 @@ def test_a_float16_model_is_judged_at_its_own_dtypes(tmp_path: Path) -> None:
     for name in ("ort-cpu", "openvino-cpu", "oracle", "reference"):
         le = r.explanation.local_for(name)
         assert le is not None and le.status == "ok" and le.origins == (), (name, le)
-    # each float16 node is judged in float16: the reference's Add (computed in float16) is off
-    # by a quarter of a float16 ULP, allowed just over that (in float32 ULP these are ~2000)
+    # each float16 node is judged in float16: the reference's Add (computed in float16) is off by
+    # under half a float16 ULP, allowed under one (in float32 ULP these are thousands)
     node = r.explanation.local_for("reference").node("block0.fc1.out")
-    assert node is not None and node.local_scaled_ulp == 0.25 and 0.25 < node.allowed_scaled_ulp < 1
+    assert node is not None and node.local_scaled_ulp is not None
+    assert 0.1 < node.local_scaled_ulp <= 0.5 and node.local_scaled_ulp < node.allowed_scaled_ulp < 1
     assert r.exit_code == 0
 
 

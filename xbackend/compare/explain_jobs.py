@@ -27,8 +27,9 @@ from xbackend.bounds.propagation import PROP
 from xbackend.compare.builds import Builds
 from xbackend.compare.conditioning import amplifiers, ill_conditioned
 from xbackend.compare.floors import save_severed_feeds
-from xbackend.compare.judge_nodes import JUDGE_PHASE, judged_model
+from xbackend.compare.judge_nodes import JUDGE_PHASE
 from xbackend.compare.judge_plan import LOCAL_PHASE, NODE_FLOOR_PHASE, Judge, Plan, judge_all
+from xbackend.compare.judged_graph import judged_model
 from xbackend.compare.memory import explanation_disk, judge_window_note, judge_windows, side_by_side
 from xbackend.compare.plain_judge import Shipped, judge_plain_runs
 from xbackend.compare.plan import plan_backend

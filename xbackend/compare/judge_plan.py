@@ -8,7 +8,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xbackend.compare.judge_nodes import JUDGE_PHASE, Judged, judge_backend, reorder_check
+from xbackend.compare.judge_nodes import JUDGE_PHASE, judge_backend, reorder_check
+from xbackend.compare.judged_graph import Judged
 from xbackend.execution.executor import Executor, Job, JobOutcome
 from xbackend.model.load import ModelSpec
 from xbackend.model.reorder import Reordered

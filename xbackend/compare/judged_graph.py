@@ -1,0 +1,352 @@
+"""The judged model: the severed graph with, per node, the float nodes that compute its operands'
+magnitude, the errors it inherits from uncaptured nodes above it (first order), the results its
+operands' errors reach where it is a step (a cast to an integer, a floor, a comparison), and where
+its elements are undefined by ONNX. The oracle evaluates it in float64 (narrow=false)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from xbackend.bounds.element import AUX, U32, Builder, NodeBound
+from xbackend.bounds.propagation import PROP, own_allowance, propagate, propagate_rest
+from xbackend.bounds.rules import node_bound, secondary_bound
+from xbackend.model.sever import SEVERED
+from xbackend.numerics.metrics import COMPUTE_FLOATS
+
+__all__ = ["FLAT", "HI", "LO", "REACHABLE", "UNDEF", "Judged", "judged_model"]
+
+
+@dataclass(frozen=True)
+class Judged:
+    """The judged model and how each node output is judged."""
+
+    proto: onnx.ModelProto
+    bounds: Mapping[str, NodeBound]  # node output -> its bound
+    tensors: tuple[str, ...]  # node outputs and magnitudes the judge run exposes
+    composed: Mapping[str, str] = field(default_factory=dict)  # node output -> how it inherits
+    # an exact op's output that carries an uncaptured node's error -> (that node's op, its output)
+    blame: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # each node's tensors (its outputs, magnitude and what it inherits), in `tensors` order: a
+    # window of the judge holds whole nodes, so a node is judged with its own magnitude
+    groups: tuple[tuple[str, ...], ...] = ()
+    # each float node output's dtype as the model declares it: the precision it is judged at,
+    # whatever dtype a backend hands back
+    declared: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The node outputs judged, in graph order."""
+        return tuple(t for t in self.tensors if t in self.bounds)
+
+
+def _opset(proto: onnx.ModelProto) -> int:
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def judged_model(
+    severed: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]],
+    captured: Mapping[str, str],
+    fill_shapes: bool = False,
+) -> Judged:
+    """`severed` with every node's magnitude as an extra output (AUX + output), and each node
+    output's bound (`shapes`: tensor shapes by original name, as captured; `captured`: the
+    tensors the reference holds, and their dtypes, which the severed model is fed;
+    `fill_shapes`: shape inference's concrete shapes take precedence, for a graph whose own
+    tensors the captures do not name: ORT's optimized one).
+
+    A node that reads a tensor the reference did not capture (torch exposes module outputs)
+    runs from above it: the errors allowed to the uncaptured nodes are propagated to first order
+    through them (xbackend.bounds.propagation.propagate) and added to its allowance (output PROP + output)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(severed)
+    g = out.graph
+    opset = _opset(out)
+    floats, inferred, declared = _inferred(severed)
+    # the captured shapes first; shape inference's where nothing captured a tensor (--tensors)
+    base = {**shapes, **inferred} if fill_shapes else {**inferred, **shapes}
+    known = dict(base)
+    known.update({SEVERED + n: s for n, s in base.items()})
+    known.update({t.name: tuple(int(d) for d in t.dims) for t in g.initializer})
+    read = {i for n in g.node for i in n.input}
+    bounds: dict[str, NodeBound] = {}
+    composed: dict[str, str] = {}
+    extra_nodes: list[onnx.NodeProto] = []
+    tensors: list[str] = []
+    starts: list[int] = []  # where each node's tensors begin in `tensors`
+    err: dict[str, str] = {}  # an uncaptured tensor -> its whole allowance
+    made_by: dict[str, tuple[str, str]] = {}  # an uncaptured tensor -> the inexact node that made it
+    blame: dict[str, tuple[str, str]] = {}
+    poison: dict[str, str] = {}  # a tensor -> where its elements are undefined (bool, in the judged graph)
+    for node in list(g.node):
+        outs = [o for o in node.output if o]
+        if not outs:
+            continue
+        starts.append(len(tensors))
+        bound, nodes, inits = node_bound(node, known, opset)
+        bounds[outs[0]] = bound
+        tensors.append(outs[0])
+        for o in outs[1:]:
+            bounds[o] = secondary_bound(node.op_type)
+            tensors.append(o)
+        if nodes and floats.get(outs[0], False):  # an integer result is compared exactly: no magnitude
+            extra_nodes.extend(nodes)
+            g.initializer.extend(inits)
+            tensors.append(AUX + outs[0])
+            g.output.append(_typed(AUX + outs[0], known.get(outs[0])))
+        inherited = {i: err[i] for i in node.input if i in err}
+        maker = next((made_by[i] for i in node.input if i in made_by), None)
+        if bound.exact and maker is not None:
+            blame[outs[0]] = maker
+        made_by[outs[0]] = maker if bound.exact and maker is not None else (node.op_type, outs[0])
+        undefined = _undefined(node, poison, floats, bld_u := Builder(UNDEF + outs[0], opset))
+        if undefined:  # elements ONNX leaves undefined (a cast of inf to an integer), and what they reach
+            poison[outs[0]] = undefined
+            extra_nodes.extend(bld_u.nodes)
+            g.initializer.extend(bld_u.inits)
+            extra_nodes.append(helper.make_node("Identity", [undefined], [UNDEF + outs[0]]))
+            tensors.append(UNDEF + outs[0])
+            vi = onnx.ValueInfoProto()
+            vi.name = UNDEF + outs[0]
+            vi.type.tensor_type.elem_type = TensorProto.BOOL
+            g.output.append(vi)
+        if inherited and node.op_type in REACHABLE:  # a step of inexact floats: either side may be right
+            _reachable(node, inherited, bld_r := Builder(REACH + outs[0], opset), g, floats)
+            extra_nodes.extend(bld_r.nodes)
+            g.initializer.extend(bld_r.inits)
+            tensors += [LO + outs[0], HI + outs[0]]
+            composed[outs[0]] = "judged as reachable from its operands within their inherited errors"
+        if not floats.get(outs[0], False):
+            if inherited and outs[0] not in composed:  # an index, mask or shape computed from inexact values
+                composed[outs[0]] = "its inputs' errors cannot be carried into a non-float output"
+            continue
+        bld = Builder(PROP + outs[0], opset)
+        prop = None
+        if inherited:
+            prop, assumption = propagate(node, inherited, bld, opset)
+            composed[outs[0]] = (
+                assumption or f"{len(inherited)} uncaptured input(s), propagated to first order"
+            )
+        if prop is not None:  # judged with it wherever a backend hands this tensor over
+            _broadcast_to(bld, prop, outs[0], PROP + outs[0])
+            tensors.append(PROP + outs[0])
+            g.output.append(_typed(PROP + outs[0], known.get(outs[0]), symbolic=True))
+        if outs[0] not in captured and outs[0] in read:  # the nodes below read it: they inherit its error
+            # uncaptured, so no dtype of its own was seen: float32's unit roundoff
+            mine = own_allowance(bound, outs[0], U32, bool(nodes), bld)
+            err[outs[0]] = bld.op("Add", mine, prop) if prop is not None else mine
+        for o, (rest, why) in (propagate_rest(node, inherited, bld) if inherited else {}).items():
+            if not floats.get(o, False):
+                continue
+            composed[o] = why or f"{len(inherited)} uncaptured input(s), propagated to first order"
+            _broadcast_to(bld, rest, o, PROP + o)
+            tensors.append(PROP + o)
+            g.output.append(_typed(PROP + o, known.get(o), symbolic=True))
+            if o not in captured and o in read:
+                mine = own_allowance(bounds[o], o, U32, False, bld)
+                err[o] = bld.op("Add", mine, rest)
+        extra_nodes.extend(bld.nodes)
+        g.initializer.extend(bld.inits)
+    g.node.extend(extra_nodes)
+    _flatten_unshaped(g)
+    ends = [*starts[1:], len(tensors)]
+    groups = tuple(tuple(tensors[a:b]) for a, b in zip(starts, ends, strict=True))
+    for t, d in captured.items():  # a tensor shape inference could not type: as the reference holds it
+        if floats.get(t, False) and d in COMPUTE_FLOATS:
+            declared.setdefault(t, d)
+    return Judged(out, bounds, tuple(tensors), composed, blame, groups, declared)
+
+
+_FLOAT_NAMES = {
+    TensorProto.FLOAT: "float32",
+    TensorProto.FLOAT16: "float16",
+    TensorProto.BFLOAT16: "bfloat16",
+    TensorProto.DOUBLE: "float64",
+}
+_FLOAT_TYPES = frozenset(_FLOAT_NAMES)
+
+
+# ops whose outputs are not float whatever their inputs (indices, shapes, masks)
+_NON_FLOAT = frozenset(
+    {
+        "Shape", "Size", "ArgMax", "ArgMin", "NonZero", "Equal", "Less", "LessOrEqual", "Greater",
+        "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf", "QuantizeLinear",
+    }
+)  # fmt: skip
+
+
+def _inferred(
+    proto: onnx.ModelProto,
+) -> tuple[dict[str, bool], dict[str, tuple[int, ...]], dict[str, str]]:
+    """One shape inference: whether each tensor is a float tensor, the concrete shapes it finds,
+    and each float tensor's declared dtype. Where it has no answer (past a kernel onnx has no
+    schema for: ORT's fused ones) a float input makes a float output, but for ops that make
+    indices, shapes or masks, and casts to other types."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception:  # a model shape inference cannot type: the rules below
+        inferred = proto
+    g = inferred.graph
+    out: dict[str, bool] = {}
+    declared: dict[str, str] = {}
+    for vi in [*g.value_info, *g.input, *g.output]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            elem = vi.type.tensor_type.elem_type
+            out[vi.name] = elem in _FLOAT_TYPES
+            if elem in _FLOAT_TYPES:
+                declared[vi.name] = _FLOAT_NAMES[elem]
+    out.update({t.name: t.data_type in _FLOAT_TYPES for t in g.initializer})
+    for node in proto.graph.node:
+        for k, o in enumerate(node.output):
+            if not o or o in out:
+                continue
+            if node.op_type in ("Cast", "CastLike"):
+                to = next((a.i for a in node.attribute if a.name == "to"), 0)
+                out[o] = to in _FLOAT_TYPES if node.op_type == "Cast" else out.get(node.input[1], False)
+            elif node.op_type in _NON_FLOAT or (node.op_type == "TopK" and k == 1):
+                out[o] = False
+            else:
+                out[o] = any(out.get(i, False) for i in node.input if i)
+    shapes = {}
+    for vi in g.value_info:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
+    return out, shapes, declared
+
+
+UNDEF = "xb.undef."  # where a node output's elements are undefined by ONNX: UNDEF + t
+_INT_MAX: dict[int, int] = {TensorProto.INT8: 2**7, TensorProto.INT16: 2**15, TensorProto.INT32: 2**31,
+            TensorProto.INT64: 2**63, TensorProto.UINT8: 2**8, TensorProto.UINT16: 2**16,
+            TensorProto.UINT32: 2**32, TensorProto.UINT64: 2**64}  # fmt: skip
+# ops whose every output element is computed from the same elements of its inputs (broadcast)
+_ELEMENTWISE = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Min", "Max", "Abs", "Neg", "Cast", "Clip", "Mod", "Sign", "Identity",
+     "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Not", "And", "Or"}
+)  # fmt: skip
+
+
+def _undefined(
+    node: onnx.NodeProto, poison: Mapping[str, str], floats: Mapping[str, bool], bld: Builder
+) -> str:
+    """A bool tensor of where `node`'s first output is undefined, or '': a float cast to an integer
+    type out of its range (inf, NaN: T5's log of a zero distance, which a Where then discards), and
+    elementwise results of undefined elements; a Where's, where it selects one."""
+    ins = list(node.input)
+    mine = [poison.get(i[len(SEVERED) :] if i.startswith(SEVERED) else i, "") for i in ins]
+    out = node.output[0]
+    if node.op_type == "Cast" and ins and floats.get(_bare(ins[0]), False):
+        to = int(next((a.i for a in node.attribute if a.name == "to"), 0))
+        if to in _INT_MAX:
+            x = ins[0]
+            bad = bld.op("Or", bld.op("IsNaN", x), bld.op("IsInf", x))
+            bad = bld.op("Or", bad, bld.op("Greater", bld.abs(x), bld.const(float(_INT_MAX[to]))))
+            return bld.op("Or", bad, mine[0]) if mine[0] else bad
+    if not any(mine):
+        return ""
+    none = bld.op("Less", out, out)  # False everywhere, in the output's shape
+    if node.op_type == "Where" and len(ins) == 3:
+        picked = bld.op("Where", ins[0], mine[1] or none, mine[2] or none)
+        return bld.op("Or", picked, mine[0]) if mine[0] else picked
+    if node.op_type not in _ELEMENTWISE:
+        return ""
+    total = none
+    for m in mine:
+        if m:
+            total = bld.op("Or", total, m)
+    return total
+
+
+def _bare(name: str) -> str:
+    return name[len(SEVERED) :] if name.startswith(SEVERED) else name
+
+
+# Steps of their float operands: a result an inexact operand can land on either side of.
+# Cast, Floor, Ceil, Round are monotone in their input; the comparisons in both operands.
+REACHABLE = frozenset({"Cast", "Floor", "Ceil", "Round", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
+REACH, LO, HI = "xb.reach.", "xb.lo.", "xb.hi."  # the lowest and highest result reachable
+
+
+def _reachable(
+    node: onnx.NodeProto, err: Mapping[str, str], bld: Builder, g: onnx.GraphProto, floats: Mapping[str, bool]
+) -> None:
+    """The node evaluated at the ends of its operands' error intervals (outputs LO + out and HI +
+    out): a backend's result between them is reachable from operands within their errors."""
+    out, ins = node.output[0], list(node.input)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+    def at(shift: list[str]) -> list[str]:
+        return [bld.op("Add" if sgn == "+" else "Sub", i, err[i]) if sgn and i in err else i
+                for i, sgn in zip(ins, shift, strict=False)]  # fmt: skip
+
+    if node.op_type in ("Less", "LessOrEqual"):  # a < b: least true at a high, b low
+        lo, hi = at(["+", "-"]), at(["-", "+"])
+    elif node.op_type in ("Greater", "GreaterOrEqual"):
+        lo, hi = at(["-", "+"]), at(["+", "-"])
+    else:
+        lo, hi = at(["-"]), at(["+"])
+    for name, args in ((LO + out, lo), (HI + out, hi)):
+        bld.nodes.append(helper.make_node(node.op_type, args, [name], **attrs))
+        vi = onnx.ValueInfoProto()
+        vi.name = name
+        vi.type.tensor_type.elem_type = _out_type(node, floats)
+        g.output.append(vi)
+
+
+def _out_type(node: onnx.NodeProto, floats: Mapping[str, bool]) -> int:
+    if node.op_type == "Cast":
+        return int(next(a.i for a in node.attribute if a.name == "to"))
+    if node.op_type in ("Floor", "Ceil", "Round"):
+        return TensorProto.FLOAT
+    return TensorProto.BOOL
+
+
+def _broadcast_to(bld: Builder, err: str, like: str, out: str) -> None:
+    """`err` broadcast to the shape of `like` as output `out` (an inherited error of a smaller
+    operand, or a scalar, has a rank of its own; the judged graph's outputs declare `like`'s)."""
+    zero = bld.op("Mul", bld.abs(like), bld.const(0.0))
+    bld.nodes.append(helper.make_node("Add", [zero, err], [out]))
+
+
+FLAT = "/whole"  # an unshaped extra output's value before it is flattened
+
+
+def _flatten_unshaped(g: onnx.GraphProto) -> None:
+    """Extra outputs whose shape nothing knows (past a node shape inference cannot follow) leave
+    flattened, rank 1: a graph output must declare a rank, and the judge reshapes them back."""
+    unshaped = {o.name for o in g.output if not o.type.tensor_type.HasField("shape")}
+    if not unshaped:
+        return
+    flat = "xb.flat"
+    g.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), flat))
+    for node in list(g.node):  # the graph's nodes read the whole value; the output is its flat view
+        for k, i in enumerate(node.input):
+            if i in unshaped:
+                node.input[k] = i + FLAT
+        for k, o in enumerate(node.output):
+            if o in unshaped:
+                node.output[k] = o + FLAT
+                g.node.append(helper.make_node("Reshape", [o + FLAT, flat], [o]))
+    for o in g.output:
+        if o.name in unshaped:
+            o.type.tensor_type.shape.dim.add().dim_param = f"{o.name}:flat"
+
+
+def _typed(name: str, shape: tuple[int, ...] | None, symbolic: bool = False) -> onnx.ValueInfoProto:
+    """A float output of the node output's shape (the checker wants a shape on every graph output);
+    `symbolic`: its rank only (an inherited error may broadcast from a smaller operand)."""
+    if shape is not None and symbolic:
+        return helper.make_tensor_value_info(
+            name, TensorProto.FLOAT, [f"{name}:{k}" for k in range(len(shape))]
+        )
+    if shape is None:  # its rank unknown too: no shape at all (an empty one would say scalar)
+        vi = onnx.ValueInfoProto()
+        vi.name = name
+        vi.type.tensor_type.elem_type = TensorProto.FLOAT
+        return vi
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
