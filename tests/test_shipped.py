@@ -491,3 +491,74 @@ def test_a_window_of_tensors_says_which_share_of_the_nodes_was_judged() -> None:
     assert "every judged node of reference, openvino-cpu is within rounding" in line
     assert f"openvino-cpu: {ov.share()}" in line
     assert xbackend.report.to_json(r).count('"nodes_not_judged"') == 2
+
+
+ATTENTION = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    """One head of attention written out: scores, softmax, weighted sum, projection."""
+
+    def __init__(self, plant: bool = False) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(64, 64) for _ in range(4))
+        self.plant = plant
+
+    def forward(self, x):
+        s = self.q(x) @ self.k(x).transpose(-1, -2) / 8.0
+        p = torch.softmax(s, dim=-1)
+        if self.plant:  # the probabilities rounded to 14 bits, as a fast kernel might
+            p = torch.round(p * 16384.0) / 16384.0
+        return self.o(p @ self.v(x))
+
+
+class Net(nn.Module):
+    def __init__(self, plant: bool = False) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(64)
+        self.attn = Attention(plant)
+
+    def forward(self, x):
+        return x + self.attn(self.ln(x))
+
+
+def build():
+    torch.manual_seed(0)
+    return Net().eval()
+
+
+def planted():
+    torch.manual_seed(0)
+    return Net(plant=True).eval()
+'''
+
+
+def test_torch_is_judged_at_op_grain_where_its_calls_map(tmp_path: Path) -> None:
+    """Inside one attention module, probabilities rounded to 14 bits: at op grain the weighted
+    sum that reads them is an origin, 187x past; at module grain the module's composed bound
+    covers it and it passes (the blindness op grain removes)."""
+    pytest.importorskip("torch")
+    from xbackend.export.example_inputs import InputDecl
+    from xbackend.export.torch_onnx import export_torch
+
+    (tmp_path / "att.py").write_text(ATTENTION)
+    model = tmp_path / "att.onnx"
+    export_torch(f"{tmp_path / 'att.py'}:build", [InputDecl("x", (1, 32, 64), "float32")], model)
+
+    def run(module: str, grain: str = "auto") -> xbackend.Result:
+        options = {"torch": {"module": f"{tmp_path / 'att.py'}:{module}", "grain": grain}}
+        return xbackend.compare(model, backends="torch,reference", runs=1, probes="none", runner_options=options)
+
+    good = run("build")
+    info = dict(good.backend("torch").info)
+    assert info["grain"].startswith("op (") and good.cross("torch").explained is True
+    assert good.explanation.local_for("torch").graph.startswith("its aten calls")
+    bad = run("planted")
+    (o,) = bad.cross("torch").origins
+    assert (o.tensor, o.module, o.op_type) == ("matmul_1", "attn", "MatMul") and o.ratio > 100
+    assert bad.exit_code == 1
+    blind = run("planted", "module")
+    assert blind.cross("torch").explained is True  # the module's bound covers the loss
+    assert blind.explanation.local_for("torch").graph.startswith("its modules")

@@ -283,6 +283,7 @@ def _plan(
     )
     local_jobs: dict[str, Job] = {}
     not_measured: dict[str, str] = {}
+    graphs: dict[str, str] = {}
     live = {b.name: b for b in planned}
     for name, r in results.items():
         b = live.get(name)
@@ -306,6 +307,7 @@ def _plan(
                 ctx, proto, builds[name], available, shapes, captured, ref_capture, name, src.path
             )
             judge_of[name] = name
+            graphs[name] = _grain_of(r)
         own = replace(spec.ref(), inputs=smodel.inputs)
         model = smodel if b.cls.executes_graph else own
         phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model)
@@ -325,9 +327,19 @@ def _plan(
         available,
         captured,
         shapes,
+        graphs=graphs,
         node_floor_job=node_floor,
         rewrites=src,
     )
+
+
+def _grain_of(r: BackendResult) -> str:
+    """The grain a backend of its own source exposes, as its runner says (torch: op or module)."""
+    grain = dict(r.info).get("grain", "")
+    if grain.startswith("op"):
+        return f"its aten calls, {grain[3:].strip('()')} (the model severed at the tensors they became)"
+    why = f"; not at op grain: {grain[len('module (') : -1]}" if grain.startswith("module (") else ""
+    return f"its modules (the model severed at the module outputs it exposes{why})"
 
 
 def _node_floor_job(

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 from onnx import numpy_helper
 
-from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedError
+from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedError, first_line
 from xbackend.export.torch_onnx import (
     META_MODULE,
     flatten_outputs,
@@ -29,6 +29,7 @@ from xbackend.export.torch_onnx import (
     to_numpy,
     to_tensor,
 )
+from xbackend.export.torch_ops import OpGraph, onnx_calls
 from xbackend.model.load import ModelRef, load_proto
 from xbackend.model.sever import SEVERED
 from xbackend.numerics.metrics import is_float_dtype
@@ -64,6 +65,14 @@ class TorchRunner(Runner):
             "implementation fails the build)",
         ),
         OptionSpec("check_weights", bool, True, "refuse a module whose weights differ from the model's"),
+        OptionSpec(
+            "grain",
+            str,
+            "auto",
+            "what it exposes: op (each aten call the export mapped), module (module outputs), or auto "
+            "(op where its aten graph computes the module's bits)",
+            ("auto", "op", "module"),
+        ),
     )
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
@@ -81,6 +90,11 @@ class TorchRunner(Runner):
         self._weights = ""
         self._unmapped = "no torch module output maps to this tensor"
         self._map_source = ""
+        self._calls_map: dict[tuple[str, str, int], str] = {}  # the model's aten calls -> tensors
+        self._ops: OpGraph | None = None  # op grain, built on the first feeds' shapes
+        self._ops_shapes: tuple[Any, ...] | None = None
+        self._ops_why = ""  # why it stays at module grain
+        self._wanted: set[str] = set()
 
     @classmethod
     def load_engine(cls) -> None:
@@ -141,6 +155,7 @@ class TorchRunner(Runner):
         if not mapped and not recorded:  # a plain torch.onnx export: its nodes' name scopes
             mapped = scope_map(proto)
             self._map_source = "the exporter's name scopes (unverified)" if mapped else ""
+        self._calls_map = onnx_calls(proto) if self.options["grain"] != "module" else {}
         del proto
         # only a --torch-module other than the recorded file loses a map the model has
         other_module = not mapped and bool(self.options["module"]) and bool(module_map(meta, "", model_dir))
@@ -151,6 +166,7 @@ class TorchRunner(Runner):
             else "no torch module output maps to this tensor"
         )
         self._map = {m: t for m, t in mapped.items() if t in wanted and t not in model.outputs}
+        self._wanted = wanted - set(model.outputs)
         self._outputs = model.outputs
         self._hook()
         return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
@@ -185,11 +201,15 @@ class TorchRunner(Runner):
         self._repeated = {m: n for m, n in self._calls.items() if n > 1}
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
-        import torch  # heavy: torch
 
         self._captured = {}
         self._severed = {n[len(SEVERED) :]: v for n, v in feeds.items() if n.startswith(SEVERED)}
         args = [_to_torch(feeds[n]) for n in self._inputs if not n.startswith(SEVERED)]
+        ops = self._op_grain(args)
+        if ops is None and self.options["grain"] == "op":
+            raise RunnerFailedError(f"grain op cannot be had: {self._ops_why}; set grain auto or module")
+        if ops is not None:
+            return self._outputs_of(ops.run(args, self._severed, self._wanted), dict(ops.captured))
         if self._map and self.severs_by_feeds and not self._counted:
             self._count_calls(args)
             self._counted = True
@@ -202,10 +222,50 @@ class TorchRunner(Runner):
                 f"the torch module returned {len(flat)} value(s) ({paths}), the ONNX model has "
                 f"{len(self._outputs)} output(s) ({', '.join(self._outputs)})"
             )
-        out: dict[str, Value] = dict(self._captured)
-        for name, (_, value) in zip(self._outputs, flat, strict=True):
+        return self._outputs_of([v for _, v in flat], dict(self._captured))
+
+    def _outputs_of(self, values: Sequence[Any], out: dict[str, Value]) -> dict[str, Value]:
+        import torch  # heavy: torch
+
+        for name, value in zip(self._outputs, values, strict=True):
             out[name] = to_numpy(value) if isinstance(value, torch.Tensor) else np.asarray(value)
         return out
+
+    def _op_grain(self, args: list[Any]) -> OpGraph | None:
+        """The aten graph, built on these inputs' shapes the first time they are seen, where the
+        grain allows and it computes the module's bits; None at module grain (the reason kept)."""
+        if not self._calls_map:
+            if self.options["grain"] != "module" and not self._ops_why:
+                self._ops_why = (
+                    "the model records no aten call (it was not exported by torch.onnx's dynamo exporter)"
+                )
+            return None
+        shapes = tuple(tuple(a.shape) if hasattr(a, "shape") else None for a in args)
+        if shapes == self._ops_shapes:
+            return self._ops
+        self._ops_shapes, self._ops = shapes, None
+        self._counting = True  # the module hooks stand aside while torch.export traces it
+        try:
+            ops = OpGraph.build(self._module, args, self._calls_map)
+            mine = ops.run(args, {}, set())
+        except Exception as e:  # torch cannot export it: module grain, and why
+            self._ops_why = f"torch.export failed ({type(e).__name__}: {first_line(e)})"
+            return None
+        finally:
+            self._counting = False
+        if not ops.names:
+            self._ops_why = "none of its aten calls maps to a tensor of the model"
+            return None
+        self._counting = True
+        try:
+            eager = [v for _, v in flatten_outputs(self._forward(args))]
+        finally:
+            self._counting = False
+        if len(mine) != len(eager) or not all(_same(a, b) for a, b in zip(mine, eager, strict=True)):
+            self._ops_why = "its aten graph's outputs are not bitwise the module's"
+            return None
+        self._ops, self._ops_why = ops, ""
+        return ops
 
     def _forward(self, args: list[Any]) -> Any:
         import torch  # heavy: torch
@@ -217,6 +277,11 @@ class TorchRunner(Runner):
             raise RunnerFailedError(f"the torch module failed: {type(e).__name__}: {e}") from e
 
     def not_exposed(self) -> dict[str, str]:
+        if self._ops is not None:
+            have = set(self._ops.names.values()) | set(self._outputs)
+            return {
+                t: "no aten call of the module maps to this tensor" for t in self._tensors if t not in have
+            }
         repeated = {self._map[m]: n for m, n in self._repeated.items() if m in self._map}
         have = (set(self._map.values()) - set(repeated)) | set(self._outputs)
         out = {t: self._unmapped for t in self._tensors if t not in have and t not in repeated}
@@ -236,6 +301,10 @@ class TorchRunner(Runner):
 
             out["in_force.use_deterministic_algorithms"] = str(torch.are_deterministic_algorithms_enabled())
         out["mapped_intermediates"] = str(len(self._map))
+        if self._ops is not None:
+            out["grain"] = f"op ({len(self._ops.names)} aten calls mapped)"
+        elif self._ops_why:
+            out["grain"] = f"module ({self._ops_why})"
         if self._map_source:
             out["mapped_from"] = self._map_source
         if self._weights:
@@ -244,6 +313,19 @@ class TorchRunner(Runner):
 
     def close(self) -> None:
         self._module = None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Bitwise the same values (NaN where NaN)."""
+    import torch  # heavy: torch
+
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return bool(a == b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
+    return bool(torch.equal(a, b))
 
 
 def _to_torch(v: Value) -> Any:
