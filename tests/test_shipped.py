@@ -536,9 +536,9 @@ def planted():
 
 
 def test_torch_is_judged_at_op_grain_where_its_calls_map(tmp_path: Path) -> None:
-    """Inside one attention module, probabilities rounded to 14 bits: at op grain the weighted
-    sum that reads them is an origin, 187x past; at module grain the module's composed bound
-    covers it and it passes (the blindness op grain removes)."""
+    """Inside one attention module, probabilities rounded to 14 bits: at op grain the projection
+    after the weighted sum that reads them is an origin, 28x past; at module grain the module's
+    composed bound covers it and it passes (the blindness op grain removes)."""
     pytest.importorskip("torch")
     from xbackend.export.example_inputs import InputDecl
     from xbackend.export.torch_onnx import export_torch
@@ -557,7 +557,10 @@ def test_torch_is_judged_at_op_grain_where_its_calls_map(tmp_path: Path) -> None
     assert good.explanation.local_for("torch").graph.startswith("its aten calls")
     bad = run("planted")
     (o,) = bad.cross("torch").origins
-    assert (o.tensor, o.module, o.op_type) == ("matmul_1", "attn", "MatMul") and o.ratio > 100
+    # the planted rounding's own calls, and the weighted sum that reads them, are not the
+    # model's (their FX text differs): the origin is the first call that maps after them, the
+    # output projection, judged with the weighted sum's allowance composed into it
+    assert (o.tensor, o.module) == ("linear_3", "attn.o") and o.ratio > 10
     assert bad.exit_code == 1
     blind = run("planted", "module")
     assert blind.cross("torch").explained is True  # the module's bound covers the loss

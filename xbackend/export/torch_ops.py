@@ -1,12 +1,13 @@
 """torch at op grain: the module's aten calls, mapped to the ONNX tensors they became.
 
-torch.onnx's exporter records, on each node it writes, the FX node it came from
-(`pkg.torch.onnx.fx_node`) and its module path (`pkg.torch.onnx.name_scopes`), and names the
-node that finishes an aten call after that FX node. The module is exported again here with
-torch.export, decomposed as torch.onnx decomposes it (aten.linear, layer_norm, softmax, gelu and
-scaled_dot_product_attention stay whole), and each FX call is matched to an ONNX tensor by its
-module path, its aten target and its order among the same calls there: a module called several
-times keeps one match per call, and a call whose module computes otherwise matches nothing.
+torch.onnx's exporter records, on each node it writes, the FX node it came from as text
+(`pkg.torch.onnx.fx_node`: its name, aten target and arguments), and names the node that finishes
+an aten call after that FX node. The module is exported again here with torch.export, decomposed
+as torch.onnx decomposes it (aten.linear, layer_norm, softmax, gelu and
+scaled_dot_product_attention stay whole), and an FX call is matched to an ONNX tensor only where
+its whole text is the same: each call of a module called several times has its own, and a call
+whose arguments come from code that computes otherwise (or from another export's symbolic
+shapes) matches nothing.
 
 The graph runs node by node (torch.fx.Interpreter) on torch's own kernels; it is used only where
 its outputs are bitwise the module's on the same inputs, so it is the eager computation.
@@ -14,7 +15,6 @@ its outputs are bitwise the module's on the same inputs, so it is the eager comp
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,36 +28,25 @@ from xbackend.numerics.values import Value
 
 __all__ = ["OpGraph", "onnx_calls"]
 
-_TARGET = re.compile(r"target=(?:torch\.ops\.)?([\w.]+)")
 _DEFINES = re.compile(r"^%([\w.]+) ")
+_USERS = re.compile(r" : \[num_users=\d+\]")
 
 
-def onnx_calls(proto: onnx.ModelProto) -> dict[tuple[str, str, int], str]:
-    """Each aten call the exporter wrote -> the ONNX tensor that holds its result: keyed by its
-    module path, its target and its order among the same calls in that module."""
-    seen: dict[tuple[str, str], int] = {}
-    out: dict[tuple[str, str, int], str] = {}
+def onnx_calls(proto: onnx.ModelProto) -> dict[str, str]:
+    """Each aten call the exporter wrote (its FX node as text, the number of its users left out)
+    -> the ONNX tensor that holds its result."""
+    out: dict[str, str] = {}
     for node in proto.graph.node:
-        meta = {p.key: p.value for p in node.metadata_props}
-        fx = meta.get("pkg.torch.onnx.fx_node", "")
-        name, target = _DEFINES.match(fx), _TARGET.search(fx)
-        if name is None or target is None or name.group(1) not in node.output:
-            continue  # a node inside an aten call's decomposition: not its result
-        scope = _module_path(meta.get("pkg.torch.onnx.name_scopes", ""))
-        key = (scope, target.group(1))
-        k = seen.get(key, 0)
-        seen[key] = k + 1
-        out[(*key, k)] = name.group(1)
+        fx = {p.key: p.value for p in node.metadata_props}.get("pkg.torch.onnx.fx_node", "")
+        name = _DEFINES.match(fx)
+        if name is not None and name.group(1) in node.output:  # the node that finishes the call
+            out[_signature(fx)] = name.group(1)
     return out
 
 
-def _module_path(scopes: str) -> str:
-    """The innermost module of a name_scopes list (its last entry is the call's own name)."""
-    try:
-        parts = ast.literal_eval(scopes) if scopes else []
-    except (ValueError, SyntaxError):
-        return ""
-    return str(parts[-2]) if isinstance(parts, list) and len(parts) >= 2 else ""
+def _signature(fx: str) -> str:
+    """An FX node's text without its user count: its name, target and arguments (by name)."""
+    return _USERS.sub("", fx, count=1)
 
 
 @dataclass
@@ -71,29 +60,22 @@ class OpGraph:
     captured: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, module: Any, args: Sequence[Any], calls: Mapping[tuple[str, str, int], str]) -> OpGraph:
-        """Export `module` on `args` and match its calls to the model's (`calls`: onnx_calls);
-        raises where torch cannot export it (the caller stays at module grain and says why)."""
+    def build(cls, module: Any, args: Sequence[Any], calls: Mapping[str, str]) -> OpGraph:
+        """Export `module` on `args` and match its calls to the model's (`calls`: onnx_calls),
+        each by its whole FX text: the same name, target and arguments; raises where torch cannot
+        export it (the caller stays at module grain and says why)."""
         import torch  # heavy: torch
         from torch.onnx._internal.exporter import _core, _registration  # heavy: torch's exporter
 
         ep = torch.export.export(module, tuple(args))
         registry = _registration.ONNXRegistry.from_torchlib()
-        gm = _core._prepare_exported_program_for_export(ep, registry=registry).module()
-        seen: dict[tuple[str, str], int] = {}
-        names: dict[str, str] = {}
-        for n in gm.graph.nodes:
-            if n.op != "call_function":
-                continue
-            stack = list((n.meta.get("nn_module_stack") or {}).values())
-            scope = str(stack[-1][0]) if stack else ""
-            key = (scope, str(n.target))
-            k = seen.get(key, 0)
-            seen[key] = k + 1
-            tensor = calls.get((*key, k))
-            if tensor is not None:
-                names[n.name] = tensor
-        return cls(gm, names)
+        ep = _core._prepare_exported_program_for_export(ep, registry=registry)
+        names = {
+            n.name: calls[sig]
+            for n in ep.graph.nodes
+            if n.op == "call_function" and (sig := _signature(n.format_node())) in calls
+        }
+        return cls(ep.module(), names)
 
     def run(self, args: Sequence[Any], severed: Mapping[str, Value], wanted: set[str]) -> list[Any]:
         """The graph's flat outputs; each mapped call's result in `captured` (those in `wanted`),

@@ -90,7 +90,7 @@ class TorchRunner(Runner):
         self._weights = ""
         self._unmapped = "no torch module output maps to this tensor"
         self._map_source = ""
-        self._calls_map: dict[tuple[str, str, int], str] = {}  # the model's aten calls -> tensors
+        self._calls_map: dict[str, str] = {}  # the model's aten calls (FX text) -> tensors
         self._ops: OpGraph | None = None  # op grain, built on the first feeds' shapes
         self._ops_shapes: tuple[Any, ...] | None = None
         self._ops_why = ""  # why it stays at module grain
