@@ -172,7 +172,7 @@ def test_plain_dynamo_export_fused_labels_and_torch_map(tmp_path: Path) -> None:
         path,
         backends=["torch", "reference"],
         runs=1,
-        runner_options={"torch": {"module": f"{tmp_path / 'convbn.py'}:make"}},
+        runner_options={"torch": {"module": f"{tmp_path / 'convbn.py'}:make", "grain": "module"}},
     )
     t = r.cross("torch")
     compared = {d.name for d in t.tensors if d.comparable}
@@ -230,13 +230,18 @@ def test_module_map_applies_to_the_recorded_module_however_it_is_named(
     copy.write_text((ROOT / "models" / "torch_mlp.py").read_text())
     assert module_map(meta, f"{copy}:build", exported.parent) == {}
     assert not separate_layers(TorchCompileRunner, spec, {"module": f"{copy}:build"})
-    r = xbackend.compare(
-        exported, backends=["torch"], runs=1, runner_options={"torch": {"module": f"{copy}:build"}}
-    )
+    options = {"module": f"{copy}:build", "grain": "module"}
+    r = xbackend.compare(exported, backends=["torch"], runs=1, runner_options={"torch": options})
     t = r.backend("torch")
     assert t.ok and t.exposed == 1, t.reason
     (why,) = {w for _, w in t.not_exposed}
     assert why.startswith("the torch module (--torch-module) is not the one the model records")
+    # at op grain its aten calls are the model's, whatever file they come from
+    r = xbackend.compare(
+        exported, backends=["torch"], runs=1, runner_options={"torch": {"module": f"{copy}:build"}}
+    )
+    t = r.backend("torch")
+    assert t.ok and t.exposed == 31 and dict(t.info)["grain"] == "op (30 aten calls mapped)", t.reason
 
 
 def test_bfloat16_module_exports_maps_and_runs(tmp_path: Path) -> None:
@@ -249,7 +254,7 @@ def test_bfloat16_module_exports_maps_and_runs(tmp_path: Path) -> None:
     assert sorted(res.module_outputs) == ["act", "act2", "fc"]
     r = xbackend.compare(
         out, backends=["torch", "reference"], runs=1, reference="torch", probes="none",
-        runner_options={"torch": {"module": spec}},
+        runner_options={"torch": {"module": spec, "grain": "module"}},
     )  # fmt: skip
     t = r.backend("torch")
     assert t.ok and t.exposed == 4, t.reason

@@ -26,7 +26,7 @@ import onnx
 from xbackend.export.torch_onnx import flatten_outputs, to_numpy, to_tensor
 from xbackend.numerics.values import Value
 
-__all__ = ["OpGraph", "onnx_calls"]
+__all__ = ["OpGraph", "folded_constants", "onnx_calls"]
 
 _DEFINES = re.compile(r"^%([\w.]+) ")
 _USERS = re.compile(r" : \[num_users=\d+\]")
@@ -44,6 +44,25 @@ def onnx_calls(proto: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
+FOLDED_BYTES = 1 << 20  # constants the exporter folded are small; weights are not looked at
+
+
+def folded_constants(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The model's small constants by name: where the exporter folded an aten call whose inputs
+    are all constant (a timestep embedding's frequencies), it keeps the call's name on the result."""
+    from onnx import numpy_helper
+
+    out = {
+        t.name: numpy_helper.to_array(t)
+        for t in proto.graph.initializer
+        if t.data_location != onnx.TensorProto.EXTERNAL and len(t.raw_data) <= FOLDED_BYTES
+    }
+    for node in proto.graph.node:
+        if node.op_type == "Constant" and node.output and node.attribute and node.attribute[0].HasField("t"):
+            out[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return out
+
+
 def _signature(fx: str) -> str:
     """An FX node's text without its user count: its name, target and arguments (by name)."""
     return _USERS.sub("", fx, count=1)
@@ -56,11 +75,15 @@ class OpGraph:
 
     module: Any  # torch.fx.GraphModule
     names: dict[str, str]  # FX node -> ONNX tensor
-    why_not: str = ""
+    # FX calls the exporter folded into a constant of the same name: fed its value in severed
+    # runs, as the reference's values are (torch computes them at run time, a rounding apart)
+    folded: dict[str, np.ndarray] = field(default_factory=dict)
     captured: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, module: Any, args: Sequence[Any], calls: Mapping[str, str]) -> OpGraph:
+    def build(
+        cls, module: Any, args: Sequence[Any], calls: Mapping[str, str], constants: Mapping[str, np.ndarray]
+    ) -> OpGraph:
         """Export `module` on `args` and match its calls to the model's (`calls`: onnx_calls),
         each by its whole FX text: the same name, target and arguments; raises where torch cannot
         export it (the caller stays at module grain and says why)."""
@@ -70,24 +93,33 @@ class OpGraph:
         ep = torch.export.export(module, tuple(args))
         registry = _registration.ONNXRegistry.from_torchlib()
         ep = _core._prepare_exported_program_for_export(ep, registry=registry)
-        names = {
-            n.name: calls[sig]
-            for n in ep.graph.nodes
-            if n.op == "call_function" and (sig := _signature(n.format_node())) in calls
-        }
-        return cls(ep.module(), names)
+        names: dict[str, str] = {}
+        folded: dict[str, np.ndarray] = {}
+        for n in ep.graph.nodes:
+            if n.op != "call_function":
+                continue
+            sig = _signature(n.format_node())
+            if sig in calls:
+                names[n.name] = calls[sig]
+            elif n.name in constants and not any(i.op == "placeholder" for i in _ancestors(n)):
+                folded[n.name] = constants[n.name]
+        return cls(ep.module(), names, folded)
 
     def run(self, args: Sequence[Any], severed: Mapping[str, Value], wanted: set[str]) -> list[Any]:
         """The graph's flat outputs; each mapped call's result in `captured` (those in `wanted`),
         and the reference's value handed on in its place where `severed` holds one."""
         import torch  # heavy: torch
 
-        graph, names, captured = self, self.names, self.captured
+        graph, names, captured, folded = self, self.names, self.captured, self.folded
         captured.clear()
+        feeding = bool(severed)
 
         class Calls(torch.fx.Interpreter):
             def run_node(self, n: Any) -> Any:
                 out = super().run_node(n)
+                const = folded.get(n.name) if feeding else None
+                if const is not None and isinstance(out, torch.Tensor) and const.shape == tuple(out.shape):
+                    return to_tensor(const).to(dtype=out.dtype, device=out.device)
                 tensor = names.get(n.name)
                 if tensor is None or not isinstance(out, torch.Tensor):
                     return out
@@ -101,3 +133,15 @@ class OpGraph:
         with torch.no_grad():
             result = Calls(graph.module).run(*args)
         return [v for _, v in flatten_outputs(result)]
+
+
+def _ancestors(n: Any) -> list[Any]:
+    """Every node `n` is computed from (a constant's are get_attr and literal-only calls)."""
+    seen: dict[str, Any] = {}
+    todo = list(n.all_input_nodes)
+    while todo:
+        x = todo.pop()
+        if x.name not in seen:
+            seen[x.name] = x
+            todo += x.all_input_nodes
+    return list(seen.values())

@@ -29,7 +29,7 @@ from xbackend.export.torch_onnx import (
     to_numpy,
     to_tensor,
 )
-from xbackend.export.torch_ops import OpGraph, onnx_calls
+from xbackend.export.torch_ops import OpGraph, folded_constants, onnx_calls
 from xbackend.model.load import ModelRef, load_proto
 from xbackend.model.sever import SEVERED
 from xbackend.numerics.metrics import is_float_dtype
@@ -91,6 +91,7 @@ class TorchRunner(Runner):
         self._unmapped = "no torch module output maps to this tensor"
         self._map_source = ""
         self._calls_map: dict[str, str] = {}  # the model's aten calls (FX text) -> tensors
+        self._folded: dict[str, np.ndarray] = {}  # the model's small constants, by name
         self._ops: OpGraph | None = None  # op grain, built on the first feeds' shapes
         self._ops_shapes: tuple[Any, ...] | None = None
         self._ops_why = ""  # why it stays at module grain
@@ -156,6 +157,7 @@ class TorchRunner(Runner):
             mapped = scope_map(proto)
             self._map_source = "the exporter's name scopes (unverified)" if mapped else ""
         self._calls_map = onnx_calls(proto) if self.options["grain"] != "module" else {}
+        self._folded = folded_constants(proto) if self._calls_map else {}
         del proto
         # only a --torch-module other than the recorded file loses a map the model has
         other_module = not mapped and bool(self.options["module"]) and bool(module_map(meta, "", model_dir))
@@ -246,7 +248,7 @@ class TorchRunner(Runner):
         self._ops_shapes, self._ops = shapes, None
         self._counting = True  # the module hooks stand aside while torch.export traces it
         try:
-            ops = OpGraph.build(self._module, args, self._calls_map)
+            ops = OpGraph.build(self._module, args, self._calls_map, self._folded)
             mine = ops.run(args, {}, set())
         except Exception as e:  # torch cannot export it: module grain, and why
             self._ops_why = f"torch.export failed ({type(e).__name__}: {first_line(e)})"
