@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from xbackend.export.torch_onnx import flatten_outputs, to_numpy, to_tensor
 from xbackend.numerics.values import Value
@@ -50,8 +51,6 @@ FOLDED_BYTES = 1 << 20  # constants the exporter folded are small; weights are n
 def folded_constants(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
     """The model's small constants by name: where the exporter folded an aten call whose inputs
     are all constant (a timestep embedding's frequencies), it keeps the call's name on the result."""
-    from onnx import numpy_helper
-
     out = {
         t.name: numpy_helper.to_array(t)
         for t in proto.graph.initializer

@@ -59,8 +59,9 @@ class TorchCompileRunner(TorchRunner):
     mode: ClassVar[str] = "default"
     instrumentation_changes_engine = True  # returning intermediates changes what Inductor fuses
     severs_by_feeds = False  # compiled: a hook cannot hand a kernel another module's output
+    op_grain = False  # its kernels are Inductor's, not the aten calls run one by one
     option_specs = (
-        *TorchRunner.option_specs,
+        *(o for o in TorchRunner.option_specs if o.name != "grain"),
         OptionSpec("device", str, "cpu", "where the compiled module runs (cuda: Triton kernels)", DEVICES),
         OptionSpec("freezing", bool, True, "torch._inductor.config.freezing (weights as constants)"),
         OptionSpec("tf32", bool, False, "device=cuda: TF32 for matmuls and convolutions (Triton and cuBLAS)"),

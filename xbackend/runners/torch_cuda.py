@@ -64,8 +64,9 @@ def read_switches(switches: Sequence[tuple[str, bool]]) -> dict[str, str]:
 class TorchCudaRunner(TorchRunner):
     name = "torch-cuda"
     description = "PyTorch eager on CUDA (cuDNN benchmark mode as autotuning)"
+    op_grain = False  # judged at module grain on the device (op grain runs on the CPU only)
     option_specs: ClassVar[Sequence[OptionSpec]] = (
-        *TorchRunner.option_specs,
+        *(o for o in TorchRunner.option_specs if o.name != "grain"),
         OptionSpec("device_id", int, 0, "CUDA device"),
         OptionSpec(
             "autotune",

@@ -46,6 +46,9 @@ class TorchRunner(Runner):
     instrumentation_changes_engine = False  # forward hooks read outputs; eager computes the same
     executes_graph = False
     severs_by_feeds = True  # forward hooks hand each module's successors the reference's output
+    # its aten calls, run one by one, are its own computation (eager on the CPU): torch.compile's
+    # and CUDA's are not, so they stay at module grain
+    op_grain: ClassVar[bool] = True
     option_specs: ClassVar[Sequence[OptionSpec]] = (
         OptionSpec(
             "module", str, "", "MODULE_SPEC (default: the one recorded at export, with trust_model_code)"
@@ -132,6 +135,10 @@ class TorchRunner(Runner):
     def determinism_modes(cls) -> dict[str, dict[str, str]]:
         return {"det": {"deterministic": "true"}}
 
+    @property
+    def _grain(self) -> str:
+        return str(self.options.get("grain", "module")) if self.op_grain else "module"
+
     def _deterministic_algorithms(self) -> bool:
         return bool(self.options["deterministic"])
 
@@ -156,7 +163,7 @@ class TorchRunner(Runner):
         if not mapped and not recorded:  # a plain torch.onnx export: its nodes' name scopes
             mapped = scope_map(proto)
             self._map_source = "the exporter's name scopes (unverified)" if mapped else ""
-        self._calls_map = onnx_calls(proto) if self.options["grain"] != "module" else {}
+        self._calls_map = onnx_calls(proto) if self._grain != "module" else {}
         self._folded = folded_constants(proto) if self._calls_map else {}
         del proto
         # only a --torch-module other than the recorded file loses a map the model has
@@ -208,7 +215,7 @@ class TorchRunner(Runner):
         self._severed = {n[len(SEVERED) :]: v for n, v in feeds.items() if n.startswith(SEVERED)}
         args = [_to_torch(feeds[n]) for n in self._inputs if not n.startswith(SEVERED)]
         ops = self._op_grain(args)
-        if ops is None and self.options["grain"] == "op":
+        if ops is None and self._grain == "op":
             raise RunnerFailedError(f"grain op cannot be had: {self._ops_why}; set grain auto or module")
         if ops is not None:
             return self._outputs_of(ops.run(args, self._severed, self._wanted), dict(ops.captured))
@@ -237,7 +244,7 @@ class TorchRunner(Runner):
         """The aten graph, built on these inputs' shapes the first time they are seen, where the
         grain allows and it computes the module's bits; None at module grain (the reason kept)."""
         if not self._calls_map:
-            if self.options["grain"] != "module" and not self._ops_why:
+            if self._grain != "module" and not self._ops_why:
                 self._ops_why = (
                     "the model records no aten call (it was not exported by torch.onnx's dynamo exporter)"
                 )
