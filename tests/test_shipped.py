@@ -627,3 +627,19 @@ def test_a_loss_inside_attention_is_caught_at_op_grain_and_not_at_module_grain(t
     (o,) = run("planted", "auto").cross("torch").origins
     assert o.tensor == "add" and o.ratio > 3, (o.tensor, o.ratio)
     assert run("planted", "module").cross("torch").explained is True
+
+
+def test_a_dynamically_quantized_model_has_a_reference_and_an_oracle(tmp_path: Path) -> None:
+    """ONNX Runtime's dynamic int8 quantizer: DynamicQuantizeLinear and MatMulInteger at opset 17,
+    evaluated by the reference and the oracle (the scales in float32, as the op defines them)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    q = tmp_path / "mlp_int8.onnx"
+    quantize_dynamic(str(MLP), str(q), weight_type=QuantType.QInt8)
+    r = xbackend.compare(q, backends="ort-cpu,reference,oracle", runs=1, probes="none")
+    assert {t.op_type for t in r.model.tensors} >= {"DynamicQuantizeLinear", "MatMulInteger"}
+    for name in ("ort-cpu", "reference", "oracle"):
+        le = r.explanation.local_for(name)
+        assert le is not None and le.status == "ok" and le.origins == (), (name, le and le.origins)
+    # the quantization scales are float32 by the op's definition: named, and the oracle not ranked there
+    assert "block0.ln.out_scale" in dict(r.backend("oracle").info)["computed_below_float64"]
