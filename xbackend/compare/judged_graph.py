@@ -247,14 +247,15 @@ def _undefined(
             bad = bld.op("Or", bld.op("IsNaN", x), bld.op("IsInf", x))
             bad = bld.op("Or", bad, bld.op("Greater", bld.abs(x), bld.const(float(_INT_MAX[to]))))
             return bld.op("Or", bad, mine[0]) if mine[0] else bad
-    if not any(mine):
+    if not any(mine) or (node.op_type not in _ELEMENTWISE and node.op_type != "Where"):
         return ""
-    none = bld.op("Less", out, out)  # False everywhere, in the output's shape
+    # False everywhere, in the output's shape (whatever its type: labels may be strings)
+    none = bld.op(
+        "ConstantOfShape", bld.op("Shape", out), value=helper.make_tensor("", TensorProto.BOOL, [1], [False])
+    )
     if node.op_type == "Where" and len(ins) == 3:
         picked = bld.op("Where", ins[0], mine[1] or none, mine[2] or none)
         return bld.op("Or", picked, mine[0]) if mine[0] else picked
-    if node.op_type not in _ELEMENTWISE:
-        return ""
     total = none
     for m in mine:
         if m:
@@ -319,7 +320,11 @@ FLAT = "/whole"  # an unshaped extra output's value before it is flattened
 def _flatten_unshaped(g: onnx.GraphProto) -> None:
     """Extra outputs whose shape nothing knows (past a node shape inference cannot follow) leave
     flattened, rank 1: a graph output must declare a rank, and the judge reshapes them back."""
-    unshaped = {o.name for o in g.output if not o.type.tensor_type.HasField("shape")}
+    unshaped = {
+        o.name
+        for o in g.output
+        if o.type.WhichOneof("value") in (None, "tensor_type") and not o.type.tensor_type.HasField("shape")
+    }  # a sequence or a map (ZipMap's) is no tensor: left alone
     if not unshaped:
         return
     flat = "xb.flat"
