@@ -47,9 +47,12 @@ def _tiny(dtype: np.dtype[np.generic]) -> float:
 
 def _flushed(y: np.ndarray, v: np.ndarray, dtype: np.dtype[np.generic]) -> int:
     """Elements the engine returned as zero whose value is a nonzero one below the flush line."""
+    zero = y == 0
+    if not zero.any():  # the common case: one pass
+        return 0
     with np.errstate(invalid="ignore"):
         kept = v.astype(dtype) != 0  # nonzero in the dtype, subnormals included: not an underflow
-        return int(np.count_nonzero((y == 0) & kept & (np.abs(v) < FLUSH * _tiny(dtype))))
+        return int(np.count_nonzero(zero & kept & (np.abs(v) < FLUSH * _tiny(dtype))))
 
 
 def _max(dtype: np.dtype[np.generic]) -> float:
@@ -195,15 +198,15 @@ def at_declared(y: np.ndarray, declared: str | None) -> tuple[np.ndarray, str]:
 def _vacuous(allow: np.ndarray, v: np.ndarray, dtype: np.dtype[np.generic]) -> str:
     """Why an allowance judges nothing: not finite, or past the value's own largest magnitude
     (a result off by its whole size would pass); '' where it judges."""
-    finite_v = np.isfinite(v)  # an infinite value (a mask's -inf) is judged by equality
-    allow = allow[np.broadcast_to(finite_v, allow.shape)]
     if allow.size == 0:
         return ""
-    if not np.isfinite(allow).all():
+    av = np.abs(v)
+    finite_v = np.isfinite(av)  # an infinite value (a mask's -inf) is judged by equality
+    where = np.broadcast_to(finite_v, allow.shape)
+    widest = float(np.max(allow, where=where, initial=0.0))  # nan where v is inf: left out
+    if not math.isfinite(widest):
         return "its allowance is not finite"
-    finite = np.abs(v[finite_v])
-    top = float(finite.max()) if finite.size else 0.0
-    widest = float(allow.max())
+    top = float(np.max(av, where=finite_v, initial=0.0))
     if widest > max(top, FLUSH * _tiny(dtype)) * (1 + 2.0**-10):  # a zero tensor's floor is the flush line
         return f"its allowance ({widest:.3g}) is larger than the value's own magnitude ({top:.3g})"
     return ""
