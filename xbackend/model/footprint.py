@@ -174,8 +174,16 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        inferred: onnx.ModelProto = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
-        return inferred
+        # infer_shapes' own steps, less its save: where inference is incomplete it writes
+        # sym_shape_infer_temp.onnx into the working directory, a file xbackend did not create
+        s = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        s._preprocess(model)
+        done = False
+        while s.run_:
+            done = s._infer_impl()
+        s._update_output_from_vi()
+        out: onnx.ModelProto = s.out_mp_
+        return out if done else None
     except Exception:  # an op it does not know, a shape it cannot follow: onnx's word alone
         return None
     finally:
