@@ -10,6 +10,9 @@ import pytest
 from xbackend.model.samples import SAMPLES, build
 
 TESTS = Path(__file__).resolve().parent
+# the bert fixture's model: its batch and sequence, and the inputs that index small tables
+BERT_SHAPES = {"batch": (2,), "sequence": (16,)}
+BERT_RANGES = {"attention_mask": (0, 2), "token_type_ids": (0, 2)}
 ROOT = TESTS.parent
 PLUGINS = {
     "test-nudge": "plugin_runners:NudgeRunner",
@@ -70,3 +73,21 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         paths[name] = out / f"{name}.onnx"
         onnx.save(build(name), str(paths[name]))
     return paths
+
+
+@pytest.fixture(scope="session")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random-init BERT (2 layers, width 64, eager attention), dynamic batch and sequence."""
+    from xbackend.export.example_inputs import InputDecl
+    from xbackend.export.torch_onnx import export_torch
+
+    out = tmp_path_factory.mktemp("bert") / "bert.onnx"
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    export_torch(
+        f"{TESTS / 'hf_models.py'}:bert",
+        [InputDecl(n, (2, 16), "int64") for n in names],
+        out,
+        dynamic={n: {0: "batch", 1: "sequence"} for n in names},
+        ranges={"input_ids": (0, 512), **BERT_RANGES},
+    )
+    return out

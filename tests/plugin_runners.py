@@ -23,6 +23,18 @@ from xbackend.runners.ort_cpu import OrtCpuRunner
 from xbackend.runners.reference import ReferenceRunner
 
 
+def _prepare_rewritten(
+    runner: OrtCpuRunner, proto: onnx.ModelProto, model: ModelRef, tensors: tuple[str, ...]
+) -> BuildFingerprint:
+    """ONNX Runtime's build of `proto`, the runner's rewrite of `model`, saved in a folder of the
+    runner's own that lives as long as it does."""
+    folder = tempfile.TemporaryDirectory(prefix=f"xbackend-{runner.name}-")
+    runner._rewritten = folder  # type: ignore[attr-defined]
+    path = os.path.join(folder.name, "model.onnx")
+    onnx.save(proto, path)
+    return OrtCpuRunner.prepare_impl(runner, replace(model, path=path, external_data=False), tensors)
+
+
 def ulps_up(a: np.ndarray, ulps: int) -> np.ndarray:
     """`a` moved up by exactly `ulps` ULPs, element by element."""
     for _ in range(ulps):
@@ -253,10 +265,7 @@ class FastGeluRunner(OrtCpuRunner):
         for node in proto.graph.node:
             if node.op_type == "Gelu":
                 node.attribute.append(onnx.helper.make_attribute("approximate", "tanh"))
-        self._fast = tempfile.TemporaryDirectory(prefix="xbackend-fastgelu-")
-        path = os.path.join(self._fast.name, "fast.onnx")
-        onnx.save(proto, path)
-        return super().prepare_impl(replace(model, path=path, external_data=False), tensors)
+        return _prepare_rewritten(self, proto, model, tensors)
 
 
 class BatchNudgeRunner(NudgeRunner):
@@ -405,10 +414,7 @@ class PlantRunner(OrtCpuRunner):
         del proto.graph.node[:]
         proto.graph.node.extend(nodes)
         proto.graph.initializer.extend(inits)
-        self._planted = tempfile.TemporaryDirectory(prefix="xbackend-plant-")
-        path = os.path.join(self._planted.name, "planted.onnx")
-        onnx.save(proto, path)
-        return super().prepare_impl(replace(model, path=path, external_data=False), tensors)
+        return _prepare_rewritten(self, proto, model, tensors)
 
     def info(self) -> dict[str, str]:
         return {**super().info(), "planted": ",".join(getattr(self, "planted", []))}
@@ -729,10 +735,7 @@ class ReturnedDtypeRunner(OrtCpuRunner):
             self._half.add(out)
         del proto.graph.node[:]
         proto.graph.node.extend(nodes)
-        self._dir = tempfile.TemporaryDirectory(prefix="xbackend-dtype-")
-        path = os.path.join(self._dir.name, "half.onnx")
-        onnx.save(proto, path)
-        return super().prepare_impl(replace(model, path=path, external_data=False), tensors)
+        return _prepare_rewritten(self, proto, model, tensors)
 
     def run_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = super().run_impl(feeds)
@@ -798,10 +801,7 @@ class FuseUnexposedRunner(OrtCpuRunner):
         del proto.graph.node[:]
         proto.graph.node.extend(nodes)
         self.fused = sorted(gone)
-        self._dir = tempfile.TemporaryDirectory(prefix="xbackend-fuse-")
-        path = os.path.join(self._dir.name, "fused.onnx")
-        onnx.save(proto, path)
-        return super().prepare_impl(replace(model, path=path, external_data=False), tensors)
+        return _prepare_rewritten(self, proto, model, tensors)
 
     def info(self) -> dict[str, str]:
         return {**super().info(), "fused": ",".join(getattr(self, "fused", []))}

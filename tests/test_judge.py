@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import BERT_RANGES, BERT_SHAPES
 from onnx import helper
 
 import xbackend
@@ -21,26 +22,6 @@ from xbackend.model.samples import build
 from xbackend.report.jsonreport import to_json
 
 TESTS = Path(__file__).resolve().parent
-BERT_SHAPES = {"batch": (2,), "sequence": (16,)}
-BERT_RANGES = {"attention_mask": (0, 2), "token_type_ids": (0, 2)}
-
-
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Random-init BERT (2 layers, width 64, eager attention), dynamic batch and sequence."""
-    from xbackend.export.example_inputs import InputDecl
-    from xbackend.export.torch_onnx import export_torch
-
-    out = tmp_path_factory.mktemp("bert") / "bert.onnx"
-    names = ("input_ids", "attention_mask", "token_type_ids")
-    export_torch(
-        f"{TESTS / 'hf_models.py'}:bert",
-        [InputDecl(n, (2, 16), "int64") for n in names],
-        out,
-        dynamic={n: {0: "batch", 1: "sequence"} for n in names},
-        ranges={"input_ids": (0, 512), **BERT_RANGES},
-    )
-    return out
 
 
 def test_exact_ops_are_allowed_nothing() -> None:

@@ -144,28 +144,9 @@ def test_an_unmapped_torch_module_is_never_explained(tmp_path: Path, monkeypatch
     assert r.exit_code == 1
 
 
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from test_judge import BERT_RANGES
-
-    from xbackend.export.example_inputs import InputDecl
-    from xbackend.export.torch_onnx import export_torch
-
-    out = tmp_path_factory.mktemp("bert") / "bert.onnx"
-    names = ("input_ids", "attention_mask", "token_type_ids")
-    export_torch(
-        f"{ROOT / 'tests' / 'hf_models.py'}:bert",
-        [InputDecl(n, (2, 16), "int64") for n in names],
-        out,
-        dynamic={n: {0: "batch", 1: "sequence"} for n in names},
-        ranges={"input_ids": (0, 512), **BERT_RANGES},
-    )
-    return out
-
-
 @pytest.mark.usefixtures("plugins")
 def test_module_boundaries_are_judged_and_a_planted_softmax_is_caught_in_its_module(bert: Path) -> None:
-    from test_judge import BERT_RANGES, BERT_SHAPES
+    from conftest import BERT_RANGES, BERT_SHAPES
 
     r = xbackend.compare(
         bert,

@@ -116,7 +116,7 @@ def judged_model(
             vi.type.tensor_type.elem_type = TensorProto.BOOL
             g.output.append(vi)
         if inherited and node.op_type in REACHABLE:  # a step of inexact floats: either side may be right
-            _reachable(node, inherited, bld_r := Builder(REACH + outs[0], opset), g, floats)
+            _reachable(node, inherited, bld_r := Builder(REACH + outs[0], opset), g)
             extra_nodes.extend(bld_r.nodes)
             g.initializer.extend(bld_r.inits)
             tensors += [LO + outs[0], HI + outs[0]]
@@ -273,9 +273,7 @@ REACHABLE = frozenset({"Cast", "Floor", "Ceil", "Round", "Less", "LessOrEqual", 
 REACH, LO, HI = "xb.reach.", "xb.lo.", "xb.hi."  # the lowest and highest result reachable
 
 
-def _reachable(
-    node: onnx.NodeProto, err: Mapping[str, str], bld: Builder, g: onnx.GraphProto, floats: Mapping[str, bool]
-) -> None:
+def _reachable(node: onnx.NodeProto, err: Mapping[str, str], bld: Builder, g: onnx.GraphProto) -> None:
     """The node evaluated at the ends of its operands' error intervals (outputs LO + out and HI +
     out): a backend's result between them is reachable from operands within their errors."""
     out, ins = node.output[0], list(node.input)
@@ -295,11 +293,11 @@ def _reachable(
         bld.nodes.append(helper.make_node(node.op_type, args, [name], **attrs))
         vi = onnx.ValueInfoProto()
         vi.name = name
-        vi.type.tensor_type.elem_type = _out_type(node, floats)
+        vi.type.tensor_type.elem_type = _out_type(node)
         g.output.append(vi)
 
 
-def _out_type(node: onnx.NodeProto, floats: Mapping[str, bool]) -> int:
+def _out_type(node: onnx.NodeProto) -> int:
     if node.op_type == "Cast":
         return int(next(a.i for a in node.attribute if a.name == "to"))
     if node.op_type in ("Floor", "Ceil", "Round"):
