@@ -4,6 +4,7 @@ ill-conditioned tensors, on real engines."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -432,6 +433,34 @@ def test_a_worker_killed_by_a_full_disk_says_so(tmp_path: Path, monkeypatch: pyt
         f"crashed with SIGBUS: no space left on the disk that holds {tmp_path} "
         "(set TMPDIR to a folder on a larger disk)"
     )
+
+
+def test_a_worker_whose_last_line_lands_as_it_exits_still_finished_its_job() -> None:
+    """The worker prints its job's end and exits: where that line lands after the wait for output
+    timed out and before the check whether the worker ended, it is still read (it was lost, and a
+    job that ended well was 'worker exited with code 1')."""
+    from xbackend.execution import isolation
+    from xbackend.execution.protocol import PROGRESS_TAG
+
+    read, write = os.pipe()
+
+    class Exiting:  # ends the moment it is asked, its last line just written
+        stdout = os.fdopen(read, "rb")
+
+        def poll(self) -> int:
+            os.write(write, f"{PROGRESS_TAG} job\n".encode())
+            return 0
+
+        def wait(self, timeout: float = 0) -> int:
+            return 0
+
+    ends: list[int] = []
+    try:
+        assert isolation._pump(Exiting(), 5.0, lambda: None, lambda: ends.append(1))  # type: ignore[arg-type]
+    finally:
+        os.close(write)
+        Exiting.stdout.close()
+    assert ends == [1]
 
 
 def test_an_explanation_whose_files_would_not_fit_on_disk_is_windowed_or_skipped(

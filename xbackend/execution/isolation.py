@@ -90,13 +90,16 @@ def _pump(
     buf = b""
     run_tag, job_tag = f"{PROGRESS_TAG} run".encode(), f"{PROGRESS_TAG} job".encode()
     stage_tag = f"{PROGRESS_TAG} stage ".encode()
+    exited = False
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        if not sel.select(timeout=min(left, 0.5)):
-            if proc.poll() is not None:
+        if not sel.select(timeout=0 if exited else min(left, 0.5)):
+            if exited:  # ended, and its last lines are read
                 return True
+            # the last lines may land between the select and the poll: read once more
+            exited = proc.poll() is not None
             continue
         chunk = os.read(proc.stdout.fileno(), 65536)
         if not chunk:
