@@ -750,23 +750,30 @@ class ReturnedDtypeRunner(OrtCpuRunner):
 
 
 class FuseUnexposedRunner(OrtCpuRunner):
-    """onnxruntime CPU that fuses a MatMul and the Add of its bias into one float16 kernel, but
-    only where the MatMul's output is not exposed (as engines fuse only what nobody reads):
-    the instrumented and severed runs are exact, the plain run is not. `at`: the MatMul outputs
-    it may fuse (default every one)."""
+    """onnxruntime CPU that fuses only where the intermediate is not exposed (as engines fuse
+    only what nobody reads): the instrumented and severed runs are exact, the plain run is not.
+
+    - kind bias-matmul: a MatMul and the Add of its bias in one float16 kernel; `at`: the MatMul
+      outputs it may fuse (default every one);
+    - kind add-layernorm: a residual Add and the LayerNormalization reading it in one kernel whose
+      rsqrt keeps 11 bits (float16's: a relative error up to 2^-12); `at`: the LayerNormalization
+      outputs it may fuse."""
 
     name = "test-fuse"
     description = "ONNX Runtime CPU fusing bias + MatMul in float16 where unexposed"
     saves_optimized_graph = False  # a kernel inside the engine: no graph of it is written
     option_specs = (
         *OrtCpuRunner.option_specs,
-        OptionSpec("at", str, "", "comma-separated MatMul outputs it may fuse"),
+        OptionSpec("at", str, "", "comma-separated outputs it may fuse"),
+        OptionSpec("kind", str, "bias-matmul", "what it fuses", choices=("bias-matmul", "add-layernorm")),
     )
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         proto = onnx.load(model.path)
         at = {s for s in str(self.options["at"]).split(",") if s}
         exposed = set(tensors) | set(model.outputs)
+        if self.options["kind"] == "add-layernorm":
+            return self._add_layernorm(proto, model, tensors, at, exposed)
         readers: dict[str, list[onnx.NodeProto]] = {}
         for n in proto.graph.node:
             for i in n.input:
@@ -801,6 +808,44 @@ class FuseUnexposedRunner(OrtCpuRunner):
         del proto.graph.node[:]
         proto.graph.node.extend(nodes)
         self.fused = sorted(gone)
+        return _prepare_rewritten(self, proto, model, tensors)
+
+    def _add_layernorm(
+        self, proto: onnx.ModelProto, model: ModelRef, tensors: tuple[str, ...], at: set[str], exposed: set[str]
+    ) -> BuildFingerprint:
+        adds = {n.output[0] for n in proto.graph.node if n.op_type == "Add"}
+        widths = {t.name: int(t.dims[-1]) for t in proto.graph.initializer if t.dims}
+        f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+        nodes: list[onnx.NodeProto] = []
+        self.fused = []
+        for n in proto.graph.node:
+            x = n.input[0] if n.input else ""
+            if n.op_type != "LayerNormalization" or x not in adds or x in exposed or (at and n.output[0] not in at):
+                nodes.append(n)
+                continue
+            p, width = f"{n.output[0]}/fused", widths[n.input[1]]
+            eps = float(_attr(n, "epsilon", 1e-5))
+            w = onnx.numpy_helper.from_array(np.full((width, 1), 1 / width, np.float32), f"{p}/w")
+            e = onnx.numpy_helper.from_array(np.array(eps, np.float32), f"{p}/eps")
+            proto.graph.initializer.extend([w, e])
+            make = onnx.helper.make_node
+            nodes += [
+                make("MatMul", [x, w.name], [f"{p}/mean"]),
+                make("Sub", [x, f"{p}/mean"], [f"{p}/d"]),
+                make("Mul", [f"{p}/d", f"{p}/d"], [f"{p}/d2"]),
+                make("MatMul", [f"{p}/d2", w.name], [f"{p}/var"]),
+                make("Add", [f"{p}/var", e.name], [f"{p}/ve"]),
+                make("Sqrt", [f"{p}/ve"], [f"{p}/sd"]),
+                make("Reciprocal", [f"{p}/sd"], [f"{p}/r"]),
+                make("Cast", [f"{p}/r"], [f"{p}/r16"], to=f16),
+                make("Cast", [f"{p}/r16"], [f"{p}/r11"], to=f32),
+                make("Mul", [f"{p}/d", f"{p}/r11"], [f"{p}/n"]),
+                make("Mul", [f"{p}/n", n.input[1]], [f"{p}/g"]),
+                make("Add", [f"{p}/g", n.input[2]], [n.output[0]]),
+            ]
+            self.fused.append(n.output[0])
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes)
         return _prepare_rewritten(self, proto, model, tensors)
 
     def info(self) -> dict[str, str]:

@@ -68,7 +68,7 @@ def test_a_fusion_made_only_where_unexposed_is_caught_at_its_stretch() -> None:
     assert o.op_type == "stretch of 3 node(s)" and o.ratio > 2
     assert c.explained is False and r.exit_code == 1
     le = r.explanation.local_for("test-fuse")
-    assert le.plain is not None and le.plain.status == "unexplained" and le.plain.ratio > 10
+    assert le.plain is not None and le.plain.status == "unexplained" and le.plain.ratio > 4
     warn = next(v for v in r.verdict() if v.startswith("WARN: observer effect on test-fuse"))
     assert "its plain run is past the bound" in warn
     # the correct engines: ONNX Runtime judged stretch by stretch, and on its optimized graph
@@ -79,6 +79,31 @@ def test_a_fusion_made_only_where_unexposed_is_caught_at_its_stretch() -> None:
     assert shipped is not None and shipped.status == "shipped-graph"
     assert r.cross("ort-cpu").explained is True
 
+
+
+@pytest.mark.usefixtures("plugins")
+def test_an_add_layernorm_fused_only_where_unexposed_is_caught_mid_block() -> None:
+    # test-fuse fuses block2's residual Add into the LayerNormalization after it, with an 11-bit
+    # rsqrt, only where the Add's output is not exposed: the cutting between blocks exposes it,
+    # the staggered one hides it (fed to the next block's Add, never exposed), so it fuses there
+    r = xbackend.compare(
+        MLP,
+        backends="test-fuse,ort-cpu,reference",
+        runs=1,
+        probes="none",
+        runner_options={"test-fuse": {"kind": "add-layernorm", "at": "block2.ln.out"}},
+    )
+    assert dict(r.backend("test-fuse").info)["fused"] == "block2.ln.out"
+    c = r.cross("test-fuse")
+    (o,) = c.origins
+    # the staggered stretch from block1's middle to block2's: the fused Add and LayerNorm inside
+    assert o.tensor == "block2.fc1.out" and o.op_type == "stretch of 8 node(s)" and o.ratio > 2
+    assert o.covers[0] == "block1.sigmoid" and {"block1.residual", "block2.ln.out"} <= set(o.covers)
+    assert c.explained is False and r.exit_code == 1
+    le = r.explanation.local_for("test-fuse")
+    assert le.plain is not None and le.plain.status == "unexplained"
+    # ONNX Runtime fuses a SkipLayerNormalization of its own there, and is judged on that graph
+    assert r.cross("ort-cpu").explained is True and r.cross("ort-cpu").origins == ()
 
 UNMAPPED = """
 import torch

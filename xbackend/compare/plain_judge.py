@@ -12,11 +12,13 @@ ships, and the stretches past their composed bounds are the origin, naming their
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
+from onnx import helper
 
 from xbackend.bounds.element import AUX
 from xbackend.bounds.propagation import PROP
@@ -28,12 +30,12 @@ from xbackend.execution.executor import Executor, Job
 from xbackend.execution.protocol import Phase
 from xbackend.model.extdata import uses_external_data, write_rewritten
 from xbackend.model.load import ModelRef, ModelSpec, load_proto
-from xbackend.model.sever import SEVERED, sever
+from xbackend.model.sever import SEVERED, Severed
 from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.results import BackendResult
 from xbackend.results.explanation import UNFUSED, LocalErrors, Origin, PlainOutputs
 
-__all__ = ["PLAIN_PHASE", "Shipped", "judge_plain_runs", "stretch_cuts", "stretch_nodes"]
+__all__ = ["PLAIN_PHASE", "Cutting", "Shipped", "judge_plain_runs", "stretch_cuts", "stretch_nodes"]
 
 PLAIN_PHASE = "plain"
 MAX_STRETCHES = 16  # boundaries beyond this many would break the fusions the stretches must keep
@@ -52,7 +54,7 @@ class Shipped:
 class _Run:
     """One way of cutting the model into stretches: the backend's run and its float64 judge."""
 
-    cuts: tuple[str, ...]
+    cutting: Cutting
     ends: tuple[str, ...]
     run: Job
     judge: Job
@@ -87,15 +89,42 @@ def _crossing(proto: onnx.ModelProto) -> list[frozenset[str]]:
     return out
 
 
-def stretch_cuts(proto: onnx.ModelProto) -> tuple[tuple[str, ...], tuple[str, ...]]:
+@dataclass(frozen=True)
+class Cutting:
+    """One way of cutting the model into stretches.
+
+    `cuts`: the stretch ends, exposed and fed to the stretches after them. `hidden`: tensors that
+    cross a boundary but are read in their own stretch too (the residual stream, mid-block): fed
+    to the later stretches, never exposed, so the fusions through them (Add + LayerNorm) happen.
+    `stretch`: each node's stretch, in model order."""
+
+    cuts: tuple[str, ...]
+    hidden: tuple[str, ...]
+    stretch: tuple[int, ...]
+
+
+def _cutting(proto: onnx.ModelProto, ks: list[int], crossing: list[frozenset[str]]) -> Cutting:
+    nodes = proto.graph.node
+    stretch = tuple(bisect.bisect_left(ks, j) for j in range(len(nodes)))
+    made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    same: set[str] = set()  # read in the stretch that computes it
+    for k, n in enumerate(nodes):
+        same |= {i for i in n.input if i in made and stretch[made[i]] == stretch[k]}
+    outputs = {o.name for o in proto.graph.output}
+    names = list(dict.fromkeys(t for k in ks for t in sorted(crossing[k])))
+    hidden = tuple(t for t in names if t in same and t not in outputs)
+    return Cutting(tuple(t for t in names if t not in hidden), hidden, stretch)
+
+
+def stretch_cuts(proto: onnx.ModelProto) -> tuple[Cutting, Cutting] | tuple[()]:
     """Two staggered cuttings of the model into stretches: where the fewest activations cross
     (between residual blocks: one), at most MAX_STRETCHES of them spread evenly; and between each
     two of those, where the fewest cross nearest the middle (a fusion across a cut of the first is
-    whole in a stretch of the second). Each in model order."""
+    whole in a stretch of the second, the residual stream hidden there). None where nothing crosses."""
     crossing = _crossing(proto)
     usable = [k for k, a in enumerate(crossing) if a]
     if not usable:
-        return (), ()
+        return ()
     fewest = min(len(crossing[k]) for k in usable)
     at = [k for k in usable if len(crossing[k]) == fewest]
     step = max(1, -(-len(at) // MAX_STRETCHES))
@@ -106,40 +135,76 @@ def stretch_cuts(proto: onnx.ModelProto) -> tuple[tuple[str, ...], tuple[str, ..
         if inside:
             mid = (lo + hi) / 2
             second.append(min(inside, key=lambda k: (len(crossing[k]), abs(k - mid))))
-
-    def names(ks: list[int]) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(t for k in ks for t in sorted(crossing[k])))
-
-    return names(first), names(second)
+    return _cutting(proto, first, crossing), _cutting(proto, second, crossing)
 
 
-def stretch_nodes(proto: onnx.ModelProto, end: str, cuts: set[str]) -> tuple[str, ...]:
-    """The node outputs of the stretch that ends at `end`: its producers back to the cuts, the
-    graph's inputs and its weights, in model order."""
-    producer = {o: n for n in proto.graph.node for o in n.output if o}
-    seen: set[str] = set()
+def _available(c: Cutting, available: Mapping[str, object]) -> Cutting:
+    """`c` where the reference holds each tensor it feeds: one it does not hold stays connected."""
+    return replace(
+        c,
+        cuts=tuple(t for t in c.cuts if t in available),
+        hidden=tuple(t for t in c.hidden if t in available),
+    )
+
+
+def stretch_nodes(proto: onnx.ModelProto, end: str, cutting: Cutting) -> tuple[str, ...]:
+    """The node outputs of the stretch that ends at `end`: its producers within that stretch, in
+    model order."""
+    nodes = proto.graph.node
+    made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    if end not in made:
+        return ()
+    mine = cutting.stretch[made[end]]
+    seen: set[int] = set()
     todo = [end]
     while todo:
-        t = todo.pop()
-        n = producer.get(t)
-        if n is None or t in seen:
+        k = made.get(todo.pop(), -1)
+        if k < 0 or k in seen or cutting.stretch[k] != mine:
             continue
-        seen.add(t)
-        todo += [i for i in n.input if i and i not in cuts]
-    return tuple(o for n in proto.graph.node for o in n.output[:1] if o in seen)
+        seen.add(k)
+        todo += [i for i in nodes[k].input if i]
+    return tuple(nodes[k].output[0] for k in sorted(seen))
+
+
+def _sever(
+    proto: onnx.ModelProto, cutting: Cutting, available: Mapping[str, tuple[int, tuple[int, ...]]]
+) -> Severed:
+    """`proto` with each stretch reading what an earlier stretch computes from graph inputs (the
+    reference's values), and exposing its cuts."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    g = out.graph
+    made = {o: k for k, n in enumerate(g.node) for o in n.output if o}
+    crossing = {*cutting.cuts, *cutting.hidden}
+    fed: dict[str, None] = {}
+    for k, node in enumerate(g.node):
+        for i, name in enumerate(node.input):
+            if name in crossing and cutting.stretch[made[name]] != cutting.stretch[k]:
+                node.input[i] = SEVERED + name
+                fed[name] = None
+    for name in fed:
+        elem, shape = available[name]
+        g.input.append(helper.make_tensor_value_info(SEVERED + name, elem, list(shape)))
+    have = {o.name for o in g.output}
+    for name in cutting.cuts:
+        if name not in have:
+            elem, shape = available[name]
+            g.output.append(helper.make_tensor_value_info(name, elem, list(shape)))
+    return Severed(out, tuple(fed))
 
 
 def _planned_run(
     ctx: ProbeContext, plan: Plan, live: PlannedBackend, oracle: PlannedBackend, proto: onnx.ModelProto,
-    cuts: tuple[str, ...], ref_capture: str, key: str,
+    cutting: Cutting, ref_capture: str, key: str,
 ) -> _Run:  # fmt: skip
-    """`live` on the model cut at `cuts` (fed the reference's values there), exposing only the
-    cuts and the graph outputs, and the float64 judge of those with each stretch's nodes'
-    allowances composed to its end."""
+    """`live` on the model cut into `cutting`'s stretches (fed the reference's values where one
+    reads what another computes), exposing only the cuts and the graph outputs, and the float64
+    judge of those with each stretch's nodes' allowances composed to its end."""
     assert live.cls is not None and oracle.cls is not None
     spec, folder = ctx.spec, ctx.work / "explain"
     source = (plan.rewrites or spec).path
-    pieces = sever(proto, {t: plan.available[t] for t in cuts})
+    cuts = cutting.cuts
+    pieces = _sever(proto, cutting, plan.available)
     ends = tuple(dict.fromkeys([*cuts, *(o.name for o in proto.graph.output)]))
     path = folder / f"stretches-{key}.onnx"
     write_rewritten(pieces.proto, source, path)
@@ -156,7 +221,7 @@ def _planned_run(
     jphase = Phase.planned(JUDGE_PHASE, tensors, 1, model=_model_ref(spec, jpath, extra, judged.proto))
     variant = oracle.variant(narrow="false", threads="1")
     judge = Job(f"explain-judge-stretches-{key}", oracle.name, oracle.cls, variant, feeds, (jphase,))
-    return _Run(cuts, ends, run, judge, judged)
+    return _Run(cutting, ends, run, judge, judged)
 
 
 def _failing(r: _Run, ex: Executor, name: str, modules: Mapping[str, str]) -> tuple[LocalErrors | None, str]:
@@ -183,8 +248,8 @@ def _plain_of(
     name = le.backend
     live = next(p for p in shipped.planned if p.name == name)
     proto = load_proto((plan.rewrites or ctx.spec).path, load_external=False)
-    cuttings = [c for c in (tuple(t for t in cs if t in plan.available) for cs in stretch_cuts(proto)) if c]
-    cuttings = cuttings or [()]
+    cuttings = [c for c in (_available(c, plan.available) for c in stretch_cuts(proto)) if c.cuts]
+    cuttings = cuttings or [Cutting((), (), (0,) * len(proto.graph.node))]
     runs = [_planned_run(ctx, plan, live, shipped.oracle, proto, c, ref_capture, f"{name}-{k}")
             for k, c in enumerate(cuttings)]  # fmt: skip
     ex.bar.grow(sum(r.run.steps + r.judge.steps for r in runs))
@@ -214,7 +279,7 @@ def _origins(
     nodes it shares with the failing stretches of the second."""
     spans = []
     for r, le in judged:
-        stretches = [(o, stretch_nodes(proto, o.tensor, set(r.cuts))) for o in le.origins]
+        stretches = [(o, stretch_nodes(proto, o.tensor, r.cutting)) for o in le.origins]
         spans.append([(o, nodes) for o, nodes in stretches if not known & set(nodes)])
     other = {n for _, nodes in (spans[1] if len(spans) > 1 else []) for n in nodes}
     out = []
