@@ -811,7 +811,12 @@ class FuseUnexposedRunner(OrtCpuRunner):
         return _prepare_rewritten(self, proto, model, tensors)
 
     def _add_layernorm(
-        self, proto: onnx.ModelProto, model: ModelRef, tensors: tuple[str, ...], at: set[str], exposed: set[str]
+        self,
+        proto: onnx.ModelProto,
+        model: ModelRef,
+        tensors: tuple[str, ...],
+        at: set[str],
+        exposed: set[str],
     ) -> BuildFingerprint:
         adds = {n.output[0] for n in proto.graph.node if n.op_type == "Add"}
         widths = {t.name: int(t.dims[-1]) for t in proto.graph.initializer if t.dims}
@@ -820,7 +825,8 @@ class FuseUnexposedRunner(OrtCpuRunner):
         self.fused = []
         for n in proto.graph.node:
             x = n.input[0] if n.input else ""
-            if n.op_type != "LayerNormalization" or x not in adds or x in exposed or (at and n.output[0] not in at):
+            mine = n.op_type == "LayerNormalization" and (not at or n.output[0] in at)
+            if not mine or x not in adds or x in exposed:
                 nodes.append(n)
                 continue
             p, width = f"{n.output[0]}/fused", widths[n.input[1]]
