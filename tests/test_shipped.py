@@ -80,7 +80,6 @@ def test_a_fusion_made_only_where_unexposed_is_caught_at_its_stretch() -> None:
     assert r.cross("ort-cpu").explained is True
 
 
-
 @pytest.mark.usefixtures("plugins")
 def test_an_add_layernorm_fused_only_where_unexposed_is_caught_mid_block() -> None:
     # test-fuse fuses block2's residual Add into the LayerNormalization after it, with an 11-bit
@@ -104,6 +103,7 @@ def test_an_add_layernorm_fused_only_where_unexposed_is_caught_mid_block() -> No
     assert le.plain is not None and le.plain.status == "unexplained"
     # ONNX Runtime fuses a SkipLayerNormalization of its own there, and is judged on that graph
     assert r.cross("ort-cpu").explained is True and r.cross("ort-cpu").origins == ()
+
 
 UNMAPPED = """
 import torch

@@ -16,7 +16,7 @@ from xbackend.cli.params import CLI_FLAGS, ModelArg, with_flags
 from xbackend.compare.saved_report import read_result
 from xbackend.files import attest
 from xbackend.files.atomic import check_outputs
-from xbackend.report import write_atomic, write_markdown_bundle
+from xbackend.report import bundle_outputs, write_atomic, write_markdown_bundle
 from xbackend.report.diff import diff_results
 from xbackend.results.flags import pairs
 
@@ -131,7 +131,7 @@ def report(
     output: Annotated[str, typer.Option("-o", "--output", metavar="OUT.md", help="Markdown to write")],
 ) -> int:
     """Re-render the Markdown report (figures and layer CSV too) from a JSON report, running no engine."""
-    check_outputs([("-o", output)], [result_json])
+    check_outputs(bundle_outputs("-o", output), [result_json])
     write_markdown_bundle(read_result(result_json), output)
     print(f"wrote {output}")
     return 0

@@ -17,7 +17,7 @@ from xbackend.errors import RunnerFailedError, UsageError
 from xbackend.files.atomic import NPZ_MARK, check_outputs, write_atomic_bytes
 from xbackend.files.capture_folder import check_folder
 from xbackend.files.textfmt import short, with_module
-from xbackend.report import to_json, write_atomic, write_markdown_bundle
+from xbackend.report import bundle_outputs, to_json, write_atomic, write_markdown_bundle
 from xbackend.results import Result
 from xbackend.results.capture_record import load_capture
 
@@ -29,7 +29,8 @@ __all__ = ["capture", "capture_export", "compare"]
 def compare(model: ModelArg, **flags: Any) -> int:
     """Run a model on several backends and compare, per layer, in ULPs."""
     report, json = flags["report"], flags["json"]
-    check_outputs([("--report", report), ("--json", json)], [model, flags["inputs"], flags["baseline"]])
+    outputs = [*bundle_outputs("--report", report), ("--json", json)]
+    check_outputs(outputs, [model, flags["inputs"], flags["baseline"]])
     opts = compare_options(flags)
     if opts.save_captures:  # a capture per backend: never into someone's folder
         for b in opts.backends:

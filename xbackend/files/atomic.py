@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import tempfile
@@ -15,7 +16,14 @@ __all__ = ["NPZ_MARK", "check_outputs", "write_atomic", "write_atomic_bytes"]
 
 # how a Markdown file xbackend wrote begins, or what a JSON report's last bytes hold (its keys
 # sorted, "schema" comes after the large "result")
-_HEADS = (b"# xbackend report", b"# xbackend diff: ", b"# Determinism certificate: ")
+_HEADS = (
+    b"# xbackend report",
+    b"# xbackend diff: ",
+    b"# Determinism certificate: ",
+    b"comparison,position,tensor,module,op,",  # a report's layer table (STEM.layers.csv)
+)
+# a report's figure: a PNG whose Software text chunk (before the image data) names xbackend
+_PNG, _PNG_MARK = b"\x89PNG\r\n\x1a\n", b"tEXtSoftware\x00xbackend"
 _TAIL = b'"schema": "xbackend.report/'
 _CERTIFICATE = "https://xbackend.dev/attestation/certificate/"
 # the array `capture export` adds to its .npz: its name is in the zip's directory, at the end
@@ -32,6 +40,7 @@ def _written_by_us(p: Path) -> bool:
     except OSError:
         return False
     ours = _TAIL in tail or (head.startswith(b"PK") and NPZ_MARK.encode() + b".npy" in tail)
+    ours = ours or (head.startswith(_PNG) and _PNG_MARK in head)
     return head.startswith(_HEADS) or ours or (size < (1 << 24) and _is_certificate(p))
 
 
@@ -51,9 +60,11 @@ def check_outputs(
     inputs: Sequence[str | os.PathLike[str] | None] = (),
 ) -> None:
     """Before anything runs: each output (flag, path) can be written and destroys nothing. It is
-    not a folder, not the same file as another output, and, if it exists, a report xbackend
-    wrote (never a model, an input or someone's notes); its folder can be written. A UsageError,
-    one line, names the flag and what to do."""
+    not a folder, a link or a device, not the same file as another output, and, if it exists, a
+    file xbackend wrote (never a model, an input or someone's notes); its folder takes a new
+    regular file. A UsageError, one line, names the flag and what to do. Every file a command
+    writes passes here: a report's companions too (its table and figures: see
+    xbackend.report.bundle.bundle_outputs)."""
     seen: dict[Path, str] = {}
     read = {Path(i).resolve() for i in inputs if i}
     for flag, path in outputs:
@@ -66,18 +77,38 @@ def check_outputs(
         if key in seen:
             raise UsageError(f"{flag} {p} is the same file as {seen[key]}; give each output its own path")
         seen[key] = f"{flag} {p}"
+        if p.is_symlink():
+            raise UsageError(
+                f"{flag} {p} is a symbolic link; xbackend never writes through or replaces one: "
+                "choose another path"
+            )
         if p.is_dir():
             raise UsageError(f"{flag} {p} is a folder; give a file path in it, such as {p / p.name}.out")
+        if p.exists() and not p.is_file():
+            raise UsageError(f"{flag} {p} is not a regular file (a device or a pipe); choose another path")
         if p.exists() and not _written_by_us(p):
             raise UsageError(
                 f"{flag} {p} exists and is not a report xbackend wrote; xbackend never overwrites it: "
                 "choose another path (or move that file away yourself)"
             )
         folder = next((a for a in (p.parent, *p.parent.parents) if a.exists()), Path("."))
-        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or not _takes_files(folder):
             raise UsageError(
                 f"{flag} {p} cannot be written: {folder} is not a writable folder; choose another path"
             )
+
+
+def _takes_files(folder: Path) -> bool:
+    """A new regular file can be made in `folder` (not /proc or /sys, not a read-only mount, not an
+    immutable folder): tried with a temp file of our own, removed at once."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".xbackend-check.", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+    return True
 
 
 def write_atomic(path: str | os.PathLike[str], text: str, what: str = "report") -> None:
@@ -89,6 +120,8 @@ def write_atomic_bytes(path: str | os.PathLike[str], data: bytes, what: str = "r
     """Write `data` to a temp file beside `path`, fsync, then rename over it; errors name the
     file as `what`."""
     p = Path(path)
+    if p.is_symlink():  # made since the check before the run: never written through
+        raise ReportError(f"cannot write {what} {p}: it is a symbolic link; choose another path")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)

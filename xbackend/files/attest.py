@@ -267,9 +267,11 @@ def generate_key(stem: str | os.PathLike[str]) -> tuple[Path, Path]:
 
     ser = serialization
     base = Path(stem)
+    if base.is_dir() or not base.name or str(stem).endswith(os.sep):  # NAME.key would land beside it
+        raise UsageError(f"-o {stem} is a folder; give a name in it, such as {base / 'signing'}")
     private, public = base.with_name(base.name + ".key"), base.with_name(base.name + ".pub")
     for p in (private, public):
-        if p.exists():
+        if p.exists() or p.is_symlink():
             raise UsageError(f"{p} already exists; choose another -o NAME (xbackend never overwrites a key)")
     key = ed25519.Ed25519PrivateKey.generate()
     pem = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
@@ -279,5 +281,11 @@ def generate_key(stem: str | os.PathLike[str]) -> tuple[Path, Path]:
         raise UsageError(f"cannot write {private}: {e.strerror or e}") from None
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
-    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
+    pub = key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
+    try:
+        with open(public, "xb") as f:  # exclusive: a file made meanwhile is never overwritten
+            f.write(pub)
+    except OSError as e:
+        private.unlink(missing_ok=True)
+        raise UsageError(f"cannot write {public}: {e.strerror or e}; nothing was kept") from None
     return private, public

@@ -30,15 +30,44 @@ def contained(folder: Path, entry: object, what: str, fix: str) -> Path:
     if ".." in parts:
         raise InputError(f"{what} names {shown}, which leads out of its own folder; {fix}")
     base = folder.resolve()
-    target = base / text
-    # resolve() follows symlinks: a link that leads out is refused like a `..`
     try:
-        real = target.resolve()
-    except (OSError, RuntimeError):
+        real = _inside(base, text)
+    except RecursionError:  # every link it followed lies inside: a loop there
         raise InputError(f"{what} names {shown}, which cannot be resolved inside its folder; {fix}") from None
-    if real != base and base not in real.parents:
+    if real is None:
         raise InputError(f"{what} names {shown}, which leads out of its own folder; {fix}")
-    return target
+    return base / text
+
+
+def _inside(base: Path, rel: str) -> Path | None:
+    """`rel` resolved from `base`, following links only while they lie inside it: None as soon as
+    it leads out, so nothing outside is ever looked at (what lies there cannot change the answer)."""
+    parts = list(Path(rel).parts)
+    cur, hops = base, 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            cur = cur.parent
+            if cur != base and base not in cur.parents:
+                return None
+            continue
+        nxt = cur / part
+        if not nxt.is_symlink():  # an lstat of a path inside `base`
+            cur = nxt
+            continue
+        hops += 1
+        if hops > 40:
+            raise RecursionError(rel)
+        target = Path(os.readlink(nxt))
+        if target.is_absolute():
+            if target.parts[: len(base.parts)] != base.parts:
+                return None
+            cur, parts = base, [*target.parts[len(base.parts) :], *parts]
+        else:
+            parts = [*target.parts, *parts]
+    return cur
 
 
 def field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, fix: str) -> Any:

@@ -16,6 +16,7 @@ from onnx.external_data_helper import convert_model_to_external_data, write_exte
 
 from xbackend.errors import ModelLoadError, first_line
 from xbackend.files.atomic import write_atomic_bytes
+from xbackend.files.untrusted import contained
 
 __all__ = [
     "IN_MEMORY",
@@ -244,7 +245,13 @@ def _read_external(t: TensorProto, base: Path) -> None:
 
 
 def check_external_files(proto: onnx.ModelProto, p: Path) -> None:
-    """Every external data file beside the model, and long enough for every tensor it holds."""
+    """Every external data file beside the model, and long enough for every tensor it holds.
+    Each location is first kept inside the model's folder from its path (and the links in that
+    folder) alone: nothing outside is looked at, and the refusal is the same whatever is there."""
+    for f in external_files(proto):
+        contained(
+            p.parent, f, f"{p}: external data", "keep the model's weights in its own folder and re-export it"
+        )
     missing = [f for f in external_files(proto) if not (p.parent / f).is_file()]
     if missing:
         raise ModelLoadError(

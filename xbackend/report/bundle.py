@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 from pathlib import Path
 
 from xbackend.files.atomic import write_atomic, write_atomic_bytes
-from xbackend.report.figures import planned_figures, render
+from xbackend.report.figures import FIXED_SLUGS, planned_figures, render
 from xbackend.report.layers_csv import to_csv
 from xbackend.report.markdown import to_markdown
 from xbackend.results import Result
 
-__all__ = ["bundle_files", "write_markdown_bundle"]
+__all__ = ["bundle_files", "bundle_outputs", "write_markdown_bundle"]
 
 
 def bundle_files(r: Result, md_path: str | os.PathLike[str]) -> dict[Path, bytes]:
@@ -25,6 +27,20 @@ def bundle_files(r: Result, md_path: str | os.PathLike[str]) -> dict[Path, bytes
     for f in planned_figures(r):
         files[p.with_name(f"{stem}.{f.slug}.png")] = render(f)
     return files
+
+
+def bundle_outputs(flag: str, md_path: str | os.PathLike[str] | None) -> list[tuple[str, Path | None]]:
+    """Every file the report for `md_path` may write, as xbackend.files.atomic.check_outputs takes
+    them: the Markdown, its table, each figure it can draw (and a cost figure already there)."""
+    if not md_path:
+        return []
+    p = Path(md_path)
+    stem = p.stem
+    figures = [p.with_name(f"{stem}.{s}.png") for s in FIXED_SLUGS]
+    with contextlib.suppress(OSError):
+        figures += sorted(p.parent.glob(f"{glob.escape(stem)}.cost-*.png"))
+    table = (f"{flag} {p}'s table", p.with_name(f"{stem}.layers.csv"))
+    return [(flag, p), table, *((f"{flag} {p}'s figure", f) for f in figures)]
 
 
 def write_markdown_bundle(r: Result, md_path: str | os.PathLike[str]) -> list[Path]:

@@ -16,7 +16,10 @@ from xbackend.numerics.metrics import TensorDiff
 from xbackend.numerics.values import value_name
 from xbackend.results import CrossBackendResult, ModeRow, Result
 
-__all__ = ["COLORS", "Figure", "planned_figures", "render"]
+__all__ = ["COLORS", "FIXED_SLUGS", "Figure", "planned_figures", "render"]
+
+# every figure's file name part but the cost figures' (cost-RUNNER)
+FIXED_SLUGS = ("decode-margins", "error-depth", "ulp-distribution", "batch-invariance", "build-variance")
 
 COLORS = (
     "#1f77b4",
@@ -325,5 +328,5 @@ def render(fig: Figure) -> bytes:
     f.tight_layout()
     desc = json.dumps({"series": [{"name": s.name, "color": COLORS[i]} for i, s in enumerate(fig.series)]})
     buf = io.BytesIO()
-    f.savefig(buf, format="png", metadata={"Software": None, "Title": fig.title, "Description": desc})
+    f.savefig(buf, format="png", metadata={"Software": "xbackend", "Title": fig.title, "Description": desc})
     return buf.getvalue()

@@ -1,0 +1,164 @@
+"""The trust boundary's second pass (issue 47): nothing a user wrote is overwritten, nothing
+outside a model's folder is looked at, names from files are inert wherever printed, damaged input
+is exit 2 and one line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.cli_helpers import one_line_error, run
+
+X4 = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+Y4 = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+
+
+def _relu(folder: Path) -> Path:
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [X4], [Y4])
+    path = folder / "relu.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_reports_table_and_figures_never_overwrite_a_users_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """compare --report and report -o check every file the report writes beside it (its table,
+    each figure) before anything runs, as the report itself: a user's file, or a link, is refused;
+    what xbackend wrote is replaced."""
+    model = _relu(tmp_path)
+    base = ("compare", str(model), "--backends", "ort-cpu,reference", "--runs", "1", "--no-progress")
+    code, _, err = run(
+        capsys, *base, "--report", str(tmp_path / "r1.md"), "--json", str(tmp_path / "r1.json")
+    )
+    assert code == 0, err
+    written = sorted(p.name for p in tmp_path.glob("r1.*"))
+    assert "r1.layers.csv" in written and "r1.error-depth.png" in written
+    # its own files: replaced by the next run
+    code, _, err = run(capsys, *base, "--report", str(tmp_path / "r1.md"))
+    assert code == 0, err
+    mine = "a user's own figure"
+    for name, pattern in [
+        (
+            "r4.layers.csv",
+            "--report .*r4.md's table .*r4.layers.csv exists and is not a report xbackend wrote",
+        ),
+        ("r4.error-depth.png", "--report .*r4.md's figure .*r4.error-depth.png exists"),
+        ("r4.ulp-distribution.png", "r4.ulp-distribution.png exists and is not a report xbackend wrote"),
+        ("r4.cost-ort-cpu.png", "r4.cost-ort-cpu.png exists and is not a report xbackend wrote"),
+    ]:
+        (tmp_path / name).write_text(mine)
+        code, _, err = run(capsys, *base, "--report", str(tmp_path / "r4.md"))
+        assert code == 2
+        one_line_error(err, pattern)
+        assert (tmp_path / name).read_text() == mine and not (tmp_path / "r4.md").exists()
+        (tmp_path / name).unlink()
+    # a link to a report's own table is still a link: never replaced by a regular file
+    (tmp_path / "r2.layers.csv").symlink_to(tmp_path / "r1.layers.csv")
+    code, _, err = run(capsys, *base, "--report", str(tmp_path / "r2.md"))
+    assert code == 2
+    one_line_error(err, "r2.layers.csv is a symbolic link; xbackend never writes through or replaces one")
+    assert (tmp_path / "r2.layers.csv").is_symlink()
+    # report -o: the same rule
+    (tmp_path / "rr.ulp-distribution.png").write_bytes(b"\x89PNG\r\n\x1a\nsomeone's")
+    code, _, err = run(capsys, "report", str(tmp_path / "r1.json"), "-o", str(tmp_path / "rr.md"))
+    assert code == 2
+    one_line_error(
+        err, "-o .*rr.md's figure .*rr.ulp-distribution.png exists and is not a report xbackend wrote"
+    )
+    (tmp_path / "rr.ulp-distribution.png").unlink()
+    code, _, err = run(capsys, "report", str(tmp_path / "r1.json"), "-o", str(tmp_path / "rr.md"))
+    assert code == 0, err
+    assert (tmp_path / "rr.layers.csv").read_bytes() == (tmp_path / "r1.layers.csv").read_bytes()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no /proc on this system (Linux only)")
+def test_outputs_that_cannot_be_regular_files_are_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under /proc and /sys, or a device: refused before anything runs, one line, exit 2."""
+    model = _relu(tmp_path)
+    base = ("compare", str(model), "--backends", "reference", "--runs", "1", "--no-progress")
+    for flag, path, pattern in [
+        (
+            "--json",
+            "/proc/self/r.json",
+            "--json /proc/self/r.json cannot be written: /proc/self is not a writable",
+        ),
+        ("--report", "/sys/kernel/r.md", "--report /sys/kernel/r.md cannot be written"),
+        ("--json", "/dev/null", "--json /dev/null is not a regular file"),
+        ("--json", "/proc/self/status", "--json /proc/self/status exists and is not a report xbackend wrote"),
+    ]:
+        code, out, err = run(capsys, *base, flag, path)
+        assert code == 2, (path, err)
+        one_line_error(err, pattern)
+        assert out == ""  # nothing ran
+
+
+def test_keygen_into_a_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`keygen -o EXISTINGDIR` wrote EXISTINGDIR.key beside the folder: now one line, exit 2, and a
+    suggestion that works."""
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    code, _, err = run(capsys, "keygen", "-o", str(folder))
+    assert code == 2
+    one_line_error(err, f"-o {folder} is a folder; give a name in it, such as {folder / 'signing'}")
+    assert not (tmp_path / "keys.key").exists() and not any(folder.iterdir())
+    code, out, err = run(capsys, "keygen", "-o", str(folder / "signing"))
+    assert code == 0 and out.startswith(f"wrote {folder / 'signing.key'}"), err
+    assert (folder / "signing.key").is_file() and (folder / "signing.pub").is_file()
+    assert os.stat(folder / "signing.key").st_mode & 0o077 == 0
+
+
+def _external(folder: Path, location: str) -> Path:
+    """Relu + a weight whose external data location is `location`."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4], vals=[0.0] * 4)
+    w.ClearField("float_data")
+    w.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", "0"), ("length", "16")):
+        w.external_data.add(key=k, value=v)
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [X4], [Y4], initializer=[w])
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_external_data_outside_the_folder_is_refused_from_its_path_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An external-data location outside the model's folder (absolute, `..`, a link, a linked
+    folder) is refused with the same line whether a file lies there or not, and of what size: a
+    model file learns nothing about the outside."""
+    lines: dict[str, list[str]] = {}
+    for there in (True, False):  # the same names, with a file outside and then without
+        root = tmp_path / ("there" if there else "not-there")
+        outside = root / "outside"
+        outside.mkdir(parents=True)
+        if there:
+            (outside / "secret.bin").write_bytes(b"s" * 1221)
+        cases = {
+            "abs": str(outside / "secret.bin"),
+            "dotdot": "../../outside/secret.bin",
+            "link": "w.bin",
+            "linked-folder": "d/secret.bin",
+        }
+        for case, location in cases.items():
+            folder = root / case / "model"
+            model = _external(folder, location)
+            (folder / "w.bin").symlink_to(outside / "secret.bin")
+            (folder / "d").symlink_to(outside)
+            code, _, err = run(capsys, "compare", str(model), "--backends", "reference", "--no-progress")
+            assert code == 2, err
+            one_line_error(err, "external data names")
+            assert "ends at byte" not in err and "1221" not in err
+            lines.setdefault(case, []).append(err.replace(str(root), "ROOT"))
+    for case, (a, b) in lines.items():
+        assert a == b, case  # what lies outside changed nothing
+    assert "which is not a path inside its own folder" in lines["abs"][0]
+    for case in ("dotdot", "link", "linked-folder"):
+        assert "which leads out of its own folder" in lines[case][0], lines[case][0]
