@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,9 +83,11 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from xbackend.export.torch_onnx import export_torch
 
     out = tmp_path_factory.mktemp("bert") / "bert.onnx"
+    # its source file ships beside it: --trust-model-code runs only that
+    shutil.copy(TESTS / "hf_models.py", out.parent / "hf_models.py")
     names = ("input_ids", "attention_mask", "token_type_ids")
     export_torch(
-        f"{TESTS / 'hf_models.py'}:bert",
+        f"{out.parent / 'hf_models.py'}:bert",
         [InputDecl(n, (2, 16), "int64") for n in names],
         out,
         dynamic={n: {0: "batch", 1: "sequence"} for n in names},

@@ -5,13 +5,17 @@ is exit 2 and one line."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import xbackend
 from tests.cli_helpers import one_line_error, run
+
+ROOT = Path(__file__).resolve().parent.parent
 
 X4 = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
 Y4 = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
@@ -162,3 +166,67 @@ def test_external_data_outside_the_folder_is_refused_from_its_path_alone(
     assert "which is not a path inside its own folder" in lines["abs"][0]
     for case in ("dotdot", "link", "linked-folder"):
         assert "which leads out of its own folder" in lines[case][0], lines[case][0]
+
+
+EVIL = """
+import pathlib
+pathlib.Path(__file__).with_name("PWNED").write_text("ran")
+
+
+def build():
+    raise SystemExit("never here")
+"""
+
+
+def _recording(folder: Path, recorded: str) -> Path:
+    """torch_mlp's export, its metadata naming `recorded` as its source module."""
+    folder.mkdir(parents=True, exist_ok=True)
+    proto = onnx.load(ROOT / "models" / "torch_mlp.onnx")
+    for p in proto.metadata_props:
+        if p.key == "xbackend.torch.module":
+            p.value = recorded
+    path = folder / "m.onnx"
+    onnx.save(proto, path)
+    return path
+
+
+def test_trust_model_code_imports_only_the_file_beside_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--trust-model-code runs the Python file that ships beside the model: a dotted module, an
+    absolute path, `..` or a link out named by the model's metadata is refused before anything
+    runs, exit 2, one line, with a --torch-module that works once the user trusts it."""
+    pytest.importorskip("torch")
+    (tmp_path / "evil.py").write_text(EVIL)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "link.py").symlink_to(tmp_path / "evil.py")
+    cases = {
+        "../evil.py:build": "the model's source module names '../evil.py', which leads out of its own folder",
+        f"{tmp_path / 'evil.py'}:build": "which is not a path inside its own folder",
+        "os:system": "records its source module 'os:system', not a Python file beside it",
+        "link.py:build": "the model's source module names 'link.py', which leads out of its own folder",
+    }
+    for recorded, message in cases.items():
+        model = _recording(folder, recorded)
+        code, out, err = run(
+            capsys, "compare", str(model), "--backends", "ort-cpu,torch", "--trust-model-code", "--no-progress"
+        )
+        assert code == 2, err
+        one_line_error(err, message)
+        assert "--trust-model-code runs only a file in the model's own folder: pass it yourself with " in err
+        assert out == "" and not (tmp_path / "PWNED").exists()
+    # the suggestion works as given, from the working directory
+    model = _recording(folder, "../evil.py:build")
+    _, _, err = run(capsys, "compare", str(model), "--backends", "torch", "--trust-model-code")
+    suggested = err.split("--torch-module ")[1].split(" ")[0]
+    assert Path(suggested.rpartition(":")[0]).resolve() == (tmp_path / "evil.py").resolve()
+    # a file beside the model runs
+    beside = tmp_path / "good"
+    beside.mkdir()
+    shutil.copy(ROOT / "models" / "torch_mlp.py", beside / "torch_mlp.py")
+    model = _recording(beside, "torch_mlp.py:build")
+    r = xbackend.compare(
+        model, backends="ort-cpu,torch", runs=1, probes="none", runner_options={"torch": {"trust_model_code": "true"}}
+    )
+    assert r.backend("torch").ok, r.backend("torch").reason

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -282,7 +283,8 @@ def _export_family(name: str, out: Path) -> dict[str, object]:
     from xbackend.export.example_inputs import InputDecl
     from xbackend.export.torch_onnx import export_torch
 
-    factory = f"{TESTS / 'hf_models.py'}:{name}"
+    shutil.copy(TESTS / "hf_models.py", out.parent / "hf_models.py")  # beside it: --trust-model-code
+    factory = f"{out.parent / 'hf_models.py'}:{name}"
     if name == "unet":
         decls = [
             InputDecl("sample", (1, 4, 8, 8), "float32"),

@@ -12,6 +12,7 @@ from xbackend.errors import InputError, ModelLoadError, UsageError
 from xbackend.execution.executor import Executor, Job, standard_phases
 from xbackend.execution.foreign import probe_interpreter
 from xbackend.execution.progress import ProgressSink
+from xbackend.export.torch_onnx import META_MODULE, read_torch_metadata, trusted_spec
 from xbackend.files.storage import save_values
 from xbackend.model.inputs import Feeds, capture_feeds, generate_feeds, load_expected, load_feeds
 from xbackend.model.load import ModelSpec, downgrade_blockers, used_domains
@@ -139,6 +140,7 @@ def preflight(
     blocked: list[str] = []
     used = used_domains(proto)
     for p in planned:
+        _trusted_code(spec, proto, p)
         why = _domain_blocker(used, p) or _ir_blocker(spec, proto, p, notes)
         if why:
             blocked.append(f"{p.name}: {why}")
@@ -149,6 +151,17 @@ def preflight(
         fix = "add reference to --backends" if domains else "re-export it with an older opset/IR"
         raise ModelLoadError(f"no backend can load {spec.path}: {'; '.join(blocked)}; {fix}")
     return out, notes
+
+
+def _trusted_code(spec: ModelSpec, proto: onnx.ModelProto, p: PlannedBackend) -> None:
+    """--trust-model-code runs the Python file beside the model: any other source module the
+    model records is refused before anything runs (exit 2)."""
+    raw = dict(p.raw_options)
+    if raw.get("trust_model_code", "").lower() not in ("true", "1", "yes") or raw.get("module"):
+        return
+    recorded = read_torch_metadata(proto).get(META_MODULE, "")
+    if recorded:
+        trusted_spec(recorded, Path(spec.path))
 
 
 def _domain_blocker(used: Mapping[str, Sequence[str]], p: PlannedBackend) -> str:

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import sys
 import tempfile
 import warnings
@@ -30,9 +31,10 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from xbackend.errors import ExportError, XbackendError, first_line
+from xbackend.errors import ExportError, InputError, XbackendError, first_line
 from xbackend.export.example_inputs import InputDecl, parse_dynamic, read_examples, with_data
 from xbackend.files.atomic import write_atomic_bytes
+from xbackend.files.untrusted import contained
 from xbackend.model.extdata import adopt_external, uses_external_data
 from xbackend.model.inputs import META_RANGES
 from xbackend.model.load import ModelRef, load_proto
@@ -53,6 +55,8 @@ __all__ = [
     "read_examples",
     "read_torch_metadata",
     "scope_map",
+    "spec_from_cwd",
+    "trusted_spec",
 ]
 
 META_SOURCE = "xbackend.source"
@@ -145,6 +149,38 @@ def to_numpy(t: Any) -> np.ndarray:
         bits = t.view(torch.int16 if t.element_size() == 2 else torch.int8).numpy()
         return np.array(bits.view(getattr(ml_dtypes, name)), copy=True)
     return np.array(t.numpy(), copy=True)
+
+
+def trusted_spec(recorded: str, model: Path) -> str:
+    """The source module `model` records, where --trust-model-code may run it: a Python file in
+    the model's own folder and a factory name. Anything else (a dotted module, an absolute path,
+    `..`, a link out) is an InputError, one line, saying how to pass it with --torch-module."""
+    target, _, attr = recorded.rpartition(":")
+    shown = repr(recorded[:120])
+    fix = f"pass it yourself with --torch-module {spec_from_cwd(recorded, model)} once you trust that code"
+    if not target.endswith(".py") or not attr.isidentifier():
+        raise InputError(
+            f"{model}: the model records its source module {shown}, not a Python file beside it with a "
+            f"factory name; --trust-model-code runs only a file in the model's own folder: {fix}"
+        )
+    contained(
+        model.parent,
+        target,
+        f"{model}: the model's source module",
+        f"--trust-model-code runs only a file in the model's own folder: {fix}",
+    )
+    return recorded
+
+
+def spec_from_cwd(recorded: str, model: Path) -> str:
+    """`recorded` (a file path relative to the model) as a path that works from the working folder."""
+    target, _, attr = recorded.rpartition(":")
+    if not target.endswith(".py") or Path(target).is_absolute():
+        return shlex.quote(recorded)
+    path = (model.parent / target).resolve()
+    with contextlib.suppress(ValueError):
+        path = path.relative_to(Path.cwd().resolve())
+    return shlex.quote(f"{path}:{attr}")
 
 
 def load_module(spec: str, base_dir: Path | None = None, search_cwd: bool = True) -> Any:

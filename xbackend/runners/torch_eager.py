@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 from onnx import numpy_helper
 
-from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedError, first_line
+from xbackend.errors import BackendUnavailableError, ExportError, InputError, RunnerFailedError, first_line
 from xbackend.export.torch_onnx import (
     META_MODULE,
     flatten_outputs,
@@ -26,8 +26,10 @@ from xbackend.export.torch_onnx import (
     module_map,
     read_torch_metadata,
     scope_map,
+    spec_from_cwd,
     to_numpy,
     to_tensor,
+    trusted_spec,
 )
 from xbackend.export.torch_ops import OpGraph, folded_constants, onnx_calls
 from xbackend.model.load import ModelRef, load_proto
@@ -119,13 +121,19 @@ class TorchRunner(Runner):
                 "pass --torch-module path/to/file.py:factory"
             )
         if not self.options["trust_model_code"]:
+            try:  # --trust-model-code is suggested only where it would run that file
+                beside = bool(trusted_spec(recorded, Path(model.path)))
+            except InputError:
+                beside = False
             raise BackendUnavailableError(
                 f"the model names its source module {recorded!r}; xbackend never runs code a model points "
-                f"to on its own: pass --torch-module {_suggest(recorded, model)} (once you trust that file) "
-                "or --trust-model-code"
+                f"to on its own: pass --torch-module {spec_from_cwd(recorded, Path(model.path))} "
+                "(once you trust that file)" + (" or --trust-model-code" if beside else "")
             )
-        # A recorded file path is relative to the model file, never to the working directory.
-        return load_module(recorded, base_dir=Path(model.path).parent, search_cwd=False)
+        # a recorded file lies in the model's folder (compare refused any other first; the API's
+        # runners are checked here), never looked up from the working directory
+        spec = trusted_spec(recorded, Path(model.path))
+        return load_module(spec, base_dir=Path(model.path).parent, search_cwd=False)
 
     @classmethod
     def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
@@ -343,19 +351,6 @@ def _to_torch(v: Value) -> Any:
     if v is None or not isinstance(v, np.ndarray):
         return v
     return to_tensor(v)
-
-
-def _suggest(recorded: str, model: ModelRef) -> str:
-    """The recorded spec as a path that works from the working directory."""
-    target, _, attr = recorded.rpartition(":")
-    if not target.endswith(".py") or Path(target).is_absolute():
-        return recorded
-    path = Path(model.path).parent / target
-    try:
-        path = path.resolve().relative_to(Path.cwd().resolve())
-    except ValueError:
-        path = path.resolve()
-    return f"{path}:{attr}"
 
 
 def _digests(a: np.ndarray) -> set[bytes]:
