@@ -210,7 +210,13 @@ def test_trust_model_code_imports_only_the_file_beside_the_model(
     for recorded, message in cases.items():
         model = _recording(folder, recorded)
         code, out, err = run(
-            capsys, "compare", str(model), "--backends", "ort-cpu,torch", "--trust-model-code", "--no-progress"
+            capsys,
+            "compare",
+            str(model),
+            "--backends",
+            "ort-cpu,torch",
+            "--trust-model-code",
+            "--no-progress",
         )
         assert code == 2, err
         one_line_error(err, message)
@@ -227,6 +233,10 @@ def test_trust_model_code_imports_only_the_file_beside_the_model(
     shutil.copy(ROOT / "models" / "torch_mlp.py", beside / "torch_mlp.py")
     model = _recording(beside, "torch_mlp.py:build")
     r = xbackend.compare(
-        model, backends="ort-cpu,torch", runs=1, probes="none", runner_options={"torch": {"trust_model_code": "true"}}
+        model,
+        backends="ort-cpu,torch",
+        runs=1,
+        probes="none",
+        runner_options={"torch": {"trust_model_code": "true"}},
     )
     assert r.backend("torch").ok, r.backend("torch").reason
