@@ -4,8 +4,14 @@ is exit 2 and one line."""
 
 from __future__ import annotations
 
+import collections
+import html.parser
+import json
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import onnx
@@ -240,3 +246,159 @@ def test_trust_model_code_imports_only_the_file_beside_the_model(
         runner_options={"torch": {"trust_model_code": "true"}},
     )
     assert r.backend("torch").ok, r.backend("torch").reason
+
+
+# names a model controls that GitHub would render as links, images, HTML, emphasis or a code fence,
+# or that reorder or control a terminal
+FORGING = [
+    "o https://evil.example/a",
+    "o_https://evil.example/b",
+    "o www.evil.example",
+    "o<https://evil.example/c>",
+    "[a](b.md)",
+    "![i](r.error-depth.png)",
+    "mail me@evil.example",
+    "``` fence",
+    "csi\x9b31m",
+    "rlo\u202egnp.exe",
+    "<b>bold</b>",
+    "*em* ~~del~~",
+    "&lt;amp",
+]
+
+
+class _Tags(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: collections.Counter[str] = collections.Counter()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags[tag] += 1
+        self.links += [v or "" for k, v in attrs if k in ("href", "src")]
+
+
+def _rendered(md: str) -> _Tags:
+    """The report as GitHub renders it (cmark-gfm, its autolink and table extensions)."""
+    cmarkgfm = pytest.importorskip("cmarkgfm")
+    from cmarkgfm.cmark import Options
+
+    page = cmarkgfm.github_flavored_markdown_to_html(md, options=Options.CMARK_OPT_UNSAFE)
+    p = _Tags()
+    p.feed(page)
+    return p
+
+
+def _chain(path: Path, names: list[str]) -> Path:
+    nodes, prev = [], "x"
+    for i, n in enumerate(names):
+        nodes.append(helper.make_node("Sin" if i % 2 else "Exp", [prev], [n], name=f"{n} node"))
+        prev = n
+    nodes.append(helper.make_node("Relu", [prev], ["y"]))
+    g = helper.make_graph(nodes, "g", [X4], [Y4])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_names_from_a_model_build_nothing_where_github_renders_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rendered as GitHub renders Markdown, a report on a model whose names hold URLs, links,
+    images, HTML, emphasis, backticks and terminal controls has exactly the links, images,
+    headings and tags of the same report on plainly named tensors; the terminal and the report
+    never hold a C1 control or a bidirectional override; the JSON keeps every name exactly."""
+    runs = {}
+    for kind, names in (("plain", [f"t{k}" for k in range(len(FORGING))]), ("forged", FORGING)):
+        folder = tmp_path / kind
+        folder.mkdir()
+        model = _chain(folder / "m.onnx", names)
+        md, js = folder / "r.md", folder / "r.json"
+        code, out, err = run(
+            capsys, "compare", str(model), "--backends", "ort-cpu,reference", "--runs", "1",
+            "--report", str(md), "--json", str(js), "--no-progress",
+        )  # fmt: skip
+        assert code == 0, err
+        runs[kind] = (md.read_text("utf-8"), out + err, js)
+    plain, forged = _rendered(runs["plain"][0]), _rendered(runs["forged"][0])
+    assert plain.links == forged.links  # the report's own figures and table, nothing else
+    assert all(not link.startswith(("http", "mailto", "//")) for link in forged.links)
+    counts = {t: n for t, n in forged.tags.items() if t != "code"}
+    assert counts == {t: n for t, n in plain.tags.items() if t != "code"}
+    md, terminal, js = runs["forged"]
+    for hidden in ("\x9b", "\u202e"):
+        assert hidden not in md and hidden not in terminal
+    assert "rlo\\u202egnp.exe" in md and "csi\\u009b31m" in md
+    tensors = {t["name"] for t in json.loads(js.read_text("utf-8"))["result"]["cross_backend"][0]["tensors"]}
+    assert set(FORGING) <= tensors
+
+
+EARLY = """
+import os, signal, sys
+import xbackend.entry
+
+
+class Slow:  # the CLI's import, with a signal arriving in the middle of it
+    def find_spec(self, name, path, target=None):
+        if name == "xbackend.cli.main":
+            os.kill(os.getpid(), signal.{sig})
+        return None
+
+
+sys.meta_path.insert(0, Slow())
+sys.argv = ["xbackend", "backends"]
+sys.exit(xbackend.entry.main())
+"""
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_signal_while_the_cli_imports_is_one_line(sig: str, code: int) -> None:
+    """Ctrl-C while the CLI is still importing gave a 26-37-line traceback, SIGTERM and SIGHUP
+    no line at all: each is now one line and its exit code."""
+    proc = subprocess.run(
+        [sys.executable, "-c", EARLY.replace("{sig}", sig)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == code, proc.stderr
+    what = "interrupted" if sig == "SIGINT" else f"stopped by {sig}"
+    assert proc.stderr == f"xbackend: {what} before anything ran\n" and proc.stdout == ""
+
+
+@pytest.mark.slow
+def test_a_run_killed_outright_leaves_its_folder_to_the_next_run(tmp_path: Path, plugin_path: Path) -> None:
+    """SIGKILL leaves no chance to clean up: the run's folder (8.4 MB in the tester's case) stays,
+    marked with the dead process; the next run removes it, and leaves alone a folder without the
+    mark and the folder of a run that is still alive."""
+    from xbackend.files import runfolders
+    from xbackend.files.runfolders import MARK
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp),
+        "PYTHONPATH": os.pathsep.join([str(plugin_path), str(ROOT / "tests")]),
+    }
+    model = _relu(tmp_path)
+    argv = [sys.executable, "-m", "xbackend", "compare", str(model), "--backends", "test-hang,reference",
+            "--timeout", "600", "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any(tmp.rglob("engine.bin")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # waits for a state (the hanging worker's engine file), not a time
+    assert any(tmp.rglob("engine.bin")), "the hanging worker never ran"
+    proc.kill()
+    proc.wait(timeout=60)
+    (dead,) = tmp.glob("xbackend-*")
+    assert (dead / MARK).read_text().split()[0] == str(proc.pid)
+    theirs = tmp / "xbackend-notes"  # someone's folder under a name like ours: no mark
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("mine")
+    alive = tmp / "xbackend-alive"  # a run still going (this test's own process)
+    alive.mkdir()
+    (alive / MARK).write_text(f"{os.getpid()} {runfolders._started(os.getpid())}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "xbackend", "compare", str(model), "--backends", "reference", "--no-progress"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not dead.exists()
+    assert (theirs / "keep.txt").read_text() == "mine" and alive.is_dir()

@@ -1,5 +1,5 @@
 import sys
 
-from xbackend.cli import main
+from xbackend.entry import main
 
 sys.exit(main())

@@ -17,7 +17,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, InputErr
 from xbackend.execution.progress import ProgressSink
 from xbackend.files import attest
 from xbackend.files.capture_folder import file_sha256
+from xbackend.files.runfolders import run_temp_folder
 from xbackend.files.storage import ValueFile
 from xbackend.files.untrusted import contained, field, number
 from xbackend.model.extdata import external_files
@@ -119,7 +119,7 @@ def certify(
     opts = CompareOptions.create(
         backends=[backend], runs=runs, builds=builds, probes=CERT_PROBES, batch_invariance=batch, **inputs
     )
-    with tempfile.TemporaryDirectory(prefix="xbackend-cert-") as tmp:
+    with run_temp_folder("xbackend-cert-") as tmp:
         result = compare_with_options(model, opts, progress, capture_to=Path(tmp) / "capture")
         outputs = _output_hashes(Path(tmp) / "capture", result)
     return Certificate(_body(result, backend, opts, outputs), model_files(Path(result.model.path)))

@@ -40,6 +40,7 @@ from xbackend.errors import UsageError
 from xbackend.execution.executor import Job, JobOutcome
 from xbackend.execution.isolation import NEARLY_FULL
 from xbackend.execution.progress import NullProgress, ProgressSink
+from xbackend.files.runfolders import run_temp_folder
 from xbackend.host.environment import collect_environment
 from xbackend.model.load import load_model
 from xbackend.model.selection import with_selection
@@ -137,14 +138,9 @@ def _nearly_full(folder: Path) -> bool:
 
 
 def run_folder() -> tempfile.TemporaryDirectory[str]:
-    """The run's temp folder (every capture lives under it; removed on exit or interrupt)."""
-    try:
-        return tempfile.TemporaryDirectory(prefix="xbackend-")
-    except OSError as e:
-        raise UsageError(
-            f"cannot make a temp folder in {tempfile.gettempdir()} ({e.strerror}); set TMPDIR to a "
-            "writable folder on a larger disk"
-        ) from None
+    """The run's temp folder (every capture lives under it; removed on exit or interrupt, and by
+    the next run where this process is killed outright)."""
+    return run_temp_folder()
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,20 @@ from xbackend.numerics.values import value_name
 
 __all__ = [
     "CONTROL",
+    "HIDDEN",
     "cell",
+    "code_span",
+    "fenced",
     "fold",
     "gib",
     "inert",
     "module_note",
     "num",
     "only_our_html",
+    "prose",
     "short",
     "table",
+    "visible",
     "with_module",
     "yes",
 ]
@@ -50,19 +55,99 @@ def with_module(tensor: str, modules: Mapping[str, str]) -> str:
 
 # a line break or control character: in a name it would start a line of its own
 CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+# C1 controls (U+009B is a terminal's CSI) and the bidirectional controls that reorder what is
+# shown: written out as \uXXXX wherever a name is printed
+HIDDEN = re.compile("[\x80-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# what GitHub's autolink extension turns into a link: a scheme's ://, www., an e-mail address
+_SCHEME = re.compile(r"(?<=\w)://")
+_WWW = re.compile(r"(?i)\b(www)\.")
+_EMAIL = re.compile(r"[\w.+-]@[\w-]+\.[\w-]")
+_EMAIL_WHOLE = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)")
+
+
+def visible(text: str) -> str:
+    """`text` with every C1 or bidirectional control written out (\u009b): on a terminal and in a
+    report it neither controls nor reorders anything."""
+    return HIDDEN.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def fenced(text: str, info: str = "") -> list[str]:
+    """`text` as a fenced code block that nothing inside can close or escape: each line break and
+    control written out, the fence longer than any run of backticks in it."""
+    body = visible(CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text))
+    fence = "`" * max(3, max((len(r) for r in re.findall("`+", body)), default=0) + 1)
+    return [f"{fence}{info}", body, fence]
+
+
+def code_span(text: str) -> str:
+    """`text` as a Markdown code span: shown as it is, building nothing (its fence is longer than
+    any run of backticks inside)."""
+    longest = max((len(r) for r in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith(("`", " ")) or text.endswith(("`", " ")) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _unlinked(s: str) -> str:
+    """Text with no scheme's :// and no www. that GitHub would make a link of."""
+    return _WWW.sub(r"\1\\.", _SCHEME.sub(r"\\://", s))
 
 
 def inert(text: object) -> str:
     """A name from a model, a capture or a label, as Markdown that shows it and builds nothing:
-    no line break (a heading of its own), no link or image, no HTML tag (in a table, cell()
-    keeps its pipes inside the cell)."""
-    out = CONTROL.sub(" ", str(text))
-    return out.replace("<", "&lt;").replace("[", "\\[").replace("]", "\\]")
+    no line break (a heading of its own), no link, autolink or image, no HTML tag, no emphasis,
+    no control a terminal obeys (in a table, cell() keeps its pipes inside the cell). A name
+    holding a backtick or an e-mail address is a code span."""
+    s = visible(CONTROL.sub(" ", str(text)))
+    if "`" in s or _EMAIL.search(s):
+        return code_span(s)
+    for c, escaped in (("&", "&amp;"), ("<", "&lt;"), ("[", "\\["), ("]", "\\]"), ("*", "\\*"), ("~", "\\~")):
+        s = s.replace(c, escaped)
+    return _unlinked(s)
+
+
+def prose(text: object) -> str:
+    """A line of the report's own text that quotes names (a verdict, a note): its code spans
+    stay, and what lies between them is made inert (an e-mail address becomes a code span)."""
+    s = visible(CONTROL.sub(" ", str(text)))
+    out, at = [], 0
+    for m in _SPAN.finditer(s):
+        out += [_prose_text(s[at : m.start()]), m.group(0)]
+        at = m.end()
+    out.append(_prose_text(s[at:]))
+    return "".join(out)
+
+
+def _prose_text(s: str) -> str:
+    out, at = [], 0
+    for m in _EMAIL_WHOLE.finditer(s):
+        out += [inert(s[at : m.start()]), code_span(m.group(0))]
+        at = m.end()
+    out.append(inert(s[at:]) if "`" not in s[at:] else s[at:].replace("`", "\\`"))
+    return "".join(out)
 
 
 def cell(text: object) -> str:
-    """One table cell: a pipe or a line break would end it, raw HTML would render."""
-    return CONTROL.sub(" ", str(text)).replace("|", "\\|").replace("<", "&lt;")
+    """One table cell: a pipe or a line break would end it, raw HTML would render, a URL or an
+    e-mail address would become a link. The report's own bold stays; a code span stays whole."""
+    s = visible(CONTROL.sub(" ", str(text)))
+    out, at = [], 0
+    for m in _SPAN.finditer(s):
+        out += [_cell_text(s[at : m.start()]), m.group(0)]
+        at = m.end()
+    out.append(_cell_text(s[at:]))
+    return "".join(out).replace("|", "\\|")
+
+
+def _cell_text(s: str) -> str:
+    if "`" in s or _EMAIL.search(s):
+        return code_span(s)
+    return _unlinked(_LINK.sub(r"\\\g<0>", s.replace("<", "&lt;")))
+
+
+# a link's or an image's opening bracket, where no backslash already makes it text
+_LINK = re.compile(r"(?<!\\)\[(?=[^\]]*\]\()")
 
 
 _OURS = re.compile(r"<(?!/?(?:details|summary)>)")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from xbackend.files.textfmt import inert, with_module
 from xbackend.files.textfmt import num as _num
 from xbackend.files.textfmt import table as _table
-from xbackend.files.textfmt import with_module
 from xbackend.files.textfmt import yes as _yes
 from xbackend.numerics.metrics import TensorDiff
 from xbackend.numerics.values import value_name
@@ -33,8 +33,8 @@ FULL_TABLE_LIMIT = 50  # rows of a folded per-layer table; the rest is in the CS
 def diff_row(
     d: TensorDiff, modules: Mapping[str, str], mark: str = "", floors: Mapping[str, float] | None = None
 ) -> list[object]:
-    name = f"**{d.name}** {mark}".strip() if mark else d.name
-    module = modules.get(value_name(d.name), "")
+    name = f"**{inert(d.name)}** {mark}".strip() if mark else inert(d.name)
+    module = inert(modules.get(value_name(d.name), ""))
     special = f"{d.nan_mismatch}/{d.inf_mismatch}/{d.ftz_mismatch}/{d.fill_mismatch}"
     status = d.status if d.comparable else f"**{d.status}** ({d.detail})"
     if d.zero_ulp_reason():
@@ -42,7 +42,7 @@ def diff_row(
     return [
         name,
         *([module or "–"] if modules else []),
-        d.op_type or "–",
+        inert(d.op_type) or "–",
         d.dtype,
         status,
         _yes(d.bitwise_equal),
@@ -123,14 +123,14 @@ def _layer_body(
         return [*out, f"No per-layer table: {c.layers_note or 'nothing exposed'}.", ""]
     out.append(
         f"{len(c.tensors)} tensors compared per layer. First divergence: "
-        f"**{c.first_divergence or 'none'}**; first past tolerance: "
-        f"**{c.first_violation or 'none'}**."
+        f"**{inert(c.first_divergence or 'none')}**; first past tolerance: "
+        f"**{inert(c.first_violation or 'none')}**."
     )
     out.append("")
     if c.only_in_backend or c.only_in_reference:
         out += [
-            f"Exposed only by {c.backend}: {', '.join(c.only_in_backend) or 'none'}; "
-            f"only by {c.reference}: {', '.join(c.only_in_reference) or 'none'}.",
+            f"Exposed only by {c.backend}: {', '.join(map(inert, c.only_in_backend)) or 'none'}; "
+            f"only by {c.reference}: {', '.join(map(inert, c.only_in_reference)) or 'none'}.",
             "",
         ]
     return out + _worst_layers(c, modules, floors) + _full_table(c, modules, floors)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from xbackend.files.textfmt import fold, gib, inert, module_note, only_our_html
+from xbackend.files.textfmt import fenced, fold, gib, inert, module_note, only_our_html, prose
 from xbackend.files.textfmt import num as _num
 from xbackend.files.textfmt import table as _table
 from xbackend.files.textfmt import yes as _yes
@@ -47,7 +47,7 @@ def _verdict(r: Result) -> list[str]:
     lines = r.verdict()
     shown = lines[:VERDICT_LINES]
     more = len(lines) - len(shown)
-    out = ["## Verdict", "", *[f"- {line}" for line in shown]]
+    out = ["## Verdict", "", *[f"- {prose(line)}" for line in shown]]
     if more:
         out.append(f"- … and {more} more finding(s), under *All findings* below.")
     return [*out, "", f"Exit code {r.exit_code}.", ""]
@@ -57,9 +57,9 @@ def _findings(r: Result) -> list[str]:
     lines = r.verdict()
     if len(lines) <= VERDICT_LINES and not r.notes:
         return []
-    body = [f"- {line}" for line in lines]
+    body = [f"- {prose(line)}" for line in lines]
     if r.notes:
-        body += ["", "Notes:", "", *[f"- {n}" for n in r.notes]]
+        body += ["", "Notes:", "", *[f"- {prose(n)}" for n in r.notes]]
     return fold("All findings", f"{len(lines)} finding(s), {len(r.notes)} note(s)", [*body, ""])
 
 
@@ -260,7 +260,7 @@ def _folded(lines: list[str], summary: str) -> list[str]:
 
 
 def _reproduce(r: Result) -> list[str]:
-    return ["## Reproduce", "", "```sh", r.command, "```", ""]
+    return ["## Reproduce", "", *fenced(r.command, "sh"), ""]
 
 
 def to_markdown(r: Result, stem: str | None = None) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 from xbackend.errors import UsageError
 from xbackend.execution.isolation import kill_group, signal_name
+from xbackend.files.runfolders import run_temp_folder
 from xbackend.files.untrusted import contained
 from xbackend.model.extdata import external_files
 from xbackend.model.load import load_proto
@@ -73,7 +74,7 @@ class LocalExecutor:
     ) -> FleetJob:
         died: list[str] = []
         for attempt in range(1, retries + 2):
-            with tempfile.TemporaryDirectory(prefix="xbackend-job-") as tmp:
+            with run_temp_folder("xbackend-job-") as tmp:
                 spec = Path(tmp) / "job.json"
                 spec.write_text(json.dumps(job_to_json(job)))
                 err = Path(tmp) / "stderr"
@@ -227,7 +228,7 @@ def _ray_job(
     paths = _materialize(bundle)
     if dest is not None:
         return run_job(job, dest, paths.get("model"), paths.get("inputs")), None
-    with tempfile.TemporaryDirectory(prefix="xbackend-job-") as tmp:
+    with run_temp_folder("xbackend-job-") as tmp:
         folder = Path(tmp) / "job"
         rec = run_job(job, folder, paths.get("model"), paths.get("inputs"))
         files = {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}

@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from xbackend.files.textfmt import only_our_html, short, table, with_module
+from xbackend.files.textfmt import fenced, inert, only_our_html, prose, short, table, with_module
 from xbackend.results import Result
 from xbackend.sweep.outcomes import FleetJob, FleetResult, ModelOutcome, node_label, relpath
 
@@ -283,9 +283,7 @@ def fleet_markdown(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
         "",
         "From this report's folder:",
         "",
-        "```",
-        f"xbackend sweep {d['sweep']['file']}" + (" --executor ray" if r.executor == "ray" else ""),
-        "```",
+        *fenced(f"xbackend sweep {d['sweep']['file']}" + (" --executor ray" if r.executor == "ray" else "")),
         "",
     ]
     return only_our_html("\n".join(lines))
@@ -293,9 +291,11 @@ def fleet_markdown(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
 
 def _md_verdict(r: FleetResult, d: Mapping[str, Any]) -> list[str]:
     s = d["summary"]
-    lines = [f"# xbackend fleet report: {r.spec.name}", ""]
-    lines += [f"- {v}" if not v.startswith(("PASS", "FAIL")) else f"**{v}**" for v in d["verdict"][:1]]
-    lines += [f"- {v}" for v in d["verdict"][1:]]
+    lines = [f"# xbackend fleet report: {inert(r.spec.name)}", ""]
+    lines += [
+        f"- {prose(v)}" if not v.startswith(("PASS", "FAIL")) else f"**{prose(v)}**" for v in d["verdict"][:1]
+    ]
+    lines += [f"- {prose(v)}" for v in d["verdict"][1:]]
     return [
         *lines,
         "",
@@ -309,7 +309,7 @@ def _md_matrix(r: FleetResult, d: Mapping[str, Any]) -> list[str]:
     backends = [b.name for b in r.spec.backends]
     rows = []
     for m in r.models:
-        name = f"[{m.entry.name}]({m.report})" if m.result is not None else m.entry.name
+        name = f"[{inert(m.entry.name)}]({m.report})" if m.result is not None else inert(m.entry.name)
         cells = [d["matrix"][m.entry.name].get(b) for b in backends]
         rows.append([name, *("–" if e is None else cell_for(e) for e in cells)])
     return [

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from xbackend.errors import BackendUnavailableError, UsageError
+from xbackend.files.textfmt import CONTROL, HIDDEN, visible
 from xbackend.files.untrusted import contained
 from xbackend.probes.registry import select_probes
 from xbackend.results import DEFAULT_MAX_ULP, CompareOptions
@@ -199,6 +200,16 @@ def safe_name(name: str) -> str:
     return _SAFE.sub("_", name).strip(".") or "_"
 
 
+def _printable(path: Path, where: str, name: str) -> None:
+    """A name is printed in headings and used in folder names: no line break or control."""
+    if CONTROL.search(name) or HIDDEN.search(name):
+        raise _bad(
+            path,
+            where,
+            f"name {visible(CONTROL.sub(' ', name))!r} holds a line break or control character; rename it",
+        )
+
+
 def _bad(path: Path, where: str, what: str) -> UsageError:
     return UsageError(f"{path}: {where}: {what}")
 
@@ -337,6 +348,7 @@ def _model(
         raise _bad(path, where, f"model {t['path']} not found (looked at {file})")
     name = t.get("name", file.stem)
     _typed(path, where, "name", name, str)
+    _printable(path, where, name)
     chosen = t.get("backends", list(backends))
     if not isinstance(chosen, list) or not all(isinstance(b, str) for b in chosen) or not chosen:
         raise _bad(path, where, "backends must be a non-empty list of names from [[backends]]")
@@ -422,9 +434,11 @@ def load_sweep(
         named = _typed(p, "sweep", "output", sweep.get("output", f"{p.stem}-fleet"), str)
         output = contained(p.parent, named, f"{p}: sweep: output", "or pass -o DIR on the command line")
     out = Path(os.path.normpath(output))
+    name = _typed(p, "sweep", "name", sweep.get("name", p.stem), str)
+    _printable(p, "sweep", name)
     spec = SweepSpec(
         path=p,
-        name=str(sweep.get("name", p.stem)),
+        name=name,
         output=out,
         models=models,
         backends=backends,
