@@ -54,6 +54,10 @@ LOCAL_EXCEPTIONS = {
         "numpy",
     ): "the interpreter may lack numpy: reported",
     (
+        "xbackend/cli/entry.py",
+        "xbackend.cli.main",
+    ): "the CLI imports under the early signal handlers",
+    (
         "xbackend/execution/foreign_probe.py",
         "importlib",
     ): "Python < 3.8 lacks importlib.metadata",

@@ -334,7 +334,7 @@ def test_names_from_a_model_build_nothing_where_github_renders_them(
 
 EARLY = """
 import os, signal, sys
-import xbackend.entry
+import xbackend.cli.entry
 
 
 class Slow:  # the CLI's import, with a signal arriving in the middle of it
@@ -346,7 +346,7 @@ class Slow:  # the CLI's import, with a signal arriving in the middle of it
 
 sys.meta_path.insert(0, Slow())
 sys.argv = ["xbackend", "backends"]
-sys.exit(xbackend.entry.main())
+sys.exit(xbackend.cli.entry.main())
 """
 
 

@@ -1,5 +1,5 @@
 import sys
 
-from xbackend.entry import main
+from xbackend.cli.entry import main
 
 sys.exit(main())
