@@ -402,3 +402,51 @@ def test_a_run_killed_outright_leaves_its_folder_to_the_next_run(tmp_path: Path,
     assert done.returncode == 0, done.stderr
     assert not dead.exists()
     assert (theirs / "keep.txt").read_text() == "mine" and alive.is_dir()
+
+
+def test_a_certificates_values_are_checked_not_only_its_types(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A probe named "rm -rf /", granted "yes", an input dtype complex512, a NaN or "fast" latency,
+    a publicKey that is a string, options for another backend than the certified one: each is
+    one line naming the field, exit 2, and nothing runs."""
+    model = _relu(tmp_path)
+    code, _, err = run(capsys, "certify", str(model), "--backend", "ort-cpu", "--runs", "2", "--builds", "2",
+                       "--set", "ort-cpu.threads=1", "-o", str(tmp_path / "cert"), "--no-progress")  # fmt: skip
+    assert code == 0, err
+    path = tmp_path / "cert.json"
+    stmt = json.loads(path.read_text("utf-8"))
+    body = stmt["predicate"]
+    assert body["battery"]["runner_options"] == [["ort-cpu", "threads", "1"]]
+    bat, given = body["battery"], body["inputs"]
+    cases = [
+        ({**body, "battery": {**bat, "probes": ["rm -rf /"]}}, "battery: probes names 'rm -rf /', no probe"),
+        ({**body, "granted": "yes"}, "granted must be bool, not 'yes'"),
+        (
+            {**body, "inputs": {**given, "tensors": [["x", "complex512", "[4]"]]}},
+            "inputs: dtype 'complex512' of 'x' is no dtype xbackend feeds",
+        ),
+        ({**body, "latency": {**body["latency"], "median_ms": float("nan")}}, "latency: median_ms must be a finite"),
+        ({**body, "latency": {**body["latency"], "median_ms": "fast"}}, "latency: median_ms must be int or float"),
+        (
+            {**body, "backend": {**body["backend"], "name": "reference"}},
+            "battery: runner_options set 'ort-cpu', but the certificate is for 'reference'",
+        ),
+        ({**body, "properties": [{"name": "speed", "status": "held"}]}, "properties: 'speed' 'held' is not a"),
+        ({**body, "outputs": {**body["outputs"], "sha256": "abc"}}, "is not 64 hex digits"),
+    ]
+    for predicate, message in cases:
+        path.write_text(json.dumps({**stmt, "predicate": predicate}))
+        code, out, err = run(capsys, "verify", str(path), "--allow-unsigned", "--no-progress")
+        assert code == 2, (message, err)
+        one_line_error(err, message)
+        assert out == ""
+    bundle = {
+        "mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json",
+        "verificationMaterial": {"publicKey": "abc"},
+        "dsseEnvelope": {"payloadType": "application/vnd.in-toto+json", "payload": "e30=", "signatures": []},
+    }
+    path.write_text(json.dumps(bundle))
+    code, _, err = run(capsys, "verify", str(path), "--allow-unsigned")
+    assert code == 2
+    one_line_error(err, "its verificationMaterial is not an object with a publicKey object")

@@ -32,11 +32,28 @@ FUZZ = settings(
 )
 ROOT = Path(__file__).resolve().parent.parent
 
+# a value that _dumps writes as this many levels of nesting (json.dumps itself would recurse)
+DEEP = "\x00deep:"
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.sampled_from([40, 71, 1000, 5001]).map(lambda n: f"{DEEP}{n}"),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=12,
 )
+
+
+def _dumps(value: Any) -> str:
+    """json.dumps, each DEEP marker written as that many nested lists (or objects, when odd)."""
+    text = json.dumps(value)
+    for n in (40, 71, 1000, 5001):
+        marker = json.dumps(f"{DEEP}{n}")
+        nest = "[" * n + "]" * n if n % 2 == 0 else '{"a":' * n + "1" + "}" * n
+        text = text.replace(marker, nest)
+    return text
 
 
 def _paths(data: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
@@ -197,13 +214,111 @@ def test_capture_manifest_reader(
     manifest = data.draw(_mutations(valid))
     folder = tmp_path_factory.mktemp("mf") / "cap"
     shutil.copytree(capture, folder)
-    text = json.dumps(manifest)
+    text = _dumps(manifest)
     (folder / "capture.json").write_text(text)
     sums = (folder / "SHA256SUMS").read_text().splitlines()
     sums = [line for line in sums if not line.endswith("  capture.json")]
     sums.append(f"{hashlib.sha256(text.encode()).hexdigest()}  capture.json")
     (folder / "SHA256SUMS").write_text("\n".join(sums) + "\n")  # resealed: the reader must judge it
     _only_clean_errors(lambda: open_capture(folder))
+
+
+def _reseal_values(folder: Path, name: str, index_text: str) -> None:
+    """`name` (a value file of the capture in `folder`) with `index_text` as its index, the
+    manifest's size and the checksums made to match: only the reader's own checks stand."""
+    import hashlib
+
+    from xbackend.files.storage import END
+
+    path = folder / name
+    raw = path.read_bytes()
+    start = int.from_bytes(raw[-16:-8], "little")
+    index = index_text.encode()
+    body = raw[:start] + index + start.to_bytes(8, "little") + END
+    path.write_bytes(body)
+    manifest = json.loads((folder / "capture.json").read_text("utf-8"))
+    manifest["files"][name] = len(body)
+    text = json.dumps(manifest)
+    (folder / "capture.json").write_text(text)
+    sums = []
+    for line in (folder / "SHA256SUMS").read_text().splitlines():
+        digest, _, file = line.partition("  ")
+        if file in (name, "capture.json"):
+            digest = hashlib.sha256((folder / file).read_bytes()).hexdigest()
+        sums.append(f"{digest}  {file}")
+    (folder / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+
+
+def _index(capture: Path) -> tuple[str, dict[str, Any]]:
+    from xbackend.files.storage import ValueFile
+
+    name = next(n for n in json.loads((capture / "capture.json").read_text())["files"] if n != "inputs.xbv")
+    with ValueFile(capture / name) as f:
+        return name, {"entries": [[k, v] for k, v in f._index.items()]}
+
+
+# crafted value-file records: each refused before anything large is allocated
+CRAFTED = {
+    "shape [1e5]^3": {"shape": [100000] * 3},
+    "dtype object": {"dtype": "object"},
+    "dtype structured": {"dtype": "[('a', '<f4')]"},
+    "dtype void": {"dtype": "V4"},
+    "shape [2^29] over its bytes": {"shape": [2**29]},
+    "negative size": {"shape": [-5]},
+    "garbage strings": {"kind": "strings", "shape": [2]},
+    "a float offset": {"offset": 8.5},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_a_crafted_value_file_in_a_resealed_capture_is_one_line(
+    capture: Path, tmp_path_factory: pytest.TempPathFactory, case: str
+) -> None:
+    """A value file whose index is crafted and whose capture is resealed (checksums recomputed):
+    load_capture raises InputError, one line, having allocated nothing its bytes do not hold."""
+    from xbackend.errors import InputError
+    from xbackend.results.capture_record import load_capture
+
+    folder = tmp_path_factory.mktemp("vf") / "cap"
+    shutil.copytree(capture, folder)
+    name, index = _index(folder)
+    first = index["entries"][0][1]
+    first.update(CRAFTED[case])
+    _reseal_values(folder, name, json.dumps(index))
+    with pytest.raises(InputError) as e:
+        load_capture(folder)
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"capture {folder} ")
+
+
+def test_a_value_file_nested_5000_deep_is_one_line(
+    capture: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from xbackend.errors import InputError
+    from xbackend.results.capture_record import load_capture
+
+    folder = tmp_path_factory.mktemp("vf") / "cap"
+    shutil.copytree(capture, folder)
+    name, _ = _index(folder)
+    deep = '{"kind": "sequence", "items": [' * 5000 + "]}" * 5000
+    _reseal_values(folder, name, '{"entries": [["y", ' + deep + "]]}")
+    with pytest.raises(InputError, match="nested 10003 levels deep"):
+        load_capture(folder)
+
+
+@FUZZ
+@given(data=st.data())
+def test_value_file_reader(
+    capture: Path, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
+    """Every field of a capture's value-file index replaced by any JSON value, nesting and type
+    confusion included, the capture resealed: load_capture answers or raises one XbackendError."""
+    from xbackend.results.capture_record import load_capture
+
+    folder = tmp_path_factory.mktemp("vf") / "cap"
+    shutil.copytree(capture, folder)
+    name, index = _index(folder)
+    _reseal_values(folder, name, _dumps(data.draw(_mutations(index))))
+    _only_clean_errors(lambda: load_capture(folder))
 
 
 @pytest.fixture(scope="module")
@@ -248,13 +363,13 @@ def test_certificate_reader(
         {
             "dsseEnvelope": {
                 "payloadType": "application/vnd.in-toto+json",
-                "payload": base64.b64encode(json.dumps(stmt).encode()).decode(),
+                "payload": base64.b64encode(_dumps(stmt).encode()).decode(),
                 "signatures": data.draw(json_values),
             },
             "mediaType": "x",
         },
     ):
-        path.write_text(json.dumps(doc))
+        path.write_text(_dumps(doc))
 
         def read(p: Path = path) -> None:
             body, _, _ = read_certificate(p, None, allow_unsigned=True)
@@ -276,7 +391,7 @@ def test_report_and_baseline_reader(
     small["result"] = {k: (v if not isinstance(v, list) else v[:1]) for k, v in valid["result"].items()}
     doc = data.draw(_mutations(small))
     path = tmp_path_factory.mktemp("b") / "r.json"
-    path.write_text(json.dumps(doc))
+    path.write_text(_dumps(doc))
     _only_clean_errors(lambda: load_baseline(path))
 
 
@@ -309,6 +424,11 @@ TOML_LINES = [
     "[",
     '"',
     "max_ulp = true",
+    "runs = " + "[" * 5000 + "]" * 5000,  # nesting past Python's recursion
+    "shapes = " + "{ x = " * 300 + "1" + " }" * 300,
+    'name = "s\\u202e"',
+    'name = "a\\nb"',
+    "max_ulp = 1e999",
 ]
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.certificates.markdown import certificate_markdown
+from xbackend.certificates.schema import SCHEMA, check_body
 from xbackend.compare import compare_with_options
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, InputError, UsageError
 from xbackend.execution.progress import ProgressSink
@@ -30,7 +30,7 @@ from xbackend.files import attest
 from xbackend.files.capture_folder import file_sha256
 from xbackend.files.runfolders import run_temp_folder
 from xbackend.files.storage import ValueFile
-from xbackend.files.untrusted import contained, field, number
+from xbackend.files.untrusted import contained, json_loads
 from xbackend.model.extdata import external_files
 from xbackend.model.load import load_model
 from xbackend.numerics.values import value_sha256
@@ -51,7 +51,6 @@ __all__ = [
     "write_certificate",
 ]
 
-SCHEMA = "xbackend.certificate/2"
 PREDICATE_TYPE = "https://xbackend.dev/attestation/certificate/v2"
 CERT_PROBES = ("builds", "threads", "batch")
 # What a certificate must show held, whatever the model: the others need a batch dimension or a
@@ -245,12 +244,12 @@ def read_certificate(
     shape, so nothing in a forged or damaged file reaches a runner."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text("utf-8"))
+        data = json_loads(p.read_text("utf-8"))
     except FileNotFoundError:
         raise InputError(
             f"certificate not found: {p}; pass the CERT.json that `xbackend certify` wrote"
         ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise InputError(
             f"{p} is not a certificate JSON ({str(e).splitlines()[0][:200]}); pass the CERT.json "
             "`xbackend certify` wrote"
@@ -280,64 +279,6 @@ def read_certificate(
             f"{p}: its subject is not a list of named files with digests; certify the model again"
         )
     return body, {x["name"]: str(x["digest"].get("sha256", "")) for x in subjects}, env
-
-
-def check_body(body: dict[str, Any], p: Path) -> None:
-    """Every field verify reads, of the type it expects: a damaged or hand-made certificate is
-    one line, never a traceback."""
-    fix = "certify the model again"
-    if body.get("schema") != SCHEMA:
-        raise InputError(
-            f"{p} is not an {SCHEMA} certificate (schema {str(body.get('schema'))[:40]!r}); {fix}"
-        )
-    parts = {
-        k: field(body, k, dict, str(p), fix) for k in ("backend", "battery", "model", "inputs", "outputs")
-    }
-    field(body, "environment", dict, str(p), fix)
-    field(body, "environment_sha256", str, str(p), fix)
-    field(body, "properties", list, str(p), fix)
-    b, bat = parts["backend"], parts["battery"]
-    field(b, "name", str, f"{p}: backend", fix)
-    field(b, "info", dict, f"{p}: backend", fix)
-    for key, lo in (("runs", 2), ("builds", 2), ("batch", 0), ("timed_runs", 0)):
-        number(bat, key, f"{p}: battery", fix, lo, 1_000_000)
-    opts = field(bat, "runner_options", list, f"{p}: battery", fix)
-    if not all(isinstance(t, list) and len(t) == 3 and all(isinstance(x, str) for x in t) for t in opts):
-        raise InputError(f"{p}: battery: runner_options must be [backend, key, value] strings; {fix}")
-    for key in ("name", "path", "sha256"):
-        field(parts["model"], key, str, f"{p}: model", fix)
-    given = parts["inputs"]
-    field(given, "sha256", str, f"{p}: inputs", fix)
-    number(given, "seed", f"{p}: inputs", fix, 0, 2**32 - 1)
-    field(given, "file", (str, type(None)), f"{p}: inputs", fix)
-    shapes, ranges = (
-        field(given, "shapes", list, f"{p}: inputs", fix),
-        field(given, "ranges", list, f"{p}: inputs", fix),
-    )
-    ok = all(
-        isinstance(x, list)
-        and len(x) == 2
-        and isinstance(x[0], str)
-        and isinstance(x[1], list)
-        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 2**31 for d in x[1])
-        for x in shapes
-    ) and all(
-        isinstance(x, list)
-        and len(x) == 3
-        and isinstance(x[0], str)
-        and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in x[1:])
-        for x in ranges
-    )
-    if not ok:
-        raise InputError(f"{p}: inputs: shapes or ranges are not [name, dims] / [name, low, high]; {fix}")
-    out = parts["outputs"]
-    field(out, "sha256", str, f"{p}: outputs", fix)
-    tensors = field(out, "tensors", dict, f"{p}: outputs", fix)
-    if not all(isinstance(v, str) for v in tensors.values()):
-        raise InputError(f"{p}: outputs: tensors must map names to sha256 strings; {fix}")
-    for prop in body["properties"]:
-        if not isinstance(prop, dict) or not all(isinstance(prop.get(k), str) for k in ("name", "status")):
-            raise InputError(f"{p}: properties must each have a name and a status; {fix}")
 
 
 @dataclass(frozen=True)

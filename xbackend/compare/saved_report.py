@@ -7,13 +7,13 @@ the classes the probe registry defines.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import xbackend.probes.registry  # noqa: F401  (registers every probe's result class with the codec)
 from xbackend.errors import InputError
 from xbackend.files.codec import CodecError, decode
+from xbackend.files.untrusted import json_loads
 from xbackend.results import Result
 
 __all__ = ["SCHEMA", "from_json", "read_result"]
@@ -24,7 +24,7 @@ SCHEMA = "xbackend.report/2"
 def from_json(text: str, what: str = "report") -> Result:
     """The Result a JSON report holds; InputError (one line) when it holds none this version reads."""
     try:
-        data = json.loads(text)
+        data = json_loads(text)
     except ValueError as e:
         raise InputError(
             f"{what} is not JSON ({e}); pass a report written by `xbackend compare --json`"

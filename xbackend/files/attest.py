@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from xbackend.errors import InputError, UsageError
+from xbackend.files.untrusted import json_loads
 
 __all__ = [
     "BUNDLE_MEDIA_TYPE",
@@ -231,7 +232,13 @@ def open_attestation(
     if not isinstance(sigs, list) or not all(isinstance(s, Mapping) for s in sigs):
         raise InputError(f"{path}: its signatures are not a list; get the certificate again")
     material = data.get("verificationMaterial") or {}
-    hint = str((material.get("publicKey") or {}).get("hint", "")) if isinstance(material, Mapping) else ""
+    public = material.get("publicKey") if isinstance(material, Mapping) else None
+    if not isinstance(material, Mapping) or not isinstance(public or {}, Mapping):
+        raise InputError(
+            f"{path}: its verificationMaterial is not an object with a publicKey object; get the "
+            "certificate again"
+        )
+    hint = str((public or {}).get("hint", ""))
     if isinstance(material, Mapping) and ("certificate" in material or "x509CertificateChain" in material):
         hint = SIGSTORE  # a Fulcio certificate: keyless, checked by Sigstore's own tools
     verified = ""
@@ -254,8 +261,8 @@ def open_attestation(
             "signature (or --allow-unsigned to read it without checking)"
         )
     try:
-        stmt = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        stmt = json_loads(payload)
+    except ValueError as e:  # not UTF-8, not JSON, nested too deep
         raise InputError(f"{path}: its payload is not JSON ({e}); get the certificate again") from None
     if not isinstance(stmt, dict) or stmt.get("_type") != STATEMENT_TYPE:
         raise InputError(f"{path}: its payload is not an in-toto Statement; certify the model again")

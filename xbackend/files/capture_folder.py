@@ -29,7 +29,7 @@ from typing import Any
 from xbackend.errors import InputError, UsageError
 from xbackend.files.atomic import write_atomic, write_atomic_bytes
 from xbackend.files.storage import ValueFile
-from xbackend.files.untrusted import contained
+from xbackend.files.untrusted import contained, json_loads
 
 __all__ = [
     "FORMAT",
@@ -106,7 +106,7 @@ def check_folder(out: Path) -> set[str]:
             "it: give a new or empty folder"
         )
     try:
-        listed = json.loads((out / MANIFEST).read_text("utf-8")).get("files", {})
+        listed = json_loads((out / MANIFEST).read_text("utf-8")).get("files", {})
     except (OSError, ValueError, AttributeError):
         listed = {}
     ours = {n for n in listed if isinstance(n, str) and n == Path(n).name and n.endswith(".xbv")}
@@ -128,7 +128,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"{path} is not an xbackend capture (no {MANIFEST}); pass a folder written by `xbackend capture`"
         )
     try:
-        manifest = json.loads((path / MANIFEST).read_text("utf-8"))
+        manifest = json_loads((path / MANIFEST).read_text("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_capture(path, f"has a damaged {MANIFEST} ({type(e).__name__})") from e
     if not isinstance(manifest, dict):

@@ -14,6 +14,7 @@ tensor at a time whatever its size.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from xbackend.files.modelref import np_dtype
+from xbackend.files.untrusted import json_loads
 from xbackend.numerics.values import Value, normalize
 
 __all__ = ["ValueFile", "ValueWriter", "save_values"]
@@ -137,12 +139,37 @@ def _check_record(rec: Any, limit: int) -> None:
         for r in rec["values"]:
             _check_record(r, limit)
     elif kind != "empty":
-        [int(d) for d in rec["shape"]]
-        offset, nbytes = int(rec["offset"]), int(rec["nbytes"])
-        if offset < 0 or nbytes < 0 or offset + nbytes > limit:
-            raise ValueError(f"bytes {offset}..{offset + nbytes} lie outside the data")
+        shape = rec["shape"]
+        if not isinstance(shape, list) or len(shape) > 32 or not all(_whole(d) and d >= 0 for d in shape):
+            raise ValueError(f"shape {str(shape)[:80]} is not a list of sizes")
+        offset, nbytes = rec["offset"], rec["nbytes"]
+        if not _whole(offset) or not _whole(nbytes) or offset < 0 or nbytes < 0 or offset + nbytes > limit:
+            raise ValueError(f"bytes {offset}..{offset}+{nbytes} lie outside the data")
+        count = math.prod(shape)
         if kind == "tensor":
-            np_dtype(str(rec["dtype"]))
+            dtype = _number_dtype(rec["dtype"])
+            if count * dtype.itemsize != nbytes:  # sized before anything is allocated
+                raise ValueError(
+                    f"shape {shape} of {dtype} needs {count * dtype.itemsize} bytes, not {nbytes}"
+                )
+        elif count > nbytes:  # strings: one JSON item takes at least a byte
+            raise ValueError(f"shape {shape} holds more strings than its {nbytes} bytes can")
+
+
+def _whole(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _number_dtype(name: object) -> np.dtype[Any]:
+    """The numpy dtype of a tensor's record: a number type (ml_dtypes' bfloat16 and float8
+    included), never object, string, structured or raw void."""
+    try:
+        dtype = np_dtype(name) if isinstance(name, str) and len(name) <= 40 else None
+    except Exception:  # numpy's and ml_dtypes' refusals differ by name and version
+        dtype = None
+    if dtype is None or not (dtype.kind in "biufc" or dtype.type.__module__.startswith("ml_dtypes")):
+        raise ValueError(f"dtype {str(name)[:40]!r} is not a number type")
+    return dtype
 
 
 class ValueFile:
@@ -180,7 +207,7 @@ class ValueFile:
             raise ValueError(f"{self.path} has a damaged index (its offset points outside the file)")
         self._f.seek(start)
         try:
-            index = json.loads(self._f.read(size - 16 - start))
+            index = json_loads(self._f.read(size - 16 - start))
             entries = {str(n): rec for n, rec in index["entries"]}
             for rec in entries.values():
                 _check_record(rec, start)
@@ -229,7 +256,7 @@ class ValueFile:
             return {k: self._value(r) for k, r in zip(rec["keys"], rec["values"])}
         shape = tuple(int(d) for d in rec["shape"])
         if kind == "strings":
-            items = json.loads(self._bytes(rec).decode("utf-8", "surrogateescape"))
+            items = json_loads(self._bytes(rec).decode("utf-8", "surrogateescape"))
             out = np.empty(len(items), dtype=object)
             out[:] = items
             return out.reshape(shape)

@@ -8,15 +8,17 @@ refusal names the entry alone: nothing about a file outside is looked at or told
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from xbackend.errors import InputError
 
-__all__ = ["contained", "field", "number"]
+__all__ = ["MAX_DEPTH", "contained", "field", "json_loads", "number"]
 
 
 def contained(folder: Path, entry: object, what: str, fix: str) -> Path:
@@ -99,3 +101,24 @@ def _shown(value: object) -> str:
         return "missing"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+MAX_DEPTH = 64  # nesting no file xbackend writes comes near (a report: 12); deeper is refused
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def json_loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """json.loads for a file from others: nesting past `max_depth` is a ValueError before it is
+    parsed (json's recursion would end in a RecursionError), as is anything else json refuses."""
+    raw = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else bytes(text)
+    depth = deepest = 0
+    for m in _BRACKET.finditer(_STRING.sub(b"", raw)):
+        depth += 1 if m.group() in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    if deepest > max_depth:
+        raise ValueError(f"nested {deepest} levels deep (at most {max_depth})")
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"nested too deep (at most {max_depth} levels)") from None

@@ -456,6 +456,21 @@ def _check_names_and_domains(proto: onnx.ModelProto, path: Path) -> None:
 
 def _check(proto: onnx.ModelProto, path: Path, external: bool) -> None:
     _check_names_and_domains(proto, path)
+    known = set(TensorProto.DataType.values())
+    odd = next((t for t in all_tensors(proto.graph) if t.data_type not in known), None)
+    if odd is not None:  # the checker misses it in a weight stored outside the model
+        raise ModelLoadError(
+            f"{path} is not a valid ONNX model: weight {odd.name!r:.60} has data_type {odd.data_type}, "
+            "no ONNX type; fix the model or re-export it"
+        )
+    for v in (*proto.graph.input, *proto.graph.output):
+        dims = v.type.tensor_type.shape.dim if v.type.HasField("tensor_type") else ()
+        bad = next((d.dim_value for d in dims if d.HasField("dim_value") and d.dim_value < 0), None)
+        if bad is not None:  # numpy would refuse it later, deep in a run
+            raise ModelLoadError(
+                f"{path} declares dimension {bad} for {v.name!r:.60}; a size is >= 0 (a dynamic one is "
+                "named): fix the model or re-export it"
+            )
     if proto.ir_version > onnx.IR_VERSION:
         raise ModelLoadError(
             f"{path} has IR version {proto.ir_version}, newer than this onnx {onnx.__version__} "

@@ -165,8 +165,11 @@ def load_capture(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     if cap.run.layers is not None:
         files.append(("layers", Path(cap.run.layers.capture), None))
     for prefix, file, only in files:
-        with ValueFile(str(file)) as f:
-            values = f.load_all()
+        try:
+            with ValueFile(str(file)) as f:
+                values = f.load_all()
+        except (ValueError, MemoryError, OSError) as e:  # checked, resealed and still damaged
+            raise bad_capture(Path(path), f"has a damaged value file {file.name} ({str(e)[:160]})") from None
         for name, value in values.items():
             if only is not None and outputs.serves_outputs and prefix == "outputs" and name not in only:
                 continue

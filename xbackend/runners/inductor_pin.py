@@ -43,6 +43,7 @@ from typing import Any
 
 from xbackend.errors import RunnerFailedError
 from xbackend.files.atomic import write_atomic
+from xbackend.files.untrusted import json_loads
 
 __all__ = [
     "INSTRUMENTED",
@@ -443,7 +444,7 @@ def load_pin(path: str, section: str = PLAIN) -> dict[str, str] | None:
 
 def _read_pin(path: str) -> dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text())
+        data = json_loads(Path(path).read_text())
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         if data.get("version") != PIN_VERSION:

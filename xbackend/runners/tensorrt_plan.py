@@ -124,7 +124,7 @@ def parse_engine_json(text: str) -> tuple[list[TrtLayer], list[str]]:
     """(layers, I/O tensor names) from `IEngineInspector.get_engine_information(JSON)`. TensorRT
     10 lists the I/O tensors under "Bindings", 11 under "I/O Tensors"."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(text)  # TensorRT's own, not a file from others
     except json.JSONDecodeError as e:
         raise ValueError(f"the engine inspector's JSON does not parse: {e}") from e
     layers = [parse_layer(x) for x in doc.get("Layers", [])]

@@ -25,6 +25,7 @@ from typing import Any
 
 from xbackend.compare import compare_with_options
 from xbackend.errors import XbackendError, first_line
+from xbackend.files.untrusted import json_loads
 from xbackend.host.environment import collect_environment
 from xbackend.report import to_json, to_markdown, write_atomic
 from xbackend.sweep.outcomes import environment_sha256
@@ -134,7 +135,7 @@ def run_job(
 def read_record(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The job record in `folder`, or None when there is none (never ran, or interrupted)."""
     try:
-        rec = json.loads((Path(folder) / JOB_FILE).read_text("utf-8"))
+        rec = json_loads((Path(folder) / JOB_FILE).read_text("utf-8"))
     except (OSError, ValueError):
         return None
     return rec if isinstance(rec, dict) and rec.get("format") == RECORD_FORMAT else None

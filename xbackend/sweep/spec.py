@@ -412,6 +412,8 @@ def load_sweep(
         raw = tomllib.loads(p.read_text("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{p} is not valid TOML ({e}); fix the file") from e
+    except RecursionError:  # tomllib recurses once per nested array or table
+        raise UsageError(f"{p} nests arrays or tables too deep for a sweep file; fix the file") from None
     _check_keys(p, "top level", raw, {"sweep", "models", "backends"})
     sweep = _table(p, "sweep", raw.get("sweep", {}))
     _check_keys(p, "sweep", sweep, _SWEEP_KEYS)
