@@ -411,8 +411,8 @@ def test_a_certificates_values_are_checked_not_only_its_types(
     a publicKey that is a string, options for another backend than the certified one: each is
     one line naming the field, exit 2, and nothing runs."""
     model = _relu(tmp_path)
-    code, _, err = run(capsys, "certify", str(model), "--backend", "ort-cpu", "--runs", "2", "--builds", "2",
-                       "--set", "ort-cpu.threads=1", "-o", str(tmp_path / "cert"), "--no-progress")  # fmt: skip
+    code, _, err = run(capsys, "certify", str(model), "--backend", "ort-cpu", "--runs", "2", "--builds",
+                       "2", "--set", "ort-cpu.threads=1", "-o", str(tmp_path / "cert"), "--no-progress")  # fmt: skip
     assert code == 0, err
     path = tmp_path / "cert.json"
     stmt = json.loads(path.read_text("utf-8"))
@@ -426,13 +426,22 @@ def test_a_certificates_values_are_checked_not_only_its_types(
             {**body, "inputs": {**given, "tensors": [["x", "complex512", "[4]"]]}},
             "inputs: dtype 'complex512' of 'x' is no dtype xbackend feeds",
         ),
-        ({**body, "latency": {**body["latency"], "median_ms": float("nan")}}, "latency: median_ms must be a finite"),
-        ({**body, "latency": {**body["latency"], "median_ms": "fast"}}, "latency: median_ms must be int or float"),
+        (
+            {**body, "latency": {**body["latency"], "median_ms": float("nan")}},
+            "latency: median_ms must be a finite",
+        ),
+        (
+            {**body, "latency": {**body["latency"], "median_ms": "fast"}},
+            "latency: median_ms must be int or float",
+        ),
         (
             {**body, "backend": {**body["backend"], "name": "reference"}},
             "battery: runner_options set 'ort-cpu', but the certificate is for 'reference'",
         ),
-        ({**body, "properties": [{"name": "speed", "status": "held"}]}, "properties: 'speed' 'held' is not a"),
+        (
+            {**body, "properties": [{"name": "speed", "status": "held"}]},
+            "properties: 'speed' 'held' is not a",
+        ),
         ({**body, "outputs": {**body["outputs"], "sha256": "abc"}}, "is not 64 hex digits"),
     ]
     for predicate, message in cases:
