@@ -411,8 +411,9 @@ def test_a_certificates_values_are_checked_not_only_its_types(
     a publicKey that is a string, options for another backend than the certified one: each is
     one line naming the field, exit 2, and nothing runs."""
     model = _relu(tmp_path)
+    out = str(tmp_path / "cert")
     code, _, err = run(capsys, "certify", str(model), "--backend", "ort-cpu", "--runs", "2", "--builds",
-                       "2", "--set", "ort-cpu.threads=1", "-o", str(tmp_path / "cert"), "--no-progress")  # fmt: skip
+                       "2", "--set", "ort-cpu.threads=1", "-o", out, "--no-progress")  # fmt: skip
     assert code == 0, err
     path = tmp_path / "cert.json"
     stmt = json.loads(path.read_text("utf-8"))
