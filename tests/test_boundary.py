@@ -460,3 +460,83 @@ def test_a_certificates_values_are_checked_not_only_its_types(
     code, _, err = run(capsys, "verify", str(path), "--allow-unsigned")
     assert code == 2
     one_line_error(err, "its verificationMaterial is not an object with a publicKey object")
+
+
+def _dynamic(folder: Path) -> Path:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    path = folder / "dyn.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_an_npz_is_judged_by_its_headers_before_any_array_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 1 MB .npz whose header declares 268M elements is refused from its header (it took 1.1 GB
+    before); a structured or raw-bytes array never passes as float32; a <U1 array is a string
+    array; a file that is no zip gets no advice about pickles."""
+    import io
+    import resource
+    import zipfile
+
+    import numpy as np
+
+    model = _dynamic(tmp_path)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2**28,)})
+    with zipfile.ZipFile(tmp_path / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as z, z.open("x.npy", "w") as f:
+        f.write(header.getvalue())
+        for _ in range(1024):  # 268M zeros, deflated to 1 MB, written a MiB at a time
+            f.write(bytes(1 << 20))
+    assert (tmp_path / "bomb.npz").stat().st_size < 2 << 20
+    np.savez(tmp_path / "struct.npz", x=np.zeros((2, 4), dtype=[("a", "<f4")]))
+    np.savez(tmp_path / "void.npz", x=np.zeros((2, 4), dtype="V4"))
+    np.savez(tmp_path / "u1.npz", x=np.array([["a"] * 4] * 2))
+    np.savez(tmp_path / "rank.npz", x=np.zeros((2, 4, 1), np.float32))
+    (tmp_path / "text.npz").write_text("x = 1, 2, 3")
+    cases = {
+        "bomb": "gives input 'x' shape [268435456], but the model expects",
+        "struct": "array 'x' is a structured or raw-bytes array ([('a', '<f4')]), not numbers",
+        "void": "array 'x' is a structured or raw-bytes array (|V4), not numbers",
+        "u1": "input 'x' is a string array, the model expects float32",
+        "rank": "gives input 'x' shape [2, 4, 1], but the model expects",
+        "text": "text.npz: not an .npz (not a zip archive); save it with numpy.savez",
+    }
+    for name, message in cases.items():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        code, _, err = run(capsys, "compare", str(model), "--inputs", str(tmp_path / f"{name}.npz"),
+                           "--backends", "reference", "--runs", "1", "--probes", "none", "--no-progress")  # fmt: skip
+        assert code == 2, (name, err)
+        one_line_error(err, message)
+        assert "allow_pickle" not in err
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        assert grown < 200 << 10, (name, grown)  # KiB: nothing the size of the declared array
+    # a header declaring more than the archive holds: refused before anything is read
+    with zipfile.ZipFile(tmp_path / "short.npz", "w") as z:
+        z.writestr("x.npy", header.getvalue() + b"\0" * 1000)
+    code, _, err = run(
+        capsys, "compare", str(model), "--inputs", str(tmp_path / "short.npz"), "--no-progress"
+    )
+    assert code == 2
+    one_line_error(err, "array 'x' declares shape [268435456] of float32 (1073741824 bytes), but holds 1000")
+
+
+def test_a_negative_dimension_and_an_unknown_weight_type_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-5, 4])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [Y4])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "neg.onnx")
+    code, _, err = run(capsys, "compare", str(tmp_path / "neg.onnx"), "--no-progress")
+    assert code == 2
+    one_line_error(err, "neg.onnx declares dimension -5 for 'x'; a size is >= 0")
+    model = _external(tmp_path / "ext", "w.bin")
+    proto = onnx.load(model, load_external_data=False)
+    proto.graph.initializer[0].data_type = 999
+    onnx.save(proto, model)
+    (tmp_path / "ext" / "w.bin").write_bytes(bytes(16))
+    code, _, err = run(capsys, "compare", str(model), "--no-progress")
+    assert code == 2
+    one_line_error(err, "weight 'w' has data_type 999, no ONNX type")

@@ -20,6 +20,7 @@ from onnx import numpy_helper
 
 from xbackend.errors import InputError
 from xbackend.files.capture_folder import CapturedInputs, captured_inputs, is_capture
+from xbackend.files.npz import NpzError, read_npz
 from xbackend.files.storage import ValueFile, save_values
 from xbackend.model.load import ModelSpec, TensorSpec, np_dtype
 from xbackend.numerics.values import Value, describe, normalize, value_sha256
@@ -378,9 +379,9 @@ def _check_known(
 
 def _npz_array(a: np.ndarray, spec: TensorSpec) -> np.ndarray:
     """npz keeps ml_dtypes arrays (bfloat16, float8, int4, ...) as raw void bytes: type them back."""
-    if a.dtype.kind == "V" and spec.dtype not in ("unknown", "object"):
+    if a.dtype.kind == "V" and a.dtype.names is None and spec.dtype not in ("unknown", "object"):
         want = np_dtype(spec.dtype)
-        if want.itemsize == a.dtype.itemsize:
+        if want.kind == "V" and want.itemsize == a.dtype.itemsize:  # never a plain number type
             return a.view(want)
     return a
 
@@ -402,8 +403,9 @@ def _check_value(spec: TensorSpec, value: Value, where: str) -> None:
             )
             else f"save it with .astype(ml_dtypes.{spec.dtype})"
         )
+        shown = "a string array" if value.dtype == object else value.dtype  # strings are kept as objects
         raise InputError(
-            f"{where}: input {spec.name!r} is {value.dtype}, the model expects "
+            f"{where}: input {spec.name!r} is {shown}, the model expects "
             f"{'string' if spec.dtype == 'object' else spec.dtype}; {hint}"
         )
     _check_shape(spec, tuple(value.shape), where)
@@ -461,22 +463,28 @@ def _load_xbv(p: Path, spec: ModelSpec) -> dict[str, Value]:
 
 
 def _load_npz(p: Path, spec: ModelSpec) -> dict[str, Value]:
+    by_name = {i.name: i for i in spec.inputs}
+
+    def check(name: str, shape: tuple[int, ...], dtype: np.dtype[np.generic]) -> None:
+        """Before any array is read: one the model does not take, or cannot take in that shape."""
+        _check_known(spec, [name], f"--inputs {p}")
+        _check_shape(by_name[name], shape, f"--inputs {p}")
+
     try:
-        with np.load(p, allow_pickle=False) as z:
-            raw = {k: z[k] for k in z.files}
-    except ValueError as e:
-        if "Object arrays" in str(e):
+        raw = read_npz(p, check)
+    except NpzError as e:
+        if "object array" in str(e):
             raise InputError(
                 f"--inputs {p} holds an object array, which xbackend does not unpickle; save strings "
                 "as np.array(values, dtype=str), or use --inputs DIR with input_N.pb files"
             ) from e
-        raise InputError(f"--inputs {p} is not a readable .npz ({e}); save it with numpy.savez") from e
-    except Exception as e:
+        raise InputError(f"--inputs {p}: {e}; save it with numpy.savez") from e
+    except InputError:
+        raise
+    except Exception as e:  # a damaged archive: zipfile's and numpy's errors vary
         raise InputError(
             f"--inputs {p} is not a readable .npz ({type(e).__name__}); save it with numpy.savez"
         ) from e
-    _check_known(spec, raw.keys(), f"--inputs {p}")
-    by_name = {i.name: i for i in spec.inputs}
     return {k: normalize(_npz_array(v, by_name[k])) for k, v in raw.items()}
 
 

@@ -1,0 +1,71 @@
+"""Reading an .npz from others: every array's header is read and judged before any array is.
+
+numpy's own np.load reads a member whole, so a 1 MB file whose header declares 268M elements
+costs 1.1 GB before its shape can be refused. Here the zip's directory and each .npy header
+(shape, dtype) come first: an array is refused when its bytes are not there, when its shape
+cannot be what the model takes, or when its dtype is not a plain number or string type.
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["NpzError", "read_npz"]
+
+
+class NpzError(ValueError):
+    """Why the file is refused, in words that say what to do."""
+
+
+def _header(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[tuple[int, ...], np.dtype[np.generic], int]:
+    """(shape, dtype, header bytes) of one member, read from its first bytes alone."""
+    with z.open(info) as f:
+        major, _ = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f, max_header_size=1 << 16)
+        return tuple(int(d) for d in shape), dtype, f.tell()
+
+
+def read_npz(
+    path: Path, check: Callable[[str, tuple[int, ...], np.dtype[np.generic]], None] = lambda *a: None
+) -> dict[str, np.ndarray]:
+    """Every array of the .npz at `path`, by name; `check(name, shape, dtype)` judges each header
+    before anything is read (and raises to refuse it)."""
+    if not zipfile.is_zipfile(path):
+        raise NpzError("not an .npz (not a zip archive)")
+    out: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(path) as z:
+        members = [i for i in z.infolist() if i.filename.endswith(".npy")]
+        headers = {}
+        for info in members:
+            name = info.filename[: -len(".npy")]
+            try:
+                shape, dtype, start = _header(z, info)
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+                raise NpzError(f"array {name!r} has no readable .npy header ({e})") from None
+            if dtype.hasobject:
+                raise NpzError(f"array {name!r} is an object array, which xbackend does not unpickle")
+            if dtype.names is not None or (dtype.kind == "V" and not _ml_dtype(dtype)):
+                raise NpzError(f"array {name!r} is a structured or raw-bytes array ({dtype}), not numbers")
+            need = math.prod(shape) * dtype.itemsize
+            if need > info.file_size - start:
+                raise NpzError(
+                    f"array {name!r} declares shape {list(shape)} of {dtype} ({need} bytes), but holds "
+                    f"{max(0, info.file_size - start)}"
+                )
+            check(name, shape, dtype)
+            headers[info.filename] = name
+        for info in members:
+            with z.open(info) as f:
+                out[headers[info.filename]] = np.lib.format.read_array(f, allow_pickle=False)
+    return out
+
+
+def _ml_dtype(dtype: np.dtype[np.generic]) -> bool:
+    """npz keeps ml_dtypes arrays (bfloat16, float8, int4) as raw void bytes of their width."""
+    return dtype.kind == "V" and dtype.itemsize in (1, 2) and dtype.names is None
