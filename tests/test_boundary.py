@@ -506,8 +506,9 @@ def test_an_npz_is_judged_by_its_headers_before_any_array_is_read(
     }
     for name, message in cases.items():
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        code, _, err = run(capsys, "compare", str(model), "--inputs", str(tmp_path / f"{name}.npz"),
-                           "--backends", "reference", "--runs", "1", "--probes", "none", "--no-progress")  # fmt: skip
+        given = str(tmp_path / f"{name}.npz")
+        code, _, err = run(capsys, "compare", str(model), "--inputs", given, "--backends", "reference",
+                           "--runs", "1", "--probes", "none", "--no-progress")  # fmt: skip
         assert code == 2, (name, err)
         one_line_error(err, message)
         assert "allow_pickle" not in err
