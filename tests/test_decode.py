@@ -166,6 +166,15 @@ def test_batch_composition_counts_distinct_completions(
         assert p.first_batch_divergence == 9 - (n - 1)
     assert r.decode.batch_dependent == ("test-logit-flip",)
     assert r.decode.backend("ort-cpu").distinct_completions == 1
+    # the JSON holds what a user needs to check a figure: the prompts as fed, each composition's tokens
+    assert r.decode.prompts == tuple(tuple(int(x) for x in row) for row in _prompt_rows(prompts))
+    p0 = planted.prompts[0]
+    assert {c for c, _ in p0.batch_tokens} == {(0,), (0, 1), (2, 0)}
+    assert dict(p0.batch_tokens)[(0,)] == p0.tokens
+    js = json.loads(xbackend.to_json(r))["decode"]
+    assert js["prompts"] == [list(p) for p in r.decode.prompts]
+    assert js["backends"]["test-logit-flip"]["first_divergent_steps"] == [None, None, None]
+    assert js["backends"]["test-logit-flip"]["prompts"][0]["batch_tokens"][0][0] in ([0], [0, 1], [2, 0])
     assert any(
         line.startswith("WARN: decode: test-logit-flip's completions depend on the batch")
         for line in r.verdict()
@@ -309,3 +318,54 @@ def test_a_batch_that_fails_keeps_the_prompts_alone() -> None:
         ("batch [0, 1]", "ValueError: Got invalid dimensions for input: input_ids"),
         ("batch [1, 0]", "ValueError: Got invalid dimensions for input: input_ids"),
     ]
+
+
+def _decoded(margin: float, diff: float) -> object:
+    from xbackend.results.decode import BackendDecode, DecodeResult, PromptDecode
+
+    ref = BackendDecode(
+        backend="ort-cpu", prompts=(PromptDecode(prompt=0, tokens=(1, 2), margins=(1.0, margin)),)
+    )
+    flip = PromptDecode(
+        prompt=0, tokens=(1, 3), margins=(1.0, 0.1), first_divergent_step=1, margin_at_divergence=margin,
+        logit_difference=diff,
+    )  # fmt: skip
+    return DecodeResult(
+        steps=2, cached=False, reference="ort-cpu", batch=0, prompt_lengths=(4,),
+        backends=(ref, BackendDecode(backend="b", prompts=(flip,))), layers_step=("b", 0, 1),
+    )  # fmt: skip
+
+
+def test_a_near_tie_is_a_difference_at_most_twice_the_margin() -> None:
+    """docs/decode.md's rule: a logit difference about the size of the margin (at most twice it)
+    flipped a near tie; 0.00823 against a margin of 0.000822 (10x) is no near tie, even where
+    every node is within rounding."""
+    from types import SimpleNamespace
+
+    from xbackend.results import Result
+    from xbackend.results.decode import near_tie
+
+    assert near_tie(0.000822, 0.0015) and near_tie(0.0, 1e-6)
+    assert not near_tie(0.000822, 0.00823) and not near_tie(None, 1.0)
+    explained = [SimpleNamespace(backend="b", status="ok", explained=True, origins=())]
+    (line,) = Result._flip_cause(SimpleNamespace(decode=_decoded(0.000822, 0.00823), cross_backend=explained))
+    assert "no near tie" in line and "10x the reference's margin 0.000822" in line
+    (line,) = Result._flip_cause(SimpleNamespace(decode=_decoded(0.000822, 0.0012), cross_backend=explained))
+    assert line.endswith("rounding-sized differences flipped a near tie")
+
+
+def test_without_the_reference_no_token_is_said_to_agree(lms: dict[str, Path], plugins: None) -> None:
+    """The reference could not decode (an int8 model it cannot run): the others' tokens are held
+    against nothing, a WARN that says why, never 'chose the reference's token at every step'."""
+    r = xbackend.compare(
+        lms["gpt2"], backends="ort-cpu,test-crash", reference="test-crash", decode=4, probes="none", runs=1,
+    )  # fmt: skip
+    assert r.decode is not None
+    lines = r.decode.verdict_lines()
+    assert not any("at every step" in line for line in lines)
+    assert any(
+        line.startswith(
+            "WARN: decode: ort-cpu's tokens were not compared: the reference test-crash gave none"
+        )
+        for line in lines
+    ), lines

@@ -199,6 +199,14 @@ def test_a_baseline_reports_drift_from_the_layer_whose_weight_moved_one_ulp(
     # the same model: identical
     r = xbackend.compare(TORCH_MLP, backends=["reference"], runs=1, probes="none", baseline=str(lone))
     assert [(d.status, d.moved) for d in r.baseline] == [("identical", ())]
+    # no backend of the run in the baseline: nothing compared, and never "no backend moved"
+    r = xbackend.compare(TORCH_MLP, backends=["ort-cpu"], runs=1, probes="none", baseline=str(lone))
+    assert [d.status for d in r.baseline] == ["no-baseline"]
+    assert "WARN: baseline: no backend of this run is in the baseline, so nothing was compared" in "\n".join(
+        r.verdict()
+    )
+    md = xbackend.to_markdown(r)
+    assert "no backend moved" not in md and "Against the baseline: no backend was compared" in md
     code, out, _ = run(
         capsys, "compare", str(new), "--backends", "reference", "--runs", "1", "--probes", "none",
         "--baseline", str(old / "report.json"), "--fail-on", "baseline-drift",

@@ -297,6 +297,7 @@ def _analyze(
                     distinct_completions=len(set(seen)),
                     first_batch_divergence=min((d for d in departs if d is not None), default=None),
                     batch_logit_difference=max((r.moved for r in mine), default=0.0),
+                    batch_tokens=tuple((_comp(o, r.composition), r.tokens) for r in mine),
                 )
             )
         secs = o.result.decode_seconds
@@ -314,6 +315,7 @@ def _analyze(
         batch=opts.batch_invariance,
         prompt_lengths=tuple(len(p) for p in prompts),
         backends=tuple(backends),
+        prompts=tuple(tuple(int(x) for x in p.reshape(-1)) for p in prompts),
     )
 
 

@@ -73,10 +73,12 @@ def decode_section(r: Result) -> list[str]:
             ],
             [_row(d, b) for b in d.backends],
         ),
-        "The margin is the reference's top-1 minus top-2 logit at that step; the logit difference is the "
-        "largest difference between the backend's logits and the reference's at that step, the tokens before "
-        "it being the same. A difference about the size of the margin flipped a near tie; the per-layer "
-        "tables and origins below say whether that difference is rounding.",
+        "The margin there is the reference's top-1 minus top-2 logit at that step; the logit difference is "
+        "the largest difference between the backend's logits and the reference's at that step, the tokens "
+        "before it being the same. A difference at most twice the margin flipped a near tie; one far above it "
+        "is a real difference, and the per-layer tables and origins below say whether it is rounding. The "
+        "smallest margin is each backend's own top-1 minus top-2 logit, smallest over its steps and prompts: "
+        "how close its own closest call came.",
         "",
     ]
     out += [f"- WARN: {w}" for w in d.warnings] + ([""] if d.warnings else [])
@@ -124,6 +126,7 @@ def decode_json(d: DecodeResult) -> dict[str, object]:
         "reference": d.reference,
         "batch": d.batch,
         "prompt_lengths": list(d.prompt_lengths),
+        "prompts": [list(p) for p in d.prompts],
         "warnings": list(d.warnings),
         "layers_step": (
             None
@@ -136,6 +139,7 @@ def decode_json(d: DecodeResult) -> dict[str, object]:
                 "reason": b.reason,
                 "tokens": [list(p.tokens) for p in b.prompts],
                 "first_divergent_step": b.first_divergent_step,
+                "first_divergent_steps": [p.first_divergent_step for p in b.prompts],
                 "margin_at_divergence": b.margin_at_divergence,
                 "distinct_completions": b.distinct_completions,
                 # each prompt's figures as the codec writes them; its tokens are listed above

@@ -104,10 +104,13 @@ def _summary(r: Result) -> list[str]:
         parts.append(f"Probes run: {', '.join(r.probes_ran)}; {warns} warning(s).")
     if r.baseline:
         moved = [d.backend for d in r.baseline if d.drifted]
+        compared = [d for d in r.baseline if d.status in ("identical", "drifted")]
         parts.append(
             f"Against the baseline: {', '.join(moved)} moved."
             if moved
-            else "Against the baseline: no backend moved."
+            else f"Against the baseline: none of {len(compared)} backend(s) compared moved."
+            if compared
+            else "Against the baseline: no backend was compared (it holds none of these backends)."
         )
     env = dict(r.environment)
     host = env.get("cpu.model", "unknown CPU") + (f", {env['gpu.model']}" if env.get("gpu.model") else "")

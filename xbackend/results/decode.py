@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BackendDecode", "DecodeResult", "PromptDecode", "first_difference"]
+__all__ = ["NEAR_TIE", "BackendDecode", "DecodeResult", "PromptDecode", "first_difference", "near_tie"]
+
+# a flip is a near tie when the logit difference that made it is at most this many margins (docs/decode.md)
+NEAR_TIE = 2.0
+
+
+def near_tie(margin: float | None, difference: float | None) -> bool:
+    """Whether a difference of `difference` in the logits flipping a choice whose margin was
+    `margin` is a near tie (about the size of the margin), not a difference far above it."""
+    if margin is None or difference is None:
+        return False
+    return margin == 0 or difference <= NEAR_TIE * margin
 
 
 def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
@@ -33,6 +44,8 @@ class PromptDecode:
     distinct_completions: int = 1  # distinct token sequences over those compositions
     first_batch_divergence: int | None = None  # first step where a batch departs from alone
     batch_logit_difference: float = 0.0  # largest |logit - alone's| in a batch, while tokens agree
+    # each batch composition it was decoded in (the prompts, in batch order) and its tokens there
+    batch_tokens: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +102,7 @@ class DecodeResult:
     # the step the per-layer comparison below is of: (backend, prompt, step), None: the prompts
     layers_step: tuple[str, int, int] | None = None
     warnings: tuple[str, ...] = ()  # what could not be decoded as asked, and why
+    prompts: tuple[tuple[int, ...], ...] = ()  # each prompt's token ids, as fed
 
     def backend(self, name: str) -> BackendDecode:
         return next(b for b in self.backends if b.backend == name)
@@ -111,11 +125,19 @@ class DecodeResult:
         """WARN where a backend's tokens leave the reference's or depend on the batch; NOTE
         where they agree; WARN for a backend that could not decode."""
         out = []
+        ref = next((b for b in self.backends if b.backend == self.reference), None)
         for b in self.backends:
             if not b.ok:
                 out.append(f"WARN: decode: {b.backend} {b.status}: {b.reason}")
                 continue
             if b.backend == self.reference:
+                continue
+            if ref is None or not ref.ok:  # nothing to hold its tokens against
+                why = f"{ref.status}: {ref.reason}" if ref is not None else "it did not decode"
+                out.append(
+                    f"WARN: decode: {b.backend}'s tokens were not compared: the reference "
+                    f"{self.reference} gave none ({why})"
+                )
                 continue
             d = b.first_divergence
             if d is None:

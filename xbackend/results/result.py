@@ -12,7 +12,7 @@ from xbackend.numerics.values import value_name
 from xbackend.results.backend import BackendResult, FeedsInfo
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
 from xbackend.results.cost import Family, families
-from xbackend.results.decode import Decisions, DecodeResult
+from xbackend.results.decode import Decisions, DecodeResult, near_tie
 from xbackend.results.explanation import (
     NOT_MEASURED,
     UNFUSED,
@@ -64,9 +64,17 @@ class Result:
         if c is None or c.explained is None:
             return [f"NOTE: decode: whether {who}'s flip at {where} is rounding was not judged"]
         if c.explained:
+            p = next((x for x in d.backend(who).prompts if x.prompt == prompt), None)
+            margin, diff = (p.margin_at_divergence, p.logit_difference) if p is not None else (None, None)
+            if near_tie(margin, diff) or margin is None or diff is None:
+                return [
+                    f"NOTE: decode: at {where} every node of {who} is within rounding of its float64 value "
+                    "(EXPLAINED): rounding-sized differences flipped a near tie"
+                ]
             return [
                 f"NOTE: decode: at {where} every node of {who} is within rounding of its float64 value "
-                "(EXPLAINED): rounding-sized differences flipped a near tie"
+                f"(EXPLAINED), yet its logits moved by {diff:.3g}, {diff / margin:.3g}x the reference's margin "
+                f"{margin:.3g}: no near tie; the model carries rounding into that much"
             ]
         o = c.origins[0]
         return [
@@ -405,6 +413,11 @@ class Result:
                 out.append(
                     f"BASELINE: {d.backend}: not in the baseline{f' ({d.reason})' if d.reason else ''}"
                 )
+        if self.baseline and not any(d.status in ("identical", "drifted") for d in self.baseline):
+            out.append(
+                "WARN: baseline: no backend of this run is in the baseline, so nothing was compared against "
+                "it; run the baseline's backends (--backends)"
+            )
         return out
 
     def _promise_lines(self) -> list[str]:
