@@ -75,8 +75,8 @@ def decode_section(r: Result) -> list[str]:
         ),
         "The margin there is the reference's top-1 minus top-2 logit at that step; the logit difference is "
         "the largest difference between the backend's logits and the reference's at that step, the tokens "
-        "before it being the same. A difference at most twice the margin flipped a near tie; one far above it "
-        "is a real difference, and the per-layer tables and origins below say whether it is rounding. The "
+        "before it being the same. A difference at most twice the margin flipped a near tie; one far above "
+        "it is a real difference, and the per-layer tables and origins below say whether it is rounding. The "
         "smallest margin is each backend's own top-1 minus top-2 logit, smallest over its steps and prompts: "
         "how close its own closest call came.",
         "",

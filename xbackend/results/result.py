@@ -73,8 +73,8 @@ class Result:
                 ]
             return [
                 f"NOTE: decode: at {where} every node of {who} is within rounding of its float64 value "
-                f"(EXPLAINED), yet its logits moved by {diff:.3g}, {diff / margin:.3g}x the reference's margin "
-                f"{margin:.3g}: no near tie; the model carries rounding into that much"
+                f"(EXPLAINED), yet its logits moved by {diff:.3g}, {diff / margin:.3g}x the reference's "
+                f"margin {margin:.3g}: no near tie; the model carries rounding into that much"
             ]
         o = c.origins[0]
         return [
