@@ -71,3 +71,83 @@ def test_correct_engines_are_explained_on_optimum_exports(family: str) -> None:
     graph = r.explanation.local_for("ort-cpu").graph
     assert graph.startswith("ONNX Runtime's optimized graph") and all(k in graph for k in fused), graph
     assert r.exit_code == 0, r.verdict()
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in HERE.glob("*.onnx")))
+def test_every_suggested_shape_runs(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each export, run with no --shape: the error suggests only dimensions that can be set (never
+    optimum's computed `past_sequence_length + sequence_length`), quoted for the shell, with
+    consistent values, and the command it suggests runs."""
+    import shlex
+
+    from tests.cli_helpers import run
+
+    base = ["compare", str(HERE / f"{name}.onnx"), "--backends", "reference", "--runs", "1", "--probes", "none",
+            "--no-progress"]  # fmt: skip
+    code, _, err = run(capsys, *base)
+    if code == 0 or "unset; pass " not in err:  # ViT: one input, its own --shape (its image size)
+        assert code in (0, 2) and (code == 0 or "pass --shape " in err), err
+        return
+    flags = shlex.split(err.split("unset; pass ", 1)[1].split(", or a --shape", 1)[0])
+    assert not any(" + " in f for f in flags), flags
+    code, out, err = run(capsys, *base, *flags)
+    assert code == 0, err
+
+
+def test_a_computed_dimension_is_derived_and_a_contrary_one_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tests.cli_helpers import one_line_error, run
+    from xbackend.model.dims import computed_dim
+
+    assert (
+        computed_dim(
+            "past_sequence_length + sequence_length", {"past_sequence_length": 4, "sequence_length": 8}
+        )
+        == 12
+    )
+    assert computed_dim("sequence_length", {"sequence_length": 8}) is None
+    code, _, err = run(
+        capsys, "compare", str(HERE / "llama.onnx"), "--backends", "reference", "--no-progress",
+        "--shape", "batch_size=1", "--shape", "sequence_length=8", "--shape", "past_sequence_length=4",
+        "--shape", "past_sequence_length + sequence_length=5",
+    )  # fmt: skip
+    assert code == 2
+    one_line_error(
+        err,
+        "--shape 'past_sequence_length + sequence_length=5' disagrees with its operands "
+        "(past_sequence_length + sequence_length = 12); leave it out",
+    )
+
+
+def test_token_ids_follow_a_reshape_to_the_embedding(tmp_path: Path) -> None:
+    """optimum reshapes T5's input_ids before its embedding's Gather: the ids are still drawn from
+    the vocabulary (256 rows), not [0, 16)."""
+    from xbackend.model.inputs import generate_feeds
+    from xbackend.model.load import load_model
+
+    spec, _ = load_model(HERE / "t5-encoder.onnx")
+    assert dict(spec.index_bounds) == {"input_ids": 256}
+    feeds = generate_feeds(spec, 0, {"batch_size": (2,), "encoder_sequence_length": (64,)})
+    ids = feeds.arrays["input_ids"]
+    assert ids.max() >= 16 and ids.max() < 256
+
+
+def test_onnx_runtimes_float16_converter_output_runs(tmp_path: Path) -> None:
+    """ONNX Runtime's float16 tool appends its input Casts after the nodes that read them; ONNX
+    Runtime loads that, so xbackend does: every backend runs the graph sorted, and the report
+    names the file the user gave."""
+    import onnx
+
+    float16 = pytest.importorskip("onnxruntime.transformers.float16")
+    src = Path(__file__).resolve().parent.parent / "models" / "mlp_layernorm.onnx"
+    half = float16.convert_float_to_float16(onnx.load(src), keep_io_types=True)
+    path = tmp_path / "mlp16.onnx"
+    onnx.save(half, path)
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(half)
+    r = xbackend.compare(path, backends="ort-cpu,openvino-cpu,reference", runs=1, probes="none")
+    assert all(b.ok for b in r.backends), [b.reason for b in r.backends]
+    assert r.model.path == str(path) and r.model.unsorted
+    assert any("out of topological order" in n for n in r.notes)
+    assert r.cross("ort-cpu").explained is True

@@ -42,6 +42,7 @@ from xbackend.execution.isolation import NEARLY_FULL
 from xbackend.execution.progress import NullProgress, ProgressSink
 from xbackend.files.runfolders import run_temp_folder
 from xbackend.host.environment import collect_environment
+from xbackend.model.extdata import write_rewritten
 from xbackend.model.load import load_model
 from xbackend.model.selection import with_selection
 from xbackend.probes.base import PlannedBackend, Probe, ProbeContext
@@ -85,6 +86,11 @@ def compare_with_options(
                 f"no space left on the disk that holds {work.parent} (set TMPDIR to a folder on a "
                 "larger disk)"
             )
+        shipped_path = spec.path
+        if spec.unsorted:  # every engine and judge reads the same graph, its nodes in order
+            sorted_path = work / "sorted" / Path(spec.path).name
+            write_rewritten(proto, spec.path, sorted_path)
+            spec = replace(spec, path=str(sorted_path))
         planned = [plan_backend(name, opts, work, expected) for name in opts.backends]
         planned, notes = preflight(spec, proto, planned)
         decoded = None
@@ -122,9 +128,15 @@ def compare_with_options(
             spill,
             memory.explanation_blocker(spec),
         )
+        if spec.unsorted:
+            notes.append(
+                "the model file lists its nodes out of topological order (as ONNX Runtime's float16 "
+                "converter writes them); every backend ran the same graph with its nodes sorted"
+            )
         result = _result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to)
         decided = decisions_all(spec, opts.decisions, done.builds, result.backends, result.reference_used)
-        return replace(result, decode=decoded, decisions=decided)
+        named = replace(result.model, path=shipped_path)  # the file the user named, never the sorted copy
+        return replace(result, model=named, decode=decoded, decisions=decided)
 
 
 def _nearly_full(folder: Path) -> bool:

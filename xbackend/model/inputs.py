@@ -22,6 +22,7 @@ from xbackend.errors import InputError
 from xbackend.files.capture_folder import CapturedInputs, captured_inputs, is_capture
 from xbackend.files.npz import NpzError, read_npz
 from xbackend.files.storage import ValueFile, save_values
+from xbackend.model.dims import fill_dims, named_dims, split_shapes, unset_dims
 from xbackend.model.load import ModelSpec, TensorSpec, np_dtype
 from xbackend.numerics.values import Value, describe, normalize, value_sha256
 
@@ -117,62 +118,6 @@ def parse_shape(text: str) -> tuple[str, Shape]:
     if any(d < 0 for d in shape):
         raise InputError(f"--shape {text!r}: dimensions must be >= 0")
     return name, shape
-
-
-def _named_dims(spec: ModelSpec) -> dict[str, list[str]]:
-    """Symbolic dimension name -> the inputs that use it (e.g. 'batch' -> input_ids, attention_mask)."""
-    out: dict[str, list[str]] = {}
-    for i in spec.inputs:
-        for d in i.shape or ():
-            if isinstance(d, str) and d and i.name not in out.get(d, []):
-                out.setdefault(d, []).append(i.name)
-    return out
-
-
-def _split_shapes(spec: ModelSpec, shapes: Mapping[str, Shape]) -> tuple[dict[str, Shape], dict[str, int]]:
-    """(input -> shape, dimension name -> size): `--shape batch=2` sets a named dimension every
-    input that uses it shares; an input's own name wins."""
-    named = _named_dims(spec)
-    inputs, dims = {}, {}
-    for name, shape in shapes.items():
-        if name in spec.input_names or name not in named:
-            inputs[name] = shape
-        elif len(shape) != 1:
-            raise InputError(
-                f"--shape {name}={','.join(map(str, shape))}: {name!r} is a dynamic dimension (of "
-                f"{', '.join(named[name])}), so it takes one size, e.g. --shape {name}=2"
-            )
-        else:
-            dims[name] = shape[0]
-    return inputs, dims
-
-
-def _fill_dims(spec: TensorSpec, dims: Mapping[str, int]) -> Shape | None:
-    """The input's shape from named dimension sizes, when they settle every dynamic dimension."""
-    if spec.shape is None or not spec.dynamic_dims:
-        return None
-    if not all(isinstance(spec.shape[i], str) and spec.shape[i] in dims for i in spec.dynamic_dims):
-        return None
-    return tuple(d if isinstance(d, int) else dims[str(d)] for d in spec.shape)
-
-
-def _unset_dims(spec: ModelSpec, shapes: Mapping[str, Shape], dims: Mapping[str, int]) -> InputError | None:
-    """One error for every named dimension left unset, naming the inputs that share it."""
-    missing: dict[str, list[str]] = {}
-    for i in spec.inputs:
-        if i.name in shapes or i.shape is None or _fill_dims(i, dims) is not None:
-            continue
-        syms = [i.shape[k] for k in i.dynamic_dims]
-        if not all(isinstance(s, str) and s for s in syms):
-            return None  # an unnamed dimension: the per-input error says what to pass
-        for s in syms:
-            if s not in dims:
-                missing.setdefault(str(s), []).append(i.name)
-    if not any(len(names) > 1 for names in missing.values()):
-        return None  # no dimension shared: the per-input error names the input's own --shape
-    flags = " ".join(f"--shape {d}=1" for d in missing)
-    users = "; ".join(f"{d} (of {', '.join(names)})" for d, names in missing.items())
-    return InputError(f"dynamic dimension(s) {users} unset; pass {flags}, or a --shape per input")
 
 
 def _resolve_shape(spec: TensorSpec, override: Shape | None) -> Shape:
@@ -304,11 +249,11 @@ def generate_feeds(
     into an N-row table (token ids into an embedding), [0, N); otherwise integers from [0, 16)
     and floats standard normal (uniform in a range where one was given).
     """
-    shapes, dims = _split_shapes(spec, dict(shapes or {}))
+    shapes, dims = split_shapes(spec, dict(shapes or {}))
     ranges = dict(ranges or {})
-    _check_known(spec, shapes.keys(), "--shape", _named_dims(spec))
+    _check_known(spec, shapes.keys(), "--shape", named_dims(spec))
     _check_known(spec, ranges.keys(), "--range")
-    unset = _unset_dims(spec, shapes, dims)
+    unset = unset_dims(spec, shapes, dims)
     if unset is not None:
         raise unset
     recorded, ignored = recorded_ranges(spec)
@@ -317,7 +262,7 @@ def generate_feeds(
     used: list[tuple[str, str]] = []
     made: list[tuple[str, str]] = []
     for i in spec.inputs:
-        shape = _resolve_shape(i, shapes.get(i.name) or _fill_dims(i, dims))
+        shape = _resolve_shape(i, shapes.get(i.name) or fill_dims(i, dims))
         _check_fits(i, shape)
         conv = None if i.name in ranges or i.name in recorded else _conventional(i, shape, seed)
         if conv is not None:

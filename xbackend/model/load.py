@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from xbackend.errors import ModelLoadError, first_line
+from xbackend.files.codec import OMIT_DEFAULT
 from xbackend.files.modelref import KNOWN_DOMAINS, ModelRef, model_file, np_dtype, read_model_bytes
 from xbackend.files.textfmt import CONTROL
 from xbackend.model.extdata import (
@@ -31,6 +32,7 @@ from xbackend.model.extdata import (
     uses_external_data,
 )
 from xbackend.model.extdata import load_external as read_weights
+from xbackend.model.graphorder import index_bounds, sort_nodes
 
 __all__ = [
     "ModelRef",
@@ -166,6 +168,8 @@ class ModelSpec:
     exposed: tuple[str, ...] | None = None
     selection: str = "all"
     weight_bytes: int = 0  # the initializers' bytes as stored (external data included)
+    # the file's nodes are not in topological order (ONNX Runtime's float16 converter): runs use a sorted copy
+    unsorted: bool = field(default=False, metadata={OMIT_DEFAULT: True})
 
     @classmethod
     def from_proto(cls, proto: onnx.ModelProto, path: str, sha256: str) -> ModelSpec:
@@ -182,7 +186,7 @@ class ModelSpec:
             tensors=tuple(_node_tensors(g)),
             external_data=uses_external_data(proto),
             metadata=tuple(sorted((p.key, p.value) for p in proto.metadata_props)),
-            index_bounds=tuple(sorted(_index_bounds(g, init_names).items())),
+            index_bounds=tuple(sorted(index_bounds(g, init_names).items())),
             weight_bytes=sum(raw_size(t) or 0 for t in all_tensors(g)),
         )
 
@@ -260,23 +264,6 @@ class ModelSpec:
         names = [t.name for t in self.tensors]
         seen = set(names)
         return tuple(names + [n for n in self.output_names if n not in seen])
-
-
-def _index_bounds(g: onnx.GraphProto, init_names: set[str]) -> dict[str, int]:
-    """Graph inputs used directly as Gather indices into an initializer: the table's row count
-    along the gathered axis (a token-id input's vocabulary size)."""
-    inputs = {v.name for v in g.input} - init_names
-    dims = {t.name: list(t.dims) for t in g.initializer}
-    out: dict[str, int] = {}
-    for n in g.node:
-        if n.op_type != "Gather" or len(n.input) < 2 or n.input[1] not in inputs or n.input[0] not in dims:
-            continue
-        axis = next((int(a.i) for a in n.attribute if a.name == "axis"), 0)
-        shape = dims[n.input[0]]
-        if shape and -len(shape) <= axis < len(shape):
-            rows = int(shape[axis])
-            out[n.input[1]] = min(rows, out.get(n.input[1], rows))
-    return out
 
 
 def _type_str(tp: onnx.TypeProto) -> str:
@@ -402,8 +389,10 @@ def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto
     external = uses_external_data(proto)
     if external:
         check_external_files(proto, p)
-    _check(proto, p, external)
-    return ModelSpec.from_proto(proto, str(path), model_sha256(p, proto, data)), proto
+    unsorted = sort_nodes(proto.graph)  # engines take it so; the checker and the float64 judge do not
+    _check(proto, p, external and not unsorted)
+    spec = ModelSpec.from_proto(proto, str(path), model_sha256(p, proto, data))
+    return (replace(spec, unsorted=True) if unsorted else spec), proto
 
 
 def _names(proto: onnx.ModelProto) -> Iterator[object]:
