@@ -82,15 +82,15 @@ def test_every_suggested_shape_runs(name: str, capsys: pytest.CaptureFixture[str
 
     from tests.cli_helpers import run
 
-    base = ["compare", str(HERE / f"{name}.onnx"), "--backends", "reference", "--runs", "1", "--probes", "none",
-            "--no-progress"]  # fmt: skip
+    model = str(HERE / f"{name}.onnx")
+    base = ["compare", model, "--backends", "reference", "--runs", "1", "--probes", "none", "--no-progress"]
     code, _, err = run(capsys, *base)
     if code == 0 or "unset; pass " not in err:  # ViT: one input, its own --shape (its image size)
         assert code in (0, 2) and (code == 0 or "pass --shape " in err), err
         return
     flags = shlex.split(err.split("unset; pass ", 1)[1].split(", or a --shape", 1)[0])
     assert not any(" + " in f for f in flags), flags
-    code, out, err = run(capsys, *base, *flags)
+    code, _, err = run(capsys, *base, *flags)
     assert code == 0, err
 
 
