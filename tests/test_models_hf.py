@@ -24,23 +24,6 @@ SEQ_DIMS = ["--dynamic", "input_ids=0:batch", "--dynamic", "input_ids=1:sequence
 MASK_DIMS = ["--dynamic", "attention_mask=0:batch", "--dynamic", "attention_mask=1:sequence"]
 
 
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("bert") / "bert.onnx"
-    from xbackend.export.example_inputs import InputDecl
-    from xbackend.export.torch_onnx import export_torch
-
-    shape = (2, 16)
-    export_torch(
-        f"{FACTORIES}:bert",
-        [InputDecl(n, shape, "int64") for n in ("input_ids", "attention_mask", "token_type_ids")],
-        out,
-        dynamic={n: {0: "batch", 1: "sequence"} for n in ("input_ids", "attention_mask", "token_type_ids")},
-        ranges={"input_ids": (0, 512), "attention_mask": (0, 2), "token_type_ids": (0, 2)},
-    )
-    return out
-
-
 def test_export_names_the_input_the_module_rejects(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
