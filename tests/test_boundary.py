@@ -541,3 +541,32 @@ def test_a_negative_dimension_and_an_unknown_weight_type_are_one_line(
     code, _, err = run(capsys, "compare", str(model), "--no-progress")
     assert code == 2
     one_line_error(err, "weight 'w' has data_type 999, no ONNX type")
+
+
+def test_smaller_messages_say_what_happened() -> None:
+    """A magnitude near float64's largest gives an infinite allowance without a RuntimeWarning;
+    the progress count never passes its total; equal outputs with a differing intermediate do
+    not read as a contradiction; a backend judged at its one exposed tensor says so."""
+    import warnings
+
+    import numpy as np
+
+    from xbackend.bounds.element import NodeBound, allowance
+    from xbackend.cli.run import _divergence
+    from xbackend.execution.progress import LineProgress
+    from xbackend.results.explanation import LocalErrors, explained_words
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = allowance(
+            NodeBound("MatMul", "reduction", a=1.0, b=4.0), np.array([1.0]), np.array([1.7e308]), 1.0
+        )
+    assert np.isinf(got).all()
+    bar = LineProgress()
+    bar.start(2)
+    bar.advance(3)
+    assert (bar._done, bar._total) == (3, 3)
+    assert _divergence(True, "h", {}) == "the outputs agree, an intermediate first differs at h"
+    assert _divergence(False, "h", {}) == "first divergence h"
+    one = LocalErrors("torch", "ok", compared=1, largest_ratio=0.0, largest_at="logits")
+    assert explained_words(one, {}).startswith("judged at one tensor only, logits, the only one it exposes")

@@ -239,8 +239,8 @@ def test_a_judgment_not_made_is_a_warn_null_in_the_json_and_a_gate(tmp_path: Pat
     m = _model(tmp_path, "mlp_layernorm")
     r = xbackend.compare(m, runs=1, outputs_only=True, probes="none", fail_on="not-judged")
     why = (
-        "not judged: --outputs-only (--tensors outputs) captures no tensor a node reads, so no node can be "
-        "fed its inputs; pass --tensors modules or all to judge them"
+        "not judged: --tensors outputs captures no tensor a node reads, so no node can be fed its inputs; "
+        "pass --tensors modules or all to judge them"
     )
     assert f"WARN: no explanation of the differences: {why}" in r.verdict()
     assert r.exit_code == 19 and r.gates()[0].reason == f"no explanation: {why}"

@@ -191,16 +191,18 @@ def lam(terms: int, elements: int, delta: float = DELTA) -> float:
 def allowance(bound: NodeBound, v: np.ndarray, mag: np.ndarray | None, u: float) -> np.ndarray:
     """Per element, what `bound` allows around the float64 value `v` (`mag`: its M)."""
     av = np.abs(v)
-    with np.errstate(invalid="ignore"):  # 0 · inf (an exact op on a mask's -inf): nan, judged by equality
+    # 0 · inf (an exact op on a mask's -inf) is nan, judged by equality; a magnitude near float64's
+    # largest overflows to inf, an allowance that judges nothing (the vacuity check says so)
+    with np.errstate(invalid="ignore", over="ignore"):
         out = bound.a * av
-    if bound.b and mag is not None:
-        out = out + bound.b * np.nan_to_num(np.abs(mag), nan=0.0, posinf=np.inf)
-    if bound.c:
-        out = out + bound.c
-    if bound.scaled:
-        finite = av[np.isfinite(av)]
-        out = out + bound.scaled * (float(finite.max()) if finite.size else 0.0)
-    return np.asarray(u * out, np.float64)
+        if bound.b and mag is not None:
+            out = out + bound.b * np.nan_to_num(np.abs(mag), nan=0.0, posinf=np.inf)
+        if bound.c:
+            out = out + bound.c
+        if bound.scaled:
+            finite = av[np.isfinite(av)]
+            out = out + bound.scaled * (float(finite.max()) if finite.size else 0.0)
+        return np.asarray(u * out, np.float64)
 
 
 def attributes(node: onnx.NodeProto) -> dict[str, Any]:

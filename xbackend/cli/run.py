@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -134,5 +135,17 @@ def _print_summary(result: Result) -> None:
                 if c.scaled_ulp is not None
                 else "compared exactly"
             )
-            + f" at outputs; first divergence {with_module(c.first_divergence or 'none', modules)}"
+            + f" at outputs; {_divergence(c.bitwise_equal, c.first_divergence, modules)}"
         )
+
+
+def _divergence(outputs_equal: bool, first: str | None, modules: Mapping[str, str]) -> str:
+    """Where the tensors first differ, never read as contradicting equal outputs."""
+    if first is None:
+        return "first divergence none"
+    where = with_module(first, modules)
+    return (
+        f"the outputs agree, an intermediate first differs at {where}"
+        if outputs_equal
+        else f"first divergence {where}"
+    )

@@ -94,8 +94,8 @@ def explain(
     if layers is None:
         if ctx.spec.outputs_only:
             why = (
-                "--outputs-only (--tensors outputs) captures no tensor a node reads, so no node can be fed "
-                "its inputs; pass --tensors modules or all to judge them"
+                "--tensors outputs captures no tensor a node reads, so no node can be fed its inputs; "
+                "pass --tensors modules or all to judge them"
             )
             return Explanation("unavailable", f"not judged: {why}")
         return Explanation(

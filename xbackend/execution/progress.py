@@ -72,7 +72,7 @@ class RichProgress:
             transient=True,
         )
         self._task = self._progress.add_task("starting", total=None)
-        self._total = 0
+        self._total = self._done = 0
 
     def start(self, total: int) -> None:
         self._total = total
@@ -95,6 +95,9 @@ class RichProgress:
         pass
 
     def advance(self, steps: int = 1) -> None:
+        self._done += steps
+        if self._done > self._total:  # work the plan did not count (a retry): the total says so
+            self.grow(self._done - self._total)
         self._progress.advance(self._task, steps)
 
     def stop(self) -> None:
@@ -150,6 +153,7 @@ class LineProgress:
 
     def advance(self, steps: int = 1) -> None:
         self._done += steps
+        self._total = max(self._total, self._done)  # never [86/80]: work the plan did not count
 
     def stop(self) -> None:
         pass

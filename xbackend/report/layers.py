@@ -97,7 +97,12 @@ def _layer_tables(
     first = c.first_divergence
     where = with_module(first, modules) if first else None
     outs = "bitwise equal" if c.bitwise_equal else f"{_num(c.scaled_ulp)} scaled ULP"
-    summary = f"{len(c.tensors)} tensors; outputs {outs}; first divergence {where or 'none'}"
+    after = (
+        f"an intermediate first differs at {where}"
+        if where and c.bitwise_equal
+        else f"first divergence {where or 'none'}"
+    )
+    summary = f"{len(c.tensors)} tensors; outputs {outs}; {after}"
     body = _layer_body(c, modules, floors)
     return [*out, f"<details><summary>{summary}</summary>", "", *body, "</details>", ""]
 

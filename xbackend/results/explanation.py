@@ -323,6 +323,13 @@ def explained_words(le: LocalErrors, modules: Mapping[str, str]) -> str:
         where = _modname(le.largest_at, modules)
         ratio = math.floor(le.largest_ratio * 1000) / 1000  # never rounded up to the allowance
         at = f" (largest local error {ratio:.3g} of its allowance, at {where}{op})"
+    if le.compared == 1 and le.largest_at:  # one exposed tensor: no node was judged on its own
+        where = _modname(le.largest_at, modules)
+        ratio = math.floor((le.largest_ratio or 0.0) * 1000) / 1000
+        return (
+            f"judged at one tensor only, {where}, the only one it exposes: {ratio:.3g} of the allowance "
+            "its nodes' rounding composes to there; no node inside was judged on its own"
+        )
     nodes = "every node"
     if le.unjudged:
         skipped = ", ".join(n.tensor for n in le.unjudged[:3])
