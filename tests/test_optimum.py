@@ -151,3 +151,31 @@ def test_onnx_runtimes_float16_converter_output_runs(tmp_path: Path) -> None:
     assert r.model.path == str(path) and r.model.unsorted
     assert any("out of topological order" in n for n in r.notes)
     assert r.cross("ort-cpu").explained is True
+
+
+def test_a_torch_module_takes_an_optimum_kv_cache_export_positionally() -> None:
+    """docs/recipes.md's adapter: xbackend hands the torch module the ONNX model's inputs in their
+    order (input_ids, attention_mask, position_ids, then each layer's past key and value) and
+    reads its outputs in the model's (logits, then each layer's present key and value)."""
+    pytest.importorskip("transformers")
+    r = xbackend.compare(
+        HERE / "llama.onnx",
+        backends="ort-cpu,torch,reference",
+        runs=1,
+        probes="none",
+        torch_module=f"{HERE / 'llama_torch.py'}:build",
+        shapes={k: v for k, v in LLM.items() if "+" not in k},
+        ranges=CACHED,
+    )
+    t = r.backend("torch")
+    assert t.ok and t.deterministic, t.reason
+    assert dict(t.info)["weights_checked"] == "16 of 16 non-constant float tensors found in the model"
+    c = r.cross("torch")
+    assert {d.name for d in c.output_tensors} == {
+        "logits",
+        "present.0.key",
+        "present.0.value",
+        "present.1.key",
+        "present.1.value",
+    }
+    assert (c.scaled_ulp or 0) <= 16
