@@ -30,6 +30,7 @@ HEAVY_OR_OPTIONAL = {
     "matplotlib",
     "ml_dtypes",  # likewise optional in a foreign interpreter
     "psutil",  # likewise
+    "model_signing",  # certify --key's model-files signature, where OpenSSF model-signing is installed
 }
 # Where a module must defer one of its own or a standard import, and why.
 LOCAL_EXCEPTIONS = {

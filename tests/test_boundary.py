@@ -570,3 +570,77 @@ def test_smaller_messages_say_what_happened() -> None:
     assert _divergence(False, "h", {}) == "first divergence h"
     one = LocalErrors("torch", "ok", compared=1, largest_ratio=0.0, largest_at="logits")
     assert explained_words(one, {}).startswith("judged at one tensor only, logits, the only one it exposes")
+
+
+def _ec_key(folder: Path, curve: object, name: str) -> Path:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(curve)  # type: ignore[arg-type]
+    ser = serialization
+    (folder / f"{name}.key").write_bytes(
+        key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
+    )
+    (folder / f"{name}.pub").write_bytes(
+        key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return folder / f"{name}.key"
+
+
+def test_a_signed_certificate_round_trips_through_openssf_model_signing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """certify --key with a P-256 key: OpenSSF model-signing verifies STEM.model.sig over the
+    model file (and refuses it once the file changes); it reads the certificate's own bundle,
+    its key hint and signature included, and stops only at the predicate it does not know;
+    sigstore's bundle model parses it; xbackend verifies it. A secp256k1 key is refused."""
+    model_signing = pytest.importorskip("model_signing")
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from sigstore_models.bundle.v1 import Bundle
+
+    model = _relu(tmp_path)
+    key = _ec_key(tmp_path, ec.SECP256R1(), "release")
+    out = str(tmp_path / "cert")
+    code, text, err = run(capsys, "certify", str(model), "--backend", "reference", "--runs", "2", "--builds",
+                          "2", "-o", out, "--key", str(key), "--no-progress")  # fmt: skip
+    assert code == 0, err
+    sig = tmp_path / "cert.model.sig"
+    assert f"wrote {sig}: the model file signed in OpenSSF model-signing's format" in text
+    verifier = model_signing.verifying.Config().use_elliptic_key_verifier(public_key=tmp_path / "release.pub")
+    verifier.verify(model, sig)  # raises if the file or the signature does not check
+    bundle = (tmp_path / "cert.json").read_text()
+    assert Bundle.from_json(bundle).media_type == "application/vnd.dev.sigstore.bundle.v0.3+json"
+    with pytest.raises(ValueError, match="Predicate type mismatch"):  # past its key and signature checks
+        verifier.verify(model, tmp_path / "cert.json")
+    code, text, err = run(capsys, "verify", str(tmp_path / "cert.json"), "--key", str(tmp_path / "release.pub"),
+                          "--no-progress")  # fmt: skip
+    assert code == 0 and "SIGNED: the signature checks with key" in text, err
+    # certify again: its own signature file is replaced, never someone's
+    code, _, err = run(capsys, "certify", str(model), "--backend", "reference", "--runs", "2", "--builds",
+                       "2", "-o", out, "--key", str(key), "--no-progress")  # fmt: skip
+    assert code == 0, err
+    model.write_bytes(model.read_bytes() + b"\0")
+    with pytest.raises(ValueError):
+        verifier.verify(model, sig)
+    k1 = _ec_key(tmp_path, ec.SECP256K1(), "k1")
+    (tmp_path / "m").mkdir()
+    code, _, err = run(capsys, "certify", str(_relu(tmp_path / "m")), "--backend", "reference", "-o",
+                       str(tmp_path / "c2"), "--key", str(k1), "--no-progress")  # fmt: skip
+    assert code == 2
+    one_line_error(
+        err, "is an ECDSA key on curve secp256k1; certificates are signed with Ed25519 or ECDSA P-256"
+    )
+
+
+def test_every_test_docs_security_names_exists() -> None:
+    """docs/security.md backs its promises with named tests: each name is a test of the suite."""
+    import re
+
+    text = (ROOT / "docs" / "security.md").read_text("utf-8")
+    named = set(re.findall(r"`(test_\w+)`", text))
+    defined = {
+        m
+        for f in (ROOT / "tests").glob("test_*.py")
+        for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)
+    }
+    assert len(named) >= 10 and named <= defined, sorted(named - defined)

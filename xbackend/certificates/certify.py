@@ -46,6 +46,7 @@ __all__ = [
     "Certificate",
     "Verification",
     "certify",
+    "model_signature_path",
     "read_certificate",
     "verify",
     "write_certificate",
@@ -228,6 +229,12 @@ def write_certificate(
     write_atomic(js, cert.to_json(key), "certificate")
     write_atomic(md, cert.to_markdown().replace("CERT.json", js.name), "certificate")
     return js, md
+
+
+def model_signature_path(stem: str | os.PathLike[str]) -> Path:
+    """STEM.model.sig: the model file signed in OpenSSF model-signing's format (certify --key)."""
+    js, _ = certificate_paths(stem)
+    return js.with_name(js.name.removesuffix(".json") + ".model.sig")
 
 
 def certificate_paths(stem: str | os.PathLike[str]) -> tuple[Path, Path]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from xbackend.certificates.certify import certificate_paths, write_certificate
+from xbackend.certificates.certify import certificate_paths, model_signature_path, write_certificate
 from xbackend.certificates.certify import certify as run_certify
 from xbackend.certificates.certify import verify as run_verify
 from xbackend.cli.app import app, progress
@@ -16,6 +17,8 @@ from xbackend.cli.params import CLI_FLAGS, ModelArg, with_flags
 from xbackend.compare.saved_report import read_result
 from xbackend.files import attest
 from xbackend.files.atomic import check_outputs
+from xbackend.model.extdata import external_files
+from xbackend.model.load import load_proto
 from xbackend.report import bundle_outputs, write_atomic, write_markdown_bundle
 from xbackend.report.diff import diff_results
 from xbackend.results.flags import pairs
@@ -44,7 +47,9 @@ def certify(
 ) -> int:
     """Certify one backend's determinism: run to run, build to build, batch position, thread count."""
     js, md = certificate_paths(output)
-    check_outputs([("-o", js), ("-o", md)], [model, flags["inputs"]])  # before anything runs
+    sig = model_signature_path(output)
+    outs = [("-o", js), ("-o", md), *([("-o", sig)] if key else [])]
+    check_outputs(outs, [model, flags["inputs"]])  # before anything runs
     private = attest.load_private_key(key) if key else None  # a bad key is found before the battery
     given = {k: v for k, v in flags.items() if k not in CLI_FLAGS}
     cert = run_certify(model, backend, batch=batch, progress=progress(flags["no_progress"]), **given)
@@ -63,7 +68,25 @@ def certify(
     how = f"--key {Path(key).with_suffix('.pub')}" if key else "--allow-unsigned"
     signed = "signed" if key else "unsigned (sign it with --key PRIVATE.key)"
     print(f"{verdict}: wrote {js} ({signed}) and {md}; check it with `xbackend verify {js} {how}`")
+    if key:
+        _model_signature(model, key, sig)
     return cert.exit_code
+
+
+def _model_signature(model: str, key: str, sig: Path) -> None:
+    """The model file signed in OpenSSF model-signing's format beside the certificate, or why not."""
+    if external_files(load_proto(model, load_external=False)):
+        why = "the model keeps its weights in other files: sign its folder with model_signing itself"
+    else:
+        why = attest.sign_model_files(Path(model), key, sig)
+    if why:
+        print(f"NOTE: no model-signing signature of the model file: {why}")
+        return
+    pub, signed = shlex.quote(str(Path(key).with_suffix(".pub"))), shlex.quote(str(sig))
+    print(
+        f"wrote {sig}: the model file signed in OpenSSF model-signing's format; check it with "
+        f"`model_signing verify key {shlex.quote(model)} --signature {signed} --public_key {pub}`"
+    )
 
 
 @app.command(

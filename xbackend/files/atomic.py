@@ -26,6 +26,7 @@ _HEADS = (
 _PNG, _PNG_MARK = b"\x89PNG\r\n\x1a\n", b"tEXtSoftware\x00xbackend"
 _TAIL = b'"schema": "xbackend.report/'
 _CERTIFICATE = "https://xbackend.dev/attestation/certificate/"
+_MODEL_SIGNING = "https://model_signing/signature/v1.0"
 # the array `capture export` adds to its .npz: its name is in the zip's directory, at the end
 NPZ_MARK = "xbackend.capture-export"
 
@@ -50,7 +51,9 @@ def _is_certificate(p: Path) -> bool:
         data = json.loads(p.read_bytes())
         if isinstance(data, dict) and isinstance(data.get("dsseEnvelope"), dict):
             data = json.loads(base64.b64decode(data["dsseEnvelope"].get("payload", "")))
-        return isinstance(data, dict) and str(data.get("predicateType", "")).startswith(_CERTIFICATE)
+        kind = str(data.get("predicateType", "")) if isinstance(data, dict) else ""
+        # certify --key writes STEM.model.sig beside the certificate, in model-signing's format
+        return kind.startswith(_CERTIFICATE) or (kind == _MODEL_SIGNING and p.name.endswith(".model.sig"))
     except (OSError, ValueError, RecursionError):
         return False
 

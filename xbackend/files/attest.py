@@ -16,7 +16,7 @@ import binascii
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from xbackend.files.untrusted import json_loads
 
 __all__ = [
     "BUNDLE_MEDIA_TYPE",
+    "MODEL_SIGNING_PREDICATE",
     "PAYLOAD_TYPE",
     "STATEMENT_TYPE",
     "Envelope",
@@ -39,6 +40,7 @@ __all__ = [
     "load_public_key",
     "open_attestation",
     "pae",
+    "sign_model_files",
     "sign_statement",
     "statement",
 ]
@@ -105,6 +107,7 @@ def load_private_key(path: str | os.PathLike[str]) -> Any:
         ) from None
     if not isinstance(key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey):
         raise UsageError(f"{path} is a {type(key).__name__}; sign with an Ed25519 or ECDSA key")
+    _curve(key, path)
     return key
 
 
@@ -120,33 +123,68 @@ def load_public_key(path: str | os.PathLike[str]) -> Any:
         ) from None
     if not isinstance(key, ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey):
         raise UsageError(f"{path} is a {type(key).__name__}; certificates are signed with Ed25519 or ECDSA")
+    _curve(key, path)
     return key
 
 
 def key_id(public_key: Any) -> str:
-    """sha256 of the public key's DER SubjectPublicKeyInfo: the bundle's key hint."""
+    """sha256 of the public key's PEM SubjectPublicKeyInfo, in hex: the bundle's key hint, as
+    OpenSSF model-signing writes and checks it."""
+    ser = serialization
+    pem = public_key.public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(pem).hexdigest()
+
+
+def _legacy_key_id(public_key: Any) -> str:
+    """The hint earlier xbackend releases wrote: sha256 of the DER form (still read)."""
     ser = serialization
     der = public_key.public_bytes(ser.Encoding.DER, ser.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(der).hexdigest()
 
 
+# P-256 and P-384, each with the hash model-signing uses for it
+CURVES: dict[str, Callable[[], hashes.HashAlgorithm]] = {
+    "secp256r1": hashes.SHA256,
+    "secp384r1": hashes.SHA384,
+}
+
+
+def _curve(key: Any, path: str | os.PathLike[str]) -> None:
+    if (
+        isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey)
+        and key.curve.name not in CURVES
+    ):
+        raise UsageError(
+            f"{path} is an ECDSA key on curve {key.curve.name}; certificates are signed with Ed25519 or "
+            "ECDSA P-256 or P-384 (make one with `xbackend keygen -o NAME`)"
+        )
+
+
 def _sign(key: Any, message: bytes) -> bytes:
 
     if isinstance(key, ec.EllipticCurvePrivateKey):
-        return bytes(key.sign(message, ec.ECDSA(hashes.SHA256())))
+        return bytes(key.sign(message, ec.ECDSA(CURVES[key.curve.name]())))
     return bytes(key.sign(message))
 
 
 def _check(key: Any, signature: bytes, message: bytes) -> bool:
 
-    try:
-        if isinstance(key, ec.EllipticCurvePublicKey):
-            key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
-        else:
-            key.verify(signature, message)
-    except InvalidSignature:
-        return False
-    return True
+    # ECDSA: the curve's own hash, then SHA-256 (earlier releases signed P-384 with it)
+    digests: list[Callable[[], hashes.HashAlgorithm] | None] = (
+        [CURVES.get(key.curve.name, hashes.SHA256), hashes.SHA256]
+        if isinstance(key, ec.EllipticCurvePublicKey)
+        else [None]
+    )
+    for digest in digests:
+        try:
+            if digest is None:
+                key.verify(signature, message)
+            else:
+                key.verify(signature, message, ec.ECDSA(digest()))
+        except InvalidSignature:
+            continue
+        return True
+    return False
 
 
 def sign_statement(stmt: Mapping[str, Any], key: Any) -> dict[str, Any]:
@@ -156,7 +194,7 @@ def sign_statement(stmt: Mapping[str, Any], key: Any) -> dict[str, Any]:
     sig = _sign(key, pae(PAYLOAD_TYPE, payload))
     return {
         "mediaType": BUNDLE_MEDIA_TYPE,
-        "verificationMaterial": {"publicKey": {"hint": kid}},
+        "verificationMaterial": {"publicKey": {"hint": kid}, "tlogEntries": []},
         "dsseEnvelope": {
             "payload": base64.b64encode(payload).decode(),
             "payloadType": PAYLOAD_TYPE,
@@ -248,7 +286,7 @@ def open_attestation(
         if not any(_check(public_key, _b64(s.get("sig", ""), "a signature", path), message) for s in sigs):
             why = (
                 "it was edited after it was signed"
-                if hint == kid
+                if hint in (kid, _legacy_key_id(public_key))
                 else f"it names another signer, key {hint[:16] or '(unnamed)'}, or was edited"
             )
             raise InputError(
@@ -296,3 +334,25 @@ def generate_key(stem: str | os.PathLike[str]) -> tuple[Path, Path]:
         private.unlink(missing_ok=True)
         raise UsageError(f"cannot write {public}: {e.strerror or e}; nothing was kept") from None
     return private, public
+
+
+MODEL_SIGNING_PREDICATE = "https://model_signing/signature/v1.0"
+
+
+def sign_model_files(model: Path, key_path: str | os.PathLike[str], out: Path) -> str:
+    """The model file signed in OpenSSF model-signing's own format (its predicate, its bundle) at
+    `out`, so `model_signing verify key` checks the file while `xbackend verify` checks the
+    judgment; '' when written, else why it was not."""
+    key = load_private_key(key_path)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        return "model-signing signs with ECDSA keys (P-256, P-384), and this key is Ed25519"
+    try:
+        import model_signing  # optional: OpenSSF model-signing (pip install 'xbackend[sign]')
+    except ImportError as e:
+        return f"model-signing is not installed here ({e}; pip install 'xbackend[sign]')"
+    try:
+        signing: Any = model_signing.signing  # untyped: its documented API, used as documented
+        signing.Config().use_elliptic_key_signer(private_key=str(key_path)).sign(model, out)
+    except Exception as e:  # its own failure, said, never fatal: the certificate stands
+        return f"model-signing could not sign it ({type(e).__name__}: {str(e)[:160]})"
+    return ""
