@@ -612,8 +612,8 @@ def test_a_signed_certificate_round_trips_through_openssf_model_signing(
     assert Bundle.from_json(bundle).media_type == "application/vnd.dev.sigstore.bundle.v0.3+json"
     with pytest.raises(ValueError, match="Predicate type mismatch"):  # past its key and signature checks
         verifier.verify(model, tmp_path / "cert.json")
-    code, text, err = run(capsys, "verify", str(tmp_path / "cert.json"), "--key", str(tmp_path / "release.pub"),
-                          "--no-progress")  # fmt: skip
+    pub = str(tmp_path / "release.pub")
+    code, text, err = run(capsys, "verify", str(tmp_path / "cert.json"), "--key", pub, "--no-progress")
     assert code == 0 and "SIGNED: the signature checks with key" in text, err
     # certify again: its own signature file is replaced, never someone's
     code, _, err = run(capsys, "certify", str(model), "--backend", "reference", "--runs", "2", "--builds",
