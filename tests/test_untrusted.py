@@ -277,6 +277,9 @@ def test_a_sweep_file_reads_inside_its_folder_and_runs_no_code(
         base.replace(
             'name = "ort-cpu"', 'name = "ort-cpu"\nset = { python = "/bin/sh" }'
         ): "python names code",
+        # a name is a heading in fleet.md and a folder name: a line break or an override is refused
+        '[sweep]\nname = "zoo\\n# PASS"\n' + base: "sweep: name 'zoo # PASS' holds a line break or control",
+        base + 'name = "m\\u202e"\n': "name 'm\\\\u202e' holds a line break or control character",
     }
     for text, message in cases.items():
         (folder / "s.toml").write_text(text)
