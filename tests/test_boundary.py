@@ -107,6 +107,13 @@ def test_outputs_that_cannot_be_regular_files_are_refused_before_the_run(
         assert code == 2, (path, err)
         one_line_error(err, pattern)
         assert out == ""  # nothing ran
+    # a capture folder, and the folder --save-captures fills: the same rule
+    code, _, err = run(capsys, "capture", str(model), "--backend", "reference", "-o", "/proc/self/cap")
+    assert code == 2
+    one_line_error(err, "/proc/self/cap cannot be written: /proc/self takes no new file")
+    code, _, err = run(capsys, *base, "--save-captures", "/proc/self/caps")
+    assert code == 2
+    one_line_error(err, "cannot be written: /proc/self takes no new file")
 
 
 def test_keygen_into_a_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from xbackend.errors import ReportError, UsageError
 
-__all__ = ["NPZ_MARK", "check_outputs", "write_atomic", "write_atomic_bytes"]
+__all__ = ["NPZ_MARK", "check_outputs", "takes_files", "write_atomic", "write_atomic_bytes"]
 
 # how a Markdown file xbackend wrote begins, or what a JSON report's last bytes hold (its keys
 # sorted, "schema" comes after the large "result")
@@ -95,13 +95,13 @@ def check_outputs(
                 "choose another path (or move that file away yourself)"
             )
         folder = next((a for a in (p.parent, *p.parent.parents) if a.exists()), Path("."))
-        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or not _takes_files(folder):
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or not takes_files(folder):
             raise UsageError(
                 f"{flag} {p} cannot be written: {folder} is not a writable folder; choose another path"
             )
 
 
-def _takes_files(folder: Path) -> bool:
+def takes_files(folder: Path) -> bool:
     """A new regular file can be made in `folder` (not /proc or /sys, not a read-only mount, not an
     immutable folder): tried with a temp file of our own, removed at once."""
     try:

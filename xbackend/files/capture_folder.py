@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.errors import InputError, UsageError
-from xbackend.files.atomic import write_atomic, write_atomic_bytes
+from xbackend.files.atomic import takes_files, write_atomic, write_atomic_bytes
 from xbackend.files.storage import ValueFile
 from xbackend.files.untrusted import contained, json_loads
 
@@ -94,11 +94,18 @@ def write_folder(
 def check_folder(out: Path) -> set[str]:
     """Before a capture is written to `out`: it is missing, empty, or a capture xbackend wrote
     (the value files that capture listed are returned: the only files a new one may replace)."""
+    folder = next((a for a in (out, *out.parents) if a.exists()), Path("."))
+    if folder.is_dir() and not takes_files(folder):  # read-only, immutable, /proc: before any run
+        raise UsageError(f"{out} cannot be written: {folder} takes no new file; give another folder")
     if not out.exists():
         return set()
     if not out.is_dir():
         raise UsageError(f"{out} is a file; give a folder for the capture (xbackend never overwrites it)")
-    if not any(out.iterdir()):
+    try:
+        empty = not any(out.iterdir())
+    except OSError as e:
+        raise UsageError(f"{out} cannot be read ({e.strerror}); give another folder") from None
+    if empty:
         return set()
     if not is_capture(out):
         raise UsageError(
