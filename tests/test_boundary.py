@@ -651,3 +651,15 @@ def test_every_test_docs_security_names_exists() -> None:
         for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)
     }
     assert len(named) >= 10 and named <= defined, sorted(named - defined)
+
+
+def test_the_terminal_never_receives_a_control_from_a_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """Whatever a command prints, to stdout or stderr, a C1 control (U+009B, CSI) or a
+    bidirectional override (U+202E) is written out, never sent to the terminal raw."""
+    from xbackend.cli.main import _visible_streams
+
+    with _visible_streams():
+        print("tensor y\u202eexe.gnp, then \x9b31m red")
+        print("first divergence x\u2066", file=sys.stderr)
+    out, err = capsys.readouterr()
+    assert out == "tensor y\\u202eexe.gnp, then \\u009b31m red\n" and err == "first divergence x\\u2066\n"

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
 
 import typer
 
@@ -25,7 +26,7 @@ import xbackend.cli.tools  # noqa: F401  (these four register their commands wit
 from xbackend.cli.app import app
 from xbackend.errors import EXIT_INTERNAL, EXIT_USAGE, XbackendError
 from xbackend.execution.isolation import cancel_all, reset_cancel
-from xbackend.files.textfmt import CONTROL
+from xbackend.files.textfmt import CONTROL, visible
 
 __all__ = ["app", "main"]
 
@@ -54,7 +55,38 @@ def _handlers() -> Iterator[None]:
             signal.signal(s, h)
 
 
+class _Visible:
+    """A terminal stream that writes every C1 or bidirectional control out (U+009B, a terminal's
+    CSI; U+202E, a right-to-left override): a name from a file neither controls nor reorders
+    what the user sees. Everything else is the stream's own."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(visible(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _visible_streams() -> Iterator[None]:
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Visible(out), _Visible(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    with _visible_streams():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     reset_cancel()
     _RECEIVED.clear()
     try:
