@@ -663,3 +663,19 @@ def test_the_terminal_never_receives_a_control_from_a_name(capsys: pytest.Captur
         print("first divergence x\u2066", file=sys.stderr)
     out, err = capsys.readouterr()
     assert out == "tensor y\\u202eexe.gnp, then \\u009b31m red\n" and err == "first divergence x\\u2066\n"
+
+
+def test_a_figure_from_an_earlier_release_is_still_xbackends(tmp_path: Path) -> None:
+    """Figures written before the Software mark carry xbackend's series legend: a report can
+    still replace them; any other PNG is someone's."""
+    from xbackend.errors import UsageError
+    from xbackend.files.atomic import check_outputs
+
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR"
+    (tmp_path / "r.error-depth.png").write_bytes(
+        png + b'tEXtDescription\x00{"series": [{"name": "ort-cpu"}]}'
+    )
+    check_outputs([("--report", tmp_path / "r.error-depth.png")])
+    (tmp_path / "photo.png").write_bytes(png + b"tEXtDescription\x00a cat")
+    with pytest.raises(UsageError, match="exists and is not a report xbackend wrote"):
+        check_outputs([("--report", tmp_path / "photo.png")])

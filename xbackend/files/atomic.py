@@ -24,6 +24,7 @@ _HEADS = (
 )
 # a report's figure: a PNG whose Software text chunk (before the image data) names xbackend
 _PNG, _PNG_MARK = b"\x89PNG\r\n\x1a\n", b"tEXtSoftware\x00xbackend"
+_PNG_EARLIER = b'tEXtDescription\x00{"series": ['  # a figure from before the mark: its series legend
 _TAIL = b'"schema": "xbackend.report/'
 _CERTIFICATE = "https://xbackend.dev/attestation/certificate/"
 _MODEL_SIGNING = "https://model_signing/signature/v1.0"
@@ -41,7 +42,7 @@ def _written_by_us(p: Path) -> bool:
     except OSError:
         return False
     ours = _TAIL in tail or (head.startswith(b"PK") and NPZ_MARK.encode() + b".npy" in tail)
-    ours = ours or (head.startswith(_PNG) and _PNG_MARK in head)
+    ours = ours or (head.startswith(_PNG) and (_PNG_MARK in head or _PNG_EARLIER in head))
     return head.startswith(_HEADS) or ours or (size < (1 << 24) and _is_certificate(p))
 
 
