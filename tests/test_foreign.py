@@ -33,6 +33,7 @@ WORKER_MODULES = [
     "files/run_values",
     "files/modelref",
     "files/storage",
+    "files/untrusted",
     "numerics/__init__",
     "numerics/metrics",
     "numerics/streamdiff",

@@ -108,7 +108,9 @@ def test_npz_inputs(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"lacks input\(s\) image"):
         load_feeds(tmp_path / "empty.npz", spec)
     (tmp_path / "junk.npz").write_text("junk")
-    with pytest.raises(InputError, match=r"is not a readable \.npz"):
+    with pytest.raises(
+        InputError, match=r"junk.npz: not an \.npz \(not a zip archive\); save it with numpy.savez"
+    ):
         load_feeds(tmp_path / "junk.npz", spec)
 
 

@@ -11,6 +11,7 @@ from xbackend.numerics.values import value_name
 __all__ = [
     "CONTROL",
     "HIDDEN",
+    "Ours",
     "cell",
     "code_span",
     "fenced",
@@ -128,9 +129,17 @@ def _prose_text(s: str) -> str:
     return "".join(out)
 
 
+class Ours(str):
+    """Markdown the report writes itself into a table cell (a link to its own file, built from
+    inert names): cell() leaves it as it is, but for pipes."""
+
+
 def cell(text: object) -> str:
-    """One table cell: a pipe or a line break would end it, raw HTML would render, a URL or an
-    e-mail address would become a link. The report's own bold stays; a code span stays whole."""
+    """One table cell: a pipe or a line break would end it, raw HTML would render, a URL, an
+    e-mail address or [text](target) would become a link. The report's own bold stays; a code
+    span stays whole; Ours is the report's own."""
+    if isinstance(text, Ours):
+        return str(text).replace("|", "\\|")
     s = visible(CONTROL.sub(" ", str(text)))
     out, at = [], 0
     for m in _SPAN.finditer(s):
@@ -143,7 +152,7 @@ def cell(text: object) -> str:
 def _cell_text(s: str) -> str:
     if "`" in s or _EMAIL.search(s):
         return code_span(s)
-    return _unlinked(_LINK.sub(r"\\\g<0>", s.replace("<", "&lt;")))
+    return _unlinked(_LINK.sub(r"\\[", s.replace("<", "&lt;")))
 
 
 # a link's or an image's opening bracket, where no backslash already makes it text

@@ -104,21 +104,22 @@ def _shown(value: object) -> str:
 
 
 MAX_DEPTH = 64  # nesting no file xbackend writes comes near (a report: 12); deeper is refused
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_BRACKET = re.compile(rb"[\[\]{}]")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
 
 
 def json_loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     """json.loads for a file from others: nesting past `max_depth` is a ValueError before it is
     parsed (json's recursion would end in a RecursionError), as is anything else json refuses."""
-    raw = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else bytes(text)
+    # bytes not UTF-8: a UnicodeDecodeError, a ValueError, refused alike
+    s = text if isinstance(text, str) else bytes(text).decode("utf-8")
     depth = deepest = 0
-    for m in _BRACKET.finditer(_STRING.sub(b"", raw)):
-        depth += 1 if m.group() in (b"[", b"{") else -1
+    for m in _BRACKET.finditer(_STRING.sub("", s)):
+        depth += 1 if m.group() in "[{" else -1
         deepest = max(deepest, depth)
     if deepest > max_depth:
         raise ValueError(f"nested {deepest} levels deep (at most {max_depth})")
     try:
-        return json.loads(raw)
+        return json.loads(s)
     except RecursionError:
         raise ValueError(f"nested too deep (at most {max_depth} levels)") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from xbackend.files.textfmt import fold, gib, module_note
+from xbackend.files.textfmt import fold, gib, inert, module_note
 from xbackend.files.textfmt import num as _num
 from xbackend.files.textfmt import table as _table
 from xbackend.probes.registry import PROBES
@@ -158,7 +158,7 @@ def runs_section(r: Result) -> list[str]:
 
 
 def exposure_section(r: Result) -> list[str]:
-    rows = [[b.name, t, why] for b in r.backends for t, why in b.not_exposed]
+    rows = [[b.name, inert(t), why] for b in r.backends for t, why in b.not_exposed]
     if not rows:
         return []
     return ["## Tensors a backend could not expose", "", *_table(["backend", "tensor", "reason"], rows)]

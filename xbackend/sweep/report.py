@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from xbackend.files.textfmt import fenced, inert, only_our_html, prose, short, table, with_module
+from xbackend.files.textfmt import Ours, fenced, inert, only_our_html, prose, short, table, with_module
 from xbackend.results import Result
 from xbackend.sweep.outcomes import FleetJob, FleetResult, ModelOutcome, node_label, relpath
 
@@ -309,7 +309,7 @@ def _md_matrix(r: FleetResult, d: Mapping[str, Any]) -> list[str]:
     backends = [b.name for b in r.spec.backends]
     rows = []
     for m in r.models:
-        name = f"[{inert(m.entry.name)}]({m.report})" if m.result is not None else inert(m.entry.name)
+        name = Ours(f"[{inert(m.entry.name)}]({m.report})") if m.result is not None else inert(m.entry.name)
         cells = [d["matrix"][m.entry.name].get(b) for b in backends]
         rows.append([name, *("–" if e is None else cell_for(e) for e in cells)])
     return [
