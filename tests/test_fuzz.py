@@ -144,6 +144,37 @@ def test_onnx_reader(
 
 @FUZZ
 @given(
+    data=st.binary(max_size=200),
+    flips=st.lists(st.integers(0, 10**6), max_size=6),
+    dims=st.lists(st.integers(-3, 2**31), max_size=4),
+)
+def test_input_pb_reader(
+    relu: Path, tmp_path_factory: pytest.TempPathFactory, data: bytes, flips: list[int], dims: list[int]
+) -> None:
+    """--inputs DIR of input_N.pb files (ONNX's test-data layout): random bytes, a valid
+    TensorProto with bits flipped, and one whose dims claim any size over the bytes it holds."""
+    from onnx import numpy_helper
+
+    from xbackend.model.inputs import load_feeds
+    from xbackend.model.load import load_model
+
+    spec, _ = load_model(relu)
+    t = numpy_helper.from_array(np.ones((2, 4), np.float32), "x")
+    valid = bytearray(t.SerializeToString())
+    for f in flips:
+        valid[f % len(valid)] ^= 1 << (f % 8)
+    claimed = onnx.TensorProto()
+    claimed.CopyFrom(t)
+    del claimed.dims[:]
+    claimed.dims.extend(dims)
+    for k, blob in enumerate((data, bytes(valid), claimed.SerializeToString())):
+        folder = tmp_path_factory.mktemp("pb")
+        (folder / "input_0.pb").write_bytes(blob)
+        _only_clean_errors(lambda d=folder: load_feeds(d, spec))
+
+
+@FUZZ
+@given(
     arrays=st.dictionaries(
         st.sampled_from(["x", "y", "z", ""]),
         st.tuples(
