@@ -167,7 +167,7 @@ def test_input_pb_reader(
     claimed.CopyFrom(t)
     del claimed.dims[:]
     claimed.dims.extend(dims)
-    for k, blob in enumerate((data, bytes(valid), claimed.SerializeToString())):
+    for blob in (data, bytes(valid), claimed.SerializeToString()):
         folder = tmp_path_factory.mktemp("pb")
         (folder / "input_0.pb").write_bytes(blob)
         _only_clean_errors(lambda d=folder: load_feeds(d, spec))
