@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,6 +121,10 @@ def parse_shape(text: str) -> tuple[str, Shape]:
     return name, shape
 
 
+# a dimension an image model fixes at export (its channels, its size): no guess of 1 runs it
+_IMAGE = re.compile(r"(?i)height|width|channel|image_size|(^|_)[hw]$")
+
+
 def _resolve_shape(spec: TensorSpec, override: Shape | None) -> Shape:
     if spec.shape is None:
         if override is None:
@@ -130,6 +135,14 @@ def _resolve_shape(spec: TensorSpec, override: Shape | None) -> Shape:
     if override is None:
         if spec.dynamic_dims:
             syms = ", ".join("?" if spec.shape[i] is None else str(spec.shape[i]) for i in spec.dynamic_dims)
+            image = [str(d) for d in spec.shape if isinstance(d, str) and _IMAGE.search(d)]
+            if image:  # an image's channels and size are the model's, not any size: ask for them
+                sizes = ",".join(str(d) if isinstance(d, int) else str(d).upper() for d in spec.shape)
+                raise InputError(
+                    f"input {spec.name!r} has dynamic dimension(s) {syms} in shape {spec.shape_str()}; "
+                    f"pass --shape {spec.name}={sizes} with the {', '.join(image)} it was exported for "
+                    "(a size it was not built for fails in the model)"
+                )
             example = ",".join(str(d) if isinstance(d, int) else "1" for d in spec.shape)
             raise InputError(
                 f"input {spec.name!r} has dynamic dimension(s) {syms} in shape {spec.shape_str()}; "
