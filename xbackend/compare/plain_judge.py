@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
-from onnx import helper
 
 from xbackend.bounds.element import AUX
 from xbackend.bounds.propagation import PROP
@@ -30,7 +29,7 @@ from xbackend.execution.executor import Executor, Job
 from xbackend.execution.protocol import Phase
 from xbackend.model.extdata import uses_external_data, write_rewritten
 from xbackend.model.load import ModelRef, ModelSpec, load_proto
-from xbackend.model.sever import SEVERED, Severed
+from xbackend.model.sever import SEVERED, Severed, sever
 from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.results import BackendResult
 from xbackend.results.explanation import UNFUSED, LocalErrors, Origin, PlainOutputs
@@ -171,26 +170,13 @@ def _sever(
 ) -> Severed:
     """`proto` with each stretch reading what an earlier stretch computes from graph inputs (the
     reference's values), and exposing its cuts."""
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    g = out.graph
-    made = {o: k for k, n in enumerate(g.node) for o in n.output if o}
-    crossing = {*cutting.cuts, *cutting.hidden}
-    fed: dict[str, None] = {}
-    for k, node in enumerate(g.node):
-        for i, name in enumerate(node.input):
-            if name in crossing and cutting.stretch[made[name]] != cutting.stretch[k]:
-                node.input[i] = SEVERED + name
-                fed[name] = None
-    for name in fed:
-        elem, shape = available[name]
-        g.input.append(helper.make_tensor_value_info(SEVERED + name, elem, list(shape)))
-    have = {o.name for o in g.output}
-    for name in cutting.cuts:
-        if name not in have:
-            elem, shape = available[name]
-            g.output.append(helper.make_tensor_value_info(name, elem, list(shape)))
-    return Severed(out, tuple(fed))
+    made = {o: k for k, n in enumerate(proto.graph.node) for o in n.output if o}
+    crossing = {t: available[t] for t in (*cutting.cuts, *cutting.hidden)}
+
+    def elsewhere(name: str, k: int) -> bool:  # read in another stretch than its own
+        return cutting.stretch[made[name]] != cutting.stretch[k]
+
+    return sever(proto, crossing, elsewhere, set(cutting.cuts))
 
 
 def _planned_run(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from xbackend.numerics.values import value_name
 
@@ -111,12 +111,16 @@ def inert(text: object) -> str:
 def prose(text: object) -> str:
     """A line of the report's own text that quotes names (a verdict, a note): its code spans
     stay, and what lies between them is made inert (an e-mail address becomes a code span)."""
-    s = visible(CONTROL.sub(" ", str(text)))
+    return _between_spans(visible(CONTROL.sub(" ", str(text))), _prose_text)
+
+
+def _between_spans(s: str, made_inert: Callable[[str], str]) -> str:
+    """`s` with `made_inert` applied to the text between its code spans (the spans kept whole)."""
     out, at = [], 0
     for m in _SPAN.finditer(s):
-        out += [_prose_text(s[at : m.start()]), m.group(0)]
+        out += [made_inert(s[at : m.start()]), m.group(0)]
         at = m.end()
-    out.append(_prose_text(s[at:]))
+    out.append(made_inert(s[at:]))
     return "".join(out)
 
 
@@ -140,13 +144,7 @@ def cell(text: object) -> str:
     span stays whole; Ours is the report's own."""
     if isinstance(text, Ours):
         return str(text).replace("|", "\\|")
-    s = visible(CONTROL.sub(" ", str(text)))
-    out, at = [], 0
-    for m in _SPAN.finditer(s):
-        out += [_cell_text(s[at : m.start()]), m.group(0)]
-        at = m.end()
-    out.append(_cell_text(s[at:]))
-    return "".join(out).replace("|", "\\|")
+    return _between_spans(visible(CONTROL.sub(" ", str(text))), _cell_text).replace("|", "\\|")
 
 
 def _cell_text(s: str) -> str:

@@ -10,7 +10,7 @@ stays connected.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import onnx
@@ -29,18 +29,25 @@ class Severed:
     inputs: tuple[str, ...]
 
 
-def sever(proto: onnx.ModelProto, available: Mapping[str, tuple[int, tuple[int, ...]]]) -> Severed:
+def sever(
+    proto: onnx.ModelProto,
+    available: Mapping[str, tuple[int, tuple[int, ...]]],
+    reads_fed: Callable[[str, int], bool] | None = None,
+    exposed: Collection[str] | None = None,
+) -> Severed:
     """`proto` with each node input that another node computes, and that `available` holds
-    (name -> (ONNX element type, shape)), read from a graph input instead."""
+    (name -> (ONNX element type, shape)), read from a graph input instead: every such read, or
+    those `reads_fed(tensor, node index)` chooses (a stretch reads its own tensors itself). The
+    computed tensors of `available` are outputs (`exposed`: only those)."""
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     g = out.graph
     order = [o for n in g.node for o in n.output if o]
     computed = set(order)
     fed: dict[str, None] = {}
-    for node in g.node:
+    for k, node in enumerate(g.node):
         for i, name in enumerate(node.input):
-            if name in computed and name in available:
+            if name in computed and name in available and (reads_fed is None or reads_fed(name, k)):
                 node.input[i] = SEVERED + name
                 fed[name] = None
     for name in fed:
@@ -50,7 +57,7 @@ def sever(proto: onnx.ModelProto, available: Mapping[str, tuple[int, tuple[int, 
     # more would be dropped as dead code by engines that prune on import (OpenVINO).
     have = {o.name for o in g.output}
     for n in order:
-        if n not in have and n in available:  # typed: checkers (the oracle's) want a type
-            elem, shape = available[n]
+        if n not in have and n in available and (exposed is None or n in exposed):
+            elem, shape = available[n]  # typed: checkers (the oracle's) want a type
             g.output.append(helper.make_tensor_value_info(n, elem, list(shape)))
     return Severed(out, tuple(fed))
