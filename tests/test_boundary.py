@@ -27,9 +27,11 @@ X4 = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
 Y4 = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
 
 
-def _relu(folder: Path) -> Path:
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [X4], [Y4])
-    path = folder / "relu.onnx"
+def _relu(folder: Path, dims: tuple[int | str, ...] = (4,), name: str = "relu.onnx") -> Path:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(dims))
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    path = folder / name
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
 
@@ -469,15 +471,6 @@ def test_a_certificates_values_are_checked_not_only_its_types(
     one_line_error(err, "its verificationMaterial is not an object with a publicKey object")
 
 
-def _dynamic(folder: Path) -> Path:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
-    path = folder / "dyn.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
-
-
 def test_an_npz_is_judged_by_its_headers_before_any_array_is_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -490,7 +483,7 @@ def test_an_npz_is_judged_by_its_headers_before_any_array_is_read(
 
     import numpy as np
 
-    model = _dynamic(tmp_path)
+    model = _relu(tmp_path, ("n", 4), "dyn.onnx")
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2**28,)})
     with zipfile.ZipFile(tmp_path / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as z, z.open("x.npy", "w") as f:

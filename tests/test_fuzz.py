@@ -237,28 +237,33 @@ def capture(relu: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_capture_manifest_reader(
     capture: Path, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
 ) -> None:
-    import hashlib
-
     from xbackend.results.capture_record import open_capture
 
     valid = json.loads((capture / "capture.json").read_text("utf-8"))
     manifest = data.draw(_mutations(valid))
     folder = tmp_path_factory.mktemp("mf") / "cap"
     shutil.copytree(capture, folder)
-    text = _dumps(manifest)
-    (folder / "capture.json").write_text(text)
-    sums = (folder / "SHA256SUMS").read_text().splitlines()
-    sums = [line for line in sums if not line.endswith("  capture.json")]
-    sums.append(f"{hashlib.sha256(text.encode()).hexdigest()}  capture.json")
-    (folder / "SHA256SUMS").write_text("\n".join(sums) + "\n")  # resealed: the reader must judge it
+    (folder / "capture.json").write_text(_dumps(manifest))
+    _reseal(folder, "capture.json")  # the reader must judge it
     _only_clean_errors(lambda: open_capture(folder))
+
+
+def _reseal(folder: Path, *files: str) -> None:
+    """The capture's checksums of `files` recomputed: only the reader's own checks stand."""
+    import hashlib
+
+    sums = []
+    for line in (folder / "SHA256SUMS").read_text().splitlines():
+        digest, _, file = line.partition("  ")
+        if file in files:
+            digest = hashlib.sha256((folder / file).read_bytes()).hexdigest()
+        sums.append(f"{digest}  {file}")
+    (folder / "SHA256SUMS").write_text("\n".join(sums) + "\n")
 
 
 def _reseal_values(folder: Path, name: str, index_text: str) -> None:
     """`name` (a value file of the capture in `folder`) with `index_text` as its index, the
     manifest's size and the checksums made to match: only the reader's own checks stand."""
-    import hashlib
-
     from xbackend.files.storage import END
 
     path = folder / name
@@ -269,23 +274,19 @@ def _reseal_values(folder: Path, name: str, index_text: str) -> None:
     path.write_bytes(body)
     manifest = json.loads((folder / "capture.json").read_text("utf-8"))
     manifest["files"][name] = len(body)
-    text = json.dumps(manifest)
-    (folder / "capture.json").write_text(text)
-    sums = []
-    for line in (folder / "SHA256SUMS").read_text().splitlines():
-        digest, _, file = line.partition("  ")
-        if file in (name, "capture.json"):
-            digest = hashlib.sha256((folder / file).read_bytes()).hexdigest()
-        sums.append(f"{digest}  {file}")
-    (folder / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    (folder / "capture.json").write_text(json.dumps(manifest))
+    _reseal(folder, name, "capture.json")
 
 
-def _index(capture: Path) -> tuple[str, dict[str, Any]]:
+def _copied(capture: Path, factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Any]]:
+    """A copy of the capture, its value file other than the inputs', and that file's index."""
     from xbackend.files.storage import ValueFile
 
-    name = next(n for n in json.loads((capture / "capture.json").read_text())["files"] if n != "inputs.xbv")
-    with ValueFile(capture / name) as f:
-        return name, {"entries": [[k, v] for k, v in f._index.items()]}
+    folder = factory.mktemp("vf") / "cap"
+    shutil.copytree(capture, folder)
+    name = next(n for n in json.loads((folder / "capture.json").read_text())["files"] if n != "inputs.xbv")
+    with ValueFile(folder / name) as f:
+        return folder, name, {"entries": [[k, v] for k, v in f._index.items()]}
 
 
 # crafted value-file records: each refused before anything large is allocated
@@ -310,9 +311,7 @@ def test_a_crafted_value_file_in_a_resealed_capture_is_one_line(
     from xbackend.errors import InputError
     from xbackend.results.capture_record import load_capture
 
-    folder = tmp_path_factory.mktemp("vf") / "cap"
-    shutil.copytree(capture, folder)
-    name, index = _index(folder)
+    folder, name, index = _copied(capture, tmp_path_factory)
     first = index["entries"][0][1]
     first.update(CRAFTED[case])
     _reseal_values(folder, name, json.dumps(index))
@@ -327,9 +326,7 @@ def test_a_value_file_nested_5000_deep_is_one_line(
     from xbackend.errors import InputError
     from xbackend.results.capture_record import load_capture
 
-    folder = tmp_path_factory.mktemp("vf") / "cap"
-    shutil.copytree(capture, folder)
-    name, _ = _index(folder)
+    folder, name, _ = _copied(capture, tmp_path_factory)
     deep = '{"kind": "sequence", "items": [' * 5000 + "]}" * 5000
     _reseal_values(folder, name, '{"entries": [["y", ' + deep + "]]}")
     with pytest.raises(InputError, match="nested 10003 levels deep"):
@@ -345,9 +342,7 @@ def test_value_file_reader(
     confusion included, the capture resealed: load_capture answers or raises one XbackendError."""
     from xbackend.results.capture_record import load_capture
 
-    folder = tmp_path_factory.mktemp("vf") / "cap"
-    shutil.copytree(capture, folder)
-    name, index = _index(folder)
+    folder, name, index = _copied(capture, tmp_path_factory)
     _reseal_values(folder, name, _dumps(data.draw(_mutations(index))))
     _only_clean_errors(lambda: load_capture(folder))
 
