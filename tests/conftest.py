@@ -40,6 +40,7 @@ PLUGINS = {
     "test-fuse": "plugin_runners:FuseUnexposedRunner",
     "test-onnx-load": "plugin_runners:OnnxLoadRunner",
     "test-flush": "plugin_runners:FlushRunner",
+    "test-half-probs": "plugin_runners:HalfProbsRunner",
 }
 
 

@@ -909,3 +909,28 @@ class FlushRunner(OrtCpuRunner):
             v = out[k]
             out[k] = np.where(np.abs(v) < float(self.options["below"]), np.float32(0), v)
         return out
+
+
+class HalfProbsRunner(ReferenceRunner):
+    """The reference evaluator whose attention kernels (com.microsoft Attention,
+    MultiHeadAttention, GroupQueryAttention) round the softmax's probabilities to float16 before
+    P·V, as a half-precision attention kernel does: a relative 2^-11 inside one fused node."""
+
+    name = "test-half-probs"
+    description = "reference with float16 attention probabilities"
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        from xbackend.runners import contrib_transformer  # this worker process's kernels only
+
+        contrib_transformer._attend = _half_attend  # type: ignore[assignment]
+        return super().prepare_impl(model, tensors)
+
+
+def _half_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, add: Any, scale: float, *_: Any,
+                 **__: Any) -> tuple[np.ndarray, None]:  # fmt: skip
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = scale * np.matmul(q, np.swapaxes(k, -1, -2)) + (0 if add is None else add)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = (e / e.sum(axis=-1, keepdims=True)).astype(np.float16).astype(q.dtype)
+    return np.matmul(p, v), None

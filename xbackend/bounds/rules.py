@@ -207,14 +207,15 @@ def _normalization(
     x: str = "",
     simplified: bool = False,
     carried: str = "",
+    shape: tuple[int, ...] | None = None,
 ) -> NodeBound:
     """(x - μ)/σ·γ + β over `axes`, as a stable (two-pass) algorithm computes it: z = (x - μ)/σ
     is off by u·(|z|·(λ·sqrt(n)/2 + 3) + (λ·sqrt(n) + 2)·mean|x|/σ) (the mean's error, the
     variance's relative error halved by the square root, the subtraction and division), then
     scaled by |γ|, plus the rounding of z·γ + β. `carried`: an error the input already holds
     (in units of u; a fused residual add's), propagated to first order: (e + mean e + |z|·mean|z|e)/σ.
-    `simplified`: RMS normalization (no mean)."""
-    sx = n.shape(0)
+    `simplified`: RMS normalization (no mean); `shape`: x's, where x is not the node's first input."""
+    sx = shape or n.shape(0)
     assert sx is not None
     terms = int(np.prod([sx[a] for a in axes]))
     eps = float(n.attr("epsilon", 1e-12 if n.node.domain == "com.microsoft" else 1e-5))
@@ -419,7 +420,50 @@ def _gelu_like(
     return rule
 
 
+# Kernels whose bound xbackend.runners.contrib_transformer computes (BOUND_OP's output, in u):
+# (a, b) of u·(a·|v| + b·M), and why
+_COMPUTED = {
+    "Attention": (1.0, 1.0, "composed: QKV projection, Q·Kᵀ, softmax and P·V (Higham & Mary per product)"),
+    "MultiHeadAttention": (1.0, 1.0, "composed: Q·Kᵀ, softmax and P·V (Higham & Mary per product)"),
+    "GroupQueryAttention": (1.0, 1.0, "composed: rotary, Q·Kᵀ, softmax and P·V (Higham & Mary per product)"),
+    "RotaryEmbedding": (1.0, 2.0, "x1·cos ∓ x2·sin: two rounded products and their sum"),
+    "BiasSplitGelu": (3.0, 17.2, "the bias add, Gelu (measured: u·(|g| + 16·|x|)) and the product"),
+    "BiasAdd": (1.0, 1.0, "two rounded adds"),
+    "MatMulNBits": (1.0, 1.0, "Higham & Mary over K, each weight's dequantization rounded once; "
+                    "accuracy_level 4: its int8 activations' steps"),
+}  # fmt: skip
+BOUND_OP = "XbackendBound"  # xbackend.runners.contrib's magnitude of a kernel of _COMPUTED
+
+
+def _computed(n: NodeView, bld: Builder) -> NodeBound | None:
+    op = n.node.op_type
+    a, b, source = _COMPUTED[op]
+    bld.final(BOUND_OP, *n.node.input, domain="com.microsoft", of=op, **n.attrs)
+    return NodeBound(op, "composite", a=a, b=b, source=source)
+
+
+def _embed_norm(n: NodeView, bld: Builder) -> NodeBound | None:
+    """EmbedLayerNormalization: LayerNormalization of the gathered embeddings' sum, its two adds'
+    rounding carried through."""
+    shape = n.shapes.get(n.node.output[0])
+    if shape is None:
+        return None
+    ins = [*n.node.input, "", "", ""]
+    s = bld.op(BOUND_OP, *n.node.input, domain="com.microsoft", of=n.node.op_type, **n.attrs)
+    carried = bld.op("Mul", bld.abs(s), bld.const(2.0))
+    found = _normalization(n, bld, [len(shape) - 1], ins[5], ins[6], x=s, carried=carried, shape=shape)
+    return replace(found, source="composed: the embeddings' adds carried through LayerNormalization's bound")
+
+
+def _gathers(n: NodeView, bld: Builder) -> NodeBound:
+    """T5's buckets are integers; the table's values are gathered."""
+    return NodeBound(n.node.op_type, "exact", source="gathers a table's rows")
+
+
 _CONTRIB: dict[str, Callable[[NodeView, Builder], NodeBound | None]] = {
+    **{op: _computed for op in _COMPUTED},
+    "EmbedLayerNormalization": _embed_norm,
+    "RelativePositionBias": _gathers,
     "SkipLayerNormalization": _skip_norm,
     "SkipSimplifiedLayerNormalization": _skip_norm,
     "SimplifiedLayerNormalization": _simplified_norm,

@@ -77,8 +77,12 @@ def explain(
     if opts.noise_samples == 0:
         return Explanation("unavailable", DECLINED)
     others = [b for n, b in builds.items() if n not in (ref, EXPECTED) and b.ok]
-    if not others:
-        return Explanation("unavailable")  # nothing is compared with the reference
+    if not others:  # nothing is compared with the reference: silent unless a backend failed
+        failed = sorted(n for n, b in builds.items() if n != EXPECTED and not b.ok)
+        if not failed:
+            return Explanation("unavailable")
+        why = f"{', '.join(failed)} did not run: no backend was judged against float64, {ref} included"
+        return Explanation("unavailable", why)
     no_room, judge_disk = explanation_disk(ctx.work, ctx.run_bytes, len(others))
     too_big = too_big or no_room
     ctx = replace(ctx, judge_disk=judge_disk)  # its notes stay the caller's list

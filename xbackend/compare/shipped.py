@@ -33,6 +33,7 @@ from xbackend.execution.executor import Job, JobOutcome
 from xbackend.execution.protocol import OUTPUTS, Phase
 from xbackend.model.extdata import write_rewritten
 from xbackend.model.load import ModelRef, ModelSpec, load_proto
+from xbackend.model.ortdomain import ORT_IN_ONNX_DOMAIN, as_contrib
 from xbackend.model.sever import SEVERED, sever
 from xbackend.numerics.values import Value
 from xbackend.runners.contrib import CONTRIB_DOMAIN, CONTRIB_OPS
@@ -75,11 +76,6 @@ def shipped_job(name: str, cls: type, variant: tuple[tuple[str, str], ...], spec
     return Job(f"explain-optimized-{name}", name, cls, options, feeds, (phase,)), path
 
 
-# Kernels ONNX Runtime registers in the ONNX domain though ONNX has no such op (its optimizer
-# turns RMSNorm into SimplifiedLayerNormalization): the judge evaluates them as com.microsoft ops.
-ORT_IN_ONNX_DOMAIN = frozenset({"SimplifiedLayerNormalization"})
-
-
 def _unevaluable(proto: onnx.ModelProto) -> list[str]:
     """Kernels of the optimized graph that xbackend cannot evaluate in float64."""
     out = set()
@@ -94,20 +90,8 @@ def _unevaluable(proto: onnx.ModelProto) -> list[str]:
 
 
 def judge_copy(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """`proto` as the float64 judge reads it: ONNX Runtime's kernels in the ONNX domain moved to
-    com.microsoft, where xbackend evaluates them (with their ONNX-domain default epsilon)."""
-    if not any(n.domain in STANDARD and n.op_type in ORT_IN_ONNX_DOMAIN for n in proto.graph.node):
-        return proto
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    for n in out.graph.node:
-        if n.domain in STANDARD and n.op_type in ORT_IN_ONNX_DOMAIN:
-            n.domain = CONTRIB_DOMAIN
-            if not any(a.name == "epsilon" for a in n.attribute):
-                n.attribute.append(onnx.helper.make_attribute("epsilon", 1e-5))
-    if not any(o.domain == CONTRIB_DOMAIN for o in out.opset_import):
-        out.opset_import.append(onnx.helper.make_opsetid(CONTRIB_DOMAIN, 1))
-    return out
+    """`proto` as the float64 judge reads it (xbackend.model.ortdomain)."""
+    return as_contrib(proto)
 
 
 def covered_nodes(original: onnx.ModelProto, optimized: onnx.ModelProto) -> dict[str, tuple[str, ...]]:

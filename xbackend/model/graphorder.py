@@ -59,14 +59,27 @@ def index_bounds(g: onnx.GraphProto, init_names: set[str]) -> dict[str, int]:
         if n.op_type in _SAME_VALUES and n.input and n.input[0] in carries and to in _INDEX_TYPES:
             carries[n.output[0]] = carries[n.input[0]]
     out: dict[str, int] = {}
-    for n in g.node:
-        if n.op_type != "Gather" or len(n.input) < 2 or n.input[1] not in carries or n.input[0] not in dims:
-            continue
-        axis = next((int(a.i) for a in n.attribute if a.name == "axis"), 0)
-        shape = dims[n.input[0]]
-        if shape and -len(shape) <= axis < len(shape):
-            rows, source = int(shape[axis]), carries[n.input[1]]
+    for ids, table, axis in _lookups(g):
+        shape = dims.get(table)
+        if ids in carries and shape and -len(shape) <= axis < len(shape):
+            rows, source = int(shape[axis]), carries[ids]
             out[source] = min(rows, out.get(source, rows))
+    return out
+
+
+# ONNX Runtime's EmbedLayerNormalization: (ids input, the table it indexes), by position
+_EMBED_LOOKUPS = ((0, 2), (1, 4), (8, 3))
+
+
+def _lookups(g: onnx.GraphProto) -> list[tuple[str, str, int]]:
+    """(indices, table, axis) of each Gather, and of each embedding EmbedLayerNormalization does."""
+    out = []
+    for n in g.node:
+        if n.op_type == "Gather" and len(n.input) >= 2:
+            out.append((n.input[1], n.input[0], next((int(a.i) for a in n.attribute if a.name == "axis"), 0)))
+        elif n.op_type == "EmbedLayerNormalization" and n.domain == "com.microsoft":
+            ins = [*n.input, *[""] * 9]
+            out += [(ins[i], ins[t], 0) for i, t in _EMBED_LOOKUPS if ins[i] and ins[t]]
     return out
 
 

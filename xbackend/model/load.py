@@ -33,6 +33,7 @@ from xbackend.model.extdata import (
 )
 from xbackend.model.extdata import load_external as read_weights
 from xbackend.model.graphorder import index_bounds, sort_nodes
+from xbackend.model.ortdomain import as_contrib, has_ort_onnx_ops
 
 __all__ = [
     "ModelRef",
@@ -468,6 +469,8 @@ def _check(proto: onnx.ModelProto, path: Path, external: bool) -> None:
     # From the path when weights live in files beside it (the C++ checker finds them there);
     # else a copy without the large weights, whose byte counts are checked on the way.
     target: str | onnx.ModelProto = str(path) if external else _without_large_weights(proto, path)
+    if has_ort_onnx_ops(proto):  # the checker knows them as com.microsoft ops
+        target = as_contrib(_without_large_weights(proto, path) if external else target)  # type: ignore[arg-type]
     try:
         onnx.checker.check_model(target)
     except Exception as e:

@@ -3,8 +3,11 @@ from their definitions in ONNX Runtime's ContribOperators.md, in whatever precis
 float64 on the oracle, so the graph ORT really runs (its optimized model) can be judged node by
 node against float64.
 
-Only the fusions ONNX Runtime's CPU graph optimizer makes by default are here; `CONTRIB_OPS`
-names them, and a graph holding any other com.microsoft op is judged on its unfused form.
+Here: the fusions ONNX Runtime's CPU graph optimizer makes by default, and (from
+xbackend.runners.contrib_transformer) the kernels its transformer optimizer and quantizers write
+into models (attention, rotary, MatMulNBits, ...), each with BOUND_OP, the judged graph's
+magnitude of such a kernel. `CONTRIB_OPS` names them; an optimized graph holding any other
+com.microsoft op is judged on its unfused form.
 
 Also here: standard ops onnx's evaluator has no kernel for at the opset a model declares
 (DequantizeLinear before opset 19: QDQ models from ONNX Runtime's quantizer at opset 13 to 18);
@@ -19,6 +22,8 @@ import math
 from typing import Any
 
 import numpy as np
+
+from xbackend.runners.contrib_transformer import KERNELS, TRANSFORMER_OPS
 
 __all__ = ["BELOW_FLOAT64_OPS", "CONTRIB_DOMAIN", "CONTRIB_OPS", "contrib_ops", "legacy_ops"]
 
@@ -37,6 +42,7 @@ CONTRIB_OPS = frozenset(
         "BiasGelu",
         "Gelu",
         "SimplifiedLayerNormalization",  # ONNX Runtime registers it in the ONNX domain (see compare.shipped)
+        *TRANSFORMER_OPS,
     }
 )
 
@@ -102,7 +108,7 @@ def contrib_ops() -> list[type]:
             axes = tuple(range((-1 if axis is None else int(axis)) % x.ndim, x.ndim))
             eps = 1e-5 if epsilon is None else float(epsilon)
             inv = 1 / np.sqrt(np.mean(x * x, axis=axes, keepdims=True) + eps)
-            return ((x * inv * scale).astype(x.dtype), inv.astype(x.dtype))[: len(self.onnx_node.output)]
+            return _named(self, ((x * inv * scale).astype(x.dtype), inv.astype(x.dtype)))
 
     class Gelu(OpRun):  # com.microsoft's: the exact (erf) form
         op_domain = CONTRIB_DOMAIN
@@ -119,7 +125,7 @@ def contrib_ops() -> list[type]:
             eps = 1e-12 if epsilon is None else float(epsilon)
             s = x + skip + (0 if bias is None else bias)
             y = _layer_norm(s, gamma, beta, eps, False)
-            return (y, *_stats(s, eps, False), s)[: len(self.onnx_node.output)]
+            return _named(self, (y, *_stats(s, eps, False), s))
 
     class SkipSimplifiedLayerNormalization(OpRun):
         op_domain = CONTRIB_DOMAIN
@@ -128,7 +134,7 @@ def contrib_ops() -> list[type]:
             eps = 1e-12 if epsilon is None else float(epsilon)
             s = x + skip + (0 if bias is None else bias)
             y = _layer_norm(s, gamma, None, eps, True)
-            return (y, *_stats(s, eps, True), s)[: len(self.onnx_node.output)]
+            return _named(self, (y, *_stats(s, eps, True), s))
 
     class FusedMatMul(OpRun):
         op_domain = CONTRIB_DOMAIN
@@ -198,7 +204,15 @@ def contrib_ops() -> list[type]:
             v = a + b
             return (0.5 * v * (1 + _erf(v / math.sqrt(2))),)
 
+    class XbackendBound(OpRun):  # BOUND_OP: a kernel's bound (or EmbedLayerNormalization's sum)
+        op_domain = CONTRIB_DOMAIN
+
+        def _run(self, *inputs: Any, of: Any = None, **attrs: Any) -> Any:
+            return (KERNELS[_text(of)](*inputs, want=True, **attrs)[1],)
+
     return [
+        *(_kernel(OpRun, name) for name in sorted(KERNELS)),
+        XbackendBound,
         Erf,
         SimplifiedLayerNormalization,
         Gelu,
@@ -210,6 +224,23 @@ def contrib_ops() -> list[type]:
         QuickGelu,
         BiasGelu,
     ]
+
+
+def _named(op: Any, outs: Any) -> tuple[Any, ...]:
+    """As many outputs as the node lists."""
+    return tuple(outs[: len(op.onnx_node.output)])
+
+
+def _kernel(base: type, name: str) -> type:
+    """An evaluator op for KERNELS[name]: float results in the dtype of its first float input."""
+    kernel = KERNELS[name]
+
+    def _run(self: Any, *inputs: Any, **attrs: Any) -> Any:
+        floats = [i.dtype for i in inputs if isinstance(i, np.ndarray) and i.dtype.kind == "f"]
+        outs = [np.asarray(o) for o in kernel(*inputs, **attrs)[0]]
+        return _named(self, [o.astype(floats[0]) if floats and o.dtype.kind == "f" else o for o in outs])
+
+    return type(name, (base,), {"op_domain": CONTRIB_DOMAIN, "_run": _run})
 
 
 def legacy_ops(opset: int) -> list[type]:

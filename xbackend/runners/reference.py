@@ -21,6 +21,7 @@ from xbackend.errors import BackendUnavailableError, RunnerFailedError
 from xbackend.files.modelref import KNOWN_DOMAINS
 from xbackend.model.extdata import map_external
 from xbackend.model.load import ModelRef, load_proto
+from xbackend.model.ortdomain import as_contrib
 from xbackend.numerics.values import Value, normalize
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner
 from xbackend.runners.contrib import contrib_ops, legacy_ops
@@ -86,7 +87,7 @@ class ReferenceRunner(Runner):
         prune(proto, tensors)
         held = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
         weights = {k: v for k, v in weights.items() if k in held}
-        proto, weights = self.transform(proto, weights)
+        proto, weights = self.transform(as_contrib(proto), weights)
         self._reads = {i.name for i in proto.graph.input} & (graph_reads(proto.graph) | set(tensors))
         self._dead = last_uses(proto.graph, {*tensors, *self.kept()})
         self._tensor_seqs = {o.name for o in proto.graph.output if _sequence_of_tensors(o.type)}
@@ -227,7 +228,8 @@ def _evaluate(evaluator: Any, feeds: dict[str, Value], dead: list[list[str]]) ->
         inputs = [results[i] for i in node.input]
         outs = node.run(*inputs, context=results) if node.need_context() else node.run(*inputs)
         del inputs
-        results.update(zip(node.output, outs, strict=False))
+        # an omitted output ("") is never bound: "" stands for every omitted input, None
+        results.update((name, v) for name, v in zip(node.output, outs, strict=False) if name)
         del outs
         for name in drop:
             results.pop(name, None)
@@ -277,6 +279,7 @@ def _unnest(v: Any) -> Any:
 
 
 _NO_OP = re.compile(r"No registered implementation for operator '([^']+)' and domain '([^']*)'")
+_UNKNOWN = re.compile(r"Node type '([^']+)' from domain '([^']*)' is unknown")
 
 
 def _msg(e: BaseException) -> str:
@@ -287,4 +290,12 @@ def _msg(e: BaseException) -> str:
     if lacks:  # not the evaluator's list of every op it has
         op, domain = lacks.group(1), lacks.group(2) or "ai.onnx"
         return f"it has no implementation of {domain} {op}"
+    unknown = _UNKNOWN.search(text)
+    if unknown:
+        op, domain = unknown.group(1), unknown.group(2)
+        whose = ", an ONNX Runtime kernel" if domain == "com.microsoft" else ""
+        return (
+            f"xbackend has no float64 form of {domain}.{op}{whose} (the kernels it evaluates: "
+            "docs/explanations.md, 'ONNX Runtime's kernels')"
+        )
     return f"{type(e).__name__}: {text[:300]}"
