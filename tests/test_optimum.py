@@ -179,6 +179,12 @@ def test_a_torch_module_takes_an_optimum_kv_cache_export_positionally() -> None:
     t = r.backend("torch")
     assert t.ok and t.deterministic, t.reason
     assert dict(t.info)["weights_checked"] == "16 of 16 non-constant float tensors found in the model"
+    # judged at its modules, which optimum's node names map (/model/layers.0/self_attn/q_proj/...)
+    assert dict(t.info)["mapped_from"] == "the exporter's node names (unverified)"
+    le = r.explanation.local_for("torch")
+    assert le is not None and le.status == "ok" and le.origins == () and not le.unjudged, le
+    assert "/model/layers.1/self_attn/o_proj/MatMul_output_0" in {n.tensor for n in le.nodes}
+    assert len(le.nodes) >= 25 and r.cross("torch").explained is True
     c = r.cross("torch")
     assert {d.name for d in c.output_tensors} == {
         "logits",
@@ -188,3 +194,49 @@ def test_a_torch_module_takes_an_optimum_kv_cache_export_positionally() -> None:
         "present.1.value",
     }
     assert (c.scaled_ulp or 0) <= 16
+
+
+def test_a_loss_inside_one_torch_module_is_an_origin_at_its_tensor() -> None:
+    """tests/optimum/llama_torch.py:build_lossy rounds layer 1's o_proj output to bfloat16: torch
+    is judged at the module outputs optimum's node names map, so the origin is exactly there."""
+    pytest.importorskip("transformers")
+    r = xbackend.compare(
+        HERE / "llama.onnx",
+        backends="ort-cpu,torch,reference",
+        runs=1,
+        probes="none",
+        torch_module=f"{HERE / 'llama_torch.py'}:build_lossy",
+        shapes={k: v for k, v in LLM.items() if "+" not in k},
+        ranges=CACHED,
+    )
+    c = r.cross("torch")
+    assert [o.tensor for o in c.origins] == ["/model/layers.1/self_attn/o_proj/MatMul_output_0"], c.origins
+    assert c.origins[0].ratio > 4 and r.cross("ort-cpu").explained is True and r.exit_code == 1
+
+
+@pytest.mark.parametrize("family", sorted(set(CASES) - {"llama-nocache"}))
+def test_torch_is_explained_on_optimum_exports(family: str) -> None:
+    """tests/optimum/optimum_torch.py's adapters (the ONNX file's weights in the Hugging Face model,
+    the ONNX inputs positionally; a seq2seq decoder's cross-attention keys and values as given):
+    torch is judged at the module outputs optimum's node names map (ViT's fewer: transformers 5
+    renamed its modules) and EXPLAINED with no origin."""
+    pytest.importorskip("transformers")
+    shapes, ranges, _ = CASES[family]
+    r = xbackend.compare(
+        HERE / f"{family}.onnx",
+        backends="ort-cpu,torch,reference",
+        runs=1,
+        probes="none",
+        torch_module=f"{HERE / 'optimum_torch.py'}:{family.replace('-', '_')}",
+        shapes={k: v for k, v in shapes.items() if "+" not in k},
+        ranges=ranges,
+    )
+    t = r.backend("torch")
+    assert t.ok and dict(t.info)["mapped_from"] == "the exporter's node names (unverified)", t.reason
+    found, total = dict(t.info)["weights_checked"].split(" non-constant")[0].split(" of ")
+    # BERT's pooler is not in its export, nor a seq2seq model's other half in each of its files
+    assert int(found) >= (int(total) // 2 if "-" in family else int(total) - 1), t.info
+    le = r.explanation.local_for("torch")
+    assert le is not None and le.status == "ok", le
+    assert le.origins == () and not le.unjudged and len(le.nodes) >= (5 if family == "vit" else 20), le
+    assert r.exit_code == 0, r.verdict()

@@ -74,3 +74,12 @@ def build() -> torch.nn.Module:
     model.config._attn_implementation = "eager"
     _onnx_weights(model, HERE / "llama.onnx")
     return KVCacheLlama(model).eval()
+
+
+def build_lossy() -> torch.nn.Module:
+    """The same module with one known loss, for tests: layer 1's o_proj output rounded to
+    bfloat16 (a relative 2^-9), as a kernel that writes its result in bfloat16 would."""
+    module = build()
+    proj = module.model.model.layers[1].self_attn.o_proj
+    proj.register_forward_hook(lambda _m, _i, out: out.to(torch.bfloat16).to(out.dtype))
+    return module

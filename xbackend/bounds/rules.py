@@ -160,6 +160,11 @@ def _softmax_axes(n: NodeView) -> list[int] | None:
     return [axis] if n.opset >= 13 else list(range(axis, r))
 
 
+def _spread(bld: Builder, x: str, m: str) -> str:
+    """|x - max|, 0 where x is infinite: a masked (-inf) logit's probability is exactly 0."""
+    return bld.op("Where", bld.op("IsInf", x), bld.const(0.0), bld.abs(bld.op("Sub", x, m)))
+
+
 def _softmax(n: NodeView, bld: Builder) -> NodeBound | None:
     """y_i = exp(x_i - m) / Σ_j exp(x_j - m). Relative to y_i: exp's own error, the rounding of
     x_i - m (|x_i - m|·u, amplified 1:1 by exp), the sum's (λ·sqrt(n)) and the terms' errors
@@ -170,7 +175,7 @@ def _softmax(n: NodeView, bld: Builder) -> NodeBound | None:
     terms = int(np.prod([sx[a] for a in axes]))
     x, y = n.node.input[0], n.node.output[0]
     m = bld.reduce("ReduceMax", x, axes)
-    s = bld.abs(bld.op("Sub", x, m))
+    s = _spread(bld, x, m)
     r = bld.reduce("ReduceSum", bld.op("Mul", y, s), axes)
     bld.final("Mul", bld.abs(y), bld.op("Add", s, r))
     lm = lam(terms, n.out_elements)
@@ -187,7 +192,7 @@ def _log_softmax(n: NodeView, bld: Builder) -> NodeBound | None:
     terms = int(np.prod([sx[a] for a in axes]))
     x, y = n.node.input[0], n.node.output[0]
     m = bld.reduce("ReduceMax", x, axes)
-    s = bld.abs(bld.op("Sub", x, m))
+    s = _spread(bld, x, m)
     p = bld.op("Exp", y)
     r = bld.reduce("ReduceSum", bld.op("Mul", p, s), axes)
     bld.final("Add", bld.op("Add", s, r), bld.abs(bld.op("Sub", bld.op("Sub", x, m), y)))

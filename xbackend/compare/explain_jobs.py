@@ -315,7 +315,7 @@ def _plan(
         own = replace(spec.ref(), inputs=smodel.inputs)
         model = smodel if b.cls.executes_graph else own
         phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model)
-        local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, b.variant(), sfeeds, (phase,))
+        local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, _same_grain(b, r), sfeeds, (phase,))
     del proto
     return Plan(
         floor_job,
@@ -335,6 +335,16 @@ def _plan(
         node_floor_job=node_floor,
         rewrites=src,
     )
+
+
+def _same_grain(b: PlannedBackend, r: BackendResult) -> tuple[tuple[str, str], ...]:
+    """`b`'s options, at the grain its per-layer build exposed (torch decides op or module grain
+    per process, from a bitwise check threads can tip): the local run is fed and judged at the
+    tensors that build captured, so it must expose the same ones."""
+    if b.cls is None or not any(o.name == "grain" for o in b.cls.option_specs):
+        return b.variant()
+    used = dict(r.info).get("grain", "")
+    return b.variant(grain="op" if used.startswith("op") else "module") if used else b.variant()
 
 
 def _grain_of(r: BackendResult) -> str:

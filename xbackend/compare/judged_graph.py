@@ -44,6 +44,18 @@ class Judged:
         return tuple(t for t in self.tensors if t in self.bounds)
 
 
+def _integers_exact(bld: Builder, t: str, e: str) -> str:
+    """An integer cast to float32 is exact below 2^24: a mask's 0 and 1 carry no error (first
+    order would multiply u by the -3.4e38 a mask is scaled to)."""
+    return bld.op("Where", bld.op("Less", bld.abs(t), bld.const(2.0**24)), bld.const(0.0), e)
+
+
+def _finite_only(bld: Builder, t: str, e: str) -> str:
+    """`t`'s error `e`, 0 where t is infinite: an infinite value is judged by equality (a mask's
+    -inf), so it carries no error to the nodes below; inf·0 there would make theirs NaN."""
+    return bld.op("Where", bld.op("IsInf", t), bld.const(0.0), e)
+
+
 def _opset(proto: onnx.ModelProto) -> int:
     return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
 
@@ -139,7 +151,9 @@ def judged_model(
         if outs[0] not in captured and outs[0] in read:  # the nodes below read it: they inherit its error
             # uncaptured, so no dtype of its own was seen: float32's unit roundoff
             mine = own_allowance(bound, outs[0], U32, bool(nodes), bld)
-            err[outs[0]] = bld.op("Add", mine, prop) if prop is not None else mine
+            if node.op_type in ("Cast", "CastLike") and node.input and not floats.get(node.input[0], True):
+                mine = _integers_exact(bld, outs[0], mine)
+            err[outs[0]] = _finite_only(bld, outs[0], bld.op("Add", mine, prop) if prop is not None else mine)
         for o, (rest, why) in (propagate_rest(node, inherited, bld) if inherited else {}).items():
             if not floats.get(o, False):
                 continue
@@ -149,7 +163,7 @@ def judged_model(
             g.output.append(_typed(PROP + o, known.get(o), symbolic=True))
             if o not in captured and o in read:
                 mine = own_allowance(bounds[o], o, U32, False, bld)
-                err[o] = bld.op("Add", mine, rest)
+                err[o] = _finite_only(bld, o, bld.op("Add", mine, rest))
         extra_nodes.extend(bld.nodes)
         g.initializer.extend(bld.inits)
     g.node.extend(extra_nodes)

@@ -21,7 +21,7 @@ import shlex
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,8 +49,10 @@ __all__ = [
     "META_TORCH_VERSION",
     "ExportResult",
     "InputDecl",
+    "aligned",
     "export_torch",
     "load_module",
+    "name_scope_map",
     "parse_dynamic",
     "read_examples",
     "read_torch_metadata",
@@ -277,6 +279,34 @@ def scope_map(proto: onnx.ModelProto) -> dict[str, str]:
         for n in proto.graph.node
         if n.output and n.output[0]
     )
+
+
+def name_scope_map(proto: onnx.ModelProto) -> dict[str, str]:
+    """Module name -> tensor, from the node names torch.onnx.export's TorchScript exporter (and so
+    optimum) writes, "/model/layers.0/self_attn/q_proj/MatMul": the output of the last node in
+    each module's scope (unverified: the runner checks each against the reference's value)."""
+    nodes = []
+    for n in proto.graph.node:
+        parts = n.name.split("/")
+        if len(parts) > 2 and not parts[0] and n.output and n.output[0]:
+            scopes = [".".join(parts[1:k]) for k in range(2, len(parts))]
+            nodes.append((repr(["", *scopes, n.op_type]), n.output[0]))
+    return _last_in_scope(nodes)
+
+
+def aligned(mapped: Mapping[str, str], names: Collection[str]) -> dict[str, str]:
+    """`mapped` (scope -> tensor) keyed by the module names `names` holds: the scopes are the
+    exported module's, and the module in hand may wrap it (an adapter's `self.model`), so the
+    prefix that names the most of them is put before each."""
+    have = set(names)
+    best, hits = "", sum(m in have for m in mapped)
+    for n in sorted(have, key=len):
+        if n.count(".") > 1:
+            continue
+        k = sum(f"{n}.{m}" in have for m in mapped)
+        if k > hits:
+            best, hits = f"{n}.", k
+    return {best + m: t for m, t in mapped.items() if best + m in have}
 
 
 def _last_in_scope(nodes: Iterable[tuple[str | None, str]]) -> dict[str, str]:
