@@ -11,7 +11,9 @@ For each model it times, in this order:
   default  `compare --backends ort-cpu,reference` (3 runs, the default probes) without and
            with the explanation: the comparison users run, where the explanation starts beside
            the probes
-and prints explain - compare in units of plain, beside the target K + 2, and explain / compare,
+and the arithmetic floor of the float64 judge (benchmarks/arithmetic_floor.py: numpy's float64
+products of each MatMul and Gemm, and their magnitudes'), and prints explain - compare in units
+of plain, beside the target K + 2, and explain / compare,
 beside the target 1.5, for both comparisons (the explanation judges every node against float64,
 on the graph ORT runs, and checks the bounds against K orders per node). Peak memory of this
 process and its workers is printed from resource.getrusage (max RSS of any child).
@@ -32,6 +34,9 @@ import onnx
 
 import xbackend
 from xbackend.model.samples import mlp_layernorm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from arithmetic_floor import gemm_operands, seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,6 +73,7 @@ def main() -> int:
         print(
             f"{'model':32s} {'plain s':>8s} {'compare s':>10s} {'explain s':>10s} {'cost / plain':>13s}"
             f" {'explain / compare':>18s} {'default s':>10s} {'+explain s':>11s} {'ratio':>6s}"
+            f" {'f64 floor s':>12s}"
         )
         worst = 0.0
         worst_share = 0.0
@@ -80,9 +86,10 @@ def main() -> int:
             ratio = (full - base) / plain
             worst = max(worst, ratio)
             worst_share = max(worst_share, full / base, dfull / dbase)
+            floor = seconds(gemm_operands(m, {}), max(a.repeat, 3))
             print(
                 f"{m.name:32s} {plain:8.2f} {base:10.2f} {full:10.2f} {ratio:13.2f} {full / base:18.2f}"
-                f" {dbase:10.2f} {dfull:11.2f} {dfull / dbase:6.2f}"
+                f" {dbase:10.2f} {dfull:11.2f} {dfull / dbase:6.2f} {floor:12.3f}"
             )
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"largest worker peak RSS: {peak:.0f} MiB")

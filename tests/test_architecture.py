@@ -34,6 +34,11 @@ HEAVY_OR_OPTIONAL = {
 }
 # Where a module must defer one of its own or a standard import, and why.
 LOCAL_EXCEPTIONS = {
+    ("xbackend/runners/contrib.py", "xbackend.bounds.rules"): "it imports onnx (foreign workers)",
+    (
+        "xbackend/runners/contrib_transformer.py",
+        "xbackend.bounds.element",
+    ): "it imports onnx (foreign workers)",
     (
         "xbackend/numerics/streamdiff.py",
         "xbackend.numerics.jitdiff",

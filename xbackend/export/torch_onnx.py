@@ -8,7 +8,6 @@ source module eagerly and line its layers up with the ONNX graph.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import importlib
@@ -21,7 +20,7 @@ import shlex
 import sys
 import tempfile
 import warnings
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import onnx.numpy_helper
 
 from xbackend.errors import ExportError, InputError, XbackendError, first_line
 from xbackend.export.example_inputs import InputDecl, parse_dynamic, read_examples, with_data
+from xbackend.export.scopes import NAME_SCOPES, last_in_scope
 from xbackend.files.atomic import write_atomic_bytes
 from xbackend.files.untrusted import contained
 from xbackend.model.extdata import adopt_external, uses_external_data
@@ -49,14 +49,11 @@ __all__ = [
     "META_TORCH_VERSION",
     "ExportResult",
     "InputDecl",
-    "aligned",
     "export_torch",
     "load_module",
-    "name_scope_map",
     "parse_dynamic",
     "read_examples",
     "read_torch_metadata",
-    "scope_map",
     "spec_from_cwd",
     "trusted_spec",
 ]
@@ -66,7 +63,6 @@ META_MODULE = "xbackend.torch.module"
 META_TORCH_VERSION = "xbackend.torch.version"
 META_INPUTS = "xbackend.torch.inputs"
 META_MODULE_OUTPUTS = "xbackend.torch.module_outputs"
-NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # torch.onnx (dynamo) records each node's module path
 DEFAULT_OPSET = 18  # the lowest opset torch's exporter implements directly
 
 
@@ -264,70 +260,11 @@ def _quiet_torch_logs() -> Iterator[None]:
 
 def _scope_outputs(program: Any) -> dict[str, str]:
     """Module name -> output of the last node the exporter attributed to that module."""
-    return _last_in_scope(
+    return last_in_scope(
         (node.metadata_props.get(NAME_SCOPES), node.outputs[0].name)
         for node in program.model.graph
         if node.outputs
     )
-
-
-def scope_map(proto: onnx.ModelProto) -> dict[str, str]:
-    """Module name -> tensor, from the name scopes torch.onnx.export(dynamo=True) records on every
-    node: the output of the last node each module computed (unverified, unlike an export's map)."""
-    return _last_in_scope(
-        (next((p.value for p in n.metadata_props if p.key == NAME_SCOPES), None), n.output[0])
-        for n in proto.graph.node
-        if n.output and n.output[0]
-    )
-
-
-def name_scope_map(proto: onnx.ModelProto) -> dict[str, str]:
-    """Module name -> tensor, from the node names torch.onnx.export's TorchScript exporter (and so
-    optimum) writes, "/model/layers.0/self_attn/q_proj/MatMul": the output of the last node in
-    each module's scope (unverified: the runner checks each against the reference's value)."""
-    nodes = []
-    for n in proto.graph.node:
-        parts = n.name.split("/")
-        if len(parts) > 2 and not parts[0] and n.output and n.output[0]:
-            scopes = [".".join(parts[1:k]) for k in range(2, len(parts))]
-            nodes.append((repr(["", *scopes, n.op_type]), n.output[0]))
-    return _last_in_scope(nodes)
-
-
-def aligned(mapped: Mapping[str, str], names: Collection[str]) -> dict[str, str]:
-    """`mapped` (scope -> tensor) keyed by the module names `names` holds: the scopes are the
-    exported module's, and the module in hand may wrap it (an adapter's `self.model`), so the
-    prefix that names the most of them is put before each."""
-    have = set(names)
-    best, hits = "", sum(m in have for m in mapped)
-    for n in sorted(have, key=len):
-        if n.count(".") > 1:
-            continue
-        k = sum(f"{n}.{m}" in have for m in mapped)
-        if k > hits:
-            best, hits = f"{n}.", k
-    return {best + m: t for m, t in mapped.items() if best + m in have}
-
-
-def _last_in_scope(nodes: Iterable[tuple[str | None, str]]) -> dict[str, str]:
-    last: dict[str, str] = {}
-    for raw, output in nodes:
-        if not raw:
-            continue
-        try:
-            scopes = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            continue
-        if not isinstance(scopes, list):
-            continue
-        for scope in scopes[1:-1]:  # [root, modules..., fx node]
-            last[str(scope)] = output
-    # A tensor reached by several nested modules belongs to the innermost one.
-    by_tensor: dict[str, str] = {}
-    for module_name, tensor in last.items():
-        if tensor not in by_tensor or len(module_name) > len(by_tensor[tensor]):
-            by_tensor[tensor] = module_name
-    return {m: t for t, m in by_tensor.items()}
 
 
 def _hooked_outputs(module: Any, names: set[str], args: tuple[Any, ...]) -> dict[str, np.ndarray]:

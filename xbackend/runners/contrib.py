@@ -93,6 +93,8 @@ def contrib_ops() -> list[type]:
     class loads the evaluator."""
     from onnx.reference.op_run import OpRun  # engine: onnx's reference evaluator
 
+    from xbackend.bounds.rules import BOUND_OP  # heavy: it imports onnx (foreign workers)
+
     class Erf(OpRun):  # onnx's own rounds every result to float32 (np.vectorize, otypes "f")
         op_domain = ""
 
@@ -204,15 +206,15 @@ def contrib_ops() -> list[type]:
             v = a + b
             return (0.5 * v * (1 + _erf(v / math.sqrt(2))),)
 
-    class XbackendBound(OpRun):  # BOUND_OP: a kernel's bound (or EmbedLayerNormalization's sum)
-        op_domain = CONTRIB_DOMAIN
+    def _bound(self: Any, *inputs: Any, of: Any = None, **attrs: Any) -> Any:
+        return (KERNELS[_text(of)](*inputs, want=True, **attrs)[1],)
 
-        def _run(self, *inputs: Any, of: Any = None, **attrs: Any) -> Any:
-            return (KERNELS[_text(of)](*inputs, want=True, **attrs)[1],)
+    # a kernel's bound (or EmbedLayerNormalization's sum), for the judged graph
+    bound = type(BOUND_OP, (OpRun,), {"op_domain": CONTRIB_DOMAIN, "_run": _bound})
 
     return [
         *(_kernel(OpRun, name) for name in sorted(KERNELS)),
-        XbackendBound,
+        bound,
         Erf,
         SimplifiedLayerNormalization,
         Gelu,

@@ -21,12 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from xbackend.bounds.element import ELEMENTWISE, lam
-
 __all__ = ["KERNELS", "TRANSFORMER_OPS"]
 
 Array = np.ndarray
-EXP = float(ELEMENTWISE["Exp"][0])
 
 
 def _opt(v: Any, default: Any) -> Any:
@@ -53,7 +50,16 @@ def _merge(x: Array) -> Array:
 
 def _hm(terms: int, elements: int) -> float:
     """Higham & Mary's coefficient of Σ|a||b| for `terms`-term dot products (see bounds.element)."""
+    from xbackend.bounds.element import lam  # heavy: it imports onnx (foreign workers)
+
     return lam(terms, elements) * math.sqrt(terms + 1) + 1
+
+
+def _exp() -> float:
+    """Exp's measured relative bound, in u."""
+    from xbackend.bounds.element import ELEMENTWISE  # heavy: it imports onnx (foreign workers)
+
+    return float(ELEMENTWISE["Exp"][0])
 
 
 def _attend(
@@ -97,7 +103,7 @@ def _attend(
             es = es + abs(scale) * np.matmul(np.abs(q), np.swapaxes(errs[1], -1, -2))
         es = es + 2 * np.abs(s) + np.abs(s - m)  # the scaling, the added mask, s - max
         es = np.where(live, es, 0.0)
-    ep = p * (es + np.sum(p * es, axis=-1, keepdims=True)) + (EXP + _hm(t, p.size) + 2) * p
+    ep = p * (es + np.sum(p * es, axis=-1, keepdims=True)) + (_exp() + _hm(t, p.size) + 2) * p
     bound = np.matmul(ep + _hm(t, out.size) * p, np.abs(v))
     if errs[2] is not None:
         bound = bound + np.matmul(p, errs[2])

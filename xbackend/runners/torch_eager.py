@@ -19,15 +19,13 @@ import numpy as np
 from onnx import numpy_helper
 
 from xbackend.errors import BackendUnavailableError, ExportError, InputError, RunnerFailedError, first_line
+from xbackend.export.scopes import aligned, name_scope_map, scope_map
 from xbackend.export.torch_onnx import (
     META_MODULE,
-    aligned,
     flatten_outputs,
     load_module,
     module_map,
-    name_scope_map,
     read_torch_metadata,
-    scope_map,
     spec_from_cwd,
     to_numpy,
     to_tensor,
