@@ -162,20 +162,25 @@ def test_onnx_runtimes_float16_converter_output_runs(tmp_path: Path) -> None:
     assert r.cross("ort-cpu").explained is True
 
 
+def _llama_torch(factory: str) -> xbackend.Result:
+    """The KV-cache Llama export beside torch built by tests/optimum/llama_torch.py's `factory`."""
+    return xbackend.compare(
+        HERE / "llama.onnx",
+        backends="ort-cpu,torch,reference",
+        runs=1,
+        probes="none",
+        torch_module=f"{HERE / 'llama_torch.py'}:{factory}",
+        shapes={k: v for k, v in LLM.items() if "+" not in k},
+        ranges=CACHED,
+    )
+
+
 def test_a_torch_module_takes_an_optimum_kv_cache_export_positionally() -> None:
     """docs/recipes.md's adapter: xbackend hands the torch module the ONNX model's inputs in their
     order (input_ids, attention_mask, position_ids, then each layer's past key and value) and
     reads its outputs in the model's (logits, then each layer's present key and value)."""
     pytest.importorskip("transformers")
-    r = xbackend.compare(
-        HERE / "llama.onnx",
-        backends="ort-cpu,torch,reference",
-        runs=1,
-        probes="none",
-        torch_module=f"{HERE / 'llama_torch.py'}:build",
-        shapes={k: v for k, v in LLM.items() if "+" not in k},
-        ranges=CACHED,
-    )
+    r = _llama_torch("build")
     t = r.backend("torch")
     assert t.ok and t.deterministic, t.reason
     assert dict(t.info)["weights_checked"] == "16 of 16 non-constant float tensors found in the model"
@@ -200,15 +205,7 @@ def test_a_loss_inside_one_torch_module_is_an_origin_at_its_tensor() -> None:
     """tests/optimum/llama_torch.py:build_lossy rounds layer 1's o_proj output to bfloat16: torch
     is judged at the module outputs optimum's node names map, so the origin is exactly there."""
     pytest.importorskip("transformers")
-    r = xbackend.compare(
-        HERE / "llama.onnx",
-        backends="ort-cpu,torch,reference",
-        runs=1,
-        probes="none",
-        torch_module=f"{HERE / 'llama_torch.py'}:build_lossy",
-        shapes={k: v for k, v in LLM.items() if "+" not in k},
-        ranges=CACHED,
-    )
+    r = _llama_torch("build_lossy")
     c = r.cross("torch")
     assert [o.tensor for o in c.origins] == ["/model/layers.1/self_attn/o_proj/MatMul_output_0"], c.origins
     assert c.origins[0].ratio > 4 and r.cross("ort-cpu").explained is True and r.exit_code == 1

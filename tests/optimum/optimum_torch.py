@@ -86,17 +86,24 @@ def onnx_weights(model: torch.nn.Module, path: Path, renames: tuple[tuple[str, s
     return len(done)
 
 
-class CausalLM(torch.nn.Module):
-    """forward(*inputs) in the ONNX model's input order: ids, mask, positions and each layer's
-    past key and value, by name; returns logits, then each layer's present key and value."""
+class ByName(torch.nn.Module):
+    """A model called with the ONNX model's inputs positionally, read back by their names."""
 
     def __init__(self, model: tf.PreTrainedModel, names: list[str]) -> None:
         super().__init__()
         self.model = model
         self.names = names
 
+    def given(self, args: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, args, strict=True))
+
+
+class CausalLM(ByName):
+    """forward(*inputs) in the ONNX model's input order: ids, mask, positions and each layer's
+    past key and value, by name; returns logits, then each layer's present key and value."""
+
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        given = dict(zip(self.names, args, strict=True))
+        given = self.given(args)
         cache = tf.DynamicCache()
         for layer in range(sum(1 for n in given if n.endswith(".key"))):
             cache.update(
@@ -113,30 +120,20 @@ class CausalLM(torch.nn.Module):
         return (out.logits, *presents)
 
 
-class FirstOutput(torch.nn.Module):
+class FirstOutput(ByName):
     """forward(*inputs) by the ONNX input names; returns the model's first output."""
 
-    def __init__(self, model: tf.PreTrainedModel, names: list[str]) -> None:
-        super().__init__()
-        self.model = model
-        self.names = names
-
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        return self.model(**dict(zip(self.names, args, strict=True)))[0]
+        return self.model(**self.given(args))[0]
 
 
-class Seq2SeqDecoder(torch.nn.Module):
+class Seq2SeqDecoder(ByName):
     """optimum's decoder with past: forward(*inputs) by name, each layer's self-attention past
     (decoder) and cross-attention keys and values (encoder, already computed); returns logits
     and each layer's present self-attention key and value."""
 
-    def __init__(self, model: tf.PreTrainedModel, names: list[str]) -> None:
-        super().__init__()
-        self.model = model
-        self.names = names
-
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        given = dict(zip(self.names, args, strict=True))
+        given = self.given(args)
         mine, cross = tf.DynamicCache(), tf.DynamicCache()
         layers = sum(1 for n in given if n.endswith(".decoder.key"))
         for k in range(layers):
@@ -166,7 +163,7 @@ class Seq2SeqDecoder(torch.nn.Module):
 
 
 def _build(
-    family: str, wrapper: type[torch.nn.Module], renames: tuple[tuple[str, str], ...] = (), file: str = ""
+    family: str, wrapper: type[ByName], renames: tuple[tuple[str, str], ...] = (), file: str = ""
 ) -> torch.nn.Module:
     """`family`'s model (or, with `file` FAMILY-encoder, its encoder) with `file`'s weights."""
     model = getattr(_configs(), family)().eval()

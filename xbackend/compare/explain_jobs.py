@@ -33,7 +33,7 @@ from xbackend.compare.judged_graph import judged_model
 from xbackend.compare.memory import explanation_disk, judge_window_note, judge_windows, side_by_side
 from xbackend.compare.plain_judge import Shipped, judge_plain_runs
 from xbackend.compare.plan import plan_backend
-from xbackend.compare.shipped import judge_copy, runtime_plan, shipped_job, shipped_plan
+from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
 from xbackend.errors import UsageError
 from xbackend.execution.executor import Executor, Job, JobOutcome
 from xbackend.execution.progress import ProgressSink
@@ -43,6 +43,7 @@ from xbackend.files.run_values import CaptureFile
 from xbackend.files.storage import save_values
 from xbackend.model.extdata import externalize, uses_external_data, write_rewritten
 from xbackend.model.load import ModelRef, ModelSpec, load_proto
+from xbackend.model.ortdomain import as_contrib
 from xbackend.model.reorder import index_feeds, reorder
 from xbackend.model.sever import SEVERED, Severed, sever
 from xbackend.probes.base import PlannedBackend, ProbeContext
@@ -189,7 +190,7 @@ def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_cap
     pieces = runtime or got.judged_on is not None
     judge = _judge_job(
         ctx,
-        got.judged_on if got.judged_on is not None else judge_copy(got.severed),
+        got.judged_on if got.judged_on is not None else as_contrib(got.severed),
         plan.shapes,
         captured,
         got.path,

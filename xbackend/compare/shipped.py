@@ -33,7 +33,7 @@ from xbackend.execution.executor import Job, JobOutcome
 from xbackend.execution.protocol import OUTPUTS, Phase
 from xbackend.model.extdata import write_rewritten
 from xbackend.model.load import ModelRef, ModelSpec, load_proto
-from xbackend.model.ortdomain import ORT_IN_ONNX_DOMAIN, as_contrib
+from xbackend.model.ortdomain import ORT_IN_ONNX_DOMAIN
 from xbackend.model.sever import SEVERED, sever
 from xbackend.numerics.values import Value
 from xbackend.runners.contrib import CONTRIB_DOMAIN, CONTRIB_OPS
@@ -42,7 +42,6 @@ __all__ = [
     "Shipped",
     "coinciding",
     "covered_nodes",
-    "judge_copy",
     "runtime_plan",
     "shipped_job",
     "shipped_plan",
@@ -87,11 +86,6 @@ def _unevaluable(proto: onnx.ModelProto) -> list[str]:
         elif not (n.domain == CONTRIB_DOMAIN and n.op_type in CONTRIB_OPS):
             out.add(f"{n.domain}.{n.op_type}")
     return sorted(out)
-
-
-def judge_copy(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """`proto` as the float64 judge reads it (xbackend.model.ortdomain)."""
-    return as_contrib(proto)
 
 
 def covered_nodes(original: onnx.ModelProto, optimized: onnx.ModelProto) -> dict[str, tuple[str, ...]]:

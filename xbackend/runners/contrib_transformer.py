@@ -160,6 +160,33 @@ def _dot_bound(x: Array, w: Array) -> Array:
     return np.asarray(_hm(kdim, x.shape[0] * x.shape[1] * w.shape[-1]) * np.matmul(np.abs(x), np.abs(w)))
 
 
+def _with_past(x: Array, e: Array | None, past: Array) -> tuple[Array, Array | None]:
+    """`past` then `x` along the sequence ([B, N, T, H]); its error `e`, none on the past."""
+    x = np.concatenate([past, x], axis=2)
+    return x, None if e is None else np.concatenate([np.zeros_like(past), e], axis=2)
+
+
+def _masked_attend(
+    q: Array,
+    k: Array,
+    v: Array,
+    errs: tuple[Array | None, Array | None, Array | None],
+    past: int,
+    mask: Array | None,
+    bias: Array | None,
+    at: dict[str, Any],
+    want: bool,
+) -> tuple[Array, Array | None]:
+    """Attention and MultiHeadAttention past their inputs' layouts: scale, mask (`past` keys
+    before the query), causal when unidirectional, the attention bias; output [B, S, N·H]."""
+    b, _, s, hq = q.shape
+    scale = float(_opt(at.get("scale"), 1 / math.sqrt(hq)))
+    add = _additive(b, s, k.shape[2], past, mask, bool(at.get("unidirectional")),
+                    float(_opt(at.get("mask_filter_value"), -10000.0)), bias)  # fmt: skip
+    out, bound = _attend(q, k, v, add, scale, errs, want)
+    return _merge(out), None if bound is None else _merge(bound)
+
+
 def attention(
     x: Array,
     w: Array,
@@ -177,27 +204,17 @@ def attention(
     n = int(at["num_heads"])
     sizes = list(at.get("qkv_hidden_sizes") or [w.shape[1] // 3] * 3)
     qkv = np.matmul(x, w) + (0 if bias is None else bias)
-    eq = _dot_bound(x, w) + (0 if bias is None else np.abs(qkv)) if want else None
     cut = np.cumsum(sizes)[:2]
     q, k, v = (_heads(p, n) for p in np.split(qkv, cut, axis=-1))
-    errs: list[Array | None] = [None, None, None]
-    if eq is not None:
-        errs = [_heads(p, n) for p in np.split(eq, cut, axis=-1)]
-    p_len = 0
+    eq = ek = ev = None
+    if want:
+        e = _dot_bound(x, w) + (0 if bias is None else np.abs(qkv))
+        eq, ek, ev = (_heads(p, n) for p in np.split(e, cut, axis=-1))
+    p_len = 0 if past is None else past.shape[3]
     if past is not None:
-        p_len = past.shape[3]
-        k, v = np.concatenate([past[0], k], axis=2), np.concatenate([past[1], v], axis=2)
-        if want:
-            errs[1:] = [
-                np.concatenate([np.zeros_like(pp), e], axis=2) for pp, e in zip(past, errs[1:], strict=True)
-            ]
-    b, _, s, hq = q.shape
-    t = k.shape[2]
-    scale = float(_opt(at.get("scale"), 1 / math.sqrt(hq)))
-    add = _additive(b, s, t, p_len, mask, bool(at.get("unidirectional")),
-                    float(_opt(at.get("mask_filter_value"), -10000.0)), attention_bias)  # fmt: skip
-    out, bound = _attend(q, k, v, add, scale, (errs[0], errs[1], errs[2]), want)
-    return (_merge(out), np.stack([k, v])), None if bound is None else _merge(bound)
+        (k, ek), (v, ev) = _with_past(k, ek, past[0]), _with_past(v, ev, past[1])
+    out, bound = _masked_attend(q, k, v, (eq, ek, ev), p_len, mask, attention_bias, at, want)
+    return (out, np.stack([k, v])), bound
 
 
 def multihead_attention(
@@ -246,16 +263,9 @@ def multihead_attention(
     p_len = 0
     if past_key is not None and past_value is not None:
         p_len = past_key.shape[2]
-        k, v = np.concatenate([past_key, k], axis=2), np.concatenate([past_value, v], axis=2)
-        ek = None if ek is None else np.concatenate([np.zeros_like(past_key), ek], axis=2)
-        ev = None if ev is None else np.concatenate([np.zeros_like(past_value), ev], axis=2)
-    b, _, s, hq = q.shape
-    t = k.shape[2]
-    scale = float(_opt(at.get("scale"), 1 / math.sqrt(hq)))
-    add = _additive(b, s, t, p_len, key_padding_mask, bool(at.get("unidirectional")),
-                    float(_opt(at.get("mask_filter_value"), -10000.0)), attention_bias)  # fmt: skip
-    out, bound = _attend(q, k, v, add, scale, (eq, ek, ev), want)
-    return (_merge(out), k, v), None if bound is None else _merge(bound)
+        (k, ek), (v, ev) = _with_past(k, ek, past_key), _with_past(v, ev, past_value)
+    out, bound = _masked_attend(q, k, v, (eq, ek, ev), p_len, key_padding_mask, attention_bias, at, want)
+    return (out, k, v), bound
 
 
 def _rotate(x: Array, cos: Array, sin: Array, interleaved: bool, magnitude: bool = False) -> Array:
