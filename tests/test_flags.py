@@ -51,11 +51,12 @@ def test_each_command_takes_exactly_its_declared_options(command: str) -> None:
 
 
 def test_defaults_are_written_once() -> None:
-    """noise_samples' 8 is the field's; the CLI and create() take it from there. certify's own
-    defaults (5 runs, 3 builds) are declared beside the field's."""
+    """noise_samples' None (floors only where a backend cannot be judged) is the field's; the CLI
+    and create() take it from there. certify's own defaults (5 runs, 3 builds) are declared
+    beside the field's."""
     field = {f.name: f for f in dataclasses.fields(CompareOptions)}
-    assert _cli_params("compare")["noise_samples"].default == field["noise_samples"].default == 8
-    assert CompareOptions.create().noise_samples == 8
+    assert _cli_params("compare")["noise_samples"].default is field["noise_samples"].default is None
+    assert CompareOptions.create().noise_samples is None
     assert (_cli_params("certify")["runs"].default, _cli_params("certify")["builds"].default) == (5, 3)
     assert (_cli_params("compare")["runs"].default, _cli_params("capture")["builds"].default) == (3, 1)
 

@@ -1,15 +1,19 @@
-"""Where the model, not the engines, decides the accuracy: tensors that reorderings alone move
-past half their precision, or that every engine computes that far from float64 while they agree
-with each other, and the cause where the pattern is known (E[x²]−E[x]², a softmax over a huge
-range, a normalization of rows far from zero)."""
+"""Where the model, not the engines, decides the accuracy: tensors whose rounding, composed from
+the start of the model through each node's condition number (the float64 judge's value and
+magnitude), passes half their precision, or that every engine computes that far from float64
+while they agree with each other, and the cause where the pattern is known (E[x²]−E[x]², a
+softmax over a huge range, a normalization of rows far from zero)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from xbackend.bounds.element import AUX, unit_roundoff
+from xbackend.compare.judged_graph import Judged
 from xbackend.files.modelref import np_dtype
 from xbackend.files.run_values import CaptureFile
 from xbackend.model.load import ModelSpec, NodeTensor
@@ -18,7 +22,15 @@ from xbackend.numerics.values import value_name
 from xbackend.results import CrossBackendResult
 from xbackend.results.explanation import Amplifier, Explanation, IllConditioned, conditioning_limit
 
-__all__ = ["AMPLIFYING", "amplifiers", "far_from_float64", "ill_conditioned"]
+__all__ = [
+    "AMPLIFYING",
+    "NodeStat",
+    "amplifiers",
+    "composed_rounding",
+    "far_from_float64",
+    "ill_conditioned",
+    "node_stats",
+]
 
 # f'(x) of the math functions whose input rounding they amplify most: |x| large for sin, cos, exp
 AMPLIFYING: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -30,23 +42,154 @@ AMPLIFYING: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 AMPLIFIER_NOTE = 16.0  # scaled ULP: a gain past this is named in the verdict
 
 
+@dataclass(frozen=True)
+class NodeStat:
+    """What conditioning needs of one judged node output: the largest finite |v| of its float64
+    value, of its magnitude M (0: none), its sum's terms n (0: not a reduction), how its bound
+    is kind (exact, reduction, ...) and the dtype it is judged at."""
+
+    vmax: float
+    mmax: float
+    terms: int
+    kind: str
+    dtype: str
+
+
+def node_stats(judge_capture: str, judged: Judged, order: Sequence[str]) -> dict[str, NodeStat]:
+    """Each judged float node output's NodeStat, read from one evaluation of the judge."""
+    out = {}
+    with CaptureFile(judge_capture) as j:
+        for t in order:
+            bound = judged.bounds.get(t)
+            v = j.get(t) if bound is not None else None
+            if not isinstance(v, np.ndarray) or v.dtype != np.float64:
+                continue  # an integer or boolean result: exact, it carries no rounding
+            m = j.get(AUX + t)
+            out[t] = NodeStat(
+                _finite_max(v),
+                _finite_max(m) if isinstance(m, np.ndarray) else 0.0,
+                bound.terms,
+                bound.kind,
+                judged.declared.get(t, "float32"),
+            )
+    return out
+
+
+def _finite_max(x: np.ndarray) -> float:
+    a = np.abs(np.asarray(x, np.float64))
+    finite = a[np.isfinite(a)]
+    return float(finite.max()) if finite.size else 0.0
+
+
+# ops whose output moves with the relative error of their inputs (|d log f| <= sum |d log x|)
+_RELATIVE = frozenset({"Mul", "Div", "Reciprocal", "Sqrt", "Pow", "Log"})
+_SUMS = frozenset({"Add", "Sub", "Sum", "Mean"})
+_SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
+_NORMS = frozenset(
+    {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+     "SkipSimplifiedLayerNormalization"}
+)  # fmt: skip
+# Lipschitz with constant at most 1.13 (erf' = 2/sqrt(pi)): the absolute error passes
+_LIPSCHITZ = frozenset(
+    {"Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "Tanh", "Sigmoid", "HardSigmoid", "Erf", "Gelu",
+     "FastGelu", "BiasGelu", "QuickGelu", "Softplus", "Softsign", "Sin", "Cos", "Abs", "Neg", "Clip",
+     "HardSwish", "Mish", "ThresholdedRelu", "Shrink", "Floor", "Ceil", "Round", "Sign"}
+)  # fmt: skip
+
+
+def composed_rounding(
+    spec: ModelSpec, stats: Mapping[str, NodeStat], ref_capture: str
+) -> dict[str, float]:
+    """Each judged tensor's rounding error composed from the start of the model, in scaled ULP: every
+    node's own rounding (half an ULP of its value; u·M for a sum of n terms) plus its inputs'
+    errors carried through its condition number: relative errors through products, absolute
+    errors through sums (cancellation: Σ max|x| / max|v|), a softmax's absolute logit error as a
+    relative one, a normalization's divided by its rows' spread, and a sum of n terms' by
+    M / sqrt(n) (independent errors add in quadrature). The feeds and weights are exact."""
+    err: dict[str, float] = {}  # tensor -> absolute error scale
+    out: dict[str, float] = {}
+    with CaptureFile(ref_capture) as cap:
+        for t in spec.tensors:
+            s = stats.get(t.name)
+            if s is None:
+                continue
+            u = unit_roundoff(np_dtype(s.dtype))
+            ins = [i for i in t.inputs if i in err]
+            rel = [err[i] / stats[i].vmax if stats[i].vmax else 0.0 for i in ins]
+            e = _carried(t, s, ins, rel, err, cap)
+            own = 0.0 if s.kind == "exact" else u * (s.mmax if s.kind == "reduction" else s.vmax)
+            err[t.name] = e + (0.5 * own if s.kind in ("elementwise", "exact") else own)
+            out[t.name] = err[t.name] / ulp_at(s.vmax, np_dtype(s.dtype)) if s.vmax else 0.0
+    return out
+
+
+def _carried(
+    t: NodeTensor,
+    s: NodeStat,
+    ins: Sequence[str],
+    rel: Sequence[float],
+    err: Mapping[str, float],
+    cap: CaptureFile,
+) -> float:
+    """What `t` inherits of its inputs' errors (`rel`: each relative to its input's largest value)."""
+    if not ins:
+        return 0.0
+    op = t.op_type
+    if s.kind == "reduction" and s.terms and s.mmax:
+        return s.mmax / math.sqrt(s.terms) * sum(rel)
+    if op in _SUMS:
+        return sum(err[i] for i in ins)
+    if op in _RELATIVE:
+        return s.vmax * (2 * rel[0] if op == "Pow" else sum(rel))
+    if op in _SOFTMAX:  # |δp| <= p·(|δs| + Σp|δs|): the logits' absolute error, relative in p
+        return 2 * max(err[i] for i in ins) * (1.0 if op == "LogSoftmax" else s.vmax)
+    if op == "Exp":
+        return s.vmax * err[ins[0]]
+    if op in _NORMS:
+        spread = _row_spread(cap, t.inputs[0]) if t.inputs else None
+        if spread is not None:
+            return sum(err[i] for i in ins) * s.vmax / spread
+    if s.kind == "exact" or op in _LIPSCHITZ:
+        return max(err[i] for i in ins) * (1.0 if s.kind == "exact" else 1.13)
+    return s.vmax * max(rel)
+
+
+def _row_spread(cap: CaptureFile, name: str) -> float | None:
+    """The smallest standard deviation of the rows normalized, times their largest |z|: what an
+    absolute error of the input is divided by to give one of max |z|'s scale."""
+    if name not in cap:
+        return None
+    x = np.asarray(cap[name], dtype=np.float64)
+    if x.ndim < 1 or not x.size:
+        return None
+    rows = x.reshape(-1, x.shape[-1])
+    mean = rows.mean(axis=1, keepdims=True)
+    std = rows.std(axis=1)
+    zmax = np.abs(rows - mean).max(axis=1) / np.where(std > 0, std, np.inf)
+    ok = std > 0
+    if not ok.any():
+        return None
+    return float(std[ok].min() * max(float(zmax[ok].max()), 1.0))
+
+
 def ill_conditioned(
-    spec: ModelSpec, floors: Mapping[str, float], ref_capture: str
+    spec: ModelSpec, composed: Mapping[str, float], ref_capture: str
 ) -> tuple[IllConditioned, ...]:
-    """Where conditioning is lost: tensors past their dtype's limit whose inputs are not."""
+    """Where conditioning is lost: tensors whose composed rounding passes their dtype's limit
+    while their inputs' does not."""
     by_name = {t.name: t for t in spec.tensors}
     modules = spec.modules()
     out = []
     with CaptureFile(ref_capture) as cap:
         dtypes = {n: d for n, (d, _) in cap.tensors().items()}
         for t in spec.tensors:
-            f = floors.get(t.name)
+            f = composed.get(t.name)
             limit = _limit(t, dtypes)
             if f is None or f <= limit:
                 continue
-            if any(floors.get(i, 0.0) > conditioning_limit(dtypes.get(i, "float32")) for i in t.inputs):
+            if any(composed.get(i, 0.0) > conditioning_limit(dtypes.get(i, "float32")) for i in t.inputs):
                 continue
-            out.append(IllConditioned(t.name, modules.get(t.name, ""), f, _cause(t, by_name, floors, cap)))
+            out.append(IllConditioned(t.name, modules.get(t.name, ""), f, _cause(t, by_name, composed, cap)))
     return tuple(out)
 
 
@@ -90,7 +233,7 @@ def far_from_float64(
         return ex
     disagree = {value_name(d.name) for c in cross if c.status == "ok" for d in c.tensors if c.exceeds(d)}
     known = {t.tensor for t in ex.ill_conditioned}
-    floors = ex.floor_map()
+    floors = dict(ex.composed)
     by_name = {t.name: t for t in spec.tensors}
     modules = spec.modules()
     found = []
@@ -168,12 +311,12 @@ def _cause(
         or t.op_type == "QuantizeLinear"
     ):
         return (
-            "QuantizeLinear rounds to steps of its scale: reorderings above it move values across a "
+            "QuantizeLinear rounds to steps of its scale: rounding above it moves values across a "
             "step (the quantized model's own resolution)"
         )
-    if grow > 0:
-        return f"{t.op_type} amplifies the reordering of its inputs {floors[t.name] / grow:.3g}x"
-    return f"{t.op_type}'s own reductions are sensitive to their order"
+    if grow > 0 and t.name in floors:
+        return f"{t.op_type} amplifies the rounding of its inputs {floors[t.name] / grow:.3g}x"
+    return f"{t.op_type}'s own rounding is amplified by its condition number"
 
 
 def _mean_over_spread(cap: CaptureFile, name: str, last: bool) -> float | None:

@@ -25,7 +25,7 @@ from onnx import helper
 from xbackend.bounds.element import AUX, DELTA
 from xbackend.bounds.propagation import PROP
 from xbackend.compare.builds import Builds
-from xbackend.compare.conditioning import amplifiers, ill_conditioned
+from xbackend.compare.conditioning import amplifiers, composed_rounding, ill_conditioned
 from xbackend.compare.floors import save_severed_feeds
 from xbackend.compare.judge_nodes import JUDGE_PHASE
 from xbackend.compare.judge_plan import LOCAL_PHASE, NODE_FLOOR_PHASE, Judge, Plan, judge_all
@@ -44,7 +44,7 @@ from xbackend.files.storage import save_values
 from xbackend.model.extdata import externalize, uses_external_data, write_rewritten
 from xbackend.model.load import ModelRef, ModelSpec, load_proto
 from xbackend.model.ortdomain import as_contrib
-from xbackend.model.reorder import index_feeds, reorder
+from xbackend.model.reorder import Reordered, index_feeds, reorder
 from xbackend.model.sever import SEVERED, Severed, sever
 from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.results import EXPECTED, BackendResult, CrossBackendResult
@@ -57,6 +57,7 @@ from xbackend.results.explanation import (
 __all__ = ["FLOOR_ENGINE", "attach", "explain"]
 
 FLOOR_ENGINE = "ort-cpu"
+FLOOR_SAMPLES = 8  # K where the floor is needed and --noise-samples did not say
 JUDGE_ENGINE = "oracle"
 _FLOOR_PHASE = "floor"
 
@@ -242,29 +243,6 @@ def _plan(
     shapes.update({n: tuple(v.shape) for n, v in ctx.feeds.arrays.items() if isinstance(v, np.ndarray)})
     tensors = spec.tensor_order()
 
-    floor_job = None
-    reordered = None
-    extra: tuple[Path, ...] = ()
-    engine = _floor_backend(ctx, planned)
-    if engine is not None and engine.cls is not None:
-        reordered = reorder(proto, shapes)
-        path = folder / "reordered.onnx"
-        write_rewritten(reordered.proto, src.path, path)
-        identity = index_feeds(reordered, None)
-        model = _ref(src, path, tuple(identity))
-        base = folder / "order-0.xbv"
-        save_values(base, {**ctx.feeds.arrays, **identity})
-        paths = []
-        for k in range(1, opts.noise_samples + 1):  # an order's file: its permutations alone
-            p = folder / f"order-{k}.xbv"
-            save_values(p, index_feeds(reordered, np.random.default_rng([opts.seed, k])))
-            paths.append(p)
-        extra = tuple(paths)
-        phase = Phase.planned(_FLOOR_PHASE, tensors, 1, extra, model=model, extras="spread")
-        # One thread: a race between threads (a scatter's lost updates) must not pass for reordering.
-        variant = engine.variant(threads="1")
-        floor_job = Job("explain-floor", engine.name, engine.cls, variant, base, (phase,))
-
     available = {
         n: (helper.np_dtype_to_tensor_dtype(np_dtype(d)), s)
         for n, (d, s) in held.items()
@@ -281,9 +259,10 @@ def _plan(
     judges = {"": _judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "", src.path)}
     judge_of: dict[str, str] = {}
     optimized: dict[str, tuple[Job, Path]] = {}
-    node_floor = (
+    engine = _floor_backend(ctx, planned)
+    node_floor = (  # the allowances checked against K orders per node: asked for alone
         _node_floor_job(ctx, src, engine, severed, shapes, ref_capture, folder)
-        if engine is not None
+        if engine is not None and opts.noise_samples
         else None
     )
     local_jobs: dict[str, Job] = {}
@@ -317,6 +296,8 @@ def _plan(
         model = smodel if b.cls.executes_graph else own
         phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model)
         local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, _same_grain(b, r), sfeeds, (phase,))
+    unjudged = bool(not_measured) or judges[""].judged is None
+    floor_job, reordered, extra = _floor_job(ctx, planned, src, proto, shapes, tensors, folder, unjudged)
     del proto
     return Plan(
         floor_job,
@@ -336,6 +317,41 @@ def _plan(
         node_floor_job=node_floor,
         rewrites=src,
     )
+
+
+def _floor_job(
+    ctx: ProbeContext,
+    planned: Sequence[PlannedBackend],
+    src: ModelSpec,
+    proto: onnx.ModelProto,
+    shapes: Mapping[str, tuple[int, ...]],
+    tensors: tuple[str, ...],
+    folder: Path,
+    unjudged: bool,
+) -> tuple[Job | None, Reordered | None, tuple[Path, ...]]:
+    """The permuted model in K orders on the floor engine, where the user asked for floors
+    (--noise-samples K) or a backend cannot be judged against float64 (`unjudged`) and is
+    held to them."""
+    opts = ctx.opts
+    engine = _floor_backend(ctx, planned)
+    if engine is None or engine.cls is None or not (opts.noise_samples or unjudged):
+        return None, None, ()
+    reordered = reorder(proto, shapes)
+    path = folder / "reordered.onnx"
+    write_rewritten(reordered.proto, src.path, path)
+    identity = index_feeds(reordered, None)
+    model = _ref(src, path, tuple(identity))
+    base = folder / "order-0.xbv"
+    save_values(base, {**ctx.feeds.arrays, **identity})
+    paths = []
+    for k in range(1, (opts.noise_samples or FLOOR_SAMPLES) + 1):  # an order's file: its permutations alone
+        p = folder / f"order-{k}.xbv"
+        save_values(p, index_feeds(reordered, np.random.default_rng([opts.seed, k])))
+        paths.append(p)
+    phase = Phase.planned(_FLOOR_PHASE, tensors, 1, tuple(paths), model=model, extras="spread")
+    # One thread: a race between threads (a scatter's lost updates) must not pass for reordering.
+    variant = engine.variant(threads="1")
+    return Job("explain-floor", engine.name, engine.cls, variant, base, (phase,)), reordered, tuple(paths)
 
 
 def _same_grain(b: PlannedBackend, r: BackendResult) -> tuple[tuple[str, str], ...]:
@@ -504,32 +520,46 @@ def _analyze(
     shipped: Shipped,
 ) -> Explanation:
     spec = ctx.spec
+    floors: dict[str, float] = {}
+    floor_note = ""
     if plan.floor_job is None or plan.reordered is None:
-        return Explanation("unavailable", f"{FLOOR_ENGINE} cannot run here, and it measures the floor")
-    fo = done.get(plan.floor_job.label)
-    if fo is None or not fo.ok or fo.phase(_FLOOR_PHASE) is None:
-        why = fo.reason if fo is not None else "it did not run"
-        return Explanation("unavailable", f"the permuted model failed on {FLOOR_ENGINE}: {why}")
-    phase = fo.phase(_FLOOR_PHASE)
-    assert phase is not None
-    floors = dict(phase.floors)
-    local, check = judge_all(spec, plan, done, ref_capture, ex)
+        floor_note = (
+            f"{FLOOR_ENGINE} cannot run here, and it measures the floor"
+            if ctx.opts.noise_samples or plan.not_measured
+            else "not measured: every backend was judged against float64 (--noise-samples K measures it)"
+        )
+    else:
+        fo = done.get(plan.floor_job.label)
+        phase = fo.phase(_FLOOR_PHASE) if fo is not None and fo.ok else None
+        if phase is None:
+            why = fo.reason if fo is not None else "it did not run"
+            floor_note = f"the permuted model failed on {FLOOR_ENGINE}: {why}"
+        else:
+            floors = dict(phase.floors)
+    local, check, stats = judge_all(spec, plan, done, ref_capture, ex)
     local = judge_plain_runs(ctx, plan, ref_capture, ex, shipped, local)
     local.sort(key=lambda x: plan.order.index(x.backend) if x.backend in plan.order else -1)
-    ill = ill_conditioned(spec, floors, ref_capture)
+    if not floors and not stats and all(le.status != "ok" for le in local):
+        why = next((le.reason for le in local if le.reason), "the float64 judge did not run")
+        return Explanation("unavailable", f"no node was judged: {why}")
+    composed = composed_rounding(spec, stats, ref_capture) if stats else {}
+    conditioning = "" if stats else "not assessed: the float64 judge of the reference's grain did not run"
     return Explanation(
         "ok",
         rules=_rules(plan),
         confidence=1 - DELTA,
         reorder_check=check,
         amplifiers=amplifiers(spec, ref_capture),
-        engine=plan.floor_job.backend,
-        samples=len(plan.extra),
+        engine=plan.floor_job.backend if floors else "",
+        samples=len(plan.extra) if floors else 0,
         floors=tuple((t, floors[t]) for t in spec.tensor_order() if t in floors),
-        permuted=len(plan.reordered.sites),
-        skipped=plan.reordered.skipped,
+        permuted=len(plan.reordered.sites) if floors and plan.reordered is not None else 0,
+        skipped=plan.reordered.skipped if floors and plan.reordered is not None else (),
         local=tuple(local),
-        ill_conditioned=ill,
+        ill_conditioned=ill_conditioned(spec, composed, ref_capture),
+        floor_note=floor_note,
+        conditioning=conditioning,
+        composed=tuple((t, composed[t]) for t in spec.tensor_order() if t in composed),
     )
 
 
@@ -556,9 +586,28 @@ def attach(
         le = ex.local_for(c.backend)
         if le is None or le.status != "ok":
             why = (le.reason or le.status) if le is not None else "its local errors were not measured"
-            out.append(replace(c, tolerances=floor_tol, not_judged=why))
+            out.append(replace(c, tolerances=floor_tol, not_judged=why, tolerance_by=_by_floor(ex, c, auto)))
             continue
         tol = tuple((n.tensor, n.allowed_scaled_ulp) for n in le.nodes) if auto else ()
         local = tuple((n.tensor, n.local_scaled_ulp) for n in le.nodes)
-        out.append(replace(c, tolerances=tol, explained=le.explained, origins=le.origins, local_errors=local))
+        by = "its nodes' allowances against float64" if auto else f"--max-ulp {c.max_ulp_tolerance:g}"
+        out.append(
+            replace(
+                c,
+                tolerances=tol,
+                explained=le.explained,
+                origins=le.origins,
+                local_errors=local,
+                tolerance_by=by,
+            )
+        )
     return tuple(out)
+
+
+def _by_floor(ex: Explanation, c: CrossBackendResult, auto: bool) -> str:
+    """What decides the tolerance of a backend that was not judged against float64."""
+    if not auto:
+        return f"--max-ulp {c.max_ulp_tolerance:g}"
+    if ex.floors:
+        return f"{ex.margin:g}x its noise floor ({ex.samples} orders on {ex.engine})"
+    return f"the fixed {c.max_ulp_tolerance:g} scaled ULP (no noise floor: {ex.floor_note})"

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xbackend.compare.conditioning import NodeStat, node_stats
 from xbackend.compare.judge_nodes import JUDGE_PHASE, judge_backend, reorder_check
 from xbackend.compare.judged_graph import Judged
 from xbackend.execution.executor import Executor, Job, JobOutcome
@@ -19,6 +20,7 @@ __all__ = ["LOCAL_PHASE", "NODE_FLOOR_PHASE", "Judge", "Plan", "judge_all"]
 
 LOCAL_PHASE = "local"
 NODE_FLOOR_PHASE = "node-floor"
+_NO_CHECK = "not run: the allowances are checked against K orders per node with --noise-samples K"
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,10 @@ class Plan:
 
 def judge_all(
     spec: ModelSpec, plan: Plan, done: Mapping[str, JobOutcome], ref_capture: str, ex: Executor
-) -> tuple[list[LocalErrors], ReorderCheck]:
+) -> tuple[list[LocalErrors], ReorderCheck, dict[str, NodeStat]]:
     """Every backend's local errors against the float64 judge, the reference's own included (its
-    capture is its severed run: it was fed its own values), and the per-node floor against the
-    allowances of the reference's grain."""
+    capture is its severed run: it was fed its own values), the per-node floor against the
+    allowances of the reference's grain, and each node's NodeStat there (conditioning)."""
     local = [LocalErrors(name, "not-measured", why) for name, why in plan.not_measured.items()]
     modules = spec.modules()
     captures = {plan.reference: ref_capture}
@@ -77,6 +79,8 @@ def judge_all(
         keys.setdefault(plan.judge_of.get(name, ""), []).append(name)
     floor = _floor_check(plan, done)
     checks: list[ReorderCheck] = []
+    stats: dict[str, NodeStat] = {}
+    keys.setdefault("", [])  # the reference's grain is evaluated for conditioning all the same
     for key, names in keys.items():
         judge = plan.judges.get(key)
         judged = judge.judged if judge is not None else None
@@ -95,6 +99,8 @@ def judge_all(
                 parts[n].append(
                     judge_backend(n, captures[n], capture, judged, order, modules, plan.covers.get(n), graph)
                 )
+            if key == "":
+                stats.update(node_stats(capture, judged, order))
             if key == "" and floor is not None and floor.status == "ok":
                 checks.append(_reorder_part(plan, done, judged, capture, order))
         local += [
@@ -103,10 +109,14 @@ def judge_all(
         ]
         if key == "" and failed:
             floor = ReorderCheck("unavailable", "the float64 judge failed")
+            stats.clear()
     if floor is None:
         judge = plan.judges.get("")
-        return local, ReorderCheck("unavailable", "no reduction to permute" if judge is not None else "")
-    return local, (_merged_check(checks, floor) if floor.status == "ok" else floor)
+        why = "no reduction to permute" if judge is not None else ""
+        if plan.node_floor_job is None and judge is not None:
+            why = _NO_CHECK
+        return local, ReorderCheck("unavailable", why), stats
+    return local, (_merged_check(checks, floor) if floor.status == "ok" else floor), stats
 
 
 def _evaluations(

@@ -200,7 +200,7 @@ def _execute(
         named = {b.name: b for b in backends}
         # The explanation needs only the builds: it runs beside the probes where memory holds
         # both (their workers leave cores idle while they start and write), else after them.
-        beside = bool(probe_jobs) and opts.noise_samples > 0 and side_by_side(ctx, 2, processes=3)
+        beside = bool(probe_jobs) and opts.noise_samples != 0 and side_by_side(ctx, 2, processes=3)
         with ex.shared() as shared, ThreadPoolExecutor(1, thread_name_prefix="xbackend-explain") as pool:
             args = (ex, ctx, planned, everything, named, ref, shared, too_big)
             later = pool.submit(explain, *args) if beside else None

@@ -28,7 +28,7 @@ def _row(name: str, le: LocalErrors | None, modules: dict[str, str]) -> list[str
 
 def _check_words(rc: ReorderCheck, modules: dict[str, str]) -> str:
     if rc.status != "ok":
-        return ""
+        return f" The allowances against K orders per node: {rc.reason}." if rc.reason else ""
     at = f", at {with_module(rc.largest_at, modules)}" if rc.largest_at else ""
     past = f" **Past it at {', '.join(rc.over)}.**" if rc.over else ""
     return (
@@ -55,9 +55,14 @@ def explanation_section(r: Result) -> list[str]:
         "(Higham & Mary's probabilistic bound); an origin past the deterministic bound too is an error "
         "at any confidence. The reference is judged like every backend.",
         "",
-        f"Noise floor: every reduction of the model ({ex.permuted} of them) summed in {ex.samples} random "
-        f"orders on {ex.engine}; a tensor's floor is the largest scaled ULP an order moved it (an "
-        "empirical figure beside the bounds; it decides only for backends that could not be judged)."
+        (
+            f"Noise floor: every reduction of the model ({ex.permuted} of them) summed in {ex.samples} "
+            f"random orders on {ex.engine}; a tensor's floor is the largest scaled ULP an order moved it "
+            "(an empirical figure beside the bounds; it decides only for backends that could not be "
+            "judged)."
+            if ex.floors
+            else f"Noise floor: {ex.floor_note or 'not measured'}."
+        )
         + _check_words(ex.reorder_check, modules),
         "",
     ]
@@ -105,22 +110,29 @@ def explanation_section(r: Result) -> list[str]:
     out += ["### Ill-conditioned", ""]
     if ex.ill_conditioned:
         out += [
-            "Where reorderings alone move a tensor past "
-            f"{num(conditioning_limit('float32'))} scaled ULP (float32; 2^(p/2) for a p-bit significand), "
-            "or where every engine is that far from the float64 oracle while they agree with each other: "
-            "the model, not the engines, decides its accuracy. Differences at and after these are the "
-            "model's.",
+            "Where the rounding of the nodes above a tensor, carried through each node's condition "
+            "number (from the float64 judge's value and operand magnitude: Σ|a||b| / |Σab| for a sum), "
+            f"passes {num(conditioning_limit('float32'))} scaled ULP (float32; 2^(p/2) for a p-bit "
+            "significand) while its inputs' does not, or where every engine is that far from the float64 "
+            "oracle while they agree with each other: the model, not the engines, decides its accuracy. "
+            "Differences at and after these are the model's.",
             "",
             *table(
-                ["tensor", "module", "floor (scaled ULP)", "found by", "cause"],
+                ["tensor", "module", "composed rounding (scaled ULP)", "found by", "cause"],
                 [
-                    [t.tensor, t.module or "–", num(t.floor_scaled_ulp), t.criterion, t.cause]
+                    [t.tensor, t.module or "–", num(t.scaled_ulp), t.criterion, t.cause]
                     for t in ex.ill_conditioned
                 ],
             ),
         ]
+    elif ex.conditioning:
+        out += [f"Not assessed: {ex.conditioning.removeprefix('not assessed: ')}.", ""]
     else:
-        out += ["None: reorderings keep every tensor within half its precision.", ""]
+        out += [
+            "None: the rounding of every node, carried through the condition numbers above it, keeps every "
+            "tensor within half its precision.",
+            "",
+        ]
     if ex.amplifiers:
         out += [
             "Amplifiers: math nodes where half an ULP of the input (the rounding it already carries) moves "

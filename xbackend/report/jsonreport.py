@@ -106,6 +106,7 @@ def _cross(c: CrossBackendResult, modules: dict[str, str], floors: dict[str, flo
         "max_ulp": c.max_ulp,
         "scaled_ulp": c.scaled_ulp,
         "max_ulp_tolerance": c.max_ulp_tolerance,
+        "tolerance_by": c.tolerance_by,
         "within_tolerance": (not c.violates) if c.status == "ok" else None,
         "first_divergence": c.first_divergence,
         "first_violation": c.first_violation,
@@ -141,6 +142,8 @@ def _explanation(r: Result) -> dict[str, Any]:
         "reason": ex.reason,
         "floor_engine": ex.engine,
         "noise_samples": ex.samples,
+        "floor_note": ex.floor_note,
+        "conditioning": ex.conditioning,
         "margin": ex.margin,
         "reductions_permuted": ex.permuted,
         "reductions_left_in_order": [{"node": n, "op_type": o, "why": w} for n, o, w in ex.skipped],
@@ -262,7 +265,7 @@ def to_dict(r: Result) -> dict[str, Any]:
                 {
                     "tensor": t.tensor,
                     "module": t.module,
-                    "floor_scaled_ulp": t.floor_scaled_ulp,
+                    "scaled_ulp": t.scaled_ulp,
                     "cause": t.cause,
                     "criterion": t.criterion,
                 }

@@ -130,6 +130,7 @@ def _layer_body(
         f"{len(c.tensors)} tensors compared per layer. First divergence: "
         f"**{inert(c.first_divergence or 'none')}**; first past tolerance: "
         f"**{inert(c.first_violation or 'none')}**."
+        + (f" Tolerances: {c.tolerance_by}." if c.tolerance_by else "")
     )
     out.append("")
     if c.only_in_backend or c.only_in_reference:
@@ -191,7 +192,7 @@ def cross_section(r: Result) -> list[str]:
         return ["## Cross-backend", "", "Only one backend ran; nothing to compare across backends.", ""]
     out = ["## Cross-backend, per layer", ""]
     modules = r.model.modules()
-    floors = r.explanation.floor_map() if r.explanation.ok else None
+    floors = r.explanation.floor_map() if r.explanation.ok and r.explanation.floors else None
     if floors is not None:
         out += [
             "× floor: the difference in units of the tensor's noise floor (how far legitimate orders "

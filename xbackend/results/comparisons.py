@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from xbackend.files.codec import OMIT_DEFAULT
 from xbackend.numerics.metrics import DEFAULT_MAX_ULP, TensorDiff
 from xbackend.numerics.values import value_name
 from xbackend.results.explanation import Origin
@@ -37,6 +38,8 @@ class CrossBackendResult:
     not_judged: str = ""  # why explained is None (the explanation or its local errors did not run)
     origins: tuple[Origin, ...] = ()
     local_errors: tuple[tuple[str, float | None], ...] = ()  # tensor -> its local error (scaled ULP)
+    # what decided its tolerances: its nodes' allowances, the noise floor, or a fixed --max-ulp
+    tolerance_by: str = field(default="", metadata={OMIT_DEFAULT: True})
 
     @classmethod
     def from_diffs(

@@ -8,8 +8,9 @@ tensors the model itself leaves ill-conditioned.
   (xbackend.compare.judge_nodes, allowances from xbackend.bounds.element). A node past its allowance is an
   origin; a backend without origins is explained. A backend that could not be judged is held to
   MARGIN times the larger of the floor and its op's rounding bound (xbackend.bounds.unjudged).
-- A tensor is ill-conditioned when reorderings alone move it past `conditioning_limit`:
-  fewer than half of its dtype's significand bits survive a change of sum order.
+- A tensor is ill-conditioned when the rounding of the nodes above it, carried through their
+  condition numbers (the float64 judge's value and magnitude, xbackend.compare.conditioning), passes
+  `conditioning_limit`: fewer than half of its dtype's significand bits survive rounding.
 """
 
 from __future__ import annotations
@@ -185,9 +186,9 @@ class IllConditioned:
 
     tensor: str
     module: str
-    floor_scaled_ulp: float
+    scaled_ulp: float  # its rounding composed through the condition numbers above it (0: not composed)
     cause: str
-    criterion: str = "reorderings"  # "reorderings" | "far from float64"
+    criterion: str = "condition"  # "condition" | "far from float64"
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,10 @@ class Explanation:
     confidence: float = 0.0  # per node: the chance a correct engine's rounding stays within
     reorder_check: ReorderCheck = ReorderCheck("unavailable")
     amplifiers: tuple[Amplifier, ...] = ()
+    floor_note: str = ""  # why there is no floor (not needed, or it failed)
+    conditioning: str = ""  # why ill-conditioning was not assessed ("": it was)
+    # each judged tensor's rounding composed through the condition numbers above it (scaled ULP)
+    composed: tuple[tuple[str, float], ...] = field(default=(), metadata={OMIT_DEFAULT: True})
 
     @property
     def ok(self) -> bool:

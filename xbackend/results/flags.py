@@ -87,9 +87,12 @@ def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Flag]]:
 
 
 def count(lo: int, hi: int = MAX_COUNT, what: str = "") -> Callable[[str, Any], None]:
-    """A whole number in [lo, hi]; `what` names the unit in the error."""
+    """A whole number in [lo, hi]; `what` names the unit in the error. None passes (a default
+    that is chosen later)."""
 
     def check(cli: str, n: Any) -> None:
+        if n is None:
+            return
         if n > hi:
             raise UsageError(f"{cli} must be at most {hi:,}, got {n:,}")
         if n < lo:

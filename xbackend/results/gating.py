@@ -255,8 +255,9 @@ def _ill_conditioned(c: _Context, _: float | None) -> str:
     return "; ".join(
         f"{t.tensor}: "
         + (
-            f"reorderings alone move it by {short(t.floor_scaled_ulp)} scaled ULP"
-            if t.criterion == "reorderings"
+            f"the rounding above it, carried through its nodes' condition numbers, reaches "
+            f"{short(t.scaled_ulp)} scaled ULP"
+            if t.criterion == "condition"
             else "every engine is past half its precision from float64"
         )
         + f" ({t.cause})"

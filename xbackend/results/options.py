@@ -341,13 +341,15 @@ class CompareOptions:
         metavar="DIR",
         parse=str,
     )
-    noise_samples: int = flag(
-        8,
+    noise_samples: int | None = flag(  # None: floors only for backends the judge cannot judge
+        None,
         "--noise-samples",
-        "random orders of every reduction the noise floor is measured over (0: no floor, no "
-        "origins; --max-ulp auto then falls back to 64)",
+        "measure the noise floor over K random orders of every reduction (default: only for "
+        "backends that cannot be judged against float64, with 8; 0: no explanation, no origins; "
+        "--max-ulp auto then falls back to 64)",
         metavar="K",
-        check=count(0, what=" (0: no noise floor)"),
+        typer_type=int | None,
+        check=count(0, what=" (0: no explanation)"),
     )
     timed_runs: int = flag(  # more runs of the model users ship, timed (and compared) like the others
         0,

@@ -288,8 +288,9 @@ class Result:
         out = []
         for t in ex.ill_conditioned:
             how = (
-                f"reorderings alone move it by {short(t.floor_scaled_ulp)} scaled ULP"
-                if t.criterion == "reorderings"
+                f"the rounding above it, carried through its nodes' condition numbers, reaches "
+                f"{short(t.scaled_ulp)} scaled ULP"
+                if t.criterion == "condition"
                 else "every engine is past half its precision from the float64 oracle while they agree"
             )
             out.append(
