@@ -186,6 +186,65 @@ def test_naive_variance_is_ill_conditioned_and_its_two_pass_twin_is_not(tmp_path
     assert twin.cross("ort-cpu").explained is True
 
 
+def _conditioned(tmp_path: Path, kind: str, scale: float) -> Path:
+    """x (64 wide) through one node whose condition grows with `scale`: a Softmax over logits
+    x·W with W of that size, or a LayerNormalization of rows shifted by it."""
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array((rng.standard_normal((64, 64)) * scale).astype(np.float32), "w")]
+    if kind == "softmax":
+        nodes = [
+            helper.make_node("MatMul", ["x", "w"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["y"], axis=-1),
+        ]
+    else:
+        inits = [
+            onnx.numpy_helper.from_array(np.array(scale, np.float32), "shift"),
+            onnx.numpy_helper.from_array(np.ones(64, np.float32), "g"),
+            onnx.numpy_helper.from_array(np.zeros(64, np.float32), "b"),
+        ]
+        nodes = [
+            helper.make_node("Add", ["x", "shift"], ["shifted"]),
+            helper.make_node("LayerNormalization", ["shifted", "g", "b"], ["y"], axis=-1),
+        ]
+    g = helper.make_graph(
+        nodes,
+        kind,
+        [helper.make_tensor_value_info("x", f, [8, 64])],
+        [helper.make_tensor_value_info("y", f, [8, 64])],
+        inits,
+    )
+    m = tmp_path / f"{kind}-{scale:g}.onnx"
+    onnx.save(helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]), str(m))
+    return m
+
+
+@pytest.mark.parametrize(
+    ("kind", "well", "ill", "cause"),
+    [
+        ("softmax", 1.0, 1000.0, "a softmax over logits spanning"),
+        ("layernorm", 10.0, 1e5, "a normalization over rows whose mean is"),
+    ],
+)
+def test_a_condition_past_half_the_precision_is_named_with_its_cause(
+    tmp_path: Path, kind: str, well: float, ill: float, cause: str
+) -> None:
+    """The judge's condition numbers name the onset, with the cause, where the model is
+    ill-conditioned (logits of magnitude 1e4 round by 1e-3, a relative error of the
+    probabilities of 2^14 ULP; rows 1e5 from zero round by 1/128 of their unit spread), and
+    nothing where it is not; the engines stay explained either way."""
+    for scale, expected in ((well, []), (ill, ["y"])):
+        r = xbackend.compare(
+            _conditioned(tmp_path, kind, scale), backends="ort-cpu,reference", runs=1, probes="none"
+        )
+        ill_at = r.explanation.ill_conditioned
+        assert [t.tensor for t in ill_at] == expected, (scale, ill_at)
+        assert r.cross("ort-cpu").explained is True
+        if expected:
+            assert cause in ill_at[0].cause and ill_at[0].criterion == "condition"
+            assert ill_at[0].scaled_ulp > 4096
+
+
 BUNDLED = {
     "mlp_layernorm.onnx": {},
     "attention.onnx": {},

@@ -99,6 +99,30 @@ def test_a_capture_equals_a_live_run_of_the_same_backend(mlp_capture: Path) -> N
     assert r.feeds.source == f"capture {mlp_capture}"
 
 
+def test_a_loaded_capture_brings_the_floor_back_and_says_what_decided_each_tolerance(
+    mlp_capture: Path,
+) -> None:
+    """The K-order floors leave the default path: they run only for a backend the float64 judge
+    cannot judge (a loaded capture), and each comparison names what decided its tolerances."""
+    live = xbackend.compare(TORCH_MLP, backends=["ort-cpu", "reference"], runs=1, probes="none")
+    assert live.explanation.ok and live.explanation.floors == ()
+    assert live.explanation.floor_note.startswith("not measured: every backend was judged against float64")
+    assert live.cross("ort-cpu").tolerance_by == "its nodes' allowances against float64"
+    r = xbackend.compare(
+        TORCH_MLP, backends=["ort-cpu", "reference"], runs=1, loads=[str(mlp_capture)], probes="none"
+    )
+    ex = r.explanation
+    assert ex.ok and ex.samples == 8 and ex.engine == "ort-cpu" and len(ex.floors) == 49
+    assert r.cross("ort-cpu").tolerance_by == "its nodes' allowances against float64"
+    loaded = r.cross("ort-cpu@cpu-host")
+    assert loaded.explained is None and loaded.tolerance_by == "4x its noise floor (8 orders on ort-cpu)"
+    # the floors decide the loaded capture's tolerances: 4 x max(floor, op bound, 1) per tensor
+    assert dict(loaded.tolerances) == ex.tolerances(r.model.op_types())
+    # asked for, the per-node check of the allowances runs; by default it says how to ask
+    assert live.explanation.reorder_check.reason.endswith("with --noise-samples K")
+    assert ex.reorder_check.status == "unavailable"
+
+
 def test_a_damaged_capture_is_refused_in_one_line(
     mlp_capture: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

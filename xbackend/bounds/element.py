@@ -194,15 +194,18 @@ def allowance(bound: NodeBound, v: np.ndarray, mag: np.ndarray | None, u: float)
     # 0 · inf (an exact op on a mask's -inf) is nan, judged by equality; a magnitude near float64's
     # largest overflows to inf, an allowance that judges nothing (the vacuity check says so)
     with np.errstate(invalid="ignore", over="ignore"):
-        out = bound.a * av
+        out = np.multiply(av, u * bound.a, dtype=np.float64)  # a fresh array: added to in place
         if bound.b and mag is not None:
-            out = out + bound.b * np.nan_to_num(np.abs(mag), nan=0.0, posinf=np.inf)
+            am = np.abs(mag)  # float32 where the judge wrote it so: multiplied in float64
+            if np.isnan(am.max(initial=0.0)):
+                am = np.nan_to_num(am, nan=0.0, posinf=np.inf)
+            out += np.multiply(am, u * bound.b, dtype=np.float64)
         if bound.c:
-            out = out + bound.c
+            out += u * bound.c
         if bound.scaled:
             finite = av[np.isfinite(av)]
-            out = out + bound.scaled * (float(finite.max()) if finite.size else 0.0)
-        return np.asarray(u * out, np.float64)
+            out += u * bound.scaled * (float(finite.max()) if finite.size else 0.0)
+        return np.asarray(out, np.float64)
 
 
 def attributes(node: onnx.NodeProto) -> dict[str, Any]:

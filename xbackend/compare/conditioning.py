@@ -62,7 +62,7 @@ def node_stats(judge_capture: str, judged: Judged, order: Sequence[str]) -> dict
         for t in order:
             bound = judged.bounds.get(t)
             v = j.get(t) if bound is not None else None
-            if not isinstance(v, np.ndarray) or v.dtype != np.float64:
+            if bound is None or not isinstance(v, np.ndarray) or v.dtype != np.float64:
                 continue  # an integer or boolean result: exact, it carries no rounding
             m = j.get(AUX + t)
             out[t] = NodeStat(
@@ -97,9 +97,7 @@ _LIPSCHITZ = frozenset(
 )  # fmt: skip
 
 
-def composed_rounding(
-    spec: ModelSpec, stats: Mapping[str, NodeStat], ref_capture: str
-) -> dict[str, float]:
+def composed_rounding(spec: ModelSpec, stats: Mapping[str, NodeStat], ref_capture: str) -> dict[str, float]:
     """Each judged tensor's rounding error composed from the start of the model, in scaled ULP: every
     node's own rounding (half an ULP of its value; u·M for a sum of n terms) plus its inputs'
     errors carried through its condition number: relative errors through products, absolute

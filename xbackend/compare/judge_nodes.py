@@ -98,7 +98,8 @@ def element_allowance(
     an inexact op, and what the node inherits from uncaptured nodes above it."""
     allow = allowance(bound, v, _fit(mag, v.shape), unit_roundoff(dtype))
     if not bound.exact:  # v is itself rounded to float64 along its evaluation
-        allow = allow * (1 + 2.0**-20) + FLUSH * _tiny(dtype)
+        allow *= 1 + 2.0**-20
+        allow += FLUSH * _tiny(dtype)
     if inherited is not None:
         # flattened, or of a smaller operand: reshaped back, else its largest element everywhere
         fit = _fit(inherited, allow.shape)
@@ -153,10 +154,11 @@ def _measure(
     top = _max(dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(yv - v)
-        # a float64 value past the dtype's range rounds to the infinity of its sign
-        overflow = (np.abs(v) > top) & np.isinf(yv) & (np.sign(yv) == np.sign(v))
-        both_nan = np.isnan(yv) & np.isnan(v)
-        err = np.where(overflow | both_nan | (yv == v), 0.0, err)
+        if not np.isfinite(err).all():  # infinities and NaN: the common case has none
+            # a float64 value past the dtype's range rounds to the infinity of its sign
+            overflow = (np.abs(v) > top) & np.isinf(yv) & (np.sign(yv) == np.sign(v))
+            both_nan = np.isnan(yv) & np.isnan(v)
+            err = np.where(overflow | both_nan | (yv == v), 0.0, err)
         if reached is not None:  # a step its operands' errors reach
             err = np.where(reached, 0.0, err)
     if np.isnan(err).any():
@@ -164,11 +166,10 @@ def _measure(
         detail = "NaN where float64 gives a number" if np.isnan(yv[i]) else "a number where float64 gives NaN"
         return _Measured(math.inf, None, 0.0, tuple(int(k) for k in i), True, detail)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(err == 0, 0.0, err / allow)
+        ratio = np.divide(err, allow, out=np.zeros(err.shape), where=err != 0)
     flat = int(np.argmax(ratio))
     i = np.unravel_index(flat, ratio.shape)
-    finite = np.abs(v[np.isfinite(v)])
-    scale = ulp_at(float(finite.max()) if finite.size else 0.0, dtype)
+    scale = ulp_at(_finite_top(v), dtype)
     e, a = float(err[i]), float(allow[i])
     certain = False
     if bound.deterministic_b and ratio[i] > 1 and mag is not None:
@@ -195,18 +196,31 @@ def at_declared(y: np.ndarray, declared: str | None) -> tuple[np.ndarray, str]:
         return y.astype(want), (str(y.dtype) if narrow else "")
 
 
+def _finite_top(v: np.ndarray) -> float:
+    """The largest finite |v| (0 for none)."""
+    top = float(np.max(np.abs(v), initial=0.0))
+    if math.isfinite(top):
+        return top
+    finite = np.abs(v[np.isfinite(v)])
+    return float(finite.max()) if finite.size else 0.0
+
+
 def _vacuous(allow: np.ndarray, v: np.ndarray, dtype: np.dtype[np.generic]) -> str:
     """Why an allowance judges nothing: not finite, or past the value's own largest magnitude
     (a result off by its whole size would pass); '' where it judges."""
     if allow.size == 0:
         return ""
     av = np.abs(v)
-    finite_v = np.isfinite(av)  # an infinite value (a mask's -inf) is judged by equality
-    where = np.broadcast_to(finite_v, allow.shape)
-    widest = float(np.max(allow, where=where, initial=0.0))  # nan where v is inf: left out
+    top = float(av.max(initial=0.0))
+    if math.isfinite(top):  # the common case: one pass each
+        widest = float(allow.max(initial=0.0))
+    else:
+        finite_v = np.isfinite(av)  # an infinite value (a mask's -inf) is judged by equality
+        where = np.broadcast_to(finite_v, allow.shape)
+        widest = float(np.max(allow, where=where, initial=0.0))  # nan where v is inf: left out
+        top = float(np.max(av, where=finite_v, initial=0.0))
     if not math.isfinite(widest):
         return "its allowance is not finite"
-    top = float(np.max(av, where=finite_v, initial=0.0))
     if widest > max(top, FLUSH * _tiny(dtype)) * (1 + 2.0**-10):  # a zero tensor's floor is the flush line
         return f"its allowance ({widest:.3g}) is larger than the value's own magnitude ({top:.3g})"
     return ""

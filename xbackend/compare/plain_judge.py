@@ -205,7 +205,7 @@ def _planned_run(
     held = set(judged.tensors)
     tensors = tuple(x for t in ends for x in (t, AUX + t, PROP + t) if x in held)
     jphase = Phase.planned(JUDGE_PHASE, tensors, 1, model=_model_ref(spec, jpath, extra, judged.proto))
-    variant = oracle.variant(narrow="false", threads="1")
+    variant = oracle.variant(narrow="false", threads="1", float32_prefix=AUX)
     judge = Job(f"explain-judge-stretches-{key}", oracle.name, oracle.cls, variant, feeds, (jphase,))
     return _Run(cutting, ends, run, judge, judged)
 
