@@ -245,6 +245,46 @@ def test_a_condition_past_half_the_precision_is_named_with_its_cause(
             assert ill_at[0].scaled_ulp > 4096
 
 
+def test_a_masks_float32_min_is_not_ill_conditioning(tmp_path: Path) -> None:
+    """Causal attention adds (1 - mask) * float32 min to its scores (GPT-2's export): the masked
+    logits are rounded at 3.4e38 yet leave the softmax at exactly 0, so the rounding composed
+    through the softmax is the unmasked logits' (a false WARN on every layer before)."""
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    mask = np.tril(np.ones((16, 16), np.float32))
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w"),
+        onnx.numpy_helper.from_array(mask, "mask"),
+        onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        onnx.numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "lowest"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["q"]),
+        helper.make_node("Transpose", ["x"], ["kt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Sub", ["one", "mask"], ["masked"]),
+        helper.make_node("Mul", ["masked", "lowest"], ["bias"]),
+        helper.make_node("Add", ["scores", "bias"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=-1),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "causal",
+        [helper.make_tensor_value_info("x", f, [16, 64])],
+        [helper.make_tensor_value_info("y", f, [16, 16])],
+        inits,
+    )
+    m = tmp_path / "causal.onnx"
+    onnx.save(helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]), str(m))
+    r = xbackend.compare(m, backends="ort-cpu,reference", runs=1, probes="none")
+    assert r.explanation.ill_conditioned == ()
+    composed = dict(r.explanation.composed)
+    # the mask is exact; the logits carry the scores' rounding (a few ULP), not 3.4e38's
+    assert composed["bias"] == 0.0 and composed["logits"] < 2 * composed["scores"] + 1, composed
+    assert 0 < composed["y"] < 4096
+    assert r.cross("ort-cpu").explained is True
+
+
 BUNDLED = {
     "mlp_layernorm.onnx": {},
     "attention.onnx": {},

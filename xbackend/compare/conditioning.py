@@ -44,9 +44,9 @@ AMPLIFIER_NOTE = 16.0  # scaled ULP: a gain past this is named in the verdict
 
 @dataclass(frozen=True)
 class NodeStat:
-    """What conditioning needs of one judged node output: the largest finite |v| of its float64
-    value, of its magnitude M (0: none), its sum's terms n (0: not a reduction), how its bound
-    is kind (exact, reduction, ...) and the dtype it is judged at."""
+    """What conditioning needs of one judged node output: the largest |v| of its float64 value and
+    of its magnitude M (0: none), below SENTINEL; its sum's terms n (0: not a reduction), its
+    bound's kind (exact, reduction, ...) and the dtype it is judged at."""
 
     vmax: float
     mmax: float
@@ -75,10 +75,18 @@ def node_stats(judge_capture: str, judged: Judged, order: Sequence[str]) -> dict
     return out
 
 
+# |v| from here on is a mask's sentinel (a causal mask's float32 min), not an activation: its
+# elements leave a softmax at exactly 0, so their rounding reaches nothing below
+SENTINEL = 2.0**100
+
+
 def _finite_max(x: np.ndarray) -> float:
+    """The largest |x| below SENTINEL (0 for none)."""
     a = np.abs(np.asarray(x, np.float64))
-    finite = a[np.isfinite(a)]
-    return float(finite.max()) if finite.size else 0.0
+    top = float(a.max(initial=0.0))
+    if top < SENTINEL:
+        return top
+    return float(np.max(a, where=a < SENTINEL, initial=0.0))
 
 
 # ops whose output moves with the relative error of their inputs (|d log f| <= sum |d log x|)
