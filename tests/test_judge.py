@@ -541,3 +541,48 @@ def test_pieces_are_cut_only_where_the_engine_reads_the_tensor_by_its_name() -> 
         ]
     )
     assert coinciding(by_name, model, {"t", "y"}) == {"t", "y"}  # read by its name, then reordered
+
+
+def test_the_compiled_pass_judges_as_numpy_does() -> None:
+    """xbackend.numerics.jitjudge judges a node output in one pass: the same ratio, element,
+    allowance and flushed count as the numpy form, bit for bit, for every kind of bound, both
+    dtypes, magnitudes in float32 or float64, exact values, rounding errors, a flushed subnormal
+    and a zero where float64 is nonzero; and it declines a non-finite element."""
+    from unittest import mock
+
+    from xbackend.bounds.element import NodeBound, unit_roundoff
+    from xbackend.compare import judge_nodes as jn
+
+    rng = np.random.default_rng(1)
+    bounds = [
+        NodeBound("MatMul", "reduction", a=1.0, b=30.5, terms=64, lam=7.0, deterministic_b=64.0),
+        NodeBound("Add", "elementwise", a=1.0),
+        NodeBound("Foo", "default", scaled=64.0),
+        NodeBound("Reshape", "exact"),
+        NodeBound("Exp", "elementwise", a=2.0, c=3.0),
+    ]
+    seen = set()
+    for trial in range(200):
+        b = bounds[trial % len(bounds)]
+        dt = np.float32 if trial % 3 else np.float64
+        v = rng.standard_normal((7, 13)) * 10.0 ** int(rng.integers(-40, 5))
+        y = v.astype(dt)
+        kind = int(rng.integers(0, 4))
+        if kind == 1:  # rounding errors past or within the allowance
+            y = (v * (1 + rng.standard_normal(v.shape) * 1e-6)).astype(dt)
+        elif kind == 2:  # one element lost
+            y.flat[int(rng.integers(0, y.size))] = 0
+        elif kind == 3:  # a subnormal flushed to zero
+            v.flat[3], y.flat[3] = 1e-39, 0
+        mag = np.abs(v) * rng.uniform(1, 30, v.shape) if b.b else None
+        if mag is not None and trial % 2:
+            mag = mag.astype(np.float32)
+        fast = jn._measure_compiled(y, v, mag, b, unit_roundoff(np.dtype(dt)))
+        with mock.patch.object(jn, "_COMPILED", frozenset()):
+            slow = jn._measure(y, v, mag, b, None)
+        assert fast == slow, (b.op, dt, kind)
+        seen.add((slow.ratio > 1, slow.flushed > 0, bool(slow.vacuous)))
+    assert {(True, False, False), (False, False, False), (True, True, False)} <= seen
+    y = np.ones(4, np.float32)
+    y[1] = np.inf
+    assert jn._measure_compiled(y, np.ones(4), None, bounds[1], 2.0**-24) is None

@@ -35,7 +35,7 @@ from xbackend.compare.floors import (
     node_floor_job,
     save_severed_feeds,
 )
-from xbackend.compare.judge_nodes import JUDGE_PHASE
+from xbackend.compare.judge_nodes import JUDGE_PHASE, warm_compiled
 from xbackend.compare.judge_plan import LOCAL_PHASE, Judge, Plan, judge_all
 from xbackend.compare.judged_graph import judged_model
 from xbackend.compare.memory import explanation_disk, judge_window_note, judge_windows, side_by_side
@@ -145,6 +145,7 @@ def explain(
         # the judge first: the longer of the two takes the lane the optimized graph freed
         return [*([[judge]] if judge is not None else []), [p.local_jobs[name]]]
 
+    warm_compiled()  # numba's import and cache load, while the main process waits on workers
     done = ex.run_queue(queue, 2 if side_by_side(ctx, 2) else 1, then)
     ctx.notes.extend(_window_notes(ctx, state["plan"]))
     oracle = plan_backend(JUDGE_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)

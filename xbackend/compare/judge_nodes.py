@@ -12,6 +12,7 @@ the same per-element allowance.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from xbackend.numerics.metrics import COMPUTE_FLOATS, float_info, ulp_at
 from xbackend.numerics.values import Value
 from xbackend.results.explanation import LocalErrors, NodeJudgment, Origin, ReorderCheck
 
-__all__ = ["JUDGE_PHASE", "at_declared", "judge_backend", "reorder_check"]
+__all__ = ["JUDGE_PHASE", "at_declared", "judge_backend", "reorder_check", "warm_compiled"]
 
 JUDGE_PHASE = "judge"
 
@@ -39,6 +40,9 @@ def _plain_float(v: Value) -> bool:
 # what its range reduction scales below 2^-126, results up to about 1.6e-38 (float32's smallest
 # normal is 1.18e-38): twice the smallest normal, absolute, is allowed.
 FLUSH = 2.0
+
+
+_COMPILED = frozenset({"float32", "float64"})  # the dtypes xbackend.numerics.jitjudge judges
 
 
 def _tiny(dtype: np.dtype[np.generic]) -> float:
@@ -145,8 +149,12 @@ def _measure(
     if y.size == 0:
         return _Measured(0.0, 0.0, 0.0, (), False)
     mag = _fit(mag, v.shape)
-    yv = y.astype(np.float64)
     u = unit_roundoff(dtype)
+    if inherited is None and reached is None and str(dtype) in _COMPILED and v.dtype == np.float64:
+        fast = _measure_compiled(y, v, mag, bound, u)
+        if fast is not None:
+            return fast
+    yv = y.astype(np.float64)
     allow = element_allowance(bound, v, mag, inherited, dtype)
     empty = _vacuous(allow, v, dtype)
     if empty:
@@ -182,6 +190,69 @@ def _measure(
     return _Measured(
         float(ratio[i]), e / scale, a / scale, tuple(int(k) for k in i), certain, detail, flushed=flushed
     )
+
+
+def warm_compiled() -> threading.Thread:
+    """The compiled pass loaded in the background while the explanation's workers run."""
+
+    def load() -> None:
+        try:
+            # heavy: numba loads the compiled kernel from its cache
+            from xbackend.numerics.jitjudge import warm
+
+            warm()
+        except Exception:  # judging loads it again, and says why if it cannot
+            pass
+
+    t = threading.Thread(target=load, name="xbackend-warm-judge", daemon=True)
+    t.start()
+    return t
+
+
+def _measure_compiled(
+    y: np.ndarray, v: np.ndarray, mag: np.ndarray | None, bound: NodeBound, u: float
+) -> _Measured | None:
+    """_measure in one compiled pass (xbackend.numerics.jitjudge), where every element is finite;
+    None otherwise (the numpy form decides)."""
+    # heavy: numba compiles the kernel once, cached on disk
+    from xbackend.numerics.jitjudge import judge_pass
+
+    dtype = y.dtype
+    m = mag if bound.b and mag is not None else None
+    ks = 0.0
+    if bound.scaled:
+        ks = u * bound.scaled * _finite_top(v)
+    slack = (1.0, 0.0) if bound.exact else (1 + 2.0**-20, FLUSH * _tiny(dtype))
+    terms = (u * bound.a, u * bound.b, u * bound.c if bound.c else 0.0, ks, *slack)
+    line = FLUSH * _tiny(dtype)
+    got = judge_pass(y, v, m, terms, line)
+    if got is None:
+        return None
+    best, at, widest, top, flushed = got
+    if not math.isfinite(widest):
+        return _Measured(0.0, None, 0.0, (), False, vacuous="its allowance is not finite")
+    if widest > max(top, line) * (1 + 2.0**-10):
+        why = f"its allowance ({widest:.3g}) is larger than the value's own magnitude ({top:.3g})"
+        return _Measured(0.0, None, 0.0, (), False, vacuous=why)
+    i = tuple(int(k) for k in np.unravel_index(at, v.shape))
+    vi = float(v[i])
+    a = abs(vi) * terms[0]
+    if m is not None:
+        a = a + abs(float(m[i])) * terms[1]
+    if terms[2]:
+        a = a + terms[2]
+    if ks:
+        a = a + ks
+    a = a * slack[0] + slack[1]
+    e = abs(float(y[i]) - vi)
+    scale = ulp_at(top, dtype)
+    certain = False
+    if bound.deterministic_b and best > 1 and mag is not None:
+        det = u * (bound.a * abs(vi) + bound.deterministic_b * abs(float(mag[i])) + bound.c)
+        certain = e > det
+    elif best > 1:
+        certain = bound.kind in ("exact", "elementwise")
+    return _Measured(best, e / scale, a / scale, i, certain, flushed=flushed)
 
 
 def at_declared(y: np.ndarray, declared: str | None) -> tuple[np.ndarray, str]:
