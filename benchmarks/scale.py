@@ -20,9 +20,15 @@ Each backend's own peak (`backends[].peak_rss_bytes`, measured in its worker) is
 beside the whole run's. Targets (issue 28): ort-cpu per layer at T=1024 <= 1.5x the floor;
 each backend within 1.3x its weights + one run's activations + 1 GiB.
 
+With --explain it measures, per case instead, what the explanation costs: `compare M --backends
+ort-cpu,reference,oracle --runs 2` with the default probes and explanation, against the same
+with `--noise-samples 0`, side by side, and prints the ratio (target, issue 48: 1.3x) and each
+run's peak memory.
+
 Usage: python benchmarks/scale.py [--seqs 64,256,1024] [--sizes 2,12,36] [--backends ...]
                                   [--skip-polygraphy] [--static] [--workdir DIR] [--table FILE.md]
                                   [--plot FILE.png] [--log FILE]
+       python benchmarks/scale.py --explain [--seqs 512,1024] [--sizes 36] [--workdir DIR]
        python benchmarks/scale.py --floor MODEL --seq T [--runs 2]
        python benchmarks/scale.py --replot LOG --plot FILE.png   (the figure from a run's log)
 """
@@ -37,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -136,6 +143,22 @@ def xbackend_row(
     return wall, peak, own, code
 
 
+def explain_rows(model: Path, seq: int, say: Callable[[str], None]) -> float:
+    """The default comparison with and without the explanation, side by side: their ratio."""
+    base = [
+        tool("xbackend"), "compare", str(model), "--backends", "ort-cpu,reference,oracle", "--runs", "2",
+        "--shape", f"sequence={seq}", "--range", "input_ids=0:50257", "--no-progress",
+    ]  # fmt: skip
+    walls = []
+    for label, extra in (("without", ["--noise-samples", "0"]), ("explained", [])):
+        wall, peak, code = measure([*base, *extra])
+        walls.append(wall)
+        say(f"  {label:11s} {wall:7.1f} s  peak {peak / 2**30:5.2f} GiB  exit {code}")
+    ratio = walls[1] / walls[0]
+    say(f"  ratio       {ratio:.2f}x (target 1.3x)")
+    return ratio
+
+
 def planned_run(model: Path, seq: int) -> int:
     """Bytes of one run's tensors as xbackend's memory plan sizes them before running."""
     import onnx
@@ -201,6 +224,9 @@ def main() -> None:
     ap.add_argument("--backends", default="ort-cpu,reference,oracle")
     ap.add_argument("--skip-polygraphy", action="store_true")
     ap.add_argument(
+        "--explain", action="store_true", help="the explanation's cost: compare with and without it"
+    )
+    ap.add_argument(
         "--static",
         action="store_true",
         help="also export each length statically: its plan and ort-cpu beside",
@@ -237,6 +263,10 @@ def main() -> None:
             model, weights = export(workdir, layers)
             name = f"{model.parent.name} T={seq}"
             say(f"{name} ({weights / 2**30:.2f} GiB of weights)")
+            if args.explain:
+                ratio = explain_rows(model, seq, say)
+                rows.append(f"| {name} | {weights / 2**30:.2f} GiB | {ratio:.2f}x |")
+                continue
             fl = measure([sys.executable, __file__, "--floor", str(model), "--seq", str(seq)])
             say(f"  floor       {fl[0]:7.1f} s  peak {fl[1] / 2**30:5.2f} GiB  exit {fl[2]}")
             cells = [f"{fl[0]:.1f} s, {fl[1] / 2**30:.2f} GiB" if fl[2] == 0 else f"failed ({fl[2]})"]
@@ -270,6 +300,8 @@ def main() -> None:
             rows.append(f"| {name} | {weights / 2**30:.2f} GiB | " + " | ".join(cells) + " |")
     head = ["model", "weights", "floor", *backends, *(["ort-cpu, static export"] if args.static else [])]
     head += [] if args.skip_polygraphy else ["polygraphy"]
+    if args.explain:
+        head = ["model", "weights", "explained / without"]
     table = "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows])
     print(table)
     if args.table:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -110,20 +111,59 @@ def explain(
         return Explanation(
             "unavailable", f"floors and origins need the reference's tensors ({ref} has no per-layer capture)"
         )
-    try:
-        plan = _plan(ctx, planned, builds, results, ref, layers.capture)
-    except Exception as e:  # an explanation that cannot be planned is reported, never fatal
-        return Explanation("unavailable", f"the rewrites failed: {type(e).__name__}: {e}")
-    # One queue, two lanes where cores and memory allow (the floor engine's runs are
-    # single-threaded): each optimized graph first, since its severed run and float64 judge
-    # join the queue's front the moment it is written; the floors and the judge meanwhile.
+    lanes = 2 if side_by_side(ctx, 2) else 1
+    # Each optimized graph is written while the rest is planned: its severed run and float64
+    # judge join the queue's front the moment it is written; the floors and the judge meanwhile,
+    # in one queue, two lanes where cores and memory allow.
+    optimized = _optimized(ctx, planned, results, ref)
+    bar.grow(sum(j.steps for j, _ in optimized.values()))
+    with ex.shared(), ThreadPoolExecutor(lanes, thread_name_prefix="xbackend-ship") as pre:
+        started = [pre.submit(ex.run, job) for job, _ in optimized.values()]
+        try:
+            plan = _plan(ctx, planned, builds, results, ref, layers.capture, optimized)
+        except Exception as e:  # an explanation that cannot be planned is reported, never fatal
+            for f in started:
+                f.result()
+            return Explanation("unavailable", f"the rewrites failed: {type(e).__name__}: {e}")
+        done = _run(ctx, ex, plan, lanes, layers.capture, started)
+    ctx.notes.extend(_window_notes(ctx, done[1]))
+    oracle = plan_backend(JUDGE_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
+    shipped = Shipped(oracle, planned, results)
+    return _analyze(ctx, done[1], done[0], layers.capture, ex, shipped)
+
+
+def _optimized(
+    ctx: ProbeContext, planned: Sequence[PlannedBackend], results: Mapping[str, BackendResult], ref: str
+) -> dict[str, tuple[Job, Path]]:
+    """Each backend whose engine saves the graph it optimized: the job that writes it."""
+    folder = ctx.work / "explain"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for b in planned:
+        r = results.get(b.name)
+        if b.name in (ref, EXPECTED) or r is None or not r.ok or b.cls is None or b.interpreter is not None:
+            continue
+        if b.cls.executes_graph and b.cls.saves_optimized_graph:
+            out[b.name] = shipped_job(b.name, b.cls, b.variant(), ctx.spec, ctx.feeds_path, folder)
+    return out
+
+
+def _run(
+    ctx: ProbeContext,
+    ex: Executor,
+    plan: Plan,
+    lanes: int,
+    ref_capture: str,
+    started: Sequence[Future[JobOutcome]],
+) -> tuple[dict[str, JobOutcome], Plan]:
+    """The explanation's queue (the optimized graphs' jobs already `started`), and the plan as
+    the written graphs left it."""
     queue = [
-        *([j] for j, _ in plan.optimized.values()),
         *([j] for j in (plan.floor_job, plan.node_floor_job) if j is not None),
         [j.job for j in plan.judges.values() if j.job is not None],
         *([j] for n, j in plan.local_jobs.items() if n not in plan.optimized),
     ]
-    bar.grow(sum(j.steps for batch in queue for j in batch))
+    ex.bar.grow(sum(j.steps for batch in queue for j in batch))  # the lanes' shared bar
     state = {"plan": plan}
     lock = threading.Lock()
     shipping = {job.label: name for name, (job, _) in plan.optimized.items()}
@@ -136,7 +176,7 @@ def explain(
             return []
         with lock:
             try:
-                state["plan"] = _ship(ctx, state["plan"], name, o, layers.capture)
+                state["plan"] = _ship(ctx, state["plan"], name, o, ref_capture)
             except Exception as e:  # judged unfused instead, and the report says why
                 why = f"{UNFUSED}: its graph could not be severed ({type(e).__name__}: {e})"
                 state["plan"] = replace(state["plan"], graphs={**state["plan"].graphs, name: why})
@@ -146,11 +186,7 @@ def explain(
         return [*([[judge]] if judge is not None else []), [p.local_jobs[name]]]
 
     warm_compiled()  # numba's import and cache load, while the main process waits on workers
-    done = ex.run_queue(queue, 2 if side_by_side(ctx, 2) else 1, then)
-    ctx.notes.extend(_window_notes(ctx, state["plan"]))
-    oracle = plan_backend(JUDGE_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
-    shipped = Shipped(oracle, planned, results)
-    return _analyze(ctx, state["plan"], done, layers.capture, ex, shipped)
+    return ex.run_queue(queue, lanes, then, started), state["plan"]
 
 
 def _window_notes(ctx: ProbeContext, plan: Plan) -> list[str]:
@@ -222,6 +258,7 @@ def _plan(
     results: Mapping[str, BackendResult],
     ref: str,
     ref_capture: str,
+    optimized: Mapping[str, tuple[Job, Path]],
 ) -> Plan:
     spec, opts = ctx.spec, ctx.opts
     folder = ctx.work / "explain"
@@ -254,7 +291,6 @@ def _plan(
     captured = {n: d for n, (d, _) in held.items() if not n.startswith(SEVERED)}
     judges = {"": _judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "", src.path)}
     judge_of: dict[str, str] = {}
-    optimized: dict[str, tuple[Job, Path]] = {}
     engine = floor_backend(ctx, planned)
     node_floor = (  # the allowances checked against K orders per node: asked for alone
         node_floor_job(ctx, src, engine, severed, shapes, ref_capture, folder)
@@ -278,8 +314,6 @@ def _plan(
                 "the reference's values step by step"
             )
             continue
-        if b.cls.executes_graph and b.cls.saves_optimized_graph and b.interpreter is None:
-            optimized[name] = shipped_job(name, b.cls, b.variant(), spec, ctx.feeds_path, folder)
         # A runner of its own source keeps its model and takes the reference's values as feeds:
         # it computes each part it exposes from the part's inputs, so it is judged at that grain.
         if not b.cls.executes_graph:
@@ -305,7 +339,7 @@ def _plan(
         ref,
         judges,
         judge_of,
-        optimized,
+        dict(optimized),
         available,
         captured,
         shapes,

@@ -12,7 +12,7 @@ import functools
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -257,15 +257,38 @@ class Executor:
         queue: Sequence[Sequence[Job]],
         lanes: int,
         then: Callable[[JobOutcome], Sequence[Sequence[Job]]] = lambda _: (),
+        started: Sequence[Future[JobOutcome]] = (),
     ) -> dict[str, JobOutcome]:
         """Run each batch of `queue` in a worker process of its own (a batch's jobs share it), up
         to `lanes` processes at a time, in queue order; `then(outcome)` may return batches that
-        outcome made possible, which go to the front of the queue. The caller answers for
-        batches running side by side being independent and fitting in memory together."""
+        outcome made possible, which go to the front of the queue. `started`: jobs already
+        running (a lane each, counted in `lanes`), whose outcomes go through `then` as they end.
+        The caller answers for batches running side by side being independent and fitting in
+        memory together."""
         pending: deque[list[Job]] = deque(list(b) for b in queue if b)
         done: dict[str, JobOutcome] = {}
         lock = threading.Condition()
-        running = 0
+        running = len(started)
+
+        def adopt(f: Future[JobOutcome], stay: bool) -> None:
+            """A started job's lane: its outcome through `then`, then (`stay`) a lane like the
+            others."""
+            nonlocal running
+            outcomes: list[JobOutcome] = []
+            follow: list[list[Job]] = []
+            try:
+                outcomes = [f.result()]
+                follow = [list(b) for o in outcomes for b in then(o) if b]
+            finally:
+                with lock:
+                    running -= 1
+                    done.update((o.job.label, o) for o in outcomes)
+                    for b in reversed(follow):
+                        self.bar.grow(sum(j.steps for j in b))
+                        pending.appendleft(b)
+                    lock.notify_all()
+            if stay:
+                lane()
 
         def lane() -> None:
             nonlocal running
@@ -292,11 +315,14 @@ class Executor:
                             pending.appendleft(b)
                         lock.notify_all()
 
-        if lanes <= 1:
+        if lanes <= 1 and not started:
             lane()
             return done
-        with self.shared(), ThreadPoolExecutor(lanes, thread_name_prefix="xbackend-lane") as pool:
-            for f in [pool.submit(lane) for _ in range(lanes)]:
+        width = max(lanes, len(started), 1)
+        with self.shared(), ThreadPoolExecutor(width, thread_name_prefix="xbackend-lane") as pool:
+            futures = [pool.submit(adopt, f, k < lanes) for k, f in enumerate(started)]
+            futures += [pool.submit(lane) for _ in range(width - len(started))]
+            for f in futures:
                 f.result()
         return done
 

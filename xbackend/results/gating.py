@@ -62,7 +62,8 @@ POLICIES = (
     Policy(
         "ill-conditioned",
         18,
-        "a tensor is ill-conditioned: reorderings of sums alone move it past half its precision",
+        "a tensor is ill-conditioned: the rounding above it, carried through condition numbers, passes "
+        "half its precision",
     ),
     Policy(
         "not-judged",
