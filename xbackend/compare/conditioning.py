@@ -97,12 +97,21 @@ _NORMS = frozenset(
     {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
      "SkipSimplifiedLayerNormalization"}
 )  # fmt: skip
-# Lipschitz with constant at most 1.13 (erf' = 2/sqrt(pi)): the absolute error passes
-_LIPSCHITZ = frozenset(
-    {"Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "Tanh", "Sigmoid", "HardSigmoid", "Erf", "Gelu",
-     "FastGelu", "BiasGelu", "QuickGelu", "Softplus", "Softsign", "Sin", "Cos", "Abs", "Neg", "Clip",
-     "HardSwish", "Mish", "ThresholdedRelu", "Shrink", "Floor", "Ceil", "Round", "Sign"}
-)  # fmt: skip
+# Lipschitz ops, with the largest slope of each: the absolute error passes times it
+_LIPSCHITZ: dict[str, float] = {
+    **dict.fromkeys(
+        ("Relu", "LeakyRelu", "PRelu", "Tanh", "Softsign", "Sin", "Cos", "Abs", "Neg", "Clip", "Floor",
+         "Ceil", "Round", "Sign", "ThresholdedRelu", "Shrink", "Softplus", "Elu", "Celu"),
+        1.0,
+    ),
+    "Sigmoid": 0.25,
+    "HardSigmoid": 0.5,
+    "QuickGelu": 1.1,  # x·sigmoid(1.702x): slope at most 1.1
+    "Mish": 1.1,
+    "HardSwish": 1.5,
+    "Selu": 1.76,  # its scale times alpha
+    **dict.fromkeys(("Erf", "Gelu", "FastGelu", "BiasGelu"), 1.13),  # 2/sqrt(pi); gelu's slope
+}  # fmt: skip
 
 
 def composed_rounding(spec: ModelSpec, stats: Mapping[str, NodeStat], ref_capture: str) -> dict[str, float]:
@@ -156,7 +165,7 @@ def _carried(
         if spread is not None:
             return sum(err[i] for i in ins) * s.vmax / spread
     if s.kind == "exact" or op in _LIPSCHITZ:
-        return max(err[i] for i in ins) * (1.0 if s.kind == "exact" else 1.13)
+        return max(err[i] for i in ins) * (1.0 if s.kind == "exact" else _LIPSCHITZ[op])
     return s.vmax * max(rel)
 
 

@@ -37,7 +37,7 @@ from xbackend.compare.floors import (
     save_severed_feeds,
 )
 from xbackend.compare.judge_nodes import JUDGE_PHASE, warm_compiled
-from xbackend.compare.judge_plan import LOCAL_PHASE, Judge, Plan, judge_all
+from xbackend.compare.judge_plan import LOCAL_PHASE, Early, Judge, Plan, judge_all
 from xbackend.compare.judged_graph import judged_model
 from xbackend.compare.memory import explanation_disk, judge_window_note, judge_windows, side_by_side
 from xbackend.compare.plain_judge import Shipped, judge_plain_runs
@@ -125,11 +125,15 @@ def explain(
             for f in started:
                 f.result()
             return Explanation("unavailable", f"the rewrites failed: {type(e).__name__}: {e}")
-        done = _run(ctx, ex, plan, lanes, layers.capture, started)
-    ctx.notes.extend(_window_notes(ctx, done[1]))
-    oracle = plan_backend(JUDGE_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
-    shipped = Shipped(oracle, planned, results)
-    return _analyze(ctx, done[1], done[0], layers.capture, ex, shipped)
+        early = Early(ctx.spec, ref, layers.capture)
+        try:
+            done = _run(ctx, ex, plan, lanes, layers.capture, started, early)
+            ctx.notes.extend(_window_notes(ctx, done[1]))
+            oracle = plan_backend(JUDGE_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
+            shipped = Shipped(oracle, planned, results)
+            return _analyze(ctx, done[1], done[0], layers.capture, ex, shipped, early)
+        finally:
+            early.close()
 
 
 def _optimized(
@@ -155,6 +159,7 @@ def _run(
     lanes: int,
     ref_capture: str,
     started: Sequence[Future[JobOutcome]],
+    early: Early,
 ) -> tuple[dict[str, JobOutcome], Plan]:
     """The explanation's queue (the optimized graphs' jobs already `started`), and the plan as
     the written graphs left it."""
@@ -173,6 +178,9 @@ def _run(
             o.drop_captures()  # its floors came back in its result: its captures are read no more
         name = shipping.get(o.job.label)
         if name is None:
+            with lock:
+                current = state["plan"]
+            early.offer(current, o)
             return []
         with lock:
             try:
@@ -471,6 +479,7 @@ def _analyze(
     ref_capture: str,
     ex: Executor,
     shipped: Shipped,
+    early: Early | None = None,
 ) -> Explanation:
     spec = ctx.spec
     floors: dict[str, float] = {}
@@ -489,7 +498,7 @@ def _analyze(
             floor_note = f"the permuted model failed on {FLOOR_ENGINE}: {why}"
         else:
             floors = dict(phase.floors)
-    local, check, stats = judge_all(spec, plan, done, ref_capture, ex)
+    local, check, stats = judge_all(spec, plan, done, ref_capture, ex, early)
     local = judge_plain_runs(ctx, plan, ref_capture, ex, shipped, local)
     local.sort(key=lambda x: plan.order.index(x.backend) if x.backend in plan.order else -1)
     if not floors and not stats and all(le.status != "ok" for le in local):

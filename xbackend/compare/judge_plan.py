@@ -4,7 +4,9 @@ one window's float64 values are on disk at a time."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from xbackend.model.load import ModelSpec
 from xbackend.model.reorder import Reordered
 from xbackend.results.explanation import LocalErrors, ReorderCheck
 
-__all__ = ["LOCAL_PHASE", "NODE_FLOOR_PHASE", "Judge", "Plan", "judge_all"]
+__all__ = ["LOCAL_PHASE", "NODE_FLOOR_PHASE", "Early", "Judge", "Plan", "judge_all"]
 
 LOCAL_PHASE = "local"
 NODE_FLOOR_PHASE = "node-floor"
@@ -56,8 +58,61 @@ class Plan:
     rewrites: ModelSpec | None = None  # the model whose folder holds the rewrites' weights
 
 
+class Early:
+    """Backends judged in the background the moment their judge's capture and their own exist
+    (the main process is otherwise idle while the workers run): one thread, whose numpy and
+    compiled passes release the interpreter."""
+
+    def __init__(self, spec: ModelSpec, ref: str, ref_capture: str) -> None:
+        self._modules = spec.modules()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="xbackend-judge")
+        self._lock = threading.Lock()
+        self._captures = {ref: ref_capture}  # backend -> its severed run's capture
+        self._judges: dict[str, str] = {}  # judge key -> its one evaluation's capture
+        self._futures: dict[tuple[str, str], Future[LocalErrors]] = {}
+
+    def offer(self, plan: Plan, o: JobOutcome) -> None:
+        """Record `o`'s capture (a severed run, or a judge in one evaluation) and start every
+        judgment it completes."""
+        if not o.ok:
+            return
+        with self._lock:
+            for name, job in plan.local_jobs.items():
+                lp = o.phase(LOCAL_PHASE) if job.label == o.job.label else None
+                if lp is not None:
+                    self._captures[name] = lp.capture
+            for key, j in plan.judges.items():
+                jp = o.phase(JUDGE_PHASE) if j.job is not None and j.job.label == o.job.label else None
+                if jp is not None:
+                    self._judges[key] = jp.capture
+            for name, capture in self._captures.items():
+                key = plan.judge_of.get(name, "")
+                judge = plan.judges.get(key)
+                if key not in self._judges or (key, name) in self._futures or judge is None:
+                    continue
+                if judge.judged is None:
+                    continue
+                graph = plan.graphs.get(name) or _grain_words(name, plan)
+                args = (name, capture, self._judges[key], judge.judged, judge.judged.order, self._modules)
+                self._futures[(key, name)] = self._pool.submit(
+                    judge_backend, *args, plan.covers.get(name), graph
+                )
+
+    def take(self, key: str, name: str) -> LocalErrors | None:
+        f = self._futures.pop((key, name), None)
+        return f.result() if f is not None else None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def judge_all(
-    spec: ModelSpec, plan: Plan, done: Mapping[str, JobOutcome], ref_capture: str, ex: Executor
+    spec: ModelSpec,
+    plan: Plan,
+    done: Mapping[str, JobOutcome],
+    ref_capture: str,
+    ex: Executor,
+    early: Early | None = None,
 ) -> tuple[list[LocalErrors], ReorderCheck, dict[str, NodeStat]]:
     """Every backend's local errors against the float64 judge, the reference's own included (its
     capture is its severed run: it was fed its own values), the per-node floor against the
@@ -95,9 +150,14 @@ def judge_all(
                 failed = f"the float64 evaluation of each node failed: {why}"
                 continue
             for n in names:
+                got = early.take(key, n) if early is not None and judge.job is not None else None
                 graph = plan.graphs.get(n) or _grain_words(n, plan)
                 parts[n].append(
-                    judge_backend(n, captures[n], capture, judged, order, modules, plan.covers.get(n), graph)
+                    got
+                    if got is not None
+                    else judge_backend(
+                        n, captures[n], capture, judged, order, modules, plan.covers.get(n), graph
+                    )
                 )
             if key == "":
                 stats.update(node_stats(capture, judged, order))

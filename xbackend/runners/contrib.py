@@ -190,7 +190,8 @@ def contrib_ops() -> list[type]:
 
         def _run(self, x: Any, bias: Any = None) -> Any:
             v = x if bias is None else x + bias
-            return (0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))),)
+            cube = v * v * v  # v**3 calls pow: five times slower
+            return (0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * cube))),)
 
     class QuickGelu(OpRun):
         op_domain = CONTRIB_DOMAIN
