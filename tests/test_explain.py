@@ -398,6 +398,36 @@ def test_a_cancellation_no_order_can_fix_is_ill_conditioned(tmp_path: Path) -> N
     assert r.oracle("ort-cpu").scaled_ulp > 4096 and r.cross("ort-cpu").bitwise_equal
 
 
+def test_what_the_composition_does_not_model_is_ill_conditioned_against_float64(tmp_path: Path) -> None:
+    """x·1.0001 raised to the power 10000: the product's half-ULP rounding grows 10000-fold in
+    the power, a gain the composition does not take from the exponent (it carries a power's
+    relative error twice). Every float32 engine computes the same power of the same rounded
+    product, bit for bit or nearly, while float64 keeps the product's digits: with the oracle,
+    the power is ill-conditioned against float64, and the product above it is not."""
+    f = TensorProto.FLOAT
+    inits = [
+        onnx.numpy_helper.from_array(np.array(1.0001, np.float32), "k"),
+        onnx.numpy_helper.from_array(np.array(10000.0, np.float32), "p"),
+    ]
+    nodes = [helper.make_node("Mul", ["x", "k"], ["scaled"]), helper.make_node("Pow", ["scaled", "p"], ["y"])]
+    g = helper.make_graph(
+        nodes,
+        "power",
+        [helper.make_tensor_value_info("x", f, [256])],
+        [helper.make_tensor_value_info("y", f, [256])],
+        inits,
+    )
+    m = tmp_path / "power.onnx"
+    onnx.save(helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]), str(m))
+    r = xbackend.compare(
+        m, backends="ort-cpu,reference,oracle", runs=1, probes="none", ranges={"x": (0.9999, 1.0)}
+    )
+    ill = r.explanation.ill_conditioned
+    assert [(t.tensor, t.criterion) for t in ill] == [("y", "far from float64")], ill
+    assert dict(r.explanation.composed)["y"] < 4096 < r.oracle("ort-cpu").scaled_ulp
+    assert r.cross("ort-cpu").explained is True
+
+
 def test_a_long_sum_is_allowed_its_algorithm_not_only_its_order(tmp_path: Path) -> None:
     """ONNX's node test nllloss_NCd1d2d3d4d5_mean_weight_expanded sums 6480 positive weights
     in one ReduceSum. Reorderings of ORT's blocked sum move it little; another algorithm (the

@@ -425,7 +425,8 @@ def _judge_job(
         return Job(label + suffix, JUDGE_ENGINE, cls, variant, sfeeds, (phase,))
 
     if windows:  # each its own job, judged and deleted in turn (xbackend.compare.judge_plan)
-        return Judge(None, judged, windows=tuple(job(f"-w{k + 1}", w) for k, w in enumerate(windows)))
+        cut = tuple(job(f"-w{k + 1}", w) for k, w in enumerate(windows))
+        return Judge(None, judged, windows=cut, pipelined=ctx.judge_disk is None)
     return Judge(job("", judged.tensors), judged)
 
 

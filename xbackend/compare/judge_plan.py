@@ -34,6 +34,9 @@ class Judge:
     unavailable: str = ""
     # cut into windows (memory or disk): a job each, run after the others, one at a time
     windows: tuple[Job, ...] = ()
+    # cut for memory alone (the disk holds two windows' captures): the next window runs while
+    # one is judged
+    pipelined: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,24 +188,34 @@ def _evaluations(
     """(capture, the judged tensors it holds, why it failed) of each evaluation of the judge: its
     one job's, or each window's, run now and its capture deleted once judged."""
     if judge.job is not None:
-        o = done.get(judge.job.label)
-        jp = o.phase(JUDGE_PHASE) if o is not None and o.ok else None
-        yield (jp.capture if jp else None), judged.order, (o.reason if o is not None else "it did not run")
+        whole = done.get(judge.job.label)
+        jp = whole.phase(JUDGE_PHASE) if whole is not None and whole.ok else None
+        yield (
+            (jp.capture if jp else None),
+            judged.order,
+            (whole.reason if whole is not None else "it did not run"),
+        )
         return
-    for k, job in enumerate(judge.windows):
-        o = None if ex.cancelled.is_set() else ex.run(job)
-        jp = o.phase(JUDGE_PHASE) if o is not None and o.ok else None
-        why = o.reason if o is not None else "interrupted"
-        wanted = set(job.phases[0].tensors)
-        try:
-            yield (jp.capture if jp else None), tuple(t for t in judged.order if t in wanted), why
-        finally:
-            if o is not None:
-                o.drop_captures()
-        if jp is None:  # the windows after it will not run: the bar says so
-            for rest in judge.windows[k + 1 :]:
-                ex.skip(rest)
-            return
+    with ex.shared(), ThreadPoolExecutor(1, thread_name_prefix="xbackend-window") as pool:
+        ahead: Future[JobOutcome] | None = None
+        for k, job in enumerate(judge.windows):
+            started, ahead = ahead, None
+            o = started.result() if started is not None else None if ex.cancelled.is_set() else ex.run(job)
+            jp = o.phase(JUDGE_PHASE) if o is not None and o.ok else None
+            rest = judge.windows[k + 1 :]
+            if jp is not None and rest and judge.pipelined and not ex.cancelled.is_set():
+                ahead = pool.submit(ex.run, rest[0])  # runs while this window is judged
+            why = o.reason if o is not None else "interrupted"
+            wanted = set(job.phases[0].tensors)
+            try:
+                yield (jp.capture if jp else None), tuple(t for t in judged.order if t in wanted), why
+            finally:
+                if o is not None:
+                    o.drop_captures()
+            if jp is None:  # the windows after it will not run: the bar says so
+                for later in rest:
+                    ex.skip(later)
+                return
 
 
 def _floor_check(plan: Plan, done: Mapping[str, JobOutcome]) -> ReorderCheck | None:
