@@ -641,7 +641,7 @@ def test_an_explanation_whose_files_would_not_fit_on_disk_is_windowed_or_skipped
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 8 * run - 1))
     r = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
     assert r.explanation.reason.startswith(
-        "floors and origins were not measured: its files would take at least"
+        "no node was judged against float64: its files would take at least"
     )
     assert r.explanation.reason.endswith(
         "set TMPDIR to a folder on a larger disk, or give the inputs smaller shapes (--shape)"

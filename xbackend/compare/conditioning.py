@@ -132,8 +132,13 @@ def composed_rounding(spec: ModelSpec, stats: Mapping[str, NodeStat], ref_captur
             ins = [i for i in t.inputs if i in err]
             rel = [err[i] / stats[i].vmax if stats[i].vmax else 0.0 for i in ins]
             e = _carried(t, s, ins, rel, err, cap)
-            own = 0.0 if s.kind == "exact" else u * (s.mmax if s.kind == "reduction" else s.vmax)
-            err[t.name] = e + (0.5 * own if s.kind in ("elementwise", "exact") else own)
+            # a sum's rounding scales with its terms' magnitude (its value's, where M is the value)
+            own = u * (s.mmax if s.kind == "reduction" and s.mmax else s.vmax)
+            if s.kind == "exact":
+                own = 0.0
+            elif s.kind == "elementwise":
+                own /= 2  # correctly rounded: half an ULP
+            err[t.name] = e + own
             out[t.name] = err[t.name] / ulp_at(s.vmax, np_dtype(s.dtype)) if s.vmax else 0.0
     return out
 

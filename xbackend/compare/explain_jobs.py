@@ -93,7 +93,7 @@ def explain(
     too_big = too_big or no_room
     ctx = replace(ctx, judge_disk=judge_disk)  # its notes stay the caller's list
     if too_big:
-        return Explanation("unavailable", f"floors and origins were not measured: {too_big}")
+        return Explanation("unavailable", f"no node was judged against float64: {too_big}")
     if all(b.loaded is not None for b in others):
         why = "every backend compared with the reference was loaded from a capture"
         return Explanation("unavailable", f"{why}; --max-ulp auto stands at {opts.fixed_ulp:g}")
@@ -109,7 +109,7 @@ def explain(
             )
             return Explanation("unavailable", f"not judged: {why}")
         return Explanation(
-            "unavailable", f"floors and origins need the reference's tensors ({ref} has no per-layer capture)"
+            "unavailable", f"the float64 judge needs the reference's tensors ({ref} has no per-layer capture)"
         )
     lanes = 2 if side_by_side(ctx, 2) else 1
     # Each optimized graph is written while the rest is planned: its severed run and float64
