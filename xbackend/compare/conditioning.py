@@ -177,12 +177,9 @@ def _carried(
 def _row_spread(cap: CaptureFile, name: str) -> float | None:
     """The smallest standard deviation of the rows normalized, times their largest |z|: what an
     absolute error of the input is divided by to give one of max |z|'s scale."""
-    if name not in cap:
+    rows = _rows(cap, name, last=True, ndim=1)
+    if rows is None or not rows.size:
         return None
-    x = np.asarray(cap[name], dtype=np.float64)
-    if x.ndim < 1 or not x.size:
-        return None
-    rows = x.reshape(-1, x.shape[-1])
     mean = rows.mean(axis=1, keepdims=True)
     std = rows.std(axis=1)
     zmax = np.abs(rows - mean).max(axis=1) / np.where(std > 0, std, np.inf)
@@ -339,13 +336,21 @@ def _cause(
     return f"{t.op_type}'s own rounding is amplified by its condition number"
 
 
-def _mean_over_spread(cap: CaptureFile, name: str, last: bool) -> float | None:
+def _rows(cap: CaptureFile, name: str, last: bool, ndim: int = 2) -> np.ndarray | None:
+    """The reference's `name` in float64, a row per normalized group: over its last axis, or
+    per sample and channel (None: not captured, or fewer than `ndim` axes)."""
     if name not in cap:
         return None
     x = np.asarray(cap[name], dtype=np.float64)
-    if x.ndim < 2:
+    if x.ndim < ndim:
         return None
-    rows = x.reshape(-1, x.shape[-1]) if last else x.reshape(x.shape[0] * x.shape[1], -1)
+    return x.reshape(-1, x.shape[-1]) if last else x.reshape(x.shape[0] * x.shape[1], -1)
+
+
+def _mean_over_spread(cap: CaptureFile, name: str, last: bool) -> float | None:
+    rows = _rows(cap, name, last)
+    if rows is None:
+        return None
     mean = np.abs(rows.mean(axis=1))
     std = rows.std(axis=1)
     ok = std > 0

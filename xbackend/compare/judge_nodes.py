@@ -179,12 +179,7 @@ def _measure(
     i = np.unravel_index(flat, ratio.shape)
     scale = ulp_at(_finite_top(v), dtype)
     e, a = float(err[i]), float(allow[i])
-    certain = False
-    if bound.deterministic_b and ratio[i] > 1 and mag is not None:
-        det = u * (bound.a * abs(float(v[i])) + bound.deterministic_b * abs(float(mag[i])) + bound.c)
-        certain = e > det
-    elif ratio[i] > 1:
-        certain = bound.kind in ("exact", "elementwise")
+    certain = _certain(bound, float(ratio[i]), e, float(v[i]), None if mag is None else float(mag[i]), u)
     detail = "Inf where float64 gives a number" if math.isinf(e) else ""
     flushed = _flushed(yv, v, dtype)
     return _Measured(
@@ -222,37 +217,32 @@ def _measure_compiled(
     ks = 0.0
     if bound.scaled:
         ks = u * bound.scaled * _finite_top(v)
-    slack = (1.0, 0.0) if bound.exact else (1 + 2.0**-20, FLUSH * _tiny(dtype))
+    line = FLUSH * _tiny(dtype)  # flushed below it; the judge's slack above zero
+    slack = (1.0, 0.0) if bound.exact else (1 + 2.0**-20, line)
     terms = (u * bound.a, u * bound.b, u * bound.c if bound.c else 0.0, ks, *slack)
-    line = FLUSH * _tiny(dtype)
     got = judge_pass(y, v, m, terms, line)
     if got is None:
         return None
-    best, at, widest, top, flushed = got
-    if not math.isfinite(widest):
-        return _Measured(0.0, None, 0.0, (), False, vacuous="its allowance is not finite")
-    if widest > max(top, line) * (1 + 2.0**-10):
-        why = f"its allowance ({widest:.3g}) is larger than the value's own magnitude ({top:.3g})"
-        return _Measured(0.0, None, 0.0, (), False, vacuous=why)
+    best, at, a, widest, top, flushed = got
+    empty = _vacuity(widest, top, dtype)
+    if empty:
+        return _Measured(0.0, None, 0.0, (), False, vacuous=empty)
     i = tuple(int(k) for k in np.unravel_index(at, v.shape))
     vi = float(v[i])
-    a = abs(vi) * terms[0]
-    if m is not None:
-        a = a + abs(float(m[i])) * terms[1]
-    if terms[2]:
-        a = a + terms[2]
-    if ks:
-        a = a + ks
-    a = a * slack[0] + slack[1]
     e = abs(float(y[i]) - vi)
     scale = ulp_at(top, dtype)
-    certain = False
-    if bound.deterministic_b and best > 1 and mag is not None:
-        det = u * (bound.a * abs(vi) + bound.deterministic_b * abs(float(mag[i])) + bound.c)
-        certain = e > det
-    elif best > 1:
-        certain = bound.kind in ("exact", "elementwise")
+    certain = _certain(bound, best, e, vi, None if mag is None else float(mag[i]), u)
     return _Measured(best, e / scale, a / scale, i, certain, flushed=flushed)
+
+
+def _certain(bound: NodeBound, ratio: float, e: float, vi: float, mi: float | None, u: float) -> bool:
+    """Whether an element past its allowance (`ratio` > 1, error `e`, value `vi`, magnitude `mi`)
+    is past the deterministic bound too: an error at any confidence (an exact or correctly
+    rounded op: at once)."""
+    if bound.deterministic_b and ratio > 1 and mi is not None:
+        det = u * (bound.a * abs(vi) + bound.deterministic_b * abs(mi) + bound.c)
+        return e > det
+    return ratio > 1 and bound.kind in ("exact", "elementwise")
 
 
 def at_declared(y: np.ndarray, declared: str | None) -> tuple[np.ndarray, str]:
@@ -290,6 +280,11 @@ def _vacuous(allow: np.ndarray, v: np.ndarray, dtype: np.dtype[np.generic]) -> s
         where = np.broadcast_to(finite_v, allow.shape)
         widest = float(np.max(allow, where=where, initial=0.0))  # nan where v is inf: left out
         top = float(np.max(av, where=finite_v, initial=0.0))
+    return _vacuity(widest, top, dtype)
+
+
+def _vacuity(widest: float, top: float, dtype: np.dtype[np.generic]) -> str:
+    """Why the widest allowance `widest` judges nothing beside the value's largest |v| `top`."""
     if not math.isfinite(widest):
         return "its allowance is not finite"
     if widest > max(top, FLUSH * _tiny(dtype)) * (1 + 2.0**-10):  # a zero tensor's floor is the flush line

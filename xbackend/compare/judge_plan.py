@@ -91,9 +91,9 @@ class Early:
             for name, capture in self._captures.items():
                 key = plan.judge_of.get(name, "")
                 judge = plan.judges.get(key)
-                if key not in self._judges or (key, name) in self._futures or judge is None:
+                if key not in self._judges or (key, name) in self._futures:
                     continue
-                if judge.judged is None:
+                if judge is None or judge.judged is None:
                     continue
                 graph = plan.graphs.get(name) or _grain_words(name, plan)
                 args = (name, capture, self._judges[key], judge.judged, judge.judged.order, self._modules)
@@ -154,14 +154,11 @@ def judge_all(
                 continue
             for n in names:
                 got = early.take(key, n) if early is not None and judge.job is not None else None
-                graph = plan.graphs.get(n) or _grain_words(n, plan)
-                parts[n].append(
-                    got
-                    if got is not None
-                    else judge_backend(
-                        n, captures[n], capture, judged, order, modules, plan.covers.get(n), graph
-                    )
-                )
+                if got is None:  # not judged in the background: judged now
+                    graph = plan.graphs.get(n) or _grain_words(n, plan)
+                    covers = plan.covers.get(n)
+                    got = judge_backend(n, captures[n], capture, judged, order, modules, covers, graph)
+                parts[n].append(got)
             if key == "":
                 stats.update(node_stats(capture, judged, order))
             if key == "" and floor is not None and floor.status == "ok":

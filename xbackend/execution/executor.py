@@ -270,16 +270,15 @@ class Executor:
         lock = threading.Condition()
         running = len(started)
 
-        def adopt(f: Future[JobOutcome], stay: bool) -> None:
-            """A started job's lane: its outcome through `then`, then (`stay`) a lane like the
-            others."""
+        def settle(run: Callable[[], list[JobOutcome]]) -> None:
+            """One batch's outcomes (`run`) through `then`, recorded with their follow-ups."""
             nonlocal running
             outcomes: list[JobOutcome] = []
             follow: list[list[Job]] = []
             try:
-                outcomes = [f.result()]
+                outcomes = run()
                 follow = [list(b) for o in outcomes for b in then(o) if b]
-            finally:
+            finally:  # in one step: a lane must not see the queue empty before these are in
                 with lock:
                     running -= 1
                     done.update((o.job.label, o) for o in outcomes)
@@ -287,6 +286,11 @@ class Executor:
                         self.bar.grow(sum(j.steps for j in b))
                         pending.appendleft(b)
                     lock.notify_all()
+
+        def adopt(f: Future[JobOutcome], stay: bool) -> None:
+            """A started job's lane: its outcome through `then`, then (`stay`) a lane like the
+            others."""
+            settle(lambda: [f.result()])
             if stay:
                 lane()
 
@@ -301,19 +305,7 @@ class Executor:
                         return
                     batch = pending.popleft()
                     running += 1
-                outcomes: list[JobOutcome] = []
-                follow: list[list[Job]] = []
-                try:
-                    outcomes = self.run_together(batch)
-                    follow = [list(b) for o in outcomes for b in then(o) if b]
-                finally:  # in one step: a lane must not see the queue empty before these are in
-                    with lock:
-                        running -= 1
-                        done.update((o.job.label, o) for o in outcomes)
-                        for b in reversed(follow):
-                            self.bar.grow(sum(j.steps for j in b))
-                            pending.appendleft(b)
-                        lock.notify_all()
+                settle(lambda: self.run_together(batch))  # noqa: B023  # called before the loop moves on
 
         if lanes <= 1 and not started:
             lane()
