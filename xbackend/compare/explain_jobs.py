@@ -64,6 +64,11 @@ from xbackend.results.explanation import (
 __all__ = ["FLOOR_ENGINE", "attach", "explain"]
 
 JUDGE_ENGINE = "oracle"
+# LocalErrors.graph of the judge's own engine: one evaluation serves both
+OWN_JUDGE = (
+    "the model's graph, evaluated once: the float64 judge's values rounded to the model's dtypes "
+    "(the judge's own evaluator, at one thread)"
+)
 
 
 def explain(
@@ -308,6 +313,7 @@ def _plan(
     local_jobs: dict[str, Job] = {}
     not_measured: dict[str, str] = {}
     graphs: dict[str, str] = {}
+    by_judge: set[str] = set()
     live = {b.name: b for b in planned}
     for name, r in results.items():
         b = live.get(name)
@@ -321,6 +327,10 @@ def _plan(
                 f"{b.cls.name} computes from its own source, not the ONNX graph, and cannot be fed "
                 "the reference's values step by step"
             )
+            continue
+        if _judges_evaluation(b):
+            by_judge.add(name)
+            graphs[name] = OWN_JUDGE
             continue
         # A runner of its own source keeps its model and takes the reference's values as feeds:
         # it computes each part it exposes from the part's inputs, so it is judged at that grain.
@@ -354,7 +364,17 @@ def _plan(
         graphs=graphs,
         node_floor_job=node_floor,
         rewrites=src,
+        own_judge=frozenset(by_judge),
     )
+
+
+def _judges_evaluation(b: PlannedBackend) -> bool:
+    """Whether `b`'s severed run would be the float64 judge's own evaluation rounded to the
+    model's dtypes: the judge's engine at one BLAS thread (the same sums in the same order)."""
+    if b.cls is None or b.cls.name != JUDGE_ENGINE:
+        return False
+    rest = {k: v for k, v in b.raw_options.items() if k != "narrow"}
+    return rest in ({}, {"threads": "1"})
 
 
 def _same_grain(b: PlannedBackend, r: BackendResult) -> tuple[tuple[str, str], ...]:

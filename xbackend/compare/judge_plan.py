@@ -59,6 +59,9 @@ class Plan:
     covers: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     node_floor_job: Job | None = None  # the severed model's sums in K orders: the per-node check
     rewrites: ModelSpec | None = None  # the model whose folder holds the rewrites' weights
+    # backends whose severed run is the reference grain's judge itself (the judge's engine):
+    # judged on its capture, rounded to the model's dtypes, with no run of their own
+    own_judge: frozenset[str] = frozenset()
 
 
 class Early:
@@ -88,6 +91,8 @@ class Early:
                 jp = o.phase(JUDGE_PHASE) if j.job is not None and j.job.label == o.job.label else None
                 if jp is not None:
                     self._judges[key] = jp.capture
+            if "" in self._judges:
+                self._captures.update(dict.fromkeys(plan.own_judge, self._judges[""]))
             for name, capture in self._captures.items():
                 key = plan.judge_of.get(name, "")
                 judge = plan.judges.get(key)
@@ -131,6 +136,7 @@ def judge_all(
             local.append(LocalErrors(name, "not-measured", f"the severed model failed: {why}"))
             continue
         captures[name] = lp.capture
+    captures.update(dict.fromkeys(plan.own_judge, ""))  # each window's own capture
     ex.bar.grow(sum(w.steps for j in plan.judges.values() for w in j.windows))
     keys: dict[str, list[str]] = {}
     for name in captures:
@@ -157,7 +163,8 @@ def judge_all(
                 if got is None:  # not judged in the background: judged now
                     graph = plan.graphs.get(n) or _grain_words(n, plan)
                     covers = plan.covers.get(n)
-                    got = judge_backend(n, captures[n], capture, judged, order, modules, covers, graph)
+                    mine = captures[n] or capture
+                    got = judge_backend(n, mine, capture, judged, order, modules, covers, graph)
                 parts[n].append(got)
             if key == "":
                 stats.update(node_stats(capture, judged, order))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,6 +49,7 @@ from xbackend.probes.base import PlannedBackend, Probe, ProbeContext
 from xbackend.probes.registry import PROBES, select_probes
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, FailedProbe, ProbeResult, Result
 from xbackend.results.capture_record import LoadedCapture
+from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
 from xbackend.results.explanation import NOT_MEASURED, Explanation
 
 __all__ = ["ORACLE", "compare", "compare_with_options"]
@@ -127,13 +128,14 @@ def compare_with_options(
             windows,
             spill,
             memory.explanation_blocker(spec),
+            lambda builds, backends, ref: _comparisons(ctx, builds, backends, ref, capture_to),
         )
         if spec.unsorted:
             notes.append(
                 "the model file lists its nodes out of topological order (as ONNX Runtime's float16 "
                 "converter writes them); every backend ran the same graph with its nodes sorted"
             )
-        result = _result(ctx, planned, probes, (*notes, *ctx.notes), done, capture_to)
+        result = _result(ctx, planned, probes, (*notes, *ctx.notes), done)
         decided = decisions_all(spec, opts.decisions, done.builds, result.backends, result.reference_used)
         named = replace(result.model, path=shipped_path)  # the file the user named, never the sorted copy
         return replace(result, model=named, decode=decoded, decisions=decided)
@@ -165,7 +167,49 @@ class _Executed:
     broken_probes: Mapping[str, str]  # probe -> why it failed to plan its follow-ups
     reference: str
     explanation: Explanation
+    compared: _Compared
     probes: tuple[ProbeResult, ...] | None = None  # analyzed before the explanation ran (None: after)
+
+
+@dataclass(frozen=True)
+class _Compared:
+    """The comparisons of the captures, made while the explanation runs (its tolerances are
+    attached after)."""
+
+    environment: tuple[tuple[str, str], ...]
+    drift: tuple[Drift, ...]
+    baseline_environment: tuple[tuple[str, str], ...]
+    oracle: tuple[CrossBackendResult, ...]
+    cross: tuple[CrossBackendResult, ...]
+    expected: tuple[CrossBackendResult, ...]
+    pairs: tuple[PairResult, ...]
+
+
+def _comparisons(
+    ctx: ProbeContext,
+    builds: Mapping[str, Builds],
+    backends: Sequence[BackendResult],
+    ref: str,
+    capture_to: str | os.PathLike[str] | None,
+) -> _Compared:
+    """Every comparison between the backends that ran and the captures loaded."""
+    spec, opts, feeds = ctx.spec, ctx.opts, ctx.feeds
+    env = tuple(collect_environment().items())
+    save_captures(opts, spec, feeds, ctx.feeds_path, builds, backends, env, capture_to)
+    drift, baseline_env = baseline_drifts(opts, spec, feeds, builds, backends)
+    compared = [b for b in backends if b.name != EXPECTED]
+    return _Compared(
+        env,
+        drift,
+        baseline_env,
+        tuple(against(ORACLE, builds, compared, spec, opts)),
+        tuple(cross_all(builds, compared, ref, spec, opts)),
+        tuple(against(EXPECTED, builds, compared, spec, opts, layers=False)),
+        tuple(pairs(builds, backends, spec)),
+    )
+
+
+_NONE = _Compared((), (), (), (), (), (), ())  # nothing compared (the probes' analysis before)
 
 
 def _execute(
@@ -177,10 +221,11 @@ def _execute(
     windows: Mapping[str, tuple[tuple[str, ...], ...]],
     spill: bool = True,
     too_big: str = "",
+    meanwhile: Callable[[Mapping[str, Builds], tuple[BackendResult, ...], str], _Compared] | None = None,
 ) -> _Executed:
     """Every backend's builds, every probe's jobs, the follow-ups they ask for, then the
-    explanation (floor and local errors), under one bar. The model and options are the
-    context's."""
+    explanation (floor and local errors), under one bar, the captures compared (`meanwhile`)
+    while it runs. The model and options are the context's."""
     spec, opts = ctx.spec, ctx.opts
     ex = executor_for(spec, ctx.work, opts.timeout, bar, planned)
     mains = {
@@ -212,15 +257,24 @@ def _execute(
                 raise
             analyzed = None
             if later is None and probe_jobs:  # analyzed now, their captures deleted: room on disk
-                partial = _Executed(everything, backends, outcomes, broken, ref, NOT_MEASURED)
+                partial = _Executed(everything, backends, outcomes, broken, ref, NOT_MEASURED, _NONE)
                 analyzed = _probe_results(probes, planned, partial)
                 for by_job in outcomes.values():
                     for o in by_job.values():
                         o.drop_captures()
-            explanation = later.result() if later is not None else explain(*args)
+            if later is None:
+                later = pool.submit(explain, *args)
+            # the comparisons read the builds' captures on this core while the explanation's
+            # workers run; its tolerances are attached to them after
+            try:
+                compared = meanwhile(everything, backends, ref) if meanwhile is not None else _NONE
+            except BaseException:
+                ex.cancelled.set()
+                raise
+            explanation = later.result()
     finally:
         bar.stop()
-    return _Executed(everything, backends, outcomes, broken, ref, explanation, analyzed)
+    return _Executed(everything, backends, outcomes, broken, ref, explanation, compared, analyzed)
 
 
 def _steps(jobs: Sequence[Sequence[Job]]) -> int:
@@ -233,40 +287,31 @@ def _result(
     probes: Sequence[Probe],
     notes: tuple[str, ...],
     done: _Executed,
-    capture_to: str | os.PathLike[str] | None,
 ) -> Result:
-    """Every comparison between the backends that ran and the captures loaded."""
+    """The comparisons made, with the explanation's tolerances attached."""
     spec, opts, feeds = ctx.spec, ctx.opts, ctx.feeds
-    builds, backends, ref = done.builds, done.backends, done.reference
-    env = tuple(collect_environment().items())
-    save_captures(opts, spec, feeds, ctx.feeds_path, builds, backends, env, capture_to)
-    drift, baseline_env = baseline_drifts(opts, spec, feeds, builds, backends)
-    compared = [b for b in backends if b.name != EXPECTED]
-    oracle = tuple(against(ORACLE, builds, compared, spec, opts))
+    builds, ref, c = done.builds, done.reference, done.compared
     ref_layers = builds[ref].first.layers if ref in builds and builds[ref].ok else None
     ref_capture = ref_layers.capture if ref_layers is not None else None
-    cross = attach(
-        cross_all(builds, compared, ref, spec, opts), done.explanation, spec.op_types(), opts.auto_tolerance
-    )
-    expected = tuple(against(EXPECTED, builds, compared, spec, opts, layers=False))
+    cross = attach(c.cross, done.explanation, spec.op_types(), opts.auto_tolerance)
     return Result(
         model=spec,
-        feeds=feeds_info(feeds, expected != ()),
+        feeds=feeds_info(feeds, c.expected != ()),
         options=opts,
-        backends=backends,
+        backends=done.backends,
         cross_backend=cross,
-        environment=env,
+        environment=c.environment,
         notes=notes,
-        pairs=tuple(pairs(builds, backends, spec)),
-        oracle_error=oracle,
+        pairs=c.pairs,
+        oracle_error=c.oracle,
         probes=done.probes if done.probes is not None else _probe_results(probes, planned, done),
         probes_ran=tuple(pr.name for pr in probes),
         reference=ref,
-        expected_error=expected,
-        baseline=drift,
-        baseline_environment=baseline_env,
+        expected_error=c.expected,
+        baseline=c.drift,
+        baseline_environment=c.baseline_environment,
         explanation=far_from_float64(
-            done.explanation, spec, [c for c in cross if c.backend != ORACLE], oracle, ref_capture
+            done.explanation, spec, [x for x in cross if x.backend != ORACLE], c.oracle, ref_capture
         ),
     )
 

@@ -1,0 +1,39 @@
+"""One float64 evaluation serving several judgments: the oracle's severed run is the judge's own
+evaluation, and ONNX Runtime's shipped graph reads the reference grain's values where its nodes
+coincide with the model's. Each shared judgment is held to the one it replaces, value for value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import xbackend
+from xbackend.compare import explain_jobs
+from xbackend.compare.explain_jobs import OWN_JUDGE
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = ROOT / "models" / "torch_mlp.onnx"
+
+
+def _nodes(r: xbackend.Result, backend: str) -> list[tuple[str, float | None, float | None]]:
+    le = r.explanation.local_for(backend)
+    assert le is not None and le.status == "ok", le
+    return [(n.tensor, n.local_scaled_ulp, n.allowed_scaled_ulp) for n in le.nodes]
+
+
+def test_the_oracle_is_judged_on_the_judges_own_evaluation_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kw = {"backends": "ort-cpu,reference,oracle", "runs": 1, "probes": "none"}
+    shared = xbackend.compare(MLP, **kw)
+    le = shared.explanation.local_for("oracle")
+    assert le is not None and le.graph == OWN_JUDGE and le.explained
+    monkeypatch.setattr(explain_jobs, "_judges_evaluation", lambda b: False)
+    ran = xbackend.compare(MLP, **kw)
+    mine = ran.explanation.local_for("oracle")
+    assert mine is not None and mine.graph != OWN_JUDGE
+    # the oracle's own severed run, judged, gives every node the same local error and allowance
+    assert _nodes(shared, "oracle") == _nodes(ran, "oracle")
+    assert len(_nodes(ran, "oracle")) == 49
+    assert max(n[1] or 0.0 for n in _nodes(ran, "oracle")) > 0  # rounding to float32 was measured
