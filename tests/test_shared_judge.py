@@ -37,3 +37,30 @@ def test_the_oracle_is_judged_on_the_judges_own_evaluation_bit_for_bit(
     assert _nodes(shared, "oracle") == _nodes(ran, "oracle")
     assert len(_nodes(ran, "oracle")) == 49
     assert max(n[1] or 0.0 for n in _nodes(ran, "oracle")) > 0  # rounding to float32 was measured
+
+
+def test_ort_nodes_its_optimizer_left_are_judged_on_the_reference_grains_evaluation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch_mlp on ONNX Runtime: 12 Gemm, 6 QuickGelu and a SkipLayerNormalization are fused
+    # kernels; its other LayerNorms and residual Adds are the model's own nodes
+    kw = {"backends": "ort-cpu,reference", "runs": 1, "probes": "none"}
+    seen: list[frozenset[str]] = []
+    real = explain_jobs.shared_nodes
+
+    def spy(*a: object) -> frozenset[str]:
+        seen.append(real(*a))  # type: ignore[arg-type]
+        return seen[-1]
+
+    monkeypatch.setattr(explain_jobs, "shared_nodes", spy)
+    shared = xbackend.compare(MLP, **kw)
+    # the six LayerNorms and five of the six residual Adds (the last is in the SkipLayerNorm)
+    assert sorted(seen[0]) == sorted(
+        [f"add{s}" for s in ("", "_1", "_2", "_3", "_4")]
+        + [f"layer_norm{s}" for s in ("", "_1", "_2", "_3", "_4", "_5")]
+    )
+    monkeypatch.setattr(explain_jobs, "shared_nodes", lambda *a: frozenset())
+    alone = xbackend.compare(MLP, **kw)
+    # the same judgment, node for node, in the optimized graph's order
+    assert _nodes(shared, "ort-cpu") == _nodes(alone, "ort-cpu")
+    assert len(_nodes(alone, "ort-cpu")) == 54

@@ -42,7 +42,7 @@ from xbackend.compare.judged_graph import judged_model
 from xbackend.compare.memory import explanation_disk, judge_window_note, judge_windows, side_by_side
 from xbackend.compare.plain_judge import Shipped, judge_plain_runs
 from xbackend.compare.plan import plan_backend
-from xbackend.compare.shipped import runtime_plan, shipped_job, shipped_plan
+from xbackend.compare.shipped import runtime_plan, shared_nodes, shipped_job, shipped_plan, without
 from xbackend.errors import UsageError
 from xbackend.execution.executor import Executor, Job, JobOutcome
 from xbackend.execution.progress import ProgressSink
@@ -54,14 +54,14 @@ from xbackend.model.load import load_proto
 from xbackend.model.ortdomain import as_contrib
 from xbackend.model.sever import SEVERED, sever
 from xbackend.probes.base import PlannedBackend, ProbeContext
-from xbackend.results import EXPECTED, BackendResult, CrossBackendResult
+from xbackend.results import EXPECTED, BackendResult
 from xbackend.results.explanation import (
     DECLINED,
     UNFUSED,
     Explanation,
 )
 
-__all__ = ["FLOOR_ENGINE", "attach", "explain"]
+__all__ = ["FLOOR_ENGINE", "OWN_JUDGE", "explain"]
 
 JUDGE_ENGINE = "oracle"
 # LocalErrors.graph of the judge's own engine: one evaluation serves both
@@ -243,24 +243,36 @@ def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_cap
     captured = {n: d for n, d in plan.captured.items() if n in computed}
     # the model's own pieces (OpenVINO; ORT's kernels it cannot evaluate), else the graph as saved
     pieces = runtime or got.judged_on is not None
-    judge = _judge_job(
-        ctx,
-        got.judged_on if got.judged_on is not None else as_contrib(got.severed),
-        plan.shapes,
-        captured,
-        got.path,
-        got.feeds,
-        name,
-        src.path if pieces else got.path,
-        not pieces,
-    )
+    base = plan.judges.get("")
+    shared: frozenset[str] = frozenset()
+    if not pieces and base is not None and base.judged is not None:
+        # the nodes its optimizer left as they were are the reference grain's: judged there
+        saved = load_proto(str(path), load_external=False)
+        shared = shared_nodes(got.severed, saved, path.parent, model, Path(src.path).parent, plan.available)
+    rest = without(got.severed, shared)
+    judges, judge_of = dict(plan.judges), dict(plan.judge_of)
+    if rest.graph.node:
+        judges[name] = _judge_job(
+            ctx,
+            got.judged_on if got.judged_on is not None else as_contrib(rest),
+            plan.shapes,
+            captured,
+            got.path,
+            got.feeds,
+            name,
+            src.path if pieces else got.path,
+            not pieces,
+        )
+        judge_of[name] = name
     return replace(
         plan,
         local_jobs={**plan.local_jobs, name: mine},
-        judges={**plan.judges, name: judge},
-        judge_of={**plan.judge_of, name: name},
+        judges=judges,
+        judge_of=judge_of,
         graphs={**plan.graphs, name: got.described},
         covers={**plan.covers, name: got.covers},
+        shared={**plan.shared, name: shared} if shared else plan.shared,
+        graph_order={**plan.graph_order, name: got.tensors},
     )
 
 
@@ -553,44 +565,3 @@ def _rules(plan: Plan) -> tuple[tuple[str, str, str], ...]:
         for b in j.judged.bounds.values() if j.judged is not None else ():
             seen.setdefault(b.op, (b.op, b.general(), b.source))
     return tuple(seen[k] for k in sorted(seen))
-
-
-def attach(
-    cross: Sequence[CrossBackendResult], ex: Explanation, op_types: Mapping[str, str], auto: bool
-) -> tuple[CrossBackendResult, ...]:
-    """Each comparison with its backend's local errors and, under --max-ulp auto, each tensor's
-    tolerance: the allowance its node's local error is judged by, where the backend was judged
-    against float64; MARGIN x the floor where it could not be (a loaded capture, a failed run)."""
-    if not ex.ok:
-        return tuple(replace(c, not_judged=ex.reason or "no explanation ran") for c in cross)
-    floor_tol = tuple(ex.tolerances(op_types).items()) if auto else ()
-    out = []
-    for c in cross:
-        le = ex.local_for(c.backend)
-        if le is None or le.status != "ok":
-            why = (le.reason or le.status) if le is not None else "its local errors were not measured"
-            out.append(replace(c, tolerances=floor_tol, not_judged=why, tolerance_by=_by_floor(ex, c, auto)))
-            continue
-        tol = tuple((n.tensor, n.allowed_scaled_ulp) for n in le.nodes) if auto else ()
-        local = tuple((n.tensor, n.local_scaled_ulp) for n in le.nodes)
-        by = "its nodes' allowances against float64" if auto else f"--max-ulp {c.max_ulp_tolerance:g}"
-        out.append(
-            replace(
-                c,
-                tolerances=tol,
-                explained=le.explained,
-                origins=le.origins,
-                local_errors=local,
-                tolerance_by=by,
-            )
-        )
-    return tuple(out)
-
-
-def _by_floor(ex: Explanation, c: CrossBackendResult, auto: bool) -> str:
-    """What decides the tolerance of a backend that was not judged against float64."""
-    if not auto:
-        return f"--max-ulp {c.max_ulp_tolerance:g}"
-    if ex.floors:
-        return f"{ex.margin:g}x its noise floor ({ex.samples} orders on {ex.engine})"
-    return f"the fixed {c.max_ulp_tolerance:g} scaled ULP (no noise floor: {ex.floor_note})"

@@ -62,6 +62,10 @@ class Plan:
     # backends whose severed run is the reference grain's judge itself (the judge's engine):
     # judged on its capture, rounded to the model's dtypes, with no run of their own
     own_judge: frozenset[str] = frozenset()
+    # backend -> the tensors of its graph judged on the reference grain's judge (nodes its
+    # optimizer left as they were: one evaluation serves both), and its graph's order
+    shared: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    graph_order: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class Early:
@@ -94,17 +98,18 @@ class Early:
             if "" in self._judges:
                 self._captures.update(dict.fromkeys(plan.own_judge, self._judges[""]))
             for name, capture in self._captures.items():
-                key = plan.judge_of.get(name, "")
-                judge = plan.judges.get(key)
-                if key not in self._judges or (key, name) in self._futures:
-                    continue
-                if judge is None or judge.judged is None:
-                    continue
-                graph = plan.graphs.get(name) or _grain_words(name, plan)
-                args = (name, capture, self._judges[key], judge.judged, judge.judged.order, self._modules)
-                self._futures[(key, name)] = self._pool.submit(
-                    judge_backend, *args, plan.covers.get(name), graph
-                )
+                for key in _keys_of(plan, name):
+                    judge = plan.judges.get(key)
+                    if key not in self._judges or (key, name) in self._futures:
+                        continue
+                    if judge is None or judge.judged is None:
+                        continue
+                    graph = plan.graphs.get(name) or _grain_words(name, plan)
+                    order = _only(judge.judged.order, plan, key, name)
+                    args = (name, capture, self._judges[key], judge.judged, order, self._modules)
+                    self._futures[(key, name)] = self._pool.submit(
+                        judge_backend, *args, plan.covers.get(name), graph
+                    )
 
     def take(self, key: str, name: str) -> LocalErrors | None:
         f = self._futures.pop((key, name), None)
@@ -140,43 +145,49 @@ def judge_all(
     ex.bar.grow(sum(w.steps for j in plan.judges.values() for w in j.windows))
     keys: dict[str, list[str]] = {}
     for name in captures:
-        keys.setdefault(plan.judge_of.get(name, ""), []).append(name)
+        for key in _keys_of(plan, name):
+            keys.setdefault(key, []).append(name)
     floor = _floor_check(plan, done)
     checks: list[ReorderCheck] = []
     stats: dict[str, NodeStat] = {}
     keys.setdefault("", [])  # the reference's grain is evaluated for conditioning all the same
+    parts: dict[str, list[LocalErrors]] = {n: [] for n in captures}
+    failed: dict[str, str] = {}
     for key, names in keys.items():
         judge = plan.judges.get(key)
         judged = judge.judged if judge is not None else None
         if judge is None or judged is None:
             why = (judge.unavailable if judge else "") or "the float64 evaluation of each node did not run"
-            local += [LocalErrors(n, "not-measured", why) for n in names]
+            failed.update({n: failed.get(n, why) for n in names})
             continue
-        parts: dict[str, list[LocalErrors]] = {n: [] for n in names}
-        failed = ""
+        broken = ""
         for capture, order, why in _evaluations(judge, judged, done, ex):
             if capture is None:  # the last one: the windows after it are skipped (the bar says so)
-                failed = f"the float64 evaluation of each node failed: {why}"
+                broken = f"the float64 evaluation of each node failed: {why}"
                 continue
             for n in names:
                 got = early.take(key, n) if early is not None and judge.job is not None else None
                 if got is None:  # not judged in the background: judged now
                     graph = plan.graphs.get(n) or _grain_words(n, plan)
-                    covers = plan.covers.get(n)
                     mine = captures[n] or capture
-                    got = judge_backend(n, mine, capture, judged, order, modules, covers, graph)
+                    args = (n, mine, capture, judged, _only(order, plan, key, n), modules)
+                    got = judge_backend(*args, plan.covers.get(n), graph)
                 parts[n].append(got)
             if key == "":
                 stats.update(node_stats(capture, judged, order))
             if key == "" and floor is not None and floor.status == "ok":
                 checks.append(_reorder_part(plan, done, judged, capture, order))
-        local += [
-            LocalErrors(n, "not-measured", failed) if failed else _merged(parts[n]).mostly_unjudged()
-            for n in names
-        ]
-        if key == "" and failed:
+        if broken:
+            failed.update({n: failed.get(n, broken) for n in names})
+        if key == "" and broken:
             floor = ReorderCheck("unavailable", "the float64 judge failed")
             stats.clear()
+    local += [
+        LocalErrors(n, "not-measured", failed.get(n) or "no window of its judge was judged")
+        if n in failed or not parts[n]
+        else _merged(parts[n], plan.graph_order.get(n)).mostly_unjudged()
+        for n in captures
+    ]
     if floor is None:
         judge = plan.judges.get("")
         why = "no reduction to permute" if judge is not None else ""
@@ -255,18 +266,25 @@ def _worst(parts: Sequence[LocalErrors] | Sequence[ReorderCheck]) -> tuple[float
     return worst
 
 
-def _merged(parts: Sequence[LocalErrors]) -> LocalErrors:
-    """One backend's local errors over the judge's windows, in model order."""
+def _merged(parts: Sequence[LocalErrors], order: Sequence[str] | None = None) -> LocalErrors:
+    """One backend's local errors over the judge's windows, in model order (`order`: its graph's,
+    where it was judged on two judges)."""
     first = parts[0]
     worst = _worst(parts)
+    origins = [o for p in parts for o in p.origins]
+    nodes = [n for p in parts for n in p.nodes]
+    if order is not None:
+        rank = {t: k for k, t in enumerate(order)}
+        origins.sort(key=lambda o: rank.get(o.tensor, len(rank)))
+        nodes.sort(key=lambda n: rank.get(n.tensor, len(rank)))
     return LocalErrors(
         first.backend,
         "ok",
-        origins=tuple(o for p in parts for o in p.origins),
+        origins=tuple(origins),
         compared=sum(p.compared for p in parts),
         largest_ratio=worst[0] if worst[0] >= 0 else None,
         largest_at=worst[1],
-        nodes=tuple(n for p in parts for n in p.nodes),
+        nodes=tuple(nodes),
         graph=first.graph,
         flushed=sum(p.flushed for p in parts),
         flushed_at=next((p.flushed_at for p in parts if p.flushed_at), ""),
@@ -283,6 +301,19 @@ def _merged_check(parts: Sequence[ReorderCheck], base: ReorderCheck) -> ReorderC
         largest_at=worst[1],
         over=tuple(t for p in parts for t in p.over),
     )
+
+
+def _keys_of(plan: Plan, name: str) -> list[str]:
+    """The judges `name` is judged on: its own, and the reference grain's for the nodes they share."""
+    key = plan.judge_of.get(name, "")
+    return [key, ""] if key and name in plan.shared else [key]
+
+
+def _only(order: tuple[str, ...], plan: Plan, key: str, name: str) -> tuple[str, ...]:
+    """The tensors of `order` that `name` is judged at on judge `key`: on the reference grain's,
+    only those its graph shares with the model."""
+    shared = plan.shared.get(name)
+    return order if shared is None or key != "" else tuple(t for t in order if t in shared)
 
 
 def _grain_words(name: str, plan: Plan) -> str:

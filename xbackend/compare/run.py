@@ -21,7 +21,7 @@ from xbackend.compare.cross import against, cross_all, effective_reference, pair
 from xbackend.compare.decisions import decision_outputs, decisions_all
 from xbackend.compare.decode import decode_backends
 from xbackend.compare.drift import baseline_drifts
-from xbackend.compare.explain_jobs import attach, explain
+from xbackend.compare.explain_jobs import explain
 from xbackend.compare.memory import measure_unsized, memory_plan, side_by_side, sizing_note, window_note
 from xbackend.compare.plan import (
     executor_for,
@@ -36,6 +36,7 @@ from xbackend.compare.plan import (
 from xbackend.compare.probing import analyze_probe, run_followups, run_probe_jobs
 from xbackend.compare.save_captures import save_captures
 from xbackend.compare.summary import summarize_backend
+from xbackend.compare.tolerances import attach
 from xbackend.errors import UsageError
 from xbackend.execution.executor import Job, JobOutcome
 from xbackend.execution.isolation import NEARLY_FULL

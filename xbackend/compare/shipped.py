@@ -21,17 +21,18 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
 from xbackend.compare.floors import save_severed_feeds
 from xbackend.execution.executor import Job, JobOutcome
 from xbackend.execution.protocol import OUTPUTS, Phase
-from xbackend.model.extdata import write_rewritten
+from xbackend.model.extdata import weight_array, write_rewritten
 from xbackend.model.load import ModelRef, ModelSpec, load_proto
 from xbackend.model.ortdomain import ORT_IN_ONNX_DOMAIN
 from xbackend.model.sever import SEVERED, sever
@@ -43,8 +44,10 @@ __all__ = [
     "coinciding",
     "covered_nodes",
     "runtime_plan",
+    "shared_nodes",
     "shipped_job",
     "shipped_plan",
+    "without",
 ]
 
 STANDARD = frozenset({"", "ai.onnx"})
@@ -305,3 +308,74 @@ def runtime_plan(
         + f", judged at {len(tensors)} kernel outputs"
     )
     return Shipped(severed, spath, sfeeds, ref, tensors, _pieces(proto, grain), described)
+
+
+def _attrs(n: onnx.NodeProto) -> list[bytes]:
+    return sorted(a.SerializeToString() for a in n.attribute)
+
+
+def shared_nodes(
+    severed: onnx.ModelProto, weights: onnx.ModelProto, weights_at: Path, model: onnx.ModelProto,
+    model_at: Path, available: Collection[str],
+) -> frozenset[str]:  # fmt: skip
+    """The node outputs of `severed` (an optimized graph severed at the reference's tensors, its
+    weights those of `weights`, a file at `weights_at`) whose float64 values the reference grain's
+    judge computes too: nodes the optimizer left as they were (op, attributes, inputs), each
+    output one the reference holds, each input read severed in both graphs (the reference's
+    values), a graph input of both, or a weight of the same values in both. One evaluation of
+    those nodes serves both judgments."""
+    available = set(available)
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    inits = {t.name: t for t in model.graph.initializer}
+    theirs = {t.name: t for t in weights.graph.initializer}
+    fed = {i.name for i in model.graph.input} - set(inits)
+    same: dict[str, bool] = {}
+
+    def same_weight(x: str) -> bool:
+        if x not in same:
+            a = weight_array(theirs[x], weights_at) if x in theirs else None
+            b = weight_array(inits[x], model_at) if x in inits else None
+            same[x] = (
+                a is not None and b is not None and a.dtype == b.dtype and a.shape == b.shape
+                and bool(np.array_equal(a, b))
+            )  # fmt: skip
+        return same[x]
+
+    def same_input(a: str, b: str) -> bool:
+        if a.startswith(SEVERED):  # fed the reference's value in both graphs
+            return a[len(SEVERED) :] == b and b in available and b in producer
+        return a == b and (not a or (a in fed and a not in theirs) or same_weight(a))
+
+    out: set[str] = set()
+    for n in severed.graph.node:
+        outs = [o for o in n.output if o]
+        p = producer.get(outs[0]) if outs else None
+        if (
+            p is None
+            or list(p.output) != list(n.output)
+            or not all(o in available for o in outs)
+            or p.op_type != n.op_type
+            or (p.domain or "ai.onnx") != (n.domain or "ai.onnx")
+            or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)
+            or _attrs(p) != _attrs(n)
+            or len(p.input) != len(n.input)
+        ):
+            continue
+        if all(same_input(a, b) for a, b in zip(n.input, p.input, strict=True)):
+            out.update(outs)
+    return frozenset(out)
+
+
+def without(proto: onnx.ModelProto, outputs: Collection[str]) -> onnx.ModelProto:
+    """`proto` without the nodes whose outputs are all in `outputs` (their readers read them
+    severed) and without those graph outputs."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    g = out.graph
+    keep = [n for n in g.node if not all(o in outputs for o in n.output if o)]
+    del g.node[:]
+    g.node.extend(keep)
+    outs = [o for o in g.output if o.name not in outputs]
+    del g.output[:]
+    g.output.extend(outs)
+    return out

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
 
 from xbackend.errors import ModelLoadError, first_line
@@ -28,6 +28,7 @@ __all__ = [
     "map_external",
     "raw_size",
     "uses_external_data",
+    "weight_array",
     "write_rewritten",
 ]
 
@@ -167,6 +168,17 @@ def map_external(proto: onnx.ModelProto, p: Path) -> dict[str, np.ndarray]:
 
 
 _LIFT_BYTES = 1 << 16  # inline weights from this size on leave the proto (shape tensors stay)
+
+
+def weight_array(t: TensorProto, base: Path) -> np.ndarray | None:
+    """An initializer's values (external ones memory-mapped from beside `base`'s files), or None
+    where they cannot be read one to one (a packed type, a file that is not there)."""
+    try:
+        if t.data_location == TensorProto.EXTERNAL:
+            return _mapped(t, base)
+        return numpy_helper.to_array(t) if _plain_dtype(t) is not None else None
+    except (OSError, ValueError):
+        return None
 
 
 def _lifted(t: TensorProto) -> np.ndarray | None:
