@@ -22,7 +22,14 @@ from xbackend.compare.decisions import decision_outputs, decisions_all
 from xbackend.compare.decode import decode_backends
 from xbackend.compare.drift import baseline_drifts
 from xbackend.compare.explain_jobs import explain
-from xbackend.compare.memory import measure_unsized, memory_plan, side_by_side, sizing_note, window_note
+from xbackend.compare.memory import (
+    explanation_disk,
+    measure_unsized,
+    memory_plan,
+    side_by_side,
+    sizing_note,
+    window_note,
+)
 from xbackend.compare.plan import (
     executor_for,
     feeds_for,
@@ -258,6 +265,8 @@ def _execute(
                 raise
             analyzed = None
             if later is None and probe_jobs:  # analyzed now, their captures deleted: room on disk
+                if explanation_disk(ctx.work, ctx.run_bytes, len(planned)) == ("", None):
+                    later = pool.submit(explain, *args)  # room beside them: it starts meanwhile
                 partial = _Executed(everything, backends, outcomes, broken, ref, NOT_MEASURED, _NONE)
                 analyzed = _probe_results(probes, planned, partial)
                 for by_job in outcomes.values():
