@@ -231,7 +231,7 @@ def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_cap
     )
     if isinstance(got, str):
         return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {got}"})
-    phase = Phase.planned(LOCAL_PHASE, got.tensors, 1, model=got.model)
+    phase = Phase.planned(LOCAL_PHASE, got.tensors, 1, model=got.model, hashed=False)
     # ONNX Runtime runs its optimized graph as saved; OpenVINO fuses each piece as it ships it
     options = (
         old.raw_options
@@ -354,7 +354,7 @@ def _plan(
             graphs[name] = _grain_of(r)
         own = replace(spec.ref(), inputs=smodel.inputs)
         model = smodel if b.cls.executes_graph else own
-        phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model)
+        phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model, hashed=False)
         local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, _same_grain(b, r), sfeeds, (phase,))
     unjudged = bool(not_measured) or judges[""].judged is None
     floors, reordered, extra = floor_job(ctx, planned, src, proto, shapes, tensors, folder, unjudged)
@@ -453,7 +453,7 @@ def _judge_job(
     variant = oracle.variant(narrow="false", threads="1", float32_prefix=AUX)
 
     def job(suffix: str, tensors: tuple[str, ...]) -> Job:
-        phase = Phase.planned(JUDGE_PHASE, tensors, 1, model=model)
+        phase = Phase.planned(JUDGE_PHASE, tensors, 1, model=model, hashed=False)
         return Job(label + suffix, JUDGE_ENGINE, cls, variant, sfeeds, (phase,))
 
     if windows:  # each its own job, judged and deleted in turn (xbackend.compare.judge_plan)

@@ -197,14 +197,18 @@ def _planned_run(
     feeds = path.with_suffix(".xbv")
     save_severed_feeds(feeds, ctx.feeds.arrays, ref_capture, pieces.inputs)
     extra = tuple(SEVERED + n for n in pieces.inputs)
-    phase = Phase.planned(PLAIN_PHASE, ends, 1, model=_model_ref(spec, path, extra, pieces.proto))
+    phase = Phase.planned(
+        PLAIN_PHASE, ends, 1, model=_model_ref(spec, path, extra, pieces.proto), hashed=False
+    )
     run = Job(f"explain-stretches-{key}", live.name, live.cls, live.variant(), feeds, (phase,))
     judged = judged_model(pieces.proto, plan.shapes, {t: plan.captured.get(t, "") for t in cuts})
     jpath = folder / f"judged-stretches-{key}.onnx"
     write_rewritten(judged.proto, source, jpath)
     held = set(judged.tensors)
     tensors = tuple(x for t in ends for x in (t, AUX + t, PROP + t) if x in held)
-    jphase = Phase.planned(JUDGE_PHASE, tensors, 1, model=_model_ref(spec, jpath, extra, judged.proto))
+    jphase = Phase.planned(
+        JUDGE_PHASE, tensors, 1, model=_model_ref(spec, jpath, extra, judged.proto), hashed=False
+    )
     variant = oracle.variant(narrow="false", threads="1", float32_prefix=AUX)
     judge = Job(f"explain-judge-stretches-{key}", oracle.name, oracle.cls, variant, feeds, (jphase,))
     return _Run(cutting, ends, run, judge, judged)

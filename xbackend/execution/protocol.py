@@ -75,6 +75,9 @@ class Phase:
     # is held against run 0 as it runs and one spread file, at the first extra's capture path,
     # stands for them all
     extras: str = "captures"
+    # False: nothing reads this phase's digests (the explanation's one-run captures, read by
+    # name): written without hashing each tensor
+    hashed: bool = True
 
     @classmethod
     def planned(
@@ -88,11 +91,14 @@ class Phase:
         windows: tuple[tuple[str, ...], ...] = (),
         spill: bool = True,
         extras: str = "captures",
+        hashed: bool = True,
     ) -> Phase:
         """A phase as a job asks for it: its capture files are named where the job runs
         (`placed`); `extra_feeds` are feeds files."""
         feeds = tuple((str(f), "") for f in extra_feeds)
-        return cls(name, tuple(tensors), runs, "", feeds, serves_outputs, model, windows, spill, extras)
+        return cls(
+            name, tuple(tensors), runs, "", feeds, serves_outputs, model, windows, spill, extras, hashed
+        )
 
     def placed(self, job_dir: Path) -> Phase:
         """The phase with its capture files in `job_dir`."""
@@ -114,6 +120,7 @@ class Phase:
             tuple(tuple(w) for w in d.get("windows", ())),
             bool(d.get("spill", True)),
             str(d.get("extras", "captures")),
+            bool(d.get("hashed", True)),
         )
 
 

@@ -51,9 +51,15 @@ class RunTracker:
     digest, and those that moved are listed in `moved` for measure() to compare apart."""
 
     def __init__(
-        self, outputs: Sequence[str], op_types: Mapping[str, str], path: str, spill: bool = True
+        self,
+        outputs: Sequence[str],
+        op_types: Mapping[str, str],
+        path: str,
+        spill: bool = True,
+        hashed: bool = True,
     ) -> None:
         self.outputs = list(outputs)
+        self.hashed = hashed or not spill  # an unspilled tensor is compared by its digest
         self.op_types = dict(op_types)
         self.spill = spill
         self._output_set = set(outputs)
@@ -80,7 +86,8 @@ class RunTracker:
             self.moved = []
             # hashing runs beside the write (both release the GIL on large buffers)
             with ThreadPoolExecutor(max_workers=1 if self.spill else 2) as pool:
-                pending = [(n, pool.submit(tensor_digest, n, capture[n])) for n in self.window]
+                named = self.window if self.hashed else []
+                pending = [(n, pool.submit(tensor_digest, n, capture[n])) for n in named]
                 for n in self.window:
                     if self._spilled(n):
                         self.writer.add(n, capture[n])
@@ -107,7 +114,7 @@ class RunTracker:
             for d in diffs:
                 keep_worse(self.worst, d)
             same = all(d.bitwise_equal for d in diffs)
-            digests[n] = first[n] if same else tensor_digest(n, capture[n])
+            digests[n] = first.get(n, "") if same else tensor_digest(n, capture[n])
 
     def _spilled(self, name: str) -> bool:
         return self.spill or name in self._output_set
@@ -175,7 +182,7 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
     """Prepare `runner` for the phase's tensors, run the feeds `runs` times, then each extra feed
     set. A phase cut into windows (--max-memory) builds a fresh runner for each later window."""
     windows = phase.windows or (phase.tensors,)
-    tracker = RunTracker(job.outputs, job.op_types, phase.capture, phase.spill)
+    tracker = RunTracker(job.outputs, job.op_types, phase.capture, phase.spill, phase.hashed)
     run_s = [0.0] * phase.runs
     prepare_s = 0.0
     fingerprints = []
