@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import xbackend
 from xbackend.compare import explain_jobs
@@ -64,3 +67,42 @@ def test_ort_nodes_its_optimizer_left_are_judged_on_the_reference_grains_evaluat
     # the same judgment, node for node, in the optimized graph's order
     assert _nodes(shared, "ort-cpu") == _nodes(alone, "ort-cpu")
     assert len(_nodes(alone, "ort-cpu")) == 54
+
+
+def test_a_weight_the_optimizer_folded_is_shared_where_it_equals_the_reference_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # y = LayerNorm(x) @ W^T with W^T computed (a tied LM head): ONNX Runtime folds the Transpose
+    # into a weight of the same name, whose values are the reference's of that tensor
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((32, 16)).astype(np.float32), "w")
+    g = numpy_helper.from_array(np.ones(16, np.float32), "g")
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "g"], ["ln"], axis=-1),
+        helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["ln", "wt"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32])],
+        [w, g],
+    )
+    path = tmp_path / "tied.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    seen: list[frozenset[str]] = []
+    real = explain_jobs.shared_nodes
+
+    def spy(*a: object) -> frozenset[str]:
+        seen.append(real(*a))  # type: ignore[arg-type]
+        return seen[-1]
+
+    monkeypatch.setattr(explain_jobs, "shared_nodes", spy)
+    kw = {"backends": "ort-cpu,reference", "runs": 1, "probes": "none"}
+    shared = xbackend.compare(path, **kw)
+    assert seen == [frozenset({"ln", "y"})]
+    monkeypatch.setattr(explain_jobs, "shared_nodes", lambda *a: frozenset())
+    alone = xbackend.compare(path, **kw)
+    assert _nodes(shared, "ort-cpu") == _nodes(alone, "ort-cpu")
+    assert [n[0] for n in _nodes(alone, "ort-cpu")] == ["ln", "y"]

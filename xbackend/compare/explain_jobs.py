@@ -248,7 +248,9 @@ def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_cap
     if not pieces and base is not None and base.judged is not None:
         # the nodes its optimizer left as they were are the reference grain's: judged there
         saved = load_proto(str(path), load_external=False)
-        shared = shared_nodes(got.severed, saved, path.parent, model, Path(src.path).parent, plan.available)
+        with CaptureFile(ref_capture) as cap:
+            graphs = (got.severed, saved, path.parent, model, Path(src.path).parent)
+            shared = shared_nodes(*graphs, plan.available, cap.get)
     rest = without(got.severed, shared)
     judges, judge_of = dict(plan.judges), dict(plan.judge_of)
     if rest.graph.node:

@@ -265,7 +265,8 @@ def _execute(
                 raise
             analyzed = None
             if later is None and probe_jobs:  # analyzed now, their captures deleted: room on disk
-                if explanation_disk(ctx.work, ctx.run_bytes, len(planned)) == ("", None):
+                others = [n for n, b in everything.items() if n not in (ref, EXPECTED) and b.ok]
+                if explanation_disk(ctx.work, ctx.run_bytes, len(others)) == ("", None):
                     later = pool.submit(explain, *args)  # room beside them: it starts meanwhile
                 partial = _Executed(everything, backends, outcomes, broken, ref, NOT_MEASURED, _NONE)
                 analyzed = _probe_results(probes, planned, partial)

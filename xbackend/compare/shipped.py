@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -310,31 +310,52 @@ def runtime_plan(
     return Shipped(severed, spath, sfeeds, ref, tensors, _pieces(proto, grain), described)
 
 
-def _attrs(n: onnx.NodeProto) -> list[bytes]:
-    return sorted(a.SerializeToString() for a in n.attribute)
+def _attrs(n: onnx.NodeProto, opset: int) -> dict[str, bytes]:
+    """A node's attributes, those its schema defaults filled in (ONNX Runtime writes them out)."""
+    out = {a.name: a.SerializeToString() for a in n.attribute}
+    if n.domain not in STANDARD:
+        return out
+    try:
+        schema = onnx.defs.get_schema(n.op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return out
+    for name, spec in schema.attributes.items():
+        d = spec.default_value
+        if name not in out and d.type != onnx.AttributeProto.UNDEFINED:
+            filled = onnx.AttributeProto()
+            filled.CopyFrom(d)
+            filled.name = name
+            out[name] = filled.SerializeToString()
+    return out
 
 
 def shared_nodes(
     severed: onnx.ModelProto, weights: onnx.ModelProto, weights_at: Path, model: onnx.ModelProto,
-    model_at: Path, available: Collection[str],
+    model_at: Path, available: Collection[str], reference: Callable[[str], object],
 ) -> frozenset[str]:  # fmt: skip
     """The node outputs of `severed` (an optimized graph severed at the reference's tensors, its
-    weights those of `weights`, a file at `weights_at`) whose float64 values the reference grain's
+    weights those of `weights`, in folder `weights_at`) whose float64 values the reference grain's
     judge computes too: nodes the optimizer left as they were (op, attributes, inputs), each
     output one the reference holds, each input read severed in both graphs (the reference's
-    values), a graph input of both, or a weight of the same values in both. One evaluation of
-    those nodes serves both judgments."""
+    values), a graph input of both, or a weight of the same values in both, or a weight equal to
+    the reference's value of the tensor it stands for (a transpose the optimizer folded). One
+    evaluation of those nodes serves both judgments. `reference(name)`: the reference's value."""
     available = set(available)
     producer = {o: n for n in model.graph.node for o in n.output if o}
     inits = {t.name: t for t in model.graph.initializer}
     theirs = {t.name: t for t in weights.graph.initializer}
     fed = {i.name for i in model.graph.input} - set(inits)
+    opset = next((o.version for o in model.opset_import if o.domain in STANDARD), 1)
     same: dict[str, bool] = {}
 
     def same_weight(x: str) -> bool:
         if x not in same:
             a = weight_array(theirs[x], weights_at) if x in theirs else None
+            # the model's weight, or the reference's value where the model computes it
             b = weight_array(inits[x], model_at) if x in inits else None
+            if x not in inits and x in available and x in producer:
+                got = reference(x)
+                b = got if isinstance(got, np.ndarray) else None
             same[x] = (
                 a is not None and b is not None and a.dtype == b.dtype and a.shape == b.shape
                 and bool(np.array_equal(a, b))
@@ -357,7 +378,7 @@ def shared_nodes(
             or p.op_type != n.op_type
             or (p.domain or "ai.onnx") != (n.domain or "ai.onnx")
             or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)
-            or _attrs(p) != _attrs(n)
+            or _attrs(p, opset) != _attrs(n, opset)
             or len(p.input) != len(n.input)
         ):
             continue
