@@ -220,14 +220,23 @@ def test_an_explanation_past_the_budget_is_skipped_with_the_reason() -> None:
     spec, proto = load_model(MLP)
     weights = sum(raw_size(t) or 0 for t in proto.graph.initializer)
     run = sum(tensor_bytes(proto, {"x": (1, 16, 64)})[t] for t in spec.all_tensors())
-    # both backends fit (ORT: its weights twice and one run), the severed model's two runs do not
-    budget = OVERHEAD + 2 * weights + run + run // 2
+    largest = max(tensor_bytes(proto, {"x": (1, 16, 64)})[t] for t in spec.all_tensors())
+    # both backends fit (ORT: its weights twice and one run); the severed model, fed a whole run,
+    # has no room for even its largest tensor beside it
+    budget = OVERHEAD + 2 * weights + run + largest
     r = xbackend.compare(MLP, backends=["ort-cpu", "reference"], runs=1, probes=(), max_memory=budget)
     assert [b.status for b in r.backends] == ["ok", "ok"]
     ex = r.explanation
     assert ex.status == "unavailable"
-    assert ex.reason.startswith("no node was judged against float64: its builds hold every tensor")
+    assert ex.reason.startswith("no node was judged against float64: its severed builds hold a run's feeds")
     assert ex.reason.endswith("raise --max-memory, or give the inputs smaller shapes (--shape)")
+    # asked for, the per-node floor holds every tensor about 3.25 times at once: refused first
+    asked = xbackend.compare(
+        MLP, backends=["ort-cpu", "reference"], runs=1, probes=(), max_memory=budget, noise_samples=4
+    )
+    assert asked.explanation.reason.startswith(
+        "no node was judged against float64: its per-node floor (--noise-samples) holds every tensor"
+    )
     # room for the severed runs, not for the whole float64 judge (every tensor in float64 with its
     # operands' magnitudes, about JUDGE_COPIES runs): it is cut into windows, and judges the same
     from xbackend.compare.memory import JUDGE_COPIES
@@ -244,6 +253,12 @@ def test_an_explanation_past_the_budget_is_skipped_with_the_reason() -> None:
     assert cut.explanation.ok and whole.explanation.ok, cut.explanation.reason
     assert cut.explanation.local == whole.explanation.local  # node by node, the same judgment
     assert cut.cross("ort-cpu").explained is True and cut.verdict()[0] == whole.verdict()[0]
+    # room for a run's feeds and a third of a run beside them: ONNX Runtime's severed run (its
+    # optimized graph's) exposes its tensors window by window, each build fed the whole run
+    tight = xbackend.compare(MLP, max_memory=OVERHEAD + 2 * weights + 2 * run, **kw)  # type: ignore[arg-type]
+    severed = [n for n in tight.notes if n.startswith("ort-cpu's severed run exposed")]
+    assert len(severed) == 1 and " in 3 windows" in severed[0], tight.notes
+    assert tight.explanation.local == whole.explanation.local
 
 
 def _positions_model() -> onnx.ModelProto:

@@ -39,7 +39,13 @@ from xbackend.compare.floors import (
 from xbackend.compare.judge_nodes import JUDGE_PHASE, warm_compiled
 from xbackend.compare.judge_plan import LOCAL_PHASE, Early, Judge, Plan, judge_all
 from xbackend.compare.judged_graph import judged_model
-from xbackend.compare.memory import explanation_disk, judge_window_note, judge_windows, side_by_side
+from xbackend.compare.memory import (
+    explanation_disk,
+    judge_window_note,
+    judge_windows,
+    severed_plan,
+    side_by_side,
+)
 from xbackend.compare.plain_judge import Shipped, judge_plain_runs
 from xbackend.compare.plan import plan_backend
 from xbackend.compare.shipped import runtime_plan, shared_nodes, shipped_job, shipped_plan, without
@@ -49,6 +55,7 @@ from xbackend.execution.progress import ProgressSink
 from xbackend.execution.protocol import Phase
 from xbackend.files.modelref import np_dtype
 from xbackend.files.run_values import CaptureFile
+from xbackend.files.textfmt import gib
 from xbackend.model.extdata import externalize, uses_external_data, write_rewritten
 from xbackend.model.load import load_proto
 from xbackend.model.ortdomain import as_contrib
@@ -196,7 +203,10 @@ def _run(
             p = state["plan"]
         judge = p.judges[name].job if name in p.judges else None
         # the judge first: the longer of the two takes the lane the optimized graph freed
-        return [*([[judge]] if judge is not None else []), [p.local_jobs[name]]]
+        return [
+            *([[judge]] if judge is not None else []),
+            *([[p.local_jobs[name]]] if name in p.local_jobs else []),
+        ]
 
     warm_compiled()  # numba's import and cache load, while the main process waits on workers
     return ex.run_queue(queue, lanes, then, started), state["plan"]
@@ -210,6 +220,14 @@ def _window_notes(ctx: ProbeContext, plan: Plan) -> list[str]:
             graph = f"{key}'s graph" if key in plan.optimized else (key or "the reference's grain")
             windows = [w.phases[0].tensors for w in j.windows]
             out.append(judge_window_note(graph, windows, ctx.budget or 0, ctx.judge_disk))
+    for name, job in sorted(plan.local_jobs.items()):
+        cut = job.phases[0].windows
+        if cut:
+            out.append(
+                f"{name}'s severed run exposed its {sum(map(len, cut))} tensors in {len(cut)} windows, "
+                f"each its own build fed the whole run, to stay within {gib(ctx.budget or 0)} per "
+                "process; every node was still judged"
+            )
     return out
 
 
@@ -221,7 +239,9 @@ def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_cap
     # the model's nodes (its weights beside the rewrites: covers and pieces need no weight)
     model = load_proto(src.path, load_external=False)
     path = plan.optimized[name][1]
-    old = plan.local_jobs[name]
+    old = plan.local_jobs.get(name)
+    if old is None:  # not measured (plan.not_measured says why)
+        return plan
     runtime = old.cls.optimized_format == "runtime"
     args = (plan.available, ctx.feeds.arrays, ref_capture, folder)
     got = (
@@ -231,7 +251,10 @@ def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_cap
     )
     if isinstance(got, str):
         return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {got}"})
-    phase = Phase.planned(LOCAL_PHASE, got.tensors, 1, model=got.model, hashed=False)
+    cut, why = severed_plan(ctx, old.cls.windowed, got.tensors, plan.shapes, plan.captured)
+    if why:
+        return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {why}"})
+    phase = Phase.planned(LOCAL_PHASE, got.tensors, 1, model=got.model, hashed=False, windows=cut)
     # ONNX Runtime runs its optimized graph as saved; OpenVINO fuses each piece as it ships it
     options = (
         old.raw_options
@@ -346,6 +369,10 @@ def _plan(
             by_judge.add(name)
             graphs[name] = OWN_JUDGE
             continue
+        cut, why = severed_plan(ctx, b.cls.windowed, tensors, shapes, captured)
+        if why:
+            not_measured[name] = why
+            continue
         # A runner of its own source keeps its model and takes the reference's values as feeds:
         # it computes each part it exposes from the part's inputs, so it is judged at that grain.
         if not b.cls.executes_graph:
@@ -356,7 +383,7 @@ def _plan(
             graphs[name] = _grain_of(r)
         own = replace(spec.ref(), inputs=smodel.inputs)
         model = smodel if b.cls.executes_graph else own
-        phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model, hashed=False)
+        phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model, hashed=False, windows=cut)
         local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, _same_grain(b, r), sfeeds, (phase,))
     unjudged = bool(not_measured) or judges[""].judged is None
     floors, reordered, extra = floor_job(ctx, planned, src, proto, shapes, tensors, folder, unjudged)

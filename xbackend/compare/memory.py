@@ -34,6 +34,8 @@ __all__ = [
     "judge_windows",
     "measure_unsized",
     "memory_plan",
+    "severed_plan",
+    "severed_windows",
     "side_by_side",
     "sizing_note",
     "window_note",
@@ -181,20 +183,27 @@ class MemoryPlan:
         """Every tensor of one run, those sized before running (no guess)."""
         return self.sizes.sized(spec.all_tensors())
 
-    def explanation_blocker(self, spec: ModelSpec) -> str:
+    def explanation_blocker(self, spec: ModelSpec, floors: bool = False) -> str:
         """Why the explanation's builds cannot run within the budget ('' when they can): the
-        severed model takes every tensor of a run in and gives every one out; the float64 judge,
-        cut into windows where it must, holds the run's feeds and a window's tensors in float64
-        with their magnitudes (the largest tensor alone at least)."""
+        severed model takes every tensor of a run in and gives every one out, a window of them at
+        a time where they do not fit (the per-node floor, asked for with `floors`, all at once);
+        the float64 judge, cut into windows where it must, holds the run's feeds and a window's
+        tensors in float64 with their magnitudes (the largest tensor alone at least)."""
         if self.budget is None:
             return ""
         run = self.run_bytes(spec)
         largest = 2 * max((self.sizes.get(t, 0) for t in spec.all_tensors()), default=0)  # float64
         severed = int(SEVERED_COPIES * run)
-        if severed + 2 * self.weights + OVERHEAD > self.budget:
+        windowed = run + int((SEVERED_COPIES - 1) * largest / 2)
+        if floors and severed + 2 * self.weights + OVERHEAD > self.budget:
             what = (
-                f"its builds hold every tensor of a run about {SEVERED_COPIES:g} times (about "
-                f"{gib(severed)}) beside the weights"
+                f"its per-node floor (--noise-samples) holds every tensor of a run about "
+                f"{SEVERED_COPIES:g} times (about {gib(severed)}) beside the weights"
+            )
+        elif windowed + 2 * self.weights + OVERHEAD > self.budget:
+            what = (
+                f"its severed builds hold a run's feeds and, window by window, at least its largest "
+                f"tensor (about {gib(windowed)}) beside the weights"
             )
         elif run + 2 * JUDGE_WINDOW_COPIES * largest + 2 * self.weights + OVERHEAD > self.budget:
             what = (
@@ -208,6 +217,48 @@ class MemoryPlan:
 
     def _raise_it(self) -> str:
         return "raise --max-memory" if self.explicit else "free memory, or set --max-memory higher"
+
+
+def severed_windows(
+    tensors: Sequence[str], sizes: Mapping[str, int], run: int, weights: int, budget: int | None
+) -> tuple[tuple[str, ...], ...]:
+    """A severed run's tensors cut into windows, each its own build, where the whole run does not
+    fit the budget (() for one): a build holds the run's feeds (the reference's values), the
+    weights, and its window's tensors as the engine and the worker hold them. UsageError where
+    one tensor alone does not fit."""
+    if budget is None or SEVERED_COPIES * run + 2 * weights + OVERHEAD <= budget:
+        return ()
+    room = int((budget - run - 2 * weights - OVERHEAD) / (SEVERED_COPIES - 1))
+    what = "raise --max-memory, free memory, or give the inputs smaller shapes (--shape)"
+    return plan_windows(list(tensors), sizes, max(room, 1), what).windows
+
+
+def severed_plan(
+    ctx: ProbeContext,
+    windowed: bool,
+    tensors: Sequence[str],
+    shapes: Mapping[str, tuple[int, ...]],
+    dtypes: Mapping[str, str],
+) -> tuple[tuple[tuple[str, ...], ...], str]:
+    """A backend's severed run: its windows (() for one), or why it cannot run within the budget
+    (`windowed`: its engine allocates only the tensors a build exposes)."""
+    sizes = {
+        t: int(np.prod(shapes[t], dtype=np.int64)) * np.dtype(dtypes.get(t, "float32")).itemsize
+        for t in tensors
+        if t in shapes
+    }
+    try:
+        cut = severed_windows(tensors, sizes, ctx.run_bytes, ctx.spec.weight_bytes, ctx.budget)
+    except UsageError as e:
+        return (), f"its severed run does not fit: {e}"
+    if cut and not windowed:
+        need = gib(int(SEVERED_COPIES * ctx.run_bytes))
+        return (), (
+            f"its severed run holds every tensor of a run at once (about {need}), more than the "
+            f"{gib(ctx.budget or 0)} each process may use, and its engine cannot expose them a "
+            "window at a time"
+        )
+    return cut, ""
 
 
 def judge_peak(run: int, weights: int, budget: int | None) -> int:

@@ -135,7 +135,7 @@ def compare_with_options(
             progress or NullProgress(),
             windows,
             spill,
-            memory.explanation_blocker(spec),
+            memory.explanation_blocker(spec, bool(opts.noise_samples)),
             lambda builds, backends, ref: _comparisons(ctx, builds, backends, ref, capture_to),
         )
         if spec.unsorted:
