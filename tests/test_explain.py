@@ -605,10 +605,11 @@ def test_a_worker_whose_last_line_lands_as_it_exits_still_finished_its_job() -> 
 def test_an_explanation_whose_files_would_not_fit_on_disk_is_windowed_or_skipped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The explanation writes 6 runs of activations, 1 per backend compared, and 4 per float64
-    judge (2 here: the reference's grain and ONNX Runtime's graph): 15 runs. With less free on
-    TMPDIR's disk the judges are cut into windows, each judged and deleted in turn, and judge
-    the same; with room for less than half a run at a time, the explanation is skipped, saying so."""
+    """The explanation writes 1 run of activations (the severed feeds), 1 per backend compared,
+    and 4 per float64 judge (2 here: the reference's grain and ONNX Runtime's graph): 10 runs.
+    With less free on TMPDIR's disk the judges are cut into windows (a third of what is left
+    each: two of one judge beside another's), each judged and deleted in turn, and judge the
+    same; with room for less than half a run at a time, the explanation is skipped, saying so."""
     import shutil
     from collections import namedtuple
 
@@ -621,15 +622,16 @@ def test_an_explanation_whose_files_would_not_fit_on_disk_is_windowed_or_skipped
     run = 0
     real = memory.explanation_disk
 
-    def spy(folder: Path, run_bytes: int, backends: int) -> tuple[str, int | None]:
+    def spy(folder: Path, run_bytes: int, backends: int, floors: int = 0) -> tuple[str, int | None]:
         nonlocal run
         run = run_bytes
-        return real(folder, run_bytes, backends)
+        assert (backends, floors) == (1, 0)  # ort-cpu judged, no floor on the default path
+        return real(folder, run_bytes, backends, floors)
 
     monkeypatch.setattr(explain, "explanation_disk", spy)
     whole = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
     assert whole.explanation.ok and not any(n.startswith("the float64 judge") for n in whole.notes)
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 8 * run + 2))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 2 * run + 3 * (run // 2 + 1)))
     cut = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
     notes = [n for n in cut.notes if n.startswith("the float64 judge")]
     assert len(notes) == 2 and all("judged and deleted in turn" in n for n in notes), cut.notes
@@ -638,7 +640,7 @@ def test_an_explanation_whose_files_would_not_fit_on_disk_is_windowed_or_skipped
     assert min(windows) >= 6, notes  # about a node or two each: a node's magnitude stays with it
     assert cut.explanation.local == whole.explanation.local  # node by node, the same judgment
     assert cut.explanation.reorder_check == whole.explanation.reorder_check
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 8 * run - 1))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 2 * run + 3 * (run // 2) - 3))
     r = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
     assert r.explanation.reason.startswith(
         "no node was judged against float64: its files would take at least"
@@ -667,10 +669,10 @@ def test_a_judge_window_that_fails_leaves_its_backends_not_judged_with_the_reaso
     real_disk, real_batch = memory.explanation_disk, executor.run_batch
     ran: list[str] = []
 
-    def spy(folder: Path, run_bytes: int, backends: int) -> tuple[str, int | None]:
+    def spy(folder: Path, run_bytes: int, backends: int, floors: int = 0) -> tuple[str, int | None]:
         nonlocal run
         run = run_bytes
-        return real_disk(folder, run_bytes, backends)
+        return real_disk(folder, run_bytes, backends, floors)
 
     def batch(jobs, *args, **kwargs):  # type: ignore[no-untyped-def]
         label = jobs[0][1].name
@@ -681,16 +683,16 @@ def test_a_judge_window_that_fails_leaves_its_backends_not_judged_with_the_reaso
 
     monkeypatch.setattr(explain, "explanation_disk", spy)
     xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 8 * run + 2))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 2 * run + 3 * (run // 2 + 1)))
     monkeypatch.setattr(executor, "run_batch", batch)
     r = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
     assert "explain-judge-w1" in ran and "explain-judge-w2" in ran and "explain-judge-w3" not in ran
-    ref = next(le for le in r.explanation.local if le.backend == "reference")
-    assert ref.status == "not-measured"
-    # the disk says it is nearly full (patched): the reason names it, and what to do
-    assert ref.reason.startswith(
-        "the float64 evaluation of each node failed: load: no space left on the disk"
+    # it judges the reference and ONNX Runtime's nodes its optimizer left as they were: neither
+    # is judged, so no node is; the disk says it is nearly full (patched): the reason names it,
+    # and what to do
+    assert r.explanation.status == "unavailable"
+    assert r.explanation.reason.startswith(
+        "no node was judged: the float64 evaluation of each node failed: load: no space left on the disk"
     )
-    assert ref.reason.endswith("(set TMPDIR to a folder on a larger disk)")
-    assert r.explanation.reorder_check.status == "unavailable"
+    assert r.explanation.reason.endswith("(set TMPDIR to a folder on a larger disk)")
     assert r.backend("reference").status == "ok" and r.backend("ort-cpu").status == "ok"

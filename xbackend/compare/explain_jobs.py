@@ -40,6 +40,8 @@ from xbackend.compare.judge_nodes import JUDGE_PHASE, warm_compiled
 from xbackend.compare.judge_plan import LOCAL_PHASE, Early, Judge, Plan, judge_all
 from xbackend.compare.judged_graph import judged_model
 from xbackend.compare.memory import (
+    FLOOR_RUNS,
+    NODE_FLOOR_RUNS,
     explanation_disk,
     judge_window_note,
     judge_windows,
@@ -68,7 +70,7 @@ from xbackend.results.explanation import (
     Explanation,
 )
 
-__all__ = ["FLOOR_ENGINE", "OWN_JUDGE", "explain"]
+__all__ = ["FLOOR_ENGINE", "OWN_JUDGE", "explain", "explanation_room"]
 
 JUDGE_ENGINE = "oracle"
 # LocalErrors.graph of the judge's own engine: one evaluation serves both
@@ -101,7 +103,7 @@ def explain(
             return Explanation("unavailable")
         why = f"{', '.join(failed)} did not run: no backend was judged against float64, {ref} included"
         return Explanation("unavailable", why)
-    no_room, judge_disk = explanation_disk(ctx.work, ctx.run_bytes, len(others))
+    no_room, judge_disk = explanation_room(ctx, others)
     too_big = too_big or no_room
     ctx = replace(ctx, judge_disk=judge_disk)  # its notes stay the caller's list
     if too_big:
@@ -146,6 +148,20 @@ def explain(
             return _analyze(ctx, done[1], done[0], layers.capture, ex, shipped, early)
         finally:
             early.close()
+
+
+def explanation_room(ctx: ProbeContext, others: Sequence[Builds]) -> tuple[str, int | None]:
+    """explanation_disk for the backends judged against the reference (`others`), with the floors
+    where they will run: asked for (--noise-samples K: the floor and the per-node floor), or for a
+    backend the float64 judge cannot judge (a loaded capture, a runner of its own source)."""
+    unjudged = any(
+        b.loaded is not None
+        or b.planned.cls is None
+        or not (b.planned.cls.executes_graph or b.planned.cls.severs_by_feeds)
+        for b in others
+    )
+    floors = FLOOR_RUNS + NODE_FLOOR_RUNS if ctx.opts.noise_samples else FLOOR_RUNS if unjudged else 0
+    return explanation_disk(ctx.work, ctx.run_bytes, len(others), floors=floors)
 
 
 def _optimized(
@@ -487,7 +503,7 @@ def _judge_job(
 
     if windows:  # each its own job, judged and deleted in turn (xbackend.compare.judge_plan)
         cut = tuple(job(f"-w{k + 1}", w) for k, w in enumerate(windows))
-        return Judge(None, judged, windows=cut, pipelined=ctx.judge_disk is None)
+        return Judge(None, judged, windows=cut)
     return Judge(job("", judged.tensors), judged)
 
 

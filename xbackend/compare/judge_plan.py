@@ -32,11 +32,9 @@ class Judge:
     job: Job | None
     judged: Judged | None
     unavailable: str = ""
-    # cut into windows (memory or disk): a job each, run after the others, one at a time
+    # cut into windows (memory or disk): a job each, run after the others, the next one while
+    # one is judged (the disk plan leaves room for two windows' captures beside another judge's)
     windows: tuple[Job, ...] = ()
-    # cut for memory alone (the disk holds two windows' captures): the next window runs while
-    # one is judged
-    pipelined: bool = False
 
 
 @dataclass(frozen=True)
@@ -218,7 +216,7 @@ def _evaluations(
             o = started.result() if started is not None else None if ex.cancelled.is_set() else ex.run(job)
             jp = o.phase(JUDGE_PHASE) if o is not None and o.ok else None
             rest = judge.windows[k + 1 :]
-            if jp is not None and rest and judge.pipelined and not ex.cancelled.is_set():
+            if jp is not None and rest and not ex.cancelled.is_set():
                 ahead = pool.submit(ex.run, rest[0])  # runs while this window is judged
             why = o.reason if o is not None else "interrupted"
             wanted = set(job.phases[0].tensors)

@@ -25,7 +25,9 @@ from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.results import CompareOptions
 
 __all__ = [
+    "FLOOR_RUNS",
     "JUDGE_COPIES",
+    "NODE_FLOOR_RUNS",
     "OVERHEAD",
     "MemoryPlan",
     "explanation_disk",
@@ -326,27 +328,31 @@ def side_by_side(ctx: ProbeContext, lanes: int, processes: int = 0) -> bool:
     return cores >= lanes and held < psutil.virtual_memory().available // 2 and ctx.opts.max_memory is None
 
 
-# the explanation's files, in runs of activations: the severed feeds (1), the floor's run and
-# spread (2, deleted once it ends), the per-node floor's feeds, run and spread (3); per backend
-# compared, its severed run (1); each float64 judge's values and magnitudes (4), one for the
-# reference's grain and at most one per backend (its own graph)
-_EXPLAIN_RUNS = 6
+# the explanation's files, in runs of activations: the severed feeds (1); per backend compared,
+# its severed run (1); where they run, the floor's run and spread (2, deleted once it ends) and
+# the per-node floor's feeds, run and spread (3); each float64 judge's values and magnitudes (4),
+# one for the reference's grain and at most one per backend (its own graph)
+FLOOR_RUNS = 2
+NODE_FLOOR_RUNS = 3
 _JUDGE_RUNS = 4
 
 
-def explanation_disk(folder: Path, run: int, backends: int) -> tuple[str, int | None]:
+def explanation_disk(folder: Path, run: int, backends: int, floors: int = 0) -> tuple[str, int | None]:
     """Why the explanation's files would not fit on the disk that holds `folder` ('' if they do),
     and the bytes each float64 judge may write at once (None: whole, beside the rest): where the
-    judges' whole captures would not fit, each is cut into windows, judged and deleted in turn."""
+    judges' whole captures would not fit, each is cut into windows, judged and deleted in turn.
+    `floors`: the runs of activations the floors write (0 where none runs)."""
     try:
         free = shutil.disk_usage(folder).free
     except OSError:
         return "", None
-    base = run * (_EXPLAIN_RUNS + backends)
+    base = run * (1 + backends + floors)
     judges = _JUDGE_RUNS * run * (1 + backends)
     if base + judges <= free:
         return "", None
-    room = (free - base) // 2  # half of what is left, for one window at a time
+    # a third of what is left: a judge's window, the next one running while it is judged, and
+    # another judge's whole capture
+    room = (free - base) // 3
     if room >= run // 2:
         return "", room
     return (

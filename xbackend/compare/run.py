@@ -21,9 +21,8 @@ from xbackend.compare.cross import against, cross_all, effective_reference, pair
 from xbackend.compare.decisions import decision_outputs, decisions_all
 from xbackend.compare.decode import decode_backends
 from xbackend.compare.drift import baseline_drifts
-from xbackend.compare.explain_jobs import explain
+from xbackend.compare.explain_jobs import explain, explanation_room
 from xbackend.compare.memory import (
-    explanation_disk,
     measure_unsized,
     memory_plan,
     side_by_side,
@@ -265,8 +264,9 @@ def _execute(
                 raise
             analyzed = None
             if later is None and probe_jobs:  # analyzed now, their captures deleted: room on disk
-                others = [n for n, b in everything.items() if n not in (ref, EXPECTED) and b.ok]
-                if explanation_disk(ctx.work, ctx.run_bytes, len(others)) == ("", None):
+                # (their captures still on disk, it plans its files in what is left)
+                others = [b for n, b in everything.items() if n not in (ref, EXPECTED) and b.ok]
+                if not explanation_room(ctx, others)[0]:
                     later = pool.submit(explain, *args)  # room beside them: it starts meanwhile
                 partial = _Executed(everything, backends, outcomes, broken, ref, NOT_MEASURED, _NONE)
                 analyzed = _probe_results(probes, planned, partial)
