@@ -150,10 +150,20 @@ def explain_rows(model: Path, seq: int, say: Callable[[str], None]) -> float:
         "--shape", f"sequence={seq}", "--range", "input_ids=0:50257", "--no-progress",
     ]  # fmt: skip
     walls = []
-    for label, extra in (("without", ["--noise-samples", "0"]), ("explained", [])):
-        wall, peak, code = measure([*base, *extra])
-        walls.append(wall)
-        say(f"  {label:11s} {wall:7.1f} s  peak {peak / 2**30:5.2f} GiB  exit {code}")
+    with tempfile.TemporaryDirectory() as tmp:
+        js = Path(tmp) / "r.json"
+        for label, extra in (("without", ["--noise-samples", "0"]), ("explained", ["--json", str(js)])):
+            wall, peak, code = measure([*base, *extra])
+            walls.append(wall)
+            say(f"  {label:11s} {wall:7.1f} s  peak {peak / 2**30:5.2f} GiB  exit {code}")
+        # what the explanation judged, and how its runs were cut to fit
+        r = json.loads(js.read_text()) if js.exists() else {}
+        ex = r.get("explanation") or {}
+        local = {x.get("backend"): x.get("status") for x in ex.get("local_errors") or []}
+        say(f"  explanation {ex.get('status', '?')}: {local or ex.get('reason', '')}")
+        for note in r.get("notes") or []:
+            if "windows" in note:
+                say(f"    {note}")
     ratio = walls[1] / walls[0]
     say(f"  ratio       {ratio:.2f}x (target 1.3x)")
     return ratio

@@ -40,12 +40,11 @@ from xbackend.compare.judge_nodes import JUDGE_PHASE, warm_compiled
 from xbackend.compare.judge_plan import LOCAL_PHASE, Early, Judge, Plan, judge_all
 from xbackend.compare.judged_graph import judged_model
 from xbackend.compare.memory import (
-    FLOOR_RUNS,
-    NODE_FLOOR_RUNS,
-    explanation_disk,
+    explanation_room,
     judge_window_note,
     judge_windows,
     severed_plan,
+    severed_window_note,
     side_by_side,
 )
 from xbackend.compare.plain_judge import Shipped, judge_plain_runs
@@ -57,7 +56,6 @@ from xbackend.execution.progress import ProgressSink
 from xbackend.execution.protocol import Phase
 from xbackend.files.modelref import np_dtype
 from xbackend.files.run_values import CaptureFile
-from xbackend.files.textfmt import gib
 from xbackend.model.extdata import externalize, uses_external_data, write_rewritten
 from xbackend.model.load import load_proto
 from xbackend.model.ortdomain import as_contrib
@@ -70,7 +68,7 @@ from xbackend.results.explanation import (
     Explanation,
 )
 
-__all__ = ["FLOOR_ENGINE", "OWN_JUDGE", "explain", "explanation_room"]
+__all__ = ["FLOOR_ENGINE", "OWN_JUDGE", "explain"]
 
 JUDGE_ENGINE = "oracle"
 # LocalErrors.graph of the judge's own engine: one evaluation serves both
@@ -150,20 +148,6 @@ def explain(
             early.close()
 
 
-def explanation_room(ctx: ProbeContext, others: Sequence[Builds]) -> tuple[str, int | None]:
-    """explanation_disk for the backends judged against the reference (`others`), with the floors
-    where they will run: asked for (--noise-samples K: the floor and the per-node floor), or for a
-    backend the float64 judge cannot judge (a loaded capture, a runner of its own source)."""
-    unjudged = any(
-        b.loaded is not None
-        or b.planned.cls is None
-        or not (b.planned.cls.executes_graph or b.planned.cls.severs_by_feeds)
-        for b in others
-    )
-    floors = FLOOR_RUNS + NODE_FLOOR_RUNS if ctx.opts.noise_samples else FLOOR_RUNS if unjudged else 0
-    return explanation_disk(ctx.work, ctx.run_bytes, len(others), floors=floors)
-
-
 def _optimized(
     ctx: ProbeContext, planned: Sequence[PlannedBackend], results: Mapping[str, BackendResult], ref: str
 ) -> dict[str, tuple[Job, Path]]:
@@ -239,11 +223,7 @@ def _window_notes(ctx: ProbeContext, plan: Plan) -> list[str]:
     for name, job in sorted(plan.local_jobs.items()):
         cut = job.phases[0].windows
         if cut:
-            out.append(
-                f"{name}'s severed run exposed its {sum(map(len, cut))} tensors in {len(cut)} windows, "
-                f"each its own build fed the whole run, to stay within {gib(ctx.budget or 0)} per "
-                "process; every node was still judged"
-            )
+            out.append(severed_window_note(name, cut, ctx.budget or 0))
     return out
 
 

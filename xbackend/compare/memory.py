@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import psutil
 
+from xbackend.compare.builds import Builds
 from xbackend.errors import UsageError
 from xbackend.execution.executor import Executor, Job
 from xbackend.execution.progress import NullProgress
@@ -31,12 +32,14 @@ __all__ = [
     "OVERHEAD",
     "MemoryPlan",
     "explanation_disk",
+    "explanation_room",
     "judge_peak",
     "judge_window_note",
     "judge_windows",
     "measure_unsized",
     "memory_plan",
     "severed_plan",
+    "severed_window_note",
     "severed_windows",
     "side_by_side",
     "sizing_note",
@@ -360,6 +363,29 @@ def explanation_disk(folder: Path, run: int, backends: int, floors: int = 0) -> 
         f"({gib(free)} free); set TMPDIR to a folder on a larger disk, or give the inputs smaller "
         "shapes (--shape)"
     ), None
+
+
+def explanation_room(ctx: ProbeContext, others: Sequence[Builds]) -> tuple[str, int | None]:
+    """explanation_disk for the backends judged against the reference (`others`), with the floors
+    where they will run: asked for (--noise-samples K: the floor and the per-node floor), or for a
+    backend the float64 judge cannot judge (a loaded capture, a runner of its own source)."""
+    unjudged = any(
+        b.loaded is not None
+        or b.planned.cls is None
+        or not (b.planned.cls.executes_graph or b.planned.cls.severs_by_feeds)
+        for b in others
+    )
+    floors = FLOOR_RUNS + NODE_FLOOR_RUNS if ctx.opts.noise_samples else FLOOR_RUNS if unjudged else 0
+    return explanation_disk(ctx.work, ctx.run_bytes, len(others), floors=floors)
+
+
+def severed_window_note(name: str, windows: Sequence[Sequence[str]], budget: int) -> str:
+    """What the report says of a backend's severed run cut into windows to fit the budget."""
+    return (
+        f"{name}'s severed run exposed its {sum(map(len, windows))} tensors in {len(windows)} windows, "
+        f"each its own build fed the whole run, to stay within {gib(budget)} per process; every "
+        "node was still judged"
+    )
 
 
 def judge_window_note(graph: str, windows: Sequence[Sequence[str]], budget: int, disk: int | None) -> str:

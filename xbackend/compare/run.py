@@ -21,8 +21,9 @@ from xbackend.compare.cross import against, cross_all, effective_reference, pair
 from xbackend.compare.decisions import decision_outputs, decisions_all
 from xbackend.compare.decode import decode_backends
 from xbackend.compare.drift import baseline_drifts
-from xbackend.compare.explain_jobs import explain, explanation_room
+from xbackend.compare.explain_jobs import explain
 from xbackend.compare.memory import (
+    explanation_room,
     measure_unsized,
     memory_plan,
     side_by_side,
