@@ -365,3 +365,20 @@ def test_a_backend_past_the_budget_is_unavailable_and_the_others_run() -> None:
     assert oracle.reason.endswith("raise --max-memory")
     with pytest.raises(UsageError, match=r"^oracle holds the weights about 2 times .* raise --max-memory$"):
         xbackend.compare(MLP, backends=["oracle"], runs=1, probes=(), max_memory=budget)
+
+
+def test_a_severed_run_is_cut_only_where_its_tensors_do_not_fit_beside_its_feeds() -> None:
+    from xbackend.compare.memory import OVERHEAD, SEVERED_COPIES, severed_windows
+
+    sizes = {f"t{k}": 100 for k in range(10)}
+    names = list(sizes)
+    run = 2000  # every tensor of a run, the exposed ten among them
+    assert severed_windows(names, sizes, run, 0, None) == ()
+    assert severed_windows(names, sizes, run, 0, OVERHEAD + int(SEVERED_COPIES * run)) == ()
+    # beside the feeds (a whole run), room for 400 bytes of tensors as a build holds them
+    cut = severed_windows(names, sizes, run, 0, OVERHEAD + run + int((SEVERED_COPIES - 1) * 400))
+    assert [len(w) for w in cut] == [4, 4, 2]
+    # room for all ten at once: one build, not cut
+    assert severed_windows(names, sizes, run, 0, OVERHEAD + run + int((SEVERED_COPIES - 1) * 1000)) == ()
+    with pytest.raises(UsageError, match="alone takes"):
+        severed_windows(names, {**sizes, "t0": 10**6}, run, 0, OVERHEAD + run + 500)

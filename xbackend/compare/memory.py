@@ -235,7 +235,8 @@ def severed_windows(
         return ()
     room = int((budget - run - 2 * weights - OVERHEAD) / (SEVERED_COPIES - 1))
     what = "raise --max-memory, free memory, or give the inputs smaller shapes (--shape)"
-    return plan_windows(list(tensors), sizes, max(room, 1), what).windows
+    cut = plan_windows(list(tensors), sizes, max(room, 1), what).windows
+    return cut if len(cut) > 1 else ()  # its tensors fit beside the feeds: one build
 
 
 def severed_plan(
