@@ -22,8 +22,9 @@ each backend within 1.3x its weights + one run's activations + 1 GiB.
 
 With --explain it measures, per case instead, what the explanation costs: `compare M --backends
 ort-cpu,reference,oracle --runs 2` with the default probes and explanation, against the same
-with `--noise-samples 0`, side by side, and prints the ratio (target, issue 48: 1.3x) and each
-run's peak memory.
+with `--noise-samples 0`, side by side, and prints the ratio (target, issue 48: 1.3x), each
+run's peak memory, what the explanation judged (each backend's status) and the windows its
+float64 judges and severed runs were cut into.
 
 Usage: python benchmarks/scale.py [--seqs 64,256,1024] [--sizes 2,12,36] [--backends ...]
                                   [--skip-polygraphy] [--static] [--workdir DIR] [--table FILE.md]
