@@ -613,7 +613,6 @@ def test_an_explanation_whose_files_would_not_fit_on_disk_is_windowed_or_skipped
     import shutil
     from collections import namedtuple
 
-    from xbackend.compare import explain_jobs as explain
     from xbackend.compare import memory
 
     usage = namedtuple("usage", "total used free")
@@ -628,7 +627,7 @@ def test_an_explanation_whose_files_would_not_fit_on_disk_is_windowed_or_skipped
         assert (backends, floors) == (1, 0)  # ort-cpu judged, no floor on the default path
         return real(folder, run_bytes, backends, floors)
 
-    monkeypatch.setattr(explain, "explanation_disk", spy)
+    monkeypatch.setattr(memory, "explanation_disk", spy)
     whole = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
     assert whole.explanation.ok and not any(n.startswith("the float64 judge") for n in whole.notes)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 2 * run + 3 * (run // 2 + 1)))
@@ -658,7 +657,6 @@ def test_a_judge_window_that_fails_leaves_its_backends_not_judged_with_the_reaso
     import shutil
     from collections import namedtuple
 
-    from xbackend.compare import explain_jobs as explain
     from xbackend.compare import memory
     from xbackend.execution import executor
 
@@ -681,7 +679,7 @@ def test_a_judge_window_that_fails_leaves_its_backends_not_judged_with_the_reaso
             raise OSError(28, "No space left on device", str(jobs[0][1] / "job.json"))
         return real_batch(jobs, *args, **kwargs)
 
-    monkeypatch.setattr(explain, "explanation_disk", spy)
+    monkeypatch.setattr(memory, "explanation_disk", spy)
     xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 2 * run + 3 * (run // 2 + 1)))
     monkeypatch.setattr(executor, "run_batch", batch)
