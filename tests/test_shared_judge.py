@@ -25,6 +25,24 @@ def _nodes(r: xbackend.Result, backend: str) -> list[tuple[str, float | None, fl
     return [(n.tensor, n.local_scaled_ulp, n.allowed_scaled_ulp) for n in le.nodes]
 
 
+def _with_and_without_sharing(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[frozenset[str]], xbackend.Result, xbackend.Result]:
+    """What shared_nodes found for ort-cpu, and the comparison with and without that sharing."""
+    kw = {"backends": "ort-cpu,reference", "runs": 1, "probes": "none"}
+    seen: list[frozenset[str]] = []
+    real = explain_jobs.shared_nodes
+
+    def spy(*a: object) -> frozenset[str]:
+        seen.append(real(*a))  # type: ignore[arg-type]
+        return seen[-1]
+
+    monkeypatch.setattr(explain_jobs, "shared_nodes", spy)
+    shared = xbackend.compare(model, **kw)
+    monkeypatch.setattr(explain_jobs, "shared_nodes", lambda *a: frozenset())
+    return seen, shared, xbackend.compare(model, **kw)
+
+
 def test_the_oracle_is_judged_on_the_judges_own_evaluation_bit_for_bit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -47,23 +65,12 @@ def test_ort_nodes_its_optimizer_left_are_judged_on_the_reference_grains_evaluat
 ) -> None:
     # torch_mlp on ONNX Runtime: 12 Gemm, 6 QuickGelu and a SkipLayerNormalization are fused
     # kernels; its other LayerNorms and residual Adds are the model's own nodes
-    kw = {"backends": "ort-cpu,reference", "runs": 1, "probes": "none"}
-    seen: list[frozenset[str]] = []
-    real = explain_jobs.shared_nodes
-
-    def spy(*a: object) -> frozenset[str]:
-        seen.append(real(*a))  # type: ignore[arg-type]
-        return seen[-1]
-
-    monkeypatch.setattr(explain_jobs, "shared_nodes", spy)
-    shared = xbackend.compare(MLP, **kw)
+    seen, shared, alone = _with_and_without_sharing(MLP, monkeypatch)
     # the six LayerNorms and five of the six residual Adds (the last is in the SkipLayerNorm)
     assert sorted(seen[0]) == sorted(
         [f"add{s}" for s in ("", "_1", "_2", "_3", "_4")]
         + [f"layer_norm{s}" for s in ("", "_1", "_2", "_3", "_4", "_5")]
     )
-    monkeypatch.setattr(explain_jobs, "shared_nodes", lambda *a: frozenset())
-    alone = xbackend.compare(MLP, **kw)
     # the same judgment, node for node, in the optimized graph's order
     assert _nodes(shared, "ort-cpu") == _nodes(alone, "ort-cpu")
     assert len(_nodes(alone, "ort-cpu")) == 54
@@ -91,18 +98,7 @@ def test_a_weight_the_optimizer_folded_is_shared_where_it_equals_the_reference_v
     )
     path = tmp_path / "tied.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
-    seen: list[frozenset[str]] = []
-    real = explain_jobs.shared_nodes
-
-    def spy(*a: object) -> frozenset[str]:
-        seen.append(real(*a))  # type: ignore[arg-type]
-        return seen[-1]
-
-    monkeypatch.setattr(explain_jobs, "shared_nodes", spy)
-    kw = {"backends": "ort-cpu,reference", "runs": 1, "probes": "none"}
-    shared = xbackend.compare(path, **kw)
+    seen, shared, alone = _with_and_without_sharing(path, monkeypatch)
     assert seen == [frozenset({"ln", "y"})]
-    monkeypatch.setattr(explain_jobs, "shared_nodes", lambda *a: frozenset())
-    alone = xbackend.compare(path, **kw)
     assert _nodes(shared, "ort-cpu") == _nodes(alone, "ort-cpu")
     assert [n[0] for n in _nodes(alone, "ort-cpu")] == ["ln", "y"]

@@ -387,34 +387,18 @@ def shared_nodes(
     return frozenset(out)
 
 
-def _reads(nodes: Sequence[onnx.NodeProto]) -> set[str]:
-    """Every name the nodes read, their subgraphs' outer-scope reads included."""
-    out: set[str] = set()
-    for n in nodes:
-        out.update(n.input)
-        for a in n.attribute:
-            for g in [a.g] if a.HasField("g") else list(a.graphs):
-                out |= _reads(g.node)
-    return out
-
-
 def without(proto: onnx.ModelProto, outputs: Collection[str]) -> onnx.ModelProto:
     """`proto` without the nodes whose outputs are all in `outputs` (their readers read them
-    severed), those graph outputs, and the weights nothing reads any more (the float64 judge
-    promotes every weight it is given). Its inputs stay: it is fed the graph's feeds."""
+    severed) and without those graph outputs. Its inputs and weights stay: it is fed the graph's
+    feeds, and the evaluator keeps only the weights its nodes read (runners.reference.prune)."""
     if not outputs:
         return proto
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     g = out.graph
     keep = [n for n in g.node if not all(o in outputs for o in n.output if o)]
-    read = _reads(keep)
-    for field, kept in (
-        (g.node, keep),
-        (g.output, [o for o in g.output if o.name not in outputs]),
-        (g.initializer, [t for t in g.initializer if t.name in read]),
-    ):
-        items = list(kept)
-        del field[:]
-        field.extend(items)
+    outs = [o for o in g.output if o.name not in outputs]
+    del g.node[:], g.output[:]
+    g.node.extend(keep)
+    g.output.extend(outs)
     return out

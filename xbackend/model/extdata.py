@@ -171,8 +171,8 @@ _LIFT_BYTES = 1 << 16  # inline weights from this size on leave the proto (shape
 
 
 def weight_array(t: TensorProto, base: Path) -> np.ndarray | None:
-    """An initializer's values (external ones memory-mapped from beside `base`'s files), or None
-    where they cannot be read one to one (a packed type, a file that is not there)."""
+    """An initializer's values (external ones memory-mapped from their file in folder `base`), or
+    None where they cannot be read one to one (a packed type, a file that is not there)."""
     try:
         if t.data_location == TensorProto.EXTERNAL:
             return _mapped(t, base)
