@@ -26,7 +26,8 @@ from xbackend.results.flags import (
     pairs,
 )
 from xbackend.results.gating import parse_policies
-from xbackend.runners.registry import get_runner, split_instance
+from xbackend.results.option_sets import TORCH_BACKENDS, expand_modes, thread_options, torch_options
+from xbackend.runners.registry import split_instance
 
 __all__ = [
     "DEFAULT_BACKENDS",
@@ -44,36 +45,12 @@ __all__ = [
 
 DEFAULT_BACKENDS = ("ort-cpu", "reference")
 EXPECTED = "expected"  # golden outputs read from --inputs DIR (output_N.pb), compared like a backend
-TORCH_BACKENDS = ("torch", "torch-compile", "torch-compile-autotune", "torch-cuda")
 
 Shape = tuple[int, ...]
 # --modes asks what each mode costs: its runs are timed unless --timed-runs says otherwise
 MODES_TIMED_RUNS = 10
 MAX_SEED = 2**32 - 1
 _ALL = (*COMMANDS, "sweep")
-
-
-def expand_modes(
-    backends: tuple[str, ...], modes: tuple[str, ...]
-) -> tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]:
-    """`backends` plus each runner in `modes` under its default and each determinism mode it
-    declares (NAME, NAME@LABEL...), and the options that set each mode."""
-    out = list(backends)
-    sets: list[tuple[str, str, str]] = []
-    for name in modes:
-        cls = get_runner(name)
-        declared_modes = cls.determinism_modes()
-        if not declared_modes:
-            raise UsageError(
-                f"{name} declares no determinism modes; compare its settings as instances instead, "
-                f"e.g. --backends {name},{name}@other --set {name}@other.OPTION=VALUE"
-            )
-        for label, options in {"": {}, **declared_modes}.items():
-            instance = f"{name}@{label}" if label else name
-            if instance not in out:
-                out.append(instance)
-            sets += [(instance, k, v) for k, v in options.items()]
-    return tuple(out), tuple(sets)
 
 
 def parse_max_ulp(value: object) -> float | None:
@@ -430,9 +407,9 @@ class CompareOptions:
         # the later setting wins: a mode, then --threads, then the user's --set
         kw["runner_options"] = (
             mode_sets
-            + _thread_options(chosen, kwargs.get("threads"))
+            + thread_options(chosen, kwargs.get("threads"))
             + kw.get("runner_options", ())
-            + _torch_options(chosen, kwargs.get("torch_module"), bool(kwargs.get("trust_model_code")))
+            + torch_options(chosen, kwargs.get("torch_module"), bool(kwargs.get("trust_model_code")))
         )
         # one choice, one source: --outputs-only is the selection "outputs"
         if kw.get("outputs_only") and kw.get("tensors", "all") not in ("all", "outputs"):
@@ -522,39 +499,6 @@ class CompareOptions:
         for f, fl in declared(type(self)):
             parts += fl.words(self, getattr(self, f.name), f.default)
         return shlex.join(parts)
-
-
-def _torch_options(
-    backends: tuple[str, ...], module: str | None, trust: bool
-) -> tuple[tuple[str, str, str], ...]:
-    """--torch-module and --trust-model-code as runner options of each torch backend listed."""
-    chosen = [b for b in backends if b.partition("@")[0] in TORCH_BACKENDS]
-    if (module or trust) and not chosen:
-        flag_name = "--torch-module" if module else "--trust-model-code"
-        raise UsageError(
-            f"{flag_name} applies to the torch backends; add torch (or {TORCH_BACKENDS[1]}) to --backends"
-        )
-    out: tuple[tuple[str, str, str], ...] = ()
-    for b in chosen:
-        if module:
-            out += ((b, "module", str(module)),)
-        if trust:
-            out += ((b, "trust_model_code", "true"),)
-    return out
-
-
-def _thread_options(backends: tuple[str, ...], threads: Any) -> tuple[tuple[str, str, str], ...]:
-    """--threads N as the threads option of each backend whose runner has one."""
-    if threads is None:
-        return ()
-    count(1, 4096)("--threads", int(threads))
-    chosen = [b for b in backends if any(s.name == "threads" for s in get_runner(b).option_specs)]
-    if not chosen:
-        raise UsageError(
-            f"--threads applies to backends with a threads option, and none of {','.join(backends)} has "
-            "one; add ort-cpu (or openvino-cpu, torch) to --backends"
-        )
-    return tuple((b, "threads", str(int(threads))) for b in chosen)
 
 
 # Options create() takes besides the fields: each becomes fields (backends, runner_options).
