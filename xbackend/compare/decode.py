@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,7 @@ from xbackend.results.decode import BackendDecode, DecodeResult, PromptDecode, f
 
 __all__ = [
     "DEFAULT_PROMPTS",
+    "Against",
     "compositions",
     "convention_of",
     "decode_backends",
@@ -187,17 +188,36 @@ def step_feeds(conv: Convention, sequence: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
+@dataclass(frozen=True)
+class Against:
+    """Another model's decoding the backends are held against (a candidate's original): its
+    prompts, its reference's tokens and margins, and the logits file its worker wrote."""
+
+    name: str  # in the candidate's report: "the original on reference"
+    result: DecodeResult
+    logits: Path
+
+    @classmethod
+    def of(cls, result: DecodeResult, work: Path) -> Against:
+        ref = result.reference
+        return cls(f"original:{ref}", result, work / f"{ref}-decode" / "logits.xbv")
+
+
 def decode_backends(
     spec: ModelSpec,
     opts: CompareOptions,
     planned: Sequence[PlannedBackend],
     work: Path,
     bar: ProgressSink,
+    against: Against | None = None,
 ) -> tuple[DecodeResult, Feeds]:
-    """Decode on every planned backend, compare with the reference, and the feeds of the step
-    the per-layer comparison is of."""
+    """Decode on every planned backend, compare with the reference (`against`: another model's,
+    on its prompts), and the feeds of the step the per-layer comparison is of."""
     conv = convention_of(spec)
-    prompts = make_prompts(spec, opts, conv)
+    if against is not None:
+        prompts = [np.asarray(p, dtype=conv.ids_dtype) for p in against.result.prompts]
+    else:
+        prompts = make_prompts(spec, opts, conv)
     warnings: list[str] = []
     batch = opts.batch_invariance
     fixed = next(t.shape for t in spec.inputs if t.name == conv.input_ids)
@@ -222,7 +242,15 @@ def decode_backends(
         done = {name: ex.run(job) for name, job in jobs.items()}
     finally:
         bar.stop()
-    result = _analyze(opts, planned, done, work, prompts)
+    given = None
+    if against is not None:
+        ref_b = next((b for b in against.result.backends if b.backend == against.result.reference), None)
+        ok = ref_b is not None and ref_b.ok and against.logits.is_file()
+        given = (
+            against.name,
+            {p.prompt: (p.tokens, p.margins) for p in ref_b.prompts} if ok and ref_b else None,
+        )
+    result = _analyze(opts, planned, done, work, prompts, given, against.logits if against else None)
     layers_step, feeds = _layers_feeds(result, prompts, conv, opts)
     warnings += [
         f"{name}: {what} failed: {why}"
@@ -237,7 +265,11 @@ def decode_backends(
 
 def _logits(work: Path, o: JobOutcome) -> dict[str, np.ndarray]:
     """Each prompt's chosen-position logits, step by step (the worker wrote them in its job folder)."""
-    with ValueFile(str(work / o.job.label / "logits.xbv")) as f:
+    return _read_logits(work / o.job.label / "logits.xbv")
+
+
+def _read_logits(path: Path) -> dict[str, np.ndarray]:
+    with ValueFile(str(path)) as f:
         return {k: np.asarray(v) for k, v in f.load_all().items()}
 
 
@@ -247,12 +279,20 @@ def _analyze(
     done: Mapping[str, JobOutcome],
     work: Path,
     prompts: Sequence[np.ndarray],
+    given: tuple[str, dict[int, tuple[tuple[int, ...], tuple[float, ...]]] | None] | None = None,
+    given_logits: Path | None = None,
 ) -> DecodeResult:
-    ref = opts.reference_name
-    ref_out = done.get(ref)
-    ref_ok = ref_out is not None and ref_out.ok
-    ref_alone = _alone(ref_out) if ref_out is not None and ref_ok else {}
-    ref_logits = _logits(work, ref_out) if ref_out is not None and ref_ok else {}
+    if given is not None:  # held against another model's reference (None: it did not decode)
+        ref, alone_given = given
+        ref_ok = alone_given is not None
+        ref_alone = alone_given or {}
+        ref_logits = _read_logits(given_logits) if ref_ok and given_logits is not None else {}
+    else:
+        ref = opts.reference_name
+        ref_out = done.get(ref)
+        ref_ok = ref_out is not None and ref_out.ok
+        ref_alone = _alone(ref_out) if ref_out is not None and ref_ok else {}
+        ref_logits = _logits(work, ref_out) if ref_out is not None and ref_ok else {}
     backends = []
     for p in planned:
         o = done.get(p.name)

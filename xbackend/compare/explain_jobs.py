@@ -95,6 +95,8 @@ def explain(
     if opts.noise_samples == 0:
         return Explanation("unavailable", DECLINED)
     others = [b for n, b in builds.items() if n not in (ref, EXPECTED) and b.ok]
+    if not others and ctx.judge_alone and ref in builds and builds[ref].ok:
+        others = [builds[ref]]  # a candidate on one engine: that engine is judged, as a reference is
     if not others:  # nothing is compared with the reference: silent unless a backend failed
         failed = sorted(n for n, b in builds.items() if n != EXPECTED and not b.ok)
         if not failed:
@@ -157,7 +159,10 @@ def _optimized(
     out = {}
     for b in planned:
         r = results.get(b.name)
-        if b.name in (ref, EXPECTED) or r is None or not r.ok or b.cls is None or b.interpreter is not None:
+        judged_alone = b.name == ref and ctx.judge_alone  # judged as it ships, as any other would be
+        if b.name == EXPECTED or (b.name == ref and not judged_alone):
+            continue
+        if r is None or not r.ok or b.cls is None or b.interpreter is not None:
             continue
         if b.cls.executes_graph and b.cls.saves_optimized_graph:
             out[b.name] = shipped_job(b.name, b.cls, b.variant(), ctx.spec, ctx.feeds_path, folder)

@@ -95,6 +95,9 @@ def judged_model(
     made_by: dict[str, tuple[str, str]] = {}  # an uncaptured tensor -> the inexact node that made it
     blame: dict[str, tuple[str, str]] = {}
     poison: dict[str, str] = {}  # a tensor -> where its elements are undefined (bool, in the judged graph)
+    wide = _read_wide(g, captured, read, err, bld_w := Builder("xb.wide.", opset))
+    extra_nodes.extend(bld_w.nodes)
+    g.initializer.extend(bld_w.inits)
     for node in list(g.node):
         outs = [o for o in node.output if o]
         if not outs:
@@ -141,8 +144,10 @@ def judged_model(
         prop = None
         if inherited:
             prop, assumption = propagate(node, inherited, bld, opset)
-            composed[outs[0]] = (
-                assumption or f"{len(inherited)} uncaptured input(s), propagated to first order"
+            composed[outs[0]] = assumption or (
+                _WIDE
+                if set(inherited) <= wide
+                else f"{len(inherited)} uncaptured input(s), propagated to first order"
             )
         if prop is not None:  # judged with it wherever a backend hands this tensor over
             _broadcast_to(bld, prop, outs[0], PROP + outs[0])
@@ -174,6 +179,31 @@ def judged_model(
         if floats.get(t, False) and d in COMPUTE_FLOATS:
             declared.setdefault(t, d)
     return Judged(out, bounds, tuple(tensors), composed, blame, groups, declared)
+
+
+_WIDE = (
+    "its float16/bfloat16 inputs may be read before their rounding to that type (ONNX Runtime's CPU runs "
+    "a float16 graph in float32 between casts): their rounding, u·|x|, propagated to first order"
+)
+
+
+def _read_wide(
+    g: onnx.GraphProto, captured: Mapping[str, str], read: set[str], err: dict[str, str], bld: Builder
+) -> set[str]:
+    """Each severed input of a float16 or bfloat16 tensor a node computed: an engine may hand its
+    consumers the value before its rounding to that type, so each carries its own rounding
+    (u·|x|) as an inherited error (into `err`); the names."""
+    made = {o for n in g.node for o in n.output}
+    out = set()
+    for t, dtype in captured.items():
+        name = SEVERED + t
+        if dtype in ("float16", "bfloat16") and name in read and name not in made:
+            err[name] = bld.op("Mul", bld.abs(name), bld.const(_LOW_UNITS[dtype]))
+            out.add(name)
+    return out
+
+
+_LOW_UNITS = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 
 _FLOAT_NAMES = {

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.compare.builds import Builds, run_builds
+from xbackend.compare.candidates import Ran, run_candidates
 from xbackend.compare.conditioning import far_from_float64
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.decisions import decision_outputs, decisions_all
-from xbackend.compare.decode import decode_backends
+from xbackend.compare.decode import Against, decode_backends
 from xbackend.compare.drift import baseline_drifts
 from xbackend.compare.explain_jobs import explain
 from xbackend.compare.memory import (
@@ -51,6 +52,7 @@ from xbackend.execution.progress import NullProgress, ProgressSink
 from xbackend.files.runfolders import run_temp_folder
 from xbackend.host.environment import collect_environment
 from xbackend.model.extdata import write_rewritten
+from xbackend.model.inputs import Feeds
 from xbackend.model.load import load_model
 from xbackend.model.selection import with_selection
 from xbackend.probes.base import PlannedBackend, Probe, ProbeContext
@@ -80,14 +82,6 @@ def compare_with_options(
     capture_to: str | os.PathLike[str] | None = None,
 ) -> Result:
     """`capture_to`: write the first backend's portable capture to this folder (xbackend capture)."""
-    wanted = select_probes(opts.probes, opts.batch_invariance)  # unknown names: UsageError, first
-    spec, proto = load_model(model)
-    spec = with_selection(spec, opts.tensors)
-    decision_outputs(spec, opts.decisions)  # a name the model lacks: UsageError before anything runs
-    loaded = load_captures(spec, opts)
-    # --decode: the feeds are a decoding step's, known once every backend has decoded
-    feeds, expected = feeds_for(spec, opts, loaded) if not opts.decode else (None, None)
-    opts = with_expected(opts, expected)
     with run_folder() as tmp:
         work = Path(tmp)
         if _nearly_full(work):  # before any worker starts: one line, not a failure per backend
@@ -95,58 +89,104 @@ def compare_with_options(
                 f"no space left on the disk that holds {work.parent} (set TMPDIR to a folder on a "
                 "larger disk)"
             )
-        shipped_path = spec.path
-        if spec.unsorted:  # every engine and judge reads the same graph, its nodes in order
-            sorted_path = work / "sorted" / Path(spec.path).name
-            write_rewritten(proto, spec.path, sorted_path)
-            spec = replace(spec, path=str(sorted_path))
-        planned = [plan_backend(name, opts, work, expected) for name in opts.backends]
-        planned, notes = preflight(spec, proto, planned)
-        decoded = None
-        if feeds is None:
-            decoded, feeds = decode_backends(spec, opts, planned, work, progress or NullProgress())
-        memory = memory_plan(spec, proto, feeds, opts)
-        del proto
-        feeds_path = work / "feeds.xbv"
-        feeds.save(feeds_path)
-        memory = measure_unsized(memory, spec, planned, work, feeds_path, opts.timeout)
-        planned, windows = memory.plan_all(planned, spec, opts)
-        notes += [window_note(p, w, spec, opts, memory) for p, w in windows.items() if w]
-        notes += [n for n in [sizing_note(memory)] if n]
-        feed_bytes = sum(getattr(v, "nbytes", 0) for v in feeds.arrays.values())
-        planned = [
-            replace(p, planned_bytes=memory.planned_bytes(p, spec, opts, windows.get(p.name, ()), feed_bytes))
-            for p in planned
-        ]
-        ctx = ProbeContext(
-            spec, opts, feeds, feeds_path, work, run_bytes=memory.run_bytes(spec), budget=memory.budget
+        ran = _compare_in(work, model, opts, progress, capture_to, keep_layers=bool(opts.candidates))
+        if not opts.candidates:
+            return ran.result
+
+        def again(path: str, copts: CompareOptions, feeds: Feeds, folder: Path, vs: Against | None) -> Ran:
+            folder.mkdir(parents=True, exist_ok=True)
+            return _compare_in(folder, path, copts, progress, None, feeds, keep_layers=True, against=vs)
+
+        return replace(ran.result, candidates=run_candidates(ran, opts, work, again))
+
+
+def _compare_in(
+    work: Path,
+    model: str | os.PathLike[str],
+    opts: CompareOptions,
+    progress: ProgressSink | None,
+    capture_to: str | os.PathLike[str] | None,
+    given: Feeds | None = None,
+    keep_layers: bool = False,
+    against: Against | None = None,
+) -> Ran:
+    """One model compared in the run folder `work` (`given`: its feeds, else made or read as
+    the options say; `keep_layers`: every backend's tensors stay on disk after, for a candidate's
+    comparison; `against`: with --decode, the decoding its tokens are held against)."""
+    wanted = select_probes(opts.probes, opts.batch_invariance)  # unknown names: UsageError, first
+    spec, proto = load_model(model)
+    spec = with_selection(spec, opts.tensors)
+    decision_outputs(spec, opts.decisions)  # a name the model lacks: UsageError before anything runs
+    loaded = load_captures(spec, opts)
+    # --decode: the feeds are a decoding step's, known once every backend has decoded
+    feeds: Feeds | None
+    if given is not None:
+        feeds, expected = given, None
+    else:
+        feeds, expected = feeds_for(spec, opts, loaded) if not opts.decode else (None, None)
+    opts = with_expected(opts, expected)
+    shipped_path = spec.path
+    if spec.unsorted:  # every engine and judge reads the same graph, its nodes in order
+        sorted_path = work / "sorted" / Path(spec.path).name
+        write_rewritten(proto, spec.path, sorted_path)
+        spec = replace(spec, path=str(sorted_path))
+    planned = [plan_backend(name, opts, work, expected) for name in opts.backends]
+    planned, notes = preflight(spec, proto, planned)
+    decoded = None
+    if feeds is None:
+        decoded, feeds = decode_backends(spec, opts, planned, work, progress or NullProgress())
+    elif opts.decode and against is not None:  # a candidate: its tokens against its original's
+        decoded, _ = decode_backends(spec, opts, planned, work, progress or NullProgress(), against)
+    memory = memory_plan(spec, proto, feeds, opts)
+    del proto
+    feeds_path = work / "feeds.xbv"
+    feeds.save(feeds_path)
+    memory = measure_unsized(memory, spec, planned, work, feeds_path, opts.timeout)
+    planned, windows = memory.plan_all(planned, spec, opts)
+    notes += [window_note(p, w, spec, opts, memory) for p, w in windows.items() if w]
+    notes += [n for n in [sizing_note(memory)] if n]
+    feed_bytes = sum(getattr(v, "nbytes", 0) for v in feeds.arrays.values())
+    planned = [
+        replace(p, planned_bytes=memory.planned_bytes(p, spec, opts, windows.get(p.name, ()), feed_bytes))
+        for p in planned
+    ]
+    ctx = ProbeContext(
+        spec,
+        opts,
+        feeds,
+        feeds_path,
+        work,
+        run_bytes=memory.run_bytes(spec),
+        budget=memory.budget,
+        judge_alone=keep_layers,
+    )
+    probes = [PROBES[n](ctx) for n in wanted]
+    # One backend, one build, nothing saved or compared after: its per-layer tensors cross no
+    # process, so the worker compares them run to run by digest and writes the outputs only.
+    running = [pr for pr in probes if not pr.always]  # the builds probe reads fingerprints only
+    alone = len(planned) == 1 and opts.builds == 1 and not (running or loaded or opts.baseline)
+    spill = not (alone and capture_to is None and not opts.save_captures and not keep_layers)
+    done = _execute(
+        ctx,
+        planned,
+        probes,
+        loaded,
+        progress or NullProgress(),
+        windows,
+        spill,
+        memory.explanation_blocker(spec, bool(opts.noise_samples)),
+        lambda builds, backends, ref: _comparisons(ctx, builds, backends, ref, capture_to),
+    )
+    if spec.unsorted:
+        notes.append(
+            "the model file lists its nodes out of topological order (as ONNX Runtime's float16 "
+            "converter writes them); every backend ran the same graph with its nodes sorted"
         )
-        probes = [PROBES[n](ctx) for n in wanted]
-        # One backend, one build, nothing saved or compared after: its per-layer tensors cross no
-        # process, so the worker compares them run to run by digest and writes the outputs only.
-        running = [pr for pr in probes if not pr.always]  # the builds probe reads fingerprints only
-        alone = len(planned) == 1 and opts.builds == 1 and not (running or loaded or opts.baseline)
-        spill = not (alone and capture_to is None and not opts.save_captures)
-        done = _execute(
-            ctx,
-            planned,
-            probes,
-            loaded,
-            progress or NullProgress(),
-            windows,
-            spill,
-            memory.explanation_blocker(spec, bool(opts.noise_samples)),
-            lambda builds, backends, ref: _comparisons(ctx, builds, backends, ref, capture_to),
-        )
-        if spec.unsorted:
-            notes.append(
-                "the model file lists its nodes out of topological order (as ONNX Runtime's float16 "
-                "converter writes them); every backend ran the same graph with its nodes sorted"
-            )
-        result = _result(ctx, planned, probes, (*notes, *ctx.notes), done)
-        decided = decisions_all(spec, opts.decisions, done.builds, result.backends, result.reference_used)
-        named = replace(result.model, path=shipped_path)  # the file the user named, never the sorted copy
-        return replace(result, model=named, decode=decoded, decisions=decided)
+    result = _result(ctx, planned, probes, (*notes, *ctx.notes), done)
+    decided = decisions_all(spec, opts.decisions, done.builds, result.backends, result.reference_used)
+    named = replace(result.model, path=shipped_path)  # the file the user named, never the sorted copy
+    result = replace(result, model=named, decode=decoded, decisions=decided)
+    return Ran(result, done.builds, feeds)
 
 
 def _nearly_full(folder: Path) -> bool:

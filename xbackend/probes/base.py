@@ -57,6 +57,7 @@ class ProbeContext:
     run_bytes: int = 0  # the activations of one run (every tensor sized before running)
     budget: int | None = None  # bytes a worker process may use (None: the OS does not say)
     judge_disk: int | None = None  # bytes a float64 judge may write at once (None: no limit)
+    judge_alone: bool = False  # judge the reference against float64 when no other backend ran
 
     def save_feeds(self, feeds: Feeds, name: str) -> Path:
         path = self.work / f"{name}.xbv"

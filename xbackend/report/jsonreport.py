@@ -17,6 +17,7 @@ from xbackend.compare.saved_report import SCHEMA
 from xbackend.files.codec import encode
 from xbackend.numerics.metrics import TensorDiff
 from xbackend.numerics.values import value_name
+from xbackend.report.candidate_section import candidate_json
 from xbackend.report.decode_section import decisions_json, decode_json
 from xbackend.report.text import METRIC_DEFINITIONS
 from xbackend.results import BackendResult, CrossBackendResult, Drift, PairResult, Result
@@ -286,6 +287,8 @@ def to_dict(r: Result) -> dict[str, Any]:
         out["decode"] = _clean(decode_json(r.decode))
     if r.decisions:
         out["decisions"] = _clean(decisions_json(r))
+    if r.candidates:
+        out["candidates"] = _clean(candidate_json(r))
     out["result"] = encode(r, times=r.options.shows_times)
     if r.options.shows_times:  # only on request: times differ between identical comparisons
         out["build_seconds"] = {b.name: [round(t, 3) for t in b.build_s] for b in r.backends}

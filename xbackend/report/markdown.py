@@ -12,6 +12,7 @@ from xbackend.files.textfmt import fenced, fold, gib, inert, module_note, only_o
 from xbackend.files.textfmt import num as _num
 from xbackend.files.textfmt import table as _table
 from xbackend.files.textfmt import yes as _yes
+from xbackend.report.candidate_section import candidate_section
 from xbackend.report.decode_section import decisions_section, decode_section
 from xbackend.report.explanation_section import allowances_section, explanation_section
 from xbackend.report.figures import planned_figures
@@ -284,6 +285,7 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *cost_section(r),
         *decode_section(r),
         *decisions_section(r),
+        *candidate_section(r),
         *explanation_section(r),
         *_figures(r, stem),
         *_how_to_read(stem),

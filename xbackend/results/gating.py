@@ -16,6 +16,7 @@ from typing import Protocol
 from xbackend.errors import UsageError
 from xbackend.files.textfmt import short
 from xbackend.results.backend import BackendResult
+from xbackend.results.candidates import CandidateResult
 from xbackend.results.comparisons import CrossBackendResult, Drift
 from xbackend.results.decode import DecodeResult
 from xbackend.results.explanation import Explanation
@@ -82,6 +83,12 @@ POLICIES = (
         21,
         "with --decisions: a backend's top-1 choice along a class axis differs from the reference's",
     ),
+    Policy(
+        "candidate-origin",
+        22,
+        "with --candidate: a candidate's node is past the precision it declares, a tensor of it turns inf "
+        "where the original's is finite, or it overflows",
+    ),
     Policy("any", 0, "every policy above, with N = --max-ulp (the exit code is the policy that fired)"),
 )
 _BY_NAME = {p.name: p for p in POLICIES}
@@ -137,6 +144,8 @@ class Gated(Protocol):
     @property
     def decode(self) -> DecodeResult | None: ...
     def decision_flips(self) -> list[str]: ...
+    @property
+    def candidates(self) -> Sequence[CandidateResult]: ...
 
 
 @dataclass(frozen=True)
@@ -275,13 +284,41 @@ def _not_judged(c: _Context, _: float | None) -> str:
 
 def _token_flip(c: _Context, _: float | None) -> str:
     d = c.r.decode
-    if d is None:
-        return ""
-    return "; ".join(d.flips())
+    out = d.flips() if d is not None else []
+    out += [
+        f"candidate {x.path}: {line}"
+        for x in c.r.candidates
+        if x.decode is not None
+        for line in x.decode.flips()
+    ]
+    return "; ".join(out)
 
 
 def _decision_flip(c: _Context, _: float | None) -> str:
-    return "; ".join(c.r.decision_flips())
+    out = c.r.decision_flips()
+    for x in c.r.candidates:
+        out += [
+            f"candidate {x.path}: {d.backend} makes {d.flipped} of {d.decisions} choice(s) at {d.output} "
+            "otherwise than the original"
+            for d in x.decisions
+            if d.status == "ok" and d.flipped
+        ]
+    return "; ".join(out)
+
+
+def _candidate_origin(c: _Context, _: float | None) -> str:
+    out = []
+    for x in c.r.candidates:
+        if x.origins:
+            b, o = x.origins[0]
+            out.append(
+                f"candidate {x.path}: {len(x.origins)} origin(s) past its declared precision, first "
+                f"{o.tensor} ({o.op_type}) on {b}"
+            )
+        elif x.departure:
+            out.append(f"candidate {x.path}: departs at {x.departure} ({x.departure_why})")
+        out += [f"candidate {x.path}: {f.detail} at {f.tensor}" for f in x.findings if f.kind == "overflow"]
+    return "; ".join(out)
 
 
 _CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
@@ -297,4 +334,5 @@ _CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
     "not-judged": _not_judged,
     "token-flip": _token_flip,
     "decision-flip": _decision_flip,
+    "candidate-origin": _candidate_origin,
 }

@@ -91,6 +91,30 @@ def _loads(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(load_spec(x) if isinstance(x, str) else (str(x[0]), str(x[1])) for x in value)
 
 
+def candidate_spec(text: str) -> tuple[str, tuple[str, ...]]:
+    """--candidate FILE[@BACKEND,...]: the file, and the backends it runs on (() : the default).
+    The backends follow the first '@' after the file's .onnx suffix (or the first '@')."""
+    text = str(text)
+    cut = text.find(".onnx@")
+    at = cut + 5 if cut >= 0 else text.find("@")
+    path, backends = (text, "") if at < 0 else (text[:at], text[at + 1 :])
+    if not path:
+        raise UsageError(f"--candidate {text!r} names no file; give CANDIDATE.onnx[@BACKEND,...]")
+    return path, tuple(comma_list(backends)) if backends else ()
+
+
+def _candidates(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    if isinstance(value, (str, Mapping)):
+        value = [value] if isinstance(value, str) else list(value.items())
+    return tuple(
+        candidate_spec(x) if isinstance(x, str) else (str(x[0]), tuple(comma_list(x[1] or ()))) for x in value
+    )
+
+
+def _candidate_words(spec: tuple[str, tuple[str, ...]]) -> str:
+    return spec[0] + ("@" + ",".join(spec[1]) if spec[1] else "")
+
+
 def _size(value: Any) -> int | None:
     return parse_size(value) if isinstance(value, str) else value
 
@@ -377,6 +401,21 @@ class CompareOptions:
         omit_default=True,
     )
 
+    candidates: tuple[tuple[str, tuple[str, ...]], ...] = flag(  # (file, backends); () : default
+        (),
+        "--candidate",
+        "a release candidate of the model (a float16, bf16 or int8 conversion, an optimized or re-exported "
+        "graph) against it, per layer at the precision the candidate declares, and in tokens and decisions: "
+        "FILE[@BACKEND,...] (default backends: those listed besides reference and oracle, else ort-cpu; "
+        "repeatable)",
+        metavar="FILE[@BACKENDS]",
+        typer_type=list[str] | None,
+        cli_default=None,
+        parse=_candidates,
+        show=_each("--candidate", _candidate_words),
+        omit_default=True,
+    )
+
     @property
     def shows_times(self) -> bool:
         """Wall times go in the reports: asked for with --timings, or by asking for timed runs."""
@@ -435,7 +474,7 @@ class CompareOptions:
                 f"--backends lists {twice} twice; to run it under other settings list it again under "
                 f"a label, e.g. {other}, and --set {other}.OPTION=VALUE"
             )
-        for b in self.backends:
+        for b in (*self.backends, *(b for _, bs in self.candidates for b in bs)):
             split_instance(b)  # UsageError for a malformed label
         if self.inputs is not None and self.shapes:
             raise UsageError("--shape and --inputs exclude each other: --inputs arrays carry their shapes")

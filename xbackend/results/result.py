@@ -10,6 +10,7 @@ from xbackend.files.textfmt import short, with_module
 from xbackend.model.load import ModelSpec
 from xbackend.numerics.values import value_name
 from xbackend.results.backend import BackendResult, FeedsInfo
+from xbackend.results.candidates import CandidateResult
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
 from xbackend.results.cost import Family, families
 from xbackend.results.decode import Decisions, DecodeResult, near_tie
@@ -51,6 +52,7 @@ class Result:
     explanation: Explanation = NOT_MEASURED
     decode: DecodeResult | None = field(default=None, metadata={OMIT_DEFAULT: True})  # --decode N
     decisions: tuple[Decisions, ...] = field(default=(), metadata={OMIT_DEFAULT: True})  # --decisions
+    candidates: tuple[CandidateResult, ...] = field(default=(), metadata={OMIT_DEFAULT: True})  # --candidate
 
     def _flip_cause(self) -> list[str]:
         """At the step compared layer by layer, where a backend left the reference's tokens: was
@@ -475,6 +477,7 @@ class Result:
             return ["FAIL: every backend failed; nothing was compared", *self._fail_lines()]
         lines = self._promise_lines() + self._fail_lines() + self._drift_lines() + self._warn_lines()
         lines += self.explanation_lines()
+        lines += [line for c in self.candidates for line in c.verdict_lines()]
         if not any(line.startswith("FAIL") for line in lines):
             ref = self.reference_used
             within = self._pass_words(ref)

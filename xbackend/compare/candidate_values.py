@@ -1,0 +1,191 @@
+"""A candidate's values against its original's, tensor by tensor (scaled ULP at the candidate's
+dtype and SQNR, the figure ONNX Runtime's qdq_loss_debug gives), and the numerical events of the
+candidate's own: float16 overflow to inf, int8 activations clipped by their scale, and scales so
+coarse that most of a tensor falls in a few levels."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from xbackend.compare.candidate_match import Pair
+from xbackend.files.storage import ValueFile
+from xbackend.numerics.metrics import is_float_dtype, ulp_at
+from xbackend.results.candidates import Finding, TensorMatch
+
+__all__ = ["COARSE_SHARE", "findings", "measure"]
+
+COARSE_SHARE = 0.9  # a scale is coarse when this share of a varied tensor falls in 3 levels
+_INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
+
+
+def measure(pairs: Sequence[Pair], original: ValueFile, candidate: ValueFile) -> list[TensorMatch]:
+    """Each pair's candidate value against the original's (read one tensor at a time)."""
+    out = []
+    for p in pairs:
+        base = TensorMatch(original=p.original, candidate=p.candidate, how=p.how, depth=p.depth, dtype="")
+        if p.original not in original or p.candidate not in candidate:
+            who = "the original's" if p.original not in original else "the candidate's"
+            out.append(replace(base, status="not-compared", reason=f"not in {who} capture"))
+            continue
+        o, c = original[p.original], candidate[p.candidate]
+        if not isinstance(o, np.ndarray) or not isinstance(c, np.ndarray):
+            out.append(replace(base, status="not-compared", reason="not a tensor"))
+            continue
+        out.append(_one(base, o, c))
+    return out
+
+
+def _one(base: TensorMatch, o: np.ndarray, c: np.ndarray) -> TensorMatch:
+    dtype = str(c.dtype)
+    if o.shape != c.shape:
+        return replace(
+            base,
+            dtype=dtype,
+            status="not-compared",
+            reason=f"shapes differ: the original's {list(o.shape)}, the candidate's {list(c.shape)}",
+        )
+    if o.dtype.kind not in "fiub" and not is_float_dtype(o.dtype):
+        return replace(base, dtype=dtype, elements=int(o.size))
+    a, b = o.astype(np.float64), c.astype(np.float64)
+    finite = np.isfinite(a)
+    nonfinite = int(np.count_nonzero(finite & ~np.isfinite(b)))
+    both = finite & np.isfinite(b)
+    d = np.abs(b - a, where=both, out=np.zeros_like(a))
+    max_abs = float(d.max()) if d.size else 0.0
+    top = float(np.abs(a, where=finite, out=np.zeros_like(a)).max()) if a.size else 0.0
+    scaled = None
+    if is_float_dtype(c.dtype) and a.size:
+        scaled = max_abs / ulp_at(top, c.dtype)
+    noise = float(np.sum(d * d))
+    signal = float(np.sum(np.square(a, where=both, out=np.zeros_like(a))))
+    sqnr = None if noise == 0 else 10.0 * math.log10(max(signal, 1e-300) / noise)
+    return replace(
+        base,
+        dtype=dtype,
+        elements=int(o.size),
+        scaled_ulp=scaled,
+        sqnr_db=sqnr,
+        max_abs=max_abs,
+        nonfinite=nonfinite,
+    )
+
+
+def findings(graph: onnx.GraphProto, values: ValueFile, feeds: Mapping[str, object]) -> list[Finding]:
+    """The candidate's overflows, clipped and coarse quantized tensors, in its graph's order."""
+    weights = {t.name: t for t in graph.initializer}
+    out: list[Finding] = []
+    inf_seen: set[str] = set()
+    for node in graph.node:
+        if node.op_type == "QuantizeLinear":
+            out += _quantized(node, values, weights, feeds)
+            continue
+        for t in node.output:
+            y = values.get(t) if t in values else None
+            if not isinstance(y, np.ndarray) or str(y.dtype) not in ("float16", "bfloat16"):
+                continue
+            bad = int(np.count_nonzero(np.isinf(y.astype(np.float32))))
+            if not bad:
+                continue
+            inf_seen.add(t)
+            if any(i in inf_seen or _has_inf(feeds.get(i)) for i in node.input if i):
+                continue  # carried from above, not made here
+            big = float(np.finfo(np.float16).max) if str(y.dtype) == "float16" else 3.39e38
+            out.append(
+                Finding(
+                    kind="overflow",
+                    tensor=t,
+                    node=node.name or node.op_type,
+                    count=bad,
+                    of=int(y.size),
+                    detail=(
+                        f"{bad} of {y.size} element(s) overflowed to inf from finite inputs ({y.dtype}'s "
+                        f"largest finite value is {big:.6g}); keep {node.name or node.op_type} in float32"
+                    ),
+                )
+            )
+    return out
+
+
+def _has_inf(v: object) -> bool:
+    return isinstance(v, np.ndarray) and v.dtype.kind == "f" and bool(np.isinf(v).any())
+
+
+def _quantized(
+    node: onnx.NodeProto,
+    values: ValueFile,
+    weights: Mapping[str, onnx.TensorProto],
+    feeds: Mapping[str, object],
+) -> list[Finding]:
+    """A QuantizeLinear's clipped elements (its input past what scale and zero point cover) and
+    a scale so coarse that a varied input lands in a few levels."""
+    x = values.get(node.input[0]) if node.input[0] in values else feeds.get(node.input[0])
+    s = _const(node.input[1], values, weights)
+    zp = _const(node.input[2], values, weights) if len(node.input) > 2 and node.input[2] else None
+    if not isinstance(x, np.ndarray) or s is None or s.size != 1:
+        return []  # per-channel scales, or an input the capture lacks: not judged here
+    qtype = str(zp.dtype) if zp is not None else "uint8"
+    if qtype not in _INT_RANGE or not x.size:
+        return []
+    lo, hi = _INT_RANGE[qtype]
+    scale = float(s.reshape(-1)[0])
+    zero = float(zp.reshape(-1)[0]) if zp is not None else 0.0
+    xf = x.astype(np.float64)
+    levels = np.rint(xf / scale) + zero
+    name = node.name or node.op_type
+    out = []
+    clipped = int(np.count_nonzero((levels < lo) | (levels > hi)))
+    if clipped:
+        reach = float(np.abs(xf).max())
+        out.append(
+            Finding(
+                kind="saturation",
+                tensor=node.input[0],
+                node=name,
+                count=clipped,
+                of=int(x.size),
+                detail=(
+                    f"{clipped} of {x.size} element(s) clipped to [{lo}, {hi}]: "
+                    f"the input reaches ±{reach:.4g}, "
+                    f"the scale {scale:.4g} (zero point {zero:g}) covers {(lo - zero) * scale:.4g} to "
+                    f"{(hi - zero) * scale:.4g}"
+                ),
+            )
+        )
+    varied = xf[xf != 0]
+    if varied.size > 16 and np.unique(varied).size > 16:
+        q = np.clip(np.rint(varied / scale) + zero, lo, hi).astype(np.int64)
+        counts = np.bincount(q - lo, minlength=hi - lo + 1)
+        share = float(np.sort(counts)[-3:].sum()) / varied.size
+        if share >= COARSE_SHARE:
+            spread = float(varied.std())
+            out.append(
+                Finding(
+                    kind="coarse-scale",
+                    tensor=node.input[0],
+                    node=name,
+                    count=int(np.sort(counts)[-3:].sum()),
+                    of=int(varied.size),
+                    detail=(
+                        f"{share:.0%} of its {varied.size} nonzero element(s) fall in 3 of {hi - lo + 1} "
+                        f"levels: the scale {scale:.4g} is {scale / max(spread, 1e-300):.3g}x the values' "
+                        f"standard deviation {spread:.4g}"
+                    ),
+                )
+            )
+    return out
+
+
+def _const(name: str, values: ValueFile, weights: Mapping[str, onnx.TensorProto]) -> np.ndarray | None:
+    if name in weights:
+        t = weights[name]
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            return None  # a scale is small; one stored outside the file is not read here
+        return np.asarray(numpy_helper.to_array(t))
+    v = values.get(name) if name in values else None
+    return v if isinstance(v, np.ndarray) else None

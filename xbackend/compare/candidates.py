@@ -1,0 +1,209 @@
+"""`--candidate`: each release candidate compared on its own backends, fed the original's inputs
+(cast where its inputs are another dtype), its nodes judged at the precision they declare, its
+tensors matched to the original's and measured against them, its numerical events named.
+
+The candidate's comparison is the same comparison the original had (`again`: a run of its own
+in a folder of this run), so its builds, runs and explanation are those of any model; this
+module matches the two and says what moved, and where."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from xbackend.compare.builds import Builds
+from xbackend.compare.candidate_match import match_graphs, precision_of
+from xbackend.compare.candidate_values import findings, measure
+from xbackend.compare.decisions import decisions_all
+from xbackend.compare.decode import Against
+from xbackend.errors import XbackendError
+from xbackend.files.storage import ValueFile
+from xbackend.model.graphorder import sort_nodes
+from xbackend.model.inputs import Feeds
+from xbackend.model.load import ModelSpec, load_model
+from xbackend.results import CompareOptions, Result
+from xbackend.results.candidates import CandidateResult, TensorMatch
+
+__all__ = ["Ran", "candidate_backends", "candidate_feeds", "candidate_options", "run_candidates"]
+
+_JUDGES = ("reference", "oracle")  # the original's judges: a candidate runs on the engines that ship it
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One model compared: its Result, the backends' builds (their captures still on disk) and
+    the feeds."""
+
+    result: Result
+    builds: Mapping[str, Builds]
+    feeds: Feeds
+
+
+Again = Callable[[str, CompareOptions, Feeds, Path, Against | None], Ran]
+
+
+def candidate_backends(opts: CompareOptions, given: Sequence[str]) -> tuple[str, ...]:
+    """The candidate's backends: those given, else the original's engines (not its judges), else
+    ort-cpu."""
+    if given:
+        return tuple(given)
+    return tuple(b for b in opts.backends if b not in _JUDGES) or ("ort-cpu",)
+
+
+def candidate_options(opts: CompareOptions, backends: Sequence[str]) -> CompareOptions:
+    """The original's options for a candidate: its backends (the first its reference), fed the
+    original's inputs, no captures loaded, saved or held against a baseline, no gate of its own."""
+    chosen = tuple(backends)
+    return replace(
+        opts,
+        backends=chosen,
+        reference=chosen[0],
+        runner_options=tuple(o for o in opts.runner_options if o[0] in chosen),
+        probes=("batch",) if opts.batch_invariance else ("none",),
+        loads=(),
+        baseline=None,
+        save_captures=None,
+        fail_on=(),
+        candidates=(),
+        inputs=None,
+        decisions=(),
+        timed_runs=0,
+    )
+
+
+def candidate_feeds(feeds: Feeds, spec: ModelSpec) -> tuple[Feeds, list[str]]:
+    """The original's feeds by name, each cast to the dtype the candidate's input declares; and
+    what was cast or left out, in words."""
+    arrays = dict(feeds.arrays)
+    notes = []
+    out: dict[str, object] = {}
+    for t in spec.inputs:
+        if t.name not in arrays:
+            raise XbackendError(
+                f"the candidate takes an input {t.name!r} the original does not "
+                f"(the original's: {', '.join(sorted(arrays)) or 'none'}); rename it to match"
+            )
+        v = arrays[t.name]
+        if isinstance(v, np.ndarray) and t.dtype and str(v.dtype) != t.dtype:
+            out[t.name] = v.astype(t.dtype)
+            notes.append(f"{t.name} cast from {v.dtype} to {t.dtype}")
+        else:
+            out[t.name] = v
+    extra = sorted(set(arrays) - set(out))
+    if extra:
+        notes.append(f"the original's input(s) {', '.join(extra)} are not the candidate's: not fed")
+    return Feeds.from_arrays(out, feeds.seed, feeds.source, feeds.ranges, feeds.made), notes
+
+
+def run_candidates(
+    original: Ran, opts: CompareOptions, work: Path, again: Again
+) -> tuple[CandidateResult, ...]:
+    """Each --candidate, compared with the original; one that cannot run is said, never fatal."""
+    out = []
+    for k, (path, given) in enumerate(opts.candidates):
+        try:
+            out.append(_one(original, opts, path, given, work, k, again))
+        except XbackendError as e:
+            out.append(CandidateResult(path=path, sha256="", precision="", status="failed", reason=str(e)))
+    return tuple(out)
+
+
+def _graph(path: str) -> onnx.GraphProto:
+    """The graph without its weights' data, nodes in topological order."""
+    proto = onnx.load(path, load_external_data=False)
+    sort_nodes(proto.graph)
+    return proto.graph
+
+
+def _one(
+    original: Ran, opts: CompareOptions, path: str, given: Sequence[str], work: Path, k: int, again: Again
+) -> CandidateResult:
+    folder = work / f"candidate-{k}"
+    spec, _ = load_model(path)  # a corrupt or unsupported file: one line, this candidate only
+    backends = candidate_backends(opts, given)
+    feeds, notes = candidate_feeds(original.feeds, spec)
+    vs = Against.of(original.result.decode, work) if original.result.decode is not None else None
+    ran = again(path, candidate_options(opts, backends), feeds, folder, vs)
+    cres = ran.result
+    ref = original.result.reference_used
+    held = f"original:{ref}"  # the original's reference, beside the candidate's builds
+    decided = (
+        decisions_all(spec, opts.decisions, {**ran.builds, held: original.builds[ref]}, cres.backends, held)
+        if opts.decisions and ref in original.builds
+        else ()
+    )
+    graph = _graph(path)
+    precision = precision_of(graph)
+    base = CandidateResult(
+        path=path,
+        sha256=spec.sha256,
+        precision=precision,
+        backends=cres.backends,
+        explanation=cres.explanation,
+        decode=cres.decode,
+        decisions=decided,
+        notes=tuple(notes),
+    )
+    mine = next((b.name for b in cres.backends if b.ok), "")
+    if not mine:
+        why = "; ".join(f"{b.name} {b.status}: {b.reason}" for b in cres.backends)
+        return replace(base, status="failed", reason=f"no backend of the candidate ran ({why})")
+    ocap, ccap = _layers(original.builds.get(ref)), _layers(ran.builds[mine])
+    if ocap is None or ccap is None:
+        who = f"the original's {ref}" if ocap is None else f"the candidate's {mine}"
+        return replace(base, status="failed", reason=f"{who} has no per-layer capture", compared_on=mine)
+    pairs, unmatched = match_graphs(_graph(original.result.model.path), graph)
+    with ValueFile(ocap) as o, ValueFile(ccap) as c:
+        matches = measure(pairs, o, c)
+        events = findings(graph, c, feeds.arrays)
+    departure, why = _departure(matches, graph, base)
+    return replace(
+        base,
+        compared_on=mine,
+        original_on=ref,
+        matches=tuple(matches),
+        unmatched=tuple(unmatched),
+        findings=tuple(events),
+        departure=departure,
+        departure_why=why,
+    )
+
+
+def _layers(b: Builds | None) -> str | None:
+    if b is None or not b.ok or b.first.layers is None:
+        return None
+    return str(b.first.layers.capture)
+
+
+def _departure(matches: Sequence[TensorMatch], graph: onnx.GraphProto, c: CandidateResult) -> tuple[str, str]:
+    """The first matched tensor, in the original's order, that the candidate's origins reach (or
+    that turned inf or NaN): where it leaves the original by more than its precision explains."""
+    origins = {o.tensor: (b, o) for b, o in c.origins}
+    reached = _below(graph, set(origins))
+    for m in sorted(matches, key=lambda m: m.depth):
+        if m.nonfinite:
+            return m.original, f"{m.nonfinite} element(s) inf or NaN where the original is finite"
+        if m.candidate in reached:
+            src = reached[m.candidate]
+            b, o = origins[src]
+            return m.original, (
+                f"below the origin {o.tensor} ({o.op_type}) on {b}, past what its declared precision allows"
+                if src != m.candidate
+                else f"an origin ({o.op_type}) on {b}, past what its declared precision allows"
+            )
+    return "", ""
+
+
+def _below(graph: onnx.GraphProto, starts: set[str]) -> dict[str, str]:
+    """Each tensor at or below `starts`, with the first start above it (graph order)."""
+    out = {t: t for t in starts}
+    for node in graph.node:
+        src = next((out[i] for i in node.input if i in out), None)
+        if src is not None:
+            for o in node.output:
+                out.setdefault(o, src)
+    return out

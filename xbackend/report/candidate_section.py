@@ -1,0 +1,165 @@
+"""The report's candidate section (`--candidate`): each release candidate beside its original:
+coverage, how far each matched tensor moved, the first departure past its precision, its
+origins and numerical events, and what they do to the answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xbackend.files.codec import encode
+from xbackend.files.textfmt import cell, code_span, table
+from xbackend.report.decode_section import decode_json
+from xbackend.results import Result
+from xbackend.results.candidates import CandidateResult, TensorMatch
+
+__all__ = ["candidate_json", "candidate_section"]
+
+_SHOWN = 12  # matched tensors in the unfolded table (lowest SQNR first)
+
+
+def _g(x: float | None, unit: str = "") -> str:
+    return "—" if x is None else f"{x:.3g}{unit}"
+
+
+def _row(m: TensorMatch) -> list[object]:
+    how = {"name": "by name", "node": "same node", "dequantized": "after Q/DQ"}.get(m.how, m.how)
+    if m.status != "ok":
+        return [code_span(m.original), code_span(m.candidate), how, m.dtype or "—", m.reason, "", "", ""]
+    return [
+        code_span(m.original),
+        code_span(m.candidate),
+        how,
+        m.dtype,
+        _g(m.sqnr_db, " dB") if m.sqnr_db is not None else "equal",
+        _g(m.scaled_ulp),
+        _g(m.max_abs),
+        m.nonfinite or "",
+    ]
+
+
+_HEADER = ["original", "candidate", "matched", "dtype", "SQNR", "scaled ULP", "max abs", "inf/NaN"]
+
+
+def _fold(title: str, summary: str, body: list[str]) -> list[str]:
+    return [f"#### {title}", "", f"<details><summary>{summary}</summary>", "", *body, "</details>", ""]
+
+
+def _one(c: CandidateResult, k: int) -> list[str]:
+    out = [f"### Candidate {k}: {code_span(c.path)}", ""]
+    if not c.ok:
+        return [*out, f"Not compared: {cell(c.reason)}", ""]
+    matched, total = c.coverage
+    out += [
+        f"Declares {c.precision}; ran on {', '.join(b.name for b in c.backends)}, fed the original's inputs; "
+        f"{c.compared_on}'s tensors set beside the original's on {c.original_on}. "
+        f"**{matched} of {total}** of the original's tensors matched.",
+        "",
+    ]
+    if c.departure:
+        out += [
+            f"**First departure past its precision:** {code_span(c.departure)}: {cell(c.departure_why)}.",
+            "",
+        ]
+    origins = c.origins
+    if origins:
+        out += table(
+            ["backend", "origin", "op", "local error (scaled ULP)", "allowed"],
+            [
+                [b, code_span(o.tensor), o.op_type, _g(o.local_scaled_ulp), _g(o.allowed_scaled_ulp)]
+                for b, o in origins
+            ],
+        )
+    elif c.explanation.status == "ok":
+        out += ["Every node of the candidate is within the precision it declares.", ""]
+    else:
+        out += [f"Its nodes were not judged at their precision: {cell(c.explanation.reason)}", ""]
+    if c.findings:
+        out += table(
+            ["event", "tensor", "node", "elements", "detail"],
+            [
+                [f.kind, code_span(f.tensor), code_span(f.node), f"{f.count} of {f.of}", cell(f.detail)]
+                for f in c.findings
+            ],
+        )
+    worst = sorted(
+        (m for m in c.matches if m.status == "ok" and m.sqnr_db is not None), key=lambda m: m.sqnr_db or 0
+    )
+    if worst:
+        out += ["Lowest SQNR (the candidate against the original, per matched tensor):", ""]
+        out += table(_HEADER, [_row(m) for m in worst[:_SHOWN]])
+    body = table(_HEADER, [_row(m) for m in sorted(c.matches, key=lambda m: (m.depth, m.how))])
+    out += _fold(f"Every matched tensor of candidate {k}", f"{len(c.matches)} tensor(s), model order", body)
+    if c.unmatched:
+        rows = [[code_span(u.original), cell(u.reason)] for u in c.unmatched]
+        out += _fold(
+            f"Not matched in candidate {k}", f"{len(c.unmatched)} tensor(s)", table(["original", "why"], rows)
+        )
+    if c.decode is not None:
+        d = c.decode
+        rows = []
+        for b in d.backends:
+            f = b.first_divergence if b.ok else None
+            rows.append(
+                [
+                    b.backend,
+                    f"{b.status}: {b.reason}"
+                    if not b.ok
+                    else f"{len(b.prompts) - b.flipped_prompts} of {len(b.prompts)}",
+                    "none" if f is None else f"{f.first_divergent_step} (prompt {f.prompt})",
+                    _g(f.margin_at_divergence) if f else "—",
+                    _g(f.logit_difference) if f else "—",
+                ]
+            )
+        out += [f"Greedy decoding, {d.steps} steps, against the original's tokens on {d.reference}:", ""]
+        out += table(
+            [
+                "backend",
+                "prompts like the original",
+                "first divergent step",
+                "original's margin there",
+                "logit difference there",
+            ],
+            rows,
+        )
+    for dec in c.decisions:
+        if dec.status == "ok":
+            out += [
+                f"Decisions at {code_span(dec.output)} on {dec.backend}: {dec.flipped} of {dec.decisions} "
+                "differ from the original's.",
+                "",
+            ]
+    out += [f"Note: {cell(n)}" for n in c.notes]
+    return [*out, ""] if c.notes else out
+
+
+def candidate_section(r: Result) -> list[str]:
+    if not r.candidates:
+        return []
+    out = [
+        "## Release candidates against the original",
+        "",
+        "Each candidate ran on its own backends, fed the original's inputs (cast to its input types). "
+        "Its tensors are matched to the original's by name, as the same node's output, and after a "
+        "QuantizeLinear/DequantizeLinear pair; SQNR is 10·log10(Σ original² / Σ (candidate − original)²), "
+        "the figure ONNX Runtime's qdq_loss_debug gives; scaled ULP is the largest difference in ULPs of "
+        "the candidate's dtype at the original's largest element. Its nodes are judged against their own "
+        "float64 values at the precision each declares (float16 at 2^-11, bfloat16 at 2^-8); a node past "
+        "it is an origin, and the first matched tensor below an origin is the first departure.",
+        "",
+    ]
+    for k, c in enumerate(r.candidates, 1):
+        out += _one(c, k)
+    return out
+
+
+def candidate_json(r: Result) -> list[dict[str, Any]]:
+    out = []
+    for c in r.candidates:
+        d: dict[str, Any] = encode(c)
+        matched, total = c.coverage
+        d["coverage"] = {"matched": matched, "tensors": total}
+        d["origins"] = [{"backend": b, "tensor": o.tensor, "op_type": o.op_type} for b, o in c.origins]
+        if c.decode is not None:
+            d["decode"] = decode_json(c.decode)
+        out.append(d)
+    return out

@@ -1,0 +1,195 @@
+"""`--candidate`: a release candidate (a float16, bf16 or int8 conversion, an optimized or
+re-exported graph) against its original, tensor by tensor and in tokens and decisions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from xbackend.files.codec import OMIT_DEFAULT
+from xbackend.results.backend import BackendResult
+from xbackend.results.decode import Decisions, DecodeResult
+from xbackend.results.explanation import NOT_MEASURED, Explanation, Origin
+
+__all__ = [
+    "MINOR_CLIPPING",
+    "CandidateResult",
+    "Finding",
+    "TensorMatch",
+    "Unmatched",
+    "declared_unit",
+]
+
+MINOR_CLIPPING = 0.01  # clipped share of a tensor below which saturation is a note, not a warning
+# unit roundoff of each float dtype a candidate declares (a correctly rounded result is within u·|v|)
+_UNITS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+def declared_unit(dtype: str) -> float | None:
+    """The unit roundoff of a float dtype (None: not a float dtype)."""
+    return _UNITS.get(dtype)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorMatch:
+    """One tensor of the original and the candidate's tensor that holds the same value."""
+
+    original: str
+    candidate: str
+    how: str  # "name" | "node" (the same node's output, renamed) | "dequantized" (after Q/DQ)
+    depth: int  # the original's node that computes it, in graph order (0: a graph input)
+    dtype: str  # the candidate's dtype
+    elements: int = 0
+    # max |candidate - original| in ULPs of the candidate's dtype at the original's largest element
+    scaled_ulp: float | None = None
+    sqnr_db: float | None = None  # 10·log10(Σ original² / Σ (candidate - original)²); None: equal
+    max_abs: float = 0.0  # max |candidate - original|
+    nonfinite: int = 0  # elements the candidate holds as inf or NaN where the original is finite
+    status: str = "ok"  # ok | not-compared
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unmatched:
+    """An original tensor the candidate does not hold, and why."""
+
+    original: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """A numerical event of the candidate's own, named at the tensor and node where it happens."""
+
+    kind: str  # "overflow" | "saturation" | "coarse-scale"
+    tensor: str  # the candidate's tensor
+    node: str  # the candidate's node that wrote it
+    count: int  # elements affected
+    of: int  # elements in the tensor
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CandidateResult:
+    """One candidate: what it ran on, how its tensors match the original's, how far each moved,
+    where its own nodes pass the precision they declare, and what that does to the answers."""
+
+    path: str
+    sha256: str
+    precision: str  # what the candidate declares, in words ("float16", "int8 (QDQ)", ...)
+    backends: tuple[BackendResult, ...] = ()
+    compared_on: str = ""  # the candidate's backend whose tensors are set beside the original's
+    original_on: str = ""  # the original's backend they are set beside
+    status: str = "ok"  # ok | failed
+    reason: str = ""
+    matches: tuple[TensorMatch, ...] = ()
+    unmatched: tuple[Unmatched, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    # the candidate's own nodes judged against their float64 values at the precision each declares
+    explanation: Explanation = NOT_MEASURED
+    # the first matched tensor the candidate moves past what its precision explains (its origins
+    # and what they carry), in the original's order; "" where every move is explained
+    departure: str = ""
+    departure_why: str = ""
+    decode: DecodeResult | None = field(default=None, metadata={OMIT_DEFAULT: True})
+    decisions: tuple[Decisions, ...] = field(default=(), metadata={OMIT_DEFAULT: True})
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def origins(self) -> tuple[tuple[str, Origin], ...]:
+        """(backend, origin) of each of the candidate's backends, in its order."""
+        return tuple((le.backend, o) for le in self.explanation.local for o in le.origins)
+
+    @property
+    def coverage(self) -> tuple[int, int]:
+        """(matched, original tensors considered)."""
+        seen = {m.original for m in self.matches}
+        return len(seen), len(seen) + len(self.unmatched)
+
+    @property
+    def token_flips(self) -> tuple[str, ...]:
+        return self.decode.token_flips if self.decode is not None else ()
+
+    @property
+    def decision_flips(self) -> tuple[str, ...]:
+        return tuple(d.backend for d in self.decisions if d.status == "ok" and d.flipped)
+
+    def worst(self) -> TensorMatch | None:
+        """The matched tensor with the lowest SQNR (the largest move where none is finite)."""
+        ok = [m for m in self.matches if m.status == "ok" and m.elements]
+        if not ok:
+            return None
+        return min(ok, key=lambda m: (math.inf if m.sqnr_db is None else m.sqnr_db, -(m.scaled_ulp or 0.0)))
+
+    def verdict_lines(self) -> list[str]:
+        name = self.path
+        if not self.ok:
+            return [f"WARN: candidate {name}: not compared: {self.reason}"]
+        out = []
+        matched, total = self.coverage
+        worst = self.worst()
+        moved = (
+            f"; lowest SQNR {_db(worst.sqnr_db)} at {worst.original}"
+            if worst is not None and worst.sqnr_db is not None
+            else "; every matched tensor equal to the original's"
+        )
+        out.append(
+            f"CANDIDATE: {name} ({self.precision}) on {self.compared_on} against the original on "
+            f"{self.original_on}: {matched} of {total} tensors matched{moved}"
+        )
+        for backend, o in self.origins[:1]:
+            n = len(self.origins)
+            out.append(
+                f"WARN: candidate {name}: {n} origin(s) past the precision its nodes declare, first "
+                f"{o.tensor} ({o.op_type}) on {backend}: {_ulp(o.local_scaled_ulp)} scaled ULP, allowed "
+                f"{_ulp(o.allowed_scaled_ulp)}"
+            )
+        if self.departure:
+            out.append(f"WARN: candidate {name}: first departure past its precision at {self.departure}")
+        elif self.explanation.status == "ok" and not self.origins:
+            out.append(
+                f"EXPLAINED: candidate {name}: every node is within the precision it declares; its "
+                "differences from the original are that precision carried through the model"
+            )
+        elif self.explanation.status != "ok":
+            out.append(
+                f"WARN: candidate {name}: its nodes were not judged at their precision: "
+                f"{self.explanation.reason}"
+            )
+        for f in self.findings:  # a few clipped outliers are what min/max calibration leaves: a note
+            level = "NOTE" if f.kind == "saturation" and f.count < MINOR_CLIPPING * f.of else "WARN"
+            out.append(f"{level}: candidate {name}: {f.kind} at {f.tensor} ({f.node}): {f.detail}")
+        if self.decode is not None:
+            out += [f"WARN: candidate {name}: decode: {line}" for line in self.decode.flips()]
+            for b in self.decode.backends:
+                if b.ok and b.first_divergence is None:
+                    out.append(
+                        f"NOTE: candidate {name}: decode: {b.backend} chose the original's token at every "
+                        f"step of {len(b.prompts)} prompt(s) x {self.decode.steps} steps"
+                    )
+                elif not b.ok:
+                    out.append(f"WARN: candidate {name}: decode: {b.backend} {b.status}: {b.reason}")
+        for d in self.decisions:
+            if d.status != "ok":
+                out.append(
+                    f"WARN: candidate {name}: decisions: {d.backend} at {d.output} not compared: {d.reason}"
+                )
+            elif d.flipped:
+                out.append(
+                    f"WARN: candidate {name}: decisions: {d.backend} makes {d.flipped} of {d.decisions} "
+                    f"choice(s) at {d.output} otherwise than the original"
+                )
+        out += [f"NOTE: candidate {name}: {n}" for n in self.notes]
+        return out
+
+
+def _db(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f} dB"
+
+
+def _ulp(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
