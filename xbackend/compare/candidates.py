@@ -8,6 +8,7 @@ module matches the two and says what moved, and where."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 import onnx
 
 from xbackend.compare.builds import Builds
+from xbackend.compare.candidate_judge import judge_stretches, opset_of, stretches
 from xbackend.compare.candidate_match import match_graphs, precision_of
 from xbackend.compare.candidate_values import findings, measure
 from xbackend.compare.decisions import decisions_all
@@ -112,13 +114,6 @@ def run_candidates(
     return tuple(out)
 
 
-def _graph(path: str) -> onnx.GraphProto:
-    """The graph without its weights' data, nodes in topological order."""
-    proto = onnx.load(path, load_external_data=False)
-    sort_nodes(proto.graph)
-    return proto.graph
-
-
 def _one(
     original: Ran, opts: CompareOptions, path: str, given: Sequence[str], work: Path, k: int, again: Again
 ) -> CandidateResult:
@@ -136,7 +131,9 @@ def _one(
         if opts.decisions and ref in original.builds
         else ()
     )
-    graph = _graph(path)
+    cproto = onnx.load(path, load_external_data=False)
+    sort_nodes(cproto.graph)
+    graph = cproto.graph
     precision = precision_of(graph)
     base = CandidateResult(
         path=path,
@@ -156,10 +153,17 @@ def _one(
     if ocap is None or ccap is None:
         who = f"the original's {ref}" if ocap is None else f"the candidate's {mine}"
         return replace(base, status="failed", reason=f"{who} has no per-layer capture", compared_on=mine)
-    pairs, unmatched = match_graphs(_graph(original.result.model.path), graph)
+    oproto = onnx.load(original.result.model.path, load_external_data=False)
+    sort_nodes(oproto.graph)
+    pairs, unmatched = match_graphs(oproto.graph, graph)
     with ValueFile(ocap) as o, ValueFile(ccap) as c:
         matches = measure(pairs, o, c)
         events = findings(graph, c, feeds.arrays)
+        found = stretches(oproto.graph, graph, pairs)
+        crossed, judged = judge_stretches(
+            found, graph, Path(path).resolve().parent, c, feeds.arrays, opset_of(cproto), _working(c)
+        )
+    base = replace(base, stretch_origins=tuple(crossed), stretches_judged=judged)
     departure, why = _departure(matches, graph, base)
     return replace(
         base,
@@ -173,6 +177,12 @@ def _one(
     )
 
 
+def _working(values: ValueFile) -> str:
+    """The float type most of the candidate's tensors hold (float16 for a float16 conversion)."""
+    kinds = Counter(d for d, _ in values.tensors().values() if d in ("float16", "bfloat16", "float32"))
+    return kinds.most_common(1)[0][0] if kinds else "float32"
+
+
 def _layers(b: Builds | None) -> str | None:
     if b is None or not b.ok or b.first.layers is None:
         return None
@@ -184,7 +194,18 @@ def _departure(matches: Sequence[TensorMatch], graph: onnx.GraphProto, c: Candid
     that turned inf or NaN): where it leaves the original by more than its precision explains."""
     origins = {o.tensor: (b, o) for b, o in c.origins}
     reached = _below(graph, set(origins))
+    crossed = {o.tensor: o for o in c.stretch_origins}
+    events = {f.tensor: f for f in c.events}
     for m in sorted(matches, key=lambda m: m.depth):
+        f = events.get(m.candidate) or (events.get(m.original) if m.how == "name" else None)
+        if f is not None:
+            return m.original, f"{f.kind} at {f.node}: {f.detail}"
+        if m.original in crossed and m.how != "dequantized":
+            o = crossed[m.original]
+            return (
+                m.original,
+                f"the candidate's stretch for {o.op_type} is past its declared precision ({o.detail})",
+            )
         if m.nonfinite:
             return m.original, f"{m.nonfinite} element(s) inf or NaN where the original is finite"
         if m.candidate in reached:

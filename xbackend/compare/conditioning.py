@@ -180,9 +180,10 @@ def _row_spread(cap: CaptureFile, name: str) -> float | None:
     rows = _rows(cap, name, last=True, ndim=1)
     if rows is None or not rows.size:
         return None
-    mean = rows.mean(axis=1, keepdims=True)
-    std = rows.std(axis=1)
-    zmax = np.abs(rows - mean).max(axis=1) / np.where(std > 0, std, np.inf)
+    with np.errstate(invalid="ignore"):  # a row holding inf (a float16 overflow): its spread is nan
+        mean = rows.mean(axis=1, keepdims=True)
+        std = rows.std(axis=1)
+        zmax = np.abs(rows - mean).max(axis=1) / np.where(std > 0, std, np.inf)
     ok = std > 0
     if not ok.any():
         return None

@@ -87,6 +87,10 @@ class CandidateResult:
     findings: tuple[Finding, ...] = ()
     # the candidate's own nodes judged against their float64 values at the precision each declares
     explanation: Explanation = NOT_MEASURED
+    # the original's nodes the candidate computes through inserted casts, judged whole at the
+    # precision their output declares (xbackend.compare.candidate_judge): those past it
+    stretch_origins: tuple[Origin, ...] = ()
+    stretches_judged: int = 0
     # the first matched tensor the candidate moves past what its precision explains (its origins
     # and what they carry), in the original's order; "" where every move is explained
     departure: str = ""
@@ -118,6 +122,19 @@ class CandidateResult:
     def decision_flips(self) -> tuple[str, ...]:
         return tuple(d.backend for d in self.decisions if d.status == "ok" and d.flipped)
 
+    @property
+    def events(self) -> tuple[Finding, ...]:
+        """The findings that move the candidate's answers: all but a few clipped outliers (what
+        min/max calibration on other data leaves)."""
+        return tuple(
+            f for f in self.findings if not (f.kind == "saturation" and f.count < MINOR_CLIPPING * f.of)
+        )
+
+    @property
+    def faulted(self) -> bool:
+        """Not compared, or past its declared precision somewhere (an origin, a stretch, an event)."""
+        return not self.ok or bool(self.origins or self.stretch_origins or self.events or self.departure)
+
     def worst(self) -> TensorMatch | None:
         """The matched tensor with the lowest SQNR (the largest move where none is finite)."""
         ok = [m for m in self.matches if m.status == "ok" and m.elements]
@@ -148,9 +165,21 @@ class CandidateResult:
                 f"{o.tensor} ({o.op_type}) on {backend}: {_ulp(o.local_scaled_ulp)} scaled ULP, allowed "
                 f"{_ulp(o.allowed_scaled_ulp)}"
             )
+        for o in self.stretch_origins[:1]:
+            out.append(
+                f"WARN: candidate {name}: {len(self.stretch_origins)} stretch(es) through casts past the "
+                f"precision they declare, first the original's {o.tensor} ({o.op_type}): {o.detail}"
+            )
         if self.departure:
             out.append(f"WARN: candidate {name}: first departure past its precision at {self.departure}")
-        elif self.explanation.status == "ok" and not self.origins:
+        elif (
+            self.explanation.status == "ok" and not self.origins and not self.stretch_origins and self.events
+        ):
+            out.append(
+                f"NOTE: candidate {name}: every node is within the precision it declares; what moves it "
+                f"further is the {len(self.events)} event(s) below"
+            )
+        elif self.explanation.status == "ok" and not self.origins and not self.stretch_origins:
             out.append(
                 f"EXPLAINED: candidate {name}: every node is within the precision it declares; its "
                 "differences from the original are that precision carried through the model"
@@ -161,7 +190,7 @@ class CandidateResult:
                 f"{self.explanation.reason}"
             )
         for f in self.findings:  # a few clipped outliers are what min/max calibration leaves: a note
-            level = "NOTE" if f.kind == "saturation" and f.count < MINOR_CLIPPING * f.of else "WARN"
+            level = "WARN" if f in self.events else "NOTE"
             out.append(f"{level}: candidate {name}: {f.kind} at {f.tensor} ({f.node}): {f.detail}")
         if self.decode is not None:
             out += [f"WARN: candidate {name}: decode: {line}" for line in self.decode.flips()]

@@ -186,6 +186,8 @@ class Result:
             return EXIT_PROMISE
         if self.failed or self.nondeterministic or self.violations or self.reference_fails:
             return EXIT_DIFFERENCES
+        if any(c.faulted for c in self.candidates):
+            return EXIT_DIFFERENCES
         return EXIT_OK
 
     @property

@@ -1,0 +1,98 @@
+"""Release candidates of models/torch_mlp.onnx, each made as its converter makes it, and each
+planted defect at a known node (tests/test_candidates.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+MLP = Path(__file__).resolve().parents[1] / "models" / "torch_mlp.onnx"
+BF16_NODE = "node_linear"  # an Add (val_3 + bias): planted in bfloat16 inside the float16 model
+BF16_TENSOR = "linear"
+OVERFLOW_TENSOR = "val_3"  # the first MatMul's output, past float16's 65504 once its weight is scaled
+OVERFLOW_NODE = "node_MatMul_1"
+SCALED_Q = "val_3_QuantizeLinear"  # its scale planted 10x too small (saturation) or 100x too large
+
+
+def fp16(src: Path, dest: Path, keep_io_types: bool = True) -> Path:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    onnx.save(convert_float_to_float16(onnx.load(src), keep_io_types=keep_io_types), dest)
+    return dest
+
+
+def bf16_node(fp16_model: Path, dest: Path) -> Path:
+    """One node of a float16 model computed in bfloat16: its inputs cast down, its output cast back."""
+    m = onnx.load(fp16_model)
+    g = m.graph
+    k = next(i for i, n in enumerate(g.node) if n.name == BF16_NODE)
+    node = g.node[k]
+    casts = []
+    for j, t in enumerate(list(node.input)):
+        casts.append(helper.make_node("Cast", [t], [f"{t}_bf16"], to=TensorProto.BFLOAT16, name=f"{t}_to_bf16"))
+        node.input[j] = f"{t}_bf16"
+    out = node.output[0]
+    node.output[0] = f"{out}_bf16"
+    back = helper.make_node("Cast", [f"{out}_bf16"], [out], to=TensorProto.FLOAT16, name=f"{out}_to_fp16")
+    for n in reversed(casts):
+        g.node.insert(k, n)
+    g.node.insert(k + len(casts) + 1, back)
+    onnx.save(m, dest)
+    return dest
+
+
+def big_weights(dest: Path, factor: float = 1e5) -> Path:
+    """The original with the first MatMul's weight scaled: finite in float32, past float16's range."""
+    m = onnx.load(MLP)
+    node = next(n for n in m.graph.node if n.name == OVERFLOW_NODE)
+    w = next(t for t in m.graph.initializer if t.name == node.input[1])
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * np.float32(factor), w.name))
+    onnx.save(m, dest)
+    return dest
+
+
+class _Reader:
+    def __init__(self, n: int = 8) -> None:
+        shape = [d.dim_value or 2 for d in onnx.load(MLP).graph.input[0].type.tensor_type.shape.dim]
+        rng = np.random.default_rng(1)
+        self._data: Iterator[dict[str, np.ndarray]] = iter(
+            [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(n)]
+        )
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._data, None)
+
+
+def qdq(dest: Path) -> Path:
+    """Static int8 in QDQ format, calibrated with min/max on 8 seeded batches."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(_Reader, CalibrationDataReader):
+        pass
+
+    quantize_static(
+        str(MLP), str(dest), Reader(), quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+    )  # fmt: skip
+    return dest
+
+
+def dynamic_int8(dest: Path) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(MLP), str(dest), weight_type=QuantType.QInt8)
+    return dest
+
+
+def scaled_q(qdq_model: Path, dest: Path, factor: float) -> Path:
+    """The QDQ model with SCALED_Q's scale (shared by its DequantizeLinear) times `factor`."""
+    m = onnx.load(qdq_model)
+    q = next(n for n in m.graph.node if n.name == SCALED_Q)
+    s = next(t for t in m.graph.initializer if t.name == q.input[1])
+    s.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(s) * np.float32(factor), s.name))
+    onnx.save(m, dest)
+    return dest
