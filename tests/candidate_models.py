@@ -33,7 +33,9 @@ def bf16_node(fp16_model: Path, dest: Path) -> Path:
     node = g.node[k]
     casts = []
     for j, t in enumerate(list(node.input)):
-        casts.append(helper.make_node("Cast", [t], [f"{t}_bf16"], to=TensorProto.BFLOAT16, name=f"{t}_to_bf16"))
+        casts.append(
+            helper.make_node("Cast", [t], [f"{t}_bf16"], to=TensorProto.BFLOAT16, name=f"{t}_to_bf16")
+        )
         node.input[j] = f"{t}_bf16"
     out = node.output[0]
     node.output[0] = f"{out}_bf16"

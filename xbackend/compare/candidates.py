@@ -163,7 +163,7 @@ def _one(
         crossed, judged = judge_stretches(
             found, graph, Path(path).resolve().parent, c, feeds.arrays, opset_of(cproto), _working(c)
         )
-    base = replace(base, stretch_origins=tuple(crossed), stretches_judged=judged)
+    base = replace(base, stretch_origins=tuple(crossed), stretches_judged=judged, findings=tuple(events))
     departure, why = _departure(matches, graph, base)
     return replace(
         base,
@@ -171,7 +171,6 @@ def _one(
         original_on=ref,
         matches=tuple(matches),
         unmatched=tuple(unmatched),
-        findings=tuple(events),
         departure=departure,
         departure_why=why,
     )

@@ -155,7 +155,7 @@ def candidate_section(r: Result) -> list[str]:
 def candidate_json(r: Result) -> list[dict[str, Any]]:
     out = []
     for c in r.candidates:
-        d: dict[str, Any] = encode(c)
+        d: dict[str, Any] = encode(c, times=r.options.shows_times)
         matched, total = c.coverage
         d["coverage"] = {"matched": matched, "tensors": total}
         d["origins"] = [{"backend": b, "tensor": o.tensor, "op_type": o.op_type} for b, o in c.origins]

@@ -161,17 +161,20 @@ class CandidateResult:
         for backend, o in self.origins[:1]:
             n = len(self.origins)
             out.append(
-                f"WARN: candidate {name}: {n} origin(s) past the precision its nodes declare, first "
+                f"FAIL: candidate {name}: {n} origin(s) past the precision its nodes declare, first "
                 f"{o.tensor} ({o.op_type}) on {backend}: {_ulp(o.local_scaled_ulp)} scaled ULP, allowed "
                 f"{_ulp(o.allowed_scaled_ulp)}"
             )
         for o in self.stretch_origins[:1]:
             out.append(
-                f"WARN: candidate {name}: {len(self.stretch_origins)} stretch(es) through casts past the "
+                f"FAIL: candidate {name}: {len(self.stretch_origins)} stretch(es) through casts past the "
                 f"precision they declare, first the original's {o.tensor} ({o.op_type}): {o.detail}"
             )
         if self.departure:
-            out.append(f"WARN: candidate {name}: first departure past its precision at {self.departure}")
+            out.append(
+                f"WARN: candidate {name}: first departure from the original past its precision at "
+                f"{self.departure}: {self.departure_why}"
+            )
         elif (
             self.explanation.status == "ok" and not self.origins and not self.stretch_origins and self.events
         ):

@@ -1,0 +1,252 @@
+"""`--candidate`: release candidates of models/torch_mlp.onnx made by their real converters (ONNX
+Runtime's float16 tool, its static QDQ and dynamic quantizers), correct ones explained, and each
+planted defect named at the node where it was planted."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import xbackend
+from tests import candidate_models as cm
+from xbackend.cli import main
+from xbackend.compare.candidate_match import match_graphs, precision_of
+from xbackend.compare.candidates import candidate_backends, candidate_feeds
+from xbackend.model.inputs import Feeds
+from xbackend.model.load import load_model
+from xbackend.results import CompareOptions
+from xbackend.results.options import candidate_spec
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("candidates")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f16 = cm.fp16(cm.MLP, d / "fp16.onnx")
+        q = cm.qdq(d / "qdq.onnx")
+        big = cm.big_weights(d / "big.onnx")
+        return {
+            "fp16": f16,
+            "fp16_io": cm.fp16(cm.MLP, d / "fp16_io.onnx", keep_io_types=False),
+            "bf16_node": cm.bf16_node(f16, d / "bf16_node.onnx"),
+            "qdq": q,
+            "qdq_small": cm.scaled_q(q, d / "qdq_small.onnx", 0.1),
+            "qdq_large": cm.scaled_q(q, d / "qdq_large.onnx", 100.0),
+            "dynamic": cm.dynamic_int8(d / "dynamic.onnx"),
+            "big": big,
+            "big_fp16": cm.fp16(big, d / "big_fp16.onnx"),
+        }
+
+
+@pytest.fixture(scope="module")
+def mlp(made: dict[str, Path]) -> xbackend.Result:
+    """One comparison of the original with every candidate of it (each on ort-cpu, the bfloat16
+    one on onnx's evaluator: ONNX Runtime's CPU has no bfloat16 Add)."""
+    names = ["fp16", "fp16_io", "qdq", "qdq_small", "qdq_large", "dynamic"]
+    return xbackend.compare(
+        cm.MLP,
+        candidates=[str(made[n]) for n in names] + [f"{made['bf16_node']}@reference", str(made["bf16_node"])],
+        decisions="auto",
+    )
+
+
+def _cand(r: xbackend.Result, path: Path, backend: str = "ort-cpu") -> object:
+    return next(c for c in r.candidates if c.path == str(path) and c.compared_on in (backend, ""))
+
+
+def test_a_float16_conversion_is_explained(mlp: xbackend.Result, made: dict[str, Path]) -> None:
+    for key in ("fp16", "fp16_io"):
+        c = _cand(mlp, made[key])
+        assert c.ok and c.precision == "float16" and c.coverage == (49, 49)
+        assert not c.origins and not c.stretch_origins and not c.findings and c.departure == ""
+        assert c.explanation.status == "ok" and c.faulted is False
+        # float16's rounding carried through the model: 60-75 dB everywhere
+        sqnr = [m.sqnr_db for m in c.matches if m.how == "name" and m.original != "y"]
+        assert all(55 < s < 80 for s in sqnr), sqnr
+    assert _cand(mlp, made["fp16"]).matches[-1].dtype == "float32"  # y, cast back by keep_io_types
+    io = _cand(mlp, made["fp16_io"])
+    assert io.notes == ("x cast from float32 to float16",) and io.matches[-1].dtype == "float16"
+    # the stretches through the inserted casts (the input cast, the output cast) are judged too
+    assert _cand(mlp, made["fp16"]).stretches_judged == 3
+    assert any(line.startswith("EXPLAINED: candidate") for line in mlp.verdict())
+
+
+def test_a_bfloat16_node_in_a_float16_model_is_an_origin_at_its_node(
+    mlp: xbackend.Result, made: dict[str, Path]
+) -> None:
+    c = _cand(mlp, made["bf16_node"], "reference")
+    assert c.ok and c.precision == "float16 + bfloat16"
+    assert [o.tensor for o in c.stretch_origins] == [cm.BF16_TENSOR]
+    o = c.stretch_origins[0]
+    assert o.op_type == "Add" and "cast to bfloat16 inside a float16 stretch" in o.detail
+    assert o.ratio > 2.0
+    assert c.departure == cm.BF16_TENSOR and c.faulted
+    # on ONNX Runtime's CPU (no bfloat16 Add) the candidate is not compared, with the reason; the
+    # original's comparison and the other candidates stand
+    failed = next(x for x in mlp.candidates if x.path == str(made["bf16_node"]) and not x.ok)
+    assert "Could not find an implementation for Add" in failed.reason
+    assert all(b.ok for b in mlp.backends)
+
+
+def test_a_qdq_scale_ten_times_too_small_saturates_at_its_node(
+    mlp: xbackend.Result, made: dict[str, Path]
+) -> None:
+    c = _cand(mlp, made["qdq_small"])
+    planted = [f for f in c.events if f.node == cm.SCALED_Q]
+    assert [f.kind for f in planted] == ["saturation"] and planted[0].tensor == cm.OVERFLOW_TENSOR
+    assert planted[0].count > 0.5 * planted[0].of  # most of val_3 is clipped
+    assert c.events == tuple(planted) and c.departure == cm.OVERFLOW_TENSOR
+    # the correct QDQ model: a few outliers clipped (min/max calibration on other data), a note each
+    ok = _cand(mlp, made["qdq"])
+    assert ok.events == () and not ok.faulted and ok.explanation.status == "ok" and not ok.origins
+    assert all(f.kind == "saturation" and f.count <= 4 for f in ok.findings)
+    assert any(m.how == "dequantized" for m in ok.matches)
+
+
+def test_a_qdq_scale_a_hundred_times_too_large_is_coarse(mlp: xbackend.Result, made: dict[str, Path]) -> None:
+    c = _cand(mlp, made["qdq_large"])
+    assert [(f.kind, f.node) for f in c.events] == [("coarse-scale", cm.SCALED_Q)]
+    assert c.events[0].count == c.events[0].of  # every element in 3 levels
+
+
+def test_dynamic_int8_is_explained(mlp: xbackend.Result, made: dict[str, Path]) -> None:
+    c = _cand(mlp, made["dynamic"])
+    assert c.precision == "int8 (dynamic)" and c.coverage == (49, 49) and not c.faulted
+    assert all(25 < (m.sqnr_db or 0) < 160 for m in c.matches)
+
+
+def test_candidates_decisions_are_held_against_the_original(
+    mlp: xbackend.Result, made: dict[str, Path]
+) -> None:
+    for key in ("fp16", "qdq_small"):
+        decided = _cand(mlp, made[key]).decisions
+        assert [(d.reference, d.output, d.status) for d in decided] == [("original:reference", "y", "ok")]
+    # the clipped val_3 moves the answers; a float16 conversion moves far fewer of them
+    assert (
+        _cand(mlp, made["qdq_small"]).decisions[0].flipped
+        > 10 * _cand(mlp, made["fp16"]).decisions[0].flipped
+    )
+
+
+def test_a_float16_overflow_is_named_at_its_node(made: dict[str, Path]) -> None:
+    r = xbackend.compare(made["big"], candidates=[str(made["big_fp16"])], fail_on="candidate-origin")
+    (c,) = r.candidates
+    over = [f for f in c.findings if f.kind == "overflow"]
+    assert [(f.tensor, f.node) for f in over] == [(cm.OVERFLOW_TENSOR, cm.OVERFLOW_NODE)]
+    assert over[0].count > 0 and "65504" in over[0].detail
+    assert c.departure == cm.OVERFLOW_TENSOR
+    assert next(m for m in c.matches if m.original == cm.OVERFLOW_TENSOR).nonfinite == over[0].count
+    assert r.exit_code == 22 and r.gates()[0].policy == "candidate-origin"
+
+
+def test_bad_candidates_are_said_and_the_comparison_stands(tmp_path: Path) -> None:
+    other = tmp_path / "other.onnx"
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["z"], ["w"])],
+        "g",
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("w", TensorProto.FLOAT, [2])],
+    )
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), other)
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    r = xbackend.compare(cm.MLP, candidates=[str(tmp_path / "missing.onnx"), str(broken), str(other)])
+    assert all(b.ok for b in r.backends) and [c.status for c in r.candidates] == ["failed"] * 3
+    missing, bad, wrong = r.candidates
+    assert "not found" in missing.reason or "No such file" in missing.reason
+    assert bad.reason
+    assert "takes an input 'z' the original does not" in wrong.reason
+    assert r.exit_code == 1
+    assert sum(line.startswith("WARN: candidate") for line in r.verdict()) == 3
+
+
+def test_candidate_spec_and_defaults() -> None:
+    assert candidate_spec("int8.onnx@ort-cpu,openvino-cpu") == ("int8.onnx", ("ort-cpu", "openvino-cpu"))
+    assert candidate_spec("dir@v2/m.onnx@ort-cpu@fast") == ("dir@v2/m.onnx", ("ort-cpu@fast",))
+    assert candidate_spec("m.onnx") == ("m.onnx", ())
+    opts = CompareOptions.create(backends="ort-cpu,openvino-cpu,reference,oracle")
+    assert candidate_backends(opts, ()) == ("ort-cpu", "openvino-cpu")
+    assert candidate_backends(CompareOptions.create(backends="reference"), ()) == ("ort-cpu",)
+    with pytest.raises(xbackend.UsageError, match="--candidate"):
+        CompareOptions.create(candidates=["@ort-cpu"])
+    with pytest.raises(xbackend.UsageError):
+        CompareOptions.create(candidates=["m.onnx@no-such-runner@x@y"])
+
+
+def test_feeds_are_cast_to_the_candidates_inputs(made: dict[str, Path]) -> None:
+    import numpy as np
+
+    spec, _ = load_model(made["fp16_io"])
+    feeds = Feeds.from_arrays({"x": np.ones((2, 8, 32), np.float32), "extra": np.zeros(2)}, 0, "generated")
+    cast, notes = candidate_feeds(feeds, spec)
+    assert cast.arrays["x"].dtype == np.float16 and set(cast.arrays) == {"x"}
+    assert notes == [
+        "x cast from float32 to float16",
+        "the original's input(s) extra are not the candidate's: not fed",
+    ]
+
+
+def _graph(nodes: list[onnx.NodeProto], inits: list[str] = ()) -> onnx.GraphProto:  # type: ignore[assignment]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor(n, TensorProto.FLOAT, [2, 2], [1.0] * 4) for n in inits],
+    )
+    return g
+
+
+def test_matching_names_each_way_and_why_not() -> None:
+    original = _graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm_node"),
+            helper.make_node("Add", ["mm", "b"], ["lin"], name="add_node"),
+            helper.make_node("Relu", ["lin"], ["act"], name="relu_node"),
+            helper.make_node("Mul", ["act", "w"], ["y"], name="mul_node"),
+        ],
+        ["w", "b"],
+    )
+    candidate = _graph(
+        [
+            helper.make_node("Gemm", ["x", "w", "b"], ["lin"], name="fused"),  # mm inside it
+            helper.make_node("Relu", ["lin"], ["act16"], name="relu_node"),  # renamed output
+            helper.make_node("QuantizeLinear", ["act16", "s"], ["q"], name="q"),
+            helper.make_node("DequantizeLinear", ["q", "s"], ["dq"], name="dq"),
+            helper.make_node("Mul", ["dq", "w"], ["y"], name="mul_node"),
+        ],
+        ["w", "b", "s"],
+    )
+    pairs, unmatched = match_graphs(original, candidate)
+    assert [(p.original, p.candidate, p.how) for p in pairs] == [
+        ("lin", "lin", "name"),
+        ("act", "act16", "node"),
+        ("act", "dq", "dequantized"),
+        ("y", "y", "name"),
+    ]
+    assert [u.original for u in unmatched] == ["mm"]
+    assert "inside the candidate's Gemm node fused" in unmatched[0].reason
+    assert precision_of(candidate) == "int8 (QDQ)" and precision_of(original) == "float32"
+
+
+def test_the_cli_reports_a_candidate(made: dict[str, Path], tmp_path: Path) -> None:
+    md, js = tmp_path / "r.md", tmp_path / "r.json"
+    argv = ["compare", str(cm.MLP), "--candidate", f"{made['bf16_node']}@reference", "--no-progress"]
+    argv += ["--fail-on", "candidate-origin"]
+    code = main([*argv, "--report", str(md), "--json", str(js)])
+    assert code == 22
+    text = md.read_text()
+    assert "## Release candidates against the original" in text and "cast to bfloat16" in text
+    assert (tmp_path / "r.candidate-sqnr.png").is_file()
+    (c,) = json.loads(js.read_text())["candidates"]
+    assert c["coverage"] == {"matched": 49, "tensors": 49} and c["departure"] == cm.BF16_TENSOR
+    # the same comparison again: the same bytes
+    code = main([*argv, "--report", str(tmp_path / "s.md"), "--json", str(tmp_path / "s.json")])
+    assert code == 22
+    assert (tmp_path / "s.json").read_text() == js.read_text()
