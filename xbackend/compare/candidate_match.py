@@ -32,6 +32,7 @@ class Pair:
     candidate: str
     how: str  # "name" | "node" | "dequantized"
     depth: int  # the original's node that computes it, in graph order
+    op: str = ""  # the original's op that computes it
 
 
 def match_graphs(original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple[list[Pair], list[Unmatched]]:
@@ -50,19 +51,19 @@ def match_graphs(original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple
             if not t:
                 continue
             if t in produced or t in inputs:
-                pairs.append(Pair(t, t, "name", depth))
+                pairs.append(Pair(t, t, "name", depth, node.op_type))
                 got = t
             elif (
                 twin is not None and twin.op_type == node.op_type and k < len(twin.output) and twin.output[k]
             ):
                 got = twin.output[k]
-                pairs.append(Pair(t, got, "node", depth))
+                pairs.append(Pair(t, got, "node", depth, node.op_type))
             else:
                 missing.append((depth, node, t))
                 continue
             dq = _dequantized(got, readers)
             if dq:
-                pairs.append(Pair(t, dq, "dequantized", depth))
+                pairs.append(Pair(t, dq, "dequantized", depth, node.op_type))
     found = {p.original: p.candidate for p in pairs if p.how != "dequantized"}
     consumers = _readers(original.node)
     unmatched = [

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from xbackend.compare.candidate_match import Pair
 from xbackend.files.storage import ValueFile
 from xbackend.numerics.metrics import is_float_dtype, ulp_at
-from xbackend.results.candidates import Finding, TensorMatch
+from xbackend.results.candidates import SENTINEL, Finding, TensorMatch
 
 __all__ = ["COARSE_SHARE", "findings", "measure"]
 
@@ -28,7 +28,9 @@ def measure(pairs: Sequence[Pair], original: ValueFile, candidate: ValueFile) ->
     """Each pair's candidate value against the original's (read one tensor at a time)."""
     out = []
     for p in pairs:
-        base = TensorMatch(original=p.original, candidate=p.candidate, how=p.how, depth=p.depth, dtype="")
+        base = TensorMatch(
+            original=p.original, candidate=p.candidate, how=p.how, depth=p.depth, dtype="", op=p.op
+        )
         if p.original not in original or p.candidate not in candidate:
             who = "the original's" if p.original not in original else "the candidate's"
             out.append(replace(base, status="not-compared", reason=f"not in {who} capture"))
@@ -54,9 +56,14 @@ def _one(base: TensorMatch, o: np.ndarray, c: np.ndarray) -> TensorMatch:
         return replace(base, dtype=dtype, elements=int(o.size))
     a, b = o.astype(np.float64), c.astype(np.float64)
     finite = np.isfinite(a)
-    nonfinite = int(np.count_nonzero(finite & ~np.isfinite(b)))
+    nonfinite = int(
+        np.count_nonzero(
+            finite & ~np.isfinite(b) & (np.abs(a, where=finite, out=np.zeros_like(a)) < SENTINEL)
+        )
+    )
     both = finite & np.isfinite(b)
-    d = np.abs(b - a, where=both, out=np.zeros_like(a))
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(b - a, where=both, out=np.zeros_like(a))
     max_abs = float(d.max()) if d.size else 0.0
     top = float(np.abs(a, where=finite, out=np.zeros_like(a)).max()) if a.size else 0.0
     scaled = None

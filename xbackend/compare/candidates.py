@@ -45,7 +45,7 @@ class Ran:
     feeds: Feeds
 
 
-Again = Callable[[str, CompareOptions, Feeds, Path, Against | None], Ran]
+Again = Callable[[str, CompareOptions, Feeds | None, Path, Against | None], Ran]
 
 
 def candidate_backends(opts: CompareOptions, given: Sequence[str]) -> tuple[str, ...]:
@@ -120,15 +120,28 @@ def _one(
     folder = work / f"candidate-{k}"
     spec, _ = load_model(path)  # a corrupt or unsupported file: one line, this candidate only
     backends = candidate_backends(opts, given)
-    feeds, notes = candidate_feeds(original.feeds, spec)
-    vs = Against.of(original.result.decode, work) if original.result.decode is not None else None
-    ran = again(path, candidate_options(opts, backends), feeds, folder, vs)
-    cres = ran.result
     ref = original.result.reference_used
+    vs = Against.of(original.result.decode, work) if original.result.decode is not None else None
+    obuild = original.builds.get(ref)
+    if vs is None:
+        feeds, notes = candidate_feeds(original.feeds, spec)
+        ran = again(path, candidate_options(opts, backends), feeds, folder, None)
+    else:  # decoded against the original's tokens, compared layer by layer where it first left them
+        ran = again(path, candidate_options(opts, backends), None, folder, vs)
+        feeds, notes = (
+            ran.feeds,
+            [f"compared layer by layer at {ran.feeds.source.removeprefix('--decode: ')}"],
+        )
+        back, _ = candidate_feeds(ran.feeds, original.result.model)  # the original's values there
+        step = replace(candidate_options(opts, (ref,)), noise_samples=0, decode=0)
+        obuild = again(
+            original.result.model.path, step, back, work / f"candidate-{k}-original", None
+        ).builds.get(ref)
+    cres = ran.result
     held = f"original:{ref}"  # the original's reference, beside the candidate's builds
     decided = (
-        decisions_all(spec, opts.decisions, {**ran.builds, held: original.builds[ref]}, cres.backends, held)
-        if opts.decisions and ref in original.builds
+        decisions_all(spec, opts.decisions, {**ran.builds, held: obuild}, cres.backends, held)
+        if opts.decisions and obuild is not None
         else ()
     )
     cproto = onnx.load(path, load_external_data=False)
@@ -149,7 +162,7 @@ def _one(
     if not mine:
         why = "; ".join(f"{b.name} {b.status}: {b.reason}" for b in cres.backends)
         return replace(base, status="failed", reason=f"no backend of the candidate ran ({why})")
-    ocap, ccap = _layers(original.builds.get(ref)), _layers(ran.builds[mine])
+    ocap, ccap = _layers(obuild), _layers(ran.builds[mine])
     if ocap is None or ccap is None:
         who = f"the original's {ref}" if ocap is None else f"the candidate's {mine}"
         return replace(base, status="failed", reason=f"{who} has no per-layer capture", compared_on=mine)
@@ -159,6 +172,11 @@ def _one(
     with ValueFile(ocap) as o, ValueFile(ccap) as c:
         matches = measure(pairs, o, c)
         events = findings(graph, c, feeds.arrays)
+        # an inf the original holds as a sentinel (float32's limit, a mask's fill) is no overflow
+        sentinel = {
+            m.candidate for m in matches if m.status == "ok" and not m.nonfinite and m.how != "dequantized"
+        }
+        events = [f for f in events if not (f.kind == "overflow" and f.tensor in sentinel)]
         found = stretches(oproto.graph, graph, pairs)
         crossed, judged = judge_stretches(
             found, graph, Path(path).resolve().parent, c, feeds.arrays, opset_of(cproto), _working(c)

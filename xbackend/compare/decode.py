@@ -193,14 +193,14 @@ class Against:
     """Another model's decoding the backends are held against (a candidate's original): its
     prompts, its reference's tokens and margins, and the logits file its worker wrote."""
 
-    name: str  # in the candidate's report: "the original on reference"
+    name: str  # what the candidate's tokens are held against, in its report: "the original"
     result: DecodeResult
     logits: Path
 
     @classmethod
     def of(cls, result: DecodeResult, work: Path) -> Against:
         ref = result.reference
-        return cls(f"original:{ref}", result, work / f"{ref}-decode" / "logits.xbv")
+        return cls("the original", result, work / f"{ref}-decode" / "logits.xbv")
 
 
 def decode_backends(
@@ -243,15 +243,13 @@ def decode_backends(
     finally:
         bar.stop()
     given = None
+    held = None
     if against is not None:
         ref_b = next((b for b in against.result.backends if b.backend == against.result.reference), None)
-        ok = ref_b is not None and ref_b.ok and against.logits.is_file()
-        given = (
-            against.name,
-            {p.prompt: (p.tokens, p.margins) for p in ref_b.prompts} if ok and ref_b else None,
-        )
+        held = ref_b if ref_b is not None and ref_b.ok and against.logits.is_file() else None
+        given = (against.name, {p.prompt: (p.tokens, p.margins) for p in held.prompts} if held else None)
     result = _analyze(opts, planned, done, work, prompts, given, against.logits if against else None)
-    layers_step, feeds = _layers_feeds(result, prompts, conv, opts)
+    layers_step, feeds = _layers_feeds(result, prompts, conv, opts, held)
     warnings += [
         f"{name}: {what} failed: {why}"
         for name, o in done.items()
@@ -371,7 +369,11 @@ def _comp(o: JobOutcome, index: int) -> tuple[int, ...]:
 
 
 def _layers_feeds(
-    result: DecodeResult, prompts: Sequence[np.ndarray], conv: Convention, opts: CompareOptions
+    result: DecodeResult,
+    prompts: Sequence[np.ndarray],
+    conv: Convention,
+    opts: CompareOptions,
+    held: BackendDecode | None = None,
 ) -> tuple[tuple[str, int, int], Feeds]:
     """The step the per-layer comparison is of: the first divergence, else the reference's
     smallest margin; fed as the prompt and the reference's tokens before that step."""
@@ -380,10 +382,10 @@ def _layers_feeds(
         for b in result.backends
         if b.ok and (d := b.first_divergence) is not None and d.first_divergent_step is not None
     ]
-    ref = next((b for b in result.backends if b.backend == result.reference and b.ok), None)
+    ref = held or next((b for b in result.backends if b.backend == result.reference and b.ok), None)
     if diverged:
         step, prompt, who = min(diverged)
-        why = f"where {who} first left the reference's tokens"
+        why = f"where {who} first left {'the original' if held else 'the reference'}'s tokens"
     elif ref is not None and ref.prompts:
         margins = {(s, p.prompt): m for p in ref.prompts for s, m in enumerate(p.margins)}
         step, prompt = min(margins, key=lambda sp: (margins[sp], sp))

@@ -93,7 +93,9 @@ def compare_with_options(
         if not opts.candidates:
             return ran.result
 
-        def again(path: str, copts: CompareOptions, feeds: Feeds, folder: Path, vs: Against | None) -> Ran:
+        def again(
+            path: str, copts: CompareOptions, feeds: Feeds | None, folder: Path, vs: Against | None
+        ) -> Ran:
             folder.mkdir(parents=True, exist_ok=True)
             return _compare_in(folder, path, copts, progress, None, feeds, keep_layers=True, against=vs)
 
@@ -133,10 +135,8 @@ def _compare_in(
     planned = [plan_backend(name, opts, work, expected) for name in opts.backends]
     planned, notes = preflight(spec, proto, planned)
     decoded = None
-    if feeds is None:
-        decoded, feeds = decode_backends(spec, opts, planned, work, progress or NullProgress())
-    elif opts.decode and against is not None:  # a candidate: its tokens against its original's
-        decoded, _ = decode_backends(spec, opts, planned, work, progress or NullProgress(), against)
+    if feeds is None:  # a candidate's (`against`): its tokens against its original's
+        decoded, feeds = decode_backends(spec, opts, planned, work, progress or NullProgress(), against)
     memory = memory_plan(spec, proto, feeds, opts)
     del proto
     feeds_path = work / "feeds.xbv"

@@ -11,6 +11,7 @@ from xbackend.files.textfmt import cell, code_span, table
 from xbackend.report.decode_section import decode_json
 from xbackend.results import Result
 from xbackend.results.candidates import CandidateResult, TensorMatch
+from xbackend.results.decode import near_tie
 
 __all__ = ["candidate_json", "candidate_section"]
 
@@ -95,32 +96,7 @@ def _one(c: CandidateResult, k: int) -> list[str]:
             f"Not matched in candidate {k}", f"{len(c.unmatched)} tensor(s)", table(["original", "why"], rows)
         )
     if c.decode is not None:
-        d = c.decode
-        rows = []
-        for b in d.backends:
-            f = b.first_divergence if b.ok else None
-            rows.append(
-                [
-                    b.backend,
-                    f"{b.status}: {b.reason}"
-                    if not b.ok
-                    else f"{len(b.prompts) - b.flipped_prompts} of {len(b.prompts)}",
-                    "none" if f is None else f"{f.first_divergent_step} (prompt {f.prompt})",
-                    _g(f.margin_at_divergence) if f else "—",
-                    _g(f.logit_difference) if f else "—",
-                ]
-            )
-        out += [f"Greedy decoding, {d.steps} steps, against the original's tokens on {d.reference}:", ""]
-        out += table(
-            [
-                "backend",
-                "prompts like the original",
-                "first divergent step",
-                "original's margin there",
-                "logit difference there",
-            ],
-            rows,
-        )
+        out += _decode(c)
     for dec in c.decisions:
         if dec.status == "ok":
             out += [
@@ -130,6 +106,45 @@ def _one(c: CandidateResult, k: int) -> list[str]:
             ]
     out += [f"Note: {cell(n)}" for n in c.notes]
     return [*out, ""] if c.notes else out
+
+
+def _decode(c: CandidateResult) -> list[str]:
+    """Each prompt on each of the candidate's backends: where its tokens left the original's."""
+    d = c.decode
+    assert d is not None
+    rows: list[list[object]] = []
+    for b in d.backends:
+        if not b.ok:
+            rows.append([b.backend, "—", f"{b.status}: {cell(b.reason)}", "", "", ""])
+            continue
+        for p in b.prompts:
+            step = p.first_divergent_step
+            rows.append(
+                [
+                    b.backend,
+                    p.prompt,
+                    "none" if step is None else step,
+                    _g(p.margin_at_divergence),
+                    _g(p.logit_difference),
+                    "—"
+                    if step is None
+                    else ("yes" if near_tie(p.margin_at_divergence, p.logit_difference) else "no"),
+                ]
+            )
+    head = [
+        "backend",
+        "prompt",
+        "first divergent step",
+        "original's margin there",
+        "logit difference there",
+        "near tie",
+    ]
+    return [
+        f"Greedy decoding, {d.steps} steps per prompt, each of the candidate's backends against the "
+        f"original's tokens on the original's reference (the same prompts):",
+        "",
+        *table(head, rows),
+    ]
 
 
 def candidate_section(r: Result) -> list[str]:

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 from xbackend.files.codec import OMIT_DEFAULT
 from xbackend.results.backend import BackendResult
-from xbackend.results.decode import Decisions, DecodeResult
+from xbackend.results.decode import Decisions, DecodeResult, near_tie
 from xbackend.results.explanation import NOT_MEASURED, Explanation, Origin
 
 __all__ = [
     "MINOR_CLIPPING",
+    "SENTINEL",
     "CandidateResult",
     "Finding",
     "TensorMatch",
@@ -20,6 +21,7 @@ __all__ = [
     "declared_unit",
 ]
 
+SENTINEL = 1e30  # a finite value this large stands for ±inf (a mask's fill): as inf it is no overflow
 MINOR_CLIPPING = 0.01  # clipped share of a tensor below which saturation is a note, not a warning
 # unit roundoff of each float dtype a candidate declares (a correctly rounded result is within u·|v|)
 _UNITS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
@@ -39,12 +41,14 @@ class TensorMatch:
     how: str  # "name" | "node" (the same node's output, renamed) | "dequantized" (after Q/DQ)
     depth: int  # the original's node that computes it, in graph order (0: a graph input)
     dtype: str  # the candidate's dtype
+    op: str = ""  # the original's op that computes it
     elements: int = 0
     # max |candidate - original| in ULPs of the candidate's dtype at the original's largest element
     scaled_ulp: float | None = None
     sqnr_db: float | None = None  # 10·log10(Σ original² / Σ (candidate - original)²); None: equal
     max_abs: float = 0.0  # max |candidate - original|
-    nonfinite: int = 0  # elements the candidate holds as inf or NaN where the original is finite
+    # elements the candidate holds as inf or NaN where the original is finite and no sentinel (SENTINEL)
+    nonfinite: int = 0
     status: str = "ok"  # ok | not-compared
     reason: str = ""
 
@@ -135,9 +139,13 @@ class CandidateResult:
         """Not compared, or past its declared precision somewhere (an origin, a stretch, an event)."""
         return not self.ok or bool(self.origins or self.stretch_origins or self.events or self.departure)
 
+    def _flip_cause(self) -> list[str]:
+        return _cause(self)
+
     def worst(self) -> TensorMatch | None:
         """The matched tensor with the lowest SQNR (the largest move where none is finite)."""
-        ok = [m for m in self.matches if m.status == "ok" and m.elements]
+        # a constant's rounding (a layer norm's epsilon in float16) moves no tensor by itself
+        ok = [m for m in self.matches if m.status == "ok" and m.elements and m.op != "Constant"]
         if not ok:
             return None
         return min(ok, key=lambda m: (math.inf if m.sqnr_db is None else m.sqnr_db, -(m.scaled_ulp or 0.0)))
@@ -197,6 +205,7 @@ class CandidateResult:
             out.append(f"{level}: candidate {name}: {f.kind} at {f.tensor} ({f.node}): {f.detail}")
         if self.decode is not None:
             out += [f"WARN: candidate {name}: decode: {line}" for line in self.decode.flips()]
+            out += self._flip_cause()
             for b in self.decode.backends:
                 if b.ok and b.first_divergence is None:
                     out.append(
@@ -217,6 +226,36 @@ class CandidateResult:
                 )
         out += [f"NOTE: candidate {name}: {n}" for n in self.notes]
         return out
+
+
+def _cause(c: CandidateResult) -> list[str]:
+    """Where the candidate's tokens left the original's: whether its nodes, at that step, are
+    within the precision they declare (the flip is that precision carried), or where not."""
+    d = c.decode
+    first = [(b.first_divergence, b.backend) for b in d.backends if b.ok and b.first_divergence] if d else []
+    if not first or c.compared_on == "":
+        return []
+    p, backend = min(first, key=lambda x: (x[0].first_divergent_step or 0, x[0].prompt))
+    where = f"step {p.first_divergent_step} of prompt {p.prompt}"
+    size = (
+        f"logit difference {_ulp(p.logit_difference)} against the original's margin "
+        f"{_ulp(p.margin_at_divergence)}"
+    )
+    if c.origins or c.stretch_origins:
+        first_o = c.stretch_origins[0] if c.stretch_origins else c.origins[0][1]
+        return [
+            f"WARN: candidate {c.path}: decode: at {where} ({backend}: {size}) the candidate has "
+            f"{len(c.origins) + len(c.stretch_origins)} origin(s) past its declared precision, first "
+            f"{first_o.tensor} ({first_o.op_type})"
+        ]
+    if c.explanation.status == "ok":
+        tie = " (a near tie)" if near_tie(p.margin_at_divergence, p.logit_difference) else ""
+        return [
+            f"NOTE: candidate {c.path}: decode: at {where} every node of the candidate is within the "
+            f"precision it declares: the flip{tie} is that precision carried through the model "
+            f"({backend}: {size})"
+        ]
+    return []
 
 
 def _db(x: float | None) -> str:
