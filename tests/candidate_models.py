@@ -84,10 +84,7 @@ def qdq(dest: Path) -> Path:
 
 
 def dynamic_int8(dest: Path) -> Path:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(str(MLP), str(dest), weight_type=QuantType.QInt8)
-    return dest
+    return dynamic_int8_of(MLP, dest)
 
 
 def scaled_q(qdq_model: Path, dest: Path, factor: float) -> Path:
@@ -97,4 +94,11 @@ def scaled_q(qdq_model: Path, dest: Path, factor: float) -> Path:
     s = next(t for t in m.graph.initializer if t.name == q.input[1])
     s.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(s) * np.float32(factor), s.name))
     onnx.save(m, dest)
+    return dest
+
+
+def dynamic_int8_of(src: Path, dest: Path) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(src), str(dest), weight_type=QuantType.QInt8)
     return dest

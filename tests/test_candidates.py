@@ -250,3 +250,51 @@ def test_the_cli_reports_a_candidate(made: dict[str, Path], tmp_path: Path) -> N
     code = main([*argv, "--report", str(tmp_path / "s.md"), "--json", str(tmp_path / "s.json")])
     assert code == 22
     assert (tmp_path / "s.json").read_text() == js.read_text()
+
+
+OPTIMUM = Path(__file__).resolve().parent / "optimum"
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[xbackend.Result, dict[str, Path]]:
+    """optimum's Llama (KV cache, random weights) as float16 (ONNX Runtime's tool, I/O kept in
+    float32) and dynamic int8, each decoded 24 steps against the original."""
+    d = tmp_path_factory.mktemp("llama")
+    src = OPTIMUM / "llama.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        made = {"fp16": cm.fp16(src, d / "fp16.onnx"), "int8": cm.dynamic_int8_of(src, d / "int8.onnx")}
+    r = xbackend.compare(src, decode=24, candidates=[str(made["fp16"]), str(made["int8"])])
+    return r, made
+
+
+def test_a_kv_cache_llama_candidate_decodes_against_the_original(
+    llama: tuple[xbackend.Result, dict[str, Path]],
+) -> None:
+    r, made = llama
+    original = r.decode
+    assert original is not None and original.cached
+    ref = original.backend("reference")
+    for key, precision in (("fp16", "float16"), ("int8", "int8 (dynamic)")):
+        c = _cand(r, made[key])
+        assert c.ok and c.precision == precision and c.coverage[0] == c.coverage[1] > 600
+        d = c.decode
+        assert d is not None and d.reference == "the original" and d.prompts == original.prompts
+        (b,) = d.backends
+        assert b.backend == "ort-cpu" and b.ok and len(b.prompts) == len(ref.prompts) == 4
+        for p, q in zip(b.prompts, ref.prompts, strict=True):
+            step = p.first_divergent_step
+            assert len(p.tokens) == 24
+            if step is None:
+                assert p.tokens == q.tokens and p.logit_difference is None
+            else:  # the same tokens before it, the original's margin and the difference there
+                assert p.tokens[:step] == q.tokens[:step] and p.tokens[step] != q.tokens[step]
+                assert p.margin_at_divergence == q.margins[step] and p.logit_difference is not None
+        # no KV-cache tensor or mask constant turns into an overflow; each node within its precision
+        assert not c.events and not c.origins and not c.stretch_origins
+        lines = c.verdict_lines()
+        if b.first_divergence is not None:  # compared layer by layer where it first left the tokens
+            f = b.first_divergence
+            where = f"step {f.first_divergent_step} of prompt {f.prompt}"
+            assert any(where in n for n in c.notes)
+            assert any(line.startswith("NOTE:") and "the flip" in line and where in line for line in lines)
