@@ -6,6 +6,7 @@ fused kernel of the candidate, folded into its weights, or not in it."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,13 @@ from xbackend.results.candidates import Unmatched
 __all__ = ["Pair", "match_graphs", "precision_of"]
 
 _QUANT = frozenset({"QuantizeLinear", "DynamicQuantizeLinear"})
+# a candidate's nodes that convert, quantize or move values: never the kernel another computes inside
+_PLUMBING = frozenset(
+    {
+        "Cast", "CastLike", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Identity",
+        "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Shape", "Gather", "Concat", "Slice", "Expand",
+    }
+)  # fmt: skip
 _TYPES: dict[int, str] = {
     onnx.TensorProto.FLOAT16: "float16",
     onnx.TensorProto.BFLOAT16: "bfloat16",
@@ -65,10 +73,10 @@ def match_graphs(original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple
             if dq:
                 pairs.append(Pair(t, dq, "dequantized", depth, node.op_type))
     found = {p.original: p.candidate for p in pairs if p.how != "dequantized"}
-    consumers = _readers(original.node)
+    inside = _inside(original, candidate, found)
+    constant = _constants(original)
     unmatched = [
-        Unmatched(original=t, reason=_why(t, node, weights, found, consumers, produced))
-        for _, node, t in missing
+        Unmatched(original=t, reason=_why(t, node, weights, inside, constant)) for _, node, t in missing
     ]
     return pairs, unmatched
 
@@ -94,40 +102,80 @@ def _dequantized(t: str, readers: Mapping[str, Sequence[onnx.NodeProto]]) -> str
 
 
 def _why(
-    t: str,
-    node: onnx.NodeProto,
-    weights: set[str],
-    found: Mapping[str, str],
-    consumers: Mapping[str, Sequence[onnx.NodeProto]],
-    produced: Mapping[str, onnx.NodeProto],
+    t: str, node: onnx.NodeProto, weights: set[str], inside: Mapping[str, str], constant: set[str]
 ) -> str:
     if t in weights:
-        return "folded into the candidate's weights (computed from constants only)"
-    # the nearest tensor below it that the candidate holds: a kernel of another op computes it
-    seen = {t}
-    frontier = [t]
-    for _ in range(64):
-        nxt: list[str] = []
-        for x in frontier:
-            for c in consumers.get(x, ()):
-                for o in c.output:
-                    if not o or o in seen:
-                        continue
-                    seen.add(o)
-                    if o in found:
-                        maker = produced.get(found[o])
-                        if maker is not None and (maker.op_type != c.op_type or maker.domain):
-                            who = f"{maker.op_type} node {maker.name}" if maker.name else maker.op_type
-                            return (
-                                f"computed inside the candidate's {who} (a fused kernel), which computes {o}"
-                            )
-                    else:
-                        nxt.append(o)
-        if not nxt:
-            break
-        frontier = nxt
+        return "folded into the candidate's weights"
+    if t in inside:
+        return f"computed inside the candidate's {inside[t]}"
+    if t in constant:
+        return (
+            "computed from the original's weights alone: the candidate folds it into its weights or kernels"
+        )
     what = f"node {node.name} ({node.op_type})" if node.name else f"a {node.op_type} node"
     return f"the candidate has no tensor of that name and no {what}: removed or renamed"
+
+
+def _constants(g: onnx.GraphProto) -> set[str]:
+    """Tensors of `g` computed from its weights alone (Constant nodes included)."""
+    known = {t.name for t in g.initializer}
+    for n in g.node:
+        if all(i in known for i in n.input if i):
+            known.update(o for o in n.output if o)
+    return known - {t.name for t in g.initializer}
+
+
+def _inside(
+    original: onnx.GraphProto, candidate: onnx.GraphProto, found: Mapping[str, str]
+) -> dict[str, str]:
+    """Each original tensor a group of the candidate's own kernels computes inside it: the group
+    (kernels joined by tensors the original does not hold) from its inputs the original holds to
+    the outputs it holds, the original's nodes between those being what it replaced."""
+    held = {c: o for o, c in found.items()}
+    ops = {(n.domain or "", n.op_type) for n in original.node}
+    kernels = [
+        n for n in candidate.node if (n.domain or "", n.op_type) not in ops and n.op_type not in _PLUMBING
+    ]
+    made = {o: k for k, n in enumerate(kernels) for o in n.output if o}
+    parent = list(range(len(kernels)))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for k, n in enumerate(kernels):  # kernels joined through tensors the original does not hold
+        for i in n.input:
+            if i in made and i not in held:
+                parent[root(k)] = root(made[i])
+    groups: dict[int, list[onnx.NodeProto]] = {}
+    for k, n in enumerate(kernels):
+        groups.setdefault(root(k), []).append(n)
+    producer = {o: n for n in original.node for o in n.output if o}
+    out: dict[str, str] = {}
+    for nodes in groups.values():
+        outs = {held[o] for n in nodes for o in n.output if o in held}
+        inner = {o for n in nodes for o in n.output}
+        bounds = {held.get(i, i) for n in nodes for i in n.input if i and i not in inner}
+        if not outs:
+            continue
+        if len(nodes) == 1:
+            named = f"{nodes[0].op_type} node {nodes[0].name}" if nodes[0].name else nodes[0].op_type
+        else:
+            count = Counter(n.op_type for n in nodes)
+            named = ", ".join(f"{c} {op}" if c > 1 else op for op, c in sorted(count.items()))
+        stack = [i for o in outs if (p := producer.get(o)) is not None for i in p.input if i]
+        seen: set[str] = set()
+        while stack:
+            t = stack.pop()
+            if t in seen or t in bounds or t not in producer:
+                continue
+            seen.add(t)
+            what = "a fused kernel" if len(nodes) == 1 else "fused kernels"
+            out.setdefault(t, f"{named} ({what}), which compute(s) {sorted(outs)[0]}")
+            stack += [i for i in producer[t].input if i]
+    return out
 
 
 def precision_of(graph: onnx.GraphProto) -> str:
