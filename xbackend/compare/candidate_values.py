@@ -84,23 +84,43 @@ def _one(base: TensorMatch, o: np.ndarray, c: np.ndarray) -> TensorMatch:
 
 
 def findings(graph: onnx.GraphProto, values: ValueFile, feeds: Mapping[str, object]) -> list[Finding]:
-    """The candidate's overflows, clipped and coarse quantized tensors, in its graph's order."""
+    """The candidate's overflows, NaNs, clipped and coarse quantized tensors, in its graph's order."""
     weights = {t.name: t for t in graph.initializer}
     out: list[Finding] = []
     inf_seen: set[str] = set()
+    nan_seen: set[str] = set()
     for node in graph.node:
         if node.op_type == "QuantizeLinear":
-            out += _quantized(node, values, weights, feeds)
-            continue
+            with np.errstate(invalid="ignore"):
+                out += _quantized(node, values, weights, feeds)
         for t in node.output:
             y = values.get(t) if t in values else None
-            if not isinstance(y, np.ndarray) or str(y.dtype) not in ("float16", "bfloat16"):
+            if not isinstance(y, np.ndarray) or not is_float_dtype(y.dtype) or not y.size:
                 continue
-            bad = int(np.count_nonzero(np.isinf(y.astype(np.float32))))
+            wide = y.astype(np.float32) if y.dtype.itemsize < 4 else y
+            nans = int(np.count_nonzero(np.isnan(wide)))
+            if nans:
+                nan_seen.add(t)
+                if not any(i in nan_seen or _has(feeds.get(i), np.isnan) for i in node.input if i):
+                    made = node.name or node.op_type
+                    out.append(
+                        Finding(
+                            kind="nan",
+                            tensor=t,
+                            node=made,
+                            count=nans,
+                            of=int(y.size),
+                            detail=f"{nans} of {y.size} element(s) NaN from inputs holding none "
+                            f"({node.op_type})",
+                        )
+                    )
+            if str(y.dtype) not in ("float16", "bfloat16"):
+                continue
+            bad = int(np.count_nonzero(np.isinf(wide)))
             if not bad:
                 continue
             inf_seen.add(t)
-            if any(i in inf_seen or _has_inf(feeds.get(i)) for i in node.input if i):
+            if any(i in inf_seen or _has(feeds.get(i), np.isinf) for i in node.input if i):
                 continue  # carried from above, not made here
             big = float(np.finfo(np.float16).max) if str(y.dtype) == "float16" else 3.39e38
             out.append(
@@ -119,8 +139,8 @@ def findings(graph: onnx.GraphProto, values: ValueFile, feeds: Mapping[str, obje
     return out
 
 
-def _has_inf(v: object) -> bool:
-    return isinstance(v, np.ndarray) and v.dtype.kind == "f" and bool(np.isinf(v).any())
+def _has(v: object, test: np.ufunc) -> bool:
+    return isinstance(v, np.ndarray) and v.dtype.kind == "f" and bool(test(v).any())
 
 
 def _quantized(

@@ -130,8 +130,23 @@ def judged_model(
             vi.name = UNDEF + outs[0]
             vi.type.tensor_type.elem_type = TensorProto.BOOL
             g.output.append(vi)
-        if inherited and node.op_type in REACHABLE:  # a step of inexact floats: either side may be right
-            _reachable(node, inherited, bld_r := Builder(REACH + outs[0], opset), g)
+        bld_r = Builder(REACH + outs[0], opset)
+        if node.op_type == "QuantizeLinear" and node.input and floats.get(node.input[0], False):
+            # requantization: an engine divides (or multiplies by 1/scale) in its input's type, so
+            # a value within that rounding of a half step may round either way
+            x = node.input[0]
+            unit = 2 * _LOW_UNITS.get(declared.get(x, ""), U32)
+            own = bld_r.op("Mul", bld_r.abs(x), bld_r.const(unit))
+            reach = {**inherited, x: bld_r.op("Add", inherited[x], own) if x in inherited else own}
+            _reachable(node, reach, bld_r, g)
+            extra_nodes.extend(bld_r.nodes)
+            g.initializer.extend(bld_r.inits)
+            tensors += [LO + outs[0], HI + outs[0]]
+            composed[outs[0]] = (
+                "judged as reachable within its input's rounding of x / scale (requantization)"
+            )
+        elif inherited and node.op_type in REACHABLE:  # a step of inexact floats: either side may be right
+            _reachable(node, inherited, bld_r, g)
             extra_nodes.extend(bld_r.nodes)
             g.initializer.extend(bld_r.inits)
             tensors += [LO + outs[0], HI + outs[0]]
@@ -279,7 +294,8 @@ def _undefined(
     node: onnx.NodeProto, poison: Mapping[str, str], floats: Mapping[str, bool], bld: Builder
 ) -> str:
     """A bool tensor of where `node`'s first output is undefined, or '': a float cast to an integer
-    type out of its range (inf, NaN: T5's log of a zero distance, which a Where then discards), and
+    type out of its range (inf, NaN: T5's log of a zero distance, which a Where then discards), a
+    NaN quantized, and
     elementwise results of undefined elements; a Where's, where it selects one."""
     ins = list(node.input)
     mine = [poison.get(i[len(SEVERED) :] if i.startswith(SEVERED) else i, "") for i in ins]
@@ -291,6 +307,9 @@ def _undefined(
             bad = bld.op("Or", bld.op("IsNaN", x), bld.op("IsInf", x))
             bad = bld.op("Or", bad, bld.op("Greater", bld.abs(x), bld.const(float(_INT_MAX[to]))))
             return bld.op("Or", bad, mine[0]) if mine[0] else bad
+    if node.op_type == "QuantizeLinear" and ins and floats.get(_bare(ins[0]), False):
+        bad = bld.op("IsNaN", ins[0])  # ONNX does not say what NaN quantizes to (engines differ)
+        return bld.op("Or", bad, mine[0]) if mine[0] else bad
     if not any(mine) or (node.op_type not in _ELEMENTWISE and node.op_type != "Where"):
         return ""
     # False everywhere, in the output's shape (whatever its type: labels may be strings)
@@ -331,19 +350,25 @@ def _reachable(node: onnx.NodeProto, err: Mapping[str, str], bld: Builder, g: on
         lo, hi = at(["+", "-"]), at(["-", "+"])
     elif node.op_type in ("Greater", "GreaterOrEqual"):
         lo, hi = at(["-", "+"]), at(["+", "-"])
-    else:
-        lo, hi = at(["-"]), at(["+"])
+    else:  # monotone in its first input; the others (a scale, a zero point) as they are
+        rest = [""] * (len(ins) - 1)
+        lo, hi = at(["-", *rest]), at(["+", *rest])
     for name, args in ((LO + out, lo), (HI + out, hi)):
         bld.nodes.append(helper.make_node(node.op_type, args, [name], **attrs))
         vi = onnx.ValueInfoProto()
         vi.name = name
-        vi.type.tensor_type.elem_type = _out_type(node)
+        vi.type.tensor_type.elem_type = _out_type(node, g)
         g.output.append(vi)
 
 
-def _out_type(node: onnx.NodeProto) -> int:
+def _out_type(node: onnx.NodeProto, g: onnx.GraphProto | None = None) -> int:
     if node.op_type == "Cast":
         return int(next(a.i for a in node.attribute if a.name == "to"))
+    if node.op_type == "QuantizeLinear":  # the zero point's type, else output_dtype, else uint8
+        zp = node.input[2] if len(node.input) > 2 else ""
+        found = next((t.data_type for t in (g.initializer if g is not None else ()) if t.name == zp), 0)
+        attr = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
+        return int(found or attr or TensorProto.UINT8)
     if node.op_type in ("Floor", "Ceil", "Round"):
         return TensorProto.FLOAT
     return TensorProto.BOOL
