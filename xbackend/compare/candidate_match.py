@@ -14,7 +14,7 @@ import onnx
 
 from xbackend.results.candidates import Unmatched
 
-__all__ = ["Pair", "match_graphs", "precision_of"]
+__all__ = ["Pair", "constants_of", "match_graphs", "precision_of"]
 
 _QUANT = frozenset({"QuantizeLinear", "DynamicQuantizeLinear"})
 # a candidate's nodes that convert, quantize or move values: never the kernel another computes inside
@@ -74,7 +74,7 @@ def match_graphs(original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple
                 pairs.append(Pair(t, dq, "dequantized", depth, node.op_type))
     found = {p.original: p.candidate for p in pairs if p.how != "dequantized"}
     inside = _inside(original, candidate, found)
-    constant = _constants(original)
+    constant = constants_of(original)
     unmatched = [
         Unmatched(original=t, reason=_why(t, node, weights, inside, constant)) for _, node, t in missing
     ]
@@ -116,7 +116,7 @@ def _why(
     return f"the candidate has no tensor of that name and no {what}: removed or renamed"
 
 
-def _constants(g: onnx.GraphProto) -> set[str]:
+def constants_of(g: onnx.GraphProto) -> set[str]:
     """Tensors of `g` computed from its weights alone (Constant nodes included)."""
     known = {t.name for t in g.initializer}
     for n in g.node:

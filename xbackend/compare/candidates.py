@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from xbackend.compare.builds import Builds
+from xbackend.compare.candidate_advise import advise, converter_of, sensitivities, touched
 from xbackend.compare.candidate_judge import judge_stretches, opset_of, stretches
 from xbackend.compare.candidate_match import match_graphs, precision_of
 from xbackend.compare.candidate_values import findings, measure
@@ -28,7 +29,7 @@ from xbackend.model.graphorder import sort_nodes
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import ModelSpec, load_model
 from xbackend.results import CompareOptions, Result
-from xbackend.results.candidates import CandidateResult, TensorMatch
+from xbackend.results.candidates import Advice, CandidateResult, TensorMatch
 
 __all__ = ["Ran", "candidate_backends", "candidate_feeds", "candidate_options", "run_candidates"]
 
@@ -181,7 +182,27 @@ def _one(
         crossed, judged = judge_stretches(
             found, graph, Path(path).resolve().parent, c, feeds.arrays, opset_of(cproto), _working(c)
         )
+        opath = Path(original.result.model.path)
+        scores = (
+            sensitivities(oproto.graph, opath.resolve().parent, pairs, c, o, feeds.arrays, opset_of(oproto))
+            if opts.advise
+            else []
+        )
     base = replace(base, stretch_origins=tuple(crossed), stretches_judged=judged, findings=tuple(events))
+    flips = (
+        cres.decode.token_flips if cres.decode is not None else tuple(d.backend for d in decided if d.flipped)
+    )
+    if opts.advise and not flips:
+        target = "tokens" if vs is not None else "decisions"
+        why = f"the candidate's {target} already match the original's: nothing to keep in float32"
+        base = replace(base, advice=Advice(status="ok", reason=why, target=target))
+    elif opts.advise:
+        target = "tokens" if vs is not None else "decisions"
+        confirm = _confirmer(original, opts, backends, work / f"candidate-{k}-advise", vs, obuild, again)
+        conv = converter_of(graph)
+        every = touched(conv, oproto.graph, graph) if conv is not None else ()
+        advice = advise(conv, every, scores, opath, Path(path), work / f"candidate-{k}", confirm, target)
+        base = replace(base, sensitivities=tuple(scores[:_SHOWN_SCORES]), advice=advice)
     departure, why = _departure(matches, graph, base)
     return replace(
         base,
@@ -192,6 +213,51 @@ def _one(
         departure=departure,
         departure_why=why,
     )
+
+
+_SHOWN_SCORES = 20  # the most sensitive nodes kept in the result
+
+
+def _confirmer(
+    original: Ran,
+    opts: CompareOptions,
+    backends: Sequence[str],
+    folder: Path,
+    vs: Against | None,
+    obuild: Builds | None,
+    run: Again,
+) -> Callable[[Path], tuple[bool, str]]:
+    """A run of a re-converted candidate, light (its outputs, one run, no explanation): whether
+    its tokens (or decisions) match the original's, and what differed."""
+    light = replace(
+        candidate_options(opts, backends), noise_samples=0, tensors="outputs", outputs_only=True, runs=1
+    )
+    tries = iter(range(1_000))
+
+    def confirm(path: Path) -> tuple[bool, str]:
+        where = folder / f"try-{next(tries)}"
+        spec, _ = load_model(path)
+        if vs is not None:
+            ran = run(str(path), light, None, where, vs)
+            d = ran.result.decode
+            if d is None or not all(b.ok for b in d.backends):
+                return False, "; ".join(
+                    f"{b.backend} {b.status}: {b.reason}" for b in (d.backends if d else ())
+                )
+            return not d.token_flips, "; ".join(d.flips())
+        feeds, _ = candidate_feeds(original.feeds, spec)
+        ran = run(str(path), light, feeds, where, None)
+        held = f"original:{original.result.reference_used}"
+        if obuild is None:
+            return False, "the original's outputs are not on disk"
+        decided = decisions_all(spec, opts.decisions, {**ran.builds, held: obuild}, ran.result.backends, held)
+        flipped = [
+            f"{d.backend} flips {d.flipped} of {d.decisions} at {d.output}" for d in decided if d.flipped
+        ]
+        failed = [f"{d.backend}: {d.reason}" for d in decided if d.status != "ok"]
+        return not flipped and not failed and bool(decided), "; ".join(flipped + failed)
+
+    return confirm
 
 
 def _working(values: ValueFile) -> str:

@@ -4,10 +4,11 @@ origins and numerical events, and what they do to the answers."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from xbackend.files.codec import encode
-from xbackend.files.textfmt import cell, code_span, table
+from xbackend.files.textfmt import cell, code_span, fenced, table
 from xbackend.report.decode_section import decode_json
 from xbackend.results import Result
 from xbackend.results.candidates import CandidateResult, TensorMatch
@@ -104,6 +105,8 @@ def _one(c: CandidateResult, k: int) -> list[str]:
                 "differ from the original's.",
                 "",
             ]
+    if c.advice is not None:
+        out += _advice(c)
     out += [f"Note: {cell(n)}" for n in c.notes]
     return [*out, ""] if c.notes else out
 
@@ -145,6 +148,45 @@ def _decode(c: CandidateResult) -> list[str]:
         "",
         *table(head, rows),
     ]
+
+
+def _advice(c: CandidateResult) -> list[str]:
+    """--advise: the nodes to keep in float32, the command, what was tried, the scores."""
+    a = c.advice
+    assert a is not None
+    if a.status == "ok" and not a.keep:
+        out = [f"**Advice:** {cell(a.reason)}.", ""]
+    elif a.status == "ok":
+        out = [
+            f"**Keep in float32** ({len(a.keep)} node(s), for {a.converter}): with them the re-converted "
+            f"candidate's {a.target} match the original's, confirmed by a run.",
+            "",
+            ", ".join(code_span(n) for n in a.keep),
+            "",
+            *fenced(a.command, "python"),
+            "",
+        ]
+    else:
+        out = [f"**Advice:** {cell(a.reason)}", ""]
+    if a.tried:
+        rows = [[n, "yes" if ok else "no", cell(why) or "—"] for n, ok, why in a.tried]
+        out += table(["nodes kept in float32", f"{a.target} match", "what differed"], rows)
+        out += [f"{a.scored} node(s) scored; the re-conversions and their runs took {a.seconds:.1f} s.", ""]
+    if c.sensitivities:
+        rows = [
+            [
+                code_span(x.node),
+                x.op,
+                f"{x.nonfinite} inf/NaN" if x.nonfinite else f"{10 * math.log10(1 / x.share):.1f} dB",
+            ]
+            for x in c.sensitivities
+        ]
+        out += _fold(
+            "The nodes the conversion costs most",
+            f"{len(rows)} node(s): the noise each adds, as its local SQNR (lowest first)",
+            table(["node", "op", "local SQNR"], rows),
+        )
+    return out
 
 
 def candidate_section(r: Result) -> list[str]:

@@ -14,8 +14,10 @@ from xbackend.results.explanation import NOT_MEASURED, Explanation, Origin
 __all__ = [
     "MINOR_CLIPPING",
     "SENTINEL",
+    "Advice",
     "CandidateResult",
     "Finding",
+    "Sensitivity",
     "TensorMatch",
     "Unmatched",
     "declared_unit",
@@ -74,6 +76,33 @@ class Finding:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Sensitivity:
+    """The noise a conversion adds at one of the original's nodes, as a share of its output's power
+    (the candidate's value against the original's op on the candidate's inputs)."""
+
+    node: str
+    op: str
+    share: float
+    nonfinite: int = 0  # elements it turns inf or NaN where float64 is finite: kept before any other
+
+
+@dataclass(frozen=True, kw_only=True)
+class Advice:
+    """`--advise`: the original's nodes to keep in float32 so the candidate's tokens or decisions
+    match the original's, confirmed by re-converting and running."""
+
+    status: str  # ok | not-found | unavailable
+    reason: str = ""
+    converter: str = ""  # the tool whose lists these are
+    target: str = ""  # "tokens" | "decisions"
+    keep: tuple[str, ...] = ()  # node names, the converter's node_block_list / nodes_to_exclude
+    command: str = ""  # the Python that re-converts with them
+    scored: int = 0  # nodes scored from the candidate's instrumented pass
+    tried: tuple[tuple[int, bool, str], ...] = ()  # each guess: nodes kept, matched, what differed
+    seconds: float = 0.0  # scoring excluded: the re-conversions and their runs
+
+
+@dataclass(frozen=True, kw_only=True)
 class CandidateResult:
     """One candidate: what it ran on, how its tensors match the original's, how far each moved,
     where its own nodes pass the precision they declare, and what that does to the answers."""
@@ -102,6 +131,8 @@ class CandidateResult:
     decode: DecodeResult | None = field(default=None, metadata={OMIT_DEFAULT: True})
     decisions: tuple[Decisions, ...] = field(default=(), metadata={OMIT_DEFAULT: True})
     notes: tuple[str, ...] = ()
+    sensitivities: tuple[Sensitivity, ...] = field(default=(), metadata={OMIT_DEFAULT: True})  # --advise
+    advice: Advice | None = field(default=None, metadata={OMIT_DEFAULT: True})  # --advise
 
     @property
     def ok(self) -> bool:
@@ -225,6 +256,19 @@ class CandidateResult:
                     f"choice(s) at {d.output} otherwise than the original"
                 )
         out += [f"NOTE: candidate {name}: {n}" for n in self.notes]
+        a = self.advice
+        if a is not None and a.status == "ok" and not a.keep:
+            out.append(f"ADVICE: candidate {name}: {a.reason}")
+        elif a is not None and a.status == "ok":
+            tries = f"{len(a.tried)} tr{'y' if len(a.tried) == 1 else 'ies'}"
+            listed = f"{', '.join(a.keep[:8])}{' ...' if len(a.keep) > 8 else ''}"
+            out.append(
+                f"ADVICE: candidate {name}: keep {len(a.keep)} node(s) in float32 and its {a.target} match "
+                f"the original's (confirmed by re-converting and running, {tries}): {listed}"
+            )
+        elif a is not None:
+            tried = "; ".join(f"{n} node(s) kept: {why or 'matched'}" for n, _, why in a.tried)
+            out.append(f"WARN: candidate {name}: advise: {a.reason}{f' ({tried})' if tried else ''}")
         return out
 
 

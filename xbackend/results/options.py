@@ -416,6 +416,15 @@ class CompareOptions:
         omit_default=True,
     )
 
+    advise: bool = flag(
+        False,
+        "--advise",
+        "with --candidate and --decode or --decisions: the nodes to keep in float32 so each candidate's "
+        "tokens or decisions match the original's, in its converter's lists (node_block_list, "
+        "nodes_to_exclude) with the command that re-converts, confirmed by re-converting and running",
+        omit_default=True,
+    )
+
     @property
     def shows_times(self) -> bool:
         """Wall times go in the reports: asked for with --timings, or by asking for timed runs."""
@@ -490,6 +499,11 @@ class CompareOptions:
             raise UsageError(
                 f"--load names clash ({', '.join(loaded)} with --backends {','.join(self.backends)}); "
                 "name each capture: --load NAME=DIR"
+            )
+        if self.advise and not (self.candidates and (self.decode or self.decisions)):
+            raise UsageError(
+                "--advise finds the nodes to keep in float32 so a candidate's tokens or decisions match: "
+                "give --candidate FILE and --decode N or --decisions auto"
             )
         if self.decode and self.loads:
             raise UsageError("--decode runs every backend step by step; --load's captures cannot: drop one")

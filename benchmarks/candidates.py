@@ -1,0 +1,136 @@
+"""What a release candidate costs, and what the advisor costs, side by side in one run.
+
+For each original and candidate it times (best of --repeat):
+  original   `compare ORIGINAL` with the default backends and probes (and --decode 24 for a causal LM)
+  +candidate the same with `--candidate C`: the ratio (target <= 2: the candidate's comparison, its
+             matching and judgment cost at most the original's own comparison again)
+  +advise    the same with `--advise`: the re-conversions it confirmed by a run (target <= 3), the
+             nodes it keeps, its seconds
+and, for a float16 candidate, onnxconverter-common's auto_convert_mixed_precision on the same
+inputs with a callback that asks for the same top-1 choices (the next token of each prompt for
+a causal LM): its conversions, the nodes it keeps in float32, its seconds. It exits 1 when a
+ratio passes 2 or the advisor passes 3 re-conversions.
+
+Models (random weights): models/torch_mlp.onnx as float16 (ONNX Runtime's tool) and static QDQ
+int8, with --decisions auto; optimum's Llama with a KV cache (tests/optimum/llama.onnx) as float16
+and dynamic int8, with --decode 24.
+
+Usage: python benchmarks/candidates.py [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+import xbackend
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests import candidate_models as cm  # noqa: E402
+
+LLAMA = ROOT / "tests" / "optimum" / "llama.onnx"
+
+
+def _best(repeat: int, fn: Callable[[], Any]) -> tuple[float, Any]:
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def _auto_mixed(original: Path, feeds: dict[str, np.ndarray], top1: Callable[[list[Any]], Any]) -> str:
+    """onnxconverter-common's search with a callback asking for the original's top-1 choices."""
+    from onnxconverter_common import auto_mixed_precision, float16
+
+    calls: list[list[str]] = []
+    convert = float16.convert_float_to_float16
+
+    def counted(model: Any, *a: Any, **kw: Any) -> Any:
+        calls.append(list(kw.get("node_block_list") or []))
+        return convert(model, *a, **kw)
+
+    auto_mixed_precision.float16.convert_float_to_float16 = counted  # type: ignore[attr-defined]
+    t = time.perf_counter()
+    try:
+        auto_mixed_precision.auto_convert_mixed_precision(
+            onnx.load(original), feeds, validate_fn=lambda a, b: bool(np.all(top1(a) == top1(b))), keep_io_types=True
+        )
+        done = f"{len(calls)} conversions, keeps {len(calls[-1]) if calls else 0} node(s) in float32"
+    except Exception as e:  # its search fails on some graphs: said as it is
+        done = f"failed after {len(calls)} conversions: {type(e).__name__}: {str(e)[:120]}"
+    finally:
+        auto_mixed_precision.float16.convert_float_to_float16 = convert  # type: ignore[attr-defined]
+    return f"{done}, {time.perf_counter() - t:.1f} s"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = Path(tmp)
+        cases = [
+            ("torch_mlp fp16", cm.MLP, cm.fp16(cm.MLP, d / "mlp16.onnx"), {"decisions": "auto"}),
+            ("torch_mlp QDQ int8", cm.MLP, cm.qdq(d / "mlpq.onnx"), {"decisions": "auto"}),
+            ("llama fp16", LLAMA, cm.fp16(LLAMA, d / "llama16.onnx"), {"decode": 24}),
+            ("llama dynamic int8", LLAMA, cm.dynamic_int8_of(LLAMA, d / "llama8.onnx"), {"decode": 24}),
+        ]
+        print(f"{'case':<22} {'original s':>10} {'+cand s':>8} {'ratio':>6} {'+advise s':>9}  advice")
+        for name, original, cand, kw in cases:
+            t0, _ = _best(args.repeat, lambda o=original, k=kw: xbackend.compare(o, **k))
+            t1, _ = _best(args.repeat, lambda o=original, c=cand, k=kw: xbackend.compare(o, candidates=[str(c)], **k))
+            t2, r = _best(
+                args.repeat, lambda o=original, c=cand, k=kw: xbackend.compare(o, candidates=[str(c)], advise=True, **k)
+            )
+            a = r.candidates[0].advice
+            tries = len(a.tried) if a is not None else 0
+            words = (
+                f"{a.status}: keeps {len(a.keep)} of {a.scored} scored node(s), {tries} re-conversion(s), "
+                f"{a.seconds:.1f} s"
+                if a is not None
+                else "none"
+            )
+            ratio = t1 / t0
+            print(f"{name:<22} {t0:>10.2f} {t1:>8.2f} {ratio:>6.2f} {t2:>9.2f}  {words}")
+            bad += ratio > 2.0 or tries > 3
+            if "fp16" in name:
+                if "llama" in name:
+                    t = 12
+                    feeds: dict[str, np.ndarray] = {
+                        "input_ids": np.random.default_rng(0).integers(0, 256, (1, t)).astype(np.int64),
+                        "attention_mask": np.ones((1, t), np.int64),
+                        "position_ids": np.arange(t, dtype=np.int64)[None],
+                    }
+                    for i in onnx.load(original, load_external_data=False).graph.input:
+                        if i.name.startswith("past_key_values"):
+                            dims = [x.dim_value for x in i.type.tensor_type.shape.dim]
+                            feeds[i.name] = np.zeros((1, dims[1], 0, dims[3]), np.float32)
+
+                    def top1(res: list[Any]) -> Any:
+                        return np.argmax(res[0][:, -1], axis=-1)  # the next token
+                else:
+                    feeds = {"x": np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32)}
+
+                    def top1(res: list[Any]) -> Any:
+                        return np.argmax(res[0], axis=-1)
+
+                print(f"{'':<22} auto_convert_mixed_precision: {_auto_mixed(original, feeds, top1)}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
