@@ -298,3 +298,51 @@ def test_a_kv_cache_llama_candidate_decodes_against_the_original(
             where = f"step {f.first_divergent_step} of prompt {f.prompt}"
             assert any(where in n for n in c.notes)
             assert any(line.startswith("NOTE:") and "the flip" in line and where in line for line in lines)
+
+
+def test_advise_keeps_the_planted_node_of_a_qdq_model(made: dict[str, Path], tmp_path: Path) -> None:
+    """The scale planted 10x too small clips val_3 and flips decisions; keeping its reader in
+    float32 (its Q/DQ pair removed, as nodes_to_exclude does) restores them, in one try."""
+    r = xbackend.compare(
+        cm.MLP, decisions="auto", candidates=[str(made["qdq_small"]), str(made["fp16"])], advise=True
+    )
+    small, f16 = r.candidates
+    a = small.advice
+    assert a is not None and a.status == "ok" and a.converter.endswith("quantize_static")
+    assert a.keep == ("node_linear",) and [ok for _, ok, _ in a.tried] == [True]
+    assert "nodes_to_exclude=['node_linear']" in a.command and "YOUR_READER" in a.command
+    assert small.sensitivities[0].node == "node_linear" and small.decisions[0].flipped > 0
+    # a candidate that already makes the original's choices keeps nothing
+    assert f16.advice is not None and f16.advice.keep == () and "already match" in f16.advice.reason
+    assert any(line.startswith("ADVICE: candidate") and "node_linear" in line for line in r.verdict())
+
+
+def test_advise_for_a_float16_llama_is_confirmed_by_its_converter(
+    llama: tuple[xbackend.Result, dict[str, Path]], tmp_path: Path
+) -> None:
+    """The keep-list, applied by ONNX Runtime's float16 tool through the command the advice gives,
+    makes the candidate's tokens match the original's: confirmed by a run of our own."""
+    _, made = llama
+    r = xbackend.compare(OPTIMUM / "llama.onnx", decode=24, candidates=[str(made["fp16"])], advise=True)
+    (c,) = r.candidates
+    a = c.advice
+    assert a is not None and a.target == "tokens" and len(a.tried) <= 3
+    if not c.token_flips:  # this machine's float16 run already decodes like the original
+        assert a.keep == () and a.status == "ok"
+        return
+    assert a.status == "ok" and a.keep and any(ok for _, ok, _ in a.tried)
+    kept = tmp_path / "kept.onnx"
+    code = a.command.replace(
+        repr(str(made["fp16"].with_name(made["fp16"].stem + "_kept.onnx"))), repr(str(kept))
+    )
+    exec(compile(code, "advice", "exec"), {})  # the command as a user runs it
+    again = xbackend.compare(OPTIMUM / "llama.onnx", decode=24, candidates=[str(kept)])
+    (k,) = again.candidates
+    assert k.ok and k.decode is not None and k.token_flips == ()
+
+
+def test_advise_needs_a_target() -> None:
+    with pytest.raises(xbackend.UsageError, match="--advise finds the nodes"):
+        CompareOptions.create(candidates=["c.onnx"], advise=True)
+    with pytest.raises(xbackend.UsageError, match="--advise finds the nodes"):
+        CompareOptions.create(decode=4, advise=True)

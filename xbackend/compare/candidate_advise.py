@@ -199,20 +199,30 @@ def rewrite(conv: Converter, original: Path, candidate: Path, keep: Sequence[str
 
 
 def _one_cast_each(model: onnx.ModelProto) -> onnx.ModelProto:
-    """ONNX Runtime's float16 tool inserts a cast for each blocked reader of a tensor, under one
-    name when two blocked nodes read it: the second is the first's twin (same input, same type)
-    and is dropped."""
-    seen: dict[str, tuple[str, ...]] = {}
-    keep = []
+    """ONNX Runtime's float16 tool names the cast it inserts for each blocked reader of a tensor
+    alike: two blocked readers give two casts of one name (the same cast twice); one is kept.
+    The command the advice gives does the same (_DEDUPE)."""
+    seen: set[str] = set()
+    nodes = []
     for n in model.graph.node:
-        sig = (n.op_type, *n.input, *(str(a) for a in n.attribute))
-        if n.op_type == "Cast" and len(n.output) == 1 and seen.get(n.output[0]) == sig:
+        if n.op_type == "Cast" and n.output[0] in seen:
             continue
-        seen.update({o: sig for o in n.output})
-        keep.append(n)
+        seen.update(n.output)
+        nodes.append(n)
     del model.graph.node[:]
-    model.graph.node.extend(keep)
+    model.graph.node.extend(nodes)
     return model
+
+
+_DEDUPE = """# the tool names the cast it inserts for each blocked reader of a tensor alike: keep one
+seen, nodes = set(), []
+for n in model.graph.node:
+    if not (n.op_type == "Cast" and n.output[0] in seen):
+        seen.update(n.output)
+        nodes.append(n)
+del model.graph.node[:]
+model.graph.node.extend(nodes)
+"""
 
 
 def _unquantized(original: onnx.ModelProto, candidate: onnx.ModelProto, keep: set[str]) -> onnx.ModelProto:
@@ -266,9 +276,10 @@ def command(conv: Converter, keep: Sequence[str], original: str, candidate: str)
     if conv.tool == FP16:
         return (
             "import onnx\nfrom onnxruntime.transformers.float16 import convert_float_to_float16\n"
-            f"model = onnx.load({src!r})\n"
-            f"onnx.save(convert_float_to_float16(model, keep_io_types={conv.keep_io_types}, "
-            f"node_block_list={nodes}), {dest!r})\n"
+            f"model = convert_float_to_float16(onnx.load({src!r}), keep_io_types={conv.keep_io_types}, "
+            f"node_block_list={nodes})\n"
+            f"{_DEDUPE}"
+            f"onnx.save(model, {dest!r})\n"
             "# onnxconverter-common's float16.convert_float_to_float16 takes the same "
             f"keep_io_types={conv.keep_io_types} and node_block_list"
         )
