@@ -11,8 +11,9 @@ inputs with a callback that asks for the same top-1 choices (the next token of e
 a causal LM): its conversions, the nodes it keeps in float32, its seconds. It exits 1 when a
 ratio passes 2 or the advisor passes 3 re-conversions.
 
-Models (random weights): models/torch_mlp.onnx as float16 (ONNX Runtime's tool) and static QDQ
-int8, with --decisions auto; optimum's Llama with a KV cache (tests/optimum/llama.onnx) as float16
+Models (random weights): models/torch_mlp.onnx as float16 (ONNX Runtime's tool), with its first
+weight scaled 1e5 as float16 (it overflows), as static QDQ int8 and with one scale 10x too small,
+with --decisions auto; optimum's Llama with a KV cache (tests/optimum/llama.onnx) as float16
 and dynamic int8, with --decode 24.
 
 Usage: python benchmarks/candidates.py [--repeat 1]
@@ -65,7 +66,10 @@ def _auto_mixed(original: Path, feeds: dict[str, np.ndarray], top1: Callable[[li
     t = time.perf_counter()
     try:
         auto_mixed_precision.auto_convert_mixed_precision(
-            onnx.load(original), feeds, validate_fn=lambda a, b: bool(np.all(top1(a) == top1(b))), keep_io_types=True
+            onnx.load(original),
+            feeds,
+            validate_fn=lambda a, b: bool(np.all(top1(a) == top1(b))),
+            keep_io_types=True,
         )
         done = f"{len(calls)} conversions, keeps {len(calls[-1]) if calls else 0} node(s) in float32"
     except Exception as e:  # its search fails on some graphs: said as it is
@@ -83,23 +87,34 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         d = Path(tmp)
+        big = cm.big_weights(d / "big.onnx")
         cases = [
             ("torch_mlp fp16", cm.MLP, cm.fp16(cm.MLP, d / "mlp16.onnx"), {"decisions": "auto"}),
+            ("torch_mlp x1e5 fp16", big, cm.fp16(big, d / "big16.onnx"), {"decisions": "auto"}),
             ("torch_mlp QDQ int8", cm.MLP, cm.qdq(d / "mlpq.onnx"), {"decisions": "auto"}),
+            (
+                "torch_mlp QDQ scale/10",
+                cm.MLP,
+                cm.scaled_q(cm.qdq(d / "mlpq2.onnx"), d / "mlpq_small.onnx", 0.1),
+                {"decisions": "auto"},
+            ),
             ("llama fp16", LLAMA, cm.fp16(LLAMA, d / "llama16.onnx"), {"decode": 24}),
             ("llama dynamic int8", LLAMA, cm.dynamic_int8_of(LLAMA, d / "llama8.onnx"), {"decode": 24}),
         ]
         print(f"{'case':<22} {'original s':>10} {'+cand s':>8} {'ratio':>6} {'+advise s':>9}  advice")
         for name, original, cand, kw in cases:
             t0, _ = _best(args.repeat, lambda o=original, k=kw: xbackend.compare(o, **k))
-            t1, _ = _best(args.repeat, lambda o=original, c=cand, k=kw: xbackend.compare(o, candidates=[str(c)], **k))
+            t1, _ = _best(
+                args.repeat, lambda o=original, c=cand, k=kw: xbackend.compare(o, candidates=[str(c)], **k)
+            )
             t2, r = _best(
-                args.repeat, lambda o=original, c=cand, k=kw: xbackend.compare(o, candidates=[str(c)], advise=True, **k)
+                args.repeat,
+                lambda o=original, c=cand, k=kw: xbackend.compare(o, candidates=[str(c)], advise=True, **k),
             )
             a = r.candidates[0].advice
             tries = len(a.tried) if a is not None else 0
             words = (
-                f"{a.status}: keeps {len(a.keep)} of {a.scored} scored node(s), {tries} re-conversion(s), "
+                f"{a.status}: keeps {len(a.keep)} node(s) ({a.scored} scored), {tries} re-conversion(s), "
                 f"{a.seconds:.1f} s"
                 if a is not None
                 else "none"
@@ -123,7 +138,7 @@ def main() -> int:
                     def top1(res: list[Any]) -> Any:
                         return np.argmax(res[0][:, -1], axis=-1)  # the next token
                 else:
-                    feeds = {"x": np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32)}
+                    feeds = {"x": np.random.default_rng(0).standard_normal((1, 16, 64)).astype(np.float32)}
 
                     def top1(res: list[Any]) -> Any:
                         return np.argmax(res[0], axis=-1)

@@ -8,6 +8,7 @@ module matches the two and says what moved, and where."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -162,7 +163,8 @@ def _one(
     mine = next((b.name for b in cres.backends if b.ok), "")
     if not mine:
         why = "; ".join(f"{b.name} {b.status}: {b.reason}" for b in cres.backends)
-        return replace(base, status="failed", reason=f"no backend of the candidate ran ({why})")
+        hint = _CAST_BUG if _CAST_TYPE.search(why) else ""
+        return replace(base, status="failed", reason=f"no backend of the candidate ran ({why}){hint}")
     ocap, ccap = _layers(obuild), _layers(ran.builds[mine])
     if ocap is None or ccap is None:
         who = f"the original's {ref}" if ocap is None else f"the candidate's {mine}"
@@ -215,6 +217,15 @@ def _one(
     )
 
 
+# onnxconverter-common 1.15+ marks a Cast(to=float)'s output float16 (its issue #320)
+_CAST_TYPE = re.compile(
+    r"Type \(tensor\(float16\)\) of output arg \(.*\) of node \(.*Cast.*\) does not match"
+)
+_CAST_BUG = (
+    "; a Cast that writes float16 where it casts to float is onnxconverter-common's float16 bug "
+    "(microsoft/onnxconverter-common#320): convert with onnxruntime.transformers.float16."
+    "convert_float_to_float16 instead"
+)
 _SHOWN_SCORES = 20  # the most sensitive nodes kept in the result
 
 
