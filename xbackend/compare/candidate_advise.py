@@ -13,6 +13,7 @@ The nodes that add most are kept first; each guess is re-converted by the candid
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ from onnx.reference import ReferenceEvaluator
 from xbackend.compare.candidate_match import Pair, constants_of
 from xbackend.files.storage import ValueFile
 from xbackend.model.extdata import weight_array
-from xbackend.numerics.metrics import is_float_dtype
+from xbackend.numerics.metrics import float_info, is_float_dtype
 from xbackend.results.candidates import Advice, Sensitivity
 
 __all__ = ["Converter", "advise", "converter_of", "sensitivities"]
@@ -111,10 +112,26 @@ def sensitivities(
             power = float(np.sum(np.square(v[ok])))
             noise = float(np.sum(np.square(yf[ok] - v[ok])))
             bad = int(np.count_nonzero(~ok & np.isfinite(v)))  # inf or NaN where float64 is finite
+            bad += _past_range(theirs.get(outs[0]) if outs[0] in theirs else None, y.dtype)
             if noise > 0 or bad:
                 share = noise / max(power, 1e-300)
                 out.append(Sensitivity(node=node.name, op=node.op_type, share=share, nonfinite=bad))
     return sorted(out, key=lambda s: (-s.nonfinite, -s.share, s.node))
+
+
+def _past_range(original: object, dtype: np.dtype[np.generic]) -> int:
+    """Elements of the original's value past what the candidate's type holds (float16's 65504):
+    the candidate overflows there wherever it rounds them to its type, fused or not."""
+    if (
+        not isinstance(original, np.ndarray)
+        or original.dtype.kind != "f"
+        or dtype.kind != "f"
+        or not original.size
+    ):
+        return 0
+    top = float(float_info(dtype).max) if dtype.itemsize < original.dtype.itemsize else math.inf
+    finite = original[np.isfinite(original)]
+    return int(np.count_nonzero(np.abs(finite) > top)) if finite.size else 0
 
 
 def _held(
@@ -181,8 +198,12 @@ def rewrite(conv: Converter, original: Path, candidate: Path, keep: Sequence[str
         from onnxruntime.transformers.float16 import convert_float_to_float16  # engine: onnxruntime
 
         model = onnx.load(original)
+        from onnxruntime.transformers.onnx_model import OnnxModel  # engine: onnxruntime
+
         made = convert_float_to_float16(model, keep_io_types=conv.keep_io_types, node_block_list=list(keep))
-        onnx.save(_one_cast_each(made), dest)
+        tidy = OnnxModel(_one_cast_each(made))
+        tidy.remove_cascaded_cast_nodes()  # two kept nodes in a row talk in float32, not through float16
+        onnx.save(tidy.model, dest)
     elif conv.tool == DYNAMIC:
         from onnxruntime.quantization import QuantType, quantize_dynamic  # engine: onnxruntime
 
@@ -222,6 +243,10 @@ for n in model.graph.node:
         nodes.append(n)
 del model.graph.node[:]
 model.graph.node.extend(nodes)
+# two blocked nodes in a row talk through float32, not float16 (ONNX Runtime's own remedy)
+tidy = OnnxModel(model)
+tidy.remove_cascaded_cast_nodes()
+model = tidy.model
 """
 
 
@@ -276,6 +301,7 @@ def command(conv: Converter, keep: Sequence[str], original: str, candidate: str)
     if conv.tool == FP16:
         return (
             "import onnx\nfrom onnxruntime.transformers.float16 import convert_float_to_float16\n"
+            "from onnxruntime.transformers.onnx_model import OnnxModel\n"
             f"model = convert_float_to_float16(onnx.load({src!r}), keep_io_types={conv.keep_io_types}, "
             f"node_block_list={nodes})\n"
             f"{_DEDUPE}"
