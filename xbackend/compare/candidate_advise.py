@@ -28,7 +28,7 @@ from xbackend.compare.candidate_match import Pair, constants_of
 from xbackend.files.storage import ValueFile
 from xbackend.model.extdata import weight_array
 from xbackend.numerics.metrics import float_info, is_float_dtype
-from xbackend.results.candidates import Advice, Sensitivity
+from xbackend.results.candidates import SENTINEL, Advice, Sensitivity
 
 __all__ = ["Converter", "advise", "converter_of", "sensitivities"]
 
@@ -130,8 +130,8 @@ def _past_range(original: object, dtype: np.dtype[np.generic]) -> int:
     ):
         return 0
     top = float(float_info(dtype).max) if dtype.itemsize < original.dtype.itemsize else math.inf
-    finite = original[np.isfinite(original)]
-    return int(np.count_nonzero(np.abs(finite) > top)) if finite.size else 0
+    size = np.abs(original[np.isfinite(original)])
+    return int(np.count_nonzero((size > top) & (size < SENTINEL)))  # a mask's fill stands for inf
 
 
 def _held(
