@@ -57,19 +57,23 @@ def big_weights(dest: Path, factor: float = 1e5) -> Path:
     return dest
 
 
+CONVNET = MLP.parent / "convnet.onnx"
+
+
 class _Reader:
-    def __init__(self, n: int = 8) -> None:
-        shape = [d.dim_value or 2 for d in onnx.load(MLP).graph.input[0].type.tensor_type.shape.dim]
+    def __init__(self, src: Path, n: int = 8) -> None:
+        i = onnx.load(src).graph.input[0]
+        shape = [d.dim_value or 2 for d in i.type.tensor_type.shape.dim]
         rng = np.random.default_rng(1)
         self._data: Iterator[dict[str, np.ndarray]] = iter(
-            [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(n)]
+            [{i.name: rng.standard_normal(shape).astype(np.float32)} for _ in range(n)]
         )
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._data, None)
 
 
-def qdq(dest: Path) -> Path:
+def qdq(dest: Path, src: Path = MLP) -> Path:
     """Static int8 in QDQ format, calibrated with min/max on 8 seeded batches."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
@@ -77,7 +81,7 @@ def qdq(dest: Path) -> Path:
         pass
 
     quantize_static(
-        str(MLP), str(dest), Reader(), quant_format=QuantFormat.QDQ,
+        str(src), str(dest), Reader(src), quant_format=QuantFormat.QDQ,
         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
     )  # fmt: skip
     return dest

@@ -346,3 +346,27 @@ def test_advise_needs_a_target() -> None:
         CompareOptions.create(candidates=["c.onnx"], advise=True)
     with pytest.raises(xbackend.UsageError, match="--advise finds the nodes"):
         CompareOptions.create(decode=4, advise=True)
+
+
+def test_a_cnn_in_qdq_int8_folds_its_relus(tmp_path: Path) -> None:
+    """ONNX Runtime's QDQ quantizer drops each Relu after a Conv (the range starts at 0) and
+    names the Conv's output as the Relu's: the Conv is matched as its node, the Relu after its
+    Q/DQ pair, and the values below 0 the range drops are the Relu's, not a saturation."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = cm.qdq(tmp_path / "convnet_qdq.onnx", cm.CONVNET)
+    r = xbackend.compare(cm.CONVNET, shapes={"image": (4, 3, 32, 32)}, candidates=[str(q)], decisions="auto")
+    (c,) = r.candidates
+    got = {(m.original, m.candidate, m.how) for m in c.matches}
+    assert ("conv1", "relu1", "node") in got and (
+        "relu1",
+        "relu1_DequantizeLinear_Output",
+        "dequantized",
+    ) in got
+    assert ("relu1", "relu1", "name") not in got and (
+        "conv1",
+        "relu1_DequantizeLinear_Output",
+        "dequantized",
+    ) not in got
+    assert c.coverage == (7, 7) and not c.findings and not c.faulted
+    assert all(m.sqnr_db is not None and m.sqnr_db > 25 for m in c.matches)  # int8: 30-45 dB

@@ -17,6 +17,8 @@ from xbackend.results.candidates import Unmatched
 __all__ = ["Pair", "constants_of", "match_graphs", "precision_of"]
 
 _QUANT = frozenset({"QuantizeLinear", "DynamicQuantizeLinear"})
+# activations a QDQ tool folds into the quantization range (the tensor keeps its name, before them)
+_FOLDED = frozenset({"Relu", "Clip"})
 # a candidate's nodes that convert, quantize or move values: never the kernel another computes inside
 _PLUMBING = frozenset(
     {
@@ -53,6 +55,7 @@ def match_graphs(original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple
     readers = _readers(candidate.node)
     pairs: list[Pair] = []
     missing: list[tuple[int, onnx.NodeProto, str]] = []
+    folded = {o: n.op_type for n in original.node for o in n.output}
     for depth, node in enumerate(original.node, 1):
         twin = by_name.get(node.name) if node.name else None
         for k, t in enumerate(node.output):
@@ -70,6 +73,10 @@ def match_graphs(original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple
                 missing.append((depth, node, t))
                 continue
             dq = _dequantized(got, readers)
+            if dq and node.op_type in _FOLDED and produced.get(got, node).op_type != node.op_type:
+                pairs.pop()  # a QDQ tool folded the activation into the range: the name holds its input
+            elif dq and got != t and folded.get(got, "") in _FOLDED:
+                dq = ""  # its dequantized value is the folded activation's, matched there
             if dq:
                 pairs.append(Pair(t, dq, "dequantized", depth, node.op_type))
     found = {p.original: p.candidate for p in pairs if p.how != "dequantized"}

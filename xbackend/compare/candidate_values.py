@@ -83,8 +83,12 @@ def _one(base: TensorMatch, o: np.ndarray, c: np.ndarray) -> TensorMatch:
     )
 
 
-def findings(graph: onnx.GraphProto, values: ValueFile, feeds: Mapping[str, object]) -> list[Finding]:
-    """The candidate's overflows, NaNs, clipped and coarse quantized tensors, in its graph's order."""
+def findings(
+    graph: onnx.GraphProto, values: ValueFile, feeds: Mapping[str, object], original: ValueFile | None = None
+) -> list[Finding]:
+    """The candidate's overflows, NaNs, clipped and coarse quantized tensors, in its graph's order.
+    A quantized tensor is held against the original's value of it where the original has one (a
+    QDQ tool folds a Relu into the range, so its input is the value before the Relu)."""
     weights = {t.name: t for t in graph.initializer}
     out: list[Finding] = []
     inf_seen: set[str] = set()
@@ -92,7 +96,7 @@ def findings(graph: onnx.GraphProto, values: ValueFile, feeds: Mapping[str, obje
     for node in graph.node:
         if node.op_type == "QuantizeLinear":
             with np.errstate(invalid="ignore"):
-                out += _quantized(node, values, weights, feeds)
+                out += _quantized(node, values, weights, feeds, original)
         for t in node.output:
             y = values.get(t) if t in values else None
             if not isinstance(y, np.ndarray) or not is_float_dtype(y.dtype) or not y.size:
@@ -148,10 +152,15 @@ def _quantized(
     values: ValueFile,
     weights: Mapping[str, onnx.TensorProto],
     feeds: Mapping[str, object],
+    original: ValueFile | None,
 ) -> list[Finding]:
     """A QuantizeLinear's clipped elements (its input past what scale and zero point cover) and
     a scale so coarse that a varied input lands in a few levels."""
-    x = values.get(node.input[0]) if node.input[0] in values else feeds.get(node.input[0])
+    t = node.input[0]
+    x = values.get(t) if t in values else feeds.get(t)
+    theirs = original.get(t) if original is not None and t in original else None
+    if isinstance(theirs, np.ndarray) and isinstance(x, np.ndarray) and theirs.shape == x.shape:
+        x = theirs
     s = _const(node.input[1], values, weights)
     zp = _const(node.input[2], values, weights) if len(node.input) > 2 and node.input[2] else None
     if not isinstance(x, np.ndarray) or s is None or s.size != 1:

@@ -174,7 +174,7 @@ def _one(
     pairs, unmatched = match_graphs(oproto.graph, graph)
     with ValueFile(ocap) as o, ValueFile(ccap) as c:
         matches = measure(pairs, o, c)
-        events = findings(graph, c, feeds.arrays)
+        events = findings(graph, c, feeds.arrays, o)
         # an inf the original holds as a sentinel (float32's limit, a mask's fill) is no overflow
         sentinel = {
             m.candidate for m in matches if m.status == "ok" and not m.nonfinite and m.how != "dequantized"
