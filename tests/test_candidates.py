@@ -370,3 +370,39 @@ def test_a_cnn_in_qdq_int8_folds_its_relus(tmp_path: Path) -> None:
     ) not in got
     assert c.coverage == (7, 7) and not c.findings and not c.faulted
     assert all(m.sqnr_db is not None and m.sqnr_db > 25 for m in c.matches)  # int8: 30-45 dB
+
+
+def test_an_optimized_bert_is_matched_through_its_fused_kernels() -> None:
+    """onnxruntime.transformers.optimizer's BERT (tests/optimum/bert-opt.onnx): most tensors live
+    inside its fused kernels, each said with the kernels that replaced it."""
+    shapes = {"batch_size": (2,), "sequence_length": (16,)}
+    r = xbackend.compare(
+        OPTIMUM / "bert.onnx", shapes=[f"{k}={v[0]}" for k, v in shapes.items()],
+        candidates=[str(OPTIMUM / "bert-opt.onnx")],
+    )  # fmt: skip
+    (c,) = r.candidates
+    matched, total = c.coverage
+    assert 0 < matched < total // 4 and c.precision == "float32"
+    why = " ".join(u.reason for u in c.unmatched)
+    for kernel in ("Attention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu"):
+        assert f"{kernel}" in why
+    inside = [u for u in c.unmatched if u.reason.startswith("computed inside the candidate's")]
+    assert len(inside) > total // 2
+    assert not c.origins and not c.faulted  # float32 kernels, each within rounding of float64
+    assert all(m.sqnr_db is None or m.sqnr_db > 100 for m in c.matches)
+
+
+def test_a_vit_through_onnxslim(tmp_path: Path) -> None:
+    import onnxslim
+
+    slim = tmp_path / "vit-slim.onnx"
+    onnx.save(onnxslim.slim(onnx.load(OPTIMUM / "vit.onnx")), slim)
+    r = xbackend.compare(
+        OPTIMUM / "vit.onnx", shapes=["pixel_values=2,3,32,32"], candidates=[str(slim)], decisions="auto"
+    )
+    (c,) = r.candidates
+    matched, total = c.coverage
+    assert matched > total // 2 and not c.faulted
+    assert c.decisions[0].flipped == 0
+    kinds = {u.reason.split(":")[0] for u in c.unmatched}
+    assert "folded into the candidate's weights" in kinds
