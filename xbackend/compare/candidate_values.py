@@ -55,12 +55,9 @@ def _one(base: TensorMatch, o: np.ndarray, c: np.ndarray) -> TensorMatch:
     if o.dtype.kind not in "fiub" and not is_float_dtype(o.dtype):
         return replace(base, dtype=dtype, elements=int(o.size))
     a, b = o.astype(np.float64), c.astype(np.float64)
-    finite = np.isfinite(a)
-    nonfinite = int(
-        np.count_nonzero(
-            finite & ~np.isfinite(b) & (np.abs(a, where=finite, out=np.zeros_like(a)) < SENTINEL)
-        )
-    )
+    # a mask's fill (float32's limit) stands for inf: a candidate's -inf or -65504 there is no move
+    finite = np.isfinite(a) & (np.abs(a, where=np.isfinite(a), out=np.zeros_like(a)) < SENTINEL)
+    nonfinite = int(np.count_nonzero(finite & ~np.isfinite(b)))
     both = finite & np.isfinite(b)
     with np.errstate(invalid="ignore", over="ignore"):
         d = np.abs(b - a, where=both, out=np.zeros_like(a))
