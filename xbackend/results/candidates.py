@@ -255,6 +255,11 @@ class CandidateResult:
                     f"WARN: candidate {name}: decisions: {d.backend} makes {d.flipped} of {d.decisions} "
                     f"choice(s) at {d.output} otherwise than the original"
                 )
+            else:
+                out.append(
+                    f"NOTE: candidate {name}: decisions: {d.backend} makes the original's {d.decisions} "
+                    f"choice(s) at {d.output} (the original's smallest margin {d.smallest_margin:.3g})"
+                )
         out += [f"NOTE: candidate {name}: {n}" for n in self.notes]
         a = self.advice
         if a is not None and a.status == "ok" and not a.keep:
