@@ -406,3 +406,14 @@ def test_a_vit_through_onnxslim(tmp_path: Path) -> None:
     assert c.decisions[0].flipped == 0
     kinds = {u.reason.split(":")[0] for u in c.unmatched}
     assert "folded into the candidate's weights" in kinds
+
+
+def test_batch_invariance_on_the_candidate_too(tmp_path: Path) -> None:
+    mlp = cm.MLP.parent / "mlp_batch.onnx"
+    f16 = cm.fp16(mlp, tmp_path / "mlp_batch_fp16.onnx")
+    r = xbackend.compare(mlp, shapes=["x=4,128"], batch_invariance=4, candidates=[str(f16)])
+    (c,) = r.candidates
+    assert [p.name for p in c.probes] == ["batch"]
+    assert c.probes[0].to_json()  # the candidate's own probe result, in its JSON
+    lines = [line for line in c.verdict_lines() if "batch probe" in line or "batch-invariant" in line]
+    assert lines and all(line.split(":")[0] in ("WARN", "NOTE") for line in lines)

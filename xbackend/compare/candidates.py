@@ -156,6 +156,7 @@ def _one(
         precision=precision,
         backends=cres.backends,
         explanation=cres.explanation,
+        probes=tuple(p for p in cres.probes if p.name != "builds"),  # one build: nothing to vary
         decode=cres.decode,
         decisions=decided,
         notes=tuple(notes),

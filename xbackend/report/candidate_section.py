@@ -105,6 +105,10 @@ def _one(c: CandidateResult, k: int) -> list[str]:
                 "differ from the original's.",
                 "",
             ]
+    for p in c.probes:  # its own section, its headings below the candidate's
+        body = [("#" + line) if line.startswith("#") else line for line in p.markdown()]
+        if body:
+            out += [f"The candidate's {p.name} probe:", "", *body, ""]
     if c.advice is not None:
         out += _advice(c)
     out += [f"Note: {cell(n)}" for n in c.notes]

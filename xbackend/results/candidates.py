@@ -10,6 +10,7 @@ from xbackend.files.codec import OMIT_DEFAULT
 from xbackend.results.backend import BackendResult
 from xbackend.results.decode import Decisions, DecodeResult, near_tie
 from xbackend.results.explanation import NOT_MEASURED, Explanation, Origin
+from xbackend.results.probe import ProbeResult
 
 __all__ = [
     "MINOR_CLIPPING",
@@ -131,6 +132,8 @@ class CandidateResult:
     decode: DecodeResult | None = field(default=None, metadata={OMIT_DEFAULT: True})
     decisions: tuple[Decisions, ...] = field(default=(), metadata={OMIT_DEFAULT: True})
     notes: tuple[str, ...] = ()
+    # the candidate's own probes (with --batch-invariance B: its batch probe)
+    probes: tuple[ProbeResult, ...] = field(default=(), metadata={OMIT_DEFAULT: True})
     sensitivities: tuple[Sensitivity, ...] = field(default=(), metadata={OMIT_DEFAULT: True})  # --advise
     advice: Advice | None = field(default=None, metadata={OMIT_DEFAULT: True})  # --advise
 
@@ -261,6 +264,13 @@ class CandidateResult:
                     f"choice(s) at {d.output} (the original's smallest margin {d.smallest_margin:.3g})"
                 )
         out += [f"NOTE: candidate {name}: {n}" for n in self.notes]
+        for p in self.probes:
+            lines = [*p.warnings(), *p.note_lines()]
+            for line in lines:
+                level, _, words = line.partition(": ")
+                out.append(f"{level}: candidate {name}: {words}")
+            if not lines:
+                out.append(f"NOTE: candidate {name}: its {p.name} probe found nothing to warn of")
         a = self.advice
         if a is not None and a.status == "ok" and not a.keep:
             out.append(f"ADVICE: candidate {name}: {a.reason}")
