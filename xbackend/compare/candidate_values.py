@@ -190,13 +190,20 @@ def _quantized(
                 ),
             )
         )
-    varied = xf[xf != 0]
+    varied = xf[np.isfinite(xf) & (xf != 0)]
     if varied.size > 16 and np.unique(varied).size > 16:
         q = np.clip(np.rint(varied / scale) + zero, lo, hi).astype(np.int64)
         counts = np.bincount(q - lo, minlength=hi - lo + 1)
         share = float(np.sort(counts)[-3:].sum()) / varied.size
         if share >= COARSE_SHARE:
             spread = float(varied.std())
+            size = (
+                f"the scale {scale:.4g} is {scale / max(spread, 1e-300):.3g}x the values' standard deviation "
+                f"{spread:.4g}"
+                if math.isfinite(scale)
+                else "the scale is infinite (calibrated on values that reach float32's limit, a mask's "
+                "fill): every value lands on the zero point"
+            )
             out.append(
                 Finding(
                     kind="coarse-scale",
@@ -204,11 +211,8 @@ def _quantized(
                     node=name,
                     count=int(np.sort(counts)[-3:].sum()),
                     of=int(varied.size),
-                    detail=(
-                        f"{share:.0%} of its {varied.size} nonzero element(s) fall in 3 of {hi - lo + 1} "
-                        f"levels: the scale {scale:.4g} is {scale / max(spread, 1e-300):.3g}x the values' "
-                        f"standard deviation {spread:.4g}"
-                    ),
+                    detail=f"{share:.0%} of its {varied.size} nonzero element(s) fall in 3 of "
+                    f"{hi - lo + 1} levels: {size}",
                 )
             )
     return out

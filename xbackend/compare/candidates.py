@@ -113,6 +113,9 @@ def run_candidates(
             out.append(_one(original, opts, path, given, work, k, again))
         except XbackendError as e:
             out.append(CandidateResult(path=path, sha256="", precision="", status="failed", reason=str(e)))
+        except Exception as e:  # a fault of ours in one candidate: said, the comparison stands
+            why = f"its analysis failed: {type(e).__name__}: {e} (an xbackend fault: please report it)"
+            out.append(CandidateResult(path=path, sha256="", precision="", status="failed", reason=why))
     return tuple(out)
 
 

@@ -300,6 +300,12 @@ def _cause(c: CandidateResult) -> list[str]:
         f"logit difference {_ulp(p.logit_difference)} against the original's margin "
         f"{_ulp(p.margin_at_divergence)}"
     )
+    if c.events:
+        e = c.events[0]
+        return [
+            f"WARN: candidate {c.path}: decode: at {where} ({backend}: {size}) the candidate has "
+            f"{len(c.events)} event(s) past its precision, first {e.kind} at {e.tensor}"
+        ]
     if c.origins or c.stretch_origins:
         first_o = c.stretch_origins[0] if c.stretch_origins else c.origins[0][1]
         return [
