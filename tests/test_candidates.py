@@ -417,3 +417,13 @@ def test_batch_invariance_on_the_candidate_too(tmp_path: Path) -> None:
     assert c.probes[0].to_json()  # the candidate's own probe result, in its JSON
     lines = [line for line in c.verdict_lines() if "batch probe" in line or "batch-invariant" in line]
     assert lines and all(line.split(":")[0] in ("WARN", "NOTE") for line in lines)
+
+
+def test_a_qdq_model_on_onnx_runtime_is_within_its_requantization(made: dict[str, Path]) -> None:
+    """ONNX Runtime fuses each Q/DQ MatMul into a QLinearMatMul whose integer result may sit one
+    level off the float64 one where float32's rounding of its requantization scale reaches a half
+    step; that, and the dequantized value it hands on, are within rounding."""
+    r = xbackend.compare(made["qdq"], backends="ort-cpu,reference")
+    ort = r.cross("ort-cpu")
+    assert ort.status == "ok" and not ort.origins, [o.tensor for o in ort.origins]
+    assert r.exit_code == 0

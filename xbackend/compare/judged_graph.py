@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from xbackend.bounds.element import AUX, U32, Builder, NodeBound
+from xbackend.bounds.element import AUX, U32, Builder, NodeBound, attributes
 from xbackend.bounds.propagation import PROP, own_allowance, propagate, propagate_rest
 from xbackend.bounds.rules import node_bound, secondary_bound
 from xbackend.model.sever import SEVERED
@@ -95,6 +95,7 @@ def judged_model(
     made_by: dict[str, tuple[str, str]] = {}  # an uncaptured tensor -> the inexact node that made it
     blame: dict[str, tuple[str, str]] = {}
     poison: dict[str, str] = {}  # a tensor -> where its elements are undefined (bool, in the judged graph)
+    reached: set[str] = set()  # integer results with a reach (LO/HI) in the judged graph
     wide = _read_wide(g, captured, read, err, bld_w := Builder("xb.wide.", opset))
     extra_nodes.extend(bld_w.nodes)
     g.initializer.extend(bld_w.inits)
@@ -131,7 +132,25 @@ def judged_model(
             vi.type.tensor_type.elem_type = TensorProto.BOOL
             g.output.append(vi)
         bld_r = Builder(REACH + outs[0], opset)
-        if node.op_type == "QuantizeLinear" and node.input and floats.get(node.input[0], False):
+        if node.op_type in _REQUANTIZED and len(node.input) > _REQUANTIZED[node.op_type] + 1:
+            _requantized(node, bld_r, g)  # the integer result within its output scale's rounding
+            extra_nodes.extend(bld_r.nodes)
+            g.initializer.extend(bld_r.inits)
+            tensors += [LO + outs[0], HI + outs[0]]
+            reached.add(outs[0])
+            composed[outs[0]] = "judged as reachable within float32's rounding of its requantization scale"
+        elif (
+            node.op_type == "DequantizeLinear" and node.input[0] in reached and node.input[0] not in captured
+        ):
+            # dequantizing a requantized result the engine computed itself: either level it reaches
+            for end in (LO, HI):
+                ins = [end + node.input[0], *node.input[1:]]
+                bld_r.nodes.append(helper.make_node(node.op_type, ins, [end + outs[0]], **attributes(node)))
+                g.output.append(_typed(end + outs[0], known.get(outs[0])))
+            extra_nodes.extend(bld_r.nodes)
+            tensors += [LO + outs[0], HI + outs[0]]
+            composed[outs[0]] = "judged as reachable from the levels its requantized input reaches"
+        elif node.op_type == "QuantizeLinear" and node.input and floats.get(node.input[0], False):
             # requantization: an engine divides (or multiplies by 1/scale) in its input's type, so
             # a value within that rounding of a half step may round either way
             x = node.input[0]
@@ -142,6 +161,7 @@ def judged_model(
             extra_nodes.extend(bld_r.nodes)
             g.initializer.extend(bld_r.inits)
             tensors += [LO + outs[0], HI + outs[0]]
+            reached.add(outs[0])
             composed[outs[0]] = (
                 "judged as reachable within its input's rounding of x / scale (requantization)"
             )
@@ -358,6 +378,39 @@ def _reachable(node: onnx.NodeProto, err: Mapping[str, str], bld: Builder, g: on
         vi = onnx.ValueInfoProto()
         vi.name = name
         vi.type.tensor_type.elem_type = _out_type(node, g)
+        g.output.append(vi)
+
+
+# quantized kernels that requantize an integer accumulation with a float scale: the index of their
+# output scale (the zero point follows it)
+_REQUANTIZED = {
+    "QLinearMatMul": 6, "QLinearConv": 6, "QLinearAdd": 6, "QLinearMul": 6, "QLinearSigmoid": 3,
+    "QLinearLeakyRelu": 3, "QLinearAveragePool": 3, "QLinearGlobalAveragePool": 3,
+}  # fmt: skip
+
+
+def _requantized(node: onnx.NodeProto, bld: Builder, g: onnx.GraphProto) -> None:
+    """LO + out and HI + out: the kernel with its output scale moved by float32's rounding of the
+    multiplier an engine computes (scales' product and quotient, the accumulation as a float):
+    a result between them rounds a value within that rounding of a half step."""
+    k = _REQUANTIZED[node.op_type]
+    out = node.output[0]
+    ends = []
+    for factor in (1 + 8 * U32, 1 - 8 * U32):
+        moved = list(node.input)
+        moved[k] = bld.op("Mul", node.input[k], bld.const(factor))
+        made = bld.name()
+        bld.nodes.append(
+            helper.make_node(node.op_type, moved, [made], domain=node.domain, **attributes(node))
+        )
+        ends.append(made)
+    zp = node.input[k + 1]
+    elem = next((t.data_type for t in g.initializer if t.name == zp), TensorProto.UINT8)
+    for name, op in ((LO + out, "Min"), (HI + out, "Max")):
+        bld.nodes.append(helper.make_node(op, ends, [name]))
+        vi = onnx.ValueInfoProto()
+        vi.name = name
+        vi.type.tensor_type.elem_type = elem
         g.output.append(vi)
 
 
