@@ -99,7 +99,7 @@ def main() -> int:
                 {"decisions": "auto"},
             ),
             ("llama fp16", LLAMA, cm.fp16(LLAMA, d / "llama16.onnx"), {"decode": 24}),
-            ("llama dynamic int8", LLAMA, cm.dynamic_int8_of(LLAMA, d / "llama8.onnx"), {"decode": 24}),
+            ("llama dynamic int8", LLAMA, cm.dynamic_int8(d / "llama8.onnx", LLAMA), {"decode": 24}),
         ]
         print(f"{'case':<22} {'original s':>10} {'+cand s':>8} {'ratio':>6} {'+advise s':>9}  advice")
         for name, original, cand, kw in cases:

@@ -47,14 +47,19 @@ def bf16_node(fp16_model: Path, dest: Path) -> Path:
     return dest
 
 
-def big_weights(dest: Path, factor: float = 1e5) -> Path:
-    """The original with the first MatMul's weight scaled: finite in float32, past float16's range."""
-    m = onnx.load(MLP)
-    node = next(n for n in m.graph.node if n.name == OVERFLOW_NODE)
-    w = next(t for t in m.graph.initializer if t.name == node.input[1])
-    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * np.float32(factor), w.name))
+def _scaled(src: Path, dest: Path, node: str, k: int, factor: float) -> Path:
+    """`src` with input `k` of its node `node` (an initializer) times `factor`."""
+    m = onnx.load(src)
+    name = next(n for n in m.graph.node if n.name == node).input[k]
+    t = next(t for t in m.graph.initializer if t.name == name)
+    t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * np.float32(factor), t.name))
     onnx.save(m, dest)
     return dest
+
+
+def big_weights(dest: Path, factor: float = 1e5) -> Path:
+    """The original with the first MatMul's weight scaled: finite in float32, past float16's range."""
+    return _scaled(MLP, dest, OVERFLOW_NODE, 1, factor)
 
 
 CONVNET = MLP.parent / "convnet.onnx"
@@ -87,21 +92,12 @@ def qdq(dest: Path, src: Path = MLP) -> Path:
     return dest
 
 
-def dynamic_int8(dest: Path) -> Path:
-    return dynamic_int8_of(MLP, dest)
-
-
 def scaled_q(qdq_model: Path, dest: Path, factor: float) -> Path:
     """The QDQ model with SCALED_Q's scale (shared by its DequantizeLinear) times `factor`."""
-    m = onnx.load(qdq_model)
-    q = next(n for n in m.graph.node if n.name == SCALED_Q)
-    s = next(t for t in m.graph.initializer if t.name == q.input[1])
-    s.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(s) * np.float32(factor), s.name))
-    onnx.save(m, dest)
-    return dest
+    return _scaled(qdq_model, dest, SCALED_Q, 1, factor)
 
 
-def dynamic_int8_of(src: Path, dest: Path) -> Path:
+def dynamic_int8(dest: Path, src: Path = MLP) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(str(src), str(dest), weight_type=QuantType.QInt8)

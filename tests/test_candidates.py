@@ -263,7 +263,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[xbackend.Result, di
     src = OPTIMUM / "llama.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        made = {"fp16": cm.fp16(src, d / "fp16.onnx"), "int8": cm.dynamic_int8_of(src, d / "int8.onnx")}
+        made = {"fp16": cm.fp16(src, d / "fp16.onnx"), "int8": cm.dynamic_int8(d / "int8.onnx", src)}
     r = xbackend.compare(src, decode=24, candidates=[str(made["fp16"]), str(made["int8"])])
     return r, made
 

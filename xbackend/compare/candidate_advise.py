@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
-from onnx.reference import ReferenceEvaluator
+from onnx import TensorProto
 
+from xbackend.compare.candidate_judge import evaluate, value_of
 from xbackend.compare.candidate_match import Pair, constants_of
 from xbackend.files.storage import ValueFile
-from xbackend.model.extdata import weight_array
+from xbackend.model.load import load_proto
 from xbackend.numerics.metrics import float_info, is_float_dtype
 from xbackend.results.candidates import SENTINEL, Advice, Sensitivity
 
@@ -95,16 +95,14 @@ def sensitivities(
         for i in node.input:
             if not i:
                 continue
-            if i in weights:
-                x = weight_array(weights[i], folder)
-            else:
-                x = _held(i, {i: i}, theirs, feeds) if i in fixed else None
-                x = x if x is not None else _held(i, found, values, feeds)
+            x = value_of(i, theirs, feeds, weights, folder) if i in fixed or i in weights else None
+            x = x if x is not None else value_of(found.get(i, i), values, feeds)
             if x is None:
                 break
             fed[i] = x.astype(np.float64) if is_float_dtype(x.dtype) else x
         else:
-            v = _evaluate(node, fed, opset)
+            got = evaluate([node], fed, outs, opset)
+            v = got[0] if got is not None else None
             if v is None or v.shape != y.shape:
                 continue
             yf = y.astype(np.float64)
@@ -132,32 +130,6 @@ def _past_range(original: object, dtype: np.dtype[np.generic]) -> int:
     top = float(float_info(dtype).max) if dtype.itemsize < original.dtype.itemsize else math.inf
     size = np.abs(original[np.isfinite(original)])
     return int(np.count_nonzero((size > top) & (size < SENTINEL)))  # a mask's fill stands for inf
-
-
-def _held(
-    name: str, found: Mapping[str, str], values: ValueFile, feeds: Mapping[str, object]
-) -> np.ndarray | None:
-    v = values.get(found[name]) if name in found and found[name] in values else feeds.get(name)
-    return v if isinstance(v, np.ndarray) else None
-
-
-def _evaluate(node: onnx.NodeProto, fed: Mapping[str, np.ndarray], opset: int) -> np.ndarray | None:
-    g = helper.make_graph(
-        [node],
-        "node",
-        [
-            helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-            for k, v in fed.items()
-        ],
-        [helper.make_tensor_value_info(node.output[0], TensorProto.UNDEFINED, None)],
-    )
-    try:
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-        with np.errstate(all="ignore"):
-            got = list(ReferenceEvaluator(m).run(None, dict(fed)))
-            return np.asarray(got[0], dtype=np.float64)
-    except Exception:  # an op the evaluator lacks, or operands it refuses: not scored
-        return None
 
 
 def touched(conv: Converter, original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple[str, ...]:
@@ -197,7 +169,7 @@ def rewrite(conv: Converter, original: Path, candidate: Path, keep: Sequence[str
     if conv.tool == FP16:
         from onnxruntime.transformers.float16 import convert_float_to_float16  # engine: onnxruntime
 
-        model = onnx.load(original)
+        model = load_proto(original)
         from onnxruntime.transformers.onnx_model import OnnxModel  # engine: onnxruntime
 
         made = convert_float_to_float16(model, keep_io_types=conv.keep_io_types, node_block_list=list(keep))
@@ -215,7 +187,7 @@ def rewrite(conv: Converter, original: Path, candidate: Path, keep: Sequence[str
         finally:
             logging.getLogger().setLevel(quiet)
     else:
-        onnx.save(_unquantized(onnx.load(original), onnx.load(candidate), set(keep)), dest)
+        onnx.save(_unquantized(load_proto(original), load_proto(candidate), set(keep)), dest)
     return dest
 
 

@@ -25,20 +25,15 @@ from xbackend.bounds.propagation import PROP, propagate
 from xbackend.bounds.rules import node_bound
 from xbackend.compare.candidate_match import Pair
 from xbackend.compare.judge_nodes import element_allowance
+from xbackend.compare.judged_graph import FLOAT_NAMES
+from xbackend.files.modelref import np_dtype
 from xbackend.files.storage import ValueFile
 from xbackend.model.extdata import weight_array
 from xbackend.numerics.metrics import is_float_dtype, ulp_at
 from xbackend.results.candidates import declared_unit
 from xbackend.results.explanation import Origin
 
-__all__ = ["Stretch", "judge_stretches", "opset_of", "stretches"]
-
-_CAST_TO: dict[int, str] = {
-    TensorProto.FLOAT: "float32",
-    TensorProto.FLOAT16: "float16",
-    TensorProto.BFLOAT16: "bfloat16",
-    TensorProto.DOUBLE: "float64",
-}
+__all__ = ["Stretch", "evaluate", "judge_stretches", "stretches", "value_of"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +49,7 @@ class Stretch:
 
 def _cast_to(n: onnx.NodeProto) -> str:
     to = next((a.i for a in n.attribute if a.name == "to"), 0)
-    return _CAST_TO.get(int(to), "")
+    return FLOAT_NAMES.get(int(to), "")
 
 
 def stretches(original: onnx.GraphProto, candidate: onnx.GraphProto, pairs: Sequence[Pair]) -> list[Stretch]:
@@ -131,7 +126,7 @@ def judge_stretches(
         rounded: dict[str, float] = {}  # input -> the unit of a rounding an engine may skip
         narrow: list[str] = []
         for theirs, source, casts in s.inputs:
-            x = _value(source, values, feeds, weights, folder)
+            x = value_of(source, values, feeds, weights, folder)
             if x is None:
                 break
             own = declared_unit(str(x.dtype)) or 0.0
@@ -142,7 +137,7 @@ def judge_stretches(
                 if unit <= u:
                     if unit > (declared_unit(str(x.dtype)) or 0.0):  # either side of it is allowed
                         rounded[theirs] = max(rounded.get(theirs, 0.0), unit)
-                    x = x.astype(_np(to))
+                    x = x.astype(np_dtype(to))
                 else:
                     narrow.append(to)
             fed[theirs] = x
@@ -182,22 +177,15 @@ def _casts(s: Stretch) -> set[str]:
     return {to for _, _, casts in s.inputs for to in casts} | set(s.after)
 
 
-def _np(dtype: str) -> np.dtype[np.generic]:
-    if dtype == "bfloat16":
-        import ml_dtypes  # engine: ml_dtypes, onnx's bfloat16 type
-
-        return np.dtype(ml_dtypes.bfloat16)  # type: ignore[no-any-return]
-    return np.dtype(dtype)
-
-
-def _value(
+def value_of(
     name: str,
     values: ValueFile,
     feeds: Mapping[str, object],
-    weights: Mapping[str, TensorProto],
-    folder: Path,
+    weights: Mapping[str, TensorProto] | None = None,
+    folder: Path | None = None,
 ) -> np.ndarray | None:
-    if name in weights:
+    """A tensor's value: a weight (read from `folder`), a captured value, or a graph input."""
+    if weights is not None and folder is not None and name in weights:
         return weight_array(weights[name], folder)
     v = values.get(name) if name in values else feeds.get(name)
     return v if isinstance(v, np.ndarray) else None
@@ -225,27 +213,42 @@ def _judge(
     if prop is not None:
         outs.append(prop)
     wide = {k: v.astype(np.float64) if is_float_dtype(v.dtype) else v for k, v in fed.items()}
-    g = helper.make_graph(
-        [node, *extra, *bld.nodes],
-        "stretch",
-        [
-            helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-            for k, v in wide.items()
-        ],
-        [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs],
-        [_double(t) for t in [*inits, *bld.inits]],
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    try:
-        got = list(ReferenceEvaluator(m).run(None, dict(wide)))
-    except Exception:  # an op the evaluator lacks, or operands it refuses: not judged here
+    got = evaluate([node, *extra, *bld.nodes], wide, outs, opset, [*inits, *bld.inits])
+    if got is None:
         return None
-    v = np.asarray(got[0], dtype=np.float64)
-    mag = np.asarray(got[1], dtype=np.float64) if extra else None
-    inherited = np.asarray(got[-1], dtype=np.float64) if prop is not None else None
+    v = got[0]
+    mag = got[1] if extra else None
+    inherited = got[-1] if prop is not None else None
     if v.shape != y.shape:
         return None
     return _ratio(bound, v, mag, y, inherited, at_type)
+
+
+def evaluate(
+    nodes: Sequence[onnx.NodeProto],
+    fed: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    opset: int,
+    inits: Sequence[TensorProto] = (),
+) -> list[np.ndarray] | None:
+    """`nodes` evaluated by onnx's evaluator on `fed` (float64 where float), `outputs` as float64
+    (their float32 constants widened); None where the evaluator lacks an op or refuses operands."""
+    g = helper.make_graph(
+        list(nodes),
+        "nodes",
+        [
+            helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+            for k, v in fed.items()
+        ],
+        [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs],
+        [_double(t) for t in inits],
+    )
+    try:
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        with np.errstate(all="ignore"):
+            return [np.asarray(x, dtype=np.float64) for x in ReferenceEvaluator(m).run(None, dict(fed))]
+    except Exception:  # an op the evaluator lacks, or operands it refuses: not judged here
+        return None
 
 
 def _double(t: TensorProto) -> TensorProto:
@@ -262,7 +265,7 @@ def _ratio(
     inherited: np.ndarray | None,
     at_type: str,
 ) -> tuple[float, float, float, tuple[int, ...], str]:
-    allow = element_allowance(bound, v, mag, inherited, _np(at_type))
+    allow = element_allowance(bound, v, mag, inherited, np_dtype(at_type))
     yf = y.astype(np.float64)
     finite = np.isfinite(v) & np.isfinite(yf)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -272,10 +275,6 @@ def _ratio(
     i = int(np.argmax(r)) if r.size else 0
     at = tuple(int(k) for k in np.unravel_index(i, r.shape)) if r.size else ()
     top = float(np.abs(np.where(np.isfinite(v), v, 0.0)).max()) if v.size else 0.0
-    unit = ulp_at(top, _np(at_type))
+    unit = ulp_at(top, np_dtype(at_type))
     ratio = float(r.flat[i]) if r.size else 0.0
     return ratio, float(err.flat[i]) / unit, float(allow.flat[i]) / unit, at, bound.describe()
-
-
-def opset_of(proto: onnx.ModelProto) -> int:
-    return next((int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)

@@ -19,7 +19,7 @@ import onnx
 
 from xbackend.compare.builds import Builds
 from xbackend.compare.candidate_advise import advise, converter_of, sensitivities, touched
-from xbackend.compare.candidate_judge import judge_stretches, opset_of, stretches
+from xbackend.compare.candidate_judge import judge_stretches, stretches
 from xbackend.compare.candidate_match import match_graphs, precision_of
 from xbackend.compare.candidate_values import findings, measure
 from xbackend.compare.decisions import decisions_all
@@ -28,7 +28,7 @@ from xbackend.errors import XbackendError
 from xbackend.files.storage import ValueFile
 from xbackend.model.graphorder import sort_nodes
 from xbackend.model.inputs import Feeds
-from xbackend.model.load import ModelSpec, load_model
+from xbackend.model.load import ModelSpec, load_model, load_proto
 from xbackend.results import CompareOptions, Result
 from xbackend.results.candidates import Advice, CandidateResult, TensorMatch
 
@@ -149,9 +149,7 @@ def _one(
         if opts.decisions and obuild is not None
         else ()
     )
-    cproto = onnx.load(path, load_external_data=False)
-    sort_nodes(cproto.graph)
-    graph = cproto.graph
+    graph = _graph(path)
     precision = precision_of(graph)
     base = CandidateResult(
         path=path,
@@ -173,9 +171,8 @@ def _one(
     if ocap is None or ccap is None:
         who = f"the original's {ref}" if ocap is None else f"the candidate's {mine}"
         return replace(base, status="failed", reason=f"{who} has no per-layer capture", compared_on=mine)
-    oproto = onnx.load(original.result.model.path, load_external_data=False)
-    sort_nodes(oproto.graph)
-    pairs, unmatched = match_graphs(oproto.graph, graph)
+    ograph = _graph(original.result.model.path)
+    pairs, unmatched = match_graphs(ograph, graph)
     with ValueFile(ocap) as o, ValueFile(ccap) as c:
         matches = measure(pairs, o, c)
         events = findings(graph, c, feeds.arrays, o)
@@ -184,13 +181,15 @@ def _one(
             m.candidate for m in matches if m.status == "ok" and not m.nonfinite and m.how != "dequantized"
         }
         events = [f for f in events if not (f.kind == "overflow" and f.tensor in sentinel)]
-        found = stretches(oproto.graph, graph, pairs)
+        found = stretches(ograph, graph, pairs)
         crossed, judged = judge_stretches(
-            found, graph, Path(path).resolve().parent, c, feeds.arrays, opset_of(cproto), _working(c)
+            found, graph, Path(path).resolve().parent, c, feeds.arrays, spec.opset() or 1, _working(c)
         )
         opath = Path(original.result.model.path)
         scores = (
-            sensitivities(oproto.graph, opath.resolve().parent, pairs, c, o, feeds.arrays, opset_of(oproto))
+            sensitivities(
+                ograph, opath.resolve().parent, pairs, c, o, feeds.arrays, original.result.model.opset() or 1
+            )
             if opts.advise
             else []
         )
@@ -206,7 +205,7 @@ def _one(
         target = "tokens" if vs is not None else "decisions"
         confirm = _confirmer(original, opts, backends, work / f"candidate-{k}-advise", vs, obuild, again)
         conv = converter_of(graph)
-        every = touched(conv, oproto.graph, graph) if conv is not None else ()
+        every = touched(conv, ograph, graph) if conv is not None else ()
         advice = advise(conv, every, scores, opath, Path(path), work / f"candidate-{k}", confirm, target)
         base = replace(base, sensitivities=tuple(scores[:_SHOWN_SCORES]), advice=advice)
     departure, why = _departure(matches, graph, base)
@@ -273,6 +272,14 @@ def _confirmer(
         return not flipped and not failed and bool(decided), "; ".join(flipped + failed)
 
     return confirm
+
+
+def _graph(path: str) -> onnx.GraphProto:
+    """A model's graph in topological order, its external weights left on disk (read when a
+    judgment needs one, from inside the model's folder)."""
+    proto = load_proto(path, load_external=False)
+    sort_nodes(proto.graph)
+    return proto.graph
 
 
 def _working(values: ValueFile) -> str:

@@ -12,13 +12,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from xbackend.bounds.element import AUX, U32, Builder, NodeBound, attributes
+from xbackend.bounds.element import AUX, U32, Builder, NodeBound, attributes, unit_roundoff
 from xbackend.bounds.propagation import PROP, own_allowance, propagate, propagate_rest
 from xbackend.bounds.rules import node_bound, secondary_bound
 from xbackend.model.sever import SEVERED
 from xbackend.numerics.metrics import COMPUTE_FLOATS
 
-__all__ = ["FLAT", "HI", "LO", "REACHABLE", "UNDEF", "Judged", "judged_model"]
+__all__ = ["FLAT", "FLOAT_NAMES", "HI", "LO", "REACHABLE", "UNDEF", "Judged", "judged_model"]
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def judged_model(
             # requantization: an engine divides (or multiplies by 1/scale) in its input's type, so
             # a value within that rounding of a half step may round either way
             x = node.input[0]
-            unit = 2 * _LOW_UNITS.get(declared.get(x, ""), U32)
+            unit = 2 * (unit_roundoff(declared[x]) if declared.get(x) in _LOW else U32)
             own = bld_r.op("Mul", bld_r.abs(x), bld_r.const(unit))
             reach = {**inherited, x: bld_r.op("Add", inherited[x], own) if x in inherited else own}
             _reachable(node, reach, bld_r, g)
@@ -232,22 +232,22 @@ def _read_wide(
     out = set()
     for t, dtype in captured.items():
         name = SEVERED + t
-        if dtype in ("float16", "bfloat16") and name in read and name not in made:
-            err[name] = bld.op("Mul", bld.abs(name), bld.const(_LOW_UNITS[dtype]))
+        if dtype in _LOW and name in read and name not in made:
+            err[name] = bld.op("Mul", bld.abs(name), bld.const(unit_roundoff(dtype)))
             out.add(name)
     return out
 
 
-_LOW_UNITS = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
+_LOW = frozenset({"float16", "bfloat16"})
 
 
-_FLOAT_NAMES = {
+FLOAT_NAMES: dict[int, str] = {
     TensorProto.FLOAT: "float32",
     TensorProto.FLOAT16: "float16",
     TensorProto.BFLOAT16: "bfloat16",
     TensorProto.DOUBLE: "float64",
 }
-_FLOAT_TYPES = frozenset(_FLOAT_NAMES)
+_FLOAT_TYPES = frozenset(FLOAT_NAMES)
 
 
 # ops whose outputs are not float whatever their inputs (indices, shapes, masks)
@@ -278,7 +278,7 @@ def _inferred(
             elem = vi.type.tensor_type.elem_type
             out[vi.name] = elem in _FLOAT_TYPES
             if elem in _FLOAT_TYPES:
-                declared[vi.name] = _FLOAT_NAMES[elem]
+                declared[vi.name] = FLOAT_NAMES[elem]
     out.update({t.name: t.data_type in _FLOAT_TYPES for t in g.initializer})
     for node in proto.graph.node:
         for k, o in enumerate(node.output):
@@ -404,8 +404,7 @@ def _requantized(node: onnx.NodeProto, bld: Builder, g: onnx.GraphProto) -> None
             helper.make_node(node.op_type, moved, [made], domain=node.domain, **attributes(node))
         )
         ends.append(made)
-    zp = node.input[k + 1]
-    elem = next((t.data_type for t in g.initializer if t.name == zp), TensorProto.UINT8)
+    elem = _out_type(node, g)
     for name, op in ((LO + out, "Min"), (HI + out, "Max")):
         bld.nodes.append(helper.make_node(op, ends, [name]))
         vi = onnx.ValueInfoProto()
@@ -417,8 +416,10 @@ def _requantized(node: onnx.NodeProto, bld: Builder, g: onnx.GraphProto) -> None
 def _out_type(node: onnx.NodeProto, g: onnx.GraphProto | None = None) -> int:
     if node.op_type == "Cast":
         return int(next(a.i for a in node.attribute if a.name == "to"))
-    if node.op_type == "QuantizeLinear":  # the zero point's type, else output_dtype, else uint8
-        zp = node.input[2] if len(node.input) > 2 else ""
+    if node.op_type == "QuantizeLinear" or node.op_type in _REQUANTIZED:
+        # the zero point's type, else output_dtype, else uint8
+        k = _REQUANTIZED.get(node.op_type, 1) + 1
+        zp = node.input[k] if len(node.input) > k else ""
         found = next((t.data_type for t in (g.initializer if g is not None else ()) if t.name == zp), 0)
         attr = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
         return int(found or attr or TensorProto.UINT8)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from xbackend.bounds.element import unit_roundoff
 from xbackend.files.codec import OMIT_DEFAULT
+from xbackend.files.textfmt import short
+from xbackend.numerics.metrics import COMPUTE_FLOATS
 from xbackend.results.backend import BackendResult
 from xbackend.results.decode import Decisions, DecodeResult, near_tie
 from xbackend.results.explanation import NOT_MEASURED, Explanation, Origin
@@ -26,13 +29,11 @@ __all__ = [
 
 SENTINEL = 1e30  # a finite value this large stands for ±inf (a mask's fill): as inf it is no overflow
 MINOR_CLIPPING = 0.01  # clipped share of a tensor below which saturation is a note, not a warning
-# unit roundoff of each float dtype a candidate declares (a correctly rounded result is within u·|v|)
-_UNITS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 
 def declared_unit(dtype: str) -> float | None:
-    """The unit roundoff of a float dtype (None: not a float dtype)."""
-    return _UNITS.get(dtype)
+    """The unit roundoff of a float dtype a candidate declares (None: not a float dtype)."""
+    return unit_roundoff(dtype) if dtype in COMPUTE_FLOATS else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,8 +205,8 @@ class CandidateResult:
             n = len(self.origins)
             out.append(
                 f"FAIL: candidate {name}: {n} origin(s) past the precision its nodes declare, first "
-                f"{o.tensor} ({o.op_type}) on {backend}: {_ulp(o.local_scaled_ulp)} scaled ULP, allowed "
-                f"{_ulp(o.allowed_scaled_ulp)}"
+                f"{o.tensor} ({o.op_type}) on {backend}: {short(o.local_scaled_ulp)} scaled ULP, allowed "
+                f"{short(o.allowed_scaled_ulp)}"
             )
         for o in self.stretch_origins[:1]:
             out.append(
@@ -297,8 +298,8 @@ def _cause(c: CandidateResult) -> list[str]:
     p, backend = min(first, key=lambda x: (x[0].first_divergent_step or 0, x[0].prompt))
     where = f"step {p.first_divergent_step} of prompt {p.prompt}"
     size = (
-        f"logit difference {_ulp(p.logit_difference)} against the original's margin "
-        f"{_ulp(p.margin_at_divergence)}"
+        f"logit difference {short(p.logit_difference)} against the original's margin "
+        f"{short(p.margin_at_divergence)}"
     )
     if c.events:
         e = c.events[0]
@@ -325,7 +326,3 @@ def _cause(c: CandidateResult) -> list[str]:
 
 def _db(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1f} dB"
-
-
-def _ulp(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
