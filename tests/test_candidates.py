@@ -102,6 +102,8 @@ def test_a_qdq_scale_ten_times_too_small_saturates_at_its_node(
     assert [f.kind for f in planted] == ["saturation"] and planted[0].tensor == cm.OVERFLOW_TENSOR
     assert planted[0].count > 0.5 * planted[0].of  # most of val_3 is clipped
     assert c.events == tuple(planted) and c.departure == cm.OVERFLOW_TENSOR
+    # the verdict names the module that computes it, as the original's export scopes say
+    assert any("departure" in line and "at val_3 (blocks.0.fc1)" in line for line in mlp.verdict())
     # the correct QDQ model: a few outliers clipped (min/max calibration on other data), a note each
     ok = _cand(mlp, made["qdq"])
     assert ok.events == () and not ok.faulted and ok.explanation.status == "ok" and not ok.origins

@@ -4,11 +4,12 @@ re-exported graph) against its original, tensor by tensor and in tokens and deci
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from xbackend.bounds.element import unit_roundoff
 from xbackend.files.codec import OMIT_DEFAULT
-from xbackend.files.textfmt import short
+from xbackend.files.textfmt import short, with_module
 from xbackend.numerics.metrics import COMPUTE_FLOATS
 from xbackend.results.backend import BackendResult
 from xbackend.results.decode import Decisions, DecodeResult, near_tie
@@ -185,7 +186,9 @@ class CandidateResult:
             return None
         return min(ok, key=lambda m: (math.inf if m.sqnr_db is None else m.sqnr_db, -(m.scaled_ulp or 0.0)))
 
-    def verdict_lines(self) -> list[str]:
+    def verdict_lines(self, modules: Mapping[str, str] | None = None) -> list[str]:
+        """The candidate's verdict lines; `modules` (the original's) names each tensor's module."""
+        mods = modules or {}
         name = self.path
         if not self.ok:
             return [f"WARN: candidate {name}: not compared: {self.reason}"]
@@ -193,7 +196,7 @@ class CandidateResult:
         matched, total = self.coverage
         worst = self.worst()
         moved = (
-            f"; lowest SQNR {_db(worst.sqnr_db)} at {worst.original}"
+            f"; lowest SQNR {_db(worst.sqnr_db)} at {with_module(worst.original, mods)}"
             if worst is not None and worst.sqnr_db is not None
             else "; every matched tensor equal to the original's"
         )
@@ -205,18 +208,20 @@ class CandidateResult:
             n = len(self.origins)
             out.append(
                 f"FAIL: candidate {name}: {n} origin(s) past the precision its nodes declare, first "
-                f"{o.tensor} ({o.op_type}) on {backend}: {short(o.local_scaled_ulp)} scaled ULP, allowed "
+                f"{with_module(o.tensor, mods)} ({o.op_type}) on {backend}: {short(o.local_scaled_ulp)} "
+                "scaled ULP, allowed "
                 f"{short(o.allowed_scaled_ulp)}"
             )
         for o in self.stretch_origins[:1]:
             out.append(
                 f"FAIL: candidate {name}: {len(self.stretch_origins)} stretch(es) through casts past the "
-                f"precision they declare, first the original's {o.tensor} ({o.op_type}): {o.detail}"
+                f"precision they declare, first the original's {with_module(o.tensor, mods)} ({o.op_type}): "
+                f"{o.detail}"
             )
         if self.departure:
             out.append(
                 f"WARN: candidate {name}: first departure from the original past its precision at "
-                f"{self.departure}: {self.departure_why}"
+                f"{with_module(self.departure, mods)}: {self.departure_why}"
             )
         elif (
             self.explanation.status == "ok" and not self.origins and not self.stretch_origins and self.events
@@ -237,7 +242,8 @@ class CandidateResult:
             )
         for f in self.findings:  # a few clipped outliers are what min/max calibration leaves: a note
             level = "WARN" if f in self.events else "NOTE"
-            out.append(f"{level}: candidate {name}: {f.kind} at {f.tensor} ({f.node}): {f.detail}")
+            where = with_module(f.tensor, mods)
+            out.append(f"{level}: candidate {name}: {f.kind} at {where} ({f.node}): {f.detail}")
         if self.decode is not None:
             out += [f"WARN: candidate {name}: decode: {line}" for line in self.decode.flips()]
             out += self._flip_cause()

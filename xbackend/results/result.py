@@ -479,7 +479,8 @@ class Result:
             return ["FAIL: every backend failed; nothing was compared", *self._fail_lines()]
         lines = self._promise_lines() + self._fail_lines() + self._drift_lines() + self._warn_lines()
         lines += self.explanation_lines()
-        lines += [line for c in self.candidates for line in c.verdict_lines()]
+        modules = self.model.modules()
+        lines += [line for c in self.candidates for line in c.verdict_lines(modules)]
         if not any(line.startswith("FAIL") for line in lines):
             ref = self.reference_used
             within = self._pass_words(ref)
