@@ -2,7 +2,7 @@
 
 For each op, on operands shaped and scaled as in a transformer (width 768, sequence 128, unit
 normal activations, weights of std 1/sqrt(width)), the one-node model is judged as compare judges
-it: its float64 value v and magnitude M from the judged graph (xbackend.compare.judge_nodes), the
+it: its float64 value v and magnitude M from the judged graph (xbackend.judge.judge_nodes), the
 allowance per element from the op's rule (xbackend.bounds.rules). A relative error e planted on
 every element (y = v·(1 + e)) is an origin as soon as one element passes its allowance, so the
 threshold is min over elements of allowance / |v|; it is printed in units of u = 2^-24 and as a
@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from xbackend.bounds.element import AUX, U32, allowance
-from xbackend.compare.judged_graph import judged_model
+from xbackend.judge.judged_graph import judged_model
 from xbackend.runners.contrib import contrib_ops
 from xbackend.runners.oracle import promote_to_float64
 

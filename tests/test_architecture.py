@@ -48,11 +48,11 @@ LOCAL_EXCEPTIONS = {
         "xbackend.model.load",
     ): "it imports onnx (foreign workers)",
     (
-        "xbackend/compare/judge_nodes.py",
+        "xbackend/judge/judge_nodes.py",
         "xbackend.numerics.jitjudge",
     ): "numba compiles the kernel: only when nodes are judged",
     (
-        "xbackend/compare/judge_nodes.py",
+        "xbackend/judge/judge_nodes.py",
         "xbackend.numerics.jitjudge.warm",
     ): "numba loads the kernel in the background",
     (

@@ -462,7 +462,7 @@ def test_a_node_run_from_above_its_inputs_is_allowed_what_the_nodes_above_it_are
 
     from xbackend.bounds.element import AUX
     from xbackend.bounds.propagation import PROP
-    from xbackend.compare.judged_graph import judged_model
+    from xbackend.judge.judged_graph import judged_model
     from xbackend.runners.oracle import promote_to_float64
 
     nodes = [

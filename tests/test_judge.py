@@ -216,7 +216,7 @@ def _skip_norm_output(bert: Path, tmp_path: Path) -> tuple[str, list[str]]:
     """A SkipLayerNormalization's output in ORT's optimized BERT, and the original nodes it fuses."""
     import onnxruntime as ort
 
-    from xbackend.compare.shipped import covered_nodes
+    from xbackend.judge.shipped import covered_nodes
 
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
@@ -410,7 +410,7 @@ def test_each_part_of_a_split_inherits_its_slice_of_an_uncaptured_error() -> Non
     from onnx.reference import ReferenceEvaluator
 
     from xbackend.bounds.propagation import PROP
-    from xbackend.compare.judged_graph import judged_model
+    from xbackend.judge.judged_graph import judged_model
     from xbackend.runners.oracle import promote_to_float64
 
     rng = np.random.default_rng(0)
@@ -485,7 +485,7 @@ def test_an_integer_result_is_compared_exactly_without_a_float_magnitude() -> No
     float magnitude is built for them (it made the judged graph invalid: the float64 evaluation
     failed and nothing was judged)."""
     from xbackend.bounds.element import AUX
-    from xbackend.compare.judged_graph import judged_model
+    from xbackend.judge.judged_graph import judged_model
     from xbackend.runners.oracle import promote_to_float64
 
     g = helper.make_graph(
@@ -510,7 +510,7 @@ def test_pieces_are_cut_only_where_the_engine_reads_the_tensor_by_its_name() -> 
     writes under the model's name: severing the model there would feed the judged piece the
     reference's value while the engine computes its own from further up (a false origin at a
     UNet's Concat). Such a tensor is no cut point: the judged piece grows to match."""
-    from xbackend.compare.shipped import coinciding
+    from xbackend.judge.shipped import coinciding
 
     def graph(nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
         g = helper.make_graph(
@@ -551,7 +551,7 @@ def test_the_compiled_pass_judges_as_numpy_does() -> None:
     from unittest import mock
 
     from xbackend.bounds.element import NodeBound, unit_roundoff
-    from xbackend.compare import judge_nodes as jn
+    from xbackend.judge import judge_nodes as jn
 
     rng = np.random.default_rng(1)
     bounds = [

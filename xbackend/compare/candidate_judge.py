@@ -24,10 +24,10 @@ from xbackend.bounds.element import AUX, Builder, NodeBound
 from xbackend.bounds.propagation import PROP, propagate
 from xbackend.bounds.rules import node_bound
 from xbackend.compare.candidate_match import Pair
-from xbackend.compare.judge_nodes import element_allowance
-from xbackend.compare.judged_graph import FLOAT_NAMES
 from xbackend.files.modelref import np_dtype
 from xbackend.files.storage import ValueFile
+from xbackend.judge.judge_nodes import element_allowance
+from xbackend.judge.judged_graph import FLOAT_NAMES
 from xbackend.model.extdata import weight_array
 from xbackend.numerics.metrics import is_float_dtype, ulp_at
 from xbackend.results.candidates import declared_unit

@@ -6,7 +6,7 @@ never a float evaluator of our own:
   is built once on the floor engine (ort-cpu) and run with the identity and K random orders;
 - local errors: the severed model (xbackend.model.sever) is built once per backend and run once,
   fed the reference's values of every tensor a node reads, and judged element by element
-  against the float64 value of each node on those same inputs (xbackend.compare.judge_nodes: the
+  against the float64 value of each node on those same inputs (xbackend.judge.judge_nodes: the
   severed model evaluated in float64 by the oracle, with each node's operand magnitudes).
 Captures stay on disk and are compared one tensor at a time, as the comparator's are.
 """
@@ -26,19 +26,6 @@ from onnx import helper
 from xbackend.bounds.element import AUX, DELTA
 from xbackend.bounds.propagation import PROP
 from xbackend.compare.builds import Builds
-from xbackend.compare.conditioning import amplifiers, composed_rounding, ill_conditioned
-from xbackend.compare.floors import (
-    FLOOR_ENGINE,
-    FLOOR_PHASE,
-    floor_backend,
-    floor_job,
-    model_ref,
-    node_floor_job,
-    save_severed_feeds,
-)
-from xbackend.compare.judge_nodes import JUDGE_PHASE, warm_compiled
-from xbackend.compare.judge_plan import LOCAL_PHASE, Early, Judge, Plan, judge_all
-from xbackend.compare.judged_graph import judged_model
 from xbackend.compare.memory import (
     explanation_room,
     judge_window_note,
@@ -47,15 +34,27 @@ from xbackend.compare.memory import (
     severed_window_note,
     side_by_side,
 )
-from xbackend.compare.plain_judge import Shipped, judge_plain_runs
-from xbackend.compare.plan import plan_backend
-from xbackend.compare.shipped import runtime_plan, shared_nodes, shipped_job, shipped_plan, without
+from xbackend.compare.plan import floor_backend, plan_backend
 from xbackend.errors import UsageError
 from xbackend.execution.executor import Executor, Job, JobOutcome
 from xbackend.execution.progress import ProgressSink
 from xbackend.execution.protocol import Phase
 from xbackend.files.modelref import np_dtype
 from xbackend.files.run_values import CaptureFile
+from xbackend.judge.conditioning import amplifiers, composed_rounding, ill_conditioned
+from xbackend.judge.floors import (
+    FLOOR_ENGINE,
+    FLOOR_PHASE,
+    floor_job,
+    model_ref,
+    node_floor_job,
+    save_severed_feeds,
+)
+from xbackend.judge.judge_nodes import JUDGE_PHASE, warm_compiled
+from xbackend.judge.judge_plan import LOCAL_PHASE, Early, Judge, Plan, judge_all
+from xbackend.judge.judged_graph import judged_model
+from xbackend.judge.plain_judge import Shipped, judge_plain_runs
+from xbackend.judge.shipped import runtime_plan, shared_nodes, shipped_job, shipped_plan, without
 from xbackend.model.extdata import externalize, uses_external_data, write_rewritten
 from xbackend.model.load import load_proto
 from xbackend.model.ortdomain import as_contrib
@@ -387,7 +386,7 @@ def _plan(
         phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model, hashed=False, windows=cut)
         local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, _same_grain(b, r), sfeeds, (phase,))
     unjudged = bool(not_measured) or judges[""].judged is None
-    floors, reordered, extra = floor_job(ctx, planned, src, proto, shapes, tensors, folder, unjudged)
+    floors, reordered, extra = floor_job(ctx, engine, src, proto, shapes, tensors, folder, unjudged)
     del proto
     return Plan(
         floors,
@@ -486,7 +485,7 @@ def _judge_job(
         phase = Phase.planned(JUDGE_PHASE, tensors, 1, model=model, hashed=False)
         return Job(label + suffix, JUDGE_ENGINE, cls, variant, sfeeds, (phase,))
 
-    if windows:  # each its own job, judged and deleted in turn (xbackend.compare.judge_plan)
+    if windows:  # each its own job, judged and deleted in turn (xbackend.judge.judge_plan)
         cut = tuple(job(f"-w{k + 1}", w) for k, w in enumerate(windows))
         return Judge(None, judged, windows=cut)
     return Judge(job("", judged.tensors), judged)

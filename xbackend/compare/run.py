@@ -17,7 +17,6 @@ from typing import Any
 
 from xbackend.compare.builds import Builds, run_builds
 from xbackend.compare.candidates import Ran, run_candidates
-from xbackend.compare.conditioning import far_from_float64
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.decisions import decision_outputs, decisions_all
 from xbackend.compare.decode import Against, decode_backends
@@ -51,6 +50,7 @@ from xbackend.execution.isolation import NEARLY_FULL
 from xbackend.execution.progress import NullProgress, ProgressSink
 from xbackend.files.runfolders import run_temp_folder
 from xbackend.host.environment import collect_environment
+from xbackend.judge.conditioning import far_from_float64
 from xbackend.model.extdata import write_rewritten
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import load_model

@@ -1,6 +1,6 @@
 """One compiled pass over a node output judged against its float64 value: each element's
 allowance, its error, and the largest ratio between them, where numpy makes a dozen passes
-(xbackend.compare.judge_nodes keeps the numpy form for the rest: infinities, NaN, broadcast
+(xbackend.judge.judge_nodes keeps the numpy form for the rest: infinities, NaN, broadcast
 magnitudes, inherited errors, steps).
 
 The allowance is built in the order numpy builds it (xbackend.bounds.element.allowance, then the

@@ -5,11 +5,11 @@ tensors the model itself leaves ill-conditioned.
   reduction (run on one engine, see xbackend.model.reorder) move it from the original order.
 - A node's local error: its output on a backend fed the reference's values of its inputs
   (xbackend.model.sever), against the float64 value of the node on those inputs, element by element
-  (xbackend.compare.judge_nodes, allowances from xbackend.bounds.element). A node past its allowance is an
+  (xbackend.judge.judge_nodes, allowances from xbackend.bounds.element). A node past its allowance is an
   origin; a backend without origins is explained. A backend that could not be judged is held to
   MARGIN times the larger of the floor and its op's rounding bound (xbackend.bounds.unjudged).
 - A tensor is ill-conditioned when the rounding of the nodes above it, carried through their
-  condition numbers (the float64 judge's value and magnitude, xbackend.compare.conditioning), passes
+  condition numbers (the float64 judge's value and magnitude, xbackend.judge.conditioning), passes
   `conditioning_limit`: fewer than half of its dtype's significand bits survive rounding.
 """
 

@@ -41,7 +41,7 @@ CONTRIB_OPS = frozenset(
         "QuickGelu",
         "BiasGelu",
         "Gelu",
-        "SimplifiedLayerNormalization",  # ONNX Runtime registers it in the ONNX domain (see compare.shipped)
+        "SimplifiedLayerNormalization",  # ONNX Runtime registers it in the ONNX domain (see judge.shipped)
         *TRANSFORMER_OPS,
     }
 )

@@ -20,9 +20,9 @@ import numpy as np
 
 from xbackend.bounds.element import AUX, NodeBound, allowance, unit_roundoff
 from xbackend.bounds.propagation import PROP
-from xbackend.compare.judged_graph import HI, LO, UNDEF, Judged
 from xbackend.files.modelref import np_dtype
 from xbackend.files.run_values import CaptureFile
+from xbackend.judge.judged_graph import HI, LO, UNDEF, Judged
 from xbackend.numerics.metrics import COMPUTE_FLOATS, float_info, ulp_at
 from xbackend.numerics.values import Value
 from xbackend.results.explanation import LocalErrors, NodeJudgment, Origin, ReorderCheck

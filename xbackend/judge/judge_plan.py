@@ -10,10 +10,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xbackend.compare.conditioning import NodeStat, node_stats
-from xbackend.compare.judge_nodes import JUDGE_PHASE, judge_backend, reorder_check
-from xbackend.compare.judged_graph import Judged
 from xbackend.execution.executor import Executor, Job, JobOutcome
+from xbackend.judge.conditioning import NodeStat, node_stats
+from xbackend.judge.judge_nodes import JUDGE_PHASE, judge_backend, reorder_check
+from xbackend.judge.judged_graph import Judged
 from xbackend.model.load import ModelSpec
 from xbackend.model.reorder import Reordered
 from xbackend.results.explanation import LocalErrors, ReorderCheck

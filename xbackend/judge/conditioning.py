@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from xbackend.bounds.element import AUX, unit_roundoff
-from xbackend.compare.judged_graph import Judged
 from xbackend.files.modelref import np_dtype
 from xbackend.files.run_values import CaptureFile
+from xbackend.judge.judged_graph import Judged
 from xbackend.model.load import ModelSpec, NodeTensor
 from xbackend.numerics.metrics import COMPUTE_FLOATS, float_info, ulp_at
 from xbackend.numerics.values import value_name

@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from xbackend.compare.judge_plan import NODE_FLOOR_PHASE
-from xbackend.compare.plan import plan_backend
 from xbackend.execution.executor import Job
 from xbackend.execution.protocol import Phase
 from xbackend.files.run_values import CaptureFile
 from xbackend.files.storage import save_values
+from xbackend.judge.judge_plan import NODE_FLOOR_PHASE
 from xbackend.model.extdata import write_rewritten
 from xbackend.model.load import ModelRef, ModelSpec
 from xbackend.model.reorder import Reordered, index_feeds, reorder
@@ -31,7 +30,6 @@ __all__ = [
     "FLOOR_PHASE",
     "FLOOR_SAMPLES",
     "SeveredFeeds",
-    "floor_backend",
     "floor_job",
     "model_ref",
     "node_floor_job",
@@ -86,18 +84,9 @@ def save_severed_feeds(
         save_values(path, SeveredFeeds(feeds, cap, severed, extra))
 
 
-def floor_backend(ctx: ProbeContext, planned: Sequence[PlannedBackend]) -> PlannedBackend | None:
-    """ort-cpu as the user configured it, else with its defaults; None when it cannot run."""
-    mine = next((p for p in planned if p.cls is not None and p.cls.name == FLOOR_ENGINE), None)
-    if mine is not None and mine.interpreter is None:
-        return mine
-    p = plan_backend(FLOOR_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
-    return p if p.cls is not None else None
-
-
 def floor_job(
     ctx: ProbeContext,
-    planned: Sequence[PlannedBackend],
+    engine: PlannedBackend | None,
     src: ModelSpec,
     proto: onnx.ModelProto,
     shapes: Mapping[str, tuple[int, ...]],
@@ -107,9 +96,8 @@ def floor_job(
 ) -> tuple[Job | None, Reordered | None, tuple[Path, ...]]:
     """The permuted model in K orders on the floor engine, where the user asked for floors
     (--noise-samples K) or a backend cannot be judged against float64 (`unjudged`) and is
-    held to them."""
+    held to them (`engine`: the floor engine, xbackend.compare.plan.floor_backend)."""
     opts = ctx.opts
-    engine = floor_backend(ctx, planned)
     if engine is None or engine.cls is None or not (opts.noise_samples or unjudged):
         return None, None, ()
     reordered = reorder(proto, shapes)

@@ -29,9 +29,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from xbackend.compare.floors import save_severed_feeds
 from xbackend.execution.executor import Job, JobOutcome
 from xbackend.execution.protocol import OUTPUTS, Phase
+from xbackend.judge.floors import save_severed_feeds
 from xbackend.model.extdata import weight_array, write_rewritten
 from xbackend.model.load import ModelRef, ModelSpec, load_proto
 from xbackend.model.ortdomain import ORT_IN_ONNX_DOMAIN

@@ -21,12 +21,12 @@ import onnx
 
 from xbackend.bounds.element import AUX
 from xbackend.bounds.propagation import PROP
-from xbackend.compare.floors import save_severed_feeds
-from xbackend.compare.judge_nodes import JUDGE_PHASE, judge_backend
-from xbackend.compare.judge_plan import Plan
-from xbackend.compare.judged_graph import Judged, judged_model
 from xbackend.execution.executor import Executor, Job
 from xbackend.execution.protocol import Phase
+from xbackend.judge.floors import save_severed_feeds
+from xbackend.judge.judge_nodes import JUDGE_PHASE, judge_backend
+from xbackend.judge.judge_plan import Plan
+from xbackend.judge.judged_graph import Judged, judged_model
 from xbackend.model.extdata import uses_external_data, write_rewritten
 from xbackend.model.load import ModelRef, ModelSpec, load_proto
 from xbackend.model.sever import SEVERED, Severed, sever
