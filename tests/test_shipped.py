@@ -649,3 +649,44 @@ def test_a_dynamically_quantized_model_has_a_reference_and_an_oracle(tmp_path: P
         assert le is not None and le.status == "ok" and le.origins == (), (name, le and le.origins)
     # the quantization scales are float32 by the op's definition: named, and the oracle not ranked there
     assert "block0.ln.out_scale" in dict(r.backend("oracle").info)["computed_below_float64"]
+
+
+def test_plugins_staging_one_model_at_once_each_get_whole_weights(tmp_path: Path) -> None:
+    """Several plugin backends stage the same external-data model at once (the executor's
+    threads): each staged file has exactly one writer, so none fails and every copy is whole."""
+    import threading
+
+    import onnx
+
+    from xbackend.execution.foreign import stage_model
+    from xbackend.model.load import load_model
+    from xbackend.model.samples import build
+
+    folder = tmp_path / "user"
+    folder.mkdir()
+    model = folder / "mlp.onnx"
+    onnx.save(
+        build("mlp_layernorm"), str(model), save_as_external_data=True, location="mlp.data", size_threshold=0
+    )
+    ref, weights = load_model(model)[0].ref(), (folder / "mlp.data").read_bytes()
+    for k in range(30):
+        staged, errors, barrier = tmp_path / f"staged-{k}", [], threading.Barrier(6)
+
+        def stage(
+            staged: Path = staged, errors: list[Exception] = errors, barrier: threading.Barrier = barrier
+        ) -> None:
+            barrier.wait()
+            try:
+                stage_model(ref, (), None, staged, True)
+            except Exception as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=stage) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        (copy,) = [p for p in staged.rglob("mlp.data")]
+        assert copy.read_bytes() == weights and copy.stat().st_nlink == 1
+        assert [p.name for p in staged.rglob("*.part")] == []

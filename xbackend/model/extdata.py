@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,21 +63,33 @@ def _link_external(proto: onnx.ModelProto, src: Path, dest: Path, copy: bool = F
     """Link each external data file `proto` names from folder `src` into folder `dest`: a hard
     link where the file system allows (ONNX Runtime refuses a symlink that leaves the model's
     folder), else a symlink; `copy`: a file of its own (onnx.load refuses a data file with more
-    than one hard link, or a symlink), written once."""
+    than one hard link, or a symlink). Each is made under a name of its own, then renamed into
+    place: threads staging the same weights at once never write one file."""
     for rel in external_files(proto):
         link = dest / rel
         if not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
-            target = (src / rel).resolve()
-            if copy:
-                part = link.with_name(link.name + ".part")
-                shutil.copyfile(target, part)
-                os.replace(part, link)
-                continue
+            _place(Path(os.path.realpath(src / rel)), link, copy)
+
+
+def _place(target: Path, link: Path, copy: bool) -> None:
+    """`link` made to hold `target`'s bytes (a copy, a hard link or a symlink) at a temporary
+    name unique to this writer, then renamed over `link` (a rival's identical file, if any)."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{link.name}.", suffix=".part", dir=link.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        if copy:
+            shutil.copyfile(target, tmp)
+        else:
+            tmp.unlink()
             try:
-                os.link(target, link)
+                os.link(target, tmp)
             except OSError:
-                link.symlink_to(target)
+                tmp.symlink_to(target)
+        os.replace(tmp, link)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def adopt_external(proto: onnx.ModelProto, src: Path, out: Path) -> None:
