@@ -335,9 +335,9 @@ def test_noise_samples_zero_falls_back_to_the_fixed_tolerance(tmp_path: Path) ->
     assert c.tolerances == () and c.explained is None and c.max_ulp_tolerance == 64
 
 
-def test_a_judgment_not_made_is_a_warn_null_in_the_json_and_a_gate(tmp_path: Path) -> None:
+def test_a_judgment_not_made_is_a_fail_null_in_the_json_and_a_gate(tmp_path: Path) -> None:
     """--outputs-only leaves the reference without the per-layer capture the judge needs: the
-    verdict WARNs with the reason, the JSON has explained null with it, and --fail-on
+    verdict FAILs with the reason, the JSON has explained null with it, and --fail-on
     not-judged is exit 19; --noise-samples 0 asks for no judgment and does not fire it."""
     m = _model(tmp_path, "mlp_layernorm")
     r = xbackend.compare(m, runs=1, outputs_only=True, probes="none", fail_on="not-judged")
@@ -345,7 +345,7 @@ def test_a_judgment_not_made_is_a_warn_null_in_the_json_and_a_gate(tmp_path: Pat
         "not judged: --tensors outputs captures no tensor a node reads, so no node can be fed its inputs; "
         "pass --tensors modules or all to judge them"
     )
-    assert f"WARN: no explanation of the differences: {why}" in r.verdict()
+    assert f"FAIL: not judged: no explanation of the differences: {why}" in r.verdict()
     assert r.exit_code == 19 and r.gates()[0].reason == f"no explanation: {why}"
     c = json.loads(xbackend.report.to_json(r))["cross_backend"][0]
     assert c["explained"] is None and c["not_judged"] == why
@@ -547,7 +547,8 @@ def test_a_job_whose_files_cannot_be_written_fails_alone_with_the_reason(
     assert r.explanation.status == "unavailable"
     assert "load: its files could not be written: No space left on device (" in r.explanation.reason
     assert r.cross("ort-cpu").explained is None and r.cross("ort-cpu").not_judged
-    assert any(v.startswith("WARN: no explanation of the differences") for v in r.verdict())
+    assert any(v.startswith("FAIL: not judged: no explanation of the differences") for v in r.verdict())
+    assert r.exit_code == 1  # nothing passes unjudged
 
 
 def test_a_worker_killed_by_a_full_disk_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -101,7 +101,8 @@ def propagate(
     if op == "Pow" and e and e[0]:  # d(x^c)/dx = c·x^c/x; 0 where x = 0 (c >= 1 for a finite result)
         slope = bld.op("Div", bld.abs(v), bld.abs(x))
         slope = bld.op("Where", bld.op("Equal", x, bld.op("Mul", x, bld.const(0.0))), bld.const(0.0), slope)
-        return bld.op("Mul", e[0], bld.op("Mul", slope, bld.abs(ins[1]))), ""
+        c = bld.op("Cast", ins[1], to=onnx.TensorProto.FLOAT)  # an integer exponent too
+        return bld.op("Mul", e[0], bld.op("Mul", slope, bld.abs(c))), ""
     gain = _derivative(op, x, v, bld)
     if gain is not None and e and e[0]:
         return bld.op("Mul", e[0], gain), ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import onnx
@@ -304,6 +305,8 @@ def _gelu(n: NodeView, bld: Builder) -> NodeBound | None:
 def _pow(n: NodeView, bld: Builder) -> NodeBound | None:
     """x^y through exp(y·log x) in most engines: relative u·|y·log x| beside the function's own."""
     x, y = n.node.input[0], n.node.input[1]
+    # an integer exponent (int64, as exporters write x**2) in float: Mul takes one type
+    y = bld.op("Cast", y, to=onnx.TensorProto.FLOAT)
     cond = bld.abs(bld.op("Mul", y, bld.op("Log", bld.abs(x))))
     bld.final("Mul", bld.abs(n.node.output[0]), cond)
     return NodeBound(
@@ -316,8 +319,22 @@ def _cumsum(n: NodeView, bld: Builder) -> NodeBound | None:
     if sx is None:
         return None
     attrs = n.attrs
-    bld.final("CumSum", bld.abs(n.node.input[0]), n.node.input[1], **attrs)
-    return _red(n, max(sx) if sx else 1)
+    bound = _red(n, max(sx) if sx else 1)
+    x = bld.abs(n.node.input[0])
+    mag = bld.op("CumSum", x, n.node.input[1], **attrs)
+    # a constant input (a running count, a fixed step): every partial sum rounds alike, the
+    # errors are correlated, and only the deterministic bound γ_n·Σ|x| holds
+    same = bld.op("Equal", bld.op("ReduceMax", x, keepdims=1), bld.op("ReduceMin", x, keepdims=1))
+    factor = bld.op("Where", same, bld.const(bound.deterministic_b / bound.b), bld.const(1.0))
+    bld.final("Mul", mag, factor)
+    return replace(bound, source=HM + "; a constant input's running sum: γ_n·Σ|x|, deterministic")
+
+
+# Resize's sample coordinates (x + 0.5)/scale - 0.5 and the like are rounded to float32: at a
+# coordinate of size L, up to about 4 roundings of u·L move each tap's weight, and each weight's
+# slope times the taps' largest magnitude moves the value (linear: 2 taps of slope 1; cubic: the
+# Keys kernel's slopes sum to under 3).
+_COORD = {"linear": 8.0, "cubic": 12.0}
 
 
 def _resize(n: NodeView, bld: Builder) -> NodeBound | None:
@@ -326,15 +343,42 @@ def _resize(n: NodeView, bld: Builder) -> NodeBound | None:
     if mode == "nearest":
         return NodeBound("Resize", "exact", source="nearest: selects values")
     attrs = n.attrs
-    bld.final("Resize", bld.abs(n.node.input[0]), *n.node.input[1:], **attrs)
     taps = 16 if mode == "cubic" else 4
-    return NodeBound(
-        "Resize",
-        "reduction",
-        a=2.0,
-        b=float(taps),
-        source=f"{mode}: interpolation weights rounded, {taps}·u·Σ|w||x|",
-    )
+    mag = bld.op("Resize", bld.abs(n.node.input[0]), *n.node.input[1:], **attrs)
+    coord = _coordinates(n, bld, mode, attrs)
+    if coord is None:
+        bld.final("Identity", mag)
+        source = f"{mode}: interpolation weights rounded, {taps}·u·Σ|w||x|"
+    else:
+        near, length = coord
+        bld.final("Add", mag, bld.op("Mul", near, bld.const(_COORD[mode] * length / taps)))
+        source = (
+            f"{mode}: interpolation weights rounded, {taps}·u·Σ|w||x|, and the sample coordinates "
+            f"rounded, {_COORD[mode]:g}·u·L·max|taps| (L: the resized axes' lengths, {length:g})"
+        )
+    return NodeBound("Resize", "reduction", a=2.0, b=float(taps), source=source)
+
+
+def _coordinates(n: NodeView, bld: Builder, mode: str, attrs: dict[str, Any]) -> tuple[str, float] | None:
+    """Each output element's taps' largest magnitude (a max-pool of |x| over the taps, sampled at
+    the coordinate's floor) and the resized axes' summed input lengths; None where the resized
+    axes are not the trailing spatial ones of an N, C, ... input, or the resize is antialiased."""
+    sx, so = n.shape(0), n.shapes.get(n.node.output[0])
+    if sx is None or so is None or len(sx) < 3 or attrs.get("antialias") or attrs.get("axes"):
+        return None
+    changed = [k for k, (a, b) in enumerate(zip(sx, so, strict=False)) if a != b]
+    if not changed or min(changed) < 2:
+        return None
+    spatial = len(sx) - 2
+    k, before, after = (4, 1, 2) if mode == "cubic" else (2, 0, 1)
+    # the edge taps repeated, as Resize clamps its indices (onnx's MaxPool mis-sizes uneven pads)
+    pads = bld.const([0, 0, *[before] * spatial, 0, 0, *[after] * spatial], ints=True)
+    edged = bld.op("Pad", bld.abs(n.node.input[0]), pads, mode="edge")
+    pool = bld.op("MaxPool", edged, kernel_shape=[k] * spatial, strides=[1] * spatial)
+    drop = ("mode", "cubic_coeff_a", "nearest_mode", "exclude_outside")
+    keep = {a: v for a, v in attrs.items() if a not in drop}
+    near = bld.op("Resize", pool, *n.node.input[1:], mode="nearest", nearest_mode="floor", **keep)
+    return near, float(sum(int(sx[a]) for a in changed))
 
 
 def _scatter(n: NodeView, bld: Builder) -> NodeBound | None:

@@ -1,9 +1,9 @@
 """--fail-on: release gates, each with its own exit code so CI can tell them apart.
 
 Without --fail-on the default gate holds (exit 1 on nondeterminism, a difference past
---max-ulp, or a backend that failed). With it, only the named policies gate; when
-several fire, the lowest exit code wins. Every backend failing is exit 3 whatever
-the policies.
+--max-ulp, an origin, a judgment that could not be made, or a backend that failed). With it,
+only the named policies gate; when several fire, the lowest exit code wins. Every backend
+failing is exit 3 whatever the policies.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from xbackend.results.explanation import Explanation
 from xbackend.results.probe import ProbeResult
 from xbackend.results.promises import PromiseCheck
 
-__all__ = ["POLICIES", "Gate", "Gated", "Policy", "evaluate", "parse_policies"]
+__all__ = ["POLICIES", "Gate", "Gated", "Policy", "evaluate", "parse_policies", "unjudged"]
 
 
 @dataclass(frozen=True)
@@ -275,11 +275,22 @@ def _ill_conditioned(c: _Context, _: float | None) -> str:
     )
 
 
-def _not_judged(c: _Context, _: float | None) -> str:
-    ex = c.r.explanation
+def unjudged(ex: Explanation) -> list[str]:
+    """Each judgment that could not be made, with its reason: the explanation (unless declined
+    with --noise-samples 0), a backend's nodes, a backend's plain run."""
     if not ex.ok:
-        return "" if ex.declined or not ex.reason else f"no explanation: {ex.reason}"
-    return "; ".join(f"{x.backend}: {x.reason or x.status}" for x in ex.local if x.status != "ok")
+        return [] if ex.declined or not ex.reason else [f"no explanation: {ex.reason}"]
+    out = [f"{x.backend}: {x.reason or x.status}" for x in ex.local if x.status != "ok"]
+    out += [
+        f"{x.backend}: its plain run: {x.plain.reason}"
+        for x in ex.local
+        if x.status == "ok" and x.plain is not None and x.plain.status == "not-judged"
+    ]
+    return out
+
+
+def _not_judged(c: _Context, _: float | None) -> str:
+    return "; ".join(unjudged(c.r.explanation))
 
 
 def _token_flip(c: _Context, _: float | None) -> str:

@@ -22,7 +22,7 @@ from xbackend.results.explanation import (
     explained_words,
     origins_line,
 )
-from xbackend.results.gating import Gate, evaluate
+from xbackend.results.gating import Gate, evaluate, unjudged
 from xbackend.results.options import EXPECTED, CompareOptions
 from xbackend.results.probe import ProbeResult
 from xbackend.results.promises import EXIT_PROMISE, PromiseCheck, check_promises
@@ -186,6 +186,8 @@ class Result:
             return EXIT_PROMISE
         if self.failed or self.nondeterministic or self.violations or self.reference_fails:
             return EXIT_DIFFERENCES
+        if unjudged(self.explanation):  # nothing passes unjudged
+            return EXIT_DIFFERENCES
         if any(c.faulted for c in self.candidates):
             return EXIT_DIFFERENCES
         return EXIT_OK
@@ -286,8 +288,9 @@ class Result:
         if not ex.ok:
             if not ex.reason:
                 return []
-            kind = "NOTE" if ex.declined else "WARN"
-            return [f"{kind}: no explanation of the differences: {ex.reason}"]
+            if ex.declined:
+                return [f"NOTE: no explanation of the differences: {ex.reason}"]
+            return [f"FAIL: not judged: no explanation of the differences: {ex.reason}"]
         modules = self.model.modules()
         out = []
         for t in ex.ill_conditioned:
@@ -332,14 +335,16 @@ class Result:
                 continue
             if le.status != "ok":
                 out.append(
-                    f"WARN: {c.backend}: not judged against float64: {le.reason}; its outputs are held to "
-                    "the noise floor's tolerance instead"
+                    f"FAIL: {c.backend}: not judged against float64: {le.reason}; its outputs were held to "
+                    "the noise floor's tolerance instead, which says nothing of its nodes"
                 )
             elif le.origins:
                 if not (c.judged and c in self.violations):  # a FAIL line says it already
                     out.append(f"NOTE: {self._origins_line(c)}")
             else:
                 out.append(f"EXPLAINED: {c.backend}: {explained_words(le, modules)}")
+            if le.status == "ok" and le.plain is not None and le.plain.status == "not-judged":
+                out.append(f"FAIL: {c.backend}: not judged as it ships: {le.plain.reason}")
             if le.status == "ok" and le.graph.startswith(UNFUSED):
                 out.append(f"WARN: {c.backend}: its kernels were judged on {le.graph}")
         return out

@@ -178,19 +178,34 @@ class TorchRunner(Runner):
         self._calls_map = onnx_calls(proto) if self._grain != "module" else {}
         self._folded = folded_constants(proto) if self._calls_map else {}
         del proto
-        # only a --torch-module other than the recorded file loses a map the model has
-        other_module = not mapped and bool(self.options["module"]) and bool(module_map(meta, "", model_dir))
-        self._unmapped = (
-            "the torch module (--torch-module) is not the one the model records, so no module "
-            "output is mapped to this tensor (leave --torch-module out, with --trust-model-code)"
-            if other_module
-            else "no torch module output maps to this tensor"
-        )
+        self._unmapped = "no torch module output maps to this tensor"
+        recorded_map = module_map(meta, "", model_dir)
+        if not mapped and self.options["module"] and recorded_map:
+            mapped = self._by_name(recorded_map)
         self._map = {m: t for m, t in mapped.items() if t in wanted and t not in model.outputs}
         self._wanted = wanted - set(model.outputs)
         self._outputs = model.outputs
         self._hook()
         return BuildFingerprint.from_items(self.name, sorted(self.info().items()))
+
+    def _by_name(self, recorded: Mapping[str, str]) -> dict[str, str]:
+        """A --torch-module other than the file the model records: the recorded map kept for the
+        modules of the same name in it (each checked against the reference's value, as an
+        unverified map is), the others said."""
+        names = {n for n, _ in self._module.named_modules()}
+        kept = {m: t for m, t in recorded.items() if m in names}
+        missing = sorted(set(recorded) - names)
+        more = " ..." if len(missing) > 8 else ""
+        self._map_source = (
+            f"the recorded module's map, by name: the torch module (--torch-module) is not the file the "
+            f"model records; {len(kept)} of {len(recorded)} of its modules found by name"
+            + (f", not found: {', '.join(missing[:8])}{more}" if missing else "")
+        )
+        self._unmapped = (
+            "the torch module (--torch-module) is not the one the model records, and no module of it has "
+            "the name the recorded map gives this tensor (leave --torch-module out, with --trust-model-code)"
+        )
+        return kept
 
     def _hook(self) -> None:
         import torch  # heavy: torch
