@@ -34,7 +34,15 @@ from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.results import BackendResult
 from xbackend.results.explanation import UNFUSED, LocalErrors, Origin, PlainOutputs
 
-__all__ = ["PLAIN_PHASE", "Cutting", "Shipped", "judge_plain_runs", "stretch_cuts", "stretch_nodes"]
+__all__ = [
+    "PLAIN_PHASE",
+    "Cutting",
+    "Shipped",
+    "judge_plain_runs",
+    "largest_stretch",
+    "stretch_cuts",
+    "stretch_nodes",
+]
 
 PLAIN_PHASE = "plain"
 MAX_STRETCHES = 16  # boundaries beyond this many would break the fusions the stretches must keep
@@ -135,6 +143,15 @@ def stretch_cuts(proto: onnx.ModelProto) -> tuple[Cutting, Cutting] | tuple[()]:
             mid = (lo + hi) / 2
             second.append(min(inside, key=lambda k: (len(crossing[k]), abs(k - mid))))
     return _cutting(proto, first, crossing), _cutting(proto, second, crossing)
+
+
+def largest_stretch(c: Cutting, proto: onnx.ModelProto) -> int:
+    """The most nodes (Constants not counted) in one stretch of `c`."""
+    sizes: dict[int, int] = {}
+    for k, n in enumerate(proto.graph.node):
+        if n.op_type != "Constant":
+            sizes[c.stretch[k]] = sizes.get(c.stretch[k], 0) + 1
+    return max(sizes.values(), default=0)
 
 
 def _available(c: Cutting, available: Mapping[str, object]) -> Cutting:
@@ -251,14 +268,15 @@ def _plain_of(
             return replace(le, plain=PlainOutputs("not-judged", f"its stretches could not be run: {why}"))
         judged.append((r, got))
     worst = max((x for _, j in judged for x in j.origins), key=lambda o: o.ratio, default=None)
+    largest = min(largest_stretch(r.cutting, proto) for r, _ in judged)
     if worst is None:
         ratio = max((j.largest_ratio or 0.0 for _, j in judged), default=0.0)
         at = max(judged, key=lambda x: x[1].largest_ratio or 0.0)[1].largest_at
-        return replace(le, plain=PlainOutputs("explained", ratio=ratio, at=at))
+        return replace(le, plain=PlainOutputs("explained", ratio=ratio, at=at, largest=largest))
     # a stretch holding a node already found to be an origin is that origin's error carried on
     known = {t for o in le.origins for t in (o.tensor, *o.covers)}
     found = _origins(proto, judged, known)
-    plain = PlainOutputs("unexplained", ratio=worst.ratio, at=worst.tensor)
+    plain = PlainOutputs("unexplained", ratio=worst.ratio, at=worst.tensor, largest=largest)
     return replace(le, plain=plain, origins=(*le.origins, *found))
 
 

@@ -108,19 +108,21 @@ class PlainOutputs:
     reason: str = ""
     ratio: float = 0.0  # the outputs' largest error / composed allowance
     at: str = ""  # the output where it is largest
+    largest: int = field(default=0, metadata={OMIT_DEFAULT: True})  # nodes in its largest stretch
 
     def words(self) -> str:
         """How the observer effect's WARN ends."""
+        size = f", stretches of at most {self.largest} nodes" if self.largest else ""
         if self.status == "explained":
             ratio = math.floor(self.ratio * 1000) / 1000
             return (
                 "its plain run, stretch by stretch as it ships, is within the bound composed from its "
-                f"nodes' allowances ({ratio:.3g} of it, at {self.at})"
+                f"nodes' allowances ({ratio:.3g} of it, at {self.at}{size})"
             )
         if self.status == "unexplained":
             return (
                 "its plain run is past the bound composed from its nodes' allowances "
-                f"({self.ratio:.3g}x, at {self.at}): see its origins"
+                f"({self.ratio:.3g}x, at {self.at}{size}): see its origins"
             )
         if self.status == "shipped-graph":
             return f"the plain run's kernels were judged on {self.reason}"
