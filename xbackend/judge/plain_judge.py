@@ -24,6 +24,7 @@ from xbackend.bounds.propagation import PROP
 from xbackend.execution.executor import Executor, Job
 from xbackend.execution.protocol import Phase
 from xbackend.judge.floors import save_severed_feeds
+from xbackend.judge.fusions import Fusions, find_fusions, float_candidates, fusion_stretches, region_sizes
 from xbackend.judge.judge_nodes import JUDGE_PHASE, judge_backend
 from xbackend.judge.judge_plan import Plan
 from xbackend.judge.judged_graph import Judged, judged_model
@@ -255,8 +256,14 @@ def _plain_of(
     name = le.backend
     live = next(p for p in shipped.planned if p.name == name)
     proto = load_proto((plan.rewrites or ctx.spec).path, load_external=False)
-    cuttings = [c for c in (_available(c, plan.available) for c in stretch_cuts(proto)) if c.cuts]
-    cuttings = cuttings or [Cutting((), (), (0,) * len(proto.graph.node))]
+    found = find_fusions(ctx, live, ex, float_candidates(proto, plan.available), name)
+    how = Grain.of(found, proto)
+    if found.fused and not found.why_not:
+        cuts, region = fusion_stretches(proto, found.fused, plan.available)
+        cuttings = [Cutting(cuts, (), region)]
+    else:  # no fusion found by exposure: two staggered cuttings where the fewest tensors cross
+        cuttings = [c for c in (_available(c, plan.available) for c in stretch_cuts(proto)) if c.cuts]
+        cuttings = cuttings or [Cutting((), (), (0,) * len(proto.graph.node))]
     runs = [_planned_run(ctx, plan, live, shipped.oracle, proto, c, ref_capture, f"{name}-{k}")
             for k, c in enumerate(cuttings)]  # fmt: skip
     ex.bar.grow(sum(r.run.steps + r.judge.steps for r in runs))
@@ -268,16 +275,41 @@ def _plain_of(
             return replace(le, plain=PlainOutputs("not-judged", f"its stretches could not be run: {why}"))
         judged.append((r, got))
     worst = max((x for _, j in judged for x in j.origins), key=lambda o: o.ratio, default=None)
-    largest = min(largest_stretch(r.cutting, proto) for r, _ in judged)
+    grain = how.sized(min((r.cutting for r, _ in judged), key=lambda c: largest_stretch(c, proto)), proto)
     if worst is None:
         ratio = max((j.largest_ratio or 0.0 for _, j in judged), default=0.0)
         at = max(judged, key=lambda x: x[1].largest_ratio or 0.0)[1].largest_at
-        return replace(le, plain=PlainOutputs("explained", ratio=ratio, at=at, largest=largest))
+        return replace(le, plain=PlainOutputs("explained", ratio=ratio, at=at, **grain))
     # a stretch holding a node already found to be an origin is that origin's error carried on
     known = {t for o in le.origins for t in (o.tensor, *o.covers)}
-    found = _origins(proto, judged, known)
-    plain = PlainOutputs("unexplained", ratio=worst.ratio, at=worst.tensor, largest=largest)
-    return replace(le, plain=plain, origins=(*le.origins, *found))
+    new = _origins(proto, judged, known)
+    plain = PlainOutputs("unexplained", ratio=worst.ratio, at=worst.tensor, **grain)
+    return replace(le, plain=plain, origins=(*le.origins, *new))
+
+
+@dataclass(frozen=True)
+class Grain:
+    """How a plain run was cut: around the fusions found by exposure, or in staggered stretches."""
+
+    fused: int  # tensors found inside fusions
+    builds: int  # the search's builds
+    why_not: str  # why no fusion was found by exposure ('' when some were)
+
+    @classmethod
+    def of(cls, f: Fusions, proto: onnx.ModelProto) -> Grain:
+        why = f.why_not or ("" if f.fused else "no single tensor's exposure moves its outputs")
+        return cls(len(f.fused), f.builds, why)
+
+    def sized(self, c: Cutting, proto: onnx.ModelProto) -> dict[str, object]:
+        """PlainOutputs' fields on the grain: its largest stretch, the nodes judged alone."""
+        sizes = region_sizes(proto, c.stretch)
+        return {
+            "largest": max(sizes.values(), default=0),
+            "alone": sum(1 for s in sizes.values() if s == 1),
+            "nodes": sum(sizes.values()),
+            "fused": self.fused,
+            "cut": "fusions" if not self.why_not else f"staggered stretches ({self.why_not})",
+        }
 
 
 def _origins(
@@ -298,6 +330,8 @@ def _origins(
 
 
 def _stretch(o: Origin, nodes: tuple[str, ...]) -> Origin:
+    if len(nodes) == 1:  # a node judged alone in the plain run: an origin at that node
+        return o
     detail = (
         "the plain run's stretch ending here is past the bound composed from its nodes' allowances, "
         f"as is the staggered cutting's stretch over its {len(nodes)} node(s) named: they compute "

@@ -109,10 +109,26 @@ class PlainOutputs:
     ratio: float = 0.0  # the outputs' largest error / composed allowance
     at: str = ""  # the output where it is largest
     largest: int = field(default=0, metadata={OMIT_DEFAULT: True})  # nodes in its largest stretch
+    alone: int = field(default=0, metadata={OMIT_DEFAULT: True})  # nodes judged alone (a stretch of one)
+    nodes: int = field(default=0, metadata={OMIT_DEFAULT: True})  # nodes judged (Constants aside)
+    fused: int = field(default=0, metadata={OMIT_DEFAULT: True})  # tensors found inside fusions
+    cut: str = field(default="", metadata={OMIT_DEFAULT: True})  # how it was cut: "fusions", or why not
+
+    def grain(self) -> str:
+        """Its stretches in words ('' when it was not cut)."""
+        if not self.largest:
+            return ""
+        how = (
+            f"cut around the {self.fused} tensor(s) whose exposure moves its outputs"
+            if self.cut == "fusions"
+            else f"cut in {self.cut}"
+        )
+        alone = f"{self.alone} of {self.nodes} nodes judged alone"
+        return f"{how}; stretches of at most {self.largest} nodes, {alone}"
 
     def words(self) -> str:
         """How the observer effect's WARN ends."""
-        size = f", stretches of at most {self.largest} nodes" if self.largest else ""
+        size = f"; {self.grain()}" if self.largest else ""
         if self.status == "explained":
             ratio = math.floor(self.ratio * 1000) / 1000
             return (

@@ -1,0 +1,169 @@
+"""Where an engine fuses, found by exposure, and the plain run cut around each fusion.
+
+Engines fuse only what nobody reads: a tensor whose exposure changes the plain run's outputs lies
+inside a fusion (or a kernel choice that depends on it, the same thing to a judge). Where an
+engine publishes no graph of its own (a plugin, an engine in another environment), those tensors
+are found by group testing: the plain model run with a group of tensors exposed, each group that
+moves the outputs split in two, until single tensors remain. All tests of a round run in one
+worker process, one build each, against the plain run's own outputs in that process.
+
+The plain run is then cut around each fusion: every other tensor is exposed and fed to its
+readers from the reference, so each node outside a fusion is judged alone and each fused region
+is one stretch, as small as the fusion, however many tensors cross into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+import onnx
+
+from xbackend.execution.executor import Executor, Job
+from xbackend.execution.protocol import Phase
+from xbackend.probes.base import PlannedBackend, ProbeContext
+
+__all__ = ["FIRST_GROUPS", "Fusions", "find_fusions", "float_candidates", "fusion_stretches", "region_sizes"]
+
+FIRST_GROUPS = 16  # the first round's groups: later rounds halve the groups that moved the outputs
+_FLOATS = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                     onnx.TensorProto.BFLOAT16})  # fmt: skip
+_PLAIN = "fusion-plain"
+
+
+@dataclass(frozen=True)
+class Fusions:
+    """What exposing each tensor does to a backend's plain outputs."""
+
+    fused: tuple[str, ...]  # tensors whose exposure moves the outputs, model order
+    searched: int  # tensors tested
+    builds: int  # builds the search made
+    why_not: str = ""  # why the search could not decide ('' when it did)
+
+
+def _groups(items: Sequence[str], k: int) -> list[tuple[str, ...]]:
+    """`items` in at most `k` contiguous groups of near-equal size (model order kept: a fusion's
+    tensors sit together, so few groups hold one)."""
+    k = max(1, min(k, len(items)))
+    size, extra = divmod(len(items), k)
+    out, at = [], 0
+    for i in range(k):
+        n = size + (i < extra)
+        out.append(tuple(items[at : at + n]))
+        at += n
+    return [g for g in out if g]
+
+
+def find_fusions(
+    ctx: ProbeContext,
+    live: PlannedBackend,
+    ex: Executor,
+    candidates: Sequence[str],
+    key: str,
+) -> Fusions:
+    """The `candidates` (float tensors, model order) whose exposure moves `live`'s plain outputs."""
+    assert live.cls is not None
+    outputs = ctx.spec.output_order()
+    order = {t: k for k, t in enumerate(ctx.spec.tensor_order())}
+    todo = _groups(list(candidates), FIRST_GROUPS)
+    fused: list[str] = []
+    builds, rounds = 0, 0
+    while todo:
+        rounds += 1
+        phases = [Phase.planned(_PLAIN, outputs, 2, spill=False)]
+        phases += [
+            Phase.planned(
+                f"fusion-{k}", sorted({*outputs, *g}, key=lambda t: order.get(t, -1)), 1, spill=False
+            )
+            for k, g in enumerate(todo)
+        ]
+        job = Job(f"explain-fusions-{key}-{rounds}", live.name, live.cls, live.variant(), ctx.feeds_path,
+                  tuple(phases))  # fmt: skip
+        ex.bar.grow(job.steps)
+        got = ex.run(job)
+        builds += len(phases)
+        try:
+            plain = got.phase(_PLAIN) if got.ok else None
+            if plain is None:
+                return Fusions((), len(candidates), builds, got.reason or "its plain run did not run")
+            if len(set(plain.output_hashes)) > 1:
+                return Fusions((), len(candidates), builds, "its plain outputs vary from run to run")
+            moved = []
+            for k, g in enumerate(todo):
+                p = got.phase(f"fusion-{k}")
+                if p is None or not p.output_hashes:
+                    return Fusions((), len(candidates), builds, f"a build exposing {g[0]} did not run")
+                if p.output_hashes[0] != plain.output_hashes[0]:
+                    moved.append(g)
+        finally:
+            got.drop_captures()
+        todo = []
+        for g in moved:
+            if len(g) == 1:
+                fused.append(g[0])
+            else:
+                todo += _groups(g, 2)
+    return Fusions(tuple(sorted(fused, key=lambda t: order.get(t, -1))), len(candidates), builds)
+
+
+def float_candidates(
+    proto: onnx.ModelProto, available: Mapping[str, tuple[int, tuple[int, ...]]]
+) -> list[str]:
+    """Computed float tensors the reference holds, graph outputs aside, in model order."""
+    outputs = {o.name for o in proto.graph.output}
+    return [
+        o
+        for n in proto.graph.node
+        for o in n.output
+        if o and o not in outputs and o in available and available[o][0] in _FLOATS
+    ]
+
+
+def _regions(proto: onnx.ModelProto, joined: Collection[str]) -> list[int]:
+    """Each node's region: nodes joined through a tensor of `joined` (its maker and its readers)
+    share one; the others are alone. Numbered in model order."""
+    nodes = proto.graph.node
+    parent = list(range(len(nodes)))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    for k, n in enumerate(nodes):
+        for i in n.input:
+            if i in joined and i in made:
+                a, b = root(made[i]), root(k)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    ids: dict[int, int] = {}
+    return [ids.setdefault(root(k), len(ids)) for k in range(len(nodes))]
+
+
+def fusion_stretches(
+    proto: onnx.ModelProto, fused: Collection[str], available: Mapping[str, tuple[int, tuple[int, ...]]]
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The plain run cut around each fusion: the tensors to expose and feed (every tensor read in
+    another region than its maker's), and each node's region. A tensor the reference does not
+    hold cannot be fed: it joins its maker and readers as a fused one does."""
+    made = {o for n in proto.graph.node for o in n.output if o}
+    joined = set(fused) | {t for t in made if t not in available}
+    region = _regions(proto, joined)
+    maker = {o: k for k, n in enumerate(proto.graph.node) for o in n.output if o}
+    cuts: dict[str, None] = {}
+    for k, n in enumerate(proto.graph.node):
+        for i in n.input:
+            if i in maker and i not in joined and region[maker[i]] != region[k]:
+                cuts[i] = None
+    return tuple(cuts), tuple(region)
+
+
+def region_sizes(proto: onnx.ModelProto, region: Sequence[int]) -> dict[int, int]:
+    """Nodes per region, Constants not counted."""
+    out: dict[int, int] = {}
+    for k, n in enumerate(proto.graph.node):
+        if n.op_type != "Constant":
+            out[region[k]] = out.get(region[k], 0) + 1
+    return out
