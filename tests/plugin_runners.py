@@ -6,6 +6,7 @@ engines cannot promise across machines.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -757,7 +758,13 @@ class FuseUnexposedRunner(OrtCpuRunner):
       outputs it may fuse (default every one);
     - kind add-layernorm: a residual Add and the LayerNormalization reading it in one kernel whose
       rsqrt keeps 11 bits (float16's: a relative error up to 2^-12); `at`: the LayerNormalization
-      outputs it may fuse."""
+      outputs it may fuse;
+    - kind onepass-var: the same fusion, its variance as E[x²] - E[x]² (exact rsqrt);
+    - kind softmax-pv: a Softmax and the MatMul that reads its probabilities (through a Where, as
+      torch's exports mask them) in one kernel that holds them in float16; `at`: the Softmax outputs;
+    - kind gelu-tanh: an erf GELU (x·0.5·(1 + erf(x/√2)), as exported) computed as the tanh
+      approximation; `at`: the Erf outputs.
+    Each fuses only where none of the fused intermediates is exposed."""
 
     name = "test-fuse"
     description = "ONNX Runtime CPU fusing bias + MatMul in float16 where unexposed"
@@ -765,15 +772,25 @@ class FuseUnexposedRunner(OrtCpuRunner):
     option_specs = (
         *OrtCpuRunner.option_specs,
         OptionSpec("at", str, "", "comma-separated outputs it may fuse"),
-        OptionSpec("kind", str, "bias-matmul", "what it fuses", choices=("bias-matmul", "add-layernorm")),
+        OptionSpec(
+            "kind",
+            str,
+            "bias-matmul",
+            "what it fuses",
+            choices=("bias-matmul", "add-layernorm", "onepass-var", "softmax-pv", "gelu-tanh"),
+        ),
     )
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         proto = onnx.load(model.path)
         at = {s for s in str(self.options["at"]).split(",") if s}
         exposed = set(tensors) | set(model.outputs)
-        if self.options["kind"] == "add-layernorm":
+        if self.options["kind"] in ("add-layernorm", "onepass-var"):
             return self._add_layernorm(proto, model, tensors, at, exposed)
+        if self.options["kind"] in ("softmax-pv", "gelu-tanh"):
+            rewrite = _softmax_pv if self.options["kind"] == "softmax-pv" else _gelu_tanh
+            self.fused = rewrite(proto, at, exposed)
+            return _prepare_rewritten(self, proto, model, tensors)
         readers: dict[str, list[onnx.NodeProto]] = {}
         for n in proto.graph.node:
             for i in n.input:
@@ -835,16 +852,31 @@ class FuseUnexposedRunner(OrtCpuRunner):
             e = onnx.numpy_helper.from_array(np.array(eps, np.float32), f"{p}/eps")
             proto.graph.initializer.extend([w, e])
             make = onnx.helper.make_node
+            if self.options["kind"] == "onepass-var":  # E[x²] - E[x]²: cancels where |mean| >> σ
+                variance = [
+                    make("Mul", [x, x], [f"{p}/x2"]),
+                    make("MatMul", [f"{p}/x2", w.name], [f"{p}/ex2"]),
+                    make("Mul", [f"{p}/mean", f"{p}/mean"], [f"{p}/m2"]),
+                    make("Sub", [f"{p}/ex2", f"{p}/m2"], [f"{p}/var"]),
+                ]
+                rsqrt = [make("Reciprocal", [f"{p}/sd"], [f"{p}/r11"])]
+            else:
+                variance = [
+                    make("Mul", [f"{p}/d", f"{p}/d"], [f"{p}/d2"]),
+                    make("MatMul", [f"{p}/d2", w.name], [f"{p}/var"]),
+                ]
+                rsqrt = [
+                    make("Reciprocal", [f"{p}/sd"], [f"{p}/r"]),
+                    make("Cast", [f"{p}/r"], [f"{p}/r16"], to=f16),
+                    make("Cast", [f"{p}/r16"], [f"{p}/r11"], to=f32),
+                ]
             nodes += [
                 make("MatMul", [x, w.name], [f"{p}/mean"]),
                 make("Sub", [x, f"{p}/mean"], [f"{p}/d"]),
-                make("Mul", [f"{p}/d", f"{p}/d"], [f"{p}/d2"]),
-                make("MatMul", [f"{p}/d2", w.name], [f"{p}/var"]),
+                *variance,
                 make("Add", [f"{p}/var", e.name], [f"{p}/ve"]),
                 make("Sqrt", [f"{p}/ve"], [f"{p}/sd"]),
-                make("Reciprocal", [f"{p}/sd"], [f"{p}/r"]),
-                make("Cast", [f"{p}/r"], [f"{p}/r16"], to=f16),
-                make("Cast", [f"{p}/r16"], [f"{p}/r11"], to=f32),
+                *rsqrt,
                 make("Mul", [f"{p}/d", f"{p}/r11"], [f"{p}/n"]),
                 make("Mul", [f"{p}/n", n.input[1]], [f"{p}/g"]),
                 make("Add", [f"{p}/g", n.input[2]], [n.output[0]]),
@@ -856,6 +888,100 @@ class FuseUnexposedRunner(OrtCpuRunner):
 
     def info(self) -> dict[str, str]:
         return {**super().info(), "fused": ",".join(getattr(self, "fused", []))}
+
+
+def _readers(proto: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for n in proto.graph.node:
+        for i in n.input:
+            out.setdefault(i, []).append(n)
+    return out
+
+
+def _replace_nodes(proto: onnx.ModelProto, at: onnx.NodeProto, new: list[onnx.NodeProto],
+                   gone: set[str]) -> None:  # fmt: skip
+    """`new` in the place of node `at`; the nodes whose first output is in `gone` removed."""
+    nodes = []
+    for n in proto.graph.node:
+        if n is at or n.output[0] == at.output[0]:
+            nodes += new
+        elif n.output[0] not in gone:
+            nodes.append(n)
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+
+
+def _softmax_pv(proto: onnx.ModelProto, at: set[str], exposed: set[str]) -> list[str]:
+    """Each Softmax whose probabilities reach one MatMul unexposed (through IsNaN/Where masking):
+    the MatMul reads them rounded to float16."""
+    readers, f16, f32 = _readers(proto), onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    fused = []
+    for s in [n for n in proto.graph.node if n.op_type == "Softmax"]:
+        p = s.output[0]
+        if (at and p not in at) or p in exposed:
+            continue
+        chain, t = [p], p
+        while True:
+            r = [n for n in readers.get(t, []) if n.op_type != "IsNaN"]
+            if len(r) != 1 or r[0].op_type not in ("Where", "MatMul"):
+                break
+            if r[0].op_type == "MatMul":
+                mm = r[0]
+                if mm.input[0] != t or any(c in exposed for c in chain):
+                    break
+                h = f"{p}/fp16"
+                cast = [onnx.helper.make_node("Cast", [t], [h + "a"], to=f16),
+                        onnx.helper.make_node("Cast", [h + "a"], [h + "b"], to=f32)]  # fmt: skip
+                mm.input[0] = h + "b"
+                _replace_nodes(proto, mm, [*cast, mm], set())
+                fused.append(p)
+                break
+            t = r[0].output[0]
+            chain.append(t)
+    return fused
+
+
+def _gelu_tanh(proto: onnx.ModelProto, at: set[str], exposed: set[str]) -> list[str]:
+    """Each erf GELU (Div by √2, Erf, Add 1, Mul by 0.5, Mul by x, in any order of the last
+    two) whose intermediates are unexposed: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))."""
+    readers, made = _readers(proto), {o: n for n in proto.graph.node for o in n.output}
+    fused = []
+    for e in [n for n in proto.graph.node if n.op_type == "Erf"]:
+        div = made.get(e.input[0])
+        if div is None or div.op_type != "Div" or (at and e.output[0] not in at):
+            continue
+        x, inner, t = div.input[0], [div.output[0], e.output[0]], e.output[0]
+        end = None
+        for _ in range(3):
+            r = readers.get(t, [])
+            if len(r) != 1 or r[0].op_type not in ("Add", "Mul"):
+                break
+            t = r[0].output[0]
+            if r[0].op_type == "Mul" and x in r[0].input:
+                end = r[0]
+                break
+            inner.append(t)
+        if end is None or any(i in exposed for i in inner):
+            continue
+        p, make = f"{e.output[0]}/tanh", onnx.helper.make_node
+        consts = {"c3": 0.044715, "k": math.sqrt(2 / math.pi), "one": 1.0, "half": 0.5}
+        proto.graph.initializer.extend(
+            onnx.numpy_helper.from_array(np.array(v, np.float32), f"{p}/{k}") for k, v in consts.items()
+        )
+        new = [
+            make("Mul", [x, x], [f"{p}/x2"]),
+            make("Mul", [f"{p}/x2", x], [f"{p}/x3"]),
+            make("Mul", [f"{p}/x3", f"{p}/c3"], [f"{p}/a"]),
+            make("Add", [x, f"{p}/a"], [f"{p}/b"]),
+            make("Mul", [f"{p}/b", f"{p}/k"], [f"{p}/c"]),
+            make("Tanh", [f"{p}/c"], [f"{p}/th"]),
+            make("Add", [f"{p}/th", f"{p}/one"], [f"{p}/d"]),
+            make("Mul", [f"{p}/d", f"{p}/half"], [f"{p}/h"]),
+            make("Mul", [x, f"{p}/h"], [end.output[0]]),
+        ]
+        _replace_nodes(proto, end, new, set(inner))
+        fused.append(e.output[0])
+    return fused
 
 
 class OnnxLoadRunner(Runner):

@@ -23,9 +23,18 @@ from xbackend.execution.executor import Executor, Job
 from xbackend.execution.protocol import Phase
 from xbackend.probes.base import PlannedBackend, ProbeContext
 
-__all__ = ["FIRST_GROUPS", "Fusions", "find_fusions", "float_candidates", "fusion_stretches", "region_sizes"]
+__all__ = [
+    "FIRST_GROUPS",
+    "NEAR",
+    "Fusions",
+    "find_fusions",
+    "float_candidates",
+    "fusion_stretches",
+    "region_sizes",
+]
 
 FIRST_GROUPS = 16  # the first round's groups: later rounds halve the groups that moved the outputs
+NEAR = 3  # a fused tensor's readers this close to its first are in its kernel; later ones are fed it
 _FLOATS = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                      onnx.TensorProto.BFLOAT16})  # fmt: skip
 _PLAIN = "fusion-plain"
@@ -119,9 +128,11 @@ def float_candidates(
     ]
 
 
-def _regions(proto: onnx.ModelProto, joined: Collection[str]) -> list[int]:
-    """Each node's region: nodes joined through a tensor of `joined` (its maker and its readers)
-    share one; the others are alone. Numbered in model order."""
+def _regions(proto: onnx.ModelProto, fused: Collection[str], unheld: Collection[str]) -> list[int]:
+    """Each node's region, numbered in model order: a fused tensor joins its maker to its readers
+    within NEAR nodes of the first (the kernel it fuses into, a mask's Where beside it; a later
+    reader, such as the next residual Add, is fed it from the reference), a tensor the reference
+    does not hold joins its maker to every reader (it cannot be fed); the other nodes are alone."""
     nodes = proto.graph.node
     parent = list(range(len(nodes)))
 
@@ -131,33 +142,37 @@ def _regions(proto: onnx.ModelProto, joined: Collection[str]) -> list[int]:
             k = parent[k]
         return k
 
+    def join(a: int, b: int) -> None:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+
     made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    first: dict[str, int] = {}
     for k, n in enumerate(nodes):
         for i in n.input:
-            if i in joined and i in made:
-                a, b = root(made[i]), root(k)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
+            if i in made and (i in unheld or (i in fused and k - first.setdefault(i, k) <= NEAR)):
+                join(made[i], k)
     ids: dict[int, int] = {}
     return [ids.setdefault(root(k), len(ids)) for k in range(len(nodes))]
 
 
 def fusion_stretches(
     proto: onnx.ModelProto, fused: Collection[str], available: Mapping[str, tuple[int, tuple[int, ...]]]
-) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """The plain run cut around each fusion: the tensors to expose and feed (every tensor read in
-    another region than its maker's), and each node's region. A tensor the reference does not
-    hold cannot be fed: it joins its maker and readers as a fused one does."""
-    made = {o for n in proto.graph.node for o in n.output if o}
-    joined = set(fused) | {t for t in made if t not in available}
-    region = _regions(proto, joined)
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
+    """The plain run cut around each fusion: the tensors to expose and feed (read in another
+    region than their maker's), the fused ones read there too (fed, never exposed: exposing one
+    would undo its fusion), and each node's region."""
     maker = {o: k for k, n in enumerate(proto.graph.node) for o in n.output if o}
-    cuts: dict[str, None] = {}
+    unheld = {t for t in maker if t not in available}
+    region = _regions(proto, set(fused), unheld)
+    crossing: dict[str, None] = {}
     for k, n in enumerate(proto.graph.node):
         for i in n.input:
-            if i in maker and i not in joined and region[maker[i]] != region[k]:
-                cuts[i] = None
-    return tuple(cuts), tuple(region)
+            if i in maker and i not in unheld and region[maker[i]] != region[k]:
+                crossing[i] = None
+    cuts = tuple(t for t in crossing if t not in fused)
+    return cuts, tuple(t for t in crossing if t in fused), tuple(region)
 
 
 def region_sizes(proto: onnx.ModelProto, region: Sequence[int]) -> dict[int, int]:

@@ -259,8 +259,8 @@ def _plain_of(
     found = find_fusions(ctx, live, ex, float_candidates(proto, plan.available), name)
     how = Grain.of(found, proto)
     if found.fused and not found.why_not:
-        cuts, region = fusion_stretches(proto, found.fused, plan.available)
-        cuttings = [Cutting(cuts, (), region)]
+        cuts, hidden, region = fusion_stretches(proto, found.fused, plan.available)
+        cuttings = [Cutting(cuts, hidden, region)]
     else:  # no fusion found by exposure: two staggered cuttings where the fewest tensors cross
         cuttings = [c for c in (_available(c, plan.available) for c in stretch_cuts(proto)) if c.cuts]
         cuttings = cuttings or [Cutting((), (), (0,) * len(proto.graph.node))]

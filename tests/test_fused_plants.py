@@ -1,0 +1,88 @@
+"""Losses an engine makes only where it fuses (intermediates not exposed) are caught in the run
+that ships: the fusions are found by exposure, each judged as a stretch as small as the fusion,
+fed the reference's values of everything that crosses into it (BERT's padded attention mask,
+the residual stream). Every planted site is inside an origin; the correct engine beside it stays
+EXPLAINED."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import BERT_RANGES, BERT_SHAPES
+
+import xbackend
+
+# kind -> the planted kernel's sites on the 2-layer BERT: Linear layers (MatMul + bias), residual
+# Add + LayerNorm (the embeddings' too), attention probabilities into P·V, GELUs
+SITES = {"bias-matmul": 12, "add-layernorm": 5, "softmax-pv": 2, "gelu-tanh": 2}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.usefixtures("plugins")
+@pytest.mark.parametrize("kind", sorted(SITES))
+def test_a_fused_only_loss_is_an_origin_at_every_site(bert: Path, kind: str) -> None:
+    r = xbackend.compare(
+        bert,
+        backends="test-fuse,ort-cpu,reference",
+        runs=1,
+        probes="none",
+        shapes=BERT_SHAPES,
+        ranges=BERT_RANGES,
+        runner_options={"test-fuse": {"kind": kind}},
+    )
+    sites = [s for s in dict(r.backend("test-fuse").info)["fused"].split(",") if s]
+    assert len(sites) == SITES[kind]
+    c = r.cross("test-fuse")
+    # one origin per site, each a stretch of at most 5 nodes holding it, far past its bound
+    assert len(c.origins) == len(sites)
+    for s in sites:
+        (o,) = [o for o in c.origins if s in (o.tensor, *o.covers)]
+        assert len(o.covers) <= 5 and o.ratio > 10, (s, o)
+    le = r.explanation.local_for("test-fuse")
+    assert le is not None and le.plain is not None and le.plain.cut == "fusions"
+    assert le.plain.largest <= 5 and le.plain.alone > 0.7 * le.plain.nodes  # most nodes alone
+    assert r.cross("ort-cpu").explained is True and r.exit_code == 1
+
+
+@pytest.mark.usefixtures("plugins")
+def test_an_engine_whose_own_fusions_are_correct_stays_explained(bert: Path) -> None:
+    """test-fuse@ort plants nothing: ONNX Runtime's own fusions (Gemm, ...) move its plain
+    outputs, are found by exposure, and are within their composed bounds."""
+    r = xbackend.compare(
+        bert,
+        backends="test-fuse,reference",
+        runs=1,
+        probes="none",
+        shapes=BERT_SHAPES,
+        ranges=BERT_RANGES,
+        runner_options={"test-fuse": {"at": "none"}},
+    )
+    le = r.explanation.local_for("test-fuse")
+    assert le is not None and le.origins == ()
+    assert r.cross("test-fuse").explained is True and r.exit_code == 0
+
+
+@pytest.mark.usefixtures("plugins")
+def test_a_one_pass_variance_fused_with_its_residual_add_is_caught_at_each_layernorm() -> None:
+    """Rows of mean 300: E[x²] - E[x]² cancels (node by node 17-25x past); fused with the
+    residual Add only where unexposed, each LayerNorm is an origin of its own 2-node stretch,
+    the Add's value fed to the next residual Add from the reference (it was 1.4-1.8x past in
+    one 152-node stretch)."""
+    r = xbackend.compare(
+        ROOT / "models" / "mlp_layernorm.onnx",
+        backends="test-fuse,ort-cpu,reference",
+        runs=1,
+        probes="none",
+        ranges={"x": (299.0, 301.0)},
+        runner_options={"test-fuse": {"kind": "onepass-var"}},
+    )
+    sites = dict(r.backend("test-fuse").info)["fused"].split(",")
+    assert sites == [*(f"block{k}.ln.out" for k in range(1, 6)), "y"]
+    origins = {o.tensor: o for o in r.cross("test-fuse").origins}
+    assert sorted(origins) == sorted(sites)
+    for k, s in enumerate(sites):
+        assert origins[s].covers == (f"block{k}.residual", s) and origins[s].ratio > 10
+    le = r.explanation.local_for("test-fuse")
+    assert le is not None and le.plain is not None and le.plain.largest == 2
+    assert r.cross("ort-cpu").explained is True and r.exit_code == 1
