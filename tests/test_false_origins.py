@@ -119,3 +119,62 @@ def test_a_loss_at_a_running_sum_of_a_constant_is_still_caught(tmp_path: Path) -
         runner_options={"test-nudge": {"tensor": "s", "ulps": "16384"}},
     )
     assert [o.tensor for o in r.cross("test-nudge").origins] == ["s"]
+
+
+ROTARY = """
+import torch
+from torch import nn
+
+
+class Rotary(nn.Module):
+    # a rotary-style table, computed from constants alone: the exporter folds it into a weight
+    def __init__(self, plant=False):
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.plant = plant
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1], dtype=torch.float32)
+        freq = 1.0 / (10000 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
+        ang = pos[:, None] * freq[None, :]
+        table = torch.cat([ang.cos(), ang.sin()], -1)
+        if self.plant:  # the table held in float16, as a fast kernel might
+            table = table.half().float()
+        return self.lin(x) * table
+
+
+def build():
+    torch.manual_seed(0)
+    return Rotary().eval()
+
+
+def planted():
+    torch.manual_seed(0)
+    return Rotary(True).eval()
+"""
+
+
+def test_a_folded_constant_torch_recomputes_is_a_rounded_value(tmp_path: Path) -> None:
+    """The exporter folds the table into a weight; torch computes it again at run time, a rounding
+    or two away, and its correctly rounded Mul was blamed (Llama's rotary cos/sin: 8 origins on a
+    static export). The same table held in float16 is still an origin at the Mul."""
+    pytest.importorskip("torch")
+    from xbackend.export.example_inputs import InputDecl
+    from xbackend.export.torch_onnx import export_torch
+
+    (tmp_path / "rot.py").write_text(ROTARY)
+    model = tmp_path / "rot.onnx"
+    export_torch(f"{tmp_path / 'rot.py'}:build", [InputDecl("x", (1, 32, 64), "float32")], model)
+
+    def run(factory: str) -> xbackend.Result:
+        options = {"torch": {"module": f"{tmp_path / 'rot.py'}:{factory}"}}
+        return xbackend.compare(
+            model, backends="torch,reference", runs=1, probes="none", runner_options=options
+        )
+
+    good = run("build")
+    folded = dict(good.backend("torch").info)["recomputes_constants"].split(",")
+    assert len(folded) == 1 and onnx.load(str(model)).graph.node[-1].input[1] == folded[0]
+    assert good.cross("torch").explained is True and good.exit_code == 0
+    (o,) = run("planted").cross("torch").origins
+    assert o.op_type == "Mul" and o.ratio > 10

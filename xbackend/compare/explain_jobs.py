@@ -51,7 +51,7 @@ from xbackend.judge.floors import (
     save_severed_feeds,
 )
 from xbackend.judge.judge_nodes import JUDGE_PHASE, warm_compiled
-from xbackend.judge.judge_plan import LOCAL_PHASE, Early, Judge, Plan, judge_all
+from xbackend.judge.judge_plan import LOCAL_PHASE, Early, Judge, Plan, judge_all, plan_rules
 from xbackend.judge.judged_graph import judged_model
 from xbackend.judge.plain_judge import Shipped, judge_plain_runs
 from xbackend.judge.shipped import runtime_plan, shared_nodes, shipped_job, shipped_plan, without
@@ -66,6 +66,7 @@ from xbackend.results.explanation import (
     UNFUSED,
     Explanation,
 )
+from xbackend.runners.base import RECOMPUTED
 
 __all__ = ["FLOOR_ENGINE", "OWN_JUDGE", "explain"]
 
@@ -376,8 +377,9 @@ def _plan(
         # A runner of its own source keeps its model and takes the reference's values as feeds:
         # it computes each part it exposes from the part's inputs, so it is judged at that grain.
         if not b.cls.executes_graph:
+            folded = dict(r.info).get(RECOMPUTED, "").split(",")
             judges[name] = _own_grain(
-                ctx, proto, builds[name], available, shapes, captured, ref_capture, name, src.path
+                ctx, proto, builds[name], available, shapes, captured, ref_capture, name, src.path, folded
             )
             judge_of[name] = name
             graphs[name] = _grain_of(r)
@@ -447,6 +449,7 @@ def _judge_job(
     key: str,
     source: str | Path,
     fill_shapes: bool = False,
+    folded: Sequence[str] = (),
 ) -> Judge:
     """The severed model with each node's operand magnitudes, evaluated in float64 without
     rounding back (the oracle, narrow=false); or why it cannot run."""
@@ -456,7 +459,7 @@ def _judge_job(
         return Judge(
             None, None, f"the float64 evaluator ({JUDGE_ENGINE}) cannot run here: {oracle.unavailable}"
         )
-    judged = judged_model(severed, shapes, captured, fill_shapes)
+    judged = judged_model(severed, shapes, captured, fill_shapes, folded)
     jpath = spath.with_name(f"judged{'-' + key if key else ''}.onnx")
     write_rewritten(judged.proto, source, jpath)
     inputs = tuple(i.name for i in severed.graph.input if i.name.startswith(SEVERED))
@@ -501,9 +504,11 @@ def _own_grain(
     ref_capture: str,
     name: str,
     source: str,
+    folded: Sequence[str],
 ) -> Judge:
     """A backend that computes each tensor it exposes from the tensors it exposes above it (torch:
-    module outputs): the model severed at those, judged in float64."""
+    module outputs): the model severed at those, judged in float64 (`folded`: the constants it
+    computes again at run time)."""
     layers = b.first.layers if b.ok else None
     mine: set[str] = set()
     if layers is not None:
@@ -515,7 +520,7 @@ def _own_grain(
     sfeeds = spath.with_suffix(".xbv")
     save_severed_feeds(sfeeds, ctx.feeds.arrays, ref_capture, severed.inputs)
     own = {n: d for n, d in captured.items() if n in grain}
-    return _judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name, source)
+    return _judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name, source, folded=folded)
 
 
 def _shapes(
@@ -570,7 +575,7 @@ def _analyze(
     conditioning = "" if stats else "not assessed: the float64 judge of the reference's grain did not run"
     return Explanation(
         "ok",
-        rules=_rules(plan),
+        rules=plan_rules(plan),
         confidence=1 - DELTA,
         reorder_check=check,
         amplifiers=amplifiers(spec, ref_capture),
@@ -585,12 +590,3 @@ def _analyze(
         conditioning=conditioning,
         composed=tuple((t, composed[t]) for t in spec.tensor_order() if t in composed),
     )
-
-
-def _rules(plan: Plan) -> tuple[tuple[str, str, str], ...]:
-    """Each op's allowance and its source, as the judged models used them."""
-    seen: dict[str, tuple[str, str, str]] = {}
-    for j in plan.judges.values():
-        for b in j.judged.bounds.values() if j.judged is not None else ():
-            seen.setdefault(b.op, (b.op, b.general(), b.source))
-    return tuple(seen[k] for k in sorted(seen))

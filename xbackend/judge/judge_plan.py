@@ -18,7 +18,15 @@ from xbackend.model.load import ModelSpec
 from xbackend.model.reorder import Reordered
 from xbackend.results.explanation import LocalErrors, ReorderCheck
 
-__all__ = ["LOCAL_PHASE", "NODE_FLOOR_PHASE", "Early", "Judge", "Plan", "judge_all"]
+__all__ = [
+    "LOCAL_PHASE",
+    "NODE_FLOOR_PHASE",
+    "Early",
+    "Judge",
+    "Plan",
+    "judge_all",
+    "plan_rules",
+]
 
 LOCAL_PHASE = "local"
 NODE_FLOOR_PHASE = "node-floor"
@@ -318,3 +326,12 @@ def _grain_words(name: str, plan: Plan) -> str:
     if plan.judge_of.get(name):
         return "its own parts (the model severed at the tensors it exposes)"
     return "the model's graph"
+
+
+def plan_rules(plan: Plan) -> tuple[tuple[str, str, str], ...]:
+    """Each op's allowance and its source, as the judged models used them."""
+    seen: dict[str, tuple[str, str, str]] = {}
+    for j in plan.judges.values():
+        for b in j.judged.bounds.values() if j.judged is not None else ():
+            seen.setdefault(b.op, (b.op, b.general(), b.source))
+    return tuple(seen[k] for k in sorted(seen))

@@ -5,7 +5,7 @@ its elements are undefined by ONNX. The oracle evaluates it in float64 (narrow=f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,6 +65,7 @@ def judged_model(
     shapes: Mapping[str, tuple[int, ...]],
     captured: Mapping[str, str],
     fill_shapes: bool = False,
+    recomputed: Collection[str] = (),
 ) -> Judged:
     """`severed` with every node's magnitude as an extra output (AUX + output), and each node
     output's bound (`shapes`: tensor shapes by original name, as captured; `captured`: the
@@ -97,6 +98,7 @@ def judged_model(
     poison: dict[str, str] = {}  # a tensor -> where its elements are undefined (bool, in the judged graph)
     reached: set[str] = set()  # integer results with a reach (LO/HI) in the judged graph
     wide = _read_wide(g, captured, read, err, bld_w := Builder("xb.wide.", opset))
+    folded = _folded(g, recomputed, read, err, bld_w)
     extra_nodes.extend(bld_w.nodes)
     g.initializer.extend(bld_w.inits)
     for node in list(g.node):
@@ -182,6 +184,8 @@ def judged_model(
             composed[outs[0]] = assumption or (
                 _WIDE
                 if set(inherited) <= wide
+                else _RECOMPUTED
+                if set(inherited) <= folded
                 else f"{len(inherited)} uncaptured input(s), propagated to first order"
             )
         if prop is not None:  # judged with it wherever a backend hands this tensor over
@@ -216,6 +220,10 @@ def judged_model(
     return Judged(out, bounds, tuple(tensors), composed, blame, groups, declared)
 
 
+_RECOMPUTED = (
+    "a constant the exporter folded, which the backend computes again at run time: within 16·u of its "
+    "value, propagated to first order"
+)
 _WIDE = (
     "its float16/bfloat16 inputs may be read before their rounding to that type (ONNX Runtime's CPU runs "
     "a float16 graph in float32 between casts): their rounding, u·|x|, propagated to first order"
@@ -238,6 +246,22 @@ def _read_wide(
     return out
 
 
+def _folded(
+    g: onnx.GraphProto, recomputed: Collection[str], read: set[str], err: dict[str, str], bld: Builder
+) -> set[str]:
+    """Each folded constant the backend computes again at run time (`recomputed`): a rounded
+    value, so the backend's own may differ from it within FOLDED·u of it (Exp's measured bound,
+    the largest of the functions such constants come from), an inherited error (into `err`)."""
+    have = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    out = set()
+    for t in recomputed:
+        if t in have and t in read:
+            err[t] = bld.op("Mul", bld.abs(t), bld.const(FOLDED * U32))
+            out.add(t)
+    return out
+
+
+FOLDED = 16.0
 _LOW = frozenset({"float16", "bfloat16"})
 
 

@@ -257,7 +257,7 @@ def _plain_of(
     live = next(p for p in shipped.planned if p.name == name)
     proto = load_proto((plan.rewrites or ctx.spec).path, load_external=False)
     found = find_fusions(ctx, live, ex, float_candidates(proto, plan.available), name)
-    how = Grain.of(found, proto)
+    how = Grain.of(found)
     if found.fused and not found.why_not:
         cuts, hidden, region = fusion_stretches(proto, found.fused, plan.available)
         cuttings = [Cutting(cuts, hidden, region)]
@@ -275,15 +275,15 @@ def _plain_of(
             return replace(le, plain=PlainOutputs("not-judged", f"its stretches could not be run: {why}"))
         judged.append((r, got))
     worst = max((x for _, j in judged for x in j.origins), key=lambda o: o.ratio, default=None)
-    grain = how.sized(min((r.cutting for r, _ in judged), key=lambda c: largest_stretch(c, proto)), proto)
+    finest = min((r.cutting for r, _ in judged), key=lambda c: largest_stretch(c, proto))
     if worst is None:
         ratio = max((j.largest_ratio or 0.0 for _, j in judged), default=0.0)
         at = max(judged, key=lambda x: x[1].largest_ratio or 0.0)[1].largest_at
-        return replace(le, plain=PlainOutputs("explained", ratio=ratio, at=at, **grain))
+        return replace(le, plain=how.outputs(finest, proto, "explained", ratio, at))
     # a stretch holding a node already found to be an origin is that origin's error carried on
     known = {t for o in le.origins for t in (o.tensor, *o.covers)}
     new = _origins(proto, judged, known)
-    plain = PlainOutputs("unexplained", ratio=worst.ratio, at=worst.tensor, **grain)
+    plain = how.outputs(finest, proto, "unexplained", worst.ratio, worst.tensor)
     return replace(le, plain=plain, origins=(*le.origins, *new))
 
 
@@ -296,20 +296,23 @@ class Grain:
     why_not: str  # why no fusion was found by exposure ('' when some were)
 
     @classmethod
-    def of(cls, f: Fusions, proto: onnx.ModelProto) -> Grain:
+    def of(cls, f: Fusions) -> Grain:
         why = f.why_not or ("" if f.fused else "no single tensor's exposure moves its outputs")
         return cls(len(f.fused), f.builds, why)
 
-    def sized(self, c: Cutting, proto: onnx.ModelProto) -> dict[str, object]:
-        """PlainOutputs' fields on the grain: its largest stretch, the nodes judged alone."""
+    def outputs(self, c: Cutting, proto: onnx.ModelProto, status: str, ratio: float, at: str) -> PlainOutputs:
+        """The plain run's judgment on this grain: its largest stretch, the nodes judged alone."""
         sizes = region_sizes(proto, c.stretch)
-        return {
-            "largest": max(sizes.values(), default=0),
-            "alone": sum(1 for s in sizes.values() if s == 1),
-            "nodes": sum(sizes.values()),
-            "fused": self.fused,
-            "cut": "fusions" if not self.why_not else f"staggered stretches ({self.why_not})",
-        }
+        return PlainOutputs(
+            status,
+            ratio=ratio,
+            at=at,
+            largest=max(sizes.values(), default=0),
+            alone=sum(1 for s in sizes.values() if s == 1),
+            nodes=sum(sizes.values()),
+            fused=self.fused,
+            cut="fusions" if not self.why_not else f"staggered stretches ({self.why_not})",
+        )
 
 
 def _origins(

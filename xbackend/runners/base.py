@@ -86,6 +86,9 @@ QUIET_WHEN_UNSET = frozenset({PYTHON_OPTION.name, "save_optimized"})
 # Options only xbackend sets, on jobs of its own: they write files (a command line or a replayed
 # certificate naming one could overwrite any file, the model included).
 INTERNAL_OPTIONS = frozenset({"save_optimized"})
+# info key: the model's folded constants a runner computes again at run time (comma-separated),
+# each judged as a rounded value of its own
+RECOMPUTED = "recomputes_constants"
 # Options that run code (an interpreter, a module, the grant to import one): only the command
 # line sets them, never a file from someone else (a sweep file, a certificate).
 CODE_OPTIONS = frozenset({PYTHON_OPTION.name, "module", "trust_model_code"})

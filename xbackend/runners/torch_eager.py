@@ -36,7 +36,7 @@ from xbackend.model.load import ModelRef, load_proto
 from xbackend.model.sever import SEVERED
 from xbackend.numerics.metrics import is_float_dtype
 from xbackend.numerics.values import Value
-from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner, promised_if
+from xbackend.runners.base import RECOMPUTED, Availability, BuildFingerprint, OptionSpec, Runner, promised_if
 from xbackend.runners.ort_cpu import physical_cores
 
 __all__ = ["TorchRunner"]
@@ -94,6 +94,7 @@ class TorchRunner(Runner):
         self._spec = ""
         self._weights = ""
         self._unmapped = "no torch module output maps to this tensor"
+        self._lost: set[str] = set()  # tensors whose recorded module --torch-module lacks
         self._map_source = ""
         self._stray: dict[str, str] = {}  # tensor -> the module an unverified map gave it, not its value
         self._calls_map: dict[str, str] = {}  # the model's aten calls (FX text) -> tensors
@@ -177,8 +178,9 @@ class TorchRunner(Runner):
                 self._map_source = "the exporter's node names (unverified)" if mapped else ""
         self._calls_map = onnx_calls(proto) if self._grain != "module" else {}
         self._folded = folded_constants(proto) if self._calls_map else {}
+        self._recomputed = _recomputed(proto, self._module)
         del proto
-        self._unmapped = "no torch module output maps to this tensor"
+        self._lost = set()
         recorded_map = module_map(meta, "", model_dir)
         if not mapped and self.options["module"] and recorded_map:
             mapped = self._by_name(recorded_map)
@@ -201,10 +203,7 @@ class TorchRunner(Runner):
             f"model records; {len(kept)} of {len(recorded)} of its modules found by name"
             + (f", not found: {', '.join(missing[:8])}{more}" if missing else "")
         )
-        self._unmapped = (
-            "the torch module (--torch-module) is not the one the model records, and no module of it has "
-            "the name the recorded map gives this tensor (leave --torch-module out, with --trust-model-code)"
-        )
+        self._lost = {recorded[m] for m in missing}
         return kept
 
     def _hook(self) -> None:
@@ -324,6 +323,12 @@ class TorchRunner(Runner):
         repeated = {self._map[m]: n for m, n in self._repeated.items() if m in self._map}
         have = (set(self._map.values()) - set(repeated)) | set(self._outputs)
         out = {t: self._unmapped for t in self._tensors if t not in have and t not in repeated}
+        for t in self._lost & set(out):
+            out[t] = (
+                "the torch module (--torch-module) is not the one the model records, and no module of it "
+                "has the name the recorded map gives this tensor (leave --torch-module out, with "
+                "--trust-model-code)"
+            )
         for t, n in repeated.items():
             if t in self._tensors and t not in self._outputs:
                 out[t] = (
@@ -350,6 +355,8 @@ class TorchRunner(Runner):
             out["mapped_from"] = self._map_source
         if self._weights:
             out["weights_checked"] = self._weights
+        if getattr(self, "_recomputed", ()):
+            out[RECOMPUTED] = ",".join(self._recomputed)
         return dict(sorted(out.items()))
 
     def close(self) -> None:
@@ -394,6 +401,26 @@ def _digests(a: np.ndarray) -> set[bytes]:
     if a.ndim == 2:
         out.add(hashlib.sha256(np.require(a.T, requirements="C").tobytes()).digest())
     return out
+
+
+def _recomputed(proto: Any, module: Any) -> tuple[str, ...]:
+    """The model's folded float constants that torch computes at run time (not among the
+    module's parameters and buffers, transposed or not), whose values are not all halves: rounded
+    results, a rounding or two from torch's own (rotary cos/sin, Mamba's -exp(A_log))."""
+    state = module.state_dict()
+    out = {}
+    for name, a in folded_constants(proto).items():
+        if name in state or not is_float_dtype(a.dtype) or not a.size:
+            continue
+        finite = a[np.isfinite(a)].astype(np.float64)
+        if finite.size and not np.array_equal(finite * 2, np.round(finite * 2)):
+            out[name] = a
+    if out:  # a parameter the exporter transposed is the parameter itself
+        weights: set[bytes] = set()
+        for tensor in state.values():
+            weights |= _digests(to_numpy(tensor))
+        out = {n: a for n, a in out.items() if not _digests(a) & weights}
+    return tuple(sorted(out))
 
 
 def check_weights(module: Any, proto: Any) -> str:
