@@ -86,3 +86,54 @@ def test_a_one_pass_variance_fused_with_its_residual_add_is_caught_at_each_layer
     le = r.explanation.local_for("test-fuse")
     assert le is not None and le.plain is not None and le.plain.largest == 2
     assert r.cross("ort-cpu").explained is True and r.exit_code == 1
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """GPT-2 and a Llama (rotary positions, RMSNorm), random init, exported with a padded
+    attention mask and dynamic batch and sequence, as users export them."""
+    import shutil
+
+    from xbackend.export.example_inputs import InputDecl
+    from xbackend.export.torch_onnx import export_torch
+
+    out = {}
+    for name in ("gpt2", "llama"):
+        path = tmp_path_factory.mktemp(name) / f"{name}.onnx"
+        shutil.copy(ROOT / "tests" / "hf_models.py", path.parent / "hf_models.py")
+        names = ("input_ids", "attention_mask")
+        export_torch(
+            f"{path.parent / 'hf_models.py'}:{name}",
+            [InputDecl(n, (2, 16), "int64") for n in names],
+            path,
+            dynamic={n: {0: "batch", 1: "sequence"} for n in names},
+            ranges={"input_ids": (0, 512), "attention_mask": (0, 2)},
+        )
+        out[name] = path
+    return out
+
+
+@pytest.mark.usefixtures("plugins")
+@pytest.mark.parametrize(
+    ("model", "kind", "sites", "largest"),
+    [("gpt2", "softmax-pv", 2, 4), ("gpt2", "add-layernorm", 5, 2), ("llama", "softmax-pv", 2, 2)],
+)
+def test_fused_only_losses_in_decoders_are_caught_at_every_site(
+    decoders: dict[str, Path], model: str, kind: str, sites: int, largest: int
+) -> None:
+    r = xbackend.compare(
+        decoders[model],
+        backends="test-fuse,ort-cpu,reference",
+        runs=1,
+        probes="none",
+        shapes=BERT_SHAPES,
+        ranges={"attention_mask": (0, 2)},
+        runner_options={"test-fuse": {"kind": kind}},
+    )
+    planted = [s for s in dict(r.backend("test-fuse").info)["fused"].split(",") if s]
+    c = r.cross("test-fuse")
+    assert len(planted) == sites and len(c.origins) == sites
+    for s in planted:
+        (o,) = [o for o in c.origins if s in o.covers]
+        assert len(o.covers) <= largest and o.ratio > 10, (s, o)
+    assert r.cross("ort-cpu").explained is True and r.exit_code == 1
