@@ -137,3 +137,25 @@ def test_fused_only_losses_in_decoders_are_caught_at_every_site(
         (o,) = [o for o in c.origins if s in o.covers]
         assert len(o.covers) <= largest and o.ratio > 10, (s, o)
     assert r.cross("ort-cpu").explained is True and r.exit_code == 1
+
+
+@pytest.mark.usefixtures("plugins")
+def test_a_search_out_of_builds_keeps_the_untested_tensors_fused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One round's builds only: the groups that moved the outputs are not split, their tensors
+    stay fused (longer stretches), the plant is still caught, and the grain says so."""
+    from xbackend.judge import fusions
+
+    monkeypatch.setattr(fusions, "MAX_BUILDS", fusions.FIRST_GROUPS + 1)
+    r = xbackend.compare(
+        ROOT / "models" / "mlp_layernorm.onnx",
+        backends="test-fuse,reference",
+        runs=1,
+        probes="none",
+        runner_options={"test-fuse": {"at": "block2.fc1.matmul"}},
+    )
+    (o,) = r.cross("test-fuse").origins
+    assert "block2.fc1.matmul" in o.covers and len(o.covers) > 2
+    le = r.explanation.local_for("test-fuse")
+    assert le is not None and le.plain is not None
+    assert le.plain.cut.startswith("fusions (") and "builds ran out" in le.plain.cut
+    assert "kept fused untested" in le.plain.words()

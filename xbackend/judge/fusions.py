@@ -25,8 +25,10 @@ from xbackend.probes.base import PlannedBackend, ProbeContext
 
 __all__ = [
     "FIRST_GROUPS",
+    "MAX_BUILDS",
     "NEAR",
     "Fusions",
+    "build_budget",
     "find_fusions",
     "float_candidates",
     "fusion_stretches",
@@ -34,6 +36,7 @@ __all__ = [
 ]
 
 FIRST_GROUPS = 16  # the first round's groups: later rounds halve the groups that moved the outputs
+MAX_BUILDS = 160  # a search's builds: past them, the groups not yet split are taken as fused
 NEAR = 3  # a fused tensor's readers this close to its first are in its kernel; later ones are fed it
 _FLOATS = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                      onnx.TensorProto.BFLOAT16})  # fmt: skip
@@ -48,6 +51,14 @@ class Fusions:
     searched: int  # tensors tested
     builds: int  # builds the search made
     why_not: str = ""  # why the search could not decide ('' when it did)
+    untested: int = 0  # tensors taken as fused without a test of their own (the builds ran out)
+
+
+def build_budget(weight_bytes: int) -> int:
+    """The builds a search may make: MAX_BUILDS, fewer for a model whose every build loads
+    gigabytes of weights (at least FIRST_GROUPS + 1: one round)."""
+    scale = max(1.0, weight_bytes / (256 << 20))
+    return max(FIRST_GROUPS + 1, int(MAX_BUILDS / scale))
 
 
 def _groups(items: Sequence[str], k: int) -> list[tuple[str, ...]]:
@@ -77,7 +88,12 @@ def find_fusions(
     todo = _groups(list(candidates), FIRST_GROUPS)
     fused: list[str] = []
     builds, rounds = 0, 0
+    budget = build_budget(ctx.spec.weight_bytes)
     while todo:
+        if builds + len(todo) + 1 > budget:  # out of builds: what is left untested stays fused
+            untested = [t for g in todo for t in g]
+            done = sorted([*fused, *untested], key=lambda t: order.get(t, -1))
+            return Fusions(tuple(done), len(candidates), builds, untested=len(untested))
         rounds += 1
         phases = [Phase.planned(_PLAIN, outputs, 2, spill=False)]
         phases += [

@@ -294,11 +294,20 @@ class Grain:
     fused: int  # tensors found inside fusions
     builds: int  # the search's builds
     why_not: str  # why no fusion was found by exposure ('' when some were)
+    untested: int = 0  # tensors taken as fused untested (the search's builds ran out)
 
     @classmethod
     def of(cls, f: Fusions) -> Grain:
         why = f.why_not or ("" if f.fused else "no single tensor's exposure moves its outputs")
-        return cls(len(f.fused), f.builds, why)
+        return cls(len(f.fused), f.builds, why, f.untested)
+
+    def _cut(self) -> str:
+        if self.why_not:
+            return f"staggered stretches ({self.why_not})"
+        if self.untested:
+            spent = f"the search's {self.builds} builds ran out"
+            return f"fusions ({self.untested} tensor(s) kept fused untested: {spent})"
+        return "fusions"
 
     def outputs(self, c: Cutting, proto: onnx.ModelProto, status: str, ratio: float, at: str) -> PlainOutputs:
         """The plain run's judgment on this grain: its largest stretch, the nodes judged alone."""
@@ -311,7 +320,7 @@ class Grain:
             alone=sum(1 for s in sizes.values() if s == 1),
             nodes=sum(sizes.values()),
             fused=self.fused,
-            cut="fusions" if not self.why_not else f"staggered stretches ({self.why_not})",
+            cut=self._cut(),
         )
 
 

@@ -120,7 +120,8 @@ class PlainOutputs:
             return ""
         how = (
             f"cut around the {self.fused} tensor(s) whose exposure moves its outputs"
-            if self.cut == "fusions"
+            + self.cut.removeprefix("fusions")
+            if self.cut.startswith("fusions")
             else f"cut in {self.cut}"
         )
         alone = f"{self.alone} of {self.nodes} nodes judged alone"
