@@ -75,6 +75,7 @@ class _Measured:
     detail: str = ""
     vacuous: str = ""  # why the allowance judges nothing (not finite, or past the value's magnitude)
     flushed: int = 0  # elements flushed to zero below the normal range
+    threshold: float = 0.0  # the smallest allowance / |v|: a relative error on every element past it
 
 
 def _fit(mag: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -183,8 +184,17 @@ def _measure(
     detail = "Inf where float64 gives a number" if math.isinf(e) else ""
     flushed = _flushed(yv, v, dtype)
     return _Measured(
-        float(ratio[i]), e / scale, a / scale, tuple(int(k) for k in i), certain, detail, flushed=flushed
-    )
+        float(ratio[i]), e / scale, a / scale, tuple(int(k) for k in i), certain, detail, flushed=flushed,
+        threshold=_threshold(allow, v),
+    )  # fmt: skip
+
+
+def _threshold(allow: np.ndarray, v: np.ndarray) -> float:
+    """The smallest relative error that, made on every element, passes some element's allowance."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.abs(allow) / np.abs(v)
+    r = r[np.isfinite(r) & (v != 0)]
+    return float(r.min()) if r.size else 0.0
 
 
 def warm_compiled() -> threading.Thread:
@@ -223,7 +233,7 @@ def _measure_compiled(
     got = judge_pass(y, v, m, terms, line)
     if got is None:
         return None
-    best, at, a, widest, top, flushed = got
+    best, at, a, widest, top, flushed, tight = got
     empty = _vacuity(widest, top, dtype)
     if empty:
         return _Measured(0.0, None, 0.0, (), False, vacuous=empty)
@@ -232,7 +242,7 @@ def _measure_compiled(
     e = abs(float(y[i]) - vi)
     scale = ulp_at(top, dtype)
     certain = _certain(bound, best, e, vi, None if mag is None else float(mag[i]), u)
-    return _Measured(best, e / scale, a / scale, i, certain, flushed=flushed)
+    return _Measured(best, e / scale, a / scale, i, certain, flushed=flushed, threshold=tight)
 
 
 def _certain(bound: NodeBound, ratio: float, e: float, vi: float, mi: float | None, u: float) -> bool:
@@ -406,7 +416,9 @@ def judge_backend(
             if m.vacuous:
                 nodes.append(NodeJudgment(t, bound.op, None, 0.0, 0.0, not_judged=m.vacuous))
                 continue
-            nodes.append(NodeJudgment(t, bound.op, m.local_scaled, m.allowed_scaled, m.ratio))
+            nodes.append(
+                NodeJudgment(t, bound.op, m.local_scaled, m.allowed_scaled, m.ratio, threshold=m.threshold)
+            )
             if m.flushed:
                 flushed = (flushed[0] + m.flushed, flushed[1] or t)
             if m.ratio > worst[0] and not bound.exact:

@@ -31,9 +31,9 @@ def _pass(
     terms: np.ndarray,
     flush_line: float,
     narrow: bool,
-) -> tuple[bool, float, int, float, float, float, int]:
+) -> tuple[bool, float, int, float, float, float, int, float]:
     """(all finite, largest ratio, its index, the allowance there, widest allowance, largest |v|,
-    elements flushed).
+    elements flushed, the smallest allowance / |v|: the relative error on every element caught).
     `terms`: u·a, u·b (0: no magnitude), u·c (0: none), the scaled term (0: none), the slack's
     factor and its addend."""
     ka, kb, kc, ks, mult, add = terms[0], terms[1], terms[2], terms[3], terms[4], terms[5]
@@ -43,17 +43,18 @@ def _pass(
     widest = 0.0
     top = 0.0
     flushed = 0
+    tight = np.inf
     for i in range(v.size):
         vi = v[i]
         yi = np.float64(y[i])
         av = abs(vi)
         if not (np.isfinite(vi) and np.isfinite(yi)):
-            return False, 0.0, 0, 0.0, 0.0, 0.0, 0
+            return False, 0.0, 0, 0.0, 0.0, 0.0, 0, 0.0
         al = av * ka
         if kb != 0.0:
             mi = np.float64(m[i])
             if not np.isfinite(mi):
-                return False, 0.0, 0, 0.0, 0.0, 0.0, 0
+                return False, 0.0, 0, 0.0, 0.0, 0.0, 0, 0.0
             al = al + abs(mi) * kb
         if kc != 0.0:
             al = al + kc
@@ -64,6 +65,8 @@ def _pass(
             at_al = al
         widest = max(widest, al)
         top = max(top, av)
+        if av > 0.0:
+            tight = min(tight, al / av)
         e = abs(yi - vi)
         if e != 0.0:
             r = e / al if al != 0.0 else np.inf
@@ -75,14 +78,14 @@ def _pass(
             # dtype holds it as nonzero (a subnormal), not where it rounds to zero anyway
             if yi == 0.0 and av < flush_line and (not narrow or np.float32(vi) != 0.0):
                 flushed += 1
-    return True, best, at, at_al, widest, top, flushed
+    return True, best, at, at_al, widest, top, flushed, tight
 
 
 def judge_pass(
     y: np.ndarray, v: np.ndarray, mag: np.ndarray | None, terms: tuple[float, ...], flush_line: float
-) -> tuple[float, int, float, float, float, int] | None:
+) -> tuple[float, int, float, float, float, int, float] | None:
     """(largest ratio, its flat index, the allowance there, widest allowance, largest |v|,
-    elements flushed) of `y`
+    elements flushed, smallest allowance / |v|) of `y`
     (float32 or float64) against `v` (float64, same shape; `mag` its magnitude, same shape, or
     None); None where an element is not finite (numpy's form decides those)."""
     yf = np.ascontiguousarray(y).reshape(-1)
@@ -91,8 +94,8 @@ def judge_pass(
     k = np.asarray(terms, np.float64)
     if mag is None:
         k[1] = 0.0
-    ok, best, at, at_al, widest, top, flushed = _pass(yf, vf, mf, k, flush_line, y.dtype == np.float32)
-    return (best, at, at_al, widest, top, flushed) if ok else None
+    ok, best, at, at_al, widest, top, flushed, tight = _pass(yf, vf, mf, k, flush_line, y.dtype == np.float32)
+    return (best, at, at_al, widest, top, flushed, tight) if ok else None
 
 
 def warm() -> None:

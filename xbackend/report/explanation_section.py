@@ -4,6 +4,7 @@ or the model's conditioning), where it was made, and the per-element allowances 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from xbackend.files.textfmt import num, table, with_module
 from xbackend.results import Result
@@ -38,6 +39,27 @@ def _check_words(rc: ReorderCheck, modules: dict[str, str]) -> str:
     )
 
 
+def _detection(names: list[str], local: Callable[[str], LocalErrors | None]) -> list[str]:
+    """Per backend, the smallest loss its judgment catches, per op."""
+    rows = []
+    for n in names:
+        le = local(n)
+        found = le.detection() if le is not None and le.status == "ok" else ()
+        if found:
+            cells = [f"{op} {v:.2g} ({v / 2.0**-24:.3g} u, {k})" for op, v, k in found]
+            rows.append([n, le.graph or "–" if le is not None else "–", "; ".join(cells)])
+    if not rows:
+        return []
+    return [
+        "Smallest loss caught: the relative error that, made on every element of one node, is past "
+        "its allowance somewhere (u = 2^-24; per op, the median over its nodes, and how many). A loss "
+        "below it passes as rounding; it grows with a sum's terms and shrinks with the tensor's size "
+        "(docs/explanations.md, Detection thresholds).",
+        "",
+        *table(["backend", "judged on", "per op"], rows),
+    ]
+
+
 def explanation_section(r: Result) -> list[str]:
     ex = r.explanation
     if not ex.ok:
@@ -70,6 +92,7 @@ def explanation_section(r: Result) -> list[str]:
     rows = [_row(n, ex.local_for(n), modules) for n in names]
     head = ["backend", "verdict", "judged on", "first origin, or closest call at", "local error / allowance"]
     out += table(head, rows)
+    out += _detection(names, ex.local_for)
     origins = [(le.backend, o) for le in ex.local if le.status == "ok" for o in le.origins]
     if origins:
         out += [

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -96,6 +97,8 @@ class NodeJudgment:
     allowed_scaled_ulp: float
     ratio: float
     not_judged: str = field(default="", metadata={OMIT_DEFAULT: True})  # why its allowance judges nothing
+    # the smallest relative error that, made on every element, is past its allowance (0: unknown)
+    threshold: float = field(default=0.0, metadata={OMIT_DEFAULT: True})
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,16 @@ class LocalErrors:
     @property
     def explained(self) -> bool | None:
         return None if self.status != "ok" else not self.origins
+
+    def detection(self) -> tuple[tuple[str, float, int], ...]:
+        """Per op: the median over its judged nodes of the smallest relative error each catches,
+        and how many nodes; the most sensitive op first."""
+        by_op: dict[str, list[float]] = {}
+        for n in self.nodes:
+            if n.threshold > 0 and math.isfinite(n.threshold) and not n.not_judged:
+                by_op.setdefault(n.op_type, []).append(n.threshold)
+        rows = [(op, statistics.median(v), len(v)) for op, v in by_op.items()]
+        return tuple(sorted(rows, key=lambda x: (x[1], x[0])))
 
     @property
     def unjudged(self) -> tuple[NodeJudgment, ...]:
