@@ -4,11 +4,12 @@ For each op, on operands shaped and scaled as in a transformer (width D, sequenc
 activations, weights of std 1/sqrt(D); D = 768, T = 128 and D = 256, T = 32), the one-node model
 is judged as compare judges it: its float64 value v and magnitude M from the judged graph
 (xbackend.judge.judge_nodes), the allowance per element from the op's rule
-(xbackend.bounds.rules). A relative error e planted on every element (y = v·(1 + e)) is an origin as soon as one element passes its allowance, so the
-threshold is min over elements of allowance / |v|; it is printed in units of u = 2^-24 and as a
-relative error, beside the planted losses of tests/test_judge.py for scale, and beside the
-formula docs/explanations.md gives for the ops whose threshold depends on the shape (n: the terms
-summed, E: the output's elements, λ = lam(n, E), z_E = sqrt(2·ln E), the largest of E normals):
+(xbackend.bounds.rules). A relative error e planted on every element (y = v·(1 + e)) is an
+origin as soon as one element passes its allowance, so the threshold is min over elements of
+allowance / |v|; it is printed in units of u = 2^-24 and as a relative error, beside the planted
+losses of tests/test_judge.py for scale, and beside the formula docs/explanations.md gives for
+the ops whose threshold depends on the shape (n: the terms summed, E: the output's elements,
+λ = lam(n, E), z_E = sqrt(2·ln E), the largest of E normals):
 
     MatMul              u·(1 + (λ·sqrt(n+1) + 1)·(2/π)·sqrt(n) / z_E)
     Softmax             u·(18 + λ·sqrt(n)) + the row's Σ y·|x − max| (its logits' spread)
