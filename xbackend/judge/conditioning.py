@@ -166,7 +166,8 @@ def _carried(
     if op == "Exp":
         return s.vmax * err[ins[0]]
     if op in _NORMS:
-        spread = _row_spread(cap, t.inputs[0]) if t.inputs else None
+        summed = t.inputs[:2] if op.startswith("Skip") else t.inputs[:1]  # a skip norm's input + skip
+        spread = _row_spread(cap, summed, "Simplified" in op) if t.inputs else None
         if spread is not None:
             return sum(err[i] for i in ins) * s.vmax / spread
     if s.kind == "exact" or op in _LIPSCHITZ:
@@ -174,15 +175,20 @@ def _carried(
     return s.vmax * max(rel)
 
 
-def _row_spread(cap: CaptureFile, name: str) -> float | None:
-    """The smallest standard deviation of the rows normalized, times their largest |z|: what an
-    absolute error of the input is divided by to give one of max |z|'s scale."""
-    rows = _rows(cap, name, last=True, ndim=1)
-    if rows is None or not rows.size:
+def _row_spread(cap: CaptureFile, names: Sequence[str], rms: bool) -> float | None:
+    """The smallest spread of the rows normalized (of `names` summed: a skip norm normalizes its
+    input plus its skip), times their largest |z|: what an absolute error of the input is divided
+    by to give one of max |z|'s scale. `rms`: an RMS norm's (no mean subtracted)."""
+    parts = [_rows(cap, n, last=True, ndim=1) for n in names]
+    if any(p is None for p in parts) or len({p.shape for p in parts if p is not None}) != 1:
+        return None
+    rows = sum(p for p in parts if p is not None)
+    assert isinstance(rows, np.ndarray)
+    if not rows.size:
         return None
     with np.errstate(invalid="ignore"):  # a row holding inf (a float16 overflow): its spread is nan
-        mean = rows.mean(axis=1, keepdims=True)
-        std = rows.std(axis=1)
+        mean = 0.0 if rms else rows.mean(axis=1, keepdims=True)
+        std = np.sqrt(((rows - mean) ** 2).mean(axis=1))
         zmax = np.abs(rows - mean).max(axis=1) / np.where(std > 0, std, np.inf)
     ok = std > 0
     if not ok.any():
