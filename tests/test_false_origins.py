@@ -221,3 +221,37 @@ def test_a_skip_norm_is_conditioned_by_what_it_normalizes(tmp_path: Path) -> Non
     assert r.explanation.ill_conditioned == () and r.cross("ort-cpu").explained is True
     r = xbackend.compare(_skip_norm(tmp_path / "b.onnx", 300.0, 0.0002), runs=1, probes="none", ranges=ranges)
     assert [t.tensor for t in r.explanation.ill_conditioned] == ["y"]
+
+
+def test_t5_buckets_at_an_integer_boundary_are_the_models_not_an_engines(tmp_path: Path) -> None:
+    """T5's constants (8 exact buckets, log(128/8), 8 log buckets): at distance 16, log 2 / log 16 · 8
+    is exactly 2 in float32 and 1.99999999 in float64. Every engine agrees, none is an origin, and
+    the bias the bucket picks is ill-conditioned, its cause the cast that makes the index."""
+    from test_shipped import _buckets
+
+    m = onnx.load(str(_buckets(tmp_path / "b.onnx")))
+    t5 = {
+        "exact": np.asarray(8, np.int64),
+        "exactf": np.asarray(8.0, np.float32),
+        "logmax": np.asarray(np.log(128 / 8), np.float32),
+        "span": np.asarray(8.0, np.float32),
+        "top": np.asarray(15, np.int64),
+        "table": np.random.default_rng(0).standard_normal(16).astype(np.float32),
+    }
+    weights = [
+        numpy_helper.from_array(t5.get(i.name, numpy_helper.to_array(i)), i.name) for i in m.graph.initializer
+    ]
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(weights)
+    onnx.save(m, str(tmp_path / "t5.onnx"))
+    r = xbackend.compare(
+        tmp_path / "t5.onnx", backends="ort-cpu,openvino-cpu,reference,oracle", runs=1, probes="none",
+        shapes={"n": (64,)},
+    )  # fmt: skip
+    for name in ("ort-cpu", "openvino-cpu", "reference", "oracle"):
+        le = r.explanation.local_for(name)
+        assert le is not None and le.status == "ok" and le.origins == (), (name, le and le.origins)
+    (ill,) = r.explanation.ill_conditioned
+    assert ill.tensor == "bias" and ill.cause.startswith(
+        "its index comes from large0 (Cast), a float→int step"
+    )

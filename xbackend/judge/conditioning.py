@@ -297,6 +297,32 @@ def _reaches(name: str, by_name: Mapping[str, NodeTensor], want: frozenset[str],
     return found
 
 
+_STEPS = frozenset({"Cast", "Floor", "Ceil", "Round"})
+
+
+def _stepped(
+    t: NodeTensor, by_name: Mapping[str, NodeTensor], cap: CaptureFile, hops: int = 8
+) -> NodeTensor | None:
+    """The nearest float→int step above `t` (a Cast to an integer, Floor, Ceil, Round of floats)."""
+    dtypes = {n: d for n, (d, _) in cap.tensors().items()}
+    todo, seen = [(i, hops) for i in t.inputs], set()
+    while todo:
+        name, left = todo.pop(0)
+        s = by_name.get(name)
+        if s is None or name in seen or left == 0:
+            continue
+        seen.add(name)
+        src = dtypes.get(s.inputs[0], "") if s.inputs else ""
+        if (
+            s.op_type in _STEPS
+            and src.startswith(("float", "bfloat"))
+            and not dtypes.get(name, "").startswith(("float", "bfloat"))
+        ):
+            return s
+        todo += [(i, left - 1) for i in s.inputs]
+    return None
+
+
 def _is_square(t: NodeTensor) -> bool:
     return (t.op_type == "Mul" and len(set(t.inputs)) == 1) or t.op_type == "Pow"
 
@@ -312,6 +338,13 @@ def _cause(
     t: NodeTensor, by_name: Mapping[str, NodeTensor], floors: Mapping[str, float], cap: CaptureFile
 ) -> str:
     grow = max((floors.get(i, 0.0) for i in t.inputs), default=0.0)
+    step = _stepped(t, by_name, cap) if t.op_type.startswith("Gather") else None
+    if step is not None:
+        return (
+            f"its index comes from {step.name} ({step.op_type}), a float→int step: where a value lands on an "
+            "integer boundary (T5's buckets: log 2 / log 16 · 8 is exactly 2), float32 and float64 land on "
+            "either side of it"
+        )
     if t.op_type == "Sub" and len(t.inputs) == 2:
         a, b = (_reaches(i, by_name, _REDUCTIONS) for i in t.inputs)
         if a - {"square"} and b - {"square"}:
