@@ -14,8 +14,9 @@ __all__ = ["EXIT_CODES", "app", "export_app", "progress"]
 _GATES = "; ".join(f"{p.exit_code} {p.name}" for p in POLICIES if p.exit_code and p.name != "promise")
 EXIT_CODES = (
     "Exit codes: 0 all deterministic and within --max-ulp; 1 nondeterministic, past --max-ulp (auto: a "
-    "backend with an origin), a backend failed/unavailable, or a --candidate failed or passed its "
-    "precision; 2 usage or input error; 3 every backend failed; 4 internal error; 16 a runner "
+    "backend with an origin), a judgment not made (not judged; --noise-samples 0 declines it), a backend "
+    "failed/unavailable, or a --candidate failed or passed its precision; 2 usage or input error; 3 "
+    "every backend failed; 4 internal error; 16 a runner "
     f"broke a determinism property it promises; with --fail-on: {_GATES}."
 )
 

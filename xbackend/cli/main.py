@@ -1,7 +1,7 @@
 """The entry point: every command registered, errors turned into one line and an exit code.
 
 Exit codes: 0 ran and nothing failed; 1 a backend was nondeterministic, a
-cross-backend difference exceeded --max-ulp, or a backend failed or was
+cross-backend difference exceeded --max-ulp, a judgment could not be made, or a backend failed or was
 unavailable while others ran (`diff`: the two reports differ); 2 usage or input
 error; 3 every backend failed; 4 internal error; 10-15, 17-19 the --fail-on policy
 that fired (xbackend.results.gating); 16 a runner broke a promise; 130 interrupted (Ctrl-C), 143
