@@ -763,7 +763,8 @@ class FuseUnexposedRunner(OrtCpuRunner):
     - kind softmax-pv: a Softmax and the MatMul that reads its probabilities (through a Where, as
       torch's exports mask them) in one kernel that holds them in float16; `at`: the Softmax outputs;
     - kind gelu-tanh: an erf GELU (x·0.5·(1 + erf(x/√2)), as exported) computed as the tanh
-      approximation; `at`: the Erf outputs.
+      approximation; `at`: the Erf outputs;
+    - kind gelu-erf16: the same GELU with its erf held in float16, one node of its five.
     Each fuses only where none of the fused intermediates is exposed."""
 
     name = "test-fuse"
@@ -777,7 +778,7 @@ class FuseUnexposedRunner(OrtCpuRunner):
             str,
             "bias-matmul",
             "what it fuses",
-            choices=("bias-matmul", "add-layernorm", "onepass-var", "softmax-pv", "gelu-tanh"),
+            choices=("bias-matmul", "add-layernorm", "onepass-var", "softmax-pv", "gelu-tanh", "gelu-erf16"),
         ),
     )
 
@@ -787,9 +788,11 @@ class FuseUnexposedRunner(OrtCpuRunner):
         exposed = set(tensors) | set(model.outputs)
         if self.options["kind"] in ("add-layernorm", "onepass-var"):
             return self._add_layernorm(proto, model, tensors, at, exposed)
-        if self.options["kind"] in ("softmax-pv", "gelu-tanh"):
-            rewrite = _softmax_pv if self.options["kind"] == "softmax-pv" else _gelu_tanh
-            self.fused = rewrite(proto, at, exposed)
+        if self.options["kind"] in ("softmax-pv", "gelu-tanh", "gelu-erf16"):
+            kind = str(self.options["kind"])
+            self.fused = (
+                _softmax_pv(proto, at, exposed) if kind == "softmax-pv" else _gelu(proto, at, exposed, kind)
+            )
             return _prepare_rewritten(self, proto, model, tensors)
         readers: dict[str, list[onnx.NodeProto]] = {}
         for n in proto.graph.node:
@@ -941,9 +944,10 @@ def _softmax_pv(proto: onnx.ModelProto, at: set[str], exposed: set[str]) -> list
     return fused
 
 
-def _gelu_tanh(proto: onnx.ModelProto, at: set[str], exposed: set[str]) -> list[str]:
+def _gelu(proto: onnx.ModelProto, at: set[str], exposed: set[str], kind: str) -> list[str]:
     """Each erf GELU (Div by √2, Erf, Add 1, Mul by 0.5, Mul by x, in any order of the last
-    two) whose intermediates are unexposed: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))."""
+    two) whose intermediates are unexposed: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (kind
+    gelu-tanh), or with its Erf's result rounded to float16 (gelu-erf16)."""
     readers, made = _readers(proto), {o: n for n in proto.graph.node for o in n.output}
     fused = []
     for e in [n for n in proto.graph.node if n.op_type == "Erf"]:
@@ -962,6 +966,15 @@ def _gelu_tanh(proto: onnx.ModelProto, at: set[str], exposed: set[str]) -> list[
                 break
             inner.append(t)
         if end is None or any(i in exposed for i in inner):
+            continue
+        if kind == "gelu-erf16":
+            raw, half, f16 = f"{e.output[0]}/raw", f"{e.output[0]}/f16", onnx.TensorProto.FLOAT16
+            erf = onnx.helper.make_node("Erf", list(e.input), [raw])
+            f32 = onnx.TensorProto.FLOAT
+            casts = [onnx.helper.make_node("Cast", [raw], [half], to=f16),
+                     onnx.helper.make_node("Cast", [half], [e.output[0]], to=f32)]  # fmt: skip
+            _replace_nodes(proto, e, [erf, *casts], set())
+            fused.append(e.output[0])
             continue
         p, make = f"{e.output[0]}/tanh", onnx.helper.make_node
         consts = {"c3": 0.044715, "k": math.sqrt(2 / math.pi), "one": 1.0, "half": 0.5}

@@ -15,7 +15,8 @@ import xbackend
 
 # kind -> the planted kernel's sites on the 2-layer BERT: Linear layers (MatMul + bias), residual
 # Add + LayerNorm (the embeddings' too), attention probabilities into P·V, GELUs
-SITES = {"bias-matmul": 12, "add-layernorm": 5, "softmax-pv": 2, "gelu-tanh": 2}
+# (gelu-erf16: float16 rounding at one node, the Erf, of a 5-node fused GELU)
+SITES = {"bias-matmul": 12, "add-layernorm": 5, "softmax-pv": 2, "gelu-tanh": 2, "gelu-erf16": 2}
 ROOT = Path(__file__).resolve().parent.parent
 
 
