@@ -62,7 +62,9 @@ from xbackend.model.sever import SEVERED, sever
 from xbackend.probes.base import PlannedBackend, ProbeContext
 from xbackend.results import EXPECTED, BackendResult
 from xbackend.results.explanation import (
+    ALL_LOADED,
     DECLINED,
+    LOADED,
     UNFUSED,
     Explanation,
 )
@@ -109,8 +111,7 @@ def explain(
     if too_big:
         return Explanation("unavailable", f"no node was judged against float64: {too_big}")
     if all(b.loaded is not None for b in others):
-        why = "every backend compared with the reference was loaded from a capture"
-        return Explanation("unavailable", f"{why}; --max-ulp auto stands at {opts.fixed_ulp:g}")
+        return Explanation("unavailable", f"{ALL_LOADED}; --max-ulp auto stands at {opts.fixed_ulp:g}")
     rb = builds.get(ref)
     if rb is None or not rb.ok:
         return Explanation("unavailable", f"the reference ({ref}) did not run")
@@ -358,7 +359,7 @@ def _plan(
         if name in (ref, EXPECTED) or not r.ok:
             continue
         if b is None or b.cls is None:
-            not_measured[name] = "loaded from a capture: its engine did not run here"
+            not_measured[name] = LOADED
             continue
         if not b.cls.executes_graph and not b.cls.severs_by_feeds:
             not_measured[name] = (

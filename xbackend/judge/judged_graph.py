@@ -298,7 +298,9 @@ def _inferred(
     out: dict[str, bool] = {}
     declared: dict[str, str] = {}
     for vi in [*g.value_info, *g.input, *g.output]:
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+        if vi.type.WhichOneof("value") in ("sequence_type", "map_type", "optional_type"):
+            out[vi.name] = False  # not a float tensor: no magnitude, no inherited error of its own
+        elif vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             elem = vi.type.tensor_type.elem_type
             out[vi.name] = elem in _FLOAT_TYPES
             if elem in _FLOAT_TYPES:

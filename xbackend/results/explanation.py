@@ -30,7 +30,9 @@ from xbackend.files.modelref import np_dtype
 from xbackend.numerics.values import value_name
 
 __all__ = [
+    "ALL_LOADED",
     "DECLINED",
+    "LOADED",
     "MARGIN",
     "NOT_MEASURED",
     "UNFUSED",
@@ -284,8 +286,9 @@ class Explanation:
 
     @property
     def declined(self) -> bool:
-        """Not run because the user asked for none (--noise-samples 0): a NOTE, never a gate."""
-        return self.reason == DECLINED
+        """Not run because the user asked for none (--noise-samples 0) or brought captures alone (no
+        engine to judge): a NOTE, never a gate."""
+        return self.reason == DECLINED or self.reason.startswith(ALL_LOADED)
 
     def floor_map(self) -> dict[str, float]:
         return dict(self._floor_index)
@@ -312,6 +315,10 @@ def times_floor(scaled_ulp: float, floor: float) -> float:
 
 
 DECLINED = "--noise-samples 0: no floor was measured"
+# A judgment the user's own choice rules out, as --noise-samples 0 does: captures loaded from
+# elsewhere (--load, a sweep's jobs) carry no engine to feed the reference's values to.
+LOADED = "loaded from a capture: its engine did not run here"
+ALL_LOADED = "every backend compared with the reference was loaded from a capture"
 NOT_MEASURED = Explanation("unavailable", "not measured")
 UNFUSED = "the unfused graph"  # LocalErrors.graph of an engine whose own graph could not be judged
 

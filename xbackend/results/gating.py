@@ -19,7 +19,7 @@ from xbackend.results.backend import BackendResult
 from xbackend.results.candidates import CandidateResult
 from xbackend.results.comparisons import CrossBackendResult, Drift
 from xbackend.results.decode import DecodeResult
-from xbackend.results.explanation import Explanation
+from xbackend.results.explanation import LOADED, Explanation
 from xbackend.results.probe import ProbeResult
 from xbackend.results.promises import PromiseCheck
 
@@ -280,7 +280,9 @@ def unjudged(ex: Explanation) -> list[str]:
     with --noise-samples 0), a backend's nodes, a backend's plain run."""
     if not ex.ok:
         return [] if ex.declined or not ex.reason else [f"no explanation: {ex.reason}"]
-    out = [f"{x.backend}: {x.reason or x.status}" for x in ex.local if x.status != "ok"]
+    out = [
+        f"{x.backend}: {x.reason or x.status}" for x in ex.local if x.status != "ok" and x.reason != LOADED
+    ]
     out += [
         f"{x.backend}: its plain run: {x.plain.reason}"
         for x in ex.local

@@ -15,6 +15,7 @@ from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
 from xbackend.results.cost import Family, families
 from xbackend.results.decode import Decisions, DecodeResult, near_tie
 from xbackend.results.explanation import (
+    LOADED,
     NOT_MEASURED,
     UNFUSED,
     Explanation,
@@ -334,8 +335,9 @@ class Result:
             if c.status != "ok" or le is None:
                 continue
             if le.status != "ok":
+                kind = "WARN" if le.reason == LOADED else "FAIL"  # loaded captures: the user's choice
                 out.append(
-                    f"FAIL: {c.backend}: not judged against float64: {le.reason}; its outputs were held to "
+                    f"{kind}: {c.backend}: not judged against float64: {le.reason}; its outputs were held to "
                     "the noise floor's tolerance instead, which says nothing of its nodes"
                 )
             elif le.origins:

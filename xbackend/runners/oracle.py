@@ -57,11 +57,21 @@ def _in_memory(t: TensorProto) -> bool:
     )
 
 
+def _promote_type(tp: onnx.TypeProto) -> None:
+    """A value's type promoted to double, inside sequences and optionals too (a map's values stay:
+    ai.onnx.ml's ZipMap declares float values only)."""
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type" and tp.tensor_type.elem_type in PROMOTED:
+        tp.tensor_type.elem_type = TensorProto.DOUBLE
+    elif kind == "sequence_type":
+        _promote_type(tp.sequence_type.elem_type)
+    elif kind == "optional_type":
+        _promote_type(tp.optional_type.elem_type)
+
+
 def _promote_graph(g: onnx.GraphProto) -> None:
     for vi in _value_infos(g):
-        tt = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and tt.elem_type in PROMOTED:
-            tt.elem_type = TensorProto.DOUBLE
+        _promote_type(vi.type)
     for t in g.initializer:
         if _in_memory(t) and t.data_type in PROMOTED:  # its array: promote_weights
             t.data_type = TensorProto.DOUBLE
@@ -153,7 +163,8 @@ def _fit_schemas(g: onnx.GraphProto, original: Mapping[str, str], opsets: Mappin
         for i, name in enumerate(node.input):
             allowed = _allowed(schema, schema.inputs, i)
             elem = _FLOAT_ELEMS.get(original.get(name, ""))
-            if name and allowed and "tensor(double)" not in allowed and elem is not None:
+            tensors = bool(allowed) and all(a.startswith("tensor(") for a in allowed or ())
+            if name and tensors and allowed and "tensor(double)" not in allowed and elem is not None:
                 node.input[i] = name + _CAST
                 # a parameter of one fixed type (Resize's scales) is exact; data (QuantizeLinear's x) is not
                 data_cast = data_cast or allowed != ["tensor(float)"]
