@@ -156,8 +156,8 @@ def test_max_memory_windows_compare_every_tensor_as_one_build_would(tmp_path: Pa
     assert whole.verdict()[0].endswith(
         "every node of reference, ort-cpu is within rounding of its float64 value"
     )
-    # at this budget the explanation's builds (a run twice) do not fit: the fixed tolerance stands
-    assert cut.verdict()[0].endswith("within 64 scaled ULP of reference at the outputs")
+    # at this budget the explanation's builds (a run twice) do not fit: no PASS line stands
+    assert not any(v.startswith("PASS") for v in cut.verdict())
     assert cut.explanation.status == "unavailable" and "--max-memory" in cut.explanation.reason
 
 
