@@ -7,9 +7,12 @@ are found by group testing: the plain model run with a group of tensors exposed,
 moves the outputs split in two, until single tensors remain. All tests of a round run in one
 worker process, one build each, against the plain run's own outputs in that process.
 
-The plain run is then cut around each fusion: every other tensor is exposed and fed to its
-readers from the reference, so each node outside a fusion is judged alone and each fused region
-is one stretch, as small as the fusion, however many tensors cross into it.
+The plain run is then cut around each fusion: a fused tensor joins its maker to the readers
+beside its first (a later reader is fed it from the reference, and it is never exposed), every
+other tensor read elsewhere is exposed and fed to its readers from the reference, so each node
+outside a fusion is judged alone and each fused region is one stretch, as small as the fusion,
+however many tensors cross into it. The search is budgeted (MAX_BUILDS): the groups not yet split
+when it runs out stay fused, whole.
 """
 
 from __future__ import annotations
