@@ -160,3 +160,29 @@ def test_a_search_out_of_builds_keeps_the_untested_tensors_fused(monkeypatch: py
     assert le is not None and le.plain is not None
     assert le.plain.cut.startswith("fusions (") and "builds ran out" in le.plain.cut
     assert "kept fused untested" in le.plain.words()
+
+
+def test_a_fused_tensor_joins_its_maker_to_the_readers_beside_its_first() -> None:
+    """A residual Add fused into the LayerNorm after it: the Add and the LayerNorm are one
+    stretch; the next residual Add, 8 nodes on, is fed the sum from the reference, which is never
+    exposed (hidden); every other crossing tensor is exposed and fed (a cut)."""
+    from onnx import TensorProto, helper
+
+    from xbackend.judge.fusions import fusion_stretches, region_sizes
+
+    names = ["r0", "ln", "a1", "a2", "a3", "a4", "a5", "a6", "a7", "r1"]
+    nodes = [helper.make_node("Add", ["x", "x"], ["r0"]), helper.make_node("Relu", ["r0"], ["ln"])]
+    nodes += [helper.make_node("Relu", [names[k - 1]], [names[k]]) for k in range(2, 9)]
+    nodes.append(helper.make_node("Add", ["r0", "a7"], ["r1"]))
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("r1", TensorProto.FLOAT, [4])],
+    )
+    proto = helper.make_model(g)
+    available = {n: (TensorProto.FLOAT, (4,)) for n in names}
+    cuts, hidden, region = fusion_stretches(proto, {"r0"}, available)
+    assert region[0] == region[1] and len(set(region)) == len(nodes) - 1
+    assert hidden == ("r0",) and "r0" not in cuts and cuts[0] == "ln"
+    assert max(region_sizes(proto, region).values()) == 2
