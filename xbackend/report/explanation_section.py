@@ -51,6 +51,7 @@ def _detection(names: list[str], local: Callable[[str], LocalErrors | None]) -> 
     if not rows:
         return []
     return [
+        "",
         "Smallest loss caught: the relative error that, made on every element of one node, is past "
         "its allowance somewhere (u = 2^-24; per op, the median over its nodes, and how many). A loss "
         "below it passes as rounding; it grows with a sum's terms and shrinks with the tensor's size "
@@ -92,7 +93,6 @@ def explanation_section(r: Result) -> list[str]:
     rows = [_row(n, ex.local_for(n), modules) for n in names]
     head = ["backend", "verdict", "judged on", "first origin, or closest call at", "local error / allowance"]
     out += table(head, rows)
-    out += _detection(names, ex.local_for)
     origins = [(le.backend, o) for le in ex.local if le.status == "ok" for o in le.origins]
     if origins:
         out += [
@@ -186,6 +186,7 @@ def allowances_section(r: Result) -> list[str]:
     ex = r.explanation
     if not ex.ok or not ex.rules:
         return []
+    names = [r.reference_used, *(c.backend for c in r.cross_backend if c.status == "ok")]
     return [
         "## Allowances per element",
         "",
@@ -193,4 +194,5 @@ def allowances_section(r: Result) -> list[str]:
         "(Σ|a||b| for a product); n: the terms summed (xbackend/bounds/rules.py).",
         "",
         *table(["op", "allowed", "source"], [list(x) for x in ex.rules]),
+        *_detection(names, ex.local_for),
     ]

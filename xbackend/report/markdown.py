@@ -294,7 +294,10 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *_folded(matrix_section(r), "scaled ULP between every two backends"),
         *_folded(expected_section(r), "each backend against the golden outputs"),
         *_folded(oracle_section(r), "each backend against the float64 oracle"),
-        *_folded(allowances_section(r), f"what rounding allows each of the {len(r.explanation.rules)} ops"),
+        *_folded(
+            allowances_section(r),
+            f"what rounding allows each of the {len(r.explanation.rules)} ops, and the smallest loss caught",
+        ),
         *cross_section(r),
         *_folded(observer_section(r), "instrumented vs plain builds"),
         *_folded(runs_section(r), f"{len(r.nondeterministic)} nondeterministic backend(s)"),
