@@ -191,10 +191,11 @@ def _measure(
 
 def _threshold(allow: np.ndarray, v: np.ndarray) -> float:
     """The smallest relative error that, made on every element, passes some element's allowance."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.abs(allow) / np.abs(v)
-    r = r[np.isfinite(r) & (v != 0)]
-    return float(r.min()) if r.size else 0.0
+    av = np.abs(v)
+    with np.errstate(invalid="ignore"):
+        r = np.divide(allow, av, out=np.full(av.shape, np.inf), where=av > 0)
+    low = float(np.nanmin(r, initial=np.inf))
+    return low if math.isfinite(low) else 0.0
 
 
 def warm_compiled() -> threading.Thread:

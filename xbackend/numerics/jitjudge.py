@@ -43,7 +43,7 @@ def _pass(
     widest = 0.0
     top = 0.0
     flushed = 0
-    tight = np.inf
+    tight_al, tight_av = 1.0, 0.0  # the least allowance / |v| so far, as a fraction (no division per element)
     for i in range(v.size):
         vi = v[i]
         yi = np.float64(y[i])
@@ -65,8 +65,8 @@ def _pass(
             at_al = al
         widest = max(widest, al)
         top = max(top, av)
-        if av > 0.0:
-            tight = min(tight, al / av)
+        if av > 0.0 and al * tight_av < tight_al * av:
+            tight_al, tight_av = al, av
         e = abs(yi - vi)
         if e != 0.0:
             r = e / al if al != 0.0 else np.inf
@@ -78,6 +78,7 @@ def _pass(
             # dtype holds it as nonzero (a subnormal), not where it rounds to zero anyway
             if yi == 0.0 and av < flush_line and (not narrow or np.float32(vi) != 0.0):
                 flushed += 1
+    tight = tight_al / tight_av if tight_av > 0.0 else np.inf
     return True, best, at, at_al, widest, top, flushed, tight
 
 
