@@ -14,6 +14,19 @@ from onnx import TensorProto, helper, numpy_helper
 import xbackend
 
 
+def nudged(model: Path, tensor: str, ulps: int) -> xbackend.Result:
+    """`model` on test-nudge (the reference evaluator with `tensor` moved `ulps` ULPs up) against
+    ONNX Runtime: a planted loss of known size at a known node."""
+    return xbackend.compare(
+        model,
+        backends="ort-cpu,test-nudge",
+        reference="ort-cpu",
+        runs=1,
+        probes="none",
+        runner_options={"test-nudge": {"tensor": tensor, "ulps": str(ulps)}},
+    )
+
+
 def _resize(path: Path, mode: str, ctm: str) -> Path:
     """A 37x53 image resized by (2.7, 1.9): sample coordinates up to 53 in float32."""
     scales = numpy_helper.from_array(np.array([1, 1, 2.7, 1.9], np.float32), "scales")
@@ -54,14 +67,7 @@ def test_resize_is_judged_with_its_coordinates_rounding(tmp_path: Path, mode: st
 @pytest.mark.usefixtures("plugins")
 def test_a_loss_at_a_resize_is_still_caught_there(tmp_path: Path) -> None:
     """Planted: the Resize's result 2048 ULP up (a quarter of float16's rounding)."""
-    r = xbackend.compare(
-        _resize(tmp_path / "r.onnx", "linear", "half_pixel"),
-        backends="ort-cpu,test-nudge",
-        reference="ort-cpu",
-        runs=1,
-        probes="none",
-        runner_options={"test-nudge": {"tensor": "r", "ulps": "2048"}},
-    )
+    r = nudged(_resize(tmp_path / "r.onnx", "linear", "half_pixel"), "r", 2048)
     assert [o.tensor for o in r.cross("test-nudge").origins] == ["r"]
 
 
@@ -110,14 +116,7 @@ def test_a_running_sum_of_a_constant_is_held_to_the_deterministic_bound(tmp_path
 @pytest.mark.usefixtures("plugins")
 def test_a_loss_at_a_running_sum_of_a_constant_is_still_caught(tmp_path: Path) -> None:
     """Planted: the running sum 16384 ULP up (float16's rounding, 2^-11, is 8192 ULP)."""
-    r = xbackend.compare(
-        _running_count(tmp_path / "c.onnx"),
-        backends="ort-cpu,test-nudge",
-        reference="ort-cpu",
-        runs=1,
-        probes="none",
-        runner_options={"test-nudge": {"tensor": "s", "ulps": "16384"}},
-    )
+    r = nudged(_running_count(tmp_path / "c.onnx"), "s", 16384)
     assert [o.tensor for o in r.cross("test-nudge").origins] == ["s"]
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from xbackend.model.graphorder import NodeSets
 from xbackend.results.candidates import Unmatched
 
 __all__ = ["Pair", "constants_of", "match_graphs", "precision_of"]
@@ -144,21 +145,14 @@ def _inside(
         n for n in candidate.node if (n.domain or "", n.op_type) not in ops and n.op_type not in _PLUMBING
     ]
     made = {o: k for k, n in enumerate(kernels) for o in n.output if o}
-    parent = list(range(len(kernels)))
-
-    def root(k: int) -> int:
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
+    sets = NodeSets(len(kernels))
     for k, n in enumerate(kernels):  # kernels joined through tensors the original does not hold
         for i in n.input:
             if i in made and i not in held:
-                parent[root(k)] = root(made[i])
+                sets.join(k, made[i])
     groups: dict[int, list[onnx.NodeProto]] = {}
     for k, n in enumerate(kernels):
-        groups.setdefault(root(k), []).append(n)
+        groups.setdefault(sets.root(k), []).append(n)
     producer = {o: n for n in original.node for o in n.output if o}
     out: dict[str, str] = {}
     for nodes in groups.values():

@@ -24,6 +24,7 @@ import onnx
 
 from xbackend.execution.executor import Executor, Job
 from xbackend.execution.protocol import Phase
+from xbackend.model.graphorder import NodeSets
 from xbackend.probes.base import PlannedBackend, ProbeContext
 
 __all__ = [
@@ -153,27 +154,15 @@ def _regions(proto: onnx.ModelProto, fused: Collection[str], unheld: Collection[
     reader, such as the next residual Add, is fed it from the reference), a tensor the reference
     does not hold joins its maker to every reader (it cannot be fed); the other nodes are alone."""
     nodes = proto.graph.node
-    parent = list(range(len(nodes)))
-
-    def root(k: int) -> int:
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    def join(a: int, b: int) -> None:
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-
+    sets = NodeSets(len(nodes))
     made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
     first: dict[str, int] = {}
     for k, n in enumerate(nodes):
         for i in n.input:
             if i in made and (i in unheld or (i in fused and k - first.setdefault(i, k) <= NEAR)):
-                join(made[i], k)
+                sets.join(made[i], k)
     ids: dict[int, int] = {}
-    return [ids.setdefault(root(k), len(ids)) for k in range(len(nodes))]
+    return [ids.setdefault(sets.root(k), len(ids)) for k in range(len(nodes))]
 
 
 def fusion_stretches(

@@ -40,7 +40,6 @@ __all__ = [
     "Cutting",
     "Shipped",
     "judge_plain_runs",
-    "largest_stretch",
     "stretch_cuts",
     "stretch_nodes",
 ]
@@ -144,15 +143,6 @@ def stretch_cuts(proto: onnx.ModelProto) -> tuple[Cutting, Cutting] | tuple[()]:
             mid = (lo + hi) / 2
             second.append(min(inside, key=lambda k: (len(crossing[k]), abs(k - mid))))
     return _cutting(proto, first, crossing), _cutting(proto, second, crossing)
-
-
-def largest_stretch(c: Cutting, proto: onnx.ModelProto) -> int:
-    """The most nodes (Constants not counted) in one stretch of `c`."""
-    sizes: dict[int, int] = {}
-    for k, n in enumerate(proto.graph.node):
-        if n.op_type != "Constant":
-            sizes[c.stretch[k]] = sizes.get(c.stretch[k], 0) + 1
-    return max(sizes.values(), default=0)
 
 
 def _available(c: Cutting, available: Mapping[str, object]) -> Cutting:
@@ -275,7 +265,7 @@ def _plain_of(
             return replace(le, plain=PlainOutputs("not-judged", f"its stretches could not be run: {why}"))
         judged.append((r, got))
     worst = max((x for _, j in judged for x in j.origins), key=lambda o: o.ratio, default=None)
-    finest = min((r.cutting for r, _ in judged), key=lambda c: largest_stretch(c, proto))
+    finest = min((r.cutting for r, _ in judged), key=lambda c: max(region_sizes(proto, c.stretch).values()))
     if worst is None:
         ratio = max((j.largest_ratio or 0.0 for _, j in judged), default=0.0)
         at = max(judged, key=lambda x: x[1].largest_ratio or 0.0)[1].largest_at

@@ -9,7 +9,27 @@ import heapq
 import onnx
 from onnx import TensorProto
 
-__all__ = ["index_bounds", "sort_nodes"]
+__all__ = ["NodeSets", "index_bounds", "sort_nodes"]
+
+
+class NodeSets:
+    """Disjoint sets of node indices (union-find, path halving): nodes grouped through the tensors
+    that join them (a fusion's, a candidate's kernels). Each set's root is its first node."""
+
+    def __init__(self, n: int) -> None:
+        self._parent = list(range(n))
+
+    def root(self, k: int) -> int:
+        parent = self._parent
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    def join(self, a: int, b: int) -> None:
+        ra, rb = self.root(a), self.root(b)
+        if ra != rb:
+            self._parent[max(ra, rb)] = min(ra, rb)
 
 
 def sort_nodes(g: onnx.GraphProto) -> bool:

@@ -177,8 +177,9 @@ class TorchRunner(Runner):
                 mapped = aligned(name_scope_map(proto), [n for n, _ in self._module.named_modules()])
                 self._map_source = "the exporter's node names (unverified)" if mapped else ""
         self._calls_map = onnx_calls(proto) if self._grain != "module" else {}
-        self._folded = folded_constants(proto) if self._calls_map else {}
-        self._recomputed = _recomputed(proto, self._module)
+        folded = folded_constants(proto)
+        self._folded = folded if self._calls_map else {}
+        self._recomputed = _recomputed(folded, self._module)
         del proto
         self._lost = set()
         recorded_map = module_map(meta, "", model_dir)
@@ -403,13 +404,14 @@ def _digests(a: np.ndarray) -> set[bytes]:
     return out
 
 
-def _recomputed(proto: Any, module: Any) -> tuple[str, ...]:
-    """The model's folded float constants that torch computes at run time (not among the
-    module's parameters and buffers, transposed or not), whose values are not all halves: rounded
-    results, a rounding or two from torch's own (rotary cos/sin, Mamba's -exp(A_log))."""
+def _recomputed(folded: Mapping[str, np.ndarray], module: Any) -> tuple[str, ...]:
+    """The model's folded float constants (`folded`, as xbackend.export.torch_ops.folded_constants
+    reads them) that torch computes at run time (not among the module's parameters and buffers,
+    transposed or not), whose values are not all halves: rounded results, a rounding or two from
+    torch's own (rotary cos/sin, Mamba's -exp(A_log))."""
     state = module.state_dict()
     out = {}
-    for name, a in folded_constants(proto).items():
+    for name, a in folded.items():
         if name in state or not is_float_dtype(a.dtype) or not a.size:
             continue
         finite = a[np.isfinite(a)].astype(np.float64)
