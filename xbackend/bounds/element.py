@@ -144,6 +144,10 @@ class NodeBound:
     lam: float = 0.0
     source: str = ""
     deterministic_b: float = 0.0  # the deterministic bound's coefficient of M (γ_n / u), 0 if none
+    # of a and b, the probabilistic part (Higham & Mary's λ·sqrt(n) of a sum's roundings): where
+    # nodes compose, these parts of different nodes add root-sum-square (judged_graph)
+    prob_a: float = 0.0
+    prob_b: float = 0.0
 
     @property
     def exact(self) -> bool:

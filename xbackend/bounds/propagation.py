@@ -13,7 +13,7 @@ from onnx import helper
 
 from xbackend.bounds.element import AUX, Builder, NodeBound, attributes
 
-__all__ = ["ERR", "PROP", "own_allowance", "propagate", "propagate_rest"]
+__all__ = ["ERR", "PROP", "independent", "own_allowance", "own_probabilistic", "propagate", "propagate_rest"]
 
 
 PROP = "xb.prop."  # the judged graph's propagated allowance of node output t: PROP + t
@@ -48,6 +48,30 @@ def own_allowance(bound: NodeBound, out: str, u: float, has_mag: bool, bld: Buil
     total = _sum(bld, terms)
     assert total is not None
     return total
+
+
+def own_probabilistic(bound: NodeBound, out: str, u: float, has_mag: bool, bld: Builder) -> str | None:
+    """Of `bound`'s allowance of `out`, the part that is Higham & Mary's λ·sqrt(n) (a sum of
+    independent roundings, subgaussian); None where it has none."""
+    terms = []
+    if bound.prob_a:
+        terms.append(bld.op("Mul", bld.abs(out), bld.const(u * bound.prob_a)))
+    if bound.prob_b and has_mag:
+        terms.append(bld.op("Mul", bld.abs(AUX + out), bld.const(u * bound.prob_b)))
+    return _sum(bld, terms)
+
+
+def independent(bld: Builder, inherited: str | None, own: str | None) -> tuple[str | None, str | None]:
+    """A node's own probabilistic rounding and the probabilistic part of what it inherits are
+    independent (Higham & Mary's model: each rounding's δ independent of the values before it), so
+    they add root-sum-square at the same λ: (that sum, and what it saves against adding them);
+    where only one is present, (it, None): nothing is saved."""
+    if inherited is None or own is None:
+        return inherited or own, None
+    rss = bld.op("Sqrt", bld.op("Add", bld.op("Mul", inherited, inherited), bld.op("Mul", own, own)))
+    saved = bld.op("Sub", bld.op("Add", inherited, own), rss)
+    # an infinite part saves nothing (inf - inf): the allowance stays infinite, said as vacuous
+    return rss, bld.op("Where", bld.op("IsNaN", saved), bld.const(0.0), saved)
 
 
 def _sum(bld: Builder, parts: Sequence[str]) -> str | None:

@@ -13,7 +13,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from xbackend.bounds.element import AUX, U32, Builder, NodeBound, attributes, unit_roundoff
-from xbackend.bounds.propagation import PROP, own_allowance, propagate, propagate_rest
+from xbackend.bounds.propagation import (
+    PROP,
+    independent,
+    own_allowance,
+    own_probabilistic,
+    propagate,
+    propagate_rest,
+)
 from xbackend.bounds.rules import node_bound, secondary_bound
 from xbackend.model.sever import SEVERED
 from xbackend.numerics.metrics import COMPUTE_FLOATS
@@ -93,6 +100,7 @@ def judged_model(
     tensors: list[str] = []
     starts: list[int] = []  # where each node's tensors begin in `tensors`
     err: dict[str, str] = {}  # an uncaptured tensor -> its whole allowance
+    errp: dict[str, str] = {}  # of that, the probabilistic part (λ·sqrt(n) terms, root-sum-square)
     made_by: dict[str, tuple[str, str]] = {}  # an uncaptured tensor -> the inexact node that made it
     blame: dict[str, tuple[str, str]] = {}
     poison: dict[str, str] = {}  # a tensor -> where its elements are undefined (bool, in the judged graph)
@@ -178,7 +186,7 @@ def judged_model(
                 composed[outs[0]] = "its inputs' errors cannot be carried into a non-float output"
             continue
         bld = Builder(PROP + outs[0], opset)
-        prop = None
+        prop, assumption = None, ""
         if inherited:
             prop, assumption = propagate(node, inherited, bld, opset)
             composed[outs[0]] = assumption or (
@@ -188,16 +196,28 @@ def judged_model(
                 if set(inherited) <= folded
                 else f"{len(inherited)} uncaptured input(s), propagated to first order"
             )
+        # the probabilistic parts: what is inherited, carried by the same (linear) rules, and the
+        # node's own add root-sum-square; a max or an assumed gain carries them as worst-case ones
+        linear = prop is not None and not assumption and node.op_type not in _NOT_LINEAR
+        carried = {i: errp[i] for i in node.input if i in errp} if linear else {}
+        prop_p = propagate(node, carried, bld, opset)[0] if carried else None
+        inner = outs[0] not in captured and outs[0] in read  # the nodes below inherit its error
+        own_p = own_probabilistic(bound, outs[0], U32, bool(nodes), bld) if prop_p or inner else None
+        rss, saved = independent(bld, prop_p, own_p)
+        if saved is not None and prop is not None:
+            prop = bld.op("Sub", prop, saved)
+            composed[outs[0]] += _RSS
         if prop is not None:  # judged with it wherever a backend hands this tensor over
             _broadcast_to(bld, prop, outs[0], PROP + outs[0])
             tensors.append(PROP + outs[0])
             g.output.append(_typed(PROP + outs[0], known.get(outs[0]), symbolic=True))
-        if outs[0] not in captured and outs[0] in read:  # the nodes below read it: they inherit its error
-            # uncaptured, so no dtype of its own was seen: float32's unit roundoff
+        if inner:  # uncaptured, so no dtype of its own was seen: float32's unit roundoff
             mine = own_allowance(bound, outs[0], U32, bool(nodes), bld)
             if node.op_type in ("Cast", "CastLike") and node.input and not floats.get(node.input[0], True):
                 mine = _integers_exact(bld, outs[0], mine)
             err[outs[0]] = _finite_only(bld, outs[0], bld.op("Add", mine, prop) if prop is not None else mine)
+            if rss is not None:
+                errp[outs[0]] = _finite_only(bld, outs[0], rss)
         for o, (rest, why) in (propagate_rest(node, inherited, bld) if inherited else {}).items():
             if not floats.get(o, False):
                 continue
@@ -220,6 +240,10 @@ def judged_model(
     return Judged(out, bounds, tuple(tensors), composed, blame, groups, declared)
 
 
+# propagation rules that are not linear in the error (a max of errors): the parts of an error do
+# not pass separately through them
+_NOT_LINEAR = frozenset({"ReduceMax", "ReduceMin"})
+_RSS = "; the roundings of its sums root-sum-square with those it inherits (Higham & Mary)"
 _RECOMPUTED = (
     "a constant the exporter folded, which the backend computes again at run time: within 16·u of its "
     "value, propagated to first order"
