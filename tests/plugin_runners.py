@@ -764,7 +764,10 @@ class FuseUnexposedRunner(OrtCpuRunner):
       torch's exports mask them) in one kernel that holds them in float16; `at`: the Softmax outputs;
     - kind gelu-tanh: an erf GELU (x·0.5·(1 + erf(x/√2)), as exported) computed as the tanh
       approximation; `at`: the Erf outputs;
-    - kind gelu-erf16: the same GELU with its erf held in float16, one node of its five.
+    - kind gelu-erf16: the same GELU with its erf held in float16, one node of its five;
+    - kind rms-norm: an RMS norm (Pow 2, ReduceMean, Add ε, Sqrt, Reciprocal, Mul by x, Mul by
+      its weight, as exported) whose rsqrt keeps float16's 11 bits; `at`: the weight Mul outputs;
+    - kind swiglu: SiLU(gate)·up (Sigmoid, Mul, Mul) in one float16 kernel; `at`: the products.
     Each fuses only where none of the fused intermediates is exposed."""
 
     name = "test-fuse"
@@ -778,7 +781,16 @@ class FuseUnexposedRunner(OrtCpuRunner):
             str,
             "bias-matmul",
             "what it fuses",
-            choices=("bias-matmul", "add-layernorm", "onepass-var", "softmax-pv", "gelu-tanh", "gelu-erf16"),
+            choices=(
+                "bias-matmul",
+                "add-layernorm",
+                "onepass-var",
+                "softmax-pv",
+                "gelu-tanh",
+                "gelu-erf16",
+                "rms-norm",
+                "swiglu",
+            ),
         ),
     )
 
@@ -788,11 +800,12 @@ class FuseUnexposedRunner(OrtCpuRunner):
         exposed = set(tensors) | set(model.outputs)
         if self.options["kind"] in ("add-layernorm", "onepass-var"):
             return self._add_layernorm(proto, model, tensors, at, exposed)
-        if self.options["kind"] in ("softmax-pv", "gelu-tanh", "gelu-erf16"):
-            kind = str(self.options["kind"])
-            self.fused = (
-                _softmax_pv(proto, at, exposed) if kind == "softmax-pv" else _gelu(proto, at, exposed, kind)
-            )
+        kind = str(self.options["kind"])
+        if kind in _REWRITES:
+            self.fused = _REWRITES[kind](proto, at, exposed)
+            return _prepare_rewritten(self, proto, model, tensors)
+        if kind in ("gelu-tanh", "gelu-erf16"):
+            self.fused = _gelu(proto, at, exposed, kind)
             return _prepare_rewritten(self, proto, model, tensors)
         readers: dict[str, list[onnx.NodeProto]] = {}
         for n in proto.graph.node:
@@ -995,6 +1008,80 @@ def _gelu(proto: onnx.ModelProto, at: set[str], exposed: set[str], kind: str) ->
         _replace_nodes(proto, end, new, set(inner))
         fused.append(e.output[0])
     return fused
+
+
+def _rounded16(t: str, out: str) -> list[onnx.NodeProto]:
+    """`t` rounded to float16 and back, as `out`."""
+    h, make = f"{out}/f16", onnx.helper.make_node
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    return [make("Cast", [t], [h], to=f16), make("Cast", [h], [out], to=f32)]
+
+
+def _rms_norm(proto: onnx.ModelProto, at: set[str], exposed: set[str]) -> list[str]:
+    """Each RMS norm as exported (Pow 2 -> ReduceMean -> Add ε -> Sqrt -> Reciprocal, Mul by x,
+    Mul by the weight) whose intermediates are unexposed: its rsqrt rounded to float16."""
+    readers, made = _readers(proto), {o: n for n in proto.graph.node for o in n.output}
+    fused = []
+    for rec in [n for n in proto.graph.node if n.op_type == "Reciprocal"]:
+        chain = [rec]
+        for op in ("Sqrt", "Add", "ReduceMean", "Pow"):
+            up = made.get(chain[-1].input[0])
+            if up is None or up.op_type != op:
+                break
+            chain.append(up)
+        if len(chain) != 5:
+            continue
+        x = chain[-1].input[0]
+        r = readers.get(rec.output[0], [])
+        if len(r) != 1 or r[0].op_type != "Mul" or x not in r[0].input:
+            continue
+        r2 = readers.get(r[0].output[0], [])
+        if len(r2) != 1 or r2[0].op_type != "Mul" or (at and r2[0].output[0] not in at):
+            continue
+        if any(n.output[0] in exposed for n in (*chain, r[0])):
+            continue
+        raw = f"{rec.output[0]}/raw"
+        new = [onnx.helper.make_node("Reciprocal", list(rec.input), [raw]), *_rounded16(raw, rec.output[0])]
+        _replace_nodes(proto, rec, new, set())
+        fused.append(r2[0].output[0])
+    return fused
+
+
+def _swiglu(proto: onnx.ModelProto, at: set[str], exposed: set[str]) -> list[str]:
+    """Each SiLU(gate)·up (Sigmoid(g), Mul(g, ·), Mul(·, up)) whose sigmoid and SiLU are
+    unexposed: the three in float16 (its operands rounded in, the product rounded out)."""
+    readers = _readers(proto)
+    fused = []
+    for sg in [n for n in proto.graph.node if n.op_type == "Sigmoid"]:
+        g = sg.input[0]
+        r = readers.get(sg.output[0], [])
+        if len(r) != 1 or r[0].op_type != "Mul" or g not in r[0].input:
+            continue
+        silu = r[0]
+        r2 = readers.get(silu.output[0], [])
+        if len(r2) != 1 or r2[0].op_type != "Mul":
+            continue
+        prod, out = r2[0], r2[0].output[0]
+        if (at and out not in at) or sg.output[0] in exposed or silu.output[0] in exposed:
+            continue
+        up = next(i for i in prod.input if i != silu.output[0])
+        p, make = f"{out}/swiglu16", onnx.helper.make_node
+        new = [
+            *_rounded16(g, f"{p}/g"),
+            *_rounded16(up, f"{p}/u"),
+            make("Sigmoid", [f"{p}/g"], [f"{p}/s"]),
+            *_rounded16(f"{p}/s", f"{p}/s16"),
+            make("Mul", [f"{p}/g", f"{p}/s16"], [f"{p}/silu"]),
+            *_rounded16(f"{p}/silu", f"{p}/silu16"),
+            make("Mul", [f"{p}/silu16", f"{p}/u"], [f"{p}/y"]),
+            *_rounded16(f"{p}/y", out),
+        ]
+        _replace_nodes(proto, prod, new, {sg.output[0], silu.output[0]})
+        fused.append(out)
+    return fused
+
+
+_REWRITES = {"softmax-pv": _softmax_pv, "rms-norm": _rms_norm, "swiglu": _swiglu}
 
 
 class OnnxLoadRunner(Runner):
