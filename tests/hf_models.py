@@ -1,5 +1,6 @@
-"""Tiny random-init transformers models (BERT, GPT-2) from their configs, as the README's
-recipe builds them: factories for `xbackend export torch` and `--torch-module`."""
+"""Tiny random-init transformers models (BERT, GPT-2, Llama, ViT, ConvNeXt, Mamba, T5, ...) from
+their configs, as the README's recipe builds them: factories for `xbackend export torch` and
+`--torch-module`."""
 
 from __future__ import annotations
 
@@ -126,3 +127,89 @@ def whisper() -> torch.nn.Module:
         attn_implementation="eager",
     )
     return WhisperEncoder(transformers.WhisperModel(cfg).get_encoder()).eval()
+
+
+class Pixels(torch.nn.Module):
+    """A vision model's last hidden state from pixel values."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: Any) -> Any:
+        return self.model(pixel_values=pixel_values).last_hidden_state
+
+
+def vit() -> torch.nn.Module:
+    """A ViT of 2 layers, width 64, 8x8 patches of a 32x32 image."""
+    torch.manual_seed(0)
+    cfg = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+    )
+    return Pixels(transformers.ViTModel(cfg)).eval()
+
+
+def convnext() -> torch.nn.Module:
+    """A ConvNeXt of 2 stages; its layer scale at 1 (trained models' are far from the 1e-6 it
+    starts at, which would absorb any loss before it)."""
+    torch.manual_seed(0)
+    cfg = transformers.ConvNextConfig(
+        num_channels=3,
+        num_stages=2,
+        hidden_sizes=[16, 32],
+        depths=[1, 1],
+        image_size=32,
+        layer_scale_init_value=1.0,
+    )
+    return Pixels(transformers.ConvNextModel(cfg)).eval()
+
+
+class Tokens(torch.nn.Module):
+    """A model's last hidden state from token ids alone."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Any) -> Any:
+        return self.model(input_ids=input_ids, use_cache=False).last_hidden_state
+
+
+def mamba() -> torch.nn.Module:
+    """A Mamba (selective state space) of 2 layers, width 64, state 8, its sequential scan."""
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(
+        vocab_size=512, hidden_size=64, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4
+    )
+    return Tokens(transformers.MambaModel(cfg)).eval()
+
+
+class T5Encoder(torch.nn.Module):
+    """T5's encoder (relative position buckets, RMS norms) with its attention mask."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def t5() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(
+        vocab_size=512,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+    )
+    return T5Encoder(transformers.T5EncoderModel(cfg)).eval()

@@ -1018,14 +1018,15 @@ def _rounded16(t: str, out: str) -> list[onnx.NodeProto]:
 
 
 def _rms_norm(proto: onnx.ModelProto, at: set[str], exposed: set[str]) -> list[str]:
-    """Each RMS norm as exported (Pow 2 -> ReduceMean -> Add ε -> Sqrt -> Reciprocal, Mul by x,
-    Mul by the weight) whose intermediates are unexposed: its rsqrt rounded to float16."""
+    """Each RMS norm as exported (Pow 2 -> ReduceMean -> Add ε -> Sqrt -> Reciprocal or Div(1, ·),
+    Mul by x, Mul by the weight) whose intermediates are unexposed: its rsqrt rounded to float16."""
     readers, made = _readers(proto), {o: n for n in proto.graph.node for o in n.output}
     fused = []
-    for rec in [n for n in proto.graph.node if n.op_type == "Reciprocal"]:
+    # the rsqrt: Reciprocal(s) (torch.export) or Div(1, s) (the TorchScript exporter)
+    for rec in [n for n in proto.graph.node if n.op_type in ("Reciprocal", "Div")]:
         chain = [rec]
         for op in ("Sqrt", "Add", "ReduceMean", "Pow"):
-            up = made.get(chain[-1].input[0])
+            up = made.get(chain[-1].input[-1 if chain[-1] is rec else 0])
             if up is None or up.op_type != op:
                 break
             chain.append(up)
@@ -1041,7 +1042,7 @@ def _rms_norm(proto: onnx.ModelProto, at: set[str], exposed: set[str]) -> list[s
         if any(n.output[0] in exposed for n in (*chain, r[0])):
             continue
         raw = f"{rec.output[0]}/raw"
-        new = [onnx.helper.make_node("Reciprocal", list(rec.input), [raw]), *_rounded16(raw, rec.output[0])]
+        new = [onnx.helper.make_node(rec.op_type, list(rec.input), [raw]), *_rounded16(raw, rec.output[0])]
         _replace_nodes(proto, rec, new, set())
         fused.append(r2[0].output[0])
     return fused
