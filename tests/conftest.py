@@ -38,6 +38,7 @@ PLUGINS = {
     "test-class-flip": "plugin_runners:ClassFlipRunner",
     "test-dtype": "plugin_runners:ReturnedDtypeRunner",
     "test-fuse": "plugin_runners:FuseUnexposedRunner",
+    "test-fuse-trt": "plugin_runners:FuseTrtNamesRunner",
     "test-onnx-load": "plugin_runners:OnnxLoadRunner",
     "test-flush": "plugin_runners:FlushRunner",
     "test-half-probs": "plugin_runners:HalfProbsRunner",

@@ -6,6 +6,7 @@ engines cannot promise across machines.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -1008,6 +1009,80 @@ def _gelu(proto: onnx.ModelProto, at: set[str], exposed: set[str], kind: str) ->
         _replace_nodes(proto, end, new, set(inner))
         fused.append(e.output[0])
     return fused
+
+
+class FuseTrtNamesRunner(FuseUnexposedRunner):
+    """test-fuse that publishes its kernels as TensorRT's engine inspector names them ("a + b",
+    "PWN(...)", "{ForeignNode[first...last]}", reformatting copies beside): the explanation cuts at
+    them, as it does for TensorRT, instead of searching by exposure."""
+
+    name = "test-fuse-trt"
+    description = "test-fuse publishing its kernels with TensorRT's layer names"
+    saves_optimized_graph = True
+    optimized_format = "runtime"
+    optimized_label = "TensorRT's engine layers"
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        original = onnx.load(model.path, load_external_data=False)
+        got = super().prepare_impl(model, tensors)
+        if self.options["save_optimized"]:  # after ONNX Runtime wrote its optimized model there
+            from xbackend.runners.tensorrt_plan import TrtLayer, runtime_layers
+
+            names = _trt_layer_names(original, set(self.fused), str(self.options["kind"]))
+            layers = [TrtLayer(n, _trt_type(n)) for n in names]
+            data = json.dumps(runtime_layers(layers))
+            Path(self.options["save_optimized"]).write_text(data)
+        return got
+
+
+def _trt_type(name: str) -> str:
+    if name.startswith("{ForeignNode"):
+        return "Myelin"
+    if name.startswith("Reformatting"):
+        return "Reformat"
+    return "PointWiseV2" if name.startswith("PWN(") else ("CaskGemm" if " + " in name else "Single")
+
+
+def _trt_layer_names(proto: onnx.ModelProto, sites: set[str], kind: str) -> list[str]:
+    """Every node of `proto` in a layer named as TensorRT names it; the planted kernels fused."""
+    readers, made = _readers(proto), {o: n for n in proto.graph.node for o in n.output}
+
+    def name(n: onnx.NodeProto) -> str:
+        return n.name or f"node_of_{n.output[0]}"
+
+    groups: dict[str, list[onnx.NodeProto]] = {}
+    for t in sorted(sites):
+        if kind == "bias-matmul":
+            groups[t] = [made[t], readers[t][0]]
+        elif kind == "softmax-pv":
+            chain = [made[t]]
+            while chain[-1].op_type != "MatMul":
+                chain.append(next(r for r in readers[chain[-1].output[0]] if r.op_type != "IsNaN"))
+            groups[t] = chain
+        elif kind == "gelu-tanh":
+            div, erf = made[made[t].input[0]], made[t]
+            chain = [div, erf]
+            while not (chain[-1].op_type == "Mul" and div.input[0] in chain[-1].input):
+                chain.append(readers[chain[-1].output[0]][0])
+            groups[t] = chain
+    member = {id(n): t for t, g in groups.items() for n in g}
+    out: list[str] = []
+    for n in proto.graph.node:
+        t = member.get(id(n))
+        if n.op_type == "Constant" or (t is not None and n is not groups[t][0]):
+            continue
+        if t is None:
+            out.append(name(n))
+            continue
+        g = [name(x) for x in groups[t]]
+        if kind == "softmax-pv":
+            out.append(f"{{ForeignNode[{g[0]}...{g[-1]}]}}")
+        elif kind == "gelu-tanh":
+            out.append(f"PWN(PWN({g[0]}, {g[1]}), {', '.join(g[2:])})")
+        else:
+            out.append(" + ".join(g))
+        out.append(f"Reformatting CopyNode for Input Tensor 0 to {g[-1]}")
+    return out
 
 
 def _rounded16(t: str, out: str) -> list[onnx.NodeProto]:

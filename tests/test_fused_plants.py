@@ -186,3 +186,30 @@ def test_a_fused_tensor_joins_its_maker_to_the_readers_beside_its_first() -> Non
     assert region[0] == region[1] and len(set(region)) == len(nodes) - 1
     assert hidden == ("r0",) and "r0" not in cuts and cuts[0] == "ln"
     assert max(region_sizes(proto, region).values()) == 2
+
+
+@pytest.mark.usefixtures("plugins")
+@pytest.mark.parametrize(("kind", "largest"), [("bias-matmul", 2), ("softmax-pv", 3), ("gelu-tanh", 5)])
+def test_an_engine_that_names_its_kernels_is_cut_at_them(bert: Path, kind: str, largest: int) -> None:
+    """An engine that publishes its kernels as TensorRT's engine inspector names them ("a + b",
+    "PWN(a, b)", "{ForeignNode[first...last]}", reformatting copies beside) is judged at those
+    kernels, no exposure search: each planted kernel is an origin covering exactly its nodes."""
+    r = xbackend.compare(
+        bert,
+        backends="test-fuse-trt,ort-cpu,reference",
+        runs=1,
+        probes="none",
+        shapes=BERT_SHAPES,
+        ranges=BERT_RANGES,
+        runner_options={"test-fuse-trt": {"kind": kind}},
+    )
+    sites = [s for s in dict(r.backend("test-fuse-trt").info)["fused"].split(",") if s]
+    assert len(sites) == SITES[kind]
+    le = r.explanation.local_for("test-fuse-trt")
+    assert le is not None and le.graph.startswith("TensorRT's engine layers: "), le and le.graph
+    assert le.plain is not None and le.plain.status == "shipped-graph"  # its own kernels, not searched
+    origins = r.cross("test-fuse-trt").origins
+    for s in sites:
+        (o,) = [o for o in origins if s in (o.tensor, *o.covers)]
+        assert 1 < len(o.covers) <= largest and o.ratio > 10, (s, o)
+    assert r.cross("ort-cpu").explained is True and r.exit_code == 1

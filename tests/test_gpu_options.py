@@ -34,6 +34,7 @@ from xbackend.runners.tensorrt import (
     parse_version,
     pin_mode,
 )
+from xbackend.runners.tensorrt_plan import layer_nodes, runtime_layers
 
 ROOT = Path(__file__).resolve().parent.parent
 TRT = {"tf32": False, "opt_level": 3, "workspace_mb": 0}
@@ -215,6 +216,38 @@ def test_parse_engine_json_rejects_what_is_not_inspector_output() -> None:
         parse_engine_json("{Layers:")
     with pytest.raises(ValueError, match="not an engine-inspector layer"):
         parse_layer({"LayerType": "Reformat"})
+
+
+def test_engine_layer_names_give_the_onnx_nodes_each_layer_computes() -> None:
+    """TensorRT's layer names as its inspector writes them (NVIDIA/TensorRT#2525: "+" vertical,
+    "||" horizontal fusion, PWN a pointwise kernel; Myelin regions as ForeignNode ranges)."""
+    assert layer_nodes("/conv1/Conv + /relu1/Relu") == (("/conv1/Conv", "/relu1/Relu"), False)
+    assert layer_nodes("Conv_68 || Conv_72") == (("Conv_68", "Conv_72"), False)
+    assert layer_nodes("Conv_531 + PWN(LeakyRelu_532)") == (("Conv_531", "LeakyRelu_532"), False)
+    assert layer_nodes("PWN(PWN(/act/Sigmoid, /act/Mul), /mul)") == (
+        ("/act/Sigmoid", "/act/Mul", "/mul"),
+        False,
+    )
+    assert layer_nodes("{ForeignNode[/attn/MatMul.../attn/MatMul_1]}") == (
+        ("/attn/MatMul", "/attn/MatMul_1"),
+        True,
+    )
+    assert layer_nodes("Reformatting CopyNode for Input Tensor 0 to /fc/Gemm") == ((), False)
+    layers, _ = parse_engine_json(TRT10_JSON)
+    assert runtime_layers(layers) == [
+        {
+            "name": "/conv1/Conv + /relu1/Relu",
+            "type": "CaskConvolution",
+            "original": ["/conv1/Conv", "/relu1/Relu"],
+            "range": False,
+        },
+        {
+            "name": "/pool/GlobalAveragePool",
+            "type": "CaskPooling",
+            "original": ["/pool/GlobalAveragePool"],
+            "range": False,
+        },
+    ]  # fmt: skip  (the Reformat layer computes no node)
 
 
 def test_timing_cache_keys_round_trip_in_their_string_form() -> None:

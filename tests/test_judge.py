@@ -391,7 +391,7 @@ def test_the_explanation_is_the_same_with_its_jobs_side_by_side_or_one_at_a_time
 ) -> None:
     """The floor engine's jobs and the float64 judge run in two lanes where two cores allow: the
     report cannot depend on it."""
-    from xbackend.compare import explain_jobs as explain
+    from xbackend.judge import explain_jobs as explain
 
     model = TESTS.parent / "models" / "torch_mlp.onnx"
     reports = []

@@ -21,7 +21,7 @@ from xbackend.compare.cross import against, cross_all, effective_reference, pair
 from xbackend.compare.decisions import decision_outputs, decisions_all
 from xbackend.compare.decode import Against, decode_backends
 from xbackend.compare.drift import baseline_drifts
-from xbackend.compare.explain_jobs import explain
+from xbackend.judge.explain_jobs import explain
 from xbackend.compare.memory import (
     explanation_room,
     measure_unsized,

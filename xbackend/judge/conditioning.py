@@ -120,7 +120,8 @@ def composed_rounding(spec: ModelSpec, stats: Mapping[str, NodeStat], ref_captur
     errors carried through its condition number: relative errors through products, absolute
     errors through sums (cancellation: Σ max|x| / max|v|), a softmax's absolute logit error as a
     relative one, a normalization's divided by its rows' spread, and a sum of n terms' by
-    M / sqrt(n) (independent errors add in quadrature). The feeds and weights are exact."""
+    M / sqrt(n) (independent errors add in quadrature); a node's own rounding and what it inherits
+    add in quadrature too, as in a stretch's bound. The feeds and weights are exact."""
     err: dict[str, float] = {}  # tensor -> absolute error scale
     out: dict[str, float] = {}
     with CaptureFile(ref_capture) as cap:
@@ -138,7 +139,8 @@ def composed_rounding(spec: ModelSpec, stats: Mapping[str, NodeStat], ref_captur
                 own = 0.0
             elif s.kind == "elementwise":
                 own /= 2  # correctly rounded: half an ULP
-            err[t.name] = e + own
+            # its own rounding is independent of what it inherits: root-sum-square, as in a stretch
+            err[t.name] = math.hypot(e, own)
             out[t.name] = err[t.name] / ulp_at(s.vmax, np_dtype(s.dtype)) if s.vmax else 0.0
     return out
 

@@ -236,18 +236,33 @@ def coinciding(optimized: onnx.ModelProto, model: onnx.ModelProto, grain: set[st
         grain -= drop
 
 
-def _kernels(path: Path) -> list[tuple[str, tuple[str, ...]]]:
-    """(kernel type, the names of the nodes it computes) for each runtime node the file lists;
-    raises ValueError for anything else."""
+def _kernels(path: Path, proto: onnx.ModelProto) -> list[tuple[str, tuple[str, ...]]]:
+    """(kernel type, the names of the nodes it computes) for each runtime node the file lists (a
+    range, TensorRT's Myelin region: every node of `proto` from its first to its last, the first
+    given as a weight standing for its first reader); raises ValueError for anything else."""
     data = json.loads(path.read_text())
     if not isinstance(data, list):
         raise ValueError("not a list of nodes")
+    names = [_node_name(n) for n in proto.graph.node]
+    first_reader: dict[str, int] = {}
+    for k, n in enumerate(proto.graph.node):
+        for i in n.input:
+            first_reader.setdefault(i, k)
+    at = {x: k for k, n in enumerate(proto.graph.node) for x in (_node_name(n), f"node_of_{n.output[0]}")}
     out = []
     for r in data:
         if not isinstance(r, dict) or not isinstance(r.get("original"), list):
             raise ValueError("a node without its original names")
-        out.append((str(r.get("type", "?")), tuple(str(x) for x in r["original"])))
+        original = tuple(str(x) for x in r["original"])
+        if r.get("range") is True and len(original) == 2:
+            a, b = (at.get(original[0], first_reader.get(original[0])), at.get(original[1]))
+            original = tuple(names[a : b + 1]) if a is not None and b is not None and a <= b else ()
+        out.append((str(r.get("type", "?")), original))
     return out
+
+
+def _node_name(n: onnx.NodeProto) -> str:
+    return n.name or (n.output[0] if n.output else "")
 
 
 def _pieces(proto: onnx.ModelProto, grain: set[str]) -> dict[str, tuple[str, ...]]:
@@ -274,19 +289,23 @@ def runtime_plan(
     feeds: Mapping[str, Value],
     ref_capture: str,
     folder: Path,
+    label: str = "OpenVINO's runtime graph",
 ) -> Shipped | str:
-    """`proto` (the model, its weights beside `source`) severed at the outputs of the kernels
-    OpenVINO's runtime graph at `path` runs, or why it cannot be."""
+    """`proto` (the model, its weights beside `source`) severed at the outputs of the kernels the
+    runtime graph at `path` runs (`label`: OpenVINO's, or TensorRT's engine layers), or why it
+    cannot be."""
     if outcome is None or not outcome.ok or not path.exists():
         why = outcome.reason if outcome is not None else "it did not run"
         return f"its runtime graph could not be read ({why})"
     try:
-        kernels = _kernels(path)
+        kernels = _kernels(path, proto)
     except (OSError, ValueError) as e:
         return f"its runtime graph could not be read ({type(e).__name__}: {e})"
     by_name: dict[str, onnx.NodeProto] = {}
-    for n in proto.graph.node:
-        by_name[n.name or (n.output[0] if n.output else "")] = n
+    for n in proto.graph.node:  # TensorRT names a nameless node's layer node_of_<its output>
+        by_name[_node_name(n)] = n
+        if n.output:
+            by_name.setdefault(f"node_of_{n.output[0]}", n)
     grain: set[str] = {o.name for o in proto.graph.output if o.name in available}
     fusing: Counter[str] = Counter()
     for kind, names in kernels:
@@ -303,7 +322,7 @@ def runtime_plan(
     tensors = tuple(o for n in proto.graph.node for o in n.output if o in grain)
     parts = ", ".join(f"{k} {kind}" for kind, k in sorted(fusing.items()))
     described = (
-        f"OpenVINO's runtime graph: {len(kernels)} kernels"
+        f"{label}: {len(kernels)} kernels"
         + (f" ({parts} fusing several nodes)" if parts else "")
         + f", judged at {len(tensors)} kernel outputs"
     )

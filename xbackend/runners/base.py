@@ -140,6 +140,8 @@ class Runner(abc.ABC):
     # What save_optimized writes: "onnx" (a model: ONNX Runtime), or "runtime" (OpenVINO: its
     # runtime graph's nodes as JSON, each with the ONNX nodes it fuses; see runtime_graph below).
     optimized_format: ClassVar[str] = "onnx"
+    # How reports name that graph.
+    optimized_label: ClassVar[str] = "its optimized graph"
     # The op domains the engine implements (None: not declared, so it is tried): a model using
     # another makes this backend unavailable for it, and the others run.
     domains: ClassVar[frozenset[str] | None] = None

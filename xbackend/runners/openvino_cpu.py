@@ -147,6 +147,7 @@ class OpenVinoCpuRunner(Runner):
     )
     saves_optimized_graph = True
     optimized_format = "runtime"
+    optimized_label = "OpenVINO's runtime graph"
     domains = ENGINE_DOMAINS
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:

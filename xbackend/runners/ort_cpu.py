@@ -411,7 +411,7 @@ class OrtCpuRunner(Runner):
             so.enable_cpu_mem_arena = False
             self._notes["cpu_mem_arena"] = "off (intermediates exposed: freed as compared)"
         if self.options["save_optimized"]:
-            # the graph users' sessions run: fused kernels and all (xbackend.compare.explain_jobs judges it)
+            # the graph users' sessions run: fused kernels and all (xbackend.judge.explain_jobs judges it)
             so.optimized_model_filepath = str(self.options["save_optimized"])
             so.add_session_config_entry(
                 "session.optimized_model_external_initializers_file_name",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,6 +55,7 @@ from xbackend.runners.tensorrt_plan import (
     parse_timing_key,
     parse_version,
     pin_mode,
+    runtime_layers,
 )
 
 __all__ = [
@@ -121,7 +123,18 @@ class TrtAutotuneRunner(Runner):
             "outputs: another engine), auto (debug where supported)",
             CAPTURE,
         ),
+        OptionSpec(
+            "save_optimized",
+            str,
+            "",
+            "set by xbackend's explanation only: write the engine's layers and the ONNX nodes each "
+            "computes (JSON, from the engine inspector)",
+        ),
     )
+    # the engine inspector names the ONNX nodes each layer fuses: the explanation judges at them
+    saves_optimized_graph = True
+    optimized_format = "runtime"
+    optimized_label = "TensorRT's engine layers"
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)
@@ -260,6 +273,9 @@ class TrtAutotuneRunner(Runner):
             raise self._fail("could not load the engine it built")
         inspector = self._engine.create_engine_inspector()
         self._layers, _ = parse_engine_json(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+        if self.options["save_optimized"]:
+            data = json.dumps(runtime_layers(self._layers), indent=1).encode()
+            write_atomic_bytes(Path(self.options["save_optimized"]), data, "TensorRT engine layers")
         self._context = self._engine.create_execution_context()
         self._io = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
         if self._method == "debug":

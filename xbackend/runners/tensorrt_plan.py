@@ -25,11 +25,13 @@ __all__ = [
     "config_calls",
     "default_cache_path",
     "format_timing_key",
+    "layer_nodes",
     "parse_engine_json",
     "parse_layer",
     "parse_timing_key",
     "parse_version",
     "pin_mode",
+    "runtime_layers",
 ]
 
 OPT_LEVELS = range(6)
@@ -131,6 +133,60 @@ def parse_engine_json(text: str) -> tuple[list[TrtLayer], list[str]]:
     io = doc.get("I/O Tensors", doc.get("Bindings", []))
     names = [x if isinstance(x, str) else str(x.get("Name", "")) for x in io]
     return layers, names
+
+
+_FOREIGN = re.compile(r"^\{?ForeignNode\[(.+?)\.\.\.(.+)\]\}?$")
+_NOT_NODES = ("Reformatting CopyNode", "(Unnamed Layer", "[trainStation", "myelinCopy")
+
+
+def _split_top(text: str, seps: Sequence[str]) -> list[str]:
+    """`text` split at each of `seps` outside parentheses and brackets."""
+    out, depth, k, start = [], 0, 0, 0
+    while k < len(text):
+        c = text[k]
+        depth += c in "([{"
+        depth -= c in ")]}"
+        sep = next((x for x in seps if depth == 0 and text.startswith(x, k)), "")
+        if sep:
+            out.append(text[start:k])
+            k += len(sep)
+            start = k
+            continue
+        k += 1
+    out.append(text[start:])
+    return [x.strip() for x in out if x.strip()]
+
+
+def layer_nodes(name: str) -> tuple[tuple[str, ...], bool]:
+    """The ONNX node names one engine layer computes, from its name as TensorRT writes it:
+    "a + b" (vertical fusion), "a || b" (horizontal), "PWN(a, PWN(b, c))" (a pointwise kernel),
+    "{ForeignNode[first...last]}" (a Myelin region: every node from first to last, said by the
+    flag). Reformatting copies and unnamed layers compute no node of the model: ()."""
+    text = name.strip()
+    if text.startswith(_NOT_NODES):
+        return (), False
+    foreign = _FOREIGN.match(text)
+    if foreign:
+        return (foreign.group(1).strip(), foreign.group(2).strip()), True
+    out: list[str] = []
+    for part in _split_top(text, (" + ", " || ")):
+        if part.startswith("PWN(") and part.endswith(")"):
+            for inner in _split_top(part[4:-1], (", ",)):
+                out.extend(layer_nodes(inner)[0])
+        elif not part.startswith(_NOT_NODES):
+            out.append(part)
+    return tuple(out), False
+
+
+def runtime_layers(layers: Sequence[TrtLayer]) -> list[dict[str, Any]]:
+    """The engine's layers as xbackend's runtime-graph JSON (as OpenVINO's): each layer's type and
+    the ONNX nodes it computes; a Myelin region as its first and last node, with "range"."""
+    out = []
+    for layer in layers:
+        nodes, span = layer_nodes(layer.name)
+        if nodes and layer.type != "Reformat":  # a copy between formats computes no node
+            out.append({"name": layer.name, "type": layer.type, "original": list(nodes), "range": span})
+    return out
 
 
 def parse_timing_key(text: str) -> bytes:

@@ -247,7 +247,7 @@ def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_cap
     runtime = old.cls.optimized_format == "runtime"
     args = (plan.available, ctx.feeds.arrays, ref_capture, folder)
     got = (
-        runtime_plan(name, written, path, ctx.spec, model, src.path, *args)
+        runtime_plan(name, written, path, ctx.spec, model, src.path, *args, label=old.cls.optimized_label)
         if runtime
         else shipped_plan(name, written, path, ctx.spec, model, *args)
     )
