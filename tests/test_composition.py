@@ -97,7 +97,7 @@ def _attention() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
             helper.make_node("Softmax", ["z"], ["p"], axis=-1),
             helper.make_node("MatMul", ["p", "v"], ["o"]),
         ],
-        dict.fromkeys("qkv", [b, h, t, d]),
+        {n: [b, h, t, d] for n in "qkv"},
         ("o", [b, h, t, d]),
         scale=np.array(d**-0.5),
     )
@@ -222,7 +222,7 @@ def test_a_running_sum_keeps_its_allowance_first_order() -> None:
     x = np.full((4, 64), 0.1)
     got = _evaluate(judged.proto, {"x": x})
     c = np.cumsum(x, axis=1)
-    mag = got["xb.mag.c"] if "xb.mag.c" in got else None
+    mag = got.get(AUX + "c")
     assert mag is not None
     # the identity product passes the CumSum's allowance unchanged, all of it first order
     np.testing.assert_allclose(got[PROP + "y"], allowance(bound, c, mag, U), rtol=1e-6)

@@ -21,7 +21,6 @@ from xbackend.compare.cross import against, cross_all, effective_reference, pair
 from xbackend.compare.decisions import decision_outputs, decisions_all
 from xbackend.compare.decode import Against, decode_backends
 from xbackend.compare.drift import baseline_drifts
-from xbackend.judge.explain_jobs import explain
 from xbackend.compare.memory import (
     explanation_room,
     measure_unsized,
@@ -51,6 +50,7 @@ from xbackend.execution.progress import NullProgress, ProgressSink
 from xbackend.files.runfolders import run_temp_folder
 from xbackend.host.environment import collect_environment
 from xbackend.judge.conditioning import far_from_float64
+from xbackend.judge.explain_jobs import explain
 from xbackend.model.extdata import write_rewritten
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import load_model
