@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/xbackend compare models/torch_mlp.onnx --runs 3 --builds 2 \
 		--backends ort-cpu,openvino-cpu,torch,reference,oracle --torch-module models/torch_mlp.py:build \
 		--probes builds,threads,opt-levels \
-		--report reports/torch_mlp.md --json reports/torch_mlp.json
+		--report reports/demo/torch_mlp.md --json reports/demo/torch_mlp.json
 
 # A GPU host's environment (docs/gpu.md): torch for CUDA 13, then onnxruntime-gpu's files
 # over the CPU build's (the two share one import package).

@@ -55,6 +55,27 @@ def test_typer_usage_errors_are_one_line_with_a_pointer_to_help(capsys: pytest.C
         assert command in out
 
 
+def test_help_fits_a_person_version_panels_order_and_no_bool_metavar(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xbackend.cli.app import ORDER
+    from xbackend.cli.params import PANELS
+    from xbackend.version import VERSION
+
+    monkeypatch.setenv("COLUMNS", "120")
+    code, out, _ = run(capsys, "--version")
+    assert (code, out.strip()) == (0, f"xbackend {VERSION}")
+    code, out, _ = run(capsys, "--help")
+    listed = [m.group(1) for m in re.finditer(r"^│ ([a-z][a-z-]+) ", out, re.MULTILINE)]
+    assert code == 0 and listed == list(ORDER), listed  # compare first, as people reach for them
+    code, out, _ = run(capsys, "compare", "--help")
+    assert code == 0 and "<bool>" not in out
+    for name in PANELS:  # the options grouped as a reader looks for them
+        assert f"─ {name} ─" in out, name
+    threads = out.split("--probe-threads", 1)[1].split("│ --", 1)[0]
+    assert "(default:" in threads and "[default" not in threads  # one default, said in words
+
+
 def test_unknown_backend_exits_2(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "compare", str(models["attention"]), "--backends", "ort-gpu")
     assert code == 2

@@ -3,14 +3,16 @@
 A fenced block preceded by the line `<!-- runnable -->` is run: each `sh` command in turn (a
 trailing backslash continues it), each `python` block as a script, a `python` block whose
 first line is `# NAME.py` written to that file for the commands after it. Every document runs
-in a fresh folder holding a copy of `models/`, with this environment's `xbackend` on PATH. A
-command may find differences (exit 1) or a broken promise (16); a usage error, an input
-error, a failed run or an internal error fails the test.
+in a fresh folder holding a copy of `models/`, with this environment's `xbackend` on PATH. Each
+command must exit exactly as its block declares: 0 unless the marker says otherwise
+(`<!-- runnable exit=1 -->`: every command of that block finds differences), so a documented
+command that fails cannot pass as "differences found".
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,22 +23,24 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-MARK = "<!-- runnable -->"
+MARK = "<!-- runnable"
+_MARKER = re.compile(r"^<!-- runnable(?: exit=(\d+))? -->$")
 DOCS = sorted(p for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")] if MARK in p.read_text("utf-8"))
-ALLOWED = {0, 1, 16}  # ran: nothing found, differences found, a promise broken
 
 
-def runnable_blocks(text: str) -> list[tuple[str, str]]:
-    """(language, body) of every fenced block the marker precedes, in order."""
+def runnable_blocks(text: str) -> list[tuple[str, str, int]]:
+    """(language, body, declared exit code) of every fenced block a marker precedes, in order."""
     lines = text.splitlines()
     out = []
     for i, line in enumerate(lines):
-        if line.strip() != MARK:
+        if not line.strip().startswith(MARK):
             continue
+        marker = _MARKER.match(line.strip())
+        assert marker, f"line {i + 1}: a marker is <!-- runnable --> or <!-- runnable exit=N -->"
         fence = lines[i + 1].strip()
         assert fence.startswith("```"), f"{MARK} must precede a fenced block (line {i + 1})"
         end = next(j for j in range(i + 2, len(lines)) if lines[j].strip() == "```")
-        out.append((fence[3:].strip(), "\n".join(lines[i + 2 : end])))
+        out.append((fence[3:].strip(), "\n".join(lines[i + 2 : end]), int(marker.group(1) or 0)))
     return out
 
 
@@ -55,8 +59,9 @@ def commands(body: str) -> list[str]:
 
 
 def test_the_block_reader_finds_marked_blocks_only() -> None:
-    text = f"intro\n```sh\nno\n```\n{MARK}\n```sh\na \\\n  b  # why\n# note\nc\n```\n"
-    assert runnable_blocks(text) == [("sh", "a \\\n  b  # why\n# note\nc")]
+    text = f"intro\n```sh\nno\n```\n{MARK} -->\n```sh\na \\\n  b  # why\n# note\nc\n```\n"
+    assert runnable_blocks(text) == [("sh", "a \\\n  b  # why\n# note\nc", 0)]
+    assert runnable_blocks(f"{MARK} exit=1 -->\n```sh\nx\n```\n") == [("sh", "x", 1)]
     assert commands("a \\\n  b  # why\n# note\nc") == ["a    b  # why", "c"]
 
 
@@ -70,7 +75,7 @@ def test_every_page_with_examples_marks_some() -> None:
 def test_marked_examples_run(doc: Path, tmp_path: Path) -> None:
     shutil.copytree(ROOT / "models", tmp_path / "models")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    for lang, body in runnable_blocks(doc.read_text("utf-8")):
+    for lang, body, code in runnable_blocks(doc.read_text("utf-8")):
         if lang == "python":
             first = body.splitlines()[0].strip()
             if first.startswith("# ") and first.endswith(".py"):
@@ -79,11 +84,14 @@ def test_marked_examples_run(doc: Path, tmp_path: Path) -> None:
             proc = subprocess.run(
                 [sys.executable, "-c", body], cwd=tmp_path, env=env, capture_output=True, text=True
             )
-            assert proc.returncode in ALLOWED, f"{doc.name} python block:\n{body}\n{proc.stderr[-2000:]}"
+            assert proc.returncode == code, (
+                f"{doc.name} python block exited {proc.returncode}, not {code}:\n{body}\n"
+                f"{proc.stderr[-2000:]}"
+            )
             continue
         assert lang == "sh", f"{doc.name}: a runnable block is sh or python, not {lang!r}"
         for cmd in commands(body):
             proc = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True)
-            assert proc.returncode in ALLOWED, (
-                f"{doc.name}: `{cmd}` exited {proc.returncode}:\n{proc.stderr[-2000:]}"
+            assert proc.returncode == code, (
+                f"{doc.name}: `{cmd}` exited {proc.returncode}, not {code}:\n{proc.stderr[-2000:]}"
             )

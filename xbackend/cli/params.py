@@ -16,7 +16,7 @@ from xbackend.results.flags import COMMANDS, Flag, declared
 from xbackend.results.gating import POLICIES
 from xbackend.results.options import INPUT_FLAGS
 
-__all__ = ["CLI_FLAGS", "ModelArg", "compare_options", "flag_parameters", "with_flags"]
+__all__ = ["CLI_FLAGS", "PANELS", "ModelArg", "compare_options", "flag_parameters", "panel", "with_flags"]
 
 _VERIFY = ("verify",)
 # Options only the command line has: where reports go, and the progress bar.
@@ -72,8 +72,14 @@ def flag_parameters(command: str, options: type = CompareOptions) -> list[inspec
     for name, tp, default, fl in _declarations(options):
         if command not in fl.commands and not (command == "verify" and name in _ALSO_VERIFY):
             continue
+        text = fl.help.format(**_HELP_NAMES)
+        stated = "(default" in text or "(default)" in text  # the help says it: one default shown
         info = typer.Option(
-            fl.cli, metavar=fl.metavar, help=fl.help.format(**_HELP_NAMES), show_default=not fl.hidden_default
+            fl.cli,
+            metavar=fl.metavar,
+            help=text,
+            show_default=not (fl.hidden_default or stated),
+            rich_help_panel=panel(fl.cli),
         )
         out.append(
             inspect.Parameter(
@@ -84,6 +90,27 @@ def flag_parameters(command: str, options: type = CompareOptions) -> list[inspec
             )
         )
     return out
+
+
+# compare --help in the panels a person looks for; an option not named here sits in "Other"
+PANELS: dict[str, tuple[str, ...]] = {
+    "Backends": ("--backends", "--reference", "--set", "--load", "--torch-module", "--trust-model-code",
+                 "--modes", "--threads", "--timeout", "--max-memory"),
+    "Inputs": ("--inputs", "--seed", "--shape", "--range"),
+    "Runs and probes": ("--runs", "--builds", "--probes", "--batch-invariance", "--probe-threads",
+                        "--timed-runs", "--outputs-only", "--tensors"),
+    "Explanation": ("--max-ulp", "--noise-samples"),
+    "Decoding and candidates": ("--decode", "--decisions", "--candidate", "--advise"),
+    "Reports and captures": ("--report", "--json", "--save-captures", "--baseline", "--timings",
+                             "--no-progress"),
+    "Gates": ("--fail-on",),
+}  # fmt: skip
+_PANEL_OF = {cli: name for name, clis in PANELS.items() for cli in clis}
+
+
+def panel(cli: str) -> str:
+    """The help panel option `cli` is listed in."""
+    return _PANEL_OF.get(cli, "Other")
 
 
 F = TypeVar("F", bound=Callable[..., Any])
