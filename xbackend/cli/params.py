@@ -73,7 +73,7 @@ def flag_parameters(command: str, options: type = CompareOptions) -> list[inspec
         if command not in fl.commands and not (command == "verify" and name in _ALSO_VERIFY):
             continue
         text = fl.help.format(**_HELP_NAMES)
-        stated = "(default" in text or "(default)" in text  # the help says it: one default shown
+        stated = "(default" in text  # the help says it in words: typer does not repeat it
         info = typer.Option(
             fl.cli,
             metavar=fl.metavar,

@@ -236,33 +236,34 @@ def coinciding(optimized: onnx.ModelProto, model: onnx.ModelProto, grain: set[st
         grain -= drop
 
 
-def _kernels(path: Path, proto: onnx.ModelProto) -> list[tuple[str, tuple[str, ...]]]:
-    """(kernel type, the names of the nodes it computes) for each runtime node the file lists (a
-    range, TensorRT's Myelin region: every node of `proto` from its first to its last, the first
-    given as a weight standing for its first reader); raises ValueError for anything else."""
+def _kernels(path: Path, proto: onnx.ModelProto) -> list[tuple[str, tuple[int, ...]]]:
+    """(kernel type, the positions in `proto` of the nodes it computes) for each runtime node the
+    file lists, by name (TensorRT names a nameless node's layer node_of_<its output>; a range,
+    TensorRT's Myelin region, is every node from its first to its last, the first given as a
+    weight standing for its first reader); raises ValueError for anything else."""
     data = json.loads(path.read_text())
     if not isinstance(data, list):
         raise ValueError("not a list of nodes")
-    names = [_node_name(n) for n in proto.graph.node]
+    at: dict[str, int] = {}
     first_reader: dict[str, int] = {}
     for k, n in enumerate(proto.graph.node):
+        at[n.name or (n.output[0] if n.output else "")] = k
+        if n.output:
+            at.setdefault(f"node_of_{n.output[0]}", k)
         for i in n.input:
             first_reader.setdefault(i, k)
-    at = {x: k for k, n in enumerate(proto.graph.node) for x in (_node_name(n), f"node_of_{n.output[0]}")}
     out = []
     for r in data:
         if not isinstance(r, dict) or not isinstance(r.get("original"), list):
             raise ValueError("a node without its original names")
-        original = tuple(str(x) for x in r["original"])
+        original = [str(x) for x in r["original"]]
         if r.get("range") is True and len(original) == 2:
-            a, b = (at.get(original[0], first_reader.get(original[0])), at.get(original[1]))
-            original = tuple(names[a : b + 1]) if a is not None and b is not None and a <= b else ()
-        out.append((str(r.get("type", "?")), original))
+            a, b = at.get(original[0], first_reader.get(original[0])), at.get(original[1])
+            members = tuple(range(a, b + 1)) if a is not None and b is not None and a <= b else ()
+        else:
+            members = tuple(at[x] for x in original if x in at)
+        out.append((str(r.get("type", "?")), members))
     return out
-
-
-def _node_name(n: onnx.NodeProto) -> str:
-    return n.name or (n.output[0] if n.output else "")
 
 
 def _pieces(proto: onnx.ModelProto, grain: set[str]) -> dict[str, tuple[str, ...]]:
@@ -301,15 +302,10 @@ def runtime_plan(
         kernels = _kernels(path, proto)
     except (OSError, ValueError) as e:
         return f"its runtime graph could not be read ({type(e).__name__}: {e})"
-    by_name: dict[str, onnx.NodeProto] = {}
-    for n in proto.graph.node:  # TensorRT names a nameless node's layer node_of_<its output>
-        by_name[_node_name(n)] = n
-        if n.output:
-            by_name.setdefault(f"node_of_{n.output[0]}", n)
     grain: set[str] = {o.name for o in proto.graph.output if o.name in available}
     fusing: Counter[str] = Counter()
-    for kind, names in kernels:
-        members = [by_name[x] for x in names if x in by_name]
+    for kind, positions in kernels:
+        members = [proto.graph.node[k] for k in positions]
         reads = {i for m in members for i in m.input}
         grain |= {o for m in members for o in m.output if o and o not in reads and o in available}
         if len(members) > 1:
