@@ -1,7 +1,7 @@
 """The fused-only plants and the correct engines on the families beyond BERT and GPT-2: ViT,
 ConvNeXt, Mamba (its sequential scan), T5 (relative position buckets; written by torch.onnx's
-TorchScript exporter, as optimum and older pipelines write it), Llama's RMS norm and SwiGLU, and
-a diffusers UNet's plants (its correct engines: tests/test_judge.py).
+TorchScript exporter, as optimum and older pipelines write it) and a diffusers UNet's plants (its
+correct engines: tests/test_judge.py; Llama's RMS norm and SwiGLU plants: tests/test_fused_plants.py).
 Each planted site is inside an origin of at most 12 nodes; ONNX Runtime beside it, OpenVINO,
 torch, the reference and the oracle have no origin."""
 
@@ -71,16 +71,6 @@ def families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
         dynamic_axes={"input_ids": axes, "attention_mask": axes},
     )
     out["t5"] = (path, {**TOKENS, "runner_options": {"torch": {"module": f"{folder / 'hf_models.py'}:t5"}}})
-    llama = folder / "llama.onnx"
-    names = ("input_ids", "attention_mask")
-    export_torch(
-        f"{folder / 'hf_models.py'}:llama",
-        [InputDecl(n, (2, 16), "int64") for n in names],
-        llama,
-        dynamic={n: {0: "batch", 1: "sequence"} for n in names},
-        ranges={"input_ids": (0, 512), "attention_mask": (0, 2)},
-    )
-    out["llama"] = (llama, TOKENS)
     if importlib.util.find_spec("diffusers") is not None:
         unet = folder / "unet.onnx"
         decls = [
@@ -104,8 +94,6 @@ PLANTS = {
     ("mamba", "swiglu"): 2,
     ("t5", "rms-norm"): 5,  # the rsqrt as Div(1, Sqrt): the TorchScript exporter's
     ("t5", "softmax-pv"): 2,
-    ("llama", "rms-norm"): 5,
-    ("llama", "swiglu"): 2,
     # 479 nodes: the search stops at its budget, the groups not yet split stay fused (at most 9)
     ("unet", "bias-matmul"): 16,
     ("unet", "softmax-pv"): 8,

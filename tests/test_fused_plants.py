@@ -20,18 +20,23 @@ SITES = {"bias-matmul": 12, "add-layernorm": 5, "softmax-pv": 2, "gelu-tanh": 2,
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.usefixtures("plugins")
-@pytest.mark.parametrize("kind", sorted(SITES))
-def test_a_fused_only_loss_is_an_origin_at_every_site(bert: Path, kind: str) -> None:
-    r = xbackend.compare(
+def _planted_bert(bert: Path, backend: str, kind: str) -> xbackend.Result:
+    """The padded-mask BERT on a planting backend, ONNX Runtime and the reference beside it."""
+    return xbackend.compare(
         bert,
-        backends="test-fuse,ort-cpu,reference",
+        backends=f"{backend},ort-cpu,reference",
         runs=1,
         probes="none",
         shapes=BERT_SHAPES,
         ranges=BERT_RANGES,
-        runner_options={"test-fuse": {"kind": kind}},
+        runner_options={backend: {"kind": kind}},
     )
+
+
+@pytest.mark.usefixtures("plugins")
+@pytest.mark.parametrize("kind", sorted(SITES))
+def test_a_fused_only_loss_is_an_origin_at_every_site(bert: Path, kind: str) -> None:
+    r = _planted_bert(bert, "test-fuse", kind)
     sites = [s for s in dict(r.backend("test-fuse").info)["fused"].split(",") if s]
     assert len(sites) == SITES[kind]
     c = r.cross("test-fuse")
@@ -117,7 +122,13 @@ def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.usefixtures("plugins")
 @pytest.mark.parametrize(
     ("model", "kind", "sites", "largest"),
-    [("gpt2", "softmax-pv", 2, 4), ("gpt2", "add-layernorm", 5, 2), ("llama", "softmax-pv", 2, 2)],
+    [
+        ("gpt2", "softmax-pv", 2, 4),
+        ("gpt2", "add-layernorm", 5, 2),
+        ("llama", "softmax-pv", 2, 2),
+        ("llama", "rms-norm", 5, 7),  # Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul
+        ("llama", "swiglu", 2, 3),  # Sigmoid, Mul, Mul
+    ],
 )
 def test_fused_only_losses_in_decoders_are_caught_at_every_site(
     decoders: dict[str, Path], model: str, kind: str, sites: int, largest: int
@@ -194,15 +205,7 @@ def test_an_engine_that_names_its_kernels_is_cut_at_them(bert: Path, kind: str, 
     """An engine that publishes its kernels as TensorRT's engine inspector names them ("a + b",
     "PWN(a, b)", "{ForeignNode[first...last]}", reformatting copies beside) is judged at those
     kernels, no exposure search: each planted kernel is an origin covering exactly its nodes."""
-    r = xbackend.compare(
-        bert,
-        backends="test-fuse-trt,ort-cpu,reference",
-        runs=1,
-        probes="none",
-        shapes=BERT_SHAPES,
-        ranges=BERT_RANGES,
-        runner_options={"test-fuse-trt": {"kind": kind}},
-    )
+    r = _planted_bert(bert, "test-fuse-trt", kind)
     sites = [s for s in dict(r.backend("test-fuse-trt").info)["fused"].split(",") if s]
     assert len(sites) == SITES[kind]
     le = r.explanation.local_for("test-fuse-trt")
