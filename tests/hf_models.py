@@ -154,6 +154,31 @@ def vit() -> torch.nn.Module:
     return Pixels(transformers.ViTModel(cfg)).eval()
 
 
+class Logits(torch.nn.Module):
+    """A classifier's logits from pixel values."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: Any) -> Any:
+        return self.model(pixel_values=pixel_values).logits
+
+
+def resnet() -> torch.nn.Module:
+    """A ResNet of basic blocks (ResNet-18's kind), one per stage, narrow: ONNX Runtime runs its
+    convolutions as one NCHWc stack, as it does ResNet-18's."""
+    torch.manual_seed(0)
+    cfg = transformers.ResNetConfig(
+        layer_type="basic",
+        depths=[1, 1, 1, 1],
+        hidden_sizes=[16, 32, 64, 128],
+        embedding_size=16,
+        num_labels=10,
+    )
+    return Logits(transformers.ResNetForImageClassification(cfg)).eval()
+
+
 def convnext() -> torch.nn.Module:
     """A ConvNeXt of 2 stages; its layer scale at 1 (trained models' are far from the 1e-6 it
     starts at, which would absorb any loss before it)."""

@@ -30,8 +30,23 @@ def test_pae_is_dsses_encoding() -> None:
     assert attest.pae("t/x", b"hello") == b"DSSEv1 3 t/x 5 hello"
 
 
+def test_keygen_makes_the_key_model_signing_takes_and_signs_reproducibly(tmp_path: Path) -> None:
+    """keygen's default is ECDSA P-256 (certify's model-signing advice); --type ed25519 the other.
+    Both sign the same Statement to the same bytes (ECDSA by RFC 6979)."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    for kind, cls in (("ecdsa-p256", ec.EllipticCurvePrivateKey), ("ed25519", ed25519.Ed25519PrivateKey)):
+        key = attest.load_private_key(attest.generate_key(tmp_path / kind, kind)[0])
+        assert isinstance(key, cls), kind
+        assert attest.sign_statement(STMT, key) == attest.sign_statement(STMT, key), kind
+    key = attest.load_private_key(attest.generate_key(tmp_path / "default")[0])
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1"
+    with pytest.raises(UsageError, match="unknown key type 'rsa'; valid: ecdsa-p256, ed25519"):
+        attest.generate_key(tmp_path / "r", "rsa")
+
+
 def test_ed25519_and_ecdsa_round_trip_and_a_flipped_byte_fails(tmp_path: Path) -> None:
-    priv, pub = attest.generate_key(tmp_path / "k")
+    priv, pub = attest.generate_key(tmp_path / "k", "ed25519")
     ec_key = _write(tmp_path / "ec.key", ec.generate_private_key(ec.SECP256R1()))
     for private in (priv, ec_key):
         key = attest.load_private_key(private)

@@ -111,7 +111,10 @@ def test_compare_writes_reports_and_exits_0(
     assert data["schema"] == "xbackend.report/2"
     assert data["inputs"]["values"] == [{"name": "image", "dtype": "float32", "shape": "[2,3,32,32]"}]
     assert "--shape image=2,3,32,32" in data["command"]
-    assert md.read_text("utf-8").startswith("# xbackend report: convnet.onnx\n\n## Verdict\n\n- PASS")
+    text = md.read_text("utf-8")
+    assert text.startswith("# xbackend report: convnet.onnx\n\nxbackend ") and "exit code 0 (pass)" in text
+    verdict = text.split("## Verdict\n\n", 1)[1]
+    assert verdict.startswith("- PASS")
     assert (md.parent / "r.layers.csv").is_file() and (md.parent / "r.error-depth.png").is_file()
 
 

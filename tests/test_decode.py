@@ -347,6 +347,9 @@ def test_a_near_tie_is_a_difference_at_most_twice_the_margin() -> None:
 
     assert near_tie(0.000822, 0.0015) and near_tie(0.0, 1e-6)
     assert not near_tie(0.000822, 0.00823) and not near_tie(None, 1.0)
+    # a candidate's int8 logits moved by 9.3 across a margin of 7.41 (odds of 1650 to 1): no tie,
+    # though the difference is within twice the margin
+    assert not near_tie(7.41, 9.3) and near_tie(0.4, 0.7) and not near_tie(0.6, 0.7)
     explained = [SimpleNamespace(backend="b", status="ok", explained=True, origins=())]
     (line,) = Result._flip_cause(SimpleNamespace(decode=_decoded(0.000822, 0.00823), cross_backend=explained))
     assert "no near tie" in line and "10x the reference's margin 0.000822" in line

@@ -230,7 +230,8 @@ def test_a_baseline_reports_drift_from_the_layer_whose_weight_moved_one_ulp(
         r.verdict()
     )
     md = xbackend.to_markdown(r)
-    assert "no backend moved" not in md and "Against the baseline: no backend was compared" in md
+    assert "no backend moved" not in md
+    assert "- **Against the baseline: not compared.** No backend was compared (it holds none" in md
     code, out, _ = run(
         capsys, "compare", str(new), "--backends", "reference", "--runs", "1", "--probes", "none",
         "--baseline", str(old / "report.json"), "--fail-on", "baseline-drift",
@@ -317,7 +318,6 @@ def test_report_folder_is_byte_stable_and_re_rendered_by_xbackend_report(
     names = sorted(p.name for p in a.iterdir())
     assert names == [
         "report.batch-invariance.png",
-        "report.build-variance.png",
         "report.error-depth.png",
         "report.json",
         "report.layers.csv",
@@ -340,9 +340,12 @@ def test_report_reads_verdict_first_and_folds_the_rest(release: tuple[Path, Path
     first_fold = next(i for i, line in enumerate(lines) if line.startswith("<details>"))
     assert first_fold <= 60
     head = "\n".join(lines[:first_fold])
-    assert lines[2] == "## Verdict" and lines[4].startswith("- PASS")
-    for section in ("## Summary", "## Backends", "## Figures", "## How to read this"):
+    assert lines[4] == "## Answer" and lines[6].startswith("- **Run to run: the same bits.**")
+    assert "## Verdict" in lines and lines[lines.index("## Verdict") + 2].startswith("- PASS")
+    for section in ("## Answer", "## Verdict", "## Backends", "## Figures"):
         assert section in head
+    # identical builds are one sentence, not a flat line at 0
+    assert "*Build variance is not drawn: fresh builds of ort-cpu, reference, oracle computed the same" in head
     assert "![Batch invariance: a sample alone vs inside a batch](report.batch-invariance.png)" in head
     assert "[report.layers.csv](report.layers.csv)" in head
     csv = (release[0] / "report.layers.csv").read_text("utf-8").splitlines()
@@ -366,7 +369,6 @@ def test_figures_are_pngs_with_the_series_they_claim(release: tuple[Path, Path])
         "error-depth": ["ort-cpu", "reference"],  # against the oracle
         "ulp-distribution": ["ort-cpu", "oracle"],  # against the reference
         "batch-invariance": ["ort-cpu (batch 4)", "reference (batch 4)", "oracle (batch 4)"],
-        "build-variance": ["ort-cpu", "reference", "oracle"],
     }
     for slug, series in want.items():
         path = release[0] / f"report.{slug}.png"

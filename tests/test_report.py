@@ -67,11 +67,11 @@ def test_markdown_sections_in_order(two_runs: tuple[xbackend.Result, xbackend.Re
     md = to_markdown(two_runs[0])
     heads = [ln for ln in md.splitlines() if ln.startswith("## ")]
     assert heads == [
+        "## Answer",
         "## Verdict",
-        "## Summary",
         "## Backends",
         "## What the differences are",
-        "## How to read this",
+        "## All findings",
         "## All pairs at the outputs",
         "## Allowances per element",
         "## Cross-backend, per layer",
@@ -83,6 +83,7 @@ def test_markdown_sections_in_order(two_runs: tuple[xbackend.Result, xbackend.Re
         "## Options in force",
         "## Environment",
         "## Metrics",
+        "## Glossary",
         "## Reproduce",
     ]
     assert "| **ln.out** ⟵ first divergence | LayerNormalization |" in md

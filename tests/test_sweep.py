@@ -265,6 +265,16 @@ def test_local_sweep_reports_every_model_and_backend(zoo_run: tuple[Path, object
         "ort-cpu@2t",
         "test-racy@2t",
     ]
+    # each backend judged node by node by its own job, where its engine ran; the comparison of
+    # captures keeps that judgment (never "no explanation ... stands at 64")
+    mlp = json.loads((out / "models" / "mlp.json").read_text("utf-8"))
+    assert mlp["explanation"]["status"] == "ok"
+    judged = {x["backend"]: x for x in mlp["explanation"]["local_errors"]}
+    for b in ("reference", "ort-cpu@1t", "ort-cpu@2t"):
+        assert judged[b]["status"] == "ok" and judged[b]["explained"] is True, judged[b]
+        assert judged[b]["nodes_compared"] > 10, judged[b]
+    text = (out / "models" / "mlp.md").read_text("utf-8")
+    assert "stands at 64" not in text and "EXPLAINED: ort-cpu@1t: " in text
     jobs = {j["id"]: j for j in fleet["jobs"]}
     assert jobs["scatter/ort-cpu@2t"]["node"] == os.uname().nodename
     assert fleet["nodes"][0]["environment"]["package.xbackend"]

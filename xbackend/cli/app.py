@@ -18,7 +18,8 @@ _GATES = "; ".join(f"{p.exit_code} {p.name}" for p in POLICIES if p.exit_code an
 EXIT_CODES = (
     "Exit codes: 0 all deterministic and within --max-ulp; 1 nondeterministic, past --max-ulp (auto: a "
     "backend with an origin), a judgment not made (not judged; --noise-samples 0 declines it), a backend "
-    "failed/unavailable, or a --candidate failed or went past its precision; 2 usage or input error; 3 "
+    "failed/unavailable, a --candidate failed or went past its precision, or a --decode token or "
+    "--decisions choice flipped; 2 usage or input error; 3 "
     "every backend failed; 4 internal error; 16 a runner "
     f"broke a determinism property it promises; with --fail-on: {_GATES}."
 )

@@ -139,9 +139,18 @@ def keygen(
     output: Annotated[
         str, typer.Option("-o", "--output", metavar="NAME", help="writes NAME.key (private) and NAME.pub")
     ],
+    key_type: Annotated[
+        str,
+        typer.Option(
+            "--type",
+            metavar="TYPE",
+            help="ecdsa-p256 (what OpenSSF model-signing takes: certify then signs the model file too) "
+            "or ed25519",
+        ),
+    ] = "ecdsa-p256",
 ) -> int:
-    """Make an Ed25519 key pair to sign certificates with (certify --key NAME.key, verify --key NAME.pub)."""
-    private, public = attest.generate_key(output)
+    """Make a key pair to sign certificates with (certify --key NAME.key, verify --key NAME.pub)."""
+    private, public = attest.generate_key(output, key_type)
     print(f"wrote {private} (private: keep it secret; readable by you alone) and {public} (for verifiers)")
     return 0
 

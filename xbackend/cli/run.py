@@ -137,6 +137,24 @@ def _print_summary(result: Result) -> None:
             )
             + f" at outputs; {_divergence(c.bitwise_equal, c.first_divergence, modules)}"
         )
+    for line in _cost_lines(result):
+        print(line)
+
+
+def _cost_lines(result: Result) -> list[str]:
+    """--modes: each mode's promises and its latency against the default's, on the terminal too."""
+    out = []
+    for fam in result.cost_of_determinism():
+        out.append(f"  modes of {fam.runner} (latency against {fam.default}'s):")
+        for m in fam.rows:
+            if m.latency is None:
+                cost = "not timed (--timed-runs N times it)"
+            else:
+                ratio = f", {m.ratio:.2f}x" if m.ratio is not None and m.mode != "default" else ""
+                cost = f"{m.latency.words()}{ratio}"
+            promises = m.promise_words().replace("**", "")
+            out.append(f"    {m.mode}: {cost}; promises {promises}")
+    return out
 
 
 def _divergence(outputs_equal: bool, first: str | None, modules: Mapping[str, str]) -> str:

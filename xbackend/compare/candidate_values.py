@@ -174,7 +174,8 @@ def _quantized(
     out = []
     clipped = int(np.count_nonzero((levels < lo) | (levels > hi)))
     if clipped:
-        reach = float(np.abs(xf).max())
+        finite = xf[np.isfinite(xf)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (math.nan, math.nan)
         out.append(
             Finding(
                 kind="saturation",
@@ -184,7 +185,7 @@ def _quantized(
                 of=int(x.size),
                 detail=(
                     f"{clipped} of {x.size} element(s) clipped to [{lo}, {hi}]: "
-                    f"the input reaches ±{reach:.4g}, "
+                    f"the input spans {low:.4g} to {high:.4g}, "
                     f"the scale {scale:.4g} (zero point {zero:g}) covers {(lo - zero) * scale:.4g} to "
                     f"{(hi - zero) * scale:.4g}"
                 ),

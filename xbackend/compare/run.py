@@ -80,8 +80,11 @@ def compare_with_options(
     opts: CompareOptions,
     progress: ProgressSink | None = None,
     capture_to: str | os.PathLike[str] | None = None,
+    judge_alone: bool = False,
 ) -> Result:
-    """`capture_to`: write the first backend's portable capture to this folder (xbackend capture)."""
+    """`capture_to`: write the first backend's portable capture to this folder (xbackend capture);
+    `judge_alone`: a backend that runs alone is judged against float64 as a reference is (a
+    sweep's job: the fleet's comparison of captures keeps its judgment)."""
     with run_folder() as tmp:
         work = Path(tmp)
         if _nearly_full(work):  # before any worker starts: one line, not a failure per backend
@@ -89,7 +92,15 @@ def compare_with_options(
                 f"no space left on the disk that holds {work.parent} (set TMPDIR to a folder on a "
                 "larger disk)"
             )
-        ran = _compare_in(work, model, opts, progress, capture_to, keep_layers=bool(opts.candidates))
+        ran = _compare_in(
+            work,
+            model,
+            opts,
+            progress,
+            capture_to,
+            keep_layers=bool(opts.candidates),
+            judge_alone=judge_alone,
+        )
         if not opts.candidates:
             return ran.result
 
@@ -111,6 +122,7 @@ def _compare_in(
     given: Feeds | None = None,
     keep_layers: bool = False,
     against: Against | None = None,
+    judge_alone: bool = False,
 ) -> Ran:
     """One model compared in the run folder `work` (`given`: its feeds, else made or read as
     the options say; `keep_layers`: every backend's tensors stay on disk after, for a candidate's
@@ -158,7 +170,7 @@ def _compare_in(
         work,
         run_bytes=memory.run_bytes(spec),
         budget=memory.budget,
-        judge_alone=keep_layers,
+        judge_alone=keep_layers or judge_alone,
     )
     probes = [PROBES[n](ctx) for n in wanted]
     # One backend, one build, nothing saved or compared after: its per-layer tensors cross no

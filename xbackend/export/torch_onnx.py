@@ -424,6 +424,46 @@ def _culprit(module: Any, inputs: Sequence[InputDecl], examples: Mapping[str, np
     return None
 
 
+def _root_cause(e: BaseException) -> BaseException:
+    """The exception torch's exporter wrapped (its own message is a page of next steps)."""
+    seen = {id(e)}
+    while e.__cause__ is not None and id(e.__cause__) not in seen:
+        e = e.__cause__
+        seen.add(id(e))
+    return e
+
+
+def _words(text: str, limit: int) -> str:
+    """One line of at most `limit` characters, cut at a word, never inside one."""
+    line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", text).split())
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0] + " …"
+
+
+def _static_peers(inputs: Sequence[InputDecl], dynamic: Mapping[str, Mapping[int, str]]) -> list[str]:
+    """The --dynamic flags that would give every input of a named size's length that name: an
+    input left static at the same axis and size as a dynamic one pins it."""
+    out = []
+    for name, axes in dynamic.items():
+        mine = next((i for i in inputs if i.name == name), None)
+        if mine is None:
+            continue
+        for axis, dim in axes.items():
+            if axis >= len(mine.shape):
+                continue
+            for other in inputs:
+                if (
+                    other.name != name
+                    and axis < len(other.shape) and other.shape[axis] == mine.shape[axis]
+                    and axis not in dynamic.get(other.name, {})
+                ):  # fmt: skip
+                    flag = f"--dynamic {other.name}={axis}:{dim}"
+                    if flag not in out:
+                        out.append(flag)
+    return out
+
+
 def export_torch(
     spec: str,
     inputs: Sequence[InputDecl],
@@ -489,16 +529,23 @@ def export_torch(
                 verbose=False,
             )
         except Exception as e:
-            text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(e)).split())[:400]
+            cause = _root_cause(e)
+            text = _words(str(cause), 400)
+            peers = _static_peers(inputs, dynamic or {})
             hint = ""
-            if dynamic:
+            if peers:  # torch.export specializes a size an input shares with a static one
+                hint = (
+                    f" (the inputs share the sizes --dynamic names, and the others stay static, so "
+                    f"torch fixes them: name theirs too, {' '.join(peers)})"
+                )
+            elif dynamic:
                 axes = " ".join(f"--dynamic {n}={a}:{d}" for n, ax in dynamic.items() for a, d in ax.items())
                 hint = (
-                    f" (asked for {axes}: the module may fix that size, e.g. a reshape to a literal; "
-                    "make it size-agnostic or export without --dynamic)"
+                    f" (asked for {axes}: the module fixes that size somewhere; make it size-agnostic "
+                    "or export without --dynamic)"
                 )
             raise ExportError(
-                f"torch.onnx.export failed for {spec!r}{hint}: {type(e).__name__}: {text}"
+                f"torch.onnx.export failed for {spec!r}{hint}: {type(cause).__name__}: {text}"
             ) from e
     candidates = _scope_outputs(program)
     stored = _stored_spec(spec, out_path)

@@ -163,7 +163,8 @@ def _curve(key: Any, path: str | os.PathLike[str]) -> None:
 def _sign(key: Any, message: bytes) -> bytes:
 
     if isinstance(key, ec.EllipticCurvePrivateKey):
-        return bytes(key.sign(message, ec.ECDSA(CURVES[key.curve.name]())))
+        # RFC 6979: the same statement and key sign to the same bytes, as Ed25519's do
+        return bytes(key.sign(message, ec.ECDSA(CURVES[key.curve.name](), deterministic_signing=True)))
     return bytes(key.sign(message))
 
 
@@ -307,8 +308,12 @@ def open_attestation(
     return Envelope(stmt, bool(sigs), verified, hint)
 
 
-def generate_key(stem: str | os.PathLike[str]) -> tuple[Path, Path]:
-    """An Ed25519 key pair: STEM.key (owner-only) and STEM.pub. Never overwrites a file."""
+KEY_TYPES = ("ecdsa-p256", "ed25519")
+
+
+def generate_key(stem: str | os.PathLike[str], kind: str = "ecdsa-p256") -> tuple[Path, Path]:
+    """A key pair: STEM.key (owner-only) and STEM.pub. ECDSA P-256 by default (model-signing signs
+    the model file with it too); Ed25519 on request. Never overwrites a file."""
 
     ser = serialization
     base = Path(stem)
@@ -318,7 +323,13 @@ def generate_key(stem: str | os.PathLike[str]) -> tuple[Path, Path]:
     for p in (private, public):
         if p.exists() or p.is_symlink():
             raise UsageError(f"{p} already exists; choose another -o NAME (xbackend never overwrites a key)")
-    key = ed25519.Ed25519PrivateKey.generate()
+    if kind not in KEY_TYPES:
+        raise UsageError(f"unknown key type {kind!r}; valid: {', '.join(KEY_TYPES)}")
+    key: Any = (
+        ec.generate_private_key(ec.SECP256R1())
+        if kind == "ecdsa-p256"
+        else ed25519.Ed25519PrivateKey.generate()
+    )
     pem = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
     try:
         fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -159,7 +159,7 @@ _LINK = re.compile(r"(?<!\\)\[(?=[^\]]*\]\()")
 
 _OURS = re.compile(r"<(?!/?(?:details|summary)>)")
 _TARGET = re.compile(r"\]\(([^)\n]*)(\)?)")
-_LOCAL = re.compile(r"(?!/)(?!.*\.\.)[\w.@+/-]+")  # a file the report wrote beside itself
+_LOCAL = re.compile(r"(?!/)(?!.*\.\.)[\w.@+/-]+|#[a-z-]+")  # a file the report wrote beside itself
 
 
 def only_our_html(markdown: str) -> str:

@@ -72,6 +72,18 @@ PACKAGES = (
     "torch",
     "tensorrt",
     "polygraphy",
+    # where models come from: the exporters and model families a report's model may be built with
+    "onnxscript",
+    "transformers",
+    "optimum",
+    "torchvision",
+    "timm",
+    "diffusers",
+    "scikit-learn",
+    "skl2onnx",
+    "onnxmltools",
+    "xgboost",
+    "lightgbm",
 )
 
 

@@ -461,15 +461,47 @@ def diff_values(name: str, a: Value, b: Value, op_type: str = "") -> list[Tensor
     """a against b, element by element for sequences and maps (`name[i]`, `name{key}`).
 
     Two empty optionals are equal; a value and an empty optional, a sequence of another
-    length or a tensor against a sequence are one 'structure_mismatch' row.
+    length or a tensor against a sequence are one 'structure_mismatch' row. An element of a
+    sequence or map is scaled as a tensor's element is: in ULPs of the largest value of its
+    dtype in the whole output (a ZipMap's 1e-5 probability beside 0.99999 is not its own scale).
     """
+    out = _diff_values(name, a, b, op_type)
+    if not isinstance(b, list | dict):
+        return out
+    top = _largest(b, {})
+    return [
+        replace(d, scaled_ulp=d.max_abs / ulp_at(top[d.dtype], np.dtype(d.dtype)))
+        if d.scaled_ulp is not None and top.get(d.dtype, 0.0) > 0
+        else d
+        for d in out
+    ]
+
+
+def _largest(value: Value, out: dict[str, float]) -> dict[str, float]:
+    """Per float dtype, the largest finite |x| over every tensor inside `value`."""
+    if isinstance(value, np.ndarray):
+        if is_float_dtype(value.dtype) and value.size:
+            x = np.abs(value.astype(np.float64, copy=False))
+            fin = x[np.isfinite(x)]
+            if fin.size:
+                out[str(value.dtype)] = max(out.get(str(value.dtype), 0.0), float(fin.max()))
+    elif isinstance(value, list):
+        for v in value:
+            _largest(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _largest(v, out)
+    return out
+
+
+def _diff_values(name: str, a: Value, b: Value, op_type: str = "") -> list[TensorDiff]:
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         return [TensorDiff.from_arrays(name, a, b, op_type)]
     if a is None and b is None:
         return [TensorDiff.empty(name, op_type)]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff_values(f"{name}[{i}]", x, y, op_type)]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff_values(f"{name}[{i}]", x, y, op_type)]
     if isinstance(a, dict) and isinstance(b, dict) and set(a) == set(b):
         keys = sorted(a, key=repr)
-        return [d for k in keys for d in diff_values(f"{name}{{{k!r}}}", a[k], b[k], op_type)]
+        return [d for k in keys for d in _diff_values(f"{name}{{{k!r}}}", a[k], b[k], op_type)]
     return [TensorDiff.mismatch(name, op_type, "structure_mismatch", f"{describe(a)} vs {describe(b)}")]

@@ -71,6 +71,13 @@ def _one(c: CandidateResult, k: int) -> list[str]:
                 for b, o in origins
             ],
         )
+    elif c.explanation.status == "ok" and c.departure:
+        carried = " and the events below" if c.events else ""
+        out += [
+            "No node of the candidate is past the precision it declares on its own: the departure above "
+            f"is their errors carried through the model{carried}.",
+            "",
+        ]
     elif c.explanation.status == "ok":
         out += ["Every node of the candidate is within the precision it declares.", ""]
     else:

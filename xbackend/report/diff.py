@@ -137,7 +137,7 @@ def _backend(a: Result, b: Result, name: str, order: dict[str, int]) -> BackendC
 def _options(r: Result) -> dict[str, str]:
     o = r.options
     out = {
-        f.name: str(getattr(o, f.name))
+        f.name: _text(getattr(o, f.name))
         for f in fields(o)
         if f.name not in ("loads", "save_captures", "baseline")
     }
@@ -148,8 +148,11 @@ def _options(r: Result) -> dict[str, str]:
 
 
 def _text(v: object) -> str:
-    if isinstance(v, tuple):
-        return ", ".join(_text(x) if not isinstance(x, tuple) else "=".join(map(str, x)) for x in v) or "–"
+    """An option's value as a person writes it: no Python reprs (None, (), True, tuples)."""
+    if isinstance(v, tuple | list):
+        return ", ".join("=".join(map(_text, x)) if isinstance(x, tuple) else _text(x) for x in v) or "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     return "–" if v is None else str(v)
 
 

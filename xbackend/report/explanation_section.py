@@ -69,29 +69,22 @@ def explanation_section(r: Result) -> list[str]:
     out = [
         "## What the differences are",
         "",
-        "Local error: each node run on each backend, fed the reference's values of its inputs (the "
-        "severed model), against the float64 value of the same node on the same inputs (the severed "
-        "model evaluated in float64). Each element is allowed what rounding allows it, from its own "
-        "operands (the rules are folded below); a node with any element past its allowance is an "
-        "**origin**. A backend without origins is **explained**: every difference it shows is rounding "
-        f"carried through the model. Reductions are judged at {ex.confidence:.6g} confidence per node "
-        "(Higham & Mary's probabilistic bound); an origin past the deterministic bound too is an error "
-        "at any confidence. The reference is judged like every backend.",
+        "Each node is run alone on each backend, fed the reference's values of its inputs, and "
+        "compared with its float64 value on the same inputs. Each element may differ by what correct "
+        "rounding of its own operands allows: its **allowance** (the rules per op are folded below). A "
+        "node past its allowance anywhere is an **origin**; a backend without origins is **explained**: "
+        "every difference it shows is rounding carried through the model. A sum is allowed what its "
+        f"roundings reach with probability {ex.confidence:.6g} (Higham & Mary's bound), so a correct "
+        "engine is called an origin less than once in a million nodes; an origin past the worst-case "
+        "bound too is an error whatever the odds. The reference is judged like every backend.",
         "",
-        (
-            f"Noise floor: every reduction of the model ({ex.permuted} of them) summed in {ex.samples} "
-            f"random orders on {ex.engine}; a tensor's floor is the largest scaled ULP an order moved it "
-            "(an empirical figure beside the bounds; it decides only for backends that could not be "
-            "judged)."
-            if ex.floors
-            else f"Noise floor: {ex.floor_note or 'not measured'}."
-        )
-        + _check_words(ex.reorder_check, modules),
+        "The last column is the node that came closest: the share of its allowance it used. A "
+        "correctly rounded Add uses nearly all of it (0.999 is normal); past 1 is an origin.",
         "",
     ]
     names = [r.reference_used, *(c.backend for c in r.cross_backend if c.status == "ok")]
     rows = [_row(n, ex.local_for(n), modules) for n in names]
-    head = ["backend", "verdict", "judged on", "first origin, or closest call at", "local error / allowance"]
+    head = ["backend", "verdict", "judged on", "first origin, or closest node", "own error / allowance"]
     out += table(head, rows)
     origins = [(le.backend, o) for le in ex.local if le.status == "ok" for o in le.origins]
     if origins:
@@ -189,6 +182,16 @@ def allowances_section(r: Result) -> list[str]:
     names = [r.reference_used, *(c.backend for c in r.cross_backend if c.status == "ok")]
     return [
         "## Allowances per element",
+        "",
+        (
+            f"Noise floor: every reduction of the model ({ex.permuted} of them) summed in {ex.samples} "
+            f"random orders on {ex.engine}; a tensor's floor is the largest scaled ULP an order moved it "
+            "(an empirical figure beside the bounds; it decides only for backends that could not be "
+            "judged)."
+            if ex.floors
+            else f"Noise floor: {ex.floor_note or 'not measured'}."
+        )
+        + _check_words(ex.reorder_check, r.model.modules()),
         "",
         "u: the unit roundoff of the output's dtype; v: the float64 value; M: the operands' magnitude "
         "(Σ|a||b| for a product); n: the terms summed (xbackend/bounds/rules.py).",

@@ -11,6 +11,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from xbackend.numerics.metrics import TensorDiff
 from xbackend.numerics.values import value_name
@@ -70,6 +71,11 @@ class Figure:
     kind: str = "line"  # "line" | "log" (a log y axis) | "bars" (x holds bin indexes)
     xticks: tuple[str, ...] = ()
     band: Series | None = None  # drawn as a shaded band from 0 (the noise floor)
+    # line figures: (x position, name) ticks, thinned to fit, in place of bare indexes
+    names: tuple[tuple[float, str], ...] = ()
+    # a second panel under the first, sharing its x axis: each node's own error over its allowance
+    lower: tuple[Series, ...] = ()
+    lower_label: str = ""
 
 
 def _points(
@@ -100,6 +106,52 @@ def _depth_series(crosses: Sequence[CrossBackendResult], rank: Mapping[str, int]
     return tuple(out[: len(COLORS)])
 
 
+def _names(r: Result, xs: Sequence[float]) -> tuple[tuple[float, str], ...]:
+    """Each plotted position's module (or tensor) name, at most TICKS of them evenly spread, a
+    name repeated by its neighbour shown once, and the path's common head dropped."""
+    order = r.model.tensor_order()
+    modules = r.model.modules()
+    pos = sorted({int(x) for x in xs if 0 <= x < len(order)})
+    if len(pos) > TICKS:
+        step = (len(pos) - 1) / (TICKS - 1)
+        pos = sorted({pos[round(i * step)] for i in range(TICKS)})
+    full = [(p, modules.get(order[p]) or order[p]) for p in pos]
+    parts = [name.split(".") for _, name in full]
+    head = 0
+    while parts and all(len(q) > head + 1 and q[head] == parts[0][head] for q in parts):
+        head += 1
+    out: list[tuple[float, str]] = []
+    for (p, _), q in zip(full, parts, strict=True):
+        tail = q[head:]
+        while len(tail) > 1 and len(".".join(tail)) > 28:
+            tail = tail[1:]
+        name = ".".join(tail)
+        name = name if len(name) <= 28 else "…" + name[-27:]
+        if not out or out[-1][1] != name:
+            out.append((float(p), name))
+    return tuple(out)
+
+
+TICKS = 12
+
+
+def _ratios(r: Result, rank: Mapping[str, int], backends: Sequence[str]) -> tuple[Series, ...]:
+    """Each backend's local error over its allowance, node by node (1: all that rounding allows)."""
+    out = []
+    for name in backends:
+        le = r.explanation.local_for(name) if r.explanation.ok else None
+        if le is None or le.status != "ok":
+            continue
+        pts = sorted(
+            (float(rank[value_name(n.tensor)]), min(float(n.ratio), 10.0))
+            for n in le.nodes
+            if value_name(n.tensor) in rank and not n.not_judged and math.isfinite(n.ratio)
+        )
+        if pts:
+            out.append(Series(name, tuple(x for x, _ in pts), tuple(y for _, y in pts)))
+    return tuple(out)
+
+
 def _error_depth(r: Result) -> Figure | None:
     rank = _rank(r)
     oracle = _depth_series(r.oracle_error, rank)
@@ -119,15 +171,26 @@ def _error_depth(r: Result) -> Figure | None:
         if band
         else ""
     )
+    lower = _ratios(r, rank, [s.name for s in series])
+    below = (
+        " Below: each node's own error, fed the reference's inputs, over what rounding allows it; under "
+        "the line at 1 is within rounding."
+        if lower
+        else ""
+    )
     return Figure(
         "error-depth",
-        f"Error growth with depth, against {against}",
-        f"Scaled ULP of every tensor against {against}, in model order (symlog scale): where error enters "
-        f"and how it grows layer by layer.{shaded}",
-        "tensor index (model order)",
+        f"Error by depth, against {against}",
+        f"Above: scaled ULP of every exposed tensor against {against}, in model order (symlog scale; "
+        f"hollow markers at 0 are bit-equal; a gap is a tensor the backend did not expose): where error "
+        f"enters and how it grows layer by layer.{shaded}{below}",
+        "layer (model order)",
         "scaled ULP",
         series,
         band=band,
+        names=_names(r, [x for s in series for x in s.x]),
+        lower=lower,
+        lower_label="own error / allowance",
     )
 
 
@@ -190,7 +253,7 @@ def _batch(r: Result) -> Figure | None:
     )
 
 
-def _builds(r: Result) -> Figure | None:
+def _builds_series(r: Result) -> list[Series]:
     series = []
     rank = _rank(r)
     for b in r.backends:
@@ -199,16 +262,37 @@ def _builds(r: Result) -> Figure | None:
         x, y = _points(b.build_diffs, rank)
         if x:
             series.append(Series(b.name, x, y))
-    if not series:
+    return series
+
+
+def _builds(r: Result) -> Figure | None:
+    """Drawn only where some build differs: identical builds are one sentence (builds_unchanged)."""
+    series = _builds_series(r)
+    if not any(y for s in series for y in s.y):
         return None
+    rank = _rank(r)
     return Figure(
         "build-variance",
         "Build variance per layer",
-        "Largest scaled ULP between fresh builds of the same backend, per tensor in model order; a flat zero "
-        "line means every build computed the same bits.",
-        "tensor index (model order)",
+        "Largest scaled ULP between fresh builds of the same backend, per tensor in model order; "
+        "0 means every build computed the same bits there.",
+        "layer (model order)",
         "scaled ULP",
         tuple(series[: len(COLORS)]),
+        names=_names(r, [x for s in series for x in s.x]) if rank else (),
+    )
+
+
+def builds_unchanged(r: Result) -> str:
+    """The sentence that stands for the build-variance figure where no build differs ('' where
+    builds were not compared, or differ)."""
+    series = _builds_series(r)
+    if not series or any(y for s in series for y in s.y):
+        return ""
+    names = ", ".join(s.name for s in series)
+    return (
+        f"*Build variance is not drawn: fresh builds of {names} computed the same bits at every "
+        f"exposed tensor ({r.options.builds} builds each).*"
     )
 
 
@@ -316,6 +400,25 @@ def _candidates(r: Result) -> Figure | None:
     )
 
 
+def _line(ax: Any, s: Series, color: str, hollow_zero: bool) -> None:
+    """Points joined only where they are neighbours in model order (a gap: a tensor not exposed);
+    zeros (bit-equal) as hollow markers, so a drop to 0 reads as equality, not a glitch."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, (x, y) in enumerate(zip(s.x, s.y, strict=True)):
+        if i and x - s.x[i - 1] > 1:
+            xs.append(math.nan)
+            ys.append(math.nan)
+        xs.append(x)
+        ys.append(y)
+    ax.plot(xs, ys, color=color, label=s.name, linewidth=1.5, marker="o", markersize=3)
+    if hollow_zero:
+        zx = [x for x, y in zip(s.x, s.y, strict=True) if y == 0]
+        if zx:
+            ax.plot(zx, [0.0] * len(zx), linestyle="none", marker="o", markersize=6, markerfacecolor="white",
+                    markeredgecolor=color)  # fmt: skip
+
+
 def planned_figures(r: Result) -> list[Figure]:
     """The figures this result has data for, in report order."""
     figs = [_decode(r), _error_depth(r), _distribution(r), _batch(r), _builds(r), *_costs(r), _candidates(r)]
@@ -328,9 +431,12 @@ def render(fig: Figure) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure as MplFigure  # heavy: matplotlib, only when figures are drawn
 
-    f = MplFigure(figsize=(8, 4.5), dpi=100)
+    f = MplFigure(figsize=(10, 6.2 if fig.lower else 4.8), dpi=100)
     FigureCanvasAgg(f)
-    ax = f.add_subplot()
+    if fig.lower:
+        ax, low = f.subplots(2, 1, sharex=True, height_ratios=(2.2, 1))
+    else:
+        ax, low = f.add_subplot(), None
     n = len(fig.series)
     if fig.band is not None:
         b = fig.band
@@ -346,7 +452,7 @@ def render(fig: Figure) -> bytes:
                 above = [hi - y for y, (_, hi) in zip(s.y, s.spread, strict=True)]
                 ax.errorbar(xs, s.y, yerr=[below, above], fmt="none", ecolor="#333333", capsize=4)
         else:
-            ax.plot(s.x, s.y, color=color, label=s.name, linewidth=1.5, marker="o", markersize=3)
+            _line(ax, s, color, hollow_zero=fig.kind == "line")
     if fig.kind == "bars":
         ax.set_xticks(range(len(fig.xticks)), fig.xticks)
     elif fig.kind == "log":
@@ -357,13 +463,29 @@ def render(fig: Figure) -> bytes:
         ticks = [0.0, 1.0]
         while ticks[-1] < top:
             ticks.append(ticks[-1] * 4)
-        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+        ax.set_yticks(ticks, ["0 (equal)", *(f"{t:g}" for t in ticks[1:])])
         ax.set_ylim(bottom=0, top=ticks[-1])
     ax.set_title(fig.title)
-    ax.set_xlabel(fig.xlabel)
     ax.set_ylabel(fig.ylabel)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper left", fontsize="small")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0)
+    bottom = ax
+    if low is not None:
+        low.axhspan(0, 1, color="#d9ead3", alpha=0.7, label="within rounding")
+        low.axhline(1, color="#38761d", linewidth=1)
+        for i, s in enumerate(fig.lower):
+            low.plot(s.x, s.y, linestyle="none", marker="o", markersize=3, color=COLORS[i], label=s.name)
+        low.set_ylim(0, max(1.2, *(max(s.y) * 1.1 for s in fig.lower)))
+        low.set_ylabel(fig.lower_label)
+        low.grid(True, alpha=0.3)
+        low.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0)
+        bottom = low
+    if fig.names:
+        bottom.set_xticks([x for x, _ in fig.names], [name for _, name in fig.names])
+        bottom.tick_params(axis="x", labelrotation=35, labelsize="small")
+        for label in bottom.get_xticklabels():
+            label.set_horizontalalignment("right")
+    bottom.set_xlabel(fig.xlabel)
     f.tight_layout()
     desc = json.dumps({"series": [{"name": s.name, "color": COLORS[i]} for i, s in enumerate(fig.series)]})
     buf = io.BytesIO()

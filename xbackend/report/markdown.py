@@ -6,16 +6,18 @@ per-layer sections are `xbackend.report.layers`', the folded rest `xbackend.repo
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import PurePath
 
 from xbackend.files.textfmt import fenced, fold, gib, inert, module_note, only_our_html, prose
 from xbackend.files.textfmt import num as _num
 from xbackend.files.textfmt import table as _table
 from xbackend.files.textfmt import yes as _yes
+from xbackend.report.answer import GLOSSARY, TERMS, answers, instrumentation, ranked
 from xbackend.report.candidate_section import candidate_section
 from xbackend.report.decode_section import decisions_section, decode_section
 from xbackend.report.explanation_section import allowances_section, explanation_section
-from xbackend.report.figures import planned_figures
+from xbackend.report.figures import builds_unchanged, planned_figures
 from xbackend.report.layers import (
     cross_section,
     expected_section,
@@ -44,79 +46,79 @@ __all__ = ["to_markdown"]
 VERDICT_LINES = 10  # findings shown before the first fold; the rest are folded under "All findings"
 
 
-def _verdict(r: Result) -> list[str]:
+def _shown(r: Result) -> tuple[list[str], list[str]]:
+    """(the findings the head shows, ranked; xbackend's own instrumentation notes, which go
+    below the fold beside the tables they qualify)."""
     lines = r.verdict()
+    mine = [line for line in lines if instrumentation(r, line)]
+    return ranked([line for line in lines if line not in mine]), mine
+
+
+def _verdict(r: Result) -> list[str]:
+    lines, mine = _shown(r)
     shown = lines[:VERDICT_LINES]
-    more = len(lines) - len(shown)
+    more = len(lines) - len(shown) + len(mine)
     out = ["## Verdict", "", *[f"- {prose(line)}" for line in shown]]
     if more:
-        out.append(f"- … and {more} more finding(s), under *All findings* below.")
-    return [*out, "", f"Exit code {r.exit_code}.", ""]
+        out.append(f"- … and {more} more line(s), under *All findings* below.")
+    return [*out, ""]
 
 
 def _findings(r: Result) -> list[str]:
-    lines = r.verdict()
-    if len(lines) <= VERDICT_LINES and not r.notes:
+    lines, mine = _shown(r)
+    if len(lines) <= VERDICT_LINES and not r.notes and not mine:
         return []
     body = [f"- {prose(line)}" for line in lines]
+    if mine:
+        body += ["", "About xbackend's own instruments (not the engines you ship):", ""]
+        body += [f"- {prose(line)}" for line in mine]
     if r.notes:
         body += ["", "Notes:", "", *[f"- {prose(n)}" for n in r.notes]]
-    return fold("All findings", f"{len(lines)} finding(s), {len(r.notes)} note(s)", [*body, ""])
+    kinds = Counter(line.split(":", 1)[0] for line in [*lines, *mine])
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    notes = f"; {len(r.notes)} note(s) on the run" if r.notes else ""
+    return fold("All findings", f"{len(lines) + len(mine)} line(s): {counts}{notes}", [*body, ""])
 
 
-def _summary(r: Result) -> list[str]:
-    """One paragraph: what ran, what held, where the largest difference starts."""
-    ok = [b for b in r.backends if b.ok]
-    bad = [b for b in r.backends if not b.ok]
-    parts = [
-        f"{len(ok)} of {len(r.backends)} backends ran ({', '.join(b.name for b in ok) or 'none'})"
-        + (f"; {', '.join(f'{b.name} {b.status}' for b in bad)}" if bad else "")
-        + f", {r.options.runs} run(s) x {r.options.builds} build(s) each, on the same "
-        f"{'inputs loaded from ' + r.feeds.source if r.feeds.source != 'generated' else 'generated inputs'}."
-    ]
-    nondet = r.nondeterministic
-    parts.append(
-        f"Nondeterministic: {', '.join(b.name for b in nondet)}."
-        if nondet
-        else "Every backend that ran was deterministic."
-    )
-    crosses = [c for c in r.cross_backend if c.status == "ok" and c.scaled_ulp is not None]
-    if crosses:
-        worst = max(crosses, key=lambda c: (c.scaled_ulp or 0.0, c.backend))
-        if worst.bitwise_equal:
-            parts.append(f"Every backend matches {r.reference_used} bit for bit at the outputs.")
-        else:
-            parts.append(
-                f"Largest difference from {r.reference_used} at the outputs: {worst.backend}, "
-                f"{_num(worst.scaled_ulp)} scaled ULP (raw max {_num(worst.max_ulp)}), first diverging at "
-                f"{module_note(worst.first_divergence, r.model.modules())}."
-            )
-    if r.oracle_error:
-        ranking = r.oracle_ranking()
-        below = r.oracle_below_float64
-        if ranking:
-            name, ulp = ranking[0]
-            rest = f", outputs other than {', '.join(below)}" if below else ""
-            parts.append(f"Closest to the float64 oracle: {name} ({_num(ulp)} scaled ULP{rest}).")
-        else:
-            parts.append(f"Not ranked against the oracle: it computes {', '.join(below)} in float32.")
-    warns = sum(len(p.warnings()) for p in r.probes)
-    if r.probes_ran:
-        parts.append(f"Probes run: {', '.join(r.probes_ran)}; {warns} warning(s).")
-    if r.baseline:
-        moved = [d.backend for d in r.baseline if d.drifted]
-        compared = [d for d in r.baseline if d.status in ("identical", "drifted")]
-        parts.append(
-            f"Against the baseline: {', '.join(moved)} moved."
-            if moved
-            else f"Against the baseline: none of {len(compared)} backend(s) compared moved."
-            if compared
-            else "Against the baseline: no backend was compared (it holds none of these backends)."
-        )
+def _title(r: Result) -> str:
+    """The model, with its folder where it has one (an export folder's model.onnx), and the
+    candidates it was compared with."""
+    p = PurePath(r.model.path)
+    # an exporter's generic name (optimum's model.onnx, decoder_model.onnx): its folder says which
+    name = f"{p.parent.name}/{p.name}" if p.parent.name and "model" in p.stem.lower() else p.name
+    cands = [PurePath(c.path).name for c in r.candidates]
+    vs = f", candidate{'s' if len(cands) > 1 else ''} {', '.join(cands)}" if cands else ""
+    return f"# xbackend report: {inert(name)}{inert(vs)}"
+
+
+def _head(r: Result, stem: str | None) -> list[str]:
     env = dict(r.environment)
     host = env.get("cpu.model", "unknown CPU") + (f", {env['gpu.model']}" if env.get("gpu.model") else "")
-    parts.append(f"Host: {host}.")
-    return ["## Summary", "", " ".join(parts), ""]
+    ok = sum(b.ok for b in r.backends)
+    version = env.get("package.xbackend", "")
+    figure = any(f.slug == "error-depth" for f in planned_figures(r))
+    return [
+        _title(r),
+        "",
+        f"xbackend {version}; {ok} of {len(r.backends)} backends ran on {inert(host)}; "
+        f"exit code {r.exit_code} ({exit_words(r)})",
+        "",
+        "## Answer",
+        "",
+        *answers(r, stem, figure),
+        "",
+        TERMS,
+        "",
+    ]
+
+
+def exit_words(r: Result) -> str:
+    """The exit code in words, for the line under the title."""
+    gates = r.gates()
+    if gates:
+        return f"--fail-on {gates[0].policy} fired"
+    words = {0: "pass", 1: "findings below", 3: "every backend failed", 16: "a broken promise"}
+    return words.get(r.exit_code, "see Verdict")
 
 
 def _figures(r: Result, stem: str | None) -> list[str]:
@@ -124,27 +126,25 @@ def _figures(r: Result, stem: str | None) -> list[str]:
         return []
     figs = planned_figures(r)
     out = ["## Figures", ""]
+    csv = f"The full per-layer table is [{stem}.layers.csv]({stem}.layers.csv)."
     if not figs:
-        return [*out, "No per-layer data to plot (graph outputs only, or nothing compared).", ""]
+        return [*out, f"No per-layer data to plot (graph outputs only, or nothing compared). {csv}", ""]
     for f in figs:
-        out += [f"![{f.title}]({stem}.{f.slug}.png)", ""]
-    return out
+        out += [f"![{f.title}]({stem}.{f.slug}.png)", "", f"*{f.caption}*", ""]
+    still = builds_unchanged(r)
+    if still:
+        out += [still, ""]
+    return [*out, csv, ""]
 
 
-def _how_to_read(stem: str | None) -> list[str]:
-    csv = f" The full per-layer table is [{stem}.layers.csv]({stem}.layers.csv)." if stem else ""
-    return [
-        "## How to read this",
-        "",
-        "- **ULP**: units in the last place; **scaled ULP** measures each tensor at its own scale, so a few "
-        "units are normal when engines sum in another order, and hundreds are not.",
-        "- **Deterministic** means identical bits in every run and every fresh build; **first divergence** "
-        "is the first tensor, in model order, whose bits differ from the reference: look there first.",
-        "- Output figures come from the model you ship; per-layer figures from a build with every "
-        "intermediate exposed (see *Observer effect* when they differ).",
-        f"- Sections below are folded: click to open.{csv} The JSON twin holds everything.",
-        "",
-    ]
+def _glossary(stem: str | None) -> list[str]:
+    body = [f"- **{term}**: {words}" for term, words in GLOSSARY]
+    tail = " The JSON twin holds every figure of this report." if stem else ""
+    return fold(
+        "Glossary",
+        "the words this report uses",
+        [*body, "", f"Sections are folded: click to open.{tail}", ""],
+    )
 
 
 def _backend_rows(r: Result) -> list[list[object]]:
@@ -274,12 +274,9 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
     whatever the model's size); every other section is folded. `stem` names the files beside the
     report (STEM.SLUG.png figures, STEM.layers.csv); None links none.
     """
-    title = PurePath(r.model.path).name
     parts = [
-        f"# xbackend report: {inert(title)}",
-        "",
+        *_head(r, stem),
         *_verdict(r),
-        *_summary(r),
         *_backends(r),
         *_promises(r),
         *cost_section(r),
@@ -288,7 +285,6 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *candidate_section(r),
         *explanation_section(r),
         *_figures(r, stem),
-        *_how_to_read(stem),
         *_findings(r),
         *baseline_section(r),
         *_folded(matrix_section(r), "scaled ULP between every two backends"),
@@ -309,6 +305,7 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *_folded(options_section(r), "options and what each engine reported"),
         *_folded(environment_section(r), f"{len(r.environment)} facts"),
         *_folded(metrics_section(), "what each column means"),
+        *_glossary(stem),
         *_reproduce(r),
     ]
     return only_our_html("\n".join(parts))

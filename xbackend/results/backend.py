@@ -134,8 +134,17 @@ class BackendResult:
         """What varied, in the words of what was measured: runs of one build, or fresh builds."""
         runs = self.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in self.run_diffs)
         builds = self.distinct_build_outputs > 1 or any(not d.bitwise_equal for d in self.build_diffs)
-        across = f"{self.distinct_build_outputs} distinct outputs over {self.builds} builds"
-        within = f"{self.distinct_run_outputs} distinct outputs in {self.runs} runs of one build"
+        # an exposed intermediate can vary while every output stays the same: say which moved
+        across = (
+            f"{self.distinct_build_outputs} distinct outputs over {self.builds} builds"
+            if self.distinct_build_outputs > 1
+            else f"identical outputs over {self.builds} builds, intermediates varied"
+        )
+        within = (
+            f"{self.distinct_run_outputs} distinct outputs in {self.runs} runs of one build"
+            if self.distinct_run_outputs > 1
+            else f"identical outputs in {self.runs} runs of one build, intermediates varied"
+        )
         if builds and not runs:
             return f"builds differ: {across}; each build deterministic over {self.runs} runs"
         if runs and not builds:

@@ -226,9 +226,11 @@ class CandidateResult:
         elif (
             self.explanation.status == "ok" and not self.origins and not self.stretch_origins and self.events
         ):
+            named = ", ".join(f"{e.kind} at {with_module(e.tensor, mods)}" for e in self.events[:3])
+            more = f" and {len(self.events) - 3} more" if len(self.events) > 3 else ""
             out.append(
                 f"NOTE: candidate {name}: every node is within the precision it declares; what moves it "
-                f"further is the {len(self.events)} event(s) below"
+                f"further is {len(self.events)} event(s): {named}{more}"
             )
         elif self.explanation.status == "ok" and not self.origins and not self.stretch_origins:
             out.append(

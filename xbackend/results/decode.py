@@ -9,14 +9,18 @@ __all__ = ["NEAR_TIE", "BackendDecode", "DecodeResult", "PromptDecode", "first_d
 
 # a flip is a near tie when the logit difference that made it is at most this many margins (docs/decode.md)
 NEAR_TIE = 2.0
+# ...and the reference barely preferred its token: a margin of 0.5 logit is odds of e^0.5 = 1.65 to 1
+TIE_LOGIT = 0.5
 
 
 def near_tie(margin: float | None, difference: float | None) -> bool:
     """Whether a difference of `difference` in the logits flipping a choice whose margin was
-    `margin` is a near tie (about the size of the margin), not a difference far above it."""
+    `margin` is a near tie: the reference barely preferred its token (a margin of at most
+    TIE_LOGIT), and the difference is about the margin's size, not far above it. A margin of 7
+    (odds of 1100 to 1) crossed by a larger difference is a real change, whatever their ratio."""
     if margin is None or difference is None:
         return False
-    return margin == 0 or difference <= NEAR_TIE * margin
+    return margin == 0 or (margin <= TIE_LOGIT and difference <= NEAR_TIE * margin)
 
 
 def first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:

@@ -358,15 +358,11 @@ def origins_line(backend: str, origins: Sequence[Origin], modules: Mapping[str, 
     )
 
 
-def explained_words(le: LocalErrors, modules: Mapping[str, str]) -> str:
-    """Why a backend without origins is explained, naming its closest call."""
-    at = ""
-    if le.largest_ratio is not None and le.largest_at:
-        node = le.node(le.largest_at)
-        op = f" ({node.op_type})" if node is not None else ""
-        where = _modname(le.largest_at, modules)
-        ratio = math.floor(le.largest_ratio * 1000) / 1000  # never rounded up to the allowance
-        at = f" (largest local error {ratio:.3g} of its allowance, at {where}{op})"
+def explained_words(le: LocalErrors, modules: Mapping[str, str], nodes: int = 0) -> str:
+    """Why a backend without origins is explained, at the grain it was judged: node by node, or at
+    the K tensors its fused kernels expose (`nodes`: the model's own judged node count). Its
+    closest call stays in the explanation's table: a correctly rounded Add lands near its whole
+    allowance, which a verdict line would read as a near miss."""
     if le.compared == 1 and le.largest_at:  # one exposed tensor: no node was judged on its own
         where = _modname(le.largest_at, modules)
         ratio = math.floor((le.largest_ratio or 0.0) * 1000) / 1000
@@ -374,11 +370,17 @@ def explained_words(le: LocalErrors, modules: Mapping[str, str]) -> str:
             f"judged at one tensor only, {where}, the only one it exposes: {ratio:.3g} of the allowance "
             "its nodes' rounding composes to there; no node inside was judged on its own"
         )
-    nodes = "every node"
+    coarse = 0 < le.compared < nodes
+    nodes_words = (
+        f"judged at {le.compared} tensors of the model's {nodes} nodes (its kernels' outputs), each "
+        "within the rounding its nodes compose to"
+        if coarse
+        else "every node is within rounding of its own float64 value"
+    )
     if le.unjudged:
         skipped = ", ".join(n.tensor for n in le.unjudged[:3])
-        nodes = f"every node judged ({le.share()}; not {skipped}: its allowance judges nothing)"
-    return (
-        f"{nodes} is within rounding of its own float64 value{at}; its differences are those "
-        "errors carried through the model"
-    )
+        nodes_words = (
+            f"{nodes_words.replace('every node is', 'every node judged is', 1)} ({le.share()}; not "
+            f"{skipped}: its allowance judges nothing)"
+        )
+    return f"{nodes_words}; its differences are those errors carried through the model"

@@ -72,8 +72,10 @@ def load_spec(text: str) -> tuple[str, str]:
 
 
 def _shapes(value: Any) -> tuple[tuple[str, Shape], ...]:
-    if isinstance(value, Mapping):
-        return tuple((str(k), tuple(int(d) for d in v)) for k, v in value.items())
+    if isinstance(value, Mapping):  # a named dimension's one size may come bare: {"batch": 2}
+        return tuple(
+            (str(k), (int(v),) if isinstance(v, int) else tuple(int(d) for d in v)) for k, v in value.items()
+        )
     return tuple(parse_shape(x) if isinstance(x, str) else (str(x[0]), tuple(x[1])) for x in value)
 
 

@@ -191,7 +191,23 @@ class Result:
             return EXIT_DIFFERENCES
         if any(c.faulted for c in self.candidates):
             return EXIT_DIFFERENCES
+        if self.flipped:  # a changed answer is a finding, as an origin is
+            return EXIT_DIFFERENCES
         return EXIT_OK
+
+    @property
+    def flipped(self) -> bool:
+        """A token or decision that --decode or --decisions found changed: a backend's against the
+        reference's, a completion that depends on its batch, or a candidate's against the original's."""
+        if self.decode is not None and self.decode.flips():
+            return True
+        if self.decision_flips():
+            return True
+        return any(
+            (x.decode is not None and bool(x.decode.flips()))
+            or any(d.status == "ok" and d.flipped for d in x.decisions)
+            for x in self.candidates
+        )
 
     @property
     def oracle_below_float64(self) -> tuple[str, ...]:
@@ -277,6 +293,12 @@ class Result:
         return origins_line(c.backend, c.origins, self.model.modules())
 
     @property
+    def judged_nodes(self) -> int:
+        """How many node outputs the model's own graph was judged at (the reference's count)."""
+        ref = self.reference_judgment
+        return ref.compared if ref is not None else len(self.model.tensor_order())
+
+    @property
     def reference_judgment(self) -> LocalErrors | None:
         """The reference's own nodes against float64 (it is judged like any backend)."""
         le = self.explanation.local_for(self.reference_used) if self.explanation.ok else None
@@ -344,7 +366,7 @@ class Result:
                 if not (c.judged and c in self.violations):  # a FAIL line says it already
                     out.append(f"NOTE: {self._origins_line(c)}")
             else:
-                out.append(f"EXPLAINED: {c.backend}: {explained_words(le, modules)}")
+                out.append(f"EXPLAINED: {c.backend}: {explained_words(le, modules, self.judged_nodes)}")
             if le.status == "ok" and le.plain is not None and le.plain.status == "not-judged":
                 out.append(f"FAIL: {c.backend}: not judged as it ships: {le.plain.reason}")
             if le.status == "ok" and le.graph.startswith(UNFUSED):
@@ -472,6 +494,14 @@ class Result:
             words = (
                 f"every judged node of {names} is within rounding of its float64 value ({'; '.join(partial)})"
             )
+        nodes = self.judged_nodes
+        coarse = [
+            f"{le.backend} at {le.compared} tensors of {nodes}"
+            for le in self.explanation.local
+            if le.status == "ok" and 0 < le.compared < nodes and le.backend in names.split(", ")
+        ]
+        if coarse:  # the grain the fused engines were judged at, on the line itself
+            words += f" (judged {'; '.join(coarse)}: their kernels' outputs)"
         if self.reference_judgment is None:
             words += f" ({ref}'s own nodes were not judged)"
         if others:

@@ -125,7 +125,8 @@ _FLOAT_ELEMS = {
     "float16": TensorProto.FLOAT16,
     "bfloat16": TensorProto.BFLOAT16,
 }
-_CAST = "/xb.cast"
+_CAST = "/xb.cast"  # an input cast down to the only type an op takes
+_MADE = "/xb.made"  # an op's float output before it is cast back up (a later op may cast it down)
 
 
 def _allowed(schema: Any, params: Any, index: int) -> list[str] | None:
@@ -181,8 +182,8 @@ def _fit_schemas(g: onnx.GraphProto, original: Mapping[str, str], opsets: Mappin
             fixed = allowed == ["tensor(float)"]
             float_typed = original.get(name) in _FLOAT_ELEMS
             if name and allowed and "tensor(double)" not in allowed and (fixed or float_typed):
-                node.output[k] = name + _CAST
-                nodes.append(onnx.helper.make_node("Cast", [name + _CAST], [name], to=TensorProto.DOUBLE))
+                node.output[k] = name + _MADE
+                nodes.append(onnx.helper.make_node("Cast", [name + _MADE], [name], to=TensorProto.DOUBLE))
                 below.append(name)
     del g.node[:]
     g.node.extend(nodes)
@@ -190,11 +191,13 @@ def _fit_schemas(g: onnx.GraphProto, original: Mapping[str, str], opsets: Mappin
 
 
 def _shape_error(text: str) -> str:
-    """The op a checker's message names, in words (never its raw text)."""
+    """The op a checker's message names, in words; else its first line, cut short."""
     op = re.search(r"op_type:\s*([\w.]+)", text)
     node = re.search(r"node name:\s*([^)\s]+)", text)
-    if op is None:
-        return "its graph does not check in float64"
+    if op is None:  # the checker's own words, first line, cut at a word
+        said = " ".join(text.split("\n", 1)[0].split())
+        said = said if len(said) <= 160 else said[:160].rsplit(" ", 1)[0] + " …"
+        return f"its graph does not check in float64 (onnx's checker: {said})"
     where = f"node {node.group(1)} ({op.group(1)})" if node else f"a {op.group(1)} node"
     return f"{where} does not take float64 values"
 
@@ -314,7 +317,7 @@ class OracleRunner(ReferenceRunner):
             self._folder = ""
 
     def kept(self) -> set[str]:
-        return {name + _CAST for name in self._cast_back}
+        return {name + _MADE for name in self._cast_back}
 
     def widen(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         return {k: _widen(v) for k, v in feeds.items()}
@@ -323,8 +326,8 @@ class OracleRunner(ReferenceRunner):
         """An op whose schema makes float only: whether the evaluator computed it so (a tree
         ensemble sums in float32) or in float64 all the same (a linear classifier)."""
         for name in self._cast_back:
-            v = results.get(name + _CAST)
-            if name + _CAST not in results or (
+            v = results.get(name + _MADE)
+            if name + _MADE not in results or (
                 isinstance(v, np.ndarray) and str(v.dtype) in _PROMOTED_NP
             ):  # computed from a data input cast back to float32
                 self._narrow.add(name)

@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from xbackend.compare import compare_with_options, make_feeds
+from xbackend.compare.saved_report import read_result
+from xbackend.compare.tolerances import attach
 from xbackend.errors import InputError, UsageError, XbackendError, first_line
 from xbackend.model.load import load_model
 from xbackend.report import to_json, write_atomic, write_markdown_bundle
-from xbackend.results import CompareOptions
+from xbackend.results import CompareOptions, Result
 from xbackend.results.capture_record import open_capture
+from xbackend.results.explanation import Explanation, LocalErrors
 from xbackend.sweep.executors import LocalExecutor
 from xbackend.sweep.node import read_record
 from xbackend.sweep.outcomes import (
@@ -166,7 +170,39 @@ def _compare_model(m: ModelOutcome, done: Mapping[str, FleetJob], jobs_dir: Path
         result = compare_with_options(entry.path, CompareOptions.create(**kw))
     except XbackendError as e:
         return ModelOutcome(entry, m.sha256, f"comparison failed: {first_line(e)}", None, ref, note)
-    return ModelOutcome(entry, m.sha256, "", result, ref, note)
+    folders = {b: jobs_dir / done[f"{entry.name}/{b}"].job.folder for b in ok}
+    return ModelOutcome(entry, m.sha256, "", with_job_judgments(result, folders), ref, note)
+
+
+def with_job_judgments(result: Result, folders: Mapping[str, Path]) -> Result:
+    """The comparison of captures with each backend's per-node judgment, made by its job where its
+    engine ran (captures carry no engine to judge here). A job whose judgment is missing leaves its
+    backend not judged, with the reason; without any, the comparison stands as it was."""
+    if result.options.noise_samples == 0:
+        return result
+    local: list[LocalErrors] = []
+    base: Explanation | None = None
+    for b in [x.name for x in result.backends if x.ok]:
+        folder = folders.get(b)
+        try:
+            job = read_result(folder / "report.json") if folder is not None else None
+        except XbackendError as e:
+            job, why = None, f"its job's report could not be read ({first_line(e)})"
+        else:
+            why = "its job kept no report"
+        le = job.explanation.local_for(b) if job is not None and job.explanation.ok else None
+        if le is None:
+            reason = job.explanation.reason if job is not None and job.explanation.reason else why
+            local.append(LocalErrors(b, "not-measured", f"its job did not judge it: {reason}"))
+            continue
+        if base is None and job is not None:  # the rules and the confidence they were judged at
+            base = job.explanation
+        local.append(le)
+    if base is None:
+        return result
+    ex = replace(base, local=tuple(local), floors=())
+    cross = attach(result.cross_backend, ex, result.model.op_types(), result.options.auto_tolerance)
+    return replace(result, explanation=ex, cross_backend=cross)
 
 
 def write_fleet(r: FleetResult) -> None:

@@ -1,0 +1,242 @@
+"""The report's first screen: three answers (run to run, build to build, across backends), then
+the findings a reviewer acts on, with xbackend's own instrumentation notes moved beside the
+tables they qualify."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xbackend.files.textfmt import module_note, short
+from xbackend.results import BackendResult, Result
+from xbackend.results.explanation import LocalErrors
+
+__all__ = ["GLOSSARY", "TERMS", "answers", "grain", "instrumentation", "ranked"]
+
+# the words the report uses, defined once: the report's folded glossary and docs/glossary.md
+GLOSSARY = (
+    (
+        "ULP",
+        "a unit in the last place: the gap between a float and the next one. Two float32 values 1 ULP "
+        "apart differ in their last bit.",
+    ),
+    (
+        "scaled ULP",
+        "a tensor's difference counted in ULPs of its largest element, so tiny elements do not "
+        "inflate it. A few are normal when engines sum in another order; hundreds are not, unless "
+        "the model amplifies rounding there.",
+    ),
+    (
+        "raw ULP",
+        "the largest difference counted in ULPs of each element itself: near zero one ULP is tiny, "
+        "so raw ULP reaches thousands for the same harmless rounding. The tables keep it.",
+    ),
+    (
+        "allowance",
+        "what correct rounding permits one node's own error, computed from its operands (a sum of "
+        "n terms is allowed more than one addition). Its rule is printed per op type.",
+    ),
+    (
+        "origin",
+        "a node whose own error, fed the reference's inputs, is past its allowance: the engine "
+        "computed it wrongly, not merely in another order.",
+    ),
+    (
+        "EXPLAINED",
+        "a backend without origins: every difference it shows is rounding carried through the model.",
+    ),
+    (
+        "judged at N tensors",
+        "an engine that fuses nodes exposes only its kernels' outputs; each such stretch is judged "
+        "against the rounding its nodes compose to, not node by node.",
+    ),
+    (
+        "first divergence",
+        "the first tensor, in model order, whose bits differ from the reference: look there first.",
+    ),
+    (
+        "deterministic",
+        "identical bits in every run of one session and in every fresh build.",
+    ),
+    (
+        "oracle",
+        "the model evaluated in float64 and rounded to each tensor's dtype: the closest value a "
+        "float32 engine could give.",
+    ),
+    (
+        "observer effect",
+        "exposing every intermediate (for the per-layer tables) can change what an engine fuses, "
+        "and so its outputs; verdicts on outputs always come from the plain model you ship.",
+    ),
+)
+
+TERMS = (
+    "*Terms:* **scaled ULP** counts a difference in units in the last place of the tensor's largest "
+    "value; a node's **allowance** is what correct rounding permits its own error; an **origin** is "
+    "a node past it; **EXPLAINED** means a backend has no origin, so every difference is rounding "
+    "carried through the model. See the [glossary](#glossary)."
+)
+
+
+def _runs(r: Result, ok: Sequence[BackendResult]) -> str:
+    if r.options.runs < 2:
+        return "**Run to run: not measured.** One run per build (`--runs N` repeats them)."
+    vary = [b for b in ok if b.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in b.run_diffs)]
+    if not vary:
+        return (
+            f"**Run to run: the same bits.** Each of the {len(ok)} backends gave identical outputs and "
+            f"intermediates in every one of its {r.options.runs} runs."
+        )
+    parts = []
+    for b in vary:
+        worst = max(b.run_diffs, key=lambda d: d.severity(), default=None)
+        size = f", up to {short(worst.scaled_ulp)} scaled ULP" if worst is not None else ""
+        outs = (
+            f"{b.distinct_run_outputs} distinct outputs in {b.runs} runs"
+            if b.distinct_run_outputs > 1
+            else f"identical outputs in {b.runs} runs, but intermediates varied"
+        )
+        first = module_note(
+            next((d.name for d in b.run_diffs if not d.bitwise_equal), None), r.model.modules()
+        )
+        parts.append(f"{b.name}: {outs}{size}, first at {first}")
+    return f"**Run to run: NO.** {'; '.join(parts)}."
+
+
+def _builds(r: Result, ok: Sequence[BackendResult]) -> str:
+    if r.options.builds < 2:
+        return "**Build to build: not measured.** One build per backend (`--builds 2` makes fresh ones)."
+    vary = [b for b in ok if b.distinct_build_outputs > 1 or any(not d.bitwise_equal for d in b.build_diffs)]
+    engines = [v for p in r.probes if p.name == "builds" for v in getattr(p, "backends", ()) if v.builds_vary]
+    if not vary and not engines:
+        return (
+            f"**Build to build: the same bits.** {r.options.builds} fresh builds of each backend "
+            "computed the same bits at every exposed tensor."
+        )
+    parts = []
+    for b in vary:
+        worst = max(b.build_diffs, key=lambda d: d.severity(), default=None)
+        size = f", up to {short(worst.scaled_ulp)} scaled ULP" if worst is not None else ""
+        first = module_note(
+            next((d.name for d in b.build_diffs if not d.bitwise_equal), None), r.model.modules()
+        )
+        parts.append(
+            f"{b.name}: {b.distinct_build_outputs} distinct outputs over {b.builds} builds{size}, "
+            f"first at {first}"
+        )
+    shown = {b.name for b in vary}
+    for v in engines:
+        if v.backend not in shown:
+            parts.append(
+                f"{v.backend}: {v.distinct_fingerprints} distinct engines in {v.builds} builds "
+                f"({len(v.varying_layers)} layers), the same bits"
+            )
+    verdict = "NO" if vary else "the same bits, different engines"
+    return f"**Build to build: {verdict}.** {'; '.join(parts)}."
+
+
+def grain(le: LocalErrors, nodes: int) -> str:
+    """How finely a backend's nodes were judged, in words ('node by node', 'at 4 tensors of 50
+    nodes')."""
+    if le.compared >= nodes or le.compared == 0:
+        return "node by node"
+    return f"at {le.compared} tensors of the model's {nodes} nodes"
+
+
+def _across(r: Result, stem: str | None, figure: bool) -> str:
+    crosses = [c for c in r.cross_backend if c.status == "ok" and c.scaled_ulp is not None]
+    if not crosses:
+        why = "only one backend ran" if sum(b.ok for b in r.backends) < 2 else "no backend was compared"
+        return f"**Across backends: not measured.** {why[0].upper()}{why[1:]}."
+    if all(c.bitwise_equal for c in crosses):
+        return (
+            f"**Across backends: the same bits.** Every backend matches {r.reference_used} bit for bit "
+            "at the outputs."
+        )
+    worst = max(crosses, key=lambda c: (c.scaled_ulp or 0.0, c.backend))
+    fig = f" ([figure]({stem}.error-depth.png))" if stem and figure else ""
+    size = (
+        f"Largest: {worst.backend}, {short(worst.scaled_ulp)} scaled ULP from {r.reference_used} at the "
+        f"outputs, first at {module_note(worst.first_divergence, r.model.modules())}{fig}"
+    )
+    ex = r.explanation
+    if not ex.ok:
+        why = ex.reason or "the explanation did not run"
+        return f"**Across backends: different bits, not judged.** {size}; {why}."
+    nodes = r.judged_nodes
+    judged = [(c, ex.local_for(c.backend)) for c in crosses]
+    origins = [c.backend for c, le in judged if le is not None and le.status == "ok" and le.origins]
+    unjudged = [c.backend for c, le in judged if le is None or le.status != "ok"]
+    coarse = [
+        f"{c.backend} {le.compared}"
+        for c, le in judged
+        if le is not None and le.status == "ok" and grain(le, nodes) != "node by node"
+    ]
+    at = (
+        f"judged at each engine's kernel outputs ({', '.join(coarse)} of the model's {nodes} tensors), the "
+        "rest node by node"
+        if coarse
+        else "judged node by node"
+    )
+    if origins:
+        return (
+            f"**Across backends: different bits, NOT explained by rounding.** {size}; "
+            f"{', '.join(origins)} computed a node past what rounding allows (see Verdict)."
+        )
+    if unjudged:
+        return (
+            f"**Across backends: different bits, partly judged.** {size}; {', '.join(unjudged)} could "
+            f"not be judged against float64, the others are explained by rounding ({at})."
+        )
+    return (
+        f"**Across backends: different bits, explained by rounding.** {size}; every backend is within "
+        f"what rounding allows, {at}."
+    )
+
+
+def answers(r: Result, stem: str | None, figure: bool = True) -> list[str]:
+    """The three answers, one bullet each."""
+    ok = [b for b in r.backends if b.ok]
+    if not ok:
+        return ["- **Nothing was compared:** every backend failed (see Verdict)."]
+    out = [f"- {_runs(r, ok)}", f"- {_builds(r, ok)}", f"- {_across(r, stem, figure)}"]
+    return [*out, f"- {_baseline(r)}"] if r.baseline else out
+
+
+def _baseline(r: Result) -> str:
+    moved = [d.backend for d in r.baseline if d.drifted]
+    compared = [d for d in r.baseline if d.status in ("identical", "drifted")]
+    if moved:
+        return f"**Against the baseline: moved.** {', '.join(moved)} (see Verdict)."
+    if compared:
+        return f"**Against the baseline: the same bits.** None of {len(compared)} backend(s) compared moved."
+    return (
+        "**Against the baseline: not compared.** No backend was compared (it holds none of these backends)."
+    )
+
+
+def instrumentation(r: Result, line: str) -> bool:
+    """A finding about xbackend's own instruments, not the engines the team ships: the observer
+    effect of exposing intermediates, and the reference evaluators' own thread counts."""
+    if line.startswith("WARN: observer effect on "):
+        return True
+    tools = {r.reference_used, "reference", "oracle"}
+    return any(line.startswith(f"WARN: {t} changes with threads") for t in tools)
+
+
+_RANK = (("GATE", 0), ("FAIL", 1), ("DRIFT", 1), ("ADVICE", 1), ("WARN", 2), ("PASS", -1))
+
+
+def _rank(line: str) -> int:
+    if (
+        line.startswith("WARN")
+        and (" decode: " in line or " decisions: " in line)
+        and ("leaves" in line or "otherwise than" in line or "depend on the batch" in line)
+    ):
+        return 1  # a flipped token or decision: a finding, beside the failures
+    return next((k for p, k in _RANK if line.startswith(p)), 3)
+
+
+def ranked(lines: Sequence[str]) -> list[str]:
+    """The findings in the order a reviewer acts on them: PASS, gates, failures, flips and
+    advice, warnings, then the rest (the verdict's own order kept within each)."""
+    return sorted(lines, key=_rank)
