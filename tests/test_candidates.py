@@ -5,6 +5,7 @@ planted defect named at the node where it was planted."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -104,6 +105,15 @@ def test_a_qdq_scale_ten_times_too_small_saturates_at_its_node(
     assert c.events == tuple(planted) and c.departure == cm.OVERFLOW_TENSOR
     # the verdict names the module that computes it, as the original's export scopes say
     assert any("departure" in line and "at val_3 (blocks.0.fc1)" in line for line in mlp.verdict())
+    # the range the input spans, as it is (never "±" for values of one sign)
+    spans = re.search(r"the input spans (\S+) to (\S+), the scale", planted[0].detail)
+    assert spans is not None and float(spans[1]) < float(spans[2]), planted[0].detail
+    if not c.origins:  # its section never says "every node within" under "first departure past"
+        md = xbackend.to_markdown(mlp)
+        assert (
+            "No node of the candidate is past the precision it declares on its own: the departure above "
+            "is their errors carried through the model and the events below." in md
+        )
     # the correct QDQ model: a few outliers clipped (min/max calibration on other data), a note each
     ok = _cand(mlp, made["qdq"])
     assert ok.events == () and not ok.faulted and ok.explanation.status == "ok" and not ok.origins
@@ -317,6 +327,15 @@ def test_advise_keeps_the_planted_node_of_a_qdq_model(made: dict[str, Path], tmp
     # a candidate that already makes the original's choices keeps nothing
     assert f16.advice is not None and f16.advice.keep == () and "already match" in f16.advice.reason
     assert any(line.startswith("ADVICE: candidate") and "node_linear" in line for line in r.verdict())
+    # the report's head: the advice and the flipped decisions before any NOTE; the title names both
+    md = xbackend.to_markdown(r)
+    names = f"{made['qdq_small'].name}, {made['fp16'].name}"
+    assert md.startswith(f"# xbackend report: {Path(cm.MLP).name}, candidates {names}\n")
+    verdict = md.split("## Verdict\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    advice = next(i for i, x in enumerate(verdict) if x.startswith("- ADVICE: ") and "node_linear" in x)
+    flips = next(i for i, x in enumerate(verdict) if " decisions: " in x and "otherwise than the" in x)
+    notes = [i for i, x in enumerate(verdict) if x.startswith("- NOTE")]
+    assert all(advice < i and flips < i for i in notes), verdict
 
 
 def test_advise_for_a_float16_llama_is_confirmed_by_its_converter(

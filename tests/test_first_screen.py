@@ -193,7 +193,9 @@ def test_builds_that_vary_are_answered_and_drawn(
     md = out.read_text("utf-8")
     head = _first_screen(md)
     builds = next(line for line in head if line.startswith(ANSWERS[1]))
-    assert builds.startswith("- **Build to build: NO.** test-flaky-build: 2 distinct outputs over 2 builds"), builds
+    assert builds.startswith(
+        "- **Build to build: NO.** test-flaky-build: 2 distinct outputs over 2 builds"
+    ), builds
     assert "![Build variance per layer](report.build-variance.png)" in md
     assert (out.parent / "report.build-variance.png").is_file()
     assert "Build variance is not drawn" not in md

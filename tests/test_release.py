@@ -345,7 +345,9 @@ def test_report_reads_verdict_first_and_folds_the_rest(release: tuple[Path, Path
     for section in ("## Answer", "## Verdict", "## Backends", "## Figures"):
         assert section in head
     # identical builds are one sentence, not a flat line at 0
-    assert "*Build variance is not drawn: fresh builds of ort-cpu, reference, oracle computed the same" in head
+    assert (
+        "*Build variance is not drawn: fresh builds of ort-cpu, reference, oracle computed the same" in head
+    )
     assert "![Batch invariance: a sample alone vs inside a batch](report.batch-invariance.png)" in head
     assert "[report.layers.csv](report.layers.csv)" in head
     csv = (release[0] / "report.layers.csv").read_text("utf-8").splitlines()
