@@ -29,7 +29,7 @@ def venv(name: str, *requirements: str) -> Path:
     done = root / ".complete"
     with open(cache_dir() / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.is_file() and done.read_text() == "\n".join(requirements) and python.exists():
+        if done.is_file() and done.read_text("utf-8") == "\n".join(requirements) and python.exists():
             return python
         shutil.rmtree(root, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)

@@ -85,7 +85,7 @@ class FlakyBuildRunner(ReferenceRunner):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         super().prepare_impl(model, tensors)
         counter = Path(self.options["state_dir"]) / "builds"
-        n = int(counter.read_text()) if counter.exists() else 0
+        n = int(counter.read_text("utf-8")) if counter.exists() else 0
         counter.write_text(str(n + 1))
         self._kernel = n % 2
         layers = [
@@ -246,7 +246,7 @@ class KillJobRunner(ReferenceRunner):
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         marker = Path(self.options["marker"])
-        kills = int(marker.read_text()) if marker.is_file() else 0
+        kills = int(marker.read_text("utf-8")) if marker.is_file() else 0
         if kills < int(self.options["times"]):
             marker.write_text(str(kills + 1))
             os.kill(os.getppid(), 9)

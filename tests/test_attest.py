@@ -110,5 +110,5 @@ def test_keygen_never_overwrites(tmp_path: Path) -> None:
     (tmp_path / "k.pub").write_text("someone's")
     with pytest.raises(UsageError, match="already exists"):
         attest.generate_key(tmp_path / "k")
-    assert (tmp_path / "k.pub").read_text() == "someone's" and not (tmp_path / "k.key").exists()
+    assert (tmp_path / "k.pub").read_text("utf-8") == "someone's" and not (tmp_path / "k.key").exists()
     assert json.dumps(STMT, sort_keys=True)  # the Statement is plain JSON

@@ -75,7 +75,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Builder, dict, J
     pin = b.work / "recorded.json"
     o = b.build(pin=str(pin))
     assert o.ok, o.reason
-    return b, json.loads(pin.read_text()), o
+    return b, json.loads(pin.read_text("utf-8")), o
 
 
 def write(path: Path, pin: dict) -> str:
@@ -184,7 +184,7 @@ def test_instrumented_build_returns_module_outputs_with_the_plain_builds_kernels
     }
     assert len([k for k in inst if k.startswith("tuned ")]) == 4
     assert inst["generated code"] != plain["generated code"]
-    saved = json.loads(Path(path).read_text())
+    saved = json.loads(Path(path).read_text("utf-8"))
     assert saved["choices"] == pin["choices"]  # the plain section is never rewritten
     assert [(c["op"], c["module"], c["chosen"]) for c in saved["instrumented"]] == [
         (c["op"], c["module"], c["chosen"]) for c in pin["choices"]

@@ -67,7 +67,7 @@ def test_a_reports_table_and_figures_never_overwrite_a_users_files(
         code, _, err = run(capsys, *base, "--report", str(tmp_path / "r4.md"))
         assert code == 2
         one_line_error(err, pattern)
-        assert (tmp_path / name).read_text() == mine and not (tmp_path / "r4.md").exists()
+        assert (tmp_path / name).read_text("utf-8") == mine and not (tmp_path / "r4.md").exists()
         (tmp_path / name).unlink()
     # a link to a report's own table is still a link: never replaced by a regular file
     (tmp_path / "r2.layers.csv").symlink_to(tmp_path / "r1.layers.csv")
@@ -397,7 +397,7 @@ def test_a_run_killed_outright_leaves_its_folder_to_the_next_run(tmp_path: Path,
     proc.kill()
     proc.wait(timeout=60)
     (dead,) = tmp.glob("xbackend-*")
-    assert (dead / MARK).read_text().split()[0] == str(proc.pid)
+    assert (dead / MARK).read_text("utf-8").split()[0] == str(proc.pid)
     theirs = tmp / "xbackend-notes"  # someone's folder under a name like ours: no mark
     theirs.mkdir()
     (theirs / "keep.txt").write_text("mine")
@@ -410,7 +410,7 @@ def test_a_run_killed_outright_leaves_its_folder_to_the_next_run(tmp_path: Path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert not dead.exists()
-    assert (theirs / "keep.txt").read_text() == "mine" and alive.is_dir()
+    assert (theirs / "keep.txt").read_text("utf-8") == "mine" and alive.is_dir()
 
 
 def test_a_certificates_values_are_checked_not_only_its_types(
@@ -608,7 +608,7 @@ def test_a_signed_certificate_round_trips_through_openssf_model_signing(
     assert f"wrote {sig}: the model file signed in OpenSSF model-signing's format" in text
     verifier = model_signing.verifying.Config().use_elliptic_key_verifier(public_key=tmp_path / "release.pub")
     verifier.verify(model, sig)  # raises if the file or the signature does not check
-    bundle = (tmp_path / "cert.json").read_text()
+    bundle = (tmp_path / "cert.json").read_text("utf-8")
     assert Bundle.from_json(bundle).media_type == "application/vnd.dev.sigstore.bundle.v0.3+json"
     with pytest.raises(ValueError, match="Predicate type mismatch"):  # past its key and signature checks
         verifier.verify(model, tmp_path / "cert.json")
@@ -641,7 +641,7 @@ def test_every_test_docs_security_names_exists() -> None:
     defined = {
         m
         for f in (ROOT / "tests").glob("test_*.py")
-        for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)
+        for m in re.findall(r"^def (test_\w+)", f.read_text("utf-8"), re.M)
     }
     assert len(named) >= 10 and named <= defined, sorted(named - defined)
 

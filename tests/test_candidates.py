@@ -253,15 +253,15 @@ def test_the_cli_reports_a_candidate(made: dict[str, Path], tmp_path: Path) -> N
     argv += ["--fail-on", "candidate-origin"]
     code = main([*argv, "--report", str(md), "--json", str(js)])
     assert code == 22
-    text = md.read_text()
+    text = md.read_text("utf-8")
     assert "## Release candidates against the original" in text and "cast to bfloat16" in text
     assert (tmp_path / "r.candidate-sqnr.png").is_file()
-    (c,) = json.loads(js.read_text())["candidates"]
+    (c,) = json.loads(js.read_text("utf-8"))["candidates"]
     assert c["coverage"] == {"matched": 49, "tensors": 49} and c["departure"] == cm.BF16_TENSOR
     # the same comparison again: the same bytes
     code = main([*argv, "--report", str(tmp_path / "s.md"), "--json", str(tmp_path / "s.json")])
     assert code == 22
-    assert (tmp_path / "s.json").read_text() == js.read_text()
+    assert (tmp_path / "s.json").read_text("utf-8") == js.read_text("utf-8")
 
 
 OPTIMUM = Path(__file__).resolve().parent / "optimum"

@@ -107,7 +107,7 @@ def test_compare_writes_reports_and_exits_0(
     )
     assert code == 0, err
     assert out.splitlines()[0].startswith("PASS")
-    data = json.loads(js.read_text())
+    data = json.loads(js.read_text("utf-8"))
     assert data["schema"] == "xbackend.report/2"
     assert data["inputs"]["values"] == [{"name": "image", "dtype": "float32", "shape": "[2,3,32,32]"}]
     assert "--shape image=2,3,32,32" in data["command"]
@@ -223,10 +223,13 @@ def test_outputs_are_checked_before_anything_runs_and_destroy_nothing(
     notes = tmp_path / "notes.md"
     notes.write_text("my notes\n")
     code, _, err = run(capsys, "compare", str(model), "--report", str(notes), *kw)
-    assert code == 2 and notes.read_text() == "my notes\n"
+    assert code == 2 and notes.read_text("utf-8") == "my notes\n"
     one_line_error(err, "exists and is not a report xbackend wrote")
     report, js = tmp_path / "r.md", tmp_path / "r.json"
     for _ in range(2):  # the second run overwrites the reports the first one wrote
         code, _, err = run(capsys, "compare", str(model), "--report", str(report), "--json", str(js), *kw)
         assert code == 0, err
-    assert report.read_text().startswith("# xbackend report") and json.loads(js.read_text())["schema"]
+    assert (
+        report.read_text("utf-8").startswith("# xbackend report")
+        and json.loads(js.read_text("utf-8"))["schema"]
+    )

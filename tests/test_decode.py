@@ -121,7 +121,7 @@ def test_a_planted_change_flips_the_token_at_its_step(
         "--set", "test-logit-flip.position=8", "--fail-on", "token-flip", "--json", str(js), "--no-progress",
     )  # fmt: skip
     assert code == 20, out
-    d = json.loads(js.read_text())["decode"]
+    d = json.loads(js.read_text("utf-8"))["decode"]
     ref = d["backends"]["ort-cpu"]["prompts"]
     flipped = d["backends"]["test-logit-flip"]
     for k, n in enumerate(LENGTHS):
@@ -236,7 +236,7 @@ def test_decisions_find_a_planted_flip_and_its_margin(
     sess = ort.InferenceSession(str(convnet), providers=["CPUExecutionProvider"])
     logits = sess.run(None, dict(feeds))[0].astype(np.float64)
     top = np.sort(logits, axis=1)
-    by = {d["backend"]: d for d in json.loads(js.read_text())["decisions"]}
+    by = {d["backend"]: d for d in json.loads(js.read_text("utf-8"))["decisions"]}
     planted = by["test-class-flip"]
     assert (planted["decisions"], planted["agree"], planted["flipped"]) == (8, 7, 1)
     (flip,) = planted["flips"]
@@ -247,6 +247,18 @@ def test_decisions_find_a_planted_flip_and_its_margin(
     assert planted["smallest_margin"] == pytest.approx(float(np.min(top[:, -1] - top[:, -2])), abs=1e-6)
     assert (by["reference"]["flipped"], by["reference"]["agree"]) == (0, 8)
     assert "decision-flip" in out and "test-class-flip makes 1 of 8 choice(s) at logits otherwise" in out
+    # without --fail-on, a flipped decision is a finding (exit 1), as an origin is: here it is the
+    # only one (no judgment asked for, a tolerance nothing passes)
+    quiet = [
+        "compare", str(convnet), "--shape", "image=8,3,32,32", "--reference", "ort-cpu", "--decisions",
+        "logits:1", "--probes", "none", "--runs", "1", "--noise-samples", "0", "--max-ulp", "1e12",
+        "--no-progress",
+    ]  # fmt: skip
+    plant = ["--set", "test-class-flip.output=logits", "--set", "test-class-flip.row=5"]
+    code, out, _ = run(capsys, *quiet, *plant, "--backends", "ort-cpu,test-class-flip")
+    assert code == 1 and "WARN: decisions: test-class-flip makes 1 of 8 choice(s) at logits" in out, out
+    code, out, _ = run(capsys, *quiet, "--backends", "ort-cpu,reference")
+    assert code == 0, out
 
 
 def test_decisions_name_outputs_the_model_has(

@@ -159,7 +159,7 @@ def test_each_figure_shows_at_a_readable_size_in_a_browser(resnet: Path, tmp_pat
     args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000"]
     dom = subprocess.run(
         [*args, "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=120, check=True,
     ).stdout  # fmt: skip
     seen = re.search(r'data-images="([^"]*)"', dom)
     assert seen is not None, dom[-500:]

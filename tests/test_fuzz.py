@@ -253,7 +253,7 @@ def _reseal(folder: Path, *files: str) -> None:
     import hashlib
 
     sums = []
-    for line in (folder / "SHA256SUMS").read_text().splitlines():
+    for line in (folder / "SHA256SUMS").read_text("utf-8").splitlines():
         digest, _, file = line.partition("  ")
         if file in files:
             digest = hashlib.sha256((folder / file).read_bytes()).hexdigest()
@@ -284,7 +284,9 @@ def _copied(capture: Path, factory: pytest.TempPathFactory) -> tuple[Path, str, 
 
     folder = factory.mktemp("vf") / "cap"
     shutil.copytree(capture, folder)
-    name = next(n for n in json.loads((folder / "capture.json").read_text())["files"] if n != "inputs.xbv")
+    name = next(
+        n for n in json.loads((folder / "capture.json").read_text("utf-8"))["files"] if n != "inputs.xbv"
+    )
     with ValueFile(folder / name) as f:
         return folder, name, {"entries": [[k, v] for k, v in f._index.items()]}
 

@@ -325,9 +325,16 @@ def test_cli_modes_time_the_runs_and_reproduce(models: dict[str, Path], tmp_path
         str(js),
         "--no-progress",
     ]
-    run(capsys, *argv)
-    data = json.loads(js.read_text())
+    _, out, _ = run(capsys, *argv)
+    data = json.loads(js.read_text("utf-8"))
     assert [b["name"] for b in data["backends"]] == ["ort-cpu", "ort-cpu@det"]
+    # the terminal says each mode's cost too, in the same figures as the JSON
+    lines = out.splitlines()
+    at = lines.index("  modes of ort-cpu (latency against ort-cpu's):")
+    det = data["cost_of_determinism"][0]["modes"][1]
+    assert lines[at + 1].startswith("    default: ") and lines[at + 1].endswith("; promises none")
+    assert lines[at + 2].startswith("    deterministic_compute=True: ")
+    assert f", {det['latency_ratio']:.2f}x; promises run-to-run held" in lines[at + 2]
     assert data["backends"][1]["runs"] == 5 and data["backends"][1]["latency"]["runs"] == 4
     assert (
         "--timed-runs 3" in data["command"]

@@ -87,7 +87,7 @@ def test_a_torch_module_other_than_the_recorded_file_keeps_its_map_by_name(tmp_p
     """A copy of the recorded file elsewhere: every module found by name, each judged (it lost
     its map, and was 'not judged', PASS exit 0, under the 64-ULP fallback)."""
     pytest.importorskip("torch")
-    source = (ROOT / "models" / "torch_mlp.py").read_text()
+    source = (ROOT / "models" / "torch_mlp.py").read_text("utf-8")
     r = _torch_with(tmp_path, source)
     info = dict(r.backend("torch").info)
     assert info["mapped_from"].startswith("the recorded module's map, by name")

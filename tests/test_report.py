@@ -71,7 +71,6 @@ def test_markdown_sections_in_order(two_runs: tuple[xbackend.Result, xbackend.Re
         "## Verdict",
         "## Backends",
         "## What the differences are",
-        "## All findings",
         "## All pairs at the outputs",
         "## Allowances per element",
         "## Cross-backend, per layer",
@@ -94,7 +93,7 @@ def test_atomic_write_replaces_and_leaves_no_temp(tmp_path: Path) -> None:
     target = tmp_path / "r.md"
     target.write_text("old")
     write_atomic(target, "new\n")
-    assert target.read_text() == "new\n"
+    assert target.read_text("utf-8") == "new\n"
     assert [p.name for p in tmp_path.iterdir()] == ["r.md"]
 
 

@@ -227,7 +227,7 @@ def test_module_map_applies_to_the_recorded_module_however_it_is_named(
     assert separate_layers(TorchCompileRunner, spec, {"module": "models/torch_mlp.py:build"})
     # a copy of it is another module as far as the map goes: no instrumented compile is planned
     copy = tmp_path / "copy.py"
-    copy.write_text((ROOT / "models" / "torch_mlp.py").read_text())
+    copy.write_text((ROOT / "models" / "torch_mlp.py").read_text("utf-8"))
     assert module_map(meta, f"{copy}:build", exported.parent) == {}
     assert not separate_layers(TorchCompileRunner, spec, {"module": f"{copy}:build"})
     options = {"module": f"{copy}:build", "grain": "module"}

@@ -129,7 +129,7 @@ def test_range_option_bounds_generated_ids(models: dict[str, Path], tmp_path: Pa
         ]
     )
     assert code == 0
-    data = json.loads((tmp_path / "r.json").read_text())
+    data = json.loads((tmp_path / "r.json").read_text("utf-8"))
     assert data["inputs"]["ranges"] == {"ids": "[0, 5)"}
     assert "--range ids=0:5" in data["command"]
 
@@ -368,7 +368,7 @@ def _threads_probe(
         runner_options=opts,
         timeout=timeout,
     )
-    lines = (state / log).read_text().splitlines()
+    lines = (state / log).read_text("utf-8").splitlines()
     return r, [(int(a), int(b)) for a, b in (ln.split() for ln in lines)]
 
 

@@ -137,14 +137,16 @@ def test_capture_never_writes_into_someones_folder(
         err, "is a non-empty folder that is not an xbackend capture; xbackend never writes into it"
     )
     assert (theirs / "important.xbv").read_bytes() == b"my data"
-    assert (theirs / "SHA256SUMS").read_text() == "mine\n"
+    assert (theirs / "SHA256SUMS").read_text("utf-8") == "mine\n"
     # a capture again into its own folder replaces only what the earlier capture listed
     cap = tmp_path / "cap"
     _capture(model, cap, capsys)
     (cap / "notes.txt").write_text("keep me")
     (cap / "mine.xbv").write_bytes(b"keep me too")
     _capture(model, cap, capsys)
-    assert (cap / "notes.txt").read_text() == "keep me" and (cap / "mine.xbv").read_bytes() == b"keep me too"
+    assert (cap / "notes.txt").read_text("utf-8") == "keep me" and (
+        cap / "mine.xbv"
+    ).read_bytes() == b"keep me too"
     code, _, err = run(
         capsys, "capture", str(model), "--backend", "ort-cpu", "-o", str(model), "--no-progress"
     )
@@ -183,7 +185,7 @@ def test_a_manifest_path_outside_its_folder_is_refused_and_nothing_told(
     for entry, message in hostile.items():
         _reseal(cap, {**manifest, "files": {**manifest["files"], entry: size}})
         if entry == str(secret):  # the right size and sha: it would pass every other check
-            sums = (cap / "SHA256SUMS").read_text()
+            sums = (cap / "SHA256SUMS").read_text("utf-8")
             digest = hashlib.sha256(secret.read_bytes()).hexdigest()
             (cap / "SHA256SUMS").write_text(sums + f"{digest}  {entry}\n")
         code, _, err = run(capsys, "compare", str(model), "--load", str(cap), "--backends", "reference")
@@ -253,7 +255,7 @@ def test_outputs_never_overwrite_an_input_or_someones_file(
             continue
         assert code == 2, argv
         one_line_error(err, message)
-    assert notes.read_text() == "mine" and model.read_bytes() == before
+    assert notes.read_text("utf-8") == "mine" and model.read_bytes() == before
     # the certificate it wrote is its own: certify again overwrites it
     code, _, err = run(capsys, "certify", str(model), "--backend", "ort-cpu", "-o", str(tmp_path / "cert"),
                        "--runs", "2", "--builds", "2", "--no-progress")  # fmt: skip
@@ -305,7 +307,7 @@ def test_a_sweep_file_reads_inside_its_folder_and_runs_no_code(
     )
     assert code == 2
     one_line_error(err, "reference is a non-empty folder that is not an xbackend capture")
-    assert (theirs / "reference" / "keep.xbv").read_text() == "mine"
+    assert (theirs / "reference" / "keep.xbv").read_text("utf-8") == "mine"
 
 
 @pytest.mark.parametrize(

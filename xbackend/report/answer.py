@@ -155,8 +155,9 @@ def _across(r: Result, stem: str | None, figure: bool) -> str:
     worst = max(crosses, key=lambda c: (c.scaled_ulp or 0.0, c.backend))
     fig = f" ([figure]({stem}.error-depth.png))" if stem and figure else ""
     size = (
-        f"Largest: {worst.backend}, {short(worst.scaled_ulp)} scaled ULP from {r.reference_used} at the "
-        f"outputs, first at {module_note(worst.first_divergence, r.model.modules())}{fig}"
+        f"Largest: {worst.backend}, {short(worst.scaled_ulp)} scaled ULP (units in the last place of the "
+        f"tensor's largest value) from {r.reference_used} at the outputs, first at "
+        f"{module_note(worst.first_divergence, r.model.modules())}{fig}"
     )
     ex = r.explanation
     if not ex.ok:

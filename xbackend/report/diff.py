@@ -137,7 +137,7 @@ def _backend(a: Result, b: Result, name: str, order: dict[str, int]) -> BackendC
 def _options(r: Result) -> dict[str, str]:
     o = r.options
     out = {
-        f.name: _text(getattr(o, f.name))
+        f.name: "auto" if f.name == "max_ulp" and o.max_ulp is None else _text(getattr(o, f.name))
         for f in fields(o)
         if f.name not in ("loads", "save_captures", "baseline")
     }

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xbackend.files.textfmt import visible
 from xbackend.numerics.metrics import TensorDiff
 from xbackend.numerics.values import value_name
 from xbackend.results import CrossBackendResult, ModeRow, Result
@@ -115,7 +116,8 @@ def _names(r: Result, xs: Sequence[float]) -> tuple[tuple[float, str], ...]:
     if len(pos) > TICKS:
         step = (len(pos) - 1) / (TICKS - 1)
         pos = sorted({pos[round(i * step)] for i in range(TICKS)})
-    full = [(p, modules.get(order[p]) or order[p]) for p in pos]
+    # a model's names, as every report prints them: control and bidirectional characters written out
+    full = [(p, visible(modules.get(order[p]) or order[p])) for p in pos]
     parts = [name.split(".") for _, name in full]
     head = 0
     while parts and all(len(q) > head + 1 and q[head] == parts[0][head] for q in parts):
