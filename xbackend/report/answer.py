@@ -78,13 +78,14 @@ TERMS = (
 
 
 def _runs(r: Result, ok: Sequence[BackendResult]) -> str:
-    if r.options.runs < 2:
+    runs = r.options.runs + r.options.timed_runs  # the timed runs' bits are compared too
+    if runs < 2:
         return "**Run to run: not measured.** One run per build (`--runs N` repeats them)."
     vary = [b for b in ok if b.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in b.run_diffs)]
     if not vary:
         return (
             f"**Run to run: the same bits.** Each of the {len(ok)} backends gave identical outputs and "
-            f"intermediates in every one of its {r.options.runs} runs."
+            f"intermediates in every one of its {runs} runs."
         )
     parts = []
     for b in vary:
