@@ -343,7 +343,8 @@ def test_report_reads_verdict_first_and_folds_the_rest(release: tuple[Path, Path
         first_fold <= 80
     )  # the answers, verdict and backends in 40 (tests/test_first_screen.py), then figures
     head = "\n".join(lines[:first_fold])
-    assert lines[4] == "## Answer" and lines[6].startswith("- **Run to run: not measured.** One run per build")
+    assert lines[4] == "## Answer"
+    assert lines[6].startswith("- **Run to run: not measured.** One run per build")
     assert "## Verdict" in lines and lines[lines.index("## Verdict") + 2].startswith("- PASS")
     for section in ("## Answer", "## Verdict", "## Backends", "## Figures"):
         assert section in head
