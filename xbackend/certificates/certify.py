@@ -31,6 +31,7 @@ from xbackend.files.capture_folder import file_sha256
 from xbackend.files.runfolders import run_temp_folder
 from xbackend.files.storage import ValueFile
 from xbackend.files.untrusted import contained, json_loads
+from xbackend.files.userfile import read_user_text
 from xbackend.model.extdata import external_files
 from xbackend.model.load import load_model
 from xbackend.numerics.values import value_sha256
@@ -51,6 +52,8 @@ __all__ = [
     "verify",
     "write_certificate",
 ]
+
+CERTIFICATE_LIMIT = 1 << 26  # 64 MiB: a certificate holds digests, never tensors
 
 PREDICATE_TYPE = "https://xbackend.dev/attestation/certificate/v2"
 CERT_PROBES = ("builds", "threads", "batch")
@@ -250,13 +253,14 @@ def read_certificate(
     """The certificate's body and its envelope: the signature checked first, then the body's
     shape, so nothing in a forged or damaged file reaches a runner."""
     p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        raise InputError(f"certificate not found: {p}; pass the CERT.json that `xbackend certify` wrote")
+    text = read_user_text(
+        p, "the certificate", "pass the CERT.json `xbackend certify` wrote", CERTIFICATE_LIMIT
+    )
     try:
-        data = json_loads(p.read_text("utf-8"))
-    except FileNotFoundError:
-        raise InputError(
-            f"certificate not found: {p}; pass the CERT.json that `xbackend certify` wrote"
-        ) from None
-    except (OSError, ValueError, RecursionError) as e:
+        data = json_loads(text)
+    except (ValueError, RecursionError) as e:
         raise InputError(
             f"{p} is not a certificate JSON ({str(e).splitlines()[0][:200]}); pass the CERT.json "
             "`xbackend certify` wrote"

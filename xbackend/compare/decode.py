@@ -9,8 +9,10 @@ reference's tokens (else the reference's closest call), fed as the whole sequenc
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,11 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from xbackend.compare.plan import executor_for
-from xbackend.errors import InputError, UsageError
+from xbackend.errors import InputError, UsageError, first_line
 from xbackend.execution.decoding import Convention, DecodeTask, prompt_key
 from xbackend.execution.executor import Job, JobOutcome
 from xbackend.execution.progress import ProgressSink
+from xbackend.files.npz import NpzError, read_npz
 from xbackend.files.storage import ValueFile, save_values
+from xbackend.files.userfile import user_file
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import ModelSpec
 from xbackend.probes.base import PlannedBackend
@@ -38,6 +42,8 @@ __all__ = [
     "make_prompts",
     "step_feeds",
 ]
+
+PROMPT_TOKENS = 1 << 24  # prompts x tokens: 16M token ids (128 MiB as int64) at most
 
 DEFAULT_PROMPTS = (4, 16)  # prompts, tokens: without --shape input_ids=P,T
 _PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)")
@@ -145,11 +151,25 @@ def _given_prompts(path: str, conv: Convention) -> list[np.ndarray]:
     what = "--decode reads its prompts from an .npz holding input_ids [prompts, tokens] (and attention_mask)"
     if not path.endswith(".npz"):
         raise InputError(f"--inputs {path}: {what}")
+
+    def check(name: str, shape: tuple[int, ...], dtype: np.dtype[np.generic]) -> None:
+        """Before a byte is decoded: token ids and a mask, of a size prompts have."""
+        if name in ("input_ids", "attention_mask") and math.prod(shape) > PROMPT_TOKENS:
+            raise InputError(
+                f"--inputs {path}: {name} declares {math.prod(shape)} tokens, more than "
+                f"{PROMPT_TOKENS} prompts x tokens; {what}"
+            )
+
+    # the reader compare's --inputs uses: a regular file, headers judged before anything is read
+    user_file(path, "--inputs", what)
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: np.asarray(data[k]) for k in data.files}
-    except (OSError, ValueError) as e:
+        arrays = {
+            k: v for k, v in read_npz(Path(path), check).items() if k in ("input_ids", "attention_mask")
+        }
+    except NpzError as e:
         raise InputError(f"--inputs {path} is not a readable .npz ({e}); {what}") from None
+    except (OSError, zipfile.BadZipFile, RuntimeError, NotImplementedError) as e:
+        raise InputError(f"--inputs {path} is not a readable .npz ({first_line(e)}); {what}") from None
     ids = arrays.get("input_ids")
     if ids is None or ids.ndim != 2 or ids.size == 0 or ids.dtype.kind not in "iu":
         raise InputError(f"--inputs {path}: {what}")

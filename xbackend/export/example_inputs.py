@@ -6,16 +6,15 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
-import onnx.numpy_helper
 
-from xbackend.errors import ExportError
+from xbackend.errors import ExportError, InputError
 from xbackend.model.load import np_dtype
 
 __all__ = ["EXAMPLE_INT_RANGE", "InputDecl", "parse_dynamic", "read_examples", "with_data"]
@@ -87,23 +86,19 @@ EXAMPLE_INT_RANGE = (0.0, 16.0)
 def read_examples(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """Real example inputs: an .npz keyed by input name, or a directory of input_N.pb
     TensorProtos (ONNX's test-data layout), in the file's order."""
+    from xbackend.files.npz import NpzError, read_npz  # compare's readers: one per format
+    from xbackend.model.inputs import read_pb_tensors
+
     p = Path(path)
     try:
         if p.is_dir():
-            files = sorted(p.glob("input_*.pb"), key=lambda f: int(f.stem.split("_")[1]))
-            if not files:
-                raise ExportError(f"--inputs {p}: no input_N.pb files in that folder")
-            out = {}
-            for f in files:
-                t = onnx.TensorProto()
-                t.ParseFromString(f.read_bytes())
-                out[t.name or f.stem] = onnx.numpy_helper.to_array(t)
-            return out
-        with np.load(p, allow_pickle=False) as z:
-            return {k: np.asarray(z[k]) for k in z.files}
-    except ExportError:
-        raise
-    except (OSError, ValueError) as e:
+            return {k: np.asarray(v) for k, v in read_pb_tensors(p, f"--inputs {p}").items()}
+        return read_npz(p)
+    except InputError as e:
+        raise ExportError(str(e)) from e
+    except NpzError as e:
+        raise ExportError(f"--inputs {p}: {e}; save it with numpy.savez") from e
+    except (OSError, ValueError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as e:
         raise ExportError(
             f"--inputs {p}: cannot read it ({type(e).__name__}: {e}); pass an .npz keyed by input "
             "name or a folder of input_N.pb"

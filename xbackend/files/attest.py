@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from xbackend.errors import InputError, UsageError
 from xbackend.files.untrusted import json_loads
+from xbackend.files.userfile import read_user_bytes
 
 __all__ = [
     "BUNDLE_MEDIA_TYPE",
@@ -74,14 +75,18 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
 
 
+KEY_LIMIT = 1 << 16  # a PEM key is a few KiB (an RSA-16384 one, 13): /dev/zero is refused, not read
+
+
 def _read_key_file(path: str | os.PathLike[str], what: str) -> bytes:
     p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        raise UsageError(f"{what} not found: {p}; make a key pair with `xbackend keygen -o NAME`")
+    fix = "pass a PEM key file (`xbackend keygen -o NAME` makes a pair)"
     try:
-        return p.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"{what} not found: {p}; make a key pair with `xbackend keygen -o NAME`") from None
-    except OSError as e:
-        raise UsageError(f"cannot read the {what} {p}: {e.strerror or e}") from None
+        return read_user_bytes(p, f"the {what}", fix, KEY_LIMIT)
+    except InputError as e:
+        raise UsageError(str(e)) from None
 
 
 def load_private_key(path: str | os.PathLike[str]) -> Any:

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from xbackend.errors import first_line
+
 __all__ = ["NpzError", "read_npz"]
+
+
+# a deflated member past 64 MiB that inflates more than 200-fold is refused before it is read:
+# real arrays compress a few-fold, and a bomb would hold its size in memory
+BOMB_BYTES, BOMB_RATIO = 1 << 26, 200
 
 
 class NpzError(ValueError):
@@ -44,6 +51,13 @@ def read_npz(
         headers = {}
         for info in members:
             name = info.filename[: -len(".npy")]
+            if info.flag_bits & 0x1:
+                raise NpzError(f"array {name!r} is encrypted, which numpy cannot read")
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise NpzError(
+                    f"array {name!r} is compressed with zip method {info.compress_type}, not one numpy "
+                    "writes (stored or deflated)"
+                )
             try:
                 shape, dtype, start = _header(z, info)
             except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
@@ -58,11 +72,23 @@ def read_npz(
                     f"array {name!r} declares shape {list(shape)} of {dtype} ({need} bytes), but holds "
                     f"{max(0, info.file_size - start)}"
                 )
+            if (
+                info.compress_type == zipfile.ZIP_DEFLATED
+                and need > BOMB_BYTES
+                and need > BOMB_RATIO * max(info.compress_size, 1)
+            ):
+                raise NpzError(
+                    f"array {name!r} inflates {info.compress_size} compressed bytes to {need}, as a zip "
+                    "bomb does; save real arrays with numpy.savez (uncompressed)"
+                )
             check(name, shape, dtype)
             headers[info.filename] = name
         for info in members:
-            with z.open(info) as f:
-                out[headers[info.filename]] = np.lib.format.read_array(f, allow_pickle=False)
+            try:
+                with z.open(info) as f:
+                    out[headers[info.filename]] = np.lib.format.read_array(f, allow_pickle=False)
+            except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:  # a bad CRC, a cut member
+                raise NpzError(f"array {headers[info.filename]!r} is damaged ({first_line(e)})") from None
     return out
 
 

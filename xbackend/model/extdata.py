@@ -28,6 +28,7 @@ __all__ = [
     "load_external",
     "map_external",
     "raw_size",
+    "read_external",
     "uses_external_data",
     "weight_array",
     "write_rewritten",
@@ -141,7 +142,7 @@ def load_external(proto: onnx.ModelProto, p: Path) -> None:
     try:
         for t in all_tensors(proto.graph):
             if t.data_location == TensorProto.EXTERNAL:
-                _read_external(t, p.parent)
+                read_external(t, p.parent)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
 
@@ -174,7 +175,7 @@ def map_external(proto: onnx.ModelProto, p: Path) -> dict[str, np.ndarray]:
             mapped.add(t.name)
         for t in all_tensors(proto.graph) if external else ():
             if t.data_location == TensorProto.EXTERNAL and t.name not in mapped:
-                _read_external(t, p.parent)
+                read_external(t, p.parent)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
     return out
@@ -257,7 +258,7 @@ def _where(t: TensorProto) -> tuple[str, int, int | None]:
     return info.get("location", ""), offset, length
 
 
-def _read_external(t: TensorProto, base: Path) -> None:
+def read_external(t: TensorProto, base: Path) -> None:
     """The tensor's bytes into raw_data (check_external_files has checked the file is whole)."""
     rel, offset, length = _where(t)
     _safe(t, rel)

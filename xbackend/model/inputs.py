@@ -10,7 +10,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,9 @@ from xbackend.errors import InputError
 from xbackend.files.capture_folder import CapturedInputs, captured_inputs, is_capture
 from xbackend.files.npz import NpzError, read_npz
 from xbackend.files.storage import ValueFile, save_values
+from xbackend.files.untrusted import contained
 from xbackend.model.dims import fill_dims, named_dims, split_shapes, unset_dims
+from xbackend.model.extdata import read_external
 from xbackend.model.load import ModelSpec, TensorSpec, np_dtype
 from xbackend.numerics.values import Value, describe, normalize, value_sha256
 
@@ -464,19 +466,75 @@ def _index(name: str) -> int:
     return int(tail) if tail.isdigit() else 1 << 30
 
 
-def _parse_pb(data: bytes, spec: TensorSpec) -> tuple[str, Value]:
-    """(name recorded in the proto, value) for one .pb file, read as the type `spec` declares."""
+def _parse_pb(data: bytes, spec: TensorSpec, folder: Path) -> tuple[str, Value]:
+    """(name recorded in the proto, value) for one .pb file, read as the type `spec` declares;
+    a tensor whose data lies in another file reads it from `folder` alone (onnx's helpers would
+    read it from the working directory)."""
     if spec.kind == "sequence":
         seq = onnx.SequenceProto.FromString(data)
+        _inline_external(seq, folder)
         return seq.name, numpy_helper.to_list(seq)
     if spec.kind == "optional":
         opt = onnx.OptionalProto.FromString(data)
+        _inline_external(opt, folder)
         return opt.name, numpy_helper.to_optional(opt)
     if spec.kind == "map":
         mp = onnx.MapProto.FromString(data)
+        _inline_external(mp, folder)
         return mp.name, numpy_helper.to_dict(mp)
     t = onnx.TensorProto.FromString(data)
+    _inline_external(t, folder)
     return t.name, numpy_helper.to_array(t)
+
+
+def _tensors_in(msg: Any) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto inside a test-data value, however nested."""
+    if isinstance(msg, onnx.TensorProto):
+        yield msg
+    elif isinstance(msg, onnx.SequenceProto):
+        for group in (msg.tensor_values, msg.sequence_values, msg.map_values, msg.optional_values):
+            for m in group:
+                yield from _tensors_in(m)
+    elif isinstance(msg, onnx.MapProto):
+        yield from _tensors_in(msg.values)
+    elif isinstance(msg, onnx.OptionalProto):
+        for field in ("tensor_value", "sequence_value", "map_value", "optional_value"):
+            if msg.HasField(field):
+                yield from _tensors_in(getattr(msg, field))
+
+
+def _inline_external(msg: Any, folder: Path) -> None:
+    """Each external tensor's bytes read into the proto, from a file inside `folder` (the links in
+    it followed only while they stay inside; nothing outside is looked at)."""
+    for t in _tensors_in(msg):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        where = f"{folder}: tensor {t.name!r}'s external data"
+        fix = "keep its data file in the same folder as the .pb file"
+        path = contained(folder, info.get("location", ""), where, fix)
+        if not path.is_file():
+            raise InputError(
+                f"{where} names {info.get('location', '')!r}, which is not a file in {folder}; {fix}"
+            )
+        read_external(t, folder)
+
+
+def _read_pb(d: Path, f: Path, spec: TensorSpec, where: str) -> tuple[str, Value]:
+    """One .pb file of folder `d` (never one a link leads to outside it), as `spec`'s type."""
+    contained(d, f.name, f"{where}: {f.name}", "copy the file itself into the folder")
+    if not f.is_file():
+        raise InputError(f"{where}: {f.name} is not a file; write each value as a .pb file")
+    try:
+        return _parse_pb(f.read_bytes(), spec, d)
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(
+            f"{where}: {f.name} is not a readable {spec.type_str or 'TensorProto'} "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); write it with "
+            "onnx.numpy_helper (from_array, from_list, from_optional, from_dict)"
+        ) from e
 
 
 def _load_pb_set(d: Path, prefix: str, specs: Sequence[TensorSpec], where: str) -> dict[str, Value]:
@@ -484,24 +542,30 @@ def _load_pb_set(d: Path, prefix: str, specs: Sequence[TensorSpec], where: str) 
     by_name = {s.name: s for s in specs}
     out: dict[str, Value] = {}
     for pos, f in enumerate(files):
-        data = f.read_bytes()
         spec = specs[pos] if pos < len(specs) else None
-        try:
-            name, value = _parse_pb(data, spec or TensorSpec(f.stem, "unknown", None))
-            if name and name in by_name and (spec is None or name != spec.name):
-                spec = by_name[name]
-                name, value = _parse_pb(data, spec)
-        except Exception as e:
-            raise InputError(
-                f"{where}: {f.name} is not a readable {spec.type_str if spec else 'TensorProto'} "
-                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); write it with "
-                "onnx.numpy_helper (from_array, from_list, from_optional, from_dict)"
-            ) from e
+        name, value = _read_pb(d, f, spec or TensorSpec(f.stem, "unknown", None), where)
+        if name and name in by_name and (spec is None or name != spec.name):
+            spec = by_name[name]
+            name, value = _read_pb(d, f, spec, where)
         if spec is None:
             raise InputError(
                 f"{where}: {f.name} has no matching model {prefix} (the model has {len(specs)}); remove it"
             )
         out[spec.name] = normalize(value)
+    return out
+
+
+def read_pb_tensors(d: Path, where: str) -> dict[str, Value]:
+    """Every input_N.pb of folder `d` as a tensor, keyed by the name it records (else its file's
+    stem), in file order: read as compare's --inputs reads them (files of the folder only, their
+    external data from the folder alone)."""
+    files = sorted(d.glob("input_*.pb"), key=lambda f: _index(f.name))
+    if not files:
+        raise InputError(f"{where}: no input_N.pb files in {d}; write each with onnx.numpy_helper.from_array")
+    out = {}
+    for f in files:
+        name, value = _read_pb(d, f, TensorSpec(f.stem, "unknown", None), where)
+        out[name or f.stem] = value
     return out
 
 

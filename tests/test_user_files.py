@@ -1,0 +1,195 @@
+"""Every file a user names is looked at before it is read: a FIFO, a device, a folder, a link
+loop, a name the system refuses or an archive numpy cannot read is one line with exit 2, at
+once (never a hang, never /dev/zero read until memory runs out)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.cli_helpers import one_line_error, run
+from xbackend.errors import InputError
+from xbackend.files.npz import NpzError, read_npz
+from xbackend.files.userfile import read_user_bytes, user_file
+
+
+def _model(folder: Path) -> Path:
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
+    path = folder / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def _at_once(fn, *args):  # type: ignore[no-untyped-def]
+    """fn(*args) in a thread that must finish within 10 s: a FIFO opened for reading would block."""
+    box: dict[str, object] = {}
+
+    def go() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # handed to the test
+            box["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), f"{fn.__name__} blocked"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")
+
+
+@pytest.fixture
+def odd(tmp_path: Path) -> dict[str, Path]:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop")
+    return {"fifo": fifo, "folder": tmp_path, "device": Path("/dev/zero"), "loop": loop}
+
+
+@pytest.mark.parametrize(
+    "kind, said",
+    [
+        ("fifo", r"is a FIFO \(a named pipe\), not a file"),
+        ("folder", "is a folder, not a file"),
+        ("device", "is a character device, not a file"),
+        ("loop", "is a symbolic link loop"),
+    ],
+)
+def test_what_is_not_a_file_is_refused_before_it_is_opened(
+    odd: dict[str, Path], kind: str, said: str
+) -> None:
+    with pytest.raises(InputError, match=said):
+        _at_once(read_user_bytes, odd[kind], "the public key", "pass a PEM file")
+
+
+def test_names_the_system_refuses_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="has a name part longer than 255 bytes"):
+        user_file(tmp_path / ("x" * 300), "--inputs", "rename it")
+    bad = os.fsdecode(bytes(tmp_path) + b"/caf\xe9.npz")  # a Latin-1 name: surrogates in Python
+    with pytest.raises(InputError, match="has a name that is not valid UTF-8"):
+        user_file(bad, "--inputs", "rename it")
+    with pytest.raises(InputError, match="does not exist"):
+        user_file(tmp_path / "none", "--inputs", "pass a file")
+    (tmp_path / "big").write_bytes(b"k" * 100)
+    with pytest.raises(InputError, match="is 100 bytes, more than such a file holds"):
+        user_file(tmp_path / "big", "the private key", "pass a PEM file", limit=99)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file: no permission to refuse here")
+def test_an_unreadable_file_is_one_line(tmp_path: Path) -> None:
+    p = tmp_path / "k.pub"
+    p.write_text("x")
+    p.chmod(0)
+    with pytest.raises(InputError, match="cannot be read \\(no permission\\)"):
+        read_user_bytes(p, "the public key", "pass a PEM file")
+
+
+def test_keys_and_certificates_are_never_waited_on(
+    odd: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO or /dev/zero as certificate, public key or private key: exit 2 at once."""
+    for bad in (odd["fifo"], odd["device"]):
+        code, _, err = _at_once(run, capsys, "verify", str(bad), "--allow-unsigned")
+        assert code == 2
+        one_line_error(err, "the certificate ")
+        code, _, err = _at_once(run, capsys, "verify", str(tmp_path / "c.json"), "--key", str(bad))
+        assert code == 2
+        one_line_error(err, "the public key ")
+    model = _model(tmp_path)
+    code, _, err = _at_once(
+        run, capsys, "certify", str(model), "--backend", "reference", "--key", str(odd["fifo"]), "-o",
+        str(tmp_path / "cert"),
+    )  # fmt: skip
+    assert code == 2
+    one_line_error(err, "the private key ")
+    assert not (tmp_path / "cert.json").exists()
+
+
+def test_test_data_that_is_not_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = _model(tmp_path)
+    for kind in ("folder", "fifo"):
+        d = tmp_path / kind
+        d.mkdir()
+        if kind == "folder":
+            (d / "input_0.pb").mkdir()
+        else:
+            os.mkfifo(d / "input_0.pb")
+        code, _, err = _at_once(
+            run, capsys, "compare", str(model), "--inputs", str(d), "--backends", "reference", "--runs", "1",
+            "--probes", "none",
+        )  # fmt: skip
+        assert code == 2, err
+        one_line_error(err, "input_0.pb is not a file")
+
+
+def _npz(path: Path, arrays: dict[str, np.ndarray], method: int = zipfile.ZIP_STORED) -> Path:
+    np.savez(path, **arrays) if method == zipfile.ZIP_STORED else np.savez_compressed(path, **arrays)
+    return path
+
+
+def _patch_member(path: Path, offset_in_local_header: int, fmt: str, value: int) -> None:
+    """Rewrite a field of the first member's local header and of its central directory entry."""
+    data = bytearray(path.read_bytes())
+    struct.pack_into(fmt, data, offset_in_local_header, value)  # local file header
+    central = data.rfind(b"PK\x01\x02")
+    struct.pack_into(fmt, data, central + offset_in_local_header + 2, value)  # shifted by 'version made by'
+    path.write_bytes(bytes(data))
+
+
+def test_archives_numpy_cannot_read_are_one_line_each(tmp_path: Path) -> None:
+    x = {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}
+    encrypted = _npz(tmp_path / "enc.npz", x)
+    _patch_member(encrypted, 6, "<H", 0x1)  # general purpose flag: encrypted
+    deflate64 = _npz(tmp_path / "d64.npz", x)
+    _patch_member(deflate64, 8, "<H", 9)  # compression method 9: deflate64
+    crc = _npz(tmp_path / "crc.npz", x)
+    _patch_member(crc, 14, "<I", 0xDEADBEEF)  # a wrong CRC-32
+    bomb = _npz(tmp_path / "bomb.npz", {"x": np.zeros((64, 1 << 20), np.float32)}, zipfile.ZIP_DEFLATED)
+    assert bomb.stat().st_size < 1 << 20
+    for path, said in (
+        (encrypted, "is encrypted, which numpy cannot read"),
+        (deflate64, "is compressed with zip method 9"),
+        (crc, "Bad CRC-32"),
+        (bomb, "as a zip bomb does"),
+    ):
+        with pytest.raises(NpzError, match=said):
+            read_npz(path)
+
+
+def test_export_and_decode_read_archives_as_compare_does(tmp_path: Path) -> None:
+    from xbackend.compare.decode import _given_prompts
+    from xbackend.errors import ExportError
+    from xbackend.execution.decoding import Convention
+    from xbackend.export.example_inputs import read_examples
+
+    bomb = _npz(tmp_path / "bomb.npz", {"input_ids": np.zeros((64, 1 << 20), np.int64)}, zipfile.ZIP_DEFLATED)
+    with pytest.raises(ExportError, match="as a zip bomb does"):
+        read_examples(bomb)
+    with pytest.raises(InputError, match="as a zip bomb does"):
+        _given_prompts(str(bomb), Convention())
+    fifo = tmp_path / "prompts.npz"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="is a FIFO"):
+        _at_once(_given_prompts, str(fifo), Convention())
+    ok = _npz(tmp_path / "p.npz", {"input_ids": np.array([[1, 2, 3]], np.int64)})
+    (row,) = _given_prompts(str(ok), Convention())
+    assert row.tolist() == [1, 2, 3]
+    t = numpy_helper.from_array(np.ones((2, 2), np.float32), "x")
+    (tmp_path / "pb").mkdir()
+    (tmp_path / "pb" / "input_0.pb").write_bytes(t.SerializeToString())
+    assert read_examples(tmp_path / "pb")["x"].tolist() == [[1.0, 1.0], [1.0, 1.0]]
