@@ -193,3 +193,23 @@ def test_export_and_decode_read_archives_as_compare_does(tmp_path: Path) -> None
     (tmp_path / "pb").mkdir()
     (tmp_path / "pb" / "input_0.pb").write_bytes(t.SerializeToString())
     assert read_examples(tmp_path / "pb")["x"].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_a_candidate_or_option_typo_is_a_usage_error(
+    odd: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before anything runs: exit 2, not a comparison that ends in a WARN or a failed backend."""
+    model = _model(tmp_path)
+    base = ["compare", str(model), "--backends", "ort-cpu", "--runs", "1", "--probes", "none"]
+    for cand, said in (
+        (str(tmp_path / "missing.onnx"), "missing.onnx does not exist"),
+        (str(odd["fifo"]), r"is a FIFO \(a named pipe\), not a file"),
+        (str(odd["device"]), "is a character device, not a file"),
+        (f"{model}@nosuch", "unknown backend 'nosuch'; known backends: "),
+    ):
+        code, out, err = _at_once(run, capsys, *base, "--candidate", cand)
+        assert code == 2 and out == "", (cand, out)
+        one_line_error(err, said)
+    code, _, err = run(capsys, *base, "--set", "ort-cpu.threads=99999999999999999999")
+    assert code == 2
+    one_line_error(err, "ort-cpu option threads must be at most 2147483647")

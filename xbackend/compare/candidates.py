@@ -24,13 +24,15 @@ from xbackend.compare.candidate_match import match_graphs, precision_of
 from xbackend.compare.candidate_values import findings, measure
 from xbackend.compare.decisions import decisions_all
 from xbackend.compare.decode import Against
-from xbackend.errors import XbackendError
+from xbackend.errors import UsageError, XbackendError
 from xbackend.files.storage import ValueFile
+from xbackend.files.userfile import user_file
 from xbackend.model.graphorder import sort_nodes
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import ModelSpec, load_model, load_proto
 from xbackend.results import CompareOptions, Result
 from xbackend.results.candidates import Advice, CandidateResult, TensorMatch
+from xbackend.runners.registry import runner_names, split_instance
 
 __all__ = ["Ran", "candidate_backends", "candidate_feeds", "candidate_options", "run_candidates"]
 
@@ -101,6 +103,22 @@ def candidate_feeds(feeds: Feeds, spec: ModelSpec) -> tuple[Feeds, list[str]]:
     if extra:
         notes.append(f"the original's input(s) {', '.join(extra)} are not the candidate's: not fed")
     return Feeds.from_arrays(out, feeds.seed, feeds.source, feeds.ranges, feeds.made), notes
+
+
+def check_candidates(opts: CompareOptions) -> None:
+    """Before anything runs: each --candidate a regular file, each backend it names a known one (a
+    typo is a usage error, exit 2, not a comparison that ends in a WARN)."""
+    known = set(runner_names())
+    for path, backends in opts.candidates:
+        user_file(
+            path, "--candidate", "give the candidate's model file: --candidate CANDIDATE.onnx[@BACKEND,...]"
+        )
+        for b in backends:
+            if split_instance(b)[0] not in known:
+                raise UsageError(
+                    f"--candidate {path}@{b}: unknown backend {b!r}; known backends: "
+                    f"{', '.join(sorted(known))}"
+                )
 
 
 def run_candidates(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from xbackend.compare.builds import Builds, run_builds
-from xbackend.compare.candidates import Ran, run_candidates
+from xbackend.compare.candidates import Ran, check_candidates, run_candidates
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.decisions import decision_outputs, decisions_all
 from xbackend.compare.decode import Against, decode_backends
@@ -85,6 +85,7 @@ def compare_with_options(
     """`capture_to`: write the first backend's portable capture to this folder (xbackend capture);
     `judge_alone`: a backend that runs alone is judged against float64 as a reference is (a
     sweep's job: the fleet's comparison of captures keeps its judgment)."""
+    check_candidates(opts)  # a missing candidate or a backend typo: exit 2 before anything runs
     with run_folder() as tmp:
         work = Path(tmp)
         if _nearly_full(work):  # before any worker starts: one line, not a failure per backend

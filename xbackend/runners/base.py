@@ -8,6 +8,7 @@ hooks that subclasses write. Runner modules import their engine only inside
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,9 @@ class Availability:
         return cls(False, reason, "")
 
 
+INT_OPTION_MAX = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class OptionSpec:
     """One runner option: its type, default, allowed values and help."""
@@ -65,6 +69,10 @@ class OptionSpec:
             raise UsageError(f"{runner} option {self.name} expects {self.kind.__name__}, got {raw!r}") from e
         if self.kind is int and value < 0:
             raise UsageError(f"{runner} option {self.name} must be >= 0, got {value}")
+        if self.kind is int and value > INT_OPTION_MAX:  # engines take a C int: past it they fail late
+            raise UsageError(f"{runner} option {self.name} must be at most {INT_OPTION_MAX}, got {raw[:40]}")
+        if self.kind is float and not math.isfinite(value):
+            raise UsageError(f"{runner} option {self.name} must be a finite number, got {raw[:40]!r}")
         return value
 
 
