@@ -213,3 +213,65 @@ def test_a_candidate_or_option_typo_is_a_usage_error(
     code, _, err = run(capsys, *base, "--set", "ort-cpu.threads=99999999999999999999")
     assert code == 2
     one_line_error(err, "ort-cpu option threads must be at most 2147483647")
+
+
+def test_export_never_writes_over_the_module_or_someones_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """export -o is checked before the module is loaded: someone's file, the module itself, a FIFO
+    and a weights file beside an output that is not an export are refused and left as they were;
+    an earlier export is replaced, as a re-run expects."""
+    mod = tmp_path / "mod.py"
+    source = "import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x.relu()\n"
+    mod.write_text(source + "def build():\n    return M()\n", "utf-8")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n", "utf-8")
+    fifo = tmp_path / "pipe.onnx"
+    os.mkfifo(fifo)
+    (tmp_path / "theirs.onnx.data").write_bytes(b"their weights")
+    spec = f"{mod}:build"
+    for out, said in (
+        (notes, "exists and is not a report xbackend wrote"),
+        (mod, "is an input of this command"),
+        (fifo, "is not a regular file (a device or a pipe)"),
+        (tmp_path / "theirs.onnx", "theirs.onnx.data exists and is not a report xbackend wrote"),
+    ):
+        code, out_, err = _at_once(run, capsys, "export", "torch", spec, "-o", str(out), "--input", "x=2,3")
+        assert code == 2 and out_ == "", (out, err)
+        one_line_error(err, said)
+    assert notes.read_text("utf-8") == "my notes\n" and mod.read_text("utf-8").startswith(source)
+    assert (tmp_path / "theirs.onnx.data").read_bytes() == b"their weights"
+    again = tmp_path / "m.onnx"
+    for _ in range(2):
+        code, _, err = run(capsys, "export", "torch", spec, "-o", str(again), "--input", "x=2,3")
+        assert code == 0, err
+
+
+def test_keygen_writes_both_keys_whole_or_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """-o /dev/null is refused (the keys would land in /dev); a public key that cannot be written
+    (a full disk) takes the private one with it: no half pair, no temp file."""
+    import errno
+
+    from xbackend.files import attest
+
+    code, _, err = run(capsys, "keygen", "-o", "/dev/null")
+    assert code == 2 and not Path("/dev/null.key").exists()
+    one_line_error(err, "-o /dev/null is a device or a pipe")
+    whole = attest._whole_new_file
+
+    def full_at_the_public_key(path: Path, data: bytes, mode: int) -> None:
+        if path.suffix == ".pub":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        whole(path, data, mode)
+
+    monkeypatch.setattr(attest, "_whole_new_file", full_at_the_public_key)
+    code, _, err = run(capsys, "keygen", "-o", str(tmp_path / "k"))
+    assert code == 2 and list(tmp_path.iterdir()) == []
+    one_line_error(err, "k.pub: No space left on device; nothing was kept")
+    monkeypatch.setattr(attest, "_whole_new_file", whole)
+    code, _, err = run(capsys, "keygen", "-o", str(tmp_path / "ok"))
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.key", "ok.pub"]
+    assert (tmp_path / "ok.key").stat().st_mode & 0o777 == 0o600

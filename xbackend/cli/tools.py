@@ -10,6 +10,7 @@ from xbackend.cli.app import app, export_app
 from xbackend.errors import XbackendError
 from xbackend.execution.foreign import probe_interpreter
 from xbackend.export.torch_onnx import InputDecl, export_torch, parse_dynamic, read_examples
+from xbackend.files.atomic import check_export_output
 from xbackend.model.inputs import parse_range
 from xbackend.results.promises import PROPERTIES
 from xbackend.runners.base import PYTHON_OPTION, Availability
@@ -95,6 +96,7 @@ def export_torch_cmd(
     ] = None,
 ) -> int:
     """Export a PyTorch nn.Module (records its source in the ONNX metadata)."""
+    check_export_output(output, module, inputs)  # before the module is loaded or anything read
     data = read_examples(inputs) if inputs else None
     res = export_torch(
         module,

@@ -15,7 +15,6 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import shlex
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import onnx.numpy_helper
 
 from xbackend.errors import ExportError, InputError, XbackendError, first_line
 from xbackend.export.example_inputs import InputDecl, parse_dynamic, read_examples, with_data
+from xbackend.export.failures import cut_words, root_cause, static_peers
 from xbackend.export.scopes import NAME_SCOPES, last_in_scope
 from xbackend.files.atomic import write_atomic_bytes
 from xbackend.files.untrusted import contained
@@ -424,46 +424,6 @@ def _culprit(module: Any, inputs: Sequence[InputDecl], examples: Mapping[str, np
     return None
 
 
-def _root_cause(e: BaseException) -> BaseException:
-    """The exception torch's exporter wrapped (its own message is a page of next steps)."""
-    seen = {id(e)}
-    while e.__cause__ is not None and id(e.__cause__) not in seen:
-        e = e.__cause__
-        seen.add(id(e))
-    return e
-
-
-def _words(text: str, limit: int) -> str:
-    """One line of at most `limit` characters, cut at a word, never inside one."""
-    line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", text).split())
-    if len(line) <= limit:
-        return line
-    return line[:limit].rsplit(" ", 1)[0] + " …"
-
-
-def _static_peers(inputs: Sequence[InputDecl], dynamic: Mapping[str, Mapping[int, str]]) -> list[str]:
-    """The --dynamic flags that would give every input of a named size's length that name: an
-    input left static at the same axis and size as a dynamic one pins it."""
-    out = []
-    for name, axes in dynamic.items():
-        mine = next((i for i in inputs if i.name == name), None)
-        if mine is None:
-            continue
-        for axis, dim in axes.items():
-            if axis >= len(mine.shape):
-                continue
-            for other in inputs:
-                if (
-                    other.name != name
-                    and axis < len(other.shape) and other.shape[axis] == mine.shape[axis]
-                    and axis not in dynamic.get(other.name, {})
-                ):  # fmt: skip
-                    flag = f"--dynamic {other.name}={axis}:{dim}"
-                    if flag not in out:
-                        out.append(flag)
-    return out
-
-
 def export_torch(
     spec: str,
     inputs: Sequence[InputDecl],
@@ -529,9 +489,9 @@ def export_torch(
                 verbose=False,
             )
         except Exception as e:
-            cause = _root_cause(e)
-            text = _words(str(cause), 400)
-            peers = _static_peers(inputs, dynamic or {})
+            cause = root_cause(e)
+            text = cut_words(str(cause), 400)
+            peers = static_peers(inputs, dynamic or {})
             hint = ""
             if peers:  # torch.export specializes a size an input shares with a static one
                 hint = (

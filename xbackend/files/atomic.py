@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import glob
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from xbackend.errors import ReportError, UsageError
 
-__all__ = ["NPZ_MARK", "check_outputs", "takes_files", "write_atomic", "write_atomic_bytes"]
+__all__ = [
+    "NPZ_MARK",
+    "check_export_output",
+    "check_outputs",
+    "exported_by_us",
+    "takes_files",
+    "write_atomic",
+    "write_atomic_bytes",
+]
 
 # how a Markdown file xbackend wrote begins, or what a JSON report's last bytes hold (its keys
 # sorted, "schema" comes after the large "result")
@@ -62,6 +71,7 @@ def _is_certificate(p: Path) -> bool:
 def check_outputs(
     outputs: Sequence[tuple[str, str | os.PathLike[str] | None]],
     inputs: Sequence[str | os.PathLike[str] | None] = (),
+    ours: Callable[[Path], bool] | None = None,
 ) -> None:
     """Before anything runs: each output (flag, path) can be written and destroys nothing. It is
     not a folder, a link or a device, not the same file as another output, and, if it exists, a
@@ -90,7 +100,7 @@ def check_outputs(
             raise UsageError(f"{flag} {p} is a folder; give a file path in it, such as {p / p.name}.out")
         if p.exists() and not p.is_file():
             raise UsageError(f"{flag} {p} is not a regular file (a device or a pipe); choose another path")
-        if p.exists() and not _written_by_us(p):
+        if p.exists() and not (ours or _written_by_us)(p):
             raise UsageError(
                 f"{flag} {p} exists and is not a report xbackend wrote; xbackend never overwrites it: "
                 "choose another path (or move that file away yourself)"
@@ -141,3 +151,32 @@ def write_atomic_bytes(path: str | os.PathLike[str], data: bytes, what: str = "r
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         raise ReportError(f"cannot write {what} {p}: {e.strerror}") from e
+
+
+def exported_by_us(p: Path) -> bool:
+    """An ONNX file `xbackend export` wrote: its metadata records the module it came from."""
+    import onnx  # heavy: only when an export's output already exists
+
+    try:
+        if p.stat().st_size > 1 << 31:  # an export past 2 GiB keeps its weights beside it
+            return False
+        proto = onnx.load_model(str(p), load_external_data=False)
+    except Exception:  # not a model: someone's file
+        return False
+    return any(m.key == "xbackend.torch.module" for m in proto.metadata_props)
+
+
+def check_export_output(output: str | os.PathLike[str], module: str, inputs: str | None) -> None:
+    """`export torch -o OUT.onnx`, before the module is loaded: OUT and the weights files beside it
+    (OUT.data, OUT.data0, ...) are new, or an earlier export's; never the module's own file, the
+    example inputs, a pipe or someone's file."""
+    target = module.rpartition(":")[0]
+    read = [x for x in (target if target.endswith(".py") else None, inputs) if x]
+    out = Path(output)
+    beside = sorted(out.parent.glob(glob.escape(out.name) + ".data*")) if out.parent.is_dir() else []
+    previous = out.is_file() and not out.is_symlink() and exported_by_us(out)
+    check_outputs(
+        [("-o", out), *((f"-o {out}'s weights", b) for b in beside)],
+        read,
+        ours=lambda f: previous,
+    )

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -324,6 +326,10 @@ def generate_key(stem: str | os.PathLike[str], kind: str = "ecdsa-p256") -> tupl
     base = Path(stem)
     if base.is_dir() or not base.name or str(stem).endswith(os.sep):  # NAME.key would land beside it
         raise UsageError(f"-o {stem} is a folder; give a name in it, such as {base / 'signing'}")
+    if base.exists() and not base.is_file():  # /dev/null: NAME.key would land in /dev
+        raise UsageError(
+            f"-o {stem} is a device or a pipe; give a NAME in a folder of yours (NAME.key, NAME.pub)"
+        )
     private, public = base.with_name(base.name + ".key"), base.with_name(base.name + ".pub")
     for p in (private, public):
         if p.exists() or p.is_symlink():
@@ -336,20 +342,34 @@ def generate_key(stem: str | os.PathLike[str], kind: str = "ecdsa-p256") -> tupl
         else ed25519.Ed25519PrivateKey.generate()
     )
     pem = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
-    try:
-        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError as e:
-        raise UsageError(f"cannot write {private}: {e.strerror or e}") from None
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
     pub = key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
-    try:
-        with open(public, "xb") as f:  # exclusive: a file made meanwhile is never overwritten
-            f.write(pub)
+    made: list[Path] = []
+    try:  # each whole or not at all: written under a temp name, then linked in (never over a file)
+        for path, data, mode in ((private, pem, 0o600), (public, pub, 0o644)):
+            _whole_new_file(path, data, mode)
+            made.append(path)
     except OSError as e:
-        private.unlink(missing_ok=True)
-        raise UsageError(f"cannot write {public}: {e.strerror or e}; nothing was kept") from None
+        for m in made:
+            m.unlink(missing_ok=True)
+        failed = private if not made else public
+        raise UsageError(f"cannot write {failed}: {e.strerror or e}; nothing was kept") from None
     return private, public
+
+
+def _whole_new_file(path: Path, data: bytes, mode: int) -> None:
+    """`data` at `path`, which must not exist: written and synced under a temp name beside it, then
+    hard-linked in (a file made meanwhile is never replaced), the temp name removed."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 MODEL_SIGNING_PREDICATE = "https://model_signing/signature/v1.0"
