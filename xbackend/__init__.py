@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+# ONNX Runtime 1.29+ writes $TMPDIR/.ses and ~/.cache/Microsoft (its telemetry) on every session
+# unless told not to before it starts; xbackend writes nowhere but the paths it is given. A user
+# who sets the variable keeps their choice; the workers inherit it.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 from xbackend.facade import lazy_names
 from xbackend.version import VERSION

@@ -34,6 +34,7 @@ from xbackend.export.example_inputs import InputDecl, parse_dynamic, read_exampl
 from xbackend.export.failures import cut_words, root_cause, static_peers
 from xbackend.export.scopes import NAME_SCOPES, last_in_scope
 from xbackend.files.atomic import write_atomic_bytes
+from xbackend.files.runfolders import run_temp_folder
 from xbackend.files.untrusted import contained
 from xbackend.model.extdata import adopt_external, uses_external_data
 from xbackend.model.inputs import META_RANGES
@@ -424,7 +425,21 @@ def _culprit(module: Any, inputs: Sequence[InputDecl], examples: Mapping[str, np
     return None
 
 
-def export_torch(
+def export_torch(*args: Any, **kwargs: Any) -> ExportResult:
+    """Export the module built by `spec` to `output` (see _export_torch). Inductor's cache, which
+    torch's exporter writes to $TMPDIR/torchinductor_USER, goes into a run folder of ours and
+    leaves with it (unless TORCHINDUCTOR_CACHE_DIR says where the user keeps it)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") is not None:
+        return _export_torch(*args, **kwargs)
+    with run_temp_folder("xbackend-export-") as tmp:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")
+        try:
+            return _export_torch(*args, **kwargs)
+        finally:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+
+def _export_torch(
     spec: str,
     inputs: Sequence[InputDecl],
     output: str | os.PathLike[str],

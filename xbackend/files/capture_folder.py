@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,9 +82,16 @@ def write_folder(
     for stale in sorted(earlier - set(files)):
         (out / stale).unlink(missing_ok=True)
     for name, src in files.items():
-        tmp = out / f".{name}.tmp"
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, out / name)
+        # a temp name of this writer's own: two captures into one folder never write one file,
+        # and a full disk leaves no part behind
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=out)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, out / name)
+        finally:
+            tmp.unlink(missing_ok=True)
     body = {**manifest, "format": FORMAT, "files": {n: (out / n).stat().st_size for n in sorted(files)}}
     write_atomic(out / MANIFEST, json.dumps(body, indent=2, sort_keys=True) + "\n", "capture manifest")
     sums = "".join(f"{file_sha256(out / n)}  {n}\n" for n in sorted([*files, MANIFEST]))

@@ -62,6 +62,8 @@ DETERMINISM_ENV_PREFIXES = (
     "DNNL_",
     "PYTHONHASHSEED",
 )
+# variables under those prefixes that change no bits (xbackend sets the telemetry one itself)
+NOT_DETERMINISM = frozenset({"ORT_DISABLE_TELEMETRY"})
 PACKAGES = (
     "xbackend",
     "numpy",
@@ -132,6 +134,6 @@ def collect_environment() -> dict[str, str]:
 
     env.update(gpu_environment())
     for k in sorted(os.environ):
-        if k.startswith(DETERMINISM_ENV_PREFIXES):
+        if k.startswith(DETERMINISM_ENV_PREFIXES) and k not in NOT_DETERMINISM:
             env[f"env.{k}"] = os.environ[k]
     return dict(sorted(env.items()))
