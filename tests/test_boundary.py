@@ -273,6 +273,9 @@ FORGING = [
     "<b>bold</b>",
     "*em* ~~del~~",
     "&lt;amp",
+    "f\\[x](https:evil.example/d)",  # a backslash that would cancel the escape before [
+    "g\\](https:evil.example/e)",
+    "_under_ score_",
 ]
 
 
@@ -339,6 +342,21 @@ def test_names_from_a_model_build_nothing_where_github_renders_them(
     assert "rlo\\u202egnp.exe" in md and "csi\\u009b31m" in md
     tensors = {t["name"] for t in json.loads(js.read_text("utf-8"))["result"]["cross_backend"][0]["tensors"]}
     assert set(FORGING) <= tensors
+
+
+def test_a_forged_model_file_name_builds_no_link_in_the_title(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The H1 names the model file: 'f\\[x](https:evil.example).onnx' stays text there."""
+    forged = _chain(tmp_path / "f\\[x](https:evil.example).onnx", ["t0"])
+    md = tmp_path / "r.md"
+    code, _, err = run(
+        capsys, "compare", str(forged), "--backends", "reference", "--runs", "1", "--probes", "none",
+        "--report", str(md), "--no-progress",
+    )  # fmt: skip
+    assert code == 0, err
+    page = _rendered(md.read_text("utf-8"))
+    assert all(not link.startswith(("http", "//")) for link in page.links), page.links
 
 
 EARLY = """

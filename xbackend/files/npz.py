@@ -72,6 +72,7 @@ def read_npz(
                     f"array {name!r} declares shape {list(shape)} of {dtype} ({need} bytes), but holds "
                     f"{max(0, info.file_size - start)}"
                 )
+            check(name, shape, dtype)  # the caller's judgment first: it knows what fits
             if (
                 info.compress_type == zipfile.ZIP_DEFLATED
                 and need > BOMB_BYTES
@@ -79,9 +80,8 @@ def read_npz(
             ):
                 raise NpzError(
                     f"array {name!r} inflates {info.compress_size} compressed bytes to {need}, as a zip "
-                    "bomb does; save real arrays with numpy.savez (uncompressed)"
+                    "bomb does (numpy.savez stores arrays uncompressed)"
                 )
-            check(name, shape, dtype)
             headers[info.filename] = name
         for info in members:
             try:

@@ -103,9 +103,7 @@ def inert(text: object) -> str:
     s = visible(CONTROL.sub(" ", str(text)))
     if "`" in s or _EMAIL.search(s):
         return code_span(s)
-    for c, escaped in (("&", "&amp;"), ("<", "&lt;"), ("[", "\\["), ("]", "\\]"), ("*", "\\*"), ("~", "\\~")):
-        s = s.replace(c, escaped)
-    return _unlinked(s)
+    return _unlinked(_escaped(s, stars="all"))
 
 
 def prose(text: object) -> str:
@@ -148,13 +146,51 @@ def cell(text: object) -> str:
 
 
 def _cell_text(s: str) -> str:
+    """A cell's names made inert around the report's own markup (its ** bold): backslashes first,
+    then every bracket, tilde, lone asterisk and underscore at a word's edge."""
     if "`" in s or _EMAIL.search(s):
         return code_span(s)
-    return _unlinked(_LINK.sub(r"\\[", s.replace("<", "&lt;")))
+    return _unlinked(_escaped(s, stars="lone"))
 
 
-# a link's or an image's opening bracket, where no backslash already makes it text
-_LINK = re.compile(r"(?<!\\)\[(?=[^\]]*\]\()")
+_PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+_ENTITIES = ("&amp;", "&lt;")
+_ALNUM = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
+
+def _escaped(s: str, stars: str) -> str:
+    """`s` with what builds Markdown escaped: & and <, brackets, tildes, underscores at a word's
+    edge (layer_norm stays as it is), and asterisks (`stars`: "all", or "lone" where the text holds
+    the report's own ** bold). An escape already there (a backslash before punctuation, &amp;,
+    &lt;) is kept as one piece: escaping twice changes nothing, and a name's own backslash can
+    never cancel an escape added here (a lone one before a letter stays a backslash)."""
+    out, i, n = [], 0, len(s)
+    while i < n:
+        c = s[i]
+        if c == "\\" and i + 1 < n and s[i + 1] in _PUNCT:
+            out.append(s[i : i + 2])
+            i += 2
+            continue
+        entity = next((e for e in _ENTITIES if s.startswith(e, i)), "")
+        if entity:
+            out.append(entity)
+            i += len(entity)
+            continue
+        prev, nxt = s[i - 1] if i else "", s[i + 1] if i + 1 < n else ""
+        if c == "&":
+            out.append("&amp;")
+        elif c == "<":
+            out.append("&lt;")
+        elif c in "[]~":
+            out.append("\\" + c)
+        elif c == "_" and not (prev in _ALNUM and nxt in _ALNUM):
+            out.append("\\_")
+        elif c == "*" and (stars == "all" or (prev != "*" and nxt != "*")):
+            out.append("\\*")
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
 
 
 _OURS = re.compile(r"<(?!/?(?:details|summary)>)")
@@ -169,7 +205,11 @@ def only_our_html(markdown: str) -> str:
 
     def link(m: re.Match[str]) -> str:
         target, closed = m.group(1), m.group(2)
-        return m.group(0) if closed and _LOCAL.fullmatch(target) else "\\](" + target + closed
+        before = m.string[: m.start()]
+        escaped = (len(before) - len(before.rstrip("\\"))) % 2 == 1  # an odd run of backslashes
+        if escaped or (closed and _LOCAL.fullmatch(target)):
+            return m.group(0)
+        return "\\](" + target + closed
 
     return _TARGET.sub(link, _OURS.sub("&lt;", markdown))
 
