@@ -275,3 +275,15 @@ def test_keygen_writes_both_keys_whole_or_none(
     assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.key", "ok.pub"]
     assert (tmp_path / "ok.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_key_and_allow_unsigned_exclude_each_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With both, a stripped and edited certificate passed as VERIFIED: now one line, exit 2,
+    before the certificate is read."""
+    code, out, err = run(
+        capsys, "verify", str(tmp_path / "c.json"), "--key", str(tmp_path / "k.pub"), "--allow-unsigned"
+    )
+    assert code == 2 and out == ""
+    one_line_error(err, "--key and --allow-unsigned exclude each other")

@@ -15,6 +15,7 @@ from xbackend.certificates.certify import verify as run_verify
 from xbackend.cli.app import app, progress
 from xbackend.cli.params import CLI_FLAGS, ModelArg, with_flags
 from xbackend.compare.saved_report import read_result
+from xbackend.errors import UsageError
 from xbackend.files import attest
 from xbackend.files.atomic import check_outputs
 from xbackend.model.extdata import external_files
@@ -117,6 +118,11 @@ def verify(
 ) -> int:
     """Re-run what a certificate claims on this machine; compare outputs bit for bit and the environment.
     Nothing the certificate names is run: interpreters, modules and files come from --set here."""
+    if key and allow_unsigned:  # --allow-unsigned would let a stripped, edited certificate pass the key
+        raise UsageError(
+            "--key and --allow-unsigned exclude each other: --key checks the signature; "
+            "--allow-unsigned accepts a certificate without one (drop one of them)"
+        )
     public = attest.load_public_key(key) if key else None
     v = run_verify(
         certificate,
