@@ -168,14 +168,16 @@ def test_bad_candidates_are_said_and_the_comparison_stands(tmp_path: Path) -> No
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), other)
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not a model")
-    r = xbackend.compare(cm.MLP, candidates=[str(tmp_path / "missing.onnx"), str(broken), str(other)])
-    assert all(b.ok for b in r.backends) and [c.status for c in r.candidates] == ["failed"] * 3
-    missing, bad, wrong = r.candidates
-    assert "not found" in missing.reason or "No such file" in missing.reason
+    # a missing file is a typo: a usage error before anything runs
+    with pytest.raises(xbackend.InputError, match=r"--candidate .*missing\.onnx does not exist"):
+        xbackend.compare(cm.MLP, candidates=[str(tmp_path / "missing.onnx"), str(other)])
+    r = xbackend.compare(cm.MLP, candidates=[str(broken), str(other)])
+    assert all(b.ok for b in r.backends) and [c.status for c in r.candidates] == ["failed"] * 2
+    bad, wrong = r.candidates
     assert bad.reason
     assert "takes an input 'z' the original does not" in wrong.reason
     assert r.exit_code == 1
-    assert sum(line.startswith("WARN: candidate") for line in r.verdict()) == 3
+    assert sum(line.startswith("WARN: candidate") for line in r.verdict()) == 2
 
 
 def test_candidate_spec_and_defaults() -> None:

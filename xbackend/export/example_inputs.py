@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from xbackend.errors import ExportError, InputError
+from xbackend.files.npz import NpzError, read_npz
+from xbackend.model.inputs import read_pb_tensors
 from xbackend.model.load import np_dtype
 
 __all__ = ["EXAMPLE_INT_RANGE", "InputDecl", "parse_dynamic", "read_examples", "with_data"]
@@ -86,10 +88,7 @@ EXAMPLE_INT_RANGE = (0.0, 16.0)
 def read_examples(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """Real example inputs: an .npz keyed by input name, or a directory of input_N.pb
     TensorProtos (ONNX's test-data layout), in the file's order."""
-    from xbackend.files.npz import NpzError, read_npz  # compare's readers: one per format
-    from xbackend.model.inputs import read_pb_tensors
-
-    p = Path(path)
+    p = Path(path)  # compare's readers: one per format
     try:
         if p.is_dir():
             return {k: np.asarray(v) for k, v in read_pb_tensors(p, f"--inputs {p}").items()}
