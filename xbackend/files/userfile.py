@@ -49,7 +49,7 @@ def user_file(path: str | os.PathLike[str], what: str, fix: str, limit: int | No
     """`path` as a regular file of at most `limit` bytes, or an InputError: '{what} PATH is a
     FIFO (a named pipe); {fix}'. Looked at without opening it (a FIFO would block)."""
     p = Path(path)
-    shown = os.fsdecode(os.fsencode(p)) if isinstance(path, str) else str(p)
+    shown = str(p)
     bad = _name_problem(p)
     if bad:
         raise InputError(f"{what} {shown!a} {bad}")

@@ -470,21 +470,17 @@ def _parse_pb(data: bytes, spec: TensorSpec, folder: Path) -> tuple[str, Value]:
     """(name recorded in the proto, value) for one .pb file, read as the type `spec` declares;
     a tensor whose data lies in another file reads it from `folder` alone (onnx's helpers would
     read it from the working directory)."""
-    if spec.kind == "sequence":
-        seq = onnx.SequenceProto.FromString(data)
-        _inline_external(seq, folder)
-        return seq.name, numpy_helper.to_list(seq)
-    if spec.kind == "optional":
-        opt = onnx.OptionalProto.FromString(data)
-        _inline_external(opt, folder)
-        return opt.name, numpy_helper.to_optional(opt)
-    if spec.kind == "map":
-        mp = onnx.MapProto.FromString(data)
-        _inline_external(mp, folder)
-        return mp.name, numpy_helper.to_dict(mp)
-    t = onnx.TensorProto.FromString(data)
-    _inline_external(t, folder)
-    return t.name, numpy_helper.to_array(t)
+    proto, convert = _PB_KINDS.get(spec.kind, (onnx.TensorProto, numpy_helper.to_array))
+    msg = proto.FromString(data)
+    _inline_external(msg, folder)
+    return msg.name, convert(msg)
+
+
+_PB_KINDS: dict[str, tuple[Any, Any]] = {
+    "sequence": (onnx.SequenceProto, numpy_helper.to_list),
+    "optional": (onnx.OptionalProto, numpy_helper.to_optional),
+    "map": (onnx.MapProto, numpy_helper.to_dict),
+}
 
 
 def _tensors_in(msg: Any) -> Iterator[onnx.TensorProto]:

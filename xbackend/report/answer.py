@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from xbackend.files.textfmt import module_note, short
+from xbackend.numerics.metrics import TensorDiff
 from xbackend.results import BackendResult, Result
-from xbackend.results.explanation import LocalErrors
 
-__all__ = ["GLOSSARY", "TERMS", "answers", "grain", "instrumentation", "ranked"]
+__all__ = ["GLOSSARY", "TERMS", "answers", "instrumentation", "ranked"]
 
 # the words the report uses, defined once: the report's folded glossary and docs/glossary.md
 GLOSSARY = (
@@ -77,11 +77,19 @@ TERMS = (
 )
 
 
+def _where(diffs: Sequence[TensorDiff], r: Result) -> str:
+    """', up to S scaled ULP, first at T (module)' for the tensors that varied."""
+    worst = max(diffs, key=lambda d: d.severity(), default=None)
+    size = f", up to {short(worst.scaled_ulp)} scaled ULP" if worst is not None else ""
+    first = module_note(next((d.name for d in diffs if not d.bitwise_equal), None), r.model.modules())
+    return f"{size}, first at {first}"
+
+
 def _runs(r: Result, ok: Sequence[BackendResult]) -> str:
     runs = r.options.runs + r.options.timed_runs  # the timed runs' bits are compared too
     if runs < 2:
         return "**Run to run: not measured.** One run per build (`--runs N` repeats them)."
-    vary = [b for b in ok if b.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in b.run_diffs)]
+    vary = [b for b in ok if b.varies_run_to_run]
     if not vary:
         return (
             f"**Run to run: the same bits.** Each of the {len(ok)} backends gave identical outputs and "
@@ -89,41 +97,30 @@ def _runs(r: Result, ok: Sequence[BackendResult]) -> str:
         )
     parts = []
     for b in vary:
-        worst = max(b.run_diffs, key=lambda d: d.severity(), default=None)
-        size = f", up to {short(worst.scaled_ulp)} scaled ULP" if worst is not None else ""
         outs = (
             f"{b.distinct_run_outputs} distinct outputs in {b.runs} runs"
             if b.distinct_run_outputs > 1
             else f"identical outputs in {b.runs} runs, but intermediates varied"
         )
-        first = module_note(
-            next((d.name for d in b.run_diffs if not d.bitwise_equal), None), r.model.modules()
-        )
-        parts.append(f"{b.name}: {outs}{size}, first at {first}")
+        parts.append(f"{b.name}: {outs}{_where(b.run_diffs, r)}")
     return f"**Run to run: NO.** {'; '.join(parts)}."
 
 
 def _builds(r: Result, ok: Sequence[BackendResult]) -> str:
     if r.options.builds < 2:
         return "**Build to build: not measured.** One build per backend (`--builds 2` makes fresh ones)."
-    vary = [b for b in ok if b.distinct_build_outputs > 1 or any(not d.bitwise_equal for d in b.build_diffs)]
+    vary = [b for b in ok if b.varies_build_to_build]
     engines = [v for p in r.probes if p.name == "builds" for v in getattr(p, "backends", ()) if v.builds_vary]
     if not vary and not engines:
         return (
             f"**Build to build: the same bits.** {r.options.builds} fresh builds of each backend "
             "computed the same bits at every exposed tensor."
         )
-    parts = []
-    for b in vary:
-        worst = max(b.build_diffs, key=lambda d: d.severity(), default=None)
-        size = f", up to {short(worst.scaled_ulp)} scaled ULP" if worst is not None else ""
-        first = module_note(
-            next((d.name for d in b.build_diffs if not d.bitwise_equal), None), r.model.modules()
-        )
-        parts.append(
-            f"{b.name}: {b.distinct_build_outputs} distinct outputs over {b.builds} builds{size}, "
-            f"first at {first}"
-        )
+    parts = [
+        f"{b.name}: {b.distinct_build_outputs} distinct outputs over {b.builds} builds"
+        + _where(b.build_diffs, r)
+        for b in vary
+    ]
     shown = {b.name for b in vary}
     for v in engines:
         if v.backend not in shown:
@@ -133,14 +130,6 @@ def _builds(r: Result, ok: Sequence[BackendResult]) -> str:
             )
     verdict = "NO" if vary else "the same bits, different engines"
     return f"**Build to build: {verdict}.** {'; '.join(parts)}."
-
-
-def grain(le: LocalErrors, nodes: int) -> str:
-    """How finely a backend's nodes were judged, in words ('node by node', 'at 4 tensors of 50
-    nodes')."""
-    if le.compared >= nodes or le.compared == 0:
-        return "node by node"
-    return f"at {le.compared} tensors of the model's {nodes} nodes"
 
 
 def _across(r: Result, stem: str | None, figure: bool) -> str:
@@ -171,7 +160,7 @@ def _across(r: Result, stem: str | None, figure: bool) -> str:
     coarse = [
         f"{c.backend} {le.compared}"
         for c, le in judged
-        if le is not None and le.status == "ok" and grain(le, nodes) != "node by node"
+        if le is not None and le.status == "ok" and le.coarser_than(nodes)
     ]
     at = (
         f"judged at each engine's kernel outputs ({', '.join(coarse)} of the model's {nodes} tensors), the "

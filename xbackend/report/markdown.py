@@ -1,6 +1,7 @@
-"""The Markdown report: verdict first, then backends, layers, inputs, options, environment.
+"""The Markdown report: three answers first, then the verdict, backends, layers, inputs, options,
+environment.
 
-The head (verdict, summary, backend table, promises, figures, how to read them) is here; the
+The head (answers, verdict, backend table, promises, figures, the glossary) is here; the
 per-layer sections are `xbackend.report.layers`', the folded rest `xbackend.report.sections`'.
 """
 
@@ -17,7 +18,7 @@ from xbackend.report.answer import GLOSSARY, TERMS, answers, instrumentation, ra
 from xbackend.report.candidate_section import candidate_section
 from xbackend.report.decode_section import decisions_section, decode_section
 from xbackend.report.explanation_section import allowances_section, explanation_section
-from xbackend.report.figures import builds_unchanged, planned_figures
+from xbackend.report.figures import Figure, builds_unchanged, planned_figures
 from xbackend.report.layers import (
     cross_section,
     expected_section,
@@ -54,8 +55,7 @@ def _shown(r: Result) -> tuple[list[str], list[str]]:
     return ranked([line for line in lines if line not in mine]), mine
 
 
-def _verdict(r: Result) -> list[str]:
-    lines, mine = _shown(r)
+def _verdict(lines: list[str], mine: list[str]) -> list[str]:
     shown = lines[:VERDICT_LINES]
     more = len(lines) - len(shown) + len(mine)
     out = ["## Verdict", "", *[f"- {prose(line)}" for line in shown]]
@@ -64,8 +64,7 @@ def _verdict(r: Result) -> list[str]:
     return [*out, ""]
 
 
-def _findings(r: Result) -> list[str]:
-    lines, mine = _shown(r)
+def _findings(r: Result, lines: list[str], mine: list[str]) -> list[str]:
     if len(lines) <= VERDICT_LINES and not r.notes and not mine:
         return []
     body = [f"- {prose(line)}" for line in lines]
@@ -91,12 +90,12 @@ def _title(r: Result) -> str:
     return f"# xbackend report: {inert(name)}{inert(vs)}"
 
 
-def _head(r: Result, stem: str | None) -> list[str]:
+def _head(r: Result, stem: str | None, figs: list[Figure]) -> list[str]:
     env = dict(r.environment)
     host = env.get("cpu.model", "unknown CPU") + (f", {env['gpu.model']}" if env.get("gpu.model") else "")
     ok = sum(b.ok for b in r.backends)
     version = env.get("package.xbackend", "")
-    figure = any(f.slug == "error-depth" for f in planned_figures(r))
+    figure = any(f.slug == "error-depth" for f in figs)
     return [
         _title(r),
         "",
@@ -121,10 +120,9 @@ def exit_words(r: Result) -> str:
     return words.get(r.exit_code, "see Verdict")
 
 
-def _figures(r: Result, stem: str | None) -> list[str]:
+def _figures(r: Result, stem: str | None, figs: list[Figure]) -> list[str]:
     if stem is None:
         return []
-    figs = planned_figures(r)
     out = ["## Figures", ""]
     csv = f"The full per-layer table is [{stem}.layers.csv]({stem}.layers.csv)."
     if not figs:
@@ -270,13 +268,16 @@ def _reproduce(r: Result) -> list[str]:
 def to_markdown(r: Result, stem: str | None = None) -> str:
     """The whole report as Markdown text; same Result, same bytes.
 
-    Verdict, summary, backend table, figures and how to read it come first (about 60 lines
-    whatever the model's size); every other section is folded. `stem` names the files beside the
-    report (STEM.SLUG.png figures, STEM.layers.csv); None links none.
+    The three answers, the verdict, the backend table and the figures come first (the answers and
+    the verdict within 40 lines, whatever the model's size); every other section is folded.
+    `stem` names the files beside the report (STEM.SLUG.png figures, STEM.layers.csv); None links
+    none.
     """
+    shown = _shown(r)  # the verdict once: the head shows it, All findings keeps the rest
+    figs = planned_figures(r) if stem is not None else []
     parts = [
-        *_head(r, stem),
-        *_verdict(r),
+        *_head(r, stem, figs),
+        *_verdict(*shown),
         *_backends(r),
         *_promises(r),
         *cost_section(r),
@@ -284,8 +285,8 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
         *decisions_section(r),
         *candidate_section(r),
         *explanation_section(r),
-        *_figures(r, stem),
-        *_findings(r),
+        *_figures(r, stem, figs),
+        *_findings(r, *shown),
         *baseline_section(r),
         *_folded(matrix_section(r), "scaled ULP between every two backends"),
         *_folded(expected_section(r), "each backend against the golden outputs"),

@@ -130,10 +130,19 @@ class BackendResult:
         order = {d.name: i for i, d in enumerate(diffs)}
         return worst_per_tensor((d for d in diffs if not d.bitwise_equal), order)
 
+    @property
+    def varies_run_to_run(self) -> bool:
+        """Outputs or an exposed intermediate differed between runs of one build."""
+        return self.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in self.run_diffs)
+
+    @property
+    def varies_build_to_build(self) -> bool:
+        """Outputs or an exposed intermediate differed between fresh builds."""
+        return self.distinct_build_outputs > 1 or any(not d.bitwise_equal for d in self.build_diffs)
+
     def variance_words(self) -> str:
         """What varied, in the words of what was measured: runs of one build, or fresh builds."""
-        runs = self.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in self.run_diffs)
-        builds = self.distinct_build_outputs > 1 or any(not d.bitwise_equal for d in self.build_diffs)
+        runs, builds = self.varies_run_to_run, self.varies_build_to_build
         # an exposed intermediate can vary while every output stays the same: say which moved
         across = (
             f"{self.distinct_build_outputs} distinct outputs over {self.builds} builds"

@@ -194,6 +194,10 @@ class LocalErrors:
         """Nodes whose allowance judges nothing (not finite, or past the value's magnitude)."""
         return tuple(n for n in self.nodes if n.not_judged)
 
+    def coarser_than(self, nodes: int) -> bool:
+        """Judged at fewer tensors than the model's `nodes` (a fusing engine's kernel outputs)."""
+        return 0 < self.compared < nodes
+
     def share(self) -> str:
         """'k of n nodes' judged."""
         return f"{self.compared} of {self.compared + len(self.unjudged)} nodes"
@@ -370,11 +374,10 @@ def explained_words(le: LocalErrors, modules: Mapping[str, str], nodes: int = 0)
             f"judged at one tensor only, {where}, the only one it exposes: {ratio:.3g} of the allowance "
             "its nodes' rounding composes to there; no node inside was judged on its own"
         )
-    coarse = 0 < le.compared < nodes
     nodes_words = (
         f"judged at {le.compared} tensors of the model's {nodes} nodes (its kernels' outputs), each "
         "within the rounding its nodes compose to"
-        if coarse
+        if le.coarser_than(nodes)
         else "every node is within rounding of its own float64 value"
     )
     if le.unjudged:

@@ -498,7 +498,7 @@ class Result:
         coarse = [
             f"{le.backend} at {le.compared} tensors of {nodes}"
             for le in self.explanation.local
-            if le.status == "ok" and 0 < le.compared < nodes and le.backend in names.split(", ")
+            if le.status == "ok" and le.coarser_than(nodes) and le.backend in names.split(", ")
         ]
         if coarse:  # the grain the fused engines were judged at, on the line itself
             words += f" (judged {'; '.join(coarse)}: their kernels' outputs)"
