@@ -130,14 +130,15 @@ def whisper() -> torch.nn.Module:
 
 
 class Pixels(torch.nn.Module):
-    """A vision model's last hidden state from pixel values."""
+    """A vision model's `out` (its last hidden state, or a classifier's logits) from pixel values."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, out: str = "last_hidden_state") -> None:
         super().__init__()
         self.model = model
+        self.out = out
 
     def forward(self, pixel_values: Any) -> Any:
-        return self.model(pixel_values=pixel_values).last_hidden_state
+        return getattr(self.model(pixel_values=pixel_values), self.out)
 
 
 def vit() -> torch.nn.Module:
@@ -154,17 +155,6 @@ def vit() -> torch.nn.Module:
     return Pixels(transformers.ViTModel(cfg)).eval()
 
 
-class Logits(torch.nn.Module):
-    """A classifier's logits from pixel values."""
-
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: Any) -> Any:
-        return self.model(pixel_values=pixel_values).logits
-
-
 def resnet() -> torch.nn.Module:
     """A ResNet of basic blocks (ResNet-18's kind), one per stage, narrow: ONNX Runtime runs its
     convolutions as one NCHWc stack, as it does ResNet-18's."""
@@ -176,7 +166,7 @@ def resnet() -> torch.nn.Module:
         embedding_size=16,
         num_labels=10,
     )
-    return Logits(transformers.ResNetForImageClassification(cfg)).eval()
+    return Pixels(transformers.ResNetForImageClassification(cfg), out="logits").eval()
 
 
 def convnext() -> torch.nn.Module:

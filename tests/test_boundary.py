@@ -19,21 +19,12 @@ import pytest
 from onnx import TensorProto, helper
 
 import xbackend
-from tests.cli_helpers import one_line_error, run
+from tests.cli_helpers import one_line_error, relu_model, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
 X4 = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
 Y4 = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
-
-
-def _relu(folder: Path, dims: tuple[int | str, ...] = (4,), name: str = "relu.onnx") -> Path:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(dims))
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
-    path = folder / name
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
 
 
 def test_a_reports_table_and_figures_never_overwrite_a_users_files(
@@ -42,7 +33,7 @@ def test_a_reports_table_and_figures_never_overwrite_a_users_files(
     """compare --report and report -o check every file the report writes beside it (its table,
     each figure) before anything runs, as the report itself: a user's file, or a link, is refused;
     what xbackend wrote is replaced."""
-    model = _relu(tmp_path)
+    model = relu_model(tmp_path)
     base = ("compare", str(model), "--backends", "ort-cpu,reference", "--runs", "1", "--no-progress")
     code, _, err = run(
         capsys, *base, "--report", str(tmp_path / "r1.md"), "--json", str(tmp_path / "r1.json")
@@ -93,7 +84,7 @@ def test_outputs_that_cannot_be_regular_files_are_refused_before_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Under /proc and /sys, or a device: refused before anything runs, one line, exit 2."""
-    model = _relu(tmp_path)
+    model = relu_model(tmp_path)
     base = ("compare", str(model), "--backends", "reference", "--runs", "1", "--no-progress")
     for flag, path, pattern in [
         (
@@ -404,7 +395,7 @@ def test_a_run_killed_outright_leaves_its_folder_to_the_next_run(tmp_path: Path,
         "TMPDIR": str(tmp),
         "PYTHONPATH": os.pathsep.join([str(plugin_path), str(ROOT / "tests")]),
     }
-    model = _relu(tmp_path)
+    model = relu_model(tmp_path)
     argv = [sys.executable, "-m", "xbackend", "compare", str(model), "--backends", "test-hang,reference",
             "--timeout", "600", "--no-progress"]  # fmt: skip
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -437,7 +428,7 @@ def test_a_certificates_values_are_checked_not_only_its_types(
     """A probe named "rm -rf /", granted "yes", an input dtype complex512, a NaN or "fast" latency,
     a publicKey that is a string, options for another backend than the certified one: each is
     one line naming the field, exit 2, and nothing runs."""
-    model = _relu(tmp_path)
+    model = relu_model(tmp_path)
     out = str(tmp_path / "cert")
     code, _, err = run(capsys, "certify", str(model), "--backend", "ort-cpu", "--runs", "2", "--builds",
                        "2", "--set", "ort-cpu.threads=1", "-o", out, "--no-progress")  # fmt: skip
@@ -501,7 +492,7 @@ def test_an_npz_is_judged_by_its_headers_before_any_array_is_read(
 
     import numpy as np
 
-    model = _relu(tmp_path, ("n", 4), "dyn.onnx")
+    model = relu_model(tmp_path, ("n", 4), "dyn.onnx")
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2**28,)})
     with zipfile.ZipFile(tmp_path / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as z, z.open("x.npy", "w") as f:
@@ -616,7 +607,7 @@ def test_a_signed_certificate_round_trips_through_openssf_model_signing(
     from cryptography.hazmat.primitives.asymmetric import ec
     from sigstore_models.bundle.v1 import Bundle
 
-    model = _relu(tmp_path)
+    model = relu_model(tmp_path)
     key = _ec_key(tmp_path, ec.SECP256R1(), "release")
     out = str(tmp_path / "cert")
     code, text, err = run(capsys, "certify", str(model), "--backend", "reference", "--runs", "2", "--builds",
@@ -642,7 +633,7 @@ def test_a_signed_certificate_round_trips_through_openssf_model_signing(
         verifier.verify(model, sig)
     k1 = _ec_key(tmp_path, ec.SECP256K1(), "k1")
     (tmp_path / "m").mkdir()
-    code, _, err = run(capsys, "certify", str(_relu(tmp_path / "m")), "--backend", "reference", "-o",
+    code, _, err = run(capsys, "certify", str(relu_model(tmp_path / "m")), "--backend", "reference", "-o",
                        str(tmp_path / "c2"), "--key", str(k1), "--no-progress")  # fmt: skip
     assert code == 2
     one_line_error(

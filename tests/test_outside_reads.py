@@ -7,26 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
-from tests.cli_helpers import one_line_error, run
+from tests.cli_helpers import one_line_error, relu_model, run
 
 SECRET = b"SECRET-" + bytes(range(256)) * 4  # 1031 bytes no feed could hold by chance
-
-
-def _model(folder: Path) -> Path:
-    """y = Relu(x), x float32 [2, 4]."""
-    g = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
-    )
-    path = folder / "m.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
 
 
 def _external_pb(folder: Path, location: str) -> Path:
@@ -70,7 +56,7 @@ def plant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_test_data_external_data_stays_in_its_folder(
     plant: Path, location: str, said: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    model = _model(plant)
+    model = relu_model(plant, (2, 4))
     d = _external_pb(plant / "d", location)
     for argv in (
         ["compare", str(model), "--inputs", str(d), "--backends", "reference", "--runs", "1",
@@ -88,7 +74,7 @@ def test_test_data_external_data_stays_in_its_folder(
 def test_a_linked_input_pb_is_not_followed_out_of_its_folder(
     plant: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    model = _model(plant)
+    model = relu_model(plant, (2, 4))
     outside = plant / "outside" / "input_0.pb"
     outside.write_bytes(numpy_helper.from_array(np.frombuffer(SECRET[:32], np.float32).reshape(2, 4), "x")
                         .SerializeToString())  # fmt: skip
@@ -105,7 +91,7 @@ def test_a_linked_input_pb_is_not_followed_out_of_its_folder(
 
 def test_external_data_beside_the_pb_file_is_read(plant: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The layout the ONNX test data uses, with the data file in the same folder: read, compared."""
-    model = _model(plant)
+    model = relu_model(plant, (2, 4))
     d = _external_pb(plant / "d", "x.bin")
     x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3.5
     (d / "x.bin").write_bytes(x.tobytes())

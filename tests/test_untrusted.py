@@ -18,20 +18,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.cli_helpers import one_line_error, run
+from tests.cli_helpers import one_line_error, relu_model, run
 
 pytestmark = pytest.mark.slow
 
 X4 = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
 Y4 = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
 OPSET = [helper.make_opsetid("", 17)]
-
-
-def _relu(folder: Path) -> Path:
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [X4], [Y4])
-    path = folder / "relu.onnx"
-    onnx.save(helper.make_model(g, opset_imports=OPSET), path)
-    return path
 
 
 def _negative_offset(folder: Path) -> Path:
@@ -58,7 +51,7 @@ def _custom_domain(folder: Path) -> Path:
 
 
 def _non_utf8_name(folder: Path) -> Path:
-    data = _relu(folder).read_bytes()
+    data = relu_model(folder).read_bytes()
     path = folder / "badname.onnx"
     # the output's name "y" (a 1-byte string field) becomes the invalid UTF-8 byte 0xff
     path.write_bytes(data.replace(b"\x12\x01y", b"\x12\x01\xff").replace(b"\x0a\x01y", b"\x0a\x01\xff"))
@@ -81,9 +74,9 @@ def _dynamic(folder: Path) -> Path:
         (_custom_domain, (), "uses op(s) com.nobody:Frob from a domain no backend implements"),
         (_non_utf8_name, (), "has a tensor or node name that is not valid UTF-8"),
         (_dynamic, ("--shape", "x=1000000,1000000"), "has 1,000,000,000,000 elements"),
-        (_relu, ("--runs", "99999999999999999999"), "--runs must be at most 1,000,000"),
-        (_relu, ("--timeout", "nan"), "--timeout must be > 0 seconds, got nan"),
-        (_relu, ("--seed", "-1"), "--seed must be between 0 and 4294967295"),
+        (relu_model, ("--runs", "99999999999999999999"), "--runs must be at most 1,000,000"),
+        (relu_model, ("--timeout", "nan"), "--timeout must be > 0 seconds, got nan"),
+        (relu_model, ("--seed", "-1"), "--seed must be between 0 and 4294967295"),
     ],
 )
 def test_user_errors_are_exit_2_and_one_line(
@@ -109,7 +102,7 @@ def test_a_full_temp_disk_is_one_line_before_any_worker(
         return os.statvfs_result(fields)
 
     monkeypatch.setattr(os, "statvfs", nearly_full)
-    code, _, err = run(capsys, "compare", str(_relu(tmp_path)), "--no-progress")
+    code, _, err = run(capsys, "compare", str(relu_model(tmp_path)), "--no-progress")
     assert code == 2
     one_line_error(err, "no space left on the disk that holds ")
     assert "set TMPDIR to a folder on a larger disk" in err
@@ -124,7 +117,7 @@ def _capture(model: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> None
 def test_capture_never_writes_into_someones_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    model = _relu(tmp_path)
+    model = relu_model(tmp_path)
     theirs = tmp_path / "userdir"
     theirs.mkdir()
     (theirs / "important.xbv").write_bytes(b"my data")
@@ -169,7 +162,7 @@ def _reseal(cap: Path, manifest: dict) -> None:
 def test_a_manifest_path_outside_its_folder_is_refused_and_nothing_told(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    model = _relu(tmp_path)
+    model = relu_model(tmp_path)
     cap = tmp_path / "cap"
     _capture(model, cap, capsys)
     manifest = json.loads((cap / "capture.json").read_text("utf-8"))
@@ -199,7 +192,7 @@ def test_a_manifest_path_outside_its_folder_is_refused_and_nothing_told(
 
 
 def _unsigned_certificate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, dict]:
-    model = _relu(tmp_path)
+    model = relu_model(tmp_path)
     code, _, err = run(capsys, "certify", str(model), "--backend", "ort-cpu", "--runs", "2", "--builds", "2",
                        "-o", str(tmp_path / "cert"), "--no-progress")  # fmt: skip
     assert code == 0, err
@@ -269,8 +262,8 @@ def test_a_sweep_file_reads_inside_its_folder_and_runs_no_code(
 
     folder = tmp_path / "sweep"
     folder.mkdir()
-    _relu(folder)
-    outside = _relu(tmp_path)
+    relu_model(folder)
+    outside = relu_model(tmp_path)
     base = '[[backends]]\nname = "ort-cpu"\n[[models]]\npath = "relu.onnx"\n'
     cases = {
         base.replace("relu.onnx", str(outside)): "which is not a path inside its own folder",
@@ -303,7 +296,7 @@ def test_a_sweep_file_reads_inside_its_folder_and_runs_no_code(
     (theirs / "reference").mkdir()
     (theirs / "reference" / "keep.xbv").write_text("mine")
     code, _, err = run(
-        capsys, "compare", str(_relu(tmp_path)), "--save-captures", str(theirs), "--no-progress"
+        capsys, "compare", str(relu_model(tmp_path)), "--save-captures", str(theirs), "--no-progress"
     )
     assert code == 2
     one_line_error(err, "reference is a non-empty folder that is not an xbackend capture")
@@ -323,7 +316,7 @@ def test_a_signal_mid_run_stops_the_workers_and_leaves_no_temp_folder(
     tmp.mkdir()
     tests = Path(__file__).resolve().parent
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": os.pathsep.join([str(plugin_path), str(tests)])}
-    model = _relu(tmp_path)
+    model = relu_model(tmp_path)
     argv = [sys.executable, "-m", "xbackend", "compare", str(model), "--backends", "test-hang,reference",
             "--timeout", "600", "--no-progress"]  # fmt: skip
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -362,7 +355,7 @@ def test_an_interrupt_before_any_worker_leaves_no_temp_folder(
         os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(run_module, "memory_plan", interrupted)
-    code, _, err = run(capsys, "compare", str(_relu(tmp_path)), "--no-progress")
+    code, _, err = run(capsys, "compare", str(relu_model(tmp_path)), "--no-progress")
     assert code == 143 and seen and list(tmp.iterdir()) == []
     assert err.strip() == "xbackend: stopped by SIGTERM; the run's temp files were removed"
 
@@ -409,12 +402,12 @@ def test_hostile_names_come_out_escaped(tmp_path: Path, capsys: pytest.CaptureFi
     }
     # a line break: refused wherever it enters
     nl = tmp_path / "nl\n## PASS.onnx"
-    shutil.copy(_relu(tmp_path), nl)
+    shutil.copy(relu_model(tmp_path), nl)
     code, _, err = run(capsys, "compare", str(nl), "--no-progress")
     assert code == 2
     one_line_error(err, "holds a line break or control character; rename the file")
     code, _, err = run(
-        capsys, "compare", str(_relu(tmp_path)), "--backends", "ort-cpu@a\n## PASS", "--no-progress"
+        capsys, "compare", str(relu_model(tmp_path)), "--backends", "ort-cpu@a\n## PASS", "--no-progress"
     )
     assert code == 2
     one_line_error(err, "a label after @ is letters, digits")

@@ -11,26 +11,13 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 
-from tests.cli_helpers import one_line_error, run
+from tests.cli_helpers import one_line_error, relu_model, run
 from xbackend.errors import InputError
 from xbackend.files.npz import NpzError, read_npz
 from xbackend.files.userfile import read_user_bytes, user_file
-
-
-def _model(folder: Path) -> Path:
-    g = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
-    )
-    path = folder / "m.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
 
 
 def _at_once(fn, *args):  # type: ignore[no-untyped-def]
@@ -110,7 +97,7 @@ def test_keys_and_certificates_are_never_waited_on(
         code, _, err = _at_once(run, capsys, "verify", str(tmp_path / "c.json"), "--key", str(bad))
         assert code == 2
         one_line_error(err, "the public key ")
-    model = _model(tmp_path)
+    model = relu_model(tmp_path, (2, 4))
     code, _, err = _at_once(
         run, capsys, "certify", str(model), "--backend", "reference", "--key", str(odd["fifo"]), "-o",
         str(tmp_path / "cert"),
@@ -121,7 +108,7 @@ def test_keys_and_certificates_are_never_waited_on(
 
 
 def test_test_data_that_is_not_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    model = _model(tmp_path)
+    model = relu_model(tmp_path, (2, 4))
     for kind in ("folder", "fifo"):
         d = tmp_path / kind
         d.mkdir()
@@ -199,7 +186,7 @@ def test_a_candidate_or_option_typo_is_a_usage_error(
     odd: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Before anything runs: exit 2, not a comparison that ends in a WARN or a failed backend."""
-    model = _model(tmp_path)
+    model = relu_model(tmp_path, (2, 4))
     base = ["compare", str(model), "--backends", "ort-cpu", "--runs", "1", "--probes", "none"]
     for cand, said in (
         (str(tmp_path / "missing.onnx"), "missing.onnx does not exist"),
