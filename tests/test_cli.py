@@ -224,7 +224,7 @@ def test_outputs_are_checked_before_anything_runs_and_destroy_nothing(
     notes.write_text("my notes\n")
     code, _, err = run(capsys, "compare", str(model), "--report", str(notes), *kw)
     assert code == 2 and notes.read_text("utf-8") == "my notes\n"
-    one_line_error(err, "exists and is not a report xbackend wrote")
+    one_line_error(err, "exists and xbackend did not write it")
     report, js = tmp_path / "r.md", tmp_path / "r.json"
     for _ in range(2):  # the second run overwrites the reports the first one wrote
         code, _, err = run(capsys, "compare", str(model), "--report", str(report), "--json", str(js), *kw)

@@ -287,9 +287,14 @@ def test_a_rerun_resumes_and_writes_the_same_bytes(
     out = folder / "zoo-fleet"
     before = {p: p.read_bytes() for p in [out / "fleet.md", out / "fleet.json", out / "models" / "mlp.md"]}
     stamp = (out / "jobs" / "mlp" / "reference" / "job.json").stat().st_mtime_ns
-    # damage one capture: that job alone runs again
-    (out / "jobs" / "scatter" / "ort-cpu@1t" / "capture" / "outputs.xbv").write_bytes(b"damaged")
+    # damage one capture: a file changed since xbackend wrote it is refused, named; with --force
+    # that job alone runs again
+    damaged = out / "jobs" / "scatter" / "ort-cpu@1t" / "capture" / "outputs.xbv"
+    damaged.write_bytes(b"damaged")
     code, stdout, err = run(capsys, "sweep", str(folder / "zoo.toml"))
+    assert code == 2 and damaged.read_bytes() == b"damaged"
+    one_line_error(err, f"holds {damaged}, which xbackend did not write (or which changed since)")
+    code, stdout, err = run(capsys, "sweep", str(folder / "zoo.toml"), "--force")
     assert code == 1
     assert "7 resumed from earlier captures" in stdout
     # stderr is no terminal here: a line per job instead of a bar

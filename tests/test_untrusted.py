@@ -126,9 +126,7 @@ def test_capture_never_writes_into_someones_folder(
         capsys, "capture", str(model), "--backend", "ort-cpu", "-o", str(theirs), "--no-progress"
     )
     assert code == 2
-    one_line_error(
-        err, "is a non-empty folder that is not an xbackend capture; xbackend never writes into it"
-    )
+    one_line_error(err, "is a non-empty folder xbackend did not write; xbackend never writes into it")
     assert (theirs / "important.xbv").read_bytes() == b"my data"
     assert (theirs / "SHA256SUMS").read_text("utf-8") == "mine\n"
     # a capture again into its own folder replaces only what the earlier capture listed
@@ -239,7 +237,7 @@ def test_outputs_never_overwrite_an_input_or_someones_file(
         ),
         (("certify", str(model), "--backend", "ort-cpu", "-o", str(model.with_suffix(""))), None),
         (("report", str(path), "-o", str(path)), "is an input of this command"),
-        (("diff", str(path), str(path), "-o", str(notes)), "exists and is not a report xbackend wrote"),
+        (("diff", str(path), str(path), "-o", str(notes)), "exists and xbackend did not write it"),
     ]
     for argv, message in cases:
         code, _, err = run(capsys, *argv, "--no-progress") if argv[0] == "certify" else run(capsys, *argv)
@@ -290,7 +288,7 @@ def test_a_sweep_file_reads_inside_its_folder_and_runs_no_code(
     (theirs / "notes.txt").write_text("mine")
     code, _, err = run(capsys, "sweep", str(folder / "s.toml"), "-o", str(theirs), "--no-progress")
     assert code == 2
-    one_line_error(err, "is a non-empty folder that a sweep did not write; xbackend never writes into it")
+    one_line_error(err, "is a non-empty folder xbackend did not write; xbackend never writes into it")
     assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
     # --save-captures: a backend's capture folder that is someone's, refused before the run
     (theirs / "reference").mkdir()
@@ -299,7 +297,7 @@ def test_a_sweep_file_reads_inside_its_folder_and_runs_no_code(
         capsys, "compare", str(relu_model(tmp_path)), "--save-captures", str(theirs), "--no-progress"
     )
     assert code == 2
-    one_line_error(err, "reference is a non-empty folder that is not an xbackend capture")
+    one_line_error(err, "reference is a non-empty folder xbackend did not write")
     assert (theirs / "reference" / "keep.xbv").read_text("utf-8") == "mine"
 
 

@@ -218,10 +218,10 @@ def test_export_never_writes_over_the_module_or_someones_file(
     (tmp_path / "theirs.onnx.data").write_bytes(b"their weights")
     spec = f"{mod}:build"
     for out, said in (
-        (notes, "exists and is not a report xbackend wrote"),
+        (notes, "exists and xbackend did not write it"),
         (mod, "is an input of this command"),
         (fifo, "is not a regular file (a device or a pipe)"),
-        (tmp_path / "theirs.onnx", "theirs.onnx.data exists and is not a report xbackend wrote"),
+        (tmp_path / "theirs.onnx", "theirs.onnx.data exists and xbackend did not write it"),
     ):
         code, out_, err = _at_once(run, capsys, "export", "torch", spec, "-o", str(out), "--input", "x=2,3")
         assert code == 2 and out_ == "", (out, err)

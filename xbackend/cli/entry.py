@@ -8,6 +8,9 @@ installs the handlers that stop workers and remove the run's temp folder.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import signal
 import sys
 
@@ -29,9 +32,31 @@ def main() -> int:
     try:
         from xbackend.cli.main import main as cli_main  # heavy: the CLI, imported under the early handlers
 
-        return cli_main()
+        code = cli_main()
     except _Early as e:  # while importing, or before the CLI's own handlers were in place
         signum = int(e.args[0])
         what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         print(f"xbackend: {what} before anything ran", file=sys.stderr)
         return 128 + signum
+    return _finish(code, wanted)
+
+
+def _finish(code: int, wanted: list[signal.Signals]) -> int:
+    """The command has ended: its exit functions (temp folders) run now, under handlers that note
+    a signal rather than die of it, and the process exits at once with its code; a signal in
+    these last moments is one line and 128 + its number, never a death with no word."""
+    late: list[int] = []
+    for s in wanted:
+        signal.signal(s, lambda signum, _frame: late.append(signum))
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if late:
+        name = signal.Signals(late[0]).name
+        with contextlib.suppress(Exception):
+            print(
+                f"xbackend: {name} as the command ended; what it wrote is whole", file=sys.stderr, flush=True
+            )
+        code = 128 + late[0]
+    os._exit(code)

@@ -70,7 +70,7 @@ def sweep(
         if flags["no_progress"]
         else (RichFleetProgress() if sys.stderr.isatty() else LineProgress())
     )
-    result = run_sweep(spec, ex, bar, resume=not no_resume)
+    result = run_sweep(spec, ex, bar, resume=not no_resume, force=flags["force"])
     for line in fleet_verdict(result):
         print(line)
     resumed = sum(j.resumed for j in result.jobs)

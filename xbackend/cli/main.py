@@ -11,6 +11,7 @@ stopped by SIGTERM, 129 by SIGHUP: the workers are stopped and the temp folders 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -26,6 +27,7 @@ import xbackend.cli.tools  # noqa: F401  (these four register their commands wit
 from xbackend.cli.app import app
 from xbackend.errors import EXIT_INTERNAL, EXIT_USAGE, XbackendError
 from xbackend.execution.isolation import cancel_all, reset_cancel
+from xbackend.files.owned import reset as reset_forced
 from xbackend.files.textfmt import CONTROL, visible
 
 __all__ = ["app", "main"]
@@ -55,6 +57,10 @@ def _handlers() -> Iterator[None]:
             signal.signal(s, h)
 
 
+class _StreamError(OSError):
+    """A write to standard output or error the system refused."""
+
+
 class _Visible:
     """A terminal stream that writes every C1 or bidirectional control out (U+009B, a terminal's
     CSI; U+202E, a right-to-left override): a name from a file neither controls nor reorders
@@ -64,7 +70,10 @@ class _Visible:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        self._stream.write(visible(text))
+        try:
+            self._stream.write(visible(text))
+        except OSError as e:  # stdout at /dev/full, or a pipe closed early
+            raise _StreamError(e.errno or 0, e.strerror or str(e)) from None
         return len(text)
 
     def __getattr__(self, name: str) -> Any:
@@ -82,12 +91,38 @@ def _visible_streams() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stdout is None or sys.stderr is None:  # started with a standard stream closed (`>&-`)
+        if sys.stderr is not None:
+            print("xbackend: error: standard output is closed; run it with stdout open", file=sys.stderr)
+        return EXIT_USAGE
     with _visible_streams():
-        return _main(argv)
+        code = _main(argv)
+    return _flushed(code)
+
+
+def _flushed(code: int) -> int:
+    """stdout flushed here, where a full disk or a closed pipe (`> /dev/full`, `| head -0`) is
+    one line and exit 2, not a message from the interpreter's last flush."""
+    try:
+        sys.stdout.flush()
+    except OSError as e:
+        _drop_stdout()
+        print(f"xbackend: error: cannot write to standard output ({e.strerror or e})", file=sys.stderr)
+        return EXIT_USAGE if code == 0 else code
+    return code
+
+
+def _drop_stdout() -> None:
+    """What is left in stdout's buffer goes nowhere (the interpreter would flush it at exit)."""
+    with contextlib.suppress(OSError, ValueError):
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
 
 
 def _main(argv: Sequence[str] | None) -> int:
     reset_cancel()
+    reset_forced()
     _RECEIVED.clear()
     try:
         with _handlers():
@@ -111,12 +146,41 @@ def _main(argv: Sequence[str] | None) -> int:
             f"xbackend: error: {_one_line(' '.join(msg.split()).rstrip('.'))}; see `{hint}`", file=sys.stderr
         )
         return int(getattr(e, "exit_code", EXIT_USAGE))
+    except OSError as e:  # the system refused a path or a stream: the user's to fix, not a bug
+        print(f"xbackend: error: {_one_line(_os_error(e))}", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as e:  # a bug in xbackend, not in the user's input
+        if _users_path(e):
+            print(f"xbackend: error: {_one_line(_users_path(e))}", file=sys.stderr)
+            return EXIT_USAGE
         print(
             f"xbackend: internal error: {type(e).__name__}: {_one_line(str(e))}; please report it",
             file=sys.stderr,
         )
         return EXIT_INTERNAL
+
+
+def _os_error(e: OSError) -> str:
+    if isinstance(e, _StreamError):
+        _drop_stdout()
+        return f"cannot write to standard output ({e.strerror or e})"
+    if e.filename is None:
+        return (
+            f"the system refused a read or write ({e.strerror or e}); check free disk space, "
+            "`ulimit -f` and permissions"
+        )
+    name = os.fsdecode(e.filename) if isinstance(e.filename, bytes) else str(e.filename)
+    shown = name if len(name) <= 120 else name[:60] + "..." + name[-40:]
+    return f"{shown!a}: {e.strerror or e}; check the path (its length, its links) and its permissions"
+
+
+def _users_path(e: Exception) -> str:
+    """The sentence for a path the system cannot take that no earlier check named."""
+    if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop"):  # pathlib's resolve()
+        return f"{e}: a symbolic link leads back to itself; fix the link or give another path"
+    if isinstance(e, UnicodeEncodeError) and "surrogates not allowed" in str(e):
+        return "a file name given is not valid UTF-8; rename the file (or link it under a UTF-8 name)"
+    return ""
 
 
 def _one_line(text: str) -> str:

@@ -16,7 +16,16 @@ from xbackend.results.flags import COMMANDS, Flag, declared
 from xbackend.results.gating import POLICIES
 from xbackend.results.options import INPUT_FLAGS
 
-__all__ = ["CLI_FLAGS", "PANELS", "ModelArg", "compare_options", "flag_parameters", "panel", "with_flags"]
+__all__ = [
+    "CLI_FLAGS",
+    "PANELS",
+    "Force",
+    "ModelArg",
+    "compare_options",
+    "flag_parameters",
+    "panel",
+    "with_flags",
+]
 
 _VERIFY = ("verify",)
 # Options only the command line has: where reports go, and the progress bar.
@@ -37,6 +46,15 @@ CLI_FLAGS = {
         cli_default=None,
         name="json",
     ),
+    "force": Flag(
+        "--force",
+        "replace output files xbackend did not write (or that changed since); never a model, an "
+        "input or a link",
+        commands=(*COMMANDS, "sweep"),
+        typer_type=bool,
+        cli_default=False,
+        name="force",
+    ),
     "no_progress": Flag(
         "--no-progress",
         "no progress bar on stderr",
@@ -56,6 +74,8 @@ _HELP_NAMES = {
 }
 
 ModelArg = Annotated[str, typer.Argument(help="path to an .onnx file", show_default=False)]
+# --force for the commands that declare their options by hand (report, diff, keygen, export, capture export)
+Force = Annotated[bool, typer.Option("--force", help=CLI_FLAGS["force"].help)]
 
 
 def _declarations(options: type) -> list[tuple[str, Any, Any, Flag]]:
@@ -102,7 +122,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Explanation": ("--max-ulp", "--noise-samples"),
     "Decoding and candidates": ("--decode", "--decisions", "--candidate", "--advise"),
     "Reports and captures": ("--report", "--json", "--save-captures", "--baseline", "--timings",
-                             "--no-progress"),
+                             "--force", "--no-progress"),
     "Gates": ("--fail-on",),
 }  # fmt: skip
 _PANEL_OF = {cli: name for name, clis in PANELS.items() for cli in clis}

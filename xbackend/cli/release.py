@@ -13,7 +13,7 @@ from xbackend.certificates.certify import certificate_paths, model_signature_pat
 from xbackend.certificates.certify import certify as run_certify
 from xbackend.certificates.certify import verify as run_verify
 from xbackend.cli.app import app, progress
-from xbackend.cli.params import CLI_FLAGS, ModelArg, with_flags
+from xbackend.cli.params import CLI_FLAGS, Force, ModelArg, with_flags
 from xbackend.compare.saved_report import read_result
 from xbackend.errors import UsageError
 from xbackend.files import attest
@@ -50,7 +50,7 @@ def certify(
     js, md = certificate_paths(output)
     sig = model_signature_path(output)
     outs = [("-o", js), ("-o", md), *([("-o", sig)] if key else [])]
-    check_outputs(outs, [model, flags["inputs"]])  # before anything runs
+    check_outputs(outs, [model, flags["inputs"]], flags["force"])  # before anything runs
     private = attest.load_private_key(key) if key else None  # a bad key is found before the battery
     given = {k: v for k, v in flags.items() if k not in CLI_FLAGS}
     cert = run_certify(model, backend, batch=batch, progress=progress(flags["no_progress"]), **given)
@@ -167,9 +167,10 @@ def keygen(
 def report(
     result_json: Annotated[str, typer.Argument(metavar="RESULT.json", help="a JSON report (compare --json)")],
     output: Annotated[str, typer.Option("-o", "--output", metavar="OUT.md", help="Markdown to write")],
+    force: Force = False,
 ) -> int:
     """Re-render the Markdown report (figures and layer CSV too) from a JSON report, running no engine."""
-    check_outputs(bundle_outputs("-o", output), [result_json])
+    check_outputs(bundle_outputs("-o", output), [result_json], force)
     write_markdown_bundle(read_result(result_json), output)
     print(f"wrote {output}")
     return 0
@@ -185,9 +186,10 @@ def diff(
     output: Annotated[
         str | None, typer.Option("-o", "--output", metavar="OUT.md", help="also write the diff here")
     ] = None,
+    force: Force = False,
 ) -> int:
     """Compare two JSON reports: environment, options, verdicts, and the first layer that moved."""
-    check_outputs([("-o", output)], [old, new])
+    check_outputs([("-o", output)], [old, new], force)
     d = diff_results(read_result(old, "OLD.json"), read_result(new, "NEW.json"))
     text = d.markdown(old, new)
     print(text, end="")

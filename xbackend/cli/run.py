@@ -12,7 +12,7 @@ import numpy as np
 import typer
 
 from xbackend.cli.app import EXIT_CODES, app, progress
-from xbackend.cli.params import ModelArg, compare_options, with_flags
+from xbackend.cli.params import Force, ModelArg, compare_options, with_flags
 from xbackend.compare import compare_with_options
 from xbackend.errors import RunnerFailedError, UsageError
 from xbackend.files.atomic import NPZ_MARK, check_outputs, write_atomic_bytes
@@ -31,11 +31,11 @@ def compare(model: ModelArg, **flags: Any) -> int:
     """Run a model on several backends and compare, per layer, in ULPs."""
     report, json = flags["report"], flags["json"]
     outputs = [*bundle_outputs("--report", report), ("--json", json)]
-    check_outputs(outputs, [model, flags["inputs"], flags["baseline"]])
+    check_outputs(outputs, [model, flags["inputs"], flags["baseline"]], flags["force"])
     opts = compare_options(flags)
     if opts.save_captures:  # a capture per backend: never into someone's folder
         for b in opts.backends:
-            check_folder(Path(opts.save_captures) / b)
+            check_folder(Path(opts.save_captures) / b, "--save-captures", flags["force"])
     result = compare_with_options(model, opts, progress(flags["no_progress"]))
     _write_reports(result, report, json)
     _print_summary(result)
@@ -64,7 +64,7 @@ def capture(
     """Run one backend and write a portable capture: inputs, outputs, layers, fingerprints, environment."""
     if "," in backend:
         raise UsageError(f"--backend takes one runner, got {backend!r}; capture each into its own folder")
-    check_folder(Path(output))  # before anything runs: never into someone's folder
+    check_folder(Path(output), "-o", flags["force"])  # before anything runs: never into someone's folder
     opts = compare_options(flags, backends=[backend], probes="none")
     result = compare_with_options(model, opts, progress(flags["no_progress"]), capture_to=output)
     b = result.backend(backend)
@@ -86,13 +86,14 @@ def capture(
 def capture_export(
     folder: Annotated[str, typer.Argument(metavar="DIR", help="a capture folder (xbackend capture)")],
     npz: Annotated[str, typer.Option("--npz", metavar="OUT.npz", help="write its values here")],
+    force: Force = False,
 ) -> int:
     """Write a capture's values as one .npz (inputs/NAME, outputs/NAME, layers/NAME, and
     xbackend.capture-export: the folder's name), checksums checked first: numpy alone can then
     check any figure in a report."""
     if not npz.endswith(".npz"):
         raise UsageError(f"--npz takes a file name ending in .npz, got {npz!r}")
-    check_outputs([("--npz", npz)], [folder])  # before anything is read
+    check_outputs([("--npz", npz)], [folder], force)  # before anything is read
     arrays = load_capture(folder)
     marked = {**arrays, NPZ_MARK: np.array(Path(folder).name)}  # lets a later export replace it
     write_atomic_bytes(npz, _npz(marked))

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from xbackend.cli.app import app, export_app
+from xbackend.cli.params import Force
 from xbackend.errors import XbackendError
 from xbackend.execution.foreign import probe_interpreter
 from xbackend.export.torch_onnx import InputDecl, export_torch, parse_dynamic, read_examples
@@ -94,9 +95,10 @@ def export_torch_cmd(
         list[str] | None,
         typer.Option(metavar="NAME", help="name for the graph output(s), in order (default: the exporter's)"),
     ] = None,
+    force: Force = False,
 ) -> int:
     """Export a PyTorch nn.Module (records its source in the ONNX metadata)."""
-    check_export_output(output, module, inputs)  # before the module is loaded or anything read
+    check_export_output(output, module, inputs, force)  # before the module is loaded or anything read
     data = read_examples(inputs) if inputs else None
     res = export_torch(
         module,

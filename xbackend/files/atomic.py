@@ -2,90 +2,56 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import glob
-import json
+import hashlib
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from xbackend.errors import ReportError, UsageError
+from xbackend.files.owned import allow, forced, is_ours, place, refusal
+from xbackend.files.userfile import name_problem
 
 __all__ = [
     "NPZ_MARK",
     "check_export_output",
     "check_outputs",
-    "exported_by_us",
+    "stage_bytes",
     "takes_files",
     "write_atomic",
     "write_atomic_bytes",
 ]
 
-# how a Markdown file xbackend wrote begins, or what a JSON report's last bytes hold (its keys
-# sorted, "schema" comes after the large "result")
-_HEADS = (
-    b"# xbackend report",
-    b"# xbackend diff: ",
-    b"# Determinism certificate: ",
-    b"comparison,position,tensor,module,op,",  # a report's layer table (STEM.layers.csv)
-)
-# a report's figure: a PNG whose Software text chunk (before the image data) names xbackend
-_PNG, _PNG_MARK = b"\x89PNG\r\n\x1a\n", b"tEXtSoftware\x00xbackend"
-_PNG_EARLIER = b'tEXtDescription\x00{"series": ['  # a figure from before the mark: its series legend
-_TAIL = b'"schema": "xbackend.report/'
-_CERTIFICATE = "https://xbackend.dev/attestation/certificate/"
-_MODEL_SIGNING = "https://model_signing/signature/v1.0"
-# the array `capture export` adds to its .npz: its name is in the zip's directory, at the end
+# the array `capture export` adds to its .npz (a mark of where it came from; ownership is by record)
 NPZ_MARK = "xbackend.capture-export"
-
-
-def _written_by_us(p: Path) -> bool:
-    try:
-        with open(p, "rb") as f:
-            head = f.read(1 << 12)
-            size = p.stat().st_size
-            f.seek(max(0, size - (1 << 16)))
-            tail = f.read()
-    except OSError:
-        return False
-    ours = _TAIL in tail or (head.startswith(b"PK") and NPZ_MARK.encode() + b".npy" in tail)
-    ours = ours or (head.startswith(_PNG) and (_PNG_MARK in head or _PNG_EARLIER in head))
-    return head.startswith(_HEADS) or ours or (size < (1 << 24) and _is_certificate(p))
-
-
-def _is_certificate(p: Path) -> bool:
-    """A certificate xbackend wrote: an in-toto Statement of ours, bare or signed in a bundle."""
-    try:
-        data = json.loads(p.read_bytes())
-        if isinstance(data, dict) and isinstance(data.get("dsseEnvelope"), dict):
-            data = json.loads(base64.b64decode(data["dsseEnvelope"].get("payload", "")))
-        kind = str(data.get("predicateType", "")) if isinstance(data, dict) else ""
-        # certify --key writes STEM.model.sig beside the certificate, in model-signing's format
-        return kind.startswith(_CERTIFICATE) or (kind == _MODEL_SIGNING and p.name.endswith(".model.sig"))
-    except (OSError, ValueError, RecursionError):
-        return False
 
 
 def check_outputs(
     outputs: Sequence[tuple[str, str | os.PathLike[str] | None]],
     inputs: Sequence[str | os.PathLike[str] | None] = (),
-    ours: Callable[[Path], bool] | None = None,
+    force: bool = False,
 ) -> None:
-    """Before anything runs: each output (flag, path) can be written and destroys nothing. It is
-    not a folder, a link or a device, not the same file as another output, and, if it exists, a
-    file xbackend wrote (never a model, an input or someone's notes); its folder takes a new
-    regular file. A UsageError, one line, names the flag and what to do. Every file a command
-    writes passes here: a report's companions too (its table and figures: see
-    xbackend.report.bundle.bundle_outputs)."""
+    """Before anything runs: each output (flag, path) can be written and destroys nothing. Its name
+    is one the system takes; it is not a folder, a link or a device, not the same file as another
+    output or an input, and, if it exists, a file xbackend wrote and recorded, unchanged since
+    (xbackend.files.owned), or `force` (--force) is given; its folder takes a new regular file. A
+    UsageError, one line, names the flag and what to do. Every file a command writes passes here:
+    a report's companions too (its table and figures: see xbackend.report.bundle.bundle_outputs).
+    The same rule is checked again when each file is written."""
     seen: dict[Path, str] = {}
-    read = {Path(i).resolve() for i in inputs if i}
+    read = {_resolved("an input", Path(i)) for i in inputs if i}
+    if force:
+        allow(p for _, p in outputs)
     for flag, path in outputs:
         if not path:
             continue
         p = Path(path)
-        key = p.resolve()
+        bad = name_problem(p)
+        if bad:
+            raise UsageError(f"{flag} {str(p)!a} {bad}")
+        key = _resolved(flag, p)
         if key in read:
             raise UsageError(f"{flag} {p} is an input of this command; write the output to another path")
         if key in seen:
@@ -100,16 +66,24 @@ def check_outputs(
             raise UsageError(f"{flag} {p} is a folder; give a file path in it, such as {p / p.name}.out")
         if p.exists() and not p.is_file():
             raise UsageError(f"{flag} {p} is not a regular file (a device or a pipe); choose another path")
-        if p.exists() and not (ours or _written_by_us)(p):
-            raise UsageError(
-                f"{flag} {p} exists and is not a report xbackend wrote; xbackend never overwrites it: "
-                "choose another path (or move that file away yourself)"
-            )
+        if p.exists() and not (forced(p) or is_ours(p)):
+            raise UsageError(refusal(flag, p))
         folder = next((a for a in (p.parent, *p.parent.parents) if a.exists()), Path("."))
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or not takes_files(folder):
             raise UsageError(
                 f"{flag} {p} cannot be written: {folder} is not a writable folder; choose another path"
             )
+
+
+def _resolved(flag: str, p: Path) -> Path:
+    try:
+        return p.resolve()
+    except RuntimeError:  # a link loop
+        raise UsageError(
+            f"{flag} {p} goes through a symbolic link loop; fix the link or give another path"
+        ) from None
+    except OSError as e:
+        raise UsageError(f"{flag} {p} cannot be looked up ({e.strerror}); give another path") from None
 
 
 def takes_files(folder: Path) -> bool:
@@ -125,58 +99,56 @@ def takes_files(folder: Path) -> bool:
     return True
 
 
-def write_atomic(path: str | os.PathLike[str], text: str, what: str = "report") -> None:
-    """Write `text` (UTF-8) to a temp file beside `path`, fsync, then rename over it."""
-    write_atomic_bytes(path, text.encode("utf-8"), what)
+def write_atomic(path: str | os.PathLike[str], text: str, what: str = "report", force: bool = False) -> None:
+    """Write `text` (UTF-8) to a temp file beside `path`, fsync, then move it into place: a new
+    file, or one xbackend wrote and recorded (`force`: any regular file). See write_atomic_bytes."""
+    write_atomic_bytes(path, text.encode("utf-8"), what, force)
 
 
-def write_atomic_bytes(path: str | os.PathLike[str], data: bytes, what: str = "report") -> None:
-    """Write `data` to a temp file beside `path`, fsync, then rename over it; errors name the
-    file as `what`."""
+def write_atomic_bytes(
+    path: str | os.PathLike[str], data: bytes, what: str = "report", force: bool = False
+) -> None:
+    """Write `data` to a temp file beside `path`, fsync, then move it into place and record it as
+    xbackend's (xbackend.files.owned.place); errors name the file as `what`. A full disk or a
+    file-size limit leaves nothing behind."""
     p = Path(path)
+    tmp = stage_bytes(p, data, what)
+    try:
+        place(tmp, p, hashlib.sha256(data).hexdigest(), what, force)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def stage_bytes(p: Path, data: bytes, what: str) -> Path:
+    """`data` in a finished temp file beside `p` (the caller moves it into place or removes it)."""
     if p.is_symlink():  # made since the check before the run: never written through
         raise ReportError(f"cannot write {what} {p}: it is a symbolic link; choose another path")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:200]}.", suffix=".tmp", dir=p.parent)
     except OSError as e:
-        raise ReportError(f"cannot write {what} {p}: {e.strerror}; check the directory") from e
+        raise ReportError(f"cannot write {what} {p}: {e.strerror}; check the folder") from e
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; reports (and pin files) are meant to be shared
-        os.replace(tmp, p)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
-        raise ReportError(f"cannot write {what} {p}: {e.strerror}") from e
+        hint = " (a full disk or a file-size limit: nothing was left behind)" if e.errno in (28, 27) else ""
+        raise ReportError(f"cannot write {what} {p}: {e.strerror}{hint}") from e
+    return Path(tmp)
 
 
-def exported_by_us(p: Path) -> bool:
-    """An ONNX file `xbackend export` wrote: its metadata records the module it came from."""
-    import onnx  # heavy: only when an export's output already exists
-
-    try:
-        if p.stat().st_size > 1 << 31:  # an export past 2 GiB keeps its weights beside it
-            return False
-        proto = onnx.load_model(str(p), load_external_data=False)
-    except Exception:  # not a model: someone's file
-        return False
-    return any(m.key == "xbackend.torch.module" for m in proto.metadata_props)
-
-
-def check_export_output(output: str | os.PathLike[str], module: str, inputs: str | None) -> None:
+def check_export_output(
+    output: str | os.PathLike[str], module: str, inputs: str | None, force: bool = False
+) -> None:
     """`export torch -o OUT.onnx`, before the module is loaded: OUT and the weights files beside it
-    (OUT.data, OUT.data0, ...) are new, or an earlier export's; never the module's own file, the
-    example inputs, a pipe or someone's file."""
+    (OUT.data, OUT.data0, ...) are new, or an earlier export's (recorded); never the module's own
+    file or the example inputs (not even with --force), a pipe or someone's file."""
     target = module.rpartition(":")[0]
     read = [x for x in (target if target.endswith(".py") else None, inputs) if x]
     out = Path(output)
     beside = sorted(out.parent.glob(glob.escape(out.name) + ".data*")) if out.parent.is_dir() else []
-    previous = out.is_file() and not out.is_symlink() and exported_by_us(out)
-    check_outputs(
-        [("-o", out), *((f"-o {out}'s weights", b) for b in beside)],
-        read,
-        ours=lambda f: previous,
-    )
+    check_outputs([("-o", out), *((f"-o {out}'s weights", b) for b in beside)], read, force)

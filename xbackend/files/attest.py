@@ -27,7 +27,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from xbackend.errors import InputError, UsageError
+from xbackend.errors import InputError, UsageError, XbackendError
+from xbackend.files.owned import file_digest, place
 from xbackend.files.untrusted import json_loads
 from xbackend.files.userfile import read_user_bytes
 
@@ -386,9 +387,15 @@ def sign_model_files(model: Path, key_path: str | os.PathLike[str], out: Path) -
         import model_signing  # optional: OpenSSF model-signing (pip install 'xbackend[sign]')
     except ImportError as e:
         return f"model-signing is not installed here ({e}; pip install 'xbackend[sign]')"
+    tmp = out.with_name(f".{out.name[:200]}.{os.getpid()}.tmp")  # then placed as xbackend's own
     try:
         signing: Any = model_signing.signing  # untyped: its documented API, used as documented
-        signing.Config().use_elliptic_key_signer(private_key=str(key_path)).sign(model, out)
+        signing.Config().use_elliptic_key_signer(private_key=str(key_path)).sign(model, tmp)
+        place(tmp, out, file_digest(tmp), "model signature")
+    except XbackendError:
+        raise
     except Exception as e:  # its own failure, said, never fatal: the certificate stands
         return f"model-signing could not sign it ({type(e).__name__}: {str(e)[:160]})"
+    finally:
+        tmp.unlink(missing_ok=True)
     return ""

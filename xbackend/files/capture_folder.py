@@ -29,8 +29,10 @@ from typing import Any
 
 from xbackend.errors import InputError, UsageError
 from xbackend.files.atomic import takes_files, write_atomic, write_atomic_bytes
+from xbackend.files.owned import allow, forced, forget, is_ours, place, recorded, refusal
 from xbackend.files.storage import ValueFile
 from xbackend.files.untrusted import contained, json_loads
+from xbackend.files.userfile import name_problem
 
 __all__ = [
     "FORMAT",
@@ -53,6 +55,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@-]*")  # a runner, a runner@label
 MANIFEST = "capture.json"
 SUMS = "SHA256SUMS"
 INPUTS = "inputs.xbv"
+WRITES = (INPUTS, "outputs.xbv", "layers.xbv")  # the value files a capture may write
 
 
 def is_capture(path: str | os.PathLike[str]) -> bool:
@@ -74,13 +77,15 @@ def write_folder(
     """Copy `files` (name in the folder -> source) into `dest`, then the manifest, then the
     checksum list last, so a folder without SHA256SUMS is an interrupted write and is refused
     on load. Value files an earlier capture there listed and this one lacks are removed; no other
-    file is touched, and a non-empty folder that is not a capture is refused (check_folder)."""
+    file is touched, and a folder holding files xbackend did not write is refused (check_folder,
+    again now)."""
     out = Path(dest)
     earlier = check_folder(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / SUMS).unlink(missing_ok=True)
-    for stale in sorted(earlier - set(files)):
-        (out / stale).unlink(missing_ok=True)
+    stale = [n for n in sorted({SUMS, *earlier} - set(files)) if is_ours(out / n)]
+    for name in stale:
+        (out / name).unlink(missing_ok=True)
+    forget(out, stale)
     for name, src in files.items():
         # a temp name of this writer's own: two captures into one folder never write one file,
         # and a full disk leaves no part behind
@@ -89,7 +94,7 @@ def write_folder(
         tmp = Path(tmp_name)
         try:
             shutil.copyfile(src, tmp)
-            os.replace(tmp, out / name)
+            place(tmp, out / name, file_sha256(tmp), "capture file")
         finally:
             tmp.unlink(missing_ok=True)
     body = {**manifest, "format": FORMAT, "files": {n: (out / n).stat().st_size for n in sorted(files)}}
@@ -99,32 +104,59 @@ def write_folder(
     return out
 
 
-def check_folder(out: Path) -> set[str]:
-    """Before a capture is written to `out`: it is missing, empty, or a capture xbackend wrote
-    (the value files that capture listed are returned: the only files a new one may replace)."""
-    folder = next((a for a in (out, *out.parents) if a.exists()), Path("."))
+def check_folder(out: Path, flag: str = "the capture folder", force: bool = False) -> set[str]:
+    """Before a capture is written to `out`: it is missing, empty, or holds only files xbackend
+    wrote and recorded, unchanged since (xbackend.files.owned), or the user forced it (--force).
+    The value files an earlier capture there listed are returned: the only ones a new one may
+    remove."""
+    bad = name_problem(out)
+    if bad:
+        raise UsageError(f"{flag} {str(out)!a} {bad}")
+    if force:
+        allow([out])
+    try:
+        folder = next((a for a in (out, *out.parents) if os.path.lexists(a)), Path("."))
+        out.resolve()
+    except (OSError, RuntimeError):
+        raise UsageError(
+            f"{flag} {out} goes through a symbolic link loop or a path the system refuses; "
+            "give another folder"
+        ) from None
+    if out.is_symlink() or (folder != out and folder.is_symlink() and not folder.exists()):
+        raise UsageError(f"{flag} {out} is a symbolic link (or lies under a broken one); give a folder path")
+    if folder != out and not folder.is_dir():
+        raise UsageError(
+            f"{flag} {out} lies under {folder}, which is a file, not a folder; give a folder path"
+        )
     if folder.is_dir() and not takes_files(folder):  # read-only, immutable, /proc: before any run
-        raise UsageError(f"{out} cannot be written: {folder} takes no new file; give another folder")
+        raise UsageError(f"{flag} {out} cannot be written: {folder} takes no new file; give another folder")
     if not out.exists():
         return set()
     if not out.is_dir():
-        raise UsageError(f"{out} is a file; give a folder for the capture (xbackend never overwrites it)")
+        raise UsageError(
+            f"{flag} {out} is a file; give a folder for the capture (xbackend never overwrites it)"
+        )
     try:
         empty = not any(out.iterdir())
     except OSError as e:
-        raise UsageError(f"{out} cannot be read ({e.strerror}); give another folder") from None
+        raise UsageError(f"{flag} {out} cannot be read ({e.strerror}); give another folder") from None
     if empty:
         return set()
-    if not is_capture(out):
-        raise UsageError(
-            f"{out} is a non-empty folder that is not an xbackend capture; xbackend never writes into "
-            "it: give a new or empty folder"
-        )
     try:
         listed = json_loads((out / MANIFEST).read_text("utf-8")).get("files", {})
     except (OSError, ValueError, AttributeError):
         listed = {}
     ours = {n for n in listed if isinstance(n, str) and n == Path(n).name and n.endswith(".xbv")}
+    if not forced(out):
+        if not recorded(out):
+            raise UsageError(
+                f"{flag} {out} is a non-empty folder xbackend did not write; xbackend never writes into "
+                "it: give a new or empty folder (or pass --force)"
+            )
+        for name in sorted({MANIFEST, SUMS, *WRITES, *ours}):  # what a capture replaces or removes
+            p = out / name
+            if os.path.lexists(p) and not is_ours(p):
+                raise UsageError(refusal(flag, p))
     return {n for n in ours if (out / n).is_file() and not (out / n).is_symlink()}
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from xbackend.errors import InputError
 
-__all__ = ["open_user_file", "read_user_bytes", "read_user_text", "user_file"]
+__all__ = ["name_problem", "open_user_file", "read_user_bytes", "read_user_text", "user_file"]
 
 _KINDS = (
     (stat.S_ISDIR, "a folder"),
@@ -23,7 +23,7 @@ _KINDS = (
 _NAME_MAX = 255  # bytes in one path component, on every file system xbackend runs on
 
 
-def _name_problem(p: Path) -> str:
+def name_problem(p: Path) -> str:
     text = str(p)
     try:
         text.encode("utf-8")
@@ -50,7 +50,7 @@ def user_file(path: str | os.PathLike[str], what: str, fix: str, limit: int | No
     FIFO (a named pipe); {fix}'. Looked at without opening it (a FIFO would block)."""
     p = Path(path)
     shown = str(p)
-    bad = _name_problem(p)
+    bad = name_problem(p)
     if bad:
         raise InputError(f"{what} {shown!a} {bad}")
     try:

@@ -17,6 +17,7 @@ from onnx.external_data_helper import convert_model_to_external_data, write_exte
 
 from xbackend.errors import ModelLoadError, first_line
 from xbackend.files.atomic import write_atomic_bytes
+from xbackend.files.owned import file_digest, place
 from xbackend.files.untrusted import contained
 
 __all__ = [
@@ -100,7 +101,7 @@ def adopt_external(proto: onnx.ModelProto, src: Path, out: Path) -> None:
     files = external_files(proto)
     names = {rel: f"{out.name}.data" + (str(k) if len(files) > 1 else "") for k, rel in enumerate(files)}
     for rel, new in names.items():
-        os.replace(src / rel, out.parent / new)
+        place(src / rel, out.parent / new, file_digest(src / rel), "exported weights")
     for t in all_tensors(proto.graph):
         for e in t.external_data:
             if e.key == "location":

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import os
 from pathlib import Path
 
-from xbackend.files.atomic import write_atomic, write_atomic_bytes
+from xbackend.files.atomic import stage_bytes
+from xbackend.files.owned import forget, is_ours, may_place, place
 from xbackend.report.figures import FIXED_SLUGS, planned_figures, render
 from xbackend.report.layers_csv import to_csv
 from xbackend.report.markdown import to_markdown
@@ -44,11 +46,35 @@ def bundle_outputs(flag: str, md_path: str | os.PathLike[str] | None) -> list[tu
 
 
 def write_markdown_bundle(r: Result, md_path: str | os.PathLike[str]) -> list[Path]:
-    """Write the report folder; the Markdown goes last, so its links never point at missing files."""
+    """Write the report folder whole or not at all: every file is staged first (a full disk or a
+    file-size limit then leaves nothing), then each moved into place, the Markdown last, so its
+    links never point at missing files."""
     files = bundle_files(r, md_path)
     md = Path(md_path)
-    for path, data in files.items():
-        if path != md:
-            write_atomic_bytes(path, data)
-    write_atomic(md, files[md].decode("utf-8"))
+    order = [*(p for p in files if p != md), md]
+    staged: dict[Path, Path] = {}
+    try:
+        for path in order:
+            staged[path] = stage_bytes(path, files[path], "report")
+        for path in order:  # every file may be written, checked before the first is placed
+            may_place(path, "report")
+        for path in order:
+            place(staged[path], path, hashlib.sha256(files[path]).hexdigest(), "report")
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+    _drop_stale(md, set(files))
     return list(files)
+
+
+def _drop_stale(md: Path, written: set[Path]) -> None:
+    """A figure an earlier report of this name drew and this one does not: removed if xbackend
+    wrote it and it is unchanged (a reader would take it for this run's)."""
+    stale = [f for _, f in bundle_outputs("-", md)[2:] if f is not None and f not in written]
+    gone = []
+    for f in stale:
+        if f.is_file() and not f.is_symlink() and is_ours(f):
+            f.unlink(missing_ok=True)
+            gone.append(f.name)
+    if gone:
+        forget(md.parent, gone)

@@ -27,7 +27,8 @@ from typing import Any
 
 from xbackend.errors import UsageError
 from xbackend.execution.isolation import kill_group, signal_name
-from xbackend.files.runfolders import run_temp_folder
+from xbackend.files.owned import LEDGER, claim, drop_parts, forced, new_part, replace_tree
+from xbackend.files.runfolders import remove_dead_runs, run_temp_folder
 from xbackend.files.untrusted import contained
 from xbackend.model.extdata import external_files
 from xbackend.model.load import load_proto
@@ -80,7 +81,14 @@ class LocalExecutor:
                 err = Path(tmp) / "stderr"
                 with open(err, "wb") as ef:
                     proc = subprocess.Popen(
-                        [sys.executable, "-c", _JOB_MAIN, str(spec), str(folder)],
+                        [
+                            sys.executable,
+                            "-c",
+                            _JOB_MAIN,
+                            str(spec),
+                            str(folder),
+                            *(["--force"] if forced(folder) else []),
+                        ],
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL,
                         stderr=ef,
@@ -89,12 +97,12 @@ class LocalExecutor:
                     try:
                         code = proc.wait(timeout)
                     except subprocess.TimeoutExpired:
-                        kill_group(proc)
+                        _stop_job(proc, folder)
                         return FleetJob(
                             job, "failed", f"timed out after {timeout:g} s (job_timeout)", host, attempt
                         )
                     except BaseException:  # interrupted: the job goes with the sweep
-                        kill_group(proc)
+                        _stop_job(proc, folder)
                         raise
                 if code == 0:
                     return _finished(job, folder, attempt, host)
@@ -104,6 +112,14 @@ class LocalExecutor:
             if code > 0:  # an error, not a death: running it again gives the same
                 break
         return FleetJob(job, "failed", "; ".join(died), host, len(died))
+
+
+def _stop_job(proc: subprocess.Popen[bytes], folder: Path) -> None:
+    """Kill a job's process group and remove what it left: its half-built job folder and the
+    temp folders of its (now dead) processes."""
+    kill_group(proc)
+    drop_parts(folder)
+    remove_dead_runs()
 
 
 def _tail(path: Path) -> str:
@@ -217,7 +233,12 @@ def _bundle(job: JobSpec) -> dict[str, Any]:
 
 
 def _ray_job(
-    job_json: Mapping[str, Any], bundle: Mapping[str, Any] | None, dest: str | None, tracker: Any, job_id: str
+    job_json: Mapping[str, Any],
+    bundle: Mapping[str, Any] | None,
+    dest: str | None,
+    tracker: Any,
+    job_id: str,
+    force: bool = False,
 ) -> tuple[dict[str, Any], dict[str, bytes] | None]:
     """The Ray task: run one job on this node; its files come back through the object store
     unless `dest` is on storage the driver shares."""
@@ -227,7 +248,7 @@ def _ray_job(
     job = job_from_json(job_json)
     paths = _materialize(bundle)
     if dest is not None:
-        return run_job(job, dest, paths.get("model"), paths.get("inputs")), None
+        return run_job(job, dest, paths.get("model"), paths.get("inputs"), force), None
     with run_temp_folder("xbackend-job-") as tmp:
         folder = Path(tmp) / "job"
         rec = run_job(job, folder, paths.get("model"), paths.get("inputs"))
@@ -262,18 +283,23 @@ class _Tracker:
 
 def _write_files(folder: Path, files: Mapping[str, bytes]) -> None:
     """A job folder from the object store, replaced whole (a reader never sees half of one)."""
-    part = folder.with_name(f".{folder.name}.partial")
-    shutil.rmtree(part, ignore_errors=True)
-    part.mkdir(parents=True)
-    for rel, data in files.items():
-        dest = contained(
-            part, rel, f"a job's file from a node ({folder.name})", "the node sent a path out of its folder"
-        )
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(data)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(part, folder)
+    part = new_part(folder)
+    try:
+        for rel, data in files.items():
+            dest = contained(
+                part,
+                rel,
+                f"a job's file from a node ({folder.name})",
+                "the node sent a path out of its folder",
+            )
+            if dest.name == LEDGER:  # recorded here, from the bytes that arrived
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+            claim(dest, hashlib.sha256(data).hexdigest())
+        replace_tree(part, folder, "the job folder")
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
 
 
 @dataclass
@@ -354,7 +380,9 @@ class RayExecutor:
                 bundle = bundles[job.model]
             dest = None if not self.shared_storage else str(jobs_dir / job.folder)
             opts = {**placement(job.requires), "max_retries": 0, "retry_exceptions": False}
-            ref = task.options(**opts).remote(job_to_json(job), bundle, dest, tracker, f"{job.id}#{attempt}")
+            ref = task.options(**opts).remote(
+                job_to_json(job), bundle, dest, tracker, f"{job.id}#{attempt}", forced(jobs_dir / job.folder)
+            )
             pending.append(_Pending(job, attempt, ref, died))
 
         for job in jobs:

@@ -21,8 +21,11 @@ from xbackend.compare import compare_with_options, make_feeds
 from xbackend.compare.saved_report import read_result
 from xbackend.compare.tolerances import attach
 from xbackend.errors import InputError, UsageError, XbackendError, first_line
+from xbackend.files.atomic import check_outputs
+from xbackend.files.owned import allow, check_tree, forced, recorded
+from xbackend.files.userfile import name_problem
 from xbackend.model.load import load_model
-from xbackend.report import to_json, write_atomic, write_markdown_bundle
+from xbackend.report import bundle_outputs, to_json, write_atomic, write_markdown_bundle
 from xbackend.results import CompareOptions, Result
 from xbackend.results.capture_record import open_capture
 from xbackend.results.explanation import Explanation, LocalErrors
@@ -30,6 +33,7 @@ from xbackend.sweep.executors import LocalExecutor
 from xbackend.sweep.node import read_record
 from xbackend.sweep.outcomes import (
     JOBS,
+    MODELS,
     FleetJob,
     FleetProgress,
     FleetResult,
@@ -38,7 +42,7 @@ from xbackend.sweep.outcomes import (
     SweepExecutor,
 )
 from xbackend.sweep.report import fleet_json, fleet_markdown, to_dict
-from xbackend.sweep.spec import JobSpec, ModelEntry, SweepSpec, check_backends
+from xbackend.sweep.spec import JobSpec, ModelEntry, SweepSpec, check_backends, safe_name
 
 __all__ = ["run_sweep", "write_fleet"]
 
@@ -83,19 +87,36 @@ def _resumable(job: JobSpec, folder: Path) -> dict[str, Any] | None:
     return rec
 
 
-def check_output(out: Path) -> None:
-    """The fleet folder is new, empty, or one a sweep wrote: job folders under it are replaced
-    whole, so a user's folder is never written into."""
-    if not out.exists():
+def check_output(spec: SweepSpec, force: bool = False) -> None:
+    """Before any job: the fleet folder is new, empty, or one a sweep wrote (its ledger lists a
+    file), and every file the sweep would write or remove there (fleet.json, fleet.md, each
+    model's report, each job folder whole) is xbackend's, unchanged since (xbackend.files.owned):
+    a user's file in it is never overwritten or removed. A model named README writes
+    models/README.md, refused in a folder where that is someone's. `force` (--force): the folder's
+    files may be replaced."""
+    out = spec.output
+    flag = "the sweep's output"
+    bad = name_problem(out)
+    if bad:
+        raise UsageError(f"{flag} {str(out)!a} {bad}")
+    if force:
+        allow([out])
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UsageError(f"{flag} {out} is a file or a link; pass -o DIR with a new or empty folder")
+    if not out.exists() or forced(out) or not any(out.iterdir()):
         return
-    if not out.is_dir():
-        raise UsageError(f"the sweep's output {out} is a file; pass -o DIR with a new or empty folder")
-    ours = (out / JOBS).is_dir() or (out / "fleet.json").is_file()
-    if any(out.iterdir()) and not ours:
+    if not recorded(out):
         raise UsageError(
-            f"the sweep's output {out} is a non-empty folder that a sweep did not write; xbackend never "
-            "writes into it: pass -o DIR with a new or empty folder"
+            f"{flag} {out} is a non-empty folder xbackend did not write; xbackend never writes into it: "
+            "pass -o DIR with a new or empty folder (or --force)"
         )
+    files: list[tuple[str, Path | None]] = [("-o", out / "fleet.json"), ("-o", out / "fleet.md")]
+    for m in spec.models:
+        md = out / MODELS / f"{safe_name(m.name)}.md"
+        files += [*bundle_outputs("-o", md), ("-o", md.with_suffix(".json"))]
+    check_outputs(files)
+    for job in spec.jobs({m.name: "" for m in spec.models}):
+        check_tree(f"{flag}'s job folder", out / JOBS / job.folder)
 
 
 def run_sweep(
@@ -103,10 +124,11 @@ def run_sweep(
     executor: SweepExecutor | None = None,
     progress: FleetProgress | None = None,
     resume: bool = True,
+    force: bool = False,
 ) -> FleetResult:
     """Run every job not already done, compare each model's captures, write the fleet report."""
     ex = executor or LocalExecutor()
-    check_output(spec.output)
+    check_output(spec, force)
     if ex.name == "local":  # unknown runners and options fail here, before any job
         check_backends(spec)
     bar = progress or NullFleetProgress()

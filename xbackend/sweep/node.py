@@ -25,6 +25,7 @@ from typing import Any
 
 from xbackend.compare import compare_with_options
 from xbackend.errors import XbackendError, first_line
+from xbackend.files.owned import allow, new_part, replace_tree
 from xbackend.files.untrusted import json_loads
 from xbackend.host.environment import collect_environment
 from xbackend.report import to_json, to_markdown, write_atomic
@@ -95,15 +96,29 @@ def _record(job: JobSpec, status: str, reason: str, **extra: Any) -> dict[str, A
 
 
 def run_job(
-    job: JobSpec, dest: str | os.PathLike[str], model_path: str | None = None, inputs_path: str | None = None
+    job: JobSpec,
+    dest: str | os.PathLike[str],
+    model_path: str | None = None,
+    inputs_path: str | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Run `job` and leave its folder at `dest` (replaced whole); returns the record. Backend
-    trouble is a failed record, never an exception. `model_path`, `inputs_path`: where this node
-    holds the job's files, when they were shipped to it."""
+    """Run `job` and leave its folder at `dest` (replaced whole, if what is there is xbackend's
+    unchanged files, or `force`); returns the record. Backend trouble is a failed record, never an
+    exception. `model_path`, `inputs_path`: where this node holds the job's files, when they were
+    shipped to it."""
     out = Path(dest)
-    part = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(part, ignore_errors=True)
-    part.mkdir(parents=True)
+    if force:
+        allow([out])
+    part = new_part(out)
+    try:
+        return _run_job(job, out, part, model_path, inputs_path)
+    finally:
+        shutil.rmtree(part, ignore_errors=True)  # a failure or a signal leaves no part behind
+
+
+def _run_job(
+    job: JobSpec, out: Path, part: Path, model_path: str | None, inputs_path: str | None
+) -> dict[str, Any]:
     env = collect_environment()
     common = {"environment": env, "environment_sha256": environment_sha256(env)}
     opts = job.options()
@@ -131,8 +146,7 @@ def run_job(
             **common,
         )
     write_atomic(part / JOB_FILE, json.dumps(rec, indent=2, sort_keys=True) + "\n", "job record")
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(part, out)
+    replace_tree(part, out, "the job folder")
     return rec
 
 
@@ -146,7 +160,7 @@ def read_record(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def main(argv: list[str]) -> int:
-    """JOB.json DEST: the local executor's process per job."""
+    """JOB.json DEST [--force]: the local executor's process per job."""
     job = job_from_json(json.loads(Path(argv[0]).read_text("utf-8")))
-    run_job(job, argv[1])
+    run_job(job, argv[1], force="--force" in argv[2:])
     return 0
