@@ -329,9 +329,20 @@ class Verification:
             if old.get(k) != new.get(k)
         ]
 
+    def false_claims(self) -> list[tuple[str, str]]:
+        """Properties the certificate holds that this re-run did not show held: (name, here).
+        "not applicable" here is a false claim whatever signs it (the model is the same file, so
+        what applies is the same); an unsigned certificate's claim stands only where it held here."""
+        out = []
+        for name, old, new in self.property_changes():
+            if old == "held" and (new == "not applicable" or (new != "broken" and not self.envelope.signed)):
+                out.append((name, new))
+        return out
+
     @property
     def ok(self) -> bool:
-        return self.outputs_match and not any(new == "broken" for _, _, new in self.property_changes())
+        broke = any(new == "broken" for _, _, new in self.property_changes())
+        return self.outputs_match and not broke and not self.false_claims()
 
     @property
     def exit_code(self) -> int:
@@ -358,8 +369,13 @@ class Verification:
                 f"certified {c['outputs']['sha256'][:16] or 'none'}, "
                 f"here {r['outputs']['sha256'][:16] or 'none'}",
             ]
+        false = dict(self.false_claims())
         for name, old, new in self.property_changes():
-            out.append(f"PROPERTY: {name} was {old} in the certificate, {new} here")
+            if name in false:
+                why = "it does not apply to this model" if new == "not applicable" else f"it was {new} here"
+                out.append(f"FALSE CLAIM: {name} is held in the certificate, but {why}; the claim is refused")
+            else:
+                out.append(f"PROPERTY: {name} was {old} in the certificate, {new} here")
         out += _latency_line(c.get("latency"), r.get("latency"))
         env = self.environment_changes()
         if not env:

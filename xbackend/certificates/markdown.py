@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from xbackend.files.textfmt import inert, only_our_html, table, with_module
+from xbackend.files.textfmt import inert, only_our_html, strong, table, with_module
 
 __all__ = ["certificate_markdown"]
 
@@ -105,7 +105,7 @@ def _md_properties(c: Mapping[str, Any]) -> list[str]:
         [
             p["name"],
             p["meaning"],
-            f"**{p['status']}**" if p["status"] == "broken" else p["status"],
+            strong("broken") if p["status"] == "broken" else p["status"],
             p["evidence"],
             _first_layer(p) or "–",
             "yes" if p["promised_by_runner"] else "no",

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from xbackend.errors import ModelLoadError
+from xbackend.files.userfile import name_problem, os_problem
 
 __all__ = ["ENGINE_DOMAINS", "KNOWN_DOMAINS", "ModelRef", "model_file", "np_dtype", "read_model_bytes"]
 
@@ -63,8 +64,15 @@ def np_dtype(name: str) -> np.dtype[np.generic]:
 def model_file(path: str | os.PathLike[str]) -> Path:
     """The model's path; ModelLoadError if it is missing or not a file."""
     p = Path(path)
-    if not p.exists():
-        raise ModelLoadError(f"model file not found: {p}; check the path")
+    bad = name_problem(p)
+    if bad:  # onnxruntime's bindings take UTF-8 paths alone; a report prints the name
+        raise ModelLoadError(f"the model {str(p)!a} {bad}")
+    try:
+        os.stat(p)
+    except FileNotFoundError:
+        raise ModelLoadError(f"model file not found: {p}; check the path") from None
+    except OSError as e:
+        raise ModelLoadError(f"the model {p} {os_problem(e)}; check the path") from None
     if not p.is_file():
         raise ModelLoadError(f"{p} is not a file; pass the path of an .onnx model file")
     return p

@@ -23,6 +23,7 @@ __all__ = [
     "only_our_html",
     "prose",
     "short",
+    "strong",
     "table",
     "visible",
     "with_module",
@@ -103,7 +104,7 @@ def inert(text: object) -> str:
     s = visible(CONTROL.sub(" ", str(text)))
     if "`" in s or _EMAIL.search(s):
         return code_span(s)
-    return _unlinked(_escaped(s, stars="all"))
+    return _unlinked(_escaped(s))
 
 
 def prose(text: object) -> str:
@@ -132,25 +133,32 @@ def _prose_text(s: str) -> str:
 
 
 class Ours(str):
-    """Markdown the report writes itself into a table cell (a link to its own file, built from
-    inert names): cell() leaves it as it is, but for pipes."""
+    """Markdown the report writes itself into a table cell (a link to its own file, its bold,
+    built from inert names): cell() leaves it as it is, but for pipes."""
+
+
+def strong(head: str, rest: object = "") -> Ours:
+    """A cell that opens with the report's own bold: `head` (a status, a name) in bold, then
+    `rest` (a reason quoting names), each made inert."""
+    return Ours(f"**{inert(head)}**{prose(rest)}" if rest != "" else f"**{inert(head)}**")
 
 
 def cell(text: object) -> str:
     """One table cell: a pipe or a line break would end it, raw HTML would render, a URL, an
-    e-mail address or [text](target) would become a link. The report's own bold stays; a code
-    span stays whole; Ours is the report's own."""
+    e-mail address or [text](target) would become a link, an asterisk emphasis. A code span
+    stays whole. The report's own markup in a cell (its bold) comes as Ours, built from inert
+    names: only its pipes are escaped."""
     if isinstance(text, Ours):
         return str(text).replace("|", "\\|")
     return _between_spans(visible(CONTROL.sub(" ", str(text))), _cell_text).replace("|", "\\|")
 
 
 def _cell_text(s: str) -> str:
-    """A cell's names made inert around the report's own markup (its ** bold): backslashes first,
-    then every bracket, tilde, lone asterisk and underscore at a word's edge."""
+    """A cell's names made inert: backslashes first, then every bracket, tilde, asterisk and
+    underscore at a word's edge."""
     if "`" in s or _EMAIL.search(s):
         return code_span(s)
-    return _unlinked(_escaped(s, stars="lone"))
+    return _unlinked(_escaped(s))
 
 
 _PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
@@ -158,12 +166,12 @@ _ENTITIES = ("&amp;", "&lt;")
 _ALNUM = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
 
-def _escaped(s: str, stars: str) -> str:
+def _escaped(s: str) -> str:
     """`s` with what builds Markdown escaped: & and <, brackets, tildes, underscores at a word's
-    edge (layer_norm stays as it is), and asterisks (`stars`: "all", or "lone" where the text holds
-    the report's own ** bold). An escape already there (a backslash before punctuation, &amp;,
-    &lt;) is kept as one piece: escaping twice changes nothing, and a name's own backslash can
-    never cancel an escape added here (a lone one before a letter stays a backslash)."""
+    edge (layer_norm stays as it is), and asterisks. An escape already there (a backslash before
+    punctuation, &amp;, &lt;) is kept as one piece: escaping twice changes nothing, and a name's
+    own backslash can never cancel an escape added here (a lone one before a letter stays a
+    backslash)."""
     out, i, n = [], 0, len(s)
     while i < n:
         c = s[i]
@@ -185,7 +193,7 @@ def _escaped(s: str, stars: str) -> str:
             out.append("\\" + c)
         elif c == "_" and not (prev in _ALNUM and nxt in _ALNUM):
             out.append("\\_")
-        elif c == "*" and (stars == "all" or (prev != "*" and nxt != "*")):
+        elif c == "*":
             out.append("\\*")
         else:
             out.append(c)
@@ -215,7 +223,7 @@ def only_our_html(markdown: str) -> str:
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return [*out, ""]
 
@@ -226,7 +234,7 @@ def gib(n: int) -> str:
 
 
 def yes(b: bool | None) -> str:
-    return "–" if b is None else ("yes" if b else "**no**")
+    return "–" if b is None else ("yes" if b else strong("no"))
 
 
 def module_note(tensor: str | None, modules: Mapping[str, str]) -> str:

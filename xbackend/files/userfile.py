@@ -11,7 +11,7 @@ from pathlib import Path
 
 from xbackend.errors import InputError
 
-__all__ = ["name_problem", "open_user_file", "read_user_bytes", "read_user_text", "user_file"]
+__all__ = ["name_problem", "open_user_file", "os_problem", "read_user_bytes", "read_user_text", "user_file"]
 
 _KINDS = (
     (stat.S_ISDIR, "a folder"),
@@ -34,7 +34,7 @@ def name_problem(p: Path) -> str:
     return ""
 
 
-def _os_problem(e: OSError) -> str:
+def os_problem(e: OSError) -> str:
     return {
         errno.ENOENT: "does not exist",
         errno.ELOOP: "is a symbolic link loop",
@@ -56,7 +56,7 @@ def user_file(path: str | os.PathLike[str], what: str, fix: str, limit: int | No
     try:
         st = os.stat(p)
     except OSError as e:
-        raise InputError(f"{what} {shown} {_os_problem(e)}; {fix}") from None
+        raise InputError(f"{what} {shown} {os_problem(e)}; {fix}") from None
     for test, kind in _KINDS:
         if test(st.st_mode):
             raise InputError(f"{what} {shown} is {kind}, not a file; {fix}")
@@ -74,7 +74,7 @@ def open_user_file(path: str | os.PathLike[str], what: str, fix: str, limit: int
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        raise InputError(f"{what} {p} {_os_problem(e)}; {fix}") from None
+        raise InputError(f"{what} {p} {os_problem(e)}; {fix}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or (limit is not None and st.st_size > limit):
         os.close(fd)

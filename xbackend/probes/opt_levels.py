@@ -8,7 +8,7 @@ from typing import Any
 
 from xbackend.execution.buildinfo import OptLevelRow
 from xbackend.execution.executor import Job
-from xbackend.files.textfmt import num, table, yes
+from xbackend.files.textfmt import num, strong, table, yes
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
 from xbackend.results.probe import ProbeResult
 from xbackend.runners.base import Runner
@@ -59,7 +59,7 @@ class OptLevelsResult(ProbeResult):
             ]
             for o in self.rows
         ]
-        rows += [[b, "–", f"**failed**: {why}", "–", "–", "–", "–"] for b, why in self.failures]
+        rows += [[b, "–", strong("failed", f": {why}"), "–", "–", "–", "–"] for b, why in self.failures]
         header = [
             "backend",
             "level",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xbackend.execution.executor import Job, separate_layers, standard_phases
-from xbackend.files.textfmt import num, table, with_module, yes
+from xbackend.files.textfmt import num, strong, table, with_module, yes
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
 from xbackend.results.probe import ProbeResult
 
@@ -60,7 +60,7 @@ class Tf32Result(ProbeResult):
             [
                 r.backend,
                 "on" if r.tf32 else "off",
-                yes(r.same_bits) if r.status == "ok" else f"**failed**: {r.reason}",
+                yes(r.same_bits) if r.status == "ok" else strong("failed", f": {r.reason}"),
                 num(r.max_ulp),
                 num(r.scaled_ulp),
                 with_module(r.first_divergence, modules or {}) if r.first_divergence else "–",

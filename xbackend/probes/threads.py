@@ -9,7 +9,7 @@ from typing import Any
 
 from xbackend.execution.executor import Job, JobOutcome, separate_layers, standard_phases
 from xbackend.execution.protocol import LAYERS, Phase, PhaseResult
-from xbackend.files.textfmt import num, table, with_module, yes
+from xbackend.files.textfmt import num, strong, table, with_module, yes
 from xbackend.numerics.metrics import summarize
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
 from xbackend.results.probe import ProbeResult, PromiseEvidence
@@ -83,7 +83,7 @@ class ThreadsResult(ProbeResult):
             [
                 t.backend,
                 t.threads,
-                yes(t.invariant) if t.status == "ok" else f"**{t.status}**: {t.reason}",
+                yes(t.invariant) if t.status == "ok" else strong(t.status, f": {t.reason}"),
                 num(t.max_ulp),
                 num(t.scaled_ulp),
                 with_module(t.first_divergence, modules or {}) if t.first_divergence else "–",

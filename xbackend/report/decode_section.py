@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xbackend.files.codec import encode
-from xbackend.files.textfmt import table
+from xbackend.files.textfmt import Ours, inert, table
 from xbackend.results import Result
 from xbackend.results.decode import BackendDecode, DecodeResult
 
@@ -104,11 +104,11 @@ def _tokens(d: DecodeResult) -> list[str]:
         if not b.ok:
             continue
         for p in b.prompts:
-            shown = [str(t) for t in p.tokens[:_SHOWN_TOKENS]]
+            shown = [inert(t) for t in p.tokens[:_SHOWN_TOKENS]]
             if p.first_divergent_step is not None and p.first_divergent_step < len(shown):
                 shown[p.first_divergent_step] = f"**{shown[p.first_divergent_step]}**"
             more = " …" if len(p.tokens) > _SHOWN_TOKENS else ""
-            rows.append([p.prompt, b.backend, " ".join(shown) + more])
+            rows.append([p.prompt, b.backend, Ours(" ".join(shown) + more)])
     rows.sort(key=lambda row: (row[0], str(row[1])))
     return [
         "Bold: the first token that differs from the reference's.",

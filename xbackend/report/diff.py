@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from xbackend.files.textfmt import num, only_our_html, table, with_module
+from xbackend.files.textfmt import inert, num, only_our_html, table, with_module
 from xbackend.results import BackendResult, Result
 
 __all__ = ["ReportDiff", "diff_results"]
@@ -50,7 +50,7 @@ class ReportDiff:
         return bool(self.environment or self.options or self.model) or any(b.changed for b in self.backends)
 
     def markdown(self, old: str, new: str) -> str:
-        out = [f"# xbackend diff: {old} -> {new}", ""]
+        out = [f"# xbackend diff: {inert(old)} -> {inert(new)}", ""]
         moved = [b for b in self.backends if b.first_moved]
         if not self.changed:
             out += ["Nothing changed: same environment, options, verdicts and bits.", ""]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from xbackend.files.textfmt import num, table, with_module
+from xbackend.files.textfmt import num, prose, strong, table, with_module
 from xbackend.results import Result
 from xbackend.results.explanation import LocalErrors, ReorderCheck, conditioning_limit
 
@@ -21,7 +21,13 @@ def _row(name: str, le: LocalErrors | None, modules: dict[str, str]) -> list[str
     graph = le.graph or "–"
     if le.origins:
         o = le.origins[0]
-        return [name, f"**{len(le.origins)} origin(s)**", graph, with_module(o.tensor, modules), num(o.ratio)]
+        return [
+            name,
+            strong(f"{len(le.origins)} origin(s)"),
+            graph,
+            with_module(o.tensor, modules),
+            num(o.ratio),
+        ]
     where = with_module(le.largest_at, modules) if le.largest_at else "–"
     below = math.floor(le.largest_ratio * 1000) / 1000 if le.largest_ratio is not None else None
     return [name, "explained", graph, where, num(below)]  # never rounded up to the allowance
@@ -64,7 +70,9 @@ def _detection(names: list[str], local: Callable[[str], LocalErrors | None]) -> 
 def explanation_section(r: Result) -> list[str]:
     ex = r.explanation
     if not ex.ok:
-        return ["## What the differences are", "", f"Not measured: {ex.reason}.", ""] if ex.reason else []
+        return (
+            ["## What the differences are", "", f"Not measured: {prose(ex.reason)}.", ""] if ex.reason else []
+        )
     modules = r.model.modules()
     out = [
         "## What the differences are",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -298,6 +299,9 @@ def builds_unchanged(r: Result) -> str:
     )
 
 
+_SLUG = re.compile(r"[^A-Za-z0-9_.+@-]")  # a runner's name as a file-name part (never a folder)
+
+
 def _costs(r: Result) -> list[Figure]:
     """Per family of modes: each mode's median latency against the default's (times shown only)."""
     if not r.options.shows_times:
@@ -318,7 +322,7 @@ def _costs(r: Result) -> list[Figure]:
         )
         out.append(
             Figure(
-                f"cost-{fam.runner}",
+                f"cost-{_SLUG.sub('_', fam.runner)}",  # one file name, whatever a report JSON names
                 f"Cost of determinism: {fam.runner}",
                 f"Median latency of each mode of {fam.runner} as a ratio of the default mode's "
                 f"({fam.default}), with each mode's distinct outputs (runs / builds) under its name.",

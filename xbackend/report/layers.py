@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from xbackend.files.textfmt import inert, with_module
+from xbackend.files.textfmt import inert, strong, with_module
 from xbackend.files.textfmt import num as _num
 from xbackend.files.textfmt import table as _table
 from xbackend.files.textfmt import yes as _yes
@@ -33,12 +33,11 @@ FULL_TABLE_LIMIT = 50  # rows of a folded per-layer table; the rest is in the CS
 def diff_row(
     d: TensorDiff, modules: Mapping[str, str], mark: str = "", floors: Mapping[str, float] | None = None
 ) -> list[object]:
-    name = f"**{inert(d.name)}** {mark}".strip() if mark else inert(d.name)
+    name = strong(d.name, f" {mark}") if mark else inert(d.name)
     module = inert(modules.get(value_name(d.name), ""))
     special = f"{d.nan_mismatch}/{d.inf_mismatch}/{d.ftz_mismatch}/{d.fill_mismatch}"
-    status = d.status if d.comparable else f"**{d.status}** ({d.detail})"
-    if d.zero_ulp_reason():
-        status = f"{status} (bits differ at 0 ULP: {d.zero_ulp_reason()})"
+    zero = f" (bits differ at 0 ULP: {d.zero_ulp_reason()})" if d.zero_ulp_reason() else ""
+    status: object = f"{d.status}{zero}" if d.comparable else strong(d.status, f" ({d.detail}){zero}")
     return [
         name,
         *([module or "–"] if modules else []),
@@ -91,7 +90,7 @@ def diff_header(modules: Mapping[str, str], floors: bool = False) -> list[str]:
 def _layer_tables(
     c: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None
 ) -> list[str]:
-    out = [f"### {c.backend} vs {c.reference}", ""]
+    out = [f"### {inert(c.backend)} vs {inert(c.reference)}", ""]
     if c.status != "ok":
         return [*out, f"Not compared: {c.reason}.", ""]
     first = c.first_divergence
@@ -282,7 +281,7 @@ def _against(
     for c in crosses:
         if c.tensors:
             out += [
-                f"### {c.backend} against {what}",
+                f"### {inert(c.backend)} against {inert(what)}",
                 "",
                 *_worst_layers(c, modules),
                 *_full_table(c, modules),

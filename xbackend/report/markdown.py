@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import PurePath
 
-from xbackend.files.textfmt import fenced, fold, gib, inert, module_note, only_our_html, prose
+from xbackend.files.textfmt import fenced, fold, gib, inert, module_note, only_our_html, prose, strong
 from xbackend.files.textfmt import num as _num
 from xbackend.files.textfmt import table as _table
 from xbackend.files.textfmt import yes as _yes
@@ -124,11 +124,11 @@ def _figures(r: Result, stem: str | None, figs: list[Figure]) -> list[str]:
     if stem is None:
         return []
     out = ["## Figures", ""]
-    csv = f"The full per-layer table is [{stem}.layers.csv]({stem}.layers.csv)."
+    csv = f"The full per-layer table is [{inert(stem)}.layers.csv]({stem}.layers.csv)."
     if not figs:
         return [*out, f"No per-layer data to plot (graph outputs only, or nothing compared). {csv}", ""]
     for f in figs:
-        out += [f"![{f.title}]({stem}.{f.slug}.png)", "", f"*{f.caption}*", ""]
+        out += [f"![{inert(f.title)}]({stem}.{f.slug}.png)", "", f"*{prose(f.caption)}*", ""]
     still = builds_unchanged(r)
     if still:
         out += [still, ""]
@@ -165,7 +165,7 @@ def _backend_rows(r: Result) -> list[list[object]]:
                 else ["–"] * 5
             )
         )
-        status = b.status if b.ok else f"**{b.status}**: {b.reason}"
+        status: object = b.status if b.ok else strong(b.status, f": {b.reason}")
         drift = _drift_cell(r, b.name)
         if b.loaded_from:
             status = f"{status} (capture {b.loaded_from})"

@@ -133,7 +133,7 @@ def probes_section(r: Result) -> list[str]:
 
 
 def _run_to_run(b: BackendResult, modules: Mapping[str, str]) -> list[str]:
-    out = [f"### {b.name}", ""]
+    out = [f"### {inert(b.name)}", ""]
     if not b.ok:
         return [*out, f"{b.status}: {b.reason}", ""]
     out.append(

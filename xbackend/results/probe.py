@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from xbackend.files.codec import register_subclass
+from xbackend.files.textfmt import prose
 
 __all__ = ["FailedProbe", "ProbeResult", "PromiseEvidence"]
 
@@ -77,7 +78,7 @@ class FailedProbe(ProbeResult):
         return [f"WARN: probe {self.probe} failed: {self.reason}"]
 
     def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
-        return [f"### Probe {self.probe}", "", f"Failed: {self.reason}.", ""]
+        return [f"### Probe {self.probe}", "", f"Failed: {prose(self.reason)}.", ""]
 
     def to_json(self) -> Any:
         return {"status": "failed", "reason": self.reason}
