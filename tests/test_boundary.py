@@ -378,6 +378,38 @@ def test_a_signal_while_the_cli_imports_is_one_line(sig: str, code: int) -> None
     assert proc.stderr == f"xbackend: {what} before anything ran\n" and proc.stdout == ""
 
 
+LATE = """
+import atexit, os, signal, sys
+import xbackend.cli.main
+
+
+def command(argv=None):  # a command that has written what it writes
+    print("wrote r.md")
+    atexit.register(os.kill, os.getpid(), signal.{sig})  # the signal as the process winds down
+    return 0
+
+
+xbackend.cli.main.main = command
+sys.exit(__import__("xbackend.cli.entry").cli.entry.main())
+"""
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_signal_as_the_command_ends_is_its_line_and_code(sig: str, code: int) -> None:
+    """A signal in a command's last moments killed it with exit -2 or -15 and no line: it is now
+    noted, the exit functions still run, and the process ends with its line and 128 + signum."""
+    proc = subprocess.run(
+        [sys.executable, "-c", LATE.replace("{sig}", sig)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout == "wrote r.md\n"
+    assert proc.stderr == f"xbackend: {sig} as the command ended; what it wrote is whole\n"
+
+
 @pytest.mark.slow
 def test_a_run_killed_outright_leaves_its_folder_to_the_next_run(tmp_path: Path, plugin_path: Path) -> None:
     """SIGKILL leaves no chance to clean up: the run's folder (8.4 MB in the tester's case) stays,

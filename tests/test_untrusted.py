@@ -301,6 +301,47 @@ def test_a_sweep_file_reads_inside_its_folder_and_runs_no_code(
     assert (theirs / "reference" / "keep.xbv").read_text("utf-8") == "mine"
 
 
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_mid_sweep_leaves_no_part_and_no_temp_folder(
+    signum: int, code: int, tmp_path: Path, plugin_path: Path
+) -> None:
+    """A sweep stopped while a job's worker hangs left $TMPDIR/xbackend-* and
+    jobs/m/.ort-cpu.partial while saying its temp files were removed: now the job's process group
+    is killed, its half-built job folder and its temp folders removed, and the line is true."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": os.pathsep.join([str(plugin_path), str(tests)])}
+    relu_model(tmp_path)
+    (tmp_path / "s.toml").write_text(
+        '[[backends]]\nname = "test-hang"\n[[models]]\nname = "m"\npath = "relu.onnx"\n', "utf-8"
+    )
+    out = tmp_path / "fleet"
+    argv = [
+        sys.executable,
+        "-m",
+        "xbackend",
+        "sweep",
+        str(tmp_path / "s.toml"),
+        "-o",
+        str(out),
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(tmp.rglob("engine.bin")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # waits for a state (the hanging worker's engine file written), not a time
+    assert any(tmp.rglob("engine.bin")), "the hanging worker never ran"
+    assert any(p.name.endswith(".partial") for p in (out / "jobs" / "m").iterdir())
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1].endswith("the run's temp files were removed")
+    assert list(tmp.iterdir()) == []
+    assert [p.name for p in (out / "jobs" / "m").iterdir()] == []
+    assert subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout.split() == []
+
+
 @pytest.mark.parametrize(
     ("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
 )

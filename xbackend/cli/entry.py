@@ -21,8 +21,20 @@ class _Early(BaseException):
     """A signal before the CLI was imported."""
 
 
+_PHASE = ["import"]  # import, run (the CLI is running), done (it returned its code)
+_LATE: list[int] = []  # signals that arrived once the command was done
+
+
 def _early(signum: int, _frame: object) -> None:
-    raise _Early(signum)
+    if _PHASE[0] == "done":
+        _LATE.append(signum)  # noted: the command's code becomes 128 + signum, with its line
+    elif _PHASE[0] == "run":  # the CLI's own handlers are not (or no longer) in place
+        from xbackend.cli.main import _RECEIVED
+
+        _RECEIVED.append(signum)
+        raise KeyboardInterrupt
+    else:
+        raise _Early(signum)
 
 
 def main() -> int:
@@ -32,22 +44,28 @@ def main() -> int:
     try:
         from xbackend.cli.main import main as cli_main  # heavy: the CLI, imported under the early handlers
 
+        _PHASE[0] = "run"
         code = cli_main()
+        _PHASE[0] = "done"
     except _Early as e:  # while importing, or before the CLI's own handlers were in place
         signum = int(e.args[0])
         what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         print(f"xbackend: {what} before anything ran", file=sys.stderr)
         return 128 + signum
+    except KeyboardInterrupt:  # between the CLI's start and its own handlers
+        print("xbackend: interrupted; the run's temp files were removed", file=sys.stderr)
+        return 130
     return _finish(code, wanted)
 
 
 def _finish(code: int, wanted: list[signal.Signals]) -> int:
     """The command has ended: its exit functions (temp folders) run now, under handlers that note
-    a signal rather than die of it, and the process exits at once with its code; a signal in
-    these last moments is one line and 128 + its number, never a death with no word."""
-    late: list[int] = []
+    a signal rather than die of it; a signal in these last moments is one line and 128 + its
+    number, never a death with no word (the handlers stay for the interpreter's last steps)."""
+    _PHASE[0] = "done"
+    late = _LATE
     for s in wanted:
-        signal.signal(s, lambda signum, _frame: late.append(signum))
+        signal.signal(s, _early)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -55,8 +73,7 @@ def _finish(code: int, wanted: list[signal.Signals]) -> int:
     if late:
         name = signal.Signals(late[0]).name
         with contextlib.suppress(Exception):
-            print(
-                f"xbackend: {name} as the command ended; what it wrote is whole", file=sys.stderr, flush=True
-            )
-        code = 128 + late[0]
-    os._exit(code)
+            line = f"xbackend: {name} as the command ended; what it wrote is whole"
+            print(line, file=sys.stderr, flush=True)
+        os._exit(128 + late[0])
+    return code
