@@ -41,6 +41,8 @@ def main() -> int:
     wanted = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
     for s in wanted:
         signal.signal(s, _early)
+    if hasattr(signal, "SIGXFSZ"):  # past `ulimit -f` a write fails (EFBIG, one line), never kills
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         from xbackend.cli.main import main as cli_main  # heavy: the CLI, imported under the early handlers
 

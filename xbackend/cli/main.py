@@ -66,13 +66,16 @@ class _Visible:
     CSI; U+202E, a right-to-left override): a name from a file neither controls nor reorders
     what the user sees. Everything else is the stream's own."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, errors: bool = False) -> None:
         self._stream = stream
+        self._errors = errors
 
     def write(self, text: str) -> int:
         try:
             self._stream.write(visible(text))
         except OSError as e:  # stdout at /dev/full, or a pipe closed early
+            if self._errors:
+                return len(text)  # stderr that takes nothing: the exit code still says it
             raise _StreamError(e.errno or 0, e.strerror or str(e)) from None
         return len(text)
 
@@ -83,7 +86,7 @@ class _Visible:
 @contextlib.contextmanager
 def _visible_streams() -> Iterator[None]:
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Visible(out), _Visible(err)
+    sys.stdout, sys.stderr = _Visible(out), _Visible(err, errors=True)
     try:
         yield
     finally:

@@ -18,7 +18,7 @@ from xbackend.errors import RunnerFailedError, UsageError
 from xbackend.files.atomic import NPZ_MARK, check_outputs, write_atomic_bytes
 from xbackend.files.capture_folder import check_folder
 from xbackend.files.textfmt import short, with_module
-from xbackend.report import bundle_outputs, to_json, write_atomic, write_markdown_bundle
+from xbackend.report import bundle_outputs, write_markdown_bundle
 from xbackend.results import Result
 from xbackend.results.capture_record import load_capture
 
@@ -43,10 +43,8 @@ def compare(model: ModelArg, **flags: Any) -> int:
 
 
 def _write_reports(result: Result, md: str | None, js: str | None) -> None:
-    if md:
-        write_markdown_bundle(result, md)
-    if js:
-        write_atomic(js, to_json(result))
+    if md or js:  # the Markdown, its table and figures and the JSON: all of them, or none
+        write_markdown_bundle(result, md, js)
 
 
 @app.command(

@@ -65,14 +65,15 @@ def remove_dead_runs(folder: Path | None = None) -> list[Path]:
 def run_temp_folder(prefix: str = "xbackend-") -> tempfile.TemporaryDirectory[str]:
     """A new temp folder for this run, marked with this process (removed when it ends); the
     folders of runs whose process died are removed first."""
-    remove_dead_runs()
     try:
+        remove_dead_runs()
         tmp = tempfile.TemporaryDirectory(prefix=prefix)
         pid = os.getpid()
         (Path(tmp.name) / MARK).write_text(f"{pid} {_started(pid)}\n")
-    except OSError as e:
+    except OSError as e:  # gettempdir() itself fails where no folder takes a file
+        where = f" in {os.environ['TMPDIR']}" if os.environ.get("TMPDIR") else ""
         raise UsageError(
-            f"cannot make a temp folder in {tempfile.gettempdir()} ({e.strerror}); set TMPDIR to a "
-            "writable folder on a larger disk"
+            f"cannot make a temp folder{where} ({e.strerror or e}); set TMPDIR to a writable "
+            "folder on a larger disk, and check `ulimit -f`"
         ) from None
     return tmp

@@ -11,6 +11,7 @@ from pathlib import Path
 from xbackend.files.atomic import stage_bytes
 from xbackend.files.owned import forget, is_ours, may_place, place
 from xbackend.report.figures import FIXED_SLUGS, planned_figures, render
+from xbackend.report.jsonreport import to_json
 from xbackend.report.layers_csv import to_csv
 from xbackend.report.markdown import to_markdown
 from xbackend.results import Result
@@ -45,13 +46,18 @@ def bundle_outputs(flag: str, md_path: str | os.PathLike[str] | None) -> list[tu
     return [(flag, p), table, *((f"{flag} {p}'s figure", f) for f in figures)]
 
 
-def write_markdown_bundle(r: Result, md_path: str | os.PathLike[str]) -> list[Path]:
-    """Write the report folder whole or not at all: every file is staged first (a full disk or a
-    file-size limit then leaves nothing), then each moved into place, the Markdown last, so its
-    links never point at missing files."""
-    files = bundle_files(r, md_path)
-    md = Path(md_path)
-    order = [*(p for p in files if p != md), md]
+def write_markdown_bundle(
+    r: Result, md_path: str | os.PathLike[str] | None, json_path: str | os.PathLike[str] | None = None
+) -> list[Path]:
+    """Write the report folder (and the JSON twin at `json_path`) whole or not at all: every file
+    is staged first (a full disk or a file-size limit then leaves nothing), every destination
+    checked, then each moved into place, the Markdown last, so its links never point at missing
+    files."""
+    files = bundle_files(r, md_path) if md_path else {}
+    if json_path:
+        files[Path(json_path)] = to_json(r).encode("utf-8")
+    md = Path(md_path) if md_path else None
+    order = [*(p for p in files if p != md), *([md] if md else [])]
     staged: dict[Path, Path] = {}
     try:
         for path in order:
@@ -63,7 +69,8 @@ def write_markdown_bundle(r: Result, md_path: str | os.PathLike[str]) -> list[Pa
     finally:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
-    _drop_stale(md, set(files))
+    if md:
+        _drop_stale(md, set(files))
     return list(files)
 
 

@@ -25,7 +25,7 @@ from xbackend.files.atomic import check_outputs
 from xbackend.files.owned import allow, check_tree, forced, recorded
 from xbackend.files.userfile import name_problem
 from xbackend.model.load import load_model
-from xbackend.report import bundle_outputs, to_json, write_atomic, write_markdown_bundle
+from xbackend.report import bundle_outputs, write_atomic, write_markdown_bundle
 from xbackend.results import CompareOptions, Result
 from xbackend.results.capture_record import open_capture
 from xbackend.results.explanation import Explanation, LocalErrors
@@ -233,8 +233,7 @@ def write_fleet(r: FleetResult) -> None:
     for m in r.models:
         if m.result is not None:
             md = out / m.report
-            write_markdown_bundle(m.result, md)
-            write_atomic(md.with_suffix(".json"), to_json(m.result))
+            write_markdown_bundle(m.result, md, md.with_suffix(".json"))
     d = to_dict(r)
     write_atomic(out / "fleet.json", fleet_json(r, d), "fleet report")
     write_atomic(out / "fleet.md", fleet_markdown(r, d), "fleet report")
