@@ -47,6 +47,11 @@ def certify(
     **flags: Any,
 ) -> int:
     """Certify one backend's determinism: run to run, build to build, batch position, thread count."""
+    stem = Path(output)
+    if stem.exists() and not stem.is_file() and not stem.is_dir():  # /dev/null: STEM.json in /dev
+        raise UsageError(
+            f"-o {output} is a device or a pipe; -o takes a STEM in a folder of yours (STEM.json, STEM.md)"
+        )
     js, md = certificate_paths(output)
     sig = model_signature_path(output)
     outs = [("-o", js), ("-o", md), *([("-o", sig)] if key else [])]
