@@ -84,6 +84,11 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     assert main(["compare", str(model), "--backends", "reference", "--runs", "1", "--json", str(js),
                  "--no-progress"]) == 0  # fmt: skip
     assert main(["capture", str(model), "--backend", "reference", "-o", str(d / "cap"), "--no-progress"]) == 0
+    (d / "s.toml").write_text(
+        '[[backends]]\nname = "reference"\n[[models]]\nname = "m"\npath = "relu.onnx"\n'
+        'inputs = "x.npz"\nruns = 1\n',
+        "utf-8",
+    )
     return model, js, d / "cap"
 
 
@@ -98,6 +103,7 @@ COMMANDS = {
     "capture export --npz": (".npz", lambda m, j, c, out: ["capture-export", str(c), "--npz", out]),
     "capture -o": ("", lambda m, j, c, out: ["capture", str(m), "--backend", "reference", NP, "-o", out]),
     "certify -o": ("", lambda m, j, c, out: ["certify", str(m), "--backend", "reference", NP, "-o", out]),
+    "sweep -o": ("", lambda m, j, c, out: ["sweep", str(m.parent / "s.toml"), NP, "-o", out]),
 }  # fmt: skip
 
 
