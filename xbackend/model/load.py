@@ -24,6 +24,7 @@ from xbackend.errors import ModelLoadError, first_line
 from xbackend.files.codec import OMIT_DEFAULT
 from xbackend.files.modelref import KNOWN_DOMAINS, ModelRef, model_file, np_dtype, read_model_bytes
 from xbackend.files.textfmt import CONTROL
+from xbackend.model.elemtypes import check_elem_types
 from xbackend.model.extdata import (
     all_tensors,
     check_external_files,
@@ -390,32 +391,11 @@ def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto
     external = uses_external_data(proto)
     if external:
         check_external_files(proto, p)
-    _check_elem_types(proto, p)
+    check_elem_types(proto, p)
     unsorted = sort_nodes(proto.graph)  # engines take it so; the checker and the float64 judge do not
     _check(proto, p, external and not unsorted)
     spec = ModelSpec.from_proto(proto, str(path), model_sha256(p, proto, data))
     return (replace(spec, unsorted=True) if unsorted else spec), proto
-
-
-def _check_elem_types(proto: onnx.ModelProto, path: Path) -> None:
-    """Every tensor type the graph declares is one ONNX defines (a damaged or hostile file may
-    declare 999): one line naming the tensor, before anything reads the type."""
-    known = set(onnx.TensorProto.DataType.values())
-    g = proto.graph
-    for where, values in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
-        for v in values:
-            t = v.type.tensor_type if v.type.HasField("tensor_type") else None
-            if t is not None and t.elem_type not in known:
-                raise ModelLoadError(
-                    f"{path}: graph {where} {v.name!r} declares element type {t.elem_type}, which ONNX does "
-                    "not define; the file is damaged or not from an exporter: export the model again"
-                )
-    for init in g.initializer:
-        if init.data_type not in known:
-            raise ModelLoadError(
-                f"{path}: initializer {init.name!r} has element type {init.data_type}, which ONNX does not "
-                "define; export the model again"
-            )
 
 
 def _names(proto: onnx.ModelProto) -> Iterator[object]:
