@@ -123,3 +123,40 @@ def test_stdout_closed_or_full_is_one_line(tmp_path: Path) -> None:
     done = closed
     assert done.returncode == 2, done.stderr
     assert done.stderr == "xbackend: error: standard output is closed; run it with stdout open\n"
+
+
+@pytest.mark.slow
+def test_a_graph_past_the_layer_limit_is_refused_at_once_and_runs_at_its_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 100,000-node model had not finished after 240 s (ONNX Runtime's builds grow faster than
+    linearly in the tensors they expose): past LAYER_NODE_LIMIT nodes the layer-by-layer run is
+    refused before any engine starts, naming the limit, and the command it suggests runs."""
+    import onnx
+
+    from xbackend.compare.run import LAYER_NODE_LIMIT
+
+    n = LAYER_NODE_LIMIT + 1
+    nodes = [helper.make_node("Relu" if i % 2 else "Neg", [f"t{i - 1}" if i else "x"],
+                              [f"t{i}" if i < n - 1 else "y"]) for i in range(n)]  # fmt: skip
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    model = tmp_path / "big.onnx"
+    onnx.save(
+        helper.make_model(
+            helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
+        ),
+        model,
+    )
+    code, _, err = run(capsys, "compare", str(model), "--no-progress")
+    assert code == 2
+    one_line_error(
+        err, f"has {n:,} nodes, more than the {LAYER_NODE_LIMIT:,} xbackend compares layer by layer"
+    )
+    suggested = err.split("`")[1].split()
+    assert suggested[:2] == ["xbackend", "compare"] and suggested[-1] == "--outputs-only"
+    code, out, err = run(
+        capsys, *suggested[1:], "--backends", "ort-cpu,reference", "--runs", "1", "--no-progress"
+    )
+    assert code in (0, 1), err
+    assert "ort-cpu vs reference" in out
