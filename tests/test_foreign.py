@@ -34,6 +34,7 @@ WORKER_MODULES = [
     "files/modelref",
     "files/storage",
     "files/untrusted",
+    "files/userfile",
     "numerics/__init__",
     "numerics/metrics",
     "numerics/streamdiff",

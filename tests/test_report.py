@@ -91,10 +91,10 @@ def test_markdown_sections_in_order(two_runs: tuple[xbackend.Result, xbackend.Re
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path: Path) -> None:
     target = tmp_path / "r.md"
-    target.write_text("old")
-    write_atomic(target, "new\n")
+    write_atomic(target, "old")
+    write_atomic(target, "new\n")  # its own file, recorded: replaced
     assert target.read_text("utf-8") == "new\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["r.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".xbackend-files.json", "r.md"]
 
 
 def test_unwritable_report_is_a_clear_error(tmp_path: Path) -> None:

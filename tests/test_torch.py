@@ -65,7 +65,11 @@ def test_export_past_the_proto_limit_keeps_weights_external(
     monkeypatch.setattr(program, "_LARGE_MODEL_THRESHOLD", 0)
     out = tmp_path / "big" / "mlp.onnx"
     export_torch(SPEC, [InputDecl.parse("x=1,16,64")], out, output_names=["y"])
-    assert sorted(p.name for p in out.parent.iterdir()) == ["mlp.onnx", "mlp.onnx.data"]
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        ".xbackend-files.json",
+        "mlp.onnx",
+        "mlp.onnx.data",
+    ]
     proto = onnx.load(str(out), load_external_data=False)
     external = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     assert len(external) == 18  # per block: both (transposed) weights and fc1's bias; the rest stays inline

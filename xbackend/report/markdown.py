@@ -239,7 +239,7 @@ def _promises(r: Result) -> list[str]:
         [
             c.backend,
             c.name,
-            "**BROKEN**" if c.broken else c.status,
+            strong("BROKEN") if c.broken else c.status,
             c.evidence,
             module_note(c.first_layer or None, r.model.modules()),
         ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xbackend.files.textfmt import Ours, inert
 from xbackend.results.backend import BackendResult, Latency
 from xbackend.results.promises import PromiseCheck
 
@@ -41,8 +42,8 @@ class ModeRow:
     def promise_words(self) -> str:
         if not self.promised:
             return "none"
-        parts = [f"{p} held" for p in self.held] + [f"**{p} BROKEN**" for p in self.broken]
-        return ", ".join(parts + [f"{p} unchecked" for p in self.unchecked])
+        parts = [f"{inert(p)} held" for p in self.held] + [f"**{inert(p)} BROKEN**" for p in self.broken]
+        return Ours(", ".join(parts + [f"{inert(p)} unchecked" for p in self.unchecked]))  # its own bold
 
     def to_json(self, times: bool) -> dict[str, object]:
         return {

@@ -463,8 +463,9 @@ def write_pin(path: str, choices: Iterable[Choice], torch_version: str, section:
         {"version": PIN_VERSION, "torch": torch_version} if section == PLAIN else _read_pin(path)
     )
     data[section] = [c.to_json() for c in choices]
-
-    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", "pin file")
+    # the instrumented section goes into the pin file the user named, just read as a pin (one
+    # committed to their repository too): an update the user asked for, not someone's file
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", "pin file", force=section != PLAIN)
 
 
 _HASHES = re.compile(r"\b[a-z0-9]{20,}\b")
