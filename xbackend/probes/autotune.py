@@ -15,7 +15,7 @@ from typing import Any
 
 from xbackend.execution.executor import Job, JobOutcome, standard_phases
 from xbackend.files.run_values import CaptureFile, diff_captures
-from xbackend.files.textfmt import num, table
+from xbackend.files.textfmt import num, strong, table
 from xbackend.model.load import ModelSpec
 from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
 from xbackend.probes.builds import BuildVariance
@@ -71,7 +71,7 @@ class AutotuneResult(ProbeResult):
                 r.backend,
                 f"{r.variant} ({r.runner})",
                 r.builds,
-                r.distinct_outputs if r.status == "ok" else f"**failed**: {r.reason}",
+                r.distinct_outputs if r.status == "ok" else strong("failed", f": {r.reason}"),
                 r.distinct_fingerprints if r.status == "ok" else "–",
                 len(r.moved) if r.status == "ok" else "–",
                 num(r.scaled_ulp),

@@ -19,7 +19,7 @@ import numpy as np
 from xbackend.execution.executor import Job, standard_phases
 from xbackend.execution.protocol import Phase, PhaseResult
 from xbackend.files.run_values import CaptureFile
-from xbackend.files.textfmt import num, table, with_module, yes
+from xbackend.files.textfmt import num, strong, table, with_module, yes
 from xbackend.model.inputs import Feeds, generate_feeds
 from xbackend.model.load import ModelSpec
 from xbackend.numerics.metrics import TensorDiff, summarize
@@ -99,7 +99,7 @@ class BatchResults(ProbeResult):
                 b.batch,
                 ",".join(map(str, b.positions)) or "–",
                 b.compared,
-                yes(b.invariant) if b.status == "ok" else f"**{b.status}**: {b.reason}",
+                yes(b.invariant) if b.status == "ok" else strong(b.status, f": {b.reason}"),
                 num(b.max_ulp),
                 num(b.scaled_ulp),
                 b.where() if b.first_divergence else "–",

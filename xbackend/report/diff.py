@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from xbackend.files.textfmt import inert, num, only_our_html, table, with_module
+from xbackend.files.textfmt import inert, num, only_our_html, strong, table, with_module
 from xbackend.results import BackendResult, Result
 
 __all__ = ["ReportDiff", "diff_results"]
@@ -74,7 +74,7 @@ class ReportDiff:
                 b.backend,
                 b.old,
                 b.new,
-                {True: "yes", False: "**no**", None: "–"}[b.outputs_identical],
+                {True: "yes", False: strong("no"), None: "–"}[b.outputs_identical],
                 with_module(b.first_moved, self.modules) if b.first_moved else "–",
                 num(b.ulp_old),
                 num(b.ulp_new),

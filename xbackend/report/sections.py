@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from xbackend.files.textfmt import fold, gib, inert, module_note
+from xbackend.files.textfmt import fold, gib, inert, module_note, strong
 from xbackend.files.textfmt import num as _num
 from xbackend.files.textfmt import table as _table
 from xbackend.probes.registry import PROBES
@@ -93,7 +93,7 @@ def observer_section(r: Result) -> list[str]:
     rows = [
         [
             b.name,
-            "**YES**" if b.observer.outputs_changed else "no",
+            strong("YES") if b.observer.outputs_changed else "no",
             _num(b.observer.max_ulp),
             _num(b.observer.scaled_ulp),
         ]

@@ -9,7 +9,17 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from xbackend.files.textfmt import Ours, fenced, inert, only_our_html, prose, short, table, with_module
+from xbackend.files.textfmt import (
+    Ours,
+    fenced,
+    inert,
+    only_our_html,
+    prose,
+    short,
+    strong,
+    table,
+    with_module,
+)
 from xbackend.results import Result
 from xbackend.sweep.outcomes import FleetJob, FleetResult, ModelOutcome, node_label, relpath
 
@@ -81,7 +91,7 @@ def _entry(m: ModelOutcome, j: FleetJob) -> dict[str, Any]:
 def cell_for(e: Mapping[str, Any]) -> str:
     """A matrix cell in a few words: verdict, determinism, distance from the reference."""
     if e["verdict"] in ("error", "unavailable"):
-        return f"**{e['verdict']}** ({e['kind']})"
+        return strong(e["verdict"], f" ({e['kind']})")
     parts = [e["verdict"].upper()]
     parts.append("det" if e["deterministic"] else f"NONDET ({e['distinct_outputs']} outputs)")
     if "scaled_ulp" in e:
