@@ -85,7 +85,8 @@ def test_a_file_that_appears_during_the_run_is_never_replaced(
     monkeypatch.setattr(xbackend.cli.run, "compare_with_options", meanwhile)
     code, _, err = run(capsys, "compare", str(model), *BASE, "--report", str(md), "--json", str(js))
     assert code == 2, err
-    one_line_error(err, f"the report {md} appeared while xbackend ran and xbackend did not write it")
+    # the bundle and its JSON twin are checked together before the first is placed
+    one_line_error(err, f"the report {js} appeared while xbackend ran and xbackend did not write it")
     assert md.read_text("utf-8") == "written by the user meanwhile\n" and js.read_text("utf-8") == "{}\n"
     # nothing of the bundle was placed, no temp file is left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["late.json", "late.md", "relu.onnx"]

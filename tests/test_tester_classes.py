@@ -160,3 +160,37 @@ def test_a_graph_past_the_layer_limit_is_refused_at_once_and_runs_at_its_outputs
     )
     assert code in (0, 1), err
     assert "ort-cpu vs reference" in out
+
+
+def test_many_feeds_run_through_a_binding_with_the_same_bits_and_shapes() -> None:
+    """Past 256 feeds ONNX Runtime's run() checks names in quadratic time (minutes at 100,000), so
+    run_session binds them instead: the same outputs bit for bit, 0-d scalars still 0-d."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from xbackend.runners.ort_cpu import run_session
+
+    n = 300
+    ins = [
+        helper.make_tensor_value_info(f"i{k}", TensorProto.FLOAT, [] if k % 3 == 0 else [3]) for k in range(n)
+    ]
+    outs = [helper.make_tensor_value_info(f"o{k}", TensorProto.FLOAT, None) for k in range(n)]
+    nodes = [
+        helper.make_node("Sin", [f"i{k}"], [f"o{k}"])
+        if k % 2
+        else helper.make_node("Unsqueeze", [f"i{k}", "ax"], [f"o{k}"])
+        for k in range(n)
+    ]
+    ax = helper.make_tensor("ax", TensorProto.INT64, [1], [0])
+    g = helper.make_graph(nodes, "g", ins, outs, [ax])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {f"i{k}": rng.standard_normal(() if k % 3 == 0 else (3,)).astype(np.float32) for k in range(n)}
+    names = [f"o{k}" for k in range(n)]
+    bound = run_session(sess, names, [], feeds)
+    plain = dict(zip(names, sess.run(names, feeds), strict=True))
+    for k in names:
+        assert bound[k].shape == plain[k].shape and bound[k].dtype == plain[k].dtype, k
+        assert bound[k].tobytes() == plain[k].tobytes(), k
+    assert bound["o0"].shape == (1,) and bound["o3"].shape == () and bound["o1"].shape == (3,)

@@ -29,9 +29,9 @@ def _early(signum: int, _frame: object) -> None:
     if _PHASE[0] == "done":
         _LATE.append(signum)  # noted: the command's code becomes 128 + signum, with its line
     elif _PHASE[0] == "run":  # the CLI's own handlers are not (or no longer) in place
-        from xbackend.cli.main import _RECEIVED
+        from xbackend.cli.main import received  # heavy: the CLI, imported already by now
 
-        _RECEIVED.append(signum)
+        received(signum)
         raise KeyboardInterrupt
     else:
         raise _Early(signum)

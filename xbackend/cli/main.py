@@ -36,6 +36,11 @@ __all__ = ["app", "main"]
 _RECEIVED: list[int] = []  # the signal that stopped this command (typer turns it into exit 130)
 
 
+def received(signum: int) -> None:
+    """A signal that stops this command, noted for its exit code (128 + signum)."""
+    _RECEIVED.append(signum)
+
+
 def _on_signal(signum: int, _frame: object) -> None:
     cancel_all()  # the workers first: lane threads waiting on them return, temp folders go
     _RECEIVED.append(signum)

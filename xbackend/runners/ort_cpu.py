@@ -122,7 +122,7 @@ def _run_bound(sess: Any, names: Sequence[str], feeds: Mapping[str, Any]) -> dic
         if isinstance(v, ort.OrtValue):
             io.bind_ortvalue_input(k, v)
         else:
-            kept.append(np.ascontiguousarray(v))
+            kept.append(v if v.flags.c_contiguous else v.copy(order="C"))  # a 0-d scalar stays 0-d
             io.bind_cpu_input(k, kept[-1])
     for n in names:
         io.bind_output(n)
