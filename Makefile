@@ -12,11 +12,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,torch,ray,models]'
 	touch $(STAMP)
 
+# reports/demo/ is the demo's own folder (ignored by git): --force replaces a demo an earlier
+# xbackend wrote before it kept a ledger of its files
 demo: $(STAMP)
 	$(BIN)/xbackend compare models/torch_mlp.onnx --runs 3 --builds 2 \
 		--backends ort-cpu,openvino-cpu,torch,reference,oracle --torch-module models/torch_mlp.py:build \
 		--probes builds,threads,opt-levels \
-		--report reports/demo/torch_mlp.md --json reports/demo/torch_mlp.json
+		--report reports/demo/torch_mlp.md --json reports/demo/torch_mlp.json --force
 
 # A GPU host's environment (docs/gpu.md): torch for CUDA 13, then onnxruntime-gpu's files
 # over the CPU build's (the two share one import package).
