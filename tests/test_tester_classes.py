@@ -194,3 +194,50 @@ def test_many_feeds_run_through_a_binding_with_the_same_bits_and_shapes() -> Non
         assert bound[k].shape == plain[k].shape and bound[k].dtype == plain[k].dtype, k
         assert bound[k].tobytes() == plain[k].tobytes(), k
     assert bound["o0"].shape == (1,) and bound["o3"].shape == () and bound["o1"].shape == (3,)
+
+
+@pytest.mark.parametrize("tool", ["dynamic", "fp16"])
+def test_the_advice_snippet_runs_exactly_as_the_markdown_prints_it(tool: str, tmp_path: Path) -> None:
+    """The Markdown held the advice's Python on one line, a literal \\x0a where its lines break
+    (the JSON's was right): the block now keeps its lines, and run as printed, in a fresh process,
+    it writes a model ONNX Runtime loads."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from xbackend.compare.candidate_advise import DYNAMIC, FP16, Converter, command
+    from xbackend.report.candidate_section import _advice
+    from xbackend.results.candidates import Advice, CandidateResult
+
+    w = numpy_helper.from_array(np.full((4, 4), 0.5, np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Relu", ["h"], ["y"], name="r"),
+    ]
+    original = tmp_path / "m.onnx"
+    onnx.save(
+        helper.make_model(
+            helper.make_graph(nodes, "g", [x], [y], [w]),
+            opset_imports=[helper.make_opsetid("", 17)],
+            ir_version=9,
+        ),
+        original,
+    )
+    out = tmp_path / "kept.onnx"
+    conv = Converter(DYNAMIC if tool == "dynamic" else FP16)
+    code = command(conv, ["r"], str(original), str(out))
+    advice = Advice(status="ok", converter=conv.tool, target="tokens", keep=("r",), command=code)
+    lines = _advice(CandidateResult(path="c.onnx", sha256="", precision="int8", advice=advice))
+    start = next(i for i, line in enumerate(lines) if line.startswith("```python"))
+    end = lines.index("```", start + 1)
+    printed = "\n".join(lines[start + 1 : end])
+    assert printed == code.rstrip("\n") and "\\x0a" not in printed
+    done = subprocess.run([sys.executable, "-c", printed], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])

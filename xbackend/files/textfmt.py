@@ -74,12 +74,15 @@ def visible(text: str) -> str:
     return HIDDEN.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def fenced(text: str, info: str = "") -> list[str]:
-    """`text` as a fenced code block that nothing inside can close or escape: each line break and
-    control written out, the fence longer than any run of backticks in it."""
-    body = visible(CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text))
-    fence = "`" * max(3, max((len(r) for r in re.findall("`+", body)), default=0) + 1)
-    return [f"{fence}{info}", body, fence]
+def fenced(text: str, info: str = "", lines: bool = False) -> list[str]:
+    """`text` as a fenced code block that nothing inside can close or escape: each control written
+    out, the fence longer than any run of backticks in it. Its line breaks are written out too,
+    unless `lines` (code of the report's own, to be copied and run as printed: its lines kept)."""
+    parts = text.split("\n") if lines else [text]
+    body = [visible(CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", p)) for p in parts]
+    longest = max((len(r) for b in body for r in re.findall("`+", b)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}{info}", *body, fence]
 
 
 def code_span(text: str) -> str:

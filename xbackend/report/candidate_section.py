@@ -174,7 +174,7 @@ def _advice(c: CandidateResult) -> list[str]:
             "",
             ", ".join(code_span(n) for n in a.keep),
             "",
-            *fenced(a.command, "python"),
+            *fenced(a.command.rstrip("\n"), "python", lines=True),  # runs as printed
             "",
         ]
     else:
