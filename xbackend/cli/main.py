@@ -158,8 +158,9 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"xbackend: error: {_one_line(_os_error(e))}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as e:  # a bug in xbackend, not in the user's input
-        if _users_path(e):
-            print(f"xbackend: error: {_one_line(_users_path(e))}", file=sys.stderr)
+        said = _users_path(e)
+        if said:
+            print(f"xbackend: error: {_one_line(said)}", file=sys.stderr)
             return EXIT_USAGE
         print(
             f"xbackend: internal error: {type(e).__name__}: {_one_line(str(e))}; please report it",

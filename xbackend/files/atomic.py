@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import os
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from xbackend.errors import ReportError, UsageError
-from xbackend.files.owned import allow, forced, is_ours, place, refusal
+from xbackend.files.owned import allow, forced, is_ours, place, refusal, synced_temp
 from xbackend.files.userfile import name_problem
 
 __all__ = [
@@ -125,20 +126,13 @@ def stage_bytes(p: Path, data: bytes, what: str) -> Path:
         raise ReportError(f"cannot write {what} {p}: it is a symbolic link; choose another path")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:200]}.", suffix=".tmp", dir=p.parent)
+        return synced_temp(p, data)
     except OSError as e:
-        raise ReportError(f"cannot write {what} {p}: {e.strerror}; check the folder") from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; reports (and pin files) are meant to be shared
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        hint = " (a full disk or a file-size limit: nothing was left behind)" if e.errno in (28, 27) else ""
+        full = e.errno in (errno.ENOSPC, errno.EFBIG)
+        hint = (
+            " (a full disk or a file-size limit: nothing was left behind)" if full else "; check the folder"
+        )
         raise ReportError(f"cannot write {what} {p}: {e.strerror}{hint}") from e
-    return Path(tmp)
 
 
 def check_export_output(

@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from xbackend.errors import InputError, UsageError, XbackendError
-from xbackend.files.owned import file_digest, place
+from xbackend.files.owned import file_digest, place, synced_temp
 from xbackend.files.untrusted import json_loads
 from xbackend.files.userfile import read_user_bytes
 
@@ -360,13 +359,8 @@ def generate_key(stem: str | os.PathLike[str], kind: str = "ecdsa-p256") -> tupl
 def _whole_new_file(path: Path, data: bytes, mode: int) -> None:
     """`data` at `path`, which must not exist: written and synced under a temp name beside it, then
     hard-linked in (a file made meanwhile is never replaced), the temp name removed."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    tmp = synced_temp(path, data, mode, ".part")
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         os.link(tmp, path)
     finally:
         with contextlib.suppress(OSError):

@@ -44,6 +44,7 @@ __all__ = [
     "refusal",
     "replace_tree",
     "reset",
+    "synced_temp",
 ]
 
 LEDGER = ".xbackend-files.json"
@@ -89,53 +90,65 @@ def file_digest(p: Path) -> str:
         os.close(fd)
 
 
-def _read_ledger(folder: Path) -> dict[str, str]:
+def _load_ledger(folder: Path) -> dict[str, str] | None:
+    """The folder's ledger ({} where there is none), or None: a file of that name that is not
+    one (someone's, a link, damaged), which xbackend neither trusts nor replaces."""
     path = folder / LEDGER
     try:
         st = os.lstat(path)
     except OSError:
         return {}
     if not stat.S_ISREG(st.st_mode) or st.st_size > _LEDGER_LIMIT:
-        return {}
+        return None
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read(_LEDGER_LIMIT + 1))
     except (OSError, ValueError, RecursionError):
-        return {}
+        return None
     files = data.get("files") if isinstance(data, dict) and data.get("schema") == _SCHEMA else None
     if not isinstance(files, dict):
-        return {}
+        return None
     return {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str) and "/" not in k}
 
 
-def _check_ledger(folder: Path) -> None:
-    path = folder / LEDGER
-    if os.path.lexists(path) and not _read_ledger(folder) and not _empty_ledger(path):
-        raise UsageError(f"{path} exists and is not xbackend's ledger of its files; move it away")
+def _read_ledger(folder: Path) -> dict[str, str]:
+    """What the folder's ledger lists (nothing, where it has none or it is not one)."""
+    return _load_ledger(folder) or {}
+
+
+def _ledger_to_update(folder: Path) -> dict[str, str]:
+    """The ledger about to be rewritten; a file of its name that is not one is refused."""
+    files = _load_ledger(folder)
+    if files is None:
+        raise UsageError(f"{folder / LEDGER} exists and is not xbackend's ledger of its files; move it away")
+    return files
 
 
 def _write_ledger(folder: Path, files: dict[str, str]) -> None:
-    path = folder / LEDGER
-    _check_ledger(folder)
-    tmp = folder / f".{LEDGER}.{os.getpid()}.tmp"
     body = json.dumps({"schema": _SCHEMA, "files": dict(sorted(files.items()))}, indent=1) + "\n"
+    tmp = synced_temp(folder / LEDGER, body.encode("utf-8"))
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, folder / LEDGER)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
 
 
-def _empty_ledger(path: Path) -> bool:
+def synced_temp(dest: Path, data: bytes, mode: int = 0o644, suffix: str = ".tmp") -> Path:
+    """`data` in a new temp file of this writer's own beside `dest`, synced to disk, with `mode`:
+    the caller moves it into place or removes it. An OSError leaves nothing behind."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name[:200]}.", suffix=suffix, dir=dest.parent)
     try:
-        data = json.loads(path.read_bytes()[: _LEDGER_LIMIT + 1])
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(data, dict) and data.get("schema") == _SCHEMA
+        os.fchmod(fd, mode)  # mkstemp makes 0600; reports (and pin files) are meant to be shared
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return Path(tmp)
 
 
 @contextlib.contextmanager
@@ -155,12 +168,16 @@ def locked(folder: Path) -> Iterator[None]:
 
 def is_ours(p: Path) -> bool:
     """`p` is listed in its folder's ledger and unchanged since xbackend wrote it."""
-    digest = _read_ledger(p.parent).get(p.name)
+    return _unchanged(p, _read_ledger(p.parent).get(p.name))
+
+
+def _unchanged(p: Path, digest: str | None) -> bool:
+    """`p` is a regular file (not a link) whose sha256 is `digest`."""
     if digest is None:
         return False
     try:
         return file_digest(p) == digest
-    except OSError:
+    except OSError:  # a link (O_NOFOLLOW), gone, unreadable
         return False
 
 
@@ -180,7 +197,7 @@ def refusal(flag: str, p: Path) -> str:
 def claim(p: Path, digest: str) -> None:
     """Record `p` (just written, with `digest`) as xbackend's."""
     with locked(p.parent):
-        files = _read_ledger(p.parent)
+        files = _ledger_to_update(p.parent)
         files[p.name] = digest
         _write_ledger(p.parent, files)
 
@@ -189,28 +206,30 @@ def forget(folder: Path, names: Iterable[str]) -> None:
     """Files xbackend removed: no longer listed."""
     gone = set(names)
     with locked(folder):
-        files = _read_ledger(folder)
+        files = _ledger_to_update(folder)
         if gone & set(files):
             _write_ledger(folder, {k: v for k, v in files.items() if k not in gone})
 
 
-def may_place(dest: Path, what: str, force: bool = False) -> None:
-    """`dest` may take a file now: new, or xbackend's unchanged file, or forced; else a UsageError."""
-    _check_ledger(dest.parent)  # before anything is placed: a file is never left unrecorded
+def may_place(dest: Path, what: str, force: bool = False) -> dict[str, str]:
+    """`dest` may take a file now: new, or xbackend's unchanged file, or forced; else a UsageError.
+    Returns its folder's ledger (read once), to be updated when the file is placed."""
+    files = _ledger_to_update(dest.parent)  # before anything is placed: a file is never left unrecorded
     if not os.path.lexists(dest):
-        return
+        return files
     if dest.is_symlink() or not dest.is_file():
         raise UsageError(f"cannot write {what} {dest}: it is now a link or not a file; choose another path")
-    if not (force or forced(dest) or is_ours(dest)):
+    if not (force or forced(dest) or _unchanged(dest, files.get(dest.name))):
         msg = refusal(f"the {what}", dest).replace("exists and", "appeared while xbackend ran and")
         raise UsageError(msg)
+    return files
 
 
 def place(tmp: Path, dest: Path, digest: str, what: str, force: bool = False) -> None:
     """Move the finished temp file `tmp` to `dest` and record it. `dest` is new (then a file made
     there meanwhile is never replaced), or xbackend's unchanged file, or one the user forced."""
     with locked(dest.parent):
-        may_place(dest, what, force)
+        files = may_place(dest, what, force)
         if os.path.lexists(dest):
             os.replace(tmp, dest)
         else:
@@ -227,7 +246,6 @@ def place(tmp: Path, dest: Path, digest: str, what: str, force: bool = False) ->
                 os.replace(tmp, dest)  # a file system without hard links
             else:
                 os.unlink(tmp)
-        files = _read_ledger(dest.parent)
         files[dest.name] = digest
         _write_ledger(dest.parent, files)
 
@@ -240,7 +258,7 @@ def foreign(folder: Path, limit: int = 10_000) -> list[Path]:
     seen = 0
     for root, dirs, names in os.walk(folder, followlinks=False):
         here = Path(root)
-        listed = _read_ledger(here)
+        listed = _load_ledger(here)
         for d in list(dirs):
             if (here / d).is_symlink():
                 out.append(here / d)
@@ -249,19 +267,10 @@ def foreign(folder: Path, limit: int = 10_000) -> list[Path]:
             seen += 1
             if seen > limit:
                 return [*out, here / n]
-            p = here / n
-            if n == LEDGER and _empty_ledger(p):
+            if n == LEDGER and listed is not None:  # the ledger itself, when it is one
                 continue
-            digest = listed.get(n)
-            if digest is None or p.is_symlink():
-                out.append(p)
-                continue
-            try:
-                same = file_digest(p) == digest
-            except OSError:
-                same = False
-            if not same:
-                out.append(p)
+            if not _unchanged(here / n, (listed or {}).get(n)):
+                out.append(here / n)
     return out
 
 
