@@ -15,9 +15,9 @@ from onnx import TensorProto, helper
 
 import xbackend
 from tests import candidate_models as cm
+from xbackend.candidates.match import match_graphs, precision_of
+from xbackend.candidates.run import candidate_backends, candidate_feeds
 from xbackend.cli import main
-from xbackend.compare.candidate_match import match_graphs, precision_of
-from xbackend.compare.candidates import candidate_backends, candidate_feeds
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import load_model
 from xbackend.results import CompareOptions

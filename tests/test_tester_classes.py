@@ -209,7 +209,7 @@ def test_the_advice_snippet_runs_exactly_as_the_markdown_prints_it(tool: str, tm
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    from xbackend.compare.candidate_advise import DYNAMIC, FP16, Converter, command
+    from xbackend.candidates.advise import DYNAMIC, FP16, Converter, command
     from xbackend.report.candidate_section import _advice
     from xbackend.results.candidates import Advice, CandidateResult
 

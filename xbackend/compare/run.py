@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from xbackend.candidates.run import Ran, check_candidates, run_candidates
 from xbackend.compare.builds import Builds, run_builds
-from xbackend.compare.candidates import Ran, check_candidates, run_candidates
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.decisions import decision_outputs, decisions_all
 from xbackend.compare.decode import Against, decode_backends

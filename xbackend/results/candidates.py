@@ -124,7 +124,7 @@ class CandidateResult:
     # the candidate's own nodes judged against their float64 values at the precision each declares
     explanation: Explanation = NOT_MEASURED
     # the original's nodes the candidate computes through inserted casts, judged whole at the
-    # precision their output declares (xbackend.compare.candidate_judge): those past it
+    # precision their output declares (xbackend.candidates.stretches): those past it
     stretch_origins: tuple[Origin, ...] = ()
     stretches_judged: int = 0
     # the first matched tensor the candidate moves past what its precision explains (its origins

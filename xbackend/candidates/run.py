@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from xbackend.candidates.advise import advise, converter_of, sensitivities, touched
+from xbackend.candidates.match import match_graphs, precision_of
+from xbackend.candidates.stretches import judge_stretches, stretches
+from xbackend.candidates.values import findings, measure
 from xbackend.compare.builds import Builds
-from xbackend.compare.candidate_advise import advise, converter_of, sensitivities, touched
-from xbackend.compare.candidate_judge import judge_stretches, stretches
-from xbackend.compare.candidate_match import match_graphs, precision_of
-from xbackend.compare.candidate_values import findings, measure
 from xbackend.compare.decisions import decisions_all
 from xbackend.compare.decode import Against
 from xbackend.errors import UsageError, XbackendError

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from xbackend.compare.candidate_judge import evaluate, value_of
-from xbackend.compare.candidate_match import Pair, constants_of
+from xbackend.candidates.match import Pair, constants_of
+from xbackend.candidates.stretches import evaluate, value_of
 from xbackend.files.storage import ValueFile
 from xbackend.model.load import load_proto
 from xbackend.numerics.metrics import float_info, is_float_dtype

@@ -23,7 +23,7 @@ from onnx.reference import ReferenceEvaluator
 from xbackend.bounds.element import AUX, Builder, NodeBound
 from xbackend.bounds.propagation import PROP, propagate
 from xbackend.bounds.rules import node_bound
-from xbackend.compare.candidate_match import Pair
+from xbackend.candidates.match import Pair
 from xbackend.files.modelref import np_dtype
 from xbackend.files.storage import ValueFile
 from xbackend.judge.judge_nodes import element_allowance

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from xbackend.compare.candidate_match import Pair
+from xbackend.candidates.match import Pair
 from xbackend.files.storage import ValueFile
 from xbackend.numerics.metrics import is_float_dtype, ulp_at
 from xbackend.results.candidates import SENTINEL, Finding, TensorMatch
