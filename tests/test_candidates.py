@@ -21,7 +21,7 @@ from xbackend.cli import main
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import load_model
 from xbackend.results import CompareOptions
-from xbackend.results.options import candidate_spec
+from xbackend.results.candidate_spec import candidate_spec
 
 
 @pytest.fixture(scope="module")

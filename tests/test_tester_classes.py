@@ -209,7 +209,7 @@ def test_the_advice_snippet_runs_exactly_as_the_markdown_prints_it(tool: str, tm
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    from xbackend.candidates.advise import DYNAMIC, FP16, Converter, command
+    from xbackend.candidates.convert import DYNAMIC, FP16, Converter, command
     from xbackend.report.candidate_section import _advice
     from xbackend.results.candidates import Advice, CandidateResult
 
@@ -231,7 +231,7 @@ def test_the_advice_snippet_runs_exactly_as_the_markdown_prints_it(tool: str, tm
     )
     out = tmp_path / "kept.onnx"
     conv = Converter(DYNAMIC if tool == "dynamic" else FP16)
-    code = command(conv, ["r"], str(original), str(out))
+    code = command(conv, ["r"], str(original), str(original), str(out))
     advice = Advice(status="ok", converter=conv.tool, target="tokens", keep=("r",), command=code)
     lines = _advice(CandidateResult(path="c.onnx", sha256="", precision="int8", advice=advice))
     start = next(i for i, line in enumerate(lines) if line.startswith("```python"))

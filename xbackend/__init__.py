@@ -17,6 +17,7 @@ from xbackend.facade import lazy_names
 from xbackend.version import VERSION
 
 if TYPE_CHECKING:
+    from xbackend.candidates.convert import keep_float32
     from xbackend.compare import compare, compare_with_options
     from xbackend.errors import (
         BackendUnavailableError,
@@ -51,6 +52,7 @@ __version__ = VERSION
 # xbackend.execution.worker) imports this package too, and needs none of the comparator's modules.
 _WHERE = {
     "compare_with_options": "xbackend.compare",
+    "keep_float32": "xbackend.candidates.convert",
     **dict.fromkeys(
         (
             "BackendUnavailableError",
@@ -133,6 +135,7 @@ __all__ = [
     "export_torch",
     "generate_feeds",
     "get_runner",
+    "keep_float32",
     "list_runners",
     "load_capture",
     "load_feeds",

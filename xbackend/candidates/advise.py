@@ -1,70 +1,41 @@
-"""`--advise`: the nodes to keep in float32 so a candidate's tokens or decisions match its
-original's, in the lists its converter takes, confirmed by re-converting and running.
+"""`--advise`: the fewest of the nodes a converter changed to keep in float32 so a candidate's
+tokens or decisions match its original's, confirmed by making the candidate again with the code
+the advice prints and running it.
 
-Each of the original's computing nodes is scored from the candidate's one instrumented pass: the
-candidate's value of its output against the original's op evaluated in float64 on the candidate's
-values of its inputs and the original's weights: the noise the conversion adds at that node
-(its own rounding, its weights' and its quantized inputs'), as a share of its output's power.
-The nodes that add most are kept first; each guess is re-converted by the candidate's converter
-(ONNX Runtime's float16 tool with `node_block_list`, its dynamic quantizer with
-`nodes_to_exclude`; a static QDQ model has the Q/DQ pairs before each kept node removed, as
-`nodes_to_exclude` would with the same calibration) and run, at most three times."""
+The search starts from the causes: the nodes the candidate's events name (NaN or inf made by a
+node, an infinite or saturating scale, a clipped range, a quantized decision tensor). Then each
+changed node is scored from the candidate's one instrumented pass: its value against the
+original's op in float64 on the candidate's inputs, the noise the conversion adds there as a share
+of its output's power. The causes, then the noisiest, are kept in growing prefixes: bisected
+between a list that fails and one that holds, then nodes dropped one at a time while the answers
+hold, each list re-converted and run, within `--advise-budget` re-conversions."""
 
 from __future__ import annotations
 
-import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto
 
+from xbackend.candidates.convert import FP16, STATIC, Converter, command, requantize, rewrite, weight_bytes
 from xbackend.candidates.match import Pair, constants_of
 from xbackend.candidates.stretches import evaluate, value_of
 from xbackend.files.storage import ValueFile
 from xbackend.model.load import load_proto
 from xbackend.numerics.metrics import float_info, is_float_dtype
-from xbackend.results.candidates import SENTINEL, Advice, Sensitivity
+from xbackend.results.candidates import SENTINEL, Advice, Finding, Sensitivity, Try
 
-__all__ = ["Converter", "advise", "converter_of", "sensitivities"]
+__all__ = ["BUDGET", "advise", "causes", "sensitivities"]
 
-FP16 = "onnxruntime.transformers.float16"
-DYNAMIC = "onnxruntime.quantization.quantize_dynamic"
-STATIC = "onnxruntime.quantization.quantize_static"
-MAX_TRIES = 3  # re-conversions confirmed by a run, at most
-# the shares of the conversion's noise a guess keeps in float32: the search starts at START and
-# steps down two after a match, up two after a miss
-SHARES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
-START = 3
-
-
-@dataclass(frozen=True)
-class Converter:
-    """What made the candidate, as far as its graph tells: the tool, and the options it shows."""
-
-    tool: str  # FP16 | DYNAMIC | STATIC
-    keep_io_types: bool = True  # float16: the graph's inputs stayed float32
-    weight_type: str = "QInt8"  # quantizers: int8 (QInt8) or uint8 (QUInt8) weights
-
-
-def converter_of(candidate: onnx.GraphProto) -> Converter | None:
-    """The converter whose output the candidate's graph looks like (None: none known)."""
-    ops = {n.op_type for n in candidate.node}
-    weights = {t.data_type for t in candidate.initializer}
-    if "DynamicQuantizeLinear" in ops:
-        return Converter(DYNAMIC, weight_type="QInt8" if TensorProto.INT8 in weights else "QUInt8")
-    if "QuantizeLinear" in ops and "DequantizeLinear" in ops:
-        return Converter(STATIC, weight_type="QInt8" if TensorProto.INT8 in weights else "QUInt8")
-    if TensorProto.FLOAT16 in weights or any(
-        vi.type.tensor_type.elem_type == TensorProto.FLOAT16 for vi in candidate.value_info
-    ):
-        io = all(i.type.tensor_type.elem_type != TensorProto.FLOAT16 for i in candidate.input)
-        return Converter(FP16, keep_io_types=io)
-    return None
+BUDGET = 8  # re-conversions confirmed by a run, by default (--advise-budget)
+_SAVES = 0.01  # a list that saves less of the original's weight bytes than this ships nothing
+_DROPS = 2  # of the budget, kept for dropping nodes one at a time once a list holds
+_EVENT_ORDER = {"nan": 0, "overflow": 0, "coarse-scale": 1, "saturation": 2, "decision-tensor": 3}
 
 
 def sensitivities(
@@ -132,218 +103,239 @@ def _past_range(original: object, dtype: np.dtype[np.generic]) -> int:
     return int(np.count_nonzero((size > top) & (size < SENTINEL)))  # a mask's fill stands for inf
 
 
-def touched(conv: Converter, original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple[str, ...]:
-    """The original's nodes the converter changed (what the last guess keeps, whatever their
-    noise on the inputs measured): for float16 every named node; for a quantizer those that read
-    a dequantized value or were replaced by an integer kernel."""
-    names = [n.name for n in original.node if n.name]
-    if conv.tool == FP16:
-        return tuple(names)
-    dq = {o for n in candidate.node if n.op_type == "DequantizeLinear" for o in n.output}
-    theirs = {n.name for n in candidate.node}
-    reading = {n.name for n in candidate.node if any(i in dq for i in n.input)}
-    return tuple(n for n in names if n in reading or n not in theirs)
+def causes(
+    candidate: onnx.GraphProto,
+    events: Sequence[Finding],
+    scores: Sequence[Sensitivity],
+    changed: Sequence[str],
+) -> list[tuple[str, str]]:
+    """The changed nodes the events name, most severe first, each with its event: a node that
+    writes NaN or inf; the readers of a tensor whose Q/DQ pair clips it or whose scale is
+    infinite; the node computing a quantized decision tensor (its Q/DQ on the way out)."""
+    ours = set(changed)
+    made = {o: n for n in candidate.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in candidate.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs = {o.name for o in candidate.output}
+    out: dict[str, str] = {}
 
+    def add(name: str, why: str) -> None:
+        if name in ours and name not in out:
+            out[name] = why
 
-def keeping(scores: Sequence[Sensitivity], share: float, every: Sequence[str] = ()) -> tuple[str, ...]:
-    """Every node that turns finite values inf or NaN, and the fewest of the costliest others
-    whose noise makes `share` of theirs; at a share of 1, every node in `every` too."""
-    kept = [s.node for s in scores if s.nonfinite]
-    rest = [s for s in scores if not s.nonfinite]
-    total = sum(s.share for s in rest)
-    run = 0.0
-    for s in rest:
-        if run >= share * total and kept:
-            break
-        kept.append(s.node)
-        run += s.share
-    if share >= 1.0:
-        kept += [n for n in every if n not in kept]
-    return tuple(kept)
-
-
-def rewrite(conv: Converter, original: Path, candidate: Path, keep: Sequence[str], dest: Path) -> Path:
-    """The candidate made again with `keep` in float32, by its converter (a QDQ model: its Q/DQ
-    pairs before each kept node removed, the original's weights read there)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if conv.tool == FP16:
-        from onnxruntime.transformers.float16 import convert_float_to_float16  # engine: onnxruntime
-
-        model = load_proto(original)
-        from onnxruntime.transformers.onnx_model import OnnxModel  # engine: onnxruntime
-
-        made = convert_float_to_float16(model, keep_io_types=conv.keep_io_types, node_block_list=list(keep))
-        tidy = OnnxModel(_one_cast_each(made))
-        tidy.remove_cascaded_cast_nodes()  # two kept nodes in a row talk in float32, not through float16
-        onnx.save(tidy.model, dest)
-    elif conv.tool == DYNAMIC:
-        from onnxruntime.quantization import QuantType, quantize_dynamic  # engine: onnxruntime
-
-        kind = QuantType.QInt8 if conv.weight_type == "QInt8" else QuantType.QUInt8
-        quiet = logging.getLogger().level
-        logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process, on the root logger
-        try:
-            quantize_dynamic(str(original), str(dest), weight_type=kind, nodes_to_exclude=list(keep))
-        finally:
-            logging.getLogger().setLevel(quiet)
-    else:
-        onnx.save(_unquantized(load_proto(original), load_proto(candidate), set(keep)), dest)
-    return dest
-
-
-def _one_cast_each(model: onnx.ModelProto) -> onnx.ModelProto:
-    """ONNX Runtime's float16 tool names the cast it inserts for each blocked reader of a tensor
-    alike: two blocked readers give two casts of one name (the same cast twice); one is kept.
-    The command the advice gives does the same (_DEDUPE)."""
-    seen: set[str] = set()
-    nodes = []
-    for n in model.graph.node:
-        if n.op_type == "Cast" and n.output[0] in seen:
+    for f in sorted(events, key=lambda f: _EVENT_ORDER.get(f.kind, 4)):
+        why = f"{f.kind} at {f.tensor}"
+        node = next((n for n in candidate.node if n.name == f.node), None)
+        add(f.node, why)
+        if node is None or node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
             continue
-        seen.update(n.output)
-        nodes.append(n)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    return model
-
-
-_DEDUPE = """# the tool names the cast it inserts for each blocked reader of a tensor alike: keep one
-seen, nodes = set(), []
-for n in model.graph.node:
-    if not (n.op_type == "Cast" and n.output[0] in seen):
-        seen.update(n.output)
-        nodes.append(n)
-del model.graph.node[:]
-model.graph.node.extend(nodes)
-# two blocked nodes in a row talk through float32, not float16 (ONNX Runtime's own remedy)
-tidy = OnnxModel(model)
-tidy.remove_cascaded_cast_nodes()
-model = tidy.model
-"""
-
-
-def _unquantized(original: onnx.ModelProto, candidate: onnx.ModelProto, keep: set[str]) -> onnx.ModelProto:
-    """The QDQ candidate with each kept node reading the original's inputs: its activations before
-    their QuantizeLinear, the original's float weights."""
-    made = {o: n for n in candidate.graph.node for o in n.output}
-    theirs = {n.name: n for n in original.graph.node if n.name}
-    owned = {t.name for t in candidate.graph.initializer}
-    wanted: dict[str, onnx.TensorProto] = {}
-    weights = {t.name: t for t in original.graph.initializer}
-    for node in candidate.graph.node:
-        if node.name not in keep or node.name not in theirs:
-            continue
-        src = theirs[node.name]
-        for k, i in enumerate(list(node.input)):
-            d = made.get(i)
-            if d is None or d.op_type != "DequantizeLinear" or k >= len(src.input):
-                continue
-            name = src.input[k]
-            if name in weights:  # the original's float weight, under a name of its own
-                fresh = f"{name}_float32"
-                if fresh not in owned:
-                    wanted[fresh] = onnx.TensorProto()
-                    wanted[fresh].CopyFrom(weights[name])
-                    wanted[fresh].name = fresh
-                name = fresh
-            node.input[k] = name
-    # a kept node's output quantized on its way out of the graph: handed out as computed
-    outputs = {o.name for o in candidate.graph.output}
-    readers = {i: n for n in candidate.graph.node for i in n.input}
-    for node in candidate.graph.node:
-        if node.name not in keep:
-            continue
-        for o in node.output:
-            q = readers.get(o)
-            d = readers.get(q.output[0]) if q is not None and q.op_type == "QuantizeLinear" else None
-            if d is not None and d.op_type == "DequantizeLinear" and d.output[0] in outputs:
-                d.op_type, d.domain = "Identity", ""
-                del d.input[:]
-                del d.attribute[:]
-                d.input.append(o)
-    candidate.graph.initializer.extend(wanted.values())
-    return candidate
-
-
-def command(conv: Converter, keep: Sequence[str], original: str, candidate: str) -> str:
-    """The Python that re-converts the original with `keep` in float32 (a static quantizer's
-    calibration reader is the user's own)."""
-    nodes = repr(list(keep))
-    src, dest = original, candidate
-    if conv.tool == FP16:
-        return (
-            "import onnx\nfrom onnxruntime.transformers.float16 import convert_float_to_float16\n"
-            "from onnxruntime.transformers.onnx_model import OnnxModel\n"
-            f"model = convert_float_to_float16(onnx.load({src!r}), keep_io_types={conv.keep_io_types}, "
-            f"node_block_list={nodes})\n"
-            f"{_DEDUPE}"
-            f"onnx.save(model, {dest!r})\n"
-            "# onnxconverter-common's float16.convert_float_to_float16 takes the same "
-            f"keep_io_types={conv.keep_io_types} and node_block_list"
+        dqs = (
+            [node]
+            if node.op_type == "DequantizeLinear"
+            else [r for r in readers.get(node.output[0], []) if r.op_type == "DequantizeLinear"]
         )
-    if conv.tool == DYNAMIC:
-        return (
-            "from onnxruntime.quantization import QuantType, quantize_dynamic\n"
-            f"quantize_dynamic({src!r}, {dest!r}, weight_type=QuantType.{conv.weight_type}, "
-            f"nodes_to_exclude={nodes})"
-        )
-    return (
-        "from onnxruntime.quantization import QuantFormat, QuantType, quantize_static\n"
-        f"quantize_static({src!r}, {dest!r}, calibration_data_reader=YOUR_READER, "
-        f"quant_format=QuantFormat.QDQ, weight_type=QuantType.{conv.weight_type}, nodes_to_exclude={nodes})"
-    )
+        for d in dqs:
+            for r in readers.get(d.output[0], []):
+                add(r.name, why)
+            if d.output[0] in outputs:  # quantized on its way out: the node that computes it
+                q = made.get(d.input[0])
+                src = made.get(q.input[0]) if q is not None and q.op_type == "QuantizeLinear" else None
+                if src is not None:
+                    add(src.name, why)
+    for s in scores:
+        if s.nonfinite:
+            add(s.node, f"{s.nonfinite} element(s) inf or NaN where float64 is finite")
+    return list(out.items())
 
 
 def advise(
     conv: Converter | None,
-    every: Sequence[str],
+    changed: Sequence[str],
     scores: Sequence[Sensitivity],
-    original: Path,
-    candidate: Path,
+    found: Sequence[tuple[str, str]],
+    paths: tuple[Path, Path],
     work: Path,
     confirm: Callable[[Path], tuple[bool, str]],
     target: str,
+    budget: int = BUDGET,
+    ops: Mapping[str, str] | None = None,
 ) -> Advice:
-    """The smallest guess whose re-converted candidate matches the original's `target` (tokens,
-    decisions), each confirmed by `confirm`; what was tried, and how long it took."""
+    """The smallest list of changed nodes found, within `budget` re-conversions, whose candidate
+    made again matches the original's `target` (tokens, decisions); or why none does."""
     start = time.perf_counter()
+    original, candidate = paths
     if conv is None:
         why = "no converter known made this candidate (ONNX Runtime's float16 tool, its quantizers)"
         return Advice(status="unavailable", reason=why, target=target)
-    if not scores:
-        why = "no node of the original could be scored on the candidate"
+    if not changed:
+        why = "the converter changed none of the original's nodes that could be named"
         return Advice(status="unavailable", reason=why, converter=conv.tool, target=target)
-    tried: list[tuple[int, bool, str]] = []
-    best: tuple[str, ...] | None = None
-    at, seen = START, set()
-    for k in range(MAX_TRIES):
-        keep = keeping(scores, SHARES[at], every)
-        if keep in seen:
-            break
-        seen.add(keep)
+    share = {s.node: s.share for s in scores}
+    first = [n for n, _ in found]
+    rest = [s.node for s in scores if s.node in set(changed) and s.node not in set(first)]
+    order = [*first, *rest, *[n for n in changed if n not in set(first) and n not in set(rest)]]
+    tried: list[Try] = []
+    made: dict[tuple[str, ...], Path] = {}
+    dest = candidate.with_name(candidate.stem + "_kept.onnx")
+
+    def attempt(keep: Sequence[str], step: str) -> bool | None:
+        if len(tried) >= budget:
+            return None
+        keep = tuple(sorted(keep, key=order.index))
+        path = work / f"advise-{len(tried)}" / candidate.name
         try:
-            path = rewrite(conv, original, candidate, keep, work / f"advise-{k}" / candidate.name)
+            made[keep], _ = rewrite(conv, original, candidate, keep, path)
             ok, why = confirm(path)
-        except Exception as e:  # a converter or a run that fails: said, the next guess tried
+        except Exception as e:  # a converter or a run that fails: said, the search goes on
             ok, why = False, f"{type(e).__name__}: {e}"
-        tried.append((len(keep), ok, why))
-        if ok and (best is None or len(keep) < len(best)):
-            best = keep
-        nxt = min(max(at + (-2 if ok else 2), 0), len(SHARES) - 1)
-        if nxt == at or (best is not None and len(best) == 1):
+        tried.append(Try(kept=len(keep), matched=ok, differed=why, step=step))
+        return ok
+
+    lo, hi = 0, None  # the longest prefix known to fail, the shortest known to hold
+    if first:
+        ok = attempt(order[: len(first)], "events")
+        lo, hi = (0, len(first)) if ok else (len(first), None)
+    if hi is None:
+        ok = attempt(order, "whole")
+        if ok is not True:
+            return _none(conv, target, order, found, share, tried, budget, start, whole=ok is False)
+        hi = len(order)
+    while hi - lo > 1 and len(tried) < budget - (_DROPS if hi < len(order) or lo else 0):
+        mid = min(max(round(math.sqrt(max(lo, 1) * hi)), lo + 1), hi - 1)
+        ok = attempt(order[:mid], "bisect")
+        if ok is None:
             break
-        at = nxt
-    seconds = time.perf_counter() - start
+        lo, hi = (lo, mid) if ok else (mid, hi)
+    best = tuple(order[:hi])
+    for node in reversed(best):
+        if len(best) == 1 or len(tried) >= budget:
+            break
+        trial = tuple(n for n in best if n != node)
+        if attempt(trial, "drop"):
+            best = trial
+    steps = Counter(t.step for t in tried)
+    how = ", ".join(f"{_STEP[k]} ({steps[k]})" for k in _STEP if steps[k])
     base = Advice(
-        status="not-found",
-        reason=f"no guess matched the original's {target}",
+        status="ok",
         converter=conv.tool,
+        target=target,
         scored=len(scores),
         tried=tuple(tried),
-        seconds=seconds,
-        target=target,
+        budget=budget,
+        confirmed=f"{how}: {len(tried)} of {budget} re-conversion(s), every list run",
+        causes=tuple(found),
+        converted=len(order),
+        settings=_settings(conv),
+        unread=conv.unread,
+        seconds=time.perf_counter() - start,
     )
-    if best is None:
-        return base
-    dest = str(candidate.with_name(candidate.stem + "_kept.onnx"))
-    return replace(base, status="ok", reason="", keep=best, command=command(conv, best, str(original), dest))
+    kept = tuple(sorted(best, key=order.index))
+    sizes = (
+        weight_bytes(load_proto(original, load_external=False).graph),
+        weight_bytes(load_proto(candidate, load_external=False).graph),
+        weight_bytes(load_proto(made[kept], load_external=False).graph) if kept in made else 0,
+    )
+    kinds = ops or {}
+    still = Counter(kinds.get(n, "?") for n in order if n not in set(kept))
+    every = Counter(kinds.get(n, "?") for n in order)
+    per_op = tuple((op, still[op], every[op]) for op, _ in every.most_common())
+    failed = max((t.kept for t in tried if not t.matched), default=0)
+    if len(kept) == len(order) or (sizes[0] and sizes[2] >= (1 - _SAVES) * sizes[0]):
+        matters = _matters(order, found, share)
+        why = (
+            f"no partial conversion keeps these {target} on these inputs: only keeping all {len(order)} "
+            f"converted node(s) in float32 does (the longest list that failed kept {failed})"
+            if len(kept) == len(order)
+            else f"no partial conversion that saves weight keeps these {target} on these inputs: the "
+            f"smallest list found keeps {len(kept)} of {len(order)} converted node(s), and with them the "
+            f"weights take {sizes[2] / 1e6:.2f} MB against the original's {sizes[0] / 1e6:.2f} MB"
+        )
+        return replace(base, status="none-holds", reason=why, matters=matters, still=per_op, weights=sizes)
+    code_dest = str(dest)
+    return replace(
+        base,
+        keep=kept,
+        command=command(conv, kept, str(original), str(candidate), code_dest),
+        requantize=requantize(conv, kept, str(original), code_dest),
+        still=per_op,
+        weights=sizes,
+    )
+
+
+_STEP = {
+    "events": "the events' nodes",
+    "whole": "every converted node",
+    "bisect": "bisected",
+    "drop": "dropped one at a time",
+}
+
+
+def _matters(
+    order: Sequence[str], found: Sequence[tuple[str, str]], share: Mapping[str, float]
+) -> tuple[str, ...]:
+    """The nodes that matter most: those the events name, then the noisiest (at most 8)."""
+    named = [n for n, _ in found]
+    noisy = sorted((n for n in order if n not in set(named) and share.get(n)), key=lambda n: -share[n])
+    return tuple([*named, *noisy][:8])
+
+
+def _none(
+    conv: Converter,
+    target: str,
+    order: Sequence[str],
+    found: Sequence[tuple[str, str]],
+    share: Mapping[str, float],
+    tried: Sequence[Try],
+    budget: int,
+    start: float,
+    whole: bool,
+) -> Advice:
+    """No list holds: even every converted node kept (`whole`), or the budget spent before one did."""
+    if whole:
+        last = tried[-1].differed if tried else ""
+        why = (
+            f"no partial conversion keeps these {target} on these inputs: even with all {len(order)} "
+            f"converted node(s) kept in float32 they differ ({last}): the engine's float32 run leaves "
+            "the original's reference, not the conversion"
+        )
+        status = "none-holds"
+    else:
+        why = f"the budget of {budget} re-conversion(s) was spent before a list held: raise --advise-budget"
+        status = "not-found"
+    return Advice(
+        status=status,
+        reason=why,
+        converter=conv.tool,
+        target=target,
+        tried=tuple(tried),
+        budget=budget,
+        causes=tuple(found),
+        matters=_matters(order, found, share),
+        converted=len(order),
+        settings=_settings(conv),
+        unread=conv.unread,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _settings(conv: Converter) -> tuple[tuple[str, str], ...]:
+    """The converter's settings the advice's code reproduces, as read from the candidate."""
+    if conv.tool == FP16:
+        return (
+            ("keep_io_types", str(conv.keep_io_types)),
+            ("disable_shape_infer", str(conv.disable_shape_infer)),
+        )
+    out = [
+        ("weight_type", conv.weight_type),
+        ("per_channel", str(conv.per_channel)),
+        ("reduce_range", str(conv.reduce_range)),
+        ("op_types_to_quantize", ", ".join(conv.op_types)),
+    ]
+    if conv.tool == STATIC:
+        out += [
+            ("activation_type", conv.activation_type),
+            ("ActivationSymmetric", str(conv.symmetric_activations)),
+        ]
+    return tuple(out)

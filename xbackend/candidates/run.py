@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from xbackend.candidates.advise import advise, converter_of, sensitivities, touched
+from xbackend.candidates.advise import advise, causes, sensitivities
+from xbackend.candidates.convert import converted, converter_of
 from xbackend.candidates.match import match_graphs, precision_of
 from xbackend.candidates.stretches import judge_stretches, stretches
-from xbackend.candidates.values import findings, measure
+from xbackend.candidates.values import decision_tensors, findings, measure
 from xbackend.compare.builds import Builds
 from xbackend.compare.decisions import decisions_all
 from xbackend.compare.decode import Against
@@ -32,6 +33,7 @@ from xbackend.model.inputs import Feeds
 from xbackend.model.load import ModelSpec, load_model, load_proto
 from xbackend.results import CompareOptions, Result
 from xbackend.results.candidates import Advice, CandidateResult, TensorMatch
+from xbackend.results.decode import Decisions
 from xbackend.runners.registry import runner_names, split_instance
 
 __all__ = ["Ran", "candidate_backends", "candidate_feeds", "candidate_options", "run_candidates"]
@@ -211,21 +213,34 @@ def _one(
             if opts.advise
             else []
         )
+        events += decision_tensors(graph, _margins(cres, decided), o, events, _words(vs is not None))
     base = replace(base, stretch_origins=tuple(crossed), stretches_judged=judged, findings=tuple(events))
     flips = (
         cres.decode.token_flips if cres.decode is not None else tuple(d.backend for d in decided if d.flipped)
     )
+    target = "tokens" if vs is not None else "decisions"
     if opts.advise and not flips:
-        target = "tokens" if vs is not None else "decisions"
         why = f"the candidate's {target} already match the original's: nothing to keep in float32"
         base = replace(base, advice=Advice(status="ok", reason=why, target=target))
     elif opts.advise:
-        target = "tokens" if vs is not None else "decisions"
         confirm = _confirmer(original, opts, backends, work / f"candidate-{k}-advise", vs, obuild, again)
-        conv = converter_of(graph)
-        every = touched(conv, ograph, graph) if conv is not None else ()
-        advice = advise(conv, every, scores, opath, Path(path), work / f"candidate-{k}", confirm, target)
-        base = replace(base, sensitivities=tuple(scores[:_SHOWN_SCORES]), advice=advice)
+        conv = converter_of(graph, Path(path).resolve().parent, ograph)
+        changed = converted(conv, ograph, graph) if conv is not None else ()
+        mine_scores = [x for x in scores if x.node in set(changed)]
+        named = causes(graph, base.events, mine_scores, changed)
+        advice = advise(
+            conv,
+            changed,
+            mine_scores,
+            named,
+            (opath, Path(path)),
+            work / f"candidate-{k}",
+            confirm,
+            target,
+            opts.advise_budget,
+            {n.name: n.op_type for n in ograph.node},
+        )
+        base = replace(base, sensitivities=tuple(mine_scores[:_SHOWN_SCORES]), advice=advice)
     departure, why = _departure(matches, graph, base)
     return replace(
         base,
@@ -290,6 +305,30 @@ def _confirmer(
         return not flipped and not failed and bool(decided), "; ".join(flipped + failed)
 
     return confirm
+
+
+def _words(decode: bool) -> str:
+    return "tokens" if decode else "decisions"
+
+
+def _margins(c: Result, decided: Sequence[Decisions]) -> dict[str, float | None]:
+    """Each output the answers are read from, with the original's smallest margin where the
+    candidate's answers left the original's (None where none did)."""
+    if c.decode is not None:
+        at = [
+            p.margin_at_divergence
+            for b in c.decode.backends
+            if b.ok
+            for p in b.prompts
+            if p.first_divergent_step is not None and p.margin_at_divergence is not None
+        ]
+        return {"logits": min(at) if at else None}
+    out: dict[str, float | None] = {}
+    for d in decided:
+        m = [f.reference_margin for f in d.flips]
+        was = out.get(d.output)
+        out[d.output] = min([*m, *([was] if was is not None else [])]) if m else was
+    return out
 
 
 def _graph(path: str) -> onnx.GraphProto:

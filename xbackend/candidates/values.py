@@ -18,7 +18,7 @@ from xbackend.files.storage import ValueFile
 from xbackend.numerics.metrics import is_float_dtype, ulp_at
 from xbackend.results.candidates import SENTINEL, Finding, TensorMatch
 
-__all__ = ["COARSE_SHARE", "findings", "measure"]
+__all__ = ["COARSE_SHARE", "decision_tensors", "findings", "measure"]
 
 COARSE_SHARE = 0.9  # a scale is coarse when this share of a varied tensor falls in 3 levels
 _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
@@ -227,3 +227,58 @@ def _const(name: str, values: ValueFile, weights: Mapping[str, onnx.TensorProto]
         return np.asarray(numpy_helper.to_array(t))
     v = values.get(name) if name in values else None
     return v if isinstance(v, np.ndarray) else None
+
+
+def decision_tensors(
+    graph: onnx.GraphProto,
+    outputs: Mapping[str, float | None],
+    original: ValueFile,
+    events: Sequence[Finding],
+    words: str,
+) -> list[Finding]:
+    """Each output the answers are read from (`outputs`: its name, and the original's margin
+    where the candidate's answer left it, None where none did) that the candidate quantizes or
+    rounds to float16, where that clips it or its step reaches the margin: a finding of its own,
+    whatever share of the tensor it touches."""
+    weights = {t.name: t for t in graph.initializer}
+    made = {o: n for n in graph.node for o in n.output}
+    half = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT16}
+    half |= {v.name for v in (*graph.value_info, *graph.output) if v.type.tensor_type.elem_type == 10}
+    out = []
+    for name, margin in outputs.items():
+        last = made.get(name)
+        src = made.get(last.input[0]) if last is not None and last.input else None
+        x = original.get(name) if name in original else None
+        top = float(np.max(np.abs(x[np.isfinite(x)]))) if isinstance(x, np.ndarray) and x.size else 0.0
+        if (
+            last is not None
+            and last.op_type == "DequantizeLinear"
+            and src is not None
+            and src.op_type == "QuantizeLinear"
+        ):
+            s = weights.get(src.input[1])
+            step = float(np.max(numpy_helper.to_array(s))) if s is not None else 0.0
+            how, node = f"int8 (scale {step:.4g})", src
+        elif last is not None and (name in half or (last.op_type == "Cast" and last.input[0] in half)):
+            step = float(2.0 ** (math.floor(math.log2(top)) - 10)) if top > 0 else 0.0
+            how, node = f"float16 (a step of {step:.4g} at its largest value, {top:.4g})", src or last
+        else:
+            continue
+        clip = next((f for f in events if f.kind == "saturation" and f.node == node.name), None)
+        lost = margin is not None and step >= margin
+        if clip is None and not lost:
+            continue
+        said = [f"{clip.count} of {clip.of} element(s) clipped"] if clip is not None else []
+        if lost:
+            said.append(f"its step reaches the original's margin {margin:.3g} where the {words} left it")
+        out.append(
+            Finding(
+                kind="decision-tensor",
+                tensor=name,
+                node=node.name or node.op_type,
+                count=clip.count if clip is not None else 0,
+                of=clip.of if clip is not None else int(x.size) if isinstance(x, np.ndarray) else 0,
+                detail=f"the {words} are read from {name}, held as {how}: {'; '.join(said)}",
+            )
+        )
+    return out

@@ -162,27 +162,51 @@ def _decode(c: CandidateResult) -> list[str]:
 
 
 def _advice(c: CandidateResult) -> list[str]:
-    """--advise: the nodes to keep in float32, the command, what was tried, the scores."""
+    """--advise: the nodes to keep in float32, what stays converted, the code, how it was found."""
     a = c.advice
     assert a is not None
     if a.status == "ok" and not a.keep:
         out = [f"**Advice:** {cell(a.reason)}.", ""]
     elif a.status == "ok":
         out = [
-            f"**Keep in float32** ({len(a.keep)} node(s), for {a.converter}): with them the re-converted "
-            f"candidate's {a.target} match the original's, confirmed by a run.",
+            f"**Keep in float32** {len(a.keep)} of the {a.converted} node(s) {cell(a.converter)} converted: "
+            f"with them the candidate made again matches the original's {a.target}, confirmed by a run. "
+            f"{cell(a.shipped())}.",
             "",
             ", ".join(code_span(n) for n in a.keep),
             "",
-            *fenced(a.command.rstrip("\n"), "python", lines=True),  # runs as printed
+            "The code that makes it, run as printed to confirm the list:",
+            "",
+            *fenced(a.command.rstrip("\n"), "python", lines=True),
             "",
         ]
+        if a.requantize:
+            out += [
+                "Or quantize the original again with the settings the candidate shows "
+                f"({cell(', '.join(f'{k}={v}' for k, v in a.settings))}); its calibration is not in the "
+                f"graph ({cell(', '.join(a.unread))}): give yours.",
+                "",
+                *fenced(a.requantize.rstrip("\n"), "python", lines=True),
+                "",
+            ]
     else:
-        out = [f"**Advice:** {cell(a.reason)}", ""]
+        named = ", ".join(code_span(n) for n in a.matters)
+        out = [f"**Advice:** {cell(a.reason)}.", ""] + (
+            [f"The nodes that matter most: {named}.", ""] if named else []
+        )
+    if a.causes:
+        out += table(["node an event names", "event"], [[code_span(n), cell(why)] for n, why in a.causes])
+        out.append("")
     if a.tried:
-        rows = [[n, "yes" if ok else "no", cell(why) or "—"] for n, ok, why in a.tried]
-        out += table(["nodes kept in float32", f"{a.target} match", "what differed"], rows)
-        out += [f"{a.scored} node(s) scored; the re-conversions and their runs took {a.seconds:.1f} s.", ""]
+        tries: list[list[object]] = [
+            [t.step, t.kept, "yes" if t.matched else "no", cell(t.differed) or "—"] for t in a.tried
+        ]
+        out += table(["step", "nodes kept in float32", f"{a.target} match", "what differed"], tries)
+        out += [
+            f"{a.scored} node(s) scored; {cell(a.confirmed)}; the re-conversions and their runs took "
+            f"{a.seconds:.1f} s.",
+            "",
+        ]
     if c.sensitivities:
         rows = [
             [

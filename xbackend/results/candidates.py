@@ -24,6 +24,7 @@ __all__ = [
     "Finding",
     "Sensitivity",
     "TensorMatch",
+    "Try",
     "Unmatched",
     "declared_unit",
 ]
@@ -90,19 +91,59 @@ class Sensitivity:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Advice:
-    """`--advise`: the original's nodes to keep in float32 so the candidate's tokens or decisions
-    match the original's, confirmed by re-converting and running."""
+class Try:
+    """One re-conversion the advisor ran: the nodes it kept, whether the answers matched."""
 
-    status: str  # ok | not-found | unavailable
+    kept: int
+    matched: bool
+    differed: str = ""  # what differed ("" where they matched)
+    step: str = ""  # events | whole | bisect | drop
+
+
+@dataclass(frozen=True, kw_only=True)
+class Advice:
+    """`--advise`: the fewest of the nodes the converter changed to keep in float32 so the
+    candidate's tokens or decisions match the original's, confirmed by making it again with the
+    printed code and running it; or why no list holds."""
+
+    status: str  # ok | none-holds | not-found | unavailable
     reason: str = ""
     converter: str = ""  # the tool whose lists these are
     target: str = ""  # "tokens" | "decisions"
     keep: tuple[str, ...] = ()  # node names, the converter's node_block_list / nodes_to_exclude
-    command: str = ""  # the Python that re-converts with them
+    command: str = ""  # the Python that makes the candidate again with them, runnable as printed
+    requantize: str = ""  # static QDQ: the quantizer's own call with the settings read (READER yours)
+    settings: tuple[tuple[str, str], ...] = ()  # the converter's settings, read from the candidate
+    unread: tuple[str, ...] = ()  # settings the candidate does not show
+    converted: int = 0  # the original's nodes the converter changed
+    still: tuple[tuple[str, int, int], ...] = ()  # (op, still converted, converted) with `keep` kept
+    weights: tuple[int, int, int] = (0, 0, 0)  # weight bytes: the original, the candidate, with `keep`
+    causes: tuple[tuple[str, str], ...] = ()  # (node, event): the changed nodes the events name
+    matters: tuple[str, ...] = ()  # no list holds: the nodes that matter most
     scored: int = 0  # nodes scored from the candidate's instrumented pass
-    tried: tuple[tuple[int, bool, str], ...] = ()  # each guess: nodes kept, matched, what differed
+    tried: tuple[Try, ...] = ()
+    budget: int = 0  # re-conversions allowed (--advise-budget)
+    confirmed: str = ""  # how the list was found, in words
     seconds: float = 0.0  # scoring excluded: the re-conversions and their runs
+
+    def shipped(self) -> str:
+        """What stays converted and what it saves, in words."""
+        if not self.converted:
+            return ""
+        left = self.converted - len(self.keep)
+        ops = ", ".join(f"{op} {n} of {m}" for op, n, m in self.still[:4] if m)
+        o, c, k = self.weights
+        size = (
+            f"; weights {_mb(k)} against the original's {_mb(o)} and the candidate's {_mb(c)}: "
+            f"{100 * (1 - k / o):.0f}% saved"
+            if o and k
+            else ""
+        )
+        return f"{left} of {self.converted} converted node(s) stay converted ({ops}){size}"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 10_000 else f"{n} bytes"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,20 +321,28 @@ class CandidateResult:
                 out.append(f"{level}: candidate {name}: {words}")
             if not lines:
                 out.append(f"NOTE: candidate {name}: its {p.name} probe found nothing to warn of")
-        a = self.advice
-        if a is not None and a.status == "ok" and not a.keep:
-            out.append(f"ADVICE: candidate {name}: {a.reason}")
-        elif a is not None and a.status == "ok":
-            tries = f"{len(a.tried)} tr{'y' if len(a.tried) == 1 else 'ies'}"
-            listed = f"{', '.join(a.keep[:8])}{' ...' if len(a.keep) > 8 else ''}"
-            out.append(
-                f"ADVICE: candidate {name}: keep {len(a.keep)} node(s) in float32 and its {a.target} match "
-                f"the original's (confirmed by re-converting and running, {tries}): {listed}"
-            )
-        elif a is not None:
-            tried = "; ".join(f"{n} node(s) kept: {why or 'matched'}" for n, _, why in a.tried)
-            out.append(f"WARN: candidate {name}: advise: {a.reason}{f' ({tried})' if tried else ''}")
+        out += _advice_lines(self)
         return out
+
+
+def _advice_lines(c: CandidateResult) -> list[str]:
+    a, name = c.advice, c.path
+    if a is None:
+        return []
+    if a.status == "ok" and not a.keep:
+        return [f"ADVICE: candidate {name}: {a.reason}"]
+    if a.status == "ok":
+        listed = f"{', '.join(a.keep[:8])}{' ...' if len(a.keep) > 8 else ''}"
+        return [
+            f"ADVICE: candidate {name}: keep {len(a.keep)} of its {a.converted} converted node(s) in "
+            f"float32 and its {a.target} match the original's: {a.shipped()} "
+            f"(confirmed: {a.confirmed}): {listed}"
+        ]
+    if a.status == "none-holds":
+        named = ", ".join(a.matters)
+        return [f"ADVICE: candidate {name}: {a.reason}; the nodes that matter most: {named or 'none scored'}"]
+    tried = "; ".join(f"{t.kept} node(s) kept: {t.differed or 'matched'}" for t in a.tried)
+    return [f"WARN: candidate {name}: advise: {a.reason}{f' ({tried})' if tried else ''}"]
 
 
 def _cause(c: CandidateResult) -> list[str]:

@@ -14,6 +14,7 @@ from xbackend.files.capture_folder import NAME, default_name
 from xbackend.model.footprint import parse_size
 from xbackend.model.inputs import parse_range, parse_shape
 from xbackend.numerics.metrics import DEFAULT_MAX_ULP
+from xbackend.results.candidate_spec import candidate_words, candidates_of
 from xbackend.results.flags import (
     COMMANDS,
     MAX_COUNT,
@@ -91,30 +92,6 @@ def _loads(value: Any) -> tuple[tuple[str, str], ...]:
     if isinstance(value, Mapping):
         return tuple((str(k), str(v)) for k, v in value.items())
     return tuple(load_spec(x) if isinstance(x, str) else (str(x[0]), str(x[1])) for x in value)
-
-
-def candidate_spec(text: str) -> tuple[str, tuple[str, ...]]:
-    """--candidate FILE[@BACKEND,...]: the file, and the backends it runs on (() : the default).
-    The backends follow the first '@' after the file's .onnx suffix (or the first '@')."""
-    text = str(text)
-    cut = text.find(".onnx@")
-    at = cut + 5 if cut >= 0 else text.find("@")
-    path, backends = (text, "") if at < 0 else (text[:at], text[at + 1 :])
-    if not path:
-        raise UsageError(f"--candidate {text!r} names no file; give CANDIDATE.onnx[@BACKEND,...]")
-    return path, tuple(comma_list(backends)) if backends else ()
-
-
-def _candidates(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    if isinstance(value, (str, Mapping)):
-        value = [value] if isinstance(value, str) else list(value.items())
-    return tuple(
-        candidate_spec(x) if isinstance(x, str) else (str(x[0]), tuple(comma_list(x[1] or ()))) for x in value
-    )
-
-
-def _candidate_words(spec: tuple[str, tuple[str, ...]]) -> str:
-    return spec[0] + ("@" + ",".join(spec[1]) if spec[1] else "")
 
 
 def _size(value: Any) -> int | None:
@@ -413,8 +390,8 @@ class CompareOptions:
         metavar="FILE[@BACKENDS]",
         typer_type=list[str] | None,
         cli_default=None,
-        parse=_candidates,
-        show=_each("--candidate", _candidate_words),
+        parse=candidates_of,
+        show=_each("--candidate", candidate_words),
         omit_default=True,
     )
 
@@ -424,6 +401,14 @@ class CompareOptions:
         "with --candidate and --decode or --decisions: the nodes to keep in float32 so each candidate's "
         "tokens or decisions match the original's, in its converter's lists (node_block_list, "
         "nodes_to_exclude) with the command that re-converts, confirmed by re-converting and running",
+        omit_default=True,
+    )
+    advise_budget: int = flag(
+        8,
+        "--advise-budget",
+        "with --advise: the re-conversions (each run) the search for the smallest keep-list may take",
+        metavar="N",
+        check=count(1),
         omit_default=True,
     )
 

@@ -1,0 +1,377 @@
+"""The converter that made a candidate, its settings as the graph shows them, the original's nodes
+it changed, and the Python that makes the candidate again with some of them kept in float32.
+
+The advice is confirmed on the very code it prints: the float16 tool's and the dynamic
+quantizer's snippets are executed as printed (their strings are Python literals of the names);
+a static QDQ candidate is kept in place (`keep_float32`, what `nodes_to_exclude` does with the
+same calibration), and the quantizer's own call is printed beside it with the settings read."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from xbackend.model.extdata import weight_array
+from xbackend.model.load import load_proto
+
+__all__ = [
+    "DYNAMIC",
+    "FP16",
+    "STATIC",
+    "Converter",
+    "command",
+    "converted",
+    "converter_of",
+    "keep_float32",
+    "requantize",
+    "rewrite",
+    "weight_bytes",
+]
+
+FP16 = "onnxruntime.transformers.float16"
+DYNAMIC = "onnxruntime.quantization.quantize_dynamic"
+STATIC = "onnxruntime.quantization.quantize_static"
+_SHAPE_ONLY = {"Shape", "Size"}  # they read a quantized tensor's shape, never its values
+_QTYPE = {TensorProto.INT8: "QInt8", TensorProto.UINT8: "QUInt8"}
+_TWO_GIB = 2**31
+
+
+@dataclass(frozen=True)
+class Converter:
+    """What made the candidate, and the settings its graph shows (`unread`: those it cannot)."""
+
+    tool: str  # FP16 | DYNAMIC | STATIC
+    keep_io_types: bool = True  # float16: the graph's inputs stayed float32
+    weight_type: str = "QInt8"  # quantizers: int8 (QInt8) or uint8 (QUInt8) weights
+    activation_type: str = "QInt8"  # static: the activations' Q/DQ type
+    per_channel: bool = False  # a weight scale per output channel
+    reduce_range: bool = False  # 7-bit weights (every quantized weight within ±64)
+    op_types: tuple[str, ...] = ()  # op_types_to_quantize: the ops it quantized
+    symmetric_activations: bool = False  # static: every activation's zero point 0
+    disable_shape_infer: bool = False  # float16: an original past protobuf's 2 GiB
+    unread: tuple[str, ...] = ()  # settings the graph does not show (the calibration's)
+
+
+def converter_of(
+    candidate: onnx.GraphProto, folder: Path | None = None, original: onnx.GraphProto | None = None
+) -> Converter | None:
+    """The converter whose output the candidate's graph looks like (None: none known), with the
+    settings its quantized weights and Q/DQ pairs show (weights read from `folder`)."""
+    ops = {n.op_type for n in candidate.node}
+    inits = {t.name: t for t in candidate.initializer}
+    if ("QuantizeLinear" in ops and "DequantizeLinear" in ops) or "DynamicQuantizeLinear" in ops:
+        dynamic = "DynamicQuantizeLinear" in ops
+        weights = _quantized_weights(candidate, inits)
+        wtype = next(
+            (_QTYPE[inits[w].data_type] for w, _ in weights if inits[w].data_type in _QTYPE), "QInt8"
+        )
+        scales = [inits[s] for _, s in weights if s in inits]
+        per_channel = any(int(np.prod(list(s.dims) or [1])) > 1 for s in scales)
+        reduce = bool(weights) and folder is not None and _seven_bit(weights, inits, folder)
+        acts = [
+            n
+            for n in candidate.node
+            if n.op_type == "QuantizeLinear" and n.input[0] not in inits and len(n.input) > 2
+        ]
+        zps = [inits[n.input[2]] for n in acts if n.input[2] in inits]
+        atype = next(
+            (_QTYPE[z.data_type] for z in zps if z.data_type in _QTYPE), "QUInt8" if dynamic else "QInt8"
+        )
+        symmetric = bool(zps) and folder is not None and all(_zero(z, folder) for z in zps)
+        tool = DYNAMIC if dynamic else STATIC
+        conv = Converter(
+            tool, weight_type=wtype, activation_type=atype, per_channel=per_channel, reduce_range=reduce
+        )
+        if original is not None:
+            kinds = {n.name: n.op_type for n in original.node}
+            touched = converted(conv, original, candidate)
+            conv = _with(conv, op_types=tuple(sorted({kinds[n] for n in touched})))
+        unread = () if dynamic else ("calibration_data_reader", "calibrate_method")
+        return _with(conv, symmetric_activations=symmetric and not dynamic, unread=unread)
+    if TensorProto.FLOAT16 in {t.data_type for t in candidate.initializer} or any(
+        vi.type.tensor_type.elem_type == TensorProto.FLOAT16 for vi in candidate.value_info
+    ):
+        io = all(i.type.tensor_type.elem_type != TensorProto.FLOAT16 for i in candidate.input)
+        big = original is not None and folder is not None and weight_bytes(original) >= _TWO_GIB
+        return Converter(FP16, keep_io_types=io, disable_shape_infer=big)
+    return None
+
+
+def _zero(t: TensorProto, folder: Path) -> bool:
+    v = weight_array(t, folder)
+    return v is not None and not np.any(v)
+
+
+def _with(conv: Converter, **kw: object) -> Converter:
+    return Converter(**{**conv.__dict__, **kw})
+
+
+def _quantized_weights(g: onnx.GraphProto, inits: Mapping[str, TensorProto]) -> list[tuple[str, str]]:
+    """(quantized weight, its scale) for each integer weight a DequantizeLinear or an integer
+    kernel reads."""
+    out = []
+    scale_of = {
+        n.input[0]: n.input[1] for n in g.node if n.op_type == "DequantizeLinear" and len(n.input) > 1
+    }
+    for n in g.node:
+        for i in n.input:
+            t = inits.get(i)
+            if t is not None and t.data_type in _QTYPE and int(np.prod(list(t.dims) or [1])) > 1:
+                out.append((i, scale_of.get(i, "")))
+    return list(dict.fromkeys(out))
+
+
+def _seven_bit(weights: Sequence[tuple[str, str]], inits: Mapping[str, TensorProto], folder: Path) -> bool:
+    """Every quantized weight within ±64 around its zero point: reduce_range (a full-range
+    quantizer reaches ±127 in some element of each)."""
+    for w, _ in weights:
+        v = weight_array(inits[w], folder)
+        if v is None:
+            return False
+        centre = 128 if v.dtype == np.uint8 else 0
+        if int(np.max(np.abs(v.astype(np.int32) - centre))) > 64:
+            return False
+    return True
+
+
+def converted(conv: Converter, original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple[str, ...]:
+    """The original's nodes the converter changed, in the original's order: for float16 those
+    that read or write a float16 tensor; for the dynamic quantizer those it replaced or gave an
+    integer weight; for static QDQ those that read a dequantized value (never a Shape)."""
+    theirs = {n.name: n for n in candidate.node if n.name}
+    names = [n for n in original.node if n.name]
+    if conv.tool == FP16:
+        half = _float16_tensors(candidate)
+        return tuple(
+            n.name
+            for n in names
+            if n.name in theirs
+            and n.op_type not in _SHAPE_ONLY
+            and any(t in half for t in (*theirs[n.name].input, *theirs[n.name].output))
+        )
+    if conv.tool == DYNAMIC:
+        inits = {t.name: t.data_type for t in candidate.initializer}
+        mine = {t.name for t in original.initializer}
+
+        def quantized(n: onnx.NodeProto) -> bool:
+            return any(inits.get(i) in _QTYPE and i not in mine for i in n.input)
+
+        return tuple(
+            n.name
+            for n in names
+            if n.op_type not in _SHAPE_ONLY and (n.name not in theirs or quantized(theirs[n.name]))
+        )
+    dq = {o for n in candidate.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return tuple(
+        n.name
+        for n in names
+        if n.op_type not in _SHAPE_ONLY
+        and (n.name not in theirs or any(i in dq for i in theirs[n.name].input))
+    )
+
+
+def _float16_tensors(g: onnx.GraphProto) -> set[str]:
+    out = {t.name for t in g.initializer if t.data_type == TensorProto.FLOAT16}
+    for vi in (*g.input, *g.output, *g.value_info):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            out.add(vi.name)
+    for n in g.node:
+        to = next((a.i for a in n.attribute if a.name == "to"), None)
+        if n.op_type == "Cast" and to == TensorProto.FLOAT16:
+            out.update(n.output)
+        if n.op_type == "Constant" and any(a.t.data_type == TensorProto.FLOAT16 for a in n.attribute):
+            out.update(n.output)
+    return out
+
+
+def weight_bytes(g: onnx.GraphProto) -> int:
+    """The bytes a graph's weights take (initializers and Constant tensors), from their shapes and
+    types: external weights need not be read."""
+    total = 0
+    for t in (
+        *g.initializer,
+        *(a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.t.dims),
+    ):
+        size = (
+            helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if t.data_type != TensorProto.STRING else 0
+        )
+        total += int(np.prod(list(t.dims) or [1])) * size
+    return total
+
+
+# float16: the tool names the cast it inserts before each kept reader of a float16 tensor alike
+# (the same cast twice: ONNX Runtime refuses the model), and rounds a kept node's output to
+# float16 and back for a kept reader; the lines after the call keep one cast of each name and
+# hand a kept reader the float32 value
+_FP16_TIDY = """\
+def cast_to(n):
+    return next((a.i for a in n.attribute if a.name == "to"), None) if n.op_type == "Cast" else None
+
+nodes, seen = [], set()
+for n in model.graph.node:
+    if cast_to(n) is not None and n.output[0] in seen:
+        continue
+    seen.update(n.output)
+    nodes.append(n)
+down = {n.output[0]: n for n in nodes if cast_to(n) == onnx.TensorProto.FLOAT16}
+for n in nodes:
+    up = down.get(n.input[0]) if cast_to(n) == onnx.TensorProto.FLOAT else None
+    if up is not None and (n.name.endswith("_cast_to_fp32_node") or n.name.startswith("graph_output_cast")):
+        n.input[0] = up.input[0]
+read = {i for n in nodes for i in n.input} | {o.name for o in model.graph.output}
+nodes = [n for n in nodes if n.op_type != "Cast" or n.output[0] in read]
+del model.graph.node[:]
+model.graph.node.extend(nodes)
+"""
+
+
+def command(conv: Converter, keep: Sequence[str], original: str, candidate: str, dest: str) -> str:
+    """The Python that makes the candidate again with `keep` in float32, runnable as printed:
+    the converter's own call with the settings read from the candidate (a static QDQ model: kept
+    in place, what nodes_to_exclude does with the same calibration)."""
+    nodes = "[\n" + "".join(f"    {n!r},\n" for n in keep) + "]"
+    if conv.tool == FP16:
+        shape = ", disable_shape_infer=True" if conv.disable_shape_infer else ""
+        return (
+            "import onnx\n"
+            "from onnxruntime.transformers.float16 import convert_float_to_float16\n\n"
+            f"KEEP = {nodes}\n"
+            f"model = convert_float_to_float16(\n    onnx.load({original!r}),\n"
+            f"    keep_io_types={conv.keep_io_types},\n    node_block_list=KEEP{shape},\n)\n"
+            f"{_FP16_TIDY}"
+            f"onnx.save(model, {dest!r})\n"
+        )
+    if conv.tool == DYNAMIC:
+        return (
+            "from onnxruntime.quantization import QuantType, quantize_dynamic\n\n"
+            f"KEEP = {nodes}\n"
+            f"quantize_dynamic(\n    {original!r},\n    {dest!r},\n"
+            f"    weight_type=QuantType.{conv.weight_type},\n"
+            f"    per_channel={conv.per_channel},\n    reduce_range={conv.reduce_range},\n"
+            f"    op_types_to_quantize={list(conv.op_types)!r},\n"
+            "    nodes_to_exclude=KEEP,\n)\n"
+        )
+    return (
+        "from xbackend import keep_float32\n\n"
+        f"KEEP = {nodes}\n"
+        f"keep_float32({original!r}, {candidate!r}, KEEP, {dest!r})\n"
+    )
+
+
+def requantize(conv: Converter, keep: Sequence[str], original: str, dest: str) -> str:
+    """Static QDQ: the quantizer's own call with the settings the candidate shows; the calibration
+    (its data and method) is not in the graph: READER is yours."""
+    if conv.tool != STATIC:
+        return ""
+    extra = "    extra_options={'ActivationSymmetric': True},\n" if conv.symmetric_activations else ""
+    nodes = "[\n" + "".join(f"    {n!r},\n" for n in keep) + "]"
+    return (
+        "from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static\n\n"
+        "READER = ...  # yours: a CalibrationDataReader over the data the candidate was calibrated on\n"
+        f"KEEP = {nodes}\n"
+        f"quantize_static(\n    {original!r},\n    {dest!r},\n    READER,\n"
+        "    quant_format=QuantFormat.QDQ,\n"
+        f"    activation_type=QuantType.{conv.activation_type},\n"
+        f"    weight_type=QuantType.{conv.weight_type},\n"
+        f"    per_channel={conv.per_channel},\n    reduce_range={conv.reduce_range},\n"
+        f"    op_types_to_quantize={list(conv.op_types)!r},\n"
+        "    calibrate_method=CalibrationMethod.MinMax,  # the graph does not show it: yours\n"
+        f"{extra}"
+        "    nodes_to_exclude=KEEP,\n)\n"
+    )
+
+
+def rewrite(
+    conv: Converter, original: Path, candidate: Path, keep: Sequence[str], dest: Path
+) -> tuple[Path, str]:
+    """The candidate made again with `keep` in float32 by the code the advice prints (run here as
+    printed), and that code."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    code = command(conv, keep, str(original), str(candidate), str(dest))
+    if conv.tool == STATIC:
+        keep_float32(original, candidate, keep, dest)
+        return dest, code
+    quiet = logging.getLogger().level
+    logging.getLogger().setLevel(logging.ERROR)  # the quantizer's advice to pre-process, on the root logger
+    try:
+        exec(compile(code, "advice", "exec"), {"__name__": "advice"})  # our code: names are literals
+    finally:
+        logging.getLogger().setLevel(quiet)
+    return dest, code
+
+
+def keep_float32(original: str | Path, candidate: str | Path, keep: Sequence[str], dest: str | Path) -> None:
+    """A static QDQ candidate with each node in `keep` reading the original's inputs (its
+    activations before their QuantizeLinear, the original's float weights) and handing out its
+    output unquantized where it leaves the graph; written to `dest`."""
+    theirs_model = load_proto(original)
+    mine = load_proto(candidate)
+    out = _unquantized(theirs_model, mine, set(keep))
+    onnx.save(out, str(dest))
+
+
+def _unquantized(original: onnx.ModelProto, candidate: onnx.ModelProto, keep: set[str]) -> onnx.ModelProto:
+    made = {o: n for n in candidate.graph.node for o in n.output}
+    theirs = {n.name: n for n in original.graph.node if n.name}
+    owned = {t.name for t in candidate.graph.initializer}
+    wanted: dict[str, onnx.TensorProto] = {}
+    weights = {t.name: t for t in original.graph.initializer}
+    for node in candidate.graph.node:
+        if node.name not in keep or node.name not in theirs:
+            continue
+        src = theirs[node.name]
+        for k, i in enumerate(list(node.input)):
+            d = made.get(i)
+            if d is None or d.op_type != "DequantizeLinear" or k >= len(src.input):
+                continue
+            name = src.input[k]
+            if name in weights:  # the original's float weight, under a name of its own
+                fresh = f"{name}_float32"
+                if fresh not in owned:
+                    wanted[fresh] = onnx.TensorProto()
+                    wanted[fresh].CopyFrom(weights[name])
+                    wanted[fresh].name = fresh
+                name = fresh
+            node.input[k] = name
+    # a kept node's output quantized on its way out of the graph: handed out as computed
+    outputs = {o.name for o in candidate.graph.output}
+    readers = {i: n for n in candidate.graph.node for i in n.input}
+    for node in candidate.graph.node:
+        if node.name not in keep:
+            continue
+        for o in node.output:
+            q = readers.get(o)
+            d = readers.get(q.output[0]) if q is not None and q.op_type == "QuantizeLinear" else None
+            if d is not None and d.op_type == "DequantizeLinear" and d.output[0] in outputs:
+                d.op_type, d.domain = "Identity", ""
+                del d.input[:]
+                del d.attribute[:]
+                d.input.append(o)
+    candidate.graph.initializer.extend(wanted.values())
+    _prune(candidate.graph)
+    return candidate
+
+
+def _prune(g: onnx.GraphProto) -> None:
+    """Drop the Q/DQ nodes and the quantized weights no node reads any more."""
+    while True:
+        read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+        dead = [
+            k
+            for k, n in enumerate(g.node)
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear") and not any(o in read for o in n.output)
+        ]
+        for k in reversed(dead):
+            del g.node[k]
+        if not dead:
+            break
+    read = {i for n in g.node for i in n.input}
+    kept = [t for t in g.initializer if t.name in read]
+    del g.initializer[:]
+    g.initializer.extend(kept)
