@@ -227,7 +227,8 @@ def _one(
         conv = converter_of(graph, Path(path).resolve().parent, ograph)
         changed = converted(conv, ograph, graph) if conv is not None else ()
         mine_scores = [x for x in scores if x.node in set(changed)]
-        named = causes(graph, base.events, mine_scores, changed)
+        said = [f for f in base.findings if f in base.events or f.kind == "decision-tensor"]
+        named = causes(graph, said, mine_scores, changed)
         advice = advise(
             conv,
             changed,

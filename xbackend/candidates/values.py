@@ -266,7 +266,7 @@ def decision_tensors(
             continue
         clip = next((f for f in events if f.kind == "saturation" and f.node == node.name), None)
         lost = margin is not None and step >= margin
-        if clip is None and not lost:
+        if not lost and (clip is None or margin is None):  # clipped, every answer the original's: a note
             continue
         said = [f"{clip.count} of {clip.of} element(s) clipped"] if clip is not None else []
         if lost:

@@ -208,7 +208,10 @@ class CandidateResult:
         """The findings that move the candidate's answers: all but a few clipped outliers (what
         min/max calibration on other data leaves)."""
         return tuple(
-            f for f in self.findings if not (f.kind == "saturation" and f.count < MINOR_CLIPPING * f.of)
+            f
+            for f in self.findings
+            if not (f.kind == "saturation" and f.count < MINOR_CLIPPING * f.of)
+            and not (f.kind == "decision-tensor" and not f.count)  # its own rounding: its precision
         )
 
     @property
@@ -284,7 +287,7 @@ class CandidateResult:
                 f"{self.explanation.reason}"
             )
         for f in self.findings:  # a few clipped outliers are what min/max calibration leaves: a note
-            level = "WARN" if f in self.events else "NOTE"
+            level = "WARN" if f in self.events or f.kind == "decision-tensor" else "NOTE"
             where = with_module(f.tensor, mods)
             out.append(f"{level}: candidate {name}: {f.kind} at {where} ({f.node}): {f.detail}")
         if self.decode is not None:

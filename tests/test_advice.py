@@ -1,0 +1,184 @@
+"""`--advise` as a release manager ships it: lists of nodes the converter changed, found from the
+events' causes, the code run exactly as printed in a fresh process, its model decoded by a greedy
+loop of our own (ONNX Runtime, KV cache) against the original's tokens, and an honest "none
+holds" where no partial conversion keeps them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import xbackend
+from tests import candidate_models as cm
+from xbackend.candidates.convert import FP16, command, converted, converter_of
+
+OPTIMUM = Path(__file__).resolve().parent / "optimum"
+
+
+def _run_printed(code: str, cwd: Path) -> None:
+    """The code as printed, in a fresh interpreter."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _greedy(path: Path, prompts: tuple[tuple[int, ...], ...], steps: int) -> list[list[int]]:
+    """Greedy tokens of a KV-cache decoder (optimum's inputs), one prompt at a time."""
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ins = {i.name: i for i in sess.get_inputs()}
+    pasts = [n for n in ins if n.startswith("past_key_values")]
+    out = []
+    for prompt in prompts:
+        ids = np.array([prompt], np.int64)
+        past = {n: np.zeros((1, ins[n].shape[1], 0, ins[n].shape[3]), np.float32) for n in pasts}
+        seen, tokens = 0, []
+        for _ in range(steps):
+            n = ids.shape[1]
+            feeds = {
+                "input_ids": ids,
+                "attention_mask": np.ones((1, seen + n), np.int64),
+                "position_ids": np.arange(seen, seen + n, dtype=np.int64)[None],
+                **past,
+            }
+            got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+            t = int(np.argmax(got["logits"][0, -1]))
+            tokens.append(t)
+            past = {p: got[p.replace("past_key_values", "present")] for p in pasts}
+            seen += n
+            ids = np.array([[t]], np.int64)
+        out.append(tokens)
+    return out
+
+
+@pytest.fixture(scope="module")
+def qdq_small(tmp_path_factory: pytest.TempPathFactory) -> tuple[xbackend.Result, Path]:
+    d = tmp_path_factory.mktemp("advice")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        small = cm.scaled_q(cm.qdq(d / "qdq.onnx"), d / "qdq_small.onnx", 0.1)
+    return xbackend.compare(cm.MLP, decisions="auto", candidates=[str(small)], advise=True), small
+
+
+def test_the_events_node_is_kept_and_the_printed_code_restores_the_decisions(
+    qdq_small: tuple[xbackend.Result, Path],
+) -> None:
+    """The scale planted 10x too small clips val_3: its reader is the event's node, kept first,
+    and that list holds at once. The printed code (the candidate kept in place), run as printed in
+    a fresh process, writes a model whose decisions are the original's."""
+    r, small = qdq_small
+    (c,) = r.candidates
+    a = c.advice
+    assert a is not None and a.status == "ok" and a.keep == ("node_linear",)
+    # the events name the clipped tensor's reader first; their list holds, and is cut to it
+    assert a.tried[0].step == "events" and a.tried[0].matched and a.tried[0].kept == len(a.causes)
+    assert a.causes[0][0] == "node_linear" and "saturation at val_3" in a.causes[0][1], a.causes
+    assert [(t.kept, t.matched) for t in a.tried[1:]] == [(1, True)][: len(a.tried) - 1]
+    # what stays converted: every other changed node, and the weight bytes against the original's
+    assert a.converted > 1 and len(a.keep) < a.converted and a.weights[0] > a.weights[2] > 0
+    assert f"{a.converted - 1} of {a.converted} converted node(s) stay converted" in a.shipped()
+    # the static quantizer's own call carries the settings the candidate shows (made QInt8/QInt8)
+    for said in ("activation_type=QuantType.QInt8", "weight_type=QuantType.QInt8", "per_channel=False"):
+        assert said in a.requantize
+    assert "op_types_to_quantize=[" in a.requantize and "READER" in a.requantize
+    kept = small.with_name(small.stem + "_kept.onnx")
+    assert not kept.exists()
+    _run_printed(a.command, small.parent)
+    orig = ort.InferenceSession(str(cm.MLP), providers=["CPUExecutionProvider"])
+    i = orig.get_inputs()[0]
+    xs = np.random.default_rng(5).standard_normal((64, 1, *i.shape[1:])).astype(np.float32)
+
+    def choices(path: Path) -> np.ndarray:
+        s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return np.array([s.run(None, {i.name: x})[0].argmax(-1) for x in xs])
+
+    # the planted clipping is gone: the kept model's choices are the original's on fresh inputs
+    want = choices(cm.MLP)
+    assert (choices(kept) == want).mean() >= 0.95 > (choices(small) == want).mean()
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[xbackend.Result, dict[str, Path]]:
+    d = tmp_path_factory.mktemp("llama-advice")
+    src = OPTIMUM / "llama.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        made = {"fp16": cm.fp16(src, d / "fp16.onnx"), "int8": cm.dynamic_int8(d / "int8.onnx", src)}
+    r = xbackend.compare(src, decode=24, candidates=[str(made["int8"])], advise=True, probes=["none"])
+    return r, made
+
+
+def test_a_dynamic_int8_llama_none_holds_and_says_so(llama: tuple[xbackend.Result, dict[str, Path]]) -> None:
+    """Random weights leave a top-1/top-2 margin of 3e-4 on one prompt: int8 noise at any one
+    MatMul flips it. The list names only the 16 nodes the quantizer changed (15 MatMuls and the
+    embedding's Gather; no Shape, Softmax or Sin), every one kept holds, and the advice says that
+    no partial conversion does, with the nodes that matter most."""
+    r, made = llama
+    (c,) = r.candidates
+    a = c.advice
+    assert c.token_flips and a is not None
+    if a.status == "ok":  # this machine's int8 kernels decode differently: the list is still changed nodes
+        assert set(a.keep) <= set(converted(converter_of(onnx.load(made["int8"]).graph), *_graphs(made)))
+        return
+    assert a.status == "none-holds" and a.converted == 16 and not a.keep
+    assert "no partial conversion keeps these tokens" in a.reason and a.matters
+    whole = [t for t in a.tried if t.step == "whole"]
+    assert whole and whole[0].matched and whole[0].kept == 16
+    assert any(t.kept == 15 and not t.matched for t in a.tried)
+    assert any(line.startswith("ADVICE: ") and "no partial conversion" in line for line in c.verdict_lines())
+
+
+def _graphs(made: dict[str, Path]) -> tuple[onnx.GraphProto, onnx.GraphProto]:
+    return onnx.load(OPTIMUM / "llama.onnx").graph, onnx.load(made["int8"]).graph
+
+
+def test_the_float16_code_as_printed_writes_a_model_that_decodes_like_the_original(
+    llama: tuple[xbackend.Result, dict[str, Path]], tmp_path: Path
+) -> None:
+    """The float16 tool given a node_block_list alone names two casts alike (ONNX Runtime refuses
+    the model) and rounds a kept node's output to float16 and back for a kept reader. The printed
+    code, run as printed: unique cast names, no float16 round trip between kept nodes, and with
+    every converted node kept, our own greedy loop decodes the original's tokens."""
+    r, made = llama
+    src = OPTIMUM / "llama.onnx"
+    original, cand = onnx.load(src).graph, onnx.load(made["fp16"]).graph
+    conv = converter_of(cand)
+    assert conv is not None and conv.tool == FP16 and conv.keep_io_types
+    every = converted(conv, original, cand)
+    kinds = {n.name: n.op_type for n in original.node}
+    assert not {kinds[n] for n in every} & {"Shape", "Size"} and len(every) > 150
+    dest = tmp_path / "kept.onnx"
+    code = command(conv, every, str(src), str(made["fp16"]), str(dest))
+    bare = tmp_path / "bare.onnx"
+    _run_printed(code.split("def cast_to")[0] + f"onnx.save(model, {str(bare)!r})\n", tmp_path)
+    with pytest.raises(Exception, match="two nodes with same node name"):
+        ort.InferenceSession(str(bare), providers=["CPUExecutionProvider"])
+    _run_printed(code, tmp_path)
+    g = onnx.load(dest).graph
+    names = [n.name for n in g.node if n.op_type == "Cast"]
+    assert len(names) == len(set(names))
+    to = {
+        n.output[0]: next(a.i for a in n.attribute if a.name == "to") for n in g.node if n.op_type == "Cast"
+    }
+    made_by = {o: n for n in g.node for o in n.output}
+    trips = [
+        n.name
+        for n in g.node
+        if n.op_type == "Cast"
+        and to[n.output[0]] == onnx.TensorProto.FLOAT
+        and n.input[0] in made_by
+        and made_by[n.input[0]].op_type == "Cast"
+        and to[n.input[0]] == onnx.TensorProto.FLOAT16
+        and made_by[n.input[0]].name.endswith("_cast_to_fp16_node")
+    ]
+    assert trips == []
+    d = r.decode
+    assert d is not None
+    want = [list(p.tokens) for p in d.backend(d.reference).prompts]
+    assert _greedy(src, d.prompts, d.steps) == [list(p.tokens) for p in d.backend("ort-cpu").prompts]
+    assert _greedy(dest, d.prompts, d.steps) == want
