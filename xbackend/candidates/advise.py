@@ -108,10 +108,14 @@ def causes(
     events: Sequence[Finding],
     scores: Sequence[Sensitivity],
     changed: Sequence[str],
+    clipped: Sequence[str] = (),
 ) -> list[tuple[str, str]]:
     """The changed nodes the events name, most severe first, each with its event: a node that
     writes NaN or inf; the readers of a tensor whose Q/DQ pair clips it or whose scale is
-    infinite; the node computing a quantized decision tensor (its Q/DQ on the way out)."""
+    infinite, and downstream of them every reader of a tensor clipped again (`clipped`: the
+    QuantizeLinear nodes that clip at all; a range calibrated on shorter prompts clips each
+    tensor a position flows through, a few elements at the step measured, most of them later);
+    the node computing a quantized decision tensor (its Q/DQ on the way out)."""
     ours = set(changed)
     made = {o: n for n in candidate.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -137,8 +141,8 @@ def causes(
             else [r for r in readers.get(node.output[0], []) if r.op_type == "DequantizeLinear"]
         )
         for d in dqs:
-            for r in readers.get(d.output[0], []):
-                add(r.name, why)
+            for r in _downstream(d, readers, set(clipped)):
+                add(r, why)
             if d.output[0] in outputs:  # quantized on its way out: the node that computes it
                 q = made.get(d.input[0])
                 src = made.get(q.input[0]) if q is not None and q.op_type == "QuantizeLinear" else None
@@ -150,6 +154,30 @@ def causes(
     return list(out.items())
 
 
+def _downstream(
+    dq: onnx.NodeProto, readers: Mapping[str, Sequence[onnx.NodeProto]], clipped: set[str]
+) -> list[str]:
+    """The readers of a dequantized tensor, and on through each reader's output that a clipping
+    QuantizeLinear reads, to the readers of its DequantizeLinear (breadth first)."""
+    out: list[str] = []
+    todo, seen = [dq], {dq.name}
+    while todo:
+        d = todo.pop(0)
+        for r in readers.get(d.output[0], []):
+            if r.op_type in ("QuantizeLinear", "DequantizeLinear") or r.name in out:
+                continue
+            out.append(r.name)
+            for o in r.output:
+                for q in readers.get(o, []):
+                    if q.op_type != "QuantizeLinear" or q.name not in clipped:
+                        continue
+                    for d2 in readers.get(q.output[0], []):
+                        if d2.op_type == "DequantizeLinear" and d2.name not in seen:
+                            seen.add(d2.name)
+                            todo.append(d2)
+    return out
+
+
 def advise(
     conv: Converter | None,
     changed: Sequence[str],
@@ -157,7 +185,7 @@ def advise(
     found: Sequence[tuple[str, str]],
     paths: tuple[Path, Path],
     work: Path,
-    confirm: Callable[[Path], tuple[bool, str]],
+    confirm: Callable[[Path], tuple[bool, str, tuple[int, int]]],
     target: str,
     budget: int = BUDGET,
     ops: Mapping[str, str] | None = None,
@@ -185,12 +213,13 @@ def advise(
             return None
         keep = tuple(sorted(keep, key=order.index))
         path = work / f"advise-{len(tried)}" / candidate.name
+        answers = (0, 0)
         try:
             made[keep], _ = rewrite(conv, original, candidate, keep, path)
-            ok, why = confirm(path)
+            ok, why, answers = confirm(path)
         except Exception as e:  # a converter or a run that fails: said, the search goes on
             ok, why = False, f"{type(e).__name__}: {e}"
-        tried.append(Try(kept=len(keep), matched=ok, differed=why, step=step))
+        tried.append(Try(kept=len(keep), matched=ok, differed=why, step=step, answers=answers))
         return ok
 
     lo, hi = 0, None  # the longest prefix known to fail, the shortest known to hold
@@ -251,7 +280,7 @@ def advise(
             else f"no partial conversion that saves weight keeps these {target} on these inputs: the "
             f"smallest list found keeps {len(kept)} of {len(order)} converted node(s), and with them the "
             f"weights take {sizes[2] / 1e6:.2f} MB against the original's {sizes[0] / 1e6:.2f} MB"
-        )
+        ) + _closest(tried, target)
         return replace(base, status="none-holds", reason=why, matters=matters, still=per_op, weights=sizes)
     code_dest = str(dest)
     return replace(
@@ -261,6 +290,19 @@ def advise(
         requantize=requantize(conv, kept, str(original), code_dest),
         still=per_op,
         weights=sizes,
+    )
+
+
+def _closest(tried: Sequence[Try], target: str) -> str:
+    """Where the events' list was tried and failed: how many answers it kept, and what differed."""
+    t = next((t for t in tried if t.step == "events" and not t.matched), None)
+    if t is None:
+        return ""
+    unit = "prompts" if target == "tokens" else "decisions"
+    kept = f"{t.answers[0]} of {t.answers[1]} {unit}" if t.answers[1] else f"no {unit}"
+    return (
+        f"; the {t.kept} node(s) the events name keep {kept} as the original's, the rest of the "
+        f"conversion's noise moves the others ({t.differed})"
     )
 
 

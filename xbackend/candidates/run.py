@@ -228,7 +228,8 @@ def _one(
         changed = converted(conv, ograph, graph) if conv is not None else ()
         mine_scores = [x for x in scores if x.node in set(changed)]
         said = [f for f in base.findings if f in base.events or f.kind == "decision-tensor"]
-        named = causes(graph, said, mine_scores, changed)
+        clipping = [f.node for f in base.findings if f.kind == "saturation"]
+        named = causes(graph, said, mine_scores, changed, clipping)
         advice = advise(
             conv,
             changed,
@@ -274,7 +275,7 @@ def _confirmer(
     vs: Against | None,
     obuild: Builds | None,
     run: Again,
-) -> Callable[[Path], tuple[bool, str]]:
+) -> Callable[[Path], tuple[bool, str, tuple[int, int]]]:
     """A run of a re-converted candidate, light (its outputs, one run, no explanation): whether
     its tokens (or decisions) match the original's, and what differed."""
     light = replace(
@@ -282,28 +283,29 @@ def _confirmer(
     )
     tries = iter(range(1_000))
 
-    def confirm(path: Path) -> tuple[bool, str]:
+    def confirm(path: Path) -> tuple[bool, str, tuple[int, int]]:
         where = folder / f"try-{next(tries)}"
         spec, _ = load_model(path)
         if vs is not None:
             ran = run(str(path), light, None, where, vs)
             d = ran.result.decode
             if d is None or not all(b.ok for b in d.backends):
-                return False, "; ".join(
-                    f"{b.backend} {b.status}: {b.reason}" for b in (d.backends if d else ())
-                )
-            return not d.token_flips, "; ".join(d.flips())
+                why = "; ".join(f"{b.backend} {b.status}: {b.reason}" for b in (d.backends if d else ()))
+                return False, why, (0, 0)
+            same = [p.first_divergent_step is None for b in d.backends for p in b.prompts]
+            return not d.token_flips, "; ".join(d.flips()), (sum(same), len(same))
         feeds, _ = candidate_feeds(original.feeds, spec)
         ran = run(str(path), light, feeds, where, None)
         held = f"original:{original.result.reference_used}"
         if obuild is None:
-            return False, "the original's outputs are not on disk"
+            return False, "the original's outputs are not on disk", (0, 0)
         decided = decisions_all(spec, opts.decisions, {**ran.builds, held: obuild}, ran.result.backends, held)
         flipped = [
             f"{d.backend} flips {d.flipped} of {d.decisions} at {d.output}" for d in decided if d.flipped
         ]
         failed = [f"{d.backend}: {d.reason}" for d in decided if d.status != "ok"]
-        return not flipped and not failed and bool(decided), "; ".join(flipped + failed)
+        answers = (sum(d.agree for d in decided), sum(d.decisions for d in decided))
+        return not flipped and not failed and bool(decided), "; ".join(flipped + failed), answers
 
     return confirm
 

@@ -199,9 +199,24 @@ def _advice(c: CandidateResult) -> list[str]:
         out.append("")
     if a.tried:
         tries: list[list[object]] = [
-            [t.step, t.kept, "yes" if t.matched else "no", cell(t.differed) or "—"] for t in a.tried
+            [
+                t.step,
+                t.kept,
+                "yes" if t.matched else "no",
+                f"{t.answers[0]} of {t.answers[1]}" if t.answers[1] else "—",
+                cell(t.differed) or "—",
+            ]
+            for t in a.tried
         ]
-        out += table(["step", "nodes kept in float32", f"{a.target} match", "what differed"], tries)
+        unit = "prompts" if a.target == "tokens" else "decisions"
+        head = [
+            "step",
+            "nodes kept in float32",
+            f"{a.target} match",
+            f"{unit} as the original's",
+            "what differed",
+        ]
+        out += table(head, tries)
         out += [
             f"{a.scored} node(s) scored; {cell(a.confirmed)}; the re-conversions and their runs took "
             f"{a.seconds:.1f} s.",

@@ -98,6 +98,7 @@ class Try:
     matched: bool
     differed: str = ""  # what differed ("" where they matched)
     step: str = ""  # events | whole | bisect | drop
+    answers: tuple[int, int] = (0, 0)  # (prompts or decisions as the original's, of how many)
 
 
 @dataclass(frozen=True, kw_only=True)
