@@ -68,9 +68,8 @@ def converter_of(
     if ("QuantizeLinear" in ops and "DequantizeLinear" in ops) or "DynamicQuantizeLinear" in ops:
         dynamic = "DynamicQuantizeLinear" in ops
         weights = _quantized_weights(candidate, inits)
-        wtype = next(
-            (_QTYPE[inits[w].data_type] for w, _ in weights if inits[w].data_type in _QTYPE), "QInt8"
-        )
+        sized = sorted(weights, key=lambda w: -int(np.prod(list(inits[w[0]].dims) or [1])))
+        wtype = next((_QTYPE[inits[w].data_type] for w, _ in sized if inits[w].data_type in _QTYPE), "QInt8")
         scales = [inits[s] for _, s in weights if s in inits]
         per_channel = any(int(np.prod(list(s.dims) or [1])) > 1 for s in scales)
         reduce = bool(weights) and folder is not None and _seven_bit(weights, inits, folder)
@@ -89,9 +88,7 @@ def converter_of(
             tool, weight_type=wtype, activation_type=atype, per_channel=per_channel, reduce_range=reduce
         )
         if original is not None:
-            kinds = {n.name: n.op_type for n in original.node}
-            touched = converted(conv, original, candidate)
-            conv = _with(conv, op_types=tuple(sorted({kinds[n] for n in touched})))
+            conv = _with(conv, op_types=_chosen(conv, original, candidate, inits))
         unread = () if dynamic else ("calibration_data_reader", "calibrate_method")
         return _with(conv, symmetric_activations=symmetric and not dynamic, unread=unread)
     if TensorProto.FLOAT16 in {t.data_type for t in candidate.initializer} or any(
@@ -101,6 +98,31 @@ def converter_of(
         big = original is not None and folder is not None and weight_bytes(original) >= _TWO_GIB
         return Converter(FP16, keep_io_types=io, disable_shape_infer=big)
     return None
+
+
+def _chosen(
+    conv: Converter, original: onnx.GraphProto, candidate: onnx.GraphProto, inits: Mapping[str, TensorProto]
+) -> tuple[str, ...]:
+    """op_types_to_quantize as the candidate shows it: the ops a quantizer replaced (dynamic), or
+    whose every non-constant input it dequantized and whose output it quantized again (static QDQ;
+    a reader of a quantized tensor alone is quantized for another op's sake)."""
+    kinds = {n.name: n.op_type for n in original.node}
+    if conv.tool == DYNAMIC:
+        return tuple(sorted({kinds[n] for n in converted(conv, original, candidate)}))
+    made = {o: n.op_type for n in candidate.node for o in n.output}
+    quantized = {n.input[0] for n in candidate.node if n.op_type == "QuantizeLinear"}
+    out = set()
+    for n in candidate.node:
+        if n.name not in kinds or n.op_type in _SHAPE_ONLY:
+            continue
+        ins = [i for i in n.input if i and i not in inits and made.get(i) != "Constant"]
+        if (
+            ins
+            and all(made.get(i) == "DequantizeLinear" for i in ins)
+            and any(o in quantized for o in n.output)
+        ):
+            out.add(kinds[n.name])
+    return tuple(sorted(out))
 
 
 def _zero(t: TensorProto, folder: Path) -> bool:
