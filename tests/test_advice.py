@@ -199,10 +199,24 @@ def test_what_each_float16_converter_accepts(tmp_path: Path) -> None:
         with pytest.raises(AttributeError, match="'list' object has no attribute 'input'"):
             float16.convert_float_to_float16(onnx.load(src), keep_io_types=True, node_block_list=[residual])
         plain = float16.convert_float_to_float16(onnx.load(src), keep_io_types=True)
-    with pytest.raises(
-        Exception, match=r"Type \(tensor\(float16\)\) of output arg .* of node \(.*Cast\) does not match"
-    ):
+    refused = r"Type \(tensor\(float16\)\) of output arg .* of node \(.*Cast\) does not match"
+    with pytest.raises(Exception, match=refused):
         ort.InferenceSession(plain.SerializeToString(), providers=["CPUExecutionProvider"])
+    # its search converts with the same function, and fails at its first attempt alike
+    from onnxconverter_common import auto_mixed_precision
+
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": np.array([[1, 2, 3, 4]], np.int64),
+        "attention_mask": np.ones((1, 4), np.int64),
+        "position_ids": np.arange(4, dtype=np.int64)[None],
+    }
+    pasts = [i.name for i in onnx.load(src).graph.input if "past" in i.name]
+    feeds |= {name: np.zeros((1, 2, 0, 16), np.float32) for name in pasts}
+    with warnings.catch_warnings(), pytest.raises(Exception, match=refused):
+        warnings.simplefilter("ignore")
+        auto_mixed_precision.auto_convert_mixed_precision(
+            onnx.load(src), feeds, validate_fn=lambda a, b: True, keep_io_types=True
+        )
     dest = tmp_path / "kept.onnx"
     conv = Converter(FP16, keep_io_types=True)
     _run_printed(command(conv, [residual], str(src), str(src), str(dest)), tmp_path)

@@ -56,6 +56,7 @@ class Converter:
     symmetric_activations: bool = False  # static: every activation's zero point 0
     disable_shape_infer: bool = False  # float16: an original past protobuf's 2 GiB
     unread: tuple[str, ...] = ()  # settings the graph does not show (the calibration's)
+    gemms: tuple[str, ...] = ()  # dynamic: the original's Gemm nodes (the quantizer renames them)
 
 
 def converter_of(
@@ -68,10 +69,14 @@ def converter_of(
     if ("QuantizeLinear" in ops and "DequantizeLinear" in ops) or "DynamicQuantizeLinear" in ops:
         dynamic = "DynamicQuantizeLinear" in ops
         weights = _quantized_weights(candidate, inits)
-        sized = sorted(weights, key=lambda w: -int(np.prod(list(inits[w[0]].dims) or [1])))
-        wtype = next((_QTYPE[inits[w].data_type] for w, _ in sized if inits[w].data_type in _QTYPE), "QInt8")
+        wtype = next((_QTYPE[inits[w].data_type] for w, _ in weights), "QInt8")
         scales = [inits[s] for _, s in weights if s in inits]
-        per_channel = any(int(np.prod(list(s.dims) or [1])) > 1 for s in scales)
+        zero_b = [
+            inits[n.input[3]]
+            for n in candidate.node
+            if n.op_type == "MatMulInteger" and len(n.input) > 3 and n.input[3] in inits
+        ]
+        per_channel = any(int(np.prod(list(s.dims) or [1])) > 1 for s in [*scales, *zero_b])
         reduce = bool(weights) and folder is not None and _seven_bit(weights, inits, folder)
         acts = [
             n
@@ -89,6 +94,8 @@ def converter_of(
         )
         if original is not None:
             conv = _with(conv, op_types=_chosen(conv, original, candidate, inits))
+            if dynamic:
+                conv = _with(conv, gemms=tuple(n.name for n in original.node if n.op_type == "Gemm"))
         unread = () if dynamic else ("calibration_data_reader", "calibrate_method")
         return _with(conv, symmetric_activations=symmetric and not dynamic, unread=unread)
     if TensorProto.FLOAT16 in {t.data_type for t in candidate.initializer} or any(
@@ -135,18 +142,29 @@ def _with(conv: Converter, **kw: object) -> Converter:
 
 
 def _quantized_weights(g: onnx.GraphProto, inits: Mapping[str, TensorProto]) -> list[tuple[str, str]]:
-    """(quantized weight, its scale) for each integer weight a DequantizeLinear or an integer
-    kernel reads."""
-    out = []
+    """(quantized weight, its scale) for each integer weight a DequantizeLinear, an integer kernel
+    or a Gather reads as its data (never a scale or a zero point); those a MatMul, Gemm or Conv
+    computes with first (their type is the weight_type asked for)."""
     scale_of = {
         n.input[0]: n.input[1] for n in g.node if n.op_type == "DequantizeLinear" and len(n.input) > 1
     }
+    readers: dict[str, set[str]] = {}
     for n in g.node:
         for i in n.input:
+            readers.setdefault(i, set()).add(n.op_type)
+    data = {("DequantizeLinear", 0), ("MatMulInteger", 1), ("ConvInteger", 1), ("Gather", 0)}
+    kernels = {"MatMul", "Gemm", "Conv", "MatMulInteger", "ConvInteger"}
+    out: list[tuple[bool, str, str]] = []
+    for n in g.node:
+        for k, i in enumerate(n.input):
             t = inits.get(i)
-            if t is not None and t.data_type in _QTYPE and int(np.prod(list(t.dims) or [1])) > 1:
-                out.append((i, scale_of.get(i, "")))
-    return list(dict.fromkeys(out))
+            if t is None or t.data_type not in _QTYPE or (n.op_type, k) not in data:
+                continue
+            computes = n.op_type in kernels or (
+                n.op_type == "DequantizeLinear" and bool(readers.get(n.output[0], set()) & kernels)
+            )
+            out.append((not computes, i, scale_of.get(i, "")))
+    return [(i, sc) for _, i, sc in sorted(dict.fromkeys(out), key=lambda x: x[0])]
 
 
 def _seven_bit(weights: Sequence[tuple[str, str]], inits: Mapping[str, TensorProto], folder: Path) -> bool:
@@ -270,9 +288,16 @@ def command(conv: Converter, keep: Sequence[str], original: str, candidate: str,
             f"onnx.save(model, {dest!r})\n"
         )
     if conv.tool == DYNAMIC:
+        renamed = [f"{n}_MatMul" if n in conv.gemms else n for n in keep]
+        nodes = "[\n" + "".join(f"    {n!r},\n" for n in renamed) + "]"
+        why = (
+            "# the quantizer turns each Gemm NAME into a MatMul named NAME_MatMul before it reads this list\n"
+            if any(n in conv.gemms for n in keep)
+            else ""
+        )
         return (
             "from onnxruntime.quantization import QuantType, quantize_dynamic\n\n"
-            f"KEEP = {nodes}\n"
+            f"{why}KEEP = {nodes}\n"
             f"quantize_dynamic(\n    {original!r},\n    {dest!r},\n"
             f"    weight_type=QuantType.{conv.weight_type},\n"
             f"    per_channel={conv.per_channel},\n    reduce_range={conv.reduce_range},\n"
