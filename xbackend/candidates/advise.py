@@ -189,6 +189,7 @@ def advise(
     target: str,
     budget: int = BUDGET,
     ops: Mapping[str, str] | None = None,
+    weighted: Sequence[str] = (),
 ) -> Advice:
     """The smallest list of changed nodes found, within `budget` re-conversions, whose candidate
     made again matches the original's `target` (tokens, decisions); or why none does."""
@@ -226,18 +227,23 @@ def advise(
     if first:
         ok = attempt(order[: len(first)], "events")
         lo, hi = (0, len(first)) if ok else (len(first), None)
+    space = order
     if hi is None:
         ok = attempt(order, "whole")
         if ok is not True:
             return _none(conv, target, order, found, share, tried, budget, start, whole=ok is False)
         hi = len(order)
-    while hi - lo > 1 and len(tried) < budget - (_DROPS if hi < len(order) or lo else 0):
+        # what ships is the weights: every changed node that holds none kept, the weights converted
+        light = [n for n in order if n not in set(weighted)]
+        if 0 < len(light) < len(order) and attempt(light, "weightless"):
+            space, lo, hi = light, 0, len(light)
+    while hi - lo > 1 and len(tried) < budget - (_DROPS if hi < len(space) or lo else 0):
         mid = min(max(round(math.sqrt(max(lo, 1) * hi)), lo + 1), hi - 1)
-        ok = attempt(order[:mid], "bisect")
+        ok = attempt(space[:mid], "bisect")
         if ok is None:
             break
         lo, hi = (lo, mid) if ok else (mid, hi)
-    best = tuple(order[:hi])
+    best = tuple(space[:hi])
     for node in reversed(best):
         if len(best) == 1 or len(tried) >= budget:
             break
@@ -280,7 +286,9 @@ def advise(
             else f"no partial conversion that saves weight keeps these {target} on these inputs: the "
             f"smallest list found keeps {len(kept)} of {len(order)} converted node(s), and with them the "
             f"weights take {sizes[2] / 1e6:.2f} MB against the original's {sizes[0] / 1e6:.2f} MB"
-        ) + _closest(tried, target)
+        )
+        alone = replace(base, tried=tuple(tried)).causes_alone()
+        why += f"; {alone}, the rest of the conversion's noise moves the others" if alone else ""
         return replace(base, status="none-holds", reason=why, matters=matters, still=per_op, weights=sizes)
     code_dest = str(dest)
     return replace(
@@ -293,22 +301,10 @@ def advise(
     )
 
 
-def _closest(tried: Sequence[Try], target: str) -> str:
-    """Where the events' list was tried and failed: how many answers it kept, and what differed."""
-    t = next((t for t in tried if t.step == "events" and not t.matched), None)
-    if t is None:
-        return ""
-    unit = "prompts" if target == "tokens" else "decisions"
-    kept = f"{t.answers[0]} of {t.answers[1]} {unit}" if t.answers[1] else f"no {unit}"
-    return (
-        f"; the {t.kept} node(s) the events name keep {kept} as the original's, the rest of the "
-        f"conversion's noise moves the others ({t.differed})"
-    )
-
-
 _STEP = {
     "events": "the events' nodes",
     "whole": "every converted node",
+    "weightless": "every converted node that holds no weight",
     "bisect": "bisected",
     "drop": "dropped one at a time",
 }

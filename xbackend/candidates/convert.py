@@ -32,6 +32,7 @@ __all__ = [
     "requantize",
     "rewrite",
     "weight_bytes",
+    "weighted",
 ]
 
 FP16 = "onnxruntime.transformers.float16"
@@ -228,6 +229,20 @@ def _float16_tensors(g: onnx.GraphProto) -> set[str]:
         if n.op_type == "Constant" and any(a.t.data_type == TensorProto.FLOAT16 for a in n.attribute):
             out.update(n.output)
     return out
+
+
+_WEIGHT = 256  # elements: an initializer this large is a weight (not a scale, an epsilon, a shape)
+
+
+def weighted(g: onnx.GraphProto) -> tuple[str, ...]:
+    """The nodes that read a float weight: what a converter shrinks."""
+    big = {
+        t.name
+        for t in g.initializer
+        if t.data_type in (TensorProto.FLOAT, TensorProto.DOUBLE)
+        and int(np.prod(list(t.dims) or [1])) >= _WEIGHT
+    }
+    return tuple(n.name for n in g.node if n.name and any(i in big for i in n.input))
 
 
 def weight_bytes(g: onnx.GraphProto) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from xbackend.candidates.advise import advise, causes, sensitivities
-from xbackend.candidates.convert import converted, converter_of
+from xbackend.candidates.convert import converted, converter_of, weighted
 from xbackend.candidates.match import match_graphs, precision_of
 from xbackend.candidates.stretches import judge_stretches, stretches
 from xbackend.candidates.values import decision_tensors, findings, measure
@@ -241,6 +241,7 @@ def _one(
             target,
             opts.advise_budget,
             {n.name: n.op_type for n in ograph.node},
+            weighted(ograph),
         )
         base = replace(base, sensitivities=tuple(mine_scores[:_SHOWN_SCORES]), advice=advice)
     departure, why = _departure(matches, graph, base)

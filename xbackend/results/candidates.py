@@ -97,7 +97,7 @@ class Try:
     kept: int
     matched: bool
     differed: str = ""  # what differed ("" where they matched)
-    step: str = ""  # events | whole | bisect | drop
+    step: str = ""  # events | whole | weightless | bisect | drop
     answers: tuple[int, int] = (0, 0)  # (prompts or decisions as the original's, of how many)
 
 
@@ -141,6 +141,15 @@ class Advice:
             else ""
         )
         return f"{left} of {self.converted} converted node(s) stay converted ({ops}){size}"
+
+    def causes_alone(self) -> str:
+        """Where the list the events name was tried and did not hold: what it kept."""
+        t = next((t for t in self.tried if t.step == "events" and not t.matched), None)
+        if t is None:
+            return ""
+        unit = "prompts" if self.target == "tokens" else "decisions"
+        kept = f"{t.answers[0]} of {t.answers[1]} {unit}" if t.answers[1] else f"no {unit}"
+        return f"the {t.kept} node(s) the events name keep {kept} as the original's alone"
 
 
 def _mb(n: int) -> str:
@@ -340,7 +349,7 @@ def _advice_lines(c: CandidateResult) -> list[str]:
         return [
             f"ADVICE: candidate {name}: keep {len(a.keep)} of its {a.converted} converted node(s) in "
             f"float32 and its {a.target} match the original's: {a.shipped()} "
-            f"(confirmed: {a.confirmed}): {listed}"
+            f"(confirmed: {a.confirmed}{'; ' + a.causes_alone() if a.causes_alone() else ''}): {listed}"
         ]
     if a.status == "none-holds":
         named = ", ".join(a.matters)
