@@ -4,12 +4,17 @@ For each original and candidate it times (best of --repeat):
   original   `compare ORIGINAL` with the default backends and probes (and --decode 24 for a causal LM)
   +candidate the same with `--candidate C`: the ratio (target <= 2: the candidate's comparison, its
              matching and judgment cost at most the original's own comparison again)
-  +advise    the same with `--advise`: the re-conversions it confirmed by a run (target <= 3), the
-             nodes it keeps, its seconds
+  +advise    the same with `--advise`: the re-conversions it confirmed by a run (at most its budget,
+             --advise-budget, 8 by default), the nodes it keeps, its seconds
 and, for a float16 candidate, onnxconverter-common's auto_convert_mixed_precision on the same
 inputs with a callback that asks for the same top-1 choices (the next token of each prompt for
 a causal LM): its conversions, the nodes it keeps in float32, its seconds. It exits 1 when a
-ratio passes 2 or the advisor passes 3 re-conversions.
+ratio passes 2 or the advisor passes its budget.
+
+Then the quick question: a static QDQ Llama's per-tensor SQNR on one feed, by ONNX Runtime's
+`quantization.qdq_loss_debug` and by `compare --candidate C --probes none --runs 1` (the original on
+ort-cpu alone, then with its default backends), each in a fresh process: seconds and peak memory
+(the process and its workers), side by side; the target is 3x.
 
 Models (random weights): models/torch_mlp.onnx as float16 (ONNX Runtime's tool), with its first
 weight scaled 1e5 as float16 (it overflows), as static QDQ int8 and with one scale 10x too small,
@@ -121,7 +126,7 @@ def main() -> int:
             )
             ratio = t1 / t0
             print(f"{name:<22} {t0:>10.2f} {t1:>8.2f} {ratio:>6.2f} {t2:>9.2f}  {words}")
-            bad += ratio > 2.0 or tries > 3
+            bad += ratio > 2.0 or (a is not None and tries > a.budget)
             if "fp16" in name:
                 if "llama" in name:
                     t = 12
@@ -144,7 +149,106 @@ def main() -> int:
                         return np.argmax(res[0], axis=-1)
 
                 print(f"{'':<22} auto_convert_mixed_precision: {_auto_mixed(original, feeds, top1)}")
+        print()
+        for line in quick_table(d):
+            print(line)
     return 1 if bad else 0
+
+
+_QUICK = """
+import json, logging, resource, sys, tempfile, time, warnings
+import numpy as np
+warnings.simplefilter("ignore")
+logging.getLogger().setLevel(logging.ERROR)
+what, original, candidate, npz = sys.argv[1:5]
+feeds = dict(np.load(npz))
+if what == "qdq_loss_debug":
+    from onnxruntime.quantization import CalibrationDataReader
+    from onnxruntime.quantization import qdq_loss_debug as q
+
+    class Once(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([feeds])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    d = tempfile.mkdtemp()
+    t = time.perf_counter()
+    q.modify_model_output_intermediate_tensors(original, d + "/f.onnx")
+    q.modify_model_output_intermediate_tensors(candidate, d + "/q.onnx")
+    pairs = q.create_activation_matching(
+        q.collect_activations(d + "/q.onnx", Once()), q.collect_activations(d + "/f.onnx", Once())
+    )
+    n = len(q.compute_activation_error(pairs))
+else:
+    import xbackend
+
+    t = time.perf_counter()
+    extra = {"backends": ["ort-cpu"]} if what == "xbackend ort-cpu" else {}
+    r = xbackend.compare(original, candidates=[candidate], probes=["none"], runs=1, inputs=npz, **extra)
+    n = sum(1 for m in r.candidates[0].matches if m.sqnr_db is not None)
+s = time.perf_counter() - t
+own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(json.dumps({"s": s, "mb": max(own, kids), "tensors": n}))
+"""
+
+
+def quick_table(d: Path) -> list[str]:
+    """qdq_loss_debug and xbackend's candidate table on the same feed, each in a fresh process."""
+    import json
+    import subprocess
+
+    cand = d / "llama_qdq.onnx"
+    _qdq_llama(cand)
+    npz = d / "feed.npz"
+    np.savez(npz, **_llama_feeds(LLAMA, 12))
+    head = f"{'s':>6} {'peak MB':>8} {'tensors':>8} {'x time':>7} {'x mem':>6}"
+    out = [f"{'quick SQNR table (llama, static QDQ)':<40} {head}"]
+    base: dict[str, float] = {}
+    for what in ("qdq_loss_debug", "xbackend ort-cpu", "xbackend default backends"):
+        done = subprocess.run(
+            [sys.executable, "-c", _QUICK, what, str(LLAMA), str(cand), str(npz)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        base = base or got
+        out.append(
+            f"{what:<40} {got['s']:>6.2f} {got['mb']:>8.0f} {got['tensors']:>8} "
+            f"{got['s'] / base['s']:>7.1f} {got['mb'] / base['mb']:>6.1f}"
+        )
+    return out
+
+
+def _llama_feeds(model: Path, t: int) -> dict[str, np.ndarray]:
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": np.random.default_rng(0).integers(0, 256, (1, t)).astype(np.int64),
+        "attention_mask": np.ones((1, t), np.int64),
+        "position_ids": np.arange(t, dtype=np.int64)[None],
+    }
+    for i in onnx.load(model, load_external_data=False).graph.input:
+        if i.name.startswith("past_key_values"):
+            dims = [x.dim_value for x in i.type.tensor_type.shape.dim]
+            feeds[i.name] = np.zeros((1, dims[1], 0, dims[3]), np.float32)
+    return feeds
+
+
+def _qdq_llama(dest: Path) -> None:
+    """Static QDQ int8 of every op, calibrated on three 12-token prompts."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([_llama_feeds(LLAMA, 12) for _ in range(3)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.it, None)
+
+    quantize_static(
+        str(LLAMA), str(dest), Reader(), quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
