@@ -209,10 +209,15 @@ def advise(
     made: dict[tuple[str, ...], Path] = {}
     dest = candidate.with_name(candidate.stem + "_kept.onnx")
 
+    pos = {n: k for k, n in enumerate(order)}
+    held: dict[tuple[str, ...], bool] = {}  # each list run once: a list tried again is answered
+
     def attempt(keep: Sequence[str], step: str) -> bool | None:
+        keep = tuple(sorted(keep, key=pos.__getitem__))
+        if keep in held:
+            return held[keep]
         if len(tried) >= budget:
             return None
-        keep = tuple(sorted(keep, key=order.index))
         path = work / f"advise-{len(tried)}" / candidate.name
         answers = (0, 0)
         try:
@@ -221,6 +226,7 @@ def advise(
         except Exception as e:  # a converter or a run that fails: said, the search goes on
             ok, why = False, f"{type(e).__name__}: {e}"
         tried.append(Try(kept=len(keep), matched=ok, differed=why, step=step, answers=answers))
+        held[keep] = ok
         return ok
 
     lo, hi = 0, None  # the longest prefix known to fail, the shortest known to hold
@@ -266,7 +272,7 @@ def advise(
         unread=conv.unread,
         seconds=time.perf_counter() - start,
     )
-    kept = tuple(sorted(best, key=order.index))
+    kept = tuple(sorted(best, key=pos.__getitem__))
     sizes = (
         weight_bytes(load_proto(original, load_external=False).graph),
         weight_bytes(load_proto(candidate, load_external=False).graph),

@@ -135,8 +135,7 @@ class Advice:
         ops = ", ".join(f"{op} {n} of {m}" for op, n, m in self.still[:4] if m)
         o, c, k = self.weights
         size = (
-            f"; weights {_mb(k)} against the original's {_mb(o)} and the candidate's {_mb(c)}: "
-            f"{100 * (1 - k / o):.0f}% saved"
+            f"; weights {_mb(k)} against the original's {_mb(o)} and the candidate's {_mb(c)}: {_saved(o, k)}"
             if o and k
             else ""
         )
@@ -150,6 +149,11 @@ class Advice:
         unit = "prompts" if self.target == "tokens" else "decisions"
         kept = f"{t.answers[0]} of {t.answers[1]} {unit}" if t.answers[1] else f"no {unit}"
         return f"the {t.kept} node(s) the events name keep {kept} as the original's alone"
+
+
+def _saved(original: int, kept: int) -> str:
+    share = 1 - kept / original
+    return f"{100 * share:.0f}% saved" if share >= 0.005 else "nothing saved"
 
 
 def _mb(n: int) -> str:
