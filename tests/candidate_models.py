@@ -102,3 +102,38 @@ def dynamic_int8(dest: Path, src: Path = MLP) -> Path:
 
     quantize_dynamic(str(src), str(dest), weight_type=QuantType.QInt8)
     return dest
+
+
+def qdq_decoder(src: Path, dest: Path, ops: list[str] | None = None, tokens: int = 12) -> Path:
+    """Static QDQ int8 of an optimum decoder (`ops`: op_types_to_quantize, None: every op),
+    calibrated with min/max on six seeded prompts of `tokens` tokens and an empty cache (so the
+    positions it sees stop short of those a 24-step decode reaches)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    g = onnx.load(src, load_external_data=False).graph
+    rng = np.random.default_rng(3)
+    feeds = []
+    for _ in range(6):
+        f: dict[str, np.ndarray] = {
+            "input_ids": rng.integers(0, 256, (1, tokens), dtype=np.int64),
+            "attention_mask": np.ones((1, tokens), np.int64),
+            "position_ids": np.arange(tokens, dtype=np.int64)[None],
+        }
+        for i in g.input:
+            if i.name.startswith("past_key_values"):
+                dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
+                f[i.name] = np.zeros((1, dims[1], 0, dims[3]), np.float32)
+        feeds.append({k: v for k, v in f.items() if k in {i.name for i in g.input}})
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(feeds)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.it, None)
+
+    quantize_static(
+        str(src), str(dest), Reader(), quant_format=QuantFormat.QDQ, op_types_to_quantize=ops,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+    )  # fmt: skip
+    return dest

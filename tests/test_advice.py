@@ -17,6 +17,7 @@ import pytest
 
 import xbackend
 from tests import candidate_models as cm
+from tests.trained_lm import trained
 from xbackend.candidates.convert import FP16, Converter, command, converted, converter_of
 
 OPTIMUM = Path(__file__).resolve().parent / "optimum"
@@ -283,3 +284,39 @@ def test_the_settings_a_candidate_shows_are_read_and_printed(tmp_path: Path) -> 
     # input where its producer's output is quantized for another reader: keep_float32 is what the
     # advice confirms, this call the settings to quantize again with
     assert read.op_types == conv.op_types == ("MatMul",)
+
+
+@pytest.fixture(scope="module")
+def trained_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return trained("llama", tmp_path_factory.mktemp("trained") / "llama.onnx")
+
+
+def test_a_trained_llama_in_matmul_qdq_keeps_its_clipped_positions(trained_llama: Path) -> None:
+    """optimum's Llama trained briefly (margins 0.3 and up), static QDQ on MatMul only, calibrated
+    on 12 tokens: positions past 11 clip at the rotary MatMul's input, and every prompt leaves the
+    original's tokens. The advice keeps the rotary path's converted nodes the clipping names (no
+    MatMul weight among them), saves over half the weight bytes, and its printed code, run as
+    printed in a fresh process, writes a model our own greedy loop decodes as the original."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cand = cm.qdq_decoder(trained_llama, trained_llama.with_name("qdq_mm.onnx"), ["MatMul"])
+    r = xbackend.compare(trained_llama, decode=24, candidates=[str(cand)], advise=True, probes=["none"])
+    (c,) = r.candidates
+    a = c.advice
+    assert c.token_flips and a is not None and a.status == "ok", a
+    assert "/model/rotary_emb/MatMul" in a.keep and len(a.keep) <= 3
+    assert all("rotary_emb" in n for n in a.keep) and a.causes[0][1].startswith(
+        "saturation at /model/rotary_emb/"
+    )
+    assert a.tried[0].step == "events" and a.tried[0].matched
+    o, cbytes, k = a.weights
+    assert k < 0.5 * o and abs(k - cbytes) < 0.01 * o  # the weights stay int8
+    assert f"{100 * (1 - k / o):.0f}% saved" in a.shipped() and f"of {a.converted} converted" in a.shipped()
+    kept = cand.with_name(cand.stem + "_kept.onnx")
+    _run_printed(a.command, cand.parent)
+    d = r.decode
+    assert d is not None
+    want = [list(p.tokens) for p in d.backend(d.reference).prompts]
+    assert _greedy(trained_llama, d.prompts, d.steps) == want  # the loop agrees with xbackend's
+    assert _greedy(cand, d.prompts, d.steps) != want
+    assert _greedy(kept, d.prompts, d.steps) == want
