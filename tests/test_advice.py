@@ -320,3 +320,17 @@ def test_a_trained_llama_in_matmul_qdq_keeps_its_clipped_positions(trained_llama
     assert _greedy(trained_llama, d.prompts, d.steps) == want  # the loop agrees with xbackend's
     assert _greedy(cand, d.prompts, d.steps) != want
     assert _greedy(kept, d.prompts, d.steps) == want
+
+
+def test_the_advice_in_a_report_holds_no_wall_time(qdq_small: tuple[xbackend.Result, Path]) -> None:
+    """The same model, inputs and environment give the same report bytes: the advisor's seconds
+    (its re-conversions and runs) are a wall time, in the report only with --timings."""
+    import json
+
+    r, _ = qdq_small
+    (c,) = r.candidates
+    assert c.advice is not None and c.advice.seconds > 0
+    advice = json.loads(xbackend.to_json(r))["candidates"][0]["advice"]
+    assert advice["seconds"] == 0.0 and advice["keep"] == ["node_linear"]
+    md = xbackend.to_markdown(r)
+    assert "re-conversion(s), every list run." in md and "took" not in md

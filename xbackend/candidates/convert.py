@@ -58,6 +58,7 @@ class Converter:
     disable_shape_infer: bool = False  # float16: an original past protobuf's 2 GiB
     unread: tuple[str, ...] = ()  # settings the graph does not show (the calibration's)
     gemms: tuple[str, ...] = ()  # dynamic: the original's Gemm nodes (the quantizer renames them)
+    big: bool = False  # the original's weights pass protobuf's 2 GiB: written as external data
 
 
 def converter_of(
@@ -97,14 +98,15 @@ def converter_of(
             conv = _with(conv, op_types=_chosen(conv, original, candidate, inits))
             if dynamic:
                 conv = _with(conv, gemms=tuple(n.name for n in original.node if n.op_type == "Gemm"))
+            conv = _with(conv, big=weight_bytes(original) >= _TWO_GIB)
         unread = () if dynamic else ("calibration_data_reader", "calibrate_method")
         return _with(conv, symmetric_activations=symmetric and not dynamic, unread=unread)
     if TensorProto.FLOAT16 in {t.data_type for t in candidate.initializer} or any(
         vi.type.tensor_type.elem_type == TensorProto.FLOAT16 for vi in candidate.value_info
     ):
         io = all(i.type.tensor_type.elem_type != TensorProto.FLOAT16 for i in candidate.input)
-        big = original is not None and folder is not None and weight_bytes(original) >= _TWO_GIB
-        return Converter(FP16, keep_io_types=io, disable_shape_infer=big)
+        big = original is not None and weight_bytes(original) >= _TWO_GIB
+        return Converter(FP16, keep_io_types=io, disable_shape_infer=big, big=big)
     return None
 
 
@@ -300,7 +302,7 @@ def command(conv: Converter, keep: Sequence[str], original: str, candidate: str,
             f"model = convert_float_to_float16(\n    onnx.load({original!r}),\n"
             f"    keep_io_types={conv.keep_io_types},\n    node_block_list=KEEP{shape},\n)\n"
             f"{_FP16_TIDY}"
-            f"onnx.save(model, {dest!r})\n"
+            f"onnx.save(model, {dest!r}{_external(dest) if conv.big else ''})\n"
         )
     if conv.tool == DYNAMIC:
         renamed = [f"{n}_MatMul" if n in conv.gemms else n for n in keep]
@@ -317,6 +319,7 @@ def command(conv: Converter, keep: Sequence[str], original: str, candidate: str,
             f"    weight_type=QuantType.{conv.weight_type},\n"
             f"    per_channel={conv.per_channel},\n    reduce_range={conv.reduce_range},\n"
             f"    op_types_to_quantize={list(conv.op_types)!r},\n"
+            f"{'    use_external_data_format=True,' + chr(10) if conv.big else ''}"
             "    nodes_to_exclude=KEEP,\n)\n"
         )
     return (
@@ -324,6 +327,11 @@ def command(conv: Converter, keep: Sequence[str], original: str, candidate: str,
         f"KEEP = {nodes}\n"
         f"keep_float32({original!r}, {candidate!r}, KEEP, {dest!r})\n"
     )
+
+
+def _external(dest: str) -> str:
+    """onnx.save's arguments for a model past 2 GiB: its weights in one file beside it."""
+    return f", save_as_external_data=True, location={Path(dest).name + '.data'!r}"
 
 
 def requantize(conv: Converter, keep: Sequence[str], original: str, dest: str) -> str:
@@ -345,6 +353,7 @@ def requantize(conv: Converter, keep: Sequence[str], original: str, dest: str) -
         f"    op_types_to_quantize={list(conv.op_types)!r},\n"
         "    calibrate_method=CalibrationMethod.MinMax,  # the graph does not show it: yours\n"
         f"{extra}"
+        f"{'    use_external_data_format=True,' + chr(10) if conv.big else ''}"
         "    nodes_to_exclude=KEEP,\n)\n"
     )
 
@@ -375,7 +384,10 @@ def keep_float32(original: str | Path, candidate: str | Path, keep: Sequence[str
     theirs_model = load_proto(original)
     mine = load_proto(candidate)
     out = _unquantized(theirs_model, mine, set(keep))
-    onnx.save(out, str(dest))
+    if weight_bytes(out.graph) >= _TWO_GIB:  # past protobuf's limit: the weights in a file beside it
+        onnx.save(out, str(dest), save_as_external_data=True, location=Path(dest).name + ".data")
+    else:
+        onnx.save(out, str(dest))
 
 
 def _unquantized(original: onnx.ModelProto, candidate: onnx.ModelProto, keep: set[str]) -> onnx.ModelProto:

@@ -120,7 +120,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Runs and probes": ("--runs", "--builds", "--probes", "--batch-invariance", "--probe-threads",
                         "--timed-runs", "--outputs-only", "--tensors"),
     "Explanation": ("--max-ulp", "--noise-samples"),
-    "Decoding and candidates": ("--decode", "--decisions", "--candidate", "--advise"),
+    "Decoding and candidates": ("--decode", "--decisions", "--candidate", "--advise", "--advise-budget"),
     "Reports and captures": ("--report", "--json", "--save-captures", "--baseline", "--timings",
                              "--force", "--no-progress"),
     "Gates": ("--fail-on",),

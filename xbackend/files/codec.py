@@ -25,7 +25,7 @@ CLASS_KEY = "__class__"
 # field metadata: leave the field out while it holds its default (decode restores it)
 OMIT_DEFAULT = "codec_omit_default"
 TIME_FIELDS = frozenset(
-    {"build_s", "timings", "latency", "peak_rss_bytes", "start_rss_bytes"}
+    {"build_s", "timings", "latency", "peak_rss_bytes", "start_rss_bytes", "seconds"}
 )  # wall times: left out unless asked for (byte-stable)
 # Polymorphic bases -> {tag: subclass}; filled by register_subclass.
 _SUBCLASSES: dict[type, dict[str, type]] = {}

@@ -46,7 +46,7 @@ def _fold(title: str, summary: str, body: list[str]) -> list[str]:
     return [f"#### {title}", "", f"<details><summary>{summary}</summary>", "", *body, "</details>", ""]
 
 
-def _one(c: CandidateResult, k: int) -> list[str]:
+def _one(c: CandidateResult, k: int, times: bool = False) -> list[str]:
     out = [f"### Candidate {k}: {code_span(c.path)}", ""]
     if not c.ok:
         return [*out, f"Not compared: {cell(c.reason)}", ""]
@@ -117,7 +117,7 @@ def _one(c: CandidateResult, k: int) -> list[str]:
         if body:
             out += [f"The candidate's {p.name} probe:", "", *body, ""]
     if c.advice is not None:
-        out += _advice(c)
+        out += _advice(c, times)
     out += [f"Note: {cell(n)}" for n in c.notes]
     return [*out, ""] if c.notes else out
 
@@ -161,7 +161,7 @@ def _decode(c: CandidateResult) -> list[str]:
     ]
 
 
-def _advice(c: CandidateResult) -> list[str]:
+def _advice(c: CandidateResult, times: bool = False) -> list[str]:
     """--advise: the nodes to keep in float32, what stays converted, the code, how it was found."""
     a = c.advice
     assert a is not None
@@ -218,8 +218,8 @@ def _advice(c: CandidateResult) -> list[str]:
         ]
         out += table(head, tries)
         out += [
-            f"{a.scored} node(s) scored; {cell(a.confirmed)}; the re-conversions and their runs took "
-            f"{a.seconds:.1f} s.",
+            f"{a.scored} node(s) scored; {cell(a.confirmed)}"
+            + (f"; the re-conversions and their runs took {a.seconds:.1f} s." if times else "."),
             "",
         ]
     if c.sensitivities:
@@ -255,7 +255,7 @@ def candidate_section(r: Result) -> list[str]:
         "",
     ]
     for k, c in enumerate(r.candidates, 1):
-        out += _one(c, k)
+        out += _one(c, k, r.options.shows_times)
     return out
 
 
