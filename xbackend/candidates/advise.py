@@ -203,8 +203,10 @@ def advise(
         return Advice(status="unavailable", reason=why, converter=conv.tool, target=target)
     share = {s.node: s.share for s in scores}
     first = [n for n, _ in found]
-    rest = [s.node for s in scores if s.node in set(changed) and s.node not in set(first)]
-    order = [*first, *rest, *[n for n in changed if n not in set(first) and n not in set(rest)]]
+    ours, named = set(changed), set(first)
+    rest = [s.node for s in scores if s.node in ours and s.node not in named]
+    ranked = named | set(rest)
+    order = [*first, *rest, *[n for n in changed if n not in ranked]]
     tried: list[Try] = []
     made: dict[tuple[str, ...], Path] = {}
     dest = candidate.with_name(candidate.stem + "_kept.onnx")
@@ -240,7 +242,8 @@ def advise(
             return _none(conv, target, order, found, share, tried, budget, start, whole=ok is False)
         hi = len(order)
         # what ships is the weights: every changed node that holds none kept, the weights converted
-        light = [n for n in order if n not in set(weighted)]
+        heavy = set(weighted)
+        light = [n for n in order if n not in heavy]
         if 0 < len(light) < len(order) and attempt(light, "weightless"):
             space, lo, hi = light, 0, len(light)
     while hi - lo > 1 and len(tried) < budget - (_DROPS if hi < len(space) or lo else 0):
@@ -279,7 +282,8 @@ def advise(
         weight_bytes(load_proto(made[kept], load_external=False).graph) if kept in made else 0,
     )
     kinds = ops or {}
-    still = Counter(kinds.get(n, "?") for n in order if n not in set(kept))
+    kept_set = set(kept)
+    still = Counter(kinds.get(n, "?") for n in order if n not in kept_set)
     every = Counter(kinds.get(n, "?") for n in order)
     per_op = tuple((op, still[op], every[op]) for op, _ in every.most_common())
     failed = max((t.kept for t in tried if not t.matched), default=0)
@@ -321,7 +325,8 @@ def _matters(
 ) -> tuple[str, ...]:
     """The nodes that matter most: those the events name, then the noisiest (at most 8)."""
     named = [n for n, _ in found]
-    noisy = sorted((n for n in order if n not in set(named) and share.get(n)), key=lambda n: -share[n])
+    seen = set(named)
+    noisy = sorted((n for n in order if n not in seen and share.get(n)), key=lambda n: -share[n])
     return tuple([*named, *noisy][:8])
 
 
