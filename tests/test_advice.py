@@ -5,6 +5,7 @@ holds" where no partial conversion keeps them."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import warnings
@@ -334,3 +335,58 @@ def test_the_advice_in_a_report_holds_no_wall_time(qdq_small: tuple[xbackend.Res
     assert advice["seconds"] == 0.0 and advice["keep"] == ["node_linear"]
     md = xbackend.to_markdown(r)
     assert "re-conversion(s), every list run." in md and "took" not in md
+
+
+def _external_mlp(folder: Path) -> Path:
+    """models/torch_mlp.onnx with its weights in a file beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    m = onnx.load(cm.MLP)
+    dest = folder / "mlp.onnx"
+    onnx.save(m, dest, save_as_external_data=True, location="mlp.onnx.data", size_threshold=0)
+    return dest
+
+
+def test_a_run_that_links_the_weights_still_makes_the_candidate_again(tmp_path: Path) -> None:
+    """While a run's folder holds hard links to the original's external weights (its workers'
+    copies), onnx.load refuses them as a potential hardlink attack, and the dynamic quantizer
+    with it: the 2.25 GiB model's advice ended on that error. The advisor's converter reads a copy
+    of its own; the user's files are left as they are."""
+    from onnx.checker import ValidationError
+
+    from xbackend.candidates.convert import DYNAMIC, rewrite
+
+    src = _external_mlp(tmp_path / "user")
+    data = src.with_name("mlp.onnx.data")
+    before = data.read_bytes()
+    (tmp_path / "run").mkdir()
+    os.link(data, tmp_path / "run" / "mlp.onnx.data")  # what the run's folder holds
+    with pytest.raises(ValidationError, match="hard links"):
+        onnx.load(src)
+    conv = Converter(DYNAMIC, op_types=("MatMul",))
+    made, code = rewrite(conv, src, src, ["node_MatMul_1"], tmp_path / "work" / "advise-0" / "kept.onnx")
+    assert f"quantize_dynamic(\n    {str(src)!r}" in code  # what is printed names the user's file
+    ops = {n.op_type for n in onnx.load(made).graph.node}
+    assert "MatMulInteger" in ops and data.read_bytes() == before and data.stat().st_nlink == 2
+    assert (tmp_path / "work" / "advise-original" / "mlp.onnx.data").stat().st_nlink == 1
+
+
+def test_a_whole_list_that_could_not_run_draws_no_conclusion(tmp_path: Path) -> None:
+    """Every converted node kept, made again and run, is what a "none holds" rests on; where
+    making it failed, the advice says so and blames neither the engine nor the conversion."""
+    from xbackend.candidates.advise import advise
+    from xbackend.candidates.convert import DYNAMIC
+
+    src = _external_mlp(tmp_path / "user")
+    (tmp_path / "user" / "mlp.onnx.data").unlink()  # the converter cannot read it
+    a = advise(
+        Converter(DYNAMIC),
+        ["node_MatMul_1"],
+        [],
+        [],
+        (src, src),
+        tmp_path / "work",
+        lambda p: (True, "", (4, 4)),
+        "decisions",
+    )
+    assert a.status == "not-found" and "could not be made again and run" in a.reason
+    assert "engine" not in a.reason and [(t.step, t.answers) for t in a.tried] == [("whole", (0, 0))]

@@ -342,12 +342,18 @@ def _none(
     whole: bool,
 ) -> Advice:
     """No list holds: even every converted node kept (`whole`), or the budget spent before one did."""
-    if whole:
-        last = tried[-1].differed if tried else ""
+    last = tried[-1] if tried else None
+    if whole and last is not None and not last.answers[1]:  # it did not run: no conclusion drawn
+        why = (
+            f"the candidate could not be made again and run with all {len(order)} converted node(s) "
+            f"kept in float32: {last.differed}"
+        )
+        status = "not-found"
+    elif whole and last is not None:
         why = (
             f"no partial conversion keeps these {target} on these inputs: even with all {len(order)} "
-            f"converted node(s) kept in float32 they differ ({last}): the engine's float32 run leaves "
-            "the original's reference, not the conversion"
+            f"converted node(s) kept in float32 they differ ({last.differed}): the engine's float32 run "
+            "leaves the original's reference, not the conversion"
         )
         status = "none-holds"
     else:

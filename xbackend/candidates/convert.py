@@ -9,6 +9,7 @@ same calibration), and the quantizer's own call is printed beside it with the se
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from xbackend.model.extdata import weight_array
+from xbackend.model.extdata import external_files, weight_array
 from xbackend.model.load import load_proto
 
 __all__ = [
@@ -368,13 +369,32 @@ def rewrite(
     if conv.tool == STATIC:
         keep_float32(original, candidate, keep, dest)
         return dest, code
+    source = _loadable(original, dest.parent.parent / "advise-original")
+    run = code if source == original else command(conv, keep, str(source), str(candidate), str(dest))
     quiet = logging.getLogger().level
     logging.getLogger().setLevel(logging.ERROR)  # the quantizer's advice to pre-process, on the root logger
     try:
-        exec(compile(code, "advice", "exec"), {"__name__": "advice"})  # our code: names are literals
+        exec(compile(run, "advice", "exec"), {"__name__": "advice"})  # our code: names are literals
     finally:
         logging.getLogger().setLevel(quiet)
     return dest, code
+
+
+def _loadable(original: Path, folder: Path) -> Path:
+    """The original as onnx.load takes it: while this run's folder holds hard links to its external
+    weights (its workers' copies), onnx.load refuses them ("a potential hardlink attack"), so the
+    converter reads a copy of its own, made once per run in `folder`."""
+    files = external_files(load_proto(original, load_external=False))
+    if not any((original.parent / f).stat().st_nlink > 1 for f in files):
+        return original
+    copy = folder / original.name
+    if not copy.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            (folder / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(original.parent / f, folder / f)
+        shutil.copyfile(original, copy)
+    return copy
 
 
 def keep_float32(original: str | Path, candidate: str | Path, keep: Sequence[str], dest: str | Path) -> None:
