@@ -400,3 +400,40 @@ def test_a_whole_list_that_could_not_run_draws_no_conclusion(tmp_path: Path) -> 
     )
     assert a.status == "not-found" and "could not be made again and run" in a.reason
     assert "engine" not in a.reason and [(t.step, t.answers) for t in a.tried] == [("whole", (0, 0))]
+
+
+def test_big_weights_are_written_beside_the_model_whatever_the_working_folder_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past 2 GiB the quantizer writes its weights as external data, and onnx refuses a data file
+    name the working folder already holds (it checks the bare name in the working folder): run
+    from the candidate's folder, the 2.25 GiB model's advice failed on its own candidate's
+    `big_int8.onnx.data`. Each re-conversion writes under a name of its own; the printed code says
+    where to run it."""
+    from xbackend.candidates.advise import advise
+    from xbackend.candidates.convert import DYNAMIC
+
+    src = _external_mlp(tmp_path / "user")
+    cand = src.with_name("cand.onnx")
+    cand.write_bytes(src.read_bytes())
+    (tmp_path / "user" / "cand.onnx.data").write_bytes(b"the user's")
+    monkeypatch.chdir(tmp_path / "user")
+    seen: list[Path] = []
+
+    def confirm(p: Path) -> tuple[bool, str, tuple[int, int]]:
+        seen.append(p)
+        kept = any(n.name == "node_MatMul_1" and n.op_type == "MatMul" for n in onnx.load(p).graph.node)
+        return kept, "" if kept else "node_MatMul_1 quantized", (int(kept), 1)
+
+    conv = Converter(DYNAMIC, op_types=("MatMul",), big=True)
+    a = advise(
+        conv, ["node_MatMul_1", "node_MatMul_4"], [], [], (src, cand), tmp_path / "work", confirm, "decisions"
+    )
+    assert a.tried and a.tried[0].step == "whole" and a.tried[0].matched and seen
+    assert all(p.with_name(p.name + ".data").is_file() for p in seen)  # weights beside each model
+    assert (tmp_path / "user" / "cand.onnx.data").read_bytes() == b"the user's"
+    assert (
+        a.status == "ok"
+        and a.command.startswith("# past 2 GiB")
+        and "use_external_data_format=True" in a.command
+    )

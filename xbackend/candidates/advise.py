@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -220,7 +221,9 @@ def advise(
             return held[keep]
         if len(tried) >= budget:
             return None
-        path = work / f"advise-{len(tried)}" / candidate.name
+        # a name of its own: onnx refuses to write external weights under a name the working
+        # folder holds (it checks the name there, not beside the model)
+        path = work / f"advise-{len(tried)}" / f"{candidate.stem}.{uuid.uuid4().hex[:12]}.onnx"
         answers = (0, 0)
         try:
             made[keep], _ = rewrite(conv, original, candidate, keep, path)

@@ -289,10 +289,21 @@ model.graph.node.extend(nodes)
 """
 
 
+_BIG = (
+    "# past 2 GiB the weights go to NAME.data beside it; onnx refuses to write them where the\n"
+    "# working folder holds a file of that name: run it from another folder\n"
+)
+
+
 def command(conv: Converter, keep: Sequence[str], original: str, candidate: str, dest: str) -> str:
     """The Python that makes the candidate again with `keep` in float32, runnable as printed:
     the converter's own call with the settings read from the candidate (a static QDQ model: kept
     in place, what nodes_to_exclude does with the same calibration)."""
+    code = _command(conv, keep, original, candidate, dest)
+    return _BIG + code if conv.big else code
+
+
+def _command(conv: Converter, keep: Sequence[str], original: str, candidate: str, dest: str) -> str:
     nodes = "[\n" + "".join(f"    {n!r},\n" for n in keep) + "]"
     if conv.tool == FP16:
         shape = ", disable_shape_infer=True" if conv.disable_shape_infer else ""
