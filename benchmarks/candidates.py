@@ -156,7 +156,7 @@ def main() -> int:
 
 
 _QUICK = """
-import json, logging, resource, sys, tempfile, time, warnings
+import json, logging, sys, tempfile, time, warnings
 import numpy as np
 warnings.simplefilter("ignore")
 logging.getLogger().setLevel(logging.ERROR)
@@ -189,9 +189,7 @@ else:
     r = xbackend.compare(original, candidates=[candidate], probes=["none"], runs=1, inputs=npz, **extra)
     n = sum(1 for m in r.candidates[0].matches if m.sqnr_db is not None)
 s = time.perf_counter() - t
-own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print(json.dumps({"s": s, "mb": max(own, kids), "tensors": n}))
+print(json.dumps({"s": s, "tensors": n}))
 """
 
 
@@ -208,11 +206,13 @@ def quick_table(d: Path) -> list[str]:
     out = [f"{'quick SQNR table (llama, static QDQ)':<40} {head}"]
     base: dict[str, float] = {}
     for what in ("qdq_loss_debug", "xbackend ort-cpu", "xbackend default backends"):
-        done = subprocess.run(
-            [sys.executable, "-c", _QUICK, what, str(LLAMA), str(cand), str(npz)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+        # GNU time's peak: the process's own (a fork inherits its parent's high-water mark, so a
+        # process started from this one would report ours) and its workers'
+        argv = ["/usr/bin/time", "-f", "PEAK %M", sys.executable, "-c", _QUICK, what]
+        argv += [str(LLAMA), str(cand), str(npz)]
+        done = subprocess.run(argv, capture_output=True, text=True, check=True)
         got = json.loads(done.stdout.strip().splitlines()[-1])
+        got["mb"] = int(done.stderr.rsplit("PEAK ", 1)[1].split()[0]) / 1024
         base = base or got
         out.append(
             f"{what:<40} {got['s']:>6.2f} {got['mb']:>8.0f} {got['tensors']:>8} "
