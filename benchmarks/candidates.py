@@ -129,16 +129,7 @@ def main() -> int:
             bad += ratio > 2.0 or (a is not None and tries > a.budget)
             if "fp16" in name:
                 if "llama" in name:
-                    t = 12
-                    feeds: dict[str, np.ndarray] = {
-                        "input_ids": np.random.default_rng(0).integers(0, 256, (1, t)).astype(np.int64),
-                        "attention_mask": np.ones((1, t), np.int64),
-                        "position_ids": np.arange(t, dtype=np.int64)[None],
-                    }
-                    for i in onnx.load(original, load_external_data=False).graph.input:
-                        if i.name.startswith("past_key_values"):
-                            dims = [x.dim_value for x in i.type.tensor_type.shape.dim]
-                            feeds[i.name] = np.zeros((1, dims[1], 0, dims[3]), np.float32)
+                    feeds = _llama_feeds(original, 12)
 
                     def top1(res: list[Any]) -> Any:
                         return np.argmax(res[0][:, -1], axis=-1)  # the next token

@@ -8,7 +8,6 @@ initializer holds, are frozen, so the graph stays the export's."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -16,15 +15,9 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from tests.optimum import optimum_torch
+
 HERE = Path(__file__).resolve().parent / "optimum"
-
-
-def _factory() -> object:
-    spec = importlib.util.spec_from_file_location("optimum_torch_for_training", HERE / "optimum_torch.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _walks(n: int, length: int, vocab: int, rng: np.random.Generator) -> torch.Tensor:
@@ -44,7 +37,7 @@ def trained(family: str, dest: Path, steps: int = 300, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     src = HERE / f"{family}.onnx"
-    wrapper = getattr(_factory(), family)()
+    wrapper = getattr(optimum_torch, family)()
     model = wrapper.model
     proto = onnx.load(src)
     params = dict(model.named_parameters())

@@ -300,7 +300,7 @@ def advise(
             f"smallest list found keeps {len(kept)} of {len(order)} converted node(s), and with them the "
             f"weights take {sizes[2] / 1e6:.2f} MB against the original's {sizes[0] / 1e6:.2f} MB"
         )
-        alone = replace(base, tried=tuple(tried)).causes_alone()
+        alone = base.causes_alone()
         why += f"; {alone}, the rest of the conversion's noise moves the others" if alone else ""
         return replace(base, status="none-holds", reason=why, matters=matters, still=per_op, weights=sizes)
     code_dest = str(dest)

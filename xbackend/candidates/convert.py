@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -96,12 +96,12 @@ def converter_of(
             tool, weight_type=wtype, activation_type=atype, per_channel=per_channel, reduce_range=reduce
         )
         if original is not None:
-            conv = _with(conv, op_types=_chosen(conv, original, candidate, inits))
+            conv = replace(conv, op_types=_chosen(conv, original, candidate, inits))
             if dynamic:
-                conv = _with(conv, gemms=tuple(n.name for n in original.node if n.op_type == "Gemm"))
-            conv = _with(conv, big=weight_bytes(original) >= _TWO_GIB)
+                conv = replace(conv, gemms=tuple(n.name for n in original.node if n.op_type == "Gemm"))
+            conv = replace(conv, big=weight_bytes(original) >= _TWO_GIB)
         unread = () if dynamic else ("calibration_data_reader", "calibrate_method")
-        return _with(conv, symmetric_activations=symmetric and not dynamic, unread=unread)
+        return replace(conv, symmetric_activations=symmetric and not dynamic, unread=unread)
     if TensorProto.FLOAT16 in {t.data_type for t in candidate.initializer} or any(
         vi.type.tensor_type.elem_type == TensorProto.FLOAT16 for vi in candidate.value_info
     ):
@@ -139,10 +139,6 @@ def _chosen(
 def _zero(t: TensorProto, folder: Path) -> bool:
     v = weight_array(t, folder)
     return v is not None and not np.any(v)
-
-
-def _with(conv: Converter, **kw: object) -> Converter:
-    return Converter(**{**conv.__dict__, **kw})
 
 
 def _quantized_weights(g: onnx.GraphProto, inits: Mapping[str, TensorProto]) -> list[tuple[str, str]]:

@@ -243,7 +243,11 @@ def decision_tensors(
     weights = {t.name: t for t in graph.initializer}
     made = {o: n for n in graph.node for o in n.output}
     half = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT16}
-    half |= {v.name for v in (*graph.value_info, *graph.output) if v.type.tensor_type.elem_type == 10}
+    half |= {
+        v.name
+        for v in (*graph.value_info, *graph.output)
+        if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    }
     out = []
     for name, margin in outputs.items():
         last = made.get(name)

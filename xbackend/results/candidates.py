@@ -350,10 +350,11 @@ def _advice_lines(c: CandidateResult) -> list[str]:
         return [f"ADVICE: candidate {name}: {a.reason}"]
     if a.status == "ok":
         listed = f"{', '.join(a.keep[:8])}{' ...' if len(a.keep) > 8 else ''}"
+        alone = a.causes_alone()
         return [
             f"ADVICE: candidate {name}: keep {len(a.keep)} of its {a.converted} converted node(s) in "
             f"float32 and its {a.target} match the original's: {a.shipped()} "
-            f"(confirmed: {a.confirmed}{'; ' + a.causes_alone() if a.causes_alone() else ''}): {listed}"
+            f"(confirmed: {a.confirmed}{'; ' + alone if alone else ''}): {listed}"
         ]
     if a.status == "none-holds":
         named = ", ".join(a.matters)
