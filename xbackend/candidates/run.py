@@ -193,6 +193,7 @@ def _one(
         return replace(base, status="failed", reason=f"{who} has no per-layer capture", compared_on=mine)
     ograph = _graph(original.result.model.path)
     pairs, unmatched = match_graphs(ograph, graph)
+    target = "tokens" if vs is not None else "decisions"  # what the answers are
     with ValueFile(ocap) as o, ValueFile(ccap) as c:
         matches = measure(pairs, o, c)
         events = findings(graph, c, feeds.arrays, o)
@@ -213,12 +214,11 @@ def _one(
             if opts.advise
             else []
         )
-        events += decision_tensors(graph, _margins(cres, decided), o, events, _words(vs is not None))
+        events += decision_tensors(graph, _margins(cres, decided), o, events, target)
     base = replace(base, stretch_origins=tuple(crossed), stretches_judged=judged, findings=tuple(events))
     flips = (
         cres.decode.token_flips if cres.decode is not None else tuple(d.backend for d in decided if d.flipped)
     )
-    target = "tokens" if vs is not None else "decisions"
     if opts.advise and not flips:
         why = f"the candidate's {target} already match the original's: nothing to keep in float32"
         base = replace(base, advice=Advice(status="ok", reason=why, target=target))
@@ -226,7 +226,8 @@ def _one(
         confirm = _confirmer(original, opts, backends, work / f"candidate-{k}-advise", vs, obuild, again)
         conv = converter_of(graph, Path(path).resolve().parent, ograph)
         changed = converted(conv, ograph, graph) if conv is not None else ()
-        mine_scores = [x for x in scores if x.node in set(changed)]
+        ours = set(changed)
+        mine_scores = [x for x in scores if x.node in ours]
         said = [f for f in base.findings if f in base.events or f.kind == "decision-tensor"]
         clipping = [f.node for f in base.findings if f.kind == "saturation"]
         named = causes(graph, said, mine_scores, changed, clipping)
@@ -309,10 +310,6 @@ def _confirmer(
         return not flipped and not failed and bool(decided), "; ".join(flipped + failed), answers
 
     return confirm
-
-
-def _words(decode: bool) -> str:
-    return "tokens" if decode else "decisions"
 
 
 def _margins(c: Result, decided: Sequence[Decisions]) -> dict[str, float | None]:
