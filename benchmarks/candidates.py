@@ -193,21 +193,22 @@ def quick_table(d: Path) -> list[str]:
     _qdq_llama(cand)
     npz = d / "feed.npz"
     np.savez(npz, **_llama_feeds(LLAMA, 12))
-    head = f"{'s':>6} {'peak MB':>8} {'tensors':>8} {'x time':>7} {'x mem':>6}"
+    head = f"{'s':>6} {'process s':>9} {'peak MB':>8} {'tensors':>8} {'x time':>7} {'x process':>9} {'x mem':>6}"
     out = [f"{'quick SQNR table (llama, static QDQ)':<40} {head}"]
     base: dict[str, float] = {}
     for what in ("qdq_loss_debug", "xbackend ort-cpu", "xbackend default backends"):
         # GNU time's peak: the process's own (a fork inherits its parent's high-water mark, so a
         # process started from this one would report ours) and its workers'
-        argv = ["/usr/bin/time", "-f", "PEAK %M", sys.executable, "-c", _QUICK, what]
+        argv = ["/usr/bin/time", "-f", "PEAK %M WALL %e", sys.executable, "-c", _QUICK, what]
         argv += [str(LLAMA), str(cand), str(npz)]
         done = subprocess.run(argv, capture_output=True, text=True, check=True)
         got = json.loads(done.stdout.strip().splitlines()[-1])
-        got["mb"] = int(done.stderr.rsplit("PEAK ", 1)[1].split()[0]) / 1024
+        tail = done.stderr.rsplit("PEAK ", 1)[1].split()
+        got["mb"], got["wall"] = int(tail[0]) / 1024, float(tail[2])
         base = base or got
         out.append(
-            f"{what:<40} {got['s']:>6.2f} {got['mb']:>8.0f} {got['tensors']:>8} "
-            f"{got['s'] / base['s']:>7.1f} {got['mb'] / base['mb']:>6.1f}"
+            f"{what:<40} {got['s']:>6.2f} {got['wall']:>9.2f} {got['mb']:>8.0f} {got['tensors']:>8} "
+            f"{got['s'] / base['s']:>7.1f} {got['wall'] / base['wall']:>9.1f} {got['mb'] / base['mb']:>6.1f}"
         )
     return out
 

@@ -36,7 +36,15 @@ from xbackend.results.candidates import Advice, CandidateResult, TensorMatch
 from xbackend.results.decode import Decisions
 from xbackend.runners.registry import runner_names, split_instance
 
-__all__ = ["Ran", "candidate_backends", "candidate_feeds", "candidate_options", "run_candidates"]
+__all__ = [
+    "Ran",
+    "candidate_backends",
+    "candidate_feeds",
+    "candidate_options",
+    "candidate_runs",
+    "quick_options",
+    "run_candidates",
+]
 
 _JUDGES = ("reference", "oracle")  # the original's judges: a candidate runs on the engines that ship it
 
@@ -81,6 +89,61 @@ def candidate_options(opts: CompareOptions, backends: Sequence[str]) -> CompareO
         decisions=(),
         timed_runs=0,
     )
+
+
+def quick_options(opts: CompareOptions) -> tuple[CompareOptions, str] | None:
+    """The quick table: --candidate with --probes none and --runs 1, nothing decoded, decided,
+    advised, loaded or held against a baseline. The original runs on its engines alone (not the
+    reference or oracle) and, unless --noise-samples asks, neither model is explained against
+    float64: the per-tensor SQNR, the events and the candidate's stretches at its declared
+    precision stay. The options it runs with, and the NOTE that says so; None where not quick."""
+    if not (opts.candidates and opts.probes is not None and set(opts.probes) == {"none"}):
+        return None
+    busy = opts.decode or opts.decisions or opts.advise or opts.loads or opts.baseline
+    if opts.runs != 1 or opts.builds != 1 or busy or opts.timed_runs or opts.batch_invariance:
+        return None
+    engines = tuple(b for b in opts.backends if b not in _JUDGES) or opts.backends
+    dropped = [b for b in opts.backends if b not in engines]
+    explained = opts.noise_samples != 0 and opts.noise_samples is not None
+    quick = replace(
+        opts,
+        backends=engines,
+        reference=engines[0] if opts.reference not in engines else opts.reference,
+        runner_options=tuple(o for o in opts.runner_options if o[0] in engines),
+        noise_samples=opts.noise_samples if explained else 0,
+    )
+    skipped = [f"the original's {' and '.join(dropped)} did not run"] if dropped else []
+    skipped += [] if explained else ["no tensor was explained against float64 (no origins)"]
+    skipped += [
+        "each model ran one build, every tensor exposed, its outputs from it (no plain build: for a "
+        "QDQ model the engine's fused integer kernels did not run, as with qdq_loss_debug)"
+    ]
+    note = (
+        "the quick table (--candidate with --probes none --runs 1): "
+        + "; ".join(skipped)
+        + "; the SQNR per tensor, the numerical events and the candidate's stretches at its declared "
+        "precision are measured as always; drop --runs 1 for the full comparison"
+    )
+    return quick, note
+
+
+def candidate_runs(
+    opts: CompareOptions, work: Path, feeds: Feeds
+) -> list[tuple[str, CompareOptions, Feeds, Path, tuple[ModelSpec, onnx.ModelProto]]]:
+    """Each candidate's own comparison as run_candidates starts it without --decode (path,
+    options, feeds, folder) and the model as loaded: started ahead, beside the original's, it is
+    the same run."""
+    out = []
+    for k, (path, given) in enumerate(opts.candidates):
+        spec, proto = load_model(path)
+        cfeeds, _ = candidate_feeds(feeds, spec)
+        copts = candidate_options(opts, candidate_backends(opts, given))
+        out.append((path, copts, cfeeds, _folder(work, k), (spec, proto)))
+    return out
+
+
+def _folder(work: Path, k: int) -> Path:
+    return work / f"candidate-{k}"
 
 
 def candidate_feeds(feeds: Feeds, spec: ModelSpec) -> tuple[Feeds, list[str]]:
@@ -142,7 +205,7 @@ def run_candidates(
 def _one(
     original: Ran, opts: CompareOptions, path: str, given: Sequence[str], work: Path, k: int, again: Again
 ) -> CandidateResult:
-    folder = work / f"candidate-{k}"
+    folder = _folder(work, k)
     spec, _ = load_model(path)  # a corrupt or unsupported file: one line, this candidate only
     backends = candidate_backends(opts, given)
     ref = original.result.reference_used

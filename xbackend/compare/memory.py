@@ -401,9 +401,11 @@ def judge_window_note(graph: str, windows: Sequence[Sequence[str]], budget: int,
     )
 
 
-def memory_plan(spec: ModelSpec, proto: onnx.ModelProto, feeds: Feeds, opts: CompareOptions) -> MemoryPlan:
+def memory_plan(
+    spec: ModelSpec, proto: onnx.ModelProto, feeds: Feeds, opts: CompareOptions, quick: bool = False
+) -> MemoryPlan:
     """Sizes from shape inference with the feeds' shapes; the budget from --max-memory or the
-    memory available now."""
+    memory available now (`quick`: the quick table's, sized no further than the budget asks)."""
     explicit = opts.max_memory is not None
     if explicit:
         budget: int | None = opts.max_memory
@@ -412,7 +414,7 @@ def memory_plan(spec: ModelSpec, proto: onnx.ModelProto, feeds: Feeds, opts: Com
         budget = int(free * DEFAULT_SHARE) if free else None
     shapes = {k: v.shape for k, v in feeds.arrays.items() if isinstance(v, np.ndarray)}
     weights = spec.weight_bytes
-    sizes = tensor_bytes(proto, shapes) if budget is not None else Sizes({})
+    sizes = tensor_bytes(proto, shapes, budget if quick else None) if budget is not None else Sizes({})
     weights_read = {t.name for t in proto.graph.initializer}
     read = frozenset(i for n in proto.graph.node for i in n.input if i and i not in weights_read)
     return MemoryPlan(budget, explicit, weights, sizes, read)
@@ -434,7 +436,7 @@ def measure_unsized(
     engine = next(
         (p for p in planned if p.cls is not None and p.cls.windowed and p.interpreter is None), None
     )
-    if not sizes.unsized or plan.budget is None or engine is None or engine.cls is None:
+    if not sizes.unsized or sizes.bounded or plan.budget is None or engine is None or engine.cls is None:
         return plan
     ex = Executor(spec, work / "sizing", timeout, NullProgress())
     phase = Phase.planned("sizing", sizes.unsized, 1)

@@ -206,6 +206,7 @@ def main_jobs(
     feeds: Path,
     windows: tuple[tuple[str, ...], ...] = (),
     spill: bool = True,
+    plain: bool = True,
 ) -> list[Job]:
     if p.cls is None:
         return []
@@ -217,6 +218,7 @@ def main_jobs(
         timed_runs=opts.timed_runs,
         windows=windows,
         spill=spill,
+        plain_build=plain,
     )
     return [
         Job(f"{p.name}-build{k}", p.name, p.cls, p.variant(), feeds, phases, fingerprint=opts.builds > 1)

@@ -7,16 +7,19 @@ time from disk. Each step is a module of this package; this one puts them in ord
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from xbackend.candidates.run import Ran, check_candidates, run_candidates
+import onnx
+
+from xbackend.candidates.run import Ran, candidate_runs, check_candidates, quick_options, run_candidates
 from xbackend.compare.builds import Builds, run_builds
 from xbackend.compare.cross import against, cross_all, effective_reference, pairs
 from xbackend.compare.decisions import decision_outputs, decisions_all
@@ -44,17 +47,18 @@ from xbackend.compare.probing import analyze_probe, run_followups, run_probe_job
 from xbackend.compare.save_captures import save_captures
 from xbackend.compare.summary import summarize_backend
 from xbackend.compare.tolerances import attach
-from xbackend.errors import UsageError
+from xbackend.errors import UsageError, XbackendError
 from xbackend.execution.executor import Job, JobOutcome
-from xbackend.execution.isolation import NEARLY_FULL
+from xbackend.execution.isolation import NEARLY_FULL, drop_spares, prestart
 from xbackend.execution.progress import NullProgress, ProgressSink
 from xbackend.files.runfolders import run_temp_folder
 from xbackend.host.environment import collect_environment
 from xbackend.judge.conditioning import far_from_float64
 from xbackend.judge.explain_jobs import explain
 from xbackend.model.extdata import write_rewritten
+from xbackend.model.footprint import available_memory
 from xbackend.model.inputs import Feeds
-from xbackend.model.load import load_model
+from xbackend.model.load import ModelSpec, load_model
 from xbackend.model.selection import with_selection
 from xbackend.probes.base import PlannedBackend, Probe, ProbeContext
 from xbackend.probes.registry import PROBES, select_probes
@@ -62,6 +66,7 @@ from xbackend.results import EXPECTED, BackendResult, CompareOptions, FailedProb
 from xbackend.results.capture_record import LoadedCapture
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
 from xbackend.results.explanation import NOT_MEASURED, Explanation
+from xbackend.runners.registry import runner_target
 
 __all__ = ["ORACLE", "compare", "compare_with_options"]
 
@@ -87,32 +92,124 @@ def compare_with_options(
     `judge_alone`: a backend that runs alone is judged against float64 as a reference is (a
     sweep's job: the fleet's comparison of captures keeps its judgment)."""
     check_candidates(opts)  # a missing candidate or a backend typo: exit 2 before anything runs
-    with run_folder() as tmp:
+    quick = quick_options(opts)
+    if quick is not None:
+        opts = quick[0]
+    with (
+        run_folder() as tmp,
+        contextlib.ExitStack() as stack,
+        ThreadPoolExecutor(1, thread_name_prefix="xbackend-candidate") as pool,
+    ):
+        stack.callback(drop_spares)  # the spare workers no batch took (the quick table's)
         work = Path(tmp)
         if _nearly_full(work):  # before any worker starts: one line, not a failure per backend
             raise UsageError(
                 f"no space left on the disk that holds {work.parent} (set TMPDIR to a folder on a "
                 "larger disk)"
             )
+        given: Feeds | None = None
+        ahead: _Ahead = {}
+        loaded = None
+        if quick is not None and capture_to is None and not judge_alone:
+            given, ahead, loaded = _ahead(model, opts, work, pool)
         ran = _compare_in(
             work,
             model,
             opts,
             progress,
             capture_to,
+            given,
             keep_layers=bool(opts.candidates),
             judge_alone=judge_alone,
+            quick=quick is not None,
+            plain=quick is None,
+            read=loaded,
         )
+        del loaded  # the original's proto goes once it is planned
         if not opts.candidates:
             return ran.result
 
         def again(
             path: str, copts: CompareOptions, feeds: Feeds | None, folder: Path, vs: Against | None
         ) -> Ran:
+            early = ahead.pop((path, folder), None)
+            if early is not None:
+                started, result = early
+                if vs is None and feeds is not None and started == (copts, feeds.sha256):
+                    return result.result()
+                result.exception()  # another run than the one asked for: finished, then set aside
             folder.mkdir(parents=True, exist_ok=True)
-            return _compare_in(folder, path, copts, progress, None, feeds, keep_layers=True, against=vs)
+            fast = quick is not None
+            return _compare_in(
+                folder,
+                path,
+                copts,
+                progress,
+                None,
+                feeds,
+                keep_layers=True,
+                against=vs,
+                quick=fast,
+                plain=not fast,
+            )
 
-        return replace(ran.result, candidates=run_candidates(ran, opts, work, again))
+        result = replace(ran.result, candidates=run_candidates(ran, opts, work, again))
+        if quick is not None:
+            result = replace(result, notes=(*result.notes, quick[1]))
+        return result
+
+
+_Ahead = dict[tuple[str, Path], tuple[tuple[CompareOptions, str], "Future[Ran]"]]
+
+
+def _ahead(
+    model: str | os.PathLike[str], opts: CompareOptions, work: Path, pool: ThreadPoolExecutor
+) -> tuple[Feeds | None, _Ahead, tuple[ModelSpec, onnx.ModelProto] | None]:
+    """The quick table's candidates started beside the original (each its own worker), fed the
+    original's feeds, made here once; where the two models do not fit in memory side by side,
+    or anything about them is amiss (said by the run that follows), nothing is started."""
+    _prestart(opts, work)
+    try:
+        spec, proto = load_model(model)
+        feeds, expected = feeds_for(with_selection(spec, opts.tensors), opts, ())
+        runs = candidate_runs(opts, work, feeds)
+        sizes = spec.weight_bytes + sum(r[4][0].weight_bytes for r in runs)
+    except Exception:
+        return None, {}, None
+    room = available_memory()
+    if expected is not None or room is None or 8 * sizes > room:
+        return None, {}, None
+    out: _Ahead = {}
+    for path, copts, cfeeds, folder, loaded in runs:
+        folder.mkdir(parents=True, exist_ok=True)
+        _prestart(copts, folder)
+        job = pool.submit(
+            _compare_in,
+            folder,
+            path,
+            copts,
+            None,
+            None,
+            cfeeds,
+            keep_layers=True,
+            quick=True,
+            plain=False,
+            read=loaded,
+        )
+        out[(path, folder)] = ((copts, cfeeds.sha256), job)
+    return feeds, out, (spec, proto)
+
+
+def _prestart(opts: CompareOptions, work: Path) -> None:
+    """A worker for each engine of `opts` started now, for the first batch under `work`: its
+    interpreter and engine load while this process reads the models and plans."""
+    for name in opts.backends:
+        try:
+            p = plan_backend(name, opts, work, None)
+        except XbackendError:  # said by the run that follows
+            continue
+        if p.cls is not None and p.interpreter is None:
+            prestart(p.cls.process_env(p.cls.resolve_options(dict(p.variant()))), runner_target(name), work)
 
 
 # Past this many nodes a layer-by-layer comparison is refused in seconds: ONNX Runtime's builds
@@ -142,12 +239,19 @@ def _compare_in(
     keep_layers: bool = False,
     against: Against | None = None,
     judge_alone: bool = False,
+    quick: bool = False,
+    plain: bool = True,
+    read: tuple[ModelSpec, onnx.ModelProto] | None = None,
 ) -> Ran:
     """One model compared in the run folder `work` (`given`: its feeds, else made or read as
     the options say; `keep_layers`: every backend's tensors stay on disk after, for a candidate's
-    comparison; `against`: with --decode, the decoding its tokens are held against)."""
+    comparison; `against`: with --decode, the decoding its tokens are held against; `quick`: the
+    quick table's, its memory sized no further than the budget asks; `plain` False: its engines'
+    outputs come from the build that exposes every tensor, no plain build of their own; `read`:
+    the model as already read from `model`)."""
     wanted = select_probes(opts.probes, opts.batch_invariance)  # unknown names: UsageError, first
-    spec, proto = load_model(model)
+    spec, proto = read or load_model(model)
+    read = None  # the proto is let go below, after planning
     _check_size(spec.path, len(proto.graph.node), opts)
     spec = with_selection(spec, opts.tensors)
     decision_outputs(spec, opts.decisions)  # a name the model lacks: UsageError before anything runs
@@ -169,7 +273,7 @@ def _compare_in(
     decoded = None
     if feeds is None:  # a candidate's (`against`): its tokens against its original's
         decoded, feeds = decode_backends(spec, opts, planned, work, progress or NullProgress(), against)
-    memory = memory_plan(spec, proto, feeds, opts)
+    memory = memory_plan(spec, proto, feeds, opts, quick)
     del proto
     feeds_path = work / "feeds.xbv"
     feeds.save(feeds_path)
@@ -208,6 +312,7 @@ def _compare_in(
         spill,
         memory.explanation_blocker(spec, bool(opts.noise_samples)),
         lambda builds, backends, ref: _comparisons(ctx, builds, backends, ref, capture_to),
+        plain,
     )
     if spec.unsorted:
         notes.append(
@@ -302,6 +407,7 @@ def _execute(
     spill: bool = True,
     too_big: str = "",
     meanwhile: Callable[[Mapping[str, Builds], tuple[BackendResult, ...], str], _Compared] | None = None,
+    plain: bool = True,
 ) -> _Executed:
     """Every backend's builds, every probe's jobs, the follow-ups they ask for, then the
     explanation (floor and local errors), under one bar, the captures compared (`meanwhile`)
@@ -309,7 +415,8 @@ def _execute(
     spec, opts = ctx.spec, ctx.opts
     ex = executor_for(spec, ctx.work, opts.timeout, bar, planned)
     mains = {
-        p.name: main_jobs(p, spec, opts, ctx.feeds_path, windows.get(p.name, ()), spill) for p in planned
+        p.name: main_jobs(p, spec, opts, ctx.feeds_path, windows.get(p.name, ()), spill, plain)
+        for p in planned
     }
     probe_jobs = {(pr.name, p.name): pr.jobs(p) for pr in probes for p in planned if p.cls is not None}
     bar.start(_steps([*mains.values(), *probe_jobs.values()]))

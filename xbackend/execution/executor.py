@@ -40,15 +40,17 @@ def standard_phases(
     timed_runs: int = 0,
     windows: tuple[tuple[str, ...], ...] = (),
     spill: bool = True,
+    plain_build: bool = True,
 ) -> tuple[Phase, ...]:
     """The plain model for graph outputs and, unless outputs only, the instrumented model for
-    per-layer tables; one build serves both where exposing intermediates changes nothing.
+    per-layer tables; one build serves both where exposing intermediates changes nothing, or
+    where the plain build is not asked for (`plain_build` False: the quick table's original).
     `timed_runs` more runs go to the phase that serves the outputs: timed and compared alike."""
     outputs = spec.output_order()
     plain = runs + timed_runs
     if spec.outputs_only or not layers:
         return (Phase.planned(OUTPUTS, outputs, plain),)
-    if not separate_layers(cls, spec, options or {}):
+    if not plain_build or not separate_layers(cls, spec, options or {}):
         return (
             Phase.planned(
                 LAYERS, spec.tensor_order(), plain, serves_outputs=True, windows=windows, spill=spill

@@ -7,6 +7,7 @@ WorkerOutcome with a one-line reason, so the comparison goes on with the others.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import selectors
 import shutil
@@ -26,7 +27,9 @@ __all__ = [
     "NEARLY_FULL",
     "WorkerOutcome",
     "cancel_all",
+    "drop_spares",
     "kill_group",
+    "prestart",
     "reset_cancel",
     "run_batch",
     "run_worker",
@@ -151,24 +154,24 @@ def run_batch(
         (job_dir / "job.json").write_text(job.to_json())
         paths.append(str(job_dir / "job.json"))
     err_path = jobs[0][1] / "stderr.txt"
-    start = time.monotonic()
-    ends: list[float] = []
+    # an engine's own temp files (caches, rewritten models) inside the run's folder: removed with
+    # it, even when the worker is killed before its own cleanup runs
+    extra = {PARENT_ENV: str(os.getpid()), "TMPDIR": str(_worker_tmp(jobs[0][1]))}
+    worker_env = {**(foreign_env(env) if python else _env(env)), **extra}
     with open(err_path, "wb") as err:
-        proc = subprocess.Popen(
-            [python or sys.executable, "-m", "xbackend.execution.worker", *paths],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            env={
-                **(foreign_env(env) if python else _env(env)),
-                PARENT_ENV: str(os.getpid()),
-                # an engine's own temp files (caches, rewritten models) inside the run's folder:
-                # removed with it, even when the worker is killed before its own cleanup runs
-                "TMPDIR": str(_worker_tmp(jobs[0][1])),
-            },
-            cwd=worker_path() if python else None,  # `-m` puts the folder it starts in first on sys.path
-            start_new_session=True,
-        )
+        proc = None if python else _handed(worker_env, paths, err_path)
+        if proc is None:
+            proc = subprocess.Popen(
+                [python or sys.executable, "-m", "xbackend.execution.worker", *paths],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=worker_env,
+                cwd=worker_path() if python else None,  # `-m` puts the folder it starts in first on sys.path
+                start_new_session=True,
+            )
+        start = time.monotonic()
+        ends: list[float] = []
         with _LOCK:
             _LIVE.add(proc)
         try:
@@ -219,6 +222,65 @@ def cancel_all() -> None:
 def reset_cancel() -> None:
     """A new command in this process may start workers again."""
     _CANCELLED.clear()
+
+
+# Workers started ahead (prestart), each waiting on its stdin for the jobs it is handed: its
+# interpreter, numpy and the engine load while this process plans (the quick table).
+_SPARE: dict[tuple[tuple[str, str], ...], list[subprocess.Popen[bytes]]] = {}
+
+
+def prestart(env: Mapping[str, str], target: str, folder: Path) -> None:
+    """A worker for jobs under `folder` whose environment is `env`, started now; run_batch hands
+    it the first such batch (a worker that died meanwhile is set aside: a fresh one runs)."""
+    if _CANCELLED.is_set():
+        return
+    tmp = _worker_tmp(folder / "spare")
+    worker_env = {**_env(env), PARENT_ENV: str(os.getpid()), "TMPDIR": str(tmp)}
+    with open(tmp / f"spare-{len(_SPARE)}.stderr", "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "xbackend.execution.worker", "--wait", target],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.PIPE,
+            env=worker_env,
+            start_new_session=True,
+        )
+    with _LOCK:
+        _LIVE.add(proc)
+        _SPARE.setdefault(tuple(sorted(worker_env.items())), []).append(proc)
+
+
+def _handed(env: Mapping[str, str], paths: Sequence[str], err: Path) -> subprocess.Popen[bytes] | None:
+    """A spare worker started for this environment, handed these jobs; None where there is none."""
+    with _LOCK:
+        spares = _SPARE.get(tuple(sorted(env.items())), [])
+        proc = spares.pop(0) if spares else None
+    if proc is None:
+        return None
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write((json.dumps({"jobs": list(paths), "stderr": str(err)}) + "\n").encode())
+        proc.stdin.close()
+        return proc
+    except OSError:  # it died waiting: set aside, a fresh worker runs
+        kill_group(proc)
+        with _LOCK:
+            _LIVE.discard(proc)
+        return None
+
+
+def drop_spares() -> None:
+    """Stop the spare workers no batch took (the run is over)."""
+    with _LOCK:
+        left = [p for ps in _SPARE.values() for p in ps]
+        _SPARE.clear()
+    for proc in left:
+        kill_group(proc)
+        for pipe in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe and pipe.close()
+        with _LOCK:
+            _LIVE.discard(proc)
 
 
 def _worker_tmp(job_dir: Path) -> Path:

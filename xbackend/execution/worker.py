@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import functools
 import importlib
+import json
 import os
 import signal
 import sys
@@ -424,6 +425,22 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def _handed(target: str) -> list[str]:
+    """A worker started ahead (isolation.prestart): its engine loaded, then the job files it is
+    handed on stdin, its stderr moved to theirs. Nothing handed (stdin closed): no job."""
+    with contextlib.suppress(Exception):  # a failed import fails the job later, with its reason
+        module, _, attr = target.partition(":")
+        getattr(importlib.import_module(module), attr).load_engine()
+    line = sys.stdin.readline()
+    if not line:
+        return []
+    handed = json.loads(line)
+    fd = os.open(handed["stderr"], os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return [str(p) for p in handed["jobs"]]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run each job file named, in order, in this process; write each one's result as it ends.
 
@@ -433,6 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         _die_with_parent()
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--wait"]:
+        args = _handed(args[1])
     code = 0
     for path in args:
         with open(path) as f:

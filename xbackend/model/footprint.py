@@ -4,11 +4,15 @@ exposed tensors cut into windows that fit a memory budget."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
@@ -34,6 +38,7 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb"
 _UNITS |= {"g": _GiB, "gb": 10**9, "gib": _GiB, "t": 2**40, "tb": 10**12, "tib": 2**40}
 _PACKED_BITS = {int(TensorProto.INT4): 4, int(TensorProto.UINT4): 4}
 _SMALL = 1024  # initializers up to this many bytes stay constants for shape inference
+_MARGIN = 16  # the quick table sizes no further where one run takes under 1/_MARGIN of the budget
 
 
 def parse_size(text: str) -> int:
@@ -76,6 +81,7 @@ class Sizes(Mapping[str, int]):
     measured: int = 0  # sized by running the model once, exposing the unsized (measured_by)
     measured_by: str = ""
     unmeasured: str = ""  # why the unsized could not be measured
+    bounded: int = 0  # the budget the unsized were held under, at the largest sized tensor (no run)
 
     def __getitem__(self, name: str) -> int:
         return self.by_tensor[name]
@@ -106,7 +112,13 @@ class Sizes(Mapping[str, int]):
         sized += [f"{self.onnx} by onnx's shape inference"] if self.onnx else []
         sized += [f"{self.measured} by running the model once on {self.measured_by}"] if self.measured else []
         text = f"tensors sized {', '.join(sized) or 'by neither shape inference'}"
-        if self.unsized:
+        if self.unsized and self.bounded:
+            text += (
+                f", {len(self.unsized)} not sized (e.g. {self.unsized[0]}): every tensor, these counted "
+                f"at the largest sized one, takes under 1/{_MARGIN} of {gib(self.bounded)}, so neither "
+                "ONNX Runtime's symbolic inference nor a sizing run was needed"
+            )
+        elif self.unsized:
             why = f"; measuring them failed: {self.unmeasured}" if self.unmeasured else ""
             text += (
                 f", {len(self.unsized)} not sized (e.g. {self.unsized[0]}; counted at the largest sized "
@@ -115,12 +127,18 @@ class Sizes(Mapping[str, int]):
         return text
 
 
-def tensor_bytes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> Sizes:
+def tensor_bytes(
+    proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], budget: int | None = None
+) -> Sizes:
     """Bytes of each tensor with the inputs at `shapes`: onnx's shape inference (with data
     propagation), and where it leaves a dimension open, ONNX Runtime's symbolic shape inference,
     whose sizes then win; a tensor neither sizes is left out, never guessed. The exporter's
     value_info is not trusted. Large weights become typed inputs first, so the proto inferred
-    holds no weight (and never serializes past 2 GiB)."""
+    holds no weight (and never serializes past 2 GiB).
+
+    `budget` (the quick table): where every tensor, each one onnx left open counted at the
+    largest it sized, takes under 1/_MARGIN of it, the symbolic pass is not run (its import and
+    run cost more than the table itself) and the open ones stay unsized, `bounded`."""
     g = proto.graph
     light = helper.make_graph(
         list(g.node),
@@ -153,7 +171,11 @@ def tensor_bytes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
     produced = [o for n in g.node for o in n.output if o]
     # Where onnx sizes every tensor (static shapes) the symbolic pass would agree: it runs, and
     # its second of import time is paid, only where onnx leaves a dimension open.
-    first = _known(_symbolic(model)) if any(t not in second for t in produced) else {}
+    open_ = [t for t in produced if t not in second]
+    largest = max(second.values(), default=0)
+    if open_ and budget is not None and _MARGIN * (sum(second.values()) + len(open_) * largest) < budget:
+        return Sizes(second, onnx=len(produced) - len(open_), unsized=tuple(open_), bounded=budget)
+    first = _known(_symbolic(model)) if open_ else {}
     out = {**{k: v for k, v in second.items() if k not in first}, **first}
     return Sizes(
         out,
@@ -165,10 +187,8 @@ def tensor_bytes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
 
 def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """ONNX Runtime's symbolic shape inference, or None where it is absent or gives up."""
-    try:
-        # optional at this point: ONNX Runtime's tools (and sympy) load only to size a model
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except Exception:
+    SymbolicShapeInference = _symbolic_shape_inference()
+    if SymbolicShapeInference is None:
         return None
     quiet = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
     level = quiet.level
@@ -188,6 +208,26 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
         return None
     finally:
         quiet.setLevel(level)
+
+
+@functools.cache
+def _symbolic_shape_inference() -> Any:
+    """ONNX Runtime's SymbolicShapeInference, read from its file: importing it as
+    `onnxruntime.tools.symbolic_shape_infer` runs that package's __init__, which imports torch
+    where it is installed (1.3 s and 300 MB for a class that needs sympy alone)."""
+    try:
+        found = importlib.util.find_spec("onnxruntime")
+        if found is None or found.origin is None:
+            return None
+        path = Path(found.origin).parent / "tools" / "symbolic_shape_infer.py"
+        spec = importlib.util.spec_from_file_location("onnxruntime.tools.symbolic_shape_infer", path)
+        if spec is None or spec.loader is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.SymbolicShapeInference
+    except Exception:  # absent, or sympy missing: onnx's inference alone
+        return None
 
 
 def _known(model: onnx.ModelProto | None) -> dict[str, int]:
