@@ -31,7 +31,8 @@ from xbackend.files.userfile import user_file
 from xbackend.model.graphorder import sort_nodes
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import ModelSpec, load_model, load_proto
-from xbackend.results import CompareOptions, Result
+from xbackend.results import DEFAULT_BACKENDS, CompareOptions, Result
+from xbackend.results.candidate_spec import QUICK_TABLE
 from xbackend.results.candidates import Advice, CandidateResult, TensorMatch
 from xbackend.results.decode import Decisions
 from xbackend.runners.registry import runner_names, split_instance
@@ -93,33 +94,37 @@ def candidate_options(opts: CompareOptions, backends: Sequence[str]) -> CompareO
 
 def quick_options(opts: CompareOptions) -> tuple[CompareOptions, str] | None:
     """The quick table: --candidate with --probes none and --runs 1, nothing decoded, decided,
-    advised, loaded or held against a baseline. The original runs on its engines alone (not the
-    reference or oracle) and, unless --noise-samples asks, neither model is explained against
-    float64: the per-tensor SQNR, the events and the candidate's stretches at its declared
-    precision stay. The options it runs with, and the NOTE that says so; None where not quick."""
+    advised, loaded or held against a baseline. Each model runs one build, every tensor exposed;
+    with the default backends the original runs on ort-cpu alone (not the reference) and, unless
+    --noise-samples asks, neither model is explained against float64 (backends named, judges
+    among them, run and explain as asked): the per-tensor SQNR, the events and the candidate's
+    stretches at its declared precision stay. The options it runs with, and the NOTE that says
+    what was left out; None where not quick."""
     if not (opts.candidates and opts.probes is not None and set(opts.probes) == {"none"}):
         return None
     busy = opts.decode or opts.decisions or opts.advise or opts.loads or opts.baseline
     if opts.runs != 1 or opts.builds != 1 or busy or opts.timed_runs or opts.batch_invariance:
         return None
-    engines = tuple(b for b in opts.backends if b not in _JUDGES) or opts.backends
+    named = opts.backends != DEFAULT_BACKENDS  # backends the user named all run, judges too
+    engines = opts.backends if named else tuple(b for b in opts.backends if b not in _JUDGES)
     dropped = [b for b in opts.backends if b not in engines]
-    explained = opts.noise_samples != 0 and opts.noise_samples is not None
+    judged = any(b in _JUDGES for b in engines)
+    noise = opts.noise_samples if opts.noise_samples is not None or judged else 0
     quick = replace(
         opts,
         backends=engines,
         reference=engines[0] if opts.reference not in engines else opts.reference,
         runner_options=tuple(o for o in opts.runner_options if o[0] in engines),
-        noise_samples=opts.noise_samples if explained else 0,
+        noise_samples=noise,
     )
     skipped = [f"the original's {' and '.join(dropped)} did not run"] if dropped else []
-    skipped += [] if explained else ["no tensor was explained against float64 (no origins)"]
+    skipped += [] if noise != 0 else ["no tensor was explained against float64 (no origins)"]
     skipped += [
         "each model ran one build, every tensor exposed, its outputs from it (no plain build: for a "
         "QDQ model the engine's fused integer kernels did not run, as with qdq_loss_debug)"
     ]
     note = (
-        "the quick table (--candidate with --probes none --runs 1): "
+        QUICK_TABLE
         + "; ".join(skipped)
         + "; the SQNR per tensor, the numerical events and the candidate's stretches at its declared "
         "precision are measured as always; drop --runs 1 for the full comparison"

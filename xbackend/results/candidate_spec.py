@@ -8,7 +8,10 @@ from typing import Any
 from xbackend.errors import UsageError
 from xbackend.results.flags import comma_list
 
-__all__ = ["candidate_spec", "candidate_words", "candidates_of"]
+__all__ = ["QUICK_TABLE", "candidate_spec", "candidate_words", "candidates_of"]
+
+# how the quick table's note begins (what it left out follows; the verdict shows it first)
+QUICK_TABLE = "the quick table (--candidate with --probes none --runs 1): "
 
 
 def candidate_spec(text: str) -> tuple[str, tuple[str, ...]]:

@@ -10,6 +10,7 @@ from xbackend.files.textfmt import short, with_module
 from xbackend.model.load import ModelSpec
 from xbackend.numerics.values import value_name
 from xbackend.results.backend import BackendResult, FeedsInfo
+from xbackend.results.candidate_spec import QUICK_TABLE
 from xbackend.results.candidates import CandidateResult
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
 from xbackend.results.cost import Family, families
@@ -311,6 +312,9 @@ class Result:
         if not ex.ok:
             if not ex.reason:
                 return []
+            quick = next((n for n in self.notes if n.startswith(QUICK_TABLE)), "")
+            if ex.declined and quick:  # what the quick table left out, the explanation among them
+                return [f"NOTE: {quick}"]
             if ex.declined:
                 return [f"NOTE: no explanation of the differences: {ex.reason}"]
             return [f"FAIL: not judged: no explanation of the differences: {ex.reason}"]
