@@ -7,6 +7,7 @@ WorkerOutcome with a one-line reason, so the comparison goes on with the others.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import selectors
@@ -159,7 +160,7 @@ def run_batch(
     extra = {PARENT_ENV: str(os.getpid()), "TMPDIR": str(_worker_tmp(jobs[0][1]))}
     worker_env = {**(foreign_env(env) if python else _env(env)), **extra}
     with open(err_path, "wb") as err:
-        proc = None if python else _handed(worker_env, paths, err_path)
+        proc = None if python else _handed(jobs[0][0].target, worker_env, paths, err_path)
         if proc is None:
             proc = subprocess.Popen(
                 [python or sys.executable, "-m", "xbackend.execution.worker", *paths],
@@ -226,17 +227,19 @@ def reset_cancel() -> None:
 
 # Workers started ahead (prestart), each waiting on its stdin for the jobs it is handed: its
 # interpreter, numpy and the engine load while this process plans (the quick table).
-_SPARE: dict[tuple[tuple[str, str], ...], list[subprocess.Popen[bytes]]] = {}
+_SPARE: dict[tuple[str, tuple[tuple[str, str], ...]], list[subprocess.Popen[bytes]]] = {}
+_SPARES_STARTED = itertools.count()
 
 
 def prestart(env: Mapping[str, str], target: str, folder: Path) -> None:
-    """A worker for jobs under `folder` whose environment is `env`, started now; run_batch hands
-    it the first such batch (a worker that died meanwhile is set aside: a fresh one runs)."""
+    """A worker for jobs of the runner `target` under `folder` whose environment is `env`, started
+    now; run_batch hands it the first such batch (a worker that died meanwhile is set aside: a
+    fresh one runs). Only that runner's batches take it: its engine is already loaded."""
     if _CANCELLED.is_set():
         return
     tmp = _worker_tmp(folder / "spare")
     worker_env = {**_env(env), PARENT_ENV: str(os.getpid()), "TMPDIR": str(tmp)}
-    with open(tmp / f"spare-{len(_SPARE)}.stderr", "wb") as err:
+    with open(tmp / f"spare-{next(_SPARES_STARTED)}.stderr", "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "xbackend.execution.worker", "--wait", target],
             stdout=subprocess.PIPE,
@@ -247,13 +250,16 @@ def prestart(env: Mapping[str, str], target: str, folder: Path) -> None:
         )
     with _LOCK:
         _LIVE.add(proc)
-        _SPARE.setdefault(tuple(sorted(worker_env.items())), []).append(proc)
+        _SPARE.setdefault((target, tuple(sorted(worker_env.items()))), []).append(proc)
 
 
-def _handed(env: Mapping[str, str], paths: Sequence[str], err: Path) -> subprocess.Popen[bytes] | None:
-    """A spare worker started for this environment, handed these jobs; None where there is none."""
+def _handed(
+    target: str, env: Mapping[str, str], paths: Sequence[str], err: Path
+) -> subprocess.Popen[bytes] | None:
+    """A spare worker started for this runner and environment, handed these jobs; None where
+    there is none."""
     with _LOCK:
-        spares = _SPARE.get(tuple(sorted(env.items())), [])
+        spares = _SPARE.get((target, tuple(sorted(env.items()))), [])
         proc = spares.pop(0) if spares else None
     if proc is None:
         return None
