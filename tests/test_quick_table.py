@@ -23,6 +23,7 @@ from tests import candidate_models as cm
 from xbackend.candidates.run import quick_options
 from xbackend.model import footprint
 from xbackend.results import CompareOptions
+from xbackend.results.explanation import QUICK_DECLINED
 from xbackend.runners import registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +60,9 @@ def test_the_quick_table_is_the_full_comparisons_and_says_what_it_left_out(qdq: 
     assert "no tensor was explained against float64" in note and "drop --runs 1" in note
     assert not any(n.startswith("the quick table") for n in full.notes)
     assert f"NOTE: {note}" in quick.verdict()  # in place of "no explanation: --noise-samples 0"
+    assert f"NOTE: candidate {qdq}: its nodes were not judged at their precision: {QUICK_DECLINED}" in (
+        quick.candidates[0].verdict_lines()
+    )
     assert quick.backends[0].observer is None  # one build: nothing to hold its outputs against
     assert full.backends[0].observer is not None
 

@@ -65,7 +65,7 @@ from xbackend.probes.registry import PROBES, select_probes
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, FailedProbe, ProbeResult, Result
 from xbackend.results.capture_record import LoadedCapture
 from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
-from xbackend.results.explanation import NOT_MEASURED, Explanation
+from xbackend.results.explanation import DECLINED, NOT_MEASURED, QUICK_DECLINED, Explanation
 from xbackend.runners.registry import runner_target
 
 __all__ = ["ORACLE", "compare", "compare_with_options"]
@@ -154,8 +154,14 @@ def compare_with_options(
             )
 
         result = replace(ran.result, candidates=run_candidates(ran, opts, work, again))
-        if quick is not None:
-            result = replace(result, notes=(*result.notes, quick[1]))
+        if quick is not None:  # what it left out, said as the quick table's, not as a flag's
+            said = tuple(
+                replace(c, explanation=replace(c.explanation, reason=QUICK_DECLINED))
+                if c.explanation.reason == DECLINED
+                else c
+                for c in result.candidates
+            )
+            result = replace(result, notes=(*result.notes, quick[1]), candidates=said)
         return result
 
 

@@ -296,8 +296,9 @@ class CandidateResult:
                 "differences from the original are that precision carried through the model"
             )
         elif self.explanation.status != "ok":
+            level = "NOTE" if self.explanation.declined else "WARN"  # declined: the user's choice
             out.append(
-                f"WARN: candidate {name}: its nodes were not judged at their precision: "
+                f"{level}: candidate {name}: its nodes were not judged at their precision: "
                 f"{self.explanation.reason}"
             )
         for f in self.findings:  # a few clipped outliers are what min/max calibration leaves: a note

@@ -35,6 +35,7 @@ __all__ = [
     "LOADED",
     "MARGIN",
     "NOT_MEASURED",
+    "QUICK_DECLINED",
     "UNFUSED",
     "Amplifier",
     "Explanation",
@@ -292,7 +293,7 @@ class Explanation:
     def declined(self) -> bool:
         """Not run because the user asked for none (--noise-samples 0) or brought captures alone (no
         engine to judge): a NOTE, never a gate."""
-        return self.reason == DECLINED or self.reason.startswith(ALL_LOADED)
+        return self.reason in (DECLINED, QUICK_DECLINED) or self.reason.startswith(ALL_LOADED)
 
     def floor_map(self) -> dict[str, float]:
         return dict(self._floor_index)
@@ -319,6 +320,9 @@ def times_floor(scaled_ulp: float, floor: float) -> float:
 
 
 DECLINED = "--noise-samples 0: no floor was measured"
+QUICK_DECLINED = (
+    "the quick table (--probes none --runs 1) judges nothing against float64: drop --runs 1 for it"
+)
 # A judgment the user's own choice rules out, as --noise-samples 0 does: captures loaded from
 # elsewhere (--load, a sweep's jobs) carry no engine to feed the reference's values to.
 LOADED = "loaded from a capture: its engine did not run here"
