@@ -37,6 +37,7 @@ _BUILTIN: dict[str, str] = {
     "torch-compile-autotune": "xbackend.runners.torch_compile:TorchCompileAutotuneRunner",
     "expected": "xbackend.runners.expected:ExpectedRunner",
     "groq": "xbackend.runners.groq:GroqRunner",
+    "llama.cpp": "xbackend.runners.llama_cpp:LlamaCppRunner",
 }
 
 

@@ -1,0 +1,229 @@
+"""llama.cpp's tensors matched to an ONNX export's by layer and role.
+
+llama.cpp names the tensors of its graph by role and layer (`attn_norm-0`, `Qcur-1`, `l_out-1`,
+`result_output`); several share a name across steps (`Qcur-0` is the projection, its reshape and
+its rotation), told apart by the ggml op that made them. An optimum or torch.onnx export of a
+Llama or Qwen2 names its nodes by module (`/model/layers.0/input_layernorm/...`). Each role is
+found in the ONNX graph by its module's output, or by where it flows (the rotated query is what
+the attention's QK MatMul reads, through its scaling and transposes), never by value.
+
+Layouts: ggml's first dimension is the innermost, so [E, T] is numpy's (T, E) and [D, H, T] is
+(T, H, D). llama.cpp's converter permutes the rows of the query and key projections so that its
+rotary pairs are adjacent (Hugging Face's are half a head apart): each head's features are
+interleaved back before the comparison, and the match says so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+__all__ = ["Matched", "RoleMap", "role_map", "stage_of"]
+
+_LAYER = re.compile(r"/model/layers\.(\d+)/")
+_UNINTERLEAVED = (
+    "each head's features interleaved back: llama.cpp's converter permutes the query and key "
+    "projections' rows so its rotary pairs are adjacent (Hugging Face's are half a head apart)"
+)
+# what a tensor flows through on its way to the attention's QK MatMul (scaling, layout, GQA repeat)
+_PASS = frozenset({"Mul", "Div", "Transpose", "Reshape", "Expand", "Unsqueeze", "Squeeze", "Cast", "Concat"})
+
+
+@dataclass(frozen=True)
+class Matched:
+    """One ONNX tensor and the llama.cpp tensor (name, op) that holds its values."""
+
+    onnx: str
+    ggml: str
+    op: str  # the ggml op that made it (a name alone is ambiguous)
+    layout: str  # "rows" ([E, T]), "rows-rope" (a Q/K projection), "heads-rope" ([D, H, T] rotated)
+    heads: int = 0  # for the rope layouts: the heads the features are cut into
+    undid: str = ""  # what was undone to compare, in words
+
+    def to_onnx(self, raw: np.ndarray) -> np.ndarray:
+        """ggml's values of one sequence (numpy order: ggml's dims reversed) in the ONNX tensor's
+        layout, its batch of one in front."""
+        x = raw
+        if self.layout == "rows-rope":  # (T, H*D): each head's features interleaved back
+            t = x.shape[0]
+            x = x.reshape(t, self.heads, -1)
+            x = np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1).reshape(t, -1)
+        elif self.layout == "heads-rope":  # (T, H, D) -> (H, T, D), interleaved back
+            x = np.swapaxes(x, 0, 1)
+            x = np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+        return np.ascontiguousarray(x)[None]
+
+
+@dataclass(frozen=True)
+class RoleMap:
+    """Every ONNX tensor asked for: matched to a llama.cpp tensor, or why not."""
+
+    matched: Mapping[str, Matched]  # ONNX tensor -> its llama.cpp tensor
+    unmatched: Mapping[str, str]  # ONNX tensor -> why no llama.cpp tensor holds it
+
+    def by_ggml(self) -> dict[tuple[str, str], Matched]:
+        return {(m.ggml, m.op): m for m in self.matched.values()}
+
+
+class _Graph:
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.nodes = list(graph.node)
+        self.producer = {o: n for n in self.nodes for o in n.output if o}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in self.nodes:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+        self.outputs = {o.name for o in graph.output}
+        self.constant = {t.name for t in graph.initializer} | {
+            o for n in self.nodes if n.op_type == "Constant" for o in n.output
+        }
+        self.by_name = {n.name: n for n in self.nodes}
+
+    def module_output(self, scope: str) -> str | None:
+        """What a module computes: of the tensors its nodes hand to nodes outside it, the one its
+        last node writes (a norm also hands its input's cast on to the residual)."""
+        inside = [n for n in self.nodes if n.name.startswith(scope + "/")]
+        names = {n.name for n in inside}
+        for n in reversed(inside):
+            for o in n.output:
+                if o and (o in self.outputs or any(c.name not in names for c in self.consumers.get(o, []))):
+                    return str(o)
+        return None
+
+    def node_output(self, name: str) -> str | None:
+        n = self.by_name.get(name)
+        return n.output[0] if n is not None and n.output else None
+
+    def input_of(self, scope: str, op: str) -> str | None:
+        """The data input of the module's one `op` node (what a projection reads)."""
+        found = [n for n in self.nodes if n.name.startswith(scope + "/") and n.op_type == op]
+        if len(found) != 1:
+            return None
+        data = [i for i in found[0].input if i and i not in self.constant]
+        return data[0] if data else None
+
+    def rotated(self, layer: int, side: int) -> str | None:
+        """The rotated query (side 0) or key (side 1): followed back from the attention's QK
+        MatMul (the self_attn MatMul whose inputs neither is a weight) through scaling and
+        layout to the Add that rotates it."""
+        scope = f"/model/layers.{layer}/self_attn/"
+        qk = next(
+            (
+                n
+                for n in self.nodes
+                if n.name.startswith(scope)
+                and n.op_type == "MatMul"
+                and "_proj/" not in n.name
+                and not any(i in self.constant for i in n.input)
+            ),
+            None,
+        )
+        if qk is None or len(qk.input) < 2:
+            return None
+        t = str(qk.input[side])
+        for _ in range(12):
+            n = self.producer.get(t)
+            if n is None:
+                return None
+            if n.op_type == "Add":
+                return t
+            if n.op_type not in _PASS:
+                return None
+            data = [i for i in n.input if i and i not in self.constant]
+            if not data:
+                return None
+            t = str(data[-1] if n.op_type == "Concat" else data[0])  # a cache: the new tokens come last
+        return None
+
+
+def _roles(g: _Graph, layers: int, heads: int, kv_heads: int) -> list[tuple[str | None, Matched]]:
+    """Each role of a Llama-family export: (its ONNX tensor or None, what holds it in llama.cpp)."""
+    out: list[tuple[str | None, Matched]] = [
+        (g.module_output("/model/embed_tokens"), Matched("", "embd", "GET_ROWS", "rows")),
+        (g.module_output("/model/norm"), Matched("", "result_norm", "MUL", "rows")),
+        ("logits" if "logits" in g.outputs else None, Matched("", "result_output", "MUL_MAT", "rows")),
+    ]
+    for i in range(layers):
+        lay, att, mlp = f"/model/layers.{i}", f"/model/layers.{i}/self_attn", f"/model/layers.{i}/mlp"
+        out += [
+            (g.module_output(f"{lay}/input_layernorm"), Matched("", f"attn_norm-{i}", "MUL", "rows")),
+            (
+                g.module_output(f"{att}/q_proj"),
+                Matched("", f"Qcur-{i}", "PROJ", "rows-rope", heads, _UNINTERLEAVED),
+            ),
+            (
+                g.module_output(f"{att}/k_proj"),
+                Matched("", f"Kcur-{i}", "PROJ", "rows-rope", kv_heads, _UNINTERLEAVED),
+            ),
+            (g.module_output(f"{att}/v_proj"), Matched("", f"Vcur-{i}", "PROJ", "rows")),
+            (g.rotated(i, 0), Matched("", f"Qcur-{i}", "ROPE", "heads-rope", heads, _UNINTERLEAVED)),
+            (g.rotated(i, 1), Matched("", f"Kcur-{i}", "ROPE", "heads-rope", kv_heads, _UNINTERLEAVED)),
+            (g.input_of(f"{att}/o_proj", "MatMul"), Matched("", f"kqv_out-{i}", "ATTN", "rows")),
+            (g.module_output(f"{att}/o_proj"), Matched("", f"attn_out-{i}", "PROJ", "rows")),
+            (g.node_output(f"{lay}/Add"), Matched("", f"ffn_inp-{i}", "ADD", "rows")),
+            (g.module_output(f"{lay}/post_attention_layernorm"), Matched("", f"ffn_norm-{i}", "MUL", "rows")),
+            (g.module_output(f"{mlp}/gate_proj"), Matched("", f"ffn_gate-{i}", "PROJ", "rows")),
+            (g.module_output(f"{mlp}/up_proj"), Matched("", f"ffn_up-{i}", "PROJ", "rows")),
+            (g.input_of(f"{mlp}/down_proj", "MatMul"), Matched("", f"ffn_swiglu-{i}", "SWIGLU", "rows")),
+            (g.module_output(f"{mlp}/down_proj"), Matched("", f"ffn_out-{i}", "PROJ", "rows")),
+            (g.node_output(f"{lay}/Add_1"), Matched("", f"l_out-{i}", "ADD", "rows")),
+        ]
+    return out
+
+
+def role_map(graph: onnx.GraphProto, wanted: Sequence[str], hparams: Mapping[str, int], arch: str) -> RoleMap:
+    """The tensors `wanted` (ONNX names) matched to llama.cpp's for a model of `arch` with the
+    GGUF's `hparams` (block_count, head_count, head_count_kv); each one unmatched with why."""
+    if arch not in ("llama", "qwen2"):
+        why = f"llama.cpp's {arch} graph is not matched to ONNX tensors (llama and qwen2 are)"
+        return RoleMap({}, {t: why for t in wanted if t != "logits"})
+    g = _Graph(graph)
+    layers = int(hparams.get("block_count", 0))
+    found: dict[str, Matched] = {}
+    for tensor, m in _roles(
+        g, layers, int(hparams.get("head_count", 0)), int(hparams.get("head_count_kv", 0))
+    ):
+        if tensor is not None and tensor not in found:
+            found[tensor] = Matched(tensor, m.ggml, m.op, m.layout, m.heads, m.undid)
+    matched = {t: found[t] for t in wanted if t in found}
+    unmatched = {t: _why(t, g) for t in wanted if t not in found}
+    return RoleMap(matched, unmatched)
+
+
+def _why(tensor: str, g: _Graph) -> str:
+    n = g.producer.get(tensor)
+    if n is None:
+        return "an input or a weight: llama.cpp reads it from the GGUF file"
+    layer = _LAYER.match(n.name + "/") or _LAYER.match(n.name)
+    where = f"layer {layer.group(1)}'s " if layer else ""
+    return (
+        f"{where}{n.op_type} has no tensor of its own in llama.cpp's graph (it computes the role in "
+        "other steps, or fuses it)"
+    )
+
+
+_BIASED = ("Qcur", "Kcur", "Vcur", "attn_out", "ffn_out", "ffn_gate", "ffn_up")
+
+
+def stage_of(name: str, op: str) -> str:
+    """The match's op for a tensor llama.cpp hands the callback: a projection (its matrix
+    product, or the bias added after it) is PROJ; the rest keep their op."""
+    if name.startswith("kqv_out"):
+        return "ATTN"  # the heads merged: a reshape of flash attention's output, else a copy
+    if op == "MUL_MAT" and not name.startswith(("result_output",)):
+        return "PROJ"
+    if op == "ADD" and name.split("-")[0] in (
+        "Qcur",
+        "Kcur",
+        "Vcur",
+        "attn_out",
+        "ffn_out",
+        "ffn_gate",
+        "ffn_up",
+    ):
+        return "PROJ"  # a bias (Qwen2's q, k and v projections): the projection's last step
+    return op

@@ -1,0 +1,380 @@
+"""llama.cpp, through llama-cpp-python: the GGUF file of the same model, fed the same token ids.
+
+The ONNX model (an optimum or torch.onnx export of a causal LM) says what is fed and what comes
+out; llama.cpp computes from the GGUF file beside it (`MODEL.gguf`, or the `gguf` option), so
+it runs the same weights as its own graph. It hands back the logits of every position; with a
+KV cache, it keeps its own between calls (a call whose past holds P tokens continues the P it
+holds, a past of 0 starts again), and a decode step's `present.*` carry only the cache's length.
+Per layer, the tensors of its graph (ggml's eval callback, by name: `attn_norm-0`, `l_out-1`)
+are matched to the ONNX model's by layer and role (xbackend.runners.ggml_roles).
+
+Its options are its determinism knobs: threads, the batch and micro-batch sizes, the KV cache's
+type, flash attention, and whether the prompt is fed in batches or one token at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import importlib.metadata
+import importlib.util
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from xbackend.errors import BackendUnavailableError, InputError, ModelLoadError, RunnerFailedError
+from xbackend.execution.buildinfo import BuildFingerprint
+from xbackend.files.modelref import ModelRef
+from xbackend.numerics.values import Value
+from xbackend.runners.base import Availability, OptionSpec, Runner
+from xbackend.runners.ggml_roles import Matched, RoleMap, role_map, stage_of
+from xbackend.runners.ort_cpu import physical_cores
+
+__all__ = ["GGML_TYPES", "LlamaCppRunner", "gguf_beside"]
+
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}  # ggml_type values (ggml.h)
+_NP = {0: np.float32, 1: np.float16}  # the tensor types the callback copies out
+_FLASH = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
+_KEPT: list[Any] = []  # ctypes callbacks llama.cpp holds: alive as long as the process
+
+
+class _Head(ctypes.Structure):
+    """The leading fields of ggml's struct ggml_tensor (ggml.h), stable across its versions."""
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("buffer", ctypes.c_void_p),
+        ("ne", ctypes.c_int64 * 4),
+        ("nb", ctypes.c_size_t * 4),
+    ]
+
+
+def gguf_beside(model: str | Path) -> Path | None:
+    """The GGUF file of an ONNX model: MODEL.gguf beside it, else the one .gguf in its folder."""
+    p = Path(model)
+    same = p.with_suffix(".gguf")
+    if same.is_file():
+        return same
+    found = sorted(p.parent.glob("*.gguf"))
+    return found[0] if len(found) == 1 else None
+
+
+class LlamaCppRunner(Runner):
+    name = "llama.cpp"
+    description = "llama.cpp on CPU (llama-cpp-python): the model's GGUF file, fed the same token ids"
+    # asking for a tensor cuts ggml's graph there: the plain build runs uncut
+    instrumentation_changes_engine = True
+    executes_graph = False  # its own graph, from the GGUF file
+    weight_copies = 1.0  # the GGUF's weights, mapped
+    option_specs: ClassVar[Sequence[OptionSpec]] = (
+        OptionSpec(
+            "gguf", str, "", "the GGUF file (default: MODEL.gguf beside the model, else the one .gguf there)"
+        ),
+        OptionSpec(
+            "n_threads", int, physical_cores, "threads of every decode (n_threads and n_threads_batch)"
+        ),
+        OptionSpec(
+            "n_batch", int, 512, "tokens per llama_decode call: a longer prompt is cut into such batches"
+        ),
+        OptionSpec("n_ubatch", int, 512, "tokens per micro-batch inside one llama_decode call"),
+        OptionSpec("type_k", str, "f16", "the KV cache's type for keys", tuple(GGML_TYPES)),
+        OptionSpec("type_v", str, "f16", "the KV cache's type for values", tuple(GGML_TYPES)),
+        OptionSpec("flash_attn", str, "auto", "flash attention (auto: llama.cpp decides)", tuple(_FLASH)),
+        OptionSpec(
+            "feed",
+            str,
+            "batch",
+            "the prompt in batches of n_batch tokens, or one token per decode",
+            ("batch", "token"),
+        ),
+        OptionSpec(
+            "n_ctx", int, 0, "context length in tokens (0: the model's training context, at least 512)"
+        ),
+    )
+
+    def __init__(self, options: Mapping[str, str] | None = None) -> None:
+        super().__init__(options)
+        self._ll: Any = None
+        self._g: Any = None
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
+        self._batch_size = 0
+        self._vocab = 0
+        self._pos = 0  # tokens its KV cache holds
+        self._roles = RoleMap({}, {})
+        self._want: dict[tuple[str, str], Matched] = {}
+        self._chunk: dict[tuple[str, str], np.ndarray] = {}
+        self._seen: dict[tuple[str, str], list[np.ndarray]] = {}
+        self._failed = ""
+        self._gguf: Path | None = None
+        self._meta: dict[str, str] = {}
+        self._outputs: tuple[str, ...] = ()
+        self._callback: Any = None
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if importlib.util.find_spec("llama_cpp") is None:
+            return Availability.missing("llama-cpp-python not installed (pip install 'xbackend[llama]')")
+        return Availability.ok(importlib.metadata.version("llama_cpp_python"))
+
+    @classmethod
+    def load_engine(cls) -> None:
+        import llama_cpp  # noqa: F401  # engine: llama.cpp
+
+    @classmethod
+    def instruments(cls, metadata: Mapping[str, str], model_dir: Path, options: Mapping[str, Any]) -> bool:
+        return True
+
+    # --- build -------------------------------------------------------------------------------
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        import llama_cpp as ll  # engine: llama.cpp
+
+        self._ll, self._g = ll, _ggml(ll)
+        path = Path(self.options["gguf"]) if self.options["gguf"] else gguf_beside(model.path)
+        if path is None or not path.is_file():
+            where = (
+                f"{self.options['gguf']} is not a file"
+                if self.options["gguf"]
+                else (f"no {Path(model.path).with_suffix('.gguf').name} beside {model.path}")
+            )
+            raise BackendUnavailableError(
+                f"llama.cpp needs the model's GGUF file: {where}; write one from its Hugging Face folder "
+                "(xbackend.export.gguf.write_gguf) or give it: --set llama.cpp.gguf=FILE"
+            )
+        self._gguf = path
+        _quiet(ll)
+        ll.llama_backend_init()
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self._model = ll.llama_model_load_from_file(str(path).encode(), mp)
+        if not self._model:
+            raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF file it reads)")
+        self._meta = _metadata(ll, self._model)
+        arch = self._meta.get("general.architecture", "")
+        hparams = {
+            "block_count": ll.llama_model_n_layer(self._model),
+            "head_count": ll.llama_model_n_head(self._model),
+            "head_count_kv": ll.llama_model_n_head_kv(self._model),
+        }
+        self._outputs = tuple(t for t in model.outputs if t in tensors)
+        wanted = [t for t in tensors if t not in model.outputs]
+        if wanted:
+            from xbackend.model.load import load_proto  # imports onnx: the model's graph, to match it
+
+            graph = load_proto(model.path, load_external=False).graph
+            self._roles = role_map(graph, wanted, hparams, arch)
+            self._want = self._roles.by_ggml()
+        self._vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self._model))
+        n_ctx = self.options["n_ctx"] or max(512, ll.llama_model_n_ctx_train(self._model))
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = self.options["n_batch"] or 512
+        cp.n_ubatch = min(self.options["n_ubatch"] or 512, cp.n_batch)
+        cp.n_threads = cp.n_threads_batch = self.options["n_threads"] or physical_cores()
+        cp.type_k, cp.type_v = GGML_TYPES[self.options["type_k"]], GGML_TYPES[self.options["type_v"]]
+        cp.flash_attn_type = _FLASH[self.options["flash_attn"]]
+        if self._want:
+            self._callback = ll.ggml_backend_sched_eval_callback(self._on_tensor)
+            _KEPT.append(self._callback)
+            cp.cb_eval = self._callback
+        self._ctx = ll.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            raise RunnerFailedError(f"llama.cpp could not make a context of {n_ctx} tokens for {path.name}")
+        self._batch_size = int(cp.n_batch)
+        self._batch = ll.llama_batch_init(self._batch_size, 0, 1)
+        digest = _sha256(path)
+        items = [("gguf", digest), ("llama-cpp-python", ll.__version__)]
+        items += [(k, str(v)) for k, v in sorted(self.options.items())]
+        self._meta["xbackend.gguf_sha256"] = digest
+        return BuildFingerprint.from_items(self.name, items)
+
+    # --- runs ----------------------------------------------------------------------------------
+
+    def run(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
+        """The outputs it computes (its cache's length carriers, `present.*`, are for decoding)."""
+        out = super().run(feeds)
+        return {k: v for k, v in out.items() if not k.startswith("present")}
+
+    def run_impl(self, feeds: Mapping[str, Value]) -> Mapping[str, Any]:
+        ll = self._ll
+        ids = np.asarray(feeds.get("input_ids"))
+        if ids.ndim != 2 or ids.shape[0] != 1:
+            raise InputError(
+                f"llama.cpp runs one sequence: input_ids of shape {list(ids.shape)}, not [1, T] (its "
+                "batches of several prompts are slots of a server, not compared here)"
+            )
+        past = [np.asarray(v) for k, v in feeds.items() if k.startswith("past_key_values")]
+        start = int(past[0].shape[2]) if past and past[0].ndim == 4 else 0
+        tokens = [int(t) for t in ids[0]]
+        _check_positions(feeds, start, len(tokens))
+        if start == 0:
+            ll.llama_memory_clear(ll.llama_get_memory(self._ctx), True)
+            self._pos = 0
+        elif start != self._pos:
+            raise RunnerFailedError(
+                f"llama.cpp keeps its own KV cache: fed a past of {start} token(s), it holds {self._pos}"
+            )
+        if any(t < 0 or t >= self._vocab for t in tokens):
+            raise InputError(f"llama.cpp: a token id outside its vocabulary of {self._vocab}")
+        step = 1 if self.options["feed"] == "token" else self._batch_size
+        self._seen = {}
+        logits = []
+        for at in range(0, len(tokens), step):
+            logits.append(self._decode(tokens[at : at + step], start + at))
+        self._pos = start + len(tokens)
+        out: dict[str, Any] = {"logits": np.concatenate(logits)[None]}
+        for key, parts in self._seen.items():
+            m = self._want[key]
+            out[m.onnx] = m.to_onnx(np.concatenate(parts, axis=0))
+        heads = ll.llama_model_n_head_kv(self._model)
+        for name in self._inputs:
+            if name.startswith("past_key_values"):  # the cache's length, for the next step's past
+                out["present" + name[len("past_key_values") :]] = np.zeros(
+                    (1, heads, self._pos, 0), np.float32
+                )
+        return out
+
+    def _decode(self, tokens: list[int], pos: int) -> np.ndarray:
+        ll, b = self._ll, self._batch
+        b.n_tokens = len(tokens)
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, pos + i, 1, True
+            b.seq_id[i][0] = 0
+        self._chunk, self._failed = {}, ""
+        rc = ll.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise RunnerFailedError(
+                f"llama_decode returned {rc} at position {pos} ({len(tokens)} token(s); its context holds "
+                f"{ll.llama_n_ctx(self._ctx)}: raise --set llama.cpp.n_ctx=N)"
+            )
+        if self._failed:
+            raise RunnerFailedError(f"llama.cpp's eval callback: {self._failed}")
+        for key, value in self._chunk.items():
+            self._seen.setdefault(key, []).append(value)
+        rows = [
+            np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, i), (self._vocab,)).copy()
+            for i in range(len(tokens))
+        ]
+        return np.stack(rows).astype(np.float32)
+
+    def _on_tensor(self, tensor: int, ask: bool, _user: int) -> bool:
+        """ggml's eval callback: asked whether a tensor is wanted, then handed it computed."""
+        try:
+            name = self._g.ggml_get_name(tensor).decode(errors="replace")
+            key = (name, stage_of(name, self._g.ggml_op_desc(tensor).decode(errors="replace")))
+            if key not in self._want:
+                return not ask  # ask: not wanted; computed: go on
+            if ask:
+                return True
+            self._chunk[key] = self._copy(tensor, self._want[key])
+        except Exception as e:  # an exception cannot cross the C callback: kept, raised after
+            self._failed = self._failed or f"{type(e).__name__}: {e}"
+        return True
+
+    def _copy(self, tensor: int, m: Matched) -> np.ndarray:
+        head = ctypes.cast(tensor, ctypes.POINTER(_Head)).contents
+        dtype = _NP.get(int(head.type))
+        if dtype is None or not self._g.ggml_is_contiguous(tensor):
+            raise RunnerFailedError(
+                f"{m.ggml} is {'not contiguous' if dtype else 'of a type it does not copy'}"
+            )
+        size = int(self._g.ggml_nbytes(tensor))
+        buf = np.empty(size, np.uint8)
+        self._g.ggml_backend_tensor_get(tensor, buf.ctypes.data, 0, size)
+        dims = 3 if m.layout == "heads-rope" else 2
+        shape = tuple(int(n) for n in reversed(list(head.ne)[:dims]))
+        return buf.view(dtype).astype(np.float32).reshape(shape)
+
+    # --- what it says --------------------------------------------------------------------------
+
+    def not_exposed(self) -> dict[str, str]:
+        out = dict(self._roles.unmatched)
+        for name in self._tensors:
+            if name.startswith("present"):
+                out[name] = "llama.cpp keeps its KV cache inside (its own layout and type): not handed out"
+        return out
+
+    def info(self) -> dict[str, str]:
+        out = super().info()
+        if self._ll is not None:
+            out["llama_cpp_python"] = self._ll.__version__
+            out["system"] = self._ll.llama_print_system_info().decode(errors="replace").strip(" |")
+        if self._gguf is not None:
+            out["gguf"] = f"{self._gguf.name} ({self._meta.get('xbackend.gguf_sha256', '')[:16]})"
+            out["gguf_type"] = self._meta.get("general.file_type", "")
+        matched = {m.undid for m in self._roles.matched.values() if m.undid}
+        if matched:
+            out["layout"] = "; ".join(sorted(matched))
+        return out
+
+    def close(self) -> None:
+        ll = self._ll
+        if ll is None:
+            return
+        with contextlib.suppress(Exception):
+            if self._batch is not None:
+                ll.llama_batch_free(self._batch)
+            if self._ctx:
+                ll.llama_free(self._ctx)
+            if self._model:
+                ll.llama_model_free(self._model)
+        self._batch = self._ctx = self._model = None
+
+
+def _check_positions(feeds: Mapping[str, Value], start: int, n: int) -> None:
+    """llama.cpp numbers positions itself: the feeds' positions and mask must be its own."""
+    pos = feeds.get("position_ids")
+    if pos is not None and not np.array_equal(np.asarray(pos).reshape(-1), np.arange(start, start + n)):
+        raise InputError(f"llama.cpp numbers positions {start}..{start + n - 1} itself: position_ids differ")
+    mask = feeds.get("attention_mask")
+    if mask is not None and not np.all(np.asarray(mask) == 1):
+        raise InputError("llama.cpp attends to every token it is fed: an attention_mask with zeros (padding)")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _metadata(ll: Any, model: Any) -> dict[str, str]:
+    out = {}
+    buf = ctypes.create_string_buffer(256)
+    for key in ("general.architecture", "general.file_type", "general.name"):
+        if ll.llama_model_meta_val_str(model, key.encode(), buf, len(buf)) >= 0:
+            out[key] = buf.value.decode(errors="replace")
+    return out
+
+
+def _quiet(ll: Any) -> None:
+    """llama.cpp's log goes nowhere (its load and context lines would fill the worker's stderr)."""
+    if not _KEPT or not isinstance(_KEPT[0], ll.llama_log_callback):
+        cb = ll.llama_log_callback(lambda _level, _text, _user: None)
+        _KEPT.insert(0, cb)
+        ll.llama_log_set(cb, ctypes.c_void_p(0))
+
+
+def _ggml(ll: Any) -> Any:
+    """ggml's functions the callback reads a tensor with, from the library llama-cpp-python ships."""
+    lib = ctypes.CDLL(str(Path(ll.__file__).parent / "lib" / "libggml-base.so"))
+    for fn, res, args in (
+        ("ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p]),
+        ("ggml_op_desc", ctypes.c_char_p, [ctypes.c_void_p]),
+        ("ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p]),
+        ("ggml_is_contiguous", ctypes.c_bool, [ctypes.c_void_p]),
+        (
+            "ggml_backend_tensor_get",
+            None,
+            [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t],
+        ),
+    ):
+        f = getattr(lib, fn)
+        f.restype, f.argtypes = res, args
+    return lib
