@@ -10,6 +10,8 @@ from xbackend.cli.app import app, export_app
 from xbackend.cli.params import Force
 from xbackend.errors import XbackendError
 from xbackend.execution.foreign import probe_interpreter
+from xbackend.export.gguf import TYPES as GGUF_TYPES
+from xbackend.export.gguf import write_gguf
 from xbackend.export.torch_onnx import InputDecl, export_torch, parse_dynamic, read_examples
 from xbackend.files.atomic import check_export_output
 from xbackend.model.inputs import parse_range
@@ -17,7 +19,7 @@ from xbackend.results.promises import PROPERTIES
 from xbackend.runners.base import PYTHON_OPTION, Availability
 from xbackend.runners.registry import get_runner, list_runners
 
-__all__ = ["backends", "export_torch_cmd"]
+__all__ = ["backends", "export_gguf_cmd", "export_torch_cmd"]
 
 
 @app.command()
@@ -116,4 +118,22 @@ def export_torch_cmd(
         f"{', '.join(i.name for i in res.inputs)}, outputs {', '.join(res.outputs)}; "
         f"{len(res.module_outputs)} module outputs mapped to ONNX tensors"
     )
+    return 0
+
+
+@export_app.command("gguf")
+def export_gguf_cmd(
+    hf_folder: Annotated[
+        str,
+        typer.Argument(
+            metavar="HF_FOLDER", help="a Hugging Face model folder (config.json, weights, tokenizer)"
+        ),
+    ],
+    output: Annotated[str, typer.Option("-o", "--output", metavar="OUT.gguf", help="GGUF file to write")],
+    kind: Annotated[str, typer.Option("--type", help=f"one of {', '.join(GGUF_TYPES)}")] = "f32",
+    force: Force = False,
+) -> int:
+    """Write a GGUF file for the llama.cpp backend with llama.cpp's own converter and quantizer."""
+    out = write_gguf(hf_folder, output, kind, force)
+    print(f"wrote {out} ({kind}, {out.stat().st_size:,} bytes): compare with --backends ort-cpu,llama.cpp")
     return 0

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-__all__ = ["Matched", "RoleMap", "role_map", "stage_of"]
+__all__ = ["ROLE_ARCHS", "UNINTERLEAVED", "Matched", "RoleMap", "role_map", "stage_of"]
+
+ROLE_ARCHS = ("llama", "qwen2")  # llama.cpp architectures whose graph is matched by role
 
 _LAYER = re.compile(r"/model/layers\.(\d+)/")
-_UNINTERLEAVED = (
+UNINTERLEAVED = (
     "each head's features interleaved back: llama.cpp's converter permutes the query and key "
     "projections' rows so its rotary pairs are adjacent (Hugging Face's are half a head apart)"
 )
@@ -153,15 +155,15 @@ def _roles(g: _Graph, layers: int, heads: int, kv_heads: int) -> list[tuple[str 
             (g.module_output(f"{lay}/input_layernorm"), Matched("", f"attn_norm-{i}", "MUL", "rows")),
             (
                 g.module_output(f"{att}/q_proj"),
-                Matched("", f"Qcur-{i}", "PROJ", "rows-rope", heads, _UNINTERLEAVED),
+                Matched("", f"Qcur-{i}", "PROJ", "rows-rope", heads, UNINTERLEAVED),
             ),
             (
                 g.module_output(f"{att}/k_proj"),
-                Matched("", f"Kcur-{i}", "PROJ", "rows-rope", kv_heads, _UNINTERLEAVED),
+                Matched("", f"Kcur-{i}", "PROJ", "rows-rope", kv_heads, UNINTERLEAVED),
             ),
             (g.module_output(f"{att}/v_proj"), Matched("", f"Vcur-{i}", "PROJ", "rows")),
-            (g.rotated(i, 0), Matched("", f"Qcur-{i}", "ROPE", "heads-rope", heads, _UNINTERLEAVED)),
-            (g.rotated(i, 1), Matched("", f"Kcur-{i}", "ROPE", "heads-rope", kv_heads, _UNINTERLEAVED)),
+            (g.rotated(i, 0), Matched("", f"Qcur-{i}", "ROPE", "heads-rope", heads, UNINTERLEAVED)),
+            (g.rotated(i, 1), Matched("", f"Kcur-{i}", "ROPE", "heads-rope", kv_heads, UNINTERLEAVED)),
             (g.input_of(f"{att}/o_proj", "MatMul"), Matched("", f"kqv_out-{i}", "ATTN", "rows")),
             (g.module_output(f"{att}/o_proj"), Matched("", f"attn_out-{i}", "PROJ", "rows")),
             (g.node_output(f"{lay}/Add"), Matched("", f"ffn_inp-{i}", "ADD", "rows")),
@@ -178,7 +180,7 @@ def _roles(g: _Graph, layers: int, heads: int, kv_heads: int) -> list[tuple[str 
 def role_map(graph: onnx.GraphProto, wanted: Sequence[str], hparams: Mapping[str, int], arch: str) -> RoleMap:
     """The tensors `wanted` (ONNX names) matched to llama.cpp's for a model of `arch` with the
     GGUF's `hparams` (block_count, head_count, head_count_kv); each one unmatched with why."""
-    if arch not in ("llama", "qwen2"):
+    if arch not in ROLE_ARCHS:
         why = f"llama.cpp's {arch} graph is not matched to ONNX tensors (llama and qwen2 are)"
         return RoleMap({}, {t: why for t in wanted if t != "logits"})
     g = _Graph(graph)

@@ -30,7 +30,7 @@ from xbackend.execution.buildinfo import BuildFingerprint
 from xbackend.files.modelref import ModelRef
 from xbackend.numerics.values import Value
 from xbackend.runners.base import Availability, OptionSpec, Runner
-from xbackend.runners.ggml_roles import Matched, RoleMap, role_map, stage_of
+from xbackend.runners.ggml_roles import ROLE_ARCHS, UNINTERLEAVED, Matched, RoleMap, role_map, stage_of
 from xbackend.runners.ort_cpu import physical_cores
 
 __all__ = ["GGML_TYPES", "LlamaCppRunner", "gguf_beside"]
@@ -307,9 +307,8 @@ class LlamaCppRunner(Runner):
         if self._gguf is not None:
             out["gguf"] = f"{self._gguf.name} ({self._meta.get('xbackend.gguf_sha256', '')[:16]})"
             out["gguf_type"] = self._meta.get("general.file_type", "")
-        matched = {m.undid for m in self._roles.matched.values() if m.undid}
-        if matched:
-            out["layout"] = "; ".join(sorted(matched))
+        if self._meta.get("general.architecture") in ROLE_ARCHS:  # said by either build
+            out["layout"] = f"per layer, Q and K: {UNINTERLEAVED}"
         return out
 
     def close(self) -> None:

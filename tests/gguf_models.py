@@ -1,0 +1,44 @@
+"""optimum's Llama export (tests/optimum/llama.onnx) with its GGUF file beside it: the Hugging Face
+model holding the ONNX file's weights (tests/optimum/optimum_torch.py), a sentencepiece tokenizer
+trained on a few lines (the converter needs one; the ids are what is compared), and llama.cpp's
+own converter (xbackend.export.gguf)."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+from tests.optimum import optimum_torch
+from xbackend.export.gguf import write_gguf
+
+HERE = Path(__file__).resolve().parent / "optimum"
+
+
+def hf_folder(family: str, dest: Path) -> Path:
+    """The Hugging Face folder of tests/optimum/FAMILY.onnx's model, with a tokenizer."""
+    import sentencepiece as spm
+
+    dest.mkdir(parents=True, exist_ok=True)
+    getattr(optimum_torch, family)().model.save_pretrained(dest, safe_serialization=True)
+    text = ["".join(chr(32 + (i * 7 + k) % 90) for i in range(100)) for k in range(200)]
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=buf, vocab_size=120, model_type="bpe",
+        character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
+    )  # fmt: skip
+    (dest / "tokenizer.model").write_bytes(buf.getvalue())
+    return dest
+
+
+def with_gguf(family: str, folder: Path, kinds: tuple[str, ...] = ("f32",)) -> Path:
+    """FAMILY.onnx copied into `folder` with FAMILY.gguf (the first kind) beside it, and
+    FAMILY-KIND.gguf for each kind; the ONNX file's path."""
+    onnx_path = folder / f"{family}.onnx"
+    shutil.copy(HERE / f"{family}.onnx", onnx_path)
+    hf = hf_folder(family, folder / "hf")
+    for k, kind in enumerate(kinds):
+        write_gguf(hf, folder / f"{family}-{kind}.gguf", kind)
+        if k == 0:
+            shutil.copy(folder / f"{family}-{kind}.gguf", folder / f"{family}.gguf")
+    return onnx_path

@@ -1,0 +1,132 @@
+"""llama.cpp as a backend: optimum's Llama export beside its GGUF file (llama.cpp's own converter),
+compared with ONNX Runtime in logits, in tokens and layer by layer, and held against an independent
+llama-cpp-python loop on the same file."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xbackend
+from tests.gguf_models import with_gguf
+from xbackend.errors import UsageError
+from xbackend.export.gguf import write_gguf
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("sentencepiece") is None,
+    reason="llama-cpp-python or sentencepiece not installed (pip install 'xbackend[llama]')",
+)
+F32_CACHE = {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}
+SHAPES = {"batch_size": 1, "sequence_length": 12, "past_sequence_length": 0}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return with_gguf("llama", tmp_path_factory.mktemp("llama_cpp"), ("f32", "q8_0"))
+
+
+def _opts(**kw: str) -> dict[str, dict[str, str]]:
+    return {"llama.cpp": {"n_threads": "2", **kw}}
+
+
+def test_every_role_matches_onnx_runtime_to_float32_rounding(llama: Path) -> None:
+    """With a float32 KV cache and no flash attention, all 33 tensors llama.cpp's graph names
+    (per layer: the norms, Q/K/V and their rotations, the attention's merged heads, the output
+    projection, both residuals, the MLP's gate, up, SwiGLU and down) sit within float32 rounding
+    of ONNX Runtime's: the matching by role, and the Q/K rows interleaved back, are right."""
+    r = xbackend.compare(
+        llama, backends=["ort-cpu", "llama.cpp"], runner_options=_opts(**F32_CACHE), probes=["none"],
+        runs=1, shapes=SHAPES, noise_samples=0,
+    )  # fmt: skip
+    b = next(x for x in r.backends if x.name == "llama.cpp")
+    assert b.ok, b.reason
+    (c,) = [x for x in r.cross_backend if x.backend == "llama.cpp"]
+    layers = {d.name: d for d in c.tensors}
+    assert len(layers) == 33  # logits + 15 roles x 2 layers + embedding + final norm
+    assert {
+        "/model/layers.1/self_attn/Add_1_output_0",
+        "/model/layers.0/self_attn/Reshape_7_output_0",
+    } <= set(layers)
+    assert max(d.scaled_ulp or 0.0 for d in layers.values()) < 16
+    said = dict(b.not_exposed)
+    assert said["present.0.key"].startswith("llama.cpp keeps its KV cache inside")
+    assert "interleaved back" in dict(b.info)["layout"]
+
+
+def test_its_float16_cache_is_the_first_layer_past_tolerance(llama: Path) -> None:
+    """By default llama.cpp keeps its KV cache in float16 and, with flash attention, reads it so:
+    the first tensor past tolerance is layer 0's attention (its heads merged), not the projections
+    that feed it."""
+    r = xbackend.compare(
+        llama, backends=["ort-cpu", "llama.cpp"], runner_options=_opts(), probes=["none"], runs=1,
+        shapes=SHAPES, noise_samples=0,
+    )  # fmt: skip
+    (c,) = [x for x in r.cross_backend if x.backend == "llama.cpp"]
+    layers = {d.name: d for d in c.tensors}
+    assert (layers["/model/layers.0/self_attn/Add_1_output_0"].scaled_ulp or 0) < 16  # the rotated keys
+    assert (layers["/model/layers.0/self_attn/Reshape_7_output_0"].scaled_ulp or 0) > 100  # read in float16
+    assert c.first_violation == "/model/layers.0/self_attn/Reshape_7_output_0"
+
+
+def test_tokens_and_logits_equal_an_independent_llama_cpp_python_loop(llama: Path) -> None:
+    """llama-cpp-python's own Llama class on the same GGUF, the same prompts and knobs: greedy,
+    its KV cache, token after token; every token and every logit alike, bit for bit."""
+    from llama_cpp import Llama
+
+    r = xbackend.compare(
+        llama, backends=["ort-cpu", "llama.cpp"], runner_options=_opts(flash_attn="off"), probes=["none"],
+        runs=1, decode=16, noise_samples=0,
+    )  # fmt: skip
+    d = r.decode
+    assert d is not None and d.cached
+    mine = d.backend("llama.cpp")
+    assert mine.ok, mine.reason
+    llm = Llama(
+        str(llama.with_suffix(".gguf")), n_ctx=512, n_batch=512, n_threads=2, n_threads_batch=2,
+        logits_all=True, flash_attn=False, verbose=False,
+    )  # fmt: skip
+    for k, prompt in enumerate(d.prompts):
+        llm.reset()
+        llm.eval(list(prompt))
+        tokens, margins = [], []
+        for _ in range(16):
+            scores = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            t = int(np.argmax(scores))
+            top2 = np.sort(scores.astype(np.float64))[-2:]
+            tokens.append(t)
+            margins.append(float(top2[1] - top2[0]))
+            llm.eval([t])
+        assert tuple(tokens) == mine.prompts[k].tokens, k
+        assert tuple(margins) == mine.prompts[k].margins, k  # the top two logits, bit for bit
+    assert not d.token_flips  # and ONNX Runtime chose the same tokens
+
+
+def test_without_a_gguf_it_says_how_to_make_one(tmp_path: Path) -> None:
+    import shutil
+
+    model = tmp_path / "llama.onnx"
+    shutil.copy(Path(__file__).parent / "optimum" / "llama.onnx", model)
+    r = xbackend.compare(model, backends=["ort-cpu", "llama.cpp"], probes=["none"], runs=1, shapes=SHAPES)
+    b = next(x for x in r.backends if x.name == "llama.cpp")
+    assert b.status == "unavailable"
+    assert "no llama.gguf beside" in b.reason and "--set llama.cpp.gguf=FILE" in b.reason
+    assert next(x for x in r.backends if x.name == "ort-cpu").ok  # the comparison stands
+
+
+def test_the_gguf_writer_refuses_before_it_converts(tmp_path: Path) -> None:
+    (tmp_path / "someone.gguf").write_bytes(b"not ours")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(UsageError, match="xbackend never overwrites it"):
+        write_gguf(tmp_path / "hf", tmp_path / "someone.gguf")
+    with pytest.raises(UsageError, match="choose one of f32, f16, bf16, q8_0, q4_k_m, q4_0"):
+        write_gguf(tmp_path / "hf", tmp_path / "new.gguf", "q3")
+    with pytest.raises(UsageError, match="not a Hugging Face model folder"):
+        write_gguf(tmp_path, tmp_path / "new.gguf")
+    assert (tmp_path / "someone.gguf").read_bytes() == b"not ours"
