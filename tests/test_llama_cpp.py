@@ -32,7 +32,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _opts(**kw: str) -> dict[str, dict[str, str]]:
-    return {"llama.cpp": {"n_threads": "2", **kw}}
+    return {"llama.cpp": {"threads": "2", **kw}}
 
 
 def test_every_role_matches_onnx_runtime_to_float32_rounding(llama: Path) -> None:
@@ -130,3 +130,59 @@ def test_the_gguf_writer_refuses_before_it_converts(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="not a Hugging Face model folder"):
         write_gguf(tmp_path, tmp_path / "new.gguf")
     assert (tmp_path / "someone.gguf").read_bytes() == b"not ours"
+
+
+def test_judged_as_the_reference_its_float16_cache_is_the_origin(llama: Path) -> None:
+    """llama.cpp first (the reference) is judged against float64 from its own 33 tensors: by
+    default its attention reads a float16 KV cache, an origin made at layer 0's attention-weights
+    times values MatMul; with a float32 cache and no flash attention, every node is within
+    rounding (no false origin)."""
+    common = {"probes": ["none"], "runs": 1, "shapes": SHAPES}
+    r = xbackend.compare(llama, backends=["llama.cpp", "ort-cpu"], runner_options=_opts(), **common)
+    (line,) = [ln for ln in r.verdict() if ln.startswith("FAIL: llama.cpp: ")]
+    assert "origins" in line and "first /model/layers.0/self_attn/Reshape_7_output_0" in line
+    assert "made by MatMul at /model/layers.0/self_attn/MatMul_1_output_0" in line
+    clean = xbackend.compare(
+        llama, backends=["llama.cpp", "ort-cpu"], runner_options=_opts(**F32_CACHE), **common
+    )
+    assert (
+        clean.verdict()[0].startswith("PASS: ")
+        and "within rounding of its float64 value" in clean.verdict()[0]
+    )
+    assert not [ln for ln in clean.verdict() if ln.startswith("FAIL")]
+
+
+def test_token_by_token_against_one_batch(llama: Path) -> None:
+    """The prompt fed one token per decode against one batch (llama.cpp issue #4479), as two
+    instances of the backend: each reproducible; on AVX-512 their logits differ, first at layer
+    0's query projection: a one-token batch takes ggml's vector-matrix product, a longer one
+    llamafile's tiled sgemm, which sums in another order. Micro-batches of 4 (n_ubatch) and
+    batches of 5 keep the bits of one batch of 12."""
+    import platform
+
+    opts = {
+        "llama.cpp": {"threads": "2"},
+        "llama.cpp@token": {"threads": "2", "feed": "token"},
+        "llama.cpp@ubatch4": {"threads": "2", "n_ubatch": "4"},
+        "llama.cpp@batch5": {"threads": "2", "n_batch": "5"},
+    }
+    r = xbackend.compare(
+        llama,
+        backends=list(opts),
+        runner_options=opts,
+        probes=["none"],
+        runs=2,
+        shapes=SHAPES,
+        noise_samples=0,
+    )
+    assert all(b.ok and b.deterministic for b in r.backends)
+    cross = {c.backend: c for c in r.cross_backend}
+    for same in ("llama.cpp@ubatch4", "llama.cpp@batch5"):
+        assert cross[same].bitwise_equal and not any(not d.bitwise_equal for d in cross[same].tensors)
+    token = cross["llama.cpp@token"]
+    flags = Path("/proc/cpuinfo").read_text(encoding="utf-8") if platform.system() == "Linux" else ""
+    if " avx512f" in flags:  # the kernels measured here; AVX2 machines have their own sgemm tiles
+        assert not token.bitwise_equal
+        assert token.first_divergence == "/model/layers.0/self_attn/q_proj/MatMul_output_0"
+    elif not token.bitwise_equal:
+        assert token.first_divergence is not None and "/model/layers.0/" in token.first_divergence

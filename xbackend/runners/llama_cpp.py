@@ -74,7 +74,7 @@ class LlamaCppRunner(Runner):
             "gguf", str, "", "the GGUF file (default: MODEL.gguf beside the model, else the one .gguf there)"
         ),
         OptionSpec(
-            "n_threads", int, physical_cores, "threads of every decode (n_threads and n_threads_batch)"
+            "threads", int, physical_cores, "threads of every decode (its n_threads and n_threads_batch)"
         ),
         OptionSpec(
             "n_batch", int, 512, "tokens per llama_decode call: a longer prompt is cut into such batches"
@@ -107,7 +107,8 @@ class LlamaCppRunner(Runner):
         self._pos = 0  # tokens its KV cache holds
         self._roles = RoleMap({}, {})
         self._want: dict[tuple[str, str], Matched] = {}
-        self._chunk: dict[tuple[str, str], np.ndarray] = {}
+        # one llama_decode's tensors: a key per micro-batch (n_ubatch), in order
+        self._chunk: dict[tuple[str, str], list[tuple[str, np.ndarray]]] = {}
         self._seen: dict[tuple[str, str], list[np.ndarray]] = {}
         self._failed = ""
         self._gguf: Path | None = None
@@ -175,7 +176,7 @@ class LlamaCppRunner(Runner):
         cp.n_ctx = n_ctx
         cp.n_batch = self.options["n_batch"] or 512
         cp.n_ubatch = min(self.options["n_ubatch"] or 512, cp.n_batch)
-        cp.n_threads = cp.n_threads_batch = self.options["n_threads"] or physical_cores()
+        cp.n_threads = cp.n_threads_batch = self.options["threads"] or physical_cores()
         cp.type_k, cp.type_v = GGML_TYPES[self.options["type_k"]], GGML_TYPES[self.options["type_v"]]
         cp.flash_attn_type = _FLASH[self.options["flash_attn"]]
         if self._want:
@@ -254,8 +255,8 @@ class LlamaCppRunner(Runner):
             )
         if self._failed:
             raise RunnerFailedError(f"llama.cpp's eval callback: {self._failed}")
-        for key, value in self._chunk.items():
-            self._seen.setdefault(key, []).append(value)
+        for key, parts in self._chunk.items():
+            self._seen.setdefault(key, []).extend(v for _, v in parts)
         rows = [
             np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, i), (self._vocab,)).copy()
             for i in range(len(tokens))
@@ -266,12 +267,18 @@ class LlamaCppRunner(Runner):
         """ggml's eval callback: asked whether a tensor is wanted, then handed it computed."""
         try:
             name = self._g.ggml_get_name(tensor).decode(errors="replace")
-            key = (name, stage_of(name, self._g.ggml_op_desc(tensor).decode(errors="replace")))
+            op = self._g.ggml_op_desc(tensor).decode(errors="replace")
+            key = (name, stage_of(name, op))
             if key not in self._want:
                 return not ask  # ask: not wanted; computed: go on
             if ask:
                 return True
-            self._chunk[key] = self._copy(tensor, self._want[key])
+            parts = self._chunk.setdefault(key, [])
+            value = self._copy(tensor, self._want[key])
+            if parts and parts[-1][0] == "MUL_MAT" and op == "ADD":  # its bias: the projection's end
+                parts[-1] = (op, value)
+            else:  # the next micro-batch's
+                parts.append((op, value))
         except Exception as e:  # an exception cannot cross the C callback: kept, raised after
             self._failed = self._failed or f"{type(e).__name__}: {e}"
         return True
