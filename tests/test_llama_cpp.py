@@ -28,7 +28,7 @@ SHAPES = {"batch_size": 1, "sequence_length": 12, "past_sequence_length": 0}
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return with_gguf("llama", tmp_path_factory.mktemp("llama_cpp"), ("f32", "q8_0"))
+        return with_gguf("llama", tmp_path_factory.mktemp("llama_cpp"), ("f32", "q8_0", "q4_k_m"))
 
 
 def _opts(**kw: str) -> dict[str, dict[str, str]]:
@@ -186,3 +186,32 @@ def test_token_by_token_against_one_batch(llama: Path) -> None:
         assert token.first_divergence == "/model/layers.0/self_attn/q_proj/MatMul_output_0"
     elif not token.bitwise_equal:
         assert token.first_divergence is not None and "/model/layers.0/" in token.first_divergence
+
+
+@pytest.mark.parametrize("original_on", ["ort-cpu", "llama.cpp"])
+def test_gguf_quantizations_as_candidates(llama: Path, original_on: str) -> None:
+    """`--candidate FILE.gguf@llama.cpp` against the ONNX original on ONNX Runtime, or against the
+    F32 GGUF on llama.cpp: per-layer SQNR over the 33 tensors llama.cpp's graph holds (the rest
+    listed with llama.cpp's reason), tokens decoded against the original's, and no judgment at a
+    precision the format does not declare. Measured here: Q8_0 34-45 dB, Q4_K_M 18-28 dB."""
+    lowest = {}
+    for kind in ("q8_0", "q4_k_m"):
+        r = xbackend.compare(
+            llama, backends=[original_on], candidates=[f"{llama.parent / f'llama-{kind}.gguf'}@llama.cpp"],
+            decode=16, runner_options={"llama.cpp": {"threads": "2"}},
+        )  # fmt: skip
+        (c,) = r.candidates
+        assert c.status == "ok", c.reason
+        assert c.precision == f"{kind.upper()} (GGUF)" and c.coverage == (33, 625)
+        assert c.compared_on == "llama.cpp" and c.original_on == original_on
+        why = dict((u.original, u.reason) for u in c.unmatched)
+        assert why["present.0.key"].startswith("llama.cpp keeps its KV cache inside")
+        assert (
+            "no tensor of its own in llama.cpp's graph" in why["/model/layers.0/input_layernorm/Pow_output_0"]
+        )
+        assert c.decode is not None and len(c.decode.backend("llama.cpp").prompts) == 4
+        lines = c.verdict_lines(r.model.modules())
+        assert any("a GGUF file declares its weights' types" in ln for ln in lines)
+        assert not any(ln.startswith("FAIL") for ln in lines)  # nothing judged at a precision it lacks
+        lowest[kind] = min(m.sqnr_db for m in c.matches if m.sqnr_db is not None)
+    assert lowest["q8_0"] > 30 and lowest["q4_k_m"] < 25 and lowest["q8_0"] - lowest["q4_k_m"] > 10

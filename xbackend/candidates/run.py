@@ -26,6 +26,8 @@ from xbackend.compare.builds import Builds
 from xbackend.compare.decisions import decisions_all
 from xbackend.compare.decode import Against
 from xbackend.errors import UsageError, XbackendError
+from xbackend.export.gguf import file_type
+from xbackend.files.owned import file_digest as file_sha256
 from xbackend.files.storage import ValueFile
 from xbackend.files.userfile import user_file
 from xbackend.model.graphorder import sort_nodes
@@ -33,8 +35,9 @@ from xbackend.model.inputs import Feeds
 from xbackend.model.load import ModelSpec, load_model, load_proto
 from xbackend.results import DEFAULT_BACKENDS, CompareOptions, Result
 from xbackend.results.candidate_spec import QUICK_TABLE
-from xbackend.results.candidates import Advice, CandidateResult, TensorMatch
+from xbackend.results.candidates import Advice, CandidateResult, TensorMatch, Unmatched
 from xbackend.results.decode import Decisions
+from xbackend.results.explanation import GGUF_DECLINED, Explanation
 from xbackend.runners.registry import runner_names, split_instance
 
 __all__ = [
@@ -48,6 +51,7 @@ __all__ = [
 ]
 
 _JUDGES = ("reference", "oracle")  # the original's judges: a candidate runs on the engines that ship it
+LLAMA_CPP = "llama.cpp"  # the backend a GGUF candidate runs on
 
 
 @dataclass(frozen=True)
@@ -211,16 +215,26 @@ def _one(
     original: Ran, opts: CompareOptions, path: str, given: Sequence[str], work: Path, k: int, again: Again
 ) -> CandidateResult:
     folder = _folder(work, k)
-    spec, _ = load_model(path)  # a corrupt or unsupported file: one line, this candidate only
-    backends = candidate_backends(opts, given)
+    gguf = is_gguf(path)
+    if gguf:  # the original's graph says what is fed; llama.cpp computes from the file
+        kind = file_type(path)  # not a GGUF file: one line, this candidate only
+        source = str(original.result.model.path)
+        spec = original.result.model
+        backends = gguf_backends(given)
+        copts = _with_gguf(candidate_options(opts, backends), path)
+    else:
+        source = path
+        spec, _ = load_model(path)  # a corrupt or unsupported file: one line, this candidate only
+        backends = candidate_backends(opts, given)
+        copts = candidate_options(opts, backends)
     ref = original.result.reference_used
     vs = Against.of(original.result.decode, work) if original.result.decode is not None else None
     obuild = original.builds.get(ref)
     if vs is None:
         feeds, notes = candidate_feeds(original.feeds, spec)
-        ran = again(path, candidate_options(opts, backends), feeds, folder, None)
+        ran = again(source, copts, feeds, folder, None)
     else:  # decoded against the original's tokens, compared layer by layer where it first left them
-        ran = again(path, candidate_options(opts, backends), None, folder, vs)
+        ran = again(source, copts, None, folder, vs)
         feeds, notes = (
             ran.feeds,
             [f"compared layer by layer at {ran.feeds.source.removeprefix('--decode: ')}"],
@@ -237,14 +251,14 @@ def _one(
         if opts.decisions and obuild is not None
         else ()
     )
-    graph = _graph(path)
-    precision = precision_of(graph)
+    graph = _graph(source)
+    precision = f"{kind or 'unknown type'} (GGUF)" if gguf else precision_of(graph)
     base = CandidateResult(
         path=path,
-        sha256=spec.sha256,
+        sha256=file_sha256(Path(path)) if gguf else spec.sha256,
         precision=precision,
         backends=cres.backends,
-        explanation=cres.explanation,
+        explanation=Explanation("unavailable", GGUF_DECLINED) if gguf else cres.explanation,
         probes=tuple(p for p in cres.probes if p.name != "builds"),  # one build: nothing to vary
         decode=cres.decode,
         decisions=decided,
@@ -261,6 +275,16 @@ def _one(
         return replace(base, status="failed", reason=f"{who} has no per-layer capture", compared_on=mine)
     ograph = _graph(original.result.model.path)
     pairs, unmatched = match_graphs(ograph, graph)
+    if gguf:  # the same graph: a tensor is matched where llama.cpp's graph holds it
+        with ValueFile(ccap) as c:
+            kept = set(c.tensors())
+        hidden = dict(next(b.not_exposed for b in cres.backends if b.name == mine))
+        unmatched += [
+            Unmatched(original=p.original, reason=hidden.get(p.original, "not in llama.cpp's graph"))
+            for p in pairs
+            if p.candidate not in kept
+        ]
+        pairs = [p for p in pairs if p.candidate in kept]
     target = "tokens" if vs is not None else "decisions"  # what the answers are
     with ValueFile(ocap) as o, ValueFile(ccap) as c:
         matches = measure(pairs, o, c)
@@ -270,9 +294,9 @@ def _one(
             m.candidate for m in matches if m.status == "ok" and not m.nonfinite and m.how != "dequantized"
         }
         events = [f for f in events if not (f.kind == "overflow" and f.tensor in sentinel)]
-        found = stretches(ograph, graph, pairs)
+        found = [] if gguf else stretches(ograph, graph, pairs)  # a GGUF declares no arithmetic
         crossed, judged = judge_stretches(
-            found, graph, Path(path).resolve().parent, c, feeds.arrays, spec.opset() or 1, _working(c)
+            found, graph, Path(source).resolve().parent, c, feeds.arrays, spec.opset() or 1, _working(c)
         )
         opath = Path(original.result.model.path)
         scores = (
@@ -287,7 +311,10 @@ def _one(
     flips = (
         cres.decode.token_flips if cres.decode is not None else tuple(d.backend for d in decided if d.flipped)
     )
-    if opts.advise and not flips:
+    if opts.advise and gguf:
+        why = "a GGUF file's types are llama.cpp's quantizer's (one per file): no keep-list to print"
+        base = replace(base, advice=Advice(status="not-found", reason=why, target=target))
+    elif opts.advise and not flips:
         why = f"the candidate's {target} already match the original's: nothing to keep in float32"
         base = replace(base, advice=Advice(status="ok", reason=why, target=target))
     elif opts.advise:
@@ -322,6 +349,29 @@ def _one(
         unmatched=tuple(unmatched),
         departure=departure,
         departure_why=why,
+    )
+
+
+def is_gguf(path: str) -> bool:
+    return Path(path).suffix.lower() == ".gguf"
+
+
+def gguf_backends(given: Sequence[str]) -> tuple[str, ...]:
+    """A GGUF candidate's backends: those given (each a llama.cpp), else llama.cpp."""
+    for b in given:
+        if split_instance(b)[0] != LLAMA_CPP:
+            raise UsageError(f"a GGUF candidate runs on llama.cpp, not {b}: --candidate FILE.gguf@llama.cpp")
+    return tuple(given) or (LLAMA_CPP,)
+
+
+def _with_gguf(copts: CompareOptions, path: str) -> CompareOptions:
+    """The candidate's options: each backend reads the candidate's GGUF file, judged by nothing."""
+    gguf = str(Path(path).resolve())
+    kept = tuple(o for o in copts.runner_options if o[1] != "gguf")
+    return replace(
+        copts,
+        runner_options=(*kept, *((b, "gguf", gguf) for b in copts.backends)),
+        noise_samples=0,
     )
 
 

@@ -32,6 +32,7 @@ from xbackend.numerics.values import value_name
 __all__ = [
     "ALL_LOADED",
     "DECLINED",
+    "GGUF_DECLINED",
     "LOADED",
     "MARGIN",
     "NOT_MEASURED",
@@ -293,7 +294,7 @@ class Explanation:
     def declined(self) -> bool:
         """Not run because the user asked for none (--noise-samples 0) or brought captures alone (no
         engine to judge): a NOTE, never a gate."""
-        return self.reason in (DECLINED, QUICK_DECLINED) or self.reason.startswith(ALL_LOADED)
+        return self.reason in (DECLINED, QUICK_DECLINED, GGUF_DECLINED) or self.reason.startswith(ALL_LOADED)
 
     def floor_map(self) -> dict[str, float]:
         return dict(self._floor_index)
@@ -320,6 +321,11 @@ def times_floor(scaled_ulp: float, floor: float) -> float:
 
 
 DECLINED = "--noise-samples 0: no floor was measured"
+GGUF_DECLINED = (
+    "a GGUF file declares its weights' types, not the precision its arithmetic keeps: nothing to "
+    "judge its nodes at (nor is llama.cpp judged against float64); per-layer SQNR, events and its "
+    "tokens or decisions are measured"
+)
 QUICK_DECLINED = (
     "the quick table (--probes none --runs 1) judges nothing against float64: drop --runs 1 for it"
 )

@@ -494,9 +494,17 @@ class CompareOptions:
             )
         if self.decode and self.loads:
             raise UsageError("--decode runs every backend step by step; --load's captures cannot: drop one")
-        stray = sorted({b for b, _, _ in self.runner_options} - set(self.backends) - {self.reference})
+        named = {*self.backends, self.reference, *(b for _, bs in self.candidates for b in bs)}
+        named |= (
+            {"llama.cpp"}
+            if any(p.lower().endswith(".gguf") and not bs for p, bs in self.candidates)
+            else set()
+        )
+        stray = sorted({b for b, _, _ in self.runner_options} - named)
         if stray:
-            raise UsageError(f"--set names backend(s) {', '.join(stray)} that are not in --backends")
+            raise UsageError(
+                f"--set names backend(s) {', '.join(stray)} that are not in --backends or a --candidate's"
+            )
 
     def with_reference(self) -> CompareOptions:
         """Resolve the reference: the explicit one (added to backends), else 'reference', else the first."""
