@@ -215,3 +215,24 @@ def test_gguf_quantizations_as_candidates(llama: Path, original_on: str) -> None
         assert not any(ln.startswith("FAIL") for ln in lines)  # nothing judged at a precision it lacks
         lowest[kind] = min(m.sqnr_db for m in c.matches if m.sqnr_db is not None)
     assert lowest["q8_0"] > 30 and lowest["q4_k_m"] < 25 and lowest["q8_0"] - lowest["q4_k_m"] > 10
+
+
+def test_qwen2_rotates_halves_and_names_no_output_projection(tmp_path: Path) -> None:
+    """Qwen2's GGUF keeps Hugging Face's Q/K order (llama.cpp rotates halves for it, NEOX): its 31
+    named tensors sit within float32 rounding with no interleaving undone; its graph names no
+    output projection, and that tensor is said not exposed with the reason."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = with_gguf("qwen2", tmp_path)
+    r = xbackend.compare(
+        model, backends=["ort-cpu", "llama.cpp"], runner_options=_opts(**F32_CACHE), probes=["none"],
+        runs=1, shapes=SHAPES, noise_samples=0,
+    )  # fmt: skip
+    b = next(x for x in r.backends if x.name == "llama.cpp")
+    (c,) = [x for x in r.cross_backend if x.backend == "llama.cpp"]
+    assert len(c.tensors) == 31 and max(d.scaled_ulp or 0.0 for d in c.tensors) < 16
+    assert "/model/layers.0/self_attn/q_proj/Add_output_0" in {d.name for d in c.tensors}  # its bias added
+    assert dict(b.not_exposed)["/model/layers.0/self_attn/o_proj/MatMul_output_0"] == (
+        "llama.cpp's qwen2 graph names no tensor attn_out-0 (PROJ): not handed out"
+    )
+    assert "layout" not in dict(b.info)

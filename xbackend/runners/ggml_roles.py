@@ -42,7 +42,9 @@ class Matched:
     onnx: str
     ggml: str
     op: str  # the ggml op that made it (a name alone is ambiguous)
-    layout: str  # "rows" ([E, T]), "rows-rope" (a Q/K projection), "heads-rope" ([D, H, T] rotated)
+    # "rows" ([E, T]); "heads" ([D, H, T]); "rows-rope", "heads-rope": the same, each head's
+    # features interleaved back (llama's Q and K, whose projections the converter permuted)
+    layout: str
     heads: int = 0  # for the rope layouts: the heads the features are cut into
     undid: str = ""  # what was undone to compare, in words
 
@@ -57,6 +59,8 @@ class Matched:
         elif self.layout == "heads-rope":  # (T, H, D) -> (H, T, D), interleaved back
             x = np.swapaxes(x, 0, 1)
             x = np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+        elif self.layout == "heads":  # (T, H, D) -> (H, T, D)
+            x = np.swapaxes(x, 0, 1)
         return np.ascontiguousarray(x)[None]
 
 
@@ -142,8 +146,12 @@ class _Graph:
         return None
 
 
-def _roles(g: _Graph, layers: int, heads: int, kv_heads: int) -> list[tuple[str | None, Matched]]:
-    """Each role of a Llama-family export: (its ONNX tensor or None, what holds it in llama.cpp)."""
+def _roles(
+    g: _Graph, layers: int, heads: int, kv_heads: int, permuted: bool
+) -> list[tuple[str | None, Matched]]:
+    """Each role of a Llama-family export: (its ONNX tensor or None, what holds it in llama.cpp);
+    `permuted`: the converter permuted Q and K (llama; qwen2 rotates halves, as Hugging Face)."""
+    rows, rotated, undid = ("rows-rope", "heads-rope", UNINTERLEAVED) if permuted else ("rows", "heads", "")
     out: list[tuple[str | None, Matched]] = [
         (g.module_output("/model/embed_tokens"), Matched("", "embd", "GET_ROWS", "rows")),
         (g.module_output("/model/norm"), Matched("", "result_norm", "MUL", "rows")),
@@ -155,15 +163,15 @@ def _roles(g: _Graph, layers: int, heads: int, kv_heads: int) -> list[tuple[str 
             (g.module_output(f"{lay}/input_layernorm"), Matched("", f"attn_norm-{i}", "MUL", "rows")),
             (
                 g.module_output(f"{att}/q_proj"),
-                Matched("", f"Qcur-{i}", "PROJ", "rows-rope", heads, UNINTERLEAVED),
+                Matched("", f"Qcur-{i}", "PROJ", rows, heads, undid),
             ),
             (
                 g.module_output(f"{att}/k_proj"),
-                Matched("", f"Kcur-{i}", "PROJ", "rows-rope", kv_heads, UNINTERLEAVED),
+                Matched("", f"Kcur-{i}", "PROJ", rows, kv_heads, undid),
             ),
             (g.module_output(f"{att}/v_proj"), Matched("", f"Vcur-{i}", "PROJ", "rows")),
-            (g.rotated(i, 0), Matched("", f"Qcur-{i}", "ROPE", "heads-rope", heads, UNINTERLEAVED)),
-            (g.rotated(i, 1), Matched("", f"Kcur-{i}", "ROPE", "heads-rope", kv_heads, UNINTERLEAVED)),
+            (g.rotated(i, 0), Matched("", f"Qcur-{i}", "ROPE", rotated, heads, undid)),
+            (g.rotated(i, 1), Matched("", f"Kcur-{i}", "ROPE", rotated, kv_heads, undid)),
             (g.input_of(f"{att}/o_proj", "MatMul"), Matched("", f"kqv_out-{i}", "ATTN", "rows")),
             (g.module_output(f"{att}/o_proj"), Matched("", f"attn_out-{i}", "PROJ", "rows")),
             (g.node_output(f"{lay}/Add"), Matched("", f"ffn_inp-{i}", "ADD", "rows")),
@@ -186,9 +194,8 @@ def role_map(graph: onnx.GraphProto, wanted: Sequence[str], hparams: Mapping[str
     g = _Graph(graph)
     layers = int(hparams.get("block_count", 0))
     found: dict[str, Matched] = {}
-    for tensor, m in _roles(
-        g, layers, int(hparams.get("head_count", 0)), int(hparams.get("head_count_kv", 0))
-    ):
+    heads, kv_heads = int(hparams.get("head_count", 0)), int(hparams.get("head_count_kv", 0))
+    for tensor, m in _roles(g, layers, heads, kv_heads, arch == "llama"):
         if tensor is not None and tensor not in found:
             found[tensor] = Matched(tensor, m.ggml, m.op, m.layout, m.heads, m.undid)
     matched = {t: found[t] for t in wanted if t in found}

@@ -30,7 +30,7 @@ from xbackend.execution.buildinfo import BuildFingerprint
 from xbackend.files.modelref import ModelRef
 from xbackend.numerics.values import Value
 from xbackend.runners.base import Availability, OptionSpec, Runner
-from xbackend.runners.ggml_roles import ROLE_ARCHS, UNINTERLEAVED, Matched, RoleMap, role_map, stage_of
+from xbackend.runners.ggml_roles import UNINTERLEAVED, Matched, RoleMap, role_map, stage_of
 from xbackend.runners.ort_cpu import physical_cores
 
 __all__ = ["GGML_TYPES", "LlamaCppRunner", "gguf_beside"]
@@ -110,6 +110,8 @@ class LlamaCppRunner(Runner):
         # one llama_decode's tensors: a key per micro-batch (n_ubatch), in order
         self._chunk: dict[tuple[str, str], list[tuple[str, np.ndarray]]] = {}
         self._seen: dict[tuple[str, str], list[np.ndarray]] = {}
+        self._ever: set[tuple[str, str]] = set()  # the wanted tensors its graph has shown
+        self._ran = False
         self._failed = ""
         self._gguf: Path | None = None
         self._meta: dict[str, str] = {}
@@ -228,6 +230,8 @@ class LlamaCppRunner(Runner):
         for at in range(0, len(tokens), step):
             logits.append(self._decode(tokens[at : at + step], start + at))
         self._pos = start + len(tokens)
+        self._ever |= set(self._seen)
+        self._ran = True
         out: dict[str, Any] = {"logits": np.concatenate(logits)[None]}
         for key, parts in self._seen.items():
             m = self._want[key]
@@ -293,7 +297,7 @@ class LlamaCppRunner(Runner):
         size = int(self._g.ggml_nbytes(tensor))
         buf = np.empty(size, np.uint8)
         self._g.ggml_backend_tensor_get(tensor, buf.ctypes.data, 0, size)
-        dims = 3 if m.layout == "heads-rope" else 2
+        dims = 3 if m.layout.startswith("heads") else 2
         shape = tuple(int(n) for n in reversed(list(head.ne)[:dims]))
         return buf.view(dtype).astype(np.float32).reshape(shape)
 
@@ -301,6 +305,10 @@ class LlamaCppRunner(Runner):
 
     def not_exposed(self) -> dict[str, str]:
         out = dict(self._roles.unmatched)
+        arch = self._meta.get("general.architecture", "")
+        for key, m in self._want.items() if self._ran else ():
+            if key not in self._ever:
+                out[m.onnx] = f"llama.cpp's {arch} graph names no tensor {m.ggml} ({key[1]}): not handed out"
         for name in self._tensors:
             if name.startswith("present"):
                 out[name] = "llama.cpp keeps its KV cache inside (its own layout and type): not handed out"
@@ -314,7 +322,7 @@ class LlamaCppRunner(Runner):
         if self._gguf is not None:
             out["gguf"] = f"{self._gguf.name} ({self._meta.get('xbackend.gguf_sha256', '')[:16]})"
             out["gguf_type"] = self._meta.get("general.file_type", "")
-        if self._meta.get("general.architecture") in ROLE_ARCHS:  # said by either build
+        if self._meta.get("general.architecture") == "llama":  # said by either build
             out["layout"] = f"per layer, Q and K: {UNINTERLEAVED}"
         return out
 
