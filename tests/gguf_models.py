@@ -10,17 +10,23 @@ import shutil
 from pathlib import Path
 
 from tests.optimum import optimum_torch
+from tests.trained_lm import trained
 from xbackend.export.gguf import write_gguf
 
 HERE = Path(__file__).resolve().parent / "optimum"
 
 
-def hf_folder(family: str, dest: Path) -> Path:
-    """The Hugging Face folder of tests/optimum/FAMILY.onnx's model, with a tokenizer."""
+def hf_folder(family: str, dest: Path, trained_steps: int = 0) -> Path:
+    """The Hugging Face folder of tests/optimum/FAMILY.onnx's model, with a tokenizer; trained
+    `trained_steps` steps (tests/trained_lm.py), its ONNX file then written beside as
+    FAMILY.onnx."""
     import sentencepiece as spm
 
     dest.mkdir(parents=True, exist_ok=True)
-    getattr(optimum_torch, family)().model.save_pretrained(dest, safe_serialization=True)
+    if trained_steps:
+        trained(family, dest.parent / f"{family}.onnx", steps=trained_steps, hf=dest)
+    else:
+        getattr(optimum_torch, family)().model.save_pretrained(dest, safe_serialization=True)
     text = ["".join(chr(32 + (i * 7 + k) % 90) for i in range(100)) for k in range(200)]
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -31,12 +37,13 @@ def hf_folder(family: str, dest: Path) -> Path:
     return dest
 
 
-def with_gguf(family: str, folder: Path, kinds: tuple[str, ...] = ("f32",)) -> Path:
-    """FAMILY.onnx copied into `folder` with FAMILY.gguf (the first kind) beside it, and
-    FAMILY-KIND.gguf for each kind; the ONNX file's path."""
+def with_gguf(family: str, folder: Path, kinds: tuple[str, ...] = ("f32",), trained_steps: int = 0) -> Path:
+    """FAMILY.onnx in `folder` (a copy, or trained `trained_steps` steps) with FAMILY.gguf (the
+    first kind) beside it, and FAMILY-KIND.gguf for each kind; the ONNX file's path."""
     onnx_path = folder / f"{family}.onnx"
-    shutil.copy(HERE / f"{family}.onnx", onnx_path)
-    hf = hf_folder(family, folder / "hf")
+    if not trained_steps:
+        shutil.copy(HERE / f"{family}.onnx", onnx_path)
+    hf = hf_folder(family, folder / "hf", trained_steps)
     for k, kind in enumerate(kinds):
         write_gguf(hf, folder / f"{family}-{kind}.gguf", kind)
         if k == 0:

@@ -32,8 +32,9 @@ def _walks(n: int, length: int, vocab: int, rng: np.random.Generator) -> torch.T
     return torch.from_numpy(out)
 
 
-def trained(family: str, dest: Path, steps: int = 300, seed: int = 0) -> Path:
-    """`tests/optimum/FAMILY.onnx` with its weights trained `steps` steps; written to `dest`."""
+def trained(family: str, dest: Path, steps: int = 300, seed: int = 0, hf: Path | None = None) -> Path:
+    """`tests/optimum/FAMILY.onnx` with its weights trained `steps` steps; written to `dest` (and,
+    with `hf`, the trained Hugging Face model's folder there, as save_pretrained writes it)."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     src = HERE / f"{family}.onnx"
@@ -75,4 +76,6 @@ def trained(family: str, dest: Path, steps: int = 300, seed: int = 0) -> Path:
         for i, transposed in holds[name]:
             inits[i].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w.T if transposed else w), i))
     onnx.save(proto, dest)
+    if hf is not None:
+        model.save_pretrained(hf, safe_serialization=True)
     return dest
