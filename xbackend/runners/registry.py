@@ -38,6 +38,8 @@ _BUILTIN: dict[str, str] = {
     "expected": "xbackend.runners.expected:ExpectedRunner",
     "groq": "xbackend.runners.groq:GroqRunner",
     "llama.cpp": "xbackend.runners.llama_cpp:LlamaCppRunner",
+    "executorch": "xbackend.runners.executorch_rt:ExecuTorchRunner",
+    "executorch-xnnpack": "xbackend.runners.executorch_rt:ExecuTorchXnnpackRunner",
 }
 
 

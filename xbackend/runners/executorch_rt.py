@@ -1,0 +1,194 @@
+"""ExecuTorch: the PyTorch module the ONNX model was exported from, exported as a phone would ship
+it (`torch.export`, `to_edge_transform_and_lower`, a `.pte` program) and run by ExecuTorch's own
+runtime (its Python bindings): `executorch` with its portable kernels, `executorch-xnnpack` with
+what XNNPACK takes delegated (the rest on portable kernels).
+
+The module comes as for the `torch` runner (`--torch-module`, or the one `xbackend export torch`
+recorded, with `--trust-model-code`). The program is built on the first feeds' shapes (ExecuTorch
+programs have static shapes) and again for other shapes. Graph outputs are compared; its
+per-operator values (ETDump) are not yet matched to the ONNX model's tensors, and every
+intermediate tensor is said not exposed with that reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedError, first_line
+from xbackend.execution.buildinfo import BuildFingerprint
+from xbackend.export.torch_onnx import META_MODULE, flatten_outputs, read_torch_metadata, to_numpy, to_tensor
+from xbackend.files.modelref import ModelRef
+from xbackend.numerics.values import Value
+from xbackend.runners.base import Availability, OptionSpec
+from xbackend.runners.torch_eager import TorchRunner, check_weights
+
+__all__ = ["ExecuTorchRunner", "ExecuTorchXnnpackRunner"]
+
+_NOT_MATCHED = (
+    "ExecuTorch's per-operator values (its ETDump) are not matched to the ONNX model's tensors: "
+    "graph outputs only"
+)
+
+
+class ExecuTorchRunner(TorchRunner):
+    name = "executorch"
+    description = "ExecuTorch's runtime, portable kernels: the module exported to a .pte program"
+    instrumentation_changes_engine = False  # one program: its outputs
+    severs_by_feeds = False
+    op_grain: ClassVar[bool] = False
+    xnnpack: ClassVar[bool] = False
+    option_specs: ClassVar[Sequence[OptionSpec]] = (
+        OptionSpec(
+            "module", str, "", "MODULE_SPEC (default: the one recorded at export, with trust_model_code)"
+        ),
+        OptionSpec(
+            "trust_model_code",
+            bool,
+            False,
+            "import the Python file the model's metadata names (--trust-model-code)",
+        ),
+        OptionSpec(
+            "threads", int, 1, "ExecuTorch's threadpool (XNNPACK's threads; portable kernels use one)"
+        ),
+        OptionSpec("check_weights", bool, True, "refuse a module whose weights differ from the model's"),
+    )
+
+    def __init__(self, options: Mapping[str, str] | None = None) -> None:
+        super().__init__(options)
+        self._program: Any = None
+        self._shapes: tuple[Any, ...] | None = None
+        self._delegated = 0
+        self._portable_ops = 0
+        self._pte_sha = ""
+        self._why = ""
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if importlib.util.find_spec("executorch") is None:
+            return Availability.missing("executorch not installed (pip install 'xbackend[executorch]')")
+        if importlib.util.find_spec("torch") is None:
+            return Availability.missing("torch not installed (pip install 'xbackend[torch]')")
+        return Availability.ok(importlib.metadata.version("executorch"))
+
+    @classmethod
+    def load_engine(cls) -> None:
+        import executorch.extension.pybindings.portable_lib  # noqa: F401  # engine: executorch
+
+    @classmethod
+    def promises_for(cls, options: Mapping[str, Any]) -> frozenset[str]:
+        return cls.promises
+
+    @classmethod
+    def determinism_modes(cls) -> dict[str, dict[str, str]]:
+        return {}
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        import torch  # heavy: torch
+        from executorch.extension.pybindings import portable_lib  # engine: executorch
+
+        from xbackend.model.load import load_proto  # imports onnx: the model's recorded module
+
+        proto = load_proto(model.path, load_external=True)
+        recorded = read_torch_metadata(proto).get(META_MODULE, "")
+        self._spec = self.options["module"] or recorded
+        try:
+            self._module = self._load(model, recorded)
+        except ExportError as e:
+            raise RunnerFailedError(f"{e} (set the module with --torch-module)") from e
+        if self.options["check_weights"]:
+            self._weights = check_weights(self._module, proto)
+        del proto
+        self._module.eval()
+        torch.set_num_threads(1)  # the export's own work; ExecuTorch's threads are its threadpool's
+        portable_lib._unsafe_reset_threadpool(max(1, int(self.options["threads"])))
+        self._outputs = model.outputs
+        items = [("executorch", importlib.metadata.version("executorch")), ("module", self._spec)]
+        items += [("xnnpack", str(self.xnnpack)), ("threads", str(self.options["threads"]))]
+        return BuildFingerprint.from_items(self.name, items)
+
+    def _build(self, args: list[Any]) -> None:
+        """The program for these inputs' shapes: torch.export, lowered (XNNPACK's partitioner where
+        asked), serialized and loaded by ExecuTorch's runtime from its bytes."""
+        import torch  # heavy: torch
+        from executorch.exir import to_edge_transform_and_lower  # engine: executorch
+        from executorch.extension.pybindings import portable_lib  # engine: executorch
+
+        parts: list[Any] = []
+        if self.xnnpack:
+            from executorch.backends.xnnpack.partition.xnnpack_partitioner import (  # engine: executorch
+                XnnpackPartitioner,
+            )
+
+            parts = [XnnpackPartitioner()]
+        try:
+            with torch.no_grad():
+                exported = torch.export.export(self._module, tuple(args))
+            edge = to_edge_transform_and_lower(exported, partitioner=parts)
+            program = edge.to_executorch()
+        except Exception as e:  # the module cannot be exported or lowered: this backend only
+            raise RunnerFailedError(
+                f"ExecuTorch could not export the module: {type(e).__name__}: {first_line(e)}"
+            ) from e
+        nodes = [n for n in edge.exported_program().graph.nodes if n.op == "call_function"]
+        self._delegated = sum(1 for n in nodes if "executorch_call_delegate" in str(n.target))
+        self._portable_ops = len(nodes) - self._delegated
+        buffer = program.buffer
+        self._pte_sha = hashlib.sha256(buffer).hexdigest()
+        self._program = portable_lib._load_for_executorch_from_buffer(buffer)
+
+    def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
+        args = [to_tensor(np.asarray(feeds[n])) for n in self._inputs]
+        shapes = tuple((tuple(a.shape), str(a.dtype)) for a in args)
+        if shapes != self._shapes:
+            self._build(args)
+            self._shapes = shapes
+        try:
+            out = self._program.run_method("forward", tuple(args))
+        except Exception as e:
+            raise RunnerFailedError(
+                f"ExecuTorch's runtime failed: {type(e).__name__}: {first_line(e)}"
+            ) from e
+        flat = [v for _, v in flatten_outputs(list(out))]
+        if len(flat) != len(self._outputs):
+            raise RunnerFailedError(
+                f"the ExecuTorch program returned {len(flat)} value(s), the ONNX model has "
+                f"{len(self._outputs)}"
+            )
+        return {n: to_numpy(v) for n, v in zip(self._outputs, flat, strict=True)}
+
+    def fingerprint(self) -> BuildFingerprint:
+        base = super().fingerprint()
+        if not self._pte_sha:
+            return base
+        return BuildFingerprint.from_items(self.name, [*base.layers, ("pte", self._pte_sha)])
+
+    def not_exposed(self) -> dict[str, str]:
+        return {t: _NOT_MATCHED for t in self._tensors if t not in self._outputs}
+
+    def info(self) -> dict[str, str]:
+        out = {k: v for k, v in super().info().items() if k not in ("grain", "deterministic")}
+        out["executorch"] = importlib.metadata.version("executorch")
+        if self._program is not None:
+            where = f", {self._delegated} XNNPACK delegate call(s)" if self.xnnpack else ""
+            ops = f"{self._portable_ops} operator call(s) on portable kernels{where}"
+            out["program"] = f"{ops}; .pte sha256 {self._pte_sha[:16]}"
+        return out
+
+
+class ExecuTorchXnnpackRunner(ExecuTorchRunner):
+    name = "executorch-xnnpack"
+    description = "ExecuTorch's runtime with XNNPACK: what its partitioner takes is one delegate call"
+    xnnpack = True
+
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        from executorch.extension.pybindings import portable_lib  # engine: executorch
+
+        if "XnnpackBackend" not in portable_lib._get_registered_backend_names():
+            raise BackendUnavailableError("this executorch build registers no XNNPACK backend")
+        return super().prepare_impl(model, tensors)
