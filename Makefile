@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,torch,ray,models,llama]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch,ray,models,llama,executorch]'
 	touch $(STAMP)
 
 # reports/demo/ is the demo's own folder (ignored by git): --force replaces a demo an earlier

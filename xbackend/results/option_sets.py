@@ -11,7 +11,14 @@ from xbackend.runners.registry import get_runner
 
 __all__ = ["TORCH_BACKENDS", "expand_modes", "thread_options", "torch_options"]
 
-TORCH_BACKENDS = ("torch", "torch-compile", "torch-compile-autotune", "torch-cuda")
+TORCH_BACKENDS = (
+    "torch",
+    "torch-compile",
+    "torch-compile-autotune",
+    "torch-cuda",
+    "executorch",
+    "executorch-xnnpack",
+)  # the backends that run the module a model was exported from (--torch-module)
 
 
 def expand_modes(
