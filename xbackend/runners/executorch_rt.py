@@ -62,6 +62,7 @@ class ExecuTorchRunner(TorchRunner):
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)
         self._program: Any = None
+        self._buffer = b""
         self._shapes: tuple[Any, ...] | None = None
         self._delegated = 0
         self._portable_ops = 0
@@ -138,9 +139,10 @@ class ExecuTorchRunner(TorchRunner):
         nodes = [n for n in edge.exported_program().graph.nodes if n.op == "call_function"]
         self._delegated = sum(1 for n in nodes if "executorch_call_delegate" in str(n.target))
         self._portable_ops = len(nodes) - self._delegated
-        buffer = program.buffer
-        self._pte_sha = hashlib.sha256(buffer).hexdigest()
-        self._program = portable_lib._load_for_executorch_from_buffer(buffer)
+        # the runtime reads the program from these bytes as it runs: they live as long as it does
+        self._buffer = program.buffer
+        self._pte_sha = hashlib.sha256(self._buffer).hexdigest()
+        self._program = portable_lib._load_for_executorch_from_buffer(self._buffer)
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         args = [to_tensor(np.asarray(feeds[n])) for n in self._inputs]
