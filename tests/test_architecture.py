@@ -28,6 +28,7 @@ HEAVY_OR_OPTIONAL = {
     "onnx",  # in the worker's modules: a foreign interpreter may lack it
     "groqflow",
     "llama_cpp",  # llama-cpp-python: the llama.cpp backend's engine (the llama extra)
+    "executorch",  # ExecuTorch's runtime and exporter (the executorch extra)
     "matplotlib",
     "ml_dtypes",  # likewise optional in a foreign interpreter
     "psutil",  # likewise
@@ -36,6 +37,7 @@ HEAVY_OR_OPTIONAL = {
 # Where a module must defer one of its own or a standard import, and why.
 LOCAL_EXCEPTIONS = {
     ("xbackend/runners/llama_cpp.py", "xbackend.model.load"): "it imports onnx (foreign workers)",
+    ("xbackend/runners/executorch_rt.py", "xbackend.model.load"): "it imports onnx (foreign workers)",
     ("xbackend/runners/contrib.py", "xbackend.bounds.rules"): "it imports onnx (foreign workers)",
     (
         "xbackend/runners/contrib_transformer.py",

@@ -81,8 +81,8 @@ def test_unknown_backend_exits_2(models: dict[str, Path], capsys: pytest.Capture
     assert code == 2
     one_line_error(
         err,
-        "unknown backend 'ort-gpu'; known backends: expected, groq (unavailable), openvino-cpu, "
-        "openvino-cpu-default, oracle, ort-cpu, ort-cuda",
+        "unknown backend 'ort-gpu'; known backends: executorch, executorch-xnnpack, expected, groq "
+        "(unavailable), llama.cpp, openvino-cpu, openvino-cpu-default, oracle, ort-cpu, ort-cuda",
     )
     assert err.rstrip().endswith("(`xbackend backends` says why one is unavailable)")
 

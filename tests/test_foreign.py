@@ -130,7 +130,7 @@ def test_worker_modules_run_under_python_3_8() -> None:
 
 # Runner modules an interpreter without onnx cannot import: each reads the ONNX graph itself
 # (docs/backends.md lists them). Every other runner needs only numpy and its engine.
-NEED_ONNX = {"reference", "oracle", "torch_eager", "torch_compile", "torch_cuda"}
+NEED_ONNX = {"reference", "oracle", "torch_eager", "torch_compile", "torch_cuda", "executorch_rt"}
 
 
 @pytest.mark.slow
@@ -162,7 +162,10 @@ def test_runners_under_another_interpreter_need_onnx_only_where_the_docs_say() -
     assert missing["ort_cpu"] == "" and missing["ort_cuda"] == "" and missing["groq"] == ""
     assert missing["tensorrt"] == "ml_dtypes"  # its bfloat16 and float8 buffers; docs/backends.md says so
     page = " ".join((ROOT / "docs" / "backends.md").read_text("utf-8").split())
-    assert "need onnx as well: `reference`, `oracle`, `torch`, `torch-compile`, `torch-cuda`" in page
+    assert (
+        "need onnx as well: `reference`, `oracle`, `torch`, `torch-compile`, `torch-cuda`, `executorch`, "
+        "`executorch-xnnpack`" in page
+    )
     assert "`trt-autotune` and `trt-pinned` also need ml_dtypes" in page
 
 

@@ -122,11 +122,9 @@ class ExecuTorchRunner(TorchRunner):
 
         parts: list[Any] = []
         if self.xnnpack:
-            from executorch.backends.xnnpack.partition.xnnpack_partitioner import (  # engine: executorch
-                XnnpackPartitioner,
-            )
+            from executorch.backends.xnnpack.partition import xnnpack_partitioner as xp  # engine: executorch
 
-            parts = [XnnpackPartitioner()]
+            parts = [xp.XnnpackPartitioner()]
         try:
             with torch.no_grad():
                 exported = torch.export.export(self._module, tuple(args))

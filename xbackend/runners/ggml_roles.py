@@ -18,9 +18,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
+
+if TYPE_CHECKING:  # the graph is handed in: a foreign worker needs no onnx to import this
+    import onnx
 
 __all__ = ["ROLE_ARCHS", "UNINTERLEAVED", "Matched", "RoleMap", "role_map", "stage_of"]
 
