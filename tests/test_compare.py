@@ -277,8 +277,8 @@ def test_external_data_model_runs(tmp_path: Path, models: dict[str, Path]) -> No
 def test_unknown_backend_lists_the_known_ones(models: dict[str, Path], plugins: None) -> None:
     with pytest.raises(
         BackendUnavailableError,
-        match=r"unknown backend 'tensorrt'; known backends: expected, groq \(unavailable\), openvino-cpu, "
-        r"openvino-cpu-default, "
+        match=r"unknown backend 'tensorrt'; known backends: executorch, executorch-xnnpack, expected, groq "
+        r"\(unavailable\), llama.cpp, openvino-cpu, openvino-cpu-default, "
         r"oracle, "
         r"ort-cpu, .*reference, .*"
         r"test-missing \(unavailable\).*`xbackend backends` says why",
