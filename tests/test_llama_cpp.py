@@ -8,7 +8,6 @@ import importlib.util
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import xbackend
@@ -74,10 +73,40 @@ def test_its_float16_cache_is_the_first_layer_past_tolerance(llama: Path) -> Non
     assert c.first_violation == "/model/layers.0/self_attn/Reshape_7_output_0"
 
 
+_LOOP = """
+import json, sys
+import numpy as np
+from llama_cpp import Llama
+
+gguf, prompts = sys.argv[1], json.loads(sys.argv[2])
+llm = Llama(
+    gguf, n_ctx=512, n_batch=512, n_threads=2, n_threads_batch=2, logits_all=True, flash_attn=False,
+    verbose=False,
+)
+out = []
+for prompt in prompts:
+    llm.reset()
+    llm.eval(prompt)
+    tokens, margins = [], []
+    for _ in range(16):
+        scores = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        t = int(np.argmax(scores))
+        top2 = np.sort(scores.astype(np.float64))[-2:]
+        tokens.append(t)
+        margins.append(float(top2[1] - top2[0]))
+        llm.eval([t])
+    out.append([tokens, margins])
+print(json.dumps(out))
+"""
+
+
 def test_tokens_and_logits_equal_an_independent_llama_cpp_python_loop(llama: Path) -> None:
-    """llama-cpp-python's own Llama class on the same GGUF, the same prompts and knobs: greedy,
-    its KV cache, token after token; every token and every logit alike, bit for bit."""
-    from llama_cpp import Llama
+    """llama-cpp-python's own Llama class on the same GGUF, the same prompts and knobs, in a
+    process of its own (ggml sets OpenMP's variables in the process that loads it): greedy, its KV
+    cache, token after token; every token and every step's top-two logits alike, bit for bit."""
+    import json
+    import subprocess
+    import sys
 
     r = xbackend.compare(
         llama, backends=["ort-cpu", "llama.cpp"], runner_options=_opts(flash_attn="off"), probes=["none"],
@@ -87,21 +116,13 @@ def test_tokens_and_logits_equal_an_independent_llama_cpp_python_loop(llama: Pat
     assert d is not None and d.cached
     mine = d.backend("llama.cpp")
     assert mine.ok, mine.reason
-    llm = Llama(
-        str(llama.with_suffix(".gguf")), n_ctx=512, n_batch=512, n_threads=2, n_threads_batch=2,
-        logits_all=True, flash_attn=False, verbose=False,
+    prompts = json.dumps([list(p) for p in d.prompts])
+    done = subprocess.run(
+        [sys.executable, "-c", _LOOP, str(llama.with_suffix(".gguf")), prompts],
+        capture_output=True, text=True, check=True, timeout=300,
     )  # fmt: skip
-    for k, prompt in enumerate(d.prompts):
-        llm.reset()
-        llm.eval(list(prompt))
-        tokens, margins = [], []
-        for _ in range(16):
-            scores = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-            t = int(np.argmax(scores))
-            top2 = np.sort(scores.astype(np.float64))[-2:]
-            tokens.append(t)
-            margins.append(float(top2[1] - top2[0]))
-            llm.eval([t])
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    for k, (tokens, margins) in enumerate(theirs):
         assert tuple(tokens) == mine.prompts[k].tokens, k
         assert tuple(margins) == mine.prompts[k].margins, k  # the top two logits, bit for bit
     assert not d.token_flips  # and ONNX Runtime chose the same tokens
