@@ -43,20 +43,12 @@ class ExecuTorchRunner(TorchRunner):
     severs_by_feeds = False
     op_grain: ClassVar[bool] = False
     xnnpack: ClassVar[bool] = False
+    # the module as the torch runner finds it; threads are ExecuTorch's threadpool's
     option_specs: ClassVar[Sequence[OptionSpec]] = (
-        OptionSpec(
-            "module", str, "", "MODULE_SPEC (default: the one recorded at export, with trust_model_code)"
-        ),
-        OptionSpec(
-            "trust_model_code",
-            bool,
-            False,
-            "import the Python file the model's metadata names (--trust-model-code)",
-        ),
+        *(s for s in TorchRunner.option_specs if s.name in ("module", "trust_model_code", "check_weights")),
         OptionSpec(
             "threads", int, 1, "ExecuTorch's threadpool (XNNPACK's threads; portable kernels use one)"
         ),
-        OptionSpec("check_weights", bool, True, "refuse a module whose weights differ from the model's"),
     )
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:

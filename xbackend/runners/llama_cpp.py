@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import importlib.metadata
 import importlib.util
 from collections.abc import Mapping, Sequence
@@ -27,6 +26,7 @@ import numpy as np
 
 from xbackend.errors import BackendUnavailableError, InputError, ModelLoadError, RunnerFailedError
 from xbackend.execution.buildinfo import BuildFingerprint
+from xbackend.files.capture_folder import file_sha256
 from xbackend.files.modelref import ModelRef
 from xbackend.numerics.values import Value
 from xbackend.runners.base import Availability, OptionSpec, Runner
@@ -190,7 +190,7 @@ class LlamaCppRunner(Runner):
             raise RunnerFailedError(f"llama.cpp could not make a context of {n_ctx} tokens for {path.name}")
         self._batch_size = int(cp.n_batch)
         self._batch = ll.llama_batch_init(self._batch_size, 0, 1)
-        digest = _sha256(path)
+        digest = file_sha256(path)
         items = [("gguf", digest), ("llama-cpp-python", ll.__version__)]
         items += [(k, str(v)) for k, v in sorted(self.options.items())]
         self._meta["xbackend.gguf_sha256"] = digest
@@ -348,14 +348,6 @@ def _check_positions(feeds: Mapping[str, Value], start: int, n: int) -> None:
     mask = feeds.get("attention_mask")
     if mask is not None and not np.all(np.asarray(mask) == 1):
         raise InputError("llama.cpp attends to every token it is fed: an attention_mask with zeros (padding)")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _metadata(ll: Any, model: Any) -> dict[str, str]:
