@@ -439,12 +439,13 @@ class CompareOptions:
         if kwargs.get("timed_runs") is None:
             kw["timed_runs"] = MODES_TIMED_RUNS if modes else 0
         chosen = kw.get("backends", DEFAULT_BACKENDS)
-        # the later setting wins: a mode, then --threads, then the user's --set
+        # the later setting wins: a mode, then --threads and --torch-module, then the user's --set
+        # (one backend's own module, e.g. --set executorch.module=..., over --torch-module)
         kw["runner_options"] = (
             mode_sets
             + thread_options(chosen, kwargs.get("threads"))
-            + kw.get("runner_options", ())
             + torch_options(chosen, kwargs.get("torch_module"), bool(kwargs.get("trust_model_code")))
+            + kw.get("runner_options", ())
         )
         # one choice, one source: --outputs-only is the selection "outputs"
         if kw.get("outputs_only") and kw.get("tensors", "all") not in ("all", "outputs"):

@@ -5,9 +5,10 @@ what XNNPACK takes delegated (the rest on portable kernels).
 
 The module comes as for the `torch` runner (`--torch-module`, or the one `xbackend export torch`
 recorded, with `--trust-model-code`). The program is built on the first feeds' shapes (ExecuTorch
-programs have static shapes) and again for other shapes. Graph outputs are compared; its
-per-operator values (ETDump) are not yet matched to the ONNX model's tensors, and every
-intermediate tensor is said not exposed with that reason.
+programs have static shapes) and again for other shapes. Where intermediate tensors are asked
+for, each run is a fresh instance with ETDump on, and its logged values are matched to the ONNX
+model's tensors (`executorch_dump`): a portable kernel call is an operator's value; an XNNPACK
+delegate call is one piece, as a fused kernel is: its output only.
 """
 
 from __future__ import annotations
@@ -23,17 +24,20 @@ import numpy as np
 from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedError, first_line
 from xbackend.execution.buildinfo import BuildFingerprint
 from xbackend.export.torch_onnx import META_MODULE, flatten_outputs, read_torch_metadata, to_numpy, to_tensor
+from xbackend.export.torch_ops import OpGraph, onnx_calls
 from xbackend.files.modelref import ModelRef
 from xbackend.numerics.values import Value
 from xbackend.runners.base import Availability, OptionSpec
+from xbackend.runners.executorch_dump import Dump
 from xbackend.runners.torch_eager import TorchRunner, check_weights
 
 __all__ = ["ExecuTorchRunner", "ExecuTorchXnnpackRunner"]
 
-_NOT_MATCHED = (
-    "ExecuTorch's per-operator values (its ETDump) are not matched to the ONNX model's tensors: "
-    "graph outputs only"
+_NO_CALLS = (
+    "the model records no aten call (it was not exported by torch.onnx's dynamo exporter, as "
+    "`xbackend export torch` does): ExecuTorch's operators cannot be matched to its tensors"
 )
+_NOT_MATCHED = "no operator of the exported program that ExecuTorch ran maps to this tensor"
 
 
 class ExecuTorchRunner(TorchRunner):
@@ -60,6 +64,9 @@ class ExecuTorchRunner(TorchRunner):
         self._portable_ops = 0
         self._pte_sha = ""
         self._why = ""
+        self._aten: dict[str, str] = {}  # aten call (FX text) -> ONNX tensor
+        self._dump: Dump | None = None
+        self._wanted: set[str] = set()
 
     @classmethod
     def availability(cls) -> Availability:
@@ -87,6 +94,8 @@ class ExecuTorchRunner(TorchRunner):
 
         from xbackend.model.load import load_proto  # imports onnx: the model's recorded module
 
+        self.close()
+
         proto = load_proto(model.path, load_external=True)
         recorded = read_torch_metadata(proto).get(META_MODULE, "")
         self._spec = self.options["module"] or recorded
@@ -96,6 +105,9 @@ class ExecuTorchRunner(TorchRunner):
             raise RunnerFailedError(f"{e} (set the module with --torch-module)") from e
         if self.options["check_weights"]:
             self._weights = check_weights(self._module, proto)
+        self._wanted = set(tensors) - set(model.outputs)
+        self._aten = onnx_calls(proto) if self._wanted else {}
+        self._why = _NO_CALLS if self._wanted and not self._aten else ""
         del proto
         self._module.eval()
         torch.set_num_threads(1)  # the export's own work; ExecuTorch's threads are its threadpool's
@@ -117,15 +129,26 @@ class ExecuTorchRunner(TorchRunner):
             from executorch.backends.xnnpack.partition import xnnpack_partitioner as xp  # engine: executorch
 
             parts = [xp.XnnpackPartitioner()]
+        dumping = bool(self._aten)
         try:
             with torch.no_grad():
                 exported = torch.export.export(self._module, tuple(args))
-            edge = to_edge_transform_and_lower(exported, partitioner=parts)
+            edge = to_edge_transform_and_lower(exported, partitioner=parts, generate_etrecord=dumping)
             program = edge.to_executorch()
         except Exception as e:  # the module cannot be exported or lowered: this backend only
             raise RunnerFailedError(
                 f"ExecuTorch could not export the module: {type(e).__name__}: {first_line(e)}"
             ) from e
+        if self._dump is not None:
+            self._dump.close()
+            self._dump = None
+        if dumping:
+            try:  # torch.onnx's aten calls, by the names torch.export gives them
+                names = OpGraph.build(self._module, args, self._aten, {}).names
+            except Exception as e:
+                self._why = f"torch.export failed for the operator map ({type(e).__name__}: {first_line(e)})"
+            else:
+                self._dump = Dump.build(program, exported, names)
         nodes = [n for n in edge.exported_program().graph.nodes if n.op == "call_function"]
         self._delegated = sum(1 for n in nodes if "executorch_call_delegate" in str(n.target))
         self._portable_ops = len(nodes) - self._delegated
@@ -140,8 +163,13 @@ class ExecuTorchRunner(TorchRunner):
         if shapes != self._shapes:
             self._build(args)
             self._shapes = shapes
+        logged: dict[str, Value] = {}
         try:
-            out = self._program.run_method("forward", tuple(args))
+            if self._dump is not None:
+                out, values = self._dump.run(self._buffer, args)
+                logged.update(values)
+            else:
+                out = self._program.run_method("forward", tuple(args))
         except Exception as e:
             raise RunnerFailedError(
                 f"ExecuTorch's runtime failed: {type(e).__name__}: {first_line(e)}"
@@ -152,7 +180,8 @@ class ExecuTorchRunner(TorchRunner):
                 f"the ExecuTorch program returned {len(flat)} value(s), the ONNX model has "
                 f"{len(self._outputs)}"
             )
-        return {n: to_numpy(v) for n, v in zip(self._outputs, flat, strict=True)}
+        logged.update({n: to_numpy(v) for n, v in zip(self._outputs, flat, strict=True)})
+        return logged
 
     def fingerprint(self) -> BuildFingerprint:
         base = super().fingerprint()
@@ -161,7 +190,18 @@ class ExecuTorchRunner(TorchRunner):
         return BuildFingerprint.from_items(self.name, [*base.layers, ("pte", self._pte_sha)])
 
     def not_exposed(self) -> dict[str, str]:
-        return {t: _NOT_MATCHED for t in self._tensors if t not in self._outputs}
+        dump = self._dump
+        why = self._why or (dump.why if dump is not None else "")
+        if why or dump is None:
+            return {t: why or _NOT_MATCHED for t in self._tensors if t not in self._outputs}
+        have = dump.exposed | set(self._outputs)
+        return {t: dump.hidden.get(t, _NOT_MATCHED) for t in self._tensors if t not in have}
+
+    def close(self) -> None:
+        if self._dump is not None:
+            self._dump.close()
+            self._dump = None
+        super().close()
 
     def info(self) -> dict[str, str]:
         out = {k: v for k, v in super().info().items() if k not in ("grain", "deterministic")}
@@ -170,6 +210,11 @@ class ExecuTorchRunner(TorchRunner):
             where = f", {self._delegated} XNNPACK delegate call(s)" if self.xnnpack else ""
             ops = f"{self._portable_ops} operator call(s) on portable kernels{where}"
             out["program"] = f"{ops}; .pte sha256 {self._pte_sha[:16]}"
+        if self._dump is not None and self._dump.pieces:
+            out["per operator"] = (
+                f"ETDump: {self._dump.pieces} logged kernel call(s), {len(self._dump.exposed)} of them "
+                "the model's tensors"
+            )
         return out
 
 
