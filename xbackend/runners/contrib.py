@@ -12,7 +12,9 @@ com.microsoft op is judged on its unfused form.
 Also here: standard ops onnx's evaluator has no kernel for at the opset a model declares
 (DequantizeLinear before opset 19: QDQ models from ONNX Runtime's quantizer at opset 13 to 18);
 standard ops it computes below the precision it is fed (its Erf rounds
-every result to float32), evaluated in the dtype they are fed instead; and `BELOW_FLOAT64_OPS`,
+every result to float32), evaluated in the dtype they are fed instead; standard ops its kernel
+gets wrong (GatherElements along an axis of over 32 entries: its np.choose fallback returns one
+value, as torch.onnx's BERT position gather has); and `BELOW_FLOAT64_OPS`,
 those it computes in float32 whatever it is fed, which the oracle names and does not rank.
 """
 
@@ -207,6 +209,14 @@ def contrib_ops() -> list[type]:
             v = a + b
             return (0.5 * v * (1 + _erf(v / math.sqrt(2))),)
 
+    class GatherElements(OpRun):  # onnx 1.23's fails past 32 entries on the axis (np.choose)
+        op_domain = ""
+
+        def _run(self, data: Any, indices: Any, axis: Any = None) -> Any:
+            ax = int(axis or 0) % data.ndim
+            idx = np.where(indices < 0, indices + data.shape[ax], indices)
+            return (np.take_along_axis(data, idx.astype(np.int64), axis=ax),)
+
     def _bound(self: Any, *inputs: Any, of: Any = None, **attrs: Any) -> Any:
         return (KERNELS[_text(of)](*inputs, want=True, **attrs)[1],)
 
@@ -217,6 +227,7 @@ def contrib_ops() -> list[type]:
         *(_kernel(OpRun, name) for name in sorted(KERNELS)),
         bound,
         Erf,
+        GatherElements,
         SimplifiedLayerNormalization,
         Gelu,
         SkipLayerNormalization,
