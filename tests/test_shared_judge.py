@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import xbackend
 from xbackend.judge import explain_jobs
-from xbackend.judge.explain_jobs import OWN_JUDGE
+from xbackend.judge.judge_plan import OWN_JUDGE
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "models" / "torch_mlp.onnx"

@@ -292,6 +292,7 @@ def test_the_oracle_gathers_elements_along_a_long_axis() -> None:
         r.close()
     assert y.tolist() == [list(range(16)), list(range(112, 128))]
 
+
 def _toposorted(m: object) -> object:
     """ONNX Runtime's float16 tool leaves its input casts after their readers: sorted here."""
     g = m.graph  # type: ignore[attr-defined]

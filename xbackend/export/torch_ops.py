@@ -78,6 +78,9 @@ class OpGraph:
     # runs, as the reference's values are (torch computes them at run time, a rounding apart)
     folded: dict[str, np.ndarray] = field(default_factory=dict)
     captured: dict[str, np.ndarray] = field(default_factory=dict)
+    # torch.export's own names (before torch.onnx's decompositions rename calls: aten.add_ becomes
+    # add) -> ONNX tensor: what programs lowered from the same export (ExecuTorch's) call them
+    roots: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -90,19 +93,24 @@ class OpGraph:
         from torch.onnx._internal.exporter import _core, _registration  # heavy: torch's exporter
 
         ep = torch.export.export(module, tuple(args))
+        raw = {n.name: _kind(n) for n in ep.graph.nodes if n.op == "call_function"}
         registry = _registration.ONNXRegistry.from_torchlib()
         ep = _core._prepare_exported_program_for_export(ep, registry=registry)
         names: dict[str, str] = {}
         folded: dict[str, np.ndarray] = {}
+        roots: dict[str, str] = {}
         for n in ep.graph.nodes:
             if n.op != "call_function":
                 continue
             sig = _signature(n.format_node())
             if sig in calls:
                 names[n.name] = calls[sig]
+                root = _root(n)
+                if raw.get(root) == _kind(n):  # the last of a call's steps, of its shape, stands for it
+                    roots[root] = calls[sig]
             elif n.name in constants and not any(i.op == "placeholder" for i in _ancestors(n)):
                 folded[n.name] = constants[n.name]
-        return cls(ep.module(), names, folded)
+        return cls(ep.module(), names, folded, roots=roots)
 
     def run(self, args: Sequence[Any], severed: Mapping[str, Value], wanted: set[str]) -> list[Any]:
         """The graph's flat outputs; each mapped call's result in `captured` (those in `wanted`),
@@ -132,6 +140,21 @@ class OpGraph:
         with torch.no_grad():
             result = Calls(graph.module).run(*args)
         return [v for _, v in flatten_outputs(result)]
+
+
+def _root(n: Any) -> str:
+    """The name of the node of torch.export's own graph that `n` was made from."""
+    name, chain = n.name, n.meta.get("from_node") or []
+    src = chain[-1] if chain else None
+    while src is not None:
+        name = src.name
+        src = src.from_node[-1] if src.from_node else None
+    return str(name)
+
+
+def _kind(n: Any) -> tuple[tuple[int, ...], str] | None:
+    v = n.meta.get("val")
+    return (tuple(v.shape), str(v.dtype)) if hasattr(v, "shape") and hasattr(v, "dtype") else None
 
 
 def _ancestors(n: Any) -> list[Any]:

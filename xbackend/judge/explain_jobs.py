@@ -51,7 +51,17 @@ from xbackend.judge.floors import (
     save_severed_feeds,
 )
 from xbackend.judge.judge_nodes import JUDGE_PHASE, warm_compiled
-from xbackend.judge.judge_plan import LOCAL_PHASE, Early, Judge, Plan, judge_all, plan_rules
+from xbackend.judge.judge_plan import (
+    LOCAL_PHASE,
+    OWN_JUDGE,
+    OWN_VALUES,
+    Early,
+    Judge,
+    Plan,
+    grain_of,
+    judge_all,
+    plan_rules,
+)
 from xbackend.judge.judged_graph import judged_model
 from xbackend.judge.plain_judge import Shipped, judge_plain_runs
 from xbackend.judge.shipped import runtime_plan, shared_nodes, shipped_job, shipped_plan, without
@@ -70,14 +80,9 @@ from xbackend.results.explanation import (
 )
 from xbackend.runners.base import RECOMPUTED
 
-__all__ = ["FLOOR_ENGINE", "OWN_JUDGE", "explain"]
+__all__ = ["FLOOR_ENGINE", "explain"]
 
 JUDGE_ENGINE = "oracle"
-# LocalErrors.graph of the judge's own engine: one evaluation serves both
-OWN_JUDGE = (
-    "the model's graph, evaluated once: the float64 judge's values rounded to the model's dtypes "
-    "(the judge's own evaluator, at one thread)"
-)
 
 
 def explain(
@@ -353,6 +358,7 @@ def _plan(
     not_measured: dict[str, str] = {}
     graphs: dict[str, str] = {}
     by_judge: set[str] = set()
+    own_runs: dict[str, str] = {}
     live = {b.name: b for b in planned}
     for name, r in results.items():
         b = live.get(name)
@@ -362,10 +368,14 @@ def _plan(
             not_measured[name] = LOADED
             continue
         if not b.cls.executes_graph and not b.cls.severs_by_feeds:
-            not_measured[name] = (
-                f"{b.cls.name} computes from its own source, not the ONNX graph, and cannot be fed "
-                "the reference's values step by step"
-            )
+            # not fed the reference's values: judged as the reference is, on its own values
+            mine = builds[name].first.layers if builds[name].ok else None
+            if mine is None:
+                not_measured[name] = f"{b.cls.name} cannot be fed the reference's values, and exposed none"
+                continue
+            args = (ctx, proto, builds[name], available, shapes, captured, mine.capture, name, src.path, ())
+            judges[name], judge_of[name], own_runs[name] = _own_grain(*args), name, mine.capture
+            graphs[name] = OWN_VALUES
             continue
         if _judges_evaluation(b):
             by_judge.add(name)
@@ -383,7 +393,7 @@ def _plan(
                 ctx, proto, builds[name], available, shapes, captured, ref_capture, name, src.path, folded
             )
             judge_of[name] = name
-            graphs[name] = _grain_of(r)
+            graphs[name] = grain_of(r)
         own = replace(spec.ref(), inputs=smodel.inputs)
         model = smodel if b.cls.executes_graph else own
         phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model, hashed=False, windows=cut)
@@ -409,6 +419,7 @@ def _plan(
         node_floor_job=node_floor,
         rewrites=src,
         own_judge=frozenset(by_judge),
+        own_runs=own_runs,
     )
 
 
@@ -429,15 +440,6 @@ def _same_grain(b: PlannedBackend, r: BackendResult) -> tuple[tuple[str, str], .
         return b.variant()
     used = dict(r.info).get("grain", "")
     return b.variant(grain="op" if used.startswith("op") else "module") if used else b.variant()
-
-
-def _grain_of(r: BackendResult) -> str:
-    """The grain a backend of its own source exposes, as its runner says (torch: op or module)."""
-    grain = dict(r.info).get("grain", "")
-    if grain.startswith("op"):
-        return f"its aten calls, {grain[3:].strip('()')} (the model severed at the tensors they became)"
-    why = f"; not at op grain: {grain[len('module (') : -1]}" if grain.startswith("module (") else ""
-    return f"its modules (the model severed at the module outputs it exposes{why})"
 
 
 def _judge_job(
@@ -502,14 +504,14 @@ def _own_grain(
     available: Mapping[str, tuple[int, tuple[int, ...]]],
     shapes: Mapping[str, tuple[int, ...]],
     captured: Mapping[str, str],
-    ref_capture: str,
+    fed: str,
     name: str,
     source: str,
     folded: Sequence[str],
 ) -> Judge:
     """A backend that computes each tensor it exposes from the tensors it exposes above it (torch:
-    module outputs): the model severed at those, judged in float64 (`folded`: the constants it
-    computes again at run time)."""
+    module outputs): the model severed at those, judged in float64 on the values of capture
+    `fed` (the reference's, or its own) (`folded`: the constants it computes again at run time)."""
     layers = b.first.layers if b.ok else None
     mine: set[str] = set()
     if layers is not None:
@@ -519,7 +521,7 @@ def _own_grain(
     severed = sever(proto, grain)
     spath = ctx.work / "explain" / f"severed-{name}.onnx"
     sfeeds = spath.with_suffix(".xbv")
-    save_severed_feeds(sfeeds, ctx.feeds.arrays, ref_capture, severed.inputs)
+    save_severed_feeds(sfeeds, ctx.feeds.arrays, fed, severed.inputs)
     own = {n: d for n, d in captured.items() if n in grain}
     return _judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name, source, folded=folded)
 

@@ -16,14 +16,18 @@ from xbackend.judge.judge_nodes import JUDGE_PHASE, judge_backend, reorder_check
 from xbackend.judge.judged_graph import Judged
 from xbackend.model.load import ModelSpec
 from xbackend.model.reorder import Reordered
+from xbackend.results import BackendResult
 from xbackend.results.explanation import LocalErrors, ReorderCheck
 
 __all__ = [
     "LOCAL_PHASE",
     "NODE_FLOOR_PHASE",
+    "OWN_JUDGE",
+    "OWN_VALUES",
     "Early",
     "Judge",
     "Plan",
+    "grain_of",
     "judge_all",
     "plan_rules",
 ]
@@ -31,6 +35,18 @@ __all__ = [
 LOCAL_PHASE = "local"
 NODE_FLOOR_PHASE = "node-floor"
 _NO_CHECK = "not run: the allowances are checked against K orders per node with --noise-samples K"
+
+
+# LocalErrors.graph of the judge's own engine: one evaluation serves both
+OWN_JUDGE = (
+    "the model's graph, evaluated once: the float64 judge's values rounded to the model's dtypes "
+    "(the judge's own evaluator, at one thread)"
+)
+# ... of a backend that cannot be fed the reference's values (llama.cpp, ExecuTorch)
+OWN_VALUES = (
+    "its own values at the tensors it exposes (the model severed there, each part evaluated from its "
+    "inputs as this backend computed them: it cannot be fed the reference's)"
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,9 @@ class Plan:
     # optimizer left as they were: one evaluation serves both), and its graph's order
     shared: Mapping[str, frozenset[str]] = field(default_factory=dict)
     graph_order: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # backends that cannot be fed the reference's values -> their own per-layer capture, judged as
+    # the reference's is (on their own judge, fed their own values)
+    own_runs: Mapping[str, str] = field(default_factory=dict)
 
 
 class Early:
@@ -93,6 +112,7 @@ class Early:
         if not o.ok:
             return
         with self._lock:
+            self._captures.update(plan.own_runs)
             for name, job in plan.local_jobs.items():
                 lp = o.phase(LOCAL_PHASE) if job.label == o.job.label else None
                 if lp is not None:
@@ -138,7 +158,7 @@ def judge_all(
     allowances of the reference's grain, and each node's NodeStat there (conditioning)."""
     local = [LocalErrors(name, "not-measured", why) for name, why in plan.not_measured.items()]
     modules = spec.modules()
-    captures = {plan.reference: ref_capture}
+    captures = {plan.reference: ref_capture, **plan.own_runs}
     for name, job in plan.local_jobs.items():
         o = done.get(job.label)
         lp = o.phase(LOCAL_PHASE) if o is not None and o.ok else None
@@ -335,3 +355,12 @@ def plan_rules(plan: Plan) -> tuple[tuple[str, str, str], ...]:
         for b in j.judged.bounds.values() if j.judged is not None else ():
             seen.setdefault(b.op, (b.op, b.general(), b.source))
     return tuple(seen[k] for k in sorted(seen))
+
+
+def grain_of(r: BackendResult) -> str:
+    """The grain a backend of its own source exposes, as its runner says (torch: op or module)."""
+    grain = dict(r.info).get("grain", "")
+    if grain.startswith("op"):
+        return f"its aten calls, {grain[3:].strip('()')} (the model severed at the tensors they became)"
+    why = f"; not at op grain: {grain[len('module (') : -1]}" if grain.startswith("module (") else ""
+    return f"its modules (the model severed at the module outputs it exposes{why})"

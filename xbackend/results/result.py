@@ -500,7 +500,7 @@ class Result:
             )
         nodes = self.judged_nodes
         coarse = [
-            f"{le.backend} at {le.compared} tensors of {nodes}"
+            f"{le.backend} at {le.compared} {'tensor' if le.compared == 1 else 'tensors'} of {nodes}"
             for le in self.explanation.local
             if le.status == "ok" and le.coarser_than(nodes) and le.backend in names.split(", ")
         ]

@@ -45,7 +45,7 @@ class Dump:
 
     names: dict[str, str]  # aten operator (exported program) -> ONNX tensor
     modules: dict[str, str]  # aten operator -> the module that called it
-    shapes: dict[str, tuple[int, ...]]  # aten operator -> its output's shape
+    shapes: dict[str, tuple[tuple[int, ...], str]]  # aten operator -> its output's shape and dtype
     buffer_size: int
     folder: Any = None  # tempfile.TemporaryDirectory, removed on close
     by_handle: dict[int, str] = field(default_factory=dict)
@@ -60,7 +60,7 @@ class Dump:
         `exported`: the torch.export program it was lowered from; `names`: its operators that
         are ONNX tensors."""
         modules: dict[str, str] = {}
-        shapes: dict[str, tuple[int, ...]] = {}
+        shapes: dict[str, tuple[tuple[int, ...], str]] = {}
         total = 0
         for n in exported.graph.nodes:
             if n.op != "call_function":
@@ -71,8 +71,8 @@ class Dump:
             for v in vals if isinstance(vals, (list, tuple)) else [vals]:
                 if hasattr(v, "shape") and hasattr(v, "element_size"):
                     total += int(np.prod(v.shape, dtype=np.int64)) * v.element_size()
-            if hasattr(vals, "shape"):
-                shapes[n.name] = tuple(int(d) for d in vals.shape)
+            if hasattr(vals, "shape") and hasattr(vals, "dtype"):
+                shapes[n.name] = (tuple(int(d) for d in vals.shape), str(vals.dtype))
         # a delegate call logs its inputs beside its outputs: twice every value, with room
         dump = cls(dict(names), modules, shapes, 2 * total + HEADROOM)
         dump.folder = tempfile.TemporaryDirectory(prefix="xbackend-etdump-")
@@ -152,18 +152,21 @@ class Dump:
         return out
 
 
-def _pick(logged: Any, shape: tuple[int, ...] | None) -> np.ndarray | None:
-    """The logged value of an operator of `shape`: the one value, or the one of that shape among
-    several (ExecuTorch's rule: else the last), reshaped where a view was not logged (`addmm`'s
-    2-d result of a 3-d `linear`)."""
+def _pick(logged: Any, kind: tuple[tuple[int, ...], str] | None) -> np.ndarray | None:
+    """The logged value of an operator of `kind` (shape, dtype): the one value, or the one of that
+    shape and dtype among several (ExecuTorch's rule: else the last; max_pool2d logs its indices
+    after its values, of one shape), reshaped where a view was not logged (`addmm`'s 2-d result
+    of a 3-d `linear`); None where none is of its dtype."""
     values = list(logged) if isinstance(logged, (list, tuple)) else [logged]
-    values = [v for v in values if hasattr(v, "shape")]
+    values = [v for v in values if hasattr(v, "shape") and hasattr(v, "dtype")]
+    if kind is None or not values:
+        return None
+    shape, dtype = kind
+    values = [v for v in values if str(v.dtype) == dtype]
     if not values:
         return None
-    chosen = values[-1]
-    if shape is not None and len(values) > 1:
-        same = [v for v in values if tuple(v.shape) == shape]
-        chosen = same[0] if len(same) == 1 else chosen
+    same = [v for v in values if tuple(v.shape) == shape]
+    chosen = same[0] if len(same) == 1 else values[-1]
     arr = to_numpy(chosen)  # a copy, off ETDump's buffer
     if shape is not None and arr.shape != shape:
         if arr.size != int(np.prod(shape, dtype=np.int64)):

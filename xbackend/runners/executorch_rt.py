@@ -144,7 +144,7 @@ class ExecuTorchRunner(TorchRunner):
             self._dump = None
         if dumping:
             try:  # torch.onnx's aten calls, by the names torch.export gives them
-                names = OpGraph.build(self._module, args, self._aten, {}).names
+                names = OpGraph.build(self._module, args, self._aten, {}).roots
             except Exception as e:
                 self._why = f"torch.export failed for the operator map ({type(e).__name__}: {first_line(e)})"
             else:
