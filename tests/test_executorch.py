@@ -171,3 +171,64 @@ def test_a_planted_error_is_found_at_its_operator(tmp_path: Path) -> None:
     assert first_past(cross["executorch-xnnpack"])[0] == "add_2"
     before = [t for t in cross["executorch"].tensors if t.name in ("linear_3", "add_1", "layer_norm_2")]
     assert len(before) == 3 and all(t.scaled_ulp is not None and t.scaled_ulp < 64 for t in before)
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, xbackend.Result]:
+    """A ResNet (basic blocks, ResNet-18's kind) and a BERT from their transformers configs,
+    random init, exported by `xbackend export torch`, through both ExecuTorch programs."""
+    pytest.importorskip("transformers")
+    import shutil
+
+    from xbackend.export.example_inputs import InputDecl
+    from xbackend.export.torch_onnx import export_torch
+
+    folder = tmp_path_factory.mktemp("et_families")
+    shutil.copy(ROOT / "tests" / "hf_models.py", folder / "hf_models.py")
+    decls = {
+        "resnet": [InputDecl("pixel_values", (1, 3, 32, 32), "float32")],
+        "bert": [InputDecl("input_ids", (1, 16), "int64"), InputDecl("attention_mask", (1, 16), "int64")],
+    }
+    ranges = {"input_ids": (0, 512), "attention_mask": (1, 2)}
+    out = {}
+    for name, inputs in decls.items():
+        path = folder / f"{name}.onnx"
+        mine = {k: v for k, v in ranges.items() if name == "bert"}
+        export_torch(f"{folder / 'hf_models.py'}:{name}", inputs, path, ranges=mine)
+        out[name] = xbackend.compare(
+            path, backends=["torch", "executorch", "executorch-xnnpack", "ort-cpu"], reference="torch",
+            torch_module=f"{folder / 'hf_models.py'}:{name}", probes=["none"], runs=2, ranges=mine,
+        )  # fmt: skip
+    return out
+
+
+def _logged(calls: int, matched: int) -> str:
+    return f"ETDump: {calls} logged kernel call(s), {matched} of them the model's tensors"
+
+
+# measured here (ExecuTorch 1.5.1, torch 2.13): the calls ETDump logs, and those that are tensors
+# of the model (the rest are steps inside one of its operators, views, or calls torch.onnx wrote
+# otherwise)
+FAMILY_LOGGED = {
+    "resnet": {"executorch": _logged(40, 16), "executorch-xnnpack": _logged(1, 1)},
+    "bert": {"executorch": _logged(68, 40), "executorch-xnnpack": _logged(38, 15)},
+}
+
+
+@pytest.mark.parametrize("family", ["resnet", "bert"])
+def test_real_families_judged_per_kernel_call(families: dict[str, xbackend.Result], family: str) -> None:
+    """Beside torch (the reference), both programs are judged against float64 from their own
+    values at each kernel call they log (they cannot be fed the reference's): every call within
+    the rounding its nodes compose to, no origin; XNNPACK takes each model whole (one delegate
+    call: judged at the output alone)."""
+    r = families[family]
+    assert not [ln for ln in r.verdict() if ln.startswith("FAIL")], r.verdict()
+    by = {b.name: b for b in r.backends}
+    local = {le.backend: le for le in r.explanation.local}
+    for name in ("executorch", "executorch-xnnpack"):
+        assert by[name].ok and by[name].deterministic, by[name].reason
+        assert local[name].status == "ok" and local[name].explained, (name, local[name].reason)
+    logged = {n: dict(by[n].info)["per operator"] for n in ("executorch", "executorch-xnnpack")}
+    assert logged == FAMILY_LOGGED[family], logged
+    # XNNPACK takes the whole ResNet: one call, judged at the logits alone
+    assert (local["executorch-xnnpack"].compared == 1) == (family == "resnet")
