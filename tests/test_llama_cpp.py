@@ -261,17 +261,25 @@ def test_qwen2_rotates_halves_and_names_no_output_projection(tmp_path: Path) -> 
     assert "layout" not in dict(b.info)
 
 
-def test_a_trained_llama_in_onnx_and_gguf(tmp_path: Path) -> None:
-    """optimum's Llama trained 300 steps (tests/trained_lm.py: its smallest greedy margin 0.32,
-    not a random model's 1e-3), in ONNX and GGUF from the same weights: llama.cpp's F32 file
-    chooses ONNX Runtime's tokens on every prompt and step; its Q8_0 file too, at 34 dB at
-    worst; Q4_K_M sits near 18 dB and, with margins this large, still leaves few prompts."""
+# measured here (trained 300 steps, --decode 24, 4 prompts): the smallest greedy margin, and the
+# prompts each quantization leaves (Q8_0 34-35 dB at worst, Q4_K_M 18-19 dB, both families)
+TRAINED = {"llama": (0.3, 0, 1), "qwen2": (0.02, 1, 1)}
+
+
+@pytest.mark.parametrize("family", sorted(TRAINED))
+def test_a_trained_model_in_onnx_and_gguf(tmp_path: Path, family: str) -> None:
+    """optimum's Llama and Qwen2 trained 300 steps (tests/trained_lm.py: greedy margins of 0.3
+    and 0.03 at their smallest, not a random model's 1e-3), in ONNX and GGUF from the same
+    weights: llama.cpp's F32 file chooses ONNX Runtime's tokens on every prompt and step; its
+    Q8_0 file sits near 35 dB at worst, Q4_K_M near 18 dB; each leaves at most the prompts
+    measured."""
+    margin, q8_left, q4_left = TRAINED[family]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = with_gguf("llama", tmp_path, ("f32", "q8_0", "q4_k_m"), trained_steps=300)
+        model = with_gguf(family, tmp_path, ("f32", "q8_0", "q4_k_m"), trained_steps=300)
     lowest, left = {}, {}
     for kind in ("q8_0", "q4_k_m"):
-        candidate = f"{tmp_path / f'llama-{kind}.gguf'}@llama.cpp"
+        candidate = f"{tmp_path / f'{family}-{kind}.gguf'}@llama.cpp"
         r = xbackend.compare(
             model,
             backends=["ort-cpu", "llama.cpp"],
@@ -280,10 +288,10 @@ def test_a_trained_llama_in_onnx_and_gguf(tmp_path: Path) -> None:
             runner_options=_opts(),
         )
         assert r.decode is not None and not r.decode.token_flips  # the F32 file: every token ONNX Runtime's
-        assert min(min(p.margins) for p in r.decode.backend("ort-cpu").prompts) > 0.1
+        assert min(min(p.margins) for p in r.decode.backend("ort-cpu").prompts) > margin
         (c,) = r.candidates
         assert c.status == "ok" and c.decode is not None
         lowest[kind] = min(m.sqnr_db for m in c.matches if m.sqnr_db is not None)
         left[kind] = c.decode.backend("llama.cpp").flipped_prompts
     assert lowest["q8_0"] > 30 and 12 < lowest["q4_k_m"] < 25
-    assert left["q8_0"] == 0 and left["q4_k_m"] <= 2
+    assert left["q8_0"] <= q8_left and left["q4_k_m"] <= q4_left + 1
