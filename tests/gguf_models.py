@@ -20,13 +20,18 @@ def hf_folder(family: str, dest: Path, trained_steps: int = 0) -> Path:
     """The Hugging Face folder of tests/optimum/FAMILY.onnx's model, with a tokenizer; trained
     `trained_steps` steps (tests/trained_lm.py), its ONNX file then written beside as
     FAMILY.onnx."""
-    import sentencepiece as spm
-
     dest.mkdir(parents=True, exist_ok=True)
     if trained_steps:
         trained(family, dest.parent / f"{family}.onnx", steps=trained_steps, hf=dest)
     else:
         getattr(optimum_torch, family)().model.save_pretrained(dest, safe_serialization=True)
+    return with_tokenizer(dest)
+
+
+def with_tokenizer(dest: Path) -> Path:
+    """A sentencepiece tokenizer in Hugging Face folder `dest` (llama.cpp's converter reads one)."""
+    import sentencepiece as spm
+
     text = ["".join(chr(32 + (i * 7 + k) % 90) for i in range(100)) for k in range(200)]
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -49,3 +54,26 @@ def with_gguf(family: str, folder: Path, kinds: tuple[str, ...] = ("f32",), trai
         if k == 0:
             shutil.copy(folder / f"{family}-{kind}.gguf", folder / f"{family}.gguf")
     return onnx_path
+
+
+def dynamo_llama(folder: Path) -> Path:
+    """tests/hf_models.py's llama_lm exported by `xbackend export torch` (torch.onnx's dynamo
+    exporter: nodes named node_linear_3, the module path in their metadata, the logits output
+    named by the exporter), with the GGUF of the same weights beside it; the ONNX file's path."""
+    import importlib.util
+
+    from xbackend.export.example_inputs import InputDecl
+    from xbackend.export.torch_onnx import export_torch
+
+    shutil.copy(Path(__file__).resolve().parent / "hf_models.py", folder / "hf_models.py")
+    spec = importlib.util.spec_from_file_location("hf_models_gguf", folder / "hf_models.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.llama_lm().model.save_pretrained(folder / "hf", safe_serialization=True)
+    with_tokenizer(folder / "hf")
+    path = folder / "llama_lm.onnx"
+    decls = [InputDecl("input_ids", (1, 12), "int64")]
+    export_torch(f"{folder / 'hf_models.py'}:llama_lm", decls, path, ranges={"input_ids": (0, 512)})
+    write_gguf(folder / "hf", folder / "llama_lm.gguf", "f32")
+    return path

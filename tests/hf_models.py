@@ -101,6 +101,34 @@ def llama() -> torch.nn.Module:
     return LastHidden(transformers.AutoModel.from_config(cfg)).eval()
 
 
+class Logits(torch.nn.Module):
+    """A causal LM's logits from token ids alone (no cache): as `xbackend export torch` writes a
+    decoder for llama.cpp to run beside it."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Any) -> Any:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def llama_lm() -> torch.nn.Module:
+    """The same Llama with its head (SDPA attention, as transformers picks by default), untied."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
+    return Logits(transformers.LlamaForCausalLM(cfg)).eval()
+
+
 class WhisperEncoder(torch.nn.Module):
     """A Whisper-style audio encoder (two convolutions, sinusoidal positions, pre-norm blocks)."""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import xbackend
-from tests.gguf_models import with_gguf
+from tests.gguf_models import dynamo_llama, with_gguf
 from xbackend.errors import UsageError
 from xbackend.export.gguf import write_gguf
 
@@ -295,3 +295,35 @@ def test_a_trained_model_in_onnx_and_gguf(tmp_path: Path, family: str) -> None:
         left[kind] = c.decode.backend("llama.cpp").flipped_prompts
     assert lowest["q8_0"] > 30 and 12 < lowest["q4_k_m"] < 25
     assert left["q8_0"] <= q8_left and left["q4_k_m"] <= q4_left + 1
+
+
+def test_a_torch_onnx_export_matched_by_its_recorded_modules(tmp_path: Path) -> None:
+    """A Llama exported by torch.onnx's dynamo exporter (`xbackend export torch`): its nodes are
+    node_linear_3 and so on, their modules recorded in metadata, its logits output named by the
+    exporter. llama.cpp hands its logits back under that name, and every role of both layers
+    is found through the recorded module paths (the residual Adds as the layer's own), each
+    within float32 rounding of ONNX Runtime's with a float32 cache, and judged within rounding
+    (its rotary cos and sin, which the exporter folded into constants, are its own: allowed as
+    recomputed); its default float16 cache is the origin at the attention."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = dynamo_llama(tmp_path)
+    r = xbackend.compare(
+        model, backends=["ort-cpu", "llama.cpp"], runner_options=_opts(**F32_CACHE), probes=["none"], runs=1,
+    )  # fmt: skip
+    b = next(x for x in r.backends if x.name == "llama.cpp")
+    assert b.ok, b.reason
+    (c,) = [x for x in r.cross_backend if x.backend == "llama.cpp"]
+    (out,) = c.outputs
+    assert out != "logits" and out in {d.name for d in c.tensors}
+    assert len(c.tensors) == 33 and max(d.scaled_ulp or 0.0 for d in c.tensors) < 16
+    assert not [ln for ln in r.verdict() if ln.startswith(("FAIL", "WARN: llama.cpp"))], r.verdict()
+    # its rotary constants (cos and sin, folded by the exporter) are ones it computes again
+    assert dict(b.info)["recomputes_constants"] == "unsqueeze_14,unsqueeze_15"
+    # its default float16 cache: the origin at the attention's weights-times-values product
+    r = xbackend.compare(
+        model, backends=["ort-cpu", "llama.cpp"], runner_options=_opts(), probes=["none"], runs=1
+    )
+    (line,) = [ln for ln in r.verdict() if ln.startswith("FAIL: llama.cpp: ")]
+    assert "first view_4 (model.model.layers.0.self_attn)" in line
+    assert "made by MatMul at scaled_dot_product_attention" in line

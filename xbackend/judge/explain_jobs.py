@@ -373,7 +373,19 @@ def _plan(
             if mine is None:
                 not_measured[name] = f"{b.cls.name} cannot be fed the reference's values, and exposed none"
                 continue
-            args = (ctx, proto, builds[name], available, shapes, captured, mine.capture, name, src.path, ())
+            folded = dict(r.info).get(RECOMPUTED, "").split(",")
+            args = (
+                ctx,
+                proto,
+                builds[name],
+                available,
+                shapes,
+                captured,
+                mine.capture,
+                name,
+                src.path,
+                folded,
+            )
             judges[name], judge_of[name], own_runs[name] = _own_grain(*args), name, mine.capture
             graphs[name] = OWN_VALUES
             continue

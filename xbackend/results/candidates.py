@@ -257,6 +257,8 @@ class CandidateResult:
             f"; lowest SQNR {_db(worst.sqnr_db)} at {with_module(worst.original, mods)}"
             if worst is not None and worst.sqnr_db is not None
             else "; every matched tensor equal to the original's"
+            if matched
+            else ": nothing to compare it on"
         )
         out.append(
             f"CANDIDATE: {name} ({self.precision}) on {self.compared_on} against the original on "

@@ -323,8 +323,8 @@ def times_floor(scaled_ulp: float, floor: float) -> float:
 DECLINED = "--noise-samples 0: no floor was measured"
 GGUF_DECLINED = (
     "a GGUF file declares its weights' types, not the precision its arithmetic keeps: nothing to "
-    "judge its nodes at (nor is llama.cpp judged against float64); per-layer SQNR, events and its "
-    "tokens or decisions are measured"
+    "judge its nodes at (nor is its run judged against float64: its weights are not the model's); "
+    "per-layer SQNR, events and its tokens or decisions are measured"
 )
 QUICK_DECLINED = (
     "the quick table (--probes none --runs 1) judges nothing against float64: drop --runs 1 for it"

@@ -3,7 +3,9 @@
 llama.cpp names the tensors of its graph by role and layer (`attn_norm-0`, `Qcur-1`, `l_out-1`,
 `result_output`); several share a name across steps (`Qcur-0` is the projection, its reshape and
 its rotation), told apart by the ggml op that made them. An optimum or torch.onnx export of a
-Llama or Qwen2 names its nodes by module (`/model/layers.0/input_layernorm/...`). Each role is
+Llama or Qwen2 names its nodes by module: optimum's (TorchScript's) node names
+(`/model/layers.0/input_layernorm/...`), torch.onnx's dynamo exporter the module path it records
+on each node (`model.model.layers.0.input_layernorm`, read as the same scope). Each role is
 found in the ONNX graph by its module's output, or by where it flows (the rotated query is what
 the attention's QK MatMul reads, through its scaling and transposes), never by value.
 
@@ -73,16 +75,49 @@ class RoleMap:
 
     matched: Mapping[str, Matched]  # ONNX tensor -> its llama.cpp tensor
     unmatched: Mapping[str, str]  # ONNX tensor -> why no llama.cpp tensor holds it
+    # the model's rotary constants (frequencies, or cos and sin folded by the exporter), which
+    # llama.cpp computes again from the GGUF's rope base
+    recomputed: tuple[str, ...] = ()
 
     def by_ggml(self) -> dict[tuple[str, str], Matched]:
         return {(m.ggml, m.op): m for m in self.matched.values()}
 
 
+@dataclass(frozen=True)
+class _Node:
+    """A node under the name its module scope gives it (`/model/layers.0/self_attn/q_proj/...`)."""
+
+    name: str
+    op_type: str
+    input: tuple[str, ...]
+    output: tuple[str, ...]
+    scope: str  # its innermost module, as a path ("" where the export names none)
+
+
+def _scoped(graph: onnx.GraphProto) -> list[_Node]:
+    """The nodes, each named as optimum names them: a dynamo export's recorded module path, the
+    decoder (the module holding `layers`) read as /model, the node's own name after it."""
+    paths = []
+    for n in graph.node:
+        scopes = next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "")
+        found = re.findall(r"'([^']*)'", scopes)
+        paths.append(found[-2] if len(found) >= 2 else "")
+    root = next((p.split(".layers.")[0] for p in paths if ".layers." in p), None)
+    out = []
+    for n, path in zip(graph.node, paths, strict=True):
+        name, scope = n.name, ""
+        if root is not None and (path == root or path.startswith(root + ".")):
+            scope = "/model" + path[len(root) :].replace(".", "/").replace("/layers/", "/layers.")
+            name = f"{scope}/{n.name}"
+        out.append(_Node(name, n.op_type, tuple(n.input), tuple(n.output), scope))
+    return out
+
+
 class _Graph:
     def __init__(self, graph: onnx.GraphProto) -> None:
-        self.nodes = list(graph.node)
+        self.nodes = _scoped(graph)
         self.producer = {o: n for n in self.nodes for o in n.output if o}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        self.consumers: dict[str, list[_Node]] = {}
         for n in self.nodes:
             for i in n.input:
                 self.consumers.setdefault(i, []).append(n)
@@ -91,6 +126,24 @@ class _Graph:
             o for n in self.nodes if n.op_type == "Constant" for o in n.output
         }
         self.by_name = {n.name: n for n in self.nodes}
+        floats = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+        self.float_constant = {t.name for t in graph.initializer if t.data_type in floats} | {
+            o
+            for n in graph.node
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].t.data_type in floats
+            for o in n.output
+        }
+        rest = [o.name for o in graph.output if not o.name.startswith("present")]
+        self.logits = "logits" if "logits" in self.outputs else (rest[0] if len(rest) == 1 else None)
+
+    def residual(self, layer: str, k: int) -> str | None:
+        """The layer's k-th residual Add: optimum names them Add and Add_1; otherwise the Adds
+        the layer's own scope holds (outside its modules), in order."""
+        named = self.node_output(f"{layer}/Add" + (f"_{k}" if k else ""))
+        if named is not None:
+            return named
+        adds = [n for n in self.nodes if n.scope == layer and n.op_type == "Add"]
+        return adds[k].output[0] if len(adds) > k and adds[k].output else None
 
     def module_output(self, scope: str) -> str | None:
         """What a module computes: of the tensors its nodes hand to nodes outside it, the one its
@@ -114,6 +167,15 @@ class _Graph:
             return None
         data = [i for i in found[0].input if i and i not in self.constant]
         return data[0] if data else None
+
+    def rotary_constants(self, rotated: Sequence[str]) -> tuple[str, ...]:
+        """The constants the rotary embedding reads (its frequencies), and those the rotations'
+        products read (cos and sin, where the exporter folded them)."""
+        nodes = [n for n in self.nodes if "/rotary_emb/" in n.name + "/"]
+        for t in rotated:
+            add = self.producer.get(t)
+            nodes += [self.producer[i] for i in (add.input if add else ()) if i in self.producer]
+        return tuple(sorted({i for n in nodes for i in n.input if i in self.float_constant}))
 
     def rotated(self, layer: int, side: int) -> str | None:
         """The rotated query (side 0) or key (side 1): followed back from the attention's QK
@@ -158,7 +220,7 @@ def _roles(
     out: list[tuple[str | None, Matched]] = [
         (g.module_output("/model/embed_tokens"), Matched("", "embd", "GET_ROWS", "rows")),
         (g.module_output("/model/norm"), Matched("", "result_norm", "MUL", "rows")),
-        ("logits" if "logits" in g.outputs else None, Matched("", "result_output", "MUL_MAT", "rows")),
+        (g.logits, Matched("", "result_output", "MUL_MAT", "rows")),
     ]
     for i in range(layers):
         lay, att, mlp = f"/model/layers.{i}", f"/model/layers.{i}/self_attn", f"/model/layers.{i}/mlp"
@@ -177,13 +239,13 @@ def _roles(
             (g.rotated(i, 1), Matched("", f"Kcur-{i}", "ROPE", rotated, kv_heads, undid)),
             (g.input_of(f"{att}/o_proj", "MatMul"), Matched("", f"kqv_out-{i}", "ATTN", "rows")),
             (g.module_output(f"{att}/o_proj"), Matched("", f"attn_out-{i}", "PROJ", "rows")),
-            (g.node_output(f"{lay}/Add"), Matched("", f"ffn_inp-{i}", "ADD", "rows")),
+            (g.residual(lay, 0), Matched("", f"ffn_inp-{i}", "ADD", "rows")),
             (g.module_output(f"{lay}/post_attention_layernorm"), Matched("", f"ffn_norm-{i}", "MUL", "rows")),
             (g.module_output(f"{mlp}/gate_proj"), Matched("", f"ffn_gate-{i}", "PROJ", "rows")),
             (g.module_output(f"{mlp}/up_proj"), Matched("", f"ffn_up-{i}", "PROJ", "rows")),
             (g.input_of(f"{mlp}/down_proj", "MatMul"), Matched("", f"ffn_swiglu-{i}", "SWIGLU", "rows")),
             (g.module_output(f"{mlp}/down_proj"), Matched("", f"ffn_out-{i}", "PROJ", "rows")),
-            (g.node_output(f"{lay}/Add_1"), Matched("", f"l_out-{i}", "ADD", "rows")),
+            (g.residual(lay, 1), Matched("", f"l_out-{i}", "ADD", "rows")),
         ]
     return out
 
@@ -203,7 +265,8 @@ def role_map(graph: onnx.GraphProto, wanted: Sequence[str], hparams: Mapping[str
             found[tensor] = Matched(tensor, m.ggml, m.op, m.layout, m.heads, m.undid)
     matched = {t: found[t] for t in wanted if t in found}
     unmatched = {t: _why(t, g) for t in wanted if t not in found}
-    return RoleMap(matched, unmatched)
+    rotated = [t for t, m in found.items() if m.op == "ROPE"]
+    return RoleMap(matched, unmatched, g.rotary_constants(rotated))
 
 
 def _why(tensor: str, g: _Graph) -> str:

@@ -29,7 +29,7 @@ from xbackend.execution.buildinfo import BuildFingerprint
 from xbackend.files.capture_folder import file_sha256
 from xbackend.files.modelref import ModelRef
 from xbackend.numerics.values import Value
-from xbackend.runners.base import Availability, OptionSpec, Runner
+from xbackend.runners.base import RECOMPUTED, Availability, OptionSpec, Runner
 from xbackend.runners.ggml_roles import UNINTERLEAVED, Matched, RoleMap, role_map, stage_of
 from xbackend.runners.ort_cpu import physical_cores
 
@@ -99,6 +99,7 @@ class LlamaCppRunner(Runner):
         super().__init__(options)
         self._ll: Any = None
         self._g: Any = None
+        self._logits = "logits"  # the model output that holds them
         self._model: Any = None
         self._ctx: Any = None
         self._batch: Any = None
@@ -165,13 +166,19 @@ class LlamaCppRunner(Runner):
             "head_count_kv": ll.llama_model_n_head_kv(self._model),
         }
         self._outputs = tuple(t for t in model.outputs if t in tensors)
+        rest = [o for o in model.outputs if not o.startswith("present")]
+        if "logits" not in model.outputs and len(rest) != 1:
+            raise RunnerFailedError(
+                f"llama.cpp hands back logits: the model's outputs ({', '.join(model.outputs)}) name none "
+                "'logits', and more than one is not a cache (present.*)"
+            )
+        self._logits = "logits" if "logits" in model.outputs else rest[0]
         wanted = [t for t in tensors if t not in model.outputs]
-        if wanted:
-            from xbackend.model.load import load_proto  # imports onnx: the model's graph, to match it
+        from xbackend.model.load import load_proto  # imports onnx: the model's graph, to match it
 
-            graph = load_proto(model.path, load_external=False).graph
-            self._roles = role_map(graph, wanted, hparams, arch)
-            self._want = self._roles.by_ggml()
+        # matched by role; every build names the rotary constants it computes again (the judge's)
+        self._roles = role_map(load_proto(model.path, load_external=False).graph, wanted, hparams, arch)
+        self._want = self._roles.by_ggml()
         self._vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self._model))
         n_ctx = self.options["n_ctx"] or max(512, ll.llama_model_n_ctx_train(self._model))
         cp = ll.llama_context_default_params()
@@ -232,7 +239,7 @@ class LlamaCppRunner(Runner):
         self._pos = start + len(tokens)
         self._ever |= set(self._seen)
         self._ran = True
-        out: dict[str, Any] = {"logits": np.concatenate(logits)[None]}
+        out: dict[str, Any] = {self._logits: np.concatenate(logits)[None]}
         for key, parts in self._seen.items():
             m = self._want[key]
             out[m.onnx] = m.to_onnx(np.concatenate(parts, axis=0))
@@ -324,6 +331,8 @@ class LlamaCppRunner(Runner):
             out["gguf_type"] = self._meta.get("general.file_type", "")
         if self._meta.get("general.architecture") == "llama":  # said by either build
             out["layout"] = f"per layer, Q and K: {UNINTERLEAVED}"
+        if self._roles.recomputed:  # its own rotary frequencies, from the GGUF's rope base
+            out[RECOMPUTED] = ",".join(self._roles.recomputed)
         return out
 
     def close(self) -> None:
