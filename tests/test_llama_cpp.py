@@ -211,6 +211,44 @@ def test_token_by_token_against_one_batch(llama: Path) -> None:
         assert token.first_divergence is not None and "/model/layers.0/" in token.first_divergence
 
 
+# measured here (AVX-512): sample alone vs in a batch of 4 prompts, the 4 as sequences of one
+# context (a server's slots), at the logits: (invariant, scaled ULP at worst)
+SLOTS = {
+    "own caches, one batch": ({}, True, 0.0),
+    "own caches, a token of each per decode": ({"feed": "token"}, False, 1.5),
+    "one shared cache, one batch, float32 cache": (
+        {"kv_unified": "true", **F32_CACHE},
+        False,
+        1.0,
+    ),
+    "one shared cache, one batch": ({"kv_unified": "true"}, True, 0.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SLOTS))
+def test_several_prompts_as_slots_against_one_alone(llama: Path, case: str) -> None:
+    """The batch probe on llama.cpp (llama.cpp #7052: a server's slots give other logits than
+    one prompt alone): 4 prompts decoded as 4 sequences of one context. With a cache per
+    sequence and each prompt in one batch, each sample keeps its bits; decoding a token of each
+    per call (as slots do) takes the matrix product where one alone takes the vector-matrix one
+    (#4479), and one cache shared by all (kv_unified) has attention read every sequence's rows
+    (masked) where flash attention is off."""
+    import platform
+
+    opts, invariant, worst = SLOTS[case]
+    r = xbackend.compare(
+        llama, backends=["llama.cpp"], runner_options=_opts(**opts), probes=["batch"], batch_invariance=4,
+        runs=1, shapes={**SHAPES}, noise_samples=0,
+    )  # fmt: skip
+    (p,) = r.probe("batch").rows  # type: ignore[attr-defined]
+    assert p.status == "ok" and p.compared == 1 and len(p.positions) == 3, p.reason  # logits, 3 positions
+    flags = Path("/proc/cpuinfo").read_text(encoding="utf-8") if platform.system() == "Linux" else ""
+    if " avx512f" in flags:  # the kernels measured here; AVX2 machines have their own sgemm tiles
+        assert p.invariant == invariant and (p.scaled_ulp or 0.0) == worst
+    if not p.invariant:
+        assert p.first_divergence == "logits"
+
+
 @pytest.mark.parametrize("original_on", ["ort-cpu", "llama.cpp"])
 def test_gguf_quantizations_as_candidates(llama: Path, original_on: str) -> None:
     """`--candidate FILE.gguf@llama.cpp` against the ONNX original on ONNX Runtime, or against the

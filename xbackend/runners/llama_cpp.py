@@ -93,6 +93,13 @@ class LlamaCppRunner(Runner):
         OptionSpec(
             "n_ctx", int, 0, "context length in tokens (0: the model's training context, at least 512)"
         ),
+        OptionSpec(
+            "kv_unified",
+            bool,
+            False,
+            "several prompts (a batch of B): one KV cache for all B sequences, as a server's slots share "
+            "one, rather than one per sequence",
+        ),
     )
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
@@ -100,6 +107,9 @@ class LlamaCppRunner(Runner):
         self._ll: Any = None
         self._g: Any = None
         self._logits = "logits"  # the model output that holds them
+        self._cp: Any = None  # the context's parameters (a batch of several makes another)
+        self._n_ctx = self._slots = 0
+        self._multi = False  # decoding several sequences: no tensor inside is read
         self._model: Any = None
         self._ctx: Any = None
         self._batch: Any = None
@@ -192,6 +202,8 @@ class LlamaCppRunner(Runner):
             self._callback = ll.ggml_backend_sched_eval_callback(self._on_tensor)
             _KEPT.append(self._callback)
             cp.cb_eval = self._callback
+        cp.kv_unified = bool(self.options["kv_unified"])
+        self._cp, self._n_ctx, self._slots = cp, n_ctx, 1
         self._ctx = ll.llama_init_from_model(self._model, cp)
         if not self._ctx:
             raise RunnerFailedError(f"llama.cpp could not make a context of {n_ctx} tokens for {path.name}")
@@ -213,15 +225,21 @@ class LlamaCppRunner(Runner):
     def run_impl(self, feeds: Mapping[str, Value]) -> Mapping[str, Any]:
         ll = self._ll
         ids = np.asarray(feeds.get("input_ids"))
-        if ids.ndim != 2 or ids.shape[0] != 1:
-            raise InputError(
-                f"llama.cpp runs one sequence: input_ids of shape {list(ids.shape)}, not [1, T] (its "
-                "batches of several prompts are slots of a server, not compared here)"
-            )
+        if ids.ndim != 2 or ids.shape[0] < 1 or ids.size == 0:
+            raise InputError(f"llama.cpp takes input_ids of shape [B, T]: given {list(ids.shape)}")
         past = [np.asarray(v) for k, v in feeds.items() if k.startswith("past_key_values")]
         start = int(past[0].shape[2]) if past and past[0].ndim == 4 else 0
+        _check_positions(feeds, start, ids.shape[1])
+        if np.any(ids < 0) or np.any(ids >= self._vocab):
+            raise InputError(f"llama.cpp: a token id outside its vocabulary of {self._vocab}")
+        if ids.shape[0] > 1:
+            if start:
+                raise InputError(
+                    "llama.cpp continues one sequence's KV cache: several prompts with a past are "
+                    "decoded one prompt at a time here"
+                )
+            return self._several(ids)
         tokens = [int(t) for t in ids[0]]
-        _check_positions(feeds, start, len(tokens))
         if start == 0:
             ll.llama_memory_clear(ll.llama_get_memory(self._ctx), True)
             self._pos = 0
@@ -229,13 +247,12 @@ class LlamaCppRunner(Runner):
             raise RunnerFailedError(
                 f"llama.cpp keeps its own KV cache: fed a past of {start} token(s), it holds {self._pos}"
             )
-        if any(t < 0 or t >= self._vocab for t in tokens):
-            raise InputError(f"llama.cpp: a token id outside its vocabulary of {self._vocab}")
         step = 1 if self.options["feed"] == "token" else self._batch_size
         self._seen = {}
         logits = []
         for at in range(0, len(tokens), step):
-            logits.append(self._decode(tokens[at : at + step], start + at))
+            part = tokens[at : at + step]
+            logits.append(self._decode([(t, start + at + i, 0) for i, t in enumerate(part)]))
         self._pos = start + len(tokens)
         self._ever |= set(self._seen)
         self._ran = True
@@ -251,18 +268,57 @@ class LlamaCppRunner(Runner):
                 )
         return out
 
-    def _decode(self, tokens: list[int], pos: int) -> np.ndarray:
+    def _several(self, ids: np.ndarray) -> dict[str, Any]:
+        """B prompts as B sequences of one context (a server's slots): every token's logits;
+        no tensor inside (llama.cpp orders several sequences' tokens in micro-batches of its own),
+        and no cache to continue."""
+        ll = self._ll
+        rows, n = ids.shape
+        if rows > self._slots:  # a context of B sequences, each of the context length
+            cp = self._cp
+            cp.n_seq_max, cp.n_ctx = rows, self._n_ctx * rows
+            ll.llama_free(self._ctx)
+            self._ctx = ll.llama_init_from_model(self._model, cp)
+            if not self._ctx:
+                raise RunnerFailedError(f"llama.cpp could not make a context of {rows} sequences")
+            self._slots = rows
+        ll.llama_memory_clear(ll.llama_get_memory(self._ctx), True)
+        self._pos = -1  # no past continues a batch of several
+        token_feed = self.options["feed"] == "token"  # one token of each sequence per decode
+        order = [(r, t) for t in range(n) for r in range(rows)] if token_feed else np.ndindex(rows, n)
+        order = list(order)
+        step = rows if token_feed else self._batch_size
+        out = np.zeros((rows, n, self._vocab), np.float32)
+        self._multi, self._seen = True, {}
+        try:
+            for at in range(0, len(order), step):
+                part = order[at : at + step]
+                got = self._decode([(int(ids[r, t]), t, r) for r, t in part])
+                for (r, t), row in zip(part, got, strict=True):
+                    out[r, t] = row
+        finally:
+            self._multi = False
+        heads = ll.llama_model_n_head_kv(self._model)
+        present = {
+            "present" + k[len("past_key_values") :]: np.zeros((rows, heads, n, 0), np.float32)
+            for k in self._inputs
+            if k.startswith("past_key_values")
+        }
+        return {self._logits: out, **present}
+
+    def _decode(self, entries: list[tuple[int, int, int]]) -> np.ndarray:
+        """One llama_decode of (token, position, sequence) entries: each one's logits."""
         ll, b = self._ll, self._batch
-        b.n_tokens = len(tokens)
-        for i, t in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, pos + i, 1, True
-            b.seq_id[i][0] = 0
+        b.n_tokens = len(entries)
+        for i, (t, pos, seq) in enumerate(entries):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, pos, 1, True
+            b.seq_id[i][0] = seq
         self._chunk, self._failed = {}, ""
         rc = ll.llama_decode(self._ctx, b)
         if rc != 0:
             raise RunnerFailedError(
-                f"llama_decode returned {rc} at position {pos} ({len(tokens)} token(s); its context holds "
-                f"{ll.llama_n_ctx(self._ctx)}: raise --set llama.cpp.n_ctx=N)"
+                f"llama_decode returned {rc} at position {entries[0][1]} ({len(entries)} token(s); its "
+                f"context holds {ll.llama_n_ctx(self._ctx)}: raise --set llama.cpp.n_ctx=N)"
             )
         if self._failed:
             raise RunnerFailedError(f"llama.cpp's eval callback: {self._failed}")
@@ -270,7 +326,7 @@ class LlamaCppRunner(Runner):
             self._seen.setdefault(key, []).extend(v for _, v in parts)
         rows = [
             np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, i), (self._vocab,)).copy()
-            for i in range(len(tokens))
+            for i in range(len(entries))
         ]
         return np.stack(rows).astype(np.float32)
 
@@ -280,7 +336,7 @@ class LlamaCppRunner(Runner):
             name = self._g.ggml_get_name(tensor).decode(errors="replace")
             op = self._g.ggml_op_desc(tensor).decode(errors="replace")
             key = (name, stage_of(name, op))
-            if key not in self._want:
+            if key not in self._want or self._multi:
                 return not ask  # ask: not wanted; computed: go on
             if ask:
                 return True
@@ -352,7 +408,7 @@ class LlamaCppRunner(Runner):
 def _check_positions(feeds: Mapping[str, Value], start: int, n: int) -> None:
     """llama.cpp numbers positions itself: the feeds' positions and mask must be its own."""
     pos = feeds.get("position_ids")
-    if pos is not None and not np.array_equal(np.asarray(pos).reshape(-1), np.arange(start, start + n)):
+    if pos is not None and not np.all(np.asarray(pos).reshape(-1, n) == np.arange(start, start + n)):
         raise InputError(f"llama.cpp numbers positions {start}..{start + n - 1} itself: position_ids differ")
     mask = feeds.get("attention_mask")
     if mask is not None and not np.all(np.asarray(mask) == 1):
