@@ -61,6 +61,7 @@ from xbackend.judge.judge_plan import (
     grain_of,
     judge_all,
     plan_rules,
+    shapes_of,
 )
 from xbackend.judge.judged_graph import judged_model
 from xbackend.judge.plain_judge import Shipped, judge_plain_runs
@@ -329,7 +330,7 @@ def _plan(
         write_rewritten(proto, src.path, Path(src.path))
     with CaptureFile(ref_capture) as cap:
         held = cap.tensors()
-    shapes = _shapes(builds, held)
+    shapes = shapes_of(builds, held)
     shapes.update({n: tuple(v.shape) for n, v in ctx.feeds.arrays.items() if isinstance(v, np.ndarray)})
     tensors = spec.tensor_order()
 
@@ -536,22 +537,6 @@ def _own_grain(
     save_severed_feeds(sfeeds, ctx.feeds.arrays, fed, severed.inputs)
     own = {n: d for n, d in captured.items() if n in grain}
     return _judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name, source, folded=folded)
-
-
-def _shapes(
-    builds: Mapping[str, Builds], held: Mapping[str, tuple[str, tuple[int, ...]]]
-) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape: the reference's, then any other live backend's per-layer capture
-    for the tensors the reference does not hold (the permuted model needs each reduction's)."""
-    shapes = {n: s for n, (_, s) in held.items()}
-    for b in builds.values():
-        layers = b.first.layers if b.ok and b.loaded is None else None
-        if layers is None:
-            continue
-        with CaptureFile(layers.capture) as cap:
-            for n, (_, s) in cap.tensors().items():
-                shapes.setdefault(n, s)
-    return shapes
 
 
 def _analyze(

@@ -10,7 +10,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xbackend.compare.builds import Builds
 from xbackend.execution.executor import Executor, Job, JobOutcome
+from xbackend.files.run_values import CaptureFile
 from xbackend.judge.conditioning import NodeStat, node_stats
 from xbackend.judge.judge_nodes import JUDGE_PHASE, judge_backend, reorder_check
 from xbackend.judge.judged_graph import Judged
@@ -30,6 +32,7 @@ __all__ = [
     "grain_of",
     "judge_all",
     "plan_rules",
+    "shapes_of",
 ]
 
 LOCAL_PHASE = "local"
@@ -364,3 +367,19 @@ def grain_of(r: BackendResult) -> str:
         return f"its aten calls, {grain[3:].strip('()')} (the model severed at the tensors they became)"
     why = f"; not at op grain: {grain[len('module (') : -1]}" if grain.startswith("module (") else ""
     return f"its modules (the model severed at the module outputs it exposes{why})"
+
+
+def shapes_of(
+    builds: Mapping[str, Builds], held: Mapping[str, tuple[str, tuple[int, ...]]]
+) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape: the reference's, then any other live backend's per-layer capture
+    for the tensors the reference does not hold (the permuted model needs each reduction's)."""
+    shapes = {n: s for n, (_, s) in held.items()}
+    for b in builds.values():
+        layers = b.first.layers if b.ok and b.loaded is None else None
+        if layers is None:
+            continue
+        with CaptureFile(layers.capture) as cap:
+            for n, (_, s) in cap.tensors().items():
+                shapes.setdefault(n, s)
+    return shapes
