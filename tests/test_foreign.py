@@ -130,7 +130,10 @@ def test_worker_modules_run_under_python_3_8() -> None:
 
 # Runner modules an interpreter without onnx cannot import: each reads the ONNX graph itself
 # (docs/backends.md lists them). Every other runner needs only numpy and its engine.
-NEED_ONNX = {"reference", "oracle", "torch_eager", "torch_compile", "torch_cuda", "executorch_rt"}
+NEED_ONNX = {
+    "reference", "oracle", "torch_eager", "torch_compile", "torch_cuda", "executorch_rt",
+    "executorch_dump",  # executorch_rt's per-operator reader
+}  # fmt: skip
 
 
 @pytest.mark.slow

@@ -184,11 +184,14 @@ class LlamaCppRunner(Runner):
             )
         self._logits = "logits" if "logits" in model.outputs else rest[0]
         wanted = [t for t in tensors if t not in model.outputs]
-        from xbackend.model.load import load_proto  # imports onnx: the model's graph, to match it
-
-        # matched by role; every build names the rotary constants it computes again (the judge's)
-        self._roles = role_map(load_proto(model.path, load_external=False).graph, wanted, hparams, arch)
-        self._want = self._roles.by_ggml()
+        try:  # matched by role; every build names the rotary constants it computes again (the judge's)
+            from xbackend.model.load import load_proto  # imports onnx: the model's graph, to match it
+        except ImportError:  # an interpreter without onnx: its outputs only
+            if wanted:
+                raise
+        else:
+            self._roles = role_map(load_proto(model.path, load_external=False).graph, wanted, hparams, arch)
+            self._want = self._roles.by_ggml()
         self._vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self._model))
         n_ctx = self.options["n_ctx"] or max(512, ll.llama_model_n_ctx_train(self._model))
         cp = ll.llama_context_default_params()
