@@ -609,6 +609,12 @@ def test_smaller_messages_say_what_happened() -> None:
     assert _divergence(False, "h", {}) == "first divergence h"
     one = LocalErrors("torch", "ok", compared=1, largest_ratio=0.0, largest_at="logits")
     assert explained_words(one, {}).startswith("judged at one tensor only, logits, the only one it exposes")
+    # a whole model as one stretch uses little of its allowance: said in two figures, not as 0;
+    # a share near the whole is floored (0.9996 is not 1)
+    small = LocalErrors("executorch-xnnpack", "ok", compared=1, largest_ratio=4.37e-4, largest_at="logits")
+    assert "exposes: 0.00044 of the allowance" in explained_words(small, {})
+    near = LocalErrors("torch", "ok", compared=1, largest_ratio=0.9996, largest_at="logits")
+    assert "exposes: 0.999 of the allowance" in explained_words(near, {})
 
 
 def _ec_key(folder: Path, curve: object, name: str) -> Path:

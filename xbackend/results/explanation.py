@@ -379,9 +379,10 @@ def explained_words(le: LocalErrors, modules: Mapping[str, str], nodes: int = 0)
     allowance, which a verdict line would read as a near miss."""
     if le.compared == 1 and le.largest_at:  # one exposed tensor: no node was judged on its own
         where = _modname(le.largest_at, modules)
-        ratio = math.floor((le.largest_ratio or 0.0) * 1000) / 1000
+        raw = le.largest_ratio or 0.0  # floored (0.9996 is not 1), two figures where that says 0
+        ratio = f"{math.floor(raw * 1000) / 1000:.3g}" if raw >= 0.001 or raw == 0 else f"{raw:.2g}"
         return (
-            f"judged at one tensor only, {where}, the only one it exposes: {ratio:.3g} of the allowance "
+            f"judged at one tensor only, {where}, the only one it exposes: {ratio} of the allowance "
             "its nodes' rounding composes to there; no node inside was judged on its own"
         )
     nodes_words = (
