@@ -3,12 +3,11 @@ or the model's conditioning), where it was made, and the per-element allowances 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from xbackend.files.textfmt import num, prose, strong, table, with_module
 from xbackend.results import Result
-from xbackend.results.explanation import LocalErrors, ReorderCheck, conditioning_limit
+from xbackend.results.explanation import LocalErrors, ReorderCheck, conditioning_limit, share
 
 __all__ = ["allowances_section", "explanation_section"]
 
@@ -29,8 +28,8 @@ def _row(name: str, le: LocalErrors | None, modules: dict[str, str]) -> list[str
             num(o.ratio),
         ]
     where = with_module(le.largest_at, modules) if le.largest_at else "–"
-    below = math.floor(le.largest_ratio * 1000) / 1000 if le.largest_ratio is not None else None
-    return [name, "explained", graph, where, num(below)]  # never rounded up to the allowance
+    below = share(le.largest_ratio) if le.largest_ratio is not None else num(None)
+    return [name, "explained", graph, where, below]  # never rounded up to the allowance
 
 
 def _check_words(rc: ReorderCheck, modules: dict[str, str]) -> str:

@@ -49,6 +49,7 @@ __all__ = [
     "conditioning_limit",
     "explained_words",
     "origins_line",
+    "share",
     "times_floor",
 ]
 
@@ -372,6 +373,12 @@ def origins_line(backend: str, origins: Sequence[Origin], modules: Mapping[str, 
     )
 
 
+def share(raw: float) -> str:
+    """A share of an allowance: floored to 3 decimals (0.9996 is not 1), in two figures where
+    that would say 0."""
+    return f"{math.floor(raw * 1000) / 1000:.3g}" if raw >= 0.001 or raw == 0 else f"{raw:.2g}"
+
+
 def explained_words(le: LocalErrors, modules: Mapping[str, str], nodes: int = 0) -> str:
     """Why a backend without origins is explained, at the grain it was judged: node by node, or at
     the K tensors its fused kernels expose (`nodes`: the model's own judged node count). Its
@@ -379,8 +386,7 @@ def explained_words(le: LocalErrors, modules: Mapping[str, str], nodes: int = 0)
     allowance, which a verdict line would read as a near miss."""
     if le.compared == 1 and le.largest_at:  # one exposed tensor: no node was judged on its own
         where = _modname(le.largest_at, modules)
-        raw = le.largest_ratio or 0.0  # floored (0.9996 is not 1), two figures where that says 0
-        ratio = f"{math.floor(raw * 1000) / 1000:.3g}" if raw >= 0.001 or raw == 0 else f"{raw:.2g}"
+        ratio = share(le.largest_ratio or 0.0)
         return (
             f"judged at one tensor only, {where}, the only one it exposes: {ratio} of the allowance "
             "its nodes' rounding composes to there; no node inside was judged on its own"
