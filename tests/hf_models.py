@@ -88,7 +88,12 @@ def unet() -> torch.nn.Module:
 def llama() -> torch.nn.Module:
     """A Llama-style decoder (rotary embeddings, RMSNorm, SwiGLU), 2 layers of width 64."""
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
+    cfg = _llama_config(attn_implementation="eager")
+    return LastHidden(transformers.AutoModel.from_config(cfg)).eval()
+
+
+def _llama_config(**more: Any) -> Any:
+    return transformers.LlamaConfig(
         vocab_size=512,
         hidden_size=64,
         intermediate_size=128,
@@ -96,37 +101,16 @@ def llama() -> torch.nn.Module:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,
-        attn_implementation="eager",
+        **more,
     )
-    return LastHidden(transformers.AutoModel.from_config(cfg)).eval()
-
-
-class Logits(torch.nn.Module):
-    """A causal LM's logits from token ids alone (no cache): as `xbackend export torch` writes a
-    decoder for llama.cpp to run beside it."""
-
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: Any) -> Any:
-        return self.model(input_ids=input_ids, use_cache=False).logits
 
 
 def llama_lm() -> torch.nn.Module:
     """The same Llama with its head (SDPA attention, as transformers picks by default), untied."""
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-    )
-    return Logits(transformers.LlamaForCausalLM(cfg)).eval()
+    return Tokens(
+        transformers.LlamaForCausalLM(_llama_config(tie_word_embeddings=False)), out="logits"
+    ).eval()
 
 
 class WhisperEncoder(torch.nn.Module):
@@ -213,14 +197,16 @@ def convnext() -> torch.nn.Module:
 
 
 class Tokens(torch.nn.Module):
-    """A model's last hidden state from token ids alone."""
+    """A model's `out` from token ids alone, no cache (its last hidden state, or a causal LM's
+    logits: as `xbackend export torch` writes a decoder for llama.cpp to run beside it)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, out: str = "last_hidden_state") -> None:
         super().__init__()
         self.model = model
+        self.out = out
 
     def forward(self, input_ids: Any) -> Any:
-        return self.model(input_ids=input_ids, use_cache=False).last_hidden_state
+        return getattr(self.model(input_ids=input_ids, use_cache=False), self.out)
 
 
 def mamba() -> torch.nn.Module:

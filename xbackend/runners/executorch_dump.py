@@ -53,6 +53,7 @@ class Dump:
     exposed: set[str] = field(default_factory=set)  # ONNX tensors the last run logged
     pieces: int = 0  # kernel calls that logged values, in the last run
     why: str = ""  # why nothing past the outputs is exposed
+    record: Any = None  # the ETRecord, read back once (an unsaved one names no debug handles)
 
     @classmethod
     def build(cls, program: Any, exported: Any, names: Mapping[str, str]) -> Dump:
@@ -105,14 +106,16 @@ class Dump:
         return out, self._values(pieces)
 
     def _pieces(self, folder: Path) -> dict[tuple[int, ...], tuple[Any, list[str]]]:
-        from executorch.devtools import Inspector  # engine: executorch
+        from executorch.devtools import Inspector, parse_etrecord  # engine: executorch
         from executorch.devtools.inspector import _inspector_utils as utils  # engine: executorch
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if self.record is None:
+                self.record = parse_etrecord(str(folder / "etrecord.bin"))
             ins = Inspector(
                 etdump_path=str(folder / "etdump.etdp"),
-                etrecord=str(folder / "etrecord.bin"),
+                etrecord=self.record,
                 debug_buffer_path=str(folder / "debug.bin"),
             )
             if not self.by_handle:
@@ -132,9 +135,9 @@ class Dump:
         out: dict[str, np.ndarray] = {}
         self.hidden = {}
         for handles, (logged, kernels) in pieces.items():
-            ops = [self.by_handle[h] for h in dict.fromkeys(handles) if h in self.by_handle]
-            if not ops or handles[-1] not in self.by_handle:
+            if handles[-1] not in self.by_handle:
                 continue
+            ops = [self.by_handle[h] for h in dict.fromkeys(handles) if h in self.by_handle]
             last = self.by_handle[handles[-1]]
             kernel = "XNNPACK delegate call" if "DELEGATE_CALL" in kernels else f"kernel {', '.join(kernels)}"
             where = self.modules.get(last, "") or "the top module"
@@ -168,7 +171,7 @@ def _pick(logged: Any, kind: tuple[tuple[int, ...], str] | None) -> np.ndarray |
     same = [v for v in values if tuple(v.shape) == shape]
     chosen = same[0] if len(same) == 1 else values[-1]
     arr = to_numpy(chosen)  # a copy, off ETDump's buffer
-    if shape is not None and arr.shape != shape:
+    if arr.shape != shape:
         if arr.size != int(np.prod(shape, dtype=np.int64)):
             return None
         arr = arr.reshape(shape)

@@ -139,9 +139,7 @@ class ExecuTorchRunner(TorchRunner):
             raise RunnerFailedError(
                 f"ExecuTorch could not export the module: {type(e).__name__}: {first_line(e)}"
             ) from e
-        if self._dump is not None:
-            self._dump.close()
-            self._dump = None
+        self._drop_dump()
         if dumping:
             try:  # torch.onnx's aten calls, by the names torch.export gives them
                 names = OpGraph.build(self._module, args, self._aten, {}).roots
@@ -197,10 +195,13 @@ class ExecuTorchRunner(TorchRunner):
         have = dump.exposed | set(self._outputs)
         return {t: dump.hidden.get(t, _NOT_MATCHED) for t in self._tensors if t not in have}
 
-    def close(self) -> None:
+    def _drop_dump(self) -> None:
         if self._dump is not None:
             self._dump.close()
             self._dump = None
+
+    def close(self) -> None:
+        self._drop_dump()
         super().close()
 
     def info(self) -> dict[str, str]:

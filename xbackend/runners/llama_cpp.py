@@ -263,13 +263,7 @@ class LlamaCppRunner(Runner):
         for key, parts in self._seen.items():
             m = self._want[key]
             out[m.onnx] = m.to_onnx(np.concatenate(parts, axis=0))
-        heads = ll.llama_model_n_head_kv(self._model)
-        for name in self._inputs:
-            if name.startswith("past_key_values"):  # the cache's length, for the next step's past
-                out["present" + name[len("past_key_values") :]] = np.zeros(
-                    (1, heads, self._pos, 0), np.float32
-                )
-        return out
+        return {**out, **self._presents(1, self._pos)}
 
     def _several(self, ids: np.ndarray) -> dict[str, Any]:
         """B prompts as B sequences of one context (a server's slots): every token's logits;
@@ -288,8 +282,7 @@ class LlamaCppRunner(Runner):
         ll.llama_memory_clear(ll.llama_get_memory(self._ctx), True)
         self._pos = -1  # no past continues a batch of several
         token_feed = self.options["feed"] == "token"  # one token of each sequence per decode
-        order = [(r, t) for t in range(n) for r in range(rows)] if token_feed else np.ndindex(rows, n)
-        order = list(order)
+        order = [(r, t) for t in range(n) for r in range(rows)] if token_feed else list(np.ndindex(rows, n))
         step = rows if token_feed else self._batch_size
         out = np.zeros((rows, n, self._vocab), np.float32)
         self._multi, self._seen = True, {}
@@ -301,13 +294,17 @@ class LlamaCppRunner(Runner):
                     out[r, t] = row
         finally:
             self._multi = False
-        heads = ll.llama_model_n_head_kv(self._model)
-        present = {
-            "present" + k[len("past_key_values") :]: np.zeros((rows, heads, n, 0), np.float32)
+        return {self._logits: out, **self._presents(rows, n)}
+
+    def _presents(self, rows: int, length: int) -> dict[str, np.ndarray]:
+        """Each present.* the model's past calls for: empty, its shape the cache's length (what
+        the next step's past carries; the cache itself stays llama.cpp's)."""
+        heads = self._ll.llama_model_n_head_kv(self._model)
+        return {
+            "present" + k[len("past_key_values") :]: np.zeros((rows, heads, length, 0), np.float32)
             for k in self._inputs
             if k.startswith("past_key_values")
         }
-        return {self._logits: out, **present}
 
     def _decode(self, entries: list[tuple[int, int, int]]) -> np.ndarray:
         """One llama_decode of (token, position, sequence) entries: each one's logits."""
