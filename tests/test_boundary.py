@@ -442,7 +442,7 @@ def test_a_run_killed_outright_leaves_its_folder_to_the_next_run(tmp_path: Path,
     (theirs / "keep.txt").write_text("mine")
     alive = tmp / "xbackend-alive"  # a run still going (this test's own process)
     alive.mkdir()
-    (alive / MARK).write_text(f"{os.getpid()} {runfolders._started(os.getpid())}\n")
+    (alive / MARK).write_text(f"{os.getpid()} {runfolders.start_time(os.getpid())}\n")
     done = subprocess.run(
         [sys.executable, "-m", "xbackend", "compare", str(model), "--backends", "reference", "--no-progress"],
         env=env, capture_output=True, text=True, timeout=300,

@@ -49,7 +49,7 @@ def test_a_recorded_report_is_replaced_and_a_changed_one_refused(
     out = ("--report", str(md), "--json", str(js))
     assert run(capsys, "compare", str(model), *BASE, *out)[0] == 0
     ledger = json.loads((tmp_path / LEDGER).read_text("utf-8"))
-    assert ledger["schema"] == "xbackend.files/1"
+    assert ledger["schema"] == "xbackend.files/2" and len(ledger["seal"]) == 64
     assert sorted(ledger["files"]) == ["r.json", "r.layers.csv", "r.md"]
     assert ledger["files"]["r.md"] == hashlib.sha256(md.read_bytes()).hexdigest()
     assert run(capsys, "compare", str(model), *BASE, *out)[0] == 0  # its own files: a re-run replaces them
@@ -192,7 +192,7 @@ def test_a_sweep_file_cannot_write_over_a_projects_files(
 
 def test_a_ledger_that_is_not_ours_is_never_replaced(tmp_path: Path) -> None:
     (tmp_path / LEDGER).write_text("my own file with this name\n", "utf-8")
-    with pytest.raises(UsageError, match="is not xbackend's ledger of its files"):
+    with pytest.raises(UsageError, match="is not a ledger this user's xbackend sealed"):
         write_atomic(tmp_path / "r.md", "x")
     assert (tmp_path / LEDGER).read_text("utf-8") == "my own file with this name\n"
     assert not (tmp_path / "r.md").exists()  # refused before anything was placed

@@ -3,34 +3,69 @@
 The converter (`convert_hf_to_gguf.py`, with its `conversion` package and `gguf-py`) ships in
 llama.cpp's sources, not in llama-cpp-python's wheel: it is read from a llama.cpp folder named by
 $XBACKEND_LLAMA_CPP, else from the source distribution of the llama-cpp-python installed here
-(the same llama.cpp it was built from), fetched once by pip and kept in xbackend's cache. F32,
-F16, BF16 and Q8_0 are the converter's; Q4_K_M (and Q8_0 from a float file) are llama.cpp's
-quantizer (`llama_model_quantize`), each run in a process of its own.
+(the same llama.cpp it was built from), downloaded once from the package index pip is set to
+(read, never built: nothing is installed) and kept in xbackend's cache. F32, F16, BF16 and Q8_0 are
+the converter's; Q4_K_M (and Q8_0 from a float file) are llama.cpp's quantizer
+(`llama_model_quantize`), each run in a process of its own.
+
+The folder is untrusted: every file in it is checked before the converter starts (regular files
+inside the folder, links included; no pipe, device or link out), its config's sizes are held to
+the bytes of its weights, the converter runs through xbackend/export/gguf_launch.py (transformers
+never grants `trust_remote_code`), with HOME, the Hugging Face caches and TMPDIR in a run folder of
+its own beside the output, and a timeout sized to the weights.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import hashlib
 import importlib.metadata
+import json
 import os
+import re
+import shutil
+import signal
+import ssl
+import stat
 import struct
 import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from xbackend.errors import BackendUnavailableError, ExportError, UsageError
+from xbackend.export.gguf_launch import REMOTE_CODE_EXIT
 from xbackend.files.atomic import check_outputs
 from xbackend.files.owned import file_digest, place
+from xbackend.files.runfolders import MARK, remove_dead_runs, start_time
 
-__all__ = ["TYPES", "converter_dir", "file_type", "quantize", "write_gguf"]
+__all__ = ["TYPES", "check_hf_folder", "converter_dir", "file_type", "quantize", "write_gguf"]
 
 CONVERTED = ("f32", "f16", "bf16", "q8_0")  # the converter's --outtype
 QUANTIZED = {"q4_k_m": 15, "q8_0": 7, "q4_0": 2}  # llama_ftype of llama.cpp's quantizer (llama.h)
 TYPES = (*CONVERTED, "q4_k_m", "q4_0")
 _ENV = "XBACKEND_LLAMA_CPP"
 _NEEDED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
-_TIMEOUT = 3600.0
+_LAUNCH = Path(__file__).with_name("gguf_launch.py")
+_RUN_PREFIX = ".xbackend-gguf-"  # the converter's run folder beside the output
+_FOLDER_LIMIT = 10_000  # entries of an HF folder looked at
+_CONFIG_LIMIT = 4 << 20  # a config.json past this is not one
+_SDIST_LIMIT = 512 << 20
+# seconds: the converter reads and writes every weight about once (15 s for 2.2 GiB here)
+_BASE_TIMEOUT, _PER_GIB = 180.0, 120.0
+_SIZE_FLOOR = 1 << 20  # a size any folder may claim (a vocabulary of 2^20 pads in a second)
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+# config.json's sizes; none may pass the bytes of the weights that hold them
+_SIZES = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings", "n_embd", "n_layer", "n_head",
+    "n_positions", "d_model", "num_layers", "ffn_dim", "moe_intermediate_size", "num_experts",
+)  # fmt: skip
 
 
 def converter_dir() -> Path:
@@ -58,23 +93,89 @@ def converter_dir() -> Path:
     return folder
 
 
+def _pip_settings() -> dict[str, list[str]]:
+    """pip's index-url, extra-index-url, find-links and cert, as `pip config list` reads them."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )  # fmt: skip
+    out: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition("=")
+        name = key.rpartition(".")[2]
+        if name in ("index-url", "extra-index-url", "find-links", "cert") and value:
+            out.setdefault(name, []).extend(value.strip("'\"").split())
+    return out
+
+
+def _sdist_links(index: str, project: str, context: ssl.SSLContext) -> Iterator[str]:
+    """The file links of `project` on a PEP 503 simple index (or a find-links folder or page)."""
+    if "://" not in index or index.startswith("file:"):
+        folder = Path(urllib.parse.urlparse(index).path if index.startswith("file:") else index)
+        for sub in (folder / project, folder):
+            with contextlib.suppress(OSError):
+                yield from (f.as_uri() for f in sorted(sub.iterdir()) if f.is_file())
+        return
+    url = index.rstrip("/") + f"/{project}/"
+    try:
+        with urllib.request.urlopen(url, timeout=60, context=context) as page:
+            html = page.read(16 << 20).decode("utf-8", "replace")
+    except OSError:
+        return
+    for href in re.findall(r'href="([^"]+)"', html):
+        yield urllib.parse.urljoin(url, href.replace("&amp;", "&"))
+
+
+def _download(url: str, dest: Path, context: ssl.SSLContext) -> None:
+    """`url` into `dest`, at most _SDIST_LIMIT bytes, its sha256 checked where the link gives one."""
+    want = urllib.parse.urlparse(url).fragment.partition("sha256=")[2]
+    digest = hashlib.sha256()
+    with (
+        urllib.request.urlopen(url.partition("#")[0], timeout=300, context=context) as src,
+        dest.open("wb") as f,
+    ):
+        size = 0
+        while chunk := src.read(1 << 20):
+            size += len(chunk)
+            if size > _SDIST_LIMIT:
+                raise OSError(f"past {_SDIST_LIMIT >> 20} MiB")
+            digest.update(chunk)
+            f.write(chunk)
+    if want and digest.hexdigest() != want:
+        raise OSError("its sha256 is not the index's")
+
+
 def _fetch(version: str, folder: Path) -> None:
-    """The converter's files from llama-cpp-python's source distribution (pip download)."""
+    """The converter's files from llama-cpp-python's source distribution: downloaded from the
+    package index pip is set to (pip builds nothing, writes nothing in HOME), three folders read
+    out of the archive."""
+    settings = _pip_settings()
+    cert = next(iter(settings.get("cert", [])), "")
+    context = ssl.create_default_context(cafile=cert if cert and Path(cert).is_file() else None)
+    indexes = [*settings.get("find-links", []), *(settings.get("index-url") or ["https://pypi.org/simple"])]
+    indexes += settings.get("extra-index-url", [])
+    name = f"llama_cpp_python-{version}.tar.gz"
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
-        done = subprocess.run(
-            [*cmd, "-d", tmp, f"llama-cpp-python=={version}"], capture_output=True, text=True, timeout=600
-        )
-        sdists = list(Path(tmp).glob("*.tar.gz"))
-        if done.returncode or not sdists:
-            why = (done.stderr.strip().splitlines() or ["no source distribution"])[-1]
+        archive = Path(tmp) / name
+        tried = []
+        for index in indexes:
+            link = next((u for u in _sdist_links(index, "llama-cpp-python", context) if name in u), None)
+            if link is None:
+                continue
+            try:
+                _download(link, archive, context)
+                break
+            except OSError as e:
+                tried.append(f"{index}: {e}")
+        else:
+            why = "; ".join(tried) or f"no {name} on {', '.join(indexes)}"
             raise BackendUnavailableError(
                 f"could not fetch llama-cpp-python {version}'s sources for llama.cpp's converter ({why}); "
                 f"set ${_ENV} to a llama.cpp folder"
             )
         staged = Path(tmp) / "llama.cpp"
-        with tarfile.open(sdists[0]) as tar:
+        with tarfile.open(archive) as tar:
             root = f"llama_cpp_python-{version}/vendor/llama.cpp/"
             members = [
                 m
@@ -88,50 +189,198 @@ def _fetch(version: str, folder: Path) -> None:
             raise BackendUnavailableError(
                 f"llama-cpp-python {version}'s sources hold no convert_hf_to_gguf.py"
             )
-        staged.rename(folder)
+        with contextlib.suppress(FileExistsError, OSError):  # another run may have placed it first
+            staged.rename(folder)
+        if not (folder / "convert_hf_to_gguf.py").is_file():
+            raise BackendUnavailableError(f"could not keep llama.cpp's converter in {folder}")
+
+
+# --- the folder, checked before the converter starts ----------------------------------------------
+
+
+def check_hf_folder(hf_folder: str | os.PathLike[str]) -> tuple[Path, list[Path], int]:
+    """An HF folder the converter may read: its root (resolved), every file in it (all inputs of
+    the command) and the bytes of its weights. Every entry is a regular file or a folder inside it,
+    links included; config.json's sizes are held to the weights' bytes. Else one UsageError."""
+    given = Path(hf_folder)
+    try:
+        root = given.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise UsageError(f"{given} is not a Hugging Face model folder (it cannot be opened)") from None
+    if not root.is_dir() or not (root / "config.json").is_file():
+        raise UsageError(f"{given} is not a Hugging Face model folder (no config.json)")
+    files: list[Path] = []
+    weights = 0
+    for here, dirs, names in os.walk(root):
+        for name in [*dirs, *names]:
+            entry = Path(here) / name
+            if len(files) >= _FOLDER_LIMIT:
+                raise UsageError(f"{given} holds more than {_FOLDER_LIMIT} entries: not a model folder")
+            target = _inside(given, root, entry)
+            st = os.stat(target)
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise UsageError(
+                    f"{entry} is not a regular file (a pipe, a device or a socket): llama.cpp's converter "
+                    "would wait on it; remove it from the folder"
+                )
+            files.append(target)
+            if name.endswith(_WEIGHTS):
+                weights += st.st_size
+        dirs[:] = [d for d in dirs if not (Path(here) / d).is_symlink()]  # checked above, not walked twice
+    _check_config(given, root / "config.json", weights)
+    return root, files, weights
+
+
+def _inside(given: Path, root: Path, entry: Path) -> Path:
+    """Where `entry` leads, which must be inside `root`; the same line whatever lies outside."""
+    try:
+        target = entry.resolve(strict=False)
+    except (OSError, RuntimeError):
+        target = None
+    if target is None or not target.is_relative_to(root) or not os.path.lexists(target):
+        raise UsageError(
+            f"{entry} leads out of {given} (or nowhere): xbackend reads a model folder's own files alone; "
+            f"copy the files in (cp -rL {given} NEW_FOLDER) and convert that"
+        )
+    return target
+
+
+def _check_config(given: Path, config: Path, weights: int) -> None:
+    """config.json's sizes within what its weights can hold (a header cannot claim the machine)."""
+    try:
+        if config.stat().st_size > _CONFIG_LIMIT:
+            raise ValueError(f"past {_CONFIG_LIMIT >> 20} MiB")
+        data = json.loads(config.read_text("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise UsageError(f"{config} is not a readable config.json ({str(e)[:80]}); fix the file") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{config} is not a JSON object; fix the file")
+    tables = [data, *(v for k, v in data.items() if k.endswith("_config") and isinstance(v, dict))]
+    bound = max(weights, _SIZE_FLOOR)
+    for table in tables:
+        for key in _SIZES:
+            value = table.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if value < 0 or value > bound:
+                raise UsageError(
+                    f"{config}: {key} = {value} is more than the {weights:,} bytes of the folder's weights "
+                    f"can hold (at most {bound:,}): not this model's size; fix the file"
+                )
+        vocab, width = table.get("vocab_size"), table.get("hidden_size") or table.get("d_model")
+        if isinstance(vocab, int) and isinstance(width, int) and vocab * width > bound:
+            raise UsageError(
+                f"{config}: a vocabulary of {vocab} x {width} is more than the {weights:,} bytes of the "
+                "folder's weights hold: not this model's size; fix the file"
+            )
+
+
+# --- the converter -------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """The child is killed with xbackend (SIGKILL, the OOM killer): never left reading a folder."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def _run_folder(beside: Path) -> Iterator[Path]:
+    """A temp folder of this run beside the output (marked with this process; a run killed
+    outright leaves it to the next export there, which removes it)."""
+    remove_dead_runs(beside, _RUN_PREFIX)
+    tmp = Path(tempfile.mkdtemp(prefix=_RUN_PREFIX, dir=beside))
+    try:
+        (tmp / MARK).write_text(f"{os.getpid()} {start_time(os.getpid())}\n")
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _contained_env(tmp: Path) -> dict[str, str]:
+    """The converter's environment: its HOME, caches and temp files in the run folder, offline."""
+    home = tmp / "home"
+    (home / "tmp").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_", "TRANSFORMERS_"))}
+    env.update(
+        HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), XDG_CONFIG_HOME=str(home / ".config"),
+        HF_HOME=str(home / "hf"), HF_MODULES_CACHE=str(home / "hf" / "modules"), TMPDIR=str(home / "tmp"),
+        MPLCONFIGDIR=str(home / "mpl"), TORCHINDUCTOR_CACHE_DIR=str(home / "inductor"),
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
+        PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1", GGML_NO_BACKTRACE="1",
+    )  # fmt: skip
+    return env
+
+
+def _last_line(text: str, fallback: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else fallback)[:300]
+
+
+def _run(
+    argv: list[str], env: dict[str, str], timeout: float, cwd: Path, what: str
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd,
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise ExportError(
+            f"{what} took past {timeout:.0f} s (its limit for these weights); nothing was written"
+        ) from None
 
 
 def write_gguf(
     hf_folder: str | os.PathLike[str], dest: str | os.PathLike[str], kind: str = "f32", force: bool = False
 ) -> Path:
     """`hf_folder` (config.json, weights, a tokenizer) as a GGUF file of type `kind` at `dest`:
-    a new file, or one xbackend wrote (recorded), or any with `force`; placed whole."""
+    a new file, or one xbackend wrote (recorded), or any with `force`; placed whole. Every file of
+    the folder is an input: never the output, even with `force`."""
     kind = kind.lower()
     if kind not in TYPES:
         raise UsageError(f"GGUF type {kind!r}: choose one of {', '.join(TYPES)}")
-    src = Path(hf_folder)
-    if not (src / "config.json").is_file():
-        raise UsageError(f"{src} is not a Hugging Face model folder (no config.json)")
+    root, inputs, weights = check_hf_folder(hf_folder)
     out = Path(dest)
-    check_outputs([("the GGUF file", out)], [src / "config.json"], force)
-    with tempfile.TemporaryDirectory(dir=out.resolve().parent) as tmp:
-        first = Path(tmp) / ("model.gguf" if kind in CONVERTED else "model-f32.gguf")
-        folder = converter_dir()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder / "gguf-py"), str(folder)])}
-        run = [
-            sys.executable,
-            str(folder / "convert_hf_to_gguf.py"),
-            str(src.resolve()),
-            "--outfile",
-            str(first),
-        ]
-        done = subprocess.run(
-            [*run, "--outtype", kind if kind in CONVERTED else "f32"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=_TIMEOUT,
-            cwd=tmp,
+    check_outputs([("the GGUF file", out)], inputs, force)
+    timeout = _BASE_TIMEOUT + _PER_GIB * weights / (1 << 30)
+    folder = converter_dir()
+    beside = out.resolve().parent
+    beside.mkdir(parents=True, exist_ok=True)
+    with _run_folder(beside) as tmp:
+        env = _contained_env(tmp)
+        first = tmp / ("model.gguf" if kind in CONVERTED else "model-f32.gguf")
+        argv = [sys.executable, "-I", str(_LAUNCH), str(folder), str(root), "--outfile", str(first)]
+        done = _run(
+            [*argv, "--outtype", kind if kind in CONVERTED else "f32"],
+            env,
+            timeout,
+            tmp,
+            "llama.cpp's converter",
         )
+        if done.returncode == REMOTE_CODE_EXIT:
+            raise UsageError(
+                f"{hf_folder}: {_last_line(done.stderr, 'it needs code of its own')}; xbackend never runs "
+                "code from a model folder: convert a model whose classes transformers ships"
+            )
         if done.returncode or not first.is_file():
-            tail = [ln for ln in done.stderr.strip().splitlines() if ln.strip()][-1:] or ["no output"]
-            raise ExportError(f"llama.cpp's converter failed on {src}: {tail[0]}")
-        final = first if kind in CONVERTED else quantize(first, Path(tmp) / "model.gguf", kind)
+            raise ExportError(
+                f"llama.cpp's converter failed on {hf_folder}: {_last_line(done.stderr, 'no output')}"
+            )
+        final = first if kind in CONVERTED else quantize(first, tmp / "model.gguf", kind, timeout, env)
         place(final, out, file_digest(final), "GGUF file", force)
     return out
 
 
-def quantize(src: str | os.PathLike[str], dest: str | os.PathLike[str], kind: str) -> Path:
+def quantize(
+    src: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    kind: str,
+    timeout: float = _BASE_TIMEOUT,
+    env: dict[str, str] | None = None,
+) -> Path:
     """llama.cpp's quantizer: `src` (a GGUF file) as `kind` (q4_k_m, q8_0, q4_0) at `dest`, in a
     process of its own (the quantizer's C code runs there)."""
     if kind not in QUANTIZED:
@@ -142,17 +391,17 @@ def quantize(src: str | os.PathLike[str], dest: str | os.PathLike[str], kind: st
         "p.ftype = int(sys.argv[3])\n"
         "sys.exit(L.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(src), str(dest), str(QUANTIZED[kind])],
-        capture_output=True,
-        text=True,
-        timeout=_TIMEOUT,
+    argv = [sys.executable, "-c", code, str(src), str(dest), str(QUANTIZED[kind])]
+    done = _run(
+        argv,
+        env or {**os.environ, "GGML_NO_BACKTRACE": "1"},
+        timeout,
+        Path(dest).parent,
+        "llama.cpp's quantizer",
     )
     if done.returncode:
-        tail = [ln for ln in done.stderr.strip().splitlines() if ln.strip()][-1:] or [
-            f"exit {done.returncode}"
-        ]
-        raise ExportError(f"llama.cpp's quantizer failed on {src} ({kind}): {tail[0]}")
+        why = _last_line(done.stderr, f"exit {done.returncode}")
+        raise ExportError(f"llama.cpp's quantizer failed on {src} ({kind}): {why}")
     return Path(dest)
 
 

@@ -1,26 +1,32 @@
 """Which files xbackend may overwrite or remove: the ones it wrote, by record, not by content.
 
 Every file xbackend writes is listed, with its sha256, in its folder's ledger
-(`.xbackend-files.json`). An existing file is replaced or removed only if the ledger lists it with
-its current digest (it is xbackend's, unchanged since), or the user passed `--force` for it. A
-user's notes that happen to start like a report are someone's file. The rule is checked before a
-run and again at the moment of writing, under a lock on the folder: a file that appeared meanwhile
-is refused, never replaced.
+(`.xbackend-files.json`). The ledger is sealed with a key of this user's own (made once, mode
+0600, in the user's state folder, never in an output folder): a ledger whose seal does not verify
+(written by hand, copied from another folder, another user's, an older xbackend's) vouches for
+nothing, and xbackend neither trusts nor replaces it. An existing file is replaced or removed only
+if the sealed ledger lists it with its current digest, it is owned by this user and its folder is
+not writable by others; or the user passed `--force` for it. The check is made before a run and
+again at the moment of writing, under a lock on the folder, on the very file that is replaced: the
+new file is exchanged with the old one in one step (renameat2's RENAME_EXCHANGE), and the old one,
+now beside it, is checked; if it changed meanwhile it is put back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import glob
 import hashlib
+import hmac
 import json
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from xbackend.errors import UsageError
@@ -36,10 +42,12 @@ __all__ = [
     "foreign",
     "forget",
     "is_ours",
+    "key_file",
     "locked",
     "may_place",
     "new_part",
     "place",
+    "place_all",
     "recorded",
     "refusal",
     "replace_tree",
@@ -48,9 +56,11 @@ __all__ = [
 ]
 
 LEDGER = ".xbackend-files.json"
-_SCHEMA = "xbackend.files/1"
+_SCHEMA = "xbackend.files/2"
 _LEDGER_LIMIT = 16 << 20  # a ledger lists names and digests: larger is not one of ours
+_KEY_BYTES = 32
 _FORCED: set[Path] = set()  # files the user named with --force in this command
+_KEYS: dict[Path, bytes] = {}  # the ledger key, read once per process (by its path)
 
 
 def _key(p: Path) -> Path:
@@ -90,43 +100,170 @@ def file_digest(p: Path) -> str:
         os.close(fd)
 
 
+# --- the key that seals this user's ledgers ------------------------------------------------------
+
+
+def key_file() -> Path:
+    """Where this user's ledger key lives: $XDG_STATE_HOME/xbackend/ledger.key (~/.local/state)."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "xbackend" / "ledger.key"
+
+
+def _shared(folder: Path | str) -> bool:
+    """Others may write into `folder`: anyone (o+w), or a group that is not this user's own."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return False
+    return bool(st.st_mode & stat.S_IWOTH) or bool(st.st_mode & stat.S_IWGRP and st.st_gid != os.getegid())
+
+
+def _key_problem(path: Path, st: os.stat_result) -> str:
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not this user"
+    if st.st_mode & 0o077:
+        return f"mode {stat.S_IMODE(st.st_mode):04o}, readable by others"
+    if st.st_size != _KEY_BYTES:
+        return f"{st.st_size} bytes, not {_KEY_BYTES}"
+    if _shared(path.parent):
+        return f"its folder {path.parent} is writable by others"
+    return ""
+
+
+def _ledger_key(create: bool) -> bytes | None:
+    """This user's key (made once where `create`); None where there is none yet."""
+    path = key_file()
+    if path in _KEYS:
+        return _KEYS[path]
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            return None
+        _make_key(path)
+        st = os.lstat(path)
+    except OSError as e:
+        raise UsageError(
+            f"cannot read xbackend's ledger key {path} ({e.strerror}); set XDG_STATE_HOME"
+        ) from None
+    bad = _key_problem(path, st)
+    if bad:
+        raise UsageError(
+            f"xbackend's ledger key {path} is {bad}: remove it (xbackend makes a new one; what the old one "
+            "sealed then needs --force once)"
+        )
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        _KEYS[path] = os.read(fd, _KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    return _KEYS[path]
+
+
+def _make_key(path: Path) -> None:
+    """A new random key, mode 0600, placed only if none is there (two first runs make one key)."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".ledger.key.", dir=path.parent)
+        try:
+            os.write(fd, os.urandom(_KEY_BYTES))
+            os.fsync(fd)
+            os.close(fd)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+    except OSError as e:
+        raise UsageError(
+            f"cannot make xbackend's ledger key {path} ({e.strerror}); set XDG_STATE_HOME to a folder of "
+            "yours"
+        ) from None
+
+
+def _seal(key: bytes, folder: Path, files: dict[str, str]) -> str:
+    """The ledger's seal over its entries and its folder's identity (the folder's inode, which a
+    move keeps: a copy in another folder vouches for nothing)."""
+    try:
+        identity = os.stat(folder).st_ino
+    except OSError:
+        identity = -1
+    body = json.dumps([identity, sorted(files.items())], separators=(",", ":"))
+    return hmac.new(key, body.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
+
+
+# --- the ledger ----------------------------------------------------------------------------------
+
+
 def _load_ledger(folder: Path) -> dict[str, str] | None:
-    """The folder's ledger ({} where there is none), or None: a file of that name that is not
-    one (someone's, a link, damaged), which xbackend neither trusts nor replaces."""
+    """The folder's ledger ({} where there is none), or None: a file of that name this user's
+    xbackend did not seal (someone's, a link, a copy, damaged, an older xbackend's), which xbackend
+    neither trusts nor replaces."""
     path = folder / LEDGER
     try:
         st = os.lstat(path)
     except OSError:
         return {}
-    if not stat.S_ISREG(st.st_mode) or st.st_size > _LEDGER_LIMIT:
+    if not stat.S_ISREG(st.st_mode) or st.st_size > _LEDGER_LIMIT or st.st_uid != os.geteuid():
+        return None
+    key = _ledger_key(create=False)
+    if key is None:
         return None
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
             data = json.loads(f.read(_LEDGER_LIMIT + 1))
     except (OSError, ValueError, RecursionError):
         return None
-    files = data.get("files") if isinstance(data, dict) and data.get("schema") == _SCHEMA else None
-    if not isinstance(files, dict):
+    if not isinstance(data, dict) or data.get("schema") != _SCHEMA or not isinstance(data.get("files"), dict):
         return None
-    return {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str) and "/" not in k}
+    files = data["files"]
+    if not all(isinstance(k, str) and isinstance(v, str) and "/" not in k for k, v in files.items()):
+        return None
+    seal = data.get("seal")
+    if not isinstance(seal, str) or not hmac.compare_digest(seal, _seal(key, folder, files)):
+        return None
+    return dict(files)
 
 
 def _read_ledger(folder: Path) -> dict[str, str]:
-    """What the folder's ledger lists (nothing, where it has none or it is not one)."""
+    """What the folder's ledger vouches for (nothing, where it has none or it is not sealed)."""
     return _load_ledger(folder) or {}
 
 
 def _ledger_to_update(folder: Path) -> dict[str, str]:
-    """The ledger about to be rewritten; a file of its name that is not one is refused."""
+    """The ledger about to be rewritten; a file of its name this user's xbackend did not seal is
+    refused (never replaced)."""
     files = _load_ledger(folder)
     if files is None:
-        raise UsageError(f"{folder / LEDGER} exists and is not xbackend's ledger of its files; move it away")
+        raise UsageError(
+            f"{folder / LEDGER} is not a ledger this user's xbackend sealed (someone's, a copy, or an older "
+            "xbackend's): xbackend never replaces it; move it away, or write into another folder"
+        )
     return files
 
 
+def _stage_ledger(folder: Path, files: dict[str, str]) -> Path:
+    """The folder's new ledger in a temp file beside it (compact, sealed), refused past its limit
+    before anything is placed."""
+    key = _ledger_key(create=True)
+    assert key is not None
+    entries = dict(sorted(files.items()))
+    body = json.dumps(
+        {"schema": _SCHEMA, "files": entries, "seal": _seal(key, folder, entries)}, separators=(",", ":")
+    )
+    data = body.encode("utf-8", "surrogateescape") + b"\n"
+    if len(data) > _LEDGER_LIMIT:
+        raise UsageError(
+            f"the ledger of {folder} would pass {_LEDGER_LIMIT >> 20} MiB ({len(entries)} files): nothing "
+            "was written; write into another folder"
+        )
+    return synced_temp(folder / LEDGER, data)
+
+
 def _write_ledger(folder: Path, files: dict[str, str]) -> None:
-    body = json.dumps({"schema": _SCHEMA, "files": dict(sorted(files.items()))}, indent=1) + "\n"
-    tmp = synced_temp(folder / LEDGER, body.encode("utf-8"))
+    tmp = _stage_ledger(folder, files)
     try:
         os.replace(tmp, folder / LEDGER)
     finally:
@@ -167,22 +304,23 @@ def locked(folder: Path) -> Iterator[None]:
 
 
 def is_ours(p: Path) -> bool:
-    """`p` is listed in its folder's ledger and unchanged since xbackend wrote it."""
-    return _unchanged(p, _read_ledger(p.parent).get(p.name))
+    """`p` is xbackend's to replace: its folder's sealed ledger lists it unchanged, it is this
+    user's, and its folder is not writable by others."""
+    return _unchanged(p, _read_ledger(p.parent).get(p.name)) and not _shared(p.parent)
 
 
 def _unchanged(p: Path, digest: str | None) -> bool:
-    """`p` is a regular file (not a link) whose sha256 is `digest`."""
+    """`p` is a regular file of this user's (not a link) whose sha256 is `digest`."""
     if digest is None:
         return False
     try:
-        return file_digest(p) == digest
+        return os.lstat(p).st_uid == os.geteuid() and file_digest(p) == digest
     except OSError:  # a link (O_NOFOLLOW), gone, unreadable
         return False
 
 
 def recorded(folder: Path) -> bool:
-    """xbackend has written into `folder` (its ledger lists a file)."""
+    """xbackend has written into `folder` (its sealed ledger lists a file)."""
     return bool(_read_ledger(folder))
 
 
@@ -219,46 +357,166 @@ def may_place(dest: Path, what: str, force: bool = False) -> dict[str, str]:
         return files
     if dest.is_symlink() or not dest.is_file():
         raise UsageError(f"cannot write {what} {dest}: it is now a link or not a file; choose another path")
-    if not (force or forced(dest) or _unchanged(dest, files.get(dest.name))):
+    ours = _unchanged(dest, files.get(dest.name)) and not _shared(dest.parent)
+    if not (force or forced(dest) or ours):
         msg = refusal(f"the {what}", dest).replace("exists and", "appeared while xbackend ran and")
         raise UsageError(msg)
     return files
 
 
+# --- placing files: the check on the file that is actually replaced -------------------------------
+
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+_AT_FDCWD = -100
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """Linux's renameat2(2); False where this system or file system does not offer `flags`."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(dst))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the files at `a` and `b` in one step (False: not offered here)."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def _appeared(what: str, dest: Path) -> UsageError:
+    return UsageError(
+        f"the {what} {dest} appeared while xbackend ran; xbackend never overwrites it: choose another path"
+    )
+
+
+def _changed(what: str, dest: Path) -> UsageError:
+    return UsageError(
+        f"the {what} {dest} changed while xbackend wrote it; xbackend never overwrites it: it was left as "
+        "it is; choose another path, or pass --force"
+    )
+
+
+def _install_new(tmp: Path, dest: Path, what: str) -> None:
+    """`tmp` at `dest`, where nothing is: a file made there meanwhile is never replaced."""
+    try:
+        os.link(tmp, dest)  # fails if a file appeared there: nothing is replaced
+    except FileExistsError:
+        raise _appeared(what, dest) from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+            raise
+        try:  # a file system without hard links
+            if not _renameat2(tmp, dest, _RENAME_NOREPLACE):
+                os.replace(tmp, dest)
+        except FileExistsError:
+            raise _appeared(what, dest) from None
+    else:
+        os.unlink(tmp)
+
+
+def _install_over(tmp: Path, dest: Path, digest: str | None, what: str) -> Path:
+    """`tmp` in place of the file at `dest`, which must be the one whose sha256 is `digest` (None:
+    forced, any file) at the moment it is replaced. Returns where the replaced file now is (removed
+    once every file is placed; put back if a later one fails)."""
+    if _exchange(tmp, dest):
+        if digest is not None and not _unchanged(tmp, digest):
+            _exchange(tmp, dest)  # someone's edit: put back as it is now
+            raise _changed(what, dest)
+        return tmp
+    aside = Path(tempfile.mkstemp(prefix=f".{dest.name[:200]}.", suffix=".old", dir=dest.parent)[1])
+    os.replace(dest, aside)  # no exchange here: the file is moved aside, checked, then replaced
+    if digest is not None and not _unchanged(aside, digest):
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, dest)
+            os.unlink(aside)
+        raise _changed(what, dest)
+    try:
+        _install_new(tmp, dest, what)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.link(aside, dest)
+            os.unlink(aside)
+        raise
+    return aside
+
+
+def _undo(dest: Path, replaced: Path | None) -> None:
+    """A placed file taken back (a later one of the same batch failed)."""
+    with contextlib.suppress(OSError):
+        if replaced is None:
+            os.unlink(dest)
+        elif not _exchange(replaced, dest):
+            os.replace(replaced, dest)
+
+
+def place_all(items: Sequence[tuple[Path, Path, str]], what: str, force: bool = False) -> None:
+    """Move each finished temp file to its destination, (tmp, dest, sha256), and record them: all or
+    none. Each destination is new (then a file made there meanwhile is never replaced), or
+    xbackend's unchanged file at the moment it is replaced, or one the user forced. Every folder's
+    new ledger is staged (and its size checked) before the first file is placed."""
+    where = {dest: Path(os.path.realpath(dest.parent)) for _, dest, _ in items}
+    folders = sorted(set(where.values()), key=str)  # each locked once (flock binds per open file)
+    with contextlib.ExitStack() as stack:
+        for folder in folders:
+            stack.enter_context(locked(folder))
+        ledgers = {folder: _ledger_to_update(folder) for folder in folders}
+        expected: dict[Path, str | None] = {}
+        for _, dest, digest in items:
+            may_place(dest, what, force)
+            listed = ledgers[where[dest]].get(dest.name)
+            expected[dest] = None if (force or forced(dest)) else listed
+            ledgers[where[dest]][dest.name] = digest
+        staged = {folder: _stage_ledger(folder, files) for folder, files in ledgers.items()}
+        placed: list[tuple[Path, Path | None]] = []
+        try:
+            for tmp, dest, _ in items:
+                if os.path.lexists(dest):
+                    placed.append((dest, _install_over(tmp, dest, expected[dest], what)))
+                else:
+                    _install_new(tmp, dest, what)
+                    placed.append((dest, None))
+            for folder, ledger_tmp in staged.items():
+                os.replace(ledger_tmp, folder / LEDGER)
+        except BaseException:
+            for dest, replaced in reversed(placed):
+                _undo(dest, replaced)
+            raise
+        finally:
+            for ledger_tmp in staged.values():
+                with contextlib.suppress(OSError):
+                    os.unlink(ledger_tmp)
+        for _, replaced in placed:
+            if replaced is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(replaced)
+
+
 def place(tmp: Path, dest: Path, digest: str, what: str, force: bool = False) -> None:
-    """Move the finished temp file `tmp` to `dest` and record it. `dest` is new (then a file made
-    there meanwhile is never replaced), or xbackend's unchanged file, or one the user forced."""
-    with locked(dest.parent):
-        files = may_place(dest, what, force)
-        if os.path.lexists(dest):
-            os.replace(tmp, dest)
-        else:
-            try:
-                os.link(tmp, dest)  # fails if a file appeared there: nothing is replaced
-            except FileExistsError:
-                raise UsageError(
-                    f"the {what} {dest} appeared while xbackend ran; xbackend never overwrites it: "
-                    "choose another path"
-                ) from None
-            except OSError as e:
-                if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
-                    raise
-                os.replace(tmp, dest)  # a file system without hard links
-            else:
-                os.unlink(tmp)
-        files[dest.name] = digest
-        _write_ledger(dest.parent, files)
+    """Move the finished temp file `tmp` to `dest` and record it (place_all for one file)."""
+    place_all([(tmp, dest, digest)], what, force)
+
+
+# --- folders -------------------------------------------------------------------------------------
 
 
 def foreign(folder: Path, limit: int = 10_000) -> list[Path]:
     """Everything under `folder` xbackend did not write or that changed since (links, pipes and
-    folders of someone's too), the ledgers aside: what replacing or removing the folder would
-    destroy. At most `limit` entries are looked at; past that, the folder is someone's."""
+    folders of someone's too, a ledger it did not seal), its own ledgers aside: what replacing or
+    removing the folder would destroy. At most `limit` entries are looked at; past that, the folder
+    is someone's."""
     out: list[Path] = []
     seen = 0
     for root, dirs, names in os.walk(folder, followlinks=False):
         here = Path(root)
         listed = _load_ledger(here)
+        shared = _shared(here)
         for d in list(dirs):
             if (here / d).is_symlink():
                 out.append(here / d)
@@ -267,9 +525,9 @@ def foreign(folder: Path, limit: int = 10_000) -> list[Path]:
             seen += 1
             if seen > limit:
                 return [*out, here / n]
-            if n == LEDGER and listed is not None:  # the ledger itself, when it is one
+            if n == LEDGER and listed is not None:  # the ledger itself, when it is one of ours
                 continue
-            if not _unchanged(here / n, (listed or {}).get(n)):
+            if shared or not _unchanged(here / n, (listed or {}).get(n)):
                 out.append(here / n)
     return out
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from xbackend.errors import UsageError
 
-__all__ = ["MARK", "remove_dead_runs", "run_temp_folder"]
+__all__ = ["MARK", "remove_dead_runs", "run_temp_folder", "start_time"]
 
 MARK = ".xbackend-run"  # in each run folder: "PID START" of the process that made it
 
 
-def _started(pid: int) -> str:
+def start_time(pid: int) -> str:
     """When process `pid` started, in clock ticks since boot (Linux); '' where unknown. With the
     pid it names one process, even after the pid is reused."""
     try:
@@ -39,16 +39,16 @@ def _alive(pid: int, started: str) -> bool:
         return False
     except (PermissionError, OSError):
         return True  # someone's: never judged dead
-    now = _started(pid)
+    now = start_time(pid)
     return not started or not now or now == started
 
 
-def remove_dead_runs(folder: Path | None = None) -> list[Path]:
+def remove_dead_runs(folder: Path | None = None, prefix: str = "xbackend-") -> list[Path]:
     """Remove the run folders in `folder` (the temp folder) whose process is gone; the removed."""
     base = Path(folder or tempfile.gettempdir())
     gone = []
     with contextlib.suppress(OSError):
-        for d in base.glob("xbackend-*"):
+        for d in base.glob(f"{prefix}*"):
             try:
                 if d.is_symlink() or not d.is_dir() or d.stat().st_uid != os.getuid():
                     continue
@@ -69,7 +69,7 @@ def run_temp_folder(prefix: str = "xbackend-") -> tempfile.TemporaryDirectory[st
         remove_dead_runs()
         tmp = tempfile.TemporaryDirectory(prefix=prefix)
         pid = os.getpid()
-        (Path(tmp.name) / MARK).write_text(f"{pid} {_started(pid)}\n")
+        (Path(tmp.name) / MARK).write_text(f"{pid} {start_time(pid)}\n")
     except OSError as e:  # gettempdir() itself fails where no folder takes a file
         where = f" in {os.environ['TMPDIR']}" if os.environ.get("TMPDIR") else ""
         raise UsageError(

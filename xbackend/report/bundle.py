@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from xbackend.files.atomic import stage_bytes
-from xbackend.files.owned import forget, is_ours, may_place, place
+from xbackend.files.owned import forget, is_ours, place_all
 from xbackend.report.figures import FIXED_SLUGS, planned_figures, render
 from xbackend.report.jsonreport import to_json
 from xbackend.report.layers_csv import to_csv
@@ -62,10 +62,8 @@ def write_markdown_bundle(
     try:
         for path in order:
             staged[path] = stage_bytes(path, files[path], "report")
-        for path in order:  # every file may be written, checked before the first is placed
-            may_place(path, "report")
-        for path in order:
-            place(staged[path], path, hashlib.sha256(files[path]).hexdigest(), "report")
+        # every file checked and every ledger staged before the first is placed: all or none
+        place_all([(staged[p], p, hashlib.sha256(files[p]).hexdigest()) for p in order], "report")
     finally:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
