@@ -154,7 +154,7 @@ def test_sweep_options_reach_each_job(models: dict[str, Path], tmp_path: Path) -
     text = zoo(models, sweep="runs = 3\nbuilds = 2").replace(
         'name = "scatter"',
         'name = "scatter"\nruns = 4\nbackends = ["reference", "ort-cpu@2t"]\n'
-        'set = { "ort-cpu@2t.threads" = 4 }',
+        'set = { "ort-cpu@2t.threads" = 1 }',
     )
     spec = load_sweep(write_sweep(tmp_path, text))
     jobs = {j.id: j for j in spec.jobs({"mlp": "a" * 64, "scatter": "b" * 64})}
@@ -166,7 +166,7 @@ def test_sweep_options_reach_each_job(models: dict[str, Path], tmp_path: Path) -
         "scatter/reference",
     ]
     assert jobs["mlp/ort-cpu@2t"].options().options_for("ort-cpu@2t") == {"threads": "2"}
-    assert jobs["scatter/ort-cpu@2t"].options().options_for("ort-cpu@2t") == {"threads": "4"}
+    assert jobs["scatter/ort-cpu@2t"].options().options_for("ort-cpu@2t") == {"threads": "1"}
     assert jobs["scatter/reference"].options().runs == 4 and jobs["mlp/reference"].options().runs == 3
     assert jobs["mlp/reference"].options().builds == 2
     assert spec.output == tmp_path / "zoo-fleet"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -229,7 +231,8 @@ class Executor:
                 lambda text: self.bar.detail(f"{label}: {text}"),
             )
         except OSError as e:  # its files could not be written: these jobs fail, the comparison goes on
-            why = disk_full(self.work) or f"its files could not be written: {e.strerror or e} ({e.filename})"
+            why = _not_started(e, jobs[0].python or sys.executable) or disk_full(self.work)
+            why = why or f"its files could not be written: {e.strerror or e} ({e.filename})"
             failed = WorkerOutcome("failed", f"load: {why}", WorkerResult("failed", reason=why), 0.0)
             outcomes = [failed] * len(jobs)
         self.bar.advance(max(0, sum(j.steps for j in jobs) - seen))
@@ -377,3 +380,13 @@ def diff_phases(a: PhaseResult, b: PhaseResult, spec: ModelSpec, outputs: bool) 
     with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
         names = common_names(ca, cb, spec.output_order() if outputs else spec.tensor_order())
         return diff_captures(ca, cb, names, spec.op_types())
+
+
+def _not_started(e: OSError, interpreter: str) -> str:
+    """Why the worker's interpreter could not be started ('' where the error is about another file)."""
+    if not e.filename or os.path.abspath(str(e.filename)) != os.path.abspath(interpreter):
+        return ""
+    return (
+        f"the interpreter {interpreter} cannot be started by this user ({e.strerror or e}): run xbackend as "
+        "a user who may execute it, or give another: --set BACKEND.python=PATH"
+    )

@@ -111,6 +111,7 @@ def foreign_env(extra: Mapping[str, str]) -> dict[str, str]:
     env.update(extra)
     env["PYTHONPATH"] = worker_path()
     env["PYTHONNOUSERSITE"] = "1"
+    env["GGML_NO_BACKTRACE"] = "1"  # ggml's abort handler would run gdb: its own line instead
     return env
 
 

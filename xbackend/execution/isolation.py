@@ -72,6 +72,7 @@ def signal_name(code: int) -> str:
 def _env(extra: Mapping[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
+    env["GGML_NO_BACKTRACE"] = "1"  # ggml's abort handler would run gdb on the worker: its own line instead
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
     return env
 

@@ -28,7 +28,6 @@ import shutil
 import signal
 import ssl
 import stat
-import struct
 import subprocess
 import sys
 import tarfile
@@ -41,6 +40,7 @@ from pathlib import Path
 from xbackend.errors import BackendUnavailableError, ExportError, UsageError
 from xbackend.export.gguf_launch import REMOTE_CODE_EXIT
 from xbackend.files.atomic import check_outputs
+from xbackend.files.gguf_header import read_header
 from xbackend.files.owned import file_digest, place
 from xbackend.files.runfolders import MARK, remove_dead_runs, start_time
 
@@ -411,50 +411,12 @@ _FTYPES = {
     11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
     17: "Q5_K_M", 18: "Q6_K", 32: "BF16",
 }  # fmt: skip
-_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type -> bytes
-_LIMIT = 1 << 20  # a key or string longer than this is not a GGUF header's
 
 
 def file_type(path: str | os.PathLike[str]) -> str:
     """A GGUF file's `general.file_type` by name (Q4_K_M, F32, ...), read from its header alone;
     "" where the header does not say. A file that is not GGUF is a UsageError."""
-    with open(path, "rb") as f:
-
-        def take(n: int) -> bytes:
-            b = f.read(n)
-            if len(b) != n:
-                raise UsageError(f"{path} ends inside its GGUF header: not a whole GGUF file")
-            return b
-
-        def string() -> bytes:
-            (n,) = struct.unpack("<Q", take(8))
-            if n > _LIMIT:
-                raise UsageError(f"{path}: a GGUF header string of {n} bytes: not a GGUF file")
-            return take(n)
-
-        def skip(kind: int) -> None:
-            if kind in _SCALAR:
-                take(_SCALAR[kind])
-            elif kind == 8:
-                string()
-            elif kind == 9:
-                item, count = struct.unpack("<IQ", take(12))
-                if item in _SCALAR:
-                    f.seek(_SCALAR[item] * count, os.SEEK_CUR)
-                else:
-                    for _ in range(count):
-                        skip(item)
-            else:
-                raise UsageError(f"{path}: GGUF value type {kind} unknown: not a GGUF file xbackend reads")
-
-        if take(4) != b"GGUF":
-            raise UsageError(f"{path} is not a GGUF file (it does not start with GGUF)")
-        _version, _tensors, kvs = struct.unpack("<IQQ", take(20))
-        for _ in range(min(kvs, _LIMIT)):
-            key = string()
-            (kind,) = struct.unpack("<I", take(4))
-            if key == b"general.file_type" and kind in (4, 5):
-                (value,) = struct.unpack("<I" if kind == 4 else "<i", take(4))
-                return _FTYPES.get(value, f"type {value}")
-            skip(kind)
-    return ""
+    value = read_header(path).values.get("general.file_type")
+    if not isinstance(value, int) or isinstance(value, bool):
+        return ""
+    return _FTYPES.get(value, f"type {value}")

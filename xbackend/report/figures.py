@@ -9,11 +9,13 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xbackend.files.runfolders import run_temp_folder
 from xbackend.files.textfmt import visible
 from xbackend.numerics.metrics import TensorDiff
 from xbackend.numerics.values import value_name
@@ -431,8 +433,21 @@ def planned_figures(r: Result) -> list[Figure]:
     return [f for f in figs if f is not None]
 
 
+_MPL_HOME: list[Any] = []  # matplotlib's config and font cache for this process, removed at its exit
+
+
+def _matplotlib_home() -> None:
+    """matplotlib keeps its config and font cache in a run folder of this process, not in
+    ~/.config and ~/.cache (MPLCONFIGDIR, where the user set it, is kept)."""
+    if _MPL_HOME or os.environ.get("MPLCONFIGDIR"):
+        return
+    _MPL_HOME.append(run_temp_folder("xbackend-mpl-"))
+    os.environ["MPLCONFIGDIR"] = _MPL_HOME[0].name
+
+
 def render(fig: Figure) -> bytes:
     """The figure as PNG bytes: same figure, same matplotlib, same bytes."""
+    _matplotlib_home()  # before matplotlib is imported: it reads the folder once
     # heavy: matplotlib, only when figures are drawn
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure as MplFigure  # heavy: matplotlib, only when figures are drawn

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from xbackend.execution.buildinfo import BuildFingerprint, OptLevelRow
 from xbackend.files.modelref import ModelRef
 from xbackend.numerics.values import Value, normalize
 
-__all__ = ["Availability", "BuildFingerprint", "OptionSpec", "Runner", "promised_if"]
+__all__ = ["Availability", "BuildFingerprint", "OptionSpec", "Runner", "promised_if", "thread_limit"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class OptionSpec:
     default: Any
     help: str
     choices: tuple[str, ...] = field(default=())
+    # a file or folder: a sweep file may name one only inside its own folder
+    path: bool = False
+    # a thread count: at most THREADS_PER_CPU x this machine's CPUs (a sweep file's, at most its CPUs)
+    threads: bool = False
 
     def parse(self, runner: str, raw: str) -> Any:
         if self.choices:
@@ -71,9 +76,22 @@ class OptionSpec:
             raise UsageError(f"{runner} option {self.name} must be >= 0, got {value}")
         if self.kind is int and value > INT_OPTION_MAX:  # engines take a C int: past it they fail late
             raise UsageError(f"{runner} option {self.name} must be at most {INT_OPTION_MAX}, got {raw[:40]}")
+        if self.threads and value > thread_limit():
+            raise UsageError(
+                f"{runner} option {self.name}={value} is past this machine's {os.cpu_count() or 1} CPUs (at "
+                f"most {thread_limit()}); lower it"
+            )
         if self.kind is float and not math.isfinite(value):
             raise UsageError(f"{runner} option {self.name} must be a finite number, got {raw[:40]!r}")
         return value
+
+
+THREADS_PER_CPU = 4  # oversubscribed on purpose (the threads probe), never thousands of threads
+
+
+def thread_limit() -> int:
+    """The most threads an option may ask of this machine."""
+    return THREADS_PER_CPU * (os.cpu_count() or 1)
 
 
 def promised_if(condition: object, *properties: str) -> frozenset[str]:
@@ -87,6 +105,7 @@ PYTHON_OPTION = OptionSpec(
     "",
     "run the worker under this interpreter (another virtual environment's python): it needs "
     "Python >= 3.8, numpy and the engine",
+    path=True,
 )
 COMMON_OPTIONS = (PYTHON_OPTION,)
 # Options a report leaves out while unset: where the worker runs, where a graph is written.

@@ -51,7 +51,11 @@ class ExecuTorchRunner(TorchRunner):
     option_specs: ClassVar[Sequence[OptionSpec]] = (
         *(s for s in TorchRunner.option_specs if s.name in ("module", "trust_model_code", "check_weights")),
         OptionSpec(
-            "threads", int, 1, "ExecuTorch's threadpool (XNNPACK's threads; portable kernels use one)"
+            "threads",
+            int,
+            1,
+            "ExecuTorch's threadpool (XNNPACK's threads; portable kernels use one)",
+            threads=True,
         ),
     )
 

@@ -23,7 +23,9 @@ class ExpectedRunner(Runner):
     description = "the expected outputs (output_N.pb) that came with --inputs DIR; added automatically"
     instrumentation_changes_engine = False
     executes_graph = False
-    option_specs = (OptionSpec("file", str, "", "value file holding the expected outputs (set by xbackend)"),)
+    option_specs = (
+        OptionSpec("file", str, "", "value file holding the expected outputs (set by xbackend)", path=True),
+    )
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)

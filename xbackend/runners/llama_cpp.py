@@ -18,16 +18,19 @@ import contextlib
 import ctypes
 import importlib.metadata
 import importlib.util
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from xbackend.errors import BackendUnavailableError, InputError, ModelLoadError, RunnerFailedError
+from xbackend.errors import BackendUnavailableError, InputError, ModelLoadError, RunnerFailedError, UsageError
 from xbackend.execution.buildinfo import BuildFingerprint
 from xbackend.files.capture_folder import file_sha256
+from xbackend.files.gguf_header import claims_problem, read_header
 from xbackend.files.modelref import ModelRef
+from xbackend.files.untrusted import contained
 from xbackend.numerics.values import Value
 from xbackend.runners.base import RECOMPUTED, Availability, OptionSpec, Runner
 from xbackend.runners.ggml_roles import UNINTERLEAVED, Matched, RoleMap, role_map, stage_of
@@ -39,6 +42,9 @@ GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}  # ggml_type
 _NP = {0: np.float32, 1: np.float16}  # the tensor types the callback copies out
 _FLASH = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 _KEPT: list[Any] = []  # ctypes callbacks llama.cpp holds: alive as long as the process
+_AUTO_CTX = 512  # tokens of a context made before the first feed is known (llama.cpp's own floor)
+_BATCH_LIMIT = 1 << 16  # tokens per llama_decode call at most (llama_batch_init allocates them)
+_KV_SHARE = 0.5  # of the memory free here, what a KV cache may take
 
 
 class _Head(ctypes.Structure):
@@ -53,13 +59,16 @@ class _Head(ctypes.Structure):
 
 
 def gguf_beside(model: str | Path) -> Path | None:
-    """The GGUF file of an ONNX model: MODEL.gguf beside it, else the one .gguf in its folder."""
+    """The GGUF file of an ONNX model: MODEL.gguf beside it, else the one .gguf in its folder;
+    inside that folder, links included (one that leads out is an InputError, the same line
+    whatever lies outside: nothing there is opened)."""
     p = Path(model)
     same = p.with_suffix(".gguf")
-    if same.is_file():
-        return same
-    found = sorted(p.parent.glob("*.gguf"))
-    return found[0] if len(found) == 1 else None
+    names = [same.name] if os.path.lexists(same) else sorted(f.name for f in p.parent.glob("*.gguf"))
+    if len(names) != 1:
+        return None
+    fix = "copy the GGUF file into the model's folder, or name it: --set llama.cpp.gguf=FILE"
+    return contained(p.parent, names[0], f"the GGUF file {p.parent / names[0]} beside {p.name}", fix)
 
 
 class LlamaCppRunner(Runner):
@@ -71,10 +80,18 @@ class LlamaCppRunner(Runner):
     weight_copies = 1.0  # the GGUF's weights, mapped
     option_specs: ClassVar[Sequence[OptionSpec]] = (
         OptionSpec(
-            "gguf", str, "", "the GGUF file (default: MODEL.gguf beside the model, else the one .gguf there)"
+            "gguf",
+            str,
+            "",
+            "the GGUF file (default: MODEL.gguf beside the model, else the one .gguf there)",
+            path=True,
         ),
         OptionSpec(
-            "threads", int, physical_cores, "threads of every decode (its n_threads and n_threads_batch)"
+            "threads",
+            int,
+            physical_cores,
+            "threads of every decode (its n_threads and n_threads_batch)",
+            threads=True,
         ),
         OptionSpec(
             "n_batch", int, 512, "tokens per llama_decode call: a longer prompt is cut into such batches"
@@ -91,7 +108,11 @@ class LlamaCppRunner(Runner):
             ("batch", "token"),
         ),
         OptionSpec(
-            "n_ctx", int, 0, "context length in tokens (0: the model's training context, at least 512)"
+            "n_ctx",
+            int,
+            0,
+            f"context length in tokens (0: what the comparison feeds, at least {_AUTO_CTX}, grown as a "
+            "decode needs; never the file's training context)",
         ),
         OptionSpec(
             "kv_unified",
@@ -161,6 +182,7 @@ class LlamaCppRunner(Runner):
                 "(xbackend.export.gguf.write_gguf) or give it: --set llama.cpp.gguf=FILE"
             )
         self._gguf = path
+        _check_header(path)
         _quiet(ll)
         ll.llama_backend_init()
         mp = ll.llama_model_default_params()
@@ -193,10 +215,9 @@ class LlamaCppRunner(Runner):
             self._roles = role_map(load_proto(model.path, load_external=False).graph, wanted, hparams, arch)
             self._want = self._roles.by_ggml()
         self._vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self._model))
-        n_ctx = self.options["n_ctx"] or max(512, ll.llama_model_n_ctx_train(self._model))
+        n_ctx = self.options["n_ctx"] or _AUTO_CTX
         cp = ll.llama_context_default_params()
-        cp.n_ctx = n_ctx
-        cp.n_batch = self.options["n_batch"] or 512
+        cp.n_batch = min(self.options["n_batch"] or 512, _BATCH_LIMIT)
         cp.n_ubatch = min(self.options["n_ubatch"] or 512, cp.n_batch)
         cp.n_threads = cp.n_threads_batch = self.options["threads"] or physical_cores()
         cp.type_k, cp.type_v = GGML_TYPES[self.options["type_k"]], GGML_TYPES[self.options["type_v"]]
@@ -206,10 +227,8 @@ class LlamaCppRunner(Runner):
             _KEPT.append(self._callback)
             cp.cb_eval = self._callback
         cp.kv_unified = bool(self.options["kv_unified"])
-        self._cp, self._n_ctx, self._slots = cp, n_ctx, 1
-        self._ctx = ll.llama_init_from_model(self._model, cp)
-        if not self._ctx:
-            raise RunnerFailedError(f"llama.cpp could not make a context of {n_ctx} tokens for {path.name}")
+        self._cp = cp
+        self._make_context(n_ctx, 1)
         self._batch_size = int(cp.n_batch)
         self._batch = ll.llama_batch_init(self._batch_size, 0, 1)
         digest = file_sha256(path)
@@ -250,6 +269,7 @@ class LlamaCppRunner(Runner):
             raise RunnerFailedError(
                 f"llama.cpp keeps its own KV cache: fed a past of {start} token(s), it holds {self._pos}"
             )
+        self._fit(start + len(tokens))
         step = 1 if self.options["feed"] == "token" else self._batch_size
         self._seen = {}
         logits = []
@@ -271,14 +291,8 @@ class LlamaCppRunner(Runner):
         and no cache to continue."""
         ll = self._ll
         rows, n = ids.shape
-        if rows > self._slots:  # a context of B sequences, each of the context length
-            cp = self._cp
-            cp.n_seq_max, cp.n_ctx = rows, self._n_ctx * rows
-            ll.llama_free(self._ctx)
-            self._ctx = ll.llama_init_from_model(self._model, cp)
-            if not self._ctx:
-                raise RunnerFailedError(f"llama.cpp could not make a context of {rows} sequences")
-            self._slots = rows
+        if rows > self._slots or n > self._n_ctx:  # a context of B sequences, each of the context length
+            self._make_context(self._grown(n), max(rows, self._slots))
         ll.llama_memory_clear(ll.llama_get_memory(self._ctx), True)
         self._pos = -1  # no past continues a batch of several
         token_feed = self.options["feed"] == "token"  # one token of each sequence per decode
@@ -295,6 +309,61 @@ class LlamaCppRunner(Runner):
         finally:
             self._multi = False
         return {self._logits: out, **self._presents(rows, n)}
+
+    def _grown(self, needed: int) -> int:
+        """The context length per sequence that holds `needed` tokens: the user's n_ctx as given,
+        else doubled from the current one (a decode step at a time stays cheap)."""
+        if needed <= self._n_ctx:
+            return self._n_ctx
+        if self.options["n_ctx"]:
+            raise RunnerFailedError(
+                f"llama.cpp: {needed} tokens do not fit its context of {self._n_ctx} "
+                f"(--set llama.cpp.n_ctx={self._n_ctx}); raise it, or leave it unset"
+            )
+        return max(needed, 2 * self._n_ctx)
+
+    def _fit(self, needed: int) -> None:
+        """A context that holds `needed` tokens of sequence 0: grown where it does not, the tokens
+        it holds carried over cell by cell (llama.cpp's sequence state), so the bits go on as they
+        were."""
+        if needed <= self._n_ctx:
+            return
+        ll, size = self._ll, self._grown(needed)
+        kept = None
+        if self._pos > 0:
+            n = ll.llama_state_seq_get_size(self._ctx, 0)
+            kept = (ctypes.c_uint8 * n)()
+            if ll.llama_state_seq_get_data(self._ctx, kept, n, 0) != n:
+                raise RunnerFailedError("llama.cpp could not hand over its KV cache to a longer context")
+        self._make_context(size, self._slots)
+        if kept is not None and ll.llama_state_seq_set_data(self._ctx, kept, len(kept), 0) == 0:
+            raise RunnerFailedError("llama.cpp could not take its KV cache into a longer context")
+
+    def _make_context(self, per_sequence: int, sequences: int) -> None:
+        """A new context of `sequences` sequences of `per_sequence` tokens each, its KV cache held
+        to a share of the memory free here before llama.cpp allocates it."""
+        ll, cp = self._ll, self._cp
+        total = per_sequence * sequences
+        need, free = self._kv_bytes(total), _free_memory()
+        if free and need > _KV_SHARE * free:
+            raise RunnerFailedError(
+                f"llama.cpp: a context of {total} tokens needs {need / 2**30:.1f} GiB of KV cache, past "
+                f"{_KV_SHARE:.0%} of the {free / 2**30:.1f} GiB free here; lower --set llama.cpp.n_ctx"
+            )
+        cp.n_ctx, cp.n_seq_max = total, sequences
+        if self._ctx:
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        self._ctx = ll.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            raise RunnerFailedError(f"llama.cpp could not make a context of {total} tokens for {self._gguf}")
+        self._n_ctx, self._slots = per_sequence, sequences
+
+    def _kv_bytes(self, tokens: int) -> int:
+        """The KV cache of `tokens` tokens at 4 bytes an element (its widest type)."""
+        ll, m = self._ll, self._model
+        head = ll.llama_model_n_embd(m) // max(ll.llama_model_n_head(m), 1)
+        return int(tokens * ll.llama_model_n_layer(m) * 2 * head * ll.llama_model_n_head_kv(m) * 4)
 
     def _presents(self, rows: int, length: int) -> dict[str, np.ndarray]:
         """Each present.* the model's past calls for: empty, its shape the cache's length (what
@@ -403,6 +472,28 @@ class LlamaCppRunner(Runner):
             if self._model:
                 ll.llama_model_free(self._model)
         self._batch = self._ctx = self._model = None
+
+
+def _check_header(path: Path) -> None:
+    """The GGUF header read first, in Python: a damaged one, or one whose sizes its tensors do not
+    hold, is one line before llama.cpp allocates for it."""
+    try:
+        header = read_header(path)
+    except UsageError as e:
+        raise ModelLoadError(str(e)) from None
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path} ({e.strerror})") from None
+    bad = claims_problem(header)
+    if bad:
+        raise ModelLoadError(f"{path.name}: {bad}: not this model's size; llama.cpp was not started on it")
+
+
+def _free_memory() -> int:
+    """Bytes of memory available here (0 where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _check_positions(feeds: Mapping[str, Value], start: int, n: int) -> None:

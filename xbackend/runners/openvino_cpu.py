@@ -136,13 +136,14 @@ class OpenVinoCpuRunner(Runner):
         OptionSpec(
             "precision", str, "f32", "INFERENCE_PRECISION_HINT; 'default' = the CPU's own", PRECISIONS
         ),
-        OptionSpec("threads", int, 0, "INFERENCE_NUM_THREADS (0 = OpenVINO's default)"),
+        OptionSpec("threads", int, 0, "INFERENCE_NUM_THREADS (0 = OpenVINO's default)", threads=True),
         OptionSpec("execution_mode", str, "default", "EXECUTION_MODE_HINT", EXECUTION_MODES),
         OptionSpec(
             "save_optimized",
             str,
             "",
             "set by xbackend's explanation only: write the runtime graph the CPU plugin runs here (JSON)",
+            path=True,
         ),
     )
     saves_optimized_graph = True

@@ -305,8 +305,10 @@ class OrtCpuRunner(Runner):
     shares_process = True  # threads and optimization level are SessionOptions: per session
     windowed = True  # a build allocates only the graph outputs it exposes
     option_specs: ClassVar[Sequence[OptionSpec]] = (
-        OptionSpec("threads", int, physical_cores, "intra-op threads (default: physical cores)"),
-        OptionSpec("inter_op_threads", int, 1, "inter-op threads (1 = sequential execution)"),
+        OptionSpec(
+            "threads", int, physical_cores, "intra-op threads (default: physical cores)", threads=True
+        ),
+        OptionSpec("inter_op_threads", int, 1, "inter-op threads (1 = sequential execution)", threads=True),
         OptionSpec("opt_level", str, "all", "graph optimization level", OPT_LEVELS),
         OptionSpec(
             "deterministic_compute",
@@ -319,6 +321,7 @@ class OrtCpuRunner(Runner):
             str,
             "",
             "set by xbackend's explanation only: write the graph the session runs (its optimized model) here",
+            path=True,
         ),
     )
     saves_optimized_graph = True

@@ -77,6 +77,7 @@ class OrtTrtRunner(OrtCudaRunner):
             "",
             "pinned: the folder for the timing and engine caches (default: per model under "
             "~/.cache/xbackend/ort-trt)",
+            path=True,
         ),
     )
 

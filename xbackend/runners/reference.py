@@ -52,7 +52,7 @@ class ReferenceRunner(Runner):
     weight_copies = 1.0  # memory-mapped from the model's files
     domains = KNOWN_DOMAINS
     option_specs: ClassVar[Sequence[OptionSpec]] = (
-        OptionSpec("threads", int, 1, "BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS)"),
+        OptionSpec("threads", int, 1, "BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS)", threads=True),
     )
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:

@@ -129,6 +129,7 @@ class TrtAutotuneRunner(Runner):
             "",
             "set by xbackend's explanation only: write the engine's layers and the ONNX nodes each "
             "computes (JSON, from the engine inspector)",
+            path=True,
         ),
     )
     # the engine inspector names the ONNX nodes each layer fuses: the explanation judges at them
@@ -498,6 +499,7 @@ class TrtPinnedRunner(TrtAutotuneRunner):
             "",
             "timing cache FILE: recorded by the first build, replayed by later ones (default: per model, "
             "TensorRT version and GPU under ~/.cache/xbackend/tensorrt)",
+            path=True,
         ),
     )
 

@@ -78,6 +78,7 @@ class TorchCompileRunner(TorchRunner):
             "",
             "FILE: the first build records its kernel choices there, later builds replay them "
             "(an op it does not record fails the build)",
+            path=True,
         ),
     )
 

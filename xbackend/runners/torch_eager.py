@@ -53,7 +53,11 @@ class TorchRunner(Runner):
     op_grain: ClassVar[bool] = True
     option_specs: ClassVar[Sequence[OptionSpec]] = (
         OptionSpec(
-            "module", str, "", "MODULE_SPEC (default: the one recorded at export, with trust_model_code)"
+            "module",
+            str,
+            "",
+            "MODULE_SPEC (default: the one recorded at export, with trust_model_code)",
+            path=True,
         ),
         OptionSpec(
             "trust_model_code",
@@ -61,7 +65,7 @@ class TorchRunner(Runner):
             False,
             "import the Python file the model's metadata names (--trust-model-code)",
         ),
-        OptionSpec("threads", int, physical_cores, "torch.set_num_threads"),
+        OptionSpec("threads", int, physical_cores, "torch.set_num_threads", threads=True),
         OptionSpec(
             "deterministic",
             bool,

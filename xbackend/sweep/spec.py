@@ -46,7 +46,7 @@ from xbackend.files.untrusted import contained
 from xbackend.probes.registry import select_probes
 from xbackend.results import DEFAULT_MAX_ULP, CompareOptions
 from xbackend.results.flags import declared
-from xbackend.runners.base import CODE_OPTIONS
+from xbackend.runners.base import CODE_OPTIONS, COMMON_OPTIONS, OptionSpec
 from xbackend.runners.registry import get_runner
 from xbackend.version import VERSION
 
@@ -279,20 +279,48 @@ def _requirements(path: Path, where: str, value: Any) -> Requirements:
     return req
 
 
-def _set_table(path: Path, where: str, value: Any) -> dict[str, str]:
+_PATH_SUFFIXES = ("_path", "_file", "_dir")  # a plugin's options of these names are paths too
+_THREAD_NAMES = ("threads", "inter_op_threads", "n_threads")
+
+
+def _option_spec(backend: str, option: str) -> OptionSpec | None:
+    """What the runner behind `backend` (RUNNER or RUNNER@LABEL) declares of `option`, where that
+    runner is installed here."""
+    try:
+        runner = get_runner(backend.partition("@")[0])
+    except (BackendUnavailableError, UsageError):
+        return None
+    return next((o for o in (*runner.option_specs, *COMMON_OPTIONS) if o.name == option), None)
+
+
+def _set_table(path: Path, where: str, value: Any, backend: str | None = None) -> dict[str, str]:
+    """A table of runner options from the file: none that runs code; a path only inside the file's
+    folder (resolved there); a thread count at most this machine's CPUs."""
     t = _table(path, where, value)
     out = {}
     for k, v in t.items():
         if isinstance(v, (dict, list)):
             raise _bad(path, where, f"{k} must be a single value, got {v!r}")
-        if str(k).rpartition(".")[2] in CODE_OPTIONS:
+        owner, _, option = str(k).rpartition(".")
+        if option in CODE_OPTIONS:
             raise _bad(
                 path,
                 where,
                 f"{k} names code to run, which a sweep file may not (it is not trusted to); pass it on "
-                f"the command line: xbackend sweep {path} --set BACKEND.{str(k).rpartition('.')[2]}=VALUE",
+                f"the command line: xbackend sweep {path} --set BACKEND.{option}=VALUE",
             )
-        out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
+        text = str(v).lower() if isinstance(v, bool) else str(v)
+        spec = _option_spec(backend or owner, option)
+        if (spec is not None and spec.path) or option.endswith(_PATH_SUFFIXES):
+            fix = (
+                f"give a path inside its folder, or pass it on the command line: --set BACKEND.{option}=PATH"
+            )
+            text = str(contained(path.parent, v, f"{path}: {where}: {k}", fix).resolve())
+        threads = spec.threads if spec is not None else option in _THREAD_NAMES
+        cpus = os.cpu_count() or 1
+        if threads and text.isdigit() and int(text) > cpus:
+            raise _bad(path, where, f"{k} = {text[:20]} is past this machine's {cpus} CPUs; lower it")
+        out[str(k)] = text
     return out
 
 
@@ -328,7 +356,7 @@ def _backends(path: Path, raw: Any) -> tuple[BackendEntry, ...]:
         if any(b.name == name for b in out):
             other = f"{name.partition('@')[0]}@other"
             raise _bad(path, where, f"{name} is listed twice; list it again under a label, e.g. {other}")
-        opts = _set_table(path, f"{where}.set", t.get("set", {}))
+        opts = _set_table(path, f"{where}.set", t.get("set", {}), name)
         out.append(
             BackendEntry(name, tuple(sorted(opts.items())), _requirements(path, where, t.get("requires", {})))
         )
