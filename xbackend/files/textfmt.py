@@ -62,10 +62,10 @@ CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
 HIDDEN = re.compile("[\x80-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 # what GitHub's autolink extension turns into a link: a scheme's ://, www., an e-mail address
 _SCHEME = re.compile(r"(?<=\w)://")
-_WWW = re.compile(r"(?i)\b(www)\.")
+_WWW = re.compile(r"(?i)(?<![a-z0-9])(www)\.")  # GitHub links www. after _, * or ~ too
 _EMAIL = re.compile(r"[\w.+-]@[\w-]+\.[\w-]")
 _EMAIL_WHOLE = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
-_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)")
+_TICKS = re.compile(r"`+")
 
 
 def visible(text: str) -> str:
@@ -116,23 +116,58 @@ def prose(text: object) -> str:
     return _between_spans(visible(CONTROL.sub(" ", str(text))), _prose_text)
 
 
+def _code_spans(s: str) -> Iterable[tuple[int, int]]:
+    """Where `s` holds code spans as CommonMark reads them: a run of backticks that no backslash
+    escapes opens one, the next run of the same length closes it (inside, a backslash is text)."""
+    at = 0
+    while (m := _TICKS.search(s, at)) is not None:
+        before = s[: m.start()]
+        if (len(before) - len(before.rstrip("\\"))) % 2:  # an escaped backtick: text, one shorter run
+            at = m.start() + 1
+            continue
+        close = next((c for c in _TICKS.finditer(s, m.end()) if len(c.group()) == len(m.group())), None)
+        if close is None:
+            at = m.end()
+            continue
+        yield m.start(), close.end()
+        at = close.end()
+
+
 def _between_spans(s: str, made_inert: Callable[[str], str]) -> str:
     """`s` with `made_inert` applied to the text between its code spans (the spans kept whole)."""
     out, at = [], 0
-    for m in _SPAN.finditer(s):
-        out += [made_inert(s[at : m.start()]), m.group(0)]
-        at = m.end()
+    for start, end in _code_spans(s):
+        out += [made_inert(s[at:start]), s[start:end]]
+        at = end
     out.append(made_inert(s[at:]))
-    return "".join(out)
+    return _joined(out)
+
+
+def _joined(pieces: list[str]) -> str:
+    """Markdown pieces side by side, a space where two backtick fences would touch (they would
+    read as one longer fence, and what one span held would no longer be code)."""
+    out = ""
+    for piece in pieces:
+        out += " " + piece if out.endswith("`") and piece.startswith("`") else piece
+    return out
 
 
 def _prose_text(s: str) -> str:
+    """Text between code spans made inert: an e-mail address a code span of its own (GitHub would
+    link it), every backtick its entity."""
     out, at = [], 0
     for m in _EMAIL_WHOLE.finditer(s):
-        out += [inert(s[at : m.start()]), code_span(m.group(0))]
+        out += [_no_ticks(s[at : m.start()]), code_span(m.group(0))]
         at = m.end()
-    out.append(inert(s[at:]) if "`" not in s[at:] else s[at:].replace("`", "\\`"))
-    return "".join(out)
+    out.append(_no_ticks(s[at:]))
+    return _joined(out)
+
+
+def _no_ticks(s: str) -> str:
+    """Text with no e-mail address made inert, a backtick in it written as its entity: it shows
+    as one and pairs with nothing (a backslash before it would not hold: a name's own backslash
+    can cancel one)."""
+    return "&#96;".join(_unlinked(_escaped(part)) for part in s.split("`"))
 
 
 class Ours(str):
@@ -157,11 +192,9 @@ def cell(text: object) -> str:
 
 
 def _cell_text(s: str) -> str:
-    """A cell's names made inert: backslashes first, then every bracket, tilde, asterisk and
-    underscore at a word's edge."""
-    if "`" in s or _EMAIL.search(s):
-        return code_span(s)
-    return _unlinked(_escaped(s))
+    """A cell's names made inert: every bracket, tilde, asterisk and underscore at a word's edge
+    escaped, a backtick its entity, an e-mail address a code span."""
+    return _prose_text(s)
 
 
 _PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
@@ -182,6 +215,9 @@ def _escaped(s: str) -> str:
             out.append(s[i : i + 2])
             i += 2
             continue
+        if c == "\\" and i + 1 == n:  # last: it would escape the markup that follows the name
+            out.append("\\\\")
+            break
         entity = next((e for e in _ENTITIES if s.startswith(e, i)), "")
         if entity:
             out.append(entity)
