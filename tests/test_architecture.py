@@ -33,6 +33,7 @@ HEAVY_OR_OPTIONAL = {
     "ml_dtypes",  # likewise optional in a foreign interpreter
     "psutil",  # likewise
     "model_signing",  # certify --key's model-files signature, where OpenSSF model-signing is installed
+    "transformers",  # in llama.cpp's converter's own process (xbackend/export/gguf_launch.py)
 }
 # Where a module must defer one of its own or a standard import, and why.
 LOCAL_EXCEPTIONS = {

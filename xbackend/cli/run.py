@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import itertools
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,8 +20,9 @@ from xbackend.errors import RunnerFailedError, UsageError
 from xbackend.files.atomic import NPZ_MARK, check_outputs, write_atomic_bytes
 from xbackend.files.capture_folder import check_folder
 from xbackend.files.textfmt import short, with_module
+from xbackend.model.extdata import model_files
 from xbackend.report import bundle_outputs, write_markdown_bundle
-from xbackend.results import Result
+from xbackend.results import CompareOptions, Result
 from xbackend.results.capture_record import load_capture
 
 __all__ = ["capture", "capture_export", "compare"]
@@ -31,8 +34,8 @@ def compare(model: ModelArg, **flags: Any) -> int:
     """Run a model on several backends and compare, per layer, in ULPs."""
     report, json = flags["report"], flags["json"]
     outputs = [*bundle_outputs("--report", report), ("--json", json)]
-    check_outputs(outputs, [model, flags["inputs"], flags["baseline"]], flags["force"])
     opts = compare_options(flags)
+    check_outputs(outputs, read_by(model, opts, flags["baseline"]), flags["force"])
     if opts.save_captures:  # a capture per backend: never into someone's folder
         for b in opts.backends:
             check_folder(Path(opts.save_captures) / b, "--save-captures", flags["force"])
@@ -40,6 +43,31 @@ def compare(model: ModelArg, **flags: Any) -> int:
     _write_reports(result, report, json)
     _print_summary(result)
     return result.exit_code
+
+
+_READ_OPTIONS = ("gguf", "module", "file")  # runner options naming a file the run reads
+_FOLDER_FILES = 10_000  # an inputs folder's files looked at
+
+
+def read_by(model: str, opts: CompareOptions, baseline: str | None = None) -> list[Path]:
+    """Every file a comparison reads, none of which an output may name (not even with --force):
+    the model and its weights, each candidate's, the GGUF files beside the model, the files its
+    runner options name, the inputs (each file of an inputs folder) and the baseline."""
+    read = model_files(model)
+    for candidate, _ in opts.candidates:
+        read += model_files(candidate)
+    with contextlib.suppress(OSError):
+        read += sorted(Path(model).parent.glob("*.gguf"))
+    read += [Path(v.rpartition(":")[0] if k == "module" and ":" in v else v)
+             for _, k, v in opts.runner_options if k in _READ_OPTIONS and v]  # fmt: skip
+    if opts.inputs:
+        given = Path(opts.inputs)
+        read.append(given)
+        if given.is_dir():
+            read += list(itertools.islice((f for f in given.rglob("*") if f.is_file()), _FOLDER_FILES))
+    if baseline:
+        read.append(Path(baseline))
+    return read
 
 
 def _write_reports(result: Result, md: str | None, js: str | None) -> None:

@@ -47,7 +47,7 @@ def _refuse(folder: str) -> Any:
 
 
 def _close_transformers(folder: str) -> None:
-    import transformers.dynamic_module_utils as dynamic
+    import transformers.dynamic_module_utils as dynamic  # transformers: the converter's, in its process
 
     def resolve(trust_remote_code: Any, model_name: Any, has_local_code: bool, has_remote_code: bool,
                 *_args: Any, **_kwargs: Any) -> bool:  # fmt: skip
@@ -67,7 +67,7 @@ def _close_transformers(folder: str) -> None:
 
 def _tensors_only() -> None:
     try:
-        import torch
+        import torch  # torch: the converter's, in its process
     except ImportError:
         return
     real = torch.load
@@ -83,8 +83,8 @@ def main(argv: list[str]) -> int:
     converter, folder, *rest = argv
     sys.path[:0] = [os.path.join(converter, "gguf-py"), converter]
     try:
-        import transformers.models.auto.configuration_auto
-        import transformers.models.auto.tokenization_auto  # noqa: F401
+        import transformers.models.auto.configuration_auto  # transformers: the converter's auto classes
+        import transformers.models.auto.tokenization_auto  # noqa: F401  # transformers: likewise
     except ImportError:
         pass
     else:

@@ -28,6 +28,7 @@ __all__ = [
     "external_files",
     "load_external",
     "map_external",
+    "model_files",
     "raw_size",
     "read_external",
     "uses_external_data",
@@ -59,6 +60,17 @@ def external_files(proto: onnx.ModelProto) -> list[str]:
         if t.data_location == TensorProto.EXTERNAL:
             files.update(e.value for e in t.external_data if e.key == "location")
     return sorted(files)
+
+
+def model_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The model file and every external data file it names (the files a run reads); [] for the
+    data where the model cannot be read yet (its loader says why, later)."""
+    p = Path(path)
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except Exception:  # any damage: reported by the loader, with its own line
+        return [p]
+    return [p, *(p.parent / rel for rel in external_files(proto) if "\0" not in rel)]
 
 
 def _link_external(proto: onnx.ModelProto, src: Path, dest: Path, copy: bool = False) -> None:
