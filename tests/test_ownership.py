@@ -192,7 +192,7 @@ def test_a_sweep_file_cannot_write_over_a_projects_files(
 
 def test_a_ledger_that_is_not_ours_is_never_replaced(tmp_path: Path) -> None:
     (tmp_path / LEDGER).write_text("my own file with this name\n", "utf-8")
-    with pytest.raises(UsageError, match="is not a ledger this user's xbackend sealed"):
+    with pytest.raises(UsageError, match="is not a ledger this user's xbackend can vouch for"):
         write_atomic(tmp_path / "r.md", "x")
     assert (tmp_path / LEDGER).read_text("utf-8") == "my own file with this name\n"
     assert not (tmp_path / "r.md").exists()  # refused before anything was placed

@@ -233,15 +233,35 @@ def _read_ledger(folder: Path) -> dict[str, str]:
 
 
 def _ledger_to_update(folder: Path) -> dict[str, str]:
-    """The ledger about to be rewritten; a file of its name this user's xbackend did not seal is
-    refused (never replaced)."""
+    """The ledger about to be rewritten: its sealed entries. An unsealed ledger of this user's (an
+    older xbackend's, a copy, one edited by hand) vouches for nothing and is rewritten with what
+    this run writes; another user's, or a file of its name that is no ledger, is refused (never
+    replaced)."""
     files = _load_ledger(folder)
-    if files is None:
-        raise UsageError(
-            f"{folder / LEDGER} is not a ledger this user's xbackend sealed (someone's, a copy, or an older "
-            "xbackend's): xbackend never replaces it; move it away, or write into another folder"
-        )
-    return files
+    if files is not None:
+        return files
+    if _unsealed_of_ours(folder / LEDGER):
+        return {}
+    raise UsageError(
+        f"{folder / LEDGER} is not a ledger this user's xbackend can vouch for (another user's, or not a "
+        "ledger): xbackend never replaces it; move it away, or write into another folder"
+    )
+
+
+def _unsealed_of_ours(path: Path) -> bool:
+    """`path` is a ledger in xbackend's format (any version) that this user owns, in a folder
+    others cannot write."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > _LEDGER_LIMIT:
+            return False
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            data = json.loads(f.read(_LEDGER_LIMIT + 1))
+    except (OSError, ValueError, RecursionError):
+        return False
+    schema = data.get("schema") if isinstance(data, dict) else None
+    return isinstance(schema, str) and schema.startswith("xbackend.files/") and not _shared(path.parent)
 
 
 def _stage_ledger(folder: Path, files: dict[str, str]) -> Path:
@@ -256,8 +276,8 @@ def _stage_ledger(folder: Path, files: dict[str, str]) -> Path:
     data = body.encode("utf-8", "surrogateescape") + b"\n"
     if len(data) > _LEDGER_LIMIT:
         raise UsageError(
-            f"the ledger of {folder} would pass {_LEDGER_LIMIT >> 20} MiB ({len(entries)} files): nothing "
-            "was written; write into another folder"
+            f"the ledger of {folder} would pass its {_LEDGER_LIMIT:,} bytes ({len(entries)} files): "
+            "nothing was written; write into another folder"
         )
     return synced_temp(folder / LEDGER, data)
 
