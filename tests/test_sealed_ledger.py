@@ -156,7 +156,7 @@ def test_the_ledger_is_never_written_past_its_limit(tmp_path: Path, monkeypatch:
     write_atomic(dest, "again")  # a listed file replaced: the ledger keeps its size
     assert is_ours(dest) and (tmp_path / LEDGER).stat().st_size == size
     tmp = stage_bytes(tmp_path / "new.md", b"new", "report")
-    with pytest.raises(UsageError, match="would pass its 40,000 bytes .* nothing was written"):
+    with pytest.raises(UsageError, match=r"would pass its 40,000 bytes .* nothing was written"):
         owned.place_all([(tmp, tmp_path / "new.md", hashlib.sha256(b"new").hexdigest())], "report")
     tmp.unlink()
     assert not (tmp_path / "new.md").exists() and is_ours(dest)
