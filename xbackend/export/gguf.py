@@ -207,6 +207,8 @@ def check_hf_folder(hf_folder: str | os.PathLike[str]) -> tuple[Path, list[Path]
         root = given.resolve(strict=True)
     except (OSError, RuntimeError):
         raise UsageError(f"{given} is not a Hugging Face model folder (it cannot be opened)") from None
+    if root.is_dir() and os.path.lexists(root / "config.json"):
+        _inside(given, root, root / "config.json")  # a link out: the same line whatever lies there
     if not root.is_dir() or not (root / "config.json").is_file():
         raise UsageError(f"{given} is not a Hugging Face model folder (no config.json)")
     files: list[Path] = []
