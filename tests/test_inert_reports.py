@@ -85,3 +85,61 @@ def test_every_report_kind_builds_nothing_from_a_name(
         }
     for kind in pages["plain"]:
         _same_page(kind, pages["plain"][kind], pages["forged"][kind])
+
+
+# escaped backticks and a name's own backslashes, which once opened or cancelled a code span
+ESCAPED = [
+    "\\[e](https://evil.example/env) _em_",
+    "x\\`[l](https://evil.example/f)\\`",
+    "\\`*em*\\` and \\`_em_\\`",
+    "``[l](https://evil.example/g)\\``",
+    "\\\\`[l](https://evil.example/h)`",
+    "tail\\",
+    "a@b.example``x``",
+    "_em_www.evil.example",
+]
+
+
+@pytest.mark.parametrize("forged", ESCAPED)
+def test_values_from_a_result_json_build_nothing(
+    forged: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`xbackend report` on a result JSON whose environment values and a backend's name are
+    someone's strings: the page builds exactly what its plain twin builds."""
+    model = _chain(tmp_path / "m.onnx", ["t0", "t1"])
+    js = tmp_path / "r.json"
+    code, _, err = run(capsys, "compare", str(model), "--backends", "ort-cpu,reference", "--runs", "1",
+                       "--no-progress", "--json", str(js))  # fmt: skip
+    assert code == 0, err
+    pages = {}
+    for kind, value, backend in (
+        ("plain", "plain value", "ort-cpu0"),
+        ("forged", forged, f"ort-cpu{forged}"),
+    ):
+        _forge_json(js, tmp_path / f"{kind}.json", value, backend)
+        out = tmp_path / f"{kind}.md"
+        code, _, err = run(capsys, "report", str(tmp_path / f"{kind}.json"), "-o", str(out))
+        assert code == 0, err
+        pages[kind] = out.read_text("utf-8")
+    _same_page("report", pages["plain"], pages["forged"])
+
+
+def test_the_escaping_functions_build_nothing_from_any_short_mix() -> None:
+    """Every string of up to three pieces among backticks (escaped or not), backslashes, links,
+    emphasis, tags, www. and e-mail addresses (2,197 of them), through each function a name
+    passes in a report: inert, prose, a table cell. None renders a link, emphasis or a tag."""
+    import itertools
+
+    from xbackend.files.textfmt import cell, inert, prose
+
+    pieces = ["`", "\\`", "``", "\\\\`", "[l](https://e.example)", "_em_", "*s*", "x", " ", "\\", "<b>",
+              "www.e.example", "a@b.example"]  # fmt: skip
+    built = []
+    for k in (1, 2, 3):
+        for combo in itertools.product(pieces, repeat=k):
+            text = "".join(combo)
+            for shown in (inert(text), prose(text), f"|a|\n|-|\n|{cell(text)}|"):
+                page = _rendered(shown)
+                if page.links or set(page.tags) & {"em", "strong", "b", "a", "del"}:
+                    built.append((text, shown))
+    assert built == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from xbackend.files.textfmt import module_note, short
+from xbackend.files.textfmt import inert, module_note, prose, short
 from xbackend.numerics.metrics import TensorDiff
 from xbackend.results import BackendResult, Result
 
@@ -102,7 +102,7 @@ def _runs(r: Result, ok: Sequence[BackendResult]) -> str:
             if b.distinct_run_outputs > 1
             else f"identical outputs in {b.runs} runs, but intermediates varied"
         )
-        parts.append(f"{b.name}: {outs}{_where(b.run_diffs, r)}")
+        parts.append(f"{inert(b.name)}: {outs}{_where(b.run_diffs, r)}")
     return f"**Run to run: NO.** {'; '.join(parts)}."
 
 
@@ -117,7 +117,7 @@ def _builds(r: Result, ok: Sequence[BackendResult]) -> str:
             "computed the same bits at every exposed tensor."
         )
     parts = [
-        f"{b.name}: {b.distinct_build_outputs} distinct outputs over {b.builds} builds"
+        f"{inert(b.name)}: {b.distinct_build_outputs} distinct outputs over {b.builds} builds"
         + _where(b.build_diffs, r)
         for b in vary
     ]
@@ -125,7 +125,7 @@ def _builds(r: Result, ok: Sequence[BackendResult]) -> str:
     for v in engines:
         if v.backend not in shown:
             parts.append(
-                f"{v.backend}: {v.distinct_fingerprints} distinct engines in {v.builds} builds "
+                f"{inert(v.backend)}: {v.distinct_fingerprints} distinct engines in {v.builds} builds "
                 f"({len(v.varying_layers)} layers), the same bits"
             )
     verdict = "NO" if vary else "the same bits, different engines"
@@ -139,26 +139,26 @@ def _across(r: Result, stem: str | None, figure: bool) -> str:
         return f"**Across backends: not measured.** {why[0].upper()}{why[1:]}."
     if all(c.bitwise_equal for c in crosses):
         return (
-            f"**Across backends: the same bits.** Every backend matches {r.reference_used} bit for bit "
-            "at the outputs."
+            f"**Across backends: the same bits.** Every backend matches {inert(r.reference_used)} bit for "
+            "bit at the outputs."
         )
     worst = max(crosses, key=lambda c: (c.scaled_ulp or 0.0, c.backend))
     fig = f" ([figure]({stem}.error-depth.png))" if stem and figure else ""
     size = (
-        f"Largest: {worst.backend}, {short(worst.scaled_ulp)} scaled ULP (units in the last place of the "
-        f"tensor's largest value) from {r.reference_used} at the outputs, first at "
+        f"Largest: {inert(worst.backend)}, {short(worst.scaled_ulp)} scaled ULP (units in the last place of "
+        f"the tensor's largest value) from {inert(r.reference_used)} at the outputs, first at "
         f"{module_note(worst.first_divergence, r.model.modules())}{fig}"
     )
     ex = r.explanation
     if not ex.ok:
         why = ex.reason or "the explanation did not run"
-        return f"**Across backends: different bits, not judged.** {size}; {why}."
+        return f"**Across backends: different bits, not judged.** {size}; {prose(why)}."
     nodes = r.judged_nodes
     judged = [(c, ex.local_for(c.backend)) for c in crosses]
-    origins = [c.backend for c, le in judged if le is not None and le.status == "ok" and le.origins]
-    unjudged = [c.backend for c, le in judged if le is None or le.status != "ok"]
+    origins = [inert(c.backend) for c, le in judged if le is not None and le.status == "ok" and le.origins]
+    unjudged = [inert(c.backend) for c, le in judged if le is None or le.status != "ok"]
     coarse = [
-        f"{c.backend} {le.compared}"
+        f"{inert(c.backend)} {le.compared}"
         for c, le in judged
         if le is not None and le.status == "ok" and le.coarser_than(nodes)
     ]
@@ -194,7 +194,7 @@ def answers(r: Result, stem: str | None, figure: bool = True) -> list[str]:
 
 
 def _baseline(r: Result) -> str:
-    moved = [d.backend for d in r.baseline if d.drifted]
+    moved = [inert(d.backend) for d in r.baseline if d.drifted]
     compared = [d for d in r.baseline if d.status in ("identical", "drifted")]
     if moved:
         return f"**Against the baseline: moved.** {', '.join(moved)} (see Verdict)."
