@@ -575,3 +575,71 @@ def test_compare_options(
     opts: list[tuple[str, str]],
 ) -> None:
     _answer(relu, monkeypatch, capsys, [x for pair in opts for x in pair])
+
+
+def _valid_gguf() -> bytes:
+    """A small whole GGUF file: scalars, a string, arrays of floats and strings, one F32 tensor."""
+    import struct
+
+    def string(s: bytes) -> bytes:
+        return struct.pack("<Q", len(s)) + s
+
+    def kv(key: str, kind: int, payload: bytes) -> bytes:
+        return string(key.encode()) + struct.pack("<I", kind) + payload
+
+    kvs = [
+        kv("general.architecture", 8, string(b"llama")),
+        kv("llama.block_count", 4, struct.pack("<I", 1)),
+        kv("llama.embedding_length", 4, struct.pack("<I", 4)),
+        kv("general.file_type", 4, struct.pack("<I", 0)),
+        kv("tokenizer.ggml.scores", 9, struct.pack("<IQ", 6, 3) + struct.pack("<3f", 0, 1, 2)),
+        kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2) + string(b"a") + string(b"bc")),
+    ]
+    tensor = (
+        string(b"token_embd.weight")
+        + struct.pack("<I", 2)
+        + struct.pack("<QQ", 4, 2)
+        + struct.pack("<IQ", 0, 0)
+    )
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, len(kvs)) + b"".join(kvs) + tensor
+    return head + b"\0" * (-len(head) % 32) + b"\0" * 32
+
+
+@FUZZ
+@given(
+    flips=st.lists(st.integers(0, 10**6), max_size=6),
+    words=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 2**64 - 1)), max_size=3),
+    cut=st.integers(0, 10**6),
+)
+def test_gguf_header_reader(
+    tmp_path_factory: pytest.TempPathFactory, flips: list[int], words: list[tuple[int, int]], cut: int
+) -> None:
+    """A GGUF file with bits flipped, any 8 bytes set to any count (2^62, 2^64-1), or cut short:
+    its header is read, or refused in one line (never another exception, a hang or an allocation
+    the bytes cannot hold)."""
+    import struct
+
+    from xbackend.files.gguf_header import claims_problem, read_header
+
+    data = bytearray(_valid_gguf())
+    for f in flips:
+        data[f % len(data)] ^= 1 << (f % 8)
+    for at, value in words:
+        struct.pack_into("<Q", data, at % (len(data) - 8), value)
+    path = tmp_path_factory.mktemp("gguf") / "m.gguf"
+    path.write_bytes(bytes(data[: max(4, cut % (len(data) + 1))]) if cut % 3 == 0 else bytes(data))
+    _only_clean_errors(lambda: claims_problem(read_header(path)))
+
+
+def test_the_fuzzed_gguf_is_read_whole_when_untouched(tmp_path: Path) -> None:
+    from xbackend.files.gguf_header import claims_problem, read_header
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_valid_gguf())
+    header = read_header(path)
+    assert header.architecture() == "llama" and header.values["llama.block_count"] == 1
+    assert header.array_lengths == {"tokenizer.ggml.scores": 3, "tokenizer.ggml.tokens": 2}
+    assert [(t.name, t.dims, t.type_name, t.nbytes()) for t in header.tensors] == [
+        ("token_embd.weight", (4, 2), "F32", 32)
+    ]
+    assert claims_problem(header) == ""

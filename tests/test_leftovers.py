@@ -1,5 +1,6 @@
 """After a command, TMPDIR and HOME hold nothing xbackend or its engines left: no Inductor cache
-from an export, no ONNX Runtime telemetry files ($TMPDIR/.ses, ~/.cache/Microsoft)."""
+from an export, no ONNX Runtime telemetry files ($TMPDIR/.ses, ~/.cache/Microsoft), no
+matplotlib config or font cache; HOME holds the ledger key alone (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ def test_export_and_compare_leave_tmpdir_and_home_as_they_were(tmp_path: Path) -
         "utf-8",
     )
     env = {
-        k: v for k, v in os.environ.items() if k not in ("ORT_DISABLE_TELEMETRY", "TORCHINDUCTOR_CACHE_DIR")
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ORT_DISABLE_TELEMETRY", "TORCHINDUCTOR_CACHE_DIR", "MPLCONFIGDIR", "XDG_STATE_HOME")
     }
     root = str(MODELS.parent)  # this tree's xbackend, whatever is installed
     env.update(TMPDIR=str(tmp), HOME=str(home), PYTHONPATH=os.pathsep.join([root, env.get("PYTHONPATH", "")]))
@@ -33,6 +36,8 @@ def test_export_and_compare_leave_tmpdir_and_home_as_they_were(tmp_path: Path) -
         ["export", "torch", "mod.py:build", "-o", "m.onnx", "--input", "x=2,3"],
         ["compare", str(MODELS / "mlp_layernorm.onnx"), "--backends", "ort-cpu,reference", "--runs", "1",
          "--probes", "none", "--no-progress"],
+        ["compare", str(MODELS / "mlp_layernorm.onnx"), "--backends", "ort-cpu,reference", "--runs", "2",
+         "--no-progress", "--report", "r.md"],  # figures drawn: matplotlib's caches
     ):  # fmt: skip
         done = subprocess.run(
             [sys.executable, "-m", "xbackend", *argv], cwd=work, env=env, capture_output=True, text=True,
@@ -41,6 +46,10 @@ def test_export_and_compare_leave_tmpdir_and_home_as_they_were(tmp_path: Path) -
         assert done.returncode == 0, done.stderr
         assert sorted(os.listdir(tmp)) == [], (argv[0], os.listdir(tmp))
         assert not (home / ".cache" / "Microsoft").exists(), argv[0]
+        # what docs/security.md lists: the key that seals this user's ledgers, nothing else
+        left = sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file())
+        assert left == [".local/state/xbackend/ledger.key"], (argv, left)
+    assert (work / "r.ulp-distribution.png").is_file()
 
 
 def _xbackend(argv: list[str], cwd: Path, fsize: int | None = None, user: bool = False) -> tuple[int, str]:
