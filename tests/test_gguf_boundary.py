@@ -439,3 +439,30 @@ def test_ggml_abort_takes_a_format(tmp_path: Path) -> None:
     above calls it)."""
     lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
     assert hasattr(lib, "ggml_abort") and hasattr(lib, "ggml_print_backtrace")
+
+
+def test_export_gguf_leaves_home_and_tmpdir_as_they_were(tmp_path: Path, converter: Path) -> None:
+    """A successful export and one stopped by SIGTERM mid-conversion: HOME and TMPDIR hold
+    nothing new (no Inductor cache, no Hugging Face modules), no run folder is left beside the
+    output, and the stopped one is its line and exit 143."""
+    import signal
+
+    env, home, tmp = _contained_env(tmp_path, converter)
+    _hf(tmp_path / "hf")
+    done = _xbackend(["export", "gguf", "hf", "-o", "m.gguf"], tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    assert read_header(tmp_path / "m.gguf").architecture() == "llama"
+    assert os.listdir(home) == [] and os.listdir(tmp) == []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xbackend", "export", "gguf", "hf", "-o", "stopped.gguf"], cwd=tmp_path,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".xbackend-gguf-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the converter's run folder exists: it is converting
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "xbackend: stopped by SIGTERM; the run's temp files were removed"
+    assert not list(tmp_path.glob(".xbackend-gguf-*")) and not (tmp_path / "stopped.gguf").exists()
+    assert os.listdir(home) == [] and os.listdir(tmp) == []
