@@ -109,6 +109,7 @@ def test_another_users_ledger_in_a_shared_folder_touches_nothing_of_ours(
     assert not is_ours(shared / "r.md")  # listed and unchanged, but anyone may write the folder
     code, _, err = run(capsys, "compare", str(model), *BASE, "--report", str(shared / "r.md"))
     assert code == 2, err
+    one_line_error(err, f"--report {shared / 'r.md'} exists in a folder others may write")
     assert run(capsys, "compare", str(model), *BASE, "--report", str(shared / "r.md"), "--force")[0] == 0
 
 

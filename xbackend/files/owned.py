@@ -346,6 +346,12 @@ def recorded(folder: Path) -> bool:
 
 def refusal(flag: str, p: Path) -> str:
     """The one line for an existing file that is not xbackend's to replace."""
+    if _shared(p.parent) and _unchanged(p, _read_ledger(p.parent).get(p.name)):
+        return (
+            f"{flag} {p} exists in a folder others may write ({p.parent}), so xbackend cannot tell it is "
+            "still the file it wrote; it never overwrites it there: choose another path, or pass --force "
+            "to replace it"
+        )
     return (
         f"{flag} {p} exists and xbackend did not write it (or it changed since); xbackend never "
         "overwrites it: choose another path, or pass --force to replace it"
