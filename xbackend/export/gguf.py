@@ -103,12 +103,12 @@ def _pip_settings() -> dict[str, list[str]]:
     for line in done.stdout.splitlines():
         key, _, value = line.partition("=")
         name = key.rpartition(".")[2]
-        if name in ("index-url", "extra-index-url", "find-links", "cert") and value:
+        if name in ("index-url", "extra-index-url", "find-links", "cert", "proxy") and value:
             out.setdefault(name, []).extend(value.strip("'\"").split())
     return out
 
 
-def _sdist_links(index: str, project: str, context: ssl.SSLContext) -> Iterator[str]:
+def _sdist_links(index: str, project: str, opener: urllib.request.OpenerDirector) -> Iterator[str]:
     """The file links of `project` on a PEP 503 simple index (or a find-links folder or page)."""
     if "://" not in index or index.startswith("file:"):
         folder = Path(urllib.parse.urlparse(index).path if index.startswith("file:") else index)
@@ -118,7 +118,7 @@ def _sdist_links(index: str, project: str, context: ssl.SSLContext) -> Iterator[
         return
     url = index.rstrip("/") + f"/{project}/"
     try:
-        with urllib.request.urlopen(url, timeout=60, context=context) as page:
+        with opener.open(url, timeout=60) as page:
             html = page.read(16 << 20).decode("utf-8", "replace")
     except OSError:
         return
@@ -126,12 +126,12 @@ def _sdist_links(index: str, project: str, context: ssl.SSLContext) -> Iterator[
         yield urllib.parse.urljoin(url, href.replace("&amp;", "&"))
 
 
-def _download(url: str, dest: Path, context: ssl.SSLContext) -> None:
+def _download(url: str, dest: Path, opener: urllib.request.OpenerDirector) -> None:
     """`url` into `dest`, at most _SDIST_LIMIT bytes, its sha256 checked where the link gives one."""
     want = urllib.parse.urlparse(url).fragment.partition("sha256=")[2]
     digest = hashlib.sha256()
     with (
-        urllib.request.urlopen(url.partition("#")[0], timeout=300, context=context) as src,
+        opener.open(url.partition("#")[0], timeout=300) as src,
         dest.open("wb") as f,
     ):
         size = 0
@@ -152,6 +152,11 @@ def _fetch(version: str, folder: Path) -> None:
     settings = _pip_settings()
     cert = next(iter(settings.get("cert", [])), "")
     context = ssl.create_default_context(cafile=cert if cert and Path(cert).is_file() else None)
+    proxy = next(iter(settings.get("proxy", [])), "")
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.HTTPSHandler(context=context)]
+    if proxy:  # pip's own proxy setting (the environment's is urllib's default)
+        handlers.append(urllib.request.ProxyHandler({"http": proxy, "https": proxy}))
+    opener = urllib.request.build_opener(*handlers)
     indexes = [*settings.get("find-links", []), *(settings.get("index-url") or ["https://pypi.org/simple"])]
     indexes += settings.get("extra-index-url", [])
     name = f"llama_cpp_python-{version}.tar.gz"
@@ -160,11 +165,11 @@ def _fetch(version: str, folder: Path) -> None:
         archive = Path(tmp) / name
         tried = []
         for index in indexes:
-            link = next((u for u in _sdist_links(index, "llama-cpp-python", context) if name in u), None)
+            link = next((u for u in _sdist_links(index, "llama-cpp-python", opener) if name in u), None)
             if link is None:
                 continue
             try:
-                _download(link, archive, context)
+                _download(link, archive, opener)
                 break
             except OSError as e:
                 tried.append(f"{index}: {e}")
