@@ -34,6 +34,7 @@ HEAVY_OR_OPTIONAL = {
     "psutil",  # likewise
     "model_signing",  # certify --key's model-files signature, where OpenSSF model-signing is installed
     "transformers",  # in llama.cpp's converter's own process (xbackend/export/gguf_launch.py)
+    "pip",  # its default index, where export gguf fetches llama.cpp's converter (an environment may lack pip)
 }
 # Where a module must defer one of its own or a standard import, and why.
 LOCAL_EXCEPTIONS = {

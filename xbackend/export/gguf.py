@@ -108,6 +108,15 @@ def _pip_settings() -> dict[str, list[str]]:
     return out
 
 
+def _pip_default_index() -> list[str]:
+    """pip's own default index, where no index-url is set."""
+    try:
+        from pip._internal.models.index import PyPI  # pip: its default, read rather than written again
+    except ImportError:
+        return []
+    return [str(PyPI.simple_url)]
+
+
 def _sdist_links(index: str, project: str, opener: urllib.request.OpenerDirector) -> Iterator[str]:
     """The file links of `project` on a PEP 503 simple index (or a find-links folder or page)."""
     if "://" not in index or index.startswith("file:"):
@@ -157,7 +166,7 @@ def _fetch(version: str, folder: Path) -> None:
     if proxy:  # pip's own proxy setting (the environment's is urllib's default)
         handlers.append(urllib.request.ProxyHandler({"http": proxy, "https": proxy}))
     opener = urllib.request.build_opener(*handlers)
-    indexes = [*settings.get("find-links", []), *(settings.get("index-url") or ["https://pypi.org/simple"])]
+    indexes = [*settings.get("find-links", []), *(settings.get("index-url") or _pip_default_index())]
     indexes += settings.get("extra-index-url", [])
     name = f"llama_cpp_python-{version}.tar.gz"
     folder.parent.mkdir(parents=True, exist_ok=True)
