@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
+import xbackend.files.ledger_key as ledger_key
 import xbackend.files.owned as owned
 from tests.cli_helpers import one_line_error, relu_model, run
 from xbackend.errors import UsageError
 from xbackend.files.atomic import stage_bytes, write_atomic
-from xbackend.files.owned import LEDGER, check_tree, is_ours, key_file, place
+from xbackend.files.ledger_key import key_file
+from xbackend.files.owned import LEDGER, check_tree, is_ours, place
 
 BASE = ("--backends", "ort-cpu", "--runs", "1", "--no-progress", "--probes", "none")
 ROOT = os.geteuid() == 0
@@ -243,13 +245,13 @@ def test_the_key_is_this_users_alone(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and key.stat().st_size == 32
     assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
     assert is_ours(out / "r.md")
-    owned._KEYS.clear()
+    ledger_key._KEYS.clear()
     key.chmod(0o644)
     with pytest.raises(UsageError, match=r"ledger key .* mode 0644, readable by others: remove it"):
         is_ours(out / "r.md")
     key.unlink()  # what the line says: a new key, and what the old one sealed is someone's now
-    owned._KEYS.clear()
+    ledger_key._KEYS.clear()
     assert not is_ours(out / "r.md")
     write_atomic(out / "r.md", "ours again", force=True)
     assert is_ours(out / "r.md")
-    owned._KEYS.clear()
+    ledger_key._KEYS.clear()

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from xbackend.errors import UsageError
+from xbackend.files.ledger_key import ledger_key, seal, shared_folder
 
 __all__ = [
     "LEDGER",
@@ -42,7 +43,6 @@ __all__ = [
     "foreign",
     "forget",
     "is_ours",
-    "key_file",
     "locked",
     "may_place",
     "new_part",
@@ -58,9 +58,7 @@ __all__ = [
 LEDGER = ".xbackend-files.json"
 _SCHEMA = "xbackend.files/2"
 _LEDGER_LIMIT = 16 << 20  # a ledger lists names and digests: larger is not one of ours
-_KEY_BYTES = 32
 _FORCED: set[Path] = set()  # files the user named with --force in this command
-_KEYS: dict[Path, bytes] = {}  # the ledger key, read once per process (by its path)
 
 
 def _key(p: Path) -> Path:
@@ -100,99 +98,6 @@ def file_digest(p: Path) -> str:
         os.close(fd)
 
 
-# --- the key that seals this user's ledgers ------------------------------------------------------
-
-
-def key_file() -> Path:
-    """Where this user's ledger key lives: $XDG_STATE_HOME/xbackend/ledger.key (~/.local/state)."""
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "xbackend" / "ledger.key"
-
-
-def _shared(folder: Path | str) -> bool:
-    """Others may write into `folder`: anyone (o+w), or a group that is not this user's own."""
-    try:
-        st = os.stat(folder)
-    except OSError:
-        return False
-    return bool(st.st_mode & stat.S_IWOTH) or bool(st.st_mode & stat.S_IWGRP and st.st_gid != os.getegid())
-
-
-def _key_problem(path: Path, st: os.stat_result) -> str:
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if st.st_uid != os.geteuid():
-        return f"owned by uid {st.st_uid}, not this user"
-    if st.st_mode & 0o077:
-        return f"mode {stat.S_IMODE(st.st_mode):04o}, readable by others"
-    if st.st_size != _KEY_BYTES:
-        return f"{st.st_size} bytes, not {_KEY_BYTES}"
-    if _shared(path.parent):
-        return f"its folder {path.parent} is writable by others"
-    return ""
-
-
-def _ledger_key(create: bool) -> bytes | None:
-    """This user's key (made once where `create`); None where there is none yet."""
-    path = key_file()
-    if path in _KEYS:
-        return _KEYS[path]
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        if not create:
-            return None
-        _make_key(path)
-        st = os.lstat(path)
-    except OSError as e:
-        raise UsageError(
-            f"cannot read xbackend's ledger key {path} ({e.strerror}); set XDG_STATE_HOME"
-        ) from None
-    bad = _key_problem(path, st)
-    if bad:
-        raise UsageError(
-            f"xbackend's ledger key {path} is {bad}: remove it (xbackend makes a new one; what the old one "
-            "sealed then needs --force once)"
-        )
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    try:
-        _KEYS[path] = os.read(fd, _KEY_BYTES + 1)
-    finally:
-        os.close(fd)
-    return _KEYS[path]
-
-
-def _make_key(path: Path) -> None:
-    """A new random key, mode 0600, placed only if none is there (two first runs make one key)."""
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".ledger.key.", dir=path.parent)
-        try:
-            os.write(fd, os.urandom(_KEY_BYTES))
-            os.fsync(fd)
-            os.close(fd)
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
-    except OSError as e:
-        raise UsageError(
-            f"cannot make xbackend's ledger key {path} ({e.strerror}); set XDG_STATE_HOME to a folder of "
-            "yours"
-        ) from None
-
-
-def _seal(key: bytes, folder: Path, files: dict[str, str]) -> str:
-    """The ledger's seal over its entries and its folder's identity (the folder's inode, which a
-    move keeps: a copy in another folder vouches for nothing)."""
-    try:
-        identity = os.stat(folder).st_ino
-    except OSError:
-        identity = -1
-    body = json.dumps([identity, sorted(files.items())], separators=(",", ":"))
-    return hmac.new(key, body.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
-
-
 # --- the ledger ----------------------------------------------------------------------------------
 
 
@@ -207,7 +112,7 @@ def _load_ledger(folder: Path) -> dict[str, str] | None:
         return {}
     if not stat.S_ISREG(st.st_mode) or st.st_size > _LEDGER_LIMIT or st.st_uid != os.geteuid():
         return None
-    key = _ledger_key(create=False)
+    key = ledger_key(create=False)
     if key is None:
         return None
     try:
@@ -221,8 +126,8 @@ def _load_ledger(folder: Path) -> dict[str, str] | None:
     files = data["files"]
     if not all(isinstance(k, str) and isinstance(v, str) and "/" not in k for k, v in files.items()):
         return None
-    seal = data.get("seal")
-    if not isinstance(seal, str) or not hmac.compare_digest(seal, _seal(key, folder, files)):
+    given = data.get("seal")
+    if not isinstance(given, str) or not hmac.compare_digest(given, seal(key, folder, files)):
         return None
     return dict(files)
 
@@ -261,17 +166,17 @@ def _unsealed_of_ours(path: Path) -> bool:
     except (OSError, ValueError, RecursionError):
         return False
     schema = data.get("schema") if isinstance(data, dict) else None
-    return isinstance(schema, str) and schema.startswith("xbackend.files/") and not _shared(path.parent)
+    return isinstance(schema, str) and schema.startswith("xbackend.files/") and not shared_folder(path.parent)
 
 
 def _stage_ledger(folder: Path, files: dict[str, str]) -> Path:
     """The folder's new ledger in a temp file beside it (compact, sealed), refused past its limit
     before anything is placed."""
-    key = _ledger_key(create=True)
+    key = ledger_key(create=True)
     assert key is not None
     entries = dict(sorted(files.items()))
     body = json.dumps(
-        {"schema": _SCHEMA, "files": entries, "seal": _seal(key, folder, entries)}, separators=(",", ":")
+        {"schema": _SCHEMA, "files": entries, "seal": seal(key, folder, entries)}, separators=(",", ":")
     )
     data = body.encode("utf-8", "surrogateescape") + b"\n"
     if len(data) > _LEDGER_LIMIT:
@@ -326,7 +231,7 @@ def locked(folder: Path) -> Iterator[None]:
 def is_ours(p: Path) -> bool:
     """`p` is xbackend's to replace: its folder's sealed ledger lists it unchanged, it is this
     user's, and its folder is not writable by others."""
-    return _unchanged(p, _read_ledger(p.parent).get(p.name)) and not _shared(p.parent)
+    return _unchanged(p, _read_ledger(p.parent).get(p.name)) and not shared_folder(p.parent)
 
 
 def _unchanged(p: Path, digest: str | None) -> bool:
@@ -346,7 +251,7 @@ def recorded(folder: Path) -> bool:
 
 def refusal(flag: str, p: Path) -> str:
     """The one line for an existing file that is not xbackend's to replace."""
-    if _shared(p.parent) and _unchanged(p, _read_ledger(p.parent).get(p.name)):
+    if shared_folder(p.parent) and _unchanged(p, _read_ledger(p.parent).get(p.name)):
         return (
             f"{flag} {p} exists in a folder others may write ({p.parent}), so xbackend cannot tell it is "
             "still the file it wrote; it never overwrites it there: choose another path, or pass --force "
@@ -383,7 +288,7 @@ def may_place(dest: Path, what: str, force: bool = False) -> dict[str, str]:
         return files
     if dest.is_symlink() or not dest.is_file():
         raise UsageError(f"cannot write {what} {dest}: it is now a link or not a file; choose another path")
-    ours = _unchanged(dest, files.get(dest.name)) and not _shared(dest.parent)
+    ours = _unchanged(dest, files.get(dest.name)) and not shared_folder(dest.parent)
     if not (force or forced(dest) or ours):
         msg = refusal(f"the {what}", dest).replace("exists and", "appeared while xbackend ran and")
         raise UsageError(msg)
@@ -542,7 +447,7 @@ def foreign(folder: Path, limit: int = 10_000) -> list[Path]:
     for root, dirs, names in os.walk(folder, followlinks=False):
         here = Path(root)
         listed = _load_ledger(here)
-        shared = _shared(here)
+        shared = shared_folder(here)
         for d in list(dirs):
             if (here / d).is_symlink():
                 out.append(here / d)
