@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -62,11 +63,19 @@ def external_files(proto: onnx.ModelProto) -> list[str]:
     return sorted(files)
 
 
+_LISTED_LIMIT = 256 << 20  # a larger graph file holds its weights itself: it names no data file to list
+
+
 def model_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The model file and every external data file it names (the files a run reads); [] for the
-    data where the model cannot be read yet (its loader says why, later)."""
+    """The model file and every external data file it names (the files a run reads). Only a
+    regular file is opened (a pipe or a device is the loader's to refuse, later, in one line), and
+    only a graph small enough to hold names rather than weights; where it cannot be read, the
+    model file alone."""
     p = Path(path)
     try:
+        st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _LISTED_LIMIT:
+            return [p]
         proto = onnx.load(str(p), load_external_data=False)
     except Exception:  # any damage: reported by the loader, with its own line
         return [p]
