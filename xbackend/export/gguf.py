@@ -226,11 +226,12 @@ def check_hf_folder(hf_folder: str | os.PathLike[str]) -> tuple[Path, list[Path]
     if not root.is_dir() or not (root / "config.json").is_file():
         raise UsageError(f"{given} is not a Hugging Face model folder (no config.json)")
     files: list[Path] = []
-    weights = 0
+    weights = seen = 0
     for here, dirs, names in os.walk(root):
         for name in [*dirs, *names]:
             entry = Path(here) / name
-            if len(files) >= _FOLDER_LIMIT:
+            seen += 1
+            if seen > _FOLDER_LIMIT:
                 raise UsageError(f"{given} holds more than {_FOLDER_LIMIT} entries: not a model folder")
             target = _inside(given, root, entry)
             st = os.stat(target)
