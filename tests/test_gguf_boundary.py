@@ -189,6 +189,14 @@ def test_the_folder_is_checked_before_the_converter_starts(tmp_path: Path, conve
     ):
         write_gguf(big, tmp_path / "out.gguf")
     assert time.monotonic() - start < 5
+    named = tmp_path / "named"
+    named.mkdir()
+    for f in ("config.json", "tokenizer.model", "model.safetensors"):
+        (named / f).write_bytes((hf / f).read_bytes())
+    for value in ("/elsewhere/secret.json", "../secret.json"):
+        (named / "tokenizer_config.json").write_text(json.dumps({"tokenizer_file": value}), "utf-8")
+        with pytest.raises(UsageError, match=r"tokenizer_file names .*, outside .*: xbackend reads a model"):
+            write_gguf(named, tmp_path / "out.gguf")
     for name in ("model.safetensors", "tokenizer.model", "config.json"):
         with pytest.raises(UsageError, match="is an input of this command"):
             write_gguf(hf, hf / name, force=True)

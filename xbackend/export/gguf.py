@@ -247,7 +247,30 @@ def check_hf_folder(hf_folder: str | os.PathLike[str]) -> tuple[Path, list[Path]
                 weights += st.st_size
         dirs[:] = [d for d in dirs if not (Path(here) / d).is_symlink()]  # checked above, not walked twice
     _check_config(given, root / "config.json", weights)
+    for name in ("config.json", "tokenizer_config.json"):
+        _check_named_files(given, root / name)
     return root, files, weights
+
+
+def _check_named_files(given: Path, config: Path) -> None:
+    """A config's values that name a file (`tokenizer_file`, `vocab_file`, `merges_file`) name one
+    inside the folder: an absolute path or `..` is refused, read by no one. (`_name_or_path` is a
+    label transformers reads no file from.)"""
+    try:
+        if not config.is_file() or config.stat().st_size > _CONFIG_LIMIT:
+            return
+        data = json.loads(config.read_text("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return  # the converter's own reader says what is wrong with it
+    if not isinstance(data, dict):
+        return
+    for key, value in data.items():
+        named = isinstance(value, str) and key.endswith(("_file", "_files"))
+        if named and (os.path.isabs(value) or ".." in Path(value).parts or value.startswith("~")):
+            raise UsageError(
+                f"{config}: {key} names {value[:120]!r}, outside {given}: xbackend reads a model folder's "
+                "own files alone; remove the entry (the converter finds the folder's files by name)"
+            )
 
 
 def _inside(given: Path, root: Path, entry: Path) -> Path:
