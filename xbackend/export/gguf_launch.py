@@ -1,8 +1,8 @@
 """Runs llama.cpp's convert_hf_to_gguf.py so that no code from the model folder can run.
 
 Started by xbackend.export.gguf as a script of its own (no xbackend import), in a process whose
-HOME, caches and TMPDIR lie in xbackend's run folder. The converter asks transformers for
-`trust_remote_code=True` for about twenty families; here transformers never grants it: a
+HOME, caches and TMPDIR lie in xbackend's run folder. The converter asks transformers to trust a
+folder's own code in the conversions of 41 architecture names; here transformers never grants it: a
 tokenizer or config that needs a class from the folder stops the run, naming the file, before
 that class is imported, and torch.load reads tensors alone (weights_only).
 
