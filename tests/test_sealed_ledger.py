@@ -171,18 +171,18 @@ def test_a_report_is_placed_whole_or_not_at_all(tmp_path: Path, capsys: pytest.C
     the bundle stays, not its table, not its figures, and the ledger is as it was."""
     model = relu_model(tmp_path)
     md = tmp_path / "r.md"
-    real = owned.may_place
+    real = owned._may_take
 
-    def appears(dest: Path, what: str, force: bool = False) -> Any:
+    def appears(dest: Path, files: dict[str, str], what: str, force: bool) -> Any:
         if dest == md and not md.exists():
             md.write_text("a user's file, made at that moment\n", "utf-8")
-        return real(dest, what, force)
+        return real(dest, files, what, force)
 
-    owned.may_place = appears  # type: ignore[assignment]
+    owned._may_take = appears  # type: ignore[assignment]
     try:
         code, _, err = run(capsys, "compare", str(model), *BASE, "--report", str(md))
     finally:
-        owned.may_place = real  # type: ignore[assignment]
+        owned._may_take = real  # type: ignore[assignment]
     assert code == 2, err
     assert md.read_text("utf-8") == "a user's file, made at that moment\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.md", "relu.onnx"]

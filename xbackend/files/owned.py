@@ -101,33 +101,36 @@ def file_digest(p: Path) -> str:
 # --- the ledger ----------------------------------------------------------------------------------
 
 
+def _ledger_json(path: Path) -> object:
+    """What a ledger file of this user's holds, parsed (None where it is not a regular file of this
+    user's within the limit, or not JSON); read without following a link or waiting on a pipe."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _LEDGER_LIMIT or st.st_uid != os.geteuid():
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            return json.loads(f.read(_LEDGER_LIMIT + 1))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
 def _load_ledger(folder: Path) -> dict[str, str] | None:
     """The folder's ledger ({} where there is none), or None: a file of that name this user's
     xbackend did not seal (someone's, a link, a copy, damaged, an older xbackend's), which xbackend
     neither trusts nor replaces."""
     path = folder / LEDGER
-    try:
-        st = os.lstat(path)
-    except OSError:
+    if not os.path.lexists(path):
         return {}
-    if not stat.S_ISREG(st.st_mode) or st.st_size > _LEDGER_LIMIT or st.st_uid != os.geteuid():
-        return None
     key = ledger_key(create=False)
-    if key is None:
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as f:
-            data = json.loads(f.read(_LEDGER_LIMIT + 1))
-    except (OSError, ValueError, RecursionError):
-        return None
+    data = _ledger_json(path) if key is not None else None
     if not isinstance(data, dict) or data.get("schema") != _SCHEMA or not isinstance(data.get("files"), dict):
         return None
     files = data["files"]
     if not all(isinstance(k, str) and isinstance(v, str) and "/" not in k for k, v in files.items()):
         return None
     given = data.get("seal")
-    if not isinstance(given, str) or not hmac.compare_digest(given, seal(key, folder, files)):
+    if key is None or not isinstance(given, str) or not hmac.compare_digest(given, seal(key, folder, files)):
         return None
     return dict(files)
 
@@ -156,15 +159,7 @@ def _ledger_to_update(folder: Path) -> dict[str, str]:
 def _unsealed_of_ours(path: Path) -> bool:
     """`path` is a ledger in xbackend's format (any version) that this user owns, in a folder
     others cannot write."""
-    try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > _LEDGER_LIMIT:
-            return False
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as f:
-            data = json.loads(f.read(_LEDGER_LIMIT + 1))
-    except (OSError, ValueError, RecursionError):
-        return False
+    data = _ledger_json(path)
     schema = data.get("schema") if isinstance(data, dict) else None
     return isinstance(schema, str) and schema.startswith("xbackend.files/") and not shared_folder(path.parent)
 
@@ -284,15 +279,20 @@ def may_place(dest: Path, what: str, force: bool = False) -> dict[str, str]:
     """`dest` may take a file now: new, or xbackend's unchanged file, or forced; else a UsageError.
     Returns its folder's ledger (read once), to be updated when the file is placed."""
     files = _ledger_to_update(dest.parent)  # before anything is placed: a file is never left unrecorded
+    _may_take(dest, files, what, force)
+    return files
+
+
+def _may_take(dest: Path, files: dict[str, str], what: str, force: bool) -> None:
+    """`dest` may take a file now, by its folder's ledger `files`; else a UsageError."""
     if not os.path.lexists(dest):
-        return files
+        return
     if dest.is_symlink() or not dest.is_file():
         raise UsageError(f"cannot write {what} {dest}: it is now a link or not a file; choose another path")
     ours = _unchanged(dest, files.get(dest.name)) and not shared_folder(dest.parent)
     if not (force or forced(dest) or ours):
         msg = refusal(f"the {what}", dest).replace("exists and", "appeared while xbackend ran and")
         raise UsageError(msg)
-    return files
 
 
 # --- placing files: the check on the file that is actually replaced -------------------------------
@@ -397,10 +397,11 @@ def place_all(items: Sequence[tuple[Path, Path, str]], what: str, force: bool = 
     with contextlib.ExitStack() as stack:
         for folder in folders:
             stack.enter_context(locked(folder))
-        ledgers = {folder: _ledger_to_update(folder) for folder in folders}
+        ledgers = {folder: _ledger_to_update(folder) for folder in folders}  # each read once
+        for _, dest, _ in items:
+            _may_take(dest, ledgers[where[dest]], what, force)
         expected: dict[Path, str | None] = {}
         for _, dest, digest in items:
-            may_place(dest, what, force)
             listed = ledgers[where[dest]].get(dest.name)
             expected[dest] = None if (force or forced(dest)) else listed
             ledgers[where[dest]][dest.name] = digest
