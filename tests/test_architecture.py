@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "xbackend"
 MAP = ROOT / "docs" / "architecture.md"
 MAX_LINES = 600
+LAST_LAYER = 13  # the layers docs/architecture.md draws
 
 # Function-local imports are for heavy or optional engines only (each says which in a comment).
 HEAVY_OR_OPTIONAL = {
@@ -194,7 +195,7 @@ def test_every_module_is_on_the_map() -> None:
     on_disk = {_path(m) for m in MODULES}
     assert sorted(on_disk - set(LAYERS)) == [], f"add these to {MAP.relative_to(ROOT)}"
     assert sorted(set(LAYERS) - on_disk) == [], f"these in {MAP.relative_to(ROOT)} no longer exist"
-    assert sorted(set(LAYERS.values())) == list(range(1, 9))
+    assert sorted(set(LAYERS.values())) == list(range(1, LAST_LAYER + 1))
 
 
 def _misplaced(layers: dict[str, int], folders: dict[str, int], packages: set[str]) -> list[str]:
@@ -224,10 +225,10 @@ def test_each_module_sits_in_a_folder_of_its_layer() -> None:
 
 def test_the_folder_check_catches_a_module_in_another_layers_folder() -> None:
     """Planted: metrics listed under compare's layer, and a package no layer names."""
-    layers = {**LAYERS, "xbackend/numerics/metrics.py": FOLDERS["xbackend/compare"]}
+    layers = {**LAYERS, "xbackend/numerics/metrics.py": FOLDERS["xbackend/comparison"]}
     packages = {*FOLDERS, "xbackend/stray"}
     assert _misplaced(layers, FOLDERS, packages) == [
-        f"xbackend/numerics/metrics.py is listed in layer {FOLDERS['xbackend/compare']}, "
+        f"xbackend/numerics/metrics.py is listed in layer {FOLDERS['xbackend/comparison']}, "
         f"but xbackend/numerics/ belongs to layer {FOLDERS['xbackend/numerics']}",
         "xbackend/stray/ is named by no layer",
     ]
@@ -288,6 +289,33 @@ def test_no_import_cycles() -> None:
     for e in INTERNAL:
         graph.setdefault(e.src, set()).add(_resolve(e.dst))
     assert _cycles(graph) == []
+
+
+def _folder(mod: str) -> str:
+    """The folder a module sits in; a module at the package root is a folder of its own."""
+    rel = MODULES[_resolve(mod)].relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else f"xbackend/{rel.name}"
+
+
+def _folder_graph(edges: list[Edge]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        src, dst = _folder(e.src), _folder(e.dst)
+        if src != dst:
+            graph.setdefault(src, set()).add(dst)
+    return graph
+
+
+def test_no_import_cycles_between_folders() -> None:
+    """Folders as well as files: two folders that import each other are one layer in fact."""
+    assert _cycles(_folder_graph(INTERNAL)) == []
+
+
+def test_the_folder_check_catches_two_folders_that_import_each_other() -> None:
+    """Planted: the judge importing the comparison's run, which imports the judge."""
+    judge = next(m for m in MODULES if m.startswith("xbackend.judge."))
+    back = Edge(judge, "xbackend.comparison.run", "planted", 1, False, (), False)
+    assert ["comparison", "judge"] in _cycles(_folder_graph([*INTERNAL, back]))
 
 
 def test_cycle_finder_finds_a_cycle() -> None:

@@ -13,7 +13,7 @@ import pytest
 import xbackend
 from tests.cli_helpers import one_line_error, run
 from tests.decoder_lm import export
-from xbackend.compare.decode import compositions, convention_of, step_feeds
+from xbackend.comparison.decode import compositions, convention_of, step_feeds
 from xbackend.errors import UsageError
 from xbackend.model.load import load_model
 

@@ -614,21 +614,21 @@ def test_an_explanation_whose_files_would_not_fit_on_disk_is_windowed_or_skipped
     import shutil
     from collections import namedtuple
 
-    from xbackend.compare import memory
+    from xbackend.judge import room
 
     usage = namedtuple("usage", "total used free")
     kw = dict(backends=["ort-cpu", "reference"], runs=1, probes=())
     mlp = ROOT / "models" / "torch_mlp.onnx"
     run = 0
-    real = memory.explanation_disk
+    real = room.explanation_disk
 
-    def spy(folder: Path, run_bytes: int, backends: int, floors: int = 0) -> tuple[str, int | None]:
+    def spy(folder: Path, run_bytes: int, backends: int, floors: int = 0) -> room.DiskPlan:
         nonlocal run
         run = run_bytes
         assert (backends, floors) == (1, 0)  # ort-cpu judged, no floor on the default path
         return real(folder, run_bytes, backends, floors)
 
-    monkeypatch.setattr(memory, "explanation_disk", spy)
+    monkeypatch.setattr(room, "explanation_disk", spy)
     whole = xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
     assert whole.explanation.ok and not any(n.startswith("the float64 judge") for n in whole.notes)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 2 * run + 3 * (run // 2 + 1)))
@@ -658,17 +658,17 @@ def test_a_judge_window_that_fails_leaves_its_backends_not_judged_with_the_reaso
     import shutil
     from collections import namedtuple
 
-    from xbackend.compare import memory
     from xbackend.execution import executor
+    from xbackend.judge import room
 
     usage = namedtuple("usage", "total used free")
     mlp = ROOT / "models" / "torch_mlp.onnx"
     kw = dict(backends=["ort-cpu", "reference"], runs=1, probes=())
     run = 0
-    real_disk, real_batch = memory.explanation_disk, executor.run_batch
+    real_disk, real_batch = room.explanation_disk, executor.run_batch
     ran: list[str] = []
 
-    def spy(folder: Path, run_bytes: int, backends: int, floors: int = 0) -> tuple[str, int | None]:
+    def spy(folder: Path, run_bytes: int, backends: int, floors: int = 0) -> room.DiskPlan:
         nonlocal run
         run = run_bytes
         return real_disk(folder, run_bytes, backends, floors)
@@ -680,7 +680,7 @@ def test_a_judge_window_that_fails_leaves_its_backends_not_judged_with_the_reaso
             raise OSError(28, "No space left on device", str(jobs[0][1] / "job.json"))
         return real_batch(jobs, *args, **kwargs)
 
-    monkeypatch.setattr(memory, "explanation_disk", spy)
+    monkeypatch.setattr(room, "explanation_disk", spy)
     xbackend.compare(mlp, **kw)  # type: ignore[arg-type]
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 2 * run + 3 * (run // 2 + 1)))
     monkeypatch.setattr(executor, "run_batch", batch)

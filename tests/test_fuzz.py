@@ -411,7 +411,7 @@ def test_certificate_reader(
 def test_report_and_baseline_reader(
     relu: Path, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
 ) -> None:
-    from xbackend.compare.baseline import load_baseline
+    from xbackend.comparison.baseline import load_baseline
 
     valid = json.loads((ROOT / "reports" / "torch_mlp.json").read_text("utf-8"))
     # the large per-tensor lists make mutations slow to draw: keep the top two levels' shape
@@ -539,7 +539,7 @@ def _answer(
     import xbackend.cli.run as cli_run
     from xbackend.cli import main
 
-    run_module = importlib.import_module("xbackend.compare.run")
+    run_module = importlib.import_module("xbackend.comparison.run")
 
     def would_run(model: str, opts: Any, *args: object, **kwargs: object) -> None:
         run_module.select_probes(opts.probes, opts.batch_invariance)

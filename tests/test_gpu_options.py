@@ -16,7 +16,7 @@ import pytest
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError
 from xbackend.host import gpu
-from xbackend.probes.base import PlannedBackend
+from xbackend.planning.context import PlannedBackend
 from xbackend.probes.tf32 import on_gpu_with_tf32
 from xbackend.runners import get_runner
 from xbackend.runners.ort_cuda import OrtCudaRunner, cuda_provider_options

@@ -162,11 +162,11 @@ def test_dynamic_axis_language_models_at_long_sequences(factory: str, tmp_path: 
     1.5x of the measured one."""
     import onnx
 
-    from xbackend.compare.memory import OVERHEAD
     from xbackend.export.example_inputs import InputDecl
     from xbackend.export.torch_onnx import export_torch
     from xbackend.model.footprint import tensor_bytes
     from xbackend.model.load import load_model
+    from xbackend.planning.memory import OVERHEAD
 
     names = ("input_ids", "attention_mask")
     ours = tmp_path / "xbackend.onnx"

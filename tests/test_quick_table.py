@@ -28,7 +28,7 @@ from xbackend.runners import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = ROOT / "tests" / "optimum" / "llama.onnx"
-run_module = importlib.import_module("xbackend.compare.run")
+session_module = importlib.import_module("xbackend.candidates.session")
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def test_spare_workers_take_the_jobs_and_none_outlives_the_run(
 def test_a_spare_that_died_waiting_leaves_the_job_to_a_fresh_worker(
     qdq: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = run_module.prestart
+    real = session_module.prestart
 
     def dying(env: Any, target: str, folder: Path) -> None:
         real(env, target, folder)
@@ -154,7 +154,7 @@ def test_a_spare_that_died_waiting_leaves_the_job_to_a_fresh_worker(
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
 
-    monkeypatch.setattr(run_module, "prestart", dying)
+    monkeypatch.setattr(session_module, "prestart", dying)
     r = xbackend.compare(cm.MLP, candidates=[str(qdq)], probes=["none"], runs=1, seed=3)
     full = xbackend.compare(
         cm.MLP, candidates=[str(qdq)], probes=["none"], runs=2, seed=3, backends=["ort-cpu"]

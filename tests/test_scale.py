@@ -122,9 +122,9 @@ def test_parse_size() -> None:
 
 
 def test_max_memory_windows_compare_every_tensor_as_one_build_would(tmp_path: Path) -> None:
-    from xbackend.compare.memory import OVERHEAD
     from xbackend.model.extdata import all_tensors, raw_size
     from xbackend.model.footprint import tensor_bytes
+    from xbackend.planning.memory import OVERHEAD
 
     spec, proto = load_model(MLP)
     sizes = tensor_bytes(proto, {"x": (1, 16, 64)})
@@ -162,8 +162,8 @@ def test_max_memory_windows_compare_every_tensor_as_one_build_would(tmp_path: Pa
 
 
 def test_a_budget_the_whole_run_cannot_fit_is_one_line_saying_what_to_do() -> None:
-    from xbackend.compare.memory import OVERHEAD
     from xbackend.model.extdata import raw_size
+    from xbackend.planning.memory import OVERHEAD
 
     weights = sum(raw_size(t) or 0 for t in load_model(MLP)[1].graph.initializer)
     # the reference holds its window and what its later nodes read (twice the largest tensor,
@@ -182,9 +182,9 @@ def test_a_budget_the_whole_run_cannot_fit_is_one_line_saying_what_to_do() -> No
 
 
 def test_the_oracle_is_planned_at_float64_and_cut_into_windows() -> None:
-    from xbackend.compare.memory import OVERHEAD
     from xbackend.model.extdata import raw_size
     from xbackend.model.footprint import tensor_bytes
+    from xbackend.planning.memory import OVERHEAD
 
     spec, proto = load_model(MLP)
     weights = sum(raw_size(t) or 0 for t in proto.graph.initializer)
@@ -217,9 +217,9 @@ def test_one_backend_alone_compares_its_layers_by_digest(models: dict[str, Path]
 
 
 def test_an_explanation_past_the_budget_is_skipped_with_the_reason() -> None:
-    from xbackend.compare.memory import OVERHEAD
     from xbackend.model.extdata import raw_size
     from xbackend.model.footprint import tensor_bytes
+    from xbackend.planning.memory import OVERHEAD
 
     spec, proto = load_model(MLP)
     weights = sum(raw_size(t) or 0 for t in proto.graph.initializer)
@@ -243,7 +243,7 @@ def test_an_explanation_past_the_budget_is_skipped_with_the_reason() -> None:
     )
     # room for the severed runs, not for the whole float64 judge (every tensor in float64 with its
     # operands' magnitudes, about JUDGE_COPIES runs): it is cut into windows, and judges the same
-    from xbackend.compare.memory import JUDGE_COPIES
+    from xbackend.planning.memory import JUDGE_COPIES
 
     kw = dict(backends=["ort-cpu", "reference"], runs=1, probes=())
     judge = OVERHEAD + 2 * weights + (JUDGE_COPIES - 2) * run
@@ -309,9 +309,9 @@ def test_dynamic_shapes_are_sized_by_symbolic_inference_never_guessed() -> None:
         "tensors sized 8 by ONNX Runtime's symbolic shape inference, 1 not sized "
         "(e.g. nz; counted at the largest sized tensor, and never the reason a run is refused)"
     )
-    from xbackend.compare.memory import MemoryPlan, measure_unsized
-    from xbackend.compare.plan import plan_backend
     from xbackend.files.storage import save_values
+    from xbackend.planning.memory import MemoryPlan, measure_unsized
+    from xbackend.planning.plan import plan_backend
 
     x = np.ones((2, 4096), np.float32)
     x[0, :2] = 0  # two zeros: 8190 nonzeros
@@ -354,8 +354,8 @@ def test_a_backend_past_the_budget_is_unavailable_and_the_others_run() -> None:
     """One backend that cannot fit --max-memory (the oracle holds the weights twice, in float64)
     is unavailable with the reason; the comparison goes on with the others. Only when none fits
     is it a one-line error."""
-    from xbackend.compare.memory import OVERHEAD
     from xbackend.model.extdata import raw_size
+    from xbackend.planning.memory import OVERHEAD
 
     weights = sum(raw_size(t) or 0 for t in load_model(MLP)[1].graph.initializer)
     budget = OVERHEAD + int(1.5 * weights)  # the reference's one copy fits, the oracle's two do not
@@ -372,7 +372,8 @@ def test_a_backend_past_the_budget_is_unavailable_and_the_others_run() -> None:
 
 
 def test_a_severed_run_is_cut_only_where_its_tensors_do_not_fit_beside_its_feeds() -> None:
-    from xbackend.compare.memory import OVERHEAD, SEVERED_COPIES, severed_windows
+    from xbackend.judge.room import SEVERED_COPIES, severed_windows
+    from xbackend.planning.memory import OVERHEAD
 
     sizes = {f"t{k}": 100 for k in range(10)}
     names = list(sizes)

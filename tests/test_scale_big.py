@@ -13,8 +13,8 @@ from big_model import make_big
 from cli_helpers import run
 
 import xbackend
-from xbackend.compare.memory import OVERHEAD
 from xbackend.model.load import load_model
+from xbackend.planning.memory import OVERHEAD
 
 pytestmark = pytest.mark.scale
 

@@ -134,7 +134,7 @@ def test_a_graph_past_the_layer_limit_is_refused_at_once_and_runs_at_its_outputs
     refused before any engine starts, naming the limit, and the command it suggests runs."""
     import onnx
 
-    from xbackend.compare.run import LAYER_NODE_LIMIT
+    from xbackend.comparison.run import LAYER_NODE_LIMIT
 
     n = LAYER_NODE_LIMIT + 1
     nodes = [helper.make_node("Relu" if i % 2 else "Neg", [f"t{i - 1}" if i else "x"],

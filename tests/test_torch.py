@@ -219,8 +219,8 @@ def test_module_map_applies_to_the_recorded_module_however_it_is_named(
     exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from xbackend.execution.executor import separate_layers
-    from xbackend.export.torch_onnx import module_map
     from xbackend.model.load import load_model
+    from xbackend.model.torch_module import module_map
     from xbackend.runners.torch_compile import TorchCompileRunner
 
     spec, _ = load_model(exported)

@@ -382,7 +382,7 @@ def test_an_interrupt_before_any_worker_leaves_no_temp_folder(
     import importlib
     import tempfile
 
-    run_module = importlib.import_module("xbackend.compare.run")
+    run_module = importlib.import_module("xbackend.comparison.run")
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()

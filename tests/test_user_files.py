@@ -159,7 +159,7 @@ def test_archives_numpy_cannot_read_are_one_line_each(tmp_path: Path) -> None:
 
 
 def test_export_and_decode_read_archives_as_compare_does(tmp_path: Path) -> None:
-    from xbackend.compare.decode import _given_prompts
+    from xbackend.comparison.decode import _given_prompts
     from xbackend.errors import ExportError
     from xbackend.execution.decoding import Convention
     from xbackend.export.example_inputs import read_examples

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # ONNX Runtime 1.29+ writes $TMPDIR/.ses and ~/.cache/Microsoft (its telemetry) on every session
 # unless told not to before it starts; xbackend writes nowhere but the paths it is given. A user
@@ -17,8 +14,8 @@ from xbackend.facade import lazy_names
 from xbackend.version import VERSION
 
 if TYPE_CHECKING:
+    from xbackend.api.compare import compare, compare_with_options
     from xbackend.candidates.convert import keep_float32
-    from xbackend.compare import compare, compare_with_options
     from xbackend.errors import (
         BackendUnavailableError,
         ExportError,
@@ -51,7 +48,7 @@ __version__ = VERSION
 # name -> the module that defines it. Imported on first use: a worker process (python -m
 # xbackend.execution.worker) imports this package too, and needs none of the comparator's modules.
 _WHERE = {
-    "compare_with_options": "xbackend.compare",
+    **dict.fromkeys(("compare", "compare_with_options"), "xbackend.api.compare"),
     "keep_float32": "xbackend.candidates.convert",
     **dict.fromkeys(
         (
@@ -83,27 +80,7 @@ _WHERE = {
 }
 
 
-__getattr__, _names = lazy_names(__name__, _WHERE, globals())
-
-
-def __dir__() -> list[str]:
-    return sorted({*_names(), "compare"})
-
-
-class _Package(types.ModuleType):
-    """`xbackend.compare` is the function, as it always was, though the subpackage of that name
-    is imported later: the import system's binding of the subpackage is ignored."""
-
-    @property
-    def compare(self) -> Any:
-        return importlib.import_module("xbackend.compare").compare
-
-    @compare.setter
-    def compare(self, value: Any) -> None:
-        pass
-
-
-sys.modules[__name__].__class__ = _Package
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, globals())
 
 
 __all__ = [

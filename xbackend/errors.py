@@ -11,6 +11,7 @@ __all__ = [
     "ExportError",
     "InputError",
     "ModelLoadError",
+    "NotInResultError",
     "ReportError",
     "RunnerFailedError",
     "UsageError",
@@ -59,6 +60,14 @@ class ExportError(XbackendError):
 
 class ReportError(XbackendError):
     """A report could not be written."""
+
+
+class NotInResultError(XbackendError, KeyError):
+    """A name asked of a Result that it does not hold (a backend, a comparison, a probe); the
+    message names those it holds. A KeyError too, as these lookups raised before."""
+
+    def __str__(self) -> str:  # KeyError's own quotes its message
+        return str(self.args[0]) if self.args else ""
 
 
 def first_line(e: BaseException) -> str:

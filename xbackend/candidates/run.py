@@ -2,17 +2,18 @@
 (cast where its inputs are another dtype), its nodes judged at the precision they declare, its
 tensors matched to the original's and measured against them, its numerical events named.
 
-The candidate's comparison is the same comparison the original had (`again`: a run of its own
-in a folder of this run), so its builds, runs and explanation are those of any model; this
-module matches the two and says what moved, and where."""
+The candidate's comparison is the same comparison the original had (a run of its own in a folder
+of this run, asked of the session's ComparesModels), so its builds, runs and explanation are
+those of any model; this module matches the two and says what moved, and where."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -22,9 +23,9 @@ from xbackend.candidates.convert import converted, converter_of, weighted
 from xbackend.candidates.match import match_graphs, precision_of
 from xbackend.candidates.stretches import judge_stretches, stretches
 from xbackend.candidates.values import decision_tensors, findings, measure
-from xbackend.compare.builds import Builds
-from xbackend.compare.decisions import decisions_all
-from xbackend.compare.decode import Against
+from xbackend.comparison.decisions import decisions_all
+from xbackend.comparison.decode import Against
+from xbackend.comparison.request import Ran, Role, RunRequest
 from xbackend.errors import UsageError, XbackendError
 from xbackend.export.gguf import file_type
 from xbackend.files.owned import file_digest as file_sha256
@@ -33,6 +34,7 @@ from xbackend.files.userfile import user_file
 from xbackend.model.graphorder import sort_nodes
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import ModelSpec, load_model, load_proto
+from xbackend.planning.builds import Builds
 from xbackend.results import DEFAULT_BACKENDS, CompareOptions, Result
 from xbackend.results.candidate_spec import QUICK_TABLE
 from xbackend.results.candidates import Advice, CandidateResult, TensorMatch, Unmatched
@@ -41,30 +43,35 @@ from xbackend.results.explanation import GGUF_DECLINED, Explanation
 from xbackend.runners.registry import runner_names, split_instance
 
 __all__ = [
-    "Ran",
+    "ComparesModels",
     "candidate_backends",
     "candidate_feeds",
     "candidate_options",
-    "candidate_runs",
+    "check_candidates",
     "quick_options",
     "run_candidates",
+    "started_ahead",
 ]
 
 _JUDGES = ("reference", "oracle")  # the original's judges: a candidate runs on the engines that ship it
 LLAMA_CPP = "llama.cpp"  # the backend a GGUF candidate runs on
 
 
-@dataclass(frozen=True)
-class Ran:
-    """One model compared: its Result, the backends' builds (their captures still on disk) and
-    the feeds."""
+class ComparesModels(Protocol):
+    """Who runs a candidate's comparisons (xbackend.candidates.session.CandidateRuns)."""
 
-    result: Result
-    builds: Mapping[str, Builds]
-    feeds: Feeds
+    def run(self, request: RunRequest) -> Ran: ...
 
 
-Again = Callable[[str, CompareOptions, Feeds | None, Path, Against | None], Ran]
+def _candidate_run(
+    model: str,
+    options: CompareOptions,
+    work: Path,
+    feeds: Feeds | None = None,
+    against: Against | None = None,
+) -> RunRequest:
+    """A candidate's comparison (or the original's at a candidate's step): its tensors kept."""
+    return RunRequest(model, options, work, role=Role.CANDIDATE, feeds=feeds, against=against)
 
 
 def candidate_backends(opts: CompareOptions, given: Sequence[str]) -> tuple[str, ...]:
@@ -136,18 +143,15 @@ def quick_options(opts: CompareOptions) -> tuple[CompareOptions, str] | None:
     return quick, note
 
 
-def candidate_runs(
-    opts: CompareOptions, work: Path, feeds: Feeds
-) -> list[tuple[str, CompareOptions, Feeds, Path, tuple[ModelSpec, onnx.ModelProto]]]:
-    """Each candidate's own comparison as run_candidates starts it without --decode (path,
-    options, feeds, folder) and the model as loaded: started ahead, beside the original's, it is
-    the same run."""
+def started_ahead(opts: CompareOptions, work: Path, feeds: Feeds) -> list[RunRequest]:
+    """Each candidate's own comparison as run_candidates asks for it without --decode, the model
+    as read: started ahead, beside the original's, it is the same run."""
     out = []
     for k, (path, given) in enumerate(opts.candidates):
         spec, proto = load_model(path)
         cfeeds, _ = candidate_feeds(feeds, spec)
         copts = candidate_options(opts, candidate_backends(opts, given))
-        out.append((path, copts, cfeeds, _folder(work, k), (spec, proto)))
+        out.append(replace(_candidate_run(path, copts, _folder(work, k), cfeeds), read=(spec, proto)))
     return out
 
 
@@ -196,13 +200,13 @@ def check_candidates(opts: CompareOptions) -> None:
 
 
 def run_candidates(
-    original: Ran, opts: CompareOptions, work: Path, again: Again
+    original: Ran, opts: CompareOptions, work: Path, runs: ComparesModels
 ) -> tuple[CandidateResult, ...]:
     """Each --candidate, compared with the original; one that cannot run is said, never fatal."""
     out = []
     for k, (path, given) in enumerate(opts.candidates):
         try:
-            out.append(_one(original, opts, path, given, work, k, again))
+            out.append(_one(original, opts, path, given, work, k, runs))
         except XbackendError as e:
             out.append(CandidateResult(path=path, sha256="", precision="", status="failed", reason=str(e)))
         except Exception as e:  # a fault of ours in one candidate: said, the comparison stands
@@ -212,7 +216,13 @@ def run_candidates(
 
 
 def _one(
-    original: Ran, opts: CompareOptions, path: str, given: Sequence[str], work: Path, k: int, again: Again
+    original: Ran,
+    opts: CompareOptions,
+    path: str,
+    given: Sequence[str],
+    work: Path,
+    k: int,
+    runs: ComparesModels,
 ) -> CandidateResult:
     folder = _folder(work, k)
     gguf = is_gguf(path)
@@ -232,18 +242,17 @@ def _one(
     obuild = original.builds.get(ref)
     if vs is None:
         feeds, notes = candidate_feeds(original.feeds, spec)
-        ran = again(source, copts, feeds, folder, None)
+        ran = runs.run(_candidate_run(source, copts, folder, feeds))
     else:  # decoded against the original's tokens, compared layer by layer where it first left them
-        ran = again(source, copts, None, folder, vs)
+        ran = runs.run(_candidate_run(source, copts, folder, against=vs))
         feeds, notes = (
             ran.feeds,
             [f"compared layer by layer at {ran.feeds.source.removeprefix('--decode: ')}"],
         )
         back, _ = candidate_feeds(ran.feeds, original.result.model)  # the original's values there
         step = replace(candidate_options(opts, (ref,)), noise_samples=0, decode=0)
-        obuild = again(
-            original.result.model.path, step, back, work / f"candidate-{k}-original", None
-        ).builds.get(ref)
+        at_step = _candidate_run(original.result.model.path, step, work / f"candidate-{k}-original", back)
+        obuild = runs.run(at_step).builds.get(ref)
     cres = ran.result
     held = f"original:{ref}"  # the original's reference, beside the candidate's builds
     decided = (
@@ -318,7 +327,7 @@ def _one(
         why = f"the candidate's {target} already match the original's: nothing to keep in float32"
         base = replace(base, advice=Advice(status="ok", reason=why, target=target))
     elif opts.advise:
-        confirm = _confirmer(original, opts, backends, work / f"candidate-{k}-advise", vs, obuild, again)
+        confirm = _confirmer(original, opts, backends, work / f"candidate-{k}-advise", vs, obuild, runs)
         conv = converter_of(graph, Path(path).resolve().parent, ograph)
         changed = converted(conv, ograph, graph) if conv is not None else ()
         ours = set(changed)
@@ -394,7 +403,7 @@ def _confirmer(
     folder: Path,
     vs: Against | None,
     obuild: Builds | None,
-    run: Again,
+    runs: ComparesModels,
 ) -> Callable[[Path], tuple[bool, str, tuple[int, int]]]:
     """A run of a re-converted candidate, light (its outputs, one run, no explanation): whether
     its tokens (or decisions) match the original's, and what differed."""
@@ -407,7 +416,7 @@ def _confirmer(
         where = folder / f"try-{next(tries)}"
         spec, _ = load_model(path)
         if vs is not None:
-            ran = run(str(path), light, None, where, vs)
+            ran = runs.run(_candidate_run(str(path), light, where, against=vs))
             d = ran.result.decode
             if d is None or not all(b.ok for b in d.backends):
                 why = "; ".join(f"{b.backend} {b.status}: {b.reason}" for b in (d.backends if d else ()))
@@ -415,7 +424,7 @@ def _confirmer(
             same = [p.first_divergent_step is None for b in d.backends for p in b.prompts]
             return not d.token_flips, "; ".join(d.flips()), (sum(same), len(same))
         feeds, _ = candidate_feeds(original.feeds, spec)
-        ran = run(str(path), light, feeds, where, None)
+        ran = runs.run(_candidate_run(str(path), light, where, feeds))
         held = f"original:{original.result.reference_used}"
         if obuild is None:
             return False, "the original's outputs are not on disk", (0, 0)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from xbackend.api.compare import compare_with_options
 from xbackend.certificates.markdown import certificate_markdown
 from xbackend.certificates.schema import SCHEMA, check_body
-from xbackend.compare import compare_with_options
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, InputError, UsageError
 from xbackend.execution.progress import ProgressSink
 from xbackend.files import attest

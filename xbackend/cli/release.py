@@ -14,7 +14,7 @@ from xbackend.certificates.certify import certify as run_certify
 from xbackend.certificates.certify import verify as run_verify
 from xbackend.cli.app import app, progress
 from xbackend.cli.params import CLI_FLAGS, Force, ModelArg, with_flags
-from xbackend.compare.saved_report import read_result
+from xbackend.comparison.saved_report import read_result
 from xbackend.errors import UsageError
 from xbackend.files import attest
 from xbackend.files.atomic import check_outputs

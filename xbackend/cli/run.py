@@ -13,9 +13,9 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from xbackend.api.compare import compare_with_options
 from xbackend.cli.app import EXIT_CODES, app, progress
 from xbackend.cli.params import Force, ModelArg, compare_options, with_flags
-from xbackend.compare import compare_with_options
 from xbackend.errors import RunnerFailedError, UsageError
 from xbackend.files.atomic import NPZ_MARK, check_outputs, write_atomic_bytes
 from xbackend.files.capture_folder import check_folder

@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from xbackend.execution.buildinfo import BuildFingerprint, OptLevelRow
 from xbackend.execution.decoding import DecodeTask, RowTrace
 from xbackend.files.modelref import ModelRef
 from xbackend.numerics.metrics import TensorDiff
+from xbackend.runners.buildinfo import BuildFingerprint, OptLevelRow
 
 __all__ = [
     "LAYERS",

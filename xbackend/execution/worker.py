@@ -29,7 +29,6 @@ except ImportError:  # Windows: no peak memory to report
     _resource = None  # type: ignore[assignment]
 
 from xbackend.errors import BackendUnavailableError, XbackendError
-from xbackend.execution.buildinfo import BuildFingerprint
 from xbackend.execution.decoding import DecodeTask, decode, prompt_key
 from xbackend.execution.protocol import PARENT_ENV, PROGRESS_TAG, Phase, PhaseResult, WorkerJob, WorkerResult
 from xbackend.files.run_values import combined_digest, save_capture, tensor_digest
@@ -38,6 +37,7 @@ from xbackend.numerics.metrics import TensorDiff, diff_values, keep_worse
 from xbackend.numerics.spread import Spread
 from xbackend.numerics.values import Value
 from xbackend.runners.base import Runner
+from xbackend.runners.buildinfo import BuildFingerprint
 from xbackend.runners.registry import get_runner
 
 

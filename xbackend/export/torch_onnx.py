@@ -9,14 +9,9 @@ source module eagerly and line its layers up with the ONNX graph.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import importlib
-import importlib.util
 import json
 import logging
 import os
-import shlex
-import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,41 +24,33 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from xbackend.errors import ExportError, InputError, XbackendError, first_line
+from xbackend.errors import ExportError, XbackendError, first_line
 from xbackend.export.example_inputs import InputDecl, parse_dynamic, read_examples, with_data
 from xbackend.export.failures import cut_words, root_cause, static_peers
-from xbackend.export.scopes import NAME_SCOPES, last_in_scope
 from xbackend.files.atomic import write_atomic_bytes
 from xbackend.files.runfolders import run_temp_folder
-from xbackend.files.untrusted import contained
 from xbackend.model.extdata import adopt_external, uses_external_data
 from xbackend.model.inputs import META_RANGES
 from xbackend.model.load import ModelRef, load_proto
+from xbackend.model.torch_module import (
+    META_INPUTS,
+    META_MODULE,
+    META_MODULE_OUTPUTS,
+    META_SOURCE,
+    META_TORCH_VERSION,
+    import_torch,
+    load_module,
+    output_names_of,
+    to_numpy,
+    to_tensor,
+)
+from xbackend.model.torch_scopes import NAME_SCOPES, last_in_scope
 from xbackend.numerics.metrics import is_float_dtype
 from xbackend.runners.ort_cpu import OrtCpuRunner
 from xbackend.runners.reference import ReferenceRunner
 
-__all__ = [
-    "META_INPUTS",
-    "META_MODULE",
-    "META_MODULE_OUTPUTS",
-    "META_TORCH_VERSION",
-    "ExportResult",
-    "InputDecl",
-    "export_torch",
-    "load_module",
-    "parse_dynamic",
-    "read_examples",
-    "read_torch_metadata",
-    "spec_from_cwd",
-    "trusted_spec",
-]
+__all__ = ["DEFAULT_OPSET", "ExportResult", "InputDecl", "export_torch", "parse_dynamic", "read_examples"]
 
-META_SOURCE = "xbackend.source"
-META_MODULE = "xbackend.torch.module"
-META_TORCH_VERSION = "xbackend.torch.version"
-META_INPUTS = "xbackend.torch.inputs"
-META_MODULE_OUTPUTS = "xbackend.torch.module_outputs"
 DEFAULT_OPSET = 18  # the lowest opset torch's exporter implements directly
 
 
@@ -78,161 +65,6 @@ class ExportResult:
     inputs: tuple[InputDecl, ...]
     outputs: tuple[str, ...]
     module_outputs: Mapping[str, str] = field(default_factory=dict)
-
-
-def _torch() -> Any:
-    try:
-        import torch  # heavy: torch
-    except ImportError as e:
-        raise ExportError("torch is not installed; install it with: pip install 'xbackend[torch]'") from e
-    return torch
-
-
-def _factory(spec: str, base_dir: Path | None, search_cwd: bool = True) -> Any:
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not target or not attr:
-        raise ExportError(f"module spec {spec!r} must be path/to/file.py:factory or package.module:factory")
-    if target.endswith(".py"):
-        candidates = (
-            [Path(target)]
-            if Path(target).is_absolute()
-            else [*([base_dir / target] if base_dir else []), *([Path.cwd() / target] if search_cwd else [])]
-        )
-        path = next((c for c in candidates if c.is_file()), None)
-        if path is None:
-            raise ExportError(
-                f"module spec {spec!r}: file {target} not found (looked in "
-                f"{', '.join(str(c.parent) for c in candidates)})"
-            )
-        mod_name = f"xbackend_user_{abs(hash(str(path.resolve())))}"
-        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise ExportError(f"module spec {spec!r}: cannot import {path}")
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[mod_name] = module
-        try:
-            loader_spec.loader.exec_module(module)
-        except Exception as e:
-            raise ExportError(
-                f"module spec {spec!r}: importing {path} failed: {type(e).__name__}: {e}"
-            ) from e
-    else:
-        try:
-            module = importlib.import_module(target)
-        except Exception as e:
-            raise ExportError(f"module spec {spec!r}: cannot import {target}: {type(e).__name__}: {e}") from e
-    if not hasattr(module, attr):
-        raise ExportError(f"module spec {spec!r}: {target} has no attribute {attr!r}")
-    return getattr(module, attr)
-
-
-# Types numpy holds through ml_dtypes and torch natively: they cross as raw bits.
-_BIT_TYPES = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
-
-
-def to_tensor(a: np.ndarray) -> Any:
-    """A torch tensor holding a copy of `a`, bfloat16 and float8 included."""
-    torch = _torch()
-    if a.dtype.name in _BIT_TYPES:
-        bits = np.array(a, copy=True).view(np.int16 if a.dtype.itemsize == 2 else np.int8)
-        return torch.from_numpy(bits).view(getattr(torch, a.dtype.name))
-    return torch.from_numpy(np.array(a, copy=True))
-
-
-def to_numpy(t: Any) -> np.ndarray:
-    """A host copy of tensor `t`, bfloat16 and float8 as ml_dtypes arrays."""
-    torch = _torch()
-    t = t.detach().cpu()
-    name = str(t.dtype).removeprefix("torch.")
-    if name in _BIT_TYPES:
-        bits = t.view(torch.int16 if t.element_size() == 2 else torch.int8).numpy()
-        return np.array(bits.view(getattr(ml_dtypes, name)), copy=True)
-    return np.array(t.numpy(), copy=True)
-
-
-def trusted_spec(recorded: str, model: Path) -> str:
-    """The source module `model` records, where --trust-model-code may run it: a Python file in
-    the model's own folder and a factory name. Anything else (a dotted module, an absolute path,
-    `..`, a link out) is an InputError, one line, saying how to pass it with --torch-module."""
-    target, _, attr = recorded.rpartition(":")
-    shown = repr(recorded[:120])
-    fix = f"pass it yourself with --torch-module {spec_from_cwd(recorded, model)} once you trust that code"
-    if not target.endswith(".py") or not attr.isidentifier():
-        raise InputError(
-            f"{model}: the model records its source module {shown}, not a Python file beside it with a "
-            f"factory name; --trust-model-code runs only a file in the model's own folder: {fix}"
-        )
-    contained(
-        model.parent,
-        target,
-        f"{model}: the model's source module",
-        f"--trust-model-code runs only a file in the model's own folder: {fix}",
-    )
-    return recorded
-
-
-def spec_from_cwd(recorded: str, model: Path) -> str:
-    """`recorded` (a file path relative to the model) as a path that works from the working folder."""
-    target, _, attr = recorded.rpartition(":")
-    if not target.endswith(".py") or Path(target).is_absolute():
-        return shlex.quote(recorded)
-    path = (model.parent / target).resolve()
-    with contextlib.suppress(ValueError):
-        path = path.relative_to(Path.cwd().resolve())
-    return shlex.quote(f"{path}:{attr}")
-
-
-def load_module(spec: str, base_dir: Path | None = None, search_cwd: bool = True) -> Any:
-    """Call the factory named by `spec` and check it returns an nn.Module (in eval mode).
-
-    A file spec is looked up in `base_dir` (and the working directory when `search_cwd`)."""
-    torch = _torch()
-    factory = _factory(spec, base_dir, search_cwd)
-    try:
-        module = factory() if callable(factory) and not isinstance(factory, torch.nn.Module) else factory
-    except Exception as e:
-        raise ExportError(f"module spec {spec!r}: the factory raised {type(e).__name__}: {e}") from e
-    if not isinstance(module, torch.nn.Module):
-        raise ExportError(
-            f"module spec {spec!r} returned {type(module).__name__}, expected a torch.nn.Module"
-        )
-    return module.eval()
-
-
-def flatten_outputs(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """(path, leaf) for a module's output in the order torch's exporter flattens it: tensors,
-    tuples and lists in order, dicts and model-output dataclasses by their keys (None skipped)."""
-    if out is None:
-        return []
-    if isinstance(out, Mapping):  # dicts and HuggingFace ModelOutput (an OrderedDict)
-        items = [(str(k), v) for k, v in out.items()]
-    elif isinstance(out, list | tuple) and not hasattr(out, "_fields"):
-        items = [(str(i), v) for i, v in enumerate(out)]
-    elif hasattr(out, "_fields"):  # namedtuple
-        items = [(str(k), getattr(out, k)) for k in out._fields]
-    elif dataclasses.is_dataclass(out) and not isinstance(out, type):
-        items = [(f.name, getattr(out, f.name)) for f in dataclasses.fields(out)]
-    else:
-        return [(prefix, out)]
-    return [leaf for k, v in items for leaf in flatten_outputs(v, f"{prefix}.{k}" if prefix else k)]
-
-
-def output_names_of(out: Any) -> list[str]:
-    """Graph output names a module's output structure suggests: dict keys (nested with '.'); none
-    for a plain tensor or tuple, where the exporter's names stay."""
-    if not _has_keys(out):
-        return []
-    return [path for path, _ in flatten_outputs(out)]
-
-
-def _has_keys(out: Any) -> bool:
-    if isinstance(out, Mapping) or hasattr(out, "_fields"):
-        return True
-    if dataclasses.is_dataclass(out) and not isinstance(out, type):
-        return True
-    if isinstance(out, list | tuple):
-        return any(_has_keys(v) for v in out)
-    return False
 
 
 def _stored_spec(spec: str, output: Path) -> str:
@@ -269,7 +101,7 @@ def _scope_outputs(program: Any) -> dict[str, str]:
 
 
 def _hooked_outputs(module: Any, names: set[str], args: tuple[Any, ...]) -> dict[str, np.ndarray]:
-    torch = _torch()
+    torch = import_torch()
     captured: dict[str, np.ndarray] = {}
     handles = []
     for name, sub in module.named_modules():
@@ -410,7 +242,7 @@ def _run_resized(
 def _culprit(module: Any, inputs: Sequence[InputDecl], examples: Mapping[str, np.ndarray]) -> str | None:
     """The generated integer input whose values the module rejects: the first that, set to 0,
     lets forward run (an index past an embedding table, most often)."""
-    torch = _torch()
+    torch = import_torch()
     for i in inputs:
         a = examples[i.name]
         if i.given or a.dtype.kind not in "iu":
@@ -454,7 +286,7 @@ def _export_torch(
     """Export the module built by `spec` to `output`; ExportError with a one-line reason on failure.
 
     `data` holds real example inputs (--inputs); `inputs` declares the rest (or orders them)."""
-    torch = _torch()
+    torch = import_torch()
     ranges = dict(ranges or {})
     data = dict(data or {})
     module = load_module(spec)
@@ -550,30 +382,3 @@ def _export_torch(
         adopt_external(proto, Path(tmp), out_path)
         write_atomic_bytes(out_path, proto.SerializeToString())
     return ExportResult(str(out_path), stored, str(torch.__version__), opset, tuple(inputs), outputs, mapped)
-
-
-def module_map(metadata: Mapping[str, str], given: str, model_dir: Path) -> dict[str, str]:
-    """The export's verified module -> tensor map, when the module in use is the one recorded:
-    `given` (--torch-module, relative to the working directory) empty or naming the same file
-    and factory as the recorded spec (relative to the model's folder)."""
-    recorded = metadata.get(META_MODULE, "")
-    if not recorded or (given and _canonical(given, Path.cwd()) != _canonical(recorded, model_dir)):
-        return {}
-    try:
-        mapped = json.loads(metadata.get(META_MODULE_OUTPUTS, "{}"))
-    except ValueError:
-        return {}
-    return {str(m): str(t) for m, t in mapped.items()} if isinstance(mapped, dict) else {}
-
-
-def _canonical(spec: str, base: Path) -> str:
-    target, _, attr = spec.rpartition(":")
-    if not target.endswith(".py"):
-        return spec
-    path = Path(target) if Path(target).is_absolute() else base / target
-    return f"{path.resolve()}:{attr}"
-
-
-def read_torch_metadata(proto: onnx.ModelProto) -> dict[str, str]:
-    """The xbackend.* metadata an export wrote (empty for other models)."""
-    return {p.key: p.value for p in proto.metadata_props if p.key.startswith("xbackend.")}

@@ -25,16 +25,6 @@ from onnx import helper
 
 from xbackend.bounds.element import AUX, DELTA
 from xbackend.bounds.propagation import PROP
-from xbackend.compare.builds import Builds
-from xbackend.compare.memory import (
-    explanation_room,
-    judge_window_note,
-    judge_windows,
-    severed_plan,
-    severed_window_note,
-    side_by_side,
-)
-from xbackend.compare.plan import floor_backend, plan_backend
 from xbackend.errors import UsageError
 from xbackend.execution.executor import Executor, Job, JobOutcome
 from xbackend.execution.progress import ProgressSink
@@ -45,6 +35,7 @@ from xbackend.judge.conditioning import amplifiers, composed_rounding, ill_condi
 from xbackend.judge.floors import (
     FLOOR_ENGINE,
     FLOOR_PHASE,
+    floor_backend,
     floor_job,
     model_ref,
     node_floor_job,
@@ -65,12 +56,22 @@ from xbackend.judge.judge_plan import (
 )
 from xbackend.judge.judged_graph import judged_model
 from xbackend.judge.plain_judge import Shipped, judge_plain_runs
+from xbackend.judge.room import (
+    explanation_room,
+    judge_window_note,
+    judge_windows,
+    severed_plan,
+    severed_window_note,
+)
 from xbackend.judge.shipped import runtime_plan, shared_nodes, shipped_job, shipped_plan, without
 from xbackend.model.extdata import externalize, uses_external_data, write_rewritten
 from xbackend.model.load import load_proto
 from xbackend.model.ortdomain import as_contrib
 from xbackend.model.sever import SEVERED, sever
-from xbackend.probes.base import PlannedBackend, ProbeContext
+from xbackend.planning.builds import Builds
+from xbackend.planning.context import PlannedBackend, RunContext
+from xbackend.planning.memory import FITS, Fit, side_by_side
+from xbackend.planning.plan import plan_backend
 from xbackend.results import EXPECTED, BackendResult
 from xbackend.results.explanation import (
     ALL_LOADED,
@@ -88,17 +89,17 @@ JUDGE_ENGINE = "oracle"
 
 def explain(
     ex: Executor,
-    ctx: ProbeContext,
+    ctx: RunContext,
     planned: Sequence[PlannedBackend],
     builds: Mapping[str, Builds],
     results: Mapping[str, BackendResult],
     ref: str,
     bar: ProgressSink,
-    too_big: str = "",
+    memory: Fit = FITS,
 ) -> Explanation:
     """The floor and every backend's local errors against `ref`; never raises: a step that
-    cannot run makes the explanation unavailable, with the reason (`too_big`: why its builds
-    would not fit the memory budget)."""
+    cannot run makes the explanation unavailable, with the reason (`memory`: whether its builds
+    fit the memory budget)."""
     opts = ctx.opts
     if opts.noise_samples == 0:
         return Explanation("unavailable", DECLINED)
@@ -111,11 +112,11 @@ def explain(
             return Explanation("unavailable")
         why = f"{', '.join(failed)} did not run: no backend was judged against float64, {ref} included"
         return Explanation("unavailable", why)
-    no_room, judge_disk = explanation_room(ctx, others)
-    too_big = too_big or no_room
-    ctx = replace(ctx, judge_disk=judge_disk)  # its notes stay the caller's list
-    if too_big:
-        return Explanation("unavailable", f"no node was judged against float64: {too_big}")
+    disk = explanation_room(ctx, others)
+    ctx = replace(ctx, judge_disk=disk.judge_disk)  # its notes stay the caller's list
+    for fit in (memory, disk.fit):
+        if not fit.fits:
+            return Explanation("unavailable", f"no node was judged against float64: {fit.reason}")
     if all(b.loaded is not None for b in others):
         return Explanation("unavailable", f"{ALL_LOADED}; --max-ulp auto stands at {opts.fixed_ulp:g}")
     rb = builds.get(ref)
@@ -158,7 +159,7 @@ def explain(
 
 
 def _optimized(
-    ctx: ProbeContext, planned: Sequence[PlannedBackend], results: Mapping[str, BackendResult], ref: str
+    ctx: RunContext, planned: Sequence[PlannedBackend], results: Mapping[str, BackendResult], ref: str
 ) -> dict[str, tuple[Job, Path]]:
     """Each backend whose engine saves the graph it optimized: the job that writes it."""
     folder = ctx.work / "explain"
@@ -177,7 +178,7 @@ def _optimized(
 
 
 def _run(
-    ctx: ProbeContext,
+    ctx: RunContext,
     ex: Executor,
     plan: Plan,
     lanes: int,
@@ -224,7 +225,7 @@ def _run(
     return ex.run_queue(queue, lanes, then, started), state["plan"]
 
 
-def _window_notes(ctx: ProbeContext, plan: Plan) -> list[str]:
+def _window_notes(ctx: RunContext, plan: Plan) -> list[str]:
     """What the report says of each float64 judge cut into windows to fit the budget."""
     out = []
     for key, j in sorted(plan.judges.items()):
@@ -239,7 +240,7 @@ def _window_notes(ctx: ProbeContext, plan: Plan) -> list[str]:
     return out
 
 
-def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_capture: str) -> Plan:
+def _ship(ctx: RunContext, plan: Plan, name: str, written: JobOutcome, ref_capture: str) -> Plan:
     """Backend `name`'s optimized graph, `written`: severed at the reference's tensors, its local
     job and judge; where it cannot be judged, the unfused severed model's local job stands, and why."""
     folder = ctx.work / "explain"
@@ -259,9 +260,10 @@ def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_cap
     )
     if isinstance(got, str):
         return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {got}"})
-    cut, why = severed_plan(ctx, old.cls.windowed, got.tensors, plan.shapes, plan.captured)
-    if why:
-        return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {why}"})
+    severed = severed_plan(ctx, old.cls.windowed, got.tensors, plan.shapes, plan.captured)
+    if not severed.fit.fits:
+        return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {severed.fit.reason}"})
+    cut = severed.windows
     phase = Phase.planned(LOCAL_PHASE, got.tensors, 1, model=got.model, hashed=False, windows=cut)
     # ONNX Runtime runs its optimized graph as saved; OpenVINO fuses each piece as it ships it
     options = (
@@ -310,7 +312,7 @@ def _ship(ctx: ProbeContext, plan: Plan, name: str, written: JobOutcome, ref_cap
 
 
 def _plan(
-    ctx: ProbeContext,
+    ctx: RunContext,
     planned: Sequence[PlannedBackend],
     builds: Mapping[str, Builds],
     results: Mapping[str, BackendResult],
@@ -394,10 +396,11 @@ def _plan(
             by_judge.add(name)
             graphs[name] = OWN_JUDGE
             continue
-        cut, why = severed_plan(ctx, b.cls.windowed, tensors, shapes, captured)
-        if why:
-            not_measured[name] = why
+        severed_run = severed_plan(ctx, b.cls.windowed, tensors, shapes, captured)
+        if not severed_run.fit.fits:
+            not_measured[name] = severed_run.fit.reason
             continue
+        cut = severed_run.windows
         # A runner of its own source keeps its model and takes the reference's values as feeds:
         # it computes each part it exposes from the part's inputs, so it is judged at that grain.
         if not b.cls.executes_graph:
@@ -456,7 +459,7 @@ def _same_grain(b: PlannedBackend, r: BackendResult) -> tuple[tuple[str, str], .
 
 
 def _judge_job(
-    ctx: ProbeContext,
+    ctx: RunContext,
     severed: onnx.ModelProto,
     shapes: Mapping[str, tuple[int, ...]],
     captured: Mapping[str, str],
@@ -511,7 +514,7 @@ def _judge_job(
 
 
 def _own_grain(
-    ctx: ProbeContext,
+    ctx: RunContext,
     proto: onnx.ModelProto,
     b: Builds,
     available: Mapping[str, tuple[int, tuple[int, ...]]],
@@ -540,7 +543,7 @@ def _own_grain(
 
 
 def _analyze(
-    ctx: ProbeContext,
+    ctx: RunContext,
     plan: Plan,
     done: Mapping[str, JobOutcome],
     ref_capture: str,

@@ -23,13 +23,15 @@ from xbackend.model.load import ModelRef, ModelSpec
 from xbackend.model.reorder import Reordered, index_feeds, reorder
 from xbackend.model.sever import SEVERED, Severed
 from xbackend.numerics.values import Value
-from xbackend.probes.base import PlannedBackend, ProbeContext
+from xbackend.planning.context import PlannedBackend, RunContext
+from xbackend.planning.plan import plan_backend
 
 __all__ = [
     "FLOOR_ENGINE",
     "FLOOR_PHASE",
     "FLOOR_SAMPLES",
     "SeveredFeeds",
+    "floor_backend",
     "floor_job",
     "model_ref",
     "node_floor_job",
@@ -85,7 +87,7 @@ def save_severed_feeds(
 
 
 def floor_job(
-    ctx: ProbeContext,
+    ctx: RunContext,
     engine: PlannedBackend | None,
     src: ModelSpec,
     proto: onnx.ModelProto,
@@ -96,7 +98,7 @@ def floor_job(
 ) -> tuple[Job | None, Reordered | None, tuple[Path, ...]]:
     """The permuted model in K orders on the floor engine, where the user asked for floors
     (--noise-samples K) or a backend cannot be judged against float64 (`unjudged`) and is
-    held to them (`engine`: the floor engine, xbackend.compare.plan.floor_backend)."""
+    held to them (`engine`: the floor engine, xbackend.planning.plan.floor_backend)."""
     opts = ctx.opts
     if engine is None or engine.cls is None or not (opts.noise_samples or unjudged):
         return None, None, ()
@@ -119,7 +121,7 @@ def floor_job(
 
 
 def node_floor_job(
-    ctx: ProbeContext,
+    ctx: RunContext,
     src: ModelSpec,
     engine: PlannedBackend,
     severed: Severed,
@@ -158,3 +160,12 @@ def model_ref(
     inputs = (*spec.input_names, *extra_inputs)
     external = spec.external_data if external is None else external
     return ModelRef(str(path), spec.ir_version, inputs, spec.output_names, external, spec.weight_bytes)
+
+
+def floor_backend(ctx: RunContext, planned: Sequence[PlannedBackend]) -> PlannedBackend | None:
+    """ort-cpu as the user configured it, else with its defaults; None when it cannot run."""
+    mine = next((p for p in planned if p.cls is not None and p.cls.name == FLOOR_ENGINE), None)
+    if mine is not None and mine.interpreter is None:
+        return mine
+    p = plan_backend(FLOOR_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
+    return p if p.cls is not None else None

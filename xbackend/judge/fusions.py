@@ -25,7 +25,7 @@ import onnx
 from xbackend.execution.executor import Executor, Job
 from xbackend.execution.protocol import Phase
 from xbackend.model.graphorder import NodeSets
-from xbackend.probes.base import PlannedBackend, ProbeContext
+from xbackend.planning.context import PlannedBackend, RunContext
 
 __all__ = [
     "FIRST_GROUPS",
@@ -79,7 +79,7 @@ def _groups(items: Sequence[str], k: int) -> list[tuple[str, ...]]:
 
 
 def find_fusions(
-    ctx: ProbeContext,
+    ctx: RunContext,
     live: PlannedBackend,
     ex: Executor,
     candidates: Sequence[str],

@@ -10,7 +10,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xbackend.compare.builds import Builds
 from xbackend.execution.executor import Executor, Job, JobOutcome
 from xbackend.files.run_values import CaptureFile
 from xbackend.judge.conditioning import NodeStat, node_stats
@@ -18,6 +17,7 @@ from xbackend.judge.judge_nodes import JUDGE_PHASE, judge_backend, reorder_check
 from xbackend.judge.judged_graph import Judged
 from xbackend.model.load import ModelSpec
 from xbackend.model.reorder import Reordered
+from xbackend.planning.builds import Builds
 from xbackend.results import BackendResult
 from xbackend.results.explanation import LocalErrors, ReorderCheck
 

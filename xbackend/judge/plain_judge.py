@@ -31,7 +31,7 @@ from xbackend.judge.judged_graph import Judged, judged_model
 from xbackend.model.extdata import uses_external_data, write_rewritten
 from xbackend.model.load import ModelRef, ModelSpec, load_proto
 from xbackend.model.sever import SEVERED, Severed, sever
-from xbackend.probes.base import PlannedBackend, ProbeContext
+from xbackend.planning.context import PlannedBackend, RunContext
 from xbackend.results import BackendResult
 from xbackend.results.explanation import UNFUSED, LocalErrors, Origin, PlainOutputs
 
@@ -188,7 +188,7 @@ def _sever(
 
 
 def _planned_run(
-    ctx: ProbeContext, plan: Plan, live: PlannedBackend, oracle: PlannedBackend, proto: onnx.ModelProto,
+    ctx: RunContext, plan: Plan, live: PlannedBackend, oracle: PlannedBackend, proto: onnx.ModelProto,
     cutting: Cutting, ref_capture: str, key: str,
 ) -> _Run:  # fmt: skip
     """`live` on the model cut into `cutting`'s stretches (fed the reference's values where one
@@ -238,7 +238,7 @@ def _failing(r: _Run, ex: Executor, name: str, modules: Mapping[str, str]) -> tu
 
 
 def _plain_of(
-    ctx: ProbeContext, plan: Plan, ref_capture: str, ex: Executor, shipped: Shipped, le: LocalErrors
+    ctx: RunContext, plan: Plan, ref_capture: str, ex: Executor, shipped: Shipped, le: LocalErrors
 ) -> LocalErrors:
     """`le`'s backend run as it ships, stretch by stretch, in two staggered cuttings (a fusion
     across one cut is whole in the other); a stretch past its composed bound in both is an
@@ -348,7 +348,7 @@ def _changed(results: Mapping[str, BackendResult], name: str) -> bool:
 
 
 def judge_plain_runs(
-    ctx: ProbeContext, plan: Plan, ref_capture: str, ex: Executor, shipped: Shipped, local: list[LocalErrors]
+    ctx: RunContext, plan: Plan, ref_capture: str, ex: Executor, shipped: Shipped, local: list[LocalErrors]
 ) -> list[LocalErrors]:
     """Each judged backend with an observer effect: its plain run judged stretch by stretch, or
     the graph of its own whose kernels were judged."""

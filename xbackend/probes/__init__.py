@@ -9,7 +9,8 @@ The orchestrator runs whatever `registry.PROBES` holds and names none of them.
 from __future__ import annotations
 
 from xbackend.numerics.metrics import summarize
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext
+from xbackend.planning.context import PlannedBackend, RunContext
+from xbackend.probes.base import BackendRuns, Probe
 from xbackend.probes.registry import PROBES, default_probes, select_probes
 from xbackend.results import ProbeResult
 
@@ -18,8 +19,8 @@ __all__ = [
     "BackendRuns",
     "PlannedBackend",
     "Probe",
-    "ProbeContext",
     "ProbeResult",
+    "RunContext",
     "default_probes",
     "select_probes",
     "summarize",

@@ -17,7 +17,8 @@ from xbackend.execution.executor import Job, JobOutcome, standard_phases
 from xbackend.files.run_values import CaptureFile, diff_captures
 from xbackend.files.textfmt import num, strong, table
 from xbackend.model.load import ModelSpec
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
+from xbackend.planning.context import PlannedBackend
+from xbackend.probes.base import BackendRuns, Probe
 from xbackend.probes.builds import BuildVariance
 from xbackend.results.probe import ProbeResult
 from xbackend.runners.registry import get_runner

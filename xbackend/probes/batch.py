@@ -23,7 +23,8 @@ from xbackend.files.textfmt import num, strong, table, with_module, yes
 from xbackend.model.inputs import Feeds, generate_feeds
 from xbackend.model.load import ModelSpec
 from xbackend.numerics.metrics import TensorDiff, summarize
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe, ProbeContext
+from xbackend.planning.context import PlannedBackend, RunContext
+from xbackend.probes.base import BackendRuns, Probe
 from xbackend.probes.batchaxis import Layout, batch_layouts, computed_by, sample
 from xbackend.results.probe import ProbeResult, PromiseEvidence
 
@@ -218,7 +219,7 @@ class BatchProbe(Probe):
         "per layer, on tensors that carry the sample; needs an input with a dynamic first dimension"
     )
 
-    def __init__(self, ctx: ProbeContext) -> None:
+    def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         self.batch = ctx.opts.batch_invariance or DEFAULT_BATCH
         self.paths: tuple[Path, tuple[Path, ...]] | None = None

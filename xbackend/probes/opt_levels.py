@@ -6,12 +6,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from xbackend.execution.buildinfo import OptLevelRow
 from xbackend.execution.executor import Job
 from xbackend.files.textfmt import num, strong, table, yes
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
+from xbackend.planning.context import PlannedBackend
+from xbackend.probes.base import BackendRuns, Probe
 from xbackend.results.probe import ProbeResult
 from xbackend.runners.base import Runner
+from xbackend.runners.buildinfo import OptLevelRow
 
 __all__ = ["OptLevelResult", "OptLevelsProbe", "OptLevelsResult"]
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from xbackend.execution.executor import Job, separate_layers, standard_phases
 from xbackend.files.textfmt import num, strong, table, with_module, yes
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
+from xbackend.planning.context import PlannedBackend
+from xbackend.probes.base import BackendRuns, Probe
 from xbackend.results.probe import ProbeResult
 
 __all__ = ["Tf32Probe", "Tf32Result", "Tf32Row", "on_gpu_with_tf32"]

@@ -11,7 +11,8 @@ from xbackend.execution.executor import Job, JobOutcome, separate_layers, standa
 from xbackend.execution.protocol import LAYERS, Phase, PhaseResult
 from xbackend.files.textfmt import num, strong, table, with_module, yes
 from xbackend.numerics.metrics import summarize
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
+from xbackend.planning.context import PlannedBackend
+from xbackend.probes.base import BackendRuns, Probe
 from xbackend.results.probe import ProbeResult, PromiseEvidence
 
 __all__ = ["ThreadResult", "ThreadsProbe", "ThreadsResult"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xbackend.compare.saved_report import SCHEMA, from_json, read_result
+from xbackend.comparison.saved_report import SCHEMA, from_json, read_result
 from xbackend.files.atomic import write_atomic
 from xbackend.report.bundle import bundle_files, bundle_outputs, write_markdown_bundle
 from xbackend.report.jsonreport import to_dict, to_json

@@ -3,7 +3,7 @@
 Readable sections for machines and people (verdict, backends, cross_backend, ...)
 and, under "result", the whole Result losslessly (xbackend.files.codec): what
 `xbackend report` renders the Markdown from, and what baselines and `xbackend diff`
-read back (xbackend.compare.saved_report).
+read back (xbackend.comparison.saved_report).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from xbackend.compare.saved_report import SCHEMA
+from xbackend.comparison.saved_report import SCHEMA
 from xbackend.files.codec import encode
 from xbackend.numerics.metrics import TensorDiff
 from xbackend.numerics.values import value_name

@@ -112,7 +112,7 @@ class BackendResult:
     # was loaded (reported with the times)
     peak_rss_bytes: int = field(default=0, compare=False)
     start_rss_bytes: int = field(default=0, compare=False)
-    # what the memory plan says its largest build holds beyond its engine loaded (xbackend.compare.memory)
+    # what the memory plan says its largest build holds beyond its engine loaded (xbackend.planning.memory)
     planned_bytes: int = field(default=0, compare=False)
 
     @property

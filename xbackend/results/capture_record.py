@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from xbackend.execution.buildinfo import BuildFingerprint
 from xbackend.execution.protocol import LAYERS, OUTPUTS, PhaseResult
 from xbackend.files.capture_folder import INPUTS, CapturedInputs, bad_capture, verify_folder, write_folder
 from xbackend.files.codec import CodecError, decode, encode
 from xbackend.files.storage import ValueFile
 from xbackend.numerics.values import walk
 from xbackend.results import BackendResult, FeedsInfo
+from xbackend.runners.buildinfo import BuildFingerprint
 
 __all__ = ["LoadedCapture", "LoadedRun", "load_capture", "open_capture", "write_capture"]
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK
+from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK, NotInResultError
 from xbackend.files.codec import OMIT_DEFAULT
 from xbackend.files.textfmt import short, with_module
 from xbackend.model.load import ModelSpec
@@ -110,42 +112,36 @@ class Result:
         return self.reference or self.options.reference_name
 
     def backend(self, name: str) -> BackendResult:
-        for b in self.backends:
-            if b.name == name:
-                return b
-        raise KeyError(name)
+        """The backend `name` as it ran; NotInResultError naming the backends when it did not."""
+        return _named(name, {b.name: b for b in self.backends}, "backend")
 
     def pair(self, a: str, b: str) -> PairResult:
-        for p in self.pairs:
-            if {p.a, p.b} == {a, b}:
-                return p
-        raise KeyError((a, b))
+        """Backends `a` and `b` against each other (either order)."""
+        for found in self.pairs:
+            if {found.a, found.b} == {a, b}:
+                return found
+        held = ", ".join(f"{found.a}/{found.b}" for found in self.pairs) or "none"
+        raise NotInResultError(f"no pair {a}/{b} in this result; its pairs: {held}")
 
     def oracle(self, name: str) -> CrossBackendResult:
         """`name`'s error against the float64 oracle."""
-        for c in self.oracle_error:
-            if c.backend == name:
-                return c
-        raise KeyError(name)
+        return _named(name, {c.backend: c for c in self.oracle_error}, "comparison against the oracle for")
 
     def expected(self, name: str) -> CrossBackendResult:
         """`name` against the expected (golden) outputs."""
-        for c in self.expected_error:
-            if c.backend == name:
-                return c
-        raise KeyError(name)
+        return _named(
+            name, {c.backend: c for c in self.expected_error}, "comparison against golden outputs for"
+        )
 
     def cross(self, name: str) -> CrossBackendResult:
-        for c in self.cross_backend:
-            if c.backend == name:
-                return c
-        raise KeyError(name)
+        """Backend `name` against the reference; NotInResultError naming those compared."""
+        return _named(
+            name, {c.backend: c for c in self.cross_backend}, "comparison against the reference for"
+        )
 
     def probe(self, name: str) -> ProbeResult:
-        for p in self.probes:
-            if p.name == name:
-                return p
-        raise KeyError(name)
+        """The result of probe `name` (as --probes names it)."""
+        return _named(name, {p.name: p for p in self.probes}, "probe")
 
     @property
     def failed(self) -> list[BackendResult]:
@@ -532,3 +528,14 @@ class Result:
                 f"and {within}",
             )
         return self._gate_lines() + lines
+
+
+_Held = TypeVar("_Held")
+
+
+def _named(name: str, held: Mapping[str, _Held], what: str) -> _Held:
+    """`held[name]`, else NotInResultError saying what the result holds."""
+    if name in held:
+        return held[name]
+    names = ", ".join(held) or "none"
+    raise NotInResultError(f"no {what} {name!r} in this result; it holds: {names}")

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError, UsageError
-from xbackend.execution.buildinfo import BuildFingerprint, OptLevelRow
 from xbackend.files.modelref import ModelRef
 from xbackend.numerics.values import Value, normalize
+from xbackend.runners.buildinfo import BuildFingerprint, OptLevelRow
 
 __all__ = ["Availability", "BuildFingerprint", "OptionSpec", "Runner", "promised_if", "thread_limit"]
 

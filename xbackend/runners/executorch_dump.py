@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from xbackend.errors import first_line
-from xbackend.export.torch_onnx import to_numpy
+from xbackend.model.torch_module import to_numpy
 
 __all__ = ["Dump"]
 

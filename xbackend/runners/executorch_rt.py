@@ -22,12 +22,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbackend.errors import BackendUnavailableError, ExportError, RunnerFailedError, first_line
-from xbackend.execution.buildinfo import BuildFingerprint
-from xbackend.export.torch_onnx import META_MODULE, flatten_outputs, read_torch_metadata, to_numpy, to_tensor
-from xbackend.export.torch_ops import OpGraph, onnx_calls
 from xbackend.files.modelref import ModelRef
+from xbackend.model.torch_module import META_MODULE, flatten_outputs, read_torch_metadata, to_numpy, to_tensor
+from xbackend.model.torch_ops import OpGraph, onnx_calls
 from xbackend.numerics.values import Value
 from xbackend.runners.base import Availability, OptionSpec
+from xbackend.runners.buildinfo import BuildFingerprint
 from xbackend.runners.executorch_dump import Dump
 from xbackend.runners.torch_eager import TorchRunner, check_weights
 

@@ -26,13 +26,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbackend.errors import BackendUnavailableError, InputError, ModelLoadError, RunnerFailedError, UsageError
-from xbackend.execution.buildinfo import BuildFingerprint
 from xbackend.files.capture_folder import file_sha256
 from xbackend.files.gguf_header import claims_problem, read_header
 from xbackend.files.modelref import ModelRef
 from xbackend.files.untrusted import contained
 from xbackend.numerics.values import Value
 from xbackend.runners.base import RECOMPUTED, Availability, OptionSpec, Runner
+from xbackend.runners.buildinfo import BuildFingerprint
 from xbackend.runners.ggml_roles import UNINTERLEAVED, Matched, RoleMap, role_map, stage_of
 from xbackend.runners.ort_cpu import physical_cores
 

@@ -20,11 +20,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from xbackend.errors import BackendUnavailableError, ModelLoadError, RunnerFailedError
-from xbackend.execution.buildinfo import OptLevelRow
 from xbackend.files.modelref import ENGINE_DOMAINS, ModelRef, model_file, read_model_bytes
 from xbackend.numerics.metrics import diff_values
 from xbackend.numerics.values import Value, normalize, value_sha256
 from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Runner, promised_if
+from xbackend.runners.buildinfo import OptLevelRow
 from xbackend.runners.ort_values import (
     from_ortvalue,
     map_value_dtype,

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from xbackend.errors import BackendUnavailableError, RunnerFailedError, first_line
-from xbackend.export.torch_onnx import module_map, to_numpy
 from xbackend.files.modelref import ModelRef
+from xbackend.model.torch_module import module_map, to_numpy
 from xbackend.runners.base import BuildFingerprint, OptionSpec
 from xbackend.runners.inductor_pin import (
     INSTRUMENTED,

@@ -19,8 +19,9 @@ import numpy as np
 from onnx import numpy_helper
 
 from xbackend.errors import BackendUnavailableError, ExportError, InputError, RunnerFailedError, first_line
-from xbackend.export.scopes import aligned, name_scope_map, scope_map
-from xbackend.export.torch_onnx import (
+from xbackend.model.load import ModelRef, load_proto
+from xbackend.model.sever import SEVERED
+from xbackend.model.torch_module import (
     META_MODULE,
     flatten_outputs,
     load_module,
@@ -31,9 +32,8 @@ from xbackend.export.torch_onnx import (
     to_tensor,
     trusted_spec,
 )
-from xbackend.export.torch_ops import OpGraph, folded_constants, onnx_calls
-from xbackend.model.load import ModelRef, load_proto
-from xbackend.model.sever import SEVERED
+from xbackend.model.torch_ops import OpGraph, folded_constants, onnx_calls
+from xbackend.model.torch_scopes import aligned, name_scope_map, scope_map
 from xbackend.numerics.metrics import is_float_dtype
 from xbackend.numerics.values import Value
 from xbackend.runners.base import RECOMPUTED, Availability, BuildFingerprint, OptionSpec, Runner, promised_if
@@ -409,7 +409,7 @@ def _digests(a: np.ndarray) -> set[bytes]:
 
 
 def _recomputed(folded: Mapping[str, np.ndarray], module: Any) -> tuple[str, ...]:
-    """The model's folded float constants (`folded`, as xbackend.export.torch_ops.folded_constants
+    """The model's folded float constants (`folded`, as xbackend.model.torch_ops.folded_constants
     reads them) that torch computes at run time (not among the module's parameters and buffers,
     transposed or not), whose values are not all halves: rounded results, a rounding or two from
     torch's own (rotary cos/sin, Mamba's -exp(A_log))."""

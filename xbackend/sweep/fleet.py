@@ -17,14 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from xbackend.compare import compare_with_options, make_feeds
-from xbackend.compare.saved_report import read_result
-from xbackend.compare.tolerances import attach
+from xbackend.api.compare import compare_with_options
+from xbackend.comparison.saved_report import read_result
+from xbackend.comparison.tolerances import attach
 from xbackend.errors import InputError, UsageError, XbackendError, first_line
 from xbackend.files.atomic import check_outputs
 from xbackend.files.owned import allow, check_tree, forced, recorded
 from xbackend.files.userfile import name_problem
 from xbackend.model.load import load_model
+from xbackend.planning.plan import make_feeds
 from xbackend.report import bundle_outputs, write_atomic, write_markdown_bundle
 from xbackend.results import CompareOptions, Result
 from xbackend.results.capture_record import open_capture

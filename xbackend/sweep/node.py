@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from xbackend.compare import compare_with_options
+from xbackend.api.compare import compare_with_options
 from xbackend.errors import XbackendError, first_line
 from xbackend.files.owned import allow, new_part, replace_tree
 from xbackend.files.untrusted import json_loads

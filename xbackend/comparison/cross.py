@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from xbackend.compare.builds import Builds
 from xbackend.execution.executor import diff_phases
 from xbackend.model.load import ModelSpec
 from xbackend.numerics.metrics import TensorDiff
 from xbackend.numerics.values import value_name
+from xbackend.planning.builds import Builds
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, CrossBackendResult, PairResult
 
 __all__ = ["against", "cross_all", "effective_reference", "pairs"]

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from xbackend.export.torch_onnx import flatten_outputs, to_numpy, to_tensor
+from xbackend.model.torch_module import flatten_outputs, to_numpy, to_tensor
 from xbackend.numerics.values import Value
 
 __all__ = ["OpGraph", "folded_constants", "onnx_calls"]

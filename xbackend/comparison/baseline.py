@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from xbackend.compare.saved_report import read_result
+from xbackend.comparison.saved_report import read_result
 from xbackend.errors import InputError
 from xbackend.files.capture_folder import is_capture, recorded_name
 from xbackend.files.untrusted import contained

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from xbackend.compare.plan import executor_for
 from xbackend.errors import InputError, UsageError, first_line
 from xbackend.execution.decoding import Convention, DecodeTask, prompt_key
 from xbackend.execution.executor import Job, JobOutcome
@@ -29,7 +28,8 @@ from xbackend.files.storage import ValueFile, save_values
 from xbackend.files.userfile import user_file
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import ModelSpec
-from xbackend.probes.base import PlannedBackend
+from xbackend.planning.context import PlannedBackend
+from xbackend.planning.plan import executor_for
 from xbackend.results import CompareOptions
 from xbackend.results.decode import BackendDecode, DecodeResult, PromptDecode, first_difference
 

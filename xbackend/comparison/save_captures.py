@@ -6,11 +6,11 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from xbackend.compare.builds import Builds
-from xbackend.compare.plan import feeds_info
 from xbackend.execution.protocol import LAYERS, OUTPUTS
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import ModelSpec
+from xbackend.planning.builds import Builds
+from xbackend.planning.plan import feeds_info
 from xbackend.results import EXPECTED, BackendResult, CompareOptions
 from xbackend.results.capture_record import write_capture
 from xbackend.version import VERSION

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 
-from xbackend.compare.builds import Builds
 from xbackend.errors import BackendUnavailableError
 from xbackend.execution.executor import JobOutcome, diff_phases
 from xbackend.execution.protocol import PhaseResult
@@ -15,6 +14,7 @@ from xbackend.files.run_values import CaptureFile
 from xbackend.model.load import ModelSpec
 from xbackend.numerics.metrics import TensorDiff, is_constant, summarize, worst_per_tensor
 from xbackend.numerics.values import value_sha256
+from xbackend.planning.builds import Builds
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, Latency, ObserverEffect
 from xbackend.results.promises import PROPERTIES, validate
 from xbackend.runners.base import QUIET_WHEN_UNSET

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from xbackend.compare.baseline import Baseline, load_baseline
-from xbackend.compare.builds import Builds
+from xbackend.comparison.baseline import Baseline, load_baseline
 from xbackend.execution.executor import diff_phases
 from xbackend.model.inputs import Feeds
 from xbackend.model.load import ModelSpec
 from xbackend.numerics.metrics import TensorDiff
 from xbackend.numerics.values import value_name
+from xbackend.planning.builds import Builds
 from xbackend.results import EXPECTED, BackendResult, CompareOptions, Drift
 
 __all__ = ["baseline_drifts"]

@@ -12,13 +12,12 @@ from xbackend.errors import InputError, ModelLoadError, UsageError
 from xbackend.execution.executor import Executor, Job, standard_phases
 from xbackend.execution.foreign import probe_interpreter
 from xbackend.execution.progress import ProgressSink
-from xbackend.export.torch_onnx import META_MODULE, read_torch_metadata, trusted_spec
 from xbackend.files.storage import save_values
-from xbackend.judge.floors import FLOOR_ENGINE
 from xbackend.model.inputs import Feeds, capture_feeds, generate_feeds, load_expected, load_feeds
 from xbackend.model.load import ModelSpec, downgrade_blockers, used_domains
+from xbackend.model.torch_module import META_MODULE, read_torch_metadata, trusted_spec
 from xbackend.numerics.values import Value
-from xbackend.probes.base import PlannedBackend, ProbeContext
+from xbackend.planning.context import PlannedBackend
 from xbackend.results import EXPECTED, CompareOptions, FeedsInfo
 from xbackend.results.capture_record import LoadedCapture, open_capture
 from xbackend.runners.base import INTERNAL_OPTIONS, PYTHON_OPTION
@@ -28,7 +27,6 @@ __all__ = [
     "executor_for",
     "feeds_for",
     "feeds_info",
-    "floor_backend",
     "load_captures",
     "main_jobs",
     "make_feeds",
@@ -224,12 +222,3 @@ def main_jobs(
         Job(f"{p.name}-build{k}", p.name, p.cls, p.variant(), feeds, phases, fingerprint=opts.builds > 1)
         for k in range(opts.builds)
     ]
-
-
-def floor_backend(ctx: ProbeContext, planned: Sequence[PlannedBackend]) -> PlannedBackend | None:
-    """ort-cpu as the user configured it, else with its defaults; None when it cannot run."""
-    mine = next((p for p in planned if p.cls is not None and p.cls.name == FLOOR_ENGINE), None)
-    if mine is not None and mine.interpreter is None:
-        return mine
-    p = plan_backend(FLOOR_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
-    return p if p.cls is not None else None

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from xbackend.compare.builds import Builds
 from xbackend.errors import UsageError
 from xbackend.execution.decoding import top_two
 from xbackend.files.storage import ValueFile
 from xbackend.model.load import ModelSpec
+from xbackend.planning.builds import Builds
 from xbackend.results import BackendResult
 from xbackend.results.decode import FLIPS_KEPT, Decisions, Flip
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from xbackend.compare.builds import Builds
 from xbackend.execution.executor import Executor, Job, JobOutcome
 from xbackend.execution.progress import ProgressSink
-from xbackend.probes.base import BackendRuns, PlannedBackend, Probe
+from xbackend.planning.builds import Builds
+from xbackend.planning.context import PlannedBackend
+from xbackend.probes.base import BackendRuns, Probe
 from xbackend.results import EXPECTED, BackendResult, FailedProbe, ProbeResult
 
 __all__ = ["analyze_probe", "backend_runs", "run_followups", "run_probe_jobs"]

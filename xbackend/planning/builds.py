@@ -8,7 +8,7 @@ from typing import Protocol
 
 from xbackend.execution.executor import Executor, Job, JobOutcome
 from xbackend.execution.protocol import PhaseResult
-from xbackend.probes.base import PlannedBackend
+from xbackend.planning.context import PlannedBackend
 from xbackend.results.capture_record import LoadedCapture
 
 __all__ = ["Builds", "FirstRun", "run_builds"]
