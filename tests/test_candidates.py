@@ -313,7 +313,7 @@ def test_a_kv_cache_llama_candidate_decodes_against_the_original(
                 assert p.margin_at_divergence == q.margins[step] and p.logit_difference is not None
         # no KV-cache tensor or mask constant turns into an overflow; each node within its precision
         assert not c.events and not c.origins and not c.stretch_origins
-        lines = c.verdict_lines()
+        lines = [f.line for f in c.verdict_findings()]
         if b.first_divergence is not None:  # compared layer by layer where it first left the tokens
             f = b.first_divergence
             where = f"step {f.first_divergent_step} of prompt {f.prompt}"
@@ -448,7 +448,11 @@ def test_batch_invariance_on_the_candidate_too(tmp_path: Path) -> None:
     (c,) = r.candidates
     assert [p.name for p in c.probes] == ["batch"]
     assert c.probes[0].to_json()  # the candidate's own probe result, in its JSON
-    lines = [line for line in c.verdict_lines() if "batch probe" in line or "batch-invariant" in line]
+    lines = [
+        line
+        for line in [f.line for f in c.verdict_findings()]
+        if "batch probe" in line or "batch-invariant" in line
+    ]
     assert lines and all(line.split(":")[0] in ("WARN", "NOTE") for line in lines)
 
 

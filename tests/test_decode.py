@@ -354,8 +354,7 @@ def test_a_near_tie_is_a_difference_at_most_twice_the_margin() -> None:
     every node is within rounding."""
     from types import SimpleNamespace
 
-    from xbackend.results import Result
-    from xbackend.results.decode import near_tie
+    from xbackend.results.decode import flip_cause, near_tie
 
     assert near_tie(0.000822, 0.0015) and near_tie(0.0, 1e-6)
     assert not near_tie(0.000822, 0.00823) and not near_tie(None, 1.0)
@@ -363,10 +362,11 @@ def test_a_near_tie_is_a_difference_at_most_twice_the_margin() -> None:
     # though the difference is within twice the margin
     assert not near_tie(7.41, 9.3) and near_tie(0.4, 0.7) and not near_tie(0.6, 0.7)
     explained = [SimpleNamespace(backend="b", status="ok", explained=True, origins=())]
-    (line,) = Result._flip_cause(SimpleNamespace(decode=_decoded(0.000822, 0.00823), cross_backend=explained))
+    (found,) = flip_cause(_decoded(0.000822, 0.00823), explained)  # type: ignore[arg-type]
+    line = found.line
     assert "no near tie" in line and "10x the reference's margin 0.000822" in line
-    (line,) = Result._flip_cause(SimpleNamespace(decode=_decoded(0.000822, 0.0012), cross_backend=explained))
-    assert line.endswith("rounding-sized differences flipped a near tie")
+    (found,) = flip_cause(_decoded(0.000822, 0.0012), explained)  # type: ignore[arg-type]
+    assert found.line.endswith("rounding-sized differences flipped a near tie")
 
 
 def test_without_the_reference_no_token_is_said_to_agree(lms: dict[str, Path], plugins: None) -> None:
@@ -376,7 +376,7 @@ def test_without_the_reference_no_token_is_said_to_agree(lms: dict[str, Path], p
         lms["gpt2"], backends="ort-cpu,test-crash", reference="test-crash", decode=4, probes="none", runs=1,
     )  # fmt: skip
     assert r.decode is not None
-    lines = r.decode.verdict_lines()
+    lines = [f.line for f in r.decode.findings()]
     assert not any("at every step" in line for line in lines)
     assert any(
         line.startswith(

@@ -271,7 +271,7 @@ def test_gguf_quantizations_as_candidates(llama: Path, original_on: str) -> None
             "no tensor of its own in llama.cpp's graph" in why["/model/layers.0/input_layernorm/Pow_output_0"]
         )
         assert c.decode is not None and len(c.decode.backend("llama.cpp").prompts) == 4
-        lines = c.verdict_lines(r.model.modules())
+        lines = [f.line for f in c.verdict_findings(r.model.modules())]
         assert any("a GGUF file declares its weights' types" in ln for ln in lines)
         assert not any(ln.startswith("FAIL") for ln in lines)  # nothing judged at a precision it lacks
         lowest[kind] = min(m.sqnr_db for m in c.matches if m.sqnr_db is not None)

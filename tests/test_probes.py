@@ -294,12 +294,16 @@ def test_threads_probe_warns_only_when_outputs_move() -> None:
     outer = ThreadResult("openvino-cpu", "4", "ok", "", False, 3, 2.0, "val_7", outputs_equal=False)
     res = ThreadsResult((inner, outer))
     modules = {"val_49": "blocks.3.mlp", "val_7": "blocks.0.attn"}
-    assert res.warnings(modules) == [
+    found = res.findings(modules)
+    assert [f.line for f in found] == [
         "WARN: openvino-cpu changes with threads (4 vs 1): from val_7 (blocks.0.attn) on "
-        "(2 scaled ULP at worst at the outputs)"
-    ]
-    assert res.note_lines(modules) == [
+        "(2 scaled ULP at worst at the outputs)",
         "NOTE: ort-cpu at 4 vs 1 thread(s): graph outputs bit-identical; intermediates move from "
-        "val_49 (blocks.3.mlp) on"
+        "val_49 (blocks.3.mlp) on",
     ]
+    assert [(f.kind.value, f.backend, f.tensor, f.probe) for f in found] == [
+        ("threads-vary", "openvino-cpu", "val_7", "threads"),
+        ("probe", "ort-cpu", "val_49", "threads"),
+    ]
+    assert found[0].figure("scaled_ulp") == 2.0
     assert res.promise("thread-count", "ort-cpu")[0] == "broken"  # bits moved: the promise is about bits

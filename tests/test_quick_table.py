@@ -61,7 +61,7 @@ def test_the_quick_table_is_the_full_comparisons_and_says_what_it_left_out(qdq: 
     assert not any(n.startswith("the quick table") for n in full.notes)
     assert f"NOTE: {note}" in quick.verdict()  # in place of "no explanation: --noise-samples 0"
     assert f"NOTE: candidate {qdq}: its nodes were not judged at their precision: {QUICK_DECLINED}" in (
-        quick.candidates[0].verdict_lines()
+        [f.line for f in quick.candidates[0].verdict_findings()]
     )
     assert quick.backends[0].observer is None  # one build: nothing to hold its outputs against
     assert full.backends[0].observer is not None

@@ -29,7 +29,7 @@ from xbackend.candidates.stretches import evaluate, value_of
 from xbackend.files.storage import ValueFile
 from xbackend.model.load import load_proto
 from xbackend.numerics.metrics import float_info, is_float_dtype
-from xbackend.results.candidates import SENTINEL, Advice, Finding, Sensitivity, Try
+from xbackend.results.candidates import SENTINEL, Advice, NumericalEvent, Sensitivity, Try
 
 __all__ = ["BUDGET", "advise", "causes", "sensitivities"]
 
@@ -106,7 +106,7 @@ def _past_range(original: object, dtype: np.dtype[np.generic]) -> int:
 
 def causes(
     candidate: onnx.GraphProto,
-    events: Sequence[Finding],
+    events: Sequence[NumericalEvent],
     scores: Sequence[Sensitivity],
     changed: Sequence[str],
     clipped: Sequence[str] = (),

@@ -77,7 +77,7 @@ def compare_with_options(
                 else c
                 for c in result.candidates
             )
-            result = replace(result, notes=(*result.notes, quick[1]), candidates=said)
+            result = replace(result, notes=(*result.notes, quick[1]), quick_table=quick[1], candidates=said)
         return result
 
 

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from xbackend.candidates.match import Pair
 from xbackend.files.storage import ValueFile
 from xbackend.numerics.metrics import is_float_dtype, ulp_at
-from xbackend.results.candidates import SENTINEL, Finding, TensorMatch
+from xbackend.results.candidates import SENTINEL, NumericalEvent, TensorMatch
 
 __all__ = ["COARSE_SHARE", "decision_tensors", "findings", "measure"]
 
@@ -82,12 +82,12 @@ def _one(base: TensorMatch, o: np.ndarray, c: np.ndarray) -> TensorMatch:
 
 def findings(
     graph: onnx.GraphProto, values: ValueFile, feeds: Mapping[str, object], original: ValueFile | None = None
-) -> list[Finding]:
+) -> list[NumericalEvent]:
     """The candidate's overflows, NaNs, clipped and coarse quantized tensors, in its graph's order.
     A quantized tensor is held against the original's value of it where the original has one (a
     QDQ tool folds a Relu into the range, so its input is the value before the Relu)."""
     weights = {t.name: t for t in graph.initializer}
-    out: list[Finding] = []
+    out: list[NumericalEvent] = []
     inf_seen: set[str] = set()
     nan_seen: set[str] = set()
     for node in graph.node:
@@ -105,7 +105,7 @@ def findings(
                 if not any(i in nan_seen or _has(feeds.get(i), np.isnan) for i in node.input if i):
                     made = node.name or node.op_type
                     out.append(
-                        Finding(
+                        NumericalEvent(
                             kind="nan",
                             tensor=t,
                             node=made,
@@ -125,7 +125,7 @@ def findings(
                 continue  # carried from above, not made here
             big = float(np.finfo(np.float16).max) if str(y.dtype) == "float16" else 3.39e38
             out.append(
-                Finding(
+                NumericalEvent(
                     kind="overflow",
                     tensor=t,
                     node=node.name or node.op_type,
@@ -150,7 +150,7 @@ def _quantized(
     weights: Mapping[str, onnx.TensorProto],
     feeds: Mapping[str, object],
     original: ValueFile | None,
-) -> list[Finding]:
+) -> list[NumericalEvent]:
     """A QuantizeLinear's clipped elements (its input past what scale and zero point cover) and
     a scale so coarse that a varied input lands in a few levels."""
     t = node.input[0]
@@ -177,7 +177,7 @@ def _quantized(
         finite = xf[np.isfinite(xf)]
         low, high = (float(finite.min()), float(finite.max())) if finite.size else (math.nan, math.nan)
         out.append(
-            Finding(
+            NumericalEvent(
                 kind="saturation",
                 tensor=node.input[0],
                 node=name,
@@ -206,7 +206,7 @@ def _quantized(
                 "fill): every value lands on the zero point"
             )
             out.append(
-                Finding(
+                NumericalEvent(
                     kind="coarse-scale",
                     tensor=node.input[0],
                     node=name,
@@ -233,9 +233,9 @@ def decision_tensors(
     graph: onnx.GraphProto,
     outputs: Mapping[str, float | None],
     original: ValueFile,
-    events: Sequence[Finding],
+    events: Sequence[NumericalEvent],
     words: str,
-) -> list[Finding]:
+) -> list[NumericalEvent]:
     """Each output the answers are read from (`outputs`: its name, and the original's margin
     where the candidate's answer left it, None where none did) that the candidate quantizes or
     rounds to float16, where that clips it or its step reaches the margin: a finding of its own,
@@ -276,7 +276,7 @@ def decision_tensors(
         if lost:
             said.append(f"its step reaches the original's margin {margin:.3g} where the {words} left it")
         out.append(
-            Finding(
+            NumericalEvent(
                 kind="decision-tensor",
                 tensor=name,
                 node=node.name or node.op_type,

@@ -20,17 +20,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import helper
 
-from xbackend.bounds.element import AUX, DELTA
-from xbackend.bounds.propagation import PROP
-from xbackend.errors import UsageError
+from xbackend.bounds.element import DELTA
 from xbackend.execution.executor import Executor, Job, JobOutcome
 from xbackend.execution.progress import ProgressSink
 from xbackend.execution.protocol import Phase
 from xbackend.files.modelref import np_dtype
 from xbackend.files.run_values import CaptureFile
+from xbackend.judge.backend_judgment import Grounds, judgment_of
 from xbackend.judge.conditioning import amplifiers, composed_rounding, ill_conditioned
 from xbackend.judge.floors import (
     FLOOR_ENGINE,
@@ -41,30 +39,27 @@ from xbackend.judge.floors import (
     node_floor_job,
     save_severed_feeds,
 )
-from xbackend.judge.judge_nodes import JUDGE_PHASE, warm_compiled
+from xbackend.judge.judge_nodes import warm_compiled
 from xbackend.judge.judge_plan import (
     LOCAL_PHASE,
-    OWN_JUDGE,
-    OWN_VALUES,
+    BackendJudgment,
     Early,
-    Judge,
+    Fed,
     Plan,
-    grain_of,
     judge_all,
     plan_rules,
     shapes_of,
 )
-from xbackend.judge.judged_graph import judged_model
+from xbackend.judge.judges import JUDGE_ENGINE, judge_job
 from xbackend.judge.plain_judge import Shipped, judge_plain_runs
 from xbackend.judge.room import (
     explanation_room,
     judge_window_note,
-    judge_windows,
     severed_plan,
     severed_window_note,
 )
 from xbackend.judge.shipped import runtime_plan, shared_nodes, shipped_job, shipped_plan, without
-from xbackend.model.extdata import externalize, uses_external_data, write_rewritten
+from xbackend.model.extdata import externalize, write_rewritten
 from xbackend.model.load import load_proto
 from xbackend.model.ortdomain import as_contrib
 from xbackend.model.sever import SEVERED, sever
@@ -76,15 +71,11 @@ from xbackend.results import EXPECTED, BackendResult
 from xbackend.results.explanation import (
     ALL_LOADED,
     DECLINED,
-    LOADED,
     UNFUSED,
     Explanation,
 )
-from xbackend.runners.base import RECOMPUTED
 
 __all__ = ["FLOOR_ENGINE", "explain"]
-
-JUDGE_ENGINE = "oracle"
 
 
 def explain(
@@ -191,7 +182,7 @@ def _run(
     queue = [
         *([j] for j in (plan.floor_job, plan.node_floor_job) if j is not None),
         [j.job for j in plan.judges.values() if j.job is not None],
-        *([j] for n, j in plan.local_jobs.items() if n not in plan.optimized),
+        *([b.local_job] for b in plan.fed(Fed.SEVERED) if b.local_job is not None and b.optimized is None),
     ]
     ex.bar.grow(sum(j.steps for batch in queue for j in batch))  # the lanes' shared bar
     state = {"plan": plan}
@@ -211,8 +202,8 @@ def _run(
             try:
                 state["plan"] = _ship(ctx, state["plan"], name, o, ref_capture)
             except Exception as e:  # judged unfused instead, and the report says why
-                why = f"{UNFUSED}: its graph could not be severed ({type(e).__name__}: {e})"
-                state["plan"] = replace(state["plan"], graphs={**state["plan"].graphs, name: why})
+                why = f"its graph could not be severed ({type(e).__name__}: {e})"
+                state["plan"] = _unfused(state["plan"], name, why)
             p = state["plan"]
         judge = p.judges[name].job if name in p.judges else None
         # the judge first: the longer of the two takes the lane the optimized graph freed
@@ -247,10 +238,11 @@ def _ship(ctx: RunContext, plan: Plan, name: str, written: JobOutcome, ref_captu
     src = plan.rewrites or ctx.spec
     # the model's nodes (its weights beside the rewrites: covers and pieces need no weight)
     model = load_proto(src.path, load_external=False)
-    path = plan.optimized[name][1]
-    old = plan.local_jobs.get(name)
-    if old is None:  # not measured (plan.not_measured says why)
+    mine = plan.backends[name]
+    old = mine.local_job
+    if old is None or mine.optimized is None:  # not measured (its judgment says why)
         return plan
+    path = mine.optimized[1]
     runtime = old.cls.optimized_format == "runtime"
     args = (plan.available, ctx.feeds.arrays, ref_capture, folder)
     got = (
@@ -259,10 +251,10 @@ def _ship(ctx: RunContext, plan: Plan, name: str, written: JobOutcome, ref_captu
         else shipped_plan(name, written, path, ctx.spec, model, *args)
     )
     if isinstance(got, str):
-        return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {got}"})
+        return _unfused(plan, name, got)
     severed = severed_plan(ctx, old.cls.windowed, got.tensors, plan.shapes, plan.captured)
     if not severed.fit.fits:
-        return replace(plan, graphs={**plan.graphs, name: f"{UNFUSED}: {severed.fit.reason}"})
+        return _unfused(plan, name, severed.fit.reason)
     cut = severed.windows
     phase = Phase.planned(LOCAL_PHASE, got.tensors, 1, model=got.model, hashed=False, windows=cut)
     # ONNX Runtime runs its optimized graph as saved; OpenVINO fuses each piece as it ships it
@@ -271,7 +263,7 @@ def _ship(ctx: RunContext, plan: Plan, name: str, written: JobOutcome, ref_captu
         if runtime
         else tuple(sorted({**dict(old.raw_options), "opt_level": "disable"}.items()))
     )
-    mine = replace(old, raw_options=options, feeds=got.feeds, phases=(phase,))
+    local_job = replace(old, raw_options=options, feeds=got.feeds, phases=(phase,))
     computed = set(got.tensors)
     captured = {n: d for n, d in plan.captured.items() if n in computed}
     # the model's own pieces (OpenVINO; ORT's kernels it cannot evaluate), else the graph as saved
@@ -285,9 +277,9 @@ def _ship(ctx: RunContext, plan: Plan, name: str, written: JobOutcome, ref_captu
             graphs = (got.severed, saved, path.parent, model, Path(src.path).parent)
             shared = shared_nodes(*graphs, plan.available, cap.get)
     rest = without(got.severed, shared)
-    judges, judge_of = dict(plan.judges), dict(plan.judge_of)
+    judges, judge = dict(plan.judges), mine.judge
     if rest.graph.node:
-        judges[name] = _judge_job(
+        judges[name] = judge_job(
             ctx,
             got.judged_on if got.judged_on is not None else as_contrib(rest),
             plan.shapes,
@@ -298,17 +290,23 @@ def _ship(ctx: RunContext, plan: Plan, name: str, written: JobOutcome, ref_captu
             src.path if pieces else got.path,
             not pieces,
         )
-        judge_of[name] = name
-    return replace(
-        plan,
-        local_jobs={**plan.local_jobs, name: mine},
-        judges=judges,
-        judge_of=judge_of,
-        graphs={**plan.graphs, name: got.described},
-        covers={**plan.covers, name: got.covers},
-        shared={**plan.shared, name: shared} if shared else plan.shared,
-        graph_order={**plan.graph_order, name: got.tensors},
+        judge = name
+    shipped = replace(
+        mine,
+        local_job=local_job,
+        judge=judge,
+        graph=got.described,
+        unfused=False,
+        covers=got.covers,
+        shared=shared or mine.shared,
+        graph_order=got.tensors,
     )
+    return replace(plan, judges=judges).with_backend(shipped)
+
+
+def _unfused(plan: Plan, name: str, why: str) -> Plan:
+    """Backend `name` judged on the unfused severed model: its own graph could not be (why)."""
+    return plan.with_backend(replace(plan.backends[name], graph=f"{UNFUSED}: {why}", unfused=True))
 
 
 def _plan(
@@ -349,197 +347,40 @@ def _plan(
     sfeeds = folder / "severed.xbv"
     save_severed_feeds(sfeeds, ctx.feeds.arrays, ref_capture, severed.inputs)
     captured = {n: d for n, (d, _) in held.items() if not n.startswith(SEVERED)}
-    judges = {"": _judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "", src.path)}
-    judge_of: dict[str, str] = {}
+    judges = {"": judge_job(ctx, severed.proto, shapes, captured, spath, sfeeds, "", src.path)}
     engine = floor_backend(ctx, planned)
     node_floor = (  # the allowances checked against K orders per node: asked for alone
         node_floor_job(ctx, src, engine, severed, shapes, ref_capture, folder)
         if engine is not None and opts.noise_samples
         else None
     )
-    local_jobs: dict[str, Job] = {}
-    not_measured: dict[str, str] = {}
-    graphs: dict[str, str] = {}
-    by_judge: set[str] = set()
-    own_runs: dict[str, str] = {}
     live = {b.name: b for b in planned}
+    grounds = Grounds(ctx, proto, src, smodel, sfeeds, available, shapes, captured, ref_capture, tensors)
+    backends: dict[str, BackendJudgment] = {}
     for name, r in results.items():
-        b = live.get(name)
         if name in (ref, EXPECTED) or not r.ok:
             continue
-        if b is None or b.cls is None:
-            not_measured[name] = LOADED
-            continue
-        if not b.cls.executes_graph and not b.cls.severs_by_feeds:
-            # not fed the reference's values: judged as the reference is, on its own values
-            mine = builds[name].first.layers if builds[name].ok else None
-            if mine is None:
-                not_measured[name] = f"{b.cls.name} cannot be fed the reference's values, and exposed none"
-                continue
-            folded = dict(r.info).get(RECOMPUTED, "").split(",")
-            args = (
-                ctx,
-                proto,
-                builds[name],
-                available,
-                shapes,
-                captured,
-                mine.capture,
-                name,
-                src.path,
-                folded,
-            )
-            judges[name], judge_of[name], own_runs[name] = _own_grain(*args), name, mine.capture
-            graphs[name] = OWN_VALUES
-            continue
-        if _judges_evaluation(b):
-            by_judge.add(name)
-            graphs[name] = OWN_JUDGE
-            continue
-        severed_run = severed_plan(ctx, b.cls.windowed, tensors, shapes, captured)
-        if not severed_run.fit.fits:
-            not_measured[name] = severed_run.fit.reason
-            continue
-        cut = severed_run.windows
-        # A runner of its own source keeps its model and takes the reference's values as feeds:
-        # it computes each part it exposes from the part's inputs, so it is judged at that grain.
-        if not b.cls.executes_graph:
-            folded = dict(r.info).get(RECOMPUTED, "").split(",")
-            judges[name] = _own_grain(
-                ctx, proto, builds[name], available, shapes, captured, ref_capture, name, src.path, folded
-            )
-            judge_of[name] = name
-            graphs[name] = grain_of(r)
-        own = replace(spec.ref(), inputs=smodel.inputs)
-        model = smodel if b.cls.executes_graph else own
-        phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model, hashed=False, windows=cut)
-        local_jobs[name] = Job(f"explain-local-{name}", name, b.cls, _same_grain(b, r), sfeeds, (phase,))
-    unjudged = bool(not_measured) or judges[""].judged is None
+        judgment, own = judgment_of(grounds, live.get(name), r, builds[name])
+        backends[name] = replace(judgment, optimized=optimized.get(name))
+        if own is not None:
+            judges[name] = own
+    unjudged = any(b.fed is Fed.NOT_MEASURED for b in backends.values()) or judges[""].judged is None
     floors, reordered, extra = floor_job(ctx, engine, src, proto, shapes, tensors, folder, unjudged)
     del proto
     return Plan(
         floors,
-        local_jobs,
-        not_measured,
+        backends,
         reordered,
         extra,
         tuple(results),
         ref,
         judges,
-        judge_of,
-        dict(optimized),
         available,
         captured,
         shapes,
-        graphs=graphs,
         node_floor_job=node_floor,
         rewrites=src,
-        own_judge=frozenset(by_judge),
-        own_runs=own_runs,
     )
-
-
-def _judges_evaluation(b: PlannedBackend) -> bool:
-    """Whether `b`'s severed run would be the float64 judge's own evaluation rounded to the
-    model's dtypes: the judge's engine at one BLAS thread (the same sums in the same order)."""
-    if b.cls is None or b.cls.name != JUDGE_ENGINE:
-        return False
-    rest = {k: v for k, v in b.raw_options.items() if k != "narrow"}
-    return rest in ({}, {"threads": "1"})
-
-
-def _same_grain(b: PlannedBackend, r: BackendResult) -> tuple[tuple[str, str], ...]:
-    """`b`'s options, at the grain its per-layer build exposed (torch decides op or module grain
-    per process, from a bitwise check threads can tip): the local run is fed and judged at the
-    tensors that build captured, so it must expose the same ones."""
-    if b.cls is None or not any(o.name == "grain" for o in b.cls.option_specs):
-        return b.variant()
-    used = dict(r.info).get("grain", "")
-    return b.variant(grain="op" if used.startswith("op") else "module") if used else b.variant()
-
-
-def _judge_job(
-    ctx: RunContext,
-    severed: onnx.ModelProto,
-    shapes: Mapping[str, tuple[int, ...]],
-    captured: Mapping[str, str],
-    spath: Path,
-    sfeeds: Path,
-    key: str,
-    source: str | Path,
-    fill_shapes: bool = False,
-    folded: Sequence[str] = (),
-) -> Judge:
-    """The severed model with each node's operand magnitudes, evaluated in float64 without
-    rounding back (the oracle, narrow=false); or why it cannot run."""
-    oracle = plan_backend(JUDGE_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)
-    cls = oracle.cls
-    if cls is None:
-        return Judge(
-            None, None, f"the float64 evaluator ({JUDGE_ENGINE}) cannot run here: {oracle.unavailable}"
-        )
-    judged = judged_model(severed, shapes, captured, fill_shapes, folded)
-    jpath = spath.with_name(f"judged{'-' + key if key else ''}.onnx")
-    write_rewritten(judged.proto, source, jpath)
-    inputs = tuple(i.name for i in severed.graph.input if i.name.startswith(SEVERED))
-    model = replace(
-        model_ref(ctx.spec, jpath, inputs, uses_external_data(judged.proto)),
-        outputs=tuple(o.name for o in judged.proto.graph.output),
-    )
-    try:
-        windows = judge_windows(
-            judged.groups,
-            shapes,
-            (AUX, PROP),
-            ctx.run_bytes,
-            ctx.spec.weight_bytes,
-            ctx.budget,
-            ctx.judge_disk,
-        )
-    except UsageError as e:  # not even one node fits: said, never killed
-        return Judge(None, None, f"the float64 judge does not fit: {e}")
-    label = f"explain-judge{'-' + key if key else ''}"
-    # one BLAS thread: the explanation's jobs run side by side, a core each (its products are
-    # a small part of an evaluation that is mostly numpy's elementwise work)
-    variant = oracle.variant(narrow="false", threads="1", float32_prefix=AUX)
-
-    def job(suffix: str, tensors: tuple[str, ...]) -> Job:
-        phase = Phase.planned(JUDGE_PHASE, tensors, 1, model=model, hashed=False)
-        return Job(label + suffix, JUDGE_ENGINE, cls, variant, sfeeds, (phase,))
-
-    if windows:  # each its own job, judged and deleted in turn (xbackend.judge.judge_plan)
-        cut = tuple(job(f"-w{k + 1}", w) for k, w in enumerate(windows))
-        return Judge(None, judged, windows=cut)
-    return Judge(job("", judged.tensors), judged)
-
-
-def _own_grain(
-    ctx: RunContext,
-    proto: onnx.ModelProto,
-    b: Builds,
-    available: Mapping[str, tuple[int, tuple[int, ...]]],
-    shapes: Mapping[str, tuple[int, ...]],
-    captured: Mapping[str, str],
-    fed: str,
-    name: str,
-    source: str,
-    folded: Sequence[str],
-) -> Judge:
-    """A backend that computes each tensor it exposes from the tensors it exposes above it (torch:
-    module outputs): the model severed at those, judged in float64 on the values of capture
-    `fed` (the reference's, or its own) (`folded`: the constants it computes again at run time)."""
-    layers = b.first.layers if b.ok else None
-    mine: set[str] = set()
-    if layers is not None:
-        with CaptureFile(layers.capture) as cap:
-            mine = set(cap.names)
-    grain = {n: available[n] for n in available if n in mine}
-    severed = sever(proto, grain)
-    spath = ctx.work / "explain" / f"severed-{name}.onnx"
-    sfeeds = spath.with_suffix(".xbv")
-    save_severed_feeds(sfeeds, ctx.feeds.arrays, fed, severed.inputs)
-    own = {n: d for n, d in captured.items() if n in grain}
-    return _judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name, source, folded=folded)
 
 
 def _analyze(
@@ -557,7 +398,7 @@ def _analyze(
     if plan.floor_job is None or plan.reordered is None:
         floor_note = (
             f"{FLOOR_ENGINE} cannot run here, and it measures the floor"
-            if ctx.opts.noise_samples or plan.not_measured
+            if ctx.opts.noise_samples or plan.fed(Fed.NOT_MEASURED)
             else "not measured: every backend was judged against float64 (--noise-samples K measures it)"
         )
     else:

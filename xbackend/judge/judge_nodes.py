@@ -350,6 +350,7 @@ def judge_backend(
     modules: Mapping[str, str],
     covers: Mapping[str, tuple[str, ...]] | None = None,
     graph: str = "",
+    unfused: bool = False,
 ) -> LocalErrors:
     """`backend`'s local errors (its severed run's capture) against the float64 judge, in `order`:
     origins where an element is past its allowance (element_allowance: a node run from above
@@ -459,6 +460,7 @@ def judge_backend(
         largest_at=worst[1],
         nodes=tuple(nodes),
         graph=graph,
+        unfused=unfused,
         flushed=flushed[0],
         flushed_at=flushed[1],
     )

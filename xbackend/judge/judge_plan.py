@@ -4,10 +4,11 @@ one window's float64 values are on disk at a time."""
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from xbackend.execution.executor import Executor, Job, JobOutcome
@@ -26,7 +27,9 @@ __all__ = [
     "NODE_FLOOR_PHASE",
     "OWN_JUDGE",
     "OWN_VALUES",
+    "BackendJudgment",
     "Early",
+    "Fed",
     "Judge",
     "Plan",
     "grain_of",
@@ -64,36 +67,80 @@ class Judge:
     windows: tuple[Job, ...] = ()
 
 
+class Fed(enum.Enum):
+    """How a backend's nodes are judged against float64."""
+
+    SEVERED = "severed"  # its severed run, each node fed the reference's values
+    OWN_VALUES = "own-values"  # it cannot be fed them: the model severed at what it exposes, fed its own
+    OWN_JUDGE = "own-judge"  # it is the judge's own evaluator: the judge's values, rounded, are its
+    NOT_MEASURED = "not-measured"
+
+
+@dataclass(frozen=True)
+class BackendJudgment:
+    """How one backend is judged: what it is fed, its severed run, the judge it is held to, and
+    the graph its nodes are judged on. One record per backend, chosen once and replaced whole
+    when its optimized graph is written."""
+
+    name: str
+    fed: Fed
+    reason: str = ""  # NOT_MEASURED: why
+    local_job: Job | None = None  # SEVERED: its severed run
+    judge: str = ""  # the key of the judge it is held to ("": the reference's grain)
+    graph: str = ""  # the graph its nodes are judged on, in words ("": its grain's)
+    unfused: bool = False  # its own graph could not be judged: the unfused model's was
+    covers: Mapping[str, tuple[str, ...]] | None = None  # a fused kernel -> the nodes it computes
+    # the tensors of its graph also judged on the reference grain's judge (nodes its optimizer
+    # left as they were: one evaluation serves both), and its graph's order
+    shared: frozenset[str] = frozenset()
+    graph_order: tuple[str, ...] | None = None
+    own_run: str = ""  # OWN_VALUES: its own per-layer capture
+    optimized: tuple[Job, Path] | None = None  # the job that writes its optimized graph, and where
+
+    @property
+    def judges(self) -> list[str]:
+        """The judges it is held to: its own, and the reference grain's for the nodes they share."""
+        return [self.judge, ""] if self.judge and self.shared else [self.judge]
+
+    def graph_words(self) -> str:
+        if self.graph:
+            return self.graph
+        if self.judge:
+            return "its own parts (the model severed at the tensors it exposes)"
+        return "the model's graph"
+
+
 @dataclass(frozen=True)
 class Plan:
     floor_job: Job | None
-    local_jobs: dict[str, Job]
-    not_measured: dict[str, str]
+    backends: Mapping[str, BackendJudgment]  # every backend but the reference, in --backends order
     reordered: Reordered | None
     extra: tuple[Path, ...]
     order: tuple[str, ...]  # backends in --backends order
     reference: str = ""
     judges: Mapping[str, Judge] = field(default_factory=dict)  # "" : the reference's granularity
-    judge_of: Mapping[str, str] = field(default_factory=dict)  # backend -> its judge's key
-    # backends whose optimized graph is written first (round 1), then severed and judged (round 2)
-    optimized: Mapping[str, tuple[Job, Path]] = field(default_factory=dict)
     available: Mapping[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     captured: Mapping[str, str] = field(default_factory=dict)  # tensor -> dtype, as the reference holds it
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    graphs: Mapping[str, str] = field(default_factory=dict)  # backend -> the graph its nodes were judged on
-    covers: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     node_floor_job: Job | None = None  # the severed model's sums in K orders: the per-node check
     rewrites: ModelSpec | None = None  # the model whose folder holds the rewrites' weights
-    # backends whose severed run is the reference grain's judge itself (the judge's engine):
-    # judged on its capture, rounded to the model's dtypes, with no run of their own
-    own_judge: frozenset[str] = frozenset()
-    # backend -> the tensors of its graph judged on the reference grain's judge (nodes its
-    # optimizer left as they were: one evaluation serves both), and its graph's order
-    shared: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    graph_order: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    # backends that cannot be fed the reference's values -> their own per-layer capture, judged as
-    # the reference's is (on their own judge, fed their own values)
-    own_runs: Mapping[str, str] = field(default_factory=dict)
+
+    def fed(self, *how: Fed) -> list[BackendJudgment]:
+        """The backends judged in one of these ways, in order."""
+        return [b for b in self.backends.values() if b.fed in how]
+
+    @property
+    def local_jobs(self) -> dict[str, Job]:
+        """Each backend's severed run."""
+        return {b.name: b.local_job for b in self.backends.values() if b.local_job is not None}
+
+    @property
+    def optimized(self) -> dict[str, tuple[Job, Path]]:
+        """Backends whose optimized graph is written first (round 1), then severed and judged."""
+        return {b.name: b.optimized for b in self.backends.values() if b.optimized is not None}
+
+    def with_backend(self, judgment: BackendJudgment) -> Plan:
+        return replace(self, backends={**self.backends, judgment.name: judgment})
 
 
 class Early:
@@ -115,29 +162,35 @@ class Early:
         if not o.ok:
             return
         with self._lock:
-            self._captures.update(plan.own_runs)
-            for name, job in plan.local_jobs.items():
-                lp = o.phase(LOCAL_PHASE) if job.label == o.job.label else None
+            self._captures.update({b.name: b.own_run for b in plan.fed(Fed.OWN_VALUES)})
+            for b in plan.fed(Fed.SEVERED):
+                lp = (
+                    o.phase(LOCAL_PHASE)
+                    if b.local_job is not None and b.local_job.label == o.job.label
+                    else None
+                )
                 if lp is not None:
-                    self._captures[name] = lp.capture
+                    self._captures[b.name] = lp.capture
             for key, j in plan.judges.items():
                 jp = o.phase(JUDGE_PHASE) if j.job is not None and j.job.label == o.job.label else None
                 if jp is not None:
                     self._judges[key] = jp.capture
             if "" in self._judges:
-                self._captures.update(dict.fromkeys(plan.own_judge, self._judges[""]))
+                self._captures.update(
+                    dict.fromkeys((b.name for b in plan.fed(Fed.OWN_JUDGE)), self._judges[""])
+                )
             for name, capture in self._captures.items():
-                for key in _keys_of(plan, name):
+                mine = plan.backends.get(name) or _REFERENCE
+                for key in mine.judges:
                     judge = plan.judges.get(key)
                     if key not in self._judges or (key, name) in self._futures:
                         continue
                     if judge is None or judge.judged is None:
                         continue
-                    graph = plan.graphs.get(name) or _grain_words(name, plan)
-                    order = _only(judge.judged.order, plan, key, name)
+                    order = _only(judge.judged.order, mine, key)
                     args = (name, capture, self._judges[key], judge.judged, order, self._modules)
                     self._futures[(key, name)] = self._pool.submit(
-                        judge_backend, *args, plan.covers.get(name), graph
+                        judge_backend, *args, mine.covers, mine.graph_words(), mine.unfused
                     )
 
     def take(self, key: str, name: str) -> LocalErrors | None:
@@ -159,22 +212,22 @@ def judge_all(
     """Every backend's local errors against the float64 judge, the reference's own included (its
     capture is its severed run: it was fed its own values), the per-node floor against the
     allowances of the reference's grain, and each node's NodeStat there (conditioning)."""
-    local = [LocalErrors(name, "not-measured", why) for name, why in plan.not_measured.items()]
+    local = [LocalErrors(b.name, "not-measured", b.reason) for b in plan.fed(Fed.NOT_MEASURED)]
     modules = spec.modules()
-    captures = {plan.reference: ref_capture, **plan.own_runs}
-    for name, job in plan.local_jobs.items():
-        o = done.get(job.label)
+    captures = {plan.reference: ref_capture, **{b.name: b.own_run for b in plan.fed(Fed.OWN_VALUES)}}
+    for b in plan.fed(Fed.SEVERED):
+        o = done.get(b.local_job.label) if b.local_job is not None else None
         lp = o.phase(LOCAL_PHASE) if o is not None and o.ok else None
         if lp is None:
             why = o.reason if o is not None else "it did not run"
-            local.append(LocalErrors(name, "not-measured", f"the severed model failed: {why}"))
+            local.append(LocalErrors(b.name, "not-measured", f"the severed model failed: {why}"))
             continue
-        captures[name] = lp.capture
-    captures.update(dict.fromkeys(plan.own_judge, ""))  # each window's own capture
+        captures[b.name] = lp.capture
+    captures.update(dict.fromkeys((b.name for b in plan.fed(Fed.OWN_JUDGE)), ""))  # each window's own capture
     ex.bar.grow(sum(w.steps for j in plan.judges.values() for w in j.windows))
     keys: dict[str, list[str]] = {}
     for name in captures:
-        for key in _keys_of(plan, name):
+        for key in (plan.backends.get(name) or _REFERENCE).judges:
             keys.setdefault(key, []).append(name)
     floor = _floor_check(plan, done)
     checks: list[ReorderCheck] = []
@@ -197,10 +250,9 @@ def judge_all(
             for n in names:
                 got = early.take(key, n) if early is not None and judge.job is not None else None
                 if got is None:  # not judged in the background: judged now
-                    graph = plan.graphs.get(n) or _grain_words(n, plan)
-                    mine = captures[n] or capture
-                    args = (n, mine, capture, judged, _only(order, plan, key, n), modules)
-                    got = judge_backend(*args, plan.covers.get(n), graph)
+                    held = plan.backends.get(n) or _REFERENCE
+                    args = (n, captures[n] or capture, capture, judged, _only(order, held, key), modules)
+                    got = judge_backend(*args, held.covers, held.graph_words(), held.unfused)
                 parts[n].append(got)
             if key == "":
                 stats.update(node_stats(capture, judged, order))
@@ -214,7 +266,7 @@ def judge_all(
     local += [
         LocalErrors(n, "not-measured", failed.get(n) or "no window of its judge was judged")
         if n in failed or not parts[n]
-        else _merged(parts[n], plan.graph_order.get(n)).mostly_unjudged()
+        else _merged(parts[n], (plan.backends.get(n) or _REFERENCE).graph_order).mostly_unjudged()
         for n in captures
     ]
     if floor is None:
@@ -317,6 +369,7 @@ def _merged(parts: Sequence[LocalErrors], order: Sequence[str] | None = None) ->
         graph=first.graph,
         flushed=sum(p.flushed for p in parts),
         flushed_at=next((p.flushed_at for p in parts if p.flushed_at), ""),
+        unfused=first.unfused,
     )
 
 
@@ -332,23 +385,16 @@ def _merged_check(parts: Sequence[ReorderCheck], base: ReorderCheck) -> ReorderC
     )
 
 
-def _keys_of(plan: Plan, name: str) -> list[str]:
-    """The judges `name` is judged on: its own, and the reference grain's for the nodes they share."""
-    key = plan.judge_of.get(name, "")
-    return [key, ""] if key and name in plan.shared else [key]
+# the reference, judged on its own grain's judge
+_REFERENCE = BackendJudgment("", Fed.SEVERED)
 
 
-def _only(order: tuple[str, ...], plan: Plan, key: str, name: str) -> tuple[str, ...]:
-    """The tensors of `order` that `name` is judged at on judge `key`: on the reference grain's,
+def _only(order: tuple[str, ...], judgment: BackendJudgment, key: str) -> tuple[str, ...]:
+    """The tensors of `order` a backend is judged at on judge `key`: on the reference grain's,
     only those its graph shares with the model."""
-    shared = plan.shared.get(name)
-    return order if shared is None or key != "" else tuple(t for t in order if t in shared)
-
-
-def _grain_words(name: str, plan: Plan) -> str:
-    if plan.judge_of.get(name):
-        return "its own parts (the model severed at the tensors it exposes)"
-    return "the model's graph"
+    if not judgment.shared or key != "":
+        return order
+    return tuple(t for t in order if t in judgment.shared)
 
 
 def plan_rules(plan: Plan) -> tuple[tuple[str, str, str], ...]:

@@ -33,7 +33,7 @@ from xbackend.model.load import ModelRef, ModelSpec, load_proto
 from xbackend.model.sever import SEVERED, Severed, sever
 from xbackend.planning.context import PlannedBackend, RunContext
 from xbackend.results import BackendResult
-from xbackend.results.explanation import UNFUSED, LocalErrors, Origin, PlainOutputs
+from xbackend.results.explanation import LocalErrors, Origin, PlainOutputs
 
 __all__ = [
     "PLAIN_PHASE",
@@ -358,9 +358,9 @@ def judge_plain_runs(
         if le.status != "ok" or not _changed(shipped.results, name) or name == plan.reference:
             out.append(le)
             continue
-        graph = plan.graphs.get(name, "")
-        if name in plan.optimized and not graph.startswith(UNFUSED):
-            out.append(replace(le, plain=PlainOutputs("shipped-graph", graph)))
+        mine = plan.backends.get(name)
+        if mine is not None and mine.optimized is not None and not mine.unfused:
+            out.append(replace(le, plain=PlainOutputs("shipped-graph", mine.graph)))
         elif shipped.oracle.cls is None:
             out.append(
                 replace(

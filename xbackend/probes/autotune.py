@@ -20,6 +20,7 @@ from xbackend.model.load import ModelSpec
 from xbackend.planning.context import PlannedBackend
 from xbackend.probes.base import BackendRuns, Probe
 from xbackend.probes.builds import BuildVariance
+from xbackend.results.findings import Finding, Kind, Label, scaled_ulp_figure
 from xbackend.results.probe import ProbeResult
 from xbackend.runners.registry import get_runner
 
@@ -51,16 +52,22 @@ class AutotuneResult(ProbeResult):
     name = "autotune"
     rows: tuple[AutotuneRow, ...] = ()
 
-    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
+    def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
         out = []
         for r in self.rows:
             if r.status != "ok":
-                out.append(f"WARN: autotune probe failed on {r.backend} ({r.variant}): {r.reason}")
+                why = f"autotune probe failed on {r.backend} ({r.variant}): {r.reason}"
+                out.append(self.finding(Label.WARN, why, r.backend, Kind.PROBE_FAILED))
             elif r.distinct_outputs > 1:
                 out.append(
-                    f"WARN: {r.backend} with autotune {r.variant}: {r.distinct_outputs} distinct outputs in "
-                    f"{r.builds} builds ({num(r.scaled_ulp)} scaled ULP at worst); "
-                    f"{len(r.moved)} tuned op(s) changed kernel"
+                    self.finding(
+                        Label.WARN,
+                        f"{r.backend} with autotune {r.variant}: {r.distinct_outputs} distinct outputs in "
+                        f"{r.builds} builds ({num(r.scaled_ulp)} scaled ULP at worst); "
+                        f"{len(r.moved)} tuned op(s) changed kernel",
+                        r.backend,
+                        figures=scaled_ulp_figure(r.scaled_ulp),
+                    )
                 )
         return out
 

@@ -10,7 +10,7 @@ ConstantOfShape) change with the batch by construction, some mix the samples.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from xbackend.execution.executor import Job, standard_phases
 from xbackend.execution.protocol import Phase, PhaseResult
+from xbackend.files.codec import OMIT_DEFAULT
 from xbackend.files.run_values import CaptureFile
 from xbackend.files.textfmt import num, strong, table, with_module, yes
 from xbackend.model.inputs import Feeds, generate_feeds
@@ -26,6 +27,7 @@ from xbackend.numerics.metrics import TensorDiff, summarize
 from xbackend.planning.context import PlannedBackend, RunContext
 from xbackend.probes.base import BackendRuns, Probe
 from xbackend.probes.batchaxis import Layout, batch_layouts, computed_by, sample
+from xbackend.results.findings import Finding, Kind, Label, scaled_ulp_figure
 from xbackend.results.probe import ProbeResult, PromiseEvidence
 
 __all__ = ["BatchProbe", "BatchResult", "BatchResults", "batch_inputs", "batch_positions"]
@@ -66,6 +68,8 @@ class BatchResults(ProbeResult):
     measures = ("batch-position",)
     rows: tuple[BatchResult, ...] = ()
     notes: tuple[str, ...] = ()
+    # why the probe did not run, where it could not (also among the notes)
+    not_probed: str = field(default="", metadata={OMIT_DEFAULT: True})
 
     def promise(self, prop: str, backend: str) -> PromiseEvidence:
         """Batch position: the first sample alone against it at each position of a batch."""
@@ -79,15 +83,28 @@ class BatchResults(ProbeResult):
             return "held", f"bit-identical, {where} ({row.compared} tensors)", ""
         return "broken", f"bits differ, {where}", row.first_divergence or ""
 
-    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
-        out = [f"WARN: {n}" for n in self.notes if n.startswith("batch invariance not probed")]
+    def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
+        out = [self.finding(Label.WARN, self.not_probed)] if self.not_probed else []
         for b in self.rows:
             if b.status != "ok":
-                out.append(f"WARN: batch probe failed on {b.backend}: {b.reason}")
+                out.append(
+                    self.finding(
+                        Label.WARN,
+                        f"batch probe failed on {b.backend}: {b.reason}",
+                        b.backend,
+                        Kind.PROBE_FAILED,
+                    )
+                )
             elif b.invariant is False:
                 out.append(
-                    f"WARN: {b.backend} is not batch-invariant: sample alone vs in a batch of {b.batch} "
-                    f"differs from {b.where()} on ({num(b.scaled_ulp)} scaled ULP at worst)"
+                    self.finding(
+                        Label.WARN,
+                        f"{b.backend} is not batch-invariant: sample alone vs in a batch of {b.batch} "
+                        f"differs from {b.where()} on ({num(b.scaled_ulp)} scaled ULP at worst)",
+                        b.backend,
+                        tensor=b.first_divergence or "",
+                        figures=scaled_ulp_figure(b.scaled_ulp),
+                    )
                 )
         return out
 
@@ -224,12 +241,14 @@ class BatchProbe(Probe):
         self.batch = ctx.opts.batch_invariance or DEFAULT_BATCH
         self.paths: tuple[Path, tuple[Path, ...]] | None = None
         self.notes: list[str] = []
+        self.not_probed = ""
         if not batch_inputs(ctx.spec):
-            self.notes.append(
+            self.not_probed = (
                 "batch invariance not probed: no model input has a dynamic first (batch) dimension "
                 f"({', '.join(f'{i.name} {i.shape_str()}' for i in ctx.spec.inputs)}); export the "
                 "model with a dynamic batch axis to probe it"
             )
+            self.notes.append(self.not_probed)
             return
         if ctx.opts.inputs:
             self.notes.append("batch rows other than the first sample are generated (seeded)")
@@ -260,7 +279,7 @@ class BatchProbe(Probe):
                 continue
             phase = o.layers or o.outputs
             rows.append(self._result(r.planned.name, phase, o.outputs))
-        return BatchResults(tuple(rows), tuple(self.notes))
+        return BatchResults(tuple(rows), tuple(self.notes), self.not_probed)
 
     def _result(self, backend: str, phase: PhaseResult, plain: PhaseResult) -> BatchResult:
         spec = self.ctx.spec

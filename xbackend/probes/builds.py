@@ -11,6 +11,7 @@ from typing import Any
 
 from xbackend.files.textfmt import table, with_module, yes
 from xbackend.probes.base import BackendRuns, Probe
+from xbackend.results.findings import Finding, Label
 from xbackend.results.probe import ProbeResult
 from xbackend.runners.base import BuildFingerprint
 
@@ -52,13 +53,17 @@ class BuildsResult(ProbeResult):
     backends: tuple[BuildVariance, ...] = ()
 
     def build_variance(self) -> list[str]:
-        return [w.removeprefix("WARN: ") for w in self.warnings()]
+        return [f.sentence for f in self.findings()]
 
-    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
+    def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
         return [
-            f"WARN: {b.backend} builds vary: {b.distinct_fingerprints} distinct engines in "
-            f"{b.builds} builds ({len(b.varying_layers)} layers differ); outputs "
-            f"{'differ' if b.outputs_differ else 'identical'}"
+            self.finding(
+                Label.WARN,
+                f"{b.backend} builds vary: {b.distinct_fingerprints} distinct engines in "
+                f"{b.builds} builds ({len(b.varying_layers)} layers differ); outputs "
+                f"{'differ' if b.outputs_differ else 'identical'}",
+                b.backend,
+            )
             for b in self.backends
             if b.builds_vary
         ]

@@ -10,6 +10,7 @@ from xbackend.execution.executor import Job
 from xbackend.files.textfmt import num, strong, table, yes
 from xbackend.planning.context import PlannedBackend
 from xbackend.probes.base import BackendRuns, Probe
+from xbackend.results.findings import Finding, Kind, Label, scaled_ulp_figure
 from xbackend.results.probe import ProbeResult
 from xbackend.runners.base import Runner
 from xbackend.runners.buildinfo import OptLevelRow
@@ -34,12 +35,20 @@ class OptLevelsResult(ProbeResult):
     rows: tuple[OptLevelResult, ...] = ()
     failures: tuple[tuple[str, str], ...] = ()  # backend, reason
 
-    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
-        out = [f"WARN: opt-levels probe failed on {b}: {why}" for b, why in self.failures]
+    def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
+        out = [
+            self.finding(Label.WARN, f"opt-levels probe failed on {b}: {why}", b, Kind.PROBE_FAILED)
+            for b, why in self.failures
+        ]
         out += [
-            f"WARN: {o.backend} optimization level {o.level} changes bits ({num(o.scaled_ulp)} scaled ULP) "
-            f"vs none; changed by "
-            f"{', '.join(o.changed_by) or 'a combination of ' + ', '.join(o.modified_graph)}"
+            self.finding(
+                Label.WARN,
+                f"{o.backend} optimization level {o.level} changes bits ({num(o.scaled_ulp)} scaled ULP) "
+                f"vs none; changed by "
+                f"{', '.join(o.changed_by) or 'a combination of ' + ', '.join(o.modified_graph)}",
+                o.backend,
+                figures=scaled_ulp_figure(o.scaled_ulp),
+            )
             for o in self.rows
             if not o.bitwise_equal
         ]

@@ -17,6 +17,7 @@ from xbackend.execution.executor import Job, separate_layers, standard_phases
 from xbackend.files.textfmt import num, strong, table, with_module, yes
 from xbackend.planning.context import PlannedBackend
 from xbackend.probes.base import BackendRuns, Probe
+from xbackend.results.findings import Finding, Kind, Label, scaled_ulp_figure
 from xbackend.results.probe import ProbeResult
 
 __all__ = ["Tf32Probe", "Tf32Result", "Tf32Row", "on_gpu_with_tf32"]
@@ -41,16 +42,29 @@ class Tf32Result(ProbeResult):
     name = "tf32"
     rows: tuple[Tf32Row, ...] = ()
 
-    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
+    def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
         out = []
         for r in self.rows:
             if r.status != "ok":
-                out.append(f"WARN: tf32 probe failed on {r.backend}: {r.reason}")
+                out.append(
+                    self.finding(
+                        Label.WARN,
+                        f"tf32 probe failed on {r.backend}: {r.reason}",
+                        r.backend,
+                        Kind.PROBE_FAILED,
+                    )
+                )
             elif r.same_bits is False:
                 out.append(
-                    f"WARN: {r.backend} with TF32 {'on' if r.tf32 else 'off'} changes bits from "
-                    f"{with_module(r.first_divergence or '', modules or {})} on "
-                    f"({num(r.scaled_ulp)} scaled ULP at worst)"
+                    self.finding(
+                        Label.WARN,
+                        f"{r.backend} with TF32 {'on' if r.tf32 else 'off'} changes bits from "
+                        f"{with_module(r.first_divergence or '', modules or {})} on "
+                        f"({num(r.scaled_ulp)} scaled ULP at worst)",
+                        r.backend,
+                        tensor=r.first_divergence or "",
+                        figures=scaled_ulp_figure(r.scaled_ulp),
+                    )
                 )
         return out
 

@@ -13,6 +13,7 @@ from xbackend.files.textfmt import num, strong, table, with_module, yes
 from xbackend.numerics.metrics import summarize
 from xbackend.planning.context import PlannedBackend
 from xbackend.probes.base import BackendRuns, Probe
+from xbackend.results.findings import Finding, Kind, Label, scaled_ulp_figure
 from xbackend.results.probe import ProbeResult, PromiseEvidence
 
 __all__ = ["ThreadResult", "ThreadsProbe", "ThreadsResult"]
@@ -55,24 +56,34 @@ class ThreadsResult(ProbeResult):
         counts = ", ".join(x.threads for x in checked)
         return "held", f"bit-identical at 1 thread and at {counts} threads", ""
 
-    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
+    def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
         """Graph outputs that move with the thread count; intermediates alone are a note."""
         out = []
         for t in self.rows:
             if t.status != "ok":
-                out.append(f"WARN: threads probe failed on {t.backend} at {t.threads} thread(s): {t.reason}")
+                why = f"threads probe failed on {t.backend} at {t.threads} thread(s): {t.reason}"
+                out.append(self.finding(Label.WARN, why, t.backend, Kind.PROBE_FAILED))
             elif t.moved_outputs():
                 out.append(
-                    f"WARN: {t.backend} changes with threads ({t.threads} vs 1): from "
-                    f"{with_module(t.first_divergence or '', modules or {})} on "
-                    f"({num(t.scaled_ulp)} scaled ULP at worst at the outputs)"
+                    self.finding(
+                        Label.WARN,
+                        f"{t.backend} changes with threads ({t.threads} vs 1): from "
+                        f"{with_module(t.first_divergence or '', modules or {})} on "
+                        f"({num(t.scaled_ulp)} scaled ULP at worst at the outputs)",
+                        t.backend,
+                        Kind.THREADS_VARY,
+                        tensor=t.first_divergence or "",
+                        figures=scaled_ulp_figure(t.scaled_ulp),
+                    )
                 )
-        return out
-
-    def note_lines(self, modules: Mapping[str, str] | None = None) -> list[str]:
-        return [
-            f"NOTE: {t.backend} at {t.threads} vs 1 thread(s): graph outputs bit-identical; "
-            f"intermediates move from {with_module(t.first_divergence or '', modules or {})} on"
+        return out + [
+            self.finding(
+                Label.NOTE,
+                f"{t.backend} at {t.threads} vs 1 thread(s): graph outputs bit-identical; "
+                f"intermediates move from {with_module(t.first_divergence or '', modules or {})} on",
+                t.backend,
+                tensor=t.first_divergence or "",
+            )
             for t in self.rows
             if t.status == "ok" and t.invariant is False and not t.moved_outputs()
         ]

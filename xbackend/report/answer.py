@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from xbackend.files.textfmt import inert, module_note, prose, short
 from xbackend.numerics.metrics import TensorDiff
 from xbackend.results import BackendResult, Result
+from xbackend.results.findings import Finding, Kind, Label
 
-__all__ = ["GLOSSARY", "TERMS", "answers", "instrumentation", "ranked"]
+__all__ = ["GLOSSARY", "TERMS", "answers", "instrumentation", "rank", "ranked"]
 
 # the words the report uses, defined once: the report's folded glossary and docs/glossary.md
 GLOSSARY = (
@@ -205,29 +206,27 @@ def _baseline(r: Result) -> str:
     )
 
 
-def instrumentation(r: Result, line: str) -> bool:
+def instrumentation(r: Result, found: Finding) -> bool:
     """A finding about xbackend's own instruments, not the engines the team ships: the observer
     effect of exposing intermediates, and the reference evaluators' own thread counts."""
-    if line.startswith("WARN: observer effect on "):
+    if found.kind is Kind.OBSERVER_EFFECT:
         return True
     tools = {r.reference_used, "reference", "oracle"}
-    return any(line.startswith(f"WARN: {t} changes with threads") for t in tools)
+    return found.kind is Kind.THREADS_VARY and found.backend in tools and not found.candidate
 
 
-_RANK = (("GATE", 0), ("FAIL", 1), ("DRIFT", 1), ("ADVICE", 1), ("WARN", 2), ("PASS", -1))
+_RANK = {Label.GATE: 0, Label.FAIL: 1, Label.DRIFT: 1, Label.ADVICE: 1, Label.WARN: 2, Label.PASS: -1}
 
 
-def _rank(line: str) -> int:
-    if (
-        line.startswith("WARN")
-        and (" decode: " in line or " decisions: " in line)
-        and ("leaves" in line or "otherwise than" in line or "depend on the batch" in line)
-    ):
+def rank(found: Finding) -> int:
+    """Where a reviewer reads a finding: PASS first, then gates, failures, changed answers and
+    advice, warnings, then the rest."""
+    if found.label is Label.WARN and found.kind.changes_an_answer:
         return 1  # a flipped token or decision: a finding, beside the failures
-    return next((k for p, k in _RANK if line.startswith(p)), 3)
+    return _RANK.get(found.label, 3)
 
 
-def ranked(lines: Sequence[str]) -> list[str]:
-    """The findings in the order a reviewer acts on them: PASS, gates, failures, flips and
-    advice, warnings, then the rest (the verdict's own order kept within each)."""
-    return sorted(lines, key=_rank)
+def ranked(findings: Sequence[Finding]) -> list[Finding]:
+    """The findings in the order a reviewer acts on them (the verdict's own order kept within
+    each rank)."""
+    return sorted(findings, key=rank)

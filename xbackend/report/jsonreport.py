@@ -217,10 +217,12 @@ def _oracle(c: CrossBackendResult, modules: dict[str, str]) -> dict[str, Any]:
 def to_dict(r: Result) -> dict[str, Any]:
     m = r.model
     modules = m.modules()
+    found = r.findings()
+    findings = [f.to_json() for f in found]
     out: dict[str, Any] = _clean(
         {
             "schema": SCHEMA,
-            "verdict": {"exit_code": r.exit_code, "lines": r.verdict()},
+            "verdict": {"exit_code": r.exit_code, "lines": [f.line for f in found], "findings": findings},
             "promises": [asdict(c) for c in r.promise_checks()],
             "model": {
                 "path": m.path,

@@ -41,39 +41,40 @@ from xbackend.report.sections import (
     timings_section,
 )
 from xbackend.results import BackendResult, Result
+from xbackend.results.findings import Finding
 
 __all__ = ["to_markdown"]
 
 VERDICT_LINES = 10  # findings shown before the first fold; the rest are folded under "All findings"
 
 
-def _shown(r: Result) -> tuple[list[str], list[str]]:
+def _shown(r: Result) -> tuple[list[Finding], list[Finding]]:
     """(the findings the head shows, ranked; xbackend's own instrumentation notes, which go
     below the fold beside the tables they qualify)."""
-    lines = r.verdict()
-    mine = [line for line in lines if instrumentation(r, line)]
-    return ranked([line for line in lines if line not in mine]), mine
+    found = r.findings()
+    mine = [f for f in found if instrumentation(r, f)]
+    return ranked([f for f in found if f not in mine]), mine
 
 
-def _verdict(lines: list[str], mine: list[str]) -> list[str]:
+def _verdict(lines: list[Finding], mine: list[Finding]) -> list[str]:
     shown = lines[:VERDICT_LINES]
     more = len(lines) - len(shown) + len(mine)
-    out = ["## Verdict", "", *[f"- {prose(line)}" for line in shown]]
+    out = ["## Verdict", "", *[f"- {prose(f.line)}" for f in shown]]
     if more:
         out.append(f"- … and {more} more line(s), under *All findings* below.")
     return [*out, ""]
 
 
-def _findings(r: Result, lines: list[str], mine: list[str]) -> list[str]:
+def _findings(r: Result, lines: list[Finding], mine: list[Finding]) -> list[str]:
     if len(lines) <= VERDICT_LINES and not r.notes and not mine:
         return []
-    body = [f"- {prose(line)}" for line in lines]
+    body = [f"- {prose(f.line)}" for f in lines]
     if mine:
         body += ["", "About xbackend's own instruments (not the engines you ship):", ""]
-        body += [f"- {prose(line)}" for line in mine]
+        body += [f"- {prose(f.line)}" for f in mine]
     if r.notes:
         body += ["", "Notes:", "", *[f"- {prose(n)}" for n in r.notes]]
-    kinds = Counter(line.split(":", 1)[0] for line in [*lines, *mine])
+    kinds = Counter(f.heading for f in [*lines, *mine])
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     notes = f"; {len(r.notes)} note(s) on the run" if r.notes else ""
     return fold("All findings", f"{len(lines) + len(mine)} line(s): {counts}{notes}", [*body, ""])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from xbackend.bounds.element import unit_roundoff
 from xbackend.files.codec import OMIT_DEFAULT
@@ -14,6 +15,7 @@ from xbackend.numerics.metrics import COMPUTE_FLOATS
 from xbackend.results.backend import BackendResult
 from xbackend.results.decode import Decisions, DecodeResult, near_tie
 from xbackend.results.explanation import NOT_MEASURED, Explanation, Origin
+from xbackend.results.findings import Finding, Kind, Label
 from xbackend.results.probe import ProbeResult
 
 __all__ = [
@@ -21,7 +23,7 @@ __all__ = [
     "SENTINEL",
     "Advice",
     "CandidateResult",
-    "Finding",
+    "NumericalEvent",
     "Sensitivity",
     "TensorMatch",
     "Try",
@@ -68,7 +70,7 @@ class Unmatched:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Finding:
+class NumericalEvent:
     """A numerical event of the candidate's own, named at the tensor and node where it happens."""
 
     kind: str  # "overflow" | "saturation" | "coarse-scale"
@@ -175,7 +177,7 @@ class CandidateResult:
     reason: str = ""
     matches: tuple[TensorMatch, ...] = ()
     unmatched: tuple[Unmatched, ...] = ()
-    findings: tuple[Finding, ...] = ()
+    findings: tuple[NumericalEvent, ...] = ()
     # the candidate's own nodes judged against their float64 values at the precision each declares
     explanation: Explanation = NOT_MEASURED
     # the original's nodes the candidate computes through inserted casts, judged whole at the
@@ -218,7 +220,7 @@ class CandidateResult:
         return tuple(d.backend for d in self.decisions if d.status == "ok" and d.flipped)
 
     @property
-    def events(self) -> tuple[Finding, ...]:
+    def events(self) -> tuple[NumericalEvent, ...]:
         """The findings that move the candidate's answers: all but a few clipped outliers (what
         min/max calibration on other data leaves)."""
         return tuple(
@@ -233,7 +235,7 @@ class CandidateResult:
         """Not compared, or past its declared precision somewhere (an origin, a stretch, an event)."""
         return not self.ok or bool(self.origins or self.stretch_origins or self.events or self.departure)
 
-    def _flip_cause(self) -> list[str]:
+    def _flip_cause(self) -> list[Finding]:
         return _cause(self)
 
     def worst(self) -> TensorMatch | None:
@@ -244,12 +246,16 @@ class CandidateResult:
             return None
         return min(ok, key=lambda m: (math.inf if m.sqnr_db is None else m.sqnr_db, -(m.scaled_ulp or 0.0)))
 
-    def verdict_lines(self, modules: Mapping[str, str] | None = None) -> list[str]:
-        """The candidate's verdict lines; `modules` (the original's) names each tensor's module."""
+    def verdict_findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
+        """The candidate's findings in the verdict; `modules` (the original's) names each tensor's module."""
         mods = modules or {}
         name = self.path
+
+        def found(label: Label, kind: Kind, words: str, **rest: Any) -> Finding:
+            return Finding(label, kind, f"candidate {name}: {words}", candidate=name, **rest)
+
         if not self.ok:
-            return [f"WARN: candidate {name}: not compared: {self.reason}"]
+            return [found(Label.WARN, Kind.CANDIDATE_NOT_COMPARED, f"not compared: {self.reason}")]
         out = []
         matched, total = self.coverage
         worst = self.worst()
@@ -260,113 +266,136 @@ class CandidateResult:
             if matched
             else ": nothing to compare it on"
         )
-        out.append(
-            f"CANDIDATE: {name} ({self.precision}) on {self.compared_on} against the original on "
+        summary = (
+            f"{name} ({self.precision}) on {self.compared_on} against the original on "
             f"{self.original_on}: {matched} of {total} tensors matched{moved}"
+        )
+        sqnr = (("sqnr_db", worst.sqnr_db),) if worst is not None and worst.sqnr_db is not None else ()
+        out.append(
+            Finding(
+                Label.CANDIDATE,
+                Kind.CANDIDATE_SUMMARY,
+                summary,
+                backend=self.compared_on,
+                candidate=name,
+                tensor=worst.original if worst is not None and worst.sqnr_db is not None else "",
+                figures=sqnr,
+            )
         )
         for backend, o in self.origins[:1]:
             n = len(self.origins)
-            out.append(
-                f"FAIL: candidate {name}: {n} origin(s) past the precision its nodes declare, first "
+            words = (
+                f"{n} origin(s) past the precision its nodes declare, first "
                 f"{with_module(o.tensor, mods)} ({o.op_type}) on {backend}: {short(o.local_scaled_ulp)} "
                 "scaled ULP, allowed "
                 f"{short(o.allowed_scaled_ulp)}"
             )
+            out.append(found(Label.FAIL, Kind.CANDIDATE_ORIGINS, words, backend=backend, tensor=o.tensor))
         for o in self.stretch_origins[:1]:
-            out.append(
-                f"FAIL: candidate {name}: {len(self.stretch_origins)} stretch(es) through casts past the "
+            words = (
+                f"{len(self.stretch_origins)} stretch(es) through casts past the "
                 f"precision they declare, first the original's {with_module(o.tensor, mods)} ({o.op_type}): "
                 f"{o.detail}"
             )
+            out.append(found(Label.FAIL, Kind.CANDIDATE_STRETCH, words, tensor=o.tensor))
         if self.departure:
-            out.append(
-                f"WARN: candidate {name}: first departure from the original past its precision at "
+            words = (
+                f"first departure from the original past its precision at "
                 f"{with_module(self.departure, mods)}: {self.departure_why}"
             )
+            out.append(found(Label.WARN, Kind.CANDIDATE_DEPARTURE, words, tensor=self.departure))
         elif (
             self.explanation.status == "ok" and not self.origins and not self.stretch_origins and self.events
         ):
             named = ", ".join(f"{e.kind} at {with_module(e.tensor, mods)}" for e in self.events[:3])
             more = f" and {len(self.events) - 3} more" if len(self.events) > 3 else ""
-            out.append(
-                f"NOTE: candidate {name}: every node is within the precision it declares; what moves it "
+            words = (
+                f"every node is within the precision it declares; what moves it "
                 f"further is {len(self.events)} event(s): {named}{more}"
             )
+            out.append(found(Label.NOTE, Kind.CANDIDATE_EVENTS, words))
         elif self.explanation.status == "ok" and not self.origins and not self.stretch_origins:
-            out.append(
-                f"EXPLAINED: candidate {name}: every node is within the precision it declares; its "
+            words = (
+                "every node is within the precision it declares; its "
                 "differences from the original are that precision carried through the model"
             )
+            out.append(found(Label.EXPLAINED, Kind.CANDIDATE_EXPLAINED, words))
         elif self.explanation.status != "ok":
-            level = "NOTE" if self.explanation.declined else "WARN"  # declined: the user's choice
-            out.append(
-                f"{level}: candidate {name}: its nodes were not judged at their precision: "
-                f"{self.explanation.reason}"
-            )
+            level = Label.NOTE if self.explanation.declined else Label.WARN  # declined: the user's choice
+            words = f"its nodes were not judged at their precision: {self.explanation.reason}"
+            out.append(found(level, Kind.CANDIDATE_NOT_JUDGED, words))
         for f in self.findings:  # a few clipped outliers are what min/max calibration leaves: a note
-            level = "WARN" if f in self.events or f.kind == "decision-tensor" else "NOTE"
+            level = Label.WARN if f in self.events or f.kind == "decision-tensor" else Label.NOTE
             where = with_module(f.tensor, mods)
-            out.append(f"{level}: candidate {name}: {f.kind} at {where} ({f.node}): {f.detail}")
+            words = f"{f.kind} at {where} ({f.node}): {f.detail}"
+            out.append(found(level, Kind.CANDIDATE_EVENT, words, tensor=f.tensor))
         if self.decode is not None:
-            out += [f"WARN: candidate {name}: decode: {line}" for line in self.decode.flips()]
+            out += [
+                flip.with_sentence(f"decode: {flip.sentence}").for_candidate(name)
+                for flip in self.decode.flip_findings()
+            ]
             out += self._flip_cause()
             for b in self.decode.backends:
                 if b.ok and b.first_divergence is None:
-                    out.append(
-                        f"NOTE: candidate {name}: decode: {b.backend} chose the original's token at every "
+                    words = (
+                        f"decode: {b.backend} chose the original's token at every "
                         f"step of {len(b.prompts)} prompt(s) x {self.decode.steps} steps"
                     )
+                    out.append(found(Label.NOTE, Kind.DECODE_AGREES, words, backend=b.backend))
                 elif not b.ok:
-                    out.append(f"WARN: candidate {name}: decode: {b.backend} {b.status}: {b.reason}")
+                    words = f"decode: {b.backend} {b.status}: {b.reason}"
+                    out.append(found(Label.WARN, Kind.DECODE_FAILED, words, backend=b.backend))
         for d in self.decisions:
             if d.status != "ok":
-                out.append(
-                    f"WARN: candidate {name}: decisions: {d.backend} at {d.output} not compared: {d.reason}"
-                )
+                words = f"decisions: {d.backend} at {d.output} not compared: {d.reason}"
+                out.append(found(Label.WARN, Kind.DECISIONS_NOT_COMPARED, words, backend=d.backend))
             elif d.flipped:
-                out.append(
-                    f"WARN: candidate {name}: decisions: {d.backend} makes {d.flipped} of {d.decisions} "
+                words = (
+                    f"decisions: {d.backend} makes {d.flipped} of {d.decisions} "
                     f"choice(s) at {d.output} otherwise than the original"
                 )
+                out.append(found(Label.WARN, Kind.DECISION_FLIP, words, backend=d.backend, tensor=d.output))
             else:
-                out.append(
-                    f"NOTE: candidate {name}: decisions: {d.backend} makes the original's {d.decisions} "
+                words = (
+                    f"decisions: {d.backend} makes the original's {d.decisions} "
                     f"choice(s) at {d.output} (the original's smallest margin {d.smallest_margin:.3g})"
                 )
-        out += [f"NOTE: candidate {name}: {n}" for n in self.notes]
+                out.append(found(Label.NOTE, Kind.DECISIONS_AGREE, words, backend=d.backend, tensor=d.output))
+        out += [found(Label.NOTE, Kind.CANDIDATE_NOTE, n) for n in self.notes]
         for p in self.probes:
-            lines = [*p.warnings(), *p.note_lines()]
-            for line in lines:
-                level, _, words = line.partition(": ")
-                out.append(f"{level}: candidate {name}: {words}")
-            if not lines:
-                out.append(f"NOTE: candidate {name}: its {p.name} probe found nothing to warn of")
-        out += _advice_lines(self)
+            said = [f.for_candidate(name) for f in p.findings()]
+            out += said or [found(Label.NOTE, Kind.PROBE, f"its {p.name} probe found nothing to warn of")]
+        out += _advice_findings(self)
         return out
 
 
-def _advice_lines(c: CandidateResult) -> list[str]:
+def _advice_findings(c: CandidateResult) -> list[Finding]:
     a, name = c.advice, c.path
     if a is None:
         return []
+
+    def advice(words: str) -> list[Finding]:
+        return [Finding(Label.ADVICE, Kind.ADVICE, f"candidate {name}: {words}", candidate=name)]
+
     if a.status == "ok" and not a.keep:
-        return [f"ADVICE: candidate {name}: {a.reason}"]
+        return advice(a.reason)
     if a.status == "ok":
         listed = f"{', '.join(a.keep[:8])}{' ...' if len(a.keep) > 8 else ''}"
         alone = a.causes_alone()
-        return [
-            f"ADVICE: candidate {name}: keep {len(a.keep)} of its {a.converted} converted node(s) in "
+        return advice(
+            f"keep {len(a.keep)} of its {a.converted} converted node(s) in "
             f"float32 and its {a.target} match the original's: {a.shipped()} "
             f"(confirmed: {a.confirmed}{'; ' + alone if alone else ''}): {listed}"
-        ]
+        )
     if a.status == "none-holds":
         named = ", ".join(a.matters)
-        return [f"ADVICE: candidate {name}: {a.reason}; the nodes that matter most: {named or 'none scored'}"]
+        return advice(f"{a.reason}; the nodes that matter most: {named or 'none scored'}")
     tried = "; ".join(f"{t.kept} node(s) kept: {t.differed or 'matched'}" for t in a.tried)
-    return [f"WARN: candidate {name}: advise: {a.reason}{f' ({tried})' if tried else ''}"]
+    words = f"candidate {name}: advise: {a.reason}{f' ({tried})' if tried else ''}"
+    return [Finding(Label.WARN, Kind.ADVICE_FAILED, words, candidate=name)]
 
 
-def _cause(c: CandidateResult) -> list[str]:
+def _cause(c: CandidateResult) -> list[Finding]:
     """Where the candidate's tokens left the original's: whether its nodes, at that step, are
     within the precision they declare (the flip is that precision carried), or where not."""
     d = c.decode
@@ -381,24 +410,33 @@ def _cause(c: CandidateResult) -> list[str]:
     )
     if c.events:
         e = c.events[0]
-        return [
-            f"WARN: candidate {c.path}: decode: at {where} ({backend}: {size}) the candidate has "
+        words = (
+            f"candidate {c.path}: decode: at {where} ({backend}: {size}) the candidate has "
             f"{len(c.events)} event(s) past its precision, first {e.kind} at {e.tensor}"
+        )
+        return [
+            Finding(Label.WARN, Kind.FLIP_CAUSE, words, backend=backend, candidate=c.path, tensor=e.tensor)
         ]
     if c.origins or c.stretch_origins:
         first_o = c.stretch_origins[0] if c.stretch_origins else c.origins[0][1]
-        return [
-            f"WARN: candidate {c.path}: decode: at {where} ({backend}: {size}) the candidate has "
+        words = (
+            f"candidate {c.path}: decode: at {where} ({backend}: {size}) the candidate has "
             f"{len(c.origins) + len(c.stretch_origins)} origin(s) past its declared precision, first "
             f"{first_o.tensor} ({first_o.op_type})"
+        )
+        return [
+            Finding(
+                Label.WARN, Kind.FLIP_CAUSE, words, backend=backend, candidate=c.path, tensor=first_o.tensor
+            )
         ]
     if c.explanation.status == "ok":
         tie = " (a near tie)" if near_tie(p.margin_at_divergence, p.logit_difference) else ""
-        return [
-            f"NOTE: candidate {c.path}: decode: at {where} every node of the candidate is within the "
+        words = (
+            f"candidate {c.path}: decode: at {where} every node of the candidate is within the "
             f"precision it declares: the flip{tie} is that precision carried through the model "
             f"({backend}: {size})"
-        ]
+        )
+        return [Finding(Label.NOTE, Kind.FLIP_CAUSE, words, backend=backend, candidate=c.path)]
     return []
 
 

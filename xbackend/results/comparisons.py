@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from xbackend.files.codec import OMIT_DEFAULT
+from xbackend.files.textfmt import short, with_module
 from xbackend.numerics.metrics import DEFAULT_MAX_ULP, TensorDiff
 from xbackend.numerics.values import value_name
 from xbackend.results.explanation import Origin
+from xbackend.results.findings import Finding, Kind, Label, scaled_ulp_figure
 
 __all__ = ["CrossBackendResult", "Drift", "PairResult"]
 
@@ -221,3 +223,44 @@ class Drift:
     def scaled_ulp(self) -> float | None:
         vals = [d.scaled_ulp for d in self.outputs if d.scaled_ulp is not None]
         return max(vals) if vals else None
+
+
+def drift_findings(baseline: Sequence[Drift], modules: Mapping[str, str]) -> list[Finding]:
+    """Each backend against the same backend in --baseline: moved, not comparable, identical, or absent."""
+    out = []
+    for d in baseline:
+        if d.drifted:
+            size = (
+                f": {short(d.scaled_ulp)} scaled ULP (raw {d.max_ulp}) at the outputs"
+                if d.measured and d.outputs_moved
+                else (": the outputs are bit-identical, intermediates moved" if d.measured else "")
+            )
+            first = with_module(d.first_moved or "", modules)
+            words = f"{d.backend} moved from the baseline{size}; first moved tensor {first}"
+            out.append(
+                Finding(
+                    Label.DRIFT,
+                    Kind.DRIFTED,
+                    words,
+                    backend=d.backend,
+                    tensor=d.first_moved or "",
+                    figures=scaled_ulp_figure(d.scaled_ulp),
+                )
+            )
+        elif d.status == "not-comparable":
+            words = f"{d.backend} cannot be compared with the baseline: {d.reason}"
+            out.append(Finding(Label.DRIFT, Kind.NOT_COMPARABLE, words, backend=d.backend))
+        elif d.status == "identical":
+            what = f"{len(d.tensors)} tensors compared" if d.measured else "digests compared"
+            words = f"{d.backend}: bit-identical to {d.baseline} ({what})"
+            out.append(Finding(Label.BASELINE, Kind.BASELINE_IDENTICAL, words, backend=d.backend))
+        elif d.status == "no-baseline":
+            words = f"{d.backend}: not in the baseline{f' ({d.reason})' if d.reason else ''}"
+            out.append(Finding(Label.BASELINE, Kind.NOT_IN_BASELINE, words, backend=d.backend))
+    if baseline and not any(d.status in ("identical", "drifted") for d in baseline):
+        words = (
+            "baseline: no backend of this run is in the baseline, so nothing was compared against "
+            "it; run the baseline's backends (--backends)"
+        )
+        out.append(Finding(Label.WARN, Kind.BASELINE_UNUSED, words))
+    return out

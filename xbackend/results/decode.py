@@ -3,7 +3,11 @@ over batch compositions (`compare --decode N`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from xbackend.results.comparisons import CrossBackendResult
+from xbackend.results.findings import Finding, Kind, Label
 
 __all__ = ["NEAR_TIE", "BackendDecode", "DecodeResult", "PromptDecode", "first_difference", "near_tie"]
 
@@ -125,55 +129,65 @@ class DecodeResult:
         """Backends where a prompt's completion depends on the batch it shares."""
         return tuple(b.backend for b in self.backends if b.ok and b.distinct_completions > 1)
 
-    def verdict_lines(self) -> list[str]:
+    def findings(self) -> list[Finding]:
         """WARN where a backend's tokens leave the reference's or depend on the batch; NOTE
         where they agree; WARN for a backend that could not decode."""
         out = []
         ref = next((b for b in self.backends if b.backend == self.reference), None)
         for b in self.backends:
             if not b.ok:
-                out.append(f"WARN: decode: {b.backend} {b.status}: {b.reason}")
+                why = f"decode: {b.backend} {b.status}: {b.reason}"
+                out.append(Finding(Label.WARN, Kind.DECODE_FAILED, why, backend=b.backend))
                 continue
             if b.backend == self.reference:
                 continue
             if ref is None or not ref.ok:  # nothing to hold its tokens against
                 why = f"{ref.status}: {ref.reason}" if ref is not None else "it did not decode"
-                out.append(
-                    f"WARN: decode: {b.backend}'s tokens were not compared: the reference "
+                words = (
+                    f"decode: {b.backend}'s tokens were not compared: the reference "
                     f"{self.reference} gave none ({why})"
                 )
+                out.append(Finding(Label.WARN, Kind.DECODE_NOT_COMPARED, words, backend=b.backend))
                 continue
             d = b.first_divergence
             if d is None:
-                out.append(
-                    f"NOTE: decode: {b.backend} chose {self.reference}'s token at every step of "
+                words = (
+                    f"decode: {b.backend} chose {self.reference}'s token at every step of "
                     f"{len(b.prompts)} prompt(s) x {self.steps} steps"
                 )
-        out += [f"WARN: decode: {w}" for w in self.warnings]
-        return out + [f"WARN: decode: {line}" for line in self.flips()]
+                out.append(Finding(Label.NOTE, Kind.DECODE_AGREES, words, backend=b.backend))
+        out += [Finding(Label.WARN, Kind.DECODE_WARNING, f"decode: {w}") for w in self.warnings]
+        return out + [f.with_sentence(f"decode: {f.sentence}") for f in self.flip_findings()]
 
     def flips(self) -> list[str]:
         """Each backend whose tokens leave the reference's, and each whose completions depend on
         the batch, in words (what --fail-on token-flip reports)."""
+        return [f.sentence for f in self.flip_findings()]
+
+    def flip_findings(self) -> list[Finding]:
+        """Each backend whose tokens leave the reference's, and each whose completions depend on
+        the batch."""
         out = []
         for name in self.token_flips:
             b = self.backend(name)
             d = b.first_divergence
             assert d is not None
-            out.append(
+            words = (
                 f"{name} leaves {self.reference}'s tokens at step {d.first_divergent_step} of prompt "
                 f"{d.prompt} ({self.reference}'s top-1/top-2 margin {_g(d.margin_at_divergence)}, logit "
                 f"difference {_g(d.logit_difference)}); {b.flipped_prompts} of {len(b.prompts)} prompt(s) "
                 "decode differently"
             )
+            out.append(Finding(Label.WARN, Kind.TOKEN_FLIP, words, backend=name))
         for name in self.batch_dependent:
             b = self.backend(name)
             worst = max(b.prompts, key=lambda p: (p.distinct_completions, -p.prompt))
-            out.append(
+            words = (
                 f"{name}'s completions depend on the batch: prompt {worst.prompt} has "
                 f"{worst.distinct_completions} distinct completions over {worst.compositions} compositions, "
                 f"first apart at step {worst.first_batch_divergence}"
             )
+            out.append(Finding(Label.WARN, Kind.BATCH_DEPENDENT, words, backend=name))
         return out
 
 
@@ -214,3 +228,41 @@ class Decisions:
 
 
 FLIPS_KEPT = 20
+
+
+def flip_cause(d: DecodeResult | None, cross_backend: Sequence[CrossBackendResult]) -> list[Finding]:
+    """At the step compared layer by layer, where a backend left the reference's tokens: was
+    the difference that flipped the token rounding (EXPLAINED) or an error (an origin)?"""
+    if d is None or d.layers_step is None or d.layers_step[0] == d.reference:
+        return []
+    who, prompt, step = d.layers_step
+    c = next((x for x in cross_backend if x.backend == who and x.status == "ok"), None)
+    where = f"step {step} of prompt {prompt}"
+
+    def cause(label: Label, words: str, tensor: str = "") -> list[Finding]:
+        return [Finding(label, Kind.FLIP_CAUSE, f"decode: {words}", backend=who, tensor=tensor)]
+
+    if c is None or c.explained is None:
+        return cause(Label.NOTE, f"whether {who}'s flip at {where} is rounding was not judged")
+    if c.explained:
+        p = next((x for x in d.backend(who).prompts if x.prompt == prompt), None)
+        margin, diff = (p.margin_at_divergence, p.logit_difference) if p is not None else (None, None)
+        if near_tie(margin, diff) or margin is None or diff is None:
+            return cause(
+                Label.NOTE,
+                f"at {where} every node of {who} is within rounding of its float64 value "
+                "(EXPLAINED): rounding-sized differences flipped a near tie",
+            )
+        return cause(
+            Label.NOTE,
+            f"at {where} every node of {who} is within rounding of its float64 value "
+            f"(EXPLAINED), yet its logits moved by {diff:.3g}, {diff / margin:.3g}x the reference's "
+            f"margin {margin:.3g}: no near tie; the model carries rounding into that much",
+        )
+    o = c.origins[0]
+    return cause(
+        Label.WARN,
+        f"at {where} {who} has {len(c.origins)} origin(s), first {o.tensor} ({o.op_type}): "
+        "an error beyond rounding flipped the token",
+        o.tensor,
+    )

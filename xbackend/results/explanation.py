@@ -170,6 +170,8 @@ class LocalErrors:
     plain: PlainOutputs | None = field(default=None, metadata={OMIT_DEFAULT: True})
     flushed: int = field(default=0, metadata={OMIT_DEFAULT: True})  # elements flushed to zero (FTZ)
     flushed_at: str = field(default="", metadata={OMIT_DEFAULT: True})  # the first node that flushed
+    # its own graph could not be judged: `graph` is the unfused model's, and says why
+    unfused: bool = field(default=False, metadata={OMIT_DEFAULT: True})
 
     def node(self, tensor: str) -> NodeJudgment | None:
         return self._node_index.get(value_name(tensor))

@@ -20,6 +20,7 @@ from xbackend.results.candidates import CandidateResult
 from xbackend.results.comparisons import CrossBackendResult, Drift
 from xbackend.results.decode import DecodeResult
 from xbackend.results.explanation import LOADED, Explanation
+from xbackend.results.findings import Finding, Kind, Label
 from xbackend.results.probe import ProbeResult
 from xbackend.results.promises import PromiseCheck
 
@@ -233,7 +234,7 @@ def _baseline(c: _Context, _: float | None) -> str:
 
 def _probe_warning(c: _Context, _: float | None) -> str:
     r = c.r
-    return "; ".join(w.removeprefix("WARN: ") for p in r.probes for w in p.warnings())
+    return "; ".join(f.sentence for p in r.probes for f in p.findings() if f.label is Label.WARN)
 
 
 def _failure(c: _Context, _: float | None) -> str:
@@ -349,3 +350,16 @@ _CHECKS: dict[str, Callable[[_Context, float | None], str]] = {
     "decision-flip": _decision_flip,
     "candidate-origin": _candidate_origin,
 }
+
+
+def gate_findings(policies: Sequence[str], gates: Sequence[Gate]) -> list[Finding]:
+    """The --fail-on policies: each that fired, or one that says they passed (none without --fail-on)."""
+    if not policies:
+        return []
+    words = ",".join(policies)
+    if not gates:
+        return [Finding(Label.GATE, Kind.GATE_PASSED, f"pass (--fail-on {words})")]
+    return [
+        Finding(Label.GATE, Kind.GATE_FIRED, f"{g.policy} fired (exit {g.exit_code}): {g.reason}")
+        for g in gates
+    ]

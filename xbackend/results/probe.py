@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from xbackend.files.codec import register_subclass
 from xbackend.files.textfmt import prose
+from xbackend.results.findings import Finding, Kind, Label
 
 __all__ = ["FailedProbe", "ProbeResult", "PromiseEvidence"]
 
@@ -32,13 +33,16 @@ class ProbeResult(abc.ABC):
         register_subclass(ProbeResult, cls)
 
     @abc.abstractmethod
-    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
-        """Verdict lines ('WARN: ...'): findings, and every probe job that failed. `modules`
-        maps tensors to their source module, to name them as `tensor (module)`."""
+    def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
+        """What the probe found: warnings (and every probe job that failed), then notes, each a
+        Finding whose `probe` is this probe's name. `modules` maps tensors to their source
+        module, to name them as `tensor (module)`."""
 
-    def note_lines(self, modules: Mapping[str, str] | None = None) -> list[str]:
-        """Verdict lines ('NOTE: ...'): findings below a warning; none by default."""
-        return []
+    def finding(
+        self, label: Label, sentence: str, backend: str = "", kind: Kind = Kind.PROBE, **rest: Any
+    ) -> Finding:
+        """One of this probe's findings."""
+        return Finding(label, kind, sentence, backend=backend, probe=self.name, **rest)
 
     @abc.abstractmethod
     def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
@@ -74,8 +78,8 @@ class FailedProbe(ProbeResult):
     def name(self) -> str:  # type: ignore[override]
         return self.probe
 
-    def warnings(self, modules: Mapping[str, str] | None = None) -> list[str]:
-        return [f"WARN: probe {self.probe} failed: {self.reason}"]
+    def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
+        return [self.finding(Label.WARN, f"probe {self.probe} failed: {self.reason}", kind=Kind.PROBE_FAILED)]
 
     def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
         return [f"### Probe {self.probe}", "", f"Failed: {prose(self.reason)}.", ""]

@@ -9,11 +9,13 @@ measures them (`ProbeResult.measures` and `ProbeResult.promise`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from xbackend.errors import UsageError
+from xbackend.files.textfmt import with_module
 from xbackend.results.backend import BackendResult
+from xbackend.results.findings import Finding, Kind, Label
 from xbackend.results.probe import ProbeResult, PromiseEvidence
 
 __all__ = ["EXIT_PROMISE", "MEASURED_BY", "PROPERTIES", "PromiseCheck", "check", "check_promises", "validate"]
@@ -113,3 +115,18 @@ _OWN_CHECKS: dict[str, Callable[[BackendResult], PromiseEvidence]] = {
     "run-to-run": _run_to_run,
     "build-to-build": _build_to_build,
 }
+
+
+def promise_findings(broken: Sequence[PromiseCheck], modules: Mapping[str, str]) -> list[Finding]:
+    """Each promise a backend's runner declared and this run saw broken."""
+    return [
+        Finding(
+            Label.FAIL,
+            Kind.BROKEN_PROMISE,
+            f"{c.backend} broke its promise of {c.name} determinism: {c.evidence}"
+            + (f"; first broke at {with_module(c.first_layer, modules)}" if c.first_layer else ""),
+            backend=c.backend,
+            tensor=c.first_layer or "",
+        )
+        for c in broken
+    ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -12,24 +12,24 @@ from xbackend.files.textfmt import short, with_module
 from xbackend.model.load import ModelSpec
 from xbackend.numerics.values import value_name
 from xbackend.results.backend import BackendResult, FeedsInfo
-from xbackend.results.candidate_spec import QUICK_TABLE
 from xbackend.results.candidates import CandidateResult
-from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult
+from xbackend.results.comparisons import CrossBackendResult, Drift, PairResult, drift_findings
 from xbackend.results.cost import Family, families
-from xbackend.results.decode import Decisions, DecodeResult, near_tie
+from xbackend.results.decode import Decisions, DecodeResult, flip_cause
 from xbackend.results.explanation import (
     LOADED,
     NOT_MEASURED,
-    UNFUSED,
     Explanation,
     LocalErrors,
+    Origin,
     explained_words,
     origins_line,
 )
-from xbackend.results.gating import Gate, evaluate, unjudged
+from xbackend.results.findings import Finding, Kind, Label, labelled, scaled_ulp_figure
+from xbackend.results.gating import Gate, evaluate, gate_findings, unjudged
 from xbackend.results.options import EXPECTED, CompareOptions
 from xbackend.results.probe import ProbeResult
-from xbackend.results.promises import EXIT_PROMISE, PromiseCheck, check_promises
+from xbackend.results.promises import EXIT_PROMISE, PromiseCheck, check_promises, promise_findings
 
 __all__ = ["Result"]
 
@@ -57,50 +57,26 @@ class Result:
     decode: DecodeResult | None = field(default=None, metadata={OMIT_DEFAULT: True})  # --decode N
     decisions: tuple[Decisions, ...] = field(default=(), metadata={OMIT_DEFAULT: True})  # --decisions
     candidates: tuple[CandidateResult, ...] = field(default=(), metadata={OMIT_DEFAULT: True})  # --candidate
-
-    def _flip_cause(self) -> list[str]:
-        """At the step compared layer by layer, where a backend left the reference's tokens: was
-        the difference that flipped the token rounding (EXPLAINED) or an error (an origin)?"""
-        d = self.decode
-        if d is None or d.layers_step is None or d.layers_step[0] == d.reference:
-            return []
-        who, prompt, step = d.layers_step
-        c = next((x for x in self.cross_backend if x.backend == who and x.status == "ok"), None)
-        where = f"step {step} of prompt {prompt}"
-        if c is None or c.explained is None:
-            return [f"NOTE: decode: whether {who}'s flip at {where} is rounding was not judged"]
-        if c.explained:
-            p = next((x for x in d.backend(who).prompts if x.prompt == prompt), None)
-            margin, diff = (p.margin_at_divergence, p.logit_difference) if p is not None else (None, None)
-            if near_tie(margin, diff) or margin is None or diff is None:
-                return [
-                    f"NOTE: decode: at {where} every node of {who} is within rounding of its float64 value "
-                    "(EXPLAINED): rounding-sized differences flipped a near tie"
-                ]
-            return [
-                f"NOTE: decode: at {where} every node of {who} is within rounding of its float64 value "
-                f"(EXPLAINED), yet its logits moved by {diff:.3g}, {diff / margin:.3g}x the reference's "
-                f"margin {margin:.3g}: no near tie; the model carries rounding into that much"
-            ]
-        o = c.origins[0]
-        return [
-            f"WARN: decode: at {where} {who} has {len(c.origins)} origin(s), first {o.tensor} ({o.op_type}): "
-            "an error beyond rounding flipped the token"
-        ]
+    # the quick table's words on what it left out (--candidate --probes none --runs 1; also a note)
+    quick_table: str = field(default="", metadata={OMIT_DEFAULT: True})
 
     def decision_flips(self) -> list[str]:
         """Each backend and output where a top-1 choice differs from the reference's, in words
         (what --fail-on decision-flip reports)."""
+        return [f.sentence for f in self._decision_flips()]
+
+    def _decision_flips(self) -> list[Finding]:
         out = []
         for d in self.decisions:
             if d.status == "ok" and d.flipped:
                 f = d.flips[0]
                 at = ",".join(map(str, f.index))
-                out.append(
+                words = (
                     f"{d.backend} makes {d.flipped} of {d.decisions} choice(s) at {d.output} otherwise than "
                     f"{d.reference}; first [{at}]: class {f.backend_class} for {f.reference_class} "
                     f"(margin {f.reference_margin:.3g}, score difference {f.score_difference:.3g})"
                 )
+                out.append(Finding(Label.WARN, Kind.DECISION_FLIP, words, backend=d.backend, tensor=d.output))
         return out
 
     @property
@@ -257,8 +233,8 @@ class Result:
         empty = any(v.startswith("empty") for _, v in ref.constant_outputs)
         return f"every graph output of {ref.name} is constant{' or empty' if empty else ''} ({what})"
 
-    def _fail_lines(self) -> list[str]:
-        lines = []
+    def _fail_findings(self) -> list[Finding]:
+        out = []
         modules = self.model.modules()
         for b in self.nondeterministic:
             worst = max(b.varying(), key=lambda d: d.severity(), default=None)
@@ -268,26 +244,60 @@ class Result:
                 else ""
             )
             first = with_module(b.first_nondeterministic or "", modules)
-            lines.append(f"FAIL: {b.name}: {b.variance_words()}{at}; first varying tensor {first}")
+            words = f"{b.name}: {b.variance_words()}{at}; first varying tensor {first}"
+            figures = scaled_ulp_figure(worst.scaled_ulp) if worst else ()
+            out.append(
+                Finding(
+                    Label.FAIL,
+                    Kind.NONDETERMINISTIC,
+                    words,
+                    backend=b.name,
+                    tensor=b.first_nondeterministic or "",
+                    figures=figures,
+                )
+            )
         ref = self.reference_judgment
         if ref is not None and ref.origins and self.options.auto_tolerance:
-            lines.append(f"FAIL: {origins_line(ref.backend, ref.origins, modules)}")
+            out.append(self._origins_finding(Label.FAIL, Kind.REFERENCE_ORIGINS, ref.backend, ref.origins))
         for c in self.violations:
             against = "the expected outputs" if c.reference == EXPECTED else c.reference
             if c.origins and c.explained is False:
-                lines.append(f"FAIL: {self._origins_line(c)}")
+                out.append(self._origins_finding(Label.FAIL, Kind.ORIGINS, c.backend, c.origins))
                 continue
             tol = "its noise floor's tolerance" if c.tolerances else f"{c.max_ulp_tolerance:g} scaled ULP"
             first = with_module(c.first_violation or "", modules)
-            lines.append(
-                f"FAIL: {c.backend} differs from {against} beyond {tol} at the outputs (worst "
+            words = (
+                f"{c.backend} differs from {against} beyond {tol} at the outputs (worst "
                 f"{short(c.scaled_ulp)} scaled ULP); first tensor past tolerance {first}"
             )
-        lines += [f"FAIL: {b.name} {b.status}: {b.reason}" for b in self.failed]
-        return lines
+            out.append(
+                Finding(
+                    Label.FAIL,
+                    Kind.VIOLATION,
+                    words,
+                    backend=c.backend,
+                    tensor=c.first_violation or "",
+                    figures=scaled_ulp_figure(c.scaled_ulp),
+                )
+            )
+        out += [
+            Finding(Label.FAIL, Kind.BACKEND_FAILED, f"{b.name} {b.status}: {b.reason}", backend=b.name)
+            for b in self.failed
+        ]
+        return out
 
-    def _origins_line(self, c: CrossBackendResult) -> str:
-        return origins_line(c.backend, c.origins, self.model.modules())
+    def _origins_finding(self, label: Label, kind: Kind, backend: str, origins: Sequence[Origin]) -> Finding:
+        words = origins_line(backend, origins, self.model.modules())
+        first = origins[0] if origins else None
+        figures: tuple[tuple[str, float], ...] = ()
+        if first is not None and first.local_scaled_ulp is not None:
+            figures = (
+                ("local_scaled_ulp", first.local_scaled_ulp),
+                ("allowed_scaled_ulp", first.allowed_scaled_ulp),
+            )
+        return Finding(
+            label, kind, words, backend=backend, tensor=first.tensor if first else "", figures=figures
+        )
 
     @property
     def judged_nodes(self) -> int:
@@ -301,178 +311,158 @@ class Result:
         le = self.explanation.local_for(self.reference_used) if self.explanation.ok else None
         return le if le is not None and le.status == "ok" else None
 
-    def explanation_lines(self) -> list[str]:
+    def _explanation_findings(self) -> list[Finding]:
         """What each difference is: rounding (explained), a backend's own error (origins), or the
-        model's conditioning; a judgment that could not be made is a WARN with the reason."""
+        model's conditioning; a judgment that could not be made is a finding with the reason."""
         ex = self.explanation
         if not ex.ok:
             if not ex.reason:
                 return []
-            quick = next((n for n in self.notes if n.startswith(QUICK_TABLE)), "")
-            if ex.declined and quick:  # what the quick table left out, the explanation among them
-                return [f"NOTE: {quick}"]
+            if ex.declined and self.quick_table:  # what the quick table left out, the explanation among them
+                return [Finding(Label.NOTE, Kind.EXPLANATION_DECLINED, self.quick_table)]
             if ex.declined:
-                return [f"NOTE: no explanation of the differences: {ex.reason}"]
-            return [f"FAIL: not judged: no explanation of the differences: {ex.reason}"]
+                words = f"no explanation of the differences: {ex.reason}"
+                return [Finding(Label.NOTE, Kind.EXPLANATION_DECLINED, words)]
+            words = f"not judged: no explanation of the differences: {ex.reason}"
+            return [Finding(Label.FAIL, Kind.NOT_JUDGED, words)]
         modules = self.model.modules()
         out = []
-        for t in ex.ill_conditioned:
+        for tensor in ex.ill_conditioned:
             how = (
                 f"the rounding above it, carried through its nodes' condition numbers, reaches "
-                f"{short(t.scaled_ulp)} scaled ULP"
-                if t.criterion == "condition"
+                f"{short(tensor.scaled_ulp)} scaled ULP"
+                if tensor.criterion == "condition"
                 else "every engine is past half its precision from the float64 oracle while they agree"
             )
-            out.append(
-                f"WARN: {with_module(t.tensor, modules)}: ill-conditioned — {how} ({t.cause}); differences "
-                "at and after it are the model's, not the engines'"
+            words = (
+                f"{with_module(tensor.tensor, modules)}: ill-conditioned — {how} ({tensor.cause}); "
+                "differences at and after it are the model's, not the engines'"
             )
-        for lx in ex.local:
-            if lx.flushed:
-                out.append(
-                    f"NOTE: {lx.backend} flushes results below float's normal range to zero ({lx.flushed} "
-                    f"element(s), first at {with_module(lx.flushed_at, modules)}): flush-to-zero is an "
+            out.append(Finding(Label.WARN, Kind.ILL_CONDITIONED, words, tensor=tensor.tensor))
+        for local in ex.local:
+            if local.flushed:
+                words = (
+                    f"{local.backend} flushes results below float's normal range to zero ({local.flushed} "
+                    f"element(s), first at {with_module(local.flushed_at, modules)}): flush-to-zero is an "
                     "engine's mode, allowed"
                 )
-        for a in ex.amplifiers:
-            out.append(
-                f"NOTE: {with_module(a.tensor, modules)}: {a.op_type} of inputs up to {a.input_max:.4g} is "
+                out.append(
+                    Finding(
+                        Label.NOTE, Kind.FLUSH_TO_ZERO, words, backend=local.backend, tensor=local.flushed_at
+                    )
+                )
+        for amp in ex.amplifiers:
+            words = (
+                f"{with_module(amp.tensor, modules)}: {amp.op_type} of inputs up to {amp.input_max:.4g} is "
                 f"ill-conditioned in float32: half an ULP of its input moves it by up to "
-                f"{short(a.gain_scaled_ulp)} scaled ULP; a backend that keeps more of the input's digits "
+                f"{short(amp.gain_scaled_ulp)} scaled ULP; a backend that keeps more of the input's digits "
                 "(the float64 oracle) differs there by that much, and neither is wrong"
             )
+            out.append(Finding(Label.NOTE, Kind.AMPLIFIER, words, tensor=amp.tensor))
         rc = ex.reorder_check
         if rc.status == "ok" and rc.over:
-            where = ", ".join(with_module(t, modules) for t in rc.over[:5])
-            out.append(
-                f"WARN: {rc.engine}'s own sums, reordered, pass their allowance at {where} "
+            where = ", ".join(with_module(name, modules) for name in rc.over[:5])
+            words = (
+                f"{rc.engine}'s own sums, reordered, pass their allowance at {where} "
                 f"({short(rc.largest_ratio)}x at worst): the bound there is tighter than legitimate orders, "
                 "so an origin there is not proof of an error"
             )
+            out.append(Finding(Label.WARN, Kind.REORDER_CHECK, words, backend=rc.engine, tensor=rc.over[0]))
         ref = self.reference_judgment
         if ref is not None and ref.origins and not self.options.auto_tolerance:
-            out.append(f"NOTE: {origins_line(ref.backend, ref.origins, modules)}")
+            out.append(self._origins_finding(Label.NOTE, Kind.REFERENCE_ORIGINS, ref.backend, ref.origins))
         for c in self.cross_backend:
-            le = ex.local_for(c.backend)
-            if c.status != "ok" or le is None:
+            judged = ex.local_for(c.backend)
+            if c.status != "ok" or judged is None:
                 continue
-            if le.status != "ok":
-                kind = "WARN" if le.reason == LOADED else "FAIL"  # loaded captures: the user's choice
-                out.append(
-                    f"{kind}: {c.backend}: not judged against float64: {le.reason}; its outputs were held to "
+            if judged.status != "ok":
+                label = (
+                    Label.WARN if judged.reason == LOADED else Label.FAIL
+                )  # loaded captures: the user's choice
+                words = (
+                    f"{c.backend}: not judged against float64: {judged.reason}; its outputs were held to "
                     "the noise floor's tolerance instead, which says nothing of its nodes"
                 )
-            elif le.origins:
-                if not (c.judged and c in self.violations):  # a FAIL line says it already
-                    out.append(f"NOTE: {self._origins_line(c)}")
+                out.append(Finding(label, Kind.NOT_JUDGED, words, backend=c.backend))
+            elif judged.origins:
+                if not (c.judged and c in self.violations):  # a FAIL says it already
+                    out.append(self._origins_finding(Label.NOTE, Kind.ORIGINS, c.backend, judged.origins))
             else:
-                out.append(f"EXPLAINED: {c.backend}: {explained_words(le, modules, self.judged_nodes)}")
-            if le.status == "ok" and le.plain is not None and le.plain.status == "not-judged":
-                out.append(f"FAIL: {c.backend}: not judged as it ships: {le.plain.reason}")
-            if le.status == "ok" and le.graph.startswith(UNFUSED):
-                out.append(f"WARN: {c.backend}: its kernels were judged on {le.graph}")
+                words = f"{c.backend}: {explained_words(judged, modules, self.judged_nodes)}"
+                out.append(Finding(Label.EXPLAINED, Kind.EXPLAINED, words, backend=c.backend))
+            if judged.status == "ok" and judged.plain is not None and judged.plain.status == "not-judged":
+                words = f"{c.backend}: not judged as it ships: {judged.plain.reason}"
+                out.append(Finding(Label.FAIL, Kind.SHIPPED_NOT_JUDGED, words, backend=c.backend))
+            if judged.status == "ok" and judged.unfused:
+                words = f"{c.backend}: its kernels were judged on {judged.graph}"
+                out.append(Finding(Label.WARN, Kind.UNFUSED_GRAPH, words, backend=c.backend))
         return out
 
-    def _warn_lines(self) -> list[str]:
+    def _warn_findings(self) -> list[Finding]:
         out = []
         if self.reference_used != self.options.reference_name:
-            out.append(
-                f"WARN: the reference ({self.options.reference_name}) did not run; every backend is compared "
+            words = (
+                f"the reference ({self.options.reference_name}) did not run; every backend is compared "
                 f"against {self.reference_used} instead (the first backend in --backends order that ran)"
             )
+            out.append(Finding(Label.WARN, Kind.REFERENCE_FALLBACK, words, backend=self.reference_used))
         for b in self.backends:
             if b.observer is not None and b.observer.outputs_changed:
-                le = self.explanation.local_for(b.name)
-                plain = f"; {le.plain.words()}" if le is not None and le.plain is not None else ""
-                out.append(
-                    f"WARN: observer effect on {b.name}: exposing intermediates changed its graph outputs "
+                local = self.explanation.local_for(b.name)
+                plain = f"; {local.plain.words()}" if local is not None and local.plain is not None else ""
+                words = (
+                    f"observer effect on {b.name}: exposing intermediates changed its graph outputs "
                     f"({short(b.observer.scaled_ulp)} scaled ULP); output figures come from the plain model, "
                     f"per-layer tables from the instrumented one{plain}"
                 )
+                figures = scaled_ulp_figure(b.observer.scaled_ulp)
+                out.append(Finding(Label.WARN, Kind.OBSERVER_EFFECT, words, backend=b.name, figures=figures))
             if b.layers_error:
-                out.append(
-                    f"WARN: {b.name}: the per-layer build failed ({b.layers_error}); output figures stand"
-                )
+                words = f"{b.name}: the per-layer build failed ({b.layers_error}); output figures stand"
+                out.append(Finding(Label.WARN, Kind.LAYERS_FAILED, words, backend=b.name))
         if self.decode is not None:
-            out += self.decode.verdict_lines()
-            out += self._flip_cause()
-        out += [f"WARN: decisions: {line}" for line in self.decision_flips()]
+            out += self.decode.findings()
+            out += flip_cause(self.decode, self.cross_backend)
+        out += [flip.with_sentence(f"decisions: {flip.sentence}") for flip in self._decision_flips()]
         for d in self.decisions:
             if d.status != "ok":
-                out.append(f"WARN: decisions: {d.backend} at {d.output} not compared: {d.reason}")
-            elif not d.flipped:
+                words = f"decisions: {d.backend} at {d.output} not compared: {d.reason}"
                 out.append(
-                    f"NOTE: decisions: {d.backend} makes {d.reference}'s {d.decisions} choice(s) at "
+                    Finding(
+                        Label.WARN, Kind.DECISIONS_NOT_COMPARED, words, backend=d.backend, tensor=d.output
+                    )
+                )
+            elif not d.flipped:
+                words = (
+                    f"decisions: {d.backend} makes {d.reference}'s {d.decisions} choice(s) at "
                     f"{d.output} (the reference's smallest margin {d.smallest_margin:.3g})"
+                )
+                out.append(
+                    Finding(Label.NOTE, Kind.DECISIONS_AGREE, words, backend=d.backend, tensor=d.output)
                 )
         modules = self.model.modules()
         below = self.oracle_below_float64
         if below:
-            out.append(
-                f"NOTE: oracle: {', '.join(below)} computed in float32 (their ops have no float64 form in "
+            words = (
+                f"oracle: {', '.join(below)} computed in float32 (their ops have no float64 form in "
                 "onnx's evaluator); the oracle is not ranked there"
             )
-        for p in self.probes:
-            out += p.warnings(modules)
+            out.append(Finding(Label.NOTE, Kind.ORACLE_BELOW_FLOAT64, words, backend="oracle"))
+        probed = [f for probe in self.probes for f in probe.findings(modules)]
+        out += [f for f in probed if f.label is not Label.NOTE]
         if self.vacuous:
-            out.append(
-                f"WARN: vacuous comparison: {self.vacuous}; agreement there proves little: feed inputs "
+            words = (
+                f"vacuous comparison: {self.vacuous}; agreement there proves little: feed inputs "
                 "that exercise the model (--inputs, --range)"
             )
-        for p in self.probes:
-            out += p.note_lines(modules)
+            out.append(Finding(Label.WARN, Kind.VACUOUS, words, backend=self.reference_used))
+        out += [f for f in probed if f.label is Label.NOTE]
         for c in self.cross_backend:
             why = c.zero_ulp_reason() if c.status == "ok" else ""
             if why:
-                out.append(f"NOTE: {c.backend} vs {c.reference}: bits differ at 0 ULP ({why})")
+                words = f"{c.backend} vs {c.reference}: bits differ at 0 ULP ({why})"
+                out.append(Finding(Label.NOTE, Kind.ZERO_ULP, words, backend=c.backend))
         return out
-
-    def _drift_lines(self) -> list[str]:
-        out = []
-        for d in self.baseline:
-            if d.drifted:
-                size = (
-                    f": {short(d.scaled_ulp)} scaled ULP (raw {d.max_ulp}) at the outputs"
-                    if d.measured and d.outputs_moved
-                    else (": the outputs are bit-identical, intermediates moved" if d.measured else "")
-                )
-                first = with_module(d.first_moved or "", self.model.modules())
-                out.append(f"DRIFT: {d.backend} moved from the baseline{size}; first moved tensor {first}")
-            elif d.status == "not-comparable":
-                out.append(f"DRIFT: {d.backend} cannot be compared with the baseline: {d.reason}")
-            elif d.status == "identical":
-                what = f"{len(d.tensors)} tensors compared" if d.measured else "digests compared"
-                out.append(f"BASELINE: {d.backend}: bit-identical to {d.baseline} ({what})")
-            elif d.status == "no-baseline":
-                out.append(
-                    f"BASELINE: {d.backend}: not in the baseline{f' ({d.reason})' if d.reason else ''}"
-                )
-        if self.baseline and not any(d.status in ("identical", "drifted") for d in self.baseline):
-            out.append(
-                "WARN: baseline: no backend of this run is in the baseline, so nothing was compared against "
-                "it; run the baseline's backends (--backends)"
-            )
-        return out
-
-    def _promise_lines(self) -> list[str]:
-        return [
-            f"FAIL: {c.backend} broke its promise of {c.name} determinism: {c.evidence}"
-            + (
-                f"; first broke at {with_module(c.first_layer, self.model.modules())}"
-                if c.first_layer
-                else ""
-            )
-            for c in self.broken_promises
-        ]
-
-    def _gate_lines(self) -> list[str]:
-        if not self.options.fail_on:
-            return []
-        gates = self.gates()
-        policies = ",".join(self.options.fail_on)
-        if not gates:
-            return [f"GATE: pass (--fail-on {policies})"]
-        return [f"GATE: {g.policy} fired (exit {g.exit_code}): {g.reason}" for g in gates]
 
     def _pass_words(self, ref: str) -> str:
         judged = [c for c in self.cross_backend if c.status == "ok" and c.judged]
@@ -510,24 +500,33 @@ class Result:
             )
         return words
 
-    def verdict(self) -> list[str]:
-        """One line per finding, most important first; a single PASS line when all is well."""
+    def findings(self) -> list[Finding]:
+        """What the comparison found, one Finding each, in the verdict's order: the gates, then
+        a PASS where nothing failed, the broken promises, failures, drift, warnings, the
+        explanation's findings and the candidates'."""
         if not any(b.ok for b in self.backends):
-            return ["FAIL: every backend failed; nothing was compared", *self._fail_lines()]
-        lines = self._promise_lines() + self._fail_lines() + self._drift_lines() + self._warn_lines()
-        lines += self.explanation_lines()
+            every = Finding(Label.FAIL, Kind.ALL_FAILED, "every backend failed; nothing was compared")
+            return [every, *self._fail_findings()]
         modules = self.model.modules()
-        lines += [line for c in self.candidates for line in c.verdict_lines(modules)]
-        if not any(line.startswith("FAIL") for line in lines):
+        found = promise_findings(self.broken_promises, modules) + self._fail_findings()
+        found += drift_findings(self.baseline, modules) + self._warn_findings()
+        found += self._explanation_findings()
+        found += [f for c in self.candidates for f in c.verdict_findings(modules)]
+        if not labelled(found, Label.FAIL):
             ref = self.reference_used
             within = self._pass_words(ref)
-            lines.insert(
-                0,
-                f"PASS{' (vacuous)' if self.vacuous else ''}: every backend is deterministic over "
+            words = (
+                f"every backend is deterministic over "
                 f"{self.options.runs + self.options.timed_runs} run(s) x {self.options.builds} build(s) "
-                f"and {within}",
+                f"and {within}"
             )
-        return self._gate_lines() + lines
+            qualifier = "vacuous" if self.vacuous else ""
+            found.insert(0, Finding(Label.PASS, Kind.PASS, words, qualifier=qualifier))
+        return gate_findings(self.options.fail_on, self.gates()) + found
+
+    def verdict(self) -> list[str]:
+        """One line per finding, most important first; a single PASS line when all is well."""
+        return [f.line for f in self.findings()]
 
 
 _Held = TypeVar("_Held")

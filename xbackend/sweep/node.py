@@ -5,7 +5,7 @@ A job folder holds:
     capture/      the backend's portable capture (xbackend.results.capture_record), when it ran
     report.md     the job's own report: its determinism and its probes (threads, batch, ...)
     report.json
-    job.json      the record: status, reason, node, verdict lines; written last
+    job.json      the record: status, reason, node, verdict lines and findings; written last
 
 Each backend build still runs in its own worker process (xbackend.execution.isolation), so an engine
 that crashes fails its job, not the node's task. The local executor runs this module as a
@@ -35,7 +35,7 @@ from xbackend.sweep.spec import JobSpec, Requirements
 __all__ = ["JOB_FILE", "job_from_json", "job_to_json", "node_identity", "read_record", "run_job"]
 
 JOB_FILE = "job.json"
-RECORD_FORMAT = "xbackend.sweep-job/1"
+RECORD_FORMAT = "xbackend.sweep-job/2"  # 2: the findings as records beside the verdict lines
 
 
 def job_to_json(job: JobSpec) -> dict[str, Any]:
@@ -142,6 +142,7 @@ def _run_job(
             status,
             "" if b.ok else b.reason,
             verdict=result.verdict(),
+            findings=[f.to_json() for f in result.findings()],
             exit_code=result.exit_code,
             **common,
         )

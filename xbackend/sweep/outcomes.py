@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK
 from xbackend.results import Result
+from xbackend.results.findings import Finding, Label, labelled
 from xbackend.results.promises import EXIT_PROMISE
 from xbackend.sweep.spec import JobSpec, ModelEntry, SweepSpec, safe_name
 
@@ -86,11 +87,12 @@ class FleetJob:
         return node_label(self.node)
 
     @property
-    def warnings(self) -> list[str]:
-        """The job's own WARN and FAIL lines (its probes: threads, batch, ...)."""
+    def warnings(self) -> list[Finding]:
+        """The job's own WARN and FAIL findings (its probes: threads, batch, ...)."""
         if not self.record:
             return []
-        return [v for v in self.record.get("verdict", []) if v.startswith(("WARN", "FAIL"))]
+        found = [Finding.from_json(f) for f in self.record.get("findings", [])]
+        return labelled(found, Label.WARN, Label.FAIL)
 
 
 def node_label(node: Mapping[str, Any]) -> str:
@@ -121,9 +123,14 @@ class ModelOutcome:
         return f"{MODELS}/{safe_name(self.entry.name)}.md"
 
     @cached_property
+    def findings(self) -> tuple[Finding, ...]:
+        """The comparison's findings (computed once: the fleet report reads them per job)."""
+        return tuple(self.result.findings()) if self.result is not None else ()
+
+    @property
     def verdict(self) -> tuple[str, ...]:
-        """The comparison's verdict lines (computed once: the fleet report reads them per job)."""
-        return tuple(self.result.verdict()) if self.result is not None else ()
+        """The comparison's verdict lines."""
+        return tuple(f.line for f in self.findings)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from xbackend.files.textfmt import (
     with_module,
 )
 from xbackend.results import Result
+from xbackend.results.findings import Finding, Kind, Label, labelled
 from xbackend.sweep.outcomes import FleetJob, FleetResult, ModelOutcome, node_label, relpath
 
-__all__ = ["FLEET_SCHEMA", "cell_for", "fleet_json", "fleet_markdown", "fleet_verdict"]
+__all__ = ["FLEET_SCHEMA", "cell_for", "fleet_findings", "fleet_json", "fleet_markdown", "fleet_verdict"]
 
 FLEET_SCHEMA = "xbackend.fleet/1"
 WORST = 10
@@ -43,9 +44,9 @@ def _failure_kind(reason: str) -> str:
     return "failed"
 
 
-def _job_warnings(m: ModelOutcome, j: FleetJob) -> list[str]:
+def _job_warnings(m: ModelOutcome, j: FleetJob) -> list[Finding]:
     """The job's own findings (its probes) that the model's comparison does not repeat."""
-    seen = set(m.verdict)
+    seen = set(m.findings)
     return [w for w in j.warnings if w not in seen]
 
 
@@ -82,7 +83,7 @@ def _entry(m: ModelOutcome, j: FleetJob) -> dict[str, Any]:
             fail = fail or c.violates
     broken = [p.name for p in r.broken_promises if p.backend == b.name]
     out["promises_broken"] = broken
-    out["job_warnings"] = _job_warnings(m, j)
+    out["job_warnings"] = [w.line for w in _job_warnings(m, j)]
     fail = fail or bool(broken)
     out["verdict"] = "fail" if fail else ("warn" if out["job_warnings"] else "pass")
     return out
@@ -196,35 +197,40 @@ def _job_row(r: FleetResult, j: FleetJob) -> dict[str, Any]:
     }
 
 
-def fleet_verdict(r: FleetResult) -> list[str]:
-    """FAIL/WARN lines, most important first; one PASS line when all is well."""
-    lines = []
+def fleet_findings(r: FleetResult) -> list[Finding]:
+    """The fleet's findings, failures first: each model's (but its passes and notes), each job's
+    own; one PASS when nothing failed."""
+    found = []
     for m in r.models:
         if m.error:
-            lines.append(f"FAIL: {m.entry.name}: {m.error}")
+            found.append(Finding(Label.FAIL, Kind.SWEEP_MODEL_FAILED, f"{m.entry.name}: {m.error}"))
     for j in r.failed:
-        lines.append(f"FAIL: job {j.job.id} {j.status}: {j.reason}")
+        why = f"job {j.job.id} {j.status}: {j.reason}"
+        found.append(Finding(Label.FAIL, Kind.SWEEP_JOB_FAILED, why, backend=j.job.backend))
     for m in r.models:
-        if m.result is not None:
-            lines += [
-                f"{v.split(':', 1)[0]}: {m.entry.name}:{v.split(':', 1)[1]}"
-                for v in m.verdict
-                if not v.startswith(("PASS", "NOTE"))
-            ]
+        found += [
+            f.with_sentence(f"{m.entry.name}: {f.sentence}")
+            for f in m.findings
+            if f.label not in (Label.PASS, Label.NOTE)
+        ]
         if m.note:
-            lines.append(f"WARN: {m.entry.name}: {m.note}")
+            found.append(Finding(Label.WARN, Kind.SWEEP_NOTE, f"{m.entry.name}: {m.note}"))
     for j in r.jobs:
         m = r.model(j.job.model)
-        lines += [f"{w.split(':', 1)[0]}: job {j.job.id}:{w.split(':', 1)[1]}" for w in _job_warnings(m, j)]
-    lines.sort(key=lambda x: 0 if x.startswith("FAIL") else 1)
-    if not any(x.startswith("FAIL") for x in lines):
-        n = len(r.jobs)
-        lines.insert(
-            0,
-            f"PASS: {n} job(s) on {len(r.models)} model(s) ran; every backend deterministic and within "
-            "tolerance of its model's reference",
+        found += [w.with_sentence(f"job {j.job.id}: {w.sentence}") for w in _job_warnings(m, j)]
+    found.sort(key=lambda f: 0 if f.label is Label.FAIL else 1)
+    if not labelled(found, Label.FAIL):
+        words = (
+            f"{len(r.jobs)} job(s) on {len(r.models)} model(s) ran; every backend deterministic and within "
+            "tolerance of its model's reference"
         )
-    return lines
+        found.insert(0, Finding(Label.PASS, Kind.PASS, words))
+    return found
+
+
+def fleet_verdict(r: FleetResult) -> list[str]:
+    """The fleet's findings as verdict lines, most important first."""
+    return [f.line for f in fleet_findings(r)]
 
 
 def to_dict(r: FleetResult) -> dict[str, Any]:
@@ -302,10 +308,12 @@ def fleet_markdown(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
 def _md_verdict(r: FleetResult, d: Mapping[str, Any]) -> list[str]:
     s = d["summary"]
     lines = [f"# xbackend fleet report: {inert(r.spec.name)}", ""]
+    found = fleet_findings(r)
     lines += [
-        f"- {prose(v)}" if not v.startswith(("PASS", "FAIL")) else f"**{prose(v)}**" for v in d["verdict"][:1]
+        f"**{prose(f.line)}**" if f.label in (Label.PASS, Label.FAIL) else f"- {prose(f.line)}"
+        for f in found[:1]
     ]
-    lines += [f"- {prose(v)}" for v in d["verdict"][1:]]
+    lines += [f"- {prose(f.line)}" for f in found[1:]]
     return [
         *lines,
         "",
