@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-scale lint models bench clean gpu fleet
+.PHONY: demo check test test-scale lint models bench clean gpu fleet
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,16 +37,23 @@ gpu:
 fleet: $(STAMP)
 	$(BIN)/xbackend sweep models/zoo.sweep.toml -o reports/zoo-fleet --force
 
+# The unit tier, before every commit: logic on stored results and in-memory graphs (no engine)
+check: $(STAMP)
+	$(BIN)/python -m pytest -q -m unit
+
+# The whole suite; the 25 slowest tests printed, so a slow newcomer shows
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # A 2.25 GiB model through every path that builds or rewrites a model (a few minutes, ~10 GB of disk)
 test-scale: $(STAMP)
 	$(BIN)/python -m pytest -q -m scale
 
+# names.py --max: the share of one-letter bindings may only fall (docs/contributing.md)
 lint: $(STAMP)
-	$(BIN)/ruff check xbackend tests models benchmarks
+	$(BIN)/ruff check xbackend tests models benchmarks scripts
 	$(BIN)/mypy
+	$(BIN)/python scripts/names.py --max 27 --top 0
 
 models: $(STAMP)
 	$(BIN)/python models/build.py

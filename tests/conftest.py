@@ -15,6 +15,20 @@ TESTS = Path(__file__).resolve().parent
 BERT_SHAPES = {"batch": (2,), "sequence": (16,)}
 BERT_RANGES = {"attention_mask": (0, 2), "token_type_ids": (0, 2)}
 ROOT = TESTS.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The scale tests (a model past 2 GiB, minutes each) run only when asked for by a marker
+    expression that names them (`-m scale`, `make test-scale`): any other `-m`, `-m "not slow"`
+    included, leaves them out as the default does."""
+    if "scale" in (config.getoption("markexpr") or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker("scale") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+
+
 PLUGINS = {
     "test-nudge": "plugin_runners:NudgeRunner",
     "test-flaky-build": "plugin_runners:FlakyBuildRunner",

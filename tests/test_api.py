@@ -19,6 +19,8 @@ from xbackend.report import from_json
 from xbackend.results import CompareOptions
 from xbackend.results.options import INPUT_FLAGS
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_JSON = ROOT / "reports" / "torch_mlp.json"
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "xbackend"
 MAP = ROOT / "docs" / "architecture.md"

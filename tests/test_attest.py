@@ -14,6 +14,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from xbackend.errors import InputError, UsageError
 from xbackend.files import attest
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 STMT = attest.statement({"m.onnx": "ab" * 32}, "https://example.test/p", {"x": 1})
 
 

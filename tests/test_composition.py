@@ -17,6 +17,8 @@ from xbackend.bounds.rules import node_bound
 from xbackend.judge.judged_graph import judged_model
 from xbackend.runners.oracle import promote_to_float64
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 U = unit_roundoff("float32")
 WIDTH, ROWS = 256, 8
 F = onnx.TensorProto.FLOAT

@@ -19,6 +19,8 @@ from xbackend.report.answer import instrumentation, rank
 from xbackend.results import Result
 from xbackend.results.findings import Finding, Kind, Label
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 ROOT = Path(__file__).resolve().parents[1]
 STORED = sorted((ROOT / "tests" / "stored").glob("*.json"))
 PACKAGE = ROOT / "xbackend"

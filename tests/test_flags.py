@@ -18,6 +18,8 @@ from xbackend.results import CompareOptions
 from xbackend.results.flags import count, declared, flag
 from xbackend.results.options import INPUT_FLAGS
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 
 def _cli_params(command: str) -> dict[str, Any]:
     click_cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]

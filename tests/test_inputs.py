@@ -15,6 +15,8 @@ from xbackend.model.inputs import generate_feeds, load_feeds, parse_shape
 from xbackend.model.load import ModelSpec
 from xbackend.model.samples import build
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 
 def spec_of(m: onnx.ModelProto) -> ModelSpec:
     return ModelSpec.from_proto(m, "m.onnx", "0" * 64)

@@ -11,6 +11,8 @@ import pytest
 
 from xbackend.numerics.metrics import TensorDiff, classify, ulp_at, ulp_distance
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 
 def walk(start: float, k: int, dtype: type) -> np.ndarray:
     """The value k nextafter steps up from `start` (-0 -> +0 is not a step)."""

@@ -14,6 +14,8 @@ from xbackend.errors import ModelLoadError
 from xbackend.model.load import ModelRef, downgrade_blockers, downgrade_ir, load_model, load_proto
 from xbackend.model.samples import build, mlp_layernorm
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 
 def tiny(opset: int = 21, ir: int | None = None, dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
     g = helper.make_graph(

@@ -22,6 +22,8 @@ from xbackend.files.atomic import stage_bytes, write_atomic
 from xbackend.files.ledger_key import key_file
 from xbackend.files.owned import LEDGER, check_tree, is_ours, place
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 BASE = ("--backends", "ort-cpu", "--runs", "1", "--no-progress", "--probes", "none")
 ROOT = os.geteuid() == 0
 

@@ -18,6 +18,8 @@ from oracle_diff import oracle
 from xbackend.numerics import streamdiff
 from xbackend.numerics.metrics import TensorDiff
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 FLOATS = [np.float32, np.float16, np.float64, ml_dtypes.bfloat16]
 NARROW = [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float4_e2m1fn]
 F32_MAX = float(np.finfo(np.float32).max)  # float16's and float32's largest: saturated fill

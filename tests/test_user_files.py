@@ -19,6 +19,8 @@ from xbackend.errors import InputError
 from xbackend.files.npz import NpzError, read_npz
 from xbackend.files.userfile import read_user_bytes, user_file
 
+pytestmark = pytest.mark.unit  # the unit tier: make check
+
 
 def _at_once(fn, *args):  # type: ignore[no-untyped-def]
     """fn(*args) in a thread that must finish within 10 s: a FIFO opened for reading would block."""

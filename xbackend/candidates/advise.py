@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import onnx
@@ -346,6 +347,7 @@ def _none(
 ) -> Advice:
     """No list holds: even every converted node kept (`whole`), or the budget spent before one did."""
     last = tried[-1] if tried else None
+    status: Literal["none-holds", "not-found"]
     if whole and last is not None and not last.answers[1]:  # it did not run: no conclusion drawn
         why = (
             f"the candidate could not be made again and run with all {len(order)} converted node(s) "

@@ -23,6 +23,7 @@ from xbackend.errors import InputError, UsageError, first_line
 from xbackend.execution.decoding import Convention, DecodeTask, prompt_key
 from xbackend.execution.executor import Job, JobOutcome
 from xbackend.execution.progress import ProgressSink
+from xbackend.execution.protocol import RunStatus
 from xbackend.files.npz import NpzError, read_npz
 from xbackend.files.storage import ValueFile, save_values
 from xbackend.files.userfile import user_file
@@ -315,6 +316,7 @@ def _analyze(
     for p in planned:
         o = done.get(p.name)
         if o is None or not o.ok:
+            status: RunStatus
             if o is None:
                 status, reason = "unavailable", p.unavailable
             else:

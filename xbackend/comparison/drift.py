@@ -4,6 +4,7 @@ else digests."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from xbackend.comparison.baseline import Baseline, load_baseline
 from xbackend.execution.executor import diff_phases
@@ -64,7 +65,7 @@ def _drift(b: BackendResult, mine: Builds, base: Baseline, spec: ModelSpec, feed
         moved = [d.name for d in (layers or outs) if not d.bitwise_equal]
         moved += [d.name for d in outs if not d.bitwise_equal and d.name not in moved]
         moved.sort(key=lambda n: rank.get(value_name(n), len(rank)))
-        status = "drifted" if moved else "identical"
+        status: Literal["drifted", "identical"] = "drifted" if moved else "identical"
         return Drift(b.name, label, status, "", True, tuple(outs), tuple(layers), tuple(moved))
     if not theirs.result.digests():
         return Drift(b.name, label, "not-comparable", "the baseline report records no tensor digests")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xbackend.execution.foreign import foreign_env, worker_path
-from xbackend.execution.protocol import PARENT_ENV, PROGRESS_TAG, WorkerJob, WorkerResult
+from xbackend.execution.protocol import PARENT_ENV, PROGRESS_TAG, RunStatus, WorkerJob, WorkerResult
 
 __all__ = [
     "NEARLY_FULL",
@@ -44,7 +44,7 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 class WorkerOutcome:
     """What a worker process left behind."""
 
-    status: str  # "ok" | "failed" | "unavailable" (the backend cannot take this model)
+    status: RunStatus
     reason: str
     result: WorkerResult = field(default_factory=lambda: WorkerResult("failed"))
     elapsed_s: float = 0.0

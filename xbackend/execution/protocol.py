@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from xbackend.execution.decoding import DecodeTask, RowTrace
 from xbackend.files.modelref import ModelRef
@@ -28,6 +28,7 @@ __all__ = [
     "OptLevelRow",
     "Phase",
     "PhaseResult",
+    "RunStatus",
     "WorkerJob",
     "WorkerResult",
 ]
@@ -36,6 +37,9 @@ PROGRESS_TAG = "xbackend-progress"
 PARENT_ENV = "XBACKEND_PARENT_PID"  # the worker dies with the process that started it
 OUTPUTS = "outputs"
 LAYERS = "layers"
+
+# how a backend's job ended: it ran, it failed, or the backend cannot take this model
+RunStatus = Literal["ok", "failed", "unavailable"]
 
 
 def _fingerprint(fp: Mapping[str, Any]) -> BuildFingerprint:
@@ -209,7 +213,8 @@ class PhaseResult:
 
 @dataclass(frozen=True)
 class WorkerResult:
-    status: str  # "ok" | "failed" | "unavailable" (the backend cannot take this model)
+    # "ok" | "failed" | "unavailable" as the worker wrote it; the executor holds it as a RunStatus
+    status: str
     stage: str = "load"
     reason: str = ""
     error_type: str = ""

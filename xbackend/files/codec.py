@@ -93,6 +93,10 @@ def decode(tp: Any, data: Any, where: str = "result") -> Any:
     args = typing.get_args(tp)
     if tp is Any:
         return data
+    if origin is typing.Literal:  # a status: one of the words its type lists
+        if data not in args:
+            raise CodecError(f"{where}: {data!r} is none of {', '.join(map(repr, args))}")
+        return data
     if origin in (typing.Union, types.UnionType):
         if data is None and type(None) in args:
             return None

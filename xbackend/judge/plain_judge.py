@@ -33,7 +33,7 @@ from xbackend.model.load import ModelRef, ModelSpec, load_proto
 from xbackend.model.sever import SEVERED, Severed, sever
 from xbackend.planning.context import PlannedBackend, RunContext
 from xbackend.results import BackendResult
-from xbackend.results.explanation import LocalErrors, Origin, PlainOutputs
+from xbackend.results.explanation import LocalErrors, Origin, PlainOutputs, PlainStatus
 
 __all__ = [
     "PLAIN_PHASE",
@@ -299,7 +299,9 @@ class Grain:
             return f"fusions ({self.untested} tensor(s) kept fused untested: {spent})"
         return "fusions"
 
-    def outputs(self, c: Cutting, proto: onnx.ModelProto, status: str, ratio: float, at: str) -> PlainOutputs:
+    def outputs(
+        self, c: Cutting, proto: onnx.ModelProto, status: PlainStatus, ratio: float, at: str
+    ) -> PlainOutputs:
         """The plain run's judgment on this grain: its largest stretch, the nodes judged alone."""
         sizes = region_sizes(proto, c.stretch)
         return PlainOutputs(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -33,6 +33,7 @@ __all__ = [
     "COMPUTE_FLOATS",
     "DEFAULT_MAX_ULP",
     "FLOAT_BITS",
+    "DiffStatus",
     "TensorDiff",
     "classify",
     "diff_values",
@@ -71,6 +72,8 @@ DEFAULT_MAX_ULP = 64.0
 COMPUTE_FLOATS = frozenset({"float16", "float32", "float64", "bfloat16"})
 UNSIGNED_FLOATS = frozenset({"float8_e8m0fnu"})  # no sign bit: the bits are already ordered
 INT_LIKE = frozenset({"int4", "uint4", "int2", "uint2"})  # ml_dtypes integers (numpy kind 'V')
+
+DiffStatus = Literal["ok", "shape_mismatch", "dtype_mismatch", "structure_mismatch", "missing"]
 
 
 def is_float_dtype(dtype: np.dtype[np.generic]) -> bool:
@@ -190,7 +193,7 @@ class TensorDiff:
     op_type: str
     dtype: str
     shape: tuple[int, ...]
-    status: str  # "ok" | "shape_mismatch" | "dtype_mismatch" | "structure_mismatch" | "missing"
+    status: DiffStatus
     bitwise_equal: bool
     elements: int
     mismatches: int
@@ -257,7 +260,7 @@ class TensorDiff:
         cls,
         name: str,
         op_type: str,
-        status: str,
+        status: DiffStatus,
         detail: str,
         a: np.ndarray | None = None,
         b: np.ndarray | None = None,

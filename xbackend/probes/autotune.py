@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from xbackend.execution.executor import Job, JobOutcome, standard_phases
 from xbackend.files.run_values import CaptureFile, diff_captures
@@ -37,7 +37,7 @@ class AutotuneRow:
     backend: str  # the family, as planned
     variant: str  # off | on | pinned
     runner: str  # the backend that ran it
-    status: str  # ok | failed
+    status: Literal["ok", "failed"]
     reason: str = ""
     builds: int = 0
     distinct_outputs: int = 0

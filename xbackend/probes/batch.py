@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class BatchResult:
 
     backend: str
     batch: int
-    status: str
+    status: Literal["ok", "failed"]
     reason: str = ""
     positions: tuple[int, ...] = ()
     invariant: bool | None = None

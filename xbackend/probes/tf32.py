@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from xbackend.execution.executor import Job, separate_layers, standard_phases
 from xbackend.files.textfmt import num, strong, table, with_module, yes
@@ -29,7 +29,7 @@ class Tf32Row:
 
     backend: str
     tf32: bool  # what the probe build had
-    status: str  # ok | failed
+    status: Literal["ok", "failed"]
     reason: str = ""
     same_bits: bool | None = None
     max_ulp: int | None = None

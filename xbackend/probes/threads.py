@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from xbackend.execution.executor import Job, JobOutcome, separate_layers, standard_phases
 from xbackend.execution.protocol import LAYERS, Phase, PhaseResult
@@ -25,7 +25,7 @@ class ThreadResult:
 
     backend: str
     threads: str
-    status: str  # "ok" | "failed"
+    status: Literal["ok", "failed"]
     reason: str = ""
     invariant: bool | None = None
     max_ulp: int | None = None

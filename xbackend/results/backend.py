@@ -5,9 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from xbackend.execution.protocol import RunStatus
 from xbackend.numerics.metrics import TensorDiff, worst_per_tensor
 
-__all__ = ["BackendResult", "FeedsInfo", "Latency", "ObserverEffect"]
+__all__ = [
+    "BackendResult",
+    "BackendStatus",
+    "FeedsInfo",
+    "Latency",
+    "ObserverEffect",
+]
+
+# how a backend ended: ran, failed (crashed, hung, rejected the model), or cannot run here
+BackendStatus = RunStatus
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,7 @@ class BackendResult:
     """
 
     name: str
-    status: str  # "ok" | "failed" | "unavailable"
+    status: BackendStatus
     reason: str = ""
     options: tuple[tuple[str, str], ...] = ()
     info: tuple[tuple[str, str], ...] = ()

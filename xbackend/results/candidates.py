@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from xbackend.bounds.element import unit_roundoff
 from xbackend.files.codec import OMIT_DEFAULT
@@ -57,7 +57,7 @@ class TensorMatch:
     max_abs: float = 0.0  # max |candidate - original|
     # elements the candidate holds as inf or NaN where the original is finite and no sentinel (SENTINEL)
     nonfinite: int = 0
-    status: str = "ok"  # ok | not-compared
+    status: Literal["ok", "not-compared"] = "ok"
     reason: str = ""
 
 
@@ -109,7 +109,7 @@ class Advice:
     candidate's tokens or decisions match the original's, confirmed by making it again with the
     printed code and running it; or why no list holds."""
 
-    status: str  # ok | none-holds | not-found | unavailable
+    status: Literal["ok", "none-holds", "not-found", "unavailable"]
     reason: str = ""
     converter: str = ""  # the tool whose lists these are
     target: str = ""  # "tokens" | "decisions"
@@ -173,7 +173,7 @@ class CandidateResult:
     backends: tuple[BackendResult, ...] = ()
     compared_on: str = ""  # the candidate's backend whose tensors are set beside the original's
     original_on: str = ""  # the original's backend they are set beside
-    status: str = "ok"  # ok | failed
+    status: Literal["ok", "failed"] = "ok"
     reason: str = ""
     matches: tuple[TensorMatch, ...] = ()
     unmatched: tuple[Unmatched, ...] = ()

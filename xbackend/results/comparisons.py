@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from xbackend.files.codec import OMIT_DEFAULT
 from xbackend.files.textfmt import short, with_module
@@ -23,7 +24,7 @@ class CrossBackendResult:
 
     backend: str
     reference: str
-    status: str  # "ok" | "skipped"
+    status: Literal["ok", "skipped"]
     reason: str = ""
     tensors: tuple[TensorDiff, ...] = ()  # per layer (instrumented builds); graph outputs included
     outputs: tuple[str, ...] = ()
@@ -194,7 +195,7 @@ class Drift:
 
     backend: str
     baseline: str  # the baseline's backend, and where it came from
-    status: str  # "identical" | "drifted" | "no-baseline" | "not-comparable"
+    status: Literal["identical", "drifted", "no-baseline", "not-comparable"]
     reason: str = ""
     measured: bool = False  # values were compared (ULP figures); else digests only
     outputs: tuple[TensorDiff, ...] = ()  # graph outputs, when measured

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xbackend.files.textfmt import Ours, inert
-from xbackend.results.backend import BackendResult, Latency
+from xbackend.results.backend import BackendResult, BackendStatus, Latency
 from xbackend.results.promises import PromiseCheck
 
 __all__ = ["Family", "ModeRow", "families"]
@@ -24,7 +24,7 @@ class ModeRow:
 
     backend: str
     mode: str  # "default", or the options it sets otherwise ("deterministic=True")
-    status: str
+    status: BackendStatus
     distinct_run_outputs: int
     distinct_build_outputs: int
     runs: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from xbackend.results.comparisons import CrossBackendResult
 from xbackend.results.findings import Finding, Kind, Label
@@ -61,7 +62,7 @@ class BackendDecode:
     """One backend's decoding of every prompt."""
 
     backend: str
-    status: str = "ok"  # ok | failed | unavailable
+    status: Literal["ok", "failed", "unavailable"] = "ok"
     reason: str = ""
     prompts: tuple[PromptDecode, ...] = ()
     step_ms: float | None = None  # median milliseconds of a step, a prompt alone
@@ -219,7 +220,7 @@ class Decisions:
     agree: int  # how many the backend made as the reference did
     smallest_margin: float  # the reference's closest call over every decision
     flips: tuple[Flip, ...] = ()  # the first FLIPS_KEPT, smallest reference margin first
-    status: str = "ok"  # ok | not-compared
+    status: Literal["ok", "not-compared"] = "ok"
     reason: str = ""
 
     @property

@@ -21,6 +21,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -45,6 +46,7 @@ __all__ = [
     "NodeJudgment",
     "Origin",
     "PlainOutputs",
+    "PlainStatus",
     "ReorderCheck",
     "conditioning_limit",
     "explained_words",
@@ -57,6 +59,9 @@ __all__ = [
 # local error of ORT, OpenVINO f32 and torch eager was 1.25x what MARGIN=1 allows (ORT, a
 # global average pool); 4 leaves a factor of 3 before a correct engine is called an origin.
 MARGIN = 4.0
+
+# a plain run's judgment (shipped-graph: its own graph's kernels were judged instead)
+PlainStatus = Literal["explained", "unexplained", "shipped-graph", "not-judged"]
 
 
 def conditioning_limit(dtype: str) -> float:
@@ -111,8 +116,7 @@ class PlainOutputs:
     """A backend's plain (shipped) outputs against the float64 model, each node's allowance
     composed to them: judged where they differ from its instrumented outputs."""
 
-    # "explained" | "unexplained" | "shipped-graph" (its own graph's kernels were judged) | "not-judged"
-    status: str
+    status: PlainStatus
     reason: str = ""
     ratio: float = 0.0  # the outputs' largest error / composed allowance
     at: str = ""  # the output where it is largest
@@ -159,7 +163,7 @@ class LocalErrors:
     """One backend's local errors, node by node, against the reference."""
 
     backend: str
-    status: str  # "ok" | "not-measured"
+    status: Literal["ok", "not-measured"]
     reason: str = ""
     origins: tuple[Origin, ...] = ()
     compared: int = 0  # nodes whose local error was measured
@@ -251,7 +255,7 @@ class ReorderCheck:
     """The allowances checked against the floor engine's own sums in K random orders, node by node
     (each fed the reference's values): legitimate orders must stay within them."""
 
-    status: str  # "ok" | "unavailable"
+    status: Literal["ok", "unavailable"]
     reason: str = ""
     engine: str = ""
     samples: int = 0
@@ -270,7 +274,7 @@ class ReorderCheck:
 class Explanation:
     """The noise floor, each backend's local errors, and ill-conditioned tensors."""
 
-    status: str  # "ok" | "unavailable"
+    status: Literal["ok", "unavailable"]
     reason: str = ""
     engine: str = ""  # the engine whose permuted runs measured the floor
     samples: int = 0

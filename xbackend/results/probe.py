@@ -9,16 +9,17 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from xbackend.files.codec import register_subclass
 from xbackend.files.textfmt import prose
 from xbackend.results.findings import Finding, Kind, Label
 
-__all__ = ["FailedProbe", "ProbeResult", "PromiseEvidence"]
+__all__ = ["FailedProbe", "ProbeResult", "PromiseEvidence", "PromiseStatus"]
 
-# A promise as a probe observed it: (status "held" | "broken" | "unchecked", evidence, first layer)
-PromiseEvidence = tuple[str, str, str]
+PromiseStatus = Literal["held", "broken", "unchecked"]
+# A promise as a probe observed it: (its status, evidence, first layer)
+PromiseEvidence = tuple[PromiseStatus, str, str]
 
 
 class ProbeResult(abc.ABC):

@@ -16,7 +16,7 @@ from xbackend.errors import UsageError
 from xbackend.files.textfmt import with_module
 from xbackend.results.backend import BackendResult
 from xbackend.results.findings import Finding, Kind, Label
-from xbackend.results.probe import ProbeResult, PromiseEvidence
+from xbackend.results.probe import ProbeResult, PromiseEvidence, PromiseStatus
 
 __all__ = ["EXIT_PROMISE", "MEASURED_BY", "PROPERTIES", "PromiseCheck", "check", "check_promises", "validate"]
 
@@ -46,7 +46,7 @@ class PromiseCheck:
 
     backend: str
     name: str  # one of PROPERTIES
-    status: str  # "held" | "broken" | "unchecked"
+    status: PromiseStatus
     evidence: str
     first_layer: str = ""
     promised: bool = False

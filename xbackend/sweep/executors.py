@@ -32,7 +32,7 @@ from xbackend.files.runfolders import remove_dead_runs, run_temp_folder
 from xbackend.files.untrusted import contained
 from xbackend.model.extdata import external_files
 from xbackend.model.load import load_proto
-from xbackend.sweep.node import job_from_json, job_to_json, node_identity, read_record, run_job
+from xbackend.sweep.node import job_from_json, job_to_json, node_identity, read_record, record_status, run_job
 from xbackend.sweep.outcomes import FleetJob, FleetProgress, node_label
 from xbackend.sweep.spec import JobSpec, Requirements
 
@@ -49,7 +49,7 @@ def _finished(job: JobSpec, folder: Path, attempts: int, fallback_node: Mapping[
     rec = read_record(folder)
     if rec is None:
         return FleetJob(job, "failed", "the job left no record", fallback_node, attempts)
-    return FleetJob(job, str(rec["status"]), str(rec.get("reason", "")), rec.get("node", {}), attempts, rec)
+    return FleetJob(job, record_status(rec), str(rec.get("reason", "")), rec.get("node", {}), attempts, rec)
 
 
 @dataclass
@@ -446,7 +446,7 @@ class RayExecutor:
         if files is not None:
             _write_files(jobs_dir / p.job.folder, files)
         return FleetJob(
-            p.job, str(rec["status"]), str(rec.get("reason", "")), rec.get("node", {}), p.attempt, rec
+            p.job, record_status(rec), str(rec.get("reason", "")), rec.get("node", {}), p.attempt, rec
         )
 
 

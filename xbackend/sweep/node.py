@@ -29,10 +29,19 @@ from xbackend.files.owned import allow, new_part, replace_tree
 from xbackend.files.untrusted import json_loads
 from xbackend.host.environment import collect_environment
 from xbackend.report import to_json, to_markdown, write_atomic
+from xbackend.results.backend import BackendStatus
 from xbackend.sweep.outcomes import environment_sha256
 from xbackend.sweep.spec import JobSpec, Requirements
 
-__all__ = ["JOB_FILE", "job_from_json", "job_to_json", "node_identity", "read_record", "run_job"]
+__all__ = [
+    "JOB_FILE",
+    "job_from_json",
+    "job_to_json",
+    "node_identity",
+    "read_record",
+    "record_status",
+    "run_job",
+]
 
 JOB_FILE = "job.json"
 RECORD_FORMAT = "xbackend.sweep-job/2"  # 2: the findings as records beside the verdict lines
@@ -165,3 +174,11 @@ def main(argv: list[str]) -> int:
     job = job_from_json(json.loads(Path(argv[0]).read_text("utf-8")))
     run_job(job, argv[1], force="--force" in argv[2:])
     return 0
+
+
+def record_status(record: Mapping[str, Any]) -> BackendStatus:
+    """A job record's status: ok, failed or unavailable (anything else a record holds: failed)."""
+    status = record.get("status")
+    if status == "ok":
+        return "ok"
+    return "unavailable" if status == "unavailable" else "failed"

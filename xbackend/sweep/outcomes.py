@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from xbackend.errors import EXIT_ALL_FAILED, EXIT_DIFFERENCES, EXIT_OK
 from xbackend.results import Result
+from xbackend.results.backend import BackendStatus
 from xbackend.results.findings import Finding, Label, labelled
 from xbackend.results.promises import EXIT_PROMISE
 from xbackend.sweep.spec import JobSpec, ModelEntry, SweepSpec, safe_name
@@ -71,7 +72,7 @@ class FleetJob:
     """How one job ended, wherever it ran."""
 
     job: JobSpec
-    status: str  # "ok" | "failed" | "unavailable"
+    status: BackendStatus
     reason: str = ""
     node: Mapping[str, Any] = field(default_factory=dict)
     attempts: int = 1
