@@ -103,10 +103,24 @@ def test_command_parses_back_to_the_same_options() -> None:
 class _WithTicks(CompareOptions):
     """CompareOptions with one more declaration, as a new flag would add it."""
 
-    ticks: int = flag(2, "--ticks", "planted: a new option", check=count(1))
+    ticks: int = flag(2, "--ticks", check=count(1))
 
 
-def test_one_new_declaration_reaches_the_cli_create_and_command() -> None:
+def test_every_declared_option_has_its_command_line_side_and_no_other() -> None:
+    """The field (xbackend.results.options) and its help, metavar and typer type (xbackend.cli.flags)
+    name the same options."""
+    from xbackend.cli.flags import FLAGS
+
+    declared_names = [f.name for f, _ in declared(CompareOptions)] + list(INPUT_FLAGS)
+    assert sorted(FLAGS) == sorted(declared_names)
+
+
+def test_one_new_declaration_reaches_the_cli_create_and_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new field and its command-line entry: the CLI takes it, create() checks it, command()
+    writes it."""
+    from xbackend.cli import flags as cli_flags
+
+    monkeypatch.setitem(cli_flags.FLAGS, "ticks", cli_flags.CliFlag("planted: a new option"))
     param = {p.name: p for p in flag_parameters("compare", _WithTicks)}["ticks"]
     assert (param.default, param.annotation.__metadata__[0].default) == (2, "--ticks")
     assert "--ticks" not in _WithTicks.create().command("m.onnx")  # at its default

@@ -1,6 +1,7 @@
 """The command line's options, generated from their declarations (CompareOptions' fields and
-INPUT_FLAGS in xbackend.results.options, the few below that only the CLI has): `with_flags`
-gives a command the typer parameters of every option that names it."""
+INPUT_FLAGS in xbackend.results.options, each with its command-line side in xbackend.cli.flags,
+and the few below that only the CLI has): `with_flags` gives a command the typer parameters of
+every option that names it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
+from xbackend.cli.flags import COMMANDS, FLAGS, CliFlag
 from xbackend.probes.registry import PROBES
 from xbackend.results import CompareOptions
-from xbackend.results.flags import COMMANDS, Flag, declared
+from xbackend.results.flags import declared
 from xbackend.results.gating import POLICIES
 from xbackend.results.options import INPUT_FLAGS
 
@@ -30,38 +32,34 @@ __all__ = [
 _VERIFY = ("verify",)
 # Options only the command line has: where reports go, and the progress bar.
 CLI_FLAGS = {
-    "report": Flag(
-        "--report",
+    "report": CliFlag(
         "write the Markdown report here, its figures and layer CSV beside it",
         metavar="OUT.md",
         typer_type=str | None,
         cli_default=None,
-        name="report",
+        cli="--report",
     ),
-    "json": Flag(
-        "--json",
+    "json": CliFlag(
         "write the JSON report here",
         metavar="OUT.json",
         typer_type=str | None,
         cli_default=None,
-        name="json",
+        cli="--json",
     ),
-    "force": Flag(
-        "--force",
+    "force": CliFlag(
         "replace output files xbackend did not write (or that changed since); never a model, an "
         "input or a link",
         commands=(*COMMANDS, "sweep"),
         typer_type=bool,
         cli_default=False,
-        name="force",
+        cli="--force",
     ),
-    "no_progress": Flag(
-        "--no-progress",
+    "no_progress": CliFlag(
         "no progress bar on stderr",
         commands=(*COMMANDS, "sweep", *_VERIFY),
         typer_type=bool,
         cli_default=False,
-        name="no_progress",
+        cli="--no-progress",
     ),
 }
 # Declared options verify takes too: what it feeds and how its runners are set here.
@@ -78,28 +76,29 @@ ModelArg = Annotated[str, typer.Argument(help="path to an .onnx file", show_defa
 Force = Annotated[bool, typer.Option("--force", help=CLI_FLAGS["force"].help)]
 
 
-def _declarations(options: type) -> list[tuple[str, Any, Any, Flag]]:
-    """(name, type, default, flag) of every declared option, fields first."""
+def _declarations(options: type) -> list[tuple[str, Any, Any, str, CliFlag]]:
+    """(name, type, default, flag, its command-line side) of every declared option, fields first."""
     hints = get_type_hints(options)
-    out = [(f.name, hints[f.name], f.default, fl) for f, fl in declared(options)]
-    out += [(n, fl.typer_type, None, fl) for n, fl in {**INPUT_FLAGS, **CLI_FLAGS}.items()]
+    out = [(f.name, hints[f.name], f.default, fl.cli, FLAGS[f.name]) for f, fl in declared(options)]
+    out += [(n, None, None, fl.cli, FLAGS[n]) for n, fl in INPUT_FLAGS.items()]
+    out += [(n, None, None, fl.cli, fl) for n, fl in CLI_FLAGS.items()]
     return out
 
 
 def flag_parameters(command: str, options: type = CompareOptions) -> list[inspect.Parameter]:
     """The typer parameters of every option `command` takes, keyword-only, in declaration order."""
     out = []
-    for name, tp, default, fl in _declarations(options):
+    for name, tp, default, cli, fl in _declarations(options):
         if command not in fl.commands and not (command == "verify" and name in _ALSO_VERIFY):
             continue
         text = fl.help.format(**_HELP_NAMES)
         stated = "(default" in text  # the help says it in words: typer does not repeat it
         info = typer.Option(
-            fl.cli,
+            cli,
             metavar=fl.metavar,
             help=text,
             show_default=not (fl.hidden_default or stated),
-            rich_help_panel=panel(fl.cli),
+            rich_help_panel=panel(cli),
         )
         out.append(
             inspect.Parameter(

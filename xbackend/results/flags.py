@@ -1,7 +1,7 @@
-"""Each option of a comparison declared once: a Flag carries its command-line form, help, the
-commands that take it, how a command-line or Python value becomes its value, what it must
-satisfy, and how command() writes it back. CompareOptions declares its fields with `flag()`;
-the CLI builds its typer parameters from the same declarations."""
+"""Each option of a comparison declared once with its field: a Flag carries its flag's name, how a
+command-line or Python value becomes its value, what it must satisfy, and how command() writes it
+back. CompareOptions declares its fields with `flag()`; the command line's help, metavars and
+typer types are the CLI's (xbackend.cli.flags)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from xbackend.errors import UsageError
 from xbackend.files.codec import OMIT_DEFAULT
 
 __all__ = [
-    "COMMANDS",
     "MAX_COUNT",
     "Flag",
     "at_least",
@@ -27,37 +26,21 @@ __all__ = [
     "pairs",
 ]
 
-COMMANDS = ("compare", "capture", "certify")
 MAX_COUNT = 1_000_000  # runs, builds, samples: past this a count is a typo, not a plan
-_SAME = ("the field's default",)  # cli_default unset (dataclasses' MISSING would mean required)
 
 
 @dataclass(frozen=True)
 class Flag:
-    """One option: its form on a command line and everything that follows from it."""
+    """One option: its flag, how a value becomes the field's, and how command() writes it."""
 
     cli: str  # "--runs"; the parameter's name is its field's (or `name`)
-    help: str
-    metavar: str | None = None
-    commands: tuple[str, ...] = ("compare",)
-    # the type typer parses, when not the field's own (e.g. list[str] | None for a tuple of pairs)
-    typer_type: Any = None
-    cli_default: Any = _SAME  # typer's default, when not the field's
-    defaults: tuple[tuple[str, Any], ...] = ()  # another default for one command: (("certify", 5),)
     parse: Callable[[Any], Any] | None = None  # a command-line or Python value -> the field's value
     check: Callable[[str, Any], None] | None = None  # raises UsageError for a value out of range
     # (the options, the value) -> its words in command(); None: "CLI VALUE" when not the default
     show: Callable[[Any, Any], Iterable[str]] | None = None
     always: bool = False  # in command() even at its default
     name: str = ""  # for an option that is not a CompareOptions field
-    hidden_default: bool = False  # the help shows no default (it depends on other options)
     sweep_file: bool = False  # a sweep file may set it, for the whole sweep or one model
-
-    def default_for(self, command: str, field_default: Any) -> Any:
-        own = dict(self.defaults)
-        if command in own:
-            return own[command]
-        return field_default if self.cli_default is _SAME else self.cli_default
 
     def words(self, options: Any, value: Any, default: Any) -> list[str]:
         """This option's words in the command that reproduces a comparison."""
@@ -72,10 +55,10 @@ class Flag:
         return [self.cli, f"{value:g}" if isinstance(value, float) else str(value)]
 
 
-def flag(default: Any, cli: str, help: str, omit_default: bool = False, **kw: Any) -> Any:
+def flag(default: Any, cli: str, omit_default: bool = False, **kw: Any) -> Any:
     """A CompareOptions field declared with its Flag (dataclasses' metadata holds it);
     `omit_default`: the JSON leaves it out at its default (a flag newer than saved reports)."""
-    meta: dict[str, Any] = {"flag": Flag(cli, help, **kw)}
+    meta: dict[str, Any] = {"flag": Flag(cli, **kw)}
     if omit_default:
         meta[OMIT_DEFAULT] = True
     return dataclasses.field(default=default, metadata=meta)

@@ -16,7 +16,6 @@ from xbackend.model.inputs import parse_range, parse_shape
 from xbackend.numerics.metrics import DEFAULT_MAX_ULP
 from xbackend.results.candidate_spec import candidate_words, candidates_of
 from xbackend.results.flags import (
-    COMMANDS,
     MAX_COUNT,
     Flag,
     at_least,
@@ -51,7 +50,6 @@ Shape = tuple[int, ...]
 # --modes asks what each mode costs: its runs are timed unless --timed-runs says otherwise
 MODES_TIMED_RUNS = 10
 MAX_SEED = 2**32 - 1
-_ALL = (*COMMANDS, "sweep")
 
 
 def parse_max_ulp(value: object) -> float | None:
@@ -119,298 +117,96 @@ def _each(cli: str, fmt: Any) -> Any:
     return lambda _o, v: [w for x in v for w in (cli, fmt(x))]
 
 
-_INPUTS_HELP = (
-    "real input data: an .npz keyed by input name, a directory in ONNX's test-data layout "
-    "(input_N.pb; output_N.pb beside them join the comparison as the backend 'expected'), or a "
-    "capture folder (its inputs)"
-)
-
-
 @dataclass(frozen=True)
 class CompareOptions:
     """Everything that decides what a comparison does, each field with its flag, in the order
     command() writes them."""
 
     backends: tuple[str, ...] = flag(
-        DEFAULT_BACKENDS,
-        "--backends",
-        "comma-separated runner names; see `xbackend backends` (default: ort-cpu,reference, or only "
-        "the --modes families)",
-        typer_type=str | None,
-        cli_default=None,
-        hidden_default=True,
-        parse=comma_list,
-        show=lambda _o, v: ["--backends", ",".join(v)],
+        DEFAULT_BACKENDS, "--backends", parse=comma_list, show=lambda _o, v: ["--backends", ",".join(v)]
     )
-    reference: str | None = flag(
-        None,
-        "--reference",
-        "backend every other is compared against (default: 'reference' if listed, else the first)",
-        show=lambda o, _v: ["--reference", o.reference_name],
-    )
-    runs: int = flag(
-        3,
-        "--runs",
-        "runs per session",
-        commands=COMMANDS,
-        defaults=(("certify", 5),),
-        check=count(1),
-        always=True,
-        sweep_file=True,
-    )
-    builds: int = flag(
-        1,
-        "--builds",
-        "fresh sessions, each in a fresh process",
-        commands=COMMANDS,
-        defaults=(("certify", 3),),
-        check=count(1),
-        always=True,
-        sweep_file=True,
-    )
-    max_ulp: float | None = flag(  # None: auto, each node judged against its float64 value
+    reference: str | None = flag(None, "--reference", show=lambda o, _v: ["--reference", o.reference_name])
+    runs: int = flag(3, "--runs", check=count(1), always=True, sweep_file=True)
+    builds: int = flag(1, "--builds", check=count(1), always=True, sweep_file=True)
+    max_ulp: float | None = flag(
         None,
         "--max-ulp",
-        "cross-backend tolerance: auto (default) judges each node against its own float64 value and "
-        "fails a backend with an origin (a node past what rounding allows); N: N scaled ULP at the outputs",
-        metavar="auto|N",
-        typer_type=str,
-        cli_default="auto",
         parse=parse_max_ulp,
         check=at_least(0, strict=False),
         show=lambda o, _v: ["--max-ulp", o.tolerance_text],
     )
     timeout: float = flag(
-        600.0,
-        "--timeout",
-        "seconds per backend build",
-        commands=COMMANDS,
-        check=at_least(0, True, " seconds"),
-        always=True,
-        sweep_file=True,
+        600.0, "--timeout", check=at_least(0, True, " seconds"), always=True, sweep_file=True
     )
-    inputs: str | None = flag(
-        None, "--inputs", _INPUTS_HELP, metavar="FILE.npz|DIR", commands=COMMANDS, parse=str
-    )
-    seed: int = flag(
-        0,
-        "--seed",
-        "seed for generated inputs",
-        commands=COMMANDS,
-        check=_seed,
-        show=lambda o, v: [] if o.inputs else ["--seed", str(v)],
-    )
+    inputs: str | None = flag(None, "--inputs", parse=str)
+    seed: int = flag(0, "--seed", check=_seed, show=lambda o, v: [] if o.inputs else ["--seed", str(v)])
     shapes: tuple[tuple[str, Shape], ...] = flag(
-        (),
-        "--shape",
-        "shape for an input with dynamic dimensions (repeatable)",
-        metavar="NAME=D1,D2,...",
-        commands=COMMANDS,
-        typer_type=list[str] | None,
-        cli_default=None,
-        parse=_shapes,
-        show=_each("--shape", lambda s: f"{s[0]}={','.join(map(str, s[1]))}"),
+        (), "--shape", parse=_shapes, show=_each("--shape", lambda s: f"{s[0]}={','.join(map(str, s[1]))}")
     )
     runner_options: tuple[tuple[str, str, str], ...] = flag(
-        (),
-        "--set",
-        "runner option, e.g. ort-cpu.threads=1 (repeatable)",
-        metavar="BACKEND.OPTION=VALUE",
-        commands=_ALL,
-        typer_type=list[str] | None,
-        cli_default=None,
-        parse=pairs,
-        show=_each("--set", lambda t: f"{t[0]}.{t[1]}={t[2]}"),
+        (), "--set", parse=pairs, show=_each("--set", lambda t: f"{t[0]}.{t[1]}={t[2]}")
     )
     # the same choice as tensors="outputs" (create() sets both); kept as the JSON twin's record
-    outputs_only: bool = flag(
-        False,
-        "--outputs-only",
-        "compare graph outputs only",
-        commands=("compare", "capture"),
-        sweep_file=True,
-    )
-    tensors: str = flag(  # all | modules | outputs | GLOB[,GLOB] over module paths or names
+    outputs_only: bool = flag(False, "--outputs-only", sweep_file=True)
+    tensors: str = flag(
         "all",
         "--tensors",
-        "tensors to expose: every one; module boundaries (the module map); graph outputs; or "
-        "globs over module paths or tensor names, e.g. 'm.transformer.h.3.*' (graph outputs always)",
-        metavar="all|modules|outputs|GLOB",
         parse=lambda v: str(v).strip() or "all",
         show=lambda o, v: ["--tensors", v] if v != "all" and not o.outputs_only else [],
     )
-    probes: tuple[str, ...] | None = flag(  # None: the cheap ones (plus batch with batch_invariance)
+    probes: tuple[str, ...] | None = flag(
         None,
         "--probes",
-        "probes to run: {probes}, 'all' or 'none' (default: {default_probes}, plus batch with "
-        "--batch-invariance)",
-        metavar="LIST",
-        typer_type=str | None,
         parse=comma_list,
         show=lambda _o, v: [] if v is None else ["--probes", ",".join(v) or "none"],
         sweep_file=True,
     )
     batch_invariance: int = flag(
-        0,
-        "--batch-invariance",
-        "probe batch invariance with batches of B (needs a dynamic batch dimension)",
-        metavar="B",
-        check=lambda cli, b: _batch(cli, b) if b else None,
-        sweep_file=True,
+        0, "--batch-invariance", check=lambda cli, b: _batch(cli, b) if b else None, sweep_file=True
     )
-    probe_threads: int = flag(  # 0: twice the logical cores
-        0,
-        "--probe-threads",
-        "thread count the thread probe compares with 1 (default: twice the logical cores)",
-        metavar="N",
-        check=count(0, 4096),
-        sweep_file=True,
+    probe_threads: int = flag(0, "--probe-threads", check=count(0, 4096), sweep_file=True)
+    ranges: tuple[tuple[str, float, float], ...] = flag(
+        (), "--range", parse=_ranges, show=_each("--range", lambda r: f"{r[0]}={r[1]:g}:{r[2]:g}")
     )
-    ranges: tuple[tuple[str, float, float], ...] = flag(  # generated values of NAME drawn from [LO, HI)
-        (),
-        "--range",
-        "draw generated values of input NAME from [LO, HI), e.g. input_ids=0:50257 (repeatable)",
-        metavar="NAME=LO:HI",
-        commands=COMMANDS,
-        typer_type=list[str] | None,
-        cli_default=None,
-        parse=_ranges,
-        show=_each("--range", lambda r: f"{r[0]}={r[1]:g}:{r[2]:g}"),
+    timings: bool = flag(False, "--timings")
+    loads: tuple[tuple[str, str], ...] = flag(
+        (), "--load", parse=_loads, show=_each("--load", lambda nv: f"{nv[0]}={nv[1]}")
     )
-    timings: bool = flag(  # off: identical runs give identical bytes
-        False,
-        "--timings",
-        "put wall times, latency and each backend's peak memory in the reports (off by default: they "
-        "would make the reports of two identical comparisons differ)",
-    )
-    loads: tuple[tuple[str, str], ...] = flag(  # (name, capture folder): backends that ran elsewhere
-        (),
-        "--load",
-        "a capture from another host (xbackend capture) compared beside the live backends, named "
-        "BACKEND@FOLDER unless NAME is given (repeatable)",
-        metavar="[NAME=]DIR",
-        typer_type=list[str] | None,
-        cli_default=None,
-        parse=_loads,
-        show=_each("--load", lambda nv: f"{nv[0]}={nv[1]}"),
-    )
-    baseline: str | None = flag(
-        None,
-        "--baseline",
-        "a previous release's JSON report, capture folder, or folder of captures: per backend, "
-        "whether the outputs moved, by how much and from which layer",
-        metavar="PATH",
-        parse=str,
-    )
-    fail_on: tuple[str, ...] = flag(  # () keeps the default gate
+    baseline: str | None = flag(None, "--baseline", parse=str)
+    fail_on: tuple[str, ...] = flag(
         (),
         "--fail-on",
-        "gate on these, comma-separated: {policies} (e.g. ulp>8); each has its own exit code (below)",
-        metavar="POLICIES",
-        typer_type=str | None,
-        cli_default=None,
         parse=comma_list,
         check=lambda _cli, v: parse_policies(v) and None,
         show=lambda _o, v: ["--fail-on", ",".join(v)] if v else [],
     )
-    save_captures: str | None = flag(
-        None,
-        "--save-captures",
-        "write a portable capture of every backend that ran to DIR/BACKEND "
-        "(for a later --baseline or --load)",
-        metavar="DIR",
-        parse=str,
-    )
-    noise_samples: int | None = flag(  # None: floors only for backends the judge cannot judge
-        None,
-        "--noise-samples",
-        "measure the noise floor over K random orders of every reduction (default: only for "
-        "backends that cannot be judged against float64, with 8; 0: no explanation, no origins; "
-        "--max-ulp auto then falls back to 64)",
-        metavar="K",
-        typer_type=int | None,
-        check=count(0, what=" (0: no explanation)"),
-    )
-    timed_runs: int = flag(  # more runs of the model users ship, timed (and compared) like the others
-        0,
-        "--timed-runs",
-        "N more runs of the model users ship per build, timed and compared like the others; puts "
-        "latency in the reports (default: 0, or 10 with --modes)",
-        metavar="N",
-        commands=("compare", "certify"),
-        typer_type=int | None,
-        cli_default=None,
-        defaults=(("certify", 0),),
-        hidden_default=True,
-        check=count(0),
-    )
-    max_memory: int | None = flag(  # bytes per backend process; None: a share of what is free
+    save_captures: str | None = flag(None, "--save-captures", parse=str)
+    noise_samples: int | None = flag(None, "--noise-samples", check=count(0, what=" (0: no explanation)"))
+    timed_runs: int = flag(0, "--timed-runs", check=count(0))
+    max_memory: int | None = flag(
         None,
         "--max-memory",
-        "memory per backend process, e.g. 3GiB: per-layer tensors are exposed in windows that "
-        "fit (default: 80% of the memory available at the start)",
-        metavar="SIZE",
-        typer_type=str | None,
         parse=_size,
         check=_memory,
         show=lambda _o, v: [] if v is None else ["--max-memory", f"{v}B"],
     )
 
-    decode: int = flag(  # greedy steps per prompt; 0: no decoding
-        0,
-        "--decode",
-        "greedy-decode N tokens from each prompt on every backend (a causal LM: input_ids in, logits "
-        "out; KV cache as past_key_values.N.*/present.N.*): where each backend's tokens leave the "
-        "reference's, the margins, and with --batch-invariance B the completions over batch compositions",
-        metavar="N",
-        check=count(0, 100_000),
-        omit_default=True,
-    )
+    decode: int = flag(0, "--decode", check=count(0, 100_000), omit_default=True)
 
-    decisions: tuple[str, ...] = flag(  # outputs whose class axis holds decisions; (): none
+    decisions: tuple[str, ...] = flag(
         (),
         "--decisions",
-        "top-1 agreement with the reference along a class axis: auto (every float output's last axis), "
-        "or OUTPUT[:AXIS],...: per backend the decisions that flipped and the reference's margin there",
-        metavar="auto|OUTPUT[:AXIS]",
-        typer_type=str | None,
-        cli_default=None,
         parse=comma_list,
         show=lambda _o, v: ["--decisions", ",".join(v)] if v else [],
         omit_default=True,
     )
 
-    candidates: tuple[tuple[str, tuple[str, ...]], ...] = flag(  # (file, backends); () : default
-        (),
-        "--candidate",
-        "a release candidate of the model (a float16, bf16 or int8 conversion, an optimized or re-exported "
-        "graph) against it, per layer at the precision the candidate declares, and in tokens and decisions: "
-        "FILE[@BACKEND,...] (default backends: those listed besides reference and oracle, else ort-cpu; "
-        "repeatable)",
-        metavar="FILE[@BACKENDS]",
-        typer_type=list[str] | None,
-        cli_default=None,
-        parse=candidates_of,
-        show=_each("--candidate", candidate_words),
-        omit_default=True,
+    candidates: tuple[tuple[str, tuple[str, ...]], ...] = flag(
+        (), "--candidate", parse=candidates_of, show=_each("--candidate", candidate_words), omit_default=True
     )
 
-    advise: bool = flag(
-        False,
-        "--advise",
-        "with --candidate and --decode or --decisions: the nodes to keep in float32 so each candidate's "
-        "tokens or decisions match the original's, in its converter's lists (node_block_list, "
-        "nodes_to_exclude) with the command that re-converts, confirmed by re-converting and running",
-        omit_default=True,
-    )
-    advise_budget: int = flag(
-        8,
-        "--advise-budget",
-        "with --advise: the re-conversions (each run) the search for the smallest keep-list may take",
-        metavar="N",
-        check=count(1),
-        omit_default=True,
-    )
+    advise: bool = flag(False, "--advise", omit_default=True)
+    advise_budget: int = flag(8, "--advise-budget", check=count(1), omit_default=True)
 
     @property
     def shows_times(self) -> bool:
@@ -552,40 +348,8 @@ class CompareOptions:
 
 # Options create() takes besides the fields: each becomes fields (backends, runner_options).
 INPUT_FLAGS = {
-    "modes": Flag(
-        "--modes",
-        "run each of these runners under its default and each determinism mode it declares "
-        "(NAME, NAME@det, ...; `xbackend backends` lists them), timed, with a Cost of determinism table",
-        metavar="RUNNERS",
-        typer_type=str | None,
-        cli_default=None,
-        name="modes",
-    ),
-    "threads": Flag(
-        "--threads",
-        "thread count for every backend whose runner has a threads option (a --set overrides it)",
-        metavar="N",
-        commands=("compare", "capture"),
-        typer_type=int | None,
-        cli_default=None,
-        name="threads",
-    ),
-    "torch_module": Flag(
-        "--torch-module",
-        "source nn.Module for the torch backends (path/to/file.py:factory or pkg.mod:factory)",
-        metavar="MODULE_SPEC",
-        commands=COMMANDS,
-        typer_type=str | None,
-        cli_default=None,
-        name="torch_module",
-    ),
-    "trust_model_code": Flag(
-        "--trust-model-code",
-        "let the torch backends import the Python file the model's metadata names (off: a model "
-        "never makes xbackend run code)",
-        commands=COMMANDS,
-        typer_type=bool,
-        cli_default=False,
-        name="trust_model_code",
-    ),
+    "modes": Flag("--modes", name="modes"),
+    "threads": Flag("--threads", name="threads"),
+    "torch_module": Flag("--torch-module", name="torch_module"),
+    "trust_model_code": Flag("--trust-model-code", name="trust_model_code"),
 }
