@@ -53,7 +53,7 @@ test-scale: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check xbackend tests models benchmarks scripts
 	$(BIN)/mypy
-	$(BIN)/python scripts/names.py --max 27 --top 0
+	$(BIN)/python scripts/names.py --max 23 --top 0
 
 models: $(STAMP)
 	$(BIN)/python models/build.py

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import one_line_error, run
-from tests.foreign_env import OLD_ORT, old_ort_python
+from tests.foreign_env import OLD_ORT, old_ort_python, venv
 from xbackend import compare
 from xbackend.errors import UsageError
 from xbackend.host.environment import collect_environment
@@ -232,8 +232,7 @@ def test_foreign_engine_gets_a_model_it_can_read(models: dict[str, Path], tmp_pa
 def test_unusable_interpreters_are_reported_and_the_rest_runs(
     models: dict[str, Path], tmp_path: Path
 ) -> None:
-    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "bare")], check=True)
-    bare = tmp_path / "bare" / "bin" / "python"  # pip, and no numpy
+    bare = venv("bare")  # pip, and no numpy (made once, cached between runs)
     r = compare(
         models["mlp_layernorm"],
         backends=["ort-cpu", "ort-cpu@gone", "ort-cpu@bare"],
@@ -250,11 +249,11 @@ def test_unusable_interpreters_are_reported_and_the_rest_runs(
     assert "no such interpreter; give the path of a Python" in by["ort-cpu@gone"].reason
     assert by["ort-cpu@bare"].status == "unavailable"
     assert f"numpy is not installed there ({bare} -m pip install numpy)" in by["ort-cpu@bare"].reason
-    # the suggestion works
-    subprocess.run([str(bare), "-m", "pip", "install", "-q", "numpy"], check=True)
+    # the suggestion works: a bare environment that ran it (made once, cached between runs)
+    fixed = venv("bare-then-numpy", "numpy")
     from xbackend.execution.foreign import probe_interpreter
 
     probe_interpreter.cache_clear()
-    it = probe_interpreter(str(bare), "xbackend.runners.ort_cpu:OrtCpuRunner")
+    it = probe_interpreter(str(fixed), "xbackend.runners.ort_cpu:OrtCpuRunner")
     assert it.numpy and not it.available
-    assert f"onnxruntime not installed ({bare} -m pip install onnxruntime)" in it.reason
+    assert f"onnxruntime not installed ({fixed} -m pip install onnxruntime)" in it.reason

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         ExportError,
         InputError,
         ModelLoadError,
+        NotInResultError,
         ReportError,
         RunnerFailedError,
         UsageError,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
         Result,
     )
     from xbackend.results.capture_record import load_capture
+    from xbackend.results.findings import Finding, Kind, Label
     from xbackend.runners import Availability, BuildFingerprint, Runner, get_runner, list_runners
 
 __version__ = VERSION
@@ -56,6 +58,7 @@ _WHERE = {
             "ExportError",
             "InputError",
             "ModelLoadError",
+            "NotInResultError",
             "ReportError",
             "RunnerFailedError",
             "UsageError",
@@ -77,6 +80,7 @@ _WHERE = {
     ),
     **dict.fromkeys(("InputDecl", "export_torch"), "xbackend.export.torch_onnx"),
     "load_capture": "xbackend.results.capture_record",
+    **dict.fromkeys(("Finding", "Kind", "Label"), "xbackend.results.findings"),
 }
 
 
@@ -92,10 +96,14 @@ __all__ = [
     "CrossBackendResult",
     "ExportError",
     "Feeds",
+    "Finding",
     "InputDecl",
     "InputError",
+    "Kind",
+    "Label",
     "ModelLoadError",
     "ModelSpec",
+    "NotInResultError",
     "ObserverEffect",
     "PairResult",
     "ProbeResult",

@@ -75,7 +75,7 @@ def independent(bld: Builder, inherited: str | None, own: str | None) -> tuple[s
 
 
 def _sum(bld: Builder, parts: Sequence[str]) -> str | None:
-    parts = [p for p in parts if p]
+    parts = [part for part in parts if part]
     if not parts:
         return None
     total = parts[0]

@@ -100,7 +100,7 @@ def _axes(n: NodeView, rank: int) -> list[int] | None:
         return None  # axes from a tensor: resolved by the caller's shapes instead
     if axes is None:
         return [] if int(n.attr("noop_with_empty_axes", 0)) else list(range(rank))
-    return [int(a) % rank for a in axes]
+    return [int(axis) % rank for axis in axes]
 
 
 def _reduced_terms(n: NodeView) -> int | None:

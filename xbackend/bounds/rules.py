@@ -50,7 +50,7 @@ def _softmax(n: NodeView, bld: Builder) -> NodeBound | None:
     axes, sx = _softmax_axes(n), n.shape(0)
     if axes is None or sx is None:
         return None
-    terms = int(np.prod([sx[a] for a in axes]))
+    terms = int(np.prod([sx[axis] for axis in axes]))
     x, y = n.node.input[0], n.node.output[0]
     m = bld.reduce("ReduceMax", x, axes)
     s = _spread(bld, x, m)
@@ -77,7 +77,7 @@ def _log_softmax(n: NodeView, bld: Builder) -> NodeBound | None:
     axes, sx = _softmax_axes(n), n.shape(0)
     if axes is None or sx is None:
         return None
-    terms = int(np.prod([sx[a] for a in axes]))
+    terms = int(np.prod([sx[axis] for axis in axes]))
     x, y = n.node.input[0], n.node.output[0]
     m = bld.reduce("ReduceMax", x, axes)
     s = _spread(bld, x, m)
@@ -110,7 +110,7 @@ def _normalization(
     `simplified`: RMS normalization (no mean); `shape`: x's, where x is not the node's first input."""
     sx = shape or n.shape(0)
     assert sx is not None
-    terms = int(np.prod([sx[a] for a in axes]))
+    terms = int(np.prod([sx[axis] for axis in axes]))
     eps = float(n.attr("epsilon", 1e-12 if n.node.domain == "com.microsoft" else 1e-5))
     x = x or n.node.input[0]
     d = x if simplified else bld.op("Sub", x, bld.reduce("ReduceMean", x, axes))

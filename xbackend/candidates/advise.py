@@ -53,7 +53,7 @@ def sensitivities(
     conversion adds there, as a share of its output's power, largest first. A constant (computed
     from weights alone) is read as the original holds it (`theirs`): its rounding is its
     readers' noise, where it matters, not its own."""
-    found = {p.original: p.candidate for p in pairs if p.how != "dequantized"}
+    found = {pair.original: pair.candidate for pair in pairs if pair.how != "dequantized"}
     weights = {t.name: t for t in original.initializer}
     fixed = constants_of(original)
     out = []
@@ -203,10 +203,10 @@ def advise(
     if not changed:
         why = "the converter changed none of the original's nodes that could be named"
         return Advice(status="unavailable", reason=why, converter=conv.tool, target=target)
-    share = {s.node: s.share for s in scores}
+    share = {score.node: score.share for score in scores}
     first = [n for n, _ in found]
     ours, named = set(changed), set(first)
-    rest = [s.node for s in scores if s.node in ours and s.node not in named]
+    rest = [score.node for score in scores if score.node in ours and score.node not in named]
     ranked = named | set(rest)
     order = [*first, *rest, *[n for n in changed if n not in ranked]]
     tried: list[Try] = []
@@ -229,8 +229,8 @@ def advise(
         try:
             made[keep], _ = rewrite(conv, original, candidate, keep, path)
             ok, why, answers = confirm(path)
-        except Exception as e:  # a converter or a run that fails: said, the search goes on
-            ok, why = False, f"{type(e).__name__}: {e}"
+        except Exception as error:  # a converter or a run that fails: said, the search goes on
+            ok, why = False, f"{type(error).__name__}: {error}"
         tried.append(Try(kept=len(keep), matched=ok, differed=why, step=step, answers=answers))
         held[keep] = ok
         return ok

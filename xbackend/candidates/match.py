@@ -80,7 +80,7 @@ def match_graphs(original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple
                 dq = ""  # its dequantized value is the folded activation's, matched there
             if dq:
                 pairs.append(Pair(t, dq, "dequantized", depth, node.op_type))
-    found = {p.original: p.candidate for p in pairs if p.how != "dequantized"}
+    found = {pair.original: pair.candidate for pair in pairs if pair.how != "dequantized"}
     inside = _inside(original, candidate, found)
     constant = constants_of(original)
     unmatched = [
@@ -156,15 +156,15 @@ def _inside(
     producer = {o: n for n in original.node for o in n.output if o}
     out: dict[str, str] = {}
     for nodes in groups.values():
-        outs = {held[o] for n in nodes for o in n.output if o in held}
-        inner = {o for n in nodes for o in n.output}
-        bounds = {held.get(i, i) for n in nodes for i in n.input if i and i not in inner}
+        outs = {held[o] for node in nodes for o in node.output if o in held}
+        inner = {o for node in nodes for o in node.output}
+        bounds = {held.get(i, i) for node in nodes for i in node.input if i and i not in inner}
         if not outs:
             continue
         if len(nodes) == 1:
             named = f"{nodes[0].op_type} node {nodes[0].name}" if nodes[0].name else nodes[0].op_type
         else:
-            count = Counter(n.op_type for n in nodes)
+            count = Counter(node.op_type for node in nodes)
             named = ", ".join(f"{c} {op}" if c > 1 else op for op, c in sorted(count.items()))
         stack = [i for o in outs if (p := producer.get(o)) is not None for i in p.input if i]
         seen: set[str] = set()

@@ -79,7 +79,7 @@ def candidate_backends(opts: CompareOptions, given: Sequence[str]) -> tuple[str,
     ort-cpu."""
     if given:
         return tuple(given)
-    return tuple(b for b in opts.backends if b not in _JUDGES) or ("ort-cpu",)
+    return tuple(backend for backend in opts.backends if backend not in _JUDGES) or ("ort-cpu",)
 
 
 def candidate_options(opts: CompareOptions, backends: Sequence[str]) -> CompareOptions:
@@ -90,7 +90,7 @@ def candidate_options(opts: CompareOptions, backends: Sequence[str]) -> CompareO
         opts,
         backends=chosen,
         reference=chosen[0],
-        runner_options=tuple(o for o in opts.runner_options if o[0] in chosen),
+        runner_options=tuple(option for option in opts.runner_options if option[0] in chosen),
         probes=("batch",) if opts.batch_invariance else ("none",),
         loads=(),
         baseline=None,
@@ -117,15 +117,17 @@ def quick_options(opts: CompareOptions) -> tuple[CompareOptions, str] | None:
     if opts.runs != 1 or opts.builds != 1 or busy or opts.timed_runs or opts.batch_invariance:
         return None
     named = opts.backends != DEFAULT_BACKENDS  # backends the user named all run, judges too
-    engines = opts.backends if named else tuple(b for b in opts.backends if b not in _JUDGES)
-    dropped = [b for b in opts.backends if b not in engines]
-    judged = any(b in _JUDGES for b in engines)
+    engines = (
+        opts.backends if named else tuple(backend for backend in opts.backends if backend not in _JUDGES)
+    )
+    dropped = [backend for backend in opts.backends if backend not in engines]
+    judged = any(engine in _JUDGES for engine in engines)
     noise = opts.noise_samples if opts.noise_samples is not None or judged else 0
     quick = replace(
         opts,
         backends=engines,
         reference=engines[0] if opts.reference not in engines else opts.reference,
-        runner_options=tuple(o for o in opts.runner_options if o[0] in engines),
+        runner_options=tuple(option for option in opts.runner_options if option[0] in engines),
         noise_samples=noise,
     )
     skipped = [f"the original's {' and '.join(dropped)} did not run"] if dropped else []
@@ -191,10 +193,10 @@ def check_candidates(opts: CompareOptions) -> None:
         user_file(
             path, "--candidate", "give the candidate's model file: --candidate CANDIDATE.onnx[@BACKEND,...]"
         )
-        for b in backends:
-            if split_instance(b)[0] not in known:
+        for backend in backends:
+            if split_instance(backend)[0] not in known:
                 raise UsageError(
-                    f"--candidate {path}@{b}: unknown backend {b!r}; known backends: "
+                    f"--candidate {path}@{backend}: unknown backend {backend!r}; known backends: "
                     f"{', '.join(sorted(known))}"
                 )
 
@@ -207,10 +209,14 @@ def run_candidates(
     for k, (path, given) in enumerate(opts.candidates):
         try:
             out.append(_one(original, opts, path, given, work, k, runs))
-        except XbackendError as e:
-            out.append(CandidateResult(path=path, sha256="", precision="", status="failed", reason=str(e)))
-        except Exception as e:  # a fault of ours in one candidate: said, the comparison stands
-            why = f"its analysis failed: {type(e).__name__}: {e} (an xbackend fault: please report it)"
+        except XbackendError as error:
+            out.append(
+                CandidateResult(path=path, sha256="", precision="", status="failed", reason=str(error))
+            )
+        except Exception as error:  # a fault of ours in one candidate: said, the comparison stands
+            why = (
+                f"its analysis failed: {type(error).__name__}: {error} (an xbackend fault: please report it)"
+            )
             out.append(CandidateResult(path=path, sha256="", precision="", status="failed", reason=why))
     return tuple(out)
 
@@ -268,14 +274,14 @@ def _one(
         precision=precision,
         backends=cres.backends,
         explanation=Explanation("unavailable", GGUF_DECLINED) if gguf else cres.explanation,
-        probes=tuple(p for p in cres.probes if p.name != "builds"),  # one build: nothing to vary
+        probes=tuple(probe for probe in cres.probes if probe.name != "builds"),  # one build: nothing to vary
         decode=cres.decode,
         decisions=decided,
         notes=tuple(notes),
     )
-    mine = next((b.name for b in cres.backends if b.ok), "")
+    mine = next((backend.name for backend in cres.backends if backend.ok), "")
     if not mine:
-        why = "; ".join(f"{b.name} {b.status}: {b.reason}" for b in cres.backends)
+        why = "; ".join(f"{backend.name} {backend.status}: {backend.reason}" for backend in cres.backends)
         hint = _CAST_BUG if _CAST_TYPE.search(why) else ""
         return replace(base, status="failed", reason=f"no backend of the candidate ran ({why}){hint}")
     ocap, ccap = _layers(obuild), _layers(ran.builds[mine])
@@ -287,22 +293,24 @@ def _one(
     if gguf:  # the same graph: a tensor is matched where llama.cpp's graph holds it
         with ValueFile(ccap) as c:
             kept = set(c.tensors())
-        hidden = dict(next(b.not_exposed for b in cres.backends if b.name == mine))
+        hidden = dict(next(backend.not_exposed for backend in cres.backends if backend.name == mine))
         unmatched += [
-            Unmatched(original=p.original, reason=hidden.get(p.original, "not in llama.cpp's graph"))
-            for p in pairs
-            if p.candidate not in kept
+            Unmatched(original=pair.original, reason=hidden.get(pair.original, "not in llama.cpp's graph"))
+            for pair in pairs
+            if pair.candidate not in kept
         ]
-        pairs = [p for p in pairs if p.candidate in kept]
+        pairs = [pair for pair in pairs if pair.candidate in kept]
     target = "tokens" if vs is not None else "decisions"  # what the answers are
     with ValueFile(ocap) as o, ValueFile(ccap) as c:
         matches = measure(pairs, o, c)
         events = findings(graph, c, feeds.arrays, o)
         # an inf the original holds as a sentinel (float32's limit, a mask's fill) is no overflow
         sentinel = {
-            m.candidate for m in matches if m.status == "ok" and not m.nonfinite and m.how != "dequantized"
+            match.candidate
+            for match in matches
+            if match.status == "ok" and not match.nonfinite and match.how != "dequantized"
         }
-        events = [f for f in events if not (f.kind == "overflow" and f.tensor in sentinel)]
+        events = [event for event in events if not (event.kind == "overflow" and event.tensor in sentinel)]
         found = [] if gguf else stretches(ograph, graph, pairs)  # a GGUF declares no arithmetic
         crossed, judged = judge_stretches(
             found, graph, Path(source).resolve().parent, c, feeds.arrays, spec.opset() or 1, _working(c)
@@ -331,9 +339,13 @@ def _one(
         conv = converter_of(graph, Path(path).resolve().parent, ograph)
         changed = converted(conv, ograph, graph) if conv is not None else ()
         ours = set(changed)
-        mine_scores = [x for x in scores if x.node in ours]
-        said = [f for f in base.findings if f in base.events or f.kind == "decision-tensor"]
-        clipping = [f.node for f in base.findings if f.kind == "saturation"]
+        mine_scores = [score for score in scores if score.node in ours]
+        said = [
+            finding
+            for finding in base.findings
+            if finding in base.events or finding.kind == "decision-tensor"
+        ]
+        clipping = [finding.node for finding in base.findings if finding.kind == "saturation"]
         named = causes(graph, said, mine_scores, changed, clipping)
         advice = advise(
             conv,
@@ -376,10 +388,10 @@ def gguf_backends(given: Sequence[str]) -> tuple[str, ...]:
 def _with_gguf(copts: CompareOptions, path: str) -> CompareOptions:
     """The candidate's options: each backend reads the candidate's GGUF file, judged by nothing."""
     gguf = str(Path(path).resolve())
-    kept = tuple(o for o in copts.runner_options if o[1] != "gguf")
+    kept = tuple(option for option in copts.runner_options if option[1] != "gguf")
     return replace(
         copts,
-        runner_options=(*kept, *((b, "gguf", gguf) for b in copts.backends)),
+        runner_options=(*kept, *((backend, "gguf", gguf) for backend in copts.backends)),
         noise_samples=0,
     )
 
@@ -418,10 +430,12 @@ def _confirmer(
         if vs is not None:
             ran = runs.run(_candidate_run(str(path), light, where, against=vs))
             d = ran.result.decode
-            if d is None or not all(b.ok for b in d.backends):
+            if d is None or not all(backend.ok for backend in d.backends):
                 why = "; ".join(f"{b.backend} {b.status}: {b.reason}" for b in (d.backends if d else ()))
                 return False, why, (0, 0)
-            same = [p.first_divergent_step is None for b in d.backends for p in b.prompts]
+            same = [
+                prompt.first_divergent_step is None for backend in d.backends for prompt in backend.prompts
+            ]
             return not d.token_flips, "; ".join(d.flips()), (sum(same), len(same))
         feeds, _ = candidate_feeds(original.feeds, spec)
         ran = runs.run(_candidate_run(str(path), light, where, feeds))
@@ -444,16 +458,16 @@ def _margins(c: Result, decided: Sequence[Decisions]) -> dict[str, float | None]
     candidate's answers left the original's (None where none did)."""
     if c.decode is not None:
         at = [
-            p.margin_at_divergence
-            for b in c.decode.backends
-            if b.ok
-            for p in b.prompts
-            if p.first_divergent_step is not None and p.margin_at_divergence is not None
+            prompt.margin_at_divergence
+            for backend in c.decode.backends
+            if backend.ok
+            for prompt in backend.prompts
+            if prompt.first_divergent_step is not None and prompt.margin_at_divergence is not None
         ]
         return {"logits": min(at) if at else None}
     out: dict[str, float | None] = {}
     for d in decided:
-        m = [f.reference_margin for f in d.flips]
+        m = [flip.reference_margin for flip in d.flips]
         was = out.get(d.output)
         out[d.output] = min([*m, *([was] if was is not None else [])]) if m else was
     return out
@@ -484,8 +498,8 @@ def _departure(matches: Sequence[TensorMatch], graph: onnx.GraphProto, c: Candid
     that turned inf or NaN): where it leaves the original by more than its precision explains."""
     origins = {o.tensor: (b, o) for b, o in c.origins}
     reached = _below(graph, set(origins))
-    crossed = {o.tensor: o for o in c.stretch_origins}
-    events = {f.tensor: f for f in c.events}
+    crossed = {origin.tensor: origin for origin in c.stretch_origins}
+    events = {event.tensor: event for event in c.events}
     for m in sorted(matches, key=lambda m: m.depth):
         f = events.get(m.candidate) or (events.get(m.original) if m.how == "name" else None)
         if f is not None:
@@ -511,7 +525,7 @@ def _departure(matches: Sequence[TensorMatch], graph: onnx.GraphProto, c: Candid
 
 def _below(graph: onnx.GraphProto, starts: set[str]) -> dict[str, str]:
     """Each tensor at or below `starts`, with the first start above it (graph order)."""
-    out = {t: t for t in starts}
+    out = {start: start for start in starts}
     for node in graph.node:
         src = next((out[i] for i in node.input if i in out), None)
         if src is not None:

@@ -72,10 +72,10 @@ def compare_with_options(
         result = replace(original.result, candidates=run_candidates(original, opts, work, runs))
         if quick is not None:  # what it left out, said as the quick table's, not as a flag's
             said = tuple(
-                replace(c, explanation=replace(c.explanation, reason=QUICK_DECLINED))
-                if c.explanation.reason == DECLINED
-                else c
-                for c in result.candidates
+                replace(candidate, explanation=replace(candidate.explanation, reason=QUICK_DECLINED))
+                if candidate.explanation.reason == DECLINED
+                else candidate
+                for candidate in result.candidates
             )
             result = replace(result, notes=(*result.notes, quick[1]), quick_table=quick[1], candidates=said)
         return result

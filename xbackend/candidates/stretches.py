@@ -57,7 +57,7 @@ def stretches(original: onnx.GraphProto, candidate: onnx.GraphProto, pairs: Sequ
     produced = {o: n for n in candidate.node for o in n.output if o}
     weights = {t.name for t in candidate.initializer}
     sources = {*weights, *(i.name for i in candidate.input)}
-    found = {p.original: p.candidate for p in pairs if p.how != "dequantized"}
+    found = {pair.original: pair.candidate for pair in pairs if pair.how != "dequantized"}
     orig_weights = {t.name for t in original.initializer}
     orig_inputs = {i.name for i in original.input}
     out = []
@@ -241,7 +241,7 @@ def evaluate(
             for k, v in fed.items()
         ],
         [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs],
-        [_double(t) for t in inits],
+        [_double(init) for init in inits],
     )
     try:
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])

@@ -268,7 +268,9 @@ def decision_tensors(
             how, node = f"float16 (a step of {step:.4g} at its largest value, {top:.4g})", src or last
         else:
             continue
-        clip = next((f for f in events if f.kind == "saturation" and f.node == node.name), None)
+        clip = next(
+            (event for event in events if event.kind == "saturation" and event.node == node.name), None
+        )
         lost = margin is not None and step >= margin
         if not lost and (clip is None or margin is None):  # clipped, every answer the original's: a note
             continue

@@ -133,7 +133,7 @@ def model_files(path: Path) -> dict[str, str]:
     import onnx  # heavy: onnx
 
     names = [path.name, *external_files(onnx.load(str(path), load_external_data=False))]
-    return {n: file_sha256(path.parent / n) for n in names if (path.parent / n).is_file()}
+    return {name: file_sha256(path.parent / name) for name in names if (path.parent / name).is_file()}
 
 
 def _output_hashes(capture: Path, r: Result) -> dict[str, str]:
@@ -143,7 +143,11 @@ def _output_hashes(capture: Path, r: Result) -> dict[str, str]:
 
     cap = open_capture(capture)
     with ValueFile(cap.run.outputs.capture) as f:
-        return {n: value_sha256({n: f[n]}) for n in r.model.output_names if n in f}
+        return {
+            output_name: value_sha256({output_name: f[output_name]})
+            for output_name in r.model.output_names
+            if output_name in f
+        }
 
 
 def _combined(outputs: Mapping[str, str]) -> str:
@@ -167,8 +171,8 @@ def _body(r: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, s
     b = r.backend(backend)
     modules = r.model.modules()
     props = [_property(c, modules) for c in check(b, r.probes)] if b.ok else []
-    granted = b.ok and all(p["status"] in ("held", "not applicable") for p in props)
-    granted = granted and all(p["status"] == "held" for p in props if p["name"] in REQUIRED)
+    granted = b.ok and all(prop["status"] in ("held", "not applicable") for prop in props)
+    granted = granted and all(prop["status"] == "held" for prop in props if prop["name"] in REQUIRED)
     env = dict(r.environment)
     info = dict(b.info)
     return {
@@ -190,7 +194,7 @@ def _body(r: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, s
             "builds": opts.builds,
             "batch": opts.batch_invariance,
             "probes": list(CERT_PROBES),
-            "runner_options": [list(t) for t in opts.runner_options],
+            "runner_options": [list(option) for option in opts.runner_options],
         },
         "properties": props,
         "model": {"name": Path(r.model.path).name, "path": r.model.path, "sha256": r.model.sha256},
@@ -201,7 +205,7 @@ def _body(r: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, s
             "shapes": [[n, list(d)] for n, d in opts.shapes],
             "ranges": [list(x) for x in opts.ranges],
             "file": opts.inputs,
-            "tensors": [list(t) for t in r.feeds.shapes],
+            "tensors": [list(shape) for shape in r.feeds.shapes],
         },
         "outputs": {
             "sha256": _combined(outputs) if outputs else "",
@@ -260,9 +264,9 @@ def read_certificate(
     )
     try:
         data = json_loads(text)
-    except (ValueError, RecursionError) as e:
+    except (ValueError, RecursionError) as error:
         raise InputError(
-            f"{p} is not a certificate JSON ({str(e).splitlines()[0][:200]}); pass the CERT.json "
+            f"{p} is not a certificate JSON ({str(error).splitlines()[0][:200]}); pass the CERT.json "
             "`xbackend certify` wrote"
         ) from None
     if isinstance(data, dict) and "certificate_sha256" in data:
@@ -283,13 +287,15 @@ def read_certificate(
     check_body(body, p)
     subjects = stmt.get("subject")
     if not isinstance(subjects, list) or not all(
-        isinstance(x, dict) and isinstance(x.get("name"), str) and isinstance(x.get("digest"), dict)
-        for x in subjects
+        isinstance(subject, dict)
+        and isinstance(subject.get("name"), str)
+        and isinstance(subject.get("digest"), dict)
+        for subject in subjects
     ):
         raise InputError(
             f"{p}: its subject is not a list of named files with digests; certify the model again"
         )
-    return body, {x["name"]: str(x["digest"].get("sha256", "")) for x in subjects}, env
+    return body, {subject["name"]: str(subject["digest"].get("sha256", "")) for subject in subjects}, env
 
 
 @dataclass(frozen=True)
@@ -473,7 +479,7 @@ def replayed_options(
     line. `given` wins."""
     own = {(b, k) for b, k, _ in given}
     try:
-        specs = {o.name: o for o in get_runner(split_instance(backend)[0]).all_option_specs()}
+        specs = {option.name: option for option in get_runner(split_instance(backend)[0]).all_option_specs()}
     except Exception:  # an engine this host lacks: the runner says so when it is built
         specs = {}
     kept, refused = [], []

@@ -42,7 +42,9 @@ def check_body(body: dict[str, Any], p: Path) -> None:
     for key, lo in (("runs", 2), ("builds", 2), ("batch", 0), ("timed_runs", 0)):
         number(bat, key, f"{p}: battery", fix, lo, 1_000_000)
     opts = field(bat, "runner_options", list, f"{p}: battery", fix)
-    if not all(isinstance(t, list) and len(t) == 3 and all(isinstance(x, str) for x in t) for t in opts):
+    if not all(
+        isinstance(opt, list) and len(opt) == 3 and all(isinstance(x, str) for x in opt) for opt in opts
+    ):
         raise InputError(f"{p}: battery: runner_options must be [backend, key, value] strings; {fix}")
     for key in ("name", "path", "sha256"):
         field(parts["model"], key, str, f"{p}: model", fix)
@@ -55,12 +57,12 @@ def check_body(body: dict[str, Any], p: Path) -> None:
         field(given, "ranges", list, f"{p}: inputs", fix),
     )
     ok = all(
-        isinstance(x, list)
-        and len(x) == 2
-        and isinstance(x[0], str)
-        and isinstance(x[1], list)
-        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 2**31 for d in x[1])
-        for x in shapes
+        isinstance(shape, list)
+        and len(shape) == 2
+        and isinstance(shape[0], str)
+        and isinstance(shape[1], list)
+        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 2**31 for d in shape[1])
+        for shape in shapes
     ) and all(
         isinstance(x, list)
         and len(x) == 3
@@ -91,7 +93,7 @@ def _check_values(body: Mapping[str, Any], p: Path, fix: str) -> None:
     field(body, "granted", bool, str(p), fix)
     b, bat = body["backend"], body["battery"]
     probes = field(bat, "probes", list, f"{p}: battery", fix)
-    unknown = [x for x in probes if not isinstance(x, str) or x not in PROBES]
+    unknown = [probe for probe in probes if not isinstance(probe, str) or probe not in PROBES]
     if unknown:
         raise InputError(
             f"{p}: battery: probes names {str(unknown[0])[:60]!r}, no probe of xbackend's "
@@ -110,7 +112,7 @@ def _check_values(body: Mapping[str, Any], p: Path, fix: str) -> None:
                 f"{', '.join(PROPERTIES)} held, broken, unchecked or not applicable; {fix}"
             )
     digests = [body["outputs"]["sha256"], *body["outputs"]["tensors"].values(), body["model"]["sha256"]]
-    if not all(_HEX64.fullmatch(d) for d in digests):
+    if not all(_HEX64.fullmatch(digest) for digest in digests):
         raise InputError(f"{p}: a sha256 in model or outputs is not 64 hex digits; {fix}")
     for t in field(body["inputs"], "tensors", (list, type(None)), f"{p}: inputs", fix) or ():
         if not (isinstance(t, list) and len(t) == 3 and all(isinstance(x, str) for x in t)):

@@ -49,8 +49,8 @@ def main() -> int:
         _PHASE[0] = "run"
         code = cli_main()
         _PHASE[0] = "done"
-    except _Early as e:  # while importing, or before the CLI's own handlers were in place
-        signum = int(e.args[0])
+    except _Early as error:  # while importing, or before the CLI's own handlers were in place
+        signum = int(error.args[0])
         what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         print(f"xbackend: {what} before anything ran", file=sys.stderr)
         return 128 + signum

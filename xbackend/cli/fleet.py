@@ -73,7 +73,7 @@ def sweep(
     result = run_sweep(spec, ex, bar, resume=not no_resume, force=flags["force"])
     for line in fleet_verdict(result):
         print(line)
-    resumed = sum(j.resumed for j in result.jobs)
+    resumed = sum(job.resumed for job in result.jobs)
     again = f" ({resumed} resumed from earlier captures)" if resumed else ""
     print(f"wrote {spec.output / 'fleet.md'} and fleet.json: {len(result.jobs)} job(s){again}")
     return result.exit_code

@@ -113,9 +113,11 @@ def _flushed(code: int) -> int:
     one line and exit 2, not a message from the interpreter's last flush."""
     try:
         sys.stdout.flush()
-    except OSError as e:
+    except OSError as error:
         _drop_stdout()
-        print(f"xbackend: error: cannot write to standard output ({e.strerror or e})", file=sys.stderr)
+        print(
+            f"xbackend: error: cannot write to standard output ({error.strerror or error})", file=sys.stderr
+        )
         return EXIT_USAGE if code == 0 else code
     return code
 
@@ -142,28 +144,28 @@ def _main(argv: Sequence[str] | None) -> int:
         return _stopped() if _RECEIVED else int(code or 0)
     except (KeyboardInterrupt, typer.Abort):
         return _stopped()
-    except XbackendError as e:
-        print(f"xbackend: error: {_one_line(str(e))}", file=sys.stderr)
-        return e.exit_code
-    except typer.Exit as e:
-        return _stopped() if _RECEIVED else int(e.exit_code)
-    except typer.TyperException as e:  # typer's own usage errors: unknown option, missing argument
-        msg = e.format_message() if hasattr(e, "format_message") else str(e)
+    except XbackendError as error:
+        print(f"xbackend: error: {_one_line(str(error))}", file=sys.stderr)
+        return error.exit_code
+    except typer.Exit as error:
+        return _stopped() if _RECEIVED else int(error.exit_code)
+    except typer.TyperException as error:  # typer's own usage errors: unknown option, missing argument
+        msg = error.format_message() if hasattr(error, "format_message") else str(error)
         hint = _help_hint(argv)
         print(
             f"xbackend: error: {_one_line(' '.join(msg.split()).rstrip('.'))}; see `{hint}`", file=sys.stderr
         )
-        return int(getattr(e, "exit_code", EXIT_USAGE))
-    except OSError as e:  # the system refused a path or a stream: the user's to fix, not a bug
-        print(f"xbackend: error: {_one_line(_os_error(e))}", file=sys.stderr)
+        return int(getattr(error, "exit_code", EXIT_USAGE))
+    except OSError as error:  # the system refused a path or a stream: the user's to fix, not a bug
+        print(f"xbackend: error: {_one_line(_os_error(error))}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as e:  # a bug in xbackend, not in the user's input
-        said = _users_path(e)
+    except Exception as error:  # a bug in xbackend, not in the user's input
+        said = _users_path(error)
         if said:
             print(f"xbackend: error: {_one_line(said)}", file=sys.stderr)
             return EXIT_USAGE
         print(
-            f"xbackend: internal error: {type(e).__name__}: {_one_line(str(e))}; please report it",
+            f"xbackend: internal error: {type(error).__name__}: {_one_line(str(error))}; please report it",
             file=sys.stderr,
         )
         return EXIT_INTERNAL

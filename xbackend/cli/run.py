@@ -37,8 +37,8 @@ def compare(model: ModelArg, **flags: Any) -> int:
     opts = compare_options(flags)
     check_outputs(outputs, read_by(model, opts, flags["baseline"]), flags["force"])
     if opts.save_captures:  # a capture per backend: never into someone's folder
-        for b in opts.backends:
-            check_folder(Path(opts.save_captures) / b, "--save-captures", flags["force"])
+        for backend in opts.backends:
+            check_folder(Path(opts.save_captures) / backend, "--save-captures", flags["force"])
     result = compare_with_options(model, opts, progress(flags["no_progress"]))
     _write_reports(result, report, json)
     _print_summary(result)
@@ -173,14 +173,14 @@ def _cost_lines(result: Result) -> list[str]:
     out = []
     for fam in result.cost_of_determinism():
         out.append(f"  modes of {fam.runner} (latency against {fam.default}'s):")
-        for m in fam.rows:
-            if m.latency is None:
+        for row in fam.rows:
+            if row.latency is None:
                 cost = "not timed (--timed-runs N times it)"
             else:
-                ratio = f", {m.ratio:.2f}x" if m.ratio is not None and m.mode != "default" else ""
-                cost = f"{m.latency.words()}{ratio}"
-            promises = m.promise_words().replace("**", "")
-            out.append(f"    {m.mode}: {cost}; promises {promises}")
+                ratio = f", {row.ratio:.2f}x" if row.ratio is not None and row.mode != "default" else ""
+                cost = f"{row.latency.words()}{ratio}"
+            promises = row.promise_words().replace("**", "")
+            out.append(f"    {row.mode}: {cost}; promises {promises}")
     return out
 
 

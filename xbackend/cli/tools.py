@@ -43,9 +43,9 @@ def backends() -> int:
             specs, modes = cls.all_option_specs(), cls.determinism_modes()
         except XbackendError:
             specs, modes = (), {}
-        for s in specs:
-            choices = f" [{'|'.join(s.choices)}]" if s.choices else ""
-            print(f"{'':12s}   --set {e.name}.{s.name}=...{choices}  {s.help}")
+        for spec in specs:
+            choices = f" [{'|'.join(spec.choices)}]" if spec.choices else ""
+            print(f"{'':12s}   --set {e.name}.{spec.name}=...{choices}  {spec.help}")
         for label, opts in modes.items():
             promises = cls.promises_for(cls.resolve_options(opts))
             promised = ", ".join(p for p in PROPERTIES if p in promises) or "nothing"

@@ -32,18 +32,18 @@ class Baseline:
 
     def match(self, name: str) -> BaselineBackend | None:
         """The same backend: by name, else by the runner name before '@' (a loaded capture)."""
-        by_name = {b.name: b for b in self.backends}
+        by_name = {backend.name: backend for backend in self.backends}
         if name in by_name:
             return by_name[name]
         base = name.split("@")[0]
-        return next((b for b in self.backends if b.name.split("@")[0] == base), None)
+        return next((backend for backend in self.backends if backend.name.split("@")[0] == base), None)
 
 
 def _from_captures(source: str, folders: list[Path]) -> Baseline:
-    caps = [open_capture(d, recorded_name(d)) for d in folders]
+    caps = [open_capture(folder, recorded_name(folder)) for folder in folders]
     return Baseline(
         source,
-        tuple(BaselineBackend(c.name, c.backend, c.feeds.sha256, c) for c in caps),
+        tuple(BaselineBackend(cap.name, cap.backend, cap.feeds.sha256, cap) for cap in caps),
         caps[0].environment,
     )
 
@@ -84,9 +84,9 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     return Baseline(
         str(p),
         tuple(
-            BaselineBackend(b.name, b, r.feeds.sha256, caps.get(b.name))
-            for b in r.backends
-            if b.ok and not b.loaded_from
+            BaselineBackend(backend.name, backend, r.feeds.sha256, caps.get(backend.name))
+            for backend in r.backends
+            if backend.ok and not backend.loaded_from
         ),
         r.environment,
     )

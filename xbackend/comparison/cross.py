@@ -17,11 +17,11 @@ __all__ = ["against", "cross_all", "effective_reference", "pairs"]
 
 def effective_reference(opts: CompareOptions, results: Sequence[BackendResult]) -> str:
     """--reference when it ran, else the first backend in --backends order that did."""
-    by_name = {r.name: r for r in results}
+    by_name = {result.name: result for result in results}
     ref = opts.reference_name
     if by_name[ref].ok:
         return ref
-    return next((r.name for r in results if r.ok and r.name != EXPECTED), ref)
+    return next((result.name for result in results if result.ok and result.name != EXPECTED), ref)
 
 
 def cross_all(
@@ -31,7 +31,7 @@ def cross_all(
     spec: ModelSpec,
     opts: CompareOptions,
 ) -> list[CrossBackendResult]:
-    by_name = {r.name: r for r in results}
+    by_name = {result.name: result for result in results}
     out = []
     for r in results:
         if r.name == ref:
@@ -51,7 +51,7 @@ def pairs(
     builds: Mapping[str, Builds], results: Sequence[BackendResult], spec: ModelSpec
 ) -> list[PairResult]:
     """Every pair of backends that ran, at the graph outputs of the plain builds."""
-    ok = [r.name for r in results if r.ok]
+    ok = [result.name for result in results if result.ok]
     out = []
     for i, a in enumerate(ok):
         for b in ok[i + 1 :]:
@@ -69,7 +69,7 @@ def against(
     layers: bool = True,
 ) -> list[CrossBackendResult]:
     """Every backend that ran against `target` (the oracle, the expected outputs), when it ran."""
-    by_name = {r.name: r for r in results}
+    by_name = {result.name: result for result in results}
     if target not in builds or not builds[target].ok:
         return []
     return [
@@ -88,7 +88,11 @@ def _cross_one(
     # backend's not-exposed list, is not compared; one it simply lacks is a mismatch
     declared = {n for x in (a0, b0) for n, _ in getattr(x.outputs, "not_exposed", ())}
     produced = {value_name(d.name) for d in outputs}
-    missing = [n for n in spec.output_names if n not in produced and n not in declared]
+    missing = [
+        output_name
+        for output_name in spec.output_names
+        if output_name not in produced and output_name not in declared
+    ]
     outputs += [
         TensorDiff.mismatch(n, spec.op_types().get(n, ""), "missing", "not produced") for n in missing
     ]

@@ -110,8 +110,8 @@ def decisions_all(
         return ()
     wanted = decision_outputs(spec, asked)
     return tuple(
-        _one(name, axis, builds[b.name], builds[ref], b.name, ref)
+        _one(name, axis, builds[backend.name], builds[ref], backend.name, ref)
         for name, axis in wanted
-        for b in backends
-        if b.ok and b.name != ref and b.name in builds and builds[b.name].ok
+        for backend in backends
+        if backend.ok and backend.name != ref and backend.name in builds and builds[backend.name].ok
     )

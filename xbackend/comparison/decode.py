@@ -74,12 +74,12 @@ def convention_of(spec: ModelSpec) -> Convention:
     layers = sorted({int(k) for k, _ in past_in})
     past = tuple(
         (
-            past_in[(str(i), "key")],
-            past_in[(str(i), "value")],
-            past_out[(str(i), "key")],
-            past_out[(str(i), "value")],
+            past_in[(str(layer), "key")],
+            past_in[(str(layer), "value")],
+            past_out[(str(layer), "key")],
+            past_out[(str(layer), "value")],
         )
-        for i in layers
+        for layer in layers
     )
     heads = dim = 0
     dtype = "float32"
@@ -167,10 +167,10 @@ def _given_prompts(path: str, conv: Convention) -> list[np.ndarray]:
         arrays = {
             k: v for k, v in read_npz(Path(path), check).items() if k in ("input_ids", "attention_mask")
         }
-    except NpzError as e:
-        raise InputError(f"--inputs {path} is not a readable .npz ({e}); {what}") from None
-    except (OSError, zipfile.BadZipFile, RuntimeError, NotImplementedError) as e:
-        raise InputError(f"--inputs {path} is not a readable .npz ({first_line(e)}); {what}") from None
+    except NpzError as error:
+        raise InputError(f"--inputs {path} is not a readable .npz ({error}); {what}") from None
+    except (OSError, zipfile.BadZipFile, RuntimeError, NotImplementedError) as error:
+        raise InputError(f"--inputs {path} is not a readable .npz ({first_line(error)}); {what}") from None
     ids = arrays.get("input_ids")
     if ids is None or ids.ndim != 2 or ids.size == 0 or ids.dtype.kind not in "iu":
         raise InputError(f"--inputs {path}: {what}")
@@ -181,7 +181,7 @@ def _given_prompts(path: str, conv: Convention) -> list[np.ndarray]:
         )
     keep = mask > 0 if mask is not None else np.ones(ids.shape, bool)
     rows = [ids[r][keep[r]].astype(conv.ids_dtype) for r in range(ids.shape[0])]
-    if any(len(r) == 0 for r in rows):
+    if any(len(row) == 0 for row in rows):
         raise InputError(f"--inputs {path}: a prompt has no tokens (its attention_mask is all 0)")
     return rows
 
@@ -236,7 +236,7 @@ def decode_backends(
     on its prompts), and the feeds of the step the per-layer comparison is of."""
     conv = convention_of(spec)
     if against is not None:
-        prompts = [np.asarray(p, dtype=conv.ids_dtype) for p in against.result.prompts]
+        prompts = [np.asarray(prompt, dtype=conv.ids_dtype) for prompt in against.result.prompts]
     else:
         prompts = make_prompts(spec, opts, conv)
     warnings: list[str] = []
@@ -266,9 +266,15 @@ def decode_backends(
     given = None
     held = None
     if against is not None:
-        ref_b = next((b for b in against.result.backends if b.backend == against.result.reference), None)
+        ref_b = next(
+            (backend for backend in against.result.backends if backend.backend == against.result.reference),
+            None,
+        )
         held = ref_b if ref_b is not None and ref_b.ok and against.logits.is_file() else None
-        given = (against.name, {p.prompt: (p.tokens, p.margins) for p in held.prompts} if held else None)
+        given = (
+            against.name,
+            {prompt.prompt: (prompt.tokens, prompt.margins) for prompt in held.prompts} if held else None,
+        )
     result = _analyze(opts, planned, done, work, prompts, given, against.logits if against else None)
     layers_step, feeds = _layers_feeds(result, prompts, conv, opts, held)
     warnings += [
@@ -341,7 +347,7 @@ def _analyze(
                 )
             if step is not None:
                 margin, diff = ref_alone[k][1][step], diffs[step]
-            mine = [r for r in rows if r.prompt == k]
+            mine = [row for row in rows if row.prompt == k]
             seen = [r.tokens for r in mine]
             departs = [first_difference(t, tokens) for t in seen]
             out.append(
@@ -355,7 +361,9 @@ def _analyze(
                     logit_differences=diffs,
                     compositions=len(seen),
                     distinct_completions=len(set(seen)),
-                    first_batch_divergence=min((d for d in departs if d is not None), default=None),
+                    first_batch_divergence=min(
+                        (depart for depart in departs if depart is not None), default=None
+                    ),
                     batch_logit_difference=max((r.moved for r in mine), default=0.0),
                     batch_tokens=tuple((_comp(o, r.composition), r.tokens) for r in mine),
                 )
@@ -373,15 +381,17 @@ def _analyze(
         cached=False,
         reference=ref,
         batch=opts.batch_invariance,
-        prompt_lengths=tuple(len(p) for p in prompts),
+        prompt_lengths=tuple(len(prompt) for prompt in prompts),
         backends=tuple(backends),
-        prompts=tuple(tuple(int(x) for x in p.reshape(-1)) for p in prompts),
+        prompts=tuple(tuple(int(x) for x in prompt.reshape(-1)) for prompt in prompts),
     )
 
 
 def _alone(o: JobOutcome) -> dict[int, tuple[tuple[int, ...], tuple[float, ...]]]:
     return {
-        r.prompt: (r.tokens, r.margins) for r in o.result.decode_rows if len(_comp(o, r.composition)) == 1
+        row.prompt: (row.tokens, row.margins)
+        for row in o.result.decode_rows
+        if len(_comp(o, row.composition)) == 1
     }
 
 
@@ -400,11 +410,13 @@ def _layers_feeds(
     """The step the per-layer comparison is of: the first divergence, else the reference's
     smallest margin; fed as the prompt and the reference's tokens before that step."""
     diverged = [
-        (d.first_divergent_step, d.prompt, b.backend)
-        for b in result.backends
-        if b.ok and (d := b.first_divergence) is not None and d.first_divergent_step is not None
+        (d.first_divergent_step, d.prompt, backend.backend)
+        for backend in result.backends
+        if backend.ok and (d := backend.first_divergence) is not None and d.first_divergent_step is not None
     ]
-    ref = held or next((b for b in result.backends if b.backend == result.reference and b.ok), None)
+    ref = held or next(
+        (backend for backend in result.backends if backend.backend == result.reference and backend.ok), None
+    )
     if diverged:
         step, prompt, who = min(diverged)
         why = f"where {who} first left {'the original' if held else 'the reference'}'s tokens"

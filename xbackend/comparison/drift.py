@@ -63,7 +63,7 @@ def _drift(b: BackendResult, mine: Builds, base: Baseline, spec: ModelSpec, feed
         if mine.first.layers is not None and run.layers is not None:
             layers = diff_phases(mine.first.layers, run.layers, spec, outputs=False)
         moved = [d.name for d in (layers or outs) if not d.bitwise_equal]
-        moved += [d.name for d in outs if not d.bitwise_equal and d.name not in moved]
+        moved += [out.name for out in outs if not out.bitwise_equal and out.name not in moved]
         moved.sort(key=lambda n: rank.get(value_name(n), len(rank)))
         status: Literal["drifted", "identical"] = "drifted" if moved else "identical"
         return Drift(b.name, label, status, "", True, tuple(outs), tuple(layers), tuple(moved))

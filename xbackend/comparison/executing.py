@@ -60,7 +60,7 @@ class _Judge:
         memory: Fit,
     ) -> None:
         self._pool = pool
-        named = {b.name: b for b in run.backends}
+        named = {backend.name: backend for backend in run.backends}
         self._args = (ex, ctx, run.planned, run.builds, named, run.reference, shared, memory)
         self._future: Future[Explanation] | None = None
 
@@ -148,7 +148,9 @@ class Execution:
         self._stack.callback(self._bar.stop)
         builds = {p.name: run_builds(ex, p, mains[p.name]) for p in planned}
         backends = tuple(summarize_backend(builds[p.name], spec, opts) for p in planned)
-        results = {b.name: b for b in backends}  # the probes read the backends that ran here
+        results = {
+            backend.name: backend for backend in backends
+        }  # the probes read the backends that ran here
         everything = dict(builds)
         for cap in self._captures:
             everything[cap.name] = Builds(PlannedBackend(cap.name, None, {}, {}), (), cap)
@@ -183,7 +185,7 @@ def _steps(jobs: Sequence[Sequence[Job]]) -> int:
 
 def probe_results(probes: Sequence[Probe], run: ProbesRun) -> tuple[ProbeResult, ...]:
     """Each probe's result from its jobs' outcomes (or why it could not plan its follow-ups)."""
-    results = {b.name: b for b in run.backends}
+    results = {backend.name: backend for backend in run.backends}
     return tuple(
         FailedProbe(probe.name, run.broken_probes[probe.name])
         if probe.name in run.broken_probes

@@ -21,9 +21,9 @@ def run_probe_jobs(
     builds: Mapping[str, Builds],
 ) -> dict[tuple[str, str], dict[str, JobOutcome]]:
     """Every probe's jobs for a backend in one go (variants that can share a process do)."""
-    out: dict[tuple[str, str], dict[str, JobOutcome]] = {k: {} for k in probe_jobs}
+    out: dict[tuple[str, str], dict[str, JobOutcome]] = {job: {} for job in probe_jobs}
     for p in planned:
-        keys = [k for k in probe_jobs if k[1] == p.name]
+        keys = [job for job in probe_jobs if job[1] == p.name]
         done = ex.run_all([j for k in keys for j in probe_jobs[k]], builds[p.name].ok)
         for k in keys:
             out[k] = {j.label: done[j.label] for j in probe_jobs[k] if j.label in done}
@@ -59,11 +59,11 @@ def run_followups(
     wanted: dict[tuple[str, str], list[Job]] = {}
     broken: dict[str, str] = {}
     for pr in probes:
-        for r in backend_runs(pr, planned, builds, outcomes, results):
+        for run in backend_runs(pr, planned, builds, outcomes, results):
             try:
-                wanted[(pr.name, r.planned.name)] = pr.followup_jobs(r)
-            except Exception as e:  # a broken probe is a warning, never a silent pass
-                broken.setdefault(pr.name, f"{type(e).__name__}: {e}")
+                wanted[(pr.name, run.planned.name)] = pr.followup_jobs(run)
+            except Exception as error:  # a broken probe is a warning, never a silent pass
+                broken.setdefault(pr.name, f"{type(error).__name__}: {error}")
     bar.grow(sum(j.steps for js in wanted.values() for j in js))
     for key, done in run_probe_jobs(ex, planned, wanted, builds).items():
         outcomes.setdefault(key, {}).update(done)
@@ -79,5 +79,5 @@ def analyze_probe(
 ) -> ProbeResult:
     try:
         return probe.analyze(backend_runs(probe, planned, builds, outcomes, results))
-    except Exception as e:  # a broken probe is a warning, never a silent pass or a crash
-        return FailedProbe(probe.name, f"{type(e).__name__}: {e}")
+    except Exception as error:  # a broken probe is a warning, never a silent pass or a crash
+        return FailedProbe(probe.name, f"{type(error).__name__}: {error}")

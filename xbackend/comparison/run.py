@@ -247,7 +247,7 @@ def _compare(ctx: RunContext, done: ProbesRun, capture_to: str | os.PathLike[str
     env = tuple(collect_environment().items())
     save_captures(opts, spec, feeds, ctx.feeds_path, builds, backends, env, capture_to)
     drift, baseline_env = baseline_drifts(opts, spec, feeds, builds, backends)
-    compared = [b for b in backends if b.name != EXPECTED]
+    compared = [backend for backend in backends if backend.name != EXPECTED]
     return _Compared(
         env,
         drift,

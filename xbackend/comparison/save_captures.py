@@ -31,7 +31,9 @@ def save_captures(
     """Portable captures: `capture_to` for the first backend (xbackend capture), and one folder per
     backend that ran under --save-captures."""
     todo: list[tuple[Path, BackendResult]] = []
-    ran = [b for b in backends if b.ok and not b.loaded_from and b.name != EXPECTED]
+    ran = [
+        backend for backend in backends if backend.ok and not backend.loaded_from and backend.name != EXPECTED
+    ]
     if capture_to is not None and ran and ran[0].name == opts.backends[0]:
         todo.append((Path(capture_to), ran[0]))
     if opts.save_captures:

@@ -25,10 +25,10 @@ def from_json(text: str, what: str = "report") -> Result:
     """The Result a JSON report holds; InputError (one line) when it holds none this version reads."""
     try:
         data = json_loads(text)
-    except ValueError as e:
+    except ValueError as error:
         raise InputError(
-            f"{what} is not JSON ({e}); pass a report written by `xbackend compare --json`"
-        ) from e
+            f"{what} is not JSON ({error}); pass a report written by `xbackend compare --json`"
+        ) from error
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema != SCHEMA or "result" not in data:
         raise InputError(
@@ -37,8 +37,8 @@ def from_json(text: str, what: str = "report") -> Result:
         )
     try:
         return decode(Result, data["result"])  # type: ignore[no-any-return]
-    except CodecError as e:
-        raise InputError(f"{what} is damaged or was edited: {e}; re-run the comparison") from e
+    except CodecError as error:
+        raise InputError(f"{what} is damaged or was edited: {error}; re-run the comparison") from error
 
 
 def read_result(path: str | os.PathLike[str], flag: str = "") -> Result:
@@ -46,8 +46,10 @@ def read_result(path: str | os.PathLike[str], flag: str = "") -> Result:
     what = f"{flag} {p}".strip()
     try:
         text = p.read_text("utf-8")
-    except FileNotFoundError as e:
-        raise InputError(f"{what} not found; pass a JSON report written by `xbackend compare --json`") from e
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{what} cannot be read ({type(e).__name__}); pass a JSON report") from e
+    except FileNotFoundError as error:
+        raise InputError(
+            f"{what} not found; pass a JSON report written by `xbackend compare --json`"
+        ) from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{what} cannot be read ({type(error).__name__}); pass a JSON report") from error
     return from_json(text, what)

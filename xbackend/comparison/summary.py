@@ -36,7 +36,7 @@ def summarize_backend(b: Builds, spec: ModelSpec, opts: CompareOptions) -> Backe
             p.interpreter_info(),
             promises=promised(p.name, p.options),
         )
-    failed = next((o for o in b.outcomes if not o.ok), None)
+    failed = next((outcome for outcome in b.outcomes if not outcome.ok), None)
     if failed is not None:
         return BackendResult(
             p.name,
@@ -56,7 +56,7 @@ def _ran(
 ) -> BackendResult:
     first = b.outcomes[0]
     top = max(b.outcomes, key=lambda o: o.result.peak_rss_bytes)
-    outs = [o.outputs for o in b.outcomes]
+    outs = [outcome.outputs for outcome in b.outcomes]
     shown = first.layers or first.outputs
     return BackendResult(
         name=b.planned.name,
@@ -66,7 +66,7 @@ def _ran(
         runs=len(first.outputs.run_s),
         builds=len(b.outcomes),
         deterministic=_deterministic(b),
-        distinct_outputs=len({h for ph in outs for h in ph.output_hashes}),
+        distinct_outputs=len({hashe for ph in outs for hashe in ph.output_hashes}),
         distinct_run_outputs=max(len(set(ph.output_hashes)) for ph in outs),
         distinct_build_outputs=len({ph.output_hashes[0] for ph in outs}),
         exposed=len(shown.capture_names),
@@ -74,7 +74,7 @@ def _ran(
         run_diffs=tuple(_run_diffs(b, spec)),
         build_diffs=tuple(build_diffs(b, spec)),
         fingerprints=tuple(ph.fingerprint.digest for ph in outs),
-        build_s=tuple(o.outcome.elapsed_s for o in b.outcomes),
+        build_s=tuple(outcome.outcome.elapsed_s for outcome in b.outcomes),
         timings=_timings(first.outputs),
         observer=_observer(first, spec),
         layers_error="; ".join(f"{ph}: {why}" for ph, why in first.result.phase_errors),
@@ -93,7 +93,7 @@ def latency(b: Builds) -> Latency | None:
     """One inference's wall time over every build's runs of the model users ship, each build's
     first run (warm-up: lazy compiles, autotuning, allocations) left out."""
     first = b.outcomes[0].outputs
-    seconds = [s for o in b.outcomes for s in o.outputs.run_s[1:]]
+    seconds = [s for outcome in b.outcomes for s in outcome.outputs.run_s[1:]]
     return Latency.of(seconds, len(first.capture_names))
 
 
@@ -119,7 +119,9 @@ def _info(b: Builds, o: JobOutcome) -> tuple[tuple[str, str], ...]:
 def _deterministic(b: Builds) -> bool:
     """Every phase captured the same bits on every run of every build."""
     cap_hashes = {
-        ph.name: [h for o in b.outcomes if (x := o.phase(ph.name)) for h in x.capture_hashes]
+        ph.name: [
+            hashe for outcome in b.outcomes if (x := outcome.phase(ph.name)) for hashe in x.capture_hashes
+        ]
         for ph in b.outcomes[0].result.phases
     }
     return all(len(set(hs)) == 1 for hs in cap_hashes.values())
@@ -127,10 +129,10 @@ def _deterministic(b: Builds) -> bool:
 
 def _run_diffs(b: Builds, spec: ModelSpec) -> list[TensorDiff]:
     """Within each session, later runs against run 0: the worst per tensor, in model order."""
-    outs = [o.outputs for o in b.outcomes]
-    layers = [o.layers for o in b.outcomes if o.separate_layers]
+    outs = [outcome.outputs for outcome in b.outcomes]
+    layers = [outcome.layers for outcome in b.outcomes if outcome.separate_layers]
     order = {n: i for i, n in enumerate(spec.tensor_order())}
-    return worst_per_tensor([d for ph in [*outs, *layers] if ph for d in ph.run_diffs], order)
+    return worst_per_tensor([diff for ph in [*outs, *layers] if ph for diff in ph.run_diffs], order)
 
 
 def _timings(ph: PhaseResult) -> tuple[tuple[str, float], ...]:
@@ -153,7 +155,7 @@ def _digests(ph: PhaseResult | None, names: Sequence[str] | None = None) -> tupl
     release's report, which tensors moved."""
     if ph is None:
         return ()
-    keep = ph.capture_names if names is None else [n for n in ph.capture_names if n in set(names)]
+    keep = ph.capture_names if names is None else [name for name in ph.capture_names if name in set(names)]
     if ph.digests:  # hashed by the worker as it saved the capture
         have = dict(ph.digests)
         return tuple((n, have[n]) for n in keep if n in have)
@@ -164,12 +166,12 @@ def _digests(ph: PhaseResult | None, names: Sequence[str] | None = None) -> tupl
 def _constant_outputs(ph: PhaseResult, spec: ModelSpec) -> tuple[tuple[str, str], ...]:
     out = []
     with CaptureFile(ph.capture) as c:
-        for n in spec.output_names:
-            v = c.get(n, None)
+        for output_name in spec.output_names:
+            v = c.get(output_name, None)
             if isinstance(v, np.ndarray) and v.size == 0:
-                out.append((n, f"empty (shape {list(v.shape)})"))  # a batch of 0: nothing compared
+                out.append((output_name, f"empty (shape {list(v.shape)})"))  # a batch of 0: nothing compared
             elif isinstance(v, np.ndarray) and v.size >= 2 and is_constant(v):
-                out.append((n, f"all {v.reshape(-1)[0]!s}"))
+                out.append((output_name, f"all {v.reshape(-1)[0]!s}"))
     return tuple(out)
 
 

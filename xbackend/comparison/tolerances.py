@@ -28,8 +28,8 @@ def attach(
             why = (le.reason or le.status) if le is not None else "its local errors were not measured"
             out.append(replace(c, tolerances=floor_tol, not_judged=why, tolerance_by=_by_floor(ex, c, auto)))
             continue
-        tol = tuple((n.tensor, n.allowed_scaled_ulp) for n in le.nodes) if auto else ()
-        local = tuple((n.tensor, n.local_scaled_ulp) for n in le.nodes)
+        tol = tuple((node.tensor, node.allowed_scaled_ulp) for node in le.nodes) if auto else ()
+        local = tuple((node.tensor, node.local_scaled_ulp) for node in le.nodes)
         by = "its nodes' allowances against float64" if auto else f"--max-ulp {c.max_ulp_tolerance:g}"
         out.append(
             replace(

@@ -100,7 +100,7 @@ class DecodeTask:
             "convention": self.convention.to_dict(),
             "steps": self.steps,
             "prompts": self.prompts,
-            "compositions": [list(c) for c in self.compositions],
+            "compositions": [list(composition) for composition in self.compositions],
             "logits": self.logits,
         }
 
@@ -170,7 +170,7 @@ class _Batch:
 
     def __init__(self, conv: Convention, prompts: Sequence[np.ndarray]) -> None:
         self.conv = conv
-        width = max(len(p) for p in prompts)
+        width = max(len(prompt) for prompt in prompts)
         ids = np.full((len(prompts), width), conv.pad_id, dtype=conv.ids_dtype)
         mask = np.zeros((len(prompts), width), dtype=conv.mask_dtype)
         for r, p in enumerate(prompts):  # padded on the left: every row ends at its last token
@@ -228,10 +228,10 @@ def decode(
     for ci, comp in enumerate(task.compositions):
         try:
             rows += _composition(run, task, prompts, ci, comp, logits, seconds, alone_tokens, tick)
-        except Exception as e:
+        except Exception as error:
             if len(comp) == 1:
                 raise  # a prompt alone is what every comparison needs
-            failed.append((f"batch {list(comp)}", f"{type(e).__name__}: {e}".splitlines()[0][:300]))
+            failed.append((f"batch {list(comp)}", f"{type(error).__name__}: {error}".splitlines()[0][:300]))
     return rows, logits, seconds, failed
 
 

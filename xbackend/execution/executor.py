@@ -98,7 +98,9 @@ class Job:
     def steps(self) -> int:
         if self.kind != "main":  # opt-levels, decode: the build, then the work (its steps as the detail)
             return 2
-        return 1 + sum(p.runs * max(1, len(p.windows)) + len(p.extra_feeds) for p in self.phases)
+        return 1 + sum(
+            phase.runs * max(1, len(phase.windows)) + len(phase.extra_feeds) for phase in self.phases
+        )
 
     def env(self) -> dict[str, str]:
         return self.cls.process_env(self.options)
@@ -176,14 +178,14 @@ class Executor:
 
     def _worker_job(self, job: Job, job_dir: Path) -> WorkerJob:
         model = self.spec.ref()
-        phases = tuple(p.placed(job_dir) for p in job.phases)
+        phases = tuple(phase.placed(job_dir) for phase in job.phases)
         if job.python or job.cls.stages_model:  # the worker needs no onnx: models are prepared here
             max_ir = self.max_ir.get(job.python) if job.python else job.cls.max_ir_version()
             staged = self.work / "staged-models"
             own = job.cls.stages_model  # a plugin may read the model with onnx.load
             phases = tuple(
-                replace(p, model=stage_model(p.model or model, p.tensors, max_ir, staged, own))
-                for p in phases
+                replace(phase, model=stage_model(phase.model or model, phase.tensors, max_ir, staged, own))
+                for phase in phases
             )
             model = stage_model(model, (), max_ir, staged, own)
         return WorkerJob(
@@ -255,7 +257,7 @@ class Executor:
                 groups[-1].append(job)
             else:
                 groups.append([job])
-        return {o.job.label: o for g in groups for o in self.run_together(g)}
+        return {o.job.label: o for group in groups for o in self.run_together(group)}
 
     def run_queue(
         self,
@@ -282,11 +284,11 @@ class Executor:
             follow: list[list[Job]] = []
             try:
                 outcomes = run()
-                follow = [list(b) for o in outcomes for b in then(o) if b]
+                follow = [list(b) for outcome in outcomes for b in then(outcome) if b]
             finally:  # in one step: a lane must not see the queue empty before these are in
                 with lock:
                     running -= 1
-                    done.update((o.job.label, o) for o in outcomes)
+                    done.update((outcome.job.label, outcome) for outcome in outcomes)
                     for b in reversed(follow):
                         self.bar.grow(sum(j.steps for j in b))
                         pending.appendleft(b)

@@ -139,8 +139,8 @@ def probe_interpreter(path: str, target: str) -> Interpreter:
         )
     except subprocess.TimeoutExpired:
         return Interpreter(path, reason=f"{where}: did not answer within {_PROBE_TIMEOUT_S:g} s")
-    except OSError as e:
-        return Interpreter(path, reason=f"{where}: cannot start it: {e.strerror}")
+    except OSError as error:
+        return Interpreter(path, reason=f"{where}: cannot start it: {error.strerror}")
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(TAG)), "")
     if not line:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
@@ -169,7 +169,7 @@ def stage_model(
     once under `folder`; external data is linked beside it (`own_weights`: copied, once per
     source folder, so that onnx.load reads it: a plugin's own loader)."""
 
-    extra = [t for t in tensors if t not in set(source.outputs)]
+    extra = [tensor for tensor in tensors if tensor not in set(source.outputs)]
     ir = source.ir_version if max_ir is None else min(source.ir_version, max_ir)
     own = own_weights and source.external_data
     if not extra and ir == source.ir_version and not own:
@@ -185,8 +185,8 @@ def stage_model(
         if ir < source.ir_version:
             try:
                 proto = downgrade_ir(proto, ir)
-            except ModelLoadError as e:
-                raise ModelLoadError(f"the other interpreter's engine reads IR <= {ir}: {e}") from e
+            except ModelLoadError as error:
+                raise ModelLoadError(f"the other interpreter's engine reads IR <= {ir}: {error}") from error
         write_rewritten(proto, source.path, path, own)
     return ModelRef(
         str(path), ir, source.inputs, (*source.outputs, *extra), source.external_data, source.weight_bytes

@@ -45,8 +45,8 @@ def probe(target: str) -> dict[str, object]:
     try:
         cls = getattr(importlib.import_module(module), attr)
         avail = cls.availability()
-    except Exception as e:
-        out["error"] = f"cannot import {target} there: {type(e).__name__}: {e}"
+    except Exception as error:
+        out["error"] = f"cannot import {target} there: {type(error).__name__}: {error}"
         return out
     out["available"] = bool(avail.available)
     # an install hint must name this interpreter's pip, not the one on PATH
@@ -55,8 +55,8 @@ def probe(target: str) -> dict[str, object]:
     if avail.available:
         try:
             out["max_ir"] = cls.max_ir_version()
-        except Exception as e:
-            out["max_ir_error"] = f"{type(e).__name__}: {e}"
+        except Exception as error:
+            out["max_ir_error"] = f"{type(error).__name__}: {error}"
     return out
 
 

@@ -99,7 +99,7 @@ class Phase:
     ) -> Phase:
         """A phase as a job asks for it: its capture files are named where the job runs
         (`placed`); `extra_feeds` are feeds files."""
-        feeds = tuple((str(f), "") for f in extra_feeds)
+        feeds = tuple((str(feed), "") for feed in extra_feeds)
         return cls(
             name, tuple(tensors), runs, "", feeds, serves_outputs, model, windows, spill, extras, hashed
         )
@@ -230,7 +230,7 @@ class WorkerResult:
 
     def to_json(self) -> str:
         d = asdict(self)
-        d["decode_rows"] = [r.to_dict() for r in self.decode_rows]
+        d["decode_rows"] = [row.to_dict() for row in self.decode_rows]
         return json.dumps(d)
 
     @classmethod
@@ -253,4 +253,4 @@ class WorkerResult:
         )
 
     def phase(self, name: str) -> PhaseResult | None:
-        return next((p for p in self.phases if p.name == name), None)
+        return next((phase for phase in self.phases if phase.name == name), None)

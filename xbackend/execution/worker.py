@@ -114,7 +114,7 @@ class RunTracker:
             diffs = diff_values(n, capture[n], self.writer.read(n), self.op_types.get(n, ""))
             for d in diffs:
                 keep_worse(self.worst, d)
-            same = all(d.bitwise_equal for d in diffs)
+            same = all(diff.bitwise_equal for diff in diffs)
             digests[n] = first.get(n, "") if same else tensor_digest(n, capture[n])
 
     def _spilled(self, name: str) -> bool:
@@ -324,11 +324,11 @@ def execute(job: WorkerJob) -> WorkerResult:
             runner = _new_runner(job)
             try:
                 phases.append(run_phase(runner, job, phase, feeds))
-            except Exception as e:
+            except Exception as error:
                 if k == 0:
                     raise
                 # The engine users ship ran; only the instrumented build failed: keep the verdict.
-                errors.append((phase.name, _one_line(e)))
+                errors.append((phase.name, _one_line(error)))
             runner.close()
             runner = None
         return WorkerResult(
@@ -339,13 +339,13 @@ def execute(job: WorkerJob) -> WorkerResult:
             phase_errors=tuple(errors),
             start_rss_bytes=start,
         )
-    except BaseException as e:  # the worker reports every failure, even KeyboardInterrupt
+    except BaseException as error:  # the worker reports every failure, even KeyboardInterrupt
         info: tuple[tuple[str, str], ...] = ()
         if runner is not None:
             with contextlib.suppress(Exception):
                 info = tuple(sorted(runner.info().items()))
-        status = "unavailable" if isinstance(e, BackendUnavailableError) else "failed"
-        return WorkerResult(status, stage, _one_line(e), type(e).__name__, tuple(phases), info)
+        status = "unavailable" if isinstance(error, BackendUnavailableError) else "failed"
+        return WorkerResult(status, stage, _one_line(error), type(error).__name__, tuple(phases), info)
     finally:
         if runner is not None:
             with contextlib.suppress(Exception):

@@ -93,15 +93,15 @@ def read_examples(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         if p.is_dir():
             return {k: np.asarray(v) for k, v in read_pb_tensors(p, f"--inputs {p}").items()}
         return read_npz(p)
-    except InputError as e:
-        raise ExportError(str(e)) from e
-    except NpzError as e:
-        raise ExportError(f"--inputs {p}: {e}; save it with numpy.savez") from e
-    except (OSError, ValueError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as e:
+    except InputError as error:
+        raise ExportError(str(error)) from error
+    except NpzError as error:
+        raise ExportError(f"--inputs {p}: {error}; save it with numpy.savez") from error
+    except (OSError, ValueError, zipfile.BadZipFile, NotImplementedError, RuntimeError) as error:
         raise ExportError(
-            f"--inputs {p}: cannot read it ({type(e).__name__}: {e}); pass an .npz keyed by input "
+            f"--inputs {p}: cannot read it ({type(error).__name__}: {error}); pass an .npz keyed by input "
             "name or a folder of input_N.pb"
-        ) from e
+        ) from error
 
 
 def with_data(inputs: list[InputDecl], data: Mapping[str, np.ndarray], module: Any) -> list[InputDecl]:
@@ -122,7 +122,7 @@ def with_data(inputs: list[InputDecl], data: Mapping[str, np.ndarray], module: A
         params = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
         params = []
-    order = [p for p in params if p in data] + [n for n in data if n not in params]
+    order = [param for param in params if param in data] + [n for n in data if n not in params]
     return [InputDecl.of(n, np.asarray(data[n])) for n in order]
 
 

@@ -80,11 +80,11 @@ def converter_dir() -> Path:
         return folder
     try:
         version = importlib.metadata.version("llama_cpp_python")
-    except importlib.metadata.PackageNotFoundError as e:
+    except importlib.metadata.PackageNotFoundError as error:
         raise BackendUnavailableError(
             f"llama-cpp-python is not installed (pip install 'xbackend[llama]'), or set ${_ENV} to a "
             "llama.cpp folder"
-        ) from e
+        ) from error
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xbackend" / "llama.cpp"
     folder = cache / version
     if (folder / "convert_hf_to_gguf.py").is_file():
@@ -180,8 +180,8 @@ def _fetch(version: str, folder: Path) -> None:
             try:
                 _download(link, archive, opener)
                 break
-            except OSError as e:
-                tried.append(f"{index}: {e}")
+            except OSError as error:
+                tried.append(f"{index}: {error}")
         else:
             why = "; ".join(tried) or f"no {name} on {', '.join(indexes)}"
             raise BackendUnavailableError(
@@ -192,12 +192,12 @@ def _fetch(version: str, folder: Path) -> None:
         with tarfile.open(archive) as tar:
             root = f"llama_cpp_python-{version}/vendor/llama.cpp/"
             members = [
-                m
-                for m in tar.getmembers()
-                if m.name.startswith(root) and m.name[len(root) :].startswith(_NEEDED)
+                getmember
+                for getmember in tar.getmembers()
+                if getmember.name.startswith(root) and getmember.name[len(root) :].startswith(_NEEDED)
             ]
-            for m in members:
-                m.name = m.name[len(root) :]
+            for member in members:
+                member.name = member.name[len(root) :]
             tar.extractall(staged, members=members, filter="data")
         if not (staged / "convert_hf_to_gguf.py").is_file():
             raise BackendUnavailableError(
@@ -293,8 +293,10 @@ def _check_config(given: Path, config: Path, weights: int) -> None:
         if config.stat().st_size > _CONFIG_LIMIT:
             raise ValueError(f"past {_CONFIG_LIMIT >> 20} MiB")
         data = json.loads(config.read_text("utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        raise UsageError(f"{config} is not a readable config.json ({str(e)[:80]}); fix the file") from None
+    except (OSError, ValueError, RecursionError) as error:
+        raise UsageError(
+            f"{config} is not a readable config.json ({str(error)[:80]}); fix the file"
+        ) from None
     if not isinstance(data, dict):
         raise UsageError(f"{config} is not a JSON object; fix the file")
     tables = [data, *(v for k, v in data.items() if k.endswith("_config") and isinstance(v, dict))]

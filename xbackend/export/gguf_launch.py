@@ -93,8 +93,8 @@ def main(argv: list[str]) -> int:
     sys.argv = [os.path.join(converter, "convert_hf_to_gguf.py"), folder, *rest]
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")
-    except RemoteCodeRefused as e:
-        print(f"the folder needs code of its own to load: {e}", file=sys.stderr)
+    except RemoteCodeRefused as error:
+        print(f"the folder needs code of its own to load: {error}", file=sys.stderr)
         return REMOTE_CODE_EXIT
     return 0
 

@@ -116,8 +116,8 @@ def _hooked_outputs(module: Any, names: set[str], args: tuple[Any, ...]) -> dict
         with torch.no_grad():
             module(*args)
     finally:
-        for h in handles:
-            h.remove()
+        for handle in handles:
+            handle.remove()
     return captured
 
 
@@ -229,12 +229,12 @@ def _run_resized(
         ref = ModelRef(str(path), proto.ir_version, tuple(feeds), outputs, uses_external_data(proto))
         runner.prepare(ref, outputs)
         runner.run(feeds)
-    except Exception as e:
+    except Exception as error:
         axes = ", ".join(f"{n}={a}:{d}" for n, ax in dynamic.items() for a, d in ax.items())
         raise ExportError(
             f"the exported model declares --dynamic {axes} but fails at another size "
-            f"({' '.join(str(e).split())[:200]}); the module bakes that size into the graph"
-        ) from e
+            f"({' '.join(str(error).split())[:200]}); the module bakes that size into the graph"
+        ) from error
     finally:
         runner.close()
 
@@ -305,21 +305,21 @@ def _export_torch(
     try:
         with torch.no_grad():
             result = module(*args)
-    except Exception as e:
+    except Exception as error:
         culprit = _culprit(module, inputs, examples)
         if culprit is not None:
             i = next(x for x in inputs if x.name == culprit)
             raise ExportError(
                 f"the module's forward failed on input {i.describe(ranges.get(culprit))} "
-                f"({type(e).__name__}: {first_line(e)[:160]}) and runs with {culprit} at 0: give it "
+                f"({type(error).__name__}: {first_line(error)[:160]}) and runs with {culprit} at 0: give it "
                 f"its valid values with --range {culprit}=LO:HI, or real ones with --inputs FILE.npz"
-            ) from e
+            ) from error
         fed = ", ".join(i.describe(ranges.get(i.name)) for i in inputs)
         raise ExportError(
-            f"the module's forward failed on the example inputs {fed}: {type(e).__name__}: "
-            f"{first_line(e)[:200]}; give integer inputs their valid values with --range NAME=LO:HI "
+            f"the module's forward failed on the example inputs {fed}: {type(error).__name__}: "
+            f"{first_line(error)[:200]}; give integer inputs their valid values with --range NAME=LO:HI "
             "(e.g. token_type_ids=0:2), or real ones with --inputs FILE.npz"
-        ) from e
+        ) from error
     if not output_names:
         output_names = output_names_of(result)
     with warnings.catch_warnings(), _quiet_torch_logs():
@@ -335,8 +335,8 @@ def _export_torch(
                 dynamic_axes={k: dict(v) for k, v in (dynamic or {}).items()} or None,
                 verbose=False,
             )
-        except Exception as e:
-            cause = root_cause(e)
+        except Exception as error:
+            cause = root_cause(error)
             text = cut_words(str(cause), 400)
             peers = static_peers(inputs, dynamic or {})
             hint = ""
@@ -353,7 +353,7 @@ def _export_torch(
                 )
             raise ExportError(
                 f"torch.onnx.export failed for {spec!r}{hint}: {type(cause).__name__}: {text}"
-            ) from e
+            ) from error
     candidates = _scope_outputs(program)
     stored = _stored_spec(spec, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -378,7 +378,9 @@ def _export_torch(
         }
         if ranges:  # compare draws these inputs from the same ranges
             meta[META_RANGES] = json.dumps({k: [lo, hi] for k, (lo, hi) in sorted(ranges.items())})
-        onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **meta})
+        onnx.helper.set_model_props(
+            proto, {**{prop.key: prop.value for prop in proto.metadata_props}, **meta}
+        )
         adopt_external(proto, Path(tmp), out_path)
         write_atomic_bytes(out_path, proto.SerializeToString())
     return ExportResult(str(out_path), stored, str(torch.__version__), opset, tuple(inputs), outputs, mapped)

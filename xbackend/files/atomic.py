@@ -83,8 +83,8 @@ def _resolved(flag: str, p: Path) -> Path:
         raise UsageError(
             f"{flag} {p} goes through a symbolic link loop; fix the link or give another path"
         ) from None
-    except OSError as e:
-        raise UsageError(f"{flag} {p} cannot be looked up ({e.strerror}); give another path") from None
+    except OSError as error:
+        raise UsageError(f"{flag} {p} cannot be looked up ({error.strerror}); give another path") from None
 
 
 def takes_files(folder: Path) -> bool:
@@ -127,12 +127,12 @@ def stage_bytes(p: Path, data: bytes, what: str) -> Path:
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         return synced_temp(p, data)
-    except OSError as e:
-        full = e.errno in (errno.ENOSPC, errno.EFBIG)
+    except OSError as error:
+        full = error.errno in (errno.ENOSPC, errno.EFBIG)
         hint = (
             " (a full disk or a file-size limit: nothing was left behind)" if full else "; check the folder"
         )
-        raise ReportError(f"cannot write {what} {p}: {e.strerror}{hint}") from e
+        raise ReportError(f"cannot write {what} {p}: {error.strerror}{hint}") from error
 
 
 def check_export_output(

@@ -87,8 +87,8 @@ def _read_key_file(path: str | os.PathLike[str], what: str) -> bytes:
     fix = "pass a PEM key file (`xbackend keygen -o NAME` makes a pair)"
     try:
         return read_user_bytes(p, f"the {what}", fix, KEY_LIMIT)
-    except InputError as e:
-        raise UsageError(str(e)) from None
+    except InputError as error:
+        raise UsageError(str(error)) from None
 
 
 def load_private_key(path: str | os.PathLike[str]) -> Any:
@@ -107,10 +107,10 @@ def load_private_key(path: str | os.PathLike[str]) -> Any:
                     f"the private key {path} is encrypted: set {PASSWORD_ENV} to its password"
                 ) from None
             key = ser.load_pem_private_key(data, password.encode())
-    except ValueError as e:
+    except ValueError as error:
         raise UsageError(
             f"{path} is not a PEM private key xbackend can use, or its password is wrong "
-            f"({str(e).splitlines()[0]}); make one with `xbackend keygen -o NAME`"
+            f"({str(error).splitlines()[0]}); make one with `xbackend keygen -o NAME`"
         ) from None
     if not isinstance(key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey):
         raise UsageError(f"{path} is a {type(key).__name__}; sign with an Ed25519 or ECDSA key")
@@ -275,7 +275,7 @@ def open_attestation(
         )
     payload = _b64(env.get("payload", ""), "the payload", path)
     sigs = env.get("signatures") or []
-    if not isinstance(sigs, list) or not all(isinstance(s, Mapping) for s in sigs):
+    if not isinstance(sigs, list) or not all(isinstance(sig, Mapping) for sig in sigs):
         raise InputError(f"{path}: its signatures are not a list; get the certificate again")
     material = data.get("verificationMaterial") or {}
     public = material.get("publicKey") if isinstance(material, Mapping) else None
@@ -291,7 +291,9 @@ def open_attestation(
     if public_key is not None:
         kid = key_id(public_key)
         message = pae(PAYLOAD_TYPE, payload)
-        if not any(_check(public_key, _b64(s.get("sig", ""), "a signature", path), message) for s in sigs):
+        if not any(
+            _check(public_key, _b64(sig.get("sig", ""), "a signature", path), message) for sig in sigs
+        ):
             why = (
                 "it was edited after it was signed"
                 if hint in (kid, _legacy_key_id(public_key))
@@ -308,8 +310,8 @@ def open_attestation(
         )
     try:
         stmt = json_loads(payload)
-    except ValueError as e:  # not UTF-8, not JSON, nested too deep
-        raise InputError(f"{path}: its payload is not JSON ({e}); get the certificate again") from None
+    except ValueError as error:  # not UTF-8, not JSON, nested too deep
+        raise InputError(f"{path}: its payload is not JSON ({error}); get the certificate again") from None
     if not isinstance(stmt, dict) or stmt.get("_type") != STATEMENT_TYPE:
         raise InputError(f"{path}: its payload is not an in-toto Statement; certify the model again")
     return Envelope(stmt, bool(sigs), verified, hint)
@@ -348,11 +350,11 @@ def generate_key(stem: str | os.PathLike[str], kind: str = "ecdsa-p256") -> tupl
         for path, data, mode in ((private, pem, 0o600), (public, pub, 0o644)):
             _whole_new_file(path, data, mode)
             made.append(path)
-    except OSError as e:
+    except OSError as error:
         for m in made:
             m.unlink(missing_ok=True)
         failed = private if not made else public
-        raise UsageError(f"cannot write {failed}: {e.strerror or e}; nothing was kept") from None
+        raise UsageError(f"cannot write {failed}: {error.strerror or error}; nothing was kept") from None
     return private, public
 
 
@@ -379,8 +381,8 @@ def sign_model_files(model: Path, key_path: str | os.PathLike[str], out: Path) -
         return "model-signing signs with ECDSA keys (P-256, P-384), and this key is Ed25519"
     try:
         import model_signing  # optional: OpenSSF model-signing (pip install 'xbackend[sign]')
-    except ImportError as e:
-        return f"model-signing is not installed here ({e}; pip install 'xbackend[sign]')"
+    except ImportError as error:
+        return f"model-signing is not installed here ({error}; pip install 'xbackend[sign]')"
     tmp = out.with_name(f".{out.name[:200]}.{os.getpid()}.tmp")  # then placed as xbackend's own
     try:
         signing: Any = model_signing.signing  # untyped: its documented API, used as documented
@@ -388,8 +390,8 @@ def sign_model_files(model: Path, key_path: str | os.PathLike[str], out: Path) -
         place(tmp, out, file_digest(tmp), "model signature")
     except XbackendError:
         raise
-    except Exception as e:  # its own failure, said, never fatal: the certificate stands
-        return f"model-signing could not sign it ({type(e).__name__}: {str(e)[:160]})"
+    except Exception as error:  # its own failure, said, never fatal: the certificate stands
+        return f"model-signing could not sign it ({type(error).__name__}: {str(error)[:160]})"
     finally:
         tmp.unlink(missing_ok=True)
     return ""

@@ -138,8 +138,8 @@ def check_folder(out: Path, flag: str = "the capture folder", force: bool = Fals
         )
     try:
         empty = not any(out.iterdir())
-    except OSError as e:
-        raise UsageError(f"{flag} {out} cannot be read ({e.strerror}); give another folder") from None
+    except OSError as error:
+        raise UsageError(f"{flag} {out} cannot be read ({error.strerror}); give another folder") from None
     if empty:
         return set()
     try:
@@ -157,7 +157,7 @@ def check_folder(out: Path, flag: str = "the capture folder", force: bool = Fals
             p = out / name
             if os.path.lexists(p) and not is_ours(p):
                 raise UsageError(refusal(flag, p))
-    return {n for n in ours if (out / n).is_file() and not (out / n).is_symlink()}
+    return {our for our in ours if (out / our).is_file() and not (out / our).is_symlink()}
 
 
 def bad_capture(path: Path, what: str) -> InputError:
@@ -176,8 +176,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
         )
     try:
         manifest = json_loads((path / MANIFEST).read_text("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad_capture(path, f"has a damaged {MANIFEST} ({type(e).__name__})") from e
+    except (ValueError, UnicodeDecodeError) as error:
+        raise bad_capture(path, f"has a damaged {MANIFEST} ({type(error).__name__})") from error
     if not isinstance(manifest, dict):
         raise bad_capture(path, f"has a damaged {MANIFEST} (not an object)")
     fmt = manifest.get("format")
@@ -199,8 +199,8 @@ def verify_folder(path: Path) -> dict[str, Any]:
         for line in (path / SUMS).read_text("utf-8").splitlines():
             digest, _, name = line.partition("  ")
             sums[name] = digest
-    except (OSError, UnicodeDecodeError) as e:
-        raise bad_capture(path, f"has an unreadable {SUMS} ({type(e).__name__})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise bad_capture(path, f"has an unreadable {SUMS} ({type(error).__name__})") from None
     listed = manifest.get("files", {})
     if not isinstance(listed, dict) or not all(
         isinstance(n, str) and isinstance(v, int) and not isinstance(v, bool) for n, v in listed.items()
@@ -221,8 +221,8 @@ def verify_folder(path: Path) -> dict[str, Any]:
         if name.endswith(".xbv"):  # sums recomputed over a damaged file still match
             try:
                 ValueFile(path / name).close()
-            except ValueError as e:
-                raise bad_capture(path, f"has a damaged value file {name} ({e})") from e
+            except ValueError as error:
+                raise bad_capture(path, f"has a damaged value file {name} ({error})") from error
     return dict(manifest)
 
 
@@ -263,6 +263,6 @@ def captured_inputs(folder: str | os.PathLike[str]) -> CapturedInputs:
         rec = m["inputs"]
         seed = rec["seed"]
         ranges = tuple((str(n), str(r)) for n, r in rec.get("ranges", ()))
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise bad_capture(p, f"has a manifest this xbackend cannot read ({type(e).__name__})") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise bad_capture(p, f"has a manifest this xbackend cannot read ({type(error).__name__})") from None
     return CapturedInputs(p, p / INPUTS, seed if isinstance(seed, int) else None, ranges)

@@ -225,7 +225,7 @@ def _check_data(header: GgufHeader, end: int, path: Path) -> None:
 def claims_problem(header: GgufHeader) -> str:
     """'' where the sizes the header claims fit the tensors it lists; else what does not."""
     arch = header.architecture()
-    widest = max((d for t in header.tensors for d in t.dims), default=0)
+    widest = max((dim for tensor in header.tensors for dim in tensor.dims), default=0)
     blocks = header.values.get(f"{arch}.block_count")
     if isinstance(blocks, int) and blocks > len(header.tensors):
         return f"{arch}.block_count = {blocks}, more layers than its {len(header.tensors)} tensors hold"

@@ -62,9 +62,9 @@ def ledger_key(create: bool) -> bytes | None:
             return None
         _make_key(path)
         st = os.lstat(path)
-    except OSError as e:
+    except OSError as error:
         raise UsageError(
-            f"cannot read xbackend's ledger key {path} ({e.strerror}); set XDG_STATE_HOME"
+            f"cannot read xbackend's ledger key {path} ({error.strerror}); set XDG_STATE_HOME"
         ) from None
     bad = _key_problem(path, st)
     if bad:
@@ -93,9 +93,9 @@ def _make_key(path: Path) -> None:
                 os.link(tmp, path)
         finally:
             os.unlink(tmp)
-    except OSError as e:
+    except OSError as error:
         raise UsageError(
-            f"cannot make xbackend's ledger key {path} ({e.strerror}); set XDG_STATE_HOME to a folder of "
+            f"cannot make xbackend's ledger key {path} ({error.strerror}); set XDG_STATE_HOME to a folder of "
             "yours"
         ) from None
 

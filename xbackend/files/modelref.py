@@ -71,8 +71,8 @@ def model_file(path: str | os.PathLike[str]) -> Path:
         os.stat(p)
     except FileNotFoundError:
         raise ModelLoadError(f"model file not found: {p}; check the path") from None
-    except OSError as e:
-        raise ModelLoadError(f"the model {p} {os_problem(e)}; check the path") from None
+    except OSError as error:
+        raise ModelLoadError(f"the model {p} {os_problem(error)}; check the path") from None
     if not p.is_file():
         raise ModelLoadError(f"{p} is not a file; pass the path of an .onnx model file")
     return p
@@ -83,5 +83,5 @@ def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
     p = model_file(path)
     try:
         return p.read_bytes()
-    except OSError as e:
-        raise ModelLoadError(f"cannot read {p}: {e.strerror}") from e
+    except OSError as error:
+        raise ModelLoadError(f"cannot read {p}: {error.strerror}") from error

@@ -60,8 +60,8 @@ def read_npz(
                 )
             try:
                 shape, dtype, start = _header(z, info)
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-                raise NpzError(f"array {name!r} has no readable .npy header ({e})") from None
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+                raise NpzError(f"array {name!r} has no readable .npy header ({error})") from None
             if dtype.hasobject:
                 raise NpzError(f"array {name!r} is an object array, which xbackend does not unpickle")
             if dtype.names is not None or (dtype.kind == "V" and not _ml_dtype(dtype)):
@@ -87,8 +87,8 @@ def read_npz(
             try:
                 with z.open(info) as f:
                     out[headers[info.filename]] = np.lib.format.read_array(f, allow_pickle=False)
-            except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:  # a bad CRC, a cut member
-                raise NpzError(f"array {headers[info.filename]!r} is damaged ({first_line(e)})") from None
+            except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:  # a bad CRC, a cut member
+                raise NpzError(f"array {headers[info.filename]!r} is damaged ({first_line(error)})") from None
     return out
 
 

@@ -70,7 +70,7 @@ def _key(p: Path) -> Path:
 
 def allow(paths: Iterable[str | os.PathLike[str] | None]) -> None:
     """`--force`: these files may be replaced whoever wrote them (never through a link)."""
-    _FORCED.update(_key(Path(p)) for p in paths if p)
+    _FORCED.update(_key(Path(path)) for path in paths if path)
 
 
 def reset() -> None:
@@ -81,7 +81,7 @@ def reset() -> None:
 def forced(p: Path) -> bool:
     """The user forced `p`, or a folder it is in (`sweep -o DIR --force`)."""
     k = _key(p)
-    return k in _FORCED or any(a in _FORCED for a in k.parents)
+    return k in _FORCED or any(parent in _FORCED for parent in k.parents)
 
 
 def file_digest(p: Path) -> str:
@@ -340,8 +340,8 @@ def _install_new(tmp: Path, dest: Path, what: str) -> None:
         os.link(tmp, dest)  # fails if a file appeared there: nothing is replaced
     except FileExistsError:
         raise _appeared(what, dest) from None
-    except OSError as e:
-        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
             raise
         try:  # a file system without hard links
             if not _renameat2(tmp, dest, _RENAME_NOREPLACE):
@@ -453,14 +453,14 @@ def foreign(folder: Path, limit: int = 10_000) -> list[Path]:
             if (here / d).is_symlink():
                 out.append(here / d)
                 dirs.remove(d)
-        for n in names:
+        for name in names:
             seen += 1
             if seen > limit:
-                return [*out, here / n]
-            if n == LEDGER and listed is not None:  # the ledger itself, when it is one of ours
+                return [*out, here / name]
+            if name == LEDGER and listed is not None:  # the ledger itself, when it is one of ours
                 continue
-            if shared or not _unchanged(here / n, (listed or {}).get(n)):
-                out.append(here / n)
+            if shared or not _unchanged(here / name, (listed or {}).get(name)):
+                out.append(here / name)
     return out
 
 

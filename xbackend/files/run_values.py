@@ -42,7 +42,7 @@ def combined_digest(digests: Iterable[tuple[str, str]]) -> str:
 
 def common_names(a: ValueFile, b: ValueFile, names: Iterable[str]) -> list[str]:
     """The names, in order, that both captures hold."""
-    return [n for n in names if n in a and n in b]
+    return [name for name in names if name in a and name in b]
 
 
 def diff_captures(

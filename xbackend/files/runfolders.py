@@ -70,10 +70,10 @@ def run_temp_folder(prefix: str = "xbackend-") -> tempfile.TemporaryDirectory[st
         tmp = tempfile.TemporaryDirectory(prefix=prefix)
         pid = os.getpid()
         (Path(tmp.name) / MARK).write_text(f"{pid} {start_time(pid)}\n")
-    except OSError as e:  # gettempdir() itself fails where no folder takes a file
+    except OSError as error:  # gettempdir() itself fails where no folder takes a file
         where = f" in {os.environ['TMPDIR']}" if os.environ.get("TMPDIR") else ""
         raise UsageError(
-            f"cannot make a temp folder{where} ({e.strerror or e}); set TMPDIR to a writable "
+            f"cannot make a temp folder{where} ({error.strerror or error}); set TMPDIR to a writable "
             "folder on a larger disk, and check `ulimit -f`"
         ) from None
     return tmp

@@ -79,7 +79,7 @@ def fenced(text: str, info: str = "", lines: bool = False) -> list[str]:
     out, the fence longer than any run of backticks in it. Its line breaks are written out too,
     unless `lines` (code of the report's own, to be copied and run as printed: its lines kept)."""
     parts = text.split("\n") if lines else [text]
-    body = [visible(CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", p)) for p in parts]
+    body = [visible(CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", part)) for part in parts]
     longest = max((len(r) for b in body for r in re.findall("`+", b)), default=0)
     fence = "`" * max(3, longest + 1)
     return [f"{fence}{info}", *body, fence]

@@ -55,8 +55,8 @@ def user_file(path: str | os.PathLike[str], what: str, fix: str, limit: int | No
         raise InputError(f"{what} {shown!a} {bad}")
     try:
         st = os.stat(p)
-    except OSError as e:
-        raise InputError(f"{what} {shown} {os_problem(e)}; {fix}") from None
+    except OSError as error:
+        raise InputError(f"{what} {shown} {os_problem(error)}; {fix}") from None
     for test, kind in _KINDS:
         if test(st.st_mode):
             raise InputError(f"{what} {shown} is {kind}, not a file; {fix}")
@@ -73,8 +73,8 @@ def open_user_file(path: str | os.PathLike[str], what: str, fix: str, limit: int
     p = user_file(path, what, fix, limit)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise InputError(f"{what} {p} {os_problem(e)}; {fix}") from None
+    except OSError as error:
+        raise InputError(f"{what} {p} {os_problem(error)}; {fix}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or (limit is not None and st.st_size > limit):
         os.close(fd)
@@ -97,5 +97,5 @@ def read_user_text(path: str | os.PathLike[str], what: str, fix: str, limit: int
     data = read_user_bytes(path, what, fix, limit)
     try:
         return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{what} {path} is not UTF-8 text (byte {e.start}); {fix}") from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"{what} {path} is not UTF-8 text (byte {error.start}); {fix}") from None

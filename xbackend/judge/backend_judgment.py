@@ -101,7 +101,7 @@ def _same_grain(b: PlannedBackend, r: BackendResult) -> tuple[tuple[str, str], .
     """`b`'s options, at the grain its per-layer build exposed (torch decides op or module grain
     per process, from a bitwise check threads can tip): the local run is fed and judged at the
     tensors that build captured, so it must expose the same ones."""
-    if b.cls is None or not any(o.name == "grain" for o in b.cls.option_specs):
+    if b.cls is None or not any(option.name == "grain" for option in b.cls.option_specs):
         return b.variant()
     used = dict(r.info).get("grain", "")
     return b.variant(grain="op" if used.startswith("op") else "module") if used else b.variant()

@@ -125,14 +125,14 @@ def composed_rounding(spec: ModelSpec, stats: Mapping[str, NodeStat], ref_captur
     err: dict[str, float] = {}  # tensor -> absolute error scale
     out: dict[str, float] = {}
     with CaptureFile(ref_capture) as cap:
-        for t in spec.tensors:
-            s = stats.get(t.name)
+        for tensor in spec.tensors:
+            s = stats.get(tensor.name)
             if s is None:
                 continue
             u = unit_roundoff(np_dtype(s.dtype))
-            ins = [i for i in t.inputs if i in err]
+            ins = [i for i in tensor.inputs if i in err]
             rel = [err[i] / stats[i].vmax if stats[i].vmax else 0.0 for i in ins]
-            e = _carried(t, s, ins, rel, err, cap)
+            e = _carried(tensor, s, ins, rel, err, cap)
             # a sum's rounding scales with its terms' magnitude (its value's, where M is the value)
             own = u * (s.mmax if s.kind == "reduction" and s.mmax else s.vmax)
             if s.kind == "exact":
@@ -140,8 +140,8 @@ def composed_rounding(spec: ModelSpec, stats: Mapping[str, NodeStat], ref_captur
             elif s.kind == "elementwise":
                 own /= 2  # correctly rounded: half an ULP
             # its own rounding is independent of what it inherits: root-sum-square, as in a stretch
-            err[t.name] = math.hypot(e, own)
-            out[t.name] = err[t.name] / ulp_at(s.vmax, np_dtype(s.dtype)) if s.vmax else 0.0
+            err[tensor.name] = math.hypot(e, own)
+            out[tensor.name] = err[tensor.name] / ulp_at(s.vmax, np_dtype(s.dtype)) if s.vmax else 0.0
     return out
 
 
@@ -181,10 +181,10 @@ def _row_spread(cap: CaptureFile, names: Sequence[str], rms: bool) -> float | No
     """The smallest spread of the rows normalized (of `names` summed: a skip norm normalizes its
     input plus its skip), times their largest |z|: what an absolute error of the input is divided
     by to give one of max |z|'s scale. `rms`: an RMS norm's (no mean subtracted)."""
-    parts = [_rows(cap, n, last=True, ndim=1) for n in names]
-    if any(p is None for p in parts) or len({p.shape for p in parts if p is not None}) != 1:
+    parts = [_rows(cap, name, last=True, ndim=1) for name in names]
+    if any(part is None for part in parts) or len({part.shape for part in parts if part is not None}) != 1:
         return None
-    rows = sum(p for p in parts if p is not None)
+    rows = sum(part for part in parts if part is not None)
     assert isinstance(rows, np.ndarray)
     if not rows.size:
         return None
@@ -203,19 +203,25 @@ def ill_conditioned(
 ) -> tuple[IllConditioned, ...]:
     """Where conditioning is lost: tensors whose composed rounding passes their dtype's limit
     while their inputs' does not."""
-    by_name = {t.name: t for t in spec.tensors}
+    by_name = {tensor.name: tensor for tensor in spec.tensors}
     modules = spec.modules()
     out = []
     with CaptureFile(ref_capture) as cap:
         dtypes = {n: d for n, (d, _) in cap.tensors().items()}
-        for t in spec.tensors:
-            f = composed.get(t.name)
-            limit = _limit(t, dtypes)
+        for tensor in spec.tensors:
+            f = composed.get(tensor.name)
+            limit = _limit(tensor, dtypes)
             if f is None or f <= limit:
                 continue
-            if any(composed.get(i, 0.0) > conditioning_limit(dtypes.get(i, "float32")) for i in t.inputs):
+            if any(
+                composed.get(i, 0.0) > conditioning_limit(dtypes.get(i, "float32")) for i in tensor.inputs
+            ):
                 continue
-            out.append(IllConditioned(t.name, modules.get(t.name, ""), f, _cause(t, by_name, composed, cap)))
+            out.append(
+                IllConditioned(
+                    tensor.name, modules.get(tensor.name, ""), f, _cause(tensor, by_name, composed, cap)
+                )
+            )
     return tuple(out)
 
 
@@ -250,29 +256,39 @@ def far_from_float64(
     far: set[str] | None = None
     for c in engines:
         names = {
-            value_name(d.name)
-            for d in c.tensors
-            if d.scaled_ulp is not None and d.scaled_ulp > conditioning_limit(d.dtype)
+            value_name(tensor.name)
+            for tensor in c.tensors
+            if tensor.scaled_ulp is not None and tensor.scaled_ulp > conditioning_limit(tensor.dtype)
         }
         far = names if far is None else far & names
     if not far:
         return ex
-    disagree = {value_name(d.name) for c in cross if c.status == "ok" for d in c.tensors if c.exceeds(d)}
+    disagree = {
+        value_name(tensor.name)
+        for c in cross
+        if c.status == "ok"
+        for tensor in c.tensors
+        if c.exceeds(tensor)
+    }
     known = {t.tensor for t in ex.ill_conditioned}
     floors = dict(ex.composed)
-    by_name = {t.name: t for t in spec.tensors}
+    by_name = {tensor.name: tensor for tensor in spec.tensors}
     modules = spec.modules()
     found = []
     with CaptureFile(ref_capture) as cap:
-        for t in spec.tensors:
-            if t.name not in far or t.name in disagree or t.name in known:
+        for tensor in spec.tensors:
+            if tensor.name not in far or tensor.name in disagree or tensor.name in known:
                 continue
-            if any(i in far for i in t.inputs):
+            if any(i in far for i in tensor.inputs):
                 continue  # inherited: the onset is upstream
-            cause = _cause(t, by_name, floors, cap)
+            cause = _cause(tensor, by_name, floors, cap)
             found.append(
                 IllConditioned(
-                    t.name, modules.get(t.name, ""), floors.get(t.name, 0.0), cause, "far from float64"
+                    tensor.name,
+                    modules.get(tensor.name, ""),
+                    floors.get(tensor.name, 0.0),
+                    cause,
+                    "far from float64",
                 )
             )
     return replace(ex, ill_conditioned=(*ex.ill_conditioned, *found)) if found else ex
@@ -407,11 +423,11 @@ def amplifiers(spec: ModelSpec, ref_capture: str) -> tuple[Amplifier, ...]:
     out = []
     modules = spec.modules()
     with CaptureFile(ref_capture) as cap:
-        for t in spec.tensors:
-            f = AMPLIFYING.get(t.op_type)
-            if f is None or not t.inputs or t.inputs[0] not in cap or t.name not in cap:
+        for tensor in spec.tensors:
+            f = AMPLIFYING.get(tensor.op_type)
+            if f is None or not tensor.inputs or tensor.inputs[0] not in cap or tensor.name not in cap:
                 continue
-            x, y = cap[t.inputs[0]], cap[t.name]
+            x, y = cap[tensor.inputs[0]], cap[tensor.name]
             if not (
                 isinstance(x, np.ndarray) and isinstance(y, np.ndarray) and x.dtype == np.float32 and x.size
             ):
@@ -422,5 +438,5 @@ def amplifiers(spec: ModelSpec, ref_capture: str) -> tuple[Amplifier, ...]:
             gain = float(np.nanmax(moved)) / ulp_at(top, y.dtype) if top else 0.0
             if gain > AMPLIFIER_NOTE:
                 span = float(np.nanmax(np.abs(x)))
-                out.append(Amplifier(t.name, modules.get(t.name, ""), t.op_type, gain, span))
+                out.append(Amplifier(tensor.name, modules.get(tensor.name, ""), tensor.op_type, gain, span))
     return tuple(out)

@@ -134,10 +134,10 @@ def explain(
         started = [pre.submit(ex.run, job) for job, _ in optimized.values()]
         try:
             plan = _plan(ctx, planned, builds, results, ref, layers.capture, optimized)
-        except Exception as e:  # an explanation that cannot be planned is reported, never fatal
+        except Exception as error:  # an explanation that cannot be planned is reported, never fatal
             for f in started:
                 f.result()
-            return Explanation("unavailable", f"the rewrites failed: {type(e).__name__}: {e}")
+            return Explanation("unavailable", f"the rewrites failed: {type(error).__name__}: {error}")
         early = Early(ctx.spec, ref, layers.capture)
         try:
             done = _run(ctx, ex, plan, lanes, layers.capture, started, early)
@@ -201,8 +201,8 @@ def _run(
         with lock:
             try:
                 state["plan"] = _ship(ctx, state["plan"], name, o, ref_capture)
-            except Exception as e:  # judged unfused instead, and the report says why
-                why = f"its graph could not be severed ({type(e).__name__}: {e})"
+            except Exception as error:  # judged unfused instead, and the report says why
+                why = f"its graph could not be severed ({type(error).__name__}: {error})"
                 state["plan"] = _unfused(state["plan"], name, why)
             p = state["plan"]
         judge = p.judges[name].job if name in p.judges else None
@@ -222,7 +222,7 @@ def _window_notes(ctx: RunContext, plan: Plan) -> list[str]:
     for key, j in sorted(plan.judges.items()):
         if j.windows:
             graph = f"{key}'s graph" if key in plan.optimized else (key or "the reference's grain")
-            windows = [w.phases[0].tensors for w in j.windows]
+            windows = [window.phases[0].tensors for window in j.windows]
             out.append(judge_window_note(graph, windows, ctx.budget or 0, ctx.judge_disk))
     for name, job in sorted(plan.local_jobs.items()):
         cut = job.phases[0].windows

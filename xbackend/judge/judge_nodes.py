@@ -455,7 +455,7 @@ def judge_backend(
         backend,
         "ok",
         origins=tuple(origins),
-        compared=sum(1 for n in nodes if not n.not_judged),
+        compared=sum(1 for node in nodes if not node.not_judged),
         largest_ratio=worst[0] if worst[0] >= 0 else None,
         largest_at=worst[1],
         nodes=tuple(nodes),

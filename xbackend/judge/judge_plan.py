@@ -224,7 +224,7 @@ def judge_all(
             continue
         captures[b.name] = lp.capture
     captures.update(dict.fromkeys((b.name for b in plan.fed(Fed.OWN_JUDGE)), ""))  # each window's own capture
-    ex.bar.grow(sum(w.steps for j in plan.judges.values() for w in j.windows))
+    ex.bar.grow(sum(window.steps for j in plan.judges.values() for window in j.windows))
     keys: dict[str, list[str]] = {}
     for name in captures:
         for key in (plan.backends.get(name) or _REFERENCE).judges:
@@ -352,8 +352,8 @@ def _merged(parts: Sequence[LocalErrors], order: Sequence[str] | None = None) ->
     where it was judged on two judges)."""
     first = parts[0]
     worst = _worst(parts)
-    origins = [o for p in parts for o in p.origins]
-    nodes = [n for p in parts for n in p.nodes]
+    origins = [origin for part in parts for origin in part.origins]
+    nodes = [node for part in parts for node in part.nodes]
     if order is not None:
         rank = {t: k for k, t in enumerate(order)}
         origins.sort(key=lambda o: rank.get(o.tensor, len(rank)))
@@ -362,13 +362,13 @@ def _merged(parts: Sequence[LocalErrors], order: Sequence[str] | None = None) ->
         first.backend,
         "ok",
         origins=tuple(origins),
-        compared=sum(p.compared for p in parts),
+        compared=sum(part.compared for part in parts),
         largest_ratio=worst[0] if worst[0] >= 0 else None,
         largest_at=worst[1],
         nodes=tuple(nodes),
         graph=first.graph,
-        flushed=sum(p.flushed for p in parts),
-        flushed_at=next((p.flushed_at for p in parts if p.flushed_at), ""),
+        flushed=sum(part.flushed for part in parts),
+        flushed_at=next((part.flushed_at for part in parts if part.flushed_at), ""),
         unfused=first.unfused,
     )
 
@@ -381,7 +381,7 @@ def _merged_check(parts: Sequence[ReorderCheck], base: ReorderCheck) -> ReorderC
         samples=base.samples,
         largest_ratio=worst[0] if worst[0] >= 0 else 0.0,
         largest_at=worst[1],
-        over=tuple(t for p in parts for t in p.over),
+        over=tuple(t for part in parts for t in part.over),
     )
 
 

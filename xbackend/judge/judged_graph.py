@@ -48,7 +48,7 @@ class Judged:
     @property
     def order(self) -> tuple[str, ...]:
         """The node outputs judged, in graph order."""
-        return tuple(t for t in self.tensors if t in self.bounds)
+        return tuple(tensor for tensor in self.tensors if tensor in self.bounds)
 
 
 def _integers_exact(bld: Builder, t: str, e: str) -> str:
@@ -92,7 +92,7 @@ def judged_model(
     base = {**shapes, **inferred} if fill_shapes else {**inferred, **shapes}
     known = dict(base)
     known.update({SEVERED + n: s for n, s in base.items()})
-    known.update({t.name: tuple(int(d) for d in t.dims) for t in g.initializer})
+    known.update({t.name: tuple(int(dim) for dim in t.dims) for t in g.initializer})
     read = {i for n in g.node for i in n.input}
     bounds: dict[str, NodeBound] = {}
     composed: dict[str, str] = {}
@@ -344,8 +344,8 @@ def _inferred(
     shapes = {}
     for vi in g.value_info:
         dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
+        if dims and all(dim.HasField("dim_value") for dim in dims):
+            shapes[vi.name] = tuple(int(dim.dim_value) for dim in dims)
     return out, shapes, declared
 
 

@@ -77,8 +77,8 @@ def judge_job(
             ctx.budget,
             ctx.judge_disk,
         )
-    except UsageError as e:  # not even one node fits: said, never killed
-        return Judge(None, None, f"the float64 judge does not fit: {e}")
+    except UsageError as error:  # not even one node fits: said, never killed
+        return Judge(None, None, f"the float64 judge does not fit: {error}")
     label = f"explain-judge{'-' + key if key else ''}"
     # one BLAS thread: the explanation's jobs run side by side, a core each (its products are
     # a small part of an evaluation that is mostly numpy's elementwise work)

@@ -119,8 +119,8 @@ def _cutting(proto: onnx.ModelProto, ks: list[int], crossing: list[frozenset[str
         same |= {i for i in n.input if i in made and stretch[made[i]] == stretch[k]}
     outputs = {o.name for o in proto.graph.output}
     names = list(dict.fromkeys(t for k in ks for t in sorted(crossing[k])))
-    hidden = tuple(t for t in names if t in same and t not in outputs)
-    return Cutting(tuple(t for t in names if t not in hidden), hidden, stretch)
+    hidden = tuple(name for name in names if name in same and name not in outputs)
+    return Cutting(tuple(name for name in names if name not in hidden), hidden, stretch)
 
 
 def stretch_cuts(proto: onnx.ModelProto) -> tuple[Cutting, Cutting] | tuple[()]:
@@ -149,7 +149,7 @@ def _available(c: Cutting, available: Mapping[str, object]) -> Cutting:
     """`c` where the reference holds each tensor it feeds: one it does not hold stays connected."""
     return replace(
         c,
-        cuts=tuple(t for t in c.cuts if t in available),
+        cuts=tuple(cut for cut in c.cuts if cut in available),
         hidden=tuple(t for t in c.hidden if t in available),
     )
 
@@ -209,11 +209,11 @@ def _planned_run(
         PLAIN_PHASE, ends, 1, model=_model_ref(spec, path, extra, pieces.proto), hashed=False
     )
     run = Job(f"explain-stretches-{key}", live.name, live.cls, live.variant(), feeds, (phase,))
-    judged = judged_model(pieces.proto, plan.shapes, {t: plan.captured.get(t, "") for t in cuts})
+    judged = judged_model(pieces.proto, plan.shapes, {cut: plan.captured.get(cut, "") for cut in cuts})
     jpath = folder / f"judged-stretches-{key}.onnx"
     write_rewritten(judged.proto, source, jpath)
     held = set(judged.tensors)
-    tensors = tuple(x for t in ends for x in (t, AUX + t, PROP + t) if x in held)
+    tensors = tuple(x for end in ends for x in (end, AUX + end, PROP + end) if x in held)
     jphase = Phase.planned(
         JUDGE_PHASE, tensors, 1, model=_model_ref(spec, jpath, extra, judged.proto), hashed=False
     )
@@ -252,11 +252,11 @@ def _plain_of(
         cuts, hidden, region = fusion_stretches(proto, found.fused, plan.available)
         cuttings = [Cutting(cuts, hidden, region)]
     else:  # no fusion found by exposure: two staggered cuttings where the fewest tensors cross
-        cuttings = [c for c in (_available(c, plan.available) for c in stretch_cuts(proto)) if c.cuts]
+        cuttings = [c for c in (_available(cut, plan.available) for cut in stretch_cuts(proto)) if c.cuts]
         cuttings = cuttings or [Cutting((), (), (0,) * len(proto.graph.node))]
     runs = [_planned_run(ctx, plan, live, shipped.oracle, proto, c, ref_capture, f"{name}-{k}")
             for k, c in enumerate(cuttings)]  # fmt: skip
-    ex.bar.grow(sum(r.run.steps + r.judge.steps for r in runs))
+    ex.bar.grow(sum(run.run.steps + run.judge.steps for run in runs))
     modules = ctx.spec.modules()
     judged: list[tuple[_Run, LocalErrors]] = []
     for r in runs:
@@ -264,14 +264,14 @@ def _plain_of(
         if got is None:
             return replace(le, plain=PlainOutputs("not-judged", f"its stretches could not be run: {why}"))
         judged.append((r, got))
-    worst = max((x for _, j in judged for x in j.origins), key=lambda o: o.ratio, default=None)
+    worst = max((origin for _, j in judged for origin in j.origins), key=lambda o: o.ratio, default=None)
     finest = min((r.cutting for r, _ in judged), key=lambda c: max(region_sizes(proto, c.stretch).values()))
     if worst is None:
         ratio = max((j.largest_ratio or 0.0 for _, j in judged), default=0.0)
         at = max(judged, key=lambda x: x[1].largest_ratio or 0.0)[1].largest_at
         return replace(le, plain=how.outputs(finest, proto, "explained", ratio, at))
     # a stretch holding a node already found to be an origin is that origin's error carried on
-    known = {t for o in le.origins for t in (o.tensor, *o.covers)}
+    known = {t for origin in le.origins for t in (origin.tensor, *origin.covers)}
     new = _origins(proto, judged, known)
     plain = how.outputs(finest, proto, "unexplained", worst.ratio, worst.tensor)
     return replace(le, plain=plain, origins=(*le.origins, *new))
@@ -323,12 +323,12 @@ def _origins(
     nodes it shares with the failing stretches of the second."""
     spans = []
     for r, le in judged:
-        stretches = [(o, stretch_nodes(proto, o.tensor, r.cutting)) for o in le.origins]
+        stretches = [(origin, stretch_nodes(proto, origin.tensor, r.cutting)) for origin in le.origins]
         spans.append([(o, nodes) for o, nodes in stretches if not known & set(nodes)])
-    other = {n for _, nodes in (spans[1] if len(spans) > 1 else []) for n in nodes}
+    other = {node for _, nodes in (spans[1] if len(spans) > 1 else []) for node in nodes}
     out = []
     for o, nodes in spans[0] or (spans[1] if len(spans) > 1 else []):
-        shared = tuple(n for n in nodes if n in other) if other else nodes
+        shared = tuple(node for node in nodes if node in other) if other else nodes
         out.append(_stretch(o, shared or nodes))
     return tuple(out)
 
@@ -373,7 +373,7 @@ def judge_plain_runs(
         else:
             try:
                 out.append(_plain_of(ctx, plan, ref_capture, ex, shipped, le))
-            except Exception as e:  # said, never fatal
-                why = f"its stretches could not be planned ({type(e).__name__}: {e})"
+            except Exception as error:  # said, never fatal
+                why = f"its stretches could not be planned ({type(error).__name__}: {error})"
                 out.append(replace(le, plain=PlainOutputs("not-judged", why)))
     return out

@@ -79,14 +79,15 @@ def severed_plan(
     """A backend's severed run: its windows (() for one), or why it cannot run within the budget
     (`windowed`: its engine allocates only the tensors a build exposes)."""
     sizes = {
-        t: int(np.prod(shapes[t], dtype=np.int64)) * np.dtype(dtypes.get(t, "float32")).itemsize
-        for t in tensors
-        if t in shapes
+        tensor: int(np.prod(shapes[tensor], dtype=np.int64))
+        * np.dtype(dtypes.get(tensor, "float32")).itemsize
+        for tensor in tensors
+        if tensor in shapes
     }
     try:
         cut = severed_windows(tensors, sizes, ctx.run_bytes, ctx.spec.weight_bytes, ctx.budget)
-    except UsageError as e:
-        return SeveredPlan((), Fit.no(f"its severed run does not fit: {e}"))
+    except UsageError as error:
+        return SeveredPlan((), Fit.no(f"its severed run does not fit: {error}"))
     if cut and not windowed:
         need = gib(int(SEVERED_COPIES * ctx.run_bytes))
         return SeveredPlan(
@@ -123,22 +124,25 @@ def judge_windows(
     room = min(rooms)
 
     def base(t: str) -> str:
-        return next((t[len(p) :] for p in prefixes if t.startswith(p)), t)
+        return next((t[len(prefixe) :] for prefixe in prefixes if t.startswith(prefixe)), t)
 
     sizes = {
-        t: 8 * int(np.prod(shapes[base(t)], dtype=np.int64)) for g in groups for t in g if base(t) in shapes
+        t: 8 * int(np.prod(shapes[base(t)], dtype=np.int64))
+        for group in groups
+        for t in group
+        if base(t) in shapes
     }
     largest = max(sizes.values(), default=0)
     # each node one item of its tensors' bytes: windows never split a node
-    nodes = {g[0]: sum(sizes.get(t, largest) for t in g) for g in groups}
+    nodes = {group[0]: sum(sizes.get(t, largest) for t in group) for group in groups}
     if sum(nodes.values()) <= room:
         return ()
     what = (
         "raise --max-memory, set TMPDIR to a folder on a larger disk, or give the inputs smaller "
         "shapes (--shape)"
     )
-    members = {g[0]: tuple(g) for g in groups}
-    cut = plan_windows([g[0] for g in groups], nodes, max(room, 1), what).windows
+    members = {group[0]: tuple(group) for group in groups}
+    cut = plan_windows([group[0] for group in groups], nodes, max(room, 1), what).windows
     return tuple(tuple(t for n in w for t in members[n]) for w in cut)
 
 
@@ -231,7 +235,7 @@ def explanation_fit(plan: MemoryPlan, spec: ModelSpec, floors: bool = False) -> 
     if plan.budget is None:
         return FITS
     run = plan.run_bytes(spec)
-    largest = 2 * max((plan.sizes.get(t, 0) for t in spec.all_tensors()), default=0)  # float64
+    largest = 2 * max((plan.sizes.get(tensor, 0) for tensor in spec.all_tensors()), default=0)  # float64
     severed = int(SEVERED_COPIES * run)
     windowed = run + int((SEVERED_COPIES - 1) * largest / 2)
     if floors and severed + 2 * plan.weights + OVERHEAD > plan.budget:

@@ -300,14 +300,14 @@ def runtime_plan(
         return f"its runtime graph could not be read ({why})"
     try:
         kernels = _kernels(path, proto)
-    except (OSError, ValueError) as e:
-        return f"its runtime graph could not be read ({type(e).__name__}: {e})"
+    except (OSError, ValueError) as error:
+        return f"its runtime graph could not be read ({type(error).__name__}: {error})"
     grain: set[str] = {o.name for o in proto.graph.output if o.name in available}
     fusing: Counter[str] = Counter()
     for kind, positions in kernels:
-        members = [proto.graph.node[k] for k in positions]
-        reads = {i for m in members for i in m.input}
-        grain |= {o for m in members for o in m.output if o and o not in reads and o in available}
+        members = [proto.graph.node[position] for position in positions]
+        reads = {i for member in members for i in member.input}
+        grain |= {o for member in members for o in member.output if o and o not in reads and o in available}
         if len(members) > 1:
             fusing[kind] += 1
     if not grain:

@@ -105,7 +105,7 @@ def fill_dims(spec: TensorSpec, dims: Mapping[str, int]) -> Shape | None:
     """The input's shape from named dimension sizes, when they settle every dynamic dimension."""
     if spec.shape is None or not spec.dynamic_dims:
         return None
-    if not all(isinstance(spec.shape[i], str) and spec.shape[i] in dims for i in spec.dynamic_dims):
+    if not all(isinstance(spec.shape[dim], str) and spec.shape[dim] in dims for dim in spec.dynamic_dims):
         return None
     return tuple(d if isinstance(d, int) else dims[str(d)] for d in spec.shape)
 
@@ -116,12 +116,12 @@ def unset_dims(spec: ModelSpec, shapes: Mapping[str, Shape], dims: Mapping[str, 
     for i in spec.inputs:
         if i.name in shapes or i.shape is None or fill_dims(i, dims) is not None:
             continue
-        syms = [i.shape[k] for k in i.dynamic_dims]
-        if not all(isinstance(s, str) and s for s in syms):
+        syms = [i.shape[dim] for dim in i.dynamic_dims]
+        if not all(isinstance(sym, str) and sym for sym in syms):
             return None  # an unnamed dimension: the per-input error says what to pass
-        for s in syms:
+        for sym in syms:
             # one computed from others is never asked for: its operands are
-            for d in _operands(str(s)) or [str(s)]:
+            for d in _operands(str(sym)) or [str(sym)]:
                 if d not in dims and i.name not in missing.get(d, []):
                     missing.setdefault(d, []).append(i.name)
     if not any(len(names) > 1 for names in missing.values()):

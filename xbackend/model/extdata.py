@@ -39,7 +39,7 @@ __all__ = [
 
 
 def uses_external_data(proto: onnx.ModelProto) -> bool:
-    return any(t.data_location == TensorProto.EXTERNAL for t in all_tensors(proto.graph))
+    return any(tensor.data_location == TensorProto.EXTERNAL for tensor in all_tensors(proto.graph))
 
 
 def all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
@@ -162,11 +162,11 @@ def load_external(proto: onnx.ModelProto, p: Path) -> None:
         return
     check_external_files(proto, p)
     try:
-        for t in all_tensors(proto.graph):
-            if t.data_location == TensorProto.EXTERNAL:
-                read_external(t, p.parent)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
+        for tensor in all_tensors(proto.graph):
+            if tensor.data_location == TensorProto.EXTERNAL:
+                read_external(tensor, p.parent)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"cannot read external data of {p}: {first_line(error)}") from error
 
 
 IN_MEMORY = "#"  # an external location held in memory (onnx.model_container's convention)
@@ -198,8 +198,8 @@ def map_external(proto: onnx.ModelProto, p: Path) -> dict[str, np.ndarray]:
         for t in all_tensors(proto.graph) if external else ():
             if t.data_location == TensorProto.EXTERNAL and t.name not in mapped:
                 read_external(t, p.parent)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot read external data of {p}: {first_line(e)}") from e
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"cannot read external data of {p}: {first_line(error)}") from error
     return out
 
 
@@ -225,7 +225,7 @@ def _lifted(t: TensorProto) -> np.ndarray | None:
     dtype = _plain_dtype(t)
     if dtype is None:
         return None
-    arr = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(int(d) for d in t.dims))
+    arr = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(int(dim) for dim in t.dims))
     t.ClearField("raw_data")
     t.data_location = TensorProto.EXTERNAL
     return arr
@@ -250,7 +250,7 @@ def _mapped(t: TensorProto, base: Path) -> np.ndarray | None:
         return None
     rel, offset, _ = _where(t)
     _safe(t, rel)
-    shape = tuple(int(d) for d in t.dims)
+    shape = tuple(int(dim) for dim in t.dims)
     if int(np.prod(shape, dtype=np.int64)) == 0:
         return np.zeros(shape, dtype)
     return np.memmap(base / rel, dtype=dtype, mode="r", offset=offset, shape=shape)
@@ -300,7 +300,7 @@ def check_external_files(proto: onnx.ModelProto, p: Path) -> None:
         contained(
             p.parent, f, f"{p}: external data", "keep the model's weights in its own folder and re-export it"
         )
-    missing = [f for f in external_files(proto) if not (p.parent / f).is_file()]
+    missing = [file for file in external_files(proto) if not (p.parent / file).is_file()]
     if missing:
         raise ModelLoadError(
             f"{p} stores weights in external data file(s) {', '.join(missing)} that are not "

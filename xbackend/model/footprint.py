@@ -94,7 +94,7 @@ class Sizes(Mapping[str, int]):
 
     def sized(self, tensors: Sequence[str]) -> int:
         """Bytes of `tensors`, those sized before running alone (no guess)."""
-        return sum(self.by_tensor.get(t, 0) for t in tensors)
+        return sum(self.by_tensor.get(tensor, 0) for tensor in tensors)
 
     def with_measured(self, measured: Mapping[str, int], by: str) -> Sizes:
         """These sizes, the unsized tensors that `measured` holds sized as `by` ran them."""
@@ -252,14 +252,14 @@ def _nbytes(tp: onnx.TypeProto) -> int | None:
     if not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
         return None
     dims = tp.tensor_type.shape.dim
-    if not all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
+    if not all(dim.HasField("dim_value") and dim.dim_value >= 0 for dim in dims):
         return None
     try:
         elem = int(tp.tensor_type.elem_type)
         bits = _PACKED_BITS.get(elem) or 8 * helper.tensor_dtype_to_np_dtype(elem).itemsize
     except (KeyError, TypeError, ValueError):
         return None
-    return int((math.prod(d.dim_value for d in dims) * bits + 7) // 8)
+    return int((math.prod(dim.dim_value for dim in dims) * bits + 7) // 8)
 
 
 @dataclass(frozen=True)
@@ -275,11 +275,11 @@ class Footprint:
 def total_bytes(tensors: Sequence[str], sizes: Mapping[str, int]) -> int:
     """Bytes of `tensors`, one shape inference could not size counted at the largest it could."""
     largest = _largest(tensors, sizes)
-    return sum(sizes.get(t, largest) for t in tensors)
+    return sum(sizes.get(tensor, largest) for tensor in tensors)
 
 
 def _largest(tensors: Sequence[str], sizes: Mapping[str, int]) -> int:
-    return max((sizes[t] for t in tensors if t in sizes), default=0)
+    return max((sizes[tensor] for tensor in tensors if tensor in sizes), default=0)
 
 
 def plan_windows(tensors: Sequence[str], sizes: Mapping[str, int], budget: int, what_to_do: str) -> Footprint:
@@ -304,5 +304,8 @@ def plan_windows(tensors: Sequence[str], sizes: Mapping[str, int], budget: int, 
     if current:
         windows.append(tuple(current))
     return Footprint(
-        tuple(windows), budget, total_bytes(tensors, sizes), sum(1 for t in tensors if t not in sizes)
+        tuple(windows),
+        budget,
+        total_bytes(tensors, sizes),
+        sum(1 for tensor in tensors if tensor not in sizes),
     )

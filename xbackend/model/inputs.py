@@ -116,8 +116,8 @@ def parse_shape(text: str) -> tuple[str, Shape]:
         raise InputError(f"--shape expects NAME=D1,D2,... (e.g. x=1,3,224,224), got {text!r}")
     try:
         shape = tuple(int(d) for d in dims.split(",") if d.strip() != "")
-    except ValueError as e:
-        raise InputError(f"--shape {text!r}: dimensions must be integers, e.g. x=1,3,224,224") from e
+    except ValueError as error:
+        raise InputError(f"--shape {text!r}: dimensions must be integers, e.g. x=1,3,224,224") from error
     if any(d < 0 for d in shape):
         raise InputError(f"--shape {text!r}: dimensions must be >= 0")
     return name, shape
@@ -136,7 +136,9 @@ def _resolve_shape(spec: TensorSpec, override: Shape | None) -> Shape:
         return override
     if override is None:
         if spec.dynamic_dims:
-            syms = ", ".join("?" if spec.shape[i] is None else str(spec.shape[i]) for i in spec.dynamic_dims)
+            syms = ", ".join(
+                "?" if spec.shape[dim] is None else str(spec.shape[dim]) for dim in spec.dynamic_dims
+            )
             image = [str(d) for d in spec.shape if isinstance(d, str) and _IMAGE.search(d)]
             if image:  # an image's channels and size are the model's, not any size: ask for them
                 sizes = ",".join(str(d) if isinstance(d, int) else str(d).upper() for d in spec.shape)
@@ -195,8 +197,8 @@ def recorded_ranges(spec: ModelSpec) -> tuple[dict[str, tuple[float, float]], st
             raise ValueError("not NAME: [LO, HI] pairs naming inputs")
         if not all(math.isfinite(lo) and math.isfinite(hi) and lo < hi for lo, hi in out.values()):
             raise ValueError("a range is not finite with LO < HI")
-    except (ValueError, TypeError, AttributeError) as e:
-        return {}, f"the model's {META_RANGES} metadata was ignored ({e})"
+    except (ValueError, TypeError, AttributeError) as error:
+        return {}, f"the model's {META_RANGES} metadata was ignored ({error})"
     return out, ""
 
 
@@ -392,7 +394,7 @@ def load_feeds(path: str | os.PathLike[str], spec: ModelSpec) -> Feeds:
         raise InputError(
             f"--inputs not found: {p}; pass an .npz file, a directory of input_N.pb files, or a capture"
         )
-    missing = [n for n in spec.input_names if n not in values]
+    missing = [input_name for input_name in spec.input_names if input_name not in values]
     if missing:
         what = "input_N.pb files" if p.is_dir() else "arrays to the .npz"
         raise InputError(f"--inputs {p} lacks input(s) {', '.join(missing)}; add them as {what}")
@@ -413,10 +415,12 @@ def _load_xbv(p: Path, spec: ModelSpec) -> dict[str, Value]:
     try:
         with ValueFile(p) as f:
             values = f.load_all()
-    except (OSError, ValueError, KeyError) as e:
-        raise InputError(f"--inputs {p} is not a readable xbackend value file ({e}); capture it again") from e
+    except (OSError, ValueError, KeyError) as error:
+        raise InputError(
+            f"--inputs {p} is not a readable xbackend value file ({error}); capture it again"
+        ) from error
     _check_known(spec, values.keys(), f"--inputs {p}")
-    missing = [n for n in spec.input_names if n not in values]
+    missing = [input_name for input_name in spec.input_names if input_name not in values]
     if missing:
         raise InputError(f"--inputs {p} lacks input(s) {', '.join(missing)}; it was made for another model")
     return values
@@ -432,19 +436,19 @@ def _load_npz(p: Path, spec: ModelSpec) -> dict[str, Value]:
 
     try:
         raw = read_npz(p, check)
-    except NpzError as e:
-        if "object array" in str(e):
+    except NpzError as error:
+        if "object array" in str(error):
             raise InputError(
                 f"--inputs {p} holds an object array, which xbackend does not unpickle; save strings "
                 "as np.array(values, dtype=str), or use --inputs DIR with input_N.pb files"
-            ) from e
-        raise InputError(f"--inputs {p}: {e}; save it with numpy.savez") from e
+            ) from error
+        raise InputError(f"--inputs {p}: {error}; save it with numpy.savez") from error
     except InputError:
         raise
-    except Exception as e:  # a damaged archive: zipfile's and numpy's errors vary
+    except Exception as error:  # a damaged archive: zipfile's and numpy's errors vary
         raise InputError(
-            f"--inputs {p} is not a readable .npz ({type(e).__name__}); save it with numpy.savez"
-        ) from e
+            f"--inputs {p} is not a readable .npz ({type(error).__name__}); save it with numpy.savez"
+        ) from error
     return {k: normalize(_npz_array(v, by_name[k])) for k, v in raw.items()}
 
 
@@ -525,12 +529,12 @@ def _read_pb(d: Path, f: Path, spec: TensorSpec, where: str) -> tuple[str, Value
         return _parse_pb(f.read_bytes(), spec, d)
     except InputError:
         raise
-    except Exception as e:
+    except Exception as error:
         raise InputError(
             f"{where}: {f.name} is not a readable {spec.type_str or 'TensorProto'} "
-            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); write it with "
-            "onnx.numpy_helper (from_array, from_list, from_optional, from_dict)"
-        ) from e
+            f"({type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}); "
+            "write it with onnx.numpy_helper (from_array, from_list, from_optional, from_dict)"
+        ) from error
 
 
 def _load_pb_set(d: Path, prefix: str, specs: Sequence[TensorSpec], where: str) -> dict[str, Value]:

@@ -187,9 +187,9 @@ class ModelSpec:
             outputs=tuple(TensorSpec.from_value_info(v) for v in g.output),
             tensors=tuple(_node_tensors(g)),
             external_data=uses_external_data(proto),
-            metadata=tuple(sorted((p.key, p.value) for p in proto.metadata_props)),
+            metadata=tuple(sorted((prop.key, prop.value) for prop in proto.metadata_props)),
             index_bounds=tuple(sorted(index_bounds(g, init_names).items())),
-            weight_bytes=sum(raw_size(t) or 0 for t in all_tensors(g)),
+            weight_bytes=sum(raw_size(tensor) or 0 for tensor in all_tensors(g)),
         )
 
     def ref(self) -> ModelRef:
@@ -213,7 +213,7 @@ class ModelSpec:
 
     def op_types(self) -> dict[str, str]:
         """Tensor name -> op type of the node that produced it."""
-        return {t.name: t.op_type for t in self.tensors}
+        return {tensor.name: tensor.op_type for tensor in self.tensors}
 
     def opset(self, domain: str = "ai.onnx") -> int | None:
         return dict(self.opsets).get(domain)
@@ -221,7 +221,7 @@ class ModelSpec:
     def modules(self) -> dict[str, str]:
         """Tensor name -> source module path, from the exporter's node scopes and xbackend's
         verified export map (which wins where both name one)."""
-        out = {t.name: t.module for t in self.tensors if t.module}
+        out = {tensor.name: tensor.module for tensor in self.tensors if tensor.module}
         out.update({t: m for m, t in self.verified_modules().items()})
         return out
 
@@ -258,14 +258,14 @@ class ModelSpec:
 
     def output_order(self) -> tuple[str, ...]:
         """The graph outputs, in topological order (what a plain build captures)."""
-        order = {t.name: t.index for t in self.tensors}
+        order = {tensor.name: tensor.index for tensor in self.tensors}
         return tuple(sorted(self.output_names, key=lambda n: order.get(n, len(order))))
 
     def all_tensors(self) -> tuple[str, ...]:
         """Every tensor, in topological order, whatever --tensors selected."""
-        names = [t.name for t in self.tensors]
+        names = [tensor.name for tensor in self.tensors]
         seen = set(names)
-        return tuple(names + [n for n in self.output_names if n not in seen])
+        return tuple(names + [output_name for output_name in self.output_names if output_name not in seen])
 
 
 def _type_str(tp: onnx.TypeProto) -> str:
@@ -303,7 +303,7 @@ def node_module(node: onnx.NodeProto, params: frozenset[str] = frozenset()) -> s
     """The innermost source module the torch exporter attributed `node` to ('' if none). A node
     an optimizer fused (a Conv that absorbed a BatchNorm keeps only the BatchNorm's scope) is
     labelled with every module whose parameters it reads, too: `conv1+bn1`."""
-    meta = {p.key: p.value for p in node.metadata_props}
+    meta = {prop.key: prop.value for prop in node.metadata_props}
     try:
         scopes = ast.literal_eval(meta.get(_NAME_SCOPES, "[]"))
     except (ValueError, SyntaxError):
@@ -353,11 +353,11 @@ def parse_model(data: bytes, p: Path) -> onnx.ModelProto:
     """Parse model bytes read from `p` (external data not loaded)."""
     try:
         proto = onnx.load_model_from_string(data)
-    except Exception as e:
+    except Exception as error:
         raise ModelLoadError(
-            f"{p} is not a readable ONNX model ({type(e).__name__}: {first_line(e)}); "
+            f"{p} is not a readable ONNX model ({type(error).__name__}: {first_line(error)}); "
             "pass a .onnx file written by onnx.save or an exporter"
-        ) from e
+        ) from error
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.node:
         raise ModelLoadError(
             f"{p} parsed as protobuf but holds no ONNX graph (ir_version={proto.ir_version}, "
@@ -408,7 +408,7 @@ def _names(proto: onnx.ModelProto) -> Iterator[object]:
 
 def used_domains(proto: onnx.ModelProto) -> dict[str, list[str]]:
     """Each op domain the main graph's nodes use (model-local functions aside), with its ops."""
-    local = {(f.domain, f.name) for f in proto.functions}
+    local = {(function.domain, function.name) for function in proto.functions}
     out: dict[str, list[str]] = {}
     for n in proto.graph.node:
         if (n.domain, n.op_type) not in local and n.op_type not in out.get(n.domain, []):
@@ -419,19 +419,19 @@ def used_domains(proto: onnx.ModelProto) -> dict[str, list[str]]:
 def _check_names_and_domains(proto: onnx.ModelProto, path: Path) -> None:
     """Names that are not text (protobuf hands over invalid UTF-8 as bytes) and ops from a
     domain no engine here implements are the model's fault: one line, before anything runs."""
-    bad = next((n for n in _names(proto) if not isinstance(n, str)), None)
+    bad = next((name for name in _names(proto) if not isinstance(name, str)), None)
     if bad is not None:
         raise ModelLoadError(
             f"{path} has a tensor or node name that is not valid UTF-8 ({bad!r:.60}); rename it and save "
             "the model again"
         )
-    odd = next((n for n in _names(proto) if CONTROL.search(str(n))), None)
+    odd = next((name for name in _names(proto) if CONTROL.search(str(name))), None)
     if odd is not None:  # a line break in a name would start a line of its own in a report
         raise ModelLoadError(
             f"{path} has a tensor or node name with a line break or control character ({odd!r:.60}); "
             "rename it and save the model again"
         )
-    local = {(f.domain, f.name) for f in proto.functions}
+    local = {(function.domain, function.name) for function in proto.functions}
     strange = sorted(
         {
             f"{n.domain}:{n.op_type}"
@@ -449,7 +449,7 @@ def _check_names_and_domains(proto: onnx.ModelProto, path: Path) -> None:
 def _check(proto: onnx.ModelProto, path: Path, external: bool) -> None:
     _check_names_and_domains(proto, path)
     known = set(TensorProto.DataType.values())
-    odd = next((t for t in all_tensors(proto.graph) if t.data_type not in known), None)
+    odd = next((tensor for tensor in all_tensors(proto.graph) if tensor.data_type not in known), None)
     if odd is not None:  # the checker misses it in a weight stored outside the model
         raise ModelLoadError(
             f"{path} is not a valid ONNX model: weight {odd.name!r:.60} has data_type {odd.data_type}, "
@@ -457,7 +457,7 @@ def _check(proto: onnx.ModelProto, path: Path, external: bool) -> None:
         )
     for v in (*proto.graph.input, *proto.graph.output):
         dims = v.type.tensor_type.shape.dim if v.type.HasField("tensor_type") else ()
-        bad = next((d.dim_value for d in dims if d.HasField("dim_value") and d.dim_value < 0), None)
+        bad = next((dim.dim_value for dim in dims if dim.HasField("dim_value") and dim.dim_value < 0), None)
         if bad is not None:  # numpy would refuse it later, deep in a run
             raise ModelLoadError(
                 f"{path} declares dimension {bad} for {v.name!r:.60}; a size is >= 0 (a dynamic one is "
@@ -475,10 +475,10 @@ def _check(proto: onnx.ModelProto, path: Path, external: bool) -> None:
         target = as_contrib(_without_large_weights(proto, path) if external else target)  # type: ignore[arg-type]
     try:
         onnx.checker.check_model(target)
-    except Exception as e:
+    except Exception as error:
         raise ModelLoadError(
-            f"{path} is not a valid ONNX model: {first_line(e)}; fix the model or re-export it"
-        ) from e
+            f"{path} is not a valid ONNX model: {first_line(error)}; fix the model or re-export it"
+        ) from error
 
 
 _CHECK_INLINE = 1 << 16

@@ -70,14 +70,14 @@ class Reordered:
 def static_shapes(proto: onnx.ModelProto) -> dict[str, Shape]:
     """Shapes the model states with every dimension known: initializers, inputs, value_info."""
     g = proto.graph
-    out: dict[str, Shape] = {t.name: tuple(int(d) for d in t.dims) for t in g.initializer}
+    out: dict[str, Shape] = {t.name: tuple(int(dim) for dim in t.dims) for t in g.initializer}
     for vi in (*g.input, *g.value_info, *g.output):
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
             continue
         dims = tt.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
-            out.setdefault(vi.name, tuple(int(d.dim_value) for d in dims))
+        if all(dim.HasField("dim_value") for dim in dims):
+            out.setdefault(vi.name, tuple(int(dim.dim_value) for dim in dims))
     return out
 
 
@@ -218,8 +218,8 @@ class _Rewriter:
         if not _:
             letters = "".join(terms)
             rhs = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-        summed = [c for c in dict.fromkeys("".join(terms)) if c not in rhs]
-        if not summed or any(t.count(summed[0]) > 1 for t in terms):
+        summed = [fromkey for fromkey in dict.fromkeys("".join(terms)) if fromkey not in rhs]
+        if not summed or any(term.count(summed[0]) > 1 for term in terms):
             return self.skip(node, "no contracted index" if not summed else "a repeated index")
         c = summed[0]
         axes = {i: (t.index(c), 1) for i, t in enumerate(terms) if c in t}

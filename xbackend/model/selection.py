@@ -55,7 +55,7 @@ def module_boundaries(spec: ModelSpec) -> set[str]:
     `xbackend export torch`), and the last tensor computed inside each module's scope before
     the graph leaves it (a block's output is the last tensor of its own scope, too)."""
     out: set[str] = set()
-    scoped = [(t.name, t.module) for t in spec.tensors]
+    scoped = [(tensor.name, tensor.module) for tensor in spec.tensors]
     for (name, mod), (_, nxt) in zip(scoped, [*scoped[1:], ("", "")], strict=True):
         if mod and nxt != mod and not nxt.startswith(mod + "."):
             out.add(name)
@@ -75,7 +75,7 @@ def _examples(spec: ModelSpec) -> str:
     paths = sorted({m for m in spec.modules().values() if m})
     if not paths:
         return "this model records no module paths: match tensor names, e.g. --tensors 'MatMul*'"
-    top = sorted({p.split(".")[0] for p in paths})
+    top = sorted({path.split(".")[0] for path in paths})
     sample = ", ".join(paths[: min(4, len(paths))])
     return (
         f"module paths here start with {', '.join(top[:4])} (e.g. {sample}); the report's module "

@@ -54,8 +54,8 @@ META_MODULE_OUTPUTS = "xbackend.torch.module_outputs"
 def import_torch() -> Any:
     try:
         import torch  # heavy: torch
-    except ImportError as e:
-        raise ExportError("torch is not installed; install it with: pip install 'xbackend[torch]'") from e
+    except ImportError as error:
+        raise ExportError("torch is not installed; install it with: pip install 'xbackend[torch]'") from error
     return torch
 
 
@@ -69,11 +69,11 @@ def _factory(spec: str, base_dir: Path | None, search_cwd: bool = True) -> Any:
             if Path(target).is_absolute()
             else [*([base_dir / target] if base_dir else []), *([Path.cwd() / target] if search_cwd else [])]
         )
-        path = next((c for c in candidates if c.is_file()), None)
+        path = next((candidate for candidate in candidates if candidate.is_file()), None)
         if path is None:
             raise ExportError(
                 f"module spec {spec!r}: file {target} not found (looked in "
-                f"{', '.join(str(c.parent) for c in candidates)})"
+                f"{', '.join(str(candidate.parent) for candidate in candidates)})"
             )
         mod_name = f"xbackend_user_{abs(hash(str(path.resolve())))}"
         loader_spec = importlib.util.spec_from_file_location(mod_name, path)
@@ -83,15 +83,17 @@ def _factory(spec: str, base_dir: Path | None, search_cwd: bool = True) -> Any:
         sys.modules[mod_name] = module
         try:
             loader_spec.loader.exec_module(module)
-        except Exception as e:
+        except Exception as error:
             raise ExportError(
-                f"module spec {spec!r}: importing {path} failed: {type(e).__name__}: {e}"
-            ) from e
+                f"module spec {spec!r}: importing {path} failed: {type(error).__name__}: {error}"
+            ) from error
     else:
         try:
             module = importlib.import_module(target)
-        except Exception as e:
-            raise ExportError(f"module spec {spec!r}: cannot import {target}: {type(e).__name__}: {e}") from e
+        except Exception as error:
+            raise ExportError(
+                f"module spec {spec!r}: cannot import {target}: {type(error).__name__}: {error}"
+            ) from error
     if not hasattr(module, attr):
         raise ExportError(f"module spec {spec!r}: {target} has no attribute {attr!r}")
     return getattr(module, attr)
@@ -161,8 +163,10 @@ def load_module(spec: str, base_dir: Path | None = None, search_cwd: bool = True
     factory = _factory(spec, base_dir, search_cwd)
     try:
         module = factory() if callable(factory) and not isinstance(factory, torch.nn.Module) else factory
-    except Exception as e:
-        raise ExportError(f"module spec {spec!r}: the factory raised {type(e).__name__}: {e}") from e
+    except Exception as error:
+        raise ExportError(
+            f"module spec {spec!r}: the factory raised {type(error).__name__}: {error}"
+        ) from error
     if not isinstance(module, torch.nn.Module):
         raise ExportError(
             f"module spec {spec!r} returned {type(module).__name__}, expected a torch.nn.Module"
@@ -180,7 +184,7 @@ def flatten_outputs(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
     elif isinstance(out, list | tuple) and not hasattr(out, "_fields"):
         items = [(str(i), v) for i, v in enumerate(out)]
     elif hasattr(out, "_fields"):  # namedtuple
-        items = [(str(k), getattr(out, k)) for k in out._fields]
+        items = [(str(field), getattr(out, field)) for field in out._fields]
     elif dataclasses.is_dataclass(out) and not isinstance(out, type):
         items = [(f.name, getattr(out, f.name)) for f in dataclasses.fields(out)]
     else:
@@ -230,4 +234,4 @@ def _canonical(spec: str, base: Path) -> str:
 
 def read_torch_metadata(proto: onnx.ModelProto) -> dict[str, str]:
     """The xbackend.* metadata an export wrote (empty for other models)."""
-    return {p.key: p.value for p in proto.metadata_props if p.key.startswith("xbackend.")}
+    return {prop.key: prop.value for prop in proto.metadata_props if prop.key.startswith("xbackend.")}

@@ -38,7 +38,7 @@ def onnx_calls(proto: onnx.ModelProto) -> dict[str, str]:
     -> the ONNX tensor that holds its result."""
     out: dict[str, str] = {}
     for node in proto.graph.node:
-        fx = {p.key: p.value for p in node.metadata_props}.get("pkg.torch.onnx.fx_node", "")
+        fx = {prop.key: prop.value for prop in node.metadata_props}.get("pkg.torch.onnx.fx_node", "")
         name = _DEFINES.match(fx)
         if name is not None and name.group(1) in node.output:  # the node that finishes the call
             out[_signature(fx)] = name.group(1)
@@ -93,7 +93,7 @@ class OpGraph:
         from torch.onnx._internal.exporter import _core, _registration  # heavy: torch's exporter
 
         ep = torch.export.export(module, tuple(args))
-        raw = {n.name: _kind(n) for n in ep.graph.nodes if n.op == "call_function"}
+        raw = {node.name: _kind(node) for node in ep.graph.nodes if node.op == "call_function"}
         registry = _registration.ONNXRegistry.from_torchlib()
         ep = _core._prepare_exported_program_for_export(ep, registry=registry)
         names: dict[str, str] = {}
@@ -108,7 +108,7 @@ class OpGraph:
                 root = _root(n)
                 if raw.get(root) == _kind(n):  # the last of a call's steps, of its shape, stands for it
                     roots[root] = calls[sig]
-            elif n.name in constants and not any(i.op == "placeholder" for i in _ancestors(n)):
+            elif n.name in constants and not any(ancestor.op == "placeholder" for ancestor in _ancestors(n)):
                 folded[n.name] = constants[n.name]
         return cls(ep.module(), names, folded, roots=roots)
 

@@ -18,7 +18,7 @@ def scope_map(proto: onnx.ModelProto) -> dict[str, str]:
     """Module name -> tensor, from the name scopes torch.onnx.export(dynamo=True) records on every
     node: the output of the last node each module computed (unverified, unlike an export's map)."""
     return last_in_scope(
-        (next((p.value for p in n.metadata_props if p.key == NAME_SCOPES), None), n.output[0])
+        (next((prop.value for prop in n.metadata_props if prop.key == NAME_SCOPES), None), n.output[0])
         for n in proto.graph.node
         if n.output and n.output[0]
     )

@@ -337,9 +337,9 @@ def worst_per_tensor(diffs: Iterable[TensorDiff], order: Mapping[str, int]) -> l
 
 def summarize(diffs: Sequence[TensorDiff]) -> tuple[bool, int | None, float | None, str | None]:
     """(all bitwise equal, max ULP, max scaled ULP, first divergent tensor)."""
-    ulps = [d.max_ulp for d in diffs if d.max_ulp is not None]
-    scaled = [d.scaled_ulp for d in diffs if d.scaled_ulp is not None]
-    first = next((d.name for d in diffs if not d.bitwise_equal), None)
+    ulps = [diff.max_ulp for diff in diffs if diff.max_ulp is not None]
+    scaled = [diff.scaled_ulp for diff in diffs if diff.scaled_ulp is not None]
+    first = next((diff.name for diff in diffs if not diff.bitwise_equal), None)
     return first is None, (max(ulps) if ulps else None), (max(scaled) if scaled else None), first
 
 
@@ -503,8 +503,12 @@ def _diff_values(name: str, a: Value, b: Value, op_type: str = "") -> list[Tenso
     if a is None and b is None:
         return [TensorDiff.empty(name, op_type)]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff_values(f"{name}[{i}]", x, y, op_type)]
+        return [
+            value
+            for i, (x, y) in enumerate(zip(a, b))
+            for value in _diff_values(f"{name}[{i}]", x, y, op_type)
+        ]
     if isinstance(a, dict) and isinstance(b, dict) and set(a) == set(b):
         keys = sorted(a, key=repr)
-        return [d for k in keys for d in _diff_values(f"{name}{{{k!r}}}", a[k], b[k], op_type)]
+        return [value for k in keys for value in _diff_values(f"{name}{{{k!r}}}", a[k], b[k], op_type)]
     return [TensorDiff.mismatch(name, op_type, "structure_mismatch", f"{describe(a)} vs {describe(b)}")]

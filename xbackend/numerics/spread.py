@@ -49,7 +49,9 @@ def scaled(name: str, a: Value, b: Value, op: str) -> list[tuple[str, float]]:
         err = float(np.abs(x[ok] - y[ok]).max())
         return [(name, err / ulp_at(scale, a.dtype) if err else 0.0)]
     return [
-        (value_name(d.name), d.scaled_ulp) for d in diff_values(name, a, b, op) if d.scaled_ulp is not None
+        (value_name(diff.name), diff.scaled_ulp)
+        for diff in diff_values(name, a, b, op)
+        if diff.scaled_ulp is not None
     ]
 
 

@@ -37,7 +37,9 @@ class Builds:
 
     @property
     def ok(self) -> bool:
-        return self.loaded is not None or (bool(self.outcomes) and all(o.ok for o in self.outcomes))
+        return self.loaded is not None or (
+            bool(self.outcomes) and all(outcome.ok for outcome in self.outcomes)
+        )
 
     @property
     def first(self) -> FirstRun:

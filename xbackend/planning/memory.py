@@ -177,7 +177,7 @@ class MemoryPlan:
         if cls is None:
             return 0
         exposed = spec.output_names if spec.outputs_only else spec.tensor_order()
-        held = max((self.sizes.sized(w) for w in windows), default=self.sizes.sized(exposed))
+        held = max((self.sizes.sized(window) for window in windows), default=self.sizes.sized(exposed))
         live = self.live if (windows or spec.outputs_only) else 0
         return int(
             cls.weight_copies * self.weights + cls.value_width * (held + live) + feeds + cls.build_bytes
@@ -278,8 +278,8 @@ def window_note(
 ) -> str:
     """What the report says about a backend whose tensors were exposed in windows, and why."""
     tensors = spec.tensor_order()
-    total = sum(plan.sizes.get(t, 0) for t in tensors)
-    largest = max(sum(plan.sizes.get(t, 0) for t in w) for w in windows)
+    total = sum(plan.sizes.get(tensor, 0) for tensor in tensors)
+    largest = max(sum(plan.sizes.get(t, 0) for t in window) for window in windows)
     return (
         f"{name}: its {len(tensors)} per-layer tensors ({gib(total)} per run) were exposed in "
         f"{len(windows)} windows of at most {gib(largest)}, each its own build and session runs, "

@@ -76,15 +76,15 @@ class AutotuneResult(ProbeResult):
             return []
         rows = [
             [
-                r.backend,
-                f"{r.variant} ({r.runner})",
-                r.builds,
-                r.distinct_outputs if r.status == "ok" else strong("failed", f": {r.reason}"),
-                r.distinct_fingerprints if r.status == "ok" else "–",
-                len(r.moved) if r.status == "ok" else "–",
-                num(r.scaled_ulp),
+                row.backend,
+                f"{row.variant} ({row.runner})",
+                row.builds,
+                row.distinct_outputs if row.status == "ok" else strong("failed", f": {row.reason}"),
+                row.distinct_fingerprints if row.status == "ok" else "–",
+                len(row.moved) if row.status == "ok" else "–",
+                num(row.scaled_ulp),
             ]
-            for r in self.rows
+            for row in self.rows
         ]
         header = ["backend", "autotune", "builds", "distinct outputs", "distinct engines", "ops moved",
                   "max scaled ULP between builds"]  # fmt: skip
@@ -109,23 +109,23 @@ class AutotuneResult(ProbeResult):
         return out
 
     def build_times(self) -> list[tuple[str, tuple[float, ...]]]:
-        return [(f"{r.backend} (autotune {r.variant})", r.build_s) for r in self.rows]
+        return [(f"{row.backend} (autotune {row.variant})", row.build_s) for row in self.rows]
 
     def to_json(self) -> Any:
         return [
             {
-                "backend": r.backend,
-                "variant": r.variant,
-                "runner": r.runner,
-                "status": r.status,
-                "reason": r.reason,
-                "builds": r.builds,
-                "distinct_outputs": r.distinct_outputs,
-                "distinct_fingerprints": r.distinct_fingerprints,
-                "moved": [{"op": k, "choices": list(v)} for k, v in r.moved],
-                "max_scaled_ulp": r.scaled_ulp,
+                "backend": row.backend,
+                "variant": row.variant,
+                "runner": row.runner,
+                "status": row.status,
+                "reason": row.reason,
+                "builds": row.builds,
+                "distinct_outputs": row.distinct_outputs,
+                "distinct_fingerprints": row.distinct_fingerprints,
+                "moved": [{"op": k, "choices": list(v)} for k, v in row.moved],
+                "max_scaled_ulp": row.scaled_ulp,
             }
-            for r in self.rows
+            for row in self.rows
         ]
 
 
@@ -162,7 +162,11 @@ class AutotuneProbe(Probe):
             if variant == self._main(b):
                 continue
             cls = get_runner(runner)
-            raw = {k: v for k, v in b.raw_options.items() if k in {s.name for s in cls.all_option_specs()}}
+            raw = {
+                k: v
+                for k, v in b.raw_options.items()
+                if k in {option.name for option in cls.all_option_specs()}
+            }
             options = tuple(sorted({**raw, **extra}.items()))
             phases = standard_phases(cls, self.ctx.spec, 1, layers=False)
             out += [
@@ -199,7 +203,7 @@ def variant_row(
 ) -> AutotuneRow:
     """One variant's builds compared: distinct outputs and engines, the tuned ops whose kernel
     moved, the largest scaled ULP between build 0 and the others at the graph outputs."""
-    done = [o for o in outcomes if o is not None]
+    done = [outcome for outcome in outcomes if outcome is not None]
     if not done or len(done) < len(outcomes):
         return AutotuneRow(backend, variant, runner, "failed", "not run", len(outcomes))
     failed = next((o for o in done if not o.ok), None)
@@ -213,8 +217,8 @@ def variant_row(
         for o in done[1:]:
             with CaptureFile(o.outputs.capture) as other:
                 names = [n for n in order if n in first and n in other]
-                for d in diff_captures(other, first, names, spec.op_types()):
-                    worst = max(worst, d.scaled_ulp or 0.0)
+                for capture in diff_captures(other, first, names, spec.op_types()):
+                    worst = max(worst, capture.scaled_ulp or 0.0)
     return AutotuneRow(
         backend,
         variant,

@@ -142,7 +142,7 @@ class BatchResults(ProbeResult):
             "batch was merged into rows (`[B*T, C]`) is compared on the sample's rows.",
             "",
             *table(header, rows),
-            *[f"- {n}" for n in self.notes],
+            *[f"- {note}" for note in self.notes],
             *([""] if self.notes else []),
         ]
         left_out = next((b.left_out for b in self.rows if b.left_out), ())

@@ -77,7 +77,9 @@ def batch_layouts(
 ) -> tuple[dict[str, Layout], dict[str, str]]:
     """(tensor -> where the sample sits, tensor -> why the probe cannot compare it) for every
     tensor captured on both sides; graph inputs in `carries` have the batch on axis 0."""
-    layouts: dict[str, Layout] = {i: Layout(0, 1) for i in spec.input_names if i in carries}
+    layouts: dict[str, Layout] = {
+        input_name: Layout(0, 1) for input_name in spec.input_names if input_name in carries
+    }
     downstream = set(carries)  # computed from the batched inputs at all, their shapes included
     for t in spec.tensors:
         if t.subgraph or any(i in downstream for i in t.inputs):
@@ -144,7 +146,7 @@ def sample(a: np.ndarray, lay: Layout, pos: int) -> np.ndarray:
 def computed_by(spec: ModelSpec, name: str, compared: set[str]) -> str:
     """The tensor whose op computed the bits of `name`: up through views whose input the
     probe did not compare (a view copies bits; the difference was made where they came from)."""
-    producer = {t.name: t for t in spec.tensors}
+    producer = {tensor.name: tensor for tensor in spec.tensors}
     x = name
     while x in producer and producer[x].op_type in VIEWS and producer[x].inputs:
         up = producer[x].inputs[0]

@@ -53,27 +53,33 @@ class BuildsResult(ProbeResult):
     backends: tuple[BuildVariance, ...] = ()
 
     def build_variance(self) -> list[str]:
-        return [f.sentence for f in self.findings()]
+        return [finding.sentence for finding in self.findings()]
 
     def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
         return [
             self.finding(
                 Label.WARN,
-                f"{b.backend} builds vary: {b.distinct_fingerprints} distinct engines in "
-                f"{b.builds} builds ({len(b.varying_layers)} layers differ); outputs "
-                f"{'differ' if b.outputs_differ else 'identical'}",
-                b.backend,
+                f"{backend.backend} builds vary: {backend.distinct_fingerprints} distinct engines in "
+                f"{backend.builds} builds ({len(backend.varying_layers)} layers differ); outputs "
+                f"{'differ' if backend.outputs_differ else 'identical'}",
+                backend.backend,
             )
-            for b in self.backends
-            if b.builds_vary
+            for backend in self.backends
+            if backend.builds_vary
         ]
 
     def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
         if not self.backends:
             return []
         rows = [
-            [b.backend, b.builds, b.distinct_fingerprints, yes(not b.builds_vary), yes(not b.outputs_differ)]
-            for b in self.backends
+            [
+                backend.backend,
+                backend.builds,
+                backend.distinct_fingerprints,
+                yes(not backend.builds_vary),
+                yes(not backend.outputs_differ),
+            ]
+            for backend in self.backends
         ]
         out = [
             "### Build variance",
@@ -97,14 +103,16 @@ class BuildsResult(ProbeResult):
     def to_json(self) -> Any:
         return [
             {
-                "backend": b.backend,
-                "builds": b.builds,
-                "distinct_fingerprints": b.distinct_fingerprints,
-                "builds_vary": b.builds_vary,
-                "outputs_differ": b.outputs_differ,
-                "varying_layers": [{"layer": k, "implementations": list(v)} for k, v in b.varying_layers],
+                "backend": backend.backend,
+                "builds": backend.builds,
+                "distinct_fingerprints": backend.distinct_fingerprints,
+                "builds_vary": backend.builds_vary,
+                "outputs_differ": backend.outputs_differ,
+                "varying_layers": [
+                    {"layer": k, "implementations": list(v)} for k, v in backend.varying_layers
+                ],
             }
-            for b in self.backends
+            for backend in self.backends
         ]
 
 
@@ -118,7 +126,7 @@ class BuildsProbe(Probe):
         for r in runs:
             if not r.result.ok or len(r.builds) < 2:
                 continue
-            fps = [o.outputs.fingerprint for o in r.builds]
+            fps = [build.outputs.fingerprint for build in r.builds]
             out.append(
                 BuildVariance.from_fingerprints(r.planned.name, fps, r.result.distinct_build_outputs > 1)
             )

@@ -43,14 +43,14 @@ class OptLevelsResult(ProbeResult):
         out += [
             self.finding(
                 Label.WARN,
-                f"{o.backend} optimization level {o.level} changes bits ({num(o.scaled_ulp)} scaled ULP) "
-                f"vs none; changed by "
-                f"{', '.join(o.changed_by) or 'a combination of ' + ', '.join(o.modified_graph)}",
-                o.backend,
-                figures=scaled_ulp_figure(o.scaled_ulp),
+                f"{row.backend} optimization level {row.level} changes bits "
+                f"({num(row.scaled_ulp)} scaled ULP) vs none; changed by "
+                f"{', '.join(row.changed_by) or 'a combination of ' + ', '.join(row.modified_graph)}",
+                row.backend,
+                figures=scaled_ulp_figure(row.scaled_ulp),
             )
-            for o in self.rows
-            if not o.bitwise_equal
+            for row in self.rows
+            if not row.bitwise_equal
         ]
         return out
 
@@ -91,16 +91,16 @@ class OptLevelsResult(ProbeResult):
     def to_json(self) -> Any:
         rows: list[dict[str, Any]] = [
             {
-                "backend": o.backend,
-                "level": o.level,
+                "backend": row.backend,
+                "level": row.level,
                 "status": "ok",
-                "bitwise_equal": o.bitwise_equal,
-                "max_ulp": o.max_ulp,
-                "scaled_ulp": o.scaled_ulp,
-                "changed_by": list(o.changed_by),
-                "modified_graph": list(o.modified_graph),
+                "bitwise_equal": row.bitwise_equal,
+                "max_ulp": row.max_ulp,
+                "scaled_ulp": row.scaled_ulp,
+                "changed_by": list(row.changed_by),
+                "modified_graph": list(row.modified_graph),
             }
-            for o in self.rows
+            for row in self.rows
         ]
         return rows + [{"backend": b, "status": "failed", "reason": why} for b, why in self.failures]
 

@@ -73,14 +73,14 @@ class Tf32Result(ProbeResult):
             return []
         rows = [
             [
-                r.backend,
-                "on" if r.tf32 else "off",
-                yes(r.same_bits) if r.status == "ok" else strong("failed", f": {r.reason}"),
-                num(r.max_ulp),
-                num(r.scaled_ulp),
-                with_module(r.first_divergence, modules or {}) if r.first_divergence else "–",
+                row.backend,
+                "on" if row.tf32 else "off",
+                yes(row.same_bits) if row.status == "ok" else strong("failed", f": {row.reason}"),
+                num(row.max_ulp),
+                num(row.scaled_ulp),
+                with_module(row.first_divergence, modules or {}) if row.first_divergence else "–",
             ]
-            for r in self.rows
+            for row in self.rows
         ]
         return [
             "### TF32",
@@ -94,22 +94,22 @@ class Tf32Result(ProbeResult):
     def to_json(self) -> Any:
         return [
             {
-                "backend": r.backend,
-                "tf32": r.tf32,
-                "status": r.status,
-                "reason": r.reason,
-                "same_bits": r.same_bits,
-                "max_ulp": r.max_ulp,
-                "scaled_ulp": r.scaled_ulp,
-                "first_divergence": r.first_divergence,
+                "backend": row.backend,
+                "tf32": row.tf32,
+                "status": row.status,
+                "reason": row.reason,
+                "same_bits": row.same_bits,
+                "max_ulp": row.max_ulp,
+                "scaled_ulp": row.scaled_ulp,
+                "first_divergence": row.first_divergence,
             }
-            for r in self.rows
+            for row in self.rows
         ]
 
 
 def on_gpu_with_tf32(b: PlannedBackend) -> bool:
     """A backend that has a TF32 switch and runs on a GPU."""
-    if b.cls is None or "tf32" not in {s.name for s in b.cls.option_specs}:
+    if b.cls is None or "tf32" not in {option.name for option in b.cls.option_specs}:
         return False
     return str(b.options.get("device", "cuda")) == "cuda"
 
@@ -130,7 +130,7 @@ class Tf32Probe(Probe):
         return [self.ctx.job(self._label(b), b, phases, tf32=flipped)]
 
     def analyze(self, runs: Sequence[BackendRuns]) -> Tf32Result:
-        return Tf32Result(tuple(self._row(r) for r in runs if on_gpu_with_tf32(r.planned)))
+        return Tf32Result(tuple(self._row(run) for run in runs if on_gpu_with_tf32(run.planned)))
 
     def _row(self, r: BackendRuns) -> Tf32Row:
         b = r.planned

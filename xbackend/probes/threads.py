@@ -45,10 +45,10 @@ class ThreadsResult(ProbeResult):
 
     def promise(self, prop: str, backend: str) -> PromiseEvidence:
         """Thread count: every other thread count against 1 thread."""
-        rows = [x for x in self.rows if x.backend == backend]
-        checked = [x for x in rows if x.status == "ok" and x.invariant is not None]
+        rows = [row for row in self.rows if row.backend == backend]
+        checked = [row for row in rows if row.status == "ok" and row.invariant is not None]
         if not checked:
-            why = "; ".join(x.reason for x in rows) or "the runner has no thread-count option"
+            why = "; ".join(row.reason for row in rows) or "the runner has no thread-count option"
             return "unchecked", f"not measured: {why}", ""
         bad = next((x for x in checked if not x.invariant), None)
         if bad is not None:
@@ -79,13 +79,13 @@ class ThreadsResult(ProbeResult):
         return out + [
             self.finding(
                 Label.NOTE,
-                f"{t.backend} at {t.threads} vs 1 thread(s): graph outputs bit-identical; "
-                f"intermediates move from {with_module(t.first_divergence or '', modules or {})} on",
-                t.backend,
-                tensor=t.first_divergence or "",
+                f"{row.backend} at {row.threads} vs 1 thread(s): graph outputs bit-identical; "
+                f"intermediates move from {with_module(row.first_divergence or '', modules or {})} on",
+                row.backend,
+                tensor=row.first_divergence or "",
             )
-            for t in self.rows
-            if t.status == "ok" and t.invariant is False and not t.moved_outputs()
+            for row in self.rows
+            if row.status == "ok" and row.invariant is False and not row.moved_outputs()
         ]
 
     def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
@@ -93,14 +93,14 @@ class ThreadsResult(ProbeResult):
             return []
         rows = [
             [
-                t.backend,
-                t.threads,
-                yes(t.invariant) if t.status == "ok" else strong(t.status, f": {t.reason}"),
-                num(t.max_ulp),
-                num(t.scaled_ulp),
-                with_module(t.first_divergence, modules or {}) if t.first_divergence else "–",
+                row.backend,
+                row.threads,
+                yes(row.invariant) if row.status == "ok" else strong(row.status, f": {row.reason}"),
+                num(row.max_ulp),
+                num(row.scaled_ulp),
+                with_module(row.first_divergence, modules or {}) if row.first_divergence else "–",
             ]
-            for t in self.rows
+            for row in self.rows
         ]
         header = ["backend", "threads", "same bits as 1 thread", "max ULP", "scaled ULP", "first divergence"]
         return [
@@ -115,22 +115,22 @@ class ThreadsResult(ProbeResult):
     def to_json(self) -> Any:
         return [
             {
-                "backend": t.backend,
-                "threads": t.threads,
-                "status": t.status,
-                "reason": t.reason,
-                "invariant": t.invariant,
-                "max_ulp": t.max_ulp,
-                "scaled_ulp": t.scaled_ulp,
-                "first_divergence": t.first_divergence,
-                "outputs_equal": t.outputs_equal,
+                "backend": row.backend,
+                "threads": row.threads,
+                "status": row.status,
+                "reason": row.reason,
+                "invariant": row.invariant,
+                "max_ulp": row.max_ulp,
+                "scaled_ulp": row.scaled_ulp,
+                "first_divergence": row.first_divergence,
+                "outputs_equal": row.outputs_equal,
             }
-            for t in self.rows
+            for row in self.rows
         ]
 
 
 def has_threads(b: PlannedBackend) -> bool:
-    return b.cls is not None and any(s.name == "threads" for s in b.cls.option_specs)
+    return b.cls is not None and any(option.name == "threads" for option in b.cls.option_specs)
 
 
 class ThreadsProbe(Probe):
@@ -152,7 +152,10 @@ class ThreadsProbe(Probe):
             return []
         layers = not separate_layers(b.cls, self.ctx.spec, b.raw_options)  # one build gives both: take them
         phases = standard_phases(b.cls, self.ctx.spec, 1, layers=layers, options=b.raw_options)
-        return [self.ctx.job(f"{b.name}-threads{t}", b, phases, threads=str(t)) for t in self._counts(b)]
+        return [
+            self.ctx.job(f"{b.name}-threads{count}", b, phases, threads=str(count))
+            for count in self._counts(b)
+        ]
 
     def followup_jobs(self, r: BackendRuns) -> list[Job]:
         """Per-layer builds at 1 thread and at each count whose graph outputs differ from it, to
@@ -171,7 +174,9 @@ class ThreadsProbe(Probe):
         return [self.ctx.job(f"{b.name}-threads{t}-layers", b, [phase], threads=str(t)) for t in want]
 
     def analyze(self, runs: Sequence[BackendRuns]) -> ThreadsResult:
-        return ThreadsResult(tuple(row for r in runs if has_threads(r.planned) for row in self._rows(r)))
+        return ThreadsResult(
+            tuple(row for run in runs if has_threads(run.planned) for row in self._rows(run))
+        )
 
     def _default(self, r: BackendRuns) -> int:
         return int(r.planned.options["threads"])
@@ -182,7 +187,11 @@ class ThreadsProbe(Probe):
     def _variants(self, r: BackendRuns) -> list[tuple[int, JobOutcome]]:
         """(thread count, outcome) of the default (the main build) and each probed count but 1."""
         out = [(self._default(r), r.builds[0])]
-        return out + [(t, r.jobs[f"{r.planned.name}-threads{t}"]) for t in self._counts(r.planned) if t != 1]
+        return out + [
+            (count, r.jobs[f"{r.planned.name}-threads{count}"])
+            for count in self._counts(r.planned)
+            if count != 1
+        ]
 
     def _layers(self, r: BackendRuns, t: int) -> PhaseResult | None:
         """The per-layer capture at `t` threads: from the main build, the variant's own build, or

@@ -82,7 +82,9 @@ def _where(diffs: Sequence[TensorDiff], r: Result) -> str:
     """', up to S scaled ULP, first at T (module)' for the tensors that varied."""
     worst = max(diffs, key=lambda d: d.severity(), default=None)
     size = f", up to {short(worst.scaled_ulp)} scaled ULP" if worst is not None else ""
-    first = module_note(next((d.name for d in diffs if not d.bitwise_equal), None), r.model.modules())
+    first = module_note(
+        next((diff.name for diff in diffs if not diff.bitwise_equal), None), r.model.modules()
+    )
     return f"{size}, first at {first}"
 
 
@@ -111,7 +113,13 @@ def _builds(r: Result, ok: Sequence[BackendResult]) -> str:
     if r.options.builds < 2:
         return "**Build to build: not measured.** One build per backend (`--builds 2` makes fresh ones)."
     vary = [b for b in ok if b.varies_build_to_build]
-    engines = [v for p in r.probes if p.name == "builds" for v in getattr(p, "backends", ()) if v.builds_vary]
+    engines = [
+        v
+        for probe in r.probes
+        if probe.name == "builds"
+        for v in getattr(probe, "backends", ())
+        if v.builds_vary
+    ]
     if not vary and not engines:
         return (
             f"**Build to build: the same bits.** {r.options.builds} fresh builds of each backend "
@@ -136,9 +144,13 @@ def _builds(r: Result, ok: Sequence[BackendResult]) -> str:
 def _across(r: Result, stem: str | None, figure: bool) -> str:
     crosses = [c for c in r.cross_backend if c.status == "ok" and c.scaled_ulp is not None]
     if not crosses:
-        why = "only one backend ran" if sum(b.ok for b in r.backends) < 2 else "no backend was compared"
+        why = (
+            "only one backend ran"
+            if sum(backend.ok for backend in r.backends) < 2
+            else "no backend was compared"
+        )
         return f"**Across backends: not measured.** {why[0].upper()}{why[1:]}."
-    if all(c.bitwise_equal for c in crosses):
+    if all(cross.bitwise_equal for cross in crosses):
         return (
             f"**Across backends: the same bits.** Every backend matches {inert(r.reference_used)} bit for "
             "bit at the outputs."
@@ -155,7 +167,7 @@ def _across(r: Result, stem: str | None, figure: bool) -> str:
         why = ex.reason or "the explanation did not run"
         return f"**Across backends: different bits, not judged.** {size}; {prose(why)}."
     nodes = r.judged_nodes
-    judged = [(c, ex.local_for(c.backend)) for c in crosses]
+    judged = [(cross, ex.local_for(cross.backend)) for cross in crosses]
     origins = [inert(c.backend) for c, le in judged if le is not None and le.status == "ok" and le.origins]
     unjudged = [inert(c.backend) for c, le in judged if le is None or le.status != "ok"]
     coarse = [
@@ -187,7 +199,7 @@ def _across(r: Result, stem: str | None, figure: bool) -> str:
 
 def answers(r: Result, stem: str | None, figure: bool = True) -> list[str]:
     """The three answers, one bullet each."""
-    ok = [b for b in r.backends if b.ok]
+    ok = [backend for backend in r.backends if backend.ok]
     if not ok:
         return ["- **Nothing was compared:** every backend failed (see Verdict)."]
     out = [f"- {_runs(r, ok)}", f"- {_builds(r, ok)}", f"- {_across(r, stem, figure)}"]

@@ -43,7 +43,7 @@ def bundle_outputs(flag: str, md_path: str | os.PathLike[str] | None) -> list[tu
     with contextlib.suppress(OSError):
         figures += sorted(p.parent.glob(f"{glob.escape(stem)}.cost-*.png"))
     table = (f"{flag} {p}'s table", p.with_name(f"{stem}.layers.csv"))
-    return [(flag, p), table, *((f"{flag} {p}'s figure", f) for f in figures)]
+    return [(flag, p), table, *((f"{flag} {p}'s figure", figure) for figure in figures)]
 
 
 def write_markdown_bundle(
@@ -57,7 +57,7 @@ def write_markdown_bundle(
     if json_path:
         files[Path(json_path)] = to_json(r).encode("utf-8")
     md = Path(md_path) if md_path else None
-    order = [*(p for p in files if p != md), *([md] if md else [])]
+    order = [*(file for file in files if file != md), *([md] if md else [])]
     staged: dict[Path, Path] = {}
     try:
         for path in order:

@@ -52,7 +52,8 @@ def _one(c: CandidateResult, k: int, times: bool = False) -> list[str]:
         return [*out, f"Not compared: {cell(c.reason)}", ""]
     matched, total = c.coverage
     out += [
-        f"Declares {c.precision}; ran on {', '.join(b.name for b in c.backends)}, fed the original's inputs; "
+        f"Declares {c.precision}; ran on {', '.join(backend.name for backend in c.backends)}, "
+        "fed the original's inputs; "
         f"{c.compared_on}'s tensors set beside the original's on {c.original_on}. "
         f"**{matched} of {total}** of the original's tensors matched.",
         "",
@@ -86,12 +87,19 @@ def _one(c: CandidateResult, k: int, times: bool = False) -> list[str]:
         out += table(
             ["event", "tensor", "node", "elements", "detail"],
             [
-                [f.kind, code_span(f.tensor), code_span(f.node), f"{f.count} of {f.of}", cell(f.detail)]
-                for f in c.findings
+                [
+                    finding.kind,
+                    code_span(finding.tensor),
+                    code_span(finding.node),
+                    f"{finding.count} of {finding.of}",
+                    cell(finding.detail),
+                ]
+                for finding in c.findings
             ],
         )
     worst = sorted(
-        (m for m in c.matches if m.status == "ok" and m.sqnr_db is not None), key=lambda m: m.sqnr_db or 0
+        (match for match in c.matches if match.status == "ok" and match.sqnr_db is not None),
+        key=lambda m: m.sqnr_db or 0,
     )
     if worst:
         out += ["Lowest SQNR (the candidate against the original, per matched tensor):", ""]
@@ -118,7 +126,7 @@ def _one(c: CandidateResult, k: int, times: bool = False) -> list[str]:
             out += [f"The candidate's {p.name} probe:", "", *body, ""]
     if c.advice is not None:
         out += _advice(c, times)
-    out += [f"Note: {cell(n)}" for n in c.notes]
+    out += [f"Note: {cell(note)}" for note in c.notes]
     return [*out, ""] if c.notes else out
 
 
@@ -131,18 +139,18 @@ def _decode(c: CandidateResult) -> list[str]:
         if not b.ok:
             rows.append([b.backend, "—", f"{b.status}: {cell(b.reason)}", "", "", ""])
             continue
-        for p in b.prompts:
-            step = p.first_divergent_step
+        for prompt in b.prompts:
+            step = prompt.first_divergent_step
             rows.append(
                 [
                     b.backend,
-                    p.prompt,
+                    prompt.prompt,
                     "none" if step is None else step,
-                    _g(p.margin_at_divergence),
-                    _g(p.logit_difference),
+                    _g(prompt.margin_at_divergence),
+                    _g(prompt.logit_difference),
                     "—"
                     if step is None
-                    else ("yes" if near_tie(p.margin_at_divergence, p.logit_difference) else "no"),
+                    else ("yes" if near_tie(prompt.margin_at_divergence, prompt.logit_difference) else "no"),
                 ]
             )
     head = [
@@ -190,7 +198,7 @@ def _advice(c: CandidateResult, times: bool = False) -> list[str]:
                 "",
             ]
     else:
-        named = ", ".join(code_span(n) for n in a.matters)
+        named = ", ".join(code_span(matter) for matter in a.matters)
         out = [f"**Advice:** {cell(a.reason)}.", ""] + (
             [f"The nodes that matter most: {named}.", ""] if named else []
         )
@@ -225,11 +233,13 @@ def _advice(c: CandidateResult, times: bool = False) -> list[str]:
     if c.sensitivities:
         rows = [
             [
-                code_span(x.node),
-                x.op,
-                f"{x.nonfinite} inf/NaN" if x.nonfinite else f"{10 * math.log10(1 / x.share):.1f} dB",
+                code_span(sensitivitie.node),
+                sensitivitie.op,
+                f"{sensitivitie.nonfinite} inf/NaN"
+                if sensitivitie.nonfinite
+                else f"{10 * math.log10(1 / sensitivitie.share):.1f} dB",
             ]
-            for x in c.sensitivities
+            for sensitivitie in c.sensitivities
         ]
         out += _fold(
             "The nodes the conversion costs most",

@@ -22,7 +22,8 @@ def _row(d: DecodeResult, b: BackendDecode) -> list[object]:
     first = b.first_divergence
     same = len(b.prompts) - b.flipped_prompts
     batch = (
-        f"{b.distinct_completions} (moves logits by {_g(max(p.batch_logit_difference for p in b.prompts))})"
+        f"{b.distinct_completions} (moves logits by "
+        f"{_g(max(prompt.batch_logit_difference for prompt in b.prompts))})"
         if d.batch
         else "—"
     )
@@ -34,7 +35,7 @@ def _row(d: DecodeResult, b: BackendDecode) -> list[object]:
         _g(first.logit_difference) if first else "—",
         batch,
         _g(b.step_ms),
-        _g(min((m for p in b.prompts for m in p.margins), default=None)),
+        _g(min((margin for prompt in b.prompts for margin in prompt.margins), default=None)),
     ]
 
 
@@ -71,7 +72,7 @@ def decode_section(r: Result) -> list[str]:
                 "ms per step",
                 "smallest margin",
             ],
-            [_row(d, b) for b in d.backends],
+            [_row(d, backend) for backend in d.backends],
         ),
         "The margin there is the reference's top-1 minus top-2 logit at that step; the logit difference is "
         "the largest difference between the backend's logits and the reference's at that step, the tokens "
@@ -81,7 +82,7 @@ def decode_section(r: Result) -> list[str]:
         "how close its own closest call came.",
         "",
     ]
-    out += [f"- WARN: {w}" for w in d.warnings] + ([""] if d.warnings else [])
+    out += [f"- WARN: {warning}" for warning in d.warnings] + ([""] if d.warnings else [])
     if d.layers_step is not None:
         who, prompt, step = d.layers_step
         what = (
@@ -126,7 +127,7 @@ def decode_json(d: DecodeResult) -> dict[str, object]:
         "reference": d.reference,
         "batch": d.batch,
         "prompt_lengths": list(d.prompt_lengths),
-        "prompts": [list(p) for p in d.prompts],
+        "prompts": [list(prompt) for prompt in d.prompts],
         "warnings": list(d.warnings),
         "layers_step": (
             None
@@ -134,18 +135,20 @@ def decode_json(d: DecodeResult) -> dict[str, object]:
             else {"backend": d.layers_step[0], "prompt": d.layers_step[1], "step": d.layers_step[2]}
         ),
         "backends": {
-            b.backend: {
-                "status": b.status,
-                "reason": b.reason,
-                "tokens": [list(p.tokens) for p in b.prompts],
-                "first_divergent_step": b.first_divergent_step,
-                "first_divergent_steps": [p.first_divergent_step for p in b.prompts],
-                "margin_at_divergence": b.margin_at_divergence,
-                "distinct_completions": b.distinct_completions,
+            backend.backend: {
+                "status": backend.status,
+                "reason": backend.reason,
+                "tokens": [list(prompt.tokens) for prompt in backend.prompts],
+                "first_divergent_step": backend.first_divergent_step,
+                "first_divergent_steps": [prompt.first_divergent_step for prompt in backend.prompts],
+                "margin_at_divergence": backend.margin_at_divergence,
+                "distinct_completions": backend.distinct_completions,
                 # each prompt's figures as the codec writes them; its tokens are listed above
-                "prompts": [{k: v for k, v in encode(p).items() if k != "tokens"} for p in b.prompts],
+                "prompts": [
+                    {k: v for k, v in encode(prompt).items() if k != "tokens"} for prompt in backend.prompts
+                ],
             }
-            for b in d.backends
+            for backend in d.backends
         },
     }
 
@@ -185,7 +188,7 @@ def decisions_section(r: Result) -> list[str]:
             rows,
         ),
     ]
-    flips = [(d, f) for d in r.decisions for f in d.flips]
+    flips = [(decision, flip) for decision in r.decisions for flip in decision.flips]
     if flips:
         out += [
             "<details><summary>every flip kept (the closest calls first)</summary>",
@@ -222,4 +225,4 @@ def decisions_section(r: Result) -> list[str]:
 def decisions_json(r: Result) -> list[dict[str, object]]:
     """The JSON twin's `decisions` section: each backend and output as the codec writes it, with
     the number of choices that flipped."""
-    return [{**encode(d), "flipped": d.flipped} for d in r.decisions]
+    return [{**encode(decision), "flipped": decision.flipped} for decision in r.decisions]

@@ -47,11 +47,13 @@ class ReportDiff:
 
     @property
     def changed(self) -> bool:
-        return bool(self.environment or self.options or self.model) or any(b.changed for b in self.backends)
+        return bool(self.environment or self.options or self.model) or any(
+            backend.changed for backend in self.backends
+        )
 
     def markdown(self, old: str, new: str) -> str:
         out = [f"# xbackend diff: {inert(old)} -> {inert(new)}", ""]
-        moved = [b for b in self.backends if b.first_moved]
+        moved = [backend for backend in self.backends if backend.first_moved]
         if not self.changed:
             out += ["Nothing changed: same environment, options, verdicts and bits.", ""]
         for b in moved:
@@ -68,7 +70,11 @@ class ReportDiff:
             ("Options", self.options),
         ):
             if changes:
-                out += [f"## {title}", "", *table(["key", "old", "new"], [list(r) for r in changes])]
+                out += [
+                    f"## {title}",
+                    "",
+                    *table(["key", "old", "new"], [list(change) for change in changes]),
+                ]
         rows = [
             [
                 b.backend,
@@ -115,8 +121,8 @@ def _state(b: BackendResult | None) -> str:
 
 
 def _backend(a: Result, b: Result, name: str, order: dict[str, int]) -> BackendChange:
-    ob = next((x for x in a.backends if x.name == name), None)
-    nb = next((x for x in b.backends if x.name == name), None)
+    ob = next((backend for backend in a.backends if backend.name == name), None)
+    nb = next((backend for backend in b.backends if backend.name == name), None)
     identical: bool | None = None
     first: str | None = None
     moved = 0
@@ -158,7 +164,9 @@ def _text(v: object) -> str:
 
 def diff_results(a: Result, b: Result) -> ReportDiff:
     order = {n: i for i, n in enumerate(b.model.tensor_order())}
-    names = list(dict.fromkeys([*(x.name for x in a.backends), *(x.name for x in b.backends)]))
+    names = list(
+        dict.fromkeys([*(backend.name for backend in a.backends), *(backend.name for backend in b.backends)])
+    )
     model = _changes(
         {"model.sha256": a.model.sha256, "inputs.sha256": a.feeds.sha256, "inputs.source": a.feeds.source},
         {"model.sha256": b.model.sha256, "inputs.sha256": b.feeds.sha256, "inputs.source": b.feeds.source},
@@ -167,7 +175,7 @@ def diff_results(a: Result, b: Result) -> ReportDiff:
         _changes(dict(a.environment), dict(b.environment)),
         _changes(_options(a), _options(b)),
         model,
-        tuple(_backend(a, b, n, order) for n in names),
+        tuple(_backend(a, b, name, order) for name in names),
         b.model.modules(),
         a.feeds.sha256 == b.feeds.sha256,
     )

@@ -90,10 +90,10 @@ def explanation_section(r: Result) -> list[str]:
         "",
     ]
     names = [r.reference_used, *(c.backend for c in r.cross_backend if c.status == "ok")]
-    rows = [_row(n, ex.local_for(n), modules) for n in names]
+    rows = [_row(name, ex.local_for(name), modules) for name in names]
     head = ["backend", "verdict", "judged on", "first origin, or closest node", "own error / allowance"]
     out += table(head, rows)
-    origins = [(le.backend, o) for le in ex.local if le.status == "ok" for o in le.origins]
+    origins = [(le.backend, origin) for le in ex.local if le.status == "ok" for origin in le.origins]
     if origins:
         out += [
             "### Origins",
@@ -203,6 +203,6 @@ def allowances_section(r: Result) -> list[str]:
         "u: the unit roundoff of the output's dtype; v: the float64 value; M: the operands' magnitude "
         "(Σ|a||b| for a product); n: the terms summed (xbackend/bounds/rules.py).",
         "",
-        *table(["op", "allowed", "source"], [list(x) for x in ex.rules]),
+        *table(["op", "allowed", "source"], [list(rule) for rule in ex.rules]),
         *_detection(names, ex.local_for),
     ]

@@ -88,9 +88,9 @@ def _points(
     """(position in the model's order, scaled ULP): backends that expose different tensors (torch
     maps only module outputs) still line up by layer."""
     pts = sorted(
-        (float(rank.get(value_name(d.name), len(rank))), float(d.scaled_ulp))
-        for d in tensors
-        if d.scaled_ulp is not None and math.isfinite(d.scaled_ulp)
+        (float(rank.get(value_name(tensor.name), len(rank))), float(tensor.scaled_ulp))
+        for tensor in tensors
+        if tensor.scaled_ulp is not None and math.isfinite(tensor.scaled_ulp)
     )
     return tuple(x for x, _ in pts), tuple(y for _, y in pts)
 
@@ -123,7 +123,7 @@ def _names(r: Result, xs: Sequence[float]) -> tuple[tuple[float, str], ...]:
     full = [(p, visible(modules.get(order[p]) or order[p])) for p in pos]
     parts = [name.split(".") for _, name in full]
     head = 0
-    while parts and all(len(q) > head + 1 and q[head] == parts[0][head] for q in parts):
+    while parts and all(len(part) > head + 1 and part[head] == parts[0][head] for part in parts):
         head += 1
     out: list[tuple[float, str]] = []
     for (p, _), q in zip(full, parts, strict=True):
@@ -148,9 +148,9 @@ def _ratios(r: Result, rank: Mapping[str, int], backends: Sequence[str]) -> tupl
         if le is None or le.status != "ok":
             continue
         pts = sorted(
-            (float(rank[value_name(n.tensor)]), min(float(n.ratio), 10.0))
-            for n in le.nodes
-            if value_name(n.tensor) in rank and not n.not_judged and math.isfinite(n.ratio)
+            (float(rank[value_name(node.tensor)]), min(float(node.ratio), 10.0))
+            for node in le.nodes
+            if value_name(node.tensor) in rank and not node.not_judged and math.isfinite(node.ratio)
         )
         if pts:
             out.append(Series(name, tuple(x for x, _ in pts), tuple(y for _, y in pts)))
@@ -206,10 +206,12 @@ def _distribution(r: Result) -> Figure | None:
         if c.status != "ok" or not vals:
             continue
         counts = [0] * len(BINS)
-        for v in vals:
-            counts[_bin(v)] += 1
+        for val in vals:
+            counts[_bin(val)] += 1
         series.append(
-            Series(c.backend, tuple(float(i) for i in range(len(BINS))), tuple(float(n) for n in counts))
+            Series(
+                c.backend, tuple(float(i) for i in range(len(BINS))), tuple(float(count) for count in counts)
+            )
         )
     if not series:
         return None
@@ -310,17 +312,17 @@ def _costs(r: Result) -> list[Figure]:
         return []
     out = []
     for fam in r.cost_of_determinism():
-        rows = [m for m in fam.rows if m.ratio is not None]
+        rows = [row for row in fam.rows if row.ratio is not None]
         if len(rows) < 2:
             continue
-        ticks = tuple(f"{m.backend.partition('@')[2] or 'default'}\n{_outputs_note(m)}" for m in rows)
-        base = next(m for m in fam.rows if m.backend == fam.default).latency
+        ticks = tuple(f"{row.backend.partition('@')[2] or 'default'}\n{_outputs_note(row)}" for row in rows)
+        base = next(row for row in fam.rows if row.backend == fam.default).latency
         scale = base.median_ms if base is not None else 1.0
         series = Series(
             "median latency / default's (bars: min to max)",
             tuple(float(i) for i in range(len(rows))),
-            tuple(float(m.ratio or 0.0) for m in rows),
-            tuple((m.latency.min_ms / scale, m.latency.max_ms / scale) for m in rows if m.latency),
+            tuple(float(row.ratio or 0.0) for row in rows),
+            tuple((row.latency.min_ms / scale, row.latency.max_ms / scale) for row in rows if row.latency),
         )
         out.append(
             Figure(
@@ -350,10 +352,17 @@ def _decode(r: Result) -> Figure | None:
     """The reference's top-1/top-2 margin per step of one prompt beside each backend's logit
     difference from it: a token flips where a difference reaches the margin."""
     d = r.decode
-    if d is None or not any(b.ok for b in d.backends):
+    if d is None or not any(backend.ok for backend in d.backends):
         return None
     prompt = d.layers_step[1] if d.layers_step else 0
-    ref = next((b for b in d.backends if b.backend == d.reference and b.ok and b.prompts), None)
+    ref = next(
+        (
+            backend
+            for backend in d.backends
+            if backend.backend == d.reference and backend.ok and backend.prompts
+        ),
+        None,
+    )
     if ref is None:
         return None
     margins = ref.prompts[prompt].margins
@@ -361,7 +370,7 @@ def _decode(r: Result) -> Figure | None:
     for b in d.backends:
         if b.ok and b.backend != d.reference and b.prompts:
             diffs = b.prompts[prompt].logit_differences
-            ys = tuple(max(v, _FLOOR) for v in diffs)
+            ys = tuple(max(diff, _FLOOR) for diff in diffs)
             series.append(Series(f"{b.backend}: logit difference", tuple(map(float, range(len(ys)))), ys))
     return Figure(
         "decode-margins",
@@ -382,12 +391,12 @@ def _candidates(r: Result) -> Figure | None:
     series = []
     for k, c in enumerate(r.candidates, 1):
         pts = sorted(
-            (float(m.depth), float(m.sqnr_db))
-            for m in c.matches
-            if m.status == "ok"
-            and m.how != "dequantized"
-            and m.sqnr_db is not None
-            and math.isfinite(m.sqnr_db)
+            (float(match.depth), float(match.sqnr_db))
+            for match in c.matches
+            if match.status == "ok"
+            and match.how != "dequantized"
+            and match.sqnr_db is not None
+            and math.isfinite(match.sqnr_db)
         )
         if pts:
             series.append(
@@ -430,7 +439,7 @@ def _line(ax: Any, s: Series, color: str, hollow_zero: bool) -> None:
 def planned_figures(r: Result) -> list[Figure]:
     """The figures this result has data for, in report order."""
     figs = [_decode(r), _error_depth(r), _distribution(r), _batch(r), _builds(r), *_costs(r), _candidates(r)]
-    return [f for f in figs if f is not None]
+    return [fig for fig in figs if fig is not None]
 
 
 _MPL_HOME: list[Any] = []  # matplotlib's config and font cache for this process, removed at its exit

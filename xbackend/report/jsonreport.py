@@ -113,25 +113,25 @@ def _cross(c: CrossBackendResult, modules: dict[str, str], floors: dict[str, flo
         "first_violation": c.first_violation,
         "only_in_backend": list(c.only_in_backend),
         "only_in_reference": list(c.only_in_reference),
-        "outputs": [_tensor(d, modules) for d in c.output_tensors],
+        "outputs": [_tensor(tensor, modules) for tensor in c.output_tensors],
         "instrumented_outputs_differ": c.observer_differs,
         "layers_note": c.layers_note,
-        "tensors": [_with_floor(_tensor(d, modules), floors, c) for d in c.tensors],
+        "tensors": [_with_floor(_tensor(tensor, modules), floors, c) for tensor in c.tensors],
         "explained": c.explained,
         "not_judged": c.not_judged if c.explained is None else None,
         "origins": [
             {
-                "tensor": o.tensor,
-                "module": o.module,
-                "op_type": o.op_type,
-                "local_scaled_ulp": o.local_scaled_ulp,
-                "allowed_scaled_ulp": o.allowed_scaled_ulp,
-                "detail": o.detail,
-                "element": list(o.element),
-                "rule": o.rule,
-                "past_deterministic_bound": o.certain,
+                "tensor": origin.tensor,
+                "module": origin.module,
+                "op_type": origin.op_type,
+                "local_scaled_ulp": origin.local_scaled_ulp,
+                "allowed_scaled_ulp": origin.allowed_scaled_ulp,
+                "detail": origin.detail,
+                "element": list(origin.element),
+                "rule": origin.rule,
+                "past_deterministic_bound": origin.certain,
             }
-            for o in c.origins
+            for origin in c.origins
         ],
     }
 
@@ -159,7 +159,7 @@ def _explanation(r: Result) -> dict[str, Any]:
                 "largest_at": x.largest_at,
                 "judged_on": x.graph,
                 "explained": x.explained,
-                "origins": [o.tensor for o in x.origins],
+                "origins": [origin.tensor for origin in x.origins],
                 # per op, the median smallest relative error on every element its nodes catch
                 "detection": [{"op_type": op, "relative": v, "nodes": k} for op, v, k in x.detection()],
             }
@@ -168,13 +168,13 @@ def _explanation(r: Result) -> dict[str, Any]:
         "confidence_per_node": ex.confidence,
         "amplifiers": [
             {
-                "tensor": a.tensor,
-                "module": a.module,
-                "op_type": a.op_type,
-                "gain_scaled_ulp": a.gain_scaled_ulp,
-                "input_max": a.input_max,
+                "tensor": amplifier.tensor,
+                "module": amplifier.module,
+                "op_type": amplifier.op_type,
+                "gain_scaled_ulp": amplifier.gain_scaled_ulp,
+                "input_max": amplifier.input_max,
             }
-            for a in ex.amplifiers
+            for amplifier in ex.amplifiers
         ],
         "reorder_check": {
             "status": ex.reorder_check.status,
@@ -206,11 +206,11 @@ def _oracle(c: CrossBackendResult, modules: dict[str, str]) -> dict[str, Any]:
         "backend": c.backend,
         "max_ulp": c.max_ulp,
         "scaled_ulp": c.scaled_ulp,
-        "max_rel": max((d.max_rel for d in outs), default=0.0),
+        "max_rel": max((out.max_rel for out in outs), default=0.0),
         "bitwise_equal": c.bitwise_equal,
         "first_divergence": c.first_divergence,
-        "outputs": [_tensor(d, modules) for d in c.output_tensors],
-        "tensors": [_tensor(d, modules) for d in c.tensors],
+        "outputs": [_tensor(tensor, modules) for tensor in c.output_tensors],
+        "tensors": [_tensor(tensor, modules) for tensor in c.tensors],
     }
 
 
@@ -223,7 +223,7 @@ def to_dict(r: Result) -> dict[str, Any]:
         {
             "schema": SCHEMA,
             "verdict": {"exit_code": r.exit_code, "lines": [f.line for f in found], "findings": findings},
-            "promises": [asdict(c) for c in r.promise_checks()],
+            "promises": [asdict(check) for check in r.promise_checks()],
             "model": {
                 "path": m.path,
                 "sha256": m.sha256,
@@ -262,7 +262,7 @@ def to_dict(r: Result) -> dict[str, Any]:
                 "timeout_s": r.options.timeout,
             },
             "command": r.command,
-            "backends": [_backend(b, r.options.shows_times) for b in r.backends],
+            "backends": [_backend(backend, r.options.shows_times) for backend in r.backends],
             "cost_of_determinism": [f.to_json(r.options.shows_times) for f in r.cost_of_determinism()],
             "cross_backend": [_cross(c, modules, r.explanation.floor_map()) for c in r.cross_backend],
             "explanation": _explanation(r),
@@ -276,12 +276,12 @@ def to_dict(r: Result) -> dict[str, Any]:
                 }
                 for t in r.explanation.ill_conditioned
             ],
-            "pairs": [_pair(p) for p in r.pairs],
+            "pairs": [_pair(pair) for pair in r.pairs],
             "oracle_error": [_oracle(c, modules) for c in r.oracle_error],
             "expected_error": [_oracle(c, modules) for c in r.expected_error],
-            "probes": {p.name: p.to_json() for p in r.probes},
+            "probes": {probe.name: probe.to_json() for probe in r.probes},
             "baseline": [_drift(d, modules) for d in r.baseline],
-            "gates": [asdict(g) for g in r.gates()],
+            "gates": [asdict(gate) for gate in r.gates()],
             "notes": list(r.notes),
             "metrics": dict(METRIC_DEFINITIONS),
             "environment": dict(r.environment),
@@ -295,11 +295,13 @@ def to_dict(r: Result) -> dict[str, Any]:
         out["candidates"] = _clean(candidate_json(r))
     out["result"] = encode(r, times=r.options.shows_times)
     if r.options.shows_times:  # only on request: times differ between identical comparisons
-        out["build_seconds"] = {b.name: [round(t, 3) for t in b.build_s] for b in r.backends}
+        out["build_seconds"] = {
+            backend.name: [round(t, 3) for t in backend.build_s] for backend in r.backends
+        }
         out["probe_build_seconds"] = {
-            f"{p.name}: {label}": [round(t, 3) for t in times]
-            for p in r.probes
-            for label, times in p.build_times()
+            f"{probe.name}: {label}": [round(time, 3) for time in times]
+            for probe in r.probes
+            for label, times in probe.build_times()
         }
     return out
 

@@ -113,7 +113,7 @@ def _layer_body(
     out += [
         "Graph outputs (plain builds, the engine users ship):",
         "",
-        *_table(diff_header(modules), [diff_row(d, modules) for d in c.output_tensors]),
+        *_table(diff_header(modules), [diff_row(tensor, modules) for tensor in c.output_tensors]),
     ]
     if c.observer_differs:
         inst = c.instrumented_output_diffs()
@@ -144,7 +144,9 @@ def _layer_body(
 def _worst_layers(
     c: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None = None
 ) -> list[str]:
-    worst = sorted((d for d in c.tensors if not d.bitwise_equal), key=lambda d: d.severity(), reverse=True)
+    worst = sorted(
+        (tensor for tensor in c.tensors if not tensor.bitwise_equal), key=lambda d: d.severity(), reverse=True
+    )
     if not worst:
         return ["Every compared tensor is bitwise equal.", ""] if c.tensors else []
     return [
@@ -205,7 +207,7 @@ def cross_section(r: Result) -> list[str]:
 
 def matrix_section(r: Result) -> list[str]:
     """Backend x backend: scaled ULP at the graph outputs ('=' where bitwise equal)."""
-    names = [b.name for b in r.backends if b.ok]
+    names = [backend.name for backend in r.backends if backend.ok]
     if len(names) < 2:
         return []
     cell = {}

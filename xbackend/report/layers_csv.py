@@ -69,30 +69,30 @@ def to_csv(r: Result) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(HEADER)
     for what, tensors in layer_rows(r):
-        for d in tensors:
+        for tensor in tensors:
             w.writerow(
                 [
                     _cell(x)
                     for x in (
                         what,
-                        position.get(value_name(d.name)),
-                        d.name,
-                        modules.get(value_name(d.name), ""),
-                        d.op_type,
-                        d.dtype,
-                        "x".join(map(str, d.shape)),
-                        d.status,
-                        d.bitwise_equal,
-                        d.mismatch_fraction,
-                        d.max_ulp,
-                        d.scaled_ulp,
-                        d.max_abs,
-                        d.max_rel,
-                        d.v_ermv,
-                        d.nan_mismatch,
-                        d.inf_mismatch,
-                        d.ftz_mismatch,
-                        d.fill_mismatch,
+                        position.get(value_name(tensor.name)),
+                        tensor.name,
+                        modules.get(value_name(tensor.name), ""),
+                        tensor.op_type,
+                        tensor.dtype,
+                        "x".join(map(str, tensor.shape)),
+                        tensor.status,
+                        tensor.bitwise_equal,
+                        tensor.mismatch_fraction,
+                        tensor.max_ulp,
+                        tensor.scaled_ulp,
+                        tensor.max_abs,
+                        tensor.max_rel,
+                        tensor.v_ermv,
+                        tensor.nan_mismatch,
+                        tensor.inf_mismatch,
+                        tensor.ftz_mismatch,
+                        tensor.fill_mismatch,
                     )
                 ]
             )

@@ -68,12 +68,12 @@ def _verdict(lines: list[Finding], mine: list[Finding]) -> list[str]:
 def _findings(r: Result, lines: list[Finding], mine: list[Finding]) -> list[str]:
     if len(lines) <= VERDICT_LINES and not r.notes and not mine:
         return []
-    body = [f"- {prose(f.line)}" for f in lines]
+    body = [f"- {prose(line.line)}" for line in lines]
     if mine:
         body += ["", "About xbackend's own instruments (not the engines you ship):", ""]
         body += [f"- {prose(f.line)}" for f in mine]
     if r.notes:
-        body += ["", "Notes:", "", *[f"- {prose(n)}" for n in r.notes]]
+        body += ["", "Notes:", "", *[f"- {prose(note)}" for note in r.notes]]
     kinds = Counter(f.heading for f in [*lines, *mine])
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     notes = f"; {len(r.notes)} note(s) on the run" if r.notes else ""
@@ -86,7 +86,7 @@ def _title(r: Result) -> str:
     p = PurePath(r.model.path)
     # an exporter's generic name (optimum's model.onnx, decoder_model.onnx): its folder says which
     name = f"{p.parent.name}/{p.name}" if p.parent.name and "model" in p.stem.lower() else p.name
-    cands = [PurePath(c.path).name for c in r.candidates]
+    cands = [PurePath(candidate.path).name for candidate in r.candidates]
     vs = f", candidate{'s' if len(cands) > 1 else ''} {', '.join(cands)}" if cands else ""
     return f"# xbackend report: {inert(name)}{inert(vs)}"
 
@@ -94,9 +94,9 @@ def _title(r: Result) -> str:
 def _head(r: Result, stem: str | None, figs: list[Figure]) -> list[str]:
     env = dict(r.environment)
     host = env.get("cpu.model", "unknown CPU") + (f", {env['gpu.model']}" if env.get("gpu.model") else "")
-    ok = sum(b.ok for b in r.backends)
+    ok = sum(backend.ok for backend in r.backends)
     version = env.get("package.xbackend", "")
-    figure = any(f.slug == "error-depth" for f in figs)
+    figure = any(fig.slug == "error-depth" for fig in figs)
     return [
         _title(r),
         "",
@@ -238,13 +238,13 @@ def _promises(r: Result) -> list[str]:
         return []
     rows = [
         [
-            c.backend,
-            c.name,
-            strong("BROKEN") if c.broken else c.status,
-            c.evidence,
-            module_note(c.first_layer or None, r.model.modules()),
+            check.backend,
+            check.name,
+            strong("BROKEN") if check.broken else check.status,
+            check.evidence,
+            module_note(check.first_layer or None, r.model.modules()),
         ]
-        for c in checks
+        for check in checks
     ]
     return [
         "## Promises",

@@ -67,7 +67,9 @@ def baseline_section(r: Result) -> list[str]:
     for d in r.baseline:
         if d.measured and d.drifted and d.tensors:
             worst = sorted(
-                (x for x in d.tensors if not x.bitwise_equal), key=lambda x: x.severity(), reverse=True
+                (tensor for tensor in d.tensors if not tensor.bitwise_equal),
+                key=lambda x: x.severity(),
+                reverse=True,
             )
             body += [
                 f"{d.backend}: worst {min(WORST_LAYERS, len(worst))} moved tensors:",
@@ -92,13 +94,13 @@ def _env_changes(r: Result) -> list[str]:
 def observer_section(r: Result) -> list[str]:
     rows = [
         [
-            b.name,
-            strong("YES") if b.observer.outputs_changed else "no",
-            _num(b.observer.max_ulp),
-            _num(b.observer.scaled_ulp),
+            backend.name,
+            strong("YES") if backend.observer.outputs_changed else "no",
+            _num(backend.observer.max_ulp),
+            _num(backend.observer.scaled_ulp),
         ]
-        for b in r.backends
-        if b.observer is not None
+        for backend in r.backends
+        if backend.observer is not None
     ]
     if not rows:
         return []
@@ -111,7 +113,11 @@ def observer_section(r: Result) -> list[str]:
         "",
         *_table(["backend", "outputs changed", "max ULP", "scaled ULP"], rows),
     ]
-    changed = [b.name for b in r.backends if b.observer is not None and b.observer.outputs_changed]
+    changed = [
+        backend.name
+        for backend in r.backends
+        if backend.observer is not None and backend.observer.outputs_changed
+    ]
     if changed:
         out += [
             f"**Exposing intermediates changed the outputs of {', '.join(changed)}: its per-layer numbers "
@@ -123,7 +129,7 @@ def observer_section(r: Result) -> list[str]:
 
 def probes_section(r: Result) -> list[str]:
     modules = r.model.modules()
-    body = [line for p in r.probes for line in p.markdown(modules)]
+    body = [line for probe in r.probes for line in probe.markdown(modules)]
     if not body and not r.probes_ran:
         return []
     ran = ", ".join(r.probes_ran) or "none"
@@ -158,7 +164,7 @@ def runs_section(r: Result) -> list[str]:
 
 
 def exposure_section(r: Result) -> list[str]:
-    rows = [[b.name, inert(t), why] for b in r.backends for t, why in b.not_exposed]
+    rows = [[backend.name, inert(t), why] for backend in r.backends for t, why in backend.not_exposed]
     if not rows:
         return []
     return ["## Tensors a backend could not expose", "", *_table(["backend", "tensor", "reason"], rows)]
@@ -237,12 +243,14 @@ def cost_section(r: Result) -> list[str]:
     times = r.options.shows_times
     rows = []
     for f in fams:
-        for m in f.rows:
-            distinct = f"{m.distinct_run_outputs} / {m.distinct_build_outputs}" if m.status == "ok" else "–"
-            lat = m.latency.words() if times and m.latency else ("–" if times else "not shown")
-            ratio = f"{m.ratio:.2f}x" if times and m.ratio is not None else "–"
-            mode = m.mode if m.status == "ok" else f"{m.mode} (**{m.status}**)"
-            rows.append([f.runner, f"{mode} ({m.backend})", m.promise_words(), distinct, lat, ratio])
+        for row in f.rows:
+            distinct = (
+                f"{row.distinct_run_outputs} / {row.distinct_build_outputs}" if row.status == "ok" else "–"
+            )
+            lat = row.latency.words() if times and row.latency else ("–" if times else "not shown")
+            ratio = f"{row.ratio:.2f}x" if times and row.ratio is not None else "–"
+            mode = row.mode if row.status == "ok" else f"{row.mode} (**{row.status}**)"
+            rows.append([f.runner, f"{mode} ({row.backend})", row.promise_words(), distinct, lat, ratio])
     how = (
         "One inference's wall time over the runs whose bits were compared (the model users ship; "
         "each build's first run left out as warm-up), as a ratio of the default mode's median."
@@ -272,9 +280,12 @@ def cost_section(r: Result) -> list[str]:
 def timings_section(r: Result) -> list[str]:
     if not r.options.shows_times:
         return []
-    rows = [[b.name, i, f"{t:.1f}"] for b in r.backends for i, t in enumerate(b.build_s)]
+    rows = [[backend.name, i, f"{t:.1f}"] for backend in r.backends for i, t in enumerate(backend.build_s)]
     rows += [
-        [what, i, f"{t:.1f}"] for p in r.probes for what, ts in p.build_times() for i, t in enumerate(ts)
+        [what, i, f"{t:.1f}"]
+        for probe in r.probes
+        for what, ts in probe.build_times()
+        for i, t in enumerate(ts)
     ]
     return [
         "## Build times",

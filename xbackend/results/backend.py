@@ -60,7 +60,7 @@ class Latency:
         --timed-runs N)."""
         if not seconds:
             return None
-        ms = sorted(1000.0 * s for s in seconds)
+        ms = sorted(1000.0 * second for second in seconds)
         n = len(ms)
         median = ms[n // 2] if n % 2 else (ms[n // 2 - 1] + ms[n // 2]) / 2
         return cls(median, ms[0], ms[-1], n, exposed)
@@ -138,17 +138,17 @@ class BackendResult:
         """Tensors that differed between runs or builds, worst kept per tensor, in topological order."""
         diffs = [*self.run_diffs, *self.build_diffs]
         order = {d.name: i for i, d in enumerate(diffs)}
-        return worst_per_tensor((d for d in diffs if not d.bitwise_equal), order)
+        return worst_per_tensor((diff for diff in diffs if not diff.bitwise_equal), order)
 
     @property
     def varies_run_to_run(self) -> bool:
         """Outputs or an exposed intermediate differed between runs of one build."""
-        return self.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in self.run_diffs)
+        return self.distinct_run_outputs > 1 or any(not diff.bitwise_equal for diff in self.run_diffs)
 
     @property
     def varies_build_to_build(self) -> bool:
         """Outputs or an exposed intermediate differed between fresh builds."""
-        return self.distinct_build_outputs > 1 or any(not d.bitwise_equal for d in self.build_diffs)
+        return self.distinct_build_outputs > 1 or any(not diff.bitwise_equal for diff in self.build_diffs)
 
     def variance_words(self) -> str:
         """What varied, in the words of what was measured: runs of one build, or fresh builds."""

@@ -203,12 +203,12 @@ class CandidateResult:
     @property
     def origins(self) -> tuple[tuple[str, Origin], ...]:
         """(backend, origin) of each of the candidate's backends, in its order."""
-        return tuple((le.backend, o) for le in self.explanation.local for o in le.origins)
+        return tuple((le.backend, origin) for le in self.explanation.local for origin in le.origins)
 
     @property
     def coverage(self) -> tuple[int, int]:
         """(matched, original tensors considered)."""
-        seen = {m.original for m in self.matches}
+        seen = {match.original for match in self.matches}
         return len(seen), len(seen) + len(self.unmatched)
 
     @property
@@ -217,17 +217,21 @@ class CandidateResult:
 
     @property
     def decision_flips(self) -> tuple[str, ...]:
-        return tuple(d.backend for d in self.decisions if d.status == "ok" and d.flipped)
+        return tuple(
+            decision.backend for decision in self.decisions if decision.status == "ok" and decision.flipped
+        )
 
     @property
     def events(self) -> tuple[NumericalEvent, ...]:
         """The findings that move the candidate's answers: all but a few clipped outliers (what
         min/max calibration on other data leaves)."""
         return tuple(
-            f
-            for f in self.findings
-            if not (f.kind == "saturation" and f.count < MINOR_CLIPPING * f.of)
-            and not (f.kind == "decision-tensor" and not f.count)  # its own rounding: its precision
+            finding
+            for finding in self.findings
+            if not (finding.kind == "saturation" and finding.count < MINOR_CLIPPING * finding.of)
+            and not (
+                finding.kind == "decision-tensor" and not finding.count
+            )  # its own rounding: its precision
         )
 
     @property
@@ -241,7 +245,11 @@ class CandidateResult:
     def worst(self) -> TensorMatch | None:
         """The matched tensor with the lowest SQNR (the largest move where none is finite)."""
         # a constant's rounding (a layer norm's epsilon in float16) moves no tensor by itself
-        ok = [m for m in self.matches if m.status == "ok" and m.elements and m.op != "Constant"]
+        ok = [
+            match
+            for match in self.matches
+            if match.status == "ok" and match.elements and match.op != "Constant"
+        ]
         if not ok:
             return None
         return min(ok, key=lambda m: (math.inf if m.sqnr_db is None else m.sqnr_db, -(m.scaled_ulp or 0.0)))
@@ -361,9 +369,9 @@ class CandidateResult:
                     f"choice(s) at {d.output} (the original's smallest margin {d.smallest_margin:.3g})"
                 )
                 out.append(found(Label.NOTE, Kind.DECISIONS_AGREE, words, backend=d.backend, tensor=d.output))
-        out += [found(Label.NOTE, Kind.CANDIDATE_NOTE, n) for n in self.notes]
+        out += [found(Label.NOTE, Kind.CANDIDATE_NOTE, note) for note in self.notes]
         for p in self.probes:
-            said = [f.for_candidate(name) for f in p.findings()]
+            said = [finding.for_candidate(name) for finding in p.findings()]
             out += said or [found(Label.NOTE, Kind.PROBE, f"its {p.name} probe found nothing to warn of")]
         out += _advice_findings(self)
         return out

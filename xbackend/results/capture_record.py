@@ -129,9 +129,9 @@ def open_capture(path: str | os.PathLike[str], name: str | None = None) -> Loade
         model_sha256, model_name = str(model["sha256"]), str(model["name"])
         graph_outputs = tuple(str(n) for n in model.get("outputs", ()))
         env = tuple(sorted((str(k), str(v)) for k, v in m["environment"].items()))
-    except (CodecError, KeyError, TypeError, ValueError, AttributeError) as e:
+    except (CodecError, KeyError, TypeError, ValueError, AttributeError) as error:
         raise bad_capture(
-            p, f"has a manifest this xbackend cannot read ({type(e).__name__}: {str(e)[:120]})"
+            p, f"has a manifest this xbackend cannot read ({type(error).__name__}: {str(error)[:120]})"
         ) from None
     outputs = phases.get(OUTPUTS) or phases.get(LAYERS)
     if outputs is None:
@@ -168,8 +168,10 @@ def load_capture(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         try:
             with ValueFile(str(file)) as f:
                 values = f.load_all()
-        except (ValueError, MemoryError, OSError) as e:  # checked, resealed and still damaged
-            raise bad_capture(Path(path), f"has a damaged value file {file.name} ({str(e)[:160]})") from None
+        except (ValueError, MemoryError, OSError) as error:  # checked, resealed and still damaged
+            raise bad_capture(
+                Path(path), f"has a damaged value file {file.name} ({str(error)[:160]})"
+            ) from None
         for name, value in values.items():
             if only is not None and outputs.serves_outputs and prefix == "outputs" and name not in only:
                 continue

@@ -87,7 +87,10 @@ class CrossBackendResult:
     @property
     def observer_differs(self) -> bool:
         """The instrumented builds' output figures differ from the plain builds'."""
-        inst = {d.name: (d.bitwise_equal, d.max_ulp, d.scaled_ulp) for d in self.instrumented_output_diffs()}
+        inst = {
+            diff.name: (diff.bitwise_equal, diff.max_ulp, diff.scaled_ulp)
+            for diff in self.instrumented_output_diffs()
+        }
         plain = {d.name: (d.bitwise_equal, d.max_ulp, d.scaled_ulp) for d in self.output_tensors}
         return bool(inst) and any(inst.get(k, v) != v for k, v in plain.items())
 
@@ -124,7 +127,7 @@ class CrossBackendResult:
 
     @functools.cached_property
     def _origin_names(self) -> frozenset[str]:
-        return frozenset(o.tensor for o in self.origins)
+        return frozenset(origin.tensor for origin in self.origins)
 
     def local_error(self, tensor: str) -> float | None:
         return dict(self.local_errors).get(value_name(tensor))
@@ -176,13 +179,13 @@ class PairResult:
 
     @classmethod
     def from_diffs(cls, a: str, b: str, diffs: Sequence[TensorDiff]) -> PairResult:
-        ulps = [d.max_ulp for d in diffs if d.max_ulp is not None]
-        scaled = [d.scaled_ulp for d in diffs if d.scaled_ulp is not None]
-        rel = max((d.max_rel for d in diffs), default=0.0)
+        ulps = [diff.max_ulp for diff in diffs if diff.max_ulp is not None]
+        scaled = [diff.scaled_ulp for diff in diffs if diff.scaled_ulp is not None]
+        rel = max((diff.max_rel for diff in diffs), default=0.0)
         return cls(
             a,
             b,
-            all(d.bitwise_equal for d in diffs),
+            all(diff.bitwise_equal for diff in diffs),
             max(ulps) if ulps else None,
             max(scaled) if scaled else None,
             rel,

@@ -72,7 +72,7 @@ class Family:
         return {
             "runner": self.runner,
             "default": self.default,
-            "modes": [r.to_json(times) for r in self.rows],
+            "modes": [row.to_json(times) for row in self.rows],
         }
 
 
@@ -87,11 +87,11 @@ def families(backends: Sequence[BackendResult], checks: Sequence[PromiseCheck]) 
 
 
 def _family(runner: str, members: Sequence[BackendResult], checks: Sequence[PromiseCheck]) -> Family:
-    default = next((b for b in members if b.name == runner), members[0])
+    default = next((member for member in members if member.name == runner), members[0])
     base = dict(default.options)
     rows = []
     for b in members:
-        mine = [c for c in checks if c.backend == b.name]
+        mine = [check for check in checks if check.backend == b.name]
         set_here = [f"{k}={v}" for k, v in b.options if base.get(k) != v]
         unset = [f"{k} unset" for k in base if k not in dict(b.options)]
         mode = "default" if b is default else ", ".join(set_here + unset) or "same options"

@@ -74,7 +74,7 @@ class BackendDecode:
     @property
     def first_divergence(self) -> PromptDecode | None:
         """The prompt whose tokens leave the reference's earliest (None: every token agrees)."""
-        diverged = [p for p in self.prompts if p.first_divergent_step is not None]
+        diverged = [prompt for prompt in self.prompts if prompt.first_divergent_step is not None]
         return min(diverged, key=lambda p: (p.first_divergent_step, p.prompt)) if diverged else None
 
     @property
@@ -90,11 +90,11 @@ class BackendDecode:
     @property
     def distinct_completions(self) -> int:
         """The most distinct completions any prompt had over its batch compositions."""
-        return max((p.distinct_completions for p in self.prompts), default=0)
+        return max((prompt.distinct_completions for prompt in self.prompts), default=0)
 
     @property
     def flipped_prompts(self) -> int:
-        return sum(p.first_divergent_step is not None for p in self.prompts)
+        return sum(prompt.first_divergent_step is not None for prompt in self.prompts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,27 +114,29 @@ class DecodeResult:
     prompts: tuple[tuple[int, ...], ...] = ()  # each prompt's token ids, as fed
 
     def backend(self, name: str) -> BackendDecode:
-        return next(b for b in self.backends if b.backend == name)
+        return next(backend for backend in self.backends if backend.backend == name)
 
     @property
     def token_flips(self) -> tuple[str, ...]:
         """Backends whose tokens leave the reference's on some prompt."""
         return tuple(
-            b.backend
-            for b in self.backends
-            if b.ok and b.backend != self.reference and b.first_divergent_step is not None
+            backend.backend
+            for backend in self.backends
+            if backend.ok and backend.backend != self.reference and backend.first_divergent_step is not None
         )
 
     @property
     def batch_dependent(self) -> tuple[str, ...]:
         """Backends where a prompt's completion depends on the batch it shares."""
-        return tuple(b.backend for b in self.backends if b.ok and b.distinct_completions > 1)
+        return tuple(
+            backend.backend for backend in self.backends if backend.ok and backend.distinct_completions > 1
+        )
 
     def findings(self) -> list[Finding]:
         """WARN where a backend's tokens leave the reference's or depend on the batch; NOTE
         where they agree; WARN for a backend that could not decode."""
         out = []
-        ref = next((b for b in self.backends if b.backend == self.reference), None)
+        ref = next((backend for backend in self.backends if backend.backend == self.reference), None)
         for b in self.backends:
             if not b.ok:
                 why = f"decode: {b.backend} {b.status}: {b.reason}"
@@ -157,13 +159,15 @@ class DecodeResult:
                     f"{len(b.prompts)} prompt(s) x {self.steps} steps"
                 )
                 out.append(Finding(Label.NOTE, Kind.DECODE_AGREES, words, backend=b.backend))
-        out += [Finding(Label.WARN, Kind.DECODE_WARNING, f"decode: {w}") for w in self.warnings]
-        return out + [f.with_sentence(f"decode: {f.sentence}") for f in self.flip_findings()]
+        out += [Finding(Label.WARN, Kind.DECODE_WARNING, f"decode: {warning}") for warning in self.warnings]
+        return out + [
+            finding.with_sentence(f"decode: {finding.sentence}") for finding in self.flip_findings()
+        ]
 
     def flips(self) -> list[str]:
         """Each backend whose tokens leave the reference's, and each whose completions depend on
         the batch, in words (what --fail-on token-flip reports)."""
-        return [f.sentence for f in self.flip_findings()]
+        return [finding.sentence for finding in self.flip_findings()]
 
     def flip_findings(self) -> list[Finding]:
         """Each backend whose tokens leave the reference's, and each whose completions depend on

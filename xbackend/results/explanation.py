@@ -182,7 +182,7 @@ class LocalErrors:
 
     @functools.cached_property
     def _node_index(self) -> dict[str, NodeJudgment]:
-        return {n.tensor: n for n in self.nodes}
+        return {node.tensor: node for node in self.nodes}
 
     @property
     def explained(self) -> bool | None:
@@ -201,7 +201,7 @@ class LocalErrors:
     @property
     def unjudged(self) -> tuple[NodeJudgment, ...]:
         """Nodes whose allowance judges nothing (not finite, or past the value's magnitude)."""
-        return tuple(n for n in self.nodes if n.not_judged)
+        return tuple(node for node in self.nodes if node.not_judged)
 
     def coarser_than(self, nodes: int) -> bool:
         """Judged at fewer tensors than the model's `nodes` (a fusing engine's kernel outputs)."""

@@ -169,7 +169,7 @@ class Finding:
 
 def labelled(findings: Iterable[Finding], *labels: Label) -> list[Finding]:
     """The findings whose label is one of `labels`, in order."""
-    return [f for f in findings if f.label in labels]
+    return [finding for finding in findings if finding.label in labels]
 
 
 def scaled_ulp_figure(value: float | None) -> tuple[tuple[str, float], ...]:

@@ -120,6 +120,6 @@ def pairs(options: object) -> tuple[tuple[str, str, str], ...]:
     if isinstance(options, Mapping):
         return tuple((str(b), str(k), str(v)) for b, opts in options.items() for k, v in opts.items())
     return tuple(
-        option_triple(x) if isinstance(x, str) else (str(x[0]), str(x[1]), str(x[2]))
-        for x in options  # type: ignore[attr-defined]
+        option_triple(option) if isinstance(option, str) else (str(option[0]), str(option[1]), str(option[2]))
+        for option in options  # type: ignore[attr-defined]
     )

@@ -166,16 +166,17 @@ def evaluate(r: Gated, names: Sequence[str], max_ulp: float, has_baseline: bool)
         if why:
             label = f"ulp>{n:g}" if name == "ulp>N" else name
             gates.append(Gate(label, _BY_NAME[name].exit_code, why))
-    unique = {g.policy: g for g in gates}
+    unique = {gate.policy: gate for gate in gates}
     return sorted(unique.values(), key=lambda g: g.exit_code)
 
 
 def _nondeterminism(c: _Context, _: float | None) -> str:
     r = c.r
     bad = [
-        b
-        for b in r.backends
-        if b.ok and (b.distinct_run_outputs > 1 or any(not d.bitwise_equal for d in b.run_diffs))
+        backend
+        for backend in r.backends
+        if backend.ok
+        and (backend.distinct_run_outputs > 1 or any(not diff.bitwise_equal for diff in backend.run_diffs))
     ]
     return "; ".join(
         f"{b.name}: {b.distinct_run_outputs} distinct outputs within a session"
@@ -191,7 +192,7 @@ def _build_variance(c: _Context, _: float | None) -> str:
         if not b.ok:
             continue
         why = []
-        if b.distinct_build_outputs > 1 or any(not d.bitwise_equal for d in b.build_diffs):
+        if b.distinct_build_outputs > 1 or any(not diff.bitwise_equal for diff in b.build_diffs):
             why.append(f"{b.distinct_build_outputs} distinct outputs over {b.builds} builds")
         if len(set(b.fingerprints)) > 1:
             why.append(f"{len(set(b.fingerprints))} distinct build fingerprints")
@@ -209,7 +210,7 @@ def _ulp(ctx: _Context, n: float | None) -> str:
     for c in (*r.cross_backend, *r.expected_error):
         if c.status != "ok":
             continue
-        worst = [d for d in c.output_tensors if d.exceeds(limit)]
+        worst = [tensor for tensor in c.output_tensors if tensor.exceeds(limit)]
         if worst:
             out.append(
                 f"{c.backend} vs {c.reference}: {short(c.scaled_ulp)} scaled ULP at the outputs "
@@ -234,7 +235,9 @@ def _baseline(c: _Context, _: float | None) -> str:
 
 def _probe_warning(c: _Context, _: float | None) -> str:
     r = c.r
-    return "; ".join(f.sentence for p in r.probes for f in p.findings() if f.label is Label.WARN)
+    return "; ".join(
+        finding.sentence for probe in r.probes for finding in probe.findings() if finding.label is Label.WARN
+    )
 
 
 def _failure(c: _Context, _: float | None) -> str:
@@ -245,8 +248,9 @@ def _failure(c: _Context, _: float | None) -> str:
 def _promise(c: _Context, _: float | None) -> str:
     r = c.r
     return "; ".join(
-        f"{c.backend} broke {c.name}: {c.evidence}" + (f", first at {c.first_layer}" if c.first_layer else "")
-        for c in r.broken_promises
+        f"{promise.backend} broke {promise.name}: {promise.evidence}"
+        + (f", first at {promise.first_layer}" if promise.first_layer else "")
+        for promise in r.broken_promises
     )
 
 
@@ -300,10 +304,10 @@ def _token_flip(c: _Context, _: float | None) -> str:
     d = c.r.decode
     out = d.flips() if d is not None else []
     out += [
-        f"candidate {x.path}: {line}"
-        for x in c.r.candidates
-        if x.decode is not None
-        for line in x.decode.flips()
+        f"candidate {candidate.path}: {line}"
+        for candidate in c.r.candidates
+        if candidate.decode is not None
+        for line in candidate.decode.flips()
     ]
     return "; ".join(out)
 
@@ -312,10 +316,10 @@ def _decision_flip(c: _Context, _: float | None) -> str:
     out = c.r.decision_flips()
     for x in c.r.candidates:
         out += [
-            f"candidate {x.path}: {d.backend} makes {d.flipped} of {d.decisions} choice(s) at {d.output} "
-            "otherwise than the original"
-            for d in x.decisions
-            if d.status == "ok" and d.flipped
+            f"candidate {x.path}: {decision.backend} makes {decision.flipped} of {decision.decisions} "
+            f"choice(s) at {decision.output} otherwise than the original"
+            for decision in x.decisions
+            if decision.status == "ok" and decision.flipped
         ]
     return "; ".join(out)
 
@@ -331,7 +335,11 @@ def _candidate_origin(c: _Context, _: float | None) -> str:
             )
         elif x.departure:
             out.append(f"candidate {x.path}: departs at {x.departure} ({x.departure_why})")
-        out += [f"candidate {x.path}: {f.detail} at {f.tensor}" for f in x.findings if f.kind == "overflow"]
+        out += [
+            f"candidate {x.path}: {finding.detail} at {finding.tensor}"
+            for finding in x.findings
+            if finding.kind == "overflow"
+        ]
     return "; ".join(out)
 
 
@@ -360,6 +368,6 @@ def gate_findings(policies: Sequence[str], gates: Sequence[Gate]) -> list[Findin
     if not gates:
         return [Finding(Label.GATE, Kind.GATE_PASSED, f"pass (--fail-on {words})")]
     return [
-        Finding(Label.GATE, Kind.GATE_FIRED, f"{g.policy} fired (exit {g.exit_code}): {g.reason}")
-        for g in gates
+        Finding(Label.GATE, Kind.GATE_FIRED, f"{gate.policy} fired (exit {gate.exit_code}): {gate.reason}")
+        for gate in gates
     ]

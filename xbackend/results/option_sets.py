@@ -48,7 +48,7 @@ def torch_options(
     backends: tuple[str, ...], module: str | None, trust: bool
 ) -> tuple[tuple[str, str, str], ...]:
     """--torch-module and --trust-model-code as runner options of each torch backend listed."""
-    chosen = [b for b in backends if b.partition("@")[0] in TORCH_BACKENDS]
+    chosen = [backend for backend in backends if backend.partition("@")[0] in TORCH_BACKENDS]
     if (module or trust) and not chosen:
         flag_name = "--torch-module" if module else "--trust-model-code"
         raise UsageError(
@@ -68,7 +68,11 @@ def thread_options(backends: tuple[str, ...], threads: Any) -> tuple[tuple[str, 
     if threads is None:
         return ()
     count(1, 4096)("--threads", int(threads))
-    chosen = [b for b in backends if any(s.name == "threads" for s in get_runner(b).option_specs)]
+    chosen = [
+        backend
+        for backend in backends
+        if any(option.name == "threads" for option in get_runner(backend).option_specs)
+    ]
     if not chosen:
         raise UsageError(
             f"--threads applies to backends with a threads option, and none of {','.join(backends)} has "

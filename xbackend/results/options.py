@@ -261,7 +261,7 @@ class CompareOptions:
         if not self.backends and not self.loads:
             raise UsageError("no backends given; pass --backends, e.g. --backends ort-cpu,reference")
         if len(set(self.backends)) != len(self.backends):
-            twice = next(b for b in self.backends if self.backends.count(b) > 1)
+            twice = next(backend for backend in self.backends if self.backends.count(backend) > 1)
             other = f"{twice.partition('@')[0]}@other"
             raise UsageError(
                 f"--backends lists {twice} twice; to run it under other settings list it again under "

@@ -58,7 +58,12 @@ class PromiseCheck:
 
 def check_promises(backends: Sequence[BackendResult], probes: Sequence[ProbeResult]) -> list[PromiseCheck]:
     """Each promise each backend that ran declared, as this comparison observed it."""
-    return [c for b in backends if b.ok and b.promises for c in check(b, probes, b.promises)]
+    return [
+        c
+        for backend in backends
+        if backend.ok and backend.promises
+        for c in check(backend, probes, backend.promises)
+    ]
 
 
 def check(
@@ -83,7 +88,7 @@ def _by_probe(prop: str, b: BackendResult, probes: Sequence[ProbeResult]) -> Pro
 
 
 def _run_to_run(b: BackendResult) -> PromiseEvidence:
-    varying = next((d.name for d in b.run_diffs if not d.bitwise_equal), "")
+    varying = next((diff.name for diff in b.run_diffs if not diff.bitwise_equal), "")
     if b.distinct_run_outputs > 1 or varying:
         return (
             "broken",
@@ -101,7 +106,7 @@ def _run_to_run(b: BackendResult) -> PromiseEvidence:
 
 
 def _build_to_build(b: BackendResult) -> PromiseEvidence:
-    first = next((d.name for d in b.build_diffs if not d.bitwise_equal), "")
+    first = next((diff.name for diff in b.build_diffs if not diff.bitwise_equal), "")
     if b.distinct_build_outputs > 1 or first:
         return "broken", f"{b.distinct_build_outputs} distinct outputs over {b.builds} fresh builds", first
     if b.builds < 2:

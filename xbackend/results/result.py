@@ -63,7 +63,7 @@ class Result:
     def decision_flips(self) -> list[str]:
         """Each backend and output where a top-1 choice differs from the reference's, in words
         (what --fail-on decision-flip reports)."""
-        return [f.sentence for f in self._decision_flips()]
+        return [flip.sentence for flip in self._decision_flips()]
 
     def _decision_flips(self) -> list[Finding]:
         out = []
@@ -117,7 +117,7 @@ class Result:
 
     def probe(self, name: str) -> ProbeResult:
         """The result of probe `name` (as --probes names it)."""
-        return _named(name, {p.name: p for p in self.probes}, "probe")
+        return _named(name, {probe.name: probe for probe in self.probes}, "probe")
 
     @property
     def failed(self) -> list[BackendResult]:
@@ -141,7 +141,7 @@ class Result:
 
     @property
     def broken_promises(self) -> list[PromiseCheck]:
-        return [c for c in self.promise_checks() if c.broken]
+        return [check for check in self.promise_checks() if check.broken]
 
     def gates(self) -> list[Gate]:
         """The --fail-on policies that fire, lowest exit code first (none without --fail-on)."""
@@ -162,7 +162,7 @@ class Result:
             return EXIT_DIFFERENCES
         if unjudged(self.explanation):  # nothing passes unjudged
             return EXIT_DIFFERENCES
-        if any(c.faulted for c in self.candidates):
+        if any(candidate.faulted for candidate in self.candidates):
             return EXIT_DIFFERENCES
         if self.flipped:  # a changed answer is a finding, as an origin is
             return EXIT_DIFFERENCES
@@ -177,9 +177,9 @@ class Result:
         if self.decision_flips():
             return True
         return any(
-            (x.decode is not None and bool(x.decode.flips()))
-            or any(d.status == "ok" and d.flipped for d in x.decisions)
-            for x in self.candidates
+            (candidate.decode is not None and bool(candidate.decode.flips()))
+            or any(decision.status == "ok" and decision.flipped for decision in candidate.decisions)
+            for candidate in self.candidates
         )
 
     @property
@@ -191,7 +191,7 @@ class Result:
         for t in self.model.tensors:  # model order: what is computed from them is below too
             if any(i in names for i in t.inputs):
                 names.add(t.name)
-        return tuple(o for o in self.model.output_names if o in names)
+        return tuple(output_name for output_name in self.model.output_names if output_name in names)
 
     def oracle_ranking(self) -> list[tuple[str, float]]:
         """Each backend's largest scaled ULP from the oracle over the outputs it computed in
@@ -448,7 +448,7 @@ class Result:
                 "onnx's evaluator); the oracle is not ranked there"
             )
             out.append(Finding(Label.NOTE, Kind.ORACLE_BELOW_FLOAT64, words, backend="oracle"))
-        probed = [f for probe in self.probes for f in probe.findings(modules)]
+        probed = [finding for probe in self.probes for finding in probe.findings(modules)]
         out += [f for f in probed if f.label is not Label.NOTE]
         if self.vacuous:
             words = (
@@ -511,7 +511,7 @@ class Result:
         found = promise_findings(self.broken_promises, modules) + self._fail_findings()
         found += drift_findings(self.baseline, modules) + self._warn_findings()
         found += self._explanation_findings()
-        found += [f for c in self.candidates for f in c.verdict_findings(modules)]
+        found += [finding for candidate in self.candidates for finding in candidate.verdict_findings(modules)]
         if not labelled(found, Label.FAIL):
             ref = self.reference_used
             within = self._pass_words(ref)
@@ -526,7 +526,7 @@ class Result:
 
     def verdict(self) -> list[str]:
         """One line per finding, most important first; a single PASS line when all is well."""
-        return [f.line for f in self.findings()]
+        return [finding.line for finding in self.findings()]
 
 
 _Held = TypeVar("_Held")

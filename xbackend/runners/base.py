@@ -198,13 +198,13 @@ class Runner(abc.ABC):
     @classmethod
     def all_option_specs(cls) -> tuple[OptionSpec, ...]:
         """The runner's own options and those every runner takes (its own win a clash)."""
-        own = {s.name for s in cls.option_specs}
+        own = {option.name for option in cls.option_specs}
         return (*cls.option_specs, *(s for s in COMMON_OPTIONS if s.name not in own))
 
     @classmethod
     def resolve_options(cls, raw: Mapping[str, str]) -> dict[str, Any]:
         """Defaults overridden by `raw`; UsageError naming the valid keys for a wrong one."""
-        specs = {s.name: s for s in cls.all_option_specs()}
+        specs = {option.name: option for option in cls.all_option_specs()}
         unknown = sorted(set(raw) - set(specs))
         if unknown:
             valid = ", ".join(sorted(specs)) or "none"

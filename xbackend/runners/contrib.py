@@ -252,7 +252,9 @@ def _kernel(base: type, name: str) -> type:
     def _run(self: Any, *inputs: Any, **attrs: Any) -> Any:
         floats = [i.dtype for i in inputs if isinstance(i, np.ndarray) and i.dtype.kind == "f"]
         outs = [np.asarray(o) for o in kernel(*inputs, **attrs)[0]]
-        return _named(self, [o.astype(floats[0]) if floats and o.dtype.kind == "f" else o for o in outs])
+        return _named(
+            self, [out.astype(floats[0]) if floats and out.dtype.kind == "f" else out for out in outs]
+        )
 
     return type(name, (base,), {"op_domain": CONTRIB_DOMAIN, "_run": _run})
 

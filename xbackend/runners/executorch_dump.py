@@ -137,7 +137,7 @@ class Dump:
         for handles, (logged, kernels) in pieces.items():
             if handles[-1] not in self.by_handle:
                 continue
-            ops = [self.by_handle[h] for h in dict.fromkeys(handles) if h in self.by_handle]
+            ops = [self.by_handle[fromkey] for fromkey in dict.fromkeys(handles) if fromkey in self.by_handle]
             last = self.by_handle[handles[-1]]
             kernel = "XNNPACK delegate call" if "DELEGATE_CALL" in kernels else f"kernel {', '.join(kernels)}"
             where = self.modules.get(last, "") or "the top module"

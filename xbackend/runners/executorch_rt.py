@@ -49,7 +49,11 @@ class ExecuTorchRunner(TorchRunner):
     xnnpack: ClassVar[bool] = False
     # the module as the torch runner finds it; threads are ExecuTorch's threadpool's
     option_specs: ClassVar[Sequence[OptionSpec]] = (
-        *(s for s in TorchRunner.option_specs if s.name in ("module", "trust_model_code", "check_weights")),
+        *(
+            option
+            for option in TorchRunner.option_specs
+            if option.name in ("module", "trust_model_code", "check_weights")
+        ),
         OptionSpec(
             "threads",
             int,
@@ -151,8 +155,8 @@ class ExecuTorchRunner(TorchRunner):
                 self._why = f"torch.export failed for the operator map ({type(e).__name__}: {first_line(e)})"
             else:
                 self._dump = Dump.build(program, exported, names)
-        nodes = [n for n in edge.exported_program().graph.nodes if n.op == "call_function"]
-        self._delegated = sum(1 for n in nodes if "executorch_call_delegate" in str(n.target))
+        nodes = [node for node in edge.exported_program().graph.nodes if node.op == "call_function"]
+        self._delegated = sum(1 for node in nodes if "executorch_call_delegate" in str(node.target))
         self._portable_ops = len(nodes) - self._delegated
         # the runtime reads the program from these bytes as it runs: they live as long as it does
         self._buffer = program.buffer
@@ -195,9 +199,11 @@ class ExecuTorchRunner(TorchRunner):
         dump = self._dump
         why = self._why or (dump.why if dump is not None else "")
         if why or dump is None:
-            return {t: why or _NOT_MATCHED for t in self._tensors if t not in self._outputs}
+            return {tensor: why or _NOT_MATCHED for tensor in self._tensors if tensor not in self._outputs}
         have = dump.exposed | set(self._outputs)
-        return {t: dump.hidden.get(t, _NOT_MATCHED) for t in self._tensors if t not in have}
+        return {
+            tensor: dump.hidden.get(tensor, _NOT_MATCHED) for tensor in self._tensors if tensor not in have
+        }
 
     def _drop_dump(self) -> None:
         if self._dump is not None:

@@ -39,14 +39,18 @@ class ExpectedRunner(Runner):
         if not self.options["file"]:
             raise UsageError("expected needs --inputs DIR with output_N.pb files")
         with ValueFile(self.options["file"]) as f:
-            self._values = {n: f[n] for n in tensors if n in f}
+            self._values = {tensor: f[tensor] for tensor in tensors if tensor in f}
         return BuildFingerprint.from_items(self.name, [("outputs", value_sha256(self._values))])
 
     def run_impl(self, feeds: Mapping[str, Value]) -> Mapping[str, Any]:
         return dict(self._values)
 
     def not_exposed(self) -> dict[str, str]:
-        return {t: "golden outputs hold graph outputs only" for t in self._tensors if t not in self._values}
+        return {
+            tensor: "golden outputs hold graph outputs only"
+            for tensor in self._tensors
+            if tensor not in self._values
+        }
 
     def info(self) -> dict[str, str]:
         return {"source": "output_N.pb beside --inputs"}

@@ -99,7 +99,9 @@ def _scoped(graph: onnx.GraphProto) -> list[_Node]:
     decoder (the module holding `layers`) read as /model, the node's own name after it."""
     paths = []
     for n in graph.node:
-        scopes = next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "")
+        scopes = next(
+            (prop.value for prop in n.metadata_props if prop.key == "pkg.torch.onnx.name_scopes"), ""
+        )
         found = re.findall(r"'([^']*)'", scopes)
         paths.append(found[-2] if len(found) >= 2 else "")
     root = next((p.split(".layers.")[0] for p in paths if ".layers." in p), None)
@@ -116,16 +118,16 @@ def _scoped(graph: onnx.GraphProto) -> list[_Node]:
 class _Graph:
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.nodes = _scoped(graph)
-        self.producer = {o: n for n in self.nodes for o in n.output if o}
+        self.producer = {o: node for node in self.nodes for o in node.output if o}
         self.consumers: dict[str, list[_Node]] = {}
         for n in self.nodes:
             for i in n.input:
                 self.consumers.setdefault(i, []).append(n)
         self.outputs = {o.name for o in graph.output}
         self.constant = {t.name for t in graph.initializer} | {
-            o for n in self.nodes if n.op_type == "Constant" for o in n.output
+            o for node in self.nodes if node.op_type == "Constant" for o in node.output
         }
-        self.by_name = {n.name: n for n in self.nodes}
+        self.by_name = {node.name: node for node in self.nodes}
         floats = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
         self.float_constant = {t.name for t in graph.initializer if t.data_type in floats} | {
             o
@@ -142,13 +144,13 @@ class _Graph:
         named = self.node_output(f"{layer}/Add" + (f"_{k}" if k else ""))
         if named is not None:
             return named
-        adds = [n for n in self.nodes if n.scope == layer and n.op_type == "Add"]
+        adds = [node for node in self.nodes if node.scope == layer and node.op_type == "Add"]
         return adds[k].output[0] if len(adds) > k and adds[k].output else None
 
     def module_output(self, scope: str) -> str | None:
         """What a module computes: of the tensors its nodes hand to nodes outside it, the one its
         last node writes (a norm also hands its input's cast on to the residual)."""
-        inside = [n for n in self.nodes if n.name.startswith(scope + "/")]
+        inside = [node for node in self.nodes if node.name.startswith(scope + "/")]
         names = {n.name for n in inside}
         for n in reversed(inside):
             for o in n.output:
@@ -162,7 +164,7 @@ class _Graph:
 
     def input_of(self, scope: str, op: str) -> str | None:
         """The data input of the module's one `op` node (what a projection reads)."""
-        found = [n for n in self.nodes if n.name.startswith(scope + "/") and n.op_type == op]
+        found = [node for node in self.nodes if node.name.startswith(scope + "/") and node.op_type == op]
         if len(found) != 1:
             return None
         data = [i for i in found[0].input if i and i not in self.constant]
@@ -171,11 +173,11 @@ class _Graph:
     def rotary_constants(self, rotated: Sequence[str]) -> tuple[str, ...]:
         """The constants the rotary embedding reads (its frequencies), and those the rotations'
         products read (cos and sin, where the exporter folded them)."""
-        nodes = [n for n in self.nodes if "/rotary_emb/" in n.name + "/"]
+        nodes = [node for node in self.nodes if "/rotary_emb/" in node.name + "/"]
         for t in rotated:
             add = self.producer.get(t)
             nodes += [self.producer[i] for i in (add.input if add else ()) if i in self.producer]
-        return tuple(sorted({i for n in nodes for i in n.input if i in self.float_constant}))
+        return tuple(sorted({i for node in nodes for i in node.input if i in self.float_constant}))
 
     def rotated(self, layer: int, side: int) -> str | None:
         """The rotated query (side 0) or key (side 1): followed back from the attention's QK
@@ -184,12 +186,12 @@ class _Graph:
         scope = f"/model/layers.{layer}/self_attn/"
         qk = next(
             (
-                n
-                for n in self.nodes
-                if n.name.startswith(scope)
-                and n.op_type == "MatMul"
-                and "_proj/" not in n.name
-                and not any(i in self.constant for i in n.input)
+                node
+                for node in self.nodes
+                if node.name.startswith(scope)
+                and node.op_type == "MatMul"
+                and "_proj/" not in node.name
+                and not any(i in self.constant for i in node.input)
             ),
             None,
         )

@@ -188,7 +188,7 @@ class GroqRunner(Runner):
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         from groqflow import groqit  # optional: GroqFlow, in its own interpreter
 
-        missing = [t for t in tensors if t not in model.outputs]
+        missing = [tensor for tensor in tensors if tensor not in model.outputs]
         if missing:
             # the worker has no onnx to expose them: xbackend stages the model in its own process
             raise RunnerFailedError(

@@ -139,7 +139,7 @@ def module_path(raw: str) -> str:
     path = re.sub(r"^L\['[^']*'\]", "", raw)
     path = re.sub(
         r"\._modules\['([^']+)'\]|\['([^']+)'\]|\[(\d+)\]",
-        lambda m: "." + next(g for g in m.groups() if g),
+        lambda m: "." + next(group for group in m.groups() if group),
         path,
     )
     return path.strip(".")
@@ -202,7 +202,7 @@ class Tuning:
 
     def _replay(self, op: str, module: str, choices: Sequence[Any], names: Sequence[str]) -> dict[Any, float]:
         want = self._pinned(op, names)
-        self.choices.append(Choice(op, module, want, tuple((n, None) for n in names)))
+        self.choices.append(Choice(op, module, want, tuple((name, None) for name in names)))
         return {c: (0.0 if n == want else float("inf")) for c, n in zip(choices, names, strict=True)}
 
     def _pinned(self, op: str, names: Sequence[str]) -> str:
@@ -235,7 +235,7 @@ class Tuning:
         if self.pin is not None and (self.strict or self.pin.get(op) in names):
             want = self._pinned(op, names)
             tuner.launchers = [tuner.launchers[names.index(want)]]
-            self.choices.append(Choice(op, module, want, tuple((n, None) for n in names)))
+            self.choices.append(Choice(op, module, want, tuple((name, None) for name in names)))
             return None
         out = original(tuner, *args, **kwargs)
         timed = getattr(tuner, TIMINGS_ATTR, {})
@@ -375,8 +375,8 @@ def _patch_triton() -> None:
     global TRITON_RECORDING
     try:
         from torch._inductor.runtime.triton_heuristics import CachingAutotuner  # heavy: torch
-    except Exception as e:  # a torch without Triton support: CPU compiles never need it
-        TRITON_RECORDING = f"torch has no Triton autotuner to record from ({type(e).__name__})"
+    except Exception as error:  # a torch without Triton support: CPU compiles never need it
+        TRITON_RECORDING = f"torch has no Triton autotuner to record from ({type(error).__name__})"
         return
     choose = getattr(CachingAutotuner, "autotune_to_one_config", None)
     bench = getattr(CachingAutotuner, "benchmark_all_configs", None)
@@ -435,11 +435,11 @@ def load_pin(path: str, section: str = PLAIN) -> dict[str, str] | None:
         if section not in data and section != PLAIN:
             return None
         return {str(c["op"]): str(c["chosen"]) for c in data[section]}
-    except (KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError) as error:
         raise RunnerFailedError(
-            f"cannot read the pin file {path}: no valid {section!r} list ({type(e).__name__}: {e}); "
+            f"cannot read the pin file {path}: no valid {section!r} list ({type(error).__name__}: {error}); "
             "delete it and build once to record it again"
-        ) from e
+        ) from error
 
 
 def _read_pin(path: str) -> dict[str, Any]:
@@ -450,10 +450,10 @@ def _read_pin(path: str) -> dict[str, Any]:
         if data.get("version") != PIN_VERSION:
             raise ValueError(f"version {data.get('version')!r}, this xbackend reads {PIN_VERSION}")
         return data
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as error:
         raise RunnerFailedError(
-            f"cannot read the pin file {path}: {e}; delete it and build once to record it again"
-        ) from e
+            f"cannot read the pin file {path}: {error}; delete it and build once to record it again"
+        ) from error
 
 
 def write_pin(path: str, choices: Iterable[Choice], torch_version: str, section: str = PLAIN) -> None:
@@ -462,7 +462,7 @@ def write_pin(path: str, choices: Iterable[Choice], torch_version: str, section:
     data: dict[str, Any] = (
         {"version": PIN_VERSION, "torch": torch_version} if section == PLAIN else _read_pin(path)
     )
-    data[section] = [c.to_json() for c in choices]
+    data[section] = [choice.to_json() for choice in choices]
     # the instrumented section goes into the pin file the user named, just read as a pin (one
     # committed to their repository too): an update the user asked for, not someone's file
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", "pin file", force=section != PLAIN)
@@ -478,7 +478,7 @@ def code_digest(cache_dir: str, sources: Iterable[str]) -> str:
     """sha256 of the generated code, with the cache folder, content hashes and per-build counters
     normalized, so that two builds making the same decisions give the same digest."""
     h = hashlib.sha256()
-    for text in sorted(_normalize(s, cache_dir) for s in sources):
+    for text in sorted(_normalize(source, cache_dir) for source in sources):
         h.update(text.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]

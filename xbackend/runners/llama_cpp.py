@@ -479,10 +479,10 @@ def _check_header(path: Path) -> None:
     hold, is one line before llama.cpp allocates for it."""
     try:
         header = read_header(path)
-    except UsageError as e:
-        raise ModelLoadError(str(e)) from None
-    except OSError as e:
-        raise ModelLoadError(f"cannot read {path} ({e.strerror})") from None
+    except UsageError as error:
+        raise ModelLoadError(str(error)) from None
+    except OSError as error:
+        raise ModelLoadError(f"cannot read {path} ({error.strerror})") from None
     bad = claims_problem(header)
     if bad:
         raise ModelLoadError(f"{path.name}: {bad}: not this model's size; llama.cpp was not started on it")

@@ -33,7 +33,7 @@ def ml_ops() -> list[type]:
             rows = rows.reshape(1, -1) if rows.ndim == 1 else rows
             if rows.shape[-1] != len(labels):
                 raise ValueError(f"ZipMap: {rows.shape[-1]} columns for {len(labels)} class labels")
-            keys = [int(k) if classlabels_int64s is not None else _text(k) for k in labels]
+            keys = [int(label) if classlabels_int64s is not None else _text(label) for label in labels]
             return ([{k: np.asarray(v) for k, v in zip(keys, row, strict=True)} for row in rows],)
 
     class CategoryMapper(OpRun):

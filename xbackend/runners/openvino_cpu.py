@@ -92,7 +92,7 @@ def runtime_graph(compiled: Any) -> list[dict[str, Any]]:
                 "type": kind,
                 "precision": text("runtimePrecision"),
                 "original": [n for n in text("originalLayersNames").split(",") if n],
-                "inputs": [v.get_node().get_friendly_name() for v in op.input_values()],
+                "inputs": [value.get_node().get_friendly_name() for value in op.input_values()],
             }
         )
     return out
@@ -227,9 +227,9 @@ class OpenVinoCpuRunner(Runner):
         if extra:
             ov_model.add_outputs(extra)
         self._missing = {
-            t: "no OpenVINO tensor carries this name (folded or fused when the ONNX model was read)"
-            for t in tensors
-            if t not in found
+            tensor: "no OpenVINO tensor carries this name (folded or fused when the ONNX model was read)"
+            for tensor in tensors
+            if tensor not in found
         }
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
@@ -252,7 +252,7 @@ class OpenVinoCpuRunner(Runner):
         out["openvino"] = importlib.metadata.version("openvino")
         out["telemetry"] = (
             "off (openvino.tools.ovc and openvino_telemetry not loaded)"
-            if not any(m.startswith(_BLOCKED) for m in sys.modules)
+            if not any(module.startswith(_BLOCKED) for module in sys.modules)
             else "ON: openvino_telemetry was loaded"
         )
         if self._compiled is not None:

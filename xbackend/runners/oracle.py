@@ -222,9 +222,9 @@ def promote_to_float64(proto: onnx.ModelProto, below: list[str] | None = None) -
     ml = sorted({n.op_type for n in out.graph.node if n.domain not in ("", "ai.onnx")})
     try:
         onnx.checker.check_model(out, full_check=not ml)
-    except Exception as e:
-        why = _shape_error(str(e))
-        raise BackendUnavailableError(f"the graph cannot be evaluated in float64: {why}") from e
+    except Exception as error:
+        why = _shape_error(str(error))
+        raise BackendUnavailableError(f"the graph cannot be evaluated in float64: {why}") from error
     return out
 
 

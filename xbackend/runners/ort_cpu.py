@@ -109,7 +109,7 @@ def _bindable(sess: Any, feeds: Mapping[str, Any]) -> bool:
         isinstance(v, ort.OrtValue) or (isinstance(v, np.ndarray) and v.dtype.kind != "O")
         for v in feeds.values()
     )
-    return arrays and all(o.type.startswith("tensor(") for o in sess.get_outputs())
+    return arrays and all(output.type.startswith("tensor(") for output in sess.get_outputs())
 
 
 def _run_bound(sess: Any, names: Sequence[str], feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -140,7 +140,7 @@ def run_session(
         return _run_bound(sess, names, ort_feeds)
     if not opaque:
         return dict(zip(names, sess.run(list(names), ort_feeds)))
-    rest = [n for n in names if n not in set(opaque)]
+    rest = [name for name in names if name not in set(opaque)]
     import onnxruntime as ort  # engine: onnxruntime
 
     # run_with_ort_values takes OrtValues only; sequences and optionals go through run().
@@ -157,7 +157,7 @@ def run_session(
     out = {n: from_ortvalue(v) for n, v in zip(opaque, sess.run_with_ort_values(list(opaque), as_values))}
     if rest:
         out.update(zip(rest, sess.run(rest, ort_feeds)))
-    return {n: out[n] for n in names}
+    return {name: out[name] for name in names}
 
 
 _CANNOT_LOAD = re.compile(
@@ -282,7 +282,7 @@ def _ir_version_field(ir: int) -> bytes:
 
 
 def _graph_outputs_field(names: Sequence[str]) -> bytes:
-    return _field(7, b"".join(_field(12, _field(1, n.encode())) for n in names)) if names else b""
+    return _field(7, b"".join(_field(12, _field(1, name.encode())) for name in names)) if names else b""
 
 
 def _probe_max_ir() -> int | None:
@@ -293,8 +293,8 @@ def _probe_max_ir() -> int | None:
     probe = _ir_version_field(1000) + _field(7, _field(1, node)) + _field(8, _varint(2 << 3) + _varint(13))
     try:
         ort.InferenceSession(probe, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        found = re.search(r"max supported IR version:\s*(\d+)", str(e))
+    except Exception as error:
+        found = re.search(r"max supported IR version:\s*(\d+)", str(error))
         return int(found.group(1)) if found else None
     return None
 
@@ -386,7 +386,7 @@ class OrtCpuRunner(Runner):
         intermediates without parsing and re-serializing the whole model.
         """
         have = set(model.outputs)
-        suffix = _graph_outputs_field([t for t in tensors if t not in have])
+        suffix = _graph_outputs_field([tensor for tensor in tensors if tensor not in have])
         max_ir = self.max_ir_version()
         if max_ir is not None and model.ir_version > max_ir:
             # onnx in workers: a foreign environment may lack onnx
@@ -470,10 +470,12 @@ class OrtCpuRunner(Runner):
                 with capture_stderr() as log:
                     self._session_obj = self._session(data, model, so)
                 fp = self._detailed_fingerprint(so.optimized_model_filepath, log.text)
-        types = {o.name: o.type for o in self._session_obj.get_outputs()}
-        self._outputs = [t for t in tensors if t in types]
-        self._opaque = [t for t in self._outputs if not numpy_readable(types[t])]
-        self._map_dtypes = {t: d for t in self._outputs if (d := map_value_dtype(types[t])) is not None}
+        types = {output.name: output.type for output in self._session_obj.get_outputs()}
+        self._outputs = [tensor for tensor in tensors if tensor in types]
+        self._opaque = [output for output in self._outputs if not numpy_readable(types[output])]
+        self._map_dtypes = {
+            output: d for output in self._outputs if (d := map_value_dtype(types[output])) is not None
+        }
         return fp
 
     def _detailed_fingerprint(self, optimized: str, log: str) -> BuildFingerprint:
@@ -505,8 +507,8 @@ class OrtCpuRunner(Runner):
         so.log_severity_level = 0
         with capture_stderr() as log:
             sess = self._session(data, model, so, disabled)
-        names = [o.name for o in sess.get_outputs()]
-        opaque = [o.name for o in sess.get_outputs() if not numpy_readable(o.type)]
+        names = [output.name for output in sess.get_outputs()]
+        opaque = [output.name for output in sess.get_outputs() if not numpy_readable(output.type)]
         out = {k: normalize(v) for k, v in run_session(sess, names, opaque, feeds).items()}
         return out, parse_modified(log.text)
 
@@ -520,8 +522,8 @@ class OrtCpuRunner(Runner):
         previous: tuple[dict[str, Value], list[str], list[str]] | None = None
         for level in OPT_LEVELS[1:]:
             got, modified = self._outputs_at(data, model, feeds, level)
-            diffs = [d for n in base for d in diff_values(n, got[n], base[n])]
-            equal = all(d.bitwise_equal for d in diffs)
+            diffs = [diff for n in base for diff in diff_values(n, got[n], base[n])]
+            equal = all(diff.bitwise_equal for diff in diffs)
             if equal:
                 changed_by = []
             elif previous is not None and previous[1] == modified and _same(got, previous[0]):
@@ -536,8 +538,8 @@ class OrtCpuRunner(Runner):
                 OptLevelRow(
                     level,
                     equal,
-                    max((d.max_ulp or 0 for d in diffs), default=0),
-                    max((d.scaled_ulp or 0.0 for d in diffs), default=0.0),
+                    max((diff.max_ulp or 0 for diff in diffs), default=0),
+                    max((diff.scaled_ulp or 0.0 for diff in diffs), default=0.0),
                     tuple(changed_by),
                     tuple(modified),
                 )
@@ -555,7 +557,11 @@ class OrtCpuRunner(Runner):
 
     def not_exposed(self) -> dict[str, str]:
         have = set(self._outputs)
-        return {t: "not an output of the ONNX Runtime session" for t in self._tensors if t not in have}
+        return {
+            tensor: "not an output of the ONNX Runtime session"
+            for tensor in self._tensors
+            if tensor not in have
+        }
 
     def info(self) -> dict[str, str]:
         out = super().info()

@@ -52,8 +52,8 @@ def preload_cuda_libraries() -> str:
         return "onnxruntime has no preload_dlls: CUDA and cuDNN come from the loader's path"
     try:
         preload()
-    except Exception as e:  # the session then says which library is missing
-        return f"preload_dlls failed: {e}"
+    except Exception as error:  # the session then says which library is missing
+        return f"preload_dlls failed: {error}"
     return ""
 
 

@@ -133,7 +133,9 @@ class ReferenceRunner(Runner):
             raise RunnerFailedError(f"the reference evaluator failed while running {_msg(e)}") from e
         self.inspect(results)
         self._missing = {
-            t: "not produced by the reference evaluator" for t in self._tensors if t not in results
+            tensor: "not produced by the reference evaluator"
+            for tensor in self._tensors
+            if tensor not in results
         }
         out = {}
         for t in self._tensors:
@@ -257,8 +259,8 @@ def _name_failing_nodes(evaluator: Any) -> None:
                 return _orig(*args, **kwargs)
             except NodeError:
                 raise
-            except Exception as e:
-                raise NodeError(f"at {_where}: {_msg(e)}") from e
+            except Exception as error:
+                raise NodeError(f"at {_where}: {_msg(error)}") from error
 
         node.run = run
 

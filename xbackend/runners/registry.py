@@ -94,12 +94,12 @@ def _load(name: str, target: str) -> type[Runner]:
 def _entry(name: str, target: str) -> RunnerEntry:
     try:
         cls = _load(name, target)
-    except Exception as e:  # a broken plugin is reported, not fatal
-        return RunnerEntry(name, target, Availability.missing(f"cannot import {target}: {e}"))
+    except Exception as error:  # a broken plugin is reported, not fatal
+        return RunnerEntry(name, target, Availability.missing(f"cannot import {target}: {error}"))
     try:
         avail = cls.availability()
-    except Exception as e:
-        avail = Availability.missing(f"availability check failed: {e}")
+    except Exception as error:
+        avail = Availability.missing(f"availability check failed: {error}")
     return RunnerEntry(name, target, avail, cls.description)
 
 
@@ -134,12 +134,15 @@ def get_runner(name: str) -> type[Runner]:
     name, _ = split_instance(name)
     targets = _targets()
     if name not in targets:
-        known = [e.name if e.availability.available else f"{e.name} (unavailable)" for e in list_runners()]
+        known = [
+            runner.name if runner.availability.available else f"{runner.name} (unavailable)"
+            for runner in list_runners()
+        ]
         raise BackendUnavailableError(
             f"unknown backend {name!r}; known backends: {', '.join(known)} (`xbackend backends` says why "
             "one is unavailable)"
         )
     try:
         return _load(name, targets[name])
-    except Exception as e:
-        raise BackendUnavailableError(f"backend {name!r} cannot be imported: {e}") from e
+    except Exception as error:
+        raise BackendUnavailableError(f"backend {name!r} cannot be imported: {error}") from error

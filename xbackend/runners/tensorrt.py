@@ -288,7 +288,7 @@ class TrtAutotuneRunner(Runner):
     def _expose(self, network: Any) -> None:
         """Make the wanted intermediates readable: debug tensors or marked outputs."""
         assert self._model is not None
-        wanted = [t for t in self._tensors if t not in self._model.outputs]
+        wanted = [tensor for tensor in self._tensors if tensor not in self._model.outputs]
         if not wanted:
             return
         if self._method == "debug":
@@ -353,7 +353,7 @@ class TrtAutotuneRunner(Runner):
     def _entries(self, cache: Any) -> list[str]:
         """Timing-cache keys, where TensorRT lists them (10.8+)."""
         try:
-            return sorted(str(k) for k in cache.queryKeys())
+            return sorted(str(queryKey) for queryKey in cache.queryKeys())
         except (AttributeError, RuntimeError):
             return []
 
@@ -429,7 +429,9 @@ class TrtAutotuneRunner(Runner):
             for b in buffers:
                 b.close()
         if self._method == "debug" and self._listener is not None:
-            wanted = [t for t in self._tensors if t not in result and t not in self._missing]
+            wanted = [
+                tensor for tensor in self._tensors if tensor not in result and tensor not in self._missing
+            ]
             if wanted and not self._debug:
                 # NVIDIA/TensorRT#4456: the listener is never called
                 for t in wanted:
@@ -459,7 +461,8 @@ class TrtAutotuneRunner(Runner):
         if self._trt is not None:
             out["tensorrt"] = str(self._trt.__version__)
             out["builder_config"] = ", ".join(
-                str(c) for c in config_calls(self.options, self._mode, parse_version(self._trt.__version__))
+                str(call)
+                for call in config_calls(self.options, self._mode, parse_version(self._trt.__version__))
             )
         out["per_layer_capture"] = (
             "unfused debug tensors (same engine)"

@@ -127,8 +127,8 @@ def parse_engine_json(text: str) -> tuple[list[TrtLayer], list[str]]:
     10 lists the I/O tensors under "Bindings", 11 under "I/O Tensors"."""
     try:
         doc = json.loads(text)  # TensorRT's own, not a file from others
-    except json.JSONDecodeError as e:
-        raise ValueError(f"the engine inspector's JSON does not parse: {e}") from e
+    except json.JSONDecodeError as error:
+        raise ValueError(f"the engine inspector's JSON does not parse: {error}") from error
     layers = [parse_layer(x) for x in doc.get("Layers", [])]
     io = doc.get("I/O Tensors", doc.get("Bindings", []))
     names = [x if isinstance(x, str) else str(x.get("Name", "")) for x in io]

@@ -61,7 +61,7 @@ class TorchCompileRunner(TorchRunner):
     severs_by_feeds = False  # compiled: a hook cannot hand a kernel another module's output
     op_grain = False  # its kernels are Inductor's, not the aten calls run one by one
     option_specs = (
-        *(o for o in TorchRunner.option_specs if o.name != "grain"),
+        *(option for option in TorchRunner.option_specs if option.name != "grain"),
         OptionSpec("device", str, "cpu", "where the compiled module runs (cuda: Triton kernels)", DEVICES),
         OptionSpec("freezing", bool, True, "torch._inductor.config.freezing (weights as constants)"),
         OptionSpec("tf32", bool, False, "device=cuda: TF32 for matmuls and convolutions (Triton and cuBLAS)"),
@@ -203,7 +203,7 @@ class TorchCompileRunner(TorchRunner):
         pin, t = self.options["pin"], self._tuning
         if not self._map:
             _PLAIN_CHOICES.clear()
-            _PLAIN_CHOICES.update((c.op, c.chosen) for c in t.choices)
+            _PLAIN_CHOICES.update((choice.op, choice.chosen) for choice in t.choices)
             if pin and t.pin is None:
                 write_pin(pin, t.choices, importlib.metadata.version("torch"))
         elif pin and not t.strict and Path(pin).exists():
@@ -215,7 +215,8 @@ class TorchCompileRunner(TorchRunner):
         if not self._code:
             return super().fingerprint()
         items = [
-            (f"tuned {c.op}" + (f" ({c.module})" if c.module else ""), c.chosen) for c in self._tuning.choices
+            (f"tuned {choice.op}" + (f" ({choice.module})" if choice.module else ""), choice.chosen)
+            for choice in self._tuning.choices
         ]
         items.append(("generated code", self._code))
         items += [(f"option {k}", v) for k, v in sorted(self.info().items()) if k not in ("pin_state", "pin")]
@@ -286,7 +287,7 @@ def _instrumented(module: Any, names: tuple[str, ...]) -> Any:
 
         def forward(self, *args: Any) -> Any:
             out = self.inner(*args)
-            return out, tuple(self.stash.pop(n, None) for n in self.names)
+            return out, tuple(self.stash.pop(name, None) for name in self.names)
 
     return Instrumented().eval()
 
@@ -338,4 +339,4 @@ def _pin_miss(e: BaseException) -> PinMiss | None:
 
 
 def _read(paths: list[str]) -> list[str]:
-    return [Path(p).read_text(errors="replace") for p in paths if os.path.exists(p)]
+    return [Path(path).read_text(errors="replace") for path in paths if os.path.exists(path)]

@@ -66,7 +66,7 @@ class TorchCudaRunner(TorchRunner):
     description = "PyTorch eager on CUDA (cuDNN benchmark mode as autotuning)"
     op_grain = False  # judged at module grain on the device (op grain runs on the CPU only)
     option_specs: ClassVar[Sequence[OptionSpec]] = (
-        *(o for o in TorchRunner.option_specs if o.name != "grain"),
+        *(option for option in TorchRunner.option_specs if option.name != "grain"),
         OptionSpec("device_id", int, 0, "CUDA device"),
         OptionSpec(
             "autotune",

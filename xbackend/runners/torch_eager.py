@@ -323,11 +323,17 @@ class TorchRunner(Runner):
         if self._ops is not None:
             have = set(self._ops.names.values()) | set(self._outputs)
             return {
-                t: "no aten call of the module maps to this tensor" for t in self._tensors if t not in have
+                tensor: "no aten call of the module maps to this tensor"
+                for tensor in self._tensors
+                if tensor not in have
             }
         repeated = {self._map[m]: n for m, n in self._repeated.items() if m in self._map}
         have = (set(self._map.values()) - set(repeated)) | set(self._outputs)
-        out = {t: self._unmapped for t in self._tensors if t not in have and t not in repeated}
+        out = {
+            tensor: self._unmapped
+            for tensor in self._tensors
+            if tensor not in have and tensor not in repeated
+        }
         for t in self._lost & set(out):
             out[t] = (
                 "the torch module (--torch-module) is not the one the model records, and no module of it "

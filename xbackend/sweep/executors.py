@@ -136,11 +136,11 @@ def _tail(path: Path) -> str:
 def _import_ray() -> Any:
     try:
         import ray  # optional: the ray extra, only for --executor ray
-    except ImportError as e:
+    except ImportError as error:
         raise UsageError(
             f"--executor ray needs Ray: pip install 'xbackend[ray]' (installs {RAY_PIN}), "
             "or run the sweep with --executor local"
-        ) from e
+        ) from error
     return ray
 
 
@@ -459,7 +459,7 @@ def _first(e: BaseException) -> str:
 def _infeasible(req: Requirements, nodes: Sequence[Mapping[str, Any]]) -> str:
     if not nodes:
         return "the Ray cluster has no live node"
-    lacks = [node_feasible(req, n) for n in nodes]
+    lacks = [node_feasible(req, node) for node in nodes]
     if all(lacks):
         per = "; ".join(
             f"{n.get('NodeManagerHostname', '?')} ({n.get('NodeManagerAddress', '?')}): {why}"

@@ -69,8 +69,8 @@ def _load_models(spec: SweepSpec) -> dict[str, ModelOutcome]:
         try:
             ms, _ = load_model(m.path)
             make_feeds(ms, opts)  # the inputs compare will make on each node
-        except XbackendError as e:
-            out[m.name] = ModelOutcome(m, error=_sweep_hint(first_line(e), m.name))
+        except XbackendError as error:
+            out[m.name] = ModelOutcome(m, error=_sweep_hint(first_line(error), m.name))
             continue
         out[m.name] = ModelOutcome(m, sha256=ms.sha256)
     return out
@@ -116,7 +116,7 @@ def check_output(spec: SweepSpec, force: bool = False) -> None:
         md = out / MODELS / f"{safe_name(m.name)}.md"
         files += [*bundle_outputs("-o", md), ("-o", md.with_suffix(".json"))]
     check_outputs(files)
-    for job in spec.jobs({m.name: "" for m in spec.models}):
+    for job in spec.jobs({model.name: "" for model in spec.models}):
         check_tree(f"{flag}'s job folder", out / JOBS / job.folder)
 
 
@@ -153,7 +153,7 @@ def run_sweep(
         for fj in ex.run(todo, jobs_dir, bar, spec.job_timeout, spec.retries):
             done[fj.job.id] = fj
         bar.describe("comparing captures")
-        outcomes = tuple(_compare_model(models[m.name], done, jobs_dir) for m in spec.models)
+        outcomes = tuple(_compare_model(models[model.name], done, jobs_dir) for model in spec.models)
     finally:
         bar.stop()
     result = FleetResult(spec, ex.name, tuple(done[j.id] for j in jobs), outcomes)
@@ -173,7 +173,7 @@ def _compare_model(m: ModelOutcome, done: Mapping[str, FleetJob], jobs_dir: Path
     if m.error:
         return m
     entry = m.entry
-    ok = [b for b in entry.backends if done[f"{entry.name}/{b}"].ok]
+    ok = [backend for backend in entry.backends if done[f"{entry.name}/{backend}"].ok]
     if not ok:
         return m
     ref, note = _reference(entry, ok)
@@ -191,8 +191,8 @@ def _compare_model(m: ModelOutcome, done: Mapping[str, FleetJob], jobs_dir: Path
         kw["inputs"] = entry.compare["inputs"]
     try:
         result = compare_with_options(entry.path, CompareOptions.create(**kw))
-    except XbackendError as e:
-        return ModelOutcome(entry, m.sha256, f"comparison failed: {first_line(e)}", None, ref, note)
+    except XbackendError as error:
+        return ModelOutcome(entry, m.sha256, f"comparison failed: {first_line(error)}", None, ref, note)
     folders = {b: jobs_dir / done[f"{entry.name}/{b}"].job.folder for b in ok}
     return ModelOutcome(entry, m.sha256, "", with_job_judgments(result, folders), ref, note)
 
@@ -205,12 +205,12 @@ def with_job_judgments(result: Result, folders: Mapping[str, Path]) -> Result:
         return result
     local: list[LocalErrors] = []
     base: Explanation | None = None
-    for b in [x.name for x in result.backends if x.ok]:
+    for b in [backend.name for backend in result.backends if backend.ok]:
         folder = folders.get(b)
         try:
             job = read_result(folder / "report.json") if folder is not None else None
-        except XbackendError as e:
-            job, why = None, f"its job's report could not be read ({first_line(e)})"
+        except XbackendError as error:
+            job, why = None, f"its job's report could not be read ({first_line(error)})"
         else:
             why = "its job kept no report"
         le = job.explanation.local_for(b) if job is not None and job.explanation.ok else None

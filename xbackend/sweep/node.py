@@ -139,8 +139,8 @@ def _run_job(
         result = compare_with_options(
             model_path or job.model_path, opts, None, part / "capture", judge_alone=True
         )
-    except XbackendError as e:
-        rec = _record(job, "failed", first_line(e), **common)
+    except XbackendError as error:
+        rec = _record(job, "failed", first_line(error), **common)
     else:
         b = result.backend(job.backend)
         status = "ok" if b.ok else ("unavailable" if b.status == "unavailable" else "failed")
@@ -151,7 +151,7 @@ def _run_job(
             status,
             "" if b.ok else b.reason,
             verdict=result.verdict(),
-            findings=[f.to_json() for f in result.findings()],
+            findings=[finding.to_json() for finding in result.findings()],
             exit_code=result.exit_code,
             **common,
         )

@@ -131,7 +131,7 @@ class ModelOutcome:
     @property
     def verdict(self) -> tuple[str, ...]:
         """The comparison's verdict lines."""
-        return tuple(f.line for f in self.findings)
+        return tuple(finding.line for finding in self.findings)
 
 
 @dataclass(frozen=True)
@@ -155,13 +155,13 @@ class FleetResult:
 
     @property
     def failed(self) -> list[FleetJob]:
-        return [j for j in self.jobs if not j.ok]
+        return [job for job in self.jobs if not job.ok]
 
     @property
     def exit_code(self) -> int:
         """0 every job ran and every comparison passed; 16 a promise broke; 1 any other finding or
         a failed job; 3 no job ran at all."""
-        if not any(j.ok for j in self.jobs):
+        if not any(job.ok for job in self.jobs):
             return EXIT_ALL_FAILED
         codes = {m.result.exit_code for m in self.models if m.result is not None}
         if EXIT_PROMISE in codes:

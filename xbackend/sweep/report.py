@@ -47,7 +47,7 @@ def _failure_kind(reason: str) -> str:
 def _job_warnings(m: ModelOutcome, j: FleetJob) -> list[Finding]:
     """The job's own findings (its probes) that the model's comparison does not repeat."""
     seen = set(m.findings)
-    return [w for w in j.warnings if w not in seen]
+    return [warning for warning in j.warnings if warning not in seen]
 
 
 def _entry(m: ModelOutcome, j: FleetJob) -> dict[str, Any]:
@@ -81,9 +81,9 @@ def _entry(m: ModelOutcome, j: FleetJob) -> dict[str, Any]:
                 first_divergence=c.first_divergence,
             )
             fail = fail or c.violates
-    broken = [p.name for p in r.broken_promises if p.backend == b.name]
+    broken = [promise.name for promise in r.broken_promises if promise.backend == b.name]
     out["promises_broken"] = broken
-    out["job_warnings"] = [w.line for w in _job_warnings(m, j)]
+    out["job_warnings"] = [warning.line for warning in _job_warnings(m, j)]
     fail = fail or bool(broken)
     out["verdict"] = "fail" if fail else ("warn" if out["job_warnings"] else "pass")
     return out
@@ -111,8 +111,8 @@ def _matrix(r: FleetResult) -> dict[str, dict[str, dict[str, Any]]]:
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for m in r.models:
         row = {}
-        for b in m.entry.backends:
-            row[b] = _entry(m, r.job(m.entry.name, b))
+        for backend in m.entry.backends:
+            row[backend] = _entry(m, r.job(m.entry.name, backend))
         out[m.entry.name] = row
     return out
 
@@ -124,11 +124,11 @@ def _worst_pairs(r: FleetResult) -> list[dict[str, Any]]:
         if res is None:
             continue
         mods = res.model.modules()
-        for p in res.pairs:
-            if p.bitwise_equal:
+        for pair in res.pairs:
+            if pair.bitwise_equal:
                 continue
             first = None
-            for name, other in ((p.a, p.b), (p.b, p.a)):
+            for name, other in ((pair.a, pair.b), (pair.b, pair.a)):
                 if other == res.reference_used:
                     try:
                         fd = res.cross(name).first_divergence
@@ -138,10 +138,10 @@ def _worst_pairs(r: FleetResult) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "model": m.entry.name,
-                    "a": p.a,
-                    "b": p.b,
-                    "scaled_ulp": p.scaled_ulp,
-                    "max_ulp": p.max_ulp,
+                    "a": pair.a,
+                    "b": pair.b,
+                    "scaled_ulp": pair.scaled_ulp,
+                    "max_ulp": pair.max_ulp,
                     "first_divergence": first,
                 }
             )
@@ -209,15 +209,17 @@ def fleet_findings(r: FleetResult) -> list[Finding]:
         found.append(Finding(Label.FAIL, Kind.SWEEP_JOB_FAILED, why, backend=j.job.backend))
     for m in r.models:
         found += [
-            f.with_sentence(f"{m.entry.name}: {f.sentence}")
-            for f in m.findings
-            if f.label not in (Label.PASS, Label.NOTE)
+            finding.with_sentence(f"{m.entry.name}: {finding.sentence}")
+            for finding in m.findings
+            if finding.label not in (Label.PASS, Label.NOTE)
         ]
         if m.note:
             found.append(Finding(Label.WARN, Kind.SWEEP_NOTE, f"{m.entry.name}: {m.note}"))
     for j in r.jobs:
         m = r.model(j.job.model)
-        found += [w.with_sentence(f"job {j.job.id}: {w.sentence}") for w in _job_warnings(m, j)]
+        found += [
+            warning.with_sentence(f"job {j.job.id}: {warning.sentence}") for warning in _job_warnings(m, j)
+        ]
     found.sort(key=lambda f: 0 if f.label is Label.FAIL else 1)
     if not labelled(found, Label.FAIL):
         words = (
@@ -230,7 +232,7 @@ def fleet_findings(r: FleetResult) -> list[Finding]:
 
 def fleet_verdict(r: FleetResult) -> list[str]:
     """The fleet's findings as verdict lines, most important first."""
-    return [f.line for f in fleet_findings(r)]
+    return [finding.line for finding in fleet_findings(r)]
 
 
 def to_dict(r: FleetResult) -> dict[str, Any]:
@@ -243,8 +245,12 @@ def to_dict(r: FleetResult) -> dict[str, Any]:
             "retries": r.spec.retries,
             "job_timeout": r.spec.job_timeout,
             "backends": [
-                {"name": b.name, "options": dict(b.options), "requires": b.requires.to_json()}
-                for b in r.spec.backends
+                {
+                    "name": backend.name,
+                    "options": dict(backend.options),
+                    "requires": backend.requires.to_json(),
+                }
+                for backend in r.spec.backends
             ],
         },
         "executor": r.executor,
@@ -252,15 +258,15 @@ def to_dict(r: FleetResult) -> dict[str, Any]:
         "verdict": fleet_verdict(r),
         "summary": {
             "jobs": len(r.jobs),
-            "ok": sum(j.ok for j in r.jobs),
-            "failed": sum(not j.ok for j in r.jobs),
+            "ok": sum(job.ok for job in r.jobs),
+            "failed": sum(not job.ok for job in r.jobs),
             "models": len(r.models),
             "backends": len(r.spec.backends),
         },
-        "models": [_model_json(m) for m in r.models],
+        "models": [_model_json(model) for model in r.models],
         "matrix": _matrix(r),
         "worst_pairs": _worst_pairs(r),
-        "jobs": [_job_row(r, j) for j in r.jobs],
+        "jobs": [_job_row(r, job) for job in r.jobs],
         "nodes": _nodes(r),
     }
 
@@ -324,11 +330,11 @@ def _md_verdict(r: FleetResult, d: Mapping[str, Any]) -> list[str]:
 
 
 def _md_matrix(r: FleetResult, d: Mapping[str, Any]) -> list[str]:
-    backends = [b.name for b in r.spec.backends]
+    backends = [backend.name for backend in r.spec.backends]
     rows = []
     for m in r.models:
         name = Ours(f"[{inert(m.entry.name)}]({m.report})") if m.result is not None else inert(m.entry.name)
-        cells = [d["matrix"][m.entry.name].get(b) for b in backends]
+        cells = [d["matrix"][m.entry.name].get(backend) for backend in backends]
         rows.append([name, *("–" if e is None else cell_for(e) for e in cells)])
     return [
         "## Verdicts",

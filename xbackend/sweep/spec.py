@@ -177,7 +177,7 @@ class SweepSpec:
     retries: int
 
     def backend(self, name: str) -> BackendEntry:
-        return next(b for b in self.backends if b.name == name)
+        return next(backend for backend in self.backends if backend.name == name)
 
     def jobs(self, model_sha256: Mapping[str, str]) -> list[JobSpec]:
         """Every model x backend job, in file order (models outer)."""
@@ -328,7 +328,7 @@ def _with_sets(
     backends: tuple[BackendEntry, ...], sets: Sequence[tuple[str, str, str]]
 ) -> tuple[BackendEntry, ...]:
     """The command line's --set over the file's, per backend."""
-    names = [b.name for b in backends]
+    names = [backend.name for backend in backends]
     stray = sorted({b for b, _, _ in sets} - set(names))
     if stray:
         raise UsageError(
@@ -438,15 +438,15 @@ def load_sweep(
         raise UsageError(f"sweep file {p} not found; pass a .toml file (see docs/fleet.md)")
     try:
         raw = tomllib.loads(p.read_text("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{p} is not valid TOML ({e}); fix the file") from e
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise UsageError(f"{p} is not valid TOML ({error}); fix the file") from error
     except RecursionError:  # tomllib recurses once per nested array or table
         raise UsageError(f"{p} nests arrays or tables too deep for a sweep file; fix the file") from None
     _check_keys(p, "top level", raw, {"sweep", "models", "backends"})
     sweep = _table(p, "sweep", raw.get("sweep", {}))
     _check_keys(p, "sweep", sweep, _SWEEP_KEYS)
     backends = _with_sets(_backends(p, raw.get("backends")), sets)
-    names = [b.name for b in backends]
+    names = [backend.name for backend in backends]
     models_raw = raw.get("models")
     if not isinstance(models_raw, list) or not models_raw:
         raise _bad(p, "models", 'list at least one model: [[models]] with path = "model.onnx"')
@@ -475,20 +475,22 @@ def load_sweep(
         job_timeout=job_timeout,
         retries=retries,
     )
-    for job in spec.jobs({m.name: "" for m in models}):  # checked now (bad probe, bad option), not on a node
+    for job in spec.jobs(
+        {model.name: "" for model in models}
+    ):  # checked now (bad probe, bad option), not on a node
         try:
             opts = job.options()
             select_probes(opts.probes, opts.batch_invariance)
-        except UsageError as e:
-            raise _bad(p, f"model {job.model} on {job.backend}", str(e)) from e
+        except UsageError as error:
+            raise _bad(p, f"model {job.model} on {job.backend}", str(error)) from error
     return spec
 
 
 def check_backends(spec: SweepSpec) -> None:
     """Every backend name and option, checked against the runners installed here (for a sweep run
     here; a cluster's nodes may have runners this machine lacks)."""
-    for job in spec.jobs({m.name: "" for m in spec.models}):
+    for job in spec.jobs({model.name: "" for model in spec.models}):
         try:
             get_runner(job.backend).resolve_options(job.options().options_for(job.backend))
-        except (BackendUnavailableError, UsageError) as e:
-            raise _bad(spec.path, f"backend {job.backend} (model {job.model})", str(e)) from e
+        except (BackendUnavailableError, UsageError) as error:
+            raise _bad(spec.path, f"backend {job.backend} (model {job.model})", str(error)) from error
