@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import xbackend
-from xbackend.judge import explain_jobs
+from xbackend.judge import backend_judgment, explain_jobs
 from xbackend.judge.judge_plan import OWN_JUDGE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ def test_the_oracle_is_judged_on_the_judges_own_evaluation_bit_for_bit(
     shared = xbackend.compare(MLP, **kw)
     le = shared.explanation.local_for("oracle")
     assert le is not None and le.graph == OWN_JUDGE and le.explained
-    monkeypatch.setattr(explain_jobs, "_judges_evaluation", lambda b: False)
+    monkeypatch.setattr(backend_judgment, "_judges_evaluation", lambda b: False)
     ran = xbackend.compare(MLP, **kw)
     mine = ran.explanation.local_for("oracle")
     assert mine is not None and mine.graph != OWN_JUDGE

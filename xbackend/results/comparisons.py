@@ -73,6 +73,7 @@ class CrossBackendResult:
 
     @property
     def bitwise_equal(self) -> bool:
+        """Every graph output the same bits as the reference's."""
         return self.status == "ok" and all(d.bitwise_equal for d in self.output_tensors)
 
     def output_diffs(self) -> list[TensorDiff]:
@@ -102,11 +103,13 @@ class CrossBackendResult:
 
     @property
     def scaled_ulp(self) -> float | None:
+        """The largest scaled ULP over the graph outputs (None: none was a float compared)."""
         vals = [d.scaled_ulp for d in self.output_tensors if d.scaled_ulp is not None]
         return max(vals) if vals else None
 
     @property
     def first_divergence(self) -> str | None:
+        """The first tensor, in model order, whose bits differ from the reference's."""
         layer = next((d.name for d in self.tensors if not d.bitwise_equal), None)
         return layer or next((d.name for d in self.output_tensors if not d.bitwise_equal), None)
 
@@ -130,15 +133,18 @@ class CrossBackendResult:
         return frozenset(origin.tensor for origin in self.origins)
 
     def local_error(self, tensor: str) -> float | None:
+        """`tensor`'s own error against its float64 value, in scaled ULP, where it was judged."""
         return dict(self.local_errors).get(value_name(tensor))
 
     def exceeds(self, d: TensorDiff) -> bool:
+        """Whether diff `d` is past its tolerance: its node an origin, where nodes were judged."""
         if self.judged:
             return value_name(d.name) in self._origin_names
         return d.exceeds(self.tolerance(d.name))
 
     @property
     def first_violation(self) -> str | None:
+        """The first tensor past its tolerance (the first origin, where nodes were judged)."""
         if self.judged:
             return self.origins[0].tensor if self.origins else None
         layer = next((d.name for d in self.tensors if self.exceeds(d)), None)
@@ -147,6 +153,7 @@ class CrossBackendResult:
 
     @property
     def exceeds_tolerance(self) -> bool:
+        """Some graph output past its tolerance."""
         return self.status == "ok" and any(self.exceeds(d) for d in self.output_tensors)
 
     @property
@@ -207,14 +214,17 @@ class Drift:
 
     @property
     def drifted(self) -> bool:
+        """The backend's bits moved from the baseline's."""
         return self.status == "drifted"
 
     @property
     def first_moved(self) -> str | None:
+        """The first tensor, in model order, whose bits moved."""
         return self.moved[0] if self.moved else None
 
     @property
     def outputs_moved(self) -> tuple[str, ...]:
+        """The graph outputs whose bits moved (where values were compared)."""
         outs = {value_name(d.name) for d in self.outputs}
         return tuple(m for m in self.moved if value_name(m) in outs) if self.measured else ()
 

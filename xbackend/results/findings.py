@@ -132,9 +132,11 @@ class Finding:
         return f"{self.heading}: {self.sentence}"
 
     def figure(self, name: str) -> float | None:
+        """The measurement `name` the finding quotes (scaled_ulp, local_scaled_ulp, ...), or None."""
         return dict(self.figures).get(name)
 
     def to_json(self) -> dict[str, Any]:
+        """The finding as the JSON report's verdict.findings holds it (empty fields left out)."""
         out: dict[str, Any] = {"label": self.label.value, "kind": self.kind.value, "sentence": self.sentence}
         for key in ("backend", "candidate", "probe", "tensor", "qualifier"):
             if getattr(self, key):

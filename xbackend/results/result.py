@@ -81,10 +81,12 @@ class Result:
 
     @property
     def command(self) -> str:
+        """The xbackend command line that reproduces this comparison."""
         return self.options.command(self.model.path)
 
     @property
     def reference_used(self) -> str:
+        """The backend every other was compared against: --reference, or the fallback that ran."""
         return self.reference or self.options.reference_name
 
     def backend(self, name: str) -> BackendResult:
@@ -121,14 +123,17 @@ class Result:
 
     @property
     def failed(self) -> list[BackendResult]:
+        """The backends that failed or could not run here."""
         return [b for b in self.backends if not b.ok]
 
     @property
     def nondeterministic(self) -> list[BackendResult]:
+        """The backends that ran and gave other bits run to run or build to build."""
         return [b for b in self.backends if b.ok and b.deterministic is False]
 
     @property
     def violations(self) -> list[CrossBackendResult]:
+        """The comparisons (against the reference or golden outputs) past their tolerance."""
         return [c for c in (*self.cross_backend, *self.expected_error) if c.violates]
 
     def promise_checks(self) -> list[PromiseCheck]:
@@ -141,6 +146,7 @@ class Result:
 
     @property
     def broken_promises(self) -> list[PromiseCheck]:
+        """The promises a backend's runner declared that this run saw broken."""
         return [check for check in self.promise_checks() if check.broken]
 
     def gates(self) -> list[Gate]:
@@ -151,6 +157,8 @@ class Result:
 
     @property
     def exit_code(self) -> int:
+        """What `xbackend compare` exits with: 0 clean, 1 findings, 3 nothing ran, a fired gate's
+        code with --fail-on, 16 for a broken promise (docs/compare.md#exit-codes)."""
         if not any(b.ok for b in self.backends):
             return EXIT_ALL_FAILED
         if self.options.fail_on:
@@ -216,6 +224,7 @@ class Result:
 
     @property
     def drifted(self) -> list[Drift]:
+        """The backends that moved from the same backend in --baseline."""
         return [d for d in self.baseline if d.drifted]
 
     @property
