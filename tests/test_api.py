@@ -4,6 +4,7 @@ and a Result's lookups raise xbackend's own error naming what it holds."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 import sys
 import typing
@@ -37,22 +38,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An environment with xbackend installed from its wheel, as a user's is (an editable
     install's import hook is one mypy cannot follow): the wheel holds py.typed."""
     folder = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(folder),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    source = folder / "source"  # a copy: the build writes its own folders beside the sources
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "xbackend", source / "xbackend", ignore=shutil.ignore_patterns("__pycache__"))
+    build = ["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(folder), str(source)]
+    subprocess.run([sys.executable, "-m", "pip", *build], check=True, capture_output=True)
     (wheel,) = folder.glob("xbackend-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         assert "xbackend/py.typed" in archive.namelist()
