@@ -66,13 +66,16 @@ class _Judge:
 
     @property
     def started(self) -> bool:
+        """The explanation has been submitted."""
         return self._future is not None
 
     def start(self) -> None:
+        """Submit the explanation, the first time only."""
         if self._future is None:
             self._future = self._pool.submit(explain, *self._args)
 
     def result(self) -> Explanation:
+        """The explanation, waited for (submitted now if it was not yet)."""
         self.start()
         assert self._future is not None
         return self._future.result()

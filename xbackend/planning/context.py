@@ -31,9 +31,11 @@ class PlannedBackend:
     planned_bytes: int = 0  # what its largest build holds beyond its engine (the memory plan)
 
     def interpreter_info(self) -> tuple[tuple[str, str], ...]:
+        """What the other interpreter said of itself (python=PATH), sorted; () for this one."""
         return tuple(sorted(self.interpreter.info().items())) if self.interpreter else ()
 
     def variant(self, **overrides: str) -> tuple[tuple[str, str], ...]:
+        """Its runner options as given, with `overrides`, sorted: what a job passes its worker."""
         return tuple(sorted({**self.raw_options, **overrides}.items()))
 
 
@@ -53,6 +55,7 @@ class RunContext:
     judge_alone: bool = False  # judge the reference against float64 when no other backend ran
 
     def save_feeds(self, feeds: Feeds, name: str) -> Path:
+        """`feeds` written to NAME.xbv in the run folder; its path."""
         path = self.work / f"{name}.xbv"
         feeds.save(path)
         return path
@@ -66,6 +69,8 @@ class RunContext:
         kind: str = "main",
         **overrides: str,
     ) -> Job:
+        """A worker job for backend `b` (runnable here): `phases` on `feeds` (the run's, by
+        default), its options with `overrides`."""
         assert b.cls is not None
         return Job(
             label, b.name, b.cls, b.variant(**overrides), feeds or self.feeds_path, tuple(phases), kind

@@ -60,6 +60,7 @@ class Fit:
 
     @classmethod
     def no(cls, reason: str) -> Fit:
+        """Work that does not fit, and why (with what to do)."""
         return cls(False, reason)
 
 
@@ -83,6 +84,7 @@ class MemoryPlan:
         return _LIVE * max((n for t, n in self.sizes.items() if t in self.read), default=0)
 
     def describe(self) -> str:
+        """The budget in words, and where it came from (--max-memory or a share of what is free)."""
         if self.budget is None:
             return "no memory budget (the OS does not say how much memory is available)"
         how = "--max-memory" if self.explicit else f"{DEFAULT_SHARE:.0%} of the memory available at the start"

@@ -46,6 +46,8 @@ def executor_for(
 
 
 def make_feeds(spec: ModelSpec, opts: CompareOptions) -> tuple[Feeds, dict[str, Value] | None]:
+    """The feeds --inputs holds (and its golden outputs), else feeds generated from --seed,
+    --shape and --range."""
     if opts.inputs:
         return load_feeds(opts.inputs, spec), load_expected(opts.inputs, spec)
     ranges = {n: (lo, hi) for n, lo, hi in opts.ranges}
@@ -53,6 +55,8 @@ def make_feeds(spec: ModelSpec, opts: CompareOptions) -> tuple[Feeds, dict[str, 
 
 
 def with_expected(opts: CompareOptions, expected: Mapping[str, Value] | None) -> CompareOptions:
+    """The options with the golden outputs' backend (expected) among the backends where
+    --inputs holds outputs; a UsageError where it is asked for and they hold none."""
     if expected is None:
         if EXPECTED in opts.backends:
             raise UsageError(
@@ -66,6 +70,8 @@ def with_expected(opts: CompareOptions, expected: Mapping[str, Value] | None) ->
 
 
 def load_captures(spec: ModelSpec, opts: CompareOptions) -> list[LoadedCapture]:
+    """The captures --load names, each checked to be of this model (an InputError, one line,
+    where one is another model's)."""
     out = []
     for name, path in opts.loads:
         cap = open_capture(path, name)
@@ -99,6 +105,7 @@ def feeds_for(
 
 
 def feeds_info(feeds: Feeds, expected: bool) -> FeedsInfo:
+    """What the report says of the feeds: digest, seed, source, shapes, ranges."""
     shapes = tuple(feeds.describe())
     return FeedsInfo(feeds.sha256, feeds.seed, feeds.source, shapes, feeds.ranges, expected, feeds.made)
 
@@ -106,6 +113,8 @@ def feeds_info(feeds: Feeds, expected: bool) -> FeedsInfo:
 def plan_backend(
     name: str, opts: CompareOptions, work: Path, expected: Mapping[str, Value] | None
 ) -> PlannedBackend:
+    """Backend `name` as the options configure it: its runner and options checked (a
+    UsageError for a bad one), or unavailable here with the reason."""
     cls = get_runner(name)  # unknown name: BackendUnavailableError listing the known ones
     raw = opts.options_for(name)
     internal = sorted(set(raw) & INTERNAL_OPTIONS)
@@ -206,6 +215,8 @@ def main_jobs(
     spill: bool = True,
     plain: bool = True,
 ) -> list[Job]:
+    """`p`'s main builds, one job each (none where it cannot run): its runs, its per-layer
+    tensors in `windows`, spilled to disk when `spill`, a plain build of its own when `plain`."""
     if p.cls is None:
         return []
     phases = standard_phases(

@@ -66,6 +66,7 @@ class Latency:
         return cls(median, ms[0], ms[-1], n, exposed)
 
     def to_json(self) -> dict[str, float | int]:
+        """The latency as the JSON report holds it, in milliseconds."""
         return {
             "median_ms": self.median_ms,
             "min_ms": self.min_ms,
@@ -75,6 +76,7 @@ class Latency:
         }
 
     def words(self) -> str:
+        """The latency in words: the median, the range and the runs it was timed over."""
         runs = f"{self.runs} run{'s' if self.runs != 1 else ''}"
         return f"{_ms(self.median_ms)} ms (min {_ms(self.min_ms)}, max {_ms(self.max_ms)}; {runs})"
 
@@ -132,6 +134,7 @@ class BackendResult:
 
     @property
     def ok(self) -> bool:
+        """The backend ran (neither failed nor unavailable here)."""
         return self.status == "ok"
 
     def varying(self) -> list[TensorDiff]:
@@ -172,6 +175,7 @@ class BackendResult:
 
     @property
     def first_nondeterministic(self) -> str | None:
+        """The first tensor, in model order, whose bits varied run to run or build to build."""
         v = self.varying()
         return v[0].name if v else None
 

@@ -91,6 +91,7 @@ class Origin:
 
     @property
     def ratio(self) -> float:
+        """The origin's own error over its allowance (inf where it is not a float difference)."""
         if self.local_scaled_ulp is None:
             return math.inf
         return self.local_scaled_ulp / self.allowed_scaled_ulp if self.allowed_scaled_ulp else math.inf
@@ -178,6 +179,7 @@ class LocalErrors:
     unfused: bool = field(default=False, metadata={OMIT_DEFAULT: True})
 
     def node(self, tensor: str) -> NodeJudgment | None:
+        """The judgment of the node that computes `tensor` (its local error, allowance, op)."""
         return self._node_index.get(value_name(tensor))
 
     @functools.cached_property
@@ -186,6 +188,7 @@ class LocalErrors:
 
     @property
     def explained(self) -> bool | None:
+        """True without origins, False with some, None where the nodes were not judged."""
         return None if self.status != "ok" else not self.origins
 
     def detection(self) -> tuple[tuple[str, float, int], ...]:
@@ -295,6 +298,7 @@ class Explanation:
 
     @property
     def ok(self) -> bool:
+        """The explanation ran."""
         return self.status == "ok"
 
     @property
@@ -304,6 +308,7 @@ class Explanation:
         return self.reason in (DECLINED, QUICK_DECLINED, GGUF_DECLINED) or self.reason.startswith(ALL_LOADED)
 
     def floor_map(self) -> dict[str, float]:
+        """Each tensor's noise floor, in scaled ULP, where it was measured."""
         return dict(self._floor_index)
 
     @functools.cached_property
@@ -311,6 +316,7 @@ class Explanation:
         return dict(self.floors)
 
     def floor(self, tensor: str) -> float | None:
+        """`tensor`'s noise floor in scaled ULP (None: not measured)."""
         return self._floor_index.get(value_name(tensor))
 
     def tolerances(self, op_types: Mapping[str, str]) -> dict[str, float]:
@@ -319,6 +325,7 @@ class Explanation:
         return {t: self.margin * max(f, bound_for(op_types.get(t, ""))[0], 1.0) for t, f in self.floors}
 
     def local_for(self, backend: str) -> LocalErrors | None:
+        """`backend`'s local errors against float64 (None: it was not judged)."""
         return next((x for x in self.local if x.backend == backend), None)
 
 
