@@ -39,10 +39,13 @@ MODELS = "models"
 
 
 def environment_sha256(env: Mapping[str, str]) -> str:
+    """A digest of an environment (its sorted key=value lines): two jobs ran in the same one."""
     return hashlib.sha256("".join(f"{k}={v}\n" for k, v in sorted(env.items())).encode()).hexdigest()
 
 
 class FleetProgress(Protocol):
+    """What a sweep tells its progress display: the jobs to run, each one started and finished."""
+
     def start(self, total: int, resumed: int) -> None: ...
     def started(self, job: str, node: str) -> None: ...
     def finished(self, job: str, node: str, status: str) -> None: ...
@@ -51,6 +54,8 @@ class FleetProgress(Protocol):
 
 
 class NullFleetProgress:
+    """A sweep's progress shown nowhere."""
+
     def start(self, total: int, resumed: int) -> None:
         pass
 
@@ -81,10 +86,12 @@ class FleetJob:
 
     @property
     def ok(self) -> bool:
+        """The job ran its backend."""
         return self.status == "ok"
 
     @property
     def node_name(self) -> str:
+        """The node it ran on, as the report names it (host, and address where it has one)."""
         return node_label(self.node)
 
     @property
@@ -97,12 +104,15 @@ class FleetJob:
 
 
 def node_label(node: Mapping[str, Any]) -> str:
+    """A node's host name, with its address where the record holds one."""
     host = str(node.get("hostname", "?"))
     addr = node.get("address")
     return f"{host} ({addr})" if addr else host
 
 
 class SweepExecutor(Protocol):
+    """Where a sweep's jobs run (a process per job here, a Ray task per job on a cluster)."""
+
     name: str
 
     def run(
@@ -121,6 +131,7 @@ class ModelOutcome:
 
     @property
     def report(self) -> str:
+        """The model's report, relative to the sweep's output folder."""
         return f"{MODELS}/{safe_name(self.entry.name)}.md"
 
     @cached_property
@@ -142,12 +153,14 @@ class FleetResult:
     models: tuple[ModelOutcome, ...]
 
     def job(self, model: str, backend: str) -> FleetJob:
+        """The job of `model` on `backend`."""
         for j in self.jobs:
             if j.job.model == model and j.job.backend == backend:
                 return j
         raise KeyError((model, backend))
 
     def model(self, name: str) -> ModelOutcome:
+        """The outcome of the model named `name` in the sweep file."""
         for m in self.models:
             if m.entry.name == name:
                 return m
@@ -155,6 +168,7 @@ class FleetResult:
 
     @property
     def failed(self) -> list[FleetJob]:
+        """The jobs that failed or could not run."""
         return [job for job in self.jobs if not job.ok]
 
     @property
@@ -172,6 +186,7 @@ class FleetResult:
 
 
 def relpath(path: str | os.PathLike[str], start: Path) -> str:
+    """`path` relative to `start` where it can be (another drive: as given)."""
     try:
         return os.path.relpath(path, start)
     except ValueError:  # another drive
