@@ -31,6 +31,7 @@ __all__ = [
 
 
 def baseline_section(r: Result) -> list[str]:
+    """The drift section: each backend against the same backend in --baseline."""
     if not r.baseline:
         return []
     modules = r.model.modules()
@@ -92,6 +93,7 @@ def _env_changes(r: Result) -> list[str]:
 
 
 def observer_section(r: Result) -> list[str]:
+    """The observer effect section: where exposing every intermediate changed a backend's outputs."""
     rows = [
         [
             backend.name,
@@ -128,6 +130,7 @@ def observer_section(r: Result) -> list[str]:
 
 
 def probes_section(r: Result) -> list[str]:
+    """Each probe's own section, in the order they ran, and the probes not run."""
     modules = r.model.modules()
     body = [line for probe in r.probes for line in probe.markdown(modules)]
     if not body and not r.probes_ran:
@@ -156,6 +159,7 @@ def _run_to_run(b: BackendResult, modules: Mapping[str, str]) -> list[str]:
 
 
 def runs_section(r: Result) -> list[str]:
+    """Run to run and build to build, backend by backend: what varied, and where."""
     out = ["## Run to run and build to build", ""]
     modules = r.model.modules()
     for b in r.backends:
@@ -164,6 +168,7 @@ def runs_section(r: Result) -> list[str]:
 
 
 def exposure_section(r: Result) -> list[str]:
+    """The tensors a backend could not expose, with the reason (none: no section)."""
     rows = [[backend.name, inert(t), why] for backend in r.backends for t, why in backend.not_exposed]
     if not rows:
         return []
@@ -171,6 +176,7 @@ def exposure_section(r: Result) -> list[str]:
 
 
 def model_section(r: Result) -> list[str]:
+    """The model: its path, digest, IR, opsets, producer, weights, node outputs and metadata."""
     m = r.model
     rows: list[list[object]] = [
         ["path", m.path],
@@ -186,6 +192,7 @@ def model_section(r: Result) -> list[str]:
 
 
 def inputs_section(r: Result) -> list[str]:
+    """What was fed: where the inputs came from, their digest, shapes and value ranges."""
     f = r.feeds
     src = f"generated with seed {f.seed}" if f.source == "generated" else f"loaded from {f.source}"
     how = {**dict(f.ranges), **dict(f.made)}
@@ -205,6 +212,7 @@ def inputs_section(r: Result) -> list[str]:
 
 
 def options_section(r: Result) -> list[str]:
+    """The options in force: the reference, runs, builds, tolerance, what was compared."""
     o = r.options
     out = [
         "## Options in force",
@@ -278,6 +286,7 @@ def cost_section(r: Result) -> list[str]:
 
 
 def timings_section(r: Result) -> list[str]:
+    """Each build's wall seconds, the backends' and the probes' (--timings)."""
     if not r.options.shows_times:
         return []
     rows = [[backend.name, i, f"{t:.1f}"] for backend in r.backends for i, t in enumerate(backend.build_s)]
@@ -298,6 +307,7 @@ def timings_section(r: Result) -> list[str]:
 
 
 def environment_section(r: Result) -> list[str]:
+    """The environment the comparison ran in, key by key, to diff between two reports."""
     return [
         "## Environment",
         "",
@@ -308,6 +318,7 @@ def environment_section(r: Result) -> list[str]:
 
 
 def metrics_section() -> list[str]:
+    """What each metric in the tables means."""
     return ["## Metrics", "", *[f"- **{k}**: {v}." for k, v in METRIC_DEFINITIONS], ""]
 
 
