@@ -71,18 +71,22 @@ class Certificate:
 
     @property
     def granted(self) -> bool:
+        """Every property the certificate claims held."""
         return bool(self.body["granted"])
 
     @property
     def exit_code(self) -> int:
+        """0 granted, 16 a property broke, 3 the backend did not run."""
         if self.body["backend"]["status"] != "ok":
             return EXIT_ALL_FAILED
         return EXIT_OK if self.granted else EXIT_PROMISE
 
     def broken(self) -> list[dict[str, Any]]:
+        """The properties that broke, as the certificate's body records them."""
         return [p for p in self.body["properties"] if p["status"] == "broken"]
 
     def statement(self) -> dict[str, Any]:
+        """The in-toto Statement: the model's files as subjects, the body as its predicate."""
         return attest.statement(self.subjects, PREDICATE_TYPE, self.body)
 
     def to_json(self, key: Any | None = None) -> str:
@@ -91,6 +95,7 @@ class Certificate:
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     def to_markdown(self) -> str:
+        """The certificate's Markdown twin (CERT.md)."""
         return certificate_markdown(self.body)
 
 
@@ -245,6 +250,7 @@ def model_signature_path(stem: str | os.PathLike[str]) -> Path:
 
 
 def certificate_paths(stem: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """The certificate's JSON and Markdown paths from `stem` (a .json or .md suffix dropped)."""
     base = Path(stem)
     if base.suffix in (".json", ".md"):
         base = base.with_suffix("")
@@ -314,15 +320,19 @@ class Verification:
         return bool(old["sha256"]) and old["sha256"] == new["sha256"] and old["tensors"] == new["tensors"]
 
     def moved_outputs(self) -> list[str]:
+        """The graph outputs whose digest the re-run did not reproduce."""
         old, new = self.certificate["outputs"]["tensors"], self.rerun["outputs"]["tensors"]
         return sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
 
     def property_changes(self) -> list[tuple[str, str, str]]:
+        """(property, the certificate's status, the re-run's) for each that differs."""
         old = {p["name"]: p["status"] for p in self.certificate["properties"]}
         new = {p["name"]: p["status"] for p in self.rerun["properties"]}
         return [(n, old.get(n, "–"), new.get(n, "–")) for n in PROPERTIES if old.get(n) != new.get(n)]
 
     def environment_changes(self) -> list[tuple[str, str, str]]:
+        """(key, the certificate's value, the re-run's) for each environment key that differs."""
+
         def flat(body: Mapping[str, Any]) -> dict[str, str]:
             out = dict(body["environment"])
             out.update({f"runner.{k}": v for k, v in body["backend"]["info"].items()})
@@ -347,14 +357,17 @@ class Verification:
 
     @property
     def ok(self) -> bool:
+        """The re-run reproduced the outputs, broke no property, and found no false claim."""
         broke = any(new == "broken" for _, _, new in self.property_changes())
         return self.outputs_match and not broke and not self.false_claims()
 
     @property
     def exit_code(self) -> int:
+        """0 verified, 1 otherwise."""
         return EXIT_OK if self.ok else EXIT_DIFFERENCES
 
     def lines(self) -> list[str]:
+        """What verify prints: the signature, then what the re-run reproduced and what it did not."""
         c, r = self.certificate, self.rerun
         head = f"{c['backend']['name']} on {c['model']['name']}"
         files = (
