@@ -59,16 +59,21 @@ PLUGINS = {
 }
 
 
-@pytest.fixture(scope="session")
-def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A dist-info that registers the test runners under the real entry-point group."""
-    root = tmp_path_factory.mktemp("plugins")
+def write_plugin_dist(root: Path) -> Path:
+    """A dist-info in `root` that registers the test runners under the real entry-point group;
+    `root`, the folder to put on sys.path and PYTHONPATH."""
     info = root / "xbackend_testrunners-0.0.dist-info"
-    info.mkdir()
+    info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: xbackend-testrunners\nVersion: 0.0\n")
     lines = ["[xbackend.runners]", *[f"{k} = {v}" for k, v in PLUGINS.items()]]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
     return root
+
+
+@pytest.fixture(scope="session")
+def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A dist-info that registers the test runners under the real entry-point group."""
+    return write_plugin_dist(tmp_path_factory.mktemp("plugins"))
 
 
 @pytest.fixture

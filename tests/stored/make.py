@@ -39,14 +39,9 @@ def _bundled(name: str) -> str:
 @contextlib.contextmanager
 def _test_runners(folder: Path) -> Iterator[None]:
     """The test suite's runners (tests/plugin_runners.py) registered as its conftest does."""
-    from conftest import PLUGINS
+    from conftest import write_plugin_dist
 
-    info = folder / "plugins" / "xbackend_testrunners-0.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: xbackend-testrunners\nVersion: 0.0\n")
-    lines = ["[xbackend.runners]", *[f"{k} = {v}" for k, v in PLUGINS.items()]]
-    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-    paths = [str(info.parent), str(ROOT / "tests")]
+    paths = [str(write_plugin_dist(folder / "plugins")), str(ROOT / "tests")]
     old = os.environ.get("PYTHONPATH", "")
     sys.path[:0] = paths
     os.environ["PYTHONPATH"] = os.pathsep.join([*paths, old] if old else paths)
