@@ -70,7 +70,7 @@ class NotInResultError(XbackendError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def first_line(e: BaseException) -> str:
+def first_line(base_exception: BaseException) -> str:
     """An exception's message cut to its first line (300 characters at most), for one-line errors."""
-    text = str(e).strip() or type(e).__name__
+    text = str(base_exception).strip() or type(base_exception).__name__
     return text.splitlines()[0][:300]

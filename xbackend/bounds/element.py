@@ -214,7 +214,7 @@ def allowance(bound: NodeBound, v: np.ndarray, mag: np.ndarray | None, u: float)
 
 def attributes(node: onnx.NodeProto) -> dict[str, Any]:
     """A node's attributes by name, as Python values."""
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
 
 
 class Builder:

@@ -91,7 +91,7 @@ def propagate(
     to its first output, as a float64 tensor; and '' or why the composition is an assumption."""
     op = node.op_type
     ins = list(node.input)
-    e = [err.get(i, "") for i in ins]
+    e = [err.get(input_name, "") for input_name in ins]
     x = ins[0] if ins else ""
     v = node.output[0]
     if op == "Split" and e and e[0]:
@@ -101,7 +101,9 @@ def propagate(
         if op in ("Cast", "CastLike"):
             return e[0], ""
         if op == "Pad":
-            return bld.op("Pad", e[0], *ins[1:2], **{k: w for k, w in attrs.items() if k == "mode"}), ""
+            return bld.op(
+                "Pad", e[0], *ins[1:2], **{key: attr for key, attr in attrs.items() if key == "mode"}
+            ), ""
         return bld.op(op, e[0], *ins[1:], **attrs), ""
     if op in _LIPSCHITZ:
         return e[0] or None, ""
@@ -120,8 +122,15 @@ def propagate(
             return None, ""
         return bld.op("Where", ins[0], e[1] or zero, e[2] or zero), ""
     if op == "Concat":
-        parts = [ei or bld.op("Mul", bld.abs(i), bld.const(0.0)) for i, ei in zip(ins, e, strict=True)]
-        return bld.op("Concat", *parts, axis=int(next(a.i for a in node.attribute if a.name == "axis"))), ""
+        parts = [
+            ei or bld.op("Mul", bld.abs(input_name), bld.const(0.0))
+            for input_name, ei in zip(ins, e, strict=True)
+        ]
+        return bld.op(
+            "Concat",
+            *parts,
+            axis=int(next(attribute.i for attribute in node.attribute if attribute.name == "axis")),
+        ), ""
     if op == "Pow" and e and e[0]:  # d(x^c)/dx = c·x^c/x; 0 where x = 0 (c >= 1 for a finite result)
         slope = bld.op("Div", bld.abs(v), bld.abs(x))
         slope = bld.op("Where", bld.op("Equal", x, bld.op("Mul", x, bld.const(0.0))), bld.const(0.0), slope)
@@ -140,7 +149,7 @@ def propagate(
             return None, "ReduceMax with axes as an input"
         return bld.op(base, e[0], *ins[1:2], **attrs), ""
     if op == "Softmax" and e[0] and opset >= 13:
-        axis = next((int(a.i) for a in node.attribute if a.name == "axis"), -1)
+        axis = next((int(attribute.i) for attribute in node.attribute if attribute.name == "axis"), -1)
         weighted = bld.reduce("ReduceSum", bld.op("Mul", v, e[0]), [axis])
         return bld.op("Mul", bld.abs(v), bld.op("Add", e[0], weighted)), ""
     present = [p for p in e if p]
@@ -165,8 +174,8 @@ def _first_part(node: onnx.NodeProto, e0: str, bld: Builder) -> str:
 def propagate_rest(node: onnx.NodeProto, err: Mapping[str, str], bld: Builder) -> dict[str, tuple[str, str]]:
     """What the errors of `node`'s inputs bring to each of its outputs after the first (a Split's
     parts, LayerNormalization's mean): output -> (its error tensor, '' or why it is an assumption)."""
-    rest = [o for o in node.output[1:] if o]
-    present = [err[i] for i in node.input if i in err]
+    rest = [output_name for output_name in node.output[1:] if output_name]
+    present = [err[input_name] for input_name in node.input if input_name in err]
     if not rest or not present:
         return {}
     if node.op_type == "Split" and node.input[0] in err:  # each part holds its slice of the error
@@ -174,11 +183,18 @@ def propagate_rest(node: onnx.NodeProto, err: Mapping[str, str], bld: Builder) -
         bld.nodes.append(
             helper.make_node("Split", [err[node.input[0]], *node.input[1:]], names, **attributes(node))
         )
-        return {o: (n, "") for o, n in zip(node.output, names, strict=True) if o in rest}
+        return {
+            output_name: (name, "")
+            for output_name, name in zip(node.output, names, strict=True)
+            if output_name in rest
+        }
     tops = _sum(bld, [bld.op("ReduceMax", p, keepdims=0) for p in present])
     assert tops is not None
     why = f"{node.op_type}: inherited errors passed with gain 1"
-    return {o: (bld.op("Add", bld.op("Mul", bld.abs(o), bld.const(0.0)), tops), why) for o in rest}
+    return {
+        output_name: (bld.op("Add", bld.op("Mul", bld.abs(output_name), bld.const(0.0)), tops), why)
+        for output_name in rest
+    }
 
 
 def _derivative(op: str, x: str, v: str, bld: Builder) -> str | None:

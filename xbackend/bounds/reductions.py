@@ -15,12 +15,12 @@ from xbackend.bounds.element import HM, U32, Builder, NodeBound, NodeView, lam
 __all__ = ["REDUCTIONS", "gemm", "red"]
 
 
-def red(n: NodeView, terms: int, source: str = HM, a: float = 1.0) -> NodeBound:
-    lm = lam(terms, n.out_elements)
+def red(node_view: NodeView, terms: int, source: str = HM, a: float = 1.0) -> NodeBound:
+    lm = lam(terms, node_view.out_elements)
     b = lm * math.sqrt(terms + 1) + 1
     det = terms / (1 - terms * U32) + 1
     return NodeBound(
-        n.node.op_type,
+        node_view.node.op_type,
         "reduction",
         a=a,
         b=b,
@@ -32,92 +32,92 @@ def red(n: NodeView, terms: int, source: str = HM, a: float = 1.0) -> NodeBound:
     )
 
 
-def _matmul(n: NodeView, bld: Builder) -> NodeBound | None:
-    sa = n.shape(0)
+def _matmul(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    sa = node_view.shape(0)
     if sa is None:
         return None
-    bld.final("MatMul", bld.abs(n.node.input[0]), bld.abs(n.node.input[1]))
-    return red(n, int(sa[-1]))
+    bld.final("MatMul", bld.abs(node_view.node.input[0]), bld.abs(node_view.node.input[1]))
+    return red(node_view, int(sa[-1]))
 
 
-def gemm(n: NodeView, bld: Builder) -> NodeBound | None:
-    sa = n.shape(0)
+def gemm(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    sa = node_view.shape(0)
     if sa is None:
         return None
-    k = int(sa[0] if n.attr("transA", 0) else sa[-1])
-    ins = [bld.abs(i) if i else "" for i in n.node.input]
+    k = int(sa[0] if node_view.attr("transA", 0) else sa[-1])
+    ins = [bld.abs(input_name) if input_name else "" for input_name in node_view.node.input]
     attrs = {
-        "transA": int(n.attr("transA", 0)),
-        "transB": int(n.attr("transB", 0)),
-        "alpha": abs(float(n.attr("alpha", 1.0))),
-        "beta": abs(float(n.attr("beta", 1.0))),
+        "transA": int(node_view.attr("transA", 0)),
+        "transB": int(node_view.attr("transB", 0)),
+        "alpha": abs(float(node_view.attr("alpha", 1.0))),
+        "beta": abs(float(node_view.attr("beta", 1.0))),
     }
     bld.final("Gemm", *ins, **attrs)
-    return red(n, k + (1 if len(n.node.input) > 2 and n.node.input[2] else 0))
+    return red(node_view, k + (1 if len(node_view.node.input) > 2 and node_view.node.input[2] else 0))
 
 
-def _conv(n: NodeView, bld: Builder) -> NodeBound | None:
-    sw = n.shape(1)
+def _conv(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    sw = node_view.shape(1)
     if sw is None:
         return None
     # Conv's weight is [M, C/group, k...]: n = C/group·prod(k); ConvTranspose's is [C, M/group, k...]
-    if n.node.op_type == "Conv":
+    if node_view.node.op_type == "Conv":
         terms = int(np.prod(sw[1:]))
     else:
-        sx = n.shape(0)
-        group = int(n.attr("group", 1))
+        sx = node_view.shape(0)
+        group = int(node_view.attr("group", 1))
         if sx is None:
             return None
         terms = int(sx[1] // group * np.prod(sw[2:]))
-    ins = [bld.abs(i) if i else "" for i in n.node.input]
-    attrs = n.attrs
-    bld.final(n.node.op_type, *ins, **attrs)
-    return red(n, terms + (1 if len(n.node.input) > 2 and n.node.input[2] else 0))
+    ins = [bld.abs(input_name) if input_name else "" for input_name in node_view.node.input]
+    attrs = node_view.attrs
+    bld.final(node_view.node.op_type, *ins, **attrs)
+    return red(node_view, terms + (1 if len(node_view.node.input) > 2 and node_view.node.input[2] else 0))
 
 
-def _einsum(n: NodeView, bld: Builder) -> NodeBound | None:
-    eq = str(n.attr("equation", b"")).replace(" ", "")
-    if isinstance(n.attr("equation"), bytes):
-        eq = n.attr("equation").decode().replace(" ", "")
+def _einsum(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    eq = str(node_view.attr("equation", b"")).replace(" ", "")
+    if isinstance(node_view.attr("equation"), bytes):
+        eq = node_view.attr("equation").decode().replace(" ", "")
     if "->" not in eq or "." in eq:
         return None
     lhs, rhs = eq.split("->")
     sizes: dict[str, int] = {}
-    for term, i in zip(lhs.split(","), range(len(n.node.input)), strict=False):
-        s = n.shape(i)
+    for term, i in zip(lhs.split(","), range(len(node_view.node.input)), strict=False):
+        s = node_view.shape(i)
         if s is None or len(s) != len(term):
             return None
         sizes.update(zip(term, s, strict=True))
     terms = int(np.prod([sizes[c] for c in set(lhs) - set(rhs) - {","}] or [1]))
-    bld.final("Einsum", *(bld.abs(i) for i in n.node.input), equation=eq)
-    return red(n, terms)
+    bld.final("Einsum", *(bld.abs(input_name) for input_name in node_view.node.input), equation=eq)
+    return red(node_view, terms)
 
 
-def _axes(n: NodeView, rank: int) -> list[int] | None:
+def _axes(node_view: NodeView, rank: int) -> list[int] | None:
     """The reduced axes of a Reduce* node (attribute or constant input), all when none."""
-    axes = n.attr("axes")
-    if axes is None and len(n.node.input) > 1 and n.node.input[1]:
+    axes = node_view.attr("axes")
+    if axes is None and len(node_view.node.input) > 1 and node_view.node.input[1]:
         return None  # axes from a tensor: resolved by the caller's shapes instead
     if axes is None:
-        return [] if int(n.attr("noop_with_empty_axes", 0)) else list(range(rank))
+        return [] if int(node_view.attr("noop_with_empty_axes", 0)) else list(range(rank))
     return [int(axis) % rank for axis in axes]
 
 
-def _reduced_terms(n: NodeView) -> int | None:
-    sx, sy = n.shape(0), n.shapes.get(n.node.output[0])
+def _reduced_terms(node_view: NodeView) -> int | None:
+    sx, sy = node_view.shape(0), node_view.shapes.get(node_view.node.output[0])
     if sx is None or sy is None:
         return None
     return max(1, int(np.prod(sx)) // max(1, int(np.prod(sy))))
 
 
-def _reduce_sum(n: NodeView, bld: Builder) -> NodeBound | None:
-    terms = _reduced_terms(n)
+def _reduce_sum(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    terms = _reduced_terms(node_view)
     if terms is None:
         return None
-    op = n.node.op_type
-    attrs = n.attrs
+    op = node_view.node.op_type
+    attrs = node_view.attrs
     if op in ("ReduceSumSquare", "ReduceL2"):  # positive terms: the magnitude is the value
-        lm = lam(terms, n.out_elements)
+        lm = lam(terms, node_view.out_elements)
         a, pa = lm * math.sqrt(terms + 1) + 2, lm * math.sqrt(terms + 1)
         l2 = op == "ReduceL2"
         return NodeBound(
@@ -130,37 +130,37 @@ def _reduce_sum(n: NodeView, bld: Builder) -> NodeBound | None:
             prob_a=pa / 2 if l2 else pa,
         )
     base = "ReduceSum" if op == "ReduceL1" else op
-    bld.final(base, bld.abs(n.node.input[0]), *n.node.input[1:2], **attrs)
-    return red(n, terms, a=2.0 if op == "ReduceMean" else 1.0)
+    bld.final(base, bld.abs(node_view.node.input[0]), *node_view.node.input[1:2], **attrs)
+    return red(node_view, terms, a=2.0 if op == "ReduceMean" else 1.0)
 
 
-def _pool(n: NodeView, bld: Builder) -> NodeBound | None:
-    sx = n.shape(0)
+def _pool(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    sx = node_view.shape(0)
     if sx is None:
         return None
-    if n.node.op_type == "GlobalAveragePool":
+    if node_view.node.op_type == "GlobalAveragePool":
         terms = int(np.prod(sx[2:]))
     else:
-        terms = int(np.prod(n.attr("kernel_shape", [1])))
-    attrs = n.attrs
-    bld.final(n.node.op_type, bld.abs(n.node.input[0]), **attrs)
-    return red(n, terms, a=2.0)
+        terms = int(np.prod(node_view.attr("kernel_shape", [1])))
+    attrs = node_view.attrs
+    bld.final(node_view.node.op_type, bld.abs(node_view.node.input[0]), **attrs)
+    return red(node_view, terms, a=2.0)
 
 
-def _variadic_sum(n: NodeView, bld: Builder) -> NodeBound | None:
-    ins = [bld.abs(i) for i in n.node.input]
+def _variadic_sum(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    ins = [bld.abs(input_name) for input_name in node_view.node.input]
     bld.final("Sum", *ins)
-    return red(n, len(ins), a=2.0 if n.node.op_type == "Mean" else 1.0)
+    return red(node_view, len(ins), a=2.0 if node_view.node.op_type == "Mean" else 1.0)
 
 
-def _cumsum(n: NodeView, bld: Builder) -> NodeBound | None:
-    sx = n.shape(0)
+def _cumsum(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    sx = node_view.shape(0)
     if sx is None:
         return None
-    attrs = n.attrs
-    bound = red(n, max(sx) if sx else 1)
-    x = bld.abs(n.node.input[0])
-    mag = bld.op("CumSum", x, n.node.input[1], **attrs)
+    attrs = node_view.attrs
+    bound = red(node_view, max(sx) if sx else 1)
+    x = bld.abs(node_view.node.input[0])
+    mag = bld.op("CumSum", x, node_view.node.input[1], **attrs)
     # a constant input (a running count, a fixed step): every partial sum rounds alike, the
     # errors are correlated, and only the deterministic bound γ_n·Σ|x| holds
     same = bld.op("Equal", bld.op("ReduceMax", x, keepdims=1), bld.op("ReduceMin", x, keepdims=1))

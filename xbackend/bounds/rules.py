@@ -29,13 +29,13 @@ from xbackend.bounds.reductions import REDUCTIONS, gemm, red
 __all__ = ["node_bound", "secondary_bound"]
 
 
-def _softmax_axes(n: NodeView) -> list[int] | None:
-    sx = n.shape(0)
+def _softmax_axes(node_view: NodeView) -> list[int] | None:
+    sx = node_view.shape(0)
     if sx is None:
         return None
     r = len(sx)
-    axis = int(n.attr("axis", -1 if n.opset >= 13 else 1)) % r
-    return [axis] if n.opset >= 13 else list(range(axis, r))
+    axis = int(node_view.attr("axis", -1 if node_view.opset >= 13 else 1)) % r
+    return [axis] if node_view.opset >= 13 else list(range(axis, r))
 
 
 def _spread(bld: Builder, x: str, m: str) -> str:
@@ -43,24 +43,24 @@ def _spread(bld: Builder, x: str, m: str) -> str:
     return bld.op("Where", bld.op("IsInf", x), bld.const(0.0), bld.abs(bld.op("Sub", x, m)))
 
 
-def _softmax(n: NodeView, bld: Builder) -> NodeBound | None:
+def _softmax(node_view: NodeView, bld: Builder) -> NodeBound | None:
     """y_i = exp(x_i - m) / Σ_j exp(x_j - m). Relative to y_i: exp's own error, the rounding of
     x_i - m (|x_i - m|·u, amplified 1:1 by exp), the sum's (λ·sqrt(n)) and the terms' errors
     weighted by the probabilities (Σ_j y_j·|x_j - m|), and the division."""
-    axes, sx = _softmax_axes(n), n.shape(0)
+    axes, sx = _softmax_axes(node_view), node_view.shape(0)
     if axes is None or sx is None:
         return None
     terms = int(np.prod([sx[axis] for axis in axes]))
-    x, y = n.node.input[0], n.node.output[0]
+    x, y = node_view.node.input[0], node_view.node.output[0]
     m = bld.reduce("ReduceMax", x, axes)
     s = _spread(bld, x, m)
     r = bld.reduce("ReduceSum", bld.op("Mul", y, s), axes)
     bld.final("Mul", bld.abs(y), bld.op("Add", s, r))
-    lm = lam(terms, n.out_elements)
+    lm = lam(terms, node_view.out_elements)
     a = ELEMENTWISE["Exp"][0] + lm * math.sqrt(terms) + 2
     source = "composed: Exp's measured bound, the sum of n positive terms (Higham & Mary), x - max's rounding"
     return NodeBound(
-        n.node.op_type,
+        node_view.node.op_type,
         "composite",
         a=a,
         b=1.0,
@@ -72,27 +72,34 @@ def _softmax(n: NodeView, bld: Builder) -> NodeBound | None:
     )
 
 
-def _log_softmax(n: NodeView, bld: Builder) -> NodeBound | None:
+def _log_softmax(node_view: NodeView, bld: Builder) -> NodeBound | None:
     """y_i = x_i - m - log S: absolute; x_i - m's rounding, log's, and S's relative error."""
-    axes, sx = _softmax_axes(n), n.shape(0)
+    axes, sx = _softmax_axes(node_view), node_view.shape(0)
     if axes is None or sx is None:
         return None
     terms = int(np.prod([sx[axis] for axis in axes]))
-    x, y = n.node.input[0], n.node.output[0]
+    x, y = node_view.node.input[0], node_view.node.output[0]
     m = bld.reduce("ReduceMax", x, axes)
     s = _spread(bld, x, m)
     p = bld.op("Exp", y)
     r = bld.reduce("ReduceSum", bld.op("Mul", p, s), axes)
     bld.final("Add", bld.op("Add", s, r), bld.abs(bld.op("Sub", bld.op("Sub", x, m), y)))
-    lm = lam(terms, n.out_elements)
+    lm = lam(terms, node_view.out_elements)
     c = ELEMENTWISE["Exp"][0] + lm * math.sqrt(terms) + 2
     return NodeBound(
-        n.node.op_type, "composite", a=1.0, b=2.0, c=c, terms=terms, lam=lm, source="composed as Softmax"
+        node_view.node.op_type,
+        "composite",
+        a=1.0,
+        b=2.0,
+        c=c,
+        terms=terms,
+        lam=lm,
+        source="composed as Softmax",
     )
 
 
 def _normalization(
-    n: NodeView,
+    node_view: NodeView,
     bld: Builder,
     axes: list[int],
     scale: str,
@@ -108,16 +115,16 @@ def _normalization(
     scaled by |γ|, plus the rounding of z·γ + β. `carried`: an error the input already holds
     (in units of u; a fused residual add's), propagated to first order: (e + mean e + |z|·mean|z|e)/σ.
     `simplified`: RMS normalization (no mean); `shape`: x's, where x is not the node's first input."""
-    sx = shape or n.shape(0)
+    sx = shape or node_view.shape(0)
     assert sx is not None
     terms = int(np.prod([sx[axis] for axis in axes]))
-    eps = float(n.attr("epsilon", 1e-12 if n.node.domain == "com.microsoft" else 1e-5))
-    x = x or n.node.input[0]
+    eps = float(node_view.attr("epsilon", 1e-12 if node_view.node.domain == "com.microsoft" else 1e-5))
+    x = x or node_view.node.input[0]
     d = x if simplified else bld.op("Sub", x, bld.reduce("ReduceMean", x, axes))
     var = bld.reduce("ReduceMean", bld.op("Mul", d, d), axes)
     sigma = bld.op("Sqrt", bld.op("Add", var, bld.const(eps)))
     z = bld.abs(bld.op("Div", d, sigma))
-    lm = lam(terms, n.out_elements)
+    lm = lam(terms, node_view.out_elements)
     k1, k2 = lm * math.sqrt(terms) / 2 + 3, lm * math.sqrt(terms) + 2
     dz = bld.op("Mul", z, bld.const(k1))
     if not simplified:
@@ -135,38 +142,38 @@ def _normalization(
         total = bld.op("Add", total, bld.abs(bias))
     bld.final("Identity", total)
     source = "composed: a two-pass mean and variance (Higham & Mary per sum), sqrt, division, scale and shift"
-    return NodeBound(n.node.op_type, "composite", a=1.0, b=1.0, terms=terms, lam=lm, source=source)
+    return NodeBound(node_view.node.op_type, "composite", a=1.0, b=1.0, terms=terms, lam=lm, source=source)
 
 
-def _layer_norm(n: NodeView, bld: Builder) -> NodeBound | None:
-    sx = n.shape(0)
+def _layer_norm(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    sx = node_view.shape(0)
     if sx is None:
         return None
-    axis = int(n.attr("axis", -1)) % len(sx)
-    ins = [*n.node.input, "", ""]
-    return _normalization(n, bld, list(range(axis, len(sx))), ins[1], ins[2])
+    axis = int(node_view.attr("axis", -1)) % len(sx)
+    ins = [*node_view.node.input, "", ""]
+    return _normalization(node_view, bld, list(range(axis, len(sx))), ins[1], ins[2])
 
 
-def _instance_norm(n: NodeView, bld: Builder) -> NodeBound | None:
-    sx = n.shape(0)
+def _instance_norm(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    sx = node_view.shape(0)
     if sx is None or len(sx) < 3:
         return None
     axes = list(range(2, len(sx)))
     spread = bld.const(list(range(1, len(sx) - 1)), ints=True)  # [C] -> [C, 1, ...] against [N, C, ...]
-    scale = bld.op("Unsqueeze", n.node.input[1], spread) if bld.opset >= 13 else ""
-    bias = bld.op("Unsqueeze", n.node.input[2], spread) if bld.opset >= 13 else ""
+    scale = bld.op("Unsqueeze", node_view.node.input[1], spread) if bld.opset >= 13 else ""
+    bias = bld.op("Unsqueeze", node_view.node.input[2], spread) if bld.opset >= 13 else ""
     if not scale:
         return None
-    return _normalization(n, bld, axes, scale, bias)
+    return _normalization(node_view, bld, axes, scale, bias)
 
 
-def _batch_norm(n: NodeView, bld: Builder) -> NodeBound | None:
+def _batch_norm(node_view: NodeView, bld: Builder) -> NodeBound | None:
     """Inference: x·s' + (β - μ·s') with s' = γ/sqrt(var + eps), as engines fold it."""
-    sx = n.shape(0)
-    if sx is None or len(sx) < 2 or len(n.node.input) < 5:
+    sx = node_view.shape(0)
+    if sx is None or len(sx) < 2 or len(node_view.node.input) < 5:
         return None
-    x, g, b, mu, var = n.node.input[:5]
-    eps = float(n.attr("epsilon", 1e-5))
+    x, g, b, mu, var = node_view.node.input[:5]
+    eps = float(node_view.attr("epsilon", 1e-5))
     spread = list(range(1, len(sx) - 1))
     s = bld.op("Div", bld.abs(g), bld.op("Sqrt", bld.op("Add", var, bld.const(eps))))
     if spread:
@@ -183,19 +190,19 @@ def _batch_norm(n: NodeView, bld: Builder) -> NodeBound | None:
     )
 
 
-def _gelu(n: NodeView, bld: Builder) -> NodeBound | None:
-    bld.final("Abs", n.node.input[0])
+def _gelu(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    bld.final("Abs", node_view.node.input[0])
     a, c, b, source = ELEMENTWISE["Gelu"]
     return NodeBound("Gelu", "elementwise", a=a, b=b, c=c, source=source)
 
 
-def _pow(n: NodeView, bld: Builder) -> NodeBound | None:
+def _pow(node_view: NodeView, bld: Builder) -> NodeBound | None:
     """x^y through exp(y·log x) in most engines: relative u·|y·log x| beside the function's own."""
-    x, y = n.node.input[0], n.node.input[1]
+    x, y = node_view.node.input[0], node_view.node.input[1]
     # an integer exponent (int64, as exporters write x**2) in float: Mul takes one type
     y = bld.op("Cast", y, to=onnx.TensorProto.FLOAT)
     cond = bld.abs(bld.op("Mul", y, bld.op("Log", bld.abs(x))))
-    bld.final("Mul", bld.abs(n.node.output[0]), cond)
+    bld.final("Mul", bld.abs(node_view.node.output[0]), cond)
     return NodeBound(
         "Pow", "elementwise", a=8.0, b=2.0, source="as Exp and Log: relative u·|y·log x| beside 8"
     )
@@ -208,15 +215,15 @@ def _pow(n: NodeView, bld: Builder) -> NodeBound | None:
 _COORD = {"linear": 8.0, "cubic": 12.0}
 
 
-def _resize(n: NodeView, bld: Builder) -> NodeBound | None:
-    mode = n.attr("mode", b"nearest")
+def _resize(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    mode = node_view.attr("mode", b"nearest")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode == "nearest":
         return NodeBound("Resize", "exact", source="nearest: selects values")
-    attrs = n.attrs
+    attrs = node_view.attrs
     taps = 16 if mode == "cubic" else 4
-    mag = bld.op("Resize", bld.abs(n.node.input[0]), *n.node.input[1:], **attrs)
-    coord = _coordinates(n, bld, mode, attrs)
+    mag = bld.op("Resize", bld.abs(node_view.node.input[0]), *node_view.node.input[1:], **attrs)
+    coord = _coordinates(node_view, bld, mode, attrs)
     if coord is None:
         bld.final("Identity", mag)
         source = f"{mode}: interpolation weights rounded, {taps}·u·Σ|w||x|"
@@ -230,11 +237,13 @@ def _resize(n: NodeView, bld: Builder) -> NodeBound | None:
     return NodeBound("Resize", "reduction", a=2.0, b=float(taps), source=source)
 
 
-def _coordinates(n: NodeView, bld: Builder, mode: str, attrs: dict[str, Any]) -> tuple[str, float] | None:
+def _coordinates(
+    node_view: NodeView, bld: Builder, mode: str, attrs: dict[str, Any]
+) -> tuple[str, float] | None:
     """Each output element's taps' largest magnitude (a max-pool of |x| over the taps, sampled at
     the coordinate's floor) and the resized axes' summed input lengths; None where the resized
     axes are not the trailing spatial ones of an N, C, ... input, or the resize is antialiased."""
-    sx, so = n.shape(0), n.shapes.get(n.node.output[0])
+    sx, so = node_view.shape(0), node_view.shapes.get(node_view.node.output[0])
     if sx is None or so is None or len(sx) < 3 or attrs.get("antialias") or attrs.get("axes"):
         return None
     changed = [k for k, (a, b) in enumerate(zip(sx, so, strict=False)) if a != b]
@@ -244,36 +253,42 @@ def _coordinates(n: NodeView, bld: Builder, mode: str, attrs: dict[str, Any]) ->
     k, before, after = (4, 1, 2) if mode == "cubic" else (2, 0, 1)
     # the edge taps repeated, as Resize clamps its indices (onnx's MaxPool mis-sizes uneven pads)
     pads = bld.const([0, 0, *[before] * spatial, 0, 0, *[after] * spatial], ints=True)
-    edged = bld.op("Pad", bld.abs(n.node.input[0]), pads, mode="edge")
+    edged = bld.op("Pad", bld.abs(node_view.node.input[0]), pads, mode="edge")
     pool = bld.op("MaxPool", edged, kernel_shape=[k] * spatial, strides=[1] * spatial)
     drop = ("mode", "cubic_coeff_a", "nearest_mode", "exclude_outside")
-    keep = {a: v for a, v in attrs.items() if a not in drop}
-    near = bld.op("Resize", pool, *n.node.input[1:], mode="nearest", nearest_mode="floor", **keep)
+    keep = {key: attr for key, attr in attrs.items() if key not in drop}
+    near = bld.op("Resize", pool, *node_view.node.input[1:], mode="nearest", nearest_mode="floor", **keep)
     return near, float(sum(int(sx[a]) for a in changed))
 
 
-def _scatter(n: NodeView, bld: Builder) -> NodeBound | None:
+def _scatter(node_view: NodeView, bld: Builder) -> NodeBound | None:
     """A scatter that adds (or multiplies) sums its updates into each cell; others move values."""
-    how = n.attr("reduction", b"none")
+    how = node_view.attr("reduction", b"none")
     how = how.decode() if isinstance(how, bytes) else str(how)
     if how in ("none", "max", "min"):
-        return NodeBound(n.node.op_type, "exact", source=f"reduction {how}: moves or selects values")
-    su = n.shape(2)
+        return NodeBound(node_view.node.op_type, "exact", source=f"reduction {how}: moves or selects values")
+    su = node_view.shape(2)
     if how != "add" or su is None:
         return None
-    attrs = n.attrs
-    bld.final(n.node.op_type, bld.abs(n.node.input[0]), n.node.input[1], bld.abs(n.node.input[2]), **attrs)
-    return red(n, int(np.prod(su)) + 1)
+    attrs = node_view.attrs
+    bld.final(
+        node_view.node.op_type,
+        bld.abs(node_view.node.input[0]),
+        node_view.node.input[1],
+        bld.abs(node_view.node.input[2]),
+        **attrs,
+    )
+    return red(node_view, int(np.prod(su)) + 1)
 
 
-def _skip_norm(n: NodeView, bld: Builder) -> NodeBound | None:
+def _skip_norm(node_view: NodeView, bld: Builder) -> NodeBound | None:
     """ONNX Runtime's SkipLayerNormalization: LayerNormalization of s = input + skip (+ bias);
     the adds' rounding (u·|s| each) is carried through the normalization."""
-    sx = n.shape(0)
+    sx = node_view.shape(0)
     if sx is None:
         return None
-    simplified = n.node.op_type == "SkipSimplifiedLayerNormalization"
-    ins = [*n.node.input, "", "", ""]
+    simplified = node_view.node.op_type == "SkipSimplifiedLayerNormalization"
+    ins = [*node_view.node.input, "", "", ""]
     gamma, beta, bias = (ins[2], "", ins[3]) if simplified else (ins[2], ins[3], ins[4])
     s = bld.op("Add", ins[0], ins[1])
     adds = 1.0
@@ -281,32 +296,36 @@ def _skip_norm(n: NodeView, bld: Builder) -> NodeBound | None:
         s, adds = bld.op("Add", s, bias), 2.0
     carried = bld.op("Mul", bld.abs(s), bld.const(adds))
     axes = [len(sx) - 1]
-    found = _normalization(n, bld, axes, gamma, beta, x=s, simplified=simplified, carried=carried)
+    found = _normalization(node_view, bld, axes, gamma, beta, x=s, simplified=simplified, carried=carried)
     source = "composed: the residual add's rounding carried through a LayerNormalization's bound"
     return replace(found, source=source)
 
 
-def _simplified_norm(n: NodeView, bld: Builder) -> NodeBound | None:
+def _simplified_norm(node_view: NodeView, bld: Builder) -> NodeBound | None:
     """ONNX Runtime's SimplifiedLayerNormalization (RMSNorm): x / sqrt(mean(x²) + ε) · γ."""
-    sx = n.shape(0)
+    sx = node_view.shape(0)
     if sx is None:
         return None
-    axis = int(n.attr("axis", -1)) % len(sx)
-    scale = n.node.input[1] if len(n.node.input) > 1 else ""
-    return _normalization(n, bld, list(range(axis, len(sx))), scale, "", simplified=True)
+    axis = int(node_view.attr("axis", -1)) % len(sx)
+    scale = node_view.node.input[1] if len(node_view.node.input) > 1 else ""
+    return _normalization(node_view, bld, list(range(axis, len(sx))), scale, "", simplified=True)
 
 
-def _fused_matmul(n: NodeView, bld: Builder) -> NodeBound | None:
-    sa = n.shape(0)
-    if sa is None or n.attr("transBatchA", 0) or n.attr("transBatchB", 0):
+def _fused_matmul(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    sa = node_view.shape(0)
+    if sa is None or node_view.attr("transBatchA", 0) or node_view.attr("transBatchB", 0):
         return None
-    k = int(sa[-2] if n.attr("transA", 0) else sa[-1])
-    attrs = {"alpha": abs(float(n.attr("alpha", 1.0))), "transA": int(n.attr("transA", 0)),
-             "transB": int(n.attr("transB", 0))}  # fmt: skip
+    k = int(sa[-2] if node_view.attr("transA", 0) else sa[-1])
+    attrs = {"alpha": abs(float(node_view.attr("alpha", 1.0))), "transA": int(node_view.attr("transA", 0)),
+             "transB": int(node_view.attr("transB", 0))}  # fmt: skip
     bld.final(
-        "FusedMatMul", bld.abs(n.node.input[0]), bld.abs(n.node.input[1]), domain="com.microsoft", **attrs
+        "FusedMatMul",
+        bld.abs(node_view.node.input[0]),
+        bld.abs(node_view.node.input[1]),
+        domain="com.microsoft",
+        **attrs,
     )
-    return red(n, k)
+    return red(node_view, k)
 
 
 # an activation fused after a Gemm: (its own relative rounding a, absolute c); each is 1-Lipschitz
@@ -314,28 +333,28 @@ _ACTIVATIONS = {"": (0.0, 0.0), "Relu": (0.0, 0.0), "LeakyRelu": (1.0, 0.0), "Ta
                 "Sigmoid": (16.0, 8.0), "HardSigmoid": (2.0, 0.0)}  # fmt: skip
 
 
-def _fused_gemm(n: NodeView, bld: Builder) -> NodeBound | None:
-    act = n.attr("activation", b"")
+def _fused_gemm(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    act = node_view.attr("activation", b"")
     act = act.decode() if isinstance(act, bytes) else str(act)
     if act not in _ACTIVATIONS:
         return None
-    found = gemm(n, bld)
+    found = gemm(node_view, bld)
     if found is None:
         return None
     a, c = _ACTIVATIONS[act]
     then = f"{HM}; then {act or 'no activation'} (1-Lipschitz) and its rounding"
-    return replace(found, op=n.node.op_type, a=found.a + a, c=c, source=then)
+    return replace(found, op=node_view.node.op_type, a=found.a + a, c=c, source=then)
 
 
 def _gelu_like(
     b: float, a: float, source: str, bias: bool = False
 ) -> Callable[[NodeView, Builder], NodeBound]:
-    def rule(n: NodeView, bld: Builder) -> NodeBound:
-        x = n.node.input[0]
-        if bias and len(n.node.input) > 1 and n.node.input[1]:
-            x = bld.op("Add", x, n.node.input[1])
+    def rule(node_view: NodeView, bld: Builder) -> NodeBound:
+        x = node_view.node.input[0]
+        if bias and len(node_view.node.input) > 1 and node_view.node.input[1]:
+            x = bld.op("Add", x, node_view.node.input[1])
         bld.final("Abs", x)
-        return NodeBound(n.node.op_type, "elementwise", a=a, b=b, source=source)
+        return NodeBound(node_view.node.op_type, "elementwise", a=a, b=b, source=source)
 
     return rule
 
@@ -355,29 +374,33 @@ _COMPUTED = {
 BOUND_OP = "XbackendBound"  # xbackend.runners.contrib's magnitude of a kernel of _COMPUTED
 
 
-def _computed(n: NodeView, bld: Builder) -> NodeBound | None:
-    op = n.node.op_type
+def _computed(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    op = node_view.node.op_type
     a, b, source = _COMPUTED[op]
-    bld.final(BOUND_OP, *n.node.input, domain="com.microsoft", of=op, **n.attrs)
+    bld.final(BOUND_OP, *node_view.node.input, domain="com.microsoft", of=op, **node_view.attrs)
     return NodeBound(op, "composite", a=a, b=b, source=source)
 
 
-def _embed_norm(n: NodeView, bld: Builder) -> NodeBound | None:
+def _embed_norm(node_view: NodeView, bld: Builder) -> NodeBound | None:
     """EmbedLayerNormalization: LayerNormalization of the gathered embeddings' sum, its two adds'
     rounding carried through."""
-    shape = n.shapes.get(n.node.output[0])
+    shape = node_view.shapes.get(node_view.node.output[0])
     if shape is None:
         return None
-    ins = [*n.node.input, "", "", ""]
-    s = bld.op(BOUND_OP, *n.node.input, domain="com.microsoft", of=n.node.op_type, **n.attrs)
+    ins = [*node_view.node.input, "", "", ""]
+    s = bld.op(
+        BOUND_OP, *node_view.node.input, domain="com.microsoft", of=node_view.node.op_type, **node_view.attrs
+    )
     carried = bld.op("Mul", bld.abs(s), bld.const(2.0))
-    found = _normalization(n, bld, [len(shape) - 1], ins[5], ins[6], x=s, carried=carried, shape=shape)
+    found = _normalization(
+        node_view, bld, [len(shape) - 1], ins[5], ins[6], x=s, carried=carried, shape=shape
+    )
     return replace(found, source="composed: the embeddings' adds carried through LayerNormalization's bound")
 
 
-def _gathers(n: NodeView, bld: Builder) -> NodeBound:
+def _gathers(node_view: NodeView, bld: Builder) -> NodeBound:
     """T5's buckets are integers; the table's values are gathered."""
-    return NodeBound(n.node.op_type, "exact", source="gathers a table's rows")
+    return NodeBound(node_view.node.op_type, "exact", source="gathers a table's rows")
 
 
 _CONTRIB: dict[str, Callable[[NodeView, Builder], NodeBound | None]] = {

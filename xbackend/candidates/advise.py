@@ -54,25 +54,29 @@ def sensitivities(
     from weights alone) is read as the original holds it (`theirs`): its rounding is its
     readers' noise, where it matters, not its own."""
     found = {pair.original: pair.candidate for pair in pairs if pair.how != "dequantized"}
-    weights = {t.name: t for t in original.initializer}
+    weights = {initializer.name: initializer for initializer in original.initializer}
     fixed = constants_of(original)
     out = []
     for node in original.node:
-        outs = [o for o in node.output if o]
+        outs = [output_name for output_name in node.output if output_name]
         if not node.name or len(outs) != 1 or node.domain not in ("", "ai.onnx") or outs[0] in fixed:
             continue
         y = values.get(found[outs[0]]) if outs[0] in found and found[outs[0]] in values else None
         if not isinstance(y, np.ndarray) or not is_float_dtype(y.dtype):
             continue
         fed: dict[str, np.ndarray] = {}
-        for i in node.input:
-            if not i:
+        for input_name in node.input:
+            if not input_name:
                 continue
-            x = value_of(i, theirs, feeds, weights, folder) if i in fixed or i in weights else None
-            x = x if x is not None else value_of(found.get(i, i), values, feeds)
+            x = (
+                value_of(input_name, theirs, feeds, weights, folder)
+                if input_name in fixed or input_name in weights
+                else None
+            )
+            x = x if x is not None else value_of(found.get(input_name, input_name), values, feeds)
             if x is None:
                 break
-            fed[i] = x.astype(np.float64) if is_float_dtype(x.dtype) else x
+            fed[input_name] = x.astype(np.float64) if is_float_dtype(x.dtype) else x
         else:
             got = evaluate([node], fed, outs, opset)
             v = got[0] if got is not None else None
@@ -87,7 +91,7 @@ def sensitivities(
             if noise > 0 or bad:
                 share = noise / max(power, 1e-300)
                 out.append(Sensitivity(node=node.name, op=node.op_type, share=share, nonfinite=bad))
-    return sorted(out, key=lambda s: (-s.nonfinite, -s.share, s.node))
+    return sorted(out, key=lambda sensitivity: (-sensitivity.nonfinite, -sensitivity.share, sensitivity.node))
 
 
 def _past_range(original: object, dtype: np.dtype[np.generic]) -> int:
@@ -119,21 +123,21 @@ def causes(
     tensor a position flows through, a few elements at the step measured, most of them later);
     the node computing a quantized decision tensor (its Q/DQ on the way out)."""
     ours = set(changed)
-    made = {o: n for n in candidate.node for o in n.output}
+    made = {output_name: node for node in candidate.node for output_name in node.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in candidate.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
-    outputs = {o.name for o in candidate.output}
+        for input_name in n.input:
+            readers.setdefault(input_name, []).append(n)
+    outputs = {output_name.name for output_name in candidate.output}
     out: dict[str, str] = {}
 
     def add(name: str, why: str) -> None:
         if name in ours and name not in out:
             out[name] = why
 
-    for f in sorted(events, key=lambda f: _EVENT_ORDER.get(f.kind, 4)):
+    for f in sorted(events, key=lambda event: _EVENT_ORDER.get(event.kind, 4)):
         why = f"{f.kind} at {f.tensor}"
-        node = next((n for n in candidate.node if n.name == f.node), None)
+        node = next((node for node in candidate.node if node.name == f.node), None)
         add(f.node, why)
         if node is None or node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
             continue
@@ -150,9 +154,9 @@ def causes(
                 src = made.get(q.input[0]) if q is not None and q.op_type == "QuantizeLinear" else None
                 if src is not None:
                     add(src.name, why)
-    for s in scores:
-        if s.nonfinite:
-            add(s.node, f"{s.nonfinite} element(s) inf or NaN where float64 is finite")
+    for score in scores:
+        if score.nonfinite:
+            add(score.node, f"{score.nonfinite} element(s) inf or NaN where float64 is finite")
     return list(out.items())
 
 
@@ -165,12 +169,12 @@ def _downstream(
     todo, seen = [dq], {dq.name}
     while todo:
         d = todo.pop(0)
-        for r in readers.get(d.output[0], []):
-            if r.op_type in ("QuantizeLinear", "DequantizeLinear") or r.name in out:
+        for node in readers.get(d.output[0], []):
+            if node.op_type in ("QuantizeLinear", "DequantizeLinear") or node.name in out:
                 continue
-            out.append(r.name)
-            for o in r.output:
-                for q in readers.get(o, []):
+            out.append(node.name)
+            for output_name in node.output:
+                for q in readers.get(output_name, []):
                     if q.op_type != "QuantizeLinear" or q.name not in clipped:
                         continue
                     for d2 in readers.get(q.output[0], []):
@@ -213,7 +217,7 @@ def advise(
     made: dict[tuple[str, ...], Path] = {}
     dest = candidate.with_name(candidate.stem + "_kept.onnx")
 
-    pos = {n: k for k, n in enumerate(order)}
+    pos = {n: index for index, n in enumerate(order)}
     held: dict[tuple[str, ...], bool] = {}  # each list run once: a list tried again is answered
 
     def attempt(keep: Sequence[str], step: str) -> bool | None:

@@ -67,28 +67,29 @@ def converter_of(
 ) -> Converter | None:
     """The converter whose output the candidate's graph looks like (None: none known), with the
     settings its quantized weights and Q/DQ pairs show (weights read from `folder`)."""
-    ops = {n.op_type for n in candidate.node}
-    inits = {t.name: t for t in candidate.initializer}
+    ops = {node.op_type for node in candidate.node}
+    inits = {initializer.name: initializer for initializer in candidate.initializer}
     if ("QuantizeLinear" in ops and "DequantizeLinear" in ops) or "DynamicQuantizeLinear" in ops:
         dynamic = "DynamicQuantizeLinear" in ops
         weights = _quantized_weights(candidate, inits)
         wtype = next((_QTYPE[inits[w].data_type] for w, _ in weights), "QInt8")
         scales = [inits[s] for _, s in weights if s in inits]
         zero_b = [
-            inits[n.input[3]]
-            for n in candidate.node
-            if n.op_type == "MatMulInteger" and len(n.input) > 3 and n.input[3] in inits
+            inits[node.input[3]]
+            for node in candidate.node
+            if node.op_type == "MatMulInteger" and len(node.input) > 3 and node.input[3] in inits
         ]
         per_channel = any(int(np.prod(list(s.dims) or [1])) > 1 for s in [*scales, *zero_b])
         reduce = bool(weights) and folder is not None and _seven_bit(weights, inits, folder)
         acts = [
-            n
-            for n in candidate.node
-            if n.op_type == "QuantizeLinear" and n.input[0] not in inits and len(n.input) > 2
+            node
+            for node in candidate.node
+            if node.op_type == "QuantizeLinear" and node.input[0] not in inits and len(node.input) > 2
         ]
-        zps = [inits[n.input[2]] for n in acts if n.input[2] in inits]
+        zps = [inits[act.input[2]] for act in acts if act.input[2] in inits]
         atype = next(
-            (_QTYPE[z.data_type] for z in zps if z.data_type in _QTYPE), "QUInt8" if dynamic else "QInt8"
+            (_QTYPE[initializer.data_type] for initializer in zps if initializer.data_type in _QTYPE),
+            "QUInt8" if dynamic else "QInt8",
         )
         symmetric = bool(zps) and folder is not None and all(_zero(z, folder) for z in zps)
         tool = DYNAMIC if dynamic else STATIC
@@ -98,14 +99,18 @@ def converter_of(
         if original is not None:
             conv = replace(conv, op_types=_chosen(conv, original, candidate, inits))
             if dynamic:
-                conv = replace(conv, gemms=tuple(n.name for n in original.node if n.op_type == "Gemm"))
+                conv = replace(
+                    conv, gemms=tuple(node.name for node in original.node if node.op_type == "Gemm")
+                )
             conv = replace(conv, big=weight_bytes(original) >= _TWO_GIB)
         unread = () if dynamic else ("calibration_data_reader", "calibrate_method")
         return replace(conv, symmetric_activations=symmetric and not dynamic, unread=unread)
-    if TensorProto.FLOAT16 in {t.data_type for t in candidate.initializer} or any(
+    if TensorProto.FLOAT16 in {initializer.data_type for initializer in candidate.initializer} or any(
         vi.type.tensor_type.elem_type == TensorProto.FLOAT16 for vi in candidate.value_info
     ):
-        io = all(i.type.tensor_type.elem_type != TensorProto.FLOAT16 for i in candidate.input)
+        io = all(
+            input_name.type.tensor_type.elem_type != TensorProto.FLOAT16 for input_name in candidate.input
+        )
         big = original is not None and weight_bytes(original) >= _TWO_GIB
         return Converter(FP16, keep_io_types=io, disable_shape_infer=big, big=big)
     return None
@@ -117,54 +122,60 @@ def _chosen(
     """op_types_to_quantize as the candidate shows it: the ops a quantizer replaced (dynamic), or
     whose every non-constant input it dequantized and whose output it quantized again (static QDQ;
     a reader of a quantized tensor alone is quantized for another op's sake)."""
-    kinds = {n.name: n.op_type for n in original.node}
+    kinds = {node.name: node.op_type for node in original.node}
     if conv.tool == DYNAMIC:
         return tuple(sorted({kinds[n] for n in converted(conv, original, candidate)}))
-    made = {o: n.op_type for n in candidate.node for o in n.output}
-    quantized = {n.input[0] for n in candidate.node if n.op_type == "QuantizeLinear"}
+    made = {output_name: node.op_type for node in candidate.node for output_name in node.output}
+    quantized = {node.input[0] for node in candidate.node if node.op_type == "QuantizeLinear"}
     out = set()
     for n in candidate.node:
         if n.name not in kinds or n.op_type in _SHAPE_ONLY:
             continue
-        ins = [i for i in n.input if i and i not in inits and made.get(i) != "Constant"]
+        ins = [
+            input_name
+            for input_name in n.input
+            if input_name and input_name not in inits and made.get(input_name) != "Constant"
+        ]
         if (
             ins
-            and all(made.get(i) == "DequantizeLinear" for i in ins)
-            and any(o in quantized for o in n.output)
+            and all(made.get(input_name) == "DequantizeLinear" for input_name in ins)
+            and any(output_name in quantized for output_name in n.output)
         ):
             out.add(kinds[n.name])
     return tuple(sorted(out))
 
 
-def _zero(t: TensorProto, folder: Path) -> bool:
-    v = weight_array(t, folder)
+def _zero(tensor: TensorProto, folder: Path) -> bool:
+    v = weight_array(tensor, folder)
     return v is not None and not np.any(v)
 
 
-def _quantized_weights(g: onnx.GraphProto, inits: Mapping[str, TensorProto]) -> list[tuple[str, str]]:
+def _quantized_weights(graph: onnx.GraphProto, inits: Mapping[str, TensorProto]) -> list[tuple[str, str]]:
     """(quantized weight, its scale) for each integer weight a DequantizeLinear, an integer kernel
     or a Gather reads as its data (never a scale or a zero point); those a MatMul, Gemm or Conv
     computes with first (their type is the weight_type asked for)."""
     scale_of = {
-        n.input[0]: n.input[1] for n in g.node if n.op_type == "DequantizeLinear" and len(n.input) > 1
+        node.input[0]: node.input[1]
+        for node in graph.node
+        if node.op_type == "DequantizeLinear" and len(node.input) > 1
     }
     readers: dict[str, set[str]] = {}
-    for n in g.node:
+    for n in graph.node:
         for i in n.input:
             readers.setdefault(i, set()).add(n.op_type)
     data = {("DequantizeLinear", 0), ("MatMulInteger", 1), ("ConvInteger", 1), ("Gather", 0)}
     kernels = {"MatMul", "Gemm", "Conv", "MatMulInteger", "ConvInteger"}
     out: list[tuple[bool, str, str]] = []
-    for n in g.node:
-        for k, i in enumerate(n.input):
-            t = inits.get(i)
-            if t is None or t.data_type not in _QTYPE or (n.op_type, k) not in data:
+    for n in graph.node:
+        for index, i in enumerate(n.input):
+            initializer = inits.get(i)
+            if initializer is None or initializer.data_type not in _QTYPE or (n.op_type, index) not in data:
                 continue
             computes = n.op_type in kernels or (
                 n.op_type == "DequantizeLinear" and bool(readers.get(n.output[0], set()) & kernels)
             )
             out.append((not computes, i, scale_of.get(i, "")))
-    return [(i, sc) for _, i, sc in sorted(dict.fromkeys(out), key=lambda x: x[0])]
+    return [(i, sc) for _, i, sc in sorted(dict.fromkeys(out), key=lambda fromkey: fromkey[0])]
 
 
 def _seven_bit(weights: Sequence[tuple[str, str]], inits: Mapping[str, TensorProto], folder: Path) -> bool:
@@ -184,78 +195,99 @@ def converted(conv: Converter, original: onnx.GraphProto, candidate: onnx.GraphP
     """The original's nodes the converter changed, in the original's order: for float16 those
     that read or write a float16 tensor; for the dynamic quantizer those it replaced or gave an
     integer weight; for static QDQ those that read a dequantized value (never a Shape)."""
-    theirs = {n.name: n for n in candidate.node if n.name}
-    names = [n for n in original.node if n.name]
+    theirs = {node.name: node for node in candidate.node if node.name}
+    names = [node for node in original.node if node.name]
     if conv.tool == FP16:
         half = _float16_tensors(candidate)
         return tuple(
-            n.name
-            for n in names
-            if n.name in theirs
-            and n.op_type not in _SHAPE_ONLY
-            and any(t in half for t in (*theirs[n.name].input, *theirs[n.name].output))
+            name.name
+            for name in names
+            if name.name in theirs
+            and name.op_type not in _SHAPE_ONLY
+            and any(t in half for t in (*theirs[name.name].input, *theirs[name.name].output))
         )
     if conv.tool == DYNAMIC:
-        inits = {t.name: t.data_type for t in candidate.initializer}
-        mine = {t.name for t in original.initializer}
+        inits = {initializer.name: initializer.data_type for initializer in candidate.initializer}
+        mine = {initializer.name for initializer in original.initializer}
 
-        def quantized(n: onnx.NodeProto) -> bool:
-            return any(inits.get(i) in _QTYPE and i not in mine for i in n.input)
+        def quantized(node: onnx.NodeProto) -> bool:
+            return any(
+                inits.get(input_name) in _QTYPE and input_name not in mine for input_name in node.input
+            )
 
         return tuple(
-            n.name
-            for n in names
-            if n.op_type not in _SHAPE_ONLY and (n.name not in theirs or quantized(theirs[n.name]))
+            name.name
+            for name in names
+            if name.op_type not in _SHAPE_ONLY and (name.name not in theirs or quantized(theirs[name.name]))
         )
-    dq = {o for n in candidate.node if n.op_type == "DequantizeLinear" for o in n.output}
+    dq = {
+        output_name
+        for node in candidate.node
+        if node.op_type == "DequantizeLinear"
+        for output_name in node.output
+    }
     return tuple(
-        n.name
-        for n in names
-        if n.op_type not in _SHAPE_ONLY
-        and (n.name not in theirs or any(i in dq for i in theirs[n.name].input))
+        name.name
+        for name in names
+        if name.op_type not in _SHAPE_ONLY
+        and (name.name not in theirs or any(input_name in dq for input_name in theirs[name.name].input))
     )
 
 
-def _float16_tensors(g: onnx.GraphProto) -> set[str]:
-    out = {t.name for t in g.initializer if t.data_type == TensorProto.FLOAT16}
-    for vi in (*g.input, *g.output, *g.value_info):
+def _float16_tensors(graph: onnx.GraphProto) -> set[str]:
+    out = {
+        initializer.name for initializer in graph.initializer if initializer.data_type == TensorProto.FLOAT16
+    }
+    for vi in (*graph.input, *graph.output, *graph.value_info):
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT16:
             out.add(vi.name)
-    for n in g.node:
-        to = next((a.i for a in n.attribute if a.name == "to"), None)
-        if n.op_type == "Cast" and to == TensorProto.FLOAT16:
-            out.update(n.output)
-        if n.op_type == "Constant" and any(a.t.data_type == TensorProto.FLOAT16 for a in n.attribute):
-            out.update(n.output)
+    for node in graph.node:
+        to = next((attribute.i for attribute in node.attribute if attribute.name == "to"), None)
+        if node.op_type == "Cast" and to == TensorProto.FLOAT16:
+            out.update(node.output)
+        if node.op_type == "Constant" and any(
+            attribute.t.data_type == TensorProto.FLOAT16 for attribute in node.attribute
+        ):
+            out.update(node.output)
     return out
 
 
 _WEIGHT = 256  # elements: an initializer this large is a weight (not a scale, an epsilon, a shape)
 
 
-def weighted(g: onnx.GraphProto) -> tuple[str, ...]:
+def weighted(graph: onnx.GraphProto) -> tuple[str, ...]:
     """The nodes that read a float weight: what a converter shrinks."""
     big = {
-        t.name
-        for t in g.initializer
-        if t.data_type in (TensorProto.FLOAT, TensorProto.DOUBLE)
-        and int(np.prod(list(t.dims) or [1])) >= _WEIGHT
+        initializer.name
+        for initializer in graph.initializer
+        if initializer.data_type in (TensorProto.FLOAT, TensorProto.DOUBLE)
+        and int(np.prod(list(initializer.dims) or [1])) >= _WEIGHT
     }
-    return tuple(n.name for n in g.node if n.name and any(i in big for i in n.input))
+    return tuple(
+        node.name for node in graph.node if node.name and any(input_name in big for input_name in node.input)
+    )
 
 
-def weight_bytes(g: onnx.GraphProto) -> int:
+def weight_bytes(graph: onnx.GraphProto) -> int:
     """The bytes a graph's weights take (initializers and Constant tensors), from their shapes and
     types: external weights need not be read."""
     total = 0
-    for t in (
-        *g.initializer,
-        *(a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.t.dims),
+    for initializer in (
+        *graph.initializer,
+        *(
+            attribute.t
+            for node in graph.node
+            if node.op_type == "Constant"
+            for attribute in node.attribute
+            if attribute.t.dims
+        ),
     ):
         size = (
-            helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if t.data_type != TensorProto.STRING else 0
+            helper.tensor_dtype_to_np_dtype(initializer.data_type).itemsize
+            if initializer.data_type != TensorProto.STRING
+            else 0
         )
-        total += int(np.prod(list(t.dims) or [1])) * size
+        total += int(np.prod(list(initializer.dims) or [1])) * size
     return total
 
 
@@ -392,7 +424,7 @@ def _loadable(original: Path, folder: Path) -> Path:
     weights (its workers' copies), onnx.load refuses them ("a potential hardlink attack"), so the
     converter reads a copy of its own, made once per run in `folder`."""
     files = external_files(load_proto(original, load_external=False))
-    if not any((original.parent / f).stat().st_nlink > 1 for f in files):
+    if not any((original.parent / file).stat().st_nlink > 1 for file in files):
         return original
     copy = folder / original.name
     if not copy.exists():
@@ -418,20 +450,20 @@ def keep_float32(original: str | Path, candidate: str | Path, keep: Sequence[str
 
 
 def _unquantized(original: onnx.ModelProto, candidate: onnx.ModelProto, keep: set[str]) -> onnx.ModelProto:
-    made = {o: n for n in candidate.graph.node for o in n.output}
-    theirs = {n.name: n for n in original.graph.node if n.name}
-    owned = {t.name for t in candidate.graph.initializer}
+    made = {output_name: node for node in candidate.graph.node for output_name in node.output}
+    theirs = {node.name: node for node in original.graph.node if node.name}
+    owned = {initializer.name for initializer in candidate.graph.initializer}
     wanted: dict[str, onnx.TensorProto] = {}
-    weights = {t.name: t for t in original.graph.initializer}
+    weights = {initializer.name: initializer for initializer in original.graph.initializer}
     for node in candidate.graph.node:
         if node.name not in keep or node.name not in theirs:
             continue
         src = theirs[node.name]
-        for k, i in enumerate(list(node.input)):
+        for index, i in enumerate(list(node.input)):
             d = made.get(i)
-            if d is None or d.op_type != "DequantizeLinear" or k >= len(src.input):
+            if d is None or d.op_type != "DequantizeLinear" or index >= len(src.input):
                 continue
-            name = src.input[k]
+            name = src.input[index]
             if name in weights:  # the original's float weight, under a name of its own
                 fresh = f"{name}_float32"
                 if fresh not in owned:
@@ -439,10 +471,10 @@ def _unquantized(original: onnx.ModelProto, candidate: onnx.ModelProto, keep: se
                     wanted[fresh].CopyFrom(weights[name])
                     wanted[fresh].name = fresh
                 name = fresh
-            node.input[k] = name
+            node.input[index] = name
     # a kept node's output quantized on its way out of the graph: handed out as computed
-    outputs = {o.name for o in candidate.graph.output}
-    readers = {i: n for n in candidate.graph.node for i in n.input}
+    outputs = {output_name.name for output_name in candidate.graph.output}
+    readers = {input_name: node for node in candidate.graph.node for input_name in node.input}
     for node in candidate.graph.node:
         if node.name not in keep:
             continue
@@ -459,20 +491,23 @@ def _unquantized(original: onnx.ModelProto, candidate: onnx.ModelProto, keep: se
     return candidate
 
 
-def _prune(g: onnx.GraphProto) -> None:
+def _prune(graph: onnx.GraphProto) -> None:
     """Drop the Q/DQ nodes and the quantized weights no node reads any more."""
     while True:
-        read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+        read = {input_name for node in graph.node for input_name in node.input} | {
+            output_name.name for output_name in graph.output
+        }
         dead = [
-            k
-            for k, n in enumerate(g.node)
-            if n.op_type in ("QuantizeLinear", "DequantizeLinear") and not any(o in read for o in n.output)
+            index
+            for index, node in enumerate(graph.node)
+            if node.op_type in ("QuantizeLinear", "DequantizeLinear")
+            and not any(output_name in read for output_name in node.output)
         ]
         for k in reversed(dead):
-            del g.node[k]
+            del graph.node[k]
         if not dead:
             break
-    read = {i for n in g.node for i in n.input}
-    kept = [t for t in g.initializer if t.name in read]
-    del g.initializer[:]
-    g.initializer.extend(kept)
+    read = {input_name for node in graph.node for input_name in node.input}
+    kept = [initializer for initializer in graph.initializer if initializer.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)

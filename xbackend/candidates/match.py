@@ -49,26 +49,31 @@ class Pair:
 def match_graphs(original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple[list[Pair], list[Unmatched]]:
     """Every output of the original's nodes, matched to the candidate's tensors or said why not,
     in the original's order."""
-    produced: dict[str, onnx.NodeProto] = {o: n for n in candidate.node for o in n.output if o}
-    inputs = {i.name for i in candidate.input}
-    weights = {t.name for t in candidate.initializer}
-    by_name = {n.name: n for n in candidate.node if n.name}
+    produced: dict[str, onnx.NodeProto] = {
+        output_name: node for node in candidate.node for output_name in node.output if output_name
+    }
+    inputs = {input_name.name for input_name in candidate.input}
+    weights = {initializer.name for initializer in candidate.initializer}
+    by_name = {node.name: node for node in candidate.node if node.name}
     readers = _readers(candidate.node)
     pairs: list[Pair] = []
     missing: list[tuple[int, onnx.NodeProto, str]] = []
-    folded = {o: n.op_type for n in original.node for o in n.output}
+    folded = {output_name: node.op_type for node in original.node for output_name in node.output}
     for depth, node in enumerate(original.node, 1):
         twin = by_name.get(node.name) if node.name else None
-        for k, t in enumerate(node.output):
+        for index, t in enumerate(node.output):
             if not t:
                 continue
             if t in produced or t in inputs:
                 pairs.append(Pair(t, t, "name", depth, node.op_type))
                 got = t
             elif (
-                twin is not None and twin.op_type == node.op_type and k < len(twin.output) and twin.output[k]
+                twin is not None
+                and twin.op_type == node.op_type
+                and index < len(twin.output)
+                and twin.output[index]
             ):
-                got = twin.output[k]
+                got = twin.output[index]
                 pairs.append(Pair(t, got, "node", depth, node.op_type))
             else:
                 missing.append((depth, node, t))
@@ -84,27 +89,28 @@ def match_graphs(original: onnx.GraphProto, candidate: onnx.GraphProto) -> tuple
     inside = _inside(original, candidate, found)
     constant = constants_of(original)
     unmatched = [
-        Unmatched(original=t, reason=_why(t, node, weights, inside, constant)) for _, node, t in missing
+        Unmatched(original=original, reason=_why(original, node, weights, inside, constant))
+        for _, node, original in missing
     ]
     return pairs, unmatched
 
 
 def _readers(nodes: Iterable[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:
     out: dict[str, list[onnx.NodeProto]] = {}
-    for n in nodes:
-        for i in n.input:
-            if i:
-                out.setdefault(i, []).append(n)
+    for node in nodes:
+        for input_name in node.input:
+            if input_name:
+                out.setdefault(input_name, []).append(node)
     return out
 
 
 def _dequantized(t: str, readers: Mapping[str, Sequence[onnx.NodeProto]]) -> str:
     """The DequantizeLinear output that reads `t` back through a QuantizeLinear ('' : none)."""
-    for q in readers.get(t, ()):
-        if q.op_type not in _QUANT or not q.output or q.input[0] != t:
+    for node in readers.get(t, ()):
+        if node.op_type not in _QUANT or not node.output or node.input[0] != t:
             continue
-        for d in readers.get(q.output[0], ()):
-            if d.op_type == "DequantizeLinear" and d.input[0] == q.output[0]:
+        for d in readers.get(node.output[0], ()):
+            if d.op_type == "DequantizeLinear" and d.input[0] == node.output[0]:
                 return str(d.output[0])
     return ""
 
@@ -124,13 +130,13 @@ def _why(
     return f"the candidate has no tensor of that name and no {what}: removed or renamed"
 
 
-def constants_of(g: onnx.GraphProto) -> set[str]:
-    """Tensors of `g` computed from its weights alone (Constant nodes included)."""
-    known = {t.name for t in g.initializer}
-    for n in g.node:
-        if all(i in known for i in n.input if i):
-            known.update(o for o in n.output if o)
-    return known - {t.name for t in g.initializer}
+def constants_of(graph: onnx.GraphProto) -> set[str]:
+    """Tensors of `graph` computed from its weights alone (Constant nodes included)."""
+    known = {initializer.name for initializer in graph.initializer}
+    for node in graph.node:
+        if all(input_name in known for input_name in node.input if input_name):
+            known.update(output_name for output_name in node.output if output_name)
+    return known - {initializer.name for initializer in graph.initializer}
 
 
 def _inside(
@@ -139,12 +145,19 @@ def _inside(
     """Each original tensor a group of the candidate's own kernels computes inside it: the group
     (kernels joined by tensors the original does not hold) from its inputs the original holds to
     the outputs it holds, the original's nodes between those being what it replaced."""
-    held = {c: o for o, c in found.items()}
-    ops = {(n.domain or "", n.op_type) for n in original.node}
+    held = {value: key for key, value in found.items()}
+    ops = {(node.domain or "", node.op_type) for node in original.node}
     kernels = [
-        n for n in candidate.node if (n.domain or "", n.op_type) not in ops and n.op_type not in _PLUMBING
+        node
+        for node in candidate.node
+        if (node.domain or "", node.op_type) not in ops and node.op_type not in _PLUMBING
     ]
-    made = {o: k for k, n in enumerate(kernels) for o in n.output if o}
+    made = {
+        output_name: index
+        for index, kernel in enumerate(kernels)
+        for output_name in kernel.output
+        if output_name
+    }
     sets = NodeSets(len(kernels))
     for k, n in enumerate(kernels):  # kernels joined through tensors the original does not hold
         for i in n.input:
@@ -153,20 +166,31 @@ def _inside(
     groups: dict[int, list[onnx.NodeProto]] = {}
     for k, n in enumerate(kernels):
         groups.setdefault(sets.root(k), []).append(n)
-    producer = {o: n for n in original.node for o in n.output if o}
+    producer = {output_name: node for node in original.node for output_name in node.output if output_name}
     out: dict[str, str] = {}
     for nodes in groups.values():
-        outs = {held[o] for node in nodes for o in node.output if o in held}
-        inner = {o for node in nodes for o in node.output}
-        bounds = {held.get(i, i) for node in nodes for i in node.input if i and i not in inner}
+        outs = {held[output_name] for node in nodes for output_name in node.output if output_name in held}
+        inner = {output_name for node in nodes for output_name in node.output}
+        bounds = {
+            held.get(input_name, input_name)
+            for node in nodes
+            for input_name in node.input
+            if input_name and input_name not in inner
+        }
         if not outs:
             continue
         if len(nodes) == 1:
             named = f"{nodes[0].op_type} node {nodes[0].name}" if nodes[0].name else nodes[0].op_type
         else:
             count = Counter(node.op_type for node in nodes)
-            named = ", ".join(f"{c} {op}" if c > 1 else op for op, c in sorted(count.items()))
-        stack = [i for o in outs if (p := producer.get(o)) is not None for i in p.input if i]
+            named = ", ".join(f"{value} {op}" if value > 1 else op for op, value in sorted(count.items()))
+        stack = [
+            input_name
+            for out in outs
+            if (p := producer.get(out)) is not None
+            for input_name in p.input
+            if input_name
+        ]
         seen: set[str] = set()
         while stack:
             t = stack.pop()
@@ -175,20 +199,20 @@ def _inside(
             seen.add(t)
             what = "a fused kernel" if len(nodes) == 1 else "fused kernels"
             out.setdefault(t, f"{named} ({what}), which compute(s) {sorted(outs)[0]}")
-            stack += [i for i in producer[t].input if i]
+            stack += [input_name for input_name in producer[t].input if input_name]
     return out
 
 
 def precision_of(graph: onnx.GraphProto) -> str:
     """What a candidate declares, in words: the float and integer types its nodes compute in."""
     kinds: set[str] = set()
-    for t in graph.initializer:
-        if t.data_type in _TYPES:
-            kinds.add(_TYPES[t.data_type])
-    ops = {n.op_type for n in graph.node}
+    for initializer in graph.initializer:
+        if initializer.data_type in _TYPES:
+            kinds.add(_TYPES[initializer.data_type])
+    ops = {node.op_type for node in graph.node}
     for n in graph.node:
         if n.op_type == "Cast":
-            to = next((a.i for a in n.attribute if a.name == "to"), 0)
+            to = next((attribute.i for attribute in n.attribute if attribute.name == "to"), 0)
             if int(to) in _TYPES:
                 kinds.add(_TYPES[int(to)])
     for vi in [*graph.value_info, *graph.input, *graph.output]:

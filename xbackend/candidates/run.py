@@ -173,12 +173,12 @@ def candidate_feeds(feeds: Feeds, spec: ModelSpec) -> tuple[Feeds, list[str]]:
                 f"the candidate takes an input {t.name!r} the original does not "
                 f"(the original's: {', '.join(sorted(arrays)) or 'none'}); rename it to match"
             )
-        v = arrays[t.name]
-        if isinstance(v, np.ndarray) and t.dtype and str(v.dtype) != t.dtype:
-            out[t.name] = v.astype(t.dtype)
-            notes.append(f"{t.name} cast from {v.dtype} to {t.dtype}")
+        array = arrays[t.name]
+        if isinstance(array, np.ndarray) and t.dtype and str(array.dtype) != t.dtype:
+            out[t.name] = array.astype(t.dtype)
+            notes.append(f"{t.name} cast from {array.dtype} to {t.dtype}")
         else:
-            out[t.name] = v
+            out[t.name] = array
     extra = sorted(set(arrays) - set(out))
     if extra:
         notes.append(f"the original's input(s) {', '.join(extra)} are not the candidate's: not fed")
@@ -357,7 +357,7 @@ def _one(
             confirm,
             target,
             opts.advise_budget,
-            {n.name: n.op_type for n in ograph.node},
+            {node.name: node.op_type for node in ograph.node},
             weighted(ograph),
         )
         base = replace(base, sensitivities=tuple(mine_scores[:_SHOWN_SCORES]), advice=advice)
@@ -444,32 +444,34 @@ def _confirmer(
             return False, "the original's outputs are not on disk", (0, 0)
         decided = decisions_all(spec, opts.decisions, {**ran.builds, held: obuild}, ran.result.backends, held)
         flipped = [
-            f"{d.backend} flips {d.flipped} of {d.decisions} at {d.output}" for d in decided if d.flipped
+            f"{decisions.backend} flips {decisions.flipped} of {decisions.decisions} at {decisions.output}"
+            for decisions in decided
+            if decisions.flipped
         ]
         failed = [f"{d.backend}: {d.reason}" for d in decided if d.status != "ok"]
-        answers = (sum(d.agree for d in decided), sum(d.decisions for d in decided))
+        answers = (sum(decisions.agree for decisions in decided), sum(d.decisions for d in decided))
         return not flipped and not failed and bool(decided), "; ".join(flipped + failed), answers
 
     return confirm
 
 
-def _margins(c: Result, decided: Sequence[Decisions]) -> dict[str, float | None]:
+def _margins(result: Result, decided: Sequence[Decisions]) -> dict[str, float | None]:
     """Each output the answers are read from, with the original's smallest margin where the
     candidate's answers left the original's (None where none did)."""
-    if c.decode is not None:
+    if result.decode is not None:
         at = [
             prompt.margin_at_divergence
-            for backend in c.decode.backends
+            for backend in result.decode.backends
             if backend.ok
             for prompt in backend.prompts
             if prompt.first_divergent_step is not None and prompt.margin_at_divergence is not None
         ]
         return {"logits": min(at) if at else None}
     out: dict[str, float | None] = {}
-    for d in decided:
-        m = [flip.reference_margin for flip in d.flips]
-        was = out.get(d.output)
-        out[d.output] = min([*m, *([was] if was is not None else [])]) if m else was
+    for decisions in decided:
+        m = [flip.reference_margin for flip in decisions.flips]
+        was = out.get(decisions.output)
+        out[decisions.output] = min([*m, *([was] if was is not None else [])]) if m else was
     return out
 
 
@@ -487,23 +489,25 @@ def _working(values: ValueFile) -> str:
     return kinds.most_common(1)[0][0] if kinds else "float32"
 
 
-def _layers(b: Builds | None) -> str | None:
-    if b is None or not b.ok or b.first.layers is None:
+def _layers(builds: Builds | None) -> str | None:
+    if builds is None or not builds.ok or builds.first.layers is None:
         return None
-    return str(b.first.layers.capture)
+    return str(builds.first.layers.capture)
 
 
-def _departure(matches: Sequence[TensorMatch], graph: onnx.GraphProto, c: CandidateResult) -> tuple[str, str]:
+def _departure(
+    matches: Sequence[TensorMatch], graph: onnx.GraphProto, candidate: CandidateResult
+) -> tuple[str, str]:
     """The first matched tensor, in the original's order, that the candidate's origins reach (or
     that turned inf or NaN): where it leaves the original by more than its precision explains."""
-    origins = {o.tensor: (b, o) for b, o in c.origins}
+    origins = {o.tensor: (b, o) for b, o in candidate.origins}
     reached = _below(graph, set(origins))
-    crossed = {origin.tensor: origin for origin in c.stretch_origins}
-    events = {event.tensor: event for event in c.events}
+    crossed = {origin.tensor: origin for origin in candidate.stretch_origins}
+    events = {event.tensor: event for event in candidate.events}
     for m in sorted(matches, key=lambda m: m.depth):
-        f = events.get(m.candidate) or (events.get(m.original) if m.how == "name" else None)
-        if f is not None:
-            return m.original, f"{f.kind} at {f.node}: {f.detail}"
+        numerical_event = events.get(m.candidate) or (events.get(m.original) if m.how == "name" else None)
+        if numerical_event is not None:
+            return m.original, f"{numerical_event.kind} at {numerical_event.node}: {numerical_event.detail}"
         if m.original in crossed and m.how != "dequantized":
             o = crossed[m.original]
             return (
@@ -527,8 +531,8 @@ def _below(graph: onnx.GraphProto, starts: set[str]) -> dict[str, str]:
     """Each tensor at or below `starts`, with the first start above it (graph order)."""
     out = {start: start for start in starts}
     for node in graph.node:
-        src = next((out[i] for i in node.input if i in out), None)
+        src = next((out[input_name] for input_name in node.input if input_name in out), None)
         if src is not None:
-            for o in node.output:
-                out.setdefault(o, src)
+            for output_name in node.output:
+                out.setdefault(output_name, src)
     return out

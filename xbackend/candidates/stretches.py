@@ -47,22 +47,22 @@ class Stretch:
     made: str  # the candidate's op's own output
 
 
-def _cast_to(n: onnx.NodeProto) -> str:
-    to = next((a.i for a in n.attribute if a.name == "to"), 0)
+def _cast_to(node: onnx.NodeProto) -> str:
+    to = next((attribute.i for attribute in node.attribute if attribute.name == "to"), 0)
     return FLOAT_NAMES.get(int(to), "")
 
 
 def stretches(original: onnx.GraphProto, candidate: onnx.GraphProto, pairs: Sequence[Pair]) -> list[Stretch]:
     """The original's nodes the candidate computes through at least one inserted float cast."""
-    produced = {o: n for n in candidate.node for o in n.output if o}
-    weights = {t.name for t in candidate.initializer}
-    sources = {*weights, *(i.name for i in candidate.input)}
+    produced = {output_name: node for node in candidate.node for output_name in node.output if output_name}
+    weights = {initializer.name for initializer in candidate.initializer}
+    sources = {*weights, *(input_name.name for input_name in candidate.input)}
     found = {pair.original: pair.candidate for pair in pairs if pair.how != "dequantized"}
-    orig_weights = {t.name for t in original.initializer}
-    orig_inputs = {i.name for i in original.input}
+    orig_weights = {initializer.name for initializer in original.initializer}
+    orig_inputs = {input_name.name for input_name in original.input}
     out = []
     for node in original.node:
-        outs = [o for o in node.output if o]
+        outs = [output_name for output_name in node.output if output_name]
         if len(outs) != 1 or outs[0] not in found or node.op_type == "Cast":
             continue
         after: list[str] = []
@@ -112,12 +112,12 @@ def judge_stretches(
     """Each stretch's origin where its output passes its allowance; and how many were judged.
     A stretch declares the candidate's `working` float type (float16 for a float16 model), or its
     op's own type where that is wider (a node kept in float32)."""
-    weights = {t.name: t for t in candidate.initializer}
+    weights = {initializer.name: initializer for initializer in candidate.initializer}
     origins = []
     judged = 0
-    for s in found:
-        y = values.get(s.output) if s.output in values else None
-        made = values.get(s.made) if s.made in values else None
+    for stretch in found:
+        y = values.get(stretch.output) if stretch.output in values else None
+        made = values.get(stretch.made) if stretch.made in values else None
         if not isinstance(y, np.ndarray) or not is_float_dtype(y.dtype) or not isinstance(made, np.ndarray):
             continue
         u = min(declared_unit(str(made.dtype)) or _U32, declared_unit(working) or _U32)
@@ -125,7 +125,7 @@ def judge_stretches(
         fed = {}
         rounded: dict[str, float] = {}  # input -> the unit of a rounding an engine may skip
         narrow: list[str] = []
-        for theirs, source, casts in s.inputs:
+        for theirs, source, casts in stretch.inputs:
             x = value_of(source, values, feeds, weights, folder)
             if x is None:
                 break
@@ -142,8 +142,8 @@ def judge_stretches(
                     narrow.append(to)
             fed[theirs] = x
         else:
-            narrow += [to for to in s.after if (declared_unit(to) or 0.0) > u]
-            got = _judge(s, fed, y, opset, rounded, at_type)
+            narrow += [to for to in stretch.after if (declared_unit(to) or 0.0) > u]
+            got = _judge(stretch, fed, y, opset, rounded, at_type)
             if got is None:
                 continue
             judged += 1
@@ -152,13 +152,13 @@ def judge_stretches(
                 why = (
                     f"computed through a cast to {', '.join(sorted(set(narrow)))} inside a {at_type} stretch"
                     if narrow
-                    else f"computed through casts to {', '.join(sorted(_casts(s)))}"
+                    else f"computed through casts to {', '.join(sorted(_casts(stretch)))}"
                 )
                 origins.append(
                     Origin(
-                        tensor=s.node.output[0],
+                        tensor=stretch.node.output[0],
                         module="",
-                        op_type=s.node.op_type,
+                        op_type=stretch.node.op_type,
                         local_scaled_ulp=local,
                         allowed_scaled_ulp=allowed,
                         detail=f"{why}: {ratio:.3g}x its allowance at {at_type}",
@@ -173,8 +173,8 @@ _U32 = 2.0**-24
 _BY_UNIT = ("float32", "float16", "bfloat16", "float64")
 
 
-def _casts(s: Stretch) -> set[str]:
-    return {to for _, _, casts in s.inputs for to in casts} | set(s.after)
+def _casts(stretch: Stretch) -> set[str]:
+    return {to for _, _, casts in stretch.inputs for to in casts} | set(stretch.after)
 
 
 def value_of(
@@ -192,7 +192,7 @@ def value_of(
 
 
 def _judge(
-    s: Stretch,
+    stretch: Stretch,
     fed: Mapping[str, np.ndarray],
     y: np.ndarray,
     opset: int,
@@ -202,17 +202,19 @@ def _judge(
     """(worst error / allowance, local and allowed scaled ULP there, the element, the rule). The
     inputs in `rounded` may be read before their rounding (of that unit): that rounding, u·|x|,
     propagated to first order, is allowed too."""
-    node = s.node
+    node = stretch.node
     out = node.output[0]
-    shapes = {k: tuple(int(d) for d in v.shape) for k, v in fed.items()}
+    shapes = {key: tuple(int(size) for size in value.shape) for key, value in fed.items()}
     bound, extra, inits = node_bound(node, shapes, opset)
     outs = [out, *([AUX + out] if extra else [])]
     bld = Builder(PROP + out, opset)
-    errs = {k: bld.op("Mul", bld.abs(k), bld.const(unit)) for k, unit in rounded.items()}
+    errs = {key: bld.op("Mul", bld.abs(key), bld.const(unit)) for key, unit in rounded.items()}
     prop = propagate(node, errs, bld, opset)[0] if errs else None
     if prop is not None:
         outs.append(prop)
-    wide = {k: v.astype(np.float64) if is_float_dtype(v.dtype) else v for k, v in fed.items()}
+    wide = {
+        key: value.astype(np.float64) if is_float_dtype(value.dtype) else value for key, value in fed.items()
+    }
     got = evaluate([node, *extra, *bld.nodes], wide, outs, opset, [*inits, *bld.inits])
     if got is None:
         return None
@@ -237,10 +239,10 @@ def evaluate(
         list(nodes),
         "nodes",
         [
-            helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-            for k, v in fed.items()
+            helper.make_tensor_value_info(key, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+            for key, value in fed.items()
         ],
-        [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs],
+        [helper.make_tensor_value_info(output, TensorProto.UNDEFINED, None) for output in outputs],
         [_double(init) for init in inits],
     )
     try:
@@ -251,10 +253,10 @@ def evaluate(
         return None
 
 
-def _double(t: TensorProto) -> TensorProto:
-    if t.data_type != TensorProto.FLOAT:
-        return t
-    return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name)
+def _double(tensor: TensorProto) -> TensorProto:
+    if tensor.data_type != TensorProto.FLOAT:
+        return tensor
+    return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float64), tensor.name)
 
 
 def _ratio(

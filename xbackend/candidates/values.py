@@ -27,15 +27,20 @@ _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), 
 def measure(pairs: Sequence[Pair], original: ValueFile, candidate: ValueFile) -> list[TensorMatch]:
     """Each pair's candidate value against the original's (read one tensor at a time)."""
     out = []
-    for p in pairs:
+    for pair in pairs:
         base = TensorMatch(
-            original=p.original, candidate=p.candidate, how=p.how, depth=p.depth, dtype="", op=p.op
+            original=pair.original,
+            candidate=pair.candidate,
+            how=pair.how,
+            depth=pair.depth,
+            dtype="",
+            op=pair.op,
         )
-        if p.original not in original or p.candidate not in candidate:
-            who = "the original's" if p.original not in original else "the candidate's"
+        if pair.original not in original or pair.candidate not in candidate:
+            who = "the original's" if pair.original not in original else "the candidate's"
             out.append(replace(base, status="not-compared", reason=f"not in {who} capture"))
             continue
-        o, c = original[p.original], candidate[p.candidate]
+        o, c = original[pair.original], candidate[pair.candidate]
         if not isinstance(o, np.ndarray) or not isinstance(c, np.ndarray):
             out.append(replace(base, status="not-compared", reason="not a tensor"))
             continue
@@ -86,7 +91,7 @@ def findings(
     """The candidate's overflows, NaNs, clipped and coarse quantized tensors, in its graph's order.
     A quantized tensor is held against the original's value of it where the original has one (a
     QDQ tool folds a Relu into the range, so its input is the value before the Relu)."""
-    weights = {t.name: t for t in graph.initializer}
+    weights = {initializer.name: initializer for initializer in graph.initializer}
     out: list[NumericalEvent] = []
     inf_seen: set[str] = set()
     nan_seen: set[str] = set()
@@ -94,20 +99,24 @@ def findings(
         if node.op_type == "QuantizeLinear":
             with np.errstate(invalid="ignore"):
                 out += _quantized(node, values, weights, feeds, original)
-        for t in node.output:
-            y = values.get(t) if t in values else None
+        for output_name in node.output:
+            y = values.get(output_name) if output_name in values else None
             if not isinstance(y, np.ndarray) or not is_float_dtype(y.dtype) or not y.size:
                 continue
             wide = y.astype(np.float32) if y.dtype.itemsize < 4 else y
             nans = int(np.count_nonzero(np.isnan(wide)))
             if nans:
-                nan_seen.add(t)
-                if not any(i in nan_seen or _has(feeds.get(i), np.isnan) for i in node.input if i):
+                nan_seen.add(output_name)
+                if not any(
+                    input_name in nan_seen or _has(feeds.get(input_name), np.isnan)
+                    for input_name in node.input
+                    if input_name
+                ):
                     made = node.name or node.op_type
                     out.append(
                         NumericalEvent(
                             kind="nan",
-                            tensor=t,
+                            tensor=output_name,
                             node=made,
                             count=nans,
                             of=int(y.size),
@@ -120,14 +129,18 @@ def findings(
             bad = int(np.count_nonzero(np.isinf(wide)))
             if not bad:
                 continue
-            inf_seen.add(t)
-            if any(i in inf_seen or _has(feeds.get(i), np.isinf) for i in node.input if i):
+            inf_seen.add(output_name)
+            if any(
+                input_name in inf_seen or _has(feeds.get(input_name), np.isinf)
+                for input_name in node.input
+                if input_name
+            ):
                 continue  # carried from above, not made here
             big = float(np.finfo(np.float16).max) if str(y.dtype) == "float16" else 3.39e38
             out.append(
                 NumericalEvent(
                     kind="overflow",
-                    tensor=t,
+                    tensor=output_name,
                     node=node.name or node.op_type,
                     count=bad,
                     of=int(y.size),
@@ -221,10 +234,10 @@ def _quantized(
 
 def _const(name: str, values: ValueFile, weights: Mapping[str, onnx.TensorProto]) -> np.ndarray | None:
     if name in weights:
-        t = weights[name]
-        if t.data_location == onnx.TensorProto.EXTERNAL:
+        weight = weights[name]
+        if weight.data_location == onnx.TensorProto.EXTERNAL:
             return None  # a scale is small; one stored outside the file is not read here
-        return np.asarray(numpy_helper.to_array(t))
+        return np.asarray(numpy_helper.to_array(weight))
     v = values.get(name) if name in values else None
     return v if isinstance(v, np.ndarray) else None
 
@@ -240,9 +253,13 @@ def decision_tensors(
     where the candidate's answer left it, None where none did) that the candidate quantizes or
     rounds to float16, where that clips it or its step reaches the margin: a finding of its own,
     whatever share of the tensor it touches."""
-    weights = {t.name: t for t in graph.initializer}
-    made = {o: n for n in graph.node for o in n.output}
-    half = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT16}
+    weights = {initializer.name: initializer for initializer in graph.initializer}
+    made = {output_name: node for node in graph.node for output_name in node.output}
+    half = {
+        initializer.name
+        for initializer in graph.initializer
+        if initializer.data_type == onnx.TensorProto.FLOAT16
+    }
     half |= {
         v.name
         for v in (*graph.value_info, *graph.output)

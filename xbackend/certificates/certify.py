@@ -83,7 +83,7 @@ class Certificate:
 
     def broken(self) -> list[dict[str, Any]]:
         """The properties that broke, as the certificate's body records them."""
-        return [p for p in self.body["properties"] if p["status"] == "broken"]
+        return [prop for prop in self.body["properties"] if prop["status"] == "broken"]
 
     def statement(self) -> dict[str, Any]:
         """The in-toto Statement: the model's files as subjects, the body as its predicate."""
@@ -100,8 +100,8 @@ class Certificate:
 
 
 def _environment_sha256(env: Mapping[str, str], runner: Mapping[str, str]) -> str:
-    text = "".join(f"{k}={v}\n" for k, v in sorted(env.items())) + "".join(
-        f"runner.{k}={v}\n" for k, v in sorted(runner.items())
+    text = "".join(f"{key}={value}\n" for key, value in sorted(env.items())) + "".join(
+        f"runner.{key}={value}\n" for key, value in sorted(runner.items())
     )
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -141,58 +141,64 @@ def model_files(path: Path) -> dict[str, str]:
     return {name: file_sha256(path.parent / name) for name in names if (path.parent / name).is_file()}
 
 
-def _output_hashes(capture: Path, r: Result) -> dict[str, str]:
+def _output_hashes(capture: Path, result: Result) -> dict[str, str]:
     """Full sha256 of each graph output (run 0 of build 0 of the plain model)."""
     if not (capture / "SHA256SUMS").is_file():
         return {}
 
     cap = open_capture(capture)
-    with ValueFile(cap.run.outputs.capture) as f:
+    with ValueFile(cap.run.outputs.capture) as handle:
         return {
-            output_name: value_sha256({output_name: f[output_name]})
-            for output_name in r.model.output_names
-            if output_name in f
+            output_name: value_sha256({output_name: handle[output_name]})
+            for output_name in result.model.output_names
+            if output_name in handle
         }
 
 
 def _combined(outputs: Mapping[str, str]) -> str:
-    return hashlib.sha256("".join(f"{k}={v}\n" for k, v in sorted(outputs.items())).encode()).hexdigest()
+    return hashlib.sha256(
+        "".join(f"{key}={output}\n" for key, output in sorted(outputs.items())).encode()
+    ).hexdigest()
 
 
-def _property(c: PromiseCheck, modules: Mapping[str, str]) -> dict[str, Any]:
-    applicable = not (c.status == "unchecked" and c.name not in REQUIRED)
+def _property(promise_check: PromiseCheck, modules: Mapping[str, str]) -> dict[str, Any]:
+    applicable = not (promise_check.status == "unchecked" and promise_check.name not in REQUIRED)
     return {
-        "name": c.name,
-        "meaning": PROPERTIES[c.name],
-        "status": c.status if applicable else "not applicable",
-        "evidence": c.evidence,
-        "first_layer": c.first_layer,
-        "first_layer_module": modules.get(c.first_layer, "") if c.first_layer else "",
-        "promised_by_runner": c.promised,
+        "name": promise_check.name,
+        "meaning": PROPERTIES[promise_check.name],
+        "status": promise_check.status if applicable else "not applicable",
+        "evidence": promise_check.evidence,
+        "first_layer": promise_check.first_layer,
+        "first_layer_module": modules.get(promise_check.first_layer, "") if promise_check.first_layer else "",
+        "promised_by_runner": promise_check.promised,
     }
 
 
-def _body(r: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, str]) -> dict[str, Any]:
-    b = r.backend(backend)
-    modules = r.model.modules()
-    props = [_property(c, modules) for c in check(b, r.probes)] if b.ok else []
-    granted = b.ok and all(prop["status"] in ("held", "not applicable") for prop in props)
+def _body(result: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, str]) -> dict[str, Any]:
+    backend_result = result.backend(backend)
+    modules = result.model.modules()
+    props = (
+        [_property(promise_check, modules) for promise_check in check(backend_result, result.probes)]
+        if backend_result.ok
+        else []
+    )
+    granted = backend_result.ok and all(prop["status"] in ("held", "not applicable") for prop in props)
     granted = granted and all(prop["status"] == "held" for prop in props if prop["name"] in REQUIRED)
-    env = dict(r.environment)
-    info = dict(b.info)
+    env = dict(result.environment)
+    info = dict(backend_result.info)
     return {
         "schema": SCHEMA,
         "granted": granted,
         "backend": {
             "name": backend,
-            "status": b.status,
-            "reason": b.reason,
-            "options": dict(b.options),
+            "status": backend_result.status,
+            "reason": backend_result.reason,
+            "options": dict(backend_result.options),
             "info": info,
-            "promises": list(b.promises),
+            "promises": list(backend_result.promises),
         },
         # what this configuration costs here: the certified runs themselves, timed
-        "latency": b.latency.to_json() if b.ok and b.latency else None,
+        "latency": backend_result.latency.to_json() if backend_result.ok and backend_result.latency else None,
         "battery": {
             "runs": opts.runs,
             "timed_runs": opts.timed_runs,
@@ -202,15 +208,19 @@ def _body(r: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, s
             "runner_options": [list(option) for option in opts.runner_options],
         },
         "properties": props,
-        "model": {"name": Path(r.model.path).name, "path": r.model.path, "sha256": r.model.sha256},
+        "model": {
+            "name": Path(result.model.path).name,
+            "path": result.model.path,
+            "sha256": result.model.sha256,
+        },
         "inputs": {
-            "sha256": r.feeds.sha256,
-            "source": r.feeds.source,
+            "sha256": result.feeds.sha256,
+            "source": result.feeds.source,
             "seed": opts.seed,
-            "shapes": [[n, list(d)] for n, d in opts.shapes],
-            "ranges": [list(x) for x in opts.ranges],
+            "shapes": [[name, list(dims)] for name, dims in opts.shapes],
+            "ranges": [list(range_spec) for range_spec in opts.ranges],
             "file": opts.inputs,
-            "tensors": [list(shape) for shape in r.feeds.shapes],
+            "tensors": [list(shape) for shape in result.feeds.shapes],
         },
         "outputs": {
             "sha256": _combined(outputs) if outputs else "",
@@ -218,7 +228,7 @@ def _body(r: Result, backend: str, opts: CompareOptions, outputs: Mapping[str, s
         },
         "environment": env,
         "environment_sha256": _environment_sha256(env, info),
-        "verify": f"xbackend verify CERT.json (re-runs {backend} on {Path(r.model.path).name} here)",
+        "verify": f"xbackend verify CERT.json (re-runs {backend} on {Path(result.model.path).name} here)",
     }
 
 
@@ -322,27 +332,31 @@ class Verification:
     def moved_outputs(self) -> list[str]:
         """The graph outputs whose digest the re-run did not reproduce."""
         old, new = self.certificate["outputs"]["tensors"], self.rerun["outputs"]["tensors"]
-        return sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
+        return sorted(name for name in set(old) | set(new) if old.get(name) != new.get(name))
 
     def property_changes(self) -> list[tuple[str, str, str]]:
         """(property, the certificate's status, the re-run's) for each that differs."""
-        old = {p["name"]: p["status"] for p in self.certificate["properties"]}
-        new = {p["name"]: p["status"] for p in self.rerun["properties"]}
-        return [(n, old.get(n, "–"), new.get(n, "–")) for n in PROPERTIES if old.get(n) != new.get(n)]
+        old = {prop["name"]: prop["status"] for prop in self.certificate["properties"]}
+        new = {prop["name"]: prop["status"] for prop in self.rerun["properties"]}
+        return [
+            (name, old.get(name, "–"), new.get(name, "–"))
+            for name in PROPERTIES
+            if old.get(name) != new.get(name)
+        ]
 
     def environment_changes(self) -> list[tuple[str, str, str]]:
         """(key, the certificate's value, the re-run's) for each environment key that differs."""
 
         def flat(body: Mapping[str, Any]) -> dict[str, str]:
             out = dict(body["environment"])
-            out.update({f"runner.{k}": v for k, v in body["backend"]["info"].items()})
+            out.update({f"runner.{key}": value for key, value in body["backend"]["info"].items()})
             return out
 
         old, new = flat(self.certificate), flat(self.rerun)
         return [
-            (k, old.get(k, "–"), new.get(k, "–"))
-            for k in sorted(set(old) | set(new))
-            if old.get(k) != new.get(k)
+            (key, old.get(key, "–"), new.get(key, "–"))
+            for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key)
         ]
 
     def false_claims(self) -> list[tuple[str, str]]:
@@ -401,7 +415,7 @@ class Verification:
             out.append("ENVIRONMENT: the same as the certificate's")
         else:
             out.append(f"ENVIRONMENT: {len(env)} difference(s) from the certificate's:")
-            out += [f"  {k}: {old} -> {new}" for k, old, new in env]
+            out += [f"  {key}: {old} -> {new}" for key, old, new in env]
         return out
 
 
@@ -416,8 +430,8 @@ def _latency_line(certified: Mapping[str, Any] | None, here: Mapping[str, Any] |
     ]
 
 
-def _ms(x: float) -> str:
-    return f"{x:.3g}"
+def _ms(seconds: float) -> str:
+    return f"{seconds:.3g}"
 
 
 def verify(
@@ -436,17 +450,18 @@ def verify(
     `trust_model_code` are the verifier's own, for the certified backend: a certificate's
     interpreters, modules and files are never used."""
     cert = Path(cert_path)
-    c, subjects, envelope = read_certificate(cert, public_key, allow_unsigned)
-    _consistent(c, cert)
-    path = Path(model) if model is not None else _certified_path(c, cert)
-    files = _check_subjects(subjects, path, c["model"]["name"])
+    certificate, subjects, envelope = read_certificate(cert, public_key, allow_unsigned)
+    _consistent(certificate, cert)
+    path = Path(model) if model is not None else _certified_path(certificate, cert)
+    files = _check_subjects(subjects, path, certificate["model"]["name"])
     spec, _ = load_model(path)
-    if spec.sha256 != c["model"]["sha256"]:
+    if spec.sha256 != certificate["model"]["sha256"]:
         raise InputError(
             f"{path} is not the certified model (sha256 {spec.sha256[:12]}, certified "
-            f"{c['model']['sha256'][:12]} {c['model']['name']}); pass --model with the certified file"
+            f"{certificate['model']['sha256'][:12]} {certificate['model']['name']}); pass --model with the "
+            "certified file"
         )
-    battery, given = c["battery"], c["inputs"]
+    battery, given = certificate["battery"], certificate["inputs"]
     feeds: dict[str, Any] = {"seed": given["seed"]}
     if inputs:
         feeds["inputs"] = inputs
@@ -457,9 +472,9 @@ def verify(
             )
         )
     else:
-        feeds["shapes"] = tuple((n, tuple(d)) for n, d in given["shapes"])
-        feeds["ranges"] = tuple(tuple(x) for x in given["ranges"])
-    name = c["backend"]["name"]
+        feeds["shapes"] = tuple((name, tuple(dims)) for name, dims in given["shapes"])
+        feeds["ranges"] = tuple(tuple(range_spec) for range_spec in given["ranges"])
+    name = certificate["backend"]["name"]
     rerun = certify(
         path,
         name,
@@ -480,7 +495,7 @@ def verify(
             f"the inputs here (sha256 {rerun['inputs']['sha256'][:12]}) are not the certified ones "
             f"({given['sha256'][:12]}); pass --inputs with the certified file"
         )
-    return Verification(c, rerun, envelope, files)
+    return Verification(certificate, rerun, envelope, files)
 
 
 def replayed_options(
@@ -490,21 +505,21 @@ def replayed_options(
     fixed set of choices) are replayed; a free-form one (an interpreter, a module, a pin or
     cache file, compiler flags) and any grant to run code must come from the verifier's command
     line. `given` wins."""
-    own = {(b, k) for b, k, _ in given}
+    own = {(backend, key) for backend, key, _ in given}
     try:
         specs = {option.name: option for option in get_runner(split_instance(backend)[0]).all_option_specs()}
     except Exception:  # an engine this host lacks: the runner says so when it is built
         specs = {}
     kept, refused = [], []
-    for b, k, v in recorded:
-        if (b, k) in own:
+    for backend_result, k, value in recorded:
+        if (backend_result, k) in own:
             continue
         spec = specs.get(k)
         value_only = spec is not None and (spec.choices or spec.kind in (bool, int, float))
-        if b == backend and value_only and k not in CODE_OPTIONS:  # trust_model_code is a bool
-            kept.append((b, k, v))
+        if backend_result == backend and value_only and k not in CODE_OPTIONS:  # trust_model_code is a bool
+            kept.append((backend_result, k, value))
         else:
-            refused.append(f"{b}.{k}={v[:200]}")
+            refused.append(f"{backend_result}.{k}={value[:200]}")
     if refused:
         raise InputError(
             f"the certificate sets {', '.join(refused)}: verify never runs or reads what a certificate "
@@ -520,15 +535,17 @@ def _own_module(name: str, module: str | None, trust: bool) -> tuple[tuple[str, 
     return (*out, (name, "trust_model_code", "true")) if trust else out
 
 
-def _consistent(c: Mapping[str, Any], cert: Path) -> None:
+def _consistent(certificate: Mapping[str, Any], cert: Path) -> None:
     """The certificate's own digests agree with what it lists, before anything runs."""
-    out = c["outputs"]
+    out = certificate["outputs"]
     if out["tensors"] and out["sha256"] != _combined(out["tensors"]):
         raise InputError(
             f"{cert}: its outputs.sha256 is not the digest of its own per-tensor digests (it was edited); "
             "do not trust it, certify the model again"
         )
-    if c["environment_sha256"] != _environment_sha256(c["environment"], c["backend"]["info"]):
+    if certificate["environment_sha256"] != _environment_sha256(
+        certificate["environment"], certificate["backend"]["info"]
+    ):
         raise InputError(
             f"{cert}: its environment_sha256 does not match its own environment (it was edited); "
             "do not trust it, certify the model again"
@@ -539,31 +556,32 @@ def _check_subjects(subjects: Mapping[str, str], model: Path, model_name: str) -
     """The digest of each model file the certificate's subject names: the model (under whatever
     name it has here) and its external data, beside it."""
     for name, digest in sorted(subjects.items()):
-        p = (
+        path = (
             model
             if name == model_name
             else contained(model.parent, name, "the certificate's subject", "certify the model again")
         )
-        if not p.is_file():
+        if not path.is_file():
             raise InputError(
                 f"the certified model file {name!r} is not beside {model.name}; pass --model with the "
                 "certified model, its external data beside it"
             )
-        if file_sha256(p) != digest:
+        if file_sha256(path) != digest:
             raise InputError(
-                f"{p} is not the certified {name} (its sha256 differs from the certificate's subject); "
+                f"{path} is not the certified {name} (its sha256 differs from the certificate's subject); "
                 "pass --model with the certified model"
             )
     return len(subjects)
 
 
-def _certified_path(c: Mapping[str, Any], cert: Path) -> Path:
+def _certified_path(certificate: Mapping[str, Any], cert: Path) -> Path:
     """The model the certificate names, relative to the certificate and inside its folder."""
     fix = "pass --model PATH to the model file"
-    here = contained(cert.parent, c["model"]["path"], f"{cert}: model.path", fix)
+    here = contained(cert.parent, certificate["model"]["path"], f"{cert}: model.path", fix)
     if here.is_file():
         return here
     raise InputError(
-        f"the certified model {c['model']['name']!r} is not at {c['model']['path']!r} (where the "
+        f"the certified model {certificate['model']['name']!r} is not at {certificate['model']['path']!r} "
+        "(where the "
         f"certificate records it, relative to itself); {fix}"
     )

@@ -61,16 +61,16 @@ def _first_layer(p: Mapping[str, Any]) -> str:
 
 
 def _md_verdict(c: Mapping[str, Any]) -> list[str]:
-    b = c["backend"]
+    backend = c["backend"]
     verdict = "GRANTED" if c["granted"] else "REFUSED"
     out = [
-        f"# Determinism certificate: {inert(c['model']['name'])} on {inert(b['name'])}",
+        f"# Determinism certificate: {inert(c['model']['name'])} on {inert(backend['name'])}",
         "",
         f"**{verdict}**",
         "",
     ]
-    if b["status"] != "ok":
-        out += [f"{b['name']} {b['status']}: {b['reason']}", ""]
+    if backend["status"] != "ok":
+        out += [f"{backend['name']} {backend['status']}: {backend['reason']}", ""]
     for p in c["properties"]:
         if p["status"] == "broken":
             first = _first_layer(p)
@@ -121,7 +121,7 @@ def _md_hashes(c: Mapping[str, Any]) -> list[str]:
         [f"model {c['model']['name']}", c["model"]["sha256"]],
         [f"inputs ({c['inputs']['source']})", c["inputs"]["sha256"]],
         ["outputs (all)", c["outputs"]["sha256"] or "–"],
-        *[[f"output {n}", h] for n, h in c["outputs"]["tensors"].items()],
+        *[[f"output {key}", value] for key, value in c["outputs"]["tensors"].items()],
         ["environment", c["environment_sha256"]],
     ]
     return ["## Hashes", "", *table(["what", "sha256"], rows), ""]
@@ -129,7 +129,7 @@ def _md_hashes(c: Mapping[str, Any]) -> list[str]:
 
 def _md_environment(c: Mapping[str, Any]) -> list[str]:
     rows = [
-        *([k, v] for k, v in sorted(c["environment"].items())),
-        *([f"runner.{k}", v] for k, v in sorted(c["backend"]["info"].items())),
+        *([key, value] for key, value in sorted(c["environment"].items())),
+        *([f"runner.{key}", value] for key, value in sorted(c["backend"]["info"].items())),
     ]
     return ["## Environment", "", *table(["key", "value"], rows), ""]

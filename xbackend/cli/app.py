@@ -14,7 +14,11 @@ from xbackend.version import VERSION
 
 __all__ = ["EXIT_CODES", "ORDER", "app", "export_app", "progress"]
 
-_GATES = "; ".join(f"{p.exit_code} {p.name}" for p in POLICIES if p.exit_code and p.name != "promise")
+_GATES = "; ".join(
+    f"{policy.exit_code} {policy.name}"
+    for policy in POLICIES
+    if policy.exit_code and policy.name != "promise"
+)
 EXIT_CODES = (
     "Exit codes: 0 all deterministic and within --max-ulp; 1 nondeterministic, past --max-ulp (auto: a "
     "backend with an origin), a judgment not made (not judged; --noise-samples 0 declines it), a backend "
@@ -32,7 +36,7 @@ ORDER = ("compare", "backends", "export", "capture", "capture-export", "report",
 class _ByUse(TyperGroup):
     def list_commands(self, ctx: Any) -> list[str]:
         names = super().list_commands(ctx)
-        return sorted(names, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
+        return sorted(names, key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER))
 
 
 _typed = TyperOption.display_type_rich

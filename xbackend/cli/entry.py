@@ -66,8 +66,8 @@ def _finish(code: int, wanted: list[signal.Signals]) -> int:
     number, never a death with no word (the handlers stay for the interpreter's last steps)."""
     _PHASE[0] = "done"
     late = _LATE
-    for s in wanted:
-        signal.signal(s, _early)
+    for signals in wanted:
+        signal.signal(signals, _early)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

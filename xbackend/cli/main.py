@@ -58,8 +58,8 @@ def _handlers() -> Iterator[None]:
     try:
         yield
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        for s, value in old.items():
+            signal.signal(s, value)
 
 
 class _StreamError(OSError):
@@ -78,10 +78,10 @@ class _Visible:
     def write(self, text: str) -> int:
         try:
             self._stream.write(visible(text))
-        except OSError as e:  # stdout at /dev/full, or a pipe closed early
+        except OSError as error:  # stdout at /dev/full, or a pipe closed early
             if self._errors:
                 return len(text)  # stderr that takes nothing: the exit code still says it
-            raise _StreamError(e.errno or 0, e.strerror or str(e)) from None
+            raise _StreamError(error.errno or 0, error.strerror or str(error)) from None
         return len(text)
 
     def __getattr__(self, name: str) -> Any:
@@ -171,25 +171,28 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_INTERNAL
 
 
-def _os_error(e: OSError) -> str:
-    if isinstance(e, _StreamError):
+def _os_error(os_error: OSError) -> str:
+    if isinstance(os_error, _StreamError):
         _drop_stdout()
-        return f"cannot write to standard output ({e.strerror or e})"
-    if e.filename is None:
+        return f"cannot write to standard output ({os_error.strerror or os_error})"
+    if os_error.filename is None:
         return (
-            f"the system refused a read or write ({e.strerror or e}); check free disk space, "
+            f"the system refused a read or write ({os_error.strerror or os_error}); check free disk space, "
             "`ulimit -f` and permissions"
         )
-    name = os.fsdecode(e.filename) if isinstance(e.filename, bytes) else str(e.filename)
+    name = os.fsdecode(os_error.filename) if isinstance(os_error.filename, bytes) else str(os_error.filename)
     shown = name if len(name) <= 120 else name[:60] + "..." + name[-40:]
-    return f"{shown!a}: {e.strerror or e}; check the path (its length, its links) and its permissions"
+    reason = os_error.strerror or os_error
+    return f"{shown!a}: {reason}; check the path (its length, its links) and its permissions"
 
 
-def _users_path(e: Exception) -> str:
+def _users_path(exception: Exception) -> str:
     """The sentence for a path the system cannot take that no earlier check named."""
-    if isinstance(e, RuntimeError) and str(e).startswith("Symlink loop"):  # pathlib's resolve()
-        return f"{e}: a symbolic link leads back to itself; fix the link or give another path"
-    if isinstance(e, UnicodeEncodeError) and "surrogates not allowed" in str(e):
+    if isinstance(exception, RuntimeError) and str(exception).startswith(
+        "Symlink loop"
+    ):  # pathlib's resolve()
+        return f"{exception}: a symbolic link leads back to itself; fix the link or give another path"
+    if isinstance(exception, UnicodeEncodeError) and "surrogates not allowed" in str(exception):
         return "a file name given is not valid UTF-8; rename the file (or link it under a UTF-8 name)"
     return ""
 
@@ -224,7 +227,7 @@ def _help_hint(argv: Sequence[str] | None) -> str:
     args = list(sys.argv[1:] if argv is None else argv)
     cmds = {"compare", "capture", "certify", "verify", "report", "diff", "backends", "export", "sweep"}
     cmds.add("keygen")
-    first = next((a for a in args if not a.startswith("-")), None)
+    first = next((arg for arg in args if not arg.startswith("-")), None)
     if first in cmds:
         sub = " torch" if first == "export" and "torch" in args else ""
         return f"xbackend {first}{sub} --help"

@@ -67,7 +67,7 @@ _ALSO_VERIFY = {"inputs", "runner_options", "torch_module", "trust_model_code"}
 # Names help texts may cite, filled from the registries.
 _HELP_NAMES = {
     "probes": ",".join(PROBES),
-    "default_probes": ",".join(n for n, p in PROBES.items() if p.default),
+    "default_probes": ",".join(key for key, value in PROBES.items() if value.default),
     "policies": ", ".join(p.name for p in POLICIES),
 }
 
@@ -80,8 +80,8 @@ def _declarations(options: type) -> list[tuple[str, Any, Any, str, CliFlag]]:
     """(name, type, default, flag, its command-line side) of every declared option, fields first."""
     hints = get_type_hints(options)
     out = [(f.name, hints[f.name], f.default, fl.cli, FLAGS[f.name]) for f, fl in declared(options)]
-    out += [(n, None, None, fl.cli, FLAGS[n]) for n, fl in INPUT_FLAGS.items()]
-    out += [(n, None, None, fl.cli, fl) for n, fl in CLI_FLAGS.items()]
+    out += [(key, None, None, fl.cli, FLAGS[key]) for key, fl in INPUT_FLAGS.items()]
+    out += [(key, None, None, fl.cli, fl) for key, fl in CLI_FLAGS.items()]
     return out
 
 
@@ -141,7 +141,11 @@ def with_flags(command: str) -> Callable[[F], F]:
 
     def wrap(fn: F) -> F:
         sig = inspect.signature(fn, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        own = [
+            parameter
+            for parameter in sig.parameters.values()
+            if parameter.kind is not inspect.Parameter.VAR_KEYWORD
+        ]
         fn.__signature__ = sig.replace(parameters=[*own, *flag_parameters(command)])  # type: ignore[attr-defined]
         return fn
 
@@ -151,5 +155,5 @@ def with_flags(command: str) -> Callable[[F], F]:
 def compare_options(given: dict[str, Any], **fixed: Any) -> CompareOptions:
     """CompareOptions from a command's declared options (those the CLI alone has left out),
     with `fixed` fields the command decides itself."""
-    chosen = {k: v for k, v in given.items() if k not in CLI_FLAGS}
+    chosen = {key: value for key, value in given.items() if key not in CLI_FLAGS}
     return CompareOptions.create(**{**chosen, **fixed})

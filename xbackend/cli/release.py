@@ -57,7 +57,7 @@ def certify(
     outs = [("-o", js), ("-o", md), *([("-o", sig)] if key else [])]
     check_outputs(outs, [model, flags["inputs"]], flags["force"])  # before anything runs
     private = attest.load_private_key(key) if key else None  # a bad key is found before the battery
-    given = {k: v for k, v in flags.items() if k not in CLI_FLAGS}
+    given = {key: flag for key, flag in flags.items() if key not in CLI_FLAGS}
     cert = run_certify(model, backend, batch=batch, progress=progress(flags["no_progress"]), **given)
     js, md = write_certificate(cert, output, private)
     body = cert.body
@@ -129,7 +129,7 @@ def verify(
             "--allow-unsigned accepts a certificate without one (drop one of them)"
         )
     public = attest.load_public_key(key) if key else None
-    v = run_verify(
+    verification = run_verify(
         certificate,
         model,
         flags["inputs"],
@@ -140,9 +140,9 @@ def verify(
         flags["torch_module"],
         flags["trust_model_code"],
     )
-    for line in v.lines():
+    for line in verification.lines():
         print(line)
-    return v.exit_code
+    return verification.exit_code
 
 
 @app.command(epilog="Exit codes: 0 written; 2 a file of that name exists, or the folder is not writable.")
@@ -195,9 +195,9 @@ def diff(
 ) -> int:
     """Compare two JSON reports: environment, options, verdicts, and the first layer that moved."""
     check_outputs([("-o", output)], [old, new], force)
-    d = diff_results(read_result(old, "OLD.json"), read_result(new, "NEW.json"))
-    text = d.markdown(old, new)
+    report_diff = diff_results(read_result(old, "OLD.json"), read_result(new, "NEW.json"))
+    text = report_diff.markdown(old, new)
     print(text, end="")
     if output:
         write_atomic(output, text)
-    return 1 if d.changed else 0
+    return 1 if report_diff.changed else 0

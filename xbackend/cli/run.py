@@ -64,7 +64,9 @@ def read_by(model: str, opts: CompareOptions, baseline: str | None = None) -> li
         given = Path(opts.inputs)
         read.append(given)
         if given.is_dir():
-            read += list(itertools.islice((f for f in given.rglob("*") if f.is_file()), _FOLDER_FILES))
+            read += list(
+                itertools.islice((path for path in given.rglob("*") if path.is_file()), _FOLDER_FILES)
+            )
     if baseline:
         read.append(Path(baseline))
     return read
@@ -93,15 +95,23 @@ def capture(
     check_folder(Path(output), "-o", flags["force"])  # before anything runs: never into someone's folder
     opts = compare_options(flags, backends=[backend], probes="none")
     result = compare_with_options(model, opts, progress(flags["no_progress"]), capture_to=output)
-    b = result.backend(backend)
-    if not b.ok:
-        raise RunnerFailedError(f"{backend} {b.status}: {b.reason}; nothing was captured")
-    det = "deterministic" if b.deterministic else f"NONDETERMINISTIC ({b.distinct_outputs} distinct outputs)"
-    print(
-        f"wrote {output}: {backend}, {det} over {b.runs} run(s) x {b.builds} build(s), "
-        f"{b.exposed} tensors; compare it elsewhere with `xbackend compare MODEL --load {output}`"
+    backend_result = result.backend(backend)
+    if not backend_result.ok:
+        raise RunnerFailedError(
+            f"{backend} {backend_result.status}: {backend_result.reason}; nothing was captured"
+        )
+    det = (
+        "deterministic"
+        if backend_result.deterministic
+        else f"NONDETERMINISTIC ({backend_result.distinct_outputs} distinct outputs)"
     )
-    return 0 if b.deterministic else 1
+    print(
+        f"wrote {output}: {backend}, {det} over {backend_result.runs} run(s) x {backend_result.builds} "
+        "build(s), "
+        f"{backend_result.exposed} tensors; compare it elsewhere with `xbackend compare MODEL --load "
+        f"{output}`"
+    )
+    return 0 if backend_result.deterministic else 1
 
 
 @app.command(
@@ -130,11 +140,11 @@ def capture_export(
 def _npz(arrays: dict[str, np.ndarray]) -> bytes:
     """numpy's .npz layout with fixed timestamps: the same capture gives the same bytes."""
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
-        for name, a in arrays.items():
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
             one = io.BytesIO()
-            np.lib.format.write_array(one, np.asanyarray(a), allow_pickle=False)
-            z.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), one.getvalue())
+            np.lib.format.write_array(one, np.asanyarray(array), allow_pickle=False)
+            archive.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), one.getvalue())
     return buf.getvalue()
 
 
@@ -142,27 +152,31 @@ def _print_summary(result: Result) -> None:
     modules = result.model.modules()
     for line in result.verdict():
         print(line)
-    for b in result.backends:
-        if not b.ok:
-            print(f"  {b.name}: {b.status} ({b.reason})")
+    for backend in result.backends:
+        if not backend.ok:
+            print(f"  {backend.name}: {backend.status} ({backend.reason})")
             continue
-        where = f" (loaded from {b.loaded_from})" if b.loaded_from else ""
-        if b.deterministic:
-            print(f"  {b.name}: deterministic over {b.runs} run(s) x {b.builds} build(s){where}")
+        where = f" (loaded from {backend.loaded_from})" if backend.loaded_from else ""
+        if backend.deterministic:
+            print(
+                f"  {backend.name}: deterministic over {backend.runs} run(s) x {backend.builds} "
+                f"build(s){where}"
+            )
         else:
-            print(f"  {b.name}: {b.variance_words()}{where}")
-    for c in result.cross_backend:
-        if c.status != "ok":
-            print(f"  {c.backend} vs {c.reference}: not compared ({c.reason})")
+            print(f"  {backend.name}: {backend.variance_words()}{where}")
+    for cross in result.cross_backend:
+        if cross.status != "ok":
+            print(f"  {cross.backend} vs {cross.reference}: not compared ({cross.reason})")
             continue
         print(
-            f"  {c.backend} vs {c.reference}: bitwise {'equal' if c.bitwise_equal else 'different'}, "
+            f"  {cross.backend} vs {cross.reference}: bitwise "
+            f"{'equal' if cross.bitwise_equal else 'different'}, "
             + (
-                f"{short(c.scaled_ulp)} scaled ULP (raw max ULP {c.max_ulp})"
-                if c.scaled_ulp is not None
+                f"{short(cross.scaled_ulp)} scaled ULP (raw max ULP {cross.max_ulp})"
+                if cross.scaled_ulp is not None
                 else "compared exactly"
             )
-            + f" at outputs; {_divergence(c.bitwise_equal, c.first_divergence, modules)}"
+            + f" at outputs; {_divergence(cross.bitwise_equal, cross.first_divergence, modules)}"
         )
     for line in _cost_lines(result):
         print(line)

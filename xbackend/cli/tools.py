@@ -25,32 +25,35 @@ __all__ = ["backends", "export_gguf_cmd", "export_torch_cmd"]
 @app.command()
 def backends() -> int:
     """List every registered backend, available or not, and why."""
-    for e in list_runners():
-        avail, where = e.availability, ""
+    for list_runner in list_runners():
+        avail, where = list_runner.availability, ""
         try:
-            python = get_runner(e.name).resolve_options({})[PYTHON_OPTION.name]
+            python = get_runner(list_runner.name).resolve_options({})[PYTHON_OPTION.name]
         except XbackendError:
             python = ""
         if python:  # its own interpreter by default (e.g. $XBACKEND_GROQ_PYTHON): ask that one
-            it = probe_interpreter(python, e.target)
+            it = probe_interpreter(python, list_runner.target)
             avail, where = Availability(it.available, it.reason, it.version), f" in python={python}"
         state = f"available{where} ({avail.version})" if avail.available else f"unavailable: {avail.reason}"
-        print(f"{e.name:12s} {state}")
-        if e.description:
-            print(f"{'':12s} {e.description}")
+        print(f"{list_runner.name:12s} {state}")
+        if list_runner.description:
+            print(f"{'':12s} {list_runner.description}")
         try:
-            cls = get_runner(e.name)
+            cls = get_runner(list_runner.name)
             specs, modes = cls.all_option_specs(), cls.determinism_modes()
         except XbackendError:
             specs, modes = (), {}
         for spec in specs:
             choices = f" [{'|'.join(spec.choices)}]" if spec.choices else ""
-            print(f"{'':12s}   --set {e.name}.{spec.name}=...{choices}  {spec.help}")
+            print(f"{'':12s}   --set {list_runner.name}.{spec.name}=...{choices}  {spec.help}")
         for label, opts in modes.items():
             promises = cls.promises_for(cls.resolve_options(opts))
             promised = ", ".join(p for p in PROPERTIES if p in promises) or "nothing"
-            sets = ", ".join(f"{k}={v}" for k, v in opts.items())
-            print(f"{'':12s}   mode {e.name}@{label} ({sets}): promises {promised}  [--modes {e.name}]")
+            sets = ", ".join(f"{key}={opt}" for key, opt in opts.items())
+            print(
+                f"{'':12s}   mode {list_runner.name}@{label} ({sets}): promises {promised}  [--modes "
+                f"{list_runner.name}]"
+            )
     return 0
 
 

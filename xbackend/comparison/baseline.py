@@ -49,7 +49,11 @@ def _from_captures(source: str, folders: list[Path]) -> Baseline:
 
 
 def _captures_in(folder: Path) -> list[Path]:
-    return sorted(d for d in folder.iterdir() if d.is_dir() and is_capture(d)) if folder.is_dir() else []
+    return (
+        sorted(path for path in folder.iterdir() if path.is_dir() and is_capture(path))
+        if folder.is_dir()
+        else []
+    )
 
 
 def load_baseline(path: str | os.PathLike[str]) -> Baseline:
@@ -68,13 +72,13 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
         return _from_captures(str(p), found)
     if not p.is_file():
         raise InputError(f"--baseline {p} not found; pass a previous release's JSON report or capture folder")
-    r = read_result(p, "--baseline")
+    result = read_result(p, "--baseline")
     caps: dict[str, LoadedCapture] = {}
-    if r.options.save_captures:
+    if result.options.save_captures:
         # the captures' folder, by its name alone, beside the report and never outside its folder
         beside = contained(
             p.parent,
-            Path(r.options.save_captures).name,
+            Path(result.options.save_captures).name,
             f"--baseline {p}: save_captures",
             "pass the capture folder itself as --baseline",
         )
@@ -84,9 +88,9 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     return Baseline(
         str(p),
         tuple(
-            BaselineBackend(backend.name, backend, r.feeds.sha256, caps.get(backend.name))
-            for backend in r.backends
+            BaselineBackend(backend.name, backend, result.feeds.sha256, caps.get(backend.name))
+            for backend in result.backends
             if backend.ok and not backend.loaded_from
         ),
-        r.environment,
+        result.environment,
     )

@@ -53,8 +53,8 @@ def pairs(
     """Every pair of backends that ran, at the graph outputs of the plain builds."""
     ok = [result.name for result in results if result.ok]
     out = []
-    for i, a in enumerate(ok):
-        for b in ok[i + 1 :]:
+    for index, a in enumerate(ok):
+        for b in ok[index + 1 :]:
             diffs = diff_phases(builds[a].first.outputs, builds[b].first.outputs, spec, outputs=True)
             out.append(PairResult.from_diffs(a, b, diffs))
     return out
@@ -73,28 +73,29 @@ def against(
     if target not in builds or not builds[target].ok:
         return []
     return [
-        _cross_one(builds[r.name], builds[target], spec, opts, layers)
-        for r in by_name.values()
-        if r.ok and r.name != target
+        _cross_one(builds[value.name], builds[target], spec, opts, layers)
+        for value in by_name.values()
+        if value.ok and value.name != target
     ]
 
 
 def _cross_one(
-    a: Builds, b: Builds, spec: ModelSpec, opts: CompareOptions, layers: bool = True
+    builds: Builds, b: Builds, spec: ModelSpec, opts: CompareOptions, layers: bool = True
 ) -> CrossBackendResult:
-    a0, b0 = a.first, b.first
+    a0, b0 = builds.first, b.first
     outputs = diff_phases(a0.outputs, b0.outputs, spec, outputs=True)
     # an output a backend says it does not hand out (llama.cpp's KV cache), with its reason in the
     # backend's not-exposed list, is not compared; one it simply lacks is a mismatch
     declared = {n for x in (a0, b0) for n, _ in getattr(x.outputs, "not_exposed", ())}
-    produced = {value_name(d.name) for d in outputs}
+    produced = {value_name(output.name) for output in outputs}
     missing = [
         output_name
         for output_name in spec.output_names
         if output_name not in produced and output_name not in declared
     ]
     outputs += [
-        TensorDiff.mismatch(n, spec.op_types().get(n, ""), "missing", "not produced") for n in missing
+        TensorDiff.mismatch(output_name, spec.op_types().get(output_name, ""), "missing", "not produced")
+        for output_name in missing
     ]
     la, lb = a0.layers, b0.layers
     note = ""
@@ -104,14 +105,14 @@ def _cross_one(
     if spec.outputs_only or not layers:
         note = "graph outputs only"
     elif la is None or lb is None:
-        who = a.planned.name if la is None else b.planned.name
+        who = builds.planned.name if la is None else b.planned.name
         note = f"{who} has no per-layer capture"
     else:
         per_layer = diff_phases(la, lb, spec, outputs=False)
         only_a = sorted(set(la.capture_names) - set(lb.capture_names))
         only_b = sorted(set(lb.capture_names) - set(la.capture_names))
     return CrossBackendResult.from_diffs(
-        a.planned.name,
+        builds.planned.name,
         b.planned.name,
         outputs,
         per_layer,

@@ -22,7 +22,7 @@ __all__ = ["decision_outputs", "decisions_all"]
 def decision_outputs(spec: ModelSpec, asked: Sequence[str]) -> list[tuple[str, int]]:
     """(output, class axis) for `--decisions`: `auto` takes every floating-point output whose last
     axis has at least 2 entries; NAME or NAME:AXIS names one."""
-    outputs = {t.name: t for t in spec.outputs}
+    outputs = {output.name: output for output in spec.outputs}
     out: list[tuple[str, int]] = []
     for item in asked:
         if item == "auto":
@@ -47,8 +47,8 @@ def decision_outputs(spec: ModelSpec, asked: Sequence[str]) -> list[tuple[str, i
     return list(dict.fromkeys(out))
 
 
-def _values(b: Builds, name: str) -> np.ndarray | None:
-    phase = b.first.outputs
+def _values(builds: Builds, name: str) -> np.ndarray | None:
+    phase = builds.first.outputs
     if name not in phase.capture_names:
         return None
     with ValueFile(phase.capture) as f:
@@ -56,8 +56,8 @@ def _values(b: Builds, name: str) -> np.ndarray | None:
     return v if isinstance(v, np.ndarray) else None
 
 
-def _one(name: str, axis: int, b: Builds, ref: Builds, backend: str, reference: str) -> Decisions:
-    mine, theirs = _values(b, name), _values(ref, name)
+def _one(name: str, axis: int, builds: Builds, ref: Builds, backend: str, reference: str) -> Decisions:
+    mine, theirs = _values(builds, name), _values(ref, name)
     why = ""
     if mine is None or theirs is None:
         why = "not captured"
@@ -78,13 +78,13 @@ def _one(name: str, axis: int, b: Builds, ref: Builds, backend: str, reference: 
     order = sorted((tuple(int(i) for i in idx) for idx in flipped), key=lambda i: (float(margin[i]), i))
     flips = tuple(
         Flip(
-            index=i,
-            reference_class=int(ref_c[i]),
-            backend_class=int(mine_c[i]),
-            reference_margin=float(margin[i]),
-            score_difference=float(diff[i]),
+            index=index,
+            reference_class=int(ref_c[index]),
+            backend_class=int(mine_c[index]),
+            reference_margin=float(margin[index]),
+            score_difference=float(diff[index]),
         )
-        for i in order[:FLIPS_KEPT]
+        for index in order[:FLIPS_KEPT]
     )
     return Decisions(
         backend=backend,

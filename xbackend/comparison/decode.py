@@ -55,7 +55,7 @@ _HOW = "see docs/decode.md for the names --decode reads, and how to rename a mod
 def convention_of(spec: ModelSpec) -> Convention:
     """The model's decoding I/O, by the names optimum and torch.onnx exports use."""
     inputs = {t.name: t for t in spec.inputs}
-    outputs = {t.name: t for t in spec.outputs}
+    outputs = {output.name: output for output in spec.outputs}
     if "input_ids" not in inputs:
         raise UsageError(f"--decode needs an input named input_ids [batch, sequence]; {_HOW}")
     logits = "logits" if "logits" in outputs else ""
@@ -64,8 +64,8 @@ def convention_of(spec: ModelSpec) -> Convention:
     ids = inputs["input_ids"]
     if ids.shape is not None and len(ids.shape) != 2:
         raise UsageError(f"--decode: input_ids must be [batch, sequence], it is {list(ids.shape)}; {_HOW}")
-    past_in = {m.groups(): n for n in inputs if (m := _PAST.fullmatch(n))}
-    past_out = {m.groups(): n for n in outputs if (m := _PRESENT.fullmatch(n))}
+    past_in = {m.groups(): input_name for input_name in inputs if (m := _PAST.fullmatch(input_name))}
+    past_out = {m.groups(): output for output in outputs if (m := _PRESENT.fullmatch(output))}
     if set(past_in) != set(past_out):
         raise UsageError(
             "--decode: the model's past_key_values.N.* inputs and present.N.* outputs do not pair up "
@@ -115,7 +115,7 @@ def _vocabulary(spec: ModelSpec, opts: CompareOptions) -> tuple[int, int]:
     if given:
         return int(given[0][0]), int(given[0][1])
     rows = dict(spec.index_bounds).get("input_ids")
-    logits = next(t for t in spec.outputs if t.name == "logits").shape or ()
+    logits = next(output for output in spec.outputs if output.name == "logits").shape or ()
     vocab = rows or (logits[-1] if logits and isinstance(logits[-1], int) else None)
     if not vocab:
         raise UsageError("--decode: the vocabulary size is not in the model; pass --range input_ids=0:VOCAB")
@@ -143,7 +143,7 @@ def make_prompts(spec: ModelSpec, opts: CompareOptions, conv: Convention) -> lis
     rng = np.random.default_rng(opts.seed)
     varied = bool(conv.attention_mask and conv.position_ids)
     lengths = [max(1, length - (k * 3) % 4) if varied else length for k in range(count)]
-    return [rng.integers(lo, hi, size=n).astype(conv.ids_dtype) for n in lengths]
+    return [rng.integers(lo, hi, size=length).astype(conv.ids_dtype) for length in lengths]
 
 
 def _given_prompts(path: str, conv: Convention) -> list[np.ndarray]:
@@ -165,7 +165,9 @@ def _given_prompts(path: str, conv: Convention) -> list[np.ndarray]:
     user_file(path, "--inputs", what)
     try:
         arrays = {
-            k: v for k, v in read_npz(Path(path), check).items() if k in ("input_ids", "attention_mask")
+            key: value
+            for key, value in read_npz(Path(path), check).items()
+            if key in ("input_ids", "attention_mask")
         }
     except NpzError as error:
         raise InputError(f"--inputs {path} is not a readable .npz ({error}); {what}") from None
@@ -250,15 +252,24 @@ def decode_backends(
         batch = 0
     comps = compositions(len(prompts), batch)
     path = work / "prompts.xbv"
-    save_values(path, {prompt_key(k): p for k, p in enumerate(prompts)})
+    save_values(path, {prompt_key(index): prompt for index, prompt in enumerate(prompts)})
     task = DecodeTask(conv, opts.decode, str(path), comps)
     ex = executor_for(spec, work, opts.timeout, bar, planned)  # python=: the IR that engine reads
     jobs = {
-        p.name: Job(f"{p.name}-decode", p.name, p.cls, p.variant(), path, (), "decode", decode=task)
-        for p in planned
-        if p.cls is not None
+        planned_backend.name: Job(
+            f"{planned_backend.name}-decode",
+            planned_backend.name,
+            planned_backend.cls,
+            planned_backend.variant(),
+            path,
+            (),
+            "decode",
+            decode=task,
+        )
+        for planned_backend in planned
+        if planned_backend.cls is not None
     }
-    bar.start(sum(j.steps for j in jobs.values()))
+    bar.start(sum(job.steps for job in jobs.values()))
     try:
         done = {name: ex.run(job) for name, job in jobs.items()}
     finally:
@@ -279,23 +290,23 @@ def decode_backends(
     layers_step, feeds = _layers_feeds(result, prompts, conv, opts, held)
     warnings += [
         f"{name}: {what} failed: {why}"
-        for name, o in done.items()
-        if o.ok
-        for what, why in o.result.phase_errors
+        for name, value in done.items()
+        if value.ok
+        for what, why in value.result.phase_errors
     ]
     return replace(
         result, cached=conv.cached, batch=batch, layers_step=layers_step, warnings=tuple(warnings)
     ), feeds
 
 
-def _logits(work: Path, o: JobOutcome) -> dict[str, np.ndarray]:
+def _logits(work: Path, job_outcome: JobOutcome) -> dict[str, np.ndarray]:
     """Each prompt's chosen-position logits, step by step (the worker wrote them in its job folder)."""
-    return _read_logits(work / o.job.label / "logits.xbv")
+    return _read_logits(work / job_outcome.job.label / "logits.xbv")
 
 
 def _read_logits(path: Path) -> dict[str, np.ndarray]:
-    with ValueFile(str(path)) as f:
-        return {k: np.asarray(v) for k, v in f.load_all().items()}
+    with ValueFile(str(path)) as value_file:
+        return {key: np.asarray(value) for key, value in value_file.load_all().items()}
 
 
 def _analyze(
@@ -319,19 +330,19 @@ def _analyze(
         ref_alone = _alone(ref_out) if ref_out is not None and ref_ok else {}
         ref_logits = _logits(work, ref_out) if ref_out is not None and ref_ok else {}
     backends = []
-    for p in planned:
-        o = done.get(p.name)
-        if o is None or not o.ok:
+    for planned_backend in planned:
+        job_outcome = done.get(planned_backend.name)
+        if job_outcome is None or not job_outcome.ok:
             status: RunStatus
-            if o is None:
-                status, reason = "unavailable", p.unavailable
+            if job_outcome is None:
+                status, reason = "unavailable", planned_backend.unavailable
             else:
-                status, reason = o.outcome.status, o.reason
-            backends.append(BackendDecode(backend=p.name, status=status, reason=reason))
+                status, reason = job_outcome.outcome.status, job_outcome.reason
+            backends.append(BackendDecode(backend=planned_backend.name, status=status, reason=reason))
             continue
-        alone = _alone(o)
-        logits = _logits(work, o) if ref_ok else {}
-        rows = o.result.decode_rows
+        alone = _alone(job_outcome)
+        logits = _logits(work, job_outcome) if ref_ok else {}
+        rows = job_outcome.result.decode_rows
         out = []
         for k in range(len(prompts)):
             tokens, margins = alone[k]
@@ -348,7 +359,7 @@ def _analyze(
             if step is not None:
                 margin, diff = ref_alone[k][1][step], diffs[step]
             mine = [row for row in rows if row.prompt == k]
-            seen = [r.tokens for r in mine]
+            seen = [row.tokens for row in mine]
             departs = [first_difference(t, tokens) for t in seen]
             out.append(
                 PromptDecode(
@@ -364,14 +375,14 @@ def _analyze(
                     first_batch_divergence=min(
                         (depart for depart in departs if depart is not None), default=None
                     ),
-                    batch_logit_difference=max((r.moved for r in mine), default=0.0),
-                    batch_tokens=tuple((_comp(o, r.composition), r.tokens) for r in mine),
+                    batch_logit_difference=max((row.moved for row in mine), default=0.0),
+                    batch_tokens=tuple((_comp(job_outcome, row.composition), row.tokens) for row in mine),
                 )
             )
-        secs = o.result.decode_seconds
+        secs = job_outcome.result.decode_seconds
         backends.append(
             BackendDecode(
-                backend=p.name,
+                backend=planned_backend.name,
                 prompts=tuple(out),
                 step_ms=statistics.median(secs) * 1e3 if secs and opts.shows_times else None,
             )
@@ -387,17 +398,17 @@ def _analyze(
     )
 
 
-def _alone(o: JobOutcome) -> dict[int, tuple[tuple[int, ...], tuple[float, ...]]]:
+def _alone(job_outcome: JobOutcome) -> dict[int, tuple[tuple[int, ...], tuple[float, ...]]]:
     return {
         row.prompt: (row.tokens, row.margins)
-        for row in o.result.decode_rows
-        if len(_comp(o, row.composition)) == 1
+        for row in job_outcome.result.decode_rows
+        if len(_comp(job_outcome, row.composition)) == 1
     }
 
 
-def _comp(o: JobOutcome, index: int) -> tuple[int, ...]:
-    assert o.job.decode is not None
-    return o.job.decode.compositions[index]
+def _comp(job_outcome: JobOutcome, index: int) -> tuple[int, ...]:
+    assert job_outcome.job.decode is not None
+    return job_outcome.job.decode.compositions[index]
 
 
 def _layers_feeds(
@@ -421,7 +432,11 @@ def _layers_feeds(
         step, prompt, who = min(diverged)
         why = f"where {who} first left {'the original' if held else 'the reference'}'s tokens"
     elif ref is not None and ref.prompts:
-        margins = {(s, p.prompt): m for p in ref.prompts for s, m in enumerate(p.margins)}
+        margins = {
+            (index, prompt.prompt): margin
+            for prompt in ref.prompts
+            for index, margin in enumerate(prompt.margins)
+        }
         step, prompt = min(margins, key=lambda sp: (margins[sp], sp))
         who = result.reference
         why = "the reference's closest call (no backend left its tokens)"

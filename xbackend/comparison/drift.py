@@ -29,21 +29,23 @@ def baseline_drifts(
         return (), ()
     base = load_baseline(opts.baseline)
     out = []
-    for b in backends:
-        if not b.ok or b.name == EXPECTED:
+    for backend in backends:
+        if not backend.ok or backend.name == EXPECTED:
             continue
-        out.append(_drift(b, builds[b.name], base, spec, feeds))
+        out.append(_drift(backend, builds[backend.name], base, spec, feeds))
     return tuple(out), base.environment
 
 
-def _drift(b: BackendResult, mine: Builds, base: Baseline, spec: ModelSpec, feeds: Feeds) -> Drift:
-    theirs = base.match(b.name)
+def _drift(backend: BackendResult, mine: Builds, base: Baseline, spec: ModelSpec, feeds: Feeds) -> Drift:
+    theirs = base.match(backend.name)
     if theirs is None:
-        return Drift(b.name, base.source, "no-baseline", f"the baseline has no {b.name.split('@')[0]}")
+        return Drift(
+            backend.name, base.source, "no-baseline", f"the baseline has no {backend.name.split('@')[0]}"
+        )
     label = f"{theirs.name} in {base.source}"
     if theirs.feeds_sha256 != feeds.sha256:
         return Drift(
-            b.name,
+            backend.name,
             label,
             "not-comparable",
             f"the baseline was fed other inputs (sha256 {theirs.feeds_sha256[:12]}, "
@@ -55,19 +57,19 @@ def _drift(b: BackendResult, mine: Builds, base: Baseline, spec: ModelSpec, feed
             ),
         )
     order = spec.tensor_order()
-    rank = {n: i for i, n in enumerate(order)}
+    rank = {n: index for index, n in enumerate(order)}
     if theirs.capture is not None:
         run = theirs.capture.run
         outs = diff_phases(mine.first.outputs, run.outputs, spec, outputs=True)
         layers: list[TensorDiff] = []
         if mine.first.layers is not None and run.layers is not None:
             layers = diff_phases(mine.first.layers, run.layers, spec, outputs=False)
-        moved = [d.name for d in (layers or outs) if not d.bitwise_equal]
+        moved = [tensor_diff.name for tensor_diff in (layers or outs) if not tensor_diff.bitwise_equal]
         moved += [out.name for out in outs if not out.bitwise_equal and out.name not in moved]
         moved.sort(key=lambda n: rank.get(value_name(n), len(rank)))
         status: Literal["drifted", "identical"] = "drifted" if moved else "identical"
-        return Drift(b.name, label, status, "", True, tuple(outs), tuple(layers), tuple(moved))
+        return Drift(backend.name, label, status, "", True, tuple(outs), tuple(layers), tuple(moved))
     if not theirs.result.digests():
-        return Drift(b.name, label, "not-comparable", "the baseline report records no tensor digests")
-    moved = b.moved_since(theirs.result, rank)
-    return Drift(b.name, label, "drifted" if moved else "identical", "", False, (), (), tuple(moved))
+        return Drift(backend.name, label, "not-comparable", "the baseline report records no tensor digests")
+    moved = backend.moved_since(theirs.result, rank)
+    return Drift(backend.name, label, "drifted" if moved else "identical", "", False, (), (), tuple(moved))

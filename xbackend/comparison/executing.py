@@ -142,10 +142,10 @@ class Execution:
             for p in planned
         }
         probe_jobs = {
-            (probe.name, p.name): probe.jobs(p)
+            (probe.name, planned_backend.name): probe.jobs(planned_backend)
             for probe in self._probes
-            for p in planned
-            if p.cls is not None
+            for planned_backend in planned
+            if planned_backend.cls is not None
         }
         self._bar.start(_steps([*mains.values(), *probe_jobs.values()]))
         self._stack.callback(self._bar.stop)
@@ -172,7 +172,7 @@ class Execution:
         self.run = replace(built, probe_outcomes=outcomes, broken_probes=broken)
         if not judge.started and probe_jobs:  # analyzed now, their captures deleted: room on disk
             # (their captures still on disk, it plans its files in what is left)
-            others = [b for n, b in everything.items() if n not in (ref, EXPECTED) and b.ok]
+            others = [value for key, value in everything.items() if key not in (ref, EXPECTED) and value.ok]
             if explanation_room(ctx, others).fit.fits:
                 judge.start()  # room beside them: it starts meanwhile
             self.probes = probe_results(self._probes, self.run)

@@ -22,9 +22,9 @@ def run_probe_jobs(
 ) -> dict[tuple[str, str], dict[str, JobOutcome]]:
     """Every probe's jobs for a backend in one go (variants that can share a process do)."""
     out: dict[tuple[str, str], dict[str, JobOutcome]] = {job: {} for job in probe_jobs}
-    for p in planned:
-        keys = [job for job in probe_jobs if job[1] == p.name]
-        done = ex.run_all([j for k in keys for j in probe_jobs[k]], builds[p.name].ok)
+    for planned_backend in planned:
+        keys = [job for job in probe_jobs if job[1] == planned_backend.name]
+        done = ex.run_all([j for key in keys for j in probe_jobs[key]], builds[planned_backend.name].ok)
         for k in keys:
             out[k] = {j.label: done[j.label] for j in probe_jobs[k] if j.label in done}
     return out
@@ -38,9 +38,14 @@ def backend_runs(
     results: Mapping[str, BackendResult],
 ) -> list[BackendRuns]:
     return [
-        BackendRuns(p, builds[p.name].outcomes, outcomes.get((probe.name, p.name), {}), results[p.name])
-        for p in planned
-        if results[p.name].ok and p.name != EXPECTED
+        BackendRuns(
+            planned_backend,
+            builds[planned_backend.name].outcomes,
+            outcomes.get((probe.name, planned_backend.name), {}),
+            results[planned_backend.name],
+        )
+        for planned_backend in planned
+        if results[planned_backend.name].ok and planned_backend.name != EXPECTED
     ]
 
 

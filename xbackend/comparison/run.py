@@ -185,9 +185,9 @@ def _plan(request: RunRequest, loaded: _Loaded, fed: _Fed) -> _Planned:
     feeds.save(feeds_path)
     memory = measure_unsized(memory, spec, planned, work, feeds_path, opts.timeout)
     planned, windows = memory.plan_all(planned, spec, opts)
-    notes += [window_note(p, w, spec, opts, memory) for p, w in windows.items() if w]
+    notes += [window_note(key, window, spec, opts, memory) for key, window in windows.items() if window]
     notes += [n for n in [sizing_note(memory)] if n]
-    feed_bytes = sum(getattr(v, "nbytes", 0) for v in feeds.arrays.values())
+    feed_bytes = sum(getattr(array, "nbytes", 0) for array in feeds.arrays.values())
     planned = [
         replace(p, planned_bytes=memory.planned_bytes(p, spec, opts, windows.get(p.name, ()), feed_bytes))
         for p in planned

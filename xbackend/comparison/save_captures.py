@@ -37,7 +37,7 @@ def save_captures(
     if capture_to is not None and ran and ran[0].name == opts.backends[0]:
         todo.append((Path(capture_to), ran[0]))
     if opts.save_captures:
-        todo += [(Path(opts.save_captures) / b.name, b) for b in ran]
+        todo += [(Path(opts.save_captures) / backend.name, backend) for backend in ran]
     model = {"name": Path(spec.path).name, "sha256": spec.sha256, "outputs": list(spec.output_names)}
     info = feeds_info(feeds, False)
     for dest, b in todo:

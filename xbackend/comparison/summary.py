@@ -23,115 +23,118 @@ from xbackend.runners.registry import get_runner
 __all__ = ["build_diffs", "latency", "promised", "summarize_backend"]
 
 
-def summarize_backend(b: Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResult:
+def summarize_backend(builds: Builds, spec: ModelSpec, opts: CompareOptions) -> BackendResult:
     """The backend's result: unavailable, failed (at its first failed build), or what it ran."""
-    p = b.planned
-    options = _shown_options(b)
-    if p.cls is None:
+    planned = builds.planned
+    options = _shown_options(builds)
+    if planned.cls is None:
         return BackendResult(
-            p.name,
+            planned.name,
             "unavailable",
-            p.unavailable,
+            planned.unavailable,
             options,
-            p.interpreter_info(),
-            promises=promised(p.name, p.options),
+            planned.interpreter_info(),
+            promises=promised(planned.name, planned.options),
         )
-    failed = next((outcome for outcome in b.outcomes if not outcome.ok), None)
+    failed = next((outcome for outcome in builds.outcomes if not outcome.ok), None)
     if failed is not None:
         return BackendResult(
-            p.name,
+            planned.name,
             failed.outcome.status,
             failed.reason,
             options,
-            _info(b, failed),
+            _info(builds, failed),
             opts.runs,
-            len(b.outcomes),
-            promises=promised(p.name, p.options),
+            len(builds.outcomes),
+            promises=promised(planned.name, planned.options),
         )
-    return _ran(b, spec, opts, options)
+    return _ran(builds, spec, opts, options)
 
 
 def _ran(
-    b: Builds, spec: ModelSpec, opts: CompareOptions, options: tuple[tuple[str, str], ...]
+    builds: Builds, spec: ModelSpec, opts: CompareOptions, options: tuple[tuple[str, str], ...]
 ) -> BackendResult:
-    first = b.outcomes[0]
-    top = max(b.outcomes, key=lambda o: o.result.peak_rss_bytes)
-    outs = [outcome.outputs for outcome in b.outcomes]
+    first = builds.outcomes[0]
+    top = max(builds.outcomes, key=lambda outcome: outcome.result.peak_rss_bytes)
+    outs = [outcome.outputs for outcome in builds.outcomes]
     shown = first.layers or first.outputs
     return BackendResult(
-        name=b.planned.name,
+        name=builds.planned.name,
         status="ok",
         options=options,
-        info=_info(b, first),
+        info=_info(builds, first),
         runs=len(first.outputs.run_s),
-        builds=len(b.outcomes),
-        deterministic=_deterministic(b),
+        builds=len(builds.outcomes),
+        deterministic=_deterministic(builds),
         distinct_outputs=len({hashe for ph in outs for hashe in ph.output_hashes}),
         distinct_run_outputs=max(len(set(ph.output_hashes)) for ph in outs),
         distinct_build_outputs=len({ph.output_hashes[0] for ph in outs}),
         exposed=len(shown.capture_names),
         not_exposed=shown.not_exposed,
-        run_diffs=tuple(_run_diffs(b, spec)),
-        build_diffs=tuple(build_diffs(b, spec)),
+        run_diffs=tuple(_run_diffs(builds, spec)),
+        build_diffs=tuple(build_diffs(builds, spec)),
         fingerprints=tuple(ph.fingerprint.digest for ph in outs),
-        build_s=tuple(outcome.outcome.elapsed_s for outcome in b.outcomes),
+        build_s=tuple(outcome.outcome.elapsed_s for outcome in builds.outcomes),
         timings=_timings(first.outputs),
         observer=_observer(first, spec),
         layers_error="; ".join(f"{ph}: {why}" for ph, why in first.result.phase_errors),
         constant_outputs=_constant_outputs(first.outputs, spec),
         output_digests=_digests(first.outputs, spec.output_names),
         layer_digests=_digests(first.layers),
-        promises=promised(b.planned.name, b.planned.options),
-        latency=latency(b),
+        promises=promised(builds.planned.name, builds.planned.options),
+        latency=latency(builds),
         peak_rss_bytes=top.result.peak_rss_bytes,
         start_rss_bytes=top.result.start_rss_bytes,
-        planned_bytes=b.planned.planned_bytes,
+        planned_bytes=builds.planned.planned_bytes,
     )
 
 
-def latency(b: Builds) -> Latency | None:
+def latency(builds: Builds) -> Latency | None:
     """One inference's wall time over every build's runs of the model users ship, each build's
     first run (warm-up: lazy compiles, autotuning, allocations) left out."""
-    first = b.outcomes[0].outputs
-    seconds = [s for outcome in b.outcomes for s in outcome.outputs.run_s[1:]]
+    first = builds.outcomes[0].outputs
+    seconds = [s for outcome in builds.outcomes for s in outcome.outputs.run_s[1:]]
     return Latency.of(seconds, len(first.capture_names))
 
 
-def _shown_options(b: Builds) -> tuple[tuple[str, str], ...]:
+def _shown_options(builds: Builds) -> tuple[tuple[str, str], ...]:
     """The options the report shows: not the expected outputs' file, not an unset python= or
     save_optimized=."""
-    p = b.planned
+    planned = builds.planned
     return tuple(
         sorted(
-            (k, str(v))
-            for k, v in p.options.items()
-            if (k != "file" or p.name != EXPECTED) and (k not in QUIET_WHEN_UNSET or v)
+            (key, str(option))
+            for key, option in planned.options.items()
+            if (key != "file" or planned.name != EXPECTED) and (key not in QUIET_WHEN_UNSET or option)
         )
     )
 
 
-def _info(b: Builds, o: JobOutcome) -> tuple[tuple[str, str], ...]:
+def _info(builds: Builds, job_outcome: JobOutcome) -> tuple[tuple[str, str], ...]:
     """What the runner reported in force, plus the foreign interpreter's description."""
-    ran = o.outputs.info if o.ok else o.result.info
-    return tuple(sorted({**dict(ran), **dict(b.planned.interpreter_info())}.items()))
+    ran = job_outcome.outputs.info if job_outcome.ok else job_outcome.result.info
+    return tuple(sorted({**dict(ran), **dict(builds.planned.interpreter_info())}.items()))
 
 
-def _deterministic(b: Builds) -> bool:
+def _deterministic(builds: Builds) -> bool:
     """Every phase captured the same bits on every run of every build."""
     cap_hashes = {
         ph.name: [
-            hashe for outcome in b.outcomes if (x := outcome.phase(ph.name)) for hashe in x.capture_hashes
+            hashe
+            for outcome in builds.outcomes
+            if (x := outcome.phase(ph.name))
+            for hashe in x.capture_hashes
         ]
-        for ph in b.outcomes[0].result.phases
+        for ph in builds.outcomes[0].result.phases
     }
     return all(len(set(hs)) == 1 for hs in cap_hashes.values())
 
 
-def _run_diffs(b: Builds, spec: ModelSpec) -> list[TensorDiff]:
+def _run_diffs(builds: Builds, spec: ModelSpec) -> list[TensorDiff]:
     """Within each session, later runs against run 0: the worst per tensor, in model order."""
-    outs = [outcome.outputs for outcome in b.outcomes]
-    layers = [outcome.layers for outcome in b.outcomes if outcome.separate_layers]
-    order = {n: i for i, n in enumerate(spec.tensor_order())}
+    outs = [outcome.outputs for outcome in builds.outcomes]
+    layers = [outcome.layers for outcome in builds.outcomes if outcome.separate_layers]
+    order = {n: index for index, n in enumerate(spec.tensor_order())}
     return worst_per_tensor([diff for ph in [*outs, *layers] if ph for diff in ph.run_diffs], order)
 
 
@@ -175,23 +178,23 @@ def _constant_outputs(ph: PhaseResult, spec: ModelSpec) -> tuple[tuple[str, str]
     return tuple(out)
 
 
-def _observer(o: JobOutcome, spec: ModelSpec) -> ObserverEffect | None:
+def _observer(job_outcome: JobOutcome, spec: ModelSpec) -> ObserverEffect | None:
     """Graph outputs of the instrumented build against the plain one (same process, same feeds)."""
-    if not o.separate_layers or o.layers is None:
+    if not job_outcome.separate_layers or job_outcome.layers is None:
         return None
-    diffs = diff_phases(o.layers, o.outputs, spec, outputs=True)
+    diffs = diff_phases(job_outcome.layers, job_outcome.outputs, spec, outputs=True)
     equal, max_ulp, scaled, first = summarize(diffs)
     return ObserverEffect(not equal, max_ulp, scaled, first)
 
 
-def build_diffs(b: Builds, spec: ModelSpec) -> list[TensorDiff]:
+def build_diffs(builds: Builds, spec: ModelSpec) -> list[TensorDiff]:
     """Each later build's first run against build 0's: outputs (plain) and layers (instrumented)."""
-    if len(b.outcomes) < 2:
+    if len(builds.outcomes) < 2:
         return []
-    order = {n: i for i, n in enumerate(spec.tensor_order())}
+    order = {n: index for index, n in enumerate(spec.tensor_order())}
     diffs: list[TensorDiff] = []
-    for o in b.outcomes[1:]:
-        diffs += diff_phases(o.outputs, b.first.outputs, spec, outputs=True)
-        if b.first.layers is not None and o.layers is not None:
-            diffs += diff_phases(o.layers, b.first.layers, spec, outputs=False)
+    for outcome in builds.outcomes[1:]:
+        diffs += diff_phases(outcome.outputs, builds.first.outputs, spec, outputs=True)
+        if builds.first.layers is not None and outcome.layers is not None:
+            diffs += diff_phases(outcome.layers, builds.first.layers, spec, outputs=False)
     return worst_per_tensor(diffs, order)

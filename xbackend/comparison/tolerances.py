@@ -19,21 +19,32 @@ def attach(
     tolerance: the allowance its node's local error is judged by, where the backend was judged
     against float64; MARGIN x the floor where it could not be (a loaded capture, a failed run)."""
     if not ex.ok:
-        return tuple(replace(c, not_judged=ex.reason or "no explanation ran") for c in cross)
+        return tuple(replace(compared, not_judged=ex.reason or "no explanation ran") for compared in cross)
     floor_tol = tuple(ex.tolerances(op_types).items()) if auto else ()
     out = []
-    for c in cross:
-        le = ex.local_for(c.backend)
+    for cross_backend_result in cross:
+        le = ex.local_for(cross_backend_result.backend)
         if le is None or le.status != "ok":
             why = (le.reason or le.status) if le is not None else "its local errors were not measured"
-            out.append(replace(c, tolerances=floor_tol, not_judged=why, tolerance_by=_by_floor(ex, c, auto)))
+            out.append(
+                replace(
+                    cross_backend_result,
+                    tolerances=floor_tol,
+                    not_judged=why,
+                    tolerance_by=_by_floor(ex, cross_backend_result, auto),
+                )
+            )
             continue
         tol = tuple((node.tensor, node.allowed_scaled_ulp) for node in le.nodes) if auto else ()
         local = tuple((node.tensor, node.local_scaled_ulp) for node in le.nodes)
-        by = "its nodes' allowances against float64" if auto else f"--max-ulp {c.max_ulp_tolerance:g}"
+        by = (
+            "its nodes' allowances against float64"
+            if auto
+            else f"--max-ulp {cross_backend_result.max_ulp_tolerance:g}"
+        )
         out.append(
             replace(
-                c,
+                cross_backend_result,
                 tolerances=tol,
                 explained=le.explained,
                 origins=le.origins,
@@ -44,10 +55,10 @@ def attach(
     return tuple(out)
 
 
-def _by_floor(ex: Explanation, c: CrossBackendResult, auto: bool) -> str:
+def _by_floor(ex: Explanation, cross: CrossBackendResult, auto: bool) -> str:
     """What decides the tolerance of a backend that was not judged against float64."""
     if not auto:
-        return f"--max-ulp {c.max_ulp_tolerance:g}"
+        return f"--max-ulp {cross.max_ulp_tolerance:g}"
     if ex.floors:
         return f"{ex.margin:g}x its noise floor ({ex.samples} orders on {ex.engine})"
-    return f"the fixed {c.max_ulp_tolerance:g} scaled ULP (no noise floor: {ex.floor_note})"
+    return f"the fixed {cross.max_ulp_tolerance:g} scaled ULP (no noise floor: {ex.floor_note})"

@@ -110,7 +110,7 @@ class DecodeTask:
             Convention.from_dict(d["convention"]),
             int(d["steps"]),
             str(d["prompts"]),
-            tuple(tuple(int(i) for i in c) for c in d["compositions"]),
+            tuple(tuple(int(i) for i in composition) for composition in d["compositions"]),
             str(d.get("logits", "")),
         )
 
@@ -143,8 +143,8 @@ class RowTrace:
             int(d["composition"]),
             int(d["prompt"]),
             int(d["row"]),
-            tuple(int(t) for t in d["tokens"]),
-            tuple(float(m) for m in d["margins"]),
+            tuple(int(token) for token in d["tokens"]),
+            tuple(float(margin) for margin in d["margins"]),
             float(d.get("moved", 0.0)),
         )
 
@@ -173,9 +173,9 @@ class _Batch:
         width = max(len(prompt) for prompt in prompts)
         ids = np.full((len(prompts), width), conv.pad_id, dtype=conv.ids_dtype)
         mask = np.zeros((len(prompts), width), dtype=conv.mask_dtype)
-        for r, p in enumerate(prompts):  # padded on the left: every row ends at its last token
-            ids[r, width - len(p) :] = p
-            mask[r, width - len(p) :] = 1
+        for index, p in enumerate(prompts):  # padded on the left: every row ends at its last token
+            ids[index, width - len(p) :] = p
+            mask[index, width - len(p) :] = 1
         self.ids, self.mask = ids, mask
         self.pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
         self.past: dict[str, np.ndarray] = {}
@@ -186,24 +186,24 @@ class _Batch:
         self.fed_pos = self.pos
 
     def feeds(self) -> dict[str, Any]:
-        c = self.conv
-        out: dict[str, Any] = {c.input_ids: self.fed}
-        if c.attention_mask:
-            out[c.attention_mask] = self.mask
-        if c.position_ids:
-            out[c.position_ids] = self.fed_pos.astype(np.int64)
+        conv = self.conv
+        out: dict[str, Any] = {conv.input_ids: self.fed}
+        if conv.attention_mask:
+            out[conv.attention_mask] = self.mask
+        if conv.position_ids:
+            out[conv.position_ids] = self.fed_pos.astype(np.int64)
         out.update(self.past)
         return out
 
     def advance(self, chosen: np.ndarray, outputs: Mapping[str, Any]) -> None:
-        c = self.conv
-        col = chosen.astype(c.ids_dtype)[:, None]
+        conv = self.conv
+        col = chosen.astype(conv.ids_dtype)[:, None]
         self.ids = np.concatenate([self.ids, col], axis=1)
         self.mask = np.concatenate([self.mask, np.ones_like(self.mask[:, :1])], axis=1)
         self.pos = np.concatenate([self.pos, self.pos[:, -1:] + 1], axis=1)
-        if c.cached:
+        if conv.cached:
             self.past = {}
-            for pk, pv, ok, ov in c.past:
+            for pk, pv, ok, ov in conv.past:
                 self.past[pk] = np.asarray(outputs[ok])
                 self.past[pv] = np.asarray(outputs[ov])
             self.fed, self.fed_pos = col, self.pos[:, -1:]
@@ -274,4 +274,7 @@ def _composition(
     if len(comp) == 1:
         logits[f"logits.{comp[0]}"] = np.stack(kept) if kept else np.zeros((0, 0), np.float32)
         alone_tokens[comp[0]] = tokens[0]
-    return [RowTrace(ci, p, r, tuple(tokens[r]), tuple(margins[r]), moved[r]) for r, p in enumerate(comp)]
+    return [
+        RowTrace(ci, p, index, tuple(tokens[index]), tuple(margins[index]), moved[index])
+        for index, p in enumerate(comp)
+    ]

@@ -208,7 +208,7 @@ class Executor:
 
     def run_together(self, jobs: Sequence[Job]) -> list[JobOutcome]:
         """Jobs one after another in one worker process (see Runner.shares_process)."""
-        label = ", ".join(j.label for j in jobs)
+        label = ", ".join(job.label for job in jobs)
         self.bar.describe(label)
         seen = 0
 
@@ -223,7 +223,7 @@ class Executor:
                 job_dir = self.work / job.label
                 job_dir.mkdir(parents=True)
                 dirs.append(job_dir)
-            batch = [(self._worker_job(j, d), d) for j, d in zip(jobs, dirs, strict=True)]
+            batch = [(self._worker_job(job, d), d) for job, d in zip(jobs, dirs, strict=True)]
             outcomes = run_batch(
                 batch,
                 self.timeout,
@@ -232,14 +232,14 @@ class Executor:
                 jobs[0].python,
                 lambda text: self.bar.detail(f"{label}: {text}"),
             )
-        except OSError as e:  # its files could not be written: these jobs fail, the comparison goes on
-            why = _not_started(e, jobs[0].python or sys.executable) or disk_full(self.work)
-            why = why or f"its files could not be written: {e.strerror or e} ({e.filename})"
+        except OSError as error:  # its files could not be written: these jobs fail, the comparison goes on
+            why = _not_started(error, jobs[0].python or sys.executable) or disk_full(self.work)
+            why = why or f"its files could not be written: {error.strerror or error} ({error.filename})"
             failed = WorkerOutcome("failed", f"load: {why}", WorkerResult("failed", reason=why), 0.0)
             outcomes = [failed] * len(jobs)
-        self.bar.advance(max(0, sum(j.steps for j in jobs) - seen))
+        self.bar.advance(max(0, sum(job.steps for job in jobs) - seen))
         self.bar.done(label)
-        return [JobOutcome(j, o) for j, o in zip(jobs, outcomes, strict=True)]
+        return [JobOutcome(job, outcome) for job, outcome in zip(jobs, outcomes, strict=True)]
 
     def skip(self, job: Job) -> None:
         """A planned job that will not run (its backend failed): keep the bar honest."""
@@ -272,7 +272,7 @@ class Executor:
         running (a lane each, counted in `lanes`), whose outcomes go through `then` as they end.
         The caller answers for batches running side by side being independent and fitting in
         memory together."""
-        pending: deque[list[Job]] = deque(list(b) for b in queue if b)
+        pending: deque[list[Job]] = deque(list(jobs) for jobs in queue if jobs)
         done: dict[str, JobOutcome] = {}
         lock = threading.Condition()
         running = len(started)
@@ -319,7 +319,7 @@ class Executor:
             return done
         width = max(lanes, len(started), 1)
         with self.shared(), ThreadPoolExecutor(width, thread_name_prefix="xbackend-lane") as pool:
-            futures = [pool.submit(adopt, f, k < lanes) for k, f in enumerate(started)]
+            futures = [pool.submit(adopt, f, index < lanes) for index, f in enumerate(started)]
             futures += [pool.submit(lane) for _ in range(width - len(started))]
             for f in futures:
                 f.result()
@@ -372,23 +372,26 @@ class _Locked:
             self._bar.stop()
 
 
-def _same_process(a: Job, b: Job) -> bool:
-    return a.cls is b.cls and a.cls.shares_process and a.env() == b.env() and a.python == b.python
+def _same_process(job: Job, b: Job) -> bool:
+    return job.cls is b.cls and job.cls.shares_process and job.env() == b.env() and job.python == b.python
 
 
-def diff_phases(a: PhaseResult, b: PhaseResult, spec: ModelSpec, outputs: bool) -> list[TensorDiff]:
+def diff_phases(
+    phase_result: PhaseResult, b: PhaseResult, spec: ModelSpec, outputs: bool
+) -> list[TensorDiff]:
     """a's run-0 capture against b's, over the tensors both hold, in model order (graph outputs
     only, or every tensor)."""
-    with CaptureFile(a.capture) as ca, CaptureFile(b.capture) as cb:
+    with CaptureFile(phase_result.capture) as ca, CaptureFile(b.capture) as cb:
         names = common_names(ca, cb, spec.output_order() if outputs else spec.tensor_order())
         return diff_captures(ca, cb, names, spec.op_types())
 
 
-def _not_started(e: OSError, interpreter: str) -> str:
+def _not_started(os_error: OSError, interpreter: str) -> str:
     """Why the worker's interpreter could not be started ('' where the error is about another file)."""
-    if not e.filename or os.path.abspath(str(e.filename)) != os.path.abspath(interpreter):
+    if not os_error.filename or os.path.abspath(str(os_error.filename)) != os.path.abspath(interpreter):
         return ""
     return (
-        f"the interpreter {interpreter} cannot be started by this user ({e.strerror or e}): run xbackend as "
+        f"the interpreter {interpreter} cannot be started by this user ({os_error.strerror or os_error}): "
+        "run xbackend as "
         "a user who may execute it, or give another: --set BACKEND.python=PATH"
     )

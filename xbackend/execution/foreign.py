@@ -83,20 +83,20 @@ def _cache_root() -> Path:
 def worker_path() -> str:
     """A folder holding a copy of xbackend's modules (a light __init__), keyed by their content:
     what the foreign PYTHONPATH holds, and nothing else of this environment."""
-    sources = sorted(p for p in _PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
-    h = hashlib.sha256()
-    for p in sources:
-        h.update(str(p.relative_to(_PACKAGE)).encode() + b"\0" + p.read_bytes() + b"\0")
-    dest = _cache_root() / f"worker-{h.hexdigest()[:16]}"
+    sources = sorted(path for path in _PACKAGE.rglob("*.py") if "__pycache__" not in path.parts)
+    digest = hashlib.sha256()
+    for source in sources:
+        digest.update(str(source.relative_to(_PACKAGE)).encode() + b"\0" + source.read_bytes() + b"\0")
+    dest = _cache_root() / f"worker-{digest.hexdigest()[:16]}"
     if not (dest / "xbackend" / "__init__.py").is_file():
         tmp = Path(tempfile.mkdtemp(prefix="worker-", dir=dest.parent))
-        for p in sources:
-            target = tmp / "xbackend" / p.relative_to(_PACKAGE)
+        for source in sources:
+            target = tmp / "xbackend" / source.relative_to(_PACKAGE)
             target.parent.mkdir(parents=True, exist_ok=True)
-            if p == _PACKAGE / "__init__.py":
+            if source == _PACKAGE / "__init__.py":
                 target.write_text(_LIGHT_INIT)
             else:
-                shutil.copyfile(p, target)
+                shutil.copyfile(source, target)
         try:
             os.rename(tmp, dest)
         except OSError:  # another process staged it first
@@ -107,7 +107,11 @@ def worker_path() -> str:
 def foreign_env(extra: Mapping[str, str]) -> dict[str, str]:
     """This process's environment for a foreign worker: only the staged modules on PYTHONPATH
     (this environment's site-packages are for another Python)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    }
     env.update(extra)
     env["PYTHONPATH"] = worker_path()
     env["PYTHONNOUSERSITE"] = "1"
@@ -181,7 +185,7 @@ def stage_model(
     path = folder / f"{key}.onnx"
     if not path.exists():
         proto = load_proto(source.path, load_external=False)
-        proto.graph.output.extend(ValueInfoProto(name=t) for t in extra)
+        proto.graph.output.extend(ValueInfoProto(name=tensor) for tensor in extra)
         if ir < source.ir_version:
             try:
                 proto = downgrade_ir(proto, ir)

@@ -16,10 +16,10 @@ def _packages() -> list[list[str]]:
     from importlib import metadata  # Python >= 3.8: the probe reports older ones first
 
     seen: dict[str, str] = {}
-    for d in metadata.distributions():
-        name = d.metadata["Name"]
+    for distribution in metadata.distributions():
+        name = distribution.metadata["Name"]
         if name:
-            seen.setdefault(name.lower().replace("_", "-"), d.version)
+            seen.setdefault(name.lower().replace("_", "-"), distribution.version)
     return [[n, seen[n]] for n in sorted(seen)]
 
 

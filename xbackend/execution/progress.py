@@ -107,7 +107,7 @@ class RichProgress:
         return self
 
     def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+        self, t: type[BaseException] | None, base_exception: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
 
@@ -135,7 +135,7 @@ class LineProgress:
         silent for long, and short jobs stay one line each."""
         now = time.monotonic()
         if now - self._said >= QUIET_S:
-            since = next((t for job, t in self._started.items() if text.startswith(job)), now)
+            since = next((value for job, value in self._started.items() if text.startswith(job)), now)
             print(
                 f"xbackend: [{self._done}/{self._total}] {text} ({now - since:.0f} s in)",
                 file=sys.stderr,

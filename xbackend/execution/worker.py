@@ -98,9 +98,9 @@ class RunTracker:
         unspilled = [n for n in self.window if n in capture and not self._spilled(n)]
         with ThreadPoolExecutor(max_workers=2) as pool:
             hashed = dict(zip(unspilled, pool.map(lambda n: tensor_digest(n, capture[n]), unspilled)))
-        for n, h in hashed.items():
-            digests[n] = h
-            if h != first[n] and n not in self.moved:
+        for n, value in hashed.items():
+            digests[n] = value
+            if value != first[n] and n not in self.moved:
                 self.moved.append(n)
         for n in self.window:
             if n in hashed:
@@ -132,8 +132,8 @@ class RunTracker:
             again = run()
             for n in self.moved:
                 if n in again and n in side.entries:
-                    for d in diff_values(n, again[n], side.read(n), self.op_types.get(n, "")):
-                        keep_worse(self.worst, d)
+                    for diff_value in diff_values(n, again[n], side.read(n), self.op_types.get(n, "")):
+                        keep_worse(self.worst, diff_value)
             del again
         os.unlink(path)
 
@@ -142,28 +142,32 @@ class RunTracker:
         self.writer.close()
         for digests in self.run_digests:
             self.output_hashes.append(
-                combined_digest((n, digests.get(n, "absent")) for n in self.outputs if n in self.names)
+                combined_digest(
+                    (output, digests.get(output, "absent")) for output in self.outputs if output in self.names
+                )
             )
-            self.capture_hashes.append(combined_digest((n, digests.get(n, "absent")) for n in self.names))
+            self.capture_hashes.append(
+                combined_digest((name, digests.get(name, "absent")) for name in self.names)
+            )
 
 
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    if isinstance(e, XbackendError):
+def _one_line(base_exception: BaseException) -> str:
+    text = " ".join(str(base_exception).split())
+    if isinstance(base_exception, XbackendError):
         return text
-    return f"{type(e).__name__}: {text}"[:500]
+    return f"{type(base_exception).__name__}: {text}"[:500]
 
 
 def _write(path: str, text: str) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "w") as handle:
+        handle.write(text)
     os.replace(tmp, path)
 
 
 def load_feeds_file(path: str) -> dict[str, Value]:
-    with ValueFile(path) as f:
-        return f.load_all()
+    with ValueFile(path) as value_file:
+        return value_file.load_all()
 
 
 def _tick() -> None:
@@ -192,9 +196,9 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
     extras = []
     floors: tuple[tuple[str, float], ...] = ()
     try:
-        for w, tensors in enumerate(windows):
-            where = f"{phase.name}" + (f", window {w + 1}/{len(windows)}" if len(windows) > 1 else "")
-            if w:
+        for index, tensors in enumerate(windows):
+            where = f"{phase.name}" + (f", window {index + 1}/{len(windows)}" if len(windows) > 1 else "")
+            if index:
                 runner = _new_runner(job)
             try:
                 model = phase.model or job.model
@@ -208,7 +212,7 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
                     t0 = time.perf_counter()
                     capture = runner.run(feeds)
                     run_s[i] += time.perf_counter() - t0
-                    held = sum(getattr(v, "nbytes", 0) for v in capture.values())
+                    held = sum(getattr(value, "nbytes", 0) for value in capture.values())
                     what = "comparing with run 1:" if i else ("saving" if phase.spill else "hashing")
                     _stage(f"{where}: run {i + 1}/{phase.runs}: {what} {len(capture)} tensors, {_size(held)}")
                     tracker.add(i, capture)
@@ -260,7 +264,7 @@ def run_phase(runner: Runner, job: WorkerJob, phase: Phase, feeds: Mapping[str, 
         info=tuple(sorted(info.items())),
         extra_captures=tuple(extras),
         serves_outputs=phase.serves_outputs,
-        digests=tuple((n, d[:16]) for n, d in tracker.digests.items()),
+        digests=tuple((key, digest[:16]) for key, digest in tracker.digests.items()),
         windows=len(windows),
         floors=floors,
     )
@@ -271,8 +275,8 @@ def _combined(fingerprints: Sequence[BuildFingerprint]) -> BuildFingerprint:
     if len(fingerprints) == 1:
         return fingerprints[0]
     items = [
-        (f"window {k} {key}", value)
-        for k, fp in enumerate(fingerprints)
+        (f"window {index} {key}", value)
+        for index, fp in enumerate(fingerprints)
         for key, value in (fp.layers or (("digest", fp.digest),))
     ]
     return BuildFingerprint.from_items(fingerprints[0].backend, items)
@@ -319,13 +323,13 @@ def execute(job: WorkerJob) -> WorkerResult:
             return _decode(runner, job, job.decode, start)
         feeds = load_feeds_file(job.feeds)
         errors: list[tuple[str, str]] = []
-        for k, phase in enumerate(job.phases):
+        for index, phase in enumerate(job.phases):
             stage = phase.name
             runner = _new_runner(job)
             try:
                 phases.append(run_phase(runner, job, phase, feeds))
             except Exception as error:
-                if k == 0:
+                if index == 0:
                     raise
                 # The engine users ship ran; only the instrumented build failed: keep the verdict.
                 errors.append((phase.name, _one_line(error)))
@@ -388,8 +392,8 @@ def _decode(runner: Runner, job: WorkerJob, task: DecodeTask, start: int) -> Wor
 def current_rss() -> int:
     """This process's resident memory now, in bytes; 0 where the OS does not say (not Linux)."""
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError, AttributeError):
         return 0
 
@@ -399,8 +403,8 @@ def peak_rss() -> int:
     Linux, the kernel's high-water mark of this program's memory (VmHWM): getrusage's maxrss
     survives exec, so it would count the parent's memory at the fork."""
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
+        with open("/proc/self/status") as handle:
+            for line in handle:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
@@ -438,7 +442,7 @@ def _handed(target: str) -> list[str]:
     fd = os.open(handed["stderr"], os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 2)
     os.close(fd)
-    return [str(p) for p in handed["jobs"]]
+    return [str(job) for job in handed["jobs"]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -454,8 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _handed(args[1])
     code = 0
     for path in args:
-        with open(path) as f:
-            job = WorkerJob.from_json(f.read())
+        with open(path) as handle:
+            job = WorkerJob.from_json(handle.read())
         result = replace(execute(job), peak_rss_bytes=peak_rss())
         _write(job.result, result.to_json())
         print(f"{PROGRESS_TAG} job", flush=True)

@@ -44,20 +44,22 @@ class InputDecl:
         dims, _, dtype = rest.partition(":")
         try:
             shape = tuple(int(d) for d in dims.split(",") if d.strip())
-        except ValueError as e:
-            raise ExportError(f"--input {text!r}: dimensions must be integers") from e
+        except ValueError as error:
+            raise ExportError(f"--input {text!r}: dimensions must be integers") from error
         dtype = dtype or "float32"
         try:
             np_dtype(dtype)
-        except TypeError as e:
-            raise ExportError(f"--input {text!r}: unknown dtype {dtype!r} (e.g. float32, int64, bool)") from e
+        except TypeError as error:
+            raise ExportError(
+                f"--input {text!r}: unknown dtype {dtype!r} (e.g. float32, int64, bool)"
+            ) from error
         if data is not None and name in data:
             raise ExportError(f"--input {text!r}: {name} is in --inputs too; give it once")
         return cls(name, shape, dtype)
 
     @classmethod
     def of(cls, name: str, value: np.ndarray) -> InputDecl:
-        return cls(name, tuple(int(d) for d in value.shape), str(value.dtype), given=True)
+        return cls(name, tuple(int(size) for size in value.shape), str(value.dtype), given=True)
 
     def example(self, seed: int, lo_hi: tuple[float, float] | None = None) -> np.ndarray:
         """Seeded example data: integers from [0, 16) and floats standard normal, or uniform
@@ -91,7 +93,10 @@ def read_examples(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     p = Path(path)  # compare's readers: one per format
     try:
         if p.is_dir():
-            return {k: np.asarray(v) for k, v in read_pb_tensors(p, f"--inputs {p}").items()}
+            return {
+                key: np.asarray(read_pb_tensor)
+                for key, read_pb_tensor in read_pb_tensors(p, f"--inputs {p}").items()
+            }
         return read_npz(p)
     except InputError as error:
         raise ExportError(str(error)) from error

@@ -123,7 +123,7 @@ def _sdist_links(index: str, project: str, opener: urllib.request.OpenerDirector
         folder = Path(urllib.parse.urlparse(index).path if index.startswith("file:") else index)
         for sub in (folder / project, folder):
             with contextlib.suppress(OSError):
-                yield from (f.as_uri() for f in sorted(sub.iterdir()) if f.is_file())
+                yield from (path.as_uri() for path in sorted(sub.iterdir()) if path.is_file())
         return
     url = index.rstrip("/") + f"/{project}/"
     try:
@@ -141,7 +141,7 @@ def _download(url: str, dest: Path, opener: urllib.request.OpenerDirector) -> No
     digest = hashlib.sha256()
     with (
         opener.open(url.partition("#")[0], timeout=300) as src,
-        dest.open("wb") as f,
+        dest.open("wb") as handle,
     ):
         size = 0
         while chunk := src.read(1 << 20):
@@ -149,7 +149,7 @@ def _download(url: str, dest: Path, opener: urllib.request.OpenerDirector) -> No
             if size > _SDIST_LIMIT:
                 raise OSError(f"past {_SDIST_LIMIT >> 20} MiB")
             digest.update(chunk)
-            f.write(chunk)
+            handle.write(chunk)
     if want and digest.hexdigest() != want:
         raise OSError("its sha256 is not the index's")
 
@@ -174,7 +174,14 @@ def _fetch(version: str, folder: Path) -> None:
         archive = Path(tmp) / name
         tried = []
         for index in indexes:
-            link = next((u for u in _sdist_links(index, "llama-cpp-python", opener) if name in u), None)
+            link = next(
+                (
+                    sdist_link
+                    for sdist_link in _sdist_links(index, "llama-cpp-python", opener)
+                    if name in sdist_link
+                ),
+                None,
+            )
             if link is None:
                 continue
             try:
@@ -299,7 +306,10 @@ def _check_config(given: Path, config: Path, weights: int) -> None:
         ) from None
     if not isinstance(data, dict):
         raise UsageError(f"{config} is not a JSON object; fix the file")
-    tables = [data, *(v for k, v in data.items() if k.endswith("_config") and isinstance(v, dict))]
+    tables = [
+        data,
+        *(value for key, value in data.items() if key.endswith("_config") and isinstance(value, dict)),
+    ]
     bound = max(weights, _SIZE_FLOOR)
     for table in tables:
         for key in _SIZES:
@@ -345,7 +355,11 @@ def _contained_env(tmp: Path) -> dict[str, str]:
     """The converter's environment: its HOME, caches and temp files in the run folder, offline."""
     home = tmp / "home"
     (home / "tmp").mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_", "TRANSFORMERS_"))}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PYTHON", "HF_", "TRANSFORMERS_"))
+    }
     env.update(
         HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), XDG_CONFIG_HOME=str(home / ".config"),
         HF_HOME=str(home / "hf"), HF_MODULES_CACHE=str(home / "hf" / "modules"), TMPDIR=str(home / "tmp"),

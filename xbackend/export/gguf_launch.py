@@ -30,8 +30,8 @@ def _names_code(folder: str) -> str:
         if not name.endswith(".json"):
             continue
         try:
-            with open(os.path.join(folder, name), encoding="utf-8") as f:
-                data = json.loads(f.read(1 << 22))
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                data = json.loads(handle.read(1 << 22))
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and data.get("auto_map"):

@@ -224,13 +224,13 @@ def _run_resized(
             lo_hi = (float(a.min()), float(a.max()) + 1)
         feeds[i.name] = InputDecl(i.name, tuple(shape), i.dtype).example(seed, lo_hi)
     runner = OrtCpuRunner({"threads": "1"})
-    outputs = tuple(o.name for o in proto.graph.output)
+    outputs = tuple(output_name.name for output_name in proto.graph.output)
     try:
         ref = ModelRef(str(path), proto.ir_version, tuple(feeds), outputs, uses_external_data(proto))
         runner.prepare(ref, outputs)
         runner.run(feeds)
     except Exception as error:
-        axes = ", ".join(f"{n}={a}:{d}" for n, ax in dynamic.items() for a, d in ax.items())
+        axes = ", ".join(f"{key}={a}:{value}" for key, ax in dynamic.items() for a, value in ax.items())
         raise ExportError(
             f"the exported model declares --dynamic {axes} but fails at another size "
             f"({' '.join(str(error).split())[:200]}); the module bakes that size into the graph"
@@ -244,10 +244,10 @@ def _culprit(module: Any, inputs: Sequence[InputDecl], examples: Mapping[str, np
     lets forward run (an index past an embedding table, most often)."""
     torch = import_torch()
     for i in inputs:
-        a = examples[i.name]
-        if i.given or a.dtype.kind not in "iu":
+        example = examples[i.name]
+        if i.given or example.dtype.kind not in "iu":
             continue
-        trial = {**examples, i.name: np.zeros_like(a)}
+        trial = {**examples, i.name: np.zeros_like(example)}
         try:
             with torch.no_grad():
                 module(*(to_tensor(trial[x.name]) for x in inputs))
@@ -332,7 +332,7 @@ def _export_torch(
                 opset_version=opset,
                 dynamo=True,
                 output_names=list(output_names) or None,
-                dynamic_axes={k: dict(v) for k, v in (dynamic or {}).items()} or None,
+                dynamic_axes={key: dict(value) for key, value in (dynamic or {}).items()} or None,
                 verbose=False,
             )
         except Exception as error:
@@ -346,7 +346,9 @@ def _export_torch(
                     f"torch fixes them: name theirs too, {' '.join(peers)})"
                 )
             elif dynamic:
-                axes = " ".join(f"--dynamic {n}={a}:{d}" for n, ax in dynamic.items() for a, d in ax.items())
+                axes = " ".join(
+                    f"--dynamic {key}={a}:{value}" for key, ax in dynamic.items() for a, value in ax.items()
+                )
                 hint = (
                     f" (asked for {axes}: the module fixes that size somewhere; make it size-agnostic "
                     "or export without --dynamic)"
@@ -363,9 +365,9 @@ def _export_torch(
         raw = Path(tmp) / "model.onnx"
         program.save(str(raw))
         proto = load_proto(raw, load_external=False)
-        outputs = tuple(o.name for o in proto.graph.output)
+        outputs = tuple(output_name.name for output_name in proto.graph.output)
         _check_dynamic(proto, raw, dynamic or {}, inputs, seed, ranges, examples)
-        candidates = {m: t for m, t in candidates.items() if t not in outputs}
+        candidates = {key: candidate for key, candidate in candidates.items() if candidate not in outputs}
         mapped = _verify(raw, proto, candidates, module, inputs, examples, outputs)
         meta = {
             META_SOURCE: "torch",

@@ -42,7 +42,7 @@ def check_outputs(
     a report's companions too (its table and figures: see xbackend.report.bundle.bundle_outputs).
     The same rule is checked again when each file is written."""
     seen: dict[Path, str] = {}
-    read = {_resolved("an input", Path(i)) for i in inputs if i}
+    read = {_resolved("an input", Path(input_name)) for input_name in inputs if input_name}
     if force:
         allow(p for _, p in outputs)
     for flag, path in outputs:
@@ -76,15 +76,15 @@ def check_outputs(
             )
 
 
-def _resolved(flag: str, p: Path) -> Path:
+def _resolved(flag: str, path: Path) -> Path:
     try:
-        return p.resolve()
+        return path.resolve()
     except RuntimeError:  # a link loop
         raise UsageError(
-            f"{flag} {p} goes through a symbolic link loop; fix the link or give another path"
+            f"{flag} {path} goes through a symbolic link loop; fix the link or give another path"
         ) from None
     except OSError as error:
-        raise UsageError(f"{flag} {p} cannot be looked up ({error.strerror}); give another path") from None
+        raise UsageError(f"{flag} {path} cannot be looked up ({error.strerror}); give another path") from None
 
 
 def takes_files(folder: Path) -> bool:
@@ -120,19 +120,19 @@ def write_atomic_bytes(
         tmp.unlink(missing_ok=True)
 
 
-def stage_bytes(p: Path, data: bytes, what: str) -> Path:
-    """`data` in a finished temp file beside `p` (the caller moves it into place or removes it)."""
-    if p.is_symlink():  # made since the check before the run: never written through
-        raise ReportError(f"cannot write {what} {p}: it is a symbolic link; choose another path")
+def stage_bytes(path: Path, data: bytes, what: str) -> Path:
+    """`data` in a finished temp file beside `path` (the caller moves it into place or removes it)."""
+    if path.is_symlink():  # made since the check before the run: never written through
+        raise ReportError(f"cannot write {what} {path}: it is a symbolic link; choose another path")
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        return synced_temp(p, data)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return synced_temp(path, data)
     except OSError as error:
         full = error.errno in (errno.ENOSPC, errno.EFBIG)
         hint = (
             " (a full disk or a file-size limit: nothing was left behind)" if full else "; check the folder"
         )
-        raise ReportError(f"cannot write {what} {p}: {error.strerror}{hint}") from error
+        raise ReportError(f"cannot write {what} {path}: {error.strerror}{hint}") from error
 
 
 def check_export_output(

@@ -61,7 +61,9 @@ def statement(
     """An in-toto Statement v1: `subjects` maps file names to their sha256."""
     return {
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": n, "digest": {"sha256": d}} for n, d in sorted(subjects.items())],
+        "subject": [
+            {"name": key, "digest": {"sha256": subject}} for key, subject in sorted(subjects.items())
+        ],
         "predicateType": predicate_type,
         "predicate": dict(predicate),
     }

@@ -64,11 +64,11 @@ def is_capture(path: str | os.PathLike[str]) -> bool:
 
 def file_sha256(path: Path) -> str:
     """A file's sha256, read in chunks (checksums of captures, digests of certified files)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def write_folder(
@@ -97,7 +97,11 @@ def write_folder(
             place(tmp, out / name, file_sha256(tmp), "capture file")
         finally:
             tmp.unlink(missing_ok=True)
-    body = {**manifest, "format": FORMAT, "files": {n: (out / n).stat().st_size for n in sorted(files)}}
+    body = {
+        **manifest,
+        "format": FORMAT,
+        "files": {file: (out / file).stat().st_size for file in sorted(files)},
+    }
     write_atomic(out / MANIFEST, json.dumps(body, indent=2, sort_keys=True) + "\n", "capture manifest")
     sums = "".join(f"{file_sha256(out / n)}  {n}\n" for n in sorted([*files, MANIFEST]))
     write_atomic_bytes(out / SUMS, sums.encode(), "capture checksums")
@@ -203,7 +207,8 @@ def verify_folder(path: Path) -> dict[str, Any]:
         raise bad_capture(path, f"has an unreadable {SUMS} ({type(error).__name__})") from None
     listed = manifest.get("files", {})
     if not isinstance(listed, dict) or not all(
-        isinstance(n, str) and isinstance(v, int) and not isinstance(v, bool) for n, v in listed.items()
+        isinstance(key, str) and isinstance(value, int) and not isinstance(value, bool)
+        for key, value in listed.items()
     ):
         raise bad_capture(path, f"has a damaged {MANIFEST} (files must map names to sizes)")
     fix = f"capture it again with `xbackend capture MODEL --backend NAME -o {path}`"
@@ -257,12 +262,14 @@ class CapturedInputs:
 
 def captured_inputs(folder: str | os.PathLike[str]) -> CapturedInputs:
     """The inputs of a checked capture folder."""
-    p = Path(folder)
-    m = verify_folder(p)
+    path = Path(folder)
+    m = verify_folder(path)
     try:
         rec = m["inputs"]
         seed = rec["seed"]
         ranges = tuple((str(n), str(r)) for n, r in rec.get("ranges", ()))
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise bad_capture(p, f"has a manifest this xbackend cannot read ({type(error).__name__})") from None
-    return CapturedInputs(p, p / INPUTS, seed if isinstance(seed, int) else None, ranges)
+        raise bad_capture(
+            path, f"has a manifest this xbackend cannot read ({type(error).__name__})"
+        ) from None
+    return CapturedInputs(path, path / INPUTS, seed if isinstance(seed, int) else None, ranges)

@@ -41,13 +41,13 @@ def encode(obj: Any, times: bool = True) -> Any:
         out: dict[str, Any] = {}
         if _tagged(type(obj)):
             out[CLASS_KEY] = _tag(type(obj))
-        for f in dataclasses.fields(obj):
-            v = getattr(obj, f.name)
-            if f.metadata.get(OMIT_DEFAULT) and v == f.default:
+        for field in dataclasses.fields(obj):
+            v = getattr(obj, field.name)
+            if field.metadata.get(OMIT_DEFAULT) and v == field.default:
                 continue  # a field newer than the files it must stay byte-identical with
-            if not times and f.name in TIME_FIELDS:
-                v = f.default if f.default is not dataclasses.MISSING else v
-            out[f.name] = encode(v, times)
+            if not times and field.name in TIME_FIELDS:
+                v = field.default if field.default is not dataclasses.MISSING else v
+            out[field.name] = encode(v, times)
         return out
     if isinstance(obj, float):
         if math.isnan(obj):
@@ -58,7 +58,7 @@ def encode(obj: Any, times: bool = True) -> Any:
     if isinstance(obj, list | tuple):
         return [encode(v, times) for v in obj]
     if isinstance(obj, Mapping):
-        return {str(k): encode(v, times) for k, v in obj.items()}
+        return {str(key): encode(value, times) for key, value in obj.items()}
     if obj is None or isinstance(obj, bool | int | str):
         return obj
     raise CodecError(f"cannot encode {type(obj).__name__}")
@@ -100,7 +100,7 @@ def decode(tp: Any, data: Any, where: str = "result") -> Any:
     if origin in (typing.Union, types.UnionType):
         if data is None and type(None) in args:
             return None
-        rest = [a for a in args if a is not type(None)]
+        rest = [arg for arg in args if arg is not type(None)]
         if len(rest) == 1:
             return decode(rest[0], data, where)
         for a in rest:
@@ -113,7 +113,7 @@ def decode(tp: Any, data: Any, where: str = "result") -> Any:
         if not isinstance(data, list):
             raise CodecError(f"{where}: expected a list, got {type(data).__name__}")
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+            return tuple(decode(args[0], v, f"{where}[{index}]") for index, v in enumerate(data))
         if len(args) != len(data):
             raise CodecError(f"{where}: expected {len(args)} items, got {len(data)}")
         return tuple(decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True)))
@@ -121,7 +121,7 @@ def decode(tp: Any, data: Any, where: str = "result") -> Any:
         if not isinstance(data, dict):
             raise CodecError(f"{where}: expected an object, got {type(data).__name__}")
         vt = args[1] if len(args) == 2 else Any
-        return {k: decode(vt, v, f"{where}.{k}") for k, v in data.items()}
+        return {key: decode(vt, value, f"{where}.{key}") for key, value in data.items()}
     if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or _tagged(tp)):
         return _decode_dataclass(tp, data, where)
     return _scalar(tp, data, where)
@@ -140,11 +140,11 @@ def _decode_dataclass(tp: type[T], data: Any, where: str) -> T:
         raise CodecError(f"{where}: missing {CLASS_KEY!r} naming the result class")
     hints = _hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = decode(hints[f.name], data[f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise CodecError(f"{where}: missing field {f.name!r}")
+    for field in dataclasses.fields(cls):
+        if field.name in data:
+            kwargs[field.name] = decode(hints[field.name], data[field.name], f"{where}.{field.name}")
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise CodecError(f"{where}: missing field {field.name!r}")
     return typing.cast(T, cls(**kwargs))
 
 

@@ -72,8 +72,8 @@ class GgufTensor:
         if known is None:
             return None
         count = 1
-        for d in self.dims:
-            count *= d
+        for dim in self.dims:
+            count *= dim
         return -(-count // known[1]) * known[2]
 
 
@@ -93,8 +93,8 @@ class GgufHeader:
 class _Reader:
     """Bytes of one file, each read checked against what is left."""
 
-    def __init__(self, f: BinaryIO, size: int, path: Path) -> None:
-        self.f, self.size, self.path, self.pos = f, size, path, 0
+    def __init__(self, binary_io: BinaryIO, size: int, path: Path) -> None:
+        self.f, self.size, self.path, self.pos = binary_io, size, path, 0
 
     def bad(self, what: str) -> UsageError:
         return UsageError(f"{self.path}: {what}: not a GGUF file xbackend reads")
@@ -131,18 +131,18 @@ class _Reader:
         return n
 
 
-def _value(r: _Reader, kind: int, key: str, out: GgufHeader) -> None:
+def _value(reader: _Reader, kind: int, key: str, out: GgufHeader) -> None:
     """One value of type `kind`, arrays walked with a stack; scalars and short strings kept."""
     if kind in _SCALAR:
-        out.values[key] = struct.unpack(_FORMAT[kind], r.take(_SCALAR[kind]))[0]
+        out.values[key] = struct.unpack(_FORMAT[kind], reader.take(_SCALAR[kind]))[0]
         return
     if kind == _STRING:
-        text = r.string(_VALUE_LIMIT, "string value")
+        text = reader.string(_VALUE_LIMIT, "string value")
         if len(text) <= _KEPT:
             out.values[key] = text.decode("utf-8", "replace")
         return
     if kind != _ARRAY:
-        raise r.bad(f"value type {kind} of {key!r} is unknown")
+        raise reader.bad(f"value type {kind} of {key!r} is unknown")
     walked = 0
     stack = [(_ARRAY, 1)]  # (item type, items left) per open array
     first = True
@@ -154,24 +154,24 @@ def _value(r: _Reader, kind: int, key: str, out: GgufHeader) -> None:
         stack[-1] = (item, left - 1)
         if item == _ARRAY:  # an array header: its items come next
             if len(stack) > _DEPTH_LIMIT:
-                raise r.bad(f"{key!r} nests arrays past {_DEPTH_LIMIT} levels")
-            inner, n = r.number("<I"), r.number("<Q")
+                raise reader.bad(f"{key!r} nests arrays past {_DEPTH_LIMIT} levels")
+            inner, n = reader.number("<I"), reader.number("<Q")
             if first:
                 out.array_lengths[key] = n
                 first = False
             if inner in _SCALAR:
-                r.skip(r.count(n, _SCALAR[inner], key) * _SCALAR[inner])
+                reader.skip(reader.count(n, _SCALAR[inner], key) * _SCALAR[inner])
             elif inner == _STRING:
-                stack.append((inner, r.count(n, 8, key)))
+                stack.append((inner, reader.count(n, 8, key)))
             elif inner == _ARRAY:
-                stack.append((inner, r.count(n, 12, key)))
+                stack.append((inner, reader.count(n, 12, key)))
             else:
-                raise r.bad(f"array item type {inner} of {key!r} is unknown")
+                raise reader.bad(f"array item type {inner} of {key!r} is unknown")
             continue
         walked += 1
         if walked > _ITEM_LIMIT:
-            raise r.bad(f"{key!r} holds more than {_ITEM_LIMIT} values")
-        r.string(_VALUE_LIMIT, "string value")
+            raise reader.bad(f"{key!r} holds more than {_ITEM_LIMIT} values")
+        reader.string(_VALUE_LIMIT, "string value")
 
 
 def read_header(path: str | os.PathLike[str]) -> GgufHeader:
@@ -179,31 +179,33 @@ def read_header(path: str | os.PathLike[str]) -> GgufHeader:
     count checked against the file's size. A file that is not a whole GGUF file is a UsageError."""
     p = Path(path)
     fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        r = _Reader(f, size, p)
-        if size < 4 or r.take(4) != b"GGUF":
+    with os.fdopen(fd, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        reader = _Reader(handle, size, p)
+        if size < 4 or reader.take(4) != b"GGUF":
             raise UsageError(f"{p} is not a GGUF file (it does not start with GGUF)")
-        version = r.number("<I")
+        version = reader.number("<I")
         if version < 2:
-            raise r.bad(f"GGUF version {version}")
-        n_tensors, n_kv = r.number("<Q"), r.number("<Q")
-        r.count(n_kv, 12, "its key-value count")
+            raise reader.bad(f"GGUF version {version}")
+        n_tensors, n_kv = reader.number("<Q"), reader.number("<Q")
+        reader.count(n_kv, 12, "its key-value count")
         out = GgufHeader(version, file_size=size)
         for _ in range(n_kv):
-            key = r.string(_KEY_LIMIT, "key").decode("utf-8", "replace")
-            _value(r, r.number("<I"), key, out)
-        r.count(n_tensors, 24, "its tensor count")
+            key = reader.string(_KEY_LIMIT, "key").decode("utf-8", "replace")
+            _value(reader, reader.number("<I"), key, out)
+        reader.count(n_tensors, 24, "its tensor count")
         tensors = []
         for _ in range(n_tensors):
-            name = r.string(_KEY_LIMIT, "tensor name").decode("utf-8", "replace")
-            n_dims = r.number("<I")
+            name = reader.string(_KEY_LIMIT, "tensor name").decode("utf-8", "replace")
+            n_dims = reader.number("<I")
             if n_dims > _MAX_DIMS:
-                raise r.bad(f"tensor {name[:60]!r} has {n_dims} dimensions (ggml holds at most {_MAX_DIMS})")
-            dims = tuple(r.number("<Q") for _ in range(n_dims))
-            tensors.append(GgufTensor(name, dims, r.number("<I"), r.number("<Q")))
+                raise reader.bad(
+                    f"tensor {name[:60]!r} has {n_dims} dimensions (ggml holds at most {_MAX_DIMS})"
+                )
+            dims = tuple(reader.number("<Q") for _ in range(n_dims))
+            tensors.append(GgufTensor(name, dims, reader.number("<I"), reader.number("<Q")))
         header = GgufHeader(version, out.values, out.array_lengths, tuple(tensors), size)
-    _check_data(header, r.pos, p)
+    _check_data(header, reader.pos, p)
     return header
 
 
@@ -213,11 +215,14 @@ def _check_data(header: GgufHeader, end: int, path: Path) -> None:
     if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
         raise UsageError(f"{path}: general.alignment {align!r} is not a power of two: not a GGUF file")
     data = -(-end // align) * align
-    for t in header.tensors:
-        size = t.nbytes()
-        if t.offset > header.file_size or (size is not None and data + t.offset + size > header.file_size):
+    for tensor in header.tensors:
+        size = tensor.nbytes()
+        if tensor.offset > header.file_size or (
+            size is not None and data + tensor.offset + size > header.file_size
+        ):
             raise UsageError(
-                f"{path}: tensor {t.name[:60]!r} lies past the end of the file ({header.file_size} bytes): "
+                f"{path}: tensor {tensor.name[:60]!r} lies past the end of the file ({header.file_size} "
+                "bytes): "
                 "not a whole GGUF file"
             )
 

@@ -29,13 +29,15 @@ class NpzError(ValueError):
     """Why the file is refused, in words that say what to do."""
 
 
-def _header(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[tuple[int, ...], np.dtype[np.generic], int]:
+def _header(
+    zip_file: zipfile.ZipFile, info: zipfile.ZipInfo
+) -> tuple[tuple[int, ...], np.dtype[np.generic], int]:
     """(shape, dtype, header bytes) of one member, read from its first bytes alone."""
-    with z.open(info) as f:
-        major, _ = np.lib.format.read_magic(f)
+    with zip_file.open(info) as handle:
+        major, _ = np.lib.format.read_magic(handle)
         read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read(f, max_header_size=1 << 16)
-        return tuple(int(d) for d in shape), dtype, f.tell()
+        shape, _, dtype = read(handle, max_header_size=1 << 16)
+        return tuple(int(d) for d in shape), dtype, handle.tell()
 
 
 def read_npz(
@@ -46,8 +48,8 @@ def read_npz(
     if not zipfile.is_zipfile(path):
         raise NpzError("not an .npz (not a zip archive)")
     out: dict[str, np.ndarray] = {}
-    with zipfile.ZipFile(path) as z:
-        members = [i for i in z.infolist() if i.filename.endswith(".npy")]
+    with zipfile.ZipFile(path) as archive:
+        members = [i for i in archive.infolist() if i.filename.endswith(".npy")]
         headers = {}
         for info in members:
             name = info.filename[: -len(".npy")]
@@ -59,7 +61,7 @@ def read_npz(
                     "writes (stored or deflated)"
                 )
             try:
-                shape, dtype, start = _header(z, info)
+                shape, dtype, start = _header(archive, info)
             except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
                 raise NpzError(f"array {name!r} has no readable .npy header ({error})") from None
             if dtype.hasobject:
@@ -85,8 +87,8 @@ def read_npz(
             headers[info.filename] = name
         for info in members:
             try:
-                with z.open(info) as f:
-                    out[headers[info.filename]] = np.lib.format.read_array(f, allow_pickle=False)
+                with archive.open(info) as handle:
+                    out[headers[info.filename]] = np.lib.format.read_array(handle, allow_pickle=False)
             except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:  # a bad CRC, a cut member
                 raise NpzError(f"array {headers[info.filename]!r} is damaged ({first_line(error)})") from None
     return out

@@ -61,11 +61,11 @@ _LEDGER_LIMIT = 16 << 20  # a ledger lists names and digests: larger is not one 
 _FORCED: set[Path] = set()  # files the user named with --force in this command
 
 
-def _key(p: Path) -> Path:
+def _key(path: Path) -> Path:
     try:
-        return p.parent.resolve() / p.name
+        return path.parent.resolve() / path.name
     except (OSError, RuntimeError):
-        return p.absolute()
+        return path.absolute()
 
 
 def allow(paths: Iterable[str | os.PathLike[str] | None]) -> None:
@@ -78,22 +78,22 @@ def reset() -> None:
     _FORCED.clear()
 
 
-def forced(p: Path) -> bool:
-    """The user forced `p`, or a folder it is in (`sweep -o DIR --force`)."""
-    k = _key(p)
+def forced(path: Path) -> bool:
+    """The user forced `path`, or a folder it is in (`sweep -o DIR --force`)."""
+    k = _key(path)
     return k in _FORCED or any(parent in _FORCED for parent in k.parents)
 
 
-def file_digest(p: Path) -> str:
+def file_digest(path: Path) -> str:
     """sha256 of a regular file, read without following a link or waiting on a pipe."""
-    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(p))
-        h = hashlib.sha256()
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        digest = hashlib.sha256()
         while chunk := os.read(fd, 1 << 20):
-            h.update(chunk)
-        return h.hexdigest()
+            digest.update(chunk)
+        return digest.hexdigest()
     finally:
         os.close(fd)
 
@@ -109,8 +109,8 @@ def _ledger_json(path: Path) -> object:
         if not stat.S_ISREG(st.st_mode) or st.st_size > _LEDGER_LIMIT or st.st_uid != os.geteuid():
             return None
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as f:
-            return json.loads(f.read(_LEDGER_LIMIT + 1))
+        with os.fdopen(fd, "rb") as handle:
+            return json.loads(handle.read(_LEDGER_LIMIT + 1))
     except (OSError, ValueError, RecursionError):
         return None
 
@@ -127,7 +127,9 @@ def _load_ledger(folder: Path) -> dict[str, str] | None:
     if not isinstance(data, dict) or data.get("schema") != _SCHEMA or not isinstance(data.get("files"), dict):
         return None
     files = data["files"]
-    if not all(isinstance(k, str) and isinstance(v, str) and "/" not in k for k, v in files.items()):
+    if not all(
+        isinstance(key, str) and isinstance(file, str) and "/" not in key for key, file in files.items()
+    ):
         return None
     given = data.get("seal")
     if key is None or not isinstance(given, str) or not hmac.compare_digest(given, seal(key, folder, files)):
@@ -197,10 +199,10 @@ def synced_temp(dest: Path, data: bytes, mode: int = 0o644, suffix: str = ".tmp"
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name[:200]}.", suffix=suffix, dir=dest.parent)
     try:
         os.fchmod(fd, mode)  # mkstemp makes 0600; reports (and pin files) are meant to be shared
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -223,18 +225,18 @@ def locked(folder: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def is_ours(p: Path) -> bool:
-    """`p` is xbackend's to replace: its folder's sealed ledger lists it unchanged, it is this
+def is_ours(path: Path) -> bool:
+    """`path` is xbackend's to replace: its folder's sealed ledger lists it unchanged, it is this
     user's, and its folder is not writable by others."""
-    return _unchanged(p, _read_ledger(p.parent).get(p.name)) and not shared_folder(p.parent)
+    return _unchanged(path, _read_ledger(path.parent).get(path.name)) and not shared_folder(path.parent)
 
 
-def _unchanged(p: Path, digest: str | None) -> bool:
-    """`p` is a regular file of this user's (not a link) whose sha256 is `digest`."""
+def _unchanged(path: Path, digest: str | None) -> bool:
+    """`path` is a regular file of this user's (not a link) whose sha256 is `digest`."""
     if digest is None:
         return False
     try:
-        return os.lstat(p).st_uid == os.geteuid() and file_digest(p) == digest
+        return os.lstat(path).st_uid == os.geteuid() and file_digest(path) == digest
     except OSError:  # a link (O_NOFOLLOW), gone, unreadable
         return False
 
@@ -244,26 +246,27 @@ def recorded(folder: Path) -> bool:
     return bool(_read_ledger(folder))
 
 
-def refusal(flag: str, p: Path) -> str:
+def refusal(flag: str, path: Path) -> str:
     """The one line for an existing file that is not xbackend's to replace."""
-    if shared_folder(p.parent) and _unchanged(p, _read_ledger(p.parent).get(p.name)):
+    if shared_folder(path.parent) and _unchanged(path, _read_ledger(path.parent).get(path.name)):
         return (
-            f"{flag} {p} exists in a folder others may write ({p.parent}), so xbackend cannot tell it is "
+            f"{flag} {path} exists in a folder others may write ({path.parent}), so xbackend cannot tell it "
+            "is "
             "still the file it wrote; it never overwrites it there: choose another path, or pass --force "
             "to replace it"
         )
     return (
-        f"{flag} {p} exists and xbackend did not write it (or it changed since); xbackend never "
+        f"{flag} {path} exists and xbackend did not write it (or it changed since); xbackend never "
         "overwrites it: choose another path, or pass --force to replace it"
     )
 
 
-def claim(p: Path, digest: str) -> None:
-    """Record `p` (just written, with `digest`) as xbackend's."""
-    with locked(p.parent):
-        files = _ledger_to_update(p.parent)
-        files[p.name] = digest
-        _write_ledger(p.parent, files)
+def claim(path: Path, digest: str) -> None:
+    """Record `path` (just written, with `digest`) as xbackend's."""
+    with locked(path.parent):
+        files = _ledger_to_update(path.parent)
+        files[path.name] = digest
+        _write_ledger(path.parent, files)
 
 
 def forget(folder: Path, names: Iterable[str]) -> None:
@@ -272,7 +275,7 @@ def forget(folder: Path, names: Iterable[str]) -> None:
     with locked(folder):
         files = _ledger_to_update(folder)
         if gone & set(files):
-            _write_ledger(folder, {k: v for k, v in files.items() if k not in gone})
+            _write_ledger(folder, {key: file for key, file in files.items() if key not in gone})
 
 
 def may_place(dest: Path, what: str, force: bool = False) -> dict[str, str]:
@@ -316,9 +319,9 @@ def _renameat2(src: Path, dst: Path, flags: int) -> bool:
     raise OSError(err, os.strerror(err), str(dst))
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap the files at `a` and `b` in one step (False: not offered here)."""
-    return _renameat2(a, b, _RENAME_EXCHANGE)
+def _exchange(path: Path, b: Path) -> bool:
+    """Swap the files at `path` and `b` in one step (False: not offered here)."""
+    return _renameat2(path, b, _RENAME_EXCHANGE)
 
 
 def _appeared(what: str, dest: Path) -> UsageError:
@@ -500,6 +503,6 @@ def new_part(folder: Path) -> Path:
 def drop_parts(folder: Path) -> None:
     """Remove the half-built folders new_part made beside `folder` (their writer was killed)."""
     with contextlib.suppress(OSError):
-        for d in folder.parent.glob(f".{glob.escape(folder.name[:100])}.*.partial"):
-            if d.is_dir() and not d.is_symlink():
-                shutil.rmtree(d, ignore_errors=True)
+        for path in folder.parent.glob(f".{glob.escape(folder.name[:100])}.*.partial"):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)

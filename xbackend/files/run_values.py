@@ -40,20 +40,20 @@ def combined_digest(digests: Iterable[tuple[str, str]]) -> str:
     return h.hexdigest()
 
 
-def common_names(a: ValueFile, b: ValueFile, names: Iterable[str]) -> list[str]:
+def common_names(value_file: ValueFile, b: ValueFile, names: Iterable[str]) -> list[str]:
     """The names, in order, that both captures hold."""
-    return [name for name in names if name in a and name in b]
+    return [name for name in names if name in value_file and name in b]
 
 
 def diff_captures(
-    a: ValueFile, b: ValueFile, names: Sequence[str], ops: Mapping[str, str]
+    value_file: ValueFile, b: ValueFile, names: Sequence[str], ops: Mapping[str, str]
 ) -> list[TensorDiff]:
     """a against b for each name (element by element inside sequences and maps); a name only
     one side holds is a 'missing' mismatch."""
     out = []
-    for n in names:
-        if n in a and n in b:
-            out.extend(diff_values(n, a[n], b[n], ops.get(n, "")))
+    for name in names:
+        if name in value_file and name in b:
+            out.extend(diff_values(name, value_file[name], b[name], ops.get(name, "")))
         else:
-            out.append(TensorDiff.mismatch(n, ops.get(n, ""), "missing", "exposed on one side only"))
+            out.append(TensorDiff.mismatch(name, ops.get(name, ""), "missing", "exposed on one side only"))
     return out

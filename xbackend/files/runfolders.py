@@ -26,8 +26,8 @@ def start_time(pid: int) -> str:
     """When process `pid` started, in clock ticks since boot (Linux); '' where unknown. With the
     pid it names one process, even after the pid is reused."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return ""
 
@@ -48,17 +48,17 @@ def remove_dead_runs(folder: Path | None = None, prefix: str = "xbackend-") -> l
     base = Path(folder or tempfile.gettempdir())
     gone = []
     with contextlib.suppress(OSError):
-        for d in base.glob(f"{prefix}*"):
+        for path in base.glob(f"{prefix}*"):
             try:
-                if d.is_symlink() or not d.is_dir() or d.stat().st_uid != os.getuid():
+                if path.is_symlink() or not path.is_dir() or path.stat().st_uid != os.getuid():
                     continue
-                pid_text, _, started = (d / MARK).read_text().strip().partition(" ")
+                pid_text, _, started = (path / MARK).read_text().strip().partition(" ")
                 pid = int(pid_text)
             except (OSError, ValueError):
                 continue  # no mark: not a run folder, or one from before marks
             if pid != os.getpid() and not _alive(pid, started):
-                shutil.rmtree(d, ignore_errors=True)
-                gone.append(d)
+                shutil.rmtree(path, ignore_errors=True)
+                gone.append(path)
     return gone
 
 

@@ -35,8 +35,8 @@ FORMAT = "xbackend.values/1"
 
 
 class _Writer:
-    def __init__(self, f: BinaryIO) -> None:
-        self.f = f
+    def __init__(self, binary_io: BinaryIO) -> None:
+        self.f = binary_io
         self.offset = len(MAGIC)
 
     def blob(self, data: bytes | memoryview) -> tuple[int, int]:
@@ -54,8 +54,8 @@ class _Writer:
             keys = sorted(value, key=repr)
             return {
                 "kind": "map",
-                "keys": [k if isinstance(k, (int, str)) else repr(k) for k in keys],
-                "values": [self.record(value[k]) for k in keys],
+                "keys": [key if isinstance(key, (int, str)) else repr(key) for key in keys],
+                "values": [self.record(value[key]) for key in keys],
             }
         a = value
         if a.dtype == object:
@@ -104,7 +104,7 @@ class ValueWriter:
             self._reader = None
         if self._f.closed:
             return
-        entries = [[n, rec] for n, rec in self.entries.items()]
+        entries = [[key, rec] for key, rec in self.entries.items()]
         self._f.write(json.dumps({"format": FORMAT, "entries": entries}, ensure_ascii=False).encode())
         self._f.write(self._w.offset.to_bytes(8, "little"))
         self._f.write(END)
@@ -211,8 +211,8 @@ class ValueFile:
             entries = {str(n): rec for n, rec in index["entries"]}
             for rec in entries.values():
                 _check_record(rec, start)
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{self.path} has a damaged index ({type(e).__name__}: {e})") from e
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{self.path} has a damaged index ({type(error).__name__}: {error})") from error
         return entries
 
     @property
@@ -237,9 +237,9 @@ class ValueFile:
     def tensors(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """name -> (dtype name, shape) of every plain tensor, read from the index alone."""
         return {
-            n: (str(r["dtype"]), tuple(int(d) for d in r["shape"]))
-            for n, r in self._index.items()
-            if r["kind"] == "tensor"
+            key: (str(value["dtype"]), tuple(int(d) for d in value["shape"]))
+            for key, value in self._index.items()
+            if value["kind"] == "tensor"
         }
 
     def _bytes(self, rec: Mapping[str, Any]) -> bytes:
@@ -251,9 +251,9 @@ class ValueFile:
         if kind == "empty":
             return None
         if kind == "sequence":
-            return [self._value(r) for r in rec["items"]]
+            return [self._value(item) for item in rec["items"]]
         if kind == "map":
-            return {k: self._value(r) for k, r in zip(rec["keys"], rec["values"])}
+            return {key: self._value(value) for key, value in zip(rec["keys"], rec["values"])}
         shape = tuple(int(d) for d in rec["shape"])
         if kind == "strings":
             items = json_loads(self._bytes(rec).decode("utf-8", "surrogateescape"))
@@ -276,6 +276,6 @@ class ValueFile:
         return self
 
     def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+        self, t: type[BaseException] | None, base_exception: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()

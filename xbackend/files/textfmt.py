@@ -31,21 +31,21 @@ __all__ = [
 ]
 
 
-def num(x: float | int | None) -> str:
-    if x is None:
+def num(number: float | int | None) -> str:
+    if number is None:
         return "–"
-    if isinstance(x, int) and not isinstance(x, bool):
-        return str(x)
-    if math.isinf(x) or math.isnan(x):
-        return str(x)
-    if x == 0:
+    if isinstance(number, int) and not isinstance(number, bool):
+        return str(number)
+    if math.isinf(number) or math.isnan(number):
+        return str(number)
+    if number == 0:
         return "0"
-    return f"{x:.3g}"
+    return f"{number:.3g}"
 
 
-def short(x: float | None) -> str:
+def short(number: float | None) -> str:
     """Three significant digits for prose; 'n/a' when there is no figure."""
-    return "n/a" if x is None else f"{x:.3g}"
+    return "n/a" if number is None else f"{number:.3g}"
 
 
 def with_module(tensor: str, modules: Mapping[str, str]) -> str:
@@ -80,7 +80,7 @@ def fenced(text: str, info: str = "", lines: bool = False) -> list[str]:
     unless `lines` (code of the report's own, to be copied and run as printed: its lines kept)."""
     parts = text.split("\n") if lines else [text]
     body = [visible(CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", part)) for part in parts]
-    longest = max((len(r) for b in body for r in re.findall("`+", b)), default=0)
+    longest = max((len(run) for block in body for run in re.findall("`+", block)), default=0)
     fence = "`" * max(3, longest + 1)
     return [f"{fence}{info}", *body, fence]
 
@@ -88,15 +88,15 @@ def fenced(text: str, info: str = "", lines: bool = False) -> list[str]:
 def code_span(text: str) -> str:
     """`text` as a Markdown code span: shown as it is, building nothing (its fence is longer than
     any run of backticks inside)."""
-    longest = max((len(r) for r in re.findall("`+", text)), default=0)
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if text.startswith(("`", " ")) or text.endswith(("`", " ")) else ""
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def _unlinked(s: str) -> str:
+def _unlinked(text: str) -> str:
     """Text with no scheme's :// and no www. that GitHub would make a link of."""
-    return _WWW.sub(r"\1\\.", _SCHEME.sub(r"\\://", s))
+    return _WWW.sub(r"\1\\.", _SCHEME.sub(r"\\://", text))
 
 
 def inert(text: object) -> str:
@@ -116,30 +116,37 @@ def prose(text: object) -> str:
     return _between_spans(visible(CONTROL.sub(" ", str(text))), _prose_text)
 
 
-def _code_spans(s: str) -> Iterable[tuple[int, int]]:
-    """Where `s` holds code spans as CommonMark reads them: a run of backticks that no backslash
+def _code_spans(text: str) -> Iterable[tuple[int, int]]:
+    """Where `text` holds code spans as CommonMark reads them: a run of backticks that no backslash
     escapes opens one, the next run of the same length closes it (inside, a backslash is text)."""
     at = 0
-    while (m := _TICKS.search(s, at)) is not None:
-        before = s[: m.start()]
+    while (opening := _TICKS.search(text, at)) is not None:
+        before = text[: opening.start()]
         if (len(before) - len(before.rstrip("\\"))) % 2:  # an escaped backtick: text, one shorter run
-            at = m.start() + 1
+            at = opening.start() + 1
             continue
-        close = next((c for c in _TICKS.finditer(s, m.end()) if len(c.group()) == len(m.group())), None)
+        close = next(
+            (
+                cell
+                for cell in _TICKS.finditer(text, opening.end())
+                if len(cell.group()) == len(opening.group())
+            ),
+            None,
+        )
         if close is None:
-            at = m.end()
+            at = opening.end()
             continue
-        yield m.start(), close.end()
+        yield opening.start(), close.end()
         at = close.end()
 
 
-def _between_spans(s: str, made_inert: Callable[[str], str]) -> str:
-    """`s` with `made_inert` applied to the text between its code spans (the spans kept whole)."""
+def _between_spans(text: str, made_inert: Callable[[str], str]) -> str:
+    """`text` with `made_inert` applied to the text between its code spans (the spans kept whole)."""
     out, at = [], 0
-    for start, end in _code_spans(s):
-        out += [made_inert(s[at:start]), s[start:end]]
+    for start, end in _code_spans(text):
+        out += [made_inert(text[at:start]), text[start:end]]
         at = end
-    out.append(made_inert(s[at:]))
+    out.append(made_inert(text[at:]))
     return _joined(out)
 
 
@@ -152,22 +159,22 @@ def _joined(pieces: list[str]) -> str:
     return out
 
 
-def _prose_text(s: str) -> str:
+def _prose_text(text: str) -> str:
     """Text between code spans made inert: an e-mail address a code span of its own (GitHub would
     link it), every backtick its entity."""
     out, at = [], 0
-    for m in _EMAIL_WHOLE.finditer(s):
-        out += [_no_ticks(s[at : m.start()]), code_span(m.group(0))]
+    for m in _EMAIL_WHOLE.finditer(text):
+        out += [_no_ticks(text[at : m.start()]), code_span(m.group(0))]
         at = m.end()
-    out.append(_no_ticks(s[at:]))
+    out.append(_no_ticks(text[at:]))
     return _joined(out)
 
 
-def _no_ticks(s: str) -> str:
+def _no_ticks(text: str) -> str:
     """Text with no e-mail address made inert, a backtick in it written as its entity: it shows
     as one and pairs with nothing (a backslash before it would not hold: a name's own backslash
     can cancel one)."""
-    return "&#96;".join(_unlinked(_escaped(part)) for part in s.split("`"))
+    return "&#96;".join(_unlinked(_escaped(part)) for part in text.split("`"))
 
 
 class Ours(str):
@@ -191,10 +198,10 @@ def cell(text: object) -> str:
     return _between_spans(visible(CONTROL.sub(" ", str(text))), _cell_text).replace("|", "\\|")
 
 
-def _cell_text(s: str) -> str:
+def _cell_text(text: str) -> str:
     """A cell's names made inert: every bracket, tilde, asterisk and underscore at a word's edge
     escaped, a backtick its entity, an e-mail address a code span."""
-    return _prose_text(s)
+    return _prose_text(text)
 
 
 _PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
@@ -202,28 +209,28 @@ _ENTITIES = ("&amp;", "&lt;")
 _ALNUM = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
 
-def _escaped(s: str) -> str:
-    """`s` with what builds Markdown escaped: & and <, brackets, tildes, underscores at a word's
+def _escaped(text: str) -> str:
+    """`text` with what builds Markdown escaped: & and <, brackets, tildes, underscores at a word's
     edge (layer_norm stays as it is), and asterisks. An escape already there (a backslash before
     punctuation, &amp;, &lt;) is kept as one piece: escaping twice changes nothing, and a name's
     own backslash can never cancel an escape added here (a lone one before a letter stays a
     backslash)."""
-    out, i, n = [], 0, len(s)
+    out, i, n = [], 0, len(text)
     while i < n:
-        c = s[i]
-        if c == "\\" and i + 1 < n and s[i + 1] in _PUNCT:
-            out.append(s[i : i + 2])
+        c = text[i]
+        if c == "\\" and i + 1 < n and text[i + 1] in _PUNCT:
+            out.append(text[i : i + 2])
             i += 2
             continue
         if c == "\\" and i + 1 == n:  # last: it would escape the markup that follows the name
             out.append("\\\\")
             break
-        entity = next((e for e in _ENTITIES if s.startswith(e, i)), "")
+        entity = next((entity for entity in _ENTITIES if text.startswith(entity, i)), "")
         if entity:
             out.append(entity)
             i += len(entity)
             continue
-        prev, nxt = s[i - 1] if i else "", s[i + 1] if i + 1 < n else ""
+        prev, nxt = text[i - 1] if i else "", text[i + 1] if i + 1 < n else ""
         if c == "&":
             out.append("&amp;")
         elif c == "<":
@@ -262,18 +269,21 @@ def only_our_html(markdown: str) -> str:
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
-    out = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out = [
+        "| " + " | ".join(cell(heading) for heading in header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
     out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return [*out, ""]
 
 
-def gib(n: int) -> str:
+def gib(size: int) -> str:
     """Bytes as GiB (MiB below one GiB), three significant digits."""
-    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
+    return f"{size / 2**30:.3g} GiB" if size >= 2**30 else f"{size / 2**20:.3g} MiB"
 
 
-def yes(b: bool | None) -> str:
-    return "–" if b is None else ("yes" if b else strong("no"))
+def yes(flag: bool | None) -> str:
+    return "–" if flag is None else ("yes" if flag else strong("no"))
 
 
 def module_note(tensor: str | None, modules: Mapping[str, str]) -> str:

@@ -80,7 +80,7 @@ def field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], wher
     if value is None and type(None) in kinds:
         return value
     if not isinstance(value, kinds) or (is_bool and bool not in kinds):
-        want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        want = " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
         raise InputError(f"{where}: {key} must be {want}, not {_shown(value)}; {fix}")
     return value
 

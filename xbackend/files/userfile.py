@@ -23,18 +23,18 @@ _KINDS = (
 _NAME_MAX = 255  # bytes in one path component, on every file system xbackend runs on
 
 
-def name_problem(p: Path) -> str:
-    text = str(p)
+def name_problem(path: Path) -> str:
+    text = str(path)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return "has a name that is not valid UTF-8; rename it"
-    if any(len(os.fsencode(part)) > _NAME_MAX for part in p.parts):
+    if any(len(os.fsencode(part)) > _NAME_MAX for part in path.parts):
         return f"has a name part longer than {_NAME_MAX} bytes; give it a shorter name"
     return ""
 
 
-def os_problem(e: OSError) -> str:
+def os_problem(os_error: OSError) -> str:
     return {
         errno.ENOENT: "does not exist",
         errno.ELOOP: "is a symbolic link loop",
@@ -42,7 +42,7 @@ def os_problem(e: OSError) -> str:
         errno.EPERM: "cannot be read (not permitted)",
         errno.ENAMETOOLONG: "has a name too long for the system; give it a shorter name",
         errno.ENOTDIR: "lies under something that is not a folder",
-    }.get(e.errno or 0, f"cannot be read ({e.strerror or e})")
+    }.get(os_error.errno or 0, f"cannot be read ({os_error.strerror or os_error})")
 
 
 def user_file(path: str | os.PathLike[str], what: str, fix: str, limit: int | None = None) -> Path:
@@ -86,8 +86,8 @@ def open_user_file(path: str | os.PathLike[str], what: str, fix: str, limit: int
 def read_user_bytes(path: str | os.PathLike[str], what: str, fix: str, limit: int | None = None) -> bytes:
     """The whole regular file `path`, at most `limit` bytes (see user_file)."""
     fd = open_user_file(path, what, fix, limit)
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1 if limit is not None else -1)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(limit + 1 if limit is not None else -1)
     if limit is not None and len(data) > limit:
         raise InputError(f"{what} {path} grew past {limit} bytes while it was read; {fix}")
     return data

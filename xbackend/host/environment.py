@@ -93,8 +93,8 @@ def _cpuinfo() -> tuple[str, list[str]]:
     model: str = platform.processor() or platform.machine()
     flags: list[str] = []
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
                 key, _, value = line.partition(":")
                 key = key.strip()
                 if key in ("model name", "Model") and model in ("", platform.machine(), platform.processor()):

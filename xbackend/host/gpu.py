@@ -218,8 +218,8 @@ def gpu_environment() -> dict[str, str]:
     if not info.driver:
         return {}
     out = {"gpu.driver": info.driver, "gpu.driver_cuda": info.cuda}
-    for i, d in enumerate(info.devices):
-        out[f"gpu.{i}"] = d
+    for index, device in enumerate(info.devices):
+        out[f"gpu.{index}"] = device
     for key, version in (
         ("gpu.cuda_runtime", cudart_version()),
         ("gpu.cudnn", cudnn_version()),

@@ -50,58 +50,75 @@ class Grounds:
 
 
 def judgment_of(
-    grounds: Grounds, b: PlannedBackend | None, r: BackendResult, builds: Builds
+    grounds: Grounds, planned_backend: PlannedBackend | None, backend: BackendResult, builds: Builds
 ) -> tuple[BackendJudgment, Judge | None]:
-    """How backend `b` is judged (the one place it is decided), and the judge of its own where
+    """How backend `planned_backend` is judged (the one place it is decided), and the judge of its own where
     it has one."""
-    ctx, name = grounds.ctx, r.name
-    if b is None or b.cls is None:
+    ctx, name = grounds.ctx, backend.name
+    if planned_backend is None or planned_backend.cls is None:
         return BackendJudgment(name, Fed.NOT_MEASURED, LOADED), None
     spec, src = ctx.spec, grounds.source
     args = (ctx, grounds.proto, builds, grounds.available, grounds.shapes, grounds.captured)
-    if not b.cls.executes_graph and not b.cls.severs_by_feeds:
+    if not planned_backend.cls.executes_graph and not planned_backend.cls.severs_by_feeds:
         # not fed the reference's values: judged as the reference is, on its own values
         mine = builds.first.layers if builds.ok else None
         if mine is None:
-            why = f"{b.cls.name} cannot be fed the reference's values, and exposed none"
+            why = f"{planned_backend.cls.name} cannot be fed the reference's values, and exposed none"
             return BackendJudgment(name, Fed.NOT_MEASURED, why), None
-        folded = dict(r.info).get(RECOMPUTED, "").split(",")
+        folded = dict(backend.info).get(RECOMPUTED, "").split(",")
         own = own_grain_judge(*args, mine.capture, name, src.path, folded)
         return BackendJudgment(name, Fed.OWN_VALUES, judge=name, graph=OWN_VALUES, own_run=mine.capture), own
-    if _judges_evaluation(b):
+    if _judges_evaluation(planned_backend):
         return BackendJudgment(name, Fed.OWN_JUDGE, graph=OWN_JUDGE), None
     tensors = grounds.tensors
-    severed_run = severed_plan(ctx, b.cls.windowed, tensors, grounds.shapes, grounds.captured)
+    severed_run = severed_plan(ctx, planned_backend.cls.windowed, tensors, grounds.shapes, grounds.captured)
     if not severed_run.fit.fits:
         return BackendJudgment(name, Fed.NOT_MEASURED, severed_run.fit.reason), None
     judge, graph = "", ""  # the reference grain's judge, unless it has its own
     own_judge: Judge | None = None
     # A runner of its own source keeps its model and takes the reference's values as feeds:
     # it computes each part it exposes from the part's inputs, so it is judged at that grain.
-    if not b.cls.executes_graph:
-        folded = dict(r.info).get(RECOMPUTED, "").split(",")
+    if not planned_backend.cls.executes_graph:
+        folded = dict(backend.info).get(RECOMPUTED, "").split(",")
         own_judge = own_grain_judge(*args, grounds.ref_capture, name, src.path, folded)
-        judge, graph = name, grain_of(r)
-    model = grounds.severed if b.cls.executes_graph else replace(spec.ref(), inputs=grounds.severed.inputs)
+        judge, graph = name, grain_of(backend)
+    model = (
+        grounds.severed
+        if planned_backend.cls.executes_graph
+        else replace(spec.ref(), inputs=grounds.severed.inputs)
+    )
     phase = Phase.planned(LOCAL_PHASE, tensors, 1, model=model, hashed=False, windows=severed_run.windows)
-    job = Job(f"explain-local-{name}", name, b.cls, _same_grain(b, r), grounds.severed_feeds, (phase,))
+    job = Job(
+        f"explain-local-{name}",
+        name,
+        planned_backend.cls,
+        _same_grain(planned_backend, backend),
+        grounds.severed_feeds,
+        (phase,),
+    )
     return BackendJudgment(name, Fed.SEVERED, local_job=job, judge=judge, graph=graph), own_judge
 
 
-def _judges_evaluation(b: PlannedBackend) -> bool:
-    """Whether `b`'s severed run would be the float64 judge's own evaluation rounded to the
+def _judges_evaluation(planned_backend: PlannedBackend) -> bool:
+    """Whether `planned_backend`'s severed run would be the float64 judge's own evaluation rounded to the
     model's dtypes: the judge's engine at one BLAS thread (the same sums in the same order)."""
-    if b.cls is None or b.cls.name != JUDGE_ENGINE:
+    if planned_backend.cls is None or planned_backend.cls.name != JUDGE_ENGINE:
         return False
-    rest = {k: v for k, v in b.raw_options.items() if k != "narrow"}
+    rest = {key: raw_option for key, raw_option in planned_backend.raw_options.items() if key != "narrow"}
     return rest in ({}, {"threads": "1"})
 
 
-def _same_grain(b: PlannedBackend, r: BackendResult) -> tuple[tuple[str, str], ...]:
-    """`b`'s options, at the grain its per-layer build exposed (torch decides op or module grain
+def _same_grain(planned_backend: PlannedBackend, backend: BackendResult) -> tuple[tuple[str, str], ...]:
+    """`planned_backend`'s options, at the grain its per-layer build exposed (torch decides op or module grain
     per process, from a bitwise check threads can tip): the local run is fed and judged at the
     tensors that build captured, so it must expose the same ones."""
-    if b.cls is None or not any(option.name == "grain" for option in b.cls.option_specs):
-        return b.variant()
-    used = dict(r.info).get("grain", "")
-    return b.variant(grain="op" if used.startswith("op") else "module") if used else b.variant()
+    if planned_backend.cls is None or not any(
+        option.name == "grain" for option in planned_backend.cls.option_specs
+    ):
+        return planned_backend.variant()
+    used = dict(backend.info).get("grain", "")
+    return (
+        planned_backend.variant(grain="op" if used.startswith("op") else "module")
+        if used
+        else planned_backend.variant()
+    )

@@ -58,19 +58,19 @@ class NodeStat:
 def node_stats(judge_capture: str, judged: Judged, order: Sequence[str]) -> dict[str, NodeStat]:
     """Each judged float node output's NodeStat, read from one evaluation of the judge."""
     out = {}
-    with CaptureFile(judge_capture) as j:
-        for t in order:
-            bound = judged.bounds.get(t)
-            v = j.get(t) if bound is not None else None
-            if bound is None or not isinstance(v, np.ndarray) or v.dtype != np.float64:
+    with CaptureFile(judge_capture) as judge:
+        for tensor in order:
+            bound = judged.bounds.get(tensor)
+            exact = judge.get(tensor) if bound is not None else None
+            if bound is None or not isinstance(exact, np.ndarray) or exact.dtype != np.float64:
                 continue  # an integer or boolean result: exact, it carries no rounding
-            m = j.get(AUX + t)
-            out[t] = NodeStat(
-                _finite_max(v),
-                _finite_max(m) if isinstance(m, np.ndarray) else 0.0,
+            magnitude = judge.get(AUX + tensor)
+            out[tensor] = NodeStat(
+                _finite_max(exact),
+                _finite_max(magnitude) if isinstance(magnitude, np.ndarray) else 0.0,
                 bound.terms,
                 bound.kind,
-                judged.declared.get(t, "float32"),
+                judged.declared.get(tensor, "float32"),
             )
     return out
 
@@ -80,13 +80,13 @@ def node_stats(judge_capture: str, judged: Judged, order: Sequence[str]) -> dict
 SENTINEL = 2.0**100
 
 
-def _finite_max(x: np.ndarray) -> float:
+def _finite_max(values: np.ndarray) -> float:
     """The largest |x| below SENTINEL (0 for none)."""
-    a = np.abs(np.asarray(x, np.float64))
-    top = float(a.max(initial=0.0))
+    finite = np.abs(np.asarray(values, np.float64))
+    top = float(finite.max(initial=0.0))
     if top < SENTINEL:
         return top
-    return float(np.max(a, where=a < SENTINEL, initial=0.0))
+    return float(np.max(finite, where=finite < SENTINEL, initial=0.0))
 
 
 # ops whose output moves with the relative error of their inputs (|d log f| <= sum |d log x|)
@@ -126,55 +126,67 @@ def composed_rounding(spec: ModelSpec, stats: Mapping[str, NodeStat], ref_captur
     out: dict[str, float] = {}
     with CaptureFile(ref_capture) as cap:
         for tensor in spec.tensors:
-            s = stats.get(tensor.name)
-            if s is None:
+            node_stat = stats.get(tensor.name)
+            if node_stat is None:
                 continue
-            u = unit_roundoff(np_dtype(s.dtype))
-            ins = [i for i in tensor.inputs if i in err]
-            rel = [err[i] / stats[i].vmax if stats[i].vmax else 0.0 for i in ins]
-            e = _carried(tensor, s, ins, rel, err, cap)
+            unit = unit_roundoff(np_dtype(node_stat.dtype))
+            ins = [input_name for input_name in tensor.inputs if input_name in err]
+            rel = [
+                err[input_name] / stats[input_name].vmax if stats[input_name].vmax else 0.0
+                for input_name in ins
+            ]
+            error = _carried(tensor, node_stat, ins, rel, err, cap)
             # a sum's rounding scales with its terms' magnitude (its value's, where M is the value)
-            own = u * (s.mmax if s.kind == "reduction" and s.mmax else s.vmax)
-            if s.kind == "exact":
+            own = unit * (
+                node_stat.mmax if node_stat.kind == "reduction" and node_stat.mmax else node_stat.vmax
+            )
+            if node_stat.kind == "exact":
                 own = 0.0
-            elif s.kind == "elementwise":
+            elif node_stat.kind == "elementwise":
                 own /= 2  # correctly rounded: half an ULP
             # its own rounding is independent of what it inherits: root-sum-square, as in a stretch
-            err[tensor.name] = math.hypot(e, own)
-            out[tensor.name] = err[tensor.name] / ulp_at(s.vmax, np_dtype(s.dtype)) if s.vmax else 0.0
+            err[tensor.name] = math.hypot(error, own)
+            out[tensor.name] = (
+                err[tensor.name] / ulp_at(node_stat.vmax, np_dtype(node_stat.dtype))
+                if node_stat.vmax
+                else 0.0
+            )
     return out
 
 
 def _carried(
-    t: NodeTensor,
-    s: NodeStat,
+    node_tensor: NodeTensor,
+    node_stat: NodeStat,
     ins: Sequence[str],
     rel: Sequence[float],
     err: Mapping[str, float],
     cap: CaptureFile,
 ) -> float:
-    """What `t` inherits of its inputs' errors (`rel`: each relative to its input's largest value)."""
+    """What `node_tensor` inherits of its inputs' errors (`rel`: each relative to its input's largest
+    value)."""
     if not ins:
         return 0.0
-    op = t.op_type
-    if s.kind == "reduction" and s.terms and s.mmax:
-        return s.mmax / math.sqrt(s.terms) * sum(rel)
+    op = node_tensor.op_type
+    if node_stat.kind == "reduction" and node_stat.terms and node_stat.mmax:
+        return node_stat.mmax / math.sqrt(node_stat.terms) * sum(rel)
     if op in _SUMS:
         return sum(err[i] for i in ins)
     if op in _RELATIVE:
-        return s.vmax * (2 * rel[0] if op == "Pow" else sum(rel))
+        return node_stat.vmax * (2 * rel[0] if op == "Pow" else sum(rel))
     if op in _SOFTMAX:  # |δp| <= p·(|δs| + Σp|δs|): the logits' absolute error, relative in p
-        return 2 * max(err[i] for i in ins) * (1.0 if op == "LogSoftmax" else s.vmax)
+        return 2 * max(err[i] for i in ins) * (1.0 if op == "LogSoftmax" else node_stat.vmax)
     if op == "Exp":
-        return s.vmax * err[ins[0]]
+        return node_stat.vmax * err[ins[0]]
     if op in _NORMS:
-        summed = t.inputs[:2] if op.startswith("Skip") else t.inputs[:1]  # a skip norm's input + skip
-        spread = _row_spread(cap, summed, "Simplified" in op) if t.inputs else None
+        summed = (
+            node_tensor.inputs[:2] if op.startswith("Skip") else node_tensor.inputs[:1]
+        )  # a skip norm's input + skip
+        spread = _row_spread(cap, summed, "Simplified" in op) if node_tensor.inputs else None
         if spread is not None:
-            return sum(err[i] for i in ins) * s.vmax / spread
-    if s.kind == "exact" or op in _LIPSCHITZ:
-        return max(err[i] for i in ins) * (1.0 if s.kind == "exact" else _LIPSCHITZ[op])
-    return s.vmax * max(rel)
+            return sum(err[i] for i in ins) * node_stat.vmax / spread
+    if node_stat.kind == "exact" or op in _LIPSCHITZ:
+        return max(err[i] for i in ins) * (1.0 if node_stat.kind == "exact" else _LIPSCHITZ[op])
+    return node_stat.vmax * max(rel)
 
 
 def _row_spread(cap: CaptureFile, names: Sequence[str], rms: bool) -> float | None:
@@ -207,14 +219,15 @@ def ill_conditioned(
     modules = spec.modules()
     out = []
     with CaptureFile(ref_capture) as cap:
-        dtypes = {n: d for n, (d, _) in cap.tensors().items()}
+        dtypes = {name: dtype for name, (dtype, _) in cap.tensors().items()}
         for tensor in spec.tensors:
             f = composed.get(tensor.name)
             limit = _limit(tensor, dtypes)
             if f is None or f <= limit:
                 continue
             if any(
-                composed.get(i, 0.0) > conditioning_limit(dtypes.get(i, "float32")) for i in tensor.inputs
+                composed.get(input_name, 0.0) > conditioning_limit(dtypes.get(input_name, "float32"))
+                for input_name in tensor.inputs
             ):
                 continue
             out.append(
@@ -225,13 +238,17 @@ def ill_conditioned(
     return tuple(out)
 
 
-def _limit(t: NodeTensor, dtypes: Mapping[str, str]) -> float:
-    """Half the precision `t` holds, in ULP of its dtype: a widening Cast (float16 to float32)
+def _limit(node_tensor: NodeTensor, dtypes: Mapping[str, str]) -> float:
+    """Half the precision `node_tensor` holds, in ULP of its dtype: a widening Cast (float16 to float32)
     holds its input's, so its limit is the input's scaled to its own ULP (8192 float32 ULP are
     one float16 ULP, not ill-conditioning)."""
-    own = dtypes.get(t.name, "float32")
+    own = dtypes.get(node_tensor.name, "float32")
     limit = conditioning_limit(own)
-    src = dtypes.get(t.inputs[0]) if t.op_type in ("Cast", "CastLike") and t.inputs else None
+    src = (
+        dtypes.get(node_tensor.inputs[0])
+        if node_tensor.op_type in ("Cast", "CastLike") and node_tensor.inputs
+        else None
+    )
     if src is None or src not in COMPUTE_FLOATS or own not in COMPUTE_FLOATS:
         return limit
     bits = float_info(np_dtype(own)).nmant - float_info(np_dtype(src)).nmant
@@ -250,14 +267,14 @@ def far_from_float64(
     no order of the float computation does better (the first place where that starts)."""
     if not ex.ok or ref_capture is None:
         return ex
-    engines = [c for c in oracle if c.status == "ok" and c.tensors]
+    engines = [cross for cross in oracle if cross.status == "ok" and cross.tensors]
     if len(engines) < 2:  # one engine agreeing with itself proves nothing
         return ex
     far: set[str] | None = None
-    for c in engines:
+    for engine in engines:
         names = {
             value_name(tensor.name)
-            for tensor in c.tensors
+            for tensor in engine.tensors
             if tensor.scaled_ulp is not None and tensor.scaled_ulp > conditioning_limit(tensor.dtype)
         }
         far = names if far is None else far & names
@@ -265,12 +282,12 @@ def far_from_float64(
         return ex
     disagree = {
         value_name(tensor.name)
-        for c in cross
-        if c.status == "ok"
-        for tensor in c.tensors
-        if c.exceeds(tensor)
+        for compared in cross
+        if compared.status == "ok"
+        for tensor in compared.tensors
+        if compared.exceeds(tensor)
     }
-    known = {t.tensor for t in ex.ill_conditioned}
+    known = {ill.tensor for ill in ex.ill_conditioned}
     floors = dict(ex.composed)
     by_name = {tensor.name: tensor for tensor in spec.tensors}
     modules = spec.modules()
@@ -279,7 +296,7 @@ def far_from_float64(
         for tensor in spec.tensors:
             if tensor.name not in far or tensor.name in disagree or tensor.name in known:
                 continue
-            if any(i in far for i in tensor.inputs):
+            if any(input_name in far for input_name in tensor.inputs):
                 continue  # inherited: the onset is upstream
             cause = _cause(tensor, by_name, floors, cap)
             found.append(
@@ -302,16 +319,16 @@ _REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceSumSquare", "MatMul",
 
 def _reaches(name: str, by_name: Mapping[str, NodeTensor], want: frozenset[str], hops: int = 4) -> set[str]:
     """Op types in `want` reached going up from `name` through at most `hops` simple ops."""
-    t = by_name.get(name)
-    if t is None or hops == 0:
+    node_tensor = by_name.get(name)
+    if node_tensor is None or hops == 0:
         return set()
-    if t.op_type in want:
-        return {t.op_type} | ({"square"} if _squares(t, by_name) else set())
-    if t.op_type not in _PASS_THROUGH:
+    if node_tensor.op_type in want:
+        return {node_tensor.op_type} | ({"square"} if _squares(node_tensor, by_name) else set())
+    if node_tensor.op_type not in _PASS_THROUGH:
         return set()
-    found = {"square"} if _is_square(t) else set()
-    for i in t.inputs:
-        found |= _reaches(i, by_name, want, hops - 1)
+    found = {"square"} if _is_square(node_tensor) else set()
+    for input_name in node_tensor.inputs:
+        found |= _reaches(input_name, by_name, want, hops - 1)
     return found
 
 
@@ -319,11 +336,11 @@ _STEPS = frozenset({"Cast", "Floor", "Ceil", "Round"})
 
 
 def _stepped(
-    t: NodeTensor, by_name: Mapping[str, NodeTensor], cap: CaptureFile, hops: int = 8
+    node_tensor: NodeTensor, by_name: Mapping[str, NodeTensor], cap: CaptureFile, hops: int = 8
 ) -> NodeTensor | None:
-    """The nearest float→int step above `t` (a Cast to an integer, Floor, Ceil, Round of floats)."""
-    dtypes = {n: d for n, (d, _) in cap.tensors().items()}
-    todo, seen = [(i, hops) for i in t.inputs], set()
+    """The nearest float→int step above `node_tensor` (a Cast to an integer, Floor, Ceil, Round of floats)."""
+    dtypes = {name: dtype for name, (dtype, _) in cap.tensors().items()}
+    todo, seen = [(input_name, hops) for input_name in node_tensor.inputs], set()
     while todo:
         name, left = todo.pop(0)
         s = by_name.get(name)
@@ -337,34 +354,36 @@ def _stepped(
             and not dtypes.get(name, "").startswith(("float", "bfloat"))
         ):
             return s
-        todo += [(i, left - 1) for i in s.inputs]
+        todo += [(input_name, left - 1) for input_name in s.inputs]
     return None
 
 
-def _is_square(t: NodeTensor) -> bool:
-    return (t.op_type == "Mul" and len(set(t.inputs)) == 1) or t.op_type == "Pow"
+def _is_square(node_tensor: NodeTensor) -> bool:
+    return (
+        node_tensor.op_type == "Mul" and len(set(node_tensor.inputs)) == 1
+    ) or node_tensor.op_type == "Pow"
 
 
-def _squares(t: NodeTensor, by_name: Mapping[str, NodeTensor]) -> bool:
-    if t.op_type == "ReduceSumSquare":
+def _squares(node_tensor: NodeTensor, by_name: Mapping[str, NodeTensor]) -> bool:
+    if node_tensor.op_type == "ReduceSumSquare":
         return True
-    src = by_name.get(t.inputs[0]) if t.inputs else None
+    src = by_name.get(node_tensor.inputs[0]) if node_tensor.inputs else None
     return src is not None and _is_square(src)
 
 
 def _cause(
-    t: NodeTensor, by_name: Mapping[str, NodeTensor], floors: Mapping[str, float], cap: CaptureFile
+    node_tensor: NodeTensor, by_name: Mapping[str, NodeTensor], floors: Mapping[str, float], cap: CaptureFile
 ) -> str:
-    grow = max((floors.get(i, 0.0) for i in t.inputs), default=0.0)
-    step = _stepped(t, by_name, cap) if t.op_type.startswith("Gather") else None
+    grow = max((floors.get(input_name, 0.0) for input_name in node_tensor.inputs), default=0.0)
+    step = _stepped(node_tensor, by_name, cap) if node_tensor.op_type.startswith("Gather") else None
     if step is not None:
         return (
             f"its index comes from {step.name} ({step.op_type}), a float→int step: where a value lands on an "
             "integer boundary (T5's buckets: log 2 / log 16 · 8 is exactly 2), float32 and float64 land on "
             "either side of it"
         )
-    if t.op_type == "Sub" and len(t.inputs) == 2:
-        a, b = (_reaches(i, by_name, _REDUCTIONS) for i in t.inputs)
+    if node_tensor.op_type == "Sub" and len(node_tensor.inputs) == 2:
+        a, b = (_reaches(input_name, by_name, _REDUCTIONS) for input_name in node_tensor.inputs)
         if a - {"square"} and b - {"square"}:
             if "square" in a | b:
                 return (
@@ -373,25 +392,35 @@ def _cause(
                 )
             return "a subtraction of two nearly equal reductions cancels"
         return "a subtraction of nearly equal values cancels"
-    if t.op_type in ("Softmax", "LogSoftmax") and t.inputs and t.inputs[0] in cap:
-        x = np.asarray(cap[t.inputs[0]], dtype=np.float64)
+    if (
+        node_tensor.op_type in ("Softmax", "LogSoftmax")
+        and node_tensor.inputs
+        and node_tensor.inputs[0] in cap
+    ):
+        x = np.asarray(cap[node_tensor.inputs[0]], dtype=np.float64)
         span = float(np.nanmax(x) - np.nanmin(x)) if x.size else 0.0
         return f"a softmax over logits spanning {span:.3g}: exp of their differences loses the small terms"
-    if t.op_type in ("LayerNormalization", "GroupNormalization", "InstanceNormalization") and t.inputs:
-        ratio = _mean_over_spread(cap, t.inputs[0], last=t.op_type == "LayerNormalization")
+    if (
+        node_tensor.op_type in ("LayerNormalization", "GroupNormalization", "InstanceNormalization")
+        and node_tensor.inputs
+    ):
+        ratio = _mean_over_spread(
+            cap, node_tensor.inputs[0], last=node_tensor.op_type == "LayerNormalization"
+        )
         if ratio is not None:
             return f"a normalization over rows whose mean is {ratio:.3g}x their spread"
     if (
-        "QuantizeLinear" in _reaches(t.name, by_name, frozenset({"QuantizeLinear"}))
-        or t.op_type == "QuantizeLinear"
+        "QuantizeLinear" in _reaches(node_tensor.name, by_name, frozenset({"QuantizeLinear"}))
+        or node_tensor.op_type == "QuantizeLinear"
     ):
         return (
             "QuantizeLinear rounds to steps of its scale: rounding above it moves values across a "
             "step (the quantized model's own resolution)"
         )
-    if grow > 0 and t.name in floors:
-        return f"{t.op_type} amplifies the rounding of its inputs {floors[t.name] / grow:.3g}x"
-    return f"{t.op_type}'s own rounding is amplified by its condition number"
+    if grow > 0 and node_tensor.name in floors:
+        amplified = floors[node_tensor.name] / grow
+        return f"{node_tensor.op_type} amplifies the rounding of its inputs {amplified:.3g}x"
+    return f"{node_tensor.op_type}'s own rounding is amplified by its condition number"
 
 
 def _rows(cap: CaptureFile, name: str, last: bool, ndim: int = 2) -> np.ndarray | None:

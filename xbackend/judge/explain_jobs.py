@@ -94,11 +94,11 @@ def explain(
     opts = ctx.opts
     if opts.noise_samples == 0:
         return Explanation("unavailable", DECLINED)
-    others = [b for n, b in builds.items() if n not in (ref, EXPECTED) and b.ok]
+    others = [build for key, build in builds.items() if key not in (ref, EXPECTED) and build.ok]
     if not others and ctx.judge_alone and ref in builds and builds[ref].ok:
         others = [builds[ref]]  # a candidate on one engine: that engine is judged, as a reference is
     if not others:  # nothing is compared with the reference: silent unless a backend failed
-        failed = sorted(n for n, b in builds.items() if n != EXPECTED and not b.ok)
+        failed = sorted(key for key, build in builds.items() if key != EXPECTED and not build.ok)
         if not failed:
             return Explanation("unavailable")
         why = f"{', '.join(failed)} did not run: no backend was judged against float64, {ref} included"
@@ -108,7 +108,7 @@ def explain(
     for fit in (memory, disk.fit):
         if not fit.fits:
             return Explanation("unavailable", f"no node was judged against float64: {fit.reason}")
-    if all(b.loaded is not None for b in others):
+    if all(other.loaded is not None for other in others):
         return Explanation("unavailable", f"{ALL_LOADED}; --max-ulp auto stands at {opts.fixed_ulp:g}")
     rb = builds.get(ref)
     if rb is None or not rb.ok:
@@ -156,15 +156,24 @@ def _optimized(
     folder = ctx.work / "explain"
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
-    for b in planned:
-        r = results.get(b.name)
-        judged_alone = b.name == ref and ctx.judge_alone  # judged as it ships, as any other would be
-        if b.name == EXPECTED or (b.name == ref and not judged_alone):
+    for planned_backend in planned:
+        r = results.get(planned_backend.name)
+        judged_alone = (
+            planned_backend.name == ref and ctx.judge_alone
+        )  # judged as it ships, as any other would be
+        if planned_backend.name == EXPECTED or (planned_backend.name == ref and not judged_alone):
             continue
-        if r is None or not r.ok or b.cls is None or b.interpreter is not None:
+        if r is None or not r.ok or planned_backend.cls is None or planned_backend.interpreter is not None:
             continue
-        if b.cls.executes_graph and b.cls.saves_optimized_graph:
-            out[b.name] = shipped_job(b.name, b.cls, b.variant(), ctx.spec, ctx.feeds_path, folder)
+        if planned_backend.cls.executes_graph and planned_backend.cls.saves_optimized_graph:
+            out[planned_backend.name] = shipped_job(
+                planned_backend.name,
+                planned_backend.cls,
+                planned_backend.variant(),
+                ctx.spec,
+                ctx.feeds_path,
+                folder,
+            )
     return out
 
 
@@ -181,26 +190,30 @@ def _run(
     the written graphs left it."""
     queue = [
         *([j] for j in (plan.floor_job, plan.node_floor_job) if j is not None),
-        [j.job for j in plan.judges.values() if j.job is not None],
-        *([b.local_job] for b in plan.fed(Fed.SEVERED) if b.local_job is not None and b.optimized is None),
+        [judge.job for judge in plan.judges.values() if judge.job is not None],
+        *(
+            [backend_judgment.local_job]
+            for backend_judgment in plan.fed(Fed.SEVERED)
+            if backend_judgment.local_job is not None and backend_judgment.optimized is None
+        ),
     ]
     ex.bar.grow(sum(j.steps for batch in queue for j in batch))  # the lanes' shared bar
     state = {"plan": plan}
     lock = threading.Lock()
     shipping = {job.label: name for name, (job, _) in plan.optimized.items()}
 
-    def then(o: JobOutcome) -> list[list[Job]]:
-        if plan.floor_job is not None and o.job.label == plan.floor_job.label:
-            o.drop_captures()  # its floors came back in its result: its captures are read no more
-        name = shipping.get(o.job.label)
+    def then(job_outcome: JobOutcome) -> list[list[Job]]:
+        if plan.floor_job is not None and job_outcome.job.label == plan.floor_job.label:
+            job_outcome.drop_captures()  # its floors came back in its result: its captures are read no more
+        name = shipping.get(job_outcome.job.label)
         if name is None:
             with lock:
                 current = state["plan"]
-            early.offer(current, o)
+            early.offer(current, job_outcome)
             return []
         with lock:
             try:
-                state["plan"] = _ship(ctx, state["plan"], name, o, ref_capture)
+                state["plan"] = _ship(ctx, state["plan"], name, job_outcome, ref_capture)
             except Exception as error:  # judged unfused instead, and the report says why
                 why = f"its graph could not be severed ({type(error).__name__}: {error})"
                 state["plan"] = _unfused(state["plan"], name, why)
@@ -219,10 +232,10 @@ def _run(
 def _window_notes(ctx: RunContext, plan: Plan) -> list[str]:
     """What the report says of each float64 judge cut into windows to fit the budget."""
     out = []
-    for key, j in sorted(plan.judges.items()):
-        if j.windows:
+    for key, judge in sorted(plan.judges.items()):
+        if judge.windows:
             graph = f"{key}'s graph" if key in plan.optimized else (key or "the reference's grain")
-            windows = [window.phases[0].tensors for window in j.windows]
+            windows = [window.phases[0].tensors for window in judge.windows]
             out.append(judge_window_note(graph, windows, ctx.budget or 0, ctx.judge_disk))
     for name, job in sorted(plan.local_jobs.items()):
         cut = job.phases[0].windows
@@ -265,7 +278,7 @@ def _ship(ctx: RunContext, plan: Plan, name: str, written: JobOutcome, ref_captu
     )
     local_job = replace(old, raw_options=options, feeds=got.feeds, phases=(phase,))
     computed = set(got.tensors)
-    captured = {n: d for n, d in plan.captured.items() if n in computed}
+    captured = {key: value for key, value in plan.captured.items() if key in computed}
     # the model's own pieces (OpenVINO; ORT's kernels it cannot evaluate), else the graph as saved
     pieces = runtime or got.judged_on is not None
     base = plan.judges.get("")
@@ -331,7 +344,9 @@ def _plan(
     with CaptureFile(ref_capture) as cap:
         held = cap.tensors()
     shapes = shapes_of(builds, held)
-    shapes.update({n: tuple(v.shape) for n, v in ctx.feeds.arrays.items() if isinstance(v, np.ndarray)})
+    shapes.update(
+        {key: tuple(array.shape) for key, array in ctx.feeds.arrays.items() if isinstance(array, np.ndarray)}
+    )
     tensors = spec.tensor_order()
 
     available = {
@@ -342,8 +357,8 @@ def _plan(
     severed = sever(proto, available)
     spath = folder / "severed.onnx"
     write_rewritten(severed.proto, src.path, spath)
-    smodel = model_ref(src, spath, tuple(SEVERED + n for n in severed.inputs))
-    smodel = replace(smodel, outputs=tuple(o.name for o in severed.proto.graph.output))
+    smodel = model_ref(src, spath, tuple(SEVERED + input_name for input_name in severed.inputs))
+    smodel = replace(smodel, outputs=tuple(output_name.name for output_name in severed.proto.graph.output))
     sfeeds = folder / "severed.xbv"
     save_severed_feeds(sfeeds, ctx.feeds.arrays, ref_capture, severed.inputs)
     captured = {n: d for n, (d, _) in held.items() if not n.startswith(SEVERED)}
@@ -354,17 +369,19 @@ def _plan(
         if engine is not None and opts.noise_samples
         else None
     )
-    live = {b.name: b for b in planned}
+    live = {planned_backend.name: planned_backend for planned_backend in planned}
     grounds = Grounds(ctx, proto, src, smodel, sfeeds, available, shapes, captured, ref_capture, tensors)
     backends: dict[str, BackendJudgment] = {}
-    for name, r in results.items():
-        if name in (ref, EXPECTED) or not r.ok:
+    for name, result in results.items():
+        if name in (ref, EXPECTED) or not result.ok:
             continue
-        judgment, own = judgment_of(grounds, live.get(name), r, builds[name])
+        judgment, own = judgment_of(grounds, live.get(name), result, builds[name])
         backends[name] = replace(judgment, optimized=optimized.get(name))
         if own is not None:
             judges[name] = own
-    unjudged = any(b.fed is Fed.NOT_MEASURED for b in backends.values()) or judges[""].judged is None
+    unjudged = (
+        any(backend.fed is Fed.NOT_MEASURED for backend in backends.values()) or judges[""].judged is None
+    )
     floors, reordered, extra = floor_job(ctx, engine, src, proto, shapes, tensors, folder, unjudged)
     del proto
     return Plan(

@@ -133,14 +133,16 @@ def node_floor_job(
     random orders on the floor engine: how far legitimate orders move each node on its own."""
     if engine.cls is None or not ctx.opts.noise_samples:
         return None
-    rs = reorder(severed.proto, {**shapes, **{SEVERED + n: s for n, s in shapes.items()}})
+    rs = reorder(severed.proto, {**shapes, **{SEVERED + key: shape for key, shape in shapes.items()}})
     if not rs.sites:
         return None
     path = folder / "reordered-severed.onnx"
     write_rewritten(rs.proto, src.path, path)
     identity = index_feeds(rs, None)
-    inputs = (*(SEVERED + n for n in severed.inputs), *identity)
-    model = replace(model_ref(src, path, inputs), outputs=tuple(o.name for o in rs.proto.graph.output))
+    inputs = (*(SEVERED + input_name for input_name in severed.inputs), *identity)
+    model = replace(
+        model_ref(src, path, inputs), outputs=tuple(output_name.name for output_name in rs.proto.graph.output)
+    )
     base = folder / "node-order-0.xbv"
     paths = []
     save_severed_feeds(base, ctx.feeds.arrays, ref_capture, severed.inputs, identity)
@@ -148,7 +150,9 @@ def node_floor_job(
         p = folder / f"node-order-{k}.xbv"
         save_values(p, index_feeds(rs, np.random.default_rng([ctx.opts.seed, 1000 + k])))
         paths.append(p)
-    tensors = tuple(o for n in severed.proto.graph.node for o in n.output if o)
+    tensors = tuple(
+        output_name for node in severed.proto.graph.node for output_name in node.output if output_name
+    )
     phase = Phase.planned(NODE_FLOOR_PHASE, tensors, 1, tuple(paths), model=model, extras="spread")
     # one thread, as the floor: a race must not pass for reordering
     return Job("explain-node-floor", engine.name, engine.cls, engine.variant(threads="1"), base, (phase,))
@@ -164,7 +168,14 @@ def model_ref(
 
 def floor_backend(ctx: RunContext, planned: Sequence[PlannedBackend]) -> PlannedBackend | None:
     """ort-cpu as the user configured it, else with its defaults; None when it cannot run."""
-    mine = next((p for p in planned if p.cls is not None and p.cls.name == FLOOR_ENGINE), None)
+    mine = next(
+        (
+            planned_backend
+            for planned_backend in planned
+            if planned_backend.cls is not None and planned_backend.cls.name == FLOOR_ENGINE
+        ),
+        None,
+    )
     if mine is not None and mine.interpreter is None:
         return mine
     p = plan_backend(FLOOR_ENGINE, replace(ctx.opts, runner_options=()), ctx.work, None)

@@ -88,7 +88,7 @@ def find_fusions(
     """The `candidates` (float tensors, model order) whose exposure moves `live`'s plain outputs."""
     assert live.cls is not None
     outputs = ctx.spec.output_order()
-    order = {t: k for k, t in enumerate(ctx.spec.tensor_order())}
+    order = {t: index for index, t in enumerate(ctx.spec.tensor_order())}
     todo = _groups(list(candidates), FIRST_GROUPS)
     fused: list[str] = []
     builds, rounds = 0, 0
@@ -102,9 +102,9 @@ def find_fusions(
         phases = [Phase.planned(_PLAIN, outputs, 2, spill=False)]
         phases += [
             Phase.planned(
-                f"fusion-{k}", sorted({*outputs, *g}, key=lambda t: order.get(t, -1)), 1, spill=False
+                f"fusion-{index}", sorted({*outputs, *g}, key=lambda t: order.get(t, -1)), 1, spill=False
             )
-            for k, g in enumerate(todo)
+            for index, g in enumerate(todo)
         ]
         job = Job(f"explain-fusions-{key}-{rounds}", live.name, live.cls, live.variant(), ctx.feeds_path,
                   tuple(phases))  # fmt: skip
@@ -139,12 +139,15 @@ def float_candidates(
     proto: onnx.ModelProto, available: Mapping[str, tuple[int, tuple[int, ...]]]
 ) -> list[str]:
     """Computed float tensors the reference holds, graph outputs aside, in model order."""
-    outputs = {o.name for o in proto.graph.output}
+    outputs = {output_name.name for output_name in proto.graph.output}
     return [
-        o
-        for n in proto.graph.node
-        for o in n.output
-        if o and o not in outputs and o in available and available[o][0] in _FLOATS
+        output_name
+        for node in proto.graph.node
+        for output_name in node.output
+        if output_name
+        and output_name not in outputs
+        and output_name in available
+        and available[output_name][0] in _FLOATS
     ]
 
 
@@ -155,12 +158,16 @@ def _regions(proto: onnx.ModelProto, fused: Collection[str], unheld: Collection[
     does not hold joins its maker to every reader (it cannot be fed); the other nodes are alone."""
     nodes = proto.graph.node
     sets = NodeSets(len(nodes))
-    made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    made = {
+        output_name: index for index, node in enumerate(nodes) for output_name in node.output if output_name
+    }
     first: dict[str, int] = {}
     for k, n in enumerate(nodes):
-        for i in n.input:
-            if i in made and (i in unheld or (i in fused and k - first.setdefault(i, k) <= NEAR)):
-                sets.join(made[i], k)
+        for input_name in n.input:
+            if input_name in made and (
+                input_name in unheld or (input_name in fused and k - first.setdefault(input_name, k) <= NEAR)
+            ):
+                sets.join(made[input_name], k)
     ids: dict[int, int] = {}
     return [ids.setdefault(sets.root(k), len(ids)) for k in range(len(nodes))]
 
@@ -171,14 +178,19 @@ def fusion_stretches(
     """The plain run cut around each fusion: the tensors to expose and feed (read in another
     region than their maker's), the fused ones read there too (fed, never exposed: exposing one
     would undo its fusion), and each node's region."""
-    maker = {o: k for k, n in enumerate(proto.graph.node) for o in n.output if o}
+    maker = {
+        output_name: index
+        for index, node in enumerate(proto.graph.node)
+        for output_name in node.output
+        if output_name
+    }
     unheld = {t for t in maker if t not in available}
     region = _regions(proto, set(fused), unheld)
     crossing: dict[str, None] = {}
     for k, n in enumerate(proto.graph.node):
-        for i in n.input:
-            if i in maker and i not in unheld and region[maker[i]] != region[k]:
-                crossing[i] = None
+        for input_name in n.input:
+            if input_name in maker and input_name not in unheld and region[maker[input_name]] != region[k]:
+                crossing[input_name] = None
     cuts = tuple(t for t in crossing if t not in fused)
     return cuts, tuple(t for t in crossing if t in fused), tuple(region)
 
@@ -186,7 +198,7 @@ def fusion_stretches(
 def region_sizes(proto: onnx.ModelProto, region: Sequence[int]) -> dict[int, int]:
     """Nodes per region, Constants not counted."""
     out: dict[int, int] = {}
-    for k, n in enumerate(proto.graph.node):
-        if n.op_type != "Constant":
-            out[region[k]] = out.get(region[k], 0) + 1
+    for index, node in enumerate(proto.graph.node):
+        if node.op_type != "Constant":
+            out[region[index]] = out.get(region[index], 0) + 1
     return out

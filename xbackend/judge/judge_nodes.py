@@ -32,8 +32,8 @@ __all__ = ["JUDGE_PHASE", "at_declared", "judge_backend", "reorder_check", "warm
 JUDGE_PHASE = "judge"
 
 
-def _plain_float(v: Value) -> bool:
-    return isinstance(v, np.ndarray) and str(v.dtype) in COMPUTE_FLOATS
+def _plain_float(value: Value) -> bool:
+    return isinstance(value, np.ndarray) and str(value.dtype) in COMPUTE_FLOATS
 
 
 # Flushing results below the smallest normal to zero is an engine's right; OpenVINO's exp flushes
@@ -49,14 +49,14 @@ def _tiny(dtype: np.dtype[np.generic]) -> float:
     return float(float_info(dtype).tiny)
 
 
-def _flushed(y: np.ndarray, v: np.ndarray, dtype: np.dtype[np.generic]) -> int:
+def _flushed(observed: np.ndarray, exact: np.ndarray, dtype: np.dtype[np.generic]) -> int:
     """Elements the engine returned as zero whose value is a nonzero one below the flush line."""
-    zero = y == 0
+    zero = observed == 0
     if not zero.any():  # the common case: one pass
         return 0
     with np.errstate(invalid="ignore"):
-        kept = v.astype(dtype) != 0  # nonzero in the dtype, subnormals included: not an underflow
-        return int(np.count_nonzero(zero & kept & (np.abs(v) < FLUSH * _tiny(dtype))))
+        kept = exact.astype(dtype) != 0  # nonzero in the dtype, subnormals included: not an underflow
+        return int(np.count_nonzero(zero & kept & (np.abs(exact) < FLUSH * _tiny(dtype))))
 
 
 def _max(dtype: np.dtype[np.generic]) -> float:
@@ -93,15 +93,15 @@ def _fit(mag: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
 
 def element_allowance(
     bound: NodeBound,
-    v: np.ndarray,
+    exact: np.ndarray,
     mag: np.ndarray | None,
     inherited: np.ndarray | None,
     dtype: np.dtype[np.generic],
 ) -> np.ndarray:
-    """What decides, per element of a node output of `dtype` around its float64 value `v`: the
+    """What decides, per element of a node output of `dtype` around its float64 value `exact`: the
     bound (`mag`: its operands' magnitude M), flushed subnormals and v's own float64 rounding for
     an inexact op, and what the node inherits from uncaptured nodes above it."""
-    allow = allowance(bound, v, _fit(mag, v.shape), unit_roundoff(dtype))
+    allow = allowance(bound, exact, _fit(mag, exact.shape), unit_roundoff(dtype))
     if not bound.exact:  # v is itself rounded to float64 along its evaluation
         allow *= 1 + 2.0**-20
         allow += FLUSH * _tiny(dtype)
@@ -113,88 +113,108 @@ def element_allowance(
     return allow
 
 
-def _reach(y: np.ndarray, lo: Value, hi: Value) -> np.ndarray | None:
-    """Per element, whether `y` lies between the lowest and highest results its operands' errors
+def _reach(observed: np.ndarray, lo: Value, hi: Value) -> np.ndarray | None:
+    """Per element, whether `observed` lies between the lowest and highest results its operands' errors
     reach (None where there are none)."""
-    if not (isinstance(lo, np.ndarray) and isinstance(hi, np.ndarray)) or not lo.size == hi.size == y.size:
+    if (
+        not (isinstance(lo, np.ndarray) and isinstance(hi, np.ndarray))
+        or not lo.size == hi.size == observed.size
+    ):
         return None
-    a, b, x = (z.astype(np.float64).reshape(y.shape) for z in (lo, hi, y))  # they may leave flattened
+    low, high, values = (
+        z.astype(np.float64).reshape(observed.shape) for z in (lo, hi, observed)
+    )  # they may leave flattened
     with np.errstate(invalid="ignore"):
-        return (a <= x) & (x <= b)
+        return (low <= values) & (values <= high)
 
 
-def _defined(y: np.ndarray, v: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`y` with its undefined elements set to the judge's own values (so they compare equal)."""
-    if free.size != y.size or y.shape != v.shape or not free.any():
-        return y, v
-    mask = free.reshape(y.shape).astype(bool)
-    y = np.where(mask, v.astype(y.dtype, copy=False), y)
-    return y, np.where(mask, y.astype(v.dtype, copy=False), v)
+def _defined(observed: np.ndarray, exact: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`observed` with its undefined elements set to the judge's own values (so they compare equal)."""
+    if free.size != observed.size or observed.shape != exact.shape or not free.any():
+        return observed, exact
+    mask = free.reshape(observed.shape).astype(bool)
+    observed = np.where(mask, exact.astype(observed.dtype, copy=False), observed)
+    return observed, np.where(mask, observed.astype(exact.dtype, copy=False), exact)
 
 
-def _within(y: Value, lo: Value, hi: Value) -> bool:
-    return isinstance(y, np.ndarray) and (r := _reach(y, lo, hi)) is not None and bool(r.all())
+def _within(value: Value, lo: Value, hi: Value) -> bool:
+    return (
+        isinstance(value, np.ndarray)
+        and (reached := _reach(value, lo, hi)) is not None
+        and bool(reached.all())
+    )
 
 
 def _measure(
-    y: np.ndarray,
-    v: np.ndarray,
+    observed: np.ndarray,
+    exact: np.ndarray,
     mag: np.ndarray | None,
     bound: NodeBound,
     inherited: np.ndarray | None,
     reached: np.ndarray | None = None,
 ) -> _Measured:
-    dtype = y.dtype
-    if v.shape != y.shape:
-        return _Measured(math.inf, None, 0.0, (), False, f"shape {y.shape} where float64 gives {v.shape}")
-    if y.size == 0:
+    dtype = observed.dtype
+    if exact.shape != observed.shape:
+        return _Measured(
+            math.inf, None, 0.0, (), False, f"shape {observed.shape} where float64 gives {exact.shape}"
+        )
+    if observed.size == 0:
         return _Measured(0.0, 0.0, 0.0, (), False)
-    mag = _fit(mag, v.shape)
-    u = unit_roundoff(dtype)
-    if inherited is None and reached is None and str(dtype) in _COMPILED and v.dtype == np.float64:
-        fast = _measure_compiled(y, v, mag, bound, u)
+    mag = _fit(mag, exact.shape)
+    unit = unit_roundoff(dtype)
+    if inherited is None and reached is None and str(dtype) in _COMPILED and exact.dtype == np.float64:
+        fast = _measure_compiled(observed, exact, mag, bound, unit)
         if fast is not None:
             return fast
-    yv = y.astype(np.float64)
-    allow = element_allowance(bound, v, mag, inherited, dtype)
-    empty = _vacuous(allow, v, dtype)
+    yv = observed.astype(np.float64)
+    allow = element_allowance(bound, exact, mag, inherited, dtype)
+    empty = _vacuous(allow, exact, dtype)
     if empty:
         return _Measured(0.0, None, 0.0, (), False, vacuous=empty)
     top = _max(dtype)
     with np.errstate(invalid="ignore", over="ignore"):
-        err = np.abs(yv - v)
+        err = np.abs(yv - exact)
         if not np.isfinite(err).all():  # infinities and NaN: the common case has none
             # a float64 value past the dtype's range rounds to the infinity of its sign
-            overflow = (np.abs(v) > top) & np.isinf(yv) & (np.sign(yv) == np.sign(v))
-            both_nan = np.isnan(yv) & np.isnan(v)
-            err = np.where(overflow | both_nan | (yv == v), 0.0, err)
+            overflow = (np.abs(exact) > top) & np.isinf(yv) & (np.sign(yv) == np.sign(exact))
+            both_nan = np.isnan(yv) & np.isnan(exact)
+            err = np.where(overflow | both_nan | (yv == exact), 0.0, err)
         if reached is not None:  # a step its operands' errors reach
             err = np.where(reached, 0.0, err)
     if np.isnan(err).any():
-        i = np.unravel_index(int(np.argmax(np.isnan(err))), err.shape)
-        detail = "NaN where float64 gives a number" if np.isnan(yv[i]) else "a number where float64 gives NaN"
-        return _Measured(math.inf, None, 0.0, tuple(int(k) for k in i), True, detail)
+        worst = np.unravel_index(int(np.argmax(np.isnan(err))), err.shape)
+        detail = (
+            "NaN where float64 gives a number" if np.isnan(yv[worst]) else "a number where float64 gives NaN"
+        )
+        return _Measured(math.inf, None, 0.0, tuple(int(k) for k in worst), True, detail)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.divide(err, allow, out=np.zeros(err.shape), where=err != 0)
     flat = int(np.argmax(ratio))
-    i = np.unravel_index(flat, ratio.shape)
-    scale = ulp_at(_finite_top(v), dtype)
-    e, a = float(err[i]), float(allow[i])
-    certain = _certain(bound, float(ratio[i]), e, float(v[i]), None if mag is None else float(mag[i]), u)
-    detail = "Inf where float64 gives a number" if math.isinf(e) else ""
-    flushed = _flushed(yv, v, dtype)
+    worst = np.unravel_index(flat, ratio.shape)
+    scale = ulp_at(_finite_top(exact), dtype)
+    worst_error, worst_allow = float(err[worst]), float(allow[worst])
+    certain = _certain(
+        bound,
+        float(ratio[worst]),
+        worst_error,
+        float(exact[worst]),
+        None if mag is None else float(mag[worst]),
+        unit,
+    )
+    detail = "Inf where float64 gives a number" if math.isinf(worst_error) else ""
+    flushed = _flushed(yv, exact, dtype)
     return _Measured(
-        float(ratio[i]), e / scale, a / scale, tuple(int(k) for k in i), certain, detail, flushed=flushed,
-        threshold=_threshold(allow, v),
+        float(ratio[worst]), worst_error / scale, worst_allow / scale, tuple(int(k) for k in worst), certain,
+        detail, flushed=flushed, threshold=_threshold(allow, exact),
     )  # fmt: skip
 
 
-def _threshold(allow: np.ndarray, v: np.ndarray) -> float:
+def _threshold(allow: np.ndarray, exact: np.ndarray) -> float:
     """The smallest relative error that, made on every element, passes some element's allowance."""
-    av = np.abs(v)
+    av = np.abs(exact)
     with np.errstate(invalid="ignore"):
-        r = np.divide(allow, av, out=np.full(av.shape, np.inf), where=av > 0)
-    low = float(np.nanmin(r, initial=np.inf))
+        relative = np.divide(allow, av, out=np.full(av.shape, np.inf), where=av > 0)
+    low = float(np.nanmin(relative, initial=np.inf))
     return low if math.isfinite(low) else 0.0
 
 
@@ -210,79 +230,81 @@ def warm_compiled() -> threading.Thread:
         except Exception:  # judging loads it again, and says why if it cannot
             pass
 
-    t = threading.Thread(target=load, name="xbackend-warm-judge", daemon=True)
-    t.start()
-    return t
+    thread = threading.Thread(target=load, name="xbackend-warm-judge", daemon=True)
+    thread.start()
+    return thread
 
 
 def _measure_compiled(
-    y: np.ndarray, v: np.ndarray, mag: np.ndarray | None, bound: NodeBound, u: float
+    observed: np.ndarray, exact: np.ndarray, mag: np.ndarray | None, bound: NodeBound, unit: float
 ) -> _Measured | None:
     """_measure in one compiled pass (xbackend.numerics.jitjudge), where every element is finite;
     None otherwise (the numpy form decides)."""
     # heavy: numba compiles the kernel once, cached on disk
     from xbackend.numerics.jitjudge import judge_pass
 
-    dtype = y.dtype
-    m = mag if bound.b and mag is not None else None
+    dtype = observed.dtype
+    magnitude = mag if bound.b and mag is not None else None
     ks = 0.0
     if bound.scaled:
-        ks = u * bound.scaled * _finite_top(v)
+        ks = unit * bound.scaled * _finite_top(exact)
     line = FLUSH * _tiny(dtype)  # flushed below it; the judge's slack above zero
     slack = (1.0, 0.0) if bound.exact else (1 + 2.0**-20, line)
-    terms = (u * bound.a, u * bound.b, u * bound.c if bound.c else 0.0, ks, *slack)
-    got = judge_pass(y, v, m, terms, line)
+    terms = (unit * bound.a, unit * bound.b, unit * bound.c if bound.c else 0.0, ks, *slack)
+    got = judge_pass(observed, exact, magnitude, terms, line)
     if got is None:
         return None
-    best, at, a, widest, top, flushed, tight = got
+    best, at, worst_allow, widest, top, flushed, tight = got
     empty = _vacuity(widest, top, dtype)
     if empty:
         return _Measured(0.0, None, 0.0, (), False, vacuous=empty)
-    i = tuple(int(k) for k in np.unravel_index(at, v.shape))
-    vi = float(v[i])
-    e = abs(float(y[i]) - vi)
+    worst = tuple(int(k) for k in np.unravel_index(at, exact.shape))
+    vi = float(exact[worst])
+    worst_error = abs(float(observed[worst]) - vi)
     scale = ulp_at(top, dtype)
-    certain = _certain(bound, best, e, vi, None if mag is None else float(mag[i]), u)
-    return _Measured(best, e / scale, a / scale, i, certain, flushed=flushed, threshold=tight)
+    certain = _certain(bound, best, worst_error, vi, None if mag is None else float(mag[worst]), unit)
+    return _Measured(
+        best, worst_error / scale, worst_allow / scale, worst, certain, flushed=flushed, threshold=tight
+    )
 
 
-def _certain(bound: NodeBound, ratio: float, e: float, vi: float, mi: float | None, u: float) -> bool:
-    """Whether an element past its allowance (`ratio` > 1, error `e`, value `vi`, magnitude `mi`)
+def _certain(bound: NodeBound, ratio: float, error: float, vi: float, mi: float | None, unit: float) -> bool:
+    """Whether an element past its allowance (`ratio` > 1, error `error`, value `vi`, magnitude `mi`)
     is past the deterministic bound too: an error at any confidence (an exact or correctly
     rounded op: at once)."""
     if bound.deterministic_b and ratio > 1 and mi is not None:
-        det = u * (bound.a * abs(vi) + bound.deterministic_b * abs(mi) + bound.c)
-        return e > det
+        det = unit * (bound.a * abs(vi) + bound.deterministic_b * abs(mi) + bound.c)
+        return error > det
     return ratio > 1 and bound.kind in ("exact", "elementwise")
 
 
-def at_declared(y: np.ndarray, declared: str | None) -> tuple[np.ndarray, str]:
-    """`y` in the dtype the model declares, and the narrower dtype it came back in ('' if not
+def at_declared(observed: np.ndarray, declared: str | None) -> tuple[np.ndarray, str]:
+    """`observed` in the dtype the model declares, and the narrower dtype it came back in ('' if not
     narrower): a wider return is rounded to the declared dtype, a narrower one is widened exactly
     and judged at the declared precision."""
-    if declared is None or str(y.dtype) == declared or str(y.dtype) not in COMPUTE_FLOATS:
-        return y, ""
+    if declared is None or str(observed.dtype) == declared or str(observed.dtype) not in COMPUTE_FLOATS:
+        return observed, ""
     want = np_dtype(declared)
-    narrow = float_info(y.dtype).nmant < float_info(want).nmant
+    narrow = float_info(observed.dtype).nmant < float_info(want).nmant
     with np.errstate(over="ignore"):
-        return y.astype(want), (str(y.dtype) if narrow else "")
+        return observed.astype(want), (str(observed.dtype) if narrow else "")
 
 
-def _finite_top(v: np.ndarray) -> float:
+def _finite_top(exact: np.ndarray) -> float:
     """The largest finite |v| (0 for none)."""
-    top = float(np.max(np.abs(v), initial=0.0))
+    top = float(np.max(np.abs(exact), initial=0.0))
     if math.isfinite(top):
         return top
-    finite = np.abs(v[np.isfinite(v)])
+    finite = np.abs(exact[np.isfinite(exact)])
     return float(finite.max()) if finite.size else 0.0
 
 
-def _vacuous(allow: np.ndarray, v: np.ndarray, dtype: np.dtype[np.generic]) -> str:
+def _vacuous(allow: np.ndarray, exact: np.ndarray, dtype: np.dtype[np.generic]) -> str:
     """Why an allowance judges nothing: not finite, or past the value's own largest magnitude
     (a result off by its whole size would pass); '' where it judges."""
     if allow.size == 0:
         return ""
-    av = np.abs(v)
+    av = np.abs(exact)
     top = float(av.max(initial=0.0))
     if math.isfinite(top):  # the common case: one pass each
         widest = float(allow.max(initial=0.0))
@@ -307,38 +329,38 @@ def _rule(bound: NodeBound, composed: str) -> str:
     return bound.describe() + (f" + inherited ({composed})" if composed else "")
 
 
-def _exact_differs(y: Value, v: Value) -> str:
+def _exact_differs(value: Value, exact: Value) -> str:
     """For values other than float tensors: '' when equal, else why not."""
-    if isinstance(y, np.ndarray) and isinstance(v, np.ndarray):
-        if y.shape != v.shape:
-            return f"shape {y.shape} where float64 gives {v.shape}"
-        if y.dtype.kind in "fc" or v.dtype.kind in "fc":
-            same = np.array_equal(y.astype(np.float64), v.astype(np.float64), equal_nan=True)
+    if isinstance(value, np.ndarray) and isinstance(exact, np.ndarray):
+        if value.shape != exact.shape:
+            return f"shape {value.shape} where float64 gives {exact.shape}"
+        if value.dtype.kind in "fc" or exact.dtype.kind in "fc":
+            same = np.array_equal(value.astype(np.float64), exact.astype(np.float64), equal_nan=True)
         else:
-            same = np.array_equal(y, v)
+            same = np.array_equal(value, exact)
         return "" if same else "exact values differ"
-    if isinstance(y, list) and isinstance(v, list):
-        if len(y) != len(v):
+    if isinstance(value, list) and isinstance(exact, list):
+        if len(value) != len(exact):
             return "a sequence of another length"
-        return next((w for a, b in zip(y, v, strict=True) if (w := _exact_differs(a, b))), "")
-    if y is None and v is None:
+        return next((w for a, b in zip(value, exact, strict=True) if (w := _exact_differs(a, b))), "")
+    if value is None and exact is None:
         return ""
-    if isinstance(y, dict) and isinstance(v, dict):
-        if set(y) != set(v):
+    if isinstance(value, dict) and isinstance(exact, dict):
+        if set(value) != set(exact):
             return "a map with other keys"
-        return next((w for k in y if (w := _exact_differs(y[k], v[k]))), "")
+        return next((w for k in value if (w := _exact_differs(value[k], exact[k]))), "")
     return "another kind of value"
 
 
 BELOW_FLOAT64_ULP = 32  # what the evaluator's own rounding may be, where it computes an op below float64
 
 
-def _below_float64(y: Value, v: Value) -> str:
+def _below_float64(value: Value, exact: Value) -> str:
     """The dtype of a float value the float64 evaluator computed below float64 (its op's kernel
     casts: onnx's AffineGrid), for a plain float result; '' otherwise."""
-    if not (_plain_float(y) and isinstance(v, np.ndarray) and v.dtype.kind == "f"):
+    if not (_plain_float(value) and isinstance(exact, np.ndarray) and exact.dtype.kind == "f"):
         return ""
-    return "" if v.dtype == np.float64 else str(v.dtype)
+    return "" if exact.dtype == np.float64 else str(exact.dtype)
 
 
 def judge_backend(
@@ -361,94 +383,109 @@ def judge_backend(
     worst: tuple[float, str] = (-1.0, "")
     narrowed = False
     flushed = (0, "")  # elements flushed to zero, and the first node that flushed
-    with CaptureFile(local_capture) as a, CaptureFile(judge_capture) as j:
-        for t in order:
-            bound = judged.bounds.get(t)
-            if bound is None or t not in a or t not in j:
+    with CaptureFile(local_capture) as local, CaptureFile(judge_capture) as judge:
+        for tensor in order:
+            bound = judged.bounds.get(tensor)
+            if bound is None or tensor not in local or tensor not in judge:
                 continue
-            y, v = a[t], j[t]
-            module = modules.get(t, "")
-            low = _below_float64(y, v)
+            observed, exact = local[tensor], judge[tensor]
+            module = modules.get(tensor, "")
+            low = _below_float64(observed, exact)
             if low:  # the evaluator's own rounding is allowed too: 32 ULP of its largest element
-                v = np.asarray(v, np.float64)
-                finite = np.abs(v[np.isfinite(v)])
+                exact = np.asarray(exact, np.float64)
+                finite = np.abs(exact[np.isfinite(exact)])
                 own = BELOW_FLOAT64_ULP * unit_roundoff(low) * (float(finite.max()) if finite.size else 0.0)
-                p = j.get(PROP + t)
-                prop_low: np.ndarray | None = (p if isinstance(p, np.ndarray) else 0.0) + np.full(
-                    v.shape, own
-                )
-            lo, hi = j.get(LO + t), j.get(HI + t)
-            free = j.get(UNDEF + t)
-            if isinstance(free, np.ndarray) and isinstance(y, np.ndarray) and isinstance(v, np.ndarray):
-                y, v = _defined(y, v, free)  # ONNX leaves those elements undefined: any value is right
-            if not (_plain_float(y) and isinstance(v, np.ndarray) and v.dtype == np.float64):
-                why = _exact_differs(y, v)
-                if why and _within(y, lo, hi):  # a step its operands' errors reach: not an error
+                propagated = judge.get(PROP + tensor)
+                prop_low: np.ndarray | None = (
+                    propagated if isinstance(propagated, np.ndarray) else 0.0
+                ) + np.full(exact.shape, own)
+            lo, hi = judge.get(LO + tensor), judge.get(HI + tensor)
+            free = judge.get(UNDEF + tensor)
+            if (
+                isinstance(free, np.ndarray)
+                and isinstance(observed, np.ndarray)
+                and isinstance(exact, np.ndarray)
+            ):
+                observed, exact = _defined(
+                    observed, exact, free
+                )  # ONNX leaves those elements undefined: any value is right
+            if not (_plain_float(observed) and isinstance(exact, np.ndarray) and exact.dtype == np.float64):
+                why = _exact_differs(observed, exact)
+                if why and _within(observed, lo, hi):  # a step its operands' errors reach: not an error
                     why = ""
                 nodes.append(
-                    NodeJudgment(t, bound.op, 0.0 if not why else None, 0.0, 0.0 if not why else math.inf)
+                    NodeJudgment(
+                        tensor, bound.op, 0.0 if not why else None, 0.0, 0.0 if not why else math.inf
+                    )
                 )
                 if why:
                     origins.append(
                         Origin(
-                            t,
+                            tensor,
                             module,
                             bound.op,
                             None,
                             0.0,
                             why,
-                            rule=_rule(bound, judged.composed.get(t, "")),
+                            rule=_rule(bound, judged.composed.get(tensor, "")),
                             certain=True,
                         )
                     )
                 continue
-            assert isinstance(y, np.ndarray)
-            y, narrow = at_declared(y, judged.declared.get(t))
-            mag, prop = j.get(AUX + t), j.get(PROP + t)
+            assert isinstance(observed, np.ndarray)
+            observed, narrow = at_declared(observed, judged.declared.get(tensor))
+            mag, prop = judge.get(AUX + tensor), judge.get(PROP + tensor)
             if low:
                 prop = prop_low
-            m = _measure(
-                y,
-                v,
+            measured = _measure(
+                observed,
+                exact,
                 mag if isinstance(mag, np.ndarray) else None,
                 bound,
                 prop if isinstance(prop, np.ndarray) else None,
-                _reach(y, lo, hi),
+                _reach(observed, lo, hi),
             )
-            if m.vacuous:
-                nodes.append(NodeJudgment(t, bound.op, None, 0.0, 0.0, not_judged=m.vacuous))
+            if measured.vacuous:
+                nodes.append(NodeJudgment(tensor, bound.op, None, 0.0, 0.0, not_judged=measured.vacuous))
                 continue
             nodes.append(
-                NodeJudgment(t, bound.op, m.local_scaled, m.allowed_scaled, m.ratio, threshold=m.threshold)
+                NodeJudgment(
+                    tensor,
+                    bound.op,
+                    measured.local_scaled,
+                    measured.allowed_scaled,
+                    measured.ratio,
+                    threshold=measured.threshold,
+                )
             )
-            if m.flushed:
-                flushed = (flushed[0] + m.flushed, flushed[1] or t)
-            if m.ratio > worst[0] and not bound.exact:
-                worst = (m.ratio, t)
-            returned = f"handed back as {narrow} where the model declares {y.dtype}" if narrow else ""
-            if m.ratio > 1 or (narrow and not narrowed):  # the first narrower return loses precision
+            if measured.flushed:
+                flushed = (flushed[0] + measured.flushed, flushed[1] or tensor)
+            if measured.ratio > worst[0] and not bound.exact:
+                worst = (measured.ratio, tensor)
+            returned = f"handed back as {narrow} where the model declares {observed.dtype}" if narrow else ""
+            if measured.ratio > 1 or (narrow and not narrowed):  # the first narrower return loses precision
                 narrowed = narrowed or bool(narrow)
-                op, detail = bound.op, "; ".join(w for w in (m.detail, returned) if w)
-                if t in judged.blame:  # an exact op carries it: name the kernel that made it
-                    op, made = judged.blame[t]
+                op, detail = bound.op, "; ".join(w for w in (measured.detail, returned) if w)
+                if tensor in judged.blame:  # an exact op carries it: name the kernel that made it
+                    op, made = judged.blame[tensor]
                     detail = detail or f"made by {op} at {made}, carried by {bound.op}"
                 origins.append(
                     Origin(
-                        t,
+                        tensor,
                         module,
                         op,
-                        m.local_scaled,
-                        m.allowed_scaled,
+                        measured.local_scaled,
+                        measured.allowed_scaled,
                         detail,
-                        covers=(covers or {}).get(t, ()),
-                        element=m.element,
-                        rule=_rule(bound, judged.composed.get(t, ""))
+                        covers=(covers or {}).get(tensor, ()),
+                        element=measured.element,
+                        rule=_rule(bound, judged.composed.get(tensor, ""))
                         + (
                             f"; its float64 value was computed in {low}: {BELOW_FLOAT64_ULP} ULP added"
                             if low
                             else ""
                         ),
-                        certain=m.certain,
+                        certain=measured.certain,
                     )
                 )
     return LocalErrors(
@@ -482,31 +519,31 @@ def reorder_check(
     over: list[str] = []
     if spread is None:
         return ReorderCheck("ok", engine=engine, samples=samples, largest_ratio=0.0)
-    with CaptureFile(judge_capture) as j, CaptureFile(base) as b, CaptureFile(spread) as sp:
-        held = b.tensors()
-        for t in judged.order if order is None else order:
-            bound = judged.bounds[t]
-            d = sp.get(t)
-            if t not in held or not isinstance(d, np.ndarray) or not d.any():
+    with CaptureFile(judge_capture) as judge, CaptureFile(base) as base_capture, CaptureFile(spread) as sp:
+        held = base_capture.tensors()
+        for tensor in judged.order if order is None else order:
+            bound = judged.bounds[tensor]
+            spread_values = sp.get(tensor)
+            if tensor not in held or not isinstance(spread_values, np.ndarray) or not spread_values.any():
                 continue
-            dtype, shape = held[t]
-            v = j.get(t)
-            if not isinstance(v, np.ndarray) or v.shape != shape or d.shape != shape:
+            dtype, shape = held[tensor]
+            exact = judge.get(tensor)
+            if not isinstance(exact, np.ndarray) or exact.shape != shape or spread_values.shape != shape:
                 continue
-            mag, prop = j.get(AUX + t), j.get(PROP + t)
+            mag, prop = judge.get(AUX + tensor), judge.get(PROP + tensor)
             allow = element_allowance(
                 bound,
-                v,
+                exact,
                 mag if isinstance(mag, np.ndarray) else None,
                 prop if isinstance(prop, np.ndarray) else None,
                 np_dtype(dtype),
             )
             with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = float(np.max(np.where(d == 0, 0.0, d / allow)))
+                ratio = float(np.max(np.where(spread_values == 0, 0.0, spread_values / allow)))
             if ratio > worst[0]:
-                worst = (ratio, t)
+                worst = (ratio, tensor)
             if ratio > 1:
-                over.append(t)
+                over.append(tensor)
     return ReorderCheck(
         "ok",
         engine=engine,

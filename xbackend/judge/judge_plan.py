@@ -127,17 +127,25 @@ class Plan:
 
     def fed(self, *how: Fed) -> list[BackendJudgment]:
         """The backends judged in one of these ways, in order."""
-        return [b for b in self.backends.values() if b.fed in how]
+        return [backend for backend in self.backends.values() if backend.fed in how]
 
     @property
     def local_jobs(self) -> dict[str, Job]:
         """Each backend's severed run."""
-        return {b.name: b.local_job for b in self.backends.values() if b.local_job is not None}
+        return {
+            backend.name: backend.local_job
+            for backend in self.backends.values()
+            if backend.local_job is not None
+        }
 
     @property
     def optimized(self) -> dict[str, tuple[Job, Path]]:
         """Backends whose optimized graph is written first (round 1), then severed and judged."""
-        return {b.name: b.optimized for b in self.backends.values() if b.optimized is not None}
+        return {
+            backend.name: backend.optimized
+            for backend in self.backends.values()
+            if backend.optimized is not None
+        }
 
     def with_backend(self, judgment: BackendJudgment) -> Plan:
         return replace(self, backends={**self.backends, judgment.name: judgment})
@@ -156,23 +164,32 @@ class Early:
         self._judges: dict[str, str] = {}  # judge key -> its one evaluation's capture
         self._futures: dict[tuple[str, str], Future[LocalErrors]] = {}
 
-    def offer(self, plan: Plan, o: JobOutcome) -> None:
-        """Record `o`'s capture (a severed run, or a judge in one evaluation) and start every
+    def offer(self, plan: Plan, job_outcome: JobOutcome) -> None:
+        """Record `job_outcome`'s capture (a severed run, or a judge in one evaluation) and start every
         judgment it completes."""
-        if not o.ok:
+        if not job_outcome.ok:
             return
         with self._lock:
-            self._captures.update({b.name: b.own_run for b in plan.fed(Fed.OWN_VALUES)})
+            self._captures.update(
+                {
+                    backend_judgment.name: backend_judgment.own_run
+                    for backend_judgment in plan.fed(Fed.OWN_VALUES)
+                }
+            )
             for b in plan.fed(Fed.SEVERED):
                 lp = (
-                    o.phase(LOCAL_PHASE)
-                    if b.local_job is not None and b.local_job.label == o.job.label
+                    job_outcome.phase(LOCAL_PHASE)
+                    if b.local_job is not None and b.local_job.label == job_outcome.job.label
                     else None
                 )
                 if lp is not None:
                     self._captures[b.name] = lp.capture
             for key, j in plan.judges.items():
-                jp = o.phase(JUDGE_PHASE) if j.job is not None and j.job.label == o.job.label else None
+                jp = (
+                    job_outcome.phase(JUDGE_PHASE)
+                    if j.job is not None and j.job.label == job_outcome.job.label
+                    else None
+                )
                 if jp is not None:
                     self._judges[key] = jp.capture
             if "" in self._judges:
@@ -214,17 +231,20 @@ def judge_all(
     allowances of the reference's grain, and each node's NodeStat there (conditioning)."""
     local = [LocalErrors(b.name, "not-measured", b.reason) for b in plan.fed(Fed.NOT_MEASURED)]
     modules = spec.modules()
-    captures = {plan.reference: ref_capture, **{b.name: b.own_run for b in plan.fed(Fed.OWN_VALUES)}}
+    captures = {
+        plan.reference: ref_capture,
+        **{backend_judgment.name: backend_judgment.own_run for backend_judgment in plan.fed(Fed.OWN_VALUES)},
+    }
     for b in plan.fed(Fed.SEVERED):
-        o = done.get(b.local_job.label) if b.local_job is not None else None
-        lp = o.phase(LOCAL_PHASE) if o is not None and o.ok else None
+        job_outcome = done.get(b.local_job.label) if b.local_job is not None else None
+        lp = job_outcome.phase(LOCAL_PHASE) if job_outcome is not None and job_outcome.ok else None
         if lp is None:
-            why = o.reason if o is not None else "it did not run"
+            why = job_outcome.reason if job_outcome is not None else "it did not run"
             local.append(LocalErrors(b.name, "not-measured", f"the severed model failed: {why}"))
             continue
         captures[b.name] = lp.capture
     captures.update(dict.fromkeys((b.name for b in plan.fed(Fed.OWN_JUDGE)), ""))  # each window's own capture
-    ex.bar.grow(sum(window.steps for j in plan.judges.values() for window in j.windows))
+    ex.bar.grow(sum(window.steps for judge in plan.judges.values() for window in judge.windows))
     keys: dict[str, list[str]] = {}
     for name in captures:
         for key in (plan.backends.get(name) or _REFERENCE).judges:
@@ -233,14 +253,14 @@ def judge_all(
     checks: list[ReorderCheck] = []
     stats: dict[str, NodeStat] = {}
     keys.setdefault("", [])  # the reference's grain is evaluated for conditioning all the same
-    parts: dict[str, list[LocalErrors]] = {n: [] for n in captures}
+    parts: dict[str, list[LocalErrors]] = {capture: [] for capture in captures}
     failed: dict[str, str] = {}
     for key, names in keys.items():
         judge = plan.judges.get(key)
         judged = judge.judged if judge is not None else None
         if judge is None or judged is None:
             why = (judge.unavailable if judge else "") or "the float64 evaluation of each node did not run"
-            failed.update({n: failed.get(n, why) for n in names})
+            failed.update({name: failed.get(name, why) for name in names})
             continue
         broken = ""
         for capture, order, why in _evaluations(judge, judged, done, ex):
@@ -259,15 +279,15 @@ def judge_all(
             if key == "" and floor is not None and floor.status == "ok":
                 checks.append(_reorder_part(plan, done, judged, capture, order))
         if broken:
-            failed.update({n: failed.get(n, broken) for n in names})
+            failed.update({name: failed.get(name, broken) for name in names})
         if key == "" and broken:
             floor = ReorderCheck("unavailable", "the float64 judge failed")
             stats.clear()
     local += [
-        LocalErrors(n, "not-measured", failed.get(n) or "no window of its judge was judged")
-        if n in failed or not parts[n]
-        else _merged(parts[n], (plan.backends.get(n) or _REFERENCE).graph_order).mostly_unjudged()
-        for n in captures
+        LocalErrors(capture, "not-measured", failed.get(capture) or "no window of its judge was judged")
+        if capture in failed or not parts[capture]
+        else _merged(parts[capture], (plan.backends.get(capture) or _REFERENCE).graph_order).mostly_unjudged()
+        for capture in captures
     ]
     if floor is None:
         judge = plan.judges.get("")
@@ -294,20 +314,22 @@ def _evaluations(
         return
     with ex.shared(), ThreadPoolExecutor(1, thread_name_prefix="xbackend-window") as pool:
         ahead: Future[JobOutcome] | None = None
-        for k, job in enumerate(judge.windows):
+        for index, job in enumerate(judge.windows):
             started, ahead = ahead, None
-            o = started.result() if started is not None else None if ex.cancelled.is_set() else ex.run(job)
-            jp = o.phase(JUDGE_PHASE) if o is not None and o.ok else None
-            rest = judge.windows[k + 1 :]
+            job_outcome = (
+                started.result() if started is not None else None if ex.cancelled.is_set() else ex.run(job)
+            )
+            jp = job_outcome.phase(JUDGE_PHASE) if job_outcome is not None and job_outcome.ok else None
+            rest = judge.windows[index + 1 :]
             if jp is not None and rest and not ex.cancelled.is_set():
                 ahead = pool.submit(ex.run, rest[0])  # runs while this window is judged
-            why = o.reason if o is not None else "interrupted"
+            why = job_outcome.reason if job_outcome is not None else "interrupted"
             wanted = set(job.phases[0].tensors)
             try:
                 yield (jp.capture if jp else None), tuple(t for t in judged.order if t in wanted), why
             finally:
-                if o is not None:
-                    o.drop_captures()
+                if job_outcome is not None:
+                    job_outcome.drop_captures()
             if jp is None:  # the windows after it will not run: the bar says so
                 for later in rest:
                     ex.skip(later)
@@ -341,9 +363,9 @@ def _reorder_part(
 def _worst(parts: Sequence[LocalErrors] | Sequence[ReorderCheck]) -> tuple[float, str]:
     """The largest ratio over the windows and where, the first window's on a tie; -1 for none."""
     worst: tuple[float, str] = (-1.0, "")
-    for p in parts:
-        if p.largest_ratio is not None and p.largest_ratio > worst[0]:
-            worst = (p.largest_ratio, p.largest_at)
+    for part in parts:
+        if part.largest_ratio is not None and part.largest_ratio > worst[0]:
+            worst = (part.largest_ratio, part.largest_at)
     return worst
 
 
@@ -355,9 +377,9 @@ def _merged(parts: Sequence[LocalErrors], order: Sequence[str] | None = None) ->
     origins = [origin for part in parts for origin in part.origins]
     nodes = [node for part in parts for node in part.nodes]
     if order is not None:
-        rank = {t: k for k, t in enumerate(order)}
-        origins.sort(key=lambda o: rank.get(o.tensor, len(rank)))
-        nodes.sort(key=lambda n: rank.get(n.tensor, len(rank)))
+        rank = {t: index for index, t in enumerate(order)}
+        origins.sort(key=lambda origin: rank.get(origin.tensor, len(rank)))
+        nodes.sort(key=lambda node: rank.get(node.tensor, len(rank)))
     return LocalErrors(
         first.backend,
         "ok",
@@ -400,15 +422,15 @@ def _only(order: tuple[str, ...], judgment: BackendJudgment, key: str) -> tuple[
 def plan_rules(plan: Plan) -> tuple[tuple[str, str, str], ...]:
     """Each op's allowance and its source, as the judged models used them."""
     seen: dict[str, tuple[str, str, str]] = {}
-    for j in plan.judges.values():
-        for b in j.judged.bounds.values() if j.judged is not None else ():
-            seen.setdefault(b.op, (b.op, b.general(), b.source))
+    for judge in plan.judges.values():
+        for node_bound in judge.judged.bounds.values() if judge.judged is not None else ():
+            seen.setdefault(node_bound.op, (node_bound.op, node_bound.general(), node_bound.source))
     return tuple(seen[k] for k in sorted(seen))
 
 
-def grain_of(r: BackendResult) -> str:
+def grain_of(backend: BackendResult) -> str:
     """The grain a backend of its own source exposes, as its runner says (torch: op or module)."""
-    grain = dict(r.info).get("grain", "")
+    grain = dict(backend.info).get("grain", "")
     if grain.startswith("op"):
         return f"its aten calls, {grain[3:].strip('()')} (the model severed at the tensors they became)"
     why = f"; not at op grain: {grain[len('module (') : -1]}" if grain.startswith("module (") else ""
@@ -421,8 +443,8 @@ def shapes_of(
     """Every tensor's shape: the reference's, then any other live backend's per-layer capture
     for the tensors the reference does not hold (the permuted model needs each reduction's)."""
     shapes = {n: s for n, (_, s) in held.items()}
-    for b in builds.values():
-        layers = b.first.layers if b.ok and b.loaded is None else None
+    for build in builds.values():
+        layers = build.first.layers if build.ok and build.loaded is None else None
         if layers is None:
             continue
         with CaptureFile(layers.capture) as cap:

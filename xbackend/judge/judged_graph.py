@@ -64,7 +64,7 @@ def _finite_only(bld: Builder, t: str, e: str) -> str:
 
 
 def _opset(proto: onnx.ModelProto) -> int:
-    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+    return next((opset.version for opset in proto.opset_import if opset.domain in ("", "ai.onnx")), 1)
 
 
 def judged_model(
@@ -85,15 +85,17 @@ def judged_model(
     through them (xbackend.bounds.propagation.propagate) and added to its allowance (output PROP + output)."""
     out = onnx.ModelProto()
     out.CopyFrom(severed)
-    g = out.graph
+    graph = out.graph
     opset = _opset(out)
     floats, inferred, declared = _inferred(severed)
     # the captured shapes first; shape inference's where nothing captured a tensor (--tensors)
     base = {**shapes, **inferred} if fill_shapes else {**inferred, **shapes}
     known = dict(base)
-    known.update({SEVERED + n: s for n, s in base.items()})
-    known.update({t.name: tuple(int(dim) for dim in t.dims) for t in g.initializer})
-    read = {i for n in g.node for i in n.input}
+    known.update({SEVERED + key: value for key, value in base.items()})
+    known.update(
+        {initializer.name: tuple(int(dim) for dim in initializer.dims) for initializer in graph.initializer}
+    )
+    read = {input_name for node in graph.node for input_name in node.input}
     bounds: dict[str, NodeBound] = {}
     composed: dict[str, str] = {}
     extra_nodes: list[onnx.NodeProto] = []
@@ -105,12 +107,12 @@ def judged_model(
     blame: dict[str, tuple[str, str]] = {}
     poison: dict[str, str] = {}  # a tensor -> where its elements are undefined (bool, in the judged graph)
     reached: set[str] = set()  # integer results with a reach (LO/HI) in the judged graph
-    wide = _read_wide(g, captured, read, err, bld_w := Builder("xb.wide.", opset))
-    folded = _folded(g, recomputed, read, err, bld_w)
+    wide = _read_wide(graph, captured, read, err, bld_w := Builder("xb.wide.", opset))
+    folded = _folded(graph, recomputed, read, err, bld_w)
     extra_nodes.extend(bld_w.nodes)
-    g.initializer.extend(bld_w.inits)
-    for node in list(g.node):
-        outs = [o for o in node.output if o]
+    graph.initializer.extend(bld_w.inits)
+    for node in list(graph.node):
+        outs = [output_name for output_name in node.output if output_name]
         if not outs:
             continue
         starts.append(len(tensors))
@@ -122,11 +124,11 @@ def judged_model(
             tensors.append(o)
         if nodes and floats.get(outs[0], False):  # an integer result is compared exactly: no magnitude
             extra_nodes.extend(nodes)
-            g.initializer.extend(inits)
+            graph.initializer.extend(inits)
             tensors.append(AUX + outs[0])
-            g.output.append(_typed(AUX + outs[0], known.get(outs[0])))
-        inherited = {i: err[i] for i in node.input if i in err}
-        maker = next((made_by[i] for i in node.input if i in made_by), None)
+            graph.output.append(_typed(AUX + outs[0], known.get(outs[0])))
+        inherited = {input_name: err[input_name] for input_name in node.input if input_name in err}
+        maker = next((made_by[input_name] for input_name in node.input if input_name in made_by), None)
         if bound.exact and maker is not None:
             blame[outs[0]] = maker
         made_by[outs[0]] = maker if bound.exact and maker is not None else (node.op_type, outs[0])
@@ -134,18 +136,18 @@ def judged_model(
         if undefined:  # elements ONNX leaves undefined (a cast of inf to an integer), and what they reach
             poison[outs[0]] = undefined
             extra_nodes.extend(bld_u.nodes)
-            g.initializer.extend(bld_u.inits)
+            graph.initializer.extend(bld_u.inits)
             extra_nodes.append(helper.make_node("Identity", [undefined], [UNDEF + outs[0]]))
             tensors.append(UNDEF + outs[0])
             vi = onnx.ValueInfoProto()
             vi.name = UNDEF + outs[0]
             vi.type.tensor_type.elem_type = TensorProto.BOOL
-            g.output.append(vi)
+            graph.output.append(vi)
         bld_r = Builder(REACH + outs[0], opset)
         if node.op_type in _REQUANTIZED and len(node.input) > _REQUANTIZED[node.op_type] + 1:
-            _requantized(node, bld_r, g)  # the integer result within its output scale's rounding
+            _requantized(node, bld_r, graph)  # the integer result within its output scale's rounding
             extra_nodes.extend(bld_r.nodes)
-            g.initializer.extend(bld_r.inits)
+            graph.initializer.extend(bld_r.inits)
             tensors += [LO + outs[0], HI + outs[0]]
             reached.add(outs[0])
             composed[outs[0]] = "judged as reachable within float32's rounding of its requantization scale"
@@ -156,7 +158,7 @@ def judged_model(
             for end in (LO, HI):
                 ins = [end + node.input[0], *node.input[1:]]
                 bld_r.nodes.append(helper.make_node(node.op_type, ins, [end + outs[0]], **attributes(node)))
-                g.output.append(_typed(end + outs[0], known.get(outs[0])))
+                graph.output.append(_typed(end + outs[0], known.get(outs[0])))
             extra_nodes.extend(bld_r.nodes)
             tensors += [LO + outs[0], HI + outs[0]]
             composed[outs[0]] = "judged as reachable from the levels its requantized input reaches"
@@ -167,18 +169,18 @@ def judged_model(
             unit = 2 * (unit_roundoff(declared[x]) if declared.get(x) in _LOW else U32)
             own = bld_r.op("Mul", bld_r.abs(x), bld_r.const(unit))
             reach = {**inherited, x: bld_r.op("Add", inherited[x], own) if x in inherited else own}
-            _reachable(node, reach, bld_r, g)
+            _reachable(node, reach, bld_r, graph)
             extra_nodes.extend(bld_r.nodes)
-            g.initializer.extend(bld_r.inits)
+            graph.initializer.extend(bld_r.inits)
             tensors += [LO + outs[0], HI + outs[0]]
             reached.add(outs[0])
             composed[outs[0]] = (
                 "judged as reachable within its input's rounding of x / scale (requantization)"
             )
         elif inherited and node.op_type in REACHABLE:  # a step of inexact floats: either side may be right
-            _reachable(node, inherited, bld_r, g)
+            _reachable(node, inherited, bld_r, graph)
             extra_nodes.extend(bld_r.nodes)
-            g.initializer.extend(bld_r.inits)
+            graph.initializer.extend(bld_r.inits)
             tensors += [LO + outs[0], HI + outs[0]]
             composed[outs[0]] = "judged as reachable from its operands within their inherited errors"
         if not floats.get(outs[0], False):
@@ -199,7 +201,11 @@ def judged_model(
         # the probabilistic parts: what is inherited, carried by the same (linear) rules, and the
         # node's own add root-sum-square; a max or an assumed gain carries them as worst-case ones
         linear = prop is not None and not assumption and node.op_type not in _NOT_LINEAR
-        carried = {i: errp[i] for i in node.input if i in errp} if linear else {}
+        carried = (
+            {input_name: errp[input_name] for input_name in node.input if input_name in errp}
+            if linear
+            else {}
+        )
         prop_p = propagate(node, carried, bld, opset)[0] if carried else None
         inner = outs[0] not in captured and outs[0] in read  # the nodes below inherit its error
         own_p = own_probabilistic(bound, outs[0], U32, bool(nodes), bld) if prop_p or inner else None
@@ -210,7 +216,7 @@ def judged_model(
         if prop is not None:  # judged with it wherever a backend hands this tensor over
             _broadcast_to(bld, prop, outs[0], PROP + outs[0])
             tensors.append(PROP + outs[0])
-            g.output.append(_typed(PROP + outs[0], known.get(outs[0]), symbolic=True))
+            graph.output.append(_typed(PROP + outs[0], known.get(outs[0]), symbolic=True))
         if inner:  # uncaptured, so no dtype of its own was seen: float32's unit roundoff
             mine = own_allowance(bound, outs[0], U32, bool(nodes), bld)
             if node.op_type in ("Cast", "CastLike") and node.input and not floats.get(node.input[0], True):
@@ -224,19 +230,19 @@ def judged_model(
             composed[o] = why or f"{len(inherited)} uncaptured input(s), propagated to first order"
             _broadcast_to(bld, rest, o, PROP + o)
             tensors.append(PROP + o)
-            g.output.append(_typed(PROP + o, known.get(o), symbolic=True))
+            graph.output.append(_typed(PROP + o, known.get(o), symbolic=True))
             if o not in captured and o in read:
                 mine = own_allowance(bounds[o], o, U32, False, bld)
                 err[o] = _finite_only(bld, o, bld.op("Add", mine, rest))
         extra_nodes.extend(bld.nodes)
-        g.initializer.extend(bld.inits)
-    g.node.extend(extra_nodes)
-    _flatten_unshaped(g)
+        graph.initializer.extend(bld.inits)
+    graph.node.extend(extra_nodes)
+    _flatten_unshaped(graph)
     ends = [*starts[1:], len(tensors)]
-    groups = tuple(tuple(tensors[a:b]) for a, b in zip(starts, ends, strict=True))
-    for t, d in captured.items():  # a tensor shape inference could not type: as the reference holds it
-        if floats.get(t, False) and d in COMPUTE_FLOATS:
-            declared.setdefault(t, d)
+    groups = tuple(tuple(tensors[start:end]) for start, end in zip(starts, ends, strict=True))
+    for t, value in captured.items():  # a tensor shape inference could not type: as the reference holds it
+        if floats.get(t, False) and value in COMPUTE_FLOATS:
+            declared.setdefault(t, value)
     return Judged(out, bounds, tuple(tensors), composed, blame, groups, declared)
 
 
@@ -255,15 +261,15 @@ _WIDE = (
 
 
 def _read_wide(
-    g: onnx.GraphProto, captured: Mapping[str, str], read: set[str], err: dict[str, str], bld: Builder
+    graph: onnx.GraphProto, captured: Mapping[str, str], read: set[str], err: dict[str, str], bld: Builder
 ) -> set[str]:
     """Each severed input of a float16 or bfloat16 tensor a node computed: an engine may hand its
     consumers the value before its rounding to that type, so each carries its own rounding
     (u·|x|) as an inherited error (into `err`); the names."""
-    made = {o for n in g.node for o in n.output}
+    made = {output_name for node in graph.node for output_name in node.output}
     out = set()
-    for t, dtype in captured.items():
-        name = SEVERED + t
+    for key, dtype in captured.items():
+        name = SEVERED + key
         if dtype in _LOW and name in read and name not in made:
             err[name] = bld.op("Mul", bld.abs(name), bld.const(unit_roundoff(dtype)))
             out.add(name)
@@ -271,12 +277,14 @@ def _read_wide(
 
 
 def _folded(
-    g: onnx.GraphProto, recomputed: Collection[str], read: set[str], err: dict[str, str], bld: Builder
+    graph: onnx.GraphProto, recomputed: Collection[str], read: set[str], err: dict[str, str], bld: Builder
 ) -> set[str]:
     """Each folded constant the backend computes again at run time (`recomputed`): a rounded
     value, so the backend's own may differ from it within FOLDED·u of it (Exp's measured bound,
     the largest of the functions such constants come from), an inherited error (into `err`)."""
-    have = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    have = {initializer.name for initializer in graph.initializer} | {
+        output_name for node in graph.node if node.op_type == "Constant" for output_name in node.output
+    }
     out = set()
     for t in recomputed:
         if t in have and t in read:
@@ -318,10 +326,10 @@ def _inferred(
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
     except Exception:  # a model shape inference cannot type: the rules below
         inferred = proto
-    g = inferred.graph
+    graph = inferred.graph
     out: dict[str, bool] = {}
     declared: dict[str, str] = {}
-    for vi in [*g.value_info, *g.input, *g.output]:
+    for vi in [*graph.value_info, *graph.input, *graph.output]:
         if vi.type.WhichOneof("value") in ("sequence_type", "map_type", "optional_type"):
             out[vi.name] = False  # not a float tensor: no magnitude, no inherited error of its own
         elif vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
@@ -329,20 +337,22 @@ def _inferred(
             out[vi.name] = elem in _FLOAT_TYPES
             if elem in _FLOAT_TYPES:
                 declared[vi.name] = FLOAT_NAMES[elem]
-    out.update({t.name: t.data_type in _FLOAT_TYPES for t in g.initializer})
+    out.update({initializer.name: initializer.data_type in _FLOAT_TYPES for initializer in graph.initializer})
     for node in proto.graph.node:
-        for k, o in enumerate(node.output):
-            if not o or o in out:
+        for index, output_name in enumerate(node.output):
+            if not output_name or output_name in out:
                 continue
             if node.op_type in ("Cast", "CastLike"):
-                to = next((a.i for a in node.attribute if a.name == "to"), 0)
-                out[o] = to in _FLOAT_TYPES if node.op_type == "Cast" else out.get(node.input[1], False)
-            elif node.op_type in _NON_FLOAT or (node.op_type == "TopK" and k == 1):
-                out[o] = False
+                to = next((attribute.i for attribute in node.attribute if attribute.name == "to"), 0)
+                out[output_name] = (
+                    to in _FLOAT_TYPES if node.op_type == "Cast" else out.get(node.input[1], False)
+                )
+            elif node.op_type in _NON_FLOAT or (node.op_type == "TopK" and index == 1):
+                out[output_name] = False
             else:
-                out[o] = any(out.get(i, False) for i in node.input if i)
+                out[output_name] = any(out.get(input_name, False) for input_name in node.input if input_name)
     shapes = {}
-    for vi in g.value_info:
+    for vi in graph.value_info:
         dims = vi.type.tensor_type.shape.dim
         if dims and all(dim.HasField("dim_value") for dim in dims):
             shapes[vi.name] = tuple(int(dim.dim_value) for dim in dims)
@@ -368,10 +378,13 @@ def _undefined(
     NaN quantized, and
     elementwise results of undefined elements; a Where's, where it selects one."""
     ins = list(node.input)
-    mine = [poison.get(i[len(SEVERED) :] if i.startswith(SEVERED) else i, "") for i in ins]
+    mine = [
+        poison.get(input_name[len(SEVERED) :] if input_name.startswith(SEVERED) else input_name, "")
+        for input_name in ins
+    ]
     out = node.output[0]
     if node.op_type == "Cast" and ins and floats.get(_bare(ins[0]), False):
-        to = int(next((a.i for a in node.attribute if a.name == "to"), 0))
+        to = int(next((attribute.i for attribute in node.attribute if attribute.name == "to"), 0))
         if to in _INT_MAX:
             x = ins[0]
             bad = bld.op("Or", bld.op("IsNaN", x), bld.op("IsInf", x))
@@ -406,11 +419,11 @@ REACHABLE = frozenset({"Cast", "Floor", "Ceil", "Round", "Less", "LessOrEqual", 
 REACH, LO, HI = "xb.reach.", "xb.lo.", "xb.hi."  # the lowest and highest result reachable
 
 
-def _reachable(node: onnx.NodeProto, err: Mapping[str, str], bld: Builder, g: onnx.GraphProto) -> None:
+def _reachable(node: onnx.NodeProto, err: Mapping[str, str], bld: Builder, graph: onnx.GraphProto) -> None:
     """The node evaluated at the ends of its operands' error intervals (outputs LO + out and HI +
     out): a backend's result between them is reachable from operands within their errors."""
     out, ins = node.output[0], list(node.input)
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
 
     def at(shift: list[str]) -> list[str]:
         return [bld.op("Add" if sgn == "+" else "Sub", i, err[i]) if sgn and i in err else i
@@ -427,8 +440,8 @@ def _reachable(node: onnx.NodeProto, err: Mapping[str, str], bld: Builder, g: on
         bld.nodes.append(helper.make_node(node.op_type, args, [name], **attrs))
         vi = onnx.ValueInfoProto()
         vi.name = name
-        vi.type.tensor_type.elem_type = _out_type(node, g)
-        g.output.append(vi)
+        vi.type.tensor_type.elem_type = _out_type(node, graph)
+        graph.output.append(vi)
 
 
 # quantized kernels that requantize an integer accumulation with a float scale: the index of their
@@ -439,7 +452,7 @@ _REQUANTIZED = {
 }  # fmt: skip
 
 
-def _requantized(node: onnx.NodeProto, bld: Builder, g: onnx.GraphProto) -> None:
+def _requantized(node: onnx.NodeProto, bld: Builder, graph: onnx.GraphProto) -> None:
     """LO + out and HI + out: the kernel with its output scale moved by float32's rounding of the
     multiplier an engine computes (scales' product and quotient, the accumulation as a float):
     a result between them rounds a value within that rounding of a half step."""
@@ -454,24 +467,31 @@ def _requantized(node: onnx.NodeProto, bld: Builder, g: onnx.GraphProto) -> None
             helper.make_node(node.op_type, moved, [made], domain=node.domain, **attributes(node))
         )
         ends.append(made)
-    elem = _out_type(node, g)
+    elem = _out_type(node, graph)
     for name, op in ((LO + out, "Min"), (HI + out, "Max")):
         bld.nodes.append(helper.make_node(op, ends, [name]))
         vi = onnx.ValueInfoProto()
         vi.name = name
         vi.type.tensor_type.elem_type = elem
-        g.output.append(vi)
+        graph.output.append(vi)
 
 
-def _out_type(node: onnx.NodeProto, g: onnx.GraphProto | None = None) -> int:
+def _out_type(node: onnx.NodeProto, graph: onnx.GraphProto | None = None) -> int:
     if node.op_type == "Cast":
-        return int(next(a.i for a in node.attribute if a.name == "to"))
+        return int(next(attribute.i for attribute in node.attribute if attribute.name == "to"))
     if node.op_type == "QuantizeLinear" or node.op_type in _REQUANTIZED:
         # the zero point's type, else output_dtype, else uint8
         k = _REQUANTIZED.get(node.op_type, 1) + 1
         zp = node.input[k] if len(node.input) > k else ""
-        found = next((t.data_type for t in (g.initializer if g is not None else ()) if t.name == zp), 0)
-        attr = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
+        found = next(
+            (
+                initializer.data_type
+                for initializer in (graph.initializer if graph is not None else ())
+                if initializer.name == zp
+            ),
+            0,
+        )
+        attr = next((attribute.i for attribute in node.attribute if attribute.name == "output_dtype"), 0)
         return int(found or attr or TensorProto.UINT8)
     if node.op_type in ("Floor", "Ceil", "Round"):
         return TensorProto.FLOAT
@@ -488,27 +508,28 @@ def _broadcast_to(bld: Builder, err: str, like: str, out: str) -> None:
 FLAT = "/whole"  # an unshaped extra output's value before it is flattened
 
 
-def _flatten_unshaped(g: onnx.GraphProto) -> None:
+def _flatten_unshaped(graph: onnx.GraphProto) -> None:
     """Extra outputs whose shape nothing knows (past a node shape inference cannot follow) leave
     flattened, rank 1: a graph output must declare a rank, and the judge reshapes them back."""
     unshaped = {
-        o.name
-        for o in g.output
-        if o.type.WhichOneof("value") in (None, "tensor_type") and not o.type.tensor_type.HasField("shape")
+        output_name.name
+        for output_name in graph.output
+        if output_name.type.WhichOneof("value") in (None, "tensor_type")
+        and not output_name.type.tensor_type.HasField("shape")
     }  # a sequence or a map (ZipMap's) is no tensor: left alone
     if not unshaped:
         return
     flat = "xb.flat"
-    g.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), flat))
-    for node in list(g.node):  # the graph's nodes read the whole value; the output is its flat view
-        for k, i in enumerate(node.input):
-            if i in unshaped:
-                node.input[k] = i + FLAT
-        for k, o in enumerate(node.output):
+    graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), flat))
+    for node in list(graph.node):  # the graph's nodes read the whole value; the output is its flat view
+        for index, input_name in enumerate(node.input):
+            if input_name in unshaped:
+                node.input[index] = input_name + FLAT
+        for index, o in enumerate(node.output):
             if o in unshaped:
-                node.output[k] = o + FLAT
-                g.node.append(helper.make_node("Reshape", [o + FLAT, flat], [o]))
-    for o in g.output:
+                node.output[index] = o + FLAT
+                graph.node.append(helper.make_node("Reshape", [o + FLAT, flat], [o]))
+    for o in graph.output:
         if o.name in unshaped:
             o.type.tensor_type.shape.dim.add().dim_param = f"{o.name}:flat"
 

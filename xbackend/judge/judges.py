@@ -62,10 +62,12 @@ def judge_job(
     judged = judged_model(severed, shapes, captured, fill_shapes, folded)
     jpath = spath.with_name(f"judged{'-' + key if key else ''}.onnx")
     write_rewritten(judged.proto, source, jpath)
-    inputs = tuple(i.name for i in severed.graph.input if i.name.startswith(SEVERED))
+    inputs = tuple(
+        input_name.name for input_name in severed.graph.input if input_name.name.startswith(SEVERED)
+    )
     model = replace(
         model_ref(ctx.spec, jpath, inputs, uses_external_data(judged.proto)),
-        outputs=tuple(o.name for o in judged.proto.graph.output),
+        outputs=tuple(output_name.name for output_name in judged.proto.graph.output),
     )
     try:
         windows = judge_windows(
@@ -89,7 +91,7 @@ def judge_job(
         return Job(label + suffix, JUDGE_ENGINE, cls, variant, sfeeds, (phase,))
 
     if windows:  # each its own job, judged and deleted in turn (xbackend.judge.judge_plan)
-        cut = tuple(job(f"-w{k + 1}", w) for k, w in enumerate(windows))
+        cut = tuple(job(f"-w{index + 1}", window) for index, window in enumerate(windows))
         return Judge(None, judged, windows=cut)
     return Judge(job("", judged.tensors), judged)
 
@@ -97,7 +99,7 @@ def judge_job(
 def own_grain_judge(
     ctx: RunContext,
     proto: onnx.ModelProto,
-    b: Builds,
+    builds: Builds,
     available: Mapping[str, tuple[int, tuple[int, ...]]],
     shapes: Mapping[str, tuple[int, ...]],
     captured: Mapping[str, str],
@@ -109,7 +111,7 @@ def own_grain_judge(
     """A backend that computes each tensor it exposes from the tensors it exposes above it (torch:
     module outputs): the model severed at those, judged in float64 on the values of capture
     `fed` (the reference's, or its own) (`folded`: the constants it computes again at run time)."""
-    layers = b.first.layers if b.ok else None
+    layers = builds.first.layers if builds.ok else None
     mine: set[str] = set()
     if layers is not None:
         with CaptureFile(layers.capture) as cap:
@@ -119,5 +121,5 @@ def own_grain_judge(
     spath = ctx.work / "explain" / f"severed-{name}.onnx"
     sfeeds = spath.with_suffix(".xbv")
     save_severed_feeds(sfeeds, ctx.feeds.arrays, fed, severed.inputs)
-    own = {n: d for n, d in captured.items() if n in grain}
+    own = {key: value for key, value in captured.items() if key in grain}
     return judge_job(ctx, severed.proto, shapes, own, spath, sfeeds, name, source, folded=folded)

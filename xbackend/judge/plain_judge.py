@@ -73,7 +73,7 @@ def _model_ref(spec: ModelSpec, path: Path, extra: tuple[str, ...], proto: onnx.
         str(path),
         spec.ir_version,
         (*spec.input_names, *extra),
-        tuple(o.name for o in proto.graph.output),
+        tuple(output_name.name for output_name in proto.graph.output),
         uses_external_data(proto),
         spec.weight_bytes,
     )
@@ -81,17 +81,19 @@ def _model_ref(spec: ModelSpec, path: Path, extra: tuple[str, ...], proto: onnx.
 
 def _crossing(proto: onnx.ModelProto) -> list[frozenset[str]]:
     """After each node but the last, the activations computed so far that a later node reads."""
-    g = proto.graph
-    fixed = {t.name for t in g.initializer} | {i.name for i in g.input}
+    graph = proto.graph
+    fixed = {initializer.name for initializer in graph.initializer} | {
+        input_name.name for input_name in graph.input
+    }
     last: dict[str, int] = {}
-    for k, n in enumerate(g.node):
-        for i in n.input:
-            last[i] = k
+    for index, node in enumerate(graph.node):
+        for i in node.input:
+            last[i] = index
     live: set[str] = set()
     out = []
-    for k, n in enumerate(g.node[:-1]):
-        live |= {o for o in n.output if o and o not in fixed}
-        live = {t for t in live if last.get(t, -1) > k}
+    for index, node in enumerate(graph.node[:-1]):
+        live |= {output_name for output_name in node.output if output_name and output_name not in fixed}
+        live = {t for t in live if last.get(t, -1) > index}
         out.append(frozenset(live))
     return out
 
@@ -113,11 +115,17 @@ class Cutting:
 def _cutting(proto: onnx.ModelProto, ks: list[int], crossing: list[frozenset[str]]) -> Cutting:
     nodes = proto.graph.node
     stretch = tuple(bisect.bisect_left(ks, j) for j in range(len(nodes)))
-    made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    made = {
+        output_name: index for index, node in enumerate(nodes) for output_name in node.output if output_name
+    }
     same: set[str] = set()  # read in the stretch that computes it
     for k, n in enumerate(nodes):
-        same |= {i for i in n.input if i in made and stretch[made[i]] == stretch[k]}
-    outputs = {o.name for o in proto.graph.output}
+        same |= {
+            input_name
+            for input_name in n.input
+            if input_name in made and stretch[made[input_name]] == stretch[k]
+        }
+    outputs = {output_name.name for output_name in proto.graph.output}
     names = list(dict.fromkeys(t for k in ks for t in sorted(crossing[k])))
     hidden = tuple(name for name in names if name in same and name not in outputs)
     return Cutting(tuple(name for name in names if name not in hidden), hidden, stretch)
@@ -129,7 +137,7 @@ def stretch_cuts(proto: onnx.ModelProto) -> tuple[Cutting, Cutting] | tuple[()]:
     two of those, where the fewest cross nearest the middle (a fusion across a cut of the first is
     whole in a stretch of the second, the residual stream hidden there). None where nothing crosses."""
     crossing = _crossing(proto)
-    usable = [k for k, a in enumerate(crossing) if a]
+    usable = [index for index, a in enumerate(crossing) if a]
     if not usable:
         return ()
     fewest = min(len(crossing[k]) for k in usable)
@@ -145,12 +153,12 @@ def stretch_cuts(proto: onnx.ModelProto) -> tuple[Cutting, Cutting] | tuple[()]:
     return _cutting(proto, first, crossing), _cutting(proto, second, crossing)
 
 
-def _available(c: Cutting, available: Mapping[str, object]) -> Cutting:
-    """`c` where the reference holds each tensor it feeds: one it does not hold stays connected."""
+def _available(cutting: Cutting, available: Mapping[str, object]) -> Cutting:
+    """`cutting` where the reference holds each tensor it feeds: one it does not hold stays connected."""
     return replace(
-        c,
-        cuts=tuple(cut for cut in c.cuts if cut in available),
-        hidden=tuple(t for t in c.hidden if t in available),
+        cutting,
+        cuts=tuple(cut for cut in cutting.cuts if cut in available),
+        hidden=tuple(t for t in cutting.hidden if t in available),
     )
 
 
@@ -158,7 +166,9 @@ def stretch_nodes(proto: onnx.ModelProto, end: str, cutting: Cutting) -> tuple[s
     """The node outputs of the stretch that ends at `end`: its producers within that stretch, in
     model order."""
     nodes = proto.graph.node
-    made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    made = {
+        output_name: index for index, node in enumerate(nodes) for output_name in node.output if output_name
+    }
     if end not in made:
         return ()
     mine = cutting.stretch[made[end]]
@@ -169,7 +179,7 @@ def stretch_nodes(proto: onnx.ModelProto, end: str, cutting: Cutting) -> tuple[s
         if k < 0 or k in seen or cutting.stretch[k] != mine:
             continue
         seen.add(k)
-        todo += [i for i in nodes[k].input if i]
+        todo += [input_name for input_name in nodes[k].input if input_name]
     return tuple(nodes[k].output[0] for k in sorted(seen))
 
 
@@ -178,7 +188,12 @@ def _sever(
 ) -> Severed:
     """`proto` with each stretch reading what an earlier stretch computes from graph inputs (the
     reference's values), and exposing its cuts."""
-    made = {o: k for k, n in enumerate(proto.graph.node) for o in n.output if o}
+    made = {
+        output_name: index
+        for index, node in enumerate(proto.graph.node)
+        for output_name in node.output
+        if output_name
+    }
     crossing = {t: available[t] for t in (*cutting.cuts, *cutting.hidden)}
 
     def elsewhere(name: str, k: int) -> bool:  # read in another stretch than its own
@@ -199,12 +214,12 @@ def _planned_run(
     source = (plan.rewrites or spec).path
     cuts = cutting.cuts
     pieces = _sever(proto, cutting, plan.available)
-    ends = tuple(dict.fromkeys([*cuts, *(o.name for o in proto.graph.output)]))
+    ends = tuple(dict.fromkeys([*cuts, *(output_name.name for output_name in proto.graph.output)]))
     path = folder / f"stretches-{key}.onnx"
     write_rewritten(pieces.proto, source, path)
     feeds = path.with_suffix(".xbv")
     save_severed_feeds(feeds, ctx.feeds.arrays, ref_capture, pieces.inputs)
-    extra = tuple(SEVERED + n for n in pieces.inputs)
+    extra = tuple(SEVERED + input_name for input_name in pieces.inputs)
     phase = Phase.planned(
         PLAIN_PHASE, ends, 1, model=_model_ref(spec, path, extra, pieces.proto), hashed=False
     )
@@ -222,16 +237,18 @@ def _planned_run(
     return _Run(cutting, ends, run, judge, judged)
 
 
-def _failing(r: _Run, ex: Executor, name: str, modules: Mapping[str, str]) -> tuple[LocalErrors | None, str]:
-    """The stretch ends of `r` judged (their origins), or why they could not be."""
-    ro, jo = ex.run(r.run), ex.run(r.judge)
+def _failing(
+    run: _Run, ex: Executor, name: str, modules: Mapping[str, str]
+) -> tuple[LocalErrors | None, str]:
+    """The stretch ends of `run` judged (their origins), or why they could not be."""
+    ro, jo = ex.run(run.run), ex.run(run.judge)
     try:
         rp = ro.phase(PLAIN_PHASE) if ro.ok else None
         jp = jo.phase(JUDGE_PHASE) if jo.ok else None
         if rp is None or jp is None:
             return None, (ro.reason if rp is None else jo.reason) or "it did not run"
-        order = tuple(t for t in r.judged.order if t in set(r.ends))
-        return judge_backend(name, rp.capture, jp.capture, r.judged, order, modules), ""
+        order = tuple(t for t in run.judged.order if t in set(run.ends))
+        return judge_backend(name, rp.capture, jp.capture, run.judged, order, modules), ""
     finally:
         ro.drop_captures()
         jo.drop_captures()
@@ -252,10 +269,14 @@ def _plain_of(
         cuts, hidden, region = fusion_stretches(proto, found.fused, plan.available)
         cuttings = [Cutting(cuts, hidden, region)]
     else:  # no fusion found by exposure: two staggered cuttings where the fewest tensors cross
-        cuttings = [c for c in (_available(cut, plan.available) for cut in stretch_cuts(proto)) if c.cuts]
+        cuttings = [
+            cutting
+            for cutting in (_available(cut, plan.available) for cut in stretch_cuts(proto))
+            if cutting.cuts
+        ]
         cuttings = cuttings or [Cutting((), (), (0,) * len(proto.graph.node))]
-    runs = [_planned_run(ctx, plan, live, shipped.oracle, proto, c, ref_capture, f"{name}-{k}")
-            for k, c in enumerate(cuttings)]  # fmt: skip
+    runs = [_planned_run(ctx, plan, live, shipped.oracle, proto, cutting, ref_capture, f"{name}-{index}")
+            for index, cutting in enumerate(cuttings)]  # fmt: skip
     ex.bar.grow(sum(run.run.steps + run.judge.steps for run in runs))
     modules = ctx.spec.modules()
     judged: list[tuple[_Run, LocalErrors]] = []
@@ -265,7 +286,10 @@ def _plain_of(
             return replace(le, plain=PlainOutputs("not-judged", f"its stretches could not be run: {why}"))
         judged.append((r, got))
     worst = max((origin for _, j in judged for origin in j.origins), key=lambda o: o.ratio, default=None)
-    finest = min((r.cutting for r, _ in judged), key=lambda c: max(region_sizes(proto, c.stretch).values()))
+    finest = min(
+        (run.cutting for run, _ in judged),
+        key=lambda cutting: max(region_sizes(proto, cutting.stretch).values()),
+    )
     if worst is None:
         ratio = max((j.largest_ratio or 0.0 for _, j in judged), default=0.0)
         at = max(judged, key=lambda x: x[1].largest_ratio or 0.0)[1].largest_at
@@ -287,9 +311,9 @@ class Grain:
     untested: int = 0  # tensors taken as fused untested (the search's builds ran out)
 
     @classmethod
-    def of(cls, f: Fusions) -> Grain:
-        why = f.why_not or ("" if f.fused else "no single tensor's exposure moves its outputs")
-        return cls(len(f.fused), f.builds, why, f.untested)
+    def of(cls, fusions: Fusions) -> Grain:
+        why = fusions.why_not or ("" if fusions.fused else "no single tensor's exposure moves its outputs")
+        return cls(len(fusions.fused), fusions.builds, why, fusions.untested)
 
     def _cut(self) -> str:
         if self.why_not:
@@ -300,16 +324,16 @@ class Grain:
         return "fusions"
 
     def outputs(
-        self, c: Cutting, proto: onnx.ModelProto, status: PlainStatus, ratio: float, at: str
+        self, cutting: Cutting, proto: onnx.ModelProto, status: PlainStatus, ratio: float, at: str
     ) -> PlainOutputs:
         """The plain run's judgment on this grain: its largest stretch, the nodes judged alone."""
-        sizes = region_sizes(proto, c.stretch)
+        sizes = region_sizes(proto, cutting.stretch)
         return PlainOutputs(
             status,
             ratio=ratio,
             at=at,
             largest=max(sizes.values(), default=0),
-            alone=sum(1 for s in sizes.values() if s == 1),
+            alone=sum(1 for siz in sizes.values() if siz == 1),
             nodes=sum(sizes.values()),
             fused=self.fused,
             cut=self._cut(),
@@ -322,8 +346,8 @@ def _origins(
     """Each failing stretch of the first cutting that holds no `known` origin, narrowed to the
     nodes it shares with the failing stretches of the second."""
     spans = []
-    for r, le in judged:
-        stretches = [(origin, stretch_nodes(proto, origin.tensor, r.cutting)) for origin in le.origins]
+    for run, le in judged:
+        stretches = [(origin, stretch_nodes(proto, origin.tensor, run.cutting)) for origin in le.origins]
         spans.append([(o, nodes) for o, nodes in stretches if not known & set(nodes)])
     other = {node for _, nodes in (spans[1] if len(spans) > 1 else []) for node in nodes}
     out = []
@@ -333,20 +357,20 @@ def _origins(
     return tuple(out)
 
 
-def _stretch(o: Origin, nodes: tuple[str, ...]) -> Origin:
+def _stretch(origin: Origin, nodes: tuple[str, ...]) -> Origin:
     if len(nodes) == 1:  # a node judged alone in the plain run: an origin at that node
-        return o
+        return origin
     detail = (
         "the plain run's stretch ending here is past the bound composed from its nodes' allowances, "
         f"as is the staggered cutting's stretch over its {len(nodes)} node(s) named: they compute "
         "there what the instrumented run exposes (a fusion)"
     )
-    return replace(o, op_type=f"stretch of {len(nodes)} node(s)", detail=detail, covers=nodes)
+    return replace(origin, op_type=f"stretch of {len(nodes)} node(s)", detail=detail, covers=nodes)
 
 
 def _changed(results: Mapping[str, BackendResult], name: str) -> bool:
-    r = results.get(name)
-    return r is not None and r.observer is not None and r.observer.outputs_changed
+    backend = results.get(name)
+    return backend is not None and backend.observer is not None and backend.observer.outputs_changed
 
 
 def judge_plain_runs(

@@ -196,10 +196,10 @@ def explanation_room(ctx: RunContext, others: Sequence[Builds]) -> DiskPlan:
     where they will run: asked for (--noise-samples K: the floor and the per-node floor), or for a
     backend the float64 judge cannot judge (a loaded capture, a runner of its own source)."""
     unjudged = any(
-        b.loaded is not None
-        or b.planned.cls is None
-        or not (b.planned.cls.executes_graph or b.planned.cls.severs_by_feeds)
-        for b in others
+        other.loaded is not None
+        or other.planned.cls is None
+        or not (other.planned.cls.executes_graph or other.planned.cls.severs_by_feeds)
+        for other in others
     )
     floors = FLOOR_RUNS + NODE_FLOOR_RUNS if ctx.opts.noise_samples else FLOOR_RUNS if unjudged else 0
     return explanation_disk(ctx.work, ctx.run_bytes, len(others), floors=floors)

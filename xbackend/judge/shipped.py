@@ -81,29 +81,33 @@ def shipped_job(name: str, cls: type, variant: tuple[tuple[str, str], ...], spec
 def _unevaluable(proto: onnx.ModelProto) -> list[str]:
     """Kernels of the optimized graph that xbackend cannot evaluate in float64."""
     out = set()
-    for n in proto.graph.node:
-        if n.domain in STANDARD:
-            if n.op_type in ORT_IN_ONNX_DOMAIN or onnx.defs.has(n.op_type):
+    for node in proto.graph.node:
+        if node.domain in STANDARD:
+            if node.op_type in ORT_IN_ONNX_DOMAIN or onnx.defs.has(node.op_type):
                 continue
-            out.add(f"{n.op_type} (ONNX Runtime's, in the ONNX domain, with no ONNX schema)")
-        elif not (n.domain == CONTRIB_DOMAIN and n.op_type in CONTRIB_OPS):
-            out.add(f"{n.domain}.{n.op_type}")
+            out.add(f"{node.op_type} (ONNX Runtime's, in the ONNX domain, with no ONNX schema)")
+        elif not (node.domain == CONTRIB_DOMAIN and node.op_type in CONTRIB_OPS):
+            out.add(f"{node.domain}.{node.op_type}")
     return sorted(out)
 
 
 def covered_nodes(original: onnx.ModelProto, optimized: onnx.ModelProto) -> dict[str, tuple[str, ...]]:
     """Each fused node's output -> the original nodes' outputs it computes: its own name's producer
     and every node above it whose output the optimized graph no longer holds."""
-    producer = {o: n for n in original.graph.node for o in n.output if o}
-    kept = {o for n in optimized.graph.node for o in n.output if o} | {i.name for i in optimized.graph.input}
+    producer = {
+        output_name: node for node in original.graph.node for output_name in node.output if output_name
+    }
+    kept = {output_name for node in optimized.graph.node for output_name in node.output if output_name} | {
+        input_name.name for input_name in optimized.graph.input
+    }
     out: dict[str, tuple[str, ...]] = {}
     for node in optimized.graph.node:
-        for t in node.output:
-            if t not in producer:
+        for output_name in node.output:
+            if output_name not in producer:
                 continue
-            if node.domain in STANDARD and producer[t].op_type == node.op_type:
+            if node.domain in STANDARD and producer[output_name].op_type == node.op_type:
                 continue  # the same op as before: not a fusion
-            out[t] = tuple(reversed(_above(producer, t, kept, 64)))
+            out[output_name] = tuple(reversed(_above(producer, output_name, kept, 64)))
     return out
 
 
@@ -117,15 +121,19 @@ def _above(producer: Mapping[str, onnx.NodeProto], t: str, stop: set[str], limit
         if x in seen or x not in producer:
             continue
         seen.append(x)
-        stack += [i for i in producer[x].input if i and i not in stop and i in producer]
+        stack += [
+            input_name
+            for input_name in producer[x].input
+            if input_name and input_name not in stop and input_name in producer
+        ]
     return seen
 
 
 def _describe(proto: onnx.ModelProto, original: onnx.ModelProto) -> str:
-    before = Counter(n.op_type for n in original.graph.node)
-    after = Counter(n.op_type for n in proto.graph.node)
-    fused = [(op, k) for op, k in after.items() if k > before.get(op, 0)]
-    parts = ", ".join(f"{k - before.get(op, 0)} {op}" for op, k in sorted(fused))
+    before = Counter(node.op_type for node in original.graph.node)
+    after = Counter(node.op_type for node in proto.graph.node)
+    fused = [(op, value) for op, value in after.items() if value > before.get(op, 0)]
+    parts = ", ".join(f"{position - before.get(op, 0)} {op}" for op, position in sorted(fused))
     return "ONNX Runtime's optimized graph" + (f" ({parts})" if parts else " (nothing fused)")
 
 
@@ -146,14 +154,14 @@ def _severed_run(
     write_rewritten(severed.proto, source, spath)
     sfeeds = spath.with_suffix(".xbv")
     save_severed_feeds(sfeeds, feeds, ref_capture, severed.inputs)
-    inputs = (*fed, *(SEVERED + n for n in severed.inputs))
-    declared = {x.name for x in severed.proto.graph.input}
+    inputs = (*fed, *(SEVERED + input_name for input_name in severed.inputs))
+    declared = {input_name.name for input_name in severed.proto.graph.input}
     ref = ModelRef(
         str(spath),
         spec.ir_version,
-        tuple(i for i in inputs if i in declared),
-        tuple(o.name for o in severed.proto.graph.output),
-        any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer),
+        tuple(input_name for input_name in inputs if input_name in declared),
+        tuple(output_name.name for output_name in severed.proto.graph.output),
+        any(initializer.data_location == TensorProto.EXTERNAL for initializer in proto.graph.initializer),
         spec.weight_bytes,
     )
     return severed.proto, sfeeds, ref
@@ -178,33 +186,35 @@ def shipped_plan(
         return f"its optimized graph could not be written ({why})"
     proto = load_proto(str(path), load_external=False)
     odd = _unevaluable(proto)
-    names = {o for n in proto.graph.node for o in n.output if o}
+    names = {output_name for node in proto.graph.node for output_name in node.output if output_name}
     grain = {n: available[n] for n in available if n in names}
     if odd:
         keep = coinciding(proto, model, set(grain))
-        grain = {n: s for n, s in grain.items() if n in keep}
+        grain = {key: value for key, value in grain.items() if key in keep}
     spath = folder / f"severed-optimized-{name}.onnx"
-    fed = [i.name for i in proto.graph.input]
+    fed = [input_name.name for input_name in proto.graph.input]
     severed, sfeeds, ref = _severed_run(proto, grain, path, spath, spec, feeds, ref_capture, fed)
     if odd:
         # Its kernels (ONNX Runtime's NCHWc convolutions) are judged as the nodes they replace:
         # the model severed at the tensors this graph computes under the model's names, each
         # piece between them against its float64 value, its nodes' bounds composed.
         pieces = sever(model, grain).proto
-        tensors = tuple(o for n in model.graph.node for o in n.output if o in grain)
+        tensors = tuple(
+            output_name for node in model.graph.node for output_name in node.output if output_name in grain
+        )
         described = (
             f"{_describe(proto, model)}, judged at its {len(tensors)} tensors of the model's: "
             f"{', '.join(odd)} evaluated as the nodes they replace"
         )
         return Shipped(severed, spath, sfeeds, ref, tensors, _pieces(model, set(grain)), described, pieces)
-    tensors = tuple(o for n in severed.graph.node for o in n.output if o)
+    tensors = tuple(output_name for node in severed.graph.node for output_name in node.output if output_name)
     return Shipped(severed, spath, sfeeds, ref, tensors, covered_nodes(model, proto), _describe(proto, model))
 
 
 def _upstream(proto: onnx.ModelProto, grain: set[str]) -> dict[str, set[str]]:
     """Each grain tensor -> the grain tensors and graph inputs its value is computed from, the
     graph severed at the grain (its piece's inputs)."""
-    producer = {o: n for n in proto.graph.node for o in n.output if o}
+    producer = {output_name: node for node in proto.graph.node for output_name in node.output if output_name}
     memo: dict[str, frozenset[str]] = {}
 
     def reads(t: str) -> frozenset[str]:  # what the producer of t reads, up to the grain
@@ -219,7 +229,7 @@ def _upstream(proto: onnx.ModelProto, grain: set[str]) -> dict[str, set[str]]:
         memo[t] = frozenset(out)
         return memo[t]
 
-    return {t: set(reads(t)) for t in grain if t in producer}
+    return {tensor: set(reads(tensor)) for tensor in grain if tensor in producer}
 
 
 def coinciding(optimized: onnx.ModelProto, model: onnx.ModelProto, grain: set[str]) -> set[str]:
@@ -230,7 +240,7 @@ def coinciding(optimized: onnx.ModelProto, model: onnx.ModelProto, grain: set[st
     grain = set(grain)
     while True:
         mine, theirs = _upstream(optimized, grain), _upstream(model, grain)
-        drop = {s for t in grain for s in theirs.get(t, set()) - mine.get(t, set())} & grain
+        drop = {s for tensor in grain for s in theirs.get(tensor, set()) - mine.get(tensor, set())} & grain
         if not drop:
             return grain
         grain -= drop
@@ -246,12 +256,12 @@ def _kernels(path: Path, proto: onnx.ModelProto) -> list[tuple[str, tuple[int, .
         raise ValueError("not a list of nodes")
     at: dict[str, int] = {}
     first_reader: dict[str, int] = {}
-    for k, n in enumerate(proto.graph.node):
-        at[n.name or (n.output[0] if n.output else "")] = k
-        if n.output:
-            at.setdefault(f"node_of_{n.output[0]}", k)
-        for i in n.input:
-            first_reader.setdefault(i, k)
+    for index, node in enumerate(proto.graph.node):
+        at[node.name or (node.output[0] if node.output else "")] = index
+        if node.output:
+            at.setdefault(f"node_of_{node.output[0]}", index)
+        for input_name in node.input:
+            first_reader.setdefault(input_name, index)
     out = []
     for r in data:
         if not isinstance(r, dict) or not isinstance(r.get("original"), list):
@@ -269,8 +279,8 @@ def _kernels(path: Path, proto: onnx.ModelProto) -> list[tuple[str, tuple[int, .
 def _pieces(proto: onnx.ModelProto, grain: set[str]) -> dict[str, tuple[str, ...]]:
     """Each grain tensor -> the node outputs its piece computes (upstream of it, up to other grain
     tensors and the graph's inputs), where that is more than its own node."""
-    producer = {o: n for n in proto.graph.node for o in n.output if o}
-    order = {o: k for k, o in enumerate(producer)}
+    producer = {output_name: node for node in proto.graph.node for output_name in node.output if output_name}
+    order = {o: index for index, o in enumerate(producer)}
     out = {}
     for t in grain:
         seen = _above(producer, t, grain, 256)
@@ -302,12 +312,19 @@ def runtime_plan(
         kernels = _kernels(path, proto)
     except (OSError, ValueError) as error:
         return f"its runtime graph could not be read ({type(error).__name__}: {error})"
-    grain: set[str] = {o.name for o in proto.graph.output if o.name in available}
+    grain: set[str] = {
+        output_name.name for output_name in proto.graph.output if output_name.name in available
+    }
     fusing: Counter[str] = Counter()
     for kind, positions in kernels:
         members = [proto.graph.node[position] for position in positions]
-        reads = {i for member in members for i in member.input}
-        grain |= {o for member in members for o in member.output if o and o not in reads and o in available}
+        reads = {input_name for member in members for input_name in member.input}
+        grain |= {
+            output_name
+            for member in members
+            for output_name in member.output
+            if output_name and output_name not in reads and output_name in available
+        }
         if len(members) > 1:
             fusing[kind] += 1
     if not grain:
@@ -315,8 +332,10 @@ def runtime_plan(
     spath = folder / f"severed-runtime-{name}.onnx"
     cut = {n: available[n] for n in grain}
     severed, sfeeds, ref = _severed_run(proto, cut, source, spath, spec, feeds, ref_capture, spec.input_names)
-    tensors = tuple(o for n in proto.graph.node for o in n.output if o in grain)
-    parts = ", ".join(f"{k} {kind}" for kind, k in sorted(fusing.items()))
+    tensors = tuple(
+        output_name for node in proto.graph.node for output_name in node.output if output_name in grain
+    )
+    parts = ", ".join(f"{value} {kind}" for kind, value in sorted(fusing.items()))
     described = (
         f"{label}: {len(kernels)} kernels"
         + (f" ({parts} fusing several nodes)" if parts else "")
@@ -325,20 +344,20 @@ def runtime_plan(
     return Shipped(severed, spath, sfeeds, ref, tensors, _pieces(proto, grain), described)
 
 
-def _attrs(n: onnx.NodeProto, opset: int) -> dict[str, bytes]:
+def _attrs(node: onnx.NodeProto, opset: int) -> dict[str, bytes]:
     """A node's attributes, those its schema defaults filled in (ONNX Runtime writes them out)."""
-    out = {a.name: a.SerializeToString() for a in n.attribute}
-    if n.domain not in STANDARD:
+    out = {attribute.name: attribute.SerializeToString() for attribute in node.attribute}
+    if node.domain not in STANDARD:
         return out
     try:
-        schema = onnx.defs.get_schema(n.op_type, opset, "")
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
     except onnx.defs.SchemaError:
         return out
     for name, spec in schema.attributes.items():
-        d = spec.default_value
-        if name not in out and d.type != onnx.AttributeProto.UNDEFINED:
+        default_value = spec.default_value
+        if name not in out and default_value.type != onnx.AttributeProto.UNDEFINED:
             filled = onnx.AttributeProto()
-            filled.CopyFrom(d)
+            filled.CopyFrom(default_value)
             filled.name = name
             out[name] = filled.SerializeToString()
     return out
@@ -356,11 +375,11 @@ def shared_nodes(
     the reference's value of the tensor it stands for (a transpose the optimizer folded). One
     evaluation of those nodes serves both judgments. `reference(name)`: the reference's value."""
     available = set(available)
-    producer = {o: n for n in model.graph.node for o in n.output if o}
-    inits = {t.name: t for t in model.graph.initializer}
-    theirs = {t.name: t for t in weights.graph.initializer}
-    fed = {i.name for i in model.graph.input} - set(inits)
-    opset = next((o.version for o in model.opset_import if o.domain in STANDARD), 1)
+    producer = {output_name: node for node in model.graph.node for output_name in node.output if output_name}
+    inits = {initializer.name: initializer for initializer in model.graph.initializer}
+    theirs = {initializer.name: initializer for initializer in weights.graph.initializer}
+    fed = {input_name.name for input_name in model.graph.input} - set(inits)
+    opset = next((opset.version for opset in model.opset_import if opset.domain in STANDARD), 1)
     same: dict[str, bool] = {}
 
     def same_weight(x: str) -> bool:
@@ -384,20 +403,23 @@ def shared_nodes(
 
     out: set[str] = set()
     for n in severed.graph.node:
-        outs = [o for o in n.output if o]
-        p = producer.get(outs[0]) if outs else None
+        outs = [output_name for output_name in n.output if output_name]
+        node = producer.get(outs[0]) if outs else None
         if (
-            p is None
-            or list(p.output) != list(n.output)
-            or not all(o in available for o in outs)
-            or p.op_type != n.op_type
-            or (p.domain or "ai.onnx") != (n.domain or "ai.onnx")
-            or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)
-            or _attrs(p, opset) != _attrs(n, opset)
-            or len(p.input) != len(n.input)
+            node is None
+            or list(node.output) != list(n.output)
+            or not all(out in available for out in outs)
+            or node.op_type != n.op_type
+            or (node.domain or "ai.onnx") != (n.domain or "ai.onnx")
+            or any(
+                attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                for attribute in n.attribute
+            )
+            or _attrs(node, opset) != _attrs(n, opset)
+            or len(node.input) != len(n.input)
         ):
             continue
-        if all(same_input(a, b) for a, b in zip(n.input, p.input, strict=True)):
+        if all(same_input(input_name, b) for input_name, b in zip(n.input, node.input, strict=True)):
             out.update(outs)
     return frozenset(out)
 
@@ -410,10 +432,14 @@ def without(proto: onnx.ModelProto, outputs: Collection[str]) -> onnx.ModelProto
         return proto
     out = onnx.ModelProto()
     out.CopyFrom(proto)
-    g = out.graph
-    keep = [n for n in g.node if not all(o in outputs for o in n.output if o)]
-    outs = [o for o in g.output if o.name not in outputs]
-    del g.node[:], g.output[:]
-    g.node.extend(keep)
-    g.output.extend(outs)
+    graph = out.graph
+    keep = [
+        node
+        for node in graph.node
+        if not all(output_name in outputs for output_name in node.output if output_name)
+    ]
+    outs = [output_name for output_name in graph.output if output_name.name not in outputs]
+    del graph.node[:], graph.output[:]
+    graph.node.extend(keep)
+    graph.output.extend(outs)
     return out

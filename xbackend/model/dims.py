@@ -41,7 +41,7 @@ def _arithmetic(node: ast.expr) -> bool:
 
 def _operands(name: str) -> list[str]:
     tree = _expression(name)
-    return [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)] if tree is not None else []
+    return [node.id for node in ast.walk(tree) if isinstance(node, ast.Name)] if tree is not None else []
 
 
 def computed_dim(name: str, dims: Mapping[str, int]) -> int | None:
@@ -107,7 +107,7 @@ def fill_dims(spec: TensorSpec, dims: Mapping[str, int]) -> Shape | None:
         return None
     if not all(isinstance(spec.shape[dim], str) and spec.shape[dim] in dims for dim in spec.dynamic_dims):
         return None
-    return tuple(d if isinstance(d, int) else dims[str(d)] for d in spec.shape)
+    return tuple(size if isinstance(size, int) else dims[str(size)] for size in spec.shape)
 
 
 def unset_dims(spec: ModelSpec, shapes: Mapping[str, Shape], dims: Mapping[str, int]) -> InputError | None:
@@ -127,5 +127,5 @@ def unset_dims(spec: ModelSpec, shapes: Mapping[str, Shape], dims: Mapping[str, 
     if not any(len(names) > 1 for names in missing.values()):
         return None  # no dimension shared: the per-input error names the input's own --shape
     flags = " ".join(f"--shape {shlex.quote(f'{d}=1')}" for d in missing)
-    users = "; ".join(f"{d} (of {', '.join(names)})" for d, names in missing.items())
+    users = "; ".join(f"{key} (of {', '.join(names)})" for key, names in missing.items())
     return InputError(f"dynamic dimension(s) {users} unset; pass {flags}, or a --shape per input")

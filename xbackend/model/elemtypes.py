@@ -16,12 +16,13 @@ def check_elem_types(proto: onnx.ModelProto, path: Path) -> None:
     """Every tensor type the graph declares is one ONNX defines (a damaged or hostile file may
     declare 999): one line naming the tensor, before anything reads the type."""
     known = set(onnx.TensorProto.DataType.values())
-    g = proto.graph
-    for where, values in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
-        for v in values:
-            t = v.type.tensor_type if v.type.HasField("tensor_type") else None
+    graph = proto.graph
+    for where, values in (("input", graph.input), ("output", graph.output), ("value_info", graph.value_info)):
+        for value in values:
+            t = value.type.tensor_type if value.type.HasField("tensor_type") else None
             if t is not None and t.elem_type not in known:
                 raise ModelLoadError(
-                    f"{path}: graph {where} {v.name!r} declares element type {t.elem_type}, which ONNX does "
+                    f"{path}: graph {where} {value.name!r} declares element type {t.elem_type}, which ONNX "
+                    "does "
                     "not define; the file is damaged or not from an exporter: export the model again"
                 )

@@ -57,9 +57,9 @@ def all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
 
 def external_files(proto: onnx.ModelProto) -> list[str]:
     files: set[str] = set()
-    for t in all_tensors(proto.graph):
-        if t.data_location == TensorProto.EXTERNAL:
-            files.update(e.value for e in t.external_data if e.key == "location")
+    for tensor in all_tensors(proto.graph):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            files.update(e.value for e in tensor.external_data if e.key == "location")
     return sorted(files)
 
 
@@ -120,11 +120,13 @@ def adopt_external(proto: onnx.ModelProto, src: Path, out: Path) -> None:
     to sit beside `out` named after it (`out.onnx.data`, or `.data0`, `.data1`... for several),
     and point the proto at them."""
     files = external_files(proto)
-    names = {rel: f"{out.name}.data" + (str(k) if len(files) > 1 else "") for k, rel in enumerate(files)}
+    names = {
+        rel: f"{out.name}.data" + (str(index) if len(files) > 1 else "") for index, rel in enumerate(files)
+    }
     for rel, new in names.items():
         place(src / rel, out.parent / new, file_digest(src / rel), "exported weights")
-    for t in all_tensors(proto.graph):
-        for e in t.external_data:
+    for tensor in all_tensors(proto.graph):
+        for e in tensor.external_data:
             if e.key == "location":
                 e.value = names[e.value]
 
@@ -145,7 +147,10 @@ def externalize(proto: onnx.ModelProto, folder: Path, name: str = "weights.bin")
     once, the proto pointing at it: every rewrite of it then serializes without its weights, as a
     model with external data does. False (nothing moved) where the weights are external already
     or under 1 MiB in all."""
-    if uses_external_data(proto) or sum(len(t.raw_data) for t in proto.graph.initializer) < 1 << 20:
+    if (
+        uses_external_data(proto)
+        or sum(len(initializer.raw_data) for initializer in proto.graph.initializer) < 1 << 20
+    ):
         return False
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).unlink(missing_ok=True)  # written by append: a file left from an earlier run goes
@@ -154,25 +159,25 @@ def externalize(proto: onnx.ModelProto, folder: Path, name: str = "weights.bin")
     return True
 
 
-def load_external(proto: onnx.ModelProto, p: Path) -> None:
+def load_external(proto: onnx.ModelProto, path: Path) -> None:
     """Read every external tensor's bytes into the proto. Not onnx's loader: it refuses a data
     file with more than one hard link, and write_rewritten hard-links the weights of every
     rewritten model (the user's own file among them, while a rewrite exists)."""
     if not uses_external_data(proto):
         return
-    check_external_files(proto, p)
+    check_external_files(proto, path)
     try:
         for tensor in all_tensors(proto.graph):
             if tensor.data_location == TensorProto.EXTERNAL:
-                read_external(tensor, p.parent)
+                read_external(tensor, path.parent)
     except (OSError, ValueError) as error:
-        raise ModelLoadError(f"cannot read external data of {p}: {first_line(error)}") from error
+        raise ModelLoadError(f"cannot read external data of {path}: {first_line(error)}") from error
 
 
 IN_MEMORY = "#"  # an external location held in memory (onnx.model_container's convention)
 
 
-def map_external(proto: onnx.ModelProto, p: Path) -> dict[str, np.ndarray]:
+def map_external(proto: onnx.ModelProto, path: Path) -> dict[str, np.ndarray]:
     """The main graph's external weights memory-mapped from their files, read-only: each
     initializer's location becomes IN_MEMORY + its name, the key of its array in the dict
     returned (an onnx ModelContainer's large initializers). Nothing is copied: pages are read
@@ -182,154 +187,164 @@ def map_external(proto: onnx.ModelProto, p: Path) -> dict[str, np.ndarray]:
     not the proto's and the engine's)."""
     external = uses_external_data(proto)
     if external:
-        check_external_files(proto, p)
+        check_external_files(proto, path)
     out: dict[str, np.ndarray] = {}
     try:
         mapped = set()
-        for t in proto.graph.initializer:
-            arr = _mapped(t, p.parent) if t.data_location == TensorProto.EXTERNAL else _lifted(t)
+        for initializer in proto.graph.initializer:
+            arr = (
+                _mapped(initializer, path.parent)
+                if initializer.data_location == TensorProto.EXTERNAL
+                else _lifted(initializer)
+            )
             if arr is None:
                 continue
-            key = f"{IN_MEMORY}{len(out)}:{t.name}"
+            key = f"{IN_MEMORY}{len(out)}:{initializer.name}"
             out[key] = arr
-            del t.external_data[:]
-            t.external_data.add(key="location", value=key)
-            mapped.add(t.name)
-        for t in all_tensors(proto.graph) if external else ():
-            if t.data_location == TensorProto.EXTERNAL and t.name not in mapped:
-                read_external(t, p.parent)
+            del initializer.external_data[:]
+            initializer.external_data.add(key="location", value=key)
+            mapped.add(initializer.name)
+        for initializer in all_tensors(proto.graph) if external else ():
+            if initializer.data_location == TensorProto.EXTERNAL and initializer.name not in mapped:
+                read_external(initializer, path.parent)
     except (OSError, ValueError) as error:
-        raise ModelLoadError(f"cannot read external data of {p}: {first_line(error)}") from error
+        raise ModelLoadError(f"cannot read external data of {path}: {first_line(error)}") from error
     return out
 
 
 _LIFT_BYTES = 1 << 16  # inline weights from this size on leave the proto (shape tensors stay)
 
 
-def weight_array(t: TensorProto, base: Path) -> np.ndarray | None:
+def weight_array(tensor: TensorProto, base: Path) -> np.ndarray | None:
     """An initializer's values (external ones memory-mapped from their file in folder `base`), or
     None where they cannot be read one to one (a packed type, a file that is not there)."""
     try:
-        if t.data_location == TensorProto.EXTERNAL:
-            return _mapped(t, base)
-        return numpy_helper.to_array(t) if _plain_dtype(t) is not None else None
+        if tensor.data_location == TensorProto.EXTERNAL:
+            return _mapped(tensor, base)
+        return numpy_helper.to_array(tensor) if _plain_dtype(tensor) is not None else None
     except (OSError, ValueError):
         return None
 
 
-def _lifted(t: TensorProto) -> np.ndarray | None:
+def _lifted(tensor: TensorProto) -> np.ndarray | None:
     """An inline weight's bytes as an array of their own, cleared from the proto; None where it
     is small or of a type numpy cannot hold one to one."""
-    if not t.HasField("raw_data") or len(t.raw_data) < _LIFT_BYTES:
+    if not tensor.HasField("raw_data") or len(tensor.raw_data) < _LIFT_BYTES:
         return None
-    dtype = _plain_dtype(t)
+    dtype = _plain_dtype(tensor)
     if dtype is None:
         return None
-    arr = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(int(dim) for dim in t.dims))
-    t.ClearField("raw_data")
-    t.data_location = TensorProto.EXTERNAL
+    arr = np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tuple(int(dim) for dim in tensor.dims))
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
     return arr
 
 
-def _plain_dtype(t: TensorProto) -> np.dtype[np.generic] | None:
+def _plain_dtype(tensor: TensorProto) -> np.dtype[np.generic] | None:
     """The numpy dtype whose bytes are the tensor's raw bytes one to one, or None (packed 4- and
     2-bit types, strings, a big-endian host: ONNX's raw bytes are little-endian)."""
-    if t.data_type in _PACKED or sys.byteorder != "little":
+    if tensor.data_type in _PACKED or sys.byteorder != "little":
         return None
     try:
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
     except (KeyError, TypeError, ValueError):
         return None
     return None if dtype.kind == "O" else dtype
 
 
-def _mapped(t: TensorProto, base: Path) -> np.ndarray | None:
+def _mapped(tensor: TensorProto, base: Path) -> np.ndarray | None:
     """A read-only map of the tensor's bytes, or None for a type numpy cannot map one to one."""
-    dtype = _plain_dtype(t)
+    dtype = _plain_dtype(tensor)
     if dtype is None:
         return None
-    rel, offset, _ = _where(t)
-    _safe(t, rel)
-    shape = tuple(int(dim) for dim in t.dims)
+    rel, offset, _ = _where(tensor)
+    _safe(tensor, rel)
+    shape = tuple(int(dim) for dim in tensor.dims)
     if int(np.prod(shape, dtype=np.int64)) == 0:
         return np.zeros(shape, dtype)
     return np.memmap(base / rel, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
-def _safe(t: TensorProto, rel: str) -> None:
+def _safe(tensor: TensorProto, rel: str) -> None:
     if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise ValueError(f"tensor {t.name}: external data location {rel!r} is not a file beside the model")
+        raise ValueError(
+            f"tensor {tensor.name}: external data location {rel!r} is not a file beside the model"
+        )
 
 
-def _where(t: TensorProto) -> tuple[str, int, int | None]:
+def _where(tensor: TensorProto) -> tuple[str, int, int | None]:
     """(file, offset, length or None for the rest of the file) of an external tensor."""
-    info = {e.key: e.value for e in t.external_data}
+    info = {e.key: e.value for e in tensor.external_data}
     try:
         offset = int(info.get("offset", 0))
         length = int(info["length"]) if info.get("length") is not None else None
     except ValueError:
         raise ModelLoadError(
-            f"weight {t.name!r}: external data offset {info.get('offset')!r} / length {info.get('length')!r} "
+            f"weight {tensor.name!r}: external data offset {info.get('offset')!r} / length "
+            f"{info.get('length')!r} "
             "are not whole numbers; re-export the model"
         ) from None
     if offset < 0 or (length is not None and length < 0) or offset > 1 << 62:
         raise ModelLoadError(
-            f"weight {t.name!r}: external data offset {offset} / length {length} are out of range; "
+            f"weight {tensor.name!r}: external data offset {offset} / length {length} are out of range; "
             "re-export the model"
         )
     return info.get("location", ""), offset, length
 
 
-def read_external(t: TensorProto, base: Path) -> None:
+def read_external(tensor: TensorProto, base: Path) -> None:
     """The tensor's bytes into raw_data (check_external_files has checked the file is whole)."""
-    rel, offset, length = _where(t)
-    _safe(t, rel)
-    with open(base / rel, "rb") as f:
-        f.seek(offset)
-        data = f.read(length) if length is not None else f.read()
-    t.raw_data = data
-    del t.external_data[:]
-    t.data_location = TensorProto.DEFAULT
+    rel, offset, length = _where(tensor)
+    _safe(tensor, rel)
+    with open(base / rel, "rb") as handle:
+        handle.seek(offset)
+        data = handle.read(length) if length is not None else handle.read()
+    tensor.raw_data = data
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.DEFAULT
 
 
-def check_external_files(proto: onnx.ModelProto, p: Path) -> None:
+def check_external_files(proto: onnx.ModelProto, path: Path) -> None:
     """Every external data file beside the model, and long enough for every tensor it holds.
     Each location is first kept inside the model's folder from its path (and the links in that
     folder) alone: nothing outside is looked at, and the refusal is the same whatever is there."""
-    for f in external_files(proto):
+    for external_file in external_files(proto):
         contained(
-            p.parent, f, f"{p}: external data", "keep the model's weights in its own folder and re-export it"
+            path.parent,
+            external_file,
+            f"{path}: external data",
+            "keep the model's weights in its own folder and re-export it",
         )
-    missing = [file for file in external_files(proto) if not (p.parent / file).is_file()]
+    missing = [file for file in external_files(proto) if not (path.parent / file).is_file()]
     if missing:
         raise ModelLoadError(
-            f"{p} stores weights in external data file(s) {', '.join(missing)} that are not "
-            f"next to it in {p.parent}; copy them there"
+            f"{path} stores weights in external data file(s) {', '.join(missing)} that are not "
+            f"next to it in {path.parent}; copy them there"
         )
     sizes: dict[str, int] = {}
-    for t in all_tensors(proto.graph):
-        if t.data_location != TensorProto.EXTERNAL:
+    for tensor in all_tensors(proto.graph):
+        if tensor.data_location != TensorProto.EXTERNAL:
             continue
-        rel, offset, length = _where(t)
+        rel, offset, length = _where(tensor)
         if rel not in sizes:
-            sizes[rel] = (p.parent / rel).stat().st_size
-        end = offset + (length if length is not None else raw_size(t) or 0)
+            sizes[rel] = (path.parent / rel).stat().st_size
+        end = offset + (length if length is not None else raw_size(tensor) or 0)
         if end > sizes[rel]:
             raise ModelLoadError(
-                f"{p}: external data file {rel} ends at byte {sizes[rel]}, but weight {t.name!r} "
+                f"{path}: external data file {rel} ends at byte {sizes[rel]}, but weight {tensor.name!r} "
                 f"needs bytes up to {end}: the file is truncated; copy it again in full"
             )
 
 
-def raw_size(t: onnx.TensorProto) -> int | None:
+def raw_size(tensor: onnx.TensorProto) -> int | None:
     """Bytes a raw initializer of this type and shape holds (None for types without a fixed size)."""
     try:
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
     except (KeyError, TypeError, ValueError):
         return None
-    if t.data_type in _PACKED:
+    if tensor.data_type in _PACKED:
         return None  # 4-bit and 2-bit types pack several elements per byte
-    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
 
 
 _PACKED = {

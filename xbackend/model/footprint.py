@@ -58,8 +58,8 @@ def parse_size(text: str) -> int:
 def available_memory() -> int | None:
     """Bytes the OS says are available now (Linux MemAvailable), or None where it does not say."""
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
     except OSError:
@@ -139,24 +139,25 @@ def tensor_bytes(
     `budget` (the quick table): where every tensor, each one onnx left open counted at the
     largest it sized, takes under 1/_MARGIN of it, the symbolic pass is not run (its import and
     run cost more than the table itself) and the open ones stay unsized, `bounded`."""
-    g = proto.graph
+    graph = proto.graph
     light = helper.make_graph(
-        list(g.node),
-        g.name,
-        [_fixed(vi, shapes.get(vi.name)) for vi in g.input],
-        list(g.output),
+        list(graph.node),
+        graph.name,
+        [_fixed(vi, shapes.get(vi.name)) for vi in graph.input],
+        list(graph.output),
         [
-            t
-            for t in g.initializer
-            if t.data_location != TensorProto.EXTERNAL and (raw_size(t) or 0) <= _SMALL
+            initializer
+            for initializer in graph.initializer
+            if initializer.data_location != TensorProto.EXTERNAL and (raw_size(initializer) or 0) <= _SMALL
         ],
         value_info=[],
     )
-    inits = {i.name for i in light.initializer}
+    inits = {initializer.name for initializer in light.initializer}
     light.input.extend(
-        helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-        for t in g.initializer
-        if t.name not in inits and t.name not in {i.name for i in g.input}
+        helper.make_tensor_value_info(initializer.name, initializer.data_type, list(initializer.dims))
+        for initializer in graph.initializer
+        if initializer.name not in inits
+        and initializer.name not in {input_name.name for input_name in graph.input}
     )
     for o in light.output:  # an output's declared shape is the exporter's word, not inferred
         if o.type.HasField("tensor_type"):
@@ -168,7 +169,7 @@ def tensor_bytes(
     except Exception:  # an op onnx cannot infer stops nothing: those tensors stay unsized
         inferred = model
     second = _known(inferred)
-    produced = [o for n in g.node for o in n.output if o]
+    produced = [output_name for node in graph.node for output_name in node.output if output_name]
     # Where onnx sizes every tensor (static shapes) the symbolic pass would agree: it runs, and
     # its second of import time is paid, only where onnx leaves a dimension open.
     open_ = [t for t in produced if t not in second]
@@ -176,7 +177,7 @@ def tensor_bytes(
     if open_ and budget is not None and _MARGIN * (sum(second.values()) + len(open_) * largest) < budget:
         return Sizes(second, onnx=len(produced) - len(open_), unsized=tuple(open_), bounded=budget)
     first = _known(_symbolic(model)) if open_ else {}
-    out = {**{k: v for k, v in second.items() if k not in first}, **first}
+    out = {**{key: value for key, value in second.items() if key not in first}, **first}
     return Sizes(
         out,
         symbolic=sum(1 for t in produced if t in first),
@@ -196,13 +197,13 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     try:
         # infer_shapes' own steps, less its save: where inference is incomplete it writes
         # sym_shape_infer_temp.onnx into the working directory, a file xbackend did not create
-        s = SymbolicShapeInference(2**31 - 1, True, False, 0)
-        s._preprocess(model)
+        symbolic_shape_inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        symbolic_shape_inference._preprocess(model)
         done = False
-        while s.run_:
-            done = s._infer_impl()
-        s._update_output_from_vi()
-        out: onnx.ModelProto = s.out_mp_
+        while symbolic_shape_inference.run_:
+            done = symbolic_shape_inference._infer_impl()
+        symbolic_shape_inference._update_output_from_vi()
+        out: onnx.ModelProto = symbolic_shape_inference.out_mp_
         return out if done else None
     except Exception:  # an op it does not know, a shape it cannot follow: onnx's word alone
         return None

@@ -32,20 +32,30 @@ class NodeSets:
             self._parent[max(ra, rb)] = min(ra, rb)
 
 
-def sort_nodes(g: onnx.GraphProto) -> bool:
-    """Put `g`'s nodes in a topological order, in place, keeping the file's order wherever it
+def sort_nodes(graph: onnx.GraphProto) -> bool:
+    """Put `graph`'s nodes in a topological order, in place, keeping the file's order wherever it
     already is one; whether they moved. A graph with a cycle, or a node reading what nothing
     makes, is left as it is (the checker says what is wrong with it)."""
-    made = {o: k for k, n in enumerate(g.node) for o in n.output if o}
-    if all(made.get(i, -1) < k for k, n in enumerate(g.node) for i in n.input if i in made):
+    made = {
+        output_name: index
+        for index, node in enumerate(graph.node)
+        for output_name in node.output
+        if output_name
+    }
+    if all(
+        made.get(input_name, -1) < index
+        for index, node in enumerate(graph.node)
+        for input_name in node.input
+        if input_name in made
+    ):
         return False
-    waiting = [sum(1 for i in set(n.input) if i in made) for n in g.node]
+    waiting = [sum(1 for input_name in set(node.input) if input_name in made) for node in graph.node]
     readers: dict[int, list[int]] = {}
-    for k, n in enumerate(g.node):
+    for k, n in enumerate(graph.node):
         for i in set(n.input):
             if i in made:
                 readers.setdefault(made[i], []).append(k)
-    ready = [k for k, w in enumerate(waiting) if w == 0]
+    ready = [index for index, w in enumerate(waiting) if w == 0]
     heapq.heapify(ready)
     order: list[int] = []
     while ready:
@@ -55,31 +65,33 @@ def sort_nodes(g: onnx.GraphProto) -> bool:
             waiting[r] -= 1
             if waiting[r] == 0:
                 heapq.heappush(ready, r)
-    if len(order) != len(g.node):
+    if len(order) != len(graph.node):
         return False
-    nodes = [g.node[k] for k in order]
+    nodes = [graph.node[k] for k in order]
     out = [onnx.NodeProto() for _ in nodes]
     for o, n in zip(out, nodes, strict=True):
         o.CopyFrom(n)
-    del g.node[:]
-    g.node.extend(out)
+    del graph.node[:]
+    graph.node.extend(out)
     return True
 
 
-def index_bounds(g: onnx.GraphProto, init_names: set[str]) -> dict[str, int]:
+def index_bounds(graph: onnx.GraphProto, init_names: set[str]) -> dict[str, int]:
     """Graph inputs used directly as Gather indices into an initializer: the table's row count
     along the gathered axis (a token-id input's vocabulary size)."""
-    inputs = {v.name for v in g.input} - init_names
-    dims = {t.name: list(t.dims) for t in g.initializer}
+    inputs = {input_name.name for input_name in graph.input} - init_names
+    dims = {initializer.name: list(initializer.dims) for initializer in graph.initializer}
     # the input a tensor carries unchanged in value (a Reshape, an Unsqueeze, a Squeeze, a Cast to
     # an integer type: optimum reshapes T5's input_ids before its embedding's Gather)
     carries = {name: name for name in inputs}
-    for n in g.node:
-        to = next((int(a.i) for a in n.attribute if a.name == "to"), TensorProto.INT64)
-        if n.op_type in _SAME_VALUES and n.input and n.input[0] in carries and to in _INDEX_TYPES:
-            carries[n.output[0]] = carries[n.input[0]]
+    for node in graph.node:
+        to = next(
+            (int(attribute.i) for attribute in node.attribute if attribute.name == "to"), TensorProto.INT64
+        )
+        if node.op_type in _SAME_VALUES and node.input and node.input[0] in carries and to in _INDEX_TYPES:
+            carries[node.output[0]] = carries[node.input[0]]
     out: dict[str, int] = {}
-    for ids, table, axis in _lookups(g):
+    for ids, table, axis in _lookups(graph):
         shape = dims.get(table)
         if ids in carries and shape and -len(shape) <= axis < len(shape):
             rows, source = int(shape[axis]), carries[ids]
@@ -91,14 +103,20 @@ def index_bounds(g: onnx.GraphProto, init_names: set[str]) -> dict[str, int]:
 _EMBED_LOOKUPS = ((0, 2), (1, 4), (8, 3))
 
 
-def _lookups(g: onnx.GraphProto) -> list[tuple[str, str, int]]:
+def _lookups(graph: onnx.GraphProto) -> list[tuple[str, str, int]]:
     """(indices, table, axis) of each Gather, and of each embedding EmbedLayerNormalization does."""
     out = []
-    for n in g.node:
-        if n.op_type == "Gather" and len(n.input) >= 2:
-            out.append((n.input[1], n.input[0], next((int(a.i) for a in n.attribute if a.name == "axis"), 0)))
-        elif n.op_type == "EmbedLayerNormalization" and n.domain == "com.microsoft":
-            ins = [*n.input, *[""] * 9]
+    for node in graph.node:
+        if node.op_type == "Gather" and len(node.input) >= 2:
+            out.append(
+                (
+                    node.input[1],
+                    node.input[0],
+                    next((int(attribute.i) for attribute in node.attribute if attribute.name == "axis"), 0),
+                )
+            )
+        elif node.op_type == "EmbedLayerNormalization" and node.domain == "com.microsoft":
+            ins = [*node.input, *[""] * 9]
             out += [(ins[i], ins[t], 0) for i, t in _EMBED_LOOKUPS if ins[i] and ins[t]]
     return out
 

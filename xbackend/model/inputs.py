@@ -69,22 +69,24 @@ class Feeds:
         ranges: tuple[tuple[str, str], ...] = (),
         made: tuple[tuple[str, str], ...] = (),
     ) -> Feeds:
-        fixed = {k: normalize(v) for k, v in arrays.items()}
+        fixed = {key: normalize(array) for key, array in arrays.items()}
         return cls(fixed, feeds_sha256(fixed), seed, source, ranges, made)
 
     def shapes(self) -> dict[str, Shape]:
         return {
-            k: tuple(int(d) for d in v.shape) for k, v in self.arrays.items() if isinstance(v, np.ndarray)
+            key: tuple(int(size) for size in array.shape)
+            for key, array in self.arrays.items()
+            if isinstance(array, np.ndarray)
         }
 
     def describe(self) -> list[tuple[str, str, str]]:
         """(name, dtype or kind, shape or structure) per input, sorted by name."""
         out = []
-        for k, v in sorted(self.arrays.items()):
-            if isinstance(v, np.ndarray):
-                out.append((k, str(v.dtype), "[" + ",".join(map(str, v.shape)) + "]"))
+        for key, array in sorted(self.arrays.items()):
+            if isinstance(array, np.ndarray):
+                out.append((key, str(array.dtype), "[" + ",".join(map(str, array.shape)) + "]"))
             else:
-                out.append((k, "value", describe(v)))
+                out.append((key, "value", describe(array)))
         return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -139,20 +141,22 @@ def _resolve_shape(spec: TensorSpec, override: Shape | None) -> Shape:
             syms = ", ".join(
                 "?" if spec.shape[dim] is None else str(spec.shape[dim]) for dim in spec.dynamic_dims
             )
-            image = [str(d) for d in spec.shape if isinstance(d, str) and _IMAGE.search(d)]
+            image = [str(size) for size in spec.shape if isinstance(size, str) and _IMAGE.search(size)]
             if image:  # an image's channels and size are the model's, not any size: ask for them
-                sizes = ",".join(str(d) if isinstance(d, int) else str(d).upper() for d in spec.shape)
+                sizes = ",".join(
+                    str(size) if isinstance(size, int) else str(size).upper() for size in spec.shape
+                )
                 raise InputError(
                     f"input {spec.name!r} has dynamic dimension(s) {syms} in shape {spec.shape_str()}; "
                     f"pass --shape {spec.name}={sizes} with the {', '.join(image)} it was exported for "
                     "(a size it was not built for fails in the model)"
                 )
-            example = ",".join(str(d) if isinstance(d, int) else "1" for d in spec.shape)
+            example = ",".join(str(size) if isinstance(size, int) else "1" for size in spec.shape)
             raise InputError(
                 f"input {spec.name!r} has dynamic dimension(s) {syms} in shape {spec.shape_str()}; "
                 f"pass --shape {spec.name}={example}"
             )
-        return tuple(int(d) for d in spec.shape if isinstance(d, int))
+        return tuple(int(size) for size in spec.shape if isinstance(size, int))
     _check_shape(spec, override, "--shape")
     return override
 
@@ -161,7 +165,7 @@ def _check_shape(spec: TensorSpec, shape: Shape, where: str) -> None:
     if spec.shape is None:
         return
     if len(shape) != len(spec.shape) or any(
-        isinstance(d, int) and d != s for d, s in zip(spec.shape, shape, strict=True)
+        isinstance(size, int) and size != s for size, s in zip(spec.shape, shape, strict=True)
     ):
         raise InputError(
             f"{where} gives input {spec.name!r} shape {list(shape)}, but the model expects "
@@ -411,56 +415,58 @@ def capture_feeds(cap: CapturedInputs, spec: ModelSpec) -> Feeds:
     return Feeds.from_arrays(values, cap.seed, f"capture {cap.folder}", cap.ranges)
 
 
-def _load_xbv(p: Path, spec: ModelSpec) -> dict[str, Value]:
+def _load_xbv(path: Path, spec: ModelSpec) -> dict[str, Value]:
     try:
-        with ValueFile(p) as f:
-            values = f.load_all()
+        with ValueFile(path) as value_file:
+            values = value_file.load_all()
     except (OSError, ValueError, KeyError) as error:
         raise InputError(
-            f"--inputs {p} is not a readable xbackend value file ({error}); capture it again"
+            f"--inputs {path} is not a readable xbackend value file ({error}); capture it again"
         ) from error
-    _check_known(spec, values.keys(), f"--inputs {p}")
+    _check_known(spec, values.keys(), f"--inputs {path}")
     missing = [input_name for input_name in spec.input_names if input_name not in values]
     if missing:
-        raise InputError(f"--inputs {p} lacks input(s) {', '.join(missing)}; it was made for another model")
+        raise InputError(
+            f"--inputs {path} lacks input(s) {', '.join(missing)}; it was made for another model"
+        )
     return values
 
 
-def _load_npz(p: Path, spec: ModelSpec) -> dict[str, Value]:
+def _load_npz(path: Path, spec: ModelSpec) -> dict[str, Value]:
     by_name = {i.name: i for i in spec.inputs}
 
     def check(name: str, shape: tuple[int, ...], dtype: np.dtype[np.generic]) -> None:
         """Before any array is read: one the model does not take, or cannot take in that shape."""
-        _check_known(spec, [name], f"--inputs {p}")
-        _check_shape(by_name[name], shape, f"--inputs {p}")
+        _check_known(spec, [name], f"--inputs {path}")
+        _check_shape(by_name[name], shape, f"--inputs {path}")
 
     try:
-        raw = read_npz(p, check)
+        raw = read_npz(path, check)
     except NpzError as error:
         if "object array" in str(error):
             raise InputError(
-                f"--inputs {p} holds an object array, which xbackend does not unpickle; save strings "
+                f"--inputs {path} holds an object array, which xbackend does not unpickle; save strings "
                 "as np.array(values, dtype=str), or use --inputs DIR with input_N.pb files"
             ) from error
-        raise InputError(f"--inputs {p}: {error}; save it with numpy.savez") from error
+        raise InputError(f"--inputs {path}: {error}; save it with numpy.savez") from error
     except InputError:
         raise
     except Exception as error:  # a damaged archive: zipfile's and numpy's errors vary
         raise InputError(
-            f"--inputs {p} is not a readable .npz ({type(error).__name__}); save it with numpy.savez"
+            f"--inputs {path} is not a readable .npz ({type(error).__name__}); save it with numpy.savez"
         ) from error
-    return {k: normalize(_npz_array(v, by_name[k])) for k, v in raw.items()}
+    return {key: normalize(_npz_array(value, by_name[key])) for key, value in raw.items()}
 
 
-def test_data_dir(p: Path) -> Path:
-    """`p` itself when it holds input_N.pb files, else its first test_data_set_N."""
-    if any(p.glob("input_*.pb")):
-        return p
-    sets = sorted(p.glob("test_data_set_*"), key=lambda d: _index(d.name))
+def test_data_dir(path: Path) -> Path:
+    """`path` itself when it holds input_N.pb files, else its first test_data_set_N."""
+    if any(path.glob("input_*.pb")):
+        return path
+    sets = sorted(path.glob("test_data_set_*"), key=lambda path: _index(path.name))
     if sets and any(sets[0].glob("input_*.pb")):
         return sets[0]
     raise InputError(
-        f"--inputs {p} holds no input_N.pb files (nor a test_data_set_N folder with them); "
+        f"--inputs {path} holds no input_N.pb files (nor a test_data_set_N folder with them); "
         "write each input with onnx.numpy_helper.from_array(...).SerializeToString()"
     )
 
@@ -506,27 +512,27 @@ def _tensors_in(msg: Any) -> Iterator[onnx.TensorProto]:
 def _inline_external(msg: Any, folder: Path) -> None:
     """Each external tensor's bytes read into the proto, from a file inside `folder` (the links in
     it followed only while they stay inside; nothing outside is looked at)."""
-    for t in _tensors_in(msg):
-        if t.data_location != onnx.TensorProto.EXTERNAL:
+    for initializer in _tensors_in(msg):
+        if initializer.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        info = {e.key: e.value for e in t.external_data}
-        where = f"{folder}: tensor {t.name!r}'s external data"
+        info = {e.key: e.value for e in initializer.external_data}
+        where = f"{folder}: tensor {initializer.name!r}'s external data"
         fix = "keep its data file in the same folder as the .pb file"
         path = contained(folder, info.get("location", ""), where, fix)
         if not path.is_file():
             raise InputError(
                 f"{where} names {info.get('location', '')!r}, which is not a file in {folder}; {fix}"
             )
-        read_external(t, folder)
+        read_external(initializer, folder)
 
 
-def _read_pb(d: Path, f: Path, spec: TensorSpec, where: str) -> tuple[str, Value]:
-    """One .pb file of folder `d` (never one a link leads to outside it), as `spec`'s type."""
-    contained(d, f.name, f"{where}: {f.name}", "copy the file itself into the folder")
+def _read_pb(path: Path, f: Path, spec: TensorSpec, where: str) -> tuple[str, Value]:
+    """One .pb file of folder `path` (never one a link leads to outside it), as `spec`'s type."""
+    contained(path, f.name, f"{where}: {f.name}", "copy the file itself into the folder")
     if not f.is_file():
         raise InputError(f"{where}: {f.name} is not a file; write each value as a .pb file")
     try:
-        return _parse_pb(f.read_bytes(), spec, d)
+        return _parse_pb(f.read_bytes(), spec, path)
     except InputError:
         raise
     except Exception as error:
@@ -537,35 +543,37 @@ def _read_pb(d: Path, f: Path, spec: TensorSpec, where: str) -> tuple[str, Value
         ) from error
 
 
-def _load_pb_set(d: Path, prefix: str, specs: Sequence[TensorSpec], where: str) -> dict[str, Value]:
-    files = sorted(d.glob(f"{prefix}_*.pb"), key=lambda f: _index(f.name))
-    by_name = {s.name: s for s in specs}
+def _load_pb_set(path: Path, prefix: str, specs: Sequence[TensorSpec], where: str) -> dict[str, Value]:
+    files = sorted(path.glob(f"{prefix}_*.pb"), key=lambda path: _index(path.name))
+    by_name = {spec.name: spec for spec in specs}
     out: dict[str, Value] = {}
-    for pos, f in enumerate(files):
+    for pos, file in enumerate(files):
         spec = specs[pos] if pos < len(specs) else None
-        name, value = _read_pb(d, f, spec or TensorSpec(f.stem, "unknown", None), where)
+        name, value = _read_pb(path, file, spec or TensorSpec(file.stem, "unknown", None), where)
         if name and name in by_name and (spec is None or name != spec.name):
             spec = by_name[name]
-            name, value = _read_pb(d, f, spec, where)
+            name, value = _read_pb(path, file, spec, where)
         if spec is None:
             raise InputError(
-                f"{where}: {f.name} has no matching model {prefix} (the model has {len(specs)}); remove it"
+                f"{where}: {file.name} has no matching model {prefix} (the model has {len(specs)}); remove it"
             )
         out[spec.name] = normalize(value)
     return out
 
 
-def read_pb_tensors(d: Path, where: str) -> dict[str, Value]:
-    """Every input_N.pb of folder `d` as a tensor, keyed by the name it records (else its file's
+def read_pb_tensors(path: Path, where: str) -> dict[str, Value]:
+    """Every input_N.pb of folder `path` as a tensor, keyed by the name it records (else its file's
     stem), in file order: read as compare's --inputs reads them (files of the folder only, their
     external data from the folder alone)."""
-    files = sorted(d.glob("input_*.pb"), key=lambda f: _index(f.name))
+    files = sorted(path.glob("input_*.pb"), key=lambda path: _index(path.name))
     if not files:
-        raise InputError(f"{where}: no input_N.pb files in {d}; write each with onnx.numpy_helper.from_array")
+        raise InputError(
+            f"{where}: no input_N.pb files in {path}; write each with onnx.numpy_helper.from_array"
+        )
     out = {}
-    for f in files:
-        name, value = _read_pb(d, f, TensorSpec(f.stem, "unknown", None), where)
-        out[name or f.stem] = value
+    for file in files:
+        name, value = _read_pb(path, file, TensorSpec(file.stem, "unknown", None), where)
+        out[name or file.stem] = value
     return out
 
 

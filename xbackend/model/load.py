@@ -116,11 +116,11 @@ class TensorSpec:
         if not tt.HasField("shape"):
             return cls(vi.name, dtype, None, kind, type_str)
         dims: list[Dim] = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value"):
-                dims.append(int(d.dim_value))
-            elif d.HasField("dim_param"):
-                dims.append(d.dim_param)
+        for dim in tt.shape.dim:
+            if dim.HasField("dim_value"):
+                dims.append(int(dim.dim_value))
+            elif dim.HasField("dim_param"):
+                dims.append(dim.dim_param)
             else:
                 dims.append(None)
         return cls(vi.name, dtype, tuple(dims), kind, type_str)
@@ -130,12 +130,12 @@ class TensorSpec:
         """Indices of dimensions that are not fixed numbers."""
         if self.shape is None:
             return []
-        return [i for i, d in enumerate(self.shape) if not isinstance(d, int)]
+        return [index for index, size in enumerate(self.shape) if not isinstance(size, int)]
 
     def shape_str(self) -> str:
         if self.shape is None:
             return "?"
-        return "[" + ",".join("?" if d is None else str(d) for d in self.shape) + "]"
+        return "[" + ",".join("?" if size is None else str(size) for size in self.shape) + "]"
 
 
 @dataclass(frozen=True)
@@ -175,21 +175,27 @@ class ModelSpec:
 
     @classmethod
     def from_proto(cls, proto: onnx.ModelProto, path: str, sha256: str) -> ModelSpec:
-        g = proto.graph
-        init_names = {t.name for t in g.initializer}
+        graph = proto.graph
+        init_names = {initializer.name for initializer in graph.initializer}
         return cls(
             path=path,
             sha256=sha256,
             ir_version=int(proto.ir_version),
-            opsets=tuple(sorted((o.domain or "ai.onnx", int(o.version)) for o in proto.opset_import)),
+            opsets=tuple(
+                sorted((opset.domain or "ai.onnx", int(opset.version)) for opset in proto.opset_import)
+            ),
             producer=f"{proto.producer_name} {proto.producer_version}".strip(),
-            inputs=tuple(TensorSpec.from_value_info(v) for v in g.input if v.name not in init_names),
-            outputs=tuple(TensorSpec.from_value_info(v) for v in g.output),
-            tensors=tuple(_node_tensors(g)),
+            inputs=tuple(
+                TensorSpec.from_value_info(input_name)
+                for input_name in graph.input
+                if input_name.name not in init_names
+            ),
+            outputs=tuple(TensorSpec.from_value_info(output_name) for output_name in graph.output),
+            tensors=tuple(_node_tensors(graph)),
             external_data=uses_external_data(proto),
             metadata=tuple(sorted((prop.key, prop.value) for prop in proto.metadata_props)),
-            index_bounds=tuple(sorted(index_bounds(g, init_names).items())),
-            weight_bytes=sum(raw_size(tensor) or 0 for tensor in all_tensors(g)),
+            index_bounds=tuple(sorted(index_bounds(graph, init_names).items())),
+            weight_bytes=sum(raw_size(tensor) or 0 for tensor in all_tensors(graph)),
         )
 
     def ref(self) -> ModelRef:
@@ -205,7 +211,7 @@ class ModelSpec:
 
     @property
     def output_names(self) -> tuple[str, ...]:
-        return tuple(o.name for o in self.outputs)
+        return tuple(output.name for output in self.outputs)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -222,14 +228,14 @@ class ModelSpec:
         """Tensor name -> source module path, from the exporter's node scopes and xbackend's
         verified export map (which wins where both name one)."""
         out = {tensor.name: tensor.module for tensor in self.tensors if tensor.module}
-        out.update({t: m for m, t in self.verified_modules().items()})
+        out.update({verified_module: key for key, verified_module in self.verified_modules().items()})
         return out
 
     def verified_modules(self) -> dict[str, str]:
         """Module path -> the tensor `xbackend export torch` verified as its output."""
         recorded = dict(self.metadata).get("xbackend.torch.module_outputs")
         with contextlib.suppress(ValueError, AttributeError, TypeError):
-            return {str(m): str(t) for m, t in json.loads(recorded or "{}").items()}
+            return {str(key): str(load) for key, load in json.loads(recorded or "{}").items()}
         return {}
 
     def data_dependent(self, sources: Iterator[str] | tuple[str, ...] | list[str]) -> set[str]:
@@ -237,11 +243,11 @@ class ModelSpec:
         their shapes: Shape and Size read shapes only, so what is computed from them (a Range
         over the batch size, a ConstantOfShape) is shape-derived. Control flow counts as data."""
         tainted = set(sources)
-        for t in self.tensors:
-            if t.op_type in _SHAPE_ONLY:
+        for tensor in self.tensors:
+            if tensor.op_type in _SHAPE_ONLY:
                 continue
-            if t.subgraph or any(i in tainted for i in t.inputs):
-                tainted.add(t.name)
+            if tensor.subgraph or any(input_name in tainted for input_name in tensor.inputs):
+                tainted.add(tensor.name)
         return tainted
 
     def tensor_order(self) -> tuple[str, ...]:
@@ -259,7 +265,7 @@ class ModelSpec:
     def output_order(self) -> tuple[str, ...]:
         """The graph outputs, in topological order (what a plain build captures)."""
         order = {tensor.name: tensor.index for tensor in self.tensors}
-        return tuple(sorted(self.output_names, key=lambda n: order.get(n, len(order))))
+        return tuple(sorted(self.output_names, key=lambda output_name: order.get(output_name, len(order))))
 
     def all_tensors(self) -> tuple[str, ...]:
         """Every tensor, in topological order, whatever --tensors selected."""
@@ -318,10 +324,10 @@ def node_module(node: onnx.NodeProto, params: frozenset[str] = frozenset()) -> s
 
 def _node_tensors(graph: onnx.GraphProto) -> Iterator[NodeTensor]:
     index = 0
-    params = frozenset(t.name for t in graph.initializer)
+    params = frozenset(initializer.name for initializer in graph.initializer)
     for i, node in enumerate(graph.node):
         module = node_module(node, params)
-        sub = any(a.HasField("g") or len(a.graphs) for a in node.attribute)
+        sub = any(attribute.HasField("g") or len(attribute.graphs) for attribute in node.attribute)
         for out in node.output:
             if out:
                 yield NodeTensor(
@@ -338,29 +344,29 @@ def _node_tensors(graph: onnx.GraphProto) -> Iterator[NodeTensor]:
 
 def model_sha256(path: Path, proto: onnx.ModelProto | None = None, data: bytes | None = None) -> str:
     """sha256 over the model file and, in name order, every external data file it uses."""
-    h = hashlib.sha256()
-    h.update(path.read_bytes() if data is None else data)
+    digest = hashlib.sha256()
+    digest.update(path.read_bytes() if data is None else data)
     if proto is not None:
         for rel in external_files(proto):
             ext = path.parent / rel
-            h.update(rel.encode())
+            digest.update(rel.encode())
             if ext.is_file():
-                h.update(ext.read_bytes())
-    return h.hexdigest()
+                digest.update(ext.read_bytes())
+    return digest.hexdigest()
 
 
-def parse_model(data: bytes, p: Path) -> onnx.ModelProto:
-    """Parse model bytes read from `p` (external data not loaded)."""
+def parse_model(data: bytes, path: Path) -> onnx.ModelProto:
+    """Parse model bytes read from `path` (external data not loaded)."""
     try:
         proto = onnx.load_model_from_string(data)
     except Exception as error:
         raise ModelLoadError(
-            f"{p} is not a readable ONNX model ({type(error).__name__}: {first_line(error)}); "
+            f"{path} is not a readable ONNX model ({type(error).__name__}: {first_line(error)}); "
             "pass a .onnx file written by onnx.save or an exporter"
         ) from error
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.graph.node:
         raise ModelLoadError(
-            f"{p} parsed as protobuf but holds no ONNX graph (ir_version={proto.ir_version}, "
+            f"{path} parsed as protobuf but holds no ONNX graph (ir_version={proto.ir_version}, "
             f"{len(proto.graph.node)} nodes); pass a .onnx model file"
         )
     return proto
@@ -399,20 +405,20 @@ def load_model(path: str | os.PathLike[str]) -> tuple[ModelSpec, onnx.ModelProto
 
 
 def _names(proto: onnx.ModelProto) -> Iterator[object]:
-    g = proto.graph
-    yield from (v.name for v in (*g.input, *g.output, *g.value_info))
-    yield from (t.name for t in g.initializer)
-    for n in g.node:
-        yield from (n.name, n.op_type, n.domain, *n.input, *n.output)
+    graph = proto.graph
+    yield from (v.name for v in (*graph.input, *graph.output, *graph.value_info))
+    yield from (initializer.name for initializer in graph.initializer)
+    for node in graph.node:
+        yield from (node.name, node.op_type, node.domain, *node.input, *node.output)
 
 
 def used_domains(proto: onnx.ModelProto) -> dict[str, list[str]]:
     """Each op domain the main graph's nodes use (model-local functions aside), with its ops."""
     local = {(function.domain, function.name) for function in proto.functions}
     out: dict[str, list[str]] = {}
-    for n in proto.graph.node:
-        if (n.domain, n.op_type) not in local and n.op_type not in out.get(n.domain, []):
-            out.setdefault(n.domain, []).append(n.op_type)
+    for node in proto.graph.node:
+        if (node.domain, node.op_type) not in local and node.op_type not in out.get(node.domain, []):
+            out.setdefault(node.domain, []).append(node.op_type)
     return out
 
 
@@ -434,9 +440,9 @@ def _check_names_and_domains(proto: onnx.ModelProto, path: Path) -> None:
     local = {(function.domain, function.name) for function in proto.functions}
     strange = sorted(
         {
-            f"{n.domain}:{n.op_type}"
-            for n in proto.graph.node
-            if n.domain not in KNOWN_DOMAINS and (n.domain, n.op_type) not in local
+            f"{node.domain}:{node.op_type}"
+            for node in proto.graph.node
+            if node.domain not in KNOWN_DOMAINS and (node.domain, node.op_type) not in local
         }
     )
     if strange:
@@ -490,18 +496,18 @@ def _without_large_weights(proto: onnx.ModelProto, path: Path) -> onnx.ModelProt
     light = onnx.ModelProto()
     _copy_fields(proto, light, "graph")  # field by field: a whole copy costs 0.2 s per 100 MiB
     _copy_fields(proto.graph, light.graph, "initializer")
-    for t in proto.graph.initializer:
-        n = len(t.raw_data)
+    for initializer in proto.graph.initializer:
+        n = len(initializer.raw_data)
         if n <= _CHECK_INLINE:
-            light.graph.initializer.add().CopyFrom(t)
+            light.graph.initializer.add().CopyFrom(initializer)
             continue
-        want = raw_size(t)
+        want = raw_size(initializer)
         if want is not None and want != n:
             raise ModelLoadError(
-                f"{path} is not a valid ONNX model: initializer {t.name!r} holds {n} bytes, "
-                f"its shape {list(t.dims)} needs {want}; fix the model or re-export it"
+                f"{path} is not a valid ONNX model: initializer {initializer.name!r} holds {n} bytes, "
+                f"its shape {list(initializer.dims)} needs {want}; fix the model or re-export it"
             )
-        _copy_fields(t, light.graph.initializer.add(), "raw_data", "dims").dims.append(0)
+        _copy_fields(initializer, light.graph.initializer.add(), "raw_data", "dims").dims.append(0)
     return light
 
 
@@ -533,8 +539,8 @@ def _elem_types(graph: onnx.GraphProto) -> Iterator[int]:
     for vi in [*graph.input, *graph.output, *graph.value_info]:
         if vi.type.HasField("tensor_type"):
             yield vi.type.tensor_type.elem_type
-    for t in graph.initializer:
-        yield t.data_type
+    for initializer in graph.initializer:
+        yield initializer.data_type
     for node in graph.node:
         for attr in node.attribute:
             if attr.name in _DTYPE_ATTRS and attr.type == onnx.AttributeProto.INT:
@@ -555,10 +561,10 @@ def downgrade_blockers(proto: onnx.ModelProto, target_ir: int) -> list[str]:
     """What in the model needs an IR version above `target_ir` (empty: downgrade is safe)."""
     blockers: list[str] = []
     max_opset = _max_opset_for_ir(target_ir)
-    for o in proto.opset_import:
-        if o.domain in ("", "ai.onnx") and o.version > max_opset:
-            blockers.append(f"opset ai.onnx {o.version} (IR {target_ir} allows at most {max_opset})")
-    used = {TensorProto.DataType.Name(t) for t in set(_elem_types(proto.graph)) if t}
+    for opset in proto.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version > max_opset:
+            blockers.append(f"opset ai.onnx {opset.version} (IR {target_ir} allows at most {max_opset})")
+    used = {TensorProto.DataType.Name(elem_type) for elem_type in set(_elem_types(proto.graph)) if elem_type}
     for name in sorted(used):
         need = _DTYPE_MIN_IR.get(name, 0)
         if need > target_ir:

@@ -14,7 +14,7 @@ _CONTRIB = "com.microsoft"
 
 
 def has_ort_onnx_ops(proto: onnx.ModelProto) -> bool:
-    return any(n.domain in _STANDARD and n.op_type in ORT_IN_ONNX_DOMAIN for n in proto.graph.node)
+    return any(node.domain in _STANDARD and node.op_type in ORT_IN_ONNX_DOMAIN for node in proto.graph.node)
 
 
 def as_contrib(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -24,11 +24,11 @@ def as_contrib(proto: onnx.ModelProto) -> onnx.ModelProto:
         return proto
     out = onnx.ModelProto()
     out.CopyFrom(proto)
-    for n in out.graph.node:
-        if n.domain in _STANDARD and n.op_type in ORT_IN_ONNX_DOMAIN:
-            n.domain = _CONTRIB
-            if not any(a.name == "epsilon" for a in n.attribute):
-                n.attribute.append(onnx.helper.make_attribute("epsilon", 1e-5))
-    if not any(o.domain == _CONTRIB for o in out.opset_import):
+    for node in out.graph.node:
+        if node.domain in _STANDARD and node.op_type in ORT_IN_ONNX_DOMAIN:
+            node.domain = _CONTRIB
+            if not any(attribute.name == "epsilon" for attribute in node.attribute):
+                node.attribute.append(onnx.helper.make_attribute("epsilon", 1e-5))
+    if not any(opset.domain == _CONTRIB for opset in out.opset_import):
         out.opset_import.append(onnx.helper.make_opsetid(_CONTRIB, 1))
     return out

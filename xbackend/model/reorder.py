@@ -69,9 +69,11 @@ class Reordered:
 
 def static_shapes(proto: onnx.ModelProto) -> dict[str, Shape]:
     """Shapes the model states with every dimension known: initializers, inputs, value_info."""
-    g = proto.graph
-    out: dict[str, Shape] = {t.name: tuple(int(dim) for dim in t.dims) for t in g.initializer}
-    for vi in (*g.input, *g.value_info, *g.output):
+    graph = proto.graph
+    out: dict[str, Shape] = {
+        initializer.name: tuple(int(dim) for dim in initializer.dims) for initializer in graph.initializer
+    }
+    for vi in (*graph.input, *graph.value_info, *graph.output):
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
             continue
@@ -81,17 +83,17 @@ def static_shapes(proto: onnx.ModelProto) -> dict[str, Shape]:
     return out
 
 
-def index_feeds(r: Reordered, rng: np.random.Generator | None) -> dict[str, np.ndarray]:
+def index_feeds(reordered: Reordered, rng: np.random.Generator | None) -> dict[str, np.ndarray]:
     """Values for the rewrite's index inputs: one random order per site (the identity when
     `rng` is None)."""
     out: dict[str, np.ndarray] = {}
-    for s in r.sites:
-        q = np.arange(s.length, dtype=np.int64) if rng is None else rng.permutation(s.length)
-        inv = np.empty_like(q)
-        inv[q] = np.arange(s.length, dtype=np.int64)
-        for name, kind, groups in s.indices:
-            base = q if kind == "perm" else inv
-            out[name] = np.concatenate([base + g * s.length for g in range(groups)]).astype(np.int64)
+    for site in reordered.sites:
+        order = np.arange(site.length, dtype=np.int64) if rng is None else rng.permutation(site.length)
+        inv = np.empty_like(order)
+        inv[order] = np.arange(site.length, dtype=np.int64)
+        for name, kind, groups in site.indices:
+            base = order if kind == "perm" else inv
+            out[name] = np.concatenate([base + g * site.length for g in range(groups)]).astype(np.int64)
     return out
 
 
@@ -101,13 +103,18 @@ class _Rewriter:
         self.g = proto.graph
         self.shapes = dict(shapes)
         self.opset = next(
-            (o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
+            (opset.version for opset in proto.opset_import if opset.domain in ("", "ai.onnx")),
             onnx.defs.onnx_opset_version(),
         )
-        self.consts = {t.name: t for t in self.g.initializer}
-        for n in self.g.node:
-            if n.op_type == "Constant" and n.output and n.attribute and n.attribute[0].name == "value":
-                self.consts[n.output[0]] = n.attribute[0].t
+        self.consts = {initializer.name: initializer for initializer in self.g.initializer}
+        for node in self.g.node:
+            if (
+                node.op_type == "Constant"
+                and node.output
+                and node.attribute
+                and node.attribute[0].name == "value"
+            ):
+                self.consts[node.output[0]] = node.attribute[0].t
         self.sites: list[Site] = []
         self.skipped: list[tuple[str, str, str]] = []
         self.nodes: list[onnx.NodeProto] = []
@@ -116,25 +123,25 @@ class _Rewriter:
     # -- helpers -----------------------------------------------------------------------------
 
     def rank(self, name: str) -> int | None:
-        s = self.shapes.get(name)
-        return None if s is None else len(s)
+        shape = self.shapes.get(name)
+        return None if shape is None else len(shape)
 
     def dim(self, name: str, axis: int) -> int | None:
-        s = self.shapes.get(name)
-        if s is None or not -len(s) <= axis < len(s):
+        shape = self.shapes.get(name)
+        if shape is None or not -len(shape) <= axis < len(shape):
             return None
-        return s[axis]
+        return shape[axis]
 
     def _new_site(self) -> tuple[str, list[tuple[str, str, int]]]:
         """A fresh name prefix for one site's index inputs, and the list they go into."""
         self.count += 1
         return f"{PREFIX}{self.count}", []
 
-    def _index(self, base: str, idx: list[tuple[str, str, int]], kind: str, groups: int, n: int) -> str:
+    def _index(self, base: str, idx: list[tuple[str, str, int]], kind: str, groups: int, length: int) -> str:
         name = f"{base}.{kind}" + (f".g{groups}" if groups > 1 else "")
         if all(i[0] != name for i in idx):
             idx.append((name, kind, groups))
-            self.g.input.append(helper.make_tensor_value_info(name, TensorProto.INT64, [groups * n]))
+            self.g.input.append(helper.make_tensor_value_info(name, TensorProto.INT64, [groups * length]))
         return name
 
     def _gather(self, src: str, index: str, axis: int) -> str:
@@ -142,8 +149,10 @@ class _Rewriter:
         self.nodes.append(helper.make_node("Gather", [src, index], [out], axis=axis, name=f"{out}.gather"))
         return out
 
-    def _finish(self, node: onnx.NodeProto, n: int, idx: list[tuple[str, str, int]]) -> None:
-        self.sites.append(Site(node.name, node.op_type, node.output[0] if node.output else "", n, tuple(idx)))
+    def _finish(self, node: onnx.NodeProto, length: int, idx: list[tuple[str, str, int]]) -> None:
+        self.sites.append(
+            Site(node.name, node.op_type, node.output[0] if node.output else "", length, tuple(idx))
+        )
 
     def skip(self, node: onnx.NodeProto, why: str) -> None:
         self.skipped.append((node.name, node.op_type, why))
@@ -167,112 +176,116 @@ class _Rewriter:
         inv = self._index(base, idx, "inverse", 1, n)
         new = onnx.NodeProto()
         new.CopyFrom(node)
-        for i, axis in axes.items():
-            new.input[i] = self._gather(node.input[i], perm, axis)
-        y = node.output[0]
-        new.output[0] = f"{base}.out.{y}"
+        for key, axis in axes.items():
+            new.input[key] = self._gather(node.input[key], perm, axis)
+        output_name = node.output[0]
+        new.output[0] = f"{base}.out.{output_name}"
         self.nodes.append(new)
         self.nodes.append(
-            helper.make_node("Gather", [new.output[0], inv], [y], axis=out_axis, name=f"{base}.back")
+            helper.make_node(
+                "Gather", [new.output[0], inv], [output_name], axis=out_axis, name=f"{base}.back"
+            )
         )
         self._finish(node, n, idx)
 
     # -- one op each ---------------------------------------------------------------------------
 
     def matmul(self, node: onnx.NodeProto) -> None:
-        a, b = node.input[0], node.input[1]
-        ra, rb = self.rank(a), self.rank(b)
+        left, right = node.input[0], node.input[1]
+        ra, rb = self.rank(left), self.rank(right)
         if ra is None or rb is None:
             return self.skip(node, "operand shapes unknown")
-        n = self.dim(a, -1)
-        if not n or n < 2:
+        inner = self.dim(left, -1)
+        if not inner or inner < 2:
             return self.skip(node, "fewer than 2 terms")
-        self.permute_inputs(node, {0: (ra - 1, 1), 1: (rb - 2 if rb >= 2 else 0, 1)}, n)
+        self.permute_inputs(node, {0: (ra - 1, 1), 1: (rb - 2 if rb >= 2 else 0, 1)}, inner)
 
     def gemm(self, node: onnx.NodeProto) -> None:
-        at = {a.name: a.i for a in node.attribute}
+        at = {attribute.name: attribute.i for attribute in node.attribute}
         a_axis = 0 if at.get("transA", 0) else 1
         b_axis = 1 if at.get("transB", 0) else 0
-        n = self.dim(node.input[0], a_axis)
-        if not n or n < 2:
-            return self.skip(node, "operand shapes unknown" if n is None else "fewer than 2 terms")
-        self.permute_inputs(node, {0: (a_axis, 1), 1: (b_axis, 1)}, n)
+        inner = self.dim(node.input[0], a_axis)
+        if not inner or inner < 2:
+            return self.skip(node, "operand shapes unknown" if inner is None else "fewer than 2 terms")
+        self.permute_inputs(node, {0: (a_axis, 1), 1: (b_axis, 1)}, inner)
 
     def conv(self, node: onnx.NodeProto, transpose: bool) -> None:
-        groups = next((a.i for a in node.attribute if a.name == "group"), 1)
-        c = self.dim(node.input[0], 1)
-        if c is None or self.rank(node.input[1]) is None:
+        groups = next((attribute.i for attribute in node.attribute if attribute.name == "group"), 1)
+        channels = self.dim(node.input[0], 1)
+        if channels is None or self.rank(node.input[1]) is None:
             return self.skip(node, "operand shapes unknown")
-        per_group = c // groups
+        per_group = channels // groups
         if per_group < 2:
             return self.skip(node, "one input channel per group: the sum over kernel taps is not gathered")
         w_axis, w_groups = (0, groups) if transpose else (1, 1)
         self.permute_inputs(node, {0: (1, groups), 1: (w_axis, w_groups)}, per_group)
 
     def einsum(self, node: onnx.NodeProto) -> None:
-        eq = next((a.s.decode() for a in node.attribute if a.name == "equation"), "").replace(" ", "")
+        eq = next(
+            (attribute.s.decode() for attribute in node.attribute if attribute.name == "equation"), ""
+        ).replace(" ", "")
         if "..." in eq:
             return self.skip(node, "an equation with an ellipsis")
         lhs, _, rhs = eq.partition("->")
         terms = lhs.split(",")
         if not _:
             letters = "".join(terms)
-            rhs = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+            rhs = "".join(sorted(letter for letter in set(letters) if letters.count(letter) == 1))
         summed = [fromkey for fromkey in dict.fromkeys("".join(terms)) if fromkey not in rhs]
         if not summed or any(term.count(summed[0]) > 1 for term in terms):
             return self.skip(node, "no contracted index" if not summed else "a repeated index")
         c = summed[0]
-        axes = {i: (t.index(c), 1) for i, t in enumerate(terms) if c in t}
+        axes = {index: (term.index(c), 1) for index, term in enumerate(terms) if c in term}
         i0, (ax0, _g) = next(iter(axes.items()))
-        n = self.dim(node.input[i0], ax0)
-        if not n or n < 2:
-            return self.skip(node, "operand shapes unknown" if n is None else "fewer than 2 terms")
-        self.permute_inputs(node, axes, n)
+        length = self.dim(node.input[i0], ax0)
+        if not length or length < 2:
+            return self.skip(node, "operand shapes unknown" if length is None else "fewer than 2 terms")
+        self.permute_inputs(node, axes, length)
 
     def reduce(self, node: onnx.NodeProto) -> None:
-        x = node.input[0]
-        r = self.rank(x)
-        if r is None:
+        source = node.input[0]
+        rank_of = self.rank(source)
+        if rank_of is None:
             return self.skip(node, "input shape unknown")
-        attrs = {a.name: a for a in node.attribute}
+        attrs = {attribute.name: attribute for attribute in node.attribute}
         if len(node.input) > 1 and node.input[1]:
-            t = self.consts.get(node.input[1])
-            if t is None:
+            axes_const = self.consts.get(node.input[1])
+            if axes_const is None:
                 return self.skip(node, "axes computed at run time")
-            axes = [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
+            axes = [int(v) for v in numpy_helper.to_array(axes_const).reshape(-1)]
         else:
             axes = list(attrs["axes"].ints) if "axes" in attrs else []
         if not axes:
             if "noop_with_empty_axes" in attrs and attrs["noop_with_empty_axes"].i:
                 return self.skip(node, "no axes: the op reduces nothing")
-            axes = list(range(r))
-        long = [a % r for a in axes if (self.dim(x, a) or 0) >= 2]
+            axes = list(range(rank_of))
+        long = [axis % rank_of for axis in axes if (self.dim(source, axis) or 0) >= 2]
         if not long:
             return self.skip(node, "fewer than 2 terms")
         # One permutation per reduced axis: chain a site per axis through the same node.
         current = node
         for k, axis in enumerate(long):
-            n = self.dim(x, axis)
-            assert n is not None
+            length = self.dim(source, axis)
+            assert length is not None
             base, idx = self._new_site()
-            index = self._index(base, idx, "perm", 1, n)
+            index = self._index(base, idx, "perm", 1, length)
             new = onnx.NodeProto()
             new.CopyFrom(current)
             new.input[0] = self._gather(current.input[0], index, axis)
             current = new
-            self._finish(node, n, idx)
+            self._finish(node, length, idx)
             if k == len(long) - 1:
                 self.nodes.append(new)
 
     def softmax(self, node: onnx.NodeProto) -> None:
-        x = node.input[0]
-        r = self.rank(x)
+        source = node.input[0]
+        r = self.rank(source)
         if r is None:
             return self.skip(node, "input shape unknown")
         default = -1 if self.opset >= 13 else 1
-        axis = next((a.i for a in node.attribute if a.name == "axis"), default)
+        axis = next((attribute.i for attribute in node.attribute if attribute.name == "axis"), default)
         axis = axis % r if self.opset >= 13 else r - 1  # before 13: every axis from `axis` on; the last
-        n = self.dim(x, axis)
+        n = self.dim(source, axis)
         if not n or n < 2:
             return self.skip(node, "fewer than 2 terms")
         self.permute_through(node, {0: axis}, axis, n)
@@ -304,7 +317,9 @@ class _Rewriter:
     def scatter(self, node: onnx.NodeProto) -> None:
         """Colliding updates are summed in the order they come: permute the updates (and their
         indices) along their first axis."""
-        red = next((a.s.decode() for a in node.attribute if a.name == "reduction"), "none")
+        red = next(
+            (attribute.s.decode() for attribute in node.attribute if attribute.name == "reduction"), "none"
+        )
         if red not in ("add", "mul"):
             return self.nodes.append(node)
         n = self.dim(node.input[2], 0)
@@ -319,7 +334,7 @@ class _Rewriter:
         q, k, v = ins[:3]
         if any(self.rank(t) != 4 for t in (q, k, v)):
             return self.skip(node, "3-D (packed heads) operands")
-        causal = any(a.name == "is_causal" and a.i for a in node.attribute)
+        causal = any(attribute.name == "is_causal" and attribute.i for attribute in node.attribute)
         d = self.dim(q, 3)
         if not d or d < 2:
             return self.skip(node, "fewer than 2 terms")
@@ -354,9 +369,9 @@ def reorder(proto: onnx.ModelProto, shapes: Mapping[str, Shape]) -> Reordered:
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     rw = _Rewriter(out, {**static_shapes(proto), **shapes})
-    for i, node in enumerate(out.graph.node):
+    for index, node in enumerate(out.graph.node):
         if not node.name:
-            node.name = f"{node.op_type}_{i}"
+            node.name = f"{node.op_type}_{index}"
         domain = node.domain or "ai.onnx"
         op = node.op_type
         if domain != "ai.onnx":

@@ -37,9 +37,9 @@ class _Graph:
 
     def weight(self, name: str, shape: tuple[int, ...], scale: float | None = None) -> str:
         fan_in = shape[0] if len(shape) == 2 else int(np.prod(shape[1:]))
-        s = scale if scale is not None else 1.0 / np.sqrt(max(1, fan_in))
+        std = scale if scale is not None else 1.0 / np.sqrt(max(1, fan_in))
         self.inits.append(
-            numpy_helper.from_array((self.rng.standard_normal(shape) * s).astype(np.float32), name)
+            numpy_helper.from_array((self.rng.standard_normal(shape) * std).astype(np.float32), name)
         )
         return name
 
@@ -59,29 +59,29 @@ class _Graph:
         doc: str,
         opset: int = OPSET,
     ) -> onnx.ModelProto:
-        g = helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits)
-        m = helper.make_model(
-            g,
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits)
+        model = helper.make_model(
+            graph,
             opset_imports=[helper.make_opsetid("", opset)],
             producer_name="xbackend-samples",
             producer_version="1",
         )
-        m.ir_version = IR_VERSION
-        m.doc_string = doc
-        onnx.checker.check_model(m)
-        return m
+        model.ir_version = IR_VERSION
+        model.doc_string = doc
+        onnx.checker.check_model(model)
+        return model
 
 
-def _layernorm(g: _Graph, x: str, width: int, prefix: str) -> str:
-    scale = g.const(f"{prefix}.gamma", (1.0 + 0.1 * g.rng.standard_normal(width)).astype(np.float32))
-    bias = g.const(f"{prefix}.beta", (0.1 * g.rng.standard_normal(width)).astype(np.float32))
-    return g.op("LayerNormalization", [x, scale, bias], f"{prefix}.out", axis=-1, epsilon=1e-5)
+def _layernorm(graph: _Graph, source: str, width: int, prefix: str) -> str:
+    scale = graph.const(f"{prefix}.gamma", (1.0 + 0.1 * graph.rng.standard_normal(width)).astype(np.float32))
+    bias = graph.const(f"{prefix}.beta", (0.1 * graph.rng.standard_normal(width)).astype(np.float32))
+    return graph.op("LayerNormalization", [source, scale, bias], f"{prefix}.out", axis=-1, epsilon=1e-5)
 
 
-def _linear(g: _Graph, x: str, n_in: int, n_out: int, prefix: str) -> str:
-    w = g.weight(f"{prefix}.weight", (n_in, n_out))
-    b = g.const(f"{prefix}.bias", (0.02 * g.rng.standard_normal(n_out)).astype(np.float32))
-    return g.op("Add", [g.op("MatMul", [x, w], f"{prefix}.matmul"), b], f"{prefix}.out")
+def _linear(graph: _Graph, source: str, n_in: int, n_out: int, prefix: str) -> str:
+    weight = graph.weight(f"{prefix}.weight", (n_in, n_out))
+    bias = graph.const(f"{prefix}.bias", (0.02 * graph.rng.standard_normal(n_out)).astype(np.float32))
+    return graph.op("Add", [graph.op("MatMul", [source, weight], f"{prefix}.matmul"), bias], f"{prefix}.out")
 
 
 def mlp_layernorm(
@@ -92,26 +92,28 @@ def mlp_layernorm(
     With `seq=None` the input is [batch, width]: one matrix product per layer whose row
     count is the batch size, which is where BLAS switches kernels (gemv vs gemm).
     """
-    g = _Graph(seed=1)
+    graph = _Graph(seed=1)
     x = "x"
     for i in range(blocks):
-        h = _layernorm(g, x, width, f"block{i}.ln")
-        h = _linear(g, h, width, hidden, f"block{i}.fc1")
-        h = g.op("Mul", [h, g.op("Sigmoid", [h], f"block{i}.sigmoid")], f"block{i}.silu")
-        h = _linear(g, h, hidden, width, f"block{i}.fc2")
-        x = g.op("Add", [x, h], f"block{i}.residual")
-    g.op(
+        normed = _layernorm(graph, x, width, f"block{i}.ln")
+        normed = _linear(graph, normed, width, hidden, f"block{i}.fc1")
+        normed = graph.op(
+            "Mul", [normed, graph.op("Sigmoid", [normed], f"block{i}.sigmoid")], f"block{i}.silu"
+        )
+        normed = _linear(graph, normed, hidden, width, f"block{i}.fc2")
+        x = graph.op("Add", [x, normed], f"block{i}.residual")
+    graph.op(
         "LayerNormalization",
         [
             x,
-            g.const("final.gamma", np.ones(width, np.float32)),
-            g.const("final.beta", np.zeros(width, np.float32)),
+            graph.const("final.gamma", np.ones(width, np.float32)),
+            graph.const("final.beta", np.zeros(width, np.float32)),
         ],
         "y",
         axis=-1,
     )
     dims = [batch, width] if seq is None else [batch, seq, width]
-    return g.model(
+    return graph.model(
         "mlp_layernorm",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)],
@@ -121,25 +123,27 @@ def mlp_layernorm(
 
 def convnet() -> onnx.ModelProto:
     """Two 3x3 convolutions, global average pool and a classifier; dynamic batch 'N'."""
-    g = _Graph(seed=2)
-    h = g.op(
+    graph = _Graph(seed=2)
+    hidden = graph.op(
         "Conv",
-        ["image", g.weight("conv1.weight", (16, 3, 3, 3)), g.weight("conv1.bias", (16,), 0.05)],
+        ["image", graph.weight("conv1.weight", (16, 3, 3, 3)), graph.weight("conv1.bias", (16,), 0.05)],
         "conv1",
         pads=[1, 1, 1, 1],
     )
-    h = g.op("Relu", [h], "relu1")
-    h = g.op(
+    hidden = graph.op("Relu", [hidden], "relu1")
+    hidden = graph.op(
         "Conv",
-        [h, g.weight("conv2.weight", (32, 16, 3, 3)), g.weight("conv2.bias", (32,), 0.05)],
+        [hidden, graph.weight("conv2.weight", (32, 16, 3, 3)), graph.weight("conv2.bias", (32,), 0.05)],
         "conv2",
         pads=[1, 1, 1, 1],
         strides=[2, 2],
     )
-    h = g.op("Relu", [h], "relu2")
-    h = g.op("Flatten", [g.op("GlobalAveragePool", [h], "pool")], "flatten")
-    g.op("Gemm", [h, g.weight("fc.weight", (32, 10)), g.weight("fc.bias", (10,), 0.05)], "logits")
-    return g.model(
+    hidden = graph.op("Relu", [hidden], "relu2")
+    hidden = graph.op("Flatten", [graph.op("GlobalAveragePool", [hidden], "pool")], "flatten")
+    graph.op(
+        "Gemm", [hidden, graph.weight("fc.weight", (32, 10)), graph.weight("fc.bias", (10,), 0.05)], "logits"
+    )
+    return graph.model(
         "convnet",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 32, 32])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
@@ -149,33 +153,38 @@ def convnet() -> onnx.ModelProto:
 
 def attention(seq: int = 32, width: int = 64, heads: int = 4) -> onnx.ModelProto:
     """One pre-norm multi-head self-attention block with a residual connection."""
-    g = _Graph(seed=3)
+    graph = _Graph(seed=3)
     dh = width // heads
-    h = _layernorm(g, "x", width, "ln")
-    shape = g.const("heads_shape", np.array([1, seq, heads, dh], np.int64))
+    normed = _layernorm(graph, "x", width, "ln")
+    shape = graph.const("heads_shape", np.array([1, seq, heads, dh], np.int64))
     qkv = {}
     for name in ("q", "k", "v"):
-        p = _linear(g, h, width, width, name)
-        qkv[name] = g.op(
-            "Transpose", [g.op("Reshape", [p, shape], f"{name}.heads")], f"{name}.t", perm=[0, 2, 1, 3]
+        projected = _linear(graph, normed, width, width, name)
+        qkv[name] = graph.op(
+            "Transpose",
+            [graph.op("Reshape", [projected, shape], f"{name}.heads")],
+            f"{name}.t",
+            perm=[0, 2, 1, 3],
         )
-    kt = g.op("Transpose", [qkv["k"]], "k.tt", perm=[0, 1, 3, 2])
-    scores = g.op(
+    kt = graph.op("Transpose", [qkv["k"]], "k.tt", perm=[0, 1, 3, 2])
+    scores = graph.op(
         "Mul",
         [
-            g.op("MatMul", [qkv["q"], kt], "scores.raw"),
-            g.const("scale", np.array(1.0 / np.sqrt(dh), np.float32)),
+            graph.op("MatMul", [qkv["q"], kt], "scores.raw"),
+            graph.const("scale", np.array(1.0 / np.sqrt(dh), np.float32)),
         ],
         "scores",
     )
-    probs = g.op("Softmax", [scores], "probs", axis=-1)
-    ctx = g.op("Transpose", [g.op("MatMul", [probs, qkv["v"]], "context")], "context.t", perm=[0, 2, 1, 3])
-    merged = g.op(
-        "Reshape", [ctx, g.const("merge_shape", np.array([1, seq, width], np.int64))], "context.merged"
+    probs = graph.op("Softmax", [scores], "probs", axis=-1)
+    ctx = graph.op(
+        "Transpose", [graph.op("MatMul", [probs, qkv["v"]], "context")], "context.t", perm=[0, 2, 1, 3]
     )
-    out = _linear(g, merged, width, width, "proj")
-    g.op("Add", ["x", out], "y")
-    return g.model(
+    merged = graph.op(
+        "Reshape", [ctx, graph.const("merge_shape", np.array([1, seq, width], np.int64))], "context.merged"
+    )
+    out = _linear(graph, merged, width, width, "proj")
+    graph.op("Add", ["x", out], "y")
+    return graph.model(
         "attention",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, width])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, width])],
@@ -189,13 +198,13 @@ def scatter_add(points: int = 256, width: int = 4096, cells: int = 2) -> onnx.Mo
     ONNX Runtime's CPU kernel splits the updates across intra-op threads and adds
     into shared cells without ordering, so with 2+ threads results vary run to run.
     """
-    g = _Graph(seed=4)
-    feats = g.op("MatMul", ["points", g.weight("proj.weight", (8, width))], "features")
-    idx = g.const("cell_index", (np.arange(points) % cells).astype(np.int64).reshape(points, 1))
-    zeros = g.const("cells_init", np.zeros((cells, width), np.float32))
-    pooled = g.op("ScatterND", [zeros, idx, feats], "pooled", reduction="add")
-    g.op("Relu", [pooled], "y")
-    return g.model(
+    graph = _Graph(seed=4)
+    feats = graph.op("MatMul", ["points", graph.weight("proj.weight", (8, width))], "features")
+    idx = graph.const("cell_index", (np.arange(points) % cells).astype(np.int64).reshape(points, 1))
+    zeros = graph.const("cells_init", np.zeros((cells, width), np.float32))
+    pooled = graph.op("ScatterND", [zeros, idx, feats], "pooled", reduction="add")
+    graph.op("Relu", [pooled], "y")
+    return graph.model(
         "scatter_add",
         [helper.make_tensor_value_info("points", TensorProto.FLOAT, [points, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [cells, width])],
@@ -210,9 +219,9 @@ def dot_products(k: int = 1024, n: int = 256) -> onnx.ModelProto:
     true value, in different directions, so they differ more from each other than
     from the float64 oracle.
     """
-    g = _Graph(seed=5)
-    g.op("MatMul", ["x", g.weight("W", (k, n), 1.0)], "y")
-    return g.model(
+    graph = _Graph(seed=5)
+    graph.op("MatMul", ["x", graph.weight("W", (k, n), 1.0)], "y")
+    return graph.model(
         "dot_products",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
@@ -238,16 +247,16 @@ def _small(
     opset: int = OPSET,
     ir: int = IR_VERSION,
 ) -> onnx.ModelProto:
-    g = helper.make_graph(nodes, name, inputs, outputs, initializer=inits or [])
-    m = helper.make_model(
-        g,
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=inits or [])
+    model = helper.make_model(
+        graph,
         opset_imports=[helper.make_opsetid("", opset)],
         producer_name="xbackend-samples",
         producer_version="1",
     )
-    m.ir_version = ir
-    onnx.checker.check_model(m)
-    return m
+    model.ir_version = ir
+    onnx.checker.check_model(model)
+    return model
 
 
 def scalar_scale() -> onnx.ModelProto:
@@ -275,13 +284,13 @@ def bf16_chain() -> onnx.ModelProto:
         helper.make_node("Relu", ["back"], ["y"], name="y"),
         helper.make_node("Cast", ["y"], ["y_bf16"], name="y_bf16", to=TensorProto.BFLOAT16),
     ]
-    w = numpy_helper.from_array(np.linspace(-2, 2, 16, dtype=np.float32).reshape(1, 16), "w")
+    weight = numpy_helper.from_array(np.linspace(-2, 2, 16, dtype=np.float32).reshape(1, 16), "w")
     return _small(
         "bf16_chain",
         nodes,
         [_vi("x", TensorProto.FLOAT, [2, 16])],
         [_vi("y", TensorProto.FLOAT, [2, 16]), _vi("y_bf16", TensorProto.BFLOAT16, [2, 16])],
-        [w],
+        [weight],
     )
 
 
@@ -343,14 +352,14 @@ def zeros_out() -> onnx.ModelProto:
         helper.make_node("MatMul", ["x", "w"], ["h"], name="h"),
         helper.make_node("Mul", ["h", "zero"], ["y"], name="y"),
     ]
-    w = numpy_helper.from_array(np.random.default_rng(7).standard_normal((8, 4)).astype(np.float32), "w")
+    weight = numpy_helper.from_array(np.random.default_rng(7).standard_normal((8, 4)).astype(np.float32), "w")
     zero = numpy_helper.from_array(np.array(0.0, np.float32), "zero")
     return _small(
         "zeros_out",
         nodes,
         [_vi("x", TensorProto.FLOAT, [2, 8])],
         [_vi("y", TensorProto.FLOAT, [2, 4])],
-        [w, zero],
+        [weight, zero],
     )
 
 
@@ -372,32 +381,32 @@ def gpt_batch(vocab: int = 64, width: int = 32, seq: int = 8) -> onnx.ModelProto
     Range over the batch size (a shape-derived tensor that follows the batch, not the sample).
 
     Inputs: ids [batch, seq] int64 in [0, vocab)."""
-    g = _Graph(seed=8)
-    tok = g.weight("tok_emb", (vocab, width), 0.5)
-    pos = g.weight("pos_emb", (seq, width), 0.5)
-    g.op("Shape", ["ids"], "ids_shape")
-    zero = g.const("zero_i", np.array(0, np.int64))
-    one = g.const("one_i", np.array(1, np.int64))
-    g.op("Gather", ["ids_shape", zero], "batch_size", axis=0)
-    g.op("Gather", ["ids_shape", one], "seq_len", axis=0)
-    g.op("Range", [zero, "batch_size", one], "row_index")
-    g.op("Range", [zero, "seq_len", one], "positions")
-    g.op("Gather", [tok, "ids"], "tok")
-    g.op("Gather", [pos, "positions"], "pos")
-    h = g.op("Add", ["tok", "pos"], "embed")
-    row = g.op("Cast", ["row_index"], "row_f", to=TensorProto.FLOAT)
-    row = g.op("Unsqueeze", [row, g.const("axes12", np.array([1, 2], np.int64))], "row_f3")
-    row = g.op("Mul", [row, g.const("zero_f", np.array(0.0, np.float32))], "row_zero")
-    h = g.op("Add", [h, row], "embed_rows")
-    ln = _layernorm(g, h, width, "ln")
-    q = _linear(g, ln, width, width, "q")
-    k = _linear(g, ln, width, width, "k")
-    kt = g.op("Transpose", [k], "k_t", perm=[0, 2, 1])
-    scores = g.op("MatMul", [q, kt], "scores")
-    probs = g.op("Softmax", [scores], "probs", axis=-1)
-    ctx_ = g.op("MatMul", [probs, ln], "context")
-    g.op("MatMul", [ctx_, g.weight("head", (width, vocab))], "logits")
-    return g.model(
+    graph = _Graph(seed=8)
+    tok = graph.weight("tok_emb", (vocab, width), 0.5)
+    pos = graph.weight("pos_emb", (seq, width), 0.5)
+    graph.op("Shape", ["ids"], "ids_shape")
+    zero = graph.const("zero_i", np.array(0, np.int64))
+    one = graph.const("one_i", np.array(1, np.int64))
+    graph.op("Gather", ["ids_shape", zero], "batch_size", axis=0)
+    graph.op("Gather", ["ids_shape", one], "seq_len", axis=0)
+    graph.op("Range", [zero, "batch_size", one], "row_index")
+    graph.op("Range", [zero, "seq_len", one], "positions")
+    graph.op("Gather", [tok, "ids"], "tok")
+    graph.op("Gather", [pos, "positions"], "pos")
+    hidden = graph.op("Add", ["tok", "pos"], "embed")
+    row = graph.op("Cast", ["row_index"], "row_f", to=TensorProto.FLOAT)
+    row = graph.op("Unsqueeze", [row, graph.const("axes12", np.array([1, 2], np.int64))], "row_f3")
+    row = graph.op("Mul", [row, graph.const("zero_f", np.array(0.0, np.float32))], "row_zero")
+    hidden = graph.op("Add", [hidden, row], "embed_rows")
+    ln = _layernorm(graph, hidden, width, "ln")
+    query = _linear(graph, ln, width, width, "q")
+    key = _linear(graph, ln, width, width, "k")
+    kt = graph.op("Transpose", [key], "k_t", perm=[0, 2, 1])
+    scores = graph.op("MatMul", [query, kt], "scores")
+    probs = graph.op("Softmax", [scores], "probs", axis=-1)
+    ctx_ = graph.op("MatMul", [probs, ln], "context")
+    graph.op("MatMul", [ctx_, graph.weight("head", (width, vocab))], "logits")
+    return graph.model(
         "gpt_batch",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", seq])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", seq, vocab])],
@@ -407,40 +416,49 @@ def gpt_batch(vocab: int = 64, width: int = 32, seq: int = 8) -> onnx.ModelProto
 
 def gelu_mlp(rows: int = 16, width: int = 64, blocks: int = 3) -> onnx.ModelProto:
     """Linear layers with exact (erf) GELU between them: opset 20's Gelu op."""
-    g = _Graph(7)
-    x = "x"
+    graph = _Graph(7)
+    hidden = "x"
     for i in range(blocks):
-        x = g.op("Gelu", [_linear(g, x, width, width, f"l{i}")], f"l{i}.gelu")
-    y = g.op("Identity", [_linear(g, x, width, width, "head")], "y")
-    f = TensorProto.FLOAT
-    return g.model(
+        hidden = graph.op("Gelu", [_linear(graph, hidden, width, width, f"l{i}")], f"l{i}.gelu")
+    out_name = graph.op("Identity", [_linear(graph, hidden, width, width, "head")], "y")
+    FLOAT = TensorProto.FLOAT
+    return graph.model(
         "gelu_mlp",
-        [helper.make_tensor_value_info("x", f, [rows, width])],
-        [helper.make_tensor_value_info(y, f, [rows, width])],
+        [helper.make_tensor_value_info("x", FLOAT, [rows, width])],
+        [helper.make_tensor_value_info(out_name, FLOAT, [rows, width])],
         gelu_mlp.__doc__ or "",
         opset=20,
     )
 
 
 def _variance(two_pass: bool) -> onnx.ModelProto:
-    g = _Graph(11)
-    x = g.op("Add", ["x", g.const("offset", np.array(1000.0, np.float32))], "shifted")
-    mean = g.op("ReduceMean", [x], "mean", axes=[-1], keepdims=1)
+    graph = _Graph(11)
+    shifted = graph.op("Add", ["x", graph.const("offset", np.array(1000.0, np.float32))], "shifted")
+    mean = graph.op("ReduceMean", [shifted], "mean", axes=[-1], keepdims=1)
     if two_pass:
-        d = g.op("Sub", [x, mean], "centered")
-        var = g.op("ReduceMean", [g.op("Mul", [d, d], "centered.sq")], "var", axes=[-1], keepdims=1)
+        centered = graph.op("Sub", [shifted, mean], "centered")
+        var = graph.op(
+            "ReduceMean", [graph.op("Mul", [centered, centered], "centered.sq")], "var", axes=[-1], keepdims=1
+        )
     else:
-        sq = g.op("ReduceMean", [g.op("Mul", [x, x], "x.sq")], "mean.sq", axes=[-1], keepdims=1)
-        var = g.op("Sub", [sq, g.op("Mul", [mean, mean], "mean.squared")], "var")
-    eps = g.const("eps", np.array(1e-5, np.float32))
-    inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [var, eps], "var.eps")], "std")], "inv.std")
-    y = g.op("Mul", [g.op("Sub", [x, mean], "x.centered"), inv], "y")
-    f = TensorProto.FLOAT
+        sq = graph.op(
+            "ReduceMean", [graph.op("Mul", [shifted, shifted], "x.sq")], "mean.sq", axes=[-1], keepdims=1
+        )
+        var = graph.op("Sub", [sq, graph.op("Mul", [mean, mean], "mean.squared")], "var")
+    eps = graph.const("eps", np.array(1e-5, np.float32))
+    inv = graph.op(
+        "Reciprocal", [graph.op("Sqrt", [graph.op("Add", [var, eps], "var.eps")], "std")], "inv.std"
+    )
+    squared = graph.op("Mul", [graph.op("Sub", [shifted, mean], "x.centered"), inv], "y")
+    FLOAT = TensorProto.FLOAT
     name = "variance_two_pass" if two_pass else "variance_naive"
-    return g.model(
+    return graph.model(
         name,
-        [helper.make_tensor_value_info("x", f, [32, 256])],
-        [helper.make_tensor_value_info(y, f, [32, 256]), helper.make_tensor_value_info(var, f, [32, 1])],
+        [helper.make_tensor_value_info("x", FLOAT, [32, 256])],
+        [
+            helper.make_tensor_value_info(squared, FLOAT, [32, 256]),
+            helper.make_tensor_value_info(var, FLOAT, [32, 1]),
+        ],
         f"{name}: rows of mean 1000 normalized",
     )
 
@@ -458,15 +476,15 @@ def variance_two_pass() -> onnx.ModelProto:
 def layernorm_offset(rows: int = 32, width: int = 256, offset: float = 300.0) -> onnx.ModelProto:
     """LayerNormalization over rows whose mean (300) is 300x their spread, between two Linears: a
     one-pass variance (E[x²]−E[x]²) loses most of its digits there, a two-pass one does not."""
-    g = _Graph(13)
-    h = g.op("Add", ["x", g.const("offset", np.array(offset, np.float32))], "shifted")
-    h = _layernorm(g, h, width, "ln")
-    y = g.op("Identity", [_linear(g, h, width, width, "head")], "y")
-    f = TensorProto.FLOAT
-    return g.model(
+    graph = _Graph(13)
+    shifted = graph.op("Add", ["x", graph.const("offset", np.array(offset, np.float32))], "shifted")
+    shifted = _layernorm(graph, shifted, width, "ln")
+    out_name = graph.op("Identity", [_linear(graph, shifted, width, width, "head")], "y")
+    FLOAT = TensorProto.FLOAT
+    return graph.model(
         "layernorm_offset",
-        [helper.make_tensor_value_info("x", f, [rows, width])],
-        [helper.make_tensor_value_info(y, f, [rows, width])],
+        [helper.make_tensor_value_info("x", FLOAT, [rows, width])],
+        [helper.make_tensor_value_info(out_name, FLOAT, [rows, width])],
         layernorm_offset.__doc__ or "",
     )
 

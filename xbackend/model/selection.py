@@ -72,7 +72,7 @@ def _matches(glob: str, name: str, module: str) -> bool:
 
 
 def _examples(spec: ModelSpec) -> str:
-    paths = sorted({m for m in spec.modules().values() if m})
+    paths = sorted({module for module in spec.modules().values() if module})
     if not paths:
         return "this model records no module paths: match tensor names, e.g. --tensors 'MatMul*'"
     top = sorted({path.split(".")[0] for path in paths})

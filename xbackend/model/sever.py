@@ -41,23 +41,23 @@ def sever(
     computed tensors of `available` are outputs (`exposed`: only those)."""
     out = onnx.ModelProto()
     out.CopyFrom(proto)
-    g = out.graph
-    order = [o for n in g.node for o in n.output if o]
+    graph = out.graph
+    order = [output_name for node in graph.node for output_name in node.output if output_name]
     computed = set(order)
     fed: dict[str, None] = {}
-    for k, node in enumerate(g.node):
+    for index, node in enumerate(graph.node):
         for i, name in enumerate(node.input):
-            if name in computed and name in available and (reads_fed is None or reads_fed(name, k)):
+            if name in computed and name in available and (reads_fed is None or reads_fed(name, index)):
                 node.input[i] = SEVERED + name
                 fed[name] = None
     for name in fed:
         elem, shape = available[name]
-        g.input.append(helper.make_tensor_value_info(SEVERED + name, elem, list(shape)))
+        graph.input.append(helper.make_tensor_value_info(SEVERED + name, elem, list(shape)))
     # Every computed tensor the reference holds an output: a node whose output nothing reads any
     # more would be dropped as dead code by engines that prune on import (OpenVINO).
-    have = {o.name for o in g.output}
+    have = {output_name.name for output_name in graph.output}
     for n in order:
         if n not in have and n in available and (exposed is None or n in exposed):
             elem, shape = available[n]  # typed: checkers (the oracle's) want a type
-            g.output.append(helper.make_tensor_value_info(n, elem, list(shape)))
+            graph.output.append(helper.make_tensor_value_info(n, elem, list(shape)))
     return Severed(out, tuple(fed))

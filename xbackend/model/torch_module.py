@@ -180,13 +180,13 @@ def flatten_outputs(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
     if out is None:
         return []
     if isinstance(out, Mapping):  # dicts and HuggingFace ModelOutput (an OrderedDict)
-        items = [(str(k), v) for k, v in out.items()]
+        items = [(str(key), value) for key, value in out.items()]
     elif isinstance(out, list | tuple) and not hasattr(out, "_fields"):
-        items = [(str(i), v) for i, v in enumerate(out)]
+        items = [(str(index), v) for index, v in enumerate(out)]
     elif hasattr(out, "_fields"):  # namedtuple
         items = [(str(field), getattr(out, field)) for field in out._fields]
     elif dataclasses.is_dataclass(out) and not isinstance(out, type):
-        items = [(f.name, getattr(out, f.name)) for f in dataclasses.fields(out)]
+        items = [(field.name, getattr(out, field.name)) for field in dataclasses.fields(out)]
     else:
         return [(prefix, out)]
     return [leaf for k, v in items for leaf in flatten_outputs(v, f"{prefix}.{k}" if prefix else k)]
@@ -221,7 +221,7 @@ def module_map(metadata: Mapping[str, str], given: str, model_dir: Path) -> dict
         mapped = json.loads(metadata.get(META_MODULE_OUTPUTS, "{}"))
     except ValueError:
         return {}
-    return {str(m): str(t) for m, t in mapped.items()} if isinstance(mapped, dict) else {}
+    return {str(key): str(value) for key, value in mapped.items()} if isinstance(mapped, dict) else {}
 
 
 def _canonical(spec: str, base: Path) -> str:

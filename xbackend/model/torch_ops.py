@@ -52,9 +52,10 @@ def folded_constants(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
     """The model's small constants by name: where the exporter folded an aten call whose inputs
     are all constant (a timestep embedding's frequencies), it keeps the call's name on the result."""
     out = {
-        t.name: numpy_helper.to_array(t)
-        for t in proto.graph.initializer
-        if t.data_location != onnx.TensorProto.EXTERNAL and len(t.raw_data) <= FOLDED_BYTES
+        initializer.name: numpy_helper.to_array(initializer)
+        for initializer in proto.graph.initializer
+        if initializer.data_location != onnx.TensorProto.EXTERNAL
+        and len(initializer.raw_data) <= FOLDED_BYTES
     }
     for node in proto.graph.node:
         if node.op_type == "Constant" and node.output and node.attribute and node.attribute[0].HasField("t"):

@@ -18,9 +18,9 @@ def scope_map(proto: onnx.ModelProto) -> dict[str, str]:
     """Module name -> tensor, from the name scopes torch.onnx.export(dynamo=True) records on every
     node: the output of the last node each module computed (unverified, unlike an export's map)."""
     return last_in_scope(
-        (next((prop.value for prop in n.metadata_props if prop.key == NAME_SCOPES), None), n.output[0])
-        for n in proto.graph.node
-        if n.output and n.output[0]
+        (next((prop.value for prop in node.metadata_props if prop.key == NAME_SCOPES), None), node.output[0])
+        for node in proto.graph.node
+        if node.output and node.output[0]
     )
 
 
@@ -29,11 +29,11 @@ def name_scope_map(proto: onnx.ModelProto) -> dict[str, str]:
     optimum) writes, "/model/layers.0/self_attn/q_proj/MatMul": the output of the last node in
     each module's scope (unverified: the runner checks each against the reference's value)."""
     nodes = []
-    for n in proto.graph.node:
-        parts = n.name.split("/")
-        if len(parts) > 2 and not parts[0] and n.output and n.output[0]:
+    for node in proto.graph.node:
+        parts = node.name.split("/")
+        if len(parts) > 2 and not parts[0] and node.output and node.output[0]:
             scopes = [".".join(parts[1:k]) for k in range(2, len(parts))]
-            nodes.append((repr(["", *scopes, n.op_type]), n.output[0]))
+            nodes.append((repr(["", *scopes, node.op_type]), node.output[0]))
     return last_in_scope(nodes)
 
 
@@ -43,13 +43,13 @@ def aligned(mapped: Mapping[str, str], names: Collection[str]) -> dict[str, str]
     prefix that names the most of them is put before each."""
     have = set(names)
     best, hits = "", sum(m in have for m in mapped)
-    for n in sorted(have, key=len):
-        if n.count(".") > 1:
+    for name in sorted(have, key=len):
+        if name.count(".") > 1:
             continue
-        k = sum(f"{n}.{m}" in have for m in mapped)
+        k = sum(f"{name}.{m}" in have for m in mapped)
         if k > hits:
-            best, hits = f"{n}.", k
-    return {best + m: t for m, t in mapped.items() if best + m in have}
+            best, hits = f"{name}.", k
+    return {best + key: value for key, value in mapped.items() if best + key in have}
 
 
 def last_in_scope(nodes: Iterable[tuple[str | None, str]]) -> dict[str, str]:
@@ -70,4 +70,4 @@ def last_in_scope(nodes: Iterable[tuple[str | None, str]]) -> dict[str, str]:
     for module_name, tensor in last.items():
         if tensor not in by_tensor or len(module_name) > len(by_tensor[tensor]):
             by_tensor[tensor] = module_name
-    return {m: t for t, m in by_tensor.items()}
+    return {value: tensor for tensor, value in by_tensor.items()}

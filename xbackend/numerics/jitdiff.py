@@ -194,8 +194,8 @@ def measure(
     one = t(1)
     fill_bits = t(inf_bits - one)
     normal_span = t(fill_bits - sub_limit)  # the largest finite magnitude is special too
-    n = ua.size
-    per = n // wa.size
+    size = ua.size
+    per = size // wa.size
     uper = np.uint64(per)
     cap = errs.size
     idx = np.empty(BLOCK, np.int64)  # the differing elements of a block: positions and bits
@@ -225,14 +225,14 @@ def measure(
     top_ulp = max_ulp[0]
     max_abs = figures[MAX_ABS]
     max_rel = figures[MAX_REL]
-    stopped = n
-    for s in range(start, n, BLOCK):
+    stopped = size
+    for s in range(start, size, BLOCK):
         if (s - start) % SUPER == 0:
             if fill + SUPER > cap:  # stop only here: the reference is folded a super-block ahead
                 stopped = s
                 break
-            ref_stats(ub, s, min(s + SUPER, n), mag_mask, inf_bits, counts)
-        e = min(s + BLOCK, n)
+            ref_stats(ub, s, min(s + SUPER, size), mag_mask, inf_bits, counts)
+        e = min(s + BLOCK, size)
         # indices are unsigned: numba then drops its negative-index checks
         us, ue = np.uint64(s), np.uint64(e)
         words = 0
@@ -406,9 +406,9 @@ def _sum_exact(values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.n
     hi = np.uint64(0)
     implicit = np.uint64(1) << np.uint64(52)
     for j in range(np.uint64(count)):
-        b = bits[j]
-        ex = b >> np.uint64(52)
-        frac = b & np.uint64(0xFFFFFFFFFFFFF)
+        bit = bits[j]
+        ex = bit >> np.uint64(52)
+        frac = bit & np.uint64(0xFFFFFFFFFFFFF)
         frac = frac | implicit if ex != 0 else frac
         ex = ex if ex != 0 else np.uint64(1)  # subnormals share the scale of exponent 1
         block_bins[ex] += frac
@@ -419,9 +419,9 @@ def _sum_exact(values: np.ndarray, count: Any, acc: np.ndarray, block_bins: np.n
         block_bins[2047] = 0
         hi = np.uint64(2046)
     for ex in range(lo, hi + np.uint64(1)):
-        v = block_bins[ex]
-        if v:
-            _acc_add(acc, ex + np.uint64(128), v)
+        block_bin = block_bins[ex]
+        if block_bin:
+            _acc_add(acc, ex + np.uint64(128), block_bin)
             block_bins[ex] = 0
 
 
@@ -454,8 +454,8 @@ def _sum_block(
         eleven = np.uint64(11)
         hi = lo = np.uint64(0)
         for j in range(n):
-            b = bits[j]
-            v = ((b & np.uint64(0xFFFFFFFFFFFFF)) | implicit) << (eleven - (top - (b >> np.uint64(52))))
+            bit = bits[j]
+            v = ((bit & np.uint64(0xFFFFFFFFFFFFF)) | implicit) << (eleven - (top - (bit >> np.uint64(52))))
             hi += v >> np.uint64(32)
             lo += v & m32
         _acc_add(acc, top + np.uint64(117), lo)
@@ -467,9 +467,9 @@ def _sum_block(
     s0 = s1 = s2 = zero
     far = 0
     for j in range(n):
-        b = bits[j]
-        ex = b >> np.uint64(52)
-        frac = b & np.uint64(0xFFFFFFFFFFFFF)
+        bit = bits[j]
+        ex = bit >> np.uint64(52)
+        frac = bit & np.uint64(0xFFFFFFFFFFFFF)
         frac = frac | implicit if ex != 0 else frac
         ex = ex if ex != 0 else np.uint64(1)
         shift = top - ex
@@ -491,10 +491,10 @@ def _sum_block(
     _acc_add(acc, p + np.uint64(84), s2)
     if far:
         for j in range(n):
-            b = bits[j]
-            ex = b >> np.uint64(52)
+            bit = bits[j]
+            ex = bit >> np.uint64(52)
             ex1 = ex if ex != 0 else np.uint64(1)
-            if top - ex1 > 64 and (b & np.uint64(0xFFFFFFFFFFFFF) or ex != 0):
-                frac = b & np.uint64(0xFFFFFFFFFFFFF)
+            if top - ex1 > 64 and (bit & np.uint64(0xFFFFFFFFFFFFF) or ex != 0):
+                frac = bit & np.uint64(0xFFFFFFFFFFFFF)
                 frac = frac | implicit if ex != 0 else frac
                 _acc_add(acc, ex1 + np.uint64(128), frac)

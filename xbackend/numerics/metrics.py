@@ -236,7 +236,7 @@ class TensorDiff:
             name,
             op_type,
             str(a.dtype),
-            tuple(int(d) for d in a.shape),
+            tuple(int(size) for size in a.shape),
             "ok",
             True,
             int(a.size),
@@ -268,7 +268,7 @@ class TensorDiff:
         """A tensor that cannot be compared element by element."""
         ref = b if b is not None else a
         dtype = str(ref.dtype) if ref is not None else ""
-        shape = tuple(int(d) for d in ref.shape) if ref is not None else ()
+        shape = tuple(int(size) for size in ref.shape) if ref is not None else ()
         n = int(ref.size) if ref is not None else 0
         return cls(
             name,
@@ -322,17 +322,19 @@ class TensorDiff:
         return other if other.severity() > self.severity() else self
 
 
-def keep_worse(worst: dict[str, TensorDiff], d: TensorDiff) -> None:
-    """Fold `d` into `worst`, keeping per tensor the more severe diff."""
-    worst[d.name] = worst[d.name].worse(d) if d.name in worst else d
+def keep_worse(worst: dict[str, TensorDiff], tensor_diff: TensorDiff) -> None:
+    """Fold `tensor_diff` into `worst`, keeping per tensor the more severe diff."""
+    worst[tensor_diff.name] = (
+        worst[tensor_diff.name].worse(tensor_diff) if tensor_diff.name in worst else tensor_diff
+    )
 
 
 def worst_per_tensor(diffs: Iterable[TensorDiff], order: Mapping[str, int]) -> list[TensorDiff]:
     """The most severe diff of each tensor, sorted by `order` (unknown names last)."""
     worst: dict[str, TensorDiff] = {}
-    for d in diffs:
-        keep_worse(worst, d)
-    return sorted(worst.values(), key=lambda d: order.get(d.name, len(order)))
+    for diff in diffs:
+        keep_worse(worst, diff)
+    return sorted(worst.values(), key=lambda tensor_diff: order.get(tensor_diff.name, len(order)))
 
 
 def summarize(diffs: Sequence[TensorDiff]) -> tuple[bool, int | None, float | None, str | None]:
@@ -370,10 +372,10 @@ class _FloatKernel(streamdiff.Kernel):
 
     def part(self, da: np.ndarray, db: np.ndarray) -> streamdiff.Part:
         a, b = da.view(self.dtype), db.view(self.dtype)
-        c = classify(a, b)
-        m = c.comparable
+        classes = classify(a, b)
+        comparable = classes.comparable
         fb = b.astype(np.float64)
-        cfa, cfb = a[m].astype(np.float64), fb[m]
+        cfa, cfb = a[comparable].astype(np.float64), fb[comparable]
         nz = cfb != 0
         with np.errstate(over="ignore", invalid="ignore"):
             err = np.abs(cfa - cfb)
@@ -383,16 +385,16 @@ class _FloatKernel(streamdiff.Kernel):
             err=err,
             rel=rel,
             mismatches=da.size,
-            max_ulp=int(ulp_distance(a[m], b[m]).max(initial=0)),
-            non_comparable=da.size - int(np.count_nonzero(m)),
+            max_ulp=int(ulp_distance(a[comparable], b[comparable]).max(initial=0)),
+            non_comparable=da.size - int(np.count_nonzero(comparable)),
             ref_nonfinite=da.size - int(np.count_nonzero(fin_b)),
             ref_nonzero_finite=int(np.count_nonzero(fin_b & (fb != 0))),
-            nan_mismatch=int(np.count_nonzero(c.nan_mismatch)),
-            inf_mismatch=int(np.count_nonzero(c.inf_mismatch)),
-            ftz_mismatch=int(np.count_nonzero(c.ftz_mismatch)),
+            nan_mismatch=int(np.count_nonzero(classes.nan_mismatch)),
+            inf_mismatch=int(np.count_nonzero(classes.inf_mismatch)),
+            ftz_mismatch=int(np.count_nonzero(classes.ftz_mismatch)),
             zero_sign_mismatch=int(np.count_nonzero((cfa == 0) & (cfb == 0))),  # bits differ: +0 vs -0
-            nan_payload_mismatch=int(np.count_nonzero(c.nan_both)),  # bits differ: other payloads
-            fill_mismatch=int(np.count_nonzero(c.fill_mismatch)),
+            nan_payload_mismatch=int(np.count_nonzero(classes.nan_both)),  # bits differ: other payloads
+            fill_mismatch=int(np.count_nonzero(classes.fill_mismatch)),
         )
 
 
@@ -410,34 +412,39 @@ def _kernel(dtype: np.dtype[np.generic]) -> streamdiff.Kernel | None:
 def _streamed(base: TensorDiff, a: np.ndarray, b: np.ndarray) -> TensorDiff:
     """One pass, measuring only the elements whose bits differ (see streamdiff)."""
     if str(a.dtype) in streamdiff.IEEE and a.size > streamdiff.SMALL:
-        t = streamdiff.scan_ieee(a, b)  # compiled; smaller tensors spare a process numba's import
+        summary = streamdiff.scan_ieee(a, b)  # compiled; smaller tensors spare a process numba's import
     else:
         kernel = _kernel(a.dtype)
         if kernel is None:
             neq = sum(
-                int(np.count_nonzero(x.view(np.uint8) != y.view(np.uint8)))
-                for x, y in zip(streamdiff.chunks(a), streamdiff.chunks(b))
+                int(np.count_nonzero(chunk.view(np.uint8) != y.view(np.uint8)))
+                for chunk, y in zip(streamdiff.chunks(a), streamdiff.chunks(b))
             )
             return _with_counts(base, neq) if neq else base
-        t = streamdiff.scan(a, b, kernel)
-        if isinstance(kernel, streamdiff.BoolKernel) and t is not None:
-            return _with_counts(base, t.mismatches, max_abs=1.0)
-    if t is None:
+        summary = streamdiff.scan(a, b, kernel)
+        if isinstance(kernel, streamdiff.BoolKernel) and summary is not None:
+            return _with_counts(base, summary.mismatches, max_abs=1.0)
+    if summary is None:
         return base
-    common = {"max_abs": t.max_abs, "max_rel": t.max_rel, "p99_abs": t.p99_abs, "v_ermv": t.v_ermv}
+    common = {
+        "max_abs": summary.max_abs,
+        "max_rel": summary.max_rel,
+        "p99_abs": summary.p99_abs,
+        "v_ermv": summary.v_ermv,
+    }
     if not is_float_dtype(a.dtype):
-        return _with_counts(base, t.mismatches, **common)
+        return _with_counts(base, summary.mismatches, **common)
     return _with_counts(
         base,
-        t.differing,
-        max_ulp=t.max_ulp,
-        scaled_ulp=t.max_abs / ulp_at(t.ref_max_finite, a.dtype),
-        nan_mismatch=t.nan_mismatch,
-        inf_mismatch=t.inf_mismatch,
-        ftz_mismatch=t.ftz_mismatch,
-        zero_sign_mismatch=t.zero_sign_mismatch,
-        nan_payload_mismatch=t.nan_payload_mismatch,
-        fill_mismatch=t.fill_mismatch,
+        summary.differing,
+        max_ulp=summary.max_ulp,
+        scaled_ulp=summary.max_abs / ulp_at(summary.ref_max_finite, a.dtype),
+        nan_mismatch=summary.nan_mismatch,
+        inf_mismatch=summary.inf_mismatch,
+        ftz_mismatch=summary.ftz_mismatch,
+        zero_sign_mismatch=summary.zero_sign_mismatch,
+        nan_payload_mismatch=summary.nan_payload_mismatch,
+        fill_mismatch=summary.fill_mismatch,
         **common,
     )
 
@@ -460,7 +467,7 @@ def is_constant(b: np.ndarray) -> bool:
     return True
 
 
-def diff_values(name: str, a: Value, b: Value, op_type: str = "") -> list[TensorDiff]:
+def diff_values(name: str, value: Value, b: Value, op_type: str = "") -> list[TensorDiff]:
     """a against b, element by element for sequences and maps (`name[i]`, `name{key}`).
 
     Two empty optionals are equal; a value and an empty optional, a sequence of another
@@ -468,7 +475,7 @@ def diff_values(name: str, a: Value, b: Value, op_type: str = "") -> list[Tensor
     sequence or map is scaled as a tensor's element is: in ULPs of the largest value of its
     dtype in the whole output (a ZipMap's 1e-5 probability beside 0.99999 is not its own scale).
     """
-    out = _diff_values(name, a, b, op_type)
+    out = _diff_values(name, value, b, op_type)
     if not isinstance(b, list | dict):
         return out
     top = _largest(b, {})
@@ -510,5 +517,7 @@ def _diff_values(name: str, a: Value, b: Value, op_type: str = "") -> list[Tenso
         ]
     if isinstance(a, dict) and isinstance(b, dict) and set(a) == set(b):
         keys = sorted(a, key=repr)
-        return [value for k in keys for value in _diff_values(f"{name}{{{k!r}}}", a[k], b[k], op_type)]
+        return [
+            value for key in keys for value in _diff_values(f"{name}{{{key!r}}}", a[key], b[key], op_type)
+        ]
     return [TensorDiff.mismatch(name, op_type, "structure_mismatch", f"{describe(a)} vs {describe(b)}")]

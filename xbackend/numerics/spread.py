@@ -21,36 +21,36 @@ __all__ = ["Spread", "scaled"]
 _IEEE = (np.float16, np.float32, np.float64)
 
 
-def _plain_ieee(a: Value, b: Value) -> bool:
-    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+def _plain_ieee(value: Value, b: Value) -> bool:
+    if not (isinstance(value, np.ndarray) and isinstance(b, np.ndarray)):
         return False
-    return a.dtype == b.dtype and a.shape == b.shape and a.dtype.type in _IEEE
+    return value.dtype == b.dtype and value.shape == b.shape and value.dtype.type in _IEEE
 
 
-def scaled(name: str, a: Value, b: Value, op: str) -> list[tuple[str, float]]:
-    """The scaled ULP of `a` against `b` (finite elements short of saturated fill only: the
+def scaled(name: str, value: Value, b: Value, op: str) -> list[tuple[str, float]]:
+    """The scaled ULP of `value` against `b` (finite elements short of saturated fill only: the
     floor is about rounding); the full comparison only for values other than plain IEEE
     tensors of one shape."""
-    if _plain_ieee(a, b):
-        assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-        if a.size == 0:
+    if _plain_ieee(value, b):
+        assert isinstance(value, np.ndarray) and isinstance(b, np.ndarray)
+        if value.size == 0:
             return [(name, 0.0)]
-        x, y = a.astype(np.float64), b.astype(np.float64)
+        x, y = value.astype(np.float64), b.astype(np.float64)
         ay = np.abs(y)
         top = float(ay.max())
         # the usual case in one pass: every element finite and short of the dtype's largest
-        if math.isfinite(top) and top < float(np.finfo(a.dtype).max) and np.isfinite(x).all():
+        if math.isfinite(top) and top < float(np.finfo(value.dtype).max) and np.isfinite(x).all():
             err = float(np.abs(x - y).max())
-            return [(name, err / ulp_at(top, a.dtype) if err else 0.0)]
-        ok = np.isfinite(x) & np.isfinite(y) & ~saturated_fill(x, a.dtype) & ~saturated_fill(y, b.dtype)
+            return [(name, err / ulp_at(top, value.dtype) if err else 0.0)]
+        ok = np.isfinite(x) & np.isfinite(y) & ~saturated_fill(x, value.dtype) & ~saturated_fill(y, b.dtype)
         if not ok.any():
             return []
         scale = float(ay[ok].max())
         err = float(np.abs(x[ok] - y[ok]).max())
-        return [(name, err / ulp_at(scale, a.dtype) if err else 0.0)]
+        return [(name, err / ulp_at(scale, value.dtype) if err else 0.0)]
     return [
         (value_name(diff.name), diff.scaled_ulp)
-        for diff in diff_values(name, a, b, op)
+        for diff in diff_values(name, value, b, op)
         if diff.scaled_ulp is not None
     ]
 
@@ -93,11 +93,11 @@ class Spread:
         self.spread[name] = np.asarray(np.fmax(d, 0.0) if prev is None else np.fmax(prev, d))
 
 
-def _same_float(a: Value, b: Value) -> bool:
+def _same_float(value: Value, b: Value) -> bool:
     return (
-        isinstance(a, np.ndarray)
+        isinstance(value, np.ndarray)
         and isinstance(b, np.ndarray)
-        and a.shape == b.shape
-        and a.dtype == b.dtype
-        and str(a.dtype) in COMPUTE_FLOATS
+        and value.shape == b.shape
+        and value.dtype == b.dtype
+        and str(value.dtype) in COMPUTE_FLOATS
     )

@@ -233,12 +233,12 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     inf_bits = uint(((1 << (width - 1 - mant)) - 1) << mant)
     sub_limit, sign_shift = uint(1 << mant), uint(width - 1)
     table = _table(a.dtype) if width == 16 else None
-    n = a.size
+    size = a.size
     get_a, get_b = _flat(a), _flat(b)
 
     def piece(get: Callable[[int, int], np.ndarray], s: int) -> np.ndarray:
         """Bits of [s, s + JIT_CHUNK), zero-padded to whole words (zeros on both sides change nothing)."""
-        x = get(s, min(s + JIT_CHUNK, n)).view(uint)
+        x = get(s, min(s + JIT_CHUNK, size)).view(uint)
         if x.size % per:
             x = np.concatenate([x, np.zeros(per - x.size % per, uint)])
         return x
@@ -247,7 +247,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     figures = np.zeros(2, np.float64)
     max_ulp = np.zeros(1, np.uint64)
     total = ExactSum()
-    top = TopErrors(n)
+    top = TopErrors(size)
     errs = np.empty(min(2 * top.k, 2 * HOLD_MAX) + jd.SUPER, np.float64)
 
     def run(
@@ -261,7 +261,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
             )
         )  # fmt: skip
 
-    for s in range(0, n, JIT_CHUNK):
+    for s in range(0, size, JIT_CHUNK):
         xb = piece(get_b, s)
         if s + xb.size <= start:  # identical: only the reference's figures
             jd.ref_stats(xb, 0, xb.size, mag_mask, inf_bits, counts)
@@ -277,7 +277,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
         top.held, top.size = [errs[: counts[jd.FILL]].copy()], int(counts[jd.FILL])
     c = [int(counts[i]) for i in range(jd.COUNTERS)]
     comparable, rel_count = _population(
-        n,
+        size,
         (c[jd.REF_NONFINITE], c[jd.REF_NONZERO_FINITE]),
         (c[jd.DIFF_REF_NONFINITE], c[jd.DIFF_REF_NZF]),
         c[jd.NON_COMPARABLE],
@@ -287,7 +287,7 @@ def scan_ieee(a: np.ndarray, b: np.ndarray) -> Summary | None:
     def all_errs() -> Iterator[np.ndarray]:
         out = np.empty(JIT_CHUNK + jd.SUPER, np.float64)
         saved = figures.copy(), max_ulp.copy(), total.bins.copy()
-        for s in range(0, n, JIT_CHUNK):
+        for s in range(0, size, JIT_CHUNK):
             state = np.zeros(jd.COUNTERS, np.int64)
             run(piece(get_a, s), piece(get_b, s), 0, state, -math.inf, out)
             yield out[: state[jd.FILL]]
@@ -400,18 +400,18 @@ def scan(a: np.ndarray, b: np.ndarray, kernel: Kernel) -> Summary | None:
         idx = np.flatnonzero(m)
         if not idx.size:
             continue
-        p = kernel.part(xa[idx], xb[idx])
+        part = kernel.part(xa[idx], xb[idx])
         differing += idx.size
         for k in _COUNTED:
-            counted[k] += getattr(p, k)
-        mx = float(p.err.max(initial=0.0))
+            counted[k] += getattr(part, k)
+        mx = float(part.err.max(initial=0.0))
         max_abs = max(max_abs, mx)
-        max_rel = max(max_rel, float(p.rel.max(initial=0.0)))
-        max_ulp = max(max_ulp, p.max_ulp)
-        rel_sum.add(p.rel)
-        rel_size += p.rel.size
-        explicit += p.err.size
-        top.add(p.err, mx)
+        max_rel = max(max_rel, float(part.rel.max(initial=0.0)))
+        max_ulp = max(max_ulp, part.max_ulp)
+        rel_sum.add(part.rel)
+        rel_size += part.rel.size
+        explicit += part.err.size
+        top.add(part.err, mx)
     if not found:
         return None
     comparable, rel_count = _population(
@@ -461,13 +461,13 @@ class IntKernel(Kernel):
     def part(self, da: np.ndarray, db: np.ndarray) -> Part:
         aw, bw = da.view(self.dtype).astype(self.wide), db.view(self.dtype).astype(self.wide)
         # the magnitude in uint64: a signed difference can overflow int64
-        d = np.where(aw >= bw, (aw - bw).view(np.uint64), (bw - aw).view(np.uint64)).astype(np.float64)
+        err = np.where(aw >= bw, (aw - bw).view(np.uint64), (bw - aw).view(np.uint64)).astype(np.float64)
         denom = np.abs(bw.astype(np.float64))
         nz = denom > 0
         return Part(
-            err=d,
-            rel=d[nz] / denom[nz],
-            mismatches=int(np.count_nonzero(d)),
+            err=err,
+            rel=err[nz] / denom[nz],
+            mismatches=int(np.count_nonzero(err)),
             ref_nonzero_finite=int(np.count_nonzero(nz)),
         )
 

@@ -46,8 +46,8 @@ def _tensor(a: np.ndarray) -> np.ndarray:
     if a.dtype.kind in "USO":
         out = np.empty(a.shape, dtype=object)
         flat = out.reshape(-1)
-        for i, x in enumerate(a.reshape(-1)):
-            flat[i] = _text(x)
+        for index, x in enumerate(a.reshape(-1)):
+            flat[index] = _text(x)
         return out
     # np.ascontiguousarray would turn a 0-d scalar into shape (1,).
     return np.require(a, requirements="C")
@@ -62,7 +62,7 @@ def normalize(value: Any) -> Value:
     if isinstance(value, np.generic):
         return _tensor(np.asarray(value))
     if isinstance(value, Mapping):
-        return {_key(k): normalize(v) for k, v in value.items()}
+        return {_key(key): normalize(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [normalize(v) for v in value]
     if isinstance(value, (int, float, bool, complex, str, bytes)):
@@ -100,8 +100,8 @@ def walk(name: str, value: Value) -> Iterator[tuple[str, Value]]:
     """
     yield name, value
     if isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from walk(f"{name}[{i}]", v)
+        for index, v in enumerate(value):
+            yield from walk(f"{name}[{index}]", v)
     elif isinstance(value, dict):
         for k in sorted(value, key=repr):
             yield from walk(f"{name}{{{k!r}}}", value[k])
@@ -136,9 +136,9 @@ def _update(h: Any, value: Value) -> None:
 
 def value_sha256(items: Iterator[tuple[str, Value]] | Mapping[str, Value]) -> str:
     """Hash of names, structure, dtypes, shapes and bytes, in the given order."""
-    h = hashlib.sha256()
+    digest = hashlib.sha256()
     pairs = items.items() if isinstance(items, Mapping) else items
     for name, value in pairs:
-        h.update(f"{name}|".encode())
-        _update(h, value)
-    return h.hexdigest()
+        digest.update(f"{name}|".encode())
+        _update(digest, value)
+    return digest.hexdigest()

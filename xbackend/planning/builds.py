@@ -46,11 +46,11 @@ class Builds:
         return self.loaded.run if self.loaded is not None else self.outcomes[0]
 
 
-def run_builds(ex: Executor, p: PlannedBackend, jobs: Sequence[Job]) -> Builds:
+def run_builds(ex: Executor, planned_backend: PlannedBackend, jobs: Sequence[Job]) -> Builds:
     outcomes: list[JobOutcome] = []
     for job in jobs:
         if outcomes and not outcomes[-1].ok:
             ex.skip(job)  # a backend that fails to build once is failed; don't spend K timeouts on it
             continue
         outcomes.append(ex.run(job))
-    return Builds(p, tuple(outcomes))
+    return Builds(planned_backend, tuple(outcomes))

@@ -63,30 +63,40 @@ class RunContext:
     def job(
         self,
         label: str,
-        b: PlannedBackend,
+        planned_backend: PlannedBackend,
         phases: Sequence[Phase] = (),
         feeds: Path | None = None,
         kind: str = "main",
         **overrides: str,
     ) -> Job:
-        """A worker job for backend `b` (runnable here): `phases` on `feeds` (the run's, by
+        """A worker job for backend `planned_backend` (runnable here): `phases` on `feeds` (the run's, by
         default), its options with `overrides`."""
-        assert b.cls is not None
+        assert planned_backend.cls is not None
         return Job(
-            label, b.name, b.cls, b.variant(**overrides), feeds or self.feeds_path, tuple(phases), kind
+            label,
+            planned_backend.name,
+            planned_backend.cls,
+            planned_backend.variant(**overrides),
+            feeds or self.feeds_path,
+            tuple(phases),
+            kind,
         )
 
-    def diff_phases(self, a: PhaseResult, b: PhaseResult, outputs: bool) -> list[TensorDiff]:
-        """`a` against `b` at the tensors both captured, in model order (graph outputs only, or
+    def diff_phases(self, phase_result: PhaseResult, b: PhaseResult, outputs: bool) -> list[TensorDiff]:
+        """`phase_result` against `b` at the tensors both captured, in model order (graph outputs only, or
         every tensor)."""
-        return diff_phases(a, b, self.spec, outputs)
+        return diff_phases(phase_result, b, self.spec, outputs)
 
     def compare_builds(
-        self, a: JobOutcome, b: JobOutcome, a_layers: PhaseResult | None, b_layers: PhaseResult | None
+        self,
+        job_outcome: JobOutcome,
+        b: JobOutcome,
+        a_layers: PhaseResult | None,
+        b_layers: PhaseResult | None,
     ) -> tuple[bool, int | None, float | None, str | None]:
-        """summarize() of `a` against `b` at the graph outputs; where both have per-layer
+        """summarize() of `job_outcome` against `b` at the graph outputs; where both have per-layer
         captures, equality and the first divergence come from every layer."""
-        equal, max_ulp, scaled, first = summarize(self.diff_phases(a.outputs, b.outputs, True))
+        equal, max_ulp, scaled, first = summarize(self.diff_phases(job_outcome.outputs, b.outputs, True))
         if a_layers is not None and b_layers is not None:
             first_layer = summarize(self.diff_phases(a_layers, b_layers, False))[3]
             equal, first = equal and first_layer is None, first_layer or first

@@ -81,7 +81,7 @@ class MemoryPlan:
     def live(self) -> int:
         """What a build holds for its later nodes beside the tensors it exposes: _LIVE of the
         largest tensor a node reads (a graph output no node reads is held only when exposed)."""
-        return _LIVE * max((n for t, n in self.sizes.items() if t in self.read), default=0)
+        return _LIVE * max((siz for key, siz in self.sizes.items() if key in self.read), default=0)
 
     def describe(self) -> str:
         """The budget in words, and where it came from (--max-memory or a share of what is free)."""
@@ -91,11 +91,11 @@ class MemoryPlan:
         return f"{gib(self.budget)} per backend process ({how})"
 
     def windows(
-        self, p: PlannedBackend, spec: ModelSpec, opts: CompareOptions
+        self, planned_backend: PlannedBackend, spec: ModelSpec, opts: CompareOptions
     ) -> tuple[tuple[str, ...], ...]:
-        """`p`'s per-layer tensors cut into windows that fit (() for one); a UsageError that says
-        what to do when even one window, or a backend that holds a whole run, cannot fit."""
-        cls = p.cls
+        """`planned_backend`'s per-layer tensors cut into windows that fit (() for one); a UsageError
+        that says what to do when even one window, or a backend that holds a whole run, cannot fit."""
+        cls = planned_backend.cls
         if cls is None or self.budget is None:
             return ()
         held = int(cls.weight_copies * self.weights)
@@ -104,7 +104,8 @@ class MemoryPlan:
         raise_it = self.raise_it()
         if room <= 0:
             raise UsageError(
-                f"{p.name} holds the weights about {cls.weight_copies:g} times ({gib(held)}) and "
+                f"{planned_backend.name} holds the weights about {cls.weight_copies:g} times ({gib(held)}) "
+                "and "
                 f"needs about 1 GiB besides: more than the {self.describe()}; {raise_it}"
             )
         if not cls.windowed:
@@ -114,23 +115,25 @@ class MemoryPlan:
             if need > room:
                 what = "every tensor of a run" if cls.holds_every_intermediate else "the tensors it exposes"
                 raise UsageError(
-                    f"{p.name} holds {what} at once (about {gib(need)}) besides its weights "
+                    f"{planned_backend.name} holds {what} at once (about {gib(need)}) besides its weights "
                     f"({gib(held)}): more than the {self.describe()}; {raise_it}, or leave "
-                    f"{p.name} out of --backends (ort-cpu cuts its tensors into windows)"
+                    f"{planned_backend.name} out of --backends (ort-cpu cuts its tensors into windows)"
                 )
             return ()
         # the window's tensors as the engine holds them, and what its later nodes still read
         room = int(room / cls.value_width) - self.live
         if room <= 0:
             raise UsageError(
-                f"{p.name} needs about {gib(int(self.live * cls.value_width))} for the tensors its "
+                f"{planned_backend.name} needs about {gib(int(self.live * cls.value_width))} for the tensors "
+                "its "
                 f"nodes read beside its weights ({gib(held)}): more than the {self.describe()}; {raise_it}"
             )
-        for t in spec.output_names:  # an output is always compared: --tensors cannot leave it out
-            if self.sizes.get(t, 0) > room:
+        for output_name in spec.output_names:  # an output is always compared: --tensors cannot leave it out
+            if self.sizes.get(output_name, 0) > room:
                 raise UsageError(
-                    f"graph output {t} alone takes {gib(self.sizes[t])}, more than the {gib(room)} "
-                    f"--max-memory leaves {p.name} for one window's tensors; {raise_it}"
+                    f"graph output {output_name} alone takes {gib(self.sizes[output_name])}, more than the "
+                    f"{gib(room)} "
+                    f"--max-memory leaves {planned_backend.name} for one window's tensors; {raise_it}"
                 )
         plan = plan_windows(
             tensors,
@@ -150,32 +153,36 @@ class MemoryPlan:
         for p in planned:
             try:
                 windows[p.name] = () if spec.outputs_only else self.windows(p, spec, opts)
-            except UsageError as e:
-                refused[p.name] = str(e)
-        runnable = [p for p in planned if p.cls is not None]
+            except UsageError as error:
+                refused[p.name] = str(error)
+        runnable = [planned_backend for planned_backend in planned if planned_backend.cls is not None]
         if refused and len(refused) == len(runnable):
             raise UsageError(refused[runnable[0].name])
         out = [
-            replace(p, cls=None, unavailable=f"it does not fit the memory budget: {refused[p.name]}")
-            if p.name in refused
-            else p
-            for p in planned
+            replace(
+                planned_backend,
+                cls=None,
+                unavailable=f"it does not fit the memory budget: {refused[planned_backend.name]}",
+            )
+            if planned_backend.name in refused
+            else planned_backend
+            for planned_backend in planned
         ]
         return out, windows
 
     def planned_bytes(
         self,
-        p: PlannedBackend,
+        planned_backend: PlannedBackend,
         spec: ModelSpec,
         opts: CompareOptions,
         windows: Sequence[Sequence[str]],
         feeds: int,
     ) -> int:
-        """What `p`'s largest build holds beyond its engine loaded: the weights as it holds them,
-        its feeds, the tensors it exposes at once (a window's, where cut) as it holds them, with
+        """What `planned_backend`'s largest build holds beyond its engine loaded: the weights as it
+        holds them, its feeds, the tensors it exposes at once (a window's, where cut) as it holds them, with
         what its later nodes still read where it does not expose every tensor, and a build's own
         (Runner.build_bytes)."""
-        cls = p.cls
+        cls = planned_backend.cls
         if cls is None:
             return 0
         exposed = spec.output_names if spec.outputs_only else spec.tensor_order()
@@ -228,11 +235,16 @@ def memory_plan(
     else:
         free = available_memory()
         budget = int(free * DEFAULT_SHARE) if free else None
-    shapes = {k: v.shape for k, v in feeds.arrays.items() if isinstance(v, np.ndarray)}
+    shapes = {key: array.shape for key, array in feeds.arrays.items() if isinstance(array, np.ndarray)}
     weights = spec.weight_bytes
     sizes = tensor_bytes(proto, shapes, budget if quick else None) if budget is not None else Sizes({})
-    weights_read = {t.name for t in proto.graph.initializer}
-    read = frozenset(i for n in proto.graph.node for i in n.input if i and i not in weights_read)
+    weights_read = {initializer.name for initializer in proto.graph.initializer}
+    read = frozenset(
+        input_name
+        for node in proto.graph.node
+        for input_name in node.input
+        if input_name and input_name not in weights_read
+    )
     return MemoryPlan(budget, explicit, weights, sizes, read)
 
 
@@ -250,21 +262,28 @@ def measure_unsized(
     largest sized tensor, and the report says why."""
     sizes = plan.sizes
     engine = next(
-        (p for p in planned if p.cls is not None and p.cls.windowed and p.interpreter is None), None
+        (
+            planned_backend
+            for planned_backend in planned
+            if planned_backend.cls is not None
+            and planned_backend.cls.windowed
+            and planned_backend.interpreter is None
+        ),
+        None,
     )
     if not sizes.unsized or sizes.bounded or plan.budget is None or engine is None or engine.cls is None:
         return plan
     ex = Executor(spec, work / "sizing", timeout, NullProgress())
     phase = Phase.planned("sizing", sizes.unsized, 1)
-    o = ex.run(Job("sizing", engine.name, engine.cls, engine.variant(), feeds, (phase,)))
-    ph = o.phase("sizing") if o.ok else None
+    job_outcome = ex.run(Job("sizing", engine.name, engine.cls, engine.variant(), feeds, (phase,)))
+    ph = job_outcome.phase("sizing") if job_outcome.ok else None
     if ph is None:
-        return replace(plan, sizes=replace(sizes, unmeasured=f"{engine.name}: {o.reason}"))
+        return replace(plan, sizes=replace(sizes, unmeasured=f"{engine.name}: {job_outcome.reason}"))
     with CaptureFile(ph.capture) as cap:
         got = {
             n: int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for n, (d, s) in cap.tensors().items()
         }
-    o.drop_captures()
+    job_outcome.drop_captures()
     return replace(plan, sizes=sizes.with_measured(got, engine.name))
 
 

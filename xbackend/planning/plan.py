@@ -41,7 +41,11 @@ def executor_for(
 ) -> Executor:
     """The executor of `planned`'s workers: a model staged for another interpreter is lowered to
     the IR that interpreter's engine reads."""
-    max_ir = {p.interpreter.path: p.interpreter.max_ir for p in planned if p.interpreter}
+    max_ir = {
+        planned_backend.interpreter.path: planned_backend.interpreter.max_ir
+        for planned_backend in planned
+        if planned_backend.interpreter
+    }
     return Executor(spec, work, timeout, bar, max_ir)
 
 
@@ -155,17 +159,17 @@ def preflight(
             blocked.append(f"{p.name}: {why}")
             p = replace(p, cls=None, unavailable=why)
         out.append(p)
-    if blocked and all(p.cls is None for p in out) and len(blocked) == len(out):
-        domains = any(_domain_blocker(used, p) for p in planned)
+    if blocked and all(planned_backend.cls is None for planned_backend in out) and len(blocked) == len(out):
+        domains = any(_domain_blocker(used, planned_backend) for planned_backend in planned)
         fix = "add reference to --backends" if domains else "re-export it with an older opset/IR"
         raise ModelLoadError(f"no backend can load {spec.path}: {'; '.join(blocked)}; {fix}")
     return out, notes
 
 
-def _trusted_code(spec: ModelSpec, proto: onnx.ModelProto, p: PlannedBackend) -> None:
+def _trusted_code(spec: ModelSpec, proto: onnx.ModelProto, planned_backend: PlannedBackend) -> None:
     """--trust-model-code runs the Python file beside the model: any other source module the
     model records is refused before anything runs (exit 2)."""
-    raw = dict(p.raw_options)
+    raw = dict(planned_backend.raw_options)
     if raw.get("trust_model_code", "").lower() not in ("true", "1", "yes") or raw.get("module"):
         return
     recorded = read_torch_metadata(proto).get(META_MODULE, "")
@@ -173,22 +177,32 @@ def _trusted_code(spec: ModelSpec, proto: onnx.ModelProto, p: PlannedBackend) ->
         trusted_spec(recorded, Path(spec.path))
 
 
-def _domain_blocker(used: Mapping[str, Sequence[str]], p: PlannedBackend) -> str:
-    """Why `p`'s engine cannot run the model's ops ('' when it can, or does not say)."""
-    domains = p.cls.domains if p.cls is not None and p.cls.executes_graph else None
+def _domain_blocker(used: Mapping[str, Sequence[str]], planned_backend: PlannedBackend) -> str:
+    """Why `planned_backend`'s engine cannot run the model's ops ('' when it can, or does not say)."""
+    domains = (
+        planned_backend.cls.domains
+        if planned_backend.cls is not None and planned_backend.cls.executes_graph
+        else None
+    )
     if domains is None:
         return ""
-    missing = [f"{d}:{op}" for d, ops in sorted(used.items()) if d not in domains for op in ops]
+    missing = [f"{key}:{op}" for key, ops in sorted(used.items()) if key not in domains for op in ops]
     if not missing:
         return ""
     return f"it does not implement op(s) {', '.join(missing[:5])}"
 
 
-def _ir_blocker(spec: ModelSpec, proto: onnx.ModelProto, p: PlannedBackend, notes: list[str]) -> str:
-    if p.cls is None:
+def _ir_blocker(
+    spec: ModelSpec, proto: onnx.ModelProto, planned_backend: PlannedBackend, notes: list[str]
+) -> str:
+    if planned_backend.cls is None:
         return ""
     try:
-        max_ir = p.interpreter.max_ir if p.interpreter else p.cls.max_ir_version()
+        max_ir = (
+            planned_backend.interpreter.max_ir
+            if planned_backend.interpreter
+            else planned_backend.cls.max_ir_version()
+        )
     except Exception:  # the worker will report the real problem
         return ""
     if max_ir is None or spec.ir_version <= max_ir:
@@ -200,14 +214,14 @@ def _ir_blocker(spec: ModelSpec, proto: onnx.ModelProto, p: PlannedBackend, note
             f"{'; '.join(blockers)}"
         )
     notes.append(
-        f"{p.name}: model IR version {spec.ir_version} was downgraded to {max_ir} for this "
+        f"{planned_backend.name}: model IR version {spec.ir_version} was downgraded to {max_ir} for this "
         "backend; the model uses nothing newer, so the graph is unchanged"
     )
     return ""
 
 
 def main_jobs(
-    p: PlannedBackend,
+    planned_backend: PlannedBackend,
     spec: ModelSpec,
     opts: CompareOptions,
     feeds: Path,
@@ -215,21 +229,29 @@ def main_jobs(
     spill: bool = True,
     plain: bool = True,
 ) -> list[Job]:
-    """`p`'s main builds, one job each (none where it cannot run): its runs, its per-layer
+    """`planned_backend`'s main builds, one job each (none where it cannot run): its runs, its per-layer
     tensors in `windows`, spilled to disk when `spill`, a plain build of its own when `plain`."""
-    if p.cls is None:
+    if planned_backend.cls is None:
         return []
     phases = standard_phases(
-        p.cls,
+        planned_backend.cls,
         spec,
         opts.runs,
-        options=p.raw_options,
+        options=planned_backend.raw_options,
         timed_runs=opts.timed_runs,
         windows=windows,
         spill=spill,
         plain_build=plain,
     )
     return [
-        Job(f"{p.name}-build{k}", p.name, p.cls, p.variant(), feeds, phases, fingerprint=opts.builds > 1)
+        Job(
+            f"{planned_backend.name}-build{k}",
+            planned_backend.name,
+            planned_backend.cls,
+            planned_backend.variant(),
+            feeds,
+            phases,
+            fingerprint=opts.builds > 1,
+        )
         for k in range(opts.builds)
     ]

@@ -54,19 +54,20 @@ class AutotuneResult(ProbeResult):
 
     def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
         out = []
-        for r in self.rows:
-            if r.status != "ok":
-                why = f"autotune probe failed on {r.backend} ({r.variant}): {r.reason}"
-                out.append(self.finding(Label.WARN, why, r.backend, Kind.PROBE_FAILED))
-            elif r.distinct_outputs > 1:
+        for row in self.rows:
+            if row.status != "ok":
+                why = f"autotune probe failed on {row.backend} ({row.variant}): {row.reason}"
+                out.append(self.finding(Label.WARN, why, row.backend, Kind.PROBE_FAILED))
+            elif row.distinct_outputs > 1:
                 out.append(
                     self.finding(
                         Label.WARN,
-                        f"{r.backend} with autotune {r.variant}: {r.distinct_outputs} distinct outputs in "
-                        f"{r.builds} builds ({num(r.scaled_ulp)} scaled ULP at worst); "
-                        f"{len(r.moved)} tuned op(s) changed kernel",
-                        r.backend,
-                        figures=scaled_ulp_figure(r.scaled_ulp),
+                        f"{row.backend} with autotune {row.variant}: {row.distinct_outputs} distinct outputs "
+                        "in "
+                        f"{row.builds} builds ({num(row.scaled_ulp)} scaled ULP at worst); "
+                        f"{len(row.moved)} tuned op(s) changed kernel",
+                        row.backend,
+                        figures=scaled_ulp_figure(row.scaled_ulp),
                     )
                 )
         return out
@@ -141,37 +142,41 @@ class AutotuneProbe(Probe):
     def _builds(self) -> int:
         return self.ctx.opts.builds if self.ctx.opts.builds >= 2 else DEFAULT_BUILDS
 
-    def _family(self, b: PlannedBackend) -> dict[str, tuple[str, dict[str, str]]]:
-        if b.cls is None:
+    def _family(self, planned_backend: PlannedBackend) -> dict[str, tuple[str, dict[str, str]]]:
+        if planned_backend.cls is None:
             return {}
-        return b.cls.autotune_family(str(self.ctx.work / f"{b.name}-autotune-pin.json"))
+        return planned_backend.cls.autotune_family(
+            str(self.ctx.work / f"{planned_backend.name}-autotune-pin.json")
+        )
 
-    def _main(self, b: PlannedBackend) -> str:
+    def _main(self, planned_backend: PlannedBackend) -> str:
         """The variant the backend's main builds already are (same runner, same options, K
         builds), so its builds are not made twice; "" when none is."""
-        if b.cls is None or self.ctx.opts.builds != self._builds():
+        if planned_backend.cls is None or self.ctx.opts.builds != self._builds():
             return ""
-        for variant, (runner, extra) in self._family(b).items():
-            if runner == b.cls.name and b.cls.resolve_options({**b.raw_options, **extra}) == dict(b.options):
+        for variant, (runner, extra) in self._family(planned_backend).items():
+            if runner == planned_backend.cls.name and planned_backend.cls.resolve_options(
+                {**planned_backend.raw_options, **extra}
+            ) == dict(planned_backend.options):
                 return variant
         return ""
 
-    def jobs(self, b: PlannedBackend) -> list[Job]:
+    def jobs(self, planned_backend: PlannedBackend) -> list[Job]:
         out = []
-        for variant, (runner, extra) in self._family(b).items():
-            if variant == self._main(b):
+        for variant, (runner, extra) in self._family(planned_backend).items():
+            if variant == self._main(planned_backend):
                 continue
             cls = get_runner(runner)
             raw = {
-                k: v
-                for k, v in b.raw_options.items()
-                if k in {option.name for option in cls.all_option_specs()}
+                key: raw_option
+                for key, raw_option in planned_backend.raw_options.items()
+                if key in {option.name for option in cls.all_option_specs()}
             }
             options = tuple(sorted({**raw, **extra}.items()))
             phases = standard_phases(cls, self.ctx.spec, 1, layers=False)
             out += [
                 Job(
-                    f"{b.name}-autotune-{variant}{k}",
+                    f"{planned_backend.name}-autotune-{variant}{k}",
                     runner,
                     cls,
                     options,
@@ -185,16 +190,17 @@ class AutotuneProbe(Probe):
 
     def analyze(self, runs: Sequence[BackendRuns]) -> AutotuneResult:
         rows = []
-        for r in runs:
-            for variant, (runner, _) in self._family(r.planned).items():
+        for run in runs:
+            for variant, (runner, _) in self._family(run.planned).items():
                 outcomes: Sequence[JobOutcome | None] = (
-                    r.builds
-                    if variant == self._main(r.planned)
+                    run.builds
+                    if variant == self._main(run.planned)
                     else [
-                        r.jobs.get(f"{r.planned.name}-autotune-{variant}{k}") for k in range(self._builds())
+                        run.jobs.get(f"{run.planned.name}-autotune-{variant}{k}")
+                        for k in range(self._builds())
                     ]
                 )
-                rows.append(variant_row(self.ctx.spec, r.planned.name, variant, runner, outcomes))
+                rows.append(variant_row(self.ctx.spec, run.planned.name, variant, runner, outcomes))
         return AutotuneResult(tuple(rows))
 
 
@@ -206,11 +212,15 @@ def variant_row(
     done = [outcome for outcome in outcomes if outcome is not None]
     if not done or len(done) < len(outcomes):
         return AutotuneRow(backend, variant, runner, "failed", "not run", len(outcomes))
-    failed = next((o for o in done if not o.ok), None)
+    failed = next((outcome for outcome in done if not outcome.ok), None)
     if failed is not None:
         return AutotuneRow(backend, variant, runner, "failed", failed.reason, len(outcomes))
-    v = BuildVariance.from_fingerprints(runner, [o.outputs.fingerprint for o in done], False)
-    moved = tuple((k.removeprefix("tuned "), c) for k, c in v.varying_layers if k.startswith("tuned "))
+    build_variance = BuildVariance.from_fingerprints(
+        runner, [outcome.outputs.fingerprint for outcome in done], False
+    )
+    moved = tuple(
+        (k.removeprefix("tuned "), c) for k, c in build_variance.varying_layers if k.startswith("tuned ")
+    )
     worst = 0.0
     order = spec.output_order()
     with CaptureFile(done[0].outputs.capture) as first:
@@ -225,9 +235,9 @@ def variant_row(
         runner,
         "ok",
         builds=len(done),
-        distinct_outputs=len({o.outputs.output_hashes[0] for o in done}),
-        distinct_fingerprints=v.distinct_fingerprints,
+        distinct_outputs=len({outcome.outputs.output_hashes[0] for outcome in done}),
+        distinct_fingerprints=build_variance.distinct_fingerprints,
         moved=moved,
         scaled_ulp=worst,
-        build_s=tuple(o.outcome.elapsed_s for o in done),
+        build_s=tuple(outcome.outcome.elapsed_s for outcome in done),
     )

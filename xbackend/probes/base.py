@@ -41,11 +41,11 @@ class Probe(abc.ABC):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
 
-    def jobs(self, b: PlannedBackend) -> list[Job]:
-        """Worker jobs this probe needs for backend `b` (none by default)."""
+    def jobs(self, planned_backend: PlannedBackend) -> list[Job]:
+        """Worker jobs this probe needs for backend `planned_backend` (none by default)."""
         return []
 
-    def followup_jobs(self, r: BackendRuns) -> list[Job]:
+    def followup_jobs(self, backend_runs: BackendRuns) -> list[Job]:
         """Jobs that only the first round's outcomes call for (e.g. locating a divergence the
         graph outputs showed); they join `r.jobs` before `analyze`. None by default."""
         return []

@@ -73,7 +73,7 @@ class BatchResults(ProbeResult):
 
     def promise(self, prop: str, backend: str) -> PromiseEvidence:
         """Batch position: the first sample alone against it at each position of a batch."""
-        row = next((x for x in self.rows if x.backend == backend), None)
+        row = next((row for row in self.rows if row.backend == backend), None)
         if row is None or row.status != "ok" or row.invariant is None:
             why = row.reason if row is not None else "; ".join(self.notes) or "no batch dimension to vary"
             return "unchecked", f"the batch probe could not check it: {why}", ""
@@ -85,25 +85,25 @@ class BatchResults(ProbeResult):
 
     def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
         out = [self.finding(Label.WARN, self.not_probed)] if self.not_probed else []
-        for b in self.rows:
-            if b.status != "ok":
+        for row in self.rows:
+            if row.status != "ok":
                 out.append(
                     self.finding(
                         Label.WARN,
-                        f"batch probe failed on {b.backend}: {b.reason}",
-                        b.backend,
+                        f"batch probe failed on {row.backend}: {row.reason}",
+                        row.backend,
                         Kind.PROBE_FAILED,
                     )
                 )
-            elif b.invariant is False:
+            elif row.invariant is False:
                 out.append(
                     self.finding(
                         Label.WARN,
-                        f"{b.backend} is not batch-invariant: sample alone vs in a batch of {b.batch} "
-                        f"differs from {b.where()} on ({num(b.scaled_ulp)} scaled ULP at worst)",
-                        b.backend,
-                        tensor=b.first_divergence or "",
-                        figures=scaled_ulp_figure(b.scaled_ulp),
+                        f"{row.backend} is not batch-invariant: sample alone vs in a batch of {row.batch} "
+                        f"differs from {row.where()} on ({num(row.scaled_ulp)} scaled ULP at worst)",
+                        row.backend,
+                        tensor=row.first_divergence or "",
+                        figures=scaled_ulp_figure(row.scaled_ulp),
                     )
                 )
         return out
@@ -113,16 +113,16 @@ class BatchResults(ProbeResult):
             return []
         rows = [
             [
-                b.backend,
-                b.batch,
-                ",".join(map(str, b.positions)) or "–",
-                b.compared,
-                yes(b.invariant) if b.status == "ok" else strong(b.status, f": {b.reason}"),
-                num(b.max_ulp),
-                num(b.scaled_ulp),
-                b.where() if b.first_divergence else "–",
+                row.backend,
+                row.batch,
+                ",".join(map(str, row.positions)) or "–",
+                row.compared,
+                yes(row.invariant) if row.status == "ok" else strong(row.status, f": {row.reason}"),
+                num(row.max_ulp),
+                num(row.scaled_ulp),
+                row.where() if row.first_divergence else "–",
             ]
-            for b in self.rows
+            for row in self.rows
         ]
         header = [
             "backend",
@@ -145,7 +145,7 @@ class BatchResults(ProbeResult):
             *[f"- {note}" for note in self.notes],
             *([""] if self.notes else []),
         ]
-        left_out = next((b.left_out for b in self.rows if b.left_out), ())
+        left_out = next((row.left_out for row in self.rows if row.left_out), ())
         by_reason: dict[str, list[str]] = {}
         for t, why in left_out:
             by_reason.setdefault(why, []).append(t)
@@ -162,8 +162,8 @@ class BatchResults(ProbeResult):
                     *table(
                         ["depth", "tensor", "max ULP", "scaled ULP"],
                         [
-                            [d, with_module(t, modules or {}), num(u), num(s)]
-                            for t, d, u, s in b.by_depth[:400]
+                            [depth, with_module(tensor, modules or {}), num(ulp), num(stats)]
+                            for tensor, depth, ulp, stats in b.by_depth[:400]
                         ],
                     ),
                 ]
@@ -172,31 +172,36 @@ class BatchResults(ProbeResult):
     def to_json(self) -> Any:
         return [
             {
-                "backend": b.backend,
-                "batch": b.batch,
-                "status": b.status,
-                "reason": b.reason,
-                "positions": list(b.positions),
-                "invariant": b.invariant,
-                "max_ulp": b.max_ulp,
-                "scaled_ulp": b.scaled_ulp,
-                "first_divergence": b.first_divergence,
-                "compared": b.compared,
-                "shape_derived": list(b.shape_derived),
-                "left_out": [{"tensor": t, "reason": why} for t, why in b.left_out],
-                "first_divergence_module": b.module,
-                "first_seen_at": b.seen_at,
+                "backend": row.backend,
+                "batch": row.batch,
+                "status": row.status,
+                "reason": row.reason,
+                "positions": list(row.positions),
+                "invariant": row.invariant,
+                "max_ulp": row.max_ulp,
+                "scaled_ulp": row.scaled_ulp,
+                "first_divergence": row.first_divergence,
+                "compared": row.compared,
+                "shape_derived": list(row.shape_derived),
+                "left_out": [{"tensor": tensor, "reason": why} for tensor, why in row.left_out],
+                "first_divergence_module": row.module,
+                "first_seen_at": row.seen_at,
                 "by_depth": [
-                    {"tensor": t, "depth": d, "max_ulp": u, "scaled_ulp": s} for t, d, u, s in b.by_depth
+                    {"tensor": tensor, "depth": depth, "max_ulp": ulp, "scaled_ulp": stats}
+                    for tensor, depth, ulp, stats in row.by_depth
                 ],
             }
-            for b in self.rows
+            for row in self.rows
         ]
 
 
 def batch_inputs(spec: ModelSpec) -> list[str]:
     """Tensor inputs whose first dimension is symbolic: the batch dimension."""
-    return [i.name for i in spec.inputs if i.kind == "tensor" and i.shape and not isinstance(i.shape[0], int)]
+    return [
+        spec_input.name
+        for spec_input in spec.inputs
+        if spec_input.kind == "tensor" and spec_input.shape and not isinstance(spec_input.shape[0], int)
+    ]
 
 
 def batch_positions(batch: int) -> tuple[int, ...]:
@@ -206,20 +211,29 @@ def batch_positions(batch: int) -> tuple[int, ...]:
 def batch_feed_sets(spec: ModelSpec, feeds: Feeds, batch: int, seed: int) -> tuple[Feeds, list[Feeds]]:
     """The first sample alone, and batches of `batch` holding it at each probed position."""
     names = set(batch_inputs(spec))
-    single = {k: (v[:1] if k in names and isinstance(v, np.ndarray) else v) for k, v in feeds.arrays.items()}
+    single = {
+        key: (array[:1] if key in names and isinstance(array, np.ndarray) else array)
+        for key, array in feeds.arrays.items()
+    }
     shapes = {
-        k: ((batch, *v.shape[1:]) if k in names else tuple(v.shape))
-        for k, v in single.items()
-        if isinstance(v, np.ndarray)
+        key: ((batch, *value.shape[1:]) if key in names else tuple(value.shape))
+        for key, value in single.items()
+        if isinstance(value, np.ndarray)
     }
     ranges = {}
     for name, text in feeds.ranges:
         lo, hi = text.strip("[)").split(", ")
         ranges[name] = (float(lo), float(hi))
-    others = generate_feeds(spec, seed + 1, {k: tuple(int(d) for d in s) for k, s in shapes.items()}, ranges)
+    others = generate_feeds(
+        spec, seed + 1, {key: tuple(int(dim) for dim in shape) for key, shape in shapes.items()}, ranges
+    )
     batches = []
     for pos in batch_positions(batch):
-        arrays = {k: np.array(v, copy=True) for k, v in others.arrays.items() if isinstance(v, np.ndarray)}
+        arrays = {
+            key: np.array(array, copy=True)
+            for key, array in others.arrays.items()
+            if isinstance(array, np.ndarray)
+        }
         for k in names:
             sample = single[k]
             assert isinstance(sample, np.ndarray)
@@ -243,10 +257,12 @@ class BatchProbe(Probe):
         self.notes: list[str] = []
         self.not_probed = ""
         if not batch_inputs(ctx.spec):
+            shapes = ", ".join(
+                f"{spec_input.name} {spec_input.shape_str()}" for spec_input in ctx.spec.inputs
+            )
             self.not_probed = (
                 "batch invariance not probed: no model input has a dynamic first (batch) dimension "
-                f"({', '.join(f'{i.name} {i.shape_str()}' for i in ctx.spec.inputs)}); export the "
-                "model with a dynamic batch axis to probe it"
+                f"({shapes}); export the model with a dynamic batch axis to probe it"
             )
             self.notes.append(self.not_probed)
             return
@@ -255,30 +271,34 @@ class BatchProbe(Probe):
         single, batches = batch_feed_sets(ctx.spec, ctx.feeds, self.batch, ctx.opts.seed)
         self.paths = (
             ctx.save_feeds(single, "batch-single"),
-            tuple(ctx.save_feeds(f, f"batch{i}") for i, f in enumerate(batches)),
+            tuple(ctx.save_feeds(batch, f"batch{index}") for index, batch in enumerate(batches)),
         )
 
-    def jobs(self, b: PlannedBackend) -> list[Job]:
-        if self.paths is None or b.cls is None:
+    def jobs(self, planned_backend: PlannedBackend) -> list[Job]:
+        if self.paths is None or planned_backend.cls is None:
             return []
         single, batches = self.paths
         phases = [
-            Phase.planned(p.name, p.tensors, 1, batches, p.serves_outputs)
-            for p in standard_phases(b.cls, self.ctx.spec, 1, options=b.raw_options)
+            Phase.planned(
+                standard_phase.name, standard_phase.tensors, 1, batches, standard_phase.serves_outputs
+            )
+            for standard_phase in standard_phases(
+                planned_backend.cls, self.ctx.spec, 1, options=planned_backend.raw_options
+            )
         ]
-        return [self.ctx.job(f"{b.name}-batch", b, phases, feeds=single)]
+        return [self.ctx.job(f"{planned_backend.name}-batch", planned_backend, phases, feeds=single)]
 
     def analyze(self, runs: Sequence[BackendRuns]) -> BatchResults:
         rows = []
-        for r in runs:
-            o = r.jobs.get(f"{r.planned.name}-batch")
-            if o is None:
+        for run in runs:
+            job_outcome = run.jobs.get(f"{run.planned.name}-batch")
+            if job_outcome is None:
                 continue
-            if not o.ok:
-                rows.append(BatchResult(r.planned.name, self.batch, "failed", o.reason))
+            if not job_outcome.ok:
+                rows.append(BatchResult(run.planned.name, self.batch, "failed", job_outcome.reason))
                 continue
-            phase = o.layers or o.outputs
-            rows.append(self._result(r.planned.name, phase, o.outputs))
+            phase = job_outcome.layers or job_outcome.outputs
+            rows.append(self._result(run.planned.name, phase, job_outcome.outputs))
         return BatchResults(tuple(rows), tuple(self.notes), self.not_probed)
 
     def _result(self, backend: str, phase: PhaseResult, plain: PhaseResult) -> BatchResult:
@@ -288,28 +308,31 @@ class BatchProbe(Probe):
         single: dict[str, tuple[int, ...]] = {}
         batched: dict[str, tuple[int, ...]] = {}
         others: set[str] = set()
-        for p in phases:
-            with CaptureFile(p.capture) as f:
-                single.update({n: s for n, (_, s) in f.tensors().items()})
-                others.update(n for n in f.names if f.kind(n) != "tensor")
-            with CaptureFile(p.extra_captures[0][0]) as f:
-                batched.update({n: s for n, (_, s) in f.tensors().items()})
+        for phase_result in phases:
+            with CaptureFile(phase_result.capture) as value_file:
+                single.update({name: stats for name, (_, stats) in value_file.tensors().items()})
+                others.update(name for name in value_file.names if value_file.kind(name) != "tensor")
+            with CaptureFile(phase_result.extra_captures[0][0]) as value_file:
+                batched.update({name: stats for name, (_, stats) in value_file.tensors().items()})
         layouts, left_out = batch_layouts(spec, single, batched, self.batch, carries)
-        left_out.update({n: "not a plain tensor" for n in others})
+        left_out.update({other: "not a plain tensor" for other in others})
         per_tensor: dict[str, list[TensorDiff]] = {}
-        for p in phases:
-            self._compare(p, layouts, per_tensor)
-        depth = {n: i for i, n in enumerate(spec.tensor_order())}
+        for phase_result in phases:
+            self._compare(phase_result, layouts, per_tensor)
+        depth = {name: index for index, name in enumerate(spec.tensor_order())}
         worst = sorted(
-            (max(ds, key=lambda d: d.severity()) for ds in per_tensor.values()),
-            key=lambda d: depth.get(d.name, len(depth)),
+            (max(ds, key=lambda tensor_diff: tensor_diff.severity()) for ds in per_tensor.values()),
+            key=lambda depth_row: depth.get(depth_row.name, len(depth)),
         )
         invariant, max_ulp, scaled, first = summarize(worst)
         seen_at = ""
         if first is not None:
             maker = computed_by(spec, first, set(per_tensor))
             first, seen_at = maker, (first if maker != first else "")
-        by_depth = tuple((d.name, depth.get(d.name, -1), d.max_ulp, d.scaled_ulp) for d in worst)
+        by_depth = tuple(
+            (tensor_diff.name, depth.get(tensor_diff.name, -1), tensor_diff.max_ulp, tensor_diff.scaled_ulp)
+            for tensor_diff in worst
+        )
         ranked = sorted(left_out.items(), key=lambda kv: depth.get(kv[0], len(depth)))
         return BatchResult(
             backend,
@@ -322,7 +345,7 @@ class BatchProbe(Probe):
             scaled,
             first,
             by_depth,
-            tuple(n for n, why in ranked if why.startswith("shape-derived")),
+            tuple(name for name, why in ranked if why.startswith("shape-derived")),
             len(worst),
             tuple(ranked),
             seen_at,
@@ -337,11 +360,11 @@ class BatchProbe(Probe):
         with CaptureFile(phase.capture) as single:
             for pos, (path, names) in zip(positions, phase.extra_captures, strict=True):
                 with CaptureFile(path) as batched:
-                    for n in names:
-                        if n not in single or n not in layouts:
+                    for name in names:
+                        if name not in single or name not in layouts:
                             continue
-                        a, b = batched[n], single[n]
+                        a, b = batched[name], single[name]
                         if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
                             continue
-                        d = TensorDiff.from_arrays(n, sample(a, layouts[n], pos), b, ops.get(n, ""))
-                        out.setdefault(n, []).append(d)
+                        d = TensorDiff.from_arrays(name, sample(a, layouts[name], pos), b, ops.get(name, ""))
+                        out.setdefault(name, []).append(d)

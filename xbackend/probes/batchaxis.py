@@ -81,42 +81,42 @@ def batch_layouts(
         input_name: Layout(0, 1) for input_name in spec.input_names if input_name in carries
     }
     downstream = set(carries)  # computed from the batched inputs at all, their shapes included
-    for t in spec.tensors:
-        if t.subgraph or any(i in downstream for i in t.inputs):
-            downstream.add(t.name)
+    for tensor in spec.tensors:
+        if tensor.subgraph or any(input_name in downstream for input_name in tensor.inputs):
+            downstream.add(tensor.name)
     lost: dict[str, str] = {}  # tensors past a node that broke the sample's blocks: why
     left_out: dict[str, str] = {}
-    for t in spec.tensors:
-        n = t.name
-        data_in = [i for i in t.inputs if i in carries]
-        broken = next((lost[i] for i in data_in if i in lost), None)
-        if n not in single or n not in batched:
+    for tensor in spec.tensors:
+        name = tensor.name
+        data_in = [input_name for input_name in tensor.inputs if input_name in carries]
+        broken = next((lost[input_name] for input_name in data_in if input_name in lost), None)
+        if name not in single or name not in batched:
             if broken is not None:
-                lost[n] = broken
+                lost[name] = broken
             continue
-        s, b = single[n], batched[n]
-        if n not in carries:
-            left_out[n] = (
+        s, b = single[name], batched[name]
+        if name not in carries:
+            left_out[name] = (
                 "shape-derived: follows the batch size, not the sample"
-                if n in downstream
+                if name in downstream
                 else "does not depend on the batched inputs"
             )
             continue
         if broken is not None:
-            lost[n] = left_out[n] = broken
+            lost[name] = left_out[name] = broken
             continue
         lay = _axis(s, b, batch)
         if lay is None:
-            left_out[n] = (
+            left_out[name] = (
                 f"no axis holds the batch ({list(s)} alone, {list(b)} batched): samples mixed or selected"
             )
             continue
-        known = [(i, layouts[i]) for i in data_in if i in layouts]
-        if known and not _keeps_blocks(t.op_type, lay, b, known, batched):
-            why = f"from {n} ({t.op_type}) on, the batch is interleaved with another axis"
-            lost[n] = left_out[n] = why
+        known = [(input_name, layouts[input_name]) for input_name in data_in if input_name in layouts]
+        if known and not _keeps_blocks(tensor.op_type, lay, b, known, batched):
+            why = f"from {name} ({tensor.op_type}) on, the batch is interleaved with another axis"
+            lost[name] = left_out[name] = why
             continue
-        layouts[n] = lay
+        layouts[name] = lay
     return layouts, left_out
 
 

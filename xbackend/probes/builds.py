@@ -40,9 +40,9 @@ class BuildVariance:
         layers = [dict(fp.layers) for fp in fingerprints]
         keys = sorted(set().union(*layers)) if layers else []
         varying = tuple(
-            (k, tuple(lay.get(k, "(absent)") for lay in layers))
-            for k in keys
-            if len({lay.get(k, "(absent)") for lay in layers}) > 1
+            (key, tuple(lay.get(key, "(absent)") for lay in layers))
+            for key in keys
+            if len({lay.get(key, "(absent)") for lay in layers}) > 1
         )
         return cls(backend, len(fingerprints), len(digests), varying, outputs_differ)
 
@@ -88,14 +88,14 @@ class BuildsResult(ProbeResult):
             "",
             *table(["backend", "builds", "distinct engines", "same engine", "same outputs"], rows),
         ]
-        for b in self.backends:
-            if b.varying_layers:
+        for backend_result in self.backends:
+            if backend_result.varying_layers:
                 out += [
-                    f"Layers whose implementation differs between builds of {b.backend}:",
+                    f"Layers whose implementation differs between builds of {backend_result.backend}:",
                     "",
                     *table(
-                        ["layer", *[f"build {i}" for i in range(b.builds)]],
-                        [[with_module(k, modules or {}), *v] for k, v in b.varying_layers[:200]],
+                        ["layer", *[f"build {i}" for i in range(backend_result.builds)]],
+                        [[with_module(k, modules or {}), *v] for k, v in backend_result.varying_layers[:200]],
                     ),
                 ]
         return out
@@ -123,11 +123,11 @@ class BuildsProbe(Probe):
 
     def analyze(self, runs: Sequence[BackendRuns]) -> BuildsResult:
         out = []
-        for r in runs:
-            if not r.result.ok or len(r.builds) < 2:
+        for run in runs:
+            if not run.result.ok or len(run.builds) < 2:
                 continue
-            fps = [build.outputs.fingerprint for build in r.builds]
+            fps = [build.outputs.fingerprint for build in run.builds]
             out.append(
-                BuildVariance.from_fingerprints(r.planned.name, fps, r.result.distinct_build_outputs > 1)
+                BuildVariance.from_fingerprints(run.planned.name, fps, run.result.distinct_build_outputs > 1)
             )
         return BuildsResult(tuple(out))

@@ -25,8 +25,11 @@ class OptLevelResult(OptLevelRow):
     backend: str = ""
 
     @classmethod
-    def from_row(cls, backend: str, r: OptLevelRow) -> OptLevelResult:
-        return cls(**{f.name: getattr(r, f.name) for f in fields(r)}, backend=backend)
+    def from_row(cls, backend: str, opt_level_row: OptLevelRow) -> OptLevelResult:
+        return cls(
+            **{field.name: getattr(opt_level_row, field.name) for field in fields(opt_level_row)},
+            backend=backend,
+        )
 
 
 @dataclass(frozen=True)
@@ -59,15 +62,15 @@ class OptLevelsResult(ProbeResult):
             return []
         rows = [
             [
-                o.backend,
-                o.level,
-                yes(o.bitwise_equal),
-                num(o.max_ulp),
-                num(o.scaled_ulp),
-                ", ".join(o.changed_by) or ("–" if o.bitwise_equal else "a combination"),
-                ", ".join(o.modified_graph) or "–",
+                row.backend,
+                row.level,
+                yes(row.bitwise_equal),
+                num(row.max_ulp),
+                num(row.scaled_ulp),
+                ", ".join(row.changed_by) or ("–" if row.bitwise_equal else "a combination"),
+                ", ".join(row.modified_graph) or "–",
             ]
-            for o in self.rows
+            for row in self.rows
         ]
         rows += [[b, "–", strong("failed", f": {why}"), "–", "–", "–", "–"] for b, why in self.failures]
         header = [
@@ -105,8 +108,11 @@ class OptLevelsResult(ProbeResult):
         return rows + [{"backend": b, "status": "failed", "reason": why} for b, why in self.failures]
 
 
-def has_opt_levels(b: PlannedBackend) -> bool:
-    return b.cls is not None and b.cls.optimization_levels is not Runner.optimization_levels
+def has_opt_levels(planned_backend: PlannedBackend) -> bool:
+    return (
+        planned_backend.cls is not None
+        and planned_backend.cls.optimization_levels is not Runner.optimization_levels
+    )
 
 
 class OptLevelsProbe(Probe):
@@ -119,20 +125,20 @@ class OptLevelsProbe(Probe):
         "changes bits, names the optimizer whose removal restores them"
     )
 
-    def jobs(self, b: PlannedBackend) -> list[Job]:
-        if not has_opt_levels(b):
+    def jobs(self, planned_backend: PlannedBackend) -> list[Job]:
+        if not has_opt_levels(planned_backend):
             return []
-        return [self.ctx.job(f"{b.name}-opt-levels", b, kind="opt-levels")]
+        return [self.ctx.job(f"{planned_backend.name}-opt-levels", planned_backend, kind="opt-levels")]
 
     def analyze(self, runs: Sequence[BackendRuns]) -> OptLevelsResult:
         rows: list[OptLevelResult] = []
         failures = []
-        for r in runs:
-            o = r.jobs.get(f"{r.planned.name}-opt-levels")
-            if o is None:
+        for run in runs:
+            job_outcome = run.jobs.get(f"{run.planned.name}-opt-levels")
+            if job_outcome is None:
                 continue
-            if not o.ok:
-                failures.append((r.planned.name, o.reason))
+            if not job_outcome.ok:
+                failures.append((run.planned.name, job_outcome.reason))
                 continue
-            rows += [OptLevelResult.from_row(r.planned.name, row) for row in o.result.opt_levels]
+            rows += [OptLevelResult.from_row(run.planned.name, row) for row in job_outcome.result.opt_levels]
         return OptLevelsResult(tuple(rows), tuple(failures))

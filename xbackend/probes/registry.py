@@ -22,7 +22,7 @@ PROBES: dict[str, type[Probe]] = {
 
 
 def default_probes(batch: int) -> tuple[str, ...]:
-    return tuple(n for n, p in PROBES.items() if p.default or (n == "batch" and batch))
+    return tuple(key for key, value in PROBES.items() if value.default or (key == "batch" and batch))
 
 
 def select_probes(requested: Sequence[str] | None, batch: int) -> tuple[str, ...]:
@@ -33,4 +33,4 @@ def select_probes(requested: Sequence[str] | None, batch: int) -> tuple[str, ...
     if unknown:
         raise UsageError(f"unknown probe(s) {', '.join(unknown)}; choose from {', '.join(PROBES)}, all, none")
     chosen = set(PROBES) if "all" in requested else {p for p in requested if p != "none"}
-    return tuple(n for n, p in PROBES.items() if n in chosen or p.always)
+    return tuple(key for key, value in PROBES.items() if key in chosen or value.always)

@@ -44,26 +44,26 @@ class Tf32Result(ProbeResult):
 
     def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
         out = []
-        for r in self.rows:
-            if r.status != "ok":
+        for row in self.rows:
+            if row.status != "ok":
                 out.append(
                     self.finding(
                         Label.WARN,
-                        f"tf32 probe failed on {r.backend}: {r.reason}",
-                        r.backend,
+                        f"tf32 probe failed on {row.backend}: {row.reason}",
+                        row.backend,
                         Kind.PROBE_FAILED,
                     )
                 )
-            elif r.same_bits is False:
+            elif row.same_bits is False:
                 out.append(
                     self.finding(
                         Label.WARN,
-                        f"{r.backend} with TF32 {'on' if r.tf32 else 'off'} changes bits from "
-                        f"{with_module(r.first_divergence or '', modules or {})} on "
-                        f"({num(r.scaled_ulp)} scaled ULP at worst)",
-                        r.backend,
-                        tensor=r.first_divergence or "",
-                        figures=scaled_ulp_figure(r.scaled_ulp),
+                        f"{row.backend} with TF32 {'on' if row.tf32 else 'off'} changes bits from "
+                        f"{with_module(row.first_divergence or '', modules or {})} on "
+                        f"({num(row.scaled_ulp)} scaled ULP at worst)",
+                        row.backend,
+                        tensor=row.first_divergence or "",
+                        figures=scaled_ulp_figure(row.scaled_ulp),
                     )
                 )
         return out
@@ -107,38 +107,47 @@ class Tf32Result(ProbeResult):
         ]
 
 
-def on_gpu_with_tf32(b: PlannedBackend) -> bool:
+def on_gpu_with_tf32(planned_backend: PlannedBackend) -> bool:
     """A backend that has a TF32 switch and runs on a GPU."""
-    if b.cls is None or "tf32" not in {option.name for option in b.cls.option_specs}:
+    if planned_backend.cls is None or "tf32" not in {
+        option.name for option in planned_backend.cls.option_specs
+    }:
         return False
-    return str(b.options.get("device", "cuda")) == "cuda"
+    return str(planned_backend.options.get("device", "cuda")) == "cuda"
 
 
 class Tf32Probe(Probe):
     name = "tf32"
     help = "GPU backends (ort-cuda, trt-*, torch-cuda, torch-compile device=cuda): TF32 on vs off"
 
-    def _label(self, b: PlannedBackend) -> str:
-        return f"{b.name}-tf32-{'off' if b.options['tf32'] else 'on'}"
+    def _label(self, planned_backend: PlannedBackend) -> str:
+        return f"{planned_backend.name}-tf32-{'off' if planned_backend.options['tf32'] else 'on'}"
 
-    def jobs(self, b: PlannedBackend) -> list[Job]:
-        if not on_gpu_with_tf32(b) or b.cls is None:
+    def jobs(self, planned_backend: PlannedBackend) -> list[Job]:
+        if not on_gpu_with_tf32(planned_backend) or planned_backend.cls is None:
             return []
-        layers = not separate_layers(b.cls, self.ctx.spec, b.raw_options)  # one build gives both
-        phases = standard_phases(b.cls, self.ctx.spec, 1, layers=layers, options=b.raw_options)
-        flipped = "false" if b.options["tf32"] else "true"
-        return [self.ctx.job(self._label(b), b, phases, tf32=flipped)]
+        layers = not separate_layers(
+            planned_backend.cls, self.ctx.spec, planned_backend.raw_options
+        )  # one build gives both
+        phases = standard_phases(
+            planned_backend.cls, self.ctx.spec, 1, layers=layers, options=planned_backend.raw_options
+        )
+        flipped = "false" if planned_backend.options["tf32"] else "true"
+        return [self.ctx.job(self._label(planned_backend), planned_backend, phases, tf32=flipped)]
 
     def analyze(self, runs: Sequence[BackendRuns]) -> Tf32Result:
         return Tf32Result(tuple(self._row(run) for run in runs if on_gpu_with_tf32(run.planned)))
 
-    def _row(self, r: BackendRuns) -> Tf32Row:
-        b = r.planned
-        flipped = not b.options["tf32"]
-        main, probe = r.builds[0] if r.builds else None, r.jobs.get(self._label(b))
+    def _row(self, backend_runs: BackendRuns) -> Tf32Row:
+        planned = backend_runs.planned
+        flipped = not planned.options["tf32"]
+        main, probe = (
+            backend_runs.builds[0] if backend_runs.builds else None,
+            backend_runs.jobs.get(self._label(planned)),
+        )
         for o in (main, probe):
             if o is None or not o.ok:
-                return Tf32Row(b.name, flipped, "failed", o.reason if o else "not run")
+                return Tf32Row(planned.name, flipped, "failed", o.reason if o else "not run")
         assert main is not None and probe is not None
         equal, max_ulp, scaled, first = self.ctx.compare_builds(probe, main, probe.layers, main.layers)
-        return Tf32Row(b.name, flipped, "ok", "", equal, max_ulp, scaled, first)
+        return Tf32Row(planned.name, flipped, "ok", "", equal, max_ulp, scaled, first)

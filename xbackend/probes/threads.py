@@ -50,10 +50,10 @@ class ThreadsResult(ProbeResult):
         if not checked:
             why = "; ".join(row.reason for row in rows) or "the runner has no thread-count option"
             return "unchecked", f"not measured: {why}", ""
-        bad = next((x for x in checked if not x.invariant), None)
+        bad = next((row for row in checked if not row.invariant), None)
         if bad is not None:
             return "broken", f"{bad.threads} threads differ from 1 thread", bad.first_divergence or ""
-        counts = ", ".join(x.threads for x in checked)
+        counts = ", ".join(row.threads for row in checked)
         return "held", f"bit-identical at 1 thread and at {counts} threads", ""
 
     def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
@@ -129,8 +129,10 @@ class ThreadsResult(ProbeResult):
         ]
 
 
-def has_threads(b: PlannedBackend) -> bool:
-    return b.cls is not None and any(option.name == "threads" for option in b.cls.option_specs)
+def has_threads(planned_backend: PlannedBackend) -> bool:
+    return planned_backend.cls is not None and any(
+        option.name == "threads" for option in planned_backend.cls.option_specs
+    )
 
 
 class ThreadsProbe(Probe):
@@ -140,86 +142,108 @@ class ThreadsProbe(Probe):
         "logical cores): ORT intra-op, OpenVINO inference, BLAS threads for reference and oracle, torch"
     )
 
-    def _counts(self, b: PlannedBackend) -> list[int]:
+    def _counts(self, planned_backend: PlannedBackend) -> list[int]:
         n = self.ctx.opts.probe_threads or 2 * (os.cpu_count() or 1)
-        default = int(b.options["threads"])
+        default = int(planned_backend.options["threads"])
         return [t for t in (1, n) if t != default]
 
-    def jobs(self, b: PlannedBackend) -> list[Job]:
+    def jobs(self, planned_backend: PlannedBackend) -> list[Job]:
         """Plain builds only: graph outputs decide invariance; layers are captured in a second
         round, and only for a variant whose outputs moved (see followup_jobs)."""
-        if not has_threads(b) or b.cls is None:
+        if not has_threads(planned_backend) or planned_backend.cls is None:
             return []
-        layers = not separate_layers(b.cls, self.ctx.spec, b.raw_options)  # one build gives both: take them
-        phases = standard_phases(b.cls, self.ctx.spec, 1, layers=layers, options=b.raw_options)
+        layers = not separate_layers(
+            planned_backend.cls, self.ctx.spec, planned_backend.raw_options
+        )  # one build gives both: take them
+        phases = standard_phases(
+            planned_backend.cls, self.ctx.spec, 1, layers=layers, options=planned_backend.raw_options
+        )
         return [
-            self.ctx.job(f"{b.name}-threads{count}", b, phases, threads=str(count))
-            for count in self._counts(b)
+            self.ctx.job(
+                f"{planned_backend.name}-threads{count}", planned_backend, phases, threads=str(count)
+            )
+            for count in self._counts(planned_backend)
         ]
 
-    def followup_jobs(self, r: BackendRuns) -> list[Job]:
+    def followup_jobs(self, backend_runs: BackendRuns) -> list[Job]:
         """Per-layer builds at 1 thread and at each count whose graph outputs differ from it, to
         name the first divergent layer."""
-        b = r.planned
-        if not has_threads(b) or b.cls is None or self.ctx.spec.outputs_only:
+        planned = backend_runs.planned
+        if not has_threads(planned) or planned.cls is None or self.ctx.spec.outputs_only:
             return []
-        one = self._one(r)
+        one = self._one(backend_runs)
         if one is None or not one.ok:
             return []
-        moved = [t for t, o in self._variants(r) if o is not one and o.ok and not self._outputs_equal(o, one)]
-        want = [t for t in moved if self._layers(r, t) is None]
-        if moved and self._layers(r, 1) is None:
+        moved = [
+            t
+            for t, o in self._variants(backend_runs)
+            if o is not one and o.ok and not self._outputs_equal(o, one)
+        ]
+        want = [t for t in moved if self._layers(backend_runs, t) is None]
+        if moved and self._layers(backend_runs, 1) is None:
             want.insert(0, 1)
         phase = Phase.planned(LAYERS, self.ctx.spec.tensor_order(), 1)
-        return [self.ctx.job(f"{b.name}-threads{t}-layers", b, [phase], threads=str(t)) for t in want]
+        return [
+            self.ctx.job(f"{planned.name}-threads{t}-layers", planned, [phase], threads=str(t)) for t in want
+        ]
 
     def analyze(self, runs: Sequence[BackendRuns]) -> ThreadsResult:
         return ThreadsResult(
             tuple(row for run in runs if has_threads(run.planned) for row in self._rows(run))
         )
 
-    def _default(self, r: BackendRuns) -> int:
-        return int(r.planned.options["threads"])
+    def _default(self, backend_runs: BackendRuns) -> int:
+        return int(backend_runs.planned.options["threads"])
 
-    def _one(self, r: BackendRuns) -> JobOutcome | None:
-        return r.builds[0] if self._default(r) == 1 else r.jobs.get(f"{r.planned.name}-threads1")
+    def _one(self, backend_runs: BackendRuns) -> JobOutcome | None:
+        return (
+            backend_runs.builds[0]
+            if self._default(backend_runs) == 1
+            else backend_runs.jobs.get(f"{backend_runs.planned.name}-threads1")
+        )
 
-    def _variants(self, r: BackendRuns) -> list[tuple[int, JobOutcome]]:
+    def _variants(self, backend_runs: BackendRuns) -> list[tuple[int, JobOutcome]]:
         """(thread count, outcome) of the default (the main build) and each probed count but 1."""
-        out = [(self._default(r), r.builds[0])]
+        out = [(self._default(backend_runs), backend_runs.builds[0])]
         return out + [
-            (count, r.jobs[f"{r.planned.name}-threads{count}"])
-            for count in self._counts(r.planned)
+            (count, backend_runs.jobs[f"{backend_runs.planned.name}-threads{count}"])
+            for count in self._counts(backend_runs.planned)
             if count != 1
         ]
 
-    def _layers(self, r: BackendRuns, t: int) -> PhaseResult | None:
+    def _layers(self, backend_runs: BackendRuns, t: int) -> PhaseResult | None:
         """The per-layer capture at `t` threads: from the main build, the variant's own build, or
         a second-round per-layer build."""
-        own = r.builds[0] if t == self._default(r) else r.jobs.get(f"{r.planned.name}-threads{t}")
+        own = (
+            backend_runs.builds[0]
+            if t == self._default(backend_runs)
+            else backend_runs.jobs.get(f"{backend_runs.planned.name}-threads{t}")
+        )
         if own is not None and own.ok and own.layers is not None:
             return own.layers
-        extra = r.jobs.get(f"{r.planned.name}-threads{t}-layers")
+        extra = backend_runs.jobs.get(f"{backend_runs.planned.name}-threads{t}-layers")
         return extra.layers if extra is not None and extra.ok else None
 
-    def _outputs_equal(self, a: JobOutcome, b: JobOutcome) -> bool:
-        return summarize(self.ctx.diff_phases(a.outputs, b.outputs, True))[0]
+    def _outputs_equal(self, job_outcome: JobOutcome, b: JobOutcome) -> bool:
+        return summarize(self.ctx.diff_phases(job_outcome.outputs, b.outputs, True))[0]
 
-    def _rows(self, r: BackendRuns) -> list[ThreadResult]:
-        b = r.planned
-        one = self._one(r)
+    def _rows(self, backend_runs: BackendRuns) -> list[ThreadResult]:
+        planned = backend_runs.planned
+        one = self._one(backend_runs)
         if one is None or not one.ok:
-            return [ThreadResult(b.name, "1", "failed", one.reason if one else "not run")]
-        one_layers = self._layers(r, 1)
+            return [ThreadResult(planned.name, "1", "failed", one.reason if one else "not run")]
+        one_layers = self._layers(backend_runs, 1)
         out = []
-        for t, o in self._variants(r):
+        for t, o in self._variants(backend_runs):
             if o is one:
                 continue
-            label = (f"{t} (default)" if t else "default") if o is r.builds[0] else str(t)
+            label = (f"{t} (default)" if t else "default") if o is backend_runs.builds[0] else str(t)
             if not o.ok:
-                out.append(ThreadResult(b.name, label, "failed", o.reason))
+                out.append(ThreadResult(planned.name, label, "failed", o.reason))
                 continue
-            equal, max_ulp, scaled, first = self.ctx.compare_builds(o, one, self._layers(r, t), one_layers)
+            equal, max_ulp, scaled, first = self.ctx.compare_builds(
+                o, one, self._layers(backend_runs, t), one_layers
+            )
             outputs = self._outputs_equal(o, one)
-            out.append(ThreadResult(b.name, label, "ok", "", equal, max_ulp, scaled, first, outputs))
+            out.append(ThreadResult(planned.name, label, "ok", "", equal, max_ulp, scaled, first, outputs))
         return out

@@ -78,95 +78,97 @@ TERMS = (
 )
 
 
-def _where(diffs: Sequence[TensorDiff], r: Result) -> str:
+def _where(diffs: Sequence[TensorDiff], result: Result) -> str:
     """', up to S scaled ULP, first at T (module)' for the tensors that varied."""
-    worst = max(diffs, key=lambda d: d.severity(), default=None)
+    worst = max(diffs, key=lambda diff: diff.severity(), default=None)
     size = f", up to {short(worst.scaled_ulp)} scaled ULP" if worst is not None else ""
     first = module_note(
-        next((diff.name for diff in diffs if not diff.bitwise_equal), None), r.model.modules()
+        next((diff.name for diff in diffs if not diff.bitwise_equal), None), result.model.modules()
     )
     return f"{size}, first at {first}"
 
 
-def _runs(r: Result, ok: Sequence[BackendResult]) -> str:
-    runs = r.options.runs + r.options.timed_runs  # the timed runs' bits are compared too
+def _runs(result: Result, ok: Sequence[BackendResult]) -> str:
+    runs = result.options.runs + result.options.timed_runs  # the timed runs' bits are compared too
     if runs < 2:
         return "**Run to run: not measured.** One run per build (`--runs N` repeats them)."
-    vary = [b for b in ok if b.varies_run_to_run]
+    vary = [backend for backend in ok if backend.varies_run_to_run]
     if not vary:
         return (
             f"**Run to run: the same bits.** Each of the {len(ok)} backends gave identical outputs and "
             f"intermediates in every one of its {runs} runs."
         )
     parts = []
-    for b in vary:
+    for backend_result in vary:
         outs = (
-            f"{b.distinct_run_outputs} distinct outputs in {b.runs} runs"
-            if b.distinct_run_outputs > 1
-            else f"identical outputs in {b.runs} runs, but intermediates varied"
+            f"{backend_result.distinct_run_outputs} distinct outputs in {backend_result.runs} runs"
+            if backend_result.distinct_run_outputs > 1
+            else f"identical outputs in {backend_result.runs} runs, but intermediates varied"
         )
-        parts.append(f"{inert(b.name)}: {outs}{_where(b.run_diffs, r)}")
+        parts.append(f"{inert(backend_result.name)}: {outs}{_where(backend_result.run_diffs, result)}")
     return f"**Run to run: NO.** {'; '.join(parts)}."
 
 
-def _builds(r: Result, ok: Sequence[BackendResult]) -> str:
-    if r.options.builds < 2:
+def _builds(result: Result, ok: Sequence[BackendResult]) -> str:
+    if result.options.builds < 2:
         return "**Build to build: not measured.** One build per backend (`--builds 2` makes fresh ones)."
-    vary = [b for b in ok if b.varies_build_to_build]
+    vary = [backend for backend in ok if backend.varies_build_to_build]
     engines = [
-        v
-        for probe in r.probes
+        build_variance
+        for probe in result.probes
         if probe.name == "builds"
-        for v in getattr(probe, "backends", ())
-        if v.builds_vary
+        for build_variance in getattr(probe, "backends", ())
+        if build_variance.builds_vary
     ]
     if not vary and not engines:
         return (
-            f"**Build to build: the same bits.** {r.options.builds} fresh builds of each backend "
+            f"**Build to build: the same bits.** {result.options.builds} fresh builds of each backend "
             "computed the same bits at every exposed tensor."
         )
     parts = [
-        f"{inert(b.name)}: {b.distinct_build_outputs} distinct outputs over {b.builds} builds"
-        + _where(b.build_diffs, r)
-        for b in vary
+        f"{inert(backend.name)}: {backend.distinct_build_outputs} distinct outputs over {backend.builds} "
+        "builds" + _where(backend.build_diffs, result)
+        for backend in vary
     ]
-    shown = {b.name for b in vary}
-    for v in engines:
-        if v.backend not in shown:
+    shown = {backend.name for backend in vary}
+    for engine in engines:
+        if engine.backend not in shown:
             parts.append(
-                f"{inert(v.backend)}: {v.distinct_fingerprints} distinct engines in {v.builds} builds "
-                f"({len(v.varying_layers)} layers), the same bits"
+                f"{inert(engine.backend)}: {engine.distinct_fingerprints} distinct engines in "
+                f"{engine.builds} builds "
+                f"({len(engine.varying_layers)} layers), the same bits"
             )
     verdict = "NO" if vary else "the same bits, different engines"
     return f"**Build to build: {verdict}.** {'; '.join(parts)}."
 
 
-def _across(r: Result, stem: str | None, figure: bool) -> str:
-    crosses = [c for c in r.cross_backend if c.status == "ok" and c.scaled_ulp is not None]
+def _across(result: Result, stem: str | None, figure: bool) -> str:
+    crosses = [c for c in result.cross_backend if c.status == "ok" and c.scaled_ulp is not None]
     if not crosses:
         why = (
             "only one backend ran"
-            if sum(backend.ok for backend in r.backends) < 2
+            if sum(backend.ok for backend in result.backends) < 2
             else "no backend was compared"
         )
         return f"**Across backends: not measured.** {why[0].upper()}{why[1:]}."
     if all(cross.bitwise_equal for cross in crosses):
         return (
-            f"**Across backends: the same bits.** Every backend matches {inert(r.reference_used)} bit for "
+            f"**Across backends: the same bits.** Every backend matches {inert(result.reference_used)} bit "
+            "for "
             "bit at the outputs."
         )
-    worst = max(crosses, key=lambda c: (c.scaled_ulp or 0.0, c.backend))
+    worst = max(crosses, key=lambda cross: (cross.scaled_ulp or 0.0, cross.backend))
     fig = f" ([figure]({stem}.error-depth.png))" if stem and figure else ""
     size = (
         f"Largest: {inert(worst.backend)}, {short(worst.scaled_ulp)} scaled ULP (units in the last place of "
-        f"the tensor's largest value) from {inert(r.reference_used)} at the outputs, first at "
-        f"{module_note(worst.first_divergence, r.model.modules())}{fig}"
+        f"the tensor's largest value) from {inert(result.reference_used)} at the outputs, first at "
+        f"{module_note(worst.first_divergence, result.model.modules())}{fig}"
     )
-    ex = r.explanation
+    ex = result.explanation
     if not ex.ok:
         why = ex.reason or "the explanation did not run"
         return f"**Across backends: different bits, not judged.** {size}; {prose(why)}."
-    nodes = r.judged_nodes
+    nodes = result.judged_nodes
     judged = [(cross, ex.local_for(cross.backend)) for cross in crosses]
     origins = [inert(c.backend) for c, le in judged if le is not None and le.status == "ok" and le.origins]
     unjudged = [inert(c.backend) for c, le in judged if le is None or le.status != "ok"]
@@ -197,18 +199,18 @@ def _across(r: Result, stem: str | None, figure: bool) -> str:
     )
 
 
-def answers(r: Result, stem: str | None, figure: bool = True) -> list[str]:
+def answers(result: Result, stem: str | None, figure: bool = True) -> list[str]:
     """The three answers, one bullet each."""
-    ok = [backend for backend in r.backends if backend.ok]
+    ok = [backend for backend in result.backends if backend.ok]
     if not ok:
         return ["- **Nothing was compared:** every backend failed (see Verdict)."]
-    out = [f"- {_runs(r, ok)}", f"- {_builds(r, ok)}", f"- {_across(r, stem, figure)}"]
-    return [*out, f"- {_baseline(r)}"] if r.baseline else out
+    out = [f"- {_runs(result, ok)}", f"- {_builds(result, ok)}", f"- {_across(result, stem, figure)}"]
+    return [*out, f"- {_baseline(result)}"] if result.baseline else out
 
 
-def _baseline(r: Result) -> str:
-    moved = [inert(d.backend) for d in r.baseline if d.drifted]
-    compared = [d for d in r.baseline if d.status in ("identical", "drifted")]
+def _baseline(result: Result) -> str:
+    moved = [inert(d.backend) for d in result.baseline if d.drifted]
+    compared = [d for d in result.baseline if d.status in ("identical", "drifted")]
     if moved:
         return f"**Against the baseline: moved.** {', '.join(moved)} (see Verdict)."
     if compared:
@@ -218,12 +220,12 @@ def _baseline(r: Result) -> str:
     )
 
 
-def instrumentation(r: Result, found: Finding) -> bool:
+def instrumentation(result: Result, found: Finding) -> bool:
     """A finding about xbackend's own instruments, not the engines the team ships: the observer
     effect of exposing intermediates, and the reference evaluators' own thread counts."""
     if found.kind is Kind.OBSERVER_EFFECT:
         return True
-    tools = {r.reference_used, "reference", "oracle"}
+    tools = {result.reference_used, "reference", "oracle"}
     return found.kind is Kind.THREADS_VARY and found.backend in tools and not found.candidate
 
 

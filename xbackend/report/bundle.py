@@ -19,16 +19,16 @@ from xbackend.results import Result
 __all__ = ["bundle_files", "bundle_outputs", "write_markdown_bundle"]
 
 
-def bundle_files(r: Result, md_path: str | os.PathLike[str]) -> dict[Path, bytes]:
+def bundle_files(result: Result, md_path: str | os.PathLike[str]) -> dict[Path, bytes]:
     """Every file of the report folder for `md_path`, by path: OUT.md, OUT.SLUG.png, OUT.layers.csv."""
-    p = Path(md_path)
-    stem = p.stem
+    path = Path(md_path)
+    stem = path.stem
     files = {
-        p: to_markdown(r, stem).encode("utf-8"),
-        p.with_name(f"{stem}.layers.csv"): to_csv(r).encode("utf-8"),
+        path: to_markdown(result, stem).encode("utf-8"),
+        path.with_name(f"{stem}.layers.csv"): to_csv(result).encode("utf-8"),
     }
-    for f in planned_figures(r):
-        files[p.with_name(f"{stem}.{f.slug}.png")] = render(f)
+    for planned_figure in planned_figures(result):
+        files[path.with_name(f"{stem}.{planned_figure.slug}.png")] = render(planned_figure)
     return files
 
 
@@ -37,25 +37,25 @@ def bundle_outputs(flag: str, md_path: str | os.PathLike[str] | None) -> list[tu
     them: the Markdown, its table, each figure it can draw (and a cost figure already there)."""
     if not md_path:
         return []
-    p = Path(md_path)
-    stem = p.stem
-    figures = [p.with_name(f"{stem}.{s}.png") for s in FIXED_SLUGS]
+    path = Path(md_path)
+    stem = path.stem
+    figures = [path.with_name(f"{stem}.{s}.png") for s in FIXED_SLUGS]
     with contextlib.suppress(OSError):
-        figures += sorted(p.parent.glob(f"{glob.escape(stem)}.cost-*.png"))
-    table = (f"{flag} {p}'s table", p.with_name(f"{stem}.layers.csv"))
-    return [(flag, p), table, *((f"{flag} {p}'s figure", figure) for figure in figures)]
+        figures += sorted(path.parent.glob(f"{glob.escape(stem)}.cost-*.png"))
+    table = (f"{flag} {path}'s table", path.with_name(f"{stem}.layers.csv"))
+    return [(flag, path), table, *((f"{flag} {path}'s figure", figure) for figure in figures)]
 
 
 def write_markdown_bundle(
-    r: Result, md_path: str | os.PathLike[str] | None, json_path: str | os.PathLike[str] | None = None
+    result: Result, md_path: str | os.PathLike[str] | None, json_path: str | os.PathLike[str] | None = None
 ) -> list[Path]:
     """Write the report folder (and the JSON twin at `json_path`) whole or not at all: every file
     is staged first (a full disk or a file-size limit then leaves nothing), every destination
     checked, then each moved into place, the Markdown last, so its links never point at missing
     files."""
-    files = bundle_files(r, md_path) if md_path else {}
+    files = bundle_files(result, md_path) if md_path else {}
     if json_path:
-        files[Path(json_path)] = to_json(r).encode("utf-8")
+        files[Path(json_path)] = to_json(result).encode("utf-8")
     md = Path(md_path) if md_path else None
     order = [*(file for file in files if file != md), *([md] if md else [])]
     staged: dict[Path, Path] = {}

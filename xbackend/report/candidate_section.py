@@ -23,19 +23,30 @@ def _g(x: float | None, unit: str = "") -> str:
     return "—" if x is None else f"{x:.3g}{unit}"
 
 
-def _row(m: TensorMatch) -> list[object]:
-    how = {"name": "by name", "node": "same node", "dequantized": "after Q/DQ"}.get(m.how, m.how)
-    if m.status != "ok":
-        return [code_span(m.original), code_span(m.candidate), how, m.dtype or "—", m.reason, "", "", ""]
+def _row(tensor_match: TensorMatch) -> list[object]:
+    how = {"name": "by name", "node": "same node", "dequantized": "after Q/DQ"}.get(
+        tensor_match.how, tensor_match.how
+    )
+    if tensor_match.status != "ok":
+        return [
+            code_span(tensor_match.original),
+            code_span(tensor_match.candidate),
+            how,
+            tensor_match.dtype or "—",
+            tensor_match.reason,
+            "",
+            "",
+            "",
+        ]
     return [
-        code_span(m.original),
-        code_span(m.candidate),
+        code_span(tensor_match.original),
+        code_span(tensor_match.candidate),
         how,
-        m.dtype,
-        _g(m.sqnr_db, " dB") if m.sqnr_db is not None else "equal",
-        _g(m.scaled_ulp),
-        _g(m.max_abs),
-        m.nonfinite or "",
+        tensor_match.dtype,
+        _g(tensor_match.sqnr_db, " dB") if tensor_match.sqnr_db is not None else "equal",
+        _g(tensor_match.scaled_ulp),
+        _g(tensor_match.max_abs),
+        tensor_match.nonfinite or "",
     ]
 
 
@@ -46,24 +57,26 @@ def _fold(title: str, summary: str, body: list[str]) -> list[str]:
     return [f"#### {title}", "", f"<details><summary>{summary}</summary>", "", *body, "</details>", ""]
 
 
-def _one(c: CandidateResult, k: int, times: bool = False) -> list[str]:
-    out = [f"### Candidate {k}: {code_span(c.path)}", ""]
-    if not c.ok:
-        return [*out, f"Not compared: {cell(c.reason)}", ""]
-    matched, total = c.coverage
+def _one(candidate: CandidateResult, k: int, times: bool = False) -> list[str]:
+    out = [f"### Candidate {k}: {code_span(candidate.path)}", ""]
+    if not candidate.ok:
+        return [*out, f"Not compared: {cell(candidate.reason)}", ""]
+    matched, total = candidate.coverage
     out += [
-        f"Declares {c.precision}; ran on {', '.join(backend.name for backend in c.backends)}, "
+        f"Declares {candidate.precision}; ran on "
+        f"{', '.join(backend.name for backend in candidate.backends)}, "
         "fed the original's inputs; "
-        f"{c.compared_on}'s tensors set beside the original's on {c.original_on}. "
+        f"{candidate.compared_on}'s tensors set beside the original's on {candidate.original_on}. "
         f"**{matched} of {total}** of the original's tensors matched.",
         "",
     ]
-    if c.departure:
+    if candidate.departure:
         out += [
-            f"**First departure past its precision:** {code_span(c.departure)}: {cell(c.departure_why)}.",
+            f"**First departure past its precision:** {code_span(candidate.departure)}: "
+            f"{cell(candidate.departure_why)}.",
             "",
         ]
-    origins = c.origins
+    origins = candidate.origins
     if origins:
         out += table(
             ["backend", "origin", "op", "local error (scaled ULP)", "allowed"],
@@ -72,18 +85,18 @@ def _one(c: CandidateResult, k: int, times: bool = False) -> list[str]:
                 for b, o in origins
             ],
         )
-    elif c.explanation.status == "ok" and c.departure:
-        carried = " and the events below" if c.events else ""
+    elif candidate.explanation.status == "ok" and candidate.departure:
+        carried = " and the events below" if candidate.events else ""
         out += [
             "No node of the candidate is past the precision it declares on its own: the departure above "
             f"is their errors carried through the model{carried}.",
             "",
         ]
-    elif c.explanation.status == "ok":
+    elif candidate.explanation.status == "ok":
         out += ["Every node of the candidate is within the precision it declares.", ""]
     else:
-        out += [f"Its nodes were not judged at their precision: {cell(c.explanation.reason)}", ""]
-    if c.findings:
+        out += [f"Its nodes were not judged at their precision: {cell(candidate.explanation.reason)}", ""]
+    if candidate.findings:
         out += table(
             ["event", "tensor", "node", "elements", "detail"],
             [
@@ -94,56 +107,60 @@ def _one(c: CandidateResult, k: int, times: bool = False) -> list[str]:
                     f"{finding.count} of {finding.of}",
                     cell(finding.detail),
                 ]
-                for finding in c.findings
+                for finding in candidate.findings
             ],
         )
     worst = sorted(
-        (match for match in c.matches if match.status == "ok" and match.sqnr_db is not None),
-        key=lambda m: m.sqnr_db or 0,
+        (match for match in candidate.matches if match.status == "ok" and match.sqnr_db is not None),
+        key=lambda tensor_match: tensor_match.sqnr_db or 0,
     )
     if worst:
         out += ["Lowest SQNR (the candidate against the original, per matched tensor):", ""]
         out += table(_HEADER, [_row(m) for m in worst[:_SHOWN]])
-    body = table(_HEADER, [_row(m) for m in sorted(c.matches, key=lambda m: (m.depth, m.how))])
-    out += _fold(f"Every matched tensor of candidate {k}", f"{len(c.matches)} tensor(s), model order", body)
-    if c.unmatched:
-        rows = [[code_span(u.original), cell(u.reason)] for u in c.unmatched]
+    body = table(_HEADER, [_row(m) for m in sorted(candidate.matches, key=lambda m: (m.depth, m.how))])
+    out += _fold(
+        f"Every matched tensor of candidate {k}", f"{len(candidate.matches)} tensor(s), model order", body
+    )
+    if candidate.unmatched:
+        rows = [[code_span(u.original), cell(u.reason)] for u in candidate.unmatched]
         out += _fold(
-            f"Not matched in candidate {k}", f"{len(c.unmatched)} tensor(s)", table(["original", "why"], rows)
+            f"Not matched in candidate {k}",
+            f"{len(candidate.unmatched)} tensor(s)",
+            table(["original", "why"], rows),
         )
-    if c.decode is not None:
-        out += _decode(c)
-    for dec in c.decisions:
+    if candidate.decode is not None:
+        out += _decode(candidate)
+    for dec in candidate.decisions:
         if dec.status == "ok":
             out += [
                 f"Decisions at {code_span(dec.output)} on {dec.backend}: {dec.flipped} of {dec.decisions} "
                 "differ from the original's.",
                 "",
             ]
-    for p in c.probes:  # its own section, its headings below the candidate's
-        body = [("#" + line) if line.startswith("#") else line for line in p.markdown()]
+    for probe in candidate.probes:  # its own section, its headings below the candidate's
+        body = [("#" + line) if line.startswith("#") else line for line in probe.markdown()]
         if body:
-            out += [f"The candidate's {p.name} probe:", "", *body, ""]
-    if c.advice is not None:
-        out += _advice(c, times)
-    out += [f"Note: {cell(note)}" for note in c.notes]
-    return [*out, ""] if c.notes else out
+            out += [f"The candidate's {probe.name} probe:", "", *body, ""]
+    if candidate.advice is not None:
+        out += _advice(candidate, times)
+    out += [f"Note: {cell(note)}" for note in candidate.notes]
+    return [*out, ""] if candidate.notes else out
 
 
-def _decode(c: CandidateResult) -> list[str]:
+def _decode(candidate: CandidateResult) -> list[str]:
     """Each prompt on each of the candidate's backends: where its tokens left the original's."""
-    d = c.decode
-    assert d is not None
+    decode = candidate.decode
+    assert decode is not None
     rows: list[list[object]] = []
-    for b in d.backends:
-        if not b.ok:
-            rows.append([b.backend, "—", f"{b.status}: {cell(b.reason)}", "", "", ""])
+    for backend in decode.backends:
+        if not backend.ok:
+            rows.append([backend.backend, "—", f"{backend.status}: {cell(backend.reason)}", "", "", ""])
             continue
-        for prompt in b.prompts:
+        for prompt in backend.prompts:
             step = prompt.first_divergent_step
             rows.append(
                 [
-                    b.backend,
+                    backend.backend,
                     prompt.prompt,
                     "none" if step is None else step,
                     _g(prompt.margin_at_divergence),
@@ -162,50 +179,53 @@ def _decode(c: CandidateResult) -> list[str]:
         "near tie",
     ]
     return [
-        f"Greedy decoding, {d.steps} steps per prompt, each of the candidate's backends against the "
+        f"Greedy decoding, {decode.steps} steps per prompt, each of the candidate's backends against the "
         f"original's tokens on the original's reference (the same prompts):",
         "",
         *table(head, rows),
     ]
 
 
-def _advice(c: CandidateResult, times: bool = False) -> list[str]:
+def _advice(candidate: CandidateResult, times: bool = False) -> list[str]:
     """--advise: the nodes to keep in float32, what stays converted, the code, how it was found."""
-    a = c.advice
-    assert a is not None
-    if a.status == "ok" and not a.keep:
-        out = [f"**Advice:** {cell(a.reason)}.", ""]
-    elif a.status == "ok":
+    advice = candidate.advice
+    assert advice is not None
+    if advice.status == "ok" and not advice.keep:
+        out = [f"**Advice:** {cell(advice.reason)}.", ""]
+    elif advice.status == "ok":
         out = [
-            f"**Keep in float32** {len(a.keep)} of the {a.converted} node(s) {cell(a.converter)} converted: "
-            f"with them the candidate made again matches the original's {a.target}, confirmed by a run. "
-            f"{cell(a.shipped())}.",
+            f"**Keep in float32** {len(advice.keep)} of the {advice.converted} node(s) "
+            f"{cell(advice.converter)} converted: "
+            f"with them the candidate made again matches the original's {advice.target}, confirmed by a run. "
+            f"{cell(advice.shipped())}.",
             "",
-            ", ".join(code_span(n) for n in a.keep),
+            ", ".join(code_span(n) for n in advice.keep),
             "",
             "The code that makes it, run as printed to confirm the list:",
             "",
-            *fenced(a.command.rstrip("\n"), "python", lines=True),
+            *fenced(advice.command.rstrip("\n"), "python", lines=True),
             "",
         ]
-        if a.requantize:
+        if advice.requantize:
             out += [
                 "Or quantize the original again with the settings the candidate shows "
-                f"({cell(', '.join(f'{k}={v}' for k, v in a.settings))}); its calibration is not in the "
-                f"graph ({cell(', '.join(a.unread))}): give yours.",
+                f"({cell(', '.join(f'{k}={v}' for k, v in advice.settings))}); its calibration is not in the "
+                f"graph ({cell(', '.join(advice.unread))}): give yours.",
                 "",
-                *fenced(a.requantize.rstrip("\n"), "python", lines=True),
+                *fenced(advice.requantize.rstrip("\n"), "python", lines=True),
                 "",
             ]
     else:
-        named = ", ".join(code_span(matter) for matter in a.matters)
-        out = [f"**Advice:** {cell(a.reason)}.", ""] + (
+        named = ", ".join(code_span(matter) for matter in advice.matters)
+        out = [f"**Advice:** {cell(advice.reason)}.", ""] + (
             [f"The nodes that matter most: {named}.", ""] if named else []
         )
-    if a.causes:
-        out += table(["node an event names", "event"], [[code_span(n), cell(why)] for n, why in a.causes])
+    if advice.causes:
+        out += table(
+            ["node an event names", "event"], [[code_span(n), cell(why)] for n, why in advice.causes]
+        )
         out.append("")
-    if a.tried:
+    if advice.tried:
         tries: list[list[object]] = [
             [
                 t.step,
@@ -214,23 +234,23 @@ def _advice(c: CandidateResult, times: bool = False) -> list[str]:
                 f"{t.answers[0]} of {t.answers[1]}" if t.answers[1] else "—",
                 cell(t.differed) or "—",
             ]
-            for t in a.tried
+            for t in advice.tried
         ]
-        unit = "prompts" if a.target == "tokens" else "decisions"
+        unit = "prompts" if advice.target == "tokens" else "decisions"
         head = [
             "step",
             "nodes kept in float32",
-            f"{a.target} match",
+            f"{advice.target} match",
             f"{unit} as the original's",
             "what differed",
         ]
         out += table(head, tries)
         out += [
-            f"{a.scored} node(s) scored; {cell(a.confirmed)}"
-            + (f"; the re-conversions and their runs took {a.seconds:.1f} s." if times else "."),
+            f"{advice.scored} node(s) scored; {cell(advice.confirmed)}"
+            + (f"; the re-conversions and their runs took {advice.seconds:.1f} s." if times else "."),
             "",
         ]
-    if c.sensitivities:
+    if candidate.sensitivities:
         rows = [
             [
                 code_span(sensitivitie.node),
@@ -239,7 +259,7 @@ def _advice(c: CandidateResult, times: bool = False) -> list[str]:
                 if sensitivitie.nonfinite
                 else f"{10 * math.log10(1 / sensitivitie.share):.1f} dB",
             ]
-            for sensitivitie in c.sensitivities
+            for sensitivitie in candidate.sensitivities
         ]
         out += _fold(
             "The nodes the conversion costs most",
@@ -249,8 +269,8 @@ def _advice(c: CandidateResult, times: bool = False) -> list[str]:
     return out
 
 
-def candidate_section(r: Result) -> list[str]:
-    if not r.candidates:
+def candidate_section(result: Result) -> list[str]:
+    if not result.candidates:
         return []
     out = [
         "## Release candidates against the original",
@@ -264,19 +284,21 @@ def candidate_section(r: Result) -> list[str]:
         "it is an origin, and the first matched tensor below an origin is the first departure.",
         "",
     ]
-    for k, c in enumerate(r.candidates, 1):
-        out += _one(c, k, r.options.shows_times)
+    for index, candidate in enumerate(result.candidates, 1):
+        out += _one(candidate, index, result.options.shows_times)
     return out
 
 
-def candidate_json(r: Result) -> list[dict[str, Any]]:
+def candidate_json(result: Result) -> list[dict[str, Any]]:
     out = []
-    for c in r.candidates:
-        d: dict[str, Any] = encode(c, times=r.options.shows_times)
-        matched, total = c.coverage
+    for candidate in result.candidates:
+        d: dict[str, Any] = encode(candidate, times=result.options.shows_times)
+        matched, total = candidate.coverage
         d["coverage"] = {"matched": matched, "tensors": total}
-        d["origins"] = [{"backend": b, "tensor": o.tensor, "op_type": o.op_type} for b, o in c.origins]
-        if c.decode is not None:
-            d["decode"] = decode_json(c.decode)
+        d["origins"] = [
+            {"backend": b, "tensor": o.tensor, "op_type": o.op_type} for b, o in candidate.origins
+        ]
+        if candidate.decode is not None:
+            d["decode"] = decode_json(candidate.decode)
         out.append(d)
     return out

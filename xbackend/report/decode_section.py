@@ -16,50 +16,61 @@ def _g(x: float | None) -> str:
     return "—" if x is None else f"{x:.3g}"
 
 
-def _row(d: DecodeResult, b: BackendDecode) -> list[object]:
-    if not b.ok:
-        return [b.backend, f"{b.status}: {b.reason}", "", "", "", "", "", ""]
-    first = b.first_divergence
-    same = len(b.prompts) - b.flipped_prompts
+def _row(decode_result: DecodeResult, backend_decode: BackendDecode) -> list[object]:
+    if not backend_decode.ok:
+        return [
+            backend_decode.backend,
+            f"{backend_decode.status}: {backend_decode.reason}",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+        ]
+    first = backend_decode.first_divergence
+    same = len(backend_decode.prompts) - backend_decode.flipped_prompts
     batch = (
-        f"{b.distinct_completions} (moves logits by "
-        f"{_g(max(prompt.batch_logit_difference for prompt in b.prompts))})"
-        if d.batch
+        f"{backend_decode.distinct_completions} (moves logits by "
+        f"{_g(max(prompt.batch_logit_difference for prompt in backend_decode.prompts))})"
+        if decode_result.batch
         else "—"
     )
     return [
-        b.backend + (" (reference)" if b.backend == d.reference != "reference" else ""),
-        f"{same} of {len(b.prompts)}",
+        backend_decode.backend
+        + (" (reference)" if backend_decode.backend == decode_result.reference != "reference" else ""),
+        f"{same} of {len(backend_decode.prompts)}",
         "none" if first is None else f"{first.first_divergent_step} (prompt {first.prompt})",
         _g(first.margin_at_divergence) if first else "—",
         _g(first.logit_difference) if first else "—",
         batch,
-        _g(b.step_ms),
-        _g(min((margin for prompt in b.prompts for margin in prompt.margins), default=None)),
+        _g(backend_decode.step_ms),
+        _g(min((margin for prompt in backend_decode.prompts for margin in prompt.margins), default=None)),
     ]
 
 
-def decode_section(r: Result) -> list[str]:
-    d = r.decode
-    if d is None:
+def decode_section(result: Result) -> list[str]:
+    decode = result.decode
+    if decode is None:
         return []
-    lengths = sorted(set(d.prompt_lengths))
+    lengths = sorted(set(decode.prompt_lengths))
     span = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
     how = (
         "a KV cache (past_key_values.N.* in, present.N.* out)"
-        if d.cached
+        if decode.cached
         else "no cache (each step runs the whole sequence)"
     )
     batch = (
-        f", alone and in batches of {d.batch} (every prompt at every batch position, beside others)"
-        if d.batch
+        f", alone and in batches of {decode.batch} (every prompt at every batch position, beside others)"
+        if decode.batch
         else ", each alone"
     )
     out = [
-        f"## Does it change the answer? Greedy decoding, {d.steps} steps",
+        f"## Does it change the answer? Greedy decoding, {decode.steps} steps",
         "",
-        f"{len(d.prompt_lengths)} prompt(s) of {span} tokens, decoded with {how}{batch}; every backend's "
-        f"tokens against {d.reference}'s.",
+        f"{len(decode.prompt_lengths)} prompt(s) of {span} tokens, decoded with {how}{batch}; every "
+        "backend's "
+        f"tokens against {decode.reference}'s.",
         "",
         *table(
             [
@@ -72,7 +83,7 @@ def decode_section(r: Result) -> list[str]:
                 "ms per step",
                 "smallest margin",
             ],
-            [_row(d, backend) for backend in d.backends],
+            [_row(decode, backend) for backend in decode.backends],
         ),
         "The margin there is the reference's top-1 minus top-2 logit at that step; the logit difference is "
         "the largest difference between the backend's logits and the reference's at that step, the tokens "
@@ -82,12 +93,12 @@ def decode_section(r: Result) -> list[str]:
         "how close its own closest call came.",
         "",
     ]
-    out += [f"- WARN: {warning}" for warning in d.warnings] + ([""] if d.warnings else [])
-    if d.layers_step is not None:
-        who, prompt, step = d.layers_step
+    out += [f"- WARN: {warning}" for warning in decode.warnings] + ([""] if decode.warnings else [])
+    if decode.layers_step is not None:
+        who, prompt, step = decode.layers_step
         what = (
             f"the step where {who} first left the reference's tokens"
-            if who != d.reference
+            if who != decode.reference
             else "the reference's closest call (no backend left its tokens)"
         )
         out += [
@@ -95,21 +106,21 @@ def decode_section(r: Result) -> list[str]:
             "the prompt and the tokens before it in one sequence.",
             "",
         ]
-    out += ["<details><summary>tokens per prompt</summary>", "", *_tokens(d), "</details>", ""]
+    out += ["<details><summary>tokens per prompt</summary>", "", *_tokens(decode), "</details>", ""]
     return out
 
 
-def _tokens(d: DecodeResult) -> list[str]:
+def _tokens(decode_result: DecodeResult) -> list[str]:
     rows: list[list[object]] = []
-    for b in d.backends:
-        if not b.ok:
+    for backend in decode_result.backends:
+        if not backend.ok:
             continue
-        for p in b.prompts:
-            shown = [inert(t) for t in p.tokens[:_SHOWN_TOKENS]]
-            if p.first_divergent_step is not None and p.first_divergent_step < len(shown):
-                shown[p.first_divergent_step] = f"**{shown[p.first_divergent_step]}**"
-            more = " …" if len(p.tokens) > _SHOWN_TOKENS else ""
-            rows.append([p.prompt, b.backend, Ours(" ".join(shown) + more)])
+        for prompt in backend.prompts:
+            shown = [inert(token) for token in prompt.tokens[:_SHOWN_TOKENS]]
+            if prompt.first_divergent_step is not None and prompt.first_divergent_step < len(shown):
+                shown[prompt.first_divergent_step] = f"**{shown[prompt.first_divergent_step]}**"
+            more = " …" if len(prompt.tokens) > _SHOWN_TOKENS else ""
+            rows.append([prompt.prompt, backend.backend, Ours(" ".join(shown) + more)])
     rows.sort(key=lambda row: (row[0], str(row[1])))
     return [
         "Bold: the first token that differs from the reference's.",
@@ -118,21 +129,25 @@ def _tokens(d: DecodeResult) -> list[str]:
     ]
 
 
-def decode_json(d: DecodeResult) -> dict[str, object]:
+def decode_json(decode_result: DecodeResult) -> dict[str, object]:
     """The JSON twin's `decode` section: per backend, its tokens, first divergent step, margin
     there and distinct completions."""
     return {
-        "steps": d.steps,
-        "cached": d.cached,
-        "reference": d.reference,
-        "batch": d.batch,
-        "prompt_lengths": list(d.prompt_lengths),
-        "prompts": [list(prompt) for prompt in d.prompts],
-        "warnings": list(d.warnings),
+        "steps": decode_result.steps,
+        "cached": decode_result.cached,
+        "reference": decode_result.reference,
+        "batch": decode_result.batch,
+        "prompt_lengths": list(decode_result.prompt_lengths),
+        "prompts": [list(prompt) for prompt in decode_result.prompts],
+        "warnings": list(decode_result.warnings),
         "layers_step": (
             None
-            if d.layers_step is None
-            else {"backend": d.layers_step[0], "prompt": d.layers_step[1], "step": d.layers_step[2]}
+            if decode_result.layers_step is None
+            else {
+                "backend": decode_result.layers_step[0],
+                "prompt": decode_result.layers_step[1],
+                "step": decode_result.layers_step[2],
+            }
         ),
         "backends": {
             backend.backend: {
@@ -145,20 +160,21 @@ def decode_json(d: DecodeResult) -> dict[str, object]:
                 "distinct_completions": backend.distinct_completions,
                 # each prompt's figures as the codec writes them; its tokens are listed above
                 "prompts": [
-                    {k: v for k, v in encode(prompt).items() if k != "tokens"} for prompt in backend.prompts
+                    {key: value for key, value in encode(prompt).items() if key != "tokens"}
+                    for prompt in backend.prompts
                 ],
             }
-            for backend in d.backends
+            for backend in decode_result.backends
         },
     }
 
 
-def decisions_section(r: Result) -> list[str]:
+def decisions_section(result: Result) -> list[str]:
     """`--decisions`: each backend's top-1 choices against the reference's, output by output."""
-    if not r.decisions:
+    if not result.decisions:
         return []
     rows: list[list[object]] = []
-    for d in r.decisions:
+    for d in result.decisions:
         if d.status != "ok":
             rows.append([d.output, d.backend, f"not compared: {d.reason}", "", "", ""])
             continue
@@ -179,7 +195,7 @@ def decisions_section(r: Result) -> list[str]:
     out = [
         "## Does it change the answer? Top-1 decisions",
         "",
-        f"Each backend's top-1 choice along each output's class axis against {r.reference_used}'s. The "
+        f"Each backend's top-1 choice along each output's class axis against {result.reference_used}'s. The "
         "margin is the reference's top-1 minus top-2 score; a flip with a score difference about that size "
         "was a near tie.",
         "",
@@ -188,7 +204,7 @@ def decisions_section(r: Result) -> list[str]:
             rows,
         ),
     ]
-    flips = [(decision, flip) for decision in r.decisions for flip in decision.flips]
+    flips = [(decision, flip) for decision in result.decisions for flip in decision.flips]
     if flips:
         out += [
             "<details><summary>every flip kept (the closest calls first)</summary>",
@@ -207,13 +223,13 @@ def decisions_section(r: Result) -> list[str]:
                     [
                         d.output,
                         d.backend,
-                        ",".join(map(str, f.index)),
-                        f.reference_class,
-                        f.backend_class,
-                        _g(f.reference_margin),
-                        _g(f.score_difference),
+                        ",".join(map(str, flip.index)),
+                        flip.reference_class,
+                        flip.backend_class,
+                        _g(flip.reference_margin),
+                        _g(flip.score_difference),
                     ]
-                    for d, f in flips
+                    for d, flip in flips
                 ],
             ),
             "</details>",
@@ -222,7 +238,7 @@ def decisions_section(r: Result) -> list[str]:
     return out
 
 
-def decisions_json(r: Result) -> list[dict[str, object]]:
+def decisions_json(result: Result) -> list[dict[str, object]]:
     """The JSON twin's `decisions` section: each backend and output as the codec writes it, with
     the number of choices that flipped."""
-    return [{**encode(decision), "flipped": decision.flipped} for decision in r.decisions]
+    return [{**encode(decision), "flipped": decision.flipped} for decision in result.decisions]

@@ -56,10 +56,13 @@ class ReportDiff:
         moved = [backend for backend in self.backends if backend.first_moved]
         if not self.changed:
             out += ["Nothing changed: same environment, options, verdicts and bits.", ""]
-        for b in moved:
-            what = "outputs moved" if b.outputs_identical is False else "outputs kept their bits"
-            first = with_module(b.first_moved or "", self.modules)
-            out.append(f"- {b.backend}: {what}; first tensor that moved: {first} ({b.moved} moved)")
+        for backend_result in moved:
+            what = "outputs moved" if backend_result.outputs_identical is False else "outputs kept their bits"
+            first = with_module(backend_result.first_moved or "", self.modules)
+            out.append(
+                f"- {backend_result.backend}: {what}; first tensor that moved: {first} "
+                f"({backend_result.moved} moved)"
+            )
         if moved:
             out.append("")
         if not self.same_inputs:
@@ -77,15 +80,15 @@ class ReportDiff:
                 ]
         rows = [
             [
-                b.backend,
-                b.old,
-                b.new,
-                {True: "yes", False: strong("no"), None: "–"}[b.outputs_identical],
-                with_module(b.first_moved, self.modules) if b.first_moved else "–",
-                num(b.ulp_old),
-                num(b.ulp_new),
+                backend.backend,
+                backend.old,
+                backend.new,
+                {True: "yes", False: strong("no"), None: "–"}[backend.outputs_identical],
+                with_module(backend.first_moved, self.modules) if backend.first_moved else "–",
+                num(backend.ulp_old),
+                num(backend.ulp_new),
             ]
-            for b in self.backends
+            for backend in self.backends
         ]
         out += [
             "## Backends",
@@ -112,44 +115,46 @@ def _changes(old: dict[str, str], new: dict[str, str]) -> tuple[tuple[str, str, 
     )
 
 
-def _state(b: BackendResult | None) -> str:
-    if b is None:
+def _state(backend: BackendResult | None) -> str:
+    if backend is None:
         return "absent"
-    if not b.ok:
-        return b.status
-    return "deterministic" if b.deterministic else b.variance_words()
+    if not backend.ok:
+        return backend.status
+    return "deterministic" if backend.deterministic else backend.variance_words()
 
 
-def _backend(a: Result, b: Result, name: str, order: dict[str, int]) -> BackendChange:
-    ob = next((backend for backend in a.backends if backend.name == name), None)
+def _backend(result: Result, b: Result, name: str, order: dict[str, int]) -> BackendChange:
+    ob = next((backend for backend in result.backends if backend.name == name), None)
     nb = next((backend for backend in b.backends if backend.name == name), None)
     identical: bool | None = None
     first: str | None = None
     moved = 0
-    if ob is not None and nb is not None and ob.ok and nb.ok and a.feeds.sha256 == b.feeds.sha256:
+    if ob is not None and nb is not None and ob.ok and nb.ok and result.feeds.sha256 == b.feeds.sha256:
         od, nd = dict(ob.output_digests), dict(nb.output_digests)
         if od and nd:
-            identical = all(od.get(k) == v for k, v in nd.items()) and od.keys() == nd.keys()
+            identical = all(od.get(key) == value for key, value in nd.items()) and od.keys() == nd.keys()
         names = nb.moved_since(ob, order)
         moved = len(names)
         first = names[0] if names else None
     ulp = [
         next((c.scaled_ulp for c in r.cross_backend if c.backend == name and c.status == "ok"), None)
-        for r in (a, b)
+        for r in (result, b)
     ]
     return BackendChange(name, _state(ob), _state(nb), identical, first, moved, ulp[0], ulp[1])
 
 
-def _options(r: Result) -> dict[str, str]:
-    o = r.options
+def _options(result: Result) -> dict[str, str]:
+    options = result.options
     out = {
-        f.name: "auto" if f.name == "max_ulp" and o.max_ulp is None else _text(getattr(o, f.name))
-        for f in fields(o)
-        if f.name not in ("loads", "save_captures", "baseline")
+        field.name: "auto"
+        if field.name == "max_ulp" and options.max_ulp is None
+        else _text(getattr(options, field.name))
+        for field in fields(options)
+        if field.name not in ("loads", "save_captures", "baseline")
     }
-    for b in r.backends:
-        out.update({f"{b.name}.option.{k}": v for k, v in b.options})
-        out.update({f"{b.name}.info.{k}": v for k, v in b.info if (k, v) not in b.options})
+    for backend in result.backends:
+        out.update({f"{backend.name}.option.{k}": v for k, v in backend.options})
+        out.update({f"{backend.name}.info.{k}": v for k, v in backend.info if (k, v) not in backend.options})
     return out
 
 
@@ -162,20 +167,26 @@ def _text(v: object) -> str:
     return "–" if v is None else str(v)
 
 
-def diff_results(a: Result, b: Result) -> ReportDiff:
-    order = {n: i for i, n in enumerate(b.model.tensor_order())}
+def diff_results(result: Result, b: Result) -> ReportDiff:
+    order = {n: index for index, n in enumerate(b.model.tensor_order())}
     names = list(
-        dict.fromkeys([*(backend.name for backend in a.backends), *(backend.name for backend in b.backends)])
+        dict.fromkeys(
+            [*(backend.name for backend in result.backends), *(backend.name for backend in b.backends)]
+        )
     )
     model = _changes(
-        {"model.sha256": a.model.sha256, "inputs.sha256": a.feeds.sha256, "inputs.source": a.feeds.source},
+        {
+            "model.sha256": result.model.sha256,
+            "inputs.sha256": result.feeds.sha256,
+            "inputs.source": result.feeds.source,
+        },
         {"model.sha256": b.model.sha256, "inputs.sha256": b.feeds.sha256, "inputs.source": b.feeds.source},
     )
     return ReportDiff(
-        _changes(dict(a.environment), dict(b.environment)),
-        _changes(_options(a), _options(b)),
+        _changes(dict(result.environment), dict(b.environment)),
+        _changes(_options(result), _options(b)),
         model,
-        tuple(_backend(a, b, name, order) for name in names),
+        tuple(_backend(result, b, name, order) for name in names),
         b.model.modules(),
-        a.feeds.sha256 == b.feeds.sha256,
+        result.feeds.sha256 == b.feeds.sha256,
     )

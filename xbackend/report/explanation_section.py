@@ -47,12 +47,12 @@ def _check_words(rc: ReorderCheck, modules: dict[str, str]) -> str:
 def _detection(names: list[str], local: Callable[[str], LocalErrors | None]) -> list[str]:
     """Per backend, the smallest loss its judgment catches, per op."""
     rows = []
-    for n in names:
-        le = local(n)
+    for name in names:
+        le = local(name)
         found = le.detection() if le is not None and le.status == "ok" else ()
         if found:
             cells = [f"{op} {v:.2g} ({v / 2.0**-24:.3g} u, {k})" for op, v, k in found]
-            rows.append([n, le.graph or "–" if le is not None else "–", "; ".join(cells)])
+            rows.append([name, le.graph or "–" if le is not None else "–", "; ".join(cells)])
     if not rows:
         return []
     return [
@@ -66,13 +66,13 @@ def _detection(names: list[str], local: Callable[[str], LocalErrors | None]) -> 
     ]
 
 
-def explanation_section(r: Result) -> list[str]:
-    ex = r.explanation
+def explanation_section(result: Result) -> list[str]:
+    ex = result.explanation
     if not ex.ok:
         return (
             ["## What the differences are", "", f"Not measured: {prose(ex.reason)}.", ""] if ex.reason else []
         )
-    modules = r.model.modules()
+    modules = result.model.modules()
     out = [
         "## What the differences are",
         "",
@@ -89,7 +89,7 @@ def explanation_section(r: Result) -> list[str]:
         "correctly rounded Add uses nearly all of it (0.999 is normal); past 1 is an origin.",
         "",
     ]
-    names = [r.reference_used, *(c.backend for c in r.cross_backend if c.status == "ok")]
+    names = [result.reference_used, *(c.backend for c in result.cross_backend if c.status == "ok")]
     rows = [_row(name, ex.local_for(name), modules) for name in names]
     head = ["backend", "verdict", "judged on", "first origin, or closest node", "own error / allowance"]
     out += table(head, rows)
@@ -117,16 +117,16 @@ def explanation_section(r: Result) -> list[str]:
                 [
                     [
                         b,
-                        o.tensor,
-                        o.module or "–",
-                        o.op_type,
-                        ",".join(map(str, o.element)) or "–",
-                        num(o.local_scaled_ulp),
-                        num(o.allowed_scaled_ulp),
-                        o.rule or "–",
-                        o.detail or ("past the deterministic bound too" if o.certain else "–"),
+                        origin.tensor,
+                        origin.module or "–",
+                        origin.op_type,
+                        ",".join(map(str, origin.element)) or "–",
+                        num(origin.local_scaled_ulp),
+                        num(origin.allowed_scaled_ulp),
+                        origin.rule or "–",
+                        origin.detail or ("past the deterministic bound too" if origin.certain else "–"),
                     ]
-                    for b, o in origins
+                    for b, origin in origins
                 ],
             ),
         ]
@@ -143,8 +143,14 @@ def explanation_section(r: Result) -> list[str]:
             *table(
                 ["tensor", "module", "composed rounding (scaled ULP)", "found by", "cause"],
                 [
-                    [t.tensor, t.module or "–", num(t.scaled_ulp), t.criterion, t.cause]
-                    for t in ex.ill_conditioned
+                    [
+                        ill_conditioned.tensor,
+                        ill_conditioned.module or "–",
+                        num(ill_conditioned.scaled_ulp),
+                        ill_conditioned.criterion,
+                        ill_conditioned.cause,
+                    ]
+                    for ill_conditioned in ex.ill_conditioned
                 ],
             ),
         ]
@@ -165,8 +171,14 @@ def explanation_section(r: Result) -> list[str]:
             *table(
                 ["tensor", "module", "op", "inputs up to", "half an input ULP moves it by (scaled ULP)"],
                 [
-                    [a.tensor, a.module or "–", a.op_type, f"{a.input_max:.4g}", num(a.gain_scaled_ulp)]
-                    for a in ex.amplifiers
+                    [
+                        amplifier.tensor,
+                        amplifier.module or "–",
+                        amplifier.op_type,
+                        f"{amplifier.input_max:.4g}",
+                        num(amplifier.gain_scaled_ulp),
+                    ]
+                    for amplifier in ex.amplifiers
                 ],
             ),
         ]
@@ -181,12 +193,12 @@ def explanation_section(r: Result) -> list[str]:
     return out
 
 
-def allowances_section(r: Result) -> list[str]:
+def allowances_section(result: Result) -> list[str]:
     """Each op's per-element allowance, as the judged models used them, with its source."""
-    ex = r.explanation
+    ex = result.explanation
     if not ex.ok or not ex.rules:
         return []
-    names = [r.reference_used, *(c.backend for c in r.cross_backend if c.status == "ok")]
+    names = [result.reference_used, *(c.backend for c in result.cross_backend if c.status == "ok")]
     return [
         "## Allowances per element",
         "",
@@ -198,7 +210,7 @@ def allowances_section(r: Result) -> list[str]:
             if ex.floors
             else f"Noise floor: {ex.floor_note or 'not measured'}."
         )
-        + _check_words(ex.reorder_check, r.model.modules()),
+        + _check_words(ex.reorder_check, result.model.modules()),
         "",
         "u: the unit roundoff of the output's dtype; v: the float64 value; M: the operands' magnitude "
         "(Σ|a||b| for a product); n: the terms summed (xbackend/bounds/rules.py).",

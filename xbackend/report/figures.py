@@ -95,26 +95,26 @@ def _points(
     return tuple(x for x, _ in pts), tuple(y for _, y in pts)
 
 
-def _rank(r: Result) -> dict[str, int]:
-    return {n: i for i, n in enumerate(r.model.tensor_order())}
+def _rank(result: Result) -> dict[str, int]:
+    return {n: index for index, n in enumerate(result.model.tensor_order())}
 
 
 def _depth_series(crosses: Sequence[CrossBackendResult], rank: Mapping[str, int]) -> tuple[Series, ...]:
     out = []
-    for c in crosses:
-        if c.status != "ok" or not c.tensors:
+    for cross in crosses:
+        if cross.status != "ok" or not cross.tensors:
             continue
-        x, y = _points(c.tensors, rank)
+        x, y = _points(cross.tensors, rank)
         if x:
-            out.append(Series(c.backend, x, y))
+            out.append(Series(cross.backend, x, y))
     return tuple(out[: len(COLORS)])
 
 
-def _names(r: Result, xs: Sequence[float]) -> tuple[tuple[float, str], ...]:
+def _names(result: Result, xs: Sequence[float]) -> tuple[tuple[float, str], ...]:
     """Each plotted position's module (or tensor) name, at most TICKS of them evenly spread, a
     name repeated by its neighbour shown once, and the path's common head dropped."""
-    order = r.model.tensor_order()
-    modules = r.model.modules()
+    order = result.model.tensor_order()
+    modules = result.model.modules()
     pos = sorted({int(x) for x in xs if 0 <= x < len(order)})
     if len(pos) > TICKS:
         step = (len(pos) - 1) / (TICKS - 1)
@@ -140,11 +140,11 @@ def _names(r: Result, xs: Sequence[float]) -> tuple[tuple[float, str], ...]:
 TICKS = 12
 
 
-def _ratios(r: Result, rank: Mapping[str, int], backends: Sequence[str]) -> tuple[Series, ...]:
+def _ratios(result: Result, rank: Mapping[str, int], backends: Sequence[str]) -> tuple[Series, ...]:
     """Each backend's local error over its allowance, node by node (1: all that rounding allows)."""
     out = []
     for name in backends:
-        le = r.explanation.local_for(name) if r.explanation.ok else None
+        le = result.explanation.local_for(name) if result.explanation.ok else None
         if le is None or le.status != "ok":
             continue
         pts = sorted(
@@ -157,15 +157,17 @@ def _ratios(r: Result, rank: Mapping[str, int], backends: Sequence[str]) -> tupl
     return tuple(out)
 
 
-def _error_depth(r: Result) -> Figure | None:
-    rank = _rank(r)
-    oracle = _depth_series(r.oracle_error, rank)
+def _error_depth(result: Result) -> Figure | None:
+    rank = _rank(result)
+    oracle = _depth_series(result.oracle_error, rank)
     series, against = (
-        (oracle, "the float64 oracle") if oracle else (_depth_series(r.cross_backend, rank), r.reference_used)
+        (oracle, "the float64 oracle")
+        if oracle
+        else (_depth_series(result.cross_backend, rank), result.reference_used)
     )
     if not series:
         return None
-    ex = r.explanation
+    ex = result.explanation
     band = None
     if ex.ok and ex.floors:
         pts = sorted((float(rank.get(t, len(rank))), f) for t, f in ex.floors)
@@ -176,7 +178,7 @@ def _error_depth(r: Result) -> Figure | None:
         if band
         else ""
     )
-    lower = _ratios(r, rank, [s.name for s in series])
+    lower = _ratios(result, rank, [s.name for s in series])
     below = (
         " Below: each node's own error, fed the reference's inputs, over what rounding allows it; under "
         "the line at 1 is within rounding."
@@ -193,32 +195,34 @@ def _error_depth(r: Result) -> Figure | None:
         "scaled ULP",
         series,
         band=band,
-        names=_names(r, [x for s in series for x in s.x]),
+        names=_names(result, [x for curve in series for x in curve.x]),
         lower=lower,
         lower_label="own error / allowance",
     )
 
 
-def _distribution(r: Result) -> Figure | None:
+def _distribution(result: Result) -> Figure | None:
     series = []
-    for c in r.cross_backend:
-        vals = [d.scaled_ulp for d in (c.tensors or c.output_tensors) if d.scaled_ulp is not None]
-        if c.status != "ok" or not vals:
+    for cross in result.cross_backend:
+        vals = [d.scaled_ulp for d in (cross.tensors or cross.output_tensors) if d.scaled_ulp is not None]
+        if cross.status != "ok" or not vals:
             continue
         counts = [0] * len(BINS)
         for val in vals:
             counts[_bin(val)] += 1
         series.append(
             Series(
-                c.backend, tuple(float(i) for i in range(len(BINS))), tuple(float(count) for count in counts)
+                cross.backend,
+                tuple(float(i) for i in range(len(BINS))),
+                tuple(float(count) for count in counts),
             )
         )
     if not series:
         return None
     return Figure(
         "ulp-distribution",
-        f"Scaled-ULP distribution against {r.reference_used}",
-        f"How many tensors fall in each scaled-ULP range against {r.reference_used}, per backend.",
+        f"Scaled-ULP distribution against {result.reference_used}",
+        f"How many tensors fall in each scaled-ULP range against {result.reference_used}, per backend.",
         "scaled ULP",
         "tensors",
         tuple(series[: len(COLORS)]),
@@ -233,11 +237,11 @@ def _bin(v: float) -> int:
     return next(i for i, (lo, hi, _) in enumerate(BINS) if i and lo < v <= hi)
 
 
-def _batch(r: Result) -> Figure | None:
+def _batch(result: Result) -> Figure | None:
     rows = []
-    for p in r.probes:
-        if p.name == "batch":
-            rows = list(getattr(p, "rows", ()))
+    for probe in result.probes:
+        if probe.name == "batch":
+            rows = list(getattr(probe, "rows", ()))
     series = []
     for row in rows:
         pts = [(float(depth), float(s)) for _, depth, _, s in row.by_depth if s is not None]
@@ -260,24 +264,24 @@ def _batch(r: Result) -> Figure | None:
     )
 
 
-def _builds_series(r: Result) -> list[Series]:
+def _builds_series(result: Result) -> list[Series]:
     series = []
-    rank = _rank(r)
-    for b in r.backends:
-        if not b.ok or b.builds < 2 or not b.build_diffs:
+    rank = _rank(result)
+    for backend in result.backends:
+        if not backend.ok or backend.builds < 2 or not backend.build_diffs:
             continue
-        x, y = _points(b.build_diffs, rank)
+        x, y = _points(backend.build_diffs, rank)
         if x:
-            series.append(Series(b.name, x, y))
+            series.append(Series(backend.name, x, y))
     return series
 
 
-def _builds(r: Result) -> Figure | None:
+def _builds(result: Result) -> Figure | None:
     """Drawn only where some build differs: identical builds are one sentence (builds_unchanged)."""
-    series = _builds_series(r)
-    if not any(y for s in series for y in s.y):
+    series = _builds_series(result)
+    if not any(y for curve in series for y in curve.y):
         return None
-    rank = _rank(r)
+    rank = _rank(result)
     return Figure(
         "build-variance",
         "Build variance per layer",
@@ -286,32 +290,32 @@ def _builds(r: Result) -> Figure | None:
         "layer (model order)",
         "scaled ULP",
         tuple(series[: len(COLORS)]),
-        names=_names(r, [x for s in series for x in s.x]) if rank else (),
+        names=_names(result, [x for curve in series for x in curve.x]) if rank else (),
     )
 
 
-def builds_unchanged(r: Result) -> str:
+def builds_unchanged(result: Result) -> str:
     """The sentence that stands for the build-variance figure where no build differs ('' where
     builds were not compared, or differ)."""
-    series = _builds_series(r)
-    if not series or any(y for s in series for y in s.y):
+    series = _builds_series(result)
+    if not series or any(y for curve in series for y in curve.y):
         return ""
     names = ", ".join(s.name for s in series)
     return (
         f"*Build variance is not drawn: fresh builds of {names} computed the same bits at every "
-        f"exposed tensor ({r.options.builds} builds each).*"
+        f"exposed tensor ({result.options.builds} builds each).*"
     )
 
 
 _SLUG = re.compile(r"[^A-Za-z0-9_.+@-]")  # a runner's name as a file-name part (never a folder)
 
 
-def _costs(r: Result) -> list[Figure]:
+def _costs(result: Result) -> list[Figure]:
     """Per family of modes: each mode's median latency against the default's (times shown only)."""
-    if not r.options.shows_times:
+    if not result.options.shows_times:
         return []
     out = []
-    for fam in r.cost_of_determinism():
+    for fam in result.cost_of_determinism():
         rows = [row for row in fam.rows if row.ratio is not None]
         if len(rows) < 2:
             continue
@@ -340,42 +344,47 @@ def _costs(r: Result) -> list[Figure]:
     return out
 
 
-def _outputs_note(m: ModeRow) -> str:
-    broken = "".join(f"\n{p} BROKEN" for p in m.broken)
-    return f"{m.distinct_run_outputs} / {m.distinct_build_outputs} outputs{broken}"
+def _outputs_note(mode_row: ModeRow) -> str:
+    broken = "".join(f"\n{p} BROKEN" for p in mode_row.broken)
+    return f"{mode_row.distinct_run_outputs} / {mode_row.distinct_build_outputs} outputs{broken}"
 
 
 _FLOOR = 1e-9  # a logit difference of 0 on the log scale
 
 
-def _decode(r: Result) -> Figure | None:
+def _decode(result: Result) -> Figure | None:
     """The reference's top-1/top-2 margin per step of one prompt beside each backend's logit
     difference from it: a token flips where a difference reaches the margin."""
-    d = r.decode
-    if d is None or not any(backend.ok for backend in d.backends):
+    decode = result.decode
+    if decode is None or not any(backend.ok for backend in decode.backends):
         return None
-    prompt = d.layers_step[1] if d.layers_step else 0
+    prompt = decode.layers_step[1] if decode.layers_step else 0
     ref = next(
         (
             backend
-            for backend in d.backends
-            if backend.backend == d.reference and backend.ok and backend.prompts
+            for backend in decode.backends
+            if backend.backend == decode.reference and backend.ok and backend.prompts
         ),
         None,
     )
     if ref is None:
         return None
     margins = ref.prompts[prompt].margins
-    series = [Series(f"{d.reference}: top-1/top-2 margin", tuple(map(float, range(len(margins)))), margins)]
-    for b in d.backends:
-        if b.ok and b.backend != d.reference and b.prompts:
-            diffs = b.prompts[prompt].logit_differences
+    series = [
+        Series(f"{decode.reference}: top-1/top-2 margin", tuple(map(float, range(len(margins)))), margins)
+    ]
+    for backend_result in decode.backends:
+        if backend_result.ok and backend_result.backend != decode.reference and backend_result.prompts:
+            diffs = backend_result.prompts[prompt].logit_differences
             ys = tuple(max(diff, _FLOOR) for diff in diffs)
-            series.append(Series(f"{b.backend}: logit difference", tuple(map(float, range(len(ys)))), ys))
+            series.append(
+                Series(f"{backend_result.backend}: logit difference", tuple(map(float, range(len(ys)))), ys)
+            )
     return Figure(
         "decode-margins",
         f"Greedy decoding, prompt {prompt}: margin against logit difference",
-        f"Per step: {d.reference}'s top-1 minus top-2 logit, and each backend's largest logit difference "
+        f"Per step: {decode.reference}'s top-1 minus top-2 logit, and each backend's largest logit "
+        "difference "
         f"from it while their tokens agree (0 drawn at {_FLOOR:g}); a token flips where a difference "
         "reaches the margin.",
         "step",
@@ -385,14 +394,14 @@ def _decode(r: Result) -> Figure | None:
     )
 
 
-def _candidates(r: Result) -> Figure | None:
+def _candidates(result: Result) -> Figure | None:
     """Each candidate's SQNR against the original, tensor by tensor in the original's order: where
     its precision costs signal, and where the loss compounds."""
     series = []
-    for k, c in enumerate(r.candidates, 1):
+    for index, candidate in enumerate(result.candidates, 1):
         pts = sorted(
             (float(match.depth), float(match.sqnr_db))
-            for match in c.matches
+            for match in candidate.matches
             if match.status == "ok"
             and match.how != "dequantized"
             and match.sqnr_db is not None
@@ -400,7 +409,11 @@ def _candidates(r: Result) -> Figure | None:
         )
         if pts:
             series.append(
-                Series(f"candidate {k} ({c.precision})", tuple(x for x, _ in pts), tuple(y for _, y in pts))
+                Series(
+                    f"candidate {index} ({candidate.precision})",
+                    tuple(x for x, _ in pts),
+                    tuple(y for _, y in pts),
+                )
             )
     if not series:
         return None
@@ -417,28 +430,36 @@ def _candidates(r: Result) -> Figure | None:
     )
 
 
-def _line(ax: Any, s: Series, color: str, hollow_zero: bool) -> None:
+def _line(ax: Any, series: Series, color: str, hollow_zero: bool) -> None:
     """Points joined only where they are neighbours in model order (a gap: a tensor not exposed);
     zeros (bit-equal) as hollow markers, so a drop to 0 reads as equality, not a glitch."""
     xs: list[float] = []
     ys: list[float] = []
-    for i, (x, y) in enumerate(zip(s.x, s.y, strict=True)):
-        if i and x - s.x[i - 1] > 1:
+    for i, (x, y) in enumerate(zip(series.x, series.y, strict=True)):
+        if i and x - series.x[i - 1] > 1:
             xs.append(math.nan)
             ys.append(math.nan)
         xs.append(x)
         ys.append(y)
-    ax.plot(xs, ys, color=color, label=s.name, linewidth=1.5, marker="o", markersize=3)
+    ax.plot(xs, ys, color=color, label=series.name, linewidth=1.5, marker="o", markersize=3)
     if hollow_zero:
-        zx = [x for x, y in zip(s.x, s.y, strict=True) if y == 0]
+        zx = [x for x, y in zip(series.x, series.y, strict=True) if y == 0]
         if zx:
             ax.plot(zx, [0.0] * len(zx), linestyle="none", marker="o", markersize=6, markerfacecolor="white",
                     markeredgecolor=color)  # fmt: skip
 
 
-def planned_figures(r: Result) -> list[Figure]:
+def planned_figures(result: Result) -> list[Figure]:
     """The figures this result has data for, in report order."""
-    figs = [_decode(r), _error_depth(r), _distribution(r), _batch(r), _builds(r), *_costs(r), _candidates(r)]
+    figs = [
+        _decode(result),
+        _error_depth(result),
+        _distribution(result),
+        _batch(result),
+        _builds(result),
+        *_costs(result),
+        _candidates(result),
+    ]
     return [fig for fig in figs if fig is not None]
 
 
@@ -461,12 +482,12 @@ def render(fig: Figure) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure as MplFigure  # heavy: matplotlib, only when figures are drawn
 
-    f = MplFigure(figsize=(10, 6.2 if fig.lower else 4.8), dpi=100)
-    FigureCanvasAgg(f)
+    mpl_figure = MplFigure(figsize=(10, 6.2 if fig.lower else 4.8), dpi=100)
+    FigureCanvasAgg(mpl_figure)
     if fig.lower:
-        ax, low = f.subplots(2, 1, sharex=True, height_ratios=(2.2, 1))
+        ax, low = mpl_figure.subplots(2, 1, sharex=True, height_ratios=(2.2, 1))
     else:
-        ax, low = f.add_subplot(), None
+        ax, low = mpl_figure.add_subplot(), None
     n = len(fig.series)
     if fig.band is not None:
         b = fig.band
@@ -489,11 +510,13 @@ def render(fig: Figure) -> bytes:
         ax.set_yscale("log")
     else:
         ax.set_yscale("symlog", linthresh=1.0)
-        top = max((v for s in (*fig.series, *(b for b in [fig.band] if b)) for v in s.y), default=1.0)
+        top = max(
+            (v for series in (*fig.series, *(b for b in [fig.band] if b)) for v in series.y), default=1.0
+        )
         ticks = [0.0, 1.0]
         while ticks[-1] < top:
             ticks.append(ticks[-1] * 4)
-        ax.set_yticks(ticks, ["0 (equal)", *(f"{t:g}" for t in ticks[1:])])
+        ax.set_yticks(ticks, ["0 (equal)", *(f"{tick:g}" for tick in ticks[1:])])
         ax.set_ylim(bottom=0, top=ticks[-1])
     ax.set_title(fig.title)
     ax.set_ylabel(fig.ylabel)
@@ -505,7 +528,7 @@ def render(fig: Figure) -> bytes:
         low.axhline(1, color="#38761d", linewidth=1)
         for i, s in enumerate(fig.lower):
             low.plot(s.x, s.y, linestyle="none", marker="o", markersize=3, color=COLORS[i], label=s.name)
-        low.set_ylim(0, max(1.2, *(max(s.y) * 1.1 for s in fig.lower)))
+        low.set_ylim(0, max(1.2, *(max(series.y) * 1.1 for series in fig.lower)))
         low.set_ylabel(fig.lower_label)
         low.grid(True, alpha=0.3)
         low.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0)
@@ -516,8 +539,12 @@ def render(fig: Figure) -> bytes:
         for label in bottom.get_xticklabels():
             label.set_horizontalalignment("right")
     bottom.set_xlabel(fig.xlabel)
-    f.tight_layout()
-    desc = json.dumps({"series": [{"name": s.name, "color": COLORS[i]} for i, s in enumerate(fig.series)]})
+    mpl_figure.tight_layout()
+    desc = json.dumps(
+        {"series": [{"name": s.name, "color": COLORS[index]} for index, s in enumerate(fig.series)]}
+    )
     buf = io.BytesIO()
-    f.savefig(buf, format="png", metadata={"Software": "xbackend", "Title": fig.title, "Description": desc})
+    mpl_figure.savefig(
+        buf, format="png", metadata={"Software": "xbackend", "Title": fig.title, "Description": desc}
+    )
     return buf.getvalue()

@@ -30,95 +30,95 @@ def _clean(x: Any) -> Any:
     if isinstance(x, float) and not math.isfinite(x):
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(key): _clean(value) for key, value in x.items()}
     if isinstance(x, list | tuple):
         return [_clean(v) for v in x]
     return x
 
 
-def _tensor(d: TensorDiff, modules: dict[str, str] | None = None) -> dict[str, Any]:
-    out = asdict(d)
-    out["module"] = (modules or {}).get(value_name(d.name), "")
+def _tensor(tensor_diff: TensorDiff, modules: dict[str, str] | None = None) -> dict[str, Any]:
+    out = asdict(tensor_diff)
+    out["module"] = (modules or {}).get(value_name(tensor_diff.name), "")
     return out
 
 
-def _backend(b: BackendResult, times: bool) -> dict[str, Any]:
+def _backend(backend: BackendResult, times: bool) -> dict[str, Any]:
     return {
-        "latency": b.latency.to_json() if times and b.latency else None,
-        "peak_rss_bytes": b.peak_rss_bytes if times and b.peak_rss_bytes else None,
-        "start_rss_bytes": b.start_rss_bytes if times and b.start_rss_bytes else None,
-        "planned_bytes": b.planned_bytes or None,
-        "name": b.name,
-        "status": b.status,
-        "reason": b.reason,
-        "promises": list(b.promises),
-        "deterministic": b.deterministic,
-        "runs": b.runs,
-        "builds": b.builds,
-        "distinct_outputs": b.distinct_outputs,
-        "distinct_run_outputs": b.distinct_run_outputs,
-        "distinct_build_outputs": b.distinct_build_outputs,
-        "first_nondeterministic": b.first_nondeterministic,
-        "exposed_tensors": b.exposed,
-        "not_exposed": [{"tensor": t, "reason": r} for t, r in b.not_exposed],
-        "options": dict(b.options),
-        "info": dict(b.info),
-        "fingerprints": list(b.fingerprints),
-        "varying_tensors": [_tensor(d) for d in b.varying()],
-        "observer_effect": asdict(b.observer) if b.observer is not None else None,
-        "layers_error": b.layers_error,
-        "constant_outputs": [{"tensor": t, "value": v} for t, v in b.constant_outputs],
-        "loaded_from": b.loaded_from,
+        "latency": backend.latency.to_json() if times and backend.latency else None,
+        "peak_rss_bytes": backend.peak_rss_bytes if times and backend.peak_rss_bytes else None,
+        "start_rss_bytes": backend.start_rss_bytes if times and backend.start_rss_bytes else None,
+        "planned_bytes": backend.planned_bytes or None,
+        "name": backend.name,
+        "status": backend.status,
+        "reason": backend.reason,
+        "promises": list(backend.promises),
+        "deterministic": backend.deterministic,
+        "runs": backend.runs,
+        "builds": backend.builds,
+        "distinct_outputs": backend.distinct_outputs,
+        "distinct_run_outputs": backend.distinct_run_outputs,
+        "distinct_build_outputs": backend.distinct_build_outputs,
+        "first_nondeterministic": backend.first_nondeterministic,
+        "exposed_tensors": backend.exposed,
+        "not_exposed": [{"tensor": t, "reason": r} for t, r in backend.not_exposed],
+        "options": dict(backend.options),
+        "info": dict(backend.info),
+        "fingerprints": list(backend.fingerprints),
+        "varying_tensors": [_tensor(d) for d in backend.varying()],
+        "observer_effect": asdict(backend.observer) if backend.observer is not None else None,
+        "layers_error": backend.layers_error,
+        "constant_outputs": [{"tensor": t, "value": v} for t, v in backend.constant_outputs],
+        "loaded_from": backend.loaded_from,
     }
 
 
-def _drift(d: Drift, modules: dict[str, str]) -> dict[str, Any]:
+def _drift(drift: Drift, modules: dict[str, str]) -> dict[str, Any]:
     return {
-        "backend": d.backend,
-        "baseline": d.baseline,
-        "status": d.status,
-        "reason": d.reason,
-        "measured": d.measured,
-        "bit_identical": d.status == "identical",
-        "max_ulp": d.max_ulp,
-        "scaled_ulp": d.scaled_ulp,
-        "first_moved": d.first_moved,
-        "first_moved_module": modules.get(value_name(d.first_moved or ""), ""),
-        "moved": list(d.moved),
-        "outputs": [_tensor(x, modules) for x in d.outputs],
+        "backend": drift.backend,
+        "baseline": drift.baseline,
+        "status": drift.status,
+        "reason": drift.reason,
+        "measured": drift.measured,
+        "bit_identical": drift.status == "identical",
+        "max_ulp": drift.max_ulp,
+        "scaled_ulp": drift.scaled_ulp,
+        "first_moved": drift.first_moved,
+        "first_moved_module": modules.get(value_name(drift.first_moved or ""), ""),
+        "moved": list(drift.moved),
+        "outputs": [_tensor(output, modules) for output in drift.outputs],
     }
 
 
-def _with_floor(t: dict[str, Any], floors: dict[str, float], c: CrossBackendResult) -> dict[str, Any]:
+def _with_floor(t: dict[str, Any], floors: dict[str, float], cross: CrossBackendResult) -> dict[str, Any]:
     name = value_name(t["name"])
-    out = {**t, "noise_floor": floors.get(name), "tolerance": c.tolerance(name)}
-    if c.judged:  # the tolerance is the allowance of this node's local error against float64
-        out["local_scaled_ulp"] = c.local_error(name)
+    out = {**t, "noise_floor": floors.get(name), "tolerance": cross.tolerance(name)}
+    if cross.judged:  # the tolerance is the allowance of this node's local error against float64
+        out["local_scaled_ulp"] = cross.local_error(name)
     return out
 
 
-def _cross(c: CrossBackendResult, modules: dict[str, str], floors: dict[str, float]) -> dict[str, Any]:
+def _cross(cross: CrossBackendResult, modules: dict[str, str], floors: dict[str, float]) -> dict[str, Any]:
     return {
-        "backend": c.backend,
-        "reference": c.reference,
-        "status": c.status,
-        "reason": c.reason,
-        "bitwise_equal": c.bitwise_equal if c.status == "ok" else None,
-        "max_ulp": c.max_ulp,
-        "scaled_ulp": c.scaled_ulp,
-        "max_ulp_tolerance": c.max_ulp_tolerance,
-        "tolerance_by": c.tolerance_by,
-        "within_tolerance": (not c.violates) if c.status == "ok" else None,
-        "first_divergence": c.first_divergence,
-        "first_violation": c.first_violation,
-        "only_in_backend": list(c.only_in_backend),
-        "only_in_reference": list(c.only_in_reference),
-        "outputs": [_tensor(tensor, modules) for tensor in c.output_tensors],
-        "instrumented_outputs_differ": c.observer_differs,
-        "layers_note": c.layers_note,
-        "tensors": [_with_floor(_tensor(tensor, modules), floors, c) for tensor in c.tensors],
-        "explained": c.explained,
-        "not_judged": c.not_judged if c.explained is None else None,
+        "backend": cross.backend,
+        "reference": cross.reference,
+        "status": cross.status,
+        "reason": cross.reason,
+        "bitwise_equal": cross.bitwise_equal if cross.status == "ok" else None,
+        "max_ulp": cross.max_ulp,
+        "scaled_ulp": cross.scaled_ulp,
+        "max_ulp_tolerance": cross.max_ulp_tolerance,
+        "tolerance_by": cross.tolerance_by,
+        "within_tolerance": (not cross.violates) if cross.status == "ok" else None,
+        "first_divergence": cross.first_divergence,
+        "first_violation": cross.first_violation,
+        "only_in_backend": list(cross.only_in_backend),
+        "only_in_reference": list(cross.only_in_reference),
+        "outputs": [_tensor(tensor, modules) for tensor in cross.output_tensors],
+        "instrumented_outputs_differ": cross.observer_differs,
+        "layers_note": cross.layers_note,
+        "tensors": [_with_floor(_tensor(tensor, modules), floors, cross) for tensor in cross.tensors],
+        "explained": cross.explained,
+        "not_judged": cross.not_judged if cross.explained is None else None,
         "origins": [
             {
                 "tensor": origin.tensor,
@@ -131,13 +131,13 @@ def _cross(c: CrossBackendResult, modules: dict[str, str], floors: dict[str, flo
                 "rule": origin.rule,
                 "past_deterministic_bound": origin.certain,
             }
-            for origin in c.origins
+            for origin in cross.origins
         ],
     }
 
 
-def _explanation(r: Result) -> dict[str, Any]:
-    ex = r.explanation
+def _explanation(result: Result) -> dict[str, Any]:
+    ex = result.explanation
     return {
         "status": ex.status,
         "reason": ex.reason,
@@ -150,20 +150,25 @@ def _explanation(r: Result) -> dict[str, Any]:
         "reductions_left_in_order": [{"node": n, "op_type": o, "why": w} for n, o, w in ex.skipped],
         "local_errors": [
             {
-                "backend": x.backend,
-                "status": x.status,
-                "reason": x.reason,
-                "nodes_compared": x.compared,
-                "nodes_not_judged": [{"tensor": n.tensor, "why": n.not_judged} for n in x.unjudged],
-                "largest_ratio": x.largest_ratio,
-                "largest_at": x.largest_at,
-                "judged_on": x.graph,
-                "explained": x.explained,
-                "origins": [origin.tensor for origin in x.origins],
+                "backend": local_errors.backend,
+                "status": local_errors.status,
+                "reason": local_errors.reason,
+                "nodes_compared": local_errors.compared,
+                "nodes_not_judged": [
+                    {"tensor": node_judgment.tensor, "why": node_judgment.not_judged}
+                    for node_judgment in local_errors.unjudged
+                ],
+                "largest_ratio": local_errors.largest_ratio,
+                "largest_at": local_errors.largest_at,
+                "judged_on": local_errors.graph,
+                "explained": local_errors.explained,
+                "origins": [origin.tensor for origin in local_errors.origins],
                 # per op, the median smallest relative error on every element its nodes catch
-                "detection": [{"op_type": op, "relative": v, "nodes": k} for op, v, k in x.detection()],
+                "detection": [
+                    {"op_type": op, "relative": v, "nodes": k} for op, v, k in local_errors.detection()
+                ],
             }
-            for x in ex.local
+            for local_errors in ex.local
         ],
         "confidence_per_node": ex.confidence,
         "amplifiers": [
@@ -189,123 +194,133 @@ def _explanation(r: Result) -> dict[str, Any]:
     }
 
 
-def _pair(p: PairResult) -> dict[str, Any]:
+def _pair(pair_result: PairResult) -> dict[str, Any]:
     return {
-        "a": p.a,
-        "b": p.b,
-        "bitwise_equal": p.bitwise_equal,
-        "max_ulp": p.max_ulp,
-        "scaled_ulp": p.scaled_ulp,
-        "max_rel": p.max_rel,
+        "a": pair_result.a,
+        "b": pair_result.b,
+        "bitwise_equal": pair_result.bitwise_equal,
+        "max_ulp": pair_result.max_ulp,
+        "scaled_ulp": pair_result.scaled_ulp,
+        "max_rel": pair_result.max_rel,
     }
 
 
-def _oracle(c: CrossBackendResult, modules: dict[str, str]) -> dict[str, Any]:
-    outs = c.output_diffs()
+def _oracle(cross: CrossBackendResult, modules: dict[str, str]) -> dict[str, Any]:
+    outs = cross.output_diffs()
     return {
-        "backend": c.backend,
-        "max_ulp": c.max_ulp,
-        "scaled_ulp": c.scaled_ulp,
+        "backend": cross.backend,
+        "max_ulp": cross.max_ulp,
+        "scaled_ulp": cross.scaled_ulp,
         "max_rel": max((out.max_rel for out in outs), default=0.0),
-        "bitwise_equal": c.bitwise_equal,
-        "first_divergence": c.first_divergence,
-        "outputs": [_tensor(tensor, modules) for tensor in c.output_tensors],
-        "tensors": [_tensor(tensor, modules) for tensor in c.tensors],
+        "bitwise_equal": cross.bitwise_equal,
+        "first_divergence": cross.first_divergence,
+        "outputs": [_tensor(tensor, modules) for tensor in cross.output_tensors],
+        "tensors": [_tensor(tensor, modules) for tensor in cross.tensors],
     }
 
 
-def to_dict(r: Result) -> dict[str, Any]:
-    m = r.model
-    modules = m.modules()
-    found = r.findings()
+def to_dict(result: Result) -> dict[str, Any]:
+    model = result.model
+    modules = model.modules()
+    found = result.findings()
     findings = [f.to_json() for f in found]
     out: dict[str, Any] = _clean(
         {
             "schema": SCHEMA,
-            "verdict": {"exit_code": r.exit_code, "lines": [f.line for f in found], "findings": findings},
-            "promises": [asdict(check) for check in r.promise_checks()],
+            "verdict": {
+                "exit_code": result.exit_code,
+                "lines": [finding.line for finding in found],
+                "findings": findings,
+            },
+            "promises": [asdict(check) for check in result.promise_checks()],
             "model": {
-                "path": m.path,
-                "sha256": m.sha256,
-                "ir_version": m.ir_version,
-                "opsets": dict(m.opsets),
-                "producer": m.producer,
-                "external_data": m.external_data,
-                "weight_bytes": m.weight_bytes,
-                "inputs": [asdict(i) for i in m.inputs],
+                "path": model.path,
+                "sha256": model.sha256,
+                "ir_version": model.ir_version,
+                "opsets": dict(model.opsets),
+                "producer": model.producer,
+                "external_data": model.external_data,
+                "weight_bytes": model.weight_bytes,
+                "inputs": [asdict(input_name) for input_name in model.inputs],
                 "modules": modules,
-                "outputs": [asdict(o) for o in m.outputs],
-                "tensors": len(m.tensors),
-                "exposed": len(m.tensor_order()),
-                "metadata": dict(m.metadata),
+                "outputs": [asdict(output) for output in model.outputs],
+                "tensors": len(model.tensors),
+                "exposed": len(model.tensor_order()),
+                "metadata": dict(model.metadata),
             },
             "inputs": {
-                "sha256": r.feeds.sha256,
-                "seed": r.feeds.seed,
-                "source": r.feeds.source,
-                "values": [{"name": n, "dtype": d, "shape": s} for n, d, s in r.feeds.shapes],
-                "ranges": dict(r.feeds.ranges),
-                "made": dict(r.feeds.made),
-                "expected_outputs": r.feeds.expected,
+                "sha256": result.feeds.sha256,
+                "seed": result.feeds.seed,
+                "source": result.feeds.source,
+                "values": [{"name": n, "dtype": d, "shape": s} for n, d, s in result.feeds.shapes],
+                "ranges": dict(result.feeds.ranges),
+                "made": dict(result.feeds.made),
+                "expected_outputs": result.feeds.expected,
             },
             "options": {
-                "backends": list(r.options.backends),
-                "reference": r.options.reference_name,
-                "reference_used": r.reference_used,
-                "runs": r.options.runs,
-                "builds": r.options.builds,
-                "max_ulp": r.options.tolerance_text if r.options.max_ulp is None else r.options.max_ulp,
-                "outputs_only": r.options.outputs_only,
-                "tensors": r.options.tensors,
-                "probes": list(r.probes_ran),
-                "batch_invariance": r.options.batch_invariance,
-                "timeout_s": r.options.timeout,
+                "backends": list(result.options.backends),
+                "reference": result.options.reference_name,
+                "reference_used": result.reference_used,
+                "runs": result.options.runs,
+                "builds": result.options.builds,
+                "max_ulp": result.options.tolerance_text
+                if result.options.max_ulp is None
+                else result.options.max_ulp,
+                "outputs_only": result.options.outputs_only,
+                "tensors": result.options.tensors,
+                "probes": list(result.probes_ran),
+                "batch_invariance": result.options.batch_invariance,
+                "timeout_s": result.options.timeout,
             },
-            "command": r.command,
-            "backends": [_backend(backend, r.options.shows_times) for backend in r.backends],
-            "cost_of_determinism": [f.to_json(r.options.shows_times) for f in r.cost_of_determinism()],
-            "cross_backend": [_cross(c, modules, r.explanation.floor_map()) for c in r.cross_backend],
-            "explanation": _explanation(r),
+            "command": result.command,
+            "backends": [_backend(backend, result.options.shows_times) for backend in result.backends],
+            "cost_of_determinism": [
+                f.to_json(result.options.shows_times) for f in result.cost_of_determinism()
+            ],
+            "cross_backend": [
+                _cross(c, modules, result.explanation.floor_map()) for c in result.cross_backend
+            ],
+            "explanation": _explanation(result),
             "ill_conditioned": [
                 {
-                    "tensor": t.tensor,
-                    "module": t.module,
-                    "scaled_ulp": t.scaled_ulp,
-                    "cause": t.cause,
-                    "criterion": t.criterion,
+                    "tensor": ill_conditioned.tensor,
+                    "module": ill_conditioned.module,
+                    "scaled_ulp": ill_conditioned.scaled_ulp,
+                    "cause": ill_conditioned.cause,
+                    "criterion": ill_conditioned.criterion,
                 }
-                for t in r.explanation.ill_conditioned
+                for ill_conditioned in result.explanation.ill_conditioned
             ],
-            "pairs": [_pair(pair) for pair in r.pairs],
-            "oracle_error": [_oracle(c, modules) for c in r.oracle_error],
-            "expected_error": [_oracle(c, modules) for c in r.expected_error],
-            "probes": {probe.name: probe.to_json() for probe in r.probes},
-            "baseline": [_drift(d, modules) for d in r.baseline],
-            "gates": [asdict(gate) for gate in r.gates()],
-            "notes": list(r.notes),
+            "pairs": [_pair(pair) for pair in result.pairs],
+            "oracle_error": [_oracle(c, modules) for c in result.oracle_error],
+            "expected_error": [_oracle(c, modules) for c in result.expected_error],
+            "probes": {probe.name: probe.to_json() for probe in result.probes},
+            "baseline": [_drift(d, modules) for d in result.baseline],
+            "gates": [asdict(gate) for gate in result.gates()],
+            "notes": list(result.notes),
             "metrics": dict(METRIC_DEFINITIONS),
-            "environment": dict(r.environment),
+            "environment": dict(result.environment),
         }
     )
-    if r.decode is not None:
-        out["decode"] = _clean(decode_json(r.decode))
-    if r.decisions:
-        out["decisions"] = _clean(decisions_json(r))
-    if r.candidates:
-        out["candidates"] = _clean(candidate_json(r))
-    out["result"] = encode(r, times=r.options.shows_times)
-    if r.options.shows_times:  # only on request: times differ between identical comparisons
+    if result.decode is not None:
+        out["decode"] = _clean(decode_json(result.decode))
+    if result.decisions:
+        out["decisions"] = _clean(decisions_json(result))
+    if result.candidates:
+        out["candidates"] = _clean(candidate_json(result))
+    out["result"] = encode(result, times=result.options.shows_times)
+    if result.options.shows_times:  # only on request: times differ between identical comparisons
         out["build_seconds"] = {
-            backend.name: [round(t, 3) for t in backend.build_s] for backend in r.backends
+            backend.name: [round(t, 3) for t in backend.build_s] for backend in result.backends
         }
         out["probe_build_seconds"] = {
             f"{probe.name}: {label}": [round(time, 3) for time in times]
-            for probe in r.probes
+            for probe in result.probes
             for label, times in probe.build_times()
         }
     return out
 
 
-def to_json(r: Result) -> str:
+def to_json(result: Result) -> str:
     """Stable text: sorted keys, fixed indentation, trailing newline."""
-    return json.dumps(to_dict(r), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    return json.dumps(to_dict(result), indent=2, sort_keys=True, allow_nan=False) + "\n"

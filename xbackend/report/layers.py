@@ -31,37 +31,52 @@ FULL_TABLE_LIMIT = 50  # rows of a folded per-layer table; the rest is in the CS
 
 
 def diff_row(
-    d: TensorDiff, modules: Mapping[str, str], mark: str = "", floors: Mapping[str, float] | None = None
+    tensor_diff: TensorDiff,
+    modules: Mapping[str, str],
+    mark: str = "",
+    floors: Mapping[str, float] | None = None,
 ) -> list[object]:
-    name = strong(d.name, f" {mark}") if mark else inert(d.name)
-    module = inert(modules.get(value_name(d.name), ""))
-    special = f"{d.nan_mismatch}/{d.inf_mismatch}/{d.ftz_mismatch}/{d.fill_mismatch}"
-    zero = f" (bits differ at 0 ULP: {d.zero_ulp_reason()})" if d.zero_ulp_reason() else ""
-    status: object = f"{d.status}{zero}" if d.comparable else strong(d.status, f" ({d.detail}){zero}")
+    name = strong(tensor_diff.name, f" {mark}") if mark else inert(tensor_diff.name)
+    module = inert(modules.get(value_name(tensor_diff.name), ""))
+    mismatches = (
+        tensor_diff.nan_mismatch,
+        tensor_diff.inf_mismatch,
+        tensor_diff.ftz_mismatch,
+        tensor_diff.fill_mismatch,
+    )
+    special = "/".join(str(count) for count in mismatches)
+    zero = (
+        f" (bits differ at 0 ULP: {tensor_diff.zero_ulp_reason()})" if tensor_diff.zero_ulp_reason() else ""
+    )
+    status: object = (
+        f"{tensor_diff.status}{zero}"
+        if tensor_diff.comparable
+        else strong(tensor_diff.status, f" ({tensor_diff.detail}){zero}")
+    )
     return [
         name,
         *([module or "–"] if modules else []),
-        inert(d.op_type) or "–",
-        d.dtype,
+        inert(tensor_diff.op_type) or "–",
+        tensor_diff.dtype,
         status,
-        _yes(d.bitwise_equal),
-        _num(d.mismatch_fraction),
-        _num(d.max_ulp),
-        _num(d.scaled_ulp),
-        _num(d.max_abs),
-        _num(d.max_rel),
-        _num(d.v_ermv),
+        _yes(tensor_diff.bitwise_equal),
+        _num(tensor_diff.mismatch_fraction),
+        _num(tensor_diff.max_ulp),
+        _num(tensor_diff.scaled_ulp),
+        _num(tensor_diff.max_abs),
+        _num(tensor_diff.max_rel),
+        _num(tensor_diff.v_ermv),
         special,
-        *([_times_floor(d, floors)] if floors is not None else []),
+        *([_times_floor(tensor_diff, floors)] if floors is not None else []),
     ]
 
 
-def _times_floor(d: TensorDiff, floors: Mapping[str, float]) -> str:
+def _times_floor(tensor_diff: TensorDiff, floors: Mapping[str, float]) -> str:
     """The difference in units of the tensor's noise floor (a floor under 1 ULP counts as 1)."""
-    f = floors.get(value_name(d.name))
-    if f is None or d.scaled_ulp is None:
+    f = floors.get(value_name(tensor_diff.name))
+    if f is None or tensor_diff.scaled_ulp is None:
         return "–"
-    return f"{times_floor(d.scaled_ulp, f):.2g}"
+    return f"{times_floor(tensor_diff.scaled_ulp, f):.2g}"
 
 
 _DIFF_HEADER = [
@@ -88,67 +103,69 @@ def diff_header(modules: Mapping[str, str], floors: bool = False) -> list[str]:
 
 
 def _layer_tables(
-    c: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None
+    cross: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None
 ) -> list[str]:
-    out = [f"### {inert(c.backend)} vs {inert(c.reference)}", ""]
-    if c.status != "ok":
-        return [*out, f"Not compared: {c.reason}.", ""]
-    first = c.first_divergence
+    out = [f"### {inert(cross.backend)} vs {inert(cross.reference)}", ""]
+    if cross.status != "ok":
+        return [*out, f"Not compared: {cross.reason}.", ""]
+    first = cross.first_divergence
     where = with_module(first, modules) if first else None
-    outs = "bitwise equal" if c.bitwise_equal else f"{_num(c.scaled_ulp)} scaled ULP"
+    outs = "bitwise equal" if cross.bitwise_equal else f"{_num(cross.scaled_ulp)} scaled ULP"
     after = (
         f"an intermediate first differs at {where}"
-        if where and c.bitwise_equal
+        if where and cross.bitwise_equal
         else f"first divergence {where or 'none'}"
     )
-    summary = f"{len(c.tensors)} tensors; outputs {outs}; {after}"
-    body = _layer_body(c, modules, floors)
+    summary = f"{len(cross.tensors)} tensors; outputs {outs}; {after}"
+    body = _layer_body(cross, modules, floors)
     return [*out, f"<details><summary>{summary}</summary>", "", *body, "</details>", ""]
 
 
 def _layer_body(
-    c: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None
+    cross: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None
 ) -> list[str]:
     out: list[str] = []
     out += [
         "Graph outputs (plain builds, the engine users ship):",
         "",
-        *_table(diff_header(modules), [diff_row(tensor, modules) for tensor in c.output_tensors]),
+        *_table(diff_header(modules), [diff_row(tensor, modules) for tensor in cross.output_tensors]),
     ]
-    if c.observer_differs:
-        inst = c.instrumented_output_diffs()
+    if cross.observer_differs:
+        inst = cross.instrumented_output_diffs()
         out += [
             "**The instrumented builds (every intermediate exposed) give other figures at the outputs; "
             "the per-layer tables below describe them:**",
             "",
             *_table(diff_header(modules), [diff_row(d, modules) for d in inst]),
         ]
-    if not c.tensors:
-        return [*out, f"No per-layer table: {c.layers_note or 'nothing exposed'}.", ""]
+    if not cross.tensors:
+        return [*out, f"No per-layer table: {cross.layers_note or 'nothing exposed'}.", ""]
     out.append(
-        f"{len(c.tensors)} tensors compared per layer. First divergence: "
-        f"**{inert(c.first_divergence or 'none')}**; first past tolerance: "
-        f"**{inert(c.first_violation or 'none')}**."
-        + (f" Tolerances: {c.tolerance_by}." if c.tolerance_by else "")
+        f"{len(cross.tensors)} tensors compared per layer. First divergence: "
+        f"**{inert(cross.first_divergence or 'none')}**; first past tolerance: "
+        f"**{inert(cross.first_violation or 'none')}**."
+        + (f" Tolerances: {cross.tolerance_by}." if cross.tolerance_by else "")
     )
     out.append("")
-    if c.only_in_backend or c.only_in_reference:
+    if cross.only_in_backend or cross.only_in_reference:
         out += [
-            f"Exposed only by {c.backend}: {', '.join(map(inert, c.only_in_backend)) or 'none'}; "
-            f"only by {c.reference}: {', '.join(map(inert, c.only_in_reference)) or 'none'}.",
+            f"Exposed only by {cross.backend}: {', '.join(map(inert, cross.only_in_backend)) or 'none'}; "
+            f"only by {cross.reference}: {', '.join(map(inert, cross.only_in_reference)) or 'none'}.",
             "",
         ]
-    return out + _worst_layers(c, modules, floors) + _full_table(c, modules, floors)
+    return out + _worst_layers(cross, modules, floors) + _full_table(cross, modules, floors)
 
 
 def _worst_layers(
-    c: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None = None
+    cross: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None = None
 ) -> list[str]:
     worst = sorted(
-        (tensor for tensor in c.tensors if not tensor.bitwise_equal), key=lambda d: d.severity(), reverse=True
+        (tensor for tensor in cross.tensors if not tensor.bitwise_equal),
+        key=lambda tensor_diff: tensor_diff.severity(),
+        reverse=True,
     )
     if not worst:
-        return ["Every compared tensor is bitwise equal.", ""] if c.tensors else []
+        return ["Every compared tensor is bitwise equal.", ""] if cross.tensors else []
     return [
         f"Worst {min(WORST_LAYERS, len(worst))} layers:",
         "",
@@ -159,62 +176,67 @@ def _worst_layers(
     ]
 
 
-def _marks(c: CrossBackendResult) -> dict[str, str]:
+def _marks(cross: CrossBackendResult) -> dict[str, str]:
     marks: dict[str, str] = {}
-    if c.first_divergence:
-        marks[c.first_divergence] = "⟵ first divergence"
-    if c.first_violation:
-        marks[c.first_violation] = (marks.get(c.first_violation, "") + " ⟵ first past tolerance").strip()
+    if cross.first_divergence:
+        marks[cross.first_divergence] = "⟵ first divergence"
+    if cross.first_violation:
+        marks[cross.first_violation] = (
+            marks.get(cross.first_violation, "") + " ⟵ first past tolerance"
+        ).strip()
     return marks
 
 
 def _full_table(
-    c: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None = None
+    cross: CrossBackendResult, modules: Mapping[str, str], floors: Mapping[str, float] | None = None
 ) -> list[str]:
-    if not c.tensors:
+    if not cross.tensors:
         return []
-    marks = _marks(c)
-    rows = [diff_row(d, modules, marks.get(d.name, ""), floors) for d in c.tensors[:FULL_TABLE_LIMIT]]
+    marks = _marks(cross)
+    rows = [
+        diff_row(tensor, modules, marks.get(tensor.name, ""), floors)
+        for tensor in cross.tensors[:FULL_TABLE_LIMIT]
+    ]
     out = [
-        f"<details><summary>All layers in topological order ({len(c.tensors)})</summary>",
+        f"<details><summary>All layers in topological order ({len(cross.tensors)})</summary>",
         "",
         *_table(diff_header(modules, floors is not None), rows),
     ]
-    if len(c.tensors) > FULL_TABLE_LIMIT:
+    if len(cross.tensors) > FULL_TABLE_LIMIT:
         out += [
-            f"({len(c.tensors) - FULL_TABLE_LIMIT} more tensors in the layer CSV and the JSON report.)",
+            f"({len(cross.tensors) - FULL_TABLE_LIMIT} more tensors in the layer CSV and the JSON report.)",
             "",
         ]
     return [*out, "</details>", ""]
 
 
-def cross_section(r: Result) -> list[str]:
-    if not r.cross_backend:
+def cross_section(result: Result) -> list[str]:
+    if not result.cross_backend:
         return ["## Cross-backend", "", "Only one backend ran; nothing to compare across backends.", ""]
     out = ["## Cross-backend, per layer", ""]
-    modules = r.model.modules()
-    floors = r.explanation.floor_map() if r.explanation.ok and r.explanation.floors else None
+    modules = result.model.modules()
+    floors = result.explanation.floor_map() if result.explanation.ok and result.explanation.floors else None
     if floors is not None:
         out += [
             "× floor: the difference in units of the tensor's noise floor (how far legitimate orders "
             "of every sum move it; a floor under 1 ULP counts as 1).",
             "",
         ]
-    for c in r.cross_backend:
+    for c in result.cross_backend:
         out += _layer_tables(c, modules, floors)
     return out
 
 
-def matrix_section(r: Result) -> list[str]:
+def matrix_section(result: Result) -> list[str]:
     """Backend x backend: scaled ULP at the graph outputs ('=' where bitwise equal)."""
-    names = [backend.name for backend in r.backends if backend.ok]
+    names = [backend.name for backend in result.backends if backend.ok]
     if len(names) < 2:
         return []
     cell = {}
-    for p in r.pairs:
-        text = "=" if p.bitwise_equal else _num(p.scaled_ulp)
-        cell[(p.a, p.b)] = cell[(p.b, p.a)] = text
-    rows = [[a, *["·" if a == b else cell.get((a, b), "–") for b in names]] for a in names]
+    for pair in result.pairs:
+        text = "=" if pair.bitwise_equal else _num(pair.scaled_ulp)
+        cell[(pair.a, pair.b)] = cell[(pair.b, pair.a)] = text
+    rows = [[name, *["·" if name == b else cell.get((name, b), "–") for b in names]] for name in names]
     return [
         "## All pairs at the outputs",
         "",
@@ -224,10 +246,10 @@ def matrix_section(r: Result) -> list[str]:
     ]
 
 
-def oracle_section(r: Result) -> list[str]:
+def oracle_section(result: Result) -> list[str]:
     return _against(
-        r,
-        r.oracle_error,
+        result,
+        result.oracle_error,
         "Error against the float64 oracle",
         "Each backend against the model evaluated in float64 and rounded to each tensor's dtype; "
         "smaller is more accurate. Most accurate first.",
@@ -235,10 +257,10 @@ def oracle_section(r: Result) -> list[str]:
     )
 
 
-def expected_section(r: Result) -> list[str]:
+def expected_section(result: Result) -> list[str]:
     return _against(
-        r,
-        r.expected_error,
+        result,
+        result.expected_error,
         "Against the expected outputs",
         "Each backend's graph outputs against the golden outputs (output_N.pb) that came with the "
         "inputs. Closest first.",
@@ -247,21 +269,21 @@ def expected_section(r: Result) -> list[str]:
 
 
 def _against(
-    r: Result, crosses: tuple[CrossBackendResult, ...], title: str, intro: str, what: str
+    result: Result, crosses: tuple[CrossBackendResult, ...], title: str, intro: str, what: str
 ) -> list[str]:
     if not crosses:
         return []
-    modules = r.model.modules()
+    modules = result.model.modules()
     rows = []
-    for c in sorted(crosses, key=lambda c: (c.scaled_ulp or 0.0, c.backend)):
-        outs = c.output_diffs()
+    for cross_backend_result in sorted(crosses, key=lambda cross: (cross.scaled_ulp or 0.0, cross.backend)):
+        outs = cross_backend_result.output_diffs()
         rows.append(
             [
-                c.backend,
-                _num(c.max_ulp),
-                _num(c.scaled_ulp),
-                _num(max((d.max_rel for d in outs), default=0.0)),
-                c.first_violation or "–",
+                cross_backend_result.backend,
+                _num(cross_backend_result.max_ulp),
+                _num(cross_backend_result.scaled_ulp),
+                _num(max((out.max_rel for out in outs), default=0.0)),
+                cross_backend_result.first_violation or "–",
             ]
         )
     out = [
@@ -275,27 +297,27 @@ def _against(
                 "max ULP (outputs)",
                 "scaled ULP (outputs)",
                 "max rel (outputs)",
-                past_header(r),
+                past_header(result),
             ],
             rows,
         ),
     ]
-    for c in crosses:
-        if c.tensors:
+    for cross_backend_result in crosses:
+        if cross_backend_result.tensors:
             out += [
-                f"### {inert(c.backend)} against {inert(what)}",
+                f"### {inert(cross_backend_result.backend)} against {inert(what)}",
                 "",
-                *_worst_layers(c, modules),
-                *_full_table(c, modules),
+                *_worst_layers(cross_backend_result, modules),
+                *_full_table(cross_backend_result, modules),
             ]
     return out
 
 
-def past_header(r: Result) -> str:
+def past_header(result: Result) -> str:
     """The column of the first tensor past its tolerance: under auto, a judged backend's first
     origin (its node past its allowance against float64), else past the floor's tolerance."""
     return (
         "first past its tolerance"
-        if r.options.max_ulp is None
-        else f"first past {r.options.max_ulp:g} scaled ULP"
+        if result.options.max_ulp is None
+        else f"first past {result.options.max_ulp:g} scaled ULP"
     )

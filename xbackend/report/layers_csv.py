@@ -43,32 +43,34 @@ def _cell(x: object) -> str:
     return repr(x) if isinstance(x, float) else str(x)
 
 
-def layer_rows(r: Result) -> Iterator[tuple[str, list[TensorDiff]]]:
+def layer_rows(result: Result) -> Iterator[tuple[str, list[TensorDiff]]]:
     """(comparison, tensors in model order) for every per-layer table the result holds."""
-    for c in r.cross_backend:
-        if c.status == "ok":
-            yield f"{c.backend} vs {c.reference}", list(c.tensors or c.output_tensors)
-    for c in r.oracle_error:
-        yield f"{c.backend} vs oracle", list(c.tensors or c.output_tensors)
-    for c in r.expected_error:
-        yield f"{c.backend} vs expected", list(c.output_tensors)
-    for b in r.backends:
-        if b.ok and (b.run_diffs or b.build_diffs):
-            yield f"{b.name} run to run", list(b.run_diffs)
-            if b.build_diffs:
-                yield f"{b.name} build to build", list(b.build_diffs)
-    for d in r.baseline:
-        if d.measured:
-            yield f"{d.backend} vs baseline", list(d.tensors or d.outputs)
+    for cross in result.cross_backend:
+        if cross.status == "ok":
+            yield f"{cross.backend} vs {cross.reference}", list(cross.tensors or cross.output_tensors)
+    for cross in result.oracle_error:
+        yield f"{cross.backend} vs oracle", list(cross.tensors or cross.output_tensors)
+    for cross in result.expected_error:
+        yield f"{cross.backend} vs expected", list(cross.output_tensors)
+    for backend in result.backends:
+        if backend.ok and (backend.run_diffs or backend.build_diffs):
+            yield f"{backend.name} run to run", list(backend.run_diffs)
+            if backend.build_diffs:
+                yield f"{backend.name} build to build", list(backend.build_diffs)
+    for drift in result.baseline:
+        if drift.measured:
+            yield f"{drift.backend} vs baseline", list(drift.tensors or drift.outputs)
 
 
-def to_csv(r: Result) -> str:
-    modules = r.model.modules()
-    position = {n: i for i, n in enumerate(r.model.tensor_order())}  # model order, whatever the backend
+def to_csv(result: Result) -> str:
+    modules = result.model.modules()
+    position = {
+        n: index for index, n in enumerate(result.model.tensor_order())
+    }  # model order, whatever the backend
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(HEADER)
-    for what, tensors in layer_rows(r):
+    for what, tensors in layer_rows(result):
         for tensor in tensors:
             w.writerow(
                 [

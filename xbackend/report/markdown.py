@@ -48,89 +48,93 @@ __all__ = ["to_markdown"]
 VERDICT_LINES = 10  # findings shown before the first fold; the rest are folded under "All findings"
 
 
-def _shown(r: Result) -> tuple[list[Finding], list[Finding]]:
+def _shown(result: Result) -> tuple[list[Finding], list[Finding]]:
     """(the findings the head shows, ranked; xbackend's own instrumentation notes, which go
     below the fold beside the tables they qualify)."""
-    found = r.findings()
-    mine = [f for f in found if instrumentation(r, f)]
+    found = result.findings()
+    mine = [f for f in found if instrumentation(result, f)]
     return ranked([f for f in found if f not in mine]), mine
 
 
 def _verdict(lines: list[Finding], mine: list[Finding]) -> list[str]:
     shown = lines[:VERDICT_LINES]
     more = len(lines) - len(shown) + len(mine)
-    out = ["## Verdict", "", *[f"- {prose(f.line)}" for f in shown]]
+    out = ["## Verdict", "", *[f"- {prose(finding.line)}" for finding in shown]]
     if more:
         out.append(f"- … and {more} more line(s), under *All findings* below.")
     return [*out, ""]
 
 
-def _findings(r: Result, lines: list[Finding], mine: list[Finding]) -> list[str]:
-    if len(lines) <= VERDICT_LINES and not r.notes and not mine:
+def _findings(result: Result, lines: list[Finding], mine: list[Finding]) -> list[str]:
+    if len(lines) <= VERDICT_LINES and not result.notes and not mine:
         return []
     body = [f"- {prose(line.line)}" for line in lines]
     if mine:
         body += ["", "About xbackend's own instruments (not the engines you ship):", ""]
-        body += [f"- {prose(f.line)}" for f in mine]
-    if r.notes:
-        body += ["", "Notes:", "", *[f"- {prose(note)}" for note in r.notes]]
-    kinds = Counter(f.heading for f in [*lines, *mine])
-    counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-    notes = f"; {len(r.notes)} note(s) on the run" if r.notes else ""
+        body += [f"- {prose(finding.line)}" for finding in mine]
+    if result.notes:
+        body += ["", "Notes:", "", *[f"- {prose(note)}" for note in result.notes]]
+    kinds = Counter(finding.heading for finding in [*lines, *mine])
+    counts = ", ".join(f"{kind} {key}" for key, kind in sorted(kinds.items()))
+    notes = f"; {len(result.notes)} note(s) on the run" if result.notes else ""
     return fold("All findings", f"{len(lines) + len(mine)} line(s): {counts}{notes}", [*body, ""])
 
 
-def _title(r: Result) -> str:
+def _title(result: Result) -> str:
     """The model, with its folder where it has one (an export folder's model.onnx), and the
     candidates it was compared with."""
-    p = PurePath(r.model.path)
+    pure_path = PurePath(result.model.path)
     # an exporter's generic name (optimum's model.onnx, decoder_model.onnx): its folder says which
-    name = f"{p.parent.name}/{p.name}" if p.parent.name and "model" in p.stem.lower() else p.name
-    cands = [PurePath(candidate.path).name for candidate in r.candidates]
+    name = (
+        f"{pure_path.parent.name}/{pure_path.name}"
+        if pure_path.parent.name and "model" in pure_path.stem.lower()
+        else pure_path.name
+    )
+    cands = [PurePath(candidate.path).name for candidate in result.candidates]
     vs = f", candidate{'s' if len(cands) > 1 else ''} {', '.join(cands)}" if cands else ""
     return f"# xbackend report: {inert(name)}{inert(vs)}"
 
 
-def _head(r: Result, stem: str | None, figs: list[Figure]) -> list[str]:
-    env = dict(r.environment)
+def _head(result: Result, stem: str | None, figs: list[Figure]) -> list[str]:
+    env = dict(result.environment)
     host = env.get("cpu.model", "unknown CPU") + (f", {env['gpu.model']}" if env.get("gpu.model") else "")
-    ok = sum(backend.ok for backend in r.backends)
+    ok = sum(backend.ok for backend in result.backends)
     version = env.get("package.xbackend", "")
     figure = any(fig.slug == "error-depth" for fig in figs)
     return [
-        _title(r),
+        _title(result),
         "",
-        f"xbackend {version}; {ok} of {len(r.backends)} backends ran on {inert(host)}; "
-        f"exit code {r.exit_code} ({exit_words(r)})",
+        f"xbackend {version}; {ok} of {len(result.backends)} backends ran on {inert(host)}; "
+        f"exit code {result.exit_code} ({exit_words(result)})",
         "",
         "## Answer",
         "",
-        *answers(r, stem, figure),
+        *answers(result, stem, figure),
         "",
         TERMS,
         "",
     ]
 
 
-def exit_words(r: Result) -> str:
+def exit_words(result: Result) -> str:
     """The exit code in words, for the line under the title."""
-    gates = r.gates()
+    gates = result.gates()
     if gates:
         return f"--fail-on {gates[0].policy} fired"
     words = {0: "pass", 1: "findings below", 3: "every backend failed", 16: "a broken promise"}
-    return words.get(r.exit_code, "see Verdict")
+    return words.get(result.exit_code, "see Verdict")
 
 
-def _figures(r: Result, stem: str | None, figs: list[Figure]) -> list[str]:
+def _figures(result: Result, stem: str | None, figs: list[Figure]) -> list[str]:
     if stem is None:
         return []
     out = ["## Figures", ""]
     csv = f"The full per-layer table is [{inert(stem)}.layers.csv]({stem}.layers.csv)."
     if not figs:
         return [*out, f"No per-layer data to plot (graph outputs only, or nothing compared). {csv}", ""]
-    for f in figs:
-        out += [f"![{inert(f.title)}]({stem}.{f.slug}.png)", "", f"*{prose(f.caption)}*", ""]
-    still = builds_unchanged(r)
+    for fig in figs:
+        out += [f"![{inert(fig.title)}]({stem}.{fig.slug}.png)", "", f"*{prose(fig.caption)}*", ""]
+    still = builds_unchanged(result)
     if still:
         out += [still, ""]
     return [*out, csv, ""]
@@ -146,94 +150,98 @@ def _glossary(stem: str | None) -> list[str]:
     )
 
 
-def _backend_rows(r: Result) -> list[list[object]]:
+def _backend_rows(result: Result) -> list[list[object]]:
     rows: list[list[object]] = []
-    cross = {c.backend: c for c in r.cross_backend}
-    for b in r.backends:
-        c = cross.get(b.name)
+    cross = {c.backend: c for c in result.cross_backend}
+    for backend in result.backends:
+        c = cross.get(backend.name)
         vs = (
             ["reference", "–", "–", "–", "–"]
-            if b.name == r.reference_used
+            if backend.name == result.reference_used
             else (
                 [
                     _yes(c.bitwise_equal),
                     _num(c.max_ulp),
                     _num(c.scaled_ulp),
-                    module_note(c.first_divergence, r.model.modules()),
+                    module_note(c.first_divergence, result.model.modules()),
                     c.first_violation or "–",
                 ]
                 if c is not None and c.status == "ok"
                 else ["–"] * 5
             )
         )
-        status: object = b.status if b.ok else strong(b.status, f": {b.reason}")
-        drift = _drift_cell(r, b.name)
-        if b.loaded_from:
-            status = f"{status} (capture {b.loaded_from})"
-        det = _yes(b.deterministic)
-        runs = f"{b.runs} x {b.builds}" if b.ok else "–"
-        distinct = f"{b.distinct_outputs}" if b.ok else "–"
-        notes = [f"precision {dict(b.info)['precision']}"] if "precision" in dict(b.info) else []
-        notes += [f"promises {', '.join(b.promises)}"] if b.promises else []
-        name = f"{b.name} ({'; '.join(notes)})" if notes else b.name
-        lat = [b.latency.words() if b.latency else "–", _memory_cell(b)] if r.options.shows_times else []
-        rows.append([name, status, det, runs, distinct, *lat, *vs, *([drift] if r.baseline else [])])
+        status: object = backend.status if backend.ok else strong(backend.status, f": {backend.reason}")
+        drift = _drift_cell(result, backend.name)
+        if backend.loaded_from:
+            status = f"{status} (capture {backend.loaded_from})"
+        det = _yes(backend.deterministic)
+        runs = f"{backend.runs} x {backend.builds}" if backend.ok else "–"
+        distinct = f"{backend.distinct_outputs}" if backend.ok else "–"
+        notes = [f"precision {dict(backend.info)['precision']}"] if "precision" in dict(backend.info) else []
+        notes += [f"promises {', '.join(backend.promises)}"] if backend.promises else []
+        name = f"{backend.name} ({'; '.join(notes)})" if notes else backend.name
+        lat = (
+            [backend.latency.words() if backend.latency else "–", _memory_cell(backend)]
+            if result.options.shows_times
+            else []
+        )
+        rows.append([name, status, det, runs, distinct, *lat, *vs, *([drift] if result.baseline else [])])
     return rows
 
 
-def _memory_cell(b: BackendResult) -> str:
+def _memory_cell(backend: BackendResult) -> str:
     """The measured peak beside the plan's (the engine's resident memory once loaded, measured,
     and what the memory plan says the model adds)."""
-    if not b.peak_rss_bytes:
+    if not backend.peak_rss_bytes:
         return "–"
-    if not b.planned_peak:
-        return gib(b.peak_rss_bytes)
-    ratio = b.peak_rss_bytes / b.planned_peak
-    return f"{gib(b.peak_rss_bytes)} (planned {gib(b.planned_peak)}, {ratio:.2f}x)"
+    if not backend.planned_peak:
+        return gib(backend.peak_rss_bytes)
+    ratio = backend.peak_rss_bytes / backend.planned_peak
+    return f"{gib(backend.peak_rss_bytes)} (planned {gib(backend.planned_peak)}, {ratio:.2f}x)"
 
 
-def _drift_cell(r: Result, name: str) -> str:
-    d = next((x for x in r.baseline if x.backend == name), None)
-    if d is None:
+def _drift_cell(result: Result, name: str) -> str:
+    drift = next((x for x in result.baseline if x.backend == name), None)
+    if drift is None:
         return "–"
-    if d.status == "identical":
+    if drift.status == "identical":
         return "bit-identical"
-    if d.status != "drifted":
-        return d.status
-    size = f"{_num(d.scaled_ulp)} scaled ULP, " if d.measured and d.outputs_moved else ""
-    return f"moved: {size}from {module_note(d.first_moved, r.model.modules())}"
+    if drift.status != "drifted":
+        return drift.status
+    size = f"{_num(drift.scaled_ulp)} scaled ULP, " if drift.measured and drift.outputs_moved else ""
+    return f"moved: {size}from {module_note(drift.first_moved, result.model.modules())}"
 
 
-def _backends(r: Result) -> list[str]:
+def _backends(result: Result) -> list[str]:
     header = [
         "backend",
         "status",
         "deterministic",
         "runs x builds",
         "distinct outputs",
-        *(["latency (median)", "peak memory (planned)"] if r.options.shows_times else []),
-        f"bitwise = {r.reference_used}",
+        *(["latency (median)", "peak memory (planned)"] if result.options.shows_times else []),
+        f"bitwise = {result.reference_used}",
         "max ULP (outputs)",
         "scaled ULP (outputs)",
         "first divergence",
-        past_header(r),
-        *(["baseline"] if r.baseline else []),
+        past_header(result),
+        *(["baseline"] if result.baseline else []),
     ]
     hidden = (
         []
-        if r.options.shows_times
+        if result.options.shows_times
         else [
             "Latency and peak memory are left out (they differ between identical runs): pass "
             "`--timed-runs N` or `--timings` for them.",
             "",
         ]
     )
-    return ["## Backends", "", *_table(header, _backend_rows(r)), *hidden]
+    return ["## Backends", "", *_table(header, _backend_rows(result)), *hidden]
 
 
-def _promises(r: Result) -> list[str]:
+def _promises(result: Result) -> list[str]:
     """Runners that promise determinism (deterministic hardware): each promise, kept or not."""
-    checks = r.promise_checks()
+    checks = result.promise_checks()
     if not checks:
         return []
     rows = [
@@ -242,7 +250,7 @@ def _promises(r: Result) -> list[str]:
             check.name,
             strong("BROKEN") if check.broken else check.status,
             check.evidence,
-            module_note(check.first_layer or None, r.model.modules()),
+            module_note(check.first_layer or None, result.model.modules()),
         ]
         for check in checks
     ]
@@ -262,11 +270,11 @@ def _folded(lines: list[str], summary: str) -> list[str]:
     return fold(lines[0].removeprefix("## "), summary, lines[2:])
 
 
-def _reproduce(r: Result) -> list[str]:
-    return ["## Reproduce", "", *fenced(r.command, "sh"), ""]
+def _reproduce(result: Result) -> list[str]:
+    return ["## Reproduce", "", *fenced(result.command, "sh"), ""]
 
 
-def to_markdown(r: Result, stem: str | None = None) -> str:
+def to_markdown(result: Result, stem: str | None = None) -> str:
     """The whole report as Markdown text; same Result, same bytes.
 
     The three answers, the verdict, the backend table and the figures come first (the answers and
@@ -274,40 +282,41 @@ def to_markdown(r: Result, stem: str | None = None) -> str:
     `stem` names the files beside the report (STEM.SLUG.png figures, STEM.layers.csv); None links
     none.
     """
-    shown = _shown(r)  # the verdict once: the head shows it, All findings keeps the rest
-    figs = planned_figures(r) if stem is not None else []
+    shown = _shown(result)  # the verdict once: the head shows it, All findings keeps the rest
+    figs = planned_figures(result) if stem is not None else []
     parts = [
-        *_head(r, stem, figs),
+        *_head(result, stem, figs),
         *_verdict(*shown),
-        *_backends(r),
-        *_promises(r),
-        *cost_section(r),
-        *decode_section(r),
-        *decisions_section(r),
-        *candidate_section(r),
-        *explanation_section(r),
-        *_figures(r, stem, figs),
-        *_findings(r, *shown),
-        *baseline_section(r),
-        *_folded(matrix_section(r), "scaled ULP between every two backends"),
-        *_folded(expected_section(r), "each backend against the golden outputs"),
-        *_folded(oracle_section(r), "each backend against the float64 oracle"),
+        *_backends(result),
+        *_promises(result),
+        *cost_section(result),
+        *decode_section(result),
+        *decisions_section(result),
+        *candidate_section(result),
+        *explanation_section(result),
+        *_figures(result, stem, figs),
+        *_findings(result, *shown),
+        *baseline_section(result),
+        *_folded(matrix_section(result), "scaled ULP between every two backends"),
+        *_folded(expected_section(result), "each backend against the golden outputs"),
+        *_folded(oracle_section(result), "each backend against the float64 oracle"),
         *_folded(
-            allowances_section(r),
-            f"what rounding allows each of the {len(r.explanation.rules)} ops, and the smallest loss caught",
+            allowances_section(result),
+            f"what rounding allows each of the {len(result.explanation.rules)} ops, and the smallest loss "
+            "caught",
         ),
-        *cross_section(r),
-        *_folded(observer_section(r), "instrumented vs plain builds"),
-        *_folded(runs_section(r), f"{len(r.nondeterministic)} nondeterministic backend(s)"),
-        *_folded(probes_section(r), f"{len(r.probes_ran)} probe(s) run"),
-        *_folded(timings_section(r), "wall seconds per build"),
-        *_folded(exposure_section(r), "tensors some backend could not expose"),
-        *_folded(model_section(r), r.model.sha256[:12]),
-        *_folded(inputs_section(r), f"sha256 {r.feeds.sha256[:12]}"),
-        *_folded(options_section(r), "options and what each engine reported"),
-        *_folded(environment_section(r), f"{len(r.environment)} facts"),
+        *cross_section(result),
+        *_folded(observer_section(result), "instrumented vs plain builds"),
+        *_folded(runs_section(result), f"{len(result.nondeterministic)} nondeterministic backend(s)"),
+        *_folded(probes_section(result), f"{len(result.probes_ran)} probe(s) run"),
+        *_folded(timings_section(result), "wall seconds per build"),
+        *_folded(exposure_section(result), "tensors some backend could not expose"),
+        *_folded(model_section(result), result.model.sha256[:12]),
+        *_folded(inputs_section(result), f"sha256 {result.feeds.sha256[:12]}"),
+        *_folded(options_section(result), "options and what each engine reported"),
+        *_folded(environment_section(result), f"{len(result.environment)} facts"),
         *_folded(metrics_section(), "what each column means"),
         *_glossary(stem),
-        *_reproduce(r),
+        *_reproduce(result),
     ]
     return only_our_html("\n".join(parts))

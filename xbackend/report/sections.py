@@ -30,13 +30,13 @@ __all__ = [
 ]
 
 
-def baseline_section(r: Result) -> list[str]:
+def baseline_section(result: Result) -> list[str]:
     """The drift section: each backend against the same backend in --baseline."""
-    if not r.baseline:
+    if not result.baseline:
         return []
-    modules = r.model.modules()
+    modules = result.model.modules()
     rows = []
-    for d in r.baseline:
+    for d in result.baseline:
         rows.append(
             [
                 d.backend,
@@ -44,12 +44,13 @@ def baseline_section(r: Result) -> list[str]:
                 "values" if d.measured else "digests",
                 _num(d.max_ulp) if d.measured else "–",
                 _num(d.scaled_ulp) if d.measured else "–",
-                module_note(d.first_moved, r.model.modules()),
+                module_note(d.first_moved, result.model.modules()),
                 len(d.moved),
             ]
         )
     body = [
-        f"Each backend against the same backend in the baseline ({r.options.baseline}): by values when the "
+        f"Each backend against the same backend in the baseline ({result.options.baseline}): by values when "
+        "the "
         "baseline kept captures, else by per-tensor digests (which say whether and where, not how much).",
         "",
         *_table(
@@ -65,11 +66,11 @@ def baseline_section(r: Result) -> list[str]:
             rows,
         ),
     ]
-    for d in r.baseline:
+    for d in result.baseline:
         if d.measured and d.drifted and d.tensors:
             worst = sorted(
                 (tensor for tensor in d.tensors if not tensor.bitwise_equal),
-                key=lambda x: x.severity(),
+                key=lambda tensor_diff: tensor_diff.severity(),
                 reverse=True,
             )
             body += [
@@ -77,22 +78,22 @@ def baseline_section(r: Result) -> list[str]:
                 "",
                 *_table(diff_header(modules), [diff_row(x, modules) for x in worst[:WORST_LAYERS]]),
             ]
-    body += _env_changes(r)
-    moved = sum(1 for d in r.baseline if d.drifted)
-    return fold("Against the baseline", f"{moved} of {len(r.baseline)} backend(s) moved", body)
+    body += _env_changes(result)
+    moved = sum(1 for d in result.baseline if d.drifted)
+    return fold("Against the baseline", f"{moved} of {len(result.baseline)} backend(s) moved", body)
 
 
-def _env_changes(r: Result) -> list[str]:
-    if not r.baseline_environment:
+def _env_changes(result: Result) -> list[str]:
+    if not result.baseline_environment:
         return []
-    old, new = dict(r.baseline_environment), dict(r.environment)
+    old, new = dict(result.baseline_environment), dict(result.environment)
     rows = [[k, old.get(k, "–"), new.get(k, "–")] for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
     if not rows:
         return ["The environment is the same as the baseline's.", ""]
     return ["Environment changes since the baseline:", "", *_table(["key", "baseline", "now"], rows)]
 
 
-def observer_section(r: Result) -> list[str]:
+def observer_section(result: Result) -> list[str]:
     """The observer effect section: where exposing every intermediate changed a backend's outputs."""
     rows = [
         [
@@ -101,7 +102,7 @@ def observer_section(r: Result) -> list[str]:
             _num(backend.observer.max_ulp),
             _num(backend.observer.scaled_ulp),
         ]
-        for backend in r.backends
+        for backend in result.backends
         if backend.observer is not None
     ]
     if not rows:
@@ -117,7 +118,7 @@ def observer_section(r: Result) -> list[str]:
     ]
     changed = [
         backend.name
-        for backend in r.backends
+        for backend in result.backends
         if backend.observer is not None and backend.observer.outputs_changed
     ]
     if changed:
@@ -129,110 +130,112 @@ def observer_section(r: Result) -> list[str]:
     return out
 
 
-def probes_section(r: Result) -> list[str]:
+def probes_section(result: Result) -> list[str]:
     """Each probe's own section, in the order they ran, and the probes not run."""
-    modules = r.model.modules()
-    body = [line for probe in r.probes for line in probe.markdown(modules)]
-    if not body and not r.probes_ran:
+    modules = result.model.modules()
+    body = [line for probe in result.probes for line in probe.markdown(modules)]
+    if not body and not result.probes_ran:
         return []
-    ran = ", ".join(r.probes_ran) or "none"
-    rest = [n for n in PROBES if n not in r.probes_ran]
+    ran = ", ".join(result.probes_ran) or "none"
+    rest = [n for n in PROBES if n not in result.probes_ran]
     more = f" Not run: {', '.join(rest)} (add to `--probes`, or `--probes all`)." if rest else ""
     return ["## What moves the bits (probes)", "", f"Probes run: {ran}.{more}", "", *body]
 
 
-def _run_to_run(b: BackendResult, modules: Mapping[str, str]) -> list[str]:
-    out = [f"### {inert(b.name)}", ""]
-    if not b.ok:
-        return [*out, f"{b.status}: {b.reason}", ""]
+def _run_to_run(backend: BackendResult, modules: Mapping[str, str]) -> list[str]:
+    out = [f"### {inert(backend.name)}", ""]
+    if not backend.ok:
+        return [*out, f"{backend.status}: {backend.reason}", ""]
     out.append(
-        f"{b.runs} run(s) in each of {b.builds} build(s): {b.distinct_outputs} distinct "
-        f"output(s) (within a session: {b.distinct_run_outputs}; across builds: "
-        f"{b.distinct_build_outputs}). {b.exposed} tensors captured."
+        f"{backend.runs} run(s) in each of {backend.builds} build(s): {backend.distinct_outputs} distinct "
+        f"output(s) (within a session: {backend.distinct_run_outputs}; across builds: "
+        f"{backend.distinct_build_outputs}). {backend.exposed} tensors captured."
     )
     out.append("")
-    varying = b.varying()
+    varying = backend.varying()
     if not varying:
         return [*out, "Every captured tensor was bitwise identical in every run and build.", ""]
     out += [f"{len(varying)} tensor(s) varied; first: **{varying[0].name}**.", ""]
     return out + _table(diff_header(modules), [diff_row(d, modules) for d in varying[:FULL_TABLE_LIMIT]])
 
 
-def runs_section(r: Result) -> list[str]:
+def runs_section(result: Result) -> list[str]:
     """Run to run and build to build, backend by backend: what varied, and where."""
     out = ["## Run to run and build to build", ""]
-    modules = r.model.modules()
-    for b in r.backends:
-        out += _run_to_run(b, modules)
+    modules = result.model.modules()
+    for backend in result.backends:
+        out += _run_to_run(backend, modules)
     return out
 
 
-def exposure_section(r: Result) -> list[str]:
+def exposure_section(result: Result) -> list[str]:
     """The tensors a backend could not expose, with the reason (none: no section)."""
-    rows = [[backend.name, inert(t), why] for backend in r.backends for t, why in backend.not_exposed]
+    rows = [[backend.name, inert(t), why] for backend in result.backends for t, why in backend.not_exposed]
     if not rows:
         return []
     return ["## Tensors a backend could not expose", "", *_table(["backend", "tensor", "reason"], rows)]
 
 
-def model_section(r: Result) -> list[str]:
+def model_section(result: Result) -> list[str]:
     """The model: its path, digest, IR, opsets, producer, weights, node outputs and metadata."""
-    m = r.model
+    model = result.model
     rows: list[list[object]] = [
-        ["path", m.path],
-        ["sha256", f"`{m.sha256}`"],
-        ["IR version", m.ir_version],
-        ["opsets", ", ".join(f"{d} {v}" for d, v in m.opsets)],
-        ["producer", m.producer or "–"],
-        ["weights", gib(m.weight_bytes) + (", external data" if m.external_data else "")],
-        ["node outputs", len(m.tensors)],
+        ["path", model.path],
+        ["sha256", f"`{model.sha256}`"],
+        ["IR version", model.ir_version],
+        ["opsets", ", ".join(f"{d} {v}" for d, v in model.opsets)],
+        ["producer", model.producer or "–"],
+        ["weights", gib(model.weight_bytes) + (", external data" if model.external_data else "")],
+        ["node outputs", len(model.tensors)],
     ]
-    rows += [[f"metadata {k}", v] for k, v in m.metadata]
+    rows += [[f"metadata {k}", v] for k, v in model.metadata]
     return ["## Model", "", *_table(["", ""], rows)]
 
 
-def inputs_section(r: Result) -> list[str]:
+def inputs_section(result: Result) -> list[str]:
     """What was fed: where the inputs came from, their digest, shapes and value ranges."""
-    f = r.feeds
-    src = f"generated with seed {f.seed}" if f.source == "generated" else f"loaded from {f.source}"
-    how = {**dict(f.ranges), **dict(f.made)}
-    rows = [[n, d, s, how.get(n, "–")] for n, d, s in f.shapes]
+    feeds = result.feeds
+    src = (
+        f"generated with seed {feeds.seed}" if feeds.source == "generated" else f"loaded from {feeds.source}"
+    )
+    how = {**dict(feeds.ranges), **dict(feeds.made)}
+    rows = [[n, d, s, how.get(n, "–")] for n, d, s in feeds.shapes]
     golden = (
         " Expected outputs came with them and join the comparison as the backend `expected`."
-        if f.expected
+        if feeds.expected
         else ""
     )
     return [
         "## Inputs",
         "",
-        f"{src}; sha256 `{f.sha256}`. The same bytes went to every backend and every run.{golden}",
+        f"{src}; sha256 `{feeds.sha256}`. The same bytes went to every backend and every run.{golden}",
         "",
         *_table(["input", "dtype", "shape", "made as"], rows),
     ]
 
 
-def options_section(r: Result) -> list[str]:
+def options_section(result: Result) -> list[str]:
     """The options in force: the reference, runs, builds, tolerance, what was compared."""
-    o = r.options
+    options = result.options
     out = [
         "## Options in force",
         "",
-        f"Reference: {r.reference_used}"
+        f"Reference: {result.reference_used}"
         + (
-            f" (instead of {o.reference_name}, which did not run)"
-            if r.reference_used != o.reference_name
+            f" (instead of {options.reference_name}, which did not run)"
+            if result.reference_used != options.reference_name
             else ""
         )
-        + f". Runs per build: {o.runs}. Builds (fresh processes): "
-        f"{o.builds}. Tolerance: {o.tolerance_text} scaled ULP. Compared: "
-        f"{_compared(r)}. Timeout: {o.timeout:g} s "
+        + f". Runs per build: {options.runs}. Builds (fresh processes): "
+        f"{options.builds}. Tolerance: {options.tolerance_text} scaled ULP. Compared: "
+        f"{_compared(result)}. Timeout: {options.timeout:g} s "
         "per build.",
         "",
     ]
     rows: list[list[object]] = []
-    for b in r.backends:
-        rows += [[b.name, "option", k, v] for k, v in b.options]
-        rows += [[b.name, "info", k, v] for k, v in b.info if (k, v) not in b.options]
+    for backend in result.backends:
+        rows += [[backend.name, "option", k, v] for k, v in backend.options]
+        rows += [[backend.name, "info", k, v] for k, v in backend.info if (k, v) not in backend.options]
     out += _table(["backend", "kind", "key", "value"], rows)
     return out
 
@@ -243,22 +246,22 @@ LATENCY_HIDDEN = (
 )
 
 
-def cost_section(r: Result) -> list[str]:
+def cost_section(result: Result) -> list[str]:
     """Each runner run under several modes: promises as observed, distinct outputs, latency."""
-    fams = r.cost_of_determinism()
+    fams = result.cost_of_determinism()
     if not fams:
         return []
-    times = r.options.shows_times
+    times = result.options.shows_times
     rows = []
-    for f in fams:
-        for row in f.rows:
+    for fam in fams:
+        for row in fam.rows:
             distinct = (
                 f"{row.distinct_run_outputs} / {row.distinct_build_outputs}" if row.status == "ok" else "–"
             )
             lat = row.latency.words() if times and row.latency else ("–" if times else "not shown")
             ratio = f"{row.ratio:.2f}x" if times and row.ratio is not None else "–"
             mode = row.mode if row.status == "ok" else f"{row.mode} (**{row.status}**)"
-            rows.append([f.runner, f"{mode} ({row.backend})", row.promise_words(), distinct, lat, ratio])
+            rows.append([fam.runner, f"{mode} ({row.backend})", row.promise_words(), distinct, lat, ratio])
     how = (
         "One inference's wall time over the runs whose bits were compared (the model users ship; "
         "each build's first run left out as warm-up), as a ratio of the default mode's median."
@@ -285,16 +288,20 @@ def cost_section(r: Result) -> list[str]:
     ]
 
 
-def timings_section(r: Result) -> list[str]:
+def timings_section(result: Result) -> list[str]:
     """Each build's wall seconds, the backends' and the probes' (--timings)."""
-    if not r.options.shows_times:
+    if not result.options.shows_times:
         return []
-    rows = [[backend.name, i, f"{t:.1f}"] for backend in r.backends for i, t in enumerate(backend.build_s)]
+    rows = [
+        [backend.name, index, f"{t:.1f}"]
+        for backend in result.backends
+        for index, t in enumerate(backend.build_s)
+    ]
     rows += [
-        [what, i, f"{t:.1f}"]
-        for probe in r.probes
+        [what, index, f"{t:.1f}"]
+        for probe in result.probes
         for what, ts in probe.build_times()
-        for i, t in enumerate(ts)
+        for index, t in enumerate(ts)
     ]
     return [
         "## Build times",
@@ -306,14 +313,14 @@ def timings_section(r: Result) -> list[str]:
     ]
 
 
-def environment_section(r: Result) -> list[str]:
+def environment_section(result: Result) -> list[str]:
     """The environment the comparison ran in, key by key, to diff between two reports."""
     return [
         "## Environment",
         "",
         "Determinism is only promised for an identical environment; diff this table between two reports.",
         "",
-        *_table(["key", "value"], r.environment),
+        *_table(["key", "value"], result.environment),
     ]
 
 
@@ -322,14 +329,18 @@ def metrics_section() -> list[str]:
     return ["## Metrics", "", *[f"- **{k}**: {v}." for k, v in METRIC_DEFINITIONS], ""]
 
 
-def _compared(r: Result) -> str:
+def _compared(result: Result) -> str:
     """What was exposed: every node output, graph outputs, or what --tensors selected."""
-    if r.options.outputs_only:
+    if result.options.outputs_only:
         return "graph outputs only"
-    if r.model.exposed is None:
+    if result.model.exposed is None:
         return "every node output"
-    what = "module boundaries" if r.model.selection == "modules" else f"tensors matching {r.model.selection}"
+    what = (
+        "module boundaries"
+        if result.model.selection == "modules"
+        else f"tensors matching {result.model.selection}"
+    )
     return (
-        f"{what} (--tensors), {len(r.model.exposed)} of {len(r.model.all_tensors())} tensors, "
+        f"{what} (--tensors), {len(result.model.exposed)} of {len(result.model.all_tensors())} tensors, "
         "graph outputs among them"
     )

@@ -140,7 +140,7 @@ class BackendResult:
     def varying(self) -> list[TensorDiff]:
         """Tensors that differed between runs or builds, worst kept per tensor, in topological order."""
         diffs = [*self.run_diffs, *self.build_diffs]
-        order = {d.name: i for i, d in enumerate(diffs)}
+        order = {diff.name: index for index, diff in enumerate(diffs)}
         return worst_per_tensor((diff for diff in diffs if not diff.bitwise_equal), order)
 
     @property

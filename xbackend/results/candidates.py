@@ -315,7 +315,9 @@ class CandidateResult:
         elif (
             self.explanation.status == "ok" and not self.origins and not self.stretch_origins and self.events
         ):
-            named = ", ".join(f"{e.kind} at {with_module(e.tensor, mods)}" for e in self.events[:3])
+            named = ", ".join(
+                f"{event.kind} at {with_module(event.tensor, mods)}" for event in self.events[:3]
+            )
             more = f" and {len(self.events) - 3} more" if len(self.events) > 3 else ""
             words = (
                 f"every node is within the precision it declares; what moves it "
@@ -343,42 +345,61 @@ class CandidateResult:
                 for flip in self.decode.flip_findings()
             ]
             out += self._flip_cause()
-            for b in self.decode.backends:
-                if b.ok and b.first_divergence is None:
+            for backend_result in self.decode.backends:
+                if backend_result.ok and backend_result.first_divergence is None:
                     words = (
-                        f"decode: {b.backend} chose the original's token at every "
-                        f"step of {len(b.prompts)} prompt(s) x {self.decode.steps} steps"
+                        f"decode: {backend_result.backend} chose the original's token at every "
+                        f"step of {len(backend_result.prompts)} prompt(s) x {self.decode.steps} steps"
                     )
-                    out.append(found(Label.NOTE, Kind.DECODE_AGREES, words, backend=b.backend))
-                elif not b.ok:
-                    words = f"decode: {b.backend} {b.status}: {b.reason}"
-                    out.append(found(Label.WARN, Kind.DECODE_FAILED, words, backend=b.backend))
-        for d in self.decisions:
-            if d.status != "ok":
-                words = f"decisions: {d.backend} at {d.output} not compared: {d.reason}"
-                out.append(found(Label.WARN, Kind.DECISIONS_NOT_COMPARED, words, backend=d.backend))
-            elif d.flipped:
+                    out.append(found(Label.NOTE, Kind.DECODE_AGREES, words, backend=backend_result.backend))
+                elif not backend_result.ok:
+                    words = (
+                        f"decode: {backend_result.backend} {backend_result.status}: {backend_result.reason}"
+                    )
+                    out.append(found(Label.WARN, Kind.DECODE_FAILED, words, backend=backend_result.backend))
+        for decision in self.decisions:
+            if decision.status != "ok":
+                words = f"decisions: {decision.backend} at {decision.output} not compared: {decision.reason}"
+                out.append(found(Label.WARN, Kind.DECISIONS_NOT_COMPARED, words, backend=decision.backend))
+            elif decision.flipped:
                 words = (
-                    f"decisions: {d.backend} makes {d.flipped} of {d.decisions} "
-                    f"choice(s) at {d.output} otherwise than the original"
+                    f"decisions: {decision.backend} makes {decision.flipped} of {decision.decisions} "
+                    f"choice(s) at {decision.output} otherwise than the original"
                 )
-                out.append(found(Label.WARN, Kind.DECISION_FLIP, words, backend=d.backend, tensor=d.output))
+                out.append(
+                    found(
+                        Label.WARN,
+                        Kind.DECISION_FLIP,
+                        words,
+                        backend=decision.backend,
+                        tensor=decision.output,
+                    )
+                )
             else:
                 words = (
-                    f"decisions: {d.backend} makes the original's {d.decisions} "
-                    f"choice(s) at {d.output} (the original's smallest margin {d.smallest_margin:.3g})"
+                    f"decisions: {decision.backend} makes the original's {decision.decisions} "
+                    f"choice(s) at {decision.output} (the original's smallest margin "
+                    f"{decision.smallest_margin:.3g})"
                 )
-                out.append(found(Label.NOTE, Kind.DECISIONS_AGREE, words, backend=d.backend, tensor=d.output))
+                out.append(
+                    found(
+                        Label.NOTE,
+                        Kind.DECISIONS_AGREE,
+                        words,
+                        backend=decision.backend,
+                        tensor=decision.output,
+                    )
+                )
         out += [found(Label.NOTE, Kind.CANDIDATE_NOTE, note) for note in self.notes]
-        for p in self.probes:
-            said = [finding.for_candidate(name) for finding in p.findings()]
-            out += said or [found(Label.NOTE, Kind.PROBE, f"its {p.name} probe found nothing to warn of")]
+        for probe in self.probes:
+            said = [finding.for_candidate(name) for finding in probe.findings()]
+            out += said or [found(Label.NOTE, Kind.PROBE, f"its {probe.name} probe found nothing to warn of")]
         out += _advice_findings(self)
         return out
 
 
-def _advice_findings(c: CandidateResult) -> list[Finding]:
-    a, name = c.advice, c.path
+def _advice_findings(candidate: CandidateResult) -> list[Finding]:
+    a, name = candidate.advice, candidate.path
     if a is None:
         return []
 
@@ -403,48 +424,68 @@ def _advice_findings(c: CandidateResult) -> list[Finding]:
     return [Finding(Label.WARN, Kind.ADVICE_FAILED, words, candidate=name)]
 
 
-def _cause(c: CandidateResult) -> list[Finding]:
+def _cause(candidate: CandidateResult) -> list[Finding]:
     """Where the candidate's tokens left the original's: whether its nodes, at that step, are
     within the precision they declare (the flip is that precision carried), or where not."""
-    d = c.decode
-    first = [(b.first_divergence, b.backend) for b in d.backends if b.ok and b.first_divergence] if d else []
-    if not first or c.compared_on == "":
-        return []
-    p, backend = min(first, key=lambda x: (x[0].first_divergent_step or 0, x[0].prompt))
-    where = f"step {p.first_divergent_step} of prompt {p.prompt}"
-    size = (
-        f"logit difference {short(p.logit_difference)} against the original's margin "
-        f"{short(p.margin_at_divergence)}"
+    decode = candidate.decode
+    first = (
+        [
+            (backend.first_divergence, backend.backend)
+            for backend in decode.backends
+            if backend.ok and backend.first_divergence
+        ]
+        if decode
+        else []
     )
-    if c.events:
-        e = c.events[0]
+    if not first or candidate.compared_on == "":
+        return []
+    prompt_decode, backend = min(first, key=lambda x: (x[0].first_divergent_step or 0, x[0].prompt))
+    where = f"step {prompt_decode.first_divergent_step} of prompt {prompt_decode.prompt}"
+    size = (
+        f"logit difference {short(prompt_decode.logit_difference)} against the original's margin "
+        f"{short(prompt_decode.margin_at_divergence)}"
+    )
+    if candidate.events:
+        e = candidate.events[0]
         words = (
-            f"candidate {c.path}: decode: at {where} ({backend}: {size}) the candidate has "
-            f"{len(c.events)} event(s) past its precision, first {e.kind} at {e.tensor}"
+            f"candidate {candidate.path}: decode: at {where} ({backend}: {size}) the candidate has "
+            f"{len(candidate.events)} event(s) past its precision, first {e.kind} at {e.tensor}"
         )
         return [
-            Finding(Label.WARN, Kind.FLIP_CAUSE, words, backend=backend, candidate=c.path, tensor=e.tensor)
+            Finding(
+                Label.WARN, Kind.FLIP_CAUSE, words, backend=backend, candidate=candidate.path, tensor=e.tensor
+            )
         ]
-    if c.origins or c.stretch_origins:
-        first_o = c.stretch_origins[0] if c.stretch_origins else c.origins[0][1]
+    if candidate.origins or candidate.stretch_origins:
+        first_o = candidate.stretch_origins[0] if candidate.stretch_origins else candidate.origins[0][1]
         words = (
-            f"candidate {c.path}: decode: at {where} ({backend}: {size}) the candidate has "
-            f"{len(c.origins) + len(c.stretch_origins)} origin(s) past its declared precision, first "
+            f"candidate {candidate.path}: decode: at {where} ({backend}: {size}) the candidate has "
+            f"{len(candidate.origins) + len(candidate.stretch_origins)} origin(s) past its declared "
+            "precision, first "
             f"{first_o.tensor} ({first_o.op_type})"
         )
         return [
             Finding(
-                Label.WARN, Kind.FLIP_CAUSE, words, backend=backend, candidate=c.path, tensor=first_o.tensor
+                Label.WARN,
+                Kind.FLIP_CAUSE,
+                words,
+                backend=backend,
+                candidate=candidate.path,
+                tensor=first_o.tensor,
             )
         ]
-    if c.explanation.status == "ok":
-        tie = " (a near tie)" if near_tie(p.margin_at_divergence, p.logit_difference) else ""
+    if candidate.explanation.status == "ok":
+        tie = (
+            " (a near tie)"
+            if near_tie(prompt_decode.margin_at_divergence, prompt_decode.logit_difference)
+            else ""
+        )
         words = (
-            f"candidate {c.path}: decode: at {where} every node of the candidate is within the "
+            f"candidate {candidate.path}: decode: at {where} every node of the candidate is within the "
             f"precision it declares: the flip{tie} is that precision carried through the model "
             f"({backend}: {size})"
         )
-        return [Finding(Label.NOTE, Kind.FLIP_CAUSE, words, backend=backend, candidate=c.path)]
+        return [Finding(Label.NOTE, Kind.FLIP_CAUSE, words, backend=backend, candidate=candidate.path)]
     return []
 
 

@@ -124,11 +124,11 @@ def open_capture(path: str | os.PathLike[str], name: str | None = None) -> Loade
     try:
         backend = decode(BackendResult, m["backend"], "backend")
         feeds = decode(FeedsInfo, m["inputs"], "inputs")
-        phases = {str(r["name"]): _phase(p, r, m["files"]) for r in m["phases"]}
+        phases = {str(phase["name"]): _phase(p, phase, m["files"]) for phase in m["phases"]}
         model = m["model"]
         model_sha256, model_name = str(model["sha256"]), str(model["name"])
         graph_outputs = tuple(str(n) for n in model.get("outputs", ()))
-        env = tuple(sorted((str(k), str(v)) for k, v in m["environment"].items()))
+        env = tuple(sorted((str(key), str(value)) for key, value in m["environment"].items()))
     except (CodecError, KeyError, TypeError, ValueError, AttributeError) as error:
         raise bad_capture(
             p, f"has a manifest this xbackend cannot read ({type(error).__name__}: {str(error)[:120]})"
@@ -166,8 +166,8 @@ def load_capture(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         files.append(("layers", Path(cap.run.layers.capture), None))
     for prefix, file, only in files:
         try:
-            with ValueFile(str(file)) as f:
-                values = f.load_all()
+            with ValueFile(str(file)) as value_file:
+                values = value_file.load_all()
         except (ValueError, MemoryError, OSError) as error:  # checked, resealed and still damaged
             raise bad_capture(
                 Path(path), f"has a damaged value file {file.name} ({str(error)[:160]})"

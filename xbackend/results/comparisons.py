@@ -74,7 +74,9 @@ class CrossBackendResult:
     @property
     def bitwise_equal(self) -> bool:
         """Every graph output the same bits as the reference's."""
-        return self.status == "ok" and all(d.bitwise_equal for d in self.output_tensors)
+        return self.status == "ok" and all(
+            output_tensor.bitwise_equal for output_tensor in self.output_tensors
+        )
 
     def output_diffs(self) -> list[TensorDiff]:
         """Graph outputs of the plain builds: what the verdict is about."""
@@ -82,8 +84,8 @@ class CrossBackendResult:
 
     def instrumented_output_diffs(self) -> list[TensorDiff]:
         """The same graph outputs as measured in the instrumented builds."""
-        outs = {value_name(d.name) for d in self.output_tensors}
-        return [d for d in self.tensors if value_name(d.name) in outs]
+        outs = {value_name(output_tensor.name) for output_tensor in self.output_tensors}
+        return [tensor for tensor in self.tensors if value_name(tensor.name) in outs]
 
     @property
     def observer_differs(self) -> bool:
@@ -92,26 +94,40 @@ class CrossBackendResult:
             diff.name: (diff.bitwise_equal, diff.max_ulp, diff.scaled_ulp)
             for diff in self.instrumented_output_diffs()
         }
-        plain = {d.name: (d.bitwise_equal, d.max_ulp, d.scaled_ulp) for d in self.output_tensors}
-        return bool(inst) and any(inst.get(k, v) != v for k, v in plain.items())
+        plain = {
+            output_tensor.name: (output_tensor.bitwise_equal, output_tensor.max_ulp, output_tensor.scaled_ulp)
+            for output_tensor in self.output_tensors
+        }
+        return bool(inst) and any(inst.get(key, value) != value for key, value in plain.items())
 
     @property
     def max_ulp(self) -> int | None:
         """Raw max ULP over graph outputs (None if no float output was compared)."""
-        vals = [d.max_ulp for d in self.output_tensors if d.max_ulp is not None]
+        vals = [
+            output_tensor.max_ulp
+            for output_tensor in self.output_tensors
+            if output_tensor.max_ulp is not None
+        ]
         return max(vals) if vals else None
 
     @property
     def scaled_ulp(self) -> float | None:
         """The largest scaled ULP over the graph outputs (None: none was a float compared)."""
-        vals = [d.scaled_ulp for d in self.output_tensors if d.scaled_ulp is not None]
+        vals = [
+            output_tensor.scaled_ulp
+            for output_tensor in self.output_tensors
+            if output_tensor.scaled_ulp is not None
+        ]
         return max(vals) if vals else None
 
     @property
     def first_divergence(self) -> str | None:
         """The first tensor, in model order, whose bits differ from the reference's."""
-        layer = next((d.name for d in self.tensors if not d.bitwise_equal), None)
-        return layer or next((d.name for d in self.output_tensors if not d.bitwise_equal), None)
+        layer = next((tensor.name for tensor in self.tensors if not tensor.bitwise_equal), None)
+        return layer or next(
+            (output_tensor.name for output_tensor in self.output_tensors if not output_tensor.bitwise_equal),
+            None,
+        )
 
     def tolerance(self, tensor: str) -> float:
         """The scaled ULP `tensor` may differ by: its floor-based tolerance under --max-ulp auto,
@@ -136,25 +152,29 @@ class CrossBackendResult:
         """`tensor`'s own error against its float64 value, in scaled ULP, where it was judged."""
         return dict(self.local_errors).get(value_name(tensor))
 
-    def exceeds(self, d: TensorDiff) -> bool:
-        """Whether diff `d` is past its tolerance: its node an origin, where nodes were judged."""
+    def exceeds(self, tensor_diff: TensorDiff) -> bool:
+        """Whether diff `tensor_diff` is past its tolerance: its node an origin, where nodes were judged."""
         if self.judged:
-            return value_name(d.name) in self._origin_names
-        return d.exceeds(self.tolerance(d.name))
+            return value_name(tensor_diff.name) in self._origin_names
+        return tensor_diff.exceeds(self.tolerance(tensor_diff.name))
 
     @property
     def first_violation(self) -> str | None:
         """The first tensor past its tolerance (the first origin, where nodes were judged)."""
         if self.judged:
             return self.origins[0].tensor if self.origins else None
-        layer = next((d.name for d in self.tensors if self.exceeds(d)), None)
-        out = next((d.name for d in self.output_tensors if self.exceeds(d)), None)
+        layer = next((tensor.name for tensor in self.tensors if self.exceeds(tensor)), None)
+        out = next(
+            (output_tensor.name for output_tensor in self.output_tensors if self.exceeds(output_tensor)), None
+        )
         return (layer or out) if out is not None else layer
 
     @property
     def exceeds_tolerance(self) -> bool:
         """Some graph output past its tolerance."""
-        return self.status == "ok" and any(self.exceeds(d) for d in self.output_tensors)
+        return self.status == "ok" and any(
+            self.exceeds(output_tensor) for output_tensor in self.output_tensors
+        )
 
     @property
     def violates(self) -> bool:
@@ -169,7 +189,9 @@ class CrossBackendResult:
     def zero_ulp_reason(self) -> str:
         """Why outputs' bits differ at 0 ULP ('' unless that is the case)."""
         return "; ".join(
-            f"{d.name}: {d.zero_ulp_reason()}" for d in self.output_tensors if d.zero_ulp_reason()
+            f"{output_tensor.name}: {output_tensor.zero_ulp_reason()}"
+            for output_tensor in self.output_tensors
+            if output_tensor.zero_ulp_reason()
         )
 
 
@@ -225,17 +247,17 @@ class Drift:
     @property
     def outputs_moved(self) -> tuple[str, ...]:
         """The graph outputs whose bits moved (where values were compared)."""
-        outs = {value_name(d.name) for d in self.outputs}
+        outs = {value_name(output.name) for output in self.outputs}
         return tuple(m for m in self.moved if value_name(m) in outs) if self.measured else ()
 
     @property
     def max_ulp(self) -> int | None:
-        vals = [d.max_ulp for d in self.outputs if d.max_ulp is not None]
+        vals = [output.max_ulp for output in self.outputs if output.max_ulp is not None]
         return max(vals) if vals else None
 
     @property
     def scaled_ulp(self) -> float | None:
-        vals = [d.scaled_ulp for d in self.outputs if d.scaled_ulp is not None]
+        vals = [output.scaled_ulp for output in self.outputs if output.scaled_ulp is not None]
         return max(vals) if vals else None
 
 
@@ -271,7 +293,7 @@ def drift_findings(baseline: Sequence[Drift], modules: Mapping[str, str]) -> lis
         elif d.status == "no-baseline":
             words = f"{d.backend}: not in the baseline{f' ({d.reason})' if d.reason else ''}"
             out.append(Finding(Label.BASELINE, Kind.NOT_IN_BASELINE, words, backend=d.backend))
-    if baseline and not any(d.status in ("identical", "drifted") for d in baseline):
+    if baseline and not any(drift.status in ("identical", "drifted") for drift in baseline):
         words = (
             "baseline: no backend of this run is in the baseline, so nothing was compared against "
             "it; run the baseline's backends (--backends)"

@@ -80,9 +80,9 @@ def families(backends: Sequence[BackendResult], checks: Sequence[PromiseCheck]) 
     """Each runner that ran under two or more instances here (captures loaded from elsewhere
     left out: their times are another host's), in the order first listed."""
     groups: dict[str, list[BackendResult]] = {}
-    for b in backends:
-        if not b.loaded_from:
-            groups.setdefault(b.name.partition("@")[0], []).append(b)
+    for backend in backends:
+        if not backend.loaded_from:
+            groups.setdefault(backend.name.partition("@")[0], []).append(backend)
     return [_family(runner, members, checks) for runner, members in groups.items() if len(members) >= 2]
 
 
@@ -107,9 +107,9 @@ def _family(runner: str, members: Sequence[BackendResult], checks: Sequence[Prom
                 b.distinct_build_outputs,
                 b.runs,
                 b.builds,
-                tuple(c.name for c in mine if c.status == "held"),
-                tuple(c.name for c in mine if c.status == "broken"),
-                tuple(c.name for c in mine if c.status == "unchecked"),
+                tuple(check.name for check in mine if check.status == "held"),
+                tuple(check.name for check in mine if check.status == "broken"),
+                tuple(check.name for check in mine if check.status == "unchecked"),
                 b.latency,
                 ratio,
             )

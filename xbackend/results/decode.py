@@ -75,17 +75,21 @@ class BackendDecode:
     def first_divergence(self) -> PromptDecode | None:
         """The prompt whose tokens leave the reference's earliest (None: every token agrees)."""
         diverged = [prompt for prompt in self.prompts if prompt.first_divergent_step is not None]
-        return min(diverged, key=lambda p: (p.first_divergent_step, p.prompt)) if diverged else None
+        return (
+            min(diverged, key=lambda prompt: (prompt.first_divergent_step, prompt.prompt))
+            if diverged
+            else None
+        )
 
     @property
     def first_divergent_step(self) -> int | None:
-        d = self.first_divergence
-        return d.first_divergent_step if d is not None else None
+        first_divergence = self.first_divergence
+        return first_divergence.first_divergent_step if first_divergence is not None else None
 
     @property
     def margin_at_divergence(self) -> float | None:
-        d = self.first_divergence
-        return d.margin_at_divergence if d is not None else None
+        first_divergence = self.first_divergence
+        return first_divergence.margin_at_divergence if first_divergence is not None else None
 
     @property
     def distinct_completions(self) -> int:
@@ -137,28 +141,30 @@ class DecodeResult:
         where they agree; WARN for a backend that could not decode."""
         out = []
         ref = next((backend for backend in self.backends if backend.backend == self.reference), None)
-        for b in self.backends:
-            if not b.ok:
-                why = f"decode: {b.backend} {b.status}: {b.reason}"
-                out.append(Finding(Label.WARN, Kind.DECODE_FAILED, why, backend=b.backend))
+        for backend_result in self.backends:
+            if not backend_result.ok:
+                why = f"decode: {backend_result.backend} {backend_result.status}: {backend_result.reason}"
+                out.append(Finding(Label.WARN, Kind.DECODE_FAILED, why, backend=backend_result.backend))
                 continue
-            if b.backend == self.reference:
+            if backend_result.backend == self.reference:
                 continue
             if ref is None or not ref.ok:  # nothing to hold its tokens against
                 why = f"{ref.status}: {ref.reason}" if ref is not None else "it did not decode"
                 words = (
-                    f"decode: {b.backend}'s tokens were not compared: the reference "
+                    f"decode: {backend_result.backend}'s tokens were not compared: the reference "
                     f"{self.reference} gave none ({why})"
                 )
-                out.append(Finding(Label.WARN, Kind.DECODE_NOT_COMPARED, words, backend=b.backend))
-                continue
-            d = b.first_divergence
-            if d is None:
-                words = (
-                    f"decode: {b.backend} chose {self.reference}'s token at every step of "
-                    f"{len(b.prompts)} prompt(s) x {self.steps} steps"
+                out.append(
+                    Finding(Label.WARN, Kind.DECODE_NOT_COMPARED, words, backend=backend_result.backend)
                 )
-                out.append(Finding(Label.NOTE, Kind.DECODE_AGREES, words, backend=b.backend))
+                continue
+            first_divergence = backend_result.first_divergence
+            if first_divergence is None:
+                words = (
+                    f"decode: {backend_result.backend} chose {self.reference}'s token at every step of "
+                    f"{len(backend_result.prompts)} prompt(s) x {self.steps} steps"
+                )
+                out.append(Finding(Label.NOTE, Kind.DECODE_AGREES, words, backend=backend_result.backend))
         out += [Finding(Label.WARN, Kind.DECODE_WARNING, f"decode: {warning}") for warning in self.warnings]
         return out + [
             finding.with_sentence(f"decode: {finding.sentence}") for finding in self.flip_findings()
@@ -174,19 +180,24 @@ class DecodeResult:
         the batch."""
         out = []
         for name in self.token_flips:
-            b = self.backend(name)
-            d = b.first_divergence
-            assert d is not None
+            backend_decode = self.backend(name)
+            first_divergence = backend_decode.first_divergence
+            assert first_divergence is not None
             words = (
-                f"{name} leaves {self.reference}'s tokens at step {d.first_divergent_step} of prompt "
-                f"{d.prompt} ({self.reference}'s top-1/top-2 margin {_g(d.margin_at_divergence)}, logit "
-                f"difference {_g(d.logit_difference)}); {b.flipped_prompts} of {len(b.prompts)} prompt(s) "
+                f"{name} leaves {self.reference}'s tokens at step {first_divergence.first_divergent_step} of "
+                "prompt "
+                f"{first_divergence.prompt} ({self.reference}'s top-1/top-2 margin "
+                f"{_g(first_divergence.margin_at_divergence)}, logit "
+                f"difference {_g(first_divergence.logit_difference)}); {backend_decode.flipped_prompts} of "
+                f"{len(backend_decode.prompts)} prompt(s) "
                 "decode differently"
             )
             out.append(Finding(Label.WARN, Kind.TOKEN_FLIP, words, backend=name))
         for name in self.batch_dependent:
-            b = self.backend(name)
-            worst = max(b.prompts, key=lambda p: (p.distinct_completions, -p.prompt))
+            backend_decode = self.backend(name)
+            worst = max(
+                backend_decode.prompts, key=lambda prompt: (prompt.distinct_completions, -prompt.prompt)
+            )
             words = (
                 f"{name}'s completions depend on the batch: prompt {worst.prompt} has "
                 f"{worst.distinct_completions} distinct completions over {worst.compositions} compositions, "
@@ -235,13 +246,19 @@ class Decisions:
 FLIPS_KEPT = 20
 
 
-def flip_cause(d: DecodeResult | None, cross_backend: Sequence[CrossBackendResult]) -> list[Finding]:
+def flip_cause(
+    decode_result: DecodeResult | None, cross_backend: Sequence[CrossBackendResult]
+) -> list[Finding]:
     """At the step compared layer by layer, where a backend left the reference's tokens: was
     the difference that flipped the token rounding (EXPLAINED) or an error (an origin)?"""
-    if d is None or d.layers_step is None or d.layers_step[0] == d.reference:
+    if (
+        decode_result is None
+        or decode_result.layers_step is None
+        or decode_result.layers_step[0] == decode_result.reference
+    ):
         return []
-    who, prompt, step = d.layers_step
-    c = next((x for x in cross_backend if x.backend == who and x.status == "ok"), None)
+    who, prompt, step = decode_result.layers_step
+    c = next((cross for cross in cross_backend if cross.backend == who and cross.status == "ok"), None)
     where = f"step {step} of prompt {prompt}"
 
     def cause(label: Label, words: str, tensor: str = "") -> list[Finding]:
@@ -250,8 +267,12 @@ def flip_cause(d: DecodeResult | None, cross_backend: Sequence[CrossBackendResul
     if c is None or c.explained is None:
         return cause(Label.NOTE, f"whether {who}'s flip at {where} is rounding was not judged")
     if c.explained:
-        p = next((x for x in d.backend(who).prompts if x.prompt == prompt), None)
-        margin, diff = (p.margin_at_divergence, p.logit_difference) if p is not None else (None, None)
+        prompt_decode = next((x for x in decode_result.backend(who).prompts if x.prompt == prompt), None)
+        margin, diff = (
+            (prompt_decode.margin_at_divergence, prompt_decode.logit_difference)
+            if prompt_decode is not None
+            else (None, None)
+        )
         if near_tie(margin, diff) or margin is None or diff is None:
             return cause(
                 Label.NOTE,

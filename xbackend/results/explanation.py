@@ -195,11 +195,11 @@ class LocalErrors:
         """Per op: the median over its judged nodes of the smallest relative error each catches,
         and how many nodes; the most sensitive op first."""
         by_op: dict[str, list[float]] = {}
-        for n in self.nodes:
-            if n.threshold > 0 and math.isfinite(n.threshold) and not n.not_judged:
-                by_op.setdefault(n.op_type, []).append(n.threshold)
-        rows = [(op, statistics.median(v), len(v)) for op, v in by_op.items()]
-        return tuple(sorted(rows, key=lambda x: (x[1], x[0])))
+        for node in self.nodes:
+            if node.threshold > 0 and math.isfinite(node.threshold) and not node.not_judged:
+                by_op.setdefault(node.op_type, []).append(node.threshold)
+        rows = [(op, statistics.median(value), len(value)) for op, value in by_op.items()]
+        return tuple(sorted(rows, key=lambda row: (row[1], row[0])))
 
     @property
     def unjudged(self) -> tuple[NodeJudgment, ...]:
@@ -326,7 +326,7 @@ class Explanation:
 
     def local_for(self, backend: str) -> LocalErrors | None:
         """`backend`'s local errors against float64 (None: it was not judged)."""
-        return next((x for x in self.local if x.backend == backend), None)
+        return next((local_errors for local_errors in self.local if local_errors.backend == backend), None)
 
 
 def times_floor(scaled_ulp: float, floor: float) -> float:
@@ -365,24 +365,24 @@ def _ulp(x: float | None) -> str:
 def origins_line(backend: str, origins: Sequence[Origin], modules: Mapping[str, str]) -> str:
     """`backend: N origins (...), first T (module) (Op): local error X scaled ULP at [i] where
     rounding allows Y (rule)`: the allowance printed is the one that decided."""
-    o = origins[0]
+    origin = origins[0]
     n = len(origins)
-    if o.local_scaled_ulp is None or o.detail:
-        what = o.detail or "exact values differ"
+    if origin.local_scaled_ulp is None or origin.detail:
+        what = origin.detail or "exact values differ"
     else:
-        where = f" at [{', '.join(map(str, o.element))}]" if o.element else ""
+        where = f" at [{', '.join(map(str, origin.element))}]" if origin.element else ""
         what = (
-            f"local error {_ulp(o.local_scaled_ulp)} scaled ULP{where} where rounding allows "
-            f"{_ulp(o.allowed_scaled_ulp)} ({o.rule})"
+            f"local error {_ulp(origin.local_scaled_ulp)} scaled ULP{where} where rounding allows "
+            f"{_ulp(origin.allowed_scaled_ulp)} ({origin.rule})"
         )
-        if o.certain:
+        if origin.certain:
             what += "; past the deterministic bound too"
-    kernel = o.op_type
-    if o.covers and o.covers != (o.tensor,):
-        kernel += f", fusing {', '.join(_modname(c, modules) for c in o.covers[:6])}"
+    kernel = origin.op_type
+    if origin.covers and origin.covers != (origin.tensor,):
+        kernel += f", fusing {', '.join(_modname(cover, modules) for cover in origin.covers[:6])}"
     return (
         f"{backend}: {n} origin{'s' if n > 1 else ''} (nodes past what rounding allows against their own "
-        f"float64 value), first {_modname(o.tensor, modules)} ({kernel}): {what}"
+        f"float64 value), first {_modname(origin.tensor, modules)} ({kernel}): {what}"
     )
 
 

@@ -157,7 +157,7 @@ class Finding:
             probe=str(data.get("probe", "")),
             tensor=str(data.get("tensor", "")),
             qualifier=str(data.get("qualifier", "")),
-            figures=tuple((str(k), float(v)) for k, v in dict(data.get("figures", {})).items()),
+            figures=tuple((str(key), float(value)) for key, value in dict(data.get("figures", {})).items()),
         )
 
     def with_sentence(self, sentence: str) -> Finding:

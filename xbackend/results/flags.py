@@ -66,7 +66,7 @@ def flag(default: Any, cli: str, omit_default: bool = False, **kw: Any) -> Any:
 
 def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Flag]]:
     """The fields of `cls` that declare a Flag, in field order."""
-    return [(f, f.metadata["flag"]) for f in dataclasses.fields(cls) if "flag" in f.metadata]
+    return [(field, field.metadata["flag"]) for field in dataclasses.fields(cls) if "flag" in field.metadata]
 
 
 def count(lo: int, hi: int = MAX_COUNT, what: str = "") -> Callable[[str, Any], None]:
@@ -118,7 +118,7 @@ def pairs(options: object) -> tuple[tuple[str, str, str], ...]:
     if options is None:
         return ()
     if isinstance(options, Mapping):
-        return tuple((str(b), str(k), str(v)) for b, opts in options.items() for k, v in opts.items())
+        return tuple((str(key), str(k), str(opt)) for key, opts in options.items() for k, opt in opts.items())
     return tuple(
         option_triple(option) if isinstance(option, str) else (str(option[0]), str(option[1]), str(option[2]))
         for option in options  # type: ignore[attr-defined]

@@ -156,10 +156,10 @@ class _Context:
     has_baseline: bool
 
 
-def evaluate(r: Gated, names: Sequence[str], max_ulp: float, has_baseline: bool) -> list[Gate]:
-    """The policies that fire on `r`, lowest exit code first; `max_ulp` is ulp>N's default N
+def evaluate(gated: Gated, names: Sequence[str], max_ulp: float, has_baseline: bool) -> list[Gate]:
+    """The policies that fire on `gated`, lowest exit code first; `max_ulp` is ulp>N's default N
     (for `any`), `has_baseline` whether a baseline was given (drift is gated only then)."""
-    ctx = _Context(r, max_ulp, has_baseline)
+    ctx = _Context(gated, max_ulp, has_baseline)
     gates = []
     for name, n in [*parse_policies(names, max_ulp), ("promise", None)]:
         why = _CHECKS[name](ctx, n)
@@ -167,11 +167,11 @@ def evaluate(r: Gated, names: Sequence[str], max_ulp: float, has_baseline: bool)
             label = f"ulp>{n:g}" if name == "ulp>N" else name
             gates.append(Gate(label, _BY_NAME[name].exit_code, why))
     unique = {gate.policy: gate for gate in gates}
-    return sorted(unique.values(), key=lambda g: g.exit_code)
+    return sorted(unique.values(), key=lambda value: value.exit_code)
 
 
-def _nondeterminism(c: _Context, _: float | None) -> str:
-    r = c.r
+def _nondeterminism(context: _Context, _: float | None) -> str:
+    r = context.r
     bad = [
         backend
         for backend in r.backends
@@ -179,27 +179,27 @@ def _nondeterminism(c: _Context, _: float | None) -> str:
         and (backend.distinct_run_outputs > 1 or any(not diff.bitwise_equal for diff in backend.run_diffs))
     ]
     return "; ".join(
-        f"{b.name}: {b.distinct_run_outputs} distinct outputs within a session"
-        + (f", first varying {b.first_nondeterministic}" if b.first_nondeterministic else "")
-        for b in bad
+        f"{backend.name}: {backend.distinct_run_outputs} distinct outputs within a session"
+        + (f", first varying {backend.first_nondeterministic}" if backend.first_nondeterministic else "")
+        for backend in bad
     )
 
 
-def _build_variance(c: _Context, _: float | None) -> str:
-    r = c.r
+def _build_variance(context: _Context, _: float | None) -> str:
+    r = context.r
     out = []
-    for b in r.backends:
-        if not b.ok:
+    for backend in r.backends:
+        if not backend.ok:
             continue
         why = []
-        if b.distinct_build_outputs > 1 or any(not diff.bitwise_equal for diff in b.build_diffs):
-            why.append(f"{b.distinct_build_outputs} distinct outputs over {b.builds} builds")
-        if len(set(b.fingerprints)) > 1:
-            why.append(f"{len(set(b.fingerprints))} distinct build fingerprints")
+        if backend.distinct_build_outputs > 1 or any(not diff.bitwise_equal for diff in backend.build_diffs):
+            why.append(f"{backend.distinct_build_outputs} distinct outputs over {backend.builds} builds")
+        if len(set(backend.fingerprints)) > 1:
+            why.append(f"{len(set(backend.fingerprints))} distinct build fingerprints")
         if why:
-            out.append(f"{b.name}: {', '.join(why)}")
-    for p in r.probes:
-        out += p.build_variance()
+            out.append(f"{backend.name}: {', '.join(why)}")
+    for probe in r.probes:
+        out += probe.build_variance()
     return "; ".join(dict.fromkeys(out))
 
 
@@ -207,46 +207,46 @@ def _ulp(ctx: _Context, n: float | None) -> str:
     r = ctx.r
     limit = ctx.max_ulp if n is None else n
     out = []
-    for c in (*r.cross_backend, *r.expected_error):
-        if c.status != "ok":
+    for cross in (*r.cross_backend, *r.expected_error):
+        if cross.status != "ok":
             continue
-        worst = [tensor for tensor in c.output_tensors if tensor.exceeds(limit)]
+        worst = [tensor for tensor in cross.output_tensors if tensor.exceeds(limit)]
         if worst:
             out.append(
-                f"{c.backend} vs {c.reference}: {short(c.scaled_ulp)} scaled ULP at the outputs "
+                f"{cross.backend} vs {cross.reference}: {short(cross.scaled_ulp)} scaled ULP at the outputs "
                 f"(first past {limit:g}: {worst[0].name})"
             )
     return "; ".join(out)
 
 
-def _baseline(c: _Context, _: float | None) -> str:
-    r = c.r
-    if not c.has_baseline:
+def _baseline(context: _Context, _: float | None) -> str:
+    r = context.r
+    if not context.has_baseline:
         return ""
     out = []
-    for d in r.baseline:
-        if d.drifted:
-            size = f", {short(d.scaled_ulp)} scaled ULP at the outputs" if d.measured else ""
-            out.append(f"{d.backend} moved from the baseline{size}; first moved {d.first_moved}")
-        elif d.status == "not-comparable":
-            out.append(f"{d.backend} not comparable with the baseline: {d.reason}")
+    for drift in r.baseline:
+        if drift.drifted:
+            size = f", {short(drift.scaled_ulp)} scaled ULP at the outputs" if drift.measured else ""
+            out.append(f"{drift.backend} moved from the baseline{size}; first moved {drift.first_moved}")
+        elif drift.status == "not-comparable":
+            out.append(f"{drift.backend} not comparable with the baseline: {drift.reason}")
     return "; ".join(out)
 
 
-def _probe_warning(c: _Context, _: float | None) -> str:
-    r = c.r
+def _probe_warning(context: _Context, _: float | None) -> str:
+    r = context.r
     return "; ".join(
         finding.sentence for probe in r.probes for finding in probe.findings() if finding.label is Label.WARN
     )
 
 
-def _failure(c: _Context, _: float | None) -> str:
-    r = c.r
-    return "; ".join(f"{b.name} {b.status}: {b.reason}" for b in r.failed)
+def _failure(context: _Context, _: float | None) -> str:
+    r = context.r
+    return "; ".join(f"{backend.name} {backend.status}: {backend.reason}" for backend in r.failed)
 
 
-def _promise(c: _Context, _: float | None) -> str:
-    r = c.r
+def _promise(context: _Context, _: float | None) -> str:
+    r = context.r
     return "; ".join(
         f"{promise.backend} broke {promise.name}: {promise.evidence}"
         + (f", first at {promise.first_layer}" if promise.first_layer else "")
@@ -254,9 +254,9 @@ def _promise(c: _Context, _: float | None) -> str:
     )
 
 
-def _unexplained(c: _Context, _: float | None) -> str:
+def _unexplained(context: _Context, _: float | None) -> str:
     out = []
-    for x in c.r.cross_backend:
+    for x in context.r.cross_backend:
         if x.status == "ok" and x.origins:
             o = x.origins[0]
             out.append(
@@ -266,17 +266,17 @@ def _unexplained(c: _Context, _: float | None) -> str:
     return "; ".join(out)
 
 
-def _ill_conditioned(c: _Context, _: float | None) -> str:
+def _ill_conditioned(context: _Context, _: float | None) -> str:
     return "; ".join(
-        f"{t.tensor}: "
+        f"{ill_conditioned.tensor}: "
         + (
             f"the rounding above it, carried through its nodes' condition numbers, reaches "
-            f"{short(t.scaled_ulp)} scaled ULP"
-            if t.criterion == "condition"
+            f"{short(ill_conditioned.scaled_ulp)} scaled ULP"
+            if ill_conditioned.criterion == "condition"
             else "every engine is past half its precision from float64"
         )
-        + f" ({t.cause})"
-        for t in c.r.explanation.ill_conditioned
+        + f" ({ill_conditioned.cause})"
+        for ill_conditioned in context.r.explanation.ill_conditioned
     )
 
 
@@ -289,55 +289,61 @@ def unjudged(ex: Explanation) -> list[str]:
         f"{x.backend}: {x.reason or x.status}" for x in ex.local if x.status != "ok" and x.reason != LOADED
     ]
     out += [
-        f"{x.backend}: its plain run: {x.plain.reason}"
-        for x in ex.local
-        if x.status == "ok" and x.plain is not None and x.plain.status == "not-judged"
+        f"{local_errors.backend}: its plain run: {local_errors.plain.reason}"
+        for local_errors in ex.local
+        if local_errors.status == "ok"
+        and local_errors.plain is not None
+        and local_errors.plain.status == "not-judged"
     ]
     return out
 
 
-def _not_judged(c: _Context, _: float | None) -> str:
-    return "; ".join(unjudged(c.r.explanation))
+def _not_judged(context: _Context, _: float | None) -> str:
+    return "; ".join(unjudged(context.r.explanation))
 
 
-def _token_flip(c: _Context, _: float | None) -> str:
-    d = c.r.decode
-    out = d.flips() if d is not None else []
+def _token_flip(context: _Context, _: float | None) -> str:
+    decode = context.r.decode
+    out = decode.flips() if decode is not None else []
     out += [
         f"candidate {candidate.path}: {line}"
-        for candidate in c.r.candidates
+        for candidate in context.r.candidates
         if candidate.decode is not None
         for line in candidate.decode.flips()
     ]
     return "; ".join(out)
 
 
-def _decision_flip(c: _Context, _: float | None) -> str:
-    out = c.r.decision_flips()
-    for x in c.r.candidates:
+def _decision_flip(context: _Context, _: float | None) -> str:
+    out = context.r.decision_flips()
+    for candidate in context.r.candidates:
         out += [
-            f"candidate {x.path}: {decision.backend} makes {decision.flipped} of {decision.decisions} "
+            f"candidate {candidate.path}: {decision.backend} makes {decision.flipped} of "
+            f"{decision.decisions} "
             f"choice(s) at {decision.output} otherwise than the original"
-            for decision in x.decisions
+            for decision in candidate.decisions
             if decision.status == "ok" and decision.flipped
         ]
     return "; ".join(out)
 
 
-def _candidate_origin(c: _Context, _: float | None) -> str:
+def _candidate_origin(context: _Context, _: float | None) -> str:
     out = []
-    for x in c.r.candidates:
-        if x.origins:
-            b, o = x.origins[0]
+    for candidate in context.r.candidates:
+        if candidate.origins:
+            b, o = candidate.origins[0]
             out.append(
-                f"candidate {x.path}: {len(x.origins)} origin(s) past its declared precision, first "
+                f"candidate {candidate.path}: {len(candidate.origins)} origin(s) past its declared "
+                "precision, first "
                 f"{o.tensor} ({o.op_type}) on {b}"
             )
-        elif x.departure:
-            out.append(f"candidate {x.path}: departs at {x.departure} ({x.departure_why})")
+        elif candidate.departure:
+            out.append(
+                f"candidate {candidate.path}: departs at {candidate.departure} ({candidate.departure_why})"
+            )
         out += [
-            f"candidate {x.path}: {finding.detail} at {finding.tensor}"
-            for finding in x.findings
+            f"candidate {candidate.path}: {finding.detail} at {finding.tensor}"
+            for finding in candidate.findings
             if finding.kind == "overflow"
         ]
     return "; ".join(out)

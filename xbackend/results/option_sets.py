@@ -40,7 +40,7 @@ def expand_modes(
             instance = f"{name}@{label}" if label else name
             if instance not in out:
                 out.append(instance)
-            sets += [(instance, k, v) for k, v in options.items()]
+            sets += [(instance, key, option) for key, option in options.items()]
     return tuple(out), tuple(sets)
 
 
@@ -55,11 +55,11 @@ def torch_options(
             f"{flag_name} applies to the torch backends; add torch (or {TORCH_BACKENDS[1]}) to --backends"
         )
     out: tuple[tuple[str, str, str], ...] = ()
-    for b in chosen:
+    for backend_result in chosen:
         if module:
-            out += ((b, "module", str(module)),)
+            out += ((backend_result, "module", str(module)),)
         if trust:
-            out += ((b, "trust_model_code", "true"),)
+            out += ((backend_result, "trust_model_code", "true"),)
     return out
 
 
@@ -78,4 +78,4 @@ def thread_options(backends: tuple[str, ...], threads: Any) -> tuple[tuple[str, 
             f"--threads applies to backends with a threads option, and none of {','.join(backends)} has "
             "one; add ort-cpu (or openvino-cpu, torch) to --backends"
         )
-    return tuple((b, "threads", str(int(threads))) for b in chosen)
+    return tuple((backend, "threads", str(int(threads))) for backend in chosen)

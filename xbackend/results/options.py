@@ -73,23 +73,27 @@ def load_spec(text: str) -> tuple[str, str]:
 def _shapes(value: Any) -> tuple[tuple[str, Shape], ...]:
     if isinstance(value, Mapping):  # a named dimension's one size may come bare: {"batch": 2}
         return tuple(
-            (str(k), (int(v),) if isinstance(v, int) else tuple(int(d) for d in v)) for k, v in value.items()
+            (str(key), (int(item),) if isinstance(item, int) else tuple(int(d) for d in item))
+            for key, item in value.items()
         )
-    return tuple(parse_shape(x) if isinstance(x, str) else (str(x[0]), tuple(x[1])) for x in value)
+    return tuple(
+        parse_shape(item) if isinstance(item, str) else (str(item[0]), tuple(item[1])) for item in value
+    )
 
 
 def _ranges(value: Any) -> tuple[tuple[str, float, float], ...]:
     if isinstance(value, Mapping):
-        return tuple((str(k), float(lo), float(hi)) for k, (lo, hi) in value.items())
+        return tuple((str(key), float(lo), float(hi)) for key, (lo, hi) in value.items())
     return tuple(
-        parse_range(x) if isinstance(x, str) else (str(x[0]), float(x[1]), float(x[2])) for x in value
+        parse_range(item) if isinstance(item, str) else (str(item[0]), float(item[1]), float(item[2]))
+        for item in value
     )
 
 
 def _loads(value: Any) -> tuple[tuple[str, str], ...]:
     if isinstance(value, Mapping):
-        return tuple((str(k), str(v)) for k, v in value.items())
-    return tuple(load_spec(x) if isinstance(x, str) else (str(x[0]), str(x[1])) for x in value)
+        return tuple((str(key), str(item)) for key, item in value.items())
+    return tuple(load_spec(item) if isinstance(item, str) else (str(item[0]), str(item[1])) for item in value)
 
 
 def _size(value: Any) -> int | None:
@@ -101,20 +105,20 @@ def _seed(cli: str, seed: int) -> None:
         raise UsageError(f"{cli} must be between 0 and {MAX_SEED} (numpy's seed range), got {seed}")
 
 
-def _batch(cli: str, b: int) -> None:
-    if b > MAX_COUNT:
-        raise UsageError(f"{cli} must be at most {MAX_COUNT:,}, got {b:,}")
-    if b == 1 or b < 0:
-        raise UsageError(f"{cli} needs a batch size >= 2, got {b}")
+def _batch(cli: str, size: int) -> None:
+    if size > MAX_COUNT:
+        raise UsageError(f"{cli} must be at most {MAX_COUNT:,}, got {size:,}")
+    if size == 1 or size < 0:
+        raise UsageError(f"{cli} needs a batch size >= 2, got {size}")
 
 
-def _memory(cli: str, n: int | None) -> None:
-    if n is not None and n <= 0:
-        raise UsageError(f"{cli} must be a positive size such as 3GiB, got {n}")
+def _memory(cli: str, size: int | None) -> None:
+    if size is not None and size <= 0:
+        raise UsageError(f"{cli} must be a positive size such as 3GiB, got {size}")
 
 
 def _each(cli: str, fmt: Any) -> Any:
-    return lambda _o, v: [w for x in v for w in (cli, fmt(x))]
+    return lambda _o, value: [word for item in value for word in (cli, fmt(item))]
 
 
 @dataclass(frozen=True)
@@ -123,9 +127,14 @@ class CompareOptions:
     command() writes them."""
 
     backends: tuple[str, ...] = flag(
-        DEFAULT_BACKENDS, "--backends", parse=comma_list, show=lambda _o, v: ["--backends", ",".join(v)]
+        DEFAULT_BACKENDS,
+        "--backends",
+        parse=comma_list,
+        show=lambda _o, value: ["--backends", ",".join(value)],
     )
-    reference: str | None = flag(None, "--reference", show=lambda o, _v: ["--reference", o.reference_name])
+    reference: str | None = flag(
+        None, "--reference", show=lambda compare_options, _v: ["--reference", compare_options.reference_name]
+    )
     runs: int = flag(3, "--runs", check=count(1), always=True, sweep_file=True)
     builds: int = flag(1, "--builds", check=count(1), always=True, sweep_file=True)
     max_ulp: float | None = flag(
@@ -133,40 +142,51 @@ class CompareOptions:
         "--max-ulp",
         parse=parse_max_ulp,
         check=at_least(0, strict=False),
-        show=lambda o, _v: ["--max-ulp", o.tolerance_text],
+        show=lambda compare_options, _v: ["--max-ulp", compare_options.tolerance_text],
     )
     timeout: float = flag(
         600.0, "--timeout", check=at_least(0, True, " seconds"), always=True, sweep_file=True
     )
     inputs: str | None = flag(None, "--inputs", parse=str)
-    seed: int = flag(0, "--seed", check=_seed, show=lambda o, v: [] if o.inputs else ["--seed", str(v)])
+    seed: int = flag(
+        0, "--seed", check=_seed, show=lambda opts, value: [] if opts.inputs else ["--seed", str(value)]
+    )
     shapes: tuple[tuple[str, Shape], ...] = flag(
-        (), "--shape", parse=_shapes, show=_each("--shape", lambda s: f"{s[0]}={','.join(map(str, s[1]))}")
+        (),
+        "--shape",
+        parse=_shapes,
+        show=_each("--shape", lambda shape: f"{shape[0]}={','.join(map(str, shape[1]))}"),
     )
     runner_options: tuple[tuple[str, str, str], ...] = flag(
-        (), "--set", parse=pairs, show=_each("--set", lambda t: f"{t[0]}.{t[1]}={t[2]}")
+        (),
+        "--set",
+        parse=pairs,
+        show=_each("--set", lambda setting: f"{setting[0]}.{setting[1]}={setting[2]}"),
     )
     # the same choice as tensors="outputs" (create() sets both); kept as the JSON twin's record
     outputs_only: bool = flag(False, "--outputs-only", sweep_file=True)
     tensors: str = flag(
         "all",
         "--tensors",
-        parse=lambda v: str(v).strip() or "all",
-        show=lambda o, v: ["--tensors", v] if v != "all" and not o.outputs_only else [],
+        parse=lambda value: str(value).strip() or "all",
+        show=lambda opts, value: ["--tensors", value] if value != "all" and not opts.outputs_only else [],
     )
     probes: tuple[str, ...] | None = flag(
         None,
         "--probes",
         parse=comma_list,
-        show=lambda _o, v: [] if v is None else ["--probes", ",".join(v) or "none"],
+        show=lambda _o, value: [] if value is None else ["--probes", ",".join(value) or "none"],
         sweep_file=True,
     )
     batch_invariance: int = flag(
-        0, "--batch-invariance", check=lambda cli, b: _batch(cli, b) if b else None, sweep_file=True
+        0, "--batch-invariance", check=lambda cli, size: _batch(cli, size) if size else None, sweep_file=True
     )
     probe_threads: int = flag(0, "--probe-threads", check=count(0, 4096), sweep_file=True)
     ranges: tuple[tuple[str, float, float], ...] = flag(
-        (), "--range", parse=_ranges, show=_each("--range", lambda r: f"{r[0]}={r[1]:g}:{r[2]:g}")
+        (),
+        "--range",
+        parse=_ranges,
+        show=_each("--range", lambda range_spec: f"{range_spec[0]}={range_spec[1]:g}:{range_spec[2]:g}"),
     )
     timings: bool = flag(False, "--timings")
     loads: tuple[tuple[str, str], ...] = flag(
@@ -177,8 +197,8 @@ class CompareOptions:
         (),
         "--fail-on",
         parse=comma_list,
-        check=lambda _cli, v: parse_policies(v) and None,
-        show=lambda _o, v: ["--fail-on", ",".join(v)] if v else [],
+        check=lambda _cli, value: parse_policies(value) and None,
+        show=lambda _o, value: ["--fail-on", ",".join(value)] if value else [],
     )
     save_captures: str | None = flag(None, "--save-captures", parse=str)
     noise_samples: int | None = flag(None, "--noise-samples", check=count(0, what=" (0: no explanation)"))
@@ -188,7 +208,7 @@ class CompareOptions:
         "--max-memory",
         parse=_size,
         check=_memory,
-        show=lambda _o, v: [] if v is None else ["--max-memory", f"{v}B"],
+        show=lambda _o, value: [] if value is None else ["--max-memory", f"{value}B"],
     )
 
     decode: int = flag(0, "--decode", check=count(0, 100_000), omit_default=True)
@@ -197,7 +217,7 @@ class CompareOptions:
         (),
         "--decisions",
         parse=comma_list,
-        show=lambda _o, v: ["--decisions", ",".join(v)] if v else [],
+        show=lambda _o, value: ["--decisions", ",".join(value)] if value else [],
         omit_default=True,
     )
 
@@ -218,7 +238,7 @@ class CompareOptions:
         """Build from friendly Python or command-line values (lists, dicts, comma strings; None
         for a default) and validate. Besides the fields, the INPUT_FLAGS: modes, threads,
         torch_module, trust_model_code."""
-        by_name = {f.name: fl for f, fl in declared(cls)}
+        by_name = {field.name: fl for field, fl in declared(cls)}
         unknown = sorted(set(kwargs) - set(by_name) - set(INPUT_FLAGS))
         if unknown:
             valid = sorted({*by_name, *INPUT_FLAGS})
@@ -255,9 +275,9 @@ class CompareOptions:
         return opts.with_reference()
 
     def validate(self) -> None:
-        for f, fl in declared(type(self)):
+        for field, fl in declared(type(self)):
             if fl.check is not None:
-                fl.check(fl.cli, getattr(self, f.name))
+                fl.check(fl.cli, getattr(self, field.name))
         if not self.backends and not self.loads:
             raise UsageError("no backends given; pass --backends, e.g. --backends ort-cpu,reference")
         if len(set(self.backends)) != len(self.backends):
@@ -267,14 +287,14 @@ class CompareOptions:
                 f"--backends lists {twice} twice; to run it under other settings list it again under "
                 f"a label, e.g. {other}, and --set {other}.OPTION=VALUE"
             )
-        for b in (*self.backends, *(b for _, bs in self.candidates for b in bs)):
+        for b in (*self.backends, *(backend for _, bs in self.candidates for backend in bs)):
             split_instance(b)  # UsageError for a malformed label
         if self.inputs is not None and self.shapes:
             raise UsageError("--shape and --inputs exclude each other: --inputs arrays carry their shapes")
         if self.inputs is not None and self.ranges:
             raise UsageError("--range and --inputs exclude each other: --range shapes generated inputs only")
-        loaded = [n for n, _ in self.loads]
-        odd = [n for n in loaded if not NAME.fullmatch(n)]
+        loaded = [name for name, _ in self.loads]
+        odd = [name for name in loaded if not NAME.fullmatch(name)]
         if odd:
             raise UsageError(
                 f"--load name {odd[0][:60]!r} is not a name: use letters, digits, '_', '.', '+', '-' and '@'"
@@ -291,13 +311,13 @@ class CompareOptions:
             )
         if self.decode and self.loads:
             raise UsageError("--decode runs every backend step by step; --load's captures cannot: drop one")
-        named = {*self.backends, self.reference, *(b for _, bs in self.candidates for b in bs)}
+        named = {*self.backends, self.reference, *(backend for _, bs in self.candidates for backend in bs)}
         named |= (
             {"llama.cpp"}
-            if any(p.lower().endswith(".gguf") and not bs for p, bs in self.candidates)
+            if any(figure.lower().endswith(".gguf") and not bs for figure, bs in self.candidates)
             else set()
         )
-        stray = sorted({b for b, _, _ in self.runner_options} - named)
+        stray = sorted({backend for backend, _, _ in self.runner_options} - named)
         if stray:
             raise UsageError(
                 f"--set names backend(s) {', '.join(stray)} that are not in --backends or a --candidate's"
@@ -329,20 +349,20 @@ class CompareOptions:
 
     @property
     def loaded_names(self) -> tuple[str, ...]:
-        return tuple(n for n, _ in self.loads)
+        return tuple(name for name, _ in self.loads)
 
     @property
     def reference_name(self) -> str:
         return self.reference or (*self.backends, *self.loaded_names)[0]
 
     def options_for(self, backend: str) -> dict[str, str]:
-        return {k: v for b, k, v in self.runner_options if b == backend}
+        return {key: value for backend_result, key, value in self.runner_options if backend_result == backend}
 
     def command(self, model_path: str) -> str:
         """The CLI command that reproduces this comparison: each field's flag, in field order."""
         parts = ["xbackend", "compare", model_path]
-        for f, fl in declared(type(self)):
-            parts += fl.words(self, getattr(self, f.name), f.default)
+        for field, fl in declared(type(self)):
+            parts += fl.words(self, getattr(self, field.name), field.default)
         return shlex.join(parts)
 
 

@@ -67,53 +67,58 @@ def check_promises(backends: Sequence[BackendResult], probes: Sequence[ProbeResu
 
 
 def check(
-    b: BackendResult, probes: Sequence[ProbeResult], properties: tuple[str, ...] | None = None
+    backend: BackendResult, probes: Sequence[ProbeResult], properties: tuple[str, ...] | None = None
 ) -> list[PromiseCheck]:
-    """`properties` (default: all four) of backend `b` from its runs and the probes that ran."""
+    """`properties` (default: all four) of backend `backend` from its runs and the probes that ran."""
     wanted = properties if properties is not None else tuple(PROPERTIES)
     out = []
     for prop in wanted:
         own = _OWN_CHECKS.get(prop)
-        status, evidence, first = own(b) if own is not None else _by_probe(prop, b, probes)
-        out.append(PromiseCheck(b.name, prop, status, evidence, first, prop in b.promises))
+        status, evidence, first = own(backend) if own is not None else _by_probe(prop, backend, probes)
+        out.append(PromiseCheck(backend.name, prop, status, evidence, first, prop in backend.promises))
     return out
 
 
-def _by_probe(prop: str, b: BackendResult, probes: Sequence[ProbeResult]) -> PromiseEvidence:
-    probe = next((p for p in probes if prop in p.measures), None)
+def _by_probe(prop: str, backend: BackendResult, probes: Sequence[ProbeResult]) -> PromiseEvidence:
+    probe = next((probe for probe in probes if prop in probe.measures), None)
     if probe is None:
         name = MEASURED_BY[prop]
         return "unchecked", f"the {name} probe did not run: pass --probes {name}", ""
-    return probe.promise(prop, b.name)
+    return probe.promise(prop, backend.name)
 
 
-def _run_to_run(b: BackendResult) -> PromiseEvidence:
-    varying = next((diff.name for diff in b.run_diffs if not diff.bitwise_equal), "")
-    if b.distinct_run_outputs > 1 or varying:
+def _run_to_run(backend: BackendResult) -> PromiseEvidence:
+    varying = next((diff.name for diff in backend.run_diffs if not diff.bitwise_equal), "")
+    if backend.distinct_run_outputs > 1 or varying:
         return (
             "broken",
-            f"{b.distinct_run_outputs} distinct outputs within one session of {b.runs} runs",
+            f"{backend.distinct_run_outputs} distinct outputs within one session of {backend.runs} runs",
             varying,
         )
-    if b.runs < 2:
+    if backend.runs < 2:
         return "unchecked", "1 run per session: pass --runs 2 or more", ""
-    layers = f" and at {len(b.layer_digests)} layers" if b.layer_digests else ""
+    layers = f" and at {len(backend.layer_digests)} layers" if backend.layer_digests else ""
     return (
         "held",
-        f"bit-identical over {b.runs} runs in each of {b.builds} session(s), at the outputs{layers}",
+        f"bit-identical over {backend.runs} runs in each of {backend.builds} session(s), at the "
+        f"outputs{layers}",
         "",
     )
 
 
-def _build_to_build(b: BackendResult) -> PromiseEvidence:
-    first = next((diff.name for diff in b.build_diffs if not diff.bitwise_equal), "")
-    if b.distinct_build_outputs > 1 or first:
-        return "broken", f"{b.distinct_build_outputs} distinct outputs over {b.builds} fresh builds", first
-    if b.builds < 2:
+def _build_to_build(backend: BackendResult) -> PromiseEvidence:
+    first = next((diff.name for diff in backend.build_diffs if not diff.bitwise_equal), "")
+    if backend.distinct_build_outputs > 1 or first:
+        return (
+            "broken",
+            f"{backend.distinct_build_outputs} distinct outputs over {backend.builds} fresh builds",
+            first,
+        )
+    if backend.builds < 2:
         return "unchecked", "1 build: pass --builds 2 or more", ""
-    fps = len(set(b.fingerprints))
+    fps = len(set(backend.fingerprints))
     note = f"; {fps} distinct build fingerprints, the same bits" if fps > 1 else ""
-    return "held", f"bit-identical over {b.builds} fresh builds (fresh processes){note}", ""
+    return "held", f"bit-identical over {backend.builds} fresh builds (fresh processes){note}", ""
 
 
 _OWN_CHECKS: dict[str, Callable[[BackendResult], PromiseEvidence]] = {
@@ -128,10 +133,15 @@ def promise_findings(broken: Sequence[PromiseCheck], modules: Mapping[str, str])
         Finding(
             Label.FAIL,
             Kind.BROKEN_PROMISE,
-            f"{c.backend} broke its promise of {c.name} determinism: {c.evidence}"
-            + (f"; first broke at {with_module(c.first_layer, modules)}" if c.first_layer else ""),
-            backend=c.backend,
-            tensor=c.first_layer or "",
+            f"{promise_check.backend} broke its promise of {promise_check.name} determinism: "
+            f"{promise_check.evidence}"
+            + (
+                f"; first broke at {with_module(promise_check.first_layer, modules)}"
+                if promise_check.first_layer
+                else ""
+            ),
+            backend=promise_check.backend,
+            tensor=promise_check.first_layer or "",
         )
-        for c in broken
+        for promise_check in broken
     ]

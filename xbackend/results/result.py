@@ -67,16 +67,26 @@ class Result:
 
     def _decision_flips(self) -> list[Finding]:
         out = []
-        for d in self.decisions:
-            if d.status == "ok" and d.flipped:
-                f = d.flips[0]
-                at = ",".join(map(str, f.index))
+        for decision in self.decisions:
+            if decision.status == "ok" and decision.flipped:
+                flip = decision.flips[0]
+                at = ",".join(map(str, flip.index))
                 words = (
-                    f"{d.backend} makes {d.flipped} of {d.decisions} choice(s) at {d.output} otherwise than "
-                    f"{d.reference}; first [{at}]: class {f.backend_class} for {f.reference_class} "
-                    f"(margin {f.reference_margin:.3g}, score difference {f.score_difference:.3g})"
+                    f"{decision.backend} makes {decision.flipped} of {decision.decisions} choice(s) at "
+                    f"{decision.output} otherwise than "
+                    f"{decision.reference}; first [{at}]: class {flip.backend_class} for "
+                    f"{flip.reference_class} "
+                    f"(margin {flip.reference_margin:.3g}, score difference {flip.score_difference:.3g})"
                 )
-                out.append(Finding(Label.WARN, Kind.DECISION_FLIP, words, backend=d.backend, tensor=d.output))
+                out.append(
+                    Finding(
+                        Label.WARN,
+                        Kind.DECISION_FLIP,
+                        words,
+                        backend=decision.backend,
+                        tensor=decision.output,
+                    )
+                )
         return out
 
     @property
@@ -91,7 +101,7 @@ class Result:
 
     def backend(self, name: str) -> BackendResult:
         """The backend `name` as it ran; NotInResultError naming the backends when it did not."""
-        return _named(name, {b.name: b for b in self.backends}, "backend")
+        return _named(name, {backend.name: backend for backend in self.backends}, "backend")
 
     def pair(self, a: str, b: str) -> PairResult:
         """Backends `a` and `b` against each other (either order)."""
@@ -103,18 +113,24 @@ class Result:
 
     def oracle(self, name: str) -> CrossBackendResult:
         """`name`'s error against the float64 oracle."""
-        return _named(name, {c.backend: c for c in self.oracle_error}, "comparison against the oracle for")
+        return _named(
+            name, {cross.backend: cross for cross in self.oracle_error}, "comparison against the oracle for"
+        )
 
     def expected(self, name: str) -> CrossBackendResult:
         """`name` against the expected (golden) outputs."""
         return _named(
-            name, {c.backend: c for c in self.expected_error}, "comparison against golden outputs for"
+            name,
+            {cross.backend: cross for cross in self.expected_error},
+            "comparison against golden outputs for",
         )
 
     def cross(self, name: str) -> CrossBackendResult:
         """Backend `name` against the reference; NotInResultError naming those compared."""
         return _named(
-            name, {c.backend: c for c in self.cross_backend}, "comparison against the reference for"
+            name,
+            {cross.backend: cross for cross in self.cross_backend},
+            "comparison against the reference for",
         )
 
     def probe(self, name: str) -> ProbeResult:
@@ -124,17 +140,17 @@ class Result:
     @property
     def failed(self) -> list[BackendResult]:
         """The backends that failed or could not run here."""
-        return [b for b in self.backends if not b.ok]
+        return [backend for backend in self.backends if not backend.ok]
 
     @property
     def nondeterministic(self) -> list[BackendResult]:
         """The backends that ran and gave other bits run to run or build to build."""
-        return [b for b in self.backends if b.ok and b.deterministic is False]
+        return [backend for backend in self.backends if backend.ok and backend.deterministic is False]
 
     @property
     def violations(self) -> list[CrossBackendResult]:
         """The comparisons (against the reference or golden outputs) past their tolerance."""
-        return [c for c in (*self.cross_backend, *self.expected_error) if c.violates]
+        return [cross for cross in (*self.cross_backend, *self.expected_error) if cross.violates]
 
     def promise_checks(self) -> list[PromiseCheck]:
         """Each promise a backend's runner declared, held or broken as this run observed it."""
@@ -159,7 +175,7 @@ class Result:
     def exit_code(self) -> int:
         """What `xbackend compare` exits with: 0 clean, 1 findings, 3 nothing ran, a fired gate's
         code with --fail-on, 16 for a broken promise (docs/compare.md#exit-codes)."""
-        if not any(b.ok for b in self.backends):
+        if not any(backend.ok for backend in self.backends):
             return EXIT_ALL_FAILED
         if self.options.fail_on:
             gates = self.gates()
@@ -193,12 +209,12 @@ class Result:
     @property
     def oracle_below_float64(self) -> tuple[str, ...]:
         """Graph outputs the oracle computed below float64 (ops with no float64 form there)."""
-        oracle = next((b for b in self.backends if b.name == "oracle" and b.ok), None)
+        oracle = next((backend for backend in self.backends if backend.name == "oracle" and backend.ok), None)
         below = dict(oracle.info).get("computed_below_float64", "") if oracle is not None else ""
         names = {n.strip() for n in below.split(",") if n.strip()}
-        for t in self.model.tensors:  # model order: what is computed from them is below too
-            if any(i in names for i in t.inputs):
-                names.add(t.name)
+        for tensor in self.model.tensors:  # model order: what is computed from them is below too
+            if any(input_name in names for input_name in tensor.inputs):
+                names.add(tensor.name)
         return tuple(output_name for output_name in self.model.output_names if output_name in names)
 
     def oracle_ranking(self) -> list[tuple[str, float]]:
@@ -206,14 +222,14 @@ class Result:
         float64, closest first (none when it computed none so)."""
         below = set(self.oracle_below_float64)
         out = []
-        for c in self.oracle_error:
+        for cross in self.oracle_error:
             vals = [
-                d.scaled_ulp
-                for d in c.output_tensors
-                if d.scaled_ulp is not None and value_name(d.name) not in below
+                output_tensor.scaled_ulp
+                for output_tensor in cross.output_tensors
+                if output_tensor.scaled_ulp is not None and value_name(output_tensor.name) not in below
             ]
             if vals:
-                out.append((c.backend, max(vals)))
+                out.append((cross.backend, max(vals)))
         return sorted(out, key=lambda x: (x[1], x[0]))
 
     @property
@@ -225,13 +241,15 @@ class Result:
     @property
     def drifted(self) -> list[Drift]:
         """The backends that moved from the same backend in --baseline."""
-        return [d for d in self.baseline if d.drifted]
+        return [drift for drift in self.baseline if drift.drifted]
 
     @property
     def vacuous(self) -> str:
         """Why agreement proves little ('' when it does not): every output of the reference is
         one value repeated (e.g. all zeros), or empty (a batch of 0)."""
-        ref = next((b for b in self.backends if b.name == self.reference_used and b.ok), None)
+        ref = next(
+            (backend for backend in self.backends if backend.name == self.reference_used and backend.ok), None
+        )
         if ref is None or not ref.constant_outputs:
             return ""
         if len(ref.constant_outputs) < len(self.model.outputs):
@@ -245,53 +263,68 @@ class Result:
     def _fail_findings(self) -> list[Finding]:
         out = []
         modules = self.model.modules()
-        for b in self.nondeterministic:
-            worst = max(b.varying(), key=lambda d: d.severity(), default=None)
+        for backend_result in self.nondeterministic:
+            worst = max(
+                backend_result.varying(), key=lambda tensor_diff: tensor_diff.severity(), default=None
+            )
             at = (
                 f" ({short(worst.scaled_ulp)} scaled ULP at worst, {with_module(worst.name, modules)})"
                 if worst
                 else ""
             )
-            first = with_module(b.first_nondeterministic or "", modules)
-            words = f"{b.name}: {b.variance_words()}{at}; first varying tensor {first}"
+            first = with_module(backend_result.first_nondeterministic or "", modules)
+            words = (
+                f"{backend_result.name}: {backend_result.variance_words()}{at}; first varying tensor {first}"
+            )
             figures = scaled_ulp_figure(worst.scaled_ulp) if worst else ()
             out.append(
                 Finding(
                     Label.FAIL,
                     Kind.NONDETERMINISTIC,
                     words,
-                    backend=b.name,
-                    tensor=b.first_nondeterministic or "",
+                    backend=backend_result.name,
+                    tensor=backend_result.first_nondeterministic or "",
                     figures=figures,
                 )
             )
         ref = self.reference_judgment
         if ref is not None and ref.origins and self.options.auto_tolerance:
             out.append(self._origins_finding(Label.FAIL, Kind.REFERENCE_ORIGINS, ref.backend, ref.origins))
-        for c in self.violations:
-            against = "the expected outputs" if c.reference == EXPECTED else c.reference
-            if c.origins and c.explained is False:
-                out.append(self._origins_finding(Label.FAIL, Kind.ORIGINS, c.backend, c.origins))
+        for violation in self.violations:
+            against = "the expected outputs" if violation.reference == EXPECTED else violation.reference
+            if violation.origins and violation.explained is False:
+                out.append(
+                    self._origins_finding(Label.FAIL, Kind.ORIGINS, violation.backend, violation.origins)
+                )
                 continue
-            tol = "its noise floor's tolerance" if c.tolerances else f"{c.max_ulp_tolerance:g} scaled ULP"
-            first = with_module(c.first_violation or "", modules)
+            tol = (
+                "its noise floor's tolerance"
+                if violation.tolerances
+                else f"{violation.max_ulp_tolerance:g} scaled ULP"
+            )
+            first = with_module(violation.first_violation or "", modules)
             words = (
-                f"{c.backend} differs from {against} beyond {tol} at the outputs (worst "
-                f"{short(c.scaled_ulp)} scaled ULP); first tensor past tolerance {first}"
+                f"{violation.backend} differs from {against} beyond {tol} at the outputs (worst "
+                f"{short(violation.scaled_ulp)} scaled ULP); first tensor past tolerance {first}"
             )
             out.append(
                 Finding(
                     Label.FAIL,
                     Kind.VIOLATION,
                     words,
-                    backend=c.backend,
-                    tensor=c.first_violation or "",
-                    figures=scaled_ulp_figure(c.scaled_ulp),
+                    backend=violation.backend,
+                    tensor=violation.first_violation or "",
+                    figures=scaled_ulp_figure(violation.scaled_ulp),
                 )
             )
         out += [
-            Finding(Label.FAIL, Kind.BACKEND_FAILED, f"{b.name} {b.status}: {b.reason}", backend=b.name)
-            for b in self.failed
+            Finding(
+                Label.FAIL,
+                Kind.BACKEND_FAILED,
+                f"{backend.name} {backend.status}: {backend.reason}",
+                backend=backend.name,
+            )
+            for backend in self.failed
         ]
         return out
 
@@ -380,31 +413,31 @@ class Result:
         ref = self.reference_judgment
         if ref is not None and ref.origins and not self.options.auto_tolerance:
             out.append(self._origins_finding(Label.NOTE, Kind.REFERENCE_ORIGINS, ref.backend, ref.origins))
-        for c in self.cross_backend:
-            judged = ex.local_for(c.backend)
-            if c.status != "ok" or judged is None:
+        for cross in self.cross_backend:
+            judged = ex.local_for(cross.backend)
+            if cross.status != "ok" or judged is None:
                 continue
             if judged.status != "ok":
                 label = (
                     Label.WARN if judged.reason == LOADED else Label.FAIL
                 )  # loaded captures: the user's choice
                 words = (
-                    f"{c.backend}: not judged against float64: {judged.reason}; its outputs were held to "
+                    f"{cross.backend}: not judged against float64: {judged.reason}; its outputs were held to "
                     "the noise floor's tolerance instead, which says nothing of its nodes"
                 )
-                out.append(Finding(label, Kind.NOT_JUDGED, words, backend=c.backend))
+                out.append(Finding(label, Kind.NOT_JUDGED, words, backend=cross.backend))
             elif judged.origins:
-                if not (c.judged and c in self.violations):  # a FAIL says it already
-                    out.append(self._origins_finding(Label.NOTE, Kind.ORIGINS, c.backend, judged.origins))
+                if not (cross.judged and cross in self.violations):  # a FAIL says it already
+                    out.append(self._origins_finding(Label.NOTE, Kind.ORIGINS, cross.backend, judged.origins))
             else:
-                words = f"{c.backend}: {explained_words(judged, modules, self.judged_nodes)}"
-                out.append(Finding(Label.EXPLAINED, Kind.EXPLAINED, words, backend=c.backend))
+                words = f"{cross.backend}: {explained_words(judged, modules, self.judged_nodes)}"
+                out.append(Finding(Label.EXPLAINED, Kind.EXPLAINED, words, backend=cross.backend))
             if judged.status == "ok" and judged.plain is not None and judged.plain.status == "not-judged":
-                words = f"{c.backend}: not judged as it ships: {judged.plain.reason}"
-                out.append(Finding(Label.FAIL, Kind.SHIPPED_NOT_JUDGED, words, backend=c.backend))
+                words = f"{cross.backend}: not judged as it ships: {judged.plain.reason}"
+                out.append(Finding(Label.FAIL, Kind.SHIPPED_NOT_JUDGED, words, backend=cross.backend))
             if judged.status == "ok" and judged.unfused:
-                words = f"{c.backend}: its kernels were judged on {judged.graph}"
-                out.append(Finding(Label.WARN, Kind.UNFUSED_GRAPH, words, backend=c.backend))
+                words = f"{cross.backend}: its kernels were judged on {judged.graph}"
+                out.append(Finding(Label.WARN, Kind.UNFUSED_GRAPH, words, backend=cross.backend))
         return out
 
     def _warn_findings(self) -> list[Finding]:
@@ -415,39 +448,56 @@ class Result:
                 f"against {self.reference_used} instead (the first backend in --backends order that ran)"
             )
             out.append(Finding(Label.WARN, Kind.REFERENCE_FALLBACK, words, backend=self.reference_used))
-        for b in self.backends:
-            if b.observer is not None and b.observer.outputs_changed:
-                local = self.explanation.local_for(b.name)
+        for backend in self.backends:
+            if backend.observer is not None and backend.observer.outputs_changed:
+                local = self.explanation.local_for(backend.name)
                 plain = f"; {local.plain.words()}" if local is not None and local.plain is not None else ""
                 words = (
-                    f"observer effect on {b.name}: exposing intermediates changed its graph outputs "
-                    f"({short(b.observer.scaled_ulp)} scaled ULP); output figures come from the plain model, "
+                    f"observer effect on {backend.name}: exposing intermediates changed its graph outputs "
+                    f"({short(backend.observer.scaled_ulp)} scaled ULP); output figures come from the plain "
+                    "model, "
                     f"per-layer tables from the instrumented one{plain}"
                 )
-                figures = scaled_ulp_figure(b.observer.scaled_ulp)
-                out.append(Finding(Label.WARN, Kind.OBSERVER_EFFECT, words, backend=b.name, figures=figures))
-            if b.layers_error:
-                words = f"{b.name}: the per-layer build failed ({b.layers_error}); output figures stand"
-                out.append(Finding(Label.WARN, Kind.LAYERS_FAILED, words, backend=b.name))
+                figures = scaled_ulp_figure(backend.observer.scaled_ulp)
+                out.append(
+                    Finding(Label.WARN, Kind.OBSERVER_EFFECT, words, backend=backend.name, figures=figures)
+                )
+            if backend.layers_error:
+                words = (
+                    f"{backend.name}: the per-layer build failed ({backend.layers_error}); "
+                    "output figures stand"
+                )
+                out.append(Finding(Label.WARN, Kind.LAYERS_FAILED, words, backend=backend.name))
         if self.decode is not None:
             out += self.decode.findings()
             out += flip_cause(self.decode, self.cross_backend)
         out += [flip.with_sentence(f"decisions: {flip.sentence}") for flip in self._decision_flips()]
-        for d in self.decisions:
-            if d.status != "ok":
-                words = f"decisions: {d.backend} at {d.output} not compared: {d.reason}"
+        for decision in self.decisions:
+            if decision.status != "ok":
+                words = f"decisions: {decision.backend} at {decision.output} not compared: {decision.reason}"
                 out.append(
                     Finding(
-                        Label.WARN, Kind.DECISIONS_NOT_COMPARED, words, backend=d.backend, tensor=d.output
+                        Label.WARN,
+                        Kind.DECISIONS_NOT_COMPARED,
+                        words,
+                        backend=decision.backend,
+                        tensor=decision.output,
                     )
                 )
-            elif not d.flipped:
+            elif not decision.flipped:
                 words = (
-                    f"decisions: {d.backend} makes {d.reference}'s {d.decisions} choice(s) at "
-                    f"{d.output} (the reference's smallest margin {d.smallest_margin:.3g})"
+                    f"decisions: {decision.backend} makes {decision.reference}'s {decision.decisions} "
+                    "choice(s) at "
+                    f"{decision.output} (the reference's smallest margin {decision.smallest_margin:.3g})"
                 )
                 out.append(
-                    Finding(Label.NOTE, Kind.DECISIONS_AGREE, words, backend=d.backend, tensor=d.output)
+                    Finding(
+                        Label.NOTE,
+                        Kind.DECISIONS_AGREE,
+                        words,
+                        backend=decision.backend,
+                        tensor=decision.output,
+                    )
                 )
         modules = self.model.modules()
         below = self.oracle_below_float64
@@ -466,23 +516,23 @@ class Result:
             )
             out.append(Finding(Label.WARN, Kind.VACUOUS, words, backend=self.reference_used))
         out += [f for f in probed if f.label is Label.NOTE]
-        for c in self.cross_backend:
-            why = c.zero_ulp_reason() if c.status == "ok" else ""
+        for cross in self.cross_backend:
+            why = cross.zero_ulp_reason() if cross.status == "ok" else ""
             if why:
-                words = f"{c.backend} vs {c.reference}: bits differ at 0 ULP ({why})"
-                out.append(Finding(Label.NOTE, Kind.ZERO_ULP, words, backend=c.backend))
+                words = f"{cross.backend} vs {cross.reference}: bits differ at 0 ULP ({why})"
+                out.append(Finding(Label.NOTE, Kind.ZERO_ULP, words, backend=cross.backend))
         return out
 
     def _pass_words(self, ref: str) -> str:
-        judged = [c for c in self.cross_backend if c.status == "ok" and c.judged]
-        others = [c for c in self.cross_backend if c.status == "ok" and not c.judged]
+        judged = [cross for cross in self.cross_backend if cross.status == "ok" and cross.judged]
+        others = [cross for cross in self.cross_backend if cross.status == "ok" and not cross.judged]
         if not (self.options.auto_tolerance and judged):
-            if self.options.auto_tolerance and any(c.tolerances for c in others):
+            if self.options.auto_tolerance and any(other.tolerances for other in others):
                 return f"within the noise floor's tolerance of {ref} at the outputs"
             return f"within {self.options.fixed_ulp:g} scaled ULP of {ref} at the outputs"
         # the reference is named only where its own nodes were judged
         judged_ref = [ref] if self.reference_judgment is not None else []
-        names = ", ".join([*judged_ref, *(c.backend for c in judged)])
+        names = ", ".join([*judged_ref, *(cross.backend for cross in judged)])
         partial = [
             f"{le.backend}: {le.share()}"
             for le in self.explanation.local
@@ -504,16 +554,15 @@ class Result:
         if self.reference_judgment is None:
             words += f" ({ref}'s own nodes were not judged)"
         if others:
-            words += (
-                f"; {', '.join(c.backend for c in others)} within the noise floor's tolerance at the outputs"
-            )
+            named = ", ".join(other.backend for other in others)
+            words += f"; {named} within the noise floor's tolerance at the outputs"
         return words
 
     def findings(self) -> list[Finding]:
         """What the comparison found, one Finding each, in the verdict's order: the gates, then
         a PASS where nothing failed, the broken promises, failures, drift, warnings, the
         explanation's findings and the candidates'."""
-        if not any(b.ok for b in self.backends):
+        if not any(backend.ok for backend in self.backends):
             every = Finding(Label.FAIL, Kind.ALL_FAILED, "every backend failed; nothing was compared")
             return [every, *self._fail_findings()]
         modules = self.model.modules()

@@ -70,8 +70,10 @@ class OptionSpec:
             return raw.lower() in ("1", "true", "yes", "on")
         try:
             value = self.kind(raw)
-        except ValueError as e:
-            raise UsageError(f"{runner} option {self.name} expects {self.kind.__name__}, got {raw!r}") from e
+        except ValueError as error:
+            raise UsageError(
+                f"{runner} option {self.name} expects {self.kind.__name__}, got {raw!r}"
+            ) from error
         if self.kind is int and value < 0:
             raise UsageError(f"{runner} option {self.name} must be >= 0, got {value}")
         if self.kind is int and value > INT_OPTION_MAX:  # engines take a C int: past it they fail late
@@ -209,8 +211,8 @@ class Runner(abc.ABC):
         if unknown:
             valid = ", ".join(sorted(specs)) or "none"
             raise UsageError(f"{cls.name} has no option {', '.join(unknown)}; its options are: {valid}")
-        out = {n: s.default() if callable(s.default) else s.default for n, s in specs.items()}
-        out.update({k: specs[k].parse(cls.name, v) for k, v in raw.items()})
+        out = {key: spec.default() if callable(spec.default) else spec.default for key, spec in specs.items()}
+        out.update({key: specs[key].parse(cls.name, value) for key, value in raw.items()})
         return out
 
     @classmethod
@@ -282,7 +284,7 @@ class Runner(abc.ABC):
             )
         out = self.run_impl(feeds)
         wanted = set(self._tensors)
-        return {k: normalize(v) for k, v in out.items() if k in wanted}
+        return {key: normalize(value) for key, value in out.items() if key in wanted}
 
     def not_exposed(self) -> dict[str, str]:
         """Requested tensors this backend cannot expose, with the reason."""
@@ -290,7 +292,11 @@ class Runner(abc.ABC):
 
     def info(self) -> dict[str, str]:
         """Versions, precision and flags actually in force."""
-        return {k: str(v) for k, v in sorted(self.options.items()) if v != "" or k not in QUIET_WHEN_UNSET}
+        return {
+            key: str(option)
+            for key, option in sorted(self.options.items())
+            if option != "" or key not in QUIET_WHEN_UNSET
+        }
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine."""

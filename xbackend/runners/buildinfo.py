@@ -24,10 +24,10 @@ class BuildFingerprint:
 
     @classmethod
     def from_items(cls, backend: str, items: Sequence[tuple[str, str]]) -> BuildFingerprint:
-        h = hashlib.sha256()
+        digest = hashlib.sha256()
         for k, v in items:
-            h.update(f"{k}\x00{v}\x00".encode())
-        return cls(backend, h.hexdigest(), tuple(items))
+            digest.update(f"{k}\x00{v}\x00".encode())
+        return cls(backend, digest.hexdigest(), tuple(items))
 
 
 @dataclass(frozen=True)

@@ -63,17 +63,17 @@ class Dump:
         modules: dict[str, str] = {}
         shapes: dict[str, tuple[tuple[int, ...], str]] = {}
         total = 0
-        for n in exported.graph.nodes:
-            if n.op != "call_function":
+        for node in exported.graph.nodes:
+            if node.op != "call_function":
                 continue
-            stack = n.meta.get("nn_module_stack") or {}
-            modules[n.name] = list(stack.values())[-1][0] if stack else ""
-            vals = n.meta.get("val")
+            stack = node.meta.get("nn_module_stack") or {}
+            modules[node.name] = list(stack.values())[-1][0] if stack else ""
+            vals = node.meta.get("val")
             for v in vals if isinstance(vals, (list, tuple)) else [vals]:
                 if hasattr(v, "shape") and hasattr(v, "element_size"):
                     total += int(np.prod(v.shape, dtype=np.int64)) * v.element_size()
             if hasattr(vals, "shape") and hasattr(vals, "dtype"):
-                shapes[n.name] = (tuple(int(d) for d in vals.shape), str(vals.dtype))
+                shapes[node.name] = (tuple(int(size) for size in vals.shape), str(vals.dtype))
         # a delegate call logs its inputs beside its outputs: twice every value, with room
         dump = cls(dict(names), modules, shapes, 2 * total + HEADROOM)
         dump.folder = tempfile.TemporaryDirectory(prefix="xbackend-etdump-")
@@ -98,10 +98,9 @@ class Dump:
         program.write_etdump_result_to_file(str(folder / "etdump.etdp"), str(folder / "debug.bin"))
         try:
             pieces = self._pieces(folder)
-        except Exception as e:  # the Inspector cannot read it: outputs only, and why
-            self.why = (
-                f"ExecuTorch's Inspector could not read its ETDump ({type(e).__name__}: {first_line(e)})"
-            )
+        except Exception as error:  # the Inspector cannot read it: outputs only, and why
+            kind, said = type(error).__name__, first_line(error)
+            self.why = f"ExecuTorch's Inspector could not read its ETDump ({kind}: {said})"
             return out, {}
         return out, self._values(pieces)
 
@@ -161,14 +160,14 @@ def _pick(logged: Any, kind: tuple[tuple[int, ...], str] | None) -> np.ndarray |
     after its values, of one shape), reshaped where a view was not logged (`addmm`'s 2-d result
     of a 3-d `linear`); None where none is of its dtype."""
     values = list(logged) if isinstance(logged, (list, tuple)) else [logged]
-    values = [v for v in values if hasattr(v, "shape") and hasattr(v, "dtype")]
+    values = [value for value in values if hasattr(value, "shape") and hasattr(value, "dtype")]
     if kind is None or not values:
         return None
     shape, dtype = kind
-    values = [v for v in values if str(v.dtype) == dtype]
+    values = [value for value in values if str(value.dtype) == dtype]
     if not values:
         return None
-    same = [v for v in values if tuple(v.shape) == shape]
+    same = [value for value in values if tuple(value.shape) == shape]
     chosen = same[0] if len(same) == 1 else values[-1]
     arr = to_numpy(chosen)  # a copy, off ETDump's buffer
     if arr.shape != shape:

@@ -143,16 +143,18 @@ class ExecuTorchRunner(TorchRunner):
                 exported = torch.export.export(self._module, tuple(args))
             edge = to_edge_transform_and_lower(exported, partitioner=parts, generate_etrecord=dumping)
             program = edge.to_executorch()
-        except Exception as e:  # the module cannot be exported or lowered: this backend only
+        except Exception as error:  # the module cannot be exported or lowered: this backend only
             raise RunnerFailedError(
-                f"ExecuTorch could not export the module: {type(e).__name__}: {first_line(e)}"
-            ) from e
+                f"ExecuTorch could not export the module: {type(error).__name__}: {first_line(error)}"
+            ) from error
         self._drop_dump()
         if dumping:
             try:  # torch.onnx's aten calls, by the names torch.export gives them
                 names = OpGraph.build(self._module, args, self._aten, {}).roots
-            except Exception as e:
-                self._why = f"torch.export failed for the operator map ({type(e).__name__}: {first_line(e)})"
+            except Exception as error:
+                self._why = (
+                    f"torch.export failed for the operator map ({type(error).__name__}: {first_line(error)})"
+                )
             else:
                 self._dump = Dump.build(program, exported, names)
         nodes = [node for node in edge.exported_program().graph.nodes if node.op == "call_function"]
@@ -164,8 +166,8 @@ class ExecuTorchRunner(TorchRunner):
         self._program = portable_lib._load_for_executorch_from_buffer(self._buffer)
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
-        args = [to_tensor(np.asarray(feeds[n])) for n in self._inputs]
-        shapes = tuple((tuple(a.shape), str(a.dtype)) for a in args)
+        args = [to_tensor(np.asarray(feeds[input_name])) for input_name in self._inputs]
+        shapes = tuple((tuple(arg.shape), str(arg.dtype)) for arg in args)
         if shapes != self._shapes:
             self._build(args)
             self._shapes = shapes
@@ -176,17 +178,17 @@ class ExecuTorchRunner(TorchRunner):
                 logged.update(values)
             else:
                 out = self._program.run_method("forward", tuple(args))
-        except Exception as e:
+        except Exception as error:
             raise RunnerFailedError(
-                f"ExecuTorch's runtime failed: {type(e).__name__}: {first_line(e)}"
-            ) from e
+                f"ExecuTorch's runtime failed: {type(error).__name__}: {first_line(error)}"
+            ) from error
         flat = [v for _, v in flatten_outputs(list(out))]
         if len(flat) != len(self._outputs):
             raise RunnerFailedError(
                 f"the ExecuTorch program returned {len(flat)} value(s), the ONNX model has "
                 f"{len(self._outputs)}"
             )
-        logged.update({n: to_numpy(v) for n, v in zip(self._outputs, flat, strict=True)})
+        logged.update({output: to_numpy(v) for output, v in zip(self._outputs, flat, strict=True)})
         return logged
 
     def fingerprint(self) -> BuildFingerprint:
@@ -215,7 +217,7 @@ class ExecuTorchRunner(TorchRunner):
         super().close()
 
     def info(self) -> dict[str, str]:
-        out = {k: v for k, v in super().info().items() if k not in ("grain", "deterministic")}
+        out = {key: value for key, value in super().info().items() if key not in ("grain", "deterministic")}
         out["executorch"] = importlib.metadata.version("executorch")
         if self._program is not None:
             where = f", {self._delegated} XNNPACK delegate call(s)" if self.xnnpack else ""

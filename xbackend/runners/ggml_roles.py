@@ -80,7 +80,7 @@ class RoleMap:
     recomputed: tuple[str, ...] = ()
 
     def by_ggml(self) -> dict[tuple[str, str], Matched]:
-        return {(m.ggml, m.op): m for m in self.matched.values()}
+        return {(matched.ggml, matched.op): matched for matched in self.matched.values()}
 
 
 @dataclass(frozen=True)
@@ -98,44 +98,50 @@ def _scoped(graph: onnx.GraphProto) -> list[_Node]:
     """The nodes, each named as optimum names them: a dynamo export's recorded module path, the
     decoder (the module holding `layers`) read as /model, the node's own name after it."""
     paths = []
-    for n in graph.node:
+    for node in graph.node:
         scopes = next(
-            (prop.value for prop in n.metadata_props if prop.key == "pkg.torch.onnx.name_scopes"), ""
+            (prop.value for prop in node.metadata_props if prop.key == "pkg.torch.onnx.name_scopes"), ""
         )
         found = re.findall(r"'([^']*)'", scopes)
         paths.append(found[-2] if len(found) >= 2 else "")
-    root = next((p.split(".layers.")[0] for p in paths if ".layers." in p), None)
+    root = next((path.split(".layers.")[0] for path in paths if ".layers." in path), None)
     out = []
-    for n, path in zip(graph.node, paths, strict=True):
-        name, scope = n.name, ""
+    for node, path in zip(graph.node, paths, strict=True):
+        name, scope = node.name, ""
         if root is not None and (path == root or path.startswith(root + ".")):
             scope = "/model" + path[len(root) :].replace(".", "/").replace("/layers/", "/layers.")
-            name = f"{scope}/{n.name}"
-        out.append(_Node(name, n.op_type, tuple(n.input), tuple(n.output), scope))
+            name = f"{scope}/{node.name}"
+        out.append(_Node(name, node.op_type, tuple(node.input), tuple(node.output), scope))
     return out
 
 
 class _Graph:
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.nodes = _scoped(graph)
-        self.producer = {o: node for node in self.nodes for o in node.output if o}
+        self.producer = {
+            output_name: node for node in self.nodes for output_name in node.output if output_name
+        }
         self.consumers: dict[str, list[_Node]] = {}
         for n in self.nodes:
-            for i in n.input:
-                self.consumers.setdefault(i, []).append(n)
-        self.outputs = {o.name for o in graph.output}
-        self.constant = {t.name for t in graph.initializer} | {
-            o for node in self.nodes if node.op_type == "Constant" for o in node.output
+            for input_name in n.input:
+                self.consumers.setdefault(input_name, []).append(n)
+        self.outputs = {output_name.name for output_name in graph.output}
+        self.constant = {initializer.name for initializer in graph.initializer} | {
+            output_name for node in self.nodes if node.op_type == "Constant" for output_name in node.output
         }
         self.by_name = {node.name: node for node in self.nodes}
         floats = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
-        self.float_constant = {t.name for t in graph.initializer if t.data_type in floats} | {
-            o
-            for n in graph.node
-            if n.op_type == "Constant" and n.attribute and n.attribute[0].t.data_type in floats
-            for o in n.output
+        self.float_constant = {
+            initializer.name for initializer in graph.initializer if initializer.data_type in floats
+        } | {
+            output_name
+            for node in graph.node
+            if node.op_type == "Constant" and node.attribute and node.attribute[0].t.data_type in floats
+            for output_name in node.output
         }
-        rest = [o.name for o in graph.output if not o.name.startswith("present")]
+        rest = [
+            output_name.name for output_name in graph.output if not output_name.name.startswith("present")
+        ]
         self.logits = "logits" if "logits" in self.outputs else (rest[0] if len(rest) == 1 else None)
 
     def residual(self, layer: str, k: int) -> str | None:
@@ -151,11 +157,14 @@ class _Graph:
         """What a module computes: of the tensors its nodes hand to nodes outside it, the one its
         last node writes (a norm also hands its input's cast on to the residual)."""
         inside = [node for node in self.nodes if node.name.startswith(scope + "/")]
-        names = {n.name for n in inside}
+        names = {node.name for node in inside}
         for n in reversed(inside):
-            for o in n.output:
-                if o and (o in self.outputs or any(c.name not in names for c in self.consumers.get(o, []))):
-                    return str(o)
+            for output_name in n.output:
+                if output_name and (
+                    output_name in self.outputs
+                    or any(c.name not in names for c in self.consumers.get(output_name, []))
+                ):
+                    return str(output_name)
         return None
 
     def node_output(self, name: str) -> str | None:
@@ -167,7 +176,7 @@ class _Graph:
         found = [node for node in self.nodes if node.name.startswith(scope + "/") and node.op_type == op]
         if len(found) != 1:
             return None
-        data = [i for i in found[0].input if i and i not in self.constant]
+        data = [input_name for input_name in found[0].input if input_name and input_name not in self.constant]
         return data[0] if data else None
 
     def rotary_constants(self, rotated: Sequence[str]) -> tuple[str, ...]:
@@ -177,7 +186,16 @@ class _Graph:
         for t in rotated:
             add = self.producer.get(t)
             nodes += [self.producer[i] for i in (add.input if add else ()) if i in self.producer]
-        return tuple(sorted({i for node in nodes for i in node.input if i in self.float_constant}))
+        return tuple(
+            sorted(
+                {
+                    input_name
+                    for node in nodes
+                    for input_name in node.input
+                    if input_name in self.float_constant
+                }
+            )
+        )
 
     def rotated(self, layer: int, side: int) -> str | None:
         """The rotated query (side 0) or key (side 1): followed back from the attention's QK
@@ -191,7 +209,7 @@ class _Graph:
                 if node.name.startswith(scope)
                 and node.op_type == "MatMul"
                 and "_proj/" not in node.name
-                and not any(i in self.constant for i in node.input)
+                and not any(input_name in self.constant for input_name in node.input)
             ),
             None,
         )
@@ -206,7 +224,7 @@ class _Graph:
                 return t
             if n.op_type not in _PASS:
                 return None
-            data = [i for i in n.input if i and i not in self.constant]
+            data = [input_name for input_name in n.input if input_name and input_name not in self.constant]
             if not data:
                 return None
             t = str(data[-1] if n.op_type == "Concat" else data[0])  # a cache: the new tokens come last
@@ -214,40 +232,43 @@ class _Graph:
 
 
 def _roles(
-    g: _Graph, layers: int, heads: int, kv_heads: int, permuted: bool
+    graph: _Graph, layers: int, heads: int, kv_heads: int, permuted: bool
 ) -> list[tuple[str | None, Matched]]:
     """Each role of a Llama-family export: (its ONNX tensor or None, what holds it in llama.cpp);
     `permuted`: the converter permuted Q and K (llama; qwen2 rotates halves, as Hugging Face)."""
     rows, rotated, undid = ("rows-rope", "heads-rope", UNINTERLEAVED) if permuted else ("rows", "heads", "")
     out: list[tuple[str | None, Matched]] = [
-        (g.module_output("/model/embed_tokens"), Matched("", "embd", "GET_ROWS", "rows")),
-        (g.module_output("/model/norm"), Matched("", "result_norm", "MUL", "rows")),
-        (g.logits, Matched("", "result_output", "MUL_MAT", "rows")),
+        (graph.module_output("/model/embed_tokens"), Matched("", "embd", "GET_ROWS", "rows")),
+        (graph.module_output("/model/norm"), Matched("", "result_norm", "MUL", "rows")),
+        (graph.logits, Matched("", "result_output", "MUL_MAT", "rows")),
     ]
     for i in range(layers):
         lay, att, mlp = f"/model/layers.{i}", f"/model/layers.{i}/self_attn", f"/model/layers.{i}/mlp"
         out += [
-            (g.module_output(f"{lay}/input_layernorm"), Matched("", f"attn_norm-{i}", "MUL", "rows")),
+            (graph.module_output(f"{lay}/input_layernorm"), Matched("", f"attn_norm-{i}", "MUL", "rows")),
             (
-                g.module_output(f"{att}/q_proj"),
+                graph.module_output(f"{att}/q_proj"),
                 Matched("", f"Qcur-{i}", "PROJ", rows, heads, undid),
             ),
             (
-                g.module_output(f"{att}/k_proj"),
+                graph.module_output(f"{att}/k_proj"),
                 Matched("", f"Kcur-{i}", "PROJ", rows, kv_heads, undid),
             ),
-            (g.module_output(f"{att}/v_proj"), Matched("", f"Vcur-{i}", "PROJ", "rows")),
-            (g.rotated(i, 0), Matched("", f"Qcur-{i}", "ROPE", rotated, heads, undid)),
-            (g.rotated(i, 1), Matched("", f"Kcur-{i}", "ROPE", rotated, kv_heads, undid)),
-            (g.input_of(f"{att}/o_proj", "MatMul"), Matched("", f"kqv_out-{i}", "ATTN", "rows")),
-            (g.module_output(f"{att}/o_proj"), Matched("", f"attn_out-{i}", "PROJ", "rows")),
-            (g.residual(lay, 0), Matched("", f"ffn_inp-{i}", "ADD", "rows")),
-            (g.module_output(f"{lay}/post_attention_layernorm"), Matched("", f"ffn_norm-{i}", "MUL", "rows")),
-            (g.module_output(f"{mlp}/gate_proj"), Matched("", f"ffn_gate-{i}", "PROJ", "rows")),
-            (g.module_output(f"{mlp}/up_proj"), Matched("", f"ffn_up-{i}", "PROJ", "rows")),
-            (g.input_of(f"{mlp}/down_proj", "MatMul"), Matched("", f"ffn_swiglu-{i}", "SWIGLU", "rows")),
-            (g.module_output(f"{mlp}/down_proj"), Matched("", f"ffn_out-{i}", "PROJ", "rows")),
-            (g.residual(lay, 1), Matched("", f"l_out-{i}", "ADD", "rows")),
+            (graph.module_output(f"{att}/v_proj"), Matched("", f"Vcur-{i}", "PROJ", "rows")),
+            (graph.rotated(i, 0), Matched("", f"Qcur-{i}", "ROPE", rotated, heads, undid)),
+            (graph.rotated(i, 1), Matched("", f"Kcur-{i}", "ROPE", rotated, kv_heads, undid)),
+            (graph.input_of(f"{att}/o_proj", "MatMul"), Matched("", f"kqv_out-{i}", "ATTN", "rows")),
+            (graph.module_output(f"{att}/o_proj"), Matched("", f"attn_out-{i}", "PROJ", "rows")),
+            (graph.residual(lay, 0), Matched("", f"ffn_inp-{i}", "ADD", "rows")),
+            (
+                graph.module_output(f"{lay}/post_attention_layernorm"),
+                Matched("", f"ffn_norm-{i}", "MUL", "rows"),
+            ),
+            (graph.module_output(f"{mlp}/gate_proj"), Matched("", f"ffn_gate-{i}", "PROJ", "rows")),
+            (graph.module_output(f"{mlp}/up_proj"), Matched("", f"ffn_up-{i}", "PROJ", "rows")),
+            (graph.input_of(f"{mlp}/down_proj", "MatMul"), Matched("", f"ffn_swiglu-{i}", "SWIGLU", "rows")),
+            (graph.module_output(f"{mlp}/down_proj"), Matched("", f"ffn_out-{i}", "PROJ", "rows")),
+            (graph.residual(lay, 1), Matched("", f"l_out-{i}", "ADD", "rows")),
         ]
     return out
 
@@ -267,7 +288,7 @@ def role_map(graph: onnx.GraphProto, wanted: Sequence[str], hparams: Mapping[str
             found[tensor] = Matched(tensor, m.ggml, m.op, m.layout, m.heads, m.undid)
     matched = {t: found[t] for t in wanted if t in found}
     unmatched = {t: _why(t, g) for t in wanted if t not in found}
-    rotated = [t for t, m in found.items() if m.op == "ROPE"]
+    rotated = [key for key, matched in found.items() if matched.op == "ROPE"]
     return RoleMap(matched, unmatched, g.rotary_constants(rotated))
 
 

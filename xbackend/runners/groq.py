@@ -88,13 +88,13 @@ def build_items(folder: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """(relative path, sha256) of every file GroqFlow's build left, but its state and logs."""
     root = Path(folder)
     items = []
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.name.endswith(_VOLATILE_SUFFIXES) and "log" not in p.name.lower():
-            h = hashlib.sha256()
-            with open(p, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            items.append((str(p.relative_to(root)), h.hexdigest()))
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.name.endswith(_VOLATILE_SUFFIXES) and "log" not in path.name.lower():
+            digest = hashlib.sha256()
+            with open(path, "rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+            items.append((str(path.relative_to(root)), digest.hexdigest()))
     return items
 
 
@@ -194,7 +194,7 @@ class GroqRunner(Runner):
             raise RunnerFailedError(
                 f"groq: {len(missing)} requested tensors are not graph outputs of the model it was given"
             )
-        self._outputs = [t for t in model.outputs if t in set(tensors)]
+        self._outputs = [output for output in model.outputs if output in set(tensors)]
         self._cache = tempfile.mkdtemp(prefix="xbackend-groq-")  # a fresh build every time
         build_name = "xbackend_" + hashlib.sha256(model.path.encode()).hexdigest()[:12]
         self._groqit = groqit
@@ -207,13 +207,13 @@ class GroqRunner(Runner):
         """groqit() compiles for the static shapes of its example inputs: the first run's feeds."""
         try:
             self._model = self._groqit(self._path, dict(feeds), **self._kwargs)
-        except Exception as e:
-            raise RunnerFailedError(f"groqit() failed: {type(e).__name__}: {e}") from e
+        except Exception as error:
+            raise RunnerFailedError(f"groqit() failed: {type(error).__name__}: {error}") from error
         items = build_items(self._build_dir)
         if not items:
             raise RunnerFailedError(f"groqit() left no build files in {self._build_dir}")
         self._fingerprint = BuildFingerprint.from_items(
-            self.name, [*items, *(("option " + k, v) for k, v in sorted(self.info().items()))]
+            self.name, [*items, *(("option " + key, value) for key, value in sorted(self.info().items()))]
         )
 
     def run_impl(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -221,8 +221,8 @@ class GroqRunner(Runner):
             self._build(feeds)
         try:
             out = self._model.run(dict(feeds))
-        except Exception as e:
-            raise RunnerFailedError(f"GroqModel.run() failed: {type(e).__name__}: {e}") from e
+        except Exception as error:
+            raise RunnerFailedError(f"GroqModel.run() failed: {type(error).__name__}: {error}") from error
         names = list(getattr(self._model.state, "expected_output_names", None) or self._outputs)
         if isinstance(out, dict):
             values = dict(out)
@@ -230,7 +230,7 @@ class GroqRunner(Runner):
             values = dict(zip(names, out))
         else:
             values = {names[0]: out}
-        return {k: np.asarray(v) for k, v in values.items()}
+        return {key: np.asarray(value) for key, value in values.items()}
 
     def info(self) -> dict[str, str]:
         out = super().info()

@@ -90,9 +90,9 @@ class Choice:
 def choice_names(choices: Sequence[Any]) -> list[str]:
     """A stable name per candidate of one op (see the module docstring)."""
     bases = []
-    for c in choices:
-        base = _COUNTER.sub("", str(getattr(c, "name", type(c).__name__)))
-        desc = str(getattr(c, "description", "") or "").strip()
+    for choice in choices:
+        base = _COUNTER.sub("", str(getattr(choice, "name", type(choice).__name__)))
+        desc = str(getattr(choice, "description", "") or "").strip()
         bases.append(f"{base} [{desc}]" if desc else base)
     out, seen = [], dict.fromkeys(bases, 0)
     for b in bases:
@@ -139,7 +139,7 @@ def module_path(raw: str) -> str:
     path = re.sub(r"^L\['[^']*'\]", "", raw)
     path = re.sub(
         r"\._modules\['([^']+)'\]|\['([^']+)'\]|\[(\d+)\]",
-        lambda m: "." + next(group for group in m.groups() if group),
+        lambda judged: "." + next(group for group in judged.groups() if group),
         path,
     )
     return path.strip(".")
@@ -195,15 +195,20 @@ class Tuning:
     def _record(
         self, op: str, module: str, choices: Sequence[Any], names: Sequence[str], timings: dict[Any, float]
     ) -> None:
-        by_choice = {id(c): n for c, n in zip(choices, names, strict=True)}
-        measured = {by_choice[id(c)]: float(t) for c, t in timings.items() if id(c) in by_choice}
+        by_choice = {id(choice): name for choice, name in zip(choices, names, strict=True)}
+        measured = {
+            by_choice[id(key)]: float(timing) for key, timing in timings.items() if id(key) in by_choice
+        }
         chosen = min(measured, key=measured.__getitem__) if measured else (names[0] if names else "")
         self.choices.append(Choice(op, module, chosen, tuple(sorted(measured.items()))))
 
     def _replay(self, op: str, module: str, choices: Sequence[Any], names: Sequence[str]) -> dict[Any, float]:
         want = self._pinned(op, names)
         self.choices.append(Choice(op, module, want, tuple((name, None) for name in names)))
-        return {c: (0.0 if n == want else float("inf")) for c, n in zip(choices, names, strict=True)}
+        return {
+            choice: (0.0 if name == want else float("inf"))
+            for choice, name in zip(choices, names, strict=True)
+        }
 
     def _pinned(self, op: str, names: Sequence[str]) -> str:
         """The pin file's choice for `op`, which must be among `names`; PinMiss otherwise."""
@@ -239,7 +244,9 @@ class Tuning:
             return None
         out = original(tuner, *args, **kwargs)
         timed = getattr(tuner, TIMINGS_ATTR, {})
-        measured = tuple(sorted((triton_config_name(k.config), float(v)) for k, v in timed.items()))
+        measured = tuple(
+            sorted((triton_config_name(key.config), float(value)) for key, value in timed.items())
+        )
         self.choices.append(Choice(op, module, triton_config_name(tuner.launchers[0].config), measured))
         return out
 
@@ -274,9 +281,9 @@ def _origins(snode: Any) -> list[Any]:
     """The FX nodes a scheduler node computes, in a fixed order (markers have none)."""
     nodes = snode.get_nodes() if callable(getattr(snode, "get_nodes", None)) else [snode]
     out: list[Any] = []
-    for n in nodes:
-        origins = getattr(getattr(n, "node", None), "origins", None) or ()
-        out += sorted(origins, key=lambda o: str(getattr(o, "name", "")))
+    for node in nodes:
+        origins = getattr(getattr(node, "node", None), "origins", None) or ()
+        out += sorted(origins, key=lambda origin: str(getattr(origin, "name", "")))
     return out
 
 
@@ -288,7 +295,7 @@ def triton_key(tuner: Any) -> str:
     name = meta.get("kernel_name") or getattr(getattr(tuner, "fn", None), "__name__", "?")
     hints = getattr(tuner, "size_hints", None) or {}
     sizes = (
-        ",".join(f"{k}={v}" for k, v in sorted(dict(hints).items()))
+        ",".join(f"{key}={value}" for key, value in sorted(dict(hints).items()))
         if isinstance(hints, dict)
         else str(hints)
     )
@@ -298,7 +305,7 @@ def triton_key(tuner: Any) -> str:
 def triton_config_name(config: Any) -> str:
     """A Triton configuration by its block sizes and launch parameters, in a fixed order."""
     kwargs = dict(getattr(config, "kwargs", {}) or {})
-    parts = [f"{k}={v}" for k, v in sorted(kwargs.items())]
+    parts = [f"{key}={kwarg}" for key, kwarg in sorted(kwargs.items())]
     for attr in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
         if getattr(config, attr, None) is not None:
             parts.append(f"{attr}={getattr(config, attr)}")
@@ -477,11 +484,11 @@ _NUMBERED = re.compile(
 def code_digest(cache_dir: str, sources: Iterable[str]) -> str:
     """sha256 of the generated code, with the cache folder, content hashes and per-build counters
     normalized, so that two builds making the same decisions give the same digest."""
-    h = hashlib.sha256()
+    digest = hashlib.sha256()
     for text in sorted(_normalize(source, cache_dir) for source in sources):
-        h.update(text.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
+        digest.update(text.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
 
 
 _ADDRESSES = re.compile(r"\b(?:0x)?[0-9a-f]{12}\b")

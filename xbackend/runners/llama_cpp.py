@@ -62,13 +62,15 @@ def gguf_beside(model: str | Path) -> Path | None:
     """The GGUF file of an ONNX model: MODEL.gguf beside it, else the one .gguf in its folder;
     inside that folder, links included (one that leads out is an InputError, the same line
     whatever lies outside: nothing there is opened)."""
-    p = Path(model)
-    same = p.with_suffix(".gguf")
-    names = [same.name] if os.path.lexists(same) else sorted(f.name for f in p.parent.glob("*.gguf"))
+    path = Path(model)
+    same = path.with_suffix(".gguf")
+    names = (
+        [same.name] if os.path.lexists(same) else sorted(found.name for found in path.parent.glob("*.gguf"))
+    )
     if len(names) != 1:
         return None
     fix = "copy the GGUF file into the model's folder, or name it: --set llama.cpp.gguf=FILE"
-    return contained(p.parent, names[0], f"the GGUF file {p.parent / names[0]} beside {p.name}", fix)
+    return contained(path.parent, names[0], f"the GGUF file {path.parent / names[0]} beside {path.name}", fix)
 
 
 class LlamaCppRunner(Runner):
@@ -197,15 +199,15 @@ class LlamaCppRunner(Runner):
             "head_count": ll.llama_model_n_head(self._model),
             "head_count_kv": ll.llama_model_n_head_kv(self._model),
         }
-        self._outputs = tuple(t for t in model.outputs if t in tensors)
-        rest = [o for o in model.outputs if not o.startswith("present")]
+        self._outputs = tuple(output for output in model.outputs if output in tensors)
+        rest = [output for output in model.outputs if not output.startswith("present")]
         if "logits" not in model.outputs and len(rest) != 1:
             raise RunnerFailedError(
                 f"llama.cpp hands back logits: the model's outputs ({', '.join(model.outputs)}) name none "
                 "'logits', and more than one is not a cache (present.*)"
             )
         self._logits = "logits" if "logits" in model.outputs else rest[0]
-        wanted = [t for t in tensors if t not in model.outputs]
+        wanted = [tensor for tensor in tensors if tensor not in model.outputs]
         try:  # matched by role; every build names the rotary constants it computes again (the judge's)
             from xbackend.model.load import load_proto  # imports onnx: the model's graph, to match it
         except ImportError:  # an interpreter without onnx: its outputs only
@@ -233,7 +235,7 @@ class LlamaCppRunner(Runner):
         self._batch = ll.llama_batch_init(self._batch_size, 0, 1)
         digest = file_sha256(path)
         items = [("gguf", digest), ("llama-cpp-python", ll.__version__)]
-        items += [(k, str(v)) for k, v in sorted(self.options.items())]
+        items += [(key, str(option)) for key, option in sorted(self.options.items())]
         self._meta["xbackend.gguf_sha256"] = digest
         return BuildFingerprint.from_items(self.name, items)
 
@@ -242,14 +244,14 @@ class LlamaCppRunner(Runner):
     def run(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         """The outputs it computes (its cache's length carriers, `present.*`, are for decoding)."""
         out = super().run(feeds)
-        return {k: v for k, v in out.items() if not k.startswith("present")}
+        return {key: value for key, value in out.items() if not key.startswith("present")}
 
     def run_impl(self, feeds: Mapping[str, Value]) -> Mapping[str, Any]:
         ll = self._ll
         ids = np.asarray(feeds.get("input_ids"))
         if ids.ndim != 2 or ids.shape[0] < 1 or ids.size == 0:
             raise InputError(f"llama.cpp takes input_ids of shape [B, T]: given {list(ids.shape)}")
-        past = [np.asarray(v) for k, v in feeds.items() if k.startswith("past_key_values")]
+        past = [np.asarray(feed) for key, feed in feeds.items() if key.startswith("past_key_values")]
         start = int(past[0].shape[2]) if past and past[0].ndim == 4 else 0
         _check_positions(feeds, start, ids.shape[1])
         if np.any(ids < 0) or np.any(ids >= self._vocab):
@@ -275,14 +277,14 @@ class LlamaCppRunner(Runner):
         logits = []
         for at in range(0, len(tokens), step):
             part = tokens[at : at + step]
-            logits.append(self._decode([(t, start + at + i, 0) for i, t in enumerate(part)]))
+            logits.append(self._decode([(t, start + at + index, 0) for index, t in enumerate(part)]))
         self._pos = start + len(tokens)
         self._ever |= set(self._seen)
         self._ran = True
         out: dict[str, Any] = {self._logits: np.concatenate(logits)[None]}
         for key, parts in self._seen.items():
-            m = self._want[key]
-            out[m.onnx] = m.to_onnx(np.concatenate(parts, axis=0))
+            matched = self._want[key]
+            out[matched.onnx] = matched.to_onnx(np.concatenate(parts, axis=0))
         return {**out, **self._presents(1, self._pos)}
 
     def _several(self, ids: np.ndarray) -> dict[str, Any]:
@@ -415,21 +417,21 @@ class LlamaCppRunner(Runner):
                 parts[-1] = (op, value)
             else:  # the next micro-batch's
                 parts.append((op, value))
-        except Exception as e:  # an exception cannot cross the C callback: kept, raised after
-            self._failed = self._failed or f"{type(e).__name__}: {e}"
+        except Exception as error:  # an exception cannot cross the C callback: kept, raised after
+            self._failed = self._failed or f"{type(error).__name__}: {error}"
         return True
 
-    def _copy(self, tensor: int, m: Matched) -> np.ndarray:
+    def _copy(self, tensor: int, matched: Matched) -> np.ndarray:
         head = ctypes.cast(tensor, ctypes.POINTER(_Head)).contents
         dtype = _NP.get(int(head.type))
         if dtype is None or not self._g.ggml_is_contiguous(tensor):
             raise RunnerFailedError(
-                f"{m.ggml} is {'not contiguous' if dtype else 'of a type it does not copy'}"
+                f"{matched.ggml} is {'not contiguous' if dtype else 'of a type it does not copy'}"
             )
         size = int(self._g.ggml_nbytes(tensor))
         buf = np.empty(size, np.uint8)
         self._g.ggml_backend_tensor_get(tensor, buf.ctypes.data, 0, size)
-        dims = 3 if m.layout.startswith("heads") else 2
+        dims = 3 if matched.layout.startswith("heads") else 2
         shape = tuple(int(n) for n in reversed(list(head.ne)[:dims]))
         return buf.view(dtype).astype(np.float32).reshape(shape)
 
@@ -438,9 +440,11 @@ class LlamaCppRunner(Runner):
     def not_exposed(self) -> dict[str, str]:
         out = dict(self._roles.unmatched)
         arch = self._meta.get("general.architecture", "")
-        for key, m in self._want.items() if self._ran else ():
+        for key, matched in self._want.items() if self._ran else ():
             if key not in self._ever:
-                out[m.onnx] = f"llama.cpp's {arch} graph names no tensor {m.ggml} ({key[1]}): not handed out"
+                out[matched.onnx] = (
+                    f"llama.cpp's {arch} graph names no tensor {matched.ggml} ({key[1]}): not handed out"
+                )
         for name in self._tensors:
             if name.startswith("present"):
                 out[name] = "llama.cpp keeps its KV cache inside (its own layout and type): not handed out"

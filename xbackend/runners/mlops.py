@@ -34,7 +34,7 @@ def ml_ops() -> list[type]:
             if rows.shape[-1] != len(labels):
                 raise ValueError(f"ZipMap: {rows.shape[-1]} columns for {len(labels)} class labels")
             keys = [int(label) if classlabels_int64s is not None else _text(label) for label in labels]
-            return ([{k: np.asarray(v) for k, v in zip(keys, row, strict=True)} for row in rows],)
+            return ([{key: np.asarray(v) for key, v in zip(keys, row, strict=True)} for row in rows],)
 
     class CategoryMapper(OpRun):
         op_domain = "ai.onnx.ml"

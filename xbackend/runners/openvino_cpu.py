@@ -63,12 +63,12 @@ def normalize_name(name: str) -> str:
 def runtime_layers(compiled: Any) -> list[tuple[str, str]]:
     """Per-layer implementation of a compiled model: ('index name', 'type primitive precision')."""
     out = []
-    for i, op in enumerate(compiled.get_runtime_model().get_ordered_ops()):
+    for index, op in enumerate(compiled.get_runtime_model().get_ordered_ops()):
         rt = op.get_rt_info()
         impl = " ".join(
             rt[k].astype(str) if k in rt else "?" for k in ("layerType", "primitiveType", "runtimePrecision")
         )
-        out.append((f"{i:05d} {normalize_name(op.get_friendly_name())}", impl))
+        out.append((f"{index:05d} {normalize_name(op.get_friendly_name())}", impl))
     return out
 
 
@@ -111,8 +111,8 @@ _UNSUPPORTED_TYPE = re.compile(r"Unsupported value_info type: (\S+)")
 _NO_RULE = re.compile(r"No conversion rule found for operations: (.+?)(?: -- |$)")
 
 
-def _msg(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+def _msg(base_exception: BaseException) -> str:
+    lines = [ln.strip() for ln in str(base_exception).splitlines() if ln.strip()]
     # OpenVINO prefixes errors with source locations; the last lines carry the reason.
     useful = [ln for ln in lines if not ln.startswith(("Exception from", "Check '"))] or lines
     text = " ".join(useful)
@@ -125,7 +125,7 @@ def _msg(e: BaseException) -> str:
     rule = _NO_RULE.search(text)
     if rule:
         return f"OpenVINO has no conversion for {rule.group(1).strip()}"
-    return text[:400] or type(e).__name__
+    return text[:400] or type(base_exception).__name__
 
 
 class OpenVinoCpuRunner(Runner):
@@ -189,13 +189,13 @@ class OpenVinoCpuRunner(Runner):
         core = ov.Core()
         try:
             ov_model = core.read_model(model.path)
-        except Exception as e:
-            raise BackendUnavailableError(f"OpenVINO cannot read the model: {_msg(e)}") from e
+        except Exception as error:
+            raise BackendUnavailableError(f"OpenVINO cannot read the model: {_msg(error)}") from error
         self._expose(ov_model, tensors)
         try:
             self._compiled = core.compile_model(ov_model, "CPU", self.config())
-        except Exception as e:
-            raise RunnerFailedError(f"OpenVINO cannot compile the model: {_msg(e)}") from e
+        except Exception as error:
+            raise RunnerFailedError(f"OpenVINO cannot compile the model: {_msg(error)}") from error
         self._request = self._compiled.create_infer_request()
         if self.options["save_optimized"]:
             write_atomic_bytes(
@@ -204,8 +204,11 @@ class OpenVinoCpuRunner(Runner):
                 "OpenVINO runtime graph",
             )
         wanted = set(tensors)
-        self._ports = [(i, sorted(set(o.get_names()) & wanted)) for i, o in enumerate(self._compiled.outputs)]
-        items = [(f"option {k}", v) for k, v in sorted(self.info().items())]
+        self._ports = [
+            (index, sorted(set(output.get_names()) & wanted))
+            for index, output in enumerate(self._compiled.outputs)
+        ]
+        items = [(f"option {key}", value) for key, value in sorted(self.info().items())]
         if self.detailed_fingerprint:
             items = runtime_layers(self._compiled) + items
         return BuildFingerprint.from_items(self.name, items)
@@ -213,7 +216,7 @@ class OpenVinoCpuRunner(Runner):
     def _expose(self, ov_model: Any, tensors: tuple[str, ...]) -> None:
         """Add a model output for every requested ONNX tensor name OpenVINO still carries."""
         wanted = set(tensors)
-        have = {n for o in ov_model.outputs for n in o.get_names()}
+        have = {get_name for output in ov_model.outputs for get_name in output.get_names()}
         found: set[str] = set(have & wanted)
         extra = []
         for op in ov_model.get_ordered_ops():
@@ -235,13 +238,13 @@ class OpenVinoCpuRunner(Runner):
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         try:
             self._request.infer(dict(feeds))
-        except Exception as e:
-            raise RunnerFailedError(f"OpenVINO failed while running: {_msg(e)}") from e
+        except Exception as error:
+            raise RunnerFailedError(f"OpenVINO failed while running: {_msg(error)}") from error
         out: dict[str, Value] = {}
         for i, names in self._ports:
             data = np.array(self._request.get_output_tensor(i).data, copy=True)
-            for n in names:
-                out[n] = data
+            for name in names:
+                out[name] = data
         return out
 
     def not_exposed(self) -> dict[str, str]:

@@ -36,24 +36,24 @@ _PROMOTED_NP = frozenset({"float32", "float16", "bfloat16"})
 ML_DOMAIN = "ai.onnx.ml"
 
 
-def _promote_tensor(t: TensorProto) -> TensorProto:
-    if t.data_type not in PROMOTED:
-        return t
-    arr = numpy_helper.to_array(t).astype(np.float64)
-    out = numpy_helper.from_array(arr, t.name)
+def _promote_tensor(tensor: TensorProto) -> TensorProto:
+    if tensor.data_type not in PROMOTED:
+        return tensor
+    arr = numpy_helper.to_array(tensor).astype(np.float64)
+    out = numpy_helper.from_array(arr, tensor.name)
     return out
 
 
-def _value_infos(g: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
-    yield from g.input
-    yield from g.output
-    yield from g.value_info
+def _value_infos(graph: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
+    yield from graph.input
+    yield from graph.output
+    yield from graph.value_info
 
 
-def _in_memory(t: TensorProto) -> bool:
+def _in_memory(tensor: TensorProto) -> bool:
     """An initializer whose bytes are a mapped array beside the proto (xbackend.model.extdata)."""
-    return t.data_location == TensorProto.EXTERNAL and any(
-        e.key == "location" and e.value.startswith(IN_MEMORY) for e in t.external_data
+    return tensor.data_location == TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value.startswith(IN_MEMORY) for e in tensor.external_data
     )
 
 
@@ -69,16 +69,19 @@ def _promote_type(tp: onnx.TypeProto) -> None:
         _promote_type(tp.optional_type.elem_type)
 
 
-def _promote_graph(g: onnx.GraphProto) -> None:
-    for vi in _value_infos(g):
+def _promote_graph(graph: onnx.GraphProto) -> None:
+    for vi in _value_infos(graph):
         _promote_type(vi.type)
-    for t in g.initializer:
+    for t in graph.initializer:
         if _in_memory(t) and t.data_type in PROMOTED:  # its array: promote_weights
             t.data_type = TensorProto.DOUBLE
-    promoted = [t if _in_memory(t) else _promote_tensor(t) for t in g.initializer]
-    del g.initializer[:]
-    g.initializer.extend(promoted)
-    for node in g.node:
+    promoted = [
+        initializer if _in_memory(initializer) else _promote_tensor(initializer)
+        for initializer in graph.initializer
+    ]
+    del graph.initializer[:]
+    graph.initializer.extend(promoted)
+    for node in graph.node:
         for attr in node.attribute:
             if attr.name in _DTYPE_ATTRS and attr.type == onnx.AttributeProto.INT and attr.i in PROMOTED:
                 attr.i = TensorProto.DOUBLE
@@ -102,7 +105,7 @@ def promote_weights(weights: Mapping[str, np.ndarray], folder: Path) -> dict[str
     initializers say DOUBLE once promote_to_float64 ran). A model past protobuf's 2 GiB stays
     so: the proto never holds a weight."""
     out = dict(weights)
-    promoted = sum(v.size for v in weights.values() if str(v.dtype) in _PROMOTED_NP) * 8
+    promoted = sum(weight.size for weight in weights.values() if str(weight.dtype) in _PROMOTED_NP) * 8
     for k, (key, src) in enumerate(weights.items()):
         if str(src.dtype) not in _PROMOTED_NP:
             continue
@@ -133,11 +136,11 @@ def _allowed(schema: Any, params: Any, index: int) -> list[str] | None:
     """The types formal parameter `index` takes (the last one for variadic tails)."""
     if not params:
         return None
-    p = params[min(index, len(params) - 1)]
-    for c in schema.type_constraints:
-        if c.type_param_str == p.type_str:
-            return list(c.allowed_type_strs)
-    return [p.type_str]
+    param = params[min(index, len(params) - 1)]
+    for type_constraint in schema.type_constraints:
+        if type_constraint.type_param_str == param.type_str:
+            return list(type_constraint.allowed_type_strs)
+    return [param.type_str]
 
 
 def _schema(node: onnx.NodeProto, opsets: Mapping[str, int]) -> Any:
@@ -148,25 +151,25 @@ def _schema(node: onnx.NodeProto, opsets: Mapping[str, int]) -> Any:
         return None
 
 
-def _fit_schemas(g: onnx.GraphProto, original: Mapping[str, str], opsets: Mapping[str, int]) -> list[str]:
+def _fit_schemas(graph: onnx.GraphProto, original: Mapping[str, str], opsets: Mapping[str, int]) -> list[str]:
     """Casts back where an op's schema takes no double (Resize's scales; ai.onnx.ml outputs):
     each such input is cast to its original float type, each such output computed in it and
     cast to float64 after. Returns those outputs: the oracle computes them below float64."""
     nodes: list[onnx.NodeProto] = []
     below: list[str] = []
     cast: set[str] = set()  # inputs already cast back (one Cast each, however many read it)
-    for node in g.node:
+    for node in graph.node:
         schema = _schema(node, opsets)
         if schema is None:
             nodes.append(node)
             continue
         data_cast = False
-        for i, name in enumerate(node.input):
-            allowed = _allowed(schema, schema.inputs, i)
+        for index, name in enumerate(node.input):
+            allowed = _allowed(schema, schema.inputs, index)
             elem = _FLOAT_ELEMS.get(original.get(name, ""))
             tensors = bool(allowed) and all(a.startswith("tensor(") for a in allowed or ())
             if name and tensors and allowed and "tensor(double)" not in allowed and elem is not None:
-                node.input[i] = name + _CAST
+                node.input[index] = name + _CAST
                 # a parameter of one fixed type (Resize's scales) is exact; data (QuantizeLinear's x) is not
                 data_cast = data_cast or allowed != ["tensor(float)"]
                 if name not in cast:
@@ -174,7 +177,7 @@ def _fit_schemas(g: onnx.GraphProto, original: Mapping[str, str], opsets: Mappin
                     nodes.append(onnx.helper.make_node("Cast", [name], [name + _CAST], to=elem))
         nodes.append(node)
         if data_cast:
-            below.extend(o for o in node.output if o)
+            below.extend(output_name for output_name in node.output if output_name)
         for k, name in enumerate(node.output):
             allowed = _allowed(schema, schema.outputs, k)
             if not allowed or not all(a.startswith("tensor(") for a in allowed):
@@ -185,8 +188,8 @@ def _fit_schemas(g: onnx.GraphProto, original: Mapping[str, str], opsets: Mappin
                 node.output[k] = name + _MADE
                 nodes.append(onnx.helper.make_node("Cast", [name + _MADE], [name], to=TensorProto.DOUBLE))
                 below.append(name)
-    del g.node[:]
-    g.node.extend(nodes)
+    del graph.node[:]
+    graph.node.extend(nodes)
     return below
 
 
@@ -207,8 +210,10 @@ def promote_to_float64(proto: onnx.ModelProto, below: list[str] | None = None) -
     BackendUnavailableError naming the op that cannot take doubles. `below` collects the outputs
     computed below float64 (ops whose schema takes no double)."""
     original = original_dtypes(proto)
-    original.update({t.name: _np_name(t.data_type) for t in proto.graph.initializer})
-    opsets = {o.domain or "": o.version for o in proto.opset_import}
+    original.update(
+        {initializer.name: _np_name(initializer.data_type) for initializer in proto.graph.initializer}
+    )
+    opsets = {opset.domain or "": opset.version for opset in proto.opset_import}
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     del out.graph.value_info[:]  # stale fp32 types; re-inferred below
@@ -219,7 +224,7 @@ def promote_to_float64(proto: onnx.ModelProto, below: list[str] | None = None) -
     # ai.onnx.ml ops declare float outputs only, so type inference refuses their doubles, and
     # ONNX Runtime's fused kernels (com.microsoft) have no schema in onnx; the evaluator computes
     # them in numpy all the same: for those, the structure is checked.
-    ml = sorted({n.op_type for n in out.graph.node if n.domain not in ("", "ai.onnx")})
+    ml = sorted({node.op_type for node in out.graph.node if node.domain not in ("", "ai.onnx")})
     try:
         onnx.checker.check_model(out, full_check=not ml)
     except Exception as error:
@@ -250,14 +255,14 @@ def original_dtypes(proto: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
-def _widen(v: Value) -> Value:
-    if isinstance(v, list):
-        return [_widen(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _widen(x) for k, x in v.items()}
-    if isinstance(v, np.ndarray) and str(v.dtype) in _PROMOTED_NP:
-        return v.astype(np.float64)
-    return v
+def _widen(value: Value) -> Value:
+    if isinstance(value, list):
+        return [_widen(x) for x in value]
+    if isinstance(value, dict):
+        return {key: _widen(item) for key, item in value.items()}
+    if isinstance(value, np.ndarray) and str(value.dtype) in _PROMOTED_NP:
+        return value.astype(np.float64)
+    return value
 
 
 def _as_float32(x: np.ndarray) -> np.ndarray:
@@ -306,7 +311,11 @@ class OracleRunner(ReferenceRunner):
         promoted = promote_to_float64(proto, below)
         self._cast_back = set(below)
         self._float32_inside = {
-            o for n in proto.graph.node if n.op_type in BELOW_FLOAT64_OPS for o in n.output if o
+            output_name
+            for node in proto.graph.node
+            if node.op_type in BELOW_FLOAT64_OPS
+            for output_name in node.output
+            if output_name
         }
         return promoted, promote_weights(weights, Path(self._folder))
 
@@ -320,7 +329,7 @@ class OracleRunner(ReferenceRunner):
         return {name + _MADE for name in self._cast_back}
 
     def widen(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
-        return {k: _widen(v) for k, v in feeds.items()}
+        return {key: _widen(feed) for key, feed in feeds.items()}
 
     def inspect(self, results: Mapping[str, Value]) -> None:
         """An op whose schema makes float only: whether the evaluator computed it so (a tree
@@ -337,7 +346,7 @@ class OracleRunner(ReferenceRunner):
         if isinstance(value, list):
             return [self.narrow(name, v) for v in value]
         if isinstance(value, dict):
-            return {k: self.narrow(name, v) for k, v in value.items()}
+            return {key: self.narrow(name, item) for key, item in value.items()}
         if value is not None and str(value.dtype) in _PROMOTED_NP:
             self._narrow.add(name)  # e.g. TreeEnsemble*: the evaluator sums trees in float32
         if name in self._float32_inside and isinstance(value, np.ndarray) and value.dtype == np.float64:

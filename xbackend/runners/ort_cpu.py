@@ -106,8 +106,8 @@ def _bindable(sess: Any, feeds: Mapping[str, Any]) -> bool:
     import onnxruntime as ort  # engine: onnxruntime
 
     arrays = all(
-        isinstance(v, ort.OrtValue) or (isinstance(v, np.ndarray) and v.dtype.kind != "O")
-        for v in feeds.values()
+        isinstance(feed, ort.OrtValue) or (isinstance(feed, np.ndarray) and feed.dtype.kind != "O")
+        for feed in feeds.values()
     )
     return arrays and all(output.type.startswith("tensor(") for output in sess.get_outputs())
 
@@ -118,16 +118,16 @@ def _run_bound(sess: Any, names: Sequence[str], feeds: Mapping[str, Any]) -> dic
 
     io = sess.io_binding()
     kept = []  # the arrays bound stay alive until the run
-    for k, v in feeds.items():
-        if isinstance(v, ort.OrtValue):
-            io.bind_ortvalue_input(k, v)
+    for key, feed in feeds.items():
+        if isinstance(feed, ort.OrtValue):
+            io.bind_ortvalue_input(key, feed)
         else:
-            kept.append(v if v.flags.c_contiguous else v.copy(order="C"))  # a 0-d scalar stays 0-d
-            io.bind_cpu_input(k, kept[-1])
+            kept.append(feed if feed.flags.c_contiguous else feed.copy(order="C"))  # a 0-d scalar stays 0-d
+            io.bind_cpu_input(key, kept[-1])
     for n in names:
         io.bind_output(n)
     sess.run_with_iobinding(io)
-    return {n: from_ortvalue(v) for n, v in zip(names, io.get_outputs())}
+    return {name: from_ortvalue(get_output) for name, get_output in zip(names, io.get_outputs())}
 
 
 def run_session(
@@ -145,16 +145,19 @@ def run_session(
 
     # run_with_ort_values takes OrtValues only; sequences and optionals go through run().
     as_values = {
-        k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(v)
-        for k, v in ort_feeds.items()
-        if isinstance(v, (ort.OrtValue, np.ndarray))
+        key: ort_feed if isinstance(ort_feed, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(ort_feed)
+        for key, ort_feed in ort_feeds.items()
+        if isinstance(ort_feed, (ort.OrtValue, np.ndarray))
     }
     if len(as_values) != len(ort_feeds):
         raise RunnerFailedError(
             "onnxruntime cannot return these outputs' element types through run(), and "
             "run_with_ort_values takes no sequence or optional inputs"
         )
-    out = {n: from_ortvalue(v) for n, v in zip(opaque, sess.run_with_ort_values(list(opaque), as_values))}
+    out = {
+        n: from_ortvalue(run_with_ort_value)
+        for n, run_with_ort_value in zip(opaque, sess.run_with_ort_values(list(opaque), as_values))
+    }
     if rest:
         out.update(zip(rest, sess.run(rest, ort_feeds)))
     return {name: out[name] for name in names}
@@ -168,9 +171,9 @@ _CANNOT_LOAD = re.compile(
 )
 
 
-def cannot_load(e: BaseException) -> bool:
+def cannot_load(base_exception: BaseException) -> bool:
     """ORT's error says the model needs something this build lacks (an op, opset or IR version)."""
-    return bool(_CANNOT_LOAD.search(str(e)))
+    return bool(_CANNOT_LOAD.search(str(base_exception)))
 
 
 _GENERATED = re.compile(r"_token_\d+")
@@ -182,10 +185,10 @@ def canonical_nodes(graph: Any) -> list[tuple[str, str]]:
     # Keyed by what a node produces: the node names ORT invents depend on creation order.
     pairs = sorted(
         (
-            _GENERATED.sub("_token", f"{n.op_type}->{','.join(n.output)}"),
-            _GENERATED.sub("_token", _node_signature(n)),
+            _GENERATED.sub("_token", f"{node.op_type}->{','.join(node.output)}"),
+            _GENERATED.sub("_token", _node_signature(node)),
         )
-        for n in graph.node
+        for node in graph.node
     )
     seen: dict[str, int] = {}
     out = []
@@ -196,13 +199,16 @@ def canonical_nodes(graph: Any) -> list[tuple[str, str]]:
     return out
 
 
-def _node_signature(n: Any) -> str:
+def _node_signature(node: Any) -> str:
     import onnx  # onnx in workers: a foreign environment may lack onnx
 
     attrs = ",".join(
-        f"{a.name}={onnx.helper.get_attribute_value(a)!r}" for a in n.attribute if a.type != a.GRAPH
+        f"{attribute.name}={onnx.helper.get_attribute_value(attribute)!r}"
+        for attribute in node.attribute
+        if attribute.type != attribute.GRAPH
     )
-    return f"{n.domain or 'ai.onnx'}:{n.op_type}({','.join(n.input)})->({','.join(n.output)}) {attrs}"
+    reads, writes = ",".join(node.input), ",".join(node.output)
+    return f"{node.domain or 'ai.onnx'}:{node.op_type}({reads})->({writes}) {attrs}"
 
 
 def ort_version() -> str:
@@ -236,22 +242,22 @@ def physical_cores() -> int:
 def _cpuinfo_cores() -> int:
     """Distinct (physical id, core id) pairs in /proc/cpuinfo; 0 where it cannot be read."""
     try:
-        with open("/proc/cpuinfo") as f:
-            blocks = f.read().split("\n\n")
+        with open("/proc/cpuinfo") as handle:
+            blocks = handle.read().split("\n\n")
     except OSError:
         return 0
     cores = set()
-    for b in blocks:
-        fields = dict(ln.split(":", 1) for ln in b.splitlines() if ":" in ln)
-        fields = {k.strip(): v.strip() for k, v in fields.items()}
+    for block in blocks:
+        fields = dict(ln.split(":", 1) for ln in block.splitlines() if ":" in ln)
+        fields = {key.strip(): field.strip() for key, field in fields.items()}
         if "core id" in fields:
             cores.add((fields.get("physical id", "0"), fields["core id"]))
     return len(cores)
 
 
-def ort_message(e: BaseException) -> str:
+def ort_message(base_exception: BaseException) -> str:
     """ONNX Runtime's error text without its '[ONNXRuntimeError] : 1 : FAIL : file:line fn(...)' prefix."""
-    text = " ".join(str(e).split())
+    text = " ".join(str(base_exception).split())
     text = re.sub(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*", "", text)
     text = re.sub(r"^Load model from \S+ failed:\s*", "", text)  # sessions built from a path
     text = re.sub(r"^/\S+:\d+\s+(?:[\w:<>~]+\s+)*[\w:<>~]+\(.*?\)\s+", "", text)
@@ -394,8 +400,8 @@ class OrtCpuRunner(Runner):
 
             try:
                 downgrade_ir(load_proto(model.path, load_external=False), max_ir)
-            except ModelLoadError as e:
-                raise BackendUnavailableError(f"onnxruntime reads IR <= {max_ir}: {e}") from e
+            except ModelLoadError as error:
+                raise BackendUnavailableError(f"onnxruntime reads IR <= {max_ir}: {error}") from error
             self._notes["ir_version"] = (
                 f"{model.ir_version} -> {max_ir} (downgraded: the model uses nothing newer)"
             )
@@ -432,12 +438,12 @@ class OrtCpuRunner(Runner):
             return ort.InferenceSession(
                 data, so, providers=self.providers(), disabled_optimizers=list(disabled) or None
             )
-        except Exception as e:
-            if cannot_load(e):
+        except Exception as error:
+            if cannot_load(error):
                 raise BackendUnavailableError(
-                    f"onnxruntime {ort_version()} cannot load this model: {ort_message(e)}"
-                ) from e
-            raise RunnerFailedError(f"onnxruntime rejected the model: {ort_message(e)}") from e
+                    f"onnxruntime {ort_version()} cannot load this model: {ort_message(error)}"
+                ) from error
+            raise RunnerFailedError(f"onnxruntime rejected the model: {ort_message(error)}") from error
 
     def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
         data = self._source(model, self._suffix(model, tensors))
@@ -483,12 +489,12 @@ class OrtCpuRunner(Runner):
         try:
             import onnx  # onnx in workers: a foreign environment may lack onnx
         except ImportError:  # an interpreter with only the engine: the graph's bytes stand in
-            with open(optimized, "rb") as f:
-                items = [("optimized graph sha256", hashlib.sha256(f.read()).hexdigest())]
+            with open(optimized, "rb") as handle:
+                items = [("optimized graph sha256", hashlib.sha256(handle.read()).hexdigest())]
         else:
             items = canonical_nodes(onnx.load(optimized, load_external_data=False).graph)
         items += [(f"placement {k}", v) for k, v in parse_placements(log)]
-        items += [(f"option {k}", v) for k, v in sorted(self.info().items())]
+        items += [(f"option {key}", value) for key, value in sorted(self.info().items())]
         return BuildFingerprint.from_items(self.name, items)
 
     def _outputs_at(
@@ -509,7 +515,7 @@ class OrtCpuRunner(Runner):
             sess = self._session(data, model, so, disabled)
         names = [output.name for output in sess.get_outputs()]
         opaque = [output.name for output in sess.get_outputs() if not numpy_readable(output.type)]
-        out = {k: normalize(v) for k, v in run_session(sess, names, opaque, feeds).items()}
+        out = {key: normalize(value) for key, value in run_session(sess, names, opaque, feeds).items()}
         return out, parse_modified(log.text)
 
     def optimization_levels(self, model: ModelRef, feeds: Mapping[str, Value]) -> list[OptLevelRow]:
@@ -549,8 +555,8 @@ class OrtCpuRunner(Runner):
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         try:
             out = run_session(self._session_obj, self._outputs, self._opaque, feeds)
-        except Exception as e:
-            raise RunnerFailedError(f"onnxruntime failed while running: {ort_message(e)}") from e
+        except Exception as error:
+            raise RunnerFailedError(f"onnxruntime failed while running: {ort_message(error)}") from error
         for name, dtype in self._map_dtypes.items():
             out[name] = typed_map_values(out[name], dtype)
         return out

@@ -62,7 +62,7 @@ def map_value_dtype(ort_type: str) -> str | None:
 def typed_map_values(value: Any, dtype: str) -> Any:
     """Map values (in a sequence of maps, or one map) as 0-d arrays of their declared dtype."""
     if isinstance(value, dict):
-        return {k: np.asarray(v, dtype=dtype) for k, v in value.items()}
+        return {key: np.asarray(item, dtype=dtype) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [typed_map_values(v, dtype) for v in value]
     return value
@@ -145,6 +145,6 @@ def from_ortvalue(v: Any) -> np.ndarray:
 def to_ort_feeds(feeds: Mapping[str, Value]) -> dict[str, Any]:
     """numpy cannot hand ml_dtypes arrays (bfloat16, float8, ...) to ORT: wrap those as OrtValues."""
     return {
-        k: _to_ortvalue(v) if isinstance(v, np.ndarray) and v.dtype.kind == "V" else v
-        for k, v in feeds.items()
+        key: _to_ortvalue(feed) if isinstance(feed, np.ndarray) and feed.dtype.kind == "V" else feed
+        for key, feed in feeds.items()
     }

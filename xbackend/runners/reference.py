@@ -85,17 +85,28 @@ class ReferenceRunner(Runner):
         if weights:  # a fresh proto: the old one's arena still holds the bytes of lifted weights
             proto = onnx.load_from_string(proto.SerializeToString())
         prune(proto, tensors)
-        held = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
-        weights = {k: v for k, v in weights.items() if k in held}
+        held = {
+            e.value
+            for initializer in proto.graph.initializer
+            for e in initializer.external_data
+            if e.key == "location"
+        }
+        weights = {key: weight for key, weight in weights.items() if key in held}
         proto, weights = self.transform(as_contrib(proto), weights)
-        self._reads = {i.name for i in proto.graph.input} & (graph_reads(proto.graph) | set(tensors))
+        self._reads = {input_name.name for input_name in proto.graph.input} & (
+            graph_reads(proto.graph) | set(tensors)
+        )
         self._dead = last_uses(proto.graph, {*tensors, *self.kept()})
-        self._tensor_seqs = {o.name for o in proto.graph.output if _sequence_of_tensors(o.type)}
+        self._tensor_seqs = {
+            output_name.name for output_name in proto.graph.output if _sequence_of_tensors(output_name.type)
+        }
         container = ModelContainer()
         container.model_proto = proto
         container.set_large_initializers(weights)
         try:
-            opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+            opset = next(
+                (opset.version for opset in proto.opset_import if opset.domain in ("", "ai.onnx")), 1
+            )
             ops = [*ml_ops(), *contrib_ops(), *legacy_ops(opset)]
             self._evaluator = ReferenceEvaluator(container, new_ops=ops)
         except Exception as e:
@@ -127,10 +138,10 @@ class ReferenceRunner(Runner):
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         try:
-            used = {k: v for k, v in feeds.items() if k in self._reads}
+            used = {key: feed for key, feed in feeds.items() if key in self._reads}
             results = _evaluate(self._evaluator, self.widen(used), self._dead)
-        except Exception as e:
-            raise RunnerFailedError(f"the reference evaluator failed while running {_msg(e)}") from e
+        except Exception as error:
+            raise RunnerFailedError(f"the reference evaluator failed while running {_msg(error)}") from error
         self.inspect(results)
         self._missing = {
             tensor: "not produced by the reference evaluator"
@@ -163,51 +174,61 @@ class ReferenceRunner(Runner):
 def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
     """The names a node's subgraphs read (from the enclosing scope, by name: If, Loop, Scan)."""
     out: set[str] = set()
-    for a in node.attribute:
-        for sub in (a.g, *a.graphs) if a.HasField("g") else a.graphs:
+    for attribute in node.attribute:
+        for sub in (attribute.g, *attribute.graphs) if attribute.HasField("g") else attribute.graphs:
             out |= graph_reads(sub)
     return out
 
 
-def graph_reads(g: onnx.GraphProto) -> set[str]:
+def graph_reads(graph: onnx.GraphProto) -> set[str]:
     """Every name the graph's nodes read, their subgraphs' included."""
     out: set[str] = set()
-    for n in g.node:
-        out.update(i for i in n.input if i)
-        out |= _subgraph_reads(n)
+    for node in graph.node:
+        out.update(input_name for input_name in node.input if input_name)
+        out |= _subgraph_reads(node)
     return out
 
 
 def prune(proto: onnx.ModelProto, wanted: Sequence[str]) -> None:
     """Only the nodes and weights `wanted` (and the graph outputs still made) need, in place:
     a window of a severed graph evaluates its own nodes, not the whole model's."""
-    g = proto.graph
+    graph = proto.graph
     need = set(wanted)
     keep: list[onnx.NodeProto] = []
-    for node in reversed(g.node):
-        if any(o in need for o in node.output):
+    for node in reversed(graph.node):
+        if any(output_name in need for output_name in node.output):
             keep.append(node)
-            need.update(i for i in node.input if i)
+            need.update(input_name for input_name in node.input if input_name)
             need |= _subgraph_reads(node)
-    if len(keep) == len(g.node):
+    if len(keep) == len(graph.node):
         return
-    made = {o for n in keep for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
-    outputs = [o for o in g.output if o.name in made and o.name in need]
-    inits = [t for t in g.initializer if t.name in need]
-    del g.node[:], g.output[:], g.initializer[:]
-    g.node.extend(reversed(keep))
-    g.output.extend(outputs)
-    g.initializer.extend(inits)
+    made = (
+        {output_name for node in keep for output_name in node.output}
+        | {input_name.name for input_name in graph.input}
+        | {initializer.name for initializer in graph.initializer}
+    )
+    outputs = [
+        output_name for output_name in graph.output if output_name.name in made and output_name.name in need
+    ]
+    inits = [initializer for initializer in graph.initializer if initializer.name in need]
+    del graph.node[:], graph.output[:], graph.initializer[:]
+    graph.node.extend(reversed(keep))
+    graph.output.extend(outputs)
+    graph.initializer.extend(inits)
 
 
-def last_uses(g: onnx.GraphProto, kept: set[str]) -> list[list[str]]:
+def last_uses(graph: onnx.GraphProto, kept: set[str]) -> list[list[str]]:
     """Per node, the results to drop once it ran: read by no later node, not in `kept`."""
     last: dict[str, int] = {}
-    for k, n in enumerate(g.node):
-        for name in {*(i for i in n.input if i), *_subgraph_reads(n), *(o for o in n.output if o)}:
+    for k, node in enumerate(graph.node):
+        for name in {
+            *(input_name for input_name in node.input if input_name),
+            *_subgraph_reads(node),
+            *(output_name for output_name in node.output if output_name),
+        }:
             last[name] = k
-    held = kept | {t.name for t in g.initializer}
-    dead: list[list[str]] = [[] for _ in g.node]
+    held = kept | {initializer.name for initializer in graph.initializer}
+    dead: list[list[str]] = [[] for _ in graph.node]
     for name, k in sorted(last.items()):
         if name not in held:
             dead[k].append(name)
@@ -224,14 +245,14 @@ def _evaluate(evaluator: Any, feeds: dict[str, Value], dead: list[list[str]]) ->
     results: dict[str, Value] = {"": None, **inits, **feeds}
     del feeds
     for node, drop in zip(nodes, dead, strict=True):
-        missing = [i for i in node.input if i not in results]
+        missing = [input_name for input_name in node.input if input_name not in results]
         if missing:
             raise RuntimeError(f"{node.op_type} reads {missing[0]!r}, which is neither fed nor computed")
-        inputs = [results[i] for i in node.input]
+        inputs = [results[input_name] for input_name in node.input]
         outs = node.run(*inputs, context=results) if node.need_context() else node.run(*inputs)
         del inputs
         # an omitted output ("") is never bound: "" stands for every omitted input, None
-        results.update((name, v) for name, v in zip(node.output, outs, strict=False) if name)
+        results.update((name, out) for name, out in zip(node.output, outs, strict=False) if name)
         del outs
         for name in drop:
             results.pop(name, None)
@@ -284,9 +305,9 @@ _NO_OP = re.compile(r"No registered implementation for operator '([^']+)' and do
 _UNKNOWN = re.compile(r"Node type '([^']+)' from domain '([^']*)' is unknown")
 
 
-def _msg(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    if isinstance(e, NodeError):
+def _msg(base_exception: BaseException) -> str:
+    text = " ".join(str(base_exception).split()) or type(base_exception).__name__
+    if isinstance(base_exception, NodeError):
         return text[:400]
     lacks = _NO_OP.search(text)
     if lacks:  # not the evaluator's list of every op it has
@@ -300,4 +321,4 @@ def _msg(e: BaseException) -> str:
             f"xbackend has no float64 form of {domain}.{op}{whose} (the kernels it evaluates: "
             "docs/explanations.md, 'ONNX Runtime's kernels')"
         )
-    return f"{type(e).__name__}: {text[:300]}"
+    return f"{type(base_exception).__name__}: {text[:300]}"

@@ -105,7 +105,7 @@ def _entry(name: str, target: str) -> RunnerEntry:
 
 def list_runners() -> list[RunnerEntry]:
     """Every registered runner, available or not, sorted by name."""
-    return [_entry(n, t) for n, t in sorted(_targets().items())]
+    return [_entry(key, target) for key, target in sorted(_targets().items())]
 
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")

@@ -315,7 +315,7 @@ class TrtAutotuneRunner(Runner):
             feed = feeds.get(t.name)
             shape = tuple(feed.shape) if isinstance(feed, np.ndarray) else ()
             self._shapes[t.name] = shape
-            if any(d < 0 for d in t.shape):
+            if any(size < 0 for size in t.shape):
                 profile = profile or builder.create_optimization_profile()
                 profile.set_shape(t.name, shape, shape, shape)
         if profile is not None:
@@ -426,8 +426,8 @@ class TrtAutotuneRunner(Runner):
                 n: buf.download(out, self._stream) for n, (out, buf) in outputs.items()
             }
         finally:
-            for b in buffers:
-                b.close()
+            for buffer in buffers:
+                buffer.close()
         if self._method == "debug" and self._listener is not None:
             wanted = [
                 tensor for tensor in self._tensors if tensor not in result and tensor not in self._missing
@@ -439,20 +439,22 @@ class TrtAutotuneRunner(Runner):
                         f"TensorRT {trt.__version__} never called the debug listener (NVIDIA/TensorRT#4456); "
                         "use capture=outputs"
                     )
-            result.update({k: v for k, v in self._debug.items() if k in set(self._tensors)})
+            result.update({key: value for key, value in self._debug.items() if key in set(self._tensors)})
         return result
 
     def not_exposed(self) -> dict[str, str]:
-        return {t: why for t, why in self._missing.items() if t in set(self._tensors)}
+        return {key: why for key, why in self._missing.items() if key in set(self._tensors)}
 
     def fingerprint(self) -> BuildFingerprint:
         """The plan's digest and each layer's tactic; complete once the first run has built."""
         if not self._plan_sha:
             return super().fingerprint()
-        items = [(f"layer {x.name}", f"{x.type} {x.tactic}".strip()) for x in self._layers]
+        items = [(f"layer {layer.name}", f"{layer.type} {layer.tactic}".strip()) for layer in self._layers]
         items.append(("plan sha256", self._plan_sha))
         items += [
-            (f"option {k}", v) for k, v in sorted(self.info().items()) if not k.startswith("timing_cache")
+            (f"option {key}", value)
+            for key, value in sorted(self.info().items())
+            if not key.startswith("timing_cache")
         ]
         return BuildFingerprint.from_items(self.name, items)
 

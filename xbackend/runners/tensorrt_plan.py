@@ -87,19 +87,19 @@ def config_calls(options: Mapping[str, Any], mode: str, version: tuple[int, int]
 
 
 def apply_calls(config: Any, trt: Any, calls: Sequence[ConfigCall]) -> None:
-    for c in calls:
-        if c.op == "set":
-            if c.name == "profiling_verbosity":
-                config.profiling_verbosity = getattr(trt.ProfilingVerbosity, c.value)
-            elif c.name == "workspace_bytes":
-                config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, c.value)
+    for call in calls:
+        if call.op == "set":
+            if call.name == "profiling_verbosity":
+                config.profiling_verbosity = getattr(trt.ProfilingVerbosity, call.value)
+            elif call.name == "workspace_bytes":
+                config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, call.value)
             else:
-                setattr(config, c.name, c.value)
+                setattr(config, call.name, call.value)
             continue
-        flag = getattr(trt.BuilderFlag, c.name, None)
+        flag = getattr(trt.BuilderFlag, call.name, None)
         if flag is None:
-            raise BackendUnavailableError(f"TensorRT {trt.__version__} has no BuilderFlag.{c.name}")
-        (config.set_flag if c.op == "set_flag" else config.clear_flag)(flag)
+            raise BackendUnavailableError(f"TensorRT {trt.__version__} has no BuilderFlag.{call.name}")
+        (config.set_flag if call.op == "set_flag" else config.clear_flag)(flag)
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def _split_top(text: str, seps: Sequence[str]) -> list[str]:
         c = text[k]
         depth += c in "([{"
         depth -= c in ")]}"
-        sep = next((x for x in seps if depth == 0 and text.startswith(x, k)), "")
+        sep = next((sep for sep in seps if depth == 0 and text.startswith(sep, k)), "")
         if sep:
             out.append(text[start:k])
             k += len(sep)

@@ -179,16 +179,18 @@ class TorchCompileRunner(TorchRunner):
         import torch  # heavy: torch
 
         device = self.options["device"]
-        args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+        args = [arg.to(device) if isinstance(arg, torch.Tensor) else arg for arg in args]
         first = not self._code
         try:
             with torch.no_grad():
                 out = self._compiled(*args)
-        except Exception as e:
-            miss = _pin_miss(e)
+        except Exception as error:
+            miss = _pin_miss(error)
             if miss is not None:
                 raise miss from None
-            raise RunnerFailedError(f"torch.compile failed: {type(e).__name__}: {first_line(e)}") from e
+            raise RunnerFailedError(
+                f"torch.compile failed: {type(error).__name__}: {first_line(error)}"
+            ) from error
         if self._map:
             out, layers = out
             for tensor, value in zip(self._map.values(), layers, strict=True):
@@ -200,14 +202,14 @@ class TorchCompileRunner(TorchRunner):
 
     def _compiled_once(self) -> None:
         self._code = code_digest(self._cache, _read(self._tuning.modules))
-        pin, t = self.options["pin"], self._tuning
+        pin, tuning = self.options["pin"], self._tuning
         if not self._map:
             _PLAIN_CHOICES.clear()
-            _PLAIN_CHOICES.update((choice.op, choice.chosen) for choice in t.choices)
-            if pin and t.pin is None:
-                write_pin(pin, t.choices, importlib.metadata.version("torch"))
-        elif pin and not t.strict and Path(pin).exists():
-            write_pin(pin, t.choices, importlib.metadata.version("torch"), INSTRUMENTED)
+            _PLAIN_CHOICES.update((choice.op, choice.chosen) for choice in tuning.choices)
+            if pin and tuning.pin is None:
+                write_pin(pin, tuning.choices, importlib.metadata.version("torch"))
+        elif pin and not tuning.strict and Path(pin).exists():
+            write_pin(pin, tuning.choices, importlib.metadata.version("torch"), INSTRUMENTED)
 
     def fingerprint(self) -> BuildFingerprint:
         """Per tuned op, the kernel chosen; plus a digest of the generated code. Complete once the
@@ -219,7 +221,11 @@ class TorchCompileRunner(TorchRunner):
             for choice in self._tuning.choices
         ]
         items.append(("generated code", self._code))
-        items += [(f"option {k}", v) for k, v in sorted(self.info().items()) if k not in ("pin_state", "pin")]
+        items += [
+            (f"option {key}", value)
+            for key, value in sorted(self.info().items())
+            if key not in ("pin_state", "pin")
+        ]
         return BuildFingerprint.from_items(self.name, items)
 
     def info(self) -> dict[str, str]:
@@ -276,8 +282,8 @@ def _instrumented(module: Any, names: tuple[str, ...]) -> Any:
             self.names = names
             self.stash: dict[str, Any] = {}
             subs = dict(module.named_modules())
-            for n in names:
-                subs[n].register_forward_hook(self._keep(n))
+            for name in names:
+                subs[name].register_forward_hook(self._keep(name))
 
         def _keep(self, name: str) -> Any:
             def hook(_m: Any, _i: Any, out: Any) -> None:
@@ -326,15 +332,15 @@ INDUCTOR_SWITCHES = (
 )
 
 
-def _pin_miss(e: BaseException) -> PinMiss | None:
+def _pin_miss(base_exception: BaseException) -> PinMiss | None:
     seen: set[int] = set()
-    cur: BaseException | None = e
+    cur: BaseException | None = base_exception
     while cur is not None and id(cur) not in seen:
         if isinstance(cur, PinMiss):
             return cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
-    inner = getattr(e, "inner_exception", None)  # torch._dynamo's BackendCompilerFailed
+    inner = getattr(base_exception, "inner_exception", None)  # torch._dynamo's BackendCompilerFailed
     return inner if isinstance(inner, PinMiss) else None
 
 

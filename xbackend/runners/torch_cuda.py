@@ -41,8 +41,8 @@ def _attr(path: str) -> tuple[Any, str]:
 
     obj: Any = torch.backends
     *parents, last = path.split(".")
-    for p in parents:
-        obj = getattr(obj, p)
+    for parent in parents:
+        obj = getattr(obj, parent)
     return obj, last
 
 
@@ -131,7 +131,7 @@ class TorchCudaRunner(TorchRunner):
     def _forward(self, args: list[Any]) -> Any:
         import torch  # heavy: torch
 
-        args = [a.to(self._device()) if isinstance(a, torch.Tensor) else a for a in args]
+        args = [arg.to(self._device()) if isinstance(arg, torch.Tensor) else arg for arg in args]
         return super()._forward(args)
 
     def info(self) -> dict[str, str]:

@@ -167,8 +167,8 @@ class TorchRunner(Runner):
         torch.use_deterministic_algorithms(self._deterministic_algorithms())
         try:
             self._module = self._load(model, recorded)
-        except ExportError as e:
-            raise RunnerFailedError(f"{e} (set the module with --torch-module)") from e
+        except ExportError as error:
+            raise RunnerFailedError(f"{error} (set the module with --torch-module)") from error
         if self.options["check_weights"]:
             self._weights = check_weights(self._module, proto)
         wanted = set(tensors)
@@ -189,7 +189,9 @@ class TorchRunner(Runner):
         recorded_map = module_map(meta, "", model_dir)
         if not mapped and self.options["module"] and recorded_map:
             mapped = self._by_name(recorded_map)
-        self._map = {m: t for m, t in mapped.items() if t in wanted and t not in model.outputs}
+        self._map = {
+            key: value for key, value in mapped.items() if value in wanted and value not in model.outputs
+        }
         self._wanted = wanted - set(model.outputs)
         self._outputs = model.outputs
         self._hook()
@@ -200,7 +202,7 @@ class TorchRunner(Runner):
         modules of the same name in it (each checked against the reference's value, as an
         unverified map is), the others said."""
         names = {n for n, _ in self._module.named_modules()}
-        kept = {m: t for m, t in recorded.items() if m in names}
+        kept = {key: value for key, value in recorded.items() if key in names}
         missing = sorted(set(recorded) - names)
         more = " ..." if len(missing) > 8 else ""
         self._map_source = (
@@ -241,12 +243,12 @@ class TorchRunner(Runner):
             self._forward(args)
         finally:
             self._counting = False
-        self._repeated = {m: n for m, n in self._calls.items() if n > 1}
+        self._repeated = {key: call for key, call in self._calls.items() if call > 1}
 
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
 
         self._captured = {}
-        self._severed = {n[len(SEVERED) :]: v for n, v in feeds.items() if n.startswith(SEVERED)}
+        self._severed = {key[len(SEVERED) :]: feed for key, feed in feeds.items() if key.startswith(SEVERED)}
         args = [_to_torch(feeds[n]) for n in self._inputs if not n.startswith(SEVERED)]
         ops = self._op_grain(args)
         if ops is None and self._grain == "op":
@@ -283,7 +285,7 @@ class TorchRunner(Runner):
                     "the model records no aten call (it was not exported by torch.onnx's dynamo exporter)"
                 )
             return None
-        shapes = tuple(tuple(a.shape) if hasattr(a, "shape") else None for a in args)
+        shapes = tuple(tuple(arg.shape) if hasattr(arg, "shape") else None for arg in args)
         if shapes == self._ops_shapes:
             return self._ops
         self._ops_shapes, self._ops = shapes, None
@@ -291,8 +293,8 @@ class TorchRunner(Runner):
         try:
             ops = OpGraph.build(self._module, args, self._calls_map, self._folded)
             mine = ops.run(args, {}, set())
-        except Exception as e:  # torch cannot export it: module grain, and why
-            self._ops_why = f"torch.export failed ({type(e).__name__}: {first_line(e)})"
+        except Exception as error:  # torch cannot export it: module grain, and why
+            self._ops_why = f"torch.export failed ({type(error).__name__}: {first_line(error)})"
             return None
         finally:
             self._counting = False
@@ -316,8 +318,8 @@ class TorchRunner(Runner):
         try:
             with torch.no_grad():
                 return self._module(*args)
-        except Exception as e:
-            raise RunnerFailedError(f"the torch module failed: {type(e).__name__}: {e}") from e
+        except Exception as error:
+            raise RunnerFailedError(f"the torch module failed: {type(error).__name__}: {error}") from error
 
     def not_exposed(self) -> dict[str, str]:
         if self._ops is not None:
@@ -327,7 +329,7 @@ class TorchRunner(Runner):
                 for tensor in self._tensors
                 if tensor not in have
             }
-        repeated = {self._map[m]: n for m, n in self._repeated.items() if m in self._map}
+        repeated = {self._map[key]: value for key, value in self._repeated.items() if key in self._map}
         have = (set(self._map.values()) - set(repeated)) | set(self._outputs)
         out = {
             tensor: self._unmapped
@@ -399,12 +401,12 @@ def _same(a: Any, b: Any) -> bool:
     return bool(torch.equal(a, b))
 
 
-def _to_torch(v: Value) -> Any:
-    if isinstance(v, list):
-        return [_to_torch(x) for x in v]
-    if v is None or not isinstance(v, np.ndarray):
-        return v
-    return to_tensor(v)
+def _to_torch(value: Value) -> Any:
+    if isinstance(value, list):
+        return [_to_torch(x) for x in value]
+    if value is None or not isinstance(value, np.ndarray):
+        return value
+    return to_tensor(value)
 
 
 def _digests(a: np.ndarray) -> set[bytes]:
@@ -431,7 +433,7 @@ def _recomputed(folded: Mapping[str, np.ndarray], module: Any) -> tuple[str, ...
         weights: set[bytes] = set()
         for tensor in state.values():
             weights |= _digests(to_numpy(tensor))
-        out = {n: a for n, a in out.items() if not _digests(a) & weights}
+        out = {key: value for key, value in out.items() if not _digests(value) & weights}
     return tuple(sorted(out))
 
 
@@ -445,12 +447,12 @@ def check_weights(module: Any, proto: Any) -> str:
     call) cannot explain it. Returns a one-line account; raises RunnerFailedError on a mismatch.
     """
     digests: set[bytes] = set()
-    for t in proto.graph.initializer:
-        digests |= _digests(numpy_helper.to_array(t))
+    for initializer in proto.graph.initializer:
+        digests |= _digests(numpy_helper.to_array(initializer))
     for node in proto.graph.node:  # exporters also store folded weights as Constant nodes
-        for a in node.attribute:
-            if a.HasField("t"):
-                digests |= _digests(numpy_helper.to_array(a.t))
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                digests |= _digests(numpy_helper.to_array(attribute.t))
     candidates, found = 0, 0
     for tensor in module.state_dict().values():
         value = to_numpy(tensor)

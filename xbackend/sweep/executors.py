@@ -174,9 +174,9 @@ def node_feasible(req: Requirements, node: Mapping[str, Any]) -> str:
     want = {"CPU": req.num_cpus, "GPU": req.num_gpus, **dict(req.resources)}
     if req.accelerator_type:
         want[f"accelerator_type:{req.accelerator_type}"] = 0.001
-    for k, v in want.items():
-        if v and res.get(k, 0.0) < v:
-            return f"{k} {res.get(k, 0.0):g} < {v:g}"
+    for k, value in want.items():
+        if value and res.get(k, 0.0) < value:
+            return f"{k} {res.get(k, 0.0):g} < {value:g}"
     for k, sel in req.labels:
         if not label_matches(sel, labels.get(k)):
             return f"label {k}={labels.get(k)!r} does not match {sel!r}"
@@ -217,18 +217,18 @@ def _bundle(job: JobSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"model": {"main": model.name, "files": files}}
     inputs = job.compare.get("inputs")
     if inputs:
-        p = Path(inputs)
-        if p.is_dir():
+        path = Path(inputs)
+        if path.is_dir():
             out["inputs"] = {
-                "main": p.name,
+                "main": path.name,
                 "files": {
-                    f"{p.name}/{f.relative_to(p)}": f.read_bytes()
-                    for f in sorted(p.rglob("*"))
+                    f"{path.name}/{f.relative_to(path)}": f.read_bytes()
+                    for f in sorted(path.rglob("*"))
                     if f.is_file()
                 },
             }
-        elif p.is_file():
-            out["inputs"] = {"main": p.name, "files": {p.name: p.read_bytes()}}
+        elif path.is_file():
+            out["inputs"] = {"main": path.name, "files": {path.name: path.read_bytes()}}
     return out
 
 
@@ -252,7 +252,11 @@ def _ray_job(
     with run_temp_folder("xbackend-job-") as tmp:
         folder = Path(tmp) / "job"
         rec = run_job(job, folder, paths.get("model"), paths.get("inputs"))
-        files = {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+        files = {
+            str(path.relative_to(folder)): path.read_bytes()
+            for path in sorted(folder.rglob("*"))
+            if path.is_file()
+        }
     return rec, files
 
 
@@ -343,12 +347,13 @@ class RayExecutor:
                     logging_level="ERROR",
                     **self.init_options,
                 )
-            except (ConnectionError, RuntimeError, ValueError) as e:
+            except (ConnectionError, RuntimeError, ValueError) as error:
                 where = self.address or "a local instance"
                 raise UsageError(
-                    f"cannot start or reach Ray at {where} ({str(e).splitlines()[0][:200]}); check --address "
+                    f"cannot start or reach Ray at {where} ({str(error).splitlines()[0][:200]}); check "
+                    "--address "
                     "(e.g. auto, or ray://HEAD:10001), or run with --executor local"
-                ) from e
+                ) from error
             started_here = True
         try:
             return self._run(ray, jobs, jobs_dir.resolve(), progress, timeout, retries)
@@ -365,7 +370,7 @@ class RayExecutor:
         timeout: float,
         retries: int,
     ) -> list[FleetJob]:
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
         task = ray.remote(_ray_job)
         tracker = ray.remote(_Tracker).options(num_cpus=0).remote()
         bundles: dict[str, Any] = {}
@@ -425,35 +430,42 @@ class RayExecutor:
         return out
 
     def _collect(
-        self, ray: Any, p: _Pending, node: Mapping[str, Any], jobs_dir: Path, retries: int
+        self, ray: Any, pending: _Pending, node: Mapping[str, Any], jobs_dir: Path, retries: int
     ) -> FleetJob | None:
         from ray.exceptions import RayError, RayTaskError, TaskCancelledError  # optional: the ray extra
 
         try:
-            rec, files = ray.get(p.ref)
+            rec, files = ray.get(pending.ref)
         except TaskCancelledError:
-            return FleetJob(p.job, "failed", p.cancelled or "cancelled", node, p.attempt)
-        except RayTaskError as e:  # xbackend raised on the node: the same again on a retry
-            return FleetJob(p.job, "failed", f"the job raised on its node: {_first(e)}", node, p.attempt)
-        except RayError as e:
-            if p.cancelled:
-                return FleetJob(p.job, "failed", p.cancelled, node, p.attempt)
+            return FleetJob(pending.job, "failed", pending.cancelled or "cancelled", node, pending.attempt)
+        except RayTaskError as error:  # xbackend raised on the node: the same again on a retry
+            return FleetJob(
+                pending.job, "failed", f"the job raised on its node: {_first(error)}", node, pending.attempt
+            )
+        except RayError as error:
+            if pending.cancelled:
+                return FleetJob(pending.job, "failed", pending.cancelled, node, pending.attempt)
             where = f" on {node_label(node)}" if node else ""
-            p.died.append(f"attempt {p.attempt}: {type(e).__name__}{where}: {_first(e)}")
-            if len(p.died) <= retries:
+            pending.died.append(f"attempt {pending.attempt}: {type(error).__name__}{where}: {_first(error)}")
+            if len(pending.died) <= retries:
                 return None
-            return FleetJob(p.job, "failed", "; ".join(p.died), node, p.attempt)
+            return FleetJob(pending.job, "failed", "; ".join(pending.died), node, pending.attempt)
         if files is not None:
-            _write_files(jobs_dir / p.job.folder, files)
+            _write_files(jobs_dir / pending.job.folder, files)
         return FleetJob(
-            p.job, record_status(rec), str(rec.get("reason", "")), rec.get("node", {}), p.attempt, rec
+            pending.job,
+            record_status(rec),
+            str(rec.get("reason", "")),
+            rec.get("node", {}),
+            pending.attempt,
+            rec,
         )
 
 
-def _first(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
+def _first(base_exception: BaseException) -> str:
+    text = str(base_exception).strip().splitlines()
     lines = [ln.strip() for ln in text if ln.strip()]
-    return (lines[-1] if lines else type(e).__name__)[:300]
+    return (lines[-1] if lines else type(base_exception).__name__)[:300]
 
 
 def _infeasible(req: Requirements, nodes: Sequence[Mapping[str, Any]]) -> str:
@@ -462,8 +474,8 @@ def _infeasible(req: Requirements, nodes: Sequence[Mapping[str, Any]]) -> str:
     lacks = [node_feasible(req, node) for node in nodes]
     if all(lacks):
         per = "; ".join(
-            f"{n.get('NodeManagerHostname', '?')} ({n.get('NodeManagerAddress', '?')}): {why}"
-            for n, why in zip(nodes, lacks, strict=True)
+            f"{node.get('NodeManagerHostname', '?')} ({node.get('NodeManagerAddress', '?')}): {why}"
+            for node, why in zip(nodes, lacks, strict=True)
         )
         return f"no node in the Ray cluster has {req.describe()} ({per})"
     return ""

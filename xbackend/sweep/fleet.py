@@ -64,15 +64,15 @@ def _load_models(spec: SweepSpec) -> dict[str, ModelOutcome]:
     """Each model read, and its inputs made, once here: a model that cannot be read or fed fails its
     own jobs at once (not on every node), and the sweep goes on."""
     out = {}
-    for m in spec.models:
-        opts = CompareOptions.create(**{**m.compare, "backends": ["reference"]})
+    for model in spec.models:
+        opts = CompareOptions.create(**{**model.compare, "backends": ["reference"]})
         try:
-            ms, _ = load_model(m.path)
+            ms, _ = load_model(model.path)
             make_feeds(ms, opts)  # the inputs compare will make on each node
         except XbackendError as error:
-            out[m.name] = ModelOutcome(m, error=_sweep_hint(first_line(error), m.name))
+            out[model.name] = ModelOutcome(model, error=_sweep_hint(first_line(error), model.name))
             continue
-        out[m.name] = ModelOutcome(m, sha256=ms.sha256)
+        out[model.name] = ModelOutcome(model, sha256=ms.sha256)
     return out
 
 
@@ -135,7 +135,7 @@ def run_sweep(
     bar = progress or NullFleetProgress()
     jobs_dir = spec.output / JOBS
     models = _load_models(spec)
-    jobs = spec.jobs({k: m.sha256 for k, m in models.items()})
+    jobs = spec.jobs({key: model.sha256 for key, model in models.items()})
     done: dict[str, FleetJob] = {}
     todo: list[JobSpec] = []
     for job in jobs:
@@ -148,7 +148,7 @@ def run_sweep(
             done[job.id] = FleetJob(job, "ok", "", rec.get("node", {}), 1, rec, resumed=True)
         else:
             todo.append(job)
-    bar.start(len(jobs), sum(1 for j in done.values() if j.resumed))
+    bar.start(len(jobs), sum(1 for fleet_job in done.values() if fleet_job.resumed))
     try:
         for fj in ex.run(todo, jobs_dir, bar, spec.job_timeout, spec.retries):
             done[fj.job.id] = fj
@@ -156,30 +156,35 @@ def run_sweep(
         outcomes = tuple(_compare_model(models[model.name], done, jobs_dir) for model in spec.models)
     finally:
         bar.stop()
-    result = FleetResult(spec, ex.name, tuple(done[j.id] for j in jobs), outcomes)
+    result = FleetResult(spec, ex.name, tuple(done[job.id] for job in jobs), outcomes)
     write_fleet(result)
     return result
 
 
-def _reference(m: ModelEntry, ok: Sequence[str]) -> tuple[str, str]:
+def _reference(model_entry: ModelEntry, ok: Sequence[str]) -> tuple[str, str]:
     """The model's reference among the backends whose jobs succeeded, and a note when it had to change."""
-    wanted = m.reference or ("reference" if "reference" in m.backends else m.backends[0])
+    wanted = model_entry.reference or (
+        "reference" if "reference" in model_entry.backends else model_entry.backends[0]
+    )
     if wanted in ok:
         return wanted, ""
     return ok[0], f"the reference ({wanted}) has no capture (its job failed); compared against {ok[0]}"
 
 
-def _compare_model(m: ModelOutcome, done: Mapping[str, FleetJob], jobs_dir: Path) -> ModelOutcome:
-    if m.error:
-        return m
-    entry = m.entry
+def _compare_model(model_outcome: ModelOutcome, done: Mapping[str, FleetJob], jobs_dir: Path) -> ModelOutcome:
+    if model_outcome.error:
+        return model_outcome
+    entry = model_outcome.entry
     ok = [backend for backend in entry.backends if done[f"{entry.name}/{backend}"].ok]
     if not ok:
-        return m
+        return model_outcome
     ref, note = _reference(entry, ok)
     kw: dict[str, Any] = {
         "backends": (),
-        "loads": [(b, str(jobs_dir / done[f"{entry.name}/{b}"].job.folder / "capture")) for b in ok],
+        "loads": [
+            (backend, str(jobs_dir / done[f"{entry.name}/{backend}"].job.folder / "capture"))
+            for backend in ok
+        ],
         "reference": ref,
         "max_ulp": entry.max_ulp,
         "probes": "none",
@@ -192,9 +197,11 @@ def _compare_model(m: ModelOutcome, done: Mapping[str, FleetJob], jobs_dir: Path
     try:
         result = compare_with_options(entry.path, CompareOptions.create(**kw))
     except XbackendError as error:
-        return ModelOutcome(entry, m.sha256, f"comparison failed: {first_line(error)}", None, ref, note)
-    folders = {b: jobs_dir / done[f"{entry.name}/{b}"].job.folder for b in ok}
-    return ModelOutcome(entry, m.sha256, "", with_job_judgments(result, folders), ref, note)
+        return ModelOutcome(
+            entry, model_outcome.sha256, f"comparison failed: {first_line(error)}", None, ref, note
+        )
+    folders = {backend: jobs_dir / done[f"{entry.name}/{backend}"].job.folder for backend in ok}
+    return ModelOutcome(entry, model_outcome.sha256, "", with_job_judgments(result, folders), ref, note)
 
 
 def with_job_judgments(result: Result, folders: Mapping[str, Path]) -> Result:
@@ -228,13 +235,13 @@ def with_job_judgments(result: Result, folders: Mapping[str, Path]) -> Result:
     return replace(result, explanation=ex, cross_backend=cross)
 
 
-def write_fleet(r: FleetResult) -> None:
+def write_fleet(fleet_result: FleetResult) -> None:
     """Per-model reports, then fleet.json and fleet.md last (each written atomically)."""
-    out = r.spec.output
-    for m in r.models:
-        if m.result is not None:
-            md = out / m.report
-            write_markdown_bundle(m.result, md, md.with_suffix(".json"))
-    d = to_dict(r)
-    write_atomic(out / "fleet.json", fleet_json(r, d), "fleet report")
-    write_atomic(out / "fleet.md", fleet_markdown(r, d), "fleet report")
+    out = fleet_result.spec.output
+    for model in fleet_result.models:
+        if model.result is not None:
+            md = out / model.report
+            write_markdown_bundle(model.result, md, md.with_suffix(".json"))
+    d = to_dict(fleet_result)
+    write_atomic(out / "fleet.json", fleet_json(fleet_result, d), "fleet report")
+    write_atomic(out / "fleet.md", fleet_markdown(fleet_result, d), "fleet report")

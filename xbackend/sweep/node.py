@@ -59,13 +59,13 @@ def job_to_json(job: JobSpec) -> dict[str, Any]:
 
 
 def job_from_json(d: Mapping[str, Any]) -> JobSpec:
-    r = d["requires"]
+    requires = d["requires"]
     req = Requirements(
-        float(r["num_cpus"]),
-        float(r["num_gpus"]),
-        str(r["accelerator_type"]),
-        tuple(sorted((str(k), float(v)) for k, v in r["resources"].items())),
-        tuple(sorted((str(k), str(v)) for k, v in r["labels"].items())),
+        float(requires["num_cpus"]),
+        float(requires["num_gpus"]),
+        str(requires["accelerator_type"]),
+        tuple(sorted((str(key), float(value)) for key, value in requires["resources"].items())),
+        tuple(sorted((str(key), str(value)) for key, value in requires["labels"].items())),
     )
     return JobSpec(
         str(d["model"]), str(d["model_path"]), str(d["model_sha256"]), str(d["backend"]), d["compare"], req
@@ -82,9 +82,9 @@ def node_identity() -> dict[str, Any]:
             ctx = ray.get_runtime_context()
             ident["address"] = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
             labels = ctx.get_node_labels() if hasattr(ctx, "get_node_labels") else {}
-            ident["labels"] = {k: v for k, v in sorted(labels.items()) if k != "ray.io/node-id"}
+            ident["labels"] = {key: label for key, label in sorted(labels.items()) if key != "ray.io/node-id"}
             assigned = ctx.get_assigned_resources()  # type: ignore[no-untyped-call]
-            ident["assigned"] = {k: float(v) for k, v in sorted(assigned.items())}
+            ident["assigned"] = {key: float(value) for key, value in sorted(assigned.items())}
     except ImportError:
         pass
     return ident

@@ -40,7 +40,9 @@ MODELS = "models"
 
 def environment_sha256(env: Mapping[str, str]) -> str:
     """A digest of an environment (its sorted key=value lines): two jobs ran in the same one."""
-    return hashlib.sha256("".join(f"{k}={v}\n" for k, v in sorted(env.items())).encode()).hexdigest()
+    return hashlib.sha256(
+        "".join(f"{key}={value}\n" for key, value in sorted(env.items())).encode()
+    ).hexdigest()
 
 
 class FleetProgress(Protocol):
@@ -154,16 +156,16 @@ class FleetResult:
 
     def job(self, model: str, backend: str) -> FleetJob:
         """The job of `model` on `backend`."""
-        for j in self.jobs:
-            if j.job.model == model and j.job.backend == backend:
-                return j
+        for job in self.jobs:
+            if job.job.model == model and job.job.backend == backend:
+                return job
         raise KeyError((model, backend))
 
     def model(self, name: str) -> ModelOutcome:
         """The outcome of the model named `name` in the sweep file."""
-        for m in self.models:
-            if m.entry.name == name:
-                return m
+        for model in self.models:
+            if model.entry.name == name:
+                return model
         raise KeyError(name)
 
     @property
@@ -177,10 +179,10 @@ class FleetResult:
         a failed job; 3 no job ran at all."""
         if not any(job.ok for job in self.jobs):
             return EXIT_ALL_FAILED
-        codes = {m.result.exit_code for m in self.models if m.result is not None}
+        codes = {model.result.exit_code for model in self.models if model.result is not None}
         if EXIT_PROMISE in codes:
             return EXIT_PROMISE
-        if self.failed or any(m.error for m in self.models) or codes - {EXIT_OK}:
+        if self.failed or any(model.error for model in self.models) or codes - {EXIT_OK}:
             return EXIT_DIFFERENCES
         return EXIT_OK
 

@@ -33,7 +33,7 @@ class Counts:
 
     def text(self) -> str:
         per_node = Counter(self.running.values())
-        running = ", ".join(f"{n}: {c}" for n, c in sorted(per_node.items())) or "none"
+        running = ", ".join(f"{key}: {value}" for key, value in sorted(per_node.items())) or "none"
         resumed = f", {self.resumed} resumed" if self.resumed else ""
         return f"{self.failed} failed{resumed}; running on {running}"
 

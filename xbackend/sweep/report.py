@@ -44,46 +44,56 @@ def _failure_kind(reason: str) -> str:
     return "failed"
 
 
-def _job_warnings(m: ModelOutcome, j: FleetJob) -> list[Finding]:
+def _job_warnings(model_outcome: ModelOutcome, fleet_job: FleetJob) -> list[Finding]:
     """The job's own findings (its probes) that the model's comparison does not repeat."""
-    seen = set(m.findings)
-    return [warning for warning in j.warnings if warning not in seen]
+    seen = set(model_outcome.findings)
+    return [warning for warning in fleet_job.warnings if warning not in seen]
 
 
-def _entry(m: ModelOutcome, j: FleetJob) -> dict[str, Any]:
+def _entry(model_outcome: ModelOutcome, fleet_job: FleetJob) -> dict[str, Any]:
     """One matrix cell as data."""
-    if not j.ok:
-        status = "unavailable" if j.status == "unavailable" else "error"
-        return {"verdict": status, "status": j.status, "reason": j.reason, "kind": _failure_kind(j.reason)}
-    r = m.result
-    if r is None:
-        return {"verdict": "error", "status": "ok", "reason": m.error or "no comparison", "kind": "failed"}
-    b = r.backend(j.job.backend)
+    if not fleet_job.ok:
+        status = "unavailable" if fleet_job.status == "unavailable" else "error"
+        return {
+            "verdict": status,
+            "status": fleet_job.status,
+            "reason": fleet_job.reason,
+            "kind": _failure_kind(fleet_job.reason),
+        }
+    result = model_outcome.result
+    if result is None:
+        return {
+            "verdict": "error",
+            "status": "ok",
+            "reason": model_outcome.error or "no comparison",
+            "kind": "failed",
+        }
+    backend = result.backend(fleet_job.job.backend)
     out: dict[str, Any] = {
         "status": "ok",
-        "deterministic": b.deterministic,
-        "distinct_outputs": b.distinct_outputs,
-        "runs": b.runs,
-        "builds": b.builds,
-        "reference": r.reference_used,
+        "deterministic": backend.deterministic,
+        "distinct_outputs": backend.distinct_outputs,
+        "runs": backend.runs,
+        "builds": backend.builds,
+        "reference": result.reference_used,
     }
-    fail = b.deterministic is False
-    if b.name != r.reference_used:
+    fail = backend.deterministic is False
+    if backend.name != result.reference_used:
         try:
-            c = r.cross(b.name)
+            cross = result.cross(backend.name)
         except KeyError:
-            c = None
-        if c is not None and c.status == "ok":
+            cross = None
+        if cross is not None and cross.status == "ok":
             out.update(
-                scaled_ulp=c.scaled_ulp,
-                max_ulp=c.max_ulp,
-                within_tolerance=not c.violates,
-                first_divergence=c.first_divergence,
+                scaled_ulp=cross.scaled_ulp,
+                max_ulp=cross.max_ulp,
+                within_tolerance=not cross.violates,
+                first_divergence=cross.first_divergence,
             )
-            fail = fail or c.violates
-    broken = [promise.name for promise in r.broken_promises if promise.backend == b.name]
+            fail = fail or cross.violates
+    broken = [promise.name for promise in result.broken_promises if promise.backend == backend.name]
     out["promises_broken"] = broken
-    out["job_warnings"] = [warning.line for warning in _job_warnings(m, j)]
+    out["job_warnings"] = [warning.line for warning in _job_warnings(model_outcome, fleet_job)]
     fail = fail or bool(broken)
     out["verdict"] = "fail" if fail else ("warn" if out["job_warnings"] else "pass")
     return out
@@ -107,20 +117,20 @@ def cell_for(e: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def _matrix(r: FleetResult) -> dict[str, dict[str, dict[str, Any]]]:
+def _matrix(fleet_result: FleetResult) -> dict[str, dict[str, dict[str, Any]]]:
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for m in r.models:
+    for model in fleet_result.models:
         row = {}
-        for backend in m.entry.backends:
-            row[backend] = _entry(m, r.job(m.entry.name, backend))
-        out[m.entry.name] = row
+        for backend in model.entry.backends:
+            row[backend] = _entry(model, fleet_result.job(model.entry.name, backend))
+        out[model.entry.name] = row
     return out
 
 
-def _worst_pairs(r: FleetResult) -> list[dict[str, Any]]:
+def _worst_pairs(fleet_result: FleetResult) -> list[dict[str, Any]]:
     rows = []
-    for m in r.models:
-        res = m.result
+    for model in fleet_result.models:
+        res = model.result
         if res is None:
             continue
         mods = res.model.modules()
@@ -137,7 +147,7 @@ def _worst_pairs(r: FleetResult) -> list[dict[str, Any]]:
                     first = with_module(fd, mods) if fd else None
             rows.append(
                 {
-                    "model": m.entry.name,
+                    "model": model.entry.name,
                     "a": pair.a,
                     "b": pair.b,
                     "scaled_ulp": pair.scaled_ulp,
@@ -146,68 +156,68 @@ def _worst_pairs(r: FleetResult) -> list[dict[str, Any]]:
                 }
             )
     rows.sort(
-        key=lambda x: (
-            -(float(x["scaled_ulp"]) if x["scaled_ulp"] is not None else -1.0),
-            str(x["model"]),
-            str(x["a"]),
-            str(x["b"]),
+        key=lambda row: (
+            -(float(row["scaled_ulp"]) if row["scaled_ulp"] is not None else -1.0),
+            str(row["model"]),
+            str(row["a"]),
+            str(row["b"]),
         )
     )
     return rows[:WORST]
 
 
-def _nodes(r: FleetResult) -> list[dict[str, Any]]:
+def _nodes(fleet_result: FleetResult) -> list[dict[str, Any]]:
     nodes: dict[str, dict[str, Any]] = {}
-    for j in r.jobs:
-        if not j.node:
+    for job in fleet_result.jobs:
+        if not job.node:
             continue
         n = nodes.setdefault(
-            node_label(j.node),
+            node_label(job.node),
             {
-                "node": node_label(j.node),
-                "labels": dict(j.node.get("labels", {})),
+                "node": node_label(job.node),
+                "labels": dict(job.node.get("labels", {})),
                 "jobs": 0,
                 "environment": {},
             },
         )
         n["jobs"] += 1
-        env = (j.record or {}).get("environment")
+        env = (job.record or {}).get("environment")
         if env and not n["environment"]:
             n["environment"] = dict(env)
-            n["environment_sha256"] = (j.record or {}).get("environment_sha256", "")
-    return [nodes[k] for k in sorted(nodes)]
+            n["environment_sha256"] = (job.record or {}).get("environment_sha256", "")
+    return [nodes[node] for node in sorted(nodes)]
 
 
-def _job_row(r: FleetResult, j: FleetJob) -> dict[str, Any]:
-    folder = r.spec.output / "jobs" / j.job.folder
-    has_report = j.record is not None and (folder / "report.md").is_file()
+def _job_row(fleet_result: FleetResult, fleet_job: FleetJob) -> dict[str, Any]:
+    folder = fleet_result.spec.output / "jobs" / fleet_job.job.folder
+    has_report = fleet_job.record is not None and (folder / "report.md").is_file()
     return {
-        "id": j.job.id,
-        "model": j.job.model,
-        "backend": j.job.backend,
-        "status": j.status,
-        "reason": j.reason,
-        "node": node_label(j.node) if j.node else None,
-        "assigned": dict(j.node.get("assigned", {})) if j.node else {},
-        "attempts": j.attempts,
-        "requires": j.job.requires.to_json(),
-        "key": j.job.key,
-        "report": f"jobs/{j.job.folder}/report.md" if has_report else None,
-        "capture": f"jobs/{j.job.folder}/capture" if j.ok else None,
+        "id": fleet_job.job.id,
+        "model": fleet_job.job.model,
+        "backend": fleet_job.job.backend,
+        "status": fleet_job.status,
+        "reason": fleet_job.reason,
+        "node": node_label(fleet_job.node) if fleet_job.node else None,
+        "assigned": dict(fleet_job.node.get("assigned", {})) if fleet_job.node else {},
+        "attempts": fleet_job.attempts,
+        "requires": fleet_job.job.requires.to_json(),
+        "key": fleet_job.job.key,
+        "report": f"jobs/{fleet_job.job.folder}/report.md" if has_report else None,
+        "capture": f"jobs/{fleet_job.job.folder}/capture" if fleet_job.ok else None,
     }
 
 
-def fleet_findings(r: FleetResult) -> list[Finding]:
+def fleet_findings(fleet_result: FleetResult) -> list[Finding]:
     """The fleet's findings, failures first: each model's (but its passes and notes), each job's
     own; one PASS when nothing failed."""
     found = []
-    for m in r.models:
+    for m in fleet_result.models:
         if m.error:
             found.append(Finding(Label.FAIL, Kind.SWEEP_MODEL_FAILED, f"{m.entry.name}: {m.error}"))
-    for j in r.failed:
+    for j in fleet_result.failed:
         why = f"job {j.job.id} {j.status}: {j.reason}"
         found.append(Finding(Label.FAIL, Kind.SWEEP_JOB_FAILED, why, backend=j.job.backend))
-    for m in r.models:
+    for m in fleet_result.models:
         found += [
             finding.with_sentence(f"{m.entry.name}: {finding.sentence}")
             for finding in m.findings
@@ -215,89 +225,90 @@ def fleet_findings(r: FleetResult) -> list[Finding]:
         ]
         if m.note:
             found.append(Finding(Label.WARN, Kind.SWEEP_NOTE, f"{m.entry.name}: {m.note}"))
-    for j in r.jobs:
-        m = r.model(j.job.model)
+    for j in fleet_result.jobs:
+        m = fleet_result.model(j.job.model)
         found += [
             warning.with_sentence(f"job {j.job.id}: {warning.sentence}") for warning in _job_warnings(m, j)
         ]
     found.sort(key=lambda f: 0 if f.label is Label.FAIL else 1)
     if not labelled(found, Label.FAIL):
         words = (
-            f"{len(r.jobs)} job(s) on {len(r.models)} model(s) ran; every backend deterministic and within "
+            f"{len(fleet_result.jobs)} job(s) on {len(fleet_result.models)} model(s) ran; every backend "
+            "deterministic and within "
             "tolerance of its model's reference"
         )
         found.insert(0, Finding(Label.PASS, Kind.PASS, words))
     return found
 
 
-def fleet_verdict(r: FleetResult) -> list[str]:
+def fleet_verdict(fleet_result: FleetResult) -> list[str]:
     """The fleet's findings as verdict lines, most important first."""
-    return [finding.line for finding in fleet_findings(r)]
+    return [finding.line for finding in fleet_findings(fleet_result)]
 
 
-def to_dict(r: FleetResult) -> dict[str, Any]:
-    out = r.spec.output
+def to_dict(fleet_result: FleetResult) -> dict[str, Any]:
+    out = fleet_result.spec.output
     return {
         "schema": FLEET_SCHEMA,
         "sweep": {
-            "name": r.spec.name,
-            "file": relpath(r.spec.path, out),
-            "retries": r.spec.retries,
-            "job_timeout": r.spec.job_timeout,
+            "name": fleet_result.spec.name,
+            "file": relpath(fleet_result.spec.path, out),
+            "retries": fleet_result.spec.retries,
+            "job_timeout": fleet_result.spec.job_timeout,
             "backends": [
                 {
                     "name": backend.name,
                     "options": dict(backend.options),
                     "requires": backend.requires.to_json(),
                 }
-                for backend in r.spec.backends
+                for backend in fleet_result.spec.backends
             ],
         },
-        "executor": r.executor,
-        "exit_code": r.exit_code,
-        "verdict": fleet_verdict(r),
+        "executor": fleet_result.executor,
+        "exit_code": fleet_result.exit_code,
+        "verdict": fleet_verdict(fleet_result),
         "summary": {
-            "jobs": len(r.jobs),
-            "ok": sum(job.ok for job in r.jobs),
-            "failed": sum(not job.ok for job in r.jobs),
-            "models": len(r.models),
-            "backends": len(r.spec.backends),
+            "jobs": len(fleet_result.jobs),
+            "ok": sum(job.ok for job in fleet_result.jobs),
+            "failed": sum(not job.ok for job in fleet_result.jobs),
+            "models": len(fleet_result.models),
+            "backends": len(fleet_result.spec.backends),
         },
-        "models": [_model_json(model) for model in r.models],
-        "matrix": _matrix(r),
-        "worst_pairs": _worst_pairs(r),
-        "jobs": [_job_row(r, job) for job in r.jobs],
-        "nodes": _nodes(r),
+        "models": [_model_json(model) for model in fleet_result.models],
+        "matrix": _matrix(fleet_result),
+        "worst_pairs": _worst_pairs(fleet_result),
+        "jobs": [_job_row(fleet_result, job) for job in fleet_result.jobs],
+        "nodes": _nodes(fleet_result),
     }
 
 
-def _model_json(m: ModelOutcome) -> dict[str, Any]:
-    res: Result | None = m.result
+def _model_json(model_outcome: ModelOutcome) -> dict[str, Any]:
+    res: Result | None = model_outcome.result
     return {
-        "name": m.entry.name,
-        "path": m.entry.path.name,
-        "sha256": m.sha256,
-        "backends": list(m.entry.backends),
-        "error": m.error,
+        "name": model_outcome.entry.name,
+        "path": model_outcome.entry.path.name,
+        "sha256": model_outcome.sha256,
+        "backends": list(model_outcome.entry.backends),
+        "error": model_outcome.error,
         "reference": res.reference_used if res else None,
-        "note": m.note,
-        "report": m.report if res else None,
+        "note": model_outcome.note,
+        "report": model_outcome.report if res else None,
         "exit_code": res.exit_code if res else None,
-        "verdict": list(m.verdict),
+        "verdict": list(model_outcome.verdict),
     }
 
 
-def fleet_json(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
+def fleet_json(fleet_result: FleetResult, d: Mapping[str, Any] | None = None) -> str:
     """`d`: to_dict(r), when the caller has it already."""
-    return json.dumps(d or to_dict(r), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    return json.dumps(d or to_dict(fleet_result), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
-def fleet_markdown(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
+def fleet_markdown(fleet_result: FleetResult, d: Mapping[str, Any] | None = None) -> str:
     """`d`: to_dict(r), when the caller has it already."""
-    d = d or to_dict(r)
+    d = d or to_dict(fleet_result)
     lines = [
-        *_md_verdict(r, d),
-        *_md_matrix(r, d),
+        *_md_verdict(fleet_result, d),
+        *_md_matrix(fleet_result, d),
         *_md_worst_pairs(d),
         *_md_jobs(d),
         *_md_nodes(d),
@@ -305,37 +316,47 @@ def fleet_markdown(r: FleetResult, d: Mapping[str, Any] | None = None) -> str:
         "",
         "From this report's folder:",
         "",
-        *fenced(f"xbackend sweep {d['sweep']['file']}" + (" --executor ray" if r.executor == "ray" else "")),
+        *fenced(
+            f"xbackend sweep {d['sweep']['file']}"
+            + (" --executor ray" if fleet_result.executor == "ray" else "")
+        ),
         "",
     ]
     return only_our_html("\n".join(lines))
 
 
-def _md_verdict(r: FleetResult, d: Mapping[str, Any]) -> list[str]:
-    s = d["summary"]
-    lines = [f"# xbackend fleet report: {inert(r.spec.name)}", ""]
-    found = fleet_findings(r)
+def _md_verdict(fleet_result: FleetResult, d: Mapping[str, Any]) -> list[str]:
+    summary = d["summary"]
+    lines = [f"# xbackend fleet report: {inert(fleet_result.spec.name)}", ""]
+    found = fleet_findings(fleet_result)
     lines += [
-        f"**{prose(f.line)}**" if f.label in (Label.PASS, Label.FAIL) else f"- {prose(f.line)}"
-        for f in found[:1]
+        f"**{prose(finding.line)}**"
+        if finding.label in (Label.PASS, Label.FAIL)
+        else f"- {prose(finding.line)}"
+        for finding in found[:1]
     ]
-    lines += [f"- {prose(f.line)}" for f in found[1:]]
+    lines += [f"- {prose(finding.line)}" for finding in found[1:]]
     return [
         *lines,
         "",
-        f"{s['models']} model(s) x {s['backends']} backend(s): {s['jobs']} job(s), {s['ok']} ok, "
-        f"{s['failed']} failed; executor {r.executor}; exit code {r.exit_code}.",
+        f"{summary['models']} model(s) x {summary['backends']} backend(s): {summary['jobs']} job(s), "
+        f"{summary['ok']} ok, "
+        f"{summary['failed']} failed; executor {fleet_result.executor}; exit code {fleet_result.exit_code}.",
         "",
     ]
 
 
-def _md_matrix(r: FleetResult, d: Mapping[str, Any]) -> list[str]:
-    backends = [backend.name for backend in r.spec.backends]
+def _md_matrix(fleet_result: FleetResult, d: Mapping[str, Any]) -> list[str]:
+    backends = [backend.name for backend in fleet_result.spec.backends]
     rows = []
-    for m in r.models:
-        name = Ours(f"[{inert(m.entry.name)}]({m.report})") if m.result is not None else inert(m.entry.name)
-        cells = [d["matrix"][m.entry.name].get(backend) for backend in backends]
-        rows.append([name, *("–" if e is None else cell_for(e) for e in cells)])
+    for model in fleet_result.models:
+        name = (
+            Ours(f"[{inert(model.entry.name)}]({model.report})")
+            if model.result is not None
+            else inert(model.entry.name)
+        )
+        cells = [d["matrix"][model.entry.name].get(backend) for backend in backends]
+        rows.append([name, *("–" if cell is None else cell_for(cell) for cell in cells)])
     return [
         "## Verdicts",
         "",
@@ -357,13 +378,13 @@ def _md_worst_pairs(d: Mapping[str, Any]) -> list[str]:
         ]
     rows = [
         [
-            w["model"],
-            f"{w['a']} vs {w['b']}",
-            short(w["scaled_ulp"]),
-            w["max_ulp"] if w["max_ulp"] is not None else "–",
-            w["first_divergence"] or "–",
+            worst_pair["model"],
+            f"{worst_pair['a']} vs {worst_pair['b']}",
+            short(worst_pair["scaled_ulp"]),
+            worst_pair["max_ulp"] if worst_pair["max_ulp"] is not None else "–",
+            worst_pair["first_divergence"] or "–",
         ]
-        for w in d["worst_pairs"]
+        for worst_pair in d["worst_pairs"]
     ]
     header = ["model", "pair", "scaled ULP", "max ULP", "first divergent tensor (vs reference)"]
     return ["## Worst pairs", "", *table(header, rows)]
@@ -372,14 +393,14 @@ def _md_worst_pairs(d: Mapping[str, Any]) -> list[str]:
 def _md_jobs(d: Mapping[str, Any]) -> list[str]:
     rows = [
         [
-            j["id"],
-            j["status"],
-            j["node"] or "–",
-            j["attempts"],
-            f"[report]({j['report']})" if j["report"] else "–",
-            j["reason"] or "",
+            job["id"],
+            job["status"],
+            job["node"] or "–",
+            job["attempts"],
+            f"[report]({job['report']})" if job["report"] else "–",
+            job["reason"] or "",
         ]
-        for j in d["jobs"]
+        for job in d["jobs"]
     ]
     return ["## Jobs", "", *table(["job", "status", "node", "attempts", "report", "reason"], rows)]
 
@@ -389,15 +410,15 @@ def _md_nodes(d: Mapping[str, Any]) -> list[str]:
         return ["## Nodes", "", "No job reached a node.", ""]
     rows = [
         [
-            n["node"],
-            ", ".join(f"{k}={v}" for k, v in sorted(n["labels"].items())) or "–",
-            n["jobs"],
-            n["environment"].get("python", "?"),
-            n["environment"].get("package.xbackend", "?"),
-            f"{n['environment'].get('cpu.model', '?')} ({n['environment'].get('cpu.isa', '?')})",
-            n.get("environment_sha256", "")[:16],
+            node["node"],
+            ", ".join(f"{key}={value}" for key, value in sorted(node["labels"].items())) or "–",
+            node["jobs"],
+            node["environment"].get("python", "?"),
+            node["environment"].get("package.xbackend", "?"),
+            f"{node['environment'].get('cpu.model', '?')} ({node['environment'].get('cpu.isa', '?')})",
+            node.get("environment_sha256", "")[:16],
         ]
-        for n in d["nodes"]
+        for node in d["nodes"]
     ]
     header = ["node", "labels", "jobs", "python", "xbackend", "cpu", "environment sha256"]
     return ["## Nodes", "", *table(header, rows)]

@@ -60,7 +60,9 @@ __all__ = ["BackendEntry", "JobSpec", "ModelEntry", "Requirements", "SweepSpec",
 # What a model may override, and how it maps onto CompareOptions: the fields that declare
 # sweep_file (xbackend.results.options), each checked against its type.
 _RUN_TYPES = {
-    f.name: get_type_hints(CompareOptions)[f.name] for f, fl in declared(CompareOptions) if fl.sweep_file
+    field.name: get_type_hints(CompareOptions)[field.name]
+    for field, fl in declared(CompareOptions)
+    if fl.sweep_file
 }
 _RUN_KEYS = set(_RUN_TYPES)
 _SWEEP_KEYS = {"name", "output", "job_timeout", "retries", "reference", "max_ulp", *_RUN_KEYS}
@@ -98,8 +100,8 @@ class Requirements:
             parts.append(f"{self.num_gpus:g} GPU")
         if self.accelerator_type:
             parts.append(f"accelerator {self.accelerator_type}")
-        parts += [f"{v:g} {k}" for k, v in self.resources]
-        parts += [f"label {k}={v}" for k, v in self.labels]
+        parts += [f"{value:g} {key}" for key, value in self.resources]
+        parts += [f"label {key}={value}" for key, value in self.labels]
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -182,16 +184,18 @@ class SweepSpec:
     def jobs(self, model_sha256: Mapping[str, str]) -> list[JobSpec]:
         """Every model x backend job, in file order (models outer)."""
         out = []
-        for m in self.models:
-            for name in m.backends:
-                b = self.backend(name)
-                sets = {k: v for k, v in b.options}
-                sets.update({k: v for bk, k, v in m.options if bk == name})
-                kw = dict(m.compare)
+        for model in self.models:
+            for name in model.backends:
+                backend = self.backend(name)
+                sets = {key: value for key, value in backend.options}
+                sets.update({key: value for bk, key, value in model.options if bk == name})
+                kw = dict(model.compare)
                 kw["backends"] = [name]
                 kw["reference"] = name
-                kw["runner_options"] = [[name, k, v] for k, v in sorted(sets.items())]
-                out.append(JobSpec(m.name, str(m.path), model_sha256[m.name], name, kw, b.requires))
+                kw["runner_options"] = [[name, key, value] for key, value in sorted(sets.items())]
+                out.append(
+                    JobSpec(model.name, str(model.path), model_sha256[model.name], name, kw, backend.requires)
+                )
         return out
 
 
@@ -230,7 +234,7 @@ def _typed(path: Path, where: str, key: str, value: Any, kind: type | tuple[type
     if isinstance(value, bool) and kind in (int, float, (int, float)):
         raise _bad(path, where, f"{key} must be a number, got {value!r}")
     if not isinstance(value, kind):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(key.__name__ for key in kind)
         raise _bad(path, where, f"{key} must be {names}, got {value!r}")
     return value
 
@@ -238,43 +242,45 @@ def _typed(path: Path, where: str, key: str, value: Any, kind: type | tuple[type
 def _probes(path: Path, where: str, key: str, value: Any) -> str:
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
         return ",".join(value) or "none"
     raise _bad(path, where, f"{key} must be a list of names or a string, got {value!r}")
 
 
 def _run_options(path: Path, where: str, table: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for k in sorted(_RUN_KEYS & set(table)):
-        v, kind = table[k], _RUN_TYPES[k]
+    for key in sorted(_RUN_KEYS & set(table)):
+        value, kind = table[key], _RUN_TYPES[key]
         if kind is bool:
-            out[k] = _typed(path, where, k, v, bool)
+            out[key] = _typed(path, where, key, value, bool)
         elif kind is float:
-            out[k] = float(_typed(path, where, k, v, (int, float)))
+            out[key] = float(_typed(path, where, key, value, (int, float)))
         elif kind is int:
-            out[k] = _typed(path, where, k, v, int)
+            out[key] = _typed(path, where, key, value, int)
         else:  # a list of names, or one comma-separated string (probes)
-            out[k] = _probes(path, where, k, v)
+            out[key] = _probes(path, where, key, value)
     return out
 
 
 def _requirements(path: Path, where: str, value: Any) -> Requirements:
-    t = _table(path, f"{where}.requires", value)
-    _check_keys(path, f"{where}.requires", t, _REQUIRE_KEYS)
-    resources = _table(path, f"{where}.requires.resources", t.get("resources", {}))
-    labels = _table(path, f"{where}.requires.labels", t.get("labels", {}))
+    table = _table(path, f"{where}.requires", value)
+    _check_keys(path, f"{where}.requires", table, _REQUIRE_KEYS)
+    resources = _table(path, f"{where}.requires.resources", table.get("resources", {}))
+    labels = _table(path, f"{where}.requires.labels", table.get("labels", {}))
     for k, v in resources.items():
         _typed(path, f"{where}.requires.resources", k, v, (int, float))
     for k, v in labels.items():
         _typed(path, f"{where}.requires.labels", k, v, str)
     req = Requirements(
-        num_cpus=float(_typed(path, where, "requires.num_cpus", t.get("num_cpus", 1), (int, float))),
-        num_gpus=float(_typed(path, where, "requires.num_gpus", t.get("num_gpus", 0), (int, float))),
-        accelerator_type=_typed(path, where, "requires.accelerator_type", t.get("accelerator_type", ""), str),
-        resources=tuple(sorted((str(k), float(v)) for k, v in resources.items())),
-        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        num_cpus=float(_typed(path, where, "requires.num_cpus", table.get("num_cpus", 1), (int, float))),
+        num_gpus=float(_typed(path, where, "requires.num_gpus", table.get("num_gpus", 0), (int, float))),
+        accelerator_type=_typed(
+            path, where, "requires.accelerator_type", table.get("accelerator_type", ""), str
+        ),
+        resources=tuple(sorted((str(key), float(resource)) for key, resource in resources.items())),
+        labels=tuple(sorted((str(key), str(label)) for key, label in labels.items())),
     )
-    if req.num_cpus < 0 or req.num_gpus < 0 or any(v < 0 for _, v in req.resources):
+    if req.num_cpus < 0 or req.num_gpus < 0 or any(value < 0 for _, value in req.resources):
         raise _bad(path, f"{where}.requires", "amounts must be >= 0")
     return req
 
@@ -290,23 +296,23 @@ def _option_spec(backend: str, option: str) -> OptionSpec | None:
         runner = get_runner(backend.partition("@")[0])
     except (BackendUnavailableError, UsageError):
         return None
-    return next((o for o in (*runner.option_specs, *COMMON_OPTIONS) if o.name == option), None)
+    return next((spec for spec in (*runner.option_specs, *COMMON_OPTIONS) if spec.name == option), None)
 
 
 def _set_table(path: Path, where: str, value: Any, backend: str | None = None) -> dict[str, str]:
     """A table of runner options from the file: none that runs code; a path only inside the file's
     folder (resolved there); a thread count at most this machine's CPUs."""
-    t = _table(path, where, value)
+    table = _table(path, where, value)
     out = {}
-    for k, v in t.items():
+    for key, v in table.items():
         if isinstance(v, (dict, list)):
-            raise _bad(path, where, f"{k} must be a single value, got {v!r}")
-        owner, _, option = str(k).rpartition(".")
+            raise _bad(path, where, f"{key} must be a single value, got {v!r}")
+        owner, _, option = str(key).rpartition(".")
         if option in CODE_OPTIONS:
             raise _bad(
                 path,
                 where,
-                f"{k} names code to run, which a sweep file may not (it is not trusted to); pass it on "
+                f"{key} names code to run, which a sweep file may not (it is not trusted to); pass it on "
                 f"the command line: xbackend sweep {path} --set BACKEND.{option}=VALUE",
             )
         text = str(v).lower() if isinstance(v, bool) else str(v)
@@ -315,12 +321,12 @@ def _set_table(path: Path, where: str, value: Any, backend: str | None = None) -
             fix = (
                 f"give a path inside its folder, or pass it on the command line: --set BACKEND.{option}=PATH"
             )
-            text = str(contained(path.parent, v, f"{path}: {where}: {k}", fix).resolve())
+            text = str(contained(path.parent, v, f"{path}: {where}: {key}", fix).resolve())
         threads = spec.threads if spec is not None else option in _THREAD_NAMES
         cpus = os.cpu_count() or 1
         if threads and text.isdigit() and int(text) > cpus:
-            raise _bad(path, where, f"{k} = {text[:20]} is past this machine's {cpus} CPUs; lower it")
-        out[str(k)] = text
+            raise _bad(path, where, f"{key} = {text[:20]} is past this machine's {cpus} CPUs; lower it")
+        out[str(key)] = text
     return out
 
 
@@ -329,16 +335,16 @@ def _with_sets(
 ) -> tuple[BackendEntry, ...]:
     """The command line's --set over the file's, per backend."""
     names = [backend.name for backend in backends]
-    stray = sorted({b for b, _, _ in sets} - set(names))
+    stray = sorted({backend for backend, _, _ in sets} - set(names))
     if stray:
         raise UsageError(
             f"--set names {', '.join(stray)}, which the sweep file does not list ({', '.join(names)})"
         )
     out = []
-    for b in backends:
-        opts = dict(b.options)
-        opts.update({k: v for name, k, v in sets if name == b.name})
-        out.append(BackendEntry(b.name, tuple(sorted(opts.items())), b.requires))
+    for backend_result in backends:
+        opts = dict(backend_result.options)
+        opts.update({key: value for name, key, value in sets if name == backend_result.name})
+        out.append(BackendEntry(backend_result.name, tuple(sorted(opts.items())), backend_result.requires))
     return tuple(out)
 
 
@@ -346,66 +352,70 @@ def _backends(path: Path, raw: Any) -> tuple[BackendEntry, ...]:
     if not isinstance(raw, list) or not raw:
         raise _bad(path, "backends", 'list at least one backend: [[backends]] with name = "ort-cpu"')
     out: list[BackendEntry] = []
-    for i, item in enumerate(raw):
-        where = f"backends[{i}]"
-        t = _table(path, where, item)
-        _check_keys(path, where, t, _BACKEND_KEYS)
-        if not isinstance(t.get("name"), str) or not t["name"]:
+    for index, item in enumerate(raw):
+        where = f"backends[{index}]"
+        table = _table(path, where, item)
+        _check_keys(path, where, table, _BACKEND_KEYS)
+        if not isinstance(table.get("name"), str) or not table["name"]:
             raise _bad(path, where, 'needs name = "RUNNER" or "RUNNER@LABEL"')
-        name = t["name"]
-        if any(b.name == name for b in out):
+        name = table["name"]
+        if any(backend_entry.name == name for backend_entry in out):
             other = f"{name.partition('@')[0]}@other"
             raise _bad(path, where, f"{name} is listed twice; list it again under a label, e.g. {other}")
-        opts = _set_table(path, f"{where}.set", t.get("set", {}), name)
+        opts = _set_table(path, f"{where}.set", table.get("set", {}), name)
         out.append(
-            BackendEntry(name, tuple(sorted(opts.items())), _requirements(path, where, t.get("requires", {})))
+            BackendEntry(
+                name, tuple(sorted(opts.items())), _requirements(path, where, table.get("requires", {}))
+            )
         )
     return tuple(out)
 
 
 def _model(
-    path: Path, i: int, t: dict[str, Any], sweep: Mapping[str, Any], backends: Sequence[str]
+    path: Path, index: int, table: dict[str, Any], sweep: Mapping[str, Any], backends: Sequence[str]
 ) -> ModelEntry:
-    where = f"models[{i}]"
-    _check_keys(path, where, t, _MODEL_KEYS)
-    if not isinstance(t.get("path"), str):
+    where = f"models[{index}]"
+    _check_keys(path, where, table, _MODEL_KEYS)
+    if not isinstance(table.get("path"), str):
         raise _bad(path, where, 'needs path = "model.onnx" (relative to the sweep file)')
     fix = "give a path relative to the sweep file, inside its folder"
-    file = contained(path.parent, t["path"], f"{path}: {where}: path", fix).resolve()
+    file = contained(path.parent, table["path"], f"{path}: {where}: path", fix).resolve()
     if not file.is_file():
-        raise _bad(path, where, f"model {t['path']} not found (looked at {file})")
-    name = t.get("name", file.stem)
+        raise _bad(path, where, f"model {table['path']} not found (looked at {file})")
+    name = table.get("name", file.stem)
     _typed(path, where, "name", name, str)
     _printable(path, where, name)
-    chosen = t.get("backends", list(backends))
-    if not isinstance(chosen, list) or not all(isinstance(b, str) for b in chosen) or not chosen:
+    chosen = table.get("backends", list(backends))
+    if not isinstance(chosen, list) or not all(isinstance(backend, str) for backend in chosen) or not chosen:
         raise _bad(path, where, "backends must be a non-empty list of names from [[backends]]")
-    stray = [b for b in chosen if b not in backends]
+    stray = [backend for backend in chosen if backend not in backends]
     if stray:
         raise _bad(
             path, where, f"backends {', '.join(stray)} are not in [[backends]] ({', '.join(backends)})"
         )
     kw: dict[str, Any] = _run_options(path, "sweep", sweep)
-    kw.update(_run_options(path, where, t))
-    if "seed" in t:
-        kw["seed"] = _typed(path, where, "seed", t["seed"], int)
-    if "inputs" in t:
-        given = _typed(path, where, "inputs", t["inputs"], str)
+    kw.update(_run_options(path, where, table))
+    if "seed" in table:
+        kw["seed"] = _typed(path, where, "seed", table["seed"], int)
+    if "inputs" in table:
+        given = _typed(path, where, "inputs", table["inputs"], str)
         kw["inputs"] = str(contained(path.parent, given, f"{path}: {where}: inputs", fix).resolve())
-    if "shapes" in t:
-        shapes = _table(path, f"{where}.shapes", t["shapes"])
+    if "shapes" in table:
+        shapes = _table(path, f"{where}.shapes", table["shapes"])
         for k, v in shapes.items():
-            if not isinstance(v, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in v):
+            if not isinstance(v, list) or not all(
+                isinstance(dim, int) and not isinstance(dim, bool) for dim in v
+            ):
                 raise _bad(path, f"{where}.shapes", f"{k} must be a list of integers, got {v!r}")
-        kw["shapes"] = {k: list(v) for k, v in sorted(shapes.items())}
-    if "ranges" in t:
-        ranges = _table(path, f"{where}.ranges", t["ranges"])
+        kw["shapes"] = {key: list(shape) for key, shape in sorted(shapes.items())}
+    if "ranges" in table:
+        ranges = _table(path, f"{where}.ranges", table["ranges"])
         for k, v in ranges.items():
             if not isinstance(v, list) or len(v) != 2:
                 raise _bad(path, f"{where}.ranges", f"{k} must be [LO, HI], got {v!r}")
-        kw["ranges"] = {k: [float(v[0]), float(v[1])] for k, v in sorted(ranges.items())}
+        kw["ranges"] = {key: [float(value[0]), float(value[1])] for key, value in sorted(ranges.items())}
     options = []
-    for key, value in sorted(_set_table(path, f"{where}.set", t.get("set", {})).items()):
+    for key, value in sorted(_set_table(path, f"{where}.set", table.get("set", {})).items()):
         backend, dot, option = key.rpartition(".")
         if not dot or backend not in chosen:
             raise _bad(
@@ -414,13 +424,13 @@ def _model(
                 f"{key!r}: expected BACKEND.OPTION with a backend this model runs ({', '.join(chosen)})",
             )
         options.append((backend, option, value))
-    reference = t.get("reference", sweep.get("reference"))
+    reference = table.get("reference", sweep.get("reference"))
     if reference is not None and reference not in chosen:
-        where_ref = where if "reference" in t else "sweep"
+        where_ref = where if "reference" in table else "sweep"
         raise _bad(
             path, where_ref, f"reference {reference!r} is not among {name}'s backends ({', '.join(chosen)})"
         )
-    max_ulp = t.get("max_ulp", sweep.get("max_ulp", DEFAULT_MAX_ULP))
+    max_ulp = table.get("max_ulp", sweep.get("max_ulp", DEFAULT_MAX_ULP))
     max_ulp = float(_typed(path, where, "max_ulp", max_ulp, (int, float)))
     return ModelEntry(name, file, tuple(chosen), kw, tuple(options), reference, max_ulp)
 
@@ -433,41 +443,50 @@ def load_sweep(
     """Read and check a sweep file; every mistake is one UsageError naming the file and the key.
     The file is not trusted: its paths stay inside its folder and it names no code to run;
     `output` and `sets` come from the command line, which is."""
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"sweep file {p} not found; pass a .toml file (see docs/fleet.md)")
+    sweep_file = Path(path)
+    if not sweep_file.is_file():
+        raise UsageError(f"sweep file {sweep_file} not found; pass a .toml file (see docs/fleet.md)")
     try:
-        raw = tomllib.loads(p.read_text("utf-8"))
+        raw = tomllib.loads(sweep_file.read_text("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise UsageError(f"{p} is not valid TOML ({error}); fix the file") from error
+        raise UsageError(f"{sweep_file} is not valid TOML ({error}); fix the file") from error
     except RecursionError:  # tomllib recurses once per nested array or table
-        raise UsageError(f"{p} nests arrays or tables too deep for a sweep file; fix the file") from None
-    _check_keys(p, "top level", raw, {"sweep", "models", "backends"})
-    sweep = _table(p, "sweep", raw.get("sweep", {}))
-    _check_keys(p, "sweep", sweep, _SWEEP_KEYS)
-    backends = _with_sets(_backends(p, raw.get("backends")), sets)
+        raise UsageError(
+            f"{sweep_file} nests arrays or tables too deep for a sweep file; fix the file"
+        ) from None
+    _check_keys(sweep_file, "top level", raw, {"sweep", "models", "backends"})
+    sweep = _table(sweep_file, "sweep", raw.get("sweep", {}))
+    _check_keys(sweep_file, "sweep", sweep, _SWEEP_KEYS)
+    backends = _with_sets(_backends(sweep_file, raw.get("backends")), sets)
     names = [backend.name for backend in backends]
     models_raw = raw.get("models")
     if not isinstance(models_raw, list) or not models_raw:
-        raise _bad(p, "models", 'list at least one model: [[models]] with path = "model.onnx"')
-    models = tuple(_model(p, i, _table(p, f"models[{i}]", t), sweep, names) for i, t in enumerate(models_raw))
+        raise _bad(sweep_file, "models", 'list at least one model: [[models]] with path = "model.onnx"')
+    models = tuple(
+        _model(sweep_file, index, _table(sweep_file, f"models[{index}]", table), sweep, names)
+        for index, table in enumerate(models_raw)
+    )
     seen: set[str] = set()
     for m in models:
         if safe_name(m.name) in seen:
-            raise _bad(p, "models", f"two models are named {m.name}; give one another name = ...")
+            raise _bad(sweep_file, "models", f"two models are named {m.name}; give one another name = ...")
         seen.add(safe_name(m.name))
-    job_timeout = float(_typed(p, "sweep", "job_timeout", sweep.get("job_timeout", 3600.0), (int, float)))
-    retries = _typed(p, "sweep", "retries", sweep.get("retries", 1), int)
+    job_timeout = float(
+        _typed(sweep_file, "sweep", "job_timeout", sweep.get("job_timeout", 3600.0), (int, float))
+    )
+    retries = _typed(sweep_file, "sweep", "retries", sweep.get("retries", 1), int)
     if job_timeout <= 0 or retries < 0:
-        raise _bad(p, "sweep", "job_timeout must be > 0 seconds and retries >= 0")
+        raise _bad(sweep_file, "sweep", "job_timeout must be > 0 seconds and retries >= 0")
     if output is None:
-        named = _typed(p, "sweep", "output", sweep.get("output", f"{p.stem}-fleet"), str)
-        output = contained(p.parent, named, f"{p}: sweep: output", "or pass -o DIR on the command line")
+        named = _typed(sweep_file, "sweep", "output", sweep.get("output", f"{sweep_file.stem}-fleet"), str)
+        output = contained(
+            sweep_file.parent, named, f"{sweep_file}: sweep: output", "or pass -o DIR on the command line"
+        )
     out = Path(os.path.normpath(output))
-    name = _typed(p, "sweep", "name", sweep.get("name", p.stem), str)
-    _printable(p, "sweep", name)
+    name = _typed(sweep_file, "sweep", "name", sweep.get("name", sweep_file.stem), str)
+    _printable(sweep_file, "sweep", name)
     spec = SweepSpec(
-        path=p,
+        path=sweep_file,
         name=name,
         output=out,
         models=models,
@@ -482,7 +501,7 @@ def load_sweep(
             opts = job.options()
             select_probes(opts.probes, opts.batch_invariance)
         except UsageError as error:
-            raise _bad(p, f"model {job.model} on {job.backend}", str(error)) from error
+            raise _bad(sweep_file, f"model {job.model} on {job.backend}", str(error)) from error
     return spec
 
 
