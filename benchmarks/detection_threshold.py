@@ -7,7 +7,7 @@ is judged as compare judges it: its float64 value v and magnitude M from the jud
 (xbackend.bounds.rules). A relative error e planted on every element (y = v·(1 + e)) is an
 origin as soon as one element passes its allowance, so the threshold is min over elements of
 allowance / |v|; it is printed in units of u = 2^-24 and as a relative error, beside the planted
-losses of tests/test_judge.py for scale, and beside the formula docs/explanations.md gives for
+losses of tests/judge/test_judge.py for scale, and beside the formula docs/explanations.md gives for
 the ops whose threshold depends on the shape (n: the terms summed, E: the output's elements,
 λ = lam(n, E), z_E = sqrt(2·ln E), the largest of E normals):
 

@@ -1,5 +1,5 @@
 """Release candidates of models/torch_mlp.onnx, each made as its converter makes it, and each
-planted defect at a known node (tests/test_candidates.py)."""
+planted defect at a known node (tests/candidates/test_candidates.py)."""
 
 from __future__ import annotations
 
