@@ -151,6 +151,7 @@ class NodeBound:
 
     @property
     def exact(self) -> bool:
+        """Whether the op is exact (its result the float64 value rounded once)."""
         return self.kind == "exact"
 
     def general(self) -> str:
@@ -228,21 +229,26 @@ class Builder:
         self._k = 0
 
     def name(self) -> str:
+        """A fresh auxiliary tensor name under this node's output."""
         self._k += 1
         return f"{AUX}{self.out}/{self._k}"
 
     def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
+        """Append a node `op_type` reading `inputs` (with `attrs`); the name of its output."""
         o = self.name()
         self.nodes.append(helper.make_node(op_type, list(inputs), [o], **attrs))
         return o
 
     def const(self, value: float | Sequence[int], ints: bool = False) -> str:
+        """A float32 constant (int64 with `ints`) as an initializer; its name."""
         o = self.name()
         arr = np.asarray(value, np.int64 if ints else np.float32)
         self.inits.append(numpy_helper.from_array(arr, o))
         return o
 
     def reduce(self, op_type: str, x: str, axes: Sequence[int], keepdims: int = 1) -> str:
+        """A reduction over `axes` of `x`, the axes as an attribute or an input as the opset wants; its
+        output's name."""
         attr_until = 18 if op_type in ("ReduceMax", "ReduceMean", "ReduceL1") else 13
         if op_type == "ReduceSum":
             attr_until = 13
@@ -251,6 +257,7 @@ class Builder:
         return self.op(op_type, x, self.const(list(axes), ints=True), keepdims=keepdims)
 
     def abs(self, x: str) -> str:
+        """|x| as a node; its output's name."""
         return self.op("Abs", x)
 
     def final(self, op_type: str, *inputs: str, **attrs: Any) -> None:
@@ -267,11 +274,13 @@ class NodeView:
     opset: int
 
     def shape(self, i: int) -> tuple[int, ...] | None:
+        """The shape of the node's input `i`, or None where it is absent or unknown."""
         if i >= len(self.node.input) or not self.node.input[i]:
             return None
         return self.shapes.get(self.node.input[i])
 
     def attr(self, name: str, default: Any = None) -> Any:
+        """The node's attribute `name`, or `default`."""
         return self.attrs.get(name, default)
 
     @property
@@ -281,5 +290,6 @@ class NodeView:
 
     @property
     def out_elements(self) -> int:
+        """The element count of the node's first output (1 where its shape is unknown)."""
         s = self.shapes.get(self.node.output[0])
         return int(np.prod(s)) if s is not None else 1

@@ -16,6 +16,8 @@ __all__ = ["REDUCTIONS", "gemm", "red"]
 
 
 def red(node_view: NodeView, terms: int, source: str = HM, a: float = 1.0) -> NodeBound:
+    """The bound of a reduction of `terms` terms per output element (Higham & Mary's λ·sqrt(n)), its
+    deterministic worst case beside it; `a` scales the rounding of the result itself."""
     lm = lam(terms, node_view.out_elements)
     b = lm * math.sqrt(terms + 1) + 1
     det = terms / (1 - terms * U32) + 1
@@ -41,6 +43,8 @@ def _matmul(node_view: NodeView, bld: Builder) -> NodeBound | None:
 
 
 def gemm(node_view: NodeView, bld: Builder) -> NodeBound | None:
+    """Gemm's bound: its dot products over K (transA read), the bias one more term; None where the input's
+    shape is unknown."""
     sa = node_view.shape(0)
     if sa is None:
         return None

@@ -60,7 +60,9 @@ LLAMA_CPP = "llama.cpp"  # the backend a GGUF candidate runs on
 class ComparesModels(Protocol):
     """Who runs a candidate's comparisons (xbackend.candidates.session.CandidateRuns)."""
 
-    def run(self, request: RunRequest) -> Ran: ...
+    def run(self, request: RunRequest) -> Ran:
+        """Compare the model `request` names; what ran (its result and the work folder's runs)."""
+        ...
 
 
 def _candidate_run(
@@ -374,6 +376,7 @@ def _one(
 
 
 def is_gguf(path: str) -> bool:
+    """Whether `path` names a GGUF file (by its suffix)."""
     return Path(path).suffix.lower() == ".gguf"
 
 

@@ -11,6 +11,8 @@ __all__ = ["certificate_markdown"]
 
 
 def certificate_markdown(c: Mapping[str, Any]) -> str:
+    """A certificate (its JSON body) as Markdown: granted or not, each property with its evidence, the battery
+    and the environment."""
     text = only_our_html("\n".join(_markdown(c)))
     while "\n\n\n" in text:
         text = text.replace("\n\n\n", "\n\n")

@@ -38,6 +38,8 @@ def _early(signum: int, _frame: object) -> None:
 
 
 def main() -> int:
+    """The `xbackend` command: signals handled before the CLI is imported (an early Ctrl-C is one line); its
+    exit code."""
     wanted = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
     for s in wanted:
         signal.signal(s, _early)

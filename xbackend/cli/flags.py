@@ -31,6 +31,7 @@ class CliFlag:
     cli: str = ""  # the flag of an option only the command line has (the others' is their field's)
 
     def default_for(self, command: str, field_default: Any) -> Any:
+        """This flag's default in `command`: the command's own, else the CLI's, else the field's."""
         own = dict(self.defaults)
         if command in own:
             return own[command]

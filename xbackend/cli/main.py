@@ -99,6 +99,7 @@ def _visible_streams() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI on `argv` (sys.argv when None) with names shown inert on the terminal; its exit code."""
     if sys.stdout is None or sys.stderr is None:  # started with a standard stream closed (`>&-`)
         if sys.stderr is not None:
             print("xbackend: error: standard output is closed; run it with stdout open", file=sys.stderr)

@@ -31,6 +31,7 @@ def cross_all(
     spec: ModelSpec,
     opts: CompareOptions,
 ) -> list[CrossBackendResult]:
+    """Each backend that ran against the reference `ref`, output by output and layer by layer."""
     by_name = {result.name: result for result in results}
     out = []
     for r in results:

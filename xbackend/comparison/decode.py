@@ -222,6 +222,7 @@ class Against:
 
     @classmethod
     def of(cls, result: DecodeResult, work: Path) -> Against:
+        """The original model's decoding, held against a candidate's (its logits in `work`)."""
         ref = result.reference
         return cls("the original", result, work / f"{ref}-decode" / "logits.xbv")
 

@@ -25,6 +25,8 @@ def baseline_drifts(
     builds: Mapping[str, Builds],
     backends: Sequence[BackendResult],
 ) -> tuple[tuple[Drift, ...], tuple[tuple[str, str], ...]]:
+    """Each output's drift from the baseline report, and the environment the baseline was recorded in (both
+    empty without --baseline)."""
     if opts.baseline is None:
         return (), ()
     base = load_baseline(opts.baseline)

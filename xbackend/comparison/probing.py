@@ -37,6 +37,7 @@ def backend_runs(
     outcomes: Mapping[tuple[str, str], Mapping[str, JobOutcome]],
     results: Mapping[str, BackendResult],
 ) -> list[BackendRuns]:
+    """What `probe` planned for each backend, with the outcomes of its jobs and the backend's result."""
     return [
         BackendRuns(
             planned_backend,
@@ -82,6 +83,8 @@ def analyze_probe(
     outcomes: Mapping[tuple[str, str], Mapping[str, JobOutcome]],
     results: Mapping[str, BackendResult],
 ) -> ProbeResult:
+    """The probe's result from its jobs' outcomes; a FailedProbe (with the reason) where its analysis
+    raises."""
     try:
         return probe.analyze(backend_runs(probe, planned, builds, outcomes, results))
     except Exception as error:  # a broken probe is a warning, never a silent pass or a crash

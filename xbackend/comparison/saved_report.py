@@ -42,6 +42,8 @@ def from_json(text: str, what: str = "report") -> Result:
 
 
 def read_result(path: str | os.PathLike[str], flag: str = "") -> Result:
+    """The Result of a JSON report at `path` (`flag` names the option in errors); an InputError that says what
+    to pass where it cannot be read."""
     p = Path(path)
     what = f"{flag} {p}".strip()
     try:

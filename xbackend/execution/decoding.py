@@ -46,6 +46,7 @@ class Convention:
 
     @property
     def cached(self) -> bool:
+        """Whether the model decodes with a KV cache (past in, present out)."""
         return bool(self.past)
 
     def outputs(self) -> tuple[str, ...]:
@@ -53,6 +54,7 @@ class Convention:
         return (self.logits, *(n for p in self.past for n in p[2:]))
 
     def to_dict(self) -> dict[str, Any]:
+        """The convention as JSON data."""
         return {
             "input_ids": self.input_ids,
             "logits": self.logits,
@@ -69,6 +71,7 @@ class Convention:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Convention:
+        """The convention as to_dict wrote it."""
         return cls(
             str(d["input_ids"]),
             str(d["logits"]),
@@ -96,6 +99,7 @@ class DecodeTask:
     logits: str = ""  # where each prompt's chosen-position logits go, step by step (alone only)
 
     def to_dict(self) -> dict[str, Any]:
+        """The task as JSON data, for the worker's job file."""
         return {
             "convention": self.convention.to_dict(),
             "steps": self.steps,
@@ -106,6 +110,7 @@ class DecodeTask:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DecodeTask:
+        """The task as to_dict wrote it."""
         return cls(
             Convention.from_dict(d["convention"]),
             int(d["steps"]),
@@ -128,6 +133,7 @@ class RowTrace:
     moved: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """The row's trace as JSON data, for the worker's result."""
         return {
             "composition": self.composition,
             "prompt": self.prompt,
@@ -139,6 +145,7 @@ class RowTrace:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RowTrace:
+        """The trace as to_dict wrote it."""
         return cls(
             int(d["composition"]),
             int(d["prompt"]),

@@ -96,6 +96,7 @@ class Job:
 
     @property
     def steps(self) -> int:
+        """How many steps of the progress bar this job takes: its build, then each run of each phase."""
         if self.kind != "main":  # opt-levels, decode: the build, then the work (its steps as the detail)
             return 2
         return 1 + sum(
@@ -103,6 +104,7 @@ class Job:
         )
 
     def env(self) -> dict[str, str]:
+        """The environment variables the worker process runs with (the runner's own, from its options)."""
         return self.cls.process_env(self.options)
 
 
@@ -115,14 +117,17 @@ class JobOutcome:
 
     @property
     def ok(self) -> bool:
+        """Whether the worker finished the job."""
         return self.outcome.status == "ok"
 
     @property
     def result(self) -> WorkerResult:
+        """What the worker returned: its phases, timings and engine info."""
         return self.outcome.result
 
     @property
     def reason(self) -> str:
+        """Why the job failed, in one line ('' when it did not)."""
         return self.outcome.reason
 
     def drop_captures(self) -> None:
@@ -132,6 +137,7 @@ class JobOutcome:
                 Path(path).unlink(missing_ok=True)
 
     def phase(self, name: str) -> PhaseResult | None:
+        """The phase called `name`, or None where the job ran none of that name."""
         return self.result.phase(name)
 
     @property
@@ -204,6 +210,7 @@ class Executor:
         )
 
     def run(self, job: Job) -> JobOutcome:
+        """Run one job in its own worker process and wait for it; a failure is an outcome, never raised."""
         return self.run_together([job])[0]
 
     def run_together(self, jobs: Sequence[Job]) -> list[JobOutcome]:

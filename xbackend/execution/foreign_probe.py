@@ -24,6 +24,8 @@ def _packages() -> list[list[str]]:
 
 
 def probe(target: str) -> dict[str, object]:
+    """What this interpreter is and can import for the runner `target` (version, platform, the runner's
+    modules)."""
     out: dict[str, object] = {
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
@@ -61,6 +63,7 @@ def probe(target: str) -> dict[str, object]:
 
 
 def main() -> int:
+    """Print the probe of sys.argv[1] as one tagged JSON line; exit 0."""
     print(TAG + json.dumps(probe(sys.argv[1])), flush=True)
     return 0
 

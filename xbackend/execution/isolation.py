@@ -63,6 +63,7 @@ def _stderr_tail(path: Path) -> str:
 
 
 def signal_name(code: int) -> str:
+    """The name of the signal that ended a process whose return code is `code` (negative)."""
     try:
         return signal.Signals(-code).name
     except ValueError:
@@ -302,6 +303,7 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the worker's process group and reap it."""
     _kill(proc)
     proc.wait()
 

@@ -24,16 +24,39 @@ QUIET_S = 15.0  # a log line at most this often while one job works through its 
 
 
 class ProgressSink(Protocol):
-    def start(self, total: int) -> None: ...
-    def grow(self, steps: int) -> None: ...
-    def describe(self, text: str) -> None: ...
-    def detail(self, text: str) -> None: ...
-    def done(self, text: str) -> None: ...
-    def advance(self, steps: int = 1) -> None: ...
-    def stop(self) -> None: ...
+    """Where a comparison reports its progress: steps of the whole plan (a build, a run, a probe's
+    job), what is being done now, and each finished piece."""
+
+    def start(self, total: int) -> None:
+        """The plan is `total` steps; drawing starts."""
+        ...
+
+    def grow(self, steps: int) -> None:
+        """The plan has `steps` more than it said (a probe or the judge added jobs)."""
+        ...
+
+    def describe(self, text: str) -> None:
+        """`text` is what is being done now (a backend's build, a probe's runs)."""
+        ...
+
+    def detail(self, text: str) -> None:
+        """`text` is the stage inside it (loading, a run's number); shown at most every QUIET_S in a log."""
+        ...
+
+    def done(self, text: str) -> None:
+        """A piece of the plan finished; `text` says which and how it went."""
+        ...
+
+    def advance(self, steps: int = 1) -> None:
+        """`steps` of the plan are done."""
+        ...
+
+    def stop(self) -> None:
+        """The comparison is over: the bar is taken down (the log says nothing more)."""
+        ...
 
 
-class NullProgress:
+class NullProgress(ProgressSink):
     """Draws nothing (the Python API's default)."""
 
     def start(self, total: int) -> None:
@@ -58,7 +81,7 @@ class NullProgress:
         pass
 
 
-class RichProgress:
+class RichProgress(ProgressSink):
     """A rich progress bar with elapsed and remaining time, on stderr only."""
 
     def __init__(self) -> None:
@@ -112,7 +135,7 @@ class RichProgress:
         self.stop()
 
 
-class LineProgress:
+class LineProgress(ProgressSink):
     """A line on stderr per finished build (each worker job): what a log keeps of a bar. Jobs may
     run side by side: each is timed from its own start."""
 

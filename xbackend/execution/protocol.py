@@ -47,6 +47,7 @@ def _fingerprint(fp: Mapping[str, Any]) -> BuildFingerprint:
 
 
 def diff_from_dict(d: Mapping[str, Any]) -> TensorDiff:
+    """A TensorDiff from its JSON data."""
     x = dict(d)
     x["shape"] = tuple(x["shape"])
     return TensorDiff(**x)
@@ -113,6 +114,7 @@ class Phase:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Phase:
+        """The phase as the job file holds it."""
         return cls(
             str(d["name"]),
             tuple(d["tensors"]),
@@ -144,12 +146,14 @@ class WorkerJob:
     decode: DecodeTask | None = None  # kind "decode": what to decode
 
     def to_json(self) -> str:
+        """The job as the worker reads it (JSON text)."""
         d = asdict(self)
         d["decode"] = self.decode.to_dict() if self.decode is not None else None
         return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str) -> WorkerJob:
+        """The job from its JSON text."""
         d = json.loads(text)
         return cls(
             str(d["backend"]),
@@ -190,6 +194,7 @@ class PhaseResult:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PhaseResult:
+        """The phase's result as the worker wrote it."""
         fp = d["fingerprint"]
         return cls(
             str(d["name"]),
@@ -229,12 +234,14 @@ class WorkerResult:
     fingerprint: BuildFingerprint | None = None  # kind "decode": what the build decided
 
     def to_json(self) -> str:
+        """The worker's result as JSON text."""
         d = asdict(self)
         d["decode_rows"] = [row.to_dict() for row in self.decode_rows]
         return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str) -> WorkerResult:
+        """The worker's result from its JSON text."""
         d = json.loads(text)
         return cls(
             str(d["status"]),
@@ -253,4 +260,5 @@ class WorkerResult:
         )
 
     def phase(self, name: str) -> PhaseResult | None:
+        """The phase called `name`, or None."""
         return next((phase for phase in self.phases if phase.name == name), None)

@@ -75,9 +75,12 @@ class RunTracker:
 
     @property
     def digests(self) -> dict[str, str]:
+        """The first run's digest of each tensor ({} before any run)."""
         return self.run_digests[0] if self.run_digests else {}
 
     def add(self, run: int, capture: dict[str, Value]) -> None:
+        """Record run `run`'s captured values: their digests, and for later runs the tensors whose bits
+        moved."""
         while len(self.run_digests) <= run:
             self.run_digests.append({})
         digests = self.run_digests[run]
@@ -166,6 +169,7 @@ def _write(path: str, text: str) -> None:
 
 
 def load_feeds_file(path: str) -> dict[str, Value]:
+    """The feeds saved at `path`, every value loaded."""
     with ValueFile(path) as value_file:
         return value_file.load_all()
 

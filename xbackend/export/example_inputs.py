@@ -33,6 +33,8 @@ class InputDecl:
 
     @classmethod
     def parse(cls, text: str, data: Mapping[str, np.ndarray] | None = None) -> InputDecl:
+        """An input from `NAME=D1,D2,...[:DTYPE]`, or NAME alone where `data` (--inputs) holds it; an
+        ExportError that shows the form."""
         name, sep, rest = text.partition("=")
         if not sep and name and data is not None and name in data:  # NAME alone: --inputs has it
             return cls.of(name, data[name])
@@ -59,6 +61,7 @@ class InputDecl:
 
     @classmethod
     def of(cls, name: str, value: np.ndarray) -> InputDecl:
+        """The input `name` as the given array is (its shape and dtype)."""
         return cls(name, tuple(int(size) for size in value.shape), str(value.dtype), given=True)
 
     def example(self, seed: int, lo_hi: tuple[float, float] | None = None) -> np.ndarray:
@@ -76,6 +79,7 @@ class InputDecl:
         return rng.standard_normal(self.shape).astype(dt)
 
     def describe(self, lo_hi: tuple[float, float] | None) -> str:
+        """The input as the export's summary names it (where its values come from, an integer range)."""
         if self.given:
             return f"{self.name} (from --inputs)"
         if np.issubdtype(np_dtype(self.dtype), np.integer):

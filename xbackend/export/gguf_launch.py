@@ -80,6 +80,8 @@ def _tensors_only() -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Run llama.cpp's converter (`argv`: its folder, the HF folder, its arguments) with remote code refused;
+    its exit code."""
     converter, folder, *rest = argv
     sys.path[:0] = [os.path.join(converter, "gguf-py"), converter]
     try:

@@ -70,6 +70,7 @@ def statement(
 
 
 def canonical(data: Mapping[str, Any]) -> bytes:
+    """`data` as canonical JSON bytes (sorted keys, no spaces): what is signed."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -121,7 +122,7 @@ def load_private_key(path: str | os.PathLike[str]) -> Any:
 
 
 def load_public_key(path: str | os.PathLike[str]) -> Any:
-
+    """The public key in the PEM file at `path`; a UsageError that says what to pass where it is not one."""
     ser = serialization
     data = _read_key_file(path, "public key")
     try:
@@ -223,6 +224,7 @@ class Envelope:
     signer_hint: str  # the key id the bundle names
 
     def describe(self) -> str:
+        """What the signature says, in one line: SIGNED with a key that checks, UNCHECKED, or unsigned."""
         if self.verified_key:
             return f"SIGNED: the signature checks with key {self.verified_key[:16]}"
         if self.signed and self.signer_hint == SIGSTORE:

@@ -59,6 +59,7 @@ WRITES = (INPUTS, "outputs.xbv", "layers.xbv")  # the value files a capture may 
 
 
 def is_capture(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a capture folder (it holds a manifest)."""
     return (Path(path) / MANIFEST).is_file()
 
 
@@ -165,6 +166,8 @@ def check_folder(out: Path, flag: str = "the capture folder", force: bool = Fals
 
 
 def bad_capture(path: Path, what: str) -> InputError:
+    """The error for a capture folder at `path` that `what` (is wrong), with the command that captures it
+    again."""
     return InputError(
         f"capture {path} {what}; capture it again with `xbackend capture MODEL --backend NAME -o {path}`"
     )

@@ -64,6 +64,7 @@ class GgufTensor:
 
     @property
     def type_name(self) -> str:
+        """The tensor's ggml type by name (`type N` for one xbackend does not know)."""
         return GGML_TYPE_NAMES.get(self.ggml_type, (f"type {self.ggml_type}", 0, 0))[0]
 
     def nbytes(self) -> int | None:
@@ -86,6 +87,7 @@ class GgufHeader:
     file_size: int = 0
 
     def architecture(self) -> str:
+        """The file's general.architecture ('' where it has none)."""
         arch = self.values.get("general.architecture", "")
         return arch if isinstance(arch, str) else ""
 

@@ -40,6 +40,7 @@ class ModelRef:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelRef:
+        """The reference as to_dict wrote it."""
         return cls(
             str(d["path"]),
             int(d["ir_version"]),

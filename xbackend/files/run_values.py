@@ -23,6 +23,7 @@ CaptureFile = ValueFile
 
 
 def save_capture(path: str | os.PathLike[str], names: Sequence[str], values: Mapping[str, Value]) -> None:
+    """Save a run's captured `values` at `path`, in the order of `names`."""
     save_values(path, values, names)
 
 

@@ -89,6 +89,7 @@ class ValueWriter:
         self._reader: ValueFile | None = None
 
     def add(self, name: str, value: Value) -> None:
+        """Append the value `name` (normalized to xbackend's value kinds)."""
         self.entries[name] = self._w.record(normalize(value))
 
     def read(self, name: str) -> Value:
@@ -99,6 +100,7 @@ class ValueWriter:
         return self._reader[name]
 
     def close(self) -> None:
+        """Write the index and close the file (again: nothing)."""
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -217,6 +219,7 @@ class ValueFile:
 
     @property
     def names(self) -> list[str]:
+        """Every value's name, in the file's order."""
         return list(self._index)
 
     def __contains__(self, name: object) -> bool:
@@ -229,9 +232,11 @@ class ValueFile:
         return self._value(self._index[name])
 
     def get(self, name: str, default: Value = None) -> Value:
+        """The value `name`, or `default` where the file has none of that name."""
         return self[name] if name in self._index else default
 
     def kind(self, name: str) -> str:
+        """The kind the value `name` was stored as (tensor, strings, sequence, map, empty)."""
         return str(self._index[name]["kind"])
 
     def tensors(self) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -267,9 +272,11 @@ class ValueFile:
         return out
 
     def load_all(self) -> dict[str, Value]:
+        """Every value, loaded, by name."""
         return {n: self[n] for n in self._index}
 
     def close(self) -> None:
+        """Close the file (its mapped values are read no more)."""
         self._f.close()
 
     def __enter__(self) -> ValueFile:

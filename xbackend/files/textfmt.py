@@ -32,6 +32,8 @@ __all__ = [
 
 
 def num(number: float | int | None) -> str:
+    """A number as the report shows it: integers whole, others to three significant digits, a dash
+    for None."""
     if number is None:
         return "–"
     if isinstance(number, int) and not isinstance(number, bool):
@@ -269,6 +271,7 @@ def only_our_html(markdown: str) -> str:
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """A Markdown table: the header, its rule, each row's cells made inert, a blank line after."""
     out = [
         "| " + " | ".join(cell(heading) for heading in header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
@@ -283,6 +286,7 @@ def gib(size: int) -> str:
 
 
 def yes(flag: bool | None) -> str:
+    """A yes/no cell: yes, a bold no, or a dash where nothing was measured."""
     return "–" if flag is None else ("yes" if flag else strong("no"))
 
 

@@ -88,6 +88,8 @@ def field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], wher
 def number(
     data: Mapping[str, Any], key: str, where: str, fix: str, lo: float, hi: float, integer: bool = True
 ) -> Any:
+    """`data[key]` held to a finite number (an integer unless `integer` is False) in [lo, hi]; an
+    InputError naming `where` and the `fix` otherwise."""
     value = field(data, key, int if integer else (int, float), where, fix)
     if isinstance(value, float) and not math.isfinite(value):
         raise InputError(f"{where}: {key} must be a finite number, not {value}; {fix}")

@@ -24,6 +24,7 @@ _NAME_MAX = 255  # bytes in one path component, on every file system xbackend ru
 
 
 def name_problem(path: Path) -> str:
+    """What is wrong with `path`'s name for this system (not UTF-8, a part too long), or ''."""
     text = str(path)
     try:
         text.encode("utf-8")
@@ -35,6 +36,7 @@ def name_problem(path: Path) -> str:
 
 
 def os_problem(os_error: OSError) -> str:
+    """What an OSError says of a file a user named, in words that say what to do."""
     return {
         errno.ENOENT: "does not exist",
         errno.ELOOP: "is a symbolic link loop",
@@ -94,6 +96,8 @@ def read_user_bytes(path: str | os.PathLike[str], what: str, fix: str, limit: in
 
 
 def read_user_text(path: str | os.PathLike[str], what: str, fix: str, limit: int | None = None) -> str:
+    """The UTF-8 text of a file a user named (`what`, read as read_user_bytes reads it); an InputError with
+    `fix` where it is not text."""
     data = read_user_bytes(path, what, fix, limit)
     try:
         return data.decode("utf-8")

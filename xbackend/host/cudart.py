@@ -22,6 +22,7 @@ _H2D, _D2H = 1, 2
 
 @functools.cache
 def runtime() -> ctypes.CDLL:
+    """The CUDA runtime library (13, else 12); a RunnerFailedError that says what to install."""
     for major in (13, 12):
         path = find_library(f"libcudart.so.{major}")
         if path:
@@ -32,6 +33,7 @@ def runtime() -> ctypes.CDLL:
 
 
 def check(status: int, what: str) -> None:
+    """Raise a RunnerFailedError naming `what` and CUDA's own words where `status` is not success."""
     if status != 0:
         text = runtime().cudaGetErrorString(status).decode(errors="replace")
         raise RunnerFailedError(f"CUDA {what} failed: {text} (error {status})")
@@ -44,12 +46,15 @@ class Stream:
 
     @property
     def ptr(self) -> int:
+        """The stream's handle as an integer (0 once closed)."""
         return int(self.handle.value or 0)
 
     def synchronize(self) -> None:
+        """Wait until the work queued on the stream is done."""
         check(runtime().cudaStreamSynchronize(self.handle), "cudaStreamSynchronize")
 
     def close(self) -> None:
+        """Destroy the stream (again: nothing)."""
         if self.handle.value:
             runtime().cudaStreamDestroy(self.handle)
             self.handle = ctypes.c_void_p()
@@ -68,9 +73,12 @@ class DeviceBuffer:
 
     @property
     def ptr(self) -> int:
+        """The buffer's device address as an integer (0 once freed)."""
         return int(self.handle.value or 0)
 
     def upload(self, a: np.ndarray, stream: Stream) -> None:
+        """Queue a copy of `a` (contiguous) into the buffer on `stream`; a RunnerFailedError where it does
+        not fit."""
         a = np.ascontiguousarray(a)
         if a.nbytes > self.nbytes:
             raise RunnerFailedError(f"{a.nbytes} bytes do not fit a {self.nbytes}-byte device buffer")
@@ -81,9 +89,11 @@ class DeviceBuffer:
         stream.synchronize()  # `a` may be a temporary
 
     def download(self, out: np.ndarray, stream: Stream) -> np.ndarray:
+        """Queue a copy of the buffer into `out` on `stream`; `out`."""
         return download(self.ptr, out, stream)
 
     def close(self) -> None:
+        """Free the buffer (again: nothing)."""
         if self.handle.value:
             runtime().cudaFree(self.handle)
             self.handle = ctypes.c_void_p()

@@ -161,6 +161,8 @@ def node_floor_job(
 def model_ref(
     spec: ModelSpec, path: Path, extra_inputs: tuple[str, ...], external: bool | None = None
 ) -> ModelRef:
+    """A worker's reference to the model at `path` as `spec` describes it, with `extra_inputs` fed beside
+    its own."""
     inputs = (*spec.input_names, *extra_inputs)
     external = spec.external_data if external is None else external
     return ModelRef(str(path), spec.ir_version, inputs, spec.output_names, external, spec.weight_bytes)

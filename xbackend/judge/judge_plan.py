@@ -103,6 +103,7 @@ class BackendJudgment:
         return [self.judge, ""] if self.judge and self.shared else [self.judge]
 
     def graph_words(self) -> str:
+        """The graph the backend was judged on, in words."""
         if self.graph:
             return self.graph
         if self.judge:
@@ -148,6 +149,7 @@ class Plan:
         }
 
     def with_backend(self, judgment: BackendJudgment) -> Plan:
+        """This plan with `judgment` replacing the backend's record."""
         return replace(self, backends={**self.backends, judgment.name: judgment})
 
 
@@ -211,10 +213,12 @@ class Early:
                     )
 
     def take(self, key: str, name: str) -> LocalErrors | None:
+        """The local errors judged ahead for (`key`, `name`), waited for, or None where none was started."""
         f = self._futures.pop((key, name), None)
         return f.result() if f is not None else None
 
     def close(self) -> None:
+        """Stop judging ahead: wait for what runs, cancel what has not started."""
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -312,6 +312,7 @@ class Grain:
 
     @classmethod
     def of(cls, fusions: Fusions) -> Grain:
+        """The grain a backend is judged at, from what its fusion search found (and why none, where none)."""
         why = fusions.why_not or ("" if fusions.fused else "no single tensor's exposure moves its outputs")
         return cls(len(fusions.fused), fusions.builds, why, fusions.untested)
 

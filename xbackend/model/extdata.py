@@ -39,10 +39,12 @@ __all__ = [
 
 
 def uses_external_data(proto: onnx.ModelProto) -> bool:
+    """Whether any tensor of the model keeps its data in a file beside it."""
     return any(tensor.data_location == TensorProto.EXTERNAL for tensor in all_tensors(proto.graph))
 
 
 def all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """Every tensor of `graph`: initializers, attribute tensors, and those of subgraphs, recursively."""
     yield from graph.initializer
     for node in graph.node:
         for attr in node.attribute:
@@ -56,6 +58,7 @@ def all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
 
 
 def external_files(proto: onnx.ModelProto) -> list[str]:
+    """The files the model's external data names (their locations as written), sorted."""
     files: set[str] = set()
     for tensor in all_tensors(proto.graph):
         if tensor.data_location == TensorProto.EXTERNAL:

@@ -108,6 +108,8 @@ class Sizes(Mapping[str, int]):
         )
 
     def describe(self) -> str:
+        """How the tensors were sized, in one sentence (which shape inference, a run, and what was left
+        unsized)."""
         sized = [f"{self.symbolic} by ONNX Runtime's symbolic shape inference"] if self.symbolic else []
         sized += [f"{self.onnx} by onnx's shape inference"] if self.onnx else []
         sized += [f"{self.measured} by running the model once on {self.measured_by}"] if self.measured else []

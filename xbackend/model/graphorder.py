@@ -20,6 +20,7 @@ class NodeSets:
         self._parent = list(range(n))
 
     def root(self, k: int) -> int:
+        """The representative of node `k`'s set (paths halved on the way)."""
         parent = self._parent
         while parent[k] != k:
             parent[k] = parent[parent[k]]
@@ -27,6 +28,7 @@ class NodeSets:
         return k
 
     def join(self, a: int, b: int) -> None:
+        """Put nodes `a` and `b` in one set."""
         ra, rb = self.root(a), self.root(b)
         if ra != rb:
             self._parent[max(ra, rb)] = min(ra, rb)

@@ -69,10 +69,13 @@ class Feeds:
         ranges: tuple[tuple[str, str], ...] = (),
         made: tuple[tuple[str, str], ...] = (),
     ) -> Feeds:
+        """Feeds of `arrays` (made by `seed`, or given), `source` saying where they came from; their digest
+        computed."""
         fixed = {key: normalize(array) for key, array in arrays.items()}
         return cls(fixed, feeds_sha256(fixed), seed, source, ranges, made)
 
     def shapes(self) -> dict[str, Shape]:
+        """Each tensor feed's shape."""
         return {
             key: tuple(int(size) for size in array.shape)
             for key, array in self.arrays.items()
@@ -90,6 +93,7 @@ class Feeds:
         return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        """Save the feeds at `path` in xbackend's value format."""
         save_values(path, self.arrays)
 
 

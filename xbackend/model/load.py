@@ -107,6 +107,7 @@ class TensorSpec:
 
     @classmethod
     def from_value_info(cls, vi: onnx.ValueInfoProto) -> TensorSpec:
+        """The tensor a graph input or output declares (its dtype, shape, kind; `unknown` where untyped)."""
         kind, inner = kind_of(vi.type)
         type_str = _type_str(vi.type)
         if inner is None:
@@ -133,6 +134,7 @@ class TensorSpec:
         return [index for index, size in enumerate(self.shape) if not isinstance(size, int)]
 
     def shape_str(self) -> str:
+        """The shape as `[1,?,64]` (`?` for what is not fixed)."""
         if self.shape is None:
             return "?"
         return "[" + ",".join("?" if size is None else str(size) for size in self.shape) + "]"
@@ -175,6 +177,8 @@ class ModelSpec:
 
     @classmethod
     def from_proto(cls, proto: onnx.ModelProto, path: str, sha256: str) -> ModelSpec:
+        """The spec of a loaded model: its inputs and outputs, opsets, nodes and tensors, without its
+        weights' bytes."""
         graph = proto.graph
         init_names = {initializer.name for initializer in graph.initializer}
         return cls(
@@ -211,10 +215,12 @@ class ModelSpec:
 
     @property
     def output_names(self) -> tuple[str, ...]:
+        """The graph's output names, in order."""
         return tuple(output.name for output in self.outputs)
 
     @property
     def input_names(self) -> tuple[str, ...]:
+        """The graph's input names (initializers excluded), in order."""
         return tuple(i.name for i in self.inputs)
 
     def op_types(self) -> dict[str, str]:
@@ -222,6 +228,7 @@ class ModelSpec:
         return {tensor.name: tensor.op_type for tensor in self.tensors}
 
     def opset(self, domain: str = "ai.onnx") -> int | None:
+        """The model's opset for `domain`, or None where it imports none."""
         return dict(self.opsets).get(domain)
 
     def modules(self) -> dict[str, str]:

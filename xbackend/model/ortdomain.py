@@ -14,6 +14,7 @@ _CONTRIB = "com.microsoft"
 
 
 def has_ort_onnx_ops(proto: onnx.ModelProto) -> bool:
+    """Whether the model uses ONNX Runtime's own ops written in the standard domain."""
     return any(node.domain in _STANDARD and node.op_type in ORT_IN_ONNX_DOMAIN for node in proto.graph.node)
 
 

@@ -52,6 +52,7 @@ META_MODULE_OUTPUTS = "xbackend.torch.module_outputs"
 
 
 def import_torch() -> Any:
+    """torch, or an ExportError that says how to install it."""
     try:
         import torch  # heavy: torch
     except ImportError as error:

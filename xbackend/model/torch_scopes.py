@@ -53,6 +53,8 @@ def aligned(mapped: Mapping[str, str], names: Collection[str]) -> dict[str, str]
 
 
 def last_in_scope(nodes: Iterable[tuple[str | None, str]]) -> dict[str, str]:
+    """Per module scope that torch.onnx recorded on the nodes, the output of its last node (the module's
+    output)."""
     last: dict[str, str] = {}
     for raw, output in nodes:
         if not raw:

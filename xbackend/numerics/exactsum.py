@@ -39,6 +39,7 @@ class ExactSum:
                 self.bins += np.bincount(p + shift, weights=part, minlength=ACC_SIZE).astype(np.int64)
 
     def value(self) -> float:
+        """The exact sum, correctly rounded to a float (inf where an infinity was added)."""
         if self.bins[ACC_INF]:
             return math.inf
         whole = 0

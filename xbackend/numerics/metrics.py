@@ -77,6 +77,7 @@ DiffStatus = Literal["ok", "shape_mismatch", "dtype_mismatch", "structure_mismat
 
 
 def is_float_dtype(dtype: np.dtype[np.generic]) -> bool:
+    """Whether `dtype` is a floating-point type xbackend measures in ULP."""
     return str(dtype) in FLOAT_BITS
 
 
@@ -215,6 +216,8 @@ class TensorDiff:
 
     @classmethod
     def from_arrays(cls, name: str, a: np.ndarray, b: np.ndarray, op_type: str = "") -> TensorDiff:
+        """The difference of `a` against `b` (the reference) for tensor `name`: ULP and relative figures,
+        or what makes them incomparable (dtype, shape)."""
         if a.dtype != b.dtype:
             return cls.mismatch(name, op_type, "dtype_mismatch", f"{a.dtype} vs {b.dtype}", a, b)
         if a.shape != b.shape:
@@ -291,6 +294,7 @@ class TensorDiff:
 
     @property
     def comparable(self) -> bool:
+        """Whether the two tensors could be compared element by element."""
         return self.status == "ok"
 
     def exceeds(self, max_ulp: float) -> bool:
@@ -319,6 +323,7 @@ class TensorDiff:
         return ", ".join(why) or "bit patterns that encode the same value"
 
     def worse(self, other: TensorDiff) -> TensorDiff:
+        """Whichever of the two differences is the more severe."""
         return other if other.severity() > self.severity() else self
 
 

@@ -64,6 +64,7 @@ class Spread:
         self.spread: dict[str, np.ndarray] = {}  # float32 (float64 for float64 tensors)
 
     def add(self, name: str, value: Value, base: Value) -> None:
+        """Fold the spread of tensor `name`'s `value` against `base` into the per-tensor floors."""
         if _same_float(value, base):
             assert isinstance(value, np.ndarray) and isinstance(base, np.ndarray)
             self._add_float(name, value, base)

@@ -55,6 +55,7 @@ class Summary:
 
 
 def chunk_elements(dtype: np.dtype[np.generic]) -> int:
+    """How many elements of `dtype` one chunk holds."""
     return max(1, CHUNK_BYTES // max(dtype.itemsize, 1))
 
 
@@ -85,6 +86,7 @@ class TopErrors:
         self.floor = math.inf if self.overflow else -math.inf  # errors <= floor are not needed
 
     def add(self, err: np.ndarray, max_abs: float) -> None:
+        """Keep the errors of a chunk that may be among the largest k (`max_abs`: the chunk's largest)."""
         if not err.size or max_abs <= self.floor:
             return
         if self.floor > -math.inf:
@@ -105,6 +107,7 @@ class TopErrors:
         return self.k
 
     def descending(self) -> np.ndarray:
+        """The errors held, largest first."""
         if not self.held:
             return np.empty(0, np.float64)
         v = np.concatenate(self.held)
@@ -127,6 +130,8 @@ def percentile99(comparable: int, value_at: Callable[[int], float]) -> float:
 
 
 def neighbour_ranks(comparable: int) -> tuple[int, int]:
+    """The two ranks (0-based, among `comparable` sorted errors) whose values the 99th percentile
+    interpolates between."""
     virtual = (comparable - 1) * _Q99
     if virtual >= comparable - 1:
         return comparable - 1, comparable - 1
@@ -357,6 +362,7 @@ class Kernel:
     measures_errors = True  # False: a count of differing elements is all there is
 
     def part(self, da: np.ndarray, db: np.ndarray) -> Part:
+        """The figures of one chunk's elements whose bits differ: `da` against `db`."""
         raise NotImplementedError
 
     def ref_stats(self, xb: np.ndarray) -> tuple[int, int, float]:
@@ -459,6 +465,8 @@ class IntKernel(Kernel):
         return 0, int(np.count_nonzero(xb.view(self.dtype).astype(self.wide))), 0.0
 
     def part(self, da: np.ndarray, db: np.ndarray) -> Part:
+        """One chunk of integers: the absolute differences (in uint64, never overflowing) and their
+        relative size."""
         aw, bw = da.view(self.dtype).astype(self.wide), db.view(self.dtype).astype(self.wide)
         # the magnitude in uint64: a signed difference can overflow int64
         err = np.where(aw >= bw, (aw - bw).view(np.uint64), (bw - aw).view(np.uint64)).astype(np.float64)
@@ -478,4 +486,5 @@ class BoolKernel(Kernel):
     measures_errors = False
 
     def part(self, da: np.ndarray, db: np.ndarray) -> Part:
+        """One chunk of booleans whose bits differ: each a mismatch, no ULP."""
         return Part(err=np.empty(0, np.float64), rel=np.empty(0, np.float64), mismatches=da.size)

@@ -79,6 +79,7 @@ def _key(k: Any) -> Any:
 
 
 def is_tensor(value: Value) -> bool:
+    """Whether `value` is a tensor (not a sequence, map or None)."""
     return isinstance(value, np.ndarray)
 
 

@@ -18,13 +18,19 @@ class FirstRun(Protocol):
     """What comparisons read of a backend: build 0's phases (a live job, or a loaded capture)."""
 
     @property
-    def outputs(self) -> PhaseResult: ...
+    def outputs(self) -> PhaseResult:
+        """The phase whose outputs stand for the shipped model."""
+        ...
 
     @property
-    def layers(self) -> PhaseResult | None: ...
+    def layers(self) -> PhaseResult | None:
+        """The per-layer phase, where one ran."""
+        ...
 
     @property
-    def separate_layers(self) -> bool: ...
+    def separate_layers(self) -> bool:
+        """Whether the layers came from a build of their own (not the outputs' build)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -37,16 +43,19 @@ class Builds:
 
     @property
     def ok(self) -> bool:
+        """Whether the backend ran: every build succeeded, or its capture was loaded."""
         return self.loaded is not None or (
             bool(self.outcomes) and all(outcome.ok for outcome in self.outcomes)
         )
 
     @property
     def first(self) -> FirstRun:
+        """The first build's run (or the loaded capture's), whose figures the comparison reports."""
         return self.loaded.run if self.loaded is not None else self.outcomes[0]
 
 
 def run_builds(ex: Executor, planned_backend: PlannedBackend, jobs: Sequence[Job]) -> Builds:
+    """Run a backend's build jobs in order; after a failed build the rest are skipped, not run."""
     outcomes: list[JobOutcome] = []
     for job in jobs:
         if outcomes and not outcomes[-1].ok:

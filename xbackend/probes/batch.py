@@ -205,6 +205,7 @@ def batch_inputs(spec: ModelSpec) -> list[str]:
 
 
 def batch_positions(batch: int) -> tuple[int, ...]:
+    """Where the sample sits in a batch of `batch`: first, middle and last."""
     return tuple(sorted({0, batch // 2, batch - 1}))
 
 

@@ -30,12 +30,15 @@ class BuildVariance:
 
     @property
     def builds_vary(self) -> bool:
+        """Whether the builds' fingerprints differ (the engine decided otherwise)."""
         return self.distinct_fingerprints > 1
 
     @classmethod
     def from_fingerprints(
         cls, backend: str, fingerprints: Sequence[BuildFingerprint], outputs_differ: bool
     ) -> BuildVariance:
+        """The variance of `backend`'s builds: their distinct fingerprints and each layer that differs
+        between them."""
         digests = {fp.digest for fp in fingerprints}
         layers = [dict(fp.layers) for fp in fingerprints]
         keys = sorted(set().union(*layers)) if layers else []

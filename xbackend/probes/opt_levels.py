@@ -26,6 +26,7 @@ class OptLevelResult(OptLevelRow):
 
     @classmethod
     def from_row(cls, backend: str, opt_level_row: OptLevelRow) -> OptLevelResult:
+        """The result of one level, from the row the runner measured."""
         return cls(
             **{field.name: getattr(opt_level_row, field.name) for field in fields(opt_level_row)},
             backend=backend,
@@ -109,6 +110,7 @@ class OptLevelsResult(ProbeResult):
 
 
 def has_opt_levels(planned_backend: PlannedBackend) -> bool:
+    """Whether the backend's runner has optimization levels to sweep."""
     return (
         planned_backend.cls is not None
         and planned_backend.cls.optimization_levels is not Runner.optimization_levels

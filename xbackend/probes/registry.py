@@ -22,6 +22,7 @@ PROBES: dict[str, type[Probe]] = {
 
 
 def default_probes(batch: int) -> tuple[str, ...]:
+    """The probes that run when none is asked for (the batch probe too when --batch-invariance is set)."""
     return tuple(key for key, value in PROBES.items() if value.default or (key == "batch" and batch))
 
 

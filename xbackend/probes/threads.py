@@ -34,6 +34,7 @@ class ThreadResult:
     outputs_equal: bool | None = None  # the graph outputs alone (None: reports before this field)
 
     def moved_outputs(self) -> bool:
+        """Whether the thread counts' bits differ at the graph outputs (not only inside)."""
         return self.invariant is False and self.outputs_equal is not True
 
 
@@ -130,6 +131,7 @@ class ThreadsResult(ProbeResult):
 
 
 def has_threads(planned_backend: PlannedBackend) -> bool:
+    """Whether the backend's runner takes a threads option."""
     return planned_backend.cls is not None and any(
         option.name == "threads" for option in planned_backend.cls.option_specs
     )

@@ -270,6 +270,7 @@ def _advice(candidate: CandidateResult, times: bool = False) -> list[str]:
 
 
 def candidate_section(result: Result) -> list[str]:
+    """The report's section on the release candidates ([] without any)."""
     if not result.candidates:
         return []
     out = [
@@ -290,6 +291,7 @@ def candidate_section(result: Result) -> list[str]:
 
 
 def candidate_json(result: Result) -> list[dict[str, Any]]:
+    """Each candidate's part of the JSON report: its result, coverage and origins."""
     out = []
     for candidate in result.candidates:
         d: dict[str, Any] = encode(candidate, times=result.options.shows_times)

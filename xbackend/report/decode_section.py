@@ -50,6 +50,7 @@ def _row(decode_result: DecodeResult, backend_decode: BackendDecode) -> list[obj
 
 
 def decode_section(result: Result) -> list[str]:
+    """The report's section on the decoding ([] where none ran)."""
     decode = result.decode
     if decode is None:
         return []

@@ -28,6 +28,7 @@ class BackendChange:
 
     @property
     def changed(self) -> bool:
+        """Whether anything of the backend changed (its verdict, its bits, a tensor's ULP)."""
         return (
             self.old != self.new
             or self.outputs_identical is False
@@ -47,11 +48,13 @@ class ReportDiff:
 
     @property
     def changed(self) -> bool:
+        """Whether anything changed between the two reports."""
         return bool(self.environment or self.options or self.model) or any(
             backend.changed for backend in self.backends
         )
 
     def markdown(self, old: str, new: str) -> str:
+        """The diff as Markdown, `old` and `new` naming the two reports."""
         out = [f"# xbackend diff: {inert(old)} -> {inert(new)}", ""]
         moved = [backend for backend in self.backends if backend.first_moved]
         if not self.changed:
@@ -168,6 +171,7 @@ def _text(v: object) -> str:
 
 
 def diff_results(result: Result, b: Result) -> ReportDiff:
+    """What changed from report `result` to report `b`: environment, options, model, and each backend."""
     order = {n: index for index, n in enumerate(b.model.tensor_order())}
     names = list(
         dict.fromkeys(

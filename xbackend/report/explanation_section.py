@@ -67,6 +67,7 @@ def _detection(names: list[str], local: Callable[[str], LocalErrors | None]) -> 
 
 
 def explanation_section(result: Result) -> list[str]:
+    """The report's section on what the differences are (each backend's judgment against float64)."""
     ex = result.explanation
     if not ex.ok:
         return (

@@ -220,6 +220,7 @@ def _oracle(cross: CrossBackendResult, modules: dict[str, str]) -> dict[str, Any
 
 
 def to_dict(result: Result) -> dict[str, Any]:
+    """The result as the JSON report's dictionary (schema xbackend.report/2)."""
     model = result.model
     modules = model.modules()
     found = result.findings()

@@ -36,6 +36,7 @@ def diff_row(
     mark: str = "",
     floors: Mapping[str, float] | None = None,
 ) -> list[object]:
+    """A row of a per-layer table: the tensor (marked), its module, its figures."""
     name = strong(tensor_diff.name, f" {mark}") if mark else inert(tensor_diff.name)
     module = inert(modules.get(value_name(tensor_diff.name), ""))
     mismatches = (
@@ -211,6 +212,7 @@ def _full_table(
 
 
 def cross_section(result: Result) -> list[str]:
+    """The report's cross-backend section: each backend against the reference, per layer."""
     if not result.cross_backend:
         return ["## Cross-backend", "", "Only one backend ran; nothing to compare across backends.", ""]
     out = ["## Cross-backend, per layer", ""]
@@ -247,6 +249,7 @@ def matrix_section(result: Result) -> list[str]:
 
 
 def oracle_section(result: Result) -> list[str]:
+    """The report's section on each backend against the float64 oracle."""
     return _against(
         result,
         result.oracle_error,
@@ -258,6 +261,7 @@ def oracle_section(result: Result) -> list[str]:
 
 
 def expected_section(result: Result) -> list[str]:
+    """The report's section on each backend against the golden outputs."""
     return _against(
         result,
         result.expected_error,

@@ -63,6 +63,7 @@ def layer_rows(result: Result) -> Iterator[tuple[str, list[TensorDiff]]]:
 
 
 def to_csv(result: Result) -> str:
+    """Every tensor of every comparison as CSV rows, in model order."""
     modules = result.model.modules()
     position = {
         n: index for index, n in enumerate(result.model.tensor_order())

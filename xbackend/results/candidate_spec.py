@@ -27,6 +27,7 @@ def candidate_spec(text: str) -> tuple[str, tuple[str, ...]]:
 
 
 def candidates_of(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Candidates as (model, backends) pairs from a string, a list, or a mapping of model to backends."""
     if isinstance(value, (str, Mapping)):
         value = [value] if isinstance(value, str) else list(value.items())
     return tuple(
@@ -35,4 +36,5 @@ def candidates_of(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 
 def candidate_words(spec: tuple[str, tuple[str, ...]]) -> str:
+    """A candidate as --candidate writes it: MODEL or MODEL@BACKEND,...."""
     return spec[0] + ("@" + ",".join(spec[1]) if spec[1] else "")

@@ -198,6 +198,7 @@ class CandidateResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the candidate ran."""
         return self.status == "ok"
 
     @property
@@ -213,10 +214,12 @@ class CandidateResult:
 
     @property
     def token_flips(self) -> tuple[str, ...]:
+        """The backends whose decoded tokens differ from the original's."""
         return self.decode.token_flips if self.decode is not None else ()
 
     @property
     def decision_flips(self) -> tuple[str, ...]:
+        """The backends whose decisions (top class, token) differ from the original's."""
         return tuple(
             decision.backend for decision in self.decisions if decision.status == "ok" and decision.flipped
         )

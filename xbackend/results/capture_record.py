@@ -72,6 +72,7 @@ class LoadedRun:
 
     @property
     def separate_layers(self) -> bool:
+        """Whether the capture's layers came from a build of their own."""
         return self.layers is not None and not self.layers.serves_outputs
 
 
@@ -90,10 +91,12 @@ class LoadedCapture:
 
     @property
     def inputs_path(self) -> Path:
+        """The capture's inputs file."""
         return self.path / INPUTS
 
     @property
     def inputs(self) -> CapturedInputs:
+        """The inputs the capture was made with (their file, seed and ranges)."""
         return CapturedInputs(self.path, self.inputs_path, self.feeds.seed, self.feeds.ranges)
 
 

@@ -57,6 +57,8 @@ class CrossBackendResult:
         tolerance: float,
         layers_note: str = "",
     ) -> CrossBackendResult:
+        """The backend against the reference from its outputs' and layers' differences, and the tensors
+        only one of them exposed."""
         return cls(
             backend,
             reference,
@@ -208,6 +210,7 @@ class PairResult:
 
     @classmethod
     def from_diffs(cls, a: str, b: str, diffs: Sequence[TensorDiff]) -> PairResult:
+        """The comparison of backends `a` and `b` from their tensors' differences."""
         ulps = [diff.max_ulp for diff in diffs if diff.max_ulp is not None]
         scaled = [diff.scaled_ulp for diff in diffs if diff.scaled_ulp is not None]
         rel = max((diff.max_rel for diff in diffs), default=0.0)
@@ -252,11 +255,13 @@ class Drift:
 
     @property
     def max_ulp(self) -> int | None:
+        """The largest ULP distance of any output from the baseline (None where none was measured)."""
         vals = [output.max_ulp for output in self.outputs if output.max_ulp is not None]
         return max(vals) if vals else None
 
     @property
     def scaled_ulp(self) -> float | None:
+        """The largest scaled ULP of any output from the baseline (None where none was measured)."""
         vals = [output.scaled_ulp for output in self.outputs if output.scaled_ulp is not None]
         return max(vals) if vals else None
 

@@ -37,15 +37,19 @@ class ModeRow:
 
     @property
     def promised(self) -> tuple[str, ...]:
+        """Every promise the mode declares: held, broken, then unchecked."""
         return (*self.held, *self.broken, *self.unchecked)
 
     def promise_words(self) -> str:
+        """The promises in words for the report's table, a broken one in bold ('none' where there are
+        none)."""
         if not self.promised:
             return "none"
         parts = [f"{inert(p)} held" for p in self.held] + [f"**{inert(p)} BROKEN**" for p in self.broken]
         return Ours(", ".join(parts + [f"{inert(p)} unchecked" for p in self.unchecked]))  # its own bold
 
     def to_json(self, times: bool) -> dict[str, object]:
+        """The row as the JSON report holds it (latency only with `times`)."""
         return {
             "backend": self.backend,
             "mode": self.mode,
@@ -69,6 +73,7 @@ class Family:
     rows: tuple[ModeRow, ...]
 
     def to_json(self, times: bool) -> dict[str, object]:
+        """The runner's modes as the JSON report holds them (latency only with `times`)."""
         return {
             "runner": self.runner,
             "default": self.default,

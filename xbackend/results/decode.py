@@ -69,6 +69,7 @@ class BackendDecode:
 
     @property
     def ok(self) -> bool:
+        """Whether the backend decoded."""
         return self.status == "ok"
 
     @property
@@ -83,11 +84,13 @@ class BackendDecode:
 
     @property
     def first_divergent_step(self) -> int | None:
+        """The first step whose token differs from the reference's, or None."""
         first_divergence = self.first_divergence
         return first_divergence.first_divergent_step if first_divergence is not None else None
 
     @property
     def margin_at_divergence(self) -> float | None:
+        """The reference's logit margin at that step, or None."""
         first_divergence = self.first_divergence
         return first_divergence.margin_at_divergence if first_divergence is not None else None
 
@@ -98,6 +101,7 @@ class BackendDecode:
 
     @property
     def flipped_prompts(self) -> int:
+        """How many prompts the backend decoded otherwise than the reference."""
         return sum(prompt.first_divergent_step is not None for prompt in self.prompts)
 
 
@@ -118,6 +122,7 @@ class DecodeResult:
     prompts: tuple[tuple[int, ...], ...] = ()  # each prompt's token ids, as fed
 
     def backend(self, name: str) -> BackendDecode:
+        """The decoding of backend `name`."""
         return next(backend for backend in self.backends if backend.backend == name)
 
     @property
@@ -240,6 +245,7 @@ class Decisions:
 
     @property
     def flipped(self) -> int:
+        """How many decisions differ from the reference's."""
         return self.decisions - self.agree
 
 

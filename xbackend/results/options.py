@@ -275,6 +275,7 @@ class CompareOptions:
         return opts.with_reference()
 
     def validate(self) -> None:
+        """Check every option and how they combine; a UsageError that says what to pass."""
         for field, fl in declared(type(self)):
             if fl.check is not None:
                 fl.check(fl.cli, getattr(self, field.name))
@@ -345,17 +346,21 @@ class CompareOptions:
 
     @property
     def tolerance_text(self) -> str:
+        """The ULP tolerance in words (`auto` where the explanation decides it)."""
         return "auto" if self.max_ulp is None else f"{self.max_ulp:g}"
 
     @property
     def loaded_names(self) -> tuple[str, ...]:
+        """The names of the backends whose captures are loaded (--load)."""
         return tuple(name for name, _ in self.loads)
 
     @property
     def reference_name(self) -> str:
+        """The reference backend: the one named, else the first backend given."""
         return self.reference or (*self.backends, *self.loaded_names)[0]
 
     def options_for(self, backend: str) -> dict[str, str]:
+        """The runner options given for `backend`."""
         return {key: value for backend_result, key, value in self.runner_options if backend_result == backend}
 
     def command(self, model_path: str) -> str:

@@ -77,6 +77,7 @@ class FailedProbe(ProbeResult):
 
     @property
     def name(self) -> str:  # type: ignore[override]
+        """The probe that failed."""
         return self.probe
 
     def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:

@@ -33,6 +33,7 @@ MEASURED_BY = {"batch-position": "batch", "thread-count": "threads"}
 
 
 def validate(promises: frozenset[str], runner: str) -> None:
+    """Refuse a runner that promises a property xbackend does not know (a UsageError naming them)."""
     unknown = sorted(promises - set(PROPERTIES))
     if unknown:
         known = ", ".join(PROPERTIES)
@@ -53,6 +54,7 @@ class PromiseCheck:
 
     @property
     def broken(self) -> bool:
+        """Whether the runs broke the promise."""
         return self.status == "broken"
 
 

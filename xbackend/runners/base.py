@@ -33,10 +33,12 @@ class Availability:
 
     @classmethod
     def ok(cls, version: str = "") -> Availability:
+        """The runner can run here (`version`: its engine's)."""
         return cls(True, "", version)
 
     @classmethod
     def missing(cls, reason: str) -> Availability:
+        """The runner cannot run here, and `reason` says why."""
         return cls(False, reason, "")
 
 
@@ -58,6 +60,8 @@ class OptionSpec:
     threads: bool = False
 
     def parse(self, runner: str, raw: str) -> Any:
+        """The option's value from its text `raw` (its kind, its choices); a UsageError naming `runner`
+        where it is not one."""
         if self.choices:
             if raw not in self.choices:
                 raise UsageError(
@@ -302,7 +306,12 @@ class Runner(abc.ABC):
         """Release the engine."""
 
     @abc.abstractmethod
-    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint: ...
+    def prepare_impl(self, model: ModelRef, tensors: tuple[str, ...]) -> BuildFingerprint:
+        """Build the engine for `model`, exposing `tensors` (its outputs, or every layer's too); the
+        build's fingerprint (what the engine decided: graph, kernels)."""
+        ...
 
     @abc.abstractmethod
-    def run_impl(self, feeds: Mapping[str, Value]) -> Mapping[str, Any]: ...
+    def run_impl(self, feeds: Mapping[str, Value]) -> Mapping[str, Any]:
+        """One run on `feeds`: every exposed tensor's value, by name."""
+        ...

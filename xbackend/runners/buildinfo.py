@@ -24,6 +24,7 @@ class BuildFingerprint:
 
     @classmethod
     def from_items(cls, backend: str, items: Sequence[tuple[str, str]]) -> BuildFingerprint:
+        """A fingerprint of (what, how) items: their digest, the items kept to say what differs."""
         digest = hashlib.sha256()
         for k, v in items:
             digest.update(f"{k}\x00{v}\x00".encode())
@@ -43,6 +44,7 @@ class OptLevelRow:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> OptLevelRow:
+        """The row as to_dict wrote it."""
         return cls(
             str(d["level"]),
             bool(d["bitwise_equal"]),

@@ -81,6 +81,7 @@ class Dump:
         return dump
 
     def close(self) -> None:
+        """Remove the dump's folder (again: nothing)."""
         if self.folder is not None:
             self.folder.cleanup()
             self.folder = None

@@ -80,6 +80,7 @@ class RoleMap:
     recomputed: tuple[str, ...] = ()
 
     def by_ggml(self) -> dict[tuple[str, str], Matched]:
+        """Each matched tensor by its ggml name and op."""
         return {(matched.ggml, matched.op): matched for matched in self.matched.values()}
 
 

@@ -79,6 +79,7 @@ class Choice:
     timings_ms: tuple[tuple[str, float | None], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        """The choice as the pin file records it."""
         return {
             "op": self.op,
             "module": self.module,

@@ -368,6 +368,7 @@ class OrtCpuRunner(Runner):
         return ["CPUExecutionProvider"]
 
     def session_options(self) -> Any:
+        """ONNX Runtime's session options from this runner's (threads, execution mode, optimization level)."""
         import onnxruntime as ort  # engine: onnxruntime
 
         so = ort.SessionOptions()

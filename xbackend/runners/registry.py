@@ -80,6 +80,7 @@ def _plugins(_installed: tuple[tuple[str, int], ...]) -> tuple[tuple[str, str], 
 
 
 def runner_names() -> list[str]:
+    """Every runner's name, built in and installed (the xbackend.runners entry points), sorted."""
     return sorted(_targets())
 
 

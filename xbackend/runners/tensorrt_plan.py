@@ -87,6 +87,7 @@ def config_calls(options: Mapping[str, Any], mode: str, version: tuple[int, int]
 
 
 def apply_calls(config: Any, trt: Any, calls: Sequence[ConfigCall]) -> None:
+    """Apply the planned builder-config calls (set a field, set a flag, clear one) to TensorRT's `config`."""
     for call in calls:
         if call.op == "set":
             if call.name == "profiling_verbosity":
@@ -198,6 +199,7 @@ def parse_timing_key(text: str) -> bytes:
 
 
 def format_timing_key(data: bytes) -> str:
+    """A timing-cache key (16 bytes) as TensorRT prints it: 0x and its hex."""
     if len(data) != 16:
         raise ValueError(f"a timing-cache key has 16 bytes, not {len(data)}")
     return "0x" + data.hex()

@@ -47,6 +47,7 @@ def _attr(path: str) -> tuple[Any, str]:
 
 
 def apply_switches(switches: Sequence[tuple[str, bool]]) -> None:
+    """Set each torch switch (a dotted path such as backends.cudnn.benchmark) to its value."""
     for path, value in switches:
         obj, attr = _attr(path)
         setattr(obj, attr, value)

@@ -61,6 +61,7 @@ class LocalExecutor:
     def run(
         self, jobs: Sequence[JobSpec], jobs_dir: Path, progress: FleetProgress, timeout: float, retries: int
     ) -> list[FleetJob]:
+        """Run the jobs here, one after another; how each ended."""
         host = {"hostname": socket.gethostname()}
         out = []
         for job in jobs:
@@ -336,6 +337,8 @@ class RayExecutor:
     def run(
         self, jobs: Sequence[JobSpec], jobs_dir: Path, progress: FleetProgress, timeout: float, retries: int
     ) -> list[FleetJob]:
+        """Run the jobs on a Ray cluster (one started here where none runs, stopped after), each where its
+        requirements place it; how each ended."""
         ray = _import_ray()
         started_here = False
         if not ray.is_initialized():

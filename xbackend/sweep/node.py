@@ -48,6 +48,7 @@ RECORD_FORMAT = "xbackend.sweep-job/2"  # 2: the findings as records beside the 
 
 
 def job_to_json(job: JobSpec) -> dict[str, Any]:
+    """The job as JSON data, for the node that runs it."""
     return {
         "model": job.model,
         "model_path": job.model_path,
@@ -59,6 +60,7 @@ def job_to_json(job: JobSpec) -> dict[str, Any]:
 
 
 def job_from_json(d: Mapping[str, Any]) -> JobSpec:
+    """The job as job_to_json wrote it."""
     requires = d["requires"]
     req = Requirements(
         float(requires["num_cpus"]),

@@ -48,14 +48,28 @@ def environment_sha256(env: Mapping[str, str]) -> str:
 class FleetProgress(Protocol):
     """What a sweep tells its progress display: the jobs to run, each one started and finished."""
 
-    def start(self, total: int, resumed: int) -> None: ...
-    def started(self, job: str, node: str) -> None: ...
-    def finished(self, job: str, node: str, status: str) -> None: ...
-    def describe(self, text: str) -> None: ...
-    def stop(self) -> None: ...
+    def start(self, total: int, resumed: int) -> None:
+        """The sweep has `total` jobs, `resumed` of them done by an earlier run of it."""
+        ...
+
+    def started(self, job: str, node: str) -> None:
+        """`job` started on `node` (a host, or `local`)."""
+        ...
+
+    def finished(self, job: str, node: str, status: str) -> None:
+        """`job` ended on `node` with `status` (`ok`, or how it failed)."""
+        ...
+
+    def describe(self, text: str) -> None:
+        """`text` is what the sweep is doing now (placing jobs, writing the fleet report)."""
+        ...
+
+    def stop(self) -> None:
+        """The sweep is over: the bar is taken down."""
+        ...
 
 
-class NullFleetProgress:
+class NullFleetProgress(FleetProgress):
     """A sweep's progress shown nowhere."""
 
     def start(self, total: int, resumed: int) -> None:
@@ -119,7 +133,11 @@ class SweepExecutor(Protocol):
 
     def run(
         self, jobs: Sequence[JobSpec], jobs_dir: Path, progress: FleetProgress, timeout: float, retries: int
-    ) -> list[FleetJob]: ...
+    ) -> list[FleetJob]:
+        """Run `jobs` (each in its folder under `jobs_dir`, within `timeout` seconds, run again up to
+        `retries` times where its process, Ray worker or node died), telling `progress`; how each
+        ended."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,14 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from xbackend.sweep.outcomes import FleetProgress
+
 __all__ = ["Counts", "LineProgress", "RichFleetProgress"]
 
 
 class Counts:
+    """The sweep's tally: jobs in all, done (resumed ones included), failed, running per node."""
+
     def __init__(self) -> None:
         self.total = 0
         self.done = 0
@@ -21,24 +25,28 @@ class Counts:
         self.running: dict[str, str] = {}  # job -> node
 
     def start(self, total: int, resumed: int) -> None:
+        """`total` jobs, `resumed` of them already done."""
         self.total, self.resumed, self.done = total, resumed, resumed
 
     def started(self, job: str, node: str) -> None:
+        """`job` is running on `node`."""
         self.running[job] = node
 
     def finished(self, job: str, status: str) -> None:
+        """`job` is done; a failure where `status` is not `ok`."""
         self.running.pop(job, None)
         self.done += 1
         self.failed += status != "ok"
 
     def text(self) -> str:
+        """The tally in words: failures, resumed jobs, and how many run on each node."""
         per_node = Counter(self.running.values())
         running = ", ".join(f"{key}: {value}" for key, value in sorted(per_node.items())) or "none"
         resumed = f", {self.resumed} resumed" if self.resumed else ""
         return f"{self.failed} failed{resumed}; running on {running}"
 
 
-class RichFleetProgress:
+class RichFleetProgress(FleetProgress):
     """A bar over the sweep's jobs, with failures and the jobs running on each node."""
 
     def __init__(self) -> None:
@@ -78,7 +86,7 @@ class RichFleetProgress:
         self._progress.stop()
 
 
-class LineProgress:
+class LineProgress(FleetProgress):
     """A line per finished job, for logs (stderr is not a terminal)."""
 
     def __init__(self, stream: Any = None) -> None:

@@ -247,6 +247,7 @@ def fleet_verdict(fleet_result: FleetResult) -> list[str]:
 
 
 def to_dict(fleet_result: FleetResult) -> dict[str, Any]:
+    """The fleet's result as the fleet JSON's dictionary: the sweep, each job, the fleet's verdict."""
     out = fleet_result.spec.output
     return {
         "schema": FLEET_SCHEMA,

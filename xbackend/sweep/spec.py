@@ -95,6 +95,7 @@ class Requirements:
     labels: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> str:
+        """The requirements in words (CPUs, GPUs, accelerator, resources, labels)."""
         parts = [f"{self.num_cpus:g} CPU"]
         if self.num_gpus:
             parts.append(f"{self.num_gpus:g} GPU")
@@ -105,6 +106,7 @@ class Requirements:
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
+        """The requirements as JSON data."""
         return {
             "num_cpus": self.num_cpus,
             "num_gpus": self.num_gpus,
@@ -145,6 +147,7 @@ class JobSpec:
 
     @property
     def id(self) -> str:
+        """The job's name: model/backend."""
         return f"{self.model}/{self.backend}"
 
     @property
@@ -165,6 +168,7 @@ class JobSpec:
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
     def options(self) -> CompareOptions:
+        """The job's comparison options."""
         return CompareOptions.create(**self.compare)
 
 
@@ -179,6 +183,7 @@ class SweepSpec:
     retries: int
 
     def backend(self, name: str) -> BackendEntry:
+        """The sweep's backend entry `name`."""
         return next(backend for backend in self.backends if backend.name == name)
 
     def jobs(self, model_sha256: Mapping[str, str]) -> list[JobSpec]:
