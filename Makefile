@@ -51,11 +51,13 @@ test: $(STAMP)
 test-scale: $(STAMP)
 	$(BIN)/python -m pytest -q -m scale
 
-# names.py --max: the share of one-letter bindings stays under 10% (docs/contributing.md)
+# names.py --max: the share of one-letter bindings stays under 10%; docstrings.py --max 1: every public
+# function says what it takes and returns (docs/contributing.md)
 lint: $(STAMP)
 	$(BIN)/ruff check xbackend tests models benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/python scripts/names.py --max 10 --top 0
+	$(BIN)/python scripts/docstrings.py --max 1 --top 0
 
 models: $(STAMP)
 	$(BIN)/python models/build.py
