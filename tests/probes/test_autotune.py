@@ -22,6 +22,7 @@ from xbackend.model.inputs import generate_feeds
 from xbackend.model.load import load_model
 from xbackend.probes.builds import BuildVariance
 from xbackend.report.jsonreport import to_json
+from xbackend.report.markup import render_section
 from xbackend.runners.inductor_pin import choice_names, code_digest, module_path
 from xbackend.runners.registry import get_runner
 
@@ -262,7 +263,7 @@ def test_autotune_probe_tables_off_on_and_pinned(recorded: tuple) -> None:
     on = rows["on"]
     assert all(op.startswith("packed_linear(") for op, _ in on.moved)
     assert (on.distinct_outputs > 1) == ((on.scaled_ulp or 0) > 0)
-    md = "\n".join(r.probe("autotune").markdown())
+    md = "\n".join(render_section(r.probe("autotune").section()))
     assert (
         "### Autotune variance" in md
         and "| torch-compile-autotune | pinned (torch-compile-autotune) | 2 | 1 | 1 | 0 | 0 |" in md

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from xbackend.files.textfmt import inert, only_our_html, strong, table, with_module
+from xbackend.files.textfmt import inert, with_module
+from xbackend.report.markup import only_our_html, strong, table
 
 __all__ = ["certificate_markdown"]
 

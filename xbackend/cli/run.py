@@ -193,7 +193,7 @@ def _cost_lines(result: Result) -> list[str]:
             else:
                 ratio = f", {row.ratio:.2f}x" if row.ratio is not None and row.mode != "default" else ""
                 cost = f"{row.latency.words()}{ratio}"
-            promises = row.promise_words().replace("**", "")
+            promises = row.promise_words()
             out.append(f"    {row.mode}: {cost}; promises {promises}")
     return out
 

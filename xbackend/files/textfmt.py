@@ -1,33 +1,28 @@
-"""Markdown building blocks shared by the report and the probes' own sections."""
+"""Text made inert: names from models, captures and labels shown as they are, building nothing
+(Markdown escaping, code spans, controls written out), and numbers and sizes as xbackend writes
+them. The report's Markdown structure (tables, bold, folds) is xbackend.report.markup's."""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 
 from xbackend.numerics.values import value_name
 
 __all__ = [
     "CONTROL",
     "HIDDEN",
-    "Ours",
-    "cell",
+    "cell_text",
     "code_span",
-    "fenced",
-    "fold",
     "gib",
     "inert",
     "module_note",
     "num",
-    "only_our_html",
     "prose",
     "short",
-    "strong",
-    "table",
     "visible",
     "with_module",
-    "yes",
 ]
 
 
@@ -74,17 +69,6 @@ def visible(text: str) -> str:
     """`text` with every C1 or bidirectional control written out (\u009b): on a terminal and in a
     report it neither controls nor reorders anything."""
     return HIDDEN.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-
-
-def fenced(text: str, info: str = "", lines: bool = False) -> list[str]:
-    """`text` as a fenced code block that nothing inside can close or escape: each control written
-    out, the fence longer than any run of backticks in it. Its line breaks are written out too,
-    unless `lines` (code of the report's own, to be copied and run as printed: its lines kept)."""
-    parts = text.split("\n") if lines else [text]
-    body = [visible(CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", part)) for part in parts]
-    longest = max((len(run) for block in body for run in re.findall("`+", block)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return [f"{fence}{info}", *body, fence]
 
 
 def code_span(text: str) -> str:
@@ -179,33 +163,6 @@ def _no_ticks(text: str) -> str:
     return "&#96;".join(_unlinked(_escaped(part)) for part in text.split("`"))
 
 
-class Ours(str):
-    """Markdown the report writes itself into a table cell (a link to its own file, its bold,
-    built from inert names): cell() leaves it as it is, but for pipes."""
-
-
-def strong(head: str, rest: object = "") -> Ours:
-    """A cell that opens with the report's own bold: `head` (a status, a name) in bold, then
-    `rest` (a reason quoting names), each made inert."""
-    return Ours(f"**{inert(head)}**{prose(rest)}" if rest != "" else f"**{inert(head)}**")
-
-
-def cell(text: object) -> str:
-    """One table cell: a pipe or a line break would end it, raw HTML would render, a URL, an
-    e-mail address or [text](target) would become a link, an asterisk emphasis. A code span
-    stays whole. The report's own markup in a cell (its bold) comes as Ours, built from inert
-    names: only its pipes are escaped."""
-    if isinstance(text, Ours):
-        return str(text).replace("|", "\\|")
-    return _between_spans(visible(CONTROL.sub(" ", str(text))), _cell_text).replace("|", "\\|")
-
-
-def _cell_text(text: str) -> str:
-    """A cell's names made inert: every bracket, tilde, asterisk and underscore at a word's edge
-    escaped, a backtick its entity, an e-mail address a code span."""
-    return _prose_text(text)
-
-
 _PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 _ENTITIES = ("&amp;", "&lt;")
 _ALNUM = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
@@ -249,45 +206,9 @@ def _escaped(text: str) -> str:
     return "".join(out)
 
 
-_OURS = re.compile(r"<(?!/?(?:details|summary)>)")
-_TARGET = re.compile(r"\]\(([^)\n]*)(\)?)")
-_LOCAL = re.compile(r"(?!/)(?!.*\.\.)[\w.@+/-]+|#[a-z-]+")  # a file the report wrote beside itself
-
-
-def only_our_html(markdown: str) -> str:
-    """Whatever a name held, the only HTML in a report is the <details>/<summary> it writes
-    itself, and its only links and images point at files beside it: every other `<` and `](`
-    is made inert."""
-
-    def link(m: re.Match[str]) -> str:
-        target, closed = m.group(1), m.group(2)
-        before = m.string[: m.start()]
-        escaped = (len(before) - len(before.rstrip("\\"))) % 2 == 1  # an odd run of backslashes
-        if escaped or (closed and _LOCAL.fullmatch(target)):
-            return m.group(0)
-        return "\\](" + target + closed
-
-    return _TARGET.sub(link, _OURS.sub("&lt;", markdown))
-
-
-def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
-    """A Markdown table: the header, its rule, each row's cells made inert, a blank line after."""
-    out = [
-        "| " + " | ".join(cell(heading) for heading in header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-    ]
-    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-    return [*out, ""]
-
-
 def gib(size: int) -> str:
     """Bytes as GiB (MiB below one GiB), three significant digits."""
     return f"{size / 2**30:.3g} GiB" if size >= 2**30 else f"{size / 2**20:.3g} MiB"
-
-
-def yes(flag: bool | None) -> str:
-    """A yes/no cell: yes, a bold no, or a dash where nothing was measured."""
-    return "–" if flag is None else ("yes" if flag else strong("no"))
 
 
 def module_note(tensor: str | None, modules: Mapping[str, str]) -> str:
@@ -295,6 +216,8 @@ def module_note(tensor: str | None, modules: Mapping[str, str]) -> str:
     return with_module(tensor, modules) if tensor else "–"
 
 
-def fold(title: str, summary: str, body: list[str]) -> list[str]:
-    """A section whose body is folded: the heading stays visible for navigation."""
-    return [f"## {title}", "", f"<details><summary>{summary}</summary>", "", *body, "</details>", ""]
+def cell_text(text: object) -> str:
+    """A table cell's text made inert: a pipe or a line break would end the cell, raw HTML would
+    render, a URL, an e-mail address or [text](target) would become a link, an asterisk
+    emphasis; a code span stays whole."""
+    return _between_spans(visible(CONTROL.sub(" ", str(text))), _prose_text).replace("|", "\\|")

@@ -15,13 +15,14 @@ from typing import Any, Literal
 
 from xbackend.execution.executor import Job, JobOutcome, standard_phases
 from xbackend.files.run_values import CaptureFile, diff_captures
-from xbackend.files.textfmt import num, strong, table
+from xbackend.files.textfmt import num
 from xbackend.model.load import ModelSpec
 from xbackend.planning.context import PlannedBackend
 from xbackend.probes.base import BackendRuns, Probe
 from xbackend.probes.builds import BuildVariance
 from xbackend.results.findings import Finding, Kind, Label, scaled_ulp_figure
 from xbackend.results.probe import ProbeResult
+from xbackend.results.sections import Block, Cell, Paragraph, Section, Strong, Table
 from xbackend.runners.registry import get_runner
 
 __all__ = ["AutotuneProbe", "AutotuneResult", "AutotuneRow", "variant_row"]
@@ -72,15 +73,15 @@ class AutotuneResult(ProbeResult):
                 )
         return out
 
-    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
+    def section(self, modules: Mapping[str, str] | None = None) -> Section | None:
         if not self.rows:
-            return []
-        rows = [
+            return None
+        rows: list[list[Cell]] = [
             [
                 row.backend,
                 f"{row.variant} ({row.runner})",
                 row.builds,
-                row.distinct_outputs if row.status == "ok" else strong("failed", f": {row.reason}"),
+                row.distinct_outputs if row.status == "ok" else Strong("failed", f": {row.reason}"),
                 row.distinct_fingerprints if row.status == "ok" else "–",
                 len(row.moved) if row.status == "ok" else "–",
                 num(row.scaled_ulp),
@@ -89,25 +90,26 @@ class AutotuneResult(ProbeResult):
         ]
         header = ["backend", "autotune", "builds", "distinct outputs", "distinct engines", "ops moved",
                   "max scaled ULP between builds"]  # fmt: skip
-        out = [
-            "### Autotune variance",
-            "",
-            "Fresh builds with autotuning off, on, and on with a pin file (recorded by the first build, "
-            "replayed by the others).",
-            "",
-            *table(header, rows),
+        blocks: list[Block] = [
+            Paragraph.of(
+                "Fresh builds with autotuning off, on, and on with a pin file (recorded by the first build, "
+                "replayed by the others)."
+            ),
+            Table.of(header, rows),
         ]
-        for r in self.rows:
-            if r.moved:
-                out += [
-                    f"Tuned ops whose kernel changed between builds of {r.backend} (autotune {r.variant}):",
-                    "",
-                    *table(
-                        ["op (module)", *[f"build {i}" for i in range(r.builds)]],
-                        [[k, *v] for k, v in r.moved],
+        for row in self.rows:
+            if row.moved:
+                blocks += [
+                    Paragraph.of(
+                        f"Tuned ops whose kernel changed between builds of {row.backend} "
+                        f"(autotune {row.variant}):"
+                    ),
+                    Table.of(
+                        ["op (module)", *[f"build {i}" for i in range(row.builds)]],
+                        [[op, *choices] for op, choices in row.moved],
                     ),
                 ]
-        return out
+        return Section("Autotune variance", tuple(blocks))
 
     def build_times(self) -> list[tuple[str, tuple[float, ...]]]:
         return [(f"{row.backend} (autotune {row.variant})", row.build_s) for row in self.rows]

@@ -20,7 +20,7 @@ from xbackend.execution.executor import Job, standard_phases
 from xbackend.execution.protocol import Phase, PhaseResult
 from xbackend.files.codec import OMIT_DEFAULT
 from xbackend.files.run_values import CaptureFile
-from xbackend.files.textfmt import num, strong, table, with_module, yes
+from xbackend.files.textfmt import num
 from xbackend.model.inputs import Feeds, generate_feeds
 from xbackend.model.load import ModelSpec
 from xbackend.numerics.metrics import TensorDiff, summarize
@@ -29,6 +29,17 @@ from xbackend.probes.base import BackendRuns, Probe
 from xbackend.probes.batchaxis import Layout, batch_layouts, computed_by, sample
 from xbackend.results.findings import Finding, Kind, Label, scaled_ulp_figure
 from xbackend.results.probe import ProbeResult, PromiseEvidence
+from xbackend.results.sections import (
+    Block,
+    Bullets,
+    Cell,
+    Paragraph,
+    Section,
+    Strong,
+    Table,
+    TensorName,
+    yes_no,
+)
 
 __all__ = ["BatchProbe", "BatchResult", "BatchResults", "batch_inputs", "batch_positions"]
 
@@ -108,16 +119,16 @@ class BatchResults(ProbeResult):
                 )
         return out
 
-    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
+    def section(self, modules: Mapping[str, str] | None = None) -> Section | None:
         if not self.rows and not self.notes:
-            return []
-        rows = [
+            return None
+        rows: list[list[Cell]] = [
             [
                 row.backend,
                 row.batch,
                 ",".join(map(str, row.positions)) or "–",
                 row.compared,
-                yes(row.invariant) if row.status == "ok" else strong(row.status, f": {row.reason}"),
+                yes_no(row.invariant) if row.status == "ok" else Strong(row.status, f": {row.reason}"),
                 num(row.max_ulp),
                 num(row.scaled_ulp),
                 row.where() if row.first_divergence else "–",
@@ -134,40 +145,37 @@ class BatchResults(ProbeResult):
             "scaled ULP",
             "first divergence",
         ]
-        out = [
-            "### Batch invariance",
-            "",
-            "The first sample alone vs the same sample inside a batch (other rows random, seeded), at "
-            "several positions. Only tensors that carry the sample are compared; a tensor whose "
-            "batch was merged into rows (`[B*T, C]`) is compared on the sample's rows.",
-            "",
-            *table(header, rows),
-            *[f"- {note}" for note in self.notes],
-            *([""] if self.notes else []),
+        blocks: list[Block] = [
+            Paragraph.of(
+                "The first sample alone vs the same sample inside a batch (other rows random, seeded), at "
+                "several positions. Only tensors that carry the sample are compared; a tensor whose "
+                "batch was merged into rows (`[B*T, C]`) is compared on the sample's rows."
+            ),
+            Table.of(header, rows),
+            Bullets(tuple(self.notes)),
         ]
         left_out = next((row.left_out for row in self.rows if row.left_out), ())
         by_reason: dict[str, list[str]] = {}
-        for t, why in left_out:
-            by_reason.setdefault(why, []).append(t)
+        for tensor, why in left_out:
+            by_reason.setdefault(why, []).append(tensor)
         for why, names in by_reason.items():
             shown = ", ".join(names[:LISTED]) + (
                 f" and {len(names) - LISTED} more" if len(names) > LISTED else ""
             )
-            out += [f"Left out, {why}: {shown}.", ""]
-        for b in self.rows:
-            if b.invariant is False:
-                out += [
-                    f"Error by depth for {b.backend} (topological index):",
-                    "",
-                    *table(
+            blocks.append(Paragraph.of(f"Left out, {why}: {shown}."))
+        for row in self.rows:
+            if row.invariant is False:
+                blocks += [
+                    Paragraph.of(f"Error by depth for {row.backend} (topological index):"),
+                    Table.of(
                         ["depth", "tensor", "max ULP", "scaled ULP"],
                         [
-                            [depth, with_module(tensor, modules or {}), num(ulp), num(stats)]
-                            for tensor, depth, ulp, stats in b.by_depth[:400]
+                            [depth, TensorName(tensor), num(ulp), num(stats)]
+                            for tensor, depth, ulp, stats in row.by_depth[:400]
                         ],
                     ),
                 ]
-        return out
+        return Section("Batch invariance", tuple(blocks))
 
     def to_json(self) -> Any:
         return [

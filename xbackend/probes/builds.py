@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xbackend.files.textfmt import table, with_module, yes
 from xbackend.probes.base import BackendRuns, Probe
 from xbackend.results.findings import Finding, Label
 from xbackend.results.probe import ProbeResult
+from xbackend.results.sections import Block, Cell, Paragraph, Section, Table, TensorName, yes_no
 from xbackend.runners.base import BuildFingerprint
 
 __all__ = ["BuildVariance", "BuildsProbe", "BuildsResult"]
@@ -71,37 +71,35 @@ class BuildsResult(ProbeResult):
             if backend.builds_vary
         ]
 
-    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
+    def section(self, modules: Mapping[str, str] | None = None) -> Section | None:
         if not self.backends:
-            return []
-        rows = [
+            return None
+        rows: list[list[Cell]] = [
             [
                 backend.backend,
                 backend.builds,
                 backend.distinct_fingerprints,
-                yes(not backend.builds_vary),
-                yes(not backend.outputs_differ),
+                yes_no(not backend.builds_vary),
+                yes_no(not backend.outputs_differ),
             ]
             for backend in self.backends
         ]
-        out = [
-            "### Build variance",
-            "",
-            "Each build is a fresh process; its fingerprint is what the engine decided (graph, kernels).",
-            "",
-            *table(["backend", "builds", "distinct engines", "same engine", "same outputs"], rows),
+        blocks: list[Block] = [
+            Paragraph.of(
+                "Each build is a fresh process; its fingerprint is what the engine decided (graph, kernels)."
+            ),
+            Table.of(["backend", "builds", "distinct engines", "same engine", "same outputs"], rows),
         ]
-        for backend_result in self.backends:
-            if backend_result.varying_layers:
-                out += [
-                    f"Layers whose implementation differs between builds of {backend_result.backend}:",
-                    "",
-                    *table(
-                        ["layer", *[f"build {i}" for i in range(backend_result.builds)]],
-                        [[with_module(k, modules or {}), *v] for k, v in backend_result.varying_layers[:200]],
+        for backend in self.backends:
+            if backend.varying_layers:
+                blocks += [
+                    Paragraph.of(f"Layers whose implementation differs between builds of {backend.backend}:"),
+                    Table.of(
+                        ["layer", *[f"build {i}" for i in range(backend.builds)]],
+                        [[TensorName(layer), *choices] for layer, choices in backend.varying_layers[:200]],
                     ),
                 ]
-        return out
+        return Section("Build variance", tuple(blocks))
 
     def to_json(self) -> Any:
         return [

@@ -7,11 +7,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from xbackend.execution.executor import Job
-from xbackend.files.textfmt import num, strong, table, yes
+from xbackend.files.textfmt import num
 from xbackend.planning.context import PlannedBackend
 from xbackend.probes.base import BackendRuns, Probe
 from xbackend.results.findings import Finding, Kind, Label, scaled_ulp_figure
 from xbackend.results.probe import ProbeResult
+from xbackend.results.sections import Cell, Paragraph, Section, Strong, Table, yes_no
 from xbackend.runners.base import Runner
 from xbackend.runners.buildinfo import OptLevelRow
 
@@ -58,14 +59,14 @@ class OptLevelsResult(ProbeResult):
         ]
         return out
 
-    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
+    def section(self, modules: Mapping[str, str] | None = None) -> Section | None:
         if not self.rows and not self.failures:
-            return []
-        rows = [
+            return None
+        rows: list[list[Cell]] = [
             [
                 row.backend,
                 row.level,
-                yes(row.bitwise_equal),
+                yes_no(row.bitwise_equal),
                 num(row.max_ulp),
                 num(row.scaled_ulp),
                 ", ".join(row.changed_by) or ("–" if row.bitwise_equal else "a combination"),
@@ -73,7 +74,9 @@ class OptLevelsResult(ProbeResult):
             ]
             for row in self.rows
         ]
-        rows += [[b, "–", strong("failed", f": {why}"), "–", "–", "–", "–"] for b, why in self.failures]
+        rows += [
+            [backend, "–", Strong("failed", f": {why}"), "–", "–", "–", "–"] for backend, why in self.failures
+        ]
         header = [
             "backend",
             "level",
@@ -83,14 +86,16 @@ class OptLevelsResult(ProbeResult):
             "changed by",
             "optimizers that rewrote the graph",
         ]
-        return [
-            "### Graph optimization levels",
-            "",
-            "Graph outputs of the plain model at each level against no "
-            "optimization; 'changed by' is the optimizer whose removal alone restores the bits.",
-            "",
-            *table(header, rows),
-        ]
+        return Section(
+            "Graph optimization levels",
+            (
+                Paragraph.of(
+                    "Graph outputs of the plain model at each level against no "
+                    "optimization; 'changed by' is the optimizer whose removal alone restores the bits."
+                ),
+                Table.of(header, rows),
+            ),
+        )
 
     def to_json(self) -> Any:
         rows: list[dict[str, Any]] = [

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from xbackend.execution.executor import Job, separate_layers, standard_phases
-from xbackend.files.textfmt import num, strong, table, with_module, yes
+from xbackend.files.textfmt import num, with_module
 from xbackend.planning.context import PlannedBackend
 from xbackend.probes.base import BackendRuns, Probe
 from xbackend.results.findings import Finding, Kind, Label, scaled_ulp_figure
 from xbackend.results.probe import ProbeResult
+from xbackend.results.sections import Cell, Paragraph, Section, Strong, Table, TensorName, yes_no
 
 __all__ = ["Tf32Probe", "Tf32Result", "Tf32Row", "on_gpu_with_tf32"]
 
@@ -68,28 +69,30 @@ class Tf32Result(ProbeResult):
                 )
         return out
 
-    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
+    def section(self, modules: Mapping[str, str] | None = None) -> Section | None:
         if not self.rows:
-            return []
-        rows = [
+            return None
+        rows: list[list[Cell]] = [
             [
                 row.backend,
                 "on" if row.tf32 else "off",
-                yes(row.same_bits) if row.status == "ok" else strong("failed", f": {row.reason}"),
+                yes_no(row.same_bits) if row.status == "ok" else Strong("failed", f": {row.reason}"),
                 num(row.max_ulp),
                 num(row.scaled_ulp),
-                with_module(row.first_divergence, modules or {}) if row.first_divergence else "–",
+                TensorName(row.first_divergence) if row.first_divergence else "–",
             ]
             for row in self.rows
         ]
-        return [
-            "### TF32",
-            "",
-            "Each GPU backend with TF32 flipped (the main builds run it off unless `tf32=true`) against "
-            "its main build.",
-            "",
-            *table(["backend", "TF32", "same bits", "max ULP", "scaled ULP", "first divergence"], rows),
-        ]
+        return Section(
+            "TF32",
+            (
+                Paragraph.of(
+                    "Each GPU backend with TF32 flipped (the main builds run it off unless `tf32=true`) "
+                    "against its main build."
+                ),
+                Table.of(["backend", "TF32", "same bits", "max ULP", "scaled ULP", "first divergence"], rows),
+            ),
+        )
 
     def to_json(self) -> Any:
         return [

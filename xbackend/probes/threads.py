@@ -9,12 +9,13 @@ from typing import Any, Literal
 
 from xbackend.execution.executor import Job, JobOutcome, separate_layers, standard_phases
 from xbackend.execution.protocol import LAYERS, Phase, PhaseResult
-from xbackend.files.textfmt import num, strong, table, with_module, yes
+from xbackend.files.textfmt import num, with_module
 from xbackend.numerics.metrics import summarize
 from xbackend.planning.context import PlannedBackend
 from xbackend.probes.base import BackendRuns, Probe
 from xbackend.results.findings import Finding, Kind, Label, scaled_ulp_figure
 from xbackend.results.probe import ProbeResult, PromiseEvidence
+from xbackend.results.sections import Cell, Paragraph, Section, Strong, Table, TensorName, yes_no
 
 __all__ = ["ThreadResult", "ThreadsProbe", "ThreadsResult"]
 
@@ -89,29 +90,31 @@ class ThreadsResult(ProbeResult):
             if row.status == "ok" and row.invariant is False and not row.moved_outputs()
         ]
 
-    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
+    def section(self, modules: Mapping[str, str] | None = None) -> Section | None:
         if not self.rows:
-            return []
-        rows = [
+            return None
+        rows: list[list[Cell]] = [
             [
                 row.backend,
                 row.threads,
-                yes(row.invariant) if row.status == "ok" else strong(row.status, f": {row.reason}"),
+                yes_no(row.invariant) if row.status == "ok" else Strong(row.status, f": {row.reason}"),
                 num(row.max_ulp),
                 num(row.scaled_ulp),
-                with_module(row.first_divergence, modules or {}) if row.first_divergence else "–",
+                TensorName(row.first_divergence) if row.first_divergence else "–",
             ]
             for row in self.rows
         ]
         header = ["backend", "threads", "same bits as 1 thread", "max ULP", "scaled ULP", "first divergence"]
-        return [
-            "### Thread invariance",
-            "",
-            "Each backend at other thread counts against itself at 1 thread: graph outputs of plain "
-            "builds; where they differ, per-layer builds name the first divergent layer.",
-            "",
-            *table(header, rows),
-        ]
+        return Section(
+            "Thread invariance",
+            (
+                Paragraph.of(
+                    "Each backend at other thread counts against itself at 1 thread: graph outputs of plain "
+                    "builds; where they differ, per-layer builds name the first divergent layer."
+                ),
+                Table.of(header, rows),
+            ),
+        )
 
     def to_json(self) -> Any:
         return [

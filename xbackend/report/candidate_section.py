@@ -8,8 +8,9 @@ import math
 from typing import Any
 
 from xbackend.files.codec import encode
-from xbackend.files.textfmt import cell, code_span, fenced, table
+from xbackend.files.textfmt import code_span
 from xbackend.report.decode_section import decode_json
+from xbackend.report.markup import cell, fenced, render_section, table
 from xbackend.results import Result
 from xbackend.results.candidates import CandidateResult, TensorMatch
 from xbackend.results.decode import near_tie
@@ -138,7 +139,7 @@ def _one(candidate: CandidateResult, k: int, times: bool = False) -> list[str]:
                 "",
             ]
     for probe in candidate.probes:  # its own section, its headings below the candidate's
-        body = [("#" + line) if line.startswith("#") else line for line in probe.markdown()]
+        body = [("#" + line) if line.startswith("#") else line for line in render_section(probe.section())]
         if body:
             out += [f"The candidate's {probe.name} probe:", "", *body, ""]
     if candidate.advice is not None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from xbackend.files.codec import encode
-from xbackend.files.textfmt import Ours, inert, table
+from xbackend.files.textfmt import inert
+from xbackend.report.markup import Ours, table
 from xbackend.results import Result
 from xbackend.results.decode import BackendDecode, DecodeResult
 

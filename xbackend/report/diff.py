@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from xbackend.files.textfmt import inert, num, only_our_html, strong, table, with_module
+from xbackend.files.textfmt import inert, num, with_module
+from xbackend.report.markup import only_our_html, strong, table
 from xbackend.results import BackendResult, Result
 
 __all__ = ["ReportDiff", "diff_results"]

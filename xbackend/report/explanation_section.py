@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from xbackend.files.textfmt import num, prose, strong, table, with_module
+from xbackend.files.textfmt import num, prose, with_module
+from xbackend.report.markup import strong, table
 from xbackend.results import Result
 from xbackend.results.explanation import LocalErrors, ReorderCheck, conditioning_limit, share
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from xbackend.files.textfmt import inert, strong, with_module
+from xbackend.files.textfmt import inert, with_module
 from xbackend.files.textfmt import num as _num
-from xbackend.files.textfmt import table as _table
-from xbackend.files.textfmt import yes as _yes
 from xbackend.numerics.metrics import TensorDiff
 from xbackend.numerics.values import value_name
+from xbackend.report.markup import strong
+from xbackend.report.markup import table as _table
+from xbackend.report.markup import yes as _yes
 from xbackend.results import CrossBackendResult, Result
 from xbackend.results.explanation import times_floor
 

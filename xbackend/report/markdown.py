@@ -10,10 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import PurePath
 
-from xbackend.files.textfmt import fenced, fold, gib, inert, module_note, only_our_html, prose, strong
+from xbackend.files.textfmt import gib, inert, module_note, prose
 from xbackend.files.textfmt import num as _num
-from xbackend.files.textfmt import table as _table
-from xbackend.files.textfmt import yes as _yes
 from xbackend.report.answer import GLOSSARY, TERMS, answers, instrumentation, ranked
 from xbackend.report.candidate_section import candidate_section
 from xbackend.report.decode_section import decisions_section, decode_section
@@ -26,6 +24,9 @@ from xbackend.report.layers import (
     oracle_section,
     past_header,
 )
+from xbackend.report.markup import fenced, fold, only_our_html, strong
+from xbackend.report.markup import table as _table
+from xbackend.report.markup import yes as _yes
 from xbackend.report.sections import (
     baseline_section,
     cost_section,

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from xbackend.files.textfmt import fold, gib, inert, module_note, strong
+from xbackend.files.textfmt import gib, inert, module_note
 from xbackend.files.textfmt import num as _num
-from xbackend.files.textfmt import table as _table
 from xbackend.probes.registry import PROBES
 from xbackend.report.layers import FULL_TABLE_LIMIT, WORST_LAYERS, diff_header, diff_row
+from xbackend.report.markup import Ours, fold, render_section, strong
+from xbackend.report.markup import table as _table
 from xbackend.report.text import METRIC_DEFINITIONS
-from xbackend.results import BackendResult, Result
+from xbackend.results import BackendResult, ModeRow, Result
 
 __all__ = [
     "LATENCY_HIDDEN",
@@ -133,7 +134,7 @@ def observer_section(result: Result) -> list[str]:
 def probes_section(result: Result) -> list[str]:
     """Each probe's own section, in the order they ran, and the probes not run."""
     modules = result.model.modules()
-    body = [line for probe in result.probes for line in probe.markdown(modules)]
+    body = [line for probe in result.probes for line in render_section(probe.section(modules), modules)]
     if not body and not result.probes_ran:
         return []
     ran = ", ".join(result.probes_ran) or "none"
@@ -261,7 +262,7 @@ def cost_section(result: Result) -> list[str]:
             lat = row.latency.words() if times and row.latency else ("–" if times else "not shown")
             ratio = f"{row.ratio:.2f}x" if times and row.ratio is not None else "–"
             mode = row.mode if row.status == "ok" else f"{row.mode} (**{row.status}**)"
-            rows.append([fam.runner, f"{mode} ({row.backend})", row.promise_words(), distinct, lat, ratio])
+            rows.append([fam.runner, f"{mode} ({row.backend})", _promises(row), distinct, lat, ratio])
     how = (
         "One inference's wall time over the runs whose bits were compared (the model users ship; "
         "each build's first run left out as warm-up), as a ratio of the default mode's median."
@@ -344,3 +345,14 @@ def _compared(result: Result) -> str:
         f"{what} (--tensors), {len(result.model.exposed)} of {len(result.model.all_tensors())} tensors, "
         "graph outputs among them"
     )
+
+
+def _promises(row: ModeRow) -> str:
+    """A mode's promises as a table cell: each with its state, a broken one in the report's bold."""
+    if not row.promised:
+        return "none"
+    said = [
+        f"**{inert(name)} {state}**" if state == "BROKEN" else f"{inert(name)} {state}"
+        for name, state in row.promise_states()
+    ]
+    return Ours(", ".join(said))

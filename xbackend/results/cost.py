@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from xbackend.files.textfmt import Ours, inert
 from xbackend.results.backend import BackendResult, BackendStatus, Latency
 from xbackend.results.promises import PromiseCheck
 
@@ -40,13 +39,17 @@ class ModeRow:
         """Every promise the mode declares: held, broken, then unchecked."""
         return (*self.held, *self.broken, *self.unchecked)
 
+    def promise_states(self) -> tuple[tuple[str, str], ...]:
+        """Each promise the mode declares with what the runs made of it: held, BROKEN, unchecked."""
+        return (
+            *((name, "held") for name in self.held),
+            *((name, "BROKEN") for name in self.broken),
+            *((name, "unchecked") for name in self.unchecked),
+        )
+
     def promise_words(self) -> str:
-        """The promises in words for the report's table, a broken one in bold ('none' where there are
-        none)."""
-        if not self.promised:
-            return "none"
-        parts = [f"{inert(p)} held" for p in self.held] + [f"**{inert(p)} BROKEN**" for p in self.broken]
-        return Ours(", ".join(parts + [f"{inert(p)} unchecked" for p in self.unchecked]))  # its own bold
+        """The promises in plain words ('none' where there are none)."""
+        return ", ".join(f"{name} {state}" for name, state in self.promise_states()) or "none"
 
     def to_json(self, times: bool) -> dict[str, object]:
         """The row as the JSON report holds it (latency only with `times`)."""

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from xbackend.files.codec import register_subclass
-from xbackend.files.textfmt import prose
 from xbackend.results.findings import Finding, Kind, Label
+from xbackend.results.sections import Paragraph, Said, Section
 
 __all__ = ["FailedProbe", "ProbeResult", "PromiseEvidence", "PromiseStatus"]
 
@@ -46,8 +46,9 @@ class ProbeResult(abc.ABC):
         return Finding(label, kind, sentence, backend=backend, probe=self.name, **rest)
 
     @abc.abstractmethod
-    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
-        """The probe's section of the report (empty when there is nothing to show)."""
+    def section(self, modules: Mapping[str, str] | None = None) -> Section | None:
+        """The probe's section of the report as data (None when there is nothing to show); the
+        report renders it. `modules`: each tensor's source module, for cells naming tensors."""
 
     @abc.abstractmethod
     def to_json(self) -> Any:
@@ -83,8 +84,8 @@ class FailedProbe(ProbeResult):
     def findings(self, modules: Mapping[str, str] | None = None) -> list[Finding]:
         return [self.finding(Label.WARN, f"probe {self.probe} failed: {self.reason}", kind=Kind.PROBE_FAILED)]
 
-    def markdown(self, modules: Mapping[str, str] | None = None) -> list[str]:
-        return [f"### Probe {self.probe}", "", f"Failed: {prose(self.reason)}.", ""]
+    def section(self, modules: Mapping[str, str] | None = None) -> Section | None:
+        return Section(f"Probe {self.probe}", (Paragraph.of("Failed: ", Said(self.reason), "."),))
 
     def to_json(self) -> Any:
         return {"status": "failed", "reason": self.reason}

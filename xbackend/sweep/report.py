@@ -9,17 +9,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from xbackend.files.textfmt import (
-    Ours,
-    fenced,
-    inert,
-    only_our_html,
-    prose,
-    short,
-    strong,
-    table,
-    with_module,
-)
+from xbackend.files.textfmt import inert, prose, short, with_module
+from xbackend.report.markup import Ours, fenced, only_our_html, strong, table
 from xbackend.results import Result
 from xbackend.results.findings import Finding, Kind, Label, labelled
 from xbackend.sweep.outcomes import FleetJob, FleetResult, ModelOutcome, node_label, relpath
