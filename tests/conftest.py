@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import locale
 import os
 import shutil
 from collections.abc import Iterator
@@ -27,6 +28,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
+
+
+@pytest.fixture(autouse=True)
+def _locale_kept() -> Iterator[None]:
+    """Each test leaves the process's locale as it found it: onnx's reference StringNormalizer
+    calls setlocale(LC_ALL, the model's locale), and under "C" every later open() without an
+    encoding reads ASCII (torch's Inductor then fails to read its own kernel templates) in
+    whatever test the same worker runs next."""
+    kept = locale.setlocale(locale.LC_ALL)
+    yield
+    if locale.setlocale(locale.LC_ALL) != kept:
+        locale.setlocale(locale.LC_ALL, kept)
 
 
 PLUGINS = {

@@ -130,7 +130,8 @@ def test_the_escaping_functions_build_nothing_from_any_short_mix() -> None:
     passes in a report: inert, prose, a table cell. None renders a link, emphasis or a tag."""
     import itertools
 
-    from xbackend.files.textfmt import cell, inert, prose
+    from xbackend.files.textfmt import inert, prose
+    from xbackend.report.markup import cell
 
     pieces = ["`", "\\`", "``", "\\\\`", "[l](https://e.example)", "_em_", "*s*", "x", " ", "\\", "<b>",
               "www.e.example", "a@b.example"]  # fmt: skip

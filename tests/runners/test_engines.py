@@ -302,3 +302,23 @@ def test_a_reference_build_evaluates_what_its_tensors_need_and_drops_what_is_rea
     got = window.run(feeds)
     assert list(got) == ["c"] and got["c"].tobytes() == want["c"].tobytes()
     assert want["y"].tobytes() == (np.abs(-np.maximum(feeds["x"], 0)) + feeds["x"]).tobytes()
+
+
+def test_the_reference_evaluator_leaves_the_process_locale_as_it_was() -> None:
+    """onnx's StringNormalizer sets LC_ALL to the model's locale ("C" in the bundled strings
+    model: ASCII for every later open() without an encoding); the reference runner's runs and the
+    candidates' float64 stretches put it back."""
+    import locale
+
+    from onnx.reference import ReferenceEvaluator
+
+    from xbackend.model.samples import strings
+    from xbackend.runners.reference import locale_kept
+
+    words = {"words": np.array(["The", "A", "b", "c", "the"], dtype=object)}
+    before = locale.setlocale(locale.LC_ALL)
+    with locale_kept():
+        (normalized,) = ReferenceEvaluator(strings()).run(None, words)
+        assert locale.setlocale(locale.LC_ALL) == "C"  # what the op did while it ran
+    assert list(normalized) == ["a", "b", "c"]
+    assert locale.setlocale(locale.LC_ALL) == before

@@ -32,6 +32,7 @@ from xbackend.model.extdata import weight_array
 from xbackend.numerics.metrics import is_float_dtype, ulp_at
 from xbackend.results.candidates import declared_unit
 from xbackend.results.explanation import Origin
+from xbackend.runners.reference import locale_kept
 
 __all__ = ["Stretch", "evaluate", "judge_stretches", "stretches", "value_of"]
 
@@ -247,7 +248,7 @@ def evaluate(
     )
     try:
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), locale_kept():
             return [np.asarray(x, dtype=np.float64) for x in ReferenceEvaluator(m).run(None, dict(fed))]
     except Exception:  # an op the evaluator lacks, or operands it refuses: not judged here
         return None

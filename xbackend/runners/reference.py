@@ -8,9 +8,11 @@ numpy is imported.
 from __future__ import annotations
 
 import importlib.metadata
+import locale
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,7 +29,7 @@ from xbackend.runners.base import Availability, BuildFingerprint, OptionSpec, Ru
 from xbackend.runners.contrib import contrib_ops, legacy_ops
 from xbackend.runners.mlops import ml_ops
 
-__all__ = ["ReferenceRunner", "blas_info", "graph_reads", "last_uses", "prune"]
+__all__ = ["ReferenceRunner", "blas_info", "graph_reads", "last_uses", "locale_kept", "prune"]
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -40,6 +42,19 @@ def blas_info() -> str:
         return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
     except Exception:  # numpy < 1.25 has no dict mode
         return "unknown"
+
+
+@contextmanager
+def locale_kept() -> Iterator[None]:
+    """Run the evaluator and put the process's locale back after it: onnx's StringNormalizer sets
+    LC_ALL to the model's locale, and under "C" every later open() without an encoding reads and
+    writes ASCII in this process."""
+    kept = locale.setlocale(locale.LC_ALL)
+    try:
+        yield
+    finally:
+        if locale.setlocale(locale.LC_ALL) != kept:
+            locale.setlocale(locale.LC_ALL, kept)
 
 
 class ReferenceRunner(Runner):
@@ -139,7 +154,8 @@ class ReferenceRunner(Runner):
     def run_impl(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
         try:
             used = {key: feed for key, feed in feeds.items() if key in self._reads}
-            results = _evaluate(self._evaluator, self.widen(used), self._dead)
+            with locale_kept():
+                results = _evaluate(self._evaluator, self.widen(used), self._dead)
         except Exception as error:
             raise RunnerFailedError(f"the reference evaluator failed while running {_msg(error)}") from error
         self.inspect(results)
