@@ -503,8 +503,6 @@ def identifiers(nodes: list[ast.AST]) -> set[str]:
                 seen.add((node.asname or node.name).split(".")[0])
             elif isinstance(node, ast.ExceptHandler) and node.name:
                 seen.add(node.name)
-            elif isinstance(node, ast.keyword) and node.arg:
-                pass
     return seen
 
 
