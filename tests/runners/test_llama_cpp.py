@@ -31,6 +31,16 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return with_gguf("llama", tmp_path_factory.mktemp("llama_cpp"), ("f32", "q8_0", "q4_k_m"))
 
 
+def _amx() -> bool:
+    cpu = Path("/proc/cpuinfo")
+    return cpu.is_file() and " amx_int8" in cpu.read_text(encoding="utf-8")
+
+
+# llama.cpp's AMX kernels of quantized weights crashed with SIGSEGV on the first decode on an
+# Intel Xeon with amx_int8 (a 2-core VM); llama.cpp's plain CPU kernels ran. Elsewhere its default
+QUANTIZED = {"extra_buffers": "false"} if _amx() else {}
+
+
 def _opts(**kw: str) -> dict[str, dict[str, str]]:
     return {"llama.cpp": {"threads": "2", **kw}}
 
@@ -260,7 +270,7 @@ def test_gguf_quantizations_as_candidates(llama: Path, original_on: str) -> None
     for kind in ("q8_0", "q4_k_m"):
         r = xbackend.compare(
             llama, backends=[original_on], candidates=[f"{llama.parent / f'llama-{kind}.gguf'}@llama.cpp"],
-            decode=16, runner_options={"llama.cpp": {"threads": "2"}},
+            decode=16, runner_options={"llama.cpp": {"threads": "2", **QUANTIZED}},
         )  # fmt: skip
         (c,) = r.candidates
         assert c.status == "ok", c.reason
@@ -324,7 +334,7 @@ def test_a_trained_model_in_onnx_and_gguf(tmp_path: Path, family: str) -> None:
             backends=["ort-cpu", "llama.cpp"],
             candidates=[candidate],
             decode=24,
-            runner_options=_opts(),
+            runner_options=_opts(**QUANTIZED),
         )
         assert r.decode is not None and not r.decode.token_flips  # the F32 file: every token ONNX Runtime's
         assert min(min(p.margins) for p in r.decode.backend("ort-cpu").prompts) > margin
@@ -366,3 +376,17 @@ def test_a_torch_onnx_export_matched_by_its_recorded_modules(tmp_path: Path) -> 
     (line,) = [ln for ln in r.verdict() if ln.startswith("FAIL: llama.cpp: ")]
     assert "first view_4 (model.model.layers.0.self_attn)" in line
     assert "made by MatMul at scaled_dot_product_attention" in line
+
+
+def test_extra_buffers_off_is_a_build_of_its_own(llama: Path) -> None:
+    """llama.cpp's extra weight buffers are a knob of the build: off (its --no-repack), the
+    quantized file runs on ggml's plain CPU kernels, and the fingerprint says which ran."""
+    quantized = str(llama.parent / "llama-q8_0.gguf")
+    options = {"llama.cpp": {"threads": "2", "gguf": quantized, "extra_buffers": "false"}}
+    r = xbackend.compare(
+        llama, backends=["llama.cpp"], runner_options=options, probes=["none"], runs=2,
+        tensors="outputs", noise_samples=0, shapes={**SHAPES},
+    )  # fmt: skip
+    b = r.backend("llama.cpp")
+    assert b.ok and b.deterministic, b.reason
+    assert dict(b.info)["extra_buffers"] == "False"

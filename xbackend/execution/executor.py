@@ -108,6 +108,12 @@ class Job:
         return self.cls.process_env(self.options)
 
 
+def _with_hint(job: Job, outcome: WorkerOutcome) -> WorkerOutcome:
+    """A crashed worker's reason, with what its runner knows to try (Runner.crash_hint)."""
+    hint = job.cls.crash_hint(job.options) if outcome.signal else ""
+    return replace(outcome, reason=f"{outcome.reason}; {hint}") if hint else outcome
+
+
 @dataclass(frozen=True)
 class JobOutcome:
     """A finished job: the worker's outcome, its phases' captures and results."""
@@ -246,7 +252,8 @@ class Executor:
             outcomes = [failed] * len(jobs)
         self.bar.advance(max(0, sum(job.steps for job in jobs) - seen))
         self.bar.done(label)
-        return [JobOutcome(job, outcome) for job, outcome in zip(jobs, outcomes, strict=True)]
+        pairs = zip(jobs, outcomes, strict=True)
+        return [JobOutcome(job, _with_hint(job, outcome)) for job, outcome in pairs]
 
     def skip(self, job: Job) -> None:
         """A planned job that will not run (its backend failed): keep the bar honest."""

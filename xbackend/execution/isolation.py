@@ -48,6 +48,7 @@ class WorkerOutcome:
     reason: str
     result: WorkerResult = field(default_factory=lambda: WorkerResult("failed"))
     elapsed_s: float = 0.0
+    signal: int = 0  # the signal that ended the worker (0: it exited, or was not started)
 
 
 def _stderr_tail(path: Path) -> str:
@@ -326,7 +327,7 @@ def _outcome(code: int, result_path: Path, err_path: Path, elapsed: float) -> Wo
     full = disk_full(err_path.parent)
     if full:  # a memory-mapped write to a full disk ends in SIGBUS, a buffered one anywhere
         why = f"{why}: {full}"
-    return WorkerOutcome("failed", f"{why}: {tail}" if tail else why, result, elapsed)
+    return WorkerOutcome("failed", f"{why}: {tail}" if tail else why, result, elapsed, max(0, -code))
 
 
 # below this, the disk that holds a job's files is taken to be what stopped it

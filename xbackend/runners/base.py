@@ -220,6 +220,12 @@ class Runner(abc.ABC):
         return out
 
     @classmethod
+    def crash_hint(cls, options: Mapping[str, Any]) -> str:
+        """What to try when a worker running this backend with `options` was ended by a signal
+        ('' when nothing is known): a knob that avoids an engine path known to crash here."""
+        return ""
+
+    @classmethod
     def process_env(cls, options: Mapping[str, Any]) -> dict[str, str]:
         """Environment variables the worker process needs before any import."""
         return {}

@@ -58,6 +58,14 @@ class _Head(ctypes.Structure):
     ]
 
 
+def _has_amx() -> bool:
+    """Whether this CPU has AMX's int8 tiles (Linux's /proc/cpuinfo; elsewhere taken as not)."""
+    try:
+        return " amx_int8" in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
 def gguf_beside(model: str | Path) -> Path | None:
     """The GGUF file of an ONNX model: MODEL.gguf beside it, else the one .gguf in its folder;
     inside that folder, links included (one that leads out is an InputError, the same line
@@ -117,6 +125,13 @@ class LlamaCppRunner(Runner):
             "decode needs; never the file's training context)",
         ),
         OptionSpec(
+            "extra_buffers",
+            bool,
+            True,
+            "llama.cpp's extra weight buffers (its default): quantized weights repacked for the CPU's "
+            "own kernels (AMX, AVX-512 tiles); false: ggml's plain CPU kernels (llama.cpp's --no-repack)",
+        ),
+        OptionSpec(
             "kv_unified",
             bool,
             False,
@@ -124,6 +139,17 @@ class LlamaCppRunner(Runner):
             "one, rather than one per sequence",
         ),
     )
+
+    @classmethod
+    def crash_hint(cls, options: Mapping[str, Any]) -> str:
+        """On a CPU with AMX, its extra buffers run llama.cpp's AMX kernels, which crashed on
+        quantized weights on such a CPU (docs/backends.md): the knob that keeps its plain kernels."""
+        if not options.get("extra_buffers") or not _has_amx():
+            return ""
+        return (
+            "this CPU has AMX, whose llama.cpp kernels of quantized weights can crash: "
+            "--set llama.cpp.extra_buffers=false runs its plain CPU kernels"
+        )
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
         super().__init__(options)
@@ -189,6 +215,13 @@ class LlamaCppRunner(Runner):
         ll.llama_backend_init()
         mp = ll.llama_model_default_params()
         mp.n_gpu_layers = 0
+        if hasattr(mp, "use_extra_bufts"):  # an older llama-cpp-python has no such field
+            mp.use_extra_bufts = bool(self.options["extra_buffers"])
+        elif not self.options["extra_buffers"]:
+            raise BackendUnavailableError(
+                f"llama.cpp: this llama-cpp-python ({ll.__version__}) cannot turn off its extra buffers: "
+                "pip install 'llama-cpp-python==0.3.36', or leave extra_buffers at its default"
+            )
         self._model = ll.llama_model_load_from_file(str(path).encode(), mp)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF file it reads)")
