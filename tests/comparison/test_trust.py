@@ -305,6 +305,7 @@ def test_dict_output_module_keeps_its_key_names(tmp_path: Path) -> None:
         probes="none",
         reference="ort-cpu",
         runner_options={"torch": {"trust_model_code": "true"}},
+        noise_samples=0,  # the outputs' names, not the explanation
     )
     t = r.backend("torch")
     assert t.ok and dict(t.info)["weights_checked"] == "4 of 4 non-constant float tensors found in the model"
@@ -318,7 +319,8 @@ def test_model_metadata_never_makes_xbackend_run_code(tmp_path: Path) -> None:
 
     (tmp_path / "dictnet.py").write_text(DICT_OUT)
     export_torch(f"{tmp_path / 'dictnet.py'}:build", [InputDecl.parse("x=2,8")], tmp_path / "d.onnx")
-    r = xbackend.compare(tmp_path / "d.onnx", backends=["ort-cpu", "torch"], runs=1, probes="none")
+    model = tmp_path / "d.onnx"
+    r = xbackend.compare(model, backends=["ort-cpu", "torch"], runs=1, probes="none", noise_samples=0)
     t = r.backend("torch")
     assert t.status == "unavailable"
     assert "xbackend never runs code a model points to" in t.reason
@@ -330,6 +332,7 @@ def test_model_metadata_never_makes_xbackend_run_code(tmp_path: Path) -> None:
         runs=1,
         probes="none",
         runner_options={"torch": {"module": suggestion}},
+        noise_samples=0,  # whether the suggestion works, not the explanation
     )
     assert r.backend("torch").ok
 

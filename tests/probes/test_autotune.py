@@ -221,6 +221,7 @@ def test_observer_effect_of_an_instrumented_half_precision_compile(tmp_path: Pat
         runs=1,
         probes="none",
         runner_options={"torch": {"module": spec}, "torch-compile": {"module": spec}},
+        noise_samples=0,  # the observer effect, not the explanation
     )
     t = r.backend("torch-compile")
     assert t.ok and t.exposed == 4, t.reason
