@@ -16,22 +16,27 @@ from xbackend.runners.ort_cpu import OrtCpuRunner
 pytestmark = pytest.mark.unit  # the unit tier: make check
 
 CRASH = "crashed with SIGSEGV"
-HINT = "--set llama.cpp.extra_buffers=false runs its plain CPU kernels"
+SAID = "this CPU has AMX, whose llama.cpp kernels of quantized weights can crash"
 
 
-def _job(cls: type, **options: str) -> Job:
-    return Job("main", cls.name, cls, tuple(sorted(options.items())), Path("feeds.xbv"))
+def _job(cls: type, backend: str = "", **options: str) -> Job:
+    return Job("main", backend or cls.name, cls, tuple(sorted(options.items())), Path("feeds.xbv"))
 
 
 @pytest.mark.parametrize("amx", [True, False])
 def test_a_crash_of_llama_cpp_with_its_extra_buffers_names_the_knob_on_an_amx_cpu(
     monkeypatch: pytest.MonkeyPatch, amx: bool
 ) -> None:
-    monkeypatch.setattr(llama_cpp, "_has_amx", lambda: amx)
+    flags = {"avx512f", "amx_int8"} if amx else {"avx512f"}
+    monkeypatch.setattr(llama_cpp, "cpu_flags", lambda: frozenset(flags))
     crashed = WorkerOutcome("failed", CRASH, signal=11)
     reason = executor._with_hint(_job(LlamaCppRunner), crashed).reason
-    said = f"{CRASH}; this CPU has AMX, whose llama.cpp kernels of quantized weights can crash: {HINT}"
+    said = f"{CRASH}; {SAID}: --set llama.cpp.extra_buffers=false runs its plain CPU kernels"
     assert reason == (said if amx else CRASH)
+    # a label of the backend: the --set names the label, whose options are its own
+    labelled = executor._with_hint(_job(LlamaCppRunner, "llama.cpp@token"), crashed).reason
+    said = f"{CRASH}; {SAID}: --set llama.cpp@token.extra_buffers=false runs its plain CPU kernels"
+    assert labelled == (said if amx else CRASH)
     # the knob already off, another backend, or a worker that exited: the reason as it was
     off = _job(LlamaCppRunner, extra_buffers="false")
     assert executor._with_hint(off, crashed).reason == CRASH

@@ -15,6 +15,7 @@ import xbackend
 from tests.gguf_models import dynamo_llama, with_gguf
 from xbackend.errors import UsageError
 from xbackend.export.gguf import write_gguf
+from xbackend.host.environment import cpu_flags
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("sentencepiece") is None,
@@ -31,14 +32,9 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return with_gguf("llama", tmp_path_factory.mktemp("llama_cpp"), ("f32", "q8_0", "q4_k_m"))
 
 
-def _amx() -> bool:
-    cpu = Path("/proc/cpuinfo")
-    return cpu.is_file() and " amx_int8" in cpu.read_text(encoding="utf-8")
-
-
 # llama.cpp's AMX kernels of quantized weights crashed with SIGSEGV on the first decode on an
 # Intel Xeon with amx_int8 (a 2-core VM); llama.cpp's plain CPU kernels ran. Elsewhere its default
-QUANTIZED = {"extra_buffers": "false"} if _amx() else {}
+QUANTIZED = {"extra_buffers": "false"} if "amx_int8" in cpu_flags() else {}
 
 
 def _opts(**kw: str) -> dict[str, dict[str, str]]:
@@ -192,8 +188,6 @@ def test_token_by_token_against_one_batch(llama: Path) -> None:
     0's query projection: a one-token batch takes ggml's vector-matrix product, a longer one
     llamafile's tiled sgemm, which sums in another order. Micro-batches of 4 (n_ubatch) and
     batches of 5 keep the bits of one batch of 12."""
-    import platform
-
     opts = {
         "llama.cpp": {"threads": "2"},
         "llama.cpp@token": {"threads": "2", "feed": "token"},
@@ -214,8 +208,7 @@ def test_token_by_token_against_one_batch(llama: Path) -> None:
     for same in ("llama.cpp@ubatch4", "llama.cpp@batch5"):
         assert cross[same].bitwise_equal and not any(not d.bitwise_equal for d in cross[same].tensors)
     token = cross["llama.cpp@token"]
-    flags = Path("/proc/cpuinfo").read_text(encoding="utf-8") if platform.system() == "Linux" else ""
-    if " avx512f" in flags:  # the kernels measured here; AVX2 machines have their own sgemm tiles
+    if "avx512f" in cpu_flags():  # the kernels measured here; AVX2 machines have their own sgemm tiles
         assert not token.bitwise_equal
         assert token.first_divergence == "/model/layers.0/self_attn/q_proj/MatMul_output_0"
     elif not token.bitwise_equal:
@@ -244,8 +237,6 @@ def test_several_prompts_as_slots_against_one_alone(llama: Path, case: str) -> N
     per call (as slots do) takes the matrix product where one alone takes the vector-matrix one
     (#4479), and one cache shared by all (kv_unified) has attention read every sequence's rows
     (masked) where flash attention is off."""
-    import platform
-
     opts, invariant, worst = SLOTS[case]
     r = xbackend.compare(
         llama, backends=["llama.cpp"], runner_options=_opts(**opts), probes=["batch"], batch_invariance=4,
@@ -253,8 +244,7 @@ def test_several_prompts_as_slots_against_one_alone(llama: Path, case: str) -> N
     )  # fmt: skip
     (p,) = r.probe("batch").rows  # type: ignore[attr-defined]
     assert p.status == "ok" and p.compared == 1 and len(p.positions) == 3, p.reason  # logits, 3 positions
-    flags = Path("/proc/cpuinfo").read_text(encoding="utf-8") if platform.system() == "Linux" else ""
-    if " avx512f" in flags:  # the kernels measured here; AVX2 machines have their own sgemm tiles
+    if "avx512f" in cpu_flags():  # the kernels measured here; AVX2 machines have their own sgemm tiles
         assert p.invariant == invariant and (p.scaled_ulp or 0.0) == worst
     if not p.invariant:
         assert p.first_divergence == "logits"

@@ -110,7 +110,7 @@ class Job:
 
 def _with_hint(job: Job, outcome: WorkerOutcome) -> WorkerOutcome:
     """A crashed worker's reason, with what its runner knows to try (Runner.crash_hint)."""
-    hint = job.cls.crash_hint(job.options) if outcome.signal else ""
+    hint = job.cls.crash_hint(job.backend, job.options) if outcome.signal else ""
     return replace(outcome, reason=f"{outcome.reason}; {hint}") if hint else outcome
 
 

@@ -11,11 +11,9 @@ import os
 import platform
 import sys
 
-import psutil
-
 from xbackend.host.gpu import gpu_environment
 
-__all__ = ["DETERMINISM_ENV_PREFIXES", "ISA_FLAGS", "collect_environment"]
+__all__ = ["DETERMINISM_ENV_PREFIXES", "ISA_FLAGS", "collect_environment", "cpu_flags"]
 
 ISA_FLAGS = (
     "sse4_1",
@@ -106,6 +104,12 @@ def _cpuinfo() -> tuple[str, list[str]]:
     return model, flags
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (`avx512f`, `amx_int8`); empty where
+    it cannot be read."""
+    return frozenset(_cpuinfo()[1])
+
+
 def _versions() -> dict[str, str]:
     out = {}
     for pkg in PACKAGES:
@@ -129,6 +133,8 @@ def collect_environment() -> dict[str, str]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "python.byteorder": sys.byteorder,
     }
+    import psutil  # optional where a runner imports cpu_flags: a foreign environment may lack it
+
     env["cpu.physical_cores"] = str(psutil.cpu_count(logical=False))
     env.update(_versions())
 

@@ -220,9 +220,10 @@ class Runner(abc.ABC):
         return out
 
     @classmethod
-    def crash_hint(cls, options: Mapping[str, Any]) -> str:
-        """What to try when a worker running this backend with `options` was ended by a signal
-        ('' when nothing is known): a knob that avoids an engine path known to crash here."""
+    def crash_hint(cls, backend: str, options: Mapping[str, Any]) -> str:
+        """What to try when a worker running `backend` (this runner, or a label of it) with
+        `options` was ended by a signal ('' when nothing is known): a knob that avoids an engine
+        path known to crash here, as the --set that turns it."""
         return ""
 
     @classmethod

@@ -30,6 +30,7 @@ from xbackend.files.capture_folder import file_sha256
 from xbackend.files.gguf_header import claims_problem, read_header
 from xbackend.files.modelref import ModelRef
 from xbackend.files.untrusted import contained
+from xbackend.host.environment import cpu_flags
 from xbackend.numerics.values import Value
 from xbackend.runners.base import RECOMPUTED, Availability, OptionSpec, Runner
 from xbackend.runners.buildinfo import BuildFingerprint
@@ -56,14 +57,6 @@ class _Head(ctypes.Structure):
         ("ne", ctypes.c_int64 * 4),
         ("nb", ctypes.c_size_t * 4),
     ]
-
-
-def _has_amx() -> bool:
-    """Whether this CPU has AMX's int8 tiles (Linux's /proc/cpuinfo; elsewhere taken as not)."""
-    try:
-        return " amx_int8" in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
 
 
 def gguf_beside(model: str | Path) -> Path | None:
@@ -141,14 +134,14 @@ class LlamaCppRunner(Runner):
     )
 
     @classmethod
-    def crash_hint(cls, options: Mapping[str, Any]) -> str:
+    def crash_hint(cls, backend: str, options: Mapping[str, Any]) -> str:
         """On a CPU with AMX, its extra buffers run llama.cpp's AMX kernels, which crashed on
         quantized weights on such a CPU (docs/backends.md): the knob that keeps its plain kernels."""
-        if not options.get("extra_buffers") or not _has_amx():
+        if not options.get("extra_buffers") or "amx_int8" not in cpu_flags():
             return ""
         return (
             "this CPU has AMX, whose llama.cpp kernels of quantized weights can crash: "
-            "--set llama.cpp.extra_buffers=false runs its plain CPU kernels"
+            f"--set {backend}.extra_buffers=false runs its plain CPU kernels"
         )
 
     def __init__(self, options: Mapping[str, str] | None = None) -> None:
